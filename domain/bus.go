@@ -1,0 +1,40 @@
+package domain
+
+import "time"
+
+// Lifecycle and bus event types published on the edge's event bus.
+const (
+	BusNodeRegistered      = "node.registered"
+	BusNodeRejected        = "node.rejected"
+	BusNodeDisconnected    = "node.disconnected"
+	BusNodeConfigRefreshed = "node.config_refreshed"
+	BusRunEvent            = "run.event"
+	BusTunnelCompleted     = "tunnel.completed"
+	BusConfigReloaded      = "config.reloaded"
+)
+
+// BusEvent is one message on the edge's in-process event bus. Exactly one of
+// Run and Tunnel is set for run and tunnel events; lifecycle events carry
+// Node and Reason. Provider body bytes never travel on the bus.
+type BusEvent struct {
+	Type   string
+	Time   time.Time
+	Node   string
+	Reason string
+	Remote string
+	Run    *RunEvent
+	Tunnel *TunnelSummary
+}
+
+// TunnelSummary describes a finished provider tunnel, without its body.
+type TunnelSummary struct {
+	ID        string
+	Provider  string
+	Model     string
+	Path      string
+	Status    int
+	BodyBytes int64
+	Duration  time.Duration
+	Usage     *Usage
+	Error     string
+}

@@ -1,0 +1,107 @@
+package domain
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Error is a failure with a stable machine-readable code. Two *Error values
+// match under errors.Is when their codes are equal, so an error rebuilt from a
+// code received over the wire still matches the sentinel below.
+type Error struct {
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string {
+	if e.Message == "" || e.Message == e.Code {
+		return e.Code
+	}
+	return e.Code + ": " + e.Message
+}
+
+// Is reports whether target is an *Error with the same code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code
+}
+
+// Errorf builds an *Error with the given code and a formatted message.
+func Errorf(code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// CodeOf returns the code of the first *Error in err's chain, or "internal".
+func CodeOf(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeInternal
+}
+
+// MessageOf returns a human-readable message for err without repeating its code.
+func MessageOf(err error) string {
+	var e *Error
+	if errors.As(err, &e) && e.Message != "" {
+		return e.Message
+	}
+	return err.Error()
+}
+
+// Stable error codes. They appear on the wire, in HTTP bodies and in events,
+// so they never change meaning.
+const (
+	CodeInternal            = "internal"
+	CodeInvalidRequest      = "invalid_request"
+	CodeUnknownToken        = "unknown_token"
+	CodeDuplicateConn       = "duplicate_connection"
+	CodeConfigError         = "config_error"
+	CodeNodeNotFound        = "node_not_found"
+	CodeNoNodeAvailable     = "no_node_available"
+	CodeNodeDisconnected    = "node_disconnected"
+	CodeAdapterNotFound     = "adapter_not_found"
+	CodeTargetNotFound      = "target_not_found"
+	CodeAtCapacity          = "at_capacity"
+	CodeRunNotFound         = "run_not_found"
+	CodeRunFinished         = "run_finished"
+	CodeRunFailed           = "run_failed"
+	CodeCancelled           = "cancelled"
+	CodeTimeout             = "timeout"
+	CodeSessionUnsupported  = "session_unsupported"
+	CodeSessionBusy         = "session_busy"
+	CodeSessionNotFound     = "session_not_found"
+	CodeUnknownCommand      = "unknown_command"
+	CodeCommandUnsupported  = "command_unsupported"
+	CodeProviderNotFound    = "provider_not_found"
+	CodeModelNotFound       = "model_not_found"
+	CodeProviderError       = "provider_error"
+	CodeProviderUnreachable = "provider_unreachable"
+	CodeStreamReset         = "stream_reset"
+	CodeShuttingDown        = "shutting_down"
+)
+
+// Sentinels for errors.Is. Wrap them with context; never compare strings.
+var (
+	ErrInvalidRequest     = &Error{Code: CodeInvalidRequest}
+	ErrUnknownToken       = &Error{Code: CodeUnknownToken}
+	ErrDuplicateConn      = &Error{Code: CodeDuplicateConn}
+	ErrConfig             = &Error{Code: CodeConfigError}
+	ErrNodeNotFound       = &Error{Code: CodeNodeNotFound}
+	ErrNoNodeAvailable    = &Error{Code: CodeNoNodeAvailable}
+	ErrNodeDisconnected   = &Error{Code: CodeNodeDisconnected}
+	ErrAdapterNotFound    = &Error{Code: CodeAdapterNotFound}
+	ErrTargetNotFound     = &Error{Code: CodeTargetNotFound}
+	ErrAtCapacity         = &Error{Code: CodeAtCapacity}
+	ErrRunNotFound        = &Error{Code: CodeRunNotFound}
+	ErrRunFinished        = &Error{Code: CodeRunFinished}
+	ErrSessionUnsupported = &Error{Code: CodeSessionUnsupported}
+	ErrSessionBusy        = &Error{Code: CodeSessionBusy}
+	ErrSessionNotFound    = &Error{Code: CodeSessionNotFound}
+	ErrUnknownCommand     = &Error{Code: CodeUnknownCommand}
+	ErrCommandUnsupported = &Error{Code: CodeCommandUnsupported}
+	ErrProviderNotFound   = &Error{Code: CodeProviderNotFound}
+	ErrModelNotFound      = &Error{Code: CodeModelNotFound}
+	ErrTimeout            = &Error{Code: CodeTimeout}
+	ErrShuttingDown       = &Error{Code: CodeShuttingDown}
+)

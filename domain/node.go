@@ -1,0 +1,166 @@
+package domain
+
+import (
+	"slices"
+	"time"
+)
+
+// Runtime adapter types a node can build. The edge refuses to push a config
+// naming any other type (config_error at register time).
+const (
+	AdapterExec       = "exec"
+	AdapterOllama     = "ollama"
+	AdapterOpenAI     = "openai"
+	AdapterClaudeCode = "claude-code"
+	AdapterCodex      = "codex"
+)
+
+// KnownAdapterTypes lists the runtime adapter types, in documentation order.
+var KnownAdapterTypes = []string{AdapterExec, AdapterOllama, AdapterOpenAI, AdapterClaudeCode, AdapterCodex}
+
+// Provider types for the raw tunnel.
+const (
+	ProviderOpenAI = "openai"
+	ProviderOllama = "ollama"
+)
+
+// NodeRecord is one entry of the edge's node directory (edge.yaml nodes[]).
+type NodeRecord struct {
+	ID        string
+	Token     string
+	Adapters  []AdapterConfig
+	Providers []ProviderConfig
+}
+
+// ExecTarget is one command an exec adapter may run.
+type ExecTarget struct {
+	Command []string
+	Timeout time.Duration
+	Dir     string
+	Env     map[string]string
+}
+
+// AdapterConfig configures one runtime adapter instance on a node. Which
+// fields matter depends on Type.
+type AdapterConfig struct {
+	Name           string
+	Type           string
+	MaxConcurrency int
+	Targets        map[string]ExecTarget // exec
+	BaseURL        string                // ollama, openai
+	PathPrefix     string                // openai: replaces "/v1"
+	APIKeyEnv      string                // openai: env var on the node holding the key
+	Models         []string
+	Command        string   // claude-code, codex: the binary
+	Args           []string // extra argv before the prompt
+	WorkDir        string
+	Timeout        time.Duration
+}
+
+// ProviderConfig declares an upstream server a node can reach for the raw tunnel.
+type ProviderConfig struct {
+	Name       string
+	Type       string
+	BaseURL    string
+	PathPrefix string
+	APIKeyEnv  string
+	Models     []string
+}
+
+// NodeConfig is the configuration the edge pushes to a node.
+type NodeConfig struct {
+	NodeID    string
+	Version   uint64
+	Adapters  []AdapterConfig
+	Providers []ProviderConfig
+}
+
+// DefaultMaxConcurrency applies when an adapter leaves max_concurrency unset.
+const DefaultMaxConcurrency = 4
+
+// BuildConfig turns a directory record into the payload pushed to the node,
+// checking everything the node would otherwise fail on. Errors are ErrConfig.
+func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
+	cfg := NodeConfig{NodeID: r.ID, Version: version}
+	names := map[string]bool{}
+	for i, a := range r.Adapters {
+		if a.Name == "" {
+			return NodeConfig{}, Errorf(CodeConfigError, "adapter #%d has no name", i+1)
+		}
+		if names[a.Name] {
+			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q is declared twice", a.Name)
+		}
+		names[a.Name] = true
+		if !slices.Contains(KnownAdapterTypes, a.Type) {
+			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q has unknown type %q (known: %v)", a.Name, a.Type, KnownAdapterTypes)
+		}
+		if a.MaxConcurrency < 0 {
+			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q: max_concurrency must not be negative", a.Name)
+		}
+		if a.MaxConcurrency == 0 {
+			a.MaxConcurrency = DefaultMaxConcurrency
+		}
+		if err := checkAdapter(a); err != nil {
+			return NodeConfig{}, err
+		}
+		cfg.Adapters = append(cfg.Adapters, a)
+	}
+	pnames := map[string]bool{}
+	for i, p := range r.Providers {
+		if p.Name == "" {
+			return NodeConfig{}, Errorf(CodeConfigError, "provider #%d has no name", i+1)
+		}
+		if pnames[p.Name] {
+			return NodeConfig{}, Errorf(CodeConfigError, "provider %q is declared twice", p.Name)
+		}
+		pnames[p.Name] = true
+		if p.Type != ProviderOpenAI && p.Type != ProviderOllama {
+			return NodeConfig{}, Errorf(CodeConfigError, "provider %q has unknown type %q (known: openai, ollama)", p.Name, p.Type)
+		}
+		if p.BaseURL == "" {
+			return NodeConfig{}, Errorf(CodeConfigError, "provider %q has no base_url", p.Name)
+		}
+		cfg.Providers = append(cfg.Providers, p)
+	}
+	return cfg, nil
+}
+
+func checkAdapter(a AdapterConfig) error {
+	switch a.Type {
+	case AdapterExec:
+		for name, t := range a.Targets {
+			if len(t.Command) == 0 {
+				return Errorf(CodeConfigError, "adapter %q target %q has an empty command", a.Name, name)
+			}
+		}
+	case AdapterOllama, AdapterOpenAI:
+		if a.BaseURL == "" {
+			return Errorf(CodeConfigError, "adapter %q (%s) has no base_url", a.Name, a.Type)
+		}
+	}
+	return nil
+}
+
+// Capabilities is what a runtime adapter instance offers.
+type Capabilities struct {
+	MaxConcurrency int
+	Sessions       bool
+	Commands       []string // node command names it serves, e.g. "ollama.pull"
+}
+
+// AdapterStatus describes one adapter instance on a live node.
+type AdapterStatus struct {
+	Name           string
+	Type           string
+	MaxConcurrency int
+	InFlight       int
+	Sessions       bool
+}
+
+// NodeInfo is what a node says about itself when it registers.
+type NodeInfo struct {
+	Version  string
+	Hostname string
+	OS       string
+	Arch     string
+}

@@ -1,0 +1,64 @@
+package ports
+
+import (
+	"context"
+	"io"
+
+	"iop/domain"
+)
+
+// NodeDirectory is the edge's source of truth for nodes (edge.yaml nodes[]).
+type NodeDirectory interface {
+	// Authenticate returns the record whose token matches, comparing in
+	// constant time; domain.ErrUnknownToken otherwise.
+	Authenticate(token string) (domain.NodeRecord, error)
+	Records() []domain.NodeRecord
+}
+
+// EventPublisher puts events on the edge's bus. Publish never blocks.
+type EventPublisher interface {
+	Publish(ev domain.BusEvent)
+}
+
+// RunStream is the edge's view of one run on a node. Recv returns the next
+// event; after the terminal event it returns io.EOF. If the link fails first
+// it returns an error matching domain.ErrNodeDisconnected.
+type RunStream interface {
+	Recv(ctx context.Context) (domain.RunEvent, error)
+	Close()
+}
+
+// CommandReply is one answer to a node command: progress, or the final result.
+type CommandReply struct {
+	Final    bool
+	Result   []byte
+	Progress []byte
+	Err      error
+}
+
+// CommandStream yields a command's replies; the last has Final set.
+type CommandStream interface {
+	Recv(ctx context.Context) (CommandReply, error)
+	Close()
+}
+
+// TunnelStream yields a provider response's frames in order, ending with a
+// TunnelEnd or TunnelError frame. Close abandons it (the node aborts the
+// upstream request).
+type TunnelStream interface {
+	Recv(ctx context.Context) (domain.TunnelFrame, error)
+	Close()
+}
+
+// NodeLink is a live connection to one registered node.
+type NodeLink interface {
+	StartRun(ctx context.Context, req domain.RunRequest) (RunStream, error)
+	CancelRun(ctx context.Context, runID string) error
+	TerminateSession(ctx context.Context, adapter, target, sessionID string) error
+	Command(ctx context.Context, name string, args []byte) (CommandStream, error)
+	// OpenTunnel sends req; if body is non-nil it is streamed after req.Body.
+	OpenTunnel(ctx context.Context, req domain.TunnelRequest, body io.Reader) (TunnelStream, error)
+	PushConfig(ctx context.Context, cfg domain.NodeConfig) error
+	// Close drops the connection; reason goes into the disconnect event.
+	Close(reason string)
+}

@@ -1,0 +1,116 @@
+// Package ports holds the small interfaces the use cases need, named by what
+// the consumer needs rather than by technology.
+package ports
+
+import (
+	"context"
+	"io"
+	"net/http"
+
+	"iop/domain"
+)
+
+// EventSink receives the events of one run. Emit may block while the
+// receiver applies back-pressure; it returns an error once the run's stream
+// is gone (cancelled, connection lost), after which the caller should stop.
+// The run manager fills RunID, Seq and Time; adapters set the rest.
+type EventSink interface {
+	Emit(ev domain.RunEvent) error
+}
+
+// RuntimeAdapter executes runs of one configured adapter instance.
+//
+// Execute blocks until the run is over. It should emit at most one terminal
+// event (complete, error or cancelled); if it returns without one, the run
+// manager synthesizes it from the returned error. When ctx is cancelled,
+// Execute must stop the work (kill the process, close the upstream request)
+// and return promptly.
+type RuntimeAdapter interface {
+	Capabilities() domain.Capabilities
+	Execute(ctx context.Context, req domain.RunRequest, sink EventSink) error
+}
+
+// SessionTerminator is implemented by runtime adapters that keep logical
+// sessions. Terminating an unknown session is not an error.
+type SessionTerminator interface {
+	TerminateSession(ctx context.Context, target, sessionID string) error
+}
+
+// SessionLister is implemented by runtime adapters that keep logical sessions.
+type SessionLister interface {
+	ListSessions(ctx context.Context) ([]domain.SessionInfo, error)
+}
+
+// CommandRunner is implemented by runtime adapters that serve node commands
+// (for example the ollama.* family). progress may be called any number of
+// times before the final result; it returns an error when the caller is gone.
+type CommandRunner interface {
+	RunCommand(ctx context.Context, name string, args []byte, progress func(json []byte) error) (result []byte, err error)
+}
+
+// AdapterFactory builds a runtime adapter instance from its pushed config.
+// Instances may implement io.Closer; they are closed once no run uses them.
+type AdapterFactory interface {
+	Build(cfg domain.AdapterConfig) (RuntimeAdapter, error)
+}
+
+// RunStore is the node's local record of runs.
+type RunStore interface {
+	CreateRun(ctx context.Context, run *domain.Run) error
+	// UpdateRun loads the run, applies fn and saves it in one transaction.
+	UpdateRun(ctx context.Context, id string, fn func(*domain.Run) error) error
+	GetRun(ctx context.Context, id string) (*domain.Run, error) // domain.ErrRunNotFound
+	ListRuns(ctx context.Context, f domain.RunFilter) ([]*domain.Run, error)
+	UsageByAdapter(ctx context.Context) ([]domain.UsageSummary, error)
+}
+
+// ChatSessionStore keeps the message history of chat sessions (ollama, openai
+// runtime adapters) so they survive a node restart.
+type ChatSessionStore interface {
+	// LoadChat returns the session's messages in order; an unknown session has none.
+	LoadChat(ctx context.Context, adapter, sessionID string) ([]domain.ChatMessage, error)
+	// AppendChat adds messages to the end of a session, creating it if needed.
+	AppendChat(ctx context.Context, adapter, target, sessionID string, msgs []domain.ChatMessage) error
+	DeleteChat(ctx context.Context, adapter, sessionID string) error
+	ListChats(ctx context.Context, adapter string) ([]domain.SessionInfo, error)
+}
+
+// AgentSessionStore maps a run's session id to a CLI agent's own session id
+// (claude-code, codex), so the next run resumes it.
+type AgentSessionStore interface {
+	GetAgentSession(ctx context.Context, adapter, sessionID string) (agentID string, ok bool, err error)
+	PutAgentSession(ctx context.Context, adapter, target, sessionID, agentID string) error
+	DeleteAgentSession(ctx context.Context, adapter, sessionID string) error
+	ListAgentSessions(ctx context.Context, adapter string) ([]domain.SessionInfo, error)
+}
+
+// TransportStatus reports the node's link to the edge for transport_status.
+type TransportStatus interface {
+	TransportStatus() TransportStats
+}
+
+// TransportStats is a snapshot of the node's link.
+type TransportStats struct {
+	Connected      bool
+	ConnectedSince int64 // unix nanoseconds; 0 when not connected
+	Reconnects     int64
+	LastRTTNanos   int64
+	FramesIn       int64
+	FramesOut      int64
+	BytesIn        int64
+	BytesOut       int64
+	Edge           string
+}
+
+// ProviderResponse is an open upstream response: status and headers are
+// known, the body is read as it arrives.
+type ProviderResponse struct {
+	Status int
+	Header http.Header
+	Body   io.ReadCloser
+}
+
+// ProviderClient makes HTTP requests to a node's providers for the raw tunnel.
+type ProviderClient interface {
+	Do(ctx context.Context, p domain.ProviderConfig, req domain.TunnelRequest, body io.Reader) (*ProviderResponse, error)
+}
