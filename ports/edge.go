@@ -62,3 +62,13 @@ type NodeLink interface {
 	// Close drops the connection; reason goes into the disconnect event.
 	Close(reason string)
 }
+
+// NodeSource reads the node directory afresh (edge.yaml on reload).
+type NodeSource interface {
+	LoadNodes() ([]domain.NodeRecord, error)
+}
+
+// DirectoryReplacer swaps the node directory's records atomically.
+type DirectoryReplacer interface {
+	Replace(records []domain.NodeRecord)
+}

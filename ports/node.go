@@ -108,9 +108,27 @@ type ProviderResponse struct {
 	Status int
 	Header http.Header
 	Body   io.ReadCloser
+	// Usage, if set, reports the token usage seen in the body once it has
+	// been read to the end; nil when the provider reported none.
+	Usage func() *domain.Usage
 }
 
 // ProviderClient makes HTTP requests to a node's providers for the raw tunnel.
 type ProviderClient interface {
 	Do(ctx context.Context, p domain.ProviderConfig, req domain.TunnelRequest, body io.Reader) (*ProviderResponse, error)
+}
+
+// RunOutput is where the node sends one run's events (the link to the edge).
+// Done is closed when the edge abandons the run or the link is lost; Close
+// ends the stream after the terminal event.
+type RunOutput interface {
+	EventSink
+	Done() <-chan struct{}
+	Close()
+}
+
+// TunnelSink is where the node sends one provider response, frame by frame.
+// Send blocks under back-pressure and fails once the edge is gone.
+type TunnelSink interface {
+	Send(f domain.TunnelFrame) error
 }

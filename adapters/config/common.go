@@ -1,0 +1,221 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Duration is a time.Duration written in YAML as a Go duration string
+// ("30s", "1m30s", "0s"). A bare number other than 0 is refused because its
+// unit would be a guess.
+type Duration time.Duration
+
+// UnmarshalYAML reports a malformed duration as a type error so that yaml.v3
+// keeps its line number and collects it with the file's other errors.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: a duration must be a string such as \"30s\"", n.Line)}}
+	}
+	v, err := time.ParseDuration(strings.TrimSpace(n.Value))
+	if err != nil {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: invalid duration %q (use Go syntax such as \"500ms\", \"30s\", \"1m\")", n.Line, n.Value)}}
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes the duration in the same syntax UnmarshalYAML reads.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// Std returns d as a time.Duration.
+func (d Duration) Std() time.Duration { return time.Duration(d) }
+
+// String formats d like time.Duration.
+func (d Duration) String() string { return time.Duration(d).String() }
+
+const redacted = "[redacted]"
+
+// Secret is a string that is never printed: fmt (every verb), encoding/json,
+// yaml.v3 and log/slog all render it as "[redacted]". Convert it with
+// string(s) where the value itself is needed.
+type Secret string
+
+// Format implements fmt.Formatter so that no verb, not even %#v or %x, shows the value.
+func (s Secret) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, s.mask()) }
+
+// MarshalText keeps the value out of JSON, YAML and text log output.
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.mask()), nil }
+
+// LogValue keeps the value out of log/slog output.
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.mask()) }
+
+func (s Secret) mask() string {
+	if s == "" {
+		return ""
+	}
+	return redacted
+}
+
+// Log levels and formats accepted in log.level and log.format.
+const (
+	LogDebug = "debug"
+	LogInfo  = "info"
+	LogWarn  = "warn"
+	LogError = "error"
+
+	LogText = "text"
+	LogJSON = "json"
+)
+
+// LogConfig selects the log level and output format of a binary.
+type LogConfig struct {
+	Level  string `yaml:"level"`  // debug|info|warn|error; default info
+	Format string `yaml:"format"` // text|json; default text
+}
+
+// SetDefaults fills unset fields.
+func (l *LogConfig) SetDefaults() {
+	if l.Level == "" {
+		l.Level = LogInfo
+	}
+	if l.Format == "" {
+		l.Format = LogText
+	}
+}
+
+// Validate reports an unknown level or format.
+func (l LogConfig) Validate() error {
+	var errs []error
+	if _, ok := slogLevels[l.Level]; !ok {
+		errs = append(errs, fmt.Errorf("log.level %q is not one of debug, info, warn, error", l.Level))
+	}
+	if l.Format != LogText && l.Format != LogJSON {
+		errs = append(errs, fmt.Errorf("log.format %q is not one of text, json", l.Format))
+	}
+	return errors.Join(errs...)
+}
+
+// SlogLevel returns the slog level for Level; an invalid level maps to info.
+func (l LogConfig) SlogLevel() slog.Level { return slogLevels[l.Level] }
+
+var slogLevels = map[string]slog.Level{
+	LogDebug: slog.LevelDebug,
+	LogInfo:  slog.LevelInfo,
+	LogWarn:  slog.LevelWarn,
+	LogError: slog.LevelError,
+}
+
+// decodeStrict decodes exactly one YAML document from data into out, refusing
+// unknown fields. An empty document leaves out untouched, so that an empty
+// file means "all defaults".
+func decodeStrict(name string, data []byte, out any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(out); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return yamlError(name, err)
+	}
+	var extra yaml.Node
+	switch err := dec.Decode(&extra); {
+	case errors.Is(err, io.EOF):
+		return nil
+	case err != nil:
+		return yamlError(name, err)
+	case isEmptyDocument(&extra):
+		return nil
+	default:
+		return fmt.Errorf("%s: line %d: a second YAML document is not allowed", name, extra.Line)
+	}
+}
+
+func isEmptyDocument(n *yaml.Node) bool {
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = n.Content[0]
+	}
+	return n.Kind == 0 || (n.Kind == yaml.ScalarNode && n.Tag == "!!null")
+}
+
+// yamlError rewrites yaml.v3 errors as "name: line N: problem", one line per
+// problem, dropping yaml's own "yaml: unmarshal errors:" preamble.
+func yamlError(name string, err error) error {
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		lines := make([]string, len(te.Errors))
+		for i, e := range te.Errors {
+			lines[i] = name + ": " + e
+		}
+		return errors.New(strings.Join(lines, "\n"))
+	}
+	return fmt.Errorf("%s: %s", name, strings.TrimPrefix(err.Error(), "yaml: "))
+}
+
+// prefixErrors puts name in front of err, or of each error err joins, so that
+// every reported line names the file.
+func prefixErrors(name string, err error) error {
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	errs := joined.Unwrap()
+	out := make([]error, len(errs))
+	for i, e := range errs {
+		out[i] = fmt.Errorf("%s: %w", name, e)
+	}
+	return errors.Join(out...)
+}
+
+// appendFlat appends err to errs, splicing in the errors it joins so that a
+// list of problems stays one level deep.
+func appendFlat(errs []error, err error) []error {
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		return append(errs, joined.Unwrap()...)
+	}
+	if err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// checkHostPort accepts "host:port" and ":port" with a numeric port; port 0
+// is accepted only when allowZero (a listener picking a free port).
+func checkHostPort(field, addr string, allowZero bool) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%s %q is not host:port: %w", field, addr, unwrapAddrErr(err))
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return fmt.Errorf("%s %q: port %q is not a number from 0 to 65535", field, addr, port)
+	}
+	if n == 0 && !allowZero {
+		return fmt.Errorf("%s %q: port must not be 0", field, addr)
+	}
+	return nil
+}
+
+// hasPortZero reports whether addr asks for an ephemeral port, which two
+// listeners may share in their config.
+func hasPortZero(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	return err == nil && port == "0"
+}
+
+// unwrapAddrErr drops net.AddrError's repetition of the address.
+func unwrapAddrErr(err error) error {
+	var ae *net.AddrError
+	if errors.As(err, &ae) {
+		return errors.New(ae.Err)
+	}
+	return err
+}

@@ -1,0 +1,282 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"regexp"
+	"slices"
+	"time"
+
+	"iop/domain"
+)
+
+// Defaults and limits of edge.yaml.
+const (
+	DefaultTransportListen   = "127.0.0.1:7700"
+	DefaultHTTPListen        = "127.0.0.1:7701"
+	DefaultHeartbeatInterval = 30 * time.Second
+	DefaultHeartbeatTimeout  = 45 * time.Second
+	DefaultMaxFrameSize      = 4 << 20
+	MinMaxFrameSize          = 64 << 10
+	MaxMaxFrameSize          = 64 << 20
+	MinTokenLength           = 8
+)
+
+// EdgeConfig is the content of edge.yaml.
+type EdgeConfig struct {
+	Transport TransportConfig `yaml:"transport"`
+	HTTP      HTTPConfig      `yaml:"http"`
+	Log       LogConfig       `yaml:"log"`
+	Nodes     []NodeEntry     `yaml:"nodes"`
+}
+
+// TransportConfig configures the edge's node-facing TCP listener.
+type TransportConfig struct {
+	Listen            string   `yaml:"listen"`
+	HeartbeatInterval Duration `yaml:"heartbeat_interval"`
+	HeartbeatTimeout  Duration `yaml:"heartbeat_timeout"`
+	MaxFrameSize      int64    `yaml:"max_frame_size"`
+}
+
+// HTTPConfig configures the edge's HTTP API listener.
+type HTTPConfig struct {
+	Listen string `yaml:"listen"`
+}
+
+// NodeEntry is one node of edge.yaml nodes[]. Exactly one of Token and
+// TokenEnv is set; TokenEnv names a variable of the edge's environment.
+type NodeEntry struct {
+	ID        string          `yaml:"id"`
+	Token     Secret          `yaml:"token"`
+	TokenEnv  string          `yaml:"token_env"`
+	Adapters  []AdapterEntry  `yaml:"adapters"`
+	Providers []ProviderEntry `yaml:"providers"`
+}
+
+// AdapterEntry configures one runtime adapter of a node. Its type and the
+// fields that type needs are checked by domain.NodeRecord.BuildConfig when the
+// node registers, not here, so one bad adapter does not stop the edge.
+type AdapterEntry struct {
+	Name           string                 `yaml:"name"`
+	Type           string                 `yaml:"type"`
+	MaxConcurrency int                    `yaml:"max_concurrency"`
+	Timeout        Duration               `yaml:"timeout"`
+	Targets        map[string]TargetEntry `yaml:"targets"`
+	BaseURL        string                 `yaml:"base_url"`
+	PathPrefix     string                 `yaml:"path_prefix"`
+	APIKeyEnv      string                 `yaml:"api_key_env"`
+	Models         []string               `yaml:"models"`
+	Command        string                 `yaml:"command"`
+	Args           []string               `yaml:"args"`
+	WorkDir        string                 `yaml:"work_dir"`
+}
+
+// TargetEntry is one command of an exec adapter.
+type TargetEntry struct {
+	Command []string          `yaml:"command"`
+	Timeout Duration          `yaml:"timeout"`
+	Dir     string            `yaml:"dir"`
+	Env     map[string]string `yaml:"env"`
+}
+
+// ProviderEntry declares an upstream server a node reaches for the raw tunnel.
+type ProviderEntry struct {
+	Name       string   `yaml:"name"`
+	Type       string   `yaml:"type"`
+	BaseURL    string   `yaml:"base_url"`
+	PathPrefix string   `yaml:"path_prefix"`
+	APIKeyEnv  string   `yaml:"api_key_env"`
+	Models     []string `yaml:"models"`
+}
+
+// LoadEdge reads, parses and validates the edge config at path; errors start
+// with path.
+func LoadEdge(path string) (*EdgeConfig, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read edge config: %w", err)
+	}
+	return ParseEdge(path, data)
+}
+
+// ParseEdge parses data as edge.yaml, applies defaults and validates it. name
+// prefixes every error and should be the file's path.
+func ParseEdge(name string, data []byte) (*EdgeConfig, error) {
+	var c EdgeConfig
+	if err := decodeStrict(name, data, &c); err != nil {
+		return nil, err
+	}
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, prefixErrors(name, err)
+	}
+	return &c, nil
+}
+
+// SetDefaults fills every unset (zero) field with its default.
+func (c *EdgeConfig) SetDefaults() {
+	if c.Transport.Listen == "" {
+		c.Transport.Listen = DefaultTransportListen
+	}
+	if c.Transport.HeartbeatInterval == 0 {
+		c.Transport.HeartbeatInterval = Duration(DefaultHeartbeatInterval)
+	}
+	if c.Transport.HeartbeatTimeout == 0 {
+		c.Transport.HeartbeatTimeout = Duration(DefaultHeartbeatTimeout)
+	}
+	if c.Transport.MaxFrameSize == 0 {
+		c.Transport.MaxFrameSize = DefaultMaxFrameSize
+	}
+	if c.HTTP.Listen == "" {
+		c.HTTP.Listen = DefaultHTTPListen
+	}
+	c.Log.SetDefaults()
+}
+
+// nodeIDPattern keeps node ids usable as one URL path segment without escaping.
+var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
+
+// Validate checks the whole config and reports every problem found, each
+// naming its field and, for nodes, the node. It reads token_env variables
+// from the environment. Adapter and provider entries are not checked here.
+func (c *EdgeConfig) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	t := c.Transport
+	if err := checkHostPort("transport.listen", t.Listen, true); err != nil {
+		errs = append(errs, err)
+	}
+	if err := checkHostPort("http.listen", c.HTTP.Listen, true); err != nil {
+		errs = append(errs, err)
+	}
+	if t.Listen == c.HTTP.Listen && !hasPortZero(t.Listen) {
+		add("http.listen and transport.listen are both %q; they need different ports", t.Listen)
+	}
+	if t.HeartbeatInterval <= 0 {
+		add("transport.heartbeat_interval must be positive, got %s", t.HeartbeatInterval)
+	}
+	if t.HeartbeatTimeout <= t.HeartbeatInterval {
+		add("transport.heartbeat_timeout (%s) must be greater than transport.heartbeat_interval (%s)", t.HeartbeatTimeout, t.HeartbeatInterval)
+	}
+	if t.MaxFrameSize < MinMaxFrameSize || t.MaxFrameSize > MaxMaxFrameSize {
+		add("transport.max_frame_size %d is outside [%d, %d] (64 KiB to 64 MiB)", t.MaxFrameSize, MinMaxFrameSize, MaxMaxFrameSize)
+	}
+	errs = appendFlat(errs, c.Log.Validate())
+
+	ids := map[string]int{}
+	tokens := map[string]int{}
+	for i, n := range c.Nodes {
+		where := fmt.Sprintf("nodes[%d]", i)
+		switch {
+		case n.ID == "":
+			add("%s: id is required", where)
+		case !nodeIDPattern.MatchString(n.ID):
+			add("%s: id %q may contain only letters, digits, '.', '_' and '-'", where, n.ID)
+		case n.ID == "." || n.ID == "..":
+			add("%s: id %q is not allowed (it is a relative path segment)", where, n.ID)
+		default:
+			where = fmt.Sprintf("nodes[%d] (id %q)", i, n.ID)
+			if j, dup := ids[n.ID]; dup {
+				add("%s: id is already used by nodes[%d]", where, j)
+			} else {
+				ids[n.ID] = i
+			}
+		}
+		tok, err := n.ResolveToken()
+		if err != nil {
+			add("%s: %w", where, err)
+			continue
+		}
+		if len(tok) < MinTokenLength {
+			add("%s: token must be at least %d characters", where, MinTokenLength)
+			continue
+		}
+		if j, dup := tokens[tok]; dup {
+			add("%s: token is the same as the token of nodes[%d]; every node needs its own", where, j)
+		} else {
+			tokens[tok] = i
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ResolveToken returns the node's token: Token, or the value of the edge's
+// environment variable TokenEnv. It fails when neither or both are set, or
+// when the variable is unset or empty. Errors never contain the token.
+func (n NodeEntry) ResolveToken() (string, error) {
+	switch {
+	case n.Token != "" && n.TokenEnv != "":
+		return "", errors.New("set only one of token and token_env")
+	case n.Token != "":
+		return string(n.Token), nil
+	case n.TokenEnv != "":
+		v := os.Getenv(n.TokenEnv)
+		if v == "" {
+			return "", fmt.Errorf("token_env: environment variable %s is unset or empty", n.TokenEnv)
+		}
+		return v, nil
+	default:
+		return "", errors.New("one of token and token_env is required")
+	}
+}
+
+// Records converts the nodes to directory records. Call it on a validated
+// config: a node whose token cannot be resolved gets an empty token, which
+// never authenticates. The records share no slices or maps with c.
+func (c *EdgeConfig) Records() []domain.NodeRecord {
+	out := make([]domain.NodeRecord, 0, len(c.Nodes))
+	for _, n := range c.Nodes {
+		tok, _ := n.ResolveToken()
+		r := domain.NodeRecord{ID: n.ID, Token: tok}
+		for _, a := range n.Adapters {
+			r.Adapters = append(r.Adapters, a.toDomain())
+		}
+		for _, p := range n.Providers {
+			r.Providers = append(r.Providers, p.toDomain())
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func (a AdapterEntry) toDomain() domain.AdapterConfig {
+	d := domain.AdapterConfig{
+		Name:           a.Name,
+		Type:           a.Type,
+		MaxConcurrency: a.MaxConcurrency,
+		BaseURL:        a.BaseURL,
+		PathPrefix:     a.PathPrefix,
+		APIKeyEnv:      a.APIKeyEnv,
+		Models:         slices.Clone(a.Models),
+		Command:        a.Command,
+		Args:           slices.Clone(a.Args),
+		WorkDir:        a.WorkDir,
+		Timeout:        a.Timeout.Std(),
+	}
+	if a.Targets != nil {
+		d.Targets = make(map[string]domain.ExecTarget, len(a.Targets))
+		for name, t := range a.Targets {
+			d.Targets[name] = domain.ExecTarget{
+				Command: slices.Clone(t.Command),
+				Timeout: t.Timeout.Std(),
+				Dir:     t.Dir,
+				Env:     maps.Clone(t.Env),
+			}
+		}
+	}
+	return d
+}
+
+func (p ProviderEntry) toDomain() domain.ProviderConfig {
+	return domain.ProviderConfig{
+		Name:       p.Name,
+		Type:       p.Type,
+		BaseURL:    p.BaseURL,
+		PathPrefix: p.PathPrefix,
+		APIKeyEnv:  p.APIKeyEnv,
+		Models:     slices.Clone(p.Models),
+	}
+}

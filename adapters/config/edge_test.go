@@ -1,0 +1,432 @@
+package config_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/adapters/config"
+	"iop/domain"
+)
+
+const fullEdge = `
+transport:
+  listen: "127.0.0.1:7700"
+  heartbeat_interval: 10s
+  heartbeat_timeout: 25s
+  max_frame_size: 1048576
+http:
+  listen: "0.0.0.0:7701"
+log:
+  level: debug
+  format: json
+nodes:
+  - id: local
+    token: dev-token
+    adapters:
+      - name: exec
+        type: exec
+        max_concurrency: 2
+        timeout: 1m
+        targets:
+          upper: {command: ["tr", "a-z", "A-Z"], timeout: 30s, dir: "/tmp", env: {K: V}}
+      - name: llm
+        type: ollama
+        base_url: http://127.0.0.1:11434
+        path_prefix: ""
+        api_key_env: ""
+        models: [llama3.2]
+        command: ""
+        args: []
+        work_dir: ""
+      - name: agent
+        type: claude-code
+        command: claude
+        args: ["--verbose"]
+        work_dir: /srv/work
+    providers:
+      - {name: local-ollama, type: ollama, base_url: "http://127.0.0.1:11434", path_prefix: "", api_key_env: "", models: [llama3.2]}
+      - {name: vllm, type: openai, base_url: "http://gpu:8000", path_prefix: /openai, api_key_env: VLLM_KEY}
+  - id: gpu-1.east_2
+    token_env: IOP_TEST_GPU_TOKEN
+`
+
+func TestParseEdgeFull(t *testing.T) {
+	t.Setenv("IOP_TEST_GPU_TOKEN", "gpu-secret-token")
+	c, err := config.ParseEdge("edge.yaml", []byte(fullEdge))
+	if err != nil {
+		t.Fatalf("ParseEdge: %v", err)
+	}
+	if got, want := c.Transport, (config.TransportConfig{
+		Listen:            "127.0.0.1:7700",
+		HeartbeatInterval: config.Duration(10 * time.Second),
+		HeartbeatTimeout:  config.Duration(25 * time.Second),
+		MaxFrameSize:      1 << 20,
+	}); got != want {
+		t.Errorf("transport = %+v, want %+v", got, want)
+	}
+	if c.HTTP.Listen != "0.0.0.0:7701" {
+		t.Errorf("http.listen = %q", c.HTTP.Listen)
+	}
+	if c.Log != (config.LogConfig{Level: "debug", Format: "json"}) || c.Log.SlogLevel() != slog.LevelDebug {
+		t.Errorf("log = %+v", c.Log)
+	}
+
+	want := []domain.NodeRecord{
+		{
+			ID:    "local",
+			Token: "dev-token",
+			Adapters: []domain.AdapterConfig{
+				{
+					Name: "exec", Type: "exec", MaxConcurrency: 2, Timeout: time.Minute,
+					Targets: map[string]domain.ExecTarget{
+						"upper": {Command: []string{"tr", "a-z", "A-Z"}, Timeout: 30 * time.Second, Dir: "/tmp", Env: map[string]string{"K": "V"}},
+					},
+				},
+				{Name: "llm", Type: "ollama", BaseURL: "http://127.0.0.1:11434", Models: []string{"llama3.2"}, Args: []string{}},
+				{Name: "agent", Type: "claude-code", Command: "claude", Args: []string{"--verbose"}, WorkDir: "/srv/work"},
+			},
+			Providers: []domain.ProviderConfig{
+				{Name: "local-ollama", Type: "ollama", BaseURL: "http://127.0.0.1:11434", Models: []string{"llama3.2"}},
+				{Name: "vllm", Type: "openai", BaseURL: "http://gpu:8000", PathPrefix: "/openai", APIKeyEnv: "VLLM_KEY"},
+			},
+		},
+		{ID: "gpu-1.east_2", Token: "gpu-secret-token"},
+	}
+	got := c.Records()
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Records() =\n%#v\nwant\n%#v", got, want)
+	}
+	for _, r := range got {
+		if _, err := r.BuildConfig(1); err != nil {
+			t.Errorf("BuildConfig(%s): %v", r.ID, err)
+		}
+	}
+
+	// The records share nothing with the config.
+	got[0].Adapters[0].Targets["upper"].Env["K"] = "changed"
+	got[0].Adapters[0].Targets["upper"].Command[0] = "changed"
+	got[0].Providers[0].Models[0] = "changed"
+	if again := c.Records(); !reflect.DeepEqual(again, want) {
+		t.Errorf("mutating Records() output changed the config:\n%#v", again)
+	}
+}
+
+func TestParseEdgeDefaults(t *testing.T) {
+	for name, doc := range map[string]string{
+		"nodes only": "nodes:\n  - {id: a, token: aaaaaaaa}\n",
+		"empty":      "",
+		"comment":    "# nothing here\n",
+		"null":       "~\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, err := config.ParseEdge("edge.yaml", []byte(doc))
+			if err != nil {
+				t.Fatalf("ParseEdge: %v", err)
+			}
+			want := config.TransportConfig{
+				Listen:            config.DefaultTransportListen,
+				HeartbeatInterval: config.Duration(30 * time.Second),
+				HeartbeatTimeout:  config.Duration(45 * time.Second),
+				MaxFrameSize:      4 << 20,
+			}
+			if c.Transport != want {
+				t.Errorf("transport = %+v, want %+v", c.Transport, want)
+			}
+			if c.HTTP.Listen != "127.0.0.1:7701" {
+				t.Errorf("http.listen = %q", c.HTTP.Listen)
+			}
+			if c.Log != (config.LogConfig{Level: "info", Format: "text"}) {
+				t.Errorf("log = %+v", c.Log)
+			}
+		})
+	}
+}
+
+func TestParseEdgeYAMLErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		doc  string
+		want []string // substrings, in order
+	}{
+		{
+			name: "unknown field names file and line",
+			doc: `transport:
+  listen: "127.0.0.1:7700"
+http:
+  listen: "127.0.0.1:7701"
+nodes:
+  - id: local
+    tokn: dev-token
+`,
+			want: []string{"edge.yaml: line 7: field tokn not found in type config.NodeEntry"},
+		},
+		{
+			name: "unknown top-level field",
+			doc:  "transprt:\n  listen: x\n",
+			want: []string{"edge.yaml: line 1: field transprt not found"},
+		},
+		{
+			name: "unknown field in exec target",
+			doc:  "nodes:\n  - id: a\n    token: aaaaaaaa\n    adapters:\n      - name: e\n        type: exec\n        targets:\n          t: {command: [x], tiemout: 1s}\n",
+			want: []string{"edge.yaml: line 8: field tiemout not found in type config.TargetEntry"},
+		},
+		{
+			name: "bad duration",
+			doc:  "transport:\n  heartbeat_interval: 30 seconds\n",
+			want: []string{"edge.yaml: line 2: invalid duration \"30 seconds\""},
+		},
+		{
+			name: "duration without unit",
+			doc:  "transport:\n  heartbeat_timeout: 45\n",
+			want: []string{"edge.yaml: line 2: invalid duration \"45\""},
+		},
+		{
+			name: "duration as a list",
+			doc:  "transport:\n  heartbeat_timeout: [1s]\n",
+			want: []string{"edge.yaml: line 2: a duration must be a string"},
+		},
+		{
+			name: "wrong type",
+			doc:  "transport:\n  max_frame_size: big\n",
+			want: []string{"edge.yaml: line 2: cannot unmarshal !!str `big` into int64"},
+		},
+		{
+			name: "several errors each on its own line",
+			doc:  "transport:\n  listn: x\n  heartbeat_interval: soon\n",
+			want: []string{"edge.yaml: line 2: field listn not found", "\nedge.yaml: line 3: invalid duration"},
+		},
+		{
+			name: "syntax error",
+			doc:  "nodes:\n  - id: a\n   token: b\n",
+			want: []string{"edge.yaml: line ", "did not find expected"},
+		},
+		{
+			name: "duplicate key",
+			doc:  "http:\n  listen: a:1\n  listen: b:2\n",
+			want: []string{"edge.yaml: line 3:", "already defined"},
+		},
+		{
+			name: "second document",
+			doc:  "log: {level: info}\n---\nlog: {level: debug}\n",
+			want: []string{"edge.yaml: line 2: a second YAML document is not allowed"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := config.ParseEdge("edge.yaml", []byte(tt.doc))
+			if err == nil {
+				t.Fatal("ParseEdge succeeded, want an error")
+			}
+			assertContainsInOrder(t, err.Error(), tt.want)
+			if strings.Contains(err.Error(), "yaml: unmarshal errors") {
+				t.Errorf("error keeps yaml's preamble: %q", err)
+			}
+		})
+	}
+}
+
+func TestParseEdgeTrailingSeparator(t *testing.T) {
+	if _, err := config.ParseEdge("edge.yaml", []byte("log: {level: warn}\n---\n")); err != nil {
+		t.Fatalf("a trailing empty document should be accepted: %v", err)
+	}
+}
+
+func TestEdgeValidate(t *testing.T) {
+	t.Setenv("IOP_TEST_EMPTY", "")
+	t.Setenv("IOP_TEST_SHORT", "short")
+	t.Setenv("IOP_TEST_DUP", "aaaaaaaa")
+	node := func(extra string) string {
+		return "nodes:\n" + extra
+	}
+	tests := []struct {
+		name string
+		doc  string
+		want string
+	}{
+		{"transport listen without port", "transport: {listen: localhost}\n", `transport.listen "localhost" is not host:port: missing port in address`},
+		{"transport listen bad port", "transport: {listen: \"127.0.0.1:http\"}\n", `transport.listen "127.0.0.1:http": port "http" is not a number`},
+		{"transport listen port too large", "transport: {listen: \"127.0.0.1:70000\"}\n", `port "70000" is not a number from 0 to 65535`},
+		{"http listen", "http: {listen: \"127.0.0.1\"}\n", `http.listen "127.0.0.1" is not host:port`},
+		{"same listen", "transport: {listen: \":9000\"}\nhttp: {listen: \":9000\"}\n", `http.listen and transport.listen are both ":9000"`},
+		{"interval not positive", "transport: {heartbeat_interval: -1s}\n", "transport.heartbeat_interval must be positive"},
+		{"timeout equal to interval", "transport: {heartbeat_interval: 45s}\n", "transport.heartbeat_timeout (45s) must be greater than transport.heartbeat_interval (45s)"},
+		{"timeout below interval", "transport: {heartbeat_interval: 10s, heartbeat_timeout: 5s}\n", "transport.heartbeat_timeout (5s) must be greater"},
+		{"frame too small", "transport: {max_frame_size: 65535}\n", "transport.max_frame_size 65535 is outside [65536, 67108864]"},
+		{"frame too large", "transport: {max_frame_size: 67108865}\n", "transport.max_frame_size 67108865 is outside"},
+		{"log level", "log: {level: verbose}\n", `log.level "verbose" is not one of debug, info, warn, error`},
+		{"log format", "log: {format: xml}\n", `log.format "xml" is not one of text, json`},
+		{"missing id", node("  - {token: aaaaaaaa}\n"), "nodes[0]: id is required"},
+		{"id with slash", node("  - {id: a/b, token: aaaaaaaa}\n"), `nodes[0]: id "a/b" may contain only letters`},
+		{"id with space", node("  - {id: \"a b\", token: aaaaaaaa}\n"), `nodes[0]: id "a b" may contain only`},
+		{"id dot dot", node("  - {id: \"..\", token: aaaaaaaa}\n"), `nodes[0]: id ".." is not allowed`},
+		{"duplicate id", node("  - {id: a, token: aaaaaaaa}\n  - {id: a, token: bbbbbbbb}\n"), `nodes[1] (id "a"): id is already used by nodes[0]`},
+		{"no token", node("  - {id: a}\n"), `nodes[0] (id "a"): one of token and token_env is required`},
+		{"token and token_env", node("  - {id: a, token: aaaaaaaa, token_env: X}\n"), `nodes[0] (id "a"): set only one of token and token_env`},
+		{"token_env unset", node("  - {id: a, token_env: IOP_TEST_SURELY_UNSET}\n"), `nodes[0] (id "a"): token_env: environment variable IOP_TEST_SURELY_UNSET is unset or empty`},
+		{"token_env empty", node("  - {id: a, token_env: IOP_TEST_EMPTY}\n"), `nodes[0] (id "a"): token_env: environment variable IOP_TEST_EMPTY is unset or empty`},
+		{"short token", node("  - {id: a, token: short12}\n"), `nodes[0] (id "a"): token must be at least 8 characters`},
+		{"short token from env", node("  - {id: a, token_env: IOP_TEST_SHORT}\n"), `nodes[0] (id "a"): token must be at least 8 characters`},
+		{"duplicate token", node("  - {id: a, token: aaaaaaaa}\n  - {id: b, token: aaaaaaaa}\n"), `nodes[1] (id "b"): token is the same as the token of nodes[0]`},
+		{"duplicate token via env", node("  - {id: a, token: aaaaaaaa}\n  - {id: b, token_env: IOP_TEST_DUP}\n"), `nodes[1] (id "b"): token is the same as the token of nodes[0]`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := config.ParseEdge("edge.yaml", []byte(tt.doc))
+			if err == nil {
+				t.Fatalf("ParseEdge succeeded, want error containing %q", tt.want)
+			}
+			msg := err.Error()
+			if !strings.HasPrefix(msg, "edge.yaml: ") {
+				t.Errorf("error %q does not start with the file name", msg)
+			}
+			if !strings.Contains(msg, tt.want) {
+				t.Errorf("error %q does not contain %q", msg, tt.want)
+			}
+			for _, secret := range []string{"aaaaaaaa", "bbbbbbbb", "short12", "short\n", "short;"} {
+				if strings.Contains(msg, secret) {
+					t.Errorf("error %q reveals a token", msg)
+				}
+			}
+		})
+	}
+}
+
+func TestEdgeValidateReportsEveryProblem(t *testing.T) {
+	doc := "log: {level: loud, format: xml}\nnodes:\n  - {id: \"\", token: aaaaaaaa}\n  - {id: b}\n"
+	_, err := config.ParseEdge("edge.yaml", []byte(doc))
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	want := []string{
+		`edge.yaml: log.level "loud" is not one of debug, info, warn, error`,
+		`edge.yaml: log.format "xml" is not one of text, json`,
+		`edge.yaml: nodes[0]: id is required`,
+		`edge.yaml: nodes[1] (id "b"): one of token and token_env is required`,
+	}
+	if got := strings.Split(err.Error(), "\n"); !reflect.DeepEqual(got, want) {
+		t.Errorf("error lines =\n%q\nwant\n%q", got, want)
+	}
+}
+
+func TestEdgeAllowsEphemeralPortsAndNoNodes(t *testing.T) {
+	c, err := config.ParseEdge("edge.yaml", []byte("transport: {listen: \"127.0.0.1:0\"}\nhttp: {listen: \"127.0.0.1:0\"}\n"))
+	if err != nil {
+		t.Fatalf("ParseEdge: %v", err)
+	}
+	if len(c.Records()) != 0 {
+		t.Errorf("Records() = %v, want none", c.Records())
+	}
+}
+
+// An unknown adapter type is the edge's problem to report per node at
+// register time (config_error), not a reason to refuse the whole file.
+func TestUnknownAdapterTypeLoads(t *testing.T) {
+	doc := "nodes:\n  - id: a\n    token: aaaaaaaa\n    adapters:\n      - {name: x, type: telepathy}\n"
+	c, err := config.ParseEdge("edge.yaml", []byte(doc))
+	if err != nil {
+		t.Fatalf("ParseEdge: %v", err)
+	}
+	recs := c.Records()
+	_, err = recs[0].BuildConfig(1)
+	if !errors.Is(err, domain.ErrConfig) {
+		t.Fatalf("BuildConfig err = %v, want ErrConfig", err)
+	}
+}
+
+func TestLoadEdge(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "edge.yaml")
+	if err := os.WriteFile(path, []byte("nodes:\n  - {id: a, token: aaaaaaaa}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := config.LoadEdge(path)
+	if err != nil {
+		t.Fatalf("LoadEdge: %v", err)
+	}
+	if len(c.Nodes) != 1 || c.Nodes[0].ID != "a" {
+		t.Errorf("nodes = %+v", c.Nodes)
+	}
+
+	if err := os.WriteFile(path, []byte("nodes:\n  - {id: a, tokn: aaaaaaaa}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = config.LoadEdge(path)
+	if err == nil || !strings.HasPrefix(err.Error(), path+": line 2: field tokn not found") {
+		t.Errorf("LoadEdge error = %v, want it to start with the path and line", err)
+	}
+
+	_, err = config.LoadEdge(filepath.Join(dir, "missing.yaml"))
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("LoadEdge(missing) = %v, want ErrNotExist", err)
+	}
+}
+
+// The repository's sample config must always load.
+func TestRepoEdgeConfig(t *testing.T) {
+	path := filepath.Join("..", "..", "configs", "edge.yaml")
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		t.Skip("configs/edge.yaml does not exist yet")
+	}
+	c, err := config.LoadEdge(path)
+	if err != nil {
+		t.Fatalf("LoadEdge: %v", err)
+	}
+	for _, r := range c.Records() {
+		if _, err := r.BuildConfig(1); err != nil {
+			t.Errorf("node %s: BuildConfig: %v", r.ID, err)
+		}
+	}
+}
+
+func TestSecretIsNeverPrinted(t *testing.T) {
+	const tok = "super-secret-token"
+	c, err := config.ParseEdge("edge.yaml", []byte("nodes:\n  - {id: a, token: "+tok+"}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logged strings.Builder
+	slog.New(slog.NewJSONHandler(&logged, nil)).Info("cfg", "config", c, "token", c.Nodes[0].Token)
+	slog.New(slog.NewTextHandler(&logged, nil)).Info("cfg", "node", c.Nodes[0], "token", c.Nodes[0].Token)
+	outputs := []string{
+		fmt.Sprintf("%v %+v %#v %s %q %x %d", c, c, c, c.Nodes[0].Token, c.Nodes[0].Token, c.Nodes[0].Token, c.Nodes[0].Token),
+		fmt.Sprint(*c, c.Nodes[0]),
+		string(js),
+		logged.String(),
+	}
+	for _, out := range outputs {
+		if strings.Contains(out, tok) {
+			t.Errorf("output reveals the token: %s", out)
+		}
+	}
+	if !strings.Contains(outputs[0], "[redacted]") {
+		t.Errorf("expected a redaction marker in %s", outputs[0])
+	}
+	if got := string(c.Nodes[0].Token); got != tok {
+		t.Errorf("string(Token) = %q, want the value", got)
+	}
+}
+
+func assertContainsInOrder(t *testing.T, s string, parts []string) {
+	t.Helper()
+	rest := s
+	for _, p := range parts {
+		i := strings.Index(rest, p)
+		if i < 0 {
+			t.Errorf("error %q does not contain %q (in order)", s, p)
+			return
+		}
+		rest = rest[i+len(p):]
+	}
+}

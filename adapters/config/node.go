@@ -1,0 +1,118 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+)
+
+// Defaults of the node-local config.
+const (
+	DefaultNodeEdge     = "127.0.0.1:7700"
+	DefaultNodeDB       = "file:iop.db?cache=shared&mode=rwc"
+	DefaultReconnectMin = 500 * time.Millisecond
+	DefaultReconnectMax = 30 * time.Second
+)
+
+// NodeConfig holds the settings iop-node keeps locally; everything about
+// adapters and providers comes from the edge at register time.
+type NodeConfig struct {
+	Edge      string          `yaml:"edge"`
+	Token     Secret          `yaml:"token"`
+	TokenEnv  string          `yaml:"token_env"`
+	DB        string          `yaml:"db"`
+	Log       LogConfig       `yaml:"log"`
+	Reconnect ReconnectConfig `yaml:"reconnect"`
+}
+
+// ReconnectConfig bounds the node's exponential reconnect backoff.
+type ReconnectConfig struct {
+	Min Duration `yaml:"min"`
+	Max Duration `yaml:"max"`
+}
+
+// LoadNode reads and parses the node config at path without validating it,
+// so that flags can still fill in fields (the token) before Validate. An
+// empty path returns the defaults: the file is optional.
+func LoadNode(path string) (*NodeConfig, error) {
+	if path == "" {
+		c := &NodeConfig{}
+		c.SetDefaults()
+		return c, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read node config: %w", err)
+	}
+	return ParseNode(path, data)
+}
+
+// ParseNode decodes data strictly and applies defaults; it checks field names
+// and types but not values, which is Validate's job. name prefixes errors.
+func ParseNode(name string, data []byte) (*NodeConfig, error) {
+	var c NodeConfig
+	if err := decodeStrict(name, data, &c); err != nil {
+		return nil, err
+	}
+	c.SetDefaults()
+	return &c, nil
+}
+
+// SetDefaults fills every unset (zero) field with its default.
+func (c *NodeConfig) SetDefaults() {
+	if c.Edge == "" {
+		c.Edge = DefaultNodeEdge
+	}
+	if c.DB == "" {
+		c.DB = DefaultNodeDB
+	}
+	if c.Reconnect.Min == 0 {
+		c.Reconnect.Min = Duration(DefaultReconnectMin)
+	}
+	if c.Reconnect.Max == 0 {
+		c.Reconnect.Max = Duration(DefaultReconnectMax)
+	}
+	c.Log.SetDefaults()
+}
+
+// Validate checks the values and that a token can be resolved, reporting
+// every problem found.
+func (c *NodeConfig) Validate() error {
+	var errs []error
+	if err := checkHostPort("edge", c.Edge, false); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.ResolveToken(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.DB == "" {
+		errs = append(errs, errors.New("db must not be empty"))
+	}
+	errs = appendFlat(errs, c.Log.Validate())
+	if c.Reconnect.Min <= 0 {
+		errs = append(errs, fmt.Errorf("reconnect.min must be positive, got %s", c.Reconnect.Min))
+	}
+	if c.Reconnect.Max < c.Reconnect.Min {
+		errs = append(errs, fmt.Errorf("reconnect.max (%s) must not be less than reconnect.min (%s)", c.Reconnect.Max, c.Reconnect.Min))
+	}
+	return errors.Join(errs...)
+}
+
+// ResolveToken returns Token if set, else the value of the environment
+// variable TokenEnv. Token wins when both are set, so a --token flag copied
+// into Token overrides a token_env from the file. Errors never contain the token.
+func (c *NodeConfig) ResolveToken() (string, error) {
+	switch {
+	case c.Token != "":
+		return string(c.Token), nil
+	case c.TokenEnv != "":
+		v := os.Getenv(c.TokenEnv)
+		if v == "" {
+			return "", fmt.Errorf("token_env: environment variable %s is unset or empty", c.TokenEnv)
+		}
+		return v, nil
+	default:
+		return "", errors.New("a token is required (token, token_env or the --token flag)")
+	}
+}

@@ -1,0 +1,182 @@
+package config_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/adapters/config"
+)
+
+func TestParseNode(t *testing.T) {
+	tests := []struct {
+		name string
+		doc  string
+		want config.NodeConfig
+	}{
+		{
+			name: "defaults",
+			doc:  "",
+			want: config.NodeConfig{
+				Edge: "127.0.0.1:7700",
+				DB:   "file:iop.db?cache=shared&mode=rwc",
+				Log:  config.LogConfig{Level: "info", Format: "text"},
+				Reconnect: config.ReconnectConfig{
+					Min: config.Duration(500 * time.Millisecond),
+					Max: config.Duration(30 * time.Second),
+				},
+			},
+		},
+		{
+			name: "everything set",
+			doc: `edge: "edge.example:7700"
+token_env: IOP_NODE_TOKEN
+db: "file:/var/lib/iop/node.db"
+log: {level: warn, format: json}
+reconnect: {min: 1s, max: 1m}
+`,
+			want: config.NodeConfig{
+				Edge:     "edge.example:7700",
+				TokenEnv: "IOP_NODE_TOKEN",
+				DB:       "file:/var/lib/iop/node.db",
+				Log:      config.LogConfig{Level: "warn", Format: "json"},
+				Reconnect: config.ReconnectConfig{
+					Min: config.Duration(time.Second),
+					Max: config.Duration(time.Minute),
+				},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := config.ParseNode("node.yaml", []byte(tt.doc))
+			if err != nil {
+				t.Fatalf("ParseNode: %v", err)
+			}
+			if *c != tt.want {
+				t.Errorf("got %+v\nwant %+v", *c, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseNodeTypeErrors(t *testing.T) {
+	tests := []struct {
+		name, doc, want string
+	}{
+		{"unknown field", "edge: a:1\ntokn: x\n", "node.yaml: line 2: field tokn not found in type config.NodeConfig"},
+		{"nested unknown field", "reconnect:\n  minimum: 1s\n", "node.yaml: line 2: field minimum not found in type config.ReconnectConfig"},
+		{"bad duration", "reconnect: {max: forever}\n", `node.yaml: line 1: invalid duration "forever"`},
+		{"wrong type", "log: [debug]\n", "node.yaml: line 1: cannot unmarshal !!seq into config.LogConfig"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := config.ParseNode("node.yaml", []byte(tt.doc))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("ParseNode error = %v, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// Parsing leaves value checks to Validate so that a --token flag can fill
+// the token after the file is read.
+func TestNodeTokenFromFlagAfterParse(t *testing.T) {
+	c, err := config.ParseNode("node.yaml", []byte("edge: \"10.0.0.1:7700\"\n"))
+	if err != nil {
+		t.Fatalf("ParseNode without a token: %v", err)
+	}
+	err = c.Validate()
+	if err == nil || !strings.Contains(err.Error(), "a token is required") {
+		t.Fatalf("Validate without token = %v, want a token error", err)
+	}
+	c.Token = "from-the-flag"
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate after setting the token: %v", err)
+	}
+	if tok, _ := c.ResolveToken(); tok != "from-the-flag" {
+		t.Errorf("ResolveToken = %q", tok)
+	}
+}
+
+func TestNodeTokenEnv(t *testing.T) {
+	t.Setenv("IOP_TEST_NODE_TOKEN", "env-token-value")
+	c, err := config.ParseNode("node.yaml", []byte("token_env: IOP_TEST_NODE_TOKEN\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	if tok, _ := c.ResolveToken(); tok != "env-token-value" {
+		t.Errorf("ResolveToken = %q", tok)
+	}
+	c.Token = "flag-wins"
+	if tok, _ := c.ResolveToken(); tok != "flag-wins" {
+		t.Errorf("ResolveToken with both = %q, want the explicit token", tok)
+	}
+}
+
+func TestNodeValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*config.NodeConfig)
+		want   string
+	}{
+		{"edge without port", func(c *config.NodeConfig) { c.Edge = "edge.example" }, `edge "edge.example" is not host:port`},
+		{"edge port zero", func(c *config.NodeConfig) { c.Edge = "edge.example:0" }, `edge "edge.example:0": port must not be 0`},
+		{"no token", func(c *config.NodeConfig) { c.Token = "" }, "a token is required"},
+		{"token_env unset", func(c *config.NodeConfig) { c.Token, c.TokenEnv = "", "IOP_TEST_SURELY_UNSET" }, "token_env: environment variable IOP_TEST_SURELY_UNSET is unset or empty"},
+		{"empty db", func(c *config.NodeConfig) { c.DB = "" }, "db must not be empty"},
+		{"log level", func(c *config.NodeConfig) { c.Log.Level = "trace" }, `log.level "trace"`},
+		{"log format", func(c *config.NodeConfig) { c.Log.Format = "logfmt" }, `log.format "logfmt"`},
+		{"reconnect min", func(c *config.NodeConfig) { c.Reconnect.Min = config.Duration(-time.Second) }, "reconnect.min must be positive"},
+		{"reconnect max below min", func(c *config.NodeConfig) { c.Reconnect.Max = config.Duration(time.Millisecond) }, "reconnect.max (1ms) must not be less than reconnect.min (500ms)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &config.NodeConfig{Token: "node-secret"}
+			c.SetDefaults()
+			if err := c.Validate(); err != nil {
+				t.Fatalf("baseline Validate: %v", err)
+			}
+			tt.mutate(c)
+			err := c.Validate()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Validate = %v, want it to contain %q", err, tt.want)
+			}
+			if strings.Contains(err.Error(), "node-secret") {
+				t.Errorf("error %q reveals the token", err)
+			}
+		})
+	}
+}
+
+func TestLoadNode(t *testing.T) {
+	c, err := config.LoadNode("")
+	if err != nil {
+		t.Fatalf("LoadNode(\"\"): %v", err)
+	}
+	if c.DB != config.DefaultNodeDB || c.Edge != config.DefaultNodeEdge {
+		t.Errorf("LoadNode(\"\") = %+v, want defaults", c)
+	}
+
+	path := filepath.Join(t.TempDir(), "node.yaml")
+	if err := os.WriteFile(path, []byte("db: \"file:x.db\"\ntoken: abcdefgh\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err = config.LoadNode(path)
+	if err != nil {
+		t.Fatalf("LoadNode: %v", err)
+	}
+	if c.DB != "file:x.db" || c.Validate() != nil {
+		t.Errorf("LoadNode = %+v (validate: %v)", c, c.Validate())
+	}
+
+	if _, err := config.LoadNode(path + ".missing"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("LoadNode(missing) = %v, want ErrNotExist", err)
+	}
+}

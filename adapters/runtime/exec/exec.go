@@ -1,0 +1,271 @@
+// Package exec is the runtime adapter that runs a local command per run.
+//
+// Each configured target is an argv, run directly with no shell in between:
+// arguments reach the program exactly as configured, and nothing in a run's
+// input is ever interpreted as shell syntax. The command runs in the
+// target's directory (else the adapter's work_dir, else the node's), with the
+// node's environment plus the target's env, and in a process group of its
+// own, so that everything it spawns can be signalled together.
+//
+// The run input is written to the command's stdin, which is then closed.
+// Stdout is streamed: every read (of at most 32 KiB) becomes a delta event
+// as soon as it is read, without waiting for newlines, except that a UTF-8
+// sequence is never split across two events (an incomplete trailing rune is
+// held back until the next read). Bytes that are not UTF-8 at all are sent
+// as U+FFFD. Stderr is not streamed; its last 4 KiB are kept for the error
+// message.
+//
+// Events: right after the process starts, one metadata event carrying
+// {"pid":N} (N is also the process group id); then the deltas; then exactly
+// one terminal event — complete on exit status 0, error with code run_failed
+// and message "exit status N: <stderr tail>" otherwise, or error with code
+// timeout when the target's timeout (else the adapter's; zero means none)
+// expires, in which case the process group is killed. The adapter never
+// emits start: the run manager does.
+//
+// Cancelling ctx sends SIGTERM to the whole process group and SIGKILL after
+// KillGrace; Execute waits for the process and returns ctx.Err() without a
+// terminal event (the run manager emits cancelled). When the sink's Emit
+// fails, the process group is killed and Execute returns that error. Once
+// the command has exited, for whatever reason, anything it left running in
+// its process group is killed too, and a descendant still holding stdout or
+// stderr open cannot delay the end of the run by more than a second.
+package exec
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	osexec "os/exec"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// DefaultKillGrace is how long a cancelled run's process group has between
+// SIGTERM and SIGKILL unless Adapter.KillGrace says otherwise.
+const DefaultKillGrace = 2 * time.Second
+
+// pipeGrace is cmd.WaitDelay: how long Wait keeps reading stdout and stderr
+// after the command has exited, in case a descendant still holds them open.
+const pipeGrace = time.Second
+
+// Adapter runs the targets of one exec adapter instance. It is safe for
+// concurrent use.
+type Adapter struct {
+	// KillGrace is the delay between SIGTERM and SIGKILL when a run is
+	// cancelled; zero or negative sends SIGKILL at once. New sets it to
+	// DefaultKillGrace; change it only before the first Execute.
+	KillGrace time.Duration
+
+	name           string
+	targets        map[string]domain.ExecTarget
+	maxConcurrency int
+	timeout        time.Duration
+	workDir        string
+}
+
+var _ ports.RuntimeAdapter = (*Adapter)(nil)
+
+// New builds an exec adapter from its config. Every target must have a
+// command; errors are domain.ErrConfig.
+func New(cfg domain.AdapterConfig) (*Adapter, error) {
+	if cfg.MaxConcurrency < 0 {
+		return nil, domain.Errorf(domain.CodeConfigError, "exec adapter %q: max_concurrency must not be negative", cfg.Name)
+	}
+	if cfg.Timeout < 0 {
+		return nil, domain.Errorf(domain.CodeConfigError, "exec adapter %q: timeout must not be negative", cfg.Name)
+	}
+	targets := make(map[string]domain.ExecTarget, len(cfg.Targets))
+	for name, t := range cfg.Targets {
+		if len(t.Command) == 0 || t.Command[0] == "" {
+			return nil, domain.Errorf(domain.CodeConfigError, "exec adapter %q: target %q has an empty command", cfg.Name, name)
+		}
+		if t.Timeout < 0 {
+			return nil, domain.Errorf(domain.CodeConfigError, "exec adapter %q: target %q: timeout must not be negative", cfg.Name, name)
+		}
+		t.Command = slices.Clone(t.Command)
+		t.Env = maps.Clone(t.Env)
+		targets[name] = t
+	}
+	return &Adapter{
+		KillGrace:      DefaultKillGrace,
+		name:           cfg.Name,
+		targets:        targets,
+		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),
+		timeout:        cfg.Timeout,
+		workDir:        cfg.WorkDir,
+	}, nil
+}
+
+// Capabilities reports the configured concurrency; exec keeps no sessions.
+func (a *Adapter) Capabilities() domain.Capabilities {
+	return domain.Capabilities{MaxConcurrency: a.maxConcurrency}
+}
+
+// Execute runs req.Target with req.Input on stdin, as the package doc
+// describes. It returns an error wrapping domain.ErrTargetNotFound for an
+// unknown target and a run_failed error when the command cannot start, both
+// without emitting anything; ctx.Err() when cancelled; the sink's error when
+// Emit fails; and nil once it has emitted the terminal event.
+func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
+	t, ok := a.targets[req.Target]
+	if !ok {
+		known := slices.Sorted(maps.Keys(a.targets))
+		return fmt.Errorf("exec adapter %q has no target %q (known: %s): %w",
+			a.name, req.Target, strings.Join(known, ", "), domain.ErrTargetNotFound)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+
+	stdout := newDeltaWriter(sink)
+	stderr := newTailBuffer(stderrTailSize)
+	cmd := osexec.Command(t.Command[0], t.Command[1:]...)
+	cmd.Dir = cmp.Or(t.Dir, a.workDir)
+	cmd.Env = environ(t.Env)
+	cmd.Stdin = bytes.NewReader(req.Input)
+	cmd.Stdout = stdout
+	cmd.Stderr = stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = pipeGrace
+
+	started := time.Now()
+	if err := cmd.Start(); err != nil {
+		return domain.Errorf(domain.CodeRunFailed, "start target %q: %v", req.Target, err)
+	}
+	p := &process{pgid: cmd.Process.Pid, done: make(chan struct{})}
+	go func() {
+		p.waitErr = cmd.Wait()
+		close(p.done)
+	}()
+
+	meta, _ := json.Marshal(struct {
+		PID int `json:"pid"`
+	}{p.pgid})
+	if err := sink.Emit(domain.RunEvent{Type: domain.EventMetadata, Metadata: meta}); err != nil {
+		stdout.release(false)
+		p.kill()
+		return err
+	}
+	stdout.release(true)
+
+	var expired <-chan time.Time
+	timeout := cmp.Or(t.Timeout, a.timeout)
+	if timeout > 0 {
+		timer := time.NewTimer(timeout)
+		defer timer.Stop()
+		expired = timer.C
+	}
+
+	select {
+	case <-p.done:
+		p.signal(syscall.SIGKILL) // whatever the command left behind
+	case <-ctx.Done():
+		p.terminate(a.KillGrace)
+		return ctx.Err()
+	case <-stdout.failed:
+		p.kill()
+		return stdout.err
+	case <-expired:
+		p.kill()
+		if stdout.err != nil {
+			return stdout.err
+		}
+		if err := stdout.flush(); err != nil {
+			return err
+		}
+		return sink.Emit(domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{
+			Code:    domain.CodeTimeout,
+			Message: fmt.Sprintf("target %q timed out after %s", req.Target, timeout),
+		}})
+	}
+
+	// The command has exited and Wait has returned, so the stdout and stderr
+	// writers are no longer in use.
+	if stdout.err != nil {
+		return stdout.err
+	}
+	if err := stdout.flush(); err != nil {
+		return err
+	}
+	state := cmd.ProcessState
+	switch {
+	case state == nil:
+		return sink.Emit(domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{
+			Code: domain.CodeRunFailed, Message: fmt.Sprintf("wait for target %q: %v", req.Target, p.waitErr),
+		}})
+	case state.Success():
+		// p.waitErr may be osexec.ErrWaitDelay: a descendant kept stdout
+		// open after the command exited 0. The run still succeeded.
+		return sink.Emit(domain.RunEvent{Type: domain.EventComplete, Usage: &domain.Usage{
+			DurationMS: time.Since(started).Milliseconds(),
+		}})
+	default:
+		msg := state.String() // "exit status N" or "signal: killed"
+		if tail := stderr.String(); tail != "" {
+			msg += ": " + tail
+		}
+		return sink.Emit(domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{
+			Code: domain.CodeRunFailed, Message: msg,
+		}})
+	}
+}
+
+// process is a started command in its own process group, with a goroutine
+// waiting for it.
+type process struct {
+	pgid    int
+	done    chan struct{} // closed when cmd.Wait has returned
+	waitErr error         // set before done is closed
+}
+
+// signal sends sig to every process in the group. Errors are ignored: the
+// usual one is ESRCH, an already empty group.
+func (p *process) signal(sig syscall.Signal) {
+	_ = syscall.Kill(-p.pgid, sig)
+}
+
+// kill SIGKILLs the group, waits for the command, and SIGKILLs again what
+// may have been forked in between.
+func (p *process) kill() {
+	p.signal(syscall.SIGKILL)
+	<-p.done
+	p.signal(syscall.SIGKILL)
+}
+
+// terminate sends SIGTERM to the group, then SIGKILL if the command has not
+// exited after grace, and waits for it.
+func (p *process) terminate(grace time.Duration) {
+	if grace <= 0 {
+		p.kill()
+		return
+	}
+	p.signal(syscall.SIGTERM)
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-p.done:
+		p.signal(syscall.SIGKILL)
+	case <-timer.C:
+		p.kill()
+	}
+}
+
+// environ returns the node's environment plus extra, in a stable order;
+// extra wins over inherited variables of the same name.
+func environ(extra map[string]string) []string {
+	env := os.Environ()
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
+		env = append(env, k+"="+extra[k])
+	}
+	return env
+}

@@ -1,0 +1,154 @@
+package exec
+
+import (
+	"errors"
+	"io"
+	"strings"
+	"unicode/utf8"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+const (
+	stdoutChunkSize = 32 << 10 // bytes per stdout read, so at most per delta
+	stderrTailSize  = 4 << 10  // bytes of stderr kept for the error message
+)
+
+// errDiscarded ends the stdout copy when the run was abandoned before its
+// output could be sent.
+var errDiscarded = errors.New("exec: run abandoned before output")
+
+// deltaWriter turns the command's stdout into delta events, one per read.
+// os/exec copies stdout into it from a goroutine of its own, which has ended
+// by the time cmd.Wait returns; until then only that goroutine touches
+// pending and err, and Execute reads err only after failed is closed or Wait
+// has returned.
+type deltaWriter struct {
+	sink    ports.EventSink
+	gate    chan struct{} // closed by release; no delta goes out before it
+	discard bool          // set by release before gate is closed
+	pending []byte        // an incomplete UTF-8 sequence held back from the last read
+	err     error         // the first Emit error
+	failed  chan struct{} // closed once err is set
+}
+
+func newDeltaWriter(sink ports.EventSink) *deltaWriter {
+	return &deltaWriter{sink: sink, gate: make(chan struct{}), failed: make(chan struct{})}
+}
+
+// release lets output flow once the metadata event is out, or makes the
+// writer refuse it (ending the copy) when send is false.
+func (w *deltaWriter) release(send bool) {
+	w.discard = !send
+	close(w.gate)
+}
+
+// ReadFrom reads r with a 32 KiB buffer and emits what each read returns.
+// io.Copy, which os/exec uses, prefers it to Write.
+func (w *deltaWriter) ReadFrom(r io.Reader) (int64, error) {
+	buf := make([]byte, stdoutChunkSize)
+	var total int64
+	for {
+		n, err := r.Read(buf)
+		total += int64(n)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return total, werr
+			}
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+// Write emits p as one delta event, minus an incomplete UTF-8 sequence at
+// its end, which is held back and prepended to the next write.
+func (w *deltaWriter) Write(p []byte) (int, error) {
+	<-w.gate
+	if w.err != nil {
+		return 0, w.err
+	}
+	if w.discard {
+		return 0, errDiscarded
+	}
+	data := p
+	if len(w.pending) > 0 {
+		data = append(w.pending, p...)
+	}
+	n := completeLen(data)
+	text := string(data[:n])
+	w.pending = append(w.pending[:0], data[n:]...)
+	if err := w.emit(text); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// flush emits what is still held back, once the output has ended.
+func (w *deltaWriter) flush() error {
+	text := string(w.pending)
+	w.pending = nil
+	return w.emit(text)
+}
+
+func (w *deltaWriter) emit(text string) error {
+	if text == "" {
+		return nil
+	}
+	err := w.sink.Emit(domain.RunEvent{Type: domain.EventDelta, Text: strings.ToValidUTF8(text, "\uFFFD")})
+	if err != nil && w.err == nil {
+		w.err = err
+		close(w.failed)
+	}
+	return err
+}
+
+// completeLen returns how much of b can be sent without splitting a UTF-8
+// sequence: all of it, unless b ends with the first bytes of a multi-byte
+// rune. Invalid bytes count as complete, so they are never held back.
+func completeLen(b []byte) int {
+	for i := len(b) - 1; i >= 0 && i > len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if utf8.FullRune(b[i:]) {
+				return len(b)
+			}
+			return i
+		}
+	}
+	return len(b)
+}
+
+// tailBuffer keeps the last max bytes written to it, in a buffer allocated
+// once. Like deltaWriter, it is written by an os/exec goroutine and read
+// only after cmd.Wait has returned.
+type tailBuffer struct {
+	buf []byte
+}
+
+func newTailBuffer(max int) *tailBuffer {
+	return &tailBuffer{buf: make([]byte, 0, max)}
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	n, limit := len(p), cap(t.buf)
+	if len(p) >= limit {
+		t.buf = append(t.buf[:0], p[len(p)-limit:]...)
+		return n, nil
+	}
+	if drop := len(t.buf) + len(p) - limit; drop > 0 {
+		t.buf = append(t.buf[:0], t.buf[drop:]...)
+	}
+	t.buf = append(t.buf, p...)
+	return n, nil
+}
+
+// String returns the tail with surrounding space trimmed, dropping bytes
+// that are not UTF-8 (the tail may start inside a rune).
+func (t *tailBuffer) String() string {
+	return strings.TrimSpace(strings.ToValidUTF8(string(t.buf), ""))
+}

@@ -1,0 +1,105 @@
+package memory
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// roleAssistant marks the messages that count as turns in ListChats.
+const roleAssistant = "assistant"
+
+// sessionKey identifies a session within the node.
+type sessionKey struct{ adapter, sessionID string }
+
+type chatSession struct {
+	target   string
+	msgs     []domain.ChatMessage
+	turns    int
+	lastUsed time.Time
+}
+
+// ChatStore is a map-backed ports.ChatSessionStore.
+type ChatStore struct {
+	mu       sync.Mutex
+	sessions map[sessionKey]*chatSession
+}
+
+var _ ports.ChatSessionStore = (*ChatStore)(nil)
+
+// NewChatStore returns an empty ChatStore.
+func NewChatStore() *ChatStore {
+	return &ChatStore{sessions: map[sessionKey]*chatSession{}}
+}
+
+// LoadChat returns a copy of the session's messages in the order they were
+// appended; an unknown session has none.
+func (s *ChatStore) LoadChat(_ context.Context, adapter, sessionID string) ([]domain.ChatMessage, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.sessions[sessionKey{adapter, sessionID}]
+	if sess == nil {
+		return []domain.ChatMessage{}, nil
+	}
+	return slices.Clone(sess.msgs), nil
+}
+
+// AppendChat adds msgs after the session's last message, creating the
+// session if needed. Appending no messages changes nothing.
+func (s *ChatStore) AppendChat(_ context.Context, adapter, target, sessionID string, msgs []domain.ChatMessage) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	now := storedTime(time.Now())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := sessionKey{adapter, sessionID}
+	sess := s.sessions[k]
+	if sess == nil {
+		sess = &chatSession{}
+		s.sessions[k] = sess
+	}
+	sess.target, sess.lastUsed = target, now
+	sess.msgs = append(sess.msgs, msgs...)
+	for _, m := range msgs {
+		if m.Role == roleAssistant {
+			sess.turns++
+		}
+	}
+	return nil
+}
+
+// DeleteChat removes the session's history; deleting an unknown session is not an error.
+func (s *ChatStore) DeleteChat(_ context.Context, adapter, sessionID string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.sessions, sessionKey{adapter, sessionID})
+	return nil
+}
+
+// ListChats describes the chat sessions of adapter ("" means every adapter),
+// ordered by adapter and session id. Target is the one given with the most
+// recent append; Turns counts assistant messages.
+func (s *ChatStore) ListChats(_ context.Context, adapter string) ([]domain.SessionInfo, error) {
+	s.mu.Lock()
+	out := []domain.SessionInfo{}
+	for k, sess := range s.sessions {
+		if adapter == "" || k.adapter == adapter {
+			out = append(out, domain.SessionInfo{
+				Adapter: k.adapter, Target: sess.target, SessionID: k.sessionID, Turns: sess.turns, LastUsed: sess.lastUsed,
+			})
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, compareSessions)
+	return out, nil
+}
+
+func compareSessions(a, b domain.SessionInfo) int {
+	return cmp.Or(cmp.Compare(a.Adapter, b.Adapter), cmp.Compare(a.SessionID, b.SessionID))
+}

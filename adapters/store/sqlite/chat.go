@@ -1,0 +1,136 @@
+package sqlite
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// roleAssistant marks the messages that count as turns in ListChats.
+const roleAssistant = "assistant"
+
+// ChatStore keeps chat session histories in SQLite.
+type ChatStore struct {
+	db *bun.DB
+}
+
+var _ ports.ChatSessionStore = (*ChatStore)(nil)
+
+// NewChatStore returns a ChatStore on db.
+func NewChatStore(db *DB) *ChatStore {
+	return &ChatStore{db: db.bun}
+}
+
+// chatMessageRow is one message; seq numbers a session's messages from 1.
+type chatMessageRow struct {
+	bun.BaseModel `bun:"table:chat_messages"`
+
+	Adapter   string    `bun:"adapter,pk"`
+	SessionID string    `bun:"session_id,pk"`
+	Seq       int64     `bun:"seq,pk"`
+	Target    string    `bun:"target,notnull"`
+	Role      string    `bun:"role,notnull"`
+	Content   string    `bun:"content,notnull"`
+	CreatedAt time.Time `bun:"created_at,notnull"`
+}
+
+// LoadChat returns the session's messages in the order they were appended;
+// an unknown session has none.
+func (s *ChatStore) LoadChat(ctx context.Context, adapter, sessionID string) ([]domain.ChatMessage, error) {
+	var rows []chatMessageRow
+	err := s.db.NewSelect().Model(&rows).
+		Where("adapter = ? AND session_id = ?", adapter, sessionID).
+		Order("seq").
+		Scan(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("select chat %s/%s: %w", adapter, sessionID, err)
+	}
+	msgs := make([]domain.ChatMessage, len(rows))
+	for i, r := range rows {
+		msgs[i] = domain.ChatMessage{Role: r.Role, Content: r.Content}
+	}
+	return msgs, nil
+}
+
+// AppendChat adds msgs after the session's last message, creating the
+// session if needed. Appending no messages changes nothing.
+func (s *ChatStore) AppendChat(ctx context.Context, adapter, target, sessionID string, msgs []domain.ChatMessage) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	now := time.Now().UTC()
+	return s.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		var last int64
+		err := tx.NewSelect().Model((*chatMessageRow)(nil)).
+			ColumnExpr("COALESCE(MAX(seq), 0)").
+			Where("adapter = ? AND session_id = ?", adapter, sessionID).
+			Scan(ctx, &last)
+		if err != nil {
+			return fmt.Errorf("select chat %s/%s seq: %w", adapter, sessionID, err)
+		}
+		rows := make([]chatMessageRow, len(msgs))
+		for i, m := range msgs {
+			rows[i] = chatMessageRow{
+				Adapter: adapter, SessionID: sessionID, Seq: last + int64(i) + 1,
+				Target: target, Role: m.Role, Content: m.Content, CreatedAt: now,
+			}
+		}
+		if _, err := tx.NewInsert().Model(&rows).Exec(ctx); err != nil {
+			return fmt.Errorf("insert chat %s/%s: %w", adapter, sessionID, err)
+		}
+		return nil
+	})
+}
+
+// DeleteChat removes the session's history; deleting an unknown session is not an error.
+func (s *ChatStore) DeleteChat(ctx context.Context, adapter, sessionID string) error {
+	_, err := s.db.NewDelete().Model((*chatMessageRow)(nil)).
+		Where("adapter = ? AND session_id = ?", adapter, sessionID).
+		Exec(ctx)
+	if err != nil {
+		return fmt.Errorf("delete chat %s/%s: %w", adapter, sessionID, err)
+	}
+	return nil
+}
+
+// chatSessionRow is one row of the ListChats aggregate.
+type chatSessionRow struct {
+	Adapter   string    `bun:"adapter"`
+	SessionID string    `bun:"session_id"`
+	Target    string    `bun:"target"`
+	Turns     int       `bun:"turns"`
+	LastUsed  time.Time `bun:"last_used"`
+}
+
+// ListChats describes the chat sessions of adapter ("" means every adapter),
+// ordered by adapter and session id. Target is the one given with the most
+// recent append; Turns counts assistant messages.
+func (s *ChatStore) ListChats(ctx context.Context, adapter string) ([]domain.SessionInfo, error) {
+	var rows []chatSessionRow
+	q := s.db.NewSelect().TableExpr("chat_messages AS m").
+		Column("m.adapter", "m.session_id").
+		ColumnExpr("(SELECT l.target FROM chat_messages AS l"+
+			" WHERE l.adapter = m.adapter AND l.session_id = m.session_id ORDER BY l.seq DESC LIMIT 1) AS target").
+		ColumnExpr("SUM(m.role = ?) AS turns", roleAssistant).
+		ColumnExpr("MAX(m.created_at) AS last_used").
+		Group("m.adapter", "m.session_id").
+		Order("m.adapter", "m.session_id")
+	if adapter != "" {
+		q = q.Where("m.adapter = ?", adapter)
+	}
+	if err := q.Scan(ctx, &rows); err != nil {
+		return nil, fmt.Errorf("select chats: %w", err)
+	}
+	out := make([]domain.SessionInfo, len(rows))
+	for i, r := range rows {
+		out[i] = domain.SessionInfo{
+			Adapter: r.Adapter, Target: r.Target, SessionID: r.SessionID, Turns: r.Turns, LastUsed: r.LastUsed.UTC(),
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,130 @@
+// Package sqlite implements the node's stores (ports.RunStore,
+// ports.ChatSessionStore, ports.AgentSessionStore) with bun on SQLite.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect/sqlitedialect"
+	"github.com/uptrace/bun/driver/sqliteshim"
+)
+
+// DefaultDSN is the database the node opens when no flag or config names one.
+const DefaultDSN = "file:iop.db?cache=shared&mode=rwc"
+
+// DB is an open node database with its schema in place. It is safe for
+// concurrent use; the stores built on it share its single connection.
+type DB struct {
+	bun *bun.DB
+}
+
+// Open opens the SQLite database named by dsn and creates any missing tables
+// and indexes. Existing data is kept.
+//
+// The pool holds exactly one connection. SQLite allows one writer at a time
+// anyway, and with several connections a read-then-write transaction (as in
+// UpdateRun) can fail with SQLITE_BUSY on the lock upgrade without ever
+// waiting for busy_timeout, while with cache=shared (the default DSN) the
+// failure is SQLITE_LOCKED, which busy_timeout does not cover at all. One
+// connection turns all of that into ordinary queueing inside database/sql.
+// It also keeps a ":memory:" database alive for the life of the DB.
+func Open(ctx context.Context, dsn string) (*DB, error) {
+	if dsn == "" {
+		return nil, errors.New("open sqlite: empty dsn")
+	}
+	sqldb := sql.OpenDB(&connector{dsn: dsn, drv: sqliteshim.Driver(), pragmas: pragmasFor(dsn)})
+	sqldb.SetMaxOpenConns(1)
+	sqldb.SetMaxIdleConns(1)
+	sqldb.SetConnMaxLifetime(0)
+	sqldb.SetConnMaxIdleTime(0)
+
+	db := &DB{bun: bun.NewDB(sqldb, sqlitedialect.New())}
+	if err := db.createSchema(ctx); err != nil {
+		_ = db.bun.Close()
+		return nil, fmt.Errorf("open sqlite %s: %w", dsn, err)
+	}
+	return db, nil
+}
+
+// Close closes the database; stores built on it stop working.
+func (db *DB) Close() error {
+	return db.bun.Close()
+}
+
+// pragmasFor returns the per-connection settings. busy_timeout and
+// foreign_keys are per connection, so they are applied by the connector
+// rather than once after opening: a connection database/sql replaces after a
+// driver.ErrBadConn gets them too. WAL (persistent in the file) lets readers
+// in other processes, such as the sqlite3 shell, work while the node writes;
+// synchronous=NORMAL is the usual companion of WAL: it cannot corrupt the
+// database, only lose the last commits on power loss.
+func pragmasFor(dsn string) []string {
+	p := []string{"PRAGMA busy_timeout = 5000", "PRAGMA foreign_keys = ON"}
+	if !isMemoryDSN(dsn) {
+		p = append(p, "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL")
+	}
+	return p
+}
+
+func isMemoryDSN(dsn string) bool {
+	return strings.Contains(dsn, ":memory:") || strings.Contains(dsn, "mode=memory")
+}
+
+func (db *DB) createSchema(ctx context.Context) error {
+	return db.bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		for _, model := range []any{(*runRow)(nil), (*chatMessageRow)(nil), (*agentSessionRow)(nil)} {
+			if _, err := tx.NewCreateTable().Model(model).IfNotExists().Exec(ctx); err != nil {
+				return fmt.Errorf("create table: %w", err)
+			}
+		}
+		indexes := []struct{ name, column string }{
+			{"runs_created_at_idx", "created_at"},
+			{"runs_status_idx", "status"},
+		}
+		for _, ix := range indexes {
+			if _, err := tx.NewCreateIndex().Model((*runRow)(nil)).Index(ix.name).Column(ix.column).IfNotExists().Exec(ctx); err != nil {
+				return fmt.Errorf("create index %s: %w", ix.name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// connector opens connections through the sqliteshim driver and applies the
+// pragmas to each new one before database/sql hands it out.
+type connector struct {
+	dsn     string
+	drv     driver.Driver
+	pragmas []string
+}
+
+func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.drv.Open(c.dsn)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range c.pragmas {
+		if err := execConn(ctx, conn, p); err != nil {
+			_ = conn.Close()
+			return nil, fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	return conn, nil
+}
+
+func (c *connector) Driver() driver.Driver { return c.drv }
+
+func execConn(ctx context.Context, conn driver.Conn, query string) error {
+	ex, ok := conn.(driver.ExecerContext)
+	if !ok {
+		return fmt.Errorf("driver %T cannot execute statements directly", conn)
+	}
+	_, err := ex.ExecContext(ctx, query, nil)
+	return err
+}

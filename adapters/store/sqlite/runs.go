@@ -1,0 +1,236 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// Limits of ListRuns.
+const (
+	DefaultListLimit = 50
+	MaxListLimit     = 1000
+)
+
+// RunStore is the node's run record in SQLite.
+type RunStore struct {
+	db *bun.DB
+}
+
+var _ ports.RunStore = (*RunStore)(nil)
+
+// NewRunStore returns a RunStore on db.
+func NewRunStore(db *DB) *RunStore {
+	return &RunStore{db: db.bun}
+}
+
+// runRow is one row of the runs table. Times are written by bun in UTC as
+// "2006-01-02 15:04:05.999999+00:00" text; with the fixed offset suffix that
+// text sorts in time order, which ListRuns relies on. The usage columns are
+// all NULL when the run has no usage, so "no usage" and "zero usage" survive
+// a round trip.
+type runRow struct {
+	bun.BaseModel `bun:"table:runs"`
+
+	ID           string    `bun:"id,pk"`
+	Adapter      string    `bun:"adapter,notnull"`
+	Target       string    `bun:"target,notnull"`
+	SessionID    string    `bun:"session_id,notnull"`
+	Background   bool      `bun:"background,notnull"`
+	Status       string    `bun:"status,notnull"`
+	CreatedAt    time.Time `bun:"created_at,notnull"`
+	StartedAt    time.Time `bun:"started_at,nullzero"`
+	FinishedAt   time.Time `bun:"finished_at,nullzero"`
+	ErrorCode    string    `bun:"error_code,notnull"`
+	ErrorMessage string    `bun:"error_message,notnull"`
+
+	PromptTokens     *int64   `bun:"prompt_tokens"`
+	CompletionTokens *int64   `bun:"completion_tokens"`
+	TotalTokens      *int64   `bun:"total_tokens"`
+	CostUSD          *float64 `bun:"cost_usd"`
+	DurationMS       *int64   `bun:"duration_ms"`
+	StopReason       *string  `bun:"stop_reason"`
+	Model            *string  `bun:"model"`
+}
+
+func toRow(r *domain.Run) *runRow {
+	s := r.Snapshot()
+	row := &runRow{
+		ID: s.ID, Adapter: s.Adapter, Target: s.Target, SessionID: s.SessionID, Background: s.Background,
+		Status: string(s.Status), CreatedAt: s.CreatedAt.UTC(), StartedAt: utc(s.StartedAt), FinishedAt: utc(s.FinishedAt),
+		ErrorCode: s.ErrorCode, ErrorMessage: s.ErrorMessage,
+	}
+	if u := s.Usage; u != nil {
+		row.PromptTokens, row.CompletionTokens, row.TotalTokens = &u.PromptTokens, &u.CompletionTokens, &u.TotalTokens
+		row.CostUSD, row.DurationMS, row.StopReason, row.Model = &u.CostUSD, &u.DurationMS, &u.StopReason, &u.Model
+	}
+	return row
+}
+
+func toDomain(row *runRow) (*domain.Run, error) {
+	s := domain.RunSnapshot{
+		ID: row.ID, Adapter: row.Adapter, Target: row.Target, SessionID: row.SessionID, Background: row.Background,
+		Status: domain.RunStatus(row.Status), CreatedAt: row.CreatedAt.UTC(), StartedAt: utc(row.StartedAt),
+		FinishedAt: utc(row.FinishedAt), ErrorCode: row.ErrorCode, ErrorMessage: row.ErrorMessage,
+	}
+	if row.PromptTokens != nil {
+		s.Usage = &domain.Usage{
+			PromptTokens: deref(row.PromptTokens), CompletionTokens: deref(row.CompletionTokens),
+			TotalTokens: deref(row.TotalTokens), CostUSD: deref(row.CostUSD), DurationMS: deref(row.DurationMS),
+			StopReason: deref(row.StopReason), Model: deref(row.Model),
+		}
+	}
+	return domain.RehydrateRun(s)
+}
+
+// utc converts t to UTC but keeps the zero time zero, so an unset timestamp
+// stays NULL in the table and IsZero in the domain.
+func utc(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return t.UTC()
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+// CreateRun inserts a new run; a run with the same id already stored is an error.
+func (s *RunStore) CreateRun(ctx context.Context, run *domain.Run) error {
+	if run == nil {
+		return errors.New("insert run: nil run")
+	}
+	if _, err := s.db.NewInsert().Model(toRow(run)).Exec(ctx); err != nil {
+		return fmt.Errorf("insert run %s: %w", run.ID(), err)
+	}
+	return nil
+}
+
+// UpdateRun loads the run, applies fn and saves the result in one
+// transaction. fn's error is returned as is and nothing is saved; a missing
+// run is domain.ErrRunNotFound and fn is not called. fn runs while the
+// transaction holds the database's only connection, so it must be quick and
+// must not call any store on the same DB (that would deadlock).
+func (s *RunStore) UpdateRun(ctx context.Context, id string, fn func(*domain.Run) error) error {
+	return s.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		run, err := getRun(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if err := fn(run); err != nil {
+			return err
+		}
+		if _, err := tx.NewUpdate().Model(toRow(run)).WherePK().Exec(ctx); err != nil {
+			return fmt.Errorf("update run %s: %w", id, err)
+		}
+		return nil
+	})
+}
+
+// GetRun returns the run with the given id, or domain.ErrRunNotFound.
+func (s *RunStore) GetRun(ctx context.Context, id string) (*domain.Run, error) {
+	return getRun(ctx, s.db, id)
+}
+
+func getRun(ctx context.Context, db bun.IDB, id string) (*domain.Run, error) {
+	row := new(runRow)
+	err := db.NewSelect().Model(row).Where("id = ?", id).Scan(ctx)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("select run %s: %w", id, domain.ErrRunNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("select run %s: %w", id, err)
+	}
+	return toDomain(row)
+}
+
+// ListRuns returns the runs matching f, newest first (ties broken by id,
+// descending). Limit <= 0 means DefaultListLimit; it is capped at MaxListLimit.
+func (s *RunStore) ListRuns(ctx context.Context, f domain.RunFilter) ([]*domain.Run, error) {
+	var rows []runRow
+	q := s.db.NewSelect().Model(&rows).OrderExpr("created_at DESC, id DESC").Limit(int64(listLimit(f.Limit)))
+	if f.Status != "" {
+		q = q.Where("status = ?", string(f.Status))
+	}
+	if f.Adapter != "" {
+		q = q.Where("adapter = ?", f.Adapter)
+	}
+	if err := q.Scan(ctx); err != nil {
+		return nil, fmt.Errorf("select runs: %w", err)
+	}
+	runs := make([]*domain.Run, 0, len(rows))
+	for i := range rows {
+		r, err := toDomain(&rows[i])
+		if err != nil {
+			return nil, err
+		}
+		runs = append(runs, r)
+	}
+	return runs, nil
+}
+
+func listLimit(n int) int {
+	switch {
+	case n <= 0:
+		return DefaultListLimit
+	case n > MaxListLimit:
+		return MaxListLimit
+	}
+	return n
+}
+
+// usageRow is one row of the UsageByAdapter aggregate.
+type usageRow struct {
+	Adapter          string  `bun:"adapter"`
+	RunsTotal        int64   `bun:"runs_total"`
+	Succeeded        int64   `bun:"succeeded"`
+	Failed           int64   `bun:"failed"`
+	Cancelled        int64   `bun:"cancelled"`
+	Running          int64   `bun:"running"`
+	PromptTokens     int64   `bun:"prompt_tokens"`
+	CompletionTokens int64   `bun:"completion_tokens"`
+	TotalTokens      int64   `bun:"total_tokens"`
+	CostUSD          float64 `bun:"cost_usd"`
+}
+
+// UsageByAdapter returns one summary per adapter that has runs, ordered by
+// adapter name. Running counts queued and running runs; TotalTokens sums
+// domain.Usage.Total, so a provider that reported no total still counts.
+func (s *RunStore) UsageByAdapter(ctx context.Context) ([]domain.UsageSummary, error) {
+	var rows []usageRow
+	err := s.db.NewSelect().Model((*runRow)(nil)).
+		Column("adapter").
+		ColumnExpr("COUNT(*) AS runs_total").
+		ColumnExpr("SUM(status = ?) AS succeeded", string(domain.RunSucceeded)).
+		ColumnExpr("SUM(status = ?) AS failed", string(domain.RunFailed)).
+		ColumnExpr("SUM(status = ?) AS cancelled", string(domain.RunCancelled)).
+		ColumnExpr("SUM(status IN (?, ?)) AS running", string(domain.RunQueued), string(domain.RunRunning)).
+		ColumnExpr("COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens").
+		ColumnExpr("COALESCE(SUM(completion_tokens), 0) AS completion_tokens").
+		ColumnExpr("COALESCE(SUM(CASE WHEN total_tokens > 0 THEN total_tokens "+
+			"ELSE COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0) END), 0) AS total_tokens").
+		ColumnExpr("COALESCE(SUM(cost_usd), 0.0) AS cost_usd").
+		Group("adapter").
+		Order("adapter").
+		Scan(ctx, &rows)
+	if err != nil {
+		return nil, fmt.Errorf("select usage: %w", err)
+	}
+	out := make([]domain.UsageSummary, len(rows))
+	for i, r := range rows {
+		out[i] = domain.UsageSummary(r)
+	}
+	return out, nil
+}

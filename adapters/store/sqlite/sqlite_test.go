@@ -1,0 +1,173 @@
+package sqlite_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"iop/adapters/store/sqlite"
+	"iop/adapters/store/storetest"
+	"iop/domain"
+	"iop/ports"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// fileDSN names a fresh database file in a temporary directory, in the form
+// of DefaultDSN.
+func fileDSN(t *testing.T) string {
+	return "file:" + filepath.Join(t.TempDir(), "iop.db") + "?cache=shared&mode=rwc"
+}
+
+func open(t *testing.T, dsn string) *sqlite.DB {
+	t.Helper()
+	db, err := sqlite.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", dsn, err)
+	}
+	t.Cleanup(func() {
+		if err := db.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return db
+}
+
+func TestRunStoreContract(t *testing.T) {
+	storetest.RunStoreContract(t, func(t *testing.T) ports.RunStore { return sqlite.NewRunStore(open(t, fileDSN(t))) })
+}
+
+func TestChatStoreContract(t *testing.T) {
+	storetest.ChatStoreContract(t, func(t *testing.T) ports.ChatSessionStore { return sqlite.NewChatStore(open(t, fileDSN(t))) })
+}
+
+func TestAgentSessionStoreContract(t *testing.T) {
+	storetest.AgentSessionStoreContract(t, func(t *testing.T) ports.AgentSessionStore {
+		return sqlite.NewAgentSessionStore(open(t, fileDSN(t)))
+	})
+}
+
+// An in-memory database lives as long as its DB: the pool's single
+// connection is never recycled.
+func TestMemoryDSN(t *testing.T) {
+	storetest.RunStoreContract(t, func(t *testing.T) ports.RunStore { return sqlite.NewRunStore(open(t, ":memory:")) })
+}
+
+func TestOpenErrors(t *testing.T) {
+	cases := []struct{ name, dsn string }{
+		{"empty dsn", ""},
+		{"missing directory", "file:" + filepath.Join(t.TempDir(), "no", "such", "dir", "iop.db") + "?mode=rwc"},
+		{"read-only missing file", "file:" + filepath.Join(t.TempDir(), "iop.db") + "?mode=ro"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if db, err := sqlite.Open(context.Background(), tc.dsn); err == nil {
+				_ = db.Close()
+				t.Fatalf("Open(%q) succeeded", tc.dsn)
+			}
+		})
+	}
+}
+
+func TestDataSurvivesReopen(t *testing.T) {
+	ctx := context.Background()
+	dsn := fileDSN(t)
+	created := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+	db, err := sqlite.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := domain.NewRun(domain.RunRequest{RunID: "r1", Adapter: "ollama", Target: "m", SessionID: "s1"}, created)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := sqlite.NewRunStore(db)
+	if err := runs.CreateRun(ctx, run); err != nil {
+		t.Fatal(err)
+	}
+	usage := &domain.Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: 3}
+	if err := runs.UpdateRun(ctx, "r1", func(r *domain.Run) error {
+		return r.Finish(domain.RunEvent{Type: domain.EventComplete, Usage: usage}, created.Add(time.Second))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	msgs := []domain.ChatMessage{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "hello"}}
+	if err := sqlite.NewChatStore(db).AppendChat(ctx, "ollama", "m", "s1", msgs); err != nil {
+		t.Fatal(err)
+	}
+	if err := sqlite.NewAgentSessionStore(db).PutAgentSession(ctx, "codex", "t", "s1", "thread-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+
+	db = open(t, dsn)
+	got, err := sqlite.NewRunStore(db).GetRun(ctx, "r1")
+	if err != nil {
+		t.Fatalf("GetRun after reopen: %v", err)
+	}
+	s := got.Snapshot()
+	if s.Status != domain.RunSucceeded || s.Usage == nil || *s.Usage != *usage || !s.FinishedAt.Equal(created.Add(time.Second)) {
+		t.Fatalf("run after reopen = %+v", s)
+	}
+	loaded, err := sqlite.NewChatStore(db).LoadChat(ctx, "ollama", "s1")
+	if err != nil || len(loaded) != 2 || loaded[1] != msgs[1] {
+		t.Fatalf("LoadChat after reopen = %v, %v", loaded, err)
+	}
+	// Appending after a reopen continues the sequence rather than colliding with it.
+	if err := sqlite.NewChatStore(db).AppendChat(ctx, "ollama", "m", "s1", msgs[:1]); err != nil {
+		t.Fatalf("AppendChat after reopen: %v", err)
+	}
+	id, ok, err := sqlite.NewAgentSessionStore(db).GetAgentSession(ctx, "codex", "s1")
+	if err != nil || !ok || id != "thread-1" {
+		t.Fatalf("GetAgentSession after reopen = %q, %v, %v", id, ok, err)
+	}
+}
+
+func TestConcurrentUpdates(t *testing.T) {
+	ctx := context.Background()
+	store := sqlite.NewRunStore(open(t, fileDSN(t)))
+	const n = 20
+	now := time.Now()
+	for i := range n {
+		r, err := domain.NewRun(domain.RunRequest{RunID: fmt.Sprintf("r%02d", i), Adapter: "exec"}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := store.CreateRun(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*n)
+	for i := range n {
+		wg.Go(func() {
+			id := fmt.Sprintf("r%02d", i)
+			errs <- store.UpdateRun(ctx, id, func(r *domain.Run) error { return r.Start(time.Now()) })
+			errs <- store.UpdateRun(ctx, id, func(r *domain.Run) error {
+				return r.Finish(domain.RunEvent{Type: domain.EventComplete}, time.Now())
+			})
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("UpdateRun: %v", err)
+		}
+	}
+	usage, err := store.UsageByAdapter(ctx)
+	if err != nil || len(usage) != 1 || usage[0].Succeeded != n {
+		t.Fatalf("UsageByAdapter = %+v, %v; want %d succeeded", usage, err, n)
+	}
+}

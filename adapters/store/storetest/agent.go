@@ -1,0 +1,99 @@
+package storetest
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// AgentSessionStoreContract checks the behaviour every
+// ports.AgentSessionStore must have. newStore must return an empty store that
+// the test may use exclusively.
+func AgentSessionStoreContract(t *testing.T, newStore func(t *testing.T) ports.AgentSessionStore) {
+	t.Run("get unknown is not found without error", func(t *testing.T) {
+		id, ok, err := newStore(t).GetAgentSession(context.Background(), "codex", "nope")
+		if err != nil || ok || id != "" {
+			t.Fatalf("GetAgentSession(unknown) = %q, %v, %v; want \"\", false, nil", id, ok, err)
+		}
+	})
+
+	t.Run("put get overwrite delete", func(t *testing.T) {
+		s, ctx := newStore(t), context.Background()
+		mustPut(t, s, "codex", "t1", "s1", "thread-1")
+		mustPut(t, s, "claude-code", "t1", "s1", "other-adapter")
+		checkAgent(t, s, "codex", "s1", "thread-1", true)
+		checkAgent(t, s, "claude-code", "s1", "other-adapter", true)
+
+		mustPut(t, s, "codex", "t2", "s1", "thread-2")
+		checkAgent(t, s, "codex", "s1", "thread-2", true)
+		list, err := s.ListAgentSessions(ctx, "codex")
+		if err != nil || len(list) != 1 || list[0].Target != "t2" || list[0].AgentSessionID != "thread-2" {
+			t.Fatalf("ListAgentSessions after overwrite = %+v, %v; want one with target t2, thread-2", list, err)
+		}
+
+		if err := s.DeleteAgentSession(ctx, "codex", "s1"); err != nil {
+			t.Fatalf("DeleteAgentSession: %v", err)
+		}
+		if err := s.DeleteAgentSession(ctx, "codex", "unknown"); err != nil {
+			t.Fatalf("DeleteAgentSession(unknown): %v", err)
+		}
+		checkAgent(t, s, "codex", "s1", "", false)
+		checkAgent(t, s, "claude-code", "s1", "other-adapter", true)
+	})
+
+	t.Run("list", func(t *testing.T) {
+		s, ctx := newStore(t), context.Background()
+		from := time.Now()
+		mustPut(t, s, "codex", "t", "s2", "c2")
+		mustPut(t, s, "codex", "t", "s1", "c1")
+		mustPut(t, s, "claude-code", "sonnet", "s9", "cc9")
+		to := time.Now()
+
+		all := []domain.SessionInfo{
+			{Adapter: "claude-code", Target: "sonnet", SessionID: "s9", AgentSessionID: "cc9"},
+			{Adapter: "codex", Target: "t", SessionID: "s1", AgentSessionID: "c1"},
+			{Adapter: "codex", Target: "t", SessionID: "s2", AgentSessionID: "c2"},
+		}
+		cases := []struct {
+			adapter string
+			want    []domain.SessionInfo
+		}{
+			{"", all},
+			{"claude-code", all[:1]},
+			{"codex", all[1:]},
+			{"none", nil},
+		}
+		for _, tc := range cases {
+			got, err := s.ListAgentSessions(ctx, tc.adapter)
+			if err != nil {
+				t.Fatalf("ListAgentSessions(%q): %v", tc.adapter, err)
+			}
+			for i := range got {
+				checkRecent(t, "LastUsed", got[i].LastUsed, from, to)
+				got[i].LastUsed = time.Time{}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("ListAgentSessions(%q) =\n%+v\nwant\n%+v", tc.adapter, got, tc.want)
+			}
+		}
+	})
+}
+
+func mustPut(t *testing.T, s ports.AgentSessionStore, adapter, target, session, agentID string) {
+	t.Helper()
+	if err := s.PutAgentSession(context.Background(), adapter, target, session, agentID); err != nil {
+		t.Fatalf("PutAgentSession %s/%s: %v", adapter, session, err)
+	}
+}
+
+func checkAgent(t *testing.T, s ports.AgentSessionStore, adapter, session, wantID string, wantOK bool) {
+	t.Helper()
+	id, ok, err := s.GetAgentSession(context.Background(), adapter, session)
+	if err != nil || ok != wantOK || id != wantID {
+		t.Fatalf("GetAgentSession %s/%s = %q, %v, %v; want %q, %v, nil", adapter, session, id, ok, err, wantID, wantOK)
+	}
+}

@@ -1,0 +1,357 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+	ioppb "iop/proto/iop"
+)
+
+// NodeHandler is what the node's transport needs from the application. The
+// client calls each method on a goroutine of its own, never on the read loop.
+type NodeHandler interface {
+	// ApplyConfig installs a config pushed by the edge (at register and on refresh).
+	ApplyConfig(ctx context.Context, cfg domain.NodeConfig) error
+	// ExecuteRun runs req to its end, sending events to out. It blocks.
+	ExecuteRun(req domain.RunRequest, out ports.RunOutput)
+	CancelRun(ctx context.Context, runID string) error
+	TerminateSession(ctx context.Context, adapter, target, sessionID string) error
+	RunCommand(ctx context.Context, name string, args []byte, progress func([]byte) error) ([]byte, error)
+	// OpenTunnel relays one provider request. It blocks until the response
+	// has been relayed or ctx ends.
+	OpenTunnel(ctx context.Context, req domain.TunnelRequest, body io.Reader, out ports.TunnelSink)
+}
+
+// RejectedError is returned when the edge refuses the registration.
+type RejectedError struct{ Reason string }
+
+func (e *RejectedError) Error() string { return "edge refused registration: " + e.Reason }
+
+// Fatal reports whether retrying cannot help (the token is unknown).
+func (e *RejectedError) Fatal() bool { return e.Reason == domain.CodeUnknownToken }
+
+// ClientConfig configures the node's link to the edge.
+type ClientConfig struct {
+	Addr      string
+	Token     string
+	Info      domain.NodeInfo
+	Transport Config
+	// Reconnect backoff: full jitter, wait rand(0, min(MaxBackoff, MinBackoff·2ⁿ)).
+	MinBackoff time.Duration
+	MaxBackoff time.Duration
+	// HealthyAfter is how long a link must last before the backoff resets.
+	HealthyAfter time.Duration
+	// OnRegistered, if set, is called after every accepted registration.
+	OnRegistered func(nodeID string)
+}
+
+// Client keeps a node connected to its edge.
+type Client struct {
+	cfg ClientConfig
+	h   NodeHandler
+
+	mu         sync.Mutex
+	conn       *Conn
+	wg         sync.WaitGroup // per-stream handler goroutines
+	reconnects atomic.Int64
+}
+
+var _ ports.TransportStatus = (*Client)(nil)
+
+// NewClient returns a client; Run connects it.
+func NewClient(cfg ClientConfig, h NodeHandler) *Client {
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = 500 * time.Millisecond
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = 30 * time.Second
+	}
+	if cfg.HealthyAfter <= 0 {
+		cfg.HealthyAfter = 10 * time.Second
+	}
+	cfg.Transport = cfg.Transport.withDefaults()
+	return &Client{cfg: cfg, h: h}
+}
+
+// Run connects, serves and reconnects until ctx ends or the edge refuses
+// the token; only the latter returns an error.
+func (c *Client) Run(ctx context.Context) error {
+	defer c.wg.Wait()
+	log := c.cfg.Transport.Logger
+	attempt := 0
+	for {
+		started := time.Now()
+		err := c.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var rej *RejectedError
+		if errors.As(err, &rej) && rej.Fatal() {
+			return err
+		}
+		if time.Since(started) >= c.cfg.HealthyAfter {
+			attempt = 0
+		}
+		delay := backoff(attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff)
+		attempt++
+		c.reconnects.Add(1)
+		log.Warn("link to edge lost; reconnecting", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// backoff is "full jitter": uniform in [0, min(max, min·2ⁿ)].
+func backoff(attempt int, lo, hi time.Duration) time.Duration {
+	ceil := hi
+	if attempt < 30 {
+		ceil = min(hi, lo<<attempt)
+	}
+	return time.Duration(rand.Int64N(int64(ceil) + 1))
+}
+
+func (c *Client) session(ctx context.Context) error {
+	tc := c.cfg.Transport
+	d := net.Dialer{Timeout: tc.HandshakeTimeout, KeepAlive: tc.HeartbeatInterval}
+	nc, err := d.DialContext(ctx, "tcp", c.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("dial %s: %w", c.cfg.Addr, err)
+	}
+	_ = nc.SetDeadline(time.Now().Add(tc.HandshakeTimeout))
+	req := &ioppb.RegisterRequest{
+		Token: c.cfg.Token, NodeVersion: c.cfg.Info.Version, Hostname: c.cfg.Info.Hostname,
+		Os: c.cfg.Info.OS, Arch: c.cfg.Info.Arch, InitialWindow: tc.StreamWindow,
+	}
+	buf, err := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterRequest{RegisterRequest: req}}, tc.MaxFrameSize)
+	if err == nil {
+		_, err = nc.Write(buf)
+	}
+	if err != nil {
+		_ = nc.Close()
+		return fmt.Errorf("send register: %w", err)
+	}
+	dec := NewDecoder(nc, tc.MaxFrameSize)
+	f := new(ioppb.Frame)
+	if _, err := dec.Decode(f); err != nil {
+		_ = nc.Close()
+		return fmt.Errorf("read register response: %w", classifyReadErr(err, tc.HandshakeTimeout))
+	}
+	resp := f.GetRegisterResponse()
+	if resp == nil {
+		_ = nc.Close()
+		return fmt.Errorf("expected register_response, got %T", f.Body)
+	}
+	if !resp.GetAccepted() {
+		_ = nc.Close()
+		return &RejectedError{Reason: resp.GetReason()}
+	}
+	// Adopt the edge's liveness settings so both ends agree.
+	if ms := resp.GetHeartbeatIntervalMs(); ms > 0 {
+		tc.HeartbeatInterval = time.Duration(ms) * time.Millisecond
+	}
+	if ms := resp.GetHeartbeatTimeoutMs(); ms > 0 {
+		tc.HeartbeatTimeout = time.Duration(ms) * time.Millisecond
+		tc.WriteTimeout = tc.HeartbeatTimeout
+	}
+	cfg := configToDomain(resp.GetConfig())
+	if err := c.h.ApplyConfig(ctx, cfg); err != nil {
+		tc.Logger.Error("config from edge not fully applied", "err", err)
+	}
+	_ = nc.SetDeadline(time.Time{})
+	conn := newConn(nc, dec, tc, SideNode, resp.GetInitialWindow(), &nodeDispatch{c: c})
+	c.mu.Lock()
+	c.conn = conn
+	c.mu.Unlock()
+	conn.start()
+	tc.Logger.Info("registered with edge", "edge", c.cfg.Addr, "node", cfg.NodeID, "adapters", len(cfg.Adapters))
+	if c.cfg.OnRegistered != nil {
+		c.cfg.OnRegistered(cfg.NodeID)
+	}
+	select {
+	case <-conn.Done():
+	case <-ctx.Done():
+		conn.Close(errors.New("node shutting down"))
+	}
+	conn.Close(nil)
+	return conn.Err()
+}
+
+// TransportStatus reports the current link for the transport_status command.
+func (c *Client) TransportStatus() ports.TransportStats {
+	c.mu.Lock()
+	conn := c.conn
+	c.mu.Unlock()
+	st := ports.TransportStats{Reconnects: c.reconnects.Load(), Edge: c.cfg.Addr}
+	if conn == nil {
+		return st
+	}
+	s := conn.Stats()
+	st.Connected = conn.Err() == nil
+	if st.Connected {
+		st.ConnectedSince = s.Since.UnixNano()
+	}
+	st.LastRTTNanos = int64(s.RTT)
+	st.FramesIn, st.FramesOut, st.BytesIn, st.BytesOut = s.FramesIn, s.FramesOut, s.BytesIn, s.BytesOut
+	return st
+}
+
+// nodeDispatch routes the edge's frames to the application. Each exchange
+// gets its own goroutine, owned by the client and ended by its stream.
+type nodeDispatch struct{ c *Client }
+
+func (d *nodeDispatch) HandleOpen(s *Stream, f *ioppb.Frame) {
+	c := d.c
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		switch b := f.Body.(type) {
+		case *ioppb.Frame_RunRequest:
+			c.h.ExecuteRun(runRequestToDomain(b.RunRequest), &runOutput{s: s})
+		case *ioppb.Frame_CancelRequest:
+			d.cancel(s, b.CancelRequest)
+		case *ioppb.Frame_NodeCommandRequest:
+			d.command(s, b.NodeCommandRequest)
+		case *ioppb.Frame_ProviderTunnelRequest:
+			d.tunnel(s, b.ProviderTunnelRequest)
+		default:
+			s.Reset("unsupported", fmt.Sprintf("unexpected %T", f.Body))
+		}
+	}()
+}
+
+func (d *nodeDispatch) HandleControl(f *ioppb.Frame) {
+	r := f.GetConfigRefresh()
+	if r == nil {
+		return
+	}
+	c := d.c
+	c.mu.Lock()
+	conn := c.conn
+	c.mu.Unlock()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		cfg := configToDomain(r.GetConfig())
+		ack := &ioppb.ConfigRefreshAck{Version: cfg.Version}
+		ctx, cancel := context.WithTimeout(context.Background(), conn.cfg.HeartbeatTimeout)
+		defer cancel()
+		if err := c.h.ApplyConfig(ctx, cfg); err != nil {
+			ack.Error = err.Error()
+		}
+		_ = conn.sendControl(ctx, &ioppb.Frame{Body: &ioppb.Frame_ConfigRefreshAck{ConfigRefreshAck: ack}})
+	}()
+}
+
+func (d *nodeDispatch) cancel(s *Stream, r *ioppb.CancelRequest) {
+	ctx, cancel := context.WithTimeout(s.Context(), 30*time.Second)
+	defer cancel()
+	var err error
+	switch r.GetKind() {
+	case ioppb.CancelKind_CANCEL_RUN:
+		err = d.c.h.CancelRun(ctx, r.GetRunId())
+	case ioppb.CancelKind_TERMINATE_SESSION:
+		err = d.c.h.TerminateSession(ctx, r.GetAdapter(), r.GetTarget(), r.GetSessionId())
+	default:
+		err = domain.Errorf(domain.CodeInvalidRequest, "unknown cancel kind %v", r.GetKind())
+	}
+	_ = s.SendControl(ctx, &ioppb.Frame{Body: &ioppb.Frame_CancelResponse{CancelResponse: &ioppb.CancelResponse{Error: errorToProto(err)}}})
+	s.Finish()
+}
+
+func (d *nodeDispatch) command(s *Stream, r *ioppb.NodeCommandRequest) {
+	ctx := s.Context()
+	progress := func(p []byte) error {
+		return s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_NodeCommandResponse{NodeCommandResponse: &ioppb.NodeCommandResponse{ProgressJson: p}}})
+	}
+	result, err := d.c.h.RunCommand(ctx, r.GetCommand(), r.GetArgsJson(), progress)
+	// Results larger than one data frame go out in chunks; the last carries final.
+	for len(result) > maxDataChunk {
+		if s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_NodeCommandResponse{NodeCommandResponse: &ioppb.NodeCommandResponse{ResultJson: result[:maxDataChunk]}}}) != nil {
+			return
+		}
+		result = result[maxDataChunk:]
+	}
+	_ = s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_NodeCommandResponse{NodeCommandResponse: &ioppb.NodeCommandResponse{
+		Final: true, ResultJson: result, Error: errorToProto(err),
+	}}})
+	s.Finish()
+}
+
+func (d *nodeDispatch) tunnel(s *Stream, r *ioppb.ProviderTunnelRequest) {
+	req := domain.TunnelRequest{
+		Provider: r.GetProvider(), Method: r.GetMethod(), Path: r.GetPath(), Query: r.GetQuery(),
+		Header: headersToDomain(r.GetHeaders()), Body: r.GetBody(),
+	}
+	var body io.Reader
+	if r.GetBodyFollows() {
+		body = &streamBody{s: s}
+	}
+	d.c.h.OpenTunnel(s.Context(), req, body, &tunnelSink{s: s})
+	s.Finish()
+}
+
+// streamBody reads a tunnel request body that follows its request frame.
+type streamBody struct {
+	s    *Stream
+	buf  []byte
+	done bool
+}
+
+func (b *streamBody) Read(p []byte) (int, error) {
+	for len(b.buf) == 0 {
+		if b.done {
+			return 0, io.EOF
+		}
+		f, err := b.s.Recv(b.s.Context())
+		if err != nil {
+			return 0, err
+		}
+		chunk := f.GetTunnelRequestBody()
+		if chunk == nil {
+			continue
+		}
+		b.buf, b.done = chunk.GetData(), chunk.GetEnd()
+	}
+	n := copy(p, b.buf)
+	b.buf = b.buf[n:]
+	return n, nil
+}
+
+// runOutput sends one run's events to the edge under the stream's credit.
+type runOutput struct{ s *Stream }
+
+func (o *runOutput) Emit(ev domain.RunEvent) error {
+	return o.s.Send(o.s.Context(), &ioppb.Frame{Body: &ioppb.Frame_RunEvent{RunEvent: runEventToProto(ev)}})
+}
+func (o *runOutput) Done() <-chan struct{} { return o.s.Context().Done() }
+func (o *runOutput) Close()                { o.s.Finish() }
+
+// tunnelSink sends provider response frames; bodies are split into chunks so
+// no tunnel hogs the socket.
+type tunnelSink struct{ s *Stream }
+
+func (t *tunnelSink) Send(f domain.TunnelFrame) error {
+	ctx := t.s.Context()
+	if f.Kind == domain.TunnelBody {
+		for len(f.Body) > maxDataChunk {
+			part := domain.TunnelFrame{Kind: domain.TunnelBody, Body: f.Body[:maxDataChunk]}
+			if err := t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: tunnelFrameToProto(part)}}); err != nil {
+				return err
+			}
+			f.Body = f.Body[maxDataChunk:]
+		}
+	}
+	return t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: tunnelFrameToProto(f)}})
+}

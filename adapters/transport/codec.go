@@ -1,0 +1,124 @@
+package transport
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/protobuf/proto"
+
+	ioppb "iop/proto/iop"
+)
+
+// Protocol faults. A connection that produces one is closed; nothing else is.
+var (
+	ErrFrameTooLarge  = errors.New("frame exceeds maximum size")
+	ErrMalformedFrame = errors.New("malformed frame")
+	ErrEmptyFrame     = errors.New("frame has no body")
+)
+
+// DefaultMaxFrameSize bounds every frame on the wire (the length prefix is
+// checked before anything is allocated).
+const DefaultMaxFrameSize = 4 << 20
+
+// Decoder reads length-prefixed Frames: a uvarint byte count followed by that
+// many bytes of protobuf (the layout protodelim writes).
+type Decoder struct {
+	r   *bufio.Reader
+	max int
+	buf []byte
+}
+
+// NewDecoder reads from r; frames larger than max bytes are refused.
+func NewDecoder(r io.Reader, max int) *Decoder {
+	br, ok := r.(*bufio.Reader)
+	if !ok {
+		br = bufio.NewReaderSize(r, 64<<10)
+	}
+	return &Decoder{r: br, max: max}
+}
+
+// Decode reads the next frame into f and returns its size on the wire.
+// io.EOF is returned only on a clean end between frames.
+func (d *Decoder) Decode(f *ioppb.Frame) (int, error) {
+	n, err := d.readLength()
+	if err != nil {
+		return 0, err
+	}
+	if n > uint64(d.max) {
+		return 0, fmt.Errorf("%w: %d > %d bytes", ErrFrameTooLarge, n, d.max)
+	}
+	if n == 0 {
+		return uvarintLen(n), ErrEmptyFrame
+	}
+	if cap(d.buf) < int(n) {
+		d.buf = make([]byte, n)
+	}
+	b := d.buf[:n]
+	if _, err := io.ReadFull(d.r, b); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, err
+	}
+	// Large buffers are not kept: one big config payload must not pin
+	// megabytes per idle connection.
+	if cap(d.buf) > 256<<10 {
+		d.buf = nil
+	}
+	f.Reset()
+	if err := proto.Unmarshal(b, f); err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrMalformedFrame, err)
+	}
+	if f.Body == nil {
+		return uvarintLen(n) + int(n), ErrEmptyFrame
+	}
+	return uvarintLen(n) + int(n), nil
+}
+
+// readLength reads the uvarint length prefix. A clean EOF before its first
+// byte is io.EOF; a prefix longer than ten bytes is garbage.
+func (d *Decoder) readLength() (uint64, error) {
+	var n uint64
+	for i := 0; i < binary.MaxVarintLen64; i++ {
+		c, err := d.r.ReadByte()
+		if err != nil {
+			if i > 0 && errors.Is(err, io.EOF) {
+				return 0, io.ErrUnexpectedEOF
+			}
+			return 0, err
+		}
+		if i == binary.MaxVarintLen64-1 && c > 1 {
+			break
+		}
+		n |= uint64(c&0x7f) << (7 * i)
+		if c < 0x80 {
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: length prefix overflows 64 bits", ErrMalformedFrame)
+}
+
+// AppendFrame appends f's wire encoding to b. It refuses frames over max.
+func AppendFrame(b []byte, f *ioppb.Frame, max int) ([]byte, error) {
+	size := proto.Size(f)
+	if size > max {
+		return b, fmt.Errorf("%w: %d > %d bytes", ErrFrameTooLarge, size, max)
+	}
+	b = binary.AppendUvarint(b, uint64(size))
+	return proto.MarshalOptions{}.MarshalAppend(b, f)
+}
+
+func uvarintLen(n uint64) int {
+	l := 1
+	for n >= 0x80 {
+		n >>= 7
+		l++
+	}
+	return l
+}
+
+func readerOf(b []byte) io.Reader { return bytes.NewReader(b) }

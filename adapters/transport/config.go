@@ -1,0 +1,99 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Config tunes one side of the node link. Zero fields take DefaultConfig's values.
+type Config struct {
+	// HeartbeatInterval is how often each side sends a heartbeat.
+	HeartbeatInterval time.Duration
+	// HeartbeatTimeout is how long a peer may stay silent before the link is
+	// dropped. Any frame counts as a sign of life.
+	HeartbeatTimeout time.Duration
+	// MaxFrameSize bounds every frame read or written.
+	MaxFrameSize int
+	// StreamWindow is the receive window granted to the peer per stream, in
+	// bytes. A stream never queues more than this on the receiving side.
+	StreamWindow uint32
+	// MaxStreams bounds the streams the peer may have open at once; with
+	// StreamWindow it bounds the memory one connection can pin.
+	MaxStreams int
+	// ControlQueue bounds the queue of control frames waiting for the writer.
+	ControlQueue int
+	// WriteTimeout catches half-open peers on send.
+	WriteTimeout time.Duration
+	// HandshakeTimeout bounds the register exchange.
+	HandshakeTimeout time.Duration
+	Logger           *slog.Logger
+}
+
+// DefaultConfig returns the spec's settings: 30 s heartbeat, 45 s wait, 4 MiB frames.
+func DefaultConfig() Config {
+	return Config{
+		HeartbeatInterval: 30 * time.Second,
+		HeartbeatTimeout:  45 * time.Second,
+		MaxFrameSize:      DefaultMaxFrameSize,
+		StreamWindow:      256 << 10,
+		MaxStreams:        512,
+		ControlQueue:      1024,
+		WriteTimeout:      45 * time.Second,
+		HandshakeTimeout:  10 * time.Second,
+	}
+}
+
+// withDefaults fills zero fields from DefaultConfig.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = d.HeartbeatInterval
+	}
+	if c.HeartbeatTimeout <= 0 {
+		c.HeartbeatTimeout = d.HeartbeatTimeout
+	}
+	if c.MaxFrameSize <= 0 {
+		c.MaxFrameSize = d.MaxFrameSize
+	}
+	if c.StreamWindow == 0 {
+		c.StreamWindow = d.StreamWindow
+	}
+	if c.MaxStreams <= 0 {
+		c.MaxStreams = d.MaxStreams
+	}
+	if c.ControlQueue <= 0 {
+		c.ControlQueue = d.ControlQueue
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = c.HeartbeatTimeout
+	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Verify reports settings that cannot work together.
+func (c Config) Verify() error {
+	c = c.withDefaults()
+	var errs []error
+	if c.HeartbeatTimeout <= c.HeartbeatInterval {
+		errs = append(errs, fmt.Errorf("heartbeat timeout %v must exceed interval %v", c.HeartbeatTimeout, c.HeartbeatInterval))
+	}
+	if c.MaxFrameSize < 64<<10 {
+		errs = append(errs, fmt.Errorf("max frame size %d is below 64 KiB", c.MaxFrameSize))
+	}
+	if c.StreamWindow < 4*maxDataChunk {
+		errs = append(errs, fmt.Errorf("stream window %d is below %d", c.StreamWindow, 4*maxDataChunk))
+	}
+	return errors.Join(errs...)
+}
+
+// maxDataChunk is the largest body slice put in one data frame, so no stream
+// hogs the socket and every data frame fits in a quarter window.
+const maxDataChunk = 32 << 10

@@ -1,0 +1,458 @@
+package transport
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	ioppb "iop/proto/iop"
+)
+
+// Link-level errors. Every stream of a connection that ends fails with an
+// error wrapping ErrConnClosed and the connection's cause.
+var (
+	ErrConnClosed       = errors.New("connection closed")
+	ErrHeartbeatTimeout = errors.New("peer silent past heartbeat timeout")
+	ErrTooManyStreams   = errors.New("too many open streams")
+)
+
+// Side says which end of the link a Conn is; it decides stream id parity
+// (edge odd, node even) so the two ends never pick the same id.
+type Side int
+
+const (
+	SideEdge Side = iota + 1
+	SideNode
+)
+
+// Handler receives the frames a Conn does not route to a stream the local
+// side opened. Both methods run on the read loop and must not block.
+type Handler interface {
+	// HandleOpen receives a frame that opens a new stream from the peer.
+	HandleOpen(s *Stream, f *ioppb.Frame)
+	// HandleControl receives stream-0 frames other than heartbeats.
+	HandleControl(f *ioppb.Frame)
+}
+
+// Conn multiplexes streams over one TCP connection. It owns three
+// goroutines: the read loop (never blocks on a consumer), the writer (sole
+// owner of the socket's write side; control frames first, then data frames
+// from streams in arrival order, which is round-robin because each stream
+// offers at most one frame at a time) and the heartbeat ticker.
+type Conn struct {
+	nc         net.Conn
+	dec        *Decoder
+	cfg        Config
+	side       Side
+	handler    Handler
+	log        *slog.Logger
+	peerWindow uint32
+
+	ctrl chan *ioppb.Frame
+	data chan *ioppb.Frame
+
+	mu         sync.Mutex
+	streams    map[uint64]*Stream
+	nextID     uint64
+	lastPeerID uint64
+
+	done      chan struct{}
+	closeOnce sync.Once
+	err       error // set once, before done is closed
+	wg        sync.WaitGroup
+
+	since     time.Time
+	framesIn  atomic.Int64
+	framesOut atomic.Int64
+	bytesIn   atomic.Int64
+	bytesOut  atomic.Int64
+	dropped   atomic.Int64
+	rtt       atomic.Int64
+	closeWhy  atomic.Pointer[error]
+}
+
+// closeSentinel asks the writer to flush and then close the connection.
+var closeSentinel = &ioppb.Frame{}
+
+// newConn wraps an established, registered connection. dec must be the
+// decoder that read the handshake, so no buffered bytes are lost. The peer
+// grants peerWindow bytes of credit per stream.
+func newConn(nc net.Conn, dec *Decoder, cfg Config, side Side, peerWindow uint32, h Handler) *Conn {
+	cfg = cfg.withDefaults()
+	c := &Conn{
+		nc: nc, dec: dec, cfg: cfg, side: side, handler: h, log: cfg.Logger, peerWindow: peerWindow,
+		ctrl:    make(chan *ioppb.Frame, cfg.ControlQueue),
+		data:    make(chan *ioppb.Frame),
+		streams: map[uint64]*Stream{},
+		done:    make(chan struct{}),
+		since:   time.Now(),
+	}
+	if side == SideEdge {
+		c.nextID = 1
+	} else {
+		c.nextID = 2
+	}
+	if c.peerWindow == 0 {
+		c.peerWindow = cfg.StreamWindow
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		// A second line behind heartbeats for peers that vanish silently.
+		_ = tc.SetKeepAlive(true)
+		_ = tc.SetKeepAlivePeriod(cfg.HeartbeatInterval)
+	}
+	return c
+}
+
+// start launches the connection's goroutines. Frames queued before start
+// are written after anything the handshake wrote directly.
+func (c *Conn) start() {
+	c.wg.Add(3)
+	go c.readLoop()
+	go c.writeLoop()
+	go c.heartbeatLoop()
+}
+
+// Done is closed when the connection has ended.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Err returns why the connection ended, or nil while it is up.
+func (c *Conn) Err() error {
+	select {
+	case <-c.done:
+		return c.err
+	default:
+		return nil
+	}
+}
+
+// Close ends the connection with cause and waits for its goroutines.
+// It is idempotent and safe to call from any goroutine but the connection's own.
+func (c *Conn) Close(cause error) {
+	c.shutdown(cause)
+	c.wg.Wait()
+}
+
+// CloseAfterFlush writes everything already queued, then closes.
+func (c *Conn) CloseAfterFlush(cause error) {
+	c.closeWhy.Store(&cause)
+	select {
+	case c.ctrl <- closeSentinel:
+	case <-c.done:
+	case <-time.After(c.cfg.WriteTimeout):
+		c.shutdown(cause)
+	}
+}
+
+func (c *Conn) shutdown(cause error) {
+	c.closeOnce.Do(func() {
+		if cause == nil {
+			cause = ErrConnClosed
+		}
+		c.err = cause
+		close(c.done)
+		_ = c.nc.Close()
+		c.mu.Lock()
+		streams := c.streams
+		c.streams = map[uint64]*Stream{}
+		c.mu.Unlock()
+		err := fmt.Errorf("%w: %w", ErrConnClosed, cause)
+		for _, s := range streams {
+			s.end(err)
+		}
+	})
+}
+
+func (c *Conn) readLoop() {
+	defer c.wg.Done()
+	for {
+		_ = c.nc.SetReadDeadline(time.Now().Add(c.cfg.HeartbeatTimeout))
+		f := new(ioppb.Frame)
+		n, err := c.dec.Decode(f)
+		if err != nil {
+			if errors.Is(err, ErrEmptyFrame) {
+				c.dropped.Add(1)
+				continue
+			}
+			c.shutdown(classifyReadErr(err, c.cfg.HeartbeatTimeout))
+			return
+		}
+		c.framesIn.Add(1)
+		c.bytesIn.Add(int64(n))
+		c.dispatch(f)
+	}
+}
+
+func classifyReadErr(err error, wait time.Duration) error {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Errorf("%w (%v)", ErrHeartbeatTimeout, wait)
+	case errors.Is(err, io.EOF):
+		return fmt.Errorf("peer closed the connection: %w", io.EOF)
+	}
+	return err
+}
+
+func (c *Conn) dispatch(f *ioppb.Frame) {
+	id := f.StreamId
+	switch b := f.Body.(type) {
+	case *ioppb.Frame_Heartbeat:
+		c.onHeartbeat(b.Heartbeat)
+	case *ioppb.Frame_WindowUpdate:
+		if s := c.stream(id); s != nil {
+			s.addCredit(b.WindowUpdate.GetIncrement())
+		} else {
+			c.dropped.Add(1)
+		}
+	case *ioppb.Frame_StreamReset:
+		if s := c.stream(id); s != nil {
+			c.remove(s)
+			s.end(&ResetError{Code: b.StreamReset.GetCode(), Message: b.StreamReset.GetMessage()})
+		} else {
+			c.dropped.Add(1)
+		}
+	case *ioppb.Frame_RunRequest, *ioppb.Frame_NodeCommandRequest, *ioppb.Frame_ProviderTunnelRequest, *ioppb.Frame_CancelRequest:
+		c.openFromPeer(f)
+	case *ioppb.Frame_RegisterRequest, *ioppb.Frame_RegisterResponse:
+		c.dropped.Add(1)
+		c.log.Warn("register frame after handshake dropped")
+	default:
+		if id == 0 {
+			c.handler.HandleControl(f)
+			return
+		}
+		if s := c.stream(id); s != nil {
+			s.deliver(f)
+		} else {
+			c.dropped.Add(1)
+		}
+	}
+}
+
+func (c *Conn) peerParity(id uint64) bool {
+	if c.side == SideEdge {
+		return id%2 == 0
+	}
+	return id%2 == 1
+}
+
+func (c *Conn) openFromPeer(f *ioppb.Frame) {
+	id := f.StreamId
+	c.mu.Lock()
+	if id == 0 || !c.peerParity(id) || id <= c.lastPeerID {
+		c.mu.Unlock()
+		c.dropped.Add(1)
+		c.log.Warn("open frame with invalid stream id dropped", "stream", id)
+		return
+	}
+	c.lastPeerID = id
+	if len(c.streams) >= c.cfg.MaxStreams {
+		c.mu.Unlock()
+		c.trySendCtrl(resetFrame(id, "too_many_streams", fmt.Sprintf("peer has %d streams open", c.cfg.MaxStreams)))
+		return
+	}
+	s := newStream(c, id)
+	c.streams[id] = s
+	c.mu.Unlock()
+	c.handler.HandleOpen(s, f)
+}
+
+// Open starts a new local stream whose first frame is f.
+func (c *Conn) Open(ctx context.Context, f *ioppb.Frame) (*Stream, error) {
+	c.mu.Lock()
+	select {
+	case <-c.done:
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%w: %w", ErrConnClosed, c.err)
+	default:
+	}
+	if len(c.streams) >= c.cfg.MaxStreams {
+		c.mu.Unlock()
+		return nil, ErrTooManyStreams
+	}
+	id := c.nextID
+	c.nextID += 2
+	s := newStream(c, id)
+	c.streams[id] = s
+	c.mu.Unlock()
+	f.StreamId = id
+	if err := c.enqueueCtrl(ctx, f); err != nil {
+		s.finish()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (c *Conn) stream(id uint64) *Stream {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.streams[id]
+}
+
+func (c *Conn) remove(s *Stream) {
+	c.mu.Lock()
+	if c.streams[s.id] == s {
+		delete(c.streams, s.id)
+	}
+	c.mu.Unlock()
+}
+
+// enqueueCtrl queues a control frame, waiting for room.
+func (c *Conn) enqueueCtrl(ctx context.Context, f *ioppb.Frame) error {
+	select {
+	case c.ctrl <- f:
+		return nil
+	case <-c.done:
+		return fmt.Errorf("%w: %w", ErrConnClosed, c.err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// trySendCtrl queues a control frame if there is room; the read loop uses it
+// so that it never blocks on the writer.
+func (c *Conn) trySendCtrl(f *ioppb.Frame) bool {
+	select {
+	case c.ctrl <- f:
+		return true
+	default:
+		c.dropped.Add(1)
+		return false
+	}
+}
+
+func (c *Conn) writeLoop() {
+	defer c.wg.Done()
+	bw := bufio.NewWriterSize(c.nc, 64<<10)
+	var buf []byte
+	for {
+		var f *ioppb.Frame
+		select {
+		case f = <-c.ctrl:
+		default:
+			select {
+			case f = <-c.ctrl:
+			case f = <-c.data:
+			case <-c.done:
+				return
+			}
+		}
+		_ = c.nc.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
+		for f != nil {
+			if f == closeSentinel {
+				_ = bw.Flush()
+				cause := ErrConnClosed
+				if p := c.closeWhy.Load(); p != nil {
+					cause = *p
+				}
+				c.shutdown(cause)
+				return
+			}
+			var err error
+			buf, err = AppendFrame(buf[:0], f, c.cfg.MaxFrameSize)
+			if err != nil {
+				// Senders check sizes first; this is a local bug, not the peer's.
+				c.log.Error("outgoing frame dropped", "stream", f.StreamId, "err", err)
+				c.dropped.Add(1)
+			} else if _, err := bw.Write(buf); err != nil {
+				c.shutdown(fmt.Errorf("write: %w", err))
+				return
+			} else {
+				c.framesOut.Add(1)
+				c.bytesOut.Add(int64(len(buf)))
+			}
+			if cap(buf) > 256<<10 {
+				buf = nil
+			}
+			f = c.nextQueued()
+		}
+		if err := bw.Flush(); err != nil {
+			c.shutdown(fmt.Errorf("write: %w", err))
+			return
+		}
+	}
+}
+
+// nextQueued returns a frame that is ready without waiting, control first.
+func (c *Conn) nextQueued() *ioppb.Frame {
+	select {
+	case f := <-c.ctrl:
+		return f
+	default:
+	}
+	select {
+	case f := <-c.ctrl:
+		return f
+	case f := <-c.data:
+		return f
+	default:
+		return nil
+	}
+}
+
+func (c *Conn) heartbeatLoop() {
+	defer c.wg.Done()
+	t := time.NewTicker(c.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			c.trySendCtrl(&ioppb.Frame{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{SentUnixNano: time.Now().UnixNano()}}})
+		case <-c.done:
+			return
+		}
+	}
+}
+
+func (c *Conn) onHeartbeat(h *ioppb.Heartbeat) {
+	if h.GetReply() {
+		if rtt := time.Now().UnixNano() - h.GetEchoUnixNano(); rtt >= 0 {
+			c.rtt.Store(rtt)
+		}
+		return
+	}
+	c.trySendCtrl(&ioppb.Frame{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{
+		Reply: true, EchoUnixNano: h.GetSentUnixNano(), SentUnixNano: time.Now().UnixNano(),
+	}}})
+}
+
+// sendControl queues a frame of the connection itself (stream 0).
+func (c *Conn) sendControl(ctx context.Context, f *ioppb.Frame) error {
+	f.StreamId = 0
+	return c.enqueueCtrl(ctx, f)
+}
+
+// Stats is a snapshot of a connection's counters.
+type Stats struct {
+	Since     time.Time
+	FramesIn  int64
+	FramesOut int64
+	BytesIn   int64
+	BytesOut  int64
+	Dropped   int64
+	RTT       time.Duration
+	Streams   int
+}
+
+// Stats returns the connection's counters.
+func (c *Conn) Stats() Stats {
+	c.mu.Lock()
+	n := len(c.streams)
+	c.mu.Unlock()
+	return Stats{
+		Since: c.since, FramesIn: c.framesIn.Load(), FramesOut: c.framesOut.Load(),
+		BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load(), Dropped: c.dropped.Load(),
+		RTT: time.Duration(c.rtt.Load()), Streams: n,
+	}
+}
+
+func resetFrame(id uint64, code, msg string) *ioppb.Frame {
+	return &ioppb.Frame{StreamId: id, Body: &ioppb.Frame_StreamReset{StreamReset: &ioppb.StreamReset{Code: code, Message: msg}}}
+}

@@ -1,0 +1,218 @@
+package transport
+
+import (
+	"net/http"
+	"time"
+
+	"iop/domain"
+	ioppb "iop/proto/iop"
+)
+
+// Conversions between wire and domain types live here and nowhere else.
+
+var eventTypeToProto = map[domain.EventType]ioppb.EventType{
+	domain.EventStart:          ioppb.EventType_EVENT_TYPE_START,
+	domain.EventDelta:          ioppb.EventType_EVENT_TYPE_DELTA,
+	domain.EventReasoningDelta: ioppb.EventType_EVENT_TYPE_REASONING_DELTA,
+	domain.EventMetadata:       ioppb.EventType_EVENT_TYPE_METADATA,
+	domain.EventComplete:       ioppb.EventType_EVENT_TYPE_COMPLETE,
+	domain.EventError:          ioppb.EventType_EVENT_TYPE_ERROR,
+	domain.EventCancelled:      ioppb.EventType_EVENT_TYPE_CANCELLED,
+}
+
+var eventTypeToDomain = func() map[ioppb.EventType]domain.EventType {
+	m := map[ioppb.EventType]domain.EventType{}
+	for k, v := range eventTypeToProto {
+		m[v] = k
+	}
+	return m
+}()
+
+func runEventToProto(ev domain.RunEvent) *ioppb.RunEvent {
+	p := &ioppb.RunEvent{
+		RunId: ev.RunID, Seq: ev.Seq, Type: eventTypeToProto[ev.Type], Text: ev.Text,
+		Usage: usageToProto(ev.Usage), MetadataJson: ev.Metadata,
+	}
+	if !ev.Time.IsZero() {
+		p.TimeUnixNano = ev.Time.UnixNano()
+	}
+	if ev.Error != nil {
+		p.Error = &ioppb.Error{Code: ev.Error.Code, Message: ev.Error.Message}
+	}
+	return p
+}
+
+func runEventToDomain(p *ioppb.RunEvent) (domain.RunEvent, bool) {
+	t, ok := eventTypeToDomain[p.GetType()]
+	if !ok {
+		return domain.RunEvent{}, false
+	}
+	ev := domain.RunEvent{
+		RunID: p.GetRunId(), Seq: p.GetSeq(), Type: t, Text: p.GetText(),
+		Usage: usageToDomain(p.GetUsage()), Metadata: p.GetMetadataJson(),
+	}
+	if p.GetTimeUnixNano() != 0 {
+		ev.Time = time.Unix(0, p.GetTimeUnixNano())
+	}
+	if e := p.GetError(); e != nil {
+		ev.Error = &domain.ErrorInfo{Code: e.GetCode(), Message: e.GetMessage()}
+	}
+	return ev, true
+}
+
+func usageToProto(u *domain.Usage) *ioppb.Usage {
+	if u == nil {
+		return nil
+	}
+	return &ioppb.Usage{
+		PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens,
+		CostUsd: u.CostUSD, DurationMs: u.DurationMS, StopReason: u.StopReason, Model: u.Model,
+	}
+}
+
+func usageToDomain(p *ioppb.Usage) *domain.Usage {
+	if p == nil {
+		return nil
+	}
+	return &domain.Usage{
+		PromptTokens: p.GetPromptTokens(), CompletionTokens: p.GetCompletionTokens(), TotalTokens: p.GetTotalTokens(),
+		CostUSD: p.GetCostUsd(), DurationMS: p.GetDurationMs(), StopReason: p.GetStopReason(), Model: p.GetModel(),
+	}
+}
+
+func runRequestToProto(r domain.RunRequest) *ioppb.RunRequest {
+	return &ioppb.RunRequest{
+		RunId: r.RunID, Adapter: r.Adapter, Target: r.Target, Input: r.Input,
+		SessionId: r.SessionID, Background: r.Background, OptionsJson: r.Options,
+	}
+}
+
+func runRequestToDomain(p *ioppb.RunRequest) domain.RunRequest {
+	return domain.RunRequest{
+		RunID: p.GetRunId(), Adapter: p.GetAdapter(), Target: p.GetTarget(), Input: p.GetInput(),
+		SessionID: p.GetSessionId(), Background: p.GetBackground(), Options: p.GetOptionsJson(),
+	}
+}
+
+func configToProto(c domain.NodeConfig) *ioppb.NodeConfigPayload {
+	p := &ioppb.NodeConfigPayload{NodeId: c.NodeID, Version: c.Version}
+	for _, a := range c.Adapters {
+		pa := &ioppb.AdapterConfig{
+			Name: a.Name, Type: a.Type, MaxConcurrency: uint32(a.MaxConcurrency),
+			BaseUrl: a.BaseURL, PathPrefix: a.PathPrefix, ApiKeyEnv: a.APIKeyEnv, Models: a.Models,
+			Command: a.Command, Args: a.Args, WorkDir: a.WorkDir, TimeoutMs: a.Timeout.Milliseconds(),
+		}
+		if len(a.Targets) > 0 {
+			pa.Targets = map[string]*ioppb.ExecTarget{}
+			for name, t := range a.Targets {
+				pa.Targets[name] = &ioppb.ExecTarget{Command: t.Command, TimeoutMs: t.Timeout.Milliseconds(), Dir: t.Dir, Env: t.Env}
+			}
+		}
+		p.Adapters = append(p.Adapters, pa)
+	}
+	for _, pr := range c.Providers {
+		p.Providers = append(p.Providers, &ioppb.ProviderConfig{
+			Name: pr.Name, Type: pr.Type, BaseUrl: pr.BaseURL, PathPrefix: pr.PathPrefix, ApiKeyEnv: pr.APIKeyEnv, Models: pr.Models,
+		})
+	}
+	return p
+}
+
+func configToDomain(p *ioppb.NodeConfigPayload) domain.NodeConfig {
+	c := domain.NodeConfig{NodeID: p.GetNodeId(), Version: p.GetVersion()}
+	for _, a := range p.GetAdapters() {
+		da := domain.AdapterConfig{
+			Name: a.GetName(), Type: a.GetType(), MaxConcurrency: int(a.GetMaxConcurrency()),
+			BaseURL: a.GetBaseUrl(), PathPrefix: a.GetPathPrefix(), APIKeyEnv: a.GetApiKeyEnv(), Models: a.GetModels(),
+			Command: a.GetCommand(), Args: a.GetArgs(), WorkDir: a.GetWorkDir(), Timeout: time.Duration(a.GetTimeoutMs()) * time.Millisecond,
+		}
+		if len(a.GetTargets()) > 0 {
+			da.Targets = map[string]domain.ExecTarget{}
+			for name, t := range a.GetTargets() {
+				da.Targets[name] = domain.ExecTarget{Command: t.GetCommand(), Timeout: time.Duration(t.GetTimeoutMs()) * time.Millisecond, Dir: t.GetDir(), Env: t.GetEnv()}
+			}
+		}
+		c.Adapters = append(c.Adapters, da)
+	}
+	for _, pr := range p.GetProviders() {
+		c.Providers = append(c.Providers, domain.ProviderConfig{
+			Name: pr.GetName(), Type: pr.GetType(), BaseURL: pr.GetBaseUrl(), PathPrefix: pr.GetPathPrefix(), APIKeyEnv: pr.GetApiKeyEnv(), Models: pr.GetModels(),
+		})
+	}
+	return c
+}
+
+func headersToProto(h http.Header) []*ioppb.Header {
+	out := make([]*ioppb.Header, 0, len(h))
+	for k, v := range h {
+		out = append(out, &ioppb.Header{Name: k, Values: v})
+	}
+	return out
+}
+
+func headersToDomain(hs []*ioppb.Header) http.Header {
+	h := make(http.Header, len(hs))
+	for _, x := range hs {
+		h[http.CanonicalHeaderKey(x.GetName())] = append(h[http.CanonicalHeaderKey(x.GetName())], x.GetValues()...)
+	}
+	return h
+}
+
+func errorToProto(err error) *ioppb.Error {
+	if err == nil {
+		return nil
+	}
+	return &ioppb.Error{Code: domain.CodeOf(err), Message: domain.MessageOf(err)}
+}
+
+func errorToDomain(e *ioppb.Error) error {
+	if e == nil {
+		return nil
+	}
+	return &domain.Error{Code: e.GetCode(), Message: e.GetMessage()}
+}
+
+func tunnelFrameToProto(f domain.TunnelFrame) *ioppb.ProviderTunnelFrame {
+	p := &ioppb.ProviderTunnelFrame{}
+	switch f.Kind {
+	case domain.TunnelStatus:
+		p.Kind = &ioppb.ProviderTunnelFrame_Status{Status: uint32(f.Status)}
+	case domain.TunnelHeader:
+		p.Kind = &ioppb.ProviderTunnelFrame_Header{Header: &ioppb.HeaderBlock{Headers: headersToProto(f.Header)}}
+	case domain.TunnelBody:
+		p.Kind = &ioppb.ProviderTunnelFrame_Body{Body: f.Body}
+	case domain.TunnelUsage:
+		p.Kind = &ioppb.ProviderTunnelFrame_Usage{Usage: usageToProto(f.Usage)}
+	case domain.TunnelMetadata:
+		p.Kind = &ioppb.ProviderTunnelFrame_MetadataJson{MetadataJson: f.Metadata}
+	case domain.TunnelEnd:
+		p.Kind = &ioppb.ProviderTunnelFrame_End{End: &ioppb.End{}}
+	case domain.TunnelError:
+		e := f.Error
+		if e == nil {
+			e = &domain.ErrorInfo{Code: domain.CodeProviderError}
+		}
+		p.Kind = &ioppb.ProviderTunnelFrame_Error{Error: &ioppb.Error{Code: e.Code, Message: e.Message}}
+	}
+	return p
+}
+
+func tunnelFrameToDomain(p *ioppb.ProviderTunnelFrame) (domain.TunnelFrame, bool) {
+	switch k := p.GetKind().(type) {
+	case *ioppb.ProviderTunnelFrame_Status:
+		return domain.TunnelFrame{Kind: domain.TunnelStatus, Status: int(k.Status)}, true
+	case *ioppb.ProviderTunnelFrame_Header:
+		return domain.TunnelFrame{Kind: domain.TunnelHeader, Header: headersToDomain(k.Header.GetHeaders())}, true
+	case *ioppb.ProviderTunnelFrame_Body:
+		return domain.TunnelFrame{Kind: domain.TunnelBody, Body: k.Body}, true
+	case *ioppb.ProviderTunnelFrame_Usage:
+		return domain.TunnelFrame{Kind: domain.TunnelUsage, Usage: usageToDomain(k.Usage)}, true
+	case *ioppb.ProviderTunnelFrame_MetadataJson:
+		return domain.TunnelFrame{Kind: domain.TunnelMetadata, Metadata: k.MetadataJson}, true
+	case *ioppb.ProviderTunnelFrame_End:
+		return domain.TunnelFrame{Kind: domain.TunnelEnd}, true
+	case *ioppb.ProviderTunnelFrame_Error:
+		return domain.TunnelFrame{Kind: domain.TunnelError, Error: &domain.ErrorInfo{Code: k.Error.GetCode(), Message: k.Error.GetMessage()}}, true
+	}
+	return domain.TunnelFrame{}, false
+}

@@ -1,0 +1,333 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"iop/domain"
+	"iop/ports"
+	ioppb "iop/proto/iop"
+)
+
+// edgeLink is the edge's handle on one registered node: it implements
+// ports.NodeLink over the node's Conn.
+type edgeLink struct {
+	conn   *Conn
+	nodeID string
+	remote string
+
+	mu   sync.Mutex
+	acks map[uint64]chan error // config version → waiter
+}
+
+var _ ports.NodeLink = (*edgeLink)(nil)
+
+// Stats exposes the connection counters for the edge's node listing.
+func (l *edgeLink) Stats() Stats { return l.conn.Stats() }
+
+// Remote returns the node's address.
+func (l *edgeLink) Remote() string { return l.remote }
+
+// HandleOpen refuses streams opened by the node: none are defined yet.
+func (l *edgeLink) HandleOpen(s *Stream, _ *ioppb.Frame) {
+	s.Reset("unsupported", "the edge accepts no node-opened streams")
+}
+
+// HandleControl receives config refresh acknowledgements.
+func (l *edgeLink) HandleControl(f *ioppb.Frame) {
+	ack := f.GetConfigRefreshAck()
+	if ack == nil {
+		l.conn.dropped.Add(1)
+		return
+	}
+	l.mu.Lock()
+	ch := l.acks[ack.GetVersion()]
+	delete(l.acks, ack.GetVersion())
+	l.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	if ack.GetError() != "" {
+		ch <- domain.Errorf(domain.CodeConfigError, "node rejected config v%d: %s", ack.GetVersion(), ack.GetError())
+	} else {
+		ch <- nil
+	}
+}
+
+func (l *edgeLink) Close(reason string) { l.conn.Close(errors.New(reason)) }
+
+// linkErr turns a stream failure into the domain error a caller sees.
+func linkErr(err error) error {
+	var re *ResetError
+	switch {
+	case errors.As(err, &re):
+		return domain.Errorf(domain.CodeStreamReset, "node reset the stream: %s", re.Code)
+	case errors.Is(err, ErrConnClosed):
+		return domain.Errorf(domain.CodeNodeDisconnected, "%v", err)
+	}
+	return err
+}
+
+func (l *edgeLink) StartRun(ctx context.Context, req domain.RunRequest) (ports.RunStream, error) {
+	s, err := l.conn.Open(ctx, &ioppb.Frame{Body: &ioppb.Frame_RunRequest{RunRequest: runRequestToProto(req)}})
+	if err != nil {
+		return nil, linkErr(err)
+	}
+	return &runStream{s: s}, nil
+}
+
+type runStream struct {
+	s    *Stream
+	done bool
+}
+
+func (r *runStream) Recv(ctx context.Context) (domain.RunEvent, error) {
+	for {
+		if r.done {
+			return domain.RunEvent{}, io.EOF
+		}
+		f, err := r.s.Recv(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return domain.RunEvent{}, err
+			}
+			r.done = true
+			return domain.RunEvent{}, linkErr(err)
+		}
+		p := f.GetRunEvent()
+		if p == nil {
+			r.s.c.dropped.Add(1)
+			continue
+		}
+		ev, ok := runEventToDomain(p)
+		if !ok {
+			r.s.c.dropped.Add(1)
+			continue
+		}
+		if ev.Type.Terminal() {
+			r.done = true
+			r.s.Finish()
+		}
+		return ev, nil
+	}
+}
+
+// Close abandons the run stream; the node treats that as the caller leaving.
+func (r *runStream) Close() {
+	if !r.done {
+		r.done = true
+		r.s.Close()
+	}
+}
+
+// exchange opens a stream with f and waits for one CancelResponse.
+func (l *edgeLink) cancelExchange(ctx context.Context, req *ioppb.CancelRequest) error {
+	s, err := l.conn.Open(ctx, &ioppb.Frame{Body: &ioppb.Frame_CancelRequest{CancelRequest: req}})
+	if err != nil {
+		return linkErr(err)
+	}
+	defer s.Finish()
+	for {
+		f, err := s.Recv(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				s.Close()
+				return fmt.Errorf("%w: %w", domain.ErrTimeout, ctx.Err())
+			}
+			return linkErr(err)
+		}
+		if r := f.GetCancelResponse(); r != nil {
+			return errorToDomain(r.GetError())
+		}
+	}
+}
+
+func (l *edgeLink) CancelRun(ctx context.Context, runID string) error {
+	return l.cancelExchange(ctx, &ioppb.CancelRequest{Kind: ioppb.CancelKind_CANCEL_RUN, RunId: runID})
+}
+
+func (l *edgeLink) TerminateSession(ctx context.Context, adapter, target, sessionID string) error {
+	return l.cancelExchange(ctx, &ioppb.CancelRequest{
+		Kind: ioppb.CancelKind_TERMINATE_SESSION, Adapter: adapter, Target: target, SessionId: sessionID,
+	})
+}
+
+func (l *edgeLink) Command(ctx context.Context, name string, args []byte) (ports.CommandStream, error) {
+	s, err := l.conn.Open(ctx, &ioppb.Frame{Body: &ioppb.Frame_NodeCommandRequest{NodeCommandRequest: &ioppb.NodeCommandRequest{Command: name, ArgsJson: args}}})
+	if err != nil {
+		return nil, linkErr(err)
+	}
+	return &commandStream{s: s}, nil
+}
+
+type commandStream struct {
+	s      *Stream
+	result []byte
+	done   bool
+}
+
+// Recv returns progress replies as they come and the final reply with the
+// whole result, reassembled from its chunks.
+func (c *commandStream) Recv(ctx context.Context) (ports.CommandReply, error) {
+	for {
+		if c.done {
+			return ports.CommandReply{}, io.EOF
+		}
+		f, err := c.s.Recv(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ports.CommandReply{}, err
+			}
+			c.done = true
+			return ports.CommandReply{}, linkErr(err)
+		}
+		r := f.GetNodeCommandResponse()
+		if r == nil {
+			continue
+		}
+		c.result = append(c.result, r.GetResultJson()...)
+		if r.GetFinal() {
+			c.done = true
+			c.s.Finish()
+			return ports.CommandReply{Final: true, Result: c.result, Err: errorToDomain(r.GetError())}, nil
+		}
+		if len(r.GetProgressJson()) > 0 {
+			return ports.CommandReply{Progress: r.GetProgressJson()}, nil
+		}
+	}
+}
+
+func (c *commandStream) Close() {
+	if !c.done {
+		c.done = true
+		c.s.Close()
+	}
+}
+
+func (l *edgeLink) OpenTunnel(ctx context.Context, req domain.TunnelRequest, body io.Reader) (ports.TunnelStream, error) {
+	first := req.Body
+	var rest io.Reader
+	if len(first) > maxDataChunk {
+		rest = readerOf(first[maxDataChunk:])
+		first = first[:maxDataChunk]
+	}
+	if body != nil {
+		if rest != nil {
+			rest = io.MultiReader(rest, body)
+		} else {
+			rest = body
+		}
+	}
+	preq := &ioppb.ProviderTunnelRequest{
+		Provider: req.Provider, Method: req.Method, Path: req.Path, Query: req.Query,
+		Headers: headersToProto(req.Header), Body: first, BodyFollows: rest != nil,
+	}
+	s, err := l.conn.Open(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelRequest{ProviderTunnelRequest: preq}})
+	if err != nil {
+		return nil, linkErr(err)
+	}
+	t := &tunnelStream{s: s}
+	if rest != nil {
+		t.upload = make(chan struct{})
+		go t.sendBody(rest)
+	}
+	return t, nil
+}
+
+type tunnelStream struct {
+	s      *Stream
+	done   bool
+	upload chan struct{} // closed when the body uploader has returned
+}
+
+// sendBody streams the request body in chunks under the node's credit. It
+// ends when the body does or when the stream ends.
+func (t *tunnelStream) sendBody(r io.Reader) {
+	defer close(t.upload)
+	buf := make([]byte, maxDataChunk)
+	ctx := t.s.Context()
+	for {
+		n, err := io.ReadFull(r, buf)
+		if n > 0 {
+			chunk := append([]byte(nil), buf[:n]...)
+			if serr := t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_TunnelRequestBody{TunnelRequestBody: &ioppb.TunnelRequestBody{Data: chunk}}}); serr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.s.Reset("body_error", err.Error())
+				return
+			}
+			_ = t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_TunnelRequestBody{TunnelRequestBody: &ioppb.TunnelRequestBody{End: true}}})
+			return
+		}
+	}
+}
+
+func (t *tunnelStream) Recv(ctx context.Context) (domain.TunnelFrame, error) {
+	for {
+		if t.done {
+			return domain.TunnelFrame{}, io.EOF
+		}
+		f, err := t.s.Recv(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return domain.TunnelFrame{}, err
+			}
+			t.done = true
+			return domain.TunnelFrame{}, linkErr(err)
+		}
+		p := f.GetProviderTunnelFrame()
+		if p == nil {
+			continue
+		}
+		tf, ok := tunnelFrameToDomain(p)
+		if !ok {
+			continue
+		}
+		if tf.Kind == domain.TunnelEnd || tf.Kind == domain.TunnelError {
+			t.done = true
+			t.s.Finish()
+		}
+		return tf, nil
+	}
+}
+
+// Close abandons the tunnel: the node aborts the upstream request.
+func (t *tunnelStream) Close() {
+	if !t.done {
+		t.done = true
+		t.s.Close()
+	}
+	if t.upload != nil {
+		<-t.upload
+	}
+}
+
+func (l *edgeLink) PushConfig(ctx context.Context, cfg domain.NodeConfig) error {
+	ch := make(chan error, 1)
+	l.mu.Lock()
+	l.acks[cfg.Version] = ch
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		delete(l.acks, cfg.Version)
+		l.mu.Unlock()
+	}()
+	f := &ioppb.Frame{Body: &ioppb.Frame_ConfigRefresh{ConfigRefresh: &ioppb.ConfigRefresh{Config: configToProto(cfg)}}}
+	if err := l.conn.sendControl(ctx, f); err != nil {
+		return linkErr(err)
+	}
+	select {
+	case err := <-ch:
+		return err
+	case <-l.conn.Done():
+		return linkErr(fmt.Errorf("%w: %w", ErrConnClosed, l.conn.Err()))
+	case <-ctx.Done():
+		return fmt.Errorf("%w: waiting for config ack: %w", domain.ErrTimeout, ctx.Err())
+	}
+}

@@ -1,0 +1,230 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+	ioppb "iop/proto/iop"
+)
+
+// EdgeHandler is what the edge's transport needs from the application.
+type EdgeHandler interface {
+	// Register authenticates a node and admits link to the live registry.
+	// Its error becomes the register response's reason.
+	Register(ctx context.Context, token string, info domain.NodeInfo, remote string, link ports.NodeLink) (domain.NodeConfig, error)
+	// Disconnected is called exactly once for every link Register admitted.
+	Disconnected(nodeID string, link ports.NodeLink, reason string)
+	// HandshakeFailed reports a connection dropped before it registered
+	// (garbage, oversized or missing register frame, timeout).
+	HandshakeFailed(remote, reason string)
+}
+
+// Server accepts node connections for the edge.
+type Server struct {
+	addr string
+	cfg  Config
+	h    EdgeHandler
+
+	ln    net.Listener
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+	sem   chan struct{}
+	done  chan struct{}
+}
+
+// NewServer returns a server that will listen on addr.
+func NewServer(addr string, cfg Config, h EdgeHandler) *Server {
+	cfg = cfg.withDefaults()
+	return &Server{
+		addr: addr, cfg: cfg, h: h, conns: map[net.Conn]struct{}{},
+		// Handshakes after an edge restart arrive in a burst; bounding them
+		// keeps authentication work from starving established links, while
+		// the accept loop itself never waits.
+		sem:  make(chan struct{}, 64*runtime.GOMAXPROCS(0)),
+		done: make(chan struct{}),
+	}
+}
+
+// Start binds the listener synchronously (a busy port fails here) and
+// accepts in the background.
+func (s *Server) Start() error {
+	if err := s.cfg.Verify(); err != nil {
+		return fmt.Errorf("transport config: %w", err)
+	}
+	ln, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		return fmt.Errorf("transport listen %s: %w", s.addr, err)
+	}
+	s.ln = ln
+	s.wg.Add(1)
+	go s.acceptLoop()
+	return nil
+}
+
+// Addr returns the bound address (useful with port 0).
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Stop closes the listener and every connection, and waits for them.
+func (s *Server) Stop(ctx context.Context) error {
+	select {
+	case <-s.done:
+	default:
+		close(s.done)
+	}
+	if s.ln != nil {
+		_ = s.ln.Close()
+	}
+	s.mu.Lock()
+	for nc := range s.conns {
+		_ = nc.Close()
+	}
+	s.mu.Unlock()
+	waited := make(chan struct{})
+	go func() { s.wg.Wait(); close(waited) }()
+	select {
+	case <-waited:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Server) acceptLoop() {
+	defer s.wg.Done()
+	var delay time.Duration
+	for {
+		nc, err := s.ln.Accept()
+		if err != nil {
+			select {
+			case <-s.done:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Resource exhaustion (EMFILE and friends) is waited out, not fatal.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			s.cfg.Logger.Warn("accept failed; retrying", "err", err, "delay", delay)
+			select {
+			case <-time.After(delay):
+			case <-s.done:
+				return
+			}
+			continue
+		}
+		delay = 0
+		if !s.track(nc) {
+			_ = nc.Close()
+			return
+		}
+		s.wg.Add(1)
+		go s.serve(nc)
+	}
+}
+
+func (s *Server) track(nc net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.done:
+		return false
+	default:
+	}
+	s.conns[nc] = struct{}{}
+	return true
+}
+
+func (s *Server) untrack(nc net.Conn) {
+	s.mu.Lock()
+	delete(s.conns, nc)
+	s.mu.Unlock()
+}
+
+func (s *Server) serve(nc net.Conn) {
+	defer s.wg.Done()
+	defer s.untrack(nc)
+	remote := nc.RemoteAddr().String()
+	select {
+	case s.sem <- struct{}{}:
+	case <-s.done:
+		_ = nc.Close()
+		return
+	}
+	link, nodeID, ok := s.handshake(nc, remote)
+	<-s.sem
+	if !ok {
+		return
+	}
+	link.conn.start()
+	<-link.conn.Done()
+	link.conn.Close(nil)
+	s.h.Disconnected(nodeID, link, reasonOf(link.conn.Err()))
+}
+
+// handshake reads the register request and answers it. On success the
+// returned link's connection is ready to start.
+func (s *Server) handshake(nc net.Conn, remote string) (*edgeLink, string, bool) {
+	_ = nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	dec := NewDecoder(nc, s.cfg.MaxFrameSize)
+	f := new(ioppb.Frame)
+	if _, err := dec.Decode(f); err != nil {
+		_ = nc.Close()
+		s.h.HandshakeFailed(remote, "handshake: "+reasonOf(classifyReadErr(err, s.cfg.HandshakeTimeout)))
+		return nil, "", false
+	}
+	req := f.GetRegisterRequest()
+	if req == nil {
+		_ = nc.Close()
+		s.h.HandshakeFailed(remote, fmt.Sprintf("handshake: expected register_request, got %T", f.Body))
+		return nil, "", false
+	}
+	link := &edgeLink{remote: remote, acks: map[uint64]chan error{}}
+	link.conn = newConn(nc, dec, s.cfg, SideEdge, req.GetInitialWindow(), link)
+	info := domain.NodeInfo{Version: req.GetNodeVersion(), Hostname: req.GetHostname(), OS: req.GetOs(), Arch: req.GetArch()}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
+	cfg, err := s.h.Register(ctx, req.GetToken(), info, remote, link)
+	cancel()
+	resp := &ioppb.RegisterResponse{
+		Accepted:            err == nil,
+		HeartbeatIntervalMs: uint32(s.cfg.HeartbeatInterval.Milliseconds()),
+		HeartbeatTimeoutMs:  uint32(s.cfg.HeartbeatTimeout.Milliseconds()),
+		InitialWindow:       s.cfg.StreamWindow,
+	}
+	if err != nil {
+		resp.Reason = err.Error()
+	} else {
+		resp.Config = configToProto(cfg)
+		link.nodeID = cfg.NodeID
+	}
+	buf, werr := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterResponse{RegisterResponse: resp}}, s.cfg.MaxFrameSize)
+	if werr == nil {
+		_, werr = nc.Write(buf)
+	}
+	if err != nil {
+		_ = nc.Close()
+		return nil, "", false
+	}
+	if werr != nil {
+		link.conn.shutdown(fmt.Errorf("write register response: %w", werr))
+		s.h.Disconnected(cfg.NodeID, link, reasonOf(link.conn.Err()))
+		return nil, "", false
+	}
+	_ = nc.SetDeadline(time.Time{})
+	return link, cfg.NodeID, true
+}
+
+func reasonOf(err error) string {
+	if err == nil {
+		return "closed"
+	}
+	return err.Error()
+}

@@ -1,0 +1,237 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"google.golang.org/protobuf/proto"
+
+	ioppb "iop/proto/iop"
+)
+
+// ResetError is how a stream ends when the peer resets it.
+type ResetError struct {
+	Code    string
+	Message string
+}
+
+func (e *ResetError) Error() string {
+	if e.Message == "" {
+		return "stream reset by peer: " + e.Code
+	}
+	return "stream reset by peer: " + e.Code + ": " + e.Message
+}
+
+// Stream errors.
+var (
+	ErrStreamClosed      = errors.New("stream closed")
+	ErrStreamFrameTooBig = errors.New("frame larger than a quarter of the stream window")
+)
+
+// frameOverhead is charged per frame on top of its protobuf size, so a peer
+// cannot queue unbounded numbers of tiny frames within its credit.
+const frameOverhead = 16
+
+func frameCost(f *ioppb.Frame) int { return proto.Size(f) + frameOverhead }
+
+// Stream is one exchange on a Conn (a run, a command, a tunnel, a cancel).
+//
+// Receiving: frames the peer sends are queued here, never in the read loop;
+// the queue never holds more than the window granted to the peer, and credit
+// is returned as Recv consumes. A peer that overruns its credit gets the
+// stream reset (flow_control); the connection and other streams go on.
+//
+// Sending: Send waits for credit from the peer, so a consumer that stops
+// reading stalls only its own stream.
+type Stream struct {
+	id     uint64
+	c      *Conn
+	window int // receive window granted to the peer
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu       sync.Mutex
+	queue    []*ioppb.Frame
+	queued   int
+	unacked  int
+	credit   int
+	endErr   error // no more frames will arrive; set once
+	notify   chan struct{}
+	creditCh chan struct{}
+}
+
+func newStream(c *Conn, id uint64) *Stream {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &Stream{
+		id: id, c: c, window: int(c.cfg.StreamWindow), credit: int(c.peerWindow),
+		ctx: ctx, cancel: cancel,
+		notify: make(chan struct{}, 1), creditCh: make(chan struct{}, 1),
+	}
+}
+
+// ID returns the stream id.
+func (s *Stream) ID() uint64 { return s.id }
+
+// Context is cancelled when the stream ends for any reason (reset by either
+// side, finished, connection lost). Its cause says why.
+func (s *Stream) Context() context.Context { return s.ctx }
+
+// Recv returns the next frame from the peer.
+func (s *Stream) Recv(ctx context.Context) (*ioppb.Frame, error) {
+	for {
+		s.mu.Lock()
+		if len(s.queue) > 0 {
+			f := s.queue[0]
+			s.queue[0] = nil
+			s.queue = s.queue[1:]
+			cost := frameCost(f)
+			s.queued -= cost
+			s.unacked += cost
+			var grant int
+			if s.endErr == nil && (s.unacked >= s.window/2) {
+				grant, s.unacked = s.unacked, 0
+			}
+			s.mu.Unlock()
+			if grant > 0 {
+				s.c.trySendCtrl(&ioppb.Frame{StreamId: s.id, Body: &ioppb.Frame_WindowUpdate{WindowUpdate: &ioppb.WindowUpdate{Increment: uint32(grant)}}})
+			}
+			return f, nil
+		}
+		if s.endErr != nil {
+			err := s.endErr
+			s.mu.Unlock()
+			return nil, err
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.notify:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Send queues a credit-counted frame on this stream and waits until the
+// writer has taken it.
+func (s *Stream) Send(ctx context.Context, f *ioppb.Frame) error {
+	f.StreamId = s.id
+	cost := frameCost(f)
+	if cost > int(s.c.peerWindow)/4 {
+		return fmt.Errorf("%w: %d bytes", ErrStreamFrameTooBig, cost)
+	}
+	for {
+		s.mu.Lock()
+		if s.endErr != nil {
+			err := s.endErr
+			s.mu.Unlock()
+			return err
+		}
+		if s.credit >= cost {
+			s.credit -= cost
+			s.mu.Unlock()
+			break
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.creditCh:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.ctx.Done():
+			return context.Cause(s.ctx)
+		}
+	}
+	select {
+	case s.c.data <- f:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.ctx.Done():
+		return context.Cause(s.ctx)
+	case <-s.c.done:
+		return fmt.Errorf("%w: %w", ErrConnClosed, s.c.err)
+	}
+}
+
+// SendControl queues a frame on this stream ahead of data, without credit.
+// It is for small frames that end or steer an exchange.
+func (s *Stream) SendControl(ctx context.Context, f *ioppb.Frame) error {
+	f.StreamId = s.id
+	return s.c.enqueueCtrl(ctx, f)
+}
+
+// Close abandons the stream: the peer is told with a reset (code cancel) so
+// it stops its work, and frames still in flight are dropped. Idempotent.
+func (s *Stream) Close() { s.Reset("cancel", "") }
+
+// Reset abandons the stream with a code and message for the peer.
+func (s *Stream) Reset(code, msg string) {
+	if s.end(ErrStreamClosed) {
+		s.c.remove(s)
+		s.c.trySendCtrl(resetFrame(s.id, code, msg))
+	}
+}
+
+// Finish forgets a stream whose exchange completed normally (the terminal
+// frame was sent or received); the peer is not told.
+func (s *Stream) Finish() { s.finish() }
+
+func (s *Stream) finish() {
+	s.end(ErrStreamClosed)
+	s.c.remove(s)
+}
+
+// end marks the stream over; it reports whether this call ended it.
+func (s *Stream) end(err error) bool {
+	s.mu.Lock()
+	if s.endErr != nil {
+		s.mu.Unlock()
+		return false
+	}
+	s.endErr = err
+	s.mu.Unlock()
+	s.cancel(err)
+	signal(s.notify)
+	signal(s.creditCh)
+	return true
+}
+
+// deliver queues a frame from the peer (read loop; never blocks).
+func (s *Stream) deliver(f *ioppb.Frame) {
+	cost := frameCost(f)
+	s.mu.Lock()
+	if s.endErr != nil {
+		s.mu.Unlock()
+		s.c.dropped.Add(1)
+		return
+	}
+	if s.queued+cost > s.window {
+		s.mu.Unlock()
+		s.c.log.Warn("peer overran stream credit; resetting stream", "stream", s.id, "queued", s.queued, "frame", cost)
+		if s.end(fmt.Errorf("%w: peer overran the stream window", ErrStreamClosed)) {
+			s.c.remove(s)
+			s.c.trySendCtrl(resetFrame(s.id, "flow_control", "credit window exceeded"))
+		}
+		return
+	}
+	s.queue = append(s.queue, f)
+	s.queued += cost
+	s.mu.Unlock()
+	signal(s.notify)
+}
+
+func (s *Stream) addCredit(n uint32) {
+	s.mu.Lock()
+	s.credit += int(n)
+	s.mu.Unlock()
+	signal(s.creditCh)
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}

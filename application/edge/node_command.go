@@ -1,0 +1,77 @@
+package edge
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// NodeCommandHandler runs a node command (capabilities, transport_status,
+// usage_status, session_list, runs, run_get, ollama.*) on one node.
+type NodeCommandHandler struct {
+	reg *Registry
+	// Timeout bounds ordinary commands; LongTimeout bounds streaming ones
+	// such as ollama.pull.
+	Timeout     time.Duration
+	LongTimeout time.Duration
+}
+
+// NewNodeCommandHandler refuses nil dependencies.
+func NewNodeCommandHandler(reg *Registry) *NodeCommandHandler {
+	if reg == nil {
+		panic("edge.NewNodeCommandHandler: nil dependency")
+	}
+	return &NodeCommandHandler{reg: reg, Timeout: 30 * time.Second, LongTimeout: 2 * time.Hour}
+}
+
+// longCommands stream progress and may legitimately take a long time.
+var longCommands = map[string]bool{"ollama.pull": true}
+
+// Handle starts the command and returns its reply stream together with the
+// context bounding it; the caller must call the returned cancel when done.
+func (h *NodeCommandHandler) Handle(ctx context.Context, node, name string, args []byte) (ports.CommandStream, context.Context, context.CancelFunc, error) {
+	name = strings.TrimSpace(name)
+	if name == "" {
+		return nil, nil, nil, domain.Errorf(domain.CodeInvalidRequest, "command is required")
+	}
+	n, err := h.reg.resolve(node)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	timeout := h.Timeout
+	if longCommands[name] {
+		timeout = h.LongTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	cs, err := n.Link.Command(ctx, name, args)
+	if err != nil {
+		cancel()
+		return nil, nil, nil, err
+	}
+	return cs, ctx, cancel, nil
+}
+
+// Call runs a command to completion and returns its final result.
+func (h *NodeCommandHandler) Call(ctx context.Context, node, name string, args []byte) ([]byte, error) {
+	cs, cctx, cancel, err := h.Handle(ctx, node, name, args)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	defer cs.Close()
+	for {
+		r, err := cs.Recv(cctx)
+		if err != nil {
+			if cctx.Err() != nil {
+				return nil, domain.Errorf(domain.CodeTimeout, "command %s on node %s: %v", name, node, err)
+			}
+			return nil, err
+		}
+		if r.Final {
+			return r.Result, r.Err
+		}
+	}
+}

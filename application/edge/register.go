@@ -1,0 +1,86 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// RegisterHandler admits nodes that present a known token and reports every
+// lifecycle change on the bus. Its three methods are what the edge transport
+// calls; tokens never reach logs or events.
+type RegisterHandler struct {
+	dir      ports.NodeDirectory
+	reg      *Registry
+	bus      ports.EventPublisher
+	log      *slog.Logger
+	now      func() time.Time
+	versions *ConfigVersions
+}
+
+// NewRegisterHandler refuses nil dependencies. versions is shared with the
+// reload use case so config versions only grow.
+func NewRegisterHandler(dir ports.NodeDirectory, reg *Registry, bus ports.EventPublisher, versions *ConfigVersions, log *slog.Logger) *RegisterHandler {
+	if dir == nil || reg == nil || bus == nil || versions == nil {
+		panic("edge.NewRegisterHandler: nil dependency")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &RegisterHandler{dir: dir, reg: reg, bus: bus, log: log, now: time.Now, versions: versions}
+}
+
+// ConfigVersions hands out increasing config payload versions.
+type ConfigVersions struct{ n atomic.Uint64 }
+
+// Next returns a version larger than every one before.
+func (v *ConfigVersions) Next() uint64 { return v.n.Add(1) }
+
+// Register authenticates token, builds the node's config and admits link.
+// Rejections are unknown_token, duplicate_connection and config_error.
+func (h *RegisterHandler) Register(_ context.Context, token string, info domain.NodeInfo, remote string, link ports.NodeLink) (domain.NodeConfig, error) {
+	rec, err := h.dir.Authenticate(token)
+	if err != nil {
+		if !errors.Is(err, domain.ErrUnknownToken) {
+			h.log.Error("node directory failed", "err", err)
+		}
+		return h.reject("", remote, &domain.Error{Code: domain.CodeUnknownToken})
+	}
+	cfg, err := rec.BuildConfig(h.versions.Next())
+	if err != nil {
+		return h.reject(rec.ID, remote, err)
+	}
+	n := &LiveNode{ID: rec.ID, Link: link, Info: info, Remote: remote, ConnectedAt: h.now(), Config: cfg}
+	if err := h.reg.Admit(n); err != nil {
+		return h.reject(rec.ID, remote, err)
+	}
+	h.log.Info("node registered", "node", rec.ID, "remote", remote, "version", info.Version, "adapters", len(cfg.Adapters))
+	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRegistered, Time: h.now(), Node: rec.ID, Remote: remote})
+	return cfg, nil
+}
+
+func (h *RegisterHandler) reject(node, remote string, err error) (domain.NodeConfig, error) {
+	h.log.Warn("node rejected", "node", node, "remote", remote, "reason", err.Error())
+	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRejected, Time: h.now(), Node: node, Remote: remote, Reason: err.Error()})
+	return domain.NodeConfig{}, err
+}
+
+// Disconnected removes a node from the live registry and reports it.
+func (h *RegisterHandler) Disconnected(nodeID string, link ports.NodeLink, reason string) {
+	if !h.reg.Remove(nodeID, link) {
+		return
+	}
+	h.log.Warn("node disconnected", "node", nodeID, "reason", reason)
+	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeDisconnected, Time: h.now(), Node: nodeID, Reason: reason})
+}
+
+// HandshakeFailed reports a connection that never registered.
+func (h *RegisterHandler) HandshakeFailed(remote, reason string) {
+	h.log.Warn("node handshake failed", "remote", remote, "reason", reason)
+	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRejected, Time: h.now(), Remote: remote, Reason: reason})
+}

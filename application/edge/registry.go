@@ -1,0 +1,220 @@
+// Package edge holds the edge's use cases: registering nodes, dispatching
+// runs, cancelling, node commands, provider tunnels and config reload.
+package edge
+
+import (
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// LiveNode is a registered, connected node.
+type LiveNode struct {
+	ID          string
+	Link        ports.NodeLink
+	Info        domain.NodeInfo
+	Remote      string
+	ConnectedAt time.Time
+	Config      domain.NodeConfig
+
+	runs    map[string]int // adapter → runs in flight through this edge
+	tunnels int
+}
+
+// NodeView is a read-only snapshot of a live node.
+type NodeView struct {
+	ID              string
+	Info            domain.NodeInfo
+	Remote          string
+	ConnectedAt     time.Time
+	Config          domain.NodeConfig
+	Adapters        []domain.AdapterStatus
+	RunsInFlight    int
+	TunnelsInFlight int
+	Link            ports.NodeLink
+}
+
+// Registry is the edge's set of live nodes. It is safe for concurrent use.
+type Registry struct {
+	mu    sync.Mutex
+	nodes map[string]*LiveNode
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return &Registry{nodes: map[string]*LiveNode{}} }
+
+// Admit adds n unless a node with its id is already connected.
+func (r *Registry) Admit(n *LiveNode) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.nodes[n.ID]; ok {
+		return &domain.Error{Code: domain.CodeDuplicateConn}
+	}
+	n.runs = map[string]int{}
+	r.nodes[n.ID] = n
+	return nil
+}
+
+// Remove drops the node id if it is still served by link; it reports
+// whether it did, so a stale disconnect never evicts a newer connection.
+func (r *Registry) Remove(id string, link ports.NodeLink) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n, ok := r.nodes[id]; ok && n.Link == link {
+		delete(r.nodes, id)
+		return true
+	}
+	return false
+}
+
+// SetConfig records the config a node now runs.
+func (r *Registry) SetConfig(id string, link ports.NodeLink, cfg domain.NodeConfig) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n, ok := r.nodes[id]; ok && n.Link == link {
+		n.Config = cfg
+	}
+}
+
+// Get returns a snapshot of node id.
+func (r *Registry) Get(id string) (NodeView, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.nodes[id]
+	if !ok {
+		return NodeView{}, false
+	}
+	return n.view(), true
+}
+
+// List returns snapshots of every live node, sorted by id.
+func (r *Registry) List() []NodeView {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]NodeView, 0, len(r.nodes))
+	for _, n := range r.nodes {
+		out = append(out, n.view())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+func (n *LiveNode) view() NodeView {
+	v := NodeView{ID: n.ID, Info: n.Info, Remote: n.Remote, ConnectedAt: n.ConnectedAt, Config: n.Config, Link: n.Link, TunnelsInFlight: n.tunnels}
+	for _, a := range n.Config.Adapters {
+		v.Adapters = append(v.Adapters, domain.AdapterStatus{Name: a.Name, Type: a.Type, MaxConcurrency: a.MaxConcurrency, InFlight: n.runs[a.Name]})
+	}
+	for _, c := range n.runs {
+		v.RunsInFlight += c
+	}
+	return v
+}
+
+func (n *LiveNode) hasAdapter(name string) bool {
+	return slices.ContainsFunc(n.Config.Adapters, func(a domain.AdapterConfig) bool { return a.Name == name })
+}
+
+func (n *LiveNode) inFlight() int {
+	t := 0
+	for _, c := range n.runs {
+		t += c
+	}
+	return t
+}
+
+// PickForRun chooses the node for a run and counts the run against it until
+// release is called (release is idempotent).
+//
+// An explicit node must be connected. Without one: a single connected node
+// is used as is (the spec's fallback); otherwise the node offering adapter
+// with the fewest runs in flight wins, ties broken by id.
+func (r *Registry) PickForRun(node, adapter string) (NodeView, func(), error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var chosen *LiveNode
+	switch {
+	case node != "":
+		n, ok := r.nodes[node]
+		if !ok {
+			return NodeView{}, nil, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", node)
+		}
+		chosen = n
+	case len(r.nodes) == 1:
+		for _, n := range r.nodes {
+			chosen = n
+		}
+	default:
+		for _, n := range r.nodes {
+			if !n.hasAdapter(adapter) {
+				continue
+			}
+			if chosen == nil || n.inFlight() < chosen.inFlight() || (n.inFlight() == chosen.inFlight() && n.ID < chosen.ID) {
+				chosen = n
+			}
+		}
+		if chosen == nil {
+			if len(r.nodes) == 0 {
+				return NodeView{}, nil, domain.Errorf(domain.CodeNoNodeAvailable, "no node is connected")
+			}
+			return NodeView{}, nil, domain.Errorf(domain.CodeNoNodeAvailable, "no connected node offers adapter %q", adapter)
+		}
+	}
+	chosen.runs[adapter]++
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if chosen.runs[adapter]--; chosen.runs[adapter] <= 0 {
+				delete(chosen.runs, adapter)
+			}
+		})
+	}
+	return chosen.view(), release, nil
+}
+
+// TunnelCandidates returns live nodes that declare provider models or
+// providers, for tunnel routing.
+func (r *Registry) acquireTunnel(id string) (func(), bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.nodes[id]
+	if !ok {
+		return nil, false
+	}
+	n.tunnels++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			r.mu.Lock()
+			n.tunnels--
+			r.mu.Unlock()
+		})
+	}, true
+}
+
+// resolve finds an explicit node, or the only connected one when none is named.
+func (r *Registry) resolve(node string) (NodeView, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if node != "" {
+		n, ok := r.nodes[node]
+		if !ok {
+			return NodeView{}, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", node)
+		}
+		return n.view(), nil
+	}
+	switch len(r.nodes) {
+	case 0:
+		return NodeView{}, domain.Errorf(domain.CodeNoNodeAvailable, "no node is connected")
+	case 1:
+		for _, n := range r.nodes {
+			return n.view(), nil
+		}
+	}
+	return NodeView{}, domain.Errorf(domain.CodeInvalidRequest, "%d nodes are connected: name one", len(r.nodes))
+}

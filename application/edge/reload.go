@@ -1,0 +1,116 @@
+package edge
+
+import (
+	"context"
+	"log/slog"
+	"reflect"
+	"sort"
+	"sync"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// ReloadResult says what a reload changed.
+type ReloadResult struct {
+	Nodes        int      `json:"nodes"`
+	Refreshed    []string `json:"refreshed"`
+	Disconnected []string `json:"disconnected"`
+	Unchanged    []string `json:"unchanged"`
+	Failed       []string `json:"failed,omitempty"`
+}
+
+// ReloadHandler re-reads the node directory and brings connected nodes in
+// line with it: changed nodes get their new config pushed, removed nodes and
+// nodes whose token changed are disconnected. An unreadable or invalid
+// source is rejected whole and nothing changes.
+type ReloadHandler struct {
+	src      ports.NodeSource
+	dir      Directory
+	reg      *Registry
+	bus      ports.EventPublisher
+	versions *ConfigVersions
+	log      *slog.Logger
+	mu       sync.Mutex // one reload at a time
+	timeout  time.Duration
+}
+
+// Directory is what reload needs of the node directory.
+type Directory interface {
+	ports.NodeDirectory
+	ports.DirectoryReplacer
+}
+
+// NewReloadHandler refuses nil dependencies.
+func NewReloadHandler(src ports.NodeSource, dir Directory, reg *Registry, bus ports.EventPublisher, versions *ConfigVersions, log *slog.Logger) *ReloadHandler {
+	if src == nil || dir == nil || reg == nil || bus == nil || versions == nil {
+		panic("edge.NewReloadHandler: nil dependency")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &ReloadHandler{src: src, dir: dir, reg: reg, bus: bus, versions: versions, log: log, timeout: 10 * time.Second}
+}
+
+// Handle performs one reload.
+func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	recs, err := h.src.LoadNodes()
+	if err != nil {
+		h.log.Error("reload rejected; old config stays in force", "err", err)
+		return ReloadResult{}, domain.Errorf(domain.CodeConfigError, "%v", err)
+	}
+	old := map[string]domain.NodeRecord{}
+	for _, r := range h.dir.Records() {
+		old[r.ID] = r
+	}
+	next := map[string]domain.NodeRecord{}
+	for _, r := range recs {
+		next[r.ID] = r
+	}
+	h.dir.Replace(recs)
+	res := ReloadResult{Nodes: len(recs), Refreshed: []string{}, Disconnected: []string{}, Unchanged: []string{}}
+	for _, n := range h.reg.List() {
+		rec, ok := next[n.ID]
+		switch {
+		case !ok:
+			h.disconnect(n, "removed from config", &res)
+		case rec.Token != old[n.ID].Token:
+			h.disconnect(n, "token changed", &res)
+		case reflect.DeepEqual(rec.Adapters, old[n.ID].Adapters) && reflect.DeepEqual(rec.Providers, old[n.ID].Providers):
+			res.Unchanged = append(res.Unchanged, n.ID)
+		default:
+			h.refresh(ctx, n, rec, &res)
+		}
+	}
+	sort.Strings(res.Refreshed)
+	sort.Strings(res.Disconnected)
+	sort.Strings(res.Unchanged)
+	h.bus.Publish(domain.BusEvent{Type: domain.BusConfigReloaded, Time: time.Now()})
+	h.log.Info("config reloaded", "nodes", res.Nodes, "refreshed", res.Refreshed, "disconnected", res.Disconnected)
+	return res, nil
+}
+
+func (h *ReloadHandler) disconnect(n NodeView, reason string, res *ReloadResult) {
+	n.Link.Close(reason)
+	res.Disconnected = append(res.Disconnected, n.ID)
+}
+
+func (h *ReloadHandler) refresh(ctx context.Context, n NodeView, rec domain.NodeRecord, res *ReloadResult) {
+	cfg, err := rec.BuildConfig(h.versions.Next())
+	if err == nil {
+		pctx, cancel := context.WithTimeout(ctx, h.timeout)
+		err = n.Link.PushConfig(pctx, cfg)
+		cancel()
+	}
+	if err != nil {
+		h.log.Error("config refresh failed", "node", n.ID, "err", err)
+		res.Failed = append(res.Failed, n.ID+": "+err.Error())
+		return
+	}
+	h.reg.SetConfig(n.ID, n.Link, cfg)
+	res.Refreshed = append(res.Refreshed, n.ID)
+	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeConfigRefreshed, Time: time.Now(), Node: n.ID})
+}

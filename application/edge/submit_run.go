@@ -1,0 +1,215 @@
+package edge
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// SubmitRun asks for one run. Node may be empty (the edge chooses).
+type SubmitRun struct {
+	Node       string
+	Adapter    string
+	Target     string
+	Input      []byte
+	SessionID  string
+	Background bool
+	Options    []byte
+}
+
+// SubmitRunHandler dispatches runs to nodes and relays their events.
+type SubmitRunHandler struct {
+	reg   *Registry
+	runs  *RunTracker
+	bus   ports.EventPublisher
+	log   *slog.Logger
+	newID func() string
+	now   func() time.Time
+
+	// Background runs and abandoned runs are drained by goroutines owned
+	// here; Stop ends them.
+	base context.Context
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+	// DrainTimeout bounds how long an abandoned run is followed to its end.
+	DrainTimeout time.Duration
+}
+
+// NewSubmitRunHandler refuses nil dependencies.
+func NewSubmitRunHandler(reg *Registry, runs *RunTracker, bus ports.EventPublisher, log *slog.Logger) *SubmitRunHandler {
+	if reg == nil || runs == nil || bus == nil {
+		panic("edge.NewSubmitRunHandler: nil dependency")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &SubmitRunHandler{reg: reg, runs: runs, bus: bus, log: log, newID: NewRunID, now: time.Now, base: ctx, stop: cancel, DrainTimeout: 10 * time.Second}
+}
+
+// NewRunID returns a random run id such as "run_5f0c…" (24 hex digits).
+func NewRunID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "run_" + hex.EncodeToString(b[:])
+}
+
+// Stop ends the goroutines following background and abandoned runs.
+func (h *SubmitRunHandler) Stop() {
+	h.stop()
+	h.wg.Wait()
+}
+
+// Handle validates cmd, picks a node and starts the run there. For a
+// background run the returned handle is already being drained by the edge:
+// the caller only learns its id and node.
+func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandle, error) {
+	if cmd.Adapter == "" {
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "adapter is required")
+	}
+	node, release, err := h.reg.PickForRun(cmd.Node, cmd.Adapter)
+	if err != nil {
+		return nil, err
+	}
+	req := domain.RunRequest{
+		RunID: h.newID(), Adapter: cmd.Adapter, Target: cmd.Target, Input: cmd.Input,
+		SessionID: cmd.SessionID, Background: cmd.Background, Options: cmd.Options,
+	}
+	stream, err := node.Link.StartRun(ctx, req)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	h.runs.start(req.RunID, node.ID)
+	rh := &RunHandle{RunID: req.RunID, Node: node.ID, Background: cmd.Background, h: h, stream: stream, release: release}
+	if cmd.Background {
+		h.follow(rh, 0)
+	}
+	return rh, nil
+}
+
+// follow drains rh on a goroutine owned by h, publishing its events, for at
+// most limit (0: until the run ends or the edge stops).
+func (h *SubmitRunHandler) follow(rh *RunHandle, limit time.Duration) {
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		ctx, cancel := h.base, context.CancelFunc(func() {})
+		if limit > 0 {
+			ctx, cancel = context.WithTimeout(h.base, limit)
+		}
+		defer cancel()
+		for {
+			if _, err := rh.next(ctx); err != nil {
+				rh.abandon()
+				return
+			}
+		}
+	}()
+}
+
+// RunHandle is a caller's view of one dispatched run. It has one consumer:
+// Next and Close are called from the same goroutine (for background runs,
+// the edge's own follower).
+type RunHandle struct {
+	RunID      string
+	Node       string
+	Background bool
+
+	h       *SubmitRunHandler
+	stream  ports.RunStream
+	release func()
+
+	lastSeq uint64
+	done    bool
+}
+
+// Next returns the run's next event; io.EOF after the terminal one. If the
+// node goes away first, Next returns a synthesized error event (code
+// node_disconnected) as the terminal event, so no caller hangs.
+func (r *RunHandle) Next(ctx context.Context) (domain.RunEvent, error) {
+	if r.Background {
+		return domain.RunEvent{}, errors.New("background runs are drained by the edge")
+	}
+	return r.next(ctx)
+}
+
+func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
+	if r.done {
+		return domain.RunEvent{}, io.EOF
+	}
+	ev, err := r.stream.Recv(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return domain.RunEvent{}, err
+		}
+		if errors.Is(err, io.EOF) {
+			err = domain.Errorf(domain.CodeNodeDisconnected, "run stream ended without a terminal event")
+		}
+		ev = domain.ErrorEvent(r.RunID, err)
+		if domain.CodeOf(err) == domain.CodeStreamReset {
+			ev.Error.Code = domain.CodeNodeDisconnected
+		}
+		ev.Seq = r.lastSeq + 1
+		ev.Time = r.h.now()
+	}
+	if ev.RunID == "" {
+		ev.RunID = r.RunID
+	}
+	r.lastSeq = ev.Seq
+	r.h.bus.Publish(domain.BusEvent{Type: domain.BusRunEvent, Time: r.h.now(), Node: r.Node, Run: &ev})
+	if ev.Type.Terminal() {
+		r.done = true
+		r.release()
+		r.h.runs.finish(r.RunID)
+	}
+	return ev, nil
+}
+
+// Close is called when the caller stops reading. A foreground run that has
+// not ended is cancelled on its node and followed to its end in the
+// background, so the bus still sees its terminal event.
+func (r *RunHandle) Close() {
+	if r.done || r.Background {
+		return
+	}
+	h := r.h
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		node, ok := h.reg.Get(r.Node)
+		if ok {
+			ctx, cancel := context.WithTimeout(h.base, 5*time.Second)
+			if err := node.Link.CancelRun(ctx, r.RunID); err != nil && !errors.Is(err, domain.ErrRunFinished) {
+				h.log.Warn("cancel after caller left failed", "run", r.RunID, "err", err)
+			}
+			cancel()
+		}
+		ctx, cancel := context.WithTimeout(h.base, h.DrainTimeout)
+		defer cancel()
+		for {
+			if _, err := r.next(ctx); err != nil {
+				r.abandon()
+				return
+			}
+		}
+	}()
+}
+
+// abandon lets go of the stream and the run's slot whatever state it is in.
+func (r *RunHandle) abandon() {
+	r.stream.Close()
+	r.release()
+	if !r.done {
+		r.done = true
+		r.h.runs.finish(r.RunID)
+	}
+}

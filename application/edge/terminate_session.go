@@ -1,0 +1,45 @@
+package edge
+
+import (
+	"context"
+	"time"
+
+	"iop/domain"
+)
+
+// TerminateSession ends one logical session of one adapter on one node.
+type TerminateSession struct {
+	Node      string
+	Adapter   string
+	Target    string
+	SessionID string
+}
+
+// TerminateSessionHandler sends TERMINATE_SESSION to a node.
+type TerminateSessionHandler struct {
+	reg     *Registry
+	timeout time.Duration
+}
+
+// NewTerminateSessionHandler refuses nil dependencies.
+func NewTerminateSessionHandler(reg *Registry) *TerminateSessionHandler {
+	if reg == nil {
+		panic("edge.NewTerminateSessionHandler: nil dependency")
+	}
+	return &TerminateSessionHandler{reg: reg, timeout: 30 * time.Second}
+}
+
+// Handle ends the session. An adapter without sessions answers
+// session_unsupported; the node is optional when exactly one is connected.
+func (h *TerminateSessionHandler) Handle(ctx context.Context, cmd TerminateSession) error {
+	if cmd.Adapter == "" || cmd.SessionID == "" {
+		return domain.Errorf(domain.CodeInvalidRequest, "adapter and session id are required")
+	}
+	n, err := h.reg.resolve(cmd.Node)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, h.timeout)
+	defer cancel()
+	return n.Link.TerminateSession(ctx, cmd.Adapter, cmd.Target, cmd.SessionID)
+}

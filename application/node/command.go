@@ -1,0 +1,238 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// Built-in node commands. Adapter command families (ollama.*) are served
+// by the adapters that declare them in their Capabilities.
+const (
+	CmdCapabilities    = "capabilities"
+	CmdTransportStatus = "transport_status"
+	CmdUsageStatus     = "usage_status"
+	CmdSessionList     = "session_list"
+	CmdRuns            = "runs"
+	CmdRunGet          = "run_get"
+)
+
+// BuiltinCommands lists the commands every node answers.
+var BuiltinCommands = []string{CmdCapabilities, CmdTransportStatus, CmdUsageStatus, CmdSessionList, CmdRuns, CmdRunGet}
+
+// CommandHandler answers node commands. Commands run beside runs, never
+// queued behind them.
+type CommandHandler struct {
+	rt        *Runtime
+	runs      *RunManager
+	sessions  *SessionHandler
+	store     ports.RunStore
+	transport ports.TransportStatus
+	version   string
+}
+
+// NewCommandHandler refuses nil dependencies; transport may be set later
+// with SetTransport because the transport itself needs this handler.
+func NewCommandHandler(rt *Runtime, runs *RunManager, sessions *SessionHandler, store ports.RunStore, version string) *CommandHandler {
+	if rt == nil || runs == nil || sessions == nil || store == nil {
+		panic("node.NewCommandHandler: nil dependency")
+	}
+	return &CommandHandler{rt: rt, runs: runs, sessions: sessions, store: store, version: version}
+}
+
+// SetTransport supplies the link status source.
+func (h *CommandHandler) SetTransport(t ports.TransportStatus) { h.transport = t }
+
+// RunCommand runs one command and returns its JSON result.
+func (h *CommandHandler) RunCommand(ctx context.Context, name string, args []byte, progress func([]byte) error) ([]byte, error) {
+	switch name {
+	case CmdCapabilities:
+		return json.Marshal(h.capabilities())
+	case CmdTransportStatus:
+		return h.transportStatus()
+	case CmdUsageStatus:
+		return h.usageStatus(ctx)
+	case CmdSessionList:
+		ss, err := h.sessions.ListSessions(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out := SessionListDTO{Sessions: []SessionDTO{}}
+		for _, s := range ss {
+			out.Sessions = append(out.Sessions, SessionDTO{Adapter: s.Adapter, Target: s.Target, SessionID: s.SessionID, Turns: s.Turns, LastUsed: s.LastUsed, AgentSessionID: s.AgentSessionID})
+		}
+		return json.Marshal(out)
+	case CmdRuns:
+		return h.listRuns(ctx, args)
+	case CmdRunGet:
+		return h.getRun(ctx, args)
+	}
+	return h.adapterCommand(ctx, name, args, progress)
+}
+
+// adapterCommand routes a command to the adapter that declares it. When
+// several do, args may name one: {"adapter": "..."}.
+func (h *CommandHandler) adapterCommand(ctx context.Context, name string, args []byte, progress func([]byte) error) ([]byte, error) {
+	var sel struct {
+		Adapter string `json:"adapter"`
+	}
+	if len(args) > 0 {
+		_ = json.Unmarshal(args, &sel)
+	}
+	family := name
+	if i := strings.IndexByte(name, '.'); i > 0 {
+		family = name[:i]
+	}
+	familyKnown := false
+	for _, in := range h.rt.instances() {
+		if sel.Adapter != "" && in.cfg.Name != sel.Adapter {
+			continue
+		}
+		for _, c := range in.caps.Commands {
+			if strings.HasPrefix(c, family+".") {
+				familyKnown = true
+			}
+		}
+		if !slices.Contains(in.caps.Commands, name) {
+			continue
+		}
+		cr, ok := in.adapter.(ports.CommandRunner)
+		if !ok {
+			continue
+		}
+		return cr.RunCommand(ctx, name, args, progress)
+	}
+	if familyKnown || strings.Contains(name, ".") {
+		return nil, domain.Errorf(domain.CodeCommandUnsupported, "no adapter on this node serves %q", name)
+	}
+	return nil, domain.Errorf(domain.CodeUnknownCommand, "unknown command %q (built-in: %s)", name, strings.Join(BuiltinCommands, ", "))
+}
+
+func (h *CommandHandler) capabilities() CapabilitiesDTO {
+	nodeID, ver := h.rt.Version()
+	host, _ := os.Hostname()
+	out := CapabilitiesDTO{NodeID: nodeID, ConfigVersion: ver, Version: h.version, OS: runtime.GOOS, Arch: runtime.GOARCH, Hostname: host, Commands: slices.Clone(BuiltinCommands)}
+	for _, in := range h.rt.instances() {
+		a := AdapterDTO{Name: in.cfg.Name, Type: in.cfg.Type, MaxConcurrency: cap(in.slots), InFlight: len(in.slots), Sessions: in.caps.Sessions, Commands: in.caps.Commands}
+		out.Adapters = append(out.Adapters, a)
+		out.Commands = append(out.Commands, in.caps.Commands...)
+	}
+	sort.Strings(out.Commands)
+	out.Commands = slices.Compact(out.Commands)
+	return out
+}
+
+func (h *CommandHandler) transportStatus() ([]byte, error) {
+	if h.transport == nil {
+		return nil, domain.Errorf(domain.CodeCommandUnsupported, "transport status is not available")
+	}
+	s := h.transport.TransportStatus()
+	dto := TransportStatusDTO{
+		Connected: s.Connected, Reconnects: s.Reconnects, LastRTTMillis: float64(s.LastRTTNanos) / 1e6,
+		FramesIn: s.FramesIn, FramesOut: s.FramesOut, BytesIn: s.BytesIn, BytesOut: s.BytesOut, Edge: s.Edge,
+		RunsInFlight: h.runs.InFlight(),
+	}
+	if s.ConnectedSince > 0 {
+		t := time.Unix(0, s.ConnectedSince).UTC()
+		dto.ConnectedSince = &t
+	}
+	return json.Marshal(dto)
+}
+
+func (h *CommandHandler) usageStatus(ctx context.Context) ([]byte, error) {
+	sums, err := h.store.UsageByAdapter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := UsageStatusDTO{Adapters: []UsageDTO{}}
+	for _, s := range sums {
+		out.Adapters = append(out.Adapters, UsageDTO{
+			Adapter: s.Adapter, RunsTotal: s.RunsTotal, Succeeded: s.Succeeded, Failed: s.Failed, Cancelled: s.Cancelled, Running: s.Running,
+			PromptTokens: s.PromptTokens, CompletionTokens: s.CompletionTokens, TotalTokens: s.TotalTokens, CostUSD: s.CostUSD,
+		})
+	}
+	return json.Marshal(out)
+}
+
+func (h *CommandHandler) listRuns(ctx context.Context, args []byte) ([]byte, error) {
+	var a struct {
+		Status  string `json:"status"`
+		Adapter string `json:"adapter"`
+		Limit   int    `json:"limit"`
+	}
+	if err := decodeArgs(args, &a); err != nil {
+		return nil, err
+	}
+	st := domain.RunStatus(a.Status)
+	if a.Status != "" && !st.Valid() {
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "unknown status %q (queued, running, succeeded, failed, cancelled)", a.Status)
+	}
+	runs, err := h.store.ListRuns(ctx, domain.RunFilter{Status: st, Adapter: a.Adapter, Limit: a.Limit})
+	if err != nil {
+		return nil, err
+	}
+	out := RunListDTO{Runs: []RunDTO{}}
+	for _, r := range runs {
+		out.Runs = append(out.Runs, RunToDTO(r.Snapshot()))
+	}
+	return json.Marshal(out)
+}
+
+func (h *CommandHandler) getRun(ctx context.Context, args []byte) ([]byte, error) {
+	var a struct {
+		RunID string `json:"run_id"`
+	}
+	if err := decodeArgs(args, &a); err != nil {
+		return nil, err
+	}
+	if a.RunID == "" {
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "run_id is required")
+	}
+	r, err := h.store.GetRun(ctx, a.RunID)
+	if err != nil {
+		if errors.Is(err, domain.ErrRunNotFound) {
+			return nil, domain.Errorf(domain.CodeRunNotFound, "run %s is not known on this node", a.RunID)
+		}
+		return nil, err
+	}
+	return json.Marshal(RunToDTO(r.Snapshot()))
+}
+
+func decodeArgs(args []byte, v any) error {
+	if len(args) == 0 || string(args) == "null" {
+		return nil
+	}
+	if err := json.Unmarshal(args, v); err != nil {
+		return domain.Errorf(domain.CodeInvalidRequest, "command arguments: %v", err)
+	}
+	return nil
+}
+
+// RunToDTO converts a stored run to its JSON shape.
+func RunToDTO(s domain.RunSnapshot) RunDTO {
+	d := RunDTO{RunID: s.ID, Adapter: s.Adapter, Target: s.Target, SessionID: s.SessionID, Background: s.Background, Status: string(s.Status), CreatedAt: s.CreatedAt.UTC()}
+	if !s.StartedAt.IsZero() {
+		t := s.StartedAt.UTC()
+		d.StartedAt = &t
+	}
+	if !s.FinishedAt.IsZero() {
+		t := s.FinishedAt.UTC()
+		d.FinishedAt = &t
+	}
+	if s.ErrorCode != "" || s.ErrorMessage != "" {
+		d.Error = &ErrorDTO{Code: s.ErrorCode, Message: s.ErrorMessage}
+	}
+	if u := s.Usage; u != nil {
+		d.Usage = &UsageTokensDTO{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens, CostUSD: u.CostUSD}
+	}
+	return d
+}

@@ -1,0 +1,34 @@
+package node
+
+import (
+	"context"
+	"log/slog"
+
+	"iop/domain"
+)
+
+// ApplyConfigHandler installs the config the edge pushes, at registration
+// and on every refresh. Runs in flight keep their adapter instances.
+type ApplyConfigHandler struct {
+	rt  *Runtime
+	log *slog.Logger
+}
+
+// NewApplyConfigHandler refuses nil dependencies.
+func NewApplyConfigHandler(rt *Runtime, log *slog.Logger) *ApplyConfigHandler {
+	if rt == nil {
+		panic("node.NewApplyConfigHandler: nil dependency")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &ApplyConfigHandler{rt: rt, log: log}
+}
+
+// ApplyConfig installs cfg; adapters that fail to build are reported and
+// left out, the rest are in force.
+func (h *ApplyConfigHandler) ApplyConfig(_ context.Context, cfg domain.NodeConfig) error {
+	err := h.rt.Apply(cfg)
+	h.log.Info("config applied", "node", cfg.NodeID, "version", cfg.Version, "adapters", len(cfg.Adapters), "providers", len(cfg.Providers), "err", err)
+	return err
+}

@@ -1,0 +1,371 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// MaxEventText is the most text one delta event carries; longer text is
+// split into several events at rune boundaries so every frame stays small.
+const MaxEventText = 16 << 10
+
+var (
+	errCancelRequested = errors.New("cancelled by request")
+	errCallerLeft      = errors.New("caller went away")
+	errSessionEnded    = errors.New("session terminated")
+	errShutdown        = errors.New("node shutting down")
+)
+
+type sessionKey struct{ adapter, session string }
+
+type activeRun struct {
+	req    domain.RunRequest
+	cancel context.CancelCauseFunc
+	guard  *guard
+}
+
+// RunManager executes runs: it admits them against adapter capacity, records
+// them in the store, relays their events in order with per-run sequence
+// numbers, and guarantees exactly one terminal event, last.
+type RunManager struct {
+	rt    *Runtime
+	store ports.RunStore
+	log   *slog.Logger
+	now   func() time.Time
+
+	base context.Context
+	stop context.CancelCauseFunc
+	wg   sync.WaitGroup
+
+	mu       sync.Mutex
+	active   map[string]*activeRun
+	sessions map[sessionKey]string
+}
+
+// NewRunManager refuses nil dependencies.
+func NewRunManager(rt *Runtime, store ports.RunStore, log *slog.Logger) *RunManager {
+	if rt == nil || store == nil {
+		panic("node.NewRunManager: nil dependency")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &RunManager{rt: rt, store: store, log: log, now: time.Now, base: ctx, stop: cancel,
+		active: map[string]*activeRun{}, sessions: map[sessionKey]string{}}
+}
+
+// Stop cancels every run and waits for them to record their end.
+func (m *RunManager) Stop() {
+	m.stop(errShutdown)
+	m.wg.Wait()
+}
+
+// Recover marks runs left running by a previous process as failed.
+func (m *RunManager) Recover(ctx context.Context) error {
+	for _, st := range []domain.RunStatus{domain.RunRunning, domain.RunQueued} {
+		runs, err := m.store.ListRuns(ctx, domain.RunFilter{Status: st, Limit: 1000})
+		if err != nil {
+			return fmt.Errorf("list unfinished runs: %w", err)
+		}
+		for _, r := range runs {
+			ev := domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{Code: domain.CodeRunFailed, Message: "node restarted while the run was in flight"}}
+			if err := m.store.UpdateRun(ctx, r.ID(), func(run *domain.Run) error { return run.Finish(ev, m.now()) }); err != nil && !errors.Is(err, domain.ErrRunAlreadyFinished) {
+				return fmt.Errorf("recover run %s: %w", r.ID(), err)
+			}
+		}
+	}
+	return nil
+}
+
+// InFlight returns the number of runs executing now.
+func (m *RunManager) InFlight() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.active)
+}
+
+// ExecuteRun runs req to its end. It blocks; events go to out. A foreground
+// run is cancelled when out is done (the edge or caller left); a background
+// run keeps going and records its outcome in the store.
+func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
+	m.wg.Add(1)
+	defer m.wg.Done()
+	defer out.Close()
+	g := newGuard(req.RunID, out, req.Background, m.now)
+	if err := req.Validate(); err != nil {
+		g.sendTerminal(domain.ErrorEvent(req.RunID, err))
+		return
+	}
+	in, release, err := m.rt.acquire(req.Adapter)
+	if err != nil {
+		m.reject(req, g, err)
+		return
+	}
+	ctx, cancel := context.WithCancelCause(m.base)
+	defer cancel(nil)
+	ar := &activeRun{req: req, cancel: cancel, guard: g}
+	if err := m.register(ar); err != nil {
+		release()
+		m.reject(req, g, err)
+		return
+	}
+	now := m.now()
+	run, _ := domain.NewRun(req, now)
+	_ = run.Start(now)
+	if err := m.store.CreateRun(ctx, run); err != nil {
+		m.log.Error("recording run failed", "run", req.RunID, "err", err)
+	}
+	g.emitStart()
+
+	finished := make(chan struct{})
+	if !req.Background {
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			select {
+			case <-out.Done():
+				m.cancel(ar, errCallerLeft)
+			case <-finished:
+			}
+		}()
+	}
+	execErr := in.adapter.Execute(ctx, req, g)
+	close(finished)
+	term := g.decide(execErr, ctx)
+	m.unregister(ar)
+	release()
+	if err := m.store.UpdateRun(context.WithoutCancel(ctx), req.RunID, func(r *domain.Run) error { return r.Finish(term, m.now()) }); err != nil {
+		m.log.Error("recording run end failed", "run", req.RunID, "err", err)
+	}
+	g.sendTerminal(term)
+}
+
+// reject ends a run that could not start, recording it as failed.
+func (m *RunManager) reject(req domain.RunRequest, g *guard, err error) {
+	ev := domain.ErrorEvent(req.RunID, err)
+	now := m.now()
+	if run, nerr := domain.NewRun(req, now); nerr == nil && run.Finish(ev, now) == nil {
+		if serr := m.store.CreateRun(context.Background(), run); serr != nil {
+			m.log.Warn("recording rejected run failed", "run", req.RunID, "err", serr)
+		}
+	}
+	g.sendTerminal(ev)
+}
+
+func (m *RunManager) register(ar *activeRun) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, dup := m.active[ar.req.RunID]; dup {
+		return domain.Errorf(domain.CodeInvalidRequest, "run %s is already running", ar.req.RunID)
+	}
+	if ar.req.SessionID != "" {
+		k := sessionKey{ar.req.Adapter, ar.req.SessionID}
+		if other, busy := m.sessions[k]; busy {
+			return domain.Errorf(domain.CodeSessionBusy, "session %q already has run %s in flight", ar.req.SessionID, other)
+		}
+		m.sessions[k] = ar.req.RunID
+	}
+	m.active[ar.req.RunID] = ar
+	return nil
+}
+
+func (m *RunManager) unregister(ar *activeRun) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.active, ar.req.RunID)
+	if ar.req.SessionID != "" {
+		delete(m.sessions, sessionKey{ar.req.Adapter, ar.req.SessionID})
+	}
+}
+
+// cancel claims the run's terminal event for cancellation and stops it. It
+// reports false when the run had already produced its terminal event.
+func (m *RunManager) cancel(ar *activeRun, cause error) bool {
+	if !ar.guard.claimCancel(cause) {
+		return false
+	}
+	ar.cancel(cause)
+	return true
+}
+
+// CancelRun cancels an in-flight run. Errors: run_not_found, run_finished.
+func (m *RunManager) CancelRun(ctx context.Context, runID string) error {
+	m.mu.Lock()
+	ar := m.active[runID]
+	m.mu.Unlock()
+	if ar != nil {
+		if m.cancel(ar, errCancelRequested) {
+			return nil
+		}
+		return domain.Errorf(domain.CodeRunFinished, "run %s has already finished", runID)
+	}
+	run, err := m.store.GetRun(ctx, runID)
+	if err != nil {
+		if errors.Is(err, domain.ErrRunNotFound) {
+			return domain.Errorf(domain.CodeRunNotFound, "run %s is not known on this node", runID)
+		}
+		return err
+	}
+	return domain.Errorf(domain.CodeRunFinished, "run %s has already finished (%s)", runID, run.Status())
+}
+
+// cancelSession cancels any run in flight in one session.
+func (m *RunManager) cancelSession(adapter, sessionID string) {
+	m.mu.Lock()
+	runID, ok := m.sessions[sessionKey{adapter, sessionID}]
+	ar := m.active[runID]
+	m.mu.Unlock()
+	if ok && ar != nil {
+		m.cancel(ar, errSessionEnded)
+	}
+}
+
+// guard is the EventSink an adapter sees. It numbers events, splits long
+// text, drops anything after the terminal event, and holds the terminal
+// event back until the adapter has returned, so that when a caller sees it
+// the run's slot is free and its store record final.
+type guard struct {
+	runID      string
+	out        ports.RunOutput
+	background bool
+	now        func() time.Time
+
+	sendMu sync.Mutex // orders sends; held across out.Emit
+	seq    uint64
+
+	mu        sync.Mutex // guards the terminal decision; never held across I/O
+	terminal  *domain.RunEvent
+	cancelled error
+	decided   bool
+}
+
+func newGuard(runID string, out ports.RunOutput, background bool, now func() time.Time) *guard {
+	return &guard{runID: runID, out: out, background: background, now: now}
+}
+
+func (g *guard) emitStart() {
+	g.sendMu.Lock()
+	defer g.sendMu.Unlock()
+	_ = g.send(domain.RunEvent{Type: domain.EventStart})
+}
+
+// Emit implements ports.EventSink for the adapter.
+func (g *guard) Emit(ev domain.RunEvent) error {
+	if !ev.Type.Valid() {
+		return fmt.Errorf("unknown event type %q", ev.Type)
+	}
+	g.sendMu.Lock()
+	defer g.sendMu.Unlock()
+	g.mu.Lock()
+	if g.decided || g.terminal != nil || g.cancelled != nil {
+		g.mu.Unlock()
+		return nil
+	}
+	if ev.Type.Terminal() {
+		e := ev
+		g.terminal = &e
+		g.mu.Unlock()
+		return nil
+	}
+	g.mu.Unlock()
+	if ev.Type == domain.EventStart {
+		return nil // the run manager has sent it
+	}
+	for _, piece := range splitText(ev) {
+		if err := g.send(piece); err != nil {
+			if g.background {
+				continue // nobody is listening; the run goes on and the store records it
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+func (g *guard) send(ev domain.RunEvent) error {
+	g.seq++
+	ev.RunID, ev.Seq = g.runID, g.seq
+	if ev.Time.IsZero() {
+		ev.Time = g.now()
+	}
+	return g.out.Emit(ev)
+}
+
+func (g *guard) claimCancel(cause error) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.decided || g.terminal != nil {
+		return false
+	}
+	if g.cancelled == nil {
+		g.cancelled = cause
+	}
+	return true
+}
+
+// decide fixes the run's terminal event once the adapter has returned.
+func (g *guard) decide(execErr error, ctx context.Context) domain.RunEvent {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.decided = true
+	switch {
+	case g.cancelled != nil:
+		return domain.RunEvent{Type: domain.EventCancelled, Error: &domain.ErrorInfo{Code: domain.CodeCancelled, Message: g.cancelled.Error()}}
+	case g.terminal != nil:
+		return *g.terminal
+	case ctx.Err() != nil:
+		return domain.RunEvent{Type: domain.EventCancelled, Error: &domain.ErrorInfo{Code: domain.CodeCancelled, Message: context.Cause(ctx).Error()}}
+	case execErr == nil:
+		return domain.RunEvent{Type: domain.EventComplete}
+	default:
+		ev := domain.ErrorEvent(g.runID, execErr)
+		if ev.Error.Code == domain.CodeInternal {
+			ev.Error.Code = domain.CodeRunFailed
+		}
+		return ev
+	}
+}
+
+func (g *guard) sendTerminal(ev domain.RunEvent) {
+	g.sendMu.Lock()
+	defer g.sendMu.Unlock()
+	g.mu.Lock()
+	g.decided = true
+	g.mu.Unlock()
+	_ = g.send(ev)
+}
+
+// splitText cuts a text event into pieces of at most MaxEventText bytes,
+// never inside a UTF-8 sequence.
+func splitText(ev domain.RunEvent) []domain.RunEvent {
+	if len(ev.Text) <= MaxEventText {
+		return []domain.RunEvent{ev}
+	}
+	var out []domain.RunEvent
+	text := ev.Text
+	for len(text) > MaxEventText {
+		cut := MaxEventText
+		for cut > 0 && !utf8.RuneStart(text[cut]) {
+			cut--
+		}
+		if cut == 0 {
+			cut = MaxEventText
+		}
+		p := ev
+		p.Text, p.Usage, p.Metadata = text[:cut], nil, nil
+		out = append(out, p)
+		text = text[cut:]
+	}
+	last := ev
+	last.Text = text
+	return append(out, last)
+}

@@ -1,0 +1,195 @@
+// Package node holds the node's use cases: applying pushed config, executing
+// runs (admission, terminal synthesis), cancel, session termination, node
+// commands and the provider tunnel.
+package node
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// instance is one built runtime adapter. A config refresh retires an
+// instance; it is closed once its last run has finished.
+type instance struct {
+	cfg     domain.AdapterConfig
+	adapter ports.RuntimeAdapter
+	caps    domain.Capabilities
+	slots   chan struct{}
+	retired bool
+	active  int
+}
+
+// Runtime holds the node's runtime adapter instances, by configured name.
+type Runtime struct {
+	factory ports.AdapterFactory
+	log     *slog.Logger
+
+	mu        sync.Mutex
+	byName    map[string]*instance
+	providers map[string]domain.ProviderConfig
+	nodeID    string
+	version   uint64
+}
+
+// NewRuntime returns an empty runtime; Apply installs adapters.
+func NewRuntime(factory ports.AdapterFactory, log *slog.Logger) *Runtime {
+	if factory == nil {
+		panic("node.NewRuntime: nil factory")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Runtime{factory: factory, log: log, byName: map[string]*instance{}, providers: map[string]domain.ProviderConfig{}}
+}
+
+// Apply installs cfg. Adapters whose config did not change keep their
+// instance (and their runs); changed or removed ones are retired and closed
+// when idle. Adapters that fail to build are left out and reported together.
+func (rt *Runtime) Apply(cfg domain.NodeConfig) error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	next := map[string]*instance{}
+	var errs []error
+	for _, ac := range cfg.Adapters {
+		if old, ok := rt.byName[ac.Name]; ok && reflect.DeepEqual(old.cfg, ac) {
+			next[ac.Name] = old
+			continue
+		}
+		a, err := rt.factory.Build(ac)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("adapter %q: %w", ac.Name, err))
+			continue
+		}
+		caps := a.Capabilities()
+		if caps.MaxConcurrency <= 0 {
+			caps.MaxConcurrency = max(ac.MaxConcurrency, 1)
+		}
+		next[ac.Name] = &instance{cfg: ac, adapter: a, caps: caps, slots: make(chan struct{}, caps.MaxConcurrency)}
+	}
+	for name, old := range rt.byName {
+		if next[name] != old {
+			old.retired = true
+			if old.active == 0 {
+				rt.closeInstance(old)
+			}
+		}
+	}
+	rt.byName = next
+	rt.providers = map[string]domain.ProviderConfig{}
+	for _, p := range cfg.Providers {
+		rt.providers[p.Name] = p
+	}
+	rt.nodeID, rt.version = cfg.NodeID, cfg.Version
+	return errors.Join(errs...)
+}
+
+func (rt *Runtime) closeInstance(in *instance) {
+	if c, ok := in.adapter.(io.Closer); ok {
+		if err := c.Close(); err != nil {
+			rt.log.Warn("closing retired adapter", "adapter", in.cfg.Name, "err", err)
+		}
+	}
+}
+
+// acquire takes a concurrency slot of adapter name, or fails at once with
+// adapter_not_found or at_capacity: runs are never queued silently.
+func (rt *Runtime) acquire(name string) (*instance, func(), error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	in, ok := rt.byName[name]
+	if !ok {
+		return nil, nil, domain.Errorf(domain.CodeAdapterNotFound, "adapter %q is not configured on this node (have: %s)", name, strings.Join(rt.namesLocked(), ", "))
+	}
+	select {
+	case in.slots <- struct{}{}:
+	default:
+		return nil, nil, domain.Errorf(domain.CodeAtCapacity, "adapter %q is running %d of %d runs", name, len(in.slots), cap(in.slots))
+	}
+	in.active++
+	var once sync.Once
+	return in, func() {
+		once.Do(func() {
+			rt.mu.Lock()
+			defer rt.mu.Unlock()
+			<-in.slots
+			in.active--
+			if in.retired && in.active == 0 {
+				rt.closeInstance(in)
+			}
+		})
+	}, nil
+}
+
+// lookup returns the current instance of adapter name.
+func (rt *Runtime) lookup(name string) (*instance, bool) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	in, ok := rt.byName[name]
+	return in, ok
+}
+
+func (rt *Runtime) namesLocked() []string {
+	names := make([]string, 0, len(rt.byName))
+	for n := range rt.byName {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Statuses describes every adapter instance, sorted by name.
+func (rt *Runtime) Statuses() []domain.AdapterStatus {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	out := make([]domain.AdapterStatus, 0, len(rt.byName))
+	for _, name := range rt.namesLocked() {
+		in := rt.byName[name]
+		out = append(out, domain.AdapterStatus{Name: name, Type: in.cfg.Type, MaxConcurrency: cap(in.slots), InFlight: len(in.slots), Sessions: in.caps.Sessions})
+	}
+	return out
+}
+
+// instances returns the current instances, sorted by name.
+func (rt *Runtime) instances() []*instance {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	out := make([]*instance, 0, len(rt.byName))
+	for _, name := range rt.namesLocked() {
+		out = append(out, rt.byName[name])
+	}
+	return out
+}
+
+// Provider returns the provider named name from the pushed config.
+func (rt *Runtime) Provider(name string) (domain.ProviderConfig, bool) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	p, ok := rt.providers[name]
+	return p, ok
+}
+
+// Version returns the node id and config version in force.
+func (rt *Runtime) Version() (string, uint64) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.nodeID, rt.version
+}
+
+// Close closes every instance; for node shutdown after runs have ended.
+func (rt *Runtime) Close() {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for _, in := range rt.byName {
+		rt.closeInstance(in)
+	}
+	rt.byName = map[string]*instance{}
+}

@@ -1,0 +1,92 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// tunnelChunk is the read size for provider bodies: each read is relayed at
+// once, so the first SSE chunk reaches the caller as soon as it is flushed.
+const tunnelChunk = 32 << 10
+
+// TunnelHandler relays provider HTTP responses to the edge byte for byte:
+// status, headers, body chunks as they arrive, then usage (sideband) and end,
+// or error instead of end.
+type TunnelHandler struct {
+	rt     *Runtime
+	client ports.ProviderClient
+	log    *slog.Logger
+}
+
+// NewTunnelHandler refuses nil dependencies.
+func NewTunnelHandler(rt *Runtime, client ports.ProviderClient, log *slog.Logger) *TunnelHandler {
+	if rt == nil || client == nil {
+		panic("node.NewTunnelHandler: nil dependency")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &TunnelHandler{rt: rt, client: client, log: log}
+}
+
+// OpenTunnel makes req to its provider and relays the response to out. When
+// ctx ends (the caller left), the upstream request is aborted.
+func (h *TunnelHandler) OpenTunnel(ctx context.Context, req domain.TunnelRequest, body io.Reader, out ports.TunnelSink) {
+	fail := func(code, format string, args ...any) {
+		e := domain.Errorf(code, format, args...)
+		_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelError, Error: &domain.ErrorInfo{Code: e.Code, Message: e.Message}})
+	}
+	p, ok := h.rt.Provider(req.Provider)
+	if !ok {
+		fail(domain.CodeProviderNotFound, "provider %q is not configured on this node", req.Provider)
+		return
+	}
+	resp, err := h.client.Do(ctx, p, req, body)
+	if err != nil {
+		code := domain.CodeOf(err)
+		if code == domain.CodeInternal {
+			code = domain.CodeProviderUnreachable
+		}
+		fail(code, "%s", domain.MessageOf(err))
+		return
+	}
+	defer resp.Body.Close()
+	if out.Send(domain.TunnelFrame{Kind: domain.TunnelStatus, Status: resp.Status}) != nil {
+		return
+	}
+	if out.Send(domain.TunnelFrame{Kind: domain.TunnelHeader, Header: resp.Header}) != nil {
+		return
+	}
+	buf := make([]byte, tunnelChunk)
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			chunk := append([]byte(nil), buf[:n]...)
+			if out.Send(domain.TunnelFrame{Kind: domain.TunnelBody, Body: chunk}) != nil {
+				return
+			}
+		}
+		if rerr == nil {
+			continue
+		}
+		if !errors.Is(rerr, io.EOF) {
+			if ctx.Err() != nil {
+				return
+			}
+			fail(domain.CodeProviderError, "upstream body failed: %v", rerr)
+			return
+		}
+		break
+	}
+	if resp.Usage != nil {
+		if u := resp.Usage(); u != nil {
+			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelUsage, Usage: u})
+		}
+	}
+	_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelEnd})
+}

@@ -1,0 +1,145 @@
+package bootstrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"time"
+
+	"go.uber.org/fx"
+
+	"iop/adapters/provider"
+	"iop/adapters/runtime/factory"
+	"iop/adapters/store/sqlite"
+	"iop/adapters/transport"
+	nodeapp "iop/application/node"
+	"iop/domain"
+	"iop/ports"
+)
+
+// NodeSettings is everything iop-node needs, after flags and the optional
+// node config file are merged.
+type NodeSettings struct {
+	Edge       string
+	Token      string
+	DB         string
+	Logger     *slog.Logger
+	MinBackoff time.Duration
+	MaxBackoff time.Duration
+	// Transport overrides link settings (tests use millisecond heartbeats;
+	// the edge's heartbeat settings win once registered).
+	Transport transport.Config
+	// Builders adds runtime adapter types to the factory.
+	Builders map[string]factory.Builder
+}
+
+// nodeHandlers joins the node's use cases into what the transport calls.
+type nodeHandlers struct {
+	*nodeapp.ApplyConfigHandler
+	*nodeapp.RunManager
+	*nodeapp.SessionHandler
+	*nodeapp.CommandHandler
+	*nodeapp.TunnelHandler
+}
+
+var _ transport.NodeHandler = nodeHandlers{}
+
+// Node is the fx module of iop-node.
+func Node(s NodeSettings) fx.Option {
+	if s.Logger == nil {
+		s.Logger = slog.Default()
+	}
+	return fx.Module("node",
+		fx.Supply(s),
+		fx.Provide(
+			func(s NodeSettings) *slog.Logger { return s.Logger },
+			openNodeDB,
+			fx.Annotate(sqlite.NewRunStore, fx.As(new(ports.RunStore))),
+			sqlite.NewChatStore,
+			sqlite.NewAgentSessionStore,
+			func(s NodeSettings) *factory.Factory { return factory.New(s.Builders) },
+			fx.Annotate(func(f *factory.Factory) *factory.Factory { return f }, fx.As(new(ports.AdapterFactory))),
+			fx.Annotate(func() *provider.Client { return provider.New(provider.Options{}) }, fx.As(new(ports.ProviderClient))),
+			nodeapp.NewRuntime,
+			nodeapp.NewRunManager,
+			nodeapp.NewSessionHandler,
+			nodeapp.NewApplyConfigHandler,
+			func(rt *nodeapp.Runtime, rm *nodeapp.RunManager, sh *nodeapp.SessionHandler, st ports.RunStore) *nodeapp.CommandHandler {
+				return nodeapp.NewCommandHandler(rt, rm, sh, st, Version)
+			},
+			nodeapp.NewTunnelHandler,
+			newNodeClient,
+		),
+		fx.Invoke(runNode),
+	)
+}
+
+func openNodeDB(lc fx.Lifecycle, s NodeSettings) (*sqlite.DB, error) {
+	dsn := s.DB
+	if dsn == "" {
+		dsn = sqlite.DefaultDSN
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, err := sqlite.Open(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open node store %q: %w", dsn, err)
+	}
+	lc.Append(fx.StopHook(db.Close))
+	return db, nil
+}
+
+func newNodeClient(s NodeSettings, log *slog.Logger, ac *nodeapp.ApplyConfigHandler, rm *nodeapp.RunManager, sh *nodeapp.SessionHandler, ch *nodeapp.CommandHandler, th *nodeapp.TunnelHandler) *transport.Client {
+	host, _ := os.Hostname()
+	tc := s.Transport
+	tc.Logger = log
+	c := transport.NewClient(transport.ClientConfig{
+		Addr: s.Edge, Token: s.Token, Transport: tc, MinBackoff: s.MinBackoff, MaxBackoff: s.MaxBackoff,
+		Info: domain.NodeInfo{Version: Version, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH},
+	}, nodeHandlers{ac, rm, sh, ch, th})
+	ch.SetTransport(c)
+	return c
+}
+
+// runNode owns the link goroutine: it starts after the store is open and
+// unfinished runs are recovered, and stops before the store closes. A
+// refused token shuts the process down with exit code 1.
+func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger, c *transport.Client, rm *nodeapp.RunManager, rt *nodeapp.Runtime) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	lc.Append(fx.Hook{
+		OnStart: func(start context.Context) error {
+			if s.Token == "" {
+				return errors.New("no token: pass --token or set token/token_env in the node config")
+			}
+			if err := rm.Recover(start); err != nil {
+				return err
+			}
+			go func() {
+				defer close(done)
+				err := c.Run(ctx)
+				var rej *transport.RejectedError
+				if errors.As(err, &rej) {
+					log.Error("the edge refused this node's token; check --token against edge.yaml nodes[].token", "edge", s.Edge, "reason", rej.Reason)
+					_ = sd.Shutdown(fx.ExitCode(1))
+				}
+			}()
+			log.Info("iop-node started", "edge", s.Edge, "version", Version)
+			return nil
+		},
+		OnStop: func(stop context.Context) error {
+			cancel()
+			rm.Stop()
+			select {
+			case <-done:
+			case <-stop.Done():
+				return stop.Err()
+			}
+			rt.Close()
+			return nil
+		},
+	})
+}
