@@ -60,7 +60,7 @@ func Node(s NodeSettings) fx.Option {
 			fx.Annotate(sqlite.NewRunStore, fx.As(new(ports.RunStore))),
 			sqlite.NewChatStore,
 			sqlite.NewAgentSessionStore,
-			func(s NodeSettings) *factory.Factory { return factory.New(s.Builders) },
+			newFactory,
 			fx.Annotate(func(f *factory.Factory) *factory.Factory { return f }, fx.As(new(ports.AdapterFactory))),
 			fx.Annotate(func() *provider.Client { return provider.New(provider.Options{}) }, fx.As(new(ports.ProviderClient))),
 			nodeapp.NewRuntime,
@@ -75,6 +75,16 @@ func Node(s NodeSettings) fx.Option {
 		),
 		fx.Invoke(runNode),
 	)
+}
+
+// newFactory builds every runtime adapter type: exec, plus the LLM and CLI
+// agent adapters with their session stores; s.Builders may add or replace.
+func newFactory(s NodeSettings, chats *sqlite.ChatStore, agents *sqlite.AgentSessionStore) *factory.Factory {
+	b := RuntimeBuilders(chats, agents)
+	for t, f := range s.Builders {
+		b[t] = f
+	}
+	return factory.New(b)
 }
 
 func openNodeDB(lc fx.Lifecycle, s NodeSettings) (*sqlite.DB, error) {

@@ -1,0 +1,473 @@
+package claudecode_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"iop/adapters/runtime/claudecode"
+	"iop/adapters/runtime/internal/standin"
+	"iop/adapters/runtime/runtimetest"
+	"iop/adapters/store/memory"
+	"iop/domain"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const deadline = 20 * time.Second
+
+func testContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+const initLine = `{"type":"system","subtype":"init","cwd":"/w","session_id":"6f1","model":"claude-opus-4","tools":["Bash"],"permissionMode":"default"}`
+
+var recorded = standin.Lines(
+	initLine,
+	`not json`,
+	`{"type":"assistant","message":{"id":"m1","role":"assistant","content":[{"type":"thinking","thinking":"Plan ✓"},{"type":"text","text":"Looking… "},{"type":"tool_use","id":"toolu_1","name":"Bash","input":{"command":"ls -la"}}]},"session_id":"6f1"}`,
+	`{"type":"user","message":{"role":"user","content":[{"tool_use_id":"toolu_1","type":"tool_result","content":"a.go\nb.go","is_error":false}]},"session_id":"6f1"}`,
+	`{"type":"some_future_type","x":1}`,
+	`{"type":"assistant","message":{"id":"m2","role":"assistant","content":[{"type":"text","text":"Done ✅"}]},"session_id":"6f1"}`,
+	`{"type":"result","subtype":"success","is_error":false,"duration_ms":1234,"num_turns":2,"result":"Done ✅","session_id":"6f1","total_cost_usd":0.0412,"usage":{"input_tokens":9,"cache_creation_input_tokens":100,"cache_read_input_tokens":1000,"output_tokens":77}}`,
+)
+
+func newAdapter(t *testing.T, cli standin.CLI, cfg domain.AdapterConfig, agents *memory.AgentSessionStore) *claudecode.Adapter {
+	t.Helper()
+	cfg.Name, cfg.Type, cfg.Command = "claude", domain.AdapterClaudeCode, cli.Path
+	var a *claudecode.Adapter
+	var err error
+	if agents == nil {
+		a, err = claudecode.New(cfg, nil)
+	} else {
+		a, err = claudecode.New(cfg, agents)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.KillGrace = 200 * time.Millisecond
+	return a
+}
+
+func run(t *testing.T, a *claudecode.Adapter, req domain.RunRequest) (*runtimetest.Sink, error) {
+	t.Helper()
+	req.RunID, req.Adapter = "r1", "claude"
+	if req.Input == nil {
+		req.Input = []byte("fix the tests")
+	}
+	sink := &runtimetest.Sink{}
+	err := a.Execute(testContext(t), req, sink)
+	return sink, err
+}
+
+func requireTerminal(t *testing.T, sink *runtimetest.Sink, typ domain.EventType, code string) domain.RunEvent {
+	t.Helper()
+	events := sink.Events()
+	if len(events) == 0 {
+		t.Fatal("no events")
+	}
+	last := events[len(events)-1]
+	if last.Type != typ {
+		t.Fatalf("last event = %+v, want %s (events %v)", last, typ, sink.Types())
+	}
+	if code != "" && (last.Error == nil || last.Error.Code != code) {
+		t.Fatalf("last event error = %+v, want code %s", last.Error, code)
+	}
+	for _, ev := range events[:len(events)-1] {
+		if ev.Type.Terminal() || ev.Type == domain.EventStart {
+			t.Fatalf("unexpected %s event before the end: %v", ev.Type, sink.Types())
+		}
+	}
+	return last
+}
+
+// summary renders events compactly: "d:text", "r:text", "m:{json}", and the
+// pid metadata as "m:pid".
+func summary(events []domain.RunEvent) []string {
+	var out []string
+	for _, ev := range events {
+		switch ev.Type {
+		case domain.EventDelta:
+			out = append(out, "d:"+ev.Text)
+		case domain.EventReasoningDelta:
+			out = append(out, "r:"+ev.Text)
+		case domain.EventMetadata:
+			if strings.HasPrefix(string(ev.Metadata), `{"pid":`) {
+				out = append(out, "m:pid")
+			} else {
+				out = append(out, "m:"+string(ev.Metadata))
+			}
+		default:
+			out = append(out, string(ev.Type))
+		}
+	}
+	return out
+}
+
+func pidOf(t *testing.T, events []domain.RunEvent) int {
+	t.Helper()
+	for _, ev := range events {
+		var m struct{ PID int }
+		if ev.Type == domain.EventMetadata && json.Unmarshal(ev.Metadata, &m) == nil && m.PID > 0 {
+			return m.PID
+		}
+	}
+	t.Fatalf("no pid metadata in %v", summary(events))
+	return 0
+}
+
+func TestStreamJSONMapping(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(recorded))
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	sink, err := run(t, a, domain.RunRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := requireTerminal(t, sink, domain.EventComplete, "")
+	want := []string{
+		"m:pid",
+		`m:{"agent_session_id":"6f1"}`,
+		"r:Plan ✓",
+		"d:Looking… ",
+		`m:{"tool_use":{"id":"toolu_1","input":{"command":"ls -la"},"name":"Bash"}}`,
+		`m:{"tool_result":{"content":"a.go\nb.go","is_error":false,"tool_use_id":"toolu_1","truncated":false}}`,
+		"d:\n\nDone ✅",
+		`m:{"num_turns":2,"usage":{"input_tokens":9,"cache_creation_input_tokens":100,"cache_read_input_tokens":1000,"output_tokens":77}}`,
+		"complete",
+	}
+	if got := summary(sink.Events()); !slices.Equal(got, want) {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	wantUsage := domain.Usage{PromptTokens: 1109, CompletionTokens: 77, TotalTokens: 1186, CostUSD: 0.0412, DurationMS: 1234, StopReason: "success", Model: "claude-opus-4"}
+	if done.Usage == nil || *done.Usage != wantUsage {
+		t.Errorf("usage = %+v, want %+v", done.Usage, wantUsage)
+	}
+}
+
+func TestArgvStdinAndWorkDir(t *testing.T) {
+	dir := t.TempDir()
+	cli := standin.WriteCLI(t, "pwd -P > "+standin.Quote(filepath.Join(dir, "cwd"))+"\n"+standin.Printf(recorded))
+	a := newAdapter(t, cli, domain.AdapterConfig{WorkDir: dir, Args: []string{"--permission-mode=acceptEdits"}, Models: []string{"opus"}}, nil)
+	prompt := "-p $HOME; echo 'pwned' \"quoted\"\nsecond line"
+	if _, err := run(t, a, domain.RunRequest{Input: []byte(prompt)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, a, domain.RunRequest{Target: "sonnet", Input: []byte(prompt)}); err != nil {
+		t.Fatal(err)
+	}
+	runs := cli.Runs(t)
+	want := [][]string{
+		{"-p", "--output-format", "stream-json", "--verbose", "--model=opus", "--permission-mode=acceptEdits"},
+		{"-p", "--output-format", "stream-json", "--verbose", "--model=sonnet", "--permission-mode=acceptEdits"},
+	}
+	if len(runs) != 2 || !slices.Equal(runs[0], want[0]) || !slices.Equal(runs[1], want[1]) {
+		t.Errorf("argv = %q, want %q", runs, want)
+	}
+	if got := cli.Stdin(t); got != prompt {
+		t.Errorf("stdin = %q, want the prompt verbatim", got)
+	}
+	cwd, _ := os.ReadFile(filepath.Join(dir, "cwd"))
+	real, _ := filepath.EvalSymlinks(dir)
+	if strings.TrimSpace(string(cwd)) != real {
+		t.Errorf("cwd = %q, want %q", cwd, real)
+	}
+}
+
+func TestSessionsResume(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(recorded))
+	agents := memory.NewAgentSessionStore()
+	a := newAdapter(t, cli, domain.AdapterConfig{}, agents)
+	if !a.Capabilities().Sessions || a.Capabilities().MaxConcurrency != domain.DefaultMaxConcurrency {
+		t.Errorf("capabilities = %+v", a.Capabilities())
+	}
+	for i := 0; i < 2; i++ {
+		sink, err := run(t, a, domain.RunRequest{Target: "opus", SessionID: "s1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireTerminal(t, sink, domain.EventComplete, "")
+	}
+	list, err := a.ListSessions(context.Background())
+	if err != nil || len(list) != 1 || list[0].SessionID != "s1" || list[0].AgentSessionID != "6f1" || list[0].Target != "opus" {
+		t.Fatalf("ListSessions = %+v, %v", list, err)
+	}
+	if err := a.TerminateSession(context.Background(), "opus", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, a, domain.RunRequest{Target: "opus", SessionID: "s1"}); err != nil {
+		t.Fatal(err)
+	}
+	runs := cli.Runs(t)
+	if len(runs) != 3 {
+		t.Fatalf("%d runs", len(runs))
+	}
+	resumes := func(argv []string) bool { return slices.Contains(argv, "--resume=6f1") }
+	if resumes(runs[0]) || !resumes(runs[1]) || resumes(runs[2]) {
+		t.Errorf("argv: first %q, second %q (want --resume=6f1), after terminate %q", runs[0], runs[1], runs[2])
+	}
+	if i := slices.Index(runs[1], "--resume=6f1"); i != 5 {
+		t.Errorf("--resume at %d in %q", i, runs[1])
+	}
+}
+
+func TestPartialMessages(t *testing.T) {
+	stream := standin.Lines(
+		initLine,
+		`{"type":"stream_event","event":{"type":"message_start","message":{"id":"m1"}}}`,
+		`{"type":"stream_event","event":{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}}`,
+		`{"type":"stream_event","event":{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"Hmm"}}}`,
+		`{"type":"stream_event","event":{"type":"content_block_start","index":1,"content_block":{"type":"text","text":""}}}`,
+		`{"type":"stream_event","event":{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Hel"}}}`,
+		`{"type":"stream_event","event":{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"lo"}}}`,
+		`{"type":"assistant","message":{"content":[{"type":"thinking","thinking":"Hmm"},{"type":"text","text":"Hello"},{"type":"tool_use","id":"t1","name":"Read","input":{"file_path":"/x"}}]}}`,
+		`{"type":"stream_event","event":{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}}`,
+		`{"type":"stream_event","event":{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Bye"}}}`,
+		`{"type":"assistant","message":{"content":[{"type":"text","text":"Bye"}]}}`,
+		`{"type":"result","subtype":"success","is_error":false,"result":"Bye","session_id":"6f1","usage":{"input_tokens":1,"output_tokens":2}}`,
+	)
+	cli := standin.WriteCLI(t, standin.Printf(stream))
+	a := newAdapter(t, cli, domain.AdapterConfig{Args: []string{"--include-partial-messages"}}, nil)
+	sink, err := run(t, a, domain.RunRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+	if got := sink.Text(); got != "Hello\n\nBye" {
+		t.Errorf("text = %q (whole messages must not repeat the deltas)", got)
+	}
+	got := summary(sink.Events())
+	if !slices.Contains(got, "r:Hmm") || !slices.Contains(got, `m:{"tool_use":{"id":"t1","input":{"file_path":"/x"},"name":"Read"}}`) {
+		t.Errorf("events %q", got)
+	}
+
+	// Without the flag, stream events are ignored and whole messages count.
+	b := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	sink, err = run(t, b, domain.RunRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sink.Text(); got != "Hello\n\nBye" {
+		t.Errorf("text without partial messages = %q", got)
+	}
+}
+
+func TestLongToolPayloadsAreSummarised(t *testing.T) {
+	big := strings.Repeat("é", 3000) // 6000 bytes
+	input, _ := json.Marshal(map[string]string{"file_path": "/x", "content": big})
+	content, _ := json.Marshal([]map[string]string{{"type": "text", "text": big}, {"type": "image"}})
+	stream := standin.Lines(
+		initLine,
+		`{"type":"assistant","message":{"content":[{"type":"tool_use","id":"t1","name":"Write","input":`+string(input)+`}]}}`,
+		`{"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":"t1","is_error":true,"content":`+string(content)+`}]}}`,
+		`{"type":"result","subtype":"success","is_error":false,"result":"ok","usage":{"input_tokens":1,"output_tokens":1}}`,
+	)
+	cli := standin.WriteCLI(t, "cat <<'EOF'\n"+stream+"EOF")
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	sink, err := run(t, a, domain.RunRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+	var use struct {
+		ToolUse struct {
+			Name  string
+			Input struct{ FilePath, Content string } `json:"input"`
+		} `json:"tool_use"`
+	}
+	var res struct {
+		ToolResult struct {
+			IsError   bool   `json:"is_error"`
+			Content   string `json:"content"`
+			Truncated bool   `json:"truncated"`
+		} `json:"tool_result"`
+	}
+	evs := sink.Events()
+	if err := json.Unmarshal(evs[2].Metadata, &use); err != nil || use.ToolUse.Name != "Write" {
+		t.Fatalf("tool_use event %s (%v)", evs[2].Metadata, err)
+	}
+	if n := len(use.ToolUse.Input.Content); n > 2100 || !strings.HasSuffix(use.ToolUse.Input.Content, "…") {
+		t.Errorf("tool_use input content kept %d bytes", n)
+	}
+	if err := json.Unmarshal(evs[3].Metadata, &res); err != nil {
+		t.Fatal(err)
+	}
+	r := res.ToolResult
+	if !r.IsError || !r.Truncated || len(r.Content) > 2100 || !strings.HasPrefix(r.Content, "éé") {
+		t.Errorf("tool_result = %+v (%d bytes)", r, len(r.Content))
+	}
+}
+
+func TestErrorResults(t *testing.T) {
+	cases := []struct {
+		name, stream, code, message string
+		promptTokens                int64
+	}{
+		{"api error with subtype success", standin.Lines(initLine,
+			`{"type":"result","subtype":"success","is_error":true,"result":"API Error: 529 {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}","session_id":"6f1","total_cost_usd":0.001,"usage":{"input_tokens":5,"output_tokens":0}}`),
+			domain.CodeProviderError, `API Error: 529 {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`, 5},
+		{"max turns", standin.Lines(initLine,
+			`{"type":"result","subtype":"error_max_turns","is_error":true,"num_turns":3,"session_id":"6f1","usage":{"input_tokens":5,"output_tokens":3}}`),
+			domain.CodeRunFailed, "claude: error_max_turns", 5},
+		{"during execution", standin.Lines(initLine,
+			`{"type":"result","subtype":"error_during_execution","is_error":false,"result":"tool crashed","session_id":"6f1"}`),
+			domain.CodeRunFailed, "tool crashed", 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cli := standin.WriteCLI(t, standin.Printf(tc.stream))
+			a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+			sink, err := run(t, a, domain.RunRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := requireTerminal(t, sink, domain.EventError, tc.code)
+			if ev.Error.Message != tc.message {
+				t.Errorf("message = %q, want %q", ev.Error.Message, tc.message)
+			}
+			if ev.Usage == nil || ev.Usage.PromptTokens != tc.promptTokens {
+				t.Errorf("usage = %+v", ev.Usage)
+			}
+		})
+	}
+}
+
+func TestProcessFailures(t *testing.T) {
+	cases := []struct {
+		name, body, contains string
+	}{
+		{"non-zero exit", standin.Printf(initLine+"\n") + "echo 'Error: Invalid API key · Please run /login' >&2\nexit 3", "exit status 3: Error: Invalid API key · Please run /login"},
+		{"exit 0 without result", standin.Printf(initLine + "\n"), "without reporting a result"},
+		{"killed by a signal", "kill -9 $$", "signal: killed"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cli := standin.WriteCLI(t, tc.body)
+			a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+			sink, err := run(t, a, domain.RunRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := requireTerminal(t, sink, domain.EventError, domain.CodeRunFailed)
+			if !strings.Contains(ev.Error.Message, tc.contains) {
+				t.Errorf("message = %q, want it to contain %q", ev.Error.Message, tc.contains)
+			}
+		})
+	}
+}
+
+func TestRefusedBeforeStart(t *testing.T) {
+	a, err := claudecode.New(domain.AdapterConfig{Name: "claude", Command: filepath.Join(t.TempDir(), "no-such-claude")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := run(t, a, domain.RunRequest{})
+	if domain.CodeOf(err) != domain.CodeRunFailed || len(sink.Events()) != 0 {
+		t.Errorf("missing binary: err = %v, events %v", err, sink.Types())
+	}
+	if _, err := run(t, a, domain.RunRequest{Input: []byte(" \n")}); !errors.Is(err, domain.ErrInvalidRequest) {
+		t.Errorf("blank prompt: err = %v", err)
+	}
+	if _, err := run(t, a, domain.RunRequest{SessionID: "s"}); !errors.Is(err, domain.ErrSessionUnsupported) {
+		t.Errorf("session without a store: err = %v", err)
+	}
+	if a.Capabilities().Sessions {
+		t.Error("Sessions without a store")
+	}
+	if _, err := claudecode.New(domain.AdapterConfig{Name: "c", MaxConcurrency: -1}, nil); !errors.Is(err, domain.ErrConfig) {
+		t.Errorf("negative max_concurrency: %v", err)
+	}
+}
+
+// TestCancelKillsTheProcessGroup runs a CLI that ignores SIGTERM and has a
+// grandchild: cancelling must still leave nothing of its group running.
+func TestCancelKillsTheProcessGroup(t *testing.T) {
+	for _, ignoreTerm := range []bool{false, true} {
+		body := standin.Printf(initLine+"\n") + "sleep 60 &\nsleep 60\n"
+		if ignoreTerm {
+			body = "trap '' TERM\n" + body
+		}
+		cli := standin.WriteCLI(t, body)
+		agents := memory.NewAgentSessionStore()
+		a := newAdapter(t, cli, domain.AdapterConfig{}, agents)
+		ctx, cancel := context.WithCancel(testContext(t))
+		sink := &runtimetest.Sink{}
+		exited := make(chan error, 1)
+		go func() {
+			exited <- a.Execute(ctx, domain.RunRequest{RunID: "r1", Adapter: "claude", Input: []byte("go"), SessionID: "s1"}, sink)
+		}()
+		err := sink.WaitFor(testContext(t), func(evs []domain.RunEvent) bool {
+			return len(evs) >= 2 // pid, agent session id
+		})
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		pgid := pidOf(t, sink.Events())
+		cancel()
+		select {
+		case err := <-exited:
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("Execute = %v, want context.Canceled", err)
+			}
+		case <-time.After(deadline):
+			t.Fatal("Execute did not return after cancel")
+		}
+		for end := time.Now().Add(5 * time.Second); runtimetest.GroupAlive(pgid); {
+			if time.Now().After(end) {
+				t.Fatalf("process group %d is still running (ignore TERM: %v)", pgid, ignoreTerm)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if _, ok := sink.Terminal(); ok {
+			t.Errorf("terminal event after cancel: %v", sink.Types())
+		}
+		// The agent session was reported before the cancel, so it is kept.
+		if id, ok, _ := agents.GetAgentSession(context.Background(), "claude", "s1"); !ok || id != "6f1" {
+			t.Errorf("stored agent session = %q, %v", id, ok)
+		}
+	}
+}
+
+func TestTimeout(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(initLine+"\n")+"sleep 60")
+	a := newAdapter(t, cli, domain.AdapterConfig{Timeout: 300 * time.Millisecond}, nil)
+	sink, err := run(t, a, domain.RunRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventError, domain.CodeTimeout)
+	if runtimetest.GroupAlive(pidOf(t, sink.Events())) {
+		t.Error("the timed-out process group is still running")
+	}
+}
+
+func TestSinkFailureKillsTheProcess(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(initLine+"\n")+"sleep 60")
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	errGone := errors.New("gone")
+	sink := &runtimetest.Sink{Err: errGone, FailAfter: 1}
+	start := time.Now()
+	err := a.Execute(testContext(t), domain.RunRequest{RunID: "r1", Adapter: "claude", Input: []byte("go")}, sink)
+	if !errors.Is(err, errGone) {
+		t.Fatalf("err = %v", err)
+	}
+	if time.Since(start) > 10*time.Second {
+		t.Error("the process was not killed")
+	}
+	if pgid := pidOf(t, sink.Events()); runtimetest.GroupAlive(pgid) {
+		t.Error("process group still running")
+	}
+}

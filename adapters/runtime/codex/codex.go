@@ -1,0 +1,239 @@
+// Package codex is the runtime adapter for the OpenAI Codex CLI in
+// non-interactive mode.
+//
+// Each run starts the configured command (default "codex") in the adapter's
+// work_dir, directly (no shell), in a process group of its own, as
+//
+//	codex exec --json [--model=<model>] <args…> PROMPT
+//	codex exec --json [--model=<model>] <args…> resume <thread id> PROMPT
+//
+// where <model> is the run's target, else the adapter's first configured
+// model (omitted when neither is set), and <args…> are the adapter's
+// configured args (e.g. --skip-git-repo-check, --sandbox=workspace-write):
+// flags go before "resume", as the CLI requires. The prompt, the run input,
+// is one argv element; when it starts with "-" it is preceded by "--" so it
+// cannot be read as a flag. Stdin is /dev/null.
+//
+// The CLI prints JSONL; lines that are not JSON and unknown types are
+// skipped. Codex sends no token-level deltas. Mapping:
+//
+//   - thread.started: thread_id is the agent session id; a metadata event
+//     {"agent_session_id":…} is sent once per id.
+//   - item.completed agent_message → delta with its whole text;
+//     reasoning → reasoning_delta. Consecutive messages (and reasoning
+//     items) are separated by a blank line.
+//   - item.completed of any other type (command_execution, file_change,
+//     mcp_tool_call, web_search, todo_list, error, …) → metadata
+//     {"item":{…}}: the item as Codex sent it, with any string longer than
+//     2 KiB (a command's aggregated_output, say) cut. item.started and
+//     item.updated are skipped.
+//   - turn.completed → metadata {"usage":{…}} (Codex's usage as is,
+//     including cached_input_tokens), then, once the process has exited,
+//     complete with usage: prompt tokens = input_tokens (which include the
+//     cached ones), completion tokens = output_tokens, their sum, and the
+//     wall-clock duration of the run.
+//   - turn.failed → error (run_failed) with error.message.
+//   - error (top level) → metadata {"error":message} at once; if the turn
+//     then neither completes nor fails, the run ends with an error
+//     (run_failed) carrying that message.
+//
+// A process that exits without any of these is an error (run_failed) with
+// its exit status and the tail of its stderr. A configured timeout that
+// expires kills the process group and is an error with code timeout.
+//
+// Sessions: for a run with a session id, the thread id is stored as soon as
+// it is seen; the next run in that session uses "exec … resume <id>".
+// TerminateSession forgets the mapping. Cancelling ctx sends SIGTERM to the
+// process group, SIGKILL after KillGrace, and returns ctx.Err().
+package codex
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"iop/adapters/runtime/internal/agent"
+	"iop/domain"
+	"iop/ports"
+)
+
+// DefaultCommand is the binary run when the config names none.
+const DefaultCommand = "codex"
+
+// Adapter runs Codex for one adapter instance. It is safe for concurrent use.
+type Adapter struct {
+	// KillGrace is the delay between SIGTERM and SIGKILL when a run is
+	// cancelled. New sets it to agent.DefaultKillGrace; change it only
+	// before the first Execute.
+	KillGrace time.Duration
+
+	runner         agent.Runner
+	args           []string
+	maxConcurrency int
+}
+
+var (
+	_ ports.RuntimeAdapter    = (*Adapter)(nil)
+	_ ports.SessionTerminator = (*Adapter)(nil)
+	_ ports.SessionLister     = (*Adapter)(nil)
+)
+
+// New builds a codex adapter; agents keeps the session mappings (nil: the
+// adapter keeps no sessions). Errors are domain.ErrConfig.
+func New(cfg domain.AdapterConfig, agents ports.AgentSessionStore) (*Adapter, error) {
+	if cfg.MaxConcurrency < 0 || cfg.Timeout < 0 {
+		return nil, domain.Errorf(domain.CodeConfigError, "codex adapter %q: max_concurrency and timeout must not be negative", cfg.Name)
+	}
+	return &Adapter{
+		KillGrace: agent.DefaultKillGrace,
+		runner: agent.Runner{
+			Name: cfg.Name, Label: "codex", Command: cmp.Or(cfg.Command, DefaultCommand), WorkDir: cfg.WorkDir,
+			Models: slices.Clone(cfg.Models), Timeout: cfg.Timeout, Store: agents,
+		},
+		args:           slices.Clone(cfg.Args),
+		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),
+	}, nil
+}
+
+// Capabilities reports the configured concurrency and sessions (when a
+// store was given).
+func (a *Adapter) Capabilities() domain.Capabilities {
+	return domain.Capabilities{MaxConcurrency: a.maxConcurrency, Sessions: a.runner.Store != nil}
+}
+
+// TerminateSession forgets which Codex thread a session resumes.
+func (a *Adapter) TerminateSession(ctx context.Context, _ string, sessionID string) error {
+	return agent.Sessions{Store: a.runner.Store, Name: a.runner.Name}.Terminate(ctx, sessionID)
+}
+
+// ListSessions describes the stored session mappings.
+func (a *Adapter) ListSessions(ctx context.Context) ([]domain.SessionInfo, error) {
+	return agent.Sessions{Store: a.runner.Store, Name: a.runner.Name}.List(ctx)
+}
+
+// Argv returns the arguments (after the program name) for a run with model
+// and thread id to resume, either of which may be empty.
+func (a *Adapter) Argv(model, resume, prompt string) []string {
+	args := []string{"exec", "--json"}
+	if model != "" {
+		args = append(args, "--model="+model)
+	}
+	args = append(args, a.args...)
+	if resume != "" {
+		args = append(args, "resume", resume)
+	}
+	if strings.HasPrefix(prompt, "-") {
+		args = append(args, "--")
+	}
+	return append(args, prompt)
+}
+
+// Execute runs one prompt as the package doc describes. A blank input is an
+// invalid_request error and a command that cannot start a run_failed error,
+// both returned without events.
+func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
+	r := a.runner
+	r.KillGrace = a.KillGrace
+	build := func(model, resume, prompt string) agent.Invocation {
+		return agent.Invocation{Args: a.Argv(model, resume, prompt)}
+	}
+	return r.Execute(ctx, req, sink, build, &parser{started: time.Now()})
+}
+
+// parser reads one run's JSONL.
+type parser struct {
+	started      time.Time
+	sawText      bool
+	sawReasoning bool
+	usage        *usage
+	failed       *string
+	fatal        *string
+}
+
+type event struct {
+	Type     string          `json:"type"`
+	ThreadID string          `json:"thread_id"`
+	Item     json.RawMessage `json:"item"`
+	Usage    json.RawMessage `json:"usage"`
+	Error    *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+	Message string `json:"message"`
+}
+
+type usage struct {
+	InputTokens       int64 `json:"input_tokens"`
+	CachedInputTokens int64 `json:"cached_input_tokens"`
+	OutputTokens      int64 `json:"output_tokens"`
+}
+
+func (p *parser) Line(t *agent.Turn, raw []byte) error {
+	var ev event
+	if json.Unmarshal(raw, &ev) != nil {
+		return nil
+	}
+	switch ev.Type {
+	case "thread.started":
+		return t.AgentSession(ev.ThreadID)
+	case "item.completed":
+		return p.item(t, ev.Item)
+	case "turn.completed":
+		var u usage
+		_ = json.Unmarshal(ev.Usage, &u)
+		p.usage = &u
+		if len(ev.Usage) > 0 {
+			return t.Meta(map[string]json.RawMessage{"usage": ev.Usage})
+		}
+	case "turn.failed":
+		msg := "codex: the turn failed"
+		if ev.Error != nil && ev.Error.Message != "" {
+			msg = ev.Error.Message
+		}
+		p.failed = &msg
+	case "error":
+		msg := cmp.Or(ev.Message, "codex reported an error")
+		p.fatal = &msg
+		return t.Meta(map[string]string{"error": msg})
+	}
+	return nil
+}
+
+func (p *parser) item(t *agent.Turn, raw json.RawMessage) error {
+	var it struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(raw, &it) != nil {
+		return nil
+	}
+	switch it.Type {
+	case "agent_message":
+		return t.Text(domain.EventDelta, agent.Separate(&p.sawText, it.Text))
+	case "reasoning":
+		return t.Text(domain.EventReasoningDelta, agent.Separate(&p.sawReasoning, it.Text))
+	}
+	return t.Meta(map[string]json.RawMessage{"item": agent.ShrinkJSON(raw)})
+}
+
+func (p *parser) End(t *agent.Turn, exit *os.ProcessState, stderr string) domain.RunEvent {
+	switch {
+	case p.failed != nil:
+		return agent.Failed(domain.CodeRunFailed, *p.failed)
+	case p.usage != nil:
+		u := p.usage
+		return domain.RunEvent{Type: domain.EventComplete, Usage: &domain.Usage{
+			PromptTokens:     u.InputTokens,
+			CompletionTokens: u.OutputTokens,
+			TotalTokens:      u.InputTokens + u.OutputTokens,
+			DurationMS:       time.Since(p.started).Milliseconds(),
+			Model:            t.Model(),
+		}}
+	case p.fatal != nil:
+		return agent.Failed(domain.CodeRunFailed, *p.fatal)
+	}
+	return agent.ExitFailure("codex", exit, stderr)
+}

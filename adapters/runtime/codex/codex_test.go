@@ -1,0 +1,334 @@
+package codex_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"iop/adapters/runtime/codex"
+	"iop/adapters/runtime/internal/standin"
+	"iop/adapters/runtime/runtimetest"
+	"iop/adapters/store/memory"
+	"iop/domain"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const deadline = 20 * time.Second
+
+const threadID = "0199a213-81c0-7800-8aa1-bbab2a035a53"
+
+func testContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var recorded = standin.Lines(
+	`{"type":"thread.started","thread_id":"`+threadID+`"}`,
+	`{"type":"turn.started"}`,
+	`{"type":"item.completed","item":{"id":"item_0","type":"reasoning","text":"**Scanning** the repo"}}`,
+	`{"type":"item.started","item":{"id":"item_1","type":"command_execution","command":"bash -lc ls","aggregated_output":"","exit_code":null,"status":"in_progress"}}`,
+	`{"type":"item.completed","item":{"id":"item_1","type":"command_execution","command":"bash -lc ls","aggregated_output":"a.go\nb.go\n","exit_code":0,"status":"completed"}}`,
+	`{"type":"item.completed","item":{"id":"item_2","type":"file_change","changes":[{"path":"a.go","kind":"update"}],"status":"completed"}}`,
+	`garbage`,
+	`{"type":"item.completed","item":{"id":"item_3","type":"agent_message","text":"Yes — done ✅"}}`,
+	`{"type":"item.updated","item":{"id":"item_4","type":"todo_list","items":[{"text":"fix","completed":false}]}}`,
+	`{"type":"item.completed","item":{"id":"item_4","type":"todo_list","items":[{"text":"fix","completed":true}]}}`,
+	`{"type":"item.completed","item":{"id":"item_5","type":"error","message":"command timed out"}}`,
+	`{"type":"future.event","x":1}`,
+	`{"type":"item.completed","item":{"id":"item_6","type":"agent_message","text":"Second."}}`,
+	`{"type":"turn.completed","usage":{"input_tokens":24763,"cached_input_tokens":24448,"output_tokens":122}}`,
+)
+
+func newAdapter(t *testing.T, cli standin.CLI, cfg domain.AdapterConfig, agents *memory.AgentSessionStore) *codex.Adapter {
+	t.Helper()
+	cfg.Name, cfg.Type, cfg.Command = "codex", domain.AdapterCodex, cli.Path
+	var a *codex.Adapter
+	var err error
+	if agents == nil {
+		a, err = codex.New(cfg, nil)
+	} else {
+		a, err = codex.New(cfg, agents)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.KillGrace = 200 * time.Millisecond
+	return a
+}
+
+func run(t *testing.T, a *codex.Adapter, req domain.RunRequest) (*runtimetest.Sink, error) {
+	t.Helper()
+	req.RunID, req.Adapter = "r1", "codex"
+	if req.Input == nil {
+		req.Input = []byte("fix the tests")
+	}
+	sink := &runtimetest.Sink{}
+	err := a.Execute(testContext(t), req, sink)
+	return sink, err
+}
+
+func requireTerminal(t *testing.T, sink *runtimetest.Sink, typ domain.EventType, code string) domain.RunEvent {
+	t.Helper()
+	events := sink.Events()
+	if len(events) == 0 {
+		t.Fatal("no events")
+	}
+	last := events[len(events)-1]
+	if last.Type != typ {
+		t.Fatalf("last event = %+v, want %s (events %v)", last, typ, sink.Types())
+	}
+	if code != "" && (last.Error == nil || last.Error.Code != code) {
+		t.Fatalf("last event error = %+v, want code %s", last.Error, code)
+	}
+	for _, ev := range events[:len(events)-1] {
+		if ev.Type.Terminal() || ev.Type == domain.EventStart {
+			t.Fatalf("unexpected %s event before the end: %v", ev.Type, sink.Types())
+		}
+	}
+	return last
+}
+
+func summary(events []domain.RunEvent) []string {
+	var out []string
+	for _, ev := range events {
+		switch ev.Type {
+		case domain.EventDelta:
+			out = append(out, "d:"+ev.Text)
+		case domain.EventReasoningDelta:
+			out = append(out, "r:"+ev.Text)
+		case domain.EventMetadata:
+			if strings.HasPrefix(string(ev.Metadata), `{"pid":`) {
+				out = append(out, "m:pid")
+			} else {
+				out = append(out, "m:"+string(ev.Metadata))
+			}
+		default:
+			out = append(out, string(ev.Type))
+		}
+	}
+	return out
+}
+
+func pidOf(t *testing.T, events []domain.RunEvent) int {
+	t.Helper()
+	for _, ev := range events {
+		var m struct{ PID int }
+		if ev.Type == domain.EventMetadata && json.Unmarshal(ev.Metadata, &m) == nil && m.PID > 0 {
+			return m.PID
+		}
+	}
+	t.Fatalf("no pid metadata in %v", summary(events))
+	return 0
+}
+
+func TestJSONLMapping(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(recorded))
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	sink, err := run(t, a, domain.RunRequest{Target: "gpt-5-codex"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := requireTerminal(t, sink, domain.EventComplete, "")
+	want := []string{
+		"m:pid",
+		`m:{"agent_session_id":"` + threadID + `"}`,
+		"r:**Scanning** the repo",
+		`m:{"item":{"id":"item_1","type":"command_execution","command":"bash -lc ls","aggregated_output":"a.go\nb.go\n","exit_code":0,"status":"completed"}}`,
+		`m:{"item":{"id":"item_2","type":"file_change","changes":[{"path":"a.go","kind":"update"}],"status":"completed"}}`,
+		"d:Yes — done ✅",
+		`m:{"item":{"id":"item_4","type":"todo_list","items":[{"text":"fix","completed":true}]}}`,
+		`m:{"item":{"id":"item_5","type":"error","message":"command timed out"}}`,
+		"d:\n\nSecond.",
+		`m:{"usage":{"input_tokens":24763,"cached_input_tokens":24448,"output_tokens":122}}`,
+		"complete",
+	}
+	if got := summary(sink.Events()); !slices.Equal(got, want) {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	u := done.Usage
+	if u == nil || u.PromptTokens != 24763 || u.CompletionTokens != 122 || u.TotalTokens != 24885 || u.Model != "gpt-5-codex" || u.DurationMS < 0 {
+		t.Errorf("usage = %+v", u)
+	}
+}
+
+func TestArgvAndResume(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(recorded))
+	agents := memory.NewAgentSessionStore()
+	a := newAdapter(t, cli, domain.AdapterConfig{Args: []string{"--skip-git-repo-check"}, Models: []string{"gpt-5-codex"}}, agents)
+	prompt := "fix it; echo $HOME 'x'\nthen test"
+	for i := 0; i < 2; i++ {
+		sink, err := run(t, a, domain.RunRequest{SessionID: "s1", Input: []byte(prompt)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireTerminal(t, sink, domain.EventComplete, "")
+	}
+	if err := a.TerminateSession(context.Background(), "", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, a, domain.RunRequest{SessionID: "s1", Target: "o3", Input: []byte("-v is a prompt")}); err != nil {
+		t.Fatal(err)
+	}
+	runs := cli.Runs(t)
+	want := [][]string{
+		{"exec", "--json", "--model=gpt-5-codex", "--skip-git-repo-check", prompt},
+		{"exec", "--json", "--model=gpt-5-codex", "--skip-git-repo-check", "resume", threadID, prompt},
+		{"exec", "--json", "--model=o3", "--skip-git-repo-check", "--", "-v is a prompt"},
+	}
+	if len(runs) != len(want) {
+		t.Fatalf("%d runs: %q", len(runs), runs)
+	}
+	for i := range want {
+		if !slices.Equal(runs[i], want[i]) {
+			t.Errorf("run %d argv = %q, want %q", i+1, runs[i], want[i])
+		}
+	}
+	if got := cli.Stdin(t); got != "" {
+		t.Errorf("stdin = %q, want nothing", got)
+	}
+	list, err := a.ListSessions(context.Background())
+	if err != nil || len(list) != 1 || list[0].AgentSessionID != threadID || list[0].Target != "o3" {
+		t.Errorf("ListSessions = %+v, %v", list, err)
+	}
+}
+
+func TestNoModel(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(recorded))
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	if _, err := run(t, a, domain.RunRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if runs := cli.Runs(t); len(runs) != 1 || !slices.Equal(runs[0], []string{"exec", "--json", "fix the tests"}) {
+		t.Errorf("argv = %q", runs)
+	}
+}
+
+func TestFailures(t *testing.T) {
+	started := `{"type":"thread.started","thread_id":"` + threadID + `"}` + "\n"
+	cases := []struct {
+		name, body, message string
+	}{
+		{"turn failed", standin.Printf(started + `{"type":"turn.failed","error":{"message":"stream disconnected before completion: Your input exceeds the context window"}}` + "\n"),
+			"stream disconnected before completion: Your input exceeds the context window"},
+		{"fatal error then exit 1", standin.Printf(started+`{"type":"error","message":"unexpected status 401 Unauthorized: Missing bearer"}`+"\n") + "exit 1",
+			"unexpected status 401 Unauthorized: Missing bearer"},
+		{"non-zero exit", "echo 'Error: unexpected argument --bogus found' >&2\nexit 2",
+			"codex: exit status 2: Error: unexpected argument --bogus found"},
+		{"no turn end", standin.Printf(started), "codex exited without reporting a result"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cli := standin.WriteCLI(t, tc.body)
+			a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+			sink, err := run(t, a, domain.RunRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := requireTerminal(t, sink, domain.EventError, domain.CodeRunFailed)
+			if ev.Error.Message != tc.message {
+				t.Errorf("message = %q, want %q", ev.Error.Message, tc.message)
+			}
+		})
+	}
+}
+
+func TestReconnectErrorThenCompletion(t *testing.T) {
+	stream := standin.Lines(
+		`{"type":"thread.started","thread_id":"`+threadID+`"}`,
+		`{"type":"error","message":"Reconnecting... 1/5"}`,
+		`{"type":"item.completed","item":{"id":"item_0","type":"agent_message","text":"ok"}}`,
+		`{"type":"turn.completed","usage":{"input_tokens":1,"cached_input_tokens":0,"output_tokens":1}}`,
+	)
+	cli := standin.WriteCLI(t, standin.Printf(stream))
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	sink, err := run(t, a, domain.RunRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+	if !slices.Contains(summary(sink.Events()), `m:{"error":"Reconnecting... 1/5"}`) {
+		t.Errorf("events %q", summary(sink.Events()))
+	}
+}
+
+func TestLongOutputIsCut(t *testing.T) {
+	out, _ := json.Marshal(strings.Repeat("line of output\n", 1000))
+	stream := standin.Lines(
+		`{"type":"item.completed","item":{"id":"i","type":"command_execution","command":"cat big","aggregated_output":`+string(out)+`,"exit_code":0,"status":"completed"}}`,
+		`{"type":"turn.completed","usage":{"input_tokens":1,"output_tokens":1}}`,
+	)
+	cli := standin.WriteCLI(t, "cat <<'EOF'\n"+stream+"EOF")
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	sink, err := run(t, a, domain.RunRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+	var m struct {
+		Item struct {
+			Command          string
+			AggregatedOutput string `json:"aggregated_output"`
+			ExitCode         *int   `json:"exit_code"`
+		}
+	}
+	ev := sink.Events()[1]
+	if err := json.Unmarshal(ev.Metadata, &m); err != nil {
+		t.Fatalf("%s: %v", ev.Metadata, err)
+	}
+	if n := len(m.Item.AggregatedOutput); n > 2100 || m.Item.ExitCode == nil {
+		t.Errorf("item kept %d bytes of output: %s", n, ev.Metadata[:200])
+	}
+}
+
+func TestCancelKillsTheProcessGroup(t *testing.T) {
+	cli := standin.WriteCLI(t, "trap '' TERM\n"+standin.Printf(`{"type":"thread.started","thread_id":"t1"}`+"\n")+"sleep 60 &\nsleep 60\n")
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	ctx, cancel := context.WithCancel(testContext(t))
+	sink := &runtimetest.Sink{}
+	exited := make(chan error, 1)
+	go func() {
+		exited <- a.Execute(ctx, domain.RunRequest{RunID: "r1", Adapter: "codex", Input: []byte("go")}, sink)
+	}()
+	if err := sink.WaitFor(testContext(t), func(evs []domain.RunEvent) bool { return len(evs) >= 2 }); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	pgid := pidOf(t, sink.Events())
+	cancel()
+	if err := <-exited; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Execute = %v, want context.Canceled", err)
+	}
+	for end := time.Now().Add(5 * time.Second); runtimetest.GroupAlive(pgid); {
+		if time.Now().After(end) {
+			t.Fatalf("process group %d is still running", pgid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, ok := sink.Terminal(); ok {
+		t.Errorf("terminal event after cancel: %v", sink.Types())
+	}
+}
+
+func TestTimeoutAndCapabilities(t *testing.T) {
+	cli := standin.WriteCLI(t, "sleep 60")
+	a := newAdapter(t, cli, domain.AdapterConfig{Timeout: 200 * time.Millisecond, MaxConcurrency: 1}, memory.NewAgentSessionStore())
+	if c := a.Capabilities(); c.MaxConcurrency != 1 || !c.Sessions || len(c.Commands) != 0 {
+		t.Errorf("capabilities = %+v", c)
+	}
+	sink, err := run(t, a, domain.RunRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventError, domain.CodeTimeout)
+}

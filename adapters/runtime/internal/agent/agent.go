@@ -1,0 +1,247 @@
+// Package agent is what the claude-code and codex runtime adapters share:
+// running the CLI for one run with the prompt and resume id, reading its
+// JSON lines through an adapter-specific Parser, remembering the agent's own
+// session id against the run's session, and ending the run with exactly one
+// terminal event.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"iop/adapters/runtime/internal/lines"
+	"iop/adapters/runtime/internal/proc"
+	"iop/adapters/runtime/internal/runlimit"
+	"iop/domain"
+	"iop/ports"
+)
+
+// DefaultKillGrace is how long a cancelled agent has between SIGTERM and
+// SIGKILL: long enough to save its session file.
+const DefaultKillGrace = 3 * time.Second
+
+// Invocation is how to start the CLI for one run.
+type Invocation struct {
+	Args  []string // argv after the program name
+	Stdin []byte   // nil: /dev/null
+}
+
+// Parser turns one run's output into events. A new Parser serves each run.
+type Parser interface {
+	// Line handles one line of stdout. Non-JSON lines and unknown types
+	// should be skipped; an error (the sink's, or the session store's) ends
+	// the run at once.
+	Line(t *Turn, line []byte) error
+	// End returns the terminal event once the CLI has exited. exit is nil
+	// when the process could not be waited for; stderr is its tail.
+	End(t *Turn, exit *os.ProcessState, stderr string) domain.RunEvent
+}
+
+// Runner runs one configured CLI agent.
+type Runner struct {
+	Name      string // the adapter instance's name
+	Label     string // the agent, for messages: "claude", "codex"
+	Command   string
+	WorkDir   string
+	Models    []string
+	Timeout   time.Duration
+	KillGrace time.Duration
+	Store     ports.AgentSessionStore // nil: no sessions
+}
+
+// Execute runs req: build gets the model ("" for the CLI's default), the
+// agent session id to resume ("" for a new one) and the prompt (the run
+// input, which must not be blank). It emits {"pid":N} as the first event,
+// then whatever the parser emits, then the parser's terminal event. A
+// cancelled ctx stops the process group (SIGTERM, SIGKILL after KillGrace)
+// and returns ctx.Err(); an expired timeout is an error event with code
+// timeout.
+func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink, build func(model, resume, prompt string) Invocation, p Parser) error {
+	if strings.TrimSpace(string(req.Input)) == "" {
+		return domain.Errorf(domain.CodeInvalidRequest, "%s adapter %q: the run input (the prompt) is empty", r.Label, r.Name)
+	}
+	model := req.Target
+	if model == "" && len(r.Models) > 0 {
+		model = r.Models[0]
+	}
+	t := &Turn{ctx: ctx, sink: sink, req: req, model: model, r: r}
+	if req.SessionID != "" {
+		if r.Store == nil {
+			return domain.Errorf(domain.CodeSessionUnsupported, "%s adapter %q has no session store", r.Label, r.Name)
+		}
+		id, ok, err := r.Store.GetAgentSession(ctx, r.Name, req.SessionID)
+		if err != nil {
+			return fmt.Errorf("load session %q: %w", req.SessionID, err)
+		}
+		if ok {
+			t.resumed, t.agentID = id, id
+		}
+	}
+	inv := build(model, t.resumed, string(req.Input))
+
+	limit := runlimit.New(ctx, r.Timeout)
+	defer limit.Stop()
+	p0, err := proc.Start(limit.Context(), proc.Spec{
+		Path: r.Command, Args: inv.Args, Dir: r.WorkDir, Stdin: inv.Stdin, KillGrace: r.KillGrace,
+	})
+	if err != nil {
+		return domain.Errorf(domain.CodeRunFailed, "start %s: %v", r.Label, err)
+	}
+	if err := t.Meta(map[string]int{"pid": p0.PGID()}); err != nil {
+		p0.Kill()
+		return err
+	}
+	lr := lines.NewReader(p0.Stdout, 0)
+	for {
+		line, err := lr.Next()
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				p0.Kill()
+			}
+			break
+		}
+		if err := p.Line(t, line); err != nil {
+			p0.Kill()
+			return err
+		}
+	}
+	state := p0.Wait()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if limit.Expired() {
+		return sink.Emit(limit.Event(r.Label))
+	}
+	return sink.Emit(p.End(t, state, p0.Stderr()))
+}
+
+// Turn is one run as a Parser sees it.
+type Turn struct {
+	ctx     context.Context
+	sink    ports.EventSink
+	req     domain.RunRequest
+	model   string
+	r       *Runner
+	resumed string // the agent session id passed to the CLI, if any
+	agentID string // the latest agent session id known
+}
+
+// Model returns the model the run asked for ("" for the CLI's default).
+func (t *Turn) Model() string { return t.model }
+
+// Emit sends an event.
+func (t *Turn) Emit(ev domain.RunEvent) error { return t.sink.Emit(ev) }
+
+// Text sends a delta or reasoning_delta event; empty text sends nothing.
+func (t *Turn) Text(typ domain.EventType, text string) error {
+	if text == "" {
+		return nil
+	}
+	return t.sink.Emit(domain.RunEvent{Type: typ, Text: text})
+}
+
+// Meta sends a metadata event holding v as JSON.
+func (t *Turn) Meta(v any) error {
+	b, err := Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode metadata: %w", err)
+	}
+	return t.sink.Emit(domain.RunEvent{Type: domain.EventMetadata, Metadata: b})
+}
+
+// AgentSession records the agent's own session id, as soon as the CLI
+// reports it: the first time an id is seen, a metadata event
+// {"agent_session_id":id} goes out and, for a run in a session, the id is
+// stored so that the session's next run resumes it.
+func (t *Turn) AgentSession(id string) error {
+	if id == "" || id == t.agentID {
+		return nil
+	}
+	t.agentID = id
+	if t.req.SessionID != "" {
+		if err := t.r.Store.PutAgentSession(t.ctx, t.r.Name, t.model, t.req.SessionID, id); err != nil {
+			return fmt.Errorf("save session %q: %w", t.req.SessionID, err)
+		}
+	}
+	return t.Meta(map[string]string{"agent_session_id": id})
+}
+
+// Failed builds an error event.
+func Failed(code, msg string) domain.RunEvent {
+	return domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{Code: code, Message: msg}}
+}
+
+// ExitFailure is the terminal event for a CLI that exited without reporting
+// a result: its exit status and stderr tail when it failed, else a note
+// that no result came.
+func ExitFailure(label string, exit *os.ProcessState, stderr string) domain.RunEvent {
+	if exit == nil {
+		return Failed(domain.CodeRunFailed, label+" could not be waited for")
+	}
+	if exit.Success() {
+		msg := label + " exited without reporting a result"
+		if stderr != "" {
+			msg += ": " + stderr
+		}
+		return Failed(domain.CodeRunFailed, msg)
+	}
+	msg := label + ": " + exit.String()
+	if stderr != "" {
+		msg += ": " + stderr
+	}
+	return Failed(domain.CodeRunFailed, msg)
+}
+
+// Sessions are the mappings of one adapter instance, for TerminateSession
+// and ListSessions.
+type Sessions struct {
+	Store ports.AgentSessionStore
+	Name  string
+}
+
+// Terminate forgets the mapping of sessionID; an unknown one is not an error.
+func (s Sessions) Terminate(ctx context.Context, sessionID string) error {
+	if s.Store == nil {
+		return nil
+	}
+	return s.Store.DeleteAgentSession(ctx, s.Name, sessionID)
+}
+
+// List describes the stored mappings.
+func (s Sessions) List(ctx context.Context) ([]domain.SessionInfo, error) {
+	if s.Store == nil {
+		return []domain.SessionInfo{}, nil
+	}
+	return s.Store.ListAgentSessions(ctx, s.Name)
+}
+
+// Marshal encodes v as compact JSON without escaping <, > and &.
+func Marshal(v any) ([]byte, error) {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return []byte(strings.TrimSuffix(b.String(), "\n")), nil
+}
+
+// Separate prefixes a new block's text with a blank line when an earlier
+// block of the same kind had text (*saw), so that the deltas of a run read
+// as one text; it sets *saw once text is non-empty.
+func Separate(saw *bool, text string) string {
+	if text == "" {
+		return ""
+	}
+	if *saw {
+		text = "\n\n" + text
+	}
+	*saw = true
+	return text
+}

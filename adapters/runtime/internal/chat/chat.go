@@ -1,0 +1,198 @@
+// Package chat holds what the ollama and openai runtime adapters share about
+// conversations: turning a run's input into chat messages, run options, the
+// model choice, and sessions kept in a ports.ChatSessionStore.
+//
+// A run's input is either plain text, sent as one user message, or a JSON
+// object with a "messages" array, whose entries are sent upstream exactly as
+// given (so images, tool calls and the like pass through). In a session the
+// new messages follow the stored history. A session stores role and text
+// content only: for a message whose content is an array of parts, the text
+// parts joined; anything else in a message (images, tool calls) is sent in
+// its own turn but not replayed in later turns.
+package chat
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// Turn is the messages one run adds to a conversation.
+type Turn struct {
+	Send   []json.RawMessage    // as sent upstream
+	Record []domain.ChatMessage // as stored in the session
+}
+
+// ParseInput reads a run's input as described in the package doc. Empty
+// input, an empty "messages" array, or entries without a string "role" are
+// invalid_request errors.
+func ParseInput(input []byte) (Turn, error) {
+	trimmed := bytes.TrimSpace(input)
+	if len(trimmed) > 0 && trimmed[0] == '{' {
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(trimmed, &obj) == nil {
+			if raw, ok := obj["messages"]; ok {
+				return parseMessages(raw)
+			}
+		}
+	}
+	if len(trimmed) == 0 {
+		return Turn{}, domain.Errorf(domain.CodeInvalidRequest, "the run input is empty: send the user message as text, or {\"messages\":[…]}")
+	}
+	text := string(input)
+	msg, _ := json.Marshal(wireMessage{Role: "user", Content: text})
+	return Turn{Send: []json.RawMessage{msg}, Record: []domain.ChatMessage{{Role: "user", Content: text}}}, nil
+}
+
+type wireMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+func parseMessages(raw json.RawMessage) (Turn, error) {
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return Turn{}, domain.Errorf(domain.CodeInvalidRequest, "input \"messages\" must be an array of messages: %v", err)
+	}
+	if len(list) == 0 {
+		return Turn{}, domain.Errorf(domain.CodeInvalidRequest, "input \"messages\" is empty")
+	}
+	var t Turn
+	for i, m := range list {
+		var head struct {
+			Role    *string         `json:"role"`
+			Content json.RawMessage `json:"content"`
+		}
+		if err := json.Unmarshal(m, &head); err != nil || head.Role == nil || *head.Role == "" {
+			return Turn{}, domain.Errorf(domain.CodeInvalidRequest, "input message #%d needs a string \"role\"", i+1)
+		}
+		t.Send = append(t.Send, m)
+		t.Record = append(t.Record, domain.ChatMessage{Role: *head.Role, Content: contentText(head.Content)})
+	}
+	return t, nil
+}
+
+// contentText returns a message content as text: a string as is, the text
+// parts of an array of content parts joined, anything else as its JSON.
+func contentText(raw json.RawMessage) string {
+	if len(raw) == 0 || string(raw) == "null" {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(raw, &parts) == nil {
+		var b strings.Builder
+		for _, p := range parts {
+			if p.Type == "text" {
+				b.WriteString(p.Text)
+			}
+		}
+		return b.String()
+	}
+	return string(raw)
+}
+
+// ParseOptions reads a run's options, which must be a JSON object (or
+// absent). Errors are invalid_request.
+func ParseOptions(raw []byte) (map[string]json.RawMessage, error) {
+	trimmed := bytes.TrimSpace(raw)
+	if len(trimmed) == 0 || string(trimmed) == "null" {
+		return map[string]json.RawMessage{}, nil
+	}
+	var opts map[string]json.RawMessage
+	if err := json.Unmarshal(trimmed, &opts); err != nil || opts == nil {
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "run options must be a JSON object")
+	}
+	return opts, nil
+}
+
+// Model picks the model of a run: its target, else the adapter's first
+// configured model. Neither is an invalid_request error.
+func Model(adapter, target string, models []string) (string, error) {
+	if target != "" {
+		return target, nil
+	}
+	if len(models) > 0 && models[0] != "" {
+		return models[0], nil
+	}
+	return "", domain.Errorf(domain.CodeInvalidRequest, "adapter %q: the run names no target (model) and the adapter has no models configured", adapter)
+}
+
+// Sessions keeps the conversations of one adapter instance.
+type Sessions struct {
+	store   ports.ChatSessionStore
+	adapter string
+}
+
+// NewSessions keeps sessions for adapter in store; a nil store means the
+// adapter keeps none.
+func NewSessions(store ports.ChatSessionStore, adapter string) *Sessions {
+	return &Sessions{store: store, adapter: adapter}
+}
+
+// Enabled reports whether there is a store to keep sessions in.
+func (s *Sessions) Enabled() bool { return s.store != nil }
+
+// Messages returns what to send for turn t: the stored history of sessionID
+// (none when sessionID is empty) followed by the turn's own messages.
+func (s *Sessions) Messages(ctx context.Context, sessionID string, t Turn) ([]json.RawMessage, error) {
+	if sessionID == "" {
+		return t.Send, nil
+	}
+	if s.store == nil {
+		return nil, domain.Errorf(domain.CodeSessionUnsupported, "adapter %q has no session store", s.adapter)
+	}
+	history, err := s.store.LoadChat(ctx, s.adapter, sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("load session %q: %w", sessionID, err)
+	}
+	out := make([]json.RawMessage, 0, len(history)+len(t.Send))
+	for _, m := range history {
+		b, err := json.Marshal(wireMessage{Role: m.Role, Content: m.Content})
+		if err != nil {
+			return nil, fmt.Errorf("encode session %q history: %w", sessionID, err)
+		}
+		out = append(out, b)
+	}
+	return append(out, t.Send...), nil
+}
+
+// Commit appends a completed turn to sessionID: the turn's messages, then
+// the assistant's reply. It does nothing for runs outside a session.
+func (s *Sessions) Commit(ctx context.Context, target, sessionID string, t Turn, reply string) error {
+	if sessionID == "" || s.store == nil {
+		return nil
+	}
+	msgs := append(append([]domain.ChatMessage(nil), t.Record...), domain.ChatMessage{Role: "assistant", Content: reply})
+	if err := s.store.AppendChat(ctx, s.adapter, target, sessionID, msgs); err != nil {
+		return fmt.Errorf("save session %q: %w", sessionID, err)
+	}
+	return nil
+}
+
+// Terminate forgets sessionID; an unknown session is not an error.
+func (s *Sessions) Terminate(ctx context.Context, sessionID string) error {
+	if s.store == nil {
+		return nil
+	}
+	return s.store.DeleteChat(ctx, s.adapter, sessionID)
+}
+
+// List describes the adapter's sessions.
+func (s *Sessions) List(ctx context.Context) ([]domain.SessionInfo, error) {
+	if s.store == nil {
+		return []domain.SessionInfo{}, nil
+	}
+	return s.store.ListChats(ctx, s.adapter)
+}

@@ -1,0 +1,69 @@
+package chat_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"iop/adapters/runtime/internal/chat"
+	"iop/adapters/store/memory"
+	"iop/domain"
+)
+
+func TestParseInput(t *testing.T) {
+	for _, tc := range []struct {
+		in, send, record string
+	}{
+		{"hello", `{"role":"user","content":"hello"}`, "user:hello"},
+		{`{"prompt":"not messages"}`, `{"role":"user","content":"{\"prompt\":\"not messages\"}"}`, `user:{"prompt":"not messages"}`},
+		{`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]}]}`,
+			`{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]}`, "user:ab"},
+		{`{"messages":[{"role":"tool","content":null,"tool_call_id":"x"}]}`, `{"role":"tool","content":null,"tool_call_id":"x"}`, "tool:"},
+	} {
+		turn, err := chat.ParseInput([]byte(tc.in))
+		if err != nil {
+			t.Errorf("%s: %v", tc.in, err)
+			continue
+		}
+		if len(turn.Send) != 1 || string(turn.Send[0]) != tc.send {
+			t.Errorf("%s: send %s, want %s", tc.in, turn.Send, tc.send)
+		}
+		if got := turn.Record[0].Role + ":" + turn.Record[0].Content; got != tc.record {
+			t.Errorf("%s: record %q, want %q", tc.in, got, tc.record)
+		}
+	}
+	for _, bad := range []string{"", " \n", `{"messages":"x"}`, `{"messages":[]}`, `{"messages":[1]}`, `{"messages":[{"role":""}]}`} {
+		if _, err := chat.ParseInput([]byte(bad)); !errors.Is(err, domain.ErrInvalidRequest) {
+			t.Errorf("%q: err = %v, want invalid_request", bad, err)
+		}
+	}
+}
+
+func TestSessionsCommitAndMessages(t *testing.T) {
+	ctx := context.Background()
+	s := chat.NewSessions(memory.NewChatStore(), "llm")
+	turn, _ := chat.ParseInput([]byte("one"))
+	if err := s.Commit(ctx, "m", "s1", turn, "reply"); err != nil {
+		t.Fatal(err)
+	}
+	next, _ := chat.ParseInput([]byte("two"))
+	msgs, err := s.Messages(ctx, "s1", next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`{"role":"user","content":"one"}`, `{"role":"assistant","content":"reply"}`, `{"role":"user","content":"two"}`}
+	if len(msgs) != 3 {
+		t.Fatalf("messages %s", msgs)
+	}
+	for i := range want {
+		if string(msgs[i]) != want[i] {
+			t.Errorf("message %d = %s, want %s", i, msgs[i], want[i])
+		}
+	}
+	if err := s.Commit(ctx, "m", "", next, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if list, _ := s.List(ctx); len(list) != 1 || list[0].Turns != 1 {
+		t.Errorf("List = %+v", list)
+	}
+}

@@ -1,0 +1,167 @@
+// Package upstream is the HTTP plumbing the ollama and openai runtime
+// adapters share: a streaming-friendly client, and the mapping of transport
+// failures and provider error bodies to stable error codes.
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"iop/domain"
+)
+
+// maxErrorBody is how much of a failed response's body is read for its message.
+const maxErrorBody = 64 << 10
+
+// NewClient returns a client for streaming requests to a provider: no
+// overall timeout (a generation may stream for an hour), a bounded dial,
+// and no transparent decompression so bytes arrive as they are sent.
+func NewClient() *http.Client {
+	tr := &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ResponseHeaderTimeout: 10 * time.Minute, // a model may load for minutes before the first byte
+		DisableCompression:    true,
+		MaxIdleConnsPerHost:   8,
+		IdleConnTimeout:       90 * time.Second,
+	}
+	return &http.Client{Transport: tr}
+}
+
+// Do sends a request with a JSON body (nil for none) and returns the open
+// response when its status is 2xx. Otherwise it returns an error from
+// StatusError, or, when the request could not be made, provider_unreachable
+// (timeout for a header timeout). A cancelled ctx yields ctx.Err().
+func Do(ctx context.Context, hc *http.Client, method, url string, body []byte, header http.Header) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return nil, domain.Errorf(domain.CodeConfigError, "build request for %s: %v", url, err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, TransportError(ctx, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		return nil, StatusError(resp.StatusCode, b)
+	}
+	return resp, nil
+}
+
+// TransportError maps a failure to reach the provider or to read its
+// response. It returns ctx.Err() when ctx is done, so a cancelled run is
+// recognised as such.
+func TransportError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return domain.Errorf(domain.CodeTimeout, "%s", stripURL(err))
+	}
+	return domain.Errorf(domain.CodeProviderUnreachable, "%s", stripURL(err))
+}
+
+// StatusError builds the error for a non-2xx response: the provider's own
+// message (from {"error":"…"} or {"error":{"message":"…"}}, else the body
+// text, else the status line), with code model_not_found for 404 or a
+// message saying a model was not found, and provider_error otherwise.
+func StatusError(status int, body []byte) error {
+	msg, code := ErrorMessage(body)
+	if msg == "" {
+		msg = strings.TrimSpace(strings.ToValidUTF8(string(body), ""))
+		if len(msg) > 1024 {
+			msg = msg[:1024] + "…"
+		}
+	}
+	if msg == "" {
+		msg = fmt.Sprintf("HTTP %d %s", status, http.StatusText(status))
+	}
+	if status == http.StatusNotFound {
+		return &domain.Error{Code: domain.CodeModelNotFound, Message: msg}
+	}
+	return ProviderError(msg, code)
+}
+
+// ProviderError classifies an error message reported by a provider
+// (possibly mid-stream): model_not_found when the provider's code says so
+// or the message says a model was not found, provider_error otherwise.
+func ProviderError(msg, providerCode string) error {
+	if providerCode == domain.CodeModelNotFound || ModelNotFound(msg) {
+		return &domain.Error{Code: domain.CodeModelNotFound, Message: msg}
+	}
+	return &domain.Error{Code: domain.CodeProviderError, Message: msg}
+}
+
+// ModelNotFound reports whether an error message says a model is missing
+// (Ollama: `model "x" not found, try pulling it first`).
+func ModelNotFound(msg string) bool {
+	return strings.Contains(strings.ToLower(msg), "not found")
+}
+
+// ErrorMessage extracts the message and code of a provider error body:
+// {"error":"msg"} (Ollama) or {"error":{"message":"msg","code":"c"}}
+// (OpenAI-compatible). Both are empty when body is not such an object.
+func ErrorMessage(body []byte) (msg, code string) {
+	var v struct {
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(bytes.TrimSpace(body), &v) != nil || len(v.Error) == 0 || string(v.Error) == "null" {
+		return "", ""
+	}
+	return ErrorField(v.Error)
+}
+
+// ErrorField reads the value of an "error" key: a string, or an object with
+// "message" and "code" (the code may be a string or a number).
+func ErrorField(raw json.RawMessage) (msg, code string) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, ""
+	}
+	var o struct {
+		Message string          `json:"message"`
+		Code    json.RawMessage `json:"code"`
+	}
+	if json.Unmarshal(raw, &o) == nil {
+		var c string
+		if json.Unmarshal(o.Code, &c) != nil && len(o.Code) > 0 && string(o.Code) != "null" {
+			c = string(o.Code)
+		}
+		if o.Message == "" {
+			o.Message = string(raw)
+		}
+		return o.Message, c
+	}
+	return string(raw), ""
+}
+
+// stripURL returns the message of a *url.Error without the method and URL
+// prefix, which can be long and is known to the operator anyway.
+func stripURL(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.Err != nil {
+		return ue.Err.Error()
+	}
+	return err.Error()
+}

@@ -1,0 +1,261 @@
+// Package ollama is the runtime adapter for Ollama's native API.
+//
+// A run is one streaming POST {base_url}/api/chat. The model is the run's
+// target, else the adapter's first configured model. The input is the user
+// message as text, or {"messages":[…]} (see package chat). The run options,
+// a JSON object, may carry "think", "options", "format" and "keep_alive",
+// which are passed to Ollama unchanged; other keys are ignored.
+//
+// Ollama answers with NDJSON. Each line's message.thinking becomes a
+// reasoning_delta event and message.content a delta event (in that order
+// when a line has both); message.tool_calls becomes a metadata event
+// {"tool_calls":[…]}. The final line, "done": true, becomes the complete
+// event with usage: prompt_eval_count and eval_count as prompt and
+// completion tokens, their sum as total, total_duration in milliseconds,
+// done_reason as the stop reason, and the model. Malformed lines are
+// skipped. An {"error":"…"} line (Ollama reports failures after streaming
+// started that way, with status 200) or a non-2xx response becomes an error
+// event carrying Ollama's own message, with code model_not_found (HTTP 404,
+// or a message saying "not found"), else provider_error; a failure to
+// connect is provider_unreachable; a stream that ends without its done line
+// is provider_error. A configured timeout that expires is an error event
+// with code timeout.
+//
+// Cancelling ctx aborts the HTTP request, which closes the connection — the
+// only way to stop an Ollama generation — and Execute returns ctx.Err()
+// without a terminal event.
+//
+// Sessions: a run with a session id sends the session's stored history
+// before its own messages; when it completes, its messages and the
+// assistant's reply (the concatenated content, without thinking) are
+// appended. A failed or cancelled run leaves the session unchanged.
+package ollama
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"iop/adapters/runtime/internal/chat"
+	"iop/adapters/runtime/internal/lines"
+	"iop/adapters/runtime/internal/runlimit"
+	"iop/adapters/runtime/internal/upstream"
+	"iop/domain"
+	"iop/ports"
+)
+
+// Options passed through from a run's options to /api/chat.
+var passThrough = []string{"think", "options", "format", "keep_alive"}
+
+// Adapter runs chats against one Ollama server. It is safe for concurrent use.
+type Adapter struct {
+	name           string
+	base           string
+	models         []string
+	maxConcurrency int
+	timeout        time.Duration
+	hc             *http.Client
+	sessions       *chat.Sessions
+}
+
+var (
+	_ ports.RuntimeAdapter    = (*Adapter)(nil)
+	_ ports.SessionTerminator = (*Adapter)(nil)
+	_ ports.SessionLister     = (*Adapter)(nil)
+	_ ports.CommandRunner     = (*Adapter)(nil)
+	_ io.Closer               = (*Adapter)(nil)
+)
+
+// Option changes how New builds the adapter.
+type Option func(*Adapter)
+
+// WithHTTPClient makes the adapter use hc instead of a client of its own.
+func WithHTTPClient(hc *http.Client) Option {
+	return func(a *Adapter) { a.hc = hc }
+}
+
+// New builds an ollama adapter. cfg.BaseURL must be an http(s) URL; chats
+// keeps sessions (nil: the adapter keeps none). Errors are domain.ErrConfig.
+func New(cfg domain.AdapterConfig, chats ports.ChatSessionStore, opts ...Option) (*Adapter, error) {
+	if err := checkBaseURL(cfg); err != nil {
+		return nil, err
+	}
+	if cfg.MaxConcurrency < 0 || cfg.Timeout < 0 {
+		return nil, domain.Errorf(domain.CodeConfigError, "ollama adapter %q: max_concurrency and timeout must not be negative", cfg.Name)
+	}
+	a := &Adapter{
+		name:           cfg.Name,
+		base:           strings.TrimSuffix(cfg.BaseURL, "/"),
+		models:         append([]string(nil), cfg.Models...),
+		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),
+		timeout:        cfg.Timeout,
+		sessions:       chat.NewSessions(chats, cfg.Name),
+	}
+	for _, o := range opts {
+		o(a)
+	}
+	if a.hc == nil {
+		a.hc = upstream.NewClient()
+	}
+	return a, nil
+}
+
+func checkBaseURL(cfg domain.AdapterConfig) error {
+	u, err := url.Parse(cfg.BaseURL)
+	if cfg.BaseURL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return domain.Errorf(domain.CodeConfigError, "%s adapter %q: base_url %q must be an http(s) URL such as http://127.0.0.1:11434", cfg.Type, cfg.Name, cfg.BaseURL)
+	}
+	return nil
+}
+
+// Capabilities reports the configured concurrency, sessions (when a store
+// was given) and the ollama.* command family.
+func (a *Adapter) Capabilities() domain.Capabilities {
+	return domain.Capabilities{MaxConcurrency: a.maxConcurrency, Sessions: a.sessions.Enabled(), Commands: append([]string(nil), Commands...)}
+}
+
+// Close drops idle connections to the server.
+func (a *Adapter) Close() error {
+	a.hc.CloseIdleConnections()
+	return nil
+}
+
+// TerminateSession forgets a session's history.
+func (a *Adapter) TerminateSession(ctx context.Context, _ string, sessionID string) error {
+	return a.sessions.Terminate(ctx, sessionID)
+}
+
+// ListSessions describes the adapter's sessions.
+func (a *Adapter) ListSessions(ctx context.Context) ([]domain.SessionInfo, error) {
+	return a.sessions.List(ctx)
+}
+
+// chatLine is one NDJSON line of /api/chat.
+type chatLine struct {
+	Model   string `json:"model"`
+	Message *struct {
+		Content   string          `json:"content"`
+		Thinking  string          `json:"thinking"`
+		ToolCalls json.RawMessage `json:"tool_calls"`
+	} `json:"message"`
+	Done            bool            `json:"done"`
+	DoneReason      string          `json:"done_reason"`
+	TotalDuration   int64           `json:"total_duration"`
+	PromptEvalCount int64           `json:"prompt_eval_count"`
+	EvalCount       int64           `json:"eval_count"`
+	Error           json.RawMessage `json:"error"`
+}
+
+// Execute runs one chat turn as the package doc describes. Invalid input,
+// options or a missing model are returned as invalid_request errors before
+// anything is sent; upstream failures are error events; a cancelled ctx
+// returns ctx.Err(); a failing sink returns its error.
+func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
+	model, err := chat.Model(a.name, req.Target, a.models)
+	if err != nil {
+		return err
+	}
+	opts, err := chat.ParseOptions(req.Options)
+	if err != nil {
+		return err
+	}
+	turn, err := chat.ParseInput(req.Input)
+	if err != nil {
+		return err
+	}
+	msgs, err := a.sessions.Messages(ctx, req.SessionID, turn)
+	if err != nil {
+		return err
+	}
+	body := map[string]any{"model": model, "messages": msgs, "stream": true}
+	for _, k := range passThrough {
+		if v, ok := opts[k]; ok {
+			body[k] = v
+		}
+	}
+	payload, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("encode chat request: %w", err)
+	}
+
+	limit := runlimit.New(ctx, a.timeout)
+	defer limit.Stop()
+	resp, err := upstream.Do(limit.Context(), a.hc, http.MethodPost, a.base+"/api/chat", payload, nil)
+	if err != nil {
+		return a.fail(ctx, limit, sink, err)
+	}
+	defer resp.Body.Close()
+
+	var reply strings.Builder
+	r := lines.NewReader(resp.Body, 0)
+	for {
+		line, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			return a.fail(ctx, limit, sink, domain.Errorf(domain.CodeProviderError, "Ollama's stream ended before its final \"done\" line"))
+		}
+		if err != nil {
+			return a.fail(ctx, limit, sink, upstream.TransportError(limit.Context(), err))
+		}
+		var l chatLine
+		if len(strings.TrimSpace(string(line))) == 0 || json.Unmarshal(line, &l) != nil {
+			continue
+		}
+		if len(l.Error) > 0 && string(l.Error) != "null" {
+			msg, code := upstream.ErrorField(l.Error)
+			return a.fail(ctx, limit, sink, upstream.ProviderError(msg, code))
+		}
+		if m := l.Message; m != nil {
+			if m.Thinking != "" {
+				if err := sink.Emit(domain.RunEvent{Type: domain.EventReasoningDelta, Text: m.Thinking}); err != nil {
+					return err
+				}
+			}
+			if m.Content != "" {
+				reply.WriteString(m.Content)
+				if err := sink.Emit(domain.RunEvent{Type: domain.EventDelta, Text: m.Content}); err != nil {
+					return err
+				}
+			}
+			if len(m.ToolCalls) > 0 && string(m.ToolCalls) != "null" {
+				meta, _ := json.Marshal(map[string]json.RawMessage{"tool_calls": m.ToolCalls})
+				if err := sink.Emit(domain.RunEvent{Type: domain.EventMetadata, Metadata: meta}); err != nil {
+					return err
+				}
+			}
+		}
+		if !l.Done {
+			continue
+		}
+		if err := a.sessions.Commit(ctx, model, req.SessionID, turn, reply.String()); err != nil {
+			return err
+		}
+		return sink.Emit(domain.RunEvent{Type: domain.EventComplete, Usage: &domain.Usage{
+			PromptTokens:     l.PromptEvalCount,
+			CompletionTokens: l.EvalCount,
+			TotalTokens:      l.PromptEvalCount + l.EvalCount,
+			DurationMS:       l.TotalDuration / int64(time.Millisecond),
+			StopReason:       l.DoneReason,
+			Model:            cmp.Or(l.Model, model),
+		}})
+	}
+}
+
+// fail ends a run that went wrong upstream: ctx.Err() when the caller
+// cancelled, a timeout event when the run's own timeout expired, else an
+// error event built from err.
+func (a *Adapter) fail(ctx context.Context, limit *runlimit.Limit, sink ports.EventSink, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if limit.Expired() {
+		return sink.Emit(limit.Event("ollama chat"))
+	}
+	return sink.Emit(domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{Code: domain.CodeOf(err), Message: domain.MessageOf(err)}})
+}

@@ -1,0 +1,402 @@
+// Package openai is the runtime adapter for OpenAI-compatible chat
+// completion servers: vLLM, llama.cpp, LM Studio, OpenRouter, OpenAI itself,
+// Ollama's /v1.
+//
+// A run is one POST {base_url}{path_prefix, default /v1}/chat/completions
+// with "stream": true and "stream_options": {"include_usage": true}. The
+// model is the run's target, else the adapter's first configured model. The
+// input is the user message as text, or {"messages":[…]} (see package chat).
+// The run options, a JSON object, are merged into the request body
+// (temperature, max_tokens, tools, …), except "model", "messages", "stream"
+// and "stream_options", which the adapter sets. When api_key_env is set and
+// that environment variable is not empty, its value is sent as
+// "Authorization: Bearer …"; it appears nowhere else.
+//
+// The answer is server-sent events. Lines starting with ":" are comments and
+// are ignored, as are "event:", "id:" and "retry:" lines; the "data:" lines of
+// an event are joined and decoded as a chunk. delta.reasoning or
+// delta.reasoning_content becomes a reasoning_delta event, delta.content a
+// delta event, delta.tool_calls a metadata event {"tool_calls":[…]} (the
+// fragments as the server sent them). "data: [DONE]" ends the stream with
+// the complete event, whose usage comes from the last chunk carrying
+// "usage" (prompt, completion and total tokens), the last finish_reason, the
+// model the server reported, and the wall-clock duration of the request. A
+// stream that ends without [DONE] still completes if a finish_reason was
+// seen, and is a provider_error otherwise. A server that ignores "stream"
+// and answers with one JSON completion is read the same way.
+//
+// Errors carry the provider's own message: a data chunk with an "error"
+// object (sent mid-stream with status 200) or a non-2xx response become an
+// error event with code model_not_found (HTTP 404 or error code
+// "model_not_found"), else provider_error (including 429); a failure to
+// connect is provider_unreachable; a configured timeout that expires is an
+// error event with code timeout. Cancelling ctx aborts the request, which
+// closes the connection; Execute then returns ctx.Err().
+//
+// Sessions behave as for the ollama adapter: history is sent before the
+// run's messages, and a completed run appends them and the reply (the
+// concatenated content).
+package openai
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"iop/adapters/runtime/internal/chat"
+	"iop/adapters/runtime/internal/lines"
+	"iop/adapters/runtime/internal/runlimit"
+	"iop/adapters/runtime/internal/upstream"
+	"iop/domain"
+	"iop/ports"
+)
+
+// reserved are the body keys run options cannot override.
+var reserved = []string{"model", "messages", "stream", "stream_options"}
+
+// Adapter runs chat completions against one server. It is safe for
+// concurrent use.
+type Adapter struct {
+	name           string
+	url            string
+	apiKeyEnv      string
+	models         []string
+	maxConcurrency int
+	timeout        time.Duration
+	hc             *http.Client
+	sessions       *chat.Sessions
+}
+
+var (
+	_ ports.RuntimeAdapter    = (*Adapter)(nil)
+	_ ports.SessionTerminator = (*Adapter)(nil)
+	_ ports.SessionLister     = (*Adapter)(nil)
+	_ io.Closer               = (*Adapter)(nil)
+)
+
+// Option changes how New builds the adapter.
+type Option func(*Adapter)
+
+// WithHTTPClient makes the adapter use hc instead of a client of its own.
+func WithHTTPClient(hc *http.Client) Option {
+	return func(a *Adapter) { a.hc = hc }
+}
+
+// New builds an openai adapter. cfg.BaseURL is the server root (for example
+// http://127.0.0.1:8000); cfg.PathPrefix replaces "/v1" ("/" for none).
+// chats keeps sessions (nil: the adapter keeps none). Errors are
+// domain.ErrConfig.
+func New(cfg domain.AdapterConfig, chats ports.ChatSessionStore, opts ...Option) (*Adapter, error) {
+	u, err := url.Parse(cfg.BaseURL)
+	if cfg.BaseURL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, domain.Errorf(domain.CodeConfigError, "openai adapter %q: base_url %q must be an http(s) URL such as http://127.0.0.1:8000", cfg.Name, cfg.BaseURL)
+	}
+	if cfg.MaxConcurrency < 0 || cfg.Timeout < 0 {
+		return nil, domain.Errorf(domain.CodeConfigError, "openai adapter %q: max_concurrency and timeout must not be negative", cfg.Name)
+	}
+	prefix := cmp.Or(cfg.PathPrefix, "/v1")
+	prefix = "/" + strings.Trim(prefix, "/")
+	if prefix == "/" {
+		prefix = ""
+	}
+	a := &Adapter{
+		name:           cfg.Name,
+		url:            strings.TrimSuffix(cfg.BaseURL, "/") + prefix + "/chat/completions",
+		apiKeyEnv:      cfg.APIKeyEnv,
+		models:         append([]string(nil), cfg.Models...),
+		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),
+		timeout:        cfg.Timeout,
+		sessions:       chat.NewSessions(chats, cfg.Name),
+	}
+	for _, o := range opts {
+		o(a)
+	}
+	if a.hc == nil {
+		a.hc = upstream.NewClient()
+	}
+	return a, nil
+}
+
+// Capabilities reports the configured concurrency and sessions (when a
+// store was given). The adapter serves no node commands.
+func (a *Adapter) Capabilities() domain.Capabilities {
+	return domain.Capabilities{MaxConcurrency: a.maxConcurrency, Sessions: a.sessions.Enabled()}
+}
+
+// Close drops idle connections to the server.
+func (a *Adapter) Close() error {
+	a.hc.CloseIdleConnections()
+	return nil
+}
+
+// TerminateSession forgets a session's history.
+func (a *Adapter) TerminateSession(ctx context.Context, _ string, sessionID string) error {
+	return a.sessions.Terminate(ctx, sessionID)
+}
+
+// ListSessions describes the adapter's sessions.
+func (a *Adapter) ListSessions(ctx context.Context) ([]domain.SessionInfo, error) {
+	return a.sessions.List(ctx)
+}
+
+// Execute runs one chat turn as the package doc describes. Invalid input,
+// options or a missing model are returned as invalid_request errors before
+// anything is sent; upstream failures are error events; a cancelled ctx
+// returns ctx.Err(); a failing sink returns its error.
+func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
+	model, err := chat.Model(a.name, req.Target, a.models)
+	if err != nil {
+		return err
+	}
+	body, err := chat.ParseOptions(req.Options)
+	if err != nil {
+		return err
+	}
+	turn, err := chat.ParseInput(req.Input)
+	if err != nil {
+		return err
+	}
+	msgs, err := a.sessions.Messages(ctx, req.SessionID, turn)
+	if err != nil {
+		return err
+	}
+	for _, k := range reserved {
+		delete(body, k)
+	}
+	payload, err := json.Marshal(struct {
+		Model         string            `json:"model"`
+		Messages      []json.RawMessage `json:"messages"`
+		Stream        bool              `json:"stream"`
+		StreamOptions map[string]bool   `json:"stream_options"`
+	}{model, msgs, true, map[string]bool{"include_usage": true}})
+	if err != nil {
+		return fmt.Errorf("encode chat request: %w", err)
+	}
+	if len(body) > 0 {
+		extra, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("encode chat request: %w", err)
+		}
+		// Both are JSON objects: splice the options in after the fixed keys.
+		payload = append(append(payload[:len(payload)-1], ','), extra[1:]...)
+	}
+	header := http.Header{"Accept": {"text/event-stream"}}
+	if a.apiKeyEnv != "" {
+		if key := os.Getenv(a.apiKeyEnv); key != "" {
+			header.Set("Authorization", "Bearer "+key)
+		}
+	}
+
+	limit := runlimit.New(ctx, a.timeout)
+	defer limit.Stop()
+	started := time.Now()
+	resp, err := upstream.Do(limit.Context(), a.hc, http.MethodPost, a.url, payload, header)
+	if err != nil {
+		return a.fail(ctx, limit, sink, err)
+	}
+	defer resp.Body.Close()
+
+	s := &stream{sink: sink, model: model}
+	if ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); ct == "application/json" {
+		err = s.readWhole(resp.Body)
+	} else {
+		err = s.readSSE(resp.Body)
+	}
+	var ue *upstreamErr
+	switch {
+	case errors.As(err, &ue):
+		return a.fail(ctx, limit, sink, ue.err)
+	case err != nil && errors.Is(err, errReading):
+		return a.fail(ctx, limit, sink, upstream.TransportError(limit.Context(), err))
+	case err != nil:
+		return err // the sink's
+	}
+	if err := a.sessions.Commit(ctx, model, req.SessionID, turn, s.reply.String()); err != nil {
+		return err
+	}
+	u := s.usage
+	u.DurationMS = time.Since(started).Milliseconds()
+	u.StopReason, u.Model = s.finish, s.model
+	if u.TotalTokens == 0 {
+		u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	}
+	return sink.Emit(domain.RunEvent{Type: domain.EventComplete, Usage: &u})
+}
+
+// fail ends a run that went wrong upstream: ctx.Err() when the caller
+// cancelled, a timeout event when the run's own timeout expired, else an
+// error event built from err.
+func (a *Adapter) fail(ctx context.Context, limit *runlimit.Limit, sink ports.EventSink, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if limit.Expired() {
+		return sink.Emit(limit.Event("chat completion"))
+	}
+	return sink.Emit(domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{Code: domain.CodeOf(err), Message: domain.MessageOf(err)}})
+}
+
+// errReading marks a failure to read the response body.
+var errReading = errors.New("read response")
+
+// upstreamErr is a failure the server reported, or a stream cut short.
+type upstreamErr struct{ err error }
+
+func (e *upstreamErr) Error() string { return e.err.Error() }
+
+// chunk is one streamed chat.completion.chunk, or a whole chat.completion.
+type chunk struct {
+	Model   string `json:"model"`
+	Choices []struct {
+		Delta   *message `json:"delta"`
+		Message *message `json:"message"`
+		Finish  *string  `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens     int64 `json:"prompt_tokens"`
+		CompletionTokens int64 `json:"completion_tokens"`
+		TotalTokens      int64 `json:"total_tokens"`
+	} `json:"usage"`
+	Error json.RawMessage `json:"error"`
+}
+
+type message struct {
+	Content          string          `json:"content"`
+	Reasoning        string          `json:"reasoning"`
+	ReasoningContent string          `json:"reasoning_content"`
+	ToolCalls        json.RawMessage `json:"tool_calls"`
+}
+
+// stream turns chunks into events and remembers what the complete event needs.
+type stream struct {
+	sink   ports.EventSink
+	model  string
+	reply  strings.Builder
+	usage  domain.Usage
+	finish string
+	done   bool
+}
+
+// readSSE reads server-sent events until [DONE]. It returns nil when the
+// stream completed, an *upstreamErr for a reported or premature end, an
+// error wrapping errReading when the body failed, or the sink's error.
+func (s *stream) readSSE(body io.Reader) error {
+	r := lines.NewReader(body, 0)
+	var data []byte
+	pending := false
+	for !s.done {
+		line, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %w", errReading, err)
+		}
+		switch {
+		case len(line) == 0:
+			if pending {
+				if err := s.dispatch(data); err != nil {
+					return err
+				}
+				data, pending = data[:0], false
+			}
+		case line[0] == ':':
+		case bytes.HasPrefix(line, []byte("data:")):
+			v := bytes.TrimPrefix(line[len("data:"):], []byte(" "))
+			if pending {
+				data = append(data, '\n')
+			}
+			data, pending = append(data, v...), true
+		}
+	}
+	if pending && !s.done {
+		if err := s.dispatch(data); err != nil {
+			return err
+		}
+	}
+	if !s.done && s.finish == "" {
+		return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server's stream ended before [DONE]")}
+	}
+	return nil
+}
+
+// readWhole reads a non-streamed JSON completion.
+func (s *stream) readWhole(body io.Reader) error {
+	b, err := io.ReadAll(io.LimitReader(body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("%w: %w", errReading, err)
+	}
+	if err := s.dispatch(b); err != nil {
+		return err
+	}
+	s.done = true
+	return nil
+}
+
+func (s *stream) dispatch(data []byte) error {
+	data = bytes.TrimSpace(data)
+	if string(data) == "[DONE]" {
+		s.done = true
+		return nil
+	}
+	var c chunk
+	if len(data) == 0 || json.Unmarshal(data, &c) != nil {
+		return nil // not a chunk: skipped
+	}
+	if len(c.Error) > 0 && string(c.Error) != "null" {
+		msg, code := upstream.ErrorField(c.Error)
+		return &upstreamErr{upstream.ProviderError(msg, code)}
+	}
+	if c.Model != "" {
+		s.model = c.Model
+	}
+	for _, ch := range c.Choices {
+		m := ch.Delta
+		if m == nil {
+			m = ch.Message
+		}
+		if m != nil {
+			if err := s.emitMessage(m); err != nil {
+				return err
+			}
+		}
+		if ch.Finish != nil && *ch.Finish != "" {
+			s.finish = *ch.Finish
+		}
+	}
+	if u := c.Usage; u != nil {
+		s.usage.PromptTokens, s.usage.CompletionTokens, s.usage.TotalTokens = u.PromptTokens, u.CompletionTokens, u.TotalTokens
+	}
+	return nil
+}
+
+func (s *stream) emitMessage(m *message) error {
+	if r := m.Reasoning + m.ReasoningContent; r != "" {
+		if err := s.sink.Emit(domain.RunEvent{Type: domain.EventReasoningDelta, Text: r}); err != nil {
+			return err
+		}
+	}
+	if m.Content != "" {
+		s.reply.WriteString(m.Content)
+		if err := s.sink.Emit(domain.RunEvent{Type: domain.EventDelta, Text: m.Content}); err != nil {
+			return err
+		}
+	}
+	if len(m.ToolCalls) > 0 && string(m.ToolCalls) != "null" {
+		meta, _ := json.Marshal(map[string]json.RawMessage{"tool_calls": m.ToolCalls})
+		if err := s.sink.Emit(domain.RunEvent{Type: domain.EventMetadata, Metadata: meta}); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,419 @@
+package openai_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"iop/adapters/runtime/internal/standin"
+	"iop/adapters/runtime/openai"
+	"iop/adapters/runtime/runtimetest"
+	"iop/adapters/store/memory"
+	"iop/domain"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const deadline = 20 * time.Second
+
+func testContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func sse(body string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		standin.Split(w, body)
+	}
+}
+
+func status(code int, body string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		_, _ = io.WriteString(w, body)
+	}
+}
+
+// events joins SSE events: each payload becomes "data: payload" plus a
+// blank line; payloads starting with ":" or "event:" are sent as they are.
+func events(sep string, payloads ...string) string {
+	var b strings.Builder
+	for _, p := range payloads {
+		if strings.HasPrefix(p, ":") || strings.HasPrefix(p, "event:") {
+			b.WriteString(p + sep)
+			continue
+		}
+		b.WriteString("data: " + p + sep + sep)
+	}
+	return b.String()
+}
+
+func chunk(delta string, finish string) string {
+	f := "null"
+	if finish != "" {
+		f = `"` + finish + `"`
+	}
+	return `{"id":"c1","object":"chat.completion.chunk","created":1,"model":"served-model","choices":[{"index":0,"delta":` + delta + `,"finish_reason":` + f + `}],"usage":null}`
+}
+
+const usageChunk = `{"id":"c1","object":"chat.completion.chunk","created":1,"model":"served-model","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":7,"total_tokens":19}}`
+
+var stream = events("\n",
+	": OPENROUTER PROCESSING",
+	chunk(`{"role":"assistant","content":""}`, ""),
+	chunk(`{"reasoning":"Think"}`, ""),
+	chunk(`{"reasoning_content":"ing… 🤔"}`, ""),
+	chunk(`{"content":"Héllo"}`, ""),
+	"event: ignored",
+	"not json at all",
+	chunk(`{"content":", wörld 😀","reasoning":null}`, ""),
+	chunk(`{"content":null}`, "stop"),
+	usageChunk,
+	"[DONE]",
+)
+
+func newAdapter(t *testing.T, cfg domain.AdapterConfig, chats *memory.ChatStore) *openai.Adapter {
+	t.Helper()
+	cfg.Name, cfg.Type = "llm", domain.AdapterOpenAI
+	var a *openai.Adapter
+	var err error
+	if chats == nil {
+		a, err = openai.New(cfg, nil)
+	} else {
+		a, err = openai.New(cfg, chats)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	return a
+}
+
+func run(t *testing.T, a *openai.Adapter, req domain.RunRequest) (*runtimetest.Sink, error) {
+	t.Helper()
+	req.RunID, req.Adapter = "r1", "llm"
+	sink := &runtimetest.Sink{}
+	err := a.Execute(testContext(t), req, sink)
+	return sink, err
+}
+
+func requireTerminal(t *testing.T, sink *runtimetest.Sink, typ domain.EventType, code string) domain.RunEvent {
+	t.Helper()
+	events := sink.Events()
+	if len(events) == 0 {
+		t.Fatal("no events")
+	}
+	last := events[len(events)-1]
+	if last.Type != typ {
+		t.Fatalf("last event = %+v, want %s (events %v)", last, typ, sink.Types())
+	}
+	if code != "" && (last.Error == nil || last.Error.Code != code) {
+		t.Fatalf("last event error = %+v, want code %s", last.Error, code)
+	}
+	for _, ev := range events[:len(events)-1] {
+		if ev.Type.Terminal() || ev.Type == domain.EventStart {
+			t.Fatalf("unexpected %s event before the end: %v", ev.Type, sink.Types())
+		}
+	}
+	return last
+}
+
+func reasoning(sink *runtimetest.Sink) string {
+	var b strings.Builder
+	for _, ev := range sink.Events() {
+		if ev.Type == domain.EventReasoningDelta {
+			b.WriteString(ev.Text)
+		}
+	}
+	return b.String()
+}
+
+func TestStreamMappingUsageAndRequest(t *testing.T) {
+	t.Setenv("IOP_TEST_OPENAI_KEY", "sk-secret")
+	srv := standin.NewServer(t, sse(stream))
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL, APIKeyEnv: "IOP_TEST_OPENAI_KEY"}, nil)
+	sink, err := run(t, a, domain.RunRequest{
+		Target:  "my-model",
+		Input:   []byte("Say hello"),
+		Options: []byte(`{"temperature":0.5,"max_tokens":64,"model":"other","stream":false,"messages":[],"stream_options":{"include_usage":false}}`),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := requireTerminal(t, sink, domain.EventComplete, "")
+	if got := sink.Text(); got != "Héllo, wörld 😀" {
+		t.Errorf("text = %q", got)
+	}
+	if got := reasoning(sink); got != "Thinking… 🤔" {
+		t.Errorf("reasoning = %q", got)
+	}
+	u := done.Usage
+	if u == nil || u.PromptTokens != 12 || u.CompletionTokens != 7 || u.TotalTokens != 19 || u.StopReason != "stop" || u.Model != "served-model" || u.DurationMS < 0 {
+		t.Errorf("usage = %+v", u)
+	}
+	for _, ev := range sink.Events() {
+		if strings.Contains(ev.Text+string(ev.Metadata), "sk-secret") {
+			t.Errorf("the API key leaked into an event: %+v", ev)
+		}
+	}
+
+	req := srv.Request(t, 0)
+	if req.Method+" "+req.Path != "POST /v1/chat/completions" {
+		t.Errorf("request = %s %s", req.Method, req.Path)
+	}
+	if got := req.Header.Get("Authorization"); got != "Bearer sk-secret" {
+		t.Errorf("Authorization = %q", got)
+	}
+	want := map[string]string{
+		"model":          `"my-model"`,
+		"stream":         "true",
+		"stream_options": `{"include_usage":true}`,
+		"messages":       `[{"role":"user","content":"Say hello"}]`,
+		"temperature":    "0.5",
+		"max_tokens":     "64",
+	}
+	for k, v := range want {
+		if string(req.Body[k]) != v {
+			t.Errorf("%s = %s, want %s", k, req.Body[k], v)
+		}
+	}
+	if len(req.Body) != len(want) {
+		t.Errorf("body has keys %v", req.Body)
+	}
+}
+
+func TestCRLFAndNoKey(t *testing.T) {
+	t.Setenv("IOP_TEST_OPENAI_KEY", "")
+	srv := standin.NewServer(t, sse(events("\r\n", chunk(`{"content":"ok"}`, "length"), "[DONE]")))
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL, APIKeyEnv: "IOP_TEST_OPENAI_KEY", Models: []string{"m1"}}, nil)
+	sink, err := run(t, a, domain.RunRequest{Input: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := requireTerminal(t, sink, domain.EventComplete, "")
+	if sink.Text() != "ok" || done.Usage.StopReason != "length" || done.Usage.PromptTokens != 0 {
+		t.Errorf("text %q, usage %+v", sink.Text(), done.Usage)
+	}
+	req := srv.Request(t, 0)
+	if req.Header.Get("Authorization") != "" {
+		t.Error("Authorization sent without a key")
+	}
+	if string(req.Body["model"]) != `"m1"` {
+		t.Errorf("model = %s, want the first configured model", req.Body["model"])
+	}
+}
+
+func TestPathPrefix(t *testing.T) {
+	for prefix, path := range map[string]string{"": "/v1/chat/completions", "/api/v1": "/api/v1/chat/completions", "openai/": "/openai/chat/completions", "/": "/chat/completions"} {
+		srv := standin.NewServer(t, sse(events("\n", chunk(`{"content":"ok"}`, "stop"), "[DONE]")))
+		a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL + "/", PathPrefix: prefix}, nil)
+		if _, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")}); err != nil {
+			t.Fatal(err)
+		}
+		if got := srv.Request(t, 0).Path; got != path {
+			t.Errorf("path_prefix %q: request path %s, want %s", prefix, got, path)
+		}
+	}
+}
+
+func TestToolCallsAndWholeJSONAnswer(t *testing.T) {
+	srv := standin.NewServer(t, sse(events("\n",
+		chunk(`{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"ci"}}]}`, ""),
+		chunk(`{}`, "tool_calls"), "[DONE]")))
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, nil)
+	sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("weather?")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+	if ev := sink.Events()[0]; ev.Type != domain.EventMetadata || !strings.Contains(string(ev.Metadata), `"tool_calls":[{"index":0,"id":"call_1"`) {
+		t.Errorf("first event = %+v", ev)
+	}
+
+	whole := standin.NewServer(t, status(200, `{"id":"c","object":"chat.completion","model":"m2","choices":[{"index":0,"message":{"role":"assistant","content":"Whole answer","reasoning_content":"why"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`))
+	a = newAdapter(t, domain.AdapterConfig{BaseURL: whole.URL}, nil)
+	sink, err = run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := requireTerminal(t, sink, domain.EventComplete, "")
+	if sink.Text() != "Whole answer" || reasoning(sink) != "why" || done.Usage.TotalTokens != 5 || done.Usage.Model != "m2" {
+		t.Errorf("text %q reasoning %q usage %+v", sink.Text(), reasoning(sink), done.Usage)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	cases := []struct {
+		name    string
+		handle  http.HandlerFunc
+		code    string
+		message string
+		text    string
+	}{
+		{"404", status(404, `{"error":{"message":"The model 'nope' does not exist","type":"invalid_request_error","param":"model","code":"model_not_found"}}`),
+			domain.CodeModelNotFound, "The model 'nope' does not exist", ""},
+		{"400 model code", status(400, `{"error":{"message":"invalid model ID","code":"model_not_found"}}`), domain.CodeModelNotFound, "invalid model ID", ""},
+		{"429", status(429, `{"error":{"message":"Rate limit reached for requests","type":"requests","param":null,"code":"rate_limit_exceeded"}}`),
+			domain.CodeProviderError, "Rate limit reached for requests", ""},
+		{"401", status(401, `{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}`),
+			domain.CodeProviderError, "Incorrect API key provided", ""},
+		{"500 text", status(500, "Internal Server Error"), domain.CodeProviderError, "Internal Server Error", ""},
+		{"mid-stream error", sse(events("\n", chunk(`{"content":"par"}`, ""), `{"error":{"message":"Upstream provider overloaded","code":502}}`)),
+			domain.CodeProviderError, "Upstream provider overloaded", "par"},
+		{"ends without DONE", sse(events("\n", chunk(`{"content":"par"}`, ""))), domain.CodeProviderError, "", "par"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := standin.NewServer(t, tc.handle)
+			a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, nil)
+			sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := requireTerminal(t, sink, domain.EventError, tc.code)
+			if tc.message != "" && ev.Error.Message != tc.message {
+				t.Errorf("message = %q, want %q", ev.Error.Message, tc.message)
+			}
+			if sink.Text() != tc.text {
+				t.Errorf("text = %q, want %q", sink.Text(), tc.text)
+			}
+		})
+	}
+}
+
+func TestEndWithoutDoneAfterFinishCompletes(t *testing.T) {
+	srv := standin.NewServer(t, sse(events("\n", chunk(`{"content":"all"}`, "stop"), usageChunk)))
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, nil)
+	sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done := requireTerminal(t, sink, domain.EventComplete, ""); done.Usage.TotalTokens != 19 {
+		t.Errorf("usage = %+v", done.Usage)
+	}
+}
+
+func TestConnectRefused(t *testing.T) {
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: standin.RefusedURL(t)}, nil)
+	sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventError, domain.CodeProviderUnreachable)
+}
+
+func TestCancelClosesTheUpstreamRequest(t *testing.T) {
+	gone := make(chan struct{})
+	srv := standin.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, events("\n", chunk(`{"content":"Hi"}`, "")))
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			close(gone)
+		case <-time.After(deadline):
+		}
+	})
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, nil)
+	ctx, cancel := context.WithCancel(testContext(t))
+	defer cancel()
+	sink := &runtimetest.Sink{}
+	exited := make(chan error, 1)
+	go func() {
+		exited <- a.Execute(ctx, domain.RunRequest{RunID: "r1", Adapter: "llm", Target: "m", Input: []byte("hi")}, sink)
+	}()
+	if err := sink.WaitFor(testContext(t), func(evs []domain.RunEvent) bool { return len(evs) > 0 }); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-exited; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Execute = %v, want context.Canceled", err)
+	}
+	select {
+	case <-gone:
+	case <-time.After(deadline):
+		t.Fatal("the server never saw the request end")
+	}
+	if _, ok := sink.Terminal(); ok {
+		t.Errorf("terminal event after cancel: %v", sink.Types())
+	}
+}
+
+func TestSessions(t *testing.T) {
+	var mu sync.Mutex
+	n := 0
+	srv := standin.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n++
+		i := n
+		mu.Unlock()
+		if i == 2 {
+			status(429, `{"error":{"message":"slow down"}}`)(w, r)
+			return
+		}
+		reply, _ := json.Marshal(fmt.Sprintf("reply %d", i))
+		sse(events("\n", chunk(`{"content":`+string(reply)+`}`, "stop"), "[DONE]"))(w, r)
+	})
+	chats := memory.NewChatStore()
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, chats)
+	turn := func(input string) *runtimetest.Sink {
+		t.Helper()
+		sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte(input), SessionID: "s1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sink
+	}
+	sent := func(i int) string {
+		var msgs []struct{ Role, Content string }
+		if err := json.Unmarshal(srv.Request(t, i).Body["messages"], &msgs); err != nil {
+			t.Fatal(err)
+		}
+		parts := []string{}
+		for _, m := range msgs {
+			parts = append(parts, m.Role+":"+m.Content)
+		}
+		return strings.Join(parts, " | ")
+	}
+	requireTerminal(t, turn("one"), domain.EventComplete, "")
+	requireTerminal(t, turn("two"), domain.EventError, domain.CodeProviderError)
+	requireTerminal(t, turn(`{"messages":[{"role":"user","content":[{"type":"text","text":"three"},{"type":"image_url","image_url":{"url":"data:x"}}]}]}`), domain.EventComplete, "")
+	if got, want := sent(1), "user:one | assistant:reply 1 | user:two"; got != want {
+		t.Errorf("second turn sent %q, want %q", got, want)
+	}
+	// The failed turn was not kept; the parts message went upstream whole.
+	var third []json.RawMessage
+	_ = json.Unmarshal(srv.Request(t, 2).Body["messages"], &third)
+	if len(third) != 3 || !strings.Contains(string(third[2]), "image_url") {
+		t.Errorf("third turn sent %s", srv.Request(t, 2).Body["messages"])
+	}
+	msgs, _ := chats.LoadChat(context.Background(), "llm", "s1")
+	if len(msgs) != 4 || msgs[2].Content != "three" || msgs[3].Content != "reply 3" {
+		t.Errorf("stored %+v", msgs)
+	}
+	if err := a.TerminateSession(context.Background(), "m", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, turn("fresh"), domain.EventComplete, "")
+	if got := sent(3); got != "user:fresh" {
+		t.Errorf("after terminate sent %q", got)
+	}
+	if list, err := a.ListSessions(context.Background()); err != nil || len(list) != 1 || list[0].Turns != 1 {
+		t.Errorf("ListSessions = %+v, %v", list, err)
+	}
+}

@@ -1,0 +1,33 @@
+package bootstrap
+
+import (
+	"iop/adapters/runtime/claudecode"
+	"iop/adapters/runtime/codex"
+	"iop/adapters/runtime/factory"
+	"iop/adapters/runtime/ollama"
+	"iop/adapters/runtime/openai"
+	"iop/domain"
+	"iop/ports"
+)
+
+// RuntimeBuilders returns the builders of the runtime adapter types beyond
+// exec (which the factory has built in): ollama and openai keep chat
+// sessions in chats, claude-code and codex keep their agent session ids in
+// agents. Either store may be nil, in which case those adapters keep no
+// sessions and say so in their capabilities.
+func RuntimeBuilders(chats ports.ChatSessionStore, agents ports.AgentSessionStore) map[string]factory.Builder {
+	return map[string]factory.Builder{
+		domain.AdapterOllama: func(cfg domain.AdapterConfig) (ports.RuntimeAdapter, error) {
+			return ollama.New(cfg, chats)
+		},
+		domain.AdapterOpenAI: func(cfg domain.AdapterConfig) (ports.RuntimeAdapter, error) {
+			return openai.New(cfg, chats)
+		},
+		domain.AdapterClaudeCode: func(cfg domain.AdapterConfig) (ports.RuntimeAdapter, error) {
+			return claudecode.New(cfg, agents)
+		},
+		domain.AdapterCodex: func(cfg domain.AdapterConfig) (ports.RuntimeAdapter, error) {
+			return codex.New(cfg, agents)
+		},
+	}
+}
