@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,8 +38,12 @@ type RejectedError struct{ Reason string }
 
 func (e *RejectedError) Error() string { return "edge refused registration: " + e.Reason }
 
-// Fatal reports whether retrying cannot help (the token is unknown).
-func (e *RejectedError) Fatal() bool { return e.Reason == domain.CodeUnknownToken }
+// Fatal reports whether retrying cannot help (the token is unknown). The
+// reason is a code, optionally followed by ": detail".
+func (e *RejectedError) Fatal() bool {
+	code, _, _ := strings.Cut(e.Reason, ":")
+	return code == domain.CodeUnknownToken
+}
 
 // ClientConfig configures the node's link to the edge.
 type ClientConfig struct {
@@ -115,9 +121,16 @@ func (c *Client) Run(ctx context.Context) error {
 
 // backoff is "full jitter": uniform in [0, min(max, min·2ⁿ)].
 func backoff(attempt int, lo, hi time.Duration) time.Duration {
-	ceil := hi
-	if attempt < 30 {
-		ceil = min(hi, lo<<attempt)
+	ceil := min(lo, hi)
+	// Double step by step: lo<<attempt overflows for large lo.
+	for i := 0; i < attempt && ceil < hi; i++ {
+		ceil = min(hi, 2*ceil)
+		if ceil <= 0 { // 2*ceil overflowed
+			ceil = hi
+		}
+	}
+	if ceil >= math.MaxInt64 {
+		return time.Duration(rand.Int64N(math.MaxInt64))
 	}
 	return time.Duration(rand.Int64N(int64(ceil) + 1))
 }
@@ -219,6 +232,10 @@ func (d *nodeDispatch) HandleOpen(s *Stream, f *ioppb.Frame) {
 		switch b := f.Body.(type) {
 		case *ioppb.Frame_RunRequest:
 			c.h.ExecuteRun(runRequestToDomain(b.RunRequest), &runOutput{s: s})
+			// Normally Close already ended the stream and this does nothing;
+			// otherwise the edge learns the run is over instead of waiting
+			// forever, and the stream does not leak.
+			s.Reset("internal", "run ended without a terminal event")
 		case *ioppb.Frame_CancelRequest:
 			d.cancel(s, b.CancelRequest)
 		case *ioppb.Frame_NodeCommandRequest:
@@ -298,8 +315,14 @@ func (d *nodeDispatch) tunnel(s *Stream, r *ioppb.ProviderTunnelRequest) {
 	if r.GetBodyFollows() {
 		body = &streamBody{s: s}
 	}
-	d.c.h.OpenTunnel(s.Context(), req, body, &tunnelSink{s: s})
-	s.Finish()
+	sink := &tunnelSink{s: s}
+	d.c.h.OpenTunnel(s.Context(), req, body, sink)
+	if sink.ended.Load() {
+		s.Finish()
+	} else {
+		// No end or error frame: tell the edge rather than leave it waiting.
+		s.Reset("internal", "tunnel ended without an end frame")
+	}
 }
 
 // streamBody reads a tunnel request body that follows its request frame.
@@ -330,17 +353,36 @@ func (b *streamBody) Read(p []byte) (int, error) {
 }
 
 // runOutput sends one run's events to the edge under the stream's credit.
-type runOutput struct{ s *Stream }
+type runOutput struct {
+	s        *Stream
+	terminal atomic.Bool // a terminal event was sent
+}
 
 func (o *runOutput) Emit(ev domain.RunEvent) error {
-	return o.s.Send(o.s.Context(), &ioppb.Frame{Body: &ioppb.Frame_RunEvent{RunEvent: runEventToProto(ev)}})
+	err := o.s.Send(o.s.Context(), &ioppb.Frame{Body: &ioppb.Frame_RunEvent{RunEvent: runEventToProto(ev)}})
+	if err == nil && ev.Type.Terminal() {
+		o.terminal.Store(true)
+	}
+	return err
 }
 func (o *runOutput) Done() <-chan struct{} { return o.s.Context().Done() }
-func (o *runOutput) Close()                { o.s.Finish() }
+
+// Close ends the stream. Without a terminal event first, the edge is told
+// (a reset) instead of being left waiting for one.
+func (o *runOutput) Close() {
+	if o.terminal.Load() {
+		o.s.Finish()
+	} else {
+		o.s.Reset("internal", "run ended without a terminal event")
+	}
+}
 
 // tunnelSink sends provider response frames; bodies are split into chunks so
 // no tunnel hogs the socket.
-type tunnelSink struct{ s *Stream }
+type tunnelSink struct {
+	s     *Stream
+	ended atomic.Bool // an end or error frame was sent
+}
 
 func (t *tunnelSink) Send(f domain.TunnelFrame) error {
 	ctx := t.s.Context()
@@ -353,5 +395,9 @@ func (t *tunnelSink) Send(f domain.TunnelFrame) error {
 			f.Body = f.Body[maxDataChunk:]
 		}
 	}
-	return t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: tunnelFrameToProto(f)}})
+	err := t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: tunnelFrameToProto(f)}})
+	if err == nil && (f.Kind == domain.TunnelEnd || f.Kind == domain.TunnelError) {
+		t.ended.Store(true)
+	}
+	return err
 }

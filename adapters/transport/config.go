@@ -88,8 +88,8 @@ func (c Config) Verify() error {
 	if c.MaxFrameSize < 64<<10 {
 		errs = append(errs, fmt.Errorf("max frame size %d is below 64 KiB", c.MaxFrameSize))
 	}
-	if c.StreamWindow < 4*maxDataChunk {
-		errs = append(errs, fmt.Errorf("stream window %d is below %d", c.StreamWindow, 4*maxDataChunk))
+	if c.StreamWindow < 4*maxChunkCost {
+		errs = append(errs, fmt.Errorf("stream window %d is below %d", c.StreamWindow, 4*maxChunkCost))
 	}
 	return errors.Join(errs...)
 }
@@ -97,3 +97,8 @@ func (c Config) Verify() error {
 // maxDataChunk is the largest body slice put in one data frame, so no stream
 // hogs the socket and every data frame fits in a quarter window.
 const maxDataChunk = 32 << 10
+
+// maxChunkCost is what a full data chunk costs against credit: the chunk,
+// its frame's protobuf fields and frameOverhead. Stream.Send refuses frames
+// over a quarter window, so the window must be at least four of these.
+const maxChunkCost = maxDataChunk + 256

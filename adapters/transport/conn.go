@@ -63,6 +63,10 @@ type Conn struct {
 	streams    map[uint64]*Stream
 	nextID     uint64
 	lastPeerID uint64
+	// opening serialises Open from id allocation to enqueueing the open
+	// frame, so ids reach the peer in increasing order (it drops any id not
+	// above the last one it saw). A channel, so waiting honours ctx.
+	opening chan struct{}
 
 	done      chan struct{}
 	closeOnce sync.Once
@@ -92,6 +96,7 @@ func newConn(nc net.Conn, dec *Decoder, cfg Config, side Side, peerWindow uint32
 		ctrl:    make(chan *ioppb.Frame, cfg.ControlQueue),
 		data:    make(chan *ioppb.Frame),
 		streams: map[uint64]*Stream{},
+		opening: make(chan struct{}, 1),
 		done:    make(chan struct{}),
 		since:   time.Now(),
 	}
@@ -266,6 +271,14 @@ func (c *Conn) openFromPeer(f *ioppb.Frame) {
 
 // Open starts a new local stream whose first frame is f.
 func (c *Conn) Open(ctx context.Context, f *ioppb.Frame) (*Stream, error) {
+	select {
+	case c.opening <- struct{}{}:
+		defer func() { <-c.opening }()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-c.done:
+		return nil, fmt.Errorf("%w: %w", ErrConnClosed, c.err)
+	}
 	c.mu.Lock()
 	select {
 	case <-c.done:
@@ -316,6 +329,16 @@ func (c *Conn) enqueueCtrl(ctx context.Context, f *ioppb.Frame) error {
 	}
 }
 
+// sendCtrlBounded queues a control frame that the peer should see (a
+// reset), waiting briefly for room; it is for callers off the read loop.
+func (c *Conn) sendCtrlBounded(f *ioppb.Frame) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if c.enqueueCtrl(ctx, f) != nil {
+		c.dropped.Add(1)
+	}
+}
+
 // trySendCtrl queues a control frame if there is room; the read loop uses it
 // so that it never blocks on the writer.
 func (c *Conn) trySendCtrl(f *ioppb.Frame) bool {
@@ -332,6 +355,16 @@ func (c *Conn) writeLoop() {
 	defer c.wg.Done()
 	bw := bufio.NewWriterSize(c.nc, 64<<10)
 	var buf []byte
+	// The write deadline is re-armed as the writer makes progress, so it
+	// catches a peer that stopped reading, not a long busy spell on a slow
+	// link (a batch can go on for as long as senders keep frames ready).
+	var armed time.Time
+	arm := func() {
+		if now := time.Now(); now.Sub(armed) >= c.cfg.WriteTimeout/4 {
+			_ = c.nc.SetWriteDeadline(now.Add(c.cfg.WriteTimeout))
+			armed = now
+		}
+	}
 	for {
 		var f *ioppb.Frame
 		select {
@@ -344,8 +377,8 @@ func (c *Conn) writeLoop() {
 				return
 			}
 		}
-		_ = c.nc.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
 		for f != nil {
+			arm()
 			if f == closeSentinel {
 				_ = bw.Flush()
 				cause := ErrConnClosed
@@ -373,6 +406,7 @@ func (c *Conn) writeLoop() {
 			}
 			f = c.nextQueued()
 		}
+		arm()
 		if err := bw.Flush(); err != nil {
 			c.shutdown(fmt.Errorf("write: %w", err))
 			return

@@ -33,7 +33,7 @@ func (l *edgeLink) Remote() string { return l.remote }
 
 // HandleOpen refuses streams opened by the node: none are defined yet.
 func (l *edgeLink) HandleOpen(s *Stream, _ *ioppb.Frame) {
-	s.Reset("unsupported", "the edge accepts no node-opened streams")
+	s.resetFromReadLoop("unsupported", "the edge accepts no node-opened streams")
 }
 
 // HandleControl receives config refresh acknowledgements.

@@ -174,7 +174,9 @@ func (s *Server) serve(nc net.Conn) {
 // returned link's connection is ready to start.
 func (s *Server) handshake(nc net.Conn, remote string) (*edgeLink, string, bool) {
 	_ = nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
-	dec := NewDecoder(nc, s.cfg.MaxFrameSize)
+	// A peer that has not authenticated may not make the edge allocate a
+	// full-size frame: the register request is small.
+	dec := NewDecoder(nc, min(s.cfg.MaxFrameSize, maxRegisterFrame))
 	f := new(ioppb.Frame)
 	if _, err := dec.Decode(f); err != nil {
 		_ = nc.Close()
@@ -187,6 +189,7 @@ func (s *Server) handshake(nc net.Conn, remote string) (*edgeLink, string, bool)
 		s.h.HandshakeFailed(remote, fmt.Sprintf("handshake: expected register_request, got %T", f.Body))
 		return nil, "", false
 	}
+	dec.max = s.cfg.MaxFrameSize
 	link := &edgeLink{remote: remote, acks: map[uint64]chan error{}}
 	link.conn = newConn(nc, dec, s.cfg, SideEdge, req.GetInitialWindow(), link)
 	info := domain.NodeInfo{Version: req.GetNodeVersion(), Hostname: req.GetHostname(), OS: req.GetOs(), Arch: req.GetArch()}
@@ -200,7 +203,7 @@ func (s *Server) handshake(nc net.Conn, remote string) (*edgeLink, string, bool)
 		InitialWindow:       s.cfg.StreamWindow,
 	}
 	if err != nil {
-		resp.Reason = err.Error()
+		resp.Reason = rejectReason(err)
 	} else {
 		resp.Config = configToProto(cfg)
 		link.nodeID = cfg.NodeID
@@ -220,6 +223,19 @@ func (s *Server) handshake(nc net.Conn, remote string) (*edgeLink, string, bool)
 	}
 	_ = nc.SetDeadline(time.Time{})
 	return link, cfg.NodeID, true
+}
+
+// maxRegisterFrame bounds the first frame of a connection.
+const maxRegisterFrame = 64 << 10
+
+// rejectReason puts the error's code first ("unknown_token: detail"), so the
+// node can tell a fatal refusal from one worth retrying.
+func rejectReason(err error) string {
+	code, msg := domain.CodeOf(err), domain.MessageOf(err)
+	if msg == "" || msg == code {
+		return code
+	}
+	return code + ": " + msg
 }
 
 func reasonOf(err error) string {

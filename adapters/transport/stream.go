@@ -96,7 +96,9 @@ func (s *Stream) Recv(ctx context.Context) (*ioppb.Frame, error) {
 			}
 			s.mu.Unlock()
 			if grant > 0 {
-				s.c.trySendCtrl(&ioppb.Frame{StreamId: s.id, Body: &ioppb.Frame_WindowUpdate{WindowUpdate: &ioppb.WindowUpdate{Increment: uint32(grant)}}})
+				// Credit must not be lost (the peer would stall for good), so
+				// wait for queue room; only the stream ending abandons it.
+				_ = s.c.enqueueCtrl(s.ctx, &ioppb.Frame{StreamId: s.id, Body: &ioppb.Frame_WindowUpdate{WindowUpdate: &ioppb.WindowUpdate{Increment: uint32(grant)}}})
 			}
 			return f, nil
 		}
@@ -168,6 +170,16 @@ func (s *Stream) Close() { s.Reset("cancel", "") }
 
 // Reset abandons the stream with a code and message for the peer.
 func (s *Stream) Reset(code, msg string) {
+	if s.end(ErrStreamClosed) {
+		s.c.remove(s)
+		s.c.sendCtrlBounded(resetFrame(s.id, code, msg))
+	}
+}
+
+// resetFromReadLoop is Reset for callers on the read loop, which must never
+// wait for the writer: if the control queue is full the reset is dropped
+// and counted, and the peer's frames for the stream are dropped as unknown.
+func (s *Stream) resetFromReadLoop(code, msg string) {
 	if s.end(ErrStreamClosed) {
 		s.c.remove(s)
 		s.c.trySendCtrl(resetFrame(s.id, code, msg))

@@ -1,0 +1,194 @@
+package transport
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// Benchmarks over loopback TCP. The raw-TCP baselines move the same bytes
+// with no framing, so ratios show the link's own cost:
+//
+//	go test -run=^$ -bench=. -benchmem ./adapters/transport/
+
+const benchPayload = 1 << 20 // bytes per op in the throughput benchmarks
+
+func benchPair(b *testing.B, setup func(n *fakeNode)) *pair {
+	b.Helper()
+	cfg := testConfig()
+	cfg.HeartbeatTimeout = 30 * time.Second
+	return newPair(b, pairOptions{server: cfg, client: ClientConfig{Transport: cfg}}, func(_ *fakeEdge, n *fakeNode) { setup(n) })
+}
+
+// BenchmarkTunnelThroughput moves benchPayload bytes per op from the node
+// to the edge through one provider tunnel.
+func BenchmarkTunnelThroughput(b *testing.B) {
+	body := make([]byte, benchPayload)
+	p := benchPair(b, func(n *fakeNode) {
+		n.onTunnel = func(ctx context.Context, _ domain.TunnelRequest, _ io.Reader, out ports.TunnelSink) {
+			if out.Send(domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 200}) != nil {
+				return
+			}
+			for {
+				if out.Send(domain.TunnelFrame{Kind: domain.TunnelBody, Body: body}) != nil {
+					return
+				}
+			}
+		}
+	})
+	ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "bench"}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ts.Close()
+	if _, err := ts.Recv(p.ctx); err != nil { // status
+		b.Fatal(err)
+	}
+	b.SetBytes(benchPayload)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for got := 0; got < benchPayload; {
+			f, err := ts.Recv(p.ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			got += len(f.Body)
+		}
+	}
+	b.StopTimer()
+}
+
+// BenchmarkRunEvents sends one small delta event per op through one run.
+func BenchmarkRunEvents(b *testing.B) {
+	const text = "a small delta of about sixty-four bytes, like one token or two.."
+	p := benchPair(b, func(n *fakeNode) {
+		n.onRun = func(req domain.RunRequest, out ports.RunOutput) {
+			ev := domain.RunEvent{RunID: req.RunID, Type: domain.EventDelta, Text: text}
+			for seq := uint64(1); ; seq++ {
+				ev.Seq = seq
+				if out.Emit(ev) != nil {
+					return
+				}
+			}
+		}
+	})
+	rs, err := p.link.StartRun(p.ctx, runReq("bench"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rs.Close()
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := rs.Recv(p.ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+}
+
+// rawTCPPair returns both ends of a loopback TCP connection.
+func rawTCPPair(b *testing.B) (net.Conn, net.Conn) {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	w, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := <-accepted
+	if r == nil {
+		b.Fatal("accept failed")
+	}
+	b.Cleanup(func() { _ = w.Close(); _ = r.Close() })
+	return w, r
+}
+
+// BenchmarkRawTCPThroughput is the baseline for BenchmarkTunnelThroughput:
+// benchPayload bytes per op over a bare loopback socket, written in 32 KiB
+// slices like the tunnel's chunks.
+func BenchmarkRawTCPThroughput(b *testing.B) {
+	w, r := rawTCPPair(b)
+	chunk := make([]byte, maxDataChunk)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 64<<10)
+	b.SetBytes(benchPayload)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for got := 0; got < benchPayload; {
+			n, err := r.Read(buf[:min(len(buf), benchPayload-got)])
+			if err != nil {
+				b.Fatal(err)
+			}
+			got += n
+		}
+	}
+	b.StopTimer()
+	_ = r.Close()
+	_ = w.Close()
+	<-done
+}
+
+// BenchmarkRawTCPSmallMessages is the baseline for BenchmarkRunEvents:
+// length-prefixed 64-byte messages over a bare loopback socket, buffered
+// the way the link's writer and reader are.
+func BenchmarkRawTCPSmallMessages(b *testing.B) {
+	w, r := rawTCPPair(b)
+	msg := binary.AppendUvarint(nil, 64)
+	msg = append(msg, make([]byte, 64)...)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		batch := make([]byte, 0, 64<<10)
+		for len(batch)+len(msg) <= cap(batch) {
+			batch = append(batch, msg...)
+		}
+		for {
+			if _, err := w.Write(batch); err != nil {
+				return
+			}
+		}
+	}()
+	dec := NewDecoder(r, DefaultMaxFrameSize)
+	b.SetBytes(64)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		n, err := dec.readLength()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := dec.r.Discard(int(n)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	_ = r.Close()
+	_ = w.Close()
+	<-done
+}

@@ -1,0 +1,144 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"reflect"
+	"testing"
+	"time"
+
+	"iop/domain"
+	ioppb "iop/proto/iop"
+)
+
+func TestConfigRoundTrip(t *testing.T) {
+	want := testNodeConfig()
+	want.Adapters = append(want.Adapters, domain.AdapterConfig{
+		Name: "oa", Type: domain.AdapterOpenAI, MaxConcurrency: 4, BaseURL: "http://x", PathPrefix: "/api",
+		APIKeyEnv: "KEY", Models: []string{"a", "b"}, Command: "claude", Args: []string{"-p"}, WorkDir: "/w", Timeout: 90 * time.Second,
+	})
+	want.Providers = append(want.Providers, domain.ProviderConfig{Name: "ol", Type: domain.ProviderOllama, BaseURL: "http://y", PathPrefix: "/p", APIKeyEnv: "K2"})
+	got := configToDomain(configToProto(want))
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("config round trip:\n got %+v\nwant %+v", got, want)
+	}
+	if got := configToDomain(nil); !reflect.DeepEqual(got, domain.NodeConfig{}) {
+		t.Errorf("nil payload: %+v", got)
+	}
+}
+
+func TestRunEventRoundTrip(t *testing.T) {
+	now := time.Unix(1700000000, 123456789)
+	for _, typ := range []domain.EventType{domain.EventStart, domain.EventDelta, domain.EventReasoningDelta, domain.EventMetadata, domain.EventComplete, domain.EventError, domain.EventCancelled} {
+		want := domain.RunEvent{RunID: "r", Seq: 4, Type: typ, Text: "t", Time: now, Metadata: []byte(`{"a":1}`),
+			Usage: &domain.Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: 3, CostUSD: 0.25, DurationMS: 5, StopReason: "stop", Model: "m"},
+			Error: &domain.ErrorInfo{Code: "c", Message: "m"}}
+		got, ok := runEventToDomain(runEventToProto(want))
+		if !ok || !reflect.DeepEqual(got, want) || !got.Time.Equal(want.Time) {
+			t.Errorf("%s: got %+v (%v), want %+v", typ, got, ok, want)
+		}
+	}
+	if _, ok := runEventToDomain(&ioppb.RunEvent{Type: ioppb.EventType_EVENT_TYPE_UNSPECIFIED}); ok {
+		t.Error("unspecified event type accepted")
+	}
+	if _, ok := runEventToDomain(&ioppb.RunEvent{Type: ioppb.EventType(99)}); ok {
+		t.Error("unknown event type accepted")
+	}
+}
+
+func TestRunRequestRoundTrip(t *testing.T) {
+	want := domain.RunRequest{RunID: "r", Adapter: "a", Target: "t", Input: []byte("i"), SessionID: "s", Background: true, Options: []byte(`{}`)}
+	if got := runRequestToDomain(runRequestToProto(want)); !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+}
+
+func TestTunnelFrameRoundTrip(t *testing.T) {
+	frames := []domain.TunnelFrame{
+		{Kind: domain.TunnelStatus, Status: 201},
+		{Kind: domain.TunnelHeader, Header: http.Header{"Content-Type": {"text/event-stream"}, "X-Multi": {"a", "b"}}},
+		{Kind: domain.TunnelBody, Body: []byte("data: x\n\n")},
+		{Kind: domain.TunnelUsage, Usage: &domain.Usage{TotalTokens: 7}},
+		{Kind: domain.TunnelMetadata, Metadata: []byte(`{"m":1}`)},
+		{Kind: domain.TunnelEnd},
+		{Kind: domain.TunnelError, Error: &domain.ErrorInfo{Code: domain.CodeProviderUnreachable, Message: "dial"}},
+	}
+	for _, want := range frames {
+		got, ok := tunnelFrameToDomain(tunnelFrameToProto(want))
+		if !ok || !reflect.DeepEqual(got, want) {
+			t.Errorf("kind %d: got %+v, want %+v", want.Kind, got, want)
+		}
+	}
+	// An error frame without details still says provider_error.
+	got, _ := tunnelFrameToDomain(tunnelFrameToProto(domain.TunnelFrame{Kind: domain.TunnelError}))
+	if got.Error == nil || got.Error.Code != domain.CodeProviderError {
+		t.Errorf("bare error frame: %+v", got)
+	}
+	if _, ok := tunnelFrameToDomain(&ioppb.ProviderTunnelFrame{}); ok {
+		t.Error("empty tunnel frame accepted")
+	}
+}
+
+func TestHeadersCanonicalised(t *testing.T) {
+	h := headersToDomain([]*ioppb.Header{{Name: "content-type", Values: []string{"a"}}, {Name: "Content-Type", Values: []string{"b"}}})
+	if got := h.Values("Content-Type"); !reflect.DeepEqual(got, []string{"a", "b"}) {
+		t.Errorf("got %v", got)
+	}
+}
+
+func TestErrorMapping(t *testing.T) {
+	if errorToProto(nil) != nil || errorToDomain(nil) != nil {
+		t.Fatal("nil errors must stay nil")
+	}
+	err := fmt.Errorf("lookup: %w", domain.Errorf(domain.CodeRunNotFound, "run %s", "r1"))
+	back := errorToDomain(errorToProto(err))
+	if !errors.Is(back, domain.ErrRunNotFound) || back.Error() != "run_not_found: run r1" {
+		t.Errorf("got %v", back)
+	}
+	plain := errorToDomain(errorToProto(errors.New("boom")))
+	if !errors.Is(plain, &domain.Error{Code: domain.CodeInternal}) || domain.MessageOf(plain) != "boom" {
+		t.Errorf("plain error: %v", plain)
+	}
+}
+
+func TestConfigVerify(t *testing.T) {
+	if err := DefaultConfig().Verify(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	if err := (Config{}).Verify(); err != nil {
+		t.Fatalf("zero config (defaults): %v", err)
+	}
+	bad := []Config{
+		{HeartbeatInterval: time.Second, HeartbeatTimeout: time.Second},
+		{MaxFrameSize: 1024},
+		{StreamWindow: 1024},
+	}
+	for _, c := range bad {
+		if err := c.Verify(); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+	if err := NewServer("127.0.0.1:0", Config{StreamWindow: 1024}, newFakeEdge()).Start(); err == nil {
+		t.Error("server started with an unusable config")
+	}
+}
+
+// Every stream window Verify accepts must let a full data chunk through,
+// or tunnel bodies could never be sent.
+func TestMinimumWindowCarriesFullChunks(t *testing.T) {
+	w := uint32(4 * maxDataChunk)
+	for ; (Config{StreamWindow: w}).Verify() != nil; w += 1024 {
+	}
+	chunk := make([]byte, maxDataChunk)
+	frames := []*ioppb.Frame{
+		{StreamId: 1<<63 + 1, Body: &ioppb.Frame_TunnelRequestBody{TunnelRequestBody: &ioppb.TunnelRequestBody{Data: chunk, End: true}}},
+		{StreamId: 1<<63 + 1, Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: &ioppb.ProviderTunnelFrame{Kind: &ioppb.ProviderTunnelFrame_Body{Body: chunk}}}},
+		{StreamId: 1<<63 + 1, Body: &ioppb.Frame_NodeCommandResponse{NodeCommandResponse: &ioppb.NodeCommandResponse{ResultJson: chunk}}},
+	}
+	for _, f := range frames {
+		if cost := frameCost(f); cost > int(w)/4 {
+			t.Errorf("smallest accepted window %d: a full %T chunk costs %d > quarter window %d", w, f.Body, cost, w/4)
+		}
+	}
+}

@@ -1,0 +1,693 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// ---- runs --------------------------------------------------------------------
+
+func TestRunEventsArriveInOrder(t *testing.T) {
+	now := time.Unix(1700000000, 42)
+	script := func(req domain.RunRequest) []domain.RunEvent {
+		return []domain.RunEvent{
+			{RunID: req.RunID, Seq: 1, Type: domain.EventStart, Time: now},
+			{RunID: req.RunID, Seq: 2, Type: domain.EventReasoningDelta, Text: "thinking"},
+			{RunID: req.RunID, Seq: 3, Type: domain.EventDelta, Text: "hel"},
+			{RunID: req.RunID, Seq: 4, Type: domain.EventDelta, Text: "lo"},
+			{RunID: req.RunID, Seq: 5, Type: domain.EventMetadata, Metadata: []byte(`{"tool":"x"}`)},
+			{RunID: req.RunID, Seq: 6, Type: domain.EventComplete, Usage: &domain.Usage{PromptTokens: 2, CompletionTokens: 3, TotalTokens: 5, Model: "m"}, Time: now},
+		}
+	}
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) { n.runScript = script })
+	req := domain.RunRequest{RunID: "run-1", Adapter: "sh", Target: "echo", Input: []byte("hi"), SessionID: "s1", Background: true, Options: []byte(`{"a":1}`)}
+	rs, err := p.link.StartRun(p.ctx, req)
+	mustf(t, err, "StartRun")
+	defer rs.Close()
+
+	if got := recv(t, p.ctx, p.node.runStarted, "ExecuteRun"); !reflect.DeepEqual(got, req) {
+		t.Errorf("node got request %+v", got)
+	}
+	for _, want := range script(req) {
+		ev, err := rs.Recv(p.ctx)
+		mustf(t, err, "Recv seq %d", want.Seq)
+		if !reflect.DeepEqual(ev, want) {
+			t.Fatalf("got %+v, want %+v", ev, want)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := rs.Recv(p.ctx); err != io.EOF {
+			t.Fatalf("Recv after terminal: %v, want io.EOF", err)
+		}
+	}
+	if o := recv(t, p.ctx, p.node.runEnded, "run end"); o.Outcome != "completed" {
+		t.Errorf("node outcome %+v", o)
+	}
+	// Both ends forgot the stream.
+	eventually(t, p.ctx, "streams released", func() bool {
+		return p.link.Stats().Streams == 0 && p.cli.currentConn().Stats().Streams == 0
+	})
+}
+
+func TestRunCloseTellsNode(t *testing.T) {
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.runScript = func(req domain.RunRequest) []domain.RunEvent {
+			return []domain.RunEvent{{RunID: req.RunID, Seq: 1, Type: domain.EventStart}}
+		}
+		n.holdRuns = true
+	})
+	rs, err := p.link.StartRun(p.ctx, runReq("r-close"))
+	mustf(t, err, "StartRun")
+	ev, err := rs.Recv(p.ctx)
+	mustf(t, err, "Recv")
+	if ev.Type != domain.EventStart {
+		t.Fatalf("first event %+v", ev)
+	}
+	rs.Close()
+	rs.Close() // idempotent
+	if o := recv(t, p.ctx, p.node.runEnded, "node sees the caller leave"); o.Outcome != "abandoned" {
+		t.Errorf("node outcome %+v", o)
+	}
+	if _, err := rs.Recv(p.ctx); err != io.EOF {
+		t.Errorf("Recv after Close: %v", err)
+	}
+	eventually(t, p.ctx, "streams released", func() bool {
+		return p.link.Stats().Streams == 0 && p.cli.currentConn().Stats().Streams == 0
+	})
+}
+
+// Emit after the edge left fails, so an adapter that ignores Done still stops.
+func TestRunEmitFailsAfterClose(t *testing.T) {
+	emitted := make(chan error, 1)
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.onRun = func(req domain.RunRequest, out ports.RunOutput) {
+			_ = out.Emit(domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventStart})
+			<-out.Done()
+			emitted <- out.Emit(domain.RunEvent{RunID: req.RunID, Seq: 2, Type: domain.EventDelta, Text: "late"})
+		}
+	})
+	rs, err := p.link.StartRun(p.ctx, runReq("r"))
+	mustf(t, err, "StartRun")
+	_, err = rs.Recv(p.ctx)
+	mustf(t, err, "Recv")
+	rs.Close()
+	if err := recv(t, p.ctx, emitted, "late Emit"); err == nil {
+		t.Error("Emit after the edge closed the run succeeded")
+	}
+}
+
+func TestRunLargeEventStreamUsesCredit(t *testing.T) {
+	const n = 4000
+	text := strings.Repeat("d", 600) // 4000 × ~650 B ≈ 2.5 MiB, ten windows
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, node *fakeNode) {
+		node.runScript = func(req domain.RunRequest) []domain.RunEvent {
+			evs := make([]domain.RunEvent, 0, n+2)
+			evs = append(evs, domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventStart})
+			for i := 0; i < n; i++ {
+				evs = append(evs, domain.RunEvent{RunID: req.RunID, Seq: uint64(i + 2), Type: domain.EventDelta, Text: text})
+			}
+			return append(evs, domain.RunEvent{RunID: req.RunID, Seq: n + 2, Type: domain.EventComplete})
+		}
+	})
+	rs, err := p.link.StartRun(p.ctx, runReq("big"))
+	mustf(t, err, "StartRun")
+	defer rs.Close()
+	var seq uint64
+	var bytesIn int
+	for {
+		ev, err := rs.Recv(p.ctx)
+		if err == io.EOF {
+			break
+		}
+		mustf(t, err, "Recv after %d events", seq)
+		seq++
+		if ev.Seq != seq {
+			t.Fatalf("event %d has seq %d", seq, ev.Seq)
+		}
+		bytesIn += len(ev.Text)
+	}
+	if seq != n+2 || bytesIn != n*len(text) {
+		t.Fatalf("got %d events, %d bytes", seq, bytesIn)
+	}
+	if bytesIn < 2<<20 {
+		t.Fatalf("test moved only %d bytes", bytesIn)
+	}
+	if o := recv(t, p.ctx, p.node.runEnded, "run end"); o.Outcome != "completed" {
+		t.Errorf("node outcome %+v", o)
+	}
+}
+
+// Many runs started at once on one link all complete: stream ids reach the
+// peer in increasing order, whatever the scheduling of the openers.
+func TestConcurrentRunsAllComplete(t *testing.T) {
+	p := newPair(t, pairOptions{}, nil)
+	const runs = 200
+	var wg sync.WaitGroup
+	errs := make(chan error, runs)
+	for i := 0; i < runs; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+			defer cancel()
+			rs, err := p.link.StartRun(ctx, runReq(fmt.Sprintf("c%d", i)))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer rs.Close()
+			for {
+				ev, err := rs.Recv(ctx)
+				if err == io.EOF {
+					return
+				}
+				if err != nil {
+					errs <- fmt.Errorf("run c%d: %w", i, err)
+					return
+				}
+				if ev.RunID != fmt.Sprintf("c%d", i) {
+					errs <- fmt.Errorf("run c%d got event of %s", i, ev.RunID)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// A node handler that returns without a terminal event must not leave the
+// edge waiting forever, nor leak the stream on the node.
+func TestRunHandlerReturnsWithoutTerminal(t *testing.T) {
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.onRun = func(req domain.RunRequest, out ports.RunOutput) {
+			_ = out.Emit(domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventStart})
+		}
+	})
+	rs, err := p.link.StartRun(p.ctx, runReq("r"))
+	mustf(t, err, "StartRun")
+	defer rs.Close()
+	_, err = rs.Recv(p.ctx)
+	mustf(t, err, "first Recv")
+	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+	defer cancel()
+	if _, err = rs.Recv(ctx); !errors.Is(err, &domain.Error{Code: domain.CodeStreamReset}) {
+		t.Fatalf("Recv after the handler returned: %v; want stream_reset", err)
+	}
+	eventually(t, p.ctx, "node stream released", func() bool { return p.cli.currentConn().Stats().Streams == 0 })
+}
+
+// ---- commands ----------------------------------------------------------------
+
+func TestCommandProgressAndLargeResult(t *testing.T) {
+	result := make([]byte, 100<<10+123)
+	for i := range result {
+		result[i] = byte('a' + rand.IntN(26))
+	}
+	progress := [][]byte{[]byte(`{"pct":10}`), []byte(`{"pct":50}`), []byte(`{"pct":100}`)}
+	gotArgs := make(chan []byte, 1)
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.onCommand = func(ctx context.Context, name string, args []byte, prog func([]byte) error) ([]byte, error) {
+			if name != "ollama.pull" {
+				return nil, domain.ErrUnknownCommand
+			}
+			gotArgs <- args
+			for _, p := range progress {
+				if err := prog(p); err != nil {
+					return nil, err
+				}
+			}
+			return result, nil
+		}
+	})
+	cs, err := p.link.Command(p.ctx, "ollama.pull", []byte(`{"model":"x"}`))
+	mustf(t, err, "Command")
+	defer cs.Close()
+	for i, want := range progress {
+		r, err := cs.Recv(p.ctx)
+		mustf(t, err, "progress %d", i)
+		if r.Final || !bytes.Equal(r.Progress, want) {
+			t.Fatalf("reply %d: %+v", i, r)
+		}
+	}
+	r, err := cs.Recv(p.ctx)
+	mustf(t, err, "final")
+	if !r.Final || r.Err != nil || !bytes.Equal(r.Result, result) {
+		t.Fatalf("final reply: final=%v err=%v result %d bytes (want %d)", r.Final, r.Err, len(r.Result), len(result))
+	}
+	if _, err := cs.Recv(p.ctx); err != io.EOF {
+		t.Errorf("after final: %v", err)
+	}
+	if a := recv(t, p.ctx, gotArgs, "args"); string(a) != `{"model":"x"}` {
+		t.Errorf("args %q", a)
+	}
+}
+
+func TestCommandErrorMapsToDomain(t *testing.T) {
+	p := newPair(t, pairOptions{}, nil) // the fake node knows no commands
+	cs, err := p.link.Command(p.ctx, "nope", nil)
+	mustf(t, err, "Command")
+	r, err := cs.Recv(p.ctx)
+	mustf(t, err, "Recv")
+	if !r.Final || !errors.Is(r.Err, domain.ErrUnknownCommand) || !strings.Contains(r.Err.Error(), `no command "nope"`) {
+		t.Fatalf("reply %+v", r)
+	}
+
+	// A wrapped error keeps its code; an error carrying a partial result keeps both.
+	p.node.onCommand = func(context.Context, string, []byte, func([]byte) error) ([]byte, error) {
+		return []byte(`{"partial":true}`), fmt.Errorf("pull: %w", domain.ErrModelNotFound)
+	}
+	cs, err = p.link.Command(p.ctx, "x", nil)
+	mustf(t, err, "Command")
+	r, err = cs.Recv(p.ctx)
+	mustf(t, err, "Recv")
+	if !errors.Is(r.Err, domain.ErrModelNotFound) || string(r.Result) != `{"partial":true}` {
+		t.Fatalf("reply %+v", r)
+	}
+}
+
+func TestCommandCloseCancelsNode(t *testing.T) {
+	cancelled := make(chan error, 1)
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.onCommand = func(ctx context.Context, _ string, _ []byte, prog func([]byte) error) ([]byte, error) {
+			_ = prog([]byte(`{"pct":1}`))
+			<-ctx.Done()
+			cancelled <- context.Cause(ctx)
+			return nil, ctx.Err()
+		}
+	})
+	cs, err := p.link.Command(p.ctx, "slow", nil)
+	mustf(t, err, "Command")
+	_, err = cs.Recv(p.ctx)
+	mustf(t, err, "progress")
+	cs.Close()
+	cause := recv(t, p.ctx, cancelled, "node ctx cancelled")
+	var re *ResetError
+	if !errors.As(cause, &re) || re.Code != "cancel" {
+		t.Errorf("node saw cause %v; want a cancel reset", cause)
+	}
+}
+
+// ---- cancel / terminate ------------------------------------------------------
+
+func TestCancelAndTerminate(t *testing.T) {
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.cancelErr = func(id string) error {
+			if id == "known" {
+				return nil
+			}
+			return domain.Errorf(domain.CodeRunNotFound, "run %s", id)
+		}
+		n.terminateFn = func(c terminateCall) error {
+			if c.SessionID == "busy" {
+				return fmt.Errorf("terminate: %w", domain.ErrSessionBusy)
+			}
+			return nil
+		}
+	})
+	mustf(t, p.link.CancelRun(p.ctx, "known"), "CancelRun known")
+	if id := recv(t, p.ctx, p.node.cancels, "CancelRun"); id != "known" {
+		t.Errorf("node cancelled %q", id)
+	}
+	err := p.link.CancelRun(p.ctx, "ghost")
+	if !errors.Is(err, domain.ErrRunNotFound) || !strings.Contains(err.Error(), "run ghost") {
+		t.Errorf("CancelRun ghost: %v", err)
+	}
+	recv(t, p.ctx, p.node.cancels, "CancelRun")
+
+	mustf(t, p.link.TerminateSession(p.ctx, "sh", "echo", "s1"), "TerminateSession")
+	if c := recv(t, p.ctx, p.node.terminates, "TerminateSession"); c != (terminateCall{"sh", "echo", "s1"}) {
+		t.Errorf("node got %+v", c)
+	}
+	if err := p.link.TerminateSession(p.ctx, "sh", "echo", "busy"); !errors.Is(err, domain.ErrSessionBusy) {
+		t.Errorf("TerminateSession busy: %v", err)
+	}
+	eventually(t, p.ctx, "streams released", func() bool {
+		return p.link.Stats().Streams == 0 && p.cli.currentConn().Stats().Streams == 0
+	})
+}
+
+func TestCancelTimesOut(t *testing.T) {
+	release := make(chan struct{})
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.cancelErr = func(string) error { <-release; return nil }
+	})
+	defer close(release)
+	ctx, cancel := context.WithTimeout(p.ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := p.link.CancelRun(ctx, "slow"); !errors.Is(err, domain.ErrTimeout) {
+		t.Errorf("got %v, want ErrTimeout", err)
+	}
+}
+
+// ---- config push -------------------------------------------------------------
+
+func TestPushConfig(t *testing.T) {
+	p := newPair(t, pairOptions{}, nil)
+	recv(t, p.ctx, p.node.applied, "config at register")
+	cfg := testNodeConfig()
+	cfg.Version = 8
+	mustf(t, p.link.PushConfig(p.ctx, cfg), "PushConfig")
+	if got := recv(t, p.ctx, p.node.applied, "refreshed config"); !reflect.DeepEqual(got, cfg) {
+		t.Errorf("node applied %+v", got)
+	}
+	p.node.mu.Lock()
+	p.node.applyErr = func(domain.NodeConfig) error { return errors.New("adapter x: bad base_url") }
+	p.node.mu.Unlock()
+	cfg.Version = 9
+	err := p.link.PushConfig(p.ctx, cfg)
+	if !errors.Is(err, domain.ErrConfig) || !strings.Contains(err.Error(), "bad base_url") {
+		t.Errorf("PushConfig with a failing node: %v", err)
+	}
+}
+
+// ---- tunnels -----------------------------------------------------------------
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rand.Uint32())
+	}
+	return b
+}
+
+type tunnelSeen struct {
+	req  domain.TunnelRequest
+	body []byte
+	err  error
+}
+
+// echoTunnel reads the whole request body and answers with a fixed response.
+func echoTunnel(seen chan<- tunnelSeen, respBody []byte) func(context.Context, domain.TunnelRequest, io.Reader, ports.TunnelSink) {
+	return func(ctx context.Context, req domain.TunnelRequest, body io.Reader, out ports.TunnelSink) {
+		all := append([]byte(nil), req.Body...)
+		var err error
+		if body != nil {
+			var rest []byte
+			rest, err = io.ReadAll(body)
+			all = append(all, rest...)
+		}
+		seen <- tunnelSeen{req: req, body: all, err: err}
+		frames := []domain.TunnelFrame{
+			{Kind: domain.TunnelStatus, Status: 200},
+			{Kind: domain.TunnelHeader, Header: http.Header{"Content-Type": {"application/octet-stream"}}},
+			{Kind: domain.TunnelBody, Body: respBody},
+			{Kind: domain.TunnelUsage, Usage: &domain.Usage{TotalTokens: 42}},
+			{Kind: domain.TunnelMetadata, Metadata: []byte(`{"model":"m"}`)},
+			{Kind: domain.TunnelEnd},
+		}
+		for _, f := range frames {
+			if err := out.Send(f); err != nil {
+				return
+			}
+		}
+	}
+}
+
+func TestTunnelRequestBodies(t *testing.T) {
+	seen := make(chan tunnelSeen, 4)
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) { n.onTunnel = echoTunnel(seen, []byte("ok")) })
+	body := randomBytes(200 << 10)
+	cases := []struct {
+		name   string
+		inline []byte
+		rest   []byte // sent through the io.Reader, if non-nil
+		wrap   func(io.Reader) io.Reader
+	}{
+		{"small inline", body[:100], nil, nil},
+		{"large inline", body, nil, nil},
+		{"reader only", nil, body, nil},
+		{"inline and reader", body[:50<<10], body[50<<10:], nil},
+		{"one-byte reads", body[:10], body[10 : 40<<10], func(r io.Reader) io.Reader { return &oneByteReader{r: r} }},
+		{"empty reader", nil, []byte{}, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			want := append(append([]byte(nil), tc.inline...), tc.rest...)
+			var r io.Reader
+			if tc.rest != nil {
+				r = bytes.NewReader(tc.rest)
+				if tc.wrap != nil {
+					r = tc.wrap(r)
+				}
+			}
+			req := domain.TunnelRequest{Provider: "oa", Method: "POST", Path: "/v1/chat/completions", Query: "x=1",
+				Header: http.Header{"Authorization": {"Bearer t"}, "X-Two": {"a", "b"}}, Body: tc.inline}
+			ts, err := p.link.OpenTunnel(p.ctx, req, r)
+			mustf(t, err, "OpenTunnel")
+			defer ts.Close()
+			got := recv(t, p.ctx, seen, "node tunnel")
+			if got.err != nil {
+				t.Fatalf("node body read: %v", got.err)
+			}
+			if !bytes.Equal(got.body, want) {
+				t.Fatalf("node got %d body bytes (sha %x), want %d (sha %x)", len(got.body), sha256.Sum256(got.body), len(want), sha256.Sum256(want))
+			}
+			if got.req.Provider != "oa" || got.req.Method != "POST" || got.req.Path != "/v1/chat/completions" || got.req.Query != "x=1" ||
+				!reflect.DeepEqual(got.req.Header, req.Header) {
+				t.Errorf("node got request %+v", got.req)
+			}
+			drainTunnel(t, p.ctx, ts)
+		})
+	}
+}
+
+type oneByteReader struct{ r io.Reader }
+
+func (o *oneByteReader) Read(p []byte) (int, error) {
+	if len(p) > 1 {
+		p = p[:1]
+	}
+	return o.r.Read(p)
+}
+
+// drainTunnel reads a tunnel to its end and returns the frames and body.
+func drainTunnel(t *testing.T, ctx context.Context, ts ports.TunnelStream) ([]domain.TunnelFrameKind, []byte) {
+	t.Helper()
+	var kinds []domain.TunnelFrameKind
+	var body []byte
+	for {
+		f, err := ts.Recv(ctx)
+		if err == io.EOF {
+			return kinds, body
+		}
+		mustf(t, err, "tunnel Recv after %v", kinds)
+		if len(kinds) == 0 || kinds[len(kinds)-1] != f.Kind || f.Kind != domain.TunnelBody {
+			kinds = append(kinds, f.Kind)
+		}
+		body = append(body, f.Body...)
+	}
+}
+
+func TestTunnelResponseFramesInOrder(t *testing.T) {
+	seen := make(chan tunnelSeen, 1)
+	resp := randomBytes(1 << 20)
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) { n.onTunnel = echoTunnel(seen, resp) })
+	ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "oa", Method: "GET", Path: "/v1/models"}, nil)
+	mustf(t, err, "OpenTunnel")
+	defer ts.Close()
+
+	var kinds []domain.TunnelFrameKind
+	var body []byte
+	var usage *domain.Usage
+	chunks := 0
+	for {
+		f, err := ts.Recv(p.ctx)
+		if err == io.EOF {
+			break
+		}
+		mustf(t, err, "Recv")
+		switch f.Kind {
+		case domain.TunnelStatus:
+			if f.Status != 200 {
+				t.Errorf("status %d", f.Status)
+			}
+		case domain.TunnelHeader:
+			if f.Header.Get("Content-Type") != "application/octet-stream" {
+				t.Errorf("header %v", f.Header)
+			}
+		case domain.TunnelBody:
+			chunks++
+			if len(f.Body) > maxDataChunk {
+				t.Errorf("body chunk of %d bytes exceeds %d", len(f.Body), maxDataChunk)
+			}
+			body = append(body, f.Body...)
+		case domain.TunnelUsage:
+			usage = f.Usage
+		}
+		if len(kinds) == 0 || kinds[len(kinds)-1] != f.Kind {
+			kinds = append(kinds, f.Kind)
+		}
+	}
+	want := []domain.TunnelFrameKind{domain.TunnelStatus, domain.TunnelHeader, domain.TunnelBody, domain.TunnelUsage, domain.TunnelMetadata, domain.TunnelEnd}
+	if !reflect.DeepEqual(kinds, want) {
+		t.Errorf("frame order %v, want %v", kinds, want)
+	}
+	if sha256.Sum256(body) != sha256.Sum256(resp) {
+		t.Errorf("body differs: %d bytes, want %d", len(body), len(resp))
+	}
+	if chunks < len(resp)/maxDataChunk {
+		t.Errorf("1 MiB body came in %d chunks; bodies must be split", chunks)
+	}
+	if usage == nil || usage.TotalTokens != 42 {
+		t.Errorf("usage %+v", usage)
+	}
+	if _, err := ts.Recv(p.ctx); err != io.EOF {
+		t.Errorf("after end: %v", err)
+	}
+}
+
+func TestTunnelErrorFrameEnds(t *testing.T) {
+	p := newPair(t, pairOptions{}, nil) // the fake node answers with provider_not_found
+	ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "ghost"}, nil)
+	mustf(t, err, "OpenTunnel")
+	defer ts.Close()
+	f, err := ts.Recv(p.ctx)
+	mustf(t, err, "Recv")
+	if f.Kind != domain.TunnelError || f.Error == nil || f.Error.Code != domain.CodeProviderNotFound {
+		t.Fatalf("frame %+v", f)
+	}
+	if _, err := ts.Recv(p.ctx); err != io.EOF {
+		t.Errorf("after error frame: %v", err)
+	}
+}
+
+func TestTunnelCloseCancelsNode(t *testing.T) {
+	type result struct {
+		cause   error
+		sendErr error
+	}
+	done := make(chan result, 1)
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.onTunnel = func(ctx context.Context, _ domain.TunnelRequest, body io.Reader, out ports.TunnelSink) {
+			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 200})
+			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelBody, Body: []byte("first")})
+			<-ctx.Done()
+			done <- result{cause: context.Cause(ctx), sendErr: out.Send(domain.TunnelFrame{Kind: domain.TunnelBody, Body: []byte("late")})}
+		}
+	})
+	// An endless request body: Close must also stop the uploader.
+	ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "oa", Method: "POST"}, endlessReader{})
+	mustf(t, err, "OpenTunnel")
+	f, err := ts.Recv(p.ctx)
+	mustf(t, err, "status")
+	if f.Kind != domain.TunnelStatus {
+		t.Fatalf("first frame %+v", f)
+	}
+	f, err = ts.Recv(p.ctx)
+	mustf(t, err, "body")
+	if string(f.Body) != "first" {
+		t.Fatalf("second frame %+v", f)
+	}
+	closed := make(chan struct{})
+	go func() { ts.Close(); close(closed) }()
+	recv(t, p.ctx, closed, "Close to return")
+	r := recv(t, p.ctx, done, "node ctx cancelled")
+	var re *ResetError
+	if !errors.As(r.cause, &re) || re.Code != "cancel" {
+		t.Errorf("node ctx cause %v", r.cause)
+	}
+	if r.sendErr == nil {
+		t.Error("Send after Close succeeded")
+	}
+	if _, err := ts.Recv(p.ctx); err != io.EOF {
+		t.Errorf("Recv after Close: %v", err)
+	}
+	eventually(t, p.ctx, "streams released", func() bool {
+		return p.link.Stats().Streams == 0 && p.cli.currentConn().Stats().Streams == 0
+	})
+}
+
+type endlessReader struct{}
+
+func (endlessReader) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 'x'
+	}
+	return len(p), nil
+}
+
+type failingReader struct{ after int }
+
+func (r *failingReader) Read(p []byte) (int, error) {
+	if r.after <= 0 {
+		return 0, errors.New("client went away")
+	}
+	n := min(len(p), r.after)
+	r.after -= n
+	return n, nil
+}
+
+func TestTunnelBodyReadErrorResetsStream(t *testing.T) {
+	seen := make(chan tunnelSeen, 1)
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) { n.onTunnel = echoTunnel(seen, nil) })
+	ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "oa"}, &failingReader{after: 70 << 10})
+	mustf(t, err, "OpenTunnel")
+	defer ts.Close()
+	got := recv(t, p.ctx, seen, "node tunnel")
+	if got.err == nil {
+		t.Fatalf("node read a complete body (%d bytes) from a failed upload", len(got.body))
+	}
+	if _, err := ts.Recv(p.ctx); err == nil {
+		t.Error("tunnel still usable after its upload failed")
+	}
+}
+
+// A tunnel handler that returns without end or error must not leave the
+// edge waiting forever.
+func TestTunnelHandlerReturnsWithoutEnd(t *testing.T) {
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.onTunnel = func(_ context.Context, _ domain.TunnelRequest, _ io.Reader, out ports.TunnelSink) {
+			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 502})
+		}
+	})
+	ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "oa"}, nil)
+	mustf(t, err, "OpenTunnel")
+	defer ts.Close()
+	_, err = ts.Recv(p.ctx)
+	mustf(t, err, "status")
+	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+	defer cancel()
+	if _, err := ts.Recv(ctx); !errors.Is(err, &domain.Error{Code: domain.CodeStreamReset}) {
+		t.Fatalf("Recv after the handler returned: %v; want stream_reset", err)
+	}
+}
+
+// Sending a frame larger than a quarter of the window is refused locally
+// instead of breaking the peer's credit accounting.
+func TestSendRefusesFramesOverQuarterWindow(t *testing.T) {
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.onRun = func(req domain.RunRequest, out ports.RunOutput) {
+			err := out.Emit(domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventDelta, Text: strings.Repeat("x", 100<<10)})
+			if err == nil {
+				_ = out.Emit(domain.RunEvent{RunID: req.RunID, Seq: 2, Type: domain.EventComplete})
+			} else {
+				_ = out.Emit(domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventError, Error: &domain.ErrorInfo{Code: "internal", Message: err.Error()}})
+			}
+			out.Close()
+		}
+	})
+	rs, err := p.link.StartRun(p.ctx, runReq("huge"))
+	mustf(t, err, "StartRun")
+	ev, err := rs.Recv(p.ctx)
+	mustf(t, err, "Recv")
+	if ev.Type != domain.EventError || !strings.Contains(ev.Error.Message, ErrStreamFrameTooBig.Error()) {
+		t.Errorf("event %+v", ev)
+	}
+}
