@@ -5,7 +5,7 @@ PKG         := ./...
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X iop/bootstrap.Version=$(VERSION)
 PROTOC_GEN_GO_VERSION := v1.36.12
-STATICCHECK_VERSION   := 2025.1.1
+STATICCHECK_VERSION   := v0.8.2
 
 .PHONY: all build run test test-unit test-e2e bench lint fmt proto clean
 

@@ -1,0 +1,78 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"iop/domain"
+)
+
+// statusFor is the one mapping from domain errors to HTTP statuses.
+func statusFor(err error) int {
+	switch domain.CodeOf(err) {
+	case domain.CodeInvalidRequest, domain.CodeUnknownCommand:
+		return http.StatusBadRequest
+	case domain.CodeNodeNotFound, domain.CodeRunNotFound, domain.CodeSessionNotFound,
+		domain.CodeAdapterNotFound, domain.CodeTargetNotFound, domain.CodeModelNotFound, domain.CodeProviderNotFound:
+		return http.StatusNotFound
+	case domain.CodeRunFinished, domain.CodeSessionBusy:
+		return http.StatusConflict
+	case domain.CodeConfigError:
+		return http.StatusUnprocessableEntity
+	case domain.CodeAtCapacity:
+		return http.StatusTooManyRequests
+	case domain.CodeSessionUnsupported, domain.CodeCommandUnsupported:
+		return http.StatusNotImplemented
+	case domain.CodeProviderError, domain.CodeProviderUnreachable, domain.CodeStreamReset:
+		return http.StatusBadGateway
+	case domain.CodeNoNodeAvailable, domain.CodeNodeDisconnected, domain.CodeShuttingDown:
+		return http.StatusServiceUnavailable
+	case domain.CodeTimeout:
+		return http.StatusGatewayTimeout
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}
+
+// writeError answers err as {"error":{"code","message"}} with statusFor's status.
+func writeError(w http.ResponseWriter, err error) {
+	code := domain.CodeOf(err)
+	if code == domain.CodeInternal && errors.Is(err, context.DeadlineExceeded) {
+		code = domain.CodeTimeout
+	}
+	writeJSONError(w, statusFor(err), code, domain.MessageOf(err))
+}
+
+type errorJSON struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+type errorBody struct {
+	Error errorJSON `json:"error"`
+}
+
+func writeJSONError(w http.ResponseWriter, status int, code, message string) {
+	writeJSON(w, status, errorBody{Error: errorJSON{Code: code, Message: message}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b, _ = json.Marshal(errorBody{Error: errorJSON{Code: domain.CodeInternal, Message: "encode response: " + err.Error()}})
+	}
+	writeRawJSON(w, status, b)
+}
+
+func writeRawJSON(w http.ResponseWriter, status int, b []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+	_, _ = w.Write([]byte("\n"))
+}

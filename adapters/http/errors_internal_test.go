@@ -1,0 +1,87 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"testing"
+
+	"iop/domain"
+)
+
+func TestStatusFor(t *testing.T) {
+	tests := []struct {
+		err  error
+		want int
+	}{
+		{domain.ErrInvalidRequest, 400},
+		{domain.ErrUnknownCommand, 400},
+		{domain.ErrNodeNotFound, 404},
+		{domain.ErrRunNotFound, 404},
+		{domain.ErrSessionNotFound, 404},
+		{domain.ErrAdapterNotFound, 404},
+		{domain.ErrModelNotFound, 404},
+		{domain.ErrTargetNotFound, 404},
+		{domain.ErrRunFinished, 409},
+		{domain.ErrSessionBusy, 409},
+		{domain.ErrAtCapacity, 429},
+		{domain.ErrSessionUnsupported, 501},
+		{domain.ErrCommandUnsupported, 501},
+		{domain.ErrNoNodeAvailable, 503},
+		{domain.ErrNodeDisconnected, 503},
+		{domain.ErrShuttingDown, 503},
+		{domain.ErrTimeout, 504},
+		{domain.ErrConfig, 422},
+		{fmt.Errorf("select run x: %w", domain.ErrRunNotFound), 404},
+		{domain.Errorf(domain.CodeAtCapacity, "adapter exec is full"), 429},
+		{fmt.Errorf("wait: %w", context.DeadlineExceeded), 504},
+		{errors.New("boom"), 500},
+	}
+	for _, tt := range tests {
+		if got := statusFor(tt.err); got != tt.want {
+			t.Errorf("statusFor(%v) = %d, want %d", tt.err, got, tt.want)
+		}
+	}
+}
+
+func TestWriteError(t *testing.T) {
+	w := httptest.NewRecorder()
+	writeError(w, fmt.Errorf("cancel: %w", domain.Errorf(domain.CodeRunFinished, "run x has already finished")))
+	if w.Code != 409 || w.Body.String() != `{"error":{"code":"run_finished","message":"run x has already finished"}}`+"\n" {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	if w.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("content type %q", w.Header().Get("Content-Type"))
+	}
+	w = httptest.NewRecorder()
+	writeError(w, errors.New("boom"))
+	if w.Code != 500 || w.Body.String() != `{"error":{"code":"internal","message":"boom"}}`+"\n" {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+}
+
+func TestMalformedMetadataStaysValidJSON(t *testing.T) {
+	got := toRunEventJSON("n", domain.RunEvent{Type: domain.EventMetadata, Metadata: []byte("not json")})
+	if string(got.Metadata) != `"not json"` {
+		t.Fatalf("metadata %s", got.Metadata)
+	}
+}
+
+func TestSSEFraming(t *testing.T) {
+	w := httptest.NewRecorder()
+	s, err := startSSE(w, map[string]string{"X-IOP-Run-ID": "run_1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.event("progress", []byte("{\"a\":1,\r\n\"b\":2}\n"))
+	_ = s.keepAlive()
+	_ = s.event("bad\ntype", []byte(`{}`))
+	want := "event: progress\ndata: {\"a\":1,\ndata: \"b\":2}\n\n: keep-alive\n\nevent: bad type\ndata: {}\n\n"
+	if w.Body.String() != want {
+		t.Fatalf("body %q, want %q", w.Body.String(), want)
+	}
+	if w.Header().Get("X-IOP-Run-ID") != "run_1" || w.Header().Get("Content-Type") != "text/event-stream" || !w.Flushed {
+		t.Fatalf("headers %v flushed %v", w.Header(), w.Flushed)
+	}
+}

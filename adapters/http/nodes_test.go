@@ -1,0 +1,428 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/adapters/eventbus"
+	httpapi "iop/adapters/http"
+	"iop/application/edge"
+	"iop/domain"
+	"iop/ports"
+)
+
+func TestListAndGetNodes(t *testing.T) {
+	e := newEnv(t, testNode{"b", newFakeLink(domain.RunEvent{Type: domain.EventStart})}, testNode{"a", newFakeLink()})
+	// One run in flight on b through this edge.
+	resp := e.do("POST", "/v1/runs", `{"adapter":"llm","node":"b"}`)
+	defer resp.Body.Close()
+
+	b, err := io.ReadAll(e.do("GET", "/v1/nodes", "").Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "SECRET_ENV") || strings.Contains(string(b), "token") {
+		t.Fatalf("node listing leaks config secrets: %s", b)
+	}
+	var list struct {
+		Nodes []struct {
+			ID            string `json:"id"`
+			Remote        string `json:"remote"`
+			ConnectedAt   string `json:"connected_at"`
+			Version       string `json:"version"`
+			OS            string `json:"os"`
+			Arch          string `json:"arch"`
+			Hostname      string `json:"hostname"`
+			ConfigVersion int    `json:"config_version"`
+			RunsInFlight  int    `json:"runs_in_flight"`
+			Adapters      []struct {
+				Name           string `json:"name"`
+				Type           string `json:"type"`
+				MaxConcurrency int    `json:"max_concurrency"`
+				InFlight       int    `json:"in_flight"`
+			} `json:"adapters"`
+			Providers []struct {
+				Name   string   `json:"name"`
+				Type   string   `json:"type"`
+				Models []string `json:"models"`
+			} `json:"providers"`
+		} `json:"nodes"`
+	}
+	if err := json.Unmarshal(b, &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Nodes) != 2 || list.Nodes[0].ID != "a" || list.Nodes[1].ID != "b" {
+		t.Fatalf("nodes %s", b)
+	}
+	n := list.Nodes[1]
+	if n.Remote != "10.0.0.1:5555" || n.ConnectedAt != "2026-01-02T03:04:05Z" || n.Version != "v1.2.3" || n.OS != "linux" ||
+		n.Arch != "amd64" || n.Hostname != "box-b" || n.ConfigVersion != 3 || n.RunsInFlight != 1 {
+		t.Fatalf("node %+v", n)
+	}
+	if len(n.Adapters) != 2 || n.Adapters[1].Name != "llm" || n.Adapters[1].InFlight != 1 || n.Adapters[1].MaxConcurrency != 1 || n.Adapters[0].InFlight != 0 {
+		t.Fatalf("adapters %+v", n.Adapters)
+	}
+	if len(n.Providers) != 1 || n.Providers[0].Name != "ol" || n.Providers[0].Type != "ollama" || !slices.Equal(n.Providers[0].Models, []string{"qwen3"}) {
+		t.Fatalf("providers %+v", n.Providers)
+	}
+
+	m := readJSON(t, e.do("GET", "/v1/nodes/a", ""), 200)
+	if m["id"] != "a" || m["hostname"] != "box-a" {
+		t.Fatalf("node %v", m)
+	}
+	wantError(t, e.do("GET", "/v1/nodes/zz", ""), 404, "node_not_found")
+}
+
+func TestNodesEmpty(t *testing.T) {
+	e := newEnv(t)
+	m := readJSON(t, e.do("GET", "/v1/nodes", ""), 200)
+	if nodes, ok := m["nodes"].([]any); !ok || len(nodes) != 0 {
+		t.Fatalf("nodes %v", m)
+	}
+	if m := readJSON(t, e.do("GET", "/healthz", ""), 200); m["status"] != "ok" || m["nodes"] != 0.0 {
+		t.Fatalf("health %v", m)
+	}
+}
+
+func TestHealthz(t *testing.T) {
+	e := newEnv(t, testNode{"a", newFakeLink()}, testNode{"b", newFakeLink()})
+	if m := readJSON(t, e.do("GET", "/healthz", ""), 200); m["status"] != "ok" || m["nodes"] != 2.0 {
+		t.Fatalf("health %v", m)
+	}
+}
+
+func commandLink(replies map[string][]ports.CommandReply, block map[string]bool) *fakeLink {
+	l := newFakeLink()
+	l.command = func(_ context.Context, name string, _ []byte) (ports.CommandStream, error) {
+		r, ok := replies[name]
+		if !ok {
+			return &fakeCmdStream{replies: []ports.CommandReply{{Final: true, Err: domain.Errorf(domain.CodeUnknownCommand, "unknown command %q", name)}}}, nil
+		}
+		return &fakeCmdStream{replies: r, block: block[name]}, nil
+	}
+	return l
+}
+
+func TestNodeCommandJSON(t *testing.T) {
+	link := commandLink(map[string][]ports.CommandReply{
+		"capabilities": {{Final: true, Result: []byte(`{"node_id":"a","adapters":[]}`)}},
+		"ollama.pull":  {{Final: true, Err: domain.Errorf(domain.CodeCommandUnsupported, "no adapter serves ollama.pull")}},
+		"empty":        {{Final: true}},
+		"slow":         {},
+		"broken":       {{Progress: nil}},
+	}, map[string]bool{"slow": true})
+	e := newEnv(t, testNode{"a", link})
+	e.commands.Timeout = 100 * time.Millisecond
+
+	m := readJSON(t, e.do("POST", "/v1/nodes/a/commands", `{"command":"capabilities"}`), 200)
+	if m["node_id"] != "a" {
+		t.Fatalf("result %v", m)
+	}
+	readJSON(t, e.do("POST", "/v1/nodes/a/commands", `{"command":"empty"}`), 200)
+
+	tests := []struct {
+		name, path, body string
+		status           int
+		code             string
+	}{
+		{"unknown command", "/v1/nodes/a/commands", `{"command":"bogus"}`, 400, "unknown_command"},
+		{"unsupported command", "/v1/nodes/a/commands", `{"command":"ollama.pull","args":{"model":"x"}}`, 501, "command_unsupported"},
+		{"missing command", "/v1/nodes/a/commands", `{"args":{}}`, 400, "invalid_request"},
+		{"unknown field", "/v1/nodes/a/commands", `{"command":"capabilities","x":1}`, 400, "invalid_request"},
+		{"node not connected", "/v1/nodes/zz/commands", `{"command":"capabilities"}`, 404, "node_not_found"},
+		{"timeout", "/v1/nodes/a/commands", `{"command":"slow"}`, 504, "timeout"},
+		{"stream ends without result", "/v1/nodes/a/commands", `{"command":"broken"}`, 503, "node_disconnected"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			wantError(t, e.do("POST", tt.path, tt.body), tt.status, tt.code)
+		})
+	}
+}
+
+func TestNodeCommandSSE(t *testing.T) {
+	link := commandLink(map[string][]ports.CommandReply{
+		"capabilities": {{Final: true, Result: []byte("{\"a\":1,\n\"b\":2}")}},
+		"ollama.pull": {
+			{Progress: []byte(`{"status":"pulling manifest"}`)},
+			{Progress: []byte(`{"status":"pulling abc","digest":"sha256:abc","total":100,"completed":50}`)},
+			{Final: true, Result: []byte(`{"status":"success"}`)},
+		},
+		"ollama.fail": {
+			{Progress: []byte(`{"status":"pulling manifest"}`)},
+			{Final: true, Err: domain.Errorf(domain.CodeProviderError, "registry unreachable")},
+		},
+		"nope": {{Final: true, Err: domain.Errorf(domain.CodeUnknownCommand, "nope")}},
+	}, nil)
+	e := newEnv(t, testNode{"a", link})
+
+	read := func(body string, accept bool) (*http.Response, []sseEvent) {
+		t.Helper()
+		var hdr []string
+		if accept {
+			hdr = []string{"Accept", "text/event-stream"}
+		}
+		resp := e.do("POST", "/v1/nodes/a/commands", body, hdr...)
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+			t.Fatalf("status %d, content type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
+		return resp, newSSE(resp.Body).readAll(t)
+	}
+
+	// Progress switches to SSE even without Accept.
+	_, evs := read(`{"command":"ollama.pull","args":{"model":"qwen3"}}`, false)
+	if len(evs) != 3 || evs[0].typ != "progress" || evs[1].typ != "progress" || evs[2].typ != "result" {
+		t.Fatalf("events %v", evs)
+	}
+	if p := evs[1].json(t); p["digest"] != "sha256:abc" || p["completed"] != 50.0 {
+		t.Fatalf("progress %v", p)
+	}
+	if r := evs[2].json(t); r["status"] != "success" {
+		t.Fatalf("result %v", r)
+	}
+
+	// Accept asks for SSE even for a one-shot command; multi-line JSON survives.
+	_, evs = read(`{"command":"capabilities"}`, true)
+	if len(evs) != 1 || evs[0].typ != "result" || evs[0].json(t)["b"] != 2.0 {
+		t.Fatalf("events %v", evs)
+	}
+
+	// Errors after the stream started are error events.
+	_, evs = read(`{"command":"ollama.fail"}`, false)
+	last := evs[len(evs)-1]
+	if last.typ != "error" {
+		t.Fatalf("events %v", evs)
+	}
+	if er := last.json(t)["error"].(map[string]any); er["code"] != "provider_error" || er["message"] != "registry unreachable" {
+		t.Fatalf("error %v", er)
+	}
+	_, evs = read(`{"command":"nope"}`, true)
+	if len(evs) != 1 || evs[0].typ != "error" {
+		t.Fatalf("events %v", evs)
+	}
+
+	// Errors before anything streams keep their status even with Accept.
+	wantError(t, e.do("POST", "/v1/nodes/zz/commands", `{"command":"x"}`, "Accept", "text/event-stream"), 404, "node_not_found")
+}
+
+func TestEventsStream(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp := e.doCtx(ctx, "GET", "/v1/events?type=node.registered,run.event&type=tunnel.*", "")
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("status %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	at := time.Date(2026, 5, 1, 2, 3, 4, 0, time.UTC)
+	e.bus.Publish(domain.BusEvent{Type: domain.BusNodeDisconnected, Node: "x", Reason: "filtered out"})
+	e.bus.Publish(domain.BusEvent{Type: domain.BusNodeRegistered, Time: at, Node: "n1", Remote: "1.2.3.4:5"})
+	e.bus.Publish(domain.BusEvent{Type: domain.BusRunEvent, Time: at, Node: "n1", Run: &domain.RunEvent{RunID: "run_1", Seq: 2, Type: domain.EventDelta, Text: "hi"}})
+	e.bus.Publish(domain.BusEvent{Type: domain.BusTunnelCompleted, Time: at, Node: "n1", Tunnel: &domain.TunnelSummary{ID: "t1", Provider: "ol", Status: 200, BodyBytes: 10, Duration: 1500 * time.Millisecond}})
+
+	sse := newSSE(resp.Body)
+	var got []sseEvent
+	for range 3 {
+		ev, err := sse.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ev)
+	}
+	if got[0].typ != "node.registered" || got[1].typ != "run.event" || got[2].typ != "tunnel.completed" {
+		t.Fatalf("events %v", got)
+	}
+	reg := got[0].json(t)
+	if reg["type"] != "node.registered" || reg["node"] != "n1" || reg["remote"] != "1.2.3.4:5" || reg["time"] != "2026-05-01T02:03:04Z" {
+		t.Fatalf("registered %v", reg)
+	}
+	if _, ok := reg["run"]; ok {
+		t.Fatalf("absent run present: %v", reg)
+	}
+	run := got[1].json(t)["run"].(map[string]any)
+	if run["run_id"] != "run_1" || run["node"] != "n1" || run["seq"] != 2.0 || run["type"] != "delta" || run["text"] != "hi" {
+		t.Fatalf("run %v", run)
+	}
+	tun := got[2].json(t)["tunnel"].(map[string]any)
+	if tun["id"] != "t1" || tun["duration_ms"] != 1500.0 || tun["body_bytes"] != 10.0 {
+		t.Fatalf("tunnel %v", tun)
+	}
+
+}
+
+func TestEventsKeepAlive(t *testing.T) {
+	e := newEnv(t)
+	resp := e.do("GET", "/v1/events", "")
+	defer resp.Body.Close()
+	buf := make([]byte, 64)
+	n, err := io.ReadAtLeast(resp.Body, buf, len(": keep-alive\n\n"))
+	if err != nil || string(buf[:n]) != ": keep-alive\n\n" {
+		t.Fatalf("read %q, %v", buf[:n], err)
+	}
+}
+
+func TestEventsAllTypes(t *testing.T) {
+	e := newEnv(t)
+	resp := e.do("GET", "/v1/events", "")
+	defer resp.Body.Close()
+	e.bus.Publish(domain.BusEvent{Type: domain.BusConfigReloaded})
+	ev, err := newSSE(resp.Body).next()
+	if err != nil || ev.typ != "config.reloaded" {
+		t.Fatalf("event %v, %v", ev, err)
+	}
+}
+
+func TestEventsStreamEndsWithTheBus(t *testing.T) {
+	e := newEnv(t)
+	resp := e.do("GET", "/v1/events", "")
+	defer resp.Body.Close()
+	e.bus.Close()
+	if evs := newSSE(resp.Body).readAll(t); len(evs) != 0 {
+		t.Fatalf("events %v", evs)
+	}
+}
+
+func TestReload(t *testing.T) {
+	e := newEnv(t)
+	e.reload = func(context.Context) (edge.ReloadResult, error) {
+		return edge.ReloadResult{Nodes: 2, Refreshed: []string{"a"}, Disconnected: []string{}, Unchanged: []string{"b"}}, nil
+	}
+	m := readJSON(t, e.do("POST", "/v1/admin/reload", ""), 200)
+	if m["nodes"] != 2.0 || m["refreshed"].([]any)[0] != "a" {
+		t.Fatalf("result %v", m)
+	}
+	e.reload = func(context.Context) (edge.ReloadResult, error) {
+		return edge.ReloadResult{}, domain.Errorf(domain.CodeConfigError, "edge.yaml line 7: unknown field bogus")
+	}
+	resp := e.do("POST", "/v1/admin/reload", "")
+	m = readJSON(t, resp, 422)
+	if er := m["error"].(map[string]any); er["code"] != "config_error" || !strings.Contains(er["message"].(string), "line 7") {
+		t.Fatalf("error %v", m)
+	}
+}
+
+func TestReloadUnavailable(t *testing.T) {
+	deps := minimalDeps(edge.NewRegistry())
+	defer deps.Submit.Stop()
+	srv := httptest.NewServer(httpapi.New(deps, "", nil).Handler())
+	defer srv.Close()
+	resp, err := srv.Client().Post(srv.URL+"/v1/admin/reload", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, resp, 501, "not_implemented")
+}
+
+func TestUnroutedRequests(t *testing.T) {
+	e := newEnv(t)
+	wantError(t, e.do("GET", "/v2/nothing", ""), 404, "not_found")
+	wantError(t, e.do("GET", "/v1/runs/x/y", ""), 404, "not_found")
+	resp := e.do("DELETE", "/v1/nodes", "")
+	if allow := resp.Header.Get("Allow"); !strings.Contains(allow, "GET") {
+		t.Fatalf("Allow %q", allow)
+	}
+	wantError(t, resp, 405, "method_not_allowed")
+	wantError(t, e.do("GET", "/v1/admin/reload", ""), 405, "method_not_allowed")
+}
+
+func TestStartBindsAndStopEndsStreams(t *testing.T) {
+	link := newFakeLink(domain.RunEvent{Type: domain.EventStart})
+	reg := edge.NewRegistry()
+	deps := minimalDeps(reg)
+	if err := reg.Admit(&edge.LiveNode{ID: "n1", Link: link, Config: domain.NodeConfig{Adapters: []domain.AdapterConfig{{Name: "exec", Type: "exec", MaxConcurrency: 1}}}}); err != nil {
+		t.Fatal(err)
+	}
+	defer deps.Submit.Stop()
+	api := httpapi.New(deps, "127.0.0.1:0", slog.New(slog.DiscardHandler))
+	if api.Addr() != nil {
+		t.Fatal("address before Start")
+	}
+	if err := api.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addr := api.Addr().String()
+
+	// A second server on the same port fails to start, clearly.
+	busy := httpapi.New(deps, addr, nil)
+	err := busy.Start()
+	if err == nil || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("busy port: %v", err)
+	}
+	var opErr *net.OpError
+	if !errors.As(err, &opErr) {
+		t.Fatalf("busy port error does not wrap the listen error: %v", err)
+	}
+
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	events, err := client.Get("http://" + addr + "/v1/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer events.Body.Close()
+	run, err := client.Post("http://"+addr+"/v1/runs", "application/json", strings.NewReader(`{"adapter":"exec"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer run.Body.Close()
+	runSSE := newSSE(run.Body)
+	if ev, err := runSSE.next(); err != nil || ev.typ != "start" {
+		t.Fatalf("first event %v %v", ev, err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := api.Stop(ctx); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("stop took %v", d)
+	}
+	rest := runSSE.readAll(t)
+	if len(rest) != 1 || rest[0].typ != "error" || rest[0].json(t)["error"].(map[string]any)["code"] != "shutting_down" {
+		t.Fatalf("run stream after stop: %v", rest)
+	}
+	if evs := newSSE(events.Body).readAll(t); len(evs) != 0 {
+		t.Fatalf("events after stop: %v", evs)
+	}
+	select {
+	case <-link.cancelled:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the run cut off by stop was not cancelled on its node")
+	}
+	if err := api.Stop(ctx); err != nil {
+		t.Fatalf("second stop: %v", err)
+	}
+}
+
+// minimalDeps wires real use cases without a reload hook.
+func minimalDeps(reg *edge.Registry) httpapi.Deps {
+	tracker := edge.NewRunTracker(0)
+	cmds := edge.NewNodeCommandHandler(reg)
+	return httpapi.Deps{
+		Registry:  reg,
+		Submit:    edge.NewSubmitRunHandler(reg, tracker, nopBus{}, nil),
+		Cancel:    edge.NewCancelRunHandler(reg, tracker),
+		Terminate: edge.NewTerminateSessionHandler(reg),
+		Commands:  cmds,
+		GetRun:    edge.NewGetRunHandler(reg, tracker, cmds),
+		ListRuns:  edge.NewListRunsHandler(reg, cmds),
+		Events:    eventbus.New(),
+	}
+}
+
+type nopBus struct{}
+
+func (nopBus) Publish(domain.BusEvent) {}

@@ -1,0 +1,237 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"iop/application/edge"
+	"iop/domain"
+)
+
+// createRunRequest is the body of POST /v1/runs.
+type createRunRequest struct {
+	Node       string          `json:"node"`
+	Adapter    string          `json:"adapter"`
+	Target     string          `json:"target"`
+	Input      string          `json:"input"`
+	SessionID  string          `json:"session_id"`
+	Background bool            `json:"background"`
+	Options    json.RawMessage `json:"options"`
+}
+
+// decodeBody decodes a JSON body strictly: unknown fields, trailing data and
+// bodies over maxBody are invalid requests.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			return domain.Errorf(domain.CodeInvalidRequest, "request body exceeds %d bytes", tooBig.Limit)
+		case errors.Is(err, io.EOF):
+			return domain.Errorf(domain.CodeInvalidRequest, "request body is empty")
+		}
+		return domain.Errorf(domain.CodeInvalidRequest, "request body: %v", err)
+	}
+	if dec.More() {
+		return domain.Errorf(domain.CodeInvalidRequest, "request body: unexpected data after the JSON object")
+	}
+	return nil
+}
+
+// isObjectOrNull reports whether raw is absent, null or a JSON object.
+func isObjectOrNull(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) == 0 || bytes.Equal(t, []byte("null")) || t[0] == '{'
+}
+
+func (s *Server) handleCreateRun(w http.ResponseWriter, r *http.Request) {
+	var req createRunRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if !isObjectOrNull(req.Options) {
+		writeError(w, domain.Errorf(domain.CodeInvalidRequest, "options must be a JSON object"))
+		return
+	}
+	var opts []byte
+	if t := bytes.TrimSpace(req.Options); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
+		opts = t
+	}
+	rh, err := s.deps.Submit.Handle(r.Context(), edge.SubmitRun{
+		Node: req.Node, Adapter: req.Adapter, Target: req.Target, Input: []byte(req.Input),
+		SessionID: req.SessionID, Background: req.Background, Options: opts,
+	})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if rh.Background {
+		writeJSON(w, http.StatusAccepted, map[string]string{"run_id": rh.RunID, "node": rh.Node})
+		return
+	}
+	s.streamRun(w, r, rh)
+}
+
+// streamRun relays a foreground run as SSE. The handle has one consumer: a
+// pump goroutine calls Next, and Close runs only after it has returned. A
+// client that leaves (or a server that stops) closes the handle, which
+// cancels the run on its node.
+func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, rh *edge.RunHandle) {
+	ctx, cancel := s.streamContext(r)
+	defer cancel()
+
+	events := make(chan domain.RunEvent)
+	pumpCtx, stopPump := context.WithCancel(ctx)
+	pumpDone := make(chan struct{})
+	go func() {
+		defer close(pumpDone)
+		defer close(events)
+		for {
+			ev, err := rh.Next(pumpCtx)
+			if err != nil {
+				return
+			}
+			select {
+			case events <- ev:
+			case <-pumpCtx.Done():
+				return
+			}
+			if ev.Type.Terminal() {
+				return
+			}
+		}
+	}()
+	defer func() {
+		stopPump()
+		<-pumpDone
+		rh.Close()
+	}()
+
+	sse, err := startSSE(w, map[string]string{"X-IOP-Run-ID": rh.RunID, "X-IOP-Node": rh.Node})
+	if err != nil {
+		return
+	}
+	tick := time.NewTicker(s.keepAlive())
+	defer tick.Stop()
+	var lastSeq uint64
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				s.endRunStream(r, sse, rh, lastSeq)
+				return
+			}
+			lastSeq = ev.Seq
+			if err := sse.eventJSON(string(ev.Type), toRunEventJSON(rh.Node, ev)); err != nil || ev.Type.Terminal() {
+				return
+			}
+		case <-tick.C:
+			if err := sse.keepAlive(); err != nil {
+				return
+			}
+		case <-ctx.Done():
+			s.endRunStream(r, sse, rh, lastSeq)
+			return
+		}
+	}
+}
+
+// endRunStream tells a caller still connected why its stream ends early.
+func (s *Server) endRunStream(r *http.Request, sse *sseWriter, rh *edge.RunHandle, lastSeq uint64) {
+	if !s.shuttingDown(r) {
+		return
+	}
+	ev := domain.RunEvent{RunID: rh.RunID, Seq: lastSeq + 1, Type: domain.EventError,
+		Error: &domain.ErrorInfo{Code: domain.CodeShuttingDown, Message: "the edge is shutting down; the run is cancelled"}}
+	_ = sse.eventJSON(string(ev.Type), toRunEventJSON(rh.Node, ev))
+}
+
+func (s *Server) handleGetRun(w http.ResponseWriter, r *http.Request) {
+	raw, err := s.deps.GetRun.Handle(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeRawJSON(w, http.StatusOK, raw)
+}
+
+type nodeErrorJSON struct {
+	Node    string `json:"node"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+type runListJSON struct {
+	Runs   []json.RawMessage `json:"runs"`
+	Errors []nodeErrorJSON   `json:"errors,omitempty"`
+}
+
+func (s *Server) handleListRuns(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var limit int
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeError(w, domain.Errorf(domain.CodeInvalidRequest, "limit must be a non-negative integer, not %q", v))
+			return
+		}
+		limit = n
+	}
+	list, err := s.deps.ListRuns.Handle(r.Context(), edge.ListRuns{Node: q.Get("node"), Status: q.Get("status"), Limit: limit})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := runListJSON{Runs: list.Runs}
+	for _, f := range list.Failures {
+		out.Errors = append(out.Errors, nodeErrorJSON{Node: f.Node, Code: domain.CodeOf(f.Err), Message: domain.MessageOf(f.Err)})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleCancelRun(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	node, err := s.deps.Cancel.Handle(r.Context(), id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"run_id": id, "node": node, "status": "cancelling"})
+}
+
+func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	cmd := edge.TerminateSession{Node: q.Get("node"), Adapter: q.Get("adapter"), Target: q.Get("target"), SessionID: r.PathValue("session_id")}
+	if cmd.Adapter == "" {
+		writeError(w, domain.Errorf(domain.CodeInvalidRequest, "query parameter adapter is required"))
+		return
+	}
+	if err := s.deps.Terminate.Handle(r.Context(), cmd); err != nil {
+		writeError(w, err)
+		return
+	}
+	node := cmd.Node
+	if node == "" {
+		// The use case picked the only connected node; name it if that is
+		// still unambiguous.
+		if nodes := s.deps.Registry.List(); len(nodes) == 1 {
+			node = nodes[0].ID
+		}
+	}
+	writeJSON(w, http.StatusOK, struct {
+		SessionID  string `json:"session_id"`
+		Node       string `json:"node,omitempty"`
+		Adapter    string `json:"adapter"`
+		Target     string `json:"target,omitempty"`
+		Terminated bool   `json:"terminated"`
+	}{cmd.SessionID, node, cmd.Adapter, cmd.Target, true})
+}

@@ -1,0 +1,321 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+func TestCreateRunStreamsEvents(t *testing.T) {
+	link := newFakeLink(
+		domain.RunEvent{Type: domain.EventStart},
+		domain.RunEvent{Type: domain.EventReasoningDelta, Text: "hmm"},
+		domain.RunEvent{Type: domain.EventDelta, Text: "HEL"},
+		domain.RunEvent{Type: domain.EventDelta, Text: "LO\nworld"},
+		domain.RunEvent{Type: domain.EventMetadata, Metadata: []byte(`{"tool":"ls"}`)},
+		domain.RunEvent{Type: domain.EventComplete, Usage: &domain.Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7, StopReason: "stop", Model: "m"}},
+	)
+	e := newEnv(t, testNode{"n1", link})
+	resp := e.do("POST", "/v1/runs", `{"adapter":"exec","target":"upper","input":"hello","session_id":"s1","options":{"think":true}}`)
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("status %d, content type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	runID := resp.Header.Get("X-IOP-Run-ID")
+	if !strings.HasPrefix(runID, "run_") || resp.Header.Get("X-IOP-Node") != "n1" {
+		t.Fatalf("headers %v", resp.Header)
+	}
+	events := newSSE(resp.Body).readAll(t)
+	var types []string
+	for _, ev := range events {
+		types = append(types, ev.typ)
+		m := ev.json(t)
+		if m["type"] != ev.typ || m["run_id"] != runID || m["node"] != "n1" {
+			t.Fatalf("event %s data %v", ev.typ, m)
+		}
+	}
+	want := []string{"start", "reasoning_delta", "delta", "delta", "metadata", "complete"}
+	if !slices.Equal(types, want) {
+		t.Fatalf("types %v, want %v", types, want)
+	}
+	if d := events[3].json(t); d["text"] != "LO\nworld" || d["seq"] != 4.0 {
+		t.Fatalf("delta %v", d)
+	}
+	if _, ok := events[0].json(t)["text"]; ok {
+		t.Fatalf("start carries an empty text field: %s", events[0].data)
+	}
+	for _, k := range []string{"usage", "error", "metadata"} {
+		if strings.Contains(events[2].data, `"`+k+`"`) {
+			t.Fatalf("delta carries absent field %s: %s", k, events[2].data)
+		}
+	}
+	if md := events[4].json(t)["metadata"].(map[string]any); md["tool"] != "ls" {
+		t.Fatalf("metadata %v", md)
+	}
+	u := events[5].json(t)["usage"].(map[string]any)
+	if u["prompt_tokens"] != 3.0 || u["total_tokens"] != 7.0 || u["stop_reason"] != "stop" || u["model"] != "m" {
+		t.Fatalf("usage %v", u)
+	}
+	if _, ok := u["cost_usd"]; ok {
+		t.Fatalf("zero cost is not omitted: %v", u)
+	}
+
+	reqs := link.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("requests %v", reqs)
+	}
+	r := reqs[0]
+	if r.RunID != runID || r.Adapter != "exec" || r.Target != "upper" || string(r.Input) != "hello" || r.SessionID != "s1" || string(r.Options) != `{"think":true}` || r.Background {
+		t.Fatalf("run request %+v", r)
+	}
+}
+
+func TestCreateRunErrors(t *testing.T) {
+	tests := []struct {
+		name   string
+		nodes  int
+		link   func(*fakeLink)
+		body   string
+		status int
+		code   string
+	}{
+		{name: "bad JSON", nodes: 1, body: `{"adapter":`, status: 400, code: "invalid_request"},
+		{name: "empty body", nodes: 1, body: ``, status: 400, code: "invalid_request"},
+		{name: "unknown field", nodes: 1, body: `{"adapter":"exec","bogus":1}`, status: 400, code: "invalid_request"},
+		{name: "trailing data", nodes: 1, body: `{"adapter":"exec"} {}`, status: 400, code: "invalid_request"},
+		{name: "missing adapter", nodes: 1, body: `{"target":"x"}`, status: 400, code: "invalid_request"},
+		{name: "input not a string", nodes: 1, body: `{"adapter":"exec","input":5}`, status: 400, code: "invalid_request"},
+		{name: "options not an object", nodes: 1, body: `{"adapter":"exec","options":[1]}`, status: 400, code: "invalid_request"},
+		{name: "unknown node", nodes: 1, body: `{"adapter":"exec","node":"nope"}`, status: 404, code: "node_not_found"},
+		{name: "no node", nodes: 0, body: `{"adapter":"exec"}`, status: 503, code: "no_node_available"},
+		{name: "no node offers the adapter", nodes: 2, body: `{"adapter":"nope"}`, status: 503, code: "no_node_available"},
+		{name: "node refuses", nodes: 1, link: func(l *fakeLink) { l.startErr = domain.Errorf(domain.CodeNodeDisconnected, "gone") }, body: `{"adapter":"exec"}`, status: 503, code: "node_disconnected"},
+		{name: "body too large", nodes: 1, body: `{"adapter":"exec","input":"` + strings.Repeat("x", 8<<20) + `"}`, status: 400, code: "invalid_request"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var nodes []testNode
+			for i := range tt.nodes {
+				l := newFakeLink()
+				if tt.link != nil {
+					tt.link(l)
+				}
+				nodes = append(nodes, testNode{string(rune('a' + i)), l})
+			}
+			e := newEnv(t, nodes...)
+			wantError(t, e.do("POST", "/v1/runs", tt.body), tt.status, tt.code)
+		})
+	}
+}
+
+func TestCreateRunErrorEvent(t *testing.T) {
+	link := newFakeLink(domain.RunEvent{Type: domain.EventStart}, domain.RunEvent{Type: domain.EventDelta, Text: "x"})
+	link.endErr = domain.Errorf(domain.CodeNodeDisconnected, "link lost")
+	e := newEnv(t, testNode{"n1", link})
+	resp := e.do("POST", "/v1/runs", `{"adapter":"exec"}`)
+	defer resp.Body.Close()
+	events := newSSE(resp.Body).readAll(t)
+	last := events[len(events)-1]
+	d := last.json(t)
+	if last.typ != "error" || d["seq"] != 3.0 {
+		t.Fatalf("last event %s %v", last.typ, d)
+	}
+	if er := d["error"].(map[string]any); er["code"] != "node_disconnected" || er["message"] != "link lost" {
+		t.Fatalf("error %v", er)
+	}
+}
+
+func TestCreateRunBackground(t *testing.T) {
+	link := newFakeLink(domain.RunEvent{Type: domain.EventStart}, domain.RunEvent{Type: domain.EventComplete})
+	e := newEnv(t, testNode{"n1", link})
+	sub := e.bus.Subscribe(64, nil)
+	defer sub.Close()
+	m := readJSON(t, e.do("POST", "/v1/runs", `{"adapter":"exec","background":true,"input":"x"}`), http.StatusAccepted)
+	runID, _ := m["run_id"].(string)
+	if !strings.HasPrefix(runID, "run_") || m["node"] != "n1" {
+		t.Fatalf("answer %v", m)
+	}
+	if reqs := link.requests(); len(reqs) != 1 || !reqs[0].Background {
+		t.Fatalf("requests %+v", reqs)
+	}
+	// The edge drains the run itself: its events reach the bus.
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case ev := <-sub.C():
+			if ev.Run != nil && ev.Run.RunID == runID && ev.Run.Type == domain.EventComplete {
+				return
+			}
+		case <-timeout:
+			t.Fatal("the background run's complete event never reached the bus")
+		}
+	}
+}
+
+func TestClientDisconnectCancelsRun(t *testing.T) {
+	link := newFakeLink(domain.RunEvent{Type: domain.EventStart}, domain.RunEvent{Type: domain.EventDelta, Text: "a"})
+	e := newEnv(t, testNode{"n1", link})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp := e.doCtx(ctx, "POST", "/v1/runs", `{"adapter":"exec"}`)
+	runID := resp.Header.Get("X-IOP-Run-ID")
+	sse := newSSE(resp.Body)
+	for range 2 {
+		if _, err := sse.next(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancel()
+	resp.Body.Close()
+	select {
+	case got := <-link.cancelled:
+		if got != runID {
+			t.Fatalf("cancelled %s, want %s", got, runID)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatalf("the run was not cancelled after the client left (cancel calls %v)", link.cancelCalls())
+	}
+	// The run's slot is freed once its cancelled event has been drained.
+	waitFor(t, "the run slot to be released", func() bool {
+		n, _ := e.reg.Get("n1")
+		return n.RunsInFlight == 0
+	})
+}
+
+func TestRunStreamKeepAlive(t *testing.T) {
+	link := newFakeLink(domain.RunEvent{Type: domain.EventStart})
+	e := newEnv(t, testNode{"n1", link})
+	resp := e.do("POST", "/v1/runs", `{"adapter":"exec"}`)
+	runID := resp.Header.Get("X-IOP-Run-ID")
+	sse := newSSE(resp.Body)
+	if _, err := sse.next(); err != nil {
+		t.Fatal(err)
+	}
+	// Cancel through the API while the stream idles: keep-alives came
+	// first, then the cancelled terminal event ends the stream.
+	time.Sleep(150 * time.Millisecond)
+	readJSON(t, e.do("POST", "/v1/runs/"+runID+"/cancel", ""), 200)
+	events := sse.readAll(t)
+	resp.Body.Close()
+	if len(events) != 1 || events[0].typ != "cancelled" {
+		t.Fatalf("events %v", events)
+	}
+	if !slices.Contains(sse.comments, "keep-alive") {
+		t.Fatalf("no keep-alive comment; comments %v", sse.comments)
+	}
+}
+
+func TestCancelRun(t *testing.T) {
+	live := newFakeLink(domain.RunEvent{Type: domain.EventStart})
+	done := newFakeLink(domain.RunEvent{Type: domain.EventComplete})
+	e := newEnv(t, testNode{"a", live}, testNode{"b", done})
+
+	resp := e.do("POST", "/v1/runs", `{"adapter":"exec","node":"a"}`)
+	defer resp.Body.Close()
+	liveID := resp.Header.Get("X-IOP-Run-ID")
+
+	fin := e.do("POST", "/v1/runs", `{"adapter":"exec","node":"b"}`)
+	finID := fin.Header.Get("X-IOP-Run-ID")
+	newSSE(fin.Body).readAll(t)
+	fin.Body.Close()
+
+	m := readJSON(t, e.do("POST", "/v1/runs/"+liveID+"/cancel", ""), 200)
+	if m["run_id"] != liveID || m["node"] != "a" || m["status"] != "cancelling" {
+		t.Fatalf("answer %v", m)
+	}
+	wantError(t, e.do("POST", "/v1/runs/"+finID+"/cancel", ""), 409, "run_finished")
+	wantError(t, e.do("POST", "/v1/runs/run_nope/cancel", ""), 404, "run_not_found")
+}
+
+func TestGetAndListRuns(t *testing.T) {
+	store := map[string]string{
+		"run_1": `{"run_id":"run_1","adapter":"exec","status":"succeeded","background":true,"created_at":"2026-01-01T00:00:01Z"}`,
+		"run_2": `{"run_id":"run_2","adapter":"exec","status":"failed","background":false,"created_at":"2026-01-01T00:00:02Z","error":{"code":"run_failed","message":"exit 1"}}`,
+	}
+	link := newFakeLink()
+	var mu sync.Mutex
+	var gotArgs []string
+	lastArgs := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return gotArgs[len(gotArgs)-1]
+	}
+	link.command = func(_ context.Context, name string, args []byte) (ports.CommandStream, error) {
+		mu.Lock()
+		gotArgs = append(gotArgs, name+" "+string(args))
+		mu.Unlock()
+		switch name {
+		case "run_get":
+			var a struct {
+				RunID string `json:"run_id"`
+			}
+			_ = json.Unmarshal(args, &a)
+			if r, ok := store[a.RunID]; ok {
+				return &fakeCmdStream{replies: []ports.CommandReply{{Final: true, Result: []byte(r)}}}, nil
+			}
+			return &fakeCmdStream{replies: []ports.CommandReply{{Final: true, Err: domain.Errorf(domain.CodeRunNotFound, "nope")}}}, nil
+		case "runs":
+			b := `{"runs":[` + store["run_1"] + `,` + store["run_2"] + `]}`
+			return &fakeCmdStream{replies: []ports.CommandReply{{Final: true, Result: []byte(b)}}}, nil
+		}
+		return nil, domain.Errorf(domain.CodeUnknownCommand, "x")
+	}
+	e := newEnv(t, testNode{"n1", link})
+
+	m := readJSON(t, e.do("GET", "/v1/runs/run_2", ""), 200)
+	if m["run_id"] != "run_2" || m["node"] != "n1" || m["status"] != "failed" {
+		t.Fatalf("run %v", m)
+	}
+	wantError(t, e.do("GET", "/v1/runs/run_zz", ""), 404, "run_not_found")
+
+	m = readJSON(t, e.do("GET", "/v1/runs?status=failed&limit=1&node=n1", ""), 200)
+	runs := m["runs"].([]any)
+	if len(runs) != 1 || runs[0].(map[string]any)["run_id"] != "run_2" || runs[0].(map[string]any)["node"] != "n1" {
+		t.Fatalf("runs %v", m)
+	}
+	if last := lastArgs(); last != `runs {"status":"failed","limit":1}` {
+		t.Fatalf("command %s", last)
+	}
+	m = readJSON(t, e.do("GET", "/v1/runs", ""), 200)
+	if runs := m["runs"].([]any); len(runs) != 2 || runs[0].(map[string]any)["run_id"] != "run_2" {
+		t.Fatalf("runs %v", m)
+	}
+	wantError(t, e.do("GET", "/v1/runs?limit=x", ""), 400, "invalid_request")
+	wantError(t, e.do("GET", "/v1/runs?status=bogus", ""), 400, "invalid_request")
+	wantError(t, e.do("GET", "/v1/runs?node=zz", ""), 404, "node_not_found")
+}
+
+func TestEndSession(t *testing.T) {
+	ok := newFakeLink()
+	unsupported := newFakeLink()
+	unsupported.terminateErr = domain.Errorf(domain.CodeSessionUnsupported, "adapter exec keeps no sessions")
+	e := newEnv(t, testNode{"a", ok}, testNode{"b", unsupported})
+
+	m := readJSON(t, e.do("DELETE", "/v1/sessions/s1?node=a&adapter=llm&target=qwen", ""), 200)
+	if m["session_id"] != "s1" || m["node"] != "a" || m["adapter"] != "llm" || m["terminated"] != true {
+		t.Fatalf("answer %v", m)
+	}
+	if got := ok.terminateCalls(); len(got) != 1 || got[0] != "llm/qwen/s1" {
+		t.Fatalf("terminated %v", got)
+	}
+	wantError(t, e.do("DELETE", "/v1/sessions/s1?node=a", ""), 400, "invalid_request")
+	wantError(t, e.do("DELETE", "/v1/sessions/s1?node=b&adapter=exec", ""), 501, "session_unsupported")
+	wantError(t, e.do("DELETE", "/v1/sessions/s1?node=zz&adapter=exec", ""), 404, "node_not_found")
+	wantError(t, e.do("DELETE", "/v1/sessions/s1?adapter=exec", ""), 400, "invalid_request") // two nodes: name one
+}
+
+func TestEndSessionSingleNodeNamesIt(t *testing.T) {
+	e := newEnv(t, testNode{"only", newFakeLink()})
+	m := readJSON(t, e.do("DELETE", "/v1/sessions/s9?adapter=llm", ""), 200)
+	if m["node"] != "only" {
+		t.Fatalf("answer %v", m)
+	}
+}

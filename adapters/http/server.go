@@ -1,0 +1,302 @@
+// Package httpapi serves the edge's HTTP API:
+//
+//	POST   /v1/runs                   start a run: SSE of its events, or 202 {"run_id","node"} when background
+//	GET    /v1/runs                   recent runs of every (or ?node=) node, ?status=, ?limit= → {"runs":[…]}
+//	GET    /v1/runs/{id}              one run from its node's store
+//	POST   /v1/runs/{id}/cancel       → {"run_id","node","status":"cancelling"}
+//	DELETE /v1/sessions/{session_id}  ?adapter=A&node=N&target=T → {"session_id","node","adapter","terminated":true}
+//	GET    /v1/nodes                  connected nodes → {"nodes":[…]}
+//	GET    /v1/nodes/{id}             one connected node
+//	POST   /v1/nodes/{id}/commands    {"command","args"} → the command's JSON result, or SSE (progress/result/error)
+//	GET    /v1/events                 SSE of the event bus, ?type=a,b
+//	POST   /v1/admin/reload           re-read the node directory → the reload result
+//	GET    /healthz                   {"status":"ok","nodes":N}
+//
+// Every error body is {"error":{"code","message"}}, with the status chosen by
+// statusFor from the domain error code (command_unsupported and
+// session_unsupported are 501; unknown_command is 400). Unknown routes
+// answer 404 and wrong methods 405, in the same shape. Server-sent event
+// streams send a comment line (": keep-alive") every 15 s while idle and end
+// when the client leaves or the server stops.
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"iop/adapters/eventbus"
+	"iop/application/edge"
+	"iop/domain"
+)
+
+// DefaultKeepAlive is how often an idle SSE stream sends a comment line.
+const DefaultKeepAlive = 15 * time.Second
+
+// maxBody bounds request bodies.
+const maxBody = 8 << 20
+
+// EventSubscriber is what the event feed needs of the edge's bus.
+type EventSubscriber interface {
+	Subscribe(buffer int, filter func(domain.BusEvent) bool) *eventbus.Subscription
+}
+
+// Deps are the use cases the API serves. Reload may be nil (the reload
+// route then answers 501); everything else is required.
+type Deps struct {
+	Registry  *edge.Registry
+	Submit    *edge.SubmitRunHandler
+	Cancel    *edge.CancelRunHandler
+	Terminate *edge.TerminateSessionHandler
+	Commands  *edge.NodeCommandHandler
+	GetRun    *edge.GetRunHandler
+	ListRuns  *edge.ListRunsHandler
+	Events    EventSubscriber
+	Reload    func(context.Context) (edge.ReloadResult, error)
+}
+
+// Server is the edge's HTTP API server.
+type Server struct {
+	deps Deps
+	addr string
+	log  *slog.Logger
+	mux  *http.ServeMux
+
+	// KeepAlive is the SSE keep-alive interval (DefaultKeepAlive); set it
+	// before serving.
+	KeepAlive time.Duration
+
+	// stopping is cancelled when Stop begins: streams end, short requests
+	// are left to finish. base is cancelled when Stop gives up waiting.
+	stopping   context.Context
+	beginStop  context.CancelFunc
+	base       context.Context
+	cancelBase context.CancelFunc
+
+	mu        sync.Mutex
+	srv       *http.Server
+	ln        net.Listener
+	serveDone chan struct{}
+}
+
+// New builds a server for addr; it refuses missing dependencies. Nothing
+// listens until Start.
+func New(deps Deps, addr string, log *slog.Logger) *Server {
+	if deps.Registry == nil || deps.Submit == nil || deps.Cancel == nil || deps.Terminate == nil ||
+		deps.Commands == nil || deps.GetRun == nil || deps.ListRuns == nil || deps.Events == nil {
+		panic("httpapi.New: nil dependency")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{deps: deps, addr: addr, log: log, KeepAlive: DefaultKeepAlive}
+	s.stopping, s.beginStop = context.WithCancel(context.Background())
+	s.base, s.cancelBase = context.WithCancel(context.Background())
+	s.mux = http.NewServeMux()
+	s.routes()
+	return s
+}
+
+func (s *Server) routes() {
+	s.mux.HandleFunc("POST /v1/runs", s.handleCreateRun)
+	s.mux.HandleFunc("GET /v1/runs", s.handleListRuns)
+	s.mux.HandleFunc("GET /v1/runs/{id}", s.handleGetRun)
+	s.mux.HandleFunc("POST /v1/runs/{id}/cancel", s.handleCancelRun)
+	s.mux.HandleFunc("DELETE /v1/sessions/{session_id}", s.handleEndSession)
+	s.mux.HandleFunc("GET /v1/nodes", s.handleListNodes)
+	s.mux.HandleFunc("GET /v1/nodes/{id}", s.handleGetNode)
+	s.mux.HandleFunc("POST /v1/nodes/{id}/commands", s.handleNodeCommand)
+	s.mux.HandleFunc("GET /v1/events", s.handleEvents)
+	s.mux.HandleFunc("POST /v1/admin/reload", s.handleReload)
+	s.mux.HandleFunc("GET /healthz", s.handleHealth)
+}
+
+// Handler returns the API as an http.Handler (access log, JSON 404/405).
+func (s *Server) Handler() http.Handler {
+	return http.HandlerFunc(s.serveHTTP)
+}
+
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	sw := &statusWriter{ResponseWriter: w}
+	if h, pattern := s.mux.Handler(r); pattern == "" {
+		unrouted(sw, r, h)
+	} else {
+		s.mux.ServeHTTP(sw, r)
+	}
+	// Only the path is logged: queries and bodies may carry user data.
+	s.log.Debug("http request", "method", r.Method, "path", r.URL.Path, "status", sw.status(),
+		"bytes", sw.bytes, "duration", time.Since(start), "remote", r.RemoteAddr)
+}
+
+// unrouted answers requests no route takes (404, or 405 with Allow) in JSON.
+func unrouted(w http.ResponseWriter, r *http.Request, h http.Handler) {
+	probe := &probeWriter{header: http.Header{}}
+	h.ServeHTTP(probe, r)
+	if probe.code == http.StatusMethodNotAllowed {
+		w.Header().Set("Allow", probe.header.Get("Allow"))
+		writeJSONError(w, http.StatusMethodNotAllowed, "method_not_allowed",
+			fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, probe.header.Get("Allow")))
+		return
+	}
+	writeJSONError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+}
+
+// Start binds the listener synchronously, so a busy port fails here, and
+// serves on a goroutine until Stop.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.srv != nil {
+		return errors.New("http server already started")
+	}
+	ln, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		return fmt.Errorf("http api: listen on %s: %w", s.addr, err)
+	}
+	s.ln = ln
+	s.srv = &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		BaseContext:       func(net.Listener) context.Context { return s.base },
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	s.serveDone = make(chan struct{})
+	go func() {
+		defer close(s.serveDone)
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("http api stopped serving", "err", err)
+		}
+	}()
+	s.log.Info("http api listening", "addr", ln.Addr().String())
+	return nil
+}
+
+// Addr is the bound address, or nil before Start.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		return nil
+	}
+	return s.ln.Addr()
+}
+
+// Stop ends every stream at once (a foreground run whose caller is cut off
+// is cancelled on its node), lets other requests finish until ctx is done,
+// then closes whatever is left. It is safe to call more than once.
+func (s *Server) Stop(ctx context.Context) error {
+	s.beginStop()
+	s.mu.Lock()
+	srv, done := s.srv, s.serveDone
+	s.mu.Unlock()
+	if srv == nil {
+		s.cancelBase()
+		return nil
+	}
+	err := srv.Shutdown(ctx)
+	s.cancelBase()
+	if err != nil {
+		_ = srv.Close()
+	}
+	<-done
+	return err
+}
+
+// streamContext is done when the client leaves or the server stops.
+func (s *Server) streamContext(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(r.Context())
+	stop := context.AfterFunc(s.stopping, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
+}
+
+// shuttingDown reports whether a stream ended because the server stops
+// rather than because its client left.
+func (s *Server) shuttingDown(r *http.Request) bool {
+	return s.stopping.Err() != nil && r.Context().Err() == nil
+}
+
+func (s *Server) keepAlive() time.Duration {
+	if s.KeepAlive <= 0 {
+		return DefaultKeepAlive
+	}
+	return s.KeepAlive
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "nodes": len(s.deps.Registry.List())})
+}
+
+func (s *Server) handleReload(w http.ResponseWriter, r *http.Request) {
+	if s.deps.Reload == nil {
+		writeJSONError(w, http.StatusNotImplemented, "not_implemented", "config reload is not available on this edge")
+		return
+	}
+	res, err := s.deps.Reload(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// statusWriter records the status and size of a response for the access
+// log; Unwrap lets http.ResponseController reach Flush.
+type statusWriter struct {
+	http.ResponseWriter
+	code  int
+	bytes int64
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.bytes += int64(n)
+	return n, err
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *statusWriter) status() int {
+	if w.code == 0 {
+		return http.StatusOK
+	}
+	return w.code
+}
+
+// probeWriter captures what the mux's own 404/405 handlers would write.
+type probeWriter struct {
+	header http.Header
+	code   int
+}
+
+func (p *probeWriter) Header() http.Header { return p.header }
+func (p *probeWriter) WriteHeader(code int) {
+	if p.code == 0 {
+		p.code = code
+	}
+}
+func (p *probeWriter) Write(b []byte) (int, error) {
+	if p.code == 0 {
+		p.code = http.StatusOK
+	}
+	return len(b), nil
+}

@@ -1,0 +1,278 @@
+package edge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"iop/domain"
+)
+
+// Node commands answered from a node's run store (see application/node).
+const (
+	cmdRuns   = "runs"
+	cmdRunGet = "run_get"
+)
+
+// Limits of a run listing.
+const (
+	DefaultRunListLimit = 50
+	MaxRunListLimit     = 1000
+)
+
+// GetRunHandler reads one run from the store of the node that ran it.
+type GetRunHandler struct {
+	reg  *Registry
+	runs *RunTracker
+	cmds *NodeCommandHandler
+}
+
+// NewGetRunHandler refuses nil dependencies.
+func NewGetRunHandler(reg *Registry, runs *RunTracker, cmds *NodeCommandHandler) *GetRunHandler {
+	if reg == nil || runs == nil || cmds == nil {
+		panic("edge.NewGetRunHandler: nil dependency")
+	}
+	return &GetRunHandler{reg: reg, runs: runs, cmds: cmds}
+}
+
+// Handle returns the run as the node's run_get command reports it (a JSON
+// object), with "node" set to the node's id. A run this edge dispatched is
+// asked of its node; any other run is looked for on every connected node.
+// Errors: run_not_found, or the failure of the node that ran it.
+func (h *GetRunHandler) Handle(ctx context.Context, runID string) (json.RawMessage, error) {
+	if runID == "" {
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "run id is required")
+	}
+	args, err := json.Marshal(map[string]string{"run_id": runID})
+	if err != nil {
+		return nil, err
+	}
+	nodeID, _, known := h.runs.Lookup(runID)
+	if known {
+		if _, ok := h.reg.Get(nodeID); ok {
+			raw, err := h.cmds.Call(ctx, nodeID, cmdRunGet, args)
+			if err != nil {
+				return nil, err
+			}
+			out, _, err := withNode(raw, nodeID)
+			return out, err
+		}
+	}
+
+	// Ask every connected node at once; the first that knows the run wins.
+	nodes := h.reg.List()
+	type answer struct {
+		node string
+		raw  []byte
+		err  error
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	answers := make(chan answer, len(nodes))
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			raw, err := h.cmds.Call(ctx, n.ID, cmdRunGet, args)
+			answers <- answer{node: n.ID, raw: raw, err: err}
+		}()
+	}
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	var failed []string
+	for range nodes {
+		a := <-answers
+		switch {
+		case a.err == nil:
+			out, _, err := withNode(a.raw, a.node)
+			return out, err
+		case !errors.Is(a.err, domain.ErrRunNotFound):
+			failed = append(failed, fmt.Sprintf("%s: %v", a.node, a.err))
+		}
+	}
+	msg := fmt.Sprintf("no connected node knows run %s", runID)
+	if known {
+		msg = fmt.Sprintf("run %s ran on node %s, which is not connected", runID, nodeID)
+	}
+	if len(failed) > 0 {
+		sort.Strings(failed)
+		msg += fmt.Sprintf(" (%d node(s) did not answer: %s)", len(failed), failed[0])
+	}
+	return nil, &domain.Error{Code: domain.CodeRunNotFound, Message: msg}
+}
+
+// ListRuns selects recent runs. Zero fields match everything.
+type ListRuns struct {
+	Node   string // one node, or every connected node when empty
+	Status string // a domain.RunStatus
+	Limit  int    // DefaultRunListLimit when 0; at most MaxRunListLimit
+}
+
+// RunList is a merged listing, newest first. Failures names the nodes that
+// could not answer a listing of every node; their runs are missing.
+type RunList struct {
+	Runs     []json.RawMessage
+	Failures []NodeFailure
+}
+
+// NodeFailure is one node's error in a request sent to several nodes.
+type NodeFailure struct {
+	Node string
+	Err  error
+}
+
+// ListRunsHandler lists runs from the stores of connected nodes.
+type ListRunsHandler struct {
+	reg  *Registry
+	cmds *NodeCommandHandler
+}
+
+// NewListRunsHandler refuses nil dependencies.
+func NewListRunsHandler(reg *Registry, cmds *NodeCommandHandler) *ListRunsHandler {
+	if reg == nil || cmds == nil {
+		panic("edge.NewListRunsHandler: nil dependency")
+	}
+	return &ListRunsHandler{reg: reg, cmds: cmds}
+}
+
+// Handle runs the node command "runs" on the named node, or on every
+// connected node, and merges the answers newest first (by created_at), cut
+// to the limit, each with "node" set. With every node, a node that fails is
+// reported in Failures unless all of them fail, which is an error.
+func (h *ListRunsHandler) Handle(ctx context.Context, q ListRuns) (RunList, error) {
+	if q.Status != "" && !domain.RunStatus(q.Status).Valid() {
+		return RunList{}, domain.Errorf(domain.CodeInvalidRequest, "unknown status %q (queued, running, succeeded, failed, cancelled)", q.Status)
+	}
+	switch {
+	case q.Limit < 0:
+		return RunList{}, domain.Errorf(domain.CodeInvalidRequest, "limit must not be negative")
+	case q.Limit == 0:
+		q.Limit = DefaultRunListLimit
+	case q.Limit > MaxRunListLimit:
+		q.Limit = MaxRunListLimit
+	}
+	args, err := json.Marshal(struct {
+		Status string `json:"status,omitempty"`
+		Limit  int    `json:"limit"`
+	}{q.Status, q.Limit})
+	if err != nil {
+		return RunList{}, err
+	}
+
+	var ids []string
+	if q.Node != "" {
+		ids = []string{q.Node}
+	} else {
+		for _, n := range h.reg.List() {
+			ids = append(ids, n.ID)
+		}
+	}
+	type answer struct {
+		runs []listedRun
+		err  error
+	}
+	answers := make([]answer, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			raw, err := h.cmds.Call(ctx, id, cmdRuns, args)
+			if err == nil {
+				answers[i].runs, err = decodeRunList(raw, id)
+			}
+			answers[i].err = err
+		}()
+	}
+	wg.Wait()
+
+	var all []listedRun
+	out := RunList{Runs: []json.RawMessage{}}
+	for i, a := range answers {
+		if a.err != nil {
+			if q.Node != "" {
+				return RunList{}, a.err
+			}
+			out.Failures = append(out.Failures, NodeFailure{Node: ids[i], Err: a.err})
+			continue
+		}
+		all = append(all, a.runs...)
+	}
+	if len(ids) > 0 && len(out.Failures) == len(ids) {
+		return RunList{}, out.Failures[0].Err
+	}
+	sort.SliceStable(all, func(i, j int) bool {
+		if !all[i].created.Equal(all[j].created) {
+			return all[i].created.After(all[j].created)
+		}
+		return all[i].id > all[j].id
+	})
+	if len(all) > q.Limit {
+		all = all[:q.Limit]
+	}
+	for _, r := range all {
+		out.Runs = append(out.Runs, r.raw)
+	}
+	return out, nil
+}
+
+type listedRun struct {
+	raw     json.RawMessage
+	id      string
+	created time.Time
+}
+
+func decodeRunList(raw []byte, node string) ([]listedRun, error) {
+	var l struct {
+		Runs []json.RawMessage `json:"runs"`
+	}
+	if err := json.Unmarshal(raw, &l); err != nil {
+		return nil, fmt.Errorf("node %s: decode run list: %w", node, err)
+	}
+	out := make([]listedRun, 0, len(l.Runs))
+	for _, r := range l.Runs {
+		obj, key, err := withNode(r, node)
+		if err != nil {
+			return nil, err
+		}
+		key.raw = obj
+		out = append(out, key)
+	}
+	return out, nil
+}
+
+// withNode returns the run object raw with "node" set, and its sort key.
+func withNode(raw []byte, node string) (json.RawMessage, listedRun, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
+		return nil, listedRun{}, fmt.Errorf("node %s: run is not a JSON object: %s", node, truncate(raw, 80))
+	}
+	var key listedRun
+	_ = json.Unmarshal(m["run_id"], &key.id)
+	_ = json.Unmarshal(m["created_at"], &key.created)
+	n, err := json.Marshal(node)
+	if err != nil {
+		return nil, listedRun{}, err
+	}
+	m["node"] = n
+	out, err := json.Marshal(m)
+	if err != nil {
+		return nil, listedRun{}, err
+	}
+	return out, key, nil
+}
+
+func truncate(b []byte, n int) string {
+	b = bytes.TrimSpace(b)
+	if len(b) > n {
+		return string(b[:n]) + "…"
+	}
+	return string(b)
+}

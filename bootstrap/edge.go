@@ -1,0 +1,141 @@
+package bootstrap
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"go.uber.org/fx"
+
+	"iop/adapters/config"
+	"iop/adapters/eventbus"
+	httpapi "iop/adapters/http"
+	"iop/adapters/transport"
+	edgeapp "iop/application/edge"
+	"iop/domain"
+	"iop/ports"
+)
+
+// EdgeSettings is everything iop-edge needs.
+type EdgeSettings struct {
+	Config     *config.EdgeConfig
+	ConfigPath string // re-read on SIGHUP and POST /v1/admin/reload; "" disables reload
+	Logger     *slog.Logger
+}
+
+// fileSource re-reads edge.yaml for reloads; an invalid file is rejected whole.
+type fileSource struct{ path string }
+
+func (f fileSource) LoadNodes() ([]domain.NodeRecord, error) {
+	cfg, err := config.LoadEdge(f.path)
+	if err != nil {
+		return nil, err
+	}
+	return cfg.Records(), nil
+}
+
+// Edge is the fx module of iop-edge.
+func Edge(s EdgeSettings) fx.Option {
+	if s.Logger == nil {
+		s.Logger = slog.Default()
+	}
+	return fx.Module("edge",
+		fx.Supply(s),
+		fx.Provide(
+			func(s EdgeSettings) *slog.Logger { return s.Logger },
+			func(s EdgeSettings) *config.Directory { return config.NewDirectory(s.Config.Records()) },
+			fx.Annotate(func(d *config.Directory) *config.Directory { return d }, fx.As(new(ports.NodeDirectory))),
+			fx.Annotate(func(d *config.Directory) *config.Directory { return d }, fx.As(new(edgeapp.Directory))),
+			fx.Annotate(func(s EdgeSettings) fileSource { return fileSource{path: s.ConfigPath} }, fx.As(new(ports.NodeSource))),
+			func() *eventbus.Bus { return eventbus.New() },
+			fx.Annotate(func(b *eventbus.Bus) *eventbus.Bus { return b }, fx.As(new(ports.EventPublisher))),
+			edgeapp.NewRegistry,
+			func() *edgeapp.RunTracker { return edgeapp.NewRunTracker(0) },
+			func() *edgeapp.ConfigVersions { return &edgeapp.ConfigVersions{} },
+			edgeapp.NewRegisterHandler,
+			edgeapp.NewSubmitRunHandler,
+			edgeapp.NewCancelRunHandler,
+			edgeapp.NewTerminateSessionHandler,
+			edgeapp.NewNodeCommandHandler,
+			edgeapp.NewGetRunHandler,
+			edgeapp.NewListRunsHandler,
+			edgeapp.NewReloadHandler,
+			newTransportServer,
+			newHTTPServer,
+		),
+		fx.Invoke(runEdge),
+	)
+}
+
+func transportConfig(c config.TransportConfig, log *slog.Logger) transport.Config {
+	return transport.Config{
+		HeartbeatInterval: c.HeartbeatInterval.Std(),
+		HeartbeatTimeout:  c.HeartbeatTimeout.Std(),
+		MaxFrameSize:      int(c.MaxFrameSize),
+		Logger:            log,
+	}
+}
+
+func newTransportServer(s EdgeSettings, log *slog.Logger, reg *edgeapp.RegisterHandler) *transport.Server {
+	return transport.NewServer(s.Config.Transport.Listen, transportConfig(s.Config.Transport, log), reg)
+}
+
+func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edgeapp.Registry, submit *edgeapp.SubmitRunHandler,
+	cancel *edgeapp.CancelRunHandler, term *edgeapp.TerminateSessionHandler, cmds *edgeapp.NodeCommandHandler,
+	get *edgeapp.GetRunHandler, list *edgeapp.ListRunsHandler, reload *edgeapp.ReloadHandler) *httpapi.Server {
+	deps := httpapi.Deps{
+		Registry: reg, Submit: submit, Cancel: cancel, Terminate: term, Commands: cmds,
+		GetRun: get, ListRuns: list, Events: bus,
+	}
+	if s.ConfigPath != "" {
+		deps.Reload = reload.Handle
+	}
+	return httpapi.New(deps, s.Config.HTTP.Listen, log)
+}
+
+// runEdge starts the listeners synchronously (a busy port fails start-up),
+// reloads on SIGHUP, and on stop closes HTTP first, then the node links.
+func runEdge(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, ts *transport.Server, hs *httpapi.Server,
+	submit *edgeapp.SubmitRunHandler, reload *edgeapp.ReloadHandler, bus *eventbus.Bus) {
+	hup := make(chan os.Signal, 1)
+	hupDone := make(chan struct{})
+	lc.Append(fx.Hook{
+		OnStart: func(context.Context) error {
+			if err := ts.Start(); err != nil {
+				return err
+			}
+			if err := hs.Start(); err != nil {
+				_ = ts.Stop(context.Background())
+				return err
+			}
+			signal.Notify(hup, syscall.SIGHUP)
+			go func() {
+				defer close(hupDone)
+				for range hup {
+					if s.ConfigPath == "" {
+						continue
+					}
+					if _, err := reload.Handle(context.Background()); err != nil {
+						log.Error("SIGHUP reload failed", "err", err)
+					}
+				}
+			}()
+			log.Info("iop-edge started", "transport", ts.Addr().String(), "http", hs.Addr().String(), "version", Version)
+			return nil
+		},
+		OnStop: func(ctx context.Context) error {
+			signal.Stop(hup)
+			close(hup)
+			<-hupDone
+			err := hs.Stop(ctx)
+			submit.Stop()
+			if terr := ts.Stop(ctx); err == nil {
+				err = terr
+			}
+			bus.Close()
+			return err
+		},
+	})
+}

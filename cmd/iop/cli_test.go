@@ -1,0 +1,671 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var testNow = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// fakeEdge speaks the edge HTTP API from canned handlers and records the
+// requests it gets.
+type fakeEdge struct {
+	*httptest.Server
+	mux *http.ServeMux
+
+	mu   sync.Mutex
+	reqs []recorded
+}
+
+type recorded struct {
+	method, path, query, accept string
+	body                        string
+}
+
+func newFakeEdge(t *testing.T) *fakeEdge {
+	t.Helper()
+	e := &fakeEdge{mux: http.NewServeMux()}
+	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		e.mu.Lock()
+		e.reqs = append(e.reqs, recorded{r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Get("Accept"), string(b)})
+		e.mu.Unlock()
+		e.mux.ServeHTTP(w, r)
+	}))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func (e *fakeEdge) last() recorded {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.reqs[len(e.reqs)-1]
+}
+
+func (e *fakeEdge) json(pattern string, status int, body string) {
+	e.mux.HandleFunc(pattern, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, body)
+	})
+}
+
+// sse answers pattern with an event stream of (type, data) pairs.
+func (e *fakeEdge) sse(pattern string, header map[string]string, events ...string) {
+	e.mux.HandleFunc(pattern, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for k, v := range header {
+			w.Header().Set(k, v)
+		}
+		_, _ = io.WriteString(w, ": keep-alive\n\n")
+		for i := 0; i+1 < len(events); i += 2 {
+			fmt.Fprintf(w, "event: %s\ndata: %s\n\n", events[i], events[i+1])
+			w.(http.Flusher).Flush()
+		}
+	})
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+type cliOpt func(*app)
+
+func withStdin(s string) cliOpt { return func(a *app) { a.stdin = strings.NewReader(s) } }
+func withTTY(in, out, err bool) cliOpt {
+	return func(a *app) { a.stdinTTY, a.stdoutTTY, a.stderrTTY = in, out, err }
+}
+
+// cli runs iop against edge (through IOP_EDGE) and returns what it printed.
+func cli(t *testing.T, ctx context.Context, edge string, opts []cliOpt, args ...string) result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	a := &app{
+		stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr,
+		getenv: func(k string) string {
+			if k == "IOP_EDGE" {
+				return edge
+			}
+			return ""
+		},
+		now: func() time.Time { return testNow }, loc: time.UTC,
+		httpClient: &http.Client{Transport: &http.Transport{}},
+	}
+	for _, o := range opts {
+		o(a)
+	}
+	defer a.httpClient.CloseIdleConnections()
+	code := a.run(ctx, args)
+	return result{stdout.String(), stderr.String(), code}
+}
+
+func run(t *testing.T, edge string, args ...string) result {
+	t.Helper()
+	return cli(t, context.Background(), edge, nil, args...)
+}
+
+func (r result) want(t *testing.T, code int, stdout string) {
+	t.Helper()
+	if r.code != code || r.stdout != stdout {
+		t.Fatalf("exit %d, stdout:\n%s\nstderr:\n%s\nwant exit %d, stdout:\n%s", r.code, r.stdout, r.stderr, code, stdout)
+	}
+}
+
+func TestRunStreamsOutput(t *testing.T) {
+	e := newFakeEdge(t)
+	e.sse("POST /v1/runs", map[string]string{"X-IOP-Run-ID": "run_1", "X-IOP-Node": "n1"},
+		"start", `{"run_id":"run_1","node":"n1","seq":1,"type":"start"}`,
+		"reasoning_delta", `{"run_id":"run_1","seq":2,"type":"reasoning_delta","text":"thinking"}`,
+		"delta", `{"run_id":"run_1","seq":3,"type":"delta","text":"HEL"}`,
+		"delta", `{"run_id":"run_1","seq":4,"type":"delta","text":"LO"}`,
+		"complete", `{"run_id":"run_1","seq":5,"type":"complete","usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7,"model":"m"}}`,
+	)
+	r := cli(t, context.Background(), e.URL, nil, "run", "-v", "--adapter", "exec", "--target", "upper", "--node", "n1",
+		"--session", "s1", "--options", `{"a":1,"b":"x"}`, "--option", "b=two", "--option", "think=true", "hello")
+	r.want(t, 0, "HELLO\n")
+	if !strings.Contains(r.stderr, "thinking\n") || strings.Contains(r.stderr, "\x1b[") {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+	if !strings.Contains(r.stderr, "run run_1 on node n1") || !strings.Contains(r.stderr, "3 prompt + 4 completion = 7 tokens, model m") {
+		t.Fatalf("verbose stderr %q", r.stderr)
+	}
+	req := e.last()
+	var body map[string]any
+	if err := json.Unmarshal([]byte(req.body), &body); err != nil {
+		t.Fatal(err)
+	}
+	opts := body["options"].(map[string]any)
+	if body["adapter"] != "exec" || body["target"] != "upper" || body["node"] != "n1" || body["session_id"] != "s1" || body["input"] != "hello" ||
+		opts["a"] != 1.0 || opts["b"] != "two" || opts["think"] != true || req.accept != "text/event-stream" {
+		t.Fatalf("request %s", req.body)
+	}
+	if _, ok := body["background"]; ok {
+		t.Fatalf("background sent: %s", req.body)
+	}
+}
+
+func TestRunInputFromStdin(t *testing.T) {
+	e := newFakeEdge(t)
+	e.sse("POST /v1/runs", nil, "complete", `{"type":"complete"}`)
+	cli(t, context.Background(), e.URL, []cliOpt{withStdin("from stdin\n")}, "run", "--adapter", "exec", "-").want(t, 0, "")
+	if !strings.Contains(e.last().body, `"input":"from stdin\n"`) {
+		t.Fatalf("body %s", e.last().body)
+	}
+	// No argument and a piped stdin: stdin is the input too.
+	cli(t, context.Background(), e.URL, []cliOpt{withStdin("piped")}, "run", "--adapter", "exec").want(t, 0, "")
+	if !strings.Contains(e.last().body, `"input":"piped"`) {
+		t.Fatalf("body %s", e.last().body)
+	}
+	// No argument and a terminal: no input, stdin untouched.
+	cli(t, context.Background(), e.URL, []cliOpt{withStdin("unread"), withTTY(true, false, false)}, "run", "--adapter", "exec").want(t, 0, "")
+	if !strings.Contains(e.last().body, `"input":""`) {
+		t.Fatalf("body %s", e.last().body)
+	}
+}
+
+func TestRunEndings(t *testing.T) {
+	tests := []struct {
+		name       string
+		events     []string
+		args       []string
+		opts       []cliOpt
+		code       int
+		stdout     string
+		stderrHas  string
+		stderrLack string
+	}{
+		{
+			name:   "error event",
+			events: []string{"delta", `{"type":"delta","text":"partial"}`, "error", `{"type":"error","error":{"code":"run_failed","message":"exit status 3: boom"}}`},
+			code:   1, stdout: "partial\n", stderrHas: "iop: exit status 3: boom (run_failed)\n",
+		},
+		{
+			name:   "cancelled",
+			events: []string{"delta", `{"type":"delta","text":"x\n"}`, "cancelled", `{"run_id":"run_1","type":"cancelled"}`},
+			code:   130, stdout: "x\n", stderrHas: "was cancelled",
+		},
+		{
+			name:   "stream cut before the terminal event",
+			events: []string{"delta", `{"type":"delta","text":"x"}`},
+			code:   1, stdout: "x\n", stderrHas: "the stream ended before the run did",
+		},
+		{
+			name:   "json lines",
+			events: []string{"delta", `{"type":"delta", "text":"x"}`, "complete", `{"type":"complete"}`},
+			args:   []string{"--json"},
+			code:   0, stdout: `{"type":"delta","text":"x"}` + "\n" + `{"type":"complete"}` + "\n",
+		},
+		{
+			name:   "dim reasoning on a terminal",
+			events: []string{"reasoning_delta", `{"type":"reasoning_delta","text":"hmm"}`, "delta", `{"type":"delta","text":"ok\n"}`, "complete", `{"type":"complete"}`},
+			opts:   []cliOpt{withTTY(false, false, true)},
+			code:   0, stdout: "ok\n", stderrHas: "\x1b[2mhmm\x1b[0m\n",
+		},
+		{
+			name:   "no usage line without -v",
+			events: []string{"complete", `{"type":"complete","usage":{"total_tokens":9}}`},
+			code:   0, stdout: "", stderrLack: "tokens",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newFakeEdge(t)
+			e.sse("POST /v1/runs", map[string]string{"X-IOP-Run-ID": "run_1", "X-IOP-Node": "n1"}, tt.events...)
+			r := cli(t, context.Background(), e.URL, tt.opts, append([]string{"run", "--adapter", "exec", "in"}, tt.args...)...)
+			r.want(t, tt.code, tt.stdout)
+			if !strings.Contains(r.stderr, tt.stderrHas) || (tt.stderrLack != "" && strings.Contains(r.stderr, tt.stderrLack)) {
+				t.Fatalf("stderr %q", r.stderr)
+			}
+		})
+	}
+}
+
+func TestRunBackground(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("POST /v1/runs", 202, `{"run_id":"run_bg","node":"n2"}`)
+	run(t, e.URL, "run", "--adapter", "exec", "--background", "x").want(t, 0, "run_bg started in the background on node n2\n")
+	if !strings.Contains(e.last().body, `"background":true`) {
+		t.Fatalf("body %s", e.last().body)
+	}
+	run(t, e.URL, "run", "--adapter", "exec", "--background", "--json", "x").want(t, 0, `{"node":"n2","run_id":"run_bg"}`+"\n")
+}
+
+func TestRunEdgeErrors(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("POST /v1/runs", 404, `{"error":{"code":"node_not_found","message":"node \"x\" is not connected"}}`)
+	r := run(t, e.URL, "run", "--adapter", "exec", "--node", "x", "hi")
+	r.want(t, 1, "")
+	if r.stderr != "iop: node \"x\" is not connected (node_not_found)\n" {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+}
+
+func TestInterruptCancelsTheRun(t *testing.T) {
+	e := newFakeEdge(t)
+	sent := make(chan struct{})
+	gone := make(chan struct{})
+	e.mux.HandleFunc("POST /v1/runs", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("X-IOP-Run-ID", "run_long")
+		_, _ = io.WriteString(w, "event: delta\ndata: {\"type\":\"delta\",\"text\":\"working\"}\n\n")
+		w.(http.Flusher).Flush()
+		close(sent)
+		<-r.Context().Done()
+		close(gone)
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-sent
+		time.Sleep(20 * time.Millisecond)
+		cancel() // Ctrl-C
+	}()
+	r := cli(t, ctx, e.URL, nil, "run", "--adapter", "exec", "x")
+	r.want(t, 130, "working\n")
+	if !strings.Contains(r.stderr, "interrupted; run run_long is cancelled") {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+	select {
+	case <-gone:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the edge never saw the client leave")
+	}
+}
+
+func TestUnreachableEdge(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	ln.Close()
+	r := run(t, url, "nodes")
+	r.want(t, 1, "")
+	if !strings.Contains(r.stderr, "cannot reach the edge at "+url) || !strings.Contains(r.stderr, "IOP_EDGE") {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+	// --edge wins over IOP_EDGE.
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 200, `{"nodes":[]}`)
+	r = cli(t, context.Background(), url, nil, "--edge", e.URL, "nodes")
+	r.want(t, 0, "")
+}
+
+func TestUsageErrors(t *testing.T) {
+	e := newFakeEdge(t)
+	for _, args := range [][]string{
+		{"bogus"},
+		{"run", "x"},
+		{"run", "--adapter", "exec", "--bogus"},
+		{"run", "--adapter", "exec", "--options", "[1]", "x"},
+		{"run", "--adapter", "exec", "--option", "novalue", "x"},
+		{"run", "--adapter", "exec", "a", "b"},
+		{"cancel"},
+		{"runs", "--limit", "x"},
+		{"session", "end", "s1"},
+		{"node", "exec", "n1"},
+		{"node", "exec", "n1", "caps", "{bad"},
+		{"--edge", "ftp://x", "nodes"},
+	} {
+		r := run(t, e.URL, args...)
+		if r.code != 2 || !strings.HasPrefix(r.stderr, "iop: ") {
+			t.Errorf("%v: exit %d, stderr %q", args, r.code, r.stderr)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.reqs) != 0 {
+		t.Fatalf("usage errors reached the edge: %v", e.reqs)
+	}
+}
+
+func TestNodes(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 200, `{"nodes":[
+		{"id":"n1","remote":"10.0.0.1:5555","connected_at":"2026-03-01T11:55:00Z","version":"v1.2.3","config_version":2,"runs_in_flight":1,
+		 "adapters":[{"name":"exec","type":"exec","max_concurrency":4,"in_flight":1},{"name":"llm","type":"ollama","max_concurrency":2,"in_flight":0}],"providers":[]},
+		{"id":"n2","remote":"10.0.0.2:5555","connected_at":"2026-02-27T12:00:00Z","version":"v1.2.4","adapters":[],"providers":[]}]}`)
+	run(t, e.URL, "nodes").want(t, 0, ""+
+		"ID  REMOTE         CONNECTED  ADAPTERS            VERSION\n"+
+		"n1  10.0.0.1:5555  5m ago     exec(1/4) llm(0/2)  v1.2.3\n"+
+		"n2  10.0.0.2:5555  2d ago     -                   v1.2.4\n")
+	r := run(t, e.URL, "nodes", "--json")
+	var v map[string]any
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &v) != nil {
+		t.Fatalf("json output %q", r.stdout)
+	}
+}
+
+func TestRuns(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/runs", 200, `{"runs":[
+		{"run_id":"run_2","node":"n1","adapter":"exec","target":"upper","status":"failed","background":false,"created_at":"2026-03-01T11:00:00Z",
+		 "started_at":"2026-03-01T11:00:01Z","finished_at":"2026-03-01T11:00:03.5Z","error":{"code":"run_failed","message":"exit status 1"}},
+		{"run_id":"run_1","node":"n2","adapter":"llm","status":"running","background":true,"created_at":"2026-03-01T11:59:00Z","started_at":"2026-03-01T11:59:00Z"}],
+		"errors":[{"node":"n3","code":"timeout","message":"slow"}]}`)
+	r := run(t, e.URL, "runs", "--node", "n1", "--status", "failed", "--limit", "5")
+	r.want(t, 0, ""+
+		"RUN    NODE  ADAPTER  TARGET  STATUS   CREATED              DURATION  ERROR\n"+
+		"run_2  n1    exec     upper   failed   2026-03-01 11:00:00  2.5s      run_failed: exit status 1\n"+
+		"run_1  n2    llm      -       running  2026-03-01 11:59:00  1m0s+     -\n")
+	if r.stderr != "iop: warning: node n3 did not answer: slow (timeout)\n" {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+	if q := e.last().query; q != "limit=5&node=n1&status=failed" {
+		t.Fatalf("query %q", q)
+	}
+}
+
+func TestRunGet(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/runs/run_2", 200, `{"run_id":"run_2","node":"n1","adapter":"exec","status":"succeeded","background":true,"created_at":"2026-03-01T11:00:00Z",
+		"started_at":"2026-03-01T11:00:01Z","finished_at":"2026-03-01T11:00:02Z","usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`)
+	e.json("GET /v1/runs/run_x", 404, `{"error":{"code":"run_not_found","message":"no connected node knows run run_x"}}`)
+	want := "" +
+		"run:         run_2\n" +
+		"node:        n1\n" +
+		"adapter:     exec\n" +
+		"target:      -\n" +
+		"session:     -\n" +
+		"background:  true\n" +
+		"status:      succeeded\n" +
+		"created:     2026-03-01 11:00:00\n" +
+		"started:     2026-03-01 11:00:01\n" +
+		"finished:    2026-03-01 11:00:02\n" +
+		"duration:    1s\n" +
+		"usage:       1 prompt + 2 completion = 3 tokens\n"
+	run(t, e.URL, "run-get", "run_2").want(t, 0, want)
+	run(t, e.URL, "runs", "get", "run_2").want(t, 0, want)
+	r := run(t, e.URL, "runs", "get", "run_x")
+	if r.code != 1 || r.stderr != "iop: no connected node knows run run_x (run_not_found)\n" {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestCancelAndSession(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("POST /v1/runs/run_1/cancel", 200, `{"run_id":"run_1","node":"n1","status":"cancelling"}`)
+	e.json("POST /v1/runs/run_2/cancel", 409, `{"error":{"code":"run_finished","message":"run run_2 has already finished"}}`)
+	e.json("DELETE /v1/sessions/s1", 200, `{"session_id":"s1","node":"n1","adapter":"llm","terminated":true}`)
+	e.json("DELETE /v1/sessions/s2", 501, `{"error":{"code":"session_unsupported","message":"adapter exec keeps no sessions"}}`)
+
+	run(t, e.URL, "cancel", "run_1").want(t, 0, "cancelling run run_1 on node n1\n")
+	r := run(t, e.URL, "cancel", "run_2")
+	if r.code != 1 || r.stderr != "iop: run run_2 has already finished (run_finished)\n" {
+		t.Fatalf("%+v", r)
+	}
+	run(t, e.URL, "session", "end", "s1", "--adapter", "llm", "--node", "n1", "--target", "qwen").want(t, 0, "session s1 of adapter llm ended on node n1\n")
+	if q := e.last().query; q != "adapter=llm&node=n1&target=qwen" {
+		t.Fatalf("query %q", q)
+	}
+	r = run(t, e.URL, "session", "end", "s2", "--adapter", "exec")
+	if r.code != 1 || !strings.Contains(r.stderr, "(session_unsupported)") {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestEvents(t *testing.T) {
+	e := newFakeEdge(t)
+	e.sse("GET /v1/events", nil,
+		"node.registered", `{"type":"node.registered","time":"2026-03-01T12:00:01.5Z","node":"n1","remote":"1.2.3.4:5"}`,
+		"run.event", `{"type":"run.event","time":"2026-03-01T12:00:02Z","node":"n1","run":{"run_id":"run_1","seq":3,"type":"delta","text":"hi\nthere"}}`,
+		"run.event", `{"type":"run.event","time":"2026-03-01T12:00:03Z","node":"n1","run":{"run_id":"run_1","seq":4,"type":"error","error":{"code":"node_disconnected","message":"gone"}}}`,
+		"node.rejected", `{"type":"node.rejected","time":"2026-03-01T12:00:04Z","remote":"5.6.7.8:9","reason":"unknown_token"}`,
+		"tunnel.completed", `{"type":"tunnel.completed","time":"2026-03-01T12:00:05Z","node":"n1","tunnel":{"id":"t1","provider":"ol","status":200,"body_bytes":10,"duration_ms":15}}`,
+	)
+	r := run(t, e.URL, "events", "--type", "node.registered,run.event", "--type", "node.*")
+	r.want(t, 1, ""+
+		"12:00:01.500 node.registered node=n1 remote=1.2.3.4:5\n"+
+		"12:00:02.000 run.event node=n1 run=run_1 #3 delta \"hi there\"\n"+
+		"12:00:03.000 run.event node=n1 run=run_1 #4 error node_disconnected: gone\n"+
+		"12:00:04.000 node.rejected remote=5.6.7.8:9 reason=\"unknown_token\"\n"+
+		"12:00:05.000 tunnel.completed node=n1 tunnel=t1 provider=ol status=200 bytes=10 duration=15ms\n")
+	if !strings.Contains(r.stderr, "the edge closed the event stream") {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+	if q := e.last().query; q != "type=node.registered%2Crun.event%2Cnode.%2A" {
+		t.Fatalf("query %q", q)
+	}
+	r = run(t, e.URL, "events", "--json")
+	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); len(lines) != 5 || lines[0] != `{"type":"node.registered","time":"2026-03-01T12:00:01.5Z","node":"n1","remote":"1.2.3.4:5"}` {
+		t.Fatalf("json lines %q", r.stdout)
+	}
+}
+
+func TestEventsInterrupted(t *testing.T) {
+	e := newFakeEdge(t)
+	sent := make(chan struct{})
+	e.mux.HandleFunc("GET /v1/events", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "event: config.reloaded\ndata: {\"type\":\"config.reloaded\",\"time\":\"2026-03-01T12:00:00Z\"}\n\n")
+		w.(http.Flusher).Flush()
+		close(sent)
+		<-r.Context().Done()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-sent
+		time.Sleep(20 * time.Millisecond)
+		cancel()
+	}()
+	cli(t, ctx, e.URL, nil, "events").want(t, 130, "12:00:00.000 config.reloaded\n")
+}
+
+func TestNodeReports(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 200, `{"nodes":[{"id":"n1","adapters":[]},{"id":"n2","adapters":[]}]}`)
+	e.mux.HandleFunc("POST /v1/nodes/{id}/commands", func(w http.ResponseWriter, r *http.Request) {
+		var body struct{ Command string }
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		id := r.PathValue("id")
+		w.Header().Set("Content-Type", "application/json")
+		switch body.Command {
+		case "capabilities":
+			fmt.Fprintf(w, `{"node_id":%q,"config_version":3,"version":"v1","os":"linux","arch":"amd64","hostname":"box-%s",
+				"adapters":[{"name":"exec","type":"exec","max_concurrency":4,"in_flight":1,"sessions":false},
+				{"name":"llm","type":"ollama","max_concurrency":2,"in_flight":0,"sessions":true,"commands":["ollama.list","ollama.pull"]}]}`, id, id)
+		case "usage_status":
+			_, _ = io.WriteString(w, `{"adapters":[{"adapter":"exec","runs_total":5,"succeeded":3,"failed":1,"cancelled":1,"running":0,"prompt_tokens":10,"completion_tokens":20,"total_tokens":30,"cost_usd":0.5}]}`)
+		case "transport_status":
+			_, _ = io.WriteString(w, `{"connected":true,"connected_since":"2026-03-01T11:00:00Z","reconnects":2,"last_rtt_ms":1.25,"frames_in":10,"frames_out":12,"bytes_in":2048,"bytes_out":999,"runs_in_flight":1}`)
+		case "session_list":
+			_, _ = io.WriteString(w, `{"sessions":[{"adapter":"llm","target":"qwen","session_id":"s1","turns":2,"last_used":"2026-03-01T11:58:00Z"}]}`)
+		default:
+			w.WriteHeader(400)
+			_, _ = io.WriteString(w, `{"error":{"code":"unknown_command","message":"unknown command"}}`)
+		}
+	})
+
+	run(t, e.URL, "node", "caps", "n1").want(t, 0, ""+
+		"NODE  VERSION  PLATFORM     HOSTNAME  CONFIG\n"+
+		"n1    v1       linux/amd64  box-n1    v3\n"+
+		"\n"+
+		"NODE  ADAPTER  TYPE    RUNS  SESSIONS  COMMANDS\n"+
+		"n1    exec     exec    1/4   no        -\n"+
+		"n1    llm      ollama  0/2   yes       ollama.list,ollama.pull\n")
+	r := run(t, e.URL, "node", "caps")
+	if r.code != 0 || !strings.Contains(r.stdout, "box-n1") || !strings.Contains(r.stdout, "box-n2") {
+		t.Fatalf("%+v", r)
+	}
+	run(t, e.URL, "node", "usage", "n1").want(t, 0, ""+
+		"NODE  ADAPTER  RUNS  OK  FAILED  CANCELLED  RUNNING  PROMPT  COMPLETION  TOTAL  COST\n"+
+		"n1    exec     5     3   1       1          0        10      20          30     $0.5000\n")
+	run(t, e.URL, "node", "transport", "n1").want(t, 0, ""+
+		"NODE  CONNECTED  RECONNECTS  RTT    FRAMES IN/OUT  BYTES IN/OUT  RUNS\n"+
+		"n1    1h ago     2           1.2ms  10/12          2.0 kB/999 B  1\n")
+	run(t, e.URL, "node", "sessions", "n1").want(t, 0, ""+
+		"NODE  ADAPTER  TARGET  SESSION  TURNS  LAST USED\n"+
+		"n1    llm      qwen    s1       2      2m ago\n")
+	r = run(t, e.URL, "node", "caps", "n1", "--json")
+	if r.code != 0 || !strings.Contains(r.stdout, `"hostname": "box-n1"`) {
+		t.Fatalf("%+v", r)
+	}
+	r = run(t, e.URL, "node", "usage", "--json")
+	var all map[string]any
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &all) != nil || all["n1"] == nil || all["n2"] == nil {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestNodeExec(t *testing.T) {
+	e := newFakeEdge(t)
+	e.sse("POST /v1/nodes/n1/commands", nil,
+		"progress", `{"step":1}`,
+		"result", `{"ok":true}`)
+	r := run(t, e.URL, "node", "exec", "n1", "anything", `{"x":1}`)
+	r.want(t, 0, "{\n  \"ok\": true\n}\n")
+	if r.stderr != `{"step":1}`+"\n" {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+	if body := e.last().body; body != `{"args":{"x":1},"command":"anything"}` {
+		t.Fatalf("body %s", body)
+	}
+	e2 := newFakeEdge(t)
+	e2.json("POST /v1/nodes/n1/commands", 400, `{"error":{"code":"unknown_command","message":"unknown command \"x\""}}`)
+	r = run(t, e2.URL, "node", "exec", "n1", "x")
+	if r.code != 1 || r.stderr != "iop: unknown command \"x\" (unknown_command)\n" {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestOllamaPull(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 200, `{"nodes":[{"id":"gpu","adapters":[{"name":"llm","type":"ollama"}]},{"id":"cpu","adapters":[]}]}`)
+	e.sse("POST /v1/nodes/gpu/commands", nil,
+		"progress", `{"status":"pulling manifest"}`,
+		"progress", `{"status":"pulling abc","digest":"sha256:abc","total":1000,"completed":0}`,
+		"progress", `{"status":"pulling abc","digest":"sha256:abc","total":1000,"completed":500}`,
+		"progress", `{"status":"pulling abc","digest":"sha256:abc","total":1000,"completed":550}`,
+		"progress", `{"status":"pulling abc","digest":"sha256:abc","total":1000,"completed":1000}`,
+		"progress", `{"status":"pulling def","digest":"sha256:def","total":2000000,"completed":2000000}`,
+		"progress", `{"status":"verifying sha256 digest"}`,
+		"progress", `{"status":"success"}`,
+		"result", `{"status":"success"}`)
+
+	// Not a terminal: status lines and percentages.
+	r := run(t, e.URL, "ollama", "pull", "qwen3")
+	r.want(t, 0, ""+
+		"pulling manifest\n"+
+		"pulling abc: 0% (0 B/1.0 kB)\n"+
+		"pulling abc: 50% (500 B/1.0 kB)\n"+
+		"pulling abc: 100% (1.0 kB/1.0 kB)\n"+
+		"pulling def: 100% (2.0 MB/2.0 MB)\n"+
+		"verifying sha256 digest\n"+
+		"success\n"+
+		"pulled qwen3 on node gpu\n")
+	req := e.last()
+	if req.accept != "text/event-stream" || req.body != `{"args":{"model":"qwen3"},"command":"ollama.pull"}` {
+		t.Fatalf("request %+v", req)
+	}
+
+	// A terminal: progress bars with bytes and percentage.
+	r = cli(t, context.Background(), e.URL, []cliOpt{withTTY(false, true, false)}, "ollama", "pull", "qwen3", "--adapter", "llm")
+	if r.code != 0 || !strings.Contains(r.stdout, "100%") || !strings.Contains(r.stdout, "pulling abc") || !strings.Contains(r.stdout, "MB") ||
+		!strings.Contains(r.stdout, "pulled qwen3 on node gpu\n") {
+		t.Fatalf("%+v", r)
+	}
+	if !strings.Contains(e.last().body, `"adapter":"llm"`) {
+		t.Fatalf("body %s", e.last().body)
+	}
+}
+
+func TestOllamaPullFails(t *testing.T) {
+	e := newFakeEdge(t)
+	e.sse("POST /v1/nodes/gpu/commands", nil,
+		"progress", `{"status":"pulling manifest"}`,
+		"error", `{"error":{"code":"provider_error","message":"pull model manifest: file does not exist"}}`)
+	r := run(t, e.URL, "ollama", "pull", "nope", "--node", "gpu")
+	r.want(t, 1, "pulling manifest\n")
+	if r.stderr != "iop: pull model manifest: file does not exist (provider_error)\n" {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+}
+
+func TestOllamaNodeChoice(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 200, `{"nodes":[{"id":"a","adapters":[{"name":"o","type":"ollama"}]},{"id":"b","adapters":[{"name":"o","type":"ollama"}]}]}`)
+	r := run(t, e.URL, "ollama", "list")
+	if r.code != 2 || !strings.Contains(r.stderr, "name one with --node") {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestOllamaReports(t *testing.T) {
+	e := newFakeEdge(t)
+	e.mux.HandleFunc("POST /v1/nodes/n1/commands", func(w http.ResponseWriter, r *http.Request) {
+		var body struct{ Command string }
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		w.Header().Set("Content-Type", "application/json")
+		switch body.Command {
+		case "ollama.list":
+			_, _ = io.WriteString(w, `{"models":[{"name":"qwen3:8b","size":5200000000,"modified_at":"2026-02-28T12:00:00Z"}]}`)
+		case "ollama.ps":
+			_, _ = io.WriteString(w, `{"models":[{"name":"qwen3:8b","size":6000000000,"size_vram":6000000000,"expires_at":"2026-03-01T12:05:00Z"}]}`)
+		case "ollama.show":
+			_, _ = io.WriteString(w, `{"details":{"format":"gguf","family":"qwen3","parameter_size":"8.2B","quantization_level":"Q4_K_M"},"capabilities":["completion","thinking"]}`)
+		case "ollama.delete":
+			_, _ = io.WriteString(w, `{}`)
+		case "ollama.version":
+			_, _ = io.WriteString(w, `{"version":"0.5.1"}`)
+		}
+	})
+	run(t, e.URL, "ollama", "list", "--node", "n1").want(t, 0, ""+
+		"NAME      SIZE    MODIFIED\n"+
+		"qwen3:8b  5.2 GB  24h ago\n")
+	run(t, e.URL, "ollama", "ps", "--node", "n1").want(t, 0, ""+
+		"NAME      SIZE    VRAM    UNTIL\n"+
+		"qwen3:8b  6.0 GB  6.0 GB  2026-03-01 12:05:00\n")
+	run(t, e.URL, "ollama", "show", "qwen3:8b", "--node", "n1").want(t, 0, ""+
+		"model:         qwen3:8b\n"+
+		"family:        qwen3\n"+
+		"parameters:    8.2B\n"+
+		"quantization:  Q4_K_M\n"+
+		"format:        gguf\n"+
+		"capabilities:  completion, thinking\n")
+	if body := e.last().body; body != `{"args":{"model":"qwen3:8b"},"command":"ollama.show"}` {
+		t.Fatalf("body %s", body)
+	}
+	run(t, e.URL, "ollama", "delete", "qwen3:8b", "--node", "n1").want(t, 0, "deleted qwen3:8b on node n1\n")
+	run(t, e.URL, "ollama", "version", "--node", "n1").want(t, 0, "ollama 0.5.1 on node n1\n")
+}
+
+func TestReload(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("POST /v1/admin/reload", 200, `{"nodes":2,"refreshed":["a"],"disconnected":[],"unchanged":["b"]}`)
+	run(t, e.URL, "reload").want(t, 0, "config reloaded: 2 node(s) configured\n  refreshed: a\n  unchanged: b\n")
+	e2 := newFakeEdge(t)
+	e2.json("POST /v1/admin/reload", 422, `{"error":{"code":"config_error","message":"edge.yaml: line 4: field bogus not found"}}`)
+	r := run(t, e2.URL, "reload")
+	if r.code != 1 || r.stderr != "iop: edge.yaml: line 4: field bogus not found (config_error)\n" {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestBuildOptions(t *testing.T) {
+	got, err := buildOptions(`{"a":{"b":1}}`, []string{"n=5", "s=hello world", "j={\"x\":[1]}", "e="})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != `{"a":{"b":1},"e":"","j":{"x":[1]},"n":5,"s":"hello world"}` {
+		t.Fatalf("options %s", got)
+	}
+	if got, err := buildOptions("", nil); err != nil || got != nil {
+		t.Fatalf("empty: %s %v", got, err)
+	}
+}

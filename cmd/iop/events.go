@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"iop/cmd/iop/internal/client"
+)
+
+func (a *app) eventsCmd() *cobra.Command {
+	var types []string
+	cmd := &cobra.Command{
+		Use:   "events [--type T]…",
+		Short: "Follow the edge's event feed (node lifecycle, run events, tunnels)",
+		Long: `Follow the edge's event feed, one line per event, until Ctrl-C (exit 130).
+--type keeps only the given types (node.registered, node.rejected,
+node.disconnected, node.config_refreshed, run.event, tunnel.completed,
+config.reloaded); a trailing * matches a prefix, e.g. --type 'node.*'.`,
+		Args: cobra.NoArgs,
+		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
+			var ts []string
+			for _, t := range types {
+				for p := range strings.SplitSeq(t, ",") {
+					if p = strings.TrimSpace(p); p != "" {
+						ts = append(ts, p)
+					}
+				}
+			}
+			return c.Events(ctx, ts, func(ev client.BusEvent) error {
+				if a.json {
+					return writeJSONLine(a.stdout, ev.Raw)
+				}
+				_, err := fmt.Fprintln(a.stdout, a.formatEvent(ev))
+				return err
+			})
+		}),
+	}
+	cmd.Flags().StringArrayVar(&types, "type", nil, "only events of this type (repeatable, or comma-separated)")
+	return cmd
+}
+
+// formatEvent renders a bus event on one line.
+func (a *app) formatEvent(ev client.BusEvent) string {
+	var b strings.Builder
+	b.WriteString(ev.Time.In(a.loc).Format("15:04:05.000"))
+	b.WriteString(" ")
+	b.WriteString(ev.Type)
+	kv := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(&b, " %s=%s", k, v)
+		}
+	}
+	kv("node", ev.Node)
+	kv("remote", ev.Remote)
+	if r := ev.Run; r != nil {
+		kv("run", r.RunID)
+		fmt.Fprintf(&b, " #%d %s", r.Seq, r.Type)
+		if r.Text != "" {
+			b.WriteString(" " + strconv.Quote(truncate(r.Text, 80)))
+		}
+		if r.Error != nil {
+			fmt.Fprintf(&b, " %s: %s", r.Error.Code, r.Error.Message)
+		}
+		if s := strings.TrimPrefix(usageSummary(r.Usage), ": "); s != "" {
+			b.WriteString(" (" + s + ")")
+		}
+	}
+	if t := ev.Tunnel; t != nil {
+		kv("tunnel", t.ID)
+		kv("provider", t.Provider)
+		kv("model", t.Model)
+		kv("path", t.Path)
+		if t.Status != 0 {
+			kv("status", strconv.Itoa(t.Status))
+		}
+		kv("bytes", strconv.FormatInt(t.BodyBytes, 10))
+		kv("duration", fmt.Sprintf("%dms", t.DurationMS))
+		if s := strings.TrimPrefix(usageSummary(t.Usage), ": "); s != "" {
+			b.WriteString(" (" + s + ")")
+		}
+		kv("error", t.Error)
+	}
+	if ev.Reason != "" {
+		b.WriteString(" reason=" + strconv.Quote(ev.Reason))
+	}
+	return b.String()
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// table writes aligned columns; call flush when done.
+type table struct{ tw *tabwriter.Writer }
+
+func newTable(w io.Writer, header ...string) *table {
+	t := &table{tw: tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)}
+	if len(header) > 0 {
+		t.row(header...)
+	}
+	return t
+}
+
+func (t *table) row(cols ...string) {
+	for i, c := range cols {
+		cols[i] = strings.NewReplacer("\t", " ", "\n", " ", "\r", " ").Replace(c)
+		if cols[i] == "" {
+			cols[i] = "-"
+		}
+	}
+	fmt.Fprintln(t.tw, strings.Join(cols, "\t"))
+}
+
+func (t *table) flush() { _ = t.tw.Flush() }
+
+// ago renders how long before now t was ("5m ago"); "-" for a zero time.
+func ago(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t)
+	switch {
+	case d < 0:
+		return "just now"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds ago", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm ago", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh ago", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd ago", int(d.Hours()/24))
+}
+
+// humanBytes renders a size in decimal units, as Ollama does ("4.7 GB").
+func humanBytes(n int64) string {
+	const unit = 1000
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %cB", float64(n)/float64(div), "kMGTPE"[exp])
+}
+
+// shortDuration renders d for humans: "850ms", "1.2s", "3m4s".
+func shortDuration(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+func (a *app) clock(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.In(a.loc).Format("2006-01-02 15:04:05")
+}
+
+func truncate(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+// printJSON writes raw JSON indented, one value per call.
+func printJSON(w io.Writer, raw []byte) error {
+	var b bytes.Buffer
+	if err := json.Indent(&b, bytes.TrimSpace(raw), "", "  "); err != nil {
+		// Not JSON after all: print it as it came.
+		b.Reset()
+		b.Write(bytes.TrimSpace(raw))
+	}
+	b.WriteByte('\n')
+	_, err := w.Write(b.Bytes())
+	return err
+}
+
+// writeJSONLine writes v as one line of compact JSON.
+func writeJSONLine(w io.Writer, v any) error {
+	var b []byte
+	var err error
+	switch x := v.(type) {
+	case json.RawMessage:
+		var buf bytes.Buffer
+		if err = json.Compact(&buf, x); err != nil {
+			return err
+		}
+		b = buf.Bytes()
+	default:
+		if b, err = json.Marshal(v); err != nil {
+			return err
+		}
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}

@@ -1,0 +1,401 @@
+// Package client is the iop CLI's client of the edge HTTP API: JSON calls,
+// run streams, node commands and the event feed, with the API's errors
+// decoded into *APIError.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// DefaultEdge is the edge the CLI talks to when neither --edge nor IOP_EDGE
+// names one.
+const DefaultEdge = "http://127.0.0.1:7701"
+
+// callTimeout bounds calls that do not stream.
+const callTimeout = 2 * time.Minute
+
+// APIError is an error answered by the edge: {"error":{"code","message"}}.
+type APIError struct {
+	Status  int // HTTP status; 0 for an error event inside a stream
+	Code    string
+	Message string
+}
+
+func (e *APIError) Error() string { return fmt.Sprintf("%s (%s)", e.Message, e.Code) }
+
+// ConnError means the edge could not be reached at all.
+type ConnError struct {
+	Edge string
+	Err  error
+}
+
+func (e *ConnError) Error() string {
+	return fmt.Sprintf("cannot reach the edge at %s (set --edge or IOP_EDGE): %v", e.Edge, e.Err)
+}
+
+func (e *ConnError) Unwrap() error { return e.Err }
+
+// Client calls one edge.
+type Client struct {
+	base *url.URL
+	http *http.Client
+}
+
+// New returns a client of the edge at base ("http://host:port"; a bare
+// "host:port" means http).
+func New(base string, hc *http.Client) (*Client, error) {
+	base = strings.TrimSpace(base)
+	if base == "" {
+		base = DefaultEdge
+	}
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("edge URL %q: want http://host:port", base)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	if hc == nil {
+		hc = &http.Client{}
+	}
+	return &Client{base: u, http: hc}, nil
+}
+
+// Edge is the edge's base URL.
+func (c *Client) Edge() string { return c.base.String() }
+
+// do sends a request and returns a 2xx response; any other status becomes
+// an *APIError, a transport failure a *ConnError (or ctx's error when ctx
+// ended first).
+func (c *Client) do(ctx context.Context, method, path string, query url.Values, body any, accept string) (*http.Response, error) {
+	u := *c.base
+	u.Path += path
+	u.RawQuery = query.Encode()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err
+		}
+		return nil, &ConnError{Edge: c.Edge(), Err: err}
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	return resp, nil
+}
+
+func decodeError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	var body struct {
+		Error *struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(b, &body) == nil && body.Error != nil {
+		return &APIError{Status: resp.StatusCode, Code: body.Error.Code, Message: body.Error.Message}
+	}
+	msg := strings.TrimSpace(string(b))
+	if msg == "" {
+		msg = http.StatusText(resp.StatusCode)
+	}
+	return &APIError{Status: resp.StatusCode, Code: fmt.Sprintf("http_%d", resp.StatusCode), Message: msg}
+}
+
+// Call sends a JSON request and decodes the JSON answer into out (nil
+// discards it; *json.RawMessage keeps it as is).
+func (c *Client) Call(ctx context.Context, method, path string, query url.Values, body, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	resp, err := c.do(ctx, method, path, query, body, "application/json")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("read answer from %s: %w", path, err)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("decode answer from %s: %w", path, err)
+	}
+	return nil
+}
+
+// RunRequest is the body of POST /v1/runs.
+type RunRequest struct {
+	Node       string          `json:"node,omitempty"`
+	Adapter    string          `json:"adapter"`
+	Target     string          `json:"target,omitempty"`
+	Input      string          `json:"input"`
+	SessionID  string          `json:"session_id,omitempty"`
+	Background bool            `json:"background,omitempty"`
+	Options    json.RawMessage `json:"options,omitempty"`
+}
+
+// Usage is a run's reported consumption.
+type Usage struct {
+	PromptTokens     int64   `json:"prompt_tokens,omitempty"`
+	CompletionTokens int64   `json:"completion_tokens,omitempty"`
+	TotalTokens      int64   `json:"total_tokens,omitempty"`
+	CostUSD          float64 `json:"cost_usd,omitempty"`
+	DurationMS       int64   `json:"duration_ms,omitempty"`
+	StopReason       string  `json:"stop_reason,omitempty"`
+	Model            string  `json:"model,omitempty"`
+}
+
+// ErrorInfo is a code and message.
+type ErrorInfo struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// RunEvent is one event of a run stream.
+type RunEvent struct {
+	RunID    string          `json:"run_id,omitempty"`
+	Node     string          `json:"node,omitempty"`
+	Seq      uint64          `json:"seq,omitempty"`
+	Type     string          `json:"type"`
+	Text     string          `json:"text,omitempty"`
+	Usage    *Usage          `json:"usage,omitempty"`
+	Error    *ErrorInfo      `json:"error,omitempty"`
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+}
+
+// Terminal reports whether the event ends its run.
+func (e RunEvent) Terminal() bool {
+	return e.Type == "complete" || e.Type == "error" || e.Type == "cancelled"
+}
+
+// RunStream is a started run: its id and node, and for a foreground run
+// its events.
+type RunStream struct {
+	RunID      string
+	Node       string
+	Background bool
+
+	body io.ReadCloser
+	sse  *SSEReader
+}
+
+// StartRun submits a run. A background run returns at once (no events);
+// a foreground run's events are read with Next. Cancelling ctx abandons the
+// stream, which the edge answers by cancelling the run.
+func (c *Client) StartRun(ctx context.Context, req RunRequest) (*RunStream, error) {
+	resp, err := c.do(ctx, http.MethodPost, "/v1/runs", nil, req, "text/event-stream")
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode == http.StatusAccepted || !isEventStream(resp) {
+		defer resp.Body.Close()
+		var ack struct {
+			RunID string `json:"run_id"`
+			Node  string `json:"node"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&ack); err != nil {
+			return nil, fmt.Errorf("decode run answer: %w", err)
+		}
+		return &RunStream{RunID: ack.RunID, Node: ack.Node, Background: true}, nil
+	}
+	return &RunStream{
+		RunID: resp.Header.Get("X-IOP-Run-ID"), Node: resp.Header.Get("X-IOP-Node"),
+		body: resp.Body, sse: NewSSEReader(resp.Body),
+	}, nil
+}
+
+// Next returns the next event and its raw JSON; io.EOF at the end of the
+// stream.
+func (r *RunStream) Next() (RunEvent, json.RawMessage, error) {
+	if r.sse == nil {
+		return RunEvent{}, nil, io.EOF
+	}
+	for {
+		ev, err := r.sse.Next()
+		if err != nil {
+			return RunEvent{}, nil, err
+		}
+		var re RunEvent
+		if err := json.Unmarshal([]byte(ev.Data), &re); err != nil {
+			return RunEvent{}, nil, fmt.Errorf("decode %s event: %w", ev.Type, err)
+		}
+		if re.Type == "" {
+			re.Type = ev.Type
+		}
+		return re, json.RawMessage(ev.Data), nil
+	}
+}
+
+// Close ends the stream.
+func (r *RunStream) Close() {
+	if r.body != nil {
+		r.body.Close()
+	}
+}
+
+// Command runs a node command and returns its JSON result. With progress
+// non-nil the command is asked for as an event stream and each progress
+// report is passed to it; an error it returns stops the command.
+func (c *Client) Command(ctx context.Context, node, name string, args any, progress func(json.RawMessage) error) (json.RawMessage, error) {
+	body := map[string]any{"command": name}
+	if args != nil {
+		body["args"] = args
+	}
+	accept := "application/json"
+	if progress != nil {
+		accept = "text/event-stream"
+	} else {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(node)+"/commands", nil, body, accept)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if !isEventStream(resp) {
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return nil, fmt.Errorf("read command result: %w", err)
+		}
+		return b, nil
+	}
+	sse := NewSSEReader(resp.Body)
+	for {
+		ev, err := sse.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, fmt.Errorf("command stream ended without a result: %w", err)
+		}
+		switch ev.Type {
+		case "progress":
+			if progress != nil {
+				if err := progress(json.RawMessage(ev.Data)); err != nil {
+					return nil, err
+				}
+			}
+		case "result":
+			return json.RawMessage(ev.Data), nil
+		case "error":
+			return nil, eventError(ev.Data)
+		}
+	}
+}
+
+func eventError(data string) error {
+	var body struct {
+		Error ErrorInfo `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(data), &body); err != nil || body.Error.Code == "" {
+		return &APIError{Code: "internal", Message: strings.TrimSpace(data)}
+	}
+	return &APIError{Code: body.Error.Code, Message: body.Error.Message}
+}
+
+// BusEvent is one event of the edge's event feed.
+type BusEvent struct {
+	Type   string          `json:"type"`
+	Time   time.Time       `json:"time"`
+	Node   string          `json:"node,omitempty"`
+	Reason string          `json:"reason,omitempty"`
+	Remote string          `json:"remote,omitempty"`
+	Run    *RunEvent       `json:"run,omitempty"`
+	Tunnel *TunnelSummary  `json:"tunnel,omitempty"`
+	Raw    json.RawMessage `json:"-"`
+}
+
+// TunnelSummary describes a finished provider tunnel.
+type TunnelSummary struct {
+	ID         string `json:"id"`
+	Provider   string `json:"provider,omitempty"`
+	Model      string `json:"model,omitempty"`
+	Path       string `json:"path,omitempty"`
+	Status     int    `json:"status,omitempty"`
+	BodyBytes  int64  `json:"body_bytes"`
+	DurationMS int64  `json:"duration_ms"`
+	Usage      *Usage `json:"usage,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
+// Events follows the event feed, calling fn for each event until ctx ends
+// (ctx's error), the stream breaks, or fn fails.
+func (c *Client) Events(ctx context.Context, types []string, fn func(BusEvent) error) error {
+	q := url.Values{}
+	if len(types) > 0 {
+		q.Set("type", strings.Join(types, ","))
+	}
+	resp, err := c.do(ctx, http.MethodGet, "/v1/events", q, nil, "text/event-stream")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	sse := NewSSEReader(resp.Body)
+	for {
+		ev, err := sse.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, io.EOF) {
+				return errors.New("the edge closed the event stream")
+			}
+			return fmt.Errorf("event stream: %w", err)
+		}
+		var be BusEvent
+		if err := json.Unmarshal([]byte(ev.Data), &be); err != nil {
+			return fmt.Errorf("decode %s event: %w", ev.Type, err)
+		}
+		if be.Type == "" {
+			be.Type = ev.Type
+		}
+		be.Raw = json.RawMessage(ev.Data)
+		if err := fn(be); err != nil {
+			return err
+		}
+	}
+}
+
+func isEventStream(resp *http.Response) bool {
+	return strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+}

@@ -1,0 +1,119 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestNewNormalisesTheEdgeURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                        DefaultEdge,
+		"127.0.0.1:9000":          "http://127.0.0.1:9000",
+		"http://edge:7701/":       "http://edge:7701",
+		"https://edge.example/x/": "https://edge.example/x",
+	} {
+		c, err := New(in, nil)
+		if err != nil || c.Edge() != want {
+			t.Errorf("New(%q) = %v, %v; want %s", in, c.Edge(), err, want)
+		}
+	}
+	for _, bad := range []string{"ftp://x", "http://", "::nope"} {
+		if _, err := New(bad, nil); err == nil {
+			t.Errorf("New(%q) accepted", bad)
+		}
+	}
+}
+
+func TestErrors(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/api-error":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(404)
+			_, _ = io.WriteString(w, `{"error":{"code":"run_not_found","message":"no such run"}}`)
+		case "/v1/plain-error":
+			w.WriteHeader(502)
+			_, _ = io.WriteString(w, "bad gateway\n")
+		}
+	}))
+	defer srv.Close()
+	c, _ := New(srv.URL, srv.Client())
+	var ae *APIError
+	err := c.Call(context.Background(), "GET", "/v1/api-error", nil, nil, nil)
+	if !errors.As(err, &ae) || ae.Status != 404 || ae.Code != "run_not_found" || err.Error() != "no such run (run_not_found)" {
+		t.Fatalf("err %#v", err)
+	}
+	err = c.Call(context.Background(), "GET", "/v1/plain-error", nil, nil, nil)
+	if !errors.As(err, &ae) || ae.Code != "http_502" || ae.Message != "bad gateway" {
+		t.Fatalf("err %#v", err)
+	}
+
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	c, _ = New(addr, nil)
+	err = c.Call(context.Background(), "GET", "/v1/nodes", nil, nil, nil)
+	var ce *ConnError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "http://"+addr) || !strings.Contains(err.Error(), "IOP_EDGE") {
+		t.Fatalf("err %v", err)
+	}
+}
+
+func TestCommand(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Command string          `json:"command"`
+			Args    json.RawMessage `json:"args"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		sse := r.Header.Get("Accept") == "text/event-stream"
+		switch {
+		case body.Command == "caps" && !sse:
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"ok":true}`)
+		case body.Command == "pull" && sse:
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "event: progress\ndata: {\"n\":1}\n\n: keep-alive\n\nevent: progress\ndata: {\"n\":2}\n\nevent: result\ndata: "+string(body.Args)+"\n\n")
+		case body.Command == "fail" && sse:
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "event: progress\ndata: {}\n\nevent: error\ndata: {\"error\":{\"code\":\"provider_error\",\"message\":\"registry down\"}}\n\n")
+		case body.Command == "cut" && sse:
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "event: progress\ndata: {}\n\n")
+		default:
+			w.WriteHeader(400)
+		}
+	}))
+	defer srv.Close()
+	c, _ := New(srv.URL, srv.Client())
+	ctx := context.Background()
+
+	res, err := c.Command(ctx, "n1", "caps", nil, nil)
+	if err != nil || string(res) != `{"ok":true}` {
+		t.Fatalf("caps: %s, %v", res, err)
+	}
+	var seen []string
+	res, err = c.Command(ctx, "n1", "pull", map[string]string{"model": "m"}, func(p json.RawMessage) error {
+		seen = append(seen, string(p))
+		return nil
+	})
+	if err != nil || string(res) != `{"model":"m"}` || strings.Join(seen, " ") != `{"n":1} {"n":2}` {
+		t.Fatalf("pull: %s, %v, progress %v", res, err, seen)
+	}
+	progress := func(json.RawMessage) error { return nil }
+	_, err = c.Command(ctx, "n1", "fail", nil, progress)
+	var ae *APIError
+	if !errors.As(err, &ae) || ae.Code != "provider_error" || ae.Message != "registry down" {
+		t.Fatalf("fail: %v", err)
+	}
+	if _, err = c.Command(ctx, "n1", "cut", nil, progress); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("cut: %v", err)
+	}
+}

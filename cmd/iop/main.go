@@ -1,0 +1,182 @@
+// Command iop is the command-line client of the iop edge HTTP API.
+//
+// Exit codes: 0 success; 1 an error from the edge, a failed run, or an edge
+// that cannot be reached; 2 a usage error; 130 interrupted (Ctrl-C) or a
+// cancelled run.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"iop/cmd/iop/internal/client"
+)
+
+// Exit codes.
+const (
+	exitOK          = 0
+	exitError       = 1
+	exitUsage       = 2
+	exitInterrupted = 130
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// After the first Ctrl-C, a second one kills the process the usual way.
+	context.AfterFunc(ctx, stop)
+	a := &app{
+		stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv,
+		stdinTTY: isTerminal(os.Stdin), stdoutTTY: isTerminal(os.Stdout), stderrTTY: isTerminal(os.Stderr),
+	}
+	code := a.run(ctx, os.Args[1:])
+	stop()
+	os.Exit(code)
+}
+
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// app is one invocation of the CLI, with its streams and environment.
+type app struct {
+	stdin                          io.Reader
+	stdout, stderr                 io.Writer
+	getenv                         func(string) string
+	stdinTTY, stdoutTTY, stderrTTY bool
+	now                            func() time.Time
+	loc                            *time.Location
+	httpClient                     *http.Client
+
+	// Global flags.
+	edge    string
+	json    bool
+	verbose bool
+}
+
+// exitErr ends the command with code; err, when set, is printed as
+// "iop: <err>".
+type exitErr struct {
+	code int
+	err  error
+}
+
+func (e *exitErr) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit %d", e.code)
+	}
+	return e.err.Error()
+}
+
+// usageError is a mistake in the command line (exit 2).
+func usageError(format string, args ...any) error {
+	return &exitErr{code: exitUsage, err: fmt.Errorf(format, args...)}
+}
+
+func (a *app) run(ctx context.Context, args []string) int {
+	if a.now == nil {
+		a.now = time.Now
+	}
+	if a.loc == nil {
+		a.loc = time.Local
+	}
+	root := a.rootCmd()
+	root.SetArgs(args)
+	root.SetIn(a.stdin)
+	root.SetOut(a.stdout)
+	root.SetErr(a.stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	var ee *exitErr
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintf(a.stderr, "iop: %v\n", ee.err)
+			if ee.code == exitUsage {
+				fmt.Fprintln(a.stderr, "Run 'iop --help' for usage.")
+			}
+		}
+		return ee.code
+	}
+	// Anything else comes from cobra itself: unknown commands and flags,
+	// wrong argument counts.
+	fmt.Fprintf(a.stderr, "iop: %v\nRun 'iop --help' for usage.\n", err)
+	return exitUsage
+}
+
+func (a *app) rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "iop",
+		Short: "Command-line client of the iop edge",
+		Long: `iop talks to an iop edge over its HTTP API: it starts runs on nodes and streams
+their output, lists and cancels runs, ends sessions, runs node commands and
+follows the edge's event feed.
+
+The edge is --edge, else $IOP_EDGE, else ` + client.DefaultEdge + `.
+
+Exit codes: 0 success, 1 error, 2 usage error, 130 interrupted or cancelled.`,
+		SilenceErrors:     true,
+		SilenceUsage:      true,
+		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError("%v", err) })
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.edge, "edge", "", "edge HTTP API `URL` (default $IOP_EDGE or "+client.DefaultEdge+")")
+	pf.BoolVar(&a.json, "json", false, "print JSON instead of human-readable output")
+	pf.BoolVarP(&a.verbose, "verbose", "v", false, "print more detail (run ids, usage) to stderr")
+
+	root.AddCommand(
+		a.runCmd(), a.runsCmd(), a.runGetCmd(), a.cancelCmd(), a.sessionCmd(),
+		a.nodesCmd(), a.nodeCmd(), a.eventsCmd(), a.ollamaCmd(), a.reloadCmd(),
+	)
+	return root
+}
+
+// client builds the API client for the selected edge.
+func (a *app) client() (*client.Client, error) {
+	edge := a.edge
+	if edge == "" {
+		edge = a.getenv("IOP_EDGE")
+	}
+	c, err := client.New(edge, a.httpClient)
+	if err != nil {
+		return nil, usageError("%v", err)
+	}
+	return c, nil
+}
+
+// action wraps a command body: it hands it the API client and turns its
+// errors into exit codes.
+func (a *app) action(fn func(ctx context.Context, c *client.Client, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, err := a.client()
+		if err != nil {
+			return err
+		}
+		ctx := cmd.Context()
+		return a.classify(ctx, fn(ctx, c, args))
+	}
+}
+
+func (a *app) classify(ctx context.Context, err error) error {
+	var ee *exitErr
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ee):
+		return ee
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return &exitErr{code: exitInterrupted, err: errors.New("interrupted")}
+	}
+	return &exitErr{code: exitError, err: err}
+}

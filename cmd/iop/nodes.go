@@ -1,0 +1,369 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"iop/cmd/iop/internal/client"
+)
+
+// nodeInfo is one entry of GET /v1/nodes.
+type nodeInfo struct {
+	ID            string    `json:"id"`
+	Remote        string    `json:"remote"`
+	ConnectedAt   time.Time `json:"connected_at"`
+	Version       string    `json:"version"`
+	OS            string    `json:"os"`
+	Arch          string    `json:"arch"`
+	Hostname      string    `json:"hostname"`
+	ConfigVersion uint64    `json:"config_version"`
+	RunsInFlight  int       `json:"runs_in_flight"`
+	Adapters      []struct {
+		Name           string `json:"name"`
+		Type           string `json:"type"`
+		MaxConcurrency int    `json:"max_concurrency"`
+		InFlight       int    `json:"in_flight"`
+	} `json:"adapters"`
+	Providers []struct {
+		Name   string   `json:"name"`
+		Type   string   `json:"type"`
+		Models []string `json:"models"`
+	} `json:"providers"`
+}
+
+func listNodes(ctx context.Context, c *client.Client) ([]nodeInfo, json.RawMessage, error) {
+	var raw json.RawMessage
+	if err := c.Call(ctx, http.MethodGet, "/v1/nodes", nil, nil, &raw); err != nil {
+		return nil, nil, err
+	}
+	var list struct {
+		Nodes []nodeInfo `json:"nodes"`
+	}
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, nil, fmt.Errorf("decode node list: %w", err)
+	}
+	return list.Nodes, raw, nil
+}
+
+func (a *app) nodesCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "nodes",
+		Short: "List connected nodes",
+		Args:  cobra.NoArgs,
+		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
+			nodes, raw, err := listNodes(ctx, c)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout, raw)
+			}
+			if len(nodes) == 0 {
+				fmt.Fprintln(a.stderr, "no nodes connected")
+				return nil
+			}
+			now := a.now()
+			t := newTable(a.stdout, "ID", "REMOTE", "CONNECTED", "ADAPTERS", "VERSION")
+			for _, n := range nodes {
+				var ad []string
+				for _, x := range n.Adapters {
+					ad = append(ad, fmt.Sprintf("%s(%d/%d)", x.Name, x.InFlight, x.MaxConcurrency))
+				}
+				t.row(n.ID, n.Remote, ago(now, n.ConnectedAt), strings.Join(ad, " "), n.Version)
+			}
+			t.flush()
+			return nil
+		}),
+	}
+}
+
+// nodeReport is a built-in node command with its human rendering.
+type nodeReport struct {
+	use, command, short string
+	render              func(a *app, results []nodeResult) error
+}
+
+type nodeResult struct {
+	node string
+	raw  json.RawMessage
+}
+
+func (a *app) nodeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "Run node commands (capabilities, transport, usage, sessions, raw)",
+		Args:  cobra.NoArgs,
+	}
+	reports := []nodeReport{
+		{"caps", "capabilities", "Runtime adapters, version and platform of nodes", renderCaps},
+		{"transport", "transport_status", "Link status of nodes: connected since, reconnects, RTT, traffic", renderTransport},
+		{"usage", "usage_status", "Runs and token usage per adapter, from the nodes' stores", renderUsage},
+		{"sessions", "session_list", "Logical sessions kept by the nodes' adapters", renderSessions},
+	}
+	for _, r := range reports {
+		cmd.AddCommand(&cobra.Command{
+			Use:   r.use + " [NODE]",
+			Short: r.short + " (every node when NODE is omitted)",
+			Args:  cobra.MaximumNArgs(1),
+			RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
+				var ids []string
+				if len(args) == 1 {
+					ids = args
+				} else {
+					nodes, _, err := listNodes(ctx, c)
+					if err != nil {
+						return err
+					}
+					for _, n := range nodes {
+						ids = append(ids, n.ID)
+					}
+				}
+				var results []nodeResult
+				for _, id := range ids {
+					raw, err := c.Command(ctx, id, r.command, nil, nil)
+					if err != nil {
+						if len(args) == 1 {
+							return err
+						}
+						fmt.Fprintf(a.stderr, "iop: warning: node %s: %v\n", id, err)
+						continue
+					}
+					results = append(results, nodeResult{node: id, raw: raw})
+				}
+				if a.json {
+					if len(args) == 1 {
+						return printJSON(a.stdout, results[0].raw)
+					}
+					all := map[string]json.RawMessage{}
+					for _, res := range results {
+						all[res.node] = res.raw
+					}
+					b, err := json.Marshal(all)
+					if err != nil {
+						return err
+					}
+					return printJSON(a.stdout, b)
+				}
+				if len(results) == 0 {
+					fmt.Fprintln(a.stderr, "no nodes answered")
+					return nil
+				}
+				return r.render(a, results)
+			}),
+		})
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "exec NODE COMMAND [ARGS_JSON]",
+		Short: "Run any node command and print its raw JSON result (progress goes to stderr)",
+		Args:  cobra.RangeArgs(2, 3),
+		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
+			var cargs any
+			if len(args) == 3 {
+				if !json.Valid([]byte(args[2])) {
+					return usageError("ARGS_JSON is not valid JSON: %s", args[2])
+				}
+				cargs = json.RawMessage(args[2])
+			}
+			raw, err := c.Command(ctx, args[0], args[1], cargs, func(p json.RawMessage) error {
+				return writeJSONLine(a.stderr, p)
+			})
+			if err != nil {
+				return err
+			}
+			return printJSON(a.stdout, raw)
+		}),
+	})
+	return cmd
+}
+
+func decodeEach[T any](results []nodeResult, fn func(node string, v T)) error {
+	for _, r := range results {
+		var v T
+		if err := json.Unmarshal(r.raw, &v); err != nil {
+			return fmt.Errorf("node %s: decode result: %w", r.node, err)
+		}
+		fn(r.node, v)
+	}
+	return nil
+}
+
+func renderCaps(a *app, results []nodeResult) error {
+	type caps struct {
+		ConfigVersion uint64 `json:"config_version"`
+		Version       string `json:"version"`
+		OS            string `json:"os"`
+		Arch          string `json:"arch"`
+		Hostname      string `json:"hostname"`
+		Adapters      []struct {
+			Name           string   `json:"name"`
+			Type           string   `json:"type"`
+			MaxConcurrency int      `json:"max_concurrency"`
+			InFlight       int      `json:"in_flight"`
+			Sessions       bool     `json:"sessions"`
+			Commands       []string `json:"commands"`
+		} `json:"adapters"`
+	}
+	nt := newTable(a.stdout, "NODE", "VERSION", "PLATFORM", "HOSTNAME", "CONFIG")
+	at := [][]string{{"NODE", "ADAPTER", "TYPE", "RUNS", "SESSIONS", "COMMANDS"}}
+	err := decodeEach(results, func(node string, c caps) {
+		nt.row(node, c.Version, c.OS+"/"+c.Arch, c.Hostname, "v"+strconv.FormatUint(c.ConfigVersion, 10))
+		for _, ad := range c.Adapters {
+			sess := "no"
+			if ad.Sessions {
+				sess = "yes"
+			}
+			at = append(at, []string{node, ad.Name, ad.Type, fmt.Sprintf("%d/%d", ad.InFlight, ad.MaxConcurrency), sess, strings.Join(ad.Commands, ",")})
+		}
+	})
+	if err != nil {
+		return err
+	}
+	nt.flush()
+	if len(at) > 1 {
+		fmt.Fprintln(a.stdout)
+		t := newTable(a.stdout)
+		for _, row := range at {
+			t.row(row...)
+		}
+		t.flush()
+	}
+	return nil
+}
+
+func renderTransport(a *app, results []nodeResult) error {
+	type status struct {
+		Connected      bool       `json:"connected"`
+		ConnectedSince *time.Time `json:"connected_since"`
+		Reconnects     int64      `json:"reconnects"`
+		LastRTTMillis  float64    `json:"last_rtt_ms"`
+		FramesIn       int64      `json:"frames_in"`
+		FramesOut      int64      `json:"frames_out"`
+		BytesIn        int64      `json:"bytes_in"`
+		BytesOut       int64      `json:"bytes_out"`
+		RunsInFlight   int        `json:"runs_in_flight"`
+	}
+	now := a.now()
+	t := newTable(a.stdout, "NODE", "CONNECTED", "RECONNECTS", "RTT", "FRAMES IN/OUT", "BYTES IN/OUT", "RUNS")
+	err := decodeEach(results, func(node string, s status) {
+		since := "no"
+		if s.Connected {
+			since = "yes"
+			if s.ConnectedSince != nil {
+				since = ago(now, *s.ConnectedSince)
+			}
+		}
+		t.row(node, since, strconv.FormatInt(s.Reconnects, 10), fmt.Sprintf("%.1fms", s.LastRTTMillis),
+			fmt.Sprintf("%d/%d", s.FramesIn, s.FramesOut), humanBytes(s.BytesIn)+"/"+humanBytes(s.BytesOut), strconv.Itoa(s.RunsInFlight))
+	})
+	if err != nil {
+		return err
+	}
+	t.flush()
+	return nil
+}
+
+func renderUsage(a *app, results []nodeResult) error {
+	type usage struct {
+		Adapters []struct {
+			Adapter          string  `json:"adapter"`
+			RunsTotal        int64   `json:"runs_total"`
+			Succeeded        int64   `json:"succeeded"`
+			Failed           int64   `json:"failed"`
+			Cancelled        int64   `json:"cancelled"`
+			Running          int64   `json:"running"`
+			PromptTokens     int64   `json:"prompt_tokens"`
+			CompletionTokens int64   `json:"completion_tokens"`
+			TotalTokens      int64   `json:"total_tokens"`
+			CostUSD          float64 `json:"cost_usd"`
+		} `json:"adapters"`
+	}
+	t := newTable(a.stdout, "NODE", "ADAPTER", "RUNS", "OK", "FAILED", "CANCELLED", "RUNNING", "PROMPT", "COMPLETION", "TOTAL", "COST")
+	itoa := func(n int64) string { return strconv.FormatInt(n, 10) }
+	err := decodeEach(results, func(node string, u usage) {
+		for _, x := range u.Adapters {
+			t.row(node, x.Adapter, itoa(x.RunsTotal), itoa(x.Succeeded), itoa(x.Failed), itoa(x.Cancelled), itoa(x.Running),
+				itoa(x.PromptTokens), itoa(x.CompletionTokens), itoa(x.TotalTokens), fmt.Sprintf("$%.4f", x.CostUSD))
+		}
+	})
+	if err != nil {
+		return err
+	}
+	t.flush()
+	return nil
+}
+
+func renderSessions(a *app, results []nodeResult) error {
+	type session struct {
+		Adapter   string    `json:"adapter"`
+		Target    string    `json:"target"`
+		SessionID string    `json:"session_id"`
+		Turns     int       `json:"turns"`
+		LastUsed  time.Time `json:"last_used"`
+	}
+	var rows [][]string
+	now := a.now()
+	err := decodeEach(results, func(node string, l struct {
+		Sessions []session `json:"sessions"`
+	}) {
+		sort.Slice(l.Sessions, func(i, j int) bool { return l.Sessions[i].LastUsed.After(l.Sessions[j].LastUsed) })
+		for _, s := range l.Sessions {
+			rows = append(rows, []string{node, s.Adapter, s.Target, s.SessionID, strconv.Itoa(s.Turns), ago(now, s.LastUsed)})
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(a.stderr, "no sessions")
+		return nil
+	}
+	t := newTable(a.stdout, "NODE", "ADAPTER", "TARGET", "SESSION", "TURNS", "LAST USED")
+	for _, r := range rows {
+		t.row(r...)
+	}
+	t.flush()
+	return nil
+}
+
+// resolveNode picks the node for a command: the named one, else the only
+// connected node, else the only one with an adapter of type adapterType.
+func resolveNode(ctx context.Context, c *client.Client, node, adapterType string) (string, error) {
+	if node != "" {
+		return node, nil
+	}
+	nodes, _, err := listNodes(ctx, c)
+	if err != nil {
+		return "", err
+	}
+	switch len(nodes) {
+	case 0:
+		return "", &client.APIError{Code: "no_node_available", Message: "no node is connected"}
+	case 1:
+		return nodes[0].ID, nil
+	}
+	var fit []string
+	for _, n := range nodes {
+		for _, ad := range n.Adapters {
+			if ad.Type == adapterType {
+				fit = append(fit, n.ID)
+				break
+			}
+		}
+	}
+	if len(fit) == 1 {
+		return fit[0], nil
+	}
+	var ids []string
+	for _, n := range nodes {
+		ids = append(ids, n.ID)
+	}
+	return "", usageError("%d nodes are connected (%s): name one with --node", len(nodes), strings.Join(ids, ", "))
+}

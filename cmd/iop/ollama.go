@@ -1,0 +1,308 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+
+	"iop/cmd/iop/internal/client"
+)
+
+// ollamaArgs are the arguments of the ollama.* node commands.
+type ollamaArgs struct {
+	Model   string `json:"model,omitempty"`
+	Adapter string `json:"adapter,omitempty"`
+}
+
+func (a *app) ollamaCmd() *cobra.Command {
+	var node, adapter string
+	cmd := &cobra.Command{
+		Use:   "ollama",
+		Short: "Manage the models of a node's Ollama (pull, list, ps, show, delete, version)",
+		Args:  cobra.NoArgs,
+	}
+	cmd.PersistentFlags().StringVar(&node, "node", "", "node (default: the only node, or the only one with an ollama adapter)")
+	cmd.PersistentFlags().StringVar(&adapter, "adapter", "", "ollama adapter on the node, when it has several")
+
+	// call runs ollama.<name> and hands the JSON result to render.
+	call := func(name string, nargs int, render func(node string, args []string, raw json.RawMessage) error) func(*cobra.Command, []string) error {
+		return a.action(func(ctx context.Context, c *client.Client, args []string) error {
+			n, err := resolveNode(ctx, c, node, "ollama")
+			if err != nil {
+				return err
+			}
+			oa := ollamaArgs{Adapter: adapter}
+			if nargs == 1 {
+				oa.Model = args[0]
+			}
+			raw, err := c.Command(ctx, n, "ollama."+name, oa, nil)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout, raw)
+			}
+			return render(n, args, raw)
+		})
+	}
+
+	cmd.AddCommand(&cobra.Command{
+		Use:   "pull MODEL",
+		Short: "Pull a model, showing download progress",
+		Args:  cobra.ExactArgs(1),
+		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
+			n, err := resolveNode(ctx, c, node, "ollama")
+			if err != nil {
+				return err
+			}
+			view := &pullView{w: a.stdout, errw: a.stderr, tty: a.stdoutTTY, json: a.json, bars: map[string]*progressbar.ProgressBar{}}
+			raw, err := c.Command(ctx, n, "ollama.pull", ollamaArgs{Model: args[0], Adapter: adapter}, view.progress)
+			view.endBar()
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return writeJSONLine(a.stdout, raw)
+			}
+			var res struct {
+				Status string `json:"status"`
+			}
+			_ = json.Unmarshal(raw, &res)
+			if res.Status != "" && res.Status != view.lastStatus {
+				fmt.Fprintln(a.stdout, res.Status)
+			}
+			fmt.Fprintf(a.stdout, "pulled %s on node %s\n", args[0], n)
+			return nil
+		}),
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "List the models a node's Ollama has",
+		Args:  cobra.NoArgs,
+		RunE: call("list", 0, func(_ string, _ []string, raw json.RawMessage) error {
+			var l struct {
+				Models []struct {
+					Name       string    `json:"name"`
+					Size       int64     `json:"size"`
+					ModifiedAt time.Time `json:"modified_at"`
+				} `json:"models"`
+			}
+			if err := json.Unmarshal(raw, &l); err != nil {
+				return fmt.Errorf("decode model list: %w", err)
+			}
+			now := a.now()
+			t := newTable(a.stdout, "NAME", "SIZE", "MODIFIED")
+			for _, m := range l.Models {
+				t.row(m.Name, humanBytes(m.Size), ago(now, m.ModifiedAt))
+			}
+			t.flush()
+			return nil
+		}),
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "ps",
+		Short: "List the models loaded in a node's Ollama",
+		Args:  cobra.NoArgs,
+		RunE: call("ps", 0, func(_ string, _ []string, raw json.RawMessage) error {
+			var l struct {
+				Models []struct {
+					Name      string    `json:"name"`
+					Size      int64     `json:"size"`
+					SizeVRAM  int64     `json:"size_vram"`
+					ExpiresAt time.Time `json:"expires_at"`
+				} `json:"models"`
+			}
+			if err := json.Unmarshal(raw, &l); err != nil {
+				return fmt.Errorf("decode model list: %w", err)
+			}
+			t := newTable(a.stdout, "NAME", "SIZE", "VRAM", "UNTIL")
+			for _, m := range l.Models {
+				t.row(m.Name, humanBytes(m.Size), humanBytes(m.SizeVRAM), a.clock(m.ExpiresAt))
+			}
+			t.flush()
+			return nil
+		}),
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "show MODEL",
+		Short: "Show a model's details",
+		Args:  cobra.ExactArgs(1),
+		RunE: call("show", 1, func(_ string, args []string, raw json.RawMessage) error {
+			var s struct {
+				Details struct {
+					Format            string `json:"format"`
+					Family            string `json:"family"`
+					ParameterSize     string `json:"parameter_size"`
+					QuantizationLevel string `json:"quantization_level"`
+				} `json:"details"`
+				Capabilities []string `json:"capabilities"`
+			}
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return fmt.Errorf("decode model: %w", err)
+			}
+			t := newTable(a.stdout)
+			t.row("model:", args[0])
+			t.row("family:", s.Details.Family)
+			t.row("parameters:", s.Details.ParameterSize)
+			t.row("quantization:", s.Details.QuantizationLevel)
+			t.row("format:", s.Details.Format)
+			t.row("capabilities:", strings.Join(s.Capabilities, ", "))
+			t.flush()
+			return nil
+		}),
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "delete MODEL",
+		Short: "Delete a model from a node's Ollama",
+		Args:  cobra.ExactArgs(1),
+		RunE: call("delete", 1, func(n string, args []string, _ json.RawMessage) error {
+			fmt.Fprintf(a.stdout, "deleted %s on node %s\n", args[0], n)
+			return nil
+		}),
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "version",
+		Short: "Show the version of a node's Ollama",
+		Args:  cobra.NoArgs,
+		RunE: call("version", 0, func(n string, _ []string, raw json.RawMessage) error {
+			var v struct {
+				Version string `json:"version"`
+			}
+			if err := json.Unmarshal(raw, &v); err != nil {
+				return fmt.Errorf("decode version: %w", err)
+			}
+			fmt.Fprintf(a.stdout, "ollama %s on node %s\n", v.Version, n)
+			return nil
+		}),
+	})
+	return cmd
+}
+
+// pullView renders ollama pull progress: one progress bar (bytes and
+// percentage) per layer digest on a terminal; status lines, and a
+// percentage every 10% per layer, otherwise.
+type pullView struct {
+	w, errw io.Writer
+	tty     bool
+	json    bool
+
+	bars       map[string]*progressbar.ProgressBar
+	current    *progressbar.ProgressBar
+	lastStatus string
+	lastDecile map[string]int64
+}
+
+type pullProgress struct {
+	Status    string `json:"status"`
+	Digest    string `json:"digest"`
+	Total     int64  `json:"total"`
+	Completed int64  `json:"completed"`
+	Error     string `json:"error"`
+}
+
+func (p *pullView) progress(raw json.RawMessage) error {
+	if p.json {
+		return writeJSONLine(p.w, raw)
+	}
+	var pr pullProgress
+	if err := json.Unmarshal(raw, &pr); err != nil {
+		return nil // not ours to judge; the final result decides
+	}
+	if pr.Error != "" {
+		p.endBar()
+		fmt.Fprintf(p.errw, "iop: %s\n", pr.Error)
+		return nil
+	}
+	if pr.Digest != "" && pr.Total > 0 {
+		if p.tty {
+			p.bar(pr)
+		} else {
+			p.percent(pr)
+		}
+		return nil
+	}
+	p.endBar()
+	p.status(pr.Status)
+	return nil
+}
+
+func (p *pullView) status(s string) {
+	if s != "" && s != p.lastStatus {
+		fmt.Fprintln(p.w, s)
+		p.lastStatus = s
+	}
+}
+
+func (p *pullView) bar(pr pullProgress) {
+	b := p.bars[pr.Digest]
+	if b == nil {
+		p.endBar()
+		desc := pr.Status
+		if desc == "" {
+			desc = "pulling " + shortDigest(pr.Digest)
+		}
+		b = progressbar.NewOptions64(pr.Total,
+			progressbar.OptionSetWriter(p.w),
+			progressbar.OptionSetDescription(desc),
+			progressbar.OptionShowBytes(true),
+			progressbar.OptionShowCount(),
+			progressbar.OptionShowTotalBytes(true),
+			progressbar.OptionSetWidth(30),
+			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionSetPredictTime(true),
+			progressbar.OptionOnCompletion(func() { fmt.Fprintln(p.w) }),
+		)
+		p.bars[pr.Digest] = b
+		p.lastStatus = desc
+	} else if b != p.current {
+		p.endBar()
+	}
+	p.current = b
+	if b.GetMax64() != pr.Total {
+		b.ChangeMax64(pr.Total)
+	}
+	_ = b.Set64(min(pr.Completed, pr.Total))
+	if pr.Completed >= pr.Total {
+		p.current = nil
+	}
+}
+
+// endBar leaves the line of an unfinished bar so the next output starts
+// on its own line.
+func (p *pullView) endBar() {
+	if p.current != nil && !p.current.IsFinished() {
+		fmt.Fprintln(p.w)
+	}
+	p.current = nil
+}
+
+func (p *pullView) percent(pr pullProgress) {
+	if p.lastDecile == nil {
+		p.lastDecile = map[string]int64{}
+	}
+	d := pr.Completed * 10 / pr.Total
+	if last, ok := p.lastDecile[pr.Digest]; ok && last == d {
+		return
+	}
+	p.lastDecile[pr.Digest] = d
+	label := pr.Status
+	if label == "" {
+		label = "pulling " + shortDigest(pr.Digest)
+	}
+	fmt.Fprintf(p.w, "%s: %d%% (%s/%s)\n", label, pr.Completed*100/pr.Total, humanBytes(pr.Completed), humanBytes(pr.Total))
+	p.lastStatus = label
+}
+
+func shortDigest(d string) string {
+	d = strings.TrimPrefix(d, "sha256:")
+	if len(d) > 12 {
+		return d[:12]
+	}
+	return d
+}

@@ -1,0 +1,249 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"iop/cmd/iop/internal/client"
+)
+
+const (
+	ansiDim   = "\x1b[2m"
+	ansiReset = "\x1b[0m"
+)
+
+func (a *app) runCmd() *cobra.Command {
+	var (
+		req     client.RunRequest
+		kv      []string
+		options string
+	)
+	cmd := &cobra.Command{
+		Use:   "run --adapter A [--node N] [--target T] [INPUT|-]",
+		Short: "Start a run and stream its output",
+		Long: `Start a run and stream its output as it arrives: text to stdout, reasoning to
+stderr (dimmed on a terminal). The input is INPUT, or stdin when INPUT is "-"
+or absent and stdin is not a terminal.
+
+With --background the run keeps going on its node whatever happens to this
+command; iop prints its id and node. Ctrl-C during a foreground run cancels it.
+
+Exit codes: 0 complete, 1 error, 130 cancelled or interrupted.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
+			if req.Adapter == "" {
+				return usageError("--adapter is required")
+			}
+			opts, err := buildOptions(options, kv)
+			if err != nil {
+				return err
+			}
+			req.Options = opts
+			if req.Input, err = a.readInput(args); err != nil {
+				return err
+			}
+			return a.doRun(ctx, c, req)
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&req.Node, "node", "", "node to run on (default: the edge chooses)")
+	f.StringVar(&req.Adapter, "adapter", "", "runtime adapter on the node (required)")
+	f.StringVar(&req.Target, "target", "", "adapter target (exec command name, model, …)")
+	f.StringVar(&req.SessionID, "session", "", "logical session id to continue")
+	f.BoolVar(&req.Background, "background", false, "run in the background and print its id")
+	f.StringArrayVar(&kv, "option", nil, "adapter option `key=value` (value parsed as JSON when it is JSON); repeatable")
+	f.StringVar(&options, "options", "", "adapter options as a JSON object")
+	return cmd
+}
+
+// buildOptions merges --option pairs over the --options object.
+func buildOptions(raw string, kv []string) (json.RawMessage, error) {
+	opts := map[string]json.RawMessage{}
+	if strings.TrimSpace(raw) != "" {
+		if err := json.Unmarshal([]byte(raw), &opts); err != nil || opts == nil {
+			return nil, usageError("--options must be a JSON object: %s", raw)
+		}
+	}
+	for _, p := range kv {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || k == "" {
+			return nil, usageError("--option wants key=value, not %q", p)
+		}
+		if json.Valid([]byte(v)) && v != "" {
+			opts[k] = json.RawMessage(v)
+		} else {
+			b, _ := json.Marshal(v)
+			opts[k] = b
+		}
+	}
+	if len(opts) == 0 {
+		return nil, nil
+	}
+	return json.Marshal(opts)
+}
+
+func (a *app) readInput(args []string) (string, error) {
+	if len(args) == 1 && args[0] != "-" {
+		return args[0], nil
+	}
+	if len(args) == 0 && a.stdinTTY {
+		return "", nil
+	}
+	b, err := io.ReadAll(a.stdin)
+	if err != nil {
+		return "", fmt.Errorf("read input from stdin: %w", err)
+	}
+	return string(b), nil
+}
+
+// runOutput renders a run stream for humans.
+type runOutput struct {
+	a            *app
+	wrote        bool // something went to stdout
+	endsNewline  bool // ... and it ended with a newline
+	reasoning    bool // reasoning text is open on stderr
+	reasonNLDone bool
+}
+
+func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest) error {
+	rs, err := c.StartRun(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer rs.Close()
+	if rs.Background {
+		if a.json {
+			return writeJSONLine(a.stdout, map[string]string{"run_id": rs.RunID, "node": rs.Node})
+		}
+		fmt.Fprintf(a.stdout, "%s started in the background on node %s\n", rs.RunID, rs.Node)
+		return nil
+	}
+	if a.verbose {
+		fmt.Fprintf(a.stderr, "run %s on node %s\n", rs.RunID, rs.Node)
+	}
+	out := &runOutput{a: a}
+	for {
+		ev, raw, err := rs.Next()
+		if err != nil {
+			out.finishLine()
+			if ctx.Err() != nil {
+				return &exitErr{code: exitInterrupted, err: fmt.Errorf("interrupted; run %s is cancelled", rs.RunID)}
+			}
+			if errors.Is(err, io.EOF) {
+				err = errors.New("the stream ended before the run did")
+			}
+			return fmt.Errorf("run %s: %w", rs.RunID, err)
+		}
+		if a.json {
+			if err := writeJSONLine(a.stdout, raw); err != nil {
+				return err
+			}
+		} else {
+			out.show(ev)
+		}
+		if ev.Terminal() {
+			return out.end(rs, ev)
+		}
+	}
+}
+
+func (o *runOutput) show(ev client.RunEvent) {
+	a := o.a
+	switch ev.Type {
+	case "delta":
+		if ev.Text == "" {
+			return
+		}
+		o.closeReasoning()
+		_, _ = io.WriteString(a.stdout, ev.Text)
+		o.wrote = true
+		o.endsNewline = strings.HasSuffix(ev.Text, "\n")
+	case "reasoning_delta":
+		if ev.Text == "" {
+			return
+		}
+		if a.stderrTTY {
+			_, _ = io.WriteString(a.stderr, ansiDim+ev.Text+ansiReset)
+		} else {
+			_, _ = io.WriteString(a.stderr, ev.Text)
+		}
+		o.reasoning = true
+		o.reasonNLDone = strings.HasSuffix(ev.Text, "\n")
+	}
+}
+
+// closeReasoning ends the reasoning line on stderr before answer text.
+func (o *runOutput) closeReasoning() {
+	if o.reasoning && !o.reasonNLDone {
+		_, _ = io.WriteString(o.a.stderr, "\n")
+	}
+	o.reasoning = false
+}
+
+// finishLine ends a partial line of output.
+func (o *runOutput) finishLine() {
+	if o.a.json {
+		return
+	}
+	o.closeReasoning()
+	if o.wrote && !o.endsNewline {
+		_, _ = io.WriteString(o.a.stdout, "\n")
+		o.endsNewline = true
+	}
+}
+
+func (o *runOutput) end(rs *client.RunStream, ev client.RunEvent) error {
+	o.finishLine()
+	a := o.a
+	switch ev.Type {
+	case "complete":
+		if a.verbose {
+			fmt.Fprintf(a.stderr, "run %s complete on node %s%s\n", rs.RunID, rs.Node, usageSummary(ev.Usage))
+		}
+		return nil
+	case "cancelled":
+		return &exitErr{code: exitInterrupted, err: fmt.Errorf("run %s was cancelled", rs.RunID)}
+	}
+	code, msg := "run_failed", "the run failed"
+	if ev.Error != nil {
+		code, msg = ev.Error.Code, ev.Error.Message
+	}
+	return &exitErr{code: exitError, err: &client.APIError{Code: code, Message: msg}}
+}
+
+// usageSummary renders usage as ": 12 prompt + 30 completion = 42 tokens, …".
+func usageSummary(u *client.Usage) string {
+	if u == nil {
+		return ""
+	}
+	var parts []string
+	total := u.TotalTokens
+	if total == 0 {
+		total = u.PromptTokens + u.CompletionTokens
+	}
+	if total > 0 {
+		parts = append(parts, fmt.Sprintf("%d prompt + %d completion = %d tokens", u.PromptTokens, u.CompletionTokens, total))
+	}
+	if u.CostUSD > 0 {
+		parts = append(parts, fmt.Sprintf("$%.4f", u.CostUSD))
+	}
+	if u.DurationMS > 0 {
+		parts = append(parts, fmt.Sprintf("%dms", u.DurationMS))
+	}
+	if u.Model != "" {
+		parts = append(parts, "model "+u.Model)
+	}
+	if u.StopReason != "" {
+		parts = append(parts, "stop "+u.StopReason)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(parts, ", ")
+}

@@ -1,0 +1,284 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"iop/cmd/iop/internal/client"
+)
+
+// runInfo is a run as the edge reports it from a node's store.
+type runInfo struct {
+	RunID      string     `json:"run_id"`
+	Node       string     `json:"node"`
+	Adapter    string     `json:"adapter"`
+	Target     string     `json:"target"`
+	SessionID  string     `json:"session_id"`
+	Background bool       `json:"background"`
+	Status     string     `json:"status"`
+	CreatedAt  time.Time  `json:"created_at"`
+	StartedAt  *time.Time `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at"`
+	Error      *struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+	Usage *client.Usage `json:"usage"`
+}
+
+func (r runInfo) duration(now time.Time) string {
+	if r.StartedAt == nil {
+		return "-"
+	}
+	if r.FinishedAt == nil {
+		return shortDuration(now.Sub(*r.StartedAt)) + "+"
+	}
+	return shortDuration(r.FinishedAt.Sub(*r.StartedAt))
+}
+
+func (r runInfo) errorText() string {
+	if r.Error == nil {
+		return ""
+	}
+	if r.Error.Message == "" {
+		return r.Error.Code
+	}
+	return r.Error.Code + ": " + r.Error.Message
+}
+
+func (a *app) runsCmd() *cobra.Command {
+	var (
+		node, status string
+		limit        int
+	)
+	cmd := &cobra.Command{
+		Use:   "runs [--node N] [--status S] [--limit N]",
+		Short: "List recent runs, newest first, from the nodes' stores",
+		Args:  cobra.NoArgs,
+		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
+			if limit < 0 {
+				return usageError("--limit must not be negative")
+			}
+			q := url.Values{}
+			if node != "" {
+				q.Set("node", node)
+			}
+			if status != "" {
+				q.Set("status", status)
+			}
+			if limit > 0 {
+				q.Set("limit", strconv.Itoa(limit))
+			}
+			var raw json.RawMessage
+			if err := c.Call(ctx, http.MethodGet, "/v1/runs", q, nil, &raw); err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout, raw)
+			}
+			var list struct {
+				Runs   []runInfo `json:"runs"`
+				Errors []struct {
+					Node    string `json:"node"`
+					Code    string `json:"code"`
+					Message string `json:"message"`
+				} `json:"errors"`
+			}
+			if err := json.Unmarshal(raw, &list); err != nil {
+				return fmt.Errorf("decode run list: %w", err)
+			}
+			for _, e := range list.Errors {
+				fmt.Fprintf(a.stderr, "iop: warning: node %s did not answer: %s (%s)\n", e.Node, e.Message, e.Code)
+			}
+			if len(list.Runs) == 0 {
+				fmt.Fprintln(a.stderr, "no runs")
+				return nil
+			}
+			now := a.now()
+			t := newTable(a.stdout, "RUN", "NODE", "ADAPTER", "TARGET", "STATUS", "CREATED", "DURATION", "ERROR")
+			for _, r := range list.Runs {
+				t.row(r.RunID, r.Node, r.Adapter, r.Target, r.Status, a.clock(r.CreatedAt), r.duration(now), truncate(r.errorText(), 60))
+			}
+			t.flush()
+			return nil
+		}),
+	}
+	cmd.Flags().StringVar(&node, "node", "", "only this node")
+	cmd.Flags().StringVar(&status, "status", "", "only runs with this status (queued, running, succeeded, failed, cancelled)")
+	cmd.Flags().IntVar(&limit, "limit", 0, "at most this many runs (edge default 50)")
+	get := a.runGetCmd()
+	get.Use = "get RUN_ID"
+	cmd.AddCommand(get)
+	return cmd
+}
+
+func (a *app) runGetCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "run-get RUN_ID",
+		Short: "Show one run from its node's store",
+		Args:  cobra.ExactArgs(1),
+		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
+			var raw json.RawMessage
+			if err := c.Call(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(args[0]), nil, nil, &raw); err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout, raw)
+			}
+			var r runInfo
+			if err := json.Unmarshal(raw, &r); err != nil {
+				return fmt.Errorf("decode run: %w", err)
+			}
+			a.printRun(r)
+			return nil
+		}),
+	}
+}
+
+func (a *app) printRun(r runInfo) {
+	t := newTable(a.stdout)
+	field := func(k, v string) { t.row(k+":", v) }
+	field("run", r.RunID)
+	field("node", r.Node)
+	field("adapter", r.Adapter)
+	field("target", r.Target)
+	field("session", r.SessionID)
+	field("background", strconv.FormatBool(r.Background))
+	field("status", r.Status)
+	field("created", a.clock(r.CreatedAt))
+	if r.StartedAt != nil {
+		field("started", a.clock(*r.StartedAt))
+	}
+	if r.FinishedAt != nil {
+		field("finished", a.clock(*r.FinishedAt))
+	}
+	field("duration", r.duration(a.now()))
+	if r.Error != nil {
+		field("error", r.errorText())
+	}
+	if s := strings.TrimPrefix(usageSummary(r.Usage), ": "); s != "" {
+		field("usage", s)
+	}
+	t.flush()
+}
+
+func (a *app) cancelCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "cancel RUN_ID",
+		Short: "Cancel a run on the node that runs it",
+		Args:  cobra.ExactArgs(1),
+		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
+			var raw json.RawMessage
+			if err := c.Call(ctx, http.MethodPost, "/v1/runs/"+url.PathEscape(args[0])+"/cancel", nil, nil, &raw); err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout, raw)
+			}
+			var ans struct {
+				RunID string `json:"run_id"`
+				Node  string `json:"node"`
+			}
+			_ = json.Unmarshal(raw, &ans)
+			fmt.Fprintf(a.stdout, "cancelling run %s on node %s\n", ans.RunID, ans.Node)
+			return nil
+		}),
+	}
+}
+
+func (a *app) sessionCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "session",
+		Short: "Manage logical sessions",
+		Args:  cobra.NoArgs,
+	}
+	var node, adapter, target string
+	end := &cobra.Command{
+		Use:   "end SESSION_ID --adapter A [--node N] [--target T]",
+		Short: "End a logical session; a run in flight in it is cancelled",
+		Args:  cobra.ExactArgs(1),
+		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
+			if adapter == "" {
+				return usageError("--adapter is required")
+			}
+			q := url.Values{"adapter": {adapter}}
+			if node != "" {
+				q.Set("node", node)
+			}
+			if target != "" {
+				q.Set("target", target)
+			}
+			var raw json.RawMessage
+			if err := c.Call(ctx, http.MethodDelete, "/v1/sessions/"+url.PathEscape(args[0]), q, nil, &raw); err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout, raw)
+			}
+			var ans struct {
+				Node string `json:"node"`
+			}
+			_ = json.Unmarshal(raw, &ans)
+			where := ""
+			if ans.Node != "" {
+				where = " on node " + ans.Node
+			}
+			fmt.Fprintf(a.stdout, "session %s of adapter %s ended%s\n", args[0], adapter, where)
+			return nil
+		}),
+	}
+	end.Flags().StringVar(&adapter, "adapter", "", "runtime adapter keeping the session (required)")
+	end.Flags().StringVar(&node, "node", "", "node (default: the only connected node)")
+	end.Flags().StringVar(&target, "target", "", "adapter target")
+	cmd.AddCommand(end)
+	return cmd
+}
+
+func (a *app) reloadCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "reload",
+		Short: "Make the edge re-read its config and refresh connected nodes",
+		Args:  cobra.NoArgs,
+		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
+			var raw json.RawMessage
+			if err := c.Call(ctx, http.MethodPost, "/v1/admin/reload", nil, nil, &raw); err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout, raw)
+			}
+			var res struct {
+				Nodes        int      `json:"nodes"`
+				Refreshed    []string `json:"refreshed"`
+				Disconnected []string `json:"disconnected"`
+				Unchanged    []string `json:"unchanged"`
+				Failed       []string `json:"failed"`
+			}
+			if err := json.Unmarshal(raw, &res); err != nil {
+				return fmt.Errorf("decode reload result: %w", err)
+			}
+			fmt.Fprintf(a.stdout, "config reloaded: %d node(s) configured\n", res.Nodes)
+			list := func(label string, ids []string) {
+				if len(ids) > 0 {
+					fmt.Fprintf(a.stdout, "  %s: %s\n", label, strings.Join(ids, ", "))
+				}
+			}
+			list("refreshed", res.Refreshed)
+			list("disconnected", res.Disconnected)
+			list("unchanged", res.Unchanged)
+			list("failed", res.Failed)
+			if len(res.Failed) > 0 {
+				return &exitErr{code: exitError, err: fmt.Errorf("%d node(s) could not be refreshed", len(res.Failed))}
+			}
+			return nil
+		}),
+	}
+}

@@ -1,0 +1,331 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// controlNodes adds targets for cancel and reload tests.
+func controlNodes(maxConc int) string {
+	return defaultNodes(maxConc) + `
+  - id: n3
+    token: e2e-token-0003
+    adapters:
+      - name: slow
+        type: exec
+        targets:
+          slow: {command: ["sh", "-c", "sleep 1.5; echo done"]}
+`
+}
+
+// runUntilStarted opens a run and reads until its process printed something,
+// returning the run id, the child's pid, and the open stream.
+func runUntilStarted(t *testing.T, ctx context.Context, e *edge, body map[string]any) (string, int, *http.Response, *sseReader) {
+	t.Helper()
+	resp := startRun(t, ctx, e, body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("run status %d", resp.StatusCode)
+	}
+	r := newSSE(resp.Body)
+	var runID string
+	pid := 0
+	for {
+		ev, err := r.Next()
+		if err != nil {
+			t.Fatalf("stream ended early: %v", err)
+		}
+		var re runEvent
+		_ = json.Unmarshal([]byte(ev.Data), &re)
+		runID = re.RunID
+		if re.Type == "metadata" {
+			var m struct {
+				PID int `json:"pid"`
+			}
+			_ = json.Unmarshal(re.Metadata, &m)
+			pid = m.PID
+		}
+		if re.Type == "delta" {
+			return runID, pid, resp, r
+		}
+		if re.Type == "error" || re.Type == "complete" {
+			t.Fatalf("run ended before starting: %s", ev.Data)
+		}
+	}
+}
+
+func processGone(pid int) bool {
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
+
+func waitGone(t *testing.T, pid int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if processGone(pid) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("process %d still alive after %v", pid, within)
+}
+
+type runInfo struct {
+	RunID  string `json:"run_id"`
+	Node   string `json:"node"`
+	Status string `json:"status"`
+	Error  *struct {
+		Code string `json:"code"`
+	} `json:"error"`
+}
+
+func waitRunStatus(t *testing.T, e *edge, runID, status string, within time.Duration) runInfo {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var ri runInfo
+	for time.Now().Before(deadline) {
+		if err := getJSON(e.url+"/v1/runs/"+runID, &ri); err == nil && ri.Status == status {
+			return ri
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("run %s never reached %s (last %+v)", runID, status, ri)
+	return ri
+}
+
+func TestCancelStopsProcessWithinOneSecond(t *testing.T) {
+	e := startEdge(t, controlNodes(4))
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	runID, pid, resp, r := runUntilStarted(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "sleep"})
+	defer resp.Body.Close()
+	if pid == 0 || processGone(pid) {
+		t.Fatalf("no live child pid reported (pid %d)", pid)
+	}
+	began := time.Now()
+	out, errOut, code := cli(t, e, "", "cancel", runID)
+	if code != 0 {
+		t.Fatalf("iop cancel: %d %s %s", code, out, errOut)
+	}
+	var last sseEvent
+	n := 0
+	for {
+		ev, err := r.Next()
+		if err != nil {
+			break
+		}
+		last = ev
+		if ev.Event == "cancelled" || ev.Event == "complete" || ev.Event == "error" {
+			n++
+		}
+	}
+	if last.Event != "cancelled" || n != 1 {
+		t.Fatalf("want exactly one terminal, cancelled; last %+v, terminals %d", last, n)
+	}
+	if d := time.Since(began); d > time.Second {
+		t.Fatalf("cancelled arrived after %v", d)
+	}
+	waitGone(t, pid, time.Second)
+	waitRunStatus(t, e, runID, "cancelled", 5*time.Second)
+
+	// Cancelling again: 409 run_finished; an unknown run: 404.
+	resp2, body := postJSON(t, e.url+"/v1/runs/"+runID+"/cancel", nil)
+	if resp2.StatusCode != 409 || !strings.Contains(string(body), "run_finished") {
+		t.Fatalf("second cancel: %d %s", resp2.StatusCode, body)
+	}
+	resp3, body := postJSON(t, e.url+"/v1/runs/run_doesnotexist/cancel", nil)
+	if resp3.StatusCode != 404 || !strings.Contains(string(body), "run_not_found") {
+		t.Fatalf("unknown cancel: %d %s", resp3.StatusCode, body)
+	}
+}
+
+func TestCallerDisconnectCancelsRun(t *testing.T) {
+	e := startEdge(t, controlNodes(4))
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	bus := watchBus(t, e)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	runID, pid, resp, _ := runUntilStarted(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "sleep"})
+	cancel() // the caller goes away
+	resp.Body.Close()
+	waitGone(t, pid, time.Second)
+	bus.waitFor(t, 5*time.Second, "cancelled on the bus", func(m map[string]any) bool {
+		run, _ := m["run"].(map[string]any)
+		return run != nil && run["run_id"] == runID && run["type"] == "cancelled"
+	})
+	waitRunStatus(t, e, runID, "cancelled", 5*time.Second)
+}
+
+func TestBackgroundRunSurvivesCaller(t *testing.T) {
+	e := startEdge(t, controlNodes(4))
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+
+	resp, body := postJSON(t, e.url+"/v1/runs", map[string]any{"node": "n1", "adapter": "exec", "target": "count", "background": true})
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("background run: %d %s", resp.StatusCode, body)
+	}
+	var acc struct {
+		RunID string `json:"run_id"`
+		Node  string `json:"node"`
+	}
+	if err := json.Unmarshal(body, &acc); err != nil || acc.RunID == "" || acc.Node != "n1" {
+		t.Fatalf("202 body %s", body)
+	}
+	waitRunStatus(t, e, acc.RunID, "succeeded", 10*time.Second)
+	out, _, code := cli(t, e, "", "runs", "--node", "n1")
+	if code != 0 || !strings.Contains(out, acc.RunID) || !strings.Contains(out, "succeeded") {
+		t.Fatalf("iop runs: %d\n%s", code, out)
+	}
+	out, _, code = cli(t, e, "", "runs", "--status", "succeeded", "--json")
+	if code != 0 || !strings.Contains(out, acc.RunID) {
+		t.Fatalf("iop runs --json: %d\n%s", code, out)
+	}
+}
+
+func TestAtCapacityThenAdmittedAfterCancel(t *testing.T) {
+	e := startEdge(t, controlNodes(1))
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	runID, pid, resp, r := runUntilStarted(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "sleep"})
+	defer resp.Body.Close()
+	evs := collectRun(t, startRun(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "upper", "input": "x"}))
+	if len(evs) != 1 || evs[0].Type != "error" || evs[0].Error == nil || evs[0].Error.Code != "at_capacity" {
+		t.Fatalf("second run: %+v", evs)
+	}
+	if r, body := postJSON(t, e.url+"/v1/runs/"+runID+"/cancel", nil); r.StatusCode != 200 {
+		t.Fatalf("cancel: %d %s", r.StatusCode, body)
+	}
+	for {
+		ev, err := r.Next()
+		if err != nil || ev.Event == "cancelled" {
+			break
+		}
+	}
+	waitGone(t, pid, time.Second)
+	evs = collectRun(t, startRun(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "upper", "input": "ok"}))
+	checkWellFormed(t, evs)
+	if evs[len(evs)-1].Type != "complete" {
+		t.Fatalf("after cancel: %+v", evs)
+	}
+}
+
+func TestReloadAddsTargetWithoutRestartingNode(t *testing.T) {
+	e := startEdge(t, controlNodes(4))
+	nd := startNode(t, e, "e2e-token-0003")
+	waitNode(t, e, "n3")
+	bus := watchBus(t, e)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// A run that is in flight across the reload must complete undisturbed.
+	before := startRun(t, ctx, e, map[string]any{"node": "n3", "adapter": "slow", "target": "slow"})
+	orig, _ := os.ReadFile(e.config)
+	// An invalid file is rejected whole, with its line, and changes nothing.
+	if err := os.WriteFile(e.config, append(append([]byte{}, orig...), []byte("\n  - id: bad\n    tokn: x\n")...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, body := postJSON(t, e.url+"/v1/admin/reload", nil)
+	if r.StatusCode != 422 || !strings.Contains(string(body), "config_error") || !strings.Contains(string(body), "line") {
+		t.Fatalf("invalid reload: %d %s", r.StatusCode, body)
+	}
+	added := strings.Replace(string(orig), `          slow: {command: ["sh", "-c", "sleep 1.5; echo done"]}`,
+		`          slow: {command: ["sh", "-c", "sleep 1.5; echo done"]}
+          hello: {command: ["echo", "hello after reload"]}`, 1)
+	if added == string(orig) {
+		t.Fatal("test could not edit the config")
+	}
+	if err := os.WriteFile(e.config, []byte(added), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, body = postJSON(t, e.url+"/v1/admin/reload", nil)
+	if r.StatusCode != 200 || !strings.Contains(string(body), "n3") {
+		t.Fatalf("reload: %d %s", r.StatusCode, body)
+	}
+	bus.waitFor(t, 5*time.Second, "node.config_refreshed", func(m map[string]any) bool {
+		return m["type"] == "node.config_refreshed" && m["node"] == "n3"
+	})
+	evs := collectRun(t, startRun(t, ctx, e, map[string]any{"node": "n3", "adapter": "slow", "target": "hello"}))
+	checkWellFormed(t, evs)
+	if evs[len(evs)-1].Type != "complete" || !strings.Contains(evs[1].Text+evs[len(evs)-2].Text, "hello after reload") {
+		t.Fatalf("new target: %+v", evs)
+	}
+	evs = collectRun(t, before)
+	checkWellFormed(t, evs)
+	if evs[len(evs)-1].Type != "complete" || evs[len(evs)-2].Text != "done\n" {
+		t.Fatalf("run across reload: %+v", evs)
+	}
+	if nd.exited() {
+		t.Fatal("node restarted")
+	}
+}
+
+func TestStatusCommandsCountCorrectly(t *testing.T) {
+	e := startEdge(t, controlNodes(4))
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, target := range []string{"upper", "count", "fail"} {
+		collectRun(t, startRun(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": target, "input": "x"}))
+	}
+	r, body := postJSON(t, e.url+"/v1/nodes/n1/commands", map[string]any{"command": "usage_status"})
+	if r.StatusCode != 200 {
+		t.Fatalf("usage_status: %d %s", r.StatusCode, body)
+	}
+	var us struct {
+		Adapters []struct {
+			Adapter   string `json:"adapter"`
+			RunsTotal int    `json:"runs_total"`
+			Succeeded int    `json:"succeeded"`
+			Failed    int    `json:"failed"`
+		} `json:"adapters"`
+	}
+	if err := json.Unmarshal(body, &us); err != nil || len(us.Adapters) != 1 {
+		t.Fatalf("usage_status body %s", body)
+	}
+	if a := us.Adapters[0]; a.Adapter != "exec" || a.RunsTotal != 3 || a.Succeeded != 2 || a.Failed != 1 {
+		t.Fatalf("usage_status = %+v", a)
+	}
+	r, body = postJSON(t, e.url+"/v1/nodes/n1/commands", map[string]any{"command": "transport_status"})
+	var ts struct {
+		Connected bool  `json:"connected"`
+		FramesIn  int64 `json:"frames_in"`
+		FramesOut int64 `json:"frames_out"`
+		BytesIn   int64 `json:"bytes_in"`
+		BytesOut  int64 `json:"bytes_out"`
+	}
+	if r.StatusCode != 200 || json.Unmarshal(body, &ts) != nil || !ts.Connected || ts.FramesIn < 4 || ts.FramesOut < 10 || ts.BytesIn == 0 || ts.BytesOut == 0 {
+		t.Fatalf("transport_status: %d %s", r.StatusCode, body)
+	}
+	r, body = postJSON(t, e.url+"/v1/nodes/n1/commands", map[string]any{"command": "no_such_command"})
+	if r.StatusCode != 400 || !strings.Contains(string(body), "unknown_command") {
+		t.Fatalf("unknown command: %d %s", r.StatusCode, body)
+	}
+	r, body = postJSON(t, e.url+"/v1/nodes/ghost/commands", map[string]any{"command": "capabilities"})
+	if r.StatusCode != 404 {
+		t.Fatalf("command on unknown node: %d %s", r.StatusCode, body)
+	}
+	req, _ := http.NewRequest(http.MethodDelete, e.url+"/v1/sessions/s1?node=n1&adapter=exec", nil)
+	dr, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dr.Body.Close()
+	if dr.StatusCode != 501 {
+		t.Fatalf("terminate session on exec: %d, want 501 session_unsupported", dr.StatusCode)
+	}
+}

@@ -1,0 +1,204 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"iop/adapters/store/sqlite"
+	"iop/domain"
+)
+
+func TestRunStreamsInOrderThroughHTTP(t *testing.T) {
+	e := startEdge(t, defaultNodes(4))
+	n := startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp := startRun(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "count"})
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+		t.Fatalf("content type %q", ct)
+	}
+	evs := collectRun(t, resp)
+	checkWellFormed(t, evs)
+	if evs[0].Type != "start" || evs[len(evs)-1].Type != "complete" {
+		t.Fatalf("want start…complete, got %+v", evs)
+	}
+	var text strings.Builder
+	for _, ev := range evs {
+		if ev.Type == "delta" {
+			text.WriteString(ev.Text)
+		}
+		if ev.Node != "n1" || ev.RunID != evs[0].RunID {
+			t.Fatalf("event with wrong node/run: %+v", ev)
+		}
+	}
+	if text.String() != "line1\nline2\nline3\nline4\nline5\n" {
+		t.Fatalf("deltas = %q", text.String())
+	}
+
+	// The node's own SQLite file holds the run with its final status.
+	runID := evs[0].RunID
+	db, err := sqlite.Open(ctx, "file:"+n.db+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	run, err := sqlite.NewRunStore(db).GetRun(ctx, runID)
+	if err != nil {
+		t.Fatalf("run %s not in node store: %v", runID, err)
+	}
+	s := run.Snapshot()
+	if s.Status != domain.RunSucceeded || s.Adapter != "exec" || s.Target != "count" || s.FinishedAt.IsZero() {
+		t.Fatalf("stored run = %+v", s)
+	}
+}
+
+func TestRunThroughCLI(t *testing.T) {
+	e := startEdge(t, defaultNodes(4))
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+
+	out, errOut, code := cli(t, e, "", "run", "--node", "n1", "--adapter", "exec", "--target", "upper", "hello iop")
+	if code != 0 || out != "HELLO IOP" && out != "HELLO IOP\n" {
+		t.Fatalf("iop run upper: code %d stdout %q stderr %q", code, out, errOut)
+	}
+	out, _, code = cli(t, e, "from stdin\n", "run", "--adapter", "exec", "--node", "n1", "--target", "upper", "-")
+	if code != 0 || out != "FROM STDIN\n" {
+		t.Fatalf("iop run from stdin: code %d stdout %q", code, out)
+	}
+	out, errOut, code = cli(t, e, "", "run", "--node", "n1", "--adapter", "exec", "--target", "fail")
+	if code == 0 || !strings.Contains(out, "partial") || !strings.Contains(errOut, "exit status 3") || !strings.Contains(errOut, "boom") {
+		t.Fatalf("iop run fail: code %d stdout %q stderr %q", code, out, errOut)
+	}
+	_, errOut, code = cli(t, e, "", "run", "--node", "nope", "--adapter", "exec", "--target", "upper", "x")
+	if code == 0 || !strings.Contains(errOut, "node_not_found") {
+		t.Fatalf("unknown node: code %d stderr %q", code, errOut)
+	}
+	out, _, code = cli(t, e, "", "nodes")
+	if code != 0 || !strings.Contains(out, "n1") {
+		t.Fatalf("iop nodes: code %d out %q", code, out)
+	}
+}
+
+func TestHTTPErrors(t *testing.T) {
+	e := startEdge(t, defaultNodes(4))
+	for _, tc := range []struct {
+		body   map[string]any
+		status int
+		code   string
+	}{
+		{map[string]any{"target": "x"}, 400, "invalid_request"},
+		{map[string]any{"adapter": "exec", "bogus": 1}, 400, "invalid_request"},
+		{map[string]any{"adapter": "exec", "node": "ghost"}, 404, "node_not_found"},
+		{map[string]any{"adapter": "exec"}, 503, "no_node_available"},
+	} {
+		resp, body := postJSON(t, e.url+"/v1/runs", tc.body)
+		if resp.StatusCode != tc.status || !strings.Contains(string(body), `"code":"`+tc.code+`"`) {
+			t.Errorf("%v: got %d %s, want %d %s", tc.body, resp.StatusCode, body, tc.status, tc.code)
+		}
+	}
+}
+
+func TestWrongTokenAndDuplicateNodeRejected(t *testing.T) {
+	e := startEdge(t, defaultNodes(4))
+	bus := watchBus(t, e)
+	first := startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+
+	bad := startNode(t, e, "not-a-real-token")
+	if code := bad.waitExit(t, 15*time.Second); code == 0 {
+		t.Fatalf("node with wrong token exited 0")
+	}
+	if !strings.Contains(bad.out.String(), "unknown_token") {
+		t.Fatalf("wrong-token node output lacks a clear reason:\n%s", bad.out.String())
+	}
+	bus.waitFor(t, 5*time.Second, "node.rejected unknown_token", func(m map[string]any) bool {
+		return m["type"] == "node.rejected" && m["reason"] == "unknown_token"
+	})
+
+	dup := startNode(t, e, testToken)
+	bus.waitFor(t, 10*time.Second, "node.rejected duplicate_connection", func(m map[string]any) bool {
+		return m["type"] == "node.rejected" && m["node"] == "n1" && m["reason"] == "duplicate_connection"
+	})
+	if dup.exited() {
+		t.Fatalf("duplicate node should keep retrying, it exited:\n%s", dup.out.String())
+	}
+	// The live connection is untouched: runs still reach the first node.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	evs := collectRun(t, startRun(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "count"}))
+	checkWellFormed(t, evs)
+	if evs[len(evs)-1].Type != "complete" || first.exited() {
+		t.Fatalf("first node disturbed: %+v", evs)
+	}
+	for _, ev := range bus.snapshot() {
+		for _, v := range ev {
+			if s, ok := v.(string); ok && strings.Contains(s, testToken) {
+				t.Fatalf("token leaked into an event: %v", ev)
+			}
+		}
+	}
+	if strings.Contains(e.out.String(), testToken) || strings.Contains(first.out.String(), testToken) {
+		t.Fatal("token leaked into logs")
+	}
+}
+
+func TestKillingNodeMidRunEndsCallerStream(t *testing.T) {
+	e := startEdge(t, defaultNodes(4))
+	n := startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	bus := watchBus(t, e)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp := startRun(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "sleep"})
+	defer resp.Body.Close()
+	r := newSSE(resp.Body)
+	for {
+		ev, err := r.Next()
+		if err != nil {
+			t.Fatalf("stream ended before the run started: %v", err)
+		}
+		if ev.Event == "delta" {
+			break
+		}
+	}
+	n.stop(syscall.SIGKILL, time.Second)
+	var last sseEvent
+	for {
+		ev, err := r.Next()
+		if err != nil {
+			break
+		}
+		last = ev
+	}
+	if last.Event != "error" || !strings.Contains(last.Data, `"code":"node_disconnected"`) {
+		t.Fatalf("last event = %+v, want error node_disconnected", last)
+	}
+	bus.waitFor(t, 5*time.Second, "node.disconnected", func(m map[string]any) bool {
+		return m["type"] == "node.disconnected" && m["node"] == "n1"
+	})
+}
+
+func TestNodeComesBackAfterEdgeRestart(t *testing.T) {
+	e := startEdge(t, defaultNodes(4))
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+
+	e.stop(syscall.SIGTERM, 10*time.Second)
+	e.proc = startEdgeProc(t, e.config)
+	waitHealthy(t, e.url, e.proc)
+	waitNode(t, e, "n1")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	evs := collectRun(t, startRun(t, ctx, e, map[string]any{"adapter": "exec", "target": "upper", "input": "again"}))
+	checkWellFormed(t, evs)
+	if evs[len(evs)-1].Type != "complete" {
+		t.Fatalf("after restart: %+v", evs)
+	}
+}
