@@ -1,0 +1,117 @@
+package bootstrap_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxtest"
+
+	"iop/adapters/config"
+	"iop/bootstrap"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func edgeSettings(t *testing.T, transport, httpAddr string) bootstrap.EdgeSettings {
+	t.Helper()
+	cfg, err := config.ParseEdge("edge.yaml", []byte(`
+transport: {listen: "`+transport+`"}
+http: {listen: "`+httpAddr+`"}
+nodes:
+  - id: n1
+    token: graph-test-token
+    adapters: [{name: exec, type: exec, targets: {echo: {command: ["cat"]}}}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bootstrap.EdgeSettings{Config: cfg, Logger: quiet()}
+}
+
+func TestGraphsValidate(t *testing.T) {
+	if err := fx.ValidateApp(bootstrap.Edge(edgeSettings(t, "127.0.0.1:0", "127.0.0.1:0")), fx.NopLogger); err != nil {
+		t.Fatalf("edge graph: %v", err)
+	}
+	if err := fx.ValidateApp(bootstrap.Node(bootstrap.NodeSettings{Edge: "127.0.0.1:1", Token: "x", DB: "file::memory:", Logger: quiet()}), fx.NopLogger); err != nil {
+		t.Fatalf("node graph: %v", err)
+	}
+}
+
+// TestEdgeAndNodeStartTogether starts both graphs in-process on free ports,
+// waits for the node to register, and stops both cleanly.
+func TestEdgeAndNodeStartTogether(t *testing.T) {
+	tAddr, hAddr := freeAddr(t), freeAddr(t)
+	edge := fxtest.New(t, bootstrap.Edge(edgeSettings(t, tAddr, hAddr)), fx.NopLogger)
+	edge.RequireStart()
+	defer edge.RequireStop()
+
+	node := fxtest.New(t, bootstrap.Node(bootstrap.NodeSettings{
+		Edge: tAddr, Token: "graph-test-token", Logger: quiet(),
+		DB: "file:" + filepath.Join(t.TempDir(), "n.db") + "?cache=shared&mode=rwc",
+	}), fx.NopLogger)
+	node.RequireStart()
+	defer node.RequireStop()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + hAddr + "/v1/nodes")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(b), `"id":"n1"`) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("node never registered")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestBusyPortFailsStart(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	app := fx.New(bootstrap.Edge(edgeSettings(t, ln.Addr().String(), "127.0.0.1:0")), fx.NopLogger)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = app.Start(ctx)
+	if err == nil {
+		_ = app.Stop(ctx)
+		t.Fatal("edge started on a busy transport port")
+	}
+	if !strings.Contains(err.Error(), "address already in use") || !strings.Contains(err.Error(), ln.Addr().String()) {
+		t.Fatalf("unclear start error: %v", err)
+	}
+}
+
+func TestNodeWithoutTokenFailsStart(t *testing.T) {
+	app := fx.New(bootstrap.Node(bootstrap.NodeSettings{Edge: "127.0.0.1:1", DB: "file::memory:", Logger: quiet()}), fx.NopLogger)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := app.Start(ctx); err == nil || !strings.Contains(err.Error(), "token") {
+		_ = app.Stop(ctx)
+		t.Fatalf("start without token: %v", err)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
