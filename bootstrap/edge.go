@@ -5,13 +5,16 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
+	"time"
 
 	"go.uber.org/fx"
 
 	"iop/adapters/config"
 	"iop/adapters/eventbus"
 	httpapi "iop/adapters/http"
+	openaiapi "iop/adapters/http/openai"
 	"iop/adapters/transport"
 	edgeapp "iop/application/edge"
 	"iop/domain"
@@ -62,6 +65,12 @@ func Edge(s EdgeSettings) fx.Option {
 			edgeapp.NewGetRunHandler,
 			edgeapp.NewListRunsHandler,
 			edgeapp.NewReloadHandler,
+			edgeapp.NewModelCatalog,
+			edgeapp.NewUsageLedger,
+			edgeapp.NewSubmitProviderTunnelHandler,
+			func(t *edgeapp.SubmitProviderTunnelHandler, c *edgeapp.ModelCatalog, log *slog.Logger) *openaiapi.Handler {
+				return openaiapi.New(openaiapi.Deps{Tunnels: t, Models: c}, log)
+			},
 			newTransportServer,
 			newHTTPServer,
 		),
@@ -84,10 +93,20 @@ func newTransportServer(s EdgeSettings, log *slog.Logger, reg *edgeapp.RegisterH
 
 func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edgeapp.Registry, submit *edgeapp.SubmitRunHandler,
 	cancel *edgeapp.CancelRunHandler, term *edgeapp.TerminateSessionHandler, cmds *edgeapp.NodeCommandHandler,
-	get *edgeapp.GetRunHandler, list *edgeapp.ListRunsHandler, reload *edgeapp.ReloadHandler) *httpapi.Server {
+	get *edgeapp.GetRunHandler, list *edgeapp.ListRunsHandler, reload *edgeapp.ReloadHandler,
+	oa *openaiapi.Handler, ledger *edgeapp.UsageLedger) *httpapi.Server {
 	deps := httpapi.Deps{
 		Registry: reg, Submit: submit, Cancel: cancel, Terminate: term, Commands: cmds,
-		GetRun: get, ListRuns: list, Events: bus,
+		GetRun: get, ListRuns: list, Events: bus, OpenAI: oa,
+		TunnelUsage: func(node string) []edgeapp.UsageLine {
+			var out []edgeapp.UsageLine
+			for _, l := range ledger.Snapshot() {
+				if node == "" || l.Node == node {
+					out = append(out, l)
+				}
+			}
+			return out
+		},
 	}
 	if s.ConfigPath != "" {
 		deps.Reload = reload.Handle
@@ -98,9 +117,16 @@ func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edg
 // runEdge starts the listeners synchronously (a busy port fails start-up),
 // reloads on SIGHUP, and on stop closes HTTP first, then the node links.
 func runEdge(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, ts *transport.Server, hs *httpapi.Server,
-	submit *edgeapp.SubmitRunHandler, reload *edgeapp.ReloadHandler, bus *eventbus.Bus) {
+	submit *edgeapp.SubmitRunHandler, reload *edgeapp.ReloadHandler, bus *eventbus.Bus, catalog *edgeapp.ModelCatalog) {
 	hup := make(chan os.Signal, 1)
 	hupDone := make(chan struct{})
+	// The model catalog follows node lifecycle events (discover on register
+	// and refresh, forget on disconnect) and refreshes every minute.
+	catCtx, catCancel := context.WithCancel(context.Background())
+	var catWG sync.WaitGroup
+	sub := bus.Subscribe(256, func(ev domain.BusEvent) bool {
+		return ev.Type == domain.BusNodeRegistered || ev.Type == domain.BusNodeConfigRefreshed || ev.Type == domain.BusNodeDisconnected
+	})
 	lc.Append(fx.Hook{
 		OnStart: func(context.Context) error {
 			if err := ts.Start(); err != nil {
@@ -110,6 +136,9 @@ func runEdge(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, ts *transport.Se
 				_ = ts.Stop(context.Background())
 				return err
 			}
+			catWG.Add(2)
+			go func() { defer catWG.Done(); catalog.Follow(catCtx, sub.C()) }()
+			go func() { defer catWG.Done(); catalog.Run(catCtx, time.Minute) }()
 			signal.Notify(hup, syscall.SIGHUP)
 			go func() {
 				defer close(hupDone)
@@ -130,6 +159,9 @@ func runEdge(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, ts *transport.Se
 			close(hup)
 			<-hupDone
 			err := hs.Stop(ctx)
+			catCancel()
+			sub.Close()
+			catWG.Wait()
 			submit.Stop()
 			if terr := ts.Stop(ctx); err == nil {
 				err = terr

@@ -58,6 +58,12 @@ type Deps struct {
 	ListRuns  *edge.ListRunsHandler
 	Events    EventSubscriber
 	Reload    func(context.Context) (edge.ReloadResult, error)
+	// OpenAI, if set, serves the OpenAI-compatible and Ollama-native
+	// passthrough routes (/v1/chat/completions, /v1/models, /api/…).
+	OpenAI http.Handler
+	// TunnelUsage, if set, reports the edge's tunnel usage ledger; it backs
+	// GET /v1/usage and is added to usage_status results as "tunnels".
+	TunnelUsage func(node string) []edge.UsageLine
 }
 
 // Server is the edge's HTTP API server.
@@ -114,6 +120,13 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/events", s.handleEvents)
 	s.mux.HandleFunc("POST /v1/admin/reload", s.handleReload)
 	s.mux.HandleFunc("GET /healthz", s.handleHealth)
+	s.mux.HandleFunc("GET /v1/usage", s.handleUsage)
+	if s.deps.OpenAI != nil {
+		// No method in these patterns: the passthrough answers 405 itself.
+		for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/", "/api/"} {
+			s.mux.Handle(p, s.deps.OpenAI)
+		}
+	}
 }
 
 // Handler returns the API as an http.Handler (access log, JSON 404/405).

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -49,29 +50,46 @@ func New(o Options) *Client {
 		MaxIdleConnsPerHost:   16,
 		IdleConnTimeout:       90 * time.Second,
 	}
-	return &Client{hc: &http.Client{Transport: tr}}
+	return &Client{hc: &http.Client{
+		Transport: tr,
+		// A proxy relays 3xx answers; following them would also re-send the
+		// request body and key to wherever the provider points.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
 }
 
 // Do sends req to provider p. The path passes through unchanged below
 // p.BaseURL, except that p.PathPrefix (when set) replaces a leading "/v1".
+// body, when non-nil, follows req.Body; a Content-Length the caller sent is
+// kept so the provider sees a sized (not chunked) request.
+//
+// Errors are domain errors: cancelled (ctx ended), timeout (no response
+// headers within HeaderTimeout), provider_unreachable (connect failed,
+// connection reset before headers) and invalid_request (unusable URL).
+// Redirects are not followed: a 3xx reaches the caller as the provider sent it.
 func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.TunnelRequest, body io.Reader) (*ports.ProviderResponse, error) {
 	u := UpstreamURL(p, req.Path, req.Query)
-	var rd io.Reader = bytes.NewReader(req.Body)
-	if body != nil {
-		rd = io.MultiReader(rd, body)
-	}
 	method := req.Method
 	if method == "" {
 		method = http.MethodGet
+	}
+	var rd io.Reader = bytes.NewReader(req.Body)
+	if body != nil {
+		rd = io.MultiReader(rd, body)
 	}
 	hreq, err := http.NewRequestWithContext(ctx, method, u, rd)
 	if err != nil {
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "build upstream request: %v", err)
 	}
-	if body == nil {
+	switch {
+	case body == nil && len(req.Body) == 0:
+		hreq.Body, hreq.GetBody, hreq.ContentLength = http.NoBody, nil, 0
+	case body == nil:
 		hreq.ContentLength = int64(len(req.Body))
-		if len(req.Body) == 0 {
-			hreq.Body = http.NoBody
+	default:
+		hreq.ContentLength = -1 // chunked unless the caller declared a size
+		if n, err := strconv.ParseInt(req.Header.Get("Content-Length"), 10, 64); err == nil && n >= int64(len(req.Body)) {
+			hreq.ContentLength = n
 		}
 	}
 	hreq.Header = CleanRequestHeader(req.Header)
@@ -82,14 +100,7 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 	}
 	resp, err := c.hc.Do(hreq)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, domain.Errorf(domain.CodeCancelled, "upstream request cancelled")
-		}
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			return nil, domain.Errorf(domain.CodeTimeout, "provider %s: no response headers in time: %v", p.Name, err)
-		}
-		return nil, domain.Errorf(domain.CodeProviderUnreachable, "provider %s: %v", p.Name, err)
+		return nil, classify(ctx, p, err)
 	}
 	scan := NewUsageScanner(resp.Header.Get("Content-Type"))
 	return &ports.ProviderResponse{
@@ -98,6 +109,23 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 		Body:   &scanningBody{rc: resp.Body, scan: scan},
 		Usage:  scan.Usage,
 	}, nil
+}
+
+// classify turns a failed round trip into a domain error. Messages name the
+// provider but never its credentials (none are in the URL or the error).
+func classify(ctx context.Context, p domain.ProviderConfig, err error) error {
+	if ctx.Err() != nil {
+		return domain.Errorf(domain.CodeCancelled, "upstream request to provider %s cancelled", p.Name)
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return domain.Errorf(domain.CodeProviderUnreachable, "provider %s: %v", p.Name, op)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return domain.Errorf(domain.CodeTimeout, "provider %s: no response headers in time", p.Name)
+	}
+	return domain.Errorf(domain.CodeProviderUnreachable, "provider %s: %v", p.Name, err)
 }
 
 // UpstreamURL joins a provider's base URL with a request path and query.
@@ -113,52 +141,69 @@ func UpstreamURL(p domain.ProviderConfig, path, query string) string {
 }
 
 // hopByHop are connection-scoped headers (RFC 9110 §7.6.1) that a proxy
-// must not forward.
-var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+// must not forward, in canonical form.
+var hopByHop = map[string]bool{
+	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+}
 
-// CleanRequestHeader copies h without hop-by-hop headers, without the
-// caller's credentials (the node adds its own key) and without
-// Accept-Encoding, so the provider answers in identity encoding and usage
-// can be read from the stream.
-func CleanRequestHeader(h http.Header) http.Header {
-	out := h.Clone()
-	if out == nil {
-		out = http.Header{}
-	}
-	for _, f := range strings.Split(out.Get("Connection"), ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out.Del(f)
+// connectionListed returns the canonical names listed in h's Connection
+// headers (every line, comma-separated), which are hop-by-hop too.
+func connectionListed(h http.Header) map[string]bool {
+	var out map[string]bool
+	for k, vs := range h {
+		if http.CanonicalHeaderKey(k) != "Connection" {
+			continue
 		}
-	}
-	for _, k := range hopByHop {
-		out.Del(k)
-	}
-	out.Del("Authorization")
-	out.Del("Accept-Encoding")
-	out.Del("Content-Length")
-	out.Del("Host")
-	for k := range out {
-		if strings.HasPrefix(strings.ToLower(k), "x-iop-") {
-			out.Del(k)
+		for _, v := range vs {
+			for _, f := range strings.Split(v, ",") {
+				if f = strings.TrimSpace(f); f != "" {
+					if out == nil {
+						out = map[string]bool{}
+					}
+					out[http.CanonicalHeaderKey(f)] = true
+				}
+			}
 		}
 	}
 	return out
 }
 
+// filterHeader copies h under canonical names, leaving out hop-by-hop
+// headers and those drop rejects. Names are canonicalized first, so a header
+// sent as "authorization" cannot slip past a filter for "Authorization".
+func filterHeader(h http.Header, drop func(canonical string) bool) http.Header {
+	listed := connectionListed(h)
+	out := make(http.Header, len(h))
+	for k, vs := range h {
+		ck := http.CanonicalHeaderKey(k)
+		if hopByHop[ck] || listed[ck] || drop(ck) {
+			continue
+		}
+		out[ck] = append(out[ck], vs...)
+	}
+	return out
+}
+
+// CleanRequestHeader copies h without hop-by-hop headers (including those
+// named in Connection), without the caller's credentials (Authorization; the
+// node adds its own key), without X-IOP-* routing headers, and without
+// Accept-Encoding, Expect, Host and Content-Length, so the provider answers
+// in identity encoding and usage can be read from the stream.
+func CleanRequestHeader(h http.Header) http.Header {
+	return filterHeader(h, func(k string) bool {
+		switch k {
+		case "Authorization", "Accept-Encoding", "Content-Length", "Host", "Expect":
+			return true
+		}
+		return strings.HasPrefix(k, "X-Iop-")
+	})
+}
+
 // CleanResponseHeader copies h without hop-by-hop headers and without
 // Content-Length (the edge streams the body and lets HTTP frame it).
 func CleanResponseHeader(h http.Header) http.Header {
-	out := h.Clone()
-	for _, f := range strings.Split(out.Get("Connection"), ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out.Del(f)
-		}
-	}
-	for _, k := range hopByHop {
-		out.Del(k)
-	}
-	out.Del("Content-Length")
-	return out
+	return filterHeader(h, func(k string) bool { return k == "Content-Length" })
 }
 
 type scanningBody struct {

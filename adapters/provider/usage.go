@@ -10,17 +10,25 @@ import (
 )
 
 // UsageScanner watches a response body as it streams past and remembers the
-// last token usage it reports: OpenAI SSE (`data: {..."usage":{...}}`),
-// Ollama NDJSON (the final `"done":true` line) or a plain JSON body. It
-// never changes the bytes; lines split across chunks are reassembled.
+// last token usage it reports: OpenAI SSE (`data: {..."usage":{...}}`, the
+// include_usage chunk whatever its choices), Ollama NDJSON (the final
+// `"done":true` line) or a plain JSON body (OpenAI or Ollama, streaming off).
+// It never changes the bytes; lines split across writes are reassembled.
+//
+// Memory is bounded: a line longer than 1 MiB is skipped, and of a plain JSON
+// body only the first 4 MiB and the last 64 KiB are kept; past 4 MiB the
+// usage is read from the tail (where OpenAI and Ollama put it).
 type UsageScanner struct {
-	mu      sync.Mutex
-	kind    int
-	line    []byte
-	whole   []byte
-	usage   *domain.Usage
-	model   string
-	tooLong bool
+	mu       sync.Mutex
+	kind     int
+	line     []byte
+	tooLong  bool
+	whole    []byte // JSON: the first maxWhole bytes
+	tail     []byte // JSON: the last maxTail bytes, once whole is full
+	overflow bool
+	finished bool
+	usage    *domain.Usage
+	model    string
 }
 
 const (
@@ -29,9 +37,11 @@ const (
 	kindJSON
 	maxLine  = 1 << 20
 	maxWhole = 4 << 20
+	maxTail  = 64 << 10
 )
 
-// NewUsageScanner picks the format from the response content type.
+// NewUsageScanner picks the format from the response content type; with an
+// unknown content type it watches nothing and Usage returns nil.
 func NewUsageScanner(contentType string) *UsageScanner {
 	ct := strings.ToLower(contentType)
 	s := &UsageScanner{}
@@ -46,7 +56,7 @@ func NewUsageScanner(contentType string) *UsageScanner {
 	return s
 }
 
-// Write feeds body bytes to the scanner.
+// Write feeds body bytes to the scanner. It never fails.
 func (s *UsageScanner) Write(p []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -55,59 +65,91 @@ func (s *UsageScanner) Write(p []byte) {
 		for len(p) > 0 {
 			i := bytes.IndexByte(p, '\n')
 			if i < 0 {
-				if len(s.line)+len(p) > maxLine {
-					s.tooLong = true
-				} else {
-					s.line = append(s.line, p...)
-				}
+				s.addLine(p)
 				return
 			}
+			s.addLine(p[:i])
 			if !s.tooLong {
-				s.line = append(s.line, p[:i]...)
 				s.handleLine(s.line)
 			}
 			s.line, s.tooLong = s.line[:0], false
 			p = p[i+1:]
 		}
 	case kindJSON:
-		if len(s.whole)+len(p) <= maxWhole {
+		if room := maxWhole - len(s.whole); !s.overflow && room >= len(p) {
 			s.whole = append(s.whole, p...)
+			return
+		}
+		s.overflow = true
+		s.tail = append(s.tail, p...)
+		if len(s.tail) > maxTail {
+			s.tail = append(s.tail[:0], s.tail[len(s.tail)-maxTail:]...)
 		}
 	}
 }
 
+func (s *UsageScanner) addLine(p []byte) {
+	if s.tooLong {
+		return
+	}
+	if len(s.line)+len(p) > maxLine {
+		s.tooLong, s.line = true, s.line[:0]
+		return
+	}
+	s.line = append(s.line, p...)
+}
+
 func (s *UsageScanner) handleLine(line []byte) {
-	line = bytes.TrimRight(line, "\r")
+	line = bytes.TrimSpace(line)
 	if s.kind == kindSSE {
 		if !bytes.HasPrefix(line, []byte("data:")) {
-			return
+			return // event:, id:, retry:, ": keep-alive" comments
 		}
 		line = bytes.TrimSpace(line[len("data:"):])
-		if bytes.Equal(line, []byte("[DONE]")) {
-			return
-		}
 	}
 	s.parse(line)
 }
 
+// usageCounts accepts the Chat Completions names and the Responses API ones.
+type usageCounts struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	TotalTokens      int64 `json:"total_tokens"`
+	InputTokens      int64 `json:"input_tokens"`
+	OutputTokens     int64 `json:"output_tokens"`
+}
+
+func (c usageCounts) toDomain() *domain.Usage {
+	u := &domain.Usage{PromptTokens: c.PromptTokens, CompletionTokens: c.CompletionTokens, TotalTokens: c.TotalTokens}
+	if u.PromptTokens == 0 {
+		u.PromptTokens = c.InputTokens
+	}
+	if u.CompletionTokens == 0 {
+		u.CompletionTokens = c.OutputTokens
+	}
+	if u.TotalTokens == 0 {
+		u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	}
+	return u
+}
+
 type usageDoc struct {
-	Model string `json:"model"`
-	Usage *struct {
-		PromptTokens     int64 `json:"prompt_tokens"`
-		CompletionTokens int64 `json:"completion_tokens"`
-		TotalTokens      int64 `json:"total_tokens"`
-	} `json:"usage"`
-	// Ollama native
+	Model string       `json:"model"`
+	Usage *usageCounts `json:"usage"`
+	// Responses API events nest the usage; Ollama's /api/generate uses
+	// "response" for text, so it is decoded only when it is an object.
+	Response json.RawMessage `json:"response"`
+	// Ollama native: counts on the final done line (and on /api/embed).
 	Done            bool   `json:"done"`
 	DoneReason      string `json:"done_reason"`
-	PromptEvalCount int64  `json:"prompt_eval_count"`
-	EvalCount       int64  `json:"eval_count"`
+	PromptEvalCount *int64 `json:"prompt_eval_count"`
+	EvalCount       *int64 `json:"eval_count"`
 	TotalDuration   int64  `json:"total_duration"`
 }
 
 func (s *UsageScanner) parse(b []byte) {
 	if len(b) == 0 || b[0] != '{' {
-		return
+		return // includes "[DONE]"
 	}
 	var d usageDoc
 	if json.Unmarshal(b, &d) != nil {
@@ -116,26 +158,52 @@ func (s *UsageScanner) parse(b []byte) {
 	if d.Model != "" {
 		s.model = d.Model
 	}
+	if len(d.Response) > 0 && d.Response[0] == '{' {
+		var r struct {
+			Model string       `json:"model"`
+			Usage *usageCounts `json:"usage"`
+		}
+		if json.Unmarshal(d.Response, &r) == nil {
+			if r.Model != "" {
+				s.model = r.Model
+			}
+			if r.Usage != nil {
+				d.Usage = r.Usage
+			}
+		}
+	}
 	switch {
 	case d.Usage != nil:
-		s.usage = &domain.Usage{PromptTokens: d.Usage.PromptTokens, CompletionTokens: d.Usage.CompletionTokens, TotalTokens: d.Usage.TotalTokens}
-	case d.Done && (d.PromptEvalCount > 0 || d.EvalCount > 0):
-		s.usage = &domain.Usage{PromptTokens: d.PromptEvalCount, CompletionTokens: d.EvalCount, TotalTokens: d.PromptEvalCount + d.EvalCount,
+		s.usage = d.Usage.toDomain()
+	case d.PromptEvalCount != nil || d.EvalCount != nil:
+		var p, c int64
+		if d.PromptEvalCount != nil {
+			p = *d.PromptEvalCount
+		}
+		if d.EvalCount != nil {
+			c = *d.EvalCount
+		}
+		s.usage = &domain.Usage{PromptTokens: p, CompletionTokens: c, TotalTokens: p + c,
 			DurationMS: d.TotalDuration / 1e6, StopReason: d.DoneReason}
 	}
 }
 
 // Usage returns the last usage seen, with the model when known; nil if none.
+// Call it once the body has been read to the end.
 func (s *UsageScanner) Usage() *domain.Usage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.kind == kindJSON && s.usage == nil && len(s.whole) > 0 {
-		s.parse(bytes.TrimSpace(s.whole))
-		s.whole = nil
-	}
-	if s.kind != kindJSON && len(s.line) > 0 && !s.tooLong {
-		s.handleLine(s.line) // a final line without a newline
-		s.line = s.line[:0]
+	if !s.finished {
+		s.finished = true
+		switch {
+		case s.kind == kindJSON && !s.overflow:
+			s.parse(bytes.TrimSpace(s.whole))
+		case s.kind == kindJSON:
+			s.parseTail()
+		case len(s.line) > 0 && !s.tooLong:
+			s.handleLine(s.line) // a final line without a newline
+		}
+		s.whole, s.tail, s.line = nil, nil, nil
 	}
 	if s.usage == nil {
 		return nil
@@ -143,4 +211,45 @@ func (s *UsageScanner) Usage() *domain.Usage {
 	u := *s.usage
 	u.Model = s.model
 	return &u
+}
+
+// parseTail reads the usage of a JSON body too large to keep whole: the
+// last "usage" object, or Ollama's counts, from the tail; the model from
+// the head.
+func (s *UsageScanner) parseTail() {
+	var m string
+	if valueAfter(s.whole, "model", &m) {
+		s.model = m
+	}
+	var c usageCounts
+	if valueAfter(s.tail, "usage", &c) {
+		s.usage = c.toDomain()
+		return
+	}
+	var p, e int64
+	okP := valueAfter(s.tail, "prompt_eval_count", &p)
+	okE := valueAfter(s.tail, "eval_count", &e)
+	if okP || okE {
+		s.usage = &domain.Usage{PromptTokens: p, CompletionTokens: e, TotalTokens: p + e}
+	}
+}
+
+// valueAfter decodes into v the JSON value that follows the last occurrence
+// of the object key `"key":` in b. It reports whether that worked.
+func valueAfter(b []byte, key string, v any) bool {
+	pat := []byte(`"` + key + `"`)
+	for end := len(b); ; {
+		i := bytes.LastIndex(b[:end], pat)
+		if i < 0 {
+			return false
+		}
+		end = i
+		rest := bytes.TrimLeft(b[i+len(pat):], " \t\r\n")
+		if len(rest) == 0 || rest[0] != ':' {
+			continue
+		}
+		if json.NewDecoder(bytes.NewReader(rest[1:])).Decode(v) == nil {
+			return true
+		}
+	}
 }

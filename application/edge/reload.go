@@ -62,6 +62,14 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 		h.log.Error("reload rejected; old config stays in force", "err", err)
 		return ReloadResult{}, domain.Errorf(domain.CodeConfigError, "%v", err)
 	}
+	// Every node's payload must build before anything changes, so a file
+	// naming an unknown adapter type is rejected whole like a YAML error.
+	for _, r := range recs {
+		if _, err := r.BuildConfig(0); err != nil {
+			h.log.Error("reload rejected; old config stays in force", "node", r.ID, "err", err)
+			return ReloadResult{}, domain.Errorf(domain.CodeConfigError, "node %s: %s", r.ID, domain.MessageOf(err))
+		}
+	}
 	old := map[string]domain.NodeRecord{}
 	for _, r := range h.dir.Records() {
 		old[r.ID] = r

@@ -30,6 +30,7 @@ type activeRun struct {
 	req    domain.RunRequest
 	cancel context.CancelCauseFunc
 	guard  *guard
+	done   chan struct{} // closed once Execute has returned and the run's slot and session are free
 }
 
 // RunManager executes runs: it admits them against adapter capacity, records
@@ -112,7 +113,7 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 	}
 	ctx, cancel := context.WithCancelCause(m.base)
 	defer cancel(nil)
-	ar := &activeRun{req: req, cancel: cancel, guard: g}
+	ar := &activeRun{req: req, cancel: cancel, guard: g, done: make(chan struct{})}
 	if err := m.register(ar); err != nil {
 		release()
 		m.reject(req, g, err)
@@ -143,6 +144,7 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 	term := g.decide(execErr, ctx)
 	m.unregister(ar)
 	release()
+	close(ar.done)
 	if err := m.store.UpdateRun(context.WithoutCancel(ctx), req.RunID, func(r *domain.Run) error { return r.Finish(term, m.now()) }); err != nil {
 		m.log.Error("recording run end failed", "run", req.RunID, "err", err)
 	}
@@ -218,14 +220,24 @@ func (m *RunManager) CancelRun(ctx context.Context, runID string) error {
 	return domain.Errorf(domain.CodeRunFinished, "run %s has already finished (%s)", runID, run.Status())
 }
 
-// cancelSession cancels any run in flight in one session.
-func (m *RunManager) cancelSession(adapter, sessionID string) {
+// cancelSession cancels any run in flight in one session and waits until
+// its adapter has returned and the session is free, so the run cannot touch
+// the session after the adapter has forgotten it, and a run that follows
+// starts fresh instead of finding the session busy.
+func (m *RunManager) cancelSession(ctx context.Context, adapter, sessionID string) error {
 	m.mu.Lock()
 	runID, ok := m.sessions[sessionKey{adapter, sessionID}]
 	ar := m.active[runID]
 	m.mu.Unlock()
-	if ok && ar != nil {
-		m.cancel(ar, errSessionEnded)
+	if !ok || ar == nil {
+		return nil
+	}
+	m.cancel(ar, errSessionEnded)
+	select {
+	case <-ar.done:
+		return nil
+	case <-ctx.Done():
+		return domain.Errorf(domain.CodeTimeout, "run %s in session %q did not stop: %v", runID, sessionID, ctx.Err())
 	}
 }
 
@@ -285,6 +297,9 @@ func (g *guard) Emit(ev domain.RunEvent) error {
 			if g.background {
 				continue // nobody is listening; the run goes on and the store records it
 			}
+			// The stream is gone, so the caller left: the run ends cancelled
+			// however its adapter reports the failed Emit.
+			g.claimCancel(errCallerLeft)
 			return err
 		}
 	}

@@ -21,9 +21,9 @@ func NewSessionHandler(rt *Runtime, runs *RunManager) *SessionHandler {
 	return &SessionHandler{rt: rt, runs: runs}
 }
 
-// TerminateSession cancels any run in flight in the session, then asks the
-// adapter to forget the session. Adapters without sessions answer
-// session_unsupported rather than pretending to succeed.
+// TerminateSession cancels any run in flight in the session and waits for it
+// to stop, then asks the adapter to forget the session. Adapters without
+// sessions answer session_unsupported rather than pretending to succeed.
 func (h *SessionHandler) TerminateSession(ctx context.Context, adapter, target, sessionID string) error {
 	in, ok := h.rt.lookup(adapter)
 	if !ok {
@@ -33,7 +33,9 @@ func (h *SessionHandler) TerminateSession(ctx context.Context, adapter, target, 
 	if !ok || !in.caps.Sessions {
 		return domain.Errorf(domain.CodeSessionUnsupported, "adapter %q (%s) does not keep sessions", adapter, in.cfg.Type)
 	}
-	h.runs.cancelSession(adapter, sessionID)
+	if err := h.runs.cancelSession(ctx, adapter, sessionID); err != nil {
+		return err
+	}
 	return st.TerminateSession(ctx, target, sessionID)
 }
 

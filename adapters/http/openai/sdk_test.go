@@ -1,0 +1,101 @@
+package openaiapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"iop/domain"
+)
+
+// recordedStream is a chat completion streamed by api.openai.com with
+// stream_options.include_usage, as captured on the wire (ids shortened).
+const recordedStream = `data: {"id":"chatcmpl-BRn7x","object":"chat.completion.chunk","created":1745839741,"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_0392822090","choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}],"usage":null}
+
+data: {"id":"chatcmpl-BRn7x","object":"chat.completion.chunk","created":1745839741,"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_0392822090","choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null}],"usage":null}
+
+data: {"id":"chatcmpl-BRn7x","object":"chat.completion.chunk","created":1745839741,"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_0392822090","choices":[{"index":0,"delta":{"content":" from"},"logprobs":null,"finish_reason":null}],"usage":null}
+
+data: {"id":"chatcmpl-BRn7x","object":"chat.completion.chunk","created":1745839741,"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_0392822090","choices":[{"index":0,"delta":{"content":" behind"},"logprobs":null,"finish_reason":null}],"usage":null}
+
+data: {"id":"chatcmpl-BRn7x","object":"chat.completion.chunk","created":1745839741,"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_0392822090","choices":[{"index":0,"delta":{"content":" the NAT"},"logprobs":null,"finish_reason":null}],"usage":null}
+
+data: {"id":"chatcmpl-BRn7x","object":"chat.completion.chunk","created":1745839741,"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_0392822090","choices":[{"index":0,"delta":{"content":"."},"logprobs":null,"finish_reason":null}],"usage":null}
+
+data: {"id":"chatcmpl-BRn7x","object":"chat.completion.chunk","created":1745839741,"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_0392822090","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}],"usage":null}
+
+data: {"id":"chatcmpl-BRn7x","object":"chat.completion.chunk","created":1745839741,"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_0392822090","choices":[],"usage":{"prompt_tokens":14,"completion_tokens":6,"total_tokens":20,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}}
+
+data: [DONE]
+
+`
+
+func TestOfficialOpenAIClientStreamsThroughTheEdge(t *testing.T) {
+	e := newEnv(t)
+	// Replay the recording in uneven frames, as a node relays reads.
+	steps := []step{status(200), header("Content-Type", "text/event-stream; charset=utf-8", "Openai-Processing-Ms", "180")}
+	for rest := recordedStream; len(rest) > 0; {
+		n := min(len(rest), 97)
+		steps = append(steps, body(rest[:n]))
+		rest = rest[n:]
+	}
+	steps = append(steps, step{f: domain.TunnelFrame{Kind: domain.TunnelUsage, Usage: &domain.Usage{PromptTokens: 14, CompletionTokens: 6, TotalTokens: 20}}}, frame(domain.TunnelEnd))
+	link := e.node(t, "gpu-box", serve(steps...), provider("openai", domain.ProviderOpenAI, "gpt-4o-mini"))
+
+	client := openai.NewClient(option.WithBaseURL(e.srv.URL+"/v1"), option.WithAPIKey("edge-key"), option.WithMaxRetries(0))
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	stream := client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+		Model:         "gpt-4o-mini",
+		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Say hello from behind the NAT.")},
+		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
+	})
+	defer stream.Close()
+
+	var text strings.Builder
+	var usage openai.CompletionUsage
+	var chunks int
+	for stream.Next() {
+		chunk := stream.Current()
+		chunks++
+		for _, c := range chunk.Choices {
+			text.WriteString(c.Delta.Content)
+		}
+		if chunk.JSON.Usage.Valid() && chunk.Usage.TotalTokens > 0 {
+			usage = chunk.Usage
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	if chunks != 8 || text.String() != "Hello from behind the NAT." {
+		t.Fatalf("%d chunks, text %q", chunks, text.String())
+	}
+	if usage.PromptTokens != 14 || usage.CompletionTokens != 6 || usage.TotalTokens != 20 {
+		t.Fatalf("usage = %+v", usage)
+	}
+
+	// What reached the provider is the SDK's own request, minus the edge key.
+	o := link.last(t)
+	var sent struct {
+		Model         string `json:"model"`
+		Stream        bool   `json:"stream"`
+		StreamOptions struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+	}
+	if err := json.Unmarshal(o.body, &sent); err != nil || sent.Model != "gpt-4o-mini" || !sent.Stream || !sent.StreamOptions.IncludeUsage {
+		t.Fatalf("forwarded body %s (%v)", o.body, err)
+	}
+	if o.req.Header.Get("Authorization") != "" || o.req.Path != "/v1/chat/completions" {
+		t.Fatalf("forwarded request %+v", o.req)
+	}
+	waitFor(t, "ledger", func() bool {
+		l := e.ledger.Snapshot()
+		return len(l) == 1 && l[0].Node == "gpu-box" && l[0].Model == "gpt-4o-mini" && l[0].TotalTokens == 20
+	})
+}

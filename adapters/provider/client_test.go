@@ -1,0 +1,349 @@
+package provider_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/adapters/provider"
+	"iop/domain"
+)
+
+func TestUpstreamURL(t *testing.T) {
+	cases := []struct {
+		name        string
+		base, pfx   string
+		path, query string
+		want        string
+	}{
+		{"passthrough", "http://127.0.0.1:11434", "", "/v1/chat/completions", "", "http://127.0.0.1:11434/v1/chat/completions"},
+		{"trailing slash on base", "http://gpu:8000/", "", "/v1/models", "", "http://gpu:8000/v1/models"},
+		{"ollama native path", "http://h:11434", "", "/api/tags", "", "http://h:11434/api/tags"},
+		{"query kept", "http://h", "", "/v1/models", "a=1&b=2", "http://h/v1/models?a=1&b=2"},
+		{"prefix replaces /v1", "http://h", "/openai/v1", "/v1/chat/completions", "", "http://h/openai/v1/chat/completions"},
+		{"prefix with trailing slash", "http://h", "/api/v2/", "/v1/embeddings", "", "http://h/api/v2/embeddings"},
+		{"prefix for bare /v1", "http://h", "/x", "/v1", "", "http://h/x"},
+		{"prefix ignores other paths", "http://h", "/x", "/api/chat", "", "http://h/api/chat"},
+		{"prefix needs a path boundary", "http://h", "/x", "/v10/models", "", "http://h/v10/models"},
+		{"empty prefix replaces nothing", "http://h/base", "", "/v1/models", "", "http://h/base/v1/models"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := provider.UpstreamURL(domain.ProviderConfig{BaseURL: c.base, PathPrefix: c.pfx}, c.path, c.query)
+			if got != c.want {
+				t.Fatalf("UpstreamURL = %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+func TestCleanRequestHeader(t *testing.T) {
+	in := http.Header{
+		"Content-Type":        {"application/json"},
+		"Accept":              {"text/event-stream"},
+		"Connection":          {"keep-alive, X-Secret-Hop", "Other-Hop"},
+		"X-Secret-Hop":        {"1"},
+		"Other-Hop":           {"1"},
+		"Keep-Alive":          {"timeout=5"},
+		"Proxy-Authorization": {"Basic abc"},
+		"Te":                  {"trailers"},
+		"Trailer":             {"X"},
+		"Transfer-Encoding":   {"chunked"},
+		"Upgrade":             {"h2c"},
+		"Proxy-Connection":    {"keep-alive"},
+		"Authorization":       {"Bearer caller-key"},
+		"Accept-Encoding":     {"gzip"},
+		"Content-Length":      {"12"},
+		"X-Iop-Node":          {"n1"},
+		"X-IOP-Whatever":      {"v"}, // non-canonical on purpose
+		"authorization":       {"Bearer sneaky"},
+		"OpenAI-Organization": {"org"},
+	}
+	out := provider.CleanRequestHeader(in)
+	want := http.Header{"Content-Type": {"application/json"}, "Accept": {"text/event-stream"}, "Openai-Organization": {"org"}}
+	if !equalHeader(out, want) {
+		t.Fatalf("CleanRequestHeader = %v, want %v", out, want)
+	}
+	if in.Get("Authorization") == "" {
+		t.Fatal("input header was modified")
+	}
+	if got := provider.CleanRequestHeader(nil); got == nil || len(got) != 0 {
+		t.Fatalf("CleanRequestHeader(nil) = %v, want empty non-nil", got)
+	}
+}
+
+func TestCleanResponseHeader(t *testing.T) {
+	in := http.Header{
+		"Content-Type":      {"text/event-stream"},
+		"Content-Length":    {"99"},
+		"Connection":        {"close, X-Hop"},
+		"X-Hop":             {"1"},
+		"Transfer-Encoding": {"chunked"},
+		"X-Request-Id":      {"abc"},
+		"Retry-After":       {"3"},
+	}
+	out := provider.CleanResponseHeader(in)
+	want := http.Header{"Content-Type": {"text/event-stream"}, "X-Request-Id": {"abc"}, "Retry-After": {"3"}}
+	if !equalHeader(out, want) {
+		t.Fatalf("CleanResponseHeader = %v, want %v", out, want)
+	}
+}
+
+func equalHeader(a, b http.Header) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range b {
+		if strings.Join(a[k], "\x00") != strings.Join(v, "\x00") {
+			return false
+		}
+	}
+	return true
+}
+
+func TestDoSendsCleanHeadersAndNodeKey(t *testing.T) {
+	t.Setenv("IOP_TEST_PROVIDER_KEY", "sk-node-secret")
+	got := make(chan *http.Request, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		got <- r
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Upstream", "yes")
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}))
+	defer srv.Close()
+
+	c := provider.New(provider.Options{})
+	p := domain.ProviderConfig{Name: "p", Type: domain.ProviderOpenAI, BaseURL: srv.URL, APIKeyEnv: "IOP_TEST_PROVIDER_KEY"}
+	req := domain.TunnelRequest{
+		Provider: "p", Method: http.MethodPost, Path: "/v1/chat/completions", Query: "x=1",
+		Header: http.Header{
+			"Authorization": {"Bearer caller"}, "Connection": {"X-Drop"}, "X-Drop": {"1"},
+			"X-Iop-Node": {"n1"}, "Content-Type": {"application/json"}, "Keep-Alive": {"1"},
+		},
+		Body: []byte(`{"model":"m"}`),
+	}
+	resp, err := c.Do(context.Background(), p, req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if string(body) != `{"ok":true}` || resp.Status != 200 || resp.Header.Get("X-Upstream") != "yes" || resp.Header.Get("Content-Length") != "" {
+		t.Fatalf("response = %d %v %q", resp.Status, resp.Header, body)
+	}
+	r := <-got
+	if a := r.Header.Values("Authorization"); len(a) != 1 || a[0] != "Bearer sk-node-secret" {
+		t.Fatalf("upstream Authorization = %q, want only the node's key", a)
+	}
+	for _, k := range []string{"X-Drop", "X-Iop-Node", "Keep-Alive"} {
+		if r.Header.Get(k) != "" {
+			t.Errorf("upstream saw %s", k)
+		}
+	}
+	if r.URL.Path != "/v1/chat/completions" || r.URL.RawQuery != "x=1" || r.Method != http.MethodPost {
+		t.Errorf("upstream request = %s %s?%s", r.Method, r.URL.Path, r.URL.RawQuery)
+	}
+	if b, _ := io.ReadAll(r.Body); string(b) != `{"model":"m"}` || r.ContentLength != int64(len(b)) {
+		t.Errorf("upstream body = %q (length %d)", b, r.ContentLength)
+	}
+}
+
+func TestDoWithoutKeyEnvDropsCallerAuthorization(t *testing.T) {
+	got := make(chan http.Header, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got <- r.Header.Clone() }))
+	defer srv.Close()
+	c := provider.New(provider.Options{})
+	resp, err := c.Do(context.Background(), domain.ProviderConfig{Name: "p", BaseURL: srv.URL, APIKeyEnv: "IOP_TEST_UNSET_KEY_VAR"},
+		domain.TunnelRequest{Method: http.MethodGet, Path: "/v1/models", Header: http.Header{"Authorization": {"Bearer caller"}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if h := <-got; h.Get("Authorization") != "" {
+		t.Fatalf("upstream saw Authorization %q", h.Get("Authorization"))
+	}
+}
+
+func TestDoStreamsBodyWithDeclaredLength(t *testing.T) {
+	type seen struct {
+		body []byte
+		cl   int64
+		te   []string
+	}
+	got := make(chan seen, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{b, r.ContentLength, r.TransferEncoding}
+	}))
+	defer srv.Close()
+	c := provider.New(provider.Options{})
+	p := domain.ProviderConfig{Name: "p", BaseURL: srv.URL}
+
+	rest := strings.Repeat("x", 100_000)
+	req := domain.TunnelRequest{Method: http.MethodPost, Path: "/v1/embeddings", Body: []byte("head-"),
+		Header: http.Header{"Content-Length": {"100005"}}}
+	resp, err := c.Do(context.Background(), p, req, strings.NewReader(rest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	s := <-got
+	if string(s.body) != "head-"+rest || s.cl != 100_005 {
+		t.Fatalf("upstream got %d bytes, Content-Length %d", len(s.body), s.cl)
+	}
+
+	// Without a declared length the body is chunked.
+	req.Header = nil
+	resp, err = c.Do(context.Background(), p, req, strings.NewReader(rest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	s = <-got
+	if string(s.body) != "head-"+rest || s.cl != -1 || len(s.te) != 1 || s.te[0] != "chunked" {
+		t.Fatalf("upstream got %d bytes, Content-Length %d, TE %v", len(s.body), s.cl, s.te)
+	}
+}
+
+func TestDoDoesNotFollowRedirects(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/elsewhere" {
+			t.Error("redirect was followed")
+		}
+		http.Redirect(w, r, "/elsewhere", http.StatusFound)
+	}))
+	defer srv.Close()
+	c := provider.New(provider.Options{})
+	resp, err := c.Do(context.Background(), domain.ProviderConfig{Name: "p", BaseURL: srv.URL}, domain.TunnelRequest{Path: "/v1/models"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.Status != http.StatusFound || resp.Header.Get("Location") != "/elsewhere" {
+		t.Fatalf("got %d Location=%q, want the 302 itself", resp.Status, resp.Header.Get("Location"))
+	}
+}
+
+func TestDoConnectRefused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	c := provider.New(provider.Options{})
+	_, err = c.Do(context.Background(), domain.ProviderConfig{Name: "p", BaseURL: "http://" + addr}, domain.TunnelRequest{Path: "/v1/models"}, nil)
+	if !errors.Is(err, &domain.Error{Code: domain.CodeProviderUnreachable}) {
+		t.Fatalf("err = %v, want provider_unreachable", err)
+	}
+}
+
+func TestDoHeaderTimeout(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	c := provider.New(provider.Options{HeaderTimeout: 100 * time.Millisecond})
+	start := time.Now()
+	_, err := c.Do(context.Background(), domain.ProviderConfig{Name: "p", BaseURL: srv.URL}, domain.TunnelRequest{Path: "/v1/models"}, nil)
+	if !errors.Is(err, domain.ErrTimeout) {
+		t.Fatalf("err = %v, want timeout", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("timeout took %v", d)
+	}
+}
+
+func TestDoCancelledBeforeHeaders(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	c := provider.New(provider.Options{})
+	_, err := c.Do(ctx, domain.ProviderConfig{Name: "p", BaseURL: srv.URL}, domain.TunnelRequest{Path: "/v1/models"}, nil)
+	if domain.CodeOf(err) != domain.CodeCancelled {
+		t.Fatalf("err = %v, want cancelled", err)
+	}
+}
+
+func TestCancelClosesUpstreamConnection(t *testing.T) {
+	closed := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"x\":1}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // the provider sees the caller leave
+		close(closed)
+	}))
+	defer srv.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	c := provider.New(provider.Options{})
+	resp, err := c.Do(ctx, domain.ProviderConfig{Name: "p", BaseURL: srv.URL}, domain.TunnelRequest{Method: http.MethodPost, Path: "/v1/chat/completions", Body: []byte("{}")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 64)
+	if n, err := resp.Body.Read(buf); n == 0 || err != nil {
+		t.Fatalf("first read = %d, %v", n, err)
+	}
+	readErr := make(chan error, 1)
+	go func() {
+		_, err := io.ReadAll(resp.Body)
+		readErr <- err
+	}()
+	start := time.Now()
+	cancel()
+	select {
+	case <-closed:
+	case <-time.After(time.Second):
+		t.Fatal("provider did not see the request end within 1s of cancel")
+	}
+	t.Logf("provider saw the close after %v", time.Since(start))
+	select {
+	case err := <-readErr:
+		if err == nil {
+			t.Fatal("body read ended cleanly after cancel")
+		}
+	case <-time.After(time.Second):
+		t.Fatal("body read did not end after cancel")
+	}
+}
+
+func TestDoReportsUsageAfterBody(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		_, _ = io.WriteString(w, `{"model":"llama3.2","message":{"content":"hi"},"done":false}`+"\n")
+		w.(http.Flusher).Flush()
+		_, _ = io.WriteString(w, `{"model":"llama3.2","done":true,"done_reason":"stop","prompt_eval_count":7,"eval_count":3,"total_duration":5000000}`+"\n")
+	}))
+	defer srv.Close()
+	c := provider.New(provider.Options{})
+	resp, err := c.Do(context.Background(), domain.ProviderConfig{Name: "p", BaseURL: srv.URL}, domain.TunnelRequest{Method: http.MethodPost, Path: "/api/chat"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	u := resp.Usage()
+	if u == nil || u.PromptTokens != 7 || u.CompletionTokens != 3 || u.TotalTokens != 10 || u.Model != "llama3.2" || u.StopReason != "stop" || u.DurationMS != 5 {
+		t.Fatalf("usage = %+v", u)
+	}
+}

@@ -1,0 +1,134 @@
+package provider_test
+
+import (
+	"strings"
+	"testing"
+
+	"iop/adapters/provider"
+	"iop/domain"
+)
+
+func TestUsageScannerFormats(t *testing.T) {
+	sseUsage := strings.Join([]string{
+		`: OPENROUTER PROCESSING`,
+		``,
+		`data: {"id":"c1","object":"chat.completion.chunk","model":"gpt-x","choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},"finish_reason":null}],"usage":null}`,
+		``,
+		`data: {"id":"c1","object":"chat.completion.chunk","model":"gpt-x","choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}],"usage":null}`,
+		``,
+		`data: {"id":"c1","object":"chat.completion.chunk","model":"gpt-x","choices":[],"usage":{"prompt_tokens":11,"completion_tokens":2,"total_tokens":13}}`,
+		``,
+		`data: [DONE]`,
+		``, ``,
+	}, "\n")
+	cases := []struct {
+		name string
+		ct   string
+		body string
+		want *domain.Usage
+	}{
+		{"openai sse, choices empty", "text/event-stream; charset=utf-8", sseUsage,
+			&domain.Usage{PromptTokens: 11, CompletionTokens: 2, TotalTokens: 13, Model: "gpt-x"}},
+		{"openai sse, choices null, CRLF", "text/event-stream",
+			"data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\n\r\n" +
+				"data: {\"model\":\"m\",\"choices\":null,\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6,\"total_tokens\":11}}\r\n\r\n" +
+				"data: [DONE]\r\n\r\n",
+			&domain.Usage{PromptTokens: 5, CompletionTokens: 6, TotalTokens: 11, Model: "m"}},
+		{"openai sse, no usage", "text/event-stream",
+			"data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\ndata: [DONE]\n\n", nil},
+		{"ollama ndjson chat", "application/x-ndjson",
+			`{"model":"qwen3","created_at":"t","message":{"role":"assistant","content":"","thinking":"Let me"},"done":false}` + "\n" +
+				`{"model":"qwen3","created_at":"t","message":{"role":"assistant","content":"Hi"},"done":false}` + "\n" +
+				`{"model":"qwen3","message":{"role":"assistant","content":""},"done":true,"done_reason":"stop","total_duration":182242375,"load_duration":41295167,"prompt_eval_count":169,"prompt_eval_duration":24573166,"eval_count":15,"eval_duration":115959084}` + "\n",
+			&domain.Usage{PromptTokens: 169, CompletionTokens: 15, TotalTokens: 184, DurationMS: 182, StopReason: "stop", Model: "qwen3"}},
+		{"ollama ndjson generate, final line without newline", "application/x-ndjson",
+			`{"model":"llama3.2","response":"Hi","done":false}` + "\n" +
+				`{"model":"llama3.2","response":"","done":true,"done_reason":"length","prompt_eval_count":4,"eval_count":9,"total_duration":2000000}`,
+			&domain.Usage{PromptTokens: 4, CompletionTokens: 9, TotalTokens: 13, DurationMS: 2, StopReason: "length", Model: "llama3.2"}},
+		{"openai json completion", "application/json",
+			`{"id":"c","object":"chat.completion","model":"gpt-y","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`,
+			&domain.Usage{PromptTokens: 3, CompletionTokens: 1, TotalTokens: 4, Model: "gpt-y"}},
+		{"openai json embeddings", "application/json",
+			`{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":"emb","usage":{"prompt_tokens":8,"total_tokens":8}}`,
+			&domain.Usage{PromptTokens: 8, TotalTokens: 8, Model: "emb"}},
+		{"ollama json, stream false", "application/json; charset=utf-8",
+			`{"model":"llama3.2","response":"The sky","done":true,"done_reason":"stop","total_duration":4000000,"prompt_eval_count":26,"eval_count":290}`,
+			&domain.Usage{PromptTokens: 26, CompletionTokens: 290, TotalTokens: 316, DurationMS: 4, StopReason: "stop", Model: "llama3.2"}},
+		{"ollama embed", "application/json",
+			`{"model":"all-minilm","embeddings":[[0.01,-0.02]],"total_duration":14000000,"load_duration":1000,"prompt_eval_count":8}`,
+			&domain.Usage{PromptTokens: 8, TotalTokens: 8, DurationMS: 14, Model: "all-minilm"}},
+		{"responses api event", "text/event-stream",
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"model\":\"o4\",\"usage\":{\"input_tokens\":10,\"output_tokens\":4,\"total_tokens\":14}}}\n\n",
+			&domain.Usage{PromptTokens: 10, CompletionTokens: 4, TotalTokens: 14, Model: "o4"}},
+		{"error body", "application/json", `{"error":{"message":"rate limited","type":"rate_limit_error"}}`, nil},
+		{"unknown content type", "text/plain", `{"usage":{"prompt_tokens":1}}`, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			// Whole, then split at every byte boundary across two writes.
+			for cut := -1; cut <= len(c.body); cut++ {
+				s := provider.NewUsageScanner(c.ct)
+				if cut < 0 {
+					s.Write([]byte(c.body))
+				} else {
+					s.Write([]byte(c.body[:cut]))
+					s.Write([]byte(c.body[cut:]))
+				}
+				got := s.Usage()
+				if !sameUsage(got, c.want) {
+					t.Fatalf("split at %d: usage = %+v, want %+v", cut, got, c.want)
+				}
+			}
+		})
+	}
+}
+
+func TestUsageScannerByteAtATime(t *testing.T) {
+	body := "data: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}\n\ndata: [DONE]\n\n"
+	s := provider.NewUsageScanner("text/event-stream")
+	for i := range len(body) {
+		s.Write([]byte{body[i]})
+	}
+	if u := s.Usage(); !sameUsage(u, &domain.Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: 3, Model: "m"}) {
+		t.Fatalf("usage = %+v", u)
+	}
+}
+
+func TestUsageScannerLargeJSONReadsTail(t *testing.T) {
+	// An embeddings answer larger than the scanner keeps whole.
+	var b strings.Builder
+	b.WriteString(`{"object":"list","model":"emb-large","data":[`)
+	for i := 0; b.Len() < 6<<20; i++ {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		b.WriteString(`{"object":"embedding","index":1,"embedding":[0.123456789,0.987654321,-0.5]}`)
+	}
+	b.WriteString(`],"usage":{"prompt_tokens":4000,"total_tokens":4000}}`)
+	body := b.String()
+	s := provider.NewUsageScanner("application/json")
+	for len(body) > 0 {
+		n := min(len(body), 32<<10)
+		s.Write([]byte(body[:n]))
+		body = body[n:]
+	}
+	if u := s.Usage(); !sameUsage(u, &domain.Usage{PromptTokens: 4000, TotalTokens: 4000, Model: "emb-large"}) {
+		t.Fatalf("usage = %+v", u)
+	}
+}
+
+func TestUsageScannerSkipsOverlongLine(t *testing.T) {
+	s := provider.NewUsageScanner("application/x-ndjson")
+	s.Write([]byte(`{"pad":"` + strings.Repeat("x", 2<<20) + `","done":true,"prompt_eval_count":99}` + "\n"))
+	s.Write([]byte(`{"model":"m","done":true,"prompt_eval_count":1,"eval_count":2}` + "\n"))
+	if u := s.Usage(); !sameUsage(u, &domain.Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: 3, Model: "m"}) {
+		t.Fatalf("usage = %+v", u)
+	}
+}
+
+func sameUsage(a, b *domain.Usage) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}

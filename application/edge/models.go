@@ -1,0 +1,432 @@
+package edge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// ModelEntry is one model one provider of one node serves.
+type ModelEntry struct {
+	ID       string
+	Node     string
+	Provider string
+	Type     string // the provider's type: domain.ProviderOpenAI or domain.ProviderOllama
+	// Created is the model's creation time in Unix seconds as the provider
+	// reported it (OpenAI's "created", Ollama's "modified_at"); else the
+	// time the node connected.
+	Created int64
+	// Raw is the provider's own /api/tags entry for discovered Ollama
+	// models (so the merged tags list keeps size, digest and details); nil
+	// otherwise.
+	Raw []byte
+}
+
+// Speaks reports whether a provider of type typ answers requests of the API
+// family family. Ollama serves the OpenAI-compatible API next to its own,
+// so ollama providers speak both; openai providers speak only openai.
+func Speaks(typ, family string) bool {
+	return typ == family || (typ == domain.ProviderOllama && family == domain.ProviderOpenAI)
+}
+
+// MatchModel reports whether a requested model name names the served one:
+// exactly, or with Ollama's implicit ":latest" tag ("llama3.2" serves a
+// request for "llama3.2:latest" and the other way round).
+func MatchModel(served, requested string) bool {
+	return served == requested || strings.TrimSuffix(served, ":latest") == strings.TrimSuffix(requested, ":latest")
+}
+
+// ModelCatalog knows which models each connected node's providers serve:
+// the models declared in the provider config, or else the list discovered
+// from the provider itself through a tunnel (GET /v1/models for openai
+// providers, GET /api/tags for ollama ones). It is safe for concurrent use.
+//
+// Reads always go through the registry, so a node that disconnects drops
+// out at once and a reconnected node is not served a stale list. A provider
+// whose list could not be discovered yet is "unknown": it is left out of
+// Models but still a routing candidate of last resort (see
+// SubmitProviderTunnelHandler).
+type ModelCatalog struct {
+	reg *Registry
+	log *slog.Logger
+	now func() time.Time
+
+	// DiscoveryTimeout bounds one provider's discovery (default 15 s).
+	DiscoveryTimeout time.Duration
+	// MaxListBytes bounds a discovered model list's body (default 8 MiB).
+	MaxListBytes int64
+
+	mu    sync.Mutex
+	nodes map[string]*nodeModels
+}
+
+// nodeModels is what discovery learned about one node over one link.
+type nodeModels struct {
+	link      ports.NodeLink
+	providers map[string]discovered // provider name → list
+}
+
+// discovered is one provider's discovered list and the config it came from.
+type discovered struct {
+	cfg    domain.ProviderConfig
+	models []ModelEntry
+}
+
+// NewModelCatalog refuses a nil registry.
+func NewModelCatalog(reg *Registry, log *slog.Logger) *ModelCatalog {
+	if reg == nil {
+		panic("edge.NewModelCatalog: nil dependency")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &ModelCatalog{reg: reg, log: log, now: time.Now, DiscoveryTimeout: 15 * time.Second, MaxListBytes: 8 << 20,
+		nodes: map[string]*nodeModels{}}
+}
+
+// Refresh rediscovers the model lists of node's providers that declare no
+// models. A provider whose discovery fails keeps its previous list, if it
+// had one over the same link; the failures are returned joined. Refreshing
+// a node that is not connected forgets it and returns node_not_found.
+func (c *ModelCatalog) Refresh(ctx context.Context, node string) error {
+	view, ok := c.reg.Get(node)
+	if !ok {
+		c.mu.Lock()
+		delete(c.nodes, node)
+		c.mu.Unlock()
+		return domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", node)
+	}
+	found := map[string]discovered{}
+	var errs []error
+	for _, p := range view.Config.Providers {
+		if len(p.Models) > 0 {
+			continue
+		}
+		models, err := c.discover(ctx, view, p)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("discover models of provider %s on node %s: %w", p.Name, node, err))
+			continue
+		}
+		found[p.Name] = discovered{cfg: p, models: models}
+	}
+	c.mu.Lock()
+	prev := c.nodes[node]
+	next := &nodeModels{link: view.Link, providers: found}
+	if prev != nil && prev.link == view.Link {
+		for name, d := range prev.providers {
+			if _, ok := found[name]; !ok {
+				next.providers[name] = d // keep the last good list on failure
+			}
+		}
+	}
+	c.nodes[node] = next
+	c.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// RefreshAll refreshes every connected node concurrently and forgets nodes
+// that are gone. Failures are logged, not returned.
+func (c *ModelCatalog) RefreshAll(ctx context.Context) {
+	views := c.reg.List()
+	live := map[string]bool{}
+	var wg sync.WaitGroup
+	for _, v := range views {
+		live[v.ID] = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.Refresh(ctx, v.ID); err != nil && ctx.Err() == nil {
+				c.log.Warn("model discovery failed", "node", v.ID, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+	c.mu.Lock()
+	for id := range c.nodes {
+		if !live[id] {
+			delete(c.nodes, id)
+		}
+	}
+	c.mu.Unlock()
+}
+
+// Run refreshes every connected node now and then every interval until ctx
+// ends; it returns when ctx is done. The caller owns the goroutine.
+func (c *ModelCatalog) Run(ctx context.Context, every time.Duration) {
+	if every <= 0 {
+		every = time.Minute
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		c.RefreshAll(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Follow keeps the catalog in step with node lifecycle events read from
+// events (a bus subscription filtered or not): a node that registers or has
+// its config refreshed is rediscovered, one that disconnects is forgotten.
+// Discoveries run concurrently; Follow returns, after they have, when ctx
+// ends or events is closed. The caller owns the goroutine.
+func (c *ModelCatalog) Follow(ctx context.Context, events <-chan domain.BusEvent) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			switch ev.Type {
+			case domain.BusNodeRegistered, domain.BusNodeConfigRefreshed:
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := c.Refresh(ctx, ev.Node); err != nil && ctx.Err() == nil {
+						c.log.Warn("model discovery failed", "node", ev.Node, "err", err)
+					}
+				}()
+			case domain.BusNodeDisconnected:
+				if _, live := c.reg.Get(ev.Node); !live {
+					c.mu.Lock()
+					delete(c.nodes, ev.Node)
+					c.mu.Unlock()
+				}
+			}
+		}
+	}
+}
+
+// Models returns every model served by a connected node, sorted by id,
+// node and provider.
+func (c *ModelCatalog) Models() []ModelEntry {
+	var out []ModelEntry
+	for _, p := range c.providers() {
+		if p.known {
+			out = append(out, p.models...)
+		}
+	}
+	sortEntries(out)
+	return out
+}
+
+// NodeModels returns the models node serves, sorted like Models, or
+// node_not_found when it is not connected.
+func (c *ModelCatalog) NodeModels(node string) ([]ModelEntry, error) {
+	if _, ok := c.reg.Get(node); !ok {
+		return nil, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", node)
+	}
+	var out []ModelEntry
+	for _, e := range c.Models() {
+		if e.Node == node {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// Lookup returns the entries that serve model to callers of API family
+// (domain.ProviderOpenAI or domain.ProviderOllama), sorted like Models.
+func (c *ModelCatalog) Lookup(family, model string) []ModelEntry {
+	var out []ModelEntry
+	for _, e := range c.Models() {
+		if Speaks(e.Type, family) && MatchModel(e.ID, model) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// providerModels is one connected provider as the catalog sees it now.
+type providerModels struct {
+	node     string
+	cfg      domain.ProviderConfig
+	known    bool // declared, or discovered over the node's current link
+	models   []ModelEntry
+	inFlight int // the node's tunnels in flight
+}
+
+// providers lists every provider of every connected node, nodes by id and
+// providers in config order.
+func (c *ModelCatalog) providers() []providerModels {
+	views := c.reg.List()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []providerModels
+	for _, v := range views {
+		nm := c.nodes[v.ID]
+		if nm != nil && nm.link != v.Link {
+			nm = nil // a reconnected node: what we learned is stale
+		}
+		for _, p := range v.Config.Providers {
+			pm := providerModels{node: v.ID, cfg: p, inFlight: v.TunnelsInFlight}
+			switch {
+			case len(p.Models) > 0:
+				pm.known = true
+				for _, m := range p.Models {
+					pm.models = append(pm.models, ModelEntry{ID: m, Node: v.ID, Provider: p.Name, Type: p.Type, Created: v.ConnectedAt.Unix()})
+				}
+			case nm != nil:
+				if d, ok := nm.providers[p.Name]; ok && sameProvider(d.cfg, p) {
+					pm.known, pm.models = true, d.models
+				}
+			}
+			out = append(out, pm)
+		}
+	}
+	return out
+}
+
+func sameProvider(a, b domain.ProviderConfig) bool {
+	return a.Name == b.Name && a.Type == b.Type && a.BaseURL == b.BaseURL && a.PathPrefix == b.PathPrefix
+}
+
+func sortEntries(es []ModelEntry) {
+	sort.SliceStable(es, func(i, j int) bool {
+		a, b := es[i], es[j]
+		if a.ID != b.ID {
+			return a.ID < b.ID
+		}
+		if a.Node != b.Node {
+			return a.Node < b.Node
+		}
+		return a.Provider < b.Provider
+	})
+}
+
+// discover asks provider p of node v for its models through a tunnel.
+func (c *ModelCatalog) discover(ctx context.Context, v NodeView, p domain.ProviderConfig) ([]ModelEntry, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.DiscoveryTimeout)
+	defer cancel()
+	path := "/v1/models"
+	if p.Type == domain.ProviderOllama {
+		path = "/api/tags"
+	}
+	req := domain.TunnelRequest{Provider: p.Name, Method: http.MethodGet, Path: path, Header: http.Header{"Accept": {"application/json"}}}
+	st, err := v.Link.OpenTunnel(ctx, req, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	status, body, err := readAll(ctx, st, c.MaxListBytes)
+	if err != nil {
+		return nil, err
+	}
+	if status < 200 || status > 299 {
+		return nil, domain.Errorf(domain.CodeProviderError, "GET %s answered %d", path, status)
+	}
+	entries, err := ParseModelList(p.Type, body)
+	if err != nil {
+		return nil, err
+	}
+	for i := range entries {
+		entries[i].Node, entries[i].Provider, entries[i].Type = v.ID, p.Name, p.Type
+		if entries[i].Created == 0 {
+			entries[i].Created = v.ConnectedAt.Unix()
+		}
+	}
+	return entries, nil
+}
+
+// readAll collects a tunnel's status and body, up to limit bytes.
+func readAll(ctx context.Context, st ports.TunnelStream, limit int64) (int, []byte, error) {
+	var status int
+	var body []byte
+	for {
+		f, err := st.Recv(ctx)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = domain.Errorf(domain.CodeNodeDisconnected, "tunnel ended without an end frame")
+			}
+			return 0, nil, err
+		}
+		switch f.Kind {
+		case domain.TunnelStatus:
+			status = f.Status
+		case domain.TunnelBody:
+			if int64(len(body)+len(f.Body)) > limit {
+				return 0, nil, domain.Errorf(domain.CodeProviderError, "model list larger than %d bytes", limit)
+			}
+			body = append(body, f.Body...)
+		case domain.TunnelError:
+			if f.Error == nil {
+				return 0, nil, domain.Errorf(domain.CodeProviderError, "tunnel failed")
+			}
+			return 0, nil, &domain.Error{Code: f.Error.Code, Message: f.Error.Message}
+		case domain.TunnelEnd:
+			return status, body, nil
+		}
+	}
+}
+
+// ParseModelList reads a provider's model list: OpenAI's
+// {"object":"list","data":[{"id","created",…}]} for type openai, Ollama's
+// {"models":[{"name","model","modified_at",…}]} for type ollama. Only ID,
+// Created and Raw are filled.
+func ParseModelList(typ string, body []byte) ([]ModelEntry, error) {
+	var out []ModelEntry
+	switch typ {
+	case domain.ProviderOllama:
+		var doc struct {
+			Models []json.RawMessage `json:"models"`
+		}
+		if err := json.Unmarshal(body, &doc); err != nil {
+			return nil, domain.Errorf(domain.CodeProviderError, "parse /api/tags: %v", err)
+		}
+		for _, raw := range doc.Models {
+			var m struct {
+				Name       string `json:"name"`
+				Model      string `json:"model"`
+				ModifiedAt string `json:"modified_at"`
+			}
+			if json.Unmarshal(raw, &m) != nil {
+				continue
+			}
+			id := m.Name
+			if id == "" {
+				id = m.Model
+			}
+			if id != "" {
+				e := ModelEntry{ID: id, Raw: append([]byte(nil), raw...)}
+				if t, err := time.Parse(time.RFC3339Nano, m.ModifiedAt); err == nil {
+					e.Created = t.Unix()
+				}
+				out = append(out, e)
+			}
+		}
+	default:
+		var doc struct {
+			Data []struct {
+				ID      string `json:"id"`
+				Created int64  `json:"created"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(body, &doc); err != nil {
+			return nil, domain.Errorf(domain.CodeProviderError, "parse /v1/models: %v", err)
+		}
+		for _, m := range doc.Data {
+			if m.ID != "" {
+				out = append(out, ModelEntry{ID: m.ID, Created: m.Created})
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,304 @@
+package edge_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"iop/application/edge"
+	"iop/domain"
+	"iop/ports"
+)
+
+const ptOpenAIModels = `{"object":"list","data":[
+ {"id":"qwen2.5-72b","object":"model","created":1715000000,"owned_by":"vllm"},
+ {"id":"","object":"model"},
+ {"id":"bge-m3","object":"model","created":1716000000,"owned_by":"vllm"}]}`
+
+const ptOllamaTags = `{"models":[
+ {"name":"llama3.2:latest","model":"llama3.2:latest","modified_at":"2024-09-25T10:00:00.123456789-07:00","size":2019393189,"digest":"a80c4f17","details":{"format":"gguf","family":"llama","parameter_size":"3.2B","quantization_level":"Q4_K_M"}},
+ {"model":"qwen3:8b","modified_at":"bad time","size":1}]}`
+
+// ptDiscovery answers model discovery: /v1/models and /api/tags with the
+// given bodies, counting calls.
+func ptDiscovery(openai, ollama string, calls *atomic.Int32) func(domain.TunnelRequest) (ports.TunnelStream, error) {
+	return func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+		calls.Add(1)
+		if req.Method != http.MethodGet {
+			return newPTStream(nil, domain.TunnelFrame{Kind: domain.TunnelError, Error: &domain.ErrorInfo{Code: "bad_method"}}), nil
+		}
+		switch req.Path {
+		case "/v1/models":
+			return newPTStream(nil, ptOK(openai)...), nil
+		case "/api/tags":
+			return newPTStream(nil, ptOK(ollama)...), nil
+		}
+		return newPTStream(nil, domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 404}, domain.TunnelFrame{Kind: domain.TunnelEnd}), nil
+	}
+}
+
+func ptIDs(es []edge.ModelEntry) string {
+	var out []string
+	for _, e := range es {
+		out = append(out, e.ID+"@"+e.Node+"/"+e.Provider)
+	}
+	return strings.Join(out, " ")
+}
+
+func TestModelCatalogDiscoversBothShapes(t *testing.T) {
+	reg := edge.NewRegistry()
+	cat := edge.NewModelCatalog(reg, nil)
+	var calls atomic.Int32
+	link := ptAdmit(t, reg, "gpu", ptProvider("vllm", domain.ProviderOpenAI), ptProvider("ollama", domain.ProviderOllama), ptProvider("fixed", domain.ProviderOpenAI, "declared-1"))
+	link.open = ptDiscovery(ptOpenAIModels, ptOllamaTags, &calls)
+
+	if got := ptIDs(cat.Models()); got != "declared-1@gpu/fixed" {
+		t.Fatalf("before discovery: %s", got)
+	}
+	if err := cat.Refresh(context.Background(), "gpu"); err != nil {
+		t.Fatal(err)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d discovery tunnels, want 2 (declared models need none)", n)
+	}
+	for _, c := range link.calls() {
+		if c.req.Method != http.MethodGet || (c.req.Provider == "vllm") != (c.req.Path == "/v1/models") {
+			t.Fatalf("discovery request %+v", c.req)
+		}
+	}
+	models := cat.Models()
+	if got, want := ptIDs(models), "bge-m3@gpu/vllm declared-1@gpu/fixed llama3.2:latest@gpu/ollama qwen2.5-72b@gpu/vllm qwen3:8b@gpu/ollama"; got != want {
+		t.Fatalf("models = %s\nwant     %s", got, want)
+	}
+	byID := map[string]edge.ModelEntry{}
+	for _, m := range models {
+		byID[m.ID] = m
+	}
+	if m := byID["qwen2.5-72b"]; m.Created != 1715000000 || m.Type != domain.ProviderOpenAI || m.Raw != nil {
+		t.Fatalf("openai entry = %+v", m)
+	}
+	if m := byID["llama3.2:latest"]; m.Type != domain.ProviderOllama || !strings.Contains(string(m.Raw), `"digest":"a80c4f17"`) ||
+		m.Created != time.Date(2024, 9, 25, 17, 0, 0, 0, time.UTC).Unix() {
+		t.Fatalf("ollama entry = %+v", m)
+	}
+	if m := byID["qwen3:8b"]; m.Created != 1700000000 {
+		t.Fatalf("entry without a usable time = %+v, want the connect time", m)
+	}
+
+	if got := ptIDs(cat.Lookup(domain.ProviderOllama, "llama3.2")); got != "llama3.2:latest@gpu/ollama" {
+		t.Fatalf("Lookup(ollama, llama3.2) = %s", got)
+	}
+	if got := ptIDs(cat.Lookup(domain.ProviderOpenAI, "llama3.2:latest")); got != "llama3.2:latest@gpu/ollama" {
+		t.Fatalf("Lookup(openai, llama3.2:latest) = %s", got)
+	}
+	if got := ptIDs(cat.Lookup(domain.ProviderOllama, "bge-m3")); got != "" {
+		t.Fatalf("Lookup(ollama, bge-m3) = %s, want nothing (openai providers do not speak ollama)", got)
+	}
+	if nm, err := cat.NodeModels("gpu"); err != nil || len(nm) != 5 {
+		t.Fatalf("NodeModels = %d, %v", len(nm), err)
+	}
+	if _, err := cat.NodeModels("other"); !errors.Is(err, domain.ErrNodeNotFound) {
+		t.Fatalf("NodeModels(other) err = %v", err)
+	}
+}
+
+func TestModelCatalogDropsGoneNodes(t *testing.T) {
+	reg := edge.NewRegistry()
+	cat := edge.NewModelCatalog(reg, nil)
+	var calls atomic.Int32
+	link := ptAdmit(t, reg, "a", ptProvider("vllm", domain.ProviderOpenAI))
+	link.open = ptDiscovery(ptOpenAIModels, ptOllamaTags, &calls)
+	ptAdmit(t, reg, "b", ptProvider("fixed", domain.ProviderOpenAI, "m"))
+	cat.RefreshAll(context.Background())
+	if got := ptIDs(cat.Models()); got != "bge-m3@a/vllm m@b/fixed qwen2.5-72b@a/vllm" {
+		t.Fatalf("models = %s", got)
+	}
+
+	reg.Remove("b", mustView(t, reg, "b").Link)
+	if got := ptIDs(cat.Models()); got != "bge-m3@a/vllm qwen2.5-72b@a/vllm" {
+		t.Fatalf("after b left: %s", got)
+	}
+
+	// a reconnects over a new link: what was discovered over the old one is
+	// stale until the next refresh.
+	reg.Remove("a", link)
+	link2 := ptAdmit(t, reg, "a", ptProvider("vllm", domain.ProviderOpenAI))
+	if got := ptIDs(cat.Models()); got != "" {
+		t.Fatalf("after a reconnected: %s", got)
+	}
+	link2.open = ptDiscovery(`{"object":"list","data":[{"id":"new-model"}]}`, "", &calls)
+	if err := cat.Refresh(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if got := ptIDs(cat.Models()); got != "new-model@a/vllm" {
+		t.Fatalf("after refresh: %s", got)
+	}
+	if err := cat.Refresh(context.Background(), "b"); !errors.Is(err, domain.ErrNodeNotFound) {
+		t.Fatalf("Refresh(gone node) = %v", err)
+	}
+}
+
+func mustView(t *testing.T, reg *edge.Registry, id string) edge.NodeView {
+	t.Helper()
+	v, ok := reg.Get(id)
+	if !ok {
+		t.Fatalf("node %s not connected", id)
+	}
+	return v
+}
+
+func TestModelCatalogDiscoveryFailureKeepsLastList(t *testing.T) {
+	reg := edge.NewRegistry()
+	cat := edge.NewModelCatalog(reg, nil)
+	var calls atomic.Int32
+	link := ptAdmit(t, reg, "a", ptProvider("vllm", domain.ProviderOpenAI))
+	link.open = ptDiscovery(ptOpenAIModels, "", &calls)
+	if err := cat.Refresh(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	failures := []func(domain.TunnelRequest) (ports.TunnelStream, error){
+		func(domain.TunnelRequest) (ports.TunnelStream, error) {
+			return nil, domain.Errorf(domain.CodeNodeDisconnected, "gone")
+		},
+		func(domain.TunnelRequest) (ports.TunnelStream, error) {
+			return newPTStream(nil, domain.TunnelFrame{Kind: domain.TunnelError, Error: &domain.ErrorInfo{Code: domain.CodeProviderUnreachable, Message: "refused"}}), nil
+		},
+		func(domain.TunnelRequest) (ports.TunnelStream, error) {
+			return newPTStream(nil, domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 500}, domain.TunnelFrame{Kind: domain.TunnelEnd}), nil
+		},
+		func(domain.TunnelRequest) (ports.TunnelStream, error) {
+			return newPTStream(nil, ptOK("<html>")...), nil
+		},
+		func(domain.TunnelRequest) (ports.TunnelStream, error) {
+			return newPTStream(domain.Errorf(domain.CodeNodeDisconnected, "lost"), domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 200}), nil
+		},
+	}
+	for i, f := range failures {
+		link.open = f
+		if err := cat.Refresh(context.Background(), "a"); err == nil {
+			t.Fatalf("failure %d: Refresh returned nil", i)
+		}
+		if got := ptIDs(cat.Models()); got != "bge-m3@a/vllm qwen2.5-72b@a/vllm" {
+			t.Fatalf("failure %d: models = %s, want the last good list", i, got)
+		}
+	}
+}
+
+func TestModelCatalogDiscoveryTimesOut(t *testing.T) {
+	reg := edge.NewRegistry()
+	cat := edge.NewModelCatalog(reg, nil)
+	cat.DiscoveryTimeout = 50 * time.Millisecond
+	st := newPTStream(nil) // never answers
+	ptAdmit(t, reg, "a", ptProvider("vllm", domain.ProviderOpenAI)).open = func(domain.TunnelRequest) (ports.TunnelStream, error) { return st, nil }
+	start := time.Now()
+	if err := cat.Refresh(context.Background(), "a"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v", err)
+	}
+	if time.Since(start) > 2*time.Second || !st.isClosed() {
+		t.Fatal("discovery did not give up and close its tunnel")
+	}
+}
+
+func TestModelCatalogRun(t *testing.T) {
+	reg := edge.NewRegistry()
+	cat := edge.NewModelCatalog(reg, nil)
+	var calls atomic.Int32
+	ptAdmit(t, reg, "a", ptProvider("vllm", domain.ProviderOpenAI)).open = ptDiscovery(ptOpenAIModels, "", &calls)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		cat.Run(ctx, 10*time.Millisecond)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for calls.Load() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("Run did not refresh periodically")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after ctx ended")
+	}
+	if len(cat.Models()) != 2 {
+		t.Fatalf("models = %s", ptIDs(cat.Models()))
+	}
+}
+
+func TestParseModelList(t *testing.T) {
+	if _, err := edge.ParseModelList(domain.ProviderOpenAI, []byte("not json")); domain.CodeOf(err) != domain.CodeProviderError {
+		t.Fatalf("bad openai list: %v", err)
+	}
+	if _, err := edge.ParseModelList(domain.ProviderOllama, []byte(`{"models":7}`)); domain.CodeOf(err) != domain.CodeProviderError {
+		t.Fatalf("bad ollama list: %v", err)
+	}
+	es, err := edge.ParseModelList(domain.ProviderOllama, []byte(`{"models":[{"name":"a"},"junk",{"model":"b"},{}]}`))
+	if err != nil || len(es) != 2 || es[0].ID != "a" || es[1].ID != "b" {
+		t.Fatalf("ollama list = %+v, %v", es, err)
+	}
+	es, err = edge.ParseModelList(domain.ProviderOpenAI, []byte(`{"data":[]}`))
+	if err != nil || len(es) != 0 {
+		t.Fatalf("empty list = %+v, %v", es, err)
+	}
+}
+
+func TestMatchModel(t *testing.T) {
+	cases := []struct {
+		served, requested string
+		want              bool
+	}{
+		{"llama3.2:latest", "llama3.2", true},
+		{"llama3.2", "llama3.2:latest", true},
+		{"llama3.2:latest", "llama3.2:latest", true},
+		{"llama3.2:3b", "llama3.2", false},
+		{"gpt-4o", "gpt-4o-mini", false},
+		{"a", "a", true},
+	}
+	for _, c := range cases {
+		if got := edge.MatchModel(c.served, c.requested); got != c.want {
+			t.Errorf("MatchModel(%q, %q) = %v", c.served, c.requested, got)
+		}
+	}
+}
+
+func TestModelCatalogFollow(t *testing.T) {
+	reg := edge.NewRegistry()
+	cat := edge.NewModelCatalog(reg, nil)
+	var calls atomic.Int32
+	ptAdmit(t, reg, "a", ptProvider("vllm", domain.ProviderOpenAI)).open = ptDiscovery(ptOpenAIModels, "", &calls)
+	events := make(chan domain.BusEvent, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		cat.Follow(ctx, events)
+	}()
+	events <- domain.BusEvent{Type: domain.BusRunEvent, Node: "a"} // ignored
+	events <- domain.BusEvent{Type: domain.BusNodeRegistered, Node: "a"}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(cat.Models()) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("registration did not trigger discovery")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	reg.Remove("a", mustView(t, reg, "a").Link)
+	events <- domain.BusEvent{Type: domain.BusNodeDisconnected, Node: "a"}
+	close(events)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Follow did not return when its channel closed")
+	}
+	if len(cat.Models()) != 0 || calls.Load() != 1 {
+		t.Fatalf("models %s after disconnect, %d discoveries", ptIDs(cat.Models()), calls.Load())
+	}
+}

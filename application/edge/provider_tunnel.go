@@ -1,0 +1,286 @@
+package edge
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// SubmitProviderTunnel asks for one raw HTTP exchange with a provider behind
+// a node. The request passes through byte for byte.
+type SubmitProviderTunnel struct {
+	// Node pins the node (the X-IOP-Node header); empty lets the edge choose.
+	Node string
+	// Model is the model the caller asked for; empty means any provider of
+	// the family will do (GET /api/tags pinned to a node, GET /api/version).
+	Model string
+	// ProviderType is the API family the caller used: domain.ProviderOpenAI
+	// (/v1/...) or domain.ProviderOllama (/api/...).
+	ProviderType string
+	Method       string
+	Path         string
+	Query        string
+	Header       http.Header
+	// Body is sent with the request; BodyReader, when non-nil, is streamed
+	// after it in chunks (for bodies too large to hold).
+	Body       []byte
+	BodyReader io.Reader
+}
+
+// SubmitProviderTunnelHandler routes provider requests to nodes and follows
+// the tunnels it opens: it counts them against their node, and when one
+// ends it records the usage in the ledger and publishes one
+// tunnel.completed event (never the body).
+//
+// Routing: a pinned node must be connected (node_not_found) and have a
+// provider that speaks the family (provider_not_found) and serves the model
+// (model_not_found). Unpinned, the candidates are the providers of
+// connected nodes that speak the family and serve the model, and the node
+// with the fewest tunnels in flight wins (ties: node id, then provider
+// config order). No provider speaking the family anywhere is
+// no_node_available; nobody serving the model is model_not_found. A
+// provider whose model list is not known yet (discovery failed or pending)
+// is used only when no provider with a known list serves the model: the
+// provider then answers for itself (for example its own 404).
+type SubmitProviderTunnelHandler struct {
+	reg     *Registry
+	bus     ports.EventPublisher
+	catalog *ModelCatalog
+	ledger  *UsageLedger
+	log     *slog.Logger
+	now     func() time.Time
+	newID   func() string
+}
+
+// NewSubmitProviderTunnelHandler refuses nil dependencies (log may be nil).
+func NewSubmitProviderTunnelHandler(reg *Registry, bus ports.EventPublisher, catalog *ModelCatalog, ledger *UsageLedger, log *slog.Logger) *SubmitProviderTunnelHandler {
+	if reg == nil || bus == nil || catalog == nil || ledger == nil {
+		panic("edge.NewSubmitProviderTunnelHandler: nil dependency")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &SubmitProviderTunnelHandler{reg: reg, bus: bus, catalog: catalog, ledger: ledger, log: log, now: time.Now, newID: newTunnelID}
+}
+
+func newTunnelID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "tun_" + hex.EncodeToString(b[:])
+}
+
+// Handle picks a node and provider for in and opens the tunnel there. The
+// caller must read the returned tunnel with Next until it ends, or Close it.
+// ctx bounds opening the tunnel only; Next takes its own.
+func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProviderTunnel) (*Tunnel, error) {
+	if in.ProviderType != domain.ProviderOpenAI && in.ProviderType != domain.ProviderOllama {
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "unknown provider API %q (known: openai, ollama)", in.ProviderType)
+	}
+	if !strings.HasPrefix(in.Path, "/") {
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "path %q must start with /", in.Path)
+	}
+	method := in.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	cand, link, release, err := h.route(in)
+	if err != nil {
+		return nil, err
+	}
+	header := in.Header.Clone()
+	// The caller's credentials are for the edge; the node adds the
+	// provider's own key, so they need not cross the wire at all.
+	header.Del("Authorization")
+	header.Del("Proxy-Authorization")
+	req := domain.TunnelRequest{Provider: cand.cfg.Name, Method: method, Path: in.Path, Query: in.Query, Header: header, Body: in.Body}
+	start := h.now()
+	st, err := link.OpenTunnel(ctx, req, in.BodyReader)
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("open tunnel to node %s: %w", cand.node, err)
+	}
+	return &Tunnel{
+		ID: h.newID(), Node: cand.node, Provider: cand.cfg.Name, Model: in.Model,
+		h: h, stream: st, release: release, path: in.Path, start: start,
+	}, nil
+}
+
+// route chooses the node and provider for in and counts a tunnel against
+// the node; release undoes that.
+func (h *SubmitProviderTunnelHandler) route(in SubmitProviderTunnel) (providerModels, ports.NodeLink, func(), error) {
+	family := in.ProviderType
+	if in.Node != "" {
+		if _, ok := h.reg.Get(in.Node); !ok {
+			return providerModels{}, nil, nil, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", in.Node)
+		}
+	}
+	var speak []providerModels
+	for _, p := range h.catalog.providers() {
+		if Speaks(p.cfg.Type, family) && (in.Node == "" || p.node == in.Node) {
+			speak = append(speak, p)
+		}
+	}
+	if len(speak) == 0 {
+		if in.Node != "" {
+			return providerModels{}, nil, nil, domain.Errorf(domain.CodeProviderNotFound, "node %q has no provider for the %s API", in.Node, family)
+		}
+		return providerModels{}, nil, nil, domain.Errorf(domain.CodeNoNodeAvailable, "no connected node has a provider for the %s API", family)
+	}
+	cands := speak
+	if in.Model != "" {
+		cands = nil
+		for _, p := range speak {
+			if p.known && servesModel(p.models, in.Model) {
+				cands = append(cands, p)
+			}
+		}
+		if len(cands) == 0 {
+			for _, p := range speak {
+				if !p.known {
+					cands = append(cands, p)
+				}
+			}
+		}
+		if len(cands) == 0 {
+			if in.Node != "" {
+				return providerModels{}, nil, nil, domain.Errorf(domain.CodeModelNotFound, "model %q is not served by node %q", in.Model, in.Node)
+			}
+			return providerModels{}, nil, nil, domain.Errorf(domain.CodeModelNotFound, "model %q is not served by any connected node", in.Model)
+		}
+	}
+	// providers() lists nodes by id and providers in config order, so a
+	// stable sort by load keeps both as tie-breakers.
+	sort.SliceStable(cands, func(i, j int) bool { return cands[i].inFlight < cands[j].inFlight })
+	for _, c := range cands {
+		release, ok := h.reg.acquireTunnel(c.node)
+		if !ok {
+			continue // disconnected since the snapshot
+		}
+		v, ok := h.reg.Get(c.node)
+		if !ok {
+			release()
+			continue
+		}
+		return c, v.Link, release, nil
+	}
+	return providerModels{}, nil, nil, domain.Errorf(domain.CodeNoNodeAvailable, "every node serving %q disconnected", in.Model)
+}
+
+func servesModel(models []ModelEntry, model string) bool {
+	for _, m := range models {
+		if MatchModel(m.ID, model) {
+			return true
+		}
+	}
+	return false
+}
+
+// Tunnel is a caller's view of one open provider tunnel. It has one
+// consumer: Next and Close are called from the same goroutine.
+type Tunnel struct {
+	ID       string
+	Node     string
+	Provider string
+	Model    string
+
+	h       *SubmitProviderTunnelHandler
+	stream  ports.TunnelStream
+	release func()
+	path    string
+	start   time.Time
+
+	status    int
+	bodyBytes int64
+	usage     *domain.Usage
+	done      bool
+	once      sync.Once
+}
+
+// Next returns the tunnel's next frame, in wire order: status, header, body
+// frames, usage/metadata sidebands, then end; after end it returns io.EOF.
+//
+// Failures are errors, never frames: an error frame from the node comes
+// back as its *domain.Error (provider_unreachable, timeout, provider_error,
+// …), a lost link as node_disconnected or stream_reset. Either ends the
+// tunnel. If ctx ends first, Next returns ctx's error and the tunnel stays
+// open: the caller then calls Close.
+func (t *Tunnel) Next(ctx context.Context) (domain.TunnelFrame, error) {
+	if t.done {
+		return domain.TunnelFrame{}, io.EOF
+	}
+	f, err := t.stream.Recv(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return domain.TunnelFrame{}, ctx.Err()
+		}
+		if errors.Is(err, io.EOF) {
+			err = domain.Errorf(domain.CodeNodeDisconnected, "tunnel stream ended without an end frame")
+		}
+		t.finish(err)
+		return domain.TunnelFrame{}, err
+	}
+	switch f.Kind {
+	case domain.TunnelStatus:
+		t.status = f.Status
+	case domain.TunnelBody:
+		t.bodyBytes += int64(len(f.Body))
+	case domain.TunnelUsage:
+		if f.Usage != nil {
+			u := *f.Usage
+			t.usage = &u
+		}
+	case domain.TunnelEnd:
+		t.finish(nil)
+	case domain.TunnelError:
+		e := &domain.Error{Code: domain.CodeProviderError, Message: "the node reported a tunnel failure"}
+		if f.Error != nil {
+			e = &domain.Error{Code: f.Error.Code, Message: f.Error.Message}
+		}
+		t.finish(e)
+		return domain.TunnelFrame{}, e
+	}
+	return f, nil
+}
+
+// Close abandons the tunnel if it has not ended (the node aborts the
+// upstream request) and accounts for it. It is idempotent.
+func (t *Tunnel) Close() {
+	if !t.done {
+		t.finish(domain.Errorf(domain.CodeCancelled, "the caller closed the tunnel"))
+	}
+}
+
+// finish ends the tunnel once: frees the stream and the node slot, records
+// the usage and publishes tunnel.completed.
+func (t *Tunnel) finish(err error) {
+	t.once.Do(func() {
+		t.done = true
+		t.stream.Close()
+		t.release()
+		h := t.h
+		s := domain.TunnelSummary{
+			ID: t.ID, Provider: t.Provider, Model: t.Model, Path: t.path, Status: t.status,
+			BodyBytes: t.bodyBytes, Duration: h.now().Sub(t.start), Usage: t.usage,
+		}
+		if err != nil {
+			s.Error = err.Error()
+			if code := domain.CodeOf(err); code != domain.CodeCancelled {
+				h.log.Warn("provider tunnel failed", "tunnel", t.ID, "node", t.Node, "provider", t.Provider, "path", t.path, "err", err)
+			}
+		}
+		h.ledger.Record(t.Node, s)
+		h.bus.Publish(domain.BusEvent{Type: domain.BusTunnelCompleted, Time: h.now(), Node: t.Node, Tunnel: &s})
+	})
+}

@@ -1,0 +1,199 @@
+package edge_test
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"slices"
+	"testing"
+
+	"iop/application/edge"
+	"iop/domain"
+)
+
+const (
+	ucTokA = "reload-token-a-0123456789"
+	ucTokB = "reload-token-b-0123456789"
+	ucTokC = "reload-token-c-0123456789"
+)
+
+func ucReloadRecords() []domain.NodeRecord {
+	return []domain.NodeRecord{
+		{ID: "a", Token: ucTokA, Adapters: []domain.AdapterConfig{ucExecAdapter("exec", 2, "upper")}},
+		{ID: "b", Token: ucTokB, Adapters: []domain.AdapterConfig{ucExecAdapter("exec", 2, "upper")}},
+		{ID: "c", Token: ucTokC, Adapters: []domain.AdapterConfig{ucExecAdapter("exec", 2, "upper")}},
+	}
+}
+
+func TestReloadUseCase(t *testing.T) {
+	edit := func(f func(recs []domain.NodeRecord) []domain.NodeRecord) []domain.NodeRecord {
+		return f(ucReloadRecords())
+	}
+	tests := []struct {
+		name      string
+		next      []domain.NodeRecord
+		loadErr   error
+		pushErr   map[string]error
+		wantCode  string
+		want      edge.ReloadResult
+		wantClose map[string]string // node → reason its link was closed with
+		// wantAdapters is the exec target set each refreshed node now has.
+		wantTargets map[string][]string
+	}{
+		{name: "invalid source changes nothing",
+			loadErr:  errors.New("edge.yaml:12: field tokn not found in type config.NodeEntry"),
+			wantCode: domain.CodeConfigError},
+		{name: "unchanged pushes nothing",
+			next: ucReloadRecords(),
+			want: edge.ReloadResult{Nodes: 3, Unchanged: []string{"a", "b", "c"}}},
+		{name: "changed adapters are pushed",
+			next: edit(func(r []domain.NodeRecord) []domain.NodeRecord {
+				r[0].Adapters = []domain.AdapterConfig{ucExecAdapter("exec", 2, "upper", "lower")}
+				return r
+			}),
+			want:        edge.ReloadResult{Nodes: 3, Refreshed: []string{"a"}, Unchanged: []string{"b", "c"}},
+			wantTargets: map[string][]string{"a": {"lower", "upper"}}},
+		{name: "removed node and changed token are disconnected",
+			next: edit(func(r []domain.NodeRecord) []domain.NodeRecord {
+				r[2].Token = "reload-token-c-rotated-000"
+				return r[1:]
+			}),
+			want:      edge.ReloadResult{Nodes: 2, Disconnected: []string{"a", "c"}, Unchanged: []string{"b"}},
+			wantClose: map[string]string{"a": "removed from config", "c": "token changed"}},
+		{name: "a push that fails is reported and the old config stays",
+			next: edit(func(r []domain.NodeRecord) []domain.NodeRecord {
+				r[0].Adapters[0].MaxConcurrency = 9
+				r[1].Adapters[0].MaxConcurrency = 9
+				return r
+			}),
+			pushErr:     map[string]error{"a": domain.Errorf(domain.CodeTimeout, "no answer")},
+			want:        edge.ReloadResult{Nodes: 3, Refreshed: []string{"b"}, Unchanged: []string{"c"}, Failed: []string{"a: timeout: no answer"}},
+			wantTargets: map[string][]string{"b": {"upper"}}},
+		{name: "a record that cannot be built rejects the whole reload",
+			next: edit(func(r []domain.NodeRecord) []domain.NodeRecord {
+				r[0].Adapters = append(r[0].Adapters, domain.AdapterConfig{Name: "x", Type: "teleport"})
+				r[1].Adapters[0].MaxConcurrency = 9
+				return r
+			}),
+			wantCode: domain.CodeConfigError},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, reg, bus := &ucDir{recs: ucReloadRecords()}, edge.NewRegistry(), newUCBus()
+			versions := &edge.ConfigVersions{}
+			reg1 := edge.NewRegisterHandler(dir, reg, bus, versions, nil)
+			links := map[string]*ucLink{}
+			before := map[string]domain.NodeConfig{}
+			for id, tok := range map[string]string{"a": ucTokA, "b": ucTokB, "c": ucTokC} {
+				l := &ucLink{id: id, pushErr: tc.pushErr[id]}
+				l.onClose = func(reason string) { reg1.Disconnected(id, l, reason) } // as the transport does
+				cfg, err := reg1.Register(context.Background(), tok, domain.NodeInfo{}, "r-"+id, l)
+				if err != nil {
+					t.Fatalf("register %s: %v", id, err)
+				}
+				links[id], before[id] = l, cfg
+			}
+			busBefore := len(bus.all())
+			oldRecs := dir.Records()
+
+			h := edge.NewReloadHandler(&ucSource{recs: tc.next, err: tc.loadErr}, dir, reg, bus, versions, nil)
+			res, err := h.Handle(context.Background())
+			if got := ucCode(err); got != tc.wantCode {
+				t.Fatalf("Handle = %+v, %v (code %q), want code %q", res, err, got, tc.wantCode)
+			}
+			newEvents := bus.all()[busBefore:]
+			if tc.wantCode != "" {
+				if dir.replacements() != 0 || !reflect.DeepEqual(dir.Records(), oldRecs) {
+					t.Fatal("a rejected reload changed the directory")
+				}
+				if len(newEvents) != 0 {
+					t.Fatalf("a rejected reload published %s", ucDescribe(newEvents))
+				}
+				for id, l := range links {
+					_, _, _, _, pushed, closes := l.snapshot()
+					if len(pushed) != 0 || len(closes) != 0 {
+						t.Fatalf("node %s: pushed %v, closed %v after a rejected reload", id, pushed, closes)
+					}
+					if n, ok := reg.Get(id); !ok || !reflect.DeepEqual(n.Config, before[id]) {
+						t.Fatalf("node %s changed after a rejected reload: %+v", id, n)
+					}
+				}
+				return
+			}
+			ucNormalize := func(s []string) []string {
+				if s == nil {
+					return []string{}
+				}
+				return s
+			}
+			want := tc.want
+			want.Refreshed, want.Disconnected, want.Unchanged = ucNormalize(want.Refreshed), ucNormalize(want.Disconnected), ucNormalize(want.Unchanged)
+			if !reflect.DeepEqual(res, want) {
+				t.Fatalf("result = %+v, want %+v", res, want)
+			}
+			if !reflect.DeepEqual(dir.Records(), tc.next) {
+				t.Fatal("the directory does not hold the new records")
+			}
+			for id, l := range links {
+				_, _, _, _, pushed, closes := l.snapshot()
+				// Pushes.
+				if targets, ok := tc.wantTargets[id]; ok {
+					if len(pushed) != 1 {
+						t.Fatalf("node %s got %d pushes, want 1", id, len(pushed))
+					}
+					cfg := pushed[0]
+					if cfg.Version <= before[id].Version || cfg.NodeID != id {
+						t.Fatalf("node %s pushed %+v, want a version above %d", id, cfg, before[id].Version)
+					}
+					var got []string
+					for name := range cfg.Adapters[0].Targets {
+						got = append(got, name)
+					}
+					slices.Sort(got)
+					if !slices.Equal(got, targets) {
+						t.Fatalf("node %s pushed targets %v, want %v", id, got, targets)
+					}
+					if n, _ := reg.Get(id); !reflect.DeepEqual(n.Config, cfg) {
+						t.Fatalf("registry config of %s = %+v, want the pushed %+v", id, n.Config, cfg)
+					}
+					if !slices.ContainsFunc(newEvents, func(ev domain.BusEvent) bool {
+						return ev.Type == domain.BusNodeConfigRefreshed && ev.Node == id
+					}) {
+						t.Fatalf("no node.config_refreshed for %s: %s", id, ucDescribe(newEvents))
+					}
+				} else {
+					if len(pushed) != 0 {
+						t.Fatalf("node %s got pushes %+v, want none", id, pushed)
+					}
+					if slices.ContainsFunc(newEvents, func(ev domain.BusEvent) bool {
+						return ev.Type == domain.BusNodeConfigRefreshed && ev.Node == id
+					}) {
+						t.Fatalf("node.config_refreshed for %s without a push", id)
+					}
+					if n, ok := reg.Get(id); ok && !reflect.DeepEqual(n.Config, before[id]) {
+						t.Fatalf("registry config of %s changed without a push", id)
+					}
+				}
+				// Disconnects.
+				if reason, ok := tc.wantClose[id]; ok {
+					if !slices.Equal(closes, []string{reason}) {
+						t.Fatalf("node %s closed with %v, want [%s]", id, closes, reason)
+					}
+					if _, still := reg.Get(id); still {
+						t.Fatalf("node %s is still registered", id)
+					}
+					if !slices.ContainsFunc(newEvents, func(ev domain.BusEvent) bool {
+						return ev.Type == domain.BusNodeDisconnected && ev.Node == id && ev.Reason == reason
+					}) {
+						t.Fatalf("no node.disconnected for %s with reason %q: %s", id, reason, ucDescribe(newEvents))
+					}
+				} else if len(closes) != 0 {
+					t.Fatalf("node %s closed: %v", id, closes)
+				}
+			}
+			if !slices.ContainsFunc(newEvents, func(ev domain.BusEvent) bool { return ev.Type == domain.BusConfigReloaded }) {
+				t.Fatalf("no config.reloaded event: %s", ucDescribe(newEvents))
+			}
+		})
+	}
+}

@@ -1,0 +1,397 @@
+package edge_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"slices"
+	"testing"
+	"time"
+
+	"iop/application/edge"
+	"iop/domain"
+)
+
+// ucEdge is the edge's run path over fake nodes.
+type ucEdge struct {
+	reg    *edge.Registry
+	runs   *edge.RunTracker
+	bus    *ucBus
+	submit *edge.SubmitRunHandler
+	links  map[string]*ucLink
+}
+
+// ucNodeSpec is one connected node: its id and the adapters it offers.
+type ucNodeSpec struct {
+	id       string
+	adapters []string
+}
+
+func newUCEdge(t *testing.T, nodes ...ucNodeSpec) *ucEdge {
+	t.Helper()
+	e := &ucEdge{reg: edge.NewRegistry(), runs: edge.NewRunTracker(0), bus: newUCBus(), links: map[string]*ucLink{}}
+	for _, n := range nodes {
+		e.links[n.id] = ucAdmit(t, e.reg, n.id, n.adapters...)
+	}
+	e.submit = edge.NewSubmitRunHandler(e.reg, e.runs, e.bus, nil)
+	t.Cleanup(func() { ucWithin(t, "SubmitRunHandler.Stop", e.submit.Stop) })
+	return e
+}
+
+func (e *ucEdge) inFlight(t *testing.T, node string) int {
+	t.Helper()
+	n, ok := e.reg.Get(node)
+	if !ok {
+		t.Fatalf("node %s is not registered", node)
+	}
+	return n.RunsInFlight
+}
+
+// ucNext calls Next with a deadline.
+func ucNext(t *testing.T, rh *edge.RunHandle) (domain.RunEvent, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), ucWait)
+	defer cancel()
+	ev, err := rh.Next(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("Next did not answer within %s", ucWait)
+	}
+	return ev, err
+}
+
+func ucEv(seq uint64, typ domain.EventType, text string) domain.RunEvent {
+	ev := domain.RunEvent{Seq: seq, Type: typ, Text: text}
+	if typ == domain.EventError {
+		ev.Error = &domain.ErrorInfo{Code: "boom", Message: text}
+	}
+	return ev
+}
+
+func TestSubmitRunPicksNode(t *testing.T) {
+	tests := []struct {
+		name  string
+		nodes []ucNodeSpec
+		// busy lists runs already in flight, by node (explicitly placed).
+		busy     map[string]int
+		cmd      edge.SubmitRun
+		wantNode string
+		wantCode string
+	}{
+		{name: "explicit node",
+			nodes:    []ucNodeSpec{{"a", []string{"exec"}}, {"b", []string{"exec"}}},
+			busy:     map[string]int{"a": 0, "b": 3},
+			cmd:      edge.SubmitRun{Node: "b", Adapter: "exec", Target: "t"},
+			wantNode: "b"},
+		{name: "unknown explicit node",
+			nodes:    []ucNodeSpec{{"a", []string{"exec"}}},
+			cmd:      edge.SubmitRun{Node: "zz", Adapter: "exec"},
+			wantCode: domain.CodeNodeNotFound},
+		{name: "single node is used even without the adapter",
+			nodes:    []ucNodeSpec{{"solo", []string{"exec"}}},
+			cmd:      edge.SubmitRun{Adapter: "ollama", Target: "llama3"},
+			wantNode: "solo"},
+		{name: "fewest in flight among nodes offering the adapter",
+			nodes:    []ucNodeSpec{{"a", []string{"exec"}}, {"b", []string{"exec"}}, {"c", []string{"ollama"}}},
+			busy:     map[string]int{"a": 2, "b": 1},
+			cmd:      edge.SubmitRun{Adapter: "exec", Target: "t"},
+			wantNode: "b"},
+		{name: "ties go to the lower id",
+			nodes:    []ucNodeSpec{{"b", []string{"exec"}}, {"a", []string{"exec"}}},
+			cmd:      edge.SubmitRun{Adapter: "exec"},
+			wantNode: "a"},
+		{name: "a busier node offering the adapter beats an idle one that does not",
+			nodes:    []ucNodeSpec{{"a", []string{"exec"}}, {"b", []string{"exec", "ollama"}}},
+			busy:     map[string]int{"b": 3},
+			cmd:      edge.SubmitRun{Adapter: "ollama"},
+			wantNode: "b"},
+		{name: "no node offers the adapter",
+			nodes:    []ucNodeSpec{{"a", []string{"exec"}}, {"b", []string{"exec"}}},
+			cmd:      edge.SubmitRun{Adapter: "codex"},
+			wantCode: domain.CodeNoNodeAvailable},
+		{name: "no node connected",
+			cmd:      edge.SubmitRun{Adapter: "exec"},
+			wantCode: domain.CodeNoNodeAvailable},
+		{name: "adapter missing",
+			nodes:    []ucNodeSpec{{"a", []string{"exec"}}},
+			cmd:      edge.SubmitRun{Target: "t"},
+			wantCode: domain.CodeInvalidRequest},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ucNoLeaks(t)
+			e := newUCEdge(t, tc.nodes...)
+			for node, n := range tc.busy {
+				for range n {
+					if _, err := e.submit.Handle(context.Background(), edge.SubmitRun{Node: node, Adapter: "exec"}); err != nil {
+						t.Fatalf("preload %s: %v", node, err)
+					}
+				}
+			}
+			startedBefore := map[string]int{}
+			for id, l := range e.links {
+				s, _, _, _, _, _ := l.snapshot()
+				startedBefore[id] = len(s)
+			}
+
+			cmd := tc.cmd
+			cmd.Input, cmd.SessionID, cmd.Options = []byte("hello"), "sess-1", []byte(`{"k":1}`)
+			rh, err := e.submit.Handle(context.Background(), cmd)
+			if got := ucCode(err); got != tc.wantCode {
+				t.Fatalf("Handle error = %v (code %q), want %q", err, got, tc.wantCode)
+			}
+			for id, l := range e.links {
+				started, _, _, _, _, _ := l.snapshot()
+				grew := len(started) - startedBefore[id]
+				if id == tc.wantNode && tc.wantCode == "" {
+					if grew != 1 {
+						t.Fatalf("node %s started %d runs, want 1", id, grew)
+					}
+					req := started[len(started)-1]
+					if req.RunID != rh.RunID || req.RunID == "" || req.Adapter != cmd.Adapter || req.Target != cmd.Target ||
+						string(req.Input) != "hello" || req.SessionID != "sess-1" || string(req.Options) != `{"k":1}` || req.Background {
+						t.Fatalf("node %s got request %+v for handle %s", id, req, rh.RunID)
+					}
+					if rh.Node != id {
+						t.Fatalf("handle names node %s, want %s", rh.Node, id)
+					}
+					if node, active, known := e.runs.Lookup(rh.RunID); !known || !active || node != id {
+						t.Fatalf("tracker has %s: node %q active %v known %v", rh.RunID, node, active, known)
+					}
+					if got, want := e.inFlight(t, id), tc.busy[id]+1; got != want {
+						t.Fatalf("node %s has %d runs in flight, want %d", id, got, want)
+					}
+				} else if grew != 0 {
+					t.Fatalf("node %s started %d runs, want none", id, grew)
+				}
+			}
+		})
+	}
+}
+
+func TestSubmitRunStartFailureReleasesTheSlot(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+	e.links["a"].startErr = domain.Errorf(domain.CodeNodeDisconnected, "link down")
+	_, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec"})
+	if !errors.Is(err, domain.ErrNodeDisconnected) {
+		t.Fatalf("err = %v, want node_disconnected", err)
+	}
+	if got := e.inFlight(t, "a"); got != 0 {
+		t.Fatalf("%d runs in flight after a failed start", got)
+	}
+}
+
+func TestSubmitRunRelaysEventsInOrder(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}}, ucNodeSpec{"b", []string{"exec"}})
+	rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Node: "a", Adapter: "exec", Target: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage := &domain.Usage{PromptTokens: 3, CompletionTokens: 4}
+	script := []domain.RunEvent{
+		ucEv(1, domain.EventStart, ""),
+		ucEv(2, domain.EventDelta, "hel"),
+		ucEv(3, domain.EventReasoningDelta, "hmm"),
+		ucEv(4, domain.EventDelta, "lo"),
+		{Seq: 5, Type: domain.EventComplete, Usage: usage},
+	}
+	e.links["a"].stream(t, rh.RunID).push(script...)
+
+	var got []domain.RunEvent
+	for {
+		ev, err := ucNext(t, rh)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("Next: %v", err)
+		}
+		got = append(got, ev)
+		if len(got) > len(script) {
+			t.Fatalf("Next keeps returning events after the terminal one: %+v", got)
+		}
+	}
+	if len(got) != len(script) {
+		t.Fatalf("got %d events, want %d", len(got), len(script))
+	}
+	for i, ev := range got {
+		if ev.Seq != script[i].Seq || ev.Type != script[i].Type || ev.Text != script[i].Text || ev.RunID != rh.RunID {
+			t.Fatalf("event %d = %+v, want %+v with run id %s", i, ev, script[i], rh.RunID)
+		}
+	}
+	if got[4].Usage == nil || got[4].Usage.CompletionTokens != 4 {
+		t.Fatalf("usage lost: %+v", got[4].Usage)
+	}
+	if _, err := ucNext(t, rh); !errors.Is(err, io.EOF) {
+		t.Fatalf("Next after the end = %v, want io.EOF", err)
+	}
+	onBus := e.bus.runEvents(rh.RunID)
+	if len(onBus) != len(script) {
+		t.Fatalf("bus has %d run events, want %d: %s", len(onBus), len(script), ucDescribe(e.bus.all()))
+	}
+	for i, ev := range onBus {
+		if ev.Seq != script[i].Seq || ev.Type != script[i].Type {
+			t.Fatalf("bus event %d = %+v, want %+v", i, ev, script[i])
+		}
+	}
+	for _, bev := range e.bus.ofType(domain.BusRunEvent) {
+		if bev.Node != "a" {
+			t.Fatalf("run event published for node %q, want a", bev.Node)
+		}
+	}
+	// The run's slot is given back once the terminal event went by, so the
+	// next auto-placed run ties and goes to the lower id again.
+	if got := e.inFlight(t, "a"); got != 0 {
+		t.Fatalf("%d runs in flight on a after the terminal event", got)
+	}
+	if _, active, known := e.runs.Lookup(rh.RunID); active || !known {
+		t.Fatalf("tracker: active %v known %v, want finished", active, known)
+	}
+	rh2, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec"})
+	if err != nil || rh2.Node != "a" {
+		t.Fatalf("next run went to %v (%v), want a", rh2, err)
+	}
+	rh.Close() // after the end: nothing to cancel
+	if c := e.links["a"].cancelCalls(); len(c) != 0 {
+		t.Fatalf("Close after the terminal event cancelled %v", c)
+	}
+}
+
+func TestSubmitRunLinkFailureEndsTheRun(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+	}{
+		{"node disconnected", domain.Errorf(domain.CodeNodeDisconnected, "connection lost: heartbeat timeout")},
+		{"stream reset", domain.Errorf(domain.CodeStreamReset, "node reset the stream: flow_control")},
+		{"stream ended early", io.EOF},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ucNoLeaks(t)
+			e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+			rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := e.links["a"].stream(t, rh.RunID)
+			s.push(ucEv(1, domain.EventStart, ""), ucEv(2, domain.EventDelta, "partial"))
+			s.fail(tc.err)
+			for want := uint64(1); want <= 2; want++ {
+				if ev, err := ucNext(t, rh); err != nil || ev.Seq != want {
+					t.Fatalf("event %d = %+v, %v", want, ev, err)
+				}
+			}
+			ev, err := ucNext(t, rh)
+			if err != nil {
+				t.Fatalf("Next after a link failure = %v, want a synthesized terminal event", err)
+			}
+			if ev.Type != domain.EventError || ev.Error == nil || ev.Error.Code != domain.CodeNodeDisconnected || ev.Seq != 3 || ev.RunID != rh.RunID || ev.Time.IsZero() {
+				t.Fatalf("synthesized event = %+v (error %+v), want error node_disconnected seq 3", ev, ev.Error)
+			}
+			if _, err := ucNext(t, rh); !errors.Is(err, io.EOF) {
+				t.Fatalf("Next after the synthesized terminal = %v, want io.EOF", err)
+			}
+			onBus := e.bus.runEvents(rh.RunID)
+			if len(onBus) != 3 || onBus[2].Error == nil || onBus[2].Error.Code != domain.CodeNodeDisconnected {
+				t.Fatalf("bus run events = %+v", onBus)
+			}
+			if got := e.inFlight(t, "a"); got != 0 {
+				t.Fatalf("%d runs in flight after the link failed", got)
+			}
+		})
+	}
+}
+
+func TestSubmitRunCallerLeaves(t *testing.T) {
+	tests := []struct {
+		name string
+		// nodeAnswers: the node ends the run with cancelled when asked.
+		nodeAnswers  bool
+		drainTimeout time.Duration
+		wantTerminal domain.EventType // on the bus; "" for none
+	}{
+		{name: "cancelled on the node and drained to the end", nodeAnswers: true, drainTimeout: ucWait, wantTerminal: domain.EventCancelled},
+		{name: "a node that never answers is abandoned after the drain timeout", nodeAnswers: false, drainTimeout: 20 * time.Millisecond},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ucNoLeaks(t)
+			e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+			e.submit.DrainTimeout = tc.drainTimeout
+			link := e.links["a"]
+			link.cancelEnds = tc.nodeAnswers
+			rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := link.stream(t, rh.RunID)
+			s.push(ucEv(1, domain.EventStart, ""))
+			if ev, err := ucNext(t, rh); err != nil || ev.Type != domain.EventStart {
+				t.Fatalf("first event = %+v, %v", ev, err)
+			}
+			rh.Close()
+			select {
+			case <-s.closed:
+			case <-time.After(ucWait):
+				t.Fatal("the run's stream was never let go")
+			}
+			if got := link.cancelCalls(); !slices.Equal(got, []string{rh.RunID}) {
+				t.Fatalf("CancelRun calls = %v, want [%s]", got, rh.RunID)
+			}
+			if tc.wantTerminal != "" {
+				evs := e.bus.waitTerminal(t, rh.RunID)
+				if last := evs[len(evs)-1]; last.Type != tc.wantTerminal {
+					t.Fatalf("bus terminal = %+v, want %s", last, tc.wantTerminal)
+				}
+			} else if evs := e.bus.runEvents(rh.RunID); len(evs) != 1 {
+				t.Fatalf("bus run events = %+v, want only the start", evs)
+			}
+			ucEventually(t, "the slot to be released", func() bool { return e.inFlight(t, "a") == 0 })
+			if _, active, _ := e.runs.Lookup(rh.RunID); active {
+				t.Fatal("tracker still has the abandoned run in flight")
+			}
+		})
+	}
+}
+
+func TestSubmitRunBackgroundIsDrainedByTheEdge(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+	rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rh.Background || rh.RunID == "" || rh.Node != "a" {
+		t.Fatalf("handle = %+v", rh)
+	}
+	started, _, _, _, _, _ := e.links["a"].snapshot()
+	if len(started) != 1 || !started[0].Background {
+		t.Fatalf("node got %+v, want one background request", started)
+	}
+	if _, err := ucNext(t, rh); err == nil {
+		t.Fatal("Next on a background handle succeeded; the edge owns its stream")
+	}
+	rh.Close() // the caller leaving must not cancel a background run
+	e.links["a"].stream(t, rh.RunID).push(ucEv(1, domain.EventStart, ""), ucEv(2, domain.EventDelta, "x"), ucEv(3, domain.EventComplete, ""))
+	evs := e.bus.waitTerminal(t, rh.RunID)
+	if len(evs) != 3 || evs[0].Seq != 1 || evs[1].Seq != 2 || evs[2].Type != domain.EventComplete {
+		t.Fatalf("bus run events = %+v", evs)
+	}
+	if c := e.links["a"].cancelCalls(); len(c) != 0 {
+		t.Fatalf("background run was cancelled: %v", c)
+	}
+	ucEventually(t, "the slot to be released", func() bool { return e.inFlight(t, "a") == 0 })
+
+	// A background run that never ends is let go when the edge stops.
+	rh2, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2 := e.links["a"].stream(t, rh2.RunID)
+	ucWithin(t, "Stop with a background run in flight", e.submit.Stop)
+	if !s2.isClosed() {
+		t.Fatal("Stop left the background run's stream open")
+	}
+}

@@ -1,0 +1,87 @@
+package edge
+
+import (
+	"sort"
+	"sync"
+
+	"iop/domain"
+)
+
+// UsageLine is the usage of provider tunnels summed for one node, provider
+// and model.
+type UsageLine struct {
+	Node     string
+	Provider string
+	Model    string
+	// Requests counts finished tunnels; Errors those that ended with an
+	// error (link lost, provider failure, caller gone) rather than an end.
+	Requests         int64
+	Errors           int64
+	PromptTokens     int64
+	CompletionTokens int64
+	TotalTokens      int64
+	// BodyBytes counts response body bytes relayed to callers.
+	BodyBytes int64
+}
+
+type usageKey struct{ node, provider, model string }
+
+// UsageLedger sums provider tunnel usage per node, provider and model, for
+// usage_status. It lives in memory and starts empty with the edge. It is
+// safe for concurrent use.
+type UsageLedger struct {
+	mu    sync.Mutex
+	lines map[usageKey]*UsageLine
+}
+
+// NewUsageLedger returns an empty ledger.
+func NewUsageLedger() *UsageLedger { return &UsageLedger{lines: map[usageKey]*UsageLine{}} }
+
+// Record adds one finished tunnel of node to the ledger. The model is the
+// one the caller asked for, or, when it named none, the one the provider
+// reported in its usage.
+func (l *UsageLedger) Record(node string, s domain.TunnelSummary) {
+	model := s.Model
+	if model == "" && s.Usage != nil {
+		model = s.Usage.Model
+	}
+	k := usageKey{node, s.Provider, model}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	line := l.lines[k]
+	if line == nil {
+		line = &UsageLine{Node: node, Provider: s.Provider, Model: model}
+		l.lines[k] = line
+	}
+	line.Requests++
+	if s.Error != "" {
+		line.Errors++
+	}
+	line.BodyBytes += s.BodyBytes
+	if u := s.Usage; u != nil {
+		line.PromptTokens += u.PromptTokens
+		line.CompletionTokens += u.CompletionTokens
+		line.TotalTokens += u.Total()
+	}
+}
+
+// Snapshot returns a copy of every line, sorted by node, provider and model.
+func (l *UsageLedger) Snapshot() []UsageLine {
+	l.mu.Lock()
+	out := make([]UsageLine, 0, len(l.lines))
+	for _, line := range l.lines {
+		out = append(out, *line)
+	}
+	l.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.Node != b.Node {
+			return a.Node < b.Node
+		}
+		if a.Provider != b.Provider {
+			return a.Provider < b.Provider
+		}
+		return a.Model < b.Model
+	})
+	return out
+}

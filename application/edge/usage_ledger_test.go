@@ -1,0 +1,61 @@
+package edge_test
+
+import (
+	"sync"
+	"testing"
+
+	"iop/application/edge"
+	"iop/domain"
+)
+
+func TestUsageLedger(t *testing.T) {
+	l := edge.NewUsageLedger()
+	if s := l.Snapshot(); len(s) != 0 {
+		t.Fatalf("new ledger = %+v", s)
+	}
+	l.Record("b", domain.TunnelSummary{Provider: "p", Model: "m", BodyBytes: 10, Usage: &domain.Usage{PromptTokens: 3, CompletionTokens: 4}})
+	l.Record("a", domain.TunnelSummary{Provider: "q", Model: "m", BodyBytes: 1, Error: "provider_error: reset"})
+	l.Record("b", domain.TunnelSummary{Provider: "p", Model: "m", BodyBytes: 5, Usage: &domain.Usage{PromptTokens: 1, CompletionTokens: 1, TotalTokens: 9}})
+	// No requested model: the provider's reported one is used.
+	l.Record("a", domain.TunnelSummary{Provider: "q", BodyBytes: 2, Usage: &domain.Usage{TotalTokens: 2, Model: "reported"}})
+	l.Record("a", domain.TunnelSummary{Provider: "q", BodyBytes: 3})
+
+	want := []edge.UsageLine{
+		{Node: "a", Provider: "q", Model: "", Requests: 1, BodyBytes: 3},
+		{Node: "a", Provider: "q", Model: "m", Requests: 1, Errors: 1, BodyBytes: 1},
+		{Node: "a", Provider: "q", Model: "reported", Requests: 1, TotalTokens: 2, BodyBytes: 2},
+		{Node: "b", Provider: "p", Model: "m", Requests: 2, PromptTokens: 4, CompletionTokens: 5, TotalTokens: 16, BodyBytes: 15},
+	}
+	got := l.Snapshot()
+	if len(got) != len(want) {
+		t.Fatalf("snapshot = %+v", got)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("line %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	got[0].Requests = 99
+	if l.Snapshot()[0].Requests != 1 {
+		t.Fatal("snapshot shares memory with the ledger")
+	}
+}
+
+func TestUsageLedgerConcurrent(t *testing.T) {
+	l := edge.NewUsageLedger()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 100 {
+				l.Record("n", domain.TunnelSummary{Provider: "p", Model: "m", BodyBytes: 1, Usage: &domain.Usage{TotalTokens: 1}})
+				_ = l.Snapshot()
+			}
+		}()
+	}
+	wg.Wait()
+	if s := l.Snapshot(); len(s) != 1 || s[0].Requests != 800 || s[0].TotalTokens != 800 || s[0].BodyBytes != 800 {
+		t.Fatalf("snapshot = %+v", s)
+	}
+}

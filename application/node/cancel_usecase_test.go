@@ -1,0 +1,233 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+func TestCancelRun(t *testing.T) {
+	tests := []struct {
+		name string
+		// state of r1 when cancelled: "active", "completing" (the adapter
+		// has emitted complete but not returned), "finished" or "unknown".
+		state    string
+		wantErr  error
+		wantTerm domain.EventType
+	}{
+		{name: "active run is cancelled", state: "active", wantTerm: domain.EventCancelled},
+		{name: "run whose adapter already completed", state: "completing", wantErr: domain.ErrRunFinished, wantTerm: domain.EventComplete},
+		{name: "finished run", state: "finished", wantErr: domain.ErrRunFinished, wantTerm: domain.EventComplete},
+		{name: "unknown run", state: "unknown", wantErr: domain.ErrRunNotFound},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ucNoLeaks(t)
+			completed, gate := make(chan struct{}), make(chan struct{})
+			a := newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{
+				"block": ucBlock(ucDelta("working")),
+				"hold": func(_ context.Context, _ domain.RunRequest, sink ports.EventSink) error {
+					_ = sink.Emit(ucComplete(nil))
+					close(completed)
+					<-gate // still cleaning up when the cancel arrives
+					return nil
+				},
+				"": ucEmit(nil, ucDelta("x")),
+			})
+			n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
+
+			// What a caller sees the moment the terminal event reaches it.
+			var (
+				atTerminal   domain.RunStatus
+				nextTerminal domain.EventType
+			)
+			out := newUCOutput()
+			out.onTerminal = func(domain.RunEvent) {
+				if r, err := n.store.GetRun(context.Background(), "r1"); err == nil {
+					atTerminal = r.Status()
+				}
+				// Not n.run: this runs on the run manager's goroutine, not the test's.
+				next := n.start(ucReq("r2", "a", ""))
+				select {
+				case <-next.closed:
+					if evs := next.all(); len(evs) > 0 {
+						nextTerminal = evs[len(evs)-1].Type
+					}
+				case <-time.After(ucWait):
+				}
+			}
+			switch tc.state {
+			case "active":
+				go n.runs.ExecuteRun(ucReq("r1", "a", "block"), out)
+				a.waitStarted(t, "r1")
+			case "completing":
+				go n.runs.ExecuteRun(ucReq("r1", "a", "hold"), out)
+				<-completed
+			case "finished":
+				go n.runs.ExecuteRun(ucReq("r1", "a", ""), out)
+				out.waitClosed(t)
+			default:
+				out = nil
+			}
+			err := n.runs.CancelRun(context.Background(), "r1")
+			if (err == nil) != (tc.wantErr == nil) || (tc.wantErr != nil && !errors.Is(err, tc.wantErr)) {
+				t.Fatalf("CancelRun = %v, want %v", err, tc.wantErr)
+			}
+			close(gate)
+			if out == nil {
+				return
+			}
+			evs := out.waitClosed(t)
+			term := ucCheckStream(t, "r1", evs) // exactly one terminal, last
+			if term.Type != tc.wantTerm {
+				t.Fatalf("run ended %s, want %s", ucTypes(evs), tc.wantTerm)
+			}
+			if tc.wantTerm == domain.EventCancelled && (term.Error == nil || term.Error.Code != domain.CodeCancelled) {
+				t.Fatalf("cancelled event error = %+v", term.Error)
+			}
+			// When the terminal event reaches the caller, the store is final
+			// and the slot is free: a new run on this MaxConcurrency-1
+			// adapter is admitted at once.
+			if want := domain.StatusFor(tc.wantTerm); atTerminal != want {
+				t.Fatalf("store said %q when the terminal event arrived, want %s", atTerminal, want)
+			}
+			if nextTerminal != domain.EventComplete {
+				t.Fatalf("run started when the terminal event arrived ended %s, want complete", nextTerminal)
+			}
+			if s := n.stored(t, "r1"); s.Status != domain.StatusFor(tc.wantTerm) {
+				t.Fatalf("stored status = %s, want %s", s.Status, domain.StatusFor(tc.wantTerm))
+			}
+			if err := n.runs.CancelRun(context.Background(), "r1"); !errors.Is(err, domain.ErrRunFinished) {
+				t.Fatalf("cancel after the end = %v, want run_finished", err)
+			}
+		})
+	}
+}
+
+// TestCancelRaceWithCompletion cancels runs at the moment their adapter
+// finishes: whichever wins, the run has exactly one terminal event, and
+// CancelRun reports success exactly when that event is cancelled.
+func TestCancelRaceWithCompletion(t *testing.T) {
+	tests := []struct {
+		name   string
+		finish func(sink ports.EventSink) error // what the adapter does when released
+	}{
+		{name: "adapter emits complete", finish: func(sink ports.EventSink) error {
+			_ = sink.Emit(ucComplete(&domain.Usage{TotalTokens: 1}))
+			return nil
+		}},
+		{name: "adapter returns without a terminal", finish: func(ports.EventSink) error { return nil }},
+		{name: "adapter fails", finish: func(ports.EventSink) error { return errors.New("crashed") }},
+	}
+	const iterations = 200
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ucNoLeaks(t)
+			var mu sync.Mutex
+			gates := map[string]chan struct{}{}
+			a := newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{
+				"": func(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
+					mu.Lock()
+					gate := gates[req.RunID]
+					mu.Unlock()
+					_ = sink.Emit(ucDelta("x"))
+					<-gate // deliberately deaf to ctx: completion and cancel race
+					return tc.finish(sink)
+				},
+			})
+			n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
+			won := map[domain.EventType]int{}
+			for i := range iterations {
+				id := fmt.Sprintf("race-%d", i)
+				gate := make(chan struct{})
+				mu.Lock()
+				gates[id] = gate
+				mu.Unlock()
+				out := n.start(ucReq(id, "a", ""))
+				a.waitStarted(t, id)
+
+				ready := make(chan struct{})
+				var cancelErr error
+				var wg sync.WaitGroup
+				wg.Add(2)
+				go func() { defer wg.Done(); <-ready; close(gate) }()
+				go func() { defer wg.Done(); <-ready; cancelErr = n.runs.CancelRun(context.Background(), id) }()
+				close(ready)
+				wg.Wait()
+
+				evs := out.waitClosed(t)
+				term := ucCheckStream(t, id, evs)
+				switch {
+				case term.Type == domain.EventCancelled:
+					if cancelErr != nil {
+						t.Fatalf("iteration %d: run was cancelled but CancelRun = %v", i, cancelErr)
+					}
+				case cancelErr == nil:
+					t.Fatalf("iteration %d: CancelRun succeeded but the run ended %s", i, ucTypes(evs))
+				case !errors.Is(cancelErr, domain.ErrRunFinished):
+					t.Fatalf("iteration %d: CancelRun = %v, want run_finished", i, cancelErr)
+				}
+				if s := n.stored(t, id); s.Status != domain.StatusFor(term.Type) {
+					t.Fatalf("iteration %d: stored %s for terminal %s", i, s.Status, term.Type)
+				}
+				won[term.Type]++
+			}
+			t.Logf("terminal events over %d races: %v", iterations, won)
+		})
+	}
+}
+
+func TestRecoverMarksUnfinishedRunsFailed(t *testing.T) {
+	ucNoLeaks(t)
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, nil)})
+	ctx := context.Background()
+	now := time.Now()
+	tests := []struct {
+		id         string
+		setup      func(r *domain.Run) // brings a fresh queued run to its state
+		wantStatus domain.RunStatus
+		wantCode   string
+	}{
+		{id: "queued", setup: func(*domain.Run) {}, wantStatus: domain.RunFailed, wantCode: domain.CodeRunFailed},
+		{id: "running", setup: func(r *domain.Run) { _ = r.Start(now) }, wantStatus: domain.RunFailed, wantCode: domain.CodeRunFailed},
+		{id: "succeeded", setup: func(r *domain.Run) { _ = r.Start(now); _ = r.Finish(ucComplete(nil), now) }, wantStatus: domain.RunSucceeded},
+		{id: "cancelled", setup: func(r *domain.Run) {
+			_ = r.Start(now)
+			_ = r.Finish(domain.RunEvent{Type: domain.EventCancelled, Error: &domain.ErrorInfo{Code: domain.CodeCancelled}}, now)
+		}, wantStatus: domain.RunCancelled, wantCode: domain.CodeCancelled},
+		{id: "failed", setup: func(r *domain.Run) {
+			_ = r.Start(now)
+			_ = r.Finish(domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{Code: "exit_1"}}, now)
+		}, wantStatus: domain.RunFailed, wantCode: "exit_1"},
+	}
+	for _, tc := range tests {
+		r, err := domain.NewRun(ucReq(tc.id, "a", "t"), now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.setup(r)
+		if err := n.store.CreateRun(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.runs.Recover(ctx); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	for _, tc := range tests {
+		t.Run(tc.id, func(t *testing.T) {
+			s := n.stored(t, tc.id)
+			if s.Status != tc.wantStatus || s.ErrorCode != tc.wantCode {
+				t.Fatalf("after Recover: %s (%q), want %s (%q)", s.Status, s.ErrorCode, tc.wantStatus, tc.wantCode)
+			}
+			if tc.wantStatus == domain.RunFailed && s.FinishedAt.IsZero() {
+				t.Fatal("recovered run has no finish time")
+			}
+		})
+	}
+}

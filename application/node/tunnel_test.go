@@ -1,0 +1,264 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"iop/application/node"
+	"iop/domain"
+	"iop/ports"
+)
+
+// tnFactory builds no adapters: the tunnel tests configure providers only.
+type tnFactory struct{}
+
+func (tnFactory) Build(cfg domain.AdapterConfig) (ports.RuntimeAdapter, error) {
+	return nil, errors.New("no adapters in tunnel tests")
+}
+
+// tnRead is one scripted answer of a provider body.
+type tnRead struct {
+	data string
+	err  error
+}
+
+// tnBody replays reads; after the script it returns io.EOF. It counts
+// reads and records Close.
+type tnBody struct {
+	mu     sync.Mutex
+	script []tnRead
+	reads  int
+	closed bool
+}
+
+func (b *tnBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.reads++
+	if len(b.script) == 0 {
+		return 0, io.EOF
+	}
+	r := b.script[0]
+	b.script = b.script[1:]
+	return copy(p, r.data), r.err
+}
+
+func (b *tnBody) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	return nil
+}
+
+// tnClient is a ports.ProviderClient answering with a scripted response or
+// error, recording what it was asked.
+type tnClient struct {
+	resp *ports.ProviderResponse
+	err  error
+
+	calls   int
+	gotP    domain.ProviderConfig
+	gotReq  domain.TunnelRequest
+	gotBody []byte
+}
+
+func (c *tnClient) Do(ctx context.Context, p domain.ProviderConfig, req domain.TunnelRequest, body io.Reader) (*ports.ProviderResponse, error) {
+	c.calls++
+	c.gotP, c.gotReq = p, req
+	if body != nil {
+		c.gotBody, _ = io.ReadAll(body)
+	}
+	return c.resp, c.err
+}
+
+// tnSink records frames; failAt (1-based) makes that Send and every later
+// one fail.
+type tnSink struct {
+	frames []domain.TunnelFrame
+	failAt int
+	sends  int
+}
+
+func (s *tnSink) Send(f domain.TunnelFrame) error {
+	s.sends++
+	if s.failAt > 0 && s.sends >= s.failAt {
+		return errors.New("edge went away")
+	}
+	s.frames = append(s.frames, f)
+	return nil
+}
+
+func (s *tnSink) kinds() string {
+	names := map[domain.TunnelFrameKind]string{
+		domain.TunnelStatus: "status", domain.TunnelHeader: "header", domain.TunnelBody: "body",
+		domain.TunnelUsage: "usage", domain.TunnelMetadata: "metadata", domain.TunnelEnd: "end", domain.TunnelError: "error",
+	}
+	out := make([]string, len(s.frames))
+	for i, f := range s.frames {
+		out[i] = names[f.Kind]
+	}
+	return strings.Join(out, ",")
+}
+
+func (s *tnSink) body() string {
+	var b strings.Builder
+	for _, f := range s.frames {
+		if f.Kind == domain.TunnelBody {
+			b.Write(f.Body)
+		}
+	}
+	return b.String()
+}
+
+func (s *tnSink) last() domain.TunnelFrame { return s.frames[len(s.frames)-1] }
+
+var tnProvider = domain.ProviderConfig{Name: "local", Type: domain.ProviderOllama, BaseURL: "http://127.0.0.1:11434"}
+
+func newTunnelHandler(t *testing.T, c ports.ProviderClient) *node.TunnelHandler {
+	t.Helper()
+	rt := node.NewRuntime(tnFactory{}, nil)
+	if err := rt.Apply(domain.NodeConfig{NodeID: "n1", Version: 1, Providers: []domain.ProviderConfig{tnProvider}}); err != nil {
+		t.Fatal(err)
+	}
+	return node.NewTunnelHandler(rt, c, nil)
+}
+
+func TestTunnelRelaysFramesInOrder(t *testing.T) {
+	body := &tnBody{script: []tnRead{{data: "{\"a\":1}\n"}, {data: "{\"done\":"}, {data: "true}\n", err: io.EOF}}}
+	usage := &domain.Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7}
+	c := &tnClient{resp: &ports.ProviderResponse{
+		Status: 200, Header: http.Header{"Content-Type": {"application/x-ndjson"}}, Body: body,
+		Usage: func() *domain.Usage { return usage },
+	}}
+	h := newTunnelHandler(t, c)
+	sink := &tnSink{}
+	req := domain.TunnelRequest{Provider: "local", Method: http.MethodPost, Path: "/api/chat", Body: []byte(`{"model":"m"`)}
+	h.OpenTunnel(context.Background(), req, strings.NewReader(`,"stream":true}`), sink)
+
+	if got, want := sink.kinds(), "status,header,body,body,body,usage,end"; got != want {
+		t.Fatalf("frames = %s, want %s", got, want)
+	}
+	if sink.frames[0].Status != 200 || sink.frames[1].Header.Get("Content-Type") != "application/x-ndjson" {
+		t.Fatalf("status/header frames = %+v %+v", sink.frames[0], sink.frames[1])
+	}
+	if got := sink.body(); got != "{\"a\":1}\n{\"done\":true}\n" {
+		t.Fatalf("body = %q", got)
+	}
+	if u := sink.frames[5].Usage; u == nil || *u != *usage {
+		t.Fatalf("usage frame = %+v", sink.frames[5].Usage)
+	}
+	if !body.closed {
+		t.Fatal("upstream body not closed")
+	}
+	if c.gotP.Name != tnProvider.Name || c.gotP.BaseURL != tnProvider.BaseURL || c.gotReq.Path != "/api/chat" || string(c.gotBody) != `,"stream":true}` {
+		t.Fatalf("client got provider %+v, req %+v, streamed body %q", c.gotP, c.gotReq, c.gotBody)
+	}
+}
+
+func TestTunnelWithoutUsageEndsAfterBody(t *testing.T) {
+	c := &tnClient{resp: &ports.ProviderResponse{
+		Status: 429, Header: http.Header{"Retry-After": {"2"}},
+		Body:  &tnBody{script: []tnRead{{data: `{"error":"slow down"}`}}},
+		Usage: func() *domain.Usage { return nil },
+	}}
+	sink := &tnSink{}
+	newTunnelHandler(t, c).OpenTunnel(context.Background(), domain.TunnelRequest{Provider: "local", Path: "/api/chat"}, nil, sink)
+	if got, want := sink.kinds(), "status,header,body,end"; got != want {
+		t.Fatalf("frames = %s, want %s", got, want)
+	}
+	if sink.frames[0].Status != 429 || sink.body() != `{"error":"slow down"}` {
+		t.Fatalf("status %d body %q", sink.frames[0].Status, sink.body())
+	}
+}
+
+func TestTunnelProviderNotFound(t *testing.T) {
+	c := &tnClient{}
+	sink := &tnSink{}
+	newTunnelHandler(t, c).OpenTunnel(context.Background(), domain.TunnelRequest{Provider: "nope", Path: "/v1/models"}, nil, sink)
+	if sink.kinds() != "error" || sink.frames[0].Error.Code != domain.CodeProviderNotFound {
+		t.Fatalf("frames = %s %+v", sink.kinds(), sink.frames)
+	}
+	if c.calls != 0 {
+		t.Fatal("provider client was called for an unknown provider")
+	}
+}
+
+func TestTunnelUpstreamErrorBeforeHeaders(t *testing.T) {
+	cases := []struct {
+		name string
+		err  error
+		code string
+	}{
+		{"timeout keeps its code", domain.Errorf(domain.CodeTimeout, "no headers"), domain.CodeTimeout},
+		{"unreachable keeps its code", domain.Errorf(domain.CodeProviderUnreachable, "connection refused"), domain.CodeProviderUnreachable},
+		{"uncoded error becomes unreachable", errors.New("dial tcp: refused"), domain.CodeProviderUnreachable},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sink := &tnSink{}
+			newTunnelHandler(t, &tnClient{err: tc.err}).OpenTunnel(context.Background(), domain.TunnelRequest{Provider: "local", Path: "/api/tags"}, nil, sink)
+			if sink.kinds() != "error" || sink.frames[0].Error.Code != tc.code {
+				t.Fatalf("frames = %s %+v, want one error %s", sink.kinds(), sink.frames, tc.code)
+			}
+		})
+	}
+}
+
+func TestTunnelBodyErrorMidStream(t *testing.T) {
+	body := &tnBody{script: []tnRead{{data: "data: {\"x\":1}\n\n"}, {err: errors.New("connection reset by peer")}}}
+	c := &tnClient{resp: &ports.ProviderResponse{
+		Status: 200, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: body,
+		Usage: func() *domain.Usage { return &domain.Usage{TotalTokens: 1} },
+	}}
+	sink := &tnSink{}
+	newTunnelHandler(t, c).OpenTunnel(context.Background(), domain.TunnelRequest{Provider: "local", Path: "/v1/chat/completions"}, nil, sink)
+	if got, want := sink.kinds(), "status,header,body,error"; got != want {
+		t.Fatalf("frames = %s, want %s (an error, never end)", got, want)
+	}
+	if e := sink.last().Error; e.Code != domain.CodeProviderError || !strings.Contains(e.Message, "reset") {
+		t.Fatalf("error frame = %+v", e)
+	}
+	if !body.closed {
+		t.Fatal("upstream body not closed")
+	}
+}
+
+func TestTunnelBodyErrorAfterCallerLeftSendsNothing(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	body := &tnBody{script: []tnRead{{data: "x"}, {err: context.Canceled}}}
+	c := &tnClient{resp: &ports.ProviderResponse{Status: 200, Header: http.Header{}, Body: body}}
+	sink := &tnSink{}
+	h := newTunnelHandler(t, c)
+	cancel()
+	h.OpenTunnel(ctx, domain.TunnelRequest{Provider: "local", Path: "/api/chat"}, nil, sink)
+	if got, want := sink.kinds(), "status,header,body"; got != want {
+		t.Fatalf("frames = %s, want %s", got, want)
+	}
+}
+
+func TestTunnelSinkFailureStopsReading(t *testing.T) {
+	for _, failAt := range []int{1, 2, 3} { // status, header, first body frame
+		body := &tnBody{script: []tnRead{{data: "a"}, {data: "b"}, {data: "c"}, {data: "d"}}}
+		usageCalled := false
+		c := &tnClient{resp: &ports.ProviderResponse{
+			Status: 200, Header: http.Header{}, Body: body,
+			Usage: func() *domain.Usage { usageCalled = true; return nil },
+		}}
+		sink := &tnSink{failAt: failAt}
+		newTunnelHandler(t, c).OpenTunnel(context.Background(), domain.TunnelRequest{Provider: "local", Path: "/api/chat"}, nil, sink)
+		if sink.sends != failAt {
+			t.Fatalf("failAt %d: %d sends after the sink failed, want none", failAt, sink.sends-failAt)
+		}
+		if wantReads := max(failAt-2, 0); body.reads != wantReads {
+			t.Fatalf("failAt %d: body read %d times, want %d", failAt, body.reads, wantReads)
+		}
+		if !body.closed || usageCalled {
+			t.Fatalf("failAt %d: closed=%v usage read=%v", failAt, body.closed, usageCalled)
+		}
+	}
+}
