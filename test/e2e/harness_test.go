@@ -69,7 +69,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func start(t *testing.T, name string, env []string, args ...string) *proc {
+func start(t testing.TB, name string, env []string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(binDir, name), args...)
 	cmd.Env = append(os.Environ(), env...)
@@ -125,7 +125,7 @@ func (p *proc) waitExit(t *testing.T, within time.Duration) int {
 	return p.cmd.ProcessState.ExitCode()
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -181,7 +181,7 @@ log:
 nodes:%s`, transport, httpAddr, nodes)
 }
 
-func startEdge(t *testing.T, nodes string) *edge {
+func startEdge(t testing.TB, nodes string) *edge {
 	t.Helper()
 	e := &edge{transport: freeAddr(t), config: filepath.Join(t.TempDir(), "edge.yaml")}
 	httpAddr := freeAddr(t)
@@ -194,11 +194,11 @@ func startEdge(t *testing.T, nodes string) *edge {
 	return e
 }
 
-func startEdgeProc(t *testing.T, config string) *proc {
+func startEdgeProc(t testing.TB, config string) *proc {
 	return start(t, "iop-edge", nil, "--config", config)
 }
 
-func waitHealthy(t *testing.T, url string, p *proc) {
+func waitHealthy(t testing.TB, url string, p *proc) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -222,7 +222,7 @@ type node struct {
 	db string
 }
 
-func startNode(t *testing.T, e *edge, token string, extraEnv ...string) *node {
+func startNode(t testing.TB, e *edge, token string, extraEnv ...string) *node {
 	t.Helper()
 	db := filepath.Join(t.TempDir(), "node.db")
 	p := start(t, "iop-node", extraEnv, "--edge", e.transport, "--token", token, "--db", "file:"+db+"?cache=shared&mode=rwc", "--log-level", "debug")
@@ -239,7 +239,7 @@ type nodeList struct {
 	} `json:"nodes"`
 }
 
-func waitNode(t *testing.T, e *edge, id string) {
+func waitNode(t testing.TB, e *edge, id string) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {

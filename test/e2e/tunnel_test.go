@@ -42,7 +42,7 @@ func sseStream(model string, n int) []byte {
 	return b.Bytes()
 }
 
-func newProvider(t *testing.T) *provider {
+func newProvider(t testing.TB) *provider {
 	p := &provider{sent: map[string][]byte{}, closed: map[string]time.Time{}}
 	handle := func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -154,7 +154,7 @@ func (p *provider) closedAt(id string) (time.Time, bool) {
 	return t, ok
 }
 
-func tunnelEdge(t *testing.T, p *provider) (*edge, *node) {
+func tunnelEdge(t testing.TB, p *provider) (*edge, *node) {
 	nodes := fmt.Sprintf(`
   - id: n1
     token: %s
