@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"net"
 	"strings"
@@ -129,10 +128,10 @@ func backoff(attempt int, lo, hi time.Duration) time.Duration {
 			ceil = hi
 		}
 	}
-	if ceil >= math.MaxInt64 {
-		return time.Duration(rand.Int64N(math.MaxInt64))
+	if ceil <= 0 {
+		return 0
 	}
-	return time.Duration(rand.Int64N(int64(ceil) + 1))
+	return time.Duration(rand.Int64N(int64(ceil)))
 }
 
 func (c *Client) session(ctx context.Context) error {

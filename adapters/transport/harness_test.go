@@ -2,7 +2,6 @@ package transport
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -617,8 +616,6 @@ func (e *rawEdge) accept(ctx context.Context, resp *ioppb.RegisterResponse) (*ra
 }
 
 // ---- small helpers -----------------------------------------------------------
-
-func isCode(err error, sentinel *domain.Error) bool { return errors.Is(err, sentinel) }
 
 func runReq(id string) domain.RunRequest {
 	return domain.RunRequest{RunID: id, Adapter: "sh", Target: "echo", Input: []byte("in-" + id)}

@@ -124,7 +124,6 @@ type ucLink struct {
 	mu         sync.Mutex
 	started    []domain.RunRequest
 	streams    map[string]*ucRunStream
-	lastSeq    map[string]uint64
 	cancels    []string
 	terminates []string
 	cmdCalls   []string

@@ -219,9 +219,8 @@ type ucCommandAdapter struct {
 	progress []string
 	result   string
 
-	cmu      sync.Mutex
-	calls    []string // "name args"
-	progErrs []error
+	cmu   sync.Mutex
+	calls []string // "name args"
 }
 
 func (a *ucCommandAdapter) RunCommand(_ context.Context, name string, args []byte, progress func([]byte) error) ([]byte, error) {

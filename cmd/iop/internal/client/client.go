@@ -245,20 +245,18 @@ func (r *RunStream) Next() (RunEvent, json.RawMessage, error) {
 	if r.sse == nil {
 		return RunEvent{}, nil, io.EOF
 	}
-	for {
-		ev, err := r.sse.Next()
-		if err != nil {
-			return RunEvent{}, nil, err
-		}
-		var re RunEvent
-		if err := json.Unmarshal([]byte(ev.Data), &re); err != nil {
-			return RunEvent{}, nil, fmt.Errorf("decode %s event: %w", ev.Type, err)
-		}
-		if re.Type == "" {
-			re.Type = ev.Type
-		}
-		return re, json.RawMessage(ev.Data), nil
+	ev, err := r.sse.Next()
+	if err != nil {
+		return RunEvent{}, nil, err
 	}
+	var re RunEvent
+	if err := json.Unmarshal([]byte(ev.Data), &re); err != nil {
+		return RunEvent{}, nil, fmt.Errorf("decode %s event: %w", ev.Type, err)
+	}
+	if re.Type == "" {
+		re.Type = ev.Type
+	}
+	return re, json.RawMessage(ev.Data), nil
 }
 
 // Close ends the stream.
