@@ -17,7 +17,7 @@ trap cleanup INT TERM EXIT
 edge_pid=$!
 export IOP_EDGE=http://127.0.0.1:7701
 for _ in $(seq 1 50); do
-  curl -fsS "$IOP_EDGE/healthz" >/dev/null 2>&1 && break
+  ./bin/iop nodes >/dev/null 2>&1 && break
   kill -0 "$edge_pid" 2>/dev/null || { echo "iop-edge failed to start (is port 7700/7701 busy?)" >&2; exit 1; }
   sleep 0.1
 done
@@ -42,6 +42,7 @@ echo "hello iop" | ./bin/iop run --adapter exec --target upper -
 echo
 echo "Edge HTTP API on $IOP_EDGE, node transport on 127.0.0.1:7700. Try:"
 echo "  IOP_EDGE=$IOP_EDGE ./bin/iop events        # live event bus"
+echo "  ./bin/iop run --adapter exec --target count"
 echo "  curl -N -X POST $IOP_EDGE/v1/runs -d '{\"adapter\":\"exec\",\"target\":\"count\"}'"
 echo "Serving until Ctrl-C."
 wait

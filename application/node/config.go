@@ -29,6 +29,10 @@ func NewApplyConfigHandler(rt *Runtime, log *slog.Logger) *ApplyConfigHandler {
 // left out, the rest are in force.
 func (h *ApplyConfigHandler) ApplyConfig(_ context.Context, cfg domain.NodeConfig) error {
 	err := h.rt.Apply(cfg)
-	h.log.Info("config applied", "node", cfg.NodeID, "version", cfg.Version, "adapters", len(cfg.Adapters), "providers", len(cfg.Providers), "err", err)
-	return err
+	if err != nil {
+		h.log.Error("config applied in part", "node", cfg.NodeID, "version", cfg.Version, "err", err)
+		return err
+	}
+	h.log.Info("config applied", "node", cfg.NodeID, "version", cfg.Version, "adapters", len(cfg.Adapters), "providers", len(cfg.Providers))
+	return nil
 }
