@@ -268,6 +268,26 @@ func TestReloadAddsTargetWithoutRestartingNode(t *testing.T) {
 	if evs[len(evs)-1].Type != "complete" || evs[len(evs)-2].Text != "done\n" {
 		t.Fatalf("run across reload: %+v", evs)
 	}
+
+	// SIGHUP reloads too.
+	refreshed := len(bus.snapshot())
+	hupped := strings.Replace(added, `hello: {command: ["echo", "hello after reload"]}`,
+		`hello: {command: ["echo", "hello after reload"]}
+          hup: {command: ["echo", "hello after SIGHUP"]}`, 1)
+	if err := os.WriteFile(e.config, []byte(hupped), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	bus.waitFrom(t, refreshed, 5*time.Second, "node.config_refreshed after SIGHUP", func(m map[string]any) bool {
+		return m["type"] == "node.config_refreshed" && m["node"] == "n3"
+	})
+	evs = collectRun(t, startRun(t, ctx, e, map[string]any{"node": "n3", "adapter": "slow", "target": "hup"}))
+	checkWellFormed(t, evs)
+	if evs[len(evs)-1].Type != "complete" || !strings.Contains(evs[len(evs)-2].Text, "hello after SIGHUP") {
+		t.Fatalf("target added by SIGHUP: %+v", evs)
+	}
 	if nd.exited() {
 		t.Fatal("node restarted")
 	}

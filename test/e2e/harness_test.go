@@ -441,10 +441,17 @@ func watchBus(t *testing.T, e *edge) *busWatcher {
 // waitFor polls the collected bus events until match finds one.
 func (w *busWatcher) waitFor(t *testing.T, within time.Duration, what string, match func(map[string]any) bool) map[string]any {
 	t.Helper()
+	return w.waitFrom(t, 0, within, what, match)
+}
+
+// waitFrom is waitFor over the events after the first from. match runs
+// under the watcher's lock and must not call back into it.
+func (w *busWatcher) waitFrom(t *testing.T, from int, within time.Duration, what string, match func(map[string]any) bool) map[string]any {
+	t.Helper()
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
 		w.mu.Lock()
-		for _, ev := range w.events {
+		for _, ev := range w.events[min(from, len(w.events)):] {
 			if match(ev) {
 				w.mu.Unlock()
 				return ev
