@@ -119,10 +119,12 @@ type ProviderClient interface {
 }
 
 // RunOutput is where the node sends one run's events (the link to the edge).
+// Emit waits for the edge's credit; it returns ctx's error if ctx ends first,
+// and an error once the stream is gone. An event Emit failed on was not sent.
 // Done is closed when the edge abandons the run or the link is lost; Close
 // ends the stream after the terminal event.
 type RunOutput interface {
-	EventSink
+	Emit(ctx context.Context, ev domain.RunEvent) error
 	Done() <-chan struct{}
 	Close()
 }

@@ -73,7 +73,7 @@ func BenchmarkRunEvents(b *testing.B) {
 			ev := domain.RunEvent{RunID: req.RunID, Type: domain.EventDelta, Text: text}
 			for seq := uint64(1); ; seq++ {
 				ev.Seq = seq
-				if out.Emit(ev) != nil {
+				if out.Emit(context.Background(), ev) != nil {
 					return
 				}
 			}

@@ -357,8 +357,8 @@ type runOutput struct {
 	terminal atomic.Bool // a terminal event was sent
 }
 
-func (o *runOutput) Emit(ev domain.RunEvent) error {
-	err := o.s.Send(o.s.Context(), &ioppb.Frame{Body: &ioppb.Frame_RunEvent{RunEvent: runEventToProto(ev)}})
+func (o *runOutput) Emit(ctx context.Context, ev domain.RunEvent) error {
+	err := o.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_RunEvent{RunEvent: runEventToProto(ev)}})
 	if err == nil && ev.Type.Terminal() {
 		o.terminal.Store(true)
 	}

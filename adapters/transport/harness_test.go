@@ -281,7 +281,7 @@ func (n *fakeNode) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 			return
 		default:
 		}
-		if err := out.Emit(ev); err != nil {
+		if err := out.Emit(context.Background(), ev); err != nil {
 			n.runEnded <- runOutcome{RunID: req.RunID, Outcome: "emit_error", Err: err}
 			return
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"iop/domain"
 	"iop/ports"
@@ -305,8 +306,14 @@ func (t *tunnelStream) Close() {
 		t.done = true
 		t.s.Close()
 	}
+	// The uploader stops once the stream is gone, unless it is blocked
+	// reading the caller's body; that read ends when the HTTP server closes
+	// the body after the handler returns, so Close must not wait for it long.
 	if t.upload != nil {
-		<-t.upload
+		select {
+		case <-t.upload:
+		case <-time.After(time.Second):
+		}
 	}
 }
 

@@ -95,9 +95,9 @@ func TestRunEmitFailsAfterClose(t *testing.T) {
 	emitted := make(chan error, 1)
 	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
 		n.onRun = func(req domain.RunRequest, out ports.RunOutput) {
-			_ = out.Emit(domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventStart})
+			_ = out.Emit(context.Background(), domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventStart})
 			<-out.Done()
-			emitted <- out.Emit(domain.RunEvent{RunID: req.RunID, Seq: 2, Type: domain.EventDelta, Text: "late"})
+			emitted <- out.Emit(context.Background(), domain.RunEvent{RunID: req.RunID, Seq: 2, Type: domain.EventDelta, Text: "late"})
 		}
 	})
 	rs, err := p.link.StartRun(p.ctx, runReq("r"))
@@ -197,7 +197,7 @@ func TestConcurrentRunsAllComplete(t *testing.T) {
 func TestRunHandlerReturnsWithoutTerminal(t *testing.T) {
 	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
 		n.onRun = func(req domain.RunRequest, out ports.RunOutput) {
-			_ = out.Emit(domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventStart})
+			_ = out.Emit(context.Background(), domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventStart})
 		}
 	})
 	rs, err := p.link.StartRun(p.ctx, runReq("r"))
@@ -674,11 +674,11 @@ func TestTunnelHandlerReturnsWithoutEnd(t *testing.T) {
 func TestSendRefusesFramesOverQuarterWindow(t *testing.T) {
 	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
 		n.onRun = func(req domain.RunRequest, out ports.RunOutput) {
-			err := out.Emit(domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventDelta, Text: strings.Repeat("x", 100<<10)})
+			err := out.Emit(context.Background(), domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventDelta, Text: strings.Repeat("x", 100<<10)})
 			if err == nil {
-				_ = out.Emit(domain.RunEvent{RunID: req.RunID, Seq: 2, Type: domain.EventComplete})
+				_ = out.Emit(context.Background(), domain.RunEvent{RunID: req.RunID, Seq: 2, Type: domain.EventComplete})
 			} else {
-				_ = out.Emit(domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventError, Error: &domain.ErrorInfo{Code: "internal", Message: err.Error()}})
+				_ = out.Emit(context.Background(), domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventError, Error: &domain.ErrorInfo{Code: "internal", Message: err.Error()}})
 			}
 			out.Close()
 		}

@@ -113,6 +113,7 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 	}
 	ctx, cancel := context.WithCancelCause(m.base)
 	defer cancel(nil)
+	g.ctx = ctx
 	ar := &activeRun{req: req, cancel: cancel, guard: g, done: make(chan struct{})}
 	if err := m.register(ar); err != nil {
 		release()
@@ -253,6 +254,9 @@ type guard struct {
 
 	sendMu sync.Mutex // orders sends; held across out.Emit
 	seq    uint64
+	// ctx is the run's context: an event send blocked on the edge's credit
+	// is abandoned when the run is cancelled, so the adapter can stop.
+	ctx context.Context
 
 	mu        sync.Mutex // guards the terminal decision; never held across I/O
 	terminal  *domain.RunEvent
@@ -261,7 +265,7 @@ type guard struct {
 }
 
 func newGuard(runID string, out ports.RunOutput, background bool, now func() time.Time) *guard {
-	return &guard{runID: runID, out: out, background: background, now: now}
+	return &guard{runID: runID, out: out, background: background, now: now, ctx: context.Background()}
 }
 
 func (g *guard) emitStart() {
@@ -307,12 +311,21 @@ func (g *guard) Emit(ev domain.RunEvent) error {
 }
 
 func (g *guard) send(ev domain.RunEvent) error {
-	g.seq++
-	ev.RunID, ev.Seq = g.runID, g.seq
+	return g.sendWithin(g.ctx, ev)
+}
+
+// sendWithin numbers ev and sends it; a failed send leaves no gap in the
+// sequence, because the event was not sent.
+func (g *guard) sendWithin(ctx context.Context, ev domain.RunEvent) error {
+	ev.RunID, ev.Seq = g.runID, g.seq+1
 	if ev.Time.IsZero() {
 		ev.Time = g.now()
 	}
-	return g.out.Emit(ev)
+	if err := g.out.Emit(ctx, ev); err != nil {
+		return err
+	}
+	g.seq++
+	return nil
 }
 
 func (g *guard) claimCancel(cause error) bool {
@@ -350,13 +363,16 @@ func (g *guard) decide(execErr error, ctx context.Context) domain.RunEvent {
 	}
 }
 
+// sendTerminal sends the run's last event. It is not bound to the run's
+// context (a cancelled run still reports cancelled); it ends when the edge
+// takes it or the stream goes away.
 func (g *guard) sendTerminal(ev domain.RunEvent) {
 	g.sendMu.Lock()
 	defer g.sendMu.Unlock()
 	g.mu.Lock()
 	g.decided = true
 	g.mu.Unlock()
-	_ = g.send(ev)
+	_ = g.sendWithin(context.Background(), ev)
 }
 
 // splitText cuts a text event into pieces of at most MaxEventText bytes,

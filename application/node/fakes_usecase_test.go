@@ -290,7 +290,7 @@ func newUCOutput() *ucOutput {
 
 var _ ports.RunOutput = (*ucOutput)(nil)
 
-func (o *ucOutput) Emit(ev domain.RunEvent) error {
+func (o *ucOutput) Emit(_ context.Context, ev domain.RunEvent) error {
 	if o.failAfterDone {
 		select {
 		case <-o.done:

@@ -1,0 +1,91 @@
+package node_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// ucStalledOutput is a RunOutput whose edge never grants credit: every
+// Emit blocks until its context ends, except once release is closed.
+type ucStalledOutput struct {
+	release chan struct{}
+	mu      sync.Mutex
+	sent    []domain.RunEvent
+	closed  chan struct{}
+	once    sync.Once
+}
+
+func (o *ucStalledOutput) Emit(ctx context.Context, ev domain.RunEvent) error {
+	if ev.Type != domain.EventStart {
+		select {
+		case <-o.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	o.mu.Lock()
+	o.sent = append(o.sent, ev)
+	o.mu.Unlock()
+	return nil
+}
+func (o *ucStalledOutput) Done() <-chan struct{} { return nil }
+func (o *ucStalledOutput) Close()                { o.once.Do(func() { close(o.closed) }) }
+
+// A cancel must stop a run even while its events cannot be delivered (the
+// caller reads slowly): the adapter's blocked Emit returns, the adapter
+// stops, the slot is freed, and the terminal event is cancelled with no gap
+// in the sequence once the reader catches up.
+func TestCancelStopsRunBlockedOnStalledReader(t *testing.T) {
+	ucNoLeaks(t)
+	emitting := make(chan struct{})
+	a := newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{
+		"": func(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
+			close(emitting)
+			for ctx.Err() == nil {
+				if err := sink.Emit(ucDelta("x")); err != nil {
+					return err
+				}
+			}
+			return ctx.Err()
+		},
+	})
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
+	out := &ucStalledOutput{release: make(chan struct{}), closed: make(chan struct{})}
+	go n.runs.ExecuteRun(domain.RunRequest{RunID: "r1", Adapter: "a"}, out)
+	select {
+	case <-emitting:
+	case <-time.After(ucWait):
+		t.Fatal("adapter never started")
+	}
+	if err := n.runs.CancelRun(context.Background(), "r1"); err != nil {
+		t.Fatalf("cancel: %v", err)
+	}
+	// The adapter returns and the slot frees while the reader is still stalled.
+	deadline := time.Now().Add(ucWait)
+	for n.runs.InFlight() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("cancelled run still holds its slot behind a stalled reader")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(out.release) // the reader catches up
+	select {
+	case <-out.closed:
+	case <-time.After(ucWait):
+		t.Fatal("run output never closed")
+	}
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	if len(out.sent) != 2 || out.sent[0].Type != domain.EventStart || out.sent[1].Type != domain.EventCancelled || out.sent[1].Seq != 2 {
+		t.Fatalf("events = %+v, want start(1) then cancelled(2)", out.sent)
+	}
+	run, err := n.store.GetRun(context.Background(), "r1")
+	if err != nil || run.Status() != domain.RunCancelled {
+		t.Fatalf("stored run: %v %v", run, err)
+	}
+}
