@@ -1,0 +1,112 @@
+package domain_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/domain"
+)
+
+func TestErrorsMatchByCode(t *testing.T) {
+	wire := &domain.Error{Code: domain.CodeRunNotFound, Message: "run r1 is not known"}
+	wrapped := fmt.Errorf("cancel: %w", wire)
+	if !errors.Is(wrapped, domain.ErrRunNotFound) || errors.Is(wrapped, domain.ErrRunFinished) {
+		t.Fatal("errors.Is must match by code only")
+	}
+	if domain.CodeOf(wrapped) != domain.CodeRunNotFound || domain.MessageOf(wrapped) != "run r1 is not known" {
+		t.Fatalf("CodeOf/MessageOf = %q/%q", domain.CodeOf(wrapped), domain.MessageOf(wrapped))
+	}
+	if domain.CodeOf(errors.New("plain")) != domain.CodeInternal {
+		t.Fatal("a plain error is internal")
+	}
+	if got := (&domain.Error{Code: domain.CodeUnknownToken}).Error(); got != "unknown_token" {
+		t.Fatalf("bare code renders as %q", got)
+	}
+	if got := domain.Errorf(domain.CodeConfigError, "adapter %q", "x").Error(); got != `config_error: adapter "x"` {
+		t.Fatalf("Errorf renders as %q", got)
+	}
+}
+
+func TestRunLifecycle(t *testing.T) {
+	now := time.Unix(100, 0)
+	if _, err := domain.NewRun(domain.RunRequest{RunID: "r1"}, now); !errors.Is(err, domain.ErrInvalidRequest) {
+		t.Fatalf("run without adapter: %v", err)
+	}
+	r, err := domain.NewRun(domain.RunRequest{RunID: "r1", Adapter: "exec", Target: "t", SessionID: "s", Background: true}, now)
+	if err != nil || r.Status() != domain.RunQueued {
+		t.Fatalf("NewRun: %v %v", r, err)
+	}
+	if err := r.Start(now.Add(time.Second)); err != nil || r.Status() != domain.RunRunning {
+		t.Fatalf("Start: %v", err)
+	}
+	if err := r.Finish(domain.RunEvent{Type: domain.EventDelta}, now); err == nil {
+		t.Fatal("finishing with a non-terminal event must fail")
+	}
+	u := &domain.Usage{PromptTokens: 3, CompletionTokens: 4}
+	if err := r.Finish(domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{Code: "run_failed", Message: "boom"}, Usage: u}, now.Add(2*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	u.PromptTokens = 99 // the run keeps its own copy
+	s := r.Snapshot()
+	if s.Status != domain.RunFailed || s.ErrorCode != "run_failed" || s.ErrorMessage != "boom" || s.Usage.PromptTokens != 3 ||
+		!s.FinishedAt.Equal(now.Add(2*time.Second)) || !s.Background || s.SessionID != "s" {
+		t.Fatalf("snapshot = %+v", s)
+	}
+	if err := r.Finish(domain.RunEvent{Type: domain.EventComplete}, now); !errors.Is(err, domain.ErrRunAlreadyFinished) {
+		t.Fatalf("second Finish: %v", err)
+	}
+	if err := r.Start(now); !errors.Is(err, domain.ErrRunAlreadyFinished) {
+		t.Fatalf("Start after finish: %v", err)
+	}
+	back, err := domain.RehydrateRun(s)
+	if err != nil || back.Snapshot().Status != domain.RunFailed {
+		t.Fatalf("rehydrate: %v", err)
+	}
+	if _, err := domain.RehydrateRun(domain.RunSnapshot{ID: "x", Status: "weird"}); err == nil {
+		t.Fatal("rehydrating an unknown status must fail")
+	}
+	for typ, want := range map[domain.EventType]domain.RunStatus{domain.EventComplete: domain.RunSucceeded, domain.EventCancelled: domain.RunCancelled, domain.EventError: domain.RunFailed} {
+		if domain.StatusFor(typ) != want || !typ.Terminal() {
+			t.Fatalf("%s maps to %s", typ, domain.StatusFor(typ))
+		}
+	}
+}
+
+func TestBuildConfig(t *testing.T) {
+	exec := func(name string) domain.AdapterConfig {
+		return domain.AdapterConfig{Name: name, Type: domain.AdapterExec, Targets: map[string]domain.ExecTarget{"t": {Command: []string{"cat"}}}}
+	}
+	cfg, err := domain.NodeRecord{ID: "n1", Token: "secret-token", Adapters: []domain.AdapterConfig{exec("a")}}.BuildConfig(7)
+	if err != nil || cfg.NodeID != "n1" || cfg.Version != 7 || cfg.Adapters[0].MaxConcurrency != domain.DefaultMaxConcurrency {
+		t.Fatalf("BuildConfig = %+v, %v", cfg, err)
+	}
+	for name, rec := range map[string]domain.NodeRecord{
+		"unknown type":     {ID: "n", Adapters: []domain.AdapterConfig{{Name: "x", Type: "teleport"}}},
+		"duplicate name":   {ID: "n", Adapters: []domain.AdapterConfig{exec("a"), exec("a")}},
+		"no name":          {ID: "n", Adapters: []domain.AdapterConfig{{Type: domain.AdapterExec}}},
+		"empty argv":       {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterExec, Targets: map[string]domain.ExecTarget{"t": {}}}}},
+		"ollama no url":    {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterOllama}}},
+		"negative conc":    {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterCodex, MaxConcurrency: -1}}},
+		"provider type":    {ID: "n", Providers: []domain.ProviderConfig{{Name: "p", Type: "grpc", BaseURL: "http://x"}}},
+		"provider no url":  {ID: "n", Providers: []domain.ProviderConfig{{Name: "p", Type: domain.ProviderOpenAI}}},
+		"provider twice":   {ID: "n", Providers: []domain.ProviderConfig{{Name: "p", Type: "openai", BaseURL: "http://x"}, {Name: "p", Type: "openai", BaseURL: "http://y"}}},
+		"provider no name": {ID: "n", Providers: []domain.ProviderConfig{{Type: "openai", BaseURL: "http://x"}}},
+	} {
+		_, err := rec.BuildConfig(1)
+		if !errors.Is(err, domain.ErrConfig) {
+			t.Errorf("%s: %v, want config_error", name, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "secret-token") {
+			t.Errorf("%s: token in error", name)
+		}
+	}
+}
+
+func TestUsageTotal(t *testing.T) {
+	if (domain.Usage{PromptTokens: 2, CompletionTokens: 3}).Total() != 5 || (domain.Usage{TotalTokens: 9, PromptTokens: 1}).Total() != 9 {
+		t.Fatal("Total")
+	}
+}
