@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"iop/domain"
 	"iop/ports"
@@ -66,8 +67,23 @@ type Client struct {
 
 	mu         sync.Mutex
 	conn       *Conn
+	applying   chan struct{}  // closed when the last queued config apply has returned
 	wg         sync.WaitGroup // per-stream handler goroutines
 	reconnects atomic.Int64
+}
+
+// nextApply queues a config apply behind every one queued before it, so the
+// config in force is always the last one the edge sent. The caller waits for
+// prev (nil when nothing is queued), applies, then calls done.
+func (c *Client) nextApply() (prev <-chan struct{}, done func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.applying != nil {
+		prev = c.applying
+	}
+	next := make(chan struct{})
+	c.applying = next
+	return prev, func() { close(next) }
 }
 
 var _ ports.TransportStatus = (*Client)(nil)
@@ -178,7 +194,21 @@ func (c *Client) session(ctx context.Context) error {
 		tc.WriteTimeout = tc.HeartbeatTimeout
 	}
 	cfg := configToDomain(resp.GetConfig())
-	if err := c.h.ApplyConfig(ctx, cfg); err != nil {
+	prev, applied := c.nextApply()
+	if prev != nil {
+		// A refresh from the previous connection is still being applied;
+		// this newer config must not be overwritten by it.
+		select {
+		case <-prev:
+		case <-ctx.Done():
+			applied()
+			_ = nc.Close()
+			return ctx.Err()
+		}
+	}
+	err = c.h.ApplyConfig(ctx, cfg)
+	applied()
+	if err != nil {
 		tc.Logger.Error("config from edge not fully applied", "err", err)
 	}
 	_ = nc.SetDeadline(time.Time{})
@@ -256,9 +286,16 @@ func (d *nodeDispatch) HandleControl(f *ioppb.Frame) {
 	c.mu.Lock()
 	conn := c.conn
 	c.mu.Unlock()
+	// Refreshes are applied one at a time in arrival order: applied
+	// concurrently, an older config could end up in force.
+	prev, applied := c.nextApply()
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
+		defer applied()
+		if prev != nil {
+			<-prev
+		}
 		cfg := configToDomain(r.GetConfig())
 		ack := &ioppb.ConfigRefreshAck{Version: cfg.Version}
 		ctx, cancel := context.WithTimeout(context.Background(), conn.cfg.HeartbeatTimeout)
@@ -299,9 +336,13 @@ func (d *nodeDispatch) command(s *Stream, r *ioppb.NodeCommandRequest) {
 		}
 		result = result[maxDataChunk:]
 	}
-	_ = s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_NodeCommandResponse{NodeCommandResponse: &ioppb.NodeCommandResponse{
+	if serr := s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_NodeCommandResponse{NodeCommandResponse: &ioppb.NodeCommandResponse{
 		Final: true, ResultJson: result, Error: errorToProto(err),
-	}}})
+	}}}); serr != nil {
+		// The edge must not be left waiting for a final reply that never comes.
+		s.Reset("internal", "command result could not be sent: "+serr.Error())
+		return
+	}
 	s.Finish()
 }
 
@@ -358,7 +399,16 @@ type runOutput struct {
 }
 
 func (o *runOutput) Emit(ctx context.Context, ev domain.RunEvent) error {
-	err := o.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_RunEvent{RunEvent: runEventToProto(ev)}})
+	f := &ioppb.Frame{StreamId: o.s.id, Body: &ioppb.Frame_RunEvent{RunEvent: runEventToProto(ev)}}
+	// An error message too long for one frame (an upstream error body) is
+	// cut rather than lose the event: a terminal error that cannot be sent
+	// leaves the caller with a bare stream reset.
+	if e := f.GetRunEvent().GetError(); e != nil {
+		if over := frameCost(f) - int(o.s.c.peerWindow)/4; over > 0 {
+			e.Message = truncateUTF8(e.Message, len(e.Message)-over-len("…")) + "…"
+		}
+	}
+	err := o.s.Send(ctx, f)
 	if err == nil && ev.Type.Terminal() {
 		o.terminal.Store(true)
 	}
@@ -399,4 +449,18 @@ func (t *tunnelSink) Send(f domain.TunnelFrame) error {
 		t.ended.Store(true)
 	}
 	return err
+}
+
+// truncateUTF8 returns at most n bytes of s, never cutting a UTF-8 sequence.
+func truncateUTF8(s string, n int) string {
+	if n >= len(s) {
+		return s
+	}
+	if n <= 0 {
+		return ""
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }

@@ -251,6 +251,15 @@ func (c *Conn) peerParity(id uint64) bool {
 func (c *Conn) openFromPeer(f *ioppb.Frame) {
 	id := f.StreamId
 	c.mu.Lock()
+	select {
+	case <-c.done:
+		// shutdown has already ended every stream; one added now would
+		// never end and its handler would wait on it forever.
+		c.mu.Unlock()
+		c.dropped.Add(1)
+		return
+	default:
+	}
 	if id == 0 || !c.peerParity(id) || id <= c.lastPeerID {
 		c.mu.Unlock()
 		c.dropped.Add(1)

@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"context"
+	"errors"
 	"net"
 	"sort"
 	"testing"
@@ -281,5 +283,39 @@ func TestBusyWriterOnSlowPeerKeepsLink(t *testing.T) {
 	}
 	if err := c.Err(); err != nil {
 		t.Fatalf("connection ended: %v", err)
+	}
+}
+
+// openRecorder hands every stream the peer opens to a channel.
+type openRecorder chan *Stream
+
+func (r openRecorder) HandleOpen(s *Stream, _ *ioppb.Frame) { r <- s }
+func (openRecorder) HandleControl(*ioppb.Frame)             {}
+
+// An open frame the read loop decoded just as another goroutine ended the
+// connection (a write error, Close) must not leave a stream that never
+// ends: its handler would wait on it forever (a tunnel reading its request
+// body, a run waiting for Done).
+func TestOpenFromPeerAfterShutdownEndsStream(t *testing.T) {
+	a, _ := pipeConns(t)
+	opened := make(openRecorder, 1)
+	c := newConn(a, NewDecoder(a, DefaultMaxFrameSize), testConfig(), SideNode, 0, opened)
+	c.shutdown(errors.New("write: broken pipe"))
+	// What the read loop does with the frame it had already decoded.
+	c.dispatch(&ioppb.Frame{StreamId: 1, Body: &ioppb.Frame_ProviderTunnelRequest{ProviderTunnelRequest: &ioppb.ProviderTunnelRequest{Provider: "p", BodyFollows: true}}})
+	select {
+	case s := <-opened:
+		if s.Context().Err() == nil {
+			t.Fatal("stream opened on a closed connection is still live")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if _, err := s.Recv(ctx); !errors.Is(err, ErrConnClosed) {
+			t.Errorf("Recv on it: %v, want ErrConnClosed", err)
+		}
+	default: // dropped: also fine
+	}
+	if n := c.Stats().Streams; n != 0 {
+		t.Errorf("%d streams registered on a closed connection", n)
 	}
 }

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"fmt"
 	"net/http"
 	"time"
 
@@ -200,6 +201,11 @@ func tunnelFrameToProto(f domain.TunnelFrame) *ioppb.ProviderTunnelFrame {
 func tunnelFrameToDomain(p *ioppb.ProviderTunnelFrame) (domain.TunnelFrame, bool) {
 	switch k := p.GetKind().(type) {
 	case *ioppb.ProviderTunnelFrame_Status:
+		// An HTTP status outside 100–999 would make the edge's response
+		// writer panic; it is the node's fault, reported as such.
+		if k.Status < 100 || k.Status > 999 {
+			return domain.TunnelFrame{Kind: domain.TunnelError, Error: &domain.ErrorInfo{Code: domain.CodeProviderError, Message: fmt.Sprintf("node relayed invalid HTTP status %d", k.Status)}}, true
+		}
 		return domain.TunnelFrame{Kind: domain.TunnelStatus, Status: int(k.Status)}, true
 	case *ioppb.ProviderTunnelFrame_Header:
 		return domain.TunnelFrame{Kind: domain.TunnelHeader, Header: headersToDomain(k.Header.GetHeaders())}, true

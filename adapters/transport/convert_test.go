@@ -142,3 +142,16 @@ func TestMinimumWindowCarriesFullChunks(t *testing.T) {
 		}
 	}
 }
+
+func TestInvalidRelayedStatusBecomesError(t *testing.T) {
+	for _, st := range []uint32{0, 99, 1000, 1 << 31} {
+		f, ok := tunnelFrameToDomain(&ioppb.ProviderTunnelFrame{Kind: &ioppb.ProviderTunnelFrame_Status{Status: st}})
+		if !ok || f.Kind != domain.TunnelError || f.Error.Code != domain.CodeProviderError {
+			t.Fatalf("status %d → %+v", st, f)
+		}
+	}
+	f, _ := tunnelFrameToDomain(&ioppb.ProviderTunnelFrame{Kind: &ioppb.ProviderTunnelFrame_Status{Status: 429}})
+	if f.Kind != domain.TunnelStatus || f.Status != 429 {
+		t.Fatalf("429 → %+v", f)
+	}
+}

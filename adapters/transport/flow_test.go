@@ -357,3 +357,45 @@ func TestWindowUpdateNotLostWhenControlQueueFull(t *testing.T) {
 		t.Fatalf("credit for %d consumed bytes was never granted back (dropped=%d)", n*frameCost(ev), c.dropped.Load())
 	}
 }
+
+// Credit the receiver has not yet returned counts against the sender too:
+// a peer that sends more than one window before any window_update has
+// exceeded its credit even if the consumer has read part of it, and the
+// stream is reset (docs/wire.md, flow control).
+func TestDeliverCountsConsumedButUnreturnedCredit(t *testing.T) {
+	a, _ := pipeConns(t)
+	cfg := testConfig()
+	c := newConn(a, NewDecoder(a, DefaultMaxFrameSize), cfg, SideEdge, 0, nopHandler{})
+	defer c.shutdown(nil)
+	s, err := c.Open(testCtx(t), &ioppb.Frame{Body: &ioppb.Frame_RunRequest{RunRequest: &ioppb.RunRequest{RunId: "r"}}})
+	mustf(t, err, "Open")
+	<-c.ctrl
+
+	ev := &ioppb.Frame{StreamId: s.ID(), Body: &ioppb.Frame_RunEvent{RunEvent: &ioppb.RunEvent{Text: strings.Repeat("e", 30<<10)}}}
+	cost := frameCost(ev)
+	window := int(cfg.withDefaults().StreamWindow)
+	n := window / cost
+	for i := 0; i < n; i++ {
+		s.deliver(ev)
+	}
+	// The consumer reads one frame: less than half a window, so no credit
+	// goes back to the peer.
+	if _, err := s.Recv(testCtx(t)); err != nil {
+		t.Fatalf("Recv: %v", err)
+	}
+	select {
+	case f := <-c.ctrl:
+		t.Fatalf("unexpected control frame %v", f)
+	default:
+	}
+	// The peer has now sent (n+1)·cost > window bytes on one window of credit.
+	s.deliver(ev)
+	select {
+	case f := <-c.ctrl:
+		if f.StreamId != s.ID() || f.GetStreamReset().GetCode() != "flow_control" {
+			t.Fatalf("control frame %v", f)
+		}
+	default:
+		t.Fatalf("peer sent %d bytes on a %d-byte window and was not reset", (n+1)*cost, window)
+	}
+}

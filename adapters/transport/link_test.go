@@ -17,6 +17,7 @@ import (
 
 	"iop/domain"
 	"iop/ports"
+	ioppb "iop/proto/iop"
 )
 
 // ---- runs --------------------------------------------------------------------
@@ -689,5 +690,94 @@ func TestSendRefusesFramesOverQuarterWindow(t *testing.T) {
 	mustf(t, err, "Recv")
 	if ev.Type != domain.EventError || !strings.Contains(ev.Error.Message, ErrStreamFrameTooBig.Error()) {
 		t.Errorf("event %+v", ev)
+	}
+}
+
+// orderedApplyNode records the config version in force after each
+// ApplyConfig returns; applying v1 is slow.
+type orderedApplyNode struct {
+	*fakeNode
+	mu        sync.Mutex
+	inForce   uint64
+	v2Applied chan struct{}
+}
+
+func (n *orderedApplyNode) ApplyConfig(ctx context.Context, cfg domain.NodeConfig) error {
+	if cfg.Version == 1 {
+		// Slow: give a later refresh every chance to overtake this one.
+		select {
+		case <-n.v2Applied:
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+	n.mu.Lock()
+	n.inForce = cfg.Version
+	n.mu.Unlock()
+	if cfg.Version == 2 {
+		close(n.v2Applied)
+	}
+	return nil
+}
+
+// Config refreshes are applied in the order the edge sent them: the last
+// one sent is the one in force, even when an earlier one is slow to apply.
+func TestConfigRefreshesApplyInOrder(t *testing.T) {
+	ctx := testCtx(t)
+	redge := listenRawEdge(t)
+	node := &orderedApplyNode{fakeNode: newFakeNode(), v2Applied: make(chan struct{})}
+	registered := make(chan string, 1)
+	cc := ClientConfig{Addr: redge.ln.Addr().String(), Token: testToken, Transport: testConfig(),
+		OnRegistered: func(id string) { registered <- id }}
+	startClient(t, cc, node)
+	resp := &ioppb.RegisterResponse{Accepted: true, Config: configToProto(domain.NodeConfig{NodeID: "n1"}), HeartbeatIntervalMs: 100, HeartbeatTimeoutMs: 5000, InitialWindow: 1 << 18}
+	edge, _ := redge.accept(ctx, resp)
+	recv(t, ctx, registered, "registration")
+
+	for _, v := range []uint64{1, 2} {
+		edge.write(&ioppb.Frame{Body: &ioppb.Frame_ConfigRefresh{ConfigRefresh: &ioppb.ConfigRefresh{Config: configToProto(domain.NodeConfig{NodeID: "n1", Version: v})}}})
+	}
+	var acks []uint64
+	for len(acks) < 2 {
+		f := edge.readUntil(ctx, "config ack", func(f *ioppb.Frame) bool { return f.GetConfigRefreshAck() != nil })
+		acks = append(acks, f.GetConfigRefreshAck().GetVersion())
+	}
+	node.mu.Lock()
+	inForce := node.inForce
+	node.mu.Unlock()
+	if inForce != 2 {
+		t.Errorf("config v%d in force after refreshes v1, v2 (acks in order %v)", inForce, acks)
+	}
+	if acks[0] != 1 || acks[1] != 2 {
+		t.Errorf("acks %v, want [1 2]", acks)
+	}
+}
+
+// A terminal error event whose message is too long for one frame (an
+// upstream error body, say) still reaches the edge, with its code and the
+// start of its message; the caller does not get a bare stream reset.
+func TestRunTerminalWithHugeErrorMessageArrives(t *testing.T) {
+	long := strings.Repeat("x", 200<<10)
+	script := func(req domain.RunRequest) []domain.RunEvent {
+		return []domain.RunEvent{
+			{RunID: req.RunID, Seq: 1, Type: domain.EventStart},
+			{RunID: req.RunID, Seq: 2, Type: domain.EventError, Error: &domain.ErrorInfo{Code: domain.CodeProviderError, Message: long}},
+		}
+	}
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) { n.runScript = script })
+	rs, err := p.link.StartRun(p.ctx, runReq("r"))
+	mustf(t, err, "StartRun")
+	defer rs.Close()
+	_, err = rs.Recv(p.ctx)
+	mustf(t, err, "start")
+	ev, err := rs.Recv(p.ctx)
+	mustf(t, err, "terminal")
+	if ev.Type != domain.EventError || ev.Seq != 2 || ev.Error == nil || ev.Error.Code != domain.CodeProviderError {
+		t.Fatalf("terminal %+v", ev)
+	}
+	if msg := ev.Error.Message; len(msg) < 1<<10 || !strings.HasPrefix(msg, "xxxx") {
+		t.Errorf("message of %d bytes", len(msg))
+	}
+	if o := recv(t, p.ctx, p.node.runEnded, "run end"); o.Outcome != "completed" {
+		t.Errorf("node outcome %+v", o)
 	}
 }

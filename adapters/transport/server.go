@@ -32,12 +32,13 @@ type Server struct {
 	cfg  Config
 	h    EdgeHandler
 
-	ln    net.Listener
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
-	sem   chan struct{}
-	done  chan struct{}
+	ln       net.Listener
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{}
+	wg       sync.WaitGroup
+	sem      chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
 }
 
 // NewServer returns a server that will listen on addr.
@@ -74,11 +75,7 @@ func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 
 // Stop closes the listener and every connection, and waits for them.
 func (s *Server) Stop(ctx context.Context) error {
-	select {
-	case <-s.done:
-	default:
-		close(s.done)
-	}
+	s.stopOnce.Do(func() { close(s.done) })
 	if s.ln != nil {
 		_ = s.ln.Close()
 	}

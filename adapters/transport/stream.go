@@ -219,9 +219,12 @@ func (s *Stream) deliver(f *ioppb.Frame) {
 		s.c.dropped.Add(1)
 		return
 	}
-	if s.queued+cost > s.window {
+	// The peer's credit is the window less what it has sent that has not
+	// been returned: frames still queued and frames read but not yet acked.
+	if s.queued+s.unacked+cost > s.window {
+		queued, unacked := s.queued, s.unacked
 		s.mu.Unlock()
-		s.c.log.Warn("peer overran stream credit; resetting stream", "stream", s.id, "queued", s.queued, "frame", cost)
+		s.c.log.Warn("peer overran stream credit; resetting stream", "stream", s.id, "queued", queued, "unacked", unacked, "frame", cost)
 		if s.end(fmt.Errorf("%w: peer overran the stream window", ErrStreamClosed)) {
 			s.c.remove(s)
 			s.c.trySendCtrl(resetFrame(s.id, "flow_control", "credit window exceeded"))

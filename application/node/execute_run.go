@@ -13,6 +13,10 @@ import (
 	"iop/ports"
 )
 
+// MaxEventMetadata bounds the JSON metadata of one event; larger metadata
+// (a huge tool input, say) is replaced by {"truncated":true,"bytes":N}.
+const MaxEventMetadata = 32 << 10
+
 // MaxEventText is the most text one delta event carries; longer text is
 // split into several events at rune boundaries so every frame stays small.
 const MaxEventText = 16 << 10
@@ -47,6 +51,7 @@ type RunManager struct {
 	wg   sync.WaitGroup
 
 	mu       sync.Mutex
+	stopped  bool // no run is admitted once Stop has begun
 	active   map[string]*activeRun
 	sessions map[sessionKey]string
 }
@@ -66,6 +71,9 @@ func NewRunManager(rt *Runtime, store ports.RunStore, log *slog.Logger) *RunMana
 
 // Stop cancels every run and waits for them to record their end.
 func (m *RunManager) Stop() {
+	m.mu.Lock()
+	m.stopped = true
+	m.mu.Unlock()
 	m.stop(errShutdown)
 	m.wg.Wait()
 }
@@ -98,10 +106,19 @@ func (m *RunManager) InFlight() int {
 // run is cancelled when out is done (the edge or caller left); a background
 // run keeps going and records its outcome in the store.
 func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
-	m.wg.Add(1)
-	defer m.wg.Done()
 	defer out.Close()
 	g := newGuard(req.RunID, out, req.Background, m.now)
+	// Admission to the wait group happens under the lock Stop takes, so no
+	// run starts while Stop waits.
+	m.mu.Lock()
+	if m.stopped {
+		m.mu.Unlock()
+		g.sendTerminal(domain.ErrorEvent(req.RunID, domain.Errorf(domain.CodeShuttingDown, "the node is shutting down")))
+		return
+	}
+	m.wg.Add(1)
+	m.mu.Unlock()
+	defer m.wg.Done()
 	if err := req.Validate(); err != nil {
 		g.sendTerminal(domain.ErrorEvent(req.RunID, err))
 		return
@@ -295,6 +312,10 @@ func (g *guard) Emit(ev domain.RunEvent) error {
 	g.mu.Unlock()
 	if ev.Type == domain.EventStart {
 		return nil // the run manager has sent it
+	}
+	if len(ev.Metadata) > MaxEventMetadata {
+		// Too large to relay as one event; say so rather than fail the run.
+		ev.Metadata = []byte(fmt.Sprintf(`{"truncated":true,"bytes":%d}`, len(ev.Metadata)))
 	}
 	for _, piece := range splitText(ev) {
 		if err := g.send(piece); err != nil {
