@@ -58,10 +58,19 @@ func Edge(s EdgeSettings) fx.Option {
 			func() *edgeapp.RunTracker { return edgeapp.NewRunTracker(0) },
 			func() *edgeapp.ConfigVersions { return &edgeapp.ConfigVersions{} },
 			edgeapp.NewRegisterHandler,
-			edgeapp.NewSubmitRunHandler,
+			func(s EdgeSettings, reg *edgeapp.Registry, runs *edgeapp.RunTracker, bus ports.EventPublisher, log *slog.Logger) *edgeapp.SubmitRunHandler {
+				h := edgeapp.NewSubmitRunHandler(reg, runs, bus, log)
+				// A run request travels in one frame on the node link.
+				h.MaxRequestBytes = int(s.Config.Transport.MaxFrameSize)
+				return h
+			},
 			edgeapp.NewCancelRunHandler,
 			edgeapp.NewTerminateSessionHandler,
-			edgeapp.NewNodeCommandHandler,
+			func(s EdgeSettings, reg *edgeapp.Registry) *edgeapp.NodeCommandHandler {
+				h := edgeapp.NewNodeCommandHandler(reg)
+				h.MaxRequestBytes = int(s.Config.Transport.MaxFrameSize)
+				return h
+			},
 			edgeapp.NewGetRunHandler,
 			edgeapp.NewListRunsHandler,
 			edgeapp.NewReloadHandler,

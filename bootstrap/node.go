@@ -63,7 +63,9 @@ func Node(s NodeSettings) fx.Option {
 			newFactory,
 			fx.Annotate(func(f *factory.Factory) *factory.Factory { return f }, fx.As(new(ports.AdapterFactory))),
 			fx.Annotate(func() *provider.Client { return provider.New(provider.Options{}) }, fx.As(new(ports.ProviderClient))),
-			nodeapp.NewRuntime,
+			func(f ports.AdapterFactory, log *slog.Logger) *nodeapp.Runtime {
+				return nodeapp.NewRuntime(f, log).WithProviderCommands(providerCommands{})
+			},
 			nodeapp.NewRunManager,
 			nodeapp.NewSessionHandler,
 			nodeapp.NewApplyConfigHandler,

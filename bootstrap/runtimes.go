@@ -31,3 +31,18 @@ func RuntimeBuilders(chats ports.ChatSessionStore, agents ports.AgentSessionStor
 		},
 	}
 }
+
+// providerCommands lets an Ollama declared only as a tunnel provider answer
+// the ollama.* node commands, through a command-only ollama adapter.
+type providerCommands struct{}
+
+func (providerCommands) CommandsFor(p domain.ProviderConfig) (ports.CommandRunner, []string, bool) {
+	if p.Type != domain.ProviderOllama {
+		return nil, nil, false
+	}
+	a, err := ollama.New(domain.AdapterConfig{Name: p.Name, Type: domain.AdapterOllama, BaseURL: p.BaseURL, MaxConcurrency: 1}, nil)
+	if err != nil {
+		return nil, nil, false
+	}
+	return a, ollama.Commands, true
+}

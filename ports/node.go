@@ -134,3 +134,10 @@ type RunOutput interface {
 type TunnelSink interface {
 	Send(f domain.TunnelFrame) error
 }
+
+// ProviderCommands builds a command runner for a provider, so a node whose
+// Ollama is declared only as a tunnel provider still answers ollama.*
+// commands. ok is false when the provider's type serves no commands.
+type ProviderCommands interface {
+	CommandsFor(p domain.ProviderConfig) (runner CommandRunner, names []string, ok bool)
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"iop/domain"
 )
@@ -70,7 +71,7 @@ func TestMalformedMetadataStaysValidJSON(t *testing.T) {
 
 func TestSSEFraming(t *testing.T) {
 	w := httptest.NewRecorder()
-	s, err := startSSE(w, map[string]string{"X-IOP-Run-ID": "run_1"})
+	s, err := (&Server{WriteIdleTimeout: time.Second}).startSSE(w, map[string]string{"X-IOP-Run-ID": "run_1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	defer sub.Close()
 	ctx, cancel := s.streamContext(r)
 	defer cancel()
-	sse, err := startSSE(w, nil)
+	sse, err := s.startSSE(w, nil)
 	if err != nil {
 		return
 	}

@@ -125,7 +125,7 @@ func (s *Server) handleNodeCommand(w http.ResponseWriter, r *http.Request) {
 			return true
 		}
 		var err error
-		if sse, err = startSSE(w, nil); err != nil {
+		if sse, err = s.startSSE(w, nil); err != nil {
 			return false
 		}
 		ticker = time.NewTicker(s.keepAlive())

@@ -116,7 +116,7 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, rh *edge.RunH
 		rh.Close()
 	}()
 
-	sse, err := startSSE(w, map[string]string{"X-IOP-Run-ID": rh.RunID, "X-IOP-Node": rh.Node})
+	sse, err := s.startSSE(w, map[string]string{"X-IOP-Run-ID": rh.RunID, "X-IOP-Node": rh.Node})
 	if err != nil {
 		return
 	}

@@ -38,6 +38,9 @@ import (
 // DefaultKeepAlive is how often an idle SSE stream sends a comment line.
 const DefaultKeepAlive = 15 * time.Second
 
+// DefaultWriteIdleTimeout is how long one write to an SSE client may block.
+const DefaultWriteIdleTimeout = time.Minute
+
 // maxBody bounds request bodies.
 const maxBody = 8 << 20
 
@@ -76,6 +79,11 @@ type Server struct {
 	// KeepAlive is the SSE keep-alive interval (DefaultKeepAlive); set it
 	// before serving.
 	KeepAlive time.Duration
+	// WriteIdleTimeout bounds each write of an SSE stream
+	// (DefaultWriteIdleTimeout): a caller that keeps its connection open but
+	// stops reading is cut off, as if it had left, instead of holding a run,
+	// a command or a bus subscription forever. Set it before serving.
+	WriteIdleTimeout time.Duration
 
 	// stopping is cancelled when Stop begins: streams end, short requests
 	// are left to finish. base is cancelled when Stop gives up waiting.
@@ -100,7 +108,7 @@ func New(deps Deps, addr string, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{deps: deps, addr: addr, log: log, KeepAlive: DefaultKeepAlive}
+	s := &Server{deps: deps, addr: addr, log: log, KeepAlive: DefaultKeepAlive, WriteIdleTimeout: DefaultWriteIdleTimeout}
 	s.stopping, s.beginStop = context.WithCancel(context.Background())
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.mux = http.NewServeMux()

@@ -5,17 +5,23 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"time"
 )
 
-// sseWriter writes server-sent events, flushing after each one.
+// sseWriter writes server-sent events, flushing after each one. Each write
+// must complete within idle (when positive), so a client that stops reading
+// ends the stream with an error instead of blocking it forever.
 type sseWriter struct {
-	w  http.ResponseWriter
-	rc *http.ResponseController
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	idle time.Duration
 }
 
 // startSSE sends the stream's headers (plus any extra ones) and flushes
-// them, so the client learns at once that the stream is open.
-func startSSE(w http.ResponseWriter, extra map[string]string) (*sseWriter, error) {
+// them, so the client learns at once that the stream is open. Every write
+// of the stream, this one included, is bounded by the server's
+// WriteIdleTimeout.
+func (srv *Server) startSSE(w http.ResponseWriter, extra map[string]string) (*sseWriter, error) {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -23,9 +29,17 @@ func startSSE(w http.ResponseWriter, extra map[string]string) (*sseWriter, error
 	for k, v := range extra {
 		h.Set(k, v)
 	}
+	s := &sseWriter{w: w, rc: http.NewResponseController(w), idle: srv.WriteIdleTimeout}
+	s.deadline()
 	w.WriteHeader(http.StatusOK)
-	s := &sseWriter{w: w, rc: http.NewResponseController(w)}
 	return s, s.rc.Flush()
+}
+
+// deadline gives the next write idle to complete.
+func (s *sseWriter) deadline() {
+	if s.idle > 0 {
+		_ = s.rc.SetWriteDeadline(time.Now().Add(s.idle))
+	}
 }
 
 // event writes one event. data may hold newlines; each line becomes its own
@@ -41,6 +55,7 @@ func (s *sseWriter) event(typ string, data []byte) error {
 		b.WriteByte('\n')
 	}
 	b.WriteByte('\n')
+	s.deadline()
 	if _, err := s.w.Write(b.Bytes()); err != nil {
 		return err
 	}
@@ -58,6 +73,7 @@ func (s *sseWriter) eventJSON(typ string, v any) error {
 
 // comment writes a comment line, which SSE readers ignore.
 func (s *sseWriter) comment(text string) error {
+	s.deadline()
 	if _, err := s.w.Write([]byte(": " + oneLine(text) + "\n\n")); err != nil {
 		return err
 	}

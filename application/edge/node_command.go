@@ -17,6 +17,11 @@ type NodeCommandHandler struct {
 	// such as ollama.pull.
 	Timeout     time.Duration
 	LongTimeout time.Duration
+	// MaxRequestBytes bounds a command request as it goes to the node in
+	// one frame (DefaultMaxRequestBytes; bootstrap sets the link's max frame
+	// size); a larger one is refused with invalid_request. Zero or less
+	// disables the check.
+	MaxRequestBytes int
 }
 
 // NewNodeCommandHandler refuses nil dependencies.
@@ -24,7 +29,7 @@ func NewNodeCommandHandler(reg *Registry) *NodeCommandHandler {
 	if reg == nil {
 		panic("edge.NewNodeCommandHandler: nil dependency")
 	}
-	return &NodeCommandHandler{reg: reg, Timeout: 30 * time.Second, LongTimeout: 2 * time.Hour}
+	return &NodeCommandHandler{reg: reg, Timeout: 30 * time.Second, LongTimeout: 2 * time.Hour, MaxRequestBytes: DefaultMaxRequestBytes}
 }
 
 // longCommands stream progress and may legitimately take a long time.
@@ -36,6 +41,10 @@ func (h *NodeCommandHandler) Handle(ctx context.Context, node, name string, args
 	name = strings.TrimSpace(name)
 	if name == "" {
 		return nil, nil, nil, domain.Errorf(domain.CodeInvalidRequest, "command is required")
+	}
+	if size := len(name) + len(args) + requestOverhead; h.MaxRequestBytes > 0 && size > h.MaxRequestBytes {
+		return nil, nil, nil, domain.Errorf(domain.CodeInvalidRequest, "command request is too large: its arguments take %d bytes, the node link carries at most %d",
+			len(args), h.MaxRequestBytes-requestOverhead)
 	}
 	n, err := h.reg.resolve(node)
 	if err != nil {

@@ -35,13 +35,26 @@ type SubmitRunHandler struct {
 	now   func() time.Time
 
 	// Background runs and abandoned runs are drained by goroutines owned
-	// here; Stop ends them.
-	base context.Context
-	stop context.CancelFunc
-	wg   sync.WaitGroup
+	// here; Stop ends them. mu orders starting one against Stop.
+	base    context.Context
+	stop    context.CancelFunc
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	stopped bool
 	// DrainTimeout bounds how long an abandoned run is followed to its end.
 	DrainTimeout time.Duration
+	// MaxRequestBytes bounds a run request as it goes to the node in one
+	// frame (DefaultMaxRequestBytes; bootstrap sets the link's max frame
+	// size). A larger request is refused with invalid_request instead of
+	// being lost on the link. Zero or less disables the check.
+	MaxRequestBytes int
 }
+
+// DefaultMaxRequestBytes is the node link's default maximum frame size.
+const DefaultMaxRequestBytes = 4 << 20
+
+// requestOverhead covers a request's framing and field tags on the link.
+const requestOverhead = 1 << 10
 
 // NewSubmitRunHandler refuses nil dependencies.
 func NewSubmitRunHandler(reg *Registry, runs *RunTracker, bus ports.EventPublisher, log *slog.Logger) *SubmitRunHandler {
@@ -52,7 +65,8 @@ func NewSubmitRunHandler(reg *Registry, runs *RunTracker, bus ports.EventPublish
 		log = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &SubmitRunHandler{reg: reg, runs: runs, bus: bus, log: log, newID: NewRunID, now: time.Now, base: ctx, stop: cancel, DrainTimeout: 10 * time.Second}
+	return &SubmitRunHandler{reg: reg, runs: runs, bus: bus, log: log, newID: NewRunID, now: time.Now, base: ctx, stop: cancel, DrainTimeout: 10 * time.Second,
+		MaxRequestBytes: DefaultMaxRequestBytes}
 }
 
 // NewRunID returns a random run id such as "run_5f0c…" (24 hex digits).
@@ -62,10 +76,30 @@ func NewRunID() string {
 	return "run_" + hex.EncodeToString(b[:])
 }
 
-// Stop ends the goroutines following background and abandoned runs.
+// Stop ends the goroutines following background and abandoned runs. Runs
+// submitted or closed after it are let go of at once.
 func (h *SubmitRunHandler) Stop() {
+	h.mu.Lock()
+	h.stopped = true
+	h.mu.Unlock()
 	h.stop()
 	h.wg.Wait()
+}
+
+// spawn runs f on a goroutine that Stop waits for; after Stop it runs
+// nothing and reports false.
+func (h *SubmitRunHandler) spawn(f func()) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stopped {
+		return false
+	}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		f()
+	}()
+	return true
 }
 
 // Handle validates cmd, picks a node and starts the run there. For a
@@ -74,6 +108,13 @@ func (h *SubmitRunHandler) Stop() {
 func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandle, error) {
 	if cmd.Adapter == "" {
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "adapter is required")
+	}
+	if h.base.Err() != nil {
+		return nil, domain.Errorf(domain.CodeShuttingDown, "the edge is shutting down")
+	}
+	if size := len(cmd.Input) + len(cmd.Options) + len(cmd.Adapter) + len(cmd.Target) + len(cmd.SessionID) + requestOverhead; h.MaxRequestBytes > 0 && size > h.MaxRequestBytes {
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "run request is too large: input and options take %d bytes, the node link carries at most %d",
+			size-requestOverhead, h.MaxRequestBytes-requestOverhead)
 	}
 	node, release, err := h.reg.PickForRun(cmd.Node, cmd.Adapter)
 	if err != nil {
@@ -99,9 +140,7 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 // follow drains rh on a goroutine owned by h, publishing its events, for at
 // most limit (0: until the run ends or the edge stops).
 func (h *SubmitRunHandler) follow(rh *RunHandle, limit time.Duration) {
-	h.wg.Add(1)
-	go func() {
-		defer h.wg.Done()
+	started := h.spawn(func() {
 		ctx, cancel := h.base, context.CancelFunc(func() {})
 		if limit > 0 {
 			ctx, cancel = context.WithTimeout(h.base, limit)
@@ -113,7 +152,10 @@ func (h *SubmitRunHandler) follow(rh *RunHandle, limit time.Duration) {
 				return
 			}
 		}
-	}()
+	})
+	if !started {
+		rh.abandon()
+	}
 }
 
 // RunHandle is a caller's view of one dispatched run. It has one consumer:
@@ -182,9 +224,7 @@ func (r *RunHandle) Close() {
 		return
 	}
 	h := r.h
-	h.wg.Add(1)
-	go func() {
-		defer h.wg.Done()
+	started := h.spawn(func() {
 		node, ok := h.reg.Get(r.Node)
 		if ok {
 			ctx, cancel := context.WithTimeout(h.base, 5*time.Second)
@@ -201,7 +241,10 @@ func (r *RunHandle) Close() {
 				return
 			}
 		}
-	}()
+	})
+	if !started {
+		r.abandon()
+	}
 }
 
 // abandon lets go of the stream and the run's slot whatever state it is in.

@@ -395,3 +395,23 @@ func TestSubmitRunBackgroundIsDrainedByTheEdge(t *testing.T) {
 		t.Fatal("Stop left the background run's stream open")
 	}
 }
+
+// A run request too large for one frame on the node link is refused before
+// anything is dispatched or counted, instead of being lost on the wire.
+func TestSubmitRunRefusesOversizedRequest(t *testing.T) {
+	e := newUCEdge(t, ucNodeSpec{"n1", []string{"exec"}})
+	e.submit.MaxRequestBytes = 64 << 10
+	ctx, cancel := context.WithTimeout(context.Background(), ucWait)
+	defer cancel()
+	_, err := e.submit.Handle(ctx, edge.SubmitRun{Adapter: "exec", Input: make([]byte, 64<<10)})
+	if domain.CodeOf(err) != domain.CodeInvalidRequest {
+		t.Fatalf("err %v, want invalid_request", err)
+	}
+	if n := len(e.links["n1"].started); n != 0 || e.inFlight(t, "n1") != 0 {
+		t.Fatalf("an oversized run was dispatched (%d) or counted (%d)", n, e.inFlight(t, "n1"))
+	}
+	rh, err := e.submit.Handle(ctx, edge.SubmitRun{Adapter: "exec", Input: make([]byte, 32<<10), Background: true})
+	if err != nil || rh == nil {
+		t.Fatalf("a run that fits was refused: %v", err)
+	}
+}

@@ -2,6 +2,7 @@ package edge
 
 import (
 	"sort"
+	"strings"
 	"sync"
 
 	"iop/domain"
@@ -26,6 +27,20 @@ type UsageLine struct {
 
 type usageKey struct{ node, provider, model string }
 
+// Bounds of the ledger: the model is what callers asked for, any string
+// when a provider's model list is unknown, so neither the number of lines
+// nor the length of a name may grow with what callers invent.
+const (
+	// MaxUsageLines is how many node/provider/model lines the ledger keeps;
+	// tunnels of further models are summed in their node and provider's
+	// OtherModels line.
+	MaxUsageLines = 4096
+	// OtherModels is the model of the line that sums models over the limit.
+	OtherModels = "(other)"
+	// maxModelName is the longest model name kept, in bytes.
+	maxModelName = 256
+)
+
 // UsageLedger sums provider tunnel usage per node, provider and model, for
 // usage_status. It lives in memory and starts empty with the edge. It is
 // safe for concurrent use.
@@ -45,12 +60,19 @@ func (l *UsageLedger) Record(node string, s domain.TunnelSummary) {
 	if model == "" && s.Usage != nil {
 		model = s.Usage.Model
 	}
+	if len(model) > maxModelName {
+		model = strings.ToValidUTF8(model[:maxModelName], "")
+	}
 	k := usageKey{node, s.Provider, model}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	line := l.lines[k]
+	if line == nil && len(l.lines) >= MaxUsageLines {
+		k.model = OtherModels
+		line = l.lines[k]
+	}
 	if line == nil {
-		line = &UsageLine{Node: node, Provider: s.Provider, Model: model}
+		line = &UsageLine{Node: node, Provider: s.Provider, Model: k.model}
 		l.lines[k] = line
 	}
 	line.Requests++

@@ -59,3 +59,29 @@ func TestUsageLedgerConcurrent(t *testing.T) {
 		t.Fatalf("snapshot = %+v", s)
 	}
 }
+
+// The model is whatever the caller asked for (any string when a provider's
+// model list is unknown): the ledger must not grow with every name a caller
+// invents, nor keep huge names.
+func TestUsageLedgerIsBounded(t *testing.T) {
+	l := edge.NewUsageLedger()
+	long := string(make([]byte, 1<<20))
+	for i := range 3 * edge.MaxUsageLines {
+		l.Record("n", domain.TunnelSummary{Provider: "p", Model: string(rune(i+1)) + long[:1000], BodyBytes: 1})
+	}
+	l.Record("n", domain.TunnelSummary{Provider: "p", Model: long, BodyBytes: 1})
+	lines := l.Snapshot()
+	if len(lines) > edge.MaxUsageLines+1 {
+		t.Fatalf("%d ledger lines, want at most %d", len(lines), edge.MaxUsageLines+1)
+	}
+	var reqs int64
+	for _, ln := range lines {
+		if len(ln.Model) > 256 {
+			t.Fatalf("a ledger line keeps a %d-byte model name", len(ln.Model))
+		}
+		reqs += ln.Requests
+	}
+	if reqs != int64(3*edge.MaxUsageLines+1) {
+		t.Fatalf("%d requests counted, want %d", reqs, 3*edge.MaxUsageLines+1)
+	}
+}

@@ -83,7 +83,8 @@ func (h *CommandHandler) RunCommand(ctx context.Context, name string, args []byt
 // several do, args may name one: {"adapter": "..."}.
 func (h *CommandHandler) adapterCommand(ctx context.Context, name string, args []byte, progress func([]byte) error) ([]byte, error) {
 	var sel struct {
-		Adapter string `json:"adapter"`
+		Adapter  string `json:"adapter"`
+		Provider string `json:"provider"`
 	}
 	if len(args) > 0 {
 		_ = json.Unmarshal(args, &sel)
@@ -111,8 +112,13 @@ func (h *CommandHandler) adapterCommand(ctx context.Context, name string, args [
 		}
 		return cr.RunCommand(ctx, name, args, progress)
 	}
+	if sel.Adapter == "" {
+		if cr, ok := h.rt.providerRunnerFor(name, sel.Provider); ok {
+			return cr.RunCommand(ctx, name, args, progress)
+		}
+	}
 	if familyKnown || strings.Contains(name, ".") {
-		return nil, domain.Errorf(domain.CodeCommandUnsupported, "no adapter on this node serves %q", name)
+		return nil, domain.Errorf(domain.CodeCommandUnsupported, "no adapter or provider on this node serves %q", name)
 	}
 	return nil, domain.Errorf(domain.CodeUnknownCommand, "unknown command %q (built-in: %s)", name, strings.Join(BuiltinCommands, ", "))
 }
@@ -126,6 +132,7 @@ func (h *CommandHandler) capabilities() CapabilitiesDTO {
 		out.Adapters = append(out.Adapters, a)
 		out.Commands = append(out.Commands, in.caps.Commands...)
 	}
+	out.Commands = append(out.Commands, h.rt.providerCommandNames()...)
 	sort.Strings(out.Commands)
 	out.Commands = slices.Compact(out.Commands)
 	return out

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -33,11 +34,16 @@ type Runtime struct {
 	factory ports.AdapterFactory
 	log     *slog.Logger
 
+	provCmds ports.ProviderCommands
+
 	mu        sync.Mutex
 	byName    map[string]*instance
 	providers map[string]domain.ProviderConfig
-	nodeID    string
-	version   uint64
+	// provRunners serve command families for providers (ollama.* for an
+	// Ollama declared only as a provider), rebuilt on every Apply.
+	provRunners map[string]providerRunner
+	nodeID      string
+	version     uint64
 }
 
 // NewRuntime returns an empty runtime; Apply installs adapters.
@@ -49,6 +55,49 @@ func NewRuntime(factory ports.AdapterFactory, log *slog.Logger) *Runtime {
 		log = slog.Default()
 	}
 	return &Runtime{factory: factory, log: log, byName: map[string]*instance{}, providers: map[string]domain.ProviderConfig{}}
+}
+
+// providerRunner is a provider's command runner and the commands it serves.
+type providerRunner struct {
+	runner ports.CommandRunner
+	names  []string
+}
+
+// WithProviderCommands lets providers serve node commands; call it before
+// the first Apply.
+func (rt *Runtime) WithProviderCommands(pc ports.ProviderCommands) *Runtime {
+	rt.provCmds = pc
+	return rt
+}
+
+// providerRunnerFor returns a command runner serving name: the provider
+// named want, or, when want is empty, the first (by name) that serves it.
+func (rt *Runtime) providerRunnerFor(name, want string) (ports.CommandRunner, bool) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	names := make([]string, 0, len(rt.provRunners))
+	for n := range rt.provRunners {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		pr := rt.provRunners[n]
+		if (want == "" || want == n) && slices.Contains(pr.names, name) {
+			return pr.runner, true
+		}
+	}
+	return nil, false
+}
+
+// providerCommandNames lists the commands providers serve.
+func (rt *Runtime) providerCommandNames() []string {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	var out []string
+	for _, pr := range rt.provRunners {
+		out = append(out, pr.names...)
+	}
+	return out
 }
 
 // Apply installs cfg. Adapters whose config did not change keep their
@@ -85,8 +134,19 @@ func (rt *Runtime) Apply(cfg domain.NodeConfig) error {
 	}
 	rt.byName = next
 	rt.providers = map[string]domain.ProviderConfig{}
+	for _, pr := range rt.provRunners {
+		if c, ok := pr.runner.(io.Closer); ok {
+			_ = c.Close()
+		}
+	}
+	rt.provRunners = map[string]providerRunner{}
 	for _, p := range cfg.Providers {
 		rt.providers[p.Name] = p
+		if rt.provCmds != nil {
+			if r, names, ok := rt.provCmds.CommandsFor(p); ok {
+				rt.provRunners[p.Name] = providerRunner{runner: r, names: names}
+			}
+		}
 	}
 	rt.nodeID, rt.version = cfg.NodeID, cfg.Version
 	return errors.Join(errs...)

@@ -669,3 +669,45 @@ func TestBuildOptions(t *testing.T) {
 		t.Fatalf("empty: %s %v", got, err)
 	}
 }
+
+// Ctrl-C during a report over every node is an interruption (130), not a
+// success with a warning per node; and a report that no node could answer
+// is an error (1).
+func TestNodeReportsInterruptedOrAllFailed(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 200, `{"nodes":[{"id":"n1","adapters":[]},{"id":"n2","adapters":[]}]}`)
+	asked := make(chan struct{}, 4)
+	e.mux.HandleFunc("POST /v1/nodes/{id}/commands", func(w http.ResponseWriter, r *http.Request) {
+		var body struct{ Command string }
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		if body.Command == "capabilities" {
+			asked <- struct{}{}
+			<-r.Context().Done() // a slow node: the user presses Ctrl-C
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(503)
+		_, _ = io.WriteString(w, `{"error":{"code":"node_disconnected","message":"gone"}}`)
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-asked
+		cancel()
+	}()
+	done := make(chan result, 1)
+	go func() { done <- cli(t, ctx, e.URL, nil, "node", "caps") }()
+	select {
+	case r := <-done:
+		if r.code != 130 {
+			t.Fatalf("interrupted report: exit %d, stdout %q, stderr %q; want 130", r.code, r.stdout, r.stderr)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("interrupted report did not end")
+	}
+
+	r := run(t, e.URL, "node", "usage")
+	if r.code != 1 || !strings.Contains(r.stderr, "gone") {
+		t.Fatalf("every node failed: exit %d, stdout %q, stderr %q; want 1", r.code, r.stdout, r.stderr)
+	}
+}

@@ -127,16 +127,21 @@ func (a *app) nodeCmd() *cobra.Command {
 					}
 				}
 				var results []nodeResult
+				var lastErr error
 				for _, id := range ids {
 					raw, err := c.Command(ctx, id, r.command, nil, nil)
 					if err != nil {
-						if len(args) == 1 {
-							return err
+						if len(args) == 1 || ctx.Err() != nil {
+							return err // one node asked for, or interrupted
 						}
 						fmt.Fprintf(a.stderr, "iop: warning: node %s: %v\n", id, err)
+						lastErr = err
 						continue
 					}
 					results = append(results, nodeResult{node: id, raw: raw})
+				}
+				if len(results) == 0 && lastErr != nil {
+					return fmt.Errorf("no node answered %s (%d asked)", r.command, len(ids))
 				}
 				if a.json {
 					if len(args) == 1 {

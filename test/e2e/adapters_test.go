@@ -247,3 +247,28 @@ func TestRuntimeAdaptersWithStandIns(t *testing.T) {
 		t.Fatalf("iop ollama list: %d %s", code, out)
 	}
 }
+
+// An Ollama declared only as a tunnel provider still answers ollama.*.
+func TestOllamaCommandsThroughProviderOnlyNode(t *testing.T) {
+	si := newStandIn(t)
+	e := startEdge(t, fmt.Sprintf(`
+  - id: n1
+    token: %s
+    providers:
+      - {name: local-ollama, type: ollama, base_url: %q, models: [qwen3]}
+`, testToken, si.URL))
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	out, errOut, code := cli(t, e, "", "ollama", "list", "--node", "n1")
+	if code != 0 || !strings.Contains(out, "qwen3:latest") {
+		t.Fatalf("iop ollama list: %d %s %s", code, out, errOut)
+	}
+	out, errOut, code = cli(t, e, "", "ollama", "pull", "qwen3", "--node", "n1")
+	if code != 0 || !strings.Contains(out+errOut, "success") {
+		t.Fatalf("iop ollama pull: %d %s %s", code, out, errOut)
+	}
+	r, body := postJSON(t, e.url+"/v1/nodes/n1/commands", map[string]any{"command": "capabilities"})
+	if r.StatusCode != 200 || !strings.Contains(string(body), `"ollama.pull"`) {
+		t.Fatalf("capabilities: %d %s", r.StatusCode, body)
+	}
+}
