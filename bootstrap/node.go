@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/fx"
 
+	"iop/adapters/config"
 	"iop/adapters/provider"
 	"iop/adapters/runtime/factory"
 	"iop/adapters/store/sqlite"
@@ -108,6 +109,12 @@ func newNodeClient(s NodeSettings, log *slog.Logger, ac *nodeapp.ApplyConfigHand
 	host, _ := os.Hostname()
 	tc := s.Transport
 	tc.Logger = log
+	if tc.MaxFrameSize == 0 {
+		// The node only writes small frames (events and bodies are chunked);
+		// it reads whatever the edge is configured to send, up to the
+		// largest max_frame_size an edge accepts.
+		tc.MaxFrameSize = config.MaxMaxFrameSize
+	}
 	c := transport.NewClient(transport.ClientConfig{
 		Addr: s.Edge, Token: s.Token, Transport: tc, MinBackoff: s.MinBackoff, MaxBackoff: s.MaxBackoff,
 		Info: domain.NodeInfo{Version: Version, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH},

@@ -3,6 +3,7 @@ package transport
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	ioppb "iop/proto/iop"
 )
@@ -280,6 +283,12 @@ func (c *Conn) openFromPeer(f *ioppb.Frame) {
 
 // Open starts a new local stream whose first frame is f.
 func (c *Conn) Open(ctx context.Context, f *ioppb.Frame) (*Stream, error) {
+	// The writer would drop an oversized frame; refuse it here instead, so
+	// the opener gets an error rather than a stream that never answers.
+	// (The stream id is not set yet: allow for its varint.)
+	if size := proto.Size(f) + binary.MaxVarintLen64 + 1; size > c.cfg.MaxFrameSize {
+		return nil, fmt.Errorf("%w: %d > %d bytes", ErrFrameTooLarge, size, c.cfg.MaxFrameSize)
+	}
 	select {
 	case c.opening <- struct{}{}:
 		defer func() { <-c.opening }()

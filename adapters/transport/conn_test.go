@@ -319,3 +319,17 @@ func TestOpenFromPeerAfterShutdownEndsStream(t *testing.T) {
 		t.Errorf("%d streams registered on a closed connection", n)
 	}
 }
+
+func TestOpenRefusesFrameLargerThanMax(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	c := newConn(a, nil, Config{MaxFrameSize: 64 << 10}, SideEdge, 0, nil)
+	big := &ioppb.Frame{Body: &ioppb.Frame_RunRequest{RunRequest: &ioppb.RunRequest{RunId: "r", Adapter: "a", Input: make([]byte, 64<<10)}}}
+	if _, err := c.Open(context.Background(), big); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("Open = %v, want ErrFrameTooLarge", err)
+	}
+	if len(c.streams) != 0 || len(c.ctrl) != 0 {
+		t.Fatal("a refused open must leave no stream and queue nothing")
+	}
+}
