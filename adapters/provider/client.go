@@ -187,13 +187,14 @@ func filterHeader(h http.Header, drop func(canonical string) bool) http.Header {
 
 // CleanRequestHeader copies h without hop-by-hop headers (including those
 // named in Connection), without the caller's credentials (Authorization; the
-// node adds its own key), without X-IOP-* routing headers, and without
+// node adds its own key; also X-Api-Key, Api-Key and Cookie), without
+// X-IOP-* routing headers, and without
 // Accept-Encoding, Expect, Host and Content-Length, so the provider answers
 // in identity encoding and usage can be read from the stream.
 func CleanRequestHeader(h http.Header) http.Header {
 	return filterHeader(h, func(k string) bool {
 		switch k {
-		case "Authorization", "Accept-Encoding", "Content-Length", "Host", "Expect":
+		case "Authorization", "X-Api-Key", "Api-Key", "Cookie", "Accept-Encoding", "Content-Length", "Host", "Expect":
 			return true
 		}
 		return strings.HasPrefix(k, "X-Iop-")

@@ -65,6 +65,9 @@ func TestCleanRequestHeader(t *testing.T) {
 		"X-IOP-Whatever":      {"v"}, // non-canonical on purpose
 		"authorization":       {"Bearer sneaky"},
 		"OpenAI-Organization": {"org"},
+		"X-Api-Key":           {"caller-anthropic-key"},
+		"api-key":             {"caller-azure-key"},
+		"Cookie":              {"session=1"},
 	}
 	out := provider.CleanRequestHeader(in)
 	want := http.Header{"Content-Type": {"application/json"}, "Accept": {"text/event-stream"}, "Openai-Organization": {"org"}}
