@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"google.golang.org/protobuf/proto"
 
@@ -19,6 +20,20 @@ var (
 	ErrMalformedFrame = errors.New("malformed frame")
 	ErrEmptyFrame     = errors.New("frame has no body")
 )
+
+// Buffer sizes per connection and side. They are what an idle node costs,
+// so they stay small; bulk frames go around them.
+const (
+	readBufferSize  = 4 << 10
+	writeBufferSize = 4 << 10
+	keepBufferSize  = 16 << 10
+)
+
+// pooledFrameSize covers every data frame (chunks are at most 32 KiB plus
+// framing); larger, rare frames (a big config payload) are allocated.
+const pooledFrameSize = 64 << 10
+
+var framePool = sync.Pool{New: func() any { b := make([]byte, pooledFrameSize); return &b }}
 
 // DefaultMaxFrameSize bounds every frame on the wire (the length prefix is
 // checked before anything is allocated).
@@ -36,7 +51,9 @@ type Decoder struct {
 func NewDecoder(r io.Reader, max int) *Decoder {
 	br, ok := r.(*bufio.Reader)
 	if !ok {
-		br = bufio.NewReaderSize(r, 64<<10)
+		// Small on purpose: an idle link should cost little, and reads of
+		// large frames bypass the buffer (io.ReadFull into the frame).
+		br = bufio.NewReaderSize(r, readBufferSize)
 	}
 	return &Decoder{r: br, max: max}
 }
@@ -54,20 +71,31 @@ func (d *Decoder) Decode(f *ioppb.Frame) (int, error) {
 	if n == 0 {
 		return uvarintLen(n), ErrEmptyFrame
 	}
-	if cap(d.buf) < int(n) {
-		d.buf = make([]byte, n)
+	// Small frames use the decoder's own small buffer; larger ones borrow
+	// from a pool shared by all connections, so an idle link pins nothing
+	// and a busy one does not allocate per body chunk. Unmarshal copies
+	// what it keeps, so the buffer is free again right after.
+	var b []byte
+	var pooled *[]byte
+	switch {
+	case int(n) <= keepBufferSize:
+		if cap(d.buf) < int(n) {
+			// Grow in 1 KiB steps: heartbeats and control frames are tiny.
+			d.buf = make([]byte, (int(n)+1023)&^1023)
+		}
+		b = d.buf[:n]
+	case int(n) <= pooledFrameSize:
+		pooled = framePool.Get().(*[]byte)
+		defer framePool.Put(pooled)
+		b = (*pooled)[:n]
+	default:
+		b = make([]byte, n)
 	}
-	b := d.buf[:n]
 	if _, err := io.ReadFull(d.r, b); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
 		return 0, err
-	}
-	// Large buffers are not kept: one big config payload must not pin
-	// megabytes per idle connection.
-	if cap(d.buf) > 256<<10 {
-		d.buf = nil
 	}
 	f.Reset()
 	if err := proto.Unmarshal(b, f); err != nil {

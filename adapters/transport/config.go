@@ -39,7 +39,7 @@ func DefaultConfig() Config {
 		MaxFrameSize:      DefaultMaxFrameSize,
 		StreamWindow:      256 << 10,
 		MaxStreams:        512,
-		ControlQueue:      1024,
+		ControlQueue:      256,
 		WriteTimeout:      45 * time.Second,
 		HandshakeTimeout:  10 * time.Second,
 	}

@@ -371,8 +371,17 @@ func (c *Conn) trySendCtrl(f *ioppb.Frame) bool {
 
 func (c *Conn) writeLoop() {
 	defer c.wg.Done()
-	bw := bufio.NewWriterSize(c.nc, 64<<10)
-	var buf []byte
+	bw := bufio.NewWriterSize(c.nc, writeBufferSize)
+	// Frames are encoded into a pooled buffer for the length of one batch
+	// and returned before the writer waits again, so an idle link holds none.
+	var pooled *[]byte
+	release := func() {
+		if pooled != nil {
+			framePool.Put(pooled)
+			pooled = nil
+		}
+	}
+	defer release()
 	// The write deadline is re-armed as the writer makes progress, so it
 	// catches a peer that stopped reading, not a long busy spell on a slow
 	// link (a batch can go on for as long as senders keep frames ready).
@@ -406,8 +415,13 @@ func (c *Conn) writeLoop() {
 				c.shutdown(cause)
 				return
 			}
-			var err error
-			buf, err = AppendFrame(buf[:0], f, c.cfg.MaxFrameSize)
+			if pooled == nil {
+				pooled = framePool.Get().(*[]byte)
+			}
+			buf, err := AppendFrame((*pooled)[:0], f, c.cfg.MaxFrameSize)
+			if cap(buf) <= pooledFrameSize {
+				*pooled = buf[:cap(buf)] // keep the (possibly same) backing array
+			}
 			if err != nil {
 				// Senders check sizes first; this is a local bug, not the peer's.
 				c.log.Error("outgoing frame dropped", "stream", f.StreamId, "err", err)
@@ -419,11 +433,9 @@ func (c *Conn) writeLoop() {
 				c.framesOut.Add(1)
 				c.bytesOut.Add(int64(len(buf)))
 			}
-			if cap(buf) > 256<<10 {
-				buf = nil
-			}
 			f = c.nextQueued()
 		}
+		release()
 		arm()
 		if err := bw.Flush(); err != nil {
 			c.shutdown(fmt.Errorf("write: %w", err))
