@@ -233,9 +233,10 @@ func (c *Client) StartRun(ctx context.Context, req RunRequest) (*RunStream, erro
 		}
 		return &RunStream{RunID: ack.RunID, Node: ack.Node, Background: true}, nil
 	}
+	body := newIdleBody(resp.Body, StreamIdleTimeout)
 	return &RunStream{
 		RunID: resp.Header.Get("X-IOP-Run-ID"), Node: resp.Header.Get("X-IOP-Node"),
-		body: resp.Body, sse: NewSSEReader(resp.Body),
+		body: body, sse: NewSSEReader(body),
 	}, nil
 }
 
@@ -294,7 +295,7 @@ func (c *Client) Command(ctx context.Context, node, name string, args any, progr
 		}
 		return b, nil
 	}
-	sse := NewSSEReader(resp.Body)
+	sse := NewSSEReader(newIdleBody(resp.Body, StreamIdleTimeout))
 	for {
 		ev, err := sse.Next()
 		if err != nil {
@@ -368,7 +369,7 @@ func (c *Client) Events(ctx context.Context, types []string, fn func(BusEvent) e
 		return err
 	}
 	defer resp.Body.Close()
-	sse := NewSSEReader(resp.Body)
+	sse := NewSSEReader(newIdleBody(resp.Body, StreamIdleTimeout))
 	for {
 		ev, err := sse.Next()
 		if err != nil {
