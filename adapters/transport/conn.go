@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -434,6 +435,13 @@ func (c *Conn) writeLoop() {
 				c.bytesOut.Add(int64(len(buf)))
 			}
 			f = c.nextQueued()
+			if f == nil {
+				// The sender just released often has its next frame ready
+				// (a tunnel's status, header, first body chunk): let it run
+				// once so they share one write instead of one each.
+				runtime.Gosched()
+				f = c.nextQueued()
+			}
 		}
 		release()
 		arm()
