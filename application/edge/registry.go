@@ -177,8 +177,8 @@ func (r *Registry) PickForRun(node, adapter string) (NodeView, func(), error) {
 	return chosen.view(), release, nil
 }
 
-// TunnelCandidates returns live nodes that declare provider models or
-// providers, for tunnel routing.
+// acquireTunnel counts a tunnel against node id until the returned release
+// is called (release is idempotent); false if the node is not connected.
 func (r *Registry) acquireTunnel(id string) (func(), bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
