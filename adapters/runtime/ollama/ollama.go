@@ -158,22 +158,11 @@ type chatLine struct {
 // anything is sent; upstream failures are error events; a cancelled ctx
 // returns ctx.Err(); a failing sink returns its error.
 func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
-	model, err := chat.Model(a.name, req.Target, a.models)
+	prep, err := a.sessions.Prepare(ctx, req, a.models)
 	if err != nil {
 		return err
 	}
-	opts, err := chat.ParseOptions(req.Options)
-	if err != nil {
-		return err
-	}
-	turn, err := chat.ParseInput(req.Input)
-	if err != nil {
-		return err
-	}
-	msgs, err := a.sessions.Messages(ctx, req.SessionID, turn)
-	if err != nil {
-		return err
-	}
+	model, opts, turn, msgs := prep.Model, prep.Options, prep.Turn, prep.Messages
 	body := map[string]any{"model": model, "messages": msgs, "stream": true}
 	for _, k := range passThrough {
 		if v, ok := opts[k]; ok {
@@ -189,7 +178,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	defer limit.Stop()
 	resp, err := upstream.Do(limit.Context(), a.hc, http.MethodPost, a.base+"/api/chat", payload, nil)
 	if err != nil {
-		return a.fail(ctx, limit, sink, err)
+		return limit.Fail(sink, "ollama chat", err)
 	}
 	defer resp.Body.Close()
 
@@ -198,10 +187,10 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	for {
 		line, err := r.Next()
 		if errors.Is(err, io.EOF) {
-			return a.fail(ctx, limit, sink, domain.Errorf(domain.CodeProviderError, "Ollama's stream ended before its final \"done\" line"))
+			return limit.Fail(sink, "ollama chat", domain.Errorf(domain.CodeProviderError, "Ollama's stream ended before its final \"done\" line"))
 		}
 		if err != nil {
-			return a.fail(ctx, limit, sink, upstream.TransportError(limit.Context(), err))
+			return limit.Fail(sink, "ollama chat", upstream.TransportError(limit.Context(), err))
 		}
 		var l chatLine
 		if len(strings.TrimSpace(string(line))) == 0 || json.Unmarshal(line, &l) != nil {
@@ -209,7 +198,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		}
 		if len(l.Error) > 0 && string(l.Error) != "null" {
 			msg, code := upstream.ErrorField(l.Error)
-			return a.fail(ctx, limit, sink, upstream.ProviderError(msg, code))
+			return limit.Fail(sink, "ollama chat", upstream.ProviderError(msg, code))
 		}
 		if m := l.Message; m != nil {
 			if m.Thinking != "" {
@@ -245,17 +234,4 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 			Model:            cmp.Or(l.Model, model),
 		}})
 	}
-}
-
-// fail ends a run that went wrong upstream: ctx.Err() when the caller
-// cancelled, a timeout event when the run's own timeout expired, else an
-// error event built from err.
-func (a *Adapter) fail(ctx context.Context, limit *runlimit.Limit, sink ports.EventSink, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	if limit.Expired() {
-		return sink.Emit(limit.Event("ollama chat"))
-	}
-	return sink.Emit(domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{Code: domain.CodeOf(err), Message: domain.MessageOf(err)}})
 }

@@ -154,22 +154,11 @@ func (a *Adapter) ListSessions(ctx context.Context) ([]domain.SessionInfo, error
 // anything is sent; upstream failures are error events; a cancelled ctx
 // returns ctx.Err(); a failing sink returns its error.
 func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
-	model, err := chat.Model(a.name, req.Target, a.models)
+	prep, err := a.sessions.Prepare(ctx, req, a.models)
 	if err != nil {
 		return err
 	}
-	body, err := chat.ParseOptions(req.Options)
-	if err != nil {
-		return err
-	}
-	turn, err := chat.ParseInput(req.Input)
-	if err != nil {
-		return err
-	}
-	msgs, err := a.sessions.Messages(ctx, req.SessionID, turn)
-	if err != nil {
-		return err
-	}
+	model, body, turn, msgs := prep.Model, prep.Options, prep.Turn, prep.Messages
 	for _, k := range reserved {
 		delete(body, k)
 	}
@@ -202,7 +191,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	started := time.Now()
 	resp, err := upstream.Do(limit.Context(), a.hc, http.MethodPost, a.url, payload, header)
 	if err != nil {
-		return a.fail(ctx, limit, sink, err)
+		return limit.Fail(sink, "chat completion", err)
 	}
 	defer resp.Body.Close()
 
@@ -215,9 +204,9 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	var ue *upstreamErr
 	switch {
 	case errors.As(err, &ue):
-		return a.fail(ctx, limit, sink, ue.err)
+		return limit.Fail(sink, "chat completion", ue.err)
 	case err != nil && errors.Is(err, errReading):
-		return a.fail(ctx, limit, sink, upstream.TransportError(limit.Context(), err))
+		return limit.Fail(sink, "chat completion", upstream.TransportError(limit.Context(), err))
 	case err != nil:
 		return err // the sink's
 	}
@@ -231,19 +220,6 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	}
 	return sink.Emit(domain.RunEvent{Type: domain.EventComplete, Usage: &u})
-}
-
-// fail ends a run that went wrong upstream: ctx.Err() when the caller
-// cancelled, a timeout event when the run's own timeout expired, else an
-// error event built from err.
-func (a *Adapter) fail(ctx context.Context, limit *runlimit.Limit, sink ports.EventSink, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	if limit.Expired() {
-		return sink.Emit(limit.Event("chat completion"))
-	}
-	return sink.Emit(domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{Code: domain.CodeOf(err), Message: domain.MessageOf(err)}})
 }
 
 // errReading marks a failure to read the response body.

@@ -196,3 +196,31 @@ func (s *Sessions) List(ctx context.Context) ([]domain.SessionInfo, error) {
 	}
 	return s.store.ListChats(ctx, s.adapter)
 }
+
+// Prepared is a chat turn ready to send.
+type Prepared struct {
+	Model    string
+	Options  map[string]json.RawMessage // the run's options, not yet filtered
+	Turn     Turn
+	Messages []json.RawMessage // the session's history, then the turn
+}
+
+// Prepare reads a run's model, options and input and loads its session's
+// history. Bad input, options or a missing model are invalid_request errors.
+func (s *Sessions) Prepare(ctx context.Context, req domain.RunRequest, models []string) (Prepared, error) {
+	var p Prepared
+	var err error
+	if p.Model, err = Model(s.adapter, req.Target, models); err != nil {
+		return Prepared{}, err
+	}
+	if p.Options, err = ParseOptions(req.Options); err != nil {
+		return Prepared{}, err
+	}
+	if p.Turn, err = ParseInput(req.Input); err != nil {
+		return Prepared{}, err
+	}
+	if p.Messages, err = s.Messages(ctx, req.SessionID, p.Turn); err != nil {
+		return Prepared{}, err
+	}
+	return p, nil
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"iop/domain"
+	"iop/ports"
 )
 
 var errExpired = errors.New("run timeout expired")
@@ -51,4 +52,18 @@ func (l *Limit) Event(what string) domain.RunEvent {
 	return domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{
 		Code: domain.CodeTimeout, Message: fmt.Sprintf("%s timed out after %s", what, l.d),
 	}}
+}
+
+// Fail ends a run that went wrong: it returns the caller's ctx.Err() when the
+// caller cancelled (the run manager then reports cancelled), emits the
+// timeout event when the run's own limit expired, and otherwise emits an
+// error event built from err. what names the work for the timeout message.
+func (l *Limit) Fail(sink ports.EventSink, what string, err error) error {
+	if perr := l.parent.Err(); perr != nil {
+		return perr
+	}
+	if l.Expired() {
+		return sink.Emit(l.Event(what))
+	}
+	return sink.Emit(domain.ErrorEvent("", err))
 }
