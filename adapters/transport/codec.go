@@ -137,7 +137,9 @@ func AppendFrame(b []byte, f *ioppb.Frame, max int) ([]byte, error) {
 		return b, fmt.Errorf("%w: %d > %d bytes", ErrFrameTooLarge, size, max)
 	}
 	b = binary.AppendUvarint(b, uint64(size))
-	return proto.MarshalOptions{}.MarshalAppend(b, f)
+	// The size was just computed: let Marshal reuse it instead of walking
+	// the message a second time.
+	return proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, f)
 }
 
 func uvarintLen(n uint64) int {

@@ -36,6 +36,13 @@ const frameOverhead = 16
 
 func frameCost(f *ioppb.Frame) int { return proto.Size(f) + frameOverhead }
 
+// queued is a received frame with the cost charged for it on arrival, so
+// the frame is sized once, not again when it is consumed.
+type queued struct {
+	f    *ioppb.Frame
+	cost int
+}
+
 // Stream is one exchange on a Conn (a run, a command, a tunnel, a cancel).
 //
 // Receiving: frames the peer sends are queued here, never in the read loop;
@@ -54,7 +61,7 @@ type Stream struct {
 	cancel context.CancelCauseFunc
 
 	mu       sync.Mutex
-	queue    []*ioppb.Frame
+	queue    []queued
 	queued   int
 	unacked  int
 	credit   int
@@ -84,10 +91,9 @@ func (s *Stream) Recv(ctx context.Context) (*ioppb.Frame, error) {
 	for {
 		s.mu.Lock()
 		if len(s.queue) > 0 {
-			f := s.queue[0]
-			s.queue[0] = nil
+			f, cost := s.queue[0].f, s.queue[0].cost
+			s.queue[0] = queued{}
 			s.queue = s.queue[1:]
-			cost := frameCost(f)
 			s.queued -= cost
 			s.unacked += cost
 			var grant int
@@ -231,7 +237,7 @@ func (s *Stream) deliver(f *ioppb.Frame) {
 		}
 		return
 	}
-	s.queue = append(s.queue, f)
+	s.queue = append(s.queue, queued{f: f, cost: cost})
 	s.queued += cost
 	s.mu.Unlock()
 	signal(s.notify)
