@@ -66,9 +66,10 @@ func Edge(s EdgeSettings) fx.Option {
 			},
 			edgeapp.NewCancelRunHandler,
 			edgeapp.NewTerminateSessionHandler,
-			func(s EdgeSettings, reg *edgeapp.Registry) *edgeapp.NodeCommandHandler {
+			func(s EdgeSettings, reg *edgeapp.Registry, ledger *edgeapp.UsageLedger) *edgeapp.NodeCommandHandler {
 				h := edgeapp.NewNodeCommandHandler(reg)
 				h.MaxRequestBytes = int(s.Config.Transport.MaxFrameSize)
+				h.Ledger = ledger
 				return h
 			},
 			edgeapp.NewGetRunHandler,
@@ -107,15 +108,7 @@ func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edg
 	deps := httpapi.Deps{
 		Registry: reg, Submit: submit, Cancel: cancel, Terminate: term, Commands: cmds,
 		GetRun: get, ListRuns: list, Events: bus, OpenAI: oa,
-		TunnelUsage: func(node string) []edgeapp.UsageLine {
-			var out []edgeapp.UsageLine
-			for _, l := range ledger.Snapshot() {
-				if node == "" || l.Node == node {
-					out = append(out, l)
-				}
-			}
-			return out
-		},
+		TunnelUsage: ledger.ForNode,
 	}
 	if s.ConfigPath != "" {
 		deps.Reload = reload.Handle

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"iop/application/edge"
 	"iop/domain"
 	"iop/ports"
 )
@@ -161,9 +162,6 @@ func (s *Server) handleNodeCommand(w http.ResponseWriter, r *http.Request) {
 			if len(result) == 0 {
 				result = []byte("{}")
 			}
-			if req.Command == "usage_status" {
-				result = s.withTunnelUsage(r.PathValue("id"), result)
-			}
 			if sse != nil {
 				_ = sse.event("result", result)
 				return
@@ -178,51 +176,11 @@ func (s *Server) handleNodeCommand(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// usageLineJSON is one line of the edge's tunnel usage ledger.
-type usageLineJSON struct {
-	Node             string `json:"node"`
-	Provider         string `json:"provider"`
-	Model            string `json:"model"`
-	Requests         int64  `json:"requests"`
-	Errors           int64  `json:"errors"`
-	PromptTokens     int64  `json:"prompt_tokens"`
-	CompletionTokens int64  `json:"completion_tokens"`
-	TotalTokens      int64  `json:"total_tokens"`
-	BodyBytes        int64  `json:"body_bytes"`
-}
-
-func (s *Server) tunnelUsage(node string) []usageLineJSON {
-	out := []usageLineJSON{}
-	if s.deps.TunnelUsage == nil {
-		return out
-	}
-	for _, l := range s.deps.TunnelUsage(node) {
-		out = append(out, usageLineJSON{Node: l.Node, Provider: l.Provider, Model: l.Model, Requests: l.Requests, Errors: l.Errors,
-			PromptTokens: l.PromptTokens, CompletionTokens: l.CompletionTokens, TotalTokens: l.TotalTokens, BodyBytes: l.BodyBytes})
-	}
-	return out
-}
-
-// withTunnelUsage adds the edge's tunnel usage for node to a usage_status
-// result: runs are counted by the node, tunnels by the edge that relays them.
-func (s *Server) withTunnelUsage(node string, result []byte) []byte {
-	var m map[string]json.RawMessage
-	if s.deps.TunnelUsage == nil || json.Unmarshal(result, &m) != nil {
-		return result
-	}
-	t, err := json.Marshal(s.tunnelUsage(node))
-	if err != nil {
-		return result
-	}
-	m["tunnels"] = t
-	out, err := json.Marshal(m)
-	if err != nil {
-		return result
-	}
-	return out
-}
-
 // handleUsage answers GET /v1/usage?node=: the edge's tunnel usage ledger.
 func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"tunnels": s.tunnelUsage(r.URL.Query().Get("node"))})
+	lines := []edge.UsageLine{}
+	if s.deps.TunnelUsage != nil {
+		lines = s.deps.TunnelUsage(r.URL.Query().Get("node"))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tunnels": lines})
 }

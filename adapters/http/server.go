@@ -64,8 +64,8 @@ type Deps struct {
 	// OpenAI, if set, serves the OpenAI-compatible and Ollama-native
 	// passthrough routes (/v1/chat/completions, /v1/models, /api/…).
 	OpenAI http.Handler
-	// TunnelUsage, if set, reports the edge's tunnel usage ledger; it backs
-	// GET /v1/usage and is added to usage_status results as "tunnels".
+	// TunnelUsage, if set, reports the edge's tunnel usage ledger for a node
+	// ("" for all); it backs GET /v1/usage.
 	TunnelUsage func(node string) []edge.UsageLine
 }
 

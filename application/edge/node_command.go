@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"time"
 
@@ -22,6 +23,9 @@ type NodeCommandHandler struct {
 	// size); a larger one is refused with invalid_request. Zero or less
 	// disables the check.
 	MaxRequestBytes int
+	// Ledger, when set, adds the edge's own part to usage_status: the node
+	// counts runs, the edge counts the tunnels it relays ("tunnels").
+	Ledger *UsageLedger
 }
 
 // NewNodeCommandHandler refuses nil dependencies.
@@ -60,7 +64,40 @@ func (h *NodeCommandHandler) Handle(ctx context.Context, node, name string, args
 		cancel()
 		return nil, nil, nil, err
 	}
+	if name == cmdUsageStatus && h.Ledger != nil {
+		cs = &withTunnelUsage{CommandStream: cs, lines: func() []UsageLine { return h.Ledger.ForNode(n.ID) }}
+	}
 	return cs, ctx, cancel, nil
+}
+
+// cmdUsageStatus is the node command the edge adds its tunnel usage to.
+const cmdUsageStatus = "usage_status"
+
+// withTunnelUsage adds "tunnels" to a usage_status result object. A result
+// that is not a JSON object is passed on untouched.
+type withTunnelUsage struct {
+	ports.CommandStream
+	lines func() []UsageLine
+}
+
+func (w *withTunnelUsage) Recv(ctx context.Context) (ports.CommandReply, error) {
+	r, err := w.CommandStream.Recv(ctx)
+	if err != nil || !r.Final || r.Err != nil {
+		return r, err
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(r.Result, &m) != nil || m == nil {
+		return r, nil
+	}
+	t, terr := json.Marshal(w.lines())
+	if terr != nil {
+		return r, nil
+	}
+	m["tunnels"] = t
+	if out, merr := json.Marshal(m); merr == nil {
+		r.Result = out
+	}
+	return r, nil
 }
 
 // Call runs a command to completion and returns its final result.

@@ -108,9 +108,7 @@ func (n *LiveNode) view() NodeView {
 	for _, a := range n.Config.Adapters {
 		v.Adapters = append(v.Adapters, domain.AdapterStatus{Name: a.Name, Type: a.Type, MaxConcurrency: a.MaxConcurrency, InFlight: n.runs[a.Name]})
 	}
-	for _, c := range n.runs {
-		v.RunsInFlight += c
-	}
+	v.RunsInFlight = n.inFlight()
 	return v
 }
 

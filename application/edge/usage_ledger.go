@@ -10,19 +10,20 @@ import (
 
 // UsageLine is the usage of provider tunnels summed for one node, provider
 // and model.
+// Its JSON form is part of the API (GET /v1/usage, usage_status "tunnels").
 type UsageLine struct {
-	Node     string
-	Provider string
-	Model    string
+	Node     string `json:"node"`
+	Provider string `json:"provider"`
+	Model    string `json:"model"`
 	// Requests counts finished tunnels; Errors those that ended with an
 	// error (link lost, provider failure, caller gone) rather than an end.
-	Requests         int64
-	Errors           int64
-	PromptTokens     int64
-	CompletionTokens int64
-	TotalTokens      int64
+	Requests         int64 `json:"requests"`
+	Errors           int64 `json:"errors"`
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	TotalTokens      int64 `json:"total_tokens"`
 	// BodyBytes counts response body bytes relayed to callers.
-	BodyBytes int64
+	BodyBytes int64 `json:"body_bytes"`
 }
 
 type usageKey struct{ node, provider, model string }
@@ -105,5 +106,17 @@ func (l *UsageLedger) Snapshot() []UsageLine {
 		}
 		return a.Model < b.Model
 	})
+	return out
+}
+
+// ForNode returns the lines of node (every line when node is empty), in
+// Snapshot's order; never nil.
+func (l *UsageLedger) ForNode(node string) []UsageLine {
+	out := []UsageLine{}
+	for _, line := range l.Snapshot() {
+		if node == "" || line.Node == node {
+			out = append(out, line)
+		}
+	}
 	return out
 }
