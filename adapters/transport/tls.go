@@ -136,7 +136,9 @@ func verifyPinned(pin, host string, certs []*x509.Certificate) error {
 // retrying into a possible man in the middle.
 type TrustError struct{ Err error }
 
-func (e *TrustError) Error() string { return "cannot trust the edge: " + e.Err.Error() + hostHint(e.Err) }
+func (e *TrustError) Error() string {
+	return "cannot trust the edge: " + e.Err.Error() + hostHint(e.Err)
+}
 func (e *TrustError) Unwrap() error { return e.Err }
 
 // Fatal is always true: see Client.Run.
