@@ -120,8 +120,8 @@ func ParseEdge(name string, data []byte) (*EdgeConfig, error) {
 	if err := decodeStrict(name, data, &c); err != nil {
 		return nil, err
 	}
-	c.SetDefaults()
 	c.resolvePaths(name)
+	c.SetDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, prefixErrors(name, err)
 	}
