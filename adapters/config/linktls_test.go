@@ -8,7 +8,7 @@ import (
 	"iop/adapters/config"
 )
 
-func TestEdgeTLSDefaultsAndPaths(t *testing.T) {
+func TestLinkTLSDefaultsAndPaths(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "edge.yaml")
 	c, err := config.ParseEdge(path, []byte("transport: {listen: \"127.0.0.1:7700\"}\n"))
