@@ -13,10 +13,11 @@ const (
 	AdapterOpenAI     = "openai"
 	AdapterClaudeCode = "claude-code"
 	AdapterCodex      = "codex"
+	AdapterGemini     = "gemini"
 )
 
 // KnownAdapterTypes lists the runtime adapter types, in documentation order.
-var KnownAdapterTypes = []string{AdapterExec, AdapterOllama, AdapterOpenAI, AdapterClaudeCode, AdapterCodex}
+var KnownAdapterTypes = []string{AdapterExec, AdapterOllama, AdapterOpenAI, AdapterClaudeCode, AdapterCodex, AdapterGemini}
 
 // Provider types for the raw tunnel.
 const (
@@ -51,7 +52,7 @@ type AdapterConfig struct {
 	PathPrefix     string                // openai: replaces "/v1"
 	APIKeyEnv      string                // openai: env var on the node holding the key
 	Models         []string
-	Command        string   // claude-code, codex: the binary
+	Command        string   // claude-code, codex, gemini: the binary
 	Args           []string // extra argv before the prompt
 	WorkDir        string
 	Timeout        time.Duration
