@@ -1,6 +1,7 @@
 package domain_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -108,5 +109,30 @@ func TestBuildConfig(t *testing.T) {
 func TestUsageTotal(t *testing.T) {
 	if (domain.Usage{PromptTokens: 2, CompletionTokens: 3}).Total() != 5 || (domain.Usage{TotalTokens: 9, PromptTokens: 1}).Total() != 9 {
 		t.Fatal("Total")
+	}
+}
+
+func TestPrincipalScopesAndNodes(t *testing.T) {
+	anon := domain.PrincipalFrom(context.Background())
+	if anon.Name != domain.AnonymousName || !anon.Allows(domain.ScopeAdmin) || !anon.SeesNode("any") {
+		t.Fatalf("no principal in context must be anonymous with every right, got %+v", anon)
+	}
+	p := domain.Principal{Name: "ci", Scopes: []string{domain.ScopeRead, domain.ScopeRuns}, Nodes: []string{"n1"}}
+	ctx := domain.WithPrincipal(context.Background(), p)
+	got := domain.PrincipalFrom(ctx)
+	if got.Name != "ci" || !got.Allows(domain.ScopeRead) || !got.Allows(domain.ScopeRuns) || got.Allows(domain.ScopeInference) || got.Allows(domain.ScopeAdmin) {
+		t.Fatalf("scopes wrong: %+v", got)
+	}
+	if !got.SeesNode("n1") || got.SeesNode("n2") || !got.Limited() {
+		t.Fatal("node limit not applied")
+	}
+	if err := got.Require(domain.ScopeAdmin); !errors.Is(err, domain.ErrForbidden) || !strings.Contains(err.Error(), "ci") {
+		t.Fatalf("Require(admin) = %v", err)
+	}
+	admin := domain.Principal{Name: "ops", Scopes: []string{domain.ScopeAdmin}}
+	for _, s := range domain.KnownScopes {
+		if !admin.Allows(s) {
+			t.Fatalf("admin must imply %s", s)
+		}
 	}
 }
