@@ -136,3 +136,22 @@ func TestPrincipalScopesAndNodes(t *testing.T) {
 		}
 	}
 }
+
+func TestBuildConfigChecksChildEnvironment(t *testing.T) {
+	for name, a := range map[string]domain.AdapterConfig{
+		"env on a provider adapter": {Name: "o", Type: domain.AdapterOllama, BaseURL: "http://x", InheritEnv: []string{"K"}},
+		"bad env name":              {Name: "c", Type: domain.AdapterClaudeCode, Env: map[string]string{"A=B": "v"}},
+		"bad inherit name":          {Name: "c", Type: domain.AdapterCodex, InheritEnv: []string{""}},
+		"bad target inherit name": {Name: "e", Type: domain.AdapterExec, Targets: map[string]domain.ExecTarget{
+			"t": {Command: []string{"env"}, InheritEnv: []string{"X\x00"}}}},
+	} {
+		_, err := domain.NodeRecord{ID: "n", Adapters: []domain.AdapterConfig{a}}.BuildConfig(1)
+		if !errors.Is(err, domain.ErrConfig) {
+			t.Errorf("%s: BuildConfig = %v, want config_error", name, err)
+		}
+	}
+	ok := domain.AdapterConfig{Name: "c", Type: domain.AdapterClaudeCode, Env: map[string]string{"ANTHROPIC_BASE_URL": "http://127.0.0.1:1"}, InheritEnv: []string{"ANTHROPIC_API_KEY"}}
+	if _, err := (domain.NodeRecord{ID: "n", Adapters: []domain.AdapterConfig{ok}}).BuildConfig(1); err != nil {
+		t.Fatalf("valid env refused: %v", err)
+	}
+}

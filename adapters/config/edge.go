@@ -71,6 +71,10 @@ type AdapterEntry struct {
 	Command        string                 `yaml:"command"`
 	Args           []string               `yaml:"args"`
 	WorkDir        string                 `yaml:"work_dir"`
+	// Env and InheritEnv shape the child environment of exec targets and
+	// CLI agents (see domain.AdapterConfig).
+	Env        map[string]string `yaml:"env"`
+	InheritEnv []string          `yaml:"inherit_env"`
 }
 
 // TargetEntry is one command of an exec adapter.
@@ -79,6 +83,8 @@ type TargetEntry struct {
 	Timeout Duration          `yaml:"timeout"`
 	Dir     string            `yaml:"dir"`
 	Env     map[string]string `yaml:"env"`
+	// InheritEnv names node environment variables this target also gets.
+	InheritEnv []string `yaml:"inherit_env"`
 }
 
 // ProviderEntry declares an upstream server a node reaches for the raw tunnel.
@@ -255,15 +261,18 @@ func (a AdapterEntry) toDomain() domain.AdapterConfig {
 		Args:           slices.Clone(a.Args),
 		WorkDir:        a.WorkDir,
 		Timeout:        a.Timeout.Std(),
+		Env:            maps.Clone(a.Env),
+		InheritEnv:     slices.Clone(a.InheritEnv),
 	}
 	if a.Targets != nil {
 		d.Targets = make(map[string]domain.ExecTarget, len(a.Targets))
 		for name, t := range a.Targets {
 			d.Targets[name] = domain.ExecTarget{
-				Command: slices.Clone(t.Command),
-				Timeout: t.Timeout.Std(),
-				Dir:     t.Dir,
-				Env:     maps.Clone(t.Env),
+				Command:    slices.Clone(t.Command),
+				Timeout:    t.Timeout.Std(),
+				Dir:        t.Dir,
+				Env:        maps.Clone(t.Env),
+				InheritEnv: slices.Clone(t.InheritEnv),
 			}
 		}
 	}

@@ -36,7 +36,7 @@ nodes:
         max_concurrency: 2
         timeout: 1m
         targets:
-          upper: {command: ["tr", "a-z", "A-Z"], timeout: 30s, dir: "/tmp", env: {K: V}}
+          upper: {command: ["tr", "a-z", "A-Z"], timeout: 30s, dir: "/tmp", env: {K: V}, inherit_env: [HF_TOKEN]}
       - name: llm
         type: ollama
         base_url: http://127.0.0.1:11434
@@ -51,6 +51,8 @@ nodes:
         command: claude
         args: ["--verbose"]
         work_dir: /srv/work
+        env: {ANTHROPIC_BASE_URL: "http://127.0.0.1:9"}
+        inherit_env: [ANTHROPIC_API_KEY]
     providers:
       - {name: local-ollama, type: ollama, base_url: "http://127.0.0.1:11434", path_prefix: "", api_key_env: "", models: [llama3.2]}
       - {name: vllm, type: openai, base_url: "http://gpu:8000", path_prefix: /openai, api_key_env: VLLM_KEY}
@@ -87,11 +89,12 @@ func TestParseEdgeFull(t *testing.T) {
 				{
 					Name: "exec", Type: "exec", MaxConcurrency: 2, Timeout: time.Minute,
 					Targets: map[string]domain.ExecTarget{
-						"upper": {Command: []string{"tr", "a-z", "A-Z"}, Timeout: 30 * time.Second, Dir: "/tmp", Env: map[string]string{"K": "V"}},
+						"upper": {Command: []string{"tr", "a-z", "A-Z"}, Timeout: 30 * time.Second, Dir: "/tmp", Env: map[string]string{"K": "V"}, InheritEnv: []string{"HF_TOKEN"}},
 					},
 				},
 				{Name: "llm", Type: "ollama", BaseURL: "http://127.0.0.1:11434", Models: []string{"llama3.2"}, Args: []string{}},
-				{Name: "agent", Type: "claude-code", Command: "claude", Args: []string{"--verbose"}, WorkDir: "/srv/work"},
+				{Name: "agent", Type: "claude-code", Command: "claude", Args: []string{"--verbose"}, WorkDir: "/srv/work",
+					Env: map[string]string{"ANTHROPIC_BASE_URL": "http://127.0.0.1:9"}, InheritEnv: []string{"ANTHROPIC_API_KEY"}},
 			},
 			Providers: []domain.ProviderConfig{
 				{Name: "local-ollama", Type: "ollama", BaseURL: "http://127.0.0.1:11434", Models: []string{"llama3.2"}},
