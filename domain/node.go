@@ -61,7 +61,7 @@ type AdapterConfig struct {
 	WorkDir        string
 	Timeout        time.Duration
 	// Env and InheritEnv shape the environment of the processes the adapter
-	// starts (exec: for every target; claude-code, codex): Env declares
+	// starts (exec: for every target; claude-code, codex, gemini): Env declares
 	// plain values, InheritEnv names variables copied from the node's own
 	// environment. Nothing else of the node's environment is passed on.
 	Env        map[string]string
@@ -141,7 +141,7 @@ func checkAdapter(a AdapterConfig) error {
 		return Errorf(CodeConfigError, "adapter %q: %s", a.Name, err.Message)
 	}
 	if (len(a.Env) > 0 || len(a.InheritEnv) > 0) && (a.Type == AdapterOllama || a.Type == AdapterOpenAI) {
-		return Errorf(CodeConfigError, "adapter %q (%s) starts no process: env and inherit_env apply to exec, claude-code and codex", a.Name, a.Type)
+		return Errorf(CodeConfigError, "adapter %q (%s) starts no process: env and inherit_env apply to exec, claude-code, codex and gemini", a.Name, a.Type)
 	}
 	switch a.Type {
 	case AdapterExec:

@@ -9,7 +9,9 @@
 // where <model> is the run's target, else the adapter's first configured
 // model (omitted when neither is set: the CLI then routes each prompt
 // itself), and <args…> are the adapter's configured args (e.g.
-// --approval-mode=auto_edit). The prompt, the run input, is one argv
+// --approval-mode=auto_edit). The CLI's environment is clean: the node's
+// base variables (PATH, HOME, …), then inherit_env, then env (e.g.
+// GOOGLE_GEMINI_BASE_URL, or GEMINI_API_KEY through inherit_env). The prompt, the run input, is one argv
 // element in the --prompt=<value> form, so a prompt starting with "-" is a
 // prompt, not a flag. Stdin is /dev/null.
 //
@@ -54,6 +56,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -97,6 +100,7 @@ func New(cfg domain.AdapterConfig, agents ports.AgentSessionStore) (*Adapter, er
 		runner: agent.Runner{
 			Name: cfg.Name, Label: "gemini", Command: cmp.Or(cfg.Command, DefaultCommand), WorkDir: cfg.WorkDir,
 			Models: slices.Clone(cfg.Models), Timeout: cfg.Timeout, Store: agents,
+			Env: maps.Clone(cfg.Env), InheritEnv: slices.Clone(cfg.InheritEnv),
 		},
 		args:           slices.Clone(cfg.Args),
 		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),
