@@ -564,4 +564,3 @@ func TestAgentGeminiCLI(t *testing.T) {
 		stopMidAnswer(t, e, slow.Server, "gemini-slow", true)
 	})
 }
-
