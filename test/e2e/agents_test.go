@@ -237,10 +237,10 @@ func (l sessionList) turns(adapter, session string) int {
 // cancelled.
 func stopMidAnswer(t *testing.T, e *edge, s *standin.Server, adapter string, disconnect bool) {
 	t.Helper()
-	before := s.ModelRequests()
+	input := fmt.Sprintf("take your time (disconnect: %v)", disconnect)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	resp := startRun(t, ctx, e, map[string]any{"node": "n1", "adapter": adapter, "input": "take your time"})
+	resp := startRun(t, ctx, e, map[string]any{"node": "n1", "adapter": adapter, "input": input})
 	defer resp.Body.Close()
 	r := newSSE(resp.Body)
 	var runID string
@@ -261,7 +261,15 @@ func stopMidAnswer(t *testing.T, e *edge, s *standin.Server, adapter string, dis
 			t.Fatalf("run ended before it was stopped: %s", ev.Data)
 		}
 	}
-	for deadline := time.Now().Add(time.Minute); s.ModelRequests() == before; time.Sleep(10 * time.Millisecond) {
+	asked := func() bool {
+		for _, r := range s.Requests() {
+			if bytes.Contains(r.Body, []byte(input)) {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(time.Minute); !asked(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the CLI never called its stand-in")
 		}
