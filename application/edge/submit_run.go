@@ -130,6 +130,8 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 		return nil, err
 	}
 	h.runs.start(req.RunID, node.ID)
+	h.log.Info("run started", "run", req.RunID, "node", node.ID, "adapter", req.Adapter, "target", req.Target,
+		"background", req.Background, "key", domain.PrincipalFrom(ctx).Name)
 	rh := &RunHandle{RunID: req.RunID, Node: node.ID, Background: cmd.Background, Key: domain.PrincipalFrom(ctx).Name,
 		h: h, stream: stream, release: release}
 	if cmd.Background {

@@ -3,12 +3,21 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -317,6 +326,42 @@ func TestAPIKeys(t *testing.T) {
 		}
 	})
 
+	t.Run("run events name the key", func(t *testing.T) {
+		ectx, ecancel := context.WithCancel(ctx)
+		defer ecancel()
+		req, _ := http.NewRequestWithContext(ectx, http.MethodGet, e.url+"/v1/events?type=run.event", nil)
+		req.Header.Set("Authorization", "Bearer "+readKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("events: %v %v", err, resp)
+		}
+		defer resp.Body.Close()
+		run, _ := json.Marshal(map[string]any{"node": "n1", "adapter": "exec", "target": "upper", "input": "hi"})
+		evs := collectRun(t, startRunKey(t, ctx, e, runsKey, run))
+		r := newSSE(resp.Body)
+		for {
+			ev, err := r.Next()
+			if err != nil {
+				t.Fatalf("event feed ended before run %s: %v", evs[0].RunID, err)
+			}
+			var m struct {
+				Key string `json:"key"`
+				Run struct {
+					RunID string `json:"run_id"`
+				} `json:"run"`
+			}
+			if json.Unmarshal([]byte(ev.Data), &m) == nil && m.Run.RunID == evs[0].RunID {
+				if m.Key != "runner" {
+					t.Fatalf("run.event of a run started with the runner key has key %q: %s", m.Key, ev.Data)
+				}
+				break
+			}
+		}
+		if out := e.out.String(); !strings.Contains(out, "run="+evs[0].RunID) || !strings.Contains(out, "key=runner") {
+			t.Fatal("the edge log does not name the key that started the run")
+		}
+	})
+
 	t.Run("clean child environment", func(t *testing.T) {
 		run, _ := json.Marshal(map[string]any{"node": "n1", "adapter": "exec", "target": "env", "input": ""})
 		evs := collectRun(t, startRunKey(t, ctx, e, runsKey, run))
@@ -492,5 +537,89 @@ func TestPublicListenWithoutKeysRefusesToStart(t *testing.T) {
 	}
 	if out := p.out.String(); !strings.Contains(out, "not a loopback address") || !strings.Contains(out, "http.api_keys") {
 		t.Fatalf("edge did not say why it refused to start:\n%s", out)
+	}
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and its key as PEM files.
+func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "iop e2e"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "api.crt"), filepath.Join(dir, "api.key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}
+
+func TestHTTPSAPI(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	certFile, keyFile, pool := selfSigned(t, dir)
+	e := &edge{transport: freeAddr(t), config: filepath.Join(dir, "edge.yaml")}
+	httpAddr := freeAddr(t)
+	e.url = "https://" + httpAddr
+	cfg := edgeConfig(e.transport, httpAddr, "")
+	listen := fmt.Sprintf("http:\n  listen: %q\n", httpAddr)
+	cfg = strings.Replace(cfg, listen, listen+fmt.Sprintf("  tls: {cert_file: %q, key_file: %q}\n", certFile, keyFile)+authHTTP(), 1)
+	if err := os.WriteFile(e.config, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.proc = start(t, "iop-edge", []string{"IOP_E2E_RUNS_KEY=" + runsKey}, "--config", e.config)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := hc.Get(e.url + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) || e.exited() {
+			t.Fatalf("https edge not healthy: %v\n%s", err, e.out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Plain HTTP on the HTTPS port gets nowhere.
+	if resp, err := http.Get("http://" + httpAddr + "/healthz"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Fatal("plain http answered on the https listener")
+		}
+	}
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.Link(certFile, caFile); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code := cliEnv(t, e, []string{"IOP_API_KEY=" + readKey}, "--ca-file", caFile, "nodes")
+	if code != 0 {
+		t.Fatalf("iop --ca-file over https: exit %d, %q %q", code, stdout, stderr)
+	}
+	_, stderr, code = cliEnv(t, e, []string{"IOP_API_KEY=" + readKey}, "nodes")
+	if code != 1 || !strings.Contains(stderr, "certificate") {
+		t.Fatalf("iop without the CA over https: exit %d, stderr %q", code, stderr)
 	}
 }
