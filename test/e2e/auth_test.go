@@ -80,6 +80,13 @@ func startEdgeHTTP(t testing.TB, httpExtra, nodes string, env ...string) *edge {
 	if err := os.WriteFile(e.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The node-link CA pin nodes get (printCAPin, with the env key_env needs).
+	pinCmd := exec.Command(filepath.Join(binDir, "iop-edge"), "--config", e.config, "--print-ca-pin")
+	pinCmd.Env = append(os.Environ(), env...)
+	out, err := pinCmd.CombinedOutput()
+	if e.pin = strings.TrimSpace(string(out)); err != nil || !strings.HasPrefix(e.pin, "sha256:") {
+		t.Fatalf("iop-edge --print-ca-pin: %v: %q", err, out)
+	}
 	e.proc = start(t, "iop-edge", env, "--config", e.config)
 	waitHealthy(t, e.url, e.proc)
 	return e
