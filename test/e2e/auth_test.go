@@ -545,6 +545,19 @@ func TestPublicListenWithoutKeysRefusesToStart(t *testing.T) {
 	if out := p.out.String(); !strings.Contains(out, "not a loopback address") || !strings.Contains(out, "http.api_keys") {
 		t.Fatalf("edge did not say why it refused to start:\n%s", out)
 	}
+
+	// Opting out explicitly starts the edge, with a warning.
+	_, port, _ := strings.Cut(freeAddr(t), ":")
+	cfg2 := filepath.Join(t.TempDir(), "edge.yaml")
+	doc = strings.Replace(edgeConfig(freeAddr(t), "0.0.0.0:"+port, ""), "http:\n", "http:\n  allow_unauthenticated: true\n", 1)
+	if err := os.WriteFile(cfg2, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p2 := start(t, "iop-edge", nil, "--config", cfg2)
+	waitHealthy(t, "http://127.0.0.1:"+port, p2)
+	if out := p2.out.String(); !strings.Contains(out, "WARN") || !strings.Contains(out, "allow_unauthenticated") {
+		t.Fatalf("edge with allow_unauthenticated did not warn:\n%s", out)
+	}
 }
 
 // selfSigned writes a certificate for 127.0.0.1 and its key as PEM files.
