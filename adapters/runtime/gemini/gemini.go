@@ -48,7 +48,7 @@
 // The CLI keeps its sessions per project directory, so work_dir should not
 // change between the runs of a session. TerminateSession forgets the
 // mapping. Cancelling ctx sends SIGTERM to the process group, SIGKILL after
-// KillGrace (500 ms), and returns ctx.Err().
+// KillGrace (500 ms by default), and returns ctx.Err().
 package gemini
 
 import (
@@ -70,17 +70,12 @@ import (
 // DefaultCommand is the binary run when the config names none.
 const DefaultCommand = "gemini"
 
-// KillGrace is the default delay between SIGTERM and SIGKILL on cancel.
-// It is shorter than the other agents': the CLI (node, relaunched as a
-// child of itself) can take seconds to wind down on a loaded machine, and
-// it records its session as it goes, so it has nothing to save.
-const KillGrace = 500 * time.Millisecond
 
 // Adapter runs the Gemini CLI for one adapter instance. It is safe for
 // concurrent use.
 type Adapter struct {
 	// KillGrace is the delay between SIGTERM and SIGKILL when a run is
-	// cancelled. New sets it to KillGrace; change it only
+	// cancelled. New sets it to agent.DefaultKillGrace; change it only
 	// before the first Execute.
 	KillGrace time.Duration
 
@@ -102,7 +97,7 @@ func New(cfg domain.AdapterConfig, agents ports.AgentSessionStore) (*Adapter, er
 		return nil, domain.Errorf(domain.CodeConfigError, "gemini adapter %q: max_concurrency and timeout must not be negative", cfg.Name)
 	}
 	return &Adapter{
-		KillGrace: KillGrace,
+		KillGrace: agent.DefaultKillGrace,
 		runner: agent.Runner{
 			Name: cfg.Name, Label: "gemini", Command: cmp.Or(cfg.Command, DefaultCommand), WorkDir: cfg.WorkDir,
 			Models: slices.Clone(cfg.Models), Timeout: cfg.Timeout, Store: agents,
