@@ -104,6 +104,10 @@ func (c *EdgeConfig) resolvePaths(configPath string) {
 	rel(&c.Transport.TLS.CertFile)
 	rel(&c.Transport.TLS.KeyFile)
 	rel(&c.Transport.TLS.ClientCAFile)
+	if c.HTTP.TLS != nil {
+		rel(&c.HTTP.TLS.CertFile)
+		rel(&c.HTTP.TLS.KeyFile)
+	}
 }
 
 // TLSDir is where auto mode keeps the node-link CA and certificate.
