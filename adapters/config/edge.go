@@ -19,9 +19,11 @@ const (
 	DefaultHeartbeatInterval = 30 * time.Second
 	DefaultHeartbeatTimeout  = 45 * time.Second
 	DefaultMaxFrameSize      = 4 << 20
-	MinMaxFrameSize          = 64 << 10
-	MaxMaxFrameSize          = 64 << 20
-	MinTokenLength           = 8
+	// DefaultMaxBodyBytes caps a provider passthrough request body.
+	DefaultMaxBodyBytes = 32 << 20
+	MinMaxFrameSize     = 64 << 10
+	MaxMaxFrameSize     = 64 << 20
+	MinTokenLength      = 8
 )
 
 // EdgeConfig is the content of edge.yaml.
@@ -43,6 +45,10 @@ type TransportConfig struct {
 // HTTPConfig configures the edge's HTTP API listener.
 type HTTPConfig struct {
 	Listen string `yaml:"listen"`
+	// MaxBodyBytes caps a request body on the provider passthrough routes
+	// (/v1/chat/completions, /v1/messages, /api/chat, …); larger is 413.
+	// At most this much of a body is held while its model is looked for.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 }
 
 // NodeEntry is one node of edge.yaml nodes[]. Exactly one of Token and
@@ -132,6 +138,9 @@ func (c *EdgeConfig) SetDefaults() {
 	if c.HTTP.Listen == "" {
 		c.HTTP.Listen = DefaultHTTPListen
 	}
+	if c.HTTP.MaxBodyBytes == 0 {
+		c.HTTP.MaxBodyBytes = DefaultMaxBodyBytes
+	}
 	c.Log.SetDefaults()
 }
 
@@ -163,6 +172,9 @@ func (c *EdgeConfig) Validate() error {
 	}
 	if t.MaxFrameSize < MinMaxFrameSize || t.MaxFrameSize > MaxMaxFrameSize {
 		add("transport.max_frame_size %d is outside [%d, %d] (64 KiB to 64 MiB)", t.MaxFrameSize, MinMaxFrameSize, MaxMaxFrameSize)
+	}
+	if c.HTTP.MaxBodyBytes < 1<<10 || c.HTTP.MaxBodyBytes > 1<<30 {
+		add("http.max_body_bytes %d is outside [1024, 1073741824] (1 KiB to 1 GiB)", c.HTTP.MaxBodyBytes)
 	}
 	errs = appendFlat(errs, c.Log.Validate())
 

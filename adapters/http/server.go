@@ -61,8 +61,9 @@ type Deps struct {
 	ListRuns  *edge.ListRunsHandler
 	Events    EventSubscriber
 	Reload    func(context.Context) (edge.ReloadResult, error)
-	// OpenAI, if set, serves the OpenAI-compatible and Ollama-native
-	// passthrough routes (/v1/chat/completions, /v1/models, /api/…).
+	// OpenAI, if set, serves the provider passthrough routes: OpenAI-compatible
+	// (/v1/chat/completions, /v1/responses, /v1/models, …), Anthropic
+	// Messages (/v1/messages) and Ollama-native (/, /api/…).
 	OpenAI http.Handler
 	// TunnelUsage, if set, reports the edge's tunnel usage ledger for a node
 	// ("" for all); it backs GET /v1/usage.
@@ -131,7 +132,9 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/usage", s.handleUsage)
 	if s.deps.OpenAI != nil {
 		// No method in these patterns: the passthrough answers 405 itself.
-		for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/", "/api/"} {
+		for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/",
+			"/v1/responses", "/v1/responses/", "/v1/messages", "/v1/messages/", "/v1/audio/", "/v1/images/", "/v1/rerank",
+			"/api/", "/{$}"} {
 			s.mux.Handle(p, s.deps.OpenAI)
 		}
 	}

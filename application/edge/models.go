@@ -22,7 +22,7 @@ type ModelEntry struct {
 	ID       string
 	Node     string
 	Provider string
-	Type     string // the provider's type: domain.ProviderOpenAI or domain.ProviderOllama
+	Type     string // the provider's type: domain.ProviderOpenAI, ProviderOllama or ProviderAnthropic
 	// Created is the model's creation time in Unix seconds as the provider
 	// reported it (OpenAI's "created", Ollama's "modified_at"); else the
 	// time the node connected.
@@ -34,10 +34,20 @@ type ModelEntry struct {
 }
 
 // Speaks reports whether a provider of type typ answers requests of the API
-// family family. Ollama serves the OpenAI-compatible API next to its own,
-// so ollama providers speak both; openai providers speak only openai.
+// family family (domain.ProviderOpenAI, ProviderOllama or ProviderAnthropic).
+// Ollama serves the OpenAI-compatible and Anthropic Messages APIs next to its
+// own, so ollama providers speak all three; OpenAI-compatible servers (vLLM,
+// LiteLLM and other gateways) commonly serve Anthropic Messages too, so
+// openai providers speak openai and anthropic (one that does not answers
+// with its own 404); anthropic providers speak only anthropic.
 func Speaks(typ, family string) bool {
-	return typ == family || (typ == domain.ProviderOllama && family == domain.ProviderOpenAI)
+	switch typ {
+	case domain.ProviderOllama:
+		return true
+	case domain.ProviderOpenAI:
+		return family == domain.ProviderOpenAI || family == domain.ProviderAnthropic
+	}
+	return typ == family
 }
 
 // MatchModel reports whether a requested model name names the served one:
@@ -67,8 +77,10 @@ type ModelCatalog struct {
 	// MaxListBytes bounds a discovered model list's body (default 8 MiB).
 	MaxListBytes int64
 
-	mu    sync.Mutex
-	nodes map[string]*nodeModels
+	mu          sync.Mutex
+	nodes       map[string]*nodeModels
+	lastRefresh time.Time     // when the last RefreshRecent round started
+	refreshing  chan struct{} // closed when the round under way ends
 }
 
 // nodeModels is what discovery learned about one node over one link.
@@ -212,6 +224,47 @@ func (c *ModelCatalog) Follow(ctx context.Context, events <-chan domain.BusEvent
 				}
 			}
 		}
+	}
+}
+
+// RefreshRecent refreshes every connected node unless a refresh started
+// less than within ago; a caller arriving while one is under way waits for
+// it (or for ctx). It rate-limits the refreshes callers trigger (a model
+// not found, a model list asked for), so a stream of misses costs at most
+// one discovery round per within.
+func (c *ModelCatalog) RefreshRecent(ctx context.Context, within time.Duration) {
+	c.mu.Lock()
+	if c.refreshing != nil {
+		ch := c.refreshing
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+		return
+	}
+	if !c.lastRefresh.IsZero() && c.now().Sub(c.lastRefresh) < within {
+		c.mu.Unlock()
+		return
+	}
+	ch := make(chan struct{})
+	c.refreshing, c.lastRefresh = ch, c.now()
+	c.mu.Unlock()
+	// The round belongs to every waiter, not to the first caller's request:
+	// it runs under its own deadline so one caller leaving does not cut it
+	// short for the others.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.DiscoveryTimeout)
+	go func() {
+		defer cancel()
+		c.RefreshAll(rctx)
+		c.mu.Lock()
+		c.refreshing = nil
+		c.mu.Unlock()
+		close(ch)
+	}()
+	select {
+	case <-ch:
+	case <-ctx.Done():
 	}
 }
 

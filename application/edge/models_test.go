@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -300,5 +301,33 @@ func TestModelCatalogFollow(t *testing.T) {
 	}
 	if len(cat.Models()) != 0 || calls.Load() != 1 {
 		t.Fatalf("models %s after disconnect, %d discoveries", ptIDs(cat.Models()), calls.Load())
+	}
+}
+
+func TestModelCatalogRefreshRecentIsRateLimited(t *testing.T) {
+	reg := edge.NewRegistry()
+	cat := edge.NewModelCatalog(reg, nil)
+	var calls atomic.Int32
+	link := ptAdmit(t, reg, "gpu", ptProvider("ollama", domain.ProviderOllama))
+	link.open = ptDiscovery(ptOpenAIModels, ptOllamaTags, &calls)
+	ctx := context.Background()
+	cat.RefreshRecent(ctx, time.Hour)
+	if n := calls.Load(); n != 1 || !strings.Contains(ptIDs(cat.Models()), "llama3.2:latest@gpu/ollama") {
+		t.Fatalf("first refresh: %d discoveries, models %s", n, ptIDs(cat.Models()))
+	}
+	// Within the window: no new round, however many callers.
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() { defer wg.Done(); cat.RefreshRecent(ctx, time.Hour) }()
+	}
+	wg.Wait()
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d discoveries within the window, want 1", n)
+	}
+	// Past it (a zero window): a new round.
+	cat.RefreshRecent(ctx, 0)
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d discoveries after the window, want 2", n)
 	}
 }
