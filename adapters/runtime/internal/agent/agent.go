@@ -1,8 +1,9 @@
-// Package agent is what the claude-code and codex runtime adapters share:
-// running the CLI for one run with the prompt and resume id, reading its
-// JSON lines through an adapter-specific Parser, remembering the agent's own
-// session id against the run's session, and ending the run with exactly one
-// terminal event.
+// Package agent is what the CLI agent runtime adapters (claude-code, codex,
+// gemini) share: running the CLI for one run with the prompt and resume id,
+// reading its JSON lines through an adapter-specific Parser, remembering the
+// agent's own session id against the run's session (and, once a turn
+// completes, counting it and keeping the agent's running usage totals), and
+// ending the run with exactly one terminal event.
 package agent
 
 import (
@@ -53,6 +54,10 @@ type Runner struct {
 	Timeout   time.Duration
 	KillGrace time.Duration
 	Store     ports.AgentSessionStore // nil: no sessions
+	// Env and InheritEnv build the CLI's clean environment (proc.Environ):
+	// the node's token and provider keys reach it only when named here.
+	Env        map[string]string
+	InheritEnv []string
 }
 
 // Execute runs req: build gets the model ("" for the CLI's default), the
@@ -75,12 +80,12 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 		if r.Store == nil {
 			return domain.Errorf(domain.CodeSessionUnsupported, "%s adapter %q has no session store", r.Label, r.Name)
 		}
-		id, ok, err := r.Store.GetAgentSession(ctx, r.Name, req.SessionID)
+		s, ok, err := r.Store.GetAgentSession(ctx, r.Name, req.SessionID)
 		if err != nil {
 			return fmt.Errorf("load session %q: %w", req.SessionID, err)
 		}
 		if ok {
-			t.resumed, t.agentID = id, id
+			t.resumed, t.agentID, t.prev = s.AgentID, s.AgentID, s.Totals
 		}
 	}
 	inv := build(model, t.resumed, string(req.Input))
@@ -89,6 +94,7 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 	defer limit.Stop()
 	p0, err := proc.Start(limit.Context(), proc.Spec{
 		Path: r.Command, Args: inv.Args, Dir: r.WorkDir, Stdin: inv.Stdin, KillGrace: r.KillGrace,
+		Env: proc.Environ(r.Env, r.InheritEnv),
 	})
 	if err != nil {
 		return domain.Errorf(domain.CodeRunFailed, "start %s: %v", r.Label, err)
@@ -118,7 +124,13 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 	if limit.Expired() {
 		return sink.Emit(limit.Event(r.Label))
 	}
-	return sink.Emit(p.End(t, state, p0.Stderr()))
+	ev := p.End(t, state, p0.Stderr())
+	if ev.Type == domain.EventComplete && req.SessionID != "" && t.agentID != "" {
+		if err := r.Store.EndAgentTurn(ctx, r.Name, req.SessionID, t.totals); err != nil {
+			return fmt.Errorf("save session %q: %w", req.SessionID, err)
+		}
+	}
+	return sink.Emit(ev)
 }
 
 // Turn is one run as a Parser sees it.
@@ -130,7 +142,23 @@ type Turn struct {
 	r       *Runner
 	resumed string // the agent session id passed to the CLI, if any
 	agentID string // the latest agent session id known
+	prev    domain.AgentTotals
+	totals  domain.AgentTotals
 }
+
+// Previous returns the agent's running totals at the end of the session's
+// last completed turn: zero for a new session, or when the CLI did not
+// continue the session it was asked to resume.
+func (t *Turn) Previous() domain.AgentTotals {
+	if t.resumed == "" || t.agentID != t.resumed {
+		return domain.AgentTotals{}
+	}
+	return t.prev
+}
+
+// SetTotals records the agent's running totals as of this turn, kept with
+// the session if the turn completes.
+func (t *Turn) SetTotals(tot domain.AgentTotals) { t.totals = tot }
 
 // Model returns the model the run asked for ("" for the CLI's default).
 func (t *Turn) Model() string { return t.model }
