@@ -76,11 +76,15 @@ type ModelCatalog struct {
 	DiscoveryTimeout time.Duration
 	// MaxListBytes bounds a discovered model list's body (default 8 MiB).
 	MaxListBytes int64
+	// MinRefreshGap is the least time between the starts of two refresh
+	// rounds callers trigger through RefreshedSince (default 200 ms).
+	MinRefreshGap time.Duration
 
 	mu          sync.Mutex
 	nodes       map[string]*nodeModels
-	lastRefresh time.Time     // when the last RefreshRecent round started
-	refreshing  chan struct{} // closed when the round under way ends
+	refreshing  chan struct{} // RefreshedSince: closed when the round under way ends
+	roundStart  time.Time     // when the latest round started
+	doneStart   time.Time     // when the latest finished round started
 }
 
 // nodeModels is what discovery learned about one node over one link.
@@ -103,7 +107,7 @@ func NewModelCatalog(reg *Registry, log *slog.Logger) *ModelCatalog {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &ModelCatalog{reg: reg, log: log, now: time.Now, DiscoveryTimeout: 15 * time.Second, MaxListBytes: 8 << 20,
+	return &ModelCatalog{reg: reg, log: log, now: time.Now, DiscoveryTimeout: 15 * time.Second, MaxListBytes: 8 << 20, MinRefreshGap: 200 * time.Millisecond,
 		nodes: map[string]*nodeModels{}}
 }
 
@@ -227,44 +231,65 @@ func (c *ModelCatalog) Follow(ctx context.Context, events <-chan domain.BusEvent
 	}
 }
 
-// RefreshRecent refreshes every connected node unless a refresh started
-// less than within ago; a caller arriving while one is under way waits for
-// it (or for ctx). It rate-limits the refreshes callers trigger (a model
-// not found, a model list asked for), so a stream of misses costs at most
-// one discovery round per within.
-func (c *ModelCatalog) RefreshRecent(ctx context.Context, within time.Duration) {
-	c.mu.Lock()
-	if c.refreshing != nil {
-		ch := c.refreshing
+// RefreshedSince makes sure the catalog reflects the providers as they were
+// at since or later: it returns once a refresh of every connected node that
+// started at or after since has finished (or ctx ends). Callers pass the
+// time their request arrived, so a model pulled or copied just before is
+// seen. Concurrent callers share rounds, and rounds start at most once per
+// MinRefreshGap, so a stream of misses or list requests costs at most one
+// discovery round per gap, however many callers wait on it.
+func (c *ModelCatalog) RefreshedSince(ctx context.Context, since time.Time) {
+	for {
+		c.mu.Lock()
+		if !c.doneStart.IsZero() && !c.doneStart.Before(since) {
+			c.mu.Unlock()
+			return // a round that started late enough has finished
+		}
+		if ch := c.refreshing; ch != nil {
+			started := c.roundStart
+			c.mu.Unlock()
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return
+			}
+			if !started.Before(since) {
+				return
+			}
+			continue // that round was too early for us; start or join the next
+		}
+		if wait := c.MinRefreshGap - c.now().Sub(c.roundStart); !c.roundStart.IsZero() && wait > 0 {
+			c.mu.Unlock()
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+			continue
+		}
+		ch := make(chan struct{})
+		start := c.now()
+		c.refreshing, c.roundStart = ch, start
 		c.mu.Unlock()
+		// The round belongs to every waiter, not to this caller's request:
+		// it runs under its own deadline (so it ends by itself) and one
+		// caller leaving does not cut it short for the others.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.DiscoveryTimeout)
+		go func() {
+			defer cancel()
+			c.RefreshAll(rctx)
+			c.mu.Lock()
+			c.refreshing, c.doneStart = nil, start
+			c.mu.Unlock()
+			close(ch)
+		}()
 		select {
 		case <-ch:
 		case <-ctx.Done():
 		}
 		return
-	}
-	if !c.lastRefresh.IsZero() && c.now().Sub(c.lastRefresh) < within {
-		c.mu.Unlock()
-		return
-	}
-	ch := make(chan struct{})
-	c.refreshing, c.lastRefresh = ch, c.now()
-	c.mu.Unlock()
-	// The round belongs to every waiter, not to the first caller's request:
-	// it runs under its own deadline so one caller leaving does not cut it
-	// short for the others.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.DiscoveryTimeout)
-	go func() {
-		defer cancel()
-		c.RefreshAll(rctx)
-		c.mu.Lock()
-		c.refreshing = nil
-		c.mu.Unlock()
-		close(ch)
-	}()
-	select {
-	case <-ch:
-	case <-ctx.Done():
 	}
 }
 

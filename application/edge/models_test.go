@@ -304,30 +304,36 @@ func TestModelCatalogFollow(t *testing.T) {
 	}
 }
 
-func TestModelCatalogRefreshRecentIsRateLimited(t *testing.T) {
+func TestModelCatalogRefreshedSince(t *testing.T) {
 	reg := edge.NewRegistry()
 	cat := edge.NewModelCatalog(reg, nil)
+	cat.MinRefreshGap = 300 * time.Millisecond
 	var calls atomic.Int32
 	link := ptAdmit(t, reg, "gpu", ptProvider("ollama", domain.ProviderOllama))
 	link.open = ptDiscovery(ptOpenAIModels, ptOllamaTags, &calls)
 	ctx := context.Background()
-	cat.RefreshRecent(ctx, time.Hour)
+	cat.RefreshedSince(ctx, time.Now())
 	if n := calls.Load(); n != 1 || !strings.Contains(ptIDs(cat.Models()), "llama3.2:latest@gpu/ollama") {
 		t.Fatalf("first refresh: %d discoveries, models %s", n, ptIDs(cat.Models()))
 	}
-	// Within the window: no new round, however many callers.
+	// Asked about a moment already covered: no new round.
+	cat.RefreshedSince(ctx, time.Now().Add(-time.Hour))
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d discoveries for a covered moment, want 1", n)
+	}
+	// Twenty callers arriving now share one round, which waits for the gap.
+	since := time.Now()
 	var wg sync.WaitGroup
 	for range 20 {
 		wg.Add(1)
-		go func() { defer wg.Done(); cat.RefreshRecent(ctx, time.Hour) }()
+		go func() { defer wg.Done(); cat.RefreshedSince(ctx, since) }()
 	}
 	wg.Wait()
-	if n := calls.Load(); n != 1 {
-		t.Fatalf("%d discoveries within the window, want 1", n)
-	}
-	// Past it (a zero window): a new round.
-	cat.RefreshRecent(ctx, 0)
 	if n := calls.Load(); n != 2 {
-		t.Fatalf("%d discoveries after the window, want 2", n)
+		t.Fatalf("%d discoveries for twenty callers, want 2", n)
 	}
+	// A caller whose context ends does not wait.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	cat.RefreshedSince(cctx, time.Now().Add(time.Hour))
 }

@@ -24,9 +24,11 @@
 //
 // The optional request header X-IOP-Node pins the node. The model is read
 // from the JSON body ("model"; Ollama's legacy "name" too); the body itself
-// is forwarded byte for byte. A model no node serves triggers one
-// (rate-limited) refresh of the model catalog before the answer is 404;
-// /v1/models and /api/tags refresh the same way before they answer.
+// is forwarded byte for byte. A model no node serves triggers a refresh of
+// the model catalog (rounds shared by concurrent callers, at most one per
+// edge.ModelCatalog.MinRefreshGap) before the answer is 404; /v1/models
+// and /api/tags refresh the same way before they answer, so a model just
+// pulled or copied on a provider is seen at once.
 //
 // Passthrough is faithful: the provider's status code, headers (minus
 // hop-by-hop ones; Content-Length kept) and body bytes reach the caller
@@ -79,8 +81,6 @@ const (
 	// smallBody is the largest declared body read whole before routing
 	// (it then travels in the tunnel's opening frame).
 	smallBody = 1 << 20
-	// refreshWithin rate-limits the catalog refreshes callers trigger.
-	refreshWithin = 2 * time.Second
 	// maxListBody bounds one node's answer to a merged list (/api/ps).
 	maxListBody = 8 << 20
 	// listTimeout bounds asking one node for its part of a merged list.
@@ -332,7 +332,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 	if err != nil && in.Model != "" && domain.CodeOf(err) == domain.CodeModelNotFound {
 		// The catalog may be stale (a model just pulled or copied on the
 		// provider): look again, once, before saying not found.
-		h.deps.Models.RefreshRecent(r.Context(), refreshWithin)
+		h.deps.Models.RefreshedSince(r.Context(), time.Now())
 		tun, err = h.deps.Tunnels.Handle(r.Context(), in)
 	}
 	if err != nil {

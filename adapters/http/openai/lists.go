@@ -79,7 +79,7 @@ func (h *Handler) getModel(w http.ResponseWriter, r *http.Request) {
 // models returns the catalog, refreshed if it was not just now, limited to
 // the pinned node if there is one.
 func (h *Handler) models(r *http.Request) ([]edge.ModelEntry, error) {
-	h.deps.Models.RefreshRecent(r.Context(), refreshWithin)
+	h.deps.Models.RefreshedSince(r.Context(), time.Now())
 	if node := r.Header.Get(NodeHeader); node != "" {
 		return h.deps.Models.NodeModels(node)
 	}
@@ -136,7 +136,7 @@ func (h *Handler) tags(w http.ResponseWriter, r *http.Request) {
 		h.proxy(w, r, target{family: domain.ProviderOllama}, "", "")
 		return
 	}
-	h.deps.Models.RefreshRecent(r.Context(), refreshWithin)
+	h.deps.Models.RefreshedSince(r.Context(), time.Now())
 	out := struct {
 		Models []json.RawMessage `json:"models"`
 	}{Models: []json.RawMessage{}}
