@@ -80,11 +80,11 @@ type ModelCatalog struct {
 	// rounds callers trigger through RefreshedSince (default 200 ms).
 	MinRefreshGap time.Duration
 
-	mu          sync.Mutex
-	nodes       map[string]*nodeModels
-	refreshing  chan struct{} // RefreshedSince: closed when the round under way ends
-	roundStart  time.Time     // when the latest round started
-	doneStart   time.Time     // when the latest finished round started
+	mu         sync.Mutex
+	nodes      map[string]*nodeModels
+	refreshing chan struct{} // RefreshedSince: closed when the round under way ends
+	roundStart time.Time     // when the latest round started
+	doneStart  time.Time     // when the latest finished round started
 }
 
 // nodeModels is what discovery learned about one node over one link.
