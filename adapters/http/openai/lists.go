@@ -77,13 +77,31 @@ func (h *Handler) getModel(w http.ResponseWriter, r *http.Request) {
 }
 
 // models returns the catalog, refreshed if it was not just now, limited to
-// the pinned node if there is one.
+// the pinned node if there is one and to the nodes the caller's key may see.
 func (h *Handler) models(r *http.Request) ([]edge.ModelEntry, error) {
 	h.deps.Models.RefreshedSince(r.Context(), time.Now())
+	caller := domain.PrincipalFrom(r.Context())
 	if node := r.Header.Get(NodeHeader); node != "" {
+		if !caller.SeesNode(node) {
+			return nil, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", node)
+		}
 		return h.deps.Models.NodeModels(node)
 	}
-	return h.deps.Models.Models(), nil
+	return visibleModels(caller, h.deps.Models.Models()), nil
+}
+
+// visibleModels drops the models of nodes caller may not see.
+func visibleModels(caller domain.Principal, all []edge.ModelEntry) []edge.ModelEntry {
+	if !caller.Limited() {
+		return all
+	}
+	out := make([]edge.ModelEntry, 0, len(all))
+	for _, e := range all {
+		if caller.SeesNode(e.Node) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 type modelObject struct {
@@ -141,7 +159,7 @@ func (h *Handler) tags(w http.ResponseWriter, r *http.Request) {
 		Models []json.RawMessage `json:"models"`
 	}{Models: []json.RawMessage{}}
 	seen := map[string]bool{}
-	for _, e := range h.deps.Models.Models() {
+	for _, e := range visibleModels(domain.PrincipalFrom(r.Context()), h.deps.Models.Models()) {
 		if e.Type != domain.ProviderOllama || seen[e.ID] {
 			continue
 		}
@@ -164,7 +182,7 @@ func (h *Handler) ps(w http.ResponseWriter, r *http.Request) {
 		h.proxy(w, r, target{family: domain.ProviderOllama}, "", "")
 		return
 	}
-	targets := h.deps.Tunnels.Targets(domain.ProviderOllama)
+	targets := h.deps.Tunnels.Targets(domain.PrincipalFrom(r.Context()), domain.ProviderOllama)
 	parts := make([][]json.RawMessage, len(targets))
 	errs := make([]error, len(targets))
 	var wg sync.WaitGroup

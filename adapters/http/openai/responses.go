@@ -33,7 +33,7 @@ func (h *Handler) responseFollowUp(w http.ResponseWriter, r *http.Request, id st
 		return
 	}
 	nodes := map[string]bool{}
-	for _, p := range h.deps.Tunnels.Targets(domain.ProviderOpenAI) {
+	for _, p := range h.deps.Tunnels.Targets(domain.PrincipalFrom(r.Context()), domain.ProviderOpenAI) {
 		nodes[p.Node] = true
 	}
 	if len(nodes) == 1 {
