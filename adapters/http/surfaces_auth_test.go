@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	httpapi "iop/adapters/http"
 	"iop/adapters/eventbus"
+	httpapi "iop/adapters/http"
 	"iop/application/edge"
 	"iop/domain"
 )
