@@ -55,7 +55,7 @@ func sameRequests(t *testing.T, front, provider *tap, path string) {
 		if !bytes.Equal(sent[i].body, got[i].body) || sent[i].query != got[i].query {
 			t.Fatalf("request %d on %s changed on the way:\nsent %q ?%s\ngot  %q ?%s", i, path, sent[i].body, sent[i].query, got[i].body, got[i].query)
 		}
-		if got[i].header.Get("Authorization") != "" || strings.Contains(got[i].header.Get("X-Api-Key"), "standin") {
+		if got[i].header.Get("Authorization") != "" || strings.Contains(got[i].header.Get("X-Api-Key"), agentKey) {
 			t.Fatalf("the CLI's credentials for the edge reached the provider: %v", got[i].header)
 		}
 	}
@@ -63,7 +63,8 @@ func sameRequests(t *testing.T, front, provider *tap, path string) {
 
 const cliAnswer = "Answer from the provider behind the edge ✓"
 
-// The real Claude Code and Codex CLIs, pointed at the edge, reach a
+// The real Claude Code and Codex CLIs, pointed at an edge that requires an
+// API key (Claude Code sends it as x-api-key, Codex as Bearer), reach a
 // stand-in Messages / Responses provider on a node. Every base URL they
 // know is the edge (through a tap) or a closed loopback port, and proxies
 // point at a closed port too: nothing leaves loopback.
@@ -73,10 +74,12 @@ func TestRealAgentCLIsThroughTheEdge(t *testing.T) {
 		bin := agentcli.Find(t, "claude")
 		// No declared models: the anthropic provider takes whatever model
 		// Claude Code asks for.
-		a := startAgentEdge(t, "", ", models: [gpt-standin]")
+		a := startAgentEdgeKeyed(t, "", ", models: [gpt-standin]", true)
 		a.antS.Reply(standin.Reply{Text: cliAnswer, Usage: standin.Usage{Input: 40, Output: 9}})
 		front := newTap(t, a.e.url)
-		out := runCLI(t, agentcli.Claude(t, front.URL), bin, "-p", "hello through the edge")
+		env := agentcli.Claude(t, front.URL)
+		env["ANTHROPIC_API_KEY"] = agentKey // the edge's key, sent as x-api-key
+		out := runCLI(t, env, bin, "-p", "hello through the edge")
 		if !strings.Contains(out, cliAnswer) {
 			t.Fatalf("claude -p printed %q", out)
 		}
@@ -88,10 +91,12 @@ func TestRealAgentCLIsThroughTheEdge(t *testing.T) {
 	t.Run("codex", func(t *testing.T) {
 		t.Parallel()
 		bin := agentcli.Find(t, "codex")
-		a := startAgentEdge(t, ", models: [claude-standin]", ", models: [gpt-standin]")
+		a := startAgentEdgeKeyed(t, ", models: [claude-standin]", ", models: [gpt-standin]", true)
 		a.oaiS.Reply(standin.Reply{Text: cliAnswer, Usage: standin.Usage{Input: 40, Output: 9}})
 		front := newTap(t, a.e.url)
-		out := runCLI(t, agentcli.Codex(t, front.URL, "gpt-standin"), bin, "exec", "--skip-git-repo-check", "hello through the edge")
+		env := agentcli.Codex(t, front.URL, "gpt-standin")
+		env["STANDIN_API_KEY"] = agentKey // the edge's key, sent as Bearer
+		out := runCLI(t, env, bin, "exec", "--skip-git-repo-check", "hello through the edge")
 		if !strings.Contains(out, cliAnswer) {
 			t.Fatalf("codex exec printed %q", out)
 		}

@@ -127,7 +127,17 @@ type agentEdge struct {
 
 const nodeAnthropicKey = "sk-ant-node-only-0001"
 
+// agentKey is the edge API key of the agent CLI tests (read to watch the
+// node arrive, inference for the CLIs).
+const agentKey = "e2e-agent-key-0123456789"
+
 func startAgentEdge(t *testing.T, antModels, oaiModels string) *agentEdge {
+	return startAgentEdgeKeyed(t, antModels, oaiModels, false)
+}
+
+// startAgentEdgeKeyed is startAgentEdge, with the edge requiring agentKey
+// when keyed.
+func startAgentEdgeKeyed(t *testing.T, antModels, oaiModels string, keyed bool) *agentEdge {
 	a := &agentEdge{antS: anthropic.Start(t), oaiS: responses.Start(t)}
 	a.ant, a.oai = newTap(t, a.antS.URL), newTap(t, a.oaiS.URL)
 	nodes := fmt.Sprintf(`
@@ -137,9 +147,15 @@ func startAgentEdge(t *testing.T, antModels, oaiModels string) *agentEdge {
       - {name: ant, type: anthropic, base_url: %q, api_key_env: IOP_E2E_ANT_KEY%s}
       - {name: oai, type: openai, base_url: %q%s}
 `, testToken, a.ant.URL, antModels, a.oai.URL, oaiModels)
-	a.e = startEdge(t, nodes)
+	if !keyed {
+		a.e = startEdge(t, nodes)
+		a.n = startNode(t, a.e, testToken, "IOP_E2E_ANT_KEY="+nodeAnthropicKey)
+		waitNode(t, a.e, "n1")
+		return a
+	}
+	a.e = startEdgeHTTP(t, fmt.Sprintf("  api_keys:\n    - {name: agent, key_sha256: %s, scopes: [read, inference]}\n", keyHash(agentKey)), nodes)
 	a.n = startNode(t, a.e, testToken, "IOP_E2E_ANT_KEY="+nodeAnthropicKey)
-	waitNode(t, a.e, "n1")
+	waitNodeKey(t, a.e, "n1", agentKey)
 	return a
 }
 
@@ -396,15 +412,7 @@ func TestHostileBodiesLeaveTheEdgeMemoryBounded(t *testing.T) {
       - {name: oai, type: openai, base_url: %q, models: [m-sse]}
       - {name: oll, type: ollama, base_url: %q, models: ["llama3.2"]}
 `, testToken, p.URL, p.URL)
-	e := &edge{transport: freeAddr(t), config: t.TempDir() + "/edge.yaml"}
-	httpAddr := freeAddr(t)
-	e.url = "http://" + httpAddr
-	cfg := strings.Replace(edgeConfig(e.transport, httpAddr, nodes), "\nhttp:\n", fmt.Sprintf("\nhttp:\n  max_body_bytes: %d\n", capBytes), 1)
-	if err := os.WriteFile(e.config, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	e.proc = startEdgeProc(t, e.config)
-	waitHealthy(t, e.url, e.proc)
+	e := startEdgeHTTP(t, fmt.Sprintf("  max_body_bytes: %d\n", capBytes), nodes)
 	startNode(t, e, testToken)
 	waitNode(t, e, "n1")
 	pid := e.cmd.Process.Pid
