@@ -85,6 +85,8 @@ const (
 	maxListBody = 8 << 20
 	// listTimeout bounds asking one node for its part of a merged list.
 	listTimeout = 15 * time.Second
+	// refreshWait bounds the wait for a model catalog refresh.
+	refreshWait = 3 * time.Second
 )
 
 // NodeHeader pins a request to one node.
@@ -332,7 +334,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 	if err != nil && in.Model != "" && domain.CodeOf(err) == domain.CodeModelNotFound {
 		// The catalog may be stale (a model just pulled or copied on the
 		// provider): look again, once, before saying not found.
-		h.deps.Models.RefreshedSince(r.Context(), time.Now())
+		h.refreshCatalog(r)
 		tun, err = h.deps.Tunnels.Handle(r.Context(), in)
 	}
 	if err != nil {

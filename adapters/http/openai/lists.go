@@ -25,6 +25,16 @@ func (h *Handler) root(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// refreshCatalog waits, at most refreshWait, for a catalog refresh that
+// started now or later. A provider slow to list its models (one that is
+// down and times out) then delays the answer by refreshWait, not by the
+// discovery timeout; the round goes on and serves the next request.
+func (h *Handler) refreshCatalog(r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), refreshWait)
+	defer cancel()
+	h.deps.Models.RefreshedSince(ctx, time.Now())
+}
+
 // listModels answers GET /v1/models in OpenAI's list shape: one entry per
 // model and node (owned_by is the node id). Asked by an Anthropic client
 // (anthropic-version set), each entry also carries the Anthropic Models API
@@ -79,7 +89,7 @@ func (h *Handler) getModel(w http.ResponseWriter, r *http.Request) {
 // models returns the catalog, refreshed if it was not just now, limited to
 // the pinned node if there is one and to the nodes the caller's key may see.
 func (h *Handler) models(r *http.Request) ([]edge.ModelEntry, error) {
-	h.deps.Models.RefreshedSince(r.Context(), time.Now())
+	h.refreshCatalog(r)
 	caller := domain.PrincipalFrom(r.Context())
 	if node := r.Header.Get(NodeHeader); node != "" {
 		if !caller.SeesNode(node) {
@@ -154,7 +164,7 @@ func (h *Handler) tags(w http.ResponseWriter, r *http.Request) {
 		h.proxy(w, r, target{family: domain.ProviderOllama}, "", "")
 		return
 	}
-	h.deps.Models.RefreshedSince(r.Context(), time.Now())
+	h.refreshCatalog(r)
 	out := struct {
 		Models []json.RawMessage `json:"models"`
 	}{Models: []json.RawMessage{}}
