@@ -85,8 +85,8 @@ const (
 	maxListBody = 8 << 20
 	// listTimeout bounds asking one node for its part of a merged list.
 	listTimeout = 15 * time.Second
-	// refreshWait bounds the wait for a model catalog refresh.
-	refreshWait = 3 * time.Second
+	// DefaultRefreshWait bounds the wait for a model catalog refresh.
+	DefaultRefreshWait = 3 * time.Second
 )
 
 // NodeHeader pins a request to one node.
@@ -108,6 +108,9 @@ type Handler struct {
 
 	// MaxBody bounds request bodies (DefaultMaxBody). Set before serving.
 	MaxBody int64
+	// RefreshWait bounds how long a model list or a model miss waits for a
+	// catalog refresh (DefaultRefreshWait). Set before serving.
+	RefreshWait time.Duration
 	// WriteIdleTimeout bounds each write to the caller (DefaultWriteIdleTimeout),
 	// so a caller that stops reading cannot hold a tunnel forever; it also
 	// lifts any server-wide WriteTimeout for long streams. Set before serving.
@@ -139,7 +142,7 @@ func New(deps Deps, log *slog.Logger) *Handler {
 	if log == nil {
 		log = slog.Default()
 	}
-	h := &Handler{deps: deps, log: log, MaxBody: DefaultMaxBody, WriteIdleTimeout: DefaultWriteIdleTimeout,
+	h := &Handler{deps: deps, log: log, MaxBody: DefaultMaxBody, WriteIdleTimeout: DefaultWriteIdleTimeout, RefreshWait: DefaultRefreshWait,
 		responses: newResponseNodes(maxResponseIDs)}
 	via := func(t target) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) { h.proxy(w, r, t, "", "") }

@@ -25,12 +25,12 @@ func (h *Handler) root(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// refreshCatalog waits, at most refreshWait, for a catalog refresh that
+// refreshCatalog waits, at most RefreshWait, for a catalog refresh that
 // started now or later. A provider slow to list its models (one that is
-// down and times out) then delays the answer by refreshWait, not by the
+// down and times out) then delays the answer by RefreshWait, not by the
 // discovery timeout; the round goes on and serves the next request.
 func (h *Handler) refreshCatalog(r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), refreshWait)
+	ctx, cancel := context.WithTimeout(r.Context(), h.RefreshWait)
 	defer cancel()
 	h.deps.Models.RefreshedSince(ctx, time.Now())
 }

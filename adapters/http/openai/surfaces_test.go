@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"iop/domain"
 	"iop/ports"
@@ -213,5 +214,25 @@ func TestRelayedResponseKeepsContentLength(t *testing.T) {
 	resp := do(t, http.MethodPost, e.srv.URL+"/api/show", `{"model":"tiny"}`)
 	if got := readAll(t, resp); got != `{"ok":true}` || resp.ContentLength != 11 || len(resp.TransferEncoding) != 0 {
 		t.Fatalf("relayed: %q, length %d, TE %v", got, resp.ContentLength, resp.TransferEncoding)
+	}
+}
+
+func TestSlowDiscoveryDelaysListsOnlyByRefreshWait(t *testing.T) {
+	e := newEnv(t)
+	e.h.RefreshWait = 100 * time.Millisecond
+	hang := newFakeStream() // discovery never answers
+	e.node(t, "gpu", serveStream(hang), provider("ol", domain.ProviderOllama))
+	e.node(t, "cpu", serve(), provider("vllm", domain.ProviderOpenAI, "qwen"))
+	for _, path := range []string{"/v1/models", "/api/tags"} {
+		start := time.Now()
+		resp := do(t, http.MethodGet, e.srv.URL+path, "")
+		got := readAll(t, resp)
+		if d := time.Since(start); resp.StatusCode != 200 || d > 3*time.Second {
+			t.Fatalf("%s: %d after %v: %s", path, resp.StatusCode, d, got)
+		}
+	}
+	resp := do(t, http.MethodGet, e.srv.URL+"/v1/models", "")
+	if got := readAll(t, resp); !strings.Contains(got, `"qwen"`) {
+		t.Fatalf("the known models are still listed: %s", got)
 	}
 }
