@@ -76,6 +76,7 @@ func (p *prefix) body() ([]byte, io.Reader) {
 	if !errors.Is(p.err, io.EOF) {
 		rs = append(rs, p.src) // more to come (or a failure the reader repeats)
 	}
+	p.blocks = nil // each block is freed once it has been sent
 	switch len(rs) {
 	case 0:
 		return head, nil
