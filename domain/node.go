@@ -32,10 +32,13 @@ var KnownProviderTypes = []string{ProviderOpenAI, ProviderOllama, ProviderAnthro
 
 // NodeRecord is one entry of the edge's node directory (edge.yaml nodes[]).
 type NodeRecord struct {
-	ID        string
-	Token     string
-	Adapters  []AdapterConfig
-	Providers []ProviderConfig
+	ID    string
+	Token string
+	// TokenSHA256 is the hex SHA-256 of the token when the config holds
+	// only the digest; Token is then empty.
+	TokenSHA256 string
+	Adapters    []AdapterConfig
+	Providers   []ProviderConfig
 }
 
 // ExecTarget is one command an exec adapter may run.
@@ -65,7 +68,7 @@ type AdapterConfig struct {
 	WorkDir        string
 	Timeout        time.Duration
 	// Env and InheritEnv shape the environment of the processes the adapter
-	// starts (exec: for every target; claude-code, codex): Env declares
+	// starts (exec: for every target; claude-code, codex, gemini): Env declares
 	// plain values, InheritEnv names variables copied from the node's own
 	// environment. Nothing else of the node's environment is passed on.
 	Env        map[string]string
@@ -145,7 +148,7 @@ func checkAdapter(a AdapterConfig) error {
 		return Errorf(CodeConfigError, "adapter %q: %s", a.Name, err.Message)
 	}
 	if (len(a.Env) > 0 || len(a.InheritEnv) > 0) && (a.Type == AdapterOllama || a.Type == AdapterOpenAI) {
-		return Errorf(CodeConfigError, "adapter %q (%s) starts no process: env and inherit_env apply to exec, claude-code and codex", a.Name, a.Type)
+		return Errorf(CodeConfigError, "adapter %q (%s) starts no process: env and inherit_env apply to exec, claude-code, codex and gemini", a.Name, a.Type)
 	}
 	switch a.Type {
 	case AdapterExec:
@@ -202,4 +205,7 @@ type NodeInfo struct {
 	Hostname string
 	OS       string
 	Arch     string
+	// Peer is what the edge's transport verified about the connection,
+	// unlike the fields above, which the node reports about itself.
+	Peer PeerIdentity
 }

@@ -27,8 +27,10 @@ for entry in "${clis[@]}"; do
 	tmp="$dir.tmp.$$"
 	rm -rf "$tmp"
 	mkdir -p "$tmp"
+	trap 'rm -rf "$tmp"' EXIT # a failed install leaves nothing behind
 	# --ignore-scripts is not used: the CLIs' postinstall picks the native binary.
 	npm install --prefix "$tmp" --no-save --no-audit --no-fund --loglevel=error "$pkg@$version" >&2
 	rm -rf "$dir"
 	mv "$tmp" "$dir"
+	trap - EXIT
 done

@@ -80,6 +80,13 @@ func startEdgeHTTP(t testing.TB, httpExtra, nodes string, env ...string) *edge {
 	if err := os.WriteFile(e.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The node-link CA pin nodes get (printCAPin, with the env key_env needs).
+	pinCmd := exec.Command(filepath.Join(binDir, "iop-edge"), "--config", e.config, "--print-ca-pin")
+	pinCmd.Env = append(os.Environ(), env...)
+	out, err := pinCmd.CombinedOutput()
+	if e.pin = strings.TrimSpace(string(out)); err != nil || !strings.HasPrefix(e.pin, "sha256:") {
+		t.Fatalf("iop-edge --print-ca-pin: %v: %q", err, out)
+	}
 	e.proc = start(t, "iop-edge", env, "--config", e.config)
 	waitHealthy(t, e.url, e.proc)
 	return e
@@ -537,6 +544,19 @@ func TestPublicListenWithoutKeysRefusesToStart(t *testing.T) {
 	}
 	if out := p.out.String(); !strings.Contains(out, "not a loopback address") || !strings.Contains(out, "http.api_keys") {
 		t.Fatalf("edge did not say why it refused to start:\n%s", out)
+	}
+
+	// Opting out explicitly starts the edge, with a warning.
+	_, port, _ := strings.Cut(freeAddr(t), ":")
+	cfg2 := filepath.Join(t.TempDir(), "edge.yaml")
+	doc = strings.Replace(edgeConfig(freeAddr(t), "0.0.0.0:"+port, ""), "http:\n", "http:\n  allow_unauthenticated: true\n", 1)
+	if err := os.WriteFile(cfg2, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p2 := start(t, "iop-edge", nil, "--config", cfg2)
+	waitHealthy(t, "http://127.0.0.1:"+port, p2)
+	if out := p2.out.String(); !strings.Contains(out, "WARN") || !strings.Contains(out, "allow_unauthenticated") {
+		t.Fatalf("edge with allow_unauthenticated did not warn:\n%s", out)
 	}
 }
 

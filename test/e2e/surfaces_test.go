@@ -114,10 +114,10 @@ func (tp *tap) waitClosed(t *testing.T, path string, within time.Duration) time.
 	return time.Time{}
 }
 
-// agentEdge is an edge and one node whose providers are an Anthropic
+// surfaceEdge is an edge and one node whose providers are an Anthropic
 // Messages stand-in (type anthropic, keyed by the node) and an OpenAI
 // Responses stand-in, each behind a tap.
-type agentEdge struct {
+type surfaceEdge struct {
 	e        *edge
 	n        *node
 	ant, oai *tap
@@ -131,14 +131,14 @@ const nodeAnthropicKey = "sk-ant-node-only-0001"
 // node arrive, inference for the CLIs).
 const agentKey = "e2e-agent-key-0123456789"
 
-func startAgentEdge(t *testing.T, antModels, oaiModels string) *agentEdge {
+func startAgentEdge(t *testing.T, antModels, oaiModels string) *surfaceEdge {
 	return startAgentEdgeKeyed(t, antModels, oaiModels, false)
 }
 
 // startAgentEdgeKeyed is startAgentEdge, with the edge requiring agentKey
 // when keyed.
-func startAgentEdgeKeyed(t *testing.T, antModels, oaiModels string, keyed bool) *agentEdge {
-	a := &agentEdge{antS: anthropic.Start(t), oaiS: responses.Start(t)}
+func startAgentEdgeKeyed(t *testing.T, antModels, oaiModels string, keyed bool) *surfaceEdge {
+	a := &surfaceEdge{antS: anthropic.Start(t), oaiS: responses.Start(t)}
 	a.ant, a.oai = newTap(t, a.antS.URL), newTap(t, a.oaiS.URL)
 	nodes := fmt.Sprintf(`
   - id: n1

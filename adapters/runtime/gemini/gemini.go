@@ -9,7 +9,9 @@
 // where <model> is the run's target, else the adapter's first configured
 // model (omitted when neither is set: the CLI then routes each prompt
 // itself), and <args…> are the adapter's configured args (e.g.
-// --approval-mode=auto_edit). The prompt, the run input, is one argv
+// --approval-mode=auto_edit). The CLI's environment is clean: the node's
+// base variables (PATH, HOME, …), then inherit_env, then env (e.g.
+// GOOGLE_GEMINI_BASE_URL, or GEMINI_API_KEY through inherit_env). The prompt, the run input, is one argv
 // element in the --prompt=<value> form, so a prompt starting with "-" is a
 // prompt, not a flag. Stdin is /dev/null.
 //
@@ -46,7 +48,7 @@
 // The CLI keeps its sessions per project directory, so work_dir should not
 // change between the runs of a session. TerminateSession forgets the
 // mapping. Cancelling ctx sends SIGTERM to the process group, SIGKILL after
-// KillGrace, and returns ctx.Err().
+// KillGrace (500 ms by default), and returns ctx.Err().
 package gemini
 
 import (
@@ -54,6 +56,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -66,6 +69,7 @@ import (
 
 // DefaultCommand is the binary run when the config names none.
 const DefaultCommand = "gemini"
+
 
 // Adapter runs the Gemini CLI for one adapter instance. It is safe for
 // concurrent use.
@@ -97,6 +101,7 @@ func New(cfg domain.AdapterConfig, agents ports.AgentSessionStore) (*Adapter, er
 		runner: agent.Runner{
 			Name: cfg.Name, Label: "gemini", Command: cmp.Or(cfg.Command, DefaultCommand), WorkDir: cfg.WorkDir,
 			Models: slices.Clone(cfg.Models), Timeout: cfg.Timeout, Store: agents,
+			Env: maps.Clone(cfg.Env), InheritEnv: slices.Clone(cfg.InheritEnv),
 		},
 		args:           slices.Clone(cfg.Args),
 		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),

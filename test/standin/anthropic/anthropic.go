@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -276,7 +275,8 @@ func (h *handler) stream(w http.ResponseWriter, r *http.Request, done <-chan str
 }
 
 // Text returns the text of the last user turn of a Messages request: its
-// string content, or its text blocks joined.
+// string content, or its last text block (Claude Code puts its system
+// reminders in blocks before the prompt).
 func Text(r standin.Request) string {
 	var body struct {
 		Messages []struct {
@@ -301,13 +301,12 @@ func Text(r standin.Request) string {
 			Text string `json:"text"`
 		}
 		_ = json.Unmarshal(m.Content, &blocks)
-		var parts []string
-		for _, b := range blocks {
-			if b.Type == "text" {
-				parts = append(parts, b.Text)
+		for j := len(blocks) - 1; j >= 0; j-- {
+			if blocks[j].Type == "text" {
+				return blocks[j].Text
 			}
 		}
-		return strings.Join(parts, "\n")
+		return ""
 	}
 	return ""
 }

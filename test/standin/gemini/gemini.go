@@ -281,7 +281,8 @@ func (h *handler) stream(w http.ResponseWriter, r *http.Request, done <-chan str
 	_ = st.Event("", h.chunk(last, finish(rep), usage(rep.Usage), model))
 }
 
-// Text returns the text of the last user turn of a request's contents.
+// Text returns the last text part of the last user turn of a request's
+// contents.
 func Text(r standin.Request) string {
 	var body struct {
 		Contents []struct {
@@ -294,14 +295,10 @@ func Text(r standin.Request) string {
 	_ = json.Unmarshal(r.Body, &body)
 	for i := len(body.Contents) - 1; i >= 0; i-- {
 		if c := body.Contents[i]; c.Role == "user" {
-			var parts []string
-			for _, p := range c.Parts {
-				if p.Text != "" {
-					parts = append(parts, p.Text)
+			for j := len(c.Parts) - 1; j >= 0; j-- {
+				if c.Parts[j].Text != "" {
+					return c.Parts[j].Text
 				}
-			}
-			if len(parts) > 0 {
-				return strings.Join(parts, "\n")
 			}
 		}
 	}

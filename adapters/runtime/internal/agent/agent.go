@@ -24,8 +24,11 @@ import (
 )
 
 // DefaultKillGrace is how long a cancelled agent has between SIGTERM and
-// SIGKILL: long enough to save its session file.
-const DefaultKillGrace = 3 * time.Second
+// SIGKILL. The CLIs append to their session files as they go, so there is
+// little to save; on a loaded machine they can take seconds to wind down
+// on SIGTERM, and a cancel must end the whole process group within a
+// second.
+const DefaultKillGrace = 500 * time.Millisecond
 
 // Invocation is how to start the CLI for one run.
 type Invocation struct {
