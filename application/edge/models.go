@@ -456,7 +456,8 @@ func readAll(ctx context.Context, st ports.TunnelStream, limit int64) (int, []by
 }
 
 // ParseModelList reads a provider's model list: OpenAI's
-// {"object":"list","data":[{"id","created",…}]} for type openai, Ollama's
+// {"object":"list","data":[{"id","created",…}]} for type openai (and
+// Anthropic's {"data":[{"id","created_at",…}]} for type anthropic), Ollama's
 // {"models":[{"name","model","modified_at",…}]} for type ollama. Only ID,
 // Created and Raw are filled.
 func ParseModelList(typ string, body []byte) ([]ModelEntry, error) {
@@ -493,8 +494,9 @@ func ParseModelList(typ string, body []byte) ([]ModelEntry, error) {
 	default:
 		var doc struct {
 			Data []struct {
-				ID      string `json:"id"`
-				Created int64  `json:"created"`
+				ID        string `json:"id"`
+				Created   int64  `json:"created"`
+				CreatedAt string `json:"created_at"` // Anthropic's Models API
 			} `json:"data"`
 		}
 		if err := json.Unmarshal(body, &doc); err != nil {
@@ -502,7 +504,11 @@ func ParseModelList(typ string, body []byte) ([]ModelEntry, error) {
 		}
 		for _, m := range doc.Data {
 			if m.ID != "" {
-				out = append(out, ModelEntry{ID: m.ID, Created: m.Created})
+				e := ModelEntry{ID: m.ID, Created: m.Created}
+				if t, err := time.Parse(time.RFC3339Nano, m.CreatedAt); err == nil && e.Created == 0 {
+					e.Created = t.Unix()
+				}
+				out = append(out, e)
 			}
 		}
 	}

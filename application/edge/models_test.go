@@ -244,6 +244,10 @@ func TestParseModelList(t *testing.T) {
 	if err != nil || len(es) != 2 || es[0].ID != "a" || es[1].ID != "b" {
 		t.Fatalf("ollama list = %+v, %v", es, err)
 	}
+	es, err = edge.ParseModelList(domain.ProviderAnthropic, []byte(`{"data":[{"type":"model","id":"claude-sonnet-4-5","display_name":"Claude Sonnet 4.5","created_at":"2025-09-29T00:00:00Z"}],"has_more":false,"first_id":"claude-sonnet-4-5","last_id":"claude-sonnet-4-5"}`))
+	if err != nil || len(es) != 1 || es[0].ID != "claude-sonnet-4-5" || es[0].Created != 1759104000 {
+		t.Fatalf("anthropic list = %+v, %v", es, err)
+	}
 	es, err = edge.ParseModelList(domain.ProviderOpenAI, []byte(`{"data":[]}`))
 	if err != nil || len(es) != 0 {
 		t.Fatalf("empty list = %+v, %v", es, err)
