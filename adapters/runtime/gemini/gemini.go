@@ -70,7 +70,6 @@ import (
 // DefaultCommand is the binary run when the config names none.
 const DefaultCommand = "gemini"
 
-
 // Adapter runs the Gemini CLI for one adapter instance. It is safe for
 // concurrent use.
 type Adapter struct {
