@@ -1,0 +1,225 @@
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"iop/adapters/transport"
+	ioppb "iop/proto/iop"
+)
+
+// raiseFileLimit lifts this process's RLIMIT_NOFILE soft limit to the hard one.
+func raiseFileLimit(t *testing.T, need uint64) {
+	t.Helper()
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+	if rl.Cur < rl.Max {
+		rl.Cur = rl.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl)
+	}
+	if rl.Cur < need {
+		t.Skipf("RLIMIT_NOFILE %d is below the %d this test needs", rl.Cur, need)
+	}
+}
+
+// dialTransportFrom opens a TCP connection to the edge's transport port from
+// the loopback address local (127.0.0.x), to play a remote address of its own.
+func dialTransportFrom(local string, e *edge) (net.Conn, error) {
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+	return d.Dial("tcp", e.transport)
+}
+
+// timeHealthz returns how long one GET /healthz took.
+func timeHealthz(t *testing.T, e *edge) time.Duration {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second}
+	start := time.Now()
+	resp, err := c.Get(e.url + "/healthz")
+	if err != nil {
+		t.Fatalf("/healthz: %v", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("/healthz status %d", resp.StatusCode)
+	}
+	return time.Since(start)
+}
+
+// waitNodeTimed is waitNode that says how long it took.
+func waitNodeTimed(t *testing.T, e *edge, id string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	waitNode(t, e, id)
+	return time.Since(start)
+}
+
+// Issue 9.2: 2,000 sockets that never register used to keep a real node out
+// for minutes (each held a handshake slot until its 10 s timeout) and, in
+// larger numbers, exhausted the edge's file descriptors.
+func TestIdleSocketsDoNotStarveRegistration(t *testing.T) {
+	t.Parallel()
+	const idle = 2000
+	raiseFileLimit(t, idle+512)
+	e := startEdge(t, defaultNodes(2))
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	// Eight addresses of 250 sockets each: under the per-address cap, so the
+	// edge keeps every one of them open and waiting.
+	for i := range idle {
+		c, err := dialTransportFrom(fmt.Sprintf("127.0.0.%d", 2+i%8), e)
+		if err != nil {
+			t.Fatalf("idle socket %d: %v", i, err)
+		}
+		conns = append(conns, c)
+	}
+	var lat []time.Duration
+	for range 11 {
+		lat = append(lat, timeHealthz(t, e))
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+
+	start := time.Now()
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	reg := time.Since(start)
+
+	// The idle sockets were all still open (and silent) while the node got in.
+	open := 0
+	for _, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
+		var b [1]byte
+		_, err := c.Read(b[:])
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			open++
+		}
+	}
+	t.Logf("%d idle sockets (%d still open after): node registered %v after its start; /healthz median %v, max %v",
+		idle, open, reg.Round(time.Millisecond), lat[len(lat)/2].Round(time.Microsecond), lat[len(lat)-1].Round(time.Microsecond))
+	if open < idle*9/10 {
+		t.Errorf("only %d of %d idle sockets were still open: the node may have got in only after they timed out", open, idle)
+	}
+	if reg > 2*time.Second {
+		t.Errorf("node registered %v after start with %d idle sockets open; want within 2 s", reg, idle)
+	}
+	if med := lat[len(lat)/2]; med > 100*time.Millisecond {
+		t.Errorf("/healthz median %v with %d idle sockets open; want within 100 ms", med, idle)
+	}
+}
+
+// Past the per-address cap, a new unregistered connection is closed at once.
+func TestUnregisteredSocketsCappedPerAddress(t *testing.T) {
+	t.Parallel()
+	raiseFileLimit(t, 2048)
+	e := startEdge(t, defaultNodes(2))
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	closedAtOnce := 0
+	for range 600 {
+		c, err := dialTransportFrom("127.0.0.20", e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	// Give the edge a moment to accept them all; the reads below take well
+	// under the 10 s handshake timeout that would close the rest.
+	time.Sleep(500 * time.Millisecond)
+	for _, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
+		var b [1]byte
+		if _, err := c.Read(b[:]); errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+			closedAtOnce++
+		}
+	}
+	if closedAtOnce != 600-512 {
+		t.Fatalf("%d of 600 sockets from one address closed at once; want %d (cap 512)", closedAtOnce, 600-512)
+	}
+	// A node from another address registers regardless.
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+}
+
+// registerOnce sends one register request and says whether the edge answered.
+func registerOnce(t *testing.T, e *edge, local, token string) (answered bool, reason string) {
+	t.Helper()
+	c, err := dialTransportFrom(local, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf, err := transport.AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterRequest{RegisterRequest: &ioppb.RegisterRequest{Token: token}}}, transport.DefaultMaxFrameSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(buf); err != nil {
+		return false, ""
+	}
+	f := new(ioppb.Frame)
+	if _, err := transport.NewDecoder(c, transport.DefaultMaxFrameSize).Decode(f); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+			return false, ""
+		}
+		t.Fatalf("reading the register response: %v", err)
+	}
+	return true, f.GetRegisterResponse().GetReason()
+}
+
+// Issue 9.3: wrong tokens were answered at thousands a second, each with a
+// WARN line. Now they are throttled per address and logged in aggregate,
+// and a good node from another address is not slowed.
+func TestWrongTokensThrottledPerAddress(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(2))
+	const tries = 500
+	answered := 0
+	start := time.Now()
+	for range tries {
+		if ok, reason := registerOnce(t, e, "127.0.0.30", "wrong-token-guess"); ok {
+			answered++
+			if !strings.HasPrefix(reason, "unknown_token") {
+				t.Fatalf("answered reason %q", reason)
+			}
+		}
+	}
+	elapsed := time.Since(start)
+	// A good node from another address registers at once.
+	regStart := time.Now()
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	reg := time.Since(regStart)
+	// Burst 10, then 1 a second.
+	limit := 10 + int(elapsed.Seconds()+1)
+	t.Logf("%d wrong tokens in %v from one address: %d answered (%.1f/s), the rest closed unanswered; good node from another address registered in %v",
+		tries, elapsed.Round(time.Millisecond), answered, float64(answered)/elapsed.Seconds(), reg.Round(time.Millisecond))
+	if answered < 10 || answered > limit {
+		t.Fatalf("%d of %d wrong tokens answered in %v; want between 10 and %d", answered, tries, elapsed, limit)
+	}
+	lines := strings.Count(e.out.String(), "node rejected")
+	if lines > 3 {
+		t.Errorf("%d 'node rejected' lines for %d attempts from one address; want one per interval", lines, tries)
+	}
+	if reg > 5*time.Second {
+		t.Errorf("good node took %v to register", reg)
+	}
+}
