@@ -1,12 +1,16 @@
 package e2e
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -221,5 +225,110 @@ func TestWrongTokensThrottledPerAddress(t *testing.T) {
 	}
 	if reg > 5*time.Second {
 		t.Errorf("good node took %v to register", reg)
+	}
+}
+
+// pidAlive reports whether pid exists and is not a zombie.
+func pidAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return len(f) > 0 && f[0] != "Z"
+}
+
+func waitPidGone(t *testing.T, pid int, within time.Duration, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if !pidAlive(pid) {
+			return
+		}
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	t.Fatalf("%s (pid %d) still running %v later", what, pid, within)
+}
+
+// restartNode starts a node again on the database of n.
+func restartNode(t *testing.T, e *edge, n *node, token string) *node {
+	t.Helper()
+	p := start(t, "iop-node", nil, "--edge", e.transport, "--token", token, "--db", "file:"+n.db+"?cache=shared&mode=rwc", "--log-level", "debug")
+	return &node{proc: p, db: n.db}
+}
+
+// Issue 9.7: after kill -9 of the node, its children kept running.
+func TestChildrenDieWithKilledNode(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(4)+`
+  - id: n9
+    token: e2e-token-0009
+    adapters:
+      - name: exec
+        type: exec
+        targets:
+          nested: {command: ["sh", "-c", "sleep 300 & echo $!; wait"]}
+`)
+	n := startNode(t, e, testToken)
+	n9 := startNode(t, e, "e2e-token-0009")
+	waitNode(t, e, "n1")
+	waitNode(t, e, "n9")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// The group leader itself: the kernel kills it when the node dies.
+	_, pid, resp, _ := runUntilStarted(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "sleep"})
+	defer resp.Body.Close()
+	if pid <= 0 || !pidAlive(pid) {
+		t.Fatalf("child pid %d not running", pid)
+	}
+	n.stop(syscall.SIGKILL, time.Second)
+	waitPidGone(t, pid, 5*time.Second, "the child of a node killed with -9")
+
+	// A descendant the leader's death signal does not reach: the node
+	// started after the crash kills it before serving.
+	resp2 := startRun(t, ctx, e, map[string]any{"node": "n9", "adapter": "exec", "target": "nested"})
+	defer resp2.Body.Close()
+	r := newSSE(resp2.Body)
+	grandchild := 0
+	for grandchild == 0 {
+		ev, err := r.Next()
+		if err != nil {
+			t.Fatalf("nested run ended early: %v", err)
+		}
+		var re runEvent
+		_ = json.Unmarshal([]byte(ev.Data), &re)
+		if re.Type == "delta" {
+			grandchild, _ = strconv.Atoi(strings.TrimSpace(re.Text))
+		}
+	}
+	if !pidAlive(grandchild) {
+		t.Fatalf("grandchild %d not running", grandchild)
+	}
+	n9.stop(syscall.SIGKILL, time.Second)
+	restartNode(t, e, n9, "e2e-token-0009")
+	waitPidGone(t, grandchild, 10*time.Second, "the grandchild of a node killed with -9, after the node restarted")
+	waitNode(t, e, "n9")
+}
+
+// A node database truncated to 0 bytes is reported, not silently recreated.
+func TestNodeRefusesTruncatedDatabase(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(2))
+	n := startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	n.stop(syscall.SIGTERM, 10*time.Second)
+	if err := os.Truncate(n.db, 0); err != nil {
+		t.Fatal(err)
+	}
+	again := restartNode(t, e, n, testToken)
+	if code := again.waitExit(t, 15*time.Second); code == 0 {
+		t.Fatal("node started on a truncated database")
+	}
+	if out := again.out.String(); !strings.Contains(out, "is empty (0 bytes)") || !strings.Contains(out, n.db) {
+		t.Fatalf("no clear error naming the truncated file:\n%s", out)
+	}
+	if fi, err := os.Stat(n.db); err != nil || fi.Size() != 0 {
+		t.Fatalf("the truncated file was touched: %v %v", fi, err)
 	}
 }

@@ -3,7 +3,9 @@ package sqlite_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -169,5 +171,36 @@ func TestConcurrentUpdates(t *testing.T) {
 	usage, err := store.UsageByAdapter(ctx)
 	if err != nil || len(usage) != 1 || usage[0].Succeeded != n {
 		t.Fatalf("UsageByAdapter = %+v, %v; want %d succeeded", usage, err, n)
+	}
+}
+
+// A database file truncated to 0 bytes is refused, not silently recreated
+// as an empty store; a missing file is still created.
+func TestOpenRefusesTruncatedFile(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "node.db")
+	dsn := "file:" + path + "?cache=shared&mode=rwc"
+	db, err := sqlite.Open(ctx, dsn)
+	if err != nil {
+		t.Fatalf("open a new file: %v", err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err = sqlite.Open(ctx, dsn)
+	if err == nil || !strings.Contains(err.Error(), "empty (0 bytes)") || !strings.Contains(err.Error(), path) {
+		t.Fatalf("open a truncated file: %v; want a clear refusal naming it", err)
+	}
+	if fi, _ := os.Stat(path); fi.Size() != 0 {
+		t.Fatalf("the truncated file was written to (%d bytes)", fi.Size())
+	}
+	if got := sqlite.FilePath("file::memory:?cache=shared"); got != "" {
+		t.Errorf("FilePath of a memory DSN: %q", got)
+	}
+	if got := sqlite.FilePath("/var/lib/iop/node.db"); got != "/var/lib/iop/node.db" {
+		t.Errorf("FilePath of a plain path: %q", got)
 	}
 }
