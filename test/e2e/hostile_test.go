@@ -332,3 +332,117 @@ func TestNodeRefusesTruncatedDatabase(t *testing.T) {
 		t.Fatalf("the truncated file was touched: %v %v", fi, err)
 	}
 }
+
+// Issue 9.4: a client that sends its headers and then one body byte every
+// 2 s held its connection (and a handler) open indefinitely. The body read is
+// now bounded (10 s plus time earned at 16 KiB/s) on every surface, while a
+// response stream longer than that bound goes on.
+func TestTrickledBodyCutLongStreamGoesOn(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(2)+`
+  - id: n8
+    token: e2e-token-0008
+    adapters:
+      - name: exec
+        type: exec
+        targets:
+          tick: {command: ["sh", "-c", "for i in $(seq 1 26); do echo t$i; sleep 0.5; done"]}
+`)
+	startNode(t, e, "e2e-token-0008")
+	waitNode(t, e, "n8")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// A run streaming for about 13 s, longer than the body bound.
+	type streamResult struct {
+		deltas int
+		last   string
+		took   time.Duration
+	}
+	streamDone := make(chan streamResult, 1)
+	streamStart := time.Now()
+	resp := startRun(t, ctx, e, map[string]any{"node": "n8", "adapter": "exec", "target": "tick"})
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("run status %d", resp.StatusCode)
+	}
+	go func() {
+		var res streamResult
+		r := newSSE(resp.Body)
+		for {
+			ev, err := r.Next()
+			if err != nil {
+				break
+			}
+			if ev.Event == "delta" {
+				res.deltas++
+			}
+			res.last = ev.Event
+		}
+		res.took = time.Since(streamStart)
+		streamDone <- res
+	}()
+
+	// Both surfaces: the iop API and the OpenAI-compatible one.
+	type cut struct {
+		path string
+		took time.Duration
+		resp string
+		err  error
+	}
+	cuts := make(chan cut, 2)
+	for _, path := range []string{"/v1/runs", "/v1/chat/completions"} {
+		go func() {
+			c, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+			if err != nil {
+				cuts <- cut{path: path, err: err}
+				return
+			}
+			defer c.Close()
+			start := time.Now()
+			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{", path)
+			stop := make(chan struct{})
+			defer close(stop)
+			go func() {
+				tk := time.NewTicker(2 * time.Second)
+				defer tk.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-tk.C:
+						if _, err := c.Write([]byte(" ")); err != nil {
+							return
+						}
+					}
+				}
+			}()
+			_ = c.SetReadDeadline(time.Now().Add(40 * time.Second))
+			b, err := io.ReadAll(c)
+			cuts <- cut{path: path, took: time.Since(start), resp: firstLine(string(b)), err: err}
+		}()
+	}
+	for range 2 {
+		c := <-cuts
+		t.Logf("%s: trickled body cut after %v; answer %q (read err %v)", c.path, c.took.Round(time.Millisecond), c.resp, c.err)
+		if c.err != nil || c.took > 14*time.Second {
+			t.Errorf("%s: trickled body held the connection %v (err %v); want cut within the 10 s bound (plus slack)", c.path, c.took, c.err)
+		}
+	}
+	select {
+	case res := <-streamDone:
+		t.Logf("run stream: %d deltas over %v, last event %s", res.deltas, res.took.Round(time.Millisecond), res.last)
+		if res.deltas != 26 || res.last != "complete" || res.took < 12*time.Second {
+			t.Errorf("long run stream was cut: %d deltas, last %q after %v", res.deltas, res.last, res.took)
+		}
+	case <-ctx.Done():
+		t.Fatal("the run stream never ended")
+	}
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return strings.TrimSpace(s[:i])
+	}
+	return s
+}
