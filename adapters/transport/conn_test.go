@@ -42,7 +42,7 @@ func TestEdgeDropsBadFramesFromNode(t *testing.T) {
 		{StreamId: closedID, Body: &ioppb.Frame_RunEvent{RunEvent: delta}},                                     // closed stream
 		{StreamId: closedID, Body: &ioppb.Frame_WindowUpdate{WindowUpdate: &ioppb.WindowUpdate{Increment: 1}}}, // closed stream
 		{StreamId: closedID, Body: &ioppb.Frame_StreamReset{StreamReset: &ioppb.StreamReset{Code: "cancel"}}},  // closed stream
-		{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{}}},                                         // an empty heartbeat is fine, not dropped
+		{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{}}},                                          // an empty heartbeat is fine, not dropped
 	}
 	for _, f := range bad {
 		raw.write(f)
