@@ -60,12 +60,19 @@ func timeHealthz(t *testing.T, e *edge) time.Duration {
 	return time.Since(start)
 }
 
-// waitNodeTimed is waitNode that says how long it took.
-func waitNodeTimed(t *testing.T, e *edge, id string) time.Duration {
-	t.Helper()
-	start := time.Now()
-	waitNode(t, e, id)
-	return time.Since(start)
+// rssKiB returns a process's resident set size (0 if unreadable).
+func rssKiB(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	return 0
 }
 
 // Issue 9.2: 2,000 sockets that never register used to keep a real node out
@@ -76,6 +83,7 @@ func TestIdleSocketsDoNotStarveRegistration(t *testing.T) {
 	const idle = 2000
 	raiseFileLimit(t, idle+512)
 	e := startEdge(t, defaultNodes(2))
+	rssIdle := rssKiB(e.cmd.Process.Pid)
 	var conns []net.Conn
 	t.Cleanup(func() {
 		for _, c := range conns {
@@ -113,8 +121,9 @@ func TestIdleSocketsDoNotStarveRegistration(t *testing.T) {
 			open++
 		}
 	}
-	t.Logf("%d idle sockets (%d still open after): node registered %v after its start; /healthz median %v, max %v",
-		idle, open, reg.Round(time.Millisecond), lat[len(lat)/2].Round(time.Microsecond), lat[len(lat)-1].Round(time.Microsecond))
+	t.Logf("%d idle sockets (%d still open after): node registered %v after its start; /healthz median %v, max %v; edge RSS %d KiB idle, %d KiB with the sockets",
+		idle, open, reg.Round(time.Millisecond), lat[len(lat)/2].Round(time.Microsecond), lat[len(lat)-1].Round(time.Microsecond),
+		rssIdle, rssKiB(e.cmd.Process.Pid))
 	if open < idle*9/10 {
 		t.Errorf("only %d of %d idle sockets were still open: the node may have got in only after they timed out", open, idle)
 	}
