@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -15,10 +16,14 @@ import (
 )
 
 // chaosNodes has short runs (so the store fills with finished ones), a
-// 2-second one (often in flight when something dies) and a child that sleeps.
-const chaosNodes = `
+// 2-second one (often in flight when something dies), a child that sleeps
+// and a provider to tunnel to.
+func chaosNodes(providerURL string) string {
+	return fmt.Sprintf(`
   - id: n1
-    token: ` + testToken + `
+    token: %s
+    providers:
+      - {name: oai, type: openai, base_url: %q, models: [m-sse, m-slow]}
     adapters:
       - name: exec
         type: exec
@@ -27,7 +32,8 @@ const chaosNodes = `
           quick: {command: ["sh", "-c", "echo q"]}
           slow: {command: ["sh", "-c", "echo started; sleep 2; echo done"]}
           sleeper: {command: ["sh", "-c", "echo started; exec sleep 10"]}
-`
+`, testToken, providerURL)
+}
 
 // chaosLedger is everything the callers saw.
 type chaosLedger struct {
@@ -47,7 +53,8 @@ func (l *chaosLedger) addRun(id, how string) {
 }
 
 // TestChaos (about 55 s) kills -9 and restarts the node and the edge at random points
-// while foreground runs, background runs and cancels are in flight; then
+// while foreground runs, background runs, cancels and tunnel requests are
+// in flight; then
 // every run id a caller was given must be in the node's store with a
 // terminal status, no call may have hung, no child of a killed node may
 // survive, and the edge's file descriptors must return to their idle level.
@@ -68,7 +75,8 @@ func TestChaos(t *testing.T) {
 		maxKills = 12
 		callMax  = 20 * time.Second // a call that takes longer has hung
 	)
-	e := startEdge(t, chaosNodes)
+	prov := newProvider(t)
+	e := startEdge(t, chaosNodes(prov.URL))
 	n := startNode(t, e, testToken)
 	waitNode(t, e, "n1")
 	seed := rand.Uint64()
@@ -170,6 +178,24 @@ func TestChaos(t *testing.T) {
 			resp.Body.Close()
 		}
 	}
+	// m-slow streams until its caller leaves: this one leaves after 3 s.
+	tunnel := func(model string, stay time.Duration) func() {
+		return func() {
+			ctx, cancel := context.WithTimeout(callCtx, stay)
+			defer cancel()
+			b := chatBody(model, true)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.url+"/v1/chat/completions", bytes.NewReader(b))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := client.Do(req)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+	worker("tunnel", tunnel("m-sse", callMax))
+	worker("slow tunnel", tunnel("m-slow", 3*time.Second))
 	worker("foreground quick", foreground("quick"))
 	worker("foreground slow", foreground("slow"))
 	worker("foreground sleeper", foreground("sleeper"))
@@ -234,7 +260,7 @@ func TestChaos(t *testing.T) {
 	}
 	// The edge's descriptors return to what an idle edge with one node holds.
 	idle := fdCount(e.cmd.Process.Pid)
-	fresh := startEdge(t, chaosNodes)
+	fresh := startEdge(t, chaosNodes(prov.URL))
 	startNode(t, fresh, testToken)
 	waitNode(t, fresh, "n1")
 	baseline := fdCount(fresh.cmd.Process.Pid)
