@@ -146,7 +146,8 @@ func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edg
 // runEdge starts the listeners synchronously (a busy port fails start-up),
 // reloads on SIGHUP, and on stop closes HTTP first, then the node links.
 func runEdge(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, ts *transport.Server, hs *httpapi.Server,
-	submit *edgeapp.SubmitRunHandler, reload *edgeapp.ReloadHandler, bus *eventbus.Bus, catalog *edgeapp.ModelCatalog) {
+	submit *edgeapp.SubmitRunHandler, reload *edgeapp.ReloadHandler, bus *eventbus.Bus, catalog *edgeapp.ModelCatalog,
+	reg *edgeapp.RegisterHandler) {
 	hup := make(chan os.Signal, 1)
 	hupDone := make(chan struct{})
 	// The model catalog follows node lifecycle events (discover on register
@@ -195,6 +196,7 @@ func runEdge(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, ts *transport.Se
 			if terr := ts.Stop(ctx); err == nil {
 				err = terr
 			}
+			reg.Close()
 			bus.Close()
 			return err
 		},

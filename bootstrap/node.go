@@ -1,6 +1,7 @@
 package bootstrap
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"iop/adapters/config"
 	"iop/adapters/provider"
 	"iop/adapters/runtime/factory"
+	"iop/adapters/runtime/spawn"
 	"iop/adapters/store/sqlite"
 	"iop/adapters/transport"
 	nodeapp "iop/application/node"
@@ -136,6 +138,15 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 			if s.Token == "" {
 				return errors.New("no token: pass --token or set token/token_env in the node config")
 			}
+			// Children of an earlier node process that died without
+			// stopping them (kill -9, OOM) are killed before any run starts.
+			killed, err := spawn.Record(spawn.RecordFileFor(sqlite.FilePath(cmp.Or(s.DB, sqlite.DefaultDSN))))
+			if err != nil {
+				return err
+			}
+			if killed > 0 {
+				log.Warn("killed process groups an earlier node left running", "groups", killed)
+			}
 			if err := rm.Recover(start); err != nil {
 				return err
 			}
@@ -164,6 +175,7 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 		OnStop: func(stop context.Context) error {
 			cancel()
 			rm.Stop()
+			spawn.KillAll()
 			select {
 			case <-done:
 			case <-stop.Done():

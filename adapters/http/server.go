@@ -102,6 +102,12 @@ type Server struct {
 	// stops reading is cut off, as if it had left, instead of holding a run,
 	// a command or a bus subscription forever. Set it before serving.
 	WriteIdleTimeout time.Duration
+	// BodyTimeout and BodyMinRate bound the time to read a request body on
+	// every route of this server, the OpenAI and Ollama surfaces included
+	// (DefaultBodyTimeout, DefaultBodyMinRate); see clockBody. Set them
+	// before serving.
+	BodyTimeout time.Duration
+	BodyMinRate int
 
 	// stopping is cancelled when Stop begins: streams end, short requests
 	// are left to finish. base is cancelled when Stop gives up waiting.
@@ -126,7 +132,8 @@ func New(deps Deps, addr string, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{deps: deps, addr: addr, log: log, KeepAlive: DefaultKeepAlive, WriteIdleTimeout: DefaultWriteIdleTimeout}
+	s := &Server{deps: deps, addr: addr, log: log, KeepAlive: DefaultKeepAlive, WriteIdleTimeout: DefaultWriteIdleTimeout,
+		BodyTimeout: DefaultBodyTimeout, BodyMinRate: DefaultBodyMinRate}
 	s.stopping, s.beginStop = context.WithCancel(context.Background())
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.mux = http.NewServeMux()
@@ -189,6 +196,7 @@ func (s *Server) Handler() http.Handler {
 
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	clockBody(w, r, s.BodyTimeout, s.BodyMinRate)
 	sw := &statusWriter{ResponseWriter: w}
 	h, pattern := s.mux.Handler(r)
 	// An unknown route needs a key too, so that a caller without one

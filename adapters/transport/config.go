@@ -31,9 +31,20 @@ type Config struct {
 	ControlQueue int
 	// WriteTimeout catches half-open peers on send.
 	WriteTimeout time.Duration
-	// HandshakeTimeout bounds the register exchange.
+	// HandshakeTimeout bounds the register exchange, from accept to the
+	// answer, including any wait for a handshake slot.
 	HandshakeTimeout time.Duration
-	Logger           *slog.Logger
+	// MaxPending bounds the connections that have not registered yet;
+	// MaxPendingPerAddr bounds them per remote address. Past either, a new
+	// connection is closed at once.
+	MaxPending        int
+	MaxPendingPerAddr int
+	// RegisterFailBurst and RegisterFailRate (per second) are the token
+	// bucket of failed registrations (unknown token, garbage first frame)
+	// allowed per remote address; past it the edge closes without answering.
+	RegisterFailBurst int
+	RegisterFailRate  float64
+	Logger            *slog.Logger
 }
 
 // DefaultConfig returns the spec's settings: 30 s heartbeat, 45 s wait, 4 MiB frames.
@@ -47,6 +58,10 @@ func DefaultConfig() Config {
 		ControlQueue:      256,
 		WriteTimeout:      45 * time.Second,
 		HandshakeTimeout:  10 * time.Second,
+		MaxPending:        4096,
+		MaxPendingPerAddr: 512,
+		RegisterFailBurst: 10,
+		RegisterFailRate:  1,
 	}
 }
 
@@ -76,6 +91,18 @@ func (c Config) withDefaults() Config {
 	}
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if c.MaxPending <= 0 {
+		c.MaxPending = d.MaxPending
+	}
+	if c.MaxPendingPerAddr <= 0 {
+		c.MaxPendingPerAddr = d.MaxPendingPerAddr
+	}
+	if c.RegisterFailBurst <= 0 {
+		c.RegisterFailBurst = d.RegisterFailBurst
+	}
+	if c.RegisterFailRate <= 0 {
+		c.RegisterFailRate = d.RegisterFailRate
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,6 +68,11 @@ type Conn struct {
 	streams    map[uint64]*Stream
 	nextID     uint64
 	lastPeerID uint64
+	// lateAllowance is what the peer may still send on streams that have
+	// ended here (what was in flight when they ended): each ended stream
+	// adds its window, each frame for an ended stream takes its cost. An
+	// edge side disconnects a node that goes below zero: a flood.
+	lateAllowance int
 	// opening serialises Open from id allocation to enqueueing the open
 	// frame, so ids reach the peer in increasing order (it drops any id not
 	// above the last one it saw). A channel, so waiting honours ctx.
@@ -218,19 +224,23 @@ func (c *Conn) dispatch(f *ioppb.Frame) {
 		if s := c.stream(id); s != nil {
 			s.addCredit(b.WindowUpdate.GetIncrement())
 		} else {
-			c.dropped.Add(1)
+			c.unrouted(f)
 		}
 	case *ioppb.Frame_StreamReset:
 		if s := c.stream(id); s != nil {
 			c.remove(s)
 			s.end(&ResetError{Code: b.StreamReset.GetCode(), Message: b.StreamReset.GetMessage()})
 		} else {
-			c.dropped.Add(1)
+			c.unrouted(f)
 		}
 	case *ioppb.Frame_RunRequest, *ioppb.Frame_NodeCommandRequest, *ioppb.Frame_ProviderTunnelRequest, *ioppb.Frame_CancelRequest:
 		c.openFromPeer(f)
 	case *ioppb.Frame_RegisterRequest, *ioppb.Frame_RegisterResponse:
 		c.dropped.Add(1)
+		if c.side == SideEdge {
+			c.violation("register frame after the handshake")
+			return
+		}
 		c.log.Warn("register frame after handshake dropped")
 	default:
 		if id == 0 {
@@ -240,9 +250,60 @@ func (c *Conn) dispatch(f *ioppb.Frame) {
 		if s := c.stream(id); s != nil {
 			s.deliver(f)
 		} else {
-			c.dropped.Add(1)
+			c.unrouted(f)
 		}
 	}
+}
+
+// unrouted takes a frame for a stream that is not open. A node may still
+// send on a stream the edge has ended (what was in flight), within the
+// window it had; on the edge, a frame for a stream that never existed, or
+// more late frames than any window allowed, is a protocol violation.
+func (c *Conn) unrouted(f *ioppb.Frame) {
+	c.dropped.Add(1)
+	// A frame whose body this version does not know is skipped, not fatal.
+	if c.side != SideEdge || f.Body == nil {
+		return
+	}
+	id := f.StreamId
+	c.mu.Lock()
+	never := id > c.lastPeerID
+	if !c.peerParity(id) {
+		never = id >= c.nextID
+	}
+	var flood bool
+	if !never {
+		c.lateAllowance -= frameCost(f)
+		flood = c.lateAllowance < 0
+	}
+	c.mu.Unlock()
+	switch {
+	case never:
+		c.violation(fmt.Sprintf("%s for stream %d, which was never opened", frameKind(f), id))
+	case flood:
+		c.violation(fmt.Sprintf("flood of frames for ended streams (%s for stream %d)", frameKind(f), id))
+	}
+}
+
+// maxLateWindows caps the late-frame allowance, so that many finished
+// streams do not add up to a licence to flood.
+const maxLateWindows = 16
+
+// ErrProtocolViolation is why an edge drops a node that broke the protocol.
+var ErrProtocolViolation = errors.New("protocol violation")
+
+// violation ends the connection of a peer that broke the protocol; the
+// reason is logged and becomes the connection's error.
+func (c *Conn) violation(reason string) {
+	c.log.Warn("peer violated the protocol; closing the connection", "reason", reason)
+	c.shutdown(fmt.Errorf("%w: %s", ErrProtocolViolation, reason))
+}
+
+func frameKind(f *ioppb.Frame) string {
+	if f.Body == nil {
+		return "frame without body"
+	}
+	return strings.TrimPrefix(fmt.Sprintf("%T", f.Body), "*iop.Frame_")
 }
 
 func (c *Conn) peerParity(id uint64) bool {
@@ -267,6 +328,10 @@ func (c *Conn) openFromPeer(f *ioppb.Frame) {
 	if id == 0 || !c.peerParity(id) || id <= c.lastPeerID {
 		c.mu.Unlock()
 		c.dropped.Add(1)
+		if c.side == SideEdge {
+			c.violation(fmt.Sprintf("%s opening stream %d (not a new id of the node's parity)", frameKind(f), id))
+			return
+		}
 		c.log.Warn("open frame with invalid stream id dropped", "stream", id)
 		return
 	}
@@ -332,6 +397,7 @@ func (c *Conn) remove(s *Stream) {
 	c.mu.Lock()
 	if c.streams[s.id] == s {
 		delete(c.streams, s.id)
+		c.lateAllowance = min(c.lateAllowance+s.window, maxLateWindows*s.window)
 	}
 	c.mu.Unlock()
 }

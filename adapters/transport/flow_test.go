@@ -135,14 +135,15 @@ func TestStalledTunnelDoesNotBlockOthers(t *testing.T) {
 	}
 }
 
-// A frame that overruns the window resets that stream (flow_control) and
-// nothing else. This drives deliver directly.
+// On the node, a frame from the edge that overruns the window resets that
+// stream (flow_control) and nothing else. This drives deliver directly. (An
+// edge disconnects a node that does this: TestPeerViolatingCreditIsDisconnected.)
 func TestDeliverBeyondWindowResetsStream(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
 	cfg := testConfig()
-	c := newConn(a, NewDecoder(a, DefaultMaxFrameSize), cfg, SideEdge, 0, nopHandler{})
+	c := newConn(a, NewDecoder(a, DefaultMaxFrameSize), cfg, SideNode, 0, nopHandler{})
 	s, err := c.Open(testCtx(t), &ioppb.Frame{Body: &ioppb.Frame_RunRequest{RunRequest: &ioppb.RunRequest{RunId: "r"}}})
 	mustf(t, err, "Open")
 	other, err := c.Open(testCtx(t), &ioppb.Frame{Body: &ioppb.Frame_RunRequest{RunRequest: &ioppb.RunRequest{RunId: "r2"}}})
@@ -196,9 +197,9 @@ type nopHandler struct{}
 func (nopHandler) HandleOpen(s *Stream, _ *ioppb.Frame) { s.Reset("unsupported", "") }
 func (nopHandler) HandleControl(*ioppb.Frame)           {}
 
-// A raw node that ignores credit gets its stream reset with flow_control;
-// the link and its other streams carry on.
-func TestPeerViolatingCreditIsReset(t *testing.T) {
+// A raw node that ignores credit is disconnected with the reason; a run
+// of another node on the same edge is untouched.
+func TestPeerViolatingCreditIsDisconnected(t *testing.T) {
 	ctx := testCtx(t)
 	edge := newFakeEdge()
 	edge.addNode(testToken, testNodeConfig())
@@ -210,48 +211,26 @@ func TestPeerViolatingCreditIsReset(t *testing.T) {
 	rs, err := link.StartRun(ctx, runReq("r1"))
 	mustf(t, err, "StartRun")
 	defer rs.Close()
-	open := raw.readUntil(ctx, "run request", func(f *ioppb.Frame) bool { return f.GetRunRequest() != nil })
-	id := open.StreamId
+	id := raw.readUntil(ctx, "run request", func(f *ioppb.Frame) bool { return f.GetRunRequest() != nil }).StreamId
 
 	// Push well past the granted window without waiting for updates.
 	text := strings.Repeat("v", 40<<10)
-	sent := 0
-	for sent <= int(resp.GetInitialWindow())+80<<10 {
-		raw.write(&ioppb.Frame{StreamId: id, Body: &ioppb.Frame_RunEvent{RunEvent: &ioppb.RunEvent{RunId: "r1", Type: ioppb.EventType_EVENT_TYPE_DELTA, Text: text}}})
-		sent += len(text)
+	for sent := 0; sent <= int(resp.GetInitialWindow())+80<<10; sent += len(text) {
+		if raw.writeBytes(mustFrame(t, &ioppb.Frame{StreamId: id, Body: &ioppb.Frame_RunEvent{RunEvent: &ioppb.RunEvent{RunId: "r1", Type: ioppb.EventType_EVENT_TYPE_DELTA, Text: text}}})) != nil {
+			break
+		}
 	}
-	reset := raw.readUntil(ctx, "flow_control reset", func(f *ioppb.Frame) bool { return f.GetStreamReset() != nil })
-	if reset.StreamId != id || reset.GetStreamReset().GetCode() != "flow_control" {
-		t.Fatalf("got reset %v", reset)
+	d := recv(t, ctx, edge.disconnected, "disconnect")
+	if d.Link != link || !strings.Contains(d.Reason, "protocol violation") || !strings.Contains(d.Reason, "overran its credit") {
+		t.Fatalf("disconnect %+v", d)
 	}
-	// Data after the reset is dropped and counted, not fatal.
-	before := link.Stats().Dropped
-	raw.write(&ioppb.Frame{StreamId: id, Body: &ioppb.Frame_RunEvent{RunEvent: &ioppb.RunEvent{RunId: "r1", Type: ioppb.EventType_EVENT_TYPE_DELTA, Text: "late"}}})
-	eventually(t, ctx, "late frame counted", func() bool { return link.Stats().Dropped > before })
+}
 
-	// The overrun run ends with an error after what was accepted.
-	var recvErr error
-	for recvErr == nil {
-		_, recvErr = rs.Recv(ctx)
-	}
-	if !errors.Is(recvErr, ErrStreamClosed) {
-		t.Errorf("overrun run ended with %v", recvErr)
-	}
-
-	// The connection still works.
-	rs2, err := link.StartRun(ctx, runReq("r2"))
-	mustf(t, err, "second StartRun")
-	defer rs2.Close()
-	open2 := raw.readUntil(ctx, "second run request", func(f *ioppb.Frame) bool { return f.GetRunRequest() != nil })
-	raw.write(&ioppb.Frame{StreamId: open2.StreamId, Body: &ioppb.Frame_RunEvent{RunEvent: &ioppb.RunEvent{RunId: "r2", Seq: 1, Type: ioppb.EventType_EVENT_TYPE_COMPLETE}}})
-	ev, err := rs2.Recv(ctx)
-	mustf(t, err, "second run Recv")
-	if ev.Type != domain.EventComplete {
-		t.Errorf("event %+v", ev)
-	}
-	if edge.disconnectsOf(link) != 0 {
-		t.Error("link dropped for a per-stream fault")
-	}
+func mustFrame(tb testing.TB, f *ioppb.Frame) []byte {
+	tb.Helper()
+	b, err := AppendFrame(nil, f, DefaultMaxFrameSize)
+	mustf(tb, err, "encode")
+	return b
 }
 
 // The receiver returns credit as it consumes: a sender that respects the
@@ -365,7 +344,7 @@ func TestWindowUpdateNotLostWhenControlQueueFull(t *testing.T) {
 func TestDeliverCountsConsumedButUnreturnedCredit(t *testing.T) {
 	a, _ := pipeConns(t)
 	cfg := testConfig()
-	c := newConn(a, NewDecoder(a, DefaultMaxFrameSize), cfg, SideEdge, 0, nopHandler{})
+	c := newConn(a, NewDecoder(a, DefaultMaxFrameSize), cfg, SideNode, 0, nopHandler{})
 	defer c.shutdown(nil)
 	s, err := c.Open(testCtx(t), &ioppb.Frame{Body: &ioppb.Frame_RunRequest{RunRequest: &ioppb.RunRequest{RunId: "r"}}})
 	mustf(t, err, "Open")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"runtime"
 	"sync"
@@ -39,6 +40,7 @@ type Server struct {
 	conns    map[net.Conn]struct{}
 	wg       sync.WaitGroup
 	sem      chan struct{}
+	adm      *admission
 	done     chan struct{}
 	stopOnce sync.Once
 }
@@ -48,10 +50,12 @@ func NewServer(addr string, cfg Config, h EdgeHandler) *Server {
 	cfg = cfg.withDefaults()
 	return &Server{
 		addr: addr, cfg: cfg, h: h, conns: map[net.Conn]struct{}{},
-		// Handshakes after an edge restart arrive in a burst; bounding them
-		// keeps authentication work from starving established links, while
-		// the accept loop itself never waits.
+		// Handshakes after an edge restart arrive in a burst; bounding the
+		// authentication work keeps it from starving established links. A
+		// slot is taken only once the register frame has arrived, so idle
+		// sockets never hold one, and the accept loop itself never waits.
 		sem:  make(chan struct{}, 64*runtime.GOMAXPROCS(0)),
+		adm:  newAdmission(cfg),
 		done: make(chan struct{}),
 	}
 }
@@ -121,12 +125,20 @@ func (s *Server) acceptLoop() {
 			continue
 		}
 		delay = 0
+		remote := nc.RemoteAddr().String()
+		addr := hostOf(remote)
+		if why := s.adm.enter(addr); why != "" {
+			_ = nc.Close()
+			s.h.HandshakeFailed(remote, why)
+			continue
+		}
 		if !s.track(nc) {
+			s.adm.leave(addr)
 			_ = nc.Close()
 			return
 		}
 		s.wg.Add(1)
-		go s.serve(nc)
+		go s.serve(nc, remote, addr)
 	}
 }
 
@@ -148,18 +160,11 @@ func (s *Server) untrack(nc net.Conn) {
 	s.mu.Unlock()
 }
 
-func (s *Server) serve(nc net.Conn) {
+func (s *Server) serve(nc net.Conn, remote, addr string) {
 	defer s.wg.Done()
 	defer s.untrack(nc)
-	remote := nc.RemoteAddr().String()
-	select {
-	case s.sem <- struct{}{}:
-	case <-s.done:
-		_ = nc.Close()
-		return
-	}
-	link, nodeID, ok := s.handshake(nc, remote)
-	<-s.sem
+	link, nodeID, ok := s.handshake(nc, remote, addr)
+	s.adm.leave(addr)
 	if !ok {
 		return
 	}
@@ -171,8 +176,9 @@ func (s *Server) serve(nc net.Conn) {
 
 // handshake reads the register request and answers it. On success the
 // returned link's connection is ready to start.
-func (s *Server) handshake(nc net.Conn, remote string) (*edgeLink, string, bool) {
-	_ = nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+func (s *Server) handshake(nc net.Conn, remote, addr string) (*edgeLink, string, bool) {
+	deadline := time.Now().Add(s.cfg.HandshakeTimeout)
+	_ = nc.SetDeadline(deadline)
 	// A peer that has not authenticated may not make the edge allocate a
 	// full-size frame: the register request is small.
 	// TLS (tls.go) comes first, under the same deadline.
@@ -184,15 +190,35 @@ func (s *Server) handshake(nc net.Conn, remote string) (*edgeLink, string, bool)
 	f := new(ioppb.Frame)
 	if _, err := dec.Decode(f); err != nil {
 		_ = nc.Close()
-		s.h.HandshakeFailed(remote, "handshake: "+reasonOf(classifyReadErr(err, s.cfg.HandshakeTimeout)))
+		err = classifyReadErr(err, s.cfg.HandshakeTimeout)
+		if !errors.Is(err, ErrHeartbeatTimeout) && !errors.Is(err, io.EOF) {
+			s.adm.failed(addr) // garbage, not a slow or vanished peer
+		}
+		s.h.HandshakeFailed(remote, "handshake: "+reasonOf(err))
 		return nil, "", false
 	}
 	req := f.GetRegisterRequest()
 	if req == nil {
 		_ = nc.Close()
+		s.adm.failed(addr)
 		s.h.HandshakeFailed(remote, fmt.Sprintf("handshake: expected register_request, got %T", f.Body))
 		return nil, "", false
 	}
+	// The wait for a slot is part of the handshake and ends with its deadline.
+	slot := time.NewTimer(time.Until(deadline))
+	select {
+	case s.sem <- struct{}{}:
+		slot.Stop()
+	case <-slot.C:
+		_ = nc.Close()
+		s.h.HandshakeFailed(remote, "handshake: timed out waiting for a handshake slot")
+		return nil, "", false
+	case <-s.done:
+		slot.Stop()
+		_ = nc.Close()
+		return nil, "", false
+	}
+	defer func() { <-s.sem }()
 	dec.max = s.cfg.MaxFrameSize
 	link := &edgeLink{remote: remote, acks: map[uint64]chan error{}}
 	link.conn = newConn(nc, dec, s.cfg, SideEdge, req.GetInitialWindow(), link)
@@ -208,6 +234,13 @@ func (s *Server) handshake(nc net.Conn, remote string) (*edgeLink, string, bool)
 	}
 	if err != nil {
 		resp.Reason = rejectReason(err)
+		if errors.Is(err, domain.ErrUnknownToken) {
+			if !s.adm.failed(addr) {
+				// Over its budget of wrong tokens: a guesser gets no answer.
+				_ = nc.Close()
+				return nil, "", false
+			}
+		}
 	} else {
 		resp.Config = configToProto(cfg)
 		link.nodeID = cfg.NodeID

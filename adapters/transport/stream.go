@@ -230,6 +230,11 @@ func (s *Stream) deliver(f *ioppb.Frame) {
 	if s.queued+s.unacked+cost > s.window {
 		queued, unacked := s.queued, s.unacked
 		s.mu.Unlock()
+		if s.c.side == SideEdge {
+			// A node that ignores the credit it was granted is broken or hostile.
+			s.c.violation(fmt.Sprintf("stream %d overran its credit: %d queued + %d unacknowledged + %d > window %d", s.id, queued, unacked, cost, s.window))
+			return
+		}
 		s.c.log.Warn("peer overran stream credit; resetting stream", "stream", s.id, "queued", queued, "unacked", unacked, "frame", cost)
 		if s.end(fmt.Errorf("%w: peer overran the stream window", ErrStreamClosed)) {
 			s.c.remove(s)

@@ -25,7 +25,12 @@ type RegisterHandler struct {
 	log      *slog.Logger
 	now      func() time.Time
 	versions *ConfigVersions
+	rejects  *rejectLog
 }
+
+// RejectLogInterval is the period over which refusals from one address are
+// counted into one log line.
+const RejectLogInterval = 10 * time.Second
 
 // NewRegisterHandler refuses nil dependencies. versions is shared with the
 // reload use case so config versions only grow.
@@ -36,8 +41,12 @@ func NewRegisterHandler(dir ports.NodeDirectory, reg *Registry, bus ports.EventP
 	if log == nil {
 		log = slog.Default()
 	}
-	return &RegisterHandler{dir: dir, reg: reg, bus: bus, log: log, now: time.Now, versions: versions}
+	return &RegisterHandler{dir: dir, reg: reg, bus: bus, log: log, now: time.Now, versions: versions,
+		rejects: newRejectLog(log, RejectLogInterval)}
 }
+
+// Close logs the refusal counts not yet logged and stops their timers.
+func (h *RegisterHandler) Close() { h.rejects.close() }
 
 // ConfigVersions hands out increasing config payload versions.
 type ConfigVersions struct{ n atomic.Uint64 }
@@ -74,7 +83,7 @@ func (h *RegisterHandler) Register(_ context.Context, token string, info domain.
 }
 
 func (h *RegisterHandler) reject(node, remote string, err error) (domain.NodeConfig, error) {
-	h.log.Warn("node rejected", "node", node, "remote", remote, "reason", err.Error())
+	h.rejects.note("node rejected", remote, node, err.Error())
 	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRejected, Time: h.now(), Node: node, Remote: remote, Reason: err.Error()})
 	return domain.NodeConfig{}, err
 }
@@ -90,6 +99,8 @@ func (h *RegisterHandler) Disconnected(nodeID string, link ports.NodeLink, reaso
 
 // HandshakeFailed reports a connection that never registered.
 func (h *RegisterHandler) HandshakeFailed(remote, reason string) {
-	h.log.Warn("node handshake failed", "remote", remote, "reason", reason)
-	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRejected, Time: h.now(), Remote: remote, Reason: reason})
+	// A flood of these is counted, not logged or published one by one.
+	if h.rejects.note("node handshake failed", remote, "", reason) {
+		h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRejected, Time: h.now(), Remote: remote, Reason: reason})
+	}
 }

@@ -48,6 +48,7 @@ import (
 	"syscall"
 	"time"
 
+	"iop/adapters/runtime/spawn"
 	"iop/domain"
 	"iop/ports"
 )
@@ -145,13 +146,15 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	cmd.Stdin = bytes.NewReader(req.Input)
 	cmd.Stdout = stdout
 	cmd.Stderr = stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.WaitDelay = pipeGrace
 
 	started := time.Now()
-	if err := cmd.Start(); err != nil {
+	group, err := spawn.Start(cmd)
+	if err != nil {
 		return domain.Errorf(domain.CodeRunFailed, "start target %q: %v", req.Target, err)
 	}
+	// Every way out below waits for the command and kills its group first.
+	defer group.Release()
 	p := &process{pgid: cmd.Process.Pid, done: make(chan struct{})}
 	go func() {
 		p.waitErr = cmd.Wait()

@@ -38,6 +38,9 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 	if dsn == "" {
 		return nil, errors.New("open sqlite: empty dsn")
 	}
+	if err := checkNotTruncated(dsn); err != nil {
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
 	sqldb := sql.OpenDB(&connector{dsn: dsn, drv: sqliteshim.Driver(), pragmas: pragmasFor(dsn)})
 	sqldb.SetMaxOpenConns(1)
 	sqldb.SetMaxIdleConns(1)

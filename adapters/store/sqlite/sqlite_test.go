@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -196,5 +198,36 @@ func TestAgentSessionsOldSchemaGainsColumns(t *testing.T) {
 	got, ok, err := s.GetAgentSession(ctx, "codex", "s1")
 	if err != nil || !ok || got != (domain.AgentSession{AgentID: "thread-1", Turns: 1, Totals: domain.AgentTotals{Input: 5, Output: 1}}) {
 		t.Fatalf("GetAgentSession = %+v, %v, %v", got, ok, err)
+	}
+}
+
+// A database file truncated to 0 bytes is refused, not silently recreated
+// as an empty store; a missing file is still created.
+func TestOpenRefusesTruncatedFile(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "node.db")
+	dsn := "file:" + path + "?cache=shared&mode=rwc"
+	db, err := sqlite.Open(ctx, dsn)
+	if err != nil {
+		t.Fatalf("open a new file: %v", err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err = sqlite.Open(ctx, dsn)
+	if err == nil || !strings.Contains(err.Error(), "empty (0 bytes)") || !strings.Contains(err.Error(), path) {
+		t.Fatalf("open a truncated file: %v; want a clear refusal naming it", err)
+	}
+	if fi, _ := os.Stat(path); fi.Size() != 0 {
+		t.Fatalf("the truncated file was written to (%d bytes)", fi.Size())
+	}
+	if got := sqlite.FilePath("file::memory:?cache=shared"); got != "" {
+		t.Errorf("FilePath of a memory DSN: %q", got)
+	}
+	if got := sqlite.FilePath("/var/lib/iop/node.db"); got != "/var/lib/iop/node.db" {
+		t.Errorf("FilePath of a plain path: %q", got)
 	}
 }

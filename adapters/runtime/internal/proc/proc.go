@@ -17,6 +17,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"iop/adapters/runtime/spawn"
 )
 
 // StderrTail is how many bytes of stderr a Process keeps.
@@ -67,16 +69,17 @@ func Start(ctx context.Context, spec Spec) (*Process, error) {
 	p := &Process{Stdout: pr, cmd: cmd, pr: pr, stderr: &tail{}, done: make(chan struct{}), stop: make(chan struct{})}
 	cmd.Stdout = pw
 	cmd.Stderr = p.stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.WaitDelay = pipeGrace
-	if err := cmd.Start(); err != nil {
+	group, err := spawn.Start(cmd)
+	if err != nil {
 		return nil, err
 	}
-	p.pgid = cmd.Process.Pid
+	p.pgid = group.PGID()
 	go func() {
 		_ = cmd.Wait()
 		// Whatever the program left running in its group goes with it.
 		p.signal(syscall.SIGKILL)
+		group.Release()
 		pw.Close()
 		close(p.done)
 	}()

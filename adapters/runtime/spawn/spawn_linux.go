@@ -1,0 +1,125 @@
+package spawn
+
+import (
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+)
+
+func sysProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}
+
+// The kernel sends Pdeathsig when the thread that forked the child exits,
+// not the process, and Go ends an OS thread when a goroutine locked to it
+// returns. So children are forked by one goroutine locked to a thread of its
+// own, which returns (ending the thread) only once no child it started is
+// alive: the signal then fires exactly when the node dies. Start holds
+// spawner.mu from the fork until the child is in the registry, and the
+// spawner is stopped only under that lock with the registry empty.
+var spawner struct {
+	mu   sync.Mutex
+	reqs chan spawnReq // nil when not running
+}
+
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+func forkLoop(reqs <-chan spawnReq) {
+	runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+	for r := range reqs {
+		r.done <- r.cmd.Start()
+	}
+}
+
+// startLocked forks cmd on the spawner thread; spawner.mu is held.
+func startLocked(cmd *exec.Cmd) error {
+	if spawner.reqs == nil {
+		spawner.reqs = make(chan spawnReq)
+		go forkLoop(spawner.reqs)
+	}
+	done := make(chan error, 1)
+	spawner.reqs <- spawnReq{cmd: cmd, done: done}
+	return <-done
+}
+
+// stopIfIdle ends the spawner thread when no child it started is alive.
+func stopIfIdle() {
+	spawner.mu.Lock()
+	defer spawner.mu.Unlock()
+	stopIfIdleLocked()
+}
+
+func stopIfIdleLocked() {
+	reg.mu.Lock()
+	idle := len(reg.live) == 0
+	reg.mu.Unlock()
+	if idle && spawner.reqs != nil {
+		close(spawner.reqs)
+		spawner.reqs = nil
+	}
+}
+
+// startTime returns pid's start time from /proc (0 if unreadable).
+func startTime(pid int) uint64 {
+	st, _, ok := procStat(pid)
+	if !ok {
+		return 0
+	}
+	return st
+}
+
+// procStat returns the start time and process group of pid.
+func procStat(pid int) (start uint64, pgrp int, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	// The command name may hold spaces and parentheses; fields restart after the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); pgrp is field 5, starttime field 22.
+	if len(f) < 20 {
+		return 0, 0, false
+	}
+	pgrp, err1 := strconv.Atoi(f[2])
+	start, err2 := strconv.ParseUint(f[19], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, 0, false
+	}
+	return start, pgrp, true
+}
+
+// stale reports whether recorded group g still has members that an earlier
+// node left behind. A pid is never reused while it names a live process
+// group, so: if the leader lives, it must be the same process (same start
+// time); if it does not, any process still in group g is one of ours.
+func stale(g *Group) bool {
+	if st, _, ok := procStat(g.pgid); ok {
+		return g.start != 0 && st == g.start
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if _, pgrp, ok := procStat(pid); ok && pgrp == g.pgid {
+			return true
+		}
+	}
+	return false
+}

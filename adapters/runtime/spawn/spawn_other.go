@@ -1,0 +1,24 @@
+//go:build !linux
+
+package spawn
+
+import (
+	"os/exec"
+	"sync"
+	"syscall"
+)
+
+// Without Pdeathsig and /proc, children are killed at shutdown only.
+func sysProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
+
+var spawner struct{ mu sync.Mutex }
+
+func startLocked(cmd *exec.Cmd) error { return cmd.Start() }
+
+func stopIfIdle() {}
+
+func stopIfIdleLocked() {}
+
+func startTime(int) uint64 { return 0 }
+
+func stale(*Group) bool { return false }
