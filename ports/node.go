@@ -30,6 +30,14 @@ type RuntimeAdapter interface {
 	Execute(ctx context.Context, req domain.RunRequest, sink EventSink) error
 }
 
+// RunAdmitter is implemented by runtime adapters that can tell before a run
+// starts whether they can serve it (an exec target that exists). The node
+// refuses such a run before acknowledging it, so the edge can answer the
+// caller with an honest status instead of a started run that fails.
+type RunAdmitter interface {
+	Admit(req domain.RunRequest) error
+}
+
 // SessionTerminator is implemented by runtime adapters that keep logical
 // sessions. Terminating an unknown session is not an error.
 type SessionTerminator interface {

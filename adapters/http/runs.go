@@ -19,7 +19,7 @@ type createRunRequest struct {
 	Node       string          `json:"node"`
 	Adapter    string          `json:"adapter"`
 	Target     string          `json:"target"`
-	Input      string          `json:"input"`
+	Input      json.RawMessage `json:"input"`
 	SessionID  string          `json:"session_id"`
 	Background bool            `json:"background"`
 	Options    json.RawMessage `json:"options"`
@@ -46,6 +46,25 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 	return nil
 }
 
+// runInput is a run's input as the node gets it: a JSON string is its text;
+// a JSON object (such as {"messages":[…]}) is passed on as JSON.
+func runInput(raw json.RawMessage) ([]byte, error) {
+	t := bytes.TrimSpace(raw)
+	switch {
+	case len(t) == 0 || bytes.Equal(t, []byte("null")):
+		return nil, nil
+	case t[0] == '"':
+		var s string
+		if err := json.Unmarshal(t, &s); err != nil {
+			return nil, domain.Errorf(domain.CodeInvalidRequest, "input: %v", err)
+		}
+		return []byte(s), nil
+	case t[0] == '{':
+		return t, nil
+	}
+	return nil, domain.Errorf(domain.CodeInvalidRequest, "input must be a string or a JSON object")
+}
+
 // isObjectOrNull reports whether raw is absent, null or a JSON object.
 func isObjectOrNull(raw json.RawMessage) bool {
 	t := bytes.TrimSpace(raw)
@@ -66,8 +85,13 @@ func (s *Server) handleCreateRun(w http.ResponseWriter, r *http.Request) {
 	if t := bytes.TrimSpace(req.Options); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
 		opts = t
 	}
+	input, err := runInput(req.Input)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	rh, err := s.deps.Submit.Handle(r.Context(), edge.SubmitRun{
-		Node: req.Node, Adapter: req.Adapter, Target: req.Target, Input: []byte(req.Input),
+		Node: req.Node, Adapter: req.Adapter, Target: req.Target, Input: input,
 		SessionID: req.SessionID, Background: req.Background, Options: opts,
 	})
 	if err != nil {
