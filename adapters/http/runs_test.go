@@ -349,3 +349,35 @@ func TestRunInputStringOrObject(t *testing.T) {
 		t.Fatalf("inputs %+v", link.reqs)
 	}
 }
+
+// Ids with control characters or too long are refused at the edge with 400
+// invalid_request naming the field, before any node sees them.
+func TestIDsAreValidated(t *testing.T) {
+	link := newFakeLink(domain.RunEvent{Type: domain.EventStart}, domain.RunEvent{Type: domain.EventComplete})
+	e := newEnv(t, testNode{"n1", link})
+	long := strings.Repeat("x", domain.MaxIDLength+1)
+	for _, tc := range []struct{ method, path, body, field string }{
+		{"POST", "/v1/runs", `{"adapter":"exec","session_id":"s\u0000x"}`, "session_id"},
+		{"POST", "/v1/runs", `{"adapter":"exec","target":"a\u001bb"}`, "target"},
+		{"POST", "/v1/runs", `{"adapter":"exec","node":"` + long + `"}`, "node"},
+		{"POST", "/v1/runs", `{"adapter":"ex\u0007ec"}`, "adapter"},
+		{"GET", "/v1/runs/run%00x", "", "run id"},
+		{"POST", "/v1/runs/run%0Ax/cancel", "", "run id"},
+		{"GET", "/v1/runs/" + long, "", "run id"},
+		{"GET", "/v1/runs?node=a%01", "", "node"},
+		{"DELETE", "/v1/sessions/s%00?adapter=exec", "", "session id"},
+		{"POST", "/v1/nodes/n%001/commands", `{"command":"capabilities"}`, "node id"},
+	} {
+		resp := e.do(tc.method, tc.path, tc.body)
+		m := readJSON(t, resp, 400)
+		errObj, _ := m["error"].(map[string]any)
+		if errObj["code"] != "invalid_request" || !strings.HasPrefix(errObj["message"].(string), tc.field+" ") {
+			t.Fatalf("%s %s: %v, want invalid_request naming %s", tc.method, tc.path, m, tc.field)
+		}
+	}
+	link.mu.Lock()
+	defer link.mu.Unlock()
+	if len(link.reqs) != 0 {
+		t.Fatalf("a node was asked to run %+v", link.reqs)
+	}
+}

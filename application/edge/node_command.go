@@ -46,6 +46,9 @@ func (h *NodeCommandHandler) Handle(ctx context.Context, node, name string, args
 	if name == "" {
 		return nil, nil, nil, domain.Errorf(domain.CodeInvalidRequest, "command is required")
 	}
+	if err := domain.CheckIDs("node id", node, "command", name); err != nil {
+		return nil, nil, nil, err
+	}
 	if size := len(name) + len(args) + requestOverhead; h.MaxRequestBytes > 0 && size > h.MaxRequestBytes {
 		return nil, nil, nil, domain.Errorf(domain.CodeInvalidRequest, "command request is too large: its arguments take %d bytes, the node link carries at most %d",
 			len(args), h.MaxRequestBytes-requestOverhead)

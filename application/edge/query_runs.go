@@ -48,6 +48,9 @@ func (h *GetRunHandler) Handle(ctx context.Context, runID string) (json.RawMessa
 	if runID == "" {
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "run id is required")
 	}
+	if err := domain.CheckID("run id", runID); err != nil {
+		return nil, err
+	}
 	args, err := json.Marshal(map[string]string{"run_id": runID})
 	if err != nil {
 		return nil, err
@@ -147,6 +150,9 @@ func NewListRunsHandler(reg *Registry, cmds *NodeCommandHandler) *ListRunsHandle
 // to the limit, each with "node" set. With every node, a node that fails is
 // reported in Failures unless all of them fail, which is an error.
 func (h *ListRunsHandler) Handle(ctx context.Context, q ListRuns) (RunList, error) {
+	if err := domain.CheckID("node", q.Node); err != nil {
+		return RunList{}, err
+	}
 	if q.Status != "" && !domain.RunStatus(q.Status).Valid() {
 		return RunList{}, domain.Errorf(domain.CodeInvalidRequest, "unknown status %q (queued, running, succeeded, failed, cancelled)", q.Status)
 	}

@@ -110,6 +110,9 @@ func (h *SubmitRunHandler) spawn(f func()) bool {
 // background run the returned handle is already being drained by the edge:
 // the caller only learns its id and node.
 func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandle, error) {
+	if err := domain.CheckIDs("node", cmd.Node, "adapter", cmd.Adapter, "target", cmd.Target, "session_id", cmd.SessionID); err != nil {
+		return nil, err
+	}
 	if cmd.Adapter == "" {
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "adapter is required")
 	}

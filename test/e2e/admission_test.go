@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -141,5 +142,33 @@ func TestRunInputMayBeAnObject(t *testing.T) {
 	}
 	if !strings.HasPrefix(text, `{"MESSAGES":[{`) || !strings.Contains(text, `"CONTENT":"HI"`) {
 		t.Fatalf("output %q", text)
+	}
+}
+
+// TestHostileIDsAreRefusedAtTheEdge is issue 9.6: a NUL in a session id or
+// a path is a 400 naming the field; no internal text reaches the caller.
+func TestHostileIDsAreRefusedAtTheEdge(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(4))
+	nd := startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	resp, b := postJSON(t, e.url+"/v1/runs", map[string]any{"node": "n1", "adapter": "exec", "target": "upper", "input": "x", "session_id": "s\u0000x"})
+	if resp.StatusCode != 400 || !strings.Contains(string(b), "invalid_request") || !strings.Contains(string(b), "session_id") {
+		t.Fatalf("NUL session id: %d %s", resp.StatusCode, b)
+	}
+	for _, path := range []string{"/v1/runs/%00", "/v1/runs/run%00x", "/v1/runs?node=%00"} {
+		r, err := http.Get(e.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		if r.StatusCode != 400 || !strings.Contains(string(body), "invalid_request") || strings.Contains(strings.ToLower(string(body)), "sql") {
+			t.Fatalf("GET %s: %d %s", path, r.StatusCode, body)
+		}
+	}
+	// The node never saw the hostile run: no error in its log.
+	if out := nd.out.String(); strings.Contains(out, "level=ERROR") {
+		t.Fatalf("node output:\n%s", out)
 	}
 }
