@@ -3,7 +3,7 @@ GO          ?= go
 BIN         := bin
 PKG         := ./...
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS     := -X iop/bootstrap.Version=$(VERSION)
+LDFLAGS     := -X iop/bootstrap.Version=$(VERSION) -X main.version=$(VERSION)
 PROTOC_GEN_GO_VERSION := v1.36.12
 STATICCHECK_VERSION   := v0.8.2
 
