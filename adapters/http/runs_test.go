@@ -381,3 +381,22 @@ func TestIDsAreValidated(t *testing.T) {
 		t.Fatalf("a node was asked to run %+v", link.reqs)
 	}
 }
+
+// Body errors speak JSON, not Go: no Go type names, the field and the type.
+func TestBodyErrorsInTheCallersTerms(t *testing.T) {
+	e := newEnv(t, testNode{"n1", newFakeLink()})
+	for body, want := range map[string]string{
+		`[1,2]`:                                 "request body: expected a JSON object, got an array",
+		`{"adapter":5}`:                         "request body: adapter: expected a string, got a number",
+		`{"adapter":"exec","background":"yes"}`: "request body: background: expected true or false, got a string",
+		`{"adapter":"exec","bogus":1}`:          `request body: unknown field "bogus"`,
+		`{"adapter":`:                           "request body: the JSON ends too early",
+		`{"adapter" "x"}`:                       "request body: invalid JSON at byte",
+	} {
+		m := readJSON(t, e.do("POST", "/v1/runs", body), 400)
+		msg, _ := m["error"].(map[string]any)["message"].(string)
+		if !strings.HasPrefix(msg, want) || strings.Contains(msg, "Go ") || strings.Contains(msg, "httpapi") {
+			t.Errorf("%s: message %q, want %q", body, msg, want)
+		}
+	}
+}
