@@ -13,6 +13,7 @@ all: build
 
 ## build: the three binaries into bin/ (pure Go, CGO_ENABLED=0)
 build:
+	@echo "building bin/iop-edge, bin/iop-node, bin/iop (a first build downloads and compiles the dependencies: a few minutes on a slow machine)"
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/iop-edge ./cmd/iop-node ./cmd/iop
 
 ## run: build, start an edge + local node from configs/, stream a sample run, serve until Ctrl-C

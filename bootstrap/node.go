@@ -132,7 +132,7 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 	lc.Append(fx.Hook{
 		OnStart: func(start context.Context) error {
 			if s.Token == "" {
-				return errors.New("no token: pass --token or set token/token_env in the node config")
+				return errors.New("no token: pass --token, set $IOP_NODE_TOKEN, or set token/token_env in the node config")
 			}
 			if err := rm.Recover(start); err != nil {
 				return err
@@ -142,7 +142,7 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 				err := c.Run(ctx)
 				var rej *transport.RejectedError
 				if errors.As(err, &rej) {
-					log.Error("the edge refused this node's token; check --token against edge.yaml nodes[].token", "edge", s.Edge, "reason", rej.Reason)
+					log.Error("the edge refused this node's token; check --token (or $IOP_NODE_TOKEN) against edge.yaml nodes[].token", "edge", s.Edge, "reason", rej.Reason)
 					_ = sd.Shutdown(fx.ExitCode(1))
 				}
 			}()

@@ -90,7 +90,7 @@ func TestNodeTokenFromFlagAfterParse(t *testing.T) {
 		t.Fatalf("ParseNode without a token: %v", err)
 	}
 	err = c.Validate()
-	if err == nil || !strings.Contains(err.Error(), "a token is required") {
+	if err == nil || !strings.Contains(err.Error(), "a token is required") || !strings.Contains(err.Error(), "$IOP_NODE_TOKEN") {
 		t.Fatalf("Validate without token = %v, want a token error", err)
 	}
 	c.Token = "from-the-flag"

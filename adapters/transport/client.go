@@ -70,6 +70,9 @@ type Client struct {
 	applying   chan struct{}  // closed when the last queued config apply has returned
 	wg         sync.WaitGroup // per-stream handler goroutines
 	reconnects atomic.Int64
+	// linked is set once the current attempt has registered, so a failure
+	// is reported as a lost link only when there was one.
+	linked atomic.Bool
 }
 
 // nextApply queues a config apply behind every one queued before it, so the
@@ -111,6 +114,7 @@ func (c *Client) Run(ctx context.Context) error {
 	attempt := 0
 	for {
 		started := time.Now()
+		c.linked.Store(false)
 		err := c.session(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -125,7 +129,11 @@ func (c *Client) Run(ctx context.Context) error {
 		delay := backoff(attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff)
 		attempt++
 		c.reconnects.Add(1)
-		log.Warn("link to edge lost; reconnecting", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
+		if c.linked.Load() {
+			log.Warn("link to edge lost; reconnecting", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
+		} else {
+			log.Warn("cannot connect to the edge; retrying", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
+		}
 		select {
 		case <-time.After(delay):
 		case <-ctx.Done():
@@ -217,6 +225,7 @@ func (c *Client) session(ctx context.Context) error {
 	c.conn = conn
 	c.mu.Unlock()
 	conn.start()
+	c.linked.Store(true)
 	tc.Logger.Info("registered with edge", "edge", c.cfg.Addr, "node", cfg.NodeID, "adapters", len(cfg.Adapters))
 	if c.cfg.OnRegistered != nil {
 		c.cfg.OnRegistered(cfg.NodeID)
