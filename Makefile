@@ -48,11 +48,12 @@ test-e2e:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./adapters/transport/ ./test/e2e/...
 
-## lint: gofmt, go vet, staticcheck
+## lint: gofmt, go vet, staticcheck, the hexagon's import rules (test/arch)
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKG)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PKG)
+	$(GO) test -count=1 ./test/arch/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go' | grep -v '\.pb\.go$$')

@@ -5,7 +5,6 @@ package ports
 import (
 	"context"
 	"io"
-	"net/http"
 
 	"iop/domain"
 )
@@ -114,7 +113,7 @@ type TransportStats struct {
 // known, the body is read as it arrives.
 type ProviderResponse struct {
 	Status int
-	Header http.Header
+	Header domain.Header
 	Body   io.ReadCloser
 	// Usage, if set, reports the token usage seen in the body once it has
 	// been read to the end; nil when the provider reported none.

@@ -92,7 +92,7 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 			hreq.ContentLength = n
 		}
 	}
-	hreq.Header = CleanRequestHeader(req.Header)
+	hreq.Header = CleanRequestHeader(http.Header(req.Header))
 	if p.APIKeyEnv != "" {
 		if key := os.Getenv(p.APIKeyEnv); key != "" {
 			hreq.Header.Set("Authorization", "Bearer "+key)
@@ -105,7 +105,7 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 	scan := NewUsageScanner(resp.Header.Get("Content-Type"))
 	return &ports.ProviderResponse{
 		Status: resp.StatusCode,
-		Header: CleanResponseHeader(resp.Header),
+		Header: domain.Header(CleanResponseHeader(resp.Header)),
 		Body:   &scanningBody{rc: resp.Body, scan: scan},
 		Usage:  scan.Usage,
 	}, nil

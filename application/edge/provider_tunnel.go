@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -32,7 +31,7 @@ type SubmitProviderTunnel struct {
 	Method       string
 	Path         string
 	Query        string
-	Header       http.Header
+	Header       domain.Header
 	// Body is sent with the request; BodyReader, when non-nil, is streamed
 	// after it in chunks (for bodies too large to hold).
 	Body       []byte
@@ -93,7 +92,7 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 	}
 	method := in.Method
 	if method == "" {
-		method = http.MethodGet
+		method = "GET"
 	}
 	cand, link, release, err := h.route(in)
 	if err != nil {

@@ -280,7 +280,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, family, model str
 	}
 	in := edge.SubmitProviderTunnel{
 		Node: r.Header.Get(NodeHeader), Model: model, ProviderType: family,
-		Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Header: forwardHeader(r),
+		Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Header: domain.Header(forwardHeader(r)),
 		Body: head, BodyReader: rest,
 	}
 	tun, err := h.deps.Tunnels.Handle(r.Context(), in)
@@ -319,7 +319,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, family, model str
 			status = f.Status
 		case domain.TunnelHeader:
 			if !started {
-				start(f.Header)
+				start(http.Header(f.Header))
 			}
 		case domain.TunnelBody:
 			if !started {
