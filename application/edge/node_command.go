@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"iop/domain"
+	"iop/domain/nodecmd"
 	"iop/ports"
 )
 
@@ -67,14 +68,11 @@ func (h *NodeCommandHandler) Handle(ctx context.Context, node, name string, args
 		cancel()
 		return nil, nil, nil, err
 	}
-	if name == cmdUsageStatus && h.Ledger != nil {
+	if name == nodecmd.CmdUsageStatus && h.Ledger != nil {
 		cs = &withTunnelUsage{CommandStream: cs, lines: func() []UsageLine { return h.Ledger.ForNode(n.ID) }}
 	}
 	return cs, ctx, cancel, nil
 }
-
-// cmdUsageStatus is the node command the edge adds its tunnel usage to.
-const cmdUsageStatus = "usage_status"
 
 // withTunnelUsage adds "tunnels" to a usage_status result object. A result
 // that is not a JSON object is passed on untouched.

@@ -1,24 +1,52 @@
-package node
+// Package nodecmd is the one contract between edge and node for node
+// commands: their names, their arguments and their results. The node
+// answers with these types, the edge reads them, and the iop CLI decodes
+// them; the JSON form is also what GET/POST /v1/nodes/{id}/commands callers
+// see, so field names are public API. Standard library only.
+package nodecmd
 
 import "time"
 
-// The JSON shapes of node command results. The edge passes them through to
-// HTTP callers unchanged, so field names are part of the public API.
+// The built-in commands every node answers. Adapter command families
+// (ollama.*) are named by the adapters that serve them.
+const (
+	CmdCapabilities    = "capabilities"
+	CmdTransportStatus = "transport_status"
+	CmdUsageStatus     = "usage_status"
+	CmdSessionList     = "session_list"
+	CmdRuns            = "runs"
+	CmdRunGet          = "run_get"
+)
 
-// CapabilitiesDTO answers "capabilities".
-type CapabilitiesDTO struct {
+// Builtin lists the commands every node answers.
+var Builtin = []string{CmdCapabilities, CmdTransportStatus, CmdUsageStatus, CmdSessionList, CmdRuns, CmdRunGet}
+
+// RunsArgs are the arguments of "runs"; zero fields match everything.
+type RunsArgs struct {
+	Status  string `json:"status,omitempty"`
+	Adapter string `json:"adapter,omitempty"`
+	Limit   int    `json:"limit"`
+}
+
+// RunGetArgs are the arguments of "run_get".
+type RunGetArgs struct {
+	RunID string `json:"run_id"`
+}
+
+// Capabilities answers "capabilities".
+type Capabilities struct {
 	NodeID        string       `json:"node_id"`
 	ConfigVersion uint64       `json:"config_version"`
 	Version       string       `json:"version"`
 	OS            string       `json:"os"`
 	Arch          string       `json:"arch"`
 	Hostname      string       `json:"hostname"`
-	Adapters      []AdapterDTO `json:"adapters"`
+	Adapters      []Adapter `json:"adapters"`
 	Commands      []string     `json:"commands"`
 }
 
-// AdapterDTO describes one runtime adapter instance.
-type AdapterDTO struct {
+// Adapter describes one runtime adapter instance.
+type Adapter struct {
 	Name           string   `json:"name"`
 	Type           string   `json:"type"`
 	MaxConcurrency int      `json:"max_concurrency"`
@@ -27,8 +55,8 @@ type AdapterDTO struct {
 	Commands       []string `json:"commands,omitempty"`
 }
 
-// TransportStatusDTO answers "transport_status".
-type TransportStatusDTO struct {
+// TransportStatus answers "transport_status".
+type TransportStatus struct {
 	Connected      bool       `json:"connected"`
 	ConnectedSince *time.Time `json:"connected_since,omitempty"`
 	Reconnects     int64      `json:"reconnects"`
@@ -41,13 +69,13 @@ type TransportStatusDTO struct {
 	RunsInFlight   int        `json:"runs_in_flight"`
 }
 
-// UsageStatusDTO answers "usage_status".
-type UsageStatusDTO struct {
-	Adapters []UsageDTO `json:"adapters"`
+// UsageStatus answers "usage_status".
+type UsageStatus struct {
+	Adapters []AdapterUsage `json:"adapters"`
 }
 
-// UsageDTO is one adapter's run counts and token sums.
-type UsageDTO struct {
+// AdapterUsage is one adapter's run counts and token sums.
+type AdapterUsage struct {
 	Adapter          string  `json:"adapter"`
 	RunsTotal        int64   `json:"runs_total"`
 	Succeeded        int64   `json:"succeeded"`
@@ -60,13 +88,13 @@ type UsageDTO struct {
 	CostUSD          float64 `json:"cost_usd"`
 }
 
-// SessionListDTO answers "session_list".
-type SessionListDTO struct {
-	Sessions []SessionDTO `json:"sessions"`
+// SessionList answers "session_list".
+type SessionList struct {
+	Sessions []Session `json:"sessions"`
 }
 
-// SessionDTO is one logical session.
-type SessionDTO struct {
+// Session is one logical session.
+type Session struct {
 	Adapter        string    `json:"adapter"`
 	Target         string    `json:"target,omitempty"`
 	SessionID      string    `json:"session_id"`
@@ -75,13 +103,13 @@ type SessionDTO struct {
 	AgentSessionID string    `json:"agent_session_id,omitempty"`
 }
 
-// RunListDTO answers "runs".
-type RunListDTO struct {
-	Runs []RunDTO `json:"runs"`
+// RunList answers "runs".
+type RunList struct {
+	Runs []Run `json:"runs"`
 }
 
-// RunDTO is one run as recorded in the node's store ("run_get").
-type RunDTO struct {
+// Run is one run as recorded in the node's store ("run_get").
+type Run struct {
 	RunID      string          `json:"run_id"`
 	Node       string          `json:"node,omitempty"`
 	Adapter    string          `json:"adapter"`
@@ -92,18 +120,18 @@ type RunDTO struct {
 	CreatedAt  time.Time       `json:"created_at"`
 	StartedAt  *time.Time      `json:"started_at,omitempty"`
 	FinishedAt *time.Time      `json:"finished_at,omitempty"`
-	Error      *ErrorDTO       `json:"error,omitempty"`
-	Usage      *UsageTokensDTO `json:"usage,omitempty"`
+	Error      *Error       `json:"error,omitempty"`
+	Usage      *Tokens `json:"usage,omitempty"`
 }
 
-// ErrorDTO is a code and message.
-type ErrorDTO struct {
+// Error is a code and message.
+type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 }
 
-// UsageTokensDTO is a run's token usage.
-type UsageTokensDTO struct {
+// Tokens is a run's token usage.
+type Tokens struct {
 	PromptTokens     int64   `json:"prompt_tokens"`
 	CompletionTokens int64   `json:"completion_tokens"`
 	TotalTokens      int64   `json:"total_tokens"`
