@@ -35,14 +35,14 @@ type RunGetArgs struct {
 
 // Capabilities answers "capabilities".
 type Capabilities struct {
-	NodeID        string       `json:"node_id"`
-	ConfigVersion uint64       `json:"config_version"`
-	Version       string       `json:"version"`
-	OS            string       `json:"os"`
-	Arch          string       `json:"arch"`
-	Hostname      string       `json:"hostname"`
+	NodeID        string    `json:"node_id"`
+	ConfigVersion uint64    `json:"config_version"`
+	Version       string    `json:"version"`
+	OS            string    `json:"os"`
+	Arch          string    `json:"arch"`
+	Hostname      string    `json:"hostname"`
 	Adapters      []Adapter `json:"adapters"`
-	Commands      []string     `json:"commands"`
+	Commands      []string  `json:"commands"`
 }
 
 // Adapter describes one runtime adapter instance.
@@ -110,18 +110,18 @@ type RunList struct {
 
 // Run is one run as recorded in the node's store ("run_get").
 type Run struct {
-	RunID      string          `json:"run_id"`
-	Node       string          `json:"node,omitempty"`
-	Adapter    string          `json:"adapter"`
-	Target     string          `json:"target,omitempty"`
-	SessionID  string          `json:"session_id,omitempty"`
-	Background bool            `json:"background"`
-	Status     string          `json:"status"`
-	CreatedAt  time.Time       `json:"created_at"`
-	StartedAt  *time.Time      `json:"started_at,omitempty"`
-	FinishedAt *time.Time      `json:"finished_at,omitempty"`
-	Error      *Error       `json:"error,omitempty"`
-	Usage      *Tokens `json:"usage,omitempty"`
+	RunID      string     `json:"run_id"`
+	Node       string     `json:"node,omitempty"`
+	Adapter    string     `json:"adapter"`
+	Target     string     `json:"target,omitempty"`
+	SessionID  string     `json:"session_id,omitempty"`
+	Background bool       `json:"background"`
+	Status     string     `json:"status"`
+	CreatedAt  time.Time  `json:"created_at"`
+	StartedAt  *time.Time `json:"started_at,omitempty"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	Error      *Error     `json:"error,omitempty"`
+	Usage      *Tokens    `json:"usage,omitempty"`
 }
 
 // Error is a code and message.
