@@ -105,7 +105,7 @@ func openNodeDB(lc fx.Lifecycle, s NodeSettings) (*sqlite.DB, error) {
 	return db, nil
 }
 
-func newNodeClient(s NodeSettings, log *slog.Logger, ac *nodeapp.ApplyConfigHandler, rm *nodeapp.RunManager, sh *nodeapp.SessionHandler, ch *nodeapp.CommandHandler, th *nodeapp.TunnelHandler) *transport.Client {
+func newNodeClient(s NodeSettings, log *slog.Logger, f *factory.Factory, ac *nodeapp.ApplyConfigHandler, rm *nodeapp.RunManager, sh *nodeapp.SessionHandler, ch *nodeapp.CommandHandler, th *nodeapp.TunnelHandler) *transport.Client {
 	host, _ := os.Hostname()
 	tc := s.Transport
 	tc.Logger = log
@@ -117,7 +117,7 @@ func newNodeClient(s NodeSettings, log *slog.Logger, ac *nodeapp.ApplyConfigHand
 	}
 	c := transport.NewClient(transport.ClientConfig{
 		Addr: s.Edge, Token: s.Token, Transport: tc, MinBackoff: s.MinBackoff, MaxBackoff: s.MaxBackoff,
-		Info: domain.NodeInfo{Version: Version, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH},
+		Info: domain.NodeInfo{Version: Version, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH, AdapterTypes: f.Types()},
 	}, nodeHandlers{ac, rm, sh, ch, th})
 	ch.SetTransport(c)
 	return c

@@ -2,11 +2,12 @@ package domain
 
 import (
 	"slices"
+	"strings"
 	"time"
 )
 
-// Runtime adapter types a node can build. The edge refuses to push a config
-// naming any other type (config_error at register time).
+// The runtime adapter types this code base builds. Which of them a node
+// supports is the node's to say when it registers (NodeInfo.AdapterTypes).
 const (
 	AdapterExec       = "exec"
 	AdapterOllama     = "ollama"
@@ -14,9 +15,6 @@ const (
 	AdapterClaudeCode = "claude-code"
 	AdapterCodex      = "codex"
 )
-
-// KnownAdapterTypes lists the runtime adapter types, in documentation order.
-var KnownAdapterTypes = []string{AdapterExec, AdapterOllama, AdapterOpenAI, AdapterClaudeCode, AdapterCodex}
 
 // Provider types for the raw tunnel.
 const (
@@ -91,8 +89,10 @@ func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
 			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q is declared twice", a.Name)
 		}
 		names[a.Name] = true
-		if !slices.Contains(KnownAdapterTypes, a.Type) {
-			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q has unknown type %q (known: %v)", a.Name, a.Type, KnownAdapterTypes)
+		// Which types exist is the node's to say (NodeInfo.AdapterTypes,
+		// checked at registration); here a type is only required.
+		if a.Type == "" {
+			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q has no type", a.Name)
 		}
 		if a.MaxConcurrency < 0 {
 			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q: max_concurrency must not be negative", a.Name)
@@ -163,4 +163,23 @@ type NodeInfo struct {
 	Hostname string
 	OS       string
 	Arch     string
+	// AdapterTypes are the runtime adapter types the node can build; empty
+	// when the node did not say (an older node).
+	AdapterTypes []string
+}
+
+// CheckAdapterTypes refuses a config with an adapter type the node does not
+// support (config_error). A node that reported no types is not checked
+// here; it reports what it cannot build when it applies the config.
+func (c NodeConfig) CheckAdapterTypes(info NodeInfo) error {
+	if len(info.AdapterTypes) == 0 {
+		return nil
+	}
+	for _, a := range c.Adapters {
+		if !slices.Contains(info.AdapterTypes, a.Type) {
+			return Errorf(CodeConfigError, "adapter %q has type %q, which node %q does not support (it supports: %s)",
+				a.Name, a.Type, c.NodeID, strings.Join(info.AdapterTypes, ", "))
+		}
+	}
+	return nil
 }

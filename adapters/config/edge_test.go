@@ -326,8 +326,9 @@ func TestEdgeAllowsEphemeralPortsAndNoNodes(t *testing.T) {
 	}
 }
 
-// An unknown adapter type is the edge's problem to report per node at
-// register time (config_error), not a reason to refuse the whole file.
+// An adapter type the edge has never heard of loads and builds: whether
+// the node supports it is checked against what the node reports when it
+// registers (config_error then), so a new type needs no edge upgrade.
 func TestUnknownAdapterTypeLoads(t *testing.T) {
 	doc := "nodes:\n  - id: a\n    token: aaaaaaaa\n    adapters:\n      - {name: x, type: telepathy}\n"
 	c, err := config.ParseEdge("edge.yaml", []byte(doc))
@@ -335,9 +336,12 @@ func TestUnknownAdapterTypeLoads(t *testing.T) {
 		t.Fatalf("ParseEdge: %v", err)
 	}
 	recs := c.Records()
-	_, err = recs[0].BuildConfig(1)
-	if !errors.Is(err, domain.ErrConfig) {
-		t.Fatalf("BuildConfig err = %v, want ErrConfig", err)
+	cfg, err := recs[0].BuildConfig(1)
+	if err != nil {
+		t.Fatalf("BuildConfig err = %v", err)
+	}
+	if err := cfg.CheckAdapterTypes(domain.NodeInfo{AdapterTypes: []string{"exec"}}); !errors.Is(err, domain.ErrConfig) {
+		t.Fatalf("CheckAdapterTypes err = %v, want ErrConfig", err)
 	}
 }
 

@@ -167,7 +167,7 @@ func (c *Client) session(ctx context.Context) error {
 	}
 	_ = nc.SetDeadline(time.Now().Add(tc.HandshakeTimeout))
 	req := &ioppb.RegisterRequest{
-		Token: c.cfg.Token, NodeVersion: c.cfg.Info.Version, Hostname: c.cfg.Info.Hostname,
+		Token: c.cfg.Token, NodeVersion: c.cfg.Info.Version, Hostname: c.cfg.Info.Hostname, AdapterTypes: c.cfg.Info.AdapterTypes,
 		Os: c.cfg.Info.OS, Arch: c.cfg.Info.Arch, InitialWindow: tc.StreamWindow,
 	}
 	buf, err := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterRequest{RegisterRequest: req}}, tc.MaxFrameSize)

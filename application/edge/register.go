@@ -52,6 +52,9 @@ func (h *RegisterHandler) Register(_ context.Context, token string, info domain.
 		return h.reject("", remote, &domain.Error{Code: domain.CodeUnknownToken})
 	}
 	cfg, err := rec.BuildConfig(h.versions.Next())
+	if err == nil {
+		err = cfg.CheckAdapterTypes(info)
+	}
 	if err != nil {
 		return h.reject(rec.ID, remote, err)
 	}

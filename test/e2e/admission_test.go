@@ -172,3 +172,28 @@ func TestHostileIDsAreRefusedAtTheEdge(t *testing.T) {
 		t.Fatalf("node output:\n%s", out)
 	}
 }
+
+// TestNodeReportsItsAdapterTypes: the edge loads a config with a type it
+// has never heard of, and refuses it for a node that reports it cannot
+// build it (config_error naming the node's types), while nodes with
+// supported types register.
+func TestNodeReportsItsAdapterTypes(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(4)+`
+  - id: n9
+    token: e2e-token-0009
+    adapters:
+      - {name: tele, type: telepathy}
+`)
+	bus := watchBus(t, e)
+	startNode(t, e, "e2e-token-0009")
+	ev := bus.waitFor(t, 15*time.Second, "node.rejected for n9", func(m map[string]any) bool {
+		return m["type"] == "node.rejected" && m["node"] == "n9"
+	})
+	reason, _ := ev["reason"].(string)
+	if !strings.Contains(reason, "config_error") || !strings.Contains(reason, `type "telepathy"`) || !strings.Contains(reason, "exec, ollama") {
+		t.Fatalf("reason %q", reason)
+	}
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+}
