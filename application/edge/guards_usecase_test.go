@@ -69,27 +69,44 @@ func TestRunTrackerForgetsOldestFinishedRuns(t *testing.T) {
 	}
 }
 
-// ollama.pull streams for as long as a download takes: it gets the long
-// timeout, every other command the ordinary one.
-func TestLongCommandsGetTheLongTimeout(t *testing.T) {
+// A command that reports progress (ollama.pull, or any other: the edge
+// knows none by name) outlives the ordinary timeout, up to the long one; a
+// command that stays silent ends at the ordinary timeout.
+func TestProgressLiftsTheOrdinaryTimeout(t *testing.T) {
 	ucNoLeaks(t)
 	reg := edge.NewRegistry()
 	link := ucAdmit(t, reg, "a", "exec")
-	link.blockCmds = true
 	h := edge.NewNodeCommandHandler(reg)
-	h.Timeout, h.LongTimeout = time.Minute, 3*time.Hour
-	for name, want := range map[string]time.Duration{"ollama.pull": 3 * time.Hour, "ollama.list": time.Minute, "capabilities": time.Minute} {
-		link.commands = map[string][]ports.CommandReply{name: nil}
-		before := time.Now()
+	h.Timeout, h.LongTimeout = 100*time.Millisecond, time.Hour
+	progress := ports.CommandReply{Progress: []byte(`{"status":"pulling manifest"}`)}
+	link.commands = map[string][]ports.CommandReply{"ollama.pull": {progress}, "x.download": {progress}, "capabilities": nil}
+
+	cs, ctx, cancel, err := h.Handle(context.Background(), "a", "capabilities", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.Recv(ctx); err == nil || context.Cause(ctx) != context.DeadlineExceeded {
+		t.Fatalf("silent command: %v (cause %v), want the ordinary timeout", err, context.Cause(ctx))
+	}
+	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) < 30*time.Minute {
+		t.Fatalf("the long bound is not set: %v %v", dl, ok)
+	}
+	cs.Close()
+	cancel()
+
+	for _, name := range []string{"ollama.pull", "x.download"} {
 		cs, ctx, cancel, err := h.Handle(context.Background(), "a", name, nil)
 		if err != nil {
-			t.Fatalf("%s: %v", name, err)
+			t.Fatal(err)
 		}
-		dl, ok := ctx.Deadline()
+		if r, err := cs.Recv(ctx); err != nil || r.Progress == nil {
+			t.Fatalf("%s: first reply %+v, %v", name, r, err)
+		}
+		time.Sleep(3 * h.Timeout)
+		if ctx.Err() != nil {
+			t.Fatalf("%s: ended by the ordinary timeout after reporting progress", name)
+		}
 		cs.Close()
 		cancel()
-		if !ok || dl.Before(before.Add(want)) || dl.After(time.Now().Add(want)) {
-			t.Fatalf("%s: deadline in %v, want %v", name, time.Until(dl), want)
-		}
 	}
 }
