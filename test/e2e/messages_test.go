@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -90,4 +92,41 @@ func TestStartupMessagesAreClear(t *testing.T) {
 			t.Fatalf("output:\n%s", out)
 		}
 	})
+}
+
+// TestCLIUsageAndMessages: the iop CLI's usage conventions and the edge's
+// request-body errors, with the real binaries.
+func TestCLIUsageAndMessages(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(4))
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+
+	if out, errOut, code := cli(t, e, ""); code != 2 || out != "" || !strings.Contains(errOut, "Available Commands:") {
+		t.Fatalf("iop alone: rc %d\nstdout %q\nstderr %q", code, out, errOut)
+	}
+	if out, _, code := cli(t, e, "", "--version"); code != 0 || !strings.HasPrefix(out, "iop ") {
+		t.Fatalf("iop --version: rc %d %q", code, out)
+	}
+	if _, errOut, code := cli(t, e, "", "run", "--adapter", "exec", "--bogus"); code != 2 || !strings.Contains(errOut, "Run 'iop run --help' for usage.") {
+		t.Fatalf("usage error: rc %d %q", code, errOut)
+	}
+	_, errOut, code := cli(t, e, "", "run", "--node", "n1", "--adapter", "exec")
+	if code != 2 || !strings.Contains(errOut, "--target is required") || strings.Count(errOut, "target_not_found") > 0 {
+		t.Fatalf("no --target: rc %d %q", code, errOut)
+	}
+	for body, want := range map[string]string{
+		`[1]`:                         "request body: expected a JSON object, got an array",
+		`{"adapter":"exec","node":5}`: "request body: node: expected a string, got a number",
+	} {
+		resp, err := http.Post(e.url+"/v1/runs", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || !strings.Contains(string(b), want) || strings.Contains(string(b), "Go value") {
+			t.Fatalf("%s: %d %s", body, resp.StatusCode, b)
+		}
+	}
 }
