@@ -13,8 +13,8 @@ import (
 // config.TransportConfig", "cannot unmarshal !!seq into uint32"). These
 // rewrite them in the file's terms: the key path and the expected type.
 var (
-	reUnknownField = regexp.MustCompile("^line (\\d+): field (\\S+) not found in type \\S+$")
-	reWrongType    = regexp.MustCompile("^line (\\d+): cannot unmarshal !!(\\w+)(?: `(.*)`)? into (\\S+)$")
+	reUnknownField = regexp.MustCompile(`^line (\d+): field (\S+) not found in type \S+$`)
+	reWrongType    = regexp.MustCompile(`^line (\d+): cannot unmarshal !!(\w+)(?: ` + "`(.*)`" + `)? into (\S+)$`)
 	reLine         = regexp.MustCompile(`^line (\d+): `)
 )
 
