@@ -142,7 +142,7 @@ func (s *Server) Resume() error {
 	return nil
 }
 
-// Pause stops the server immediately (its clients see the database go away);
+// Pause stops the server (fast shutdown: its clients are disconnected);
 // Resume brings it back with its data.
 func (s *Server) Pause() error {
 	s.mu.Lock()
@@ -150,7 +150,7 @@ func (s *Server) Pause() error {
 	if !s.running {
 		return nil
 	}
-	out, err := s.command("pg_ctl", "stop", "-w", "-m", "immediate", "-D", s.data).CombinedOutput()
+	out, err := s.command("pg_ctl", "stop", "-w", "-m", "fast", "-D", s.data).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("pg_ctl stop: %v: %s", err, out)
 	}
