@@ -389,7 +389,7 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 	}
 	var runRows, tunRows []usageRow
 	rq := s.db.bun.NewSelect().Model((*runRow)(nil)).
-		ColumnExpr("CAST(" + runGroup + " AS VARCHAR(255)) AS grp").
+		ColumnExpr("CAST("+runGroup+" AS VARCHAR(255)) AS grp").
 		ColumnExpr("COUNT(*) AS n").
 		ColumnExpr("SUM(CASE WHEN status = ? THEN 1 ELSE 0 END) AS errors", string(domain.RunFailed)).
 		ColumnExpr("SUM(prompt_tokens) AS prompt_tokens").
