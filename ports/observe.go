@@ -16,8 +16,8 @@ type EdgeMetrics interface {
 	// NodeRegistration counts a registration attempt: outcome is
 	// "accepted" or a rejection reason code (unknown_token, …).
 	NodeRegistration(outcome string)
-	// RunStarted and RunFinished bracket a run dispatched by the edge.
-	RunStarted(node, adapter string)
+	// RunFinished counts a run dispatched by the edge that reached its
+	// terminal event (runs in flight are read from the registry).
 	RunFinished(r RunOutcome)
 	// TunnelFinished counts one provider tunnel.
 	TunnelFinished(t TunnelOutcome)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"iop/domain"
+	"iop/ports"
 )
 
 // CancelRunHandler cancels a run on the node that runs it.
@@ -13,6 +14,10 @@ type CancelRunHandler struct {
 	reg     *Registry
 	runs    *RunTracker
 	timeout time.Duration
+
+	// History, if set, tells where a run this edge process did not
+	// dispatch runs (for example one started before an edge restart).
+	History ports.HistoryReader
 }
 
 // NewCancelRunHandler refuses nil dependencies.
@@ -36,6 +41,12 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 	if known && !active {
 		return nodeID, domain.Errorf(domain.CodeRunFinished, "run %s has already finished", runID)
 	}
+	if !known {
+		nodeID, active, known = h.fromHistory(ctx, runID)
+		if known && !active {
+			return nodeID, domain.Errorf(domain.CodeRunFinished, "run %s has already finished", runID)
+		}
+	}
 	if known {
 		n, ok := h.reg.Get(nodeID)
 		if !ok {
@@ -51,4 +62,17 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 		return n.ID, err
 	}
 	return "", domain.Errorf(domain.CodeRunNotFound, "no connected node knows run %s", runID)
+}
+
+// fromHistory looks runID up in the history; a history that cannot answer
+// is as good as none (the connected nodes are asked instead).
+func (h *CancelRunHandler) fromHistory(ctx context.Context, runID string) (node string, active, known bool) {
+	if h.History == nil {
+		return "", false, false
+	}
+	r, err := h.History.GetRun(ctx, runID)
+	if err != nil {
+		return "", false, false
+	}
+	return r.Node, !r.Status.Finished(), true
 }

@@ -21,6 +21,9 @@ type RegisterHandler struct {
 	log      *slog.Logger
 	now      func() time.Time
 	versions *ConfigVersions
+
+	// Metrics, if set, counts registrations by outcome.
+	Metrics ports.EdgeMetrics
 }
 
 // NewRegisterHandler refuses nil dependencies. versions is shared with the
@@ -59,12 +62,14 @@ func (h *RegisterHandler) Register(_ context.Context, token string, info domain.
 	if err := h.reg.Admit(n); err != nil {
 		return h.reject(rec.ID, remote, err)
 	}
+	h.countRegistration("accepted")
 	h.log.Info("node registered", "node", rec.ID, "remote", remote, "version", info.Version, "adapters", len(cfg.Adapters))
 	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRegistered, Time: h.now(), Node: rec.ID, Remote: remote})
 	return cfg, nil
 }
 
 func (h *RegisterHandler) reject(node, remote string, err error) (domain.NodeConfig, error) {
+	h.countRegistration(domain.CodeOf(err))
 	h.log.Warn("node rejected", "node", node, "remote", remote, "reason", err.Error())
 	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRejected, Time: h.now(), Node: node, Remote: remote, Reason: err.Error()})
 	return domain.NodeConfig{}, err
@@ -81,6 +86,13 @@ func (h *RegisterHandler) Disconnected(nodeID string, link ports.NodeLink, reaso
 
 // HandshakeFailed reports a connection that never registered.
 func (h *RegisterHandler) HandshakeFailed(remote, reason string) {
+	h.countRegistration("handshake_failed")
 	h.log.Warn("node handshake failed", "remote", remote, "reason", reason)
 	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRejected, Time: h.now(), Remote: remote, Reason: reason})
+}
+
+func (h *RegisterHandler) countRegistration(outcome string) {
+	if h.Metrics != nil {
+		h.Metrics.NodeRegistration(outcome)
+	}
 }

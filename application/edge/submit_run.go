@@ -43,6 +43,8 @@ type SubmitRunHandler struct {
 	stopped bool
 	// DrainTimeout bounds how long an abandoned run is followed to its end.
 	DrainTimeout time.Duration
+	// Observe receives every dispatched run's record and outcome.
+	Observe Observers
 	// MaxRequestBytes bounds a run request as it goes to the node in one
 	// frame (DefaultMaxRequestBytes; bootstrap sets the link's max frame
 	// size). A larger request is refused with invalid_request instead of
@@ -130,7 +132,8 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 		return nil, err
 	}
 	h.runs.start(req.RunID, node.ID)
-	rh := &RunHandle{RunID: req.RunID, Node: node.ID, Background: cmd.Background, h: h, stream: stream, release: release}
+	rh := &RunHandle{RunID: req.RunID, Node: node.ID, Background: cmd.Background, h: h, stream: stream, release: release,
+		obs: h.observeRun(ctx, req, node.ID)}
 	if cmd.Background {
 		h.follow(rh, 0)
 	}
@@ -169,6 +172,7 @@ type RunHandle struct {
 	h       *SubmitRunHandler
 	stream  ports.RunStream
 	release func()
+	obs     *runObservation
 
 	lastSeq uint64
 	done    bool
@@ -208,6 +212,7 @@ func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
 	}
 	r.lastSeq = ev.Seq
 	r.h.bus.Publish(domain.BusEvent{Type: domain.BusRunEvent, Time: r.h.now(), Node: r.Node, Run: &ev})
+	r.obs.event(ev)
 	if ev.Type.Terminal() {
 		r.done = true
 		r.release()
