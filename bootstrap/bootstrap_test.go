@@ -22,7 +22,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 func edgeSettings(t *testing.T, transport, httpAddr string) bootstrap.EdgeSettings {
 	t.Helper()
-	cfg, err := config.ParseEdge("edge.yaml", []byte(`
+	cfg, err := config.ParseEdge(filepath.Join(t.TempDir(), "edge.yaml"), []byte(`
 transport: {listen: "`+transport+`"}
 http: {listen: "`+httpAddr+`"}
 nodes:

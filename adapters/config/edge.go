@@ -26,10 +26,16 @@ const (
 
 // EdgeConfig is the content of edge.yaml.
 type EdgeConfig struct {
+	// StateDir holds what the edge creates for itself (the node-link CA and
+	// certificate in tls.mode auto). Relative paths are taken from the config
+	// file's directory; the default is "<config name>-state" next to it.
+	StateDir  string          `yaml:"state_dir"`
 	Transport TransportConfig `yaml:"transport"`
 	HTTP      HTTPConfig      `yaml:"http"`
 	Log       LogConfig       `yaml:"log"`
 	Nodes     []NodeEntry     `yaml:"nodes"`
+	Store     StoreConfig     `yaml:"store"`
+	Metrics   MetricsConfig   `yaml:"metrics"`
 }
 
 // TransportConfig configures the edge's node-facing TCP listener.
@@ -109,6 +115,7 @@ func ParseEdge(name string, data []byte) (*EdgeConfig, error) {
 		return nil, err
 	}
 	c.SetDefaults()
+	c.resolveStore(name)
 	if err := c.Validate(); err != nil {
 		return nil, prefixErrors(name, err)
 	}
@@ -133,6 +140,9 @@ func (c *EdgeConfig) SetDefaults() {
 		c.HTTP.Listen = DefaultHTTPListen
 	}
 	c.Log.SetDefaults()
+	if c.Store.Retention == 0 {
+		c.Store.Retention = Duration(DefaultStoreRetention)
+	}
 }
 
 // nodeIDPattern keeps node ids usable as one URL path segment without escaping.
@@ -165,6 +175,7 @@ func (c *EdgeConfig) Validate() error {
 		add("transport.max_frame_size %d is outside [%d, %d] (64 KiB to 64 MiB)", t.MaxFrameSize, MinMaxFrameSize, MaxMaxFrameSize)
 	}
 	errs = appendFlat(errs, c.Log.Validate())
+	errs = appendFlat(errs, c.validateStore())
 
 	ids := map[string]int{}
 	tokens := map[string]int{}

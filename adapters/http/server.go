@@ -67,6 +67,11 @@ type Deps struct {
 	// TunnelUsage, if set, reports the edge's tunnel usage ledger for a node
 	// ("" for all); it backs GET /v1/usage.
 	TunnelUsage func(node string) []edge.UsageLine
+	// History, if set, answers GET /v1/runs, GET /v1/runs/{id} and
+	// GET /v1/usage from the edge's durable history.
+	History *edge.RunHistoryHandler
+	// Metrics, if set, is served on GET /metrics.
+	Metrics http.Handler
 }
 
 // Server is the edge's HTTP API server.
@@ -84,6 +89,8 @@ type Server struct {
 	// stops reading is cut off, as if it had left, instead of holding a run,
 	// a command or a bus subscription forever. Set it before serving.
 	WriteIdleTimeout time.Duration
+	// AccessLog logs every request at info (log.access); off, at debug.
+	AccessLog bool
 
 	// stopping is cancelled when Stop begins: streams end, short requests
 	// are left to finish. base is cancelled when Stop gives up waiting.
@@ -118,8 +125,13 @@ func New(deps Deps, addr string, log *slog.Logger) *Server {
 
 func (s *Server) routes() {
 	s.mux.HandleFunc("POST /v1/runs", s.handleCreateRun)
-	s.mux.HandleFunc("GET /v1/runs", s.handleListRuns)
-	s.mux.HandleFunc("GET /v1/runs/{id}", s.handleGetRun)
+	if s.deps.History != nil {
+		s.mux.HandleFunc("GET /v1/runs", s.handleHistoryRuns)
+		s.mux.HandleFunc("GET /v1/runs/{id}", s.handleHistoryRun)
+	} else {
+		s.mux.HandleFunc("GET /v1/runs", s.handleListRuns)
+		s.mux.HandleFunc("GET /v1/runs/{id}", s.handleNodeRun)
+	}
 	s.mux.HandleFunc("POST /v1/runs/{id}/cancel", s.handleCancelRun)
 	s.mux.HandleFunc("DELETE /v1/sessions/{session_id}", s.handleEndSession)
 	s.mux.HandleFunc("GET /v1/nodes", s.handleListNodes)
@@ -128,7 +140,14 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/events", s.handleEvents)
 	s.mux.HandleFunc("POST /v1/admin/reload", s.handleReload)
 	s.mux.HandleFunc("GET /healthz", s.handleHealth)
-	s.mux.HandleFunc("GET /v1/usage", s.handleUsage)
+	if s.deps.History != nil {
+		s.mux.HandleFunc("GET /v1/usage", s.handleHistoryUsage)
+	} else {
+		s.mux.HandleFunc("GET /v1/usage", s.handleUsage)
+	}
+	if s.deps.Metrics != nil {
+		s.mux.Handle("GET /metrics", s.deps.Metrics)
+	}
 	if s.deps.OpenAI != nil {
 		// No method in these patterns: the passthrough answers 405 itself.
 		for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/", "/api/"} {
@@ -151,8 +170,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		s.mux.ServeHTTP(sw, r)
 	}
 	// Only the path is logged: queries and bodies may carry user data.
-	s.log.Debug("http request", "method", r.Method, "path", r.URL.Path, "status", sw.status(),
-		"bytes", sw.bytes, "duration", time.Since(start), "remote", r.RemoteAddr)
+	s.logAccess(sw, r, start)
 }
 
 // unrouted answers requests no route takes (404, or 405 with Allow) in JSON.

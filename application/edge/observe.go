@@ -18,10 +18,10 @@ type Observers struct {
 	History ports.RunHistory
 }
 
-// callerKey is the name of the API key the request came with, for history
+// CallerKey is the name of the API key the request came with, for history
 // and access logs; requests without one are domain.Anonymous.
 // TODO(auth): read the principal the auth middleware puts in ctx.
-func callerKey(ctx context.Context) string {
+func CallerKey(ctx context.Context) string {
 	if k, ok := ctx.Value(callerKeyCtx{}).(string); ok && k != "" {
 		return k
 	}
@@ -51,7 +51,7 @@ func (h *SubmitRunHandler) observeRun(ctx context.Context, req domain.RunRequest
 	now := h.now()
 	ob := &runObservation{o: h.Observe, now: h.now, started: now, rec: domain.RunRecord{
 		ID: req.RunID, Node: node, Adapter: req.Adapter, Target: req.Target, SessionID: req.SessionID,
-		Key: callerKey(ctx), Background: req.Background, Status: domain.RunRunning, CreatedAt: now,
+		Key: CallerKey(ctx), Background: req.Background, Status: domain.RunRunning, CreatedAt: now,
 	}}
 	if ob.o.History != nil {
 		ob.o.History.RecordRun(ob.rec)

@@ -109,7 +109,7 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 	header.Del("Proxy-Authorization")
 	req := domain.TunnelRequest{Provider: cand.cfg.Name, Method: method, Path: in.Path, Query: in.Query, Header: header, Body: in.Body}
 	start := h.now()
-	obs := tunnelObservation{key: callerKey(ctx), modelOK: cand.known, bytesIn: int64(len(in.Body))}
+	obs := tunnelObservation{key: CallerKey(ctx), modelOK: cand.known, bytesIn: int64(len(in.Body))}
 	body := in.BodyReader
 	if body != nil {
 		obs.body = &countingReader{r: body}
