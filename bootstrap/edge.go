@@ -13,10 +13,10 @@ import (
 
 	"iop/adapters/config"
 	"iop/adapters/eventbus"
-	"iop/adapters/metrics/prom"
-	"iop/adapters/store/edgestore"
 	httpapi "iop/adapters/http"
 	openaiapi "iop/adapters/http/openai"
+	"iop/adapters/metrics/prom"
+	"iop/adapters/store/edgestore"
 	"iop/adapters/transport"
 	edgeapp "iop/application/edge"
 	"iop/domain"
