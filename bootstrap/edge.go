@@ -80,7 +80,7 @@ func Edge(s EdgeSettings) fx.Option {
 			},
 			func(reg *edgeapp.Registry, runs *edgeapp.RunTracker, st *edgestore.Store) *edgeapp.CancelRunHandler {
 				h := edgeapp.NewCancelRunHandler(reg, runs)
-				h.History = st
+				h.History, h.Record = st, st
 				return h
 			},
 			edgeapp.NewTerminateSessionHandler,

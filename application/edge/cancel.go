@@ -18,6 +18,9 @@ type CancelRunHandler struct {
 	// History, if set, tells where a run this edge process did not
 	// dispatch runs (for example one started before an edge restart).
 	History ports.HistoryReader
+	// Record, if set, is told that such a run was cancelled: no stream of
+	// this edge process will see its end.
+	Record ports.RunHistory
 }
 
 // NewCancelRunHandler refuses nil dependencies.
@@ -42,9 +45,13 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 		return nodeID, domain.Errorf(domain.CodeRunFinished, "run %s has already finished", runID)
 	}
 	if !known {
-		nodeID, active, known = h.fromHistory(ctx, runID)
-		if known && !active {
-			return nodeID, domain.Errorf(domain.CodeRunFinished, "run %s has already finished", runID)
+		var rec domain.RunRecord
+		rec, known = h.fromHistory(ctx, runID)
+		if known {
+			if rec.Status.Finished() {
+				return rec.Node, domain.Errorf(domain.CodeRunFinished, "run %s has already finished", runID)
+			}
+			return rec.Node, h.cancelRecorded(ctx, rec)
 		}
 	}
 	if known {
@@ -66,13 +73,33 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 
 // fromHistory looks runID up in the history; a history that cannot answer
 // is as good as none (the connected nodes are asked instead).
-func (h *CancelRunHandler) fromHistory(ctx context.Context, runID string) (node string, active, known bool) {
+func (h *CancelRunHandler) fromHistory(ctx context.Context, runID string) (domain.RunRecord, bool) {
 	if h.History == nil {
-		return "", false, false
+		return domain.RunRecord{}, false
 	}
 	r, err := h.History.GetRun(ctx, runID)
 	if err != nil {
-		return "", false, false
+		return domain.RunRecord{}, false
 	}
-	return r.Node, !r.Status.Finished(), true
+	return r, true
+}
+
+// cancelRecorded cancels a run known only from the history on its node
+// and, when the node accepts, records it as cancelled. A node that says the
+// run already ended leaves the record as it was (its final state is in the
+// node's own store).
+func (h *CancelRunHandler) cancelRecorded(ctx context.Context, rec domain.RunRecord) error {
+	n, ok := h.reg.Get(rec.Node)
+	if !ok {
+		return domain.Errorf(domain.CodeNodeNotFound, "node %q running %s is not connected", rec.Node, rec.ID)
+	}
+	if err := n.Link.CancelRun(ctx, rec.ID); err != nil {
+		return err
+	}
+	if h.Record != nil {
+		rec.Status, rec.FinishedAt = domain.RunCancelled, time.Now()
+		rec.ErrorCode, rec.ErrorMsg = domain.CodeCancelled, "cancelled after an edge restart"
+		h.Record.RecordRun(rec)
+	}
+	return nil
 }
