@@ -16,6 +16,7 @@ import (
 func main() {
 	cfgPath := flag.String("config", "configs/edge.yaml", "edge config file (YAML)")
 	version := flag.Bool("version", false, "print the version and exit")
+	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060)")
 	flag.Parse()
 	if *version {
 		fmt.Println("iop-edge", bootstrap.Version)
@@ -27,6 +28,14 @@ func main() {
 		os.Exit(2)
 	}
 	log := bootstrap.NewLogger(cfg.Log, nil)
+	if *pprofAddr != "" {
+		stop, err := bootstrap.StartPprof(*pprofAddr, log)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "iop-edge:", err)
+			os.Exit(2)
+		}
+		defer stop()
+	}
 	fx.New(
 		bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, ConfigPath: *cfgPath, Logger: log}),
 		bootstrap.FxLogger(log),

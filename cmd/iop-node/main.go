@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"go.uber.org/fx"
 
@@ -22,6 +23,8 @@ func main() {
 		logLevel  = flag.String("log-level", "", "debug|info|warn|error")
 		logFormat = flag.String("log-format", "", "text|json")
 		version   = flag.Bool("version", false, "print the version and exit")
+		pprofAddr = flag.String("pprof", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6061)")
+		statsIvl  = flag.Duration("stats-interval", 0, "how often to send node stats to the edge (default 15s; env IOP_NODE_STATS_INTERVAL)")
 	)
 	flag.Parse()
 	if *version {
@@ -56,11 +59,31 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
+	if *statsIvl == 0 {
+		if v := os.Getenv("IOP_NODE_STATS_INTERVAL"); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				fail(fmt.Errorf("IOP_NODE_STATS_INTERVAL %q is not a positive duration", v))
+			}
+			*statsIvl = d
+		}
+	}
+	if *statsIvl < 0 {
+		fail(fmt.Errorf("--stats-interval must be positive"))
+	}
 	log := bootstrap.NewLogger(cfg.Log, nil)
+	if *pprofAddr != "" {
+		stop, err := bootstrap.StartPprof(*pprofAddr, log)
+		if err != nil {
+			fail(err)
+		}
+		defer stop()
+	}
 	fx.New(
 		bootstrap.Node(bootstrap.NodeSettings{
 			Edge: cfg.Edge, Token: tok, DB: cfg.DB, Logger: log,
 			MinBackoff: cfg.Reconnect.Min.Std(), MaxBackoff: cfg.Reconnect.Max.Std(),
+			StatsInterval: *statsIvl,
 		}),
 		bootstrap.FxLogger(log),
 	).Run()

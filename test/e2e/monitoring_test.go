@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -174,7 +176,7 @@ func monitoringScenario(t *testing.T, dsn string) {
 		extra += fmt.Sprintf("store:\n  dsn: %q\n", dsn)
 	}
 	e := startEdge(t, monitoringNodes(p)+extra)
-	startNode(t, e, testToken)
+	startNode(t, e, testToken, "IOP_NODE_STATS_INTERVAL=100ms")
 	waitNode(t, e, "n1")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -244,6 +246,10 @@ func monitoringScenario(t *testing.T, dsn string) {
 		{"iop_nodes_connected", nil, 1},
 		{"iop_node_registrations_total", map[string]string{"outcome": "accepted"}, 1},
 		{"iop_history_dropped_rows_total", nil, 0},
+		// What the node reports about itself over its link.
+		{"iop_node_adapter_slots_in_use", map[string]string{"node": "n1", "adapter": "exec"}, 1},
+		{"iop_node_child_processes", map[string]string{"node": "n1"}, 1},
+		{"iop_node_provider_first_byte_seconds", map[string]string{"node": "n1", "provider": "oai"}, 3},
 	}
 	waitFor(t, "metrics match what the test did", func() error {
 		for _, url := range []string{e.url + "/metrics", "http://" + metricsAddr + "/metrics"} {
@@ -263,6 +269,9 @@ func monitoringScenario(t *testing.T, dsn string) {
 			}
 			if v := metricValue(f, "iop_tunnel_body_bytes_total", map[string]string{"direction": "out"}); v <= 0 {
 				return fmt.Errorf("no tunnel bytes out (%v)", v)
+			}
+			if v := metricValue(f, "iop_node_store_bytes", map[string]string{"node": "n1"}); v <= 0 {
+				return fmt.Errorf("node store size not reported (%v)", v)
 			}
 		}
 		return nil
@@ -426,6 +435,36 @@ func TestHistoryOutageCostsRowsNotRuns(t *testing.T) {
 	waitFor(t, "recording again after the database came back", func() error {
 		if runs := allRuns(t, e, ""); len(runs) < 2 {
 			return fmt.Errorf("%d runs", len(runs))
+		}
+		return nil
+	})
+}
+
+// --pprof serves the profiler on loopback and is refused anywhere else.
+func TestPprofLoopbackOnly(t *testing.T) {
+	t.Parallel()
+	cfg := filepath.Join(t.TempDir(), "edge.yaml")
+	if err := os.WriteFile(cfg, []byte(edgeConfig(freeAddr(t), freeAddr(t), defaultNodes(1))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := start(t, "iop-edge", nil, "--config", cfg, "--pprof", "0.0.0.0:0")
+	if code := bad.waitExit(t, 10*time.Second); code != 2 || !strings.Contains(bad.out.String(), "loopback") {
+		t.Fatalf("--pprof on all interfaces: exit %d\n%s", code, bad.out.String())
+	}
+	addr := freeAddr(t)
+	good := start(t, "iop-edge", nil, "--config", cfg, "--pprof", addr)
+	waitFor(t, "pprof index", func() error {
+		if good.exited() {
+			t.Fatalf("edge exited: %s", good.out.String())
+		}
+		resp, err := http.Get("http://" + addr + "/debug/pprof/")
+		if err != nil {
+			return err
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), "goroutine") {
+			return fmt.Errorf("%d %s", resp.StatusCode, b)
 		}
 		return nil
 	})
