@@ -45,7 +45,7 @@ func (c *EdgeConfig) resolveStore(configPath string) {
 	switch {
 	case c.Store.DSN == "":
 		c.Store.DSN = filepath.Join(c.StateDir, "edge.db")
-	case IsPostgresDSN(c.Store.DSN), strings.HasPrefix(c.Store.DSN, "file:"), strings.Contains(c.Store.DSN, ":memory:"):
+	case strings.Contains(c.Store.DSN, "://"), strings.HasPrefix(c.Store.DSN, "file:"), strings.Contains(c.Store.DSN, ":memory:"):
 	case !filepath.IsAbs(c.Store.DSN):
 		c.Store.DSN = filepath.Join(base, c.Store.DSN)
 	}
@@ -77,8 +77,9 @@ func (c *EdgeConfig) StoreDSNForLog() string {
 	}
 	scheme, rest, _ := strings.Cut(d, "://")
 	if at := strings.LastIndex(rest, "@"); at >= 0 {
-		user, _, _ := strings.Cut(rest[:at], ":")
-		rest = user + ":***@" + rest[at+1:]
+		if user, _, hasPass := strings.Cut(rest[:at], ":"); hasPass {
+			rest = user + ":***@" + rest[at+1:]
+		}
 	}
 	return scheme + "://" + rest
 }
