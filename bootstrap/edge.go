@@ -2,6 +2,8 @@ package bootstrap
 
 import (
 	"context"
+	"crypto/tls"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -66,8 +68,9 @@ func Edge(s EdgeSettings) fx.Option {
 				return edgeapp.Observers{Metrics: m, History: st}
 			},
 			func(st *edgestore.Store) *edgeapp.RunHistoryHandler { return edgeapp.NewRunHistoryHandler(st) },
-			func(dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, m *prom.Metrics) *edgeapp.RegisterHandler {
+			func(s EdgeSettings, dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, m *prom.Metrics) *edgeapp.RegisterHandler {
 				h := edgeapp.NewRegisterHandler(dir, reg, bus, v, log)
+				h.BindIdentity = s.Config.Transport.TLS.BindNodeIdentity
 				h.Metrics = m
 				return h
 			},
@@ -103,6 +106,7 @@ func Edge(s EdgeSettings) fx.Option {
 			func(t *edgeapp.SubmitProviderTunnelHandler, c *edgeapp.ModelCatalog, log *slog.Logger) *openaiapi.Handler {
 				return openaiapi.New(openaiapi.Deps{Tunnels: t, Models: c}, log)
 			},
+			newLinkTLS,
 			newTransportServer,
 			newHTTPServer,
 		),
@@ -119,14 +123,16 @@ func transportConfig(c config.TransportConfig, log *slog.Logger) transport.Confi
 	}
 }
 
-func newTransportServer(s EdgeSettings, log *slog.Logger, reg *edgeapp.RegisterHandler) *transport.Server {
-	return transport.NewServer(s.Config.Transport.Listen, transportConfig(s.Config.Transport, log), reg)
+func newTransportServer(s EdgeSettings, log *slog.Logger, reg *edgeapp.RegisterHandler, lt *LinkTLS) *transport.Server {
+	tc := transportConfig(s.Config.Transport, log)
+	tc.TLS = lt.Config
+	return transport.NewServer(s.Config.Transport.Listen, tc, reg)
 }
 
 func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edgeapp.Registry, submit *edgeapp.SubmitRunHandler,
 	cancel *edgeapp.CancelRunHandler, term *edgeapp.TerminateSessionHandler, cmds *edgeapp.NodeCommandHandler,
 	get *edgeapp.GetRunHandler, list *edgeapp.ListRunsHandler, reload *edgeapp.ReloadHandler,
-	oa *openaiapi.Handler, ledger *edgeapp.UsageLedger, history *edgeapp.RunHistoryHandler, m *prom.Metrics) *httpapi.Server {
+	oa *openaiapi.Handler, ledger *edgeapp.UsageLedger, history *edgeapp.RunHistoryHandler, m *prom.Metrics) (*httpapi.Server, error) {
 	deps := httpapi.Deps{
 		Registry: reg, Submit: submit, Cancel: cancel, Terminate: term, Commands: cmds,
 		GetRun: get, ListRuns: list, Events: bus, OpenAI: oa,
@@ -135,9 +141,24 @@ func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edg
 	if s.ConfigPath != "" {
 		deps.Reload = reload.Handle
 	}
-	srv := httpapi.New(deps, s.Config.HTTP.Listen, log)
+	hc := s.Config.HTTP
+	for _, k := range hc.ResolvedKeys() {
+		deps.APIKeys = append(deps.APIKeys, httpapi.APIKey{SHA256: k.SHA256, Principal: k.Principal})
+	}
+	if len(deps.APIKeys) == 0 && hc.AllowUnauthenticated {
+		log.Warn("http api has no api_keys and http.allow_unauthenticated is set: anyone who reaches it may run work on every node, read every run and reload the config",
+			"listen", hc.Listen)
+	}
+	if hc.TLS != nil {
+		cert, err := tls.LoadX509KeyPair(hc.TLS.CertFile, hc.TLS.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("http.tls: load certificate %s and key %s: %w", hc.TLS.CertFile, hc.TLS.KeyFile, err)
+		}
+		deps.TLSCert = &cert
+	}
+	srv := httpapi.New(deps, hc.Listen, log)
 	srv.AccessLog = s.Config.Log.AccessLog()
-	return srv
+	return srv, nil
 }
 
 // runEdge starts the listeners synchronously (a busy port fails start-up),

@@ -2,9 +2,6 @@ package domain
 
 import "time"
 
-// Anonymous is the caller name recorded for requests made without an API key.
-const Anonymous = "anonymous"
-
 // RunRecord is one run in the edge's history: where it ran, who asked, how
 // it ended and what it used. Inputs and output are never part of it.
 type RunRecord struct {
@@ -13,7 +10,7 @@ type RunRecord struct {
 	Adapter    string
 	Target     string
 	SessionID  string
-	Key        string // the caller's key name, or Anonymous
+	Key        string // the caller's key name, or AnonymousName
 	Background bool
 	Status     RunStatus
 	CreatedAt  time.Time
@@ -54,6 +51,9 @@ type RunQuery struct {
 	Until   time.Time // created before
 	Limit   int
 	Cursor  string
+	// Nodes, when not empty, limits the runs to these nodes (a caller
+	// whose key is limited to them).
+	Nodes []string
 }
 
 // RunPage is one page of a RunQuery; Next is empty on the last page.
@@ -75,6 +75,7 @@ type UsageQuery struct {
 	GroupBy string
 	Since   time.Time
 	Until   time.Time
+	Nodes   []string // when not empty, only these nodes
 }
 
 // UsageTotal is the usage of one group: runs and tunnels together.

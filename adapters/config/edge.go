@@ -1,12 +1,16 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"iop/domain"
@@ -44,21 +48,171 @@ type TransportConfig struct {
 	HeartbeatInterval Duration `yaml:"heartbeat_interval"`
 	HeartbeatTimeout  Duration `yaml:"heartbeat_timeout"`
 	MaxFrameSize      int64    `yaml:"max_frame_size"`
+	TLS               LinkTLS  `yaml:"tls"`
 }
 
 // HTTPConfig configures the edge's HTTP API listener.
 type HTTPConfig struct {
 	Listen string `yaml:"listen"`
+	// APIKeys, when any is set, make every route but /healthz need a key.
+	APIKeys []APIKeyEntry `yaml:"api_keys"`
+	// AllowUnauthenticated lets the API listen on a non-loopback address
+	// with no keys (the edge then warns at start).
+	AllowUnauthenticated bool `yaml:"allow_unauthenticated"`
+	// TLS, if set, serves the API over HTTPS.
+	TLS *HTTPTLSConfig `yaml:"tls"`
+}
+
+// HTTPTLSConfig is the certificate the HTTP API serves HTTPS with.
+type HTTPTLSConfig struct {
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// MinAPIKeyLength is the shortest key accepted through key_env.
+const MinAPIKeyLength = 16
+
+// APIKeyEntry is one caller key of http.api_keys. Exactly one of KeySHA256
+// (hex SHA-256 of the key, so the file holds no secret) and KeyEnv (a
+// variable of the edge's environment holding the key) is set.
+type APIKeyEntry struct {
+	Name      string   `yaml:"name"`
+	KeySHA256 string   `yaml:"key_sha256"`
+	KeyEnv    string   `yaml:"key_env"`
+	Scopes    []string `yaml:"scopes"`
+	// Nodes limits the key to these node ids; empty means every node.
+	Nodes []string `yaml:"nodes"`
+}
+
+// APIKey is a resolved key: the SHA-256 of the key and the caller it names.
+type APIKey struct {
+	SHA256    [sha256.Size]byte
+	Principal domain.Principal
+}
+
+// ResolveKeyHash returns the SHA-256 of the entry's key, from key_sha256 or
+// by hashing the value of key_env. Errors never contain the key.
+func (k APIKeyEntry) ResolveKeyHash() ([sha256.Size]byte, error) {
+	var sum [sha256.Size]byte
+	switch {
+	case k.KeySHA256 != "" && k.KeyEnv != "":
+		return sum, errors.New("set only one of key_sha256 and key_env")
+	case k.KeySHA256 != "":
+		b, err := hex.DecodeString(strings.TrimPrefix(strings.ToLower(k.KeySHA256), "sha256:"))
+		if err != nil || len(b) != sha256.Size {
+			return sum, errors.New("key_sha256 must be 64 hex digits (the SHA-256 of the key, e.g. printf %s KEY | sha256sum)")
+		}
+		copy(sum[:], b)
+		return sum, nil
+	case k.KeyEnv != "":
+		v := os.Getenv(k.KeyEnv)
+		if v == "" {
+			return sum, fmt.Errorf("key_env: environment variable %s is unset or empty", k.KeyEnv)
+		}
+		if len(v) < MinAPIKeyLength {
+			return sum, fmt.Errorf("key_env: the key in %s must be at least %d characters", k.KeyEnv, MinAPIKeyLength)
+		}
+		return sha256.Sum256([]byte(v)), nil
+	default:
+		return sum, errors.New("one of key_sha256 and key_env is required")
+	}
+}
+
+// ResolvedKeys resolves http.api_keys. Call it on a validated config: an entry
+// that does not resolve is left out (it could never match).
+func (c HTTPConfig) ResolvedKeys() []APIKey {
+	out := make([]APIKey, 0, len(c.APIKeys))
+	for _, k := range c.APIKeys {
+		sum, err := k.ResolveKeyHash()
+		if err != nil {
+			continue
+		}
+		out = append(out, APIKey{SHA256: sum, Principal: domain.Principal{
+			Name: k.Name, Scopes: slices.Clone(k.Scopes), Nodes: slices.Clone(k.Nodes),
+		}})
+	}
+	return out
+}
+
+// apiListenIsLoopback reports whether addr binds only a loopback address
+// (127.0.0.0/8, ::1 or "localhost"); an empty host binds every interface.
+func apiListenIsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func (c HTTPConfig) validate() []error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	names := map[string]int{}
+	hashes := map[[sha256.Size]byte]int{}
+	for i, k := range c.APIKeys {
+		where := fmt.Sprintf("http.api_keys[%d]", i)
+		switch {
+		case k.Name == "":
+			add("%s: name is required", where)
+		case !nodeIDPattern.MatchString(k.Name) || k.Name == domain.AnonymousName:
+			add("%s: name %q may contain only letters, digits, '.', '_' and '-' and must not be %q", where, k.Name, domain.AnonymousName)
+		default:
+			where = fmt.Sprintf("http.api_keys[%d] (name %q)", i, k.Name)
+			if j, dup := names[k.Name]; dup {
+				add("%s: name is already used by http.api_keys[%d]", where, j)
+			} else {
+				names[k.Name] = i
+			}
+		}
+		if len(k.Scopes) == 0 {
+			add("%s: scopes is required (any of %s)", where, strings.Join(domain.KnownScopes, ", "))
+		}
+		for _, s := range k.Scopes {
+			if !slices.Contains(domain.KnownScopes, s) {
+				add("%s: unknown scope %q (known: %s)", where, s, strings.Join(domain.KnownScopes, ", "))
+			}
+		}
+		for _, n := range k.Nodes {
+			if !nodeIDPattern.MatchString(n) {
+				add("%s: nodes: %q is not a node id", where, n)
+			}
+		}
+		sum, err := k.ResolveKeyHash()
+		if err != nil {
+			add("%s: %w", where, err)
+			continue
+		}
+		if j, dup := hashes[sum]; dup {
+			add("%s: the key is the same as the key of http.api_keys[%d]; every key needs its own", where, j)
+		} else {
+			hashes[sum] = i
+		}
+	}
+	if len(c.APIKeys) == 0 && !c.AllowUnauthenticated && !apiListenIsLoopback(c.Listen) {
+		add("http.listen %q is not a loopback address and http.api_keys is empty: anyone who reaches it could run work on every node; "+
+			"add http.api_keys (see docs/security.md) or set http.allow_unauthenticated: true", c.Listen)
+	}
+	if c.TLS != nil && (c.TLS.CertFile == "" || c.TLS.KeyFile == "") {
+		add("http.tls needs both cert_file and key_file")
+	}
+	return errs
 }
 
 // NodeEntry is one node of edge.yaml nodes[]. Exactly one of Token and
 // TokenEnv is set; TokenEnv names a variable of the edge's environment.
 type NodeEntry struct {
-	ID        string          `yaml:"id"`
-	Token     Secret          `yaml:"token"`
-	TokenEnv  string          `yaml:"token_env"`
-	Adapters  []AdapterEntry  `yaml:"adapters"`
-	Providers []ProviderEntry `yaml:"providers"`
+	ID       string `yaml:"id"`
+	Token    Secret `yaml:"token"`
+	TokenEnv string `yaml:"token_env"`
+	// TokenSHA256 is the hex SHA-256 of the token (iop-edge hash-token), so
+	// the file need not hold the secret.
+	TokenSHA256 string          `yaml:"token_sha256"`
+	Adapters    []AdapterEntry  `yaml:"adapters"`
+	Providers   []ProviderEntry `yaml:"providers"`
 }
 
 // AdapterEntry configures one runtime adapter of a node. Its type and the
@@ -77,6 +231,10 @@ type AdapterEntry struct {
 	Command        string                 `yaml:"command"`
 	Args           []string               `yaml:"args"`
 	WorkDir        string                 `yaml:"work_dir"`
+	// Env and InheritEnv shape the child environment of exec targets and
+	// CLI agents (see domain.AdapterConfig).
+	Env        map[string]string `yaml:"env"`
+	InheritEnv []string          `yaml:"inherit_env"`
 }
 
 // TargetEntry is one command of an exec adapter.
@@ -85,6 +243,8 @@ type TargetEntry struct {
 	Timeout Duration          `yaml:"timeout"`
 	Dir     string            `yaml:"dir"`
 	Env     map[string]string `yaml:"env"`
+	// InheritEnv names node environment variables this target also gets.
+	InheritEnv []string `yaml:"inherit_env"`
 }
 
 // ProviderEntry declares an upstream server a node reaches for the raw tunnel.
@@ -108,13 +268,15 @@ func LoadEdge(path string) (*EdgeConfig, error) {
 }
 
 // ParseEdge parses data as edge.yaml, applies defaults and validates it. name
-// prefixes every error and should be the file's path.
+// prefixes every error and should be the file's path: relative paths in the
+// file (state_dir, transport.tls files) are resolved against its directory.
 func ParseEdge(name string, data []byte) (*EdgeConfig, error) {
 	var c EdgeConfig
 	if err := decodeStrict(name, data, &c); err != nil {
 		return nil, err
 	}
 	c.SetDefaults()
+	c.resolvePaths(name)
 	c.resolveStore(name)
 	if err := c.Validate(); err != nil {
 		return nil, prefixErrors(name, err)
@@ -139,6 +301,9 @@ func (c *EdgeConfig) SetDefaults() {
 	if c.HTTP.Listen == "" {
 		c.HTTP.Listen = DefaultHTTPListen
 	}
+	if c.Transport.TLS.Mode == "" {
+		c.Transport.TLS.Mode = TLSAuto
+	}
 	c.Log.SetDefaults()
 	if c.Store.Retention == 0 {
 		c.Store.Retention = Duration(DefaultStoreRetention)
@@ -162,6 +327,7 @@ func (c *EdgeConfig) Validate() error {
 	if err := checkHostPort("http.listen", c.HTTP.Listen, true); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.HTTP.validate()...)
 	if t.Listen == c.HTTP.Listen && !hasPortZero(t.Listen) {
 		add("http.listen and transport.listen are both %q; they need different ports", t.Listen)
 	}
@@ -174,11 +340,12 @@ func (c *EdgeConfig) Validate() error {
 	if t.MaxFrameSize < MinMaxFrameSize || t.MaxFrameSize > MaxMaxFrameSize {
 		add("transport.max_frame_size %d is outside [%d, %d] (64 KiB to 64 MiB)", t.MaxFrameSize, MinMaxFrameSize, MaxMaxFrameSize)
 	}
+	errs = appendFlat(errs, t.TLS.validate(t.Listen))
 	errs = appendFlat(errs, c.Log.Validate())
 	errs = appendFlat(errs, c.validateStore())
 
 	ids := map[string]int{}
-	tokens := map[string]int{}
+	tokens := map[[32]byte]int{}
 	for i, n := range c.Nodes {
 		where := fmt.Sprintf("nodes[%d]", i)
 		switch {
@@ -196,31 +363,67 @@ func (c *EdgeConfig) Validate() error {
 				ids[n.ID] = i
 			}
 		}
-		tok, err := n.ResolveToken()
+		digest, err := n.tokenDigest()
 		if err != nil {
 			add("%s: %w", where, err)
 			continue
 		}
-		if len(tok) < MinTokenLength {
-			add("%s: token must be at least %d characters", where, MinTokenLength)
-			continue
-		}
-		if j, dup := tokens[tok]; dup {
+		if j, dup := tokens[digest]; dup {
 			add("%s: token is the same as the token of nodes[%d]; every node needs its own", where, j)
 		} else {
-			tokens[tok] = i
+			tokens[digest] = i
 		}
 	}
 	return errors.Join(errs...)
 }
 
+// tokenDigest returns the SHA-256 of the node's token, from whichever of
+// token, token_env and token_sha256 is set, checking the token's length.
+func (n NodeEntry) tokenDigest() ([32]byte, error) {
+	if n.TokenSHA256 != "" {
+		if n.Token != "" || n.TokenEnv != "" {
+			return [32]byte{}, errors.New("set only one of token, token_env and token_sha256")
+		}
+		return parseTokenSHA256(n.TokenSHA256)
+	}
+	tok, err := n.ResolveToken()
+	if err != nil {
+		return [32]byte{}, err
+	}
+	if len(tok) < MinTokenLength {
+		return [32]byte{}, fmt.Errorf("token must be at least %d characters", MinTokenLength)
+	}
+	return sha256.Sum256([]byte(tok)), nil
+}
+
+// parseTokenSHA256 decodes token_sha256: 64 hex digits.
+func parseTokenSHA256(s string) ([32]byte, error) {
+	var d [32]byte
+	b, err := hex.DecodeString(s)
+	if err != nil || len(b) != len(d) {
+		return d, errors.New("token_sha256 must be 64 hex digits (the output of iop-edge hash-token)")
+	}
+	copy(d[:], b)
+	return d, nil
+}
+
+// TokenHash is what iop-edge hash-token prints: the hex SHA-256 of token,
+// the form token_sha256 takes.
+func TokenHash(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
 // ResolveToken returns the node's token: Token, or the value of the edge's
 // environment variable TokenEnv. It fails when neither or both are set, or
-// when the variable is unset or empty. Errors never contain the token.
+// when the variable is unset or empty; with only TokenSHA256 set it returns
+// "" (the edge never learns that token). Errors never contain the token.
 func (n NodeEntry) ResolveToken() (string, error) {
 	switch {
 	case n.Token != "" && n.TokenEnv != "":
 		return "", errors.New("set only one of token and token_env")
+	case n.TokenSHA256 != "" && n.Token == "" && n.TokenEnv == "":
+		return "", nil
 	case n.Token != "":
 		return string(n.Token), nil
 	case n.TokenEnv != "":
@@ -230,7 +433,7 @@ func (n NodeEntry) ResolveToken() (string, error) {
 		}
 		return v, nil
 	default:
-		return "", errors.New("one of token and token_env is required")
+		return "", errors.New("one of token, token_env and token_sha256 is required")
 	}
 }
 
@@ -242,6 +445,9 @@ func (c *EdgeConfig) Records() []domain.NodeRecord {
 	for _, n := range c.Nodes {
 		tok, _ := n.ResolveToken()
 		r := domain.NodeRecord{ID: n.ID, Token: tok}
+		if tok == "" {
+			r.TokenSHA256 = strings.ToLower(n.TokenSHA256)
+		}
 		for _, a := range n.Adapters {
 			r.Adapters = append(r.Adapters, a.toDomain())
 		}
@@ -266,15 +472,18 @@ func (a AdapterEntry) toDomain() domain.AdapterConfig {
 		Args:           slices.Clone(a.Args),
 		WorkDir:        a.WorkDir,
 		Timeout:        a.Timeout.Std(),
+		Env:            maps.Clone(a.Env),
+		InheritEnv:     slices.Clone(a.InheritEnv),
 	}
 	if a.Targets != nil {
 		d.Targets = make(map[string]domain.ExecTarget, len(a.Targets))
 		for name, t := range a.Targets {
 			d.Targets[name] = domain.ExecTarget{
-				Command: slices.Clone(t.Command),
-				Timeout: t.Timeout.Std(),
-				Dir:     t.Dir,
-				Env:     maps.Clone(t.Env),
+				Command:    slices.Clone(t.Command),
+				Timeout:    t.Timeout.Std(),
+				Dir:        t.Dir,
+				Env:        maps.Clone(t.Env),
+				InheritEnv: slices.Clone(t.InheritEnv),
 			}
 		}
 	}

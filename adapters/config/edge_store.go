@@ -31,17 +31,11 @@ type MetricsConfig struct {
 	Listen string `yaml:"listen"`
 }
 
-// resolveStore fills the default state_dir (as the TLS settings do) and the
-// default store file, and makes relative paths relative to the config file.
+// resolveStore fills the default store file in state_dir (which
+// resolvePaths has resolved) and makes a relative SQLite path relative to
+// the config file.
 func (c *EdgeConfig) resolveStore(configPath string) {
 	base := filepath.Dir(configPath)
-	if c.StateDir == "" {
-		name := strings.TrimSuffix(filepath.Base(configPath), filepath.Ext(configPath))
-		c.StateDir = name + "-state"
-	}
-	if !filepath.IsAbs(c.StateDir) {
-		c.StateDir = filepath.Join(base, c.StateDir)
-	}
 	switch {
 	case c.Store.DSN == "":
 		c.Store.DSN = filepath.Join(c.StateDir, "edge.db")

@@ -5,8 +5,6 @@ import (
 	"net/http"
 	"strings"
 	"time"
-
-	"iop/application/edge"
 )
 
 // Response headers naming the run and node a request concerned; the access
@@ -19,7 +17,7 @@ const (
 // logAccess writes one access-log line for a finished request: the route
 // pattern (never the query or body, which may carry user data), status,
 // duration, the caller's key name, and the run and node it concerned.
-func (s *Server) logAccess(sw *statusWriter, r *http.Request, start time.Time) {
+func (s *Server) logAccess(sw *statusWriter, r *http.Request, start time.Time, key string) {
 	level := slog.LevelDebug
 	if s.AccessLog {
 		level = slog.LevelInfo
@@ -36,7 +34,7 @@ func (s *Server) logAccess(sw *statusWriter, r *http.Request, start time.Time) {
 	}
 	attrs := []slog.Attr{
 		slog.String("method", r.Method), slog.String("route", route), slog.Int("status", sw.status()),
-		slog.Duration("duration", time.Since(start)), slog.Int64("bytes", sw.bytes), slog.String("key", edge.CallerKey(ctx)),
+		slog.Duration("duration", time.Since(start)), slog.Int64("bytes", sw.bytes), slog.String("key", key),
 	}
 	h := sw.Header()
 	run := h.Get(headerRunID)

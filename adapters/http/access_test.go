@@ -91,7 +91,7 @@ func TestAccessLogOneLinePerRequest(t *testing.T) {
 		t.Fatalf("%d access lines: %+v", len(lines), lines)
 	}
 	run := lines[0]
-	if run["method"] != "POST" || run["route"] != "/v1/runs" || run["status"] != float64(202) || run["key"] != domain.Anonymous ||
+	if run["method"] != "POST" || run["route"] != "/v1/runs" || run["status"] != float64(202) || run["key"] != domain.AnonymousName ||
 		run["node"] != "n1" || !strings.HasPrefix(run["run"].(string), "run_") || run["level"] != "INFO" || run["duration"] == nil {
 		t.Fatalf("run line %+v", run)
 	}

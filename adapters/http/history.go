@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"iop/application/edge"
 	"iop/domain"
 )
 
@@ -160,7 +161,14 @@ func (s *Server) handleHistoryUsage(w http.ResponseWriter, r *http.Request) {
 		out["until"] = uq.Until
 	}
 	if s.deps.TunnelUsage != nil {
-		out["tunnels"] = s.deps.TunnelUsage(q.Get("node"))
+		caller := domain.PrincipalFrom(r.Context())
+		lines := []edge.UsageLine{}
+		for _, l := range s.deps.TunnelUsage(q.Get("node")) {
+			if caller.SeesNode(l.Node) {
+				lines = append(lines, l)
+			}
+		}
+		out["tunnels"] = lines
 	}
 	writeJSON(w, http.StatusOK, out)
 }

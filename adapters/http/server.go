@@ -22,6 +22,7 @@ package httpapi
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -70,8 +71,13 @@ type Deps struct {
 	// History, if set, answers GET /v1/runs, GET /v1/runs/{id} and
 	// GET /v1/usage from the edge's durable history.
 	History *edge.RunHistoryHandler
-	// Metrics, if set, is served on GET /metrics.
+	// Metrics, if set, is served on GET /metrics (scope read).
 	Metrics http.Handler
+	// APIKeys, when any is set, make every route not marked Public need a
+	// key holding the route's scope; with none every caller is anonymous.
+	APIKeys []APIKey
+	// TLSCert, if set, serves HTTPS with this certificate.
+	TLSCert *tls.Certificate
 }
 
 // Server is the edge's HTTP API server.
@@ -80,6 +86,9 @@ type Server struct {
 	addr string
 	log  *slog.Logger
 	mux  *http.ServeMux
+	auth *authenticator
+	// access holds each registered pattern's Access (see Handle).
+	access map[string]Access
 
 	// KeepAlive is the SSE keep-alive interval (DefaultKeepAlive); set it
 	// before serving.
@@ -119,41 +128,60 @@ func New(deps Deps, addr string, log *slog.Logger) *Server {
 	s.stopping, s.beginStop = context.WithCancel(context.Background())
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.mux = http.NewServeMux()
+	s.access = map[string]Access{}
+	s.auth = &authenticator{keys: deps.APIKeys,
+		throttle: newFailureThrottle(DefaultFailureBurst, DefaultFailureRefill, DefaultFailureLog, log)}
 	s.routes()
 	return s
 }
 
+// Access of the iop routes, by scope.
+var (
+	readAccess  = Access{Scope: domain.ScopeRead}
+	runsAccess  = Access{Scope: domain.ScopeRuns}
+	adminAccess = Access{Scope: domain.ScopeAdmin}
+)
+
 func (s *Server) routes() {
-	s.mux.HandleFunc("POST /v1/runs", s.handleCreateRun)
+	s.Handle("POST /v1/runs", runsAccess, http.HandlerFunc(s.handleCreateRun))
 	if s.deps.History != nil {
-		s.mux.HandleFunc("GET /v1/runs", s.handleHistoryRuns)
-		s.mux.HandleFunc("GET /v1/runs/{id}", s.handleHistoryRun)
+		s.Handle("GET /v1/runs", readAccess, http.HandlerFunc(s.handleHistoryRuns))
+		s.Handle("GET /v1/runs/{id}", readAccess, http.HandlerFunc(s.handleHistoryRun))
 	} else {
-		s.mux.HandleFunc("GET /v1/runs", s.handleListRuns)
-		s.mux.HandleFunc("GET /v1/runs/{id}", s.handleNodeRun)
+		s.Handle("GET /v1/runs", readAccess, http.HandlerFunc(s.handleListRuns))
+		s.Handle("GET /v1/runs/{id}", readAccess, http.HandlerFunc(s.handleNodeRun))
 	}
-	s.mux.HandleFunc("POST /v1/runs/{id}/cancel", s.handleCancelRun)
-	s.mux.HandleFunc("DELETE /v1/sessions/{session_id}", s.handleEndSession)
-	s.mux.HandleFunc("GET /v1/nodes", s.handleListNodes)
-	s.mux.HandleFunc("GET /v1/nodes/{id}", s.handleGetNode)
-	s.mux.HandleFunc("POST /v1/nodes/{id}/commands", s.handleNodeCommand)
-	s.mux.HandleFunc("GET /v1/events", s.handleEvents)
-	s.mux.HandleFunc("POST /v1/admin/reload", s.handleReload)
-	s.mux.HandleFunc("GET /healthz", s.handleHealth)
+	s.Handle("POST /v1/runs/{id}/cancel", runsAccess, http.HandlerFunc(s.handleCancelRun))
+	s.Handle("DELETE /v1/sessions/{session_id}", runsAccess, http.HandlerFunc(s.handleEndSession))
+	s.Handle("GET /v1/nodes", readAccess, http.HandlerFunc(s.handleListNodes))
+	s.Handle("GET /v1/nodes/{id}", readAccess, http.HandlerFunc(s.handleGetNode))
+	s.Handle("POST /v1/nodes/{id}/commands", adminAccess, http.HandlerFunc(s.handleNodeCommand))
+	s.Handle("GET /v1/events", readAccess, http.HandlerFunc(s.handleEvents))
+	s.Handle("POST /v1/admin/reload", adminAccess, http.HandlerFunc(s.handleReload))
+	s.Handle("GET /healthz", Access{Public: true}, http.HandlerFunc(s.handleHealth))
 	if s.deps.History != nil {
-		s.mux.HandleFunc("GET /v1/usage", s.handleHistoryUsage)
+		s.Handle("GET /v1/usage", readAccess, http.HandlerFunc(s.handleHistoryUsage))
 	} else {
-		s.mux.HandleFunc("GET /v1/usage", s.handleUsage)
+		s.Handle("GET /v1/usage", readAccess, http.HandlerFunc(s.handleUsage))
 	}
 	if s.deps.Metrics != nil {
-		s.mux.Handle("GET /metrics", s.deps.Metrics)
+		s.Handle("GET /metrics", readAccess, s.deps.Metrics)
 	}
 	if s.deps.OpenAI != nil {
 		// No method in these patterns: the passthrough answers 405 itself.
-		for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/", "/api/"} {
-			s.mux.Handle(p, s.deps.OpenAI)
+		for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/"} {
+			s.Handle(p, Access{Scope: domain.ScopeInference, Dialect: DialectOpenAI}, s.deps.OpenAI)
 		}
+		s.Handle("/api/", Access{Scope: domain.ScopeInference, Dialect: DialectOllama}, s.deps.OpenAI)
 	}
+}
+
+// Handle registers h for pattern (http.ServeMux syntax) with the access it
+// requires. Call it before Start; other surfaces (a console, more
+// compatible APIs) add their routes this way.
+func (s *Server) Handle(pattern string, acc Access, h http.Handler) {
+	s.access[pattern] = acc
+	s.mux.Handle(pattern, h)
 }
 
 // Handler returns the API as an http.Handler (access log, JSON 404/405).
@@ -164,13 +192,32 @@ func (s *Server) Handler() http.Handler {
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	sw := &statusWriter{ResponseWriter: w}
-	if h, pattern := s.mux.Handler(r); pattern == "" {
+	h, pattern := s.mux.Handler(r)
+	// An unknown route needs a key too, so that a caller without one
+	// learns nothing about which routes exist.
+	acc := s.access[pattern]
+	var p domain.Principal
+	if acc.Public {
+		p = domain.Anonymous()
+	} else {
+		var res authResult
+		p, res = s.auth.authenticate(r)
+		if res == authOK && acc.Scope != "" && !p.Allows(acc.Scope) {
+			res = authForbidden
+		}
+		if res != authOK {
+			refuse(sw, r, acc, res, p, s.auth.throttle.retryAfter(remoteHost(r)))
+			s.logAccess(sw, r, start, p.Name)
+			return
+		}
+	}
+	r = r.WithContext(domain.WithPrincipal(r.Context(), p))
+	if pattern == "" {
 		unrouted(sw, r, h)
 	} else {
 		s.mux.ServeHTTP(sw, r)
 	}
-	// Only the path is logged: queries and bodies may carry user data.
-	s.logAccess(sw, r, start)
+	s.logAccess(sw, r, start, p.Name)
 }
 
 // unrouted answers requests no route takes (404, or 405 with Allow) in JSON.
@@ -198,6 +245,13 @@ func (s *Server) Start() error {
 	if err != nil {
 		return fmt.Errorf("http api: listen on %s: %w", s.addr, err)
 	}
+	if s.deps.TLSCert != nil {
+		ln = tls.NewListener(ln, &tls.Config{
+			Certificates: []tls.Certificate{*s.deps.TLSCert},
+			MinVersion:   tls.VersionTLS12,
+			NextProtos:   []string{"http/1.1"},
+		})
+	}
 	s.ln = ln
 	s.srv = &http.Server{
 		Handler:           s.Handler(),
@@ -213,7 +267,11 @@ func (s *Server) Start() error {
 			s.log.Error("http api stopped serving", "err", err)
 		}
 	}()
-	s.log.Info("http api listening", "addr", ln.Addr().String())
+	scheme := "http"
+	if s.deps.TLSCert != nil {
+		scheme = "https"
+	}
+	s.log.Info("http api listening", "addr", ln.Addr().String(), "scheme", scheme, "api_keys", len(s.deps.APIKeys))
 	return nil
 }
 

@@ -18,23 +18,10 @@ type Observers struct {
 	History ports.RunHistory
 }
 
-// CallerKey is the name of the API key the request came with, for history
-// and access logs; requests without one are domain.Anonymous.
-// TODO(auth): read the principal the auth middleware puts in ctx.
-func CallerKey(ctx context.Context) string {
-	if k, ok := ctx.Value(callerKeyCtx{}).(string); ok && k != "" {
-		return k
-	}
-	return domain.Anonymous
-}
-
-type callerKeyCtx struct{}
-
-// WithCallerKey returns ctx naming the caller's key (used until API keys
-// carry a domain principal in the context).
-func WithCallerKey(ctx context.Context, name string) context.Context {
-	return context.WithValue(ctx, callerKeyCtx{}, name)
-}
+// CallerKey is the name of the API key the request came with (the
+// principal the auth middleware put in ctx), for history and metrics;
+// domain.AnonymousName on an edge without keys.
+func CallerKey(ctx context.Context) string { return domain.PrincipalFrom(ctx).Name }
 
 // runObservation follows one dispatched run for the observers. It is used
 // by the run's single consumer only.

@@ -64,7 +64,7 @@ func TestRunIsRecordedAndCounted(t *testing.T) {
 	e := newUCEdge(t, ucNodeSpec{id: "n1", adapters: []string{"a"}})
 	obs := &ucObserver{}
 	e.submit.Observe = edge.Observers{Metrics: obs, History: obs}
-	ctx := edge.WithCallerKey(context.Background(), "alice")
+	ctx := domain.WithPrincipal(context.Background(), domain.Principal{Name: "alice", Scopes: []string{domain.ScopeAdmin}})
 	rh, err := e.submit.Handle(ctx, edge.SubmitRun{Node: "n1", Adapter: "a", Target: "t", SessionID: "s1"})
 	if err != nil {
 		t.Fatal(err)

@@ -32,6 +32,10 @@ func (h *RunHistoryHandler) Get(ctx context.Context, id string) (domain.RunRecor
 	if err != nil && !errors.Is(err, domain.ErrRunNotFound) {
 		return domain.RunRecord{}, domain.Errorf(domain.CodeInternal, "the run history cannot be read: %v", err)
 	}
+	if err == nil && !domain.PrincipalFrom(ctx).SeesNode(r.Node) {
+		// A run on a node the caller may not see does not exist for it.
+		return domain.RunRecord{}, domain.Errorf(domain.CodeRunNotFound, "run %s is not in the edge's history", id)
+	}
 	return r, err
 }
 
@@ -53,6 +57,12 @@ func (h *RunHistoryHandler) List(ctx context.Context, q domain.RunQuery) (domain
 	if err := checkRange(q.Since, q.Until); err != nil {
 		return domain.RunPage{}, err
 	}
+	if caller := domain.PrincipalFrom(ctx); caller.Limited() {
+		if q.Node != "" && !caller.SeesNode(q.Node) {
+			return domain.RunPage{Runs: []domain.RunRecord{}}, nil
+		}
+		q.Nodes = caller.Nodes
+	}
 	p, err := h.store.ListRuns(ctx, q)
 	if err != nil && domain.CodeOf(err) != domain.CodeInvalidRequest {
 		return domain.RunPage{}, domain.Errorf(domain.CodeInternal, "the run history cannot be read: %v", err)
@@ -69,6 +79,9 @@ func (h *RunHistoryHandler) Usage(ctx context.Context, q domain.UsageQuery) ([]d
 	}
 	if err := checkRange(q.Since, q.Until); err != nil {
 		return nil, err
+	}
+	if caller := domain.PrincipalFrom(ctx); caller.Limited() {
+		q.Nodes = caller.Nodes
 	}
 	u, err := h.store.Usage(ctx, q)
 	if err != nil && domain.CodeOf(err) != domain.CodeInvalidRequest {

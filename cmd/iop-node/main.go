@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/fx"
 
 	"iop/adapters/config"
+	"iop/adapters/transport"
 	"iop/bootstrap"
 )
 
@@ -25,6 +27,11 @@ func main() {
 		version   = flag.Bool("version", false, "print the version and exit")
 		pprofAddr = flag.String("pprof", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6061)")
 		statsIvl  = flag.Duration("stats-interval", 0, "how often to send node stats to the edge (default 15s; env IOP_NODE_STATS_INTERVAL)")
+		caPin     = flag.String("ca-pin", "", "trust the edge whose certificate chain holds this public key: sha256:<hex> from iop-edge --print-ca-pin")
+		caFile    = flag.String("ca-file", "", "trust an edge whose certificate chains to a CA in this PEM bundle")
+		insecure  = flag.Bool("insecure", false, "plaintext link, for an edge with transport.tls.mode off (loopback only)")
+		certFile  = flag.String("cert", "", "client certificate (PEM) for an edge that requires one")
+		keyFile   = flag.String("key", "", "key of --cert (PEM)")
 	)
 	flag.Parse()
 	if *version {
@@ -52,7 +59,24 @@ func main() {
 	if *logFormat != "" {
 		cfg.Log.Format = *logFormat
 	}
+	// A trust flag replaces the file's trust settings rather than adding a
+	// second, conflicting one.
+	if *caPin != "" || *caFile != "" || *insecure {
+		cfg.TLS.CAPin, cfg.TLS.CAFile, cfg.TLS.Insecure = *caPin, *caFile, *insecure
+	}
+	if *certFile != "" || *keyFile != "" {
+		cfg.TLS.Cert, cfg.TLS.Key = *certFile, *keyFile
+	}
 	if err := cfg.Validate(); err != nil {
+		if errors.Is(err, config.ErrNoTrust) {
+			// Exit 1 before dialing: the hint says which flag to add.
+			fmt.Fprintln(os.Stderr, "iop-node:", err)
+			os.Exit(1)
+		}
+		fail(err)
+	}
+	linkTLS, err := bootstrap.NodeLinkTLS(cfg)
+	if err != nil {
 		fail(err)
 	}
 	tok, err := cfg.ResolveToken()
@@ -84,6 +108,7 @@ func main() {
 			Edge: cfg.Edge, Token: tok, DB: cfg.DB, Logger: log,
 			MinBackoff: cfg.Reconnect.Min.Std(), MaxBackoff: cfg.Reconnect.Max.Std(),
 			StatsInterval: *statsIvl,
+			Transport:     transport.Config{TLS: linkTLS},
 		}),
 		bootstrap.FxLogger(log),
 	).Run()

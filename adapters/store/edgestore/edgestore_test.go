@@ -87,7 +87,7 @@ func contract(t *testing.T, newDSN opener) {
 			got = r
 			return err == nil && r.Status == domain.RunSucceeded
 		})
-		if got.Key != domain.Anonymous || got.Node != "n1" || !got.CreatedAt.Equal(t0) || !got.FinishedAt.Equal(t0.Add(time.Second)) ||
+		if got.Key != domain.AnonymousName || got.Node != "n1" || !got.CreatedAt.Equal(t0) || !got.FinishedAt.Equal(t0.Add(time.Second)) ||
 			got.Usage == nil || got.Usage.TotalTokens != 7 || got.Usage.CostUSD != 0.5 || got.Usage.Model != "m1" {
 			t.Fatalf("run = %+v usage %+v", got, got.Usage)
 		}
@@ -151,6 +151,7 @@ func contract(t *testing.T, newDSN opener) {
 			}
 		}
 		check(domain.RunQuery{Node: "n2"}, "[run_5 run_3 run_1]")
+		check(domain.RunQuery{Nodes: []string{"n2", "n9"}}, "[run_5 run_3 run_1]")
 		check(domain.RunQuery{Status: domain.RunFailed, Key: "bob"}, "[run_5 run_3 run_1]")
 		check(domain.RunQuery{Adapter: "other"}, "[run_x]")
 		check(domain.RunQuery{Key: "alice", Since: t0.Add(2 * time.Minute), Until: t0.Add(6 * time.Minute)}, "[run_4 run_x run_2]")
@@ -191,7 +192,11 @@ func contract(t *testing.T, newDSN opener) {
 				t.Errorf("group_by=%s:\n got %s\nwant %s", c.by, got, c.want)
 			}
 		}
-		u, err := s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByKey, Since: day2})
+		u, err := s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByNode, Nodes: []string{"n1"}})
+		if err != nil || fmt.Sprint(u) != "[{n1 2 0 2 1 1 2 3 0.25 0}]" {
+			t.Fatalf("nodes limit: %v %v", u, err)
+		}
+		u, err = s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByKey, Since: day2})
 		if err != nil || fmt.Sprint(u) != "[{anonymous 0 1 1 1 0 0 0 0 7} {bob 1 0 1 0 0 0 10 0 0}]" {
 			t.Fatalf("since: %v %v", u, err)
 		}

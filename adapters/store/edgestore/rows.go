@@ -129,7 +129,7 @@ func toTunnelRow(edgeID string, t domain.TunnelRecord) tunnelRow {
 
 func keyOr(k string) string {
 	if k == "" {
-		return domain.Anonymous
+		return domain.AnonymousName
 	}
 	return k
 }

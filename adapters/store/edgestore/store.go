@@ -297,6 +297,9 @@ func (s *Store) ListRuns(ctx context.Context, q domain.RunQuery) (domain.RunPage
 	if q.Node != "" {
 		sel = sel.Where("node = ?", q.Node)
 	}
+	if len(q.Nodes) > 0 {
+		sel = sel.Where("node IN (?)", bun.In(q.Nodes))
+	}
 	if q.Adapter != "" {
 		sel = sel.Where("adapter = ?", q.Adapter)
 	}
@@ -415,6 +418,10 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 	if !q.Until.IsZero() {
 		rq = rq.Where("created_us < ?", q.Until.UnixMicro())
 		tq = tq.Where("started_us < ?", q.Until.UnixMicro())
+	}
+	if len(q.Nodes) > 0 {
+		rq = rq.Where("node IN (?)", bun.In(q.Nodes))
+		tq = tq.Where("node IN (?)", bun.In(q.Nodes))
 	}
 	if err := rq.Scan(ctx, &runRows); err != nil {
 		return nil, fmt.Errorf("sum runs: %w", err)
