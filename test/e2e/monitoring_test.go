@@ -469,3 +469,75 @@ func TestPprofLoopbackOnly(t *testing.T) {
 		return nil
 	})
 }
+
+// The history records each request's key name; usage sums by it; a key
+// limited to some nodes sees only their runs and usage; /metrics needs read.
+func TestHistoryByKeyName(t *testing.T) {
+	t.Parallel()
+	e, _, _, _ := authEdge(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	runFor := func(key, node string) string {
+		t.Helper()
+		body, _ := json.Marshal(map[string]any{"node": node, "adapter": "exec", "target": "upper", "input": "hi"})
+		evs := collectRun(t, startRunKey(t, ctx, e, key, body))
+		if evs[len(evs)-1].Type != "complete" {
+			t.Fatalf("run as %s: %+v", key, evs)
+		}
+		return evs[0].RunID
+	}
+	runnerRun := runFor(runsKey, "n1")
+	runFor(n2Key, "n2")
+	status, _, b := request(t, ctx, "POST", e.url+"/v1/chat/completions", inferenceKey, chatBody("m-sse", false))
+	if status != 200 {
+		t.Fatalf("tunnel: %d %s", status, b)
+	}
+
+	getAs := func(key, path string, v any) int {
+		t.Helper()
+		status, _, b := request(t, ctx, "GET", e.url+path, key, nil)
+		if status == 200 && v != nil {
+			if err := json.Unmarshal(b, v); err != nil {
+				t.Fatalf("%s: %v %s", path, err, b)
+			}
+		}
+		return status
+	}
+	waitFor(t, "usage by key name", func() error {
+		var u usageResp
+		if st := getAs(adminKey, "/v1/usage?group_by=key", &u); st != 200 {
+			return fmt.Errorf("status %d", st)
+		}
+		got := map[string][2]int64{}
+		for _, g := range u.Usage {
+			got[g.Group] = [2]int64{g.Runs, g.Tunnels}
+		}
+		want := map[string][2]int64{"runner": {1, 0}, "n2-only": {1, 0}, "inferer": {0, 1}}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Errorf("usage by key %v, want %v", got, want)
+		}
+		return nil
+	})
+	var p historyPage
+	if getAs(readKey, "/v1/runs?key=runner", &p); len(p.Runs) != 1 || p.Runs[0].RunID != runnerRun || p.Runs[0].Key != "runner" {
+		t.Fatalf("runs of key runner: %+v", p.Runs)
+	}
+	// The n2-only key sees n2's history only.
+	p = historyPage{}
+	if getAs(n2Key, "/v1/runs", &p); len(p.Runs) != 1 || p.Runs[0].Node != "n2" {
+		t.Fatalf("n2-only key lists %+v", p.Runs)
+	}
+	if st := getAs(n2Key, "/v1/runs/"+runnerRun, nil); st != 404 {
+		t.Fatalf("n2-only key reads a run of n1: %d", st)
+	}
+	var u usageResp
+	if getAs(n2Key, "/v1/usage?group_by=node", &u); len(u.Usage) != 1 || u.Usage[0].Group != "n2" {
+		t.Fatalf("n2-only key usage %+v", u.Usage)
+	}
+	if st := getAs("", "/metrics", nil); st != 401 {
+		t.Fatalf("/metrics without a key: %d", st)
+	}
+	if st := getAs(readKey, "/metrics", nil); st != 200 {
+		t.Fatalf("/metrics with a read key: %d", st)
+	}
+}
