@@ -97,15 +97,21 @@ func Start() (*Server, error) {
 		_ = os.RemoveAll(s.dir)
 		return nil, fmt.Errorf("initdb: %v: %s", err, out)
 	}
-	if s.port, err = freePort(); err != nil {
-		_ = os.RemoveAll(s.dir)
-		return nil, err
+	// Another process may take the free port before the server binds it:
+	// try a few.
+	for attempt := 0; ; attempt++ {
+		if s.port, err = freePort(); err != nil {
+			_ = os.RemoveAll(s.dir)
+			return nil, err
+		}
+		if err = s.Resume(); err == nil {
+			return s, nil
+		}
+		if attempt == 2 {
+			_ = os.RemoveAll(s.dir)
+			return nil, err
+		}
 	}
-	if err := s.Resume(); err != nil {
-		_ = os.RemoveAll(s.dir)
-		return nil, err
-	}
-	return s, nil
 }
 
 func (s *Server) command(name string, args ...string) *exec.Cmd {
