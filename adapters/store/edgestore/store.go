@@ -298,7 +298,7 @@ func (s *Store) ListRuns(ctx context.Context, q domain.RunQuery) (domain.RunPage
 		sel = sel.Where("node = ?", q.Node)
 	}
 	if len(q.Nodes) > 0 {
-		sel = sel.Where("node IN (?)", bun.In(q.Nodes))
+		sel = sel.Where("node IN (?)", bun.List(q.Nodes))
 	}
 	if q.Adapter != "" {
 		sel = sel.Where("adapter = ?", q.Adapter)
@@ -420,8 +420,8 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 		tq = tq.Where("started_us < ?", q.Until.UnixMicro())
 	}
 	if len(q.Nodes) > 0 {
-		rq = rq.Where("node IN (?)", bun.In(q.Nodes))
-		tq = tq.Where("node IN (?)", bun.In(q.Nodes))
+		rq = rq.Where("node IN (?)", bun.List(q.Nodes))
+		tq = tq.Where("node IN (?)", bun.List(q.Nodes))
 	}
 	if err := rq.Scan(ctx, &runRows); err != nil {
 		return nil, fmt.Errorf("sum runs: %w", err)
