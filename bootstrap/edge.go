@@ -70,7 +70,6 @@ func Edge(s EdgeSettings) fx.Option {
 			func(st *edgestore.Store) *edgeapp.RunHistoryHandler { return edgeapp.NewRunHistoryHandler(st) },
 			func(s EdgeSettings, dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, m *prom.Metrics) *edgeapp.RegisterHandler {
 				h := edgeapp.NewRegisterHandler(dir, reg, bus, v, log)
-				h.BindIdentity = s.Config.Transport.TLS.BindNodeIdentity
 				h.Metrics = m
 				return h
 			},
@@ -126,6 +125,9 @@ func transportConfig(c config.TransportConfig, log *slog.Logger) transport.Confi
 func newTransportServer(s EdgeSettings, log *slog.Logger, reg *edgeapp.RegisterHandler, lt *LinkTLS) *transport.Server {
 	tc := transportConfig(s.Config.Transport, log)
 	tc.TLS = lt.Config
+	// The transport hands the register use case what TLS verified; whether
+	// a client certificate must name the node is the use case's rule.
+	reg.BindIdentity = s.Config.Transport.TLS.BindNodeIdentity
 	return transport.NewServer(s.Config.Transport.Listen, tc, reg)
 }
 
