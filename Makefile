@@ -31,6 +31,11 @@ RACE        := CGO_ENABLED=0
 RACEFLAG    :=
 endif
 
+# PostgreSQL's binaries: the store suites start a throwaway server with them.
+HAVE_PG     := $(shell ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 && echo yes)
+
+## test: every test — unit and end to end — under the race detector; the
+## store suites also run on a throwaway PostgreSQL when it is installed
 # The real agent CLIs (claude, codex, gemini) the agent e2e tests drive,
 # installed with npm at pinned versions outside the repository.
 AGENT_CLIS  := $(or $(IOP_AGENT_CLIS),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/iop/agent-clis)
@@ -51,6 +56,7 @@ endif
 ## test: every test — unit and end to end — under the race detector
 test: agent-clis-if-npm
 	@[ -n "$(RACEFLAG)" ] || echo "warning: no C compiler ($$($(GO) env CC)); running without the race detector (apt-get install gcc)"
+	@[ -n "$(HAVE_PG)" ] || echo "warning: PostgreSQL not installed; skipping the PostgreSQL store and e2e runs (apt-get install -y postgresql)"
 	$(RACE) $(GO) test $(RACEFLAG) -count=1 -timeout 15m $(PKG)
 
 ## test-unit: everything except the end-to-end suite

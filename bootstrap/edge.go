@@ -17,6 +17,8 @@ import (
 	"iop/adapters/eventbus"
 	httpapi "iop/adapters/http"
 	openaiapi "iop/adapters/http/openai"
+	"iop/adapters/metrics/prom"
+	"iop/adapters/store/edgestore"
 	"iop/adapters/transport"
 	edgeapp "iop/application/edge"
 	"iop/domain"
@@ -59,14 +61,30 @@ func Edge(s EdgeSettings) fx.Option {
 			edgeapp.NewRegistry,
 			func() *edgeapp.RunTracker { return edgeapp.NewRunTracker(0) },
 			func() *edgeapp.ConfigVersions { return &edgeapp.ConfigVersions{} },
-			edgeapp.NewRegisterHandler,
-			func(s EdgeSettings, reg *edgeapp.Registry, runs *edgeapp.RunTracker, bus ports.EventPublisher, log *slog.Logger) *edgeapp.SubmitRunHandler {
+			newEdgeMetrics,
+			newEdgeStore,
+			newMetricsServer,
+			func(m *prom.Metrics, st *edgestore.Store) edgeapp.Observers {
+				return edgeapp.Observers{Metrics: m, History: st}
+			},
+			func(st *edgestore.Store) *edgeapp.RunHistoryHandler { return edgeapp.NewRunHistoryHandler(st) },
+			func(s EdgeSettings, dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, m *prom.Metrics) *edgeapp.RegisterHandler {
+				h := edgeapp.NewRegisterHandler(dir, reg, bus, v, log)
+				h.Metrics = m
+				return h
+			},
+			func(s EdgeSettings, reg *edgeapp.Registry, runs *edgeapp.RunTracker, bus ports.EventPublisher, log *slog.Logger, obs edgeapp.Observers) *edgeapp.SubmitRunHandler {
 				h := edgeapp.NewSubmitRunHandler(reg, runs, bus, log)
 				// A run request travels in one frame on the node link.
 				h.MaxRequestBytes = int(s.Config.Transport.MaxFrameSize)
+				h.Observe = obs
 				return h
 			},
-			edgeapp.NewCancelRunHandler,
+			func(reg *edgeapp.Registry, runs *edgeapp.RunTracker, st *edgestore.Store) *edgeapp.CancelRunHandler {
+				h := edgeapp.NewCancelRunHandler(reg, runs)
+				h.History, h.Record = st, st
+				return h
+			},
 			edgeapp.NewTerminateSessionHandler,
 			func(s EdgeSettings, reg *edgeapp.Registry, ledger *edgeapp.UsageLedger) *edgeapp.NodeCommandHandler {
 				h := edgeapp.NewNodeCommandHandler(reg)
@@ -79,7 +97,11 @@ func Edge(s EdgeSettings) fx.Option {
 			edgeapp.NewReloadHandler,
 			edgeapp.NewModelCatalog,
 			edgeapp.NewUsageLedger,
-			edgeapp.NewSubmitProviderTunnelHandler,
+			func(reg *edgeapp.Registry, bus ports.EventPublisher, c *edgeapp.ModelCatalog, l *edgeapp.UsageLedger, log *slog.Logger, obs edgeapp.Observers) *edgeapp.SubmitProviderTunnelHandler {
+				h := edgeapp.NewSubmitProviderTunnelHandler(reg, bus, c, l, log)
+				h.Observe = obs
+				return h
+			},
 			func(s EdgeSettings, t *edgeapp.SubmitProviderTunnelHandler, c *edgeapp.ModelCatalog, log *slog.Logger) *openaiapi.Handler {
 				h := openaiapi.New(openaiapi.Deps{Tunnels: t, Models: c}, log)
 				if s.Config.HTTP.MaxBodyBytes > 0 {
@@ -116,11 +138,11 @@ func newTransportServer(s EdgeSettings, log *slog.Logger, reg *edgeapp.RegisterH
 func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edgeapp.Registry, submit *edgeapp.SubmitRunHandler,
 	cancel *edgeapp.CancelRunHandler, term *edgeapp.TerminateSessionHandler, cmds *edgeapp.NodeCommandHandler,
 	get *edgeapp.GetRunHandler, list *edgeapp.ListRunsHandler, reload *edgeapp.ReloadHandler,
-	oa *openaiapi.Handler, ledger *edgeapp.UsageLedger) (*httpapi.Server, error) {
+	oa *openaiapi.Handler, ledger *edgeapp.UsageLedger, history *edgeapp.RunHistoryHandler, m *prom.Metrics) (*httpapi.Server, error) {
 	deps := httpapi.Deps{
 		Registry: reg, Submit: submit, Cancel: cancel, Terminate: term, Commands: cmds,
 		GetRun: get, ListRuns: list, Events: bus, OpenAI: oa,
-		TunnelUsage: ledger.ForNode,
+		TunnelUsage: ledger.ForNode, History: history, Metrics: m.Handler(),
 	}
 	if s.ConfigPath != "" {
 		deps.Reload = reload.Handle
@@ -140,12 +162,14 @@ func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edg
 		}
 		deps.TLSCert = &cert
 	}
-	return httpapi.New(deps, hc.Listen, log), nil
+	srv := httpapi.New(deps, hc.Listen, log)
+	srv.AccessLog = s.Config.Log.AccessLog()
+	return srv, nil
 }
 
 // runEdge starts the listeners synchronously (a busy port fails start-up),
 // reloads on SIGHUP, and on stop closes HTTP first, then the node links.
-func runEdge(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, ts *transport.Server, hs *httpapi.Server,
+func runEdge(lc fx.Lifecycle, _ *metricsServer, s EdgeSettings, log *slog.Logger, ts *transport.Server, hs *httpapi.Server,
 	submit *edgeapp.SubmitRunHandler, reload *edgeapp.ReloadHandler, bus *eventbus.Bus, catalog *edgeapp.ModelCatalog,
 	reg *edgeapp.RegisterHandler) {
 	hup := make(chan os.Signal, 1)

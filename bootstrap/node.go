@@ -39,6 +39,31 @@ type NodeSettings struct {
 	Transport transport.Config
 	// Builders adds runtime adapter types to the factory.
 	Builders map[string]factory.Builder
+	// StatsInterval is how often the node sends its stats to the edge
+	// (transport.DefaultStatsInterval when zero).
+	StatsInterval time.Duration
+}
+
+// storeSizer returns the on-disk size of the SQLite database named by dsn
+// (with its WAL), or nil for an in-memory one.
+func storeSizer(dsn string) func() int64 {
+	if dsn == "" {
+		dsn = sqlite.DefaultDSN
+	}
+	path := strings.TrimPrefix(dsn, "file:")
+	path, _, _ = strings.Cut(path, "?")
+	if path == "" || strings.Contains(path, ":memory:") {
+		return nil
+	}
+	return func() int64 {
+		var n int64
+		for _, p := range []string{path, path + "-wal"} {
+			if fi, err := os.Stat(p); err == nil {
+				n += fi.Size()
+			}
+		}
+		return n
+	}
 }
 
 // nodeHandlers joins the node's use cases into what the transport calls.
@@ -77,7 +102,15 @@ func Node(s NodeSettings) fx.Option {
 			func(rt *nodeapp.Runtime, rm *nodeapp.RunManager, sh *nodeapp.SessionHandler, st ports.RunStore) *nodeapp.CommandHandler {
 				return nodeapp.NewCommandHandler(rt, rm, sh, st, Version)
 			},
-			nodeapp.NewTunnelHandler,
+			nodeapp.NewProviderLatencies,
+			func(rt *nodeapp.Runtime, c ports.ProviderClient, log *slog.Logger, lat *nodeapp.ProviderLatencies) *nodeapp.TunnelHandler {
+				h := nodeapp.NewTunnelHandler(rt, c, log)
+				h.Latencies = lat
+				return h
+			},
+			func(s NodeSettings, rt *nodeapp.Runtime, lat *nodeapp.ProviderLatencies) *nodeapp.Stats {
+				return nodeapp.NewStats(rt, lat, storeSizer(s.DB))
+			},
 			newNodeClient,
 		),
 		fx.Invoke(runNode),
@@ -109,7 +142,7 @@ func openNodeDB(lc fx.Lifecycle, s NodeSettings) (*sqlite.DB, error) {
 	return db, nil
 }
 
-func newNodeClient(s NodeSettings, log *slog.Logger, f *factory.Factory, ac *nodeapp.ApplyConfigHandler, rm *nodeapp.RunManager, sh *nodeapp.SessionHandler, ch *nodeapp.CommandHandler, th *nodeapp.TunnelHandler) *transport.Client {
+func newNodeClient(s NodeSettings, log *slog.Logger, f *factory.Factory, ac *nodeapp.ApplyConfigHandler, rm *nodeapp.RunManager, sh *nodeapp.SessionHandler, ch *nodeapp.CommandHandler, th *nodeapp.TunnelHandler, st *nodeapp.Stats) *transport.Client {
 	host, _ := os.Hostname()
 	tc := s.Transport
 	tc.Logger = log
@@ -121,7 +154,8 @@ func newNodeClient(s NodeSettings, log *slog.Logger, f *factory.Factory, ac *nod
 	}
 	c := transport.NewClient(transport.ClientConfig{
 		Addr: s.Edge, Token: s.Token, Transport: tc, MinBackoff: s.MinBackoff, MaxBackoff: s.MaxBackoff,
-		Info: domain.NodeInfo{Version: Version, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH, AdapterTypes: f.Types()},
+		Info:  domain.NodeInfo{Version: Version, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH, AdapterTypes: f.Types()},
+		Stats: st.NodeStats, StatsInterval: s.StatsInterval,
 	}, nodeHandlers{ac, rm, sh, ch, th})
 	ch.SetTransport(c)
 	return c

@@ -227,3 +227,27 @@ func (c NodeConfig) CheckAdapterTypes(info NodeInfo) error {
 	}
 	return nil
 }
+
+// NodeStats is what a node reports about itself periodically over its link,
+// for the edge's metrics (a node has no inbound port to scrape).
+type NodeStats struct {
+	Adapters       []AdapterSlots
+	ChildProcesses int   // processes the node's adapters are running
+	StoreBytes     int64 // size of the node's run store on disk; 0 if unknown
+	Providers      []ProviderLatency
+}
+
+// AdapterSlots is one adapter's concurrency use on its node.
+type AdapterSlots struct {
+	Name     string
+	Max      int // 0: unlimited
+	InFlight int
+}
+
+// ProviderLatency sums the time a node's provider took to answer (to its
+// first response byte) since the node started.
+type ProviderLatency struct {
+	Name    string
+	Count   int64
+	Seconds float64
+}

@@ -80,7 +80,13 @@ const (
 type LogConfig struct {
 	Level  string `yaml:"level"`  // debug|info|warn|error; default info
 	Format string `yaml:"format"` // text|json; default text
+	// Access turns the edge's per-request access log (info) on or off;
+	// default on.
+	Access *bool `yaml:"access"`
 }
+
+// AccessLog reports whether access logging is on (the default).
+func (l LogConfig) AccessLog() bool { return l.Access == nil || *l.Access }
 
 // SetDefaults fills unset fields.
 func (l *LogConfig) SetDefaults() {

@@ -40,6 +40,8 @@ type EdgeConfig struct {
 	HTTP      HTTPConfig      `yaml:"http"`
 	Log       LogConfig       `yaml:"log"`
 	Nodes     []NodeEntry     `yaml:"nodes"`
+	Store     StoreConfig     `yaml:"store"`
+	Metrics   MetricsConfig   `yaml:"metrics"`
 }
 
 // TransportConfig configures the edge's node-facing TCP listener.
@@ -281,6 +283,7 @@ func ParseEdge(name string, data []byte) (*EdgeConfig, error) {
 	}
 	c.resolvePaths(name)
 	c.SetDefaults()
+	c.resolveStore(name)
 	if err := c.Validate(); err != nil {
 		return nil, prefixErrors(name, err)
 	}
@@ -311,6 +314,9 @@ func (c *EdgeConfig) SetDefaults() {
 		c.HTTP.Listen = DefaultHTTPListen
 	}
 	c.Log.SetDefaults()
+	if c.Store.Retention == 0 {
+		c.Store.Retention = Duration(DefaultStoreRetention)
+	}
 }
 
 // nodeIDPattern keeps node ids usable as one URL path segment without escaping.
@@ -348,6 +354,7 @@ func (c *EdgeConfig) Validate() error {
 		add("http.max_body_bytes %d is outside [1024, 1073741824] (1 KiB to 1 GiB)", c.HTTP.MaxBodyBytes)
 	}
 	errs = appendFlat(errs, c.Log.Validate())
+	errs = appendFlat(errs, c.validateStore())
 
 	ids := map[string]int{}
 	tokens := map[[32]byte]int{}

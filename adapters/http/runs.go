@@ -162,6 +162,8 @@ func (s *Server) handleCreateRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if rh.Background {
+		w.Header().Set(headerRunID, rh.RunID)
+		w.Header().Set(headerNode, rh.Node)
 		writeJSON(w, http.StatusAccepted, map[string]string{"run_id": rh.RunID, "node": rh.Node})
 		return
 	}
@@ -242,7 +244,7 @@ func (s *Server) endRunStream(r *http.Request, sse *sseWriter, rh *edge.RunHandl
 	_ = sse.eventJSON(string(ev.Type), toRunEventJSON(rh.Node, ev))
 }
 
-func (s *Server) handleGetRun(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleNodeRun(w http.ResponseWriter, r *http.Request) {
 	raw, err := s.deps.GetRun.Handle(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
@@ -288,6 +290,9 @@ func (s *Server) handleListRuns(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleCancelRun(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	node, err := s.deps.Cancel.Handle(r.Context(), id)
+	if node != "" {
+		w.Header().Set(headerNode, node)
+	}
 	if err != nil {
 		writeError(w, err)
 		return

@@ -77,6 +77,11 @@ type Deps struct {
 	// TunnelUsage, if set, reports the edge's tunnel usage ledger for a node
 	// ("" for all); it backs GET /v1/usage.
 	TunnelUsage func(node string) []edge.UsageLine
+	// History, if set, answers GET /v1/runs, GET /v1/runs/{id} and
+	// GET /v1/usage from the edge's durable history.
+	History *edge.RunHistoryHandler
+	// Metrics, if set, is served on GET /metrics (scope read).
+	Metrics http.Handler
 	// APIKeys, when any is set, make every route not marked Public need a
 	// key holding the route's scope; with none every caller is anonymous.
 	APIKeys []APIKey
@@ -108,6 +113,8 @@ type Server struct {
 	// before serving.
 	BodyTimeout time.Duration
 	BodyMinRate int
+	// AccessLog logs every request at info (log.access); off, at debug.
+	AccessLog bool
 
 	// stopping is cancelled when Stop begins: streams end, short requests
 	// are left to finish. base is cancelled when Stop gives up waiting.
@@ -153,8 +160,13 @@ var (
 
 func (s *Server) routes() {
 	s.Handle("POST /v1/runs", runsAccess, http.HandlerFunc(s.handleCreateRun))
-	s.Handle("GET /v1/runs", readAccess, http.HandlerFunc(s.handleListRuns))
-	s.Handle("GET /v1/runs/{id}", readAccess, http.HandlerFunc(s.handleGetRun))
+	if s.deps.History != nil {
+		s.Handle("GET /v1/runs", readAccess, http.HandlerFunc(s.handleHistoryRuns))
+		s.Handle("GET /v1/runs/{id}", readAccess, http.HandlerFunc(s.handleHistoryRun))
+	} else {
+		s.Handle("GET /v1/runs", readAccess, http.HandlerFunc(s.handleListRuns))
+		s.Handle("GET /v1/runs/{id}", readAccess, http.HandlerFunc(s.handleNodeRun))
+	}
 	s.Handle("POST /v1/runs/{id}/cancel", runsAccess, http.HandlerFunc(s.handleCancelRun))
 	s.Handle("DELETE /v1/sessions/{session_id}", runsAccess, http.HandlerFunc(s.handleEndSession))
 	s.Handle("GET /v1/nodes", readAccess, http.HandlerFunc(s.handleListNodes))
@@ -163,7 +175,14 @@ func (s *Server) routes() {
 	s.Handle("GET /v1/events", readAccess, http.HandlerFunc(s.handleEvents))
 	s.Handle("POST /v1/admin/reload", adminAccess, http.HandlerFunc(s.handleReload))
 	s.Handle("GET /healthz", Access{Public: true}, http.HandlerFunc(s.handleHealth))
-	s.Handle("GET /v1/usage", readAccess, http.HandlerFunc(s.handleUsage))
+	if s.deps.History != nil {
+		s.Handle("GET /v1/usage", readAccess, http.HandlerFunc(s.handleHistoryUsage))
+	} else {
+		s.Handle("GET /v1/usage", readAccess, http.HandlerFunc(s.handleUsage))
+	}
+	if s.deps.Metrics != nil {
+		s.Handle("GET /metrics", readAccess, s.deps.Metrics)
+	}
 	if s.deps.OpenAI != nil {
 		// No method in these patterns: the passthrough answers 405 itself.
 		openai := Access{Scope: domain.ScopeInference, Dialect: DialectOpenAI}
@@ -213,7 +232,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if res != authOK {
 			refuse(sw, r, acc, res, p, s.auth.throttle.retryAfter(remoteHost(r)))
-			s.logRequest(r, sw, start, p.Name)
+			s.logAccess(sw, r, start, p.Name)
 			return
 		}
 	}
@@ -223,14 +242,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		s.mux.ServeHTTP(sw, r)
 	}
-	s.logRequest(r, sw, start, p.Name)
-}
-
-// logRequest writes the access log line. Only the path is logged (queries
-// and bodies may carry user data) and the caller's key name, never a key.
-func (s *Server) logRequest(r *http.Request, sw *statusWriter, start time.Time, key string) {
-	s.log.Debug("http request", "method", r.Method, "path", r.URL.Path, "status", sw.status(),
-		"bytes", sw.bytes, "duration", time.Since(start), "remote", r.RemoteAddr, "key", key)
+	s.logAccess(sw, r, start, p.Name)
 	if sw.internal != nil {
 		s.log.Error("internal error answered as 500", "method", r.Method, "path", r.URL.Path, "err", sw.internal)
 	}

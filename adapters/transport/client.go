@@ -59,6 +59,10 @@ type ClientConfig struct {
 	HealthyAfter time.Duration
 	// OnRegistered, if set, is called after every accepted registration.
 	OnRegistered func(nodeID string)
+	// Stats, if set, is sent to the edge after registering and every
+	// StatsInterval (DefaultStatsInterval) for its metrics.
+	Stats         func() domain.NodeStats
+	StatsInterval time.Duration
 }
 
 // Client keeps a node connected to its edge.
@@ -236,12 +240,20 @@ func (c *Client) session(ctx context.Context) error {
 	if c.cfg.OnRegistered != nil {
 		c.cfg.OnRegistered(cfg.NodeID)
 	}
+	statsDone := make(chan struct{})
+	go func() {
+		defer close(statsDone)
+		if c.cfg.Stats != nil {
+			reportStats(ctx, conn, c.cfg.Stats, c.cfg.StatsInterval)
+		}
+	}()
 	select {
 	case <-conn.Done():
 	case <-ctx.Done():
 		conn.Close(errors.New("node shutting down"))
 	}
 	conn.Close(nil)
+	<-statsDone
 	return conn.Err()
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -154,5 +155,21 @@ func TestInvalidRelayedStatusBecomesError(t *testing.T) {
 	f, _ := tunnelFrameToDomain(&ioppb.ProviderTunnelFrame{Kind: &ioppb.ProviderTunnelFrame_Status{Status: 429}})
 	if f.Kind != domain.TunnelStatus || f.Status != 429 {
 		t.Fatalf("429 → %+v", f)
+	}
+}
+
+// A node's stats reach the edge cut to bounds: a node cannot grow the
+// edge's metrics without limit.
+func TestNodeStatsBounded(t *testing.T) {
+	p := &ioppb.NodeStats{ChildProcesses: 1, StoreBytes: -5}
+	for i := 0; i < maxStatsEntries+10; i++ {
+		p.Adapters = append(p.Adapters, &ioppb.AdapterSlots{Name: strings.Repeat("a", 300), MaxConcurrency: 2, InFlight: 1})
+		p.Providers = append(p.Providers, &ioppb.ProviderLatency{Name: "p", Count: 1, Seconds: -1})
+	}
+	s := statsToDomain(p)
+	if len(s.Adapters) != maxStatsEntries || len(s.Providers) != maxStatsEntries || len(s.Adapters[0].Name) != maxStatsName ||
+		s.StoreBytes != 0 || s.Providers[0].Seconds != 0 || s.ChildProcesses != 1 || s.Adapters[0].Max != 2 {
+		t.Fatalf("stats not bounded: %d adapters, %d providers, name %d, store %d, seconds %v",
+			len(s.Adapters), len(s.Providers), len(s.Adapters[0].Name), s.StoreBytes, s.Providers[0].Seconds)
 	}
 }

@@ -22,6 +22,8 @@ type edgeLink struct {
 
 	mu   sync.Mutex
 	acks map[uint64]chan error // config version → waiter
+
+	statsBox nodeStatsBox
 }
 
 var _ ports.NodeLink = (*edgeLink)(nil)
@@ -37,8 +39,12 @@ func (l *edgeLink) HandleOpen(s *Stream, _ *ioppb.Frame) {
 	s.resetFromReadLoop("unsupported", "the edge accepts no node-opened streams")
 }
 
-// HandleControl receives config refresh acknowledgements.
+// HandleControl receives config refresh acknowledgements and node stats.
 func (l *edgeLink) HandleControl(f *ioppb.Frame) {
+	if ns := f.GetNodeStats(); ns != nil {
+		l.statsBox.set(statsToDomain(ns))
+		return
+	}
 	ack := f.GetConfigRefreshAck()
 	if ack == nil {
 		l.conn.dropped.Add(1)

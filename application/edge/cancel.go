@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"iop/domain"
+	"iop/ports"
 )
 
 // CancelRunHandler cancels a run on the node that runs it.
@@ -13,6 +14,13 @@ type CancelRunHandler struct {
 	reg     *Registry
 	runs    *RunTracker
 	timeout time.Duration
+
+	// History, if set, tells where a run this edge process did not
+	// dispatch runs (for example one started before an edge restart).
+	History ports.HistoryReader
+	// Record, if set, is told that such a run was cancelled: no stream of
+	// this edge process will see its end.
+	Record ports.RunHistory
 }
 
 // NewCancelRunHandler refuses nil dependencies.
@@ -47,6 +55,19 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 	if known && !active {
 		return nodeID, domain.Errorf(domain.CodeRunFinished, "run %s has already finished", runID)
 	}
+	if !known {
+		var rec domain.RunRecord
+		rec, known = h.fromHistory(ctx, runID)
+		if known && !caller.SeesNode(rec.Node) {
+			return "", domain.Errorf(domain.CodeRunNotFound, "no connected node knows run %s", runID)
+		}
+		if known {
+			if rec.Status.Finished() {
+				return rec.Node, domain.Errorf(domain.CodeRunFinished, "run %s has already finished", runID)
+			}
+			return rec.Node, h.cancelRecorded(ctx, rec)
+		}
+	}
 	if known {
 		n, ok := h.reg.Get(nodeID)
 		if !ok {
@@ -62,4 +83,37 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 		return n.ID, err
 	}
 	return "", domain.Errorf(domain.CodeRunNotFound, "no connected node knows run %s", runID)
+}
+
+// fromHistory looks runID up in the history; a history that cannot answer
+// is as good as none (the connected nodes are asked instead).
+func (h *CancelRunHandler) fromHistory(ctx context.Context, runID string) (domain.RunRecord, bool) {
+	if h.History == nil {
+		return domain.RunRecord{}, false
+	}
+	r, err := h.History.GetRun(ctx, runID)
+	if err != nil {
+		return domain.RunRecord{}, false
+	}
+	return r, true
+}
+
+// cancelRecorded cancels a run known only from the history on its node
+// and, when the node accepts, records it as cancelled. A node that says the
+// run already ended leaves the record as it was (its final state is in the
+// node's own store).
+func (h *CancelRunHandler) cancelRecorded(ctx context.Context, rec domain.RunRecord) error {
+	n, ok := h.reg.Get(rec.Node)
+	if !ok {
+		return domain.Errorf(domain.CodeNodeNotFound, "node %q running %s is not connected", rec.Node, rec.ID)
+	}
+	if err := n.Link.CancelRun(ctx, rec.ID); err != nil {
+		return err
+	}
+	if h.Record != nil {
+		rec.Status, rec.FinishedAt = domain.RunCancelled, time.Now()
+		rec.ErrorCode, rec.ErrorMsg = domain.CodeCancelled, "cancelled after an edge restart"
+		h.Record.RecordRun(rec)
+	}
+	return nil
 }

@@ -73,6 +73,9 @@ type SubmitProviderTunnelHandler struct {
 	log     *slog.Logger
 	now     func() time.Time
 	newID   func() string
+
+	// Observe receives every finished tunnel.
+	Observe Observers
 }
 
 // NewSubmitProviderTunnelHandler refuses nil dependencies (log may be nil).
@@ -120,14 +123,20 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 	header.Del("Proxy-Authorization")
 	req := domain.TunnelRequest{Provider: cand.cfg.Name, Method: method, Path: in.Path, Query: in.Query, Header: header, Body: in.Body}
 	start := h.now()
-	st, err := link.OpenTunnel(ctx, req, in.BodyReader)
+	obs := tunnelObservation{key: CallerKey(ctx), modelOK: cand.known, bytesIn: int64(len(in.Body))}
+	body := in.BodyReader
+	if body != nil {
+		obs.body = &countingReader{r: body}
+		body = obs.body
+	}
+	st, err := link.OpenTunnel(ctx, req, body)
 	if err != nil {
 		release()
 		return nil, fmt.Errorf("open tunnel to node %s: %w", cand.node, err)
 	}
 	return &Tunnel{
 		ID: h.newID(), Node: cand.node, Provider: cand.cfg.Name, Model: in.Model, Key: domain.PrincipalFrom(ctx).Name,
-		h: h, stream: st, release: release, path: in.Path, start: start,
+		h: h, stream: st, release: release, path: in.Path, start: start, obs: obs,
 	}, nil
 }
 
@@ -270,6 +279,7 @@ type Tunnel struct {
 	status    int
 	bodyBytes int64
 	usage     *domain.Usage
+	obs       tunnelObservation
 	done      bool
 	once      sync.Once
 }
@@ -300,6 +310,7 @@ func (t *Tunnel) Next(ctx context.Context) (domain.TunnelFrame, error) {
 	switch f.Kind {
 	case domain.TunnelStatus:
 		t.status = f.Status
+		t.obs.firstByte = t.h.now().Sub(t.start)
 	case domain.TunnelBody:
 		t.bodyBytes += int64(len(f.Body))
 	case domain.TunnelUsage:
@@ -347,6 +358,7 @@ func (t *Tunnel) finish(err error) {
 			}
 		}
 		h.ledger.Record(t.Node, s)
+		h.observeTunnel(t, s, err)
 		h.bus.Publish(domain.BusEvent{Type: domain.BusTunnelCompleted, Time: h.now(), Node: t.Node, Key: s.Key, Tunnel: &s})
 	})
 }

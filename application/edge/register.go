@@ -26,6 +26,8 @@ type RegisterHandler struct {
 	now      func() time.Time
 	versions *ConfigVersions
 	rejects  *rejectLog
+	// Metrics, if set, counts registrations by outcome.
+	Metrics ports.EdgeMetrics
 }
 
 // RejectLogInterval is the period over which refusals from one address are
@@ -80,12 +82,14 @@ func (h *RegisterHandler) Register(_ context.Context, token string, info domain.
 	if err := h.reg.Admit(n); err != nil {
 		return h.reject(rec.ID, remote, err)
 	}
+	h.countRegistration("accepted")
 	h.log.Info("node registered", "node", rec.ID, "remote", remote, "version", info.Version, "adapters", len(cfg.Adapters))
 	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRegistered, Time: h.now(), Node: rec.ID, Remote: remote})
 	return cfg, nil
 }
 
 func (h *RegisterHandler) reject(node, remote string, err error) (domain.NodeConfig, error) {
+	h.countRegistration(domain.CodeOf(err))
 	h.rejects.note("node rejected", remote, node, err.Error())
 	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRejected, Time: h.now(), Node: node, Remote: remote, Reason: err.Error()})
 	return domain.NodeConfig{}, err
@@ -102,8 +106,15 @@ func (h *RegisterHandler) Disconnected(nodeID string, link ports.NodeLink, reaso
 
 // HandshakeFailed reports a connection that never registered.
 func (h *RegisterHandler) HandshakeFailed(remote, reason string) {
+	h.countRegistration("handshake_failed")
 	// A flood of these is counted, not logged or published one by one.
 	if h.rejects.note("node handshake failed", remote, "", reason) {
 		h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRejected, Time: h.now(), Remote: remote, Reason: reason})
+	}
+}
+
+func (h *RegisterHandler) countRegistration(outcome string) {
+	if h.Metrics != nil {
+		h.Metrics.NodeRegistration(outcome)
 	}
 }

@@ -45,6 +45,8 @@ type SubmitRunHandler struct {
 	DrainTimeout time.Duration
 	// AdmitTimeout bounds the wait for a node's admission answer.
 	AdmitTimeout time.Duration
+	// Observe receives every dispatched run's record and outcome.
+	Observe Observers
 	// MaxRequestBytes bounds a run request as it goes to the node in one
 	// frame (DefaultMaxRequestBytes; bootstrap sets the link's max frame
 	// size). A larger request is refused with invalid_request instead of
@@ -141,7 +143,7 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 	}
 	h.runs.start(req.RunID, node.ID)
 	rh := &RunHandle{RunID: req.RunID, Node: node.ID, Background: cmd.Background, Key: domain.PrincipalFrom(ctx).Name,
-		h: h, stream: stream, release: release}
+		h: h, stream: stream, release: release, obs: h.observeRun(ctx, req, node.ID)}
 	if err := h.admit(ctx, rh); err != nil {
 		return nil, err
 	}
@@ -215,6 +217,7 @@ type RunHandle struct {
 	h       *SubmitRunHandler
 	stream  ports.RunStream
 	release func()
+	obs     *runObservation
 
 	lastSeq uint64
 	done    bool
@@ -261,6 +264,7 @@ func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
 	}
 	r.lastSeq = ev.Seq
 	r.h.bus.Publish(domain.BusEvent{Type: domain.BusRunEvent, Time: r.h.now(), Node: r.Node, Key: r.Key, Run: &ev})
+	r.obs.event(ev)
 	if ev.Type.Terminal() {
 		r.done = true
 		r.release()

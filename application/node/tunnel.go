@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"time"
 
 	"iop/domain"
 	"iop/ports"
@@ -21,6 +22,9 @@ type TunnelHandler struct {
 	rt     *Runtime
 	client ports.ProviderClient
 	log    *slog.Logger
+
+	// Latencies, if set, sums each provider's time to response headers.
+	Latencies *ProviderLatencies
 }
 
 // NewTunnelHandler refuses nil dependencies.
@@ -46,7 +50,11 @@ func (h *TunnelHandler) OpenTunnel(ctx context.Context, req domain.TunnelRequest
 		fail(domain.CodeProviderNotFound, "provider %q is not configured on this node", req.Provider)
 		return
 	}
+	began := time.Now()
 	resp, err := h.client.Do(ctx, p, req, body)
+	if err == nil {
+		h.Latencies.observe(req.Provider, time.Since(began))
+	}
 	if err != nil {
 		code := domain.CodeOf(err)
 		if code == domain.CodeInternal {

@@ -23,6 +23,7 @@ import (
 func main() {
 	cfgPath := flag.String("config", "configs/edge.yaml", "edge config file (YAML)")
 	version := flag.Bool("version", false, "print the version and exit")
+	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060)")
 	printPin := flag.Bool("print-ca-pin", false, "print the node-link CA pin (sha256:<hex>) nodes pass as --ca-pin, creating the CA on first use, and exit")
 	flag.Usage = usage
 	flag.Parse()
@@ -54,10 +55,21 @@ func main() {
 	if len(cfg.Nodes) == 0 {
 		log.Warn("no nodes configured: no node can register until nodes[] is added to the config (then POST /v1/admin/reload or SIGHUP)", "config", *cfgPath)
 	}
-	os.Exit(bootstrap.Serve("iop-edge", fx.New(
+	stopPprof := func() {}
+	if *pprofAddr != "" {
+		stop, err := bootstrap.StartPprof(*pprofAddr, log)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "iop-edge:", err)
+			os.Exit(2)
+		}
+		stopPprof = stop
+	}
+	code := bootstrap.Serve("iop-edge", fx.New(
 		bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, ConfigPath: *cfgPath, Logger: log}),
 		bootstrap.FxLogger(log),
-	), os.Stderr))
+	), os.Stderr)
+	stopPprof()
+	os.Exit(code)
 }
 
 func usage() {

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"go.uber.org/fx"
 
@@ -24,6 +25,8 @@ func main() {
 		logLevel  = flag.String("log-level", "", "debug|info|warn|error")
 		logFormat = flag.String("log-format", "", "text|json")
 		version   = flag.Bool("version", false, "print the version and exit")
+		pprofAddr = flag.String("pprof", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6061)")
+		statsIvl  = flag.Duration("stats-interval", 0, "how often to send node stats to the edge (default 15s; env IOP_NODE_STATS_INTERVAL)")
 		caPin     = flag.String("ca-pin", "", "trust the edge whose certificate chain holds this public key: sha256:<hex> from iop-edge --print-ca-pin")
 		caFile    = flag.String("ca-file", "", "trust an edge whose certificate chains to a CA in this PEM bundle")
 		insecure  = flag.Bool("insecure", false, "plaintext link, for an edge with transport.tls.mode off (loopback only)")
@@ -80,15 +83,38 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
+	if *statsIvl == 0 {
+		if v := os.Getenv("IOP_NODE_STATS_INTERVAL"); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				fail(fmt.Errorf("IOP_NODE_STATS_INTERVAL %q is not a positive duration", v))
+			}
+			*statsIvl = d
+		}
+	}
+	if *statsIvl < 0 {
+		fail(fmt.Errorf("--stats-interval must be positive"))
+	}
 	log := bootstrap.NewLogger(cfg.Log, nil)
-	os.Exit(bootstrap.Serve("iop-node", fx.New(
+	stopPprof := func() {}
+	if *pprofAddr != "" {
+		stop, err := bootstrap.StartPprof(*pprofAddr, log)
+		if err != nil {
+			fail(err)
+		}
+		stopPprof = stop
+	}
+	code := bootstrap.Serve("iop-node", fx.New(
 		bootstrap.Node(bootstrap.NodeSettings{
 			Edge: cfg.Edge, Token: tok, DB: cfg.DB, Logger: log,
 			MinBackoff: cfg.Reconnect.Min.Std(), MaxBackoff: cfg.Reconnect.Max.Std(),
-			Transport: transport.Config{TLS: linkTLS},
+			StatsInterval: *statsIvl,
+			Transport:     transport.Config{TLS: linkTLS},
 		}),
 		bootstrap.FxLogger(log),
-	), os.Stderr))
+	), os.Stderr)
+	stopPprof()
+	os.Exit(code)
 }
 
 func fail(err error) {

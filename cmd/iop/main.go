@@ -179,7 +179,7 @@ Exit codes: 0 success, 1 error, 2 usage error, 130 interrupted or cancelled.`,
 
 	root.AddCommand(
 		a.runCmd(), a.runsCmd(), a.runGetCmd(), a.cancelCmd(), a.sessionCmd(),
-		a.nodesCmd(), a.nodeCmd(), a.eventsCmd(), a.ollamaCmd(), a.reloadCmd(),
+		a.nodesCmd(), a.nodeCmd(), a.eventsCmd(), a.ollamaCmd(), a.reloadCmd(), a.usageCmd(),
 	)
 	return root
 }

@@ -42,12 +42,12 @@ func (r runInfo) errorText() string {
 
 func (a *app) runsCmd() *cobra.Command {
 	var (
-		node, status string
-		limit        int
+		node, status, adapter, key, since, until, cursor string
+		limit                                            int
 	)
 	cmd := &cobra.Command{
-		Use:   "runs [--node N] [--status S] [--limit N]",
-		Short: "List recent runs, newest first, from the nodes' stores",
+		Use:   "runs [--node N] [--status S] [--adapter A] [--key K] [--since T] [--until T] [--limit N] [--cursor C]",
+		Short: "List recent runs, newest first, from the edge's history",
 		Args:  cobra.NoArgs,
 		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
 			if limit < 0 {
@@ -63,6 +63,11 @@ func (a *app) runsCmd() *cobra.Command {
 			if limit > 0 {
 				q.Set("limit", strconv.Itoa(limit))
 			}
+			for name, v := range map[string]string{"adapter": adapter, "key": key, "since": since, "until": until, "cursor": cursor} {
+				if v != "" {
+					q.Set(name, v)
+				}
+			}
 			var raw json.RawMessage
 			if err := c.Call(ctx, http.MethodGet, "/v1/runs", q, nil, &raw); err != nil {
 				return err
@@ -71,8 +76,9 @@ func (a *app) runsCmd() *cobra.Command {
 				return printJSON(a.stdout, raw)
 			}
 			var list struct {
-				Runs   []runInfo `json:"runs"`
-				Errors []struct {
+				Runs       []runInfo `json:"runs"`
+				NextCursor string    `json:"next_cursor"`
+				Errors     []struct {
 					Node    string `json:"node"`
 					Code    string `json:"code"`
 					Message string `json:"message"`
@@ -94,9 +100,17 @@ func (a *app) runsCmd() *cobra.Command {
 				t.row(r.RunID, r.Node, r.Adapter, r.Target, r.Status, a.clock(r.CreatedAt), r.duration(now), truncate(r.errorText(), 60))
 			}
 			t.flush()
+			if list.NextCursor != "" {
+				fmt.Fprintf(a.stderr, "more runs: --cursor %s\n", list.NextCursor)
+			}
 			return nil
 		}),
 	}
+	cmd.Flags().StringVar(&adapter, "adapter", "", "only this adapter")
+	cmd.Flags().StringVar(&key, "key", "", "only runs made with this API key name (anonymous: without one)")
+	cmd.Flags().StringVar(&since, "since", "", "only runs created at or after this time (RFC 3339 or YYYY-MM-DD)")
+	cmd.Flags().StringVar(&until, "until", "", "only runs created before this time")
+	cmd.Flags().StringVar(&cursor, "cursor", "", "continue a listing (the cursor a previous page printed)")
 	cmd.Flags().StringVar(&node, "node", "", "only this node")
 	cmd.Flags().StringVar(&status, "status", "", "only runs with this status (queued, running, succeeded, failed, cancelled)")
 	cmd.Flags().IntVar(&limit, "limit", 0, "at most this many runs (edge default 50)")

@@ -165,6 +165,7 @@ type Frame struct {
 	//	*Frame_ProviderTunnelRequest
 	//	*Frame_ProviderTunnelFrame
 	//	*Frame_TunnelRequestBody
+	//	*Frame_NodeStats
 	Body          isFrame_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -358,6 +359,15 @@ func (x *Frame) GetTunnelRequestBody() *TunnelRequestBody {
 	return nil
 }
 
+func (x *Frame) GetNodeStats() *NodeStats {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_NodeStats); ok {
+			return x.NodeStats
+		}
+	}
+	return nil
+}
+
 type isFrame_Body interface {
 	isFrame_Body()
 }
@@ -426,6 +436,10 @@ type Frame_TunnelRequestBody struct {
 	TunnelRequestBody *TunnelRequestBody `protobuf:"bytes,52,opt,name=tunnel_request_body,json=tunnelRequestBody,proto3,oneof"`
 }
 
+type Frame_NodeStats struct {
+	NodeStats *NodeStats `protobuf:"bytes,60,opt,name=node_stats,json=nodeStats,proto3,oneof"`
+}
+
 func (*Frame_RegisterRequest) isFrame_Body() {}
 
 func (*Frame_RegisterResponse) isFrame_Body() {}
@@ -458,6 +472,203 @@ func (*Frame_ProviderTunnelFrame) isFrame_Body() {}
 
 func (*Frame_TunnelRequestBody) isFrame_Body() {}
 
+func (*Frame_NodeStats) isFrame_Body() {}
+
+// NodeStats is sent by the node on stream 0 right after it registers and then
+// every stats interval (15 s), so the edge can expose the node's own metrics
+// (a node has no inbound port). Each message replaces the previous one.
+type NodeStats struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Adapters []*AdapterSlots        `protobuf:"bytes,1,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	// Child processes the node's process-spawning adapters are running.
+	ChildProcesses uint32 `protobuf:"varint,2,opt,name=child_processes,json=childProcesses,proto3" json:"child_processes,omitempty"`
+	// Size of the node's run store on disk (database and WAL), 0 if unknown.
+	StoreBytes    int64              `protobuf:"varint,3,opt,name=store_bytes,json=storeBytes,proto3" json:"store_bytes,omitempty"`
+	Providers     []*ProviderLatency `protobuf:"bytes,4,rep,name=providers,proto3" json:"providers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeStats) Reset() {
+	*x = NodeStats{}
+	mi := &file_iop_runtime_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeStats) ProtoMessage() {}
+
+func (x *NodeStats) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeStats.ProtoReflect.Descriptor instead.
+func (*NodeStats) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *NodeStats) GetAdapters() []*AdapterSlots {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
+func (x *NodeStats) GetChildProcesses() uint32 {
+	if x != nil {
+		return x.ChildProcesses
+	}
+	return 0
+}
+
+func (x *NodeStats) GetStoreBytes() int64 {
+	if x != nil {
+		return x.StoreBytes
+	}
+	return 0
+}
+
+func (x *NodeStats) GetProviders() []*ProviderLatency {
+	if x != nil {
+		return x.Providers
+	}
+	return nil
+}
+
+type AdapterSlots struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Name           string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	MaxConcurrency uint32                 `protobuf:"varint,2,opt,name=max_concurrency,json=maxConcurrency,proto3" json:"max_concurrency,omitempty"`
+	InFlight       uint32                 `protobuf:"varint,3,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *AdapterSlots) Reset() {
+	*x = AdapterSlots{}
+	mi := &file_iop_runtime_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdapterSlots) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdapterSlots) ProtoMessage() {}
+
+func (x *AdapterSlots) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdapterSlots.ProtoReflect.Descriptor instead.
+func (*AdapterSlots) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *AdapterSlots) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AdapterSlots) GetMaxConcurrency() uint32 {
+	if x != nil {
+		return x.MaxConcurrency
+	}
+	return 0
+}
+
+func (x *AdapterSlots) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+// ProviderLatency sums the time to response headers of a provider's requests
+// since the node started.
+type ProviderLatency struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Count         uint64                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	Seconds       float64                `protobuf:"fixed64,3,opt,name=seconds,proto3" json:"seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProviderLatency) Reset() {
+	*x = ProviderLatency{}
+	mi := &file_iop_runtime_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProviderLatency) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProviderLatency) ProtoMessage() {}
+
+func (x *ProviderLatency) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProviderLatency.ProtoReflect.Descriptor instead.
+func (*ProviderLatency) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ProviderLatency) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ProviderLatency) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ProviderLatency) GetSeconds() float64 {
+	if x != nil {
+		return x.Seconds
+	}
+	return 0
+}
+
 type RegisterRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Token       string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
@@ -478,7 +689,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[1]
+	mi := &file_iop_runtime_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +701,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[1]
+	mi := &file_iop_runtime_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +714,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{1}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RegisterRequest) GetToken() string {
@@ -573,7 +784,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[2]
+	mi := &file_iop_runtime_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +796,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[2]
+	mi := &file_iop_runtime_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +809,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{2}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RegisterResponse) GetAccepted() bool {
@@ -656,7 +867,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_iop_runtime_proto_msgTypes[3]
+	mi := &file_iop_runtime_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -668,7 +879,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[3]
+	mi := &file_iop_runtime_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -681,7 +892,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{3}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Heartbeat) GetSentUnixNano() int64 {
@@ -714,7 +925,7 @@ type ConfigRefresh struct {
 
 func (x *ConfigRefresh) Reset() {
 	*x = ConfigRefresh{}
-	mi := &file_iop_runtime_proto_msgTypes[4]
+	mi := &file_iop_runtime_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +937,7 @@ func (x *ConfigRefresh) String() string {
 func (*ConfigRefresh) ProtoMessage() {}
 
 func (x *ConfigRefresh) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[4]
+	mi := &file_iop_runtime_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +950,7 @@ func (x *ConfigRefresh) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigRefresh.ProtoReflect.Descriptor instead.
 func (*ConfigRefresh) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{4}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ConfigRefresh) GetConfig() *NodeConfigPayload {
@@ -759,7 +970,7 @@ type ConfigRefreshAck struct {
 
 func (x *ConfigRefreshAck) Reset() {
 	*x = ConfigRefreshAck{}
-	mi := &file_iop_runtime_proto_msgTypes[5]
+	mi := &file_iop_runtime_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +982,7 @@ func (x *ConfigRefreshAck) String() string {
 func (*ConfigRefreshAck) ProtoMessage() {}
 
 func (x *ConfigRefreshAck) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[5]
+	mi := &file_iop_runtime_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +995,7 @@ func (x *ConfigRefreshAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigRefreshAck.ProtoReflect.Descriptor instead.
 func (*ConfigRefreshAck) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{5}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ConfigRefreshAck) GetVersion() uint64 {
@@ -811,7 +1022,7 @@ type WindowUpdate struct {
 
 func (x *WindowUpdate) Reset() {
 	*x = WindowUpdate{}
-	mi := &file_iop_runtime_proto_msgTypes[6]
+	mi := &file_iop_runtime_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +1034,7 @@ func (x *WindowUpdate) String() string {
 func (*WindowUpdate) ProtoMessage() {}
 
 func (x *WindowUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[6]
+	mi := &file_iop_runtime_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +1047,7 @@ func (x *WindowUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowUpdate.ProtoReflect.Descriptor instead.
 func (*WindowUpdate) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{6}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WindowUpdate) GetIncrement() uint32 {
@@ -857,7 +1068,7 @@ type StreamReset struct {
 
 func (x *StreamReset) Reset() {
 	*x = StreamReset{}
-	mi := &file_iop_runtime_proto_msgTypes[7]
+	mi := &file_iop_runtime_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -869,7 +1080,7 @@ func (x *StreamReset) String() string {
 func (*StreamReset) ProtoMessage() {}
 
 func (x *StreamReset) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[7]
+	mi := &file_iop_runtime_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -882,7 +1093,7 @@ func (x *StreamReset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamReset.ProtoReflect.Descriptor instead.
 func (*StreamReset) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{7}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StreamReset) GetCode() string {
@@ -912,7 +1123,7 @@ type NodeConfigPayload struct {
 
 func (x *NodeConfigPayload) Reset() {
 	*x = NodeConfigPayload{}
-	mi := &file_iop_runtime_proto_msgTypes[8]
+	mi := &file_iop_runtime_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -924,7 +1135,7 @@ func (x *NodeConfigPayload) String() string {
 func (*NodeConfigPayload) ProtoMessage() {}
 
 func (x *NodeConfigPayload) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[8]
+	mi := &file_iop_runtime_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -937,7 +1148,7 @@ func (x *NodeConfigPayload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeConfigPayload.ProtoReflect.Descriptor instead.
 func (*NodeConfigPayload) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{8}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodeConfigPayload) GetNodeId() string {
@@ -997,7 +1208,7 @@ type AdapterConfig struct {
 
 func (x *AdapterConfig) Reset() {
 	*x = AdapterConfig{}
-	mi := &file_iop_runtime_proto_msgTypes[9]
+	mi := &file_iop_runtime_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1009,7 +1220,7 @@ func (x *AdapterConfig) String() string {
 func (*AdapterConfig) ProtoMessage() {}
 
 func (x *AdapterConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[9]
+	mi := &file_iop_runtime_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1022,7 +1233,7 @@ func (x *AdapterConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterConfig.ProtoReflect.Descriptor instead.
 func (*AdapterConfig) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{9}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AdapterConfig) GetName() string {
@@ -1136,7 +1347,7 @@ type ExecTarget struct {
 
 func (x *ExecTarget) Reset() {
 	*x = ExecTarget{}
-	mi := &file_iop_runtime_proto_msgTypes[10]
+	mi := &file_iop_runtime_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1359,7 @@ func (x *ExecTarget) String() string {
 func (*ExecTarget) ProtoMessage() {}
 
 func (x *ExecTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[10]
+	mi := &file_iop_runtime_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1372,7 @@ func (x *ExecTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecTarget.ProtoReflect.Descriptor instead.
 func (*ExecTarget) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{10}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecTarget) GetCommand() []string {
@@ -1213,7 +1424,7 @@ type ProviderConfig struct {
 
 func (x *ProviderConfig) Reset() {
 	*x = ProviderConfig{}
-	mi := &file_iop_runtime_proto_msgTypes[11]
+	mi := &file_iop_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1225,7 +1436,7 @@ func (x *ProviderConfig) String() string {
 func (*ProviderConfig) ProtoMessage() {}
 
 func (x *ProviderConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[11]
+	mi := &file_iop_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1238,7 +1449,7 @@ func (x *ProviderConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderConfig.ProtoReflect.Descriptor instead.
 func (*ProviderConfig) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{11}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ProviderConfig) GetName() string {
@@ -1299,7 +1510,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[12]
+	mi := &file_iop_runtime_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1522,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[12]
+	mi := &file_iop_runtime_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,7 +1535,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{12}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunRequest) GetRunId() string {
@@ -1393,7 +1604,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_iop_runtime_proto_msgTypes[13]
+	mi := &file_iop_runtime_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1405,7 +1616,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[13]
+	mi := &file_iop_runtime_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1418,7 +1629,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{13}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -1492,7 +1703,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_iop_runtime_proto_msgTypes[14]
+	mi := &file_iop_runtime_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +1715,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[14]
+	mi := &file_iop_runtime_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1517,7 +1728,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{14}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Usage) GetPromptTokens() int64 {
@@ -1579,7 +1790,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_iop_runtime_proto_msgTypes[15]
+	mi := &file_iop_runtime_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1591,7 +1802,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[15]
+	mi := &file_iop_runtime_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1604,7 +1815,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{15}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Error) GetCode() string {
@@ -1634,7 +1845,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[16]
+	mi := &file_iop_runtime_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1646,7 +1857,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[16]
+	mi := &file_iop_runtime_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1659,7 +1870,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{16}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CancelRequest) GetKind() CancelKind {
@@ -1706,7 +1917,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[17]
+	mi := &file_iop_runtime_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1718,7 +1929,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[17]
+	mi := &file_iop_runtime_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1731,7 +1942,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{17}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CancelResponse) GetError() *Error {
@@ -1751,7 +1962,7 @@ type NodeCommandRequest struct {
 
 func (x *NodeCommandRequest) Reset() {
 	*x = NodeCommandRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[18]
+	mi := &file_iop_runtime_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1974,7 @@ func (x *NodeCommandRequest) String() string {
 func (*NodeCommandRequest) ProtoMessage() {}
 
 func (x *NodeCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[18]
+	mi := &file_iop_runtime_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1987,7 @@ func (x *NodeCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCommandRequest.ProtoReflect.Descriptor instead.
 func (*NodeCommandRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{18}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *NodeCommandRequest) GetCommand() string {
@@ -1806,7 +2017,7 @@ type NodeCommandResponse struct {
 
 func (x *NodeCommandResponse) Reset() {
 	*x = NodeCommandResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[19]
+	mi := &file_iop_runtime_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +2029,7 @@ func (x *NodeCommandResponse) String() string {
 func (*NodeCommandResponse) ProtoMessage() {}
 
 func (x *NodeCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[19]
+	mi := &file_iop_runtime_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1831,7 +2042,7 @@ func (x *NodeCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCommandResponse.ProtoReflect.Descriptor instead.
 func (*NodeCommandResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{19}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *NodeCommandResponse) GetFinal() bool {
@@ -1872,7 +2083,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_iop_runtime_proto_msgTypes[20]
+	mi := &file_iop_runtime_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1884,7 +2095,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[20]
+	mi := &file_iop_runtime_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1897,7 +2108,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{20}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Header) GetName() string {
@@ -1931,7 +2142,7 @@ type ProviderTunnelRequest struct {
 
 func (x *ProviderTunnelRequest) Reset() {
 	*x = ProviderTunnelRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[21]
+	mi := &file_iop_runtime_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1943,7 +2154,7 @@ func (x *ProviderTunnelRequest) String() string {
 func (*ProviderTunnelRequest) ProtoMessage() {}
 
 func (x *ProviderTunnelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[21]
+	mi := &file_iop_runtime_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1956,7 +2167,7 @@ func (x *ProviderTunnelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderTunnelRequest.ProtoReflect.Descriptor instead.
 func (*ProviderTunnelRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{21}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ProviderTunnelRequest) GetProvider() string {
@@ -2018,7 +2229,7 @@ type TunnelRequestBody struct {
 
 func (x *TunnelRequestBody) Reset() {
 	*x = TunnelRequestBody{}
-	mi := &file_iop_runtime_proto_msgTypes[22]
+	mi := &file_iop_runtime_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2030,7 +2241,7 @@ func (x *TunnelRequestBody) String() string {
 func (*TunnelRequestBody) ProtoMessage() {}
 
 func (x *TunnelRequestBody) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[22]
+	mi := &file_iop_runtime_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2043,7 +2254,7 @@ func (x *TunnelRequestBody) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelRequestBody.ProtoReflect.Descriptor instead.
 func (*TunnelRequestBody) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{22}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TunnelRequestBody) GetData() []byte {
@@ -2080,7 +2291,7 @@ type ProviderTunnelFrame struct {
 
 func (x *ProviderTunnelFrame) Reset() {
 	*x = ProviderTunnelFrame{}
-	mi := &file_iop_runtime_proto_msgTypes[23]
+	mi := &file_iop_runtime_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2092,7 +2303,7 @@ func (x *ProviderTunnelFrame) String() string {
 func (*ProviderTunnelFrame) ProtoMessage() {}
 
 func (x *ProviderTunnelFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[23]
+	mi := &file_iop_runtime_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2105,7 +2316,7 @@ func (x *ProviderTunnelFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderTunnelFrame.ProtoReflect.Descriptor instead.
 func (*ProviderTunnelFrame) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{23}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ProviderTunnelFrame) GetKind() isProviderTunnelFrame_Kind {
@@ -2233,7 +2444,7 @@ type HeaderBlock struct {
 
 func (x *HeaderBlock) Reset() {
 	*x = HeaderBlock{}
-	mi := &file_iop_runtime_proto_msgTypes[24]
+	mi := &file_iop_runtime_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2245,7 +2456,7 @@ func (x *HeaderBlock) String() string {
 func (*HeaderBlock) ProtoMessage() {}
 
 func (x *HeaderBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[24]
+	mi := &file_iop_runtime_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2258,7 +2469,7 @@ func (x *HeaderBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderBlock.ProtoReflect.Descriptor instead.
 func (*HeaderBlock) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{24}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *HeaderBlock) GetHeaders() []*Header {
@@ -2277,7 +2488,7 @@ type End struct {
 
 func (x *End) Reset() {
 	*x = End{}
-	mi := &file_iop_runtime_proto_msgTypes[25]
+	mi := &file_iop_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2289,7 +2500,7 @@ func (x *End) String() string {
 func (*End) ProtoMessage() {}
 
 func (x *End) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[25]
+	mi := &file_iop_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2302,7 +2513,7 @@ func (x *End) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use End.ProtoReflect.Descriptor instead.
 func (*End) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{25}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *End) GetBodyBytes() int64 {
@@ -2316,7 +2527,8 @@ var File_iop_runtime_proto protoreflect.FileDescriptor
 
 const file_iop_runtime_proto_rawDesc = "" +
 	"\n" +
-	"\x11iop/runtime.proto\x12\x0eiop.runtime.v1\"\xf6\t\n" +
+	"\x11iop/runtime.proto\x12\x0eiop.runtime.v1\"\xb2\n" +
+	"\n" +
 	"\x05Frame\x12\x1b\n" +
 	"\tstream_id\x18\x01 \x01(\x04R\bstreamId\x12L\n" +
 	"\x10register_request\x18\n" +
@@ -2336,8 +2548,24 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x15node_command_response\x18) \x01(\v2#.iop.runtime.v1.NodeCommandResponseH\x00R\x13nodeCommandResponse\x12_\n" +
 	"\x17provider_tunnel_request\x182 \x01(\v2%.iop.runtime.v1.ProviderTunnelRequestH\x00R\x15providerTunnelRequest\x12Y\n" +
 	"\x15provider_tunnel_frame\x183 \x01(\v2#.iop.runtime.v1.ProviderTunnelFrameH\x00R\x13providerTunnelFrame\x12S\n" +
-	"\x13tunnel_request_body\x184 \x01(\v2!.iop.runtime.v1.TunnelRequestBodyH\x00R\x11tunnelRequestBodyB\x06\n" +
-	"\x04body\"\xd6\x01\n" +
+	"\x13tunnel_request_body\x184 \x01(\v2!.iop.runtime.v1.TunnelRequestBodyH\x00R\x11tunnelRequestBody\x12:\n" +
+	"\n" +
+	"node_stats\x18< \x01(\v2\x19.iop.runtime.v1.NodeStatsH\x00R\tnodeStatsB\x06\n" +
+	"\x04body\"\xce\x01\n" +
+	"\tNodeStats\x128\n" +
+	"\badapters\x18\x01 \x03(\v2\x1c.iop.runtime.v1.AdapterSlotsR\badapters\x12'\n" +
+	"\x0fchild_processes\x18\x02 \x01(\rR\x0echildProcesses\x12\x1f\n" +
+	"\vstore_bytes\x18\x03 \x01(\x03R\n" +
+	"storeBytes\x12=\n" +
+	"\tproviders\x18\x04 \x03(\v2\x1f.iop.runtime.v1.ProviderLatencyR\tproviders\"h\n" +
+	"\fAdapterSlots\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
+	"\x0fmax_concurrency\x18\x02 \x01(\rR\x0emaxConcurrency\x12\x1b\n" +
+	"\tin_flight\x18\x03 \x01(\rR\binFlight\"U\n" +
+	"\x0fProviderLatency\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x18\n" +
+	"\aseconds\x18\x03 \x01(\x01R\aseconds\"\xd6\x01\n" +
 	"\x0fRegisterRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12!\n" +
 	"\fnode_version\x18\x02 \x01(\tR\vnodeVersion\x12\x1a\n" +
@@ -2526,82 +2754,88 @@ func file_iop_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_iop_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_iop_runtime_proto_goTypes = []any{
 	(EventType)(0),                // 0: iop.runtime.v1.EventType
 	(CancelKind)(0),               // 1: iop.runtime.v1.CancelKind
 	(*Frame)(nil),                 // 2: iop.runtime.v1.Frame
-	(*RegisterRequest)(nil),       // 3: iop.runtime.v1.RegisterRequest
-	(*RegisterResponse)(nil),      // 4: iop.runtime.v1.RegisterResponse
-	(*Heartbeat)(nil),             // 5: iop.runtime.v1.Heartbeat
-	(*ConfigRefresh)(nil),         // 6: iop.runtime.v1.ConfigRefresh
-	(*ConfigRefreshAck)(nil),      // 7: iop.runtime.v1.ConfigRefreshAck
-	(*WindowUpdate)(nil),          // 8: iop.runtime.v1.WindowUpdate
-	(*StreamReset)(nil),           // 9: iop.runtime.v1.StreamReset
-	(*NodeConfigPayload)(nil),     // 10: iop.runtime.v1.NodeConfigPayload
-	(*AdapterConfig)(nil),         // 11: iop.runtime.v1.AdapterConfig
-	(*ExecTarget)(nil),            // 12: iop.runtime.v1.ExecTarget
-	(*ProviderConfig)(nil),        // 13: iop.runtime.v1.ProviderConfig
-	(*RunRequest)(nil),            // 14: iop.runtime.v1.RunRequest
-	(*RunEvent)(nil),              // 15: iop.runtime.v1.RunEvent
-	(*Usage)(nil),                 // 16: iop.runtime.v1.Usage
-	(*Error)(nil),                 // 17: iop.runtime.v1.Error
-	(*CancelRequest)(nil),         // 18: iop.runtime.v1.CancelRequest
-	(*CancelResponse)(nil),        // 19: iop.runtime.v1.CancelResponse
-	(*NodeCommandRequest)(nil),    // 20: iop.runtime.v1.NodeCommandRequest
-	(*NodeCommandResponse)(nil),   // 21: iop.runtime.v1.NodeCommandResponse
-	(*Header)(nil),                // 22: iop.runtime.v1.Header
-	(*ProviderTunnelRequest)(nil), // 23: iop.runtime.v1.ProviderTunnelRequest
-	(*TunnelRequestBody)(nil),     // 24: iop.runtime.v1.TunnelRequestBody
-	(*ProviderTunnelFrame)(nil),   // 25: iop.runtime.v1.ProviderTunnelFrame
-	(*HeaderBlock)(nil),           // 26: iop.runtime.v1.HeaderBlock
-	(*End)(nil),                   // 27: iop.runtime.v1.End
-	nil,                           // 28: iop.runtime.v1.AdapterConfig.TargetsEntry
-	nil,                           // 29: iop.runtime.v1.AdapterConfig.EnvEntry
-	nil,                           // 30: iop.runtime.v1.ExecTarget.EnvEntry
+	(*NodeStats)(nil),             // 3: iop.runtime.v1.NodeStats
+	(*AdapterSlots)(nil),          // 4: iop.runtime.v1.AdapterSlots
+	(*ProviderLatency)(nil),       // 5: iop.runtime.v1.ProviderLatency
+	(*RegisterRequest)(nil),       // 6: iop.runtime.v1.RegisterRequest
+	(*RegisterResponse)(nil),      // 7: iop.runtime.v1.RegisterResponse
+	(*Heartbeat)(nil),             // 8: iop.runtime.v1.Heartbeat
+	(*ConfigRefresh)(nil),         // 9: iop.runtime.v1.ConfigRefresh
+	(*ConfigRefreshAck)(nil),      // 10: iop.runtime.v1.ConfigRefreshAck
+	(*WindowUpdate)(nil),          // 11: iop.runtime.v1.WindowUpdate
+	(*StreamReset)(nil),           // 12: iop.runtime.v1.StreamReset
+	(*NodeConfigPayload)(nil),     // 13: iop.runtime.v1.NodeConfigPayload
+	(*AdapterConfig)(nil),         // 14: iop.runtime.v1.AdapterConfig
+	(*ExecTarget)(nil),            // 15: iop.runtime.v1.ExecTarget
+	(*ProviderConfig)(nil),        // 16: iop.runtime.v1.ProviderConfig
+	(*RunRequest)(nil),            // 17: iop.runtime.v1.RunRequest
+	(*RunEvent)(nil),              // 18: iop.runtime.v1.RunEvent
+	(*Usage)(nil),                 // 19: iop.runtime.v1.Usage
+	(*Error)(nil),                 // 20: iop.runtime.v1.Error
+	(*CancelRequest)(nil),         // 21: iop.runtime.v1.CancelRequest
+	(*CancelResponse)(nil),        // 22: iop.runtime.v1.CancelResponse
+	(*NodeCommandRequest)(nil),    // 23: iop.runtime.v1.NodeCommandRequest
+	(*NodeCommandResponse)(nil),   // 24: iop.runtime.v1.NodeCommandResponse
+	(*Header)(nil),                // 25: iop.runtime.v1.Header
+	(*ProviderTunnelRequest)(nil), // 26: iop.runtime.v1.ProviderTunnelRequest
+	(*TunnelRequestBody)(nil),     // 27: iop.runtime.v1.TunnelRequestBody
+	(*ProviderTunnelFrame)(nil),   // 28: iop.runtime.v1.ProviderTunnelFrame
+	(*HeaderBlock)(nil),           // 29: iop.runtime.v1.HeaderBlock
+	(*End)(nil),                   // 30: iop.runtime.v1.End
+	nil,                           // 31: iop.runtime.v1.AdapterConfig.TargetsEntry
+	nil,                           // 32: iop.runtime.v1.AdapterConfig.EnvEntry
+	nil,                           // 33: iop.runtime.v1.ExecTarget.EnvEntry
 }
 var file_iop_runtime_proto_depIdxs = []int32{
-	3,  // 0: iop.runtime.v1.Frame.register_request:type_name -> iop.runtime.v1.RegisterRequest
-	4,  // 1: iop.runtime.v1.Frame.register_response:type_name -> iop.runtime.v1.RegisterResponse
-	5,  // 2: iop.runtime.v1.Frame.heartbeat:type_name -> iop.runtime.v1.Heartbeat
-	6,  // 3: iop.runtime.v1.Frame.config_refresh:type_name -> iop.runtime.v1.ConfigRefresh
-	7,  // 4: iop.runtime.v1.Frame.config_refresh_ack:type_name -> iop.runtime.v1.ConfigRefreshAck
-	8,  // 5: iop.runtime.v1.Frame.window_update:type_name -> iop.runtime.v1.WindowUpdate
-	9,  // 6: iop.runtime.v1.Frame.stream_reset:type_name -> iop.runtime.v1.StreamReset
-	14, // 7: iop.runtime.v1.Frame.run_request:type_name -> iop.runtime.v1.RunRequest
-	15, // 8: iop.runtime.v1.Frame.run_event:type_name -> iop.runtime.v1.RunEvent
-	18, // 9: iop.runtime.v1.Frame.cancel_request:type_name -> iop.runtime.v1.CancelRequest
-	19, // 10: iop.runtime.v1.Frame.cancel_response:type_name -> iop.runtime.v1.CancelResponse
-	20, // 11: iop.runtime.v1.Frame.node_command_request:type_name -> iop.runtime.v1.NodeCommandRequest
-	21, // 12: iop.runtime.v1.Frame.node_command_response:type_name -> iop.runtime.v1.NodeCommandResponse
-	23, // 13: iop.runtime.v1.Frame.provider_tunnel_request:type_name -> iop.runtime.v1.ProviderTunnelRequest
-	25, // 14: iop.runtime.v1.Frame.provider_tunnel_frame:type_name -> iop.runtime.v1.ProviderTunnelFrame
-	24, // 15: iop.runtime.v1.Frame.tunnel_request_body:type_name -> iop.runtime.v1.TunnelRequestBody
-	10, // 16: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	10, // 17: iop.runtime.v1.ConfigRefresh.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	11, // 18: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
-	13, // 19: iop.runtime.v1.NodeConfigPayload.providers:type_name -> iop.runtime.v1.ProviderConfig
-	28, // 20: iop.runtime.v1.AdapterConfig.targets:type_name -> iop.runtime.v1.AdapterConfig.TargetsEntry
-	29, // 21: iop.runtime.v1.AdapterConfig.env:type_name -> iop.runtime.v1.AdapterConfig.EnvEntry
-	30, // 22: iop.runtime.v1.ExecTarget.env:type_name -> iop.runtime.v1.ExecTarget.EnvEntry
-	0,  // 23: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.EventType
-	16, // 24: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
-	17, // 25: iop.runtime.v1.RunEvent.error:type_name -> iop.runtime.v1.Error
-	1,  // 26: iop.runtime.v1.CancelRequest.kind:type_name -> iop.runtime.v1.CancelKind
-	17, // 27: iop.runtime.v1.CancelResponse.error:type_name -> iop.runtime.v1.Error
-	17, // 28: iop.runtime.v1.NodeCommandResponse.error:type_name -> iop.runtime.v1.Error
-	22, // 29: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
-	26, // 30: iop.runtime.v1.ProviderTunnelFrame.header:type_name -> iop.runtime.v1.HeaderBlock
-	27, // 31: iop.runtime.v1.ProviderTunnelFrame.end:type_name -> iop.runtime.v1.End
-	17, // 32: iop.runtime.v1.ProviderTunnelFrame.error:type_name -> iop.runtime.v1.Error
-	16, // 33: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
-	22, // 34: iop.runtime.v1.HeaderBlock.headers:type_name -> iop.runtime.v1.Header
-	12, // 35: iop.runtime.v1.AdapterConfig.TargetsEntry.value:type_name -> iop.runtime.v1.ExecTarget
-	36, // [36:36] is the sub-list for method output_type
-	36, // [36:36] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	6,  // 0: iop.runtime.v1.Frame.register_request:type_name -> iop.runtime.v1.RegisterRequest
+	7,  // 1: iop.runtime.v1.Frame.register_response:type_name -> iop.runtime.v1.RegisterResponse
+	8,  // 2: iop.runtime.v1.Frame.heartbeat:type_name -> iop.runtime.v1.Heartbeat
+	9,  // 3: iop.runtime.v1.Frame.config_refresh:type_name -> iop.runtime.v1.ConfigRefresh
+	10, // 4: iop.runtime.v1.Frame.config_refresh_ack:type_name -> iop.runtime.v1.ConfigRefreshAck
+	11, // 5: iop.runtime.v1.Frame.window_update:type_name -> iop.runtime.v1.WindowUpdate
+	12, // 6: iop.runtime.v1.Frame.stream_reset:type_name -> iop.runtime.v1.StreamReset
+	17, // 7: iop.runtime.v1.Frame.run_request:type_name -> iop.runtime.v1.RunRequest
+	18, // 8: iop.runtime.v1.Frame.run_event:type_name -> iop.runtime.v1.RunEvent
+	21, // 9: iop.runtime.v1.Frame.cancel_request:type_name -> iop.runtime.v1.CancelRequest
+	22, // 10: iop.runtime.v1.Frame.cancel_response:type_name -> iop.runtime.v1.CancelResponse
+	23, // 11: iop.runtime.v1.Frame.node_command_request:type_name -> iop.runtime.v1.NodeCommandRequest
+	24, // 12: iop.runtime.v1.Frame.node_command_response:type_name -> iop.runtime.v1.NodeCommandResponse
+	26, // 13: iop.runtime.v1.Frame.provider_tunnel_request:type_name -> iop.runtime.v1.ProviderTunnelRequest
+	28, // 14: iop.runtime.v1.Frame.provider_tunnel_frame:type_name -> iop.runtime.v1.ProviderTunnelFrame
+	27, // 15: iop.runtime.v1.Frame.tunnel_request_body:type_name -> iop.runtime.v1.TunnelRequestBody
+	3,  // 16: iop.runtime.v1.Frame.node_stats:type_name -> iop.runtime.v1.NodeStats
+	4,  // 17: iop.runtime.v1.NodeStats.adapters:type_name -> iop.runtime.v1.AdapterSlots
+	5,  // 18: iop.runtime.v1.NodeStats.providers:type_name -> iop.runtime.v1.ProviderLatency
+	13, // 19: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	13, // 20: iop.runtime.v1.ConfigRefresh.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	14, // 21: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
+	16, // 22: iop.runtime.v1.NodeConfigPayload.providers:type_name -> iop.runtime.v1.ProviderConfig
+	31, // 23: iop.runtime.v1.AdapterConfig.targets:type_name -> iop.runtime.v1.AdapterConfig.TargetsEntry
+	32, // 24: iop.runtime.v1.AdapterConfig.env:type_name -> iop.runtime.v1.AdapterConfig.EnvEntry
+	33, // 25: iop.runtime.v1.ExecTarget.env:type_name -> iop.runtime.v1.ExecTarget.EnvEntry
+	0,  // 26: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.EventType
+	19, // 27: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
+	20, // 28: iop.runtime.v1.RunEvent.error:type_name -> iop.runtime.v1.Error
+	1,  // 29: iop.runtime.v1.CancelRequest.kind:type_name -> iop.runtime.v1.CancelKind
+	20, // 30: iop.runtime.v1.CancelResponse.error:type_name -> iop.runtime.v1.Error
+	20, // 31: iop.runtime.v1.NodeCommandResponse.error:type_name -> iop.runtime.v1.Error
+	25, // 32: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
+	29, // 33: iop.runtime.v1.ProviderTunnelFrame.header:type_name -> iop.runtime.v1.HeaderBlock
+	30, // 34: iop.runtime.v1.ProviderTunnelFrame.end:type_name -> iop.runtime.v1.End
+	20, // 35: iop.runtime.v1.ProviderTunnelFrame.error:type_name -> iop.runtime.v1.Error
+	19, // 36: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
+	25, // 37: iop.runtime.v1.HeaderBlock.headers:type_name -> iop.runtime.v1.Header
+	15, // 38: iop.runtime.v1.AdapterConfig.TargetsEntry.value:type_name -> iop.runtime.v1.ExecTarget
+	39, // [39:39] is the sub-list for method output_type
+	39, // [39:39] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_iop_runtime_proto_init() }
@@ -2626,8 +2860,9 @@ func file_iop_runtime_proto_init() {
 		(*Frame_ProviderTunnelRequest)(nil),
 		(*Frame_ProviderTunnelFrame)(nil),
 		(*Frame_TunnelRequestBody)(nil),
+		(*Frame_NodeStats)(nil),
 	}
-	file_iop_runtime_proto_msgTypes[23].OneofWrappers = []any{
+	file_iop_runtime_proto_msgTypes[26].OneofWrappers = []any{
 		(*ProviderTunnelFrame_Status)(nil),
 		(*ProviderTunnelFrame_Header)(nil),
 		(*ProviderTunnelFrame_Body)(nil),
@@ -2642,7 +2877,7 @@ func file_iop_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_iop_runtime_proto_rawDesc), len(file_iop_runtime_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   29,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

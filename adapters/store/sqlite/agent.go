@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect"
 
 	"iop/domain"
 	"iop/ports"
@@ -52,7 +53,13 @@ var agentSessionColumns = [][2]string{
 // addAgentSessionColumns adds the columns a database created by an older
 // version lacks.
 func addAgentSessionColumns(ctx context.Context, tx bun.Tx) error {
-	rows, err := tx.QueryContext(ctx, "SELECT name FROM pragma_table_info('agent_sessions')")
+	// The catalog query is the one dialect-specific bit: SQLite's
+	// table_info pragma, the information schema elsewhere (PostgreSQL).
+	query := "SELECT name FROM pragma_table_info('agent_sessions')"
+	if tx.Dialect().Name() != dialect.SQLite {
+		query = "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = 'agent_sessions'"
+	}
+	rows, err := tx.QueryContext(ctx, query)
 	if err != nil {
 		return fmt.Errorf("read agent_sessions columns: %w", err)
 	}
@@ -102,9 +109,9 @@ func (s *AgentSessionStore) PutAgentSession(ctx context.Context, adapter, target
 	row := &agentSessionRow{Adapter: adapter, SessionID: sessionID, AgentID: agentID, Target: target, UpdatedAt: time.Now().UTC()}
 	_, err := s.db.NewInsert().Model(row).
 		On("CONFLICT (adapter, session_id) DO UPDATE").
-		Set("total_input = CASE WHEN agent_id = EXCLUDED.agent_id THEN total_input ELSE 0 END").
-		Set("total_cached = CASE WHEN agent_id = EXCLUDED.agent_id THEN total_cached ELSE 0 END").
-		Set("total_output = CASE WHEN agent_id = EXCLUDED.agent_id THEN total_output ELSE 0 END").
+		Set("total_input = CASE WHEN ?TableAlias.agent_id = EXCLUDED.agent_id THEN ?TableAlias.total_input ELSE 0 END").
+		Set("total_cached = CASE WHEN ?TableAlias.agent_id = EXCLUDED.agent_id THEN ?TableAlias.total_cached ELSE 0 END").
+		Set("total_output = CASE WHEN ?TableAlias.agent_id = EXCLUDED.agent_id THEN ?TableAlias.total_output ELSE 0 END").
 		Set("agent_id = EXCLUDED.agent_id").
 		Set("target = EXCLUDED.target").
 		Set("updated_at = EXCLUDED.updated_at").

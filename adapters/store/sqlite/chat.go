@@ -116,7 +116,7 @@ func (s *ChatStore) ListChats(ctx context.Context, adapter string) ([]domain.Ses
 		Column("m.adapter", "m.session_id").
 		ColumnExpr("(SELECT l.target FROM chat_messages AS l"+
 			" WHERE l.adapter = m.adapter AND l.session_id = m.session_id ORDER BY l.seq DESC LIMIT 1) AS target").
-		ColumnExpr("SUM(m.role = ?) AS turns", roleAssistant).
+		ColumnExpr("SUM(CASE WHEN m.role = ? THEN 1 ELSE 0 END) AS turns", roleAssistant).
 		ColumnExpr("MAX(m.created_at) AS last_used").
 		Group("m.adapter", "m.session_id").
 		Order("m.adapter", "m.session_id")

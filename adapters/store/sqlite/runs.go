@@ -206,17 +206,18 @@ type usageRow struct {
 }
 
 // UsageByAdapter returns one summary per adapter that has runs, ordered by
-// adapter name. Running counts queued and running runs; TotalTokens sums
+// adapter name. Counts use CASE, not SUM(boolean), which PostgreSQL
+// refuses. Running counts queued and running runs; TotalTokens sums
 // domain.Usage.Total, so a provider that reported no total still counts.
 func (s *RunStore) UsageByAdapter(ctx context.Context) ([]domain.UsageSummary, error) {
 	var rows []usageRow
 	err := s.db.NewSelect().Model((*runRow)(nil)).
 		Column("adapter").
 		ColumnExpr("COUNT(*) AS runs_total").
-		ColumnExpr("SUM(status = ?) AS succeeded", string(domain.RunSucceeded)).
-		ColumnExpr("SUM(status = ?) AS failed", string(domain.RunFailed)).
-		ColumnExpr("SUM(status = ?) AS cancelled", string(domain.RunCancelled)).
-		ColumnExpr("SUM(status IN (?, ?)) AS running", string(domain.RunQueued), string(domain.RunRunning)).
+		ColumnExpr("SUM(CASE WHEN status = ? THEN 1 ELSE 0 END) AS succeeded", string(domain.RunSucceeded)).
+		ColumnExpr("SUM(CASE WHEN status = ? THEN 1 ELSE 0 END) AS failed", string(domain.RunFailed)).
+		ColumnExpr("SUM(CASE WHEN status = ? THEN 1 ELSE 0 END) AS cancelled", string(domain.RunCancelled)).
+		ColumnExpr("SUM(CASE WHEN status IN (?, ?) THEN 1 ELSE 0 END) AS running", string(domain.RunQueued), string(domain.RunRunning)).
 		ColumnExpr("COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens").
 		ColumnExpr("COALESCE(SUM(completion_tokens), 0) AS completion_tokens").
 		ColumnExpr("COALESCE(SUM(CASE WHEN total_tokens > 0 THEN total_tokens "+

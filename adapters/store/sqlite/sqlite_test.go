@@ -14,6 +14,7 @@ import (
 	"github.com/uptrace/bun/driver/sqliteshim"
 	"go.uber.org/goleak"
 
+	"iop/adapters/store/pgtest"
 	"iop/adapters/store/sqlite"
 	"iop/adapters/store/storetest"
 	"iop/domain"
@@ -21,7 +22,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { pgtest.StopShared() }))
 }
 
 // fileDSN names a fresh database file in a temporary directory, in the form
@@ -55,6 +56,33 @@ func TestChatStoreContract(t *testing.T) {
 func TestAgentSessionStoreContract(t *testing.T) {
 	storetest.AgentSessionStoreContract(t, func(t *testing.T) ports.AgentSessionStore {
 		return sqlite.NewAgentSessionStore(open(t, fileDSN(t)))
+	})
+}
+
+// openPostgres opens the node's stores on a fresh database of the test's
+// own PostgreSQL server (skipping when PostgreSQL is not installed).
+func openPostgres(t *testing.T) *sqlite.DB {
+	t.Helper()
+	db, err := sqlite.OpenPostgres(context.Background(), pgtest.DSN(t))
+	if err != nil {
+		t.Fatalf("OpenPostgres: %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// The same contract on PostgreSQL: the SQL must be portable.
+func TestPostgresRunStoreContract(t *testing.T) {
+	storetest.RunStoreContract(t, func(t *testing.T) ports.RunStore { return sqlite.NewRunStore(openPostgres(t)) })
+}
+
+func TestPostgresChatStoreContract(t *testing.T) {
+	storetest.ChatStoreContract(t, func(t *testing.T) ports.ChatSessionStore { return sqlite.NewChatStore(openPostgres(t)) })
+}
+
+func TestPostgresAgentSessionStoreContract(t *testing.T) {
+	storetest.AgentSessionStoreContract(t, func(t *testing.T) ports.AgentSessionStore {
+		return sqlite.NewAgentSessionStore(openPostgres(t))
 	})
 }
 

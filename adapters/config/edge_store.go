@@ -1,0 +1,79 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// DefaultStoreRetention is how long the edge keeps run and tunnel history.
+const DefaultStoreRetention = 30 * 24 * time.Hour
+
+// StoreConfig is edge.yaml's store: the edge's durable run and usage history.
+type StoreConfig struct {
+	// DSN is a postgres:// URL, or an SQLite file path (relative to the
+	// config file's directory); default "edge.db" in state_dir.
+	DSN string `yaml:"dsn"`
+	// Retention: older rows are pruned in the background (default 720h;
+	// a negative value keeps everything).
+	Retention Duration `yaml:"retention"`
+	// EdgeID is written on every row, so edges sharing a database can be
+	// told apart; default the host name.
+	EdgeID string `yaml:"edge_id"`
+}
+
+// MetricsConfig is edge.yaml's metrics.
+type MetricsConfig struct {
+	// Listen, if set, serves GET /metrics alone on this address (besides
+	// the HTTP API's own /metrics).
+	Listen string `yaml:"listen"`
+}
+
+// resolveStore fills the default store file in state_dir (which
+// resolvePaths has resolved) and makes a relative SQLite path relative to
+// the config file.
+func (c *EdgeConfig) resolveStore(configPath string) {
+	base := filepath.Dir(configPath)
+	switch {
+	case c.Store.DSN == "":
+		c.Store.DSN = filepath.Join(c.StateDir, "edge.db")
+	case strings.Contains(c.Store.DSN, "://"), strings.HasPrefix(c.Store.DSN, "file:"), strings.Contains(c.Store.DSN, ":memory:"):
+	case !filepath.IsAbs(c.Store.DSN):
+		c.Store.DSN = filepath.Join(base, c.Store.DSN)
+	}
+}
+
+// IsPostgresDSN reports whether dsn selects PostgreSQL.
+func IsPostgresDSN(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+}
+
+func (c *EdgeConfig) validateStore() error {
+	var errs []error
+	if strings.Contains(c.Store.DSN, "://") && !IsPostgresDSN(c.Store.DSN) {
+		errs = append(errs, fmt.Errorf("store.dsn: only postgres:// URLs or SQLite file paths are supported"))
+	}
+	if c.Metrics.Listen != "" {
+		if err := checkHostPort("metrics.listen", c.Metrics.Listen, true); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// StoreDSNForLog is store.dsn without a password, for logs.
+func (c *EdgeConfig) StoreDSNForLog() string {
+	d := c.Store.DSN
+	if !IsPostgresDSN(d) {
+		return d
+	}
+	scheme, rest, _ := strings.Cut(d, "://")
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		if user, _, hasPass := strings.Cut(rest[:at], ":"); hasPass {
+			rest = user + ":***@" + rest[at+1:]
+		}
+	}
+	return scheme + "://" + rest
+}

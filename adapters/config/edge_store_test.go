@@ -1,0 +1,63 @@
+package config_test
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/adapters/config"
+)
+
+const storeNodes = "\nnodes:\n  - {id: n1, token: store-test-token}\n"
+
+func TestStoreDefaultsNextToTheConfig(t *testing.T) {
+	dir := t.TempDir()
+	c, err := config.ParseEdge(filepath.Join(dir, "edge.yaml"), []byte(storeNodes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.StateDir != filepath.Join(dir, "edge-state") || c.Store.DSN != filepath.Join(dir, "edge-state", "edge.db") {
+		t.Fatalf("state_dir %q, store.dsn %q", c.StateDir, c.Store.DSN)
+	}
+	if c.Store.Retention.Std() != 30*24*time.Hour || !c.Log.AccessLog() || c.Metrics.Listen != "" {
+		t.Fatalf("defaults: retention %s, access %v, metrics %q", c.Store.Retention, c.Log.AccessLog(), c.Metrics.Listen)
+	}
+}
+
+func TestStoreSettings(t *testing.T) {
+	dir := t.TempDir()
+	c, err := config.ParseEdge(filepath.Join(dir, "edge.yaml"), []byte(`
+state_dir: st
+store: {dsn: "postgres://iop:pw@db:5432/iop?sslmode=disable", retention: 48h, edge_id: e1}
+metrics: {listen: "127.0.0.1:9100"}
+log: {access: false}`+storeNodes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.StateDir != filepath.Join(dir, "st") || !strings.HasPrefix(c.Store.DSN, "postgres://") || c.Store.Retention.Std() != 48*time.Hour ||
+		c.Store.EdgeID != "e1" || c.Metrics.Listen != "127.0.0.1:9100" || c.Log.AccessLog() {
+		t.Fatalf("parsed %+v %+v %+v", c.Store, c.Metrics, c.Log)
+	}
+	if got := c.StoreDSNForLog(); strings.Contains(got, "pw") {
+		t.Fatalf("DSN for logs holds the password: %s", got)
+	}
+	c, err = config.ParseEdge(filepath.Join(dir, "edge.yaml"), []byte("store: {dsn: rel/h.db}"+storeNodes))
+	if err != nil || c.Store.DSN != filepath.Join(dir, "rel", "h.db") {
+		t.Fatalf("relative sqlite path: %q %v", c.Store.DSN, err)
+	}
+}
+
+func TestStoreSettingsRefused(t *testing.T) {
+	for name, yaml := range map[string]string{
+		"mysql dsn":       "store: {dsn: \"mysql://x\"}",
+		"bad metrics":     "metrics: {listen: \"nope\"}",
+		"unknown key":     "store: {dsn: a.db, colour: red}",
+		"bad retention":   "store: {retention: soon}",
+		"access not bool": "log: {access: maybe}",
+	} {
+		if _, err := config.ParseEdge(filepath.Join(t.TempDir(), "edge.yaml"), []byte(yaml+storeNodes)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

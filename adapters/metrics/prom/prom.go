@@ -1,0 +1,236 @@
+// Package prom maps the edge's metrics port (ports.EdgeMetrics) and its
+// live state (registry, links, event bus) to Prometheus collectors, and
+// serves them in the text format. Label values come from the directory and
+// node configs, never from callers.
+package prom
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"iop/adapters/transport"
+	edgeapp "iop/application/edge"
+	"iop/domain"
+	"iop/ports"
+)
+
+// Metrics is the edge's Prometheus registry. It implements ports.EdgeMetrics.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	registrations *prometheus.CounterVec
+	runs          *prometheus.CounterVec
+	runDuration   *prometheus.HistogramVec
+	runFirst      *prometheus.HistogramVec
+	tunnels       *prometheus.CounterVec
+	tunnelFirst   prometheus.Histogram
+	tunnelBytes   *prometheus.CounterVec
+	tokens        *prometheus.CounterVec
+	historyDrops  prometheus.Counter
+}
+
+var _ ports.EdgeMetrics = (*Metrics)(nil)
+
+// Sources are the live parts of the edge read at scrape time; any may be nil.
+type Sources struct {
+	Registry *edgeapp.Registry
+	// BusDropped is the event bus's count of events dropped for slow subscribers.
+	BusDropped func() uint64
+}
+
+// New registers every metric, the Go runtime and process collectors, and
+// collectors reading src at scrape time.
+func New(src Sources) *Metrics {
+	reg := prometheus.NewRegistry()
+	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+	runBuckets := []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800}
+	m := &Metrics{
+		reg: reg,
+		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "iop_node_registrations_total",
+			Help: "Node registration attempts by outcome (accepted or the rejection code)."}, []string{"outcome"}),
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "iop_runs_total",
+			Help: "Runs dispatched by the edge that ended, by node, adapter and final status."}, []string{"node", "adapter", "status"}),
+		runDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "iop_run_duration_seconds",
+			Help: "Run duration from dispatch to terminal event.", Buckets: runBuckets}, []string{"adapter"}),
+		runFirst: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "iop_run_first_event_seconds",
+			Help: "Time from dispatch to a run's first event.", Buckets: runBuckets}, []string{"adapter"}),
+		tunnels: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "iop_tunnel_requests_total",
+			Help: "Provider tunnels that ended, by node, provider, served model and HTTP status or error code."}, []string{"node", "provider", "model", "code"}),
+		tunnelFirst: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "iop_tunnel_first_byte_seconds",
+			Help: "Time from opening a tunnel to the provider's response status.", Buckets: prometheus.DefBuckets}),
+		tunnelBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "iop_tunnel_body_bytes_total",
+			Help: "Tunnel body bytes: in (request, caller to provider) and out (response)."}, []string{"direction"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "iop_tokens_total",
+			Help: "Tokens reported by runs and tunnels, by node, model and kind (prompt or completion)."}, []string{"node", "model", "kind"}),
+		historyDrops: prometheus.NewCounter(prometheus.CounterOpts{Name: "iop_history_dropped_rows_total",
+			Help: "History rows lost because the store was slow or unreachable."}),
+	}
+	for _, c := range []prometheus.Collector{m.registrations, m.runs, m.runDuration, m.runFirst, m.tunnels, m.tunnelFirst,
+		m.tunnelBytes, m.tokens, m.historyDrops} {
+		f(c)
+	}
+	m.tunnelBytes.WithLabelValues("in")
+	m.tunnelBytes.WithLabelValues("out")
+	m.registrations.WithLabelValues("accepted")
+	f(collectors.NewGoCollector())
+	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	f(&liveCollector{src: src})
+	return m
+}
+
+// Handler serves the registry in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// Registry is the underlying registry (for tests and extra collectors).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// NodeRegistration implements ports.EdgeMetrics.
+func (m *Metrics) NodeRegistration(outcome string) {
+	m.registrations.WithLabelValues(label(outcome)).Inc()
+}
+
+// RunFinished implements ports.EdgeMetrics.
+func (m *Metrics) RunFinished(r ports.RunOutcome) {
+	m.runs.WithLabelValues(label(r.Node), label(r.Adapter), string(r.Status)).Inc()
+	m.runDuration.WithLabelValues(label(r.Adapter)).Observe(r.Duration.Seconds())
+	if r.FirstEvent > 0 {
+		m.runFirst.WithLabelValues(label(r.Adapter)).Observe(r.FirstEvent.Seconds())
+	}
+	m.addTokens(r.Node, r.Usage, "")
+}
+
+// TunnelFinished implements ports.EdgeMetrics.
+func (m *Metrics) TunnelFinished(t ports.TunnelOutcome) {
+	m.tunnels.WithLabelValues(label(t.Node), label(t.Provider), label(t.Model), label(t.Code)).Inc()
+	if t.FirstByte > 0 {
+		m.tunnelFirst.Observe(t.FirstByte.Seconds())
+	}
+	m.tunnelBytes.WithLabelValues("in").Add(float64(t.BytesIn))
+	m.tunnelBytes.WithLabelValues("out").Add(float64(t.BytesOut))
+	m.addTokens(t.Node, t.Usage, t.Model)
+}
+
+// HistoryDropped implements ports.EdgeMetrics.
+func (m *Metrics) HistoryDropped(n int) { m.historyDrops.Add(float64(n)) }
+
+// addTokens counts usage under model, or the model the node reported (a
+// run's adapter decides it, not the caller) when model is "".
+func (m *Metrics) addTokens(node string, u *domain.Usage, model string) {
+	if u == nil {
+		return
+	}
+	if model == "" {
+		model = u.Model
+	}
+	if u.PromptTokens > 0 {
+		m.tokens.WithLabelValues(label(node), label(model), "prompt").Add(float64(u.PromptTokens))
+	}
+	if u.CompletionTokens > 0 {
+		m.tokens.WithLabelValues(label(node), label(model), "completion").Add(float64(u.CompletionTokens))
+	}
+}
+
+// label bounds a label value's length (values come from configs and nodes).
+func label(s string) string {
+	if len(s) > 128 {
+		return strings.ToValidUTF8(s[:128], "")
+	}
+	return s
+}
+
+// liveCollector reads the edge's live state at scrape time.
+type liveCollector struct{ src Sources }
+
+var (
+	descConnected = prometheus.NewDesc("iop_nodes_connected", "Nodes connected to the edge.", nil, nil)
+	descInFlight  = prometheus.NewDesc("iop_runs_in_flight", "Runs dispatched through this edge and not yet ended.", []string{"node", "adapter"}, nil)
+	descTunnelsIn = prometheus.NewDesc("iop_tunnels_in_flight", "Provider tunnels open through this edge.", []string{"node"}, nil)
+	descBusDrops  = prometheus.NewDesc("iop_eventbus_dropped_total", "Bus events dropped because a subscriber was too slow.", nil, nil)
+	descRTT       = prometheus.NewDesc("iop_link_heartbeat_rtt_seconds", "Last heartbeat round trip on a node's link.", []string{"node"}, nil)
+	descFrames    = prometheus.NewDesc("iop_link_frames_total", "Frames on a node's link (current connection), by direction.", []string{"node", "direction"}, nil)
+	descLinkBytes = prometheus.NewDesc("iop_link_bytes_total", "Bytes on a node's link (current connection), by direction.", []string{"node", "direction"}, nil)
+
+	descSlotsMax   = prometheus.NewDesc("iop_node_adapter_slots", "An adapter's concurrency limit on its node (0: unlimited), as the node reports it.", []string{"node", "adapter"}, nil)
+	descSlotsUsed  = prometheus.NewDesc("iop_node_adapter_slots_in_use", "An adapter's runs in flight on its node, as the node reports it.", []string{"node", "adapter"}, nil)
+	descChildren   = prometheus.NewDesc("iop_node_child_processes", "Child processes a node's adapters are running.", []string{"node"}, nil)
+	descStoreBytes = prometheus.NewDesc("iop_node_store_bytes", "Size of a node's run store on disk.", []string{"node"}, nil)
+	descProvLat    = prometheus.NewDesc("iop_node_provider_first_byte_seconds", "Time a node's providers took to answer, as the node measures it.", []string{"node", "provider"}, nil)
+)
+
+func (c *liveCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descConnected, descInFlight, descTunnelsIn, descBusDrops, descRTT, descFrames, descLinkBytes,
+		descSlotsMax, descSlotsUsed, descChildren, descStoreBytes, descProvLat} {
+		ch <- d
+	}
+}
+
+// linkStats and nodeStats are what the transport's edge link offers.
+type linkStats interface{ Stats() transport.Stats }
+type nodeStats interface {
+	NodeStats() (domain.NodeStats, bool)
+}
+
+func (c *liveCollector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	counter := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
+	}
+	if c.src.BusDropped != nil {
+		counter(descBusDrops, float64(c.src.BusDropped()))
+	}
+	if c.src.Registry == nil {
+		return
+	}
+	nodes := c.src.Registry.List()
+	gauge(descConnected, float64(len(nodes)))
+	for _, n := range nodes {
+		id := label(n.ID)
+		for _, a := range n.Adapters {
+			gauge(descInFlight, float64(a.InFlight), id, label(a.Name))
+		}
+		gauge(descTunnelsIn, float64(n.TunnelsInFlight), id)
+		if ls, ok := n.Link.(linkStats); ok {
+			s := ls.Stats()
+			gauge(descRTT, s.RTT.Seconds(), id)
+			counter(descFrames, float64(s.FramesIn), id, "in")
+			counter(descFrames, float64(s.FramesOut), id, "out")
+			counter(descLinkBytes, float64(s.BytesIn), id, "in")
+			counter(descLinkBytes, float64(s.BytesOut), id, "out")
+		}
+		ns, ok := n.Link.(nodeStats)
+		if !ok {
+			continue
+		}
+		st, ok := ns.NodeStats()
+		if !ok {
+			continue
+		}
+		seen := map[string]bool{}
+		for _, a := range st.Adapters {
+			if seen[a.Name] {
+				continue // a node's duplicate would fail the whole scrape
+			}
+			seen[a.Name] = true
+			gauge(descSlotsMax, float64(a.Max), id, label(a.Name))
+			gauge(descSlotsUsed, float64(a.InFlight), id, label(a.Name))
+		}
+		gauge(descChildren, float64(st.ChildProcesses), id)
+		gauge(descStoreBytes, float64(st.StoreBytes), id)
+		clear(seen)
+		for _, p := range st.Providers {
+			if seen[p.Name] {
+				continue
+			}
+			seen[p.Name] = true
+			ch <- prometheus.MustNewConstSummary(descProvLat, uint64(max(p.Count, 0)), p.Seconds, nil, id, label(p.Name))
+		}
+	}
+}

@@ -1,0 +1,106 @@
+package prom_test
+
+import (
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"iop/adapters/metrics/prom"
+	edgeapp "iop/application/edge"
+	"iop/domain"
+	"iop/ports"
+)
+
+// scrape fetches the handler's text exposition and parses it.
+func scrape(t *testing.T, m *prom.Metrics) map[string]*dto.MetricFamily {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatalf("parse: %v\n%s", err, body)
+	}
+	return fams
+}
+
+func value(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
+	t.Helper()
+	f := fams[name]
+	if f == nil {
+		t.Fatalf("no metric %s", name)
+	}
+next:
+	for _, m := range f.Metric {
+		for _, lp := range m.Label {
+			if want, ok := labels[lp.GetName()]; ok && want != lp.GetValue() {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.Counter.GetValue()
+		case m.Gauge != nil:
+			return m.Gauge.GetValue()
+		case m.Histogram != nil:
+			return float64(m.Histogram.GetSampleCount())
+		}
+	}
+	t.Fatalf("no %s with %v", name, labels)
+	return 0
+}
+
+func TestPortToCollectors(t *testing.T) {
+	reg := edgeapp.NewRegistry()
+	var dropped uint64 = 3
+	m := prom.New(prom.Sources{Registry: reg, BusDropped: func() uint64 { return dropped }})
+	m.NodeRegistration("accepted")
+	m.NodeRegistration("unknown_token")
+	m.NodeRegistration("unknown_token")
+	u := &domain.Usage{PromptTokens: 5, CompletionTokens: 7, Model: "m1"}
+	m.RunFinished(ports.RunOutcome{Node: "n1", Adapter: "exec", Status: domain.RunSucceeded, Duration: time.Second, FirstEvent: time.Millisecond, Usage: u})
+	m.RunFinished(ports.RunOutcome{Node: "n1", Adapter: "exec", Status: domain.RunFailed, Duration: time.Second})
+	m.TunnelFinished(ports.TunnelOutcome{Node: "n1", Provider: "p", Model: "m1", Code: "200", FirstByte: time.Millisecond, BytesIn: 10, BytesOut: 20,
+		Usage: &domain.Usage{PromptTokens: 1, CompletionTokens: 2}})
+	m.HistoryDropped(4)
+
+	f := scrape(t, m)
+	checks := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"iop_node_registrations_total", map[string]string{"outcome": "accepted"}, 1},
+		{"iop_node_registrations_total", map[string]string{"outcome": "unknown_token"}, 2},
+		{"iop_runs_total", map[string]string{"node": "n1", "adapter": "exec", "status": "succeeded"}, 1},
+		{"iop_runs_total", map[string]string{"status": "failed"}, 1},
+		{"iop_run_duration_seconds", map[string]string{"adapter": "exec"}, 2},
+		{"iop_run_first_event_seconds", map[string]string{"adapter": "exec"}, 1},
+		{"iop_tunnel_requests_total", map[string]string{"node": "n1", "provider": "p", "model": "m1", "code": "200"}, 1},
+		{"iop_tunnel_first_byte_seconds", nil, 1},
+		{"iop_tunnel_body_bytes_total", map[string]string{"direction": "in"}, 10},
+		{"iop_tunnel_body_bytes_total", map[string]string{"direction": "out"}, 20},
+		{"iop_tokens_total", map[string]string{"model": "m1", "kind": "prompt"}, 6},
+		{"iop_tokens_total", map[string]string{"model": "m1", "kind": "completion"}, 9},
+		{"iop_history_dropped_rows_total", nil, 4},
+		{"iop_eventbus_dropped_total", nil, 3},
+		{"iop_nodes_connected", nil, 0},
+	}
+	for _, c := range checks {
+		if got := value(t, f, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	for _, name := range []string{"go_goroutines", "process_cpu_seconds_total"} {
+		if f[name] == nil {
+			t.Errorf("runtime/process metric %s missing", name)
+		}
+	}
+}

@@ -1,0 +1,188 @@
+// Package edgestore is the edge's durable history of runs and tunnels
+// (ports.RunHistory, ports.HistoryReader) with bun on SQLite or PostgreSQL.
+// The row types, migrations and queries are shared; only the opener
+// differs. Times are stored as Unix microseconds (BIGINT) so ordering,
+// cursors and day buckets are plain integer arithmetic on both.
+package edgestore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect/pgdialect"
+	"github.com/uptrace/bun/dialect/sqlitedialect"
+	"github.com/uptrace/bun/driver/pgdriver"
+	"github.com/uptrace/bun/driver/sqliteshim"
+)
+
+// DB is an open, migrated edge store.
+type DB struct {
+	bun      *bun.DB
+	postgres bool
+}
+
+// IsPostgres reports whether dsn selects PostgreSQL (postgres:// or
+// postgresql://); anything else is an SQLite file or DSN.
+func IsPostgres(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+}
+
+// Open opens dsn and applies any migrations it lacks. A plain path is an
+// SQLite file (created if missing).
+func Open(ctx context.Context, dsn string) (*DB, error) {
+	if dsn == "" {
+		return nil, errors.New("open edge store: empty dsn")
+	}
+	var db *DB
+	if IsPostgres(dsn) {
+		conn := pgdriver.NewConnector(pgdriver.WithDSN(dsn), pgdriver.WithTimeout(5*time.Second),
+			pgdriver.WithDialTimeout(5*time.Second))
+		sqldb := sql.OpenDB(conn)
+		sqldb.SetMaxOpenConns(4)
+		db = &DB{bun: bun.NewDB(sqldb, pgdialect.New()), postgres: true}
+	} else {
+		sqldb, err := sql.Open(sqliteshim.ShimName, sqliteDSN(dsn))
+		if err != nil {
+			return nil, fmt.Errorf("open edge store: %w", err)
+		}
+		// One connection, never recycled: SQLite has one writer, and
+		// queueing in database/sql beats SQLITE_BUSY (see the node store);
+		// the pragmas below then hold for the life of the DB.
+		sqldb.SetMaxOpenConns(1)
+		sqldb.SetConnMaxLifetime(0)
+		sqldb.SetConnMaxIdleTime(0)
+		db = &DB{bun: bun.NewDB(sqldb, sqlitedialect.New())}
+		for _, p := range []string{"PRAGMA busy_timeout = 5000", "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL"} {
+			if _, err := sqldb.ExecContext(ctx, p); err != nil {
+				_ = sqldb.Close()
+				return nil, fmt.Errorf("open edge store %s: %s: %w", dsn, p, err)
+			}
+		}
+	}
+	if err := db.migrate(ctx); err != nil {
+		_ = db.bun.Close()
+		return nil, fmt.Errorf("open edge store: %w", err)
+	}
+	return db, nil
+}
+
+// sqliteDSN turns a plain path into a file DSN that creates the file.
+func sqliteDSN(dsn string) string {
+	if strings.HasPrefix(dsn, "file:") || strings.Contains(dsn, ":memory:") {
+		return dsn
+	}
+	return "file:" + dsn + "?mode=rwc"
+}
+
+// Close closes the database.
+func (db *DB) Close() error { return db.bun.Close() }
+
+// migrationLock is the PostgreSQL advisory lock key that serialises
+// migrations of edges sharing one database ("iopmigr" in ASCII).
+const migrationLock = 0x696f706d69677
+
+// migrations are applied in order, each once, in one transaction with the
+// version recorded. Append only: never edit a released migration.
+var migrations = []struct {
+	version int
+	stmts   []string
+}{
+	{1, []string{
+		`CREATE TABLE edge_runs (
+			id VARCHAR(64) PRIMARY KEY,
+			edge_id VARCHAR(255) NOT NULL,
+			node VARCHAR(255) NOT NULL,
+			adapter VARCHAR(255) NOT NULL,
+			target TEXT NOT NULL,
+			session_id TEXT NOT NULL,
+			key_name VARCHAR(255) NOT NULL,
+			background BOOLEAN NOT NULL,
+			status VARCHAR(16) NOT NULL,
+			created_us BIGINT NOT NULL,
+			finished_us BIGINT NOT NULL,
+			error_code VARCHAR(64) NOT NULL,
+			error_message TEXT NOT NULL,
+			model VARCHAR(255) NOT NULL,
+			prompt_tokens BIGINT NOT NULL,
+			completion_tokens BIGINT NOT NULL,
+			total_tokens BIGINT NOT NULL,
+			cost_usd DOUBLE PRECISION NOT NULL,
+			has_usage BOOLEAN NOT NULL
+		)`,
+		`CREATE INDEX edge_runs_created_idx ON edge_runs (created_us, id)`,
+		`CREATE INDEX edge_runs_node_idx ON edge_runs (node, created_us)`,
+		`CREATE TABLE edge_tunnels (
+			id VARCHAR(64) PRIMARY KEY,
+			edge_id VARCHAR(255) NOT NULL,
+			node VARCHAR(255) NOT NULL,
+			provider VARCHAR(255) NOT NULL,
+			model VARCHAR(255) NOT NULL,
+			path TEXT NOT NULL,
+			key_name VARCHAR(255) NOT NULL,
+			status INTEGER NOT NULL,
+			error_code VARCHAR(64) NOT NULL,
+			body_bytes BIGINT NOT NULL,
+			prompt_tokens BIGINT NOT NULL,
+			completion_tokens BIGINT NOT NULL,
+			total_tokens BIGINT NOT NULL,
+			cost_usd DOUBLE PRECISION NOT NULL,
+			started_us BIGINT NOT NULL,
+			finished_us BIGINT NOT NULL
+		)`,
+		`CREATE INDEX edge_tunnels_started_idx ON edge_tunnels (started_us)`,
+	}},
+}
+
+// Version is the schema version this build migrates to.
+func Version() int { return migrations[len(migrations)-1].version }
+
+func (db *DB) migrate(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return db.bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		if db.postgres {
+			// Two edges starting at once: the second waits here, then
+			// sees the first one's versions and applies nothing.
+			if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(?)", int64(migrationLock)); err != nil {
+				return fmt.Errorf("migration lock: %w", err)
+			}
+		}
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS edge_schema_migrations (
+			version INTEGER PRIMARY KEY, applied_us BIGINT NOT NULL)`); err != nil {
+			return fmt.Errorf("create migrations table: %w", err)
+		}
+		var applied []int
+		if err := tx.NewSelect().Table("edge_schema_migrations").Column("version").Scan(ctx, &applied); err != nil {
+			return fmt.Errorf("read migrations: %w", err)
+		}
+		done := map[int]bool{}
+		for _, v := range applied {
+			done[v] = true
+		}
+		for _, v := range applied {
+			if v > Version() {
+				return fmt.Errorf("database schema version %d is newer than this edge knows (%d)", v, Version())
+			}
+		}
+		for _, m := range migrations {
+			if done[m.version] {
+				continue
+			}
+			for _, s := range m.stmts {
+				if _, err := tx.ExecContext(ctx, s); err != nil {
+					return fmt.Errorf("migration %d: %w", m.version, err)
+				}
+			}
+			if _, err := tx.ExecContext(ctx, "INSERT INTO edge_schema_migrations (version, applied_us) VALUES (?, ?)",
+				m.version, time.Now().UnixMicro()); err != nil {
+				return fmt.Errorf("migration %d: %w", m.version, err)
+			}
+		}
+		return nil
+	})
+}

@@ -1,0 +1,319 @@
+package edgestore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"iop/adapters/store/edgestore"
+	"iop/adapters/store/pgtest"
+	"iop/domain"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { pgtest.StopShared() }))
+}
+
+type opener func(t *testing.T) string // returns a DSN of an empty database
+
+func sqliteDSN(t *testing.T) string { return filepath.Join(t.TempDir(), "edge.db") }
+
+func TestSQLite(t *testing.T)   { contract(t, sqliteDSN) }
+func TestPostgres(t *testing.T) { contract(t, func(t *testing.T) string { return pgtest.DSN(t) }) }
+
+func open(t *testing.T, dsn string, o edgestore.Options) *edgestore.Store {
+	t.Helper()
+	db, err := edgestore.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	if o.Retention == 0 {
+		o.Retention = -1 // t0 is long past: the pruner would race the checks
+	}
+	if o.FlushInterval == 0 {
+		o.FlushInterval = 10 * time.Millisecond
+	}
+	s := edgestore.New(db, o)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// eventually polls f until it reports true or 10 s pass.
+func eventually(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+var t0 = time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+
+func run(id, node, adapter, key string, status domain.RunStatus, at time.Time, u *domain.Usage) domain.RunRecord {
+	r := domain.RunRecord{ID: id, Node: node, Adapter: adapter, Target: "t", SessionID: "s", Key: key, Status: status, CreatedAt: at}
+	if status.Finished() {
+		r.FinishedAt = at.Add(time.Second)
+		r.Usage = u
+	}
+	if status == domain.RunFailed {
+		r.ErrorCode, r.ErrorMsg = "adapter_error", "boom"
+	}
+	return r
+}
+
+func contract(t *testing.T, newDSN opener) {
+	ctx := context.Background()
+
+	t.Run("run lifecycle and reopen", func(t *testing.T) {
+		dsn := newDSN(t)
+		s := open(t, dsn, edgestore.Options{EdgeID: "e1"})
+		s.RecordRun(run("run_a", "n1", "exec", "", domain.RunRunning, t0, nil))
+		fin := run("run_a", "n1", "exec", "", domain.RunSucceeded, t0,
+			&domain.Usage{PromptTokens: 3, CompletionTokens: 4, CostUSD: 0.5, Model: "m1"})
+		s.RecordRun(fin)
+		var got domain.RunRecord
+		eventually(t, "the finished run", func() bool {
+			r, err := s.GetRun(ctx, "run_a")
+			got = r
+			return err == nil && r.Status == domain.RunSucceeded
+		})
+		if got.Key != domain.AnonymousName || got.Node != "n1" || !got.CreatedAt.Equal(t0) || !got.FinishedAt.Equal(t0.Add(time.Second)) ||
+			got.Usage == nil || got.Usage.TotalTokens != 7 || got.Usage.CostUSD != 0.5 || got.Usage.Model != "m1" {
+			t.Fatalf("run = %+v usage %+v", got, got.Usage)
+		}
+		if _, err := s.GetRun(ctx, "run_missing"); !errors.Is(err, domain.ErrRunNotFound) {
+			t.Fatalf("missing run: %v", err)
+		}
+		_ = s.Close()
+		// Migrations are idempotent: reopening keeps the rows.
+		s2 := open(t, dsn, edgestore.Options{EdgeID: "e1"})
+		if r, err := s2.GetRun(ctx, "run_a"); err != nil || r.Status != domain.RunSucceeded {
+			t.Fatalf("after reopen: %+v %v", r, err)
+		}
+	})
+
+	t.Run("list filters and cursor pages", func(t *testing.T) {
+		s := open(t, newDSN(t), edgestore.Options{})
+		for i := range 7 {
+			node, status, key := "n1", domain.RunSucceeded, "alice"
+			if i%2 == 1 {
+				node, status, key = "n2", domain.RunFailed, "bob"
+			}
+			s.RecordRun(run(fmt.Sprintf("run_%d", i), node, "exec", key, status, t0.Add(time.Duration(i)*time.Minute), nil))
+		}
+		// Two runs at the same instant: the id breaks the tie.
+		s.RecordRun(run("run_x", "n1", "other", "alice", domain.RunRunning, t0.Add(3*time.Minute), nil))
+		eventually(t, "8 runs", func() bool {
+			p, err := s.ListRuns(ctx, domain.RunQuery{Limit: 100})
+			return err == nil && len(p.Runs) == 8
+		})
+		var ids []string
+		q := domain.RunQuery{Limit: 3}
+		for {
+			p, err := s.ListRuns(ctx, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range p.Runs {
+				ids = append(ids, r.ID)
+			}
+			if p.Next == "" {
+				break
+			}
+			q.Cursor = p.Next
+		}
+		want := []string{"run_6", "run_5", "run_4", "run_x", "run_3", "run_2", "run_1", "run_0"}
+		if fmt.Sprint(ids) != fmt.Sprint(want) {
+			t.Fatalf("pages = %v, want %v", ids, want)
+		}
+		check := func(q domain.RunQuery, want string) {
+			t.Helper()
+			p, err := s.ListRuns(ctx, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, r := range p.Runs {
+				got = append(got, r.ID)
+			}
+			if fmt.Sprint(got) != want {
+				t.Fatalf("%+v: got %v, want %s", q, got, want)
+			}
+		}
+		check(domain.RunQuery{Node: "n2"}, "[run_5 run_3 run_1]")
+		check(domain.RunQuery{Nodes: []string{"n2", "n9"}}, "[run_5 run_3 run_1]")
+		check(domain.RunQuery{Status: domain.RunFailed, Key: "bob"}, "[run_5 run_3 run_1]")
+		check(domain.RunQuery{Adapter: "other"}, "[run_x]")
+		check(domain.RunQuery{Key: "alice", Since: t0.Add(2 * time.Minute), Until: t0.Add(6 * time.Minute)}, "[run_4 run_x run_2]")
+		if _, err := s.ListRuns(ctx, domain.RunQuery{Cursor: "!!"}); domain.CodeOf(err) != domain.CodeInvalidRequest {
+			t.Fatalf("bad cursor: %v", err)
+		}
+	})
+
+	t.Run("usage sums runs and tunnels", func(t *testing.T) {
+		s := open(t, newDSN(t), edgestore.Options{})
+		day2 := t0.Add(24 * time.Hour)
+		s.RecordRun(run("run_1", "n1", "exec", "alice", domain.RunSucceeded, t0, &domain.Usage{PromptTokens: 1, CompletionTokens: 2, CostUSD: 0.25, Model: "m1"}))
+		s.RecordRun(run("run_2", "n1", "exec", "alice", domain.RunFailed, t0, nil))
+		s.RecordRun(run("run_3", "n2", "exec", "bob", domain.RunSucceeded, day2, &domain.Usage{TotalTokens: 10, Model: "m2"}))
+		s.RecordTunnel(domain.TunnelRecord{ID: "tun_1", Node: "n2", Provider: "p", Model: "m1", Key: "alice", Status: 200, BodyBytes: 100,
+			StartedAt: t0, FinishedAt: t0.Add(time.Second), Usage: &domain.Usage{PromptTokens: 5, CompletionTokens: 5}})
+		s.RecordTunnel(domain.TunnelRecord{ID: "tun_2", Node: "n2", Provider: "p", Model: "m1", Status: 502, ErrorCode: "provider_error",
+			BodyBytes: 7, StartedAt: day2, FinishedAt: day2})
+		eventually(t, "rows", func() bool {
+			u, err := s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByNode})
+			return err == nil && len(u) == 2 && u[1].Requests == 3
+		})
+		cases := []struct {
+			by   string
+			want string
+		}{
+			{domain.GroupByKey, "[{alice 2 1 3 1 6 7 13 0.25 100} {anonymous 0 1 1 1 0 0 0 0 7} {bob 1 0 1 0 0 0 10 0 0}]"},
+			{domain.GroupByNode, "[{n1 2 0 2 1 1 2 3 0.25 0} {n2 1 2 3 1 5 5 20 0 107}]"},
+			{domain.GroupByModel, "[{ 1 0 1 1 0 0 0 0 0} {m1 1 2 3 1 6 7 13 0.25 107} {m2 1 0 1 0 0 0 10 0 0}]"},
+			{domain.GroupByDay, "[{2026-03-01 2 1 3 1 6 7 13 0.25 100} {2026-03-02 1 1 2 1 0 0 10 0 7}]"},
+		}
+		for _, c := range cases {
+			u, err := s.Usage(ctx, domain.UsageQuery{GroupBy: c.by})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := fmt.Sprint(u); got != c.want {
+				t.Errorf("group_by=%s:\n got %s\nwant %s", c.by, got, c.want)
+			}
+		}
+		u, err := s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByNode, Nodes: []string{"n1"}})
+		if err != nil || fmt.Sprint(u) != "[{n1 2 0 2 1 1 2 3 0.25 0}]" {
+			t.Fatalf("nodes limit: %v %v", u, err)
+		}
+		u, err = s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByKey, Since: day2})
+		if err != nil || fmt.Sprint(u) != "[{anonymous 0 1 1 1 0 0 0 0 7} {bob 1 0 1 0 0 0 10 0 0}]" {
+			t.Fatalf("since: %v %v", u, err)
+		}
+		if _, err := s.Usage(ctx, domain.UsageQuery{GroupBy: "colour"}); domain.CodeOf(err) != domain.CodeInvalidRequest {
+			t.Fatalf("bad group_by: %v", err)
+		}
+	})
+
+	t.Run("prune keeps recent and in-flight runs", func(t *testing.T) {
+		s := open(t, newDSN(t), edgestore.Options{Retention: -1})
+		s.RecordRun(run("run_old", "n1", "exec", "", domain.RunSucceeded, t0, nil))
+		s.RecordRun(run("run_old_live", "n1", "exec", "", domain.RunRunning, t0, nil))
+		s.RecordRun(run("run_new", "n1", "exec", "", domain.RunSucceeded, t0.Add(48*time.Hour), nil))
+		s.RecordTunnel(domain.TunnelRecord{ID: "tun_old", Node: "n1", StartedAt: t0, FinishedAt: t0})
+		eventually(t, "rows", func() bool {
+			p, _ := s.ListRuns(ctx, domain.RunQuery{})
+			return len(p.Runs) == 3
+		})
+		if n, err := s.Prune(ctx, t0.Add(24*time.Hour)); err != nil || n != 2 {
+			t.Fatalf("Prune = %d, %v; want 2 rows", n, err)
+		}
+		p, _ := s.ListRuns(ctx, domain.RunQuery{})
+		if len(p.Runs) != 2 || p.Runs[0].ID != "run_new" || p.Runs[1].ID != "run_old_live" {
+			t.Fatalf("after prune: %+v", p.Runs)
+		}
+	})
+
+	t.Run("a full queue drops rows and counts them", func(t *testing.T) {
+		var dropped atomic.Int64
+		s := open(t, newDSN(t), edgestore.Options{QueueSize: 1, FlushInterval: time.Hour, BatchSize: 1000,
+			Dropped: func(n int) { dropped.Add(int64(n)) }})
+		for i := range 50 {
+			s.RecordRun(run(fmt.Sprintf("run_%d", i), "n1", "exec", "", domain.RunRunning, t0, nil))
+		}
+		if dropped.Load() == 0 {
+			t.Fatal("no row was dropped with a queue of one and 50 rows")
+		}
+	})
+
+	t.Run("concurrent writers", func(t *testing.T) {
+		s := open(t, newDSN(t), edgestore.Options{})
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 25 {
+					s.RecordRun(run(fmt.Sprintf("run_%d_%d", w, i), "n1", "exec", "", domain.RunSucceeded, t0, nil))
+				}
+			}()
+		}
+		wg.Wait()
+		eventually(t, "100 runs", func() bool {
+			p, _ := s.ListRuns(ctx, domain.RunQuery{Limit: 1000})
+			return len(p.Runs) == 100
+		})
+	})
+}
+
+// A database that goes away costs rows (counted), never a caller: Record
+// returns at once while the database is down.
+func TestPostgresOutageDropsRows(t *testing.T) {
+	srv, err := pgtest.Start()
+	if errors.Is(err, pgtest.ErrUnavailable) {
+		t.Skipf("skipping the PostgreSQL run: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	dsn, err := srv.NewDatabase(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dropped atomic.Int64
+	s := open(t, dsn, edgestore.Options{WriteTimeout: 2 * time.Second, Dropped: func(n int) { dropped.Add(int64(n)) }})
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for i := range 10 {
+		s.RecordRun(run(fmt.Sprintf("run_%d", i), "n1", "exec", "", domain.RunSucceeded, t0, nil))
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("recording blocked for %v with the database down", d)
+	}
+	eventually(t, "dropped rows counted", func() bool { return dropped.Load() >= 10 })
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	s.RecordRun(run("run_after", "n1", "exec", "", domain.RunSucceeded, t0, nil))
+	eventually(t, "a row written after the database came back", func() bool {
+		_, err := s.GetRun(context.Background(), "run_after")
+		return err == nil
+	})
+}
+
+// Two edges migrating one PostgreSQL database at once both succeed.
+func TestPostgresConcurrentMigrations(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			db, err := edgestore.Open(context.Background(), dsn)
+			if err == nil {
+				err = db.Close()
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}

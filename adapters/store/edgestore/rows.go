@@ -1,0 +1,135 @@
+package edgestore
+
+import (
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"iop/domain"
+)
+
+// maxText bounds free-text columns (error messages, targets, paths).
+const maxText = 2048
+
+type runRow struct {
+	bun.BaseModel `bun:"table:edge_runs"`
+
+	ID               string  `bun:"id,pk"`
+	EdgeID           string  `bun:"edge_id"`
+	Node             string  `bun:"node"`
+	Adapter          string  `bun:"adapter"`
+	Target           string  `bun:"target"`
+	SessionID        string  `bun:"session_id"`
+	KeyName          string  `bun:"key_name"`
+	Background       bool    `bun:"background"`
+	Status           string  `bun:"status"`
+	CreatedUS        int64   `bun:"created_us"`
+	FinishedUS       int64   `bun:"finished_us"`
+	ErrorCode        string  `bun:"error_code"`
+	ErrorMessage     string  `bun:"error_message"`
+	Model            string  `bun:"model"`
+	PromptTokens     int64   `bun:"prompt_tokens"`
+	CompletionTokens int64   `bun:"completion_tokens"`
+	TotalTokens      int64   `bun:"total_tokens"`
+	CostUSD          float64 `bun:"cost_usd"`
+	HasUsage         bool    `bun:"has_usage"`
+}
+
+type tunnelRow struct {
+	bun.BaseModel `bun:"table:edge_tunnels"`
+
+	ID               string  `bun:"id,pk"`
+	EdgeID           string  `bun:"edge_id"`
+	Node             string  `bun:"node"`
+	Provider         string  `bun:"provider"`
+	Model            string  `bun:"model"`
+	Path             string  `bun:"path"`
+	KeyName          string  `bun:"key_name"`
+	Status           int     `bun:"status"`
+	ErrorCode        string  `bun:"error_code"`
+	BodyBytes        int64   `bun:"body_bytes"`
+	PromptTokens     int64   `bun:"prompt_tokens"`
+	CompletionTokens int64   `bun:"completion_tokens"`
+	TotalTokens      int64   `bun:"total_tokens"`
+	CostUSD          float64 `bun:"cost_usd"`
+	StartedUS        int64   `bun:"started_us"`
+	FinishedUS       int64   `bun:"finished_us"`
+}
+
+func micros(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMicro()
+}
+
+func fromMicros(us int64) time.Time {
+	if us == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(us).UTC()
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for len(s) > 0 && s[len(s)-1]&0xC0 == 0x80 {
+		s = s[:len(s)-1]
+	}
+	if len(s) > 0 && s[len(s)-1] >= 0xC0 {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+func toRunRow(edgeID string, r domain.RunRecord) runRow {
+	row := runRow{
+		ID: clip(r.ID, 64), EdgeID: clip(edgeID, 255), Node: clip(r.Node, 255), Adapter: clip(r.Adapter, 255),
+		Target: clip(r.Target, maxText), SessionID: clip(r.SessionID, maxText), KeyName: clip(keyOr(r.Key), 255),
+		Background: r.Background, Status: string(r.Status), CreatedUS: micros(r.CreatedAt), FinishedUS: micros(r.FinishedAt),
+		ErrorCode: clip(r.ErrorCode, 64), ErrorMessage: clip(r.ErrorMsg, maxText),
+	}
+	if u := r.Usage; u != nil {
+		row.HasUsage = true
+		row.Model = clip(u.Model, 255)
+		row.PromptTokens, row.CompletionTokens, row.TotalTokens, row.CostUSD = u.PromptTokens, u.CompletionTokens, u.Total(), u.CostUSD
+	}
+	return row
+}
+
+func (row runRow) record() domain.RunRecord {
+	r := domain.RunRecord{
+		ID: row.ID, Node: row.Node, Adapter: row.Adapter, Target: row.Target, SessionID: row.SessionID, Key: row.KeyName,
+		Background: row.Background, Status: domain.RunStatus(row.Status), CreatedAt: fromMicros(row.CreatedUS),
+		FinishedAt: fromMicros(row.FinishedUS), ErrorCode: row.ErrorCode, ErrorMsg: row.ErrorMessage,
+	}
+	if row.HasUsage {
+		r.Usage = &domain.Usage{PromptTokens: row.PromptTokens, CompletionTokens: row.CompletionTokens,
+			TotalTokens: row.TotalTokens, CostUSD: row.CostUSD, Model: row.Model}
+	}
+	return r
+}
+
+func toTunnelRow(edgeID string, t domain.TunnelRecord) tunnelRow {
+	row := tunnelRow{
+		ID: clip(t.ID, 64), EdgeID: clip(edgeID, 255), Node: clip(t.Node, 255), Provider: clip(t.Provider, 255),
+		Model: clip(t.Model, 255), Path: clip(t.Path, maxText), KeyName: clip(keyOr(t.Key), 255), Status: t.Status,
+		ErrorCode: clip(t.ErrorCode, 64), BodyBytes: t.BodyBytes, StartedUS: micros(t.StartedAt), FinishedUS: micros(t.FinishedAt),
+	}
+	if u := t.Usage; u != nil {
+		row.PromptTokens, row.CompletionTokens, row.TotalTokens, row.CostUSD = u.PromptTokens, u.CompletionTokens, u.Total(), u.CostUSD
+		if row.Model == "" {
+			row.Model = clip(u.Model, 255)
+		}
+	}
+	return row
+}
+
+func keyOr(k string) string {
+	if k == "" {
+		return domain.AnonymousName
+	}
+	return k
+}

@@ -1,0 +1,476 @@
+package edgestore
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"iop/domain"
+)
+
+// Options tune a Store; zero values take the defaults.
+type Options struct {
+	EdgeID string // written on every row; several edges may share a database
+	// QueueSize bounds rows waiting to be written (default 4096); a row
+	// that does not fit is dropped and counted.
+	QueueSize int
+	// BatchSize is the most rows written in one transaction (default 256).
+	BatchSize int
+	// FlushInterval is the longest a row waits for its batch (default 200 ms).
+	FlushInterval time.Duration
+	// WriteTimeout bounds one batch write (default 5 s); a batch that fails
+	// is dropped and counted, never retried forever.
+	WriteTimeout time.Duration
+	// Retention: rows older than this are pruned (default 30 days; <0 keeps all).
+	Retention time.Duration
+	// PruneInterval is how often pruning runs (default 1 h).
+	PruneInterval time.Duration
+	// Dropped is told how many rows were lost (for a metric); may be nil.
+	Dropped func(n int)
+	Logger  *slog.Logger
+}
+
+// Store records and answers the edge's history. Record* never block: rows
+// go to a bounded queue that one writer goroutine drains in batches.
+type Store struct {
+	db   *DB
+	opts Options
+	log  *slog.Logger
+
+	queue chan any // runRow | tunnelRow
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+	mu    sync.RWMutex // orders Record against Close
+	done  bool
+
+	warnMu   sync.Mutex
+	lastWarn time.Time
+	unlogged int
+}
+
+// New starts the writer and the pruner on db; Close stops them.
+func New(db *DB, o Options) *Store {
+	if o.QueueSize <= 0 {
+		o.QueueSize = 4096
+	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = 256
+	}
+	if o.FlushInterval <= 0 {
+		o.FlushInterval = 200 * time.Millisecond
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = 5 * time.Second
+	}
+	if o.Retention == 0 {
+		o.Retention = 30 * 24 * time.Hour
+	}
+	if o.PruneInterval <= 0 {
+		o.PruneInterval = time.Hour
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Store{db: db, opts: o, log: o.Logger, queue: make(chan any, o.QueueSize), stop: cancel}
+	s.wg.Add(2)
+	go func() { defer s.wg.Done(); s.write(ctx) }()
+	go func() { defer s.wg.Done(); s.prune(ctx) }()
+	return s
+}
+
+// RecordRun queues r (the whole record: a later one for the same id
+// replaces it).
+func (s *Store) RecordRun(r domain.RunRecord) { s.enqueue(toRunRow(s.opts.EdgeID, r)) }
+
+// RecordTunnel queues t.
+func (s *Store) RecordTunnel(t domain.TunnelRecord) { s.enqueue(toTunnelRow(s.opts.EdgeID, t)) }
+
+func (s *Store) enqueue(row any) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.done {
+		s.dropped(1, errors.New("the store is closed"))
+		return
+	}
+	select {
+	case s.queue <- row:
+	default:
+		s.dropped(1, errors.New("the write queue is full"))
+	}
+}
+
+// dropped counts lost rows at once and logs them at most every 10 s, so
+// an outage costs one line per interval, not one per row.
+func (s *Store) dropped(n int, err error) {
+	if s.opts.Dropped != nil {
+		s.opts.Dropped(n)
+	}
+	s.warnMu.Lock()
+	s.unlogged += n
+	now := time.Now()
+	if now.Sub(s.lastWarn) < 10*time.Second {
+		s.warnMu.Unlock()
+		return
+	}
+	rows := s.unlogged
+	s.unlogged, s.lastWarn = 0, now
+	s.warnMu.Unlock()
+	s.log.Warn("history rows dropped", "rows", rows, "err", err)
+}
+
+// Close flushes what is queued (bounded by the write timeout), stops the
+// goroutines and closes the database.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.done {
+		s.mu.Unlock()
+		return nil
+	}
+	s.done = true
+	close(s.queue)
+	s.mu.Unlock()
+	s.stop()
+	s.wg.Wait()
+	return s.db.Close()
+}
+
+// write drains the queue in batches until it is closed.
+func (s *Store) write(ctx context.Context) {
+	batch := make([]any, 0, s.opts.BatchSize)
+	tick := time.NewTicker(s.opts.FlushInterval)
+	defer tick.Stop()
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		// The final flush after Close still gets its own timeout.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.WriteTimeout)
+		err := s.writeBatch(wctx, batch)
+		cancel()
+		if err != nil {
+			s.dropped(len(batch), err)
+		}
+		clear(batch)
+		batch = batch[:0]
+	}
+	for {
+		select {
+		case row, ok := <-s.queue:
+			if !ok {
+				flush()
+				return
+			}
+			batch = append(batch, row)
+			if len(batch) >= s.opts.BatchSize {
+				flush()
+			}
+		case <-tick.C:
+			flush()
+		}
+	}
+}
+
+func (s *Store) writeBatch(ctx context.Context, batch []any) error {
+	var runs []runRow
+	var tunnels []tunnelRow
+	for _, r := range batch {
+		switch r := r.(type) {
+		case runRow:
+			// A later record of the same run in this batch wins.
+			replaced := false
+			for i := range runs {
+				if runs[i].ID == r.ID {
+					runs[i], replaced = r, true
+				}
+			}
+			if !replaced {
+				runs = append(runs, r)
+			}
+		case tunnelRow:
+			tunnels = append(tunnels, r)
+		}
+	}
+	return s.db.bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		if len(runs) > 0 {
+			q := tx.NewInsert().Model(&runs).On("CONFLICT (id) DO UPDATE")
+			for _, c := range []string{"node", "adapter", "target", "session_id", "key_name", "background", "status",
+				"finished_us", "error_code", "error_message", "model", "prompt_tokens", "completion_tokens",
+				"total_tokens", "cost_usd", "has_usage"} {
+				q = q.Set(c + " = EXCLUDED." + c)
+			}
+			if _, err := q.Exec(ctx); err != nil {
+				return fmt.Errorf("write runs: %w", err)
+			}
+		}
+		if len(tunnels) > 0 {
+			if _, err := tx.NewInsert().Model(&tunnels).On("CONFLICT (id) DO NOTHING").Exec(ctx); err != nil {
+				return fmt.Errorf("write tunnels: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// prune deletes rows past the retention now and every PruneInterval, in
+// small statements so writers are never held up for long.
+func (s *Store) prune(ctx context.Context) {
+	if s.opts.Retention < 0 {
+		return
+	}
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if n, err := s.Prune(ctx, time.Now().Add(-s.opts.Retention)); err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("history prune failed", "err", err)
+			}
+		} else if n > 0 {
+			s.log.Info("history pruned", "rows", n)
+		}
+		t.Reset(s.opts.PruneInterval)
+	}
+}
+
+// Prune deletes finished runs created, and tunnels started, before cutoff.
+// Runs still in flight are kept.
+func (s *Store) Prune(ctx context.Context, cutoff time.Time) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	us := cutoff.UnixMicro()
+	var total int64
+	for _, q := range []*bun.DeleteQuery{
+		s.db.bun.NewDelete().Model((*runRow)(nil)).Where("created_us < ?", us).Where("finished_us > 0"),
+		s.db.bun.NewDelete().Model((*tunnelRow)(nil)).Where("started_us < ?", us),
+	} {
+		res, err := q.Exec(ctx)
+		if err != nil {
+			return total, err
+		}
+		n, _ := res.RowsAffected()
+		total += n
+	}
+	return total, nil
+}
+
+// GetRun returns one run; domain.ErrRunNotFound if the store has none.
+func (s *Store) GetRun(ctx context.Context, id string) (domain.RunRecord, error) {
+	var rows []runRow
+	if err := s.db.bun.NewSelect().Model(&rows).Where("id = ?", id).Limit(int64(1)).Scan(ctx); err != nil {
+		return domain.RunRecord{}, fmt.Errorf("read run: %w", err)
+	}
+	if len(rows) == 0 {
+		return domain.RunRecord{}, domain.Errorf(domain.CodeRunNotFound, "run %s is not in the edge's history", id)
+	}
+	return rows[0].record(), nil
+}
+
+// Limits of a listing.
+const (
+	DefaultLimit = 50
+	MaxLimit     = 1000
+)
+
+// ListRuns returns runs newest first (by creation, then id), one page.
+func (s *Store) ListRuns(ctx context.Context, q domain.RunQuery) (domain.RunPage, error) {
+	limit := q.Limit
+	if limit <= 0 {
+		limit = DefaultLimit
+	}
+	limit = min(limit, MaxLimit)
+	var rows []runRow
+	sel := s.db.bun.NewSelect().Model(&rows)
+	if q.Node != "" {
+		sel = sel.Where("node = ?", q.Node)
+	}
+	if len(q.Nodes) > 0 {
+		sel = sel.Where("node IN (?)", bun.List(q.Nodes))
+	}
+	if q.Adapter != "" {
+		sel = sel.Where("adapter = ?", q.Adapter)
+	}
+	if q.Status != "" {
+		sel = sel.Where("status = ?", string(q.Status))
+	}
+	if q.Key != "" {
+		sel = sel.Where("key_name = ?", q.Key)
+	}
+	if !q.Since.IsZero() {
+		sel = sel.Where("created_us >= ?", q.Since.UnixMicro())
+	}
+	if !q.Until.IsZero() {
+		sel = sel.Where("created_us < ?", q.Until.UnixMicro())
+	}
+	if q.Cursor != "" {
+		us, id, err := decodeCursor(q.Cursor)
+		if err != nil {
+			return domain.RunPage{}, err
+		}
+		sel = sel.WhereGroup(" AND ", func(w *bun.SelectQuery) *bun.SelectQuery {
+			return w.Where("created_us < ?", us).WhereOr("created_us = ? AND id < ?", us, id)
+		})
+	}
+	if err := sel.OrderExpr("created_us DESC, id DESC").Limit(int64(limit + 1)).Scan(ctx); err != nil {
+		return domain.RunPage{}, fmt.Errorf("list runs: %w", err)
+	}
+	page := domain.RunPage{Runs: make([]domain.RunRecord, 0, min(len(rows), limit))}
+	for i, r := range rows {
+		if i == limit {
+			last := rows[limit-1]
+			page.Next = encodeCursor(last.CreatedUS, last.ID)
+			break
+		}
+		page.Runs = append(page.Runs, r.record())
+	}
+	return page, nil
+}
+
+func encodeCursor(us int64, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(us, 10) + "|" + id))
+}
+
+func decodeCursor(c string) (int64, string, error) {
+	bad := domain.Errorf(domain.CodeInvalidRequest, "cursor %q is not one this edge returned", c)
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return 0, "", bad
+	}
+	ts, id, ok := strings.Cut(string(b), "|")
+	if !ok {
+		return 0, "", bad
+	}
+	us, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return 0, "", bad
+	}
+	return us, id, nil
+}
+
+type usageRow struct {
+	Group            string  `bun:"grp"`
+	N                int64   `bun:"n"`
+	Errors           int64   `bun:"errors"`
+	PromptTokens     int64   `bun:"prompt_tokens"`
+	CompletionTokens int64   `bun:"completion_tokens"`
+	TotalTokens      int64   `bun:"total_tokens"`
+	CostUSD          float64 `bun:"cost_usd"`
+	BodyBytes        int64   `bun:"body_bytes"`
+}
+
+const dayMicros = int64(24 * time.Hour / time.Microsecond)
+
+// Usage sums runs and tunnels in [Since, Until) by q.GroupBy. Errors are
+// failed runs and tunnels that ended with an error. Day groups are UTC
+// dates (YYYY-MM-DD).
+func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageTotal, error) {
+	var runGroup, tunGroup string
+	switch q.GroupBy {
+	case domain.GroupByKey:
+		runGroup, tunGroup = "key_name", "key_name"
+	case domain.GroupByNode:
+		runGroup, tunGroup = "node", "node"
+	case domain.GroupByModel:
+		runGroup, tunGroup = "model", "model"
+	case domain.GroupByDay:
+		runGroup, tunGroup = fmt.Sprintf("created_us / %d", dayMicros), fmt.Sprintf("started_us / %d", dayMicros)
+	default:
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "group_by must be key, node, model or day, not %q", q.GroupBy)
+	}
+	var runRows, tunRows []usageRow
+	rq := s.db.bun.NewSelect().Model((*runRow)(nil)).
+		ColumnExpr("CAST("+runGroup+" AS VARCHAR(255)) AS grp").
+		ColumnExpr("COUNT(*) AS n").
+		ColumnExpr("SUM(CASE WHEN status = ? THEN 1 ELSE 0 END) AS errors", string(domain.RunFailed)).
+		ColumnExpr("SUM(prompt_tokens) AS prompt_tokens").
+		ColumnExpr("SUM(completion_tokens) AS completion_tokens").
+		ColumnExpr("SUM(total_tokens) AS total_tokens").
+		ColumnExpr("SUM(cost_usd) AS cost_usd").
+		ColumnExpr("0 AS body_bytes").
+		GroupExpr(runGroup)
+	tq := s.db.bun.NewSelect().Model((*tunnelRow)(nil)).
+		ColumnExpr("CAST(" + tunGroup + " AS VARCHAR(255)) AS grp").
+		ColumnExpr("COUNT(*) AS n").
+		ColumnExpr("SUM(CASE WHEN error_code <> '' THEN 1 ELSE 0 END) AS errors").
+		ColumnExpr("SUM(prompt_tokens) AS prompt_tokens").
+		ColumnExpr("SUM(completion_tokens) AS completion_tokens").
+		ColumnExpr("SUM(total_tokens) AS total_tokens").
+		ColumnExpr("SUM(cost_usd) AS cost_usd").
+		ColumnExpr("SUM(body_bytes) AS body_bytes").
+		GroupExpr(tunGroup)
+	if !q.Since.IsZero() {
+		rq = rq.Where("created_us >= ?", q.Since.UnixMicro())
+		tq = tq.Where("started_us >= ?", q.Since.UnixMicro())
+	}
+	if !q.Until.IsZero() {
+		rq = rq.Where("created_us < ?", q.Until.UnixMicro())
+		tq = tq.Where("started_us < ?", q.Until.UnixMicro())
+	}
+	if len(q.Nodes) > 0 {
+		rq = rq.Where("node IN (?)", bun.List(q.Nodes))
+		tq = tq.Where("node IN (?)", bun.List(q.Nodes))
+	}
+	if err := rq.Scan(ctx, &runRows); err != nil {
+		return nil, fmt.Errorf("sum runs: %w", err)
+	}
+	if err := tq.Scan(ctx, &tunRows); err != nil {
+		return nil, fmt.Errorf("sum tunnels: %w", err)
+	}
+	groups := map[string]*domain.UsageTotal{}
+	var order []string
+	add := func(r usageRow, tunnel bool) {
+		name := r.Group
+		if q.GroupBy == domain.GroupByDay {
+			if d, err := strconv.ParseInt(name, 10, 64); err == nil {
+				name = time.UnixMicro(d * dayMicros).UTC().Format(time.DateOnly)
+			}
+		}
+		g := groups[name]
+		if g == nil {
+			g = &domain.UsageTotal{Group: name}
+			groups[name] = g
+			order = append(order, name)
+		}
+		if tunnel {
+			g.Tunnels += r.N
+		} else {
+			g.Runs += r.N
+		}
+		g.Requests += r.N
+		g.Errors += r.Errors
+		g.PromptTokens += r.PromptTokens
+		g.CompletionTokens += r.CompletionTokens
+		g.TotalTokens += r.TotalTokens
+		g.CostUSD += r.CostUSD
+		g.BodyBytes += r.BodyBytes
+	}
+	for _, r := range runRows {
+		add(r, false)
+	}
+	for _, r := range tunRows {
+		add(r, true)
+	}
+	out := make([]domain.UsageTotal, 0, len(order))
+	for _, name := range order {
+		out = append(out, *groups[name])
+	}
+	sortTotals(out)
+	return out, nil
+}
+
+func sortTotals(t []domain.UsageTotal) {
+	sort.Slice(t, func(i, j int) bool { return t[i].Group < t[j].Group })
+}

@@ -1,0 +1,106 @@
+package transport
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"iop/domain"
+	ioppb "iop/proto/iop"
+)
+
+// DefaultStatsInterval is how often a node sends its NodeStats.
+const DefaultStatsInterval = 15 * time.Second
+
+// Bounds of a NodeStats message as the edge keeps it: a node cannot grow
+// the edge's metrics beyond them.
+const (
+	maxStatsEntries = 256
+	maxStatsName    = 128
+)
+
+func statsToProto(s domain.NodeStats) *ioppb.NodeStats {
+	p := &ioppb.NodeStats{ChildProcesses: uint32(max(s.ChildProcesses, 0)), StoreBytes: s.StoreBytes}
+	for _, a := range s.Adapters {
+		p.Adapters = append(p.Adapters, &ioppb.AdapterSlots{Name: a.Name, MaxConcurrency: uint32(max(a.Max, 0)), InFlight: uint32(max(a.InFlight, 0))})
+	}
+	for _, l := range s.Providers {
+		p.Providers = append(p.Providers, &ioppb.ProviderLatency{Name: l.Name, Count: uint64(max(l.Count, 0)), Seconds: l.Seconds})
+	}
+	return p
+}
+
+func statsName(s string) string {
+	if len(s) > maxStatsName {
+		s = s[:maxStatsName]
+	}
+	return strings.ToValidUTF8(s, "")
+}
+
+// statsToDomain converts what a node sent, cut to the bounds.
+func statsToDomain(p *ioppb.NodeStats) domain.NodeStats {
+	s := domain.NodeStats{ChildProcesses: int(p.GetChildProcesses()), StoreBytes: max(p.GetStoreBytes(), 0)}
+	for i, a := range p.GetAdapters() {
+		if i == maxStatsEntries {
+			break
+		}
+		s.Adapters = append(s.Adapters, domain.AdapterSlots{Name: statsName(a.GetName()), Max: int(a.GetMaxConcurrency()), InFlight: int(a.GetInFlight())})
+	}
+	for i, l := range p.GetProviders() {
+		if i == maxStatsEntries {
+			break
+		}
+		sec := l.GetSeconds()
+		if sec < 0 || sec != sec {
+			sec = 0
+		}
+		s.Providers = append(s.Providers, domain.ProviderLatency{Name: statsName(l.GetName()), Count: int64(min(l.GetCount(), 1<<62)), Seconds: sec})
+	}
+	return s
+}
+
+// reportStats sends the node's stats on conn now and every interval until
+// conn or ctx ends.
+func reportStats(ctx context.Context, conn *Conn, stats func() domain.NodeStats, interval time.Duration) {
+	if interval <= 0 {
+		interval = DefaultStatsInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		sctx, cancel := context.WithTimeout(ctx, interval)
+		err := conn.sendControl(sctx, &ioppb.Frame{Body: &ioppb.Frame_NodeStats{NodeStats: statsToProto(stats())}})
+		cancel()
+		if err != nil && conn.Err() != nil {
+			return
+		}
+		select {
+		case <-t.C:
+		case <-conn.Done():
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// nodeStatsBox keeps the last NodeStats a node sent.
+type nodeStatsBox struct {
+	mu    sync.Mutex
+	stats domain.NodeStats
+	ok    bool
+}
+
+func (b *nodeStatsBox) set(s domain.NodeStats) {
+	b.mu.Lock()
+	b.stats, b.ok = s, true
+	b.mu.Unlock()
+}
+
+// NodeStats returns the last stats the node sent, if any.
+func (l *edgeLink) NodeStats() (domain.NodeStats, bool) {
+	l.statsBox.mu.Lock()
+	defer l.statsBox.mu.Unlock()
+	return l.statsBox.stats, l.statsBox.ok
+}

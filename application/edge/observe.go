@@ -1,0 +1,133 @@
+package edge
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// Observers are where the use cases report what happened: metrics and the
+// durable history. Either may be nil (nothing is reported there). Both are
+// non-blocking by contract, so reporting never slows a run or a tunnel.
+type Observers struct {
+	Metrics ports.EdgeMetrics
+	History ports.RunHistory
+}
+
+// CallerKey is the name of the API key the request came with (the
+// principal the auth middleware put in ctx), for history and metrics;
+// domain.AnonymousName on an edge without keys.
+func CallerKey(ctx context.Context) string { return domain.PrincipalFrom(ctx).Name }
+
+// runObservation follows one dispatched run for the observers. It is used
+// by the run's single consumer only.
+type runObservation struct {
+	o       Observers
+	now     func() time.Time
+	rec     domain.RunRecord
+	started time.Time
+	first   time.Duration
+}
+
+// observeRun records a run the edge just dispatched.
+func (h *SubmitRunHandler) observeRun(ctx context.Context, req domain.RunRequest, node string) *runObservation {
+	now := h.now()
+	ob := &runObservation{o: h.Observe, now: h.now, started: now, rec: domain.RunRecord{
+		ID: req.RunID, Node: node, Adapter: req.Adapter, Target: req.Target, SessionID: req.SessionID,
+		Key: CallerKey(ctx), Background: req.Background, Status: domain.RunRunning, CreatedAt: now,
+	}}
+	if ob.o.History != nil {
+		ob.o.History.RecordRun(ob.rec)
+	}
+	return ob
+}
+
+// event sees each event the edge relays; the terminal one finishes the record.
+func (ob *runObservation) event(ev domain.RunEvent) {
+	if ob == nil {
+		return
+	}
+	now := ob.now()
+	if !ev.Type.Terminal() {
+		if ob.first == 0 {
+			ob.first = max(now.Sub(ob.started), time.Nanosecond)
+		}
+		return
+	}
+	r := ob.rec
+	r.Status = domain.StatusFor(ev.Type)
+	r.FinishedAt = now
+	if ev.Error != nil {
+		r.ErrorCode, r.ErrorMsg = ev.Error.Code, ev.Error.Message
+	}
+	if ev.Usage != nil {
+		u := *ev.Usage
+		r.Usage = &u
+	}
+	if ob.o.History != nil {
+		ob.o.History.RecordRun(r)
+	}
+	if ob.o.Metrics != nil {
+		ob.o.Metrics.RunFinished(ports.RunOutcome{Node: r.Node, Adapter: r.Adapter, Status: r.Status,
+			Duration: now.Sub(ob.started), FirstEvent: ob.first, Usage: r.Usage})
+	}
+}
+
+// countingReader counts the request body bytes streamed into a tunnel
+// (read on the transport's goroutine, summed when the tunnel ends).
+type countingReader struct {
+	r interface{ Read([]byte) (int, error) }
+	n atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// tunnelObservation is what a tunnel keeps for the observers.
+type tunnelObservation struct {
+	key       string
+	modelOK   bool // the model is one a node serves, fit for a metric label
+	bytesIn   int64
+	body      *countingReader
+	firstByte time.Duration
+}
+
+// unlistedModel labels tunnels whose model no node lists: callers' strings
+// never become label values.
+const unlistedModel = "(unlisted)"
+
+// observeTunnel reports a finished tunnel.
+func (h *SubmitProviderTunnelHandler) observeTunnel(t *Tunnel, s domain.TunnelSummary, err error) {
+	ob := &t.obs
+	in := ob.bytesIn
+	if ob.body != nil {
+		in += ob.body.n.Load()
+	}
+	if h.Observe.History != nil {
+		rec := domain.TunnelRecord{ID: t.ID, Node: t.Node, Provider: t.Provider, Model: t.Model, Path: t.path, Key: ob.key,
+			Status: t.status, BodyBytes: t.bodyBytes, Usage: t.usage, StartedAt: t.start, FinishedAt: t.start.Add(s.Duration)}
+		if err != nil {
+			rec.ErrorCode = domain.CodeOf(err)
+		}
+		h.Observe.History.RecordTunnel(rec)
+	}
+	if h.Observe.Metrics != nil {
+		model := t.Model
+		if !ob.modelOK && model != "" {
+			model = unlistedModel
+		}
+		code := strconv.Itoa(t.status)
+		if err != nil {
+			code = domain.CodeOf(err)
+		}
+		h.Observe.Metrics.TunnelFinished(ports.TunnelOutcome{Node: t.Node, Provider: t.Provider, Model: model, Code: code,
+			FirstByte: ob.firstByte, BytesIn: in, BytesOut: t.bodyBytes, Usage: t.usage})
+	}
+}

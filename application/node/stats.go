@@ -1,0 +1,91 @@
+package node
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"iop/domain"
+)
+
+// Stats gathers what the node reports to the edge for its metrics: adapter
+// slots, child processes, store size and provider latency.
+type Stats struct {
+	rt        *Runtime
+	storeSize func() int64
+	lat       *ProviderLatencies
+}
+
+// NewStats reads rt and lat; storeSize may be nil (size unknown).
+func NewStats(rt *Runtime, lat *ProviderLatencies, storeSize func() int64) *Stats {
+	if rt == nil || lat == nil {
+		panic("node.NewStats: nil dependency")
+	}
+	return &Stats{rt: rt, storeSize: storeSize, lat: lat}
+}
+
+// spawnsProcesses reports whether runs of an adapter type are child processes.
+func spawnsProcesses(typ string) bool {
+	return typ == domain.AdapterExec || typ == domain.AdapterClaudeCode || typ == domain.AdapterCodex
+}
+
+// NodeStats is a snapshot for the edge.
+func (s *Stats) NodeStats() domain.NodeStats {
+	var out domain.NodeStats
+	for _, in := range s.rt.instances() {
+		used := len(in.slots)
+		out.Adapters = append(out.Adapters, domain.AdapterSlots{Name: in.cfg.Name, Max: cap(in.slots), InFlight: used})
+		if spawnsProcesses(in.cfg.Type) {
+			out.ChildProcesses += used
+		}
+	}
+	if s.storeSize != nil {
+		out.StoreBytes = s.storeSize()
+	}
+	out.Providers = s.lat.snapshot()
+	return out
+}
+
+// ProviderLatencies sums, per provider, the time the node's provider
+// requests took to their response headers. It is safe for concurrent use.
+type ProviderLatencies struct {
+	mu sync.Mutex
+	m  map[string]*domain.ProviderLatency
+}
+
+// NewProviderLatencies returns an empty set.
+func NewProviderLatencies() *ProviderLatencies {
+	return &ProviderLatencies{m: map[string]*domain.ProviderLatency{}}
+}
+
+// maxProviders bounds the names kept (they come from the node's config).
+const maxProviders = 256
+
+func (p *ProviderLatencies) observe(provider string, d time.Duration) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := p.m[provider]
+	if l == nil {
+		if len(p.m) >= maxProviders {
+			return
+		}
+		l = &domain.ProviderLatency{Name: provider}
+		p.m[provider] = l
+	}
+	l.Count++
+	l.Seconds += d.Seconds()
+}
+
+func (p *ProviderLatencies) snapshot() []domain.ProviderLatency {
+	p.mu.Lock()
+	out := make([]domain.ProviderLatency, 0, len(p.m))
+	for _, l := range p.m {
+		out = append(out, *l)
+	}
+	p.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}

@@ -1,0 +1,92 @@
+package bootstrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"go.uber.org/fx"
+
+	"iop/adapters/config"
+	"iop/adapters/eventbus"
+	"iop/adapters/metrics/prom"
+	"iop/adapters/store/edgestore"
+	edgeapp "iop/application/edge"
+)
+
+// newEdgeMetrics builds the Prometheus registry over the live registry and bus.
+func newEdgeMetrics(reg *edgeapp.Registry, bus *eventbus.Bus) *prom.Metrics {
+	return prom.New(prom.Sources{Registry: reg, BusDropped: bus.Dropped})
+}
+
+// newEdgeStore opens (and migrates) the history database; a store that
+// cannot be opened stops the edge from starting, with the reason. Once
+// running, a database that fails only costs history rows.
+func newEdgeStore(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, m *prom.Metrics) (*edgestore.Store, error) {
+	c := s.Config
+	dsn := c.Store.DSN
+	if dsn == "" {
+		dsn = "edge.db"
+	}
+	if !config.IsPostgresDSN(dsn) && c.StateDir != "" {
+		if err := os.MkdirAll(c.StateDir, 0o700); err != nil {
+			return nil, fmt.Errorf("state_dir: %w", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db, err := edgestore.Open(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("store.dsn %s: %w", c.StoreDSNForLog(), err)
+	}
+	edgeID := c.Store.EdgeID
+	if edgeID == "" {
+		edgeID, _ = os.Hostname()
+	}
+	st := edgestore.New(db, edgestore.Options{EdgeID: edgeID, Retention: c.Store.Retention.Std(), Dropped: m.HistoryDropped, Logger: log})
+	log.Info("edge store open", "dsn", c.StoreDSNForLog(), "schema", edgestore.Version(), "retention", c.Store.Retention)
+	// Closed last (appended first): runs drained at shutdown are recorded.
+	lc.Append(fx.Hook{OnStop: func(context.Context) error { return st.Close() }})
+	return st, nil
+}
+
+// metricsServer serves GET /metrics alone on metrics.listen, if set.
+type metricsServer struct {
+	srv *http.Server
+	ln  net.Listener
+}
+
+func newMetricsServer(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, m *prom.Metrics) *metricsServer {
+	ms := &metricsServer{}
+	addr := s.Config.Metrics.Listen
+	if addr == "" {
+		return ms
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	ms.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	lc.Append(fx.Hook{
+		OnStart: func(context.Context) error {
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				return fmt.Errorf("metrics.listen %s: %w", addr, err)
+			}
+			ms.ln = ln
+			go func() {
+				if err := ms.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					log.Error("metrics listener stopped", "err", err)
+				}
+			}()
+			log.Info("metrics listening", "addr", ln.Addr().String())
+			return nil
+		},
+		OnStop: func(ctx context.Context) error { return ms.srv.Shutdown(ctx) },
+	})
+	return ms
+}
