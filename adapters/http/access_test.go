@@ -45,7 +45,7 @@ func (l *lockedBuf) lines() []map[string]any {
 // accessServer is an API over one fake node whose log goes to buf.
 func accessServer(t *testing.T, buf *lockedBuf, access bool) *httptest.Server {
 	reg := edge.NewRegistry()
-	link := newFakeLink(domain.RunEvent{Seq: 1, Type: domain.EventComplete})
+	link := newFakeLink(domain.RunEvent{Seq: 1, Type: domain.EventStart}, domain.RunEvent{Seq: 2, Type: domain.EventComplete})
 	if err := reg.Admit(&edge.LiveNode{ID: "n1", Link: link, Config: domain.NodeConfig{NodeID: "n1",
 		Adapters: []domain.AdapterConfig{{Name: "exec", Type: domain.AdapterExec, MaxConcurrency: 2}}}}); err != nil {
 		t.Fatal(err)
