@@ -14,6 +14,7 @@ import (
 	"iop/adapters/config"
 	"iop/adapters/eventbus"
 	httpapi "iop/adapters/http"
+	"iop/adapters/http/console"
 	openaiapi "iop/adapters/http/openai"
 	"iop/adapters/transport"
 	edgeapp "iop/application/edge"
@@ -109,6 +110,7 @@ func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edg
 		Registry: reg, Submit: submit, Cancel: cancel, Terminate: term, Commands: cmds,
 		GetRun: get, ListRuns: list, Events: bus, OpenAI: oa,
 		TunnelUsage: ledger.ForNode,
+		Console:     console.Handler(),
 	}
 	if s.ConfigPath != "" {
 		deps.Reload = reload.Handle

@@ -11,6 +11,7 @@
 //	GET    /v1/events                 SSE of the event bus, ?type=a,b
 //	POST   /v1/admin/reload           re-read the node directory → the reload result
 //	GET    /healthz                   {"status":"ok","nodes":N}
+//	GET    /ui/                       the web console (static files; Deps.Console)
 //
 // Every error body is {"error":{"code","message"}}, with the status chosen by
 // statusFor from the domain error code (command_unsupported and
@@ -67,6 +68,8 @@ type Deps struct {
 	// TunnelUsage, if set, reports the edge's tunnel usage ledger for a node
 	// ("" for all); it backs GET /v1/usage.
 	TunnelUsage func(node string) []edge.UsageLine
+	// Console, if set, serves the web console's static files under /ui/.
+	Console http.Handler
 }
 
 // Server is the edge's HTTP API server.
@@ -129,6 +132,10 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("POST /v1/admin/reload", s.handleReload)
 	s.mux.HandleFunc("GET /healthz", s.handleHealth)
 	s.mux.HandleFunc("GET /v1/usage", s.handleUsage)
+	if s.deps.Console != nil {
+		s.mux.Handle("GET /ui", s.deps.Console)
+		s.mux.Handle("GET /ui/", s.deps.Console)
+	}
 	if s.deps.OpenAI != nil {
 		// No method in these patterns: the passthrough answers 405 itself.
 		for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/", "/api/"} {
