@@ -2,6 +2,8 @@ package bootstrap
 
 import (
 	"context"
+	"crypto/tls"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -105,17 +107,37 @@ func newTransportServer(s EdgeSettings, log *slog.Logger, reg *edgeapp.RegisterH
 func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edgeapp.Registry, submit *edgeapp.SubmitRunHandler,
 	cancel *edgeapp.CancelRunHandler, term *edgeapp.TerminateSessionHandler, cmds *edgeapp.NodeCommandHandler,
 	get *edgeapp.GetRunHandler, list *edgeapp.ListRunsHandler, reload *edgeapp.ReloadHandler,
-	oa *openaiapi.Handler, ledger *edgeapp.UsageLedger) *httpapi.Server {
+	oa *openaiapi.Handler, ledger *edgeapp.UsageLedger) (*httpapi.Server, error) {
 	deps := httpapi.Deps{
 		Registry: reg, Submit: submit, Cancel: cancel, Terminate: term, Commands: cmds,
 		GetRun: get, ListRuns: list, Events: bus, OpenAI: oa,
 		TunnelUsage: ledger.ForNode,
-		Console:     console.Handler(),
 	}
 	if s.ConfigPath != "" {
 		deps.Reload = reload.Handle
 	}
-	return httpapi.New(deps, s.Config.HTTP.Listen, log)
+	hc := s.Config.HTTP
+	for _, k := range hc.ResolvedKeys() {
+		deps.APIKeys = append(deps.APIKeys, httpapi.APIKey{SHA256: k.SHA256, Principal: k.Principal})
+	}
+	if len(deps.APIKeys) == 0 && hc.AllowUnauthenticated {
+		log.Warn("http api has no api_keys and http.allow_unauthenticated is set: anyone who reaches it may run work on every node, read every run and reload the config",
+			"listen", hc.Listen)
+	}
+	if hc.TLS != nil {
+		cert, err := tls.LoadX509KeyPair(hc.TLS.CertFile, hc.TLS.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("http.tls: load certificate %s and key %s: %w", hc.TLS.CertFile, hc.TLS.KeyFile, err)
+		}
+		deps.TLSCert = &cert
+	}
+	hs := httpapi.New(deps, hc.Listen, log)
+	// The web console's static files need no key; the data it shows comes
+	// from the API routes above, under their own scopes.
+	ui := console.Handler()
+	hs.Handle("GET /ui", httpapi.Access{Public: true}, ui)
+	hs.Handle("GET "+console.Prefix, httpapi.Access{Public: true}, ui)
+	return hs, nil
 }
 
 // runEdge starts the listeners synchronously (a busy port fails start-up),

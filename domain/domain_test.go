@@ -1,6 +1,7 @@
 package domain_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -108,5 +109,49 @@ func TestBuildConfig(t *testing.T) {
 func TestUsageTotal(t *testing.T) {
 	if (domain.Usage{PromptTokens: 2, CompletionTokens: 3}).Total() != 5 || (domain.Usage{TotalTokens: 9, PromptTokens: 1}).Total() != 9 {
 		t.Fatal("Total")
+	}
+}
+
+func TestPrincipalScopesAndNodes(t *testing.T) {
+	anon := domain.PrincipalFrom(context.Background())
+	if anon.Name != domain.AnonymousName || !anon.Allows(domain.ScopeAdmin) || !anon.SeesNode("any") {
+		t.Fatalf("no principal in context must be anonymous with every right, got %+v", anon)
+	}
+	p := domain.Principal{Name: "ci", Scopes: []string{domain.ScopeRead, domain.ScopeRuns}, Nodes: []string{"n1"}}
+	ctx := domain.WithPrincipal(context.Background(), p)
+	got := domain.PrincipalFrom(ctx)
+	if got.Name != "ci" || !got.Allows(domain.ScopeRead) || !got.Allows(domain.ScopeRuns) || got.Allows(domain.ScopeInference) || got.Allows(domain.ScopeAdmin) {
+		t.Fatalf("scopes wrong: %+v", got)
+	}
+	if !got.SeesNode("n1") || got.SeesNode("n2") || !got.Limited() {
+		t.Fatal("node limit not applied")
+	}
+	if err := got.Require(domain.ScopeAdmin); !errors.Is(err, domain.ErrForbidden) || !strings.Contains(err.Error(), "ci") {
+		t.Fatalf("Require(admin) = %v", err)
+	}
+	admin := domain.Principal{Name: "ops", Scopes: []string{domain.ScopeAdmin}}
+	for _, s := range domain.KnownScopes {
+		if !admin.Allows(s) {
+			t.Fatalf("admin must imply %s", s)
+		}
+	}
+}
+
+func TestBuildConfigChecksChildEnvironment(t *testing.T) {
+	for name, a := range map[string]domain.AdapterConfig{
+		"env on a provider adapter": {Name: "o", Type: domain.AdapterOllama, BaseURL: "http://x", InheritEnv: []string{"K"}},
+		"bad env name":              {Name: "c", Type: domain.AdapterClaudeCode, Env: map[string]string{"A=B": "v"}},
+		"bad inherit name":          {Name: "c", Type: domain.AdapterCodex, InheritEnv: []string{""}},
+		"bad target inherit name": {Name: "e", Type: domain.AdapterExec, Targets: map[string]domain.ExecTarget{
+			"t": {Command: []string{"env"}, InheritEnv: []string{"X\x00"}}}},
+	} {
+		_, err := domain.NodeRecord{ID: "n", Adapters: []domain.AdapterConfig{a}}.BuildConfig(1)
+		if !errors.Is(err, domain.ErrConfig) {
+			t.Errorf("%s: BuildConfig = %v, want config_error", name, err)
+		}
+	}
+	ok := domain.AdapterConfig{Name: "c", Type: domain.AdapterClaudeCode, Env: map[string]string{"ANTHROPIC_BASE_URL": "http://127.0.0.1:1"}, InheritEnv: []string{"ANTHROPIC_API_KEY"}}
+	if _, err := (domain.NodeRecord{ID: "n", Adapters: []domain.AdapterConfig{ok}}).BuildConfig(1); err != nil {
+		t.Fatalf("valid env refused: %v", err)
 	}
 }

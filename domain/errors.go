@@ -79,6 +79,9 @@ const (
 	CodeProviderUnreachable = "provider_unreachable"
 	CodeStreamReset         = "stream_reset"
 	CodeShuttingDown        = "shutting_down"
+	CodeUnauthorized        = "unauthorized"
+	CodeForbidden           = "forbidden"
+	CodeRateLimited         = "rate_limited"
 )
 
 // Sentinels for errors.Is. Wrap them with context; never compare strings.
@@ -104,4 +107,6 @@ var (
 	ErrModelNotFound      = &Error{Code: CodeModelNotFound}
 	ErrTimeout            = &Error{Code: CodeTimeout}
 	ErrShuttingDown       = &Error{Code: CodeShuttingDown}
+	ErrUnauthorized       = &Error{Code: CodeUnauthorized}
+	ErrForbidden          = &Error{Code: CodeForbidden}
 )

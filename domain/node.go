@@ -2,6 +2,7 @@ package domain
 
 import (
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -38,6 +39,9 @@ type ExecTarget struct {
 	Timeout time.Duration
 	Dir     string
 	Env     map[string]string
+	// InheritEnv names variables of the node's environment the command
+	// gets besides the clean base set (for secrets it needs).
+	InheritEnv []string
 }
 
 // AdapterConfig configures one runtime adapter instance on a node. Which
@@ -55,6 +59,12 @@ type AdapterConfig struct {
 	Args           []string // extra argv before the prompt
 	WorkDir        string
 	Timeout        time.Duration
+	// Env and InheritEnv shape the environment of the processes the adapter
+	// starts (exec: for every target; claude-code, codex): Env declares
+	// plain values, InheritEnv names variables copied from the node's own
+	// environment. Nothing else of the node's environment is passed on.
+	Env        map[string]string
+	InheritEnv []string
 }
 
 // ProviderConfig declares an upstream server a node can reach for the raw tunnel.
@@ -126,16 +136,40 @@ func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
 }
 
 func checkAdapter(a AdapterConfig) error {
+	if err := checkEnv(a.Env, a.InheritEnv); err != nil {
+		return Errorf(CodeConfigError, "adapter %q: %s", a.Name, err.Message)
+	}
+	if (len(a.Env) > 0 || len(a.InheritEnv) > 0) && (a.Type == AdapterOllama || a.Type == AdapterOpenAI) {
+		return Errorf(CodeConfigError, "adapter %q (%s) starts no process: env and inherit_env apply to exec, claude-code and codex", a.Name, a.Type)
+	}
 	switch a.Type {
 	case AdapterExec:
 		for name, t := range a.Targets {
 			if len(t.Command) == 0 {
 				return Errorf(CodeConfigError, "adapter %q target %q has an empty command", a.Name, name)
 			}
+			if err := checkEnv(t.Env, t.InheritEnv); err != nil {
+				return Errorf(CodeConfigError, "adapter %q target %q: %s", a.Name, name, err.Message)
+			}
 		}
 	case AdapterOllama, AdapterOpenAI:
 		if a.BaseURL == "" {
 			return Errorf(CodeConfigError, "adapter %q (%s) has no base_url", a.Name, a.Type)
+		}
+	}
+	return nil
+}
+
+// checkEnv refuses variable names a process environment cannot hold.
+func checkEnv(env map[string]string, inherit []string) *Error {
+	for k := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return Errorf(CodeConfigError, "env has an invalid variable name %q", k)
+		}
+	}
+	for _, k := range inherit {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return Errorf(CodeConfigError, "inherit_env has an invalid variable name %q", k)
 		}
 	}
 	return nil

@@ -120,11 +120,14 @@ func cloneRecord(r domain.NodeRecord) domain.NodeRecord {
 		for i, a := range r.Adapters {
 			a.Models = slices.Clone(a.Models)
 			a.Args = slices.Clone(a.Args)
+			a.Env = maps.Clone(a.Env)
+			a.InheritEnv = slices.Clone(a.InheritEnv)
 			if a.Targets != nil {
 				targets := make(map[string]domain.ExecTarget, len(a.Targets))
 				for name, t := range a.Targets {
 					t.Command = slices.Clone(t.Command)
 					t.Env = maps.Clone(t.Env)
+					t.InheritEnv = slices.Clone(t.InheritEnv)
 					targets[name] = t
 				}
 				a.Targets = targets

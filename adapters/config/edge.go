@@ -1,12 +1,16 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"iop/domain"
@@ -43,6 +47,152 @@ type TransportConfig struct {
 // HTTPConfig configures the edge's HTTP API listener.
 type HTTPConfig struct {
 	Listen string `yaml:"listen"`
+	// APIKeys, when any is set, make every route but /healthz need a key.
+	APIKeys []APIKeyEntry `yaml:"api_keys"`
+	// AllowUnauthenticated lets the API listen on a non-loopback address
+	// with no keys (the edge then warns at start).
+	AllowUnauthenticated bool `yaml:"allow_unauthenticated"`
+	// TLS, if set, serves the API over HTTPS.
+	TLS *HTTPTLSConfig `yaml:"tls"`
+}
+
+// HTTPTLSConfig is the certificate the HTTP API serves HTTPS with.
+type HTTPTLSConfig struct {
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// MinAPIKeyLength is the shortest key accepted through key_env.
+const MinAPIKeyLength = 16
+
+// APIKeyEntry is one caller key of http.api_keys. Exactly one of KeySHA256
+// (hex SHA-256 of the key, so the file holds no secret) and KeyEnv (a
+// variable of the edge's environment holding the key) is set.
+type APIKeyEntry struct {
+	Name      string   `yaml:"name"`
+	KeySHA256 string   `yaml:"key_sha256"`
+	KeyEnv    string   `yaml:"key_env"`
+	Scopes    []string `yaml:"scopes"`
+	// Nodes limits the key to these node ids; empty means every node.
+	Nodes []string `yaml:"nodes"`
+}
+
+// APIKey is a resolved key: the SHA-256 of the key and the caller it names.
+type APIKey struct {
+	SHA256    [sha256.Size]byte
+	Principal domain.Principal
+}
+
+// ResolveKeyHash returns the SHA-256 of the entry's key, from key_sha256 or
+// by hashing the value of key_env. Errors never contain the key.
+func (k APIKeyEntry) ResolveKeyHash() ([sha256.Size]byte, error) {
+	var sum [sha256.Size]byte
+	switch {
+	case k.KeySHA256 != "" && k.KeyEnv != "":
+		return sum, errors.New("set only one of key_sha256 and key_env")
+	case k.KeySHA256 != "":
+		b, err := hex.DecodeString(strings.TrimPrefix(strings.ToLower(k.KeySHA256), "sha256:"))
+		if err != nil || len(b) != sha256.Size {
+			return sum, errors.New("key_sha256 must be 64 hex digits (the SHA-256 of the key, e.g. printf %s KEY | sha256sum)")
+		}
+		copy(sum[:], b)
+		return sum, nil
+	case k.KeyEnv != "":
+		v := os.Getenv(k.KeyEnv)
+		if v == "" {
+			return sum, fmt.Errorf("key_env: environment variable %s is unset or empty", k.KeyEnv)
+		}
+		if len(v) < MinAPIKeyLength {
+			return sum, fmt.Errorf("key_env: the key in %s must be at least %d characters", k.KeyEnv, MinAPIKeyLength)
+		}
+		return sha256.Sum256([]byte(v)), nil
+	default:
+		return sum, errors.New("one of key_sha256 and key_env is required")
+	}
+}
+
+// ResolvedKeys resolves http.api_keys. Call it on a validated config: an entry
+// that does not resolve is left out (it could never match).
+func (c HTTPConfig) ResolvedKeys() []APIKey {
+	out := make([]APIKey, 0, len(c.APIKeys))
+	for _, k := range c.APIKeys {
+		sum, err := k.ResolveKeyHash()
+		if err != nil {
+			continue
+		}
+		out = append(out, APIKey{SHA256: sum, Principal: domain.Principal{
+			Name: k.Name, Scopes: slices.Clone(k.Scopes), Nodes: slices.Clone(k.Nodes),
+		}})
+	}
+	return out
+}
+
+// apiListenIsLoopback reports whether addr binds only a loopback address
+// (127.0.0.0/8, ::1 or "localhost"); an empty host binds every interface.
+func apiListenIsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func (c HTTPConfig) validate() []error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	names := map[string]int{}
+	hashes := map[[sha256.Size]byte]int{}
+	for i, k := range c.APIKeys {
+		where := fmt.Sprintf("http.api_keys[%d]", i)
+		switch {
+		case k.Name == "":
+			add("%s: name is required", where)
+		case !nodeIDPattern.MatchString(k.Name) || k.Name == domain.AnonymousName:
+			add("%s: name %q may contain only letters, digits, '.', '_' and '-' and must not be %q", where, k.Name, domain.AnonymousName)
+		default:
+			where = fmt.Sprintf("http.api_keys[%d] (name %q)", i, k.Name)
+			if j, dup := names[k.Name]; dup {
+				add("%s: name is already used by http.api_keys[%d]", where, j)
+			} else {
+				names[k.Name] = i
+			}
+		}
+		if len(k.Scopes) == 0 {
+			add("%s: scopes is required (any of %s)", where, strings.Join(domain.KnownScopes, ", "))
+		}
+		for _, s := range k.Scopes {
+			if !slices.Contains(domain.KnownScopes, s) {
+				add("%s: unknown scope %q (known: %s)", where, s, strings.Join(domain.KnownScopes, ", "))
+			}
+		}
+		for _, n := range k.Nodes {
+			if !nodeIDPattern.MatchString(n) {
+				add("%s: nodes: %q is not a node id", where, n)
+			}
+		}
+		sum, err := k.ResolveKeyHash()
+		if err != nil {
+			add("%s: %w", where, err)
+			continue
+		}
+		if j, dup := hashes[sum]; dup {
+			add("%s: the key is the same as the key of http.api_keys[%d]; every key needs its own", where, j)
+		} else {
+			hashes[sum] = i
+		}
+	}
+	if len(c.APIKeys) == 0 && !c.AllowUnauthenticated && !apiListenIsLoopback(c.Listen) {
+		add("http.listen %q is not a loopback address and http.api_keys is empty: anyone who reaches it could run work on every node; "+
+			"add http.api_keys (see docs/security.md) or set http.allow_unauthenticated: true", c.Listen)
+	}
+	if c.TLS != nil && (c.TLS.CertFile == "" || c.TLS.KeyFile == "") {
+		add("http.tls needs both cert_file and key_file")
+	}
+	return errs
 }
 
 // NodeEntry is one node of edge.yaml nodes[]. Exactly one of Token and
@@ -71,6 +221,10 @@ type AdapterEntry struct {
 	Command        string                 `yaml:"command"`
 	Args           []string               `yaml:"args"`
 	WorkDir        string                 `yaml:"work_dir"`
+	// Env and InheritEnv shape the child environment of exec targets and
+	// CLI agents (see domain.AdapterConfig).
+	Env        map[string]string `yaml:"env"`
+	InheritEnv []string          `yaml:"inherit_env"`
 }
 
 // TargetEntry is one command of an exec adapter.
@@ -79,6 +233,8 @@ type TargetEntry struct {
 	Timeout Duration          `yaml:"timeout"`
 	Dir     string            `yaml:"dir"`
 	Env     map[string]string `yaml:"env"`
+	// InheritEnv names node environment variables this target also gets.
+	InheritEnv []string `yaml:"inherit_env"`
 }
 
 // ProviderEntry declares an upstream server a node reaches for the raw tunnel.
@@ -152,6 +308,7 @@ func (c *EdgeConfig) Validate() error {
 	if err := checkHostPort("http.listen", c.HTTP.Listen, true); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.HTTP.validate()...)
 	if t.Listen == c.HTTP.Listen && !hasPortZero(t.Listen) {
 		add("http.listen and transport.listen are both %q; they need different ports", t.Listen)
 	}
@@ -255,15 +412,18 @@ func (a AdapterEntry) toDomain() domain.AdapterConfig {
 		Args:           slices.Clone(a.Args),
 		WorkDir:        a.WorkDir,
 		Timeout:        a.Timeout.Std(),
+		Env:            maps.Clone(a.Env),
+		InheritEnv:     slices.Clone(a.InheritEnv),
 	}
 	if a.Targets != nil {
 		d.Targets = make(map[string]domain.ExecTarget, len(a.Targets))
 		for name, t := range a.Targets {
 			d.Targets[name] = domain.ExecTarget{
-				Command: slices.Clone(t.Command),
-				Timeout: t.Timeout.Std(),
-				Dir:     t.Dir,
-				Env:     maps.Clone(t.Env),
+				Command:    slices.Clone(t.Command),
+				Timeout:    t.Timeout.Std(),
+				Dir:        t.Dir,
+				Env:        maps.Clone(t.Env),
+				InheritEnv: slices.Clone(t.InheritEnv),
 			}
 		}
 	}

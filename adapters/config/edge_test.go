@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +25,10 @@ transport:
   max_frame_size: 1048576
 http:
   listen: "0.0.0.0:7701"
+  api_keys:
+    - {name: ci, key_sha256: "9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08", scopes: [read, runs], nodes: [local]}
+    - {name: ops, key_env: IOP_TEST_OPS_KEY, scopes: [admin]}
+  tls: {cert_file: /etc/iop/api.crt, key_file: /etc/iop/api.key}
 log:
   level: debug
   format: json
@@ -36,7 +41,7 @@ nodes:
         max_concurrency: 2
         timeout: 1m
         targets:
-          upper: {command: ["tr", "a-z", "A-Z"], timeout: 30s, dir: "/tmp", env: {K: V}}
+          upper: {command: ["tr", "a-z", "A-Z"], timeout: 30s, dir: "/tmp", env: {K: V}, inherit_env: [HF_TOKEN]}
       - name: llm
         type: ollama
         base_url: http://127.0.0.1:11434
@@ -51,6 +56,8 @@ nodes:
         command: claude
         args: ["--verbose"]
         work_dir: /srv/work
+        env: {ANTHROPIC_BASE_URL: "http://127.0.0.1:9"}
+        inherit_env: [ANTHROPIC_API_KEY]
     providers:
       - {name: local-ollama, type: ollama, base_url: "http://127.0.0.1:11434", path_prefix: "", api_key_env: "", models: [llama3.2]}
       - {name: vllm, type: openai, base_url: "http://gpu:8000", path_prefix: /openai, api_key_env: VLLM_KEY}
@@ -60,6 +67,7 @@ nodes:
 
 func TestParseEdgeFull(t *testing.T) {
 	t.Setenv("IOP_TEST_GPU_TOKEN", "gpu-secret-token")
+	t.Setenv("IOP_TEST_OPS_KEY", "ops-key-0123456789")
 	c, err := config.ParseEdge("edge.yaml", []byte(fullEdge))
 	if err != nil {
 		t.Fatalf("ParseEdge: %v", err)
@@ -75,6 +83,17 @@ func TestParseEdgeFull(t *testing.T) {
 	if c.HTTP.Listen != "0.0.0.0:7701" {
 		t.Errorf("http.listen = %q", c.HTTP.Listen)
 	}
+	if c.HTTP.TLS == nil || *c.HTTP.TLS != (config.HTTPTLSConfig{CertFile: "/etc/iop/api.crt", KeyFile: "/etc/iop/api.key"}) {
+		t.Errorf("http.tls = %+v", c.HTTP.TLS)
+	}
+	keys := c.HTTP.ResolvedKeys()
+	wantKeys := []config.APIKey{
+		{SHA256: sha256.Sum256([]byte("test")), Principal: domain.Principal{Name: "ci", Scopes: []string{"read", "runs"}, Nodes: []string{"local"}}},
+		{SHA256: sha256.Sum256([]byte("ops-key-0123456789")), Principal: domain.Principal{Name: "ops", Scopes: []string{"admin"}}},
+	}
+	if !reflect.DeepEqual(keys, wantKeys) {
+		t.Errorf("ResolvedKeys() =\n%+v\nwant\n%+v", keys, wantKeys)
+	}
 	if c.Log != (config.LogConfig{Level: "debug", Format: "json"}) || c.Log.SlogLevel() != slog.LevelDebug {
 		t.Errorf("log = %+v", c.Log)
 	}
@@ -87,11 +106,12 @@ func TestParseEdgeFull(t *testing.T) {
 				{
 					Name: "exec", Type: "exec", MaxConcurrency: 2, Timeout: time.Minute,
 					Targets: map[string]domain.ExecTarget{
-						"upper": {Command: []string{"tr", "a-z", "A-Z"}, Timeout: 30 * time.Second, Dir: "/tmp", Env: map[string]string{"K": "V"}},
+						"upper": {Command: []string{"tr", "a-z", "A-Z"}, Timeout: 30 * time.Second, Dir: "/tmp", Env: map[string]string{"K": "V"}, InheritEnv: []string{"HF_TOKEN"}},
 					},
 				},
 				{Name: "llm", Type: "ollama", BaseURL: "http://127.0.0.1:11434", Models: []string{"llama3.2"}, Args: []string{}},
-				{Name: "agent", Type: "claude-code", Command: "claude", Args: []string{"--verbose"}, WorkDir: "/srv/work"},
+				{Name: "agent", Type: "claude-code", Command: "claude", Args: []string{"--verbose"}, WorkDir: "/srv/work",
+					Env: map[string]string{"ANTHROPIC_BASE_URL": "http://127.0.0.1:9"}, InheritEnv: []string{"ANTHROPIC_API_KEY"}},
 			},
 			Providers: []domain.ProviderConfig{
 				{Name: "local-ollama", Type: "ollama", BaseURL: "http://127.0.0.1:11434", Models: []string{"llama3.2"}},
@@ -243,6 +263,9 @@ func TestEdgeValidate(t *testing.T) {
 	t.Setenv("IOP_TEST_EMPTY", "")
 	t.Setenv("IOP_TEST_SHORT", "short")
 	t.Setenv("IOP_TEST_DUP", "aaaaaaaa")
+	t.Setenv("IOP_TEST_KEY", "key-0123456789abcdef")
+	const h = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+	keys := func(entries string) string { return "http:\n  api_keys:\n" + entries }
 	node := func(extra string) string {
 		return "nodes:\n" + extra
 	}
@@ -276,6 +299,21 @@ func TestEdgeValidate(t *testing.T) {
 		{"short token from env", node("  - {id: a, token_env: IOP_TEST_SHORT}\n"), `nodes[0] (id "a"): token must be at least 8 characters`},
 		{"duplicate token", node("  - {id: a, token: aaaaaaaa}\n  - {id: b, token: aaaaaaaa}\n"), `nodes[1] (id "b"): token is the same as the token of nodes[0]`},
 		{"duplicate token via env", node("  - {id: a, token: aaaaaaaa}\n  - {id: b, token_env: IOP_TEST_DUP}\n"), `nodes[1] (id "b"): token is the same as the token of nodes[0]`},
+		{"public listen without keys", "http: {listen: \"0.0.0.0:7701\"}\n", `http.listen "0.0.0.0:7701" is not a loopback address and http.api_keys is empty`},
+		{"all interfaces without keys", "http: {listen: \":7701\"}\n", `http.listen ":7701" is not a loopback address`},
+		{"key without name", keys("    - {key_sha256: " + h + ", scopes: [read]}\n"), "http.api_keys[0]: name is required"},
+		{"key named anonymous", keys("    - {name: anonymous, key_sha256: " + h + ", scopes: [read]}\n"), `must not be "anonymous"`},
+		{"key without scopes", keys("    - {name: a, key_sha256: " + h + "}\n"), `http.api_keys[0] (name "a"): scopes is required`},
+		{"unknown scope", keys("    - {name: a, key_sha256: " + h + ", scopes: [write]}\n"), `unknown scope "write" (known: read, runs, inference, admin)`},
+		{"no key", keys("    - {name: a, scopes: [read]}\n"), "one of key_sha256 and key_env is required"},
+		{"both keys", keys("    - {name: a, key_sha256: " + h + ", key_env: IOP_TEST_KEY, scopes: [read]}\n"), "set only one of key_sha256 and key_env"},
+		{"bad hash", keys("    - {name: a, key_sha256: abc, scopes: [read]}\n"), "key_sha256 must be 64 hex digits"},
+		{"key_env unset", keys("    - {name: a, key_env: IOP_TEST_SURELY_UNSET, scopes: [read]}\n"), "key_env: environment variable IOP_TEST_SURELY_UNSET is unset or empty"},
+		{"key_env short", keys("    - {name: a, key_env: IOP_TEST_SHORT, scopes: [read]}\n"), "must be at least 16 characters"},
+		{"duplicate key name", keys("    - {name: a, key_sha256: " + h + ", scopes: [read]}\n    - {name: a, key_env: IOP_TEST_KEY, scopes: [read]}\n"), `http.api_keys[1] (name "a"): name is already used by http.api_keys[0]`},
+		{"duplicate key", keys("    - {name: a, key_env: IOP_TEST_KEY, scopes: [read]}\n    - {name: b, key_env: IOP_TEST_KEY, scopes: [read]}\n"), "the key is the same as the key of http.api_keys[0]"},
+		{"bad node limit", keys("    - {name: a, key_sha256: " + h + ", scopes: [read], nodes: [\"a/b\"]}\n"), `nodes: "a/b" is not a node id`},
+		{"tls half", "http: {tls: {cert_file: /x}}\n", "http.tls needs both cert_file and key_file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -290,7 +328,7 @@ func TestEdgeValidate(t *testing.T) {
 			if !strings.Contains(msg, tt.want) {
 				t.Errorf("error %q does not contain %q", msg, tt.want)
 			}
-			for _, secret := range []string{"aaaaaaaa", "bbbbbbbb", "short12", "short\n", "short;"} {
+			for _, secret := range []string{"aaaaaaaa", "bbbbbbbb", "short12", "short\n", "short;", "key-0123456789abcdef"} {
 				if strings.Contains(msg, secret) {
 					t.Errorf("error %q reveals a token", msg)
 				}
@@ -428,5 +466,19 @@ func assertContainsInOrder(t *testing.T, s string, parts []string) {
 			return
 		}
 		rest = rest[i+len(p):]
+	}
+}
+
+func TestPublicListenAllowedWithKeysOrExplicitOptOut(t *testing.T) {
+	for _, doc := range []string{
+		"http: {listen: \"0.0.0.0:7701\", allow_unauthenticated: true}\n",
+		"http: {listen: \"0.0.0.0:7701\", api_keys: [{name: a, key_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08, scopes: [read]}]}\n",
+		"http: {listen: \"[::1]:7701\"}\n",
+		"http: {listen: \"localhost:7701\"}\n",
+		"http: {listen: \"127.0.0.2:7701\"}\n",
+	} {
+		if _, err := config.ParseEdge("edge.yaml", []byte(doc)); err != nil {
+			t.Errorf("%s: %v", doc, err)
+		}
 	}
 }

@@ -11,7 +11,6 @@
 //	GET    /v1/events                 SSE of the event bus, ?type=a,b
 //	POST   /v1/admin/reload           re-read the node directory → the reload result
 //	GET    /healthz                   {"status":"ok","nodes":N}
-//	GET    /ui/                       the web console (static files; Deps.Console)
 //
 // Every error body is {"error":{"code","message"}}, with the status chosen by
 // statusFor from the domain error code (command_unsupported and
@@ -23,6 +22,7 @@ package httpapi
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -68,8 +68,11 @@ type Deps struct {
 	// TunnelUsage, if set, reports the edge's tunnel usage ledger for a node
 	// ("" for all); it backs GET /v1/usage.
 	TunnelUsage func(node string) []edge.UsageLine
-	// Console, if set, serves the web console's static files under /ui/.
-	Console http.Handler
+	// APIKeys, when any is set, make every route not marked Public need a
+	// key holding the route's scope; with none every caller is anonymous.
+	APIKeys []APIKey
+	// TLSCert, if set, serves HTTPS with this certificate.
+	TLSCert *tls.Certificate
 }
 
 // Server is the edge's HTTP API server.
@@ -78,6 +81,9 @@ type Server struct {
 	addr string
 	log  *slog.Logger
 	mux  *http.ServeMux
+	auth *authenticator
+	// access holds each registered pattern's Access (see Handle).
+	access map[string]Access
 
 	// KeepAlive is the SSE keep-alive interval (DefaultKeepAlive); set it
 	// before serving.
@@ -115,33 +121,48 @@ func New(deps Deps, addr string, log *slog.Logger) *Server {
 	s.stopping, s.beginStop = context.WithCancel(context.Background())
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.mux = http.NewServeMux()
+	s.access = map[string]Access{}
+	s.auth = &authenticator{keys: deps.APIKeys,
+		throttle: newFailureThrottle(DefaultFailureBurst, DefaultFailureRefill, DefaultFailureLog, log)}
 	s.routes()
 	return s
 }
 
+// Access of the iop routes, by scope.
+var (
+	readAccess  = Access{Scope: domain.ScopeRead}
+	runsAccess  = Access{Scope: domain.ScopeRuns}
+	adminAccess = Access{Scope: domain.ScopeAdmin}
+)
+
 func (s *Server) routes() {
-	s.mux.HandleFunc("POST /v1/runs", s.handleCreateRun)
-	s.mux.HandleFunc("GET /v1/runs", s.handleListRuns)
-	s.mux.HandleFunc("GET /v1/runs/{id}", s.handleGetRun)
-	s.mux.HandleFunc("POST /v1/runs/{id}/cancel", s.handleCancelRun)
-	s.mux.HandleFunc("DELETE /v1/sessions/{session_id}", s.handleEndSession)
-	s.mux.HandleFunc("GET /v1/nodes", s.handleListNodes)
-	s.mux.HandleFunc("GET /v1/nodes/{id}", s.handleGetNode)
-	s.mux.HandleFunc("POST /v1/nodes/{id}/commands", s.handleNodeCommand)
-	s.mux.HandleFunc("GET /v1/events", s.handleEvents)
-	s.mux.HandleFunc("POST /v1/admin/reload", s.handleReload)
-	s.mux.HandleFunc("GET /healthz", s.handleHealth)
-	s.mux.HandleFunc("GET /v1/usage", s.handleUsage)
-	if s.deps.Console != nil {
-		s.mux.Handle("GET /ui", s.deps.Console)
-		s.mux.Handle("GET /ui/", s.deps.Console)
-	}
+	s.Handle("POST /v1/runs", runsAccess, http.HandlerFunc(s.handleCreateRun))
+	s.Handle("GET /v1/runs", readAccess, http.HandlerFunc(s.handleListRuns))
+	s.Handle("GET /v1/runs/{id}", readAccess, http.HandlerFunc(s.handleGetRun))
+	s.Handle("POST /v1/runs/{id}/cancel", runsAccess, http.HandlerFunc(s.handleCancelRun))
+	s.Handle("DELETE /v1/sessions/{session_id}", runsAccess, http.HandlerFunc(s.handleEndSession))
+	s.Handle("GET /v1/nodes", readAccess, http.HandlerFunc(s.handleListNodes))
+	s.Handle("GET /v1/nodes/{id}", readAccess, http.HandlerFunc(s.handleGetNode))
+	s.Handle("POST /v1/nodes/{id}/commands", adminAccess, http.HandlerFunc(s.handleNodeCommand))
+	s.Handle("GET /v1/events", readAccess, http.HandlerFunc(s.handleEvents))
+	s.Handle("POST /v1/admin/reload", adminAccess, http.HandlerFunc(s.handleReload))
+	s.Handle("GET /healthz", Access{Public: true}, http.HandlerFunc(s.handleHealth))
+	s.Handle("GET /v1/usage", readAccess, http.HandlerFunc(s.handleUsage))
 	if s.deps.OpenAI != nil {
 		// No method in these patterns: the passthrough answers 405 itself.
-		for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/", "/api/"} {
-			s.mux.Handle(p, s.deps.OpenAI)
+		for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/"} {
+			s.Handle(p, Access{Scope: domain.ScopeInference, Dialect: DialectOpenAI}, s.deps.OpenAI)
 		}
+		s.Handle("/api/", Access{Scope: domain.ScopeInference, Dialect: DialectOllama}, s.deps.OpenAI)
 	}
+}
+
+// Handle registers h for pattern (http.ServeMux syntax) with the access it
+// requires. Call it before Start; other surfaces (a console, more
+// compatible APIs) add their routes this way.
+func (s *Server) Handle(pattern string, acc Access, h http.Handler) {
+	s.access[pattern] = acc
+	s.mux.Handle(pattern, h)
 }
 
 // Handler returns the API as an http.Handler (access log, JSON 404/405).
@@ -152,14 +173,39 @@ func (s *Server) Handler() http.Handler {
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	sw := &statusWriter{ResponseWriter: w}
-	if h, pattern := s.mux.Handler(r); pattern == "" {
+	h, pattern := s.mux.Handler(r)
+	// An unknown route needs a key too, so that a caller without one
+	// learns nothing about which routes exist.
+	acc := s.access[pattern]
+	var p domain.Principal
+	if acc.Public {
+		p = domain.Anonymous()
+	} else {
+		var res authResult
+		p, res = s.auth.authenticate(r)
+		if res == authOK && acc.Scope != "" && !p.Allows(acc.Scope) {
+			res = authForbidden
+		}
+		if res != authOK {
+			refuse(sw, r, acc, res, p, s.auth.throttle.retryAfter(remoteHost(r)))
+			s.logRequest(r, sw, start, p.Name)
+			return
+		}
+	}
+	r = r.WithContext(domain.WithPrincipal(r.Context(), p))
+	if pattern == "" {
 		unrouted(sw, r, h)
 	} else {
 		s.mux.ServeHTTP(sw, r)
 	}
-	// Only the path is logged: queries and bodies may carry user data.
+	s.logRequest(r, sw, start, p.Name)
+}
+
+// logRequest writes the access log line. Only the path is logged (queries
+// and bodies may carry user data) and the caller's key name, never a key.
+func (s *Server) logRequest(r *http.Request, sw *statusWriter, start time.Time, key string) {
 	s.log.Debug("http request", "method", r.Method, "path", r.URL.Path, "status", sw.status(),
-		"bytes", sw.bytes, "duration", time.Since(start), "remote", r.RemoteAddr)
+		"bytes", sw.bytes, "duration", time.Since(start), "remote", r.RemoteAddr, "key", key)
 }
 
 // unrouted answers requests no route takes (404, or 405 with Allow) in JSON.
@@ -187,6 +233,13 @@ func (s *Server) Start() error {
 	if err != nil {
 		return fmt.Errorf("http api: listen on %s: %w", s.addr, err)
 	}
+	if s.deps.TLSCert != nil {
+		ln = tls.NewListener(ln, &tls.Config{
+			Certificates: []tls.Certificate{*s.deps.TLSCert},
+			MinVersion:   tls.VersionTLS12,
+			NextProtos:   []string{"http/1.1"},
+		})
+	}
 	s.ln = ln
 	s.srv = &http.Server{
 		Handler:           s.Handler(),
@@ -202,7 +255,11 @@ func (s *Server) Start() error {
 			s.log.Error("http api stopped serving", "err", err)
 		}
 	}()
-	s.log.Info("http api listening", "addr", ln.Addr().String())
+	scheme := "http"
+	if s.deps.TLSCert != nil {
+		scheme = "https"
+	}
+	s.log.Info("http api listening", "addr", ln.Addr().String(), "scheme", scheme, "api_keys", len(s.deps.APIKeys))
 	return nil
 }
 

@@ -102,11 +102,12 @@ func configToProto(c domain.NodeConfig) *ioppb.NodeConfigPayload {
 			Name: a.Name, Type: a.Type, MaxConcurrency: uint32(a.MaxConcurrency),
 			BaseUrl: a.BaseURL, PathPrefix: a.PathPrefix, ApiKeyEnv: a.APIKeyEnv, Models: a.Models,
 			Command: a.Command, Args: a.Args, WorkDir: a.WorkDir, TimeoutMs: a.Timeout.Milliseconds(),
+			Env: a.Env, InheritEnv: a.InheritEnv,
 		}
 		if len(a.Targets) > 0 {
 			pa.Targets = map[string]*ioppb.ExecTarget{}
 			for name, t := range a.Targets {
-				pa.Targets[name] = &ioppb.ExecTarget{Command: t.Command, TimeoutMs: t.Timeout.Milliseconds(), Dir: t.Dir, Env: t.Env}
+				pa.Targets[name] = &ioppb.ExecTarget{Command: t.Command, TimeoutMs: t.Timeout.Milliseconds(), Dir: t.Dir, Env: t.Env, InheritEnv: t.InheritEnv}
 			}
 		}
 		p.Adapters = append(p.Adapters, pa)
@@ -126,11 +127,12 @@ func configToDomain(p *ioppb.NodeConfigPayload) domain.NodeConfig {
 			Name: a.GetName(), Type: a.GetType(), MaxConcurrency: int(a.GetMaxConcurrency()),
 			BaseURL: a.GetBaseUrl(), PathPrefix: a.GetPathPrefix(), APIKeyEnv: a.GetApiKeyEnv(), Models: a.GetModels(),
 			Command: a.GetCommand(), Args: a.GetArgs(), WorkDir: a.GetWorkDir(), Timeout: time.Duration(a.GetTimeoutMs()) * time.Millisecond,
+			Env: a.GetEnv(), InheritEnv: a.GetInheritEnv(),
 		}
 		if len(a.GetTargets()) > 0 {
 			da.Targets = map[string]domain.ExecTarget{}
 			for name, t := range a.GetTargets() {
-				da.Targets[name] = domain.ExecTarget{Command: t.GetCommand(), Timeout: time.Duration(t.GetTimeoutMs()) * time.Millisecond, Dir: t.GetDir(), Env: t.GetEnv()}
+				da.Targets[name] = domain.ExecTarget{Command: t.GetCommand(), Timeout: time.Duration(t.GetTimeoutMs()) * time.Millisecond, Dir: t.GetDir(), Env: t.GetEnv(), InheritEnv: t.GetInheritEnv()}
 			}
 		}
 		c.Adapters = append(c.Adapters, da)

@@ -14,9 +14,11 @@ import (
 
 func TestConfigRoundTrip(t *testing.T) {
 	want := testNodeConfig()
+	want.Adapters[0].Targets["env"] = domain.ExecTarget{Command: []string{"env"}, InheritEnv: []string{"HF_TOKEN"}}
 	want.Adapters = append(want.Adapters, domain.AdapterConfig{
 		Name: "oa", Type: domain.AdapterOpenAI, MaxConcurrency: 4, BaseURL: "http://x", PathPrefix: "/api",
 		APIKeyEnv: "KEY", Models: []string{"a", "b"}, Command: "claude", Args: []string{"-p"}, WorkDir: "/w", Timeout: 90 * time.Second,
+		Env: map[string]string{"BASE": "http://z"}, InheritEnv: []string{"SECRET_KEY"},
 	})
 	want.Providers = append(want.Providers, domain.ProviderConfig{Name: "ol", Type: domain.ProviderOllama, BaseURL: "http://y", PathPrefix: "/p", APIKeyEnv: "K2"})
 	got := configToDomain(configToProto(want))

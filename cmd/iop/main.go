@@ -7,12 +7,15 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -59,6 +62,8 @@ type app struct {
 
 	// Global flags.
 	edge    string
+	apiKey  string
+	caFile  string
 	json    bool
 	verbose bool
 }
@@ -123,6 +128,7 @@ their output, lists and cancels runs, ends sessions, runs node commands and
 follows the edge's event feed.
 
 The edge is --edge, else $IOP_EDGE, else ` + client.DefaultEdge + `.
+An edge with API keys needs one: --api-key, else $IOP_API_KEY.
 
 Exit codes: 0 success, 1 error, 2 usage error, 130 interrupted or cancelled.`,
 		SilenceErrors:     true,
@@ -131,7 +137,9 @@ Exit codes: 0 success, 1 error, 2 usage error, 130 interrupted or cancelled.`,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError("%v", err) })
 	pf := root.PersistentFlags()
-	pf.StringVar(&a.edge, "edge", "", "edge HTTP API `URL` (default $IOP_EDGE or "+client.DefaultEdge+")")
+	pf.StringVar(&a.edge, "edge", "", "edge HTTP API `URL` (default $IOP_EDGE or "+client.DefaultEdge+"); https:// for an edge with http.tls")
+	pf.StringVar(&a.apiKey, "api-key", "", "API `key` for an edge with http.api_keys (default $IOP_API_KEY); prefer the variable, flags show in ps")
+	pf.StringVar(&a.caFile, "ca-file", "", "PEM `file` of CAs to trust for an https edge (default $IOP_CA_FILE, else the system's)")
 	pf.BoolVar(&a.json, "json", false, "print JSON instead of human-readable output")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "print more detail (run ids, usage) to stderr")
 
@@ -148,10 +156,33 @@ func (a *app) client() (*client.Client, error) {
 	if edge == "" {
 		edge = a.getenv("IOP_EDGE")
 	}
-	c, err := client.New(edge, a.httpClient)
+	hc := a.httpClient
+	caFile := a.caFile
+	if caFile == "" {
+		caFile = a.getenv("IOP_CA_FILE")
+	}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, usageError("--ca-file: %v", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, usageError("--ca-file %s holds no PEM certificate", caFile)
+		}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		hc = &http.Client{Transport: tr}
+	}
+	c, err := client.New(edge, hc)
 	if err != nil {
 		return nil, usageError("%v", err)
 	}
+	key := a.apiKey
+	if key == "" {
+		key = a.getenv("IOP_API_KEY")
+	}
+	c.SetAPIKey(strings.TrimSpace(key))
 	return c, nil
 }
 

@@ -974,7 +974,11 @@ type AdapterConfig struct {
 	Args    []string `protobuf:"bytes,10,rep,name=args,proto3" json:"args,omitempty"`
 	WorkDir string   `protobuf:"bytes,11,opt,name=work_dir,json=workDir,proto3" json:"work_dir,omitempty"`
 	// Per-run timeout in milliseconds; 0 means none.
-	TimeoutMs     int64 `protobuf:"varint,12,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	TimeoutMs int64 `protobuf:"varint,12,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// exec / claude-code / codex: the child environment. env declares values;
+	// inherit_env names variables copied from the node's own environment.
+	Env           map[string]string `protobuf:"bytes,13,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	InheritEnv    []string          `protobuf:"bytes,14,rep,name=inherit_env,json=inheritEnv,proto3" json:"inherit_env,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1093,12 +1097,27 @@ func (x *AdapterConfig) GetTimeoutMs() int64 {
 	return 0
 }
 
+func (x *AdapterConfig) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *AdapterConfig) GetInheritEnv() []string {
+	if x != nil {
+		return x.InheritEnv
+	}
+	return nil
+}
+
 type ExecTarget struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Command       []string               `protobuf:"bytes,1,rep,name=command,proto3" json:"command,omitempty"`
 	TimeoutMs     int64                  `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	Dir           string                 `protobuf:"bytes,3,opt,name=dir,proto3" json:"dir,omitempty"`
 	Env           map[string]string      `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	InheritEnv    []string               `protobuf:"bytes,5,rep,name=inherit_env,json=inheritEnv,proto3" json:"inherit_env,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1157,6 +1176,13 @@ func (x *ExecTarget) GetDir() string {
 func (x *ExecTarget) GetEnv() map[string]string {
 	if x != nil {
 		return x.Env
+	}
+	return nil
+}
+
+func (x *ExecTarget) GetInheritEnv() []string {
+	if x != nil {
+		return x.InheritEnv
 	}
 	return nil
 }
@@ -2332,7 +2358,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x129\n" +
 	"\badapters\x18\x03 \x03(\v2\x1d.iop.runtime.v1.AdapterConfigR\badapters\x12<\n" +
-	"\tproviders\x18\x04 \x03(\v2\x1e.iop.runtime.v1.ProviderConfigR\tproviders\"\xda\x03\n" +
+	"\tproviders\x18\x04 \x03(\v2\x1e.iop.runtime.v1.ProviderConfigR\tproviders\"\xed\x04\n" +
 	"\rAdapterConfig\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12'\n" +
@@ -2348,17 +2374,25 @@ const file_iop_runtime_proto_rawDesc = "" +
 	" \x03(\tR\x04args\x12\x19\n" +
 	"\bwork_dir\x18\v \x01(\tR\aworkDir\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\f \x01(\x03R\ttimeoutMs\x1aV\n" +
+	"timeout_ms\x18\f \x01(\x03R\ttimeoutMs\x128\n" +
+	"\x03env\x18\r \x03(\v2&.iop.runtime.v1.AdapterConfig.EnvEntryR\x03env\x12\x1f\n" +
+	"\vinherit_env\x18\x0e \x03(\tR\n" +
+	"inheritEnv\x1aV\n" +
 	"\fTargetsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x120\n" +
-	"\x05value\x18\x02 \x01(\v2\x1a.iop.runtime.v1.ExecTargetR\x05value:\x028\x01\"\xc6\x01\n" +
+	"\x05value\x18\x02 \x01(\v2\x1a.iop.runtime.v1.ExecTargetR\x05value:\x028\x01\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe7\x01\n" +
 	"\n" +
 	"ExecTarget\x12\x18\n" +
 	"\acommand\x18\x01 \x03(\tR\acommand\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x02 \x01(\x03R\ttimeoutMs\x12\x10\n" +
 	"\x03dir\x18\x03 \x01(\tR\x03dir\x125\n" +
-	"\x03env\x18\x04 \x03(\v2#.iop.runtime.v1.ExecTarget.EnvEntryR\x03env\x1a6\n" +
+	"\x03env\x18\x04 \x03(\v2#.iop.runtime.v1.ExecTarget.EnvEntryR\x03env\x12\x1f\n" +
+	"\vinherit_env\x18\x05 \x03(\tR\n" +
+	"inheritEnv\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xac\x01\n" +
@@ -2479,7 +2513,7 @@ func file_iop_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_iop_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_iop_runtime_proto_goTypes = []any{
 	(EventType)(0),                // 0: iop.runtime.v1.EventType
 	(CancelKind)(0),               // 1: iop.runtime.v1.CancelKind
@@ -2510,7 +2544,8 @@ var file_iop_runtime_proto_goTypes = []any{
 	(*HeaderBlock)(nil),           // 26: iop.runtime.v1.HeaderBlock
 	(*End)(nil),                   // 27: iop.runtime.v1.End
 	nil,                           // 28: iop.runtime.v1.AdapterConfig.TargetsEntry
-	nil,                           // 29: iop.runtime.v1.ExecTarget.EnvEntry
+	nil,                           // 29: iop.runtime.v1.AdapterConfig.EnvEntry
+	nil,                           // 30: iop.runtime.v1.ExecTarget.EnvEntry
 }
 var file_iop_runtime_proto_depIdxs = []int32{
 	3,  // 0: iop.runtime.v1.Frame.register_request:type_name -> iop.runtime.v1.RegisterRequest
@@ -2534,25 +2569,26 @@ var file_iop_runtime_proto_depIdxs = []int32{
 	11, // 18: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
 	13, // 19: iop.runtime.v1.NodeConfigPayload.providers:type_name -> iop.runtime.v1.ProviderConfig
 	28, // 20: iop.runtime.v1.AdapterConfig.targets:type_name -> iop.runtime.v1.AdapterConfig.TargetsEntry
-	29, // 21: iop.runtime.v1.ExecTarget.env:type_name -> iop.runtime.v1.ExecTarget.EnvEntry
-	0,  // 22: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.EventType
-	16, // 23: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
-	17, // 24: iop.runtime.v1.RunEvent.error:type_name -> iop.runtime.v1.Error
-	1,  // 25: iop.runtime.v1.CancelRequest.kind:type_name -> iop.runtime.v1.CancelKind
-	17, // 26: iop.runtime.v1.CancelResponse.error:type_name -> iop.runtime.v1.Error
-	17, // 27: iop.runtime.v1.NodeCommandResponse.error:type_name -> iop.runtime.v1.Error
-	22, // 28: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
-	26, // 29: iop.runtime.v1.ProviderTunnelFrame.header:type_name -> iop.runtime.v1.HeaderBlock
-	27, // 30: iop.runtime.v1.ProviderTunnelFrame.end:type_name -> iop.runtime.v1.End
-	17, // 31: iop.runtime.v1.ProviderTunnelFrame.error:type_name -> iop.runtime.v1.Error
-	16, // 32: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
-	22, // 33: iop.runtime.v1.HeaderBlock.headers:type_name -> iop.runtime.v1.Header
-	12, // 34: iop.runtime.v1.AdapterConfig.TargetsEntry.value:type_name -> iop.runtime.v1.ExecTarget
-	35, // [35:35] is the sub-list for method output_type
-	35, // [35:35] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	29, // 21: iop.runtime.v1.AdapterConfig.env:type_name -> iop.runtime.v1.AdapterConfig.EnvEntry
+	30, // 22: iop.runtime.v1.ExecTarget.env:type_name -> iop.runtime.v1.ExecTarget.EnvEntry
+	0,  // 23: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.EventType
+	16, // 24: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
+	17, // 25: iop.runtime.v1.RunEvent.error:type_name -> iop.runtime.v1.Error
+	1,  // 26: iop.runtime.v1.CancelRequest.kind:type_name -> iop.runtime.v1.CancelKind
+	17, // 27: iop.runtime.v1.CancelResponse.error:type_name -> iop.runtime.v1.Error
+	17, // 28: iop.runtime.v1.NodeCommandResponse.error:type_name -> iop.runtime.v1.Error
+	22, // 29: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
+	26, // 30: iop.runtime.v1.ProviderTunnelFrame.header:type_name -> iop.runtime.v1.HeaderBlock
+	27, // 31: iop.runtime.v1.ProviderTunnelFrame.end:type_name -> iop.runtime.v1.End
+	17, // 32: iop.runtime.v1.ProviderTunnelFrame.error:type_name -> iop.runtime.v1.Error
+	16, // 33: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
+	22, // 34: iop.runtime.v1.HeaderBlock.headers:type_name -> iop.runtime.v1.Header
+	12, // 35: iop.runtime.v1.AdapterConfig.TargetsEntry.value:type_name -> iop.runtime.v1.ExecTarget
+	36, // [36:36] is the sub-list for method output_type
+	36, // [36:36] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_iop_runtime_proto_init() }
@@ -2593,7 +2629,7 @@ func file_iop_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_iop_runtime_proto_rawDesc), len(file_iop_runtime_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -9,6 +9,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -84,8 +86,10 @@ func newBrowser(t *testing.T) *browser {
 				return
 			}
 			// A refused request (401 before the key is given, 403 for a
-			// forbidden action) is logged by the browser; the page handles it.
-			if m.Source == "network" && (strings.Contains(m.Text, "status of 401") || strings.Contains(m.Text, "status of 403")) {
+			// forbidden action, 400 answering the scope probes) is logged by
+			// the browser; the page handles it.
+			if m.Source == "network" && (strings.Contains(m.Text, "status of 401") || strings.Contains(m.Text, "status of 403") ||
+				strings.Contains(m.Text, "status of 400") && (strings.HasSuffix(m.URL, "/v1/runs") || strings.HasSuffix(m.URL, "/v1/nodes/-/commands"))) {
 				continue
 			}
 			if m.Type == chromedp.ConsoleError || m.IsException() {
@@ -347,5 +351,126 @@ func TestConsole(t *testing.T) {
 		t.Errorf("%d events of other types shown under a run.event filter", other)
 	}
 	b.screenshot("events")
+	b.checkClean()
+}
+
+// startEdgeWithKeys starts an edge whose HTTP API needs keys: an admin key
+// (read, runs, admin) and a read-only one.
+func startEdgeWithKeys(t *testing.T, nodes string, keys map[string][]string) *edge {
+	t.Helper()
+	var ks strings.Builder
+	ks.WriteString("http:\n  api_keys:\n")
+	for key, scopes := range keys {
+		sum := sha256.Sum256([]byte(key))
+		fmt.Fprintf(&ks, "    - name: %s\n      key_sha256: %s\n      scopes: [%s]\n", scopes[0], hex.EncodeToString(sum[:]), strings.Join(scopes[1:], ", "))
+	}
+	e := &edge{transport: freeAddr(t), config: filepath.Join(t.TempDir(), "edge.yaml")}
+	httpAddr := freeAddr(t)
+	e.url = "http://" + httpAddr
+	cfg := strings.Replace(edgeConfig(e.transport, httpAddr, nodes), "http:\n", ks.String(), 1)
+	if err := os.WriteFile(e.config, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.proc = startEdgeProc(t, e.config)
+	waitHealthy(t, e.url, e.proc) // /healthz needs no key
+	return e
+}
+
+// getWithKey GETs url with a Bearer key and decodes the JSON answer.
+func getWithKey(url, key string, v any) (int, error) {
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return resp.StatusCode, nil
+	}
+	return resp.StatusCode, json.NewDecoder(resp.Body).Decode(v)
+}
+
+func TestConsoleAPIKeys(t *testing.T) {
+	t.Parallel()
+	b := newBrowser(t)
+	const adminKey, readKey = "console-admin-key-0001", "console-read-key-00001"
+	e := startEdgeWithKeys(t, consoleNodes(), map[string][]string{
+		adminKey: {"ops", "read", "runs", "admin"},
+		readKey:  {"viewer", "read"},
+	})
+	startNode(t, e, testToken)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var nl nodeList
+		if code, err := getWithKey(e.url+"/v1/nodes", adminKey, &nl); code == 200 && err == nil && len(nl.Nodes) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node n1 never connected:\n%s", e.out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// The static page loads without a key; the API behind it asks for one.
+	b.open(e.url + "/ui/#/nodes")
+	b.waitJS(10*time.Second, "key dialog", `document.getElementById('key-dialog').open`)
+	b.screenshot("key-prompt")
+	b.do(10*time.Second, "enter a wrong key", chromedp.SetValue(chromedp.CSS(`#key-input`), "not-a-key-of-this-edge"))
+	b.click(`#key-submit`)
+	b.waitJS(10*time.Second, "key refused, asked again",
+		`document.getElementById('key-dialog').open && document.getElementById('key-reason').innerText.includes('refused')`)
+
+	// A read key sees the nodes but is not offered starting or cancelling runs.
+	b.do(10*time.Second, "enter the read key", chromedp.SetValue(chromedp.CSS(`#key-input`), readKey))
+	b.click(`#key-submit`)
+	b.waitJS(10*time.Second, "nodes listed with the read key", `!document.getElementById('key-dialog').open && document.querySelector('[data-node="n1"]')`)
+	b.waitJS(5*time.Second, "Start a run hidden", `document.querySelector('#nav a[data-page="start"]').hidden`)
+	if rtt := b.text(`[data-node="n1"] [data-rtt]`); rtt != "—" {
+		t.Errorf("a read key cannot run node commands, yet RTT shows %q", rtt)
+	}
+	b.open(e.url + "/ui/#/start")
+	b.waitJS(5*time.Second, "start page refuses", `document.getElementById('start-forbidden') && !document.getElementById('start-submit')`)
+	b.screenshot("read-key-start")
+
+	// A running run's page offers no Cancel to the read key.
+	req, _ := http.NewRequest(http.MethodPost, e.url+"/v1/runs", strings.NewReader(`{"node":"n1","adapter":"exec","target":"sleep","background":true}`))
+	req.Header.Set("Authorization", "Bearer "+adminKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bg struct {
+		RunID string `json:"run_id"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&bg)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted || err != nil {
+		t.Fatalf("background run with the admin key: %d %v", resp.StatusCode, err)
+	}
+	b.open(e.url + "/ui/#/run/" + bg.RunID)
+	b.waitJS(10*time.Second, "run page", `document.getElementById('run-status').innerText === 'running'`)
+	if evalJS[bool](b, `!!document.querySelector('#cancel:not([hidden])')`) {
+		t.Error("a read key is offered Cancel")
+	}
+	// The key stayed in the tab: no second prompt after navigating.
+	if evalJS[bool](b, `document.getElementById('key-dialog').open`) {
+		t.Error("asked for the key again")
+	}
+
+	// Forgetting the key and giving the admin key offers both again.
+	b.click(`#key-state button`)
+	b.waitJS(10*time.Second, "key dialog after forget", `document.getElementById('key-dialog').open`)
+	b.do(10*time.Second, "enter the admin key", chromedp.SetValue(chromedp.CSS(`#key-input`), adminKey))
+	b.click(`#key-submit`)
+	b.waitJS(10*time.Second, "Cancel offered to the admin key", `document.querySelector('#cancel:not([hidden])') && !document.querySelector('#nav a[data-page="start"]').hidden`)
+	b.click(`#cancel`)
+	b.waitJS(15*time.Second, "cancelled with the admin key", `document.getElementById('run-status').innerText === 'cancelled'`)
+	var rec struct {
+		Status string `json:"status"`
+	}
+	if code, err := getWithKey(e.url+"/v1/runs/"+bg.RunID, readKey, &rec); code != 200 || err != nil || rec.Status != "cancelled" {
+		t.Fatalf("run after Cancel: %d %v %+v", code, err, rec)
+	}
 	b.checkClean()
 }

@@ -59,6 +59,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -105,6 +106,7 @@ func New(cfg domain.AdapterConfig, agents ports.AgentSessionStore) (*Adapter, er
 		runner: agent.Runner{
 			Name: cfg.Name, Label: "claude", Command: cmp.Or(cfg.Command, DefaultCommand), WorkDir: cfg.WorkDir,
 			Models: slices.Clone(cfg.Models), Timeout: cfg.Timeout, Store: agents,
+			Env: maps.Clone(cfg.Env), InheritEnv: slices.Clone(cfg.InheritEnv),
 		},
 		args:           slices.Clone(cfg.Args),
 		partial:        slices.ContainsFunc(cfg.Args, func(a string) bool { return a == partialFlag || strings.HasPrefix(a, partialFlag+"=") }),

@@ -51,6 +51,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -93,6 +94,7 @@ func New(cfg domain.AdapterConfig, agents ports.AgentSessionStore) (*Adapter, er
 		runner: agent.Runner{
 			Name: cfg.Name, Label: "codex", Command: cmp.Or(cfg.Command, DefaultCommand), WorkDir: cfg.WorkDir,
 			Models: slices.Clone(cfg.Models), Timeout: cfg.Timeout, Store: agents,
+			Env: maps.Clone(cfg.Env), InheritEnv: slices.Clone(cfg.InheritEnv),
 		},
 		args:           slices.Clone(cfg.Args),
 		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),

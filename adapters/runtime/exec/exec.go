@@ -3,9 +3,11 @@
 // Each configured target is an argv, run directly with no shell in between:
 // arguments reach the program exactly as configured, and nothing in a run's
 // input is ever interpreted as shell syntax. The command runs in the
-// target's directory (else the adapter's work_dir, else the node's), with the
-// node's environment plus the target's env, and in a process group of its
-// own, so that everything it spawns can be signalled together.
+// target's directory (else the adapter's work_dir, else the node's), with a
+// clean environment (proc.Environ: PATH, HOME, USER, LANG, LC_*, TZ, TMPDIR,
+// the adapter's and target's env, and the variables their inherit_env name —
+// never the node token or a provider key unless named), and in a process
+// group of its own, so that everything it spawns can be signalled together.
 //
 // The run input is written to the command's stdin, which is then closed.
 // Stdout is streamed: every read (of at most 32 KiB) becomes a delta event
@@ -38,8 +40,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"iop/adapters/runtime/internal/proc"
 	"maps"
-	"os"
 	osexec "os/exec"
 	"slices"
 	"strings"
@@ -93,7 +95,15 @@ func New(cfg domain.AdapterConfig) (*Adapter, error) {
 			return nil, domain.Errorf(domain.CodeConfigError, "exec adapter %q: target %q: timeout must not be negative", cfg.Name, name)
 		}
 		t.Command = slices.Clone(t.Command)
-		t.Env = maps.Clone(t.Env)
+		// The adapter's env and inherit_env apply to every target; a
+		// target's own env wins over the adapter's for the same name.
+		env := maps.Clone(cfg.Env)
+		if env == nil {
+			env = map[string]string{}
+		}
+		maps.Copy(env, t.Env)
+		t.Env = env
+		t.InheritEnv = append(slices.Clone(cfg.InheritEnv), t.InheritEnv...)
 		targets[name] = t
 	}
 	return &Adapter{
@@ -131,7 +141,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	stderr := newTailBuffer(stderrTailSize)
 	cmd := osexec.Command(t.Command[0], t.Command[1:]...)
 	cmd.Dir = cmp.Or(t.Dir, a.workDir)
-	cmd.Env = environ(t.Env)
+	cmd.Env = proc.Environ(t.Env, t.InheritEnv)
 	cmd.Stdin = bytes.NewReader(req.Input)
 	cmd.Stdout = stdout
 	cmd.Stderr = stderr
@@ -258,14 +268,4 @@ func (p *process) terminate(grace time.Duration) {
 	case <-timer.C:
 		p.kill()
 	}
-}
-
-// environ returns the node's environment plus extra, in a stable order;
-// extra wins over inherited variables of the same name.
-func environ(extra map[string]string) []string {
-	env := os.Environ()
-	for _, k := range slices.Sorted(maps.Keys(extra)) {
-		env = append(env, k+"="+extra[k])
-	}
-	return env
 }

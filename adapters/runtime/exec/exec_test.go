@@ -510,3 +510,47 @@ func TestExitWithBackgroundDescendant(t *testing.T) {
 	}
 	requireGroupGone(t, pidOf(t, sink.Events()))
 }
+
+// A target's child sees a clean environment: the node's token and provider
+// keys stay out unless inherit_env names them; declared env reaches it, a
+// target's value winning over the adapter's.
+func TestCleanEnvironment(t *testing.T) {
+	t.Setenv("IOP_NODE_TOKEN", "node-secret-token")
+	t.Setenv("OPENAI_API_KEY", "sk-provider-secret")
+	t.Setenv("IOP_WANTED_SECRET", "wanted")
+	t.Setenv("LC_TIME", "C")
+	a, err := exec.New(domain.AdapterConfig{
+		Name: "local", Type: domain.AdapterExec,
+		Env:        map[string]string{"FROM_ADAPTER": "a", "SHARED": "adapter"},
+		InheritEnv: []string{"IOP_WANTED_SECRET"},
+		Targets: map[string]domain.ExecTarget{
+			"env":   {Command: []string{"env"}, Env: map[string]string{"SHARED": "target"}},
+			"token": {Command: []string{"env"}, InheritEnv: []string{"IOP_NODE_TOKEN"}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := execute(t, a, "env", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := sink.Text()
+	for _, secret := range []string{"node-secret-token", "sk-provider-secret", "IOP_NODE_TOKEN", "OPENAI_API_KEY"} {
+		if strings.Contains(got, secret) {
+			t.Fatalf("child environment holds %q:\n%s", secret, got)
+		}
+	}
+	for _, want := range []string{"FROM_ADAPTER=a\n", "SHARED=target\n", "IOP_WANTED_SECRET=wanted\n", "LC_TIME=C\n", "PATH="} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("child environment lacks %q:\n%s", want, got)
+		}
+	}
+	sink, err = execute(t, a, "token", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(sink.Text(), "IOP_NODE_TOKEN=node-secret-token\n") {
+		t.Fatalf("a target naming IOP_NODE_TOKEN in inherit_env must get it:\n%s", sink.Text())
+	}
+}

@@ -88,9 +88,11 @@ class ApiError extends Error {
   }
 }
 
-// Actions a key's scopes may forbid. The console learns them from the API's
-// 403 answers (there is no scope listing to read): the first 403 hides the
-// action for the rest of the tab's session, or until the key changes.
+// Actions a key's scopes may forbid. The API has no route that lists a key's
+// scopes, so the console learns them from 403 answers: probeScopes asks up
+// front with requests that can never do anything, and any later 403 hides
+// its action too, for the rest of the tab's session or until the key
+// changes.
 function forbidden() {
   try { return new Set(JSON.parse(sessionStorage.getItem(FORBIDDEN) || '[]')); } catch { return new Set(); }
 }
@@ -110,6 +112,25 @@ function applyForbidden() {
 
 let keyPrompt = null;
 
+// probeScopes sends, with the key, one request per guarded action whose body
+// is not JSON: the edge checks the key's scope before it reads a body, so
+// 403 means the scope is missing, and anything else (400) that it is there.
+// Nothing is started or changed either way.
+async function probeScopes() {
+  const key = sessionStorage.getItem(KEY);
+  if (!key) return;
+  const probes = [
+    { path: '/v1/runs', actions: ['runs.start', 'runs.cancel'] },
+    { path: '/v1/nodes/-/commands', actions: ['nodes.command'] },
+  ];
+  await Promise.all(probes.map(async (p) => {
+    try {
+      const resp = await fetch(p.path, { method: 'POST', headers: { Authorization: 'Bearer ' + key, 'Content-Type': 'application/json' }, body: 'probe', cache: 'no-store' });
+      if (resp.status === 403) p.actions.forEach(markForbidden);
+    } catch { /* the edge is unreachable: later requests say so */ }
+  }));
+}
+
 // askKey shows the key dialog once, however many requests are waiting.
 function askKey(reason) {
   if (keyPrompt) return keyPrompt;
@@ -128,9 +149,11 @@ function askKey(reason) {
       sessionStorage.removeItem(FORBIDDEN);
       applyForbidden();
       dlg.close();
-      keyPrompt = null;
       renderKeyState();
-      resolve();
+      probeScopes().then(() => {
+        keyPrompt = null;
+        resolve();
+      });
     };
     form.addEventListener('submit', done);
     dlg.addEventListener('cancel', (ev) => ev.preventDefault());
@@ -180,6 +203,7 @@ async function api(path, opts = {}) {
       message = e.message || '';
     } catch { /* not JSON */ }
     if (resp.status === 403) markForbidden(opts.action);
+    if (resp.status === 429 && !message) message = 'too many requests; try again in ' + (resp.headers.get('Retry-After') || 'a few') + ' s';
     throw new ApiError(resp.status, code, message);
   }
 }
@@ -584,7 +608,13 @@ async function pageRun(root, id) {
   function render() {
     const st = runs.get(id);
     const status = (record && FINISHED.has(record.status)) ? record.status : (st ? st.status : record && record.status);
-    head.replaceChildren(h('span', { id: 'run-status' }, badge(status || 'unknown')), FINISHED.has(status) ? '' : cancel);
+    // Only what changed is touched, so the Cancel button stays the same
+    // element under a user's pointer.
+    const shown = head.dataset.status;
+    if (shown !== (status || 'unknown')) {
+      head.dataset.status = status || 'unknown';
+      head.replaceChildren(h('span', { id: 'run-status' }, badge(status || 'unknown')), FINISHED.has(status) ? '' : cancel);
+    }
     if (record) {
       rec.replaceChildren(...['node', 'adapter', 'target', 'session_id', 'background', 'created_at', 'started_at', 'finished_at']
         .filter((k) => record[k] !== undefined && record[k] !== '')
@@ -615,6 +645,10 @@ async function pageRun(root, id) {
 // ---- Start a run
 
 async function pageStart(root) {
+  if (!allowed('runs.start')) {
+    root.append(h('h1', {}, 'Start a run'), h('div', { class: 'notice', id: 'start-forbidden' }, 'This API key may not start runs: it lacks the "runs" scope.'));
+    return;
+  }
   const node = h('select', { id: 'start-node' }, h('option', { value: '' }, 'any node'));
   const adapter = h('select', { id: 'start-adapter', required: true });
   const target = h('input', { id: 'start-target', list: 'start-targets', placeholder: 'target or model', size: 24 });
@@ -907,5 +941,7 @@ function route() {
 window.addEventListener('hashchange', route);
 applyForbidden();
 renderKeyState();
-route();
-startBus();
+probeScopes().finally(() => {
+  route();
+  startBus();
+});

@@ -53,6 +53,10 @@ type Runner struct {
 	Timeout   time.Duration
 	KillGrace time.Duration
 	Store     ports.AgentSessionStore // nil: no sessions
+	// Env and InheritEnv build the CLI's clean environment (proc.Environ):
+	// the node's token and provider keys reach it only when named here.
+	Env        map[string]string
+	InheritEnv []string
 }
 
 // Execute runs req: build gets the model ("" for the CLI's default), the
@@ -89,6 +93,7 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 	defer limit.Stop()
 	p0, err := proc.Start(limit.Context(), proc.Spec{
 		Path: r.Command, Args: inv.Args, Dir: r.WorkDir, Stdin: inv.Stdin, KillGrace: r.KillGrace,
+		Env: proc.Environ(r.Env, r.InheritEnv),
 	})
 	if err != nil {
 		return domain.Errorf(domain.CodeRunFailed, "start %s: %v", r.Label, err)

@@ -30,7 +30,15 @@ type APIError struct {
 	Message string
 }
 
-func (e *APIError) Error() string { return fmt.Sprintf("%s (%s)", e.Message, e.Code) }
+func (e *APIError) Error() string {
+	switch e.Status {
+	case http.StatusUnauthorized:
+		return fmt.Sprintf("the edge refused the API key: %s (%s); pass a valid key with --api-key or IOP_API_KEY", e.Message, e.Code)
+	case http.StatusForbidden:
+		return fmt.Sprintf("the API key is not allowed to do this: %s (%s); use a key with the needed scope", e.Message, e.Code)
+	}
+	return fmt.Sprintf("%s (%s)", e.Message, e.Code)
+}
 
 // ConnError means the edge could not be reached at all.
 type ConnError struct {
@@ -46,9 +54,13 @@ func (e *ConnError) Unwrap() error { return e.Err }
 
 // Client calls one edge.
 type Client struct {
-	base *url.URL
-	http *http.Client
+	base   *url.URL
+	http   *http.Client
+	apiKey string
 }
+
+// SetAPIKey makes every request carry key as "Authorization: Bearer key".
+func (c *Client) SetAPIKey(key string) { c.apiKey = key }
 
 // New returns a client of the edge at base ("http://host:port"; a bare
 // "host:port" means http).
@@ -99,6 +111,9 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	if accept != "" {
 		req.Header.Set("Accept", accept)
 	}
+	if c.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.apiKey)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -127,6 +142,13 @@ func decodeError(resp *http.Response) error {
 	}
 	if json.Unmarshal(b, &body) == nil && body.Error != nil {
 		return &APIError{Status: resp.StatusCode, Code: body.Error.Code, Message: body.Error.Message}
+	}
+	// Ollama's shape, {"error":"…"}, on /api routes.
+	var flat struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(b, &flat) == nil && flat.Error != "" {
+		return &APIError{Status: resp.StatusCode, Code: fmt.Sprintf("http_%d", resp.StatusCode), Message: flat.Error}
 	}
 	msg := strings.TrimSpace(string(b))
 	if msg == "" {
