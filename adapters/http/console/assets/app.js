@@ -757,6 +757,7 @@ async function pageUsage(root) {
   const chart = h('div', { id: 'usage-chart' });
   const totals = h('div', { id: 'usage-totals' });
   const tunnels = h('div', { id: 'usage-tunnels' });
+  const apiTotals = h('div', { class: 'panel', id: 'usage-api', hidden: true });
   const note = h('div');
   for (const el of [groupBy, metric, range]) el.addEventListener('change', () => load());
   root.append(h('h1', {}, 'Usage'),
@@ -764,6 +765,7 @@ async function pageUsage(root) {
       h('button', { onclick: () => load() }, 'Refresh')),
     note,
     h('div', { class: 'panel' }, h('h2', { style: 'margin-top:0' }, 'Runs over time'), chart, totals),
+    apiTotals,
     h('div', { class: 'panel' }, h('h2', { style: 'margin-top:0' }, 'Provider tunnels (OpenAI/Ollama surfaces)'), tunnels));
 
   async function load() {
@@ -799,8 +801,27 @@ async function pageUsage(root) {
     totals.replaceChildren(h('table', {}, h('thead', {}, h('tr', {}, [groupBy.value, 'runs', 'failed', 'tokens', 'cost'].map((c) => h('th', {}, c)))),
       h('tbody', {}, [...sums.entries()].sort((a, b) => b[1].runs - a[1].runs).map(([g, e]) =>
         h('tr', {}, h('td', {}, g), h('td', {}, num(e.runs)), h('td', {}, num(e.failed)), h('td', {}, num(e.tokens)), h('td', {}, cost(e.cost)))))));
+    // GET /v1/usage: an edge with a history answers {"usage":[{group, runs,
+    // requests, total_tokens, cost_usd, …}]} for ?group_by=key|node|model|day;
+    // every edge adds its live tunnel ledger as "tunnels".
+    let u = null;
     try {
-      const u = await apiJSON('/v1/usage', { action: 'usage.read' });
+      const p = new URLSearchParams({ group_by: groupBy.value === 'adapter' ? 'node' : groupBy.value });
+      if (since) p.set('since', since.toISOString());
+      u = await apiJSON('/v1/usage?' + p.toString(), { action: 'usage.read' });
+    } catch (err) { showError(tunnels, err); }
+    if (u && Array.isArray(u.usage) && groupBy.value !== 'adapter') {
+      const m = metric.value;
+      apiTotals.replaceChildren(h('h2', { style: 'margin-top:0' }, `Totals by ${u.group_by || groupBy.value} (GET /v1/usage)`),
+        hbarChart(u.usage.map((g) => ({ group: g.group || '(none)', v: Number(g[m] || 0) })), m),
+        h('table', {}, h('thead', {}, h('tr', {}, [u.group_by || 'group', 'runs', 'tunnels', 'requests', 'errors', 'tokens', 'cost'].map((c) => h('th', {}, c)))),
+          h('tbody', {}, u.usage.map((g) => h('tr', {}, h('td', {}, g.group || '(none)'), h('td', {}, num(g.runs)), h('td', {}, num(g.tunnels)),
+            h('td', {}, num(g.requests)), h('td', {}, num(g.errors)), h('td', {}, num(g.total_tokens)), h('td', {}, cost(g.cost_usd)))))));
+      apiTotals.hidden = false;
+    } else {
+      apiTotals.hidden = true;
+    }
+    if (u) {
       const lines = u.tunnels || [];
       tunnels.replaceChildren(lines.length ? h('table', {},
         h('thead', {}, h('tr', {}, ['node', 'provider', 'model', 'requests', 'errors', 'prompt', 'completion', 'total tokens', 'bytes'].map((c) => h('th', {}, c)))),
@@ -808,13 +829,41 @@ async function pageUsage(root) {
           h('td', {}, num(l.requests)), h('td', {}, num(l.errors)), h('td', {}, num(l.prompt_tokens)), h('td', {}, num(l.completion_tokens)),
           h('td', {}, num(l.total_tokens)), h('td', {}, num(l.body_bytes))))))
         : h('p', { class: 'muted' }, 'No provider tunnel traffic since the edge started.'));
-    } catch (err) { showError(tunnels, err); }
+    }
   }
   await load();
   const reload = debounce(1000, load);
   listenBus((type, ev) => {
     if (type === 'tunnel.completed' || (type === 'run.event' && ev.run && TERMINAL.has(ev.run.type))) reload();
   });
+}
+
+// niceMax rounds a chart's top up so its four gridlines fall on round
+// values (whole numbers for counts).
+function niceMax(v, metricName) {
+  if (!(v > 0)) return 1;
+  if (metricName !== 'cost_usd' && v <= 4) return 4;
+  const mag = Math.pow(10, Math.floor(Math.log10(v / 4)));
+  for (const f of [1, 2, 2.5, 5, 10]) if (f * mag * 4 >= v) return f * mag * 4;
+  return v;
+}
+
+// hbarChart draws one horizontal bar per group.
+function hbarChart(items, metricName) {
+  items = items.filter((i) => i.v > 0).sort((a, b) => b.v - a.v).slice(0, 20);
+  if (!items.length) return h('p', { class: 'muted' }, 'Nothing recorded in this time range.');
+  const W = 900, row = 24, L = 180, R = 90, H = items.length * row + 8;
+  const max = Math.max(...items.map((i) => i.v));
+  const fmt = (v) => metricName === 'cost_usd' ? '$' + v.toFixed(v < 1 ? 4 : 2) : v.toLocaleString();
+  const svg = s('svg', { class: 'chart', viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': `${metricName} by group` });
+  items.forEach((it, i) => {
+    const w = Math.max(2, (W - L - R) * it.v / max);
+    const y = 4 + i * row;
+    svg.append(s('text', { x: L - 8, y: y + 15, 'text-anchor': 'end' }, it.group.length > 28 ? it.group.slice(0, 27) + '…' : it.group),
+      s('rect', { class: 'bar', 'data-group': it.group, x: L, y: y + 3, width: w, height: row - 8, fill: PALETTE[i % PALETTE.length] }, s('title', {}, `${it.group}: ${fmt(it.v)}`)),
+      s('text', { x: L + w + 6, y: y + 15 }, fmt(it.v)));
+  });
+  return svg;
 }
 
 // barChart draws points {t, group, v} as stacked bars per time bucket.
@@ -831,7 +880,7 @@ function barChart(points, since, metricName) {
     const i = Math.min(N - 1, Math.max(0, Math.floor((p.t.getTime() - t0) / step)));
     buckets[i].set(p.group, (buckets[i].get(p.group) || 0) + p.v);
   }
-  const max = Math.max(...buckets.map((b) => [...b.values()].reduce((a, c) => a + c, 0)), 0) || 1;
+  const max = niceMax(Math.max(...buckets.map((b) => [...b.values()].reduce((a, c) => a + c, 0)), 0), metricName);
   const bw = (W - L - R) / N;
   const y = (v) => T + (H - T - B) * (1 - v / max);
   const fmt = (v) => metricName === 'cost_usd' ? '$' + v.toFixed(v < 1 ? 3 : 2) : (Number.isInteger(v) ? v.toLocaleString() : v.toFixed(1));
