@@ -637,7 +637,12 @@ async function pageRun(root, id) {
   listenBus((type, ev) => {
     if (type === 'run.event' && ev.run && ev.run.run_id === id) {
       rerender();
-      if (TERMINAL.has(ev.run.type)) refresh();
+      if (TERMINAL.has(ev.run.type)) {
+        refresh();
+        // The store records the end a moment after the terminal event.
+        const t = setTimeout(loadRecord, 2000);
+        onCleanup(() => clearTimeout(t));
+      }
     }
   });
 }
