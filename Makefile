@@ -32,8 +32,8 @@ endif
 
 ## test: every test — unit and end to end — under the race detector
 test:
-	@[ -n "$(RACEFLAG)" ] || echo "warning: no C compiler ($$($(GO) env CC)); running without the race detector (apt-get install gcc)"
 	@command -v chromium >/dev/null 2>&1 || echo "note: no chromium; the web console's browser tests will skip (apt-get install chromium)"
+	@[ -n "$(RACEFLAG)" ] || echo "warning: no C compiler ($$($(GO) env CC)); running without the race detector (apt-get install gcc)"
 	$(RACE) $(GO) test $(RACEFLAG) -count=1 -timeout 15m $(PKG)
 
 ## test-unit: everything except the end-to-end suite

@@ -367,7 +367,8 @@ async function pageNodes(root) {
     await Promise.all(nodes.slice(0, 50).map(async (n) => {
       try {
         const ts = await apiJSON(`/v1/nodes/${encodeURIComponent(n.id)}/commands`, { method: 'POST', json: { command: 'transport_status' }, action: 'nodes.command' });
-        if (typeof ts.last_rtt_ms === 'number') rtts.set(n.id, ts.last_rtt_ms);
+        // 0 until the node has timed its first heartbeat.
+        if (typeof ts.last_rtt_ms === 'number' && ts.last_rtt_ms > 0) rtts.set(n.id, ts.last_rtt_ms);
       } catch { /* an old node or a forbidden command: no RTT shown */ }
     }));
   }
@@ -422,7 +423,7 @@ function nodeCard(n, connected, rtt, disconnectedAt) {
       connected
         ? [h('dt', {}, 'connected since'), h('dd', {}, fmtTime(n.connected_at), ' ', h('span', { class: 'muted small' }, '(' + ago(n.connected_at) + ')'))]
         : [h('dt', {}, 'disconnected'), h('dd', {}, disconnectedAt ? fmtTime(disconnectedAt) + ' (' + ago(disconnectedAt) + ')' : '—')],
-      h('dt', {}, 'heartbeat RTT'), h('dd', { 'data-rtt': '' }, connected && typeof rtt === 'number' ? rtt.toFixed(2) + ' ms' : '—'),
+      h('dt', {}, 'heartbeat RTT'), h('dd', { 'data-rtt': '' }, connected && typeof rtt === 'number' ? rtt.toFixed(rtt < 1 ? 3 : 1) + ' ms' : '—'),
       h('dt', {}, 'version'), h('dd', {}, n.version || '—'),
       h('dt', {}, 'host'), h('dd', {}, [n.hostname, n.os && n.arch ? `${n.os}/${n.arch}` : n.os].filter(Boolean).join(' · ') || '—'),
       h('dt', {}, 'remote'), h('dd', { class: 'mono' }, n.remote || '—'),
