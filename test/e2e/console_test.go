@@ -311,6 +311,10 @@ func TestConsole(t *testing.T) {
 	if err := json.Unmarshal(body, &bg); err != nil || bg.RunID == "" {
 		t.Fatalf("background run answer %s: %v", body, err)
 	}
+	// The runs page shows it in flight although it started before the page
+	// opened.
+	b.open(e.url + "/ui/#/runs")
+	b.waitJS(10*time.Second, "background run in flight", fmt.Sprintf(`document.querySelector('#runs-live tr[data-run=%q]')`, bg.RunID))
 	b.open(e.url + "/ui/#/run/" + bg.RunID)
 	b.waitJS(10*time.Second, "run page with Cancel", `document.querySelector('#cancel:not([hidden])') && document.getElementById('run-status').innerText === 'running'`)
 	b.screenshot("run-running")
@@ -325,6 +329,8 @@ func TestConsole(t *testing.T) {
 	b.screenshot("run-cancelled")
 
 	// The runs page lists the history and filters it.
+	b.open(e.url + "/ui/#/runs")
+	b.waitJS(10*time.Second, "nothing in flight after the cancel", `!document.querySelector('#runs-live tr[data-run]')`)
 	b.open(e.url + "/ui/#/runs?status=cancelled")
 	b.waitJS(10*time.Second, "cancelled run in the filtered history",
 		fmt.Sprintf(`document.querySelector('#runs-history tr[data-run=%q]') && document.querySelectorAll('#runs-history tbody tr').length === 1`, bg.RunID))

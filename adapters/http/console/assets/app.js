@@ -468,12 +468,21 @@ async function pageRuns(root) {
     load();
   }
 
+  // In flight: runs the bus showed starting, plus unfinished runs of the
+  // last history answer (started before the page opened) that the bus has
+  // not shown ending.
+  let unfinished = [];
   function renderLive() {
-    const rows = [...runs.values()].filter((r) => !FINISHED.has(r.status)).reverse();
-    liveBox.replaceChildren(rows.length ? runTable(rows.map((r) => ({
-      run_id: r.run_id, node: r.node, adapter: r.adapter, target: r.target, status: r.status, created_at: r.seenAt,
-      usage: r.usage,
-    }))) : h('p', { class: 'muted' }, 'Nothing running that this console has seen start.'));
+    const rows = new Map();
+    for (const r of unfinished) {
+      const st = runs.get(r.run_id);
+      if (!st || !FINISHED.has(st.status)) rows.set(r.run_id, r);
+    }
+    for (const r of [...runs.values()].reverse()) {
+      if (FINISHED.has(r.status) || rows.has(r.run_id)) continue;
+      rows.set(r.run_id, { run_id: r.run_id, node: r.node, adapter: r.adapter, target: r.target, status: r.status, created_at: r.seenAt, usage: r.usage });
+    }
+    liveBox.replaceChildren(rows.size ? runTable([...rows.values()]) : h('p', { class: 'muted' }, 'Nothing running.'));
   }
 
   async function load() {
@@ -503,6 +512,8 @@ async function pageRuns(root) {
       (!since || new Date(r.created_at) >= since) &&
       (!until || new Date(r.created_at) <= until));
     histBox.replaceChildren(rows.length ? runTable(rows) : h('p', { class: 'muted' }, 'No runs match.'));
+    unfinished = (data.runs || []).filter((r) => !FINISHED.has(r.status));
+    renderLive();
   }
 
   renderLive();
