@@ -261,7 +261,7 @@ func TestConsole(t *testing.T) {
 	// The nodes page lists both nodes with their adapters and heartbeat RTT,
 	// and greys a node out, live, when it disconnects.
 	b.open(e.url + "/ui/#/nodes")
-	b.waitJS(10*time.Second, "node n1 listed with its adapter and RTT",
+	b.waitJS(15*time.Second, "node n1 listed with its adapter and RTT",
 		`document.querySelector('[data-node="n1"] [data-slots="exec"]') && /ms$/.test(document.querySelector('[data-node="n1"] [data-rtt]').innerText)`)
 	b.waitJS(10*time.Second, "node n2 listed", `document.querySelector('[data-node="n2"]:not(.disconnected) [data-slots="shell"]')`)
 	b.waitJS(10*time.Second, "bus connected", `document.getElementById('bus-state').classList.contains('live')`)
@@ -295,7 +295,17 @@ func TestConsole(t *testing.T) {
 	b.waitJS(5*time.Second, "events table with the terminal event", `[...document.querySelectorAll('.events-table td')].some(td => td.innerText === 'complete')`)
 	b.screenshot("start-done")
 
+	// Moving to the run's own page while it streams does not cancel it:
+	// the run page goes on showing its output until it completes.
+	b.click(`#start-submit`)
+	b.waitJS(10*time.Second, "second run streaming", `document.getElementById('run-output').innerText.includes('tick1') && document.querySelector('#start-run a')`)
+	b.click(`#start-run a`)
+	b.waitJS(15*time.Second, "run page shows the rest of the output and success",
+		`document.querySelector('[data-page="run"]') && document.getElementById('run-output').innerText.includes('tick8') && document.getElementById('run-status').innerText === 'succeeded'`)
+
 	// A run that fails shows its error.
+	b.open(e.url + "/ui/#/start")
+	b.waitJS(10*time.Second, "adapter choices again", `document.querySelector('#start-adapter option[value="exec"]')`)
 	b.do(10*time.Second, "fill fail", chromedp.SetValue(chromedp.CSS(`#start-target`), "fail"))
 	b.click(`#start-submit`)
 	b.waitJS(10*time.Second, "failed run", `document.getElementById('start-status').innerText === 'failed' && document.getElementById('run-error').innerText.length > 0`)

@@ -677,7 +677,6 @@ async function pageStart(root) {
   const runLink = h('span', { id: 'start-run' });
   const note = h('div');
   let runID = '';
-  let ctl = null;
   const cancel = cancelButton(() => runID, (err) => showError(note, err));
   cancel.hidden = true;
   const view = runView({ output: '', reasoning: '', events: [] });
@@ -685,7 +684,8 @@ async function pageStart(root) {
     h('div', { class: 'row' }, h('label', {}, 'node', node), h('label', {}, 'adapter', adapter), h('label', {}, 'target', target, targets),
       h('label', {}, 'session', session)),
     h('div', { style: 'margin-top:10px' }, input),
-    h('div', { class: 'row', style: 'margin-top:10px' }, submit, cancel, status, runLink));
+    h('div', { class: 'row', style: 'margin-top:10px' }, submit, cancel, status, runLink),
+    h('p', { class: 'muted small' }, 'The run streams to this tab: it goes on while you look at other pages, and closing the tab cancels it.'));
   root.append(h('h1', {}, 'Start a run'), form, note, view.el);
 
   let nodes = [];
@@ -704,7 +704,9 @@ async function pageStart(root) {
     for (const n of nodes) node.append(h('option', { value: n.id }, n.id));
     fillAdapters();
   } catch (err) { showError(note, err); }
-  onCleanup(() => ctl && ctl.abort());
+  // Leaving the page does not abort the stream: a foreground run is
+  // cancelled when its caller goes away, and moving to the run's own page
+  // must not do that. Closing the tab does.
 
   async function start() {
     note.replaceChildren();
@@ -717,13 +719,12 @@ async function pageStart(root) {
     view.update = fresh.update;
     submit.disabled = true;
     status.replaceChildren(badge('streaming'));
-    ctl = new AbortController();
     const body = { adapter: adapter.value, target: target.value, input: input.value };
     if (node.value) body.node = node.value;
     if (session.value) body.session_id = session.value;
     let last = 'error';
     try {
-      const resp = await api('/v1/runs', { method: 'POST', json: body, signal: ctl.signal, action: 'runs.start', headers: { Accept: 'text/event-stream' } });
+      const resp = await api('/v1/runs', { method: 'POST', json: body, action: 'runs.start', headers: { Accept: 'text/event-stream' } });
       runID = resp.headers.get('X-IOP-Run-ID') || '';
       if (runID) {
         runLink.replaceChildren(h('a', { href: '#/run/' + encodeURIComponent(runID), class: 'mono' }, runID), ' on ', resp.headers.get('X-IOP-Node') || '');
@@ -746,7 +747,6 @@ async function pageStart(root) {
       });
       status.replaceChildren(badge(statusOfTerminal(last)));
     } catch (err) {
-      if (err.name === 'AbortError') return;
       status.replaceChildren(badge('failed'));
       if (err.status === 403) {
         showError(note, { code: 'forbidden', message: 'this API key may not start runs' });
@@ -757,7 +757,6 @@ async function pageStart(root) {
     } finally {
       submit.disabled = false;
       cancel.hidden = true;
-      ctl = null;
     }
   }
 }
