@@ -15,6 +15,7 @@ import (
 	"go.uber.org/fx/fxtest"
 
 	"iop/adapters/config"
+	"iop/adapters/transport"
 	"iop/bootstrap"
 )
 
@@ -22,7 +23,8 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 func edgeSettings(t *testing.T, transport, httpAddr string) bootstrap.EdgeSettings {
 	t.Helper()
-	cfg, err := config.ParseEdge("edge.yaml", []byte(`
+	// The edge keeps its TLS state next to its config: in a temp dir.
+	cfg, err := config.ParseEdge(filepath.Join(t.TempDir(), "edge.yaml"), []byte(`
 transport: {listen: "`+transport+`"}
 http: {listen: "`+httpAddr+`"}
 nodes:
@@ -34,6 +36,22 @@ nodes:
 		t.Fatal(err)
 	}
 	return bootstrap.EdgeSettings{Config: cfg, Logger: quiet()}
+}
+
+// nodeLink is the node-side link settings that trust the edge of es by its
+// CA pin, as iop-node --ca-pin does.
+func nodeLink(t *testing.T, es bootstrap.EdgeSettings) transport.Config {
+	t.Helper()
+	lt, err := bootstrap.OpenLinkTLS(es.Config, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := &config.NodeConfig{Edge: es.Config.Transport.Listen, TLS: config.NodeTLS{CAPin: lt.Pin}}
+	tc, err := bootstrap.NodeLinkTLS(nc)
+	if err != nil || tc == nil {
+		t.Fatalf("node TLS: %v", err)
+	}
+	return transport.Config{TLS: tc}
 }
 
 func TestGraphsValidate(t *testing.T) {
@@ -49,12 +67,13 @@ func TestGraphsValidate(t *testing.T) {
 // waits for the node to register, and stops both cleanly.
 func TestEdgeAndNodeStartTogether(t *testing.T) {
 	tAddr, hAddr := freeAddr(t), freeAddr(t)
-	edge := fxtest.New(t, bootstrap.Edge(edgeSettings(t, tAddr, hAddr)), fx.NopLogger)
+	es := edgeSettings(t, tAddr, hAddr)
+	edge := fxtest.New(t, bootstrap.Edge(es), fx.NopLogger)
 	edge.RequireStart()
 	defer edge.RequireStop()
 
 	node := fxtest.New(t, bootstrap.Node(bootstrap.NodeSettings{
-		Edge: tAddr, Token: "graph-test-token", Logger: quiet(),
+		Edge: tAddr, Token: "graph-test-token", Logger: quiet(), Transport: nodeLink(t, es),
 		DB: "file:" + filepath.Join(t.TempDir(), "n.db") + "?cache=shared&mode=rwc",
 	}), fx.NopLogger)
 	node.RequireStart()

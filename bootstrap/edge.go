@@ -60,7 +60,11 @@ func Edge(s EdgeSettings) fx.Option {
 			edgeapp.NewRegistry,
 			func() *edgeapp.RunTracker { return edgeapp.NewRunTracker(0) },
 			func() *edgeapp.ConfigVersions { return &edgeapp.ConfigVersions{} },
-			edgeapp.NewRegisterHandler,
+			func(s EdgeSettings, dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger) *edgeapp.RegisterHandler {
+				h := edgeapp.NewRegisterHandler(dir, reg, bus, v, log)
+				h.BindIdentity = s.Config.Transport.TLS.BindNodeIdentity
+				return h
+			},
 			func(s EdgeSettings, reg *edgeapp.Registry, runs *edgeapp.RunTracker, bus ports.EventPublisher, log *slog.Logger) *edgeapp.SubmitRunHandler {
 				h := edgeapp.NewSubmitRunHandler(reg, runs, bus, log)
 				// A run request travels in one frame on the node link.
@@ -84,6 +88,7 @@ func Edge(s EdgeSettings) fx.Option {
 			func(t *edgeapp.SubmitProviderTunnelHandler, c *edgeapp.ModelCatalog, log *slog.Logger) *openaiapi.Handler {
 				return openaiapi.New(openaiapi.Deps{Tunnels: t, Models: c}, log)
 			},
+			newLinkTLS,
 			newTransportServer,
 			newHTTPServer,
 		),
@@ -100,8 +105,10 @@ func transportConfig(c config.TransportConfig, log *slog.Logger) transport.Confi
 	}
 }
 
-func newTransportServer(s EdgeSettings, log *slog.Logger, reg *edgeapp.RegisterHandler) *transport.Server {
-	return transport.NewServer(s.Config.Transport.Listen, transportConfig(s.Config.Transport, log), reg)
+func newTransportServer(s EdgeSettings, log *slog.Logger, reg *edgeapp.RegisterHandler, lt *LinkTLS) *transport.Server {
+	tc := transportConfig(s.Config.Transport, log)
+	tc.TLS = lt.Config
+	return transport.NewServer(s.Config.Transport.Listen, tc, reg)
 }
 
 func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edgeapp.Registry, submit *edgeapp.SubmitRunHandler,

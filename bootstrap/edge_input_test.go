@@ -21,11 +21,12 @@ import (
 func startEdgeAndNode(t *testing.T) (httpAddr string) {
 	t.Helper()
 	tAddr, hAddr := freeAddr(t), freeAddr(t)
-	edge := fxtest.New(t, bootstrap.Edge(edgeSettings(t, tAddr, hAddr)), fx.NopLogger)
+	es := edgeSettings(t, tAddr, hAddr)
+	edge := fxtest.New(t, bootstrap.Edge(es), fx.NopLogger)
 	edge.RequireStart()
 	t.Cleanup(edge.RequireStop)
 	node := fxtest.New(t, bootstrap.Node(bootstrap.NodeSettings{
-		Edge: tAddr, Token: "graph-test-token", Logger: quiet(),
+		Edge: tAddr, Token: "graph-test-token", Logger: quiet(), Transport: nodeLink(t, es),
 		DB: "file:" + filepath.Join(t.TempDir(), "n.db") + "?cache=shared&mode=rwc",
 	}), fx.NopLogger)
 	node.RequireStart()

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"strings"
 	"time"
 
 	"go.uber.org/fx"
@@ -31,7 +32,8 @@ type NodeSettings struct {
 	MinBackoff time.Duration
 	MaxBackoff time.Duration
 	// Transport overrides link settings (tests use millisecond heartbeats;
-	// the edge's heartbeat settings win once registered).
+	// the edge's heartbeat settings win once registered). Its TLS field
+	// secures the link (NodeLinkTLS); nil is plaintext.
 	Transport transport.Config
 	// Builders adds runtime adapter types to the factory.
 	Builders map[string]factory.Builder
@@ -141,8 +143,18 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 				defer close(done)
 				err := c.Run(ctx)
 				var rej *transport.RejectedError
-				if errors.As(err, &rej) {
-					log.Error("the edge refused this node's token; check --token against edge.yaml nodes[].token", "edge", s.Edge, "reason", rej.Reason)
+				var trust *transport.TrustError
+				switch {
+				case errors.As(err, &trust):
+					// Never retried: the next attempt could be the one a man in
+					// the middle answers.
+					log.Error("stopping: "+err.Error(), "edge", s.Edge)
+					_ = sd.Shutdown(fx.ExitCode(1))
+				case errors.As(err, &rej) && strings.HasPrefix(rej.Reason, domain.CodeIdentityMismatch):
+					log.Error("the edge refused this node's client certificate: its CN or a DNS name must be the node id its token belongs to", "edge", s.Edge, "reason", rej.Reason)
+					_ = sd.Shutdown(fx.ExitCode(1))
+				case errors.As(err, &rej):
+					log.Error("the edge refused this node's token; check the token against edge.yaml nodes[]", "edge", s.Edge, "reason", rej.Reason)
 					_ = sd.Shutdown(fx.ExitCode(1))
 				}
 			}()

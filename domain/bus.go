@@ -22,13 +22,18 @@ type BusEvent struct {
 	Node   string
 	Reason string
 	Remote string
+	// Key names the API key of the caller that started the run or tunnel
+	// ("anonymous" on an edge without keys); empty on lifecycle events.
+	Key    string
 	Run    *RunEvent
 	Tunnel *TunnelSummary
 }
 
 // TunnelSummary describes a finished provider tunnel, without its body.
 type TunnelSummary struct {
-	ID        string
+	ID string
+	// Key names the caller's API key.
+	Key       string
 	Provider  string
 	Model     string
 	Path      string

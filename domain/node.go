@@ -27,10 +27,13 @@ const (
 
 // NodeRecord is one entry of the edge's node directory (edge.yaml nodes[]).
 type NodeRecord struct {
-	ID        string
-	Token     string
-	Adapters  []AdapterConfig
-	Providers []ProviderConfig
+	ID    string
+	Token string
+	// TokenSHA256 is the hex SHA-256 of the token when the config holds
+	// only the digest; Token is then empty.
+	TokenSHA256 string
+	Adapters    []AdapterConfig
+	Providers   []ProviderConfig
 }
 
 // ExecTarget is one command an exec adapter may run.
@@ -197,4 +200,7 @@ type NodeInfo struct {
 	Hostname string
 	OS       string
 	Arch     string
+	// Peer is what the edge's transport verified about the connection,
+	// unlike the fields above, which the node reports about itself.
+	Peer PeerIdentity
 }

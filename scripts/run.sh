@@ -13,6 +13,9 @@ cleanup() {
 }
 trap cleanup INT TERM EXIT
 
+# The node trusts the edge by its CA's public key; auto TLS mode creates the
+# CA in configs/edge-state/ on first use.
+ca_pin=$(./bin/iop-edge --config configs/edge.yaml --print-ca-pin)
 ./bin/iop-edge --config configs/edge.yaml &
 edge_pid=$!
 export IOP_EDGE=http://127.0.0.1:7701
@@ -22,7 +25,7 @@ for _ in $(seq 1 50); do
   sleep 0.1
 done
 
-IOP_NODE_TOKEN=dev-token-change-me ./bin/iop-node --config configs/node.yaml &
+IOP_NODE_TOKEN=dev-token-change-me ./bin/iop-node --config configs/node.yaml --ca-pin "$ca_pin" &
 node_pid=$!
 for _ in $(seq 1 50); do
   ./bin/iop nodes 2>/dev/null | grep -q '^local' && break
@@ -40,7 +43,7 @@ echo
 echo "== echo hello iop | iop run --adapter exec --target upper"
 echo "hello iop" | ./bin/iop run --adapter exec --target upper -
 echo
-echo "Edge HTTP API on $IOP_EDGE, node transport on 127.0.0.1:7700. Try:"
+echo "Edge HTTP API on $IOP_EDGE, node transport (TLS, pin $ca_pin) on 127.0.0.1:7700. Try:"
 echo "  IOP_EDGE=$IOP_EDGE ./bin/iop events        # live event bus"
 echo "  ./bin/iop run --adapter exec --target count"
 echo "  curl -N -X POST $IOP_EDGE/v1/runs -d '{\"adapter\":\"exec\",\"target\":\"count\"}'"

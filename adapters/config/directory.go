@@ -24,11 +24,12 @@ type Directory struct {
 
 type dirSnapshot struct {
 	records []domain.NodeRecord
-	// digests[i] is sha256 of records[i].Token, so every comparison in
-	// Authenticate has the same length and the token's length does not leak.
+	// digests[i] is sha256 of records[i].Token (or records[i].TokenSHA256
+	// decoded), so every comparison in Authenticate has the same length and
+	// the token's length does not leak.
 	digests [][sha256.Size]byte
-	// usable[i] is 1 unless records[i].Token is empty: an empty token never
-	// authenticates, even against an empty presented token.
+	// usable[i] is 1 unless records[i] has neither a token nor a valid
+	// digest: such a record never authenticates, even against an empty token.
 	usable []int
 	byID   map[string]int
 }
@@ -50,8 +51,11 @@ func (d *Directory) Replace(records []domain.NodeRecord) {
 	}
 	for i, r := range records {
 		s.records[i] = cloneRecord(r)
-		s.digests[i] = sha256.Sum256([]byte(r.Token))
 		if r.Token != "" {
+			s.digests[i] = sha256.Sum256([]byte(r.Token))
+			s.usable[i] = 1
+		} else if d, err := parseTokenSHA256(r.TokenSHA256); err == nil {
+			s.digests[i] = d
 			s.usable[i] = 1
 		}
 		if _, dup := s.byID[r.ID]; !dup {
@@ -114,7 +118,7 @@ func (d *Directory) String() string {
 
 // cloneRecord copies r so that no slice or map is shared with the directory.
 func cloneRecord(r domain.NodeRecord) domain.NodeRecord {
-	out := domain.NodeRecord{ID: r.ID, Token: r.Token}
+	out := domain.NodeRecord{ID: r.ID, Token: r.Token, TokenSHA256: r.TokenSHA256}
 	if r.Adapters != nil {
 		out.Adapters = make([]domain.AdapterConfig, len(r.Adapters))
 		for i, a := range r.Adapters {

@@ -185,3 +185,26 @@ func TestDirectoryFromEdgeConfig(t *testing.T) {
 		}
 	}
 }
+
+// token_sha256 authenticates the token it is the digest of, like a literal
+// token, and the edge holds no secret for that node.
+func TestDirectoryTokenSHA256(t *testing.T) {
+	digest := config.TokenHash("hashed-token-123")
+	c, err := config.ParseEdge("edge.yaml", []byte("nodes:\n  - {id: a, token: literal-token}\n  - {id: h, token_sha256: "+strings.ToUpper(digest)+"}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := c.Records()
+	if recs[1].Token != "" || recs[1].TokenSHA256 != digest {
+		t.Fatalf("record of the hashed node = %+v, want only the (lower-case) digest", recs[1])
+	}
+	d := config.NewDirectory(recs)
+	if r, err := d.Authenticate("hashed-token-123"); err != nil || r.ID != "h" {
+		t.Fatalf("Authenticate(hashed token) = %q, %v; want node h", r.ID, err)
+	}
+	for _, wrong := range []string{"", digest, "hashed-token-124"} {
+		if r, err := d.Authenticate(wrong); err == nil {
+			t.Fatalf("Authenticate(%q) matched node %s", wrong, r.ID)
+		}
+	}
+}

@@ -30,6 +30,10 @@ const (
 
 // EdgeConfig is the content of edge.yaml.
 type EdgeConfig struct {
+	// StateDir holds what the edge creates for itself (the node-link CA and
+	// certificate in tls.mode auto). Relative paths are taken from the config
+	// file's directory; the default is "<config name>-state" next to it.
+	StateDir  string          `yaml:"state_dir"`
 	Transport TransportConfig `yaml:"transport"`
 	HTTP      HTTPConfig      `yaml:"http"`
 	Log       LogConfig       `yaml:"log"`
@@ -42,6 +46,7 @@ type TransportConfig struct {
 	HeartbeatInterval Duration `yaml:"heartbeat_interval"`
 	HeartbeatTimeout  Duration `yaml:"heartbeat_timeout"`
 	MaxFrameSize      int64    `yaml:"max_frame_size"`
+	TLS               LinkTLS  `yaml:"tls"`
 }
 
 // HTTPConfig configures the edge's HTTP API listener.
@@ -198,11 +203,14 @@ func (c HTTPConfig) validate() []error {
 // NodeEntry is one node of edge.yaml nodes[]. Exactly one of Token and
 // TokenEnv is set; TokenEnv names a variable of the edge's environment.
 type NodeEntry struct {
-	ID        string          `yaml:"id"`
-	Token     Secret          `yaml:"token"`
-	TokenEnv  string          `yaml:"token_env"`
-	Adapters  []AdapterEntry  `yaml:"adapters"`
-	Providers []ProviderEntry `yaml:"providers"`
+	ID       string `yaml:"id"`
+	Token    Secret `yaml:"token"`
+	TokenEnv string `yaml:"token_env"`
+	// TokenSHA256 is the hex SHA-256 of the token (iop-edge hash-token), so
+	// the file need not hold the secret.
+	TokenSHA256 string          `yaml:"token_sha256"`
+	Adapters    []AdapterEntry  `yaml:"adapters"`
+	Providers   []ProviderEntry `yaml:"providers"`
 }
 
 // AdapterEntry configures one runtime adapter of a node. Its type and the
@@ -258,13 +266,15 @@ func LoadEdge(path string) (*EdgeConfig, error) {
 }
 
 // ParseEdge parses data as edge.yaml, applies defaults and validates it. name
-// prefixes every error and should be the file's path.
+// prefixes every error and should be the file's path: relative paths in the
+// file (state_dir, transport.tls files) are resolved against its directory.
 func ParseEdge(name string, data []byte) (*EdgeConfig, error) {
 	var c EdgeConfig
 	if err := decodeStrict(name, data, &c); err != nil {
 		return nil, err
 	}
 	c.SetDefaults()
+	c.resolvePaths(name)
 	if err := c.Validate(); err != nil {
 		return nil, prefixErrors(name, err)
 	}
@@ -287,6 +297,9 @@ func (c *EdgeConfig) SetDefaults() {
 	}
 	if c.HTTP.Listen == "" {
 		c.HTTP.Listen = DefaultHTTPListen
+	}
+	if c.Transport.TLS.Mode == "" {
+		c.Transport.TLS.Mode = TLSAuto
 	}
 	c.Log.SetDefaults()
 }
@@ -321,10 +334,11 @@ func (c *EdgeConfig) Validate() error {
 	if t.MaxFrameSize < MinMaxFrameSize || t.MaxFrameSize > MaxMaxFrameSize {
 		add("transport.max_frame_size %d is outside [%d, %d] (64 KiB to 64 MiB)", t.MaxFrameSize, MinMaxFrameSize, MaxMaxFrameSize)
 	}
+	errs = appendFlat(errs, t.TLS.validate(t.Listen))
 	errs = appendFlat(errs, c.Log.Validate())
 
 	ids := map[string]int{}
-	tokens := map[string]int{}
+	tokens := map[[32]byte]int{}
 	for i, n := range c.Nodes {
 		where := fmt.Sprintf("nodes[%d]", i)
 		switch {
@@ -342,31 +356,67 @@ func (c *EdgeConfig) Validate() error {
 				ids[n.ID] = i
 			}
 		}
-		tok, err := n.ResolveToken()
+		digest, err := n.tokenDigest()
 		if err != nil {
 			add("%s: %w", where, err)
 			continue
 		}
-		if len(tok) < MinTokenLength {
-			add("%s: token must be at least %d characters", where, MinTokenLength)
-			continue
-		}
-		if j, dup := tokens[tok]; dup {
+		if j, dup := tokens[digest]; dup {
 			add("%s: token is the same as the token of nodes[%d]; every node needs its own", where, j)
 		} else {
-			tokens[tok] = i
+			tokens[digest] = i
 		}
 	}
 	return errors.Join(errs...)
 }
 
+// tokenDigest returns the SHA-256 of the node's token, from whichever of
+// token, token_env and token_sha256 is set, checking the token's length.
+func (n NodeEntry) tokenDigest() ([32]byte, error) {
+	if n.TokenSHA256 != "" {
+		if n.Token != "" || n.TokenEnv != "" {
+			return [32]byte{}, errors.New("set only one of token, token_env and token_sha256")
+		}
+		return parseTokenSHA256(n.TokenSHA256)
+	}
+	tok, err := n.ResolveToken()
+	if err != nil {
+		return [32]byte{}, err
+	}
+	if len(tok) < MinTokenLength {
+		return [32]byte{}, fmt.Errorf("token must be at least %d characters", MinTokenLength)
+	}
+	return sha256.Sum256([]byte(tok)), nil
+}
+
+// parseTokenSHA256 decodes token_sha256: 64 hex digits.
+func parseTokenSHA256(s string) ([32]byte, error) {
+	var d [32]byte
+	b, err := hex.DecodeString(s)
+	if err != nil || len(b) != len(d) {
+		return d, errors.New("token_sha256 must be 64 hex digits (the output of iop-edge hash-token)")
+	}
+	copy(d[:], b)
+	return d, nil
+}
+
+// TokenHash is what iop-edge hash-token prints: the hex SHA-256 of token,
+// the form token_sha256 takes.
+func TokenHash(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
 // ResolveToken returns the node's token: Token, or the value of the edge's
 // environment variable TokenEnv. It fails when neither or both are set, or
-// when the variable is unset or empty. Errors never contain the token.
+// when the variable is unset or empty; with only TokenSHA256 set it returns
+// "" (the edge never learns that token). Errors never contain the token.
 func (n NodeEntry) ResolveToken() (string, error) {
 	switch {
 	case n.Token != "" && n.TokenEnv != "":
 		return "", errors.New("set only one of token and token_env")
+	case n.TokenSHA256 != "" && n.Token == "" && n.TokenEnv == "":
+		return "", nil
 	case n.Token != "":
 		return string(n.Token), nil
 	case n.TokenEnv != "":
@@ -376,7 +426,7 @@ func (n NodeEntry) ResolveToken() (string, error) {
 		}
 		return v, nil
 	default:
-		return "", errors.New("one of token and token_env is required")
+		return "", errors.New("one of token, token_env and token_sha256 is required")
 	}
 }
 
@@ -388,6 +438,9 @@ func (c *EdgeConfig) Records() []domain.NodeRecord {
 	for _, n := range c.Nodes {
 		tok, _ := n.ResolveToken()
 		r := domain.NodeRecord{ID: n.ID, Token: tok}
+		if tok == "" {
+			r.TokenSHA256 = strings.ToLower(n.TokenSHA256)
+		}
 		for _, a := range n.Adapters {
 			r.Adapters = append(r.Adapters, a.toDomain())
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -77,7 +78,8 @@ func TestParseEdgeFull(t *testing.T) {
 		HeartbeatInterval: config.Duration(10 * time.Second),
 		HeartbeatTimeout:  config.Duration(25 * time.Second),
 		MaxFrameSize:      1 << 20,
-	}); got != want {
+		TLS:               config.LinkTLS{Mode: config.TLSAuto},
+	}); !reflect.DeepEqual(got, want) {
 		t.Errorf("transport = %+v, want %+v", got, want)
 	}
 	if c.HTTP.Listen != "0.0.0.0:7701" {
@@ -156,8 +158,9 @@ func TestParseEdgeDefaults(t *testing.T) {
 				HeartbeatInterval: config.Duration(30 * time.Second),
 				HeartbeatTimeout:  config.Duration(45 * time.Second),
 				MaxFrameSize:      4 << 20,
+				TLS:               config.LinkTLS{Mode: config.TLSAuto},
 			}
-			if c.Transport != want {
+			if !reflect.DeepEqual(c.Transport, want) {
 				t.Errorf("transport = %+v, want %+v", c.Transport, want)
 			}
 			if c.HTTP.Listen != "127.0.0.1:7701" {
@@ -291,13 +294,25 @@ func TestEdgeValidate(t *testing.T) {
 		{"id with space", node("  - {id: \"a b\", token: aaaaaaaa}\n"), `nodes[0]: id "a b" may contain only`},
 		{"id dot dot", node("  - {id: \"..\", token: aaaaaaaa}\n"), `nodes[0]: id ".." is not allowed`},
 		{"duplicate id", node("  - {id: a, token: aaaaaaaa}\n  - {id: a, token: bbbbbbbb}\n"), `nodes[1] (id "a"): id is already used by nodes[0]`},
-		{"no token", node("  - {id: a}\n"), `nodes[0] (id "a"): one of token and token_env is required`},
+		{"no token", node("  - {id: a}\n"), `nodes[0] (id "a"): one of token, token_env and token_sha256 is required`},
 		{"token and token_env", node("  - {id: a, token: aaaaaaaa, token_env: X}\n"), `nodes[0] (id "a"): set only one of token and token_env`},
 		{"token_env unset", node("  - {id: a, token_env: IOP_TEST_SURELY_UNSET}\n"), `nodes[0] (id "a"): token_env: environment variable IOP_TEST_SURELY_UNSET is unset or empty`},
 		{"token_env empty", node("  - {id: a, token_env: IOP_TEST_EMPTY}\n"), `nodes[0] (id "a"): token_env: environment variable IOP_TEST_EMPTY is unset or empty`},
 		{"short token", node("  - {id: a, token: short12}\n"), `nodes[0] (id "a"): token must be at least 8 characters`},
 		{"short token from env", node("  - {id: a, token_env: IOP_TEST_SHORT}\n"), `nodes[0] (id "a"): token must be at least 8 characters`},
 		{"duplicate token", node("  - {id: a, token: aaaaaaaa}\n  - {id: b, token: aaaaaaaa}\n"), `nodes[1] (id "b"): token is the same as the token of nodes[0]`},
+		{"token_sha256 not hex", node("  - {id: a, token_sha256: xyz}\n"), `nodes[0] (id "a"): token_sha256 must be 64 hex digits`},
+		{"token_sha256 too short", node("  - {id: a, token_sha256: abcd}\n"), `token_sha256 must be 64 hex digits`},
+		{"token and token_sha256", node("  - {id: a, token: aaaaaaaa, token_sha256: " + config.TokenHash("x") + "}\n"), `nodes[0] (id "a"): set only one of token, token_env and token_sha256`},
+		{"duplicate token via sha256", node("  - {id: a, token: aaaaaaaa}\n  - {id: b, token_sha256: " + config.TokenHash("aaaaaaaa") + "}\n"), `nodes[1] (id "b"): token is the same as the token of nodes[0]`},
+		{"tls mode unknown", "transport: {tls: {mode: on}}\n", `transport.tls.mode "on" is not one of auto, files, off`},
+		{"tls off on all interfaces", "transport: {listen: \":7700\", tls: {mode: off}}\n", `transport.tls.mode off sends node tokens and all run data in clear; it is allowed only when transport.listen is a loopback address, and ":7700" is not`},
+		{"tls off on a public address", "transport: {listen: \"203.0.113.5:7700\", tls: {mode: off}}\n", `allowed only when transport.listen is a loopback address`},
+		{"tls files without key", "transport: {tls: {mode: files, cert_file: a.pem}}\n", "transport.tls.mode files needs both cert_file and key_file"},
+		{"tls auto with files", "transport: {tls: {cert_file: a.pem, key_file: a.key}}\n", "cert_file and key_file are used only with mode: files"},
+		{"tls bind without client ca", "transport: {tls: {bind_node_identity: true}}\n", "bind_node_identity needs client_ca_file"},
+		{"tls off with client ca", "transport: {tls: {mode: off, client_ca_file: ca.pem}}\n", "need TLS (mode is off)"},
+		{"tls bad host", "transport: {tls: {hosts: [\"not a host\"]}}\n", `transport.tls.hosts: "not a host" is neither an IP address nor a DNS name`},
 		{"duplicate token via env", node("  - {id: a, token: aaaaaaaa}\n  - {id: b, token_env: IOP_TEST_DUP}\n"), `nodes[1] (id "b"): token is the same as the token of nodes[0]`},
 		{"public listen without keys", "http: {listen: \"0.0.0.0:7701\"}\n", `http.listen "0.0.0.0:7701" is not a loopback address and http.api_keys is empty`},
 		{"all interfaces without keys", "http: {listen: \":7701\"}\n", `http.listen ":7701" is not a loopback address`},
@@ -347,7 +362,7 @@ func TestEdgeValidateReportsEveryProblem(t *testing.T) {
 		`edge.yaml: log.level "loud" is not one of debug, info, warn, error`,
 		`edge.yaml: log.format "xml" is not one of text, json`,
 		`edge.yaml: nodes[0]: id is required`,
-		`edge.yaml: nodes[1] (id "b"): one of token and token_env is required`,
+		`edge.yaml: nodes[1] (id "b"): one of token, token_env and token_sha256 is required`,
 	}
 	if got := strings.Split(err.Error(), "\n"); !reflect.DeepEqual(got, want) {
 		t.Errorf("error lines =\n%q\nwant\n%q", got, want)
@@ -479,6 +494,54 @@ func TestPublicListenAllowedWithKeysOrExplicitOptOut(t *testing.T) {
 	} {
 		if _, err := config.ParseEdge("edge.yaml", []byte(doc)); err != nil {
 			t.Errorf("%s: %v", doc, err)
+		}
+	}
+}
+
+func TestEdgeTLSDefaultsAndPaths(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "edge.yaml")
+	c, err := config.ParseEdge(path, []byte("transport: {listen: \"127.0.0.1:7700\"}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Transport.TLS.Mode != config.TLSAuto {
+		t.Errorf("default tls mode = %q, want auto", c.Transport.TLS.Mode)
+	}
+	if want := filepath.Join(dir, "edge-state"); c.StateDir != want {
+		t.Errorf("default state_dir = %q, want %q (next to the config file)", c.StateDir, want)
+	}
+	hosts := c.CertHosts()
+	for _, h := range []string{"127.0.0.1", "localhost", "::1"} {
+		if !slices.Contains(hosts, h) {
+			t.Errorf("CertHosts() = %v, missing %s", hosts, h)
+		}
+	}
+
+	c, err = config.ParseEdge(path, []byte(`state_dir: st
+transport:
+  listen: "10.1.2.3:7700"
+  tls: {mode: files, cert_file: certs/edge.pem, key_file: /etc/iop/edge.key, client_ca_file: nodes-ca.pem, bind_node_identity: true}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl := c.Transport.TLS
+	if c.StateDir != filepath.Join(dir, "st") || tl.CertFile != filepath.Join(dir, "certs/edge.pem") || tl.KeyFile != "/etc/iop/edge.key" || tl.ClientCAFile != filepath.Join(dir, "nodes-ca.pem") {
+		t.Errorf("paths not resolved against the config's directory: state_dir %q, tls %+v", c.StateDir, tl)
+	}
+
+	c, err = config.ParseEdge(path, []byte("transport: {listen: \"10.1.2.3:7700\", tls: {hosts: [edge.example.com, 198.51.100.4]}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.CertHosts(); !slices.Contains(got, "10.1.2.3") || !slices.Contains(got, "edge.example.com") || !slices.Contains(got, "198.51.100.4") {
+		t.Errorf("CertHosts() = %v, want the listen host and tls.hosts", got)
+	}
+	// Plaintext is fine on loopback.
+	for _, l := range []string{"127.0.0.1:7700", "[::1]:7700", "localhost:7700"} {
+		if _, err := config.ParseEdge(path, []byte("transport: {listen: \""+l+"\", tls: {mode: off}}\n")); err != nil {
+			t.Errorf("tls off on %s: %v", l, err)
 		}
 	}
 }

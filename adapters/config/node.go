@@ -24,6 +24,8 @@ type NodeConfig struct {
 	DB        string          `yaml:"db"`
 	Log       LogConfig       `yaml:"log"`
 	Reconnect ReconnectConfig `yaml:"reconnect"`
+	// TLS holds ca_pin, ca_file, insecure, cert and key, at the top level.
+	TLS NodeTLS `yaml:",inline"`
 }
 
 // ReconnectConfig bounds the node's exponential reconnect backoff.
@@ -76,8 +78,9 @@ func (c *NodeConfig) SetDefaults() {
 	c.Log.SetDefaults()
 }
 
-// Validate checks the values and that a token can be resolved, reporting
-// every problem found.
+// Validate checks the values, that a token can be resolved and that exactly
+// one way to trust the edge is set, reporting every problem found. The error
+// matches ErrNoTrust (errors.Is) when no trust option is set.
 func (c *NodeConfig) Validate() error {
 	var errs []error
 	if err := checkHostPort("edge", c.Edge, false); err != nil {
@@ -90,6 +93,7 @@ func (c *NodeConfig) Validate() error {
 		errs = append(errs, errors.New("db must not be empty"))
 	}
 	errs = appendFlat(errs, c.Log.Validate())
+	errs = appendFlat(errs, c.TLS.validate())
 	if c.Reconnect.Min <= 0 {
 		errs = append(errs, fmt.Errorf("reconnect.min must be positive, got %s", c.Reconnect.Min))
 	}

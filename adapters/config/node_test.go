@@ -85,7 +85,7 @@ func TestParseNodeTypeErrors(t *testing.T) {
 // Parsing leaves value checks to Validate so that a --token flag can fill
 // the token after the file is read.
 func TestNodeTokenFromFlagAfterParse(t *testing.T) {
-	c, err := config.ParseNode("node.yaml", []byte("edge: \"10.0.0.1:7700\"\n"))
+	c, err := config.ParseNode("node.yaml", []byte("edge: \"10.0.0.1:7700\"\ninsecure: true\n"))
 	if err != nil {
 		t.Fatalf("ParseNode without a token: %v", err)
 	}
@@ -104,7 +104,7 @@ func TestNodeTokenFromFlagAfterParse(t *testing.T) {
 
 func TestNodeTokenEnv(t *testing.T) {
 	t.Setenv("IOP_TEST_NODE_TOKEN", "env-token-value")
-	c, err := config.ParseNode("node.yaml", []byte("token_env: IOP_TEST_NODE_TOKEN\n"))
+	c, err := config.ParseNode("node.yaml", []byte("token_env: IOP_TEST_NODE_TOKEN\nca_file: /etc/iop/ca.pem\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,10 +135,17 @@ func TestNodeValidate(t *testing.T) {
 		{"log format", func(c *config.NodeConfig) { c.Log.Format = "logfmt" }, `log.format "logfmt"`},
 		{"reconnect min", func(c *config.NodeConfig) { c.Reconnect.Min = config.Duration(-time.Second) }, "reconnect.min must be positive"},
 		{"reconnect max below min", func(c *config.NodeConfig) { c.Reconnect.Max = config.Duration(time.Millisecond) }, "reconnect.max (1ms) must not be less than reconnect.min (500ms)"},
+		{"no trust option", func(c *config.NodeConfig) { c.TLS.CAPin = "" }, "pass --ca-pin sha256:<hex>"},
+		{"two trust options", func(c *config.NodeConfig) { c.TLS.Insecure = true }, "set only one of ca_pin, ca_file and insecure"},
+		{"malformed pin", func(c *config.NodeConfig) { c.TLS.CAPin = "sha256:abc" }, "64 hex digits"},
+		{"cert without key", func(c *config.NodeConfig) { c.TLS.Cert = "node.pem" }, "cert and key go together"},
+		{"client cert on plaintext", func(c *config.NodeConfig) {
+			c.TLS = config.NodeTLS{Insecure: true, Cert: "n.pem", Key: "n.key"}
+		}, "cannot be used with insecure"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := &config.NodeConfig{Token: "node-secret"}
+			c := &config.NodeConfig{Token: "node-secret", TLS: config.NodeTLS{CAPin: testPin}}
 			c.SetDefaults()
 			if err := c.Validate(); err != nil {
 				t.Fatalf("baseline Validate: %v", err)
@@ -165,18 +172,36 @@ func TestLoadNode(t *testing.T) {
 	}
 
 	path := filepath.Join(t.TempDir(), "node.yaml")
-	if err := os.WriteFile(path, []byte("db: \"file:x.db\"\ntoken: abcdefgh\n"), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte("db: \"file:x.db\"\ntoken: abcdefgh\nca_pin: "+testPin+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	c, err = config.LoadNode(path)
 	if err != nil {
 		t.Fatalf("LoadNode: %v", err)
 	}
-	if c.DB != "file:x.db" || c.Validate() != nil {
+	if c.DB != "file:x.db" || c.TLS.CAPin != testPin || c.Validate() != nil {
 		t.Errorf("LoadNode = %+v (validate: %v)", c, c.Validate())
 	}
 
 	if _, err := config.LoadNode(path + ".missing"); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("LoadNode(missing) = %v, want ErrNotExist", err)
+	}
+}
+
+const testPin = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+// A node given no way to trust its edge fails with ErrNoTrust, which
+// iop-node turns into exit code 1 and the hint naming the three options.
+func TestNodeWithoutTrustIsErrNoTrust(t *testing.T) {
+	c := &config.NodeConfig{Token: "node-secret"}
+	c.SetDefaults()
+	err := c.Validate()
+	if !errors.Is(err, config.ErrNoTrust) {
+		t.Fatalf("Validate = %v, want ErrNoTrust", err)
+	}
+	for _, opt := range []string{"--ca-pin", "--ca-file", "--insecure", "--print-ca-pin"} {
+		if !strings.Contains(err.Error(), opt) {
+			t.Errorf("hint %q does not name %s", err, opt)
+		}
 	}
 }

@@ -21,7 +21,7 @@ const eventBuffer = 1024
 // ": dropped N events" and simply continues. The stream ends when the
 // client leaves or the server stops.
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
-	sub := s.deps.Events.Subscribe(eventBuffer, typeFilter(r.URL.Query()["type"]))
+	sub := s.deps.Events.Subscribe(eventBuffer, visibleTo(domain.PrincipalFrom(r.Context()), typeFilter(r.URL.Query()["type"])))
 	defer sub.Close()
 	ctx, cancel := s.streamContext(r)
 	defer cancel()
@@ -62,6 +62,17 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 			return
 		}
+	}
+}
+
+// visibleTo limits filter to the events of nodes caller may see; a caller
+// limited to some nodes sees no edge-wide events.
+func visibleTo(caller domain.Principal, filter func(domain.BusEvent) bool) func(domain.BusEvent) bool {
+	if !caller.Limited() {
+		return filter
+	}
+	return func(ev domain.BusEvent) bool {
+		return ev.Node != "" && caller.SeesNode(ev.Node) && (filter == nil || filter(ev))
 	}
 }
 

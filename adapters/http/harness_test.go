@@ -192,6 +192,12 @@ type testNode struct {
 
 func newEnv(t *testing.T, nodes ...testNode) *env {
 	t.Helper()
+	return newEnvWithKeys(t, nil, nodes...)
+}
+
+// newEnvWithKeys is newEnv on an edge with API keys.
+func newEnvWithKeys(t *testing.T, keys []httpapi.APIKey, nodes ...testNode) *env {
+	t.Helper()
 	e := &env{t: t, reg: edge.NewRegistry(), bus: eventbus.New()}
 	for _, n := range nodes {
 		e.admit(n.id, n.link)
@@ -208,6 +214,7 @@ func newEnv(t *testing.T, nodes ...testNode) *env {
 		GetRun:    edge.NewGetRunHandler(e.reg, tracker, e.commands),
 		ListRuns:  edge.NewListRunsHandler(e.reg, e.commands),
 		Events:    e.bus,
+		APIKeys:   keys,
 		Reload: func(ctx context.Context) (edge.ReloadResult, error) {
 			if e.reload == nil {
 				return edge.ReloadResult{}, errors.New("no reload scripted")

@@ -63,6 +63,7 @@ type busEventJSON struct {
 	Node   string        `json:"node,omitempty"`
 	Reason string        `json:"reason,omitempty"`
 	Remote string        `json:"remote,omitempty"`
+	Key    string        `json:"key,omitempty"`
 	Run    *runEventJSON `json:"run,omitempty"`
 	Tunnel *tunnelJSON   `json:"tunnel,omitempty"`
 }
@@ -80,7 +81,7 @@ type tunnelJSON struct {
 }
 
 func toBusEventJSON(ev domain.BusEvent) busEventJSON {
-	out := busEventJSON{Type: ev.Type, Time: ev.Time.UTC(), Node: ev.Node, Reason: ev.Reason, Remote: ev.Remote}
+	out := busEventJSON{Type: ev.Type, Time: ev.Time.UTC(), Node: ev.Node, Reason: ev.Reason, Remote: ev.Remote, Key: ev.Key}
 	if ev.Run != nil {
 		r := toRunEventJSON(ev.Node, *ev.Run)
 		out.Run = &r

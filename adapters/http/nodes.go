@@ -14,11 +14,11 @@ import (
 	"iop/ports"
 )
 
-func (s *Server) handleListNodes(w http.ResponseWriter, _ *http.Request) {
+func (s *Server) handleListNodes(w http.ResponseWriter, r *http.Request) {
 	out := struct {
 		Nodes []nodeJSON `json:"nodes"`
 	}{Nodes: []nodeJSON{}}
-	for _, n := range s.deps.Registry.List() {
+	for _, n := range s.deps.Registry.ListAs(domain.PrincipalFrom(r.Context())) {
 		out.Nodes = append(out.Nodes, toNodeJSON(n))
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -26,7 +26,7 @@ func (s *Server) handleListNodes(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Server) handleGetNode(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	n, ok := s.deps.Registry.Get(id)
+	n, ok := s.deps.Registry.GetAs(domain.PrincipalFrom(r.Context()), id)
 	if !ok {
 		writeError(w, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", id))
 		return
@@ -181,6 +181,15 @@ func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request) {
 	lines := []edge.UsageLine{}
 	if s.deps.TunnelUsage != nil {
 		lines = s.deps.TunnelUsage(r.URL.Query().Get("node"))
+	}
+	if caller := domain.PrincipalFrom(r.Context()); caller.Limited() {
+		visible := lines[:0:0]
+		for _, l := range lines {
+			if caller.SeesNode(l.Node) {
+				visible = append(visible, l)
+			}
+		}
+		lines = visible
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"tunnels": lines})
 }

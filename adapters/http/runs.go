@@ -223,7 +223,7 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 	if node == "" {
 		// The use case picked the only connected node; name it if that is
 		// still unambiguous.
-		if nodes := s.deps.Registry.List(); len(nodes) == 1 {
+		if nodes := s.deps.Registry.ListAs(domain.PrincipalFrom(r.Context())); len(nodes) == 1 {
 			node = nodes[0].ID
 		}
 	}

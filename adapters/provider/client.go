@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"iop/adapters/internal/netmsg"
 	"iop/domain"
 	"iop/ports"
 )
@@ -112,20 +113,17 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 }
 
 // classify turns a failed round trip into a domain error. Messages name the
-// provider but never its credentials (none are in the URL or the error).
+// provider but never its credentials nor its host and port (netmsg): they
+// are relayed to the edge's callers.
 func classify(ctx context.Context, p domain.ProviderConfig, err error) error {
 	if ctx.Err() != nil {
 		return domain.Errorf(domain.CodeCancelled, "upstream request to provider %s cancelled", p.Name)
-	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return domain.Errorf(domain.CodeProviderUnreachable, "provider %s: %v", p.Name, op)
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		return domain.Errorf(domain.CodeTimeout, "provider %s: no response headers in time", p.Name)
 	}
-	return domain.Errorf(domain.CodeProviderUnreachable, "provider %s: %v", p.Name, err)
+	return domain.Errorf(domain.CodeProviderUnreachable, "provider %s: %s", p.Name, netmsg.Describe(err))
 }
 
 // UpstreamURL joins a provider's base URL with a request path and query.
@@ -216,6 +214,10 @@ func (b *scanningBody) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
 	if n > 0 {
 		b.scan.Write(p[:n])
+	}
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, context.Canceled) {
+		// Read errors name the connection's addresses; callers see this.
+		err = errors.New(netmsg.Describe(err))
 	}
 	return n, err
 }

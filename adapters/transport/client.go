@@ -38,11 +38,12 @@ type RejectedError struct{ Reason string }
 
 func (e *RejectedError) Error() string { return "edge refused registration: " + e.Reason }
 
-// Fatal reports whether retrying cannot help (the token is unknown). The
+// Fatal reports whether retrying cannot help (the token is unknown, or the
+// client certificate names another node). The
 // reason is a code, optionally followed by ": detail".
 func (e *RejectedError) Fatal() bool {
 	code, _, _ := strings.Cut(e.Reason, ":")
-	return code == domain.CodeUnknownToken
+	return code == domain.CodeUnknownToken || code == domain.CodeIdentityMismatch
 }
 
 // ClientConfig configures the node's link to the edge.
@@ -103,8 +104,9 @@ func NewClient(cfg ClientConfig, h NodeHandler) *Client {
 	return &Client{cfg: cfg, h: h}
 }
 
-// Run connects, serves and reconnects until ctx ends or the edge refuses
-// the token; only the latter returns an error.
+// Run connects, serves and reconnects until ctx ends, the edge refuses the
+// node for good (a *RejectedError) or cannot be trusted (a *TrustError);
+// only the latter two return an error.
 func (c *Client) Run(ctx context.Context) error {
 	defer c.wg.Wait()
 	log := c.cfg.Transport.Logger
@@ -115,8 +117,9 @@ func (c *Client) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		var rej *RejectedError
-		if errors.As(err, &rej) && rej.Fatal() {
+		// A refused token and an untrusted edge (TrustError) are final.
+		var fatal interface{ Fatal() bool }
+		if errors.As(err, &fatal) && fatal.Fatal() {
 			return err
 		}
 		if time.Since(started) >= c.cfg.HealthyAfter {
@@ -158,6 +161,9 @@ func (c *Client) session(ctx context.Context) error {
 		return fmt.Errorf("dial %s: %w", c.cfg.Addr, err)
 	}
 	_ = nc.SetDeadline(time.Now().Add(tc.HandshakeTimeout))
+	if nc, err = secureClient(nc, tc.TLS); err != nil {
+		return err
+	}
 	req := &ioppb.RegisterRequest{
 		Token: c.cfg.Token, NodeVersion: c.cfg.Info.Version, Hostname: c.cfg.Info.Hostname,
 		Os: c.cfg.Info.OS, Arch: c.cfg.Info.Arch, InitialWindow: tc.StreamWindow,

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,9 +27,12 @@ type Config struct {
 	ControlQueue int
 	// WriteTimeout catches half-open peers on send.
 	WriteTimeout time.Duration
-	// HandshakeTimeout bounds the register exchange.
+	// HandshakeTimeout bounds the register exchange, TLS handshake included.
 	HandshakeTimeout time.Duration
-	Logger           *slog.Logger
+	// TLS secures the link (tls.go): NewServerTLS for the edge, NewClientTLS
+	// for a node. Nil is plaintext.
+	TLS    *tls.Config
+	Logger *slog.Logger
 }
 
 // DefaultConfig returns the spec's settings: 30 s heartbeat, 45 s wait, 4 MiB frames.

@@ -20,7 +20,7 @@ func TestHandshakeRegistersNode(t *testing.T) {
 	info := domain.NodeInfo{Version: "1.0.0", Hostname: "box", OS: "linux", Arch: "arm64"}
 	p := newPair(t, pairOptions{client: ClientConfig{Info: info, OnRegistered: func(id string) { registered <- id }}}, nil)
 
-	if p.reg.Token != testToken || p.reg.Info != info {
+	if p.reg.Token != testToken || !reflect.DeepEqual(p.reg.Info, info) {
 		t.Errorf("Register got token %q info %+v", p.reg.Token, p.reg.Info)
 	}
 	if !strings.HasPrefix(p.reg.Remote, "127.0.0.1:") || p.link.Remote() != p.reg.Remote {

@@ -39,6 +39,8 @@ type Server struct {
 	sem      chan struct{}
 	done     chan struct{}
 	stopOnce sync.Once
+	// tlsReports rate-limits reports of failed TLS handshakes (tls.go).
+	tlsReports reportLimiter
 }
 
 // NewServer returns a server that will listen on addr.
@@ -171,6 +173,13 @@ func (s *Server) serve(nc net.Conn) {
 // returned link's connection is ready to start.
 func (s *Server) handshake(nc net.Conn, remote string) (*edgeLink, string, bool) {
 	_ = nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	sc, peer, err := s.secureServer(nc)
+	if err != nil {
+		_ = nc.Close()
+		s.tlsFailed(remote, err)
+		return nil, "", false
+	}
+	nc = sc
 	// A peer that has not authenticated may not make the edge allocate a
 	// full-size frame: the register request is small.
 	dec := NewDecoder(nc, min(s.cfg.MaxFrameSize, maxRegisterFrame))
@@ -189,7 +198,7 @@ func (s *Server) handshake(nc net.Conn, remote string) (*edgeLink, string, bool)
 	dec.max = s.cfg.MaxFrameSize
 	link := &edgeLink{remote: remote, acks: map[uint64]chan error{}}
 	link.conn = newConn(nc, dec, s.cfg, SideEdge, req.GetInitialWindow(), link)
-	info := domain.NodeInfo{Version: req.GetNodeVersion(), Hostname: req.GetHostname(), OS: req.GetOs(), Arch: req.GetArch()}
+	info := domain.NodeInfo{Version: req.GetNodeVersion(), Hostname: req.GetHostname(), OS: req.GetOs(), Arch: req.GetArch(), Peer: peer}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
 	cfg, err := s.h.Register(ctx, req.GetToken(), info, remote, link)
 	cancel()

@@ -32,7 +32,12 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 	}
 	ctx, cancel := context.WithTimeout(ctx, h.timeout)
 	defer cancel()
+	caller := domain.PrincipalFrom(ctx)
 	nodeID, active, known := h.runs.Lookup(runID)
+	if known && !caller.SeesNode(nodeID) {
+		// A run on a node the caller may not see does not exist for it.
+		return "", domain.Errorf(domain.CodeRunNotFound, "no connected node knows run %s", runID)
+	}
 	if known && !active {
 		return nodeID, domain.Errorf(domain.CodeRunFinished, "run %s has already finished", runID)
 	}
@@ -43,7 +48,7 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 		}
 		return nodeID, n.Link.CancelRun(ctx, runID)
 	}
-	for _, n := range h.reg.List() {
+	for _, n := range h.reg.ListAs(caller) {
 		err := n.Link.CancelRun(ctx, runID)
 		if errors.Is(err, domain.ErrRunNotFound) {
 			continue

@@ -50,7 +50,7 @@ func (h *NodeCommandHandler) Handle(ctx context.Context, node, name string, args
 		return nil, nil, nil, domain.Errorf(domain.CodeInvalidRequest, "command request is too large: its arguments take %d bytes, the node link carries at most %d",
 			len(args), h.MaxRequestBytes-requestOverhead)
 	}
-	n, err := h.reg.resolve(node)
+	n, err := h.reg.resolve(domain.PrincipalFrom(ctx), node)
 	if err != nil {
 		return nil, nil, nil, err
 	}

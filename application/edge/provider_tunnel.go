@@ -95,7 +95,7 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 	if method == "" {
 		method = http.MethodGet
 	}
-	cand, link, release, err := h.route(in)
+	cand, link, release, err := h.route(domain.PrincipalFrom(ctx), in)
 	if err != nil {
 		return nil, err
 	}
@@ -112,23 +112,23 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 		return nil, fmt.Errorf("open tunnel to node %s: %w", cand.node, err)
 	}
 	return &Tunnel{
-		ID: h.newID(), Node: cand.node, Provider: cand.cfg.Name, Model: in.Model,
+		ID: h.newID(), Node: cand.node, Provider: cand.cfg.Name, Model: in.Model, Key: domain.PrincipalFrom(ctx).Name,
 		h: h, stream: st, release: release, path: in.Path, start: start,
 	}, nil
 }
 
 // route chooses the node and provider for in and counts a tunnel against
 // the node; release undoes that.
-func (h *SubmitProviderTunnelHandler) route(in SubmitProviderTunnel) (providerModels, ports.NodeLink, func(), error) {
+func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitProviderTunnel) (providerModels, ports.NodeLink, func(), error) {
 	family := in.ProviderType
 	if in.Node != "" {
-		if _, ok := h.reg.Get(in.Node); !ok {
+		if _, ok := h.reg.GetAs(caller, in.Node); !ok {
 			return providerModels{}, nil, nil, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", in.Node)
 		}
 	}
 	var speak []providerModels
 	for _, p := range h.catalog.providers() {
-		if Speaks(p.cfg.Type, family) && (in.Node == "" || p.node == in.Node) {
+		if Speaks(p.cfg.Type, family) && (in.Node == "" || p.node == in.Node) && caller.SeesNode(p.node) {
 			speak = append(speak, p)
 		}
 	}
@@ -194,6 +194,8 @@ type Tunnel struct {
 	Node     string
 	Provider string
 	Model    string
+	// Key names the API key of the caller.
+	Key string
 
 	h       *SubmitProviderTunnelHandler
 	stream  ports.TunnelStream
@@ -271,16 +273,16 @@ func (t *Tunnel) finish(err error) {
 		t.release()
 		h := t.h
 		s := domain.TunnelSummary{
-			ID: t.ID, Provider: t.Provider, Model: t.Model, Path: t.path, Status: t.status,
+			ID: t.ID, Key: t.Key, Provider: t.Provider, Model: t.Model, Path: t.path, Status: t.status,
 			BodyBytes: t.bodyBytes, Duration: h.now().Sub(t.start), Usage: t.usage,
 		}
 		if err != nil {
 			s.Error = err.Error()
 			if code := domain.CodeOf(err); code != domain.CodeCancelled {
-				h.log.Warn("provider tunnel failed", "tunnel", t.ID, "node", t.Node, "provider", t.Provider, "path", t.path, "err", err)
+				h.log.Warn("provider tunnel failed", "tunnel", t.ID, "key", t.Key, "node", t.Node, "provider", t.Provider, "path", t.path, "err", err)
 			}
 		}
 		h.ledger.Record(t.Node, s)
-		h.bus.Publish(domain.BusEvent{Type: domain.BusTunnelCompleted, Time: h.now(), Node: t.Node, Tunnel: &s})
+		h.bus.Publish(domain.BusEvent{Type: domain.BusTunnelCompleted, Time: h.now(), Node: t.Node, Key: s.Key, Tunnel: &s})
 	})
 }

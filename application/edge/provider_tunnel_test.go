@@ -500,8 +500,10 @@ func TestProviderTunnelLedgerSums(t *testing.T) {
 		i++
 		return newPTStream(nil, frames...), nil
 	}
+	// The caller's key name is kept with its usage and its events.
+	ctx := domain.WithPrincipal(context.Background(), domain.Principal{Name: "ci", Scopes: []string{domain.ScopeInference}})
 	for range usage {
-		tun, err := e.h.Handle(context.Background(), edge.SubmitProviderTunnel{Model: "m", ProviderType: "openai", Method: "POST", Path: "/v1/chat/completions"})
+		tun, err := e.h.Handle(ctx, edge.SubmitProviderTunnel{Model: "m", ProviderType: "openai", Method: "POST", Path: "/v1/chat/completions"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -510,11 +512,11 @@ func TestProviderTunnelLedgerSums(t *testing.T) {
 		}
 		tun.Close()
 	}
-	want := edge.UsageLine{Node: "a", Provider: "p", Model: "m", Requests: 3, PromptTokens: 11, CompletionTokens: 7, TotalTokens: 18, BodyBytes: 12}
+	want := edge.UsageLine{Node: "a", Key: "ci", Provider: "p", Model: "m", Requests: 3, PromptTokens: 11, CompletionTokens: 7, TotalTokens: 18, BodyBytes: 12}
 	if l := e.ledger.Snapshot(); len(l) != 1 || l[0] != want {
 		t.Fatalf("ledger = %+v, want %+v", l, want)
 	}
-	if n := len(e.bus.events()); n != 3 {
-		t.Fatalf("%d events for 3 tunnels", n)
+	if evs := e.bus.events(); len(evs) != 3 || evs[0].Key != "ci" || evs[0].Tunnel.Key != "ci" {
+		t.Fatalf("events for 3 tunnels: %+v", evs)
 	}
 }

@@ -52,7 +52,9 @@ func (h *GetRunHandler) Handle(ctx context.Context, runID string) (json.RawMessa
 	if err != nil {
 		return nil, err
 	}
+	caller := domain.PrincipalFrom(ctx)
 	nodeID, _, known := h.runs.Lookup(runID)
+	known = known && caller.SeesNode(nodeID) // other runs do not exist for this caller
 	if known {
 		if _, ok := h.reg.Get(nodeID); ok {
 			raw, err := h.cmds.Call(ctx, nodeID, cmdRunGet, args)
@@ -65,7 +67,7 @@ func (h *GetRunHandler) Handle(ctx context.Context, runID string) (json.RawMessa
 	}
 
 	// Ask every connected node at once; the first that knows the run wins.
-	nodes := h.reg.List()
+	nodes := h.reg.ListAs(caller)
 	type answer struct {
 		node string
 		raw  []byte
@@ -170,7 +172,7 @@ func (h *ListRunsHandler) Handle(ctx context.Context, q ListRuns) (RunList, erro
 	if q.Node != "" {
 		ids = []string{q.Node}
 	} else {
-		for _, n := range h.reg.List() {
+		for _, n := range h.reg.ListAs(domain.PrincipalFrom(ctx)) {
 			ids = append(ids, n.ID)
 		}
 	}

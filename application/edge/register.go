@@ -21,6 +21,9 @@ type RegisterHandler struct {
 	log      *slog.Logger
 	now      func() time.Time
 	versions *ConfigVersions
+	// BindIdentity requires the connection's verified client certificate
+	// to name the node the token belongs to (transport.tls.bind_node_identity).
+	BindIdentity bool
 }
 
 // NewRegisterHandler refuses nil dependencies. versions is shared with the
@@ -42,7 +45,8 @@ type ConfigVersions struct{ n atomic.Uint64 }
 func (v *ConfigVersions) Next() uint64 { return v.n.Add(1) }
 
 // Register authenticates token, builds the node's config and admits link.
-// Rejections are unknown_token, duplicate_connection and config_error.
+// Rejections are unknown_token, identity_mismatch (BindIdentity),
+// duplicate_connection and config_error.
 func (h *RegisterHandler) Register(_ context.Context, token string, info domain.NodeInfo, remote string, link ports.NodeLink) (domain.NodeConfig, error) {
 	rec, err := h.dir.Authenticate(token)
 	if err != nil {
@@ -50,6 +54,10 @@ func (h *RegisterHandler) Register(_ context.Context, token string, info domain.
 			h.log.Error("node directory failed", "err", err)
 		}
 		return h.reject("", remote, &domain.Error{Code: domain.CodeUnknownToken})
+	}
+	if h.BindIdentity && !info.Peer.Names(rec.ID) {
+		return h.reject(rec.ID, remote, domain.Errorf(domain.CodeIdentityMismatch,
+			"the client certificate names %q, not node %q", info.Peer.CertNames, rec.ID))
 	}
 	cfg, err := rec.BuildConfig(h.versions.Next())
 	if err != nil {

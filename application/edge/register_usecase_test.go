@@ -233,3 +233,45 @@ func TestRegisterHandshakeFailed(t *testing.T) {
 		t.Fatal("a failed handshake admitted a node")
 	}
 }
+
+// With BindIdentity the verified client certificate must name the node the
+// token belongs to; the transport hands the names over as plain data.
+func TestRegisterBindsCertificateIdentity(t *testing.T) {
+	tests := []struct {
+		name     string
+		peer     domain.PeerIdentity
+		wantCode string
+	}{
+		{"cn names the node", domain.PeerIdentity{Encrypted: true, CertNames: []string{"alpha"}}, ""},
+		{"dns san names the node", domain.PeerIdentity{Encrypted: true, CertNames: []string{"something", "alpha"}}, ""},
+		{"certificate for another node", domain.PeerIdentity{Encrypted: true, CertNames: []string{"beta"}}, domain.CodeIdentityMismatch},
+		{"no client certificate", domain.PeerIdentity{Encrypted: true}, domain.CodeIdentityMismatch},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			reg, bus := edge.NewRegistry(), newUCBus()
+			h := edge.NewRegisterHandler(ucRegisterDir(), reg, bus, &edge.ConfigVersions{}, nil)
+			h.BindIdentity = true
+			_, err := h.Register(context.Background(), ucTokAlpha, domain.NodeInfo{Peer: tc.peer}, "10.0.0.9:1", &ucLink{id: "l"})
+			if got := ucCode(err); got != tc.wantCode {
+				t.Fatalf("Register = %v (code %q), want code %q", err, got, tc.wantCode)
+			}
+			_, admitted := reg.Get("alpha")
+			if admitted != (tc.wantCode == "") {
+				t.Fatalf("admitted = %v, want %v", admitted, tc.wantCode == "")
+			}
+			if tc.wantCode != "" {
+				evs := bus.all()
+				last := evs[len(evs)-1]
+				if last.Type != domain.BusNodeRejected || last.Node != "alpha" || !strings.HasPrefix(last.Reason, domain.CodeIdentityMismatch) {
+					t.Fatalf("last bus event = %+v, want node.rejected alpha identity_mismatch", last)
+				}
+			}
+		})
+	}
+	// Without BindIdentity a certificate naming another node does not matter.
+	h := edge.NewRegisterHandler(ucRegisterDir(), edge.NewRegistry(), newUCBus(), &edge.ConfigVersions{}, nil)
+	if _, err := h.Register(context.Background(), ucTokAlpha, domain.NodeInfo{Peer: domain.PeerIdentity{CertNames: []string{"beta"}}}, "10.0.0.9:2", &ucLink{id: "l"}); err != nil {
+		t.Fatalf("Register without BindIdentity: %v", err)
+	}
+}

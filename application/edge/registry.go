@@ -93,11 +93,26 @@ func (r *Registry) Get(id string) (NodeView, bool) {
 
 // List returns snapshots of every live node, sorted by id.
 func (r *Registry) List() []NodeView {
+	return r.ListAs(domain.Anonymous())
+}
+
+// GetAs is Get for caller p: a node p may not see is not found.
+func (r *Registry) GetAs(p domain.Principal, id string) (NodeView, bool) {
+	if !p.SeesNode(id) {
+		return NodeView{}, false
+	}
+	return r.Get(id)
+}
+
+// ListAs is List limited to the nodes caller p may see.
+func (r *Registry) ListAs(p domain.Principal) []NodeView {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]NodeView, 0, len(r.nodes))
 	for _, n := range r.nodes {
-		out = append(out, n.view())
+		if p.SeesNode(n.ID) {
+			out = append(out, n.view())
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
@@ -131,22 +146,29 @@ func (n *LiveNode) inFlight() int {
 // is used as is (the spec's fallback); otherwise the node offering adapter
 // with the fewest runs in flight wins, ties broken by id.
 func (r *Registry) PickForRun(node, adapter string) (NodeView, func(), error) {
+	return r.PickForRunAs(domain.Anonymous(), node, adapter)
+}
+
+// PickForRunAs is PickForRun among the nodes caller p may see; a node it
+// may not see is not found.
+func (r *Registry) PickForRunAs(p domain.Principal, node, adapter string) (NodeView, func(), error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	visible := r.visible(p)
 	var chosen *LiveNode
 	switch {
 	case node != "":
-		n, ok := r.nodes[node]
+		n, ok := visible[node]
 		if !ok {
 			return NodeView{}, nil, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", node)
 		}
 		chosen = n
-	case len(r.nodes) == 1:
-		for _, n := range r.nodes {
+	case len(visible) == 1:
+		for _, n := range visible {
 			chosen = n
 		}
 	default:
-		for _, n := range r.nodes {
+		for _, n := range visible {
 			if !n.hasAdapter(adapter) {
 				continue
 			}
@@ -155,7 +177,7 @@ func (r *Registry) PickForRun(node, adapter string) (NodeView, func(), error) {
 			}
 		}
 		if chosen == nil {
-			if len(r.nodes) == 0 {
+			if len(visible) == 0 {
 				return NodeView{}, nil, domain.Errorf(domain.CodeNoNodeAvailable, "no node is connected")
 			}
 			return NodeView{}, nil, domain.Errorf(domain.CodeNoNodeAvailable, "no connected node offers adapter %q", adapter)
@@ -195,24 +217,40 @@ func (r *Registry) acquireTunnel(id string) (func(), bool) {
 	}, true
 }
 
-// resolve finds an explicit node, or the only connected one when none is named.
-func (r *Registry) resolve(node string) (NodeView, error) {
+// visible is the live nodes p may see; call with mu held.
+func (r *Registry) visible(p domain.Principal) map[string]*LiveNode {
+	if !p.Limited() {
+		return r.nodes
+	}
+	out := make(map[string]*LiveNode, len(p.Nodes))
+	for _, id := range p.Nodes {
+		if n, ok := r.nodes[id]; ok {
+			out[id] = n
+		}
+	}
+	return out
+}
+
+// resolve finds an explicit node, or the only connected one when none is
+// named, among the nodes caller p may see.
+func (r *Registry) resolve(p domain.Principal, node string) (NodeView, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	visible := r.visible(p)
 	if node != "" {
-		n, ok := r.nodes[node]
+		n, ok := visible[node]
 		if !ok {
 			return NodeView{}, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", node)
 		}
 		return n.view(), nil
 	}
-	switch len(r.nodes) {
+	switch len(visible) {
 	case 0:
 		return NodeView{}, domain.Errorf(domain.CodeNoNodeAvailable, "no node is connected")
 	case 1:
-		for _, n := range r.nodes {
+		for _, n := range visible {
 			return n.view(), nil
 		}
 	}
-	return NodeView{}, domain.Errorf(domain.CodeInvalidRequest, "%d nodes are connected: name one", len(r.nodes))
+	return NodeView{}, domain.Errorf(domain.CodeInvalidRequest, "%d nodes are connected: name one", len(visible))
 }

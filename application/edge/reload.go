@@ -85,7 +85,7 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 		switch {
 		case !ok:
 			h.disconnect(n, "removed from config", &res)
-		case rec.Token != old[n.ID].Token:
+		case rec.Token != old[n.ID].Token || rec.TokenSHA256 != old[n.ID].TokenSHA256:
 			h.disconnect(n, "token changed", &res)
 		case reflect.DeepEqual(rec.Adapters, old[n.ID].Adapters) && reflect.DeepEqual(rec.Providers, old[n.ID].Providers):
 			res.Unchanged = append(res.Unchanged, n.ID)

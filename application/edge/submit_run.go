@@ -116,7 +116,7 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "run request is too large: input and options take %d bytes, the node link carries at most %d",
 			size-requestOverhead, h.MaxRequestBytes-requestOverhead)
 	}
-	node, release, err := h.reg.PickForRun(cmd.Node, cmd.Adapter)
+	node, release, err := h.reg.PickForRunAs(domain.PrincipalFrom(ctx), cmd.Node, cmd.Adapter)
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +130,10 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 		return nil, err
 	}
 	h.runs.start(req.RunID, node.ID)
-	rh := &RunHandle{RunID: req.RunID, Node: node.ID, Background: cmd.Background, h: h, stream: stream, release: release}
+	h.log.Info("run started", "run", req.RunID, "node", node.ID, "adapter", req.Adapter, "target", req.Target,
+		"background", req.Background, "key", domain.PrincipalFrom(ctx).Name)
+	rh := &RunHandle{RunID: req.RunID, Node: node.ID, Background: cmd.Background, Key: domain.PrincipalFrom(ctx).Name,
+		h: h, stream: stream, release: release}
 	if cmd.Background {
 		h.follow(rh, 0)
 	}
@@ -165,6 +168,8 @@ type RunHandle struct {
 	RunID      string
 	Node       string
 	Background bool
+	// Key names the API key of the caller that started the run.
+	Key string
 
 	h       *SubmitRunHandler
 	stream  ports.RunStream
@@ -207,7 +212,7 @@ func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
 		ev.RunID = r.RunID
 	}
 	r.lastSeq = ev.Seq
-	r.h.bus.Publish(domain.BusEvent{Type: domain.BusRunEvent, Time: r.h.now(), Node: r.Node, Run: &ev})
+	r.h.bus.Publish(domain.BusEvent{Type: domain.BusRunEvent, Time: r.h.now(), Node: r.Node, Key: r.Key, Run: &ev})
 	if ev.Type.Terminal() {
 		r.done = true
 		r.release()

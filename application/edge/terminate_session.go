@@ -35,7 +35,7 @@ func (h *TerminateSessionHandler) Handle(ctx context.Context, cmd TerminateSessi
 	if cmd.Adapter == "" || cmd.SessionID == "" {
 		return domain.Errorf(domain.CodeInvalidRequest, "adapter and session id are required")
 	}
-	n, err := h.reg.resolve(cmd.Node)
+	n, err := h.reg.resolve(domain.PrincipalFrom(ctx), cmd.Node)
 	if err != nil {
 		return err
 	}

@@ -8,11 +8,13 @@ import (
 	"iop/domain"
 )
 
-// UsageLine is the usage of provider tunnels summed for one node, provider
-// and model.
+// UsageLine is the usage of provider tunnels summed for one node, caller
+// key, provider and model.
 // Its JSON form is part of the API (GET /v1/usage, usage_status "tunnels").
 type UsageLine struct {
-	Node     string `json:"node"`
+	Node string `json:"node"`
+	// Key names the API key of the callers ("anonymous" without keys).
+	Key      string `json:"key"`
 	Provider string `json:"provider"`
 	Model    string `json:"model"`
 	// Requests counts finished tunnels; Errors those that ended with an
@@ -26,7 +28,7 @@ type UsageLine struct {
 	BodyBytes int64 `json:"body_bytes"`
 }
 
-type usageKey struct{ node, provider, model string }
+type usageKey struct{ node, key, provider, model string }
 
 // Bounds of the ledger: the model is what callers asked for, any string
 // when a provider's model list is unknown, so neither the number of lines
@@ -64,7 +66,7 @@ func (l *UsageLedger) Record(node string, s domain.TunnelSummary) {
 	if len(model) > maxModelName {
 		model = strings.ToValidUTF8(model[:maxModelName], "")
 	}
-	k := usageKey{node, s.Provider, model}
+	k := usageKey{node, s.Key, s.Provider, model}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	line := l.lines[k]
@@ -73,7 +75,7 @@ func (l *UsageLedger) Record(node string, s domain.TunnelSummary) {
 		line = l.lines[k]
 	}
 	if line == nil {
-		line = &UsageLine{Node: node, Provider: s.Provider, Model: k.model}
+		line = &UsageLine{Node: node, Key: s.Key, Provider: s.Provider, Model: k.model}
 		l.lines[k] = line
 	}
 	line.Requests++
@@ -88,7 +90,7 @@ func (l *UsageLedger) Record(node string, s domain.TunnelSummary) {
 	}
 }
 
-// Snapshot returns a copy of every line, sorted by node, provider and model.
+// Snapshot returns a copy of every line, sorted by node, provider, model and key.
 func (l *UsageLedger) Snapshot() []UsageLine {
 	l.mu.Lock()
 	out := make([]UsageLine, 0, len(l.lines))
@@ -104,7 +106,10 @@ func (l *UsageLedger) Snapshot() []UsageLine {
 		if a.Provider != b.Provider {
 			return a.Provider < b.Provider
 		}
-		return a.Model < b.Model
+		if a.Model != b.Model {
+			return a.Model < b.Model
+		}
+		return a.Key < b.Key
 	})
 	return out
 }

@@ -1,10 +1,17 @@
 // Command iop-edge is the front server: nodes dial in over TCP, callers use
 // its HTTP API, the OpenAI-compatible surface or the iop CLI.
+//
+//	iop-edge [--config F]                 serve
+//	iop-edge [--config F] --print-ca-pin  print the pin nodes pass as --ca-pin
+//	iop-edge [--config F] join NODE_ID    print the iop-node command line for a node
+//	iop-edge hash-token                   read a token on stdin, print its token_sha256
 package main
 
 import (
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 
 	"go.uber.org/fx"
@@ -16,15 +23,32 @@ import (
 func main() {
 	cfgPath := flag.String("config", "configs/edge.yaml", "edge config file (YAML)")
 	version := flag.Bool("version", false, "print the version and exit")
+	printPin := flag.Bool("print-ca-pin", false, "print the node-link CA pin (sha256:<hex>) nodes pass as --ca-pin, creating the CA on first use, and exit")
+	flag.Usage = usage
 	flag.Parse()
 	if *version {
 		fmt.Println("iop-edge", bootstrap.Version)
 		return
 	}
+	if args := flag.Args(); len(args) > 0 {
+		switch args[0] {
+		case "hash-token":
+			exit(hashToken(os.Stdin, os.Stdout, args[1:]))
+		case "join":
+			exit(join(*cfgPath, os.Stdout, os.Stderr, args[1:]))
+		default:
+			fmt.Fprintf(os.Stderr, "iop-edge: unknown command %q\n", args[0])
+			usage()
+			os.Exit(2)
+		}
+	}
 	cfg, err := config.LoadEdge(*cfgPath)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "iop-edge:", err)
 		os.Exit(2)
+	}
+	if *printPin {
+		exit(printCAPin(cfg, os.Stdout))
 	}
 	log := bootstrap.NewLogger(cfg.Log, nil)
 	fx.New(
@@ -32,3 +56,38 @@ func main() {
 		bootstrap.FxLogger(log),
 	).Run()
 }
+
+func usage() {
+	fmt.Fprint(os.Stderr, `usage:
+  iop-edge [--config edge.yaml]                 run the edge
+  iop-edge [--config edge.yaml] --print-ca-pin  print the pin nodes pass as --ca-pin
+  iop-edge [--config edge.yaml] join NODE_ID    print the iop-node command line for NODE_ID
+  iop-edge hash-token < token                   print the token's token_sha256 for edge.yaml
+flags:
+`)
+	flag.PrintDefaults()
+}
+
+// exit ends the process: 0 on nil, else the message and code 1.
+func exit(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "iop-edge:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func printCAPin(cfg *config.EdgeConfig, out io.Writer) error {
+	lt, err := bootstrap.OpenLinkTLS(cfg, quietLogger())
+	if err != nil {
+		return err
+	}
+	if lt.Pin == "" {
+		return fmt.Errorf("transport.tls.mode is off: the node link has no certificate to pin (nodes use --insecure)")
+	}
+	_, err = fmt.Fprintln(out, lt.Pin)
+	return err
+}
+
+// quietLogger drops the "created the edge CA" lines when only printing.
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"go.uber.org/fx"
 
 	"iop/adapters/config"
+	"iop/adapters/transport"
 	"iop/bootstrap"
 )
 
@@ -22,6 +24,11 @@ func main() {
 		logLevel  = flag.String("log-level", "", "debug|info|warn|error")
 		logFormat = flag.String("log-format", "", "text|json")
 		version   = flag.Bool("version", false, "print the version and exit")
+		caPin     = flag.String("ca-pin", "", "trust the edge whose certificate chain holds this public key: sha256:<hex> from iop-edge --print-ca-pin")
+		caFile    = flag.String("ca-file", "", "trust an edge whose certificate chains to a CA in this PEM bundle")
+		insecure  = flag.Bool("insecure", false, "plaintext link, for an edge with transport.tls.mode off (loopback only)")
+		certFile  = flag.String("cert", "", "client certificate (PEM) for an edge that requires one")
+		keyFile   = flag.String("key", "", "key of --cert (PEM)")
 	)
 	flag.Parse()
 	if *version {
@@ -49,7 +56,24 @@ func main() {
 	if *logFormat != "" {
 		cfg.Log.Format = *logFormat
 	}
+	// A trust flag replaces the file's trust settings rather than adding a
+	// second, conflicting one.
+	if *caPin != "" || *caFile != "" || *insecure {
+		cfg.TLS.CAPin, cfg.TLS.CAFile, cfg.TLS.Insecure = *caPin, *caFile, *insecure
+	}
+	if *certFile != "" || *keyFile != "" {
+		cfg.TLS.Cert, cfg.TLS.Key = *certFile, *keyFile
+	}
 	if err := cfg.Validate(); err != nil {
+		if errors.Is(err, config.ErrNoTrust) {
+			// Exit 1 before dialing: the hint says which flag to add.
+			fmt.Fprintln(os.Stderr, "iop-node:", err)
+			os.Exit(1)
+		}
+		fail(err)
+	}
+	linkTLS, err := bootstrap.NodeLinkTLS(cfg)
+	if err != nil {
 		fail(err)
 	}
 	tok, err := cfg.ResolveToken()
@@ -61,6 +85,7 @@ func main() {
 		bootstrap.Node(bootstrap.NodeSettings{
 			Edge: cfg.Edge, Token: tok, DB: cfg.DB, Logger: log,
 			MinBackoff: cfg.Reconnect.Min.Std(), MaxBackoff: cfg.Reconnect.Max.Std(),
+			Transport: transport.Config{TLS: linkTLS},
 		}),
 		bootstrap.FxLogger(log),
 	).Run()

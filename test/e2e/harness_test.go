@@ -141,6 +141,9 @@ type edge struct {
 	transport string
 	url       string
 	config    string
+	// pin is the node-link CA pin (iop-edge --print-ca-pin) that nodes get
+	// as --ca-pin; "" for an edge with transport.tls.mode off.
+	pin string
 }
 
 const testToken = "e2e-token-0001"
@@ -170,28 +173,66 @@ func defaultNodes(maxConc int) string {
 }
 
 func edgeConfig(transport, httpAddr, nodes string) string {
+	return edgeConfigTLS(transport, httpAddr, "", nodes)
+}
+
+// edgeConfigTLS is edgeConfig with a transport.tls section; tls is its body
+// in YAML flow form ("{mode: off}"), "" for the default (auto).
+func edgeConfigTLS(transport, httpAddr, tls, nodes string) string {
+	if tls != "" {
+		tls = "\n  tls: " + tls
+	}
 	return fmt.Sprintf(`transport:
   listen: %q
   heartbeat_interval: 500ms
-  heartbeat_timeout: 2s
+  heartbeat_timeout: 2s%s
 http:
   listen: %q
 log:
   level: debug
-nodes:%s`, transport, httpAddr, nodes)
+nodes:%s`, transport, tls, httpAddr, nodes)
 }
 
+// edgeOptions adjusts startEdgeOpts.
+type edgeOptions struct {
+	// tls is transport.tls in YAML flow form, e.g. "{mode: off}" or
+	// "{client_ca_file: /x/ca.pem}"; "" keeps the default, auto.
+	tls string
+}
+
+// startEdge starts an edge in the default TLS mode (auto) with nodes as
+// its nodes[] section and waits until it is healthy.
 func startEdge(t testing.TB, nodes string) *edge {
+	t.Helper()
+	return startEdgeOpts(t, nodes, edgeOptions{})
+}
+
+func startEdgeOpts(t testing.TB, nodes string, o edgeOptions) *edge {
 	t.Helper()
 	e := &edge{transport: freeAddr(t), config: filepath.Join(t.TempDir(), "edge.yaml")}
 	httpAddr := freeAddr(t)
 	e.url = "http://" + httpAddr
-	if err := os.WriteFile(e.config, []byte(edgeConfig(e.transport, httpAddr, nodes)), 0o600); err != nil {
+	if err := os.WriteFile(e.config, []byte(edgeConfigTLS(e.transport, httpAddr, o.tls, nodes)), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(o.tls, "mode: off") {
+		e.pin = printCAPin(t, e.config)
 	}
 	e.proc = startEdgeProc(t, e.config)
 	waitHealthy(t, e.url, e.proc)
 	return e
+}
+
+// printCAPin runs iop-edge --print-ca-pin, as an operator (or make run) does
+// before starting nodes; in auto mode it creates the CA the edge will use.
+func printCAPin(t testing.TB, config string) string {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(binDir, "iop-edge"), "--config", config, "--print-ca-pin").CombinedOutput()
+	pin := strings.TrimSpace(string(out))
+	if err != nil || !strings.HasPrefix(pin, "sha256:") || len(pin) != len("sha256:")+64 {
+		t.Fatalf("iop-edge --print-ca-pin: %v: %q", err, out)
+	}
+	return pin
 }
 
 func startEdgeProc(t testing.TB, config string) *proc {
@@ -222,10 +263,45 @@ type node struct {
 	db string
 }
 
+// startNode starts a node for e that trusts it by its pin (--insecure for
+// a plaintext edge). The token goes in IOP_NODE_TOKEN, never on the command
+// line; extraEnv comes after it and may override it.
 func startNode(t testing.TB, e *edge, token string, extraEnv ...string) *node {
 	t.Helper()
+	return startNodeOpts(t, e, token, nodeOptions{env: extraEnv})
+}
+
+// nodeOptions adjusts startNodeOpts.
+type nodeOptions struct {
+	env []string
+	// trust replaces the default trust flags (--ca-pin e.pin); a non-nil
+	// empty slice passes none.
+	trust []string
+	// edge replaces e.transport as the address dialed (a proxy).
+	edge string
+	// args are appended (--cert, --key, …).
+	args []string
+}
+
+func startNodeOpts(t testing.TB, e *edge, token string, o nodeOptions) *node {
+	t.Helper()
 	db := filepath.Join(t.TempDir(), "node.db")
-	p := start(t, "iop-node", extraEnv, "--edge", e.transport, "--token", token, "--db", "file:"+db+"?cache=shared&mode=rwc", "--log-level", "debug")
+	addr := e.transport
+	if o.edge != "" {
+		addr = o.edge
+	}
+	args := []string{"--edge", addr, "--db", "file:" + db + "?cache=shared&mode=rwc", "--log-level", "debug"}
+	switch {
+	case o.trust != nil:
+		args = append(args, o.trust...)
+	case e.pin != "":
+		args = append(args, "--ca-pin", e.pin)
+	default:
+		args = append(args, "--insecure")
+	}
+	args = append(args, o.args...)
+	env := append([]string{"IOP_NODE_TOKEN=" + token}, o.env...)
+	p := start(t, "iop-node", env, args...)
 	return &node{proc: p, db: db}
 }
 

@@ -207,12 +207,31 @@ func (h *Handler) getModel(w http.ResponseWriter, r *http.Request) {
 	h.fail(w, domain.ProviderOpenAI, domain.Errorf(domain.CodeModelNotFound, "the model %q does not exist", id), nil)
 }
 
-// models returns the catalog, limited to the pinned node if there is one.
+// models returns the catalog, limited to the pinned node if there is one
+// and to the nodes the caller's key may see.
 func (h *Handler) models(r *http.Request) ([]edge.ModelEntry, error) {
+	caller := domain.PrincipalFrom(r.Context())
 	if node := r.Header.Get(NodeHeader); node != "" {
+		if !caller.SeesNode(node) {
+			return nil, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", node)
+		}
 		return h.deps.Models.NodeModels(node)
 	}
-	return h.deps.Models.Models(), nil
+	return visibleModels(caller, h.deps.Models.Models()), nil
+}
+
+// visibleModels drops the models of nodes caller may not see.
+func visibleModels(caller domain.Principal, all []edge.ModelEntry) []edge.ModelEntry {
+	if !caller.Limited() {
+		return all
+	}
+	out := make([]edge.ModelEntry, 0, len(all))
+	for _, e := range all {
+		if caller.SeesNode(e.Node) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // tags answers GET /api/tags: pinned to a node, the node's own answer;
@@ -227,7 +246,7 @@ func (h *Handler) tags(w http.ResponseWriter, r *http.Request) {
 		Models []json.RawMessage `json:"models"`
 	}{Models: []json.RawMessage{}}
 	seen := map[string]bool{}
-	for _, e := range h.deps.Models.Models() {
+	for _, e := range visibleModels(domain.PrincipalFrom(r.Context()), h.deps.Models.Models()) {
 		if e.Type != domain.ProviderOllama || seen[e.ID] {
 			continue
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -331,4 +333,36 @@ func TestTimeoutAndCapabilities(t *testing.T) {
 		t.Fatal(err)
 	}
 	requireTerminal(t, sink, domain.EventError, domain.CodeTimeout)
+}
+
+// Codex starts with a clean environment: declared env and inherit_env
+// reach it, the node's token and other keys do not.
+func TestCleanEnvironment(t *testing.T) {
+	t.Setenv("IOP_NODE_TOKEN", "node-secret-token")
+	t.Setenv("ANTHROPIC_API_KEY", "sk-not-for-codex")
+	t.Setenv("OPENAI_API_KEY", "sk-for-codex")
+	dir := t.TempDir()
+	cli := standin.WriteCLI(t, "env > "+standin.Quote(filepath.Join(dir, "env"))+"\n"+standin.Printf(recorded))
+	a := newAdapter(t, cli, domain.AdapterConfig{
+		Env:        map[string]string{"CODEX_HOME": "/srv/codex-home"},
+		InheritEnv: []string{"OPENAI_API_KEY"},
+	}, nil)
+	if _, err := run(t, a, domain.RunRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := string(b)
+	for _, leak := range []string{"node-secret-token", "sk-not-for-codex"} {
+		if strings.Contains(env, leak) {
+			t.Fatalf("codex's environment holds %q:\n%s", leak, env)
+		}
+	}
+	for _, want := range []string{"CODEX_HOME=/srv/codex-home\n", "OPENAI_API_KEY=sk-for-codex\n", "PATH="} {
+		if !strings.Contains(env, want) {
+			t.Fatalf("codex's environment lacks %q:\n%s", want, env)
+		}
+	}
 }

@@ -12,10 +12,10 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
+	"iop/adapters/internal/netmsg"
 	"iop/domain"
 )
 
@@ -77,9 +77,10 @@ func TransportError(ctx context.Context, err error) error {
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
-		return domain.Errorf(domain.CodeTimeout, "%s", stripURL(err))
+		return domain.Errorf(domain.CodeTimeout, "%s", netmsg.Describe(err))
 	}
-	return domain.Errorf(domain.CodeProviderUnreachable, "%s", stripURL(err))
+	// Never the upstream's host and port: the message reaches callers.
+	return domain.Errorf(domain.CodeProviderUnreachable, "%s", netmsg.Describe(err))
 }
 
 // StatusError builds the error for a non-2xx response: the provider's own
@@ -154,14 +155,4 @@ func ErrorField(raw json.RawMessage) (msg, code string) {
 		return o.Message, c
 	}
 	return string(raw), ""
-}
-
-// stripURL returns the message of a *url.Error without the method and URL
-// prefix, which can be long and is known to the operator anyway.
-func stripURL(err error) string {
-	var ue *url.Error
-	if errors.As(err, &ue) && ue.Err != nil {
-		return ue.Err.Error()
-	}
-	return err.Error()
 }

@@ -1,0 +1,73 @@
+package httpapi
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestFailureThrottleBucketAndAggregatedLog(t *testing.T) {
+	var logs lockedBuffer
+	th := newFailureThrottle(3, time.Second, time.Minute, slog.New(slog.NewTextHandler(&logs, nil)))
+	now := time.Unix(1000, 0)
+	th.now = func() time.Time { return now }
+
+	for i := range 3 {
+		if th.blocked("10.0.0.1") {
+			t.Fatalf("blocked after %d failures, burst is 3", i)
+		}
+		th.fail("10.0.0.1")
+	}
+	if !th.blocked("10.0.0.1") || th.blocked("10.0.0.2") {
+		t.Fatal("the bucket is per address")
+	}
+	if d := th.retryAfter("10.0.0.1"); d <= 0 || d > time.Second {
+		t.Fatalf("retryAfter = %v", d)
+	}
+	now = now.Add(time.Second)
+	if th.blocked("10.0.0.1") {
+		t.Fatal("a token must come back after the refill period")
+	}
+	th.fail("10.0.0.1")
+	if n := strings.Count(logs.String(), "rejected invalid API keys"); n != 1 {
+		t.Fatalf("%d log lines for 4 failures within a minute, want 1:\n%s", n, logs.String())
+	}
+	now = now.Add(time.Minute)
+	th.fail("10.0.0.1")
+	if n := strings.Count(logs.String(), "rejected invalid API keys"); n != 2 || !strings.Contains(logs.String(), "count=4") {
+		t.Fatalf("the next interval's line must carry the count of the failures since:\n%s", logs.String())
+	}
+}
+
+func TestFailureThrottleIsBounded(t *testing.T) {
+	th := newFailureThrottle(2, time.Second, time.Minute, slog.New(slog.DiscardHandler))
+	now := time.Unix(1000, 0)
+	th.now = func() time.Time { return now }
+	for i := range maxThrottled + 500 {
+		th.fail(fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255))
+	}
+	if n := len(th.m); n > maxThrottled {
+		t.Fatalf("%d addresses tracked, bound is %d", n, maxThrottled)
+	}
+}

@@ -1,0 +1,264 @@
+package transport
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"iop/adapters/tlsca"
+	"iop/domain"
+)
+
+// TLS on the node link is a hook around net.Conn: the edge wraps each
+// accepted connection and the node each dialed one before the register
+// exchange, under the same handshake deadline. Frames, streams and the
+// multiplexer above never know whether the bytes are encrypted.
+
+// NewServerTLS returns the edge's TLS settings: TLS 1.3, the certificate
+// from getCert (which may change between handshakes, for renewals) and,
+// when clientCAs is set, a mandatory client certificate from those CAs.
+func NewServerTLS(getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), clientCAs *x509.CertPool) *tls.Config {
+	c := &tls.Config{MinVersion: tls.VersionTLS13, GetCertificate: getCert}
+	if clientCAs != nil {
+		c.ClientAuth = tls.RequireAndVerifyClientCert
+		c.ClientCAs = clientCAs
+	}
+	return c
+}
+
+// ClientTLS is how a node trusts its edge: exactly one of CAPin and CAFile,
+// plus an optional client certificate.
+type ClientTLS struct {
+	CAPin    string // "sha256:<hex>" of a public key in the edge's chain
+	CAFile   string // PEM bundle the edge's chain must lead to
+	CertFile string
+	KeyFile  string
+}
+
+// NewClientTLS returns the node's TLS settings for dialing addr.
+//
+// With a pin, the chain the edge presents must contain a certificate whose
+// public key has that pin, and the leaf must verify up to it (standard
+// crypto/x509 verification, the pinned certificate as the only root). The
+// host name is checked too unless the pin is the leaf's own: a pinned CA may
+// have issued certificates for other hosts, a pinned leaf has not.
+func NewClientTLS(o ClientTLS, addr string) (*tls.Config, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("edge address %q: %w", addr, err)
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS13, ServerName: host}
+	switch {
+	case o.CAPin != "" && o.CAFile != "":
+		return nil, errors.New("set only one of ca_pin and ca_file")
+	case o.CAPin != "":
+		pin, err := tlsca.ParsePin(o.CAPin)
+		if err != nil {
+			return nil, err
+		}
+		// Go's own chain verification is replaced by verifyPinned, which
+		// still verifies with crypto/x509, only against the pinned root.
+		c.InsecureSkipVerify = true
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if err := verifyPinned(pin, host, cs.PeerCertificates); err != nil {
+				return &TrustError{Err: err}
+			}
+			return nil
+		}
+	case o.CAFile != "":
+		pool, err := tlsca.LoadPool(o.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("ca_file: %w", err)
+		}
+		c.RootCAs = pool
+	default:
+		return nil, errors.New("no ca_pin or ca_file to trust the edge with")
+	}
+	if o.CertFile != "" || o.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("client certificate: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}
+
+// PinMismatchError: the edge presented no certificate with the pinned key.
+type PinMismatchError struct {
+	Want string // the pin the node was given
+	Seen string // the pin of the top certificate the edge presented
+}
+
+func (e *PinMismatchError) Error() string {
+	return fmt.Sprintf("the edge's certificate does not match --ca-pin: expected %s, the edge presented %s "+
+		"(a different edge, a re-created edge CA, or a man in the middle; check the pin with iop-edge --config edge.yaml --print-ca-pin)", e.Want, e.Seen)
+}
+
+func verifyPinned(pin, host string, certs []*x509.Certificate) error {
+	if len(certs) == 0 {
+		return errors.New("the edge presented no certificate")
+	}
+	at := -1
+	for i, c := range certs {
+		if tlsca.Pin(c) == pin {
+			at = i
+			break
+		}
+	}
+	if at < 0 {
+		return &PinMismatchError{Want: pin, Seen: tlsca.Pin(certs[len(certs)-1])}
+	}
+	roots, inter := x509.NewCertPool(), x509.NewCertPool()
+	roots.AddCert(certs[at])
+	for _, c := range certs[1:max(at, 1)] {
+		inter.AddCert(c)
+	}
+	opts := x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	if at > 0 {
+		opts.DNSName = host
+	}
+	if _, err := certs[0].Verify(opts); err != nil {
+		return fmt.Errorf("the edge's certificate does not verify up to the pinned key %s: %w", pin, err)
+	}
+	return nil
+}
+
+// TrustError is a TLS failure that retrying cannot fix: the edge's
+// certificate did not match the node's pin or CA. The node stops instead of
+// retrying into a possible man in the middle.
+type TrustError struct{ Err error }
+
+func (e *TrustError) Error() string {
+	return "cannot trust the edge: " + e.Err.Error() + hostHint(e.Err)
+}
+func (e *TrustError) Unwrap() error { return e.Err }
+
+// Fatal is always true: see Client.Run.
+func (e *TrustError) Fatal() bool { return true }
+
+func hostHint(err error) string {
+	var he x509.HostnameError
+	if errors.As(err, &he) {
+		return fmt.Sprintf(" (if the node reaches the edge as %s, add it to transport.tls.hosts in edge.yaml)", he.Host)
+	}
+	return ""
+}
+
+// secureClient runs the node's TLS handshake on nc under the deadline
+// already set on it. With no TLS config nc is returned as is (--insecure).
+func secureClient(nc net.Conn, cfg *tls.Config) (net.Conn, error) {
+	if cfg == nil {
+		return nc, nil
+	}
+	tc := tls.Client(nc, cfg)
+	if err := tc.Handshake(); err != nil {
+		_ = nc.Close()
+		var te *TrustError
+		if errors.As(err, &te) {
+			return nil, te
+		}
+		var cv *tls.CertificateVerificationError
+		if errors.As(err, &cv) {
+			return nil, &TrustError{Err: err}
+		}
+		return nil, fmt.Errorf("tls handshake: %w", err)
+	}
+	return tc, nil
+}
+
+// secureServer runs the edge's TLS handshake on an accepted connection
+// under the handshake deadline already set on it, and returns what it
+// verified about the peer. With no TLS config nc is returned as is.
+func (s *Server) secureServer(nc net.Conn) (net.Conn, domain.PeerIdentity, error) {
+	if s.cfg.TLS == nil {
+		return nc, domain.PeerIdentity{}, nil
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		// Conn sets this on a *net.TCPConn only; it will get a *tls.Conn.
+		_ = tc.SetKeepAlive(true)
+		_ = tc.SetKeepAlivePeriod(s.cfg.HeartbeatInterval)
+	}
+	tc := tls.Server(nc, s.cfg.TLS)
+	if err := tc.Handshake(); err != nil {
+		return nil, domain.PeerIdentity{}, err
+	}
+	peer := domain.PeerIdentity{Encrypted: true}
+	if st := tc.ConnectionState(); len(st.VerifiedChains) > 0 {
+		leaf := st.VerifiedChains[0][0]
+		if leaf.Subject.CommonName != "" {
+			peer.CertNames = append(peer.CertNames, leaf.Subject.CommonName)
+		}
+		peer.CertNames = append(peer.CertNames, leaf.DNSNames...)
+	}
+	return tc, peer, nil
+}
+
+// tlsFailed reports a failed TLS handshake as a handshake failure whose
+// reason starts with "tls", at most tlsReportBurst at once and then one per
+// tlsReportEvery, so a flood of plaintext or port-scanning clients cannot
+// flood the event bus and the log; the next report counts what was skipped.
+func (s *Server) tlsFailed(remote string, err error) {
+	n, ok := s.tlsReports.allow(time.Now())
+	if !ok {
+		return
+	}
+	reason := "tls: " + tlsReason(err)
+	if n > 0 {
+		reason += fmt.Sprintf(" (%d more TLS handshake failures not reported)", n)
+	}
+	s.h.HandshakeFailed(remote, reason)
+}
+
+func tlsReason(err error) string {
+	var rh tls.RecordHeaderError
+	var ne net.Error
+	switch {
+	case errors.As(err, &rh):
+		return "not a TLS client (plaintext? a node needs --ca-pin or --ca-file for this edge)"
+	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, os.ErrDeadlineExceeded):
+		return "handshake timed out"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "peer closed the connection during the handshake"
+	}
+	return strings.TrimPrefix(err.Error(), "tls: ")
+}
+
+const (
+	tlsReportBurst = 10
+	tlsReportEvery = time.Second
+)
+
+// reportLimiter is a token bucket of tlsReportBurst refilled one per
+// tlsReportEvery; its zero value is ready (full).
+type reportLimiter struct {
+	mu         sync.Mutex
+	used       float64 // tokens spent, decays with time
+	last       time.Time
+	suppressed int
+}
+
+// allow reports whether to report now and, if so, how many were skipped before.
+func (l *reportLimiter) allow(now time.Time) (int, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last.IsZero() {
+		l.used = max(0, l.used-float64(now.Sub(l.last))/float64(tlsReportEvery))
+	}
+	l.last = now
+	if l.used+1 > tlsReportBurst {
+		l.suppressed++
+		return 0, false
+	}
+	l.used++
+	n := l.suppressed
+	l.suppressed = 0
+	return n, true
+}

@@ -1,0 +1,295 @@
+package transport
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"io"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/adapters/tlsca"
+	"iop/domain"
+)
+
+// edgeCA is an auto-mode edge CA in a temp dir, as iop-edge makes it.
+func edgeCA(t testing.TB, hosts ...string) *tlsca.Manager {
+	t.Helper()
+	if hosts == nil {
+		hosts = []string{"127.0.0.1", "localhost"}
+	}
+	m, err := tlsca.Open(tlsca.Options{Dir: t.TempDir(), Hosts: hosts, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func tlsServerConfig(m *tlsca.Manager, clientCAs *x509.CertPool) Config {
+	c := testConfig()
+	c.TLS = NewServerTLS(m.GetCertificate, clientCAs)
+	return c
+}
+
+func clientTLS(t testing.TB, o ClientTLS, addr string) *tls.Config {
+	t.Helper()
+	c, err := NewClientTLS(o, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// tlsPair is newPair over TLS; the client's TLS config is made once the
+// server's address is known.
+func tlsPair(t *testing.T, srv Config, o ClientTLS) *pair {
+	t.Helper()
+	ctx := testCtx(t)
+	p := &pair{ctx: ctx, edge: newFakeEdge(), node: newFakeNode()}
+	p.edge.addNode(testToken, testNodeConfig())
+	p.srv = startServer(t, "", srv, p.edge)
+	cc := ClientConfig{Addr: p.srv.Addr().String(), Token: testToken, Transport: testConfig()}
+	cc.Transport.TLS = clientTLS(t, o, cc.Addr)
+	p.cli = startClient(t, cc, p.node)
+	p.reg = recv(t, ctx, p.edge.registered, "registration")
+	p.link = p.reg.Link.(*edgeLink)
+	return p
+}
+
+func TestTLSPinnedLinkRegistersAndRuns(t *testing.T) {
+	m := edgeCA(t)
+	p := tlsPair(t, tlsServerConfig(m, nil), ClientTLS{CAPin: m.Pin()})
+	if !p.reg.Info.Peer.Encrypted || p.reg.Info.Peer.CertNames != nil {
+		t.Fatalf("peer identity = %+v, want encrypted without a client certificate", p.reg.Info.Peer)
+	}
+	if p.reg.Token != testToken {
+		t.Fatalf("token through TLS = %q", p.reg.Token)
+	}
+	rs, err := p.link.StartRun(p.ctx, runReq("r-tls"))
+	mustf(t, err, "StartRun")
+	defer rs.Close()
+	for {
+		ev, err := rs.Recv(p.ctx)
+		if err == io.EOF {
+			break
+		}
+		mustf(t, err, "Recv")
+		if ev.Type.Terminal() && ev.Type != domain.EventComplete {
+			t.Fatalf("run over TLS ended %s", ev.Type)
+		}
+	}
+}
+
+// The pin may name any certificate of the chain: the CA (auto mode) or the leaf.
+func TestTLSPinOfTheLeafIsAccepted(t *testing.T) {
+	m := edgeCA(t)
+	p := tlsPair(t, tlsServerConfig(m, nil), ClientTLS{CAPin: tlsca.Pin(m.Certificate().Leaf)})
+	if !p.reg.Info.Peer.Encrypted {
+		t.Fatal("not encrypted")
+	}
+}
+
+func TestTLSWrongPinIsFatalAndNamesBothPins(t *testing.T) {
+	m, other := edgeCA(t), edgeCA(t)
+	e := newFakeEdge()
+	e.addNode(testToken, testNodeConfig())
+	srv := startServer(t, "", tlsServerConfig(m, nil), e)
+	cc := ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}
+	cc.Transport.TLS = clientTLS(t, ClientTLS{CAPin: other.Pin()}, cc.Addr)
+	c := startClient(t, cc, newFakeNode())
+	ctx := testCtx(t)
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		t.Fatal("client kept retrying with a wrong pin")
+	}
+	var te *TrustError
+	var pm *PinMismatchError
+	if !errors.As(c.err, &te) || !errors.As(c.err, &pm) {
+		t.Fatalf("Run = %v, want a TrustError with a PinMismatchError", c.err)
+	}
+	if pm.Want != other.Pin() || pm.Seen != m.Pin() || !strings.Contains(c.err.Error(), other.Pin()) || !strings.Contains(c.err.Error(), m.Pin()) {
+		t.Fatalf("error %q should name the expected pin %s and the seen %s", c.err, other.Pin(), m.Pin())
+	}
+	if e.registerCount() != 0 {
+		t.Fatal("the token was sent to an edge that failed the pin")
+	}
+}
+
+func TestTLSCAFileVerifiesHostName(t *testing.T) {
+	m := edgeCA(t, "edge.example.test") // 127.0.0.1 is not in the certificate
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: m.CA().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := newFakeEdge()
+	e.addNode(testToken, testNodeConfig())
+	srv := startServer(t, "", tlsServerConfig(m, nil), e)
+	cc := ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}
+	cc.Transport.TLS = clientTLS(t, ClientTLS{CAFile: caFile}, cc.Addr)
+	c := startClient(t, cc, newFakeNode())
+	select {
+	case <-c.done:
+	case <-testCtx(t).Done():
+		t.Fatal("client kept retrying against a certificate for another host")
+	}
+	var te *TrustError
+	if !errors.As(c.err, &te) || !strings.Contains(c.err.Error(), "transport.tls.hosts") {
+		t.Fatalf("Run = %v, want a TrustError with the transport.tls.hosts hint", c.err)
+	}
+
+	// With the right name in the certificate the same CA file works.
+	m2 := edgeCA(t, "127.0.0.1")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: m2.CA().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tlsPair(t, tlsServerConfig(m2, nil), ClientTLS{CAFile: caFile})
+}
+
+func TestTLSEdgeRefusesPlaintextClientWithTLSReason(t *testing.T) {
+	m := edgeCA(t)
+	e := newFakeEdge()
+	e.addNode(testToken, testNodeConfig())
+	srv := startServer(t, "", tlsServerConfig(m, nil), e)
+	cc := ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}
+	startClient(t, cc, newFakeNode()) // plaintext
+	f := recv(t, testCtx(t), e.failed, "handshake failure")
+	if !strings.HasPrefix(f.Reason, "tls: not a TLS client") {
+		t.Fatalf("reason %q, want it to start with \"tls: not a TLS client\"", f.Reason)
+	}
+	if e.registerCount() != 0 {
+		t.Fatal("a plaintext client reached Register on a TLS edge")
+	}
+}
+
+// clientCA makes a CA for node certificates and issues certificates from it.
+type clientCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pool *x509.CertPool
+}
+
+func newClientCA(t testing.TB) *clientCA {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "nodes CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(c)
+	return &clientCA{cert: c, key: key, pool: pool}
+}
+
+// issue writes a client certificate for cn (plus dns SANs) and returns its files.
+func (ca *clientCA) issue(t testing.TB, cn string, dns ...string) (certFile, keyFile string) {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn}, DNSNames: dns,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, _ := x509.MarshalPKCS8PrivateKey(key)
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "node.pem"), filepath.Join(dir, "node.key")
+	_ = os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	_ = os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), 0o600)
+	return certFile, keyFile
+}
+
+func TestTLSClientCertificates(t *testing.T) {
+	m, ca := edgeCA(t), newClientCA(t)
+	srvCfg := tlsServerConfig(m, ca.pool)
+
+	t.Run("certificate from the client CA", func(t *testing.T) {
+		cert, key := ca.issue(t, "node-a", "node-a.example.test")
+		p := tlsPair(t, srvCfg, ClientTLS{CAPin: m.Pin(), CertFile: cert, KeyFile: key})
+		if got := p.reg.Info.Peer.CertNames; len(got) != 2 || got[0] != "node-a" || got[1] != "node-a.example.test" {
+			t.Fatalf("verified names = %v, want the CN then the DNS SAN", got)
+		}
+	})
+	for name, o := range map[string]func() ClientTLS{
+		"no certificate": func() ClientTLS { return ClientTLS{CAPin: m.Pin()} },
+		"certificate from another CA": func() ClientTLS {
+			cert, key := newClientCA(t).issue(t, "node-a")
+			return ClientTLS{CAPin: m.Pin(), CertFile: cert, KeyFile: key}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newFakeEdge()
+			e.addNode(testToken, testNodeConfig())
+			srv := startServer(t, "", srvCfg, e)
+			cc := ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}
+			cc.Transport.TLS = clientTLS(t, o(), cc.Addr)
+			startClient(t, cc, newFakeNode())
+			f := recv(t, testCtx(t), e.failed, "handshake failure")
+			if !strings.HasPrefix(f.Reason, "tls: ") {
+				t.Fatalf("reason %q, want a tls reason", f.Reason)
+			}
+			if e.registerCount() != 0 {
+				t.Fatal("a node without an acceptable certificate reached Register")
+			}
+		})
+	}
+}
+
+func TestTLSReportsAreRateLimited(t *testing.T) {
+	var l reportLimiter
+	now := time.Unix(1000, 0)
+	reported := 0
+	for range 100 {
+		if _, ok := l.allow(now); ok {
+			reported++
+		}
+	}
+	if reported != tlsReportBurst {
+		t.Fatalf("%d of 100 simultaneous failures reported, want the burst of %d", reported, tlsReportBurst)
+	}
+	n, ok := l.allow(now.Add(tlsReportEvery))
+	if !ok || n != 100-tlsReportBurst {
+		t.Fatalf("after one interval: allow = %d, %v; want a report counting the %d skipped", n, ok, 100-tlsReportBurst)
+	}
+	if _, ok := l.allow(now.Add(tlsReportEvery)); ok {
+		t.Fatal("a second report in the same interval after the burst")
+	}
+}
+
+// A flood of plaintext clients reaches HandshakeFailed at most a burst's worth.
+func TestTLSPlaintextFloodIsNotReportedOneByOne(t *testing.T) {
+	m := edgeCA(t)
+	e := newFakeEdge()
+	srv := startServer(t, "", tlsServerConfig(m, nil), e)
+	const n = 60
+	for range n {
+		p := dialRaw(t, srv.Addr().String())
+		_, _ = p.nc.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+		_, _ = io.Copy(io.Discard, p.nc) // until the edge closes it
+	}
+	time.Sleep(100 * time.Millisecond)
+	e.mu.Lock()
+	got := len(e.failures)
+	e.mu.Unlock()
+	if got == 0 || got >= n/2 {
+		t.Fatalf("%d reports for %d plaintext connections, want a rate-limited handful", got, n)
+	}
+}

@@ -1,0 +1,104 @@
+package bootstrap
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.uber.org/fx"
+
+	"iop/adapters/config"
+	"iop/adapters/tlsca"
+	"iop/adapters/transport"
+)
+
+// renewCheckEvery is how often a running edge checks its auto-mode server
+// certificate; with 90-day certificates renewed 30 days early, twice a day
+// is plenty.
+const renewCheckEvery = 12 * time.Hour
+
+// LinkTLS is the edge's node-link security, resolved from transport.tls.
+type LinkTLS struct {
+	// Config is nil in mode off (plaintext).
+	Config *tls.Config
+	// Pin is what nodes pass as --ca-pin; empty in mode off.
+	Pin string
+	ca  *tlsca.Manager // auto mode only
+}
+
+// OpenLinkTLS loads (in auto mode, first creates) the edge's certificate
+// and returns the link's TLS settings. iop-edge --print-ca-pin uses it too,
+// so the pin can be printed before the edge first starts.
+func OpenLinkTLS(c *config.EdgeConfig, log *slog.Logger) (*LinkTLS, error) {
+	t := c.Transport.TLS
+	var l LinkTLS
+	var getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	switch t.Mode {
+	case config.TLSOff:
+		return &l, nil
+	case config.TLSFiles:
+		cert, pin, err := tlsca.LoadKeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("transport.tls: %w", err)
+		}
+		l.Pin = pin
+		getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert, nil }
+	default:
+		m, err := tlsca.Open(tlsca.Options{Dir: c.TLSDir(), Hosts: c.CertHosts(), Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("transport.tls (auto): %w", err)
+		}
+		l.ca, l.Pin, getCert = m, m.Pin(), m.GetCertificate
+	}
+	var clientCAs *x509.CertPool
+	if t.ClientCAFile != "" {
+		pool, err := tlsca.LoadPool(t.ClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("transport.tls.client_ca_file: %w", err)
+		}
+		clientCAs = pool
+	}
+	l.Config = transport.NewServerTLS(getCert, clientCAs)
+	return &l, nil
+}
+
+// newLinkTLS provides LinkTLS to the edge and, in auto mode, keeps the
+// server certificate renewed while the edge runs.
+func newLinkTLS(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger) (*LinkTLS, error) {
+	l, err := OpenLinkTLS(s.Config, log)
+	if err != nil {
+		return nil, err
+	}
+	if l.Config == nil {
+		log.Warn("node link is plaintext (transport.tls.mode: off); tokens and run data cross in clear", "listen", s.Config.Transport.Listen)
+		return l, nil
+	}
+	log.Info("node link uses TLS", "mode", s.Config.Transport.TLS.Mode, "ca_pin", l.Pin, "client_certificates", s.Config.Transport.TLS.ClientCAFile != "")
+	if l.ca != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		lc.Append(fx.Hook{
+			OnStart: func(context.Context) error {
+				wg.Go(func() { l.ca.Run(ctx, renewCheckEvery) })
+				return nil
+			},
+			OnStop: func(context.Context) error { cancel(); wg.Wait(); return nil },
+		})
+	}
+	return l, nil
+}
+
+// NodeLinkTLS turns the node's ca_pin/ca_file/insecure/cert/key into the
+// link's TLS settings; nil means plaintext (insecure).
+func NodeLinkTLS(c *config.NodeConfig) (*tls.Config, error) {
+	if c.TLS.Insecure {
+		return nil, nil
+	}
+	return transport.NewClientTLS(transport.ClientTLS{
+		CAPin: c.TLS.CAPin, CAFile: c.TLS.CAFile, CertFile: c.TLS.Cert, KeyFile: c.TLS.Key,
+	}, c.Edge)
+}

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"regexp"
+	"strings"
+
+	"iop/adapters/config"
+	"iop/bootstrap"
+)
+
+// join prints what to run on a node's machine to connect it to this edge:
+// the edge address, how to trust it (--ca-pin) and how to hand over the
+// token without putting it on a command line, where ps and shell history
+// would show it.
+func join(cfgPath string, out, errOut io.Writer, args []string) error {
+	fs := flag.NewFlagSet("join", flag.ContinueOnError)
+	fs.SetOutput(errOut)
+	addr := fs.String("address", "", "host:port nodes dial (default: from transport.listen, or the first transport.tls.hosts name)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return errors.New("usage: iop-edge --config edge.yaml join [--address host:port] NODE_ID")
+	}
+	id := fs.Arg(0)
+	cfg, err := config.LoadEdge(cfgPath)
+	if err != nil {
+		return err
+	}
+	var node *config.NodeEntry
+	for i := range cfg.Nodes {
+		if cfg.Nodes[i].ID == id {
+			node = &cfg.Nodes[i]
+		}
+	}
+	if node == nil {
+		return fmt.Errorf("no node %q in %s (add it under nodes: first)", id, cfgPath)
+	}
+	edgeAddr := *addr
+	if edgeAddr == "" {
+		if edgeAddr, err = dialAddress(cfg, errOut); err != nil {
+			return err
+		}
+	}
+	lt, err := bootstrap.OpenLinkTLS(cfg, quietLogger())
+	if err != nil {
+		return err
+	}
+	cmd := []string{"iop-node", "--edge", shellQuote(edgeAddr)}
+	if lt.Pin == "" {
+		cmd = append(cmd, "--insecure")
+	} else {
+		cmd = append(cmd, "--ca-pin", lt.Pin)
+	}
+	if cfg.Transport.TLS.ClientCAFile != "" {
+		cmd = append(cmd, "--cert", shellQuote(id+".pem"), "--key", shellQuote(id+".key"))
+	}
+	var where string
+	switch {
+	case node.TokenEnv != "":
+		where = "the value of " + node.TokenEnv + " in the edge's environment"
+	case node.TokenSHA256 != "":
+		where = "the token you hashed into its token_sha256 (the edge keeps only the hash)"
+	default:
+		where = "its token (nodes[].token in " + cfgPath + ")"
+	}
+	fmt.Fprintf(out, "# Node %s: run on its machine. Paste %s at the prompt;\n", id, where)
+	fmt.Fprintln(out, "# iop-node reads it from IOP_NODE_TOKEN, so it is never on a command line.")
+	if cfg.Transport.TLS.ClientCAFile != "" {
+		fmt.Fprintf(out, "# --cert/--key: a client certificate from transport.tls.client_ca_file")
+		if cfg.Transport.TLS.BindNodeIdentity {
+			fmt.Fprintf(out, " whose CN or a DNS name is %s", id)
+		}
+		fmt.Fprintln(out, ".")
+	}
+	fmt.Fprintf(out, "read -rs -p 'iop token for node %s: ' IOP_NODE_TOKEN && echo && export IOP_NODE_TOKEN\n", id)
+	fmt.Fprintln(out, strings.Join(cmd, " "))
+	return nil
+}
+
+// dialAddress guesses the address nodes dial from transport.listen.
+func dialAddress(cfg *config.EdgeConfig, errOut io.Writer) (string, error) {
+	host, port, err := net.SplitHostPort(cfg.Transport.Listen)
+	if err != nil {
+		return "", err
+	}
+	if port == "0" {
+		return "", errors.New("transport.listen uses port 0; pass --address host:port")
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		switch {
+		case len(cfg.Transport.TLS.Hosts) > 0:
+			host = cfg.Transport.TLS.Hosts[0]
+		default:
+			if host, err = os.Hostname(); err != nil {
+				return "", errors.New("cannot tell which address nodes dial; pass --address host:port")
+			}
+			fmt.Fprintf(errOut, "iop-edge: using this machine's name %q as the edge address; pass --address if nodes reach it by another name (and add that name to transport.tls.hosts)\n", host)
+		}
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+var shellSafe = regexp.MustCompile(`^[A-Za-z0-9._:/@%+=,-]+$`)
+
+func shellQuote(s string) string {
+	if shellSafe.MatchString(s) {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// hashToken reads one token from in and prints the hex SHA-256 that
+// edge.yaml's token_sha256 takes.
+func hashToken(in io.Reader, out io.Writer, args []string) error {
+	if len(args) > 0 {
+		return errors.New("hash-token reads the token on stdin, never as an argument (arguments show in ps and shell history)")
+	}
+	line, err := bufio.NewReader(io.LimitReader(in, 64<<10)).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("read token: %w", err)
+	}
+	tok := strings.TrimRight(line, "\r\n")
+	if len(tok) < config.MinTokenLength {
+		return fmt.Errorf("the token on stdin is shorter than %d characters", config.MinTokenLength)
+	}
+	_, err = fmt.Fprintln(out, config.TokenHash(tok))
+	return err
+}
