@@ -9,8 +9,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -383,28 +381,6 @@ func TestConsole(t *testing.T) {
 	b.checkClean()
 }
 
-// startEdgeWithKeys starts an edge whose HTTP API needs keys: an admin key
-// (read, runs, admin) and a read-only one.
-func startEdgeWithKeys(t *testing.T, nodes string, keys map[string][]string) *edge {
-	t.Helper()
-	var ks strings.Builder
-	ks.WriteString("http:\n  api_keys:\n")
-	for key, scopes := range keys {
-		sum := sha256.Sum256([]byte(key))
-		fmt.Fprintf(&ks, "    - name: %s\n      key_sha256: %s\n      scopes: [%s]\n", scopes[0], hex.EncodeToString(sum[:]), strings.Join(scopes[1:], ", "))
-	}
-	e := &edge{transport: freeAddr(t), config: filepath.Join(t.TempDir(), "edge.yaml")}
-	httpAddr := freeAddr(t)
-	e.url = "http://" + httpAddr
-	cfg := strings.Replace(edgeConfig(e.transport, httpAddr, nodes), "http:\n", ks.String(), 1)
-	if err := os.WriteFile(e.config, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	e.proc = startEdgeProc(t, e.config)
-	waitHealthy(t, e.url, e.proc) // /healthz needs no key
-	return e
-}
-
 // getWithKey GETs url with a Bearer key and decodes the JSON answer.
 func getWithKey(url, key string, v any) (int, error) {
 	req, _ := http.NewRequest(http.MethodGet, url, nil)
@@ -424,22 +400,12 @@ func TestConsoleAPIKeys(t *testing.T) {
 	t.Parallel()
 	b := newBrowser(t)
 	const adminKey, readKey = "console-admin-key-0001", "console-read-key-00001"
-	e := startEdgeWithKeys(t, consoleNodes(), map[string][]string{
-		adminKey: {"ops", "read", "runs", "admin"},
-		readKey:  {"viewer", "read"},
-	})
+	e := startEdgeHTTP(t, fmt.Sprintf(`  api_keys:
+    - {name: ops, key_sha256: %s, scopes: [read, runs, admin]}
+    - {name: viewer, key_sha256: %s, scopes: [read]}
+`, keyHash(adminKey), keyHash(readKey)), consoleNodes())
 	startNode(t, e, testToken)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		var nl nodeList
-		if code, err := getWithKey(e.url+"/v1/nodes", adminKey, &nl); code == 200 && err == nil && len(nl.Nodes) == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node n1 never connected:\n%s", e.out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitNodeKey(t, e, "n1", adminKey)
 
 	// The static page loads without a key; the API behind it asks for one.
 	b.open(e.url + "/ui/#/nodes")
