@@ -401,8 +401,7 @@ async function pageNodes(root) {
   listenBus((type, ev) => {
     if (type.startsWith('node.') || (type === 'run.event' && ev.run && (ev.run.type === 'start' || TERMINAL.has(ev.run.type)))) refresh();
   });
-  every(5000, () => load(true));
-  every(1000, render); // "connected since … ago"
+  every(5000, () => load(true)); // RTT and "connected since … ago"
 }
 
 function nodeCard(n, connected, rtt, disconnectedAt) {
