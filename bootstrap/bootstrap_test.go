@@ -23,7 +23,6 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 func edgeSettings(t *testing.T, transport, httpAddr string) bootstrap.EdgeSettings {
 	t.Helper()
-	// The edge keeps its TLS state next to its config: in a temp dir.
 	cfg, err := config.ParseEdge(filepath.Join(t.TempDir(), "edge.yaml"), []byte(`
 transport: {listen: "`+transport+`"}
 http: {listen: "`+httpAddr+`"}

@@ -60,11 +60,7 @@ func Edge(s EdgeSettings) fx.Option {
 			edgeapp.NewRegistry,
 			func() *edgeapp.RunTracker { return edgeapp.NewRunTracker(0) },
 			func() *edgeapp.ConfigVersions { return &edgeapp.ConfigVersions{} },
-			func(s EdgeSettings, dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger) *edgeapp.RegisterHandler {
-				h := edgeapp.NewRegisterHandler(dir, reg, bus, v, log)
-				h.BindIdentity = s.Config.Transport.TLS.BindNodeIdentity
-				return h
-			},
+			edgeapp.NewRegisterHandler,
 			func(s EdgeSettings, reg *edgeapp.Registry, runs *edgeapp.RunTracker, bus ports.EventPublisher, log *slog.Logger) *edgeapp.SubmitRunHandler {
 				h := edgeapp.NewSubmitRunHandler(reg, runs, bus, log)
 				// A run request travels in one frame on the node link.
@@ -108,6 +104,9 @@ func transportConfig(c config.TransportConfig, log *slog.Logger) transport.Confi
 func newTransportServer(s EdgeSettings, log *slog.Logger, reg *edgeapp.RegisterHandler, lt *LinkTLS) *transport.Server {
 	tc := transportConfig(s.Config.Transport, log)
 	tc.TLS = lt.Config
+	// The transport hands the register use case what TLS verified; whether
+	// a client certificate must name the node is the use case's rule.
+	reg.BindIdentity = s.Config.Transport.TLS.BindNodeIdentity
 	return transport.NewServer(s.Config.Transport.Listen, tc, reg)
 }
 

@@ -273,8 +273,8 @@ func ParseEdge(name string, data []byte) (*EdgeConfig, error) {
 	if err := decodeStrict(name, data, &c); err != nil {
 		return nil, err
 	}
-	c.SetDefaults()
 	c.resolvePaths(name)
+	c.SetDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, prefixErrors(name, err)
 	}
@@ -295,11 +295,11 @@ func (c *EdgeConfig) SetDefaults() {
 	if c.Transport.MaxFrameSize == 0 {
 		c.Transport.MaxFrameSize = DefaultMaxFrameSize
 	}
-	if c.HTTP.Listen == "" {
-		c.HTTP.Listen = DefaultHTTPListen
-	}
 	if c.Transport.TLS.Mode == "" {
 		c.Transport.TLS.Mode = TLSAuto
+	}
+	if c.HTTP.Listen == "" {
+		c.HTTP.Listen = DefaultHTTPListen
 	}
 	c.Log.SetDefaults()
 }
@@ -331,10 +331,10 @@ func (c *EdgeConfig) Validate() error {
 	if t.HeartbeatTimeout <= t.HeartbeatInterval {
 		add("transport.heartbeat_timeout (%s) must be greater than transport.heartbeat_interval (%s)", t.HeartbeatTimeout, t.HeartbeatInterval)
 	}
+	errs = appendFlat(errs, t.TLS.validate(t.Listen))
 	if t.MaxFrameSize < MinMaxFrameSize || t.MaxFrameSize > MaxMaxFrameSize {
 		add("transport.max_frame_size %d is outside [%d, %d] (64 KiB to 64 MiB)", t.MaxFrameSize, MinMaxFrameSize, MaxMaxFrameSize)
 	}
-	errs = appendFlat(errs, t.TLS.validate(t.Listen))
 	errs = appendFlat(errs, c.Log.Validate())
 
 	ids := map[string]int{}

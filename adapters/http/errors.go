@@ -31,6 +31,10 @@ func statusFor(err error) int {
 		return http.StatusServiceUnavailable
 	case domain.CodeTimeout:
 		return http.StatusGatewayTimeout
+	case domain.CodeUnauthorized:
+		return http.StatusUnauthorized
+	case domain.CodeForbidden:
+		return http.StatusForbidden
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return http.StatusGatewayTimeout

@@ -15,7 +15,15 @@
 // Every error body is {"error":{"code","message"}}, with the status chosen by
 // statusFor from the domain error code (command_unsupported and
 // session_unsupported are 501; unknown_command is 400). Unknown routes
-// answer 404 and wrong methods 405, in the same shape. Server-sent event
+// answer 404 and wrong methods 405, in the same shape.
+//
+// With API keys (Deps.APIKeys) every route registered without
+// Access.Public needs a key (Bearer or x-api-key) holding the route's scope:
+// 401 without or with a wrong key, 403 without the scope, 429 for an address
+// that sent too many wrong keys — each written by the route's Dialect (iop,
+// OpenAI, Ollama, or one a new surface brings via Handle). The key's
+// principal travels in the request context (domain.PrincipalFrom); use
+// cases apply its node limit. Unknown routes need a key too. Server-sent event
 // streams send a comment line (": keep-alive") every 15 s while idle and end
 // when the client leaves or the server stops.
 package httpapi

@@ -180,7 +180,7 @@ func (c *Client) session(ctx context.Context) error {
 	f := new(ioppb.Frame)
 	if _, err := dec.Decode(f); err != nil {
 		_ = nc.Close()
-		return fmt.Errorf("read register response: %w", classifyReadErr(err, tc.HandshakeTimeout))
+		return plaintextHint(tc.TLS, fmt.Errorf("read register response: %w", classifyReadErr(err, tc.HandshakeTimeout)))
 	}
 	resp := f.GetRegisterResponse()
 	if resp == nil {

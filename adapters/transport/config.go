@@ -10,6 +10,10 @@ import (
 
 // Config tunes one side of the node link. Zero fields take DefaultConfig's values.
 type Config struct {
+	// TLS secures the link (tls.go): NewServerTLS for the edge, NewClientTLS
+	// for a node. Nil is plaintext. The TLS handshake counts against
+	// HandshakeTimeout.
+	TLS *tls.Config
 	// HeartbeatInterval is how often each side sends a heartbeat.
 	HeartbeatInterval time.Duration
 	// HeartbeatTimeout is how long a peer may stay silent before the link is
@@ -27,12 +31,9 @@ type Config struct {
 	ControlQueue int
 	// WriteTimeout catches half-open peers on send.
 	WriteTimeout time.Duration
-	// HandshakeTimeout bounds the register exchange, TLS handshake included.
+	// HandshakeTimeout bounds the register exchange.
 	HandshakeTimeout time.Duration
-	// TLS secures the link (tls.go): NewServerTLS for the edge, NewClientTLS
-	// for a node. Nil is plaintext.
-	TLS    *tls.Config
-	Logger *slog.Logger
+	Logger           *slog.Logger
 }
 
 // DefaultConfig returns the spec's settings: 30 s heartbeat, 45 s wait, 4 MiB frames.

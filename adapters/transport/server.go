@@ -31,6 +31,8 @@ type Server struct {
 	addr string
 	cfg  Config
 	h    EdgeHandler
+	// tlsReports rate-limits reports of failed TLS handshakes (tls.go).
+	tlsReports reportLimiter
 
 	ln       net.Listener
 	mu       sync.Mutex
@@ -39,8 +41,6 @@ type Server struct {
 	sem      chan struct{}
 	done     chan struct{}
 	stopOnce sync.Once
-	// tlsReports rate-limits reports of failed TLS handshakes (tls.go).
-	tlsReports reportLimiter
 }
 
 // NewServer returns a server that will listen on addr.
@@ -173,15 +173,13 @@ func (s *Server) serve(nc net.Conn) {
 // returned link's connection is ready to start.
 func (s *Server) handshake(nc net.Conn, remote string) (*edgeLink, string, bool) {
 	_ = nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
-	sc, peer, err := s.secureServer(nc)
-	if err != nil {
-		_ = nc.Close()
-		s.tlsFailed(remote, err)
-		return nil, "", false
-	}
-	nc = sc
 	// A peer that has not authenticated may not make the edge allocate a
 	// full-size frame: the register request is small.
+	// TLS (tls.go) comes first, under the same deadline.
+	nc, peer, ok := s.secure(nc, remote)
+	if !ok {
+		return nil, "", false
+	}
 	dec := NewDecoder(nc, min(s.cfg.MaxFrameSize, maxRegisterFrame))
 	f := new(ioppb.Frame)
 	if _, err := dec.Decode(f); err != nil {

@@ -174,6 +174,26 @@ func secureClient(nc net.Conn, cfg *tls.Config) (net.Conn, error) {
 	return tc, nil
 }
 
+// plaintextHint explains the one symptom a plaintext node sees at a TLS
+// edge: the connection closed without a register response.
+func plaintextHint(cfg *tls.Config, err error) error {
+	if cfg != nil || !errors.Is(err, io.EOF) {
+		return err
+	}
+	return fmt.Errorf("%w (the edge answered nothing: if its transport.tls.mode is not off, start this node with --ca-pin or --ca-file instead of --insecure)", err)
+}
+
+// secure runs secureServer; on failure it closes nc and reports why.
+func (s *Server) secure(nc net.Conn, remote string) (net.Conn, domain.PeerIdentity, bool) {
+	sc, peer, err := s.secureServer(nc)
+	if err != nil {
+		_ = nc.Close()
+		s.tlsFailed(remote, err)
+		return nil, peer, false
+	}
+	return sc, peer, true
+}
+
 // secureServer runs the edge's TLS handshake on an accepted connection
 // under the handshake deadline already set on it, and returns what it
 // verified about the peer. With no TLS config nc is returned as is.

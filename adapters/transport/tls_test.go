@@ -10,10 +10,12 @@ import (
 	"encoding/pem"
 	"errors"
 	"io"
+	"log/slog"
 	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -161,6 +163,14 @@ func TestTLSEdgeRefusesPlaintextClientWithTLSReason(t *testing.T) {
 	e.addNode(testToken, testNodeConfig())
 	srv := startServer(t, "", tlsServerConfig(m, nil), e)
 	cc := ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}
+	var lost []string
+	var mu sync.Mutex
+	cc.Transport.Logger = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		lost = append(lost, string(p))
+		return len(p), nil
+	}), nil))
 	startClient(t, cc, newFakeNode()) // plaintext
 	f := recv(t, testCtx(t), e.failed, "handshake failure")
 	if !strings.HasPrefix(f.Reason, "tls: not a TLS client") {
@@ -169,7 +179,17 @@ func TestTLSEdgeRefusesPlaintextClientWithTLSReason(t *testing.T) {
 	if e.registerCount() != 0 {
 		t.Fatal("a plaintext client reached Register on a TLS edge")
 	}
+	// The plaintext node is told what to change.
+	eventually(t, testCtx(t), "the --ca-pin hint in the node's log", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(strings.Join(lost, ""), "instead of --insecure")
+	})
 }
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // clientCA makes a CA for node certificates and issues certificates from it.
 type clientCA struct {

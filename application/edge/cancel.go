@@ -27,6 +27,9 @@ func NewCancelRunHandler(reg *Registry, runs *RunTracker) *CancelRunHandler {
 // A run this edge did not dispatch (for example a background run from before
 // an edge restart) is looked for on every connected node.
 func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node string, err error) {
+	if err := domain.PrincipalFrom(ctx).Require(domain.ScopeRuns); err != nil {
+		return "", err
+	}
 	if runID == "" {
 		return "", domain.Errorf(domain.CodeInvalidRequest, "run id is required")
 	}

@@ -85,6 +85,9 @@ func newTunnelID() string {
 // caller must read the returned tunnel with Next until it ends, or Close it.
 // ctx bounds opening the tunnel only; Next takes its own.
 func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProviderTunnel) (*Tunnel, error) {
+	if err := domain.PrincipalFrom(ctx).Require(domain.ScopeInference); err != nil {
+		return nil, err
+	}
 	if in.ProviderType != domain.ProviderOpenAI && in.ProviderType != domain.ProviderOllama {
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "unknown provider API %q (known: openai, ollama)", in.ProviderType)
 	}

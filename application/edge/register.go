@@ -15,15 +15,16 @@ import (
 // lifecycle change on the bus. Its three methods are what the edge transport
 // calls; tokens never reach logs or events.
 type RegisterHandler struct {
+	// BindIdentity requires the connection's verified client certificate
+	// to name the node the token belongs to (transport.tls.bind_node_identity).
+	BindIdentity bool
+
 	dir      ports.NodeDirectory
 	reg      *Registry
 	bus      ports.EventPublisher
 	log      *slog.Logger
 	now      func() time.Time
 	versions *ConfigVersions
-	// BindIdentity requires the connection's verified client certificate
-	// to name the node the token belongs to (transport.tls.bind_node_identity).
-	BindIdentity bool
 }
 
 // NewRegisterHandler refuses nil dependencies. versions is shared with the

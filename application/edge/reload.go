@@ -55,6 +55,9 @@ func NewReloadHandler(src ports.NodeSource, dir Directory, reg *Registry, bus po
 
 // Handle performs one reload.
 func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
+	if err := domain.PrincipalFrom(ctx).Require(domain.ScopeAdmin); err != nil {
+		return ReloadResult{}, err
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	recs, err := h.src.LoadNodes()

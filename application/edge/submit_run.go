@@ -106,6 +106,9 @@ func (h *SubmitRunHandler) spawn(f func()) bool {
 // background run the returned handle is already being drained by the edge:
 // the caller only learns its id and node.
 func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandle, error) {
+	if err := domain.PrincipalFrom(ctx).Require(domain.ScopeRuns); err != nil {
+		return nil, err
+	}
 	if cmd.Adapter == "" {
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "adapter is required")
 	}

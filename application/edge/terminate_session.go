@@ -32,6 +32,9 @@ func NewTerminateSessionHandler(reg *Registry) *TerminateSessionHandler {
 // Handle ends the session. An adapter without sessions answers
 // session_unsupported; the node is optional when exactly one is connected.
 func (h *TerminateSessionHandler) Handle(ctx context.Context, cmd TerminateSession) error {
+	if err := domain.PrincipalFrom(ctx).Require(domain.ScopeRuns); err != nil {
+		return err
+	}
 	if cmd.Adapter == "" || cmd.SessionID == "" {
 		return domain.Errorf(domain.CodeInvalidRequest, "adapter and session id are required")
 	}

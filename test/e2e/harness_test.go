@@ -223,6 +223,20 @@ func startEdgeOpts(t testing.TB, nodes string, o edgeOptions) *edge {
 	return e
 }
 
+// nodePin is e.pin, or for an edge a test assembled itself (an edge{}
+// literal and startEdgeProc) the pin read from its config, so its nodes
+// trust it like those of startEdge; "" for a tls.mode off edge.
+func (e *edge) nodePin(t testing.TB) string {
+	t.Helper()
+	if e.pin != "" || e.config == "" {
+		return e.pin
+	}
+	if b, err := os.ReadFile(e.config); err == nil && !strings.Contains(string(b), "mode: off") {
+		e.pin = printCAPin(t, e.config)
+	}
+	return e.pin
+}
+
 // printCAPin runs iop-edge --print-ca-pin, as an operator (or make run) does
 // before starting nodes; in auto mode it creates the CA the edge will use.
 func printCAPin(t testing.TB, config string) string {
@@ -291,11 +305,11 @@ func startNodeOpts(t testing.TB, e *edge, token string, o nodeOptions) *node {
 		addr = o.edge
 	}
 	args := []string{"--edge", addr, "--db", "file:" + db + "?cache=shared&mode=rwc", "--log-level", "debug"}
-	switch {
+	switch pin := e.nodePin(t); {
 	case o.trust != nil:
 		args = append(args, o.trust...)
-	case e.pin != "":
-		args = append(args, "--ca-pin", e.pin)
+	case pin != "":
+		args = append(args, "--ca-pin", pin)
 	default:
 		args = append(args, "--insecure")
 	}

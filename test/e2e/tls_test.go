@@ -308,42 +308,60 @@ func (ca *nodeCA) issue(t *testing.T, cn string) []string {
 	return []string{"--cert", cf, "--key", kf}
 }
 
+// Each refusal gets its own edge: an edge may fold repeated handshake
+// failures from one address into one report.
 func TestTLSMutualClientCertificates(t *testing.T) {
 	t.Parallel()
 	ca, otherCA := newNodeCA(t), newNodeCA(t)
-	e := startEdgeOpts(t, defaultNodes(4), edgeOptions{tls: fmt.Sprintf("{client_ca_file: %q, bind_node_identity: true}", ca.file)})
-	w := watchBus(t, e)
-	rejected := func(what, prefix string) {
+	mtlsEdge := func(t *testing.T) (*edge, *busWatcher) {
+		e := startEdgeOpts(t, defaultNodes(4), edgeOptions{tls: fmt.Sprintf("{client_ca_file: %q, bind_node_identity: true}", ca.file)})
+		return e, watchBus(t, e)
+	}
+	rejected := func(t *testing.T, w *busWatcher, what string, match func(reason string) bool) {
 		t.Helper()
 		w.waitFor(t, 10*time.Second, what, func(m map[string]any) bool {
 			r, _ := m["reason"].(string)
-			return m["type"] == "node.rejected" && strings.HasPrefix(r, prefix)
+			return m["type"] == "node.rejected" && match(r)
 		})
 	}
-
-	// No client certificate, and one from another CA: refused in the handshake.
-	startNode(t, e, testToken)
-	rejected("node.rejected tls (no certificate)", "tls")
-	noCert := len(w.snapshot())
-	startNodeOpts(t, e, testToken, nodeOptions{args: otherCA.issue(t, "n1")})
-	w.waitFrom(t, noCert, 10*time.Second, "node.rejected tls (other CA)", func(m map[string]any) bool {
-		r, _ := m["reason"].(string)
-		return m["type"] == "node.rejected" && strings.HasPrefix(r, "tls") && strings.Contains(r, "certif")
+	notRegistered := func(t *testing.T, e *edge) {
+		t.Helper()
+		var nl nodeList
+		if err := getJSON(e.url+"/v1/nodes", &nl); err != nil || len(nl.Nodes) != 0 {
+			t.Fatalf("nodes: %+v (%v), want none", nl, err)
+		}
+	}
+	t.Run("no certificate", func(t *testing.T) {
+		t.Parallel()
+		e, w := mtlsEdge(t)
+		startNode(t, e, testToken)
+		rejected(t, w, "node.rejected tls", func(r string) bool { return strings.HasPrefix(r, "tls") })
+		notRegistered(t, e)
 	})
-
-	// A certificate for n2 with n1's token: identity_mismatch, and the node stops.
-	wrongID := startNodeOpts(t, e, testToken, nodeOptions{args: ca.issue(t, "n2")})
-	rejected("node.rejected identity_mismatch", "identity_mismatch")
-	if code := wrongID.waitExit(t, 10*time.Second); code == 0 {
-		t.Fatal("node with another node's certificate exited 0")
-	}
-
-	// The right certificate registers and runs.
-	startNodeOpts(t, e, testToken, nodeOptions{args: ca.issue(t, "n1")})
-	waitNode(t, e, "n1")
-	if got := runUpper(t, e, "mtls\n"); got != "MTLS\n" {
-		t.Fatalf("output %q", got)
-	}
+	t.Run("certificate from another CA", func(t *testing.T) {
+		t.Parallel()
+		e, w := mtlsEdge(t)
+		startNodeOpts(t, e, testToken, nodeOptions{args: otherCA.issue(t, "n1")})
+		rejected(t, w, "node.rejected tls (unknown CA)", func(r string) bool {
+			return strings.HasPrefix(r, "tls") && strings.Contains(r, "certificate")
+		})
+		notRegistered(t, e)
+	})
+	t.Run("certificate for another node, then the right one", func(t *testing.T) {
+		t.Parallel()
+		e, w := mtlsEdge(t)
+		wrongID := startNodeOpts(t, e, testToken, nodeOptions{args: ca.issue(t, "n2")})
+		rejected(t, w, "node.rejected identity_mismatch", func(r string) bool { return strings.HasPrefix(r, "identity_mismatch") })
+		if code := wrongID.waitExit(t, 10*time.Second); code == 0 {
+			t.Fatal("node with another node's certificate exited 0")
+		}
+		notRegistered(t, e)
+		startNodeOpts(t, e, testToken, nodeOptions{args: ca.issue(t, "n1")})
+		waitNode(t, e, "n1")
+		if got := runUpper(t, e, "mtls\n"); got != "MTLS\n" {
+			t.Fatalf("output %q", got)
+		}
+	})
 }
 
 func TestTokenSHA256AndJoin(t *testing.T) {

@@ -395,6 +395,8 @@ func statusFor(err error) (int, string) {
 		return http.StatusNotFound, "invalid_request_error"
 	case domain.CodeAtCapacity:
 		return http.StatusTooManyRequests, "rate_limit_error"
+	case domain.CodeForbidden:
+		return http.StatusForbidden, "invalid_request_error"
 	case domain.CodeNoNodeAvailable, domain.CodeShuttingDown:
 		return http.StatusServiceUnavailable, "server_error"
 	case domain.CodeProviderUnreachable, domain.CodeProviderError, domain.CodeNodeDisconnected, domain.CodeStreamReset:
