@@ -7,7 +7,7 @@ LDFLAGS     := -X iop/bootstrap.Version=$(VERSION)
 PROTOC_GEN_GO_VERSION := v1.36.12
 STATICCHECK_VERSION   := v0.8.2
 
-.PHONY: all build run test test-unit test-e2e bench lint fmt proto clean
+.PHONY: all build run test test-unit test-e2e bench lint fmt proto clean agent-clis agent-clis-if-npm
 
 all: build
 
@@ -30,9 +30,25 @@ RACE        := CGO_ENABLED=0
 RACEFLAG    :=
 endif
 
+# The real agent CLIs (claude, codex, gemini) the agent e2e tests drive,
+# installed with npm at pinned versions outside the repository.
+AGENT_CLIS  := $(or $(IOP_AGENT_CLIS),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/iop/agent-clis)
+export IOP_AGENT_CLIS := $(AGENT_CLIS)
+HAVE_NPM    := $(shell command -v npm >/dev/null 2>&1 && echo yes)
+
+## agent-clis: install the pinned claude, codex and gemini CLIs into $(AGENT_CLIS) (needs npm)
+agent-clis:
+	./scripts/agent-clis.sh
+
+agent-clis-if-npm:
+ifeq ($(HAVE_NPM),yes)
+	@./scripts/agent-clis.sh || echo "warning: installing the agent CLIs failed; the real-CLI agent tests will skip"
+else
+	@echo "note: npm not found; the real-CLI agent tests (test/e2e TestAgent*) will skip (apt-get install -y nodejs npm, then make agent-clis)"
+endif
+
 ## test: every test — unit and end to end — under the race detector
-test:
-	@command -v chromium >/dev/null 2>&1 || echo "note: no chromium; the web console's browser tests will skip (apt-get install chromium)"
+test: agent-clis-if-npm
 	@[ -n "$(RACEFLAG)" ] || echo "warning: no C compiler ($$($(GO) env CC)); running without the race detector (apt-get install gcc)"
 	$(RACE) $(GO) test $(RACEFLAG) -count=1 -timeout 15m $(PKG)
 
@@ -41,7 +57,7 @@ test-unit:
 	$(RACE) $(GO) test $(RACEFLAG) -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 
 ## test-e2e: real iop-edge / iop-node / iop processes on loopback
-test-e2e:
+test-e2e: agent-clis-if-npm
 	$(GO) test -count=1 -timeout 10m ./test/e2e/...
 
 ## bench: transport and tunnel benchmarks (ratios in docs/benchmarks.md)
@@ -65,3 +81,11 @@ proto:
 
 clean:
 	rm -rf $(BIN) tmp
+
+# The web console's browser tests (test/e2e/console_test.go) skip without
+# Chromium; make test says so up front.
+ifneq ($(filter test test-e2e,$(MAKECMDGOALS)),)
+ifeq ($(shell command -v chromium 2>/dev/null),)
+$(info note: no chromium; the web console's browser tests will skip (apt-get install chromium))
+endif
+endif

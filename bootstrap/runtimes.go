@@ -4,6 +4,7 @@ import (
 	"iop/adapters/runtime/claudecode"
 	"iop/adapters/runtime/codex"
 	"iop/adapters/runtime/factory"
+	"iop/adapters/runtime/gemini"
 	"iop/adapters/runtime/ollama"
 	"iop/adapters/runtime/openai"
 	"iop/domain"
@@ -12,7 +13,7 @@ import (
 
 // RuntimeBuilders returns the builders of the runtime adapter types beyond
 // exec (which the factory has built in): ollama and openai keep chat
-// sessions in chats, claude-code and codex keep their agent session ids in
+// sessions in chats, claude-code, codex and gemini keep their agent session ids in
 // agents. Either store may be nil, in which case those adapters keep no
 // sessions and say so in their capabilities.
 func RuntimeBuilders(chats ports.ChatSessionStore, agents ports.AgentSessionStore) map[string]factory.Builder {
@@ -28,6 +29,9 @@ func RuntimeBuilders(chats ports.ChatSessionStore, agents ports.AgentSessionStor
 		},
 		domain.AdapterCodex: func(cfg domain.AdapterConfig) (ports.RuntimeAdapter, error) {
 			return codex.New(cfg, agents)
+		},
+		domain.AdapterGemini: func(cfg domain.AdapterConfig) (ports.RuntimeAdapter, error) {
+			return gemini.New(cfg, agents)
 		},
 	}
 }

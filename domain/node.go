@@ -14,10 +14,11 @@ const (
 	AdapterOpenAI     = "openai"
 	AdapterClaudeCode = "claude-code"
 	AdapterCodex      = "codex"
+	AdapterGemini     = "gemini"
 )
 
 // KnownAdapterTypes lists the runtime adapter types, in documentation order.
-var KnownAdapterTypes = []string{AdapterExec, AdapterOllama, AdapterOpenAI, AdapterClaudeCode, AdapterCodex}
+var KnownAdapterTypes = []string{AdapterExec, AdapterOllama, AdapterOpenAI, AdapterClaudeCode, AdapterCodex, AdapterGemini}
 
 // Provider types for the raw tunnel.
 const (
@@ -58,12 +59,12 @@ type AdapterConfig struct {
 	PathPrefix     string                // openai: replaces "/v1"
 	APIKeyEnv      string                // openai: env var on the node holding the key
 	Models         []string
-	Command        string   // claude-code, codex: the binary
+	Command        string   // claude-code, codex, gemini: the binary
 	Args           []string // extra argv before the prompt
 	WorkDir        string
 	Timeout        time.Duration
 	// Env and InheritEnv shape the environment of the processes the adapter
-	// starts (exec: for every target; claude-code, codex): Env declares
+	// starts (exec: for every target; claude-code, codex, gemini): Env declares
 	// plain values, InheritEnv names variables copied from the node's own
 	// environment. Nothing else of the node's environment is passed on.
 	Env        map[string]string
@@ -143,7 +144,7 @@ func checkAdapter(a AdapterConfig) error {
 		return Errorf(CodeConfigError, "adapter %q: %s", a.Name, err.Message)
 	}
 	if (len(a.Env) > 0 || len(a.InheritEnv) > 0) && (a.Type == AdapterOllama || a.Type == AdapterOpenAI) {
-		return Errorf(CodeConfigError, "adapter %q (%s) starts no process: env and inherit_env apply to exec, claude-code and codex", a.Name, a.Type)
+		return Errorf(CodeConfigError, "adapter %q (%s) starts no process: env and inherit_env apply to exec, claude-code, codex and gemini", a.Name, a.Type)
 	}
 	switch a.Type {
 	case AdapterExec:

@@ -13,6 +13,24 @@ type SessionInfo struct {
 	AgentSessionID string
 }
 
+// AgentSession is what a node keeps about one session of a CLI agent
+// (claude-code, codex, gemini).
+type AgentSession struct {
+	AgentID string // the agent's own session or thread id
+	Turns   int    // turns the agent completed in the session
+	// Totals is the agent's own running token count for its session as it
+	// last reported it. Codex reports a thread's cumulative usage at the
+	// end of every turn, so a turn's usage is the difference.
+	Totals AgentTotals
+}
+
+// AgentTotals are running token counts.
+type AgentTotals struct {
+	Input  int64 // prompt tokens, cached ones included
+	Cached int64
+	Output int64
+}
+
 // ChatMessage is one message of a chat session's history.
 type ChatMessage struct {
 	Role    string

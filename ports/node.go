@@ -76,10 +76,17 @@ type ChatSessionStore interface {
 }
 
 // AgentSessionStore maps a run's session id to a CLI agent's own session id
-// (claude-code, codex), so the next run resumes it.
+// (claude-code, codex, gemini), so the next run resumes it, and counts the
+// session's completed turns.
 type AgentSessionStore interface {
-	GetAgentSession(ctx context.Context, adapter, sessionID string) (agentID string, ok bool, err error)
+	GetAgentSession(ctx context.Context, adapter, sessionID string) (s domain.AgentSession, ok bool, err error)
+	// PutAgentSession stores the agent's id for the session; when it differs
+	// from the one stored, the stored Totals restart from zero.
 	PutAgentSession(ctx context.Context, adapter, target, sessionID, agentID string) error
+	// EndAgentTurn counts one completed turn of a stored session and keeps
+	// the agent's running totals as of its end; an unknown session is not
+	// an error (it was terminated meanwhile).
+	EndAgentTurn(ctx context.Context, adapter, sessionID string, totals domain.AgentTotals) error
 	DeleteAgentSession(ctx context.Context, adapter, sessionID string) error
 	ListAgentSessions(ctx context.Context, adapter string) ([]domain.SessionInfo, error)
 }

@@ -18,7 +18,10 @@
 //
 //   - system/init: its session_id is the agent session id; a metadata event
 //     {"agent_session_id":…} is sent once per id.
-//   - assistant: message.content blocks: text → delta, thinking →
+//   - assistant: a synthetic message (message.model "<synthetic>", or a
+//     top-level error set: the CLI's own text for an API error) is skipped,
+//     since it is not the model's output; the result line that follows
+//     reports the error. Otherwise message.content blocks: text → delta, thinking →
 //     reasoning_delta, tool_use → metadata {"tool_use":{"id","name","input"}}
 //     (input kept as JSON, with any string longer than 2 KiB cut).
 //   - user: each tool_result block → metadata
@@ -34,7 +37,9 @@
 //     usage (prompt tokens = input_tokens + cache_creation_input_tokens +
 //     cache_read_input_tokens, i.e. every prompt token the model read;
 //     completion tokens = output_tokens; total_cost_usd; duration_ms; the
-//     model from system/init), or, when is_error is true or the subtype is
+//     model: the API model id of the last assistant message, else the
+//     system/init model without the CLI's context-size label such as
+//     "[1m]"), or, when is_error is true or the subtype is
 //     not "success", error with the result text (code provider_error for
 //     an API error reported with subtype "success", run_failed otherwise),
 //     still carrying the usage.
@@ -74,6 +79,18 @@ import (
 const DefaultCommand = "claude"
 
 const partialFlag = "--include-partial-messages"
+
+// syntheticModel marks an assistant message the CLI made up itself.
+const syntheticModel = "<synthetic>"
+
+// apiModelID strips the CLI's label from a model name: "claude-opus-4-8[1m]"
+// (the 1M-token context variant) is the API model "claude-opus-4-8".
+func apiModelID(m string) string {
+	if i := strings.IndexByte(m, '['); i > 0 && strings.HasSuffix(m, "]") {
+		return m[:i]
+	}
+	return m
+}
 
 // Adapter runs Claude Code for one adapter instance. It is safe for
 // concurrent use.
@@ -157,9 +174,10 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 
 // parser reads one run's stream-json.
 type parser struct {
-	partial bool
-	model   string
-	result  *resultLine
+	partial  bool
+	model    string // from system/init
+	apiModel string // from the last assistant message
+	result   *resultLine
 	// What the previous text-bearing block was, to separate blocks.
 	sawText, sawThinking bool
 	// In partial mode: a new text or thinking block has started.
@@ -168,6 +186,7 @@ type parser struct {
 
 type line struct {
 	Type      string          `json:"type"`
+	Error     json.RawMessage `json:"error"`
 	Subtype   string          `json:"subtype"`
 	SessionID string          `json:"session_id"`
 	Model     string          `json:"model"`
@@ -219,6 +238,14 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 			return t.AgentSession(l.SessionID)
 		}
 	case "assistant":
+		var m struct {
+			Model string `json:"model"`
+		}
+		_ = json.Unmarshal(l.Message, &m)
+		if m.Model == syntheticModel || (len(l.Error) > 0 && string(l.Error) != "null") {
+			return nil
+		}
+		p.apiModel = cmp.Or(m.Model, p.apiModel)
 		return p.assistant(t, l.Message)
 	case "user":
 		return p.user(t, l.Message)
@@ -381,7 +408,7 @@ func (p *parser) End(t *agent.Turn, exit *os.ProcessState, stderr string) domain
 		CostUSD:          r.TotalCostUSD,
 		DurationMS:       r.DurationMS,
 		StopReason:       cmp.Or(r.StopReason, r.Subtype),
-		Model:            cmp.Or(p.model, t.Model()),
+		Model:            cmp.Or(p.apiModel, apiModelID(p.model), t.Model()),
 	}
 	if !r.IsError && r.Subtype == "success" {
 		return domain.RunEvent{Type: domain.EventComplete, Usage: usage}

@@ -33,7 +33,7 @@ func testContext(t *testing.T) context.Context {
 	return ctx
 }
 
-const initLine = `{"type":"system","subtype":"init","cwd":"/w","session_id":"6f1","model":"claude-opus-4","tools":["Bash"],"permissionMode":"default"}`
+const initLine = `{"type":"system","subtype":"init","cwd":"/w","session_id":"6f1","model":"claude-opus-4-8[1m]","tools":["Bash"],"permissionMode":"default"}`
 
 var recorded = standin.Lines(
 	initLine,
@@ -41,7 +41,7 @@ var recorded = standin.Lines(
 	`{"type":"assistant","message":{"id":"m1","role":"assistant","content":[{"type":"thinking","thinking":"Plan ✓"},{"type":"text","text":"Looking… "},{"type":"tool_use","id":"toolu_1","name":"Bash","input":{"command":"ls -la"}}]},"session_id":"6f1"}`,
 	`{"type":"user","message":{"role":"user","content":[{"tool_use_id":"toolu_1","type":"tool_result","content":"a.go\nb.go","is_error":false}]},"session_id":"6f1"}`,
 	`{"type":"some_future_type","x":1}`,
-	`{"type":"assistant","message":{"id":"m2","role":"assistant","content":[{"type":"text","text":"Done ✅"}]},"session_id":"6f1"}`,
+	`{"type":"assistant","message":{"id":"m2","model":"claude-opus-4-8-20261101","role":"assistant","content":[{"type":"text","text":"Done ✅"}]},"session_id":"6f1"}`,
 	`{"type":"result","subtype":"success","is_error":false,"duration_ms":1234,"num_turns":2,"result":"Done ✅","session_id":"6f1","total_cost_usd":0.0412,"usage":{"input_tokens":9,"cache_creation_input_tokens":100,"cache_read_input_tokens":1000,"output_tokens":77}}`,
 )
 
@@ -151,7 +151,7 @@ func TestStreamJSONMapping(t *testing.T) {
 	if got := summary(sink.Events()); !slices.Equal(got, want) {
 		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	wantUsage := domain.Usage{PromptTokens: 1109, CompletionTokens: 77, TotalTokens: 1186, CostUSD: 0.0412, DurationMS: 1234, StopReason: "success", Model: "claude-opus-4"}
+	wantUsage := domain.Usage{PromptTokens: 1109, CompletionTokens: 77, TotalTokens: 1186, CostUSD: 0.0412, DurationMS: 1234, StopReason: "success", Model: "claude-opus-4-8-20261101"}
 	if done.Usage == nil || *done.Usage != wantUsage {
 		t.Errorf("usage = %+v, want %+v", done.Usage, wantUsage)
 	}
@@ -201,7 +201,7 @@ func TestSessionsResume(t *testing.T) {
 		requireTerminal(t, sink, domain.EventComplete, "")
 	}
 	list, err := a.ListSessions(context.Background())
-	if err != nil || len(list) != 1 || list[0].SessionID != "s1" || list[0].AgentSessionID != "6f1" || list[0].Target != "opus" {
+	if err != nil || len(list) != 1 || list[0].SessionID != "s1" || list[0].AgentSessionID != "6f1" || list[0].Target != "opus" || list[0].Turns != 2 {
 		t.Fatalf("ListSessions = %+v, %v", list, err)
 	}
 	if err := a.TerminateSession(context.Background(), "opus", "s1"); err != nil {
@@ -435,8 +435,8 @@ func TestCancelKillsTheProcessGroup(t *testing.T) {
 			t.Errorf("terminal event after cancel: %v", sink.Types())
 		}
 		// The agent session was reported before the cancel, so it is kept.
-		if id, ok, _ := agents.GetAgentSession(context.Background(), "claude", "s1"); !ok || id != "6f1" {
-			t.Errorf("stored agent session = %q, %v", id, ok)
+		if id, ok, _ := agents.GetAgentSession(context.Background(), "claude", "s1"); !ok || id.AgentID != "6f1" {
+			t.Errorf("stored agent session = %q, %v", id.AgentID, ok)
 		}
 	}
 }
@@ -469,6 +469,31 @@ func TestSinkFailureKillsTheProcess(t *testing.T) {
 	}
 	if pgid := pidOf(t, sink.Events()); runtimetest.GroupAlive(pgid) {
 		t.Error("process group still running")
+	}
+}
+
+// On an API error the CLI makes up an assistant message holding the error
+// text; it is not the answer: the run has one error event and no delta.
+func TestSyntheticAPIErrorMessageIsNotOutput(t *testing.T) {
+	stream := standin.Lines(
+		initLine,
+		`{"type":"assistant","message":{"id":"x","model":"<synthetic>","role":"assistant","stop_reason":"stop_sequence","type":"message","content":[{"type":"text","text":"Prompt is too long"}]},"session_id":"6f1","error":"invalid_request","is_api_error_message":true,"api_error_status":400}`,
+		`{"type":"result","subtype":"success","is_error":true,"api_error_status":400,"result":"Prompt is too long","session_id":"6f1","total_cost_usd":0,"usage":{"input_tokens":0,"output_tokens":0}}`,
+	)
+	cli := standin.WriteCLI(t, standin.Printf(stream))
+	for _, args := range [][]string{nil, {"--include-partial-messages"}} {
+		a := newAdapter(t, cli, domain.AdapterConfig{Args: args}, nil)
+		sink, err := run(t, a, domain.RunRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := requireTerminal(t, sink, domain.EventError, domain.CodeProviderError)
+		if ev.Error.Message != "Prompt is too long" || sink.Text() != "" {
+			t.Errorf("args %q: error %+v, text %q", args, ev.Error, sink.Text())
+		}
+		if ev.Usage == nil || ev.Usage.Model != "claude-opus-4-8" {
+			t.Errorf("usage = %+v, want the init model without its label", ev.Usage)
+		}
 	}
 }
 

@@ -30,8 +30,17 @@
 //   - turn.completed → metadata {"usage":{…}} (Codex's usage as is,
 //     including cached_input_tokens), then, once the process has exited,
 //     complete with usage: prompt tokens = input_tokens (which include the
-//     cached ones), completion tokens = output_tokens, their sum, and the
-//     wall-clock duration of the run.
+//     cached ones), completion tokens = output_tokens, their sum, the
+//     wall-clock duration of the run, the model (the one the stream names,
+//     else the run's target or the adapter's first model) and the stop
+//     reason (the stream's, else "completed").
+//
+// Codex's usage is the thread's running total, not the turn's: on "exec
+// resume" it includes every earlier turn. The adapter keeps the total as of
+// each completed turn with the session and reports the difference, so each
+// run's usage is its own (a cancelled or failed turn stores nothing, and
+// the next turn is measured from the last completed one). A resume that
+// starts a different thread starts from zero.
 //   - turn.failed → error (run_failed) with error.message.
 //   - error (top level) → metadata {"error":message} at once; if the turn
 //     then neither completes nor fails, the run ends with an error
@@ -152,16 +161,20 @@ type parser struct {
 	sawText      bool
 	sawReasoning bool
 	usage        *usage
+	model        string
+	stopReason   string
 	failed       *string
 	fatal        *string
 }
 
 type event struct {
-	Type     string          `json:"type"`
-	ThreadID string          `json:"thread_id"`
-	Item     json.RawMessage `json:"item"`
-	Usage    json.RawMessage `json:"usage"`
-	Error    *struct {
+	Type       string          `json:"type"`
+	ThreadID   string          `json:"thread_id"`
+	Model      string          `json:"model"`
+	StopReason string          `json:"stop_reason"`
+	Item       json.RawMessage `json:"item"`
+	Usage      json.RawMessage `json:"usage"`
+	Error      *struct {
 		Message string `json:"message"`
 	} `json:"error"`
 	Message string `json:"message"`
@@ -178,6 +191,7 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 	if json.Unmarshal(raw, &ev) != nil {
 		return nil
 	}
+	p.model = cmp.Or(ev.Model, p.model)
 	switch ev.Type {
 	case "thread.started":
 		return t.AgentSession(ev.ThreadID)
@@ -187,6 +201,7 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 		var u usage
 		_ = json.Unmarshal(ev.Usage, &u)
 		p.usage = &u
+		p.stopReason = ev.StopReason
 		if len(ev.Usage) > 0 {
 			return t.Meta(map[string]json.RawMessage{"usage": ev.Usage})
 		}
@@ -226,13 +241,19 @@ func (p *parser) End(t *agent.Turn, exit *os.ProcessState, stderr string) domain
 	case p.failed != nil:
 		return agent.Failed(domain.CodeRunFailed, *p.failed)
 	case p.usage != nil:
-		u := p.usage
+		now := domain.AgentTotals{Input: p.usage.InputTokens, Cached: p.usage.CachedInputTokens, Output: p.usage.OutputTokens}
+		t.SetTotals(now)
+		turn := now
+		if prev := t.Previous(); now.Input >= prev.Input && now.Output >= prev.Output {
+			turn = domain.AgentTotals{Input: now.Input - prev.Input, Output: now.Output - prev.Output}
+		}
 		return domain.RunEvent{Type: domain.EventComplete, Usage: &domain.Usage{
-			PromptTokens:     u.InputTokens,
-			CompletionTokens: u.OutputTokens,
-			TotalTokens:      u.InputTokens + u.OutputTokens,
+			PromptTokens:     turn.Input,
+			CompletionTokens: turn.Output,
+			TotalTokens:      turn.Input + turn.Output,
 			DurationMS:       time.Since(p.started).Milliseconds(),
-			Model:            t.Model(),
+			StopReason:       cmp.Or(p.stopReason, "completed"),
+			Model:            cmp.Or(p.model, t.Model()),
 		}}
 	case p.fatal != nil:
 		return agent.Failed(domain.CodeRunFailed, *p.fatal)

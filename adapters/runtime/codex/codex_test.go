@@ -335,6 +335,70 @@ func TestTimeoutAndCapabilities(t *testing.T) {
 	requireTerminal(t, sink, domain.EventError, domain.CodeTimeout)
 }
 
+// Codex reports a thread's running total at every turn.completed; each run
+// reports its own turn, a cancelled turn stores nothing, and a new thread
+// starts from zero.
+func TestResumedTurnsReportTheirOwnUsage(t *testing.T) {
+	// Run n (counted in a file) reports the total of n one-request turns,
+	// as codex does; a run whose prompt is "hang" stops before the end.
+	dir := t.TempDir()
+	cli := standin.WriteCLI(t, `n=$(cat `+dir+`/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > `+dir+`/n
+for last; do :; done
+echo '{"type":"thread.started","thread_id":"`+threadID+`"}'
+echo '{"type":"item.completed","item":{"id":"i","type":"agent_message","text":"ok"}}'
+[ "$last" = hang ] && exec sleep 60
+echo '{"type":"turn.completed","usage":{"input_tokens":'$((120*n))',"cached_input_tokens":'$((20*n))',"output_tokens":'$((17*n))'}}'`)
+	agents := memory.NewAgentSessionStore()
+	a := newAdapter(t, cli, domain.AdapterConfig{Models: []string{"gpt-5.5"}}, agents)
+	turn := func(prompt string) *domain.Usage {
+		t.Helper()
+		sink, err := run(t, a, domain.RunRequest{SessionID: "s1", Input: []byte(prompt)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return requireTerminal(t, sink, domain.EventComplete, "").Usage
+	}
+	for i := 1; i <= 2; i++ {
+		if u := turn("go"); u.PromptTokens != 120 || u.CompletionTokens != 17 || u.TotalTokens != 137 || u.Model != "gpt-5.5" || u.StopReason != "completed" {
+			t.Fatalf("turn %d usage = %+v", i, u)
+		}
+	}
+	// A cancelled third run: codex's total would have grown by one turn.
+	ctx, cancel := context.WithCancel(testContext(t))
+	sink := &runtimetest.Sink{}
+	done := make(chan error, 1)
+	go func() {
+		done <- a.Execute(ctx, domain.RunRequest{RunID: "r3", Adapter: "codex", SessionID: "s1", Input: []byte("hang")}, sink)
+	}()
+	if err := sink.WaitFor(testContext(t), func(evs []domain.RunEvent) bool { return len(evs) >= 2 }); err != nil {
+		t.Fatal(err, sink.Types())
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled run = %v", err)
+	}
+	s, _, _ := agents.GetAgentSession(context.Background(), "codex", "s1")
+	if s.Turns != 2 || s.Totals != (domain.AgentTotals{Input: 240, Cached: 40, Output: 34}) {
+		t.Fatalf("after the cancelled turn the session is %+v", s)
+	}
+	// Run 4 reports 4 turns' total: the difference includes the cancelled
+	// turn's tokens, which codex did spend in the thread.
+	if u := turn("go"); u.PromptTokens != 240 || u.CompletionTokens != 34 {
+		t.Fatalf("turn after cancel usage = %+v", u)
+	}
+	list, _ := a.ListSessions(context.Background())
+	if len(list) != 1 || list[0].Turns != 3 {
+		t.Errorf("ListSessions = %+v, want 3 turns", list)
+	}
+	// Forgetting the session starts a new thread: its total is its own.
+	if err := a.TerminateSession(context.Background(), "", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if u := turn("go"); u.PromptTokens != 600 {
+		t.Fatalf("new session usage = %+v", u)
+	}
+}
+
 // Codex starts with a clean environment: declared env and inherit_env
 // reach it, the node's token and other keys do not.
 func TestCleanEnvironment(t *testing.T) {

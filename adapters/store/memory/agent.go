@@ -13,6 +13,8 @@ import (
 type agentSession struct {
 	agentID   string
 	target    string
+	turns     int
+	totals    domain.AgentTotals
 	updatedAt time.Time
 }
 
@@ -31,19 +33,46 @@ func NewAgentSessionStore() *AgentSessionStore {
 
 // GetAgentSession returns the agent session id stored for the session; ok is
 // false, with a nil error, when there is none.
-func (s *AgentSessionStore) GetAgentSession(_ context.Context, adapter, sessionID string) (string, bool, error) {
+func (s *AgentSessionStore) GetAgentSession(_ context.Context, adapter, sessionID string) (domain.AgentSession, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a, ok := s.sessions[sessionKey{adapter, sessionID}]
-	return a.agentID, ok, nil
+	if !ok {
+		return domain.AgentSession{}, false, nil
+	}
+	return domain.AgentSession{AgentID: a.agentID, Turns: a.turns, Totals: a.totals}, true, nil
 }
 
-// PutAgentSession stores or replaces the mapping for the session.
+// PutAgentSession stores or replaces the mapping for the session, keeping
+// its turn count; a new agent id restarts the totals.
 func (s *AgentSessionStore) PutAgentSession(_ context.Context, adapter, target, sessionID, agentID string) error {
 	now := storedTime(time.Now())
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.sessions[sessionKey{adapter, sessionID}] = agentSession{agentID: agentID, target: target, updatedAt: now}
+	k := sessionKey{adapter, sessionID}
+	old := s.sessions[k]
+	a := agentSession{agentID: agentID, target: target, turns: old.turns, updatedAt: now}
+	if old.agentID == agentID {
+		a.totals = old.totals
+	}
+	s.sessions[k] = a
+	return nil
+}
+
+// EndAgentTurn counts a completed turn and keeps the totals.
+func (s *AgentSessionStore) EndAgentTurn(_ context.Context, adapter, sessionID string, totals domain.AgentTotals) error {
+	now := storedTime(time.Now())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := sessionKey{adapter, sessionID}
+	a, ok := s.sessions[k]
+	if !ok {
+		return nil
+	}
+	a.turns++
+	a.totals = totals
+	a.updatedAt = now
+	s.sessions[k] = a
 	return nil
 }
 
@@ -56,14 +85,15 @@ func (s *AgentSessionStore) DeleteAgentSession(_ context.Context, adapter, sessi
 }
 
 // ListAgentSessions describes the stored mappings of adapter ("" means every
-// adapter), ordered by adapter and session id. LastUsed is the last Put.
+// adapter), ordered by adapter and session id. LastUsed is the last Put or
+// EndAgentTurn.
 func (s *AgentSessionStore) ListAgentSessions(_ context.Context, adapter string) ([]domain.SessionInfo, error) {
 	s.mu.Lock()
 	out := []domain.SessionInfo{}
 	for k, a := range s.sessions {
 		if adapter == "" || k.adapter == adapter {
 			out = append(out, domain.SessionInfo{
-				Adapter: k.adapter, Target: a.target, SessionID: k.sessionID, LastUsed: a.updatedAt, AgentSessionID: a.agentID,
+				Adapter: k.adapter, Target: a.target, SessionID: k.sessionID, Turns: a.turns, LastUsed: a.updatedAt, AgentSessionID: a.agentID,
 			})
 		}
 	}

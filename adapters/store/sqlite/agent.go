@@ -28,38 +28,105 @@ func NewAgentSessionStore(db *DB) *AgentSessionStore {
 type agentSessionRow struct {
 	bun.BaseModel `bun:"table:agent_sessions"`
 
-	Adapter   string    `bun:"adapter,pk"`
-	SessionID string    `bun:"session_id,pk"`
-	AgentID   string    `bun:"agent_id,notnull"`
-	Target    string    `bun:"target,notnull"`
-	UpdatedAt time.Time `bun:"updated_at,notnull"`
+	Adapter   string `bun:"adapter,pk"`
+	SessionID string `bun:"session_id,pk"`
+	AgentID   string `bun:"agent_id,notnull"`
+	Target    string `bun:"target,notnull"`
+	Turns     int    `bun:"turns,notnull,default:0"`
+	// The agent's running totals as of the last completed turn.
+	TotalInput  int64     `bun:"total_input,notnull,default:0"`
+	TotalCached int64     `bun:"total_cached,notnull,default:0"`
+	TotalOutput int64     `bun:"total_output,notnull,default:0"`
+	UpdatedAt   time.Time `bun:"updated_at,notnull"`
+}
+
+// agentSessionColumns are the columns added to agent_sessions after its
+// first release, with their definitions, for databases created before.
+var agentSessionColumns = [][2]string{
+	{"turns", "INTEGER NOT NULL DEFAULT 0"},
+	{"total_input", "INTEGER NOT NULL DEFAULT 0"},
+	{"total_cached", "INTEGER NOT NULL DEFAULT 0"},
+	{"total_output", "INTEGER NOT NULL DEFAULT 0"},
+}
+
+// addAgentSessionColumns adds the columns a database created by an older
+// version lacks.
+func addAgentSessionColumns(ctx context.Context, tx bun.Tx) error {
+	rows, err := tx.QueryContext(ctx, "SELECT name FROM pragma_table_info('agent_sessions')")
+	if err != nil {
+		return fmt.Errorf("read agent_sessions columns: %w", err)
+	}
+	have := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return fmt.Errorf("read agent_sessions columns: %w", err)
+		}
+		have[name] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read agent_sessions columns: %w", err)
+	}
+	for _, c := range agentSessionColumns {
+		if !have[c[0]] {
+			if _, err := tx.ExecContext(ctx, "ALTER TABLE agent_sessions ADD COLUMN "+c[0]+" "+c[1]); err != nil {
+				return fmt.Errorf("add column agent_sessions.%s: %w", c[0], err)
+			}
+		}
+	}
+	return nil
 }
 
 // GetAgentSession returns the agent session id stored for the session; ok is
 // false, with a nil error, when there is none.
-func (s *AgentSessionStore) GetAgentSession(ctx context.Context, adapter, sessionID string) (string, bool, error) {
+func (s *AgentSessionStore) GetAgentSession(ctx context.Context, adapter, sessionID string) (domain.AgentSession, bool, error) {
 	row := new(agentSessionRow)
 	err := s.db.NewSelect().Model(row).Where("adapter = ? AND session_id = ?", adapter, sessionID).Scan(ctx)
 	if errors.Is(err, sql.ErrNoRows) {
-		return "", false, nil
+		return domain.AgentSession{}, false, nil
 	}
 	if err != nil {
-		return "", false, fmt.Errorf("select agent session %s/%s: %w", adapter, sessionID, err)
+		return domain.AgentSession{}, false, fmt.Errorf("select agent session %s/%s: %w", adapter, sessionID, err)
 	}
-	return row.AgentID, true, nil
+	return domain.AgentSession{
+		AgentID: row.AgentID, Turns: row.Turns,
+		Totals: domain.AgentTotals{Input: row.TotalInput, Cached: row.TotalCached, Output: row.TotalOutput},
+	}, true, nil
 }
 
-// PutAgentSession stores or replaces the mapping for the session.
+// PutAgentSession stores or replaces the mapping for the session, keeping
+// its turn count; a new agent id restarts the totals.
 func (s *AgentSessionStore) PutAgentSession(ctx context.Context, adapter, target, sessionID, agentID string) error {
 	row := &agentSessionRow{Adapter: adapter, SessionID: sessionID, AgentID: agentID, Target: target, UpdatedAt: time.Now().UTC()}
 	_, err := s.db.NewInsert().Model(row).
 		On("CONFLICT (adapter, session_id) DO UPDATE").
+		Set("total_input = CASE WHEN agent_id = EXCLUDED.agent_id THEN total_input ELSE 0 END").
+		Set("total_cached = CASE WHEN agent_id = EXCLUDED.agent_id THEN total_cached ELSE 0 END").
+		Set("total_output = CASE WHEN agent_id = EXCLUDED.agent_id THEN total_output ELSE 0 END").
 		Set("agent_id = EXCLUDED.agent_id").
 		Set("target = EXCLUDED.target").
 		Set("updated_at = EXCLUDED.updated_at").
 		Exec(ctx)
 	if err != nil {
 		return fmt.Errorf("upsert agent session %s/%s: %w", adapter, sessionID, err)
+	}
+	return nil
+}
+
+// EndAgentTurn counts a completed turn and keeps the totals.
+func (s *AgentSessionStore) EndAgentTurn(ctx context.Context, adapter, sessionID string, totals domain.AgentTotals) error {
+	_, err := s.db.NewUpdate().Model((*agentSessionRow)(nil)).
+		Set("turns = turns + 1").
+		Set("total_input = ?", totals.Input).
+		Set("total_cached = ?", totals.Cached).
+		Set("total_output = ?", totals.Output).
+		Set("updated_at = ?", time.Now().UTC()).
+		Where("adapter = ? AND session_id = ?", adapter, sessionID).
+		Exec(ctx)
+	if err != nil {
+		return fmt.Errorf("end turn of agent session %s/%s: %w", adapter, sessionID, err)
 	}
 	return nil
 }
@@ -76,7 +143,8 @@ func (s *AgentSessionStore) DeleteAgentSession(ctx context.Context, adapter, ses
 }
 
 // ListAgentSessions describes the stored mappings of adapter ("" means every
-// adapter), ordered by adapter and session id. LastUsed is the last Put.
+// adapter), ordered by adapter and session id. LastUsed is the last Put or
+// EndAgentTurn.
 func (s *AgentSessionStore) ListAgentSessions(ctx context.Context, adapter string) ([]domain.SessionInfo, error) {
 	var rows []agentSessionRow
 	q := s.db.NewSelect().Model(&rows).Order("adapter", "session_id")
@@ -89,7 +157,7 @@ func (s *AgentSessionStore) ListAgentSessions(ctx context.Context, adapter strin
 	out := make([]domain.SessionInfo, len(rows))
 	for i, r := range rows {
 		out[i] = domain.SessionInfo{
-			Adapter: r.Adapter, Target: r.Target, SessionID: r.SessionID,
+			Adapter: r.Adapter, Target: r.Target, SessionID: r.SessionID, Turns: r.Turns,
 			LastUsed: r.UpdatedAt.UTC(), AgentSessionID: r.AgentID,
 		}
 	}

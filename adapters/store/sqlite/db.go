@@ -83,6 +83,9 @@ func (db *DB) createSchema(ctx context.Context) error {
 				return fmt.Errorf("create table: %w", err)
 			}
 		}
+		if err := addAgentSessionColumns(ctx, tx); err != nil {
+			return err
+		}
 		indexes := []struct{ name, column string }{
 			{"runs_created_at_idx", "created_at"},
 			{"runs_status_idx", "status"},

@@ -2,12 +2,14 @@ package sqlite_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/uptrace/bun/driver/sqliteshim"
 	"go.uber.org/goleak"
 
 	"iop/adapters/store/sqlite"
@@ -128,8 +130,8 @@ func TestDataSurvivesReopen(t *testing.T) {
 		t.Fatalf("AppendChat after reopen: %v", err)
 	}
 	id, ok, err := sqlite.NewAgentSessionStore(db).GetAgentSession(ctx, "codex", "s1")
-	if err != nil || !ok || id != "thread-1" {
-		t.Fatalf("GetAgentSession after reopen = %q, %v, %v", id, ok, err)
+	if err != nil || !ok || id.AgentID != "thread-1" {
+		t.Fatalf("GetAgentSession after reopen = %+v, %v, %v", id, ok, err)
 	}
 }
 
@@ -169,5 +171,30 @@ func TestConcurrentUpdates(t *testing.T) {
 	usage, err := store.UsageByAdapter(ctx)
 	if err != nil || len(usage) != 1 || usage[0].Succeeded != n {
 		t.Fatalf("UsageByAdapter = %+v, %v; want %d succeeded", usage, err, n)
+	}
+}
+
+// A database whose agent_sessions table predates the turn count and totals
+// gets the new columns on open, and its rows keep working.
+func TestAgentSessionsOldSchemaGainsColumns(t *testing.T) {
+	dsn := fileDSN(t)
+	old, err := sql.Open(sqliteshim.ShimName, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = old.Exec(`CREATE TABLE agent_sessions (adapter VARCHAR NOT NULL, session_id VARCHAR NOT NULL, agent_id VARCHAR NOT NULL, target VARCHAR NOT NULL, updated_at TIMESTAMP NOT NULL, PRIMARY KEY (adapter, session_id));
+		INSERT INTO agent_sessions VALUES ('codex', 's1', 'thread-1', 't', '2026-01-02 03:04:05+00:00');`)
+	old.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sqlite.NewAgentSessionStore(open(t, dsn))
+	ctx := context.Background()
+	if err := s.EndAgentTurn(ctx, "codex", "s1", domain.AgentTotals{Input: 5, Output: 1}); err != nil {
+		t.Fatal(err)
+	}
+	got, ok, err := s.GetAgentSession(ctx, "codex", "s1")
+	if err != nil || !ok || got != (domain.AgentSession{AgentID: "thread-1", Turns: 1, Totals: domain.AgentTotals{Input: 5, Output: 1}}) {
+		t.Fatalf("GetAgentSession = %+v, %v, %v", got, ok, err)
 	}
 }

@@ -16,8 +16,8 @@ import (
 func AgentSessionStoreContract(t *testing.T, newStore func(t *testing.T) ports.AgentSessionStore) {
 	t.Run("get unknown is not found without error", func(t *testing.T) {
 		id, ok, err := newStore(t).GetAgentSession(context.Background(), "codex", "nope")
-		if err != nil || ok || id != "" {
-			t.Fatalf("GetAgentSession(unknown) = %q, %v, %v; want \"\", false, nil", id, ok, err)
+		if err != nil || ok || id != (domain.AgentSession{}) {
+			t.Fatalf("GetAgentSession(unknown) = %+v, %v, %v; want zero, false, nil", id, ok, err)
 		}
 	})
 
@@ -43,6 +43,43 @@ func AgentSessionStoreContract(t *testing.T, newStore func(t *testing.T) ports.A
 		}
 		checkAgent(t, s, "codex", "s1", "", false)
 		checkAgent(t, s, "claude-code", "s1", "other-adapter", true)
+	})
+
+	t.Run("turns and totals", func(t *testing.T) {
+		s, ctx := newStore(t), context.Background()
+		if err := s.EndAgentTurn(ctx, "codex", "unknown", domain.AgentTotals{Input: 1}); err != nil {
+			t.Fatalf("EndAgentTurn(unknown): %v", err)
+		}
+		if _, ok, _ := s.GetAgentSession(ctx, "codex", "unknown"); ok {
+			t.Fatal("EndAgentTurn created a session")
+		}
+		mustPut(t, s, "codex", "t", "s1", "thread-1")
+		mustPut(t, s, "codex", "t", "s2", "thread-2")
+		for i, tot := range []domain.AgentTotals{{Input: 120, Cached: 20, Output: 17}, {Input: 240, Cached: 40, Output: 34}} {
+			if err := s.EndAgentTurn(ctx, "codex", "s1", tot); err != nil {
+				t.Fatalf("EndAgentTurn: %v", err)
+			}
+			got, ok, err := s.GetAgentSession(ctx, "codex", "s1")
+			if err != nil || !ok || got != (domain.AgentSession{AgentID: "thread-1", Turns: i + 1, Totals: tot}) {
+				t.Fatalf("after turn %d: %+v, %v, %v", i+1, got, ok, err)
+			}
+		}
+		// The same id again (a resumed run) keeps everything.
+		mustPut(t, s, "codex", "t", "s1", "thread-1")
+		got, _, _ := s.GetAgentSession(ctx, "codex", "s1")
+		if got.Turns != 2 || got.Totals.Input != 240 {
+			t.Fatalf("re-put of the same id changed the session: %+v", got)
+		}
+		list, _ := s.ListAgentSessions(ctx, "codex")
+		if len(list) != 2 || list[0].Turns != 2 || list[1].Turns != 0 {
+			t.Fatalf("ListAgentSessions turns = %+v", list)
+		}
+		// A new agent id (the CLI started over) restarts the totals, not the count.
+		mustPut(t, s, "codex", "t", "s1", "thread-9")
+		got, _, _ = s.GetAgentSession(ctx, "codex", "s1")
+		if got != (domain.AgentSession{AgentID: "thread-9", Turns: 2}) {
+			t.Fatalf("after a new agent id: %+v", got)
+		}
 	})
 
 	t.Run("list", func(t *testing.T) {
@@ -92,7 +129,8 @@ func mustPut(t *testing.T, s ports.AgentSessionStore, adapter, target, session, 
 
 func checkAgent(t *testing.T, s ports.AgentSessionStore, adapter, session, wantID string, wantOK bool) {
 	t.Helper()
-	id, ok, err := s.GetAgentSession(context.Background(), adapter, session)
+	got, ok, err := s.GetAgentSession(context.Background(), adapter, session)
+	id := got.AgentID
 	if err != nil || ok != wantOK || id != wantID {
 		t.Fatalf("GetAgentSession %s/%s = %q, %v, %v; want %q, %v, nil", adapter, session, id, ok, err, wantID, wantOK)
 	}

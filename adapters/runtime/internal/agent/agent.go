@@ -1,8 +1,9 @@
-// Package agent is what the claude-code and codex runtime adapters share:
-// running the CLI for one run with the prompt and resume id, reading its
-// JSON lines through an adapter-specific Parser, remembering the agent's own
-// session id against the run's session, and ending the run with exactly one
-// terminal event.
+// Package agent is what the CLI agent runtime adapters (claude-code, codex,
+// gemini) share: running the CLI for one run with the prompt and resume id,
+// reading its JSON lines through an adapter-specific Parser, remembering the
+// agent's own session id against the run's session (and, once a turn
+// completes, counting it and keeping the agent's running usage totals), and
+// ending the run with exactly one terminal event.
 package agent
 
 import (
@@ -23,8 +24,11 @@ import (
 )
 
 // DefaultKillGrace is how long a cancelled agent has between SIGTERM and
-// SIGKILL: long enough to save its session file.
-const DefaultKillGrace = 3 * time.Second
+// SIGKILL. The CLIs append to their session files as they go, so there is
+// little to save; on a loaded machine they can take seconds to wind down
+// on SIGTERM, and a cancel must end the whole process group within a
+// second.
+const DefaultKillGrace = 500 * time.Millisecond
 
 // Invocation is how to start the CLI for one run.
 type Invocation struct {
@@ -79,12 +83,12 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 		if r.Store == nil {
 			return domain.Errorf(domain.CodeSessionUnsupported, "%s adapter %q has no session store", r.Label, r.Name)
 		}
-		id, ok, err := r.Store.GetAgentSession(ctx, r.Name, req.SessionID)
+		s, ok, err := r.Store.GetAgentSession(ctx, r.Name, req.SessionID)
 		if err != nil {
 			return fmt.Errorf("load session %q: %w", req.SessionID, err)
 		}
 		if ok {
-			t.resumed, t.agentID = id, id
+			t.resumed, t.agentID, t.prev = s.AgentID, s.AgentID, s.Totals
 		}
 	}
 	inv := build(model, t.resumed, string(req.Input))
@@ -123,7 +127,13 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 	if limit.Expired() {
 		return sink.Emit(limit.Event(r.Label))
 	}
-	return sink.Emit(p.End(t, state, p0.Stderr()))
+	ev := p.End(t, state, p0.Stderr())
+	if ev.Type == domain.EventComplete && req.SessionID != "" && t.agentID != "" {
+		if err := r.Store.EndAgentTurn(ctx, r.Name, req.SessionID, t.totals); err != nil {
+			return fmt.Errorf("save session %q: %w", req.SessionID, err)
+		}
+	}
+	return sink.Emit(ev)
 }
 
 // Turn is one run as a Parser sees it.
@@ -135,7 +145,23 @@ type Turn struct {
 	r       *Runner
 	resumed string // the agent session id passed to the CLI, if any
 	agentID string // the latest agent session id known
+	prev    domain.AgentTotals
+	totals  domain.AgentTotals
 }
+
+// Previous returns the agent's running totals at the end of the session's
+// last completed turn: zero for a new session, or when the CLI did not
+// continue the session it was asked to resume.
+func (t *Turn) Previous() domain.AgentTotals {
+	if t.resumed == "" || t.agentID != t.resumed {
+		return domain.AgentTotals{}
+	}
+	return t.prev
+}
+
+// SetTotals records the agent's running totals as of this turn, kept with
+// the session if the turn completes.
+func (t *Turn) SetTotals(tot domain.AgentTotals) { t.totals = tot }
 
 // Model returns the model the run asked for ("" for the CLI's default).
 func (t *Turn) Model() string { return t.model }

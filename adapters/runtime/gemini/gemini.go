@@ -1,0 +1,299 @@
+// Package gemini is the runtime adapter for the Gemini CLI in headless
+// mode.
+//
+// Each run starts the configured command (default "gemini") in the
+// adapter's work_dir, directly (no shell), in a process group of its own, as
+//
+//	gemini --output-format stream-json [--model=<model>] [--resume=<session id>] <args…> --prompt=<prompt>
+//
+// where <model> is the run's target, else the adapter's first configured
+// model (omitted when neither is set: the CLI then routes each prompt
+// itself), and <args…> are the adapter's configured args (e.g.
+// --approval-mode=auto_edit). The CLI's environment is clean: the node's
+// base variables (PATH, HOME, …), then inherit_env, then env (e.g.
+// GOOGLE_GEMINI_BASE_URL, or GEMINI_API_KEY through inherit_env). The prompt, the run input, is one argv
+// element in the --prompt=<value> form, so a prompt starting with "-" is a
+// prompt, not a flag. Stdin is /dev/null.
+//
+// The CLI prints one JSON object per line; lines that are not JSON and
+// unknown types are skipped. Mapping:
+//
+//   - init: session_id is the agent session id; a metadata event
+//     {"agent_session_id":…} is sent once per id.
+//   - message with role assistant → delta with its content (the CLI sends
+//     deltas); user messages (the prompt echoed) are skipped.
+//   - tool_use → metadata {"tool_use":{"id","name","input"}} (tool_id,
+//     tool_name, parameters; strings longer than 2 KiB cut); tool_result →
+//     metadata {"tool_result":{"tool_use_id","is_error","content","truncated"}}
+//     (is_error unless status is "success"; the output cut to 2 KiB).
+//   - error{severity,message} → metadata {"error":message}; one with
+//     severity "error" ends the run with that message if no result follows.
+//   - result → metadata {"stats":{…}} (the CLI's stats as is), then, once
+//     the process has exited, the terminal event: for status "success",
+//     complete with usage (prompt tokens = stats.input_tokens, cached ones
+//     included; completion tokens = output_tokens; total_tokens;
+//     duration_ms; the model that answered last in stats.models, else the
+//     init model unless it is "auto", else the requested one; stop reason
+//     = status); otherwise error with the result's error message (code
+//     provider_error for an API error, run_failed else), still with usage.
+//     The stats count every model call of the prompt, including the
+//     routing call the CLI makes when no model is given.
+//
+// A process that exits without a result is an error (run_failed) with its
+// exit status and the tail of its stderr. A configured timeout that expires
+// kills the process group and is an error with code timeout.
+//
+// Sessions: for a run with a session id, the CLI's session id is stored as
+// soon as it is seen; the next run in that session passes --resume=<id>.
+// The CLI keeps its sessions per project directory, so work_dir should not
+// change between the runs of a session. TerminateSession forgets the
+// mapping. Cancelling ctx sends SIGTERM to the process group, SIGKILL after
+// KillGrace (500 ms by default), and returns ctx.Err().
+package gemini
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"iop/adapters/runtime/internal/agent"
+	"iop/domain"
+	"iop/ports"
+)
+
+// DefaultCommand is the binary run when the config names none.
+const DefaultCommand = "gemini"
+
+// Adapter runs the Gemini CLI for one adapter instance. It is safe for
+// concurrent use.
+type Adapter struct {
+	// KillGrace is the delay between SIGTERM and SIGKILL when a run is
+	// cancelled. New sets it to agent.DefaultKillGrace; change it only
+	// before the first Execute.
+	KillGrace time.Duration
+
+	runner         agent.Runner
+	args           []string
+	maxConcurrency int
+}
+
+var (
+	_ ports.RuntimeAdapter    = (*Adapter)(nil)
+	_ ports.SessionTerminator = (*Adapter)(nil)
+	_ ports.SessionLister     = (*Adapter)(nil)
+)
+
+// New builds a gemini adapter; agents keeps the session mappings (nil: the
+// adapter keeps no sessions). Errors are domain.ErrConfig.
+func New(cfg domain.AdapterConfig, agents ports.AgentSessionStore) (*Adapter, error) {
+	if cfg.MaxConcurrency < 0 || cfg.Timeout < 0 {
+		return nil, domain.Errorf(domain.CodeConfigError, "gemini adapter %q: max_concurrency and timeout must not be negative", cfg.Name)
+	}
+	return &Adapter{
+		KillGrace: agent.DefaultKillGrace,
+		runner: agent.Runner{
+			Name: cfg.Name, Label: "gemini", Command: cmp.Or(cfg.Command, DefaultCommand), WorkDir: cfg.WorkDir,
+			Models: slices.Clone(cfg.Models), Timeout: cfg.Timeout, Store: agents,
+			Env: maps.Clone(cfg.Env), InheritEnv: slices.Clone(cfg.InheritEnv),
+		},
+		args:           slices.Clone(cfg.Args),
+		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),
+	}, nil
+}
+
+// Capabilities reports the configured concurrency and sessions (when a
+// store was given).
+func (a *Adapter) Capabilities() domain.Capabilities {
+	return domain.Capabilities{MaxConcurrency: a.maxConcurrency, Sessions: a.runner.Store != nil}
+}
+
+// TerminateSession forgets which Gemini CLI session a session resumes.
+func (a *Adapter) TerminateSession(ctx context.Context, _ string, sessionID string) error {
+	return agent.Sessions{Store: a.runner.Store, Name: a.runner.Name}.Terminate(ctx, sessionID)
+}
+
+// ListSessions describes the stored session mappings.
+func (a *Adapter) ListSessions(ctx context.Context) ([]domain.SessionInfo, error) {
+	return agent.Sessions{Store: a.runner.Store, Name: a.runner.Name}.List(ctx)
+}
+
+// Argv returns the arguments (after the program name) for a run with model
+// and session to resume, either of which may be empty.
+func (a *Adapter) Argv(model, resume, prompt string) []string {
+	args := []string{"--output-format", "stream-json"}
+	if model != "" {
+		args = append(args, "--model="+model)
+	}
+	if resume != "" {
+		args = append(args, "--resume="+resume)
+	}
+	args = append(args, a.args...)
+	return append(args, "--prompt="+prompt)
+}
+
+// Execute runs one prompt as the package doc describes. A blank input is an
+// invalid_request error and a command that cannot start a run_failed error,
+// both returned without events.
+func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
+	r := a.runner
+	r.KillGrace = a.KillGrace
+	build := func(model, resume, prompt string) agent.Invocation {
+		return agent.Invocation{Args: a.Argv(model, resume, prompt)}
+	}
+	return r.Execute(ctx, req, sink, build, &parser{})
+}
+
+// parser reads one run's stream-json.
+type parser struct {
+	model  string // from init, unless "auto"
+	result *resultLine
+	fatal  *string
+}
+
+type line struct {
+	Type       string          `json:"type"`
+	SessionID  string          `json:"session_id"`
+	Model      string          `json:"model"`
+	Role       string          `json:"role"`
+	Content    string          `json:"content"`
+	ToolName   string          `json:"tool_name"`
+	ToolID     string          `json:"tool_id"`
+	Parameters json.RawMessage `json:"parameters"`
+	Status     string          `json:"status"`
+	Output     json.RawMessage `json:"output"`
+	Severity   string          `json:"severity"`
+	Message    string          `json:"message"`
+}
+
+type resultLine struct {
+	Status string `json:"status"`
+	Error  *struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+	Stats json.RawMessage `json:"stats"`
+}
+
+type stats struct {
+	TotalTokens  int64           `json:"total_tokens"`
+	InputTokens  int64           `json:"input_tokens"`
+	OutputTokens int64           `json:"output_tokens"`
+	DurationMS   int64           `json:"duration_ms"`
+	Models       json.RawMessage `json:"models"`
+}
+
+func (p *parser) Line(t *agent.Turn, raw []byte) error {
+	var l line
+	if json.Unmarshal(raw, &l) != nil {
+		return nil
+	}
+	switch l.Type {
+	case "init":
+		if l.Model != "auto" {
+			p.model = l.Model
+		}
+		return t.AgentSession(l.SessionID)
+	case "message":
+		if l.Role == "assistant" {
+			return t.Text(domain.EventDelta, l.Content)
+		}
+	case "tool_use":
+		input := l.Parameters
+		if len(input) == 0 {
+			input = json.RawMessage("{}")
+		}
+		return t.Meta(map[string]any{"tool_use": map[string]any{"id": l.ToolID, "name": l.ToolName, "input": agent.ShrinkJSON(input)}})
+	case "tool_result":
+		text, cut := agent.Truncate(outputText(l.Output), agent.MaxSummary)
+		return t.Meta(map[string]any{"tool_result": map[string]any{
+			"tool_use_id": l.ToolID, "is_error": l.Status != "success", "content": text, "truncated": cut,
+		}})
+	case "error":
+		msg := cmp.Or(l.Message, "gemini reported an error")
+		if l.Severity == "error" {
+			p.fatal = &msg
+		}
+		return t.Meta(map[string]string{"error": msg})
+	case "result":
+		var r resultLine
+		if json.Unmarshal(raw, &r) != nil {
+			return nil
+		}
+		p.result = &r
+		if len(r.Stats) > 0 {
+			return t.Meta(map[string]json.RawMessage{"stats": r.Stats})
+		}
+	}
+	return nil
+}
+
+// outputText returns a tool's output: a string as is, anything else as JSON.
+func outputText(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	return string(raw)
+}
+
+// lastKey returns the last key of a JSON object, in the order sent: the
+// model that answered last.
+func lastKey(raw json.RawMessage) string {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return ""
+	}
+	last := ""
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return last
+		}
+		key, _ := tok.(string)
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return last
+		}
+		last = key
+	}
+	return last
+}
+
+func (p *parser) End(t *agent.Turn, exit *os.ProcessState, stderr string) domain.RunEvent {
+	r := p.result
+	if r == nil {
+		if p.fatal != nil {
+			return agent.Failed(domain.CodeRunFailed, *p.fatal)
+		}
+		return agent.ExitFailure("gemini", exit, stderr)
+	}
+	var s stats
+	_ = json.Unmarshal(r.Stats, &s)
+	usage := &domain.Usage{
+		PromptTokens:     s.InputTokens,
+		CompletionTokens: s.OutputTokens,
+		TotalTokens:      cmp.Or(s.TotalTokens, s.InputTokens+s.OutputTokens),
+		DurationMS:       s.DurationMS,
+		StopReason:       r.Status,
+		Model:            cmp.Or(lastKey(s.Models), p.model, t.Model()),
+	}
+	if r.Status == "success" {
+		return domain.RunEvent{Type: domain.EventComplete, Usage: usage}
+	}
+	code, msg := domain.CodeRunFailed, "gemini: "+cmp.Or(r.Status, "error")
+	if r.Error != nil && r.Error.Message != "" {
+		msg = r.Error.Message
+		if strings.Contains(msg, "API Error") {
+			code = domain.CodeProviderError
+		}
+	}
+	ev := agent.Failed(code, msg)
+	ev.Usage = usage
+	return ev
+}

@@ -1,0 +1,247 @@
+package gemini_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"iop/adapters/runtime/gemini"
+	"iop/adapters/runtime/internal/standin"
+	"iop/adapters/runtime/runtimetest"
+	"iop/adapters/store/memory"
+	"iop/domain"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const sessionID = "dcb2f6cf-1192-4516-a867-a44bd9924a4e"
+
+func testContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// recorded is the stream-json of gemini-cli 0.61.0 for a prompt that used
+// one tool, routed by the CLI (model "auto"), as captured against a stand-in.
+var recorded = standin.Lines(
+	`{"type":"init","timestamp":"2026-12-01T03:16:39.776Z","session_id":"`+sessionID+`","model":"auto"}`,
+	`Ripgrep is not available. Falling back to GrepTool.`,
+	`{"type":"message","timestamp":"2026-12-01T03:16:39.799Z","role":"user","content":"list it"}`,
+	`{"type":"tool_use","timestamp":"2026-12-01T03:18:19.577Z","tool_name":"run_shell_command","tool_id":"run_shell_command_1","parameters":{"command":"ls"}}`,
+	`{"type":"tool_result","timestamp":"2026-12-01T03:18:20.005Z","tool_id":"run_shell_command_1","status":"success","output":"a.go\nb.go"}`,
+	`{"type":"error","timestamp":"2026-12-01T03:18:20.100Z","severity":"warning","message":"Loop detected, stopping"}`,
+	`{"type":"message","timestamp":"2026-12-01T03:16:40.249Z","role":"assistant","content":"Two fi","delta":true}`,
+	`{"type":"some_future_type","x":1}`,
+	`{"type":"message","timestamp":"2026-12-01T03:16:40.280Z","role":"assistant","content":"les ✓","delta":true}`,
+	`{"type":"result","timestamp":"2026-12-01T03:16:40.679Z","status":"success","stats":{"total_tokens":177,"input_tokens":157,"output_tokens":20,"cached":30,"input":127,"duration_ms":903,"tool_calls":1,"models":{"gemini-3.5-flash-lite":{"total_tokens":10,"input_tokens":7,"output_tokens":3,"cached":0,"input":7},"gemini-3.8-flash":{"total_tokens":167,"input_tokens":150,"output_tokens":17,"cached":30,"input":120}}}}`,
+)
+
+func newAdapter(t *testing.T, cli standin.CLI, cfg domain.AdapterConfig, agents *memory.AgentSessionStore) *gemini.Adapter {
+	t.Helper()
+	cfg.Name, cfg.Type, cfg.Command = "gemini", domain.AdapterGemini, cli.Path
+	var a *gemini.Adapter
+	var err error
+	if agents == nil {
+		a, err = gemini.New(cfg, nil)
+	} else {
+		a, err = gemini.New(cfg, agents)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.KillGrace = 200 * time.Millisecond
+	return a
+}
+
+func run(t *testing.T, a *gemini.Adapter, req domain.RunRequest) *runtimetest.Sink {
+	t.Helper()
+	req.RunID, req.Adapter = "r1", "gemini"
+	if req.Input == nil {
+		req.Input = []byte("list it")
+	}
+	sink := &runtimetest.Sink{}
+	if err := a.Execute(testContext(t), req, sink); err != nil {
+		t.Fatal(err)
+	}
+	return sink
+}
+
+func requireTerminal(t *testing.T, sink *runtimetest.Sink, typ domain.EventType, code string) domain.RunEvent {
+	t.Helper()
+	events := sink.Events()
+	if len(events) == 0 {
+		t.Fatal("no events")
+	}
+	last := events[len(events)-1]
+	if last.Type != typ || (code != "" && (last.Error == nil || last.Error.Code != code)) {
+		t.Fatalf("last event = %+v %+v, want %s %s (events %v)", last, last.Error, typ, code, sink.Types())
+	}
+	for _, ev := range events[:len(events)-1] {
+		if ev.Type.Terminal() {
+			t.Fatalf("terminal event before the end: %v", sink.Types())
+		}
+	}
+	return last
+}
+
+func summary(events []domain.RunEvent) []string {
+	var out []string
+	for _, ev := range events {
+		switch ev.Type {
+		case domain.EventDelta:
+			out = append(out, "d:"+ev.Text)
+		case domain.EventMetadata:
+			if strings.HasPrefix(string(ev.Metadata), `{"pid":`) {
+				out = append(out, "m:pid")
+			} else if strings.HasPrefix(string(ev.Metadata), `{"stats":`) {
+				out = append(out, "m:stats")
+			} else {
+				out = append(out, "m:"+string(ev.Metadata))
+			}
+		default:
+			out = append(out, string(ev.Type))
+		}
+	}
+	return out
+}
+
+func TestStreamJSONMapping(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(recorded))
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	sink := run(t, a, domain.RunRequest{})
+	done := requireTerminal(t, sink, domain.EventComplete, "")
+	want := []string{
+		"m:pid",
+		`m:{"agent_session_id":"` + sessionID + `"}`,
+		`m:{"tool_use":{"id":"run_shell_command_1","input":{"command":"ls"},"name":"run_shell_command"}}`,
+		`m:{"tool_result":{"content":"a.go\nb.go","is_error":false,"tool_use_id":"run_shell_command_1","truncated":false}}`,
+		`m:{"error":"Loop detected, stopping"}`,
+		"d:Two fi",
+		"d:les ✓",
+		"m:stats",
+		"complete",
+	}
+	if got := summary(sink.Events()); !slices.Equal(got, want) {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	wantUsage := domain.Usage{PromptTokens: 157, CompletionTokens: 20, TotalTokens: 177, DurationMS: 903, StopReason: "success", Model: "gemini-3.8-flash"}
+	if done.Usage == nil || *done.Usage != wantUsage {
+		t.Errorf("usage = %+v, want %+v", done.Usage, wantUsage)
+	}
+}
+
+func TestArgvResumeAndDashPrompt(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(recorded))
+	agents := memory.NewAgentSessionStore()
+	a := newAdapter(t, cli, domain.AdapterConfig{Args: []string{"--approval-mode=auto_edit"}, Models: []string{"gemini-2.5-pro"}}, agents)
+	for i := 0; i < 2; i++ {
+		requireTerminal(t, run(t, a, domain.RunRequest{SessionID: "s1", Input: []byte("-v is a prompt\nline 2")}), domain.EventComplete, "")
+	}
+	if err := a.TerminateSession(context.Background(), "", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	run(t, a, domain.RunRequest{SessionID: "s1", Target: "gemini-flash", Input: []byte("x")})
+	want := [][]string{
+		{"--output-format", "stream-json", "--model=gemini-2.5-pro", "--approval-mode=auto_edit", "--prompt=-v is a prompt\nline 2"},
+		{"--output-format", "stream-json", "--model=gemini-2.5-pro", "--resume=" + sessionID, "--approval-mode=auto_edit", "--prompt=-v is a prompt\nline 2"},
+		{"--output-format", "stream-json", "--model=gemini-flash", "--approval-mode=auto_edit", "--prompt=x"},
+	}
+	runs := cli.Runs(t)
+	if len(runs) != len(want) {
+		t.Fatalf("%d runs: %q", len(runs), runs)
+	}
+	for i := range want {
+		if !slices.Equal(runs[i], want[i]) {
+			t.Errorf("run %d argv = %q, want %q", i+1, runs[i], want[i])
+		}
+	}
+	list, err := a.ListSessions(context.Background())
+	if err != nil || len(list) != 1 || list[0].AgentSessionID != sessionID || list[0].Turns != 1 || list[0].Target != "gemini-flash" {
+		t.Errorf("ListSessions = %+v, %v", list, err)
+	}
+}
+
+func TestFailures(t *testing.T) {
+	init := `{"type":"init","session_id":"` + sessionID + `","model":"gemini-2.5-pro"}` + "\n"
+	cases := []struct {
+		name, body, code, message string
+	}{
+		{"API error result", standin.Printf(init+`{"type":"result","status":"error","error":{"type":"unknown","message":"[API Error: {\"error\":{\"code\":400,\"message\":\"API key not valid.\"}}]"},"stats":{"total_tokens":0,"input_tokens":0,"output_tokens":0,"duration_ms":0,"models":{}}}`+"\n") + "exit 1",
+			domain.CodeProviderError, `[API Error: {"error":{"code":400,"message":"API key not valid."}}]`},
+		{"fatal error line then exit", standin.Printf(init+`{"type":"error","severity":"error","message":"Maximum session turns exceeded"}`+"\n") + "exit 53",
+			domain.CodeRunFailed, "Maximum session turns exceeded"},
+		{"non-zero exit", "echo 'Unknown argument: bogus' >&2\nexit 42", domain.CodeRunFailed, "gemini: exit status 42: Unknown argument: bogus"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cli := standin.WriteCLI(t, tc.body)
+			sink := run(t, newAdapter(t, cli, domain.AdapterConfig{}, nil), domain.RunRequest{})
+			ev := requireTerminal(t, sink, domain.EventError, tc.code)
+			if ev.Error.Message != tc.message || sink.Text() != "" {
+				t.Errorf("message = %q, want %q (text %q)", ev.Error.Message, tc.message, sink.Text())
+			}
+		})
+	}
+}
+
+func TestCancelKillsTheProcessGroup(t *testing.T) {
+	cli := standin.WriteCLI(t, "trap '' TERM\n"+standin.Printf(`{"type":"init","session_id":"x","model":"auto"}`+"\n")+"sleep 60 &\nsleep 60\n")
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	ctx, cancel := context.WithCancel(testContext(t))
+	sink := &runtimetest.Sink{}
+	exited := make(chan error, 1)
+	go func() {
+		exited <- a.Execute(ctx, domain.RunRequest{RunID: "r1", Adapter: "gemini", Input: []byte("go")}, sink)
+	}()
+	if err := sink.WaitFor(testContext(t), func(evs []domain.RunEvent) bool { return len(evs) >= 2 }); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	var m struct{ PID int }
+	if err := json.Unmarshal(sink.Events()[0].Metadata, &m); err != nil || m.PID == 0 {
+		t.Fatalf("first event %s", sink.Events()[0].Metadata)
+	}
+	cancel()
+	if err := <-exited; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Execute = %v, want context.Canceled", err)
+	}
+	for end := time.Now().Add(5 * time.Second); runtimetest.GroupAlive(m.PID); {
+		if time.Now().After(end) {
+			t.Fatalf("process group %d is still running", m.PID)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, ok := sink.Terminal(); ok {
+		t.Errorf("terminal event after cancel: %v", sink.Types())
+	}
+}
+
+// The CLI gets a clean environment: env and inherit_env, nothing else of
+// the node's.
+func TestEnvAndInheritEnv(t *testing.T) {
+	t.Setenv("GEMINI_TEST_KEY", "k-123")
+	t.Setenv("IOP_NODE_TOKEN", "node-secret")
+	out := t.TempDir() + "/env"
+	cli := standin.WriteCLI(t, "env > "+standin.Quote(out)+"\n"+standin.Printf(recorded))
+	a := newAdapter(t, cli, domain.AdapterConfig{Env: map[string]string{"GOOGLE_GEMINI_BASE_URL": "http://127.0.0.1:9"}, InheritEnv: []string{"GEMINI_TEST_KEY"}}, nil)
+	requireTerminal(t, run(t, a, domain.RunRequest{}), domain.EventComplete, "")
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := strings.Split(string(b), "\n")
+	if !slices.Contains(env, "GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:9") || !slices.Contains(env, "GEMINI_TEST_KEY=k-123") || strings.Contains(string(b), "node-secret") {
+		t.Errorf("child environment:\n%s", b)
+	}
+}
