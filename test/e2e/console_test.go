@@ -51,6 +51,9 @@ func newBrowser(t *testing.T) *browser {
 	t.Helper()
 	path := chromiumPath()
 	if path == "" {
+		if os.Getenv("IOP_REQUIRE_CHROMIUM") == "1" {
+			t.Fatal("IOP_REQUIRE_CHROMIUM=1 but no Chromium found (apt-get install chromium, or set IOP_CHROMIUM)")
+		}
 		t.Skip("console browser tests skipped: no Chromium found (apt-get install chromium, or set IOP_CHROMIUM)")
 	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
