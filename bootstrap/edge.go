@@ -81,8 +81,12 @@ func Edge(s EdgeSettings) fx.Option {
 			edgeapp.NewModelCatalog,
 			edgeapp.NewUsageLedger,
 			edgeapp.NewSubmitProviderTunnelHandler,
-			func(t *edgeapp.SubmitProviderTunnelHandler, c *edgeapp.ModelCatalog, log *slog.Logger) *openaiapi.Handler {
-				return openaiapi.New(openaiapi.Deps{Tunnels: t, Models: c}, log)
+			func(s EdgeSettings, t *edgeapp.SubmitProviderTunnelHandler, c *edgeapp.ModelCatalog, log *slog.Logger) *openaiapi.Handler {
+				h := openaiapi.New(openaiapi.Deps{Tunnels: t, Models: c}, log)
+				if s.Config.HTTP.MaxBodyBytes > 0 {
+					h.MaxBody = s.Config.HTTP.MaxBodyBytes
+				}
+				return h
 			},
 			newLinkTLS,
 			newTransportServer,

@@ -22,9 +22,13 @@ var KnownAdapterTypes = []string{AdapterExec, AdapterOllama, AdapterOpenAI, Adap
 
 // Provider types for the raw tunnel.
 const (
-	ProviderOpenAI = "openai"
-	ProviderOllama = "ollama"
+	ProviderOpenAI    = "openai"
+	ProviderOllama    = "ollama"
+	ProviderAnthropic = "anthropic"
 )
+
+// KnownProviderTypes lists the provider types, in documentation order.
+var KnownProviderTypes = []string{ProviderOpenAI, ProviderOllama, ProviderAnthropic}
 
 // NodeRecord is one entry of the edge's node directory (edge.yaml nodes[]).
 type NodeRecord struct {
@@ -128,8 +132,8 @@ func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
 			return NodeConfig{}, Errorf(CodeConfigError, "provider %q is declared twice", p.Name)
 		}
 		pnames[p.Name] = true
-		if p.Type != ProviderOpenAI && p.Type != ProviderOllama {
-			return NodeConfig{}, Errorf(CodeConfigError, "provider %q has unknown type %q (known: openai, ollama)", p.Name, p.Type)
+		if !slices.Contains(KnownProviderTypes, p.Type) {
+			return NodeConfig{}, Errorf(CodeConfigError, "provider %q has unknown type %q (known: %s)", p.Name, p.Type, strings.Join(KnownProviderTypes, ", "))
 		}
 		if p.BaseURL == "" {
 			return NodeConfig{}, Errorf(CodeConfigError, "provider %q has no base_url", p.Name)

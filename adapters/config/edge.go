@@ -23,9 +23,11 @@ const (
 	DefaultHeartbeatInterval = 30 * time.Second
 	DefaultHeartbeatTimeout  = 45 * time.Second
 	DefaultMaxFrameSize      = 4 << 20
-	MinMaxFrameSize          = 64 << 10
-	MaxMaxFrameSize          = 64 << 20
-	MinTokenLength           = 8
+	// DefaultMaxBodyBytes caps a provider passthrough request body.
+	DefaultMaxBodyBytes = 32 << 20
+	MinMaxFrameSize     = 64 << 10
+	MaxMaxFrameSize     = 64 << 20
+	MinTokenLength      = 8
 )
 
 // EdgeConfig is the content of edge.yaml.
@@ -52,6 +54,10 @@ type TransportConfig struct {
 // HTTPConfig configures the edge's HTTP API listener.
 type HTTPConfig struct {
 	Listen string `yaml:"listen"`
+	// MaxBodyBytes caps a request body on the provider passthrough routes
+	// (/v1/chat/completions, /v1/messages, /api/chat, …); larger is 413.
+	// At most this much of a body is held while its model is looked for.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// APIKeys, when any is set, make every route but /healthz need a key.
 	APIKeys []APIKeyEntry `yaml:"api_keys"`
 	// AllowUnauthenticated lets the API listen on a non-loopback address
@@ -295,6 +301,9 @@ func (c *EdgeConfig) SetDefaults() {
 	if c.Transport.MaxFrameSize == 0 {
 		c.Transport.MaxFrameSize = DefaultMaxFrameSize
 	}
+	if c.HTTP.MaxBodyBytes == 0 {
+		c.HTTP.MaxBodyBytes = DefaultMaxBodyBytes
+	}
 	if c.Transport.TLS.Mode == "" {
 		c.Transport.TLS.Mode = TLSAuto
 	}
@@ -334,6 +343,9 @@ func (c *EdgeConfig) Validate() error {
 	errs = appendFlat(errs, t.TLS.validate(t.Listen))
 	if t.MaxFrameSize < MinMaxFrameSize || t.MaxFrameSize > MaxMaxFrameSize {
 		add("transport.max_frame_size %d is outside [%d, %d] (64 KiB to 64 MiB)", t.MaxFrameSize, MinMaxFrameSize, MaxMaxFrameSize)
+	}
+	if c.HTTP.MaxBodyBytes < 1<<10 || c.HTTP.MaxBodyBytes > 1<<30 {
+		add("http.max_body_bytes %d is outside [1024, 1073741824] (1 KiB to 1 GiB)", c.HTTP.MaxBodyBytes)
 	}
 	errs = appendFlat(errs, c.Log.Validate())
 

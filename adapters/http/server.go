@@ -70,8 +70,9 @@ type Deps struct {
 	ListRuns  *edge.ListRunsHandler
 	Events    EventSubscriber
 	Reload    func(context.Context) (edge.ReloadResult, error)
-	// OpenAI, if set, serves the OpenAI-compatible and Ollama-native
-	// passthrough routes (/v1/chat/completions, /v1/models, /api/…).
+	// OpenAI, if set, serves the provider passthrough routes: OpenAI-compatible
+	// (/v1/chat/completions, /v1/responses, /v1/models, …), Anthropic
+	// Messages (/v1/messages) and Ollama-native (/, /api/…).
 	OpenAI http.Handler
 	// TunnelUsage, if set, reports the edge's tunnel usage ledger for a node
 	// ("" for all); it backs GET /v1/usage.
@@ -158,9 +159,17 @@ func (s *Server) routes() {
 	s.Handle("GET /v1/usage", readAccess, http.HandlerFunc(s.handleUsage))
 	if s.deps.OpenAI != nil {
 		// No method in these patterns: the passthrough answers 405 itself.
-		for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/"} {
-			s.Handle(p, Access{Scope: domain.ScopeInference, Dialect: DialectOpenAI}, s.deps.OpenAI)
+		openai := Access{Scope: domain.ScopeInference, Dialect: DialectOpenAI}
+		for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/",
+			"/v1/responses", "/v1/responses/", "/v1/audio/", "/v1/images/", "/v1/rerank"} {
+			s.Handle(p, openai, s.deps.OpenAI)
 		}
+		anthropic := Access{Scope: domain.ScopeInference, Dialect: DialectAnthropic}
+		s.Handle("/v1/messages", anthropic, s.deps.OpenAI)
+		s.Handle("/v1/messages/", anthropic, s.deps.OpenAI)
+		// "Ollama is running": the probe Ollama's CLI and Claude Code send
+		// before anything else, with no key; it tells nothing.
+		s.Handle("/{$}", Access{Public: true}, s.deps.OpenAI)
 		s.Handle("/api/", Access{Scope: domain.ScopeInference, Dialect: DialectOllama}, s.deps.OpenAI)
 	}
 }

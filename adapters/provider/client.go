@@ -18,6 +18,10 @@ import (
 	"iop/ports"
 )
 
+// AnthropicVersion is the anthropic-version an anthropic provider is sent
+// when the caller named none.
+const AnthropicVersion = "2023-06-01"
+
 // Client makes upstream requests for tunnels.
 type Client struct {
 	hc *http.Client
@@ -94,10 +98,21 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 		}
 	}
 	hreq.Header = CleanRequestHeader(req.Header)
+	var key string
 	if p.APIKeyEnv != "" {
-		if key := os.Getenv(p.APIKeyEnv); key != "" {
-			hreq.Header.Set("Authorization", "Bearer "+key)
+		key = os.Getenv(p.APIKeyEnv)
+	}
+	if p.Type == domain.ProviderAnthropic {
+		// Anthropic's API takes the key as x-api-key and wants a version;
+		// the caller's anthropic-version (Claude Code sends one) wins.
+		if key != "" {
+			hreq.Header.Set("X-Api-Key", key)
 		}
+		if hreq.Header.Get("Anthropic-Version") == "" {
+			hreq.Header.Set("Anthropic-Version", AnthropicVersion)
+		}
+	} else if key != "" {
+		hreq.Header.Set("Authorization", "Bearer "+key)
 	}
 	resp, err := c.hc.Do(hreq)
 	if err != nil {
@@ -199,10 +214,11 @@ func CleanRequestHeader(h http.Header) http.Header {
 	})
 }
 
-// CleanResponseHeader copies h without hop-by-hop headers and without
-// Content-Length (the edge streams the body and lets HTTP frame it).
+// CleanResponseHeader copies h without hop-by-hop headers. Content-Length
+// stays: the body is relayed byte for byte (never decoded), so a sized
+// answer reaches the caller sized, as the provider sent it.
 func CleanResponseHeader(h http.Header) http.Header {
-	return filterHeader(h, func(k string) bool { return k == "Content-Length" })
+	return filterHeader(h, func(string) bool { return false })
 }
 
 type scanningBody struct {

@@ -93,9 +93,43 @@ func TestCleanResponseHeader(t *testing.T) {
 		"Retry-After":       {"3"},
 	}
 	out := provider.CleanResponseHeader(in)
-	want := http.Header{"Content-Type": {"text/event-stream"}, "X-Request-Id": {"abc"}, "Retry-After": {"3"}}
+	want := http.Header{"Content-Type": {"text/event-stream"}, "Content-Length": {"99"}, "X-Request-Id": {"abc"}, "Retry-After": {"3"}}
 	if !equalHeader(out, want) {
 		t.Fatalf("CleanResponseHeader = %v, want %v", out, want)
+	}
+}
+
+func TestDoSendsAnthropicKeyAndVersion(t *testing.T) {
+	t.Setenv("IOP_TEST_ANTHROPIC_KEY", "sk-ant-node")
+	got := make(chan http.Header, 2)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+		_, _ = io.WriteString(w, `{}`)
+	}))
+	defer srv.Close()
+	c := provider.New(provider.Options{})
+	p := domain.ProviderConfig{Name: "a", Type: domain.ProviderAnthropic, BaseURL: srv.URL, APIKeyEnv: "IOP_TEST_ANTHROPIC_KEY"}
+	for _, tc := range []struct{ callerVersion, want string }{{"", provider.AnthropicVersion}, {"2099-01-01", "2099-01-01"}} {
+		h := http.Header{"X-Api-Key": {"sk-caller-for-the-edge"}, "Authorization": {"Bearer caller"}, "Content-Type": {"application/json"}}
+		if tc.callerVersion != "" {
+			h.Set("Anthropic-Version", tc.callerVersion)
+		}
+		resp, err := c.Do(context.Background(), p, domain.TunnelRequest{Provider: "a", Method: http.MethodPost, Path: "/v1/messages", Header: h, Body: []byte(`{}`)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		up := <-got
+		if k := up.Values("X-Api-Key"); len(k) != 1 || k[0] != "sk-ant-node" {
+			t.Fatalf("upstream x-api-key = %q, want only the node's key", k)
+		}
+		if up.Get("Authorization") != "" {
+			t.Fatalf("caller's Authorization reached an anthropic provider: %q", up.Get("Authorization"))
+		}
+		if v := up.Values("Anthropic-Version"); len(v) != 1 || v[0] != tc.want {
+			t.Fatalf("anthropic-version = %q, want %q", v, tc.want)
+		}
 	}
 }
 
@@ -140,7 +174,7 @@ func TestDoSendsCleanHeadersAndNodeKey(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
-	if string(body) != `{"ok":true}` || resp.Status != 200 || resp.Header.Get("X-Upstream") != "yes" || resp.Header.Get("Content-Length") != "" {
+	if string(body) != `{"ok":true}` || resp.Status != 200 || resp.Header.Get("X-Upstream") != "yes" || resp.Header.Get("Content-Length") != "11" {
 		t.Fatalf("response = %d %v %q", resp.Status, resp.Header, body)
 	}
 	r := <-got

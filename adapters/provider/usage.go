@@ -13,6 +13,9 @@ import (
 // last token usage it reports: OpenAI SSE (`data: {..."usage":{...}}`, the
 // include_usage chunk whatever its choices), Ollama NDJSON (the final
 // `"done":true` line) or a plain JSON body (OpenAI or Ollama, streaming off).
+// Anthropic Messages SSE (input tokens from message_start, output tokens and
+// stop reason from message_delta) and OpenAI Responses SSE (the usage of
+// response.completed) are read too.
 // It never changes the bytes; lines split across writes are reassembled.
 //
 // Memory is bounded: a line longer than 1 MiB is skipped, and of a plain JSON
@@ -134,8 +137,15 @@ func (c usageCounts) toDomain() *domain.Usage {
 }
 
 type usageDoc struct {
+	Type  string       `json:"type"`
 	Model string       `json:"model"`
 	Usage *usageCounts `json:"usage"`
+	// Anthropic Messages: message_start carries the input count in
+	// message.usage, message_delta the (cumulative) output count and the
+	// stop reason; a whole (non-streamed) message has "stop_reason".
+	Message    json.RawMessage `json:"message"`
+	Delta      json.RawMessage `json:"delta"`
+	StopReason string          `json:"stop_reason"`
 	// Responses API events nest the usage; Ollama's /api/generate uses
 	// "response" for text, so it is decoded only when it is an object.
 	Response json.RawMessage `json:"response"`
@@ -172,9 +182,49 @@ func (s *UsageScanner) parse(b []byte) {
 			}
 		}
 	}
+	switch d.Type {
+	case "message_start":
+		var m struct {
+			Model string       `json:"model"`
+			Usage *usageCounts `json:"usage"`
+		}
+		if len(d.Message) > 0 && d.Message[0] == '{' && json.Unmarshal(d.Message, &m) == nil {
+			if m.Model != "" {
+				s.model = m.Model
+			}
+			if m.Usage != nil {
+				s.usage = m.Usage.toDomain()
+			}
+		}
+		return
+	case "message_delta":
+		if d.Usage == nil {
+			return
+		}
+		u := domain.Usage{}
+		if s.usage != nil {
+			u = *s.usage
+		}
+		if d.Usage.InputTokens > 0 {
+			u.PromptTokens = d.Usage.InputTokens
+		}
+		u.CompletionTokens = d.Usage.OutputTokens
+		u.TotalTokens = u.PromptTokens + u.CompletionTokens
+		var delta struct {
+			StopReason string `json:"stop_reason"`
+		}
+		if len(d.Delta) > 0 && d.Delta[0] == '{' && json.Unmarshal(d.Delta, &delta) == nil && delta.StopReason != "" {
+			u.StopReason = delta.StopReason
+		}
+		s.usage = &u
+		return
+	}
 	switch {
 	case d.Usage != nil:
 		s.usage = d.Usage.toDomain()
+		if d.StopReason != "" {
+			s.usage.StopReason = d.StopReason
+		}
 	case d.PromptEvalCount != nil || d.EvalCount != nil:
 		var p, c int64
 		if d.PromptEvalCount != nil {

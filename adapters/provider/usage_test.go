@@ -60,6 +60,15 @@ func TestUsageScannerFormats(t *testing.T) {
 		{"responses api event", "text/event-stream",
 			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"model\":\"o4\",\"usage\":{\"input_tokens\":10,\"output_tokens\":4,\"total_tokens\":14}}}\n\n",
 			&domain.Usage{PromptTokens: 10, CompletionTokens: 4, TotalTokens: 14, Model: "o4"}},
+		{"anthropic messages sse", "text/event-stream; charset=utf-8",
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-x\",\"stop_reason\":null,\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n" +
+				"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n" +
+				"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":15}}\n\n" +
+				"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+			&domain.Usage{PromptTokens: 25, CompletionTokens: 15, TotalTokens: 40, StopReason: "end_turn", Model: "claude-x"}},
+		{"anthropic message json", "application/json",
+			`{"id":"msg_2","type":"message","role":"assistant","model":"claude-y","content":[{"type":"text","text":"hi"}],"stop_reason":"max_tokens","usage":{"input_tokens":7,"output_tokens":3}}`,
+			&domain.Usage{PromptTokens: 7, CompletionTokens: 3, TotalTokens: 10, StopReason: "max_tokens", Model: "claude-y"}},
 		{"error body", "application/json", `{"error":{"message":"rate limited","type":"rate_limit_error"}}`, nil},
 		{"unknown content type", "text/plain", `{"usage":{"prompt_tokens":1}}`, nil},
 	}

@@ -22,7 +22,7 @@ type ModelEntry struct {
 	ID       string
 	Node     string
 	Provider string
-	Type     string // the provider's type: domain.ProviderOpenAI or domain.ProviderOllama
+	Type     string // the provider's type: domain.ProviderOpenAI, ProviderOllama or ProviderAnthropic
 	// Created is the model's creation time in Unix seconds as the provider
 	// reported it (OpenAI's "created", Ollama's "modified_at"); else the
 	// time the node connected.
@@ -34,10 +34,20 @@ type ModelEntry struct {
 }
 
 // Speaks reports whether a provider of type typ answers requests of the API
-// family family. Ollama serves the OpenAI-compatible API next to its own,
-// so ollama providers speak both; openai providers speak only openai.
+// family family (domain.ProviderOpenAI, ProviderOllama or ProviderAnthropic).
+// Ollama serves the OpenAI-compatible and Anthropic Messages APIs next to its
+// own, so ollama providers speak all three; OpenAI-compatible servers (vLLM,
+// LiteLLM and other gateways) commonly serve Anthropic Messages too, so
+// openai providers speak openai and anthropic (one that does not answers
+// with its own 404); anthropic providers speak only anthropic.
 func Speaks(typ, family string) bool {
-	return typ == family || (typ == domain.ProviderOllama && family == domain.ProviderOpenAI)
+	switch typ {
+	case domain.ProviderOllama:
+		return true
+	case domain.ProviderOpenAI:
+		return family == domain.ProviderOpenAI || family == domain.ProviderAnthropic
+	}
+	return typ == family
 }
 
 // MatchModel reports whether a requested model name names the served one:
@@ -66,9 +76,15 @@ type ModelCatalog struct {
 	DiscoveryTimeout time.Duration
 	// MaxListBytes bounds a discovered model list's body (default 8 MiB).
 	MaxListBytes int64
+	// MinRefreshGap is the least time between the starts of two refresh
+	// rounds callers trigger through RefreshedSince (default 200 ms).
+	MinRefreshGap time.Duration
 
-	mu    sync.Mutex
-	nodes map[string]*nodeModels
+	mu         sync.Mutex
+	nodes      map[string]*nodeModels
+	refreshing chan struct{} // RefreshedSince: closed when the round under way ends
+	roundStart time.Time     // when the latest round started
+	doneStart  time.Time     // when the latest finished round started
 }
 
 // nodeModels is what discovery learned about one node over one link.
@@ -91,7 +107,7 @@ func NewModelCatalog(reg *Registry, log *slog.Logger) *ModelCatalog {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &ModelCatalog{reg: reg, log: log, now: time.Now, DiscoveryTimeout: 15 * time.Second, MaxListBytes: 8 << 20,
+	return &ModelCatalog{reg: reg, log: log, now: time.Now, DiscoveryTimeout: 15 * time.Second, MaxListBytes: 8 << 20, MinRefreshGap: 200 * time.Millisecond,
 		nodes: map[string]*nodeModels{}}
 }
 
@@ -212,6 +228,68 @@ func (c *ModelCatalog) Follow(ctx context.Context, events <-chan domain.BusEvent
 				}
 			}
 		}
+	}
+}
+
+// RefreshedSince makes sure the catalog reflects the providers as they were
+// at since or later: it returns once a refresh of every connected node that
+// started at or after since has finished (or ctx ends). Callers pass the
+// time their request arrived, so a model pulled or copied just before is
+// seen. Concurrent callers share rounds, and rounds start at most once per
+// MinRefreshGap, so a stream of misses or list requests costs at most one
+// discovery round per gap, however many callers wait on it.
+func (c *ModelCatalog) RefreshedSince(ctx context.Context, since time.Time) {
+	for {
+		c.mu.Lock()
+		if !c.doneStart.IsZero() && !c.doneStart.Before(since) {
+			c.mu.Unlock()
+			return // a round that started late enough has finished
+		}
+		if ch := c.refreshing; ch != nil {
+			started := c.roundStart
+			c.mu.Unlock()
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return
+			}
+			if !started.Before(since) {
+				return
+			}
+			continue // that round was too early for us; start or join the next
+		}
+		if wait := c.MinRefreshGap - c.now().Sub(c.roundStart); !c.roundStart.IsZero() && wait > 0 {
+			c.mu.Unlock()
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+			continue
+		}
+		ch := make(chan struct{})
+		start := c.now()
+		c.refreshing, c.roundStart = ch, start
+		c.mu.Unlock()
+		// The round belongs to every waiter, not to this caller's request:
+		// it runs under its own deadline (so it ends by itself) and one
+		// caller leaving does not cut it short for the others.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.DiscoveryTimeout)
+		go func() {
+			defer cancel()
+			c.RefreshAll(rctx)
+			c.mu.Lock()
+			c.refreshing, c.doneStart = nil, start
+			c.mu.Unlock()
+			close(ch)
+		}()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+		return
 	}
 }
 
@@ -378,7 +456,8 @@ func readAll(ctx context.Context, st ports.TunnelStream, limit int64) (int, []by
 }
 
 // ParseModelList reads a provider's model list: OpenAI's
-// {"object":"list","data":[{"id","created",…}]} for type openai, Ollama's
+// {"object":"list","data":[{"id","created",…}]} for type openai (and
+// Anthropic's {"data":[{"id","created_at",…}]} for type anthropic), Ollama's
 // {"models":[{"name","model","modified_at",…}]} for type ollama. Only ID,
 // Created and Raw are filled.
 func ParseModelList(typ string, body []byte) ([]ModelEntry, error) {
@@ -415,8 +494,9 @@ func ParseModelList(typ string, body []byte) ([]ModelEntry, error) {
 	default:
 		var doc struct {
 			Data []struct {
-				ID      string `json:"id"`
-				Created int64  `json:"created"`
+				ID        string `json:"id"`
+				Created   int64  `json:"created"`
+				CreatedAt string `json:"created_at"` // Anthropic's Models API
 			} `json:"data"`
 		}
 		if err := json.Unmarshal(body, &doc); err != nil {
@@ -424,7 +504,11 @@ func ParseModelList(typ string, body []byte) ([]ModelEntry, error) {
 		}
 		for _, m := range doc.Data {
 			if m.ID != "" {
-				out = append(out, ModelEntry{ID: m.ID, Created: m.Created})
+				e := ModelEntry{ID: m.ID, Created: m.Created}
+				if t, err := time.Parse(time.RFC3339Nano, m.CreatedAt); err == nil && e.Created == 0 {
+					e.Created = t.Unix()
+				}
+				out = append(out, e)
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -243,6 +244,10 @@ func TestParseModelList(t *testing.T) {
 	if err != nil || len(es) != 2 || es[0].ID != "a" || es[1].ID != "b" {
 		t.Fatalf("ollama list = %+v, %v", es, err)
 	}
+	es, err = edge.ParseModelList(domain.ProviderAnthropic, []byte(`{"data":[{"type":"model","id":"claude-sonnet-4-5","display_name":"Claude Sonnet 4.5","created_at":"2025-09-29T00:00:00Z"}],"has_more":false,"first_id":"claude-sonnet-4-5","last_id":"claude-sonnet-4-5"}`))
+	if err != nil || len(es) != 1 || es[0].ID != "claude-sonnet-4-5" || es[0].Created != 1759104000 {
+		t.Fatalf("anthropic list = %+v, %v", es, err)
+	}
 	es, err = edge.ParseModelList(domain.ProviderOpenAI, []byte(`{"data":[]}`))
 	if err != nil || len(es) != 0 {
 		t.Fatalf("empty list = %+v, %v", es, err)
@@ -301,4 +306,38 @@ func TestModelCatalogFollow(t *testing.T) {
 	if len(cat.Models()) != 0 || calls.Load() != 1 {
 		t.Fatalf("models %s after disconnect, %d discoveries", ptIDs(cat.Models()), calls.Load())
 	}
+}
+
+func TestModelCatalogRefreshedSince(t *testing.T) {
+	reg := edge.NewRegistry()
+	cat := edge.NewModelCatalog(reg, nil)
+	cat.MinRefreshGap = 300 * time.Millisecond
+	var calls atomic.Int32
+	link := ptAdmit(t, reg, "gpu", ptProvider("ollama", domain.ProviderOllama))
+	link.open = ptDiscovery(ptOpenAIModels, ptOllamaTags, &calls)
+	ctx := context.Background()
+	cat.RefreshedSince(ctx, time.Now())
+	if n := calls.Load(); n != 1 || !strings.Contains(ptIDs(cat.Models()), "llama3.2:latest@gpu/ollama") {
+		t.Fatalf("first refresh: %d discoveries, models %s", n, ptIDs(cat.Models()))
+	}
+	// Asked about a moment already covered: no new round.
+	cat.RefreshedSince(ctx, time.Now().Add(-time.Hour))
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d discoveries for a covered moment, want 1", n)
+	}
+	// Twenty callers arriving now share one round, which waits for the gap.
+	since := time.Now()
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() { defer wg.Done(); cat.RefreshedSince(ctx, since) }()
+	}
+	wg.Wait()
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d discoveries for twenty callers, want 2", n)
+	}
+	// A caller whose context ends does not wait.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	cat.RefreshedSince(cctx, time.Now().Add(time.Hour))
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -26,13 +27,24 @@ type SubmitProviderTunnel struct {
 	// Model is the model the caller asked for; empty means any provider of
 	// the family will do (GET /api/tags pinned to a node, GET /api/version).
 	Model string
-	// ProviderType is the API family the caller used: domain.ProviderOpenAI
-	// (/v1/...) or domain.ProviderOllama (/api/...).
+	// Provider pins the provider by name on the pinned node (a follow-up
+	// request to the provider that holds some state); empty lets the edge
+	// choose.
+	Provider string
+	// ProviderType is the API family the caller used: domain.ProviderOpenAI,
+	// domain.ProviderOllama or domain.ProviderAnthropic.
 	ProviderType string
-	Method       string
-	Path         string
-	Query        string
-	Header       http.Header
+	// OrOnlyNode is for requests that bring a model to a node rather than
+	// use one (pull, create): when no provider is known to serve Model (or
+	// Model is empty) and no node is pinned, the only node with a provider
+	// of the family takes it (the pinned node, when there is a pin); with
+	// several such nodes the request is invalid_request, asking the caller
+	// to pick one.
+	OrOnlyNode bool
+	Method     string
+	Path       string
+	Query      string
+	Header     http.Header
 	// Body is sent with the request; BodyReader, when non-nil, is streamed
 	// after it in chunks (for bodies too large to hold).
 	Body       []byte
@@ -88,8 +100,8 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 	if err := domain.PrincipalFrom(ctx).Require(domain.ScopeInference); err != nil {
 		return nil, err
 	}
-	if in.ProviderType != domain.ProviderOpenAI && in.ProviderType != domain.ProviderOllama {
-		return nil, domain.Errorf(domain.CodeInvalidRequest, "unknown provider API %q (known: openai, ollama)", in.ProviderType)
+	if !slices.Contains(domain.KnownProviderTypes, in.ProviderType) {
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "unknown provider API %q (known: %s)", in.ProviderType, strings.Join(domain.KnownProviderTypes, ", "))
 	}
 	if !strings.HasPrefix(in.Path, "/") {
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "path %q must start with /", in.Path)
@@ -131,17 +143,39 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 	}
 	var speak []providerModels
 	for _, p := range h.catalog.providers() {
-		if Speaks(p.cfg.Type, family) && (in.Node == "" || p.node == in.Node) && caller.SeesNode(p.node) {
+		if Speaks(p.cfg.Type, family) && (in.Node == "" || p.node == in.Node) && (in.Provider == "" || p.cfg.Name == in.Provider) && caller.SeesNode(p.node) {
 			speak = append(speak, p)
 		}
 	}
 	if len(speak) == 0 {
+		if in.Node != "" && in.Provider != "" {
+			return providerModels{}, nil, nil, domain.Errorf(domain.CodeProviderNotFound, "node %q no longer has provider %q for the %s API", in.Node, in.Provider, family)
+		}
 		if in.Node != "" {
 			return providerModels{}, nil, nil, domain.Errorf(domain.CodeProviderNotFound, "node %q has no provider for the %s API", in.Node, family)
 		}
 		return providerModels{}, nil, nil, domain.Errorf(domain.CodeNoNodeAvailable, "no connected node has a provider for the %s API", family)
 	}
 	cands := speak
+	if in.OrOnlyNode && (in.Model == "" || !anyServes(speak, in.Model)) {
+		nodes := map[string]bool{}
+		var ids []string
+		for _, p := range speak {
+			if !nodes[p.node] {
+				nodes[p.node] = true
+				ids = append(ids, p.node)
+			}
+		}
+		if len(ids) > 1 {
+			what := "this request"
+			if in.Model != "" {
+				what = fmt.Sprintf("model %q is on no node, and", in.Model)
+			}
+			return providerModels{}, nil, nil, domain.Errorf(domain.CodeInvalidRequest,
+				"%s several nodes have a provider for the %s API (%s): choose one with the X-IOP-Node header", what, family, strings.Join(ids, ", "))
+		}
+		in.Model = "" // the only node takes it
+	}
 	if in.Model != "" {
 		cands = nil
 		for _, p := range speak {
@@ -179,6 +213,34 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 		return c, v.Link, release, nil
 	}
 	return providerModels{}, nil, nil, domain.Errorf(domain.CodeNoNodeAvailable, "every node serving %q disconnected", in.Model)
+}
+
+func anyServes(ps []providerModels, model string) bool {
+	for _, p := range ps {
+		if p.known && servesModel(p.models, model) {
+			return true
+		}
+	}
+	return false
+}
+
+// ProviderTarget is one connected node's provider of some API family.
+type ProviderTarget struct {
+	Node     string
+	Provider string
+}
+
+// Targets lists the providers of connected nodes caller may see that speak family, nodes
+// by id and providers in config order: where a request that asks every
+// node (a merged list) goes.
+func (h *SubmitProviderTunnelHandler) Targets(caller domain.Principal, family string) []ProviderTarget {
+	var out []ProviderTarget
+	for _, p := range h.catalog.providers() {
+		if Speaks(p.cfg.Type, family) && caller.SeesNode(p.node) {
+			out = append(out, ProviderTarget{Node: p.node, Provider: p.cfg.Name})
+		}
+	}
+	return out
 }
 
 func servesModel(models []ModelEntry, model string) bool {

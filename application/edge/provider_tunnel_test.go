@@ -241,7 +241,7 @@ func TestProviderTunnelRouting(t *testing.T) {
 		{"unknown model", std, edge.SubmitProviderTunnel{Model: "gpt-9", ProviderType: "openai"}, "", "", domain.CodeModelNotFound},
 		{"no node with the family", std[:1], edge.SubmitProviderTunnel{Model: "llama3.2", ProviderType: "ollama"}, "", "", domain.CodeNoNodeAvailable},
 		{"no node at all", nil, edge.SubmitProviderTunnel{Model: "x", ProviderType: "openai"}, "", "", domain.CodeNoNodeAvailable},
-		{"bad family", std, edge.SubmitProviderTunnel{Model: "x", ProviderType: "anthropic"}, "", "", domain.CodeInvalidRequest},
+		{"bad family", std, edge.SubmitProviderTunnel{Model: "x", ProviderType: "gemini"}, "", "", domain.CodeInvalidRequest},
 		{"unknown list is a last resort", []node{
 			{"a", []domain.ProviderConfig{ptProvider("known", domain.ProviderOpenAI, "m1")}},
 			{"b", []domain.ProviderConfig{ptProvider("undiscovered", domain.ProviderOpenAI)}},
@@ -250,6 +250,34 @@ func TestProviderTunnelRouting(t *testing.T) {
 			{"a", []domain.ProviderConfig{ptProvider("undiscovered", domain.ProviderOpenAI)}},
 			{"b", []domain.ProviderConfig{ptProvider("known", domain.ProviderOpenAI, "m1")}},
 		}, edge.SubmitProviderTunnel{Model: "m1", ProviderType: "openai"}, "b", "known", ""},
+		{"anthropic family on an anthropic provider", []node{
+			{"a", []domain.ProviderConfig{ptProvider("oai", domain.ProviderOpenAI, "gpt")}},
+			{"b", []domain.ProviderConfig{ptProvider("ant", domain.ProviderAnthropic, "claude-x")}},
+		}, edge.SubmitProviderTunnel{Model: "claude-x", ProviderType: "anthropic"}, "b", "ant", ""},
+		{"anthropic provider does not speak openai", []node{
+			{"b", []domain.ProviderConfig{ptProvider("ant", domain.ProviderAnthropic, "claude-x")}},
+		}, edge.SubmitProviderTunnel{Model: "claude-x", ProviderType: "openai"}, "", "", domain.CodeNoNodeAvailable},
+		{"ollama speaks anthropic", std, edge.SubmitProviderTunnel{Model: "llama3.2", ProviderType: "anthropic"}, "b", "ollama", ""},
+		{"provider pin", []node{
+			{"a", []domain.ProviderConfig{ptProvider("p1", domain.ProviderOpenAI, "m"), ptProvider("p2", domain.ProviderOpenAI, "m")}},
+		}, edge.SubmitProviderTunnel{Node: "a", Provider: "p2", ProviderType: "openai", Method: "GET", Path: "/v1/responses/r1"}, "a", "p2", ""},
+		{"provider pin to a provider gone", std, edge.SubmitProviderTunnel{Node: "a", Provider: "gone", ProviderType: "openai", Method: "GET", Path: "/v1/responses/r1"}, "", "", domain.CodeProviderNotFound},
+		{"or-only-node: the one node takes a new model", []node{
+			{"a", []domain.ProviderConfig{ptProvider("vllm", domain.ProviderOpenAI, "m")}},
+			{"b", []domain.ProviderConfig{ptProvider("ollama", domain.ProviderOllama, "llama3.2")}},
+		}, edge.SubmitProviderTunnel{Model: "new-model", ProviderType: "ollama", OrOnlyNode: true, Path: "/api/pull"}, "b", "ollama", ""},
+		{"or-only-node: several nodes need a pin", []node{
+			{"a", []domain.ProviderConfig{ptProvider("o1", domain.ProviderOllama, "x")}},
+			{"b", []domain.ProviderConfig{ptProvider("o2", domain.ProviderOllama, "llama3.2")}},
+		}, edge.SubmitProviderTunnel{Model: "new-model", ProviderType: "ollama", OrOnlyNode: true, Path: "/api/pull"}, "", "", domain.CodeInvalidRequest},
+		{"or-only-node: a served model goes where it is", []node{
+			{"a", []domain.ProviderConfig{ptProvider("o1", domain.ProviderOllama, "x")}},
+			{"b", []domain.ProviderConfig{ptProvider("o2", domain.ProviderOllama, "llama3.2")}},
+		}, edge.SubmitProviderTunnel{Model: "llama3.2", ProviderType: "ollama", OrOnlyNode: true, Path: "/api/pull"}, "b", "o2", ""},
+		{"or-only-node: no model, several nodes", []node{
+			{"a", []domain.ProviderConfig{ptProvider("o1", domain.ProviderOllama, "x")}},
+			{"b", []domain.ProviderConfig{ptProvider("o2", domain.ProviderOllama, "y")}},
+		}, edge.SubmitProviderTunnel{ProviderType: "ollama", OrOnlyNode: true, Method: "HEAD", Path: "/api/blobs/sha256:1"}, "", "", domain.CodeInvalidRequest},
 		{"first provider in config order on one node", []node{
 			{"a", []domain.ProviderConfig{ptProvider("p2", domain.ProviderOpenAI, "m"), ptProvider("p1", domain.ProviderOpenAI, "m")}},
 		}, edge.SubmitProviderTunnel{Model: "m", ProviderType: "openai"}, "a", "p2", ""},

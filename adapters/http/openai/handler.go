@@ -1,45 +1,64 @@
-// Package openaiapi serves the edge's OpenAI-compatible and Ollama-native
-// HTTP surface by passing requests through provider tunnels to the nodes
-// whose providers serve the requested model.
+// Package openaiapi serves the edge's provider passthrough surfaces — the
+// OpenAI-compatible API, the Anthropic Messages API and Ollama's native API —
+// by passing requests through provider tunnels to the nodes whose providers
+// serve the requested model.
 //
 // Routes (mount the Handler at the server root, without StripPrefix: the
 // request path is forwarded to the provider unchanged):
 //
-//	POST /v1/chat/completions, /v1/completions, /v1/embeddings  → a provider speaking the OpenAI API
-//	GET  /v1/models, /v1/models/{model}                         → merged from the model catalog
-//	POST /api/chat, /api/generate, /api/embed, /api/embeddings, /api/show → an ollama provider
-//	GET  /api/tags                                              → merged from the catalog (or passed through when pinned)
-//	GET  /api/version                                           → passed through to an ollama provider
+//	POST /v1/chat/completions, /v1/completions, /v1/embeddings,
+//	     /v1/responses, /v1/images/generations, /v1/rerank        → a provider of the OpenAI API, by the body's "model"
+//	POST /v1/audio/transcriptions, /v1/audio/translations         → the same, the model read from the multipart form
+//	GET|DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel,
+//	GET /v1/responses/{id}/input_items                            → the node and provider that created the response
+//	POST /v1/messages, /v1/messages/count_tokens                  → a provider of the Anthropic Messages API
+//	GET  /v1/models, /v1/models/{model}                           → merged from the model catalog
+//	GET|HEAD /                                                    → 200 "Ollama is running" (Ollama clients and Claude Code probe it)
+//	POST /api/chat, /api/generate, /api/embed, /api/embeddings,
+//	     /api/show, /api/push; DELETE /api/delete                 → the ollama provider serving the model
+//	POST /api/copy                                                → the ollama provider serving "source"
+//	POST /api/pull, /api/create                                   → the provider serving the model, else the only node with an ollama provider
+//	HEAD|POST /api/blobs/{digest}                                 → the pinned node, else the only node with an ollama provider
+//	GET  /api/tags, /api/ps                                       → every node's answer merged (passed through when pinned)
+//	GET  /api/version                                             → passed through to an ollama provider
 //
 // The optional request header X-IOP-Node pins the node. The model is read
 // from the JSON body ("model"; Ollama's legacy "name" too); the body itself
-// is forwarded byte for byte.
+// is forwarded byte for byte. A model no node serves triggers a refresh of
+// the model catalog (rounds shared by concurrent callers, at most one per
+// edge.ModelCatalog.MinRefreshGap) before the answer is 404; /v1/models
+// and /api/tags refresh the same way before they answer, so a model just
+// pulled or copied on a provider is seen at once.
 //
 // Passthrough is faithful: the provider's status code, headers (minus
-// hop-by-hop ones) and body bytes reach the caller unchanged, upstream
-// 4xx/5xx included, and every body frame is flushed as it arrives. Usage and
-// metadata frames are sideband and never written. If the tunnel fails after
-// the response has started (node lost, provider reset), the handler aborts
-// the response with http.ErrAbortHandler, so the caller sees a broken
-// stream — never a clean end or a synthesized "[DONE]". Middleware must let
-// that panic through. When the caller goes away, the tunnel is closed and
-// the node aborts the upstream request.
+// hop-by-hop ones; Content-Length kept) and body bytes reach the caller
+// unchanged, upstream 4xx/5xx included, and every body frame is flushed as
+// it arrives. Usage and metadata frames are sideband and never written. If
+// the tunnel fails after the response has started (node lost, provider
+// reset), the handler aborts the response with http.ErrAbortHandler, so the
+// caller sees a broken stream — never a clean end or a synthesized
+// "[DONE]". Middleware must let that panic through. When the caller goes
+// away, the tunnel is closed and the node aborts the upstream request.
 //
-// Errors raised before the response starts use the caller's API family:
-// {"error":{"message","type","param","code"}} on /v1 routes and Ollama's
-// {"error":"message"} on /api routes, with the status chosen by statusFor.
+// Errors the edge writes itself use the caller's dialect: OpenAI's
+// {"error":{"message","type","param","code"}} on /v1 routes, Anthropic's
+// {"type":"error","error":{"type","message"}} on /v1/messages (and on
+// /v1/models asked with anthropic-version), Ollama's {"error":"message"}
+// on /api routes and / ("model 'x' not found" for an unknown model, the
+// text Ollama's CLI matches). See WriteError.
 //
-// Request bodies: up to MaxBody bytes (default 64 MiB; more is 413). A body
-// that declares a Content-Length of at most 1 MiB is read whole. A larger or
-// chunked body is read only as far as the "model" field (at worst the whole
-// body, when the field comes last) and the rest is streamed to the node as
-// the caller sends it.
+// Request bodies: at most MaxBody bytes (DefaultMaxBody, 32 MiB; more is
+// 413). The body is read only as far as the model: a byte scan of the
+// top-level JSON object that keeps what it read and a depth counter, never
+// a parse tree, refuses nesting deeper than MaxDepth (400) and stops at
+// "model"; what was read and the rest of the body then stream to the node
+// as the caller sends them. So a request costs at most its prefix up to the
+// model (bounded by MaxBody), whatever its shape. Blob uploads
+// (/api/blobs) are streamed without the cap: nothing of them is held.
 package openaiapi
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -57,10 +76,17 @@ import (
 
 // Defaults of the Handler's tunables.
 const (
-	DefaultMaxBody          = 64 << 20
+	DefaultMaxBody          = 32 << 20
 	DefaultWriteIdleTimeout = 5 * time.Minute
-	// smallBody is the largest declared body read whole before routing.
+	// smallBody is the largest declared body read whole before routing
+	// (it then travels in the tunnel's opening frame).
 	smallBody = 1 << 20
+	// maxListBody bounds one node's answer to a merged list (/api/ps).
+	maxListBody = 8 << 20
+	// listTimeout bounds asking one node for its part of a merged list.
+	listTimeout = 15 * time.Second
+	// DefaultRefreshWait bounds the wait for a model catalog refresh.
+	DefaultRefreshWait = 3 * time.Second
 )
 
 // NodeHeader pins a request to one node.
@@ -72,24 +98,41 @@ type Deps struct {
 	Models  *edge.ModelCatalog
 }
 
-// Handler is the OpenAI-compatible and Ollama-native surface.
+// Handler is the OpenAI-compatible, Anthropic Messages and Ollama-native
+// surface.
 type Handler struct {
-	deps   Deps
-	log    *slog.Logger
-	routes map[string]route
+	deps      Deps
+	log       *slog.Logger
+	routes    map[string]map[string]http.HandlerFunc
+	responses *responseNodes
 
 	// MaxBody bounds request bodies (DefaultMaxBody). Set before serving.
 	MaxBody int64
+	// RefreshWait bounds how long a model list or a model miss waits for a
+	// catalog refresh (DefaultRefreshWait). Set before serving.
+	RefreshWait time.Duration
 	// WriteIdleTimeout bounds each write to the caller (DefaultWriteIdleTimeout),
 	// so a caller that stops reading cannot hold a tunnel forever; it also
 	// lifts any server-wide WriteTimeout for long streams. Set before serving.
 	WriteIdleTimeout time.Duration
 }
 
-type route struct {
-	method string
-	serve  func(w http.ResponseWriter, r *http.Request)
+// target is how one route reaches a provider.
+type target struct {
+	family string   // the provider API family that serves the route
+	keys   []string // JSON body keys naming the model, preferred first
+	form   bool     // the model is the multipart form field "model"
+	// orOnlyNode: the request brings a model to a node (pull, create,
+	// blobs), so without a node serving it the only candidate node takes it.
+	orOnlyNode bool
+	unbounded  bool // the body streams without the MaxBody cap (blobs)
+	remember   bool // remember the created response's id → node
 }
+
+var (
+	modelKeys  = []string{"model"}
+	ollamaKeys = []string{"model", "name"} // Ollama's legacy "name"
+)
 
 // New builds the handler; it refuses missing dependencies.
 func New(deps Deps, log *slog.Logger) *Handler {
@@ -99,220 +142,218 @@ func New(deps Deps, log *slog.Logger) *Handler {
 	if log == nil {
 		log = slog.Default()
 	}
-	h := &Handler{deps: deps, log: log, MaxBody: DefaultMaxBody, WriteIdleTimeout: DefaultWriteIdleTimeout}
-	openai := func(w http.ResponseWriter, r *http.Request) { h.proxyJSON(w, r, domain.ProviderOpenAI) }
-	ollama := func(w http.ResponseWriter, r *http.Request) { h.proxyJSON(w, r, domain.ProviderOllama) }
-	h.routes = map[string]route{
-		"/v1/chat/completions": {http.MethodPost, openai},
-		"/v1/completions":      {http.MethodPost, openai},
-		"/v1/embeddings":       {http.MethodPost, openai},
-		"/v1/models":           {http.MethodGet, h.listModels},
-		"/api/chat":            {http.MethodPost, ollama},
-		"/api/generate":        {http.MethodPost, ollama},
-		"/api/embed":           {http.MethodPost, ollama},
-		"/api/embeddings":      {http.MethodPost, ollama},
-		"/api/show":            {http.MethodPost, ollama},
-		"/api/tags":            {http.MethodGet, h.tags},
-		"/api/version":         {http.MethodGet, h.version},
+	h := &Handler{deps: deps, log: log, MaxBody: DefaultMaxBody, WriteIdleTimeout: DefaultWriteIdleTimeout, RefreshWait: DefaultRefreshWait,
+		responses: newResponseNodes(maxResponseIDs)}
+	via := func(t target) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) { h.proxy(w, r, t, "", "") }
+	}
+	openai := via(target{family: domain.ProviderOpenAI, keys: modelKeys})
+	form := via(target{family: domain.ProviderOpenAI, form: true})
+	anthropic := via(target{family: domain.ProviderAnthropic, keys: modelKeys})
+	ollama := via(target{family: domain.ProviderOllama, keys: ollamaKeys})
+	bring := via(target{family: domain.ProviderOllama, keys: ollamaKeys, orOnlyNode: true})
+	post := func(f http.HandlerFunc) map[string]http.HandlerFunc {
+		return map[string]http.HandlerFunc{http.MethodPost: f}
+	}
+	get := func(f http.HandlerFunc) map[string]http.HandlerFunc {
+		return map[string]http.HandlerFunc{http.MethodGet: f}
+	}
+	h.routes = map[string]map[string]http.HandlerFunc{
+		"/v1/chat/completions":      post(openai),
+		"/v1/completions":           post(openai),
+		"/v1/embeddings":            post(openai),
+		"/v1/responses":             post(via(target{family: domain.ProviderOpenAI, keys: modelKeys, remember: true})),
+		"/v1/images/generations":    post(openai),
+		"/v1/rerank":                post(openai),
+		"/v1/audio/transcriptions":  post(form),
+		"/v1/audio/translations":    post(form),
+		"/v1/messages":              post(anthropic),
+		"/v1/messages/count_tokens": post(anthropic),
+		"/v1/models":                get(h.listModels),
+		"/":                         get(h.root),
+		"/api/chat":                 post(ollama),
+		"/api/generate":             post(ollama),
+		"/api/embed":                post(ollama),
+		"/api/embeddings":           post(ollama),
+		"/api/show":                 post(ollama),
+		"/api/push":                 post(ollama),
+		"/api/delete":               {http.MethodDelete: ollama},
+		"/api/copy":                 post(via(target{family: domain.ProviderOllama, keys: []string{"source"}})),
+		"/api/pull":                 post(bring),
+		"/api/create":               post(bring),
+		"/api/tags":                 get(h.tags),
+		"/api/ps":                   get(h.ps),
+		"/api/version": get(func(w http.ResponseWriter, r *http.Request) {
+			h.proxy(w, r, target{family: domain.ProviderOllama}, "", "")
+		}),
 	}
 	return h
 }
 
-// ServeHTTP dispatches by exact path; unknown paths are 404 and wrong
-// methods 405, in the family's error shape.
+// ServeHTTP dispatches by path; unknown paths are 404 and wrong methods
+// 405, in the caller's dialect. HEAD is served wherever GET is.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	family := familyOf(r.URL.Path)
-	rt, ok := h.routes[r.URL.Path]
-	if !ok && strings.HasPrefix(r.URL.Path, "/v1/models/") {
-		rt, ok = route{http.MethodGet, h.getModel}, true
+	methods, ok := h.routes[r.URL.Path]
+	if !ok {
+		methods, ok = h.prefixRoute(r.URL.Path)
 	}
 	if !ok {
-		writeError(w, family, http.StatusNotFound, "invalid_request_error", "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+		WriteError(w, r, http.StatusNotFound, "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 		return
 	}
-	if r.Method != rt.method && !(rt.method == http.MethodGet && r.Method == http.MethodHead) {
-		w.Header().Set("Allow", rt.method)
-		writeError(w, family, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
-			fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, rt.method))
+	serve, ok := methods[r.Method]
+	if !ok && r.Method == http.MethodHead {
+		serve, ok = methods[http.MethodGet]
+	}
+	if !ok {
+		var allow []string
+		for m := range methods {
+			allow = append(allow, m)
+		}
+		sort.Strings(allow)
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		WriteError(w, r, http.StatusMethodNotAllowed, "method_not_allowed",
+			fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", ")))
 		return
 	}
-	rt.serve(w, r)
+	serve(w, r)
 }
 
-func familyOf(path string) string {
-	if strings.HasPrefix(path, "/api/") {
-		return domain.ProviderOllama
+// prefixRoute serves the routes with an id in the path.
+func (h *Handler) prefixRoute(path string) (map[string]http.HandlerFunc, bool) {
+	switch {
+	case strings.HasPrefix(path, "/v1/models/") && len(path) > len("/v1/models/"):
+		return map[string]http.HandlerFunc{http.MethodGet: h.getModel}, true
+	case strings.HasPrefix(path, "/v1/responses/"):
+		id, sub, _ := strings.Cut(strings.TrimPrefix(path, "/v1/responses/"), "/")
+		if id == "" {
+			return nil, false
+		}
+		f := func(w http.ResponseWriter, r *http.Request) { h.responseFollowUp(w, r, id) }
+		switch sub {
+		case "":
+			return map[string]http.HandlerFunc{http.MethodGet: f, http.MethodDelete: f}, true
+		case "cancel":
+			return map[string]http.HandlerFunc{http.MethodPost: f}, true
+		case "input_items":
+			return map[string]http.HandlerFunc{http.MethodGet: f}, true
+		}
+	case strings.HasPrefix(path, "/api/blobs/") && len(path) > len("/api/blobs/") && !strings.Contains(path[len("/api/blobs/"):], "/"):
+		f := func(w http.ResponseWriter, r *http.Request) {
+			h.proxy(w, r, target{family: domain.ProviderOllama, orOnlyNode: true, unbounded: true}, "", "")
+		}
+		return map[string]http.HandlerFunc{http.MethodHead: f, http.MethodPost: f}, true
 	}
-	return domain.ProviderOpenAI
+	return nil, false
 }
 
-// proxyJSON reads the model from a JSON request body and passes the request
-// through to a provider of family that serves it.
-func (h *Handler) proxyJSON(w http.ResponseWriter, r *http.Request, family string) {
-	rec := &recordingReader{r: http.MaxBytesReader(w, r.Body, h.MaxBody)}
-	model, head, rest, err := readModel(rec, r.ContentLength)
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(w, family, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
-				fmt.Sprintf("request body is larger than %d bytes", h.MaxBody))
+// proxy reads the model from the request body as t says and passes the
+// request through to a provider of t's family that serves it; node and
+// provider, when set, pin where it goes.
+func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, provider string) {
+	var (
+		model string
+		head  []byte
+		rest  io.Reader
+		rec   *recordingReader
+	)
+	switch {
+	case t.keys != nil || t.form:
+		if r.ContentLength > h.MaxBody {
+			h.tooLarge(w, r)
 			return
 		}
-		writeError(w, family, http.StatusBadRequest, "invalid_request_error", domain.CodeInvalidRequest, "request body is not a JSON object: "+err.Error())
-		return
-	}
-	if model == "" {
-		writeError(w, family, http.StatusBadRequest, "invalid_request_error", domain.CodeInvalidRequest, `"model" is required`)
-		return
-	}
-	h.pass(w, r, family, model, head, rest, rec)
-}
-
-// listModels answers GET /v1/models in OpenAI's list shape: one entry per
-// model and node (owned_by is the node id).
-func (h *Handler) listModels(w http.ResponseWriter, r *http.Request) {
-	entries, err := h.models(r)
-	if err != nil {
-		h.fail(w, domain.ProviderOpenAI, err, nil)
-		return
-	}
-	out := modelList{Object: "list", Data: []modelObject{}}
-	seen := map[[2]string]bool{}
-	for _, e := range entries {
-		k := [2]string{e.ID, e.Node}
-		if !seen[k] {
-			seen[k] = true
-			out.Data = append(out.Data, modelObject{ID: e.ID, Object: "model", Created: e.Created, OwnedBy: e.Node})
+		rec = &recordingReader{r: http.MaxBytesReader(w, r.Body, h.MaxBody)}
+		p := &prefix{src: rec}
+		var err error
+		if t.form {
+			model, err = scanMultipartModel(p, r.Header.Get("Content-Type"), "model")
+		} else {
+			model, err = scanJSONModel(p, t.keys)
 		}
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-// getModel answers GET /v1/models/{model} with the first node serving it.
-func (h *Handler) getModel(w http.ResponseWriter, r *http.Request) {
-	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
-	entries, err := h.models(r)
-	if err != nil {
-		h.fail(w, domain.ProviderOpenAI, err, nil)
-		return
-	}
-	for _, exact := range []bool{true, false} {
-		for _, e := range entries {
-			if e.ID == id || (!exact && edge.MatchModel(e.ID, id)) {
-				writeJSON(w, http.StatusOK, modelObject{ID: e.ID, Object: "model", Created: e.Created, OwnedBy: e.Node})
-				return
+		if err == nil && r.ContentLength >= 0 && r.ContentLength <= smallBody {
+			for p.more() != nil { // small: send it whole in the opening frame
+			}
+			if !errors.Is(p.err, io.EOF) {
+				err = p.err
 			}
 		}
-	}
-	h.fail(w, domain.ProviderOpenAI, domain.Errorf(domain.CodeModelNotFound, "the model %q does not exist", id), nil)
-}
-
-// models returns the catalog, limited to the pinned node if there is one
-// and to the nodes the caller's key may see.
-func (h *Handler) models(r *http.Request) ([]edge.ModelEntry, error) {
-	caller := domain.PrincipalFrom(r.Context())
-	if node := r.Header.Get(NodeHeader); node != "" {
-		if !caller.SeesNode(node) {
-			return nil, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", node)
+		if err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				h.tooLarge(w, r)
+				return
+			}
+			WriteError(w, r, http.StatusBadRequest, domain.CodeInvalidRequest, err.Error())
+			return
 		}
-		return h.deps.Models.NodeModels(node)
-	}
-	return visibleModels(caller, h.deps.Models.Models()), nil
-}
-
-// visibleModels drops the models of nodes caller may not see.
-func visibleModels(caller domain.Principal, all []edge.ModelEntry) []edge.ModelEntry {
-	if !caller.Limited() {
-		return all
-	}
-	out := make([]edge.ModelEntry, 0, len(all))
-	for _, e := range all {
-		if caller.SeesNode(e.Node) {
-			out = append(out, e)
+		if model == "" {
+			what := ""
+			if len(t.keys) > 0 {
+				what = fmt.Sprintf("%q is required", t.keys[0])
+			}
+			if t.form {
+				what = `the form field "model" is required`
+			}
+			WriteError(w, r, http.StatusBadRequest, domain.CodeInvalidRequest, what)
+			return
+		}
+		head, rest = p.body()
+	case r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0:
+		if t.unbounded {
+			rest = r.Body
+		} else {
+			rec = &recordingReader{r: http.MaxBytesReader(w, r.Body, h.MaxBody)}
+			rest = rec
 		}
 	}
-	return out
+	h.pass(w, r, t, edge.SubmitProviderTunnel{
+		Node: node, Provider: provider, Model: model, ProviderType: t.family, OrOnlyNode: t.orOnlyNode,
+		Body: head, BodyReader: rest,
+	}, rec)
 }
 
-// tags answers GET /api/tags: pinned to a node, the node's own answer;
-// otherwise the ollama providers' models of every node merged in Ollama's
-// shape, one entry per model name.
-func (h *Handler) tags(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get(NodeHeader) != "" {
-		h.pass(w, r, domain.ProviderOllama, "", nil, nil, nil)
-		return
-	}
-	out := struct {
-		Models []json.RawMessage `json:"models"`
-	}{Models: []json.RawMessage{}}
-	seen := map[string]bool{}
-	for _, e := range visibleModels(domain.PrincipalFrom(r.Context()), h.deps.Models.Models()) {
-		if e.Type != domain.ProviderOllama || seen[e.ID] {
-			continue
-		}
-		seen[e.ID] = true
-		raw := json.RawMessage(e.Raw)
-		if len(raw) == 0 {
-			raw, _ = json.Marshal(ollamaTag{Name: e.ID, Model: e.ID, ModifiedAt: time.Unix(e.Created, 0).UTC().Format(time.RFC3339), Details: struct{}{}})
-		}
-		out.Models = append(out.Models, raw)
-	}
-	writeJSON(w, http.StatusOK, out)
+func (h *Handler) tooLarge(w http.ResponseWriter, r *http.Request) {
+	WriteError(w, r, http.StatusRequestEntityTooLarge, "request_too_large",
+		fmt.Sprintf("request body is larger than %d bytes", h.MaxBody))
 }
 
-// version passes GET /api/version through to an ollama provider.
-func (h *Handler) version(w http.ResponseWriter, r *http.Request) {
-	h.pass(w, r, domain.ProviderOllama, "", nil, nil, nil)
-}
-
-type modelObject struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-}
-
-type modelList struct {
-	Object string        `json:"object"`
-	Data   []modelObject `json:"data"`
-}
-
-type ollamaTag struct {
-	Name       string   `json:"name"`
-	Model      string   `json:"model"`
-	ModifiedAt string   `json:"modified_at"`
-	Size       int64    `json:"size"`
-	Digest     string   `json:"digest"`
-	Details    struct{} `json:"details"`
-}
-
-// pass opens a tunnel for r and relays the provider's response. head and
-// rest are the request body (rest streamed after head); rec, when set,
-// tells a body over the limit apart from other failures.
-func (h *Handler) pass(w http.ResponseWriter, r *http.Request, family, model string, head []byte, rest io.Reader, rec *recordingReader) {
+// pass opens a tunnel for in (completed from r) and relays the provider's
+// response. rec, when set, tells a body over the limit apart from other
+// failures.
+func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge.SubmitProviderTunnel, rec *recordingReader) {
 	rc := http.NewResponseController(w)
-	if rest != nil {
+	if in.BodyReader != nil {
 		// The body keeps streaming to the node while the response may
 		// already start (a provider can answer early): without full duplex
 		// the server would consume the unread body when headers go out.
 		_ = rc.EnableFullDuplex()
 	}
-	in := edge.SubmitProviderTunnel{
-		Node: r.Header.Get(NodeHeader), Model: model, ProviderType: family,
-		Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Header: forwardHeader(r),
-		Body: head, BodyReader: rest,
+	if in.Node == "" {
+		in.Node = r.Header.Get(NodeHeader)
 	}
+	in.Method, in.Path, in.Query, in.Header = r.Method, r.URL.Path, r.URL.RawQuery, forwardHeader(r)
 	tun, err := h.deps.Tunnels.Handle(r.Context(), in)
+	if err != nil && in.Model != "" && domain.CodeOf(err) == domain.CodeModelNotFound {
+		// The catalog may be stale (a model just pulled or copied on the
+		// provider): look again, once, before saying not found.
+		h.refreshCatalog(r)
+		tun, err = h.deps.Tunnels.Handle(r.Context(), in)
+	}
 	if err != nil {
-		h.fail(w, family, err, rec)
+		h.fail(w, r, err, rec, in.Model)
 		return
 	}
 	defer tun.Close() // after a normal end a no-op; otherwise the node aborts upstream
+	var sniff *idSniffer
 	status, started := 0, false
 	start := func(hdr http.Header) {
 		copyResponseHeader(w.Header(), hdr)
 		if status < 100 || status > 999 {
 			status = http.StatusBadGateway
+		}
+		if t.remember && status >= 200 && status < 300 {
+			sniff = &idSniffer{}
 		}
 		h.writeDeadline(rc)
 		w.WriteHeader(status)
@@ -326,7 +367,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, family, model str
 				return // the caller left; Close aborts the upstream request
 			}
 			if !started {
-				h.fail(w, family, err, rec)
+				h.fail(w, r, err, rec, in.Model)
 				return
 			}
 			h.log.Warn("provider stream broke mid-response", "tunnel", tun.ID, "node", tun.Node, "provider", tun.Provider, "err", err)
@@ -343,6 +384,14 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, family, model str
 		case domain.TunnelBody:
 			if !started {
 				start(nil)
+			}
+			if sniff != nil {
+				if id, done := sniff.feed(f.Body); done {
+					if id != "" {
+						h.responses.put(id, tun.Node, tun.Provider)
+					}
+					sniff = nil
+				}
 			}
 			h.writeDeadline(rc)
 			if _, err := w.Write(f.Body); err != nil {
@@ -367,76 +416,50 @@ func (h *Handler) writeDeadline(rc *http.ResponseController) {
 	}
 }
 
-// fail writes err before any response byte went out.
-func (h *Handler) fail(w http.ResponseWriter, family string, err error, rec *recordingReader) {
+// fail writes err before any response byte went out; model is the one the
+// caller asked for.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error, rec *recordingReader, model string) {
 	var tooBig *http.MaxBytesError
 	if rec != nil && errors.As(rec.failure(), &tooBig) {
-		writeError(w, family, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
-			fmt.Sprintf("request body is larger than %d bytes", h.MaxBody))
+		h.tooLarge(w, r)
 		return
 	}
-	status, typ := statusFor(err)
+	status := statusFor(err)
 	if status >= 500 {
-		h.log.Warn("provider request failed", "family", family, "err", err)
+		h.log.Warn("provider request failed", "path", r.URL.Path, "err", err)
 	}
-	writeError(w, family, status, typ, domain.CodeOf(err), domain.MessageOf(err))
+	code, msg := domain.CodeOf(err), domain.MessageOf(err)
+	if code == domain.CodeModelNotFound && model != "" && dialectOf(r) == domain.ProviderOllama {
+		msg = fmt.Sprintf("model '%s' not found", model) // the text Ollama's CLI matches
+	}
+	WriteError(w, r, status, code, msg)
 }
 
-// statusFor maps a domain error to the HTTP status and OpenAI error type
-// this surface answers with. It is the only such mapping here.
-func statusFor(err error) (int, string) {
+// statusFor maps a domain error to the HTTP status this surface answers
+// with. It is the only such mapping here.
+func statusFor(err error) int {
 	if errors.Is(err, context.DeadlineExceeded) {
-		return http.StatusGatewayTimeout, "server_error"
+		return http.StatusGatewayTimeout
 	}
 	switch domain.CodeOf(err) {
 	case domain.CodeInvalidRequest:
-		return http.StatusBadRequest, "invalid_request_error"
+		return http.StatusBadRequest
 	case domain.CodeModelNotFound, domain.CodeNodeNotFound, domain.CodeProviderNotFound:
-		return http.StatusNotFound, "invalid_request_error"
+		return http.StatusNotFound
 	case domain.CodeAtCapacity:
-		return http.StatusTooManyRequests, "rate_limit_error"
+		return http.StatusTooManyRequests
 	case domain.CodeForbidden:
-		return http.StatusForbidden, "invalid_request_error"
+		return http.StatusForbidden
 	case domain.CodeNoNodeAvailable, domain.CodeShuttingDown:
-		return http.StatusServiceUnavailable, "server_error"
+		return http.StatusServiceUnavailable
 	case domain.CodeProviderUnreachable, domain.CodeProviderError, domain.CodeNodeDisconnected, domain.CodeStreamReset:
-		return http.StatusBadGateway, "server_error"
+		return http.StatusBadGateway
 	case domain.CodeTimeout:
-		return http.StatusGatewayTimeout, "server_error"
+		return http.StatusGatewayTimeout
 	case domain.CodeCancelled:
-		return 499, "invalid_request_error" // the caller left; nobody reads this
+		return 499 // the caller left; nobody reads this
 	}
-	return http.StatusInternalServerError, "server_error"
-}
-
-// writeError writes an error body in the family's shape.
-func writeError(w http.ResponseWriter, family string, status int, typ, code, msg string) {
-	if family == domain.ProviderOllama {
-		writeJSON(w, status, struct {
-			Error string `json:"error"`
-		}{msg})
-		return
-	}
-	type body struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Param   *string `json:"param"`
-		Code    string  `json:"code"`
-	}
-	writeJSON(w, status, struct {
-		Error body `json:"error"`
-	}{body{Message: msg, Type: typ, Code: code}})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status, b = http.StatusInternalServerError, []byte(`{"error":{"message":"encoding failed","type":"server_error","param":null,"code":"internal"}}`)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
-	w.WriteHeader(status)
-	_, _ = w.Write(append(b, '\n'))
+	return http.StatusInternalServerError
 }
 
 // hopByHop are connection-scoped headers (RFC 9110 §7.6.1), canonical.
@@ -459,7 +482,7 @@ func connectionListed(h http.Header) map[string]bool {
 
 // forwardHeader is what of the caller's request header goes to the node:
 // everything but hop-by-hop headers, the caller's credentials for the edge
-// (Authorization, Cookie), X-IOP-* routing headers and what the node's
+// (Authorization, X-Api-Key, Api-Key, Cookie), X-IOP-* routing headers and what the node's
 // HTTP client sets itself; Content-Length is restated from the request.
 func forwardHeader(r *http.Request) http.Header {
 	listed := connectionListed(r.Header)
@@ -469,7 +492,7 @@ func forwardHeader(r *http.Request) http.Header {
 		switch {
 		case hopByHop[ck], listed[ck], strings.HasPrefix(ck, "X-Iop-"):
 			continue
-		case ck == "Authorization", ck == "Cookie", ck == "Host", ck == "Content-Length", ck == "Accept-Encoding", ck == "Expect":
+		case ck == "Authorization", ck == "X-Api-Key", ck == "Api-Key", ck == "Cookie", ck == "Host", ck == "Content-Length", ck == "Accept-Encoding", ck == "Expect":
 			continue
 		}
 		out[ck] = append([]string(nil), vs...)
@@ -481,7 +504,8 @@ func forwardHeader(r *http.Request) http.Header {
 }
 
 // copyResponseHeader copies the provider's header to dst without hop-by-hop
-// headers or Content-Length (the body is streamed and framed by the server).
+// headers. Content-Length stays: the body is relayed byte for byte, and a
+// relay that ends short is aborted, so the length is never a lie.
 func copyResponseHeader(dst, src http.Header) {
 	listed := connectionListed(src)
 	keys := make([]string, 0, len(src))
@@ -491,7 +515,7 @@ func copyResponseHeader(dst, src http.Header) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		ck := http.CanonicalHeaderKey(k)
-		if hopByHop[ck] || listed[ck] || ck == "Content-Length" {
+		if hopByHop[ck] || listed[ck] {
 			continue
 		}
 		dst[ck] = append(dst[ck], src[k]...)
@@ -524,103 +548,4 @@ func (rr *recordingReader) failure() error {
 	rr.mu.Lock()
 	defer rr.mu.Unlock()
 	return rr.err
-}
-
-// readModel finds the "model" (or, failing that, Ollama's legacy "name")
-// string of a JSON object body. A body declared at most smallBody long is
-// read whole: head is the body and rest nil. Otherwise the body is read only
-// until the model is known: head holds what was read and rest yields the
-// remainder; head followed by rest is the body, byte for byte.
-func readModel(body io.Reader, contentLength int64) (model string, head []byte, rest io.Reader, err error) {
-	if contentLength >= 0 && contentLength <= smallBody {
-		b, err := io.ReadAll(body)
-		if err != nil {
-			return "", nil, nil, err
-		}
-		var doc struct {
-			Model *string `json:"model"`
-			Name  *string `json:"name"`
-		}
-		if err := json.Unmarshal(b, &doc); err != nil {
-			return "", nil, nil, err
-		}
-		switch {
-		case doc.Model != nil && *doc.Model != "":
-			model = *doc.Model
-		case doc.Name != nil:
-			model = *doc.Name
-		}
-		return model, b, nil, nil
-	}
-	var buf bytes.Buffer
-	dec := json.NewDecoder(io.TeeReader(body, &buf))
-	model, err = scanModel(dec)
-	if err != nil {
-		return "", nil, nil, err
-	}
-	return model, buf.Bytes(), body, nil
-}
-
-// scanModel reads the top-level object's keys until "model" and returns its
-// value; without one, the "name" value if any.
-func scanModel(dec *json.Decoder) (string, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return "", err
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return "", errors.New("top-level value is not an object")
-	}
-	var name string
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return "", err
-		}
-		key, _ := tok.(string)
-		switch key {
-		case "model", "name":
-			var v string
-			if err := dec.Decode(&v); err != nil {
-				return "", fmt.Errorf("%q: %w", key, err)
-			}
-			if key == "model" && v != "" {
-				return v, nil
-			}
-			if key == "name" {
-				name = v
-			}
-		default:
-			if err := skipValue(dec); err != nil {
-				return "", err
-			}
-		}
-	}
-	if _, err := dec.Token(); err != nil { // the closing brace
-		return "", err
-	}
-	return name, nil
-}
-
-// skipValue consumes one JSON value token by token, holding no more of it
-// than the decoder's buffer.
-func skipValue(dec *json.Decoder) error {
-	depth := 0
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		if d, ok := tok.(json.Delim); ok {
-			switch d {
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-			}
-		}
-		if depth == 0 {
-			return nil
-		}
-	}
 }

@@ -602,8 +602,8 @@ func TestOllamaTags(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if calls != 2 {
-		t.Fatalf("%d tunnels, want 2 (discovery and the pinned call)", calls)
+	if calls != 3 {
+		t.Fatalf("%d tunnels, want 3 (discovery, the refresh before the merged list, the pinned call)", calls)
 	}
 }
 

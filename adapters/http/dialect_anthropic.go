@@ -1,0 +1,29 @@
+package httpapi
+
+import (
+	"net/http"
+
+	"iop/domain"
+)
+
+// DialectAnthropic is the Anthropic API's
+// {"type":"error","error":{"type","message"}}: 401 is authentication_error,
+// 403 permission_error, 429 rate_limit_error — what Anthropic SDKs and
+// Claude Code recognise.
+func DialectAnthropic(w http.ResponseWriter, status int, code, message string) {
+	typ := "authentication_error"
+	switch code {
+	case domain.CodeForbidden:
+		typ = "permission_error"
+	case domain.CodeRateLimited:
+		typ = "rate_limit_error"
+	}
+	type body struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	}
+	writeJSON(w, status, struct {
+		Type  string `json:"type"`
+		Error body   `json:"error"`
+	}{"error", body{Type: typ, Message: message}})
+}

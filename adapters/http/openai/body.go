@@ -1,0 +1,419 @@
+package openaiapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"strings"
+)
+
+// Limits of the routing read of a request body.
+const (
+	// MaxDepth is the deepest nesting of objects and arrays the scan for the
+	// model accepts; deeper is invalid_request (400).
+	MaxDepth = 128
+	// blockSize is the unit the read prefix grows by: bytes are read
+	// straight into the block that keeps them, so the prefix costs its own
+	// size and never a copy of it.
+	blockSize = 64 << 10
+	// maxKey and maxModel bound what of a key or a model value is kept.
+	maxKey   = 64
+	maxModel = 4 << 10
+)
+
+// errTooDeep is the scan's answer to nesting beyond MaxDepth.
+var errTooDeep = fmt.Errorf("request body nests objects or arrays deeper than %d levels", MaxDepth)
+
+// prefix is the part of a request body read to find where it goes. What it
+// holds, followed by what is left of src, is the body byte for byte.
+type prefix struct {
+	src    io.Reader
+	blocks [][]byte
+	err    error // the read error that ended the body (io.EOF at its end)
+}
+
+// more reads the next bytes of the body into the prefix and returns them;
+// at the end or on a failure it returns nil and p.err says which.
+func (p *prefix) more() []byte {
+	if p.err != nil {
+		return nil
+	}
+	if n := len(p.blocks); n == 0 || len(p.blocks[n-1]) == cap(p.blocks[n-1]) {
+		p.blocks = append(p.blocks, make([]byte, 0, blockSize))
+	}
+	last := &p.blocks[len(p.blocks)-1]
+	for {
+		n, err := p.src.Read((*last)[len(*last):cap(*last)])
+		if n > 0 {
+			start := len(*last)
+			*last = (*last)[:start+n]
+			if err != nil {
+				p.err = err
+			}
+			return (*last)[start:]
+		}
+		if err != nil {
+			p.err = err
+			return nil
+		}
+	}
+}
+
+// body returns the request body to forward: the first block as bytes and
+// the rest as a reader (nil when the prefix is the whole body).
+func (p *prefix) body() ([]byte, io.Reader) {
+	var head []byte
+	if len(p.blocks) > 0 {
+		head = p.blocks[0]
+	}
+	var rs []io.Reader
+	for _, b := range p.blocks[1:] {
+		rs = append(rs, &sliceReader{b: b})
+	}
+	if !errors.Is(p.err, io.EOF) {
+		rs = append(rs, p.src) // more to come (or a failure the reader repeats)
+	}
+	p.blocks = nil // each block is freed once it has been sent
+	switch len(rs) {
+	case 0:
+		return head, nil
+	case 1:
+		return head, rs[0]
+	}
+	return head, io.MultiReader(rs...)
+}
+
+// sliceReader reads a block once and lets go of it.
+type sliceReader struct{ b []byte }
+
+func (s *sliceReader) Read(p []byte) (int, error) {
+	if len(s.b) == 0 {
+		s.b = nil
+		return 0, io.EOF
+	}
+	n := copy(p, s.b)
+	s.b = s.b[n:]
+	return n, nil
+}
+
+// scanJSONModel reads a JSON object body only as far as needed to learn the
+// value of the first of keys present at its top level with a non-empty
+// string value, scanning byte by byte: it keeps the prefix read so far and a
+// depth counter, never a parse tree, so a hostile body costs its prefix and
+// nothing more. Nesting deeper than MaxDepth is refused at once. It returns
+// "" when the object ends without any of keys. The scan is structural, not
+// a validator: the provider judges the rest.
+func scanJSONModel(p *prefix, keys []string) (string, error) {
+	var (
+		s        scanState
+		found    = make([]string, len(keys))
+		keyBuf   = make([]byte, 0, maxKey)
+		valBuf   []byte
+		offset   int64
+		captured = -1 // index in keys of the value being captured
+	)
+	s.state = stTop
+	for {
+		chunk := p.more()
+		if chunk == nil {
+			if errors.Is(p.err, io.EOF) {
+				return "", errors.New("request body ended before its JSON object did")
+			}
+			return "", p.err
+		}
+		for i, c := range chunk {
+			switch s.state {
+			case stTop:
+				if isSpace(c) {
+					continue
+				}
+				if c != '{' {
+					return "", fmt.Errorf("request body is not a JSON object (byte %d)", offset+int64(i))
+				}
+				s.depth, s.state = 1, stKey
+			case stKey:
+				switch {
+				case isSpace(c):
+				case c == '"':
+					keyBuf, s.keyLong, s.state = keyBuf[:0], false, stKeyStr
+				case c == '}':
+					for _, v := range found {
+						if v != "" {
+							return v, nil
+						}
+					}
+					return "", nil
+				default:
+					return "", fmt.Errorf("request body is not valid JSON (byte %d)", offset+int64(i))
+				}
+			case stKeyStr:
+				switch {
+				case s.esc:
+					s.esc = false
+				case c == '\\':
+					s.esc = true
+				case c == '"':
+					s.state = stColon
+					continue
+				}
+				if len(keyBuf) < maxKey {
+					keyBuf = append(keyBuf, c)
+				} else {
+					s.keyLong = true
+				}
+			case stColon:
+				switch {
+				case isSpace(c):
+				case c == ':':
+					s.state = stValue
+					captured = -1
+					if !s.keyLong {
+						for k, name := range keys {
+							if string(keyBuf) == name {
+								captured = k
+							}
+						}
+					}
+				default:
+					return "", fmt.Errorf("request body is not valid JSON (byte %d)", offset+int64(i))
+				}
+			case stValue:
+				if isSpace(c) {
+					continue
+				}
+				if captured >= 0 {
+					if c != '"' {
+						return "", fmt.Errorf("%q must be a string", keys[captured])
+					}
+					valBuf, s.state = append(valBuf[:0], c), stCapture
+					continue
+				}
+				s.state = stSkip
+				s.inner = 0
+				if err := s.skip(c); err != nil {
+					return "", err
+				}
+			case stCapture:
+				if len(valBuf) >= maxModel {
+					return "", fmt.Errorf("%q is longer than %d bytes", keys[captured], maxModel)
+				}
+				valBuf = append(valBuf, c)
+				switch {
+				case s.esc:
+					s.esc = false
+				case c == '\\':
+					s.esc = true
+				case c == '"':
+					var v string
+					if err := json.Unmarshal(valBuf, &v); err != nil {
+						return "", fmt.Errorf("%q: %v", keys[captured], err)
+					}
+					if captured == 0 && v != "" {
+						return v, nil // the preferred key: stop reading here
+					}
+					if found[captured] == "" {
+						found[captured] = v
+					}
+					s.state = stAfter
+				}
+			case stSkip:
+				if err := s.skip(c); err != nil {
+					return "", err
+				}
+				if s.state == stKey { // a scalar ended at ',' — the skip saw it
+					continue
+				}
+				if s.state == stDone {
+					for _, v := range found {
+						if v != "" {
+							return v, nil
+						}
+					}
+					return "", nil
+				}
+			case stAfter:
+				switch {
+				case isSpace(c):
+				case c == ',':
+					s.state = stKey
+				case c == '}':
+					for _, v := range found {
+						if v != "" {
+							return v, nil
+						}
+					}
+					return "", nil
+				default:
+					return "", fmt.Errorf("request body is not valid JSON (byte %d)", offset+int64(i))
+				}
+			}
+		}
+		offset += int64(len(chunk))
+	}
+}
+
+const (
+	stTop = iota
+	stKey
+	stKeyStr
+	stColon
+	stValue
+	stCapture
+	stSkip
+	stAfter
+	stDone
+)
+
+// scanState is the scanner's position: state, string escapes and the nesting
+// inside the value being skipped, with a bit per level for its kind so a
+// mismatched closer is caught.
+type scanState struct {
+	state   int
+	depth   int // 1 inside the top-level object
+	inner   int // nesting inside the skipped value
+	inStr   bool
+	esc     bool
+	keyLong bool
+	scalar  bool
+	kinds   [MaxDepth/64 + 1]uint64 // 1 = object, 0 = array, per inner level
+}
+
+// skip consumes one byte of a value being skipped. When the value ends it
+// moves to stAfter; a scalar that ends at ',' or '}' also consumes that byte
+// (to stKey or stDone).
+func (s *scanState) skip(c byte) error {
+	if s.inStr {
+		switch {
+		case s.esc:
+			s.esc = false
+		case c == '\\':
+			s.esc = true
+		case c == '"':
+			s.inStr = false
+			if s.inner == 0 {
+				s.state = stAfter
+			}
+		}
+		return nil
+	}
+	switch c {
+	case '"':
+		if s.scalar {
+			return errors.New("request body is not valid JSON")
+		}
+		s.inStr = true
+	case '{', '[':
+		if s.scalar {
+			return errors.New("request body is not valid JSON")
+		}
+		if s.depth+s.inner+1 > MaxDepth {
+			return errTooDeep
+		}
+		w, b := s.inner/64, uint(s.inner%64)
+		if c == '{' {
+			s.kinds[w] |= 1 << b
+		} else {
+			s.kinds[w] &^= 1 << b
+		}
+		s.inner++
+	case '}', ']':
+		if s.inner == 0 {
+			if s.scalar && c == '}' {
+				s.scalar, s.state = false, stDone
+				return nil
+			}
+			return errors.New("request body is not valid JSON")
+		}
+		s.inner--
+		w, b := s.inner/64, uint(s.inner%64)
+		if obj := s.kinds[w]&(1<<b) != 0; obj != (c == '}') {
+			return errors.New("request body is not valid JSON: mismatched brackets")
+		}
+		if s.inner == 0 {
+			s.state = stAfter
+		}
+	case ',':
+		if s.inner == 0 {
+			if !s.scalar {
+				return errors.New("request body is not valid JSON")
+			}
+			s.scalar, s.state = false, stKey
+		}
+	case ' ', '\t', '\r', '\n':
+		if s.inner == 0 && s.scalar {
+			s.scalar, s.state = false, stAfter
+		}
+	default:
+		if s.inner == 0 {
+			s.scalar = true // a number, true, false or null
+		}
+	}
+	return nil
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
+
+// scanMultipartModel reads a multipart/form-data body only as far as its
+// form field named key and returns that field's value ("" if the form ends
+// without it). Parts before it are read and kept in the prefix (the body
+// cap bounds them), never parsed further.
+func scanMultipartModel(p *prefix, contentType, key string) (string, error) {
+	_, params, err := mime.ParseMediaType(contentType)
+	if err != nil || params["boundary"] == "" {
+		return "", errors.New("request body must be multipart/form-data with a boundary")
+	}
+	mr := multipart.NewReader(&prefixReader{p: p}, params["boundary"])
+	for {
+		part, err := mr.NextRawPart()
+		if errors.Is(err, io.EOF) {
+			return "", nil
+		}
+		if err != nil {
+			if p.err != nil && !errors.Is(p.err, io.EOF) {
+				return "", p.err
+			}
+			return "", fmt.Errorf("request body is not valid multipart/form-data: %v", err)
+		}
+		if part.FormName() == key && part.FileName() == "" {
+			b, err := io.ReadAll(io.LimitReader(part, maxModel+1))
+			if err != nil {
+				if p.err != nil && !errors.Is(p.err, io.EOF) {
+					return "", p.err
+				}
+				return "", fmt.Errorf("form field %q: %v", key, err)
+			}
+			if len(b) > maxModel {
+				return "", fmt.Errorf("form field %q is longer than %d bytes", key, maxModel)
+			}
+			return strings.TrimSpace(string(b)), nil
+		}
+		if _, err := io.Copy(io.Discard, part); err != nil {
+			if p.err != nil && !errors.Is(p.err, io.EOF) {
+				return "", p.err
+			}
+			return "", fmt.Errorf("request body is not valid multipart/form-data: %v", err)
+		}
+	}
+}
+
+// prefixReader reads the body through the prefix, so every byte the
+// multipart reader consumes (or buffers ahead) stays in it.
+type prefixReader struct {
+	p   *prefix
+	buf []byte
+}
+
+func (r *prefixReader) Read(b []byte) (int, error) {
+	if len(r.buf) == 0 {
+		r.buf = r.p.more()
+		if r.buf == nil {
+			return 0, r.p.err
+		}
+	}
+	n := copy(b, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}

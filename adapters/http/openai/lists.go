@@ -1,0 +1,271 @@
+package openaiapi
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"iop/application/edge"
+	"iop/domain"
+)
+
+// root answers GET and HEAD / as Ollama does: the Ollama CLI probes it
+// before every command, Claude Code before every session; both want 200.
+func (h *Handler) root(w http.ResponseWriter, r *http.Request) {
+	const text = "Ollama is running"
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Content-Length", "17")
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		_, _ = io.WriteString(w, text)
+	}
+}
+
+// refreshCatalog waits, at most RefreshWait, for a catalog refresh that
+// started now or later. A provider slow to list its models (one that is
+// down and times out) then delays the answer by RefreshWait, not by the
+// discovery timeout; the round goes on and serves the next request.
+func (h *Handler) refreshCatalog(r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), h.RefreshWait)
+	defer cancel()
+	h.deps.Models.RefreshedSince(ctx, time.Now())
+}
+
+// listModels answers GET /v1/models in OpenAI's list shape: one entry per
+// model and node (owned_by is the node id). Asked by an Anthropic client
+// (anthropic-version set), each entry also carries the Anthropic Models API
+// fields (type, display_name, created_at) and the list its paging fields,
+// so either kind of client reads the same list.
+func (h *Handler) listModels(w http.ResponseWriter, r *http.Request) {
+	entries, err := h.models(r)
+	if err != nil {
+		h.fail(w, r, err, nil, "")
+		return
+	}
+	anthropic := r.Header.Get("Anthropic-Version") != ""
+	out := modelList{Object: "list", Data: []modelObject{}}
+	seen := map[[2]string]bool{}
+	for _, e := range entries {
+		k := [2]string{e.ID, e.Node}
+		if !seen[k] {
+			seen[k] = true
+			out.Data = append(out.Data, newModelObject(e, anthropic))
+		}
+	}
+	if !anthropic {
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	page := anthropicModelList{modelList: out}
+	if n := len(out.Data); n > 0 {
+		page.FirstID, page.LastID = &out.Data[0].ID, &out.Data[n-1].ID
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+// getModel answers GET /v1/models/{model} with the first node serving it.
+func (h *Handler) getModel(w http.ResponseWriter, r *http.Request) {
+	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
+	entries, err := h.models(r)
+	if err != nil {
+		h.fail(w, r, err, nil, "")
+		return
+	}
+	for _, exact := range []bool{true, false} {
+		for _, e := range entries {
+			if e.ID == id || (!exact && edge.MatchModel(e.ID, id)) {
+				writeJSON(w, http.StatusOK, newModelObject(e, r.Header.Get("Anthropic-Version") != ""))
+				return
+			}
+		}
+	}
+	h.fail(w, r, domain.Errorf(domain.CodeModelNotFound, "the model %q does not exist", id), nil, id)
+}
+
+// models returns the catalog, refreshed if it was not just now, limited to
+// the pinned node if there is one and to the nodes the caller's key may see.
+func (h *Handler) models(r *http.Request) ([]edge.ModelEntry, error) {
+	h.refreshCatalog(r)
+	caller := domain.PrincipalFrom(r.Context())
+	if node := r.Header.Get(NodeHeader); node != "" {
+		if !caller.SeesNode(node) {
+			return nil, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", node)
+		}
+		return h.deps.Models.NodeModels(node)
+	}
+	return visibleModels(caller, h.deps.Models.Models()), nil
+}
+
+// visibleModels drops the models of nodes caller may not see.
+func visibleModels(caller domain.Principal, all []edge.ModelEntry) []edge.ModelEntry {
+	if !caller.Limited() {
+		return all
+	}
+	out := make([]edge.ModelEntry, 0, len(all))
+	for _, e := range all {
+		if caller.SeesNode(e.Node) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+	// Anthropic's Models API names, for Anthropic clients only.
+	Type        string `json:"type,omitempty"`
+	DisplayName string `json:"display_name,omitempty"`
+	CreatedAt   string `json:"created_at,omitempty"`
+}
+
+func newModelObject(e edge.ModelEntry, anthropic bool) modelObject {
+	m := modelObject{ID: e.ID, Object: "model", Created: e.Created, OwnedBy: e.Node}
+	if anthropic {
+		m.Type, m.DisplayName, m.CreatedAt = "model", e.ID, time.Unix(e.Created, 0).UTC().Format(time.RFC3339)
+	}
+	return m
+}
+
+type modelList struct {
+	Object string        `json:"object"`
+	Data   []modelObject `json:"data"`
+}
+
+// anthropicModelList adds the Anthropic Models API's paging fields.
+type anthropicModelList struct {
+	modelList
+	HasMore bool    `json:"has_more"`
+	FirstID *string `json:"first_id"`
+	LastID  *string `json:"last_id"`
+}
+
+type ollamaTag struct {
+	Name       string   `json:"name"`
+	Model      string   `json:"model"`
+	ModifiedAt string   `json:"modified_at"`
+	Size       int64    `json:"size"`
+	Digest     string   `json:"digest"`
+	Details    struct{} `json:"details"`
+}
+
+// tags answers GET /api/tags: pinned to a node, the node's own answer;
+// otherwise the ollama providers' models of every node (the catalog,
+// refreshed if it was not just now) merged in Ollama's shape, one entry per
+// model name.
+func (h *Handler) tags(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get(NodeHeader) != "" {
+		h.proxy(w, r, target{family: domain.ProviderOllama}, "", "")
+		return
+	}
+	h.refreshCatalog(r)
+	out := struct {
+		Models []json.RawMessage `json:"models"`
+	}{Models: []json.RawMessage{}}
+	seen := map[string]bool{}
+	for _, e := range visibleModels(domain.PrincipalFrom(r.Context()), h.deps.Models.Models()) {
+		if e.Type != domain.ProviderOllama || seen[e.ID] {
+			continue
+		}
+		seen[e.ID] = true
+		raw := json.RawMessage(e.Raw)
+		if len(raw) == 0 {
+			raw, _ = json.Marshal(ollamaTag{Name: e.ID, Model: e.ID, ModifiedAt: time.Unix(e.Created, 0).UTC().Format(time.RFC3339), Details: struct{}{}})
+		}
+		out.Models = append(out.Models, raw)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// ps answers GET /api/ps: pinned to a node, the node's own answer;
+// otherwise every ollama provider of every node is asked and their
+// "models" lists are concatenated. A node that fails to answer is left out
+// (and logged); if every one fails, the first failure is the answer.
+func (h *Handler) ps(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get(NodeHeader) != "" {
+		h.proxy(w, r, target{family: domain.ProviderOllama}, "", "")
+		return
+	}
+	targets := h.deps.Tunnels.Targets(domain.PrincipalFrom(r.Context()), domain.ProviderOllama)
+	parts := make([][]json.RawMessage, len(targets))
+	errs := make([]error, len(targets))
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(r.Context(), listTimeout)
+			defer cancel()
+			parts[i], errs[i] = h.askList(ctx, r, t)
+		}()
+	}
+	wg.Wait()
+	out := struct {
+		Models []json.RawMessage `json:"models"`
+	}{Models: []json.RawMessage{}}
+	var firstErr error
+	answered := 0
+	for i, p := range parts {
+		if errs[i] != nil {
+			h.log.Warn("node left out of merged /api/ps", "node", targets[i].Node, "provider", targets[i].Provider, "err", errs[i])
+			if firstErr == nil {
+				firstErr = errs[i]
+			}
+			continue
+		}
+		answered++
+		out.Models = append(out.Models, p...)
+	}
+	if answered == 0 && firstErr != nil {
+		h.fail(w, r, firstErr, nil, "")
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// askList makes r's GET at one provider and returns the "models" array of
+// its answer.
+func (h *Handler) askList(ctx context.Context, r *http.Request, t edge.ProviderTarget) ([]json.RawMessage, error) {
+	tun, err := h.deps.Tunnels.Handle(ctx, edge.SubmitProviderTunnel{
+		Node: t.Node, Provider: t.Provider, ProviderType: domain.ProviderOllama,
+		Method: http.MethodGet, Path: r.URL.Path, Query: r.URL.RawQuery, Header: http.Header{"Accept": {"application/json"}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer tun.Close()
+	status := 0
+	var body []byte
+	for {
+		f, err := tun.Next(ctx)
+		if err != nil {
+			return nil, err
+		}
+		switch f.Kind {
+		case domain.TunnelStatus:
+			status = f.Status
+		case domain.TunnelBody:
+			if len(body)+len(f.Body) > maxListBody {
+				return nil, domain.Errorf(domain.CodeProviderError, "%s answer of node %s is larger than %d bytes", r.URL.Path, t.Node, maxListBody)
+			}
+			body = append(body, f.Body...)
+		case domain.TunnelEnd:
+			if status < 200 || status > 299 {
+				return nil, domain.Errorf(domain.CodeProviderError, "%s on node %s answered %d", r.URL.Path, t.Node, status)
+			}
+			var doc struct {
+				Models []json.RawMessage `json:"models"`
+			}
+			if err := json.Unmarshal(body, &doc); err != nil {
+				return nil, domain.Errorf(domain.CodeProviderError, "%s on node %s: %v", r.URL.Path, t.Node, err)
+			}
+			return doc.Models, nil
+		}
+	}
+}

@@ -1,0 +1,134 @@
+package openaiapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"iop/domain"
+)
+
+const (
+	// maxResponseIDs bounds the remembered response ids; the oldest go first.
+	maxResponseIDs = 10000
+	// maxSniff bounds how much of a created response is searched for its id.
+	maxSniff = 64 << 10
+)
+
+// responseFollowUp serves the Responses API's follow-ups (retrieve, delete,
+// cancel, input items) at the node and provider that created the response:
+// that provider holds its state. An id this edge did not see created goes
+// to the only node with a provider of the OpenAI API, if there is just one;
+// otherwise it is not found.
+func (h *Handler) responseFollowUp(w http.ResponseWriter, r *http.Request, id string) {
+	t := target{family: domain.ProviderOpenAI}
+	if at, ok := h.responses.get(id); ok {
+		h.proxy(w, r, t, at.node, at.provider)
+		return
+	}
+	if pinned := r.Header.Get(NodeHeader); pinned != "" {
+		h.proxy(w, r, t, pinned, "")
+		return
+	}
+	nodes := map[string]bool{}
+	for _, p := range h.deps.Tunnels.Targets(domain.PrincipalFrom(r.Context()), domain.ProviderOpenAI) {
+		nodes[p.Node] = true
+	}
+	if len(nodes) == 1 {
+		for n := range nodes {
+			h.proxy(w, r, t, n, "")
+		}
+		return
+	}
+	WriteError(w, r, http.StatusNotFound, "response_not_found",
+		fmt.Sprintf("response %q was not created through this edge (or is too old to be remembered); pin its node with the X-IOP-Node header", id))
+}
+
+type responseAt struct{ node, provider string }
+
+// responseNodes remembers which node and provider created a response, up
+// to max ids (first in, first out). Safe for concurrent use.
+type responseNodes struct {
+	mu    sync.Mutex
+	max   int
+	at    map[string]responseAt
+	order []string // ring of ids in insertion order
+	next  int
+}
+
+func newResponseNodes(max int) *responseNodes {
+	return &responseNodes{max: max, at: make(map[string]responseAt, 64)}
+}
+
+func (m *responseNodes) put(id, node, provider string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.at[id]; ok {
+		m.at[id] = responseAt{node, provider}
+		return
+	}
+	if len(m.order) < m.max {
+		m.order = append(m.order, id)
+	} else {
+		delete(m.at, m.order[m.next])
+		m.order[m.next] = id
+		m.next = (m.next + 1) % m.max
+	}
+	m.at[id] = responseAt{node, provider}
+}
+
+func (m *responseNodes) get(id string) (responseAt, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a, ok := m.at[id]
+	return a, ok
+}
+
+// idSniffer finds a created response's id in the first bytes of its body:
+// the first "id" member, which is the response's own both in a JSON
+// response object and in the SSE stream (response.created carries the
+// response first). It holds at most maxSniff bytes.
+type idSniffer struct {
+	buf []byte
+}
+
+// feed adds body bytes; done reports that the search is over (id is ""
+// when it gave up).
+func (s *idSniffer) feed(p []byte) (id string, done bool) {
+	s.buf = append(s.buf, p[:min(len(p), maxSniff-len(s.buf))]...)
+	if id, ok := firstID(s.buf); ok {
+		return id, true
+	}
+	return "", len(s.buf) >= maxSniff
+}
+
+// firstID finds `"id"` used as a key with a complete string value in b.
+func firstID(b []byte) (string, bool) {
+	pat := []byte(`"id"`)
+	for off := 0; ; {
+		i := bytes.Index(b[off:], pat)
+		if i < 0 {
+			return "", false
+		}
+		off += i + len(pat)
+		rest := bytes.TrimLeft(b[off:], " \t\r\n")
+		if len(rest) == 0 || rest[0] != ':' {
+			continue
+		}
+		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+		if len(rest) == 0 || rest[0] != '"' {
+			continue
+		}
+		end := bytes.IndexByte(rest[1:], '"')
+		if end < 0 {
+			return "", false // the value is not all here yet
+		}
+		var id string
+		if json.Unmarshal(rest[:end+2], &id) != nil || id == "" {
+			continue
+		}
+		return id, true
+	}
+}

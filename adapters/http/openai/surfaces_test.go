@@ -1,0 +1,238 @@
+package openaiapi_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+func do(t *testing.T, method, url, payload string, hdr ...string) *http.Response {
+	t.Helper()
+	var rd io.Reader
+	if payload != "" {
+		rd = strings.NewReader(payload)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func TestRootAnswersLikeOllama(t *testing.T) {
+	e := newEnv(t)
+	for _, m := range []string{http.MethodGet, http.MethodHead} {
+		resp := do(t, m, e.srv.URL+"/", "")
+		got := readAll(t, resp)
+		want := "Ollama is running"
+		if m == http.MethodHead {
+			want = ""
+		}
+		if resp.StatusCode != 200 || got != want || resp.Header.Get("Content-Type") != "text/plain; charset=utf-8" || resp.ContentLength != 17 {
+			t.Fatalf("%s / = %d %q %v", m, resp.StatusCode, got, resp.Header)
+		}
+	}
+}
+
+func TestRoutesByFamilyAndDialects(t *testing.T) {
+	e := newEnv(t)
+	link := e.node(t, "gpu", serve(response(200, "application/json", `{"id":"resp_1"}`)...),
+		provider("ant", domain.ProviderAnthropic, "claude-x"), provider("vllm", domain.ProviderOpenAI, "qwen", "whisper-1"), provider("ol", domain.ProviderOllama, "tiny"))
+	for _, c := range []struct{ path, body, wantProv string }{
+		{"/v1/messages?beta=true", `{"model":"claude-x","max_tokens":5,"messages":[]}`, "ant"},
+		{"/v1/messages/count_tokens", `{"model":"claude-x","messages":[]}`, "ant"},
+		{"/v1/responses", `{"input":"hi","model":"qwen"}`, "vllm"},
+		{"/v1/images/generations", `{"model":"qwen","prompt":"a cat"}`, "vllm"},
+		{"/v1/rerank", `{"model":"qwen","query":"q","documents":["a"]}`, "vllm"},
+	} {
+		resp := do(t, http.MethodPost, e.srv.URL+c.path, c.body, "X-Api-Key", "sk-edge-key", "Anthropic-Version", "2023-06-01")
+		if got := readAll(t, resp); resp.StatusCode != 200 || got != `{"id":"resp_1"}` {
+			t.Fatalf("%s: %d %s", c.path, resp.StatusCode, got)
+		}
+		o := link.last(t)
+		path, query, _ := strings.Cut(c.path, "?")
+		if o.req.Provider != c.wantProv || o.req.Path != path || o.req.Query != query || string(o.body) != c.body {
+			t.Fatalf("%s: forwarded %+v %q", c.path, o.req, o.body)
+		}
+		if o.req.Header.Get("X-Api-Key") != "" || o.req.Header.Get("Anthropic-Version") != "2023-06-01" {
+			t.Fatalf("%s: forwarded header %v (the caller's key must stay at the edge, anthropic-version must pass)", c.path, o.req.Header)
+		}
+	}
+
+	// Multipart: the model is a form field.
+	var mb bytes.Buffer
+	mw := multipart.NewWriter(&mb)
+	fw, _ := mw.CreateFormFile("file", "a.wav")
+	fw.Write(bytes.Repeat([]byte("RIFF"), 1000))
+	mw.WriteField("model", "whisper-1")
+	mw.Close()
+	resp := do(t, http.MethodPost, e.srv.URL+"/v1/audio/transcriptions", mb.String(), "Content-Type", mw.FormDataContentType())
+	if got := readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("transcriptions: %d %s", resp.StatusCode, got)
+	}
+	if o := link.last(t); o.req.Provider != "vllm" || !bytes.Equal(o.body, mb.Bytes()) {
+		t.Fatalf("transcriptions forwarded to %s, %d bytes of %d", o.req.Provider, len(o.body), mb.Len())
+	}
+
+	// Errors the edge writes, each in its route's dialect.
+	type anthropicErr struct {
+		Type  string `json:"type"`
+		Error struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	resp = do(t, http.MethodPost, e.srv.URL+"/v1/messages", `{"model":"nope","messages":[]}`)
+	var ae anthropicErr
+	if got := readAll(t, resp); resp.StatusCode != 404 || json.Unmarshal([]byte(got), &ae) != nil || ae.Type != "error" || ae.Error.Type != "not_found_error" || ae.Error.Message == "" {
+		t.Fatalf("/v1/messages unknown model: %d %s", resp.StatusCode, got)
+	}
+	resp = do(t, http.MethodPost, e.srv.URL+"/v1/messages", `{"x":`+strings.Repeat("[", 200))
+	if got := readAll(t, resp); resp.StatusCode != 400 || json.Unmarshal([]byte(got), &ae) != nil || ae.Error.Type != "invalid_request_error" || !strings.Contains(ae.Error.Message, "deeper than 128") {
+		t.Fatalf("/v1/messages too deep: %d %s", resp.StatusCode, got)
+	}
+	resp = do(t, http.MethodPost, e.srv.URL+"/v1/responses", `{"model":"nope"}`)
+	if got := readAll(t, resp); resp.StatusCode != 404 || !strings.Contains(got, `"code":"model_not_found"`) || !strings.Contains(got, `"type":"invalid_request_error"`) {
+		t.Fatalf("/v1/responses unknown model: %d %s", resp.StatusCode, got)
+	}
+	resp = do(t, http.MethodPost, e.srv.URL+"/api/chat", `{"model":"tiny3"}`)
+	if got := readAll(t, resp); resp.StatusCode != 404 || got != `{"error":"model 'tiny3' not found"}`+"\n" || resp.Header.Get("Content-Type") != "application/json; charset=utf-8" {
+		t.Fatalf("/api/chat unknown model: %d %q %v", resp.StatusCode, got, resp.Header)
+	}
+	resp = do(t, http.MethodPost, e.srv.URL+"/api/chat", `{"a":`+strings.Repeat(`{"a":`, 200))
+	if got := readAll(t, resp); resp.StatusCode != 400 || !strings.HasPrefix(got, `{"error":"request body nests`) {
+		t.Fatalf("/api/chat too deep: %d %s", resp.StatusCode, got)
+	}
+}
+
+func TestResponsesFollowUpsGoToTheCreatingNode(t *testing.T) {
+	e := newEnv(t)
+	created := "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_abc\",\"object\":\"response\",\"status\":\"in_progress\"}}\n\n"
+	a := e.node(t, "a", serve(response(200, "text/event-stream", created[:40], created[40:])...), provider("p", domain.ProviderOpenAI, "m"))
+	b := e.node(t, "b", serve(response(200, "application/json", `{"id":"resp_other"}`)...), provider("p", domain.ProviderOpenAI, "m"))
+	resp := do(t, http.MethodPost, e.srv.URL+"/v1/responses", `{"model":"m","stream":true}`, "X-IOP-Node", "a")
+	if got := readAll(t, resp); got != created {
+		t.Fatalf("create: %q", got)
+	}
+	for _, c := range []struct{ method, path string }{
+		{http.MethodGet, "/v1/responses/resp_abc"},
+		{http.MethodDelete, "/v1/responses/resp_abc"},
+		{http.MethodPost, "/v1/responses/resp_abc/cancel"},
+		{http.MethodGet, "/v1/responses/resp_abc/input_items"},
+	} {
+		before := len(b.calls)
+		resp := do(t, c.method, e.srv.URL+c.path, "")
+		readAll(t, resp)
+		if o := a.last(t); o.req.Path != c.path || o.req.Method != c.method || len(b.calls) != before {
+			t.Fatalf("%s %s went to %+v", c.method, c.path, o.req)
+		}
+	}
+	resp = do(t, http.MethodGet, e.srv.URL+"/v1/responses/resp_unknown", "")
+	if got := readAll(t, resp); resp.StatusCode != 404 || !strings.Contains(got, "resp_unknown") {
+		t.Fatalf("unknown id with two nodes: %d %s", resp.StatusCode, got)
+	}
+}
+
+func TestOllamaModelManagementRouting(t *testing.T) {
+	e := newEnv(t)
+	okStream := func(domain.TunnelRequest) (ports.TunnelStream, error) {
+		return newFakeStream(response(200, "application/x-ndjson", `{"status":"pulling manifest"}`+"\n", `{"status":"success"}`+"\n")...), nil
+	}
+	a := e.node(t, "a", okStream, provider("ol", domain.ProviderOllama, "tiny"))
+	vl := e.node(t, "v", serve(), provider("vllm", domain.ProviderOpenAI, "qwen"))
+	// The only node with an ollama provider takes a model no node has.
+	resp := do(t, http.MethodPost, e.srv.URL+"/api/pull", `{"model":"new:1b"}`)
+	if got := readAll(t, resp); resp.StatusCode != 200 || got != "{\"status\":\"pulling manifest\"}\n{\"status\":\"success\"}\n" {
+		t.Fatalf("pull: %d %q", resp.StatusCode, got)
+	}
+	if o := a.last(t); o.req.Path != "/api/pull" {
+		t.Fatalf("pull went to %+v", o.req)
+	}
+	for _, c := range []struct{ method, path, body string }{
+		{http.MethodPost, "/api/copy", `{"source":"tiny","destination":"tiny3"}`},
+		{http.MethodDelete, "/api/delete", `{"model":"tiny"}`},
+		{http.MethodPost, "/api/push", `{"model":"tiny"}`},
+		{http.MethodPost, "/api/create", `{"model":"mine","from":"tiny"}`},
+		{http.MethodHead, "/api/blobs/sha256:abc", ""},
+		{http.MethodPost, "/api/blobs/sha256:abc", "blobdata"},
+	} {
+		resp := do(t, c.method, e.srv.URL+c.path, c.body)
+		readAll(t, resp)
+		if o := a.last(t); resp.StatusCode != 200 || o.req.Path != c.path || o.req.Method != c.method || string(o.body) != c.body {
+			t.Fatalf("%s %s: %d, forwarded %+v %q", c.method, c.path, resp.StatusCode, o.req, o.body)
+		}
+	}
+	if len(vl.calls) != 0 {
+		t.Fatalf("the openai-only node got %d tunnels", len(vl.calls))
+	}
+	// A second ollama node: a new model needs a pin.
+	e.node(t, "b", okStream, provider("ol", domain.ProviderOllama, "other"))
+	resp = do(t, http.MethodPost, e.srv.URL+"/api/pull", `{"model":"new:1b"}`)
+	if got := readAll(t, resp); resp.StatusCode != 400 || !strings.Contains(got, "X-IOP-Node") || !strings.Contains(got, "a, b") {
+		t.Fatalf("pull with two nodes: %d %s", resp.StatusCode, got)
+	}
+	resp = do(t, http.MethodPost, e.srv.URL+"/api/pull", `{"model":"new:1b"}`, "X-IOP-Node", "b")
+	if got := readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("pinned pull: %d %s", resp.StatusCode, got)
+	}
+}
+
+func TestOllamaPSMergesNodes(t *testing.T) {
+	e := newEnv(t)
+	ps := func(name string) func(domain.TunnelRequest) (ports.TunnelStream, error) {
+		return func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+			return newFakeStream(response(200, "application/json; charset=utf-8", `{"models":[{"name":"`+name+`","size":1}]}`)...), nil
+		}
+	}
+	e.node(t, "a", ps("tiny"), provider("ol", domain.ProviderOllama, "tiny"))
+	e.node(t, "b", ps("big"), provider("ol", domain.ProviderOllama, "big"))
+	resp := do(t, http.MethodGet, e.srv.URL+"/api/ps", "")
+	if got := readAll(t, resp); resp.StatusCode != 200 || got != `{"models":[{"name":"tiny","size":1},{"name":"big","size":1}]}`+"\n" {
+		t.Fatalf("merged ps: %d %s", resp.StatusCode, got)
+	}
+}
+
+func TestRelayedResponseKeepsContentLength(t *testing.T) {
+	e := newEnv(t)
+	e.node(t, "a", serve(status(200), header("Content-Type", "application/json; charset=utf-8", "Content-Length", "11"), body(`{"ok":true}`), frame(domain.TunnelEnd)),
+		provider("ol", domain.ProviderOllama, "tiny"))
+	resp := do(t, http.MethodPost, e.srv.URL+"/api/show", `{"model":"tiny"}`)
+	if got := readAll(t, resp); got != `{"ok":true}` || resp.ContentLength != 11 || len(resp.TransferEncoding) != 0 {
+		t.Fatalf("relayed: %q, length %d, TE %v", got, resp.ContentLength, resp.TransferEncoding)
+	}
+}
+
+func TestSlowDiscoveryDelaysListsOnlyByRefreshWait(t *testing.T) {
+	e := newEnv(t)
+	e.h.RefreshWait = 100 * time.Millisecond
+	hang := newFakeStream() // discovery never answers
+	e.node(t, "gpu", serveStream(hang), provider("ol", domain.ProviderOllama))
+	e.node(t, "cpu", serve(), provider("vllm", domain.ProviderOpenAI, "qwen"))
+	for _, path := range []string{"/v1/models", "/api/tags"} {
+		start := time.Now()
+		resp := do(t, http.MethodGet, e.srv.URL+path, "")
+		got := readAll(t, resp)
+		if d := time.Since(start); resp.StatusCode != 200 || d > 3*time.Second {
+			t.Fatalf("%s: %d after %v: %s", path, resp.StatusCode, d, got)
+		}
+	}
+	resp := do(t, http.MethodGet, e.srv.URL+"/v1/models", "")
+	if got := readAll(t, resp); !strings.Contains(got, `"qwen"`) {
+		t.Fatalf("the known models are still listed: %s", got)
+	}
+}

@@ -1,0 +1,94 @@
+package httpapi_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"iop/adapters/eventbus"
+	httpapi "iop/adapters/http"
+	"iop/application/edge"
+	"iop/domain"
+)
+
+// The passthrough surfaces sit behind the same keys, each refusing in its
+// clients' dialect; Claude Code's x-api-key is a key like Bearer, and the
+// probe at / needs none.
+func TestPassthroughSurfacesBehindKeys(t *testing.T) {
+	reg, bus := edge.NewRegistry(), eventbus.New()
+	defer bus.Close()
+	tracker := edge.NewRunTracker(0)
+	cmds := edge.NewNodeCommandHandler(reg)
+	reached := 0
+	api := httpapi.New(httpapi.Deps{
+		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
+		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
+		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
+		APIKeys: []httpapi.APIKey{apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference)},
+		OpenAI: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			reached++
+			w.WriteHeader(299)
+		}),
+	}, "127.0.0.1:0", nil)
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+	do := func(method, path string, hdr ...string) (int, string) {
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(`{"model":"m"}`))
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	// Without a key: each surface's own error shape.
+	code, b := do("POST", "/v1/messages?beta=true")
+	var ae struct {
+		Type  string `json:"type"`
+		Error struct{ Type, Message string }
+	}
+	if code != 401 || json.Unmarshal([]byte(b), &ae) != nil || ae.Type != "error" || ae.Error.Type != "authentication_error" {
+		t.Fatalf("/v1/messages without a key: %d %s", code, b)
+	}
+	for path, want := range map[string]string{
+		"/v1/messages/count_tokens": `"type":"authentication_error"`,
+		"/v1/responses":             `"code":"invalid_api_key"`,
+		"/v1/responses/resp_1":      `"code":"invalid_api_key"`,
+		"/v1/audio/transcriptions":  `"code":"invalid_api_key"`,
+		"/v1/images/generations":    `"code":"invalid_api_key"`,
+		"/v1/rerank":                `"code":"invalid_api_key"`,
+		"/api/pull":                 `{"error":"`,
+	} {
+		if code, b := do("POST", path); code != 401 || !strings.Contains(b, want) {
+			t.Errorf("%s without a key: %d %s", path, code, b)
+		}
+	}
+	if reached != 0 {
+		t.Fatalf("the surface was reached %d times without a key", reached)
+	}
+	// With the key, as x-api-key (Claude Code) or Bearer (Codex).
+	for _, c := range [][]string{
+		{"POST", "/v1/messages?beta=true", "X-Api-Key", "inference-key-0123456789"},
+		{"POST", "/v1/responses", "Authorization", "Bearer inference-key-0123456789"},
+		{"GET", "/v1/responses/resp_1", "Authorization", "Bearer inference-key-0123456789"},
+		{"POST", "/v1/audio/translations", "Authorization", "Bearer inference-key-0123456789"},
+	} {
+		if code, b := do(c[0], c[1], c[2], c[3]); code != 299 {
+			t.Errorf("%s %s with the key: %d %s", c[0], c[1], code, b)
+		}
+	}
+	// The probe at / needs no key.
+	for _, m := range []string{"HEAD", "GET"} {
+		if code, _ := do(m, "/"); code != 299 {
+			t.Errorf("%s / without a key: %d", m, code)
+		}
+	}
+}

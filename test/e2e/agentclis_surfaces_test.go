@@ -1,0 +1,105 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/test/agentcli"
+	"iop/test/standin"
+)
+
+// runCLI runs a real agent CLI with exactly env (nothing of the test's own
+// environment) in a temporary directory and returns its stdout.
+func runCLI(t *testing.T, env agentcli.Env, path string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Env = env.List()
+	cmd.Dir = t.TempDir()
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", path, err, out.String(), errb.String())
+	}
+	return out.String()
+}
+
+// sameRequests checks that every model request the CLI sent to the edge
+// reached the provider unchanged (body and query), in order.
+func sameRequests(t *testing.T, front, provider *tap, path string) {
+	t.Helper()
+	front.mu.Lock()
+	provider.mu.Lock()
+	defer front.mu.Unlock()
+	defer provider.mu.Unlock()
+	var sent, got []tapped
+	for _, s := range front.seen {
+		if s.path == path {
+			sent = append(sent, s)
+		}
+	}
+	for _, s := range provider.seen {
+		if s.path == path {
+			got = append(got, s)
+		}
+	}
+	if len(sent) == 0 || len(sent) != len(got) {
+		t.Fatalf("%d requests on %s from the CLI, %d at the provider", len(sent), path, len(got))
+	}
+	for i := range sent {
+		if !bytes.Equal(sent[i].body, got[i].body) || sent[i].query != got[i].query {
+			t.Fatalf("request %d on %s changed on the way:\nsent %q ?%s\ngot  %q ?%s", i, path, sent[i].body, sent[i].query, got[i].body, got[i].query)
+		}
+		if got[i].header.Get("Authorization") != "" || strings.Contains(got[i].header.Get("X-Api-Key"), agentKey) {
+			t.Fatalf("the CLI's credentials for the edge reached the provider: %v", got[i].header)
+		}
+	}
+}
+
+const cliAnswer = "Answer from the provider behind the edge ✓"
+
+// The real Claude Code and Codex CLIs, pointed at an edge that requires an
+// API key (Claude Code sends it as x-api-key, Codex as Bearer), reach a
+// stand-in Messages / Responses provider on a node. Every base URL they
+// know is the edge (through a tap) or a closed loopback port, and proxies
+// point at a closed port too: nothing leaves loopback.
+func TestRealAgentCLIsThroughTheEdge(t *testing.T) {
+	t.Run("claude", func(t *testing.T) {
+		t.Parallel()
+		bin := agentcli.Find(t, "claude")
+		// No declared models: the anthropic provider takes whatever model
+		// Claude Code asks for.
+		a := startAgentEdgeKeyed(t, "", ", models: [gpt-standin]", true)
+		a.antS.Reply(standin.Reply{Text: cliAnswer, Usage: standin.Usage{Input: 40, Output: 9}})
+		front := newTap(t, a.e.url)
+		env := agentcli.Claude(t, front.URL)
+		env["ANTHROPIC_API_KEY"] = agentKey // the edge's key, sent as x-api-key
+		out := runCLI(t, env, bin, "-p", "hello through the edge")
+		if !strings.Contains(out, cliAnswer) {
+			t.Fatalf("claude -p printed %q", out)
+		}
+		sameRequests(t, front, a.ant, "/v1/messages")
+		if s := a.ant.last(t, "/v1/messages"); s.header.Get("X-Api-Key") != nodeAnthropicKey || !bytes.Contains(s.body, []byte("hello through the edge")) {
+			t.Fatalf("provider request: %v %q", s.header, s.body)
+		}
+	})
+	t.Run("codex", func(t *testing.T) {
+		t.Parallel()
+		bin := agentcli.Find(t, "codex")
+		a := startAgentEdgeKeyed(t, ", models: [claude-standin]", ", models: [gpt-standin]", true)
+		a.oaiS.Reply(standin.Reply{Text: cliAnswer, Usage: standin.Usage{Input: 40, Output: 9}})
+		front := newTap(t, a.e.url)
+		env := agentcli.Codex(t, front.URL, "gpt-standin")
+		env["STANDIN_API_KEY"] = agentKey // the edge's key, sent as Bearer
+		out := runCLI(t, env, bin, "exec", "--skip-git-repo-check", "hello through the edge")
+		if !strings.Contains(out, cliAnswer) {
+			t.Fatalf("codex exec printed %q", out)
+		}
+		sameRequests(t, front, a.oai, "/v1/responses")
+	})
+}
