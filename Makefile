@@ -89,3 +89,11 @@ proto:
 
 clean:
 	rm -rf $(BIN) tmp
+
+# The web console's browser tests (test/e2e/console_test.go) skip without
+# Chromium; make test says so up front.
+ifneq ($(filter test test-e2e,$(MAKECMDGOALS)),)
+ifeq ($(shell command -v chromium 2>/dev/null),)
+$(info note: no chromium; the web console's browser tests will skip (apt-get install chromium))
+endif
+endif

@@ -16,6 +16,7 @@ import (
 	"iop/adapters/config"
 	"iop/adapters/eventbus"
 	httpapi "iop/adapters/http"
+	"iop/adapters/http/console"
 	openaiapi "iop/adapters/http/openai"
 	"iop/adapters/metrics/prom"
 	"iop/adapters/store/edgestore"
@@ -162,9 +163,14 @@ func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edg
 		}
 		deps.TLSCert = &cert
 	}
-	srv := httpapi.New(deps, hc.Listen, log)
-	srv.AccessLog = s.Config.Log.AccessLog()
-	return srv, nil
+	hs := httpapi.New(deps, hc.Listen, log)
+	hs.AccessLog = s.Config.Log.AccessLog()
+	// The web console's static files need no key; the data it shows comes
+	// from the API routes above, under their own scopes.
+	ui := console.Handler()
+	hs.Handle("GET /ui", httpapi.Access{Public: true}, ui)
+	hs.Handle("GET "+console.Prefix, httpapi.Access{Public: true}, ui)
+	return hs, nil
 }
 
 // runEdge starts the listeners synchronously (a busy port fails start-up),

@@ -13,7 +13,8 @@ import (
 const eventBuffer = 1024
 
 // handleEvents streams the event bus as SSE: one event per bus event, named
-// by its type, with the bus event as JSON data. ?type=a,b (or repeated type
+// by its type, with the bus event as JSON data, after a first comment
+// (": subscribed") sent as soon as the subscription exists. ?type=a,b (or repeated type
 // parameters) keeps only those types; a trailing "*" matches a prefix
 // ("node.*"). A client that falls more than eventBuffer events behind loses
 // events (the bus never waits for it): the stream then carries a comment
@@ -26,6 +27,12 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	sse, err := s.startSSE(w, nil)
 	if err != nil {
+		return
+	}
+	// A first comment at once: some clients (Firefox's fetch) report the
+	// stream open only when its first body bytes arrive, and the bus may be
+	// quiet for a long time.
+	if sse.comment("subscribed") != nil {
 		return
 	}
 	tick := time.NewTicker(s.keepAlive())

@@ -1,0 +1,1011 @@
+// iop web console. A client of the edge's public HTTP API only (/v1/…),
+// served from the same origin. No framework, no build step: plain DOM.
+'use strict';
+
+// ---------------------------------------------------------------- helpers
+
+// h builds an element. Text is always set as text, never parsed as HTML:
+// node ids, run output and event data come from outside.
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === 'class') el.className = v;
+    else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+    else if (k === 'value') el.value = v;
+    else if (k === 'style') el.style.cssText = v; // CSSOM: allowed by the page's CSP, unlike a style attribute
+    else el.setAttribute(k, v === true ? '' : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+const SVGNS = 'http://www.w3.org/2000/svg';
+function s(tag, attrs, ...children) {
+  const el = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, String(v));
+  for (const c of children.flat()) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return el;
+}
+
+function fmtTime(t) {
+  if (!t) return '—';
+  const d = new Date(t);
+  if (isNaN(d)) return '—';
+  return d.toLocaleString(undefined, { month: 'short', day: 'numeric', hour: '2-digit', minute: '2-digit', second: '2-digit' });
+}
+
+function ago(t) {
+  if (!t) return '';
+  const sec = Math.max(0, (Date.now() - new Date(t).getTime()) / 1000);
+  if (sec < 60) return Math.floor(sec) + 's ago';
+  if (sec < 3600) return Math.floor(sec / 60) + 'm ago';
+  if (sec < 86400) return Math.floor(sec / 3600) + 'h ' + Math.floor((sec % 3600) / 60) + 'm ago';
+  return Math.floor(sec / 86400) + 'd ago';
+}
+
+function dur(a, b) {
+  if (!a || !b) return '';
+  const ms = new Date(b) - new Date(a);
+  if (ms < 1000) return ms + ' ms';
+  if (ms < 60000) return (ms / 1000).toFixed(1) + ' s';
+  return Math.floor(ms / 60000) + 'm ' + Math.round((ms % 60000) / 1000) + 's';
+}
+
+function num(n) {
+  if (n === undefined || n === null) return '—';
+  return Number(n).toLocaleString();
+}
+
+function cost(c) {
+  return c ? '$' + Number(c).toFixed(c < 0.01 ? 5 : 3) : '';
+}
+
+function badge(text) {
+  return h('span', { class: 'badge ' + text }, text);
+}
+
+const FINISHED = new Set(['succeeded', 'failed', 'cancelled']);
+const TERMINAL = new Set(['complete', 'error', 'cancelled']);
+
+function statusOfTerminal(type) {
+  return { complete: 'succeeded', error: 'failed', cancelled: 'cancelled' }[type] || 'running';
+}
+
+// ---------------------------------------------------------------- API access
+
+const KEY = 'iop.console.key';
+const FORBIDDEN = 'iop.console.forbidden';
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message || code || ('HTTP ' + status));
+    this.status = status;
+    this.code = code;
+  }
+}
+
+// Actions a key's scopes may forbid. The API has no route that lists a key's
+// scopes, so the console learns them from 403 answers: probeScopes asks up
+// front with requests that can never do anything, and any later 403 hides
+// its action too, for the rest of the tab's session or until the key
+// changes.
+function forbidden() {
+  try { return new Set(JSON.parse(sessionStorage.getItem(FORBIDDEN) || '[]')); } catch { return new Set(); }
+}
+function markForbidden(action) {
+  if (!action) return;
+  const f = forbidden();
+  if (f.has(action)) return;
+  f.add(action);
+  sessionStorage.setItem(FORBIDDEN, JSON.stringify([...f]));
+  applyForbidden();
+}
+function allowed(action) { return !forbidden().has(action); }
+function applyForbidden() {
+  const f = forbidden();
+  for (const el of document.querySelectorAll('[data-needs]')) el.hidden = f.has(el.dataset.needs);
+}
+
+let keyPrompt = null;
+
+// probeScopes sends, with the key, one request per guarded action whose body
+// is not JSON: the edge checks the key's scope before it reads a body, so
+// 403 means the scope is missing, and anything else (400) that it is there.
+// Nothing is started or changed either way.
+async function probeScopes() {
+  const key = sessionStorage.getItem(KEY);
+  if (!key) return;
+  const probes = [
+    { path: '/v1/runs', actions: ['runs.start', 'runs.cancel'] },
+    { path: '/v1/nodes/-/commands', actions: ['nodes.command'] },
+  ];
+  await Promise.all(probes.map(async (p) => {
+    try {
+      const resp = await fetch(p.path, { method: 'POST', headers: { Authorization: 'Bearer ' + key, 'Content-Type': 'application/json' }, body: 'probe', cache: 'no-store' });
+      if (resp.status === 403) p.actions.forEach(markForbidden);
+    } catch { /* the edge is unreachable: later requests say so */ }
+  }));
+}
+
+// askKey shows the key dialog once, however many requests are waiting.
+function askKey(reason) {
+  if (keyPrompt) return keyPrompt;
+  keyPrompt = new Promise((resolve) => {
+    const dlg = document.getElementById('key-dialog');
+    const input = document.getElementById('key-input');
+    document.getElementById('key-reason').textContent = reason;
+    input.value = '';
+    const form = document.getElementById('key-form');
+    const done = (ev) => {
+      ev.preventDefault();
+      const k = input.value.trim();
+      if (!k) return;
+      form.removeEventListener('submit', done);
+      sessionStorage.setItem(KEY, k);
+      sessionStorage.removeItem(FORBIDDEN);
+      applyForbidden();
+      dlg.close();
+      renderKeyState();
+      probeScopes().then(() => {
+        keyPrompt = null;
+        resolve();
+      });
+    };
+    form.addEventListener('submit', done);
+    dlg.addEventListener('cancel', (ev) => ev.preventDefault());
+    dlg.showModal();
+    input.focus();
+  });
+  return keyPrompt;
+}
+
+function renderKeyState() {
+  const el = document.getElementById('key-state');
+  el.replaceChildren();
+  if (!sessionStorage.getItem(KEY)) return;
+  el.append('key set', h('button', {
+    class: 'small', title: 'forget the key kept in this tab', onclick: () => {
+      sessionStorage.removeItem(KEY);
+      sessionStorage.removeItem(FORBIDDEN);
+      location.reload();
+    },
+  }, 'forget'));
+}
+
+// api sends one request to the edge. A 401 asks for a key and retries; a
+// 403 marks the action forbidden; any other failure throws an ApiError
+// carrying the API's {"error":{"code","message"}}.
+async function api(path, opts = {}) {
+  for (;;) {
+    const headers = new Headers(opts.headers || {});
+    const key = sessionStorage.getItem(KEY);
+    if (key) headers.set('Authorization', 'Bearer ' + key);
+    let body;
+    if (opts.json !== undefined) {
+      headers.set('Content-Type', 'application/json');
+      body = JSON.stringify(opts.json);
+    }
+    const resp = await fetch(path, { method: opts.method || 'GET', headers, body, signal: opts.signal, cache: 'no-store' });
+    if (resp.status === 401) {
+      if (key) sessionStorage.removeItem(KEY);
+      await askKey(key ? 'The edge refused that key. Enter another one.' : 'This edge asks for an API key.');
+      continue;
+    }
+    if (resp.ok) return resp;
+    let code = '', message = '';
+    try {
+      const e = (await resp.json()).error || {};
+      code = e.code || '';
+      message = e.message || '';
+    } catch { /* not JSON */ }
+    if (resp.status === 403) markForbidden(opts.action);
+    if (resp.status === 429 && !message) message = 'too many requests; try again in ' + (resp.headers.get('Retry-After') || 'a few') + ' s';
+    throw new ApiError(resp.status, code, message);
+  }
+}
+
+async function apiJSON(path, opts) {
+  return (await api(path, opts)).json();
+}
+
+// readSSE reads a text/event-stream body (from fetch, so it can carry the
+// Authorization header, which EventSource cannot) and calls onEvent(type,
+// data) per event until the stream ends or the signal aborts.
+async function readSSE(resp, onEvent) {
+  const reader = resp.body.getReader();
+  const dec = new TextDecoder();
+  let buf = '', type = '', data = [];
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buf += dec.decode(value, { stream: true });
+    let i;
+    while ((i = buf.indexOf('\n')) >= 0) {
+      let line = buf.slice(0, i);
+      buf = buf.slice(i + 1);
+      if (line.endsWith('\r')) line = line.slice(0, -1);
+      if (line === '') {
+        if (data.length) onEvent(type || 'message', data.join('\n'));
+        type = '';
+        data = [];
+      } else if (line.startsWith(':')) {
+        // comment: keep-alive or "dropped N events"
+      } else if (line.startsWith('event:')) {
+        type = line.slice(6).trim();
+      } else if (line.startsWith('data:')) {
+        let d = line.slice(5);
+        if (d.startsWith(' ')) d = d.slice(1);
+        data.push(d);
+      }
+    }
+  }
+}
+
+function showError(where, err) {
+  where.replaceChildren(h('div', { class: 'error-box' }, err.code ? `${err.code}: ${err.message}` : String(err.message || err)));
+}
+
+// ---------------------------------------------------------------- live state
+
+// runs holds what this tab has seen of runs on the bus, newest last,
+// bounded so a long-open tab does not grow without end.
+const MAX_RUNS = 300, MAX_EVENTS_PER_RUN = 4000, MAX_OUTPUT = 1 << 20;
+const runs = new Map();
+const busListeners = new Set();
+const seenNodes = new Map(); // id → {disconnectedAt, last view}
+
+function runState(id, node) {
+  let r = runs.get(id);
+  if (!r) {
+    r = { run_id: id, node, status: 'running', events: [], output: '', reasoning: '', usage: null, error: null, seenAt: new Date().toISOString() };
+    runs.set(id, r);
+    if (runs.size > MAX_RUNS) runs.delete(runs.keys().next().value);
+  }
+  if (node && !r.node) r.node = node;
+  return r;
+}
+
+// applyRunEvent folds one run event into its run's state.
+function applyRunEvent(ev) {
+  if (!ev || !ev.run_id) return null;
+  const r = runState(ev.run_id, ev.node);
+  if (ev.seq && r.events.some((e) => e.seq === ev.seq)) return r;
+  if (r.events.length < MAX_EVENTS_PER_RUN) r.events.push(ev);
+  switch (ev.type) {
+    case 'start': {
+      const m = ev.metadata && typeof ev.metadata === 'object' ? ev.metadata : {};
+      r.adapter = r.adapter || m.adapter;
+      r.target = r.target || m.target;
+      break;
+    }
+    case 'delta': if (r.output.length < MAX_OUTPUT) r.output += ev.text || ''; break;
+    case 'reasoning_delta': if (r.reasoning.length < MAX_OUTPUT) r.reasoning += ev.text || ''; break;
+  }
+  if (ev.usage) r.usage = ev.usage;
+  if (ev.error) r.error = ev.error;
+  if (TERMINAL.has(ev.type)) {
+    r.status = statusOfTerminal(ev.type);
+    r.finishedAt = new Date().toISOString();
+  }
+  return r;
+}
+
+let busCtl = null;
+
+// startBus keeps one connection to GET /v1/events for the whole tab and
+// reconnects with backoff; the pages listen to it for live updates.
+async function startBus() {
+  if (!allowed('events')) return;
+  const state = document.getElementById('bus-state');
+  let backoff = 1000;
+  for (;;) {
+    busCtl = new AbortController();
+    try {
+      const resp = await api('/v1/events', { signal: busCtl.signal, action: 'events', headers: { Accept: 'text/event-stream' } });
+      state.textContent = '● live';
+      state.className = 'live';
+      backoff = 1000;
+      await readSSE(resp, (type, data) => {
+        let ev;
+        try { ev = JSON.parse(data); } catch { return; }
+        if (ev.run) applyRunEvent(ev.run);
+        if (ev.node && type.startsWith('node.')) {
+          const n = seenNodes.get(ev.node) || {};
+          if (type === 'node.disconnected') n.disconnectedAt = ev.time;
+          if (type === 'node.registered') n.disconnectedAt = null;
+          seenNodes.set(ev.node, n);
+        }
+        for (const l of busListeners) {
+          try { l(type, ev); } catch (e) { console.error(e); }
+        }
+      });
+    } catch (err) {
+      if (err.status === 403) {
+        state.textContent = '○ no live feed (key lacks access)';
+        state.className = 'muted';
+        return;
+      }
+    }
+    state.textContent = '○ reconnecting';
+    state.className = 'muted';
+    await new Promise((r) => setTimeout(r, backoff));
+    backoff = Math.min(backoff * 2, 15000);
+  }
+}
+
+// ---------------------------------------------------------------- pages
+
+const main = () => document.getElementById('main');
+let pageCleanup = [];
+
+function onCleanup(fn) { pageCleanup.push(fn); }
+function listenBus(fn) { busListeners.add(fn); onCleanup(() => busListeners.delete(fn)); }
+function every(ms, fn) { const t = setInterval(fn, ms); onCleanup(() => clearInterval(t)); }
+
+// debounce coalesces bursts of bus events into one refresh.
+function debounce(ms, fn) {
+  let t = null;
+  onCleanup(() => clearTimeout(t));
+  return () => { clearTimeout(t); t = setTimeout(fn, ms); };
+}
+
+// ---- Nodes
+
+async function pageNodes(root) {
+  const list = h('div', { class: 'grid', id: 'nodes' });
+  const status = h('div');
+  root.append(h('h1', {}, 'Nodes'), status, list);
+  const rtts = new Map();
+  let lastNodes = [];
+
+  async function loadRTT(nodes) {
+    if (!allowed('nodes.command')) return;
+    await Promise.all(nodes.slice(0, 50).map(async (n) => {
+      try {
+        const ts = await apiJSON(`/v1/nodes/${encodeURIComponent(n.id)}/commands`, { method: 'POST', json: { command: 'transport_status' }, action: 'nodes.command' });
+        // 0 until the node has timed its first heartbeat.
+        if (typeof ts.last_rtt_ms === 'number' && ts.last_rtt_ms > 0) rtts.set(n.id, ts.last_rtt_ms);
+      } catch { /* an old node or a forbidden command: no RTT shown */ }
+    }));
+  }
+
+  async function load(withRTT) {
+    let data;
+    try {
+      data = await apiJSON('/v1/nodes', { action: 'nodes.read' });
+    } catch (err) {
+      showError(status, err);
+      return;
+    }
+    status.replaceChildren();
+    lastNodes = data.nodes || [];
+    for (const n of lastNodes) seenNodes.set(n.id, { ...(seenNodes.get(n.id) || {}), disconnectedAt: null, view: n });
+    if (withRTT) await loadRTT(lastNodes);
+    render();
+  }
+
+  function render() {
+    const live = new Set(lastNodes.map((n) => n.id));
+    const gone = [...seenNodes.entries()].filter(([id, v]) => !live.has(id) && v.view);
+    const cards = [...lastNodes.map((n) => nodeCard(n, true, rtts.get(n.id))), ...gone.map(([, v]) => nodeCard(v.view, false, null, v.disconnectedAt))];
+    if (!cards.length) cards.push(h('p', { class: 'muted' }, 'No node is connected.'));
+    list.replaceChildren(...cards);
+  }
+
+  await load(true);
+  const refresh = debounce(250, () => load(false));
+  listenBus((type, ev) => {
+    if (type.startsWith('node.') || (type === 'run.event' && ev.run && (ev.run.type === 'start' || TERMINAL.has(ev.run.type)))) refresh();
+  });
+  every(5000, () => load(true)); // RTT and "connected since … ago"
+}
+
+function nodeCard(n, connected, rtt, disconnectedAt) {
+  const adapters = (n.adapters || []).map((a) => {
+    const max = a.max_concurrency || 0;
+    const pct = max ? Math.min(100, (a.in_flight / max) * 100) : (a.in_flight ? 100 : 0);
+    return h('div', { class: 'slots' },
+      h('span', { class: 'mono', style: 'min-width:110px' }, a.name), h('span', { class: 'muted small' }, a.type),
+      h('span', { class: 'bar' }, h('span', { style: `width:${pct}%` })),
+      h('span', { class: 'small', 'data-slots': a.name }, `${connected ? a.in_flight : 0} / ${max || '∞'} slots`));
+  });
+  const providers = (n.providers || []).map((p) => h('div', {},
+    h('span', { class: 'mono' }, p.name), ' ', h('span', { class: 'muted small' }, p.type), ' ',
+    h('span', { class: 'models' }, (p.models || []).join(', ') || 'models discovered at run time')));
+  return h('section', { class: 'panel node' + (connected ? '' : ' disconnected'), 'data-node': n.id },
+    h('h3', {}, n.id, badge(connected ? 'connected' : 'disconnected')),
+    h('dl', { class: 'kv' },
+      connected
+        ? [h('dt', {}, 'connected since'), h('dd', {}, fmtTime(n.connected_at), ' ', h('span', { class: 'muted small' }, '(' + ago(n.connected_at) + ')'))]
+        : [h('dt', {}, 'disconnected'), h('dd', {}, disconnectedAt ? fmtTime(disconnectedAt) + ' (' + ago(disconnectedAt) + ')' : '—')],
+      h('dt', {}, 'heartbeat RTT'), h('dd', { 'data-rtt': '' }, connected && typeof rtt === 'number' ? rtt.toFixed(rtt < 1 ? 3 : 1) + ' ms' : '—'),
+      h('dt', {}, 'version'), h('dd', {}, n.version || '—'),
+      h('dt', {}, 'host'), h('dd', {}, [n.hostname, n.os && n.arch ? `${n.os}/${n.arch}` : n.os].filter(Boolean).join(' · ') || '—'),
+      h('dt', {}, 'remote'), h('dd', { class: 'mono' }, n.remote || '—'),
+      h('dt', {}, 'runs in flight'), h('dd', {}, connected ? String(n.runs_in_flight || 0) : '0'),
+      h('dt', {}, 'config version'), h('dd', {}, String(n.config_version ?? '—'))),
+    h('h3', {}, 'Adapters'), adapters.length ? adapters : h('p', { class: 'muted small' }, 'none'),
+    providers.length ? [h('h3', {}, 'Providers'), providers] : null);
+}
+
+// ---- Runs
+
+async function pageRuns(root) {
+  const q = new URLSearchParams(location.hash.split('?')[1] || '');
+  const f = {
+    node: h('select', { id: 'f-node' }, h('option', { value: '' }, 'any')),
+    adapter: h('input', { id: 'f-adapter', placeholder: 'any', size: 10, value: q.get('adapter') || '' }),
+    status: h('select', { id: 'f-status' }, ['', 'queued', 'running', 'succeeded', 'failed', 'cancelled'].map((v) => h('option', { value: v }, v || 'any'))),
+    key: h('input', { id: 'f-key', placeholder: 'any', size: 12, value: q.get('key') || '' }),
+    since: h('input', { id: 'f-since', type: 'datetime-local', value: q.get('since') || '' }),
+    until: h('input', { id: 'f-until', type: 'datetime-local', value: q.get('until') || '' }),
+    limit: h('input', { id: 'f-limit', type: 'number', min: 1, max: 1000, size: 5, value: q.get('limit') || '100' }),
+  };
+  f.status.value = q.get('status') || '';
+  const form = h('form', { class: 'panel row', onsubmit: (e) => { e.preventDefault(); apply(); } },
+    h('label', {}, 'node', f.node), h('label', {}, 'adapter', f.adapter), h('label', {}, 'status', f.status),
+    h('label', {}, 'key', f.key), h('label', {}, 'from', f.since), h('label', {}, 'to', f.until),
+    h('label', {}, 'limit', f.limit), h('button', { type: 'submit', class: 'primary' }, 'Filter'));
+  const liveBox = h('div', { id: 'runs-live' });
+  const histStatus = h('div');
+  const histBox = h('div', { id: 'runs-history' });
+  root.append(h('h1', {}, 'Runs'), h('h2', {}, 'In flight'), liveBox, h('h2', {}, 'History'), form, histStatus, histBox);
+
+  apiJSON('/v1/nodes').then((d) => {
+    for (const n of d.nodes || []) f.node.append(h('option', { value: n.id }, n.id));
+    f.node.value = q.get('node') || '';
+  }).catch(() => {});
+
+  function apply() {
+    const p = new URLSearchParams();
+    for (const [k, el] of Object.entries(f)) if (el.value) p.set(k, el.value);
+    history.replaceState(null, '', '#/runs?' + p.toString());
+    load();
+  }
+
+  // In flight: runs the bus showed starting, plus unfinished runs of the
+  // last history answer (started before the page opened) that the bus has
+  // not shown ending.
+  let unfinished = [];
+  function renderLive() {
+    const rows = new Map();
+    for (const r of unfinished) {
+      const st = runs.get(r.run_id);
+      if (!st || !FINISHED.has(st.status)) rows.set(r.run_id, r);
+    }
+    for (const r of [...runs.values()].reverse()) {
+      if (FINISHED.has(r.status) || rows.has(r.run_id)) continue;
+      rows.set(r.run_id, { run_id: r.run_id, node: r.node, adapter: r.adapter, target: r.target, status: r.status, created_at: r.seenAt, usage: r.usage });
+    }
+    liveBox.replaceChildren(rows.size ? runTable([...rows.values()]) : h('p', { class: 'muted' }, 'Nothing running.'));
+  }
+
+  async function load() {
+    const p = new URLSearchParams();
+    if (f.node.value) p.set('node', f.node.value);
+    if (f.status.value) p.set('status', f.status.value);
+    // adapter, key and the time range are sent too (an edge that keeps a
+    // history filters there) and applied here as well.
+    if (f.adapter.value) p.set('adapter', f.adapter.value);
+    if (f.key.value) p.set('key', f.key.value);
+    const since = f.since.value ? new Date(f.since.value) : null;
+    const until = f.until.value ? new Date(f.until.value) : null;
+    if (since) p.set('since', since.toISOString());
+    if (until) p.set('until', until.toISOString());
+    p.set('limit', f.limit.value || '100');
+    let data;
+    try {
+      data = await apiJSON('/v1/runs?' + p.toString(), { action: 'runs.read' });
+    } catch (err) {
+      showError(histStatus, err);
+      return;
+    }
+    histStatus.replaceChildren(...(data.errors || []).map((e) => h('div', { class: 'notice' }, `node ${e.node}: ${e.code}: ${e.message}`)));
+    const rows = (data.runs || []).filter((r) =>
+      (!f.adapter.value || r.adapter === f.adapter.value) &&
+      (!f.key.value || (r.key || r.api_key || r.key_id || '') === f.key.value) &&
+      (!since || new Date(r.created_at) >= since) &&
+      (!until || new Date(r.created_at) <= until));
+    histBox.replaceChildren(rows.length ? runTable(rows) : h('p', { class: 'muted' }, 'No runs match.'));
+    unfinished = (data.runs || []).filter((r) => !FINISHED.has(r.status));
+    renderLive();
+  }
+
+  renderLive();
+  await load();
+  const reload = debounce(400, load);
+  const relive = debounce(100, renderLive);
+  listenBus((type, ev) => {
+    if (type !== 'run.event' || !ev.run) return;
+    relive();
+    if (TERMINAL.has(ev.run.type) || ev.run.type === 'start') reload();
+  });
+}
+
+function runTable(rows) {
+  return h('table', { class: 'runs' },
+    h('thead', {}, h('tr', {}, ['run', 'node', 'adapter', 'target', 'status', 'created', 'duration', 'tokens', 'cost', 'error'].map((c) => h('th', {}, c)))),
+    h('tbody', {}, rows.map((r) => h('tr', { 'data-run': r.run_id },
+      h('td', { class: 'mono' }, h('a', { href: '#/run/' + encodeURIComponent(r.run_id) }, r.run_id)),
+      h('td', {}, r.node || ''), h('td', {}, r.adapter || ''), h('td', {}, r.target || ''),
+      h('td', {}, badge(r.status || '')), h('td', {}, fmtTime(r.created_at)),
+      h('td', {}, dur(r.started_at || r.created_at, r.finished_at)),
+      h('td', {}, r.usage && r.usage.total_tokens ? num(r.usage.total_tokens) : ''),
+      h('td', {}, r.usage ? cost(r.usage.cost_usd) : ''),
+      h('td', { class: 'small' }, r.error ? `${r.error.code}: ${r.error.message}` : '')))));
+}
+
+// ---- one run
+
+function runView(r) {
+  const out = h('pre', { class: 'out', id: 'run-output' });
+  const reasoning = h('pre', { class: 'out reasoning', id: 'run-reasoning' });
+  const events = h('tbody');
+  const usage = h('dl', { class: 'kv', id: 'run-usage' });
+  const error = h('div', { id: 'run-error' });
+  const el = h('div', {},
+    h('div', { class: 'cols' },
+      h('div', {}, h('h3', {}, 'Output'), out),
+      h('div', { id: 'reasoning-box', hidden: true }, h('h3', {}, 'Reasoning'), reasoning)),
+    error,
+    h('div', { class: 'cols' },
+      h('div', {}, h('h3', {}, 'Usage'), usage),
+      h('div', {}, h('h3', {}, 'Events'), h('table', { class: 'events-table' },
+        h('thead', {}, h('tr', {}, h('th', {}, 'seq'), h('th', {}, 'type'), h('th', {}, 'data'))), events))));
+  let shown = 0;
+  function update(state) {
+    const stick = out.scrollTop + out.clientHeight >= out.scrollHeight - 4;
+    if (out.textContent !== state.output) out.textContent = state.output;
+    if (stick) out.scrollTop = out.scrollHeight;
+    if (state.reasoning) {
+      el.querySelector('#reasoning-box').hidden = false;
+      if (reasoning.textContent !== state.reasoning) reasoning.textContent = state.reasoning;
+    }
+    for (; shown < state.events.length; shown++) {
+      const ev = state.events[shown];
+      const rest = { ...ev };
+      for (const k of ['run_id', 'node', 'seq', 'type']) delete rest[k];
+      let d = JSON.stringify(rest);
+      if (d.length > 300) d = d.slice(0, 300) + '…';
+      events.append(h('tr', {}, h('td', {}, ev.seq ?? ''), h('td', {}, ev.type), h('td', { class: 'sum' }, d === '{}' ? '' : d)));
+    }
+    const u = state.usage;
+    usage.replaceChildren(...(u ? Object.entries(u).flatMap(([k, v]) => [h('dt', {}, k.replaceAll('_', ' ')), h('dd', {}, typeof v === 'number' ? num(v) : String(v))]) : [h('dd', { class: 'muted' }, 'none reported')]));
+    error.replaceChildren(state.error ? h('div', { class: 'error-box' }, `${state.error.code}: ${state.error.message}`) : '');
+  }
+  return { el, update };
+}
+
+function cancelButton(getID, onDone) {
+  const b = h('button', { class: 'danger', id: 'cancel', hidden: !allowed('runs.cancel') }, 'Cancel');
+  b.addEventListener('click', async () => {
+    const id = getID();
+    if (!id) return;
+    b.disabled = true;
+    try {
+      await api(`/v1/runs/${encodeURIComponent(id)}/cancel`, { method: 'POST', action: 'runs.cancel' });
+      b.textContent = 'Cancelling…';
+    } catch (err) {
+      b.disabled = false;
+      if (err.status === 403) b.hidden = true;
+      onDone(err);
+    }
+  });
+  return b;
+}
+
+async function pageRun(root, id) {
+  const head = h('div', { class: 'row' });
+  const rec = h('dl', { class: 'kv', id: 'run-record' });
+  const note = h('div');
+  const view = runView(runState(id));
+  const cancel = cancelButton(() => id, (err) => showError(note, err));
+  root.append(h('h1', {}, 'Run ', h('span', { class: 'mono' }, id)), head, note, h('div', { class: 'panel' }, rec), view.el);
+
+  let record = null;
+  async function loadRecord() {
+    try {
+      record = await apiJSON('/v1/runs/' + encodeURIComponent(id), { action: 'runs.read' });
+    } catch (err) {
+      if (!record) showError(note, err);
+      return;
+    }
+    render();
+  }
+  function render() {
+    const st = runs.get(id);
+    const status = (record && FINISHED.has(record.status)) ? record.status : (st ? st.status : record && record.status);
+    // Only what changed is touched, so the Cancel button stays the same
+    // element under a user's pointer.
+    const shown = head.dataset.status;
+    if (shown !== (status || 'unknown')) {
+      head.dataset.status = status || 'unknown';
+      head.replaceChildren(h('span', { id: 'run-status' }, badge(status || 'unknown')), FINISHED.has(status) ? '' : cancel);
+    }
+    if (record) {
+      rec.replaceChildren(...['node', 'adapter', 'target', 'session_id', 'background', 'created_at', 'started_at', 'finished_at']
+        .filter((k) => record[k] !== undefined && record[k] !== '')
+        .flatMap((k) => [h('dt', {}, k.replaceAll('_', ' ')), h('dd', {}, k.endsWith('_at') ? fmtTime(record[k]) : String(record[k]))]));
+    }
+    const state = runState(id, record && record.node);
+    if (record && record.usage && !state.usage) state.usage = record.usage;
+    if (record && record.error && !state.error) state.error = record.error;
+    view.update(state);
+    if (!state.events.length) {
+      note.replaceChildren(h('p', { class: 'muted small' }, 'Output appears here as it streams. The node keeps the run\'s record, not its output: output of a run that streamed before this console was open is not shown.'));
+    } else if (note.querySelector('p.muted')) {
+      note.replaceChildren();
+    }
+  }
+  render();
+  await loadRecord();
+  const refresh = debounce(300, loadRecord);
+  const rerender = debounce(50, render);
+  listenBus((type, ev) => {
+    if (type === 'run.event' && ev.run && ev.run.run_id === id) {
+      rerender();
+      if (TERMINAL.has(ev.run.type)) {
+        refresh();
+        // The store records the end a moment after the terminal event.
+        const t = setTimeout(loadRecord, 2000);
+        onCleanup(() => clearTimeout(t));
+      }
+    }
+  });
+}
+
+// ---- Start a run
+
+async function pageStart(root) {
+  if (!allowed('runs.start')) {
+    root.append(h('h1', {}, 'Start a run'), h('div', { class: 'notice', id: 'start-forbidden' }, 'This API key may not start runs: it lacks the "runs" scope.'));
+    return;
+  }
+  const node = h('select', { id: 'start-node' }, h('option', { value: '' }, 'any node'));
+  const adapter = h('select', { id: 'start-adapter', required: true });
+  const target = h('input', { id: 'start-target', list: 'start-targets', placeholder: 'target or model', size: 24 });
+  const targets = h('datalist', { id: 'start-targets' });
+  const session = h('input', { id: 'start-session', placeholder: 'optional', size: 14 });
+  const input = h('textarea', { id: 'start-input', placeholder: 'input (stdin for exec targets, the prompt for LLMs and agents)' });
+  const submit = h('button', { type: 'submit', class: 'primary', id: 'start-submit' }, 'Start');
+  const status = h('span', { id: 'start-status' });
+  const runLink = h('span', { id: 'start-run' });
+  const note = h('div');
+  let runID = '';
+  const cancel = cancelButton(() => runID, (err) => showError(note, err));
+  cancel.hidden = true;
+  const view = runView({ output: '', reasoning: '', events: [] });
+  const form = h('form', { class: 'panel', id: 'start-form', onsubmit: (e) => { e.preventDefault(); start(); } },
+    h('div', { class: 'row' }, h('label', {}, 'node', node), h('label', {}, 'adapter', adapter), h('label', {}, 'target', target, targets),
+      h('label', {}, 'session', session)),
+    h('div', { style: 'margin-top:10px' }, input),
+    h('div', { class: 'row', style: 'margin-top:10px' }, submit, cancel, status, runLink),
+    h('p', { class: 'muted small' }, 'The run streams to this tab: it goes on while you look at other pages, and closing the tab cancels it.'));
+  root.append(h('h1', {}, 'Start a run'), form, note, view.el);
+
+  let nodes = [];
+  function fillAdapters() {
+    const chosen = nodes.filter((n) => !node.value || n.id === node.value);
+    const names = [...new Set(chosen.flatMap((n) => (n.adapters || []).map((a) => a.name)))];
+    const prev = adapter.value;
+    adapter.replaceChildren(...names.map((a) => h('option', { value: a }, a)));
+    if (names.includes(prev)) adapter.value = prev;
+    const models = [...new Set(chosen.flatMap((n) => (n.providers || []).flatMap((p) => p.models || [])))];
+    targets.replaceChildren(...models.map((m) => h('option', { value: m })));
+  }
+  node.addEventListener('change', fillAdapters);
+  try {
+    nodes = (await apiJSON('/v1/nodes')).nodes || [];
+    for (const n of nodes) node.append(h('option', { value: n.id }, n.id));
+    fillAdapters();
+  } catch (err) { showError(note, err); }
+  // Leaving the page does not abort the stream: a foreground run is
+  // cancelled when its caller goes away, and moving to the run's own page
+  // must not do that. Closing the tab does.
+
+  async function start() {
+    note.replaceChildren();
+    runID = '';
+    runLink.replaceChildren();
+    const state = { output: '', reasoning: '', events: [], usage: null, error: null };
+    const fresh = runView(state);
+    view.el.replaceWith(fresh.el);
+    view.el = fresh.el;
+    view.update = fresh.update;
+    submit.disabled = true;
+    status.replaceChildren(badge('streaming'));
+    const body = { adapter: adapter.value, target: target.value, input: input.value };
+    if (node.value) body.node = node.value;
+    if (session.value) body.session_id = session.value;
+    let last = 'error';
+    try {
+      const resp = await api('/v1/runs', { method: 'POST', json: body, action: 'runs.start', headers: { Accept: 'text/event-stream' } });
+      runID = resp.headers.get('X-IOP-Run-ID') || '';
+      if (runID) {
+        runLink.replaceChildren(h('a', { href: '#/run/' + encodeURIComponent(runID), class: 'mono' }, runID), ' on ', resp.headers.get('X-IOP-Node') || '');
+        cancel.hidden = !allowed('runs.cancel');
+        cancel.disabled = false;
+        cancel.textContent = 'Cancel';
+      }
+      await readSSE(resp, (type, data) => {
+        let ev;
+        try { ev = JSON.parse(data); } catch { return; }
+        if (!runID && ev.run_id) runID = ev.run_id;
+        applyRunEvent(ev);
+        state.events.push(ev);
+        if (ev.type === 'delta') state.output += ev.text || '';
+        if (ev.type === 'reasoning_delta') state.reasoning += ev.text || '';
+        if (ev.usage) state.usage = ev.usage;
+        if (ev.error) state.error = ev.error;
+        if (TERMINAL.has(ev.type)) last = ev.type;
+        fresh.update(state);
+      });
+      status.replaceChildren(badge(statusOfTerminal(last)));
+    } catch (err) {
+      status.replaceChildren(badge('failed'));
+      if (err.status === 403) {
+        showError(note, { code: 'forbidden', message: 'this API key may not start runs' });
+        form.hidden = true;
+      } else {
+        showError(note, err);
+      }
+    } finally {
+      submit.disabled = false;
+      cancel.hidden = true;
+    }
+  }
+}
+
+// ---- Usage
+
+const PALETTE = ['#2f5fd0', '#1d8a4e', '#c0392b', '#b7791f', '#7b3fb5', '#138a9e', '#d35d96', '#5b6b86', '#8a9a1d', '#e07b24'];
+
+async function pageUsage(root) {
+  const groupBy = h('select', { id: 'u-group' }, ['node', 'adapter', 'model', 'key'].map((v) => h('option', { value: v }, v)));
+  const metric = h('select', { id: 'u-metric' }, [['requests', 'requests'], ['total_tokens', 'tokens'], ['cost_usd', 'cost (USD)']].map(([v, t]) => h('option', { value: v }, t)));
+  const range = h('select', { id: 'u-range' }, [['3600', 'last hour'], ['86400', 'last 24 h'], ['604800', 'last 7 days'], ['0', 'all']].map(([v, t]) => h('option', { value: v }, t)));
+  range.value = '86400';
+  const chart = h('div', { id: 'usage-chart' });
+  const totals = h('div', { id: 'usage-totals' });
+  const tunnels = h('div', { id: 'usage-tunnels' });
+  const apiTotals = h('div', { class: 'panel', id: 'usage-api', hidden: true });
+  const note = h('div');
+  for (const el of [groupBy, metric, range]) el.addEventListener('change', () => load());
+  root.append(h('h1', {}, 'Usage'),
+    h('div', { class: 'panel row' }, h('label', {}, 'group by', groupBy), h('label', {}, 'measure', metric), h('label', {}, 'time', range),
+      h('button', { onclick: () => load() }, 'Refresh')),
+    note,
+    h('div', { class: 'panel' }, h('h2', { style: 'margin-top:0' }, 'Runs over time'), chart, totals),
+    apiTotals,
+    h('div', { class: 'panel' }, h('h2', { style: 'margin-top:0' }, 'Provider tunnels (OpenAI/Ollama surfaces)'), tunnels));
+
+  async function load() {
+    note.replaceChildren();
+    const secs = Number(range.value);
+    const since = secs ? new Date(Date.now() - secs * 1000) : null;
+    let list = [];
+    try {
+      const p = new URLSearchParams({ limit: '1000' });
+      if (since) p.set('since', since.toISOString());
+      const data = await apiJSON('/v1/runs?' + p.toString(), { action: 'runs.read' });
+      list = (data.runs || []).filter((r) => !since || new Date(r.created_at) >= since);
+    } catch (err) { showError(note, err); }
+    const key = (r) => {
+      switch (groupBy.value) {
+        case 'model': return (r.usage && r.usage.model) || r.model || r.target || '(none)';
+        case 'key': return r.key || r.api_key || r.key_id || '(no key)';
+        default: return r[groupBy.value] || '(none)';
+      }
+    };
+    const value = (r) => metric.value === 'requests' ? 1 : Number((r.usage && r.usage[metric.value]) || 0);
+    chart.replaceChildren(barChart(list.map((r) => ({ t: new Date(r.created_at), group: key(r), v: value(r) })), since, metric.value));
+    const sums = new Map();
+    for (const r of list) {
+      const g = key(r);
+      const e = sums.get(g) || { runs: 0, failed: 0, tokens: 0, cost: 0 };
+      e.runs++;
+      if (r.status === 'failed') e.failed++;
+      e.tokens += (r.usage && r.usage.total_tokens) || 0;
+      e.cost += (r.usage && r.usage.cost_usd) || 0;
+      sums.set(g, e);
+    }
+    totals.replaceChildren(h('table', {}, h('thead', {}, h('tr', {}, [groupBy.value, 'runs', 'failed', 'tokens', 'cost'].map((c) => h('th', {}, c)))),
+      h('tbody', {}, [...sums.entries()].sort((a, b) => b[1].runs - a[1].runs).map(([g, e]) =>
+        h('tr', {}, h('td', {}, g), h('td', {}, num(e.runs)), h('td', {}, num(e.failed)), h('td', {}, num(e.tokens)), h('td', {}, cost(e.cost)))))));
+    // GET /v1/usage: an edge with a history answers {"usage":[{group, runs,
+    // requests, total_tokens, cost_usd, …}]} for ?group_by=key|node|model|day;
+    // every edge adds its live tunnel ledger as "tunnels".
+    let u = null;
+    try {
+      const p = new URLSearchParams({ group_by: groupBy.value === 'adapter' ? 'node' : groupBy.value });
+      if (since) p.set('since', since.toISOString());
+      u = await apiJSON('/v1/usage?' + p.toString(), { action: 'usage.read' });
+    } catch (err) { showError(tunnels, err); }
+    if (u && Array.isArray(u.usage) && groupBy.value !== 'adapter') {
+      const m = metric.value;
+      apiTotals.replaceChildren(h('h2', { style: 'margin-top:0' }, `Totals by ${u.group_by || groupBy.value} (GET /v1/usage)`),
+        hbarChart(u.usage.map((g) => ({ group: g.group || '(none)', v: Number(g[m] || 0) })), m),
+        h('table', {}, h('thead', {}, h('tr', {}, [u.group_by || 'group', 'runs', 'tunnels', 'requests', 'errors', 'tokens', 'cost'].map((c) => h('th', {}, c)))),
+          h('tbody', {}, u.usage.map((g) => h('tr', {}, h('td', {}, g.group || '(none)'), h('td', {}, num(g.runs)), h('td', {}, num(g.tunnels)),
+            h('td', {}, num(g.requests)), h('td', {}, num(g.errors)), h('td', {}, num(g.total_tokens)), h('td', {}, cost(g.cost_usd)))))));
+      apiTotals.hidden = false;
+    } else {
+      apiTotals.hidden = true;
+    }
+    if (u) {
+      const lines = u.tunnels || [];
+      tunnels.replaceChildren(lines.length ? h('table', {},
+        h('thead', {}, h('tr', {}, ['node', 'provider', 'model', 'requests', 'errors', 'prompt', 'completion', 'total tokens', 'bytes'].map((c) => h('th', {}, c)))),
+        h('tbody', {}, lines.map((l) => h('tr', {}, h('td', {}, l.node), h('td', {}, l.provider), h('td', { class: 'mono' }, l.model),
+          h('td', {}, num(l.requests)), h('td', {}, num(l.errors)), h('td', {}, num(l.prompt_tokens)), h('td', {}, num(l.completion_tokens)),
+          h('td', {}, num(l.total_tokens)), h('td', {}, num(l.body_bytes))))))
+        : h('p', { class: 'muted' }, 'No provider tunnel traffic since the edge started.'));
+    }
+  }
+  await load();
+  const reload = debounce(1000, load);
+  listenBus((type, ev) => {
+    if (type === 'tunnel.completed' || (type === 'run.event' && ev.run && TERMINAL.has(ev.run.type))) reload();
+  });
+}
+
+// niceMax rounds a chart's top up so its four gridlines fall on round
+// values (whole numbers for counts).
+function niceMax(v, metricName) {
+  if (!(v > 0)) return 1;
+  if (metricName !== 'cost_usd' && v <= 4) return 4;
+  const mag = Math.pow(10, Math.floor(Math.log10(v / 4)));
+  for (const f of [1, 2, 2.5, 5, 10]) if (f * mag * 4 >= v) return f * mag * 4;
+  return v;
+}
+
+// hbarChart draws one horizontal bar per group.
+function hbarChart(items, metricName) {
+  items = items.filter((i) => i.v > 0).sort((a, b) => b.v - a.v).slice(0, 20);
+  if (!items.length) return h('p', { class: 'muted' }, 'Nothing recorded in this time range.');
+  const W = 900, row = 24, L = 180, R = 90, H = items.length * row + 8;
+  const max = Math.max(...items.map((i) => i.v));
+  const fmt = (v) => metricName === 'cost_usd' ? '$' + v.toFixed(v < 1 ? 4 : 2) : v.toLocaleString();
+  const svg = s('svg', { class: 'chart', viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': `${metricName} by group` });
+  items.forEach((it, i) => {
+    const w = Math.max(2, (W - L - R) * it.v / max);
+    const y = 4 + i * row;
+    svg.append(s('text', { x: L - 8, y: y + 15, 'text-anchor': 'end' }, it.group.length > 28 ? it.group.slice(0, 27) + '…' : it.group),
+      s('rect', { class: 'bar', 'data-group': it.group, x: L, y: y + 3, width: w, height: row - 8, fill: PALETTE[i % PALETTE.length] }, s('title', {}, `${it.group}: ${fmt(it.v)}`)),
+      s('text', { x: L + w + 6, y: y + 15 }, fmt(it.v)));
+  });
+  return svg;
+}
+
+// barChart draws points {t, group, v} as stacked bars per time bucket.
+function barChart(points, since, metricName) {
+  if (!points.length) return h('p', { class: 'muted' }, 'No runs in this time range.');
+  const W = 900, H = 260, L = 56, R = 12, T = 12, B = 34, N = 24;
+  const t0 = since ? since.getTime() : Math.min(...points.map((p) => p.t.getTime()));
+  const t1 = Math.max(Date.now(), ...points.map((p) => p.t.getTime())) + 1;
+  const step = Math.max(1, (t1 - t0) / N);
+  const groups = [...new Set(points.map((p) => p.group))].sort();
+  const color = (g) => PALETTE[groups.indexOf(g) % PALETTE.length];
+  const buckets = Array.from({ length: N }, () => new Map());
+  for (const p of points) {
+    const i = Math.min(N - 1, Math.max(0, Math.floor((p.t.getTime() - t0) / step)));
+    buckets[i].set(p.group, (buckets[i].get(p.group) || 0) + p.v);
+  }
+  const max = niceMax(Math.max(...buckets.map((b) => [...b.values()].reduce((a, c) => a + c, 0)), 0), metricName);
+  const bw = (W - L - R) / N;
+  const y = (v) => T + (H - T - B) * (1 - v / max);
+  const fmt = (v) => metricName === 'cost_usd' ? '$' + v.toFixed(v < 1 ? 3 : 2) : (Number.isInteger(v) ? v.toLocaleString() : v.toFixed(1));
+  const svg = s('svg', { class: 'chart', viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': `${metricName} over time by group` });
+  for (let k = 0; k <= 4; k++) {
+    const v = (max * k) / 4;
+    svg.append(s('line', { class: 'axis', x1: L, x2: W - R, y1: y(v), y2: y(v) }), s('text', { x: L - 6, y: y(v) + 4, 'text-anchor': 'end' }, fmt(v)));
+  }
+  buckets.forEach((b, i) => {
+    let acc = 0;
+    for (const g of groups) {
+      const v = b.get(g);
+      if (!v) continue;
+      const x = L + i * bw + 2;
+      svg.append(s('rect', { class: 'bar', 'data-group': g, x, width: Math.max(1, bw - 4), y: y(acc + v), height: Math.max(1, y(acc) - y(acc + v)), fill: color(g) },
+        s('title', {}, `${g}: ${fmt(v)} (${fmtTime(t0 + i * step)} – ${fmtTime(t0 + (i + 1) * step)})`)));
+      acc += v;
+    }
+  });
+  for (let i = 0; i <= N; i += 6) {
+    const d = new Date(t0 + i * step);
+    const label = (t1 - t0) > 86400000 ? d.toLocaleDateString(undefined, { month: 'short', day: 'numeric' }) + ' ' + d.toLocaleTimeString(undefined, { hour: '2-digit', minute: '2-digit' }) : d.toLocaleTimeString(undefined, { hour: '2-digit', minute: '2-digit' });
+    svg.append(s('text', { x: L + i * bw, y: H - 12, 'text-anchor': i === 0 ? 'start' : i === N ? 'end' : 'middle' }, label));
+  }
+  return h('div', {}, svg, h('div', { class: 'legend' }, groups.map((g) => h('span', {}, h('i', { style: `background:${color(g)}` }), g))));
+}
+
+// ---- Events
+
+async function pageEvents(root) {
+  const q = new URLSearchParams(location.hash.split('?')[1] || '');
+  const types = h('input', { id: 'ev-types', size: 40, placeholder: 'all types, or e.g. node.*,run.event', value: q.get('type') || '' });
+  const pause = h('button', { type: 'button', id: 'ev-pause' }, 'Pause');
+  const rows = h('tbody', { id: 'events' });
+  const note = h('div');
+  const count = h('span', { class: 'muted small' });
+  const quick = ['node.*', 'run.event', 'tunnel.completed', 'config.reloaded'].map((t) => h('button', { type: 'button', class: 'small', onclick: () => { types.value = t; connect(); } }, t));
+  root.append(h('h1', {}, 'Events'),
+    h('form', { class: 'panel row', onsubmit: (e) => { e.preventDefault(); connect(); } },
+      h('label', {}, 'types', types), h('button', { type: 'submit', class: 'primary' }, 'Apply'), quick, pause,
+      h('button', { type: 'button', onclick: () => { rows.replaceChildren(); n = 0; count.textContent = ''; } }, 'Clear'), count),
+    note,
+    h('table', { class: 'events-table' }, h('thead', {}, h('tr', {}, ['time', 'type', 'node', 'detail'].map((c) => h('th', {}, c)))), rows));
+  let paused = false, ctl = null, n = 0;
+  pause.addEventListener('click', () => { paused = !paused; pause.textContent = paused ? 'Resume' : 'Pause'; });
+  onCleanup(() => ctl && ctl.abort());
+
+  function detail(ev) {
+    if (ev.run) {
+      const r = ev.run;
+      let d = `${r.run_id} #${r.seq} ${r.type}`;
+      if (r.text) d += ' ' + JSON.stringify(r.text.length > 200 ? r.text.slice(0, 200) + '…' : r.text);
+      if (r.error) d += ` ${r.error.code}: ${r.error.message}`;
+      if (r.usage) d += ' usage ' + JSON.stringify(r.usage);
+      return d;
+    }
+    if (ev.tunnel) {
+      const t = ev.tunnel;
+      return `${t.provider || ''} ${t.model || ''} ${t.path || ''} → ${t.status || ''} ${t.body_bytes} B ${t.duration_ms} ms${t.error ? ' ' + t.error : ''}`;
+    }
+    return [ev.reason, ev.remote].filter(Boolean).join(' · ');
+  }
+
+  async function connect() {
+    if (ctl) ctl.abort();
+    ctl = new AbortController();
+    const mine = ctl;
+    history.replaceState(null, '', '#/events' + (types.value ? '?type=' + encodeURIComponent(types.value) : ''));
+    note.replaceChildren();
+    const p = types.value ? '?type=' + encodeURIComponent(types.value) : '';
+    try {
+      const resp = await api('/v1/events' + p, { signal: mine.signal, action: 'events', headers: { Accept: 'text/event-stream' } });
+      await readSSE(resp, (type, data) => {
+        if (paused) return;
+        let ev;
+        try { ev = JSON.parse(data); } catch { return; }
+        rows.prepend(h('tr', { 'data-type': type }, h('td', {}, fmtTime(ev.time)), h('td', {}, type), h('td', {}, ev.node || ''), h('td', { class: 'sum' }, detail(ev))));
+        n++;
+        while (rows.childElementCount > 500) rows.lastElementChild.remove();
+        count.textContent = `${n} received`;
+      });
+      if (mine === ctl) note.replaceChildren(h('div', { class: 'notice' }, 'The event stream ended. ', h('button', { onclick: connect }, 'Reconnect')));
+    } catch (err) {
+      if (err.name === 'AbortError') return;
+      showError(note, err);
+    }
+  }
+  connect();
+}
+
+// ---------------------------------------------------------------- router
+
+const PAGES = { nodes: pageNodes, runs: pageRuns, run: pageRun, start: pageStart, usage: pageUsage, events: pageEvents };
+
+function route() {
+  for (const fn of pageCleanup) fn();
+  pageCleanup = [];
+  const path = (location.hash.replace(/^#\/?/, '') || 'nodes').split('?')[0];
+  const [page, ...rest] = path.split('/');
+  const fn = PAGES[page] || pageNodes;
+  for (const a of document.querySelectorAll('#nav a')) a.classList.toggle('active', a.dataset.page === (page === 'run' ? 'runs' : page));
+  const root = h('div', { 'data-page': page });
+  main().replaceChildren(root);
+  Promise.resolve(fn(root, decodeURIComponent(rest.join('/')))).catch((err) => showError(root, err));
+}
+
+window.addEventListener('hashchange', route);
+applyForbidden();
+renderKeyState();
+probeScopes().finally(() => {
+  route();
+  startBus();
+});
