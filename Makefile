@@ -7,7 +7,7 @@ LDFLAGS     := -X iop/bootstrap.Version=$(VERSION)
 PROTOC_GEN_GO_VERSION := v1.36.12
 STATICCHECK_VERSION   := v0.8.2
 
-.PHONY: all build run test test-unit test-e2e bench lint fmt proto clean
+.PHONY: all build run test test-unit test-e2e bench bench-compare lint fmt proto clean
 
 all: build
 
@@ -64,3 +64,7 @@ proto:
 
 clean:
 	rm -rf $(BIN) tmp
+
+## bench-compare: load tool — direct vs through a real edge + node, same run (issue 10; docs/benchmarks.md)
+bench-compare:
+	$(GO) test -tags load -run TestLoadCompare -count=1 -timeout 5m -v ./test/e2e/
