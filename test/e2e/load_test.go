@@ -200,9 +200,20 @@ func loadCompare(t *testing.T, mode string) {
 	if err := os.WriteFile(e.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	e.proc = startEdgeProc(t, e.config)
+	// IOP_LOAD_PPROF=DIR: both processes serve --pprof and CPU and
+	// allocation profiles of the 32-concurrent tunnel load land in DIR.
+	profDir := os.Getenv("IOP_LOAD_PPROF")
+	var edgeProf, nodeProf string
+	edgeArgs := []string{"--config", e.config}
+	nodeArgs := []string{"--log-level", "info"}
+	if profDir != "" {
+		edgeProf, nodeProf = freeAddr(t), freeAddr(t)
+		edgeArgs = append(edgeArgs, "--pprof", edgeProf)
+		nodeArgs = append(nodeArgs, "--pprof", nodeProf)
+	}
+	e.proc = start(t, "iop-edge", nil, edgeArgs...)
 	waitHealthy(t, e.url, e.proc)
-	n := startNodeOpts(t, e, testToken, nodeOptions{args: []string{"--log-level", "info"}})
+	n := startNodeOpts(t, e, testToken, nodeOptions{args: nodeArgs})
 	waitNode(t, e, "n1")
 	relayCPU := func() time.Duration { return procCPU(t, e.cmd.Process.Pid) + procCPU(t, n.cmd.Process.Pid) }
 
@@ -245,6 +256,12 @@ func loadCompare(t *testing.T, mode string) {
 			r.add("relay CPU per request at 32 (edge+node user+sys)", "—",
 				us(cpu/time.Duration(cnt)), fmt.Sprintf("%d requests", cnt))
 		}
+	}
+
+	if profDir != "" {
+		profile(t, profDir, mode, map[string]string{"edge": edgeProf, "node": nodeProf}, func() {
+			hammer(t, 32, 5*time.Second, func() error { _, _, err := loadRequest(e.url, "chat"); return err })
+		})
 	}
 
 	bulkRate := func(u string) float64 {
@@ -327,4 +344,34 @@ func loadCompare(t *testing.T, mode string) {
 	r.add("event latency, child prints → caller receives, p50 / p99", "—",
 		us(pct(lat, .5))+" / "+us(pct(lat, .99)), "")
 	r.print(fmt.Sprintf("iop load compare, link tls.mode %s (%s)", mode, time.Now().UTC().Format(time.RFC3339)))
+}
+
+// profile runs load while fetching a CPU profile of each process, then an
+// allocation profile of each, into dir.
+func profile(t *testing.T, dir, mode string, addrs map[string]string, load func()) {
+	var wg sync.WaitGroup
+	fetch := func(name, url string) {
+		defer wg.Done()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Errorf("pprof %s: %v", url, err)
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if err := os.WriteFile(fmt.Sprintf("%s/%s-%s", dir, mode, name), b, 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+	for who, a := range addrs {
+		wg.Add(1)
+		go fetch(who+".cpu.pprof", "http://"+a+"/debug/pprof/profile?seconds=4")
+	}
+	load()
+	wg.Wait()
+	for who, a := range addrs {
+		wg.Add(1)
+		go fetch(who+".allocs.pprof", "http://"+a+"/debug/pprof/allocs")
+	}
+	wg.Wait()
 }
