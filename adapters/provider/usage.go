@@ -151,6 +151,12 @@ func (s *UsageScanner) parse(b []byte) {
 	if len(b) == 0 || b[0] != '{' {
 		return // includes "[DONE]"
 	}
+	// Most stream lines are token deltas that carry no counts: decoding each
+	// one was a visible share of the node's CPU per tunnel. A line is decoded
+	// while the model is still unknown or when it names a field that counts.
+	if s.model != "" && !mayCount(b) {
+		return
+	}
 	var d usageDoc
 	if json.Unmarshal(b, &d) != nil {
 		return
@@ -186,6 +192,18 @@ func (s *UsageScanner) parse(b []byte) {
 		s.usage = &domain.Usage{PromptTokens: p, CompletionTokens: c, TotalTokens: p + c,
 			DurationMS: d.TotalDuration / 1e6, StopReason: d.DoneReason}
 	}
+}
+
+// countKeys are the fields parse takes counts from.
+var countKeys = [][]byte{[]byte(`"usage"`), []byte(`"prompt_eval_count"`), []byte(`"eval_count"`), []byte(`"response"`)}
+
+func mayCount(b []byte) bool {
+	for _, k := range countKeys {
+		if bytes.Contains(b, k) {
+			return true
+		}
+	}
+	return false
 }
 
 // Usage returns the last usage seen, with the model when known; nil if none.
