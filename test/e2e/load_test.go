@@ -259,8 +259,12 @@ func loadCompare(t *testing.T, mode string) {
 	}
 
 	if profDir != "" {
-		profile(t, profDir, mode, map[string]string{"edge": edgeProf, "node": nodeProf}, func() {
+		addrs := map[string]string{"edge": edgeProf, "node": nodeProf}
+		profile(t, profDir, mode+"-chat", addrs, func() {
 			hammer(t, 32, 5*time.Second, func() error { _, _, err := loadRequest(e.url, "chat"); return err })
+		})
+		profile(t, profDir, mode+"-bulk", addrs, func() {
+			hammer(t, 1, 5*time.Second, func() error { _, _, err := loadRequest(e.url, fmt.Sprintf("bulk-%d", bulk)); return err })
 		})
 	}
 
