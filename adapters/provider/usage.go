@@ -172,8 +172,9 @@ func (s *UsageScanner) parse(b []byte) {
 	}
 	// Most stream lines are token deltas that carry no counts: decoding each
 	// one was a visible share of the node's CPU per tunnel. A line is decoded
-	// while the model is still unknown or when it names a field that counts.
-	if s.model != "" && !mayCount(b) {
+	// when it names a field that counts, or names the model while the model
+	// is still unknown (the model does not change within one response).
+	if !mayCount(b) && (s.model != "" || !bytes.Contains(b, modelKey)) {
 		return
 	}
 	var d usageDoc
@@ -214,6 +215,8 @@ func (s *UsageScanner) parse(b []byte) {
 }
 
 // countKeys are the fields parse takes counts from.
+var modelKey = []byte(`"model"`)
+
 var countKeys = [][]byte{[]byte(`"usage"`), []byte(`"prompt_eval_count"`), []byte(`"eval_count"`), []byte(`"response"`)}
 
 func mayCount(b []byte) bool {

@@ -156,3 +156,16 @@ func TestUsageScannerSkipsNonDataLinesEarly(t *testing.T) {
 		t.Fatalf("ndjson usage = %+v", u)
 	}
 }
+
+// Lines are decoded only when they can tell something; the model named by a
+// later line and the counts of a line without a model still come through.
+func TestUsageScannerModelFromLaterLine(t *testing.T) {
+	s := provider.NewUsageScanner("text/event-stream")
+	s.Write([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"))
+	s.Write([]byte("data: {\"model\":\"late\",\"choices\":[]}\n\n"))
+	s.Write([]byte("data: {\"model\":\"ignored-later\",\"choices\":[]}\n\n"))
+	s.Write([]byte("data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"))
+	if u := s.Usage(); !sameUsage(u, &domain.Usage{PromptTokens: 1, CompletionTokens: 1, TotalTokens: 2, Model: "late"}) {
+		t.Fatalf("usage = %+v", u)
+	}
+}
