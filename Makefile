@@ -7,7 +7,7 @@ LDFLAGS     := -X iop/bootstrap.Version=$(VERSION) -X main.version=$(VERSION)
 PROTOC_GEN_GO_VERSION := v1.36.12
 STATICCHECK_VERSION   := v0.8.2
 
-.PHONY: all build run test test-unit test-e2e bench lint fmt proto clean agent-clis agent-clis-if-npm
+.PHONY: all build run test test-unit test-e2e bench bench-compare lint fmt proto clean agent-clis agent-clis-if-npm
 
 all: build
 
@@ -89,6 +89,10 @@ proto:
 
 clean:
 	rm -rf $(BIN) tmp
+
+## bench-compare: load tool — direct vs through a real edge + node, same run (issue 10; docs/benchmarks.md)
+bench-compare:
+	$(GO) test -tags load -run TestLoadCompare -count=1 -timeout 5m -v ./test/e2e/
 
 # The web console's browser tests (test/e2e/console_test.go) skip without
 # Chromium; make test says so up front.

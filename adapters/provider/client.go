@@ -52,8 +52,12 @@ func New(o Options) *Client {
 		DialContext:           (&net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
 		ResponseHeaderTimeout: o.HeaderTimeout,
 		DisableCompression:    true,
-		MaxIdleConnsPerHost:   16,
-		IdleConnTimeout:       90 * time.Second,
+		// Sized for a node relaying many concurrent tunnels to one
+		// provider: at 16, 32 concurrent requests dialled a fresh connection
+		// for half of them (a tenth of the node's CPU in the profile).
+		MaxIdleConns:        256,
+		MaxIdleConnsPerHost: 128,
+		IdleConnTimeout:     90 * time.Second,
 	}
 	return &Client{hc: &http.Client{
 		Transport: tr,

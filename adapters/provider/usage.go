@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"sync"
+	"unicode"
 
 	"iop/domain"
 )
@@ -25,7 +26,8 @@ type UsageScanner struct {
 	mu       sync.Mutex
 	kind     int
 	line     []byte
-	tooLong  bool
+	tooLong  bool   // the current line is skipped: too long, or it cannot carry counts
+	checked  bool   // the current line's start was checked
 	whole    []byte // JSON: the first maxWhole bytes
 	tail     []byte // JSON: the last maxTail bytes, once whole is full
 	overflow bool
@@ -75,7 +77,7 @@ func (s *UsageScanner) Write(p []byte) {
 			if !s.tooLong {
 				s.handleLine(s.line)
 			}
-			s.line, s.tooLong = s.line[:0], false
+			s.line, s.tooLong, s.checked = s.line[:0], false, false
 			p = p[i+1:]
 		}
 	case kindJSON:
@@ -100,6 +102,23 @@ func (s *UsageScanner) addLine(p []byte) {
 		return
 	}
 	s.line = append(s.line, p...)
+	// A line that cannot be one parse reads (an SSE "data: {" line, an
+	// NDJSON object) is skipped as soon as its start shows it, rather than
+	// copied up to maxLine: a bulk body with no newlines was copying a
+	// megabyte per response here (a sixth of the node's CPU relaying it).
+	if !s.checked {
+		start := bytes.TrimLeftFunc(s.line, unicode.IsSpace)
+		want := []byte("{")
+		if s.kind == kindSSE {
+			want = []byte("data:")
+		}
+		if len(start) >= len(want) {
+			s.checked = true
+			if !bytes.HasPrefix(start, want) {
+				s.tooLong, s.line = true, s.line[:0]
+			}
+		}
+	}
 }
 
 func (s *UsageScanner) handleLine(line []byte) {
@@ -160,6 +179,13 @@ type usageDoc struct {
 func (s *UsageScanner) parse(b []byte) {
 	if len(b) == 0 || b[0] != '{' {
 		return // includes "[DONE]"
+	}
+	// Most stream lines are token deltas that carry no counts: decoding each
+	// one was a visible share of the node's CPU per tunnel. A line is decoded
+	// when it names a field that counts, or names the model while the model
+	// is still unknown (the model does not change within one response).
+	if !mayCount(b) && (s.model != "" || !bytes.Contains(b, modelKey)) {
+		return
 	}
 	var d usageDoc
 	if json.Unmarshal(b, &d) != nil {
@@ -236,6 +262,20 @@ func (s *UsageScanner) parse(b []byte) {
 		s.usage = &domain.Usage{PromptTokens: p, CompletionTokens: c, TotalTokens: p + c,
 			DurationMS: d.TotalDuration / 1e6, StopReason: d.DoneReason}
 	}
+}
+
+// countKeys are the fields parse takes counts from.
+var modelKey = []byte(`"model"`)
+
+var countKeys = [][]byte{[]byte(`"usage"`), []byte(`"prompt_eval_count"`), []byte(`"eval_count"`), []byte(`"response"`)}
+
+func mayCount(b []byte) bool {
+	for _, k := range countKeys {
+		if bytes.Contains(b, k) {
+			return true
+		}
+	}
+	return false
 }
 
 // Usage returns the last usage seen, with the model when known; nil if none.

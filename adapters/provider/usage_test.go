@@ -141,3 +141,40 @@ func sameUsage(a, b *domain.Usage) bool {
 	}
 	return *a == *b
 }
+
+// A line whose start shows it cannot carry counts is skipped without being
+// kept; the lines after it, including data lines written in pieces and with
+// leading blanks, are still read.
+func TestUsageScannerSkipsNonDataLinesEarly(t *testing.T) {
+	s := provider.NewUsageScanner("text/event-stream")
+	bulk := strings.Repeat("x", 3<<20)
+	for len(bulk) > 0 {
+		n := min(len(bulk), 32<<10)
+		s.Write([]byte(bulk[:n]))
+		bulk = bulk[n:]
+	}
+	s.Write([]byte("\n: keep-alive\n  da"))
+	s.Write([]byte(`ta: {"model":"m","usage":{"prompt_tokens":4,"completion_tokens":5}}` + "\n\n"))
+	if u := s.Usage(); !sameUsage(u, &domain.Usage{PromptTokens: 4, CompletionTokens: 5, TotalTokens: 9, Model: "m"}) {
+		t.Fatalf("usage = %+v", u)
+	}
+	n := provider.NewUsageScanner("application/x-ndjson")
+	n.Write([]byte("not json at all, and long" + strings.Repeat("y", 1<<20) + "\n"))
+	n.Write([]byte(` {"model":"o","done":true,"prompt_eval_count":2,"eval_count":3}`))
+	if u := n.Usage(); !sameUsage(u, &domain.Usage{PromptTokens: 2, CompletionTokens: 3, TotalTokens: 5, Model: "o"}) {
+		t.Fatalf("ndjson usage = %+v", u)
+	}
+}
+
+// Lines are decoded only when they can tell something; the model named by a
+// later line and the counts of a line without a model still come through.
+func TestUsageScannerModelFromLaterLine(t *testing.T) {
+	s := provider.NewUsageScanner("text/event-stream")
+	s.Write([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"))
+	s.Write([]byte("data: {\"model\":\"late\",\"choices\":[]}\n\n"))
+	s.Write([]byte("data: {\"model\":\"ignored-later\",\"choices\":[]}\n\n"))
+	s.Write([]byte("data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"))
+	if u := s.Usage(); !sameUsage(u, &domain.Usage{PromptTokens: 1, CompletionTokens: 1, TotalTokens: 2, Model: "late"}) {
+		t.Fatalf("usage = %+v", u)
+	}
+}

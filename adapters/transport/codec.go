@@ -24,9 +24,8 @@ var (
 // Buffer sizes per connection and side. They are what an idle node costs,
 // so they stay small; bulk frames go around them.
 const (
-	readBufferSize  = 4 << 10
-	writeBufferSize = 4 << 10
-	keepBufferSize  = 16 << 10
+	readBufferSize = 4 << 10
+	keepBufferSize = 16 << 10
 )
 
 // pooledFrameSize covers every data frame (chunks are at most 32 KiB plus

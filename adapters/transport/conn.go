@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -47,11 +46,12 @@ type Handler interface {
 	HandleControl(f *ioppb.Frame)
 }
 
-// Conn multiplexes streams over one TCP connection. It owns three
-// goroutines: the read loop (never blocks on a consumer), the writer (sole
-// owner of the socket's write side; control frames first, then data frames
-// from streams in arrival order, which is round-robin because each stream
-// offers at most one frame at a time) and the heartbeat ticker.
+// Conn multiplexes streams over one TCP connection. It owns two
+// goroutines: the read loop (never blocks on a consumer) and the writer
+// (sole owner of the socket's write side; control frames first, then data
+// frames from streams in arrival order, which is round-robin because each
+// stream offers at most one frame at a time). The writer also sends the
+// heartbeats, so an idle link costs two goroutines per side, not three.
 type Conn struct {
 	nc         net.Conn
 	dec        *Decoder
@@ -129,10 +129,9 @@ func newConn(nc net.Conn, dec *Decoder, cfg Config, side Side, peerWindow uint32
 // start launches the connection's goroutines. Frames queued before start
 // are written after anything the handshake wrote directly.
 func (c *Conn) start() {
-	c.wg.Add(3)
+	c.wg.Add(2)
 	go c.readLoop()
 	go c.writeLoop()
-	go c.heartbeatLoop()
 }
 
 // Done is closed when the connection has ended.
@@ -436,16 +435,26 @@ func (c *Conn) trySendCtrl(f *ioppb.Frame) bool {
 	}
 }
 
+// coalesceLimit is how many encoded bytes the writer gathers before it
+// writes: frames ready together (a tunnel's status, headers and first body
+// chunk; run events of many streams) share one write system call, and with
+// TLS one record, instead of one each.
+const coalesceLimit = 32 << 10
+
 func (c *Conn) writeLoop() {
 	defer c.wg.Done()
-	bw := bufio.NewWriterSize(c.nc, writeBufferSize)
-	// Frames are encoded into a pooled buffer for the length of one batch
-	// and returned before the writer waits again, so an idle link holds none.
+	// Frames are encoded straight into a buffer borrowed from the pool for
+	// the length of one batch and written from it, so an idle link holds no
+	// write buffer and a busy one copies each frame once.
 	var pooled *[]byte
+	var buf []byte
 	release := func() {
 		if pooled != nil {
+			if cap(buf) <= pooledFrameSize {
+				*pooled = buf[:cap(buf)] // keep the (possibly same) backing array
+			}
 			framePool.Put(pooled)
-			pooled = nil
+			pooled, buf = nil, nil
 		}
 	}
 	defer release()
@@ -459,6 +468,20 @@ func (c *Conn) writeLoop() {
 			armed = now
 		}
 	}
+	flush := func() bool {
+		if len(buf) == 0 {
+			return true
+		}
+		arm()
+		if _, err := c.nc.Write(buf); err != nil {
+			c.shutdown(fmt.Errorf("write: %w", err))
+			return false
+		}
+		buf = buf[:0]
+		return true
+	}
+	hb := time.NewTicker(c.cfg.HeartbeatInterval)
+	defer hb.Stop()
 	for {
 		var f *ioppb.Frame
 		select {
@@ -467,14 +490,15 @@ func (c *Conn) writeLoop() {
 			select {
 			case f = <-c.ctrl:
 			case f = <-c.data:
+			case <-hb.C:
+				f = heartbeatFrame()
 			case <-c.done:
 				return
 			}
 		}
 		for f != nil {
-			arm()
 			if f == closeSentinel {
-				_ = bw.Flush()
+				flush()
 				cause := ErrConnClosed
 				if p := c.closeWhy.Load(); p != nil {
 					cause = *p
@@ -484,21 +508,21 @@ func (c *Conn) writeLoop() {
 			}
 			if pooled == nil {
 				pooled = framePool.Get().(*[]byte)
+				buf = (*pooled)[:0]
 			}
-			buf, err := AppendFrame((*pooled)[:0], f, c.cfg.MaxFrameSize)
-			if cap(buf) <= pooledFrameSize {
-				*pooled = buf[:cap(buf)] // keep the (possibly same) backing array
-			}
+			n := len(buf)
+			var err error
+			buf, err = AppendFrame(buf, f, c.cfg.MaxFrameSize)
 			if err != nil {
 				// Senders check sizes first; this is a local bug, not the peer's.
 				c.log.Error("outgoing frame dropped", "stream", f.StreamId, "err", err)
 				c.dropped.Add(1)
-			} else if _, err := bw.Write(buf); err != nil {
-				c.shutdown(fmt.Errorf("write: %w", err))
-				return
 			} else {
 				c.framesOut.Add(1)
-				c.bytesOut.Add(int64(len(buf)))
+				c.bytesOut.Add(int64(len(buf) - n))
+			}
+			if len(buf) >= coalesceLimit && !flush() {
+				return
 			}
 			f = c.nextQueued()
 			if f == nil {
@@ -509,12 +533,10 @@ func (c *Conn) writeLoop() {
 				f = c.nextQueued()
 			}
 		}
-		release()
-		arm()
-		if err := bw.Flush(); err != nil {
-			c.shutdown(fmt.Errorf("write: %w", err))
+		if !flush() {
 			return
 		}
+		release()
 	}
 }
 
@@ -535,18 +557,11 @@ func (c *Conn) nextQueued() *ioppb.Frame {
 	}
 }
 
-func (c *Conn) heartbeatLoop() {
-	defer c.wg.Done()
-	t := time.NewTicker(c.cfg.HeartbeatInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			c.trySendCtrl(&ioppb.Frame{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{SentUnixNano: time.Now().UnixNano()}}})
-		case <-c.done:
-			return
-		}
-	}
+// heartbeatFrame is the writer's periodic probe. A busy writer may send it
+// late by one batch; the peer's timeout (several intervals) allows for that,
+// and a writer stuck on the socket is caught by its write deadline.
+func heartbeatFrame() *ioppb.Frame {
+	return &ioppb.Frame{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{SentUnixNano: time.Now().UnixNano()}}}
 }
 
 func (c *Conn) onHeartbeat(h *ioppb.Heartbeat) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync"
 	"time"
 
 	"iop/domain"
@@ -14,6 +15,10 @@ import (
 // tunnelChunk is the read size for provider bodies: each read is relayed at
 // once, so the first SSE chunk reaches the caller as soon as it is flushed.
 const tunnelChunk = 32 << 10
+
+// chunkPool holds read buffers: one per tunnel was allocated and cleared per
+// request. Each chunk sent is a copy, so the buffer is free when the tunnel ends.
+var chunkPool = sync.Pool{New: func() any { b := make([]byte, tunnelChunk); return &b }}
 
 // TunnelHandler relays provider HTTP responses to the edge byte for byte:
 // status, headers, body chunks as they arrive, then usage (sideband) and end,
@@ -70,7 +75,9 @@ func (h *TunnelHandler) OpenTunnel(ctx context.Context, req domain.TunnelRequest
 	if out.Send(domain.TunnelFrame{Kind: domain.TunnelHeader, Header: resp.Header}) != nil {
 		return
 	}
-	buf := make([]byte, tunnelChunk)
+	bp := chunkPool.Get().(*[]byte)
+	defer chunkPool.Put(bp)
+	buf := *bp
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
