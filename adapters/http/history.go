@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"strconv"
@@ -78,6 +79,10 @@ func (s *Server) handleHistoryRuns(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	rq := domain.RunQuery{Node: q.Get("node"), Adapter: q.Get("adapter"), Status: domain.RunStatus(q.Get("status")),
 		Key: q.Get("key"), Cursor: q.Get("cursor")}
+	if err := domain.CheckIDs("node", rq.Node, "adapter", rq.Adapter, "status", string(rq.Status), "key", rq.Key, "cursor", rq.Cursor); err != nil {
+		writeError(w, err)
+		return
+	}
 	var err error
 	if v := q.Get("limit"); v != "" {
 		n, perr := strconv.Atoi(v)
@@ -97,7 +102,7 @@ func (s *Server) handleHistoryRuns(w http.ResponseWriter, r *http.Request) {
 	}
 	page, err := s.deps.History.List(r.Context(), rq)
 	if err != nil {
-		writeError(w, err)
+		writeHistoryError(w, err)
 		return
 	}
 	out := struct {
@@ -114,13 +119,18 @@ func (s *Server) handleHistoryRuns(w http.ResponseWriter, r *http.Request) {
 // nodes only for a run the history does not have (one from before the
 // store existed, or dispatched by another edge).
 func (s *Server) handleHistoryRun(w http.ResponseWriter, r *http.Request) {
-	rec, err := s.deps.History.Get(r.Context(), r.PathValue("id"))
+	id := r.PathValue("id")
+	if err := domain.CheckID("run id", id); err != nil {
+		writeError(w, err)
+		return
+	}
+	rec, err := s.deps.History.Get(r.Context(), id)
 	if errors.Is(err, domain.ErrRunNotFound) {
 		s.handleNodeRun(w, r)
 		return
 	}
 	if err != nil {
-		writeError(w, err)
+		writeHistoryError(w, err)
 		return
 	}
 	w.Header().Set(headerNode, rec.Node)
@@ -147,7 +157,7 @@ func (s *Server) handleHistoryUsage(w http.ResponseWriter, r *http.Request) {
 	}
 	totals, err := s.deps.History.Usage(r.Context(), uq)
 	if err != nil {
-		writeError(w, err)
+		writeHistoryError(w, err)
 		return
 	}
 	if totals == nil {
@@ -171,4 +181,18 @@ func (s *Server) handleHistoryUsage(w http.ResponseWriter, r *http.Request) {
 		out["tunnels"] = lines
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// writeHistoryError answers a history read that failed. A database fault is
+// a 503 history_unavailable (the detail goes to the log, never to the
+// caller): runs keep working while the history is down, only reading it
+// does not.
+func writeHistoryError(w http.ResponseWriter, err error) {
+	if domain.CodeOf(err) != domain.CodeInternal || errors.Is(err, context.DeadlineExceeded) {
+		writeError(w, err)
+		return
+	}
+	noteInternal(w, err)
+	writeJSONError(w, http.StatusServiceUnavailable, "history_unavailable",
+		"the run history cannot be read right now (its database is unreachable); the edge's log has the details")
 }

@@ -191,7 +191,7 @@ func TestNodeReportsItsAdapterTypes(t *testing.T) {
 		return m["type"] == "node.rejected" && m["node"] == "n9"
 	})
 	reason, _ := ev["reason"].(string)
-	if !strings.Contains(reason, "config_error") || !strings.Contains(reason, `type "telepathy"`) || !strings.Contains(reason, "exec, ollama") {
+	if !strings.Contains(reason, "config_error") || !strings.Contains(reason, `type "telepathy"`) || !strings.Contains(reason, "exec") || !strings.Contains(reason, "ollama") {
 		t.Fatalf("reason %q", reason)
 	}
 	startNode(t, e, testToken)

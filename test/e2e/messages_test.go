@@ -74,7 +74,7 @@ func TestStartupMessagesAreClear(t *testing.T) {
 		}
 	})
 	t.Run("node never connected", func(t *testing.T) {
-		nd := start(t, "iop-node", nil, "--edge", freeAddr(t), "--token", "x", "--db", "file:"+filepath.Join(t.TempDir(), "n.db"))
+		nd := start(t, "iop-node", nil, "--edge", freeAddr(t), "--insecure", "--token", "x", "--db", "file:"+filepath.Join(t.TempDir(), "n.db"))
 		deadline := time.Now().Add(15 * time.Second)
 		for !strings.Contains(nd.out.String(), "cannot connect to the edge") && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond)
@@ -84,7 +84,7 @@ func TestStartupMessagesAreClear(t *testing.T) {
 		}
 	})
 	t.Run("no token", func(t *testing.T) {
-		nd := start(t, "iop-node", []string{"IOP_NODE_TOKEN="}, "--edge", freeAddr(t))
+		nd := start(t, "iop-node", []string{"IOP_NODE_TOKEN="}, "--edge", freeAddr(t), "--insecure")
 		if code := nd.waitExit(t, 20*time.Second); code != 2 {
 			t.Fatalf("exit %d", code)
 		}

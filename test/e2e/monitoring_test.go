@@ -425,7 +425,7 @@ func TestHistoryOutageCostsRowsNotRuns(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 500 || !strings.Contains(string(b), "history") {
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "history_unavailable") {
 		t.Fatalf("GET /v1/runs with the database down: %d %s", resp.StatusCode, b)
 	}
 	if err := srv.Resume(); err != nil {
