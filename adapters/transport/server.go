@@ -182,7 +182,7 @@ func (s *Server) handshake(nc net.Conn, remote, addr string) (*edgeLink, string,
 	// A peer that has not authenticated may not make the edge allocate a
 	// full-size frame: the register request is small.
 	// TLS (tls.go) comes first, under the same deadline.
-	nc, peer, ok := s.secure(nc, remote)
+	nc, peer, ok := s.secure(nc, remote, addr)
 	if !ok {
 		return nil, "", false
 	}
