@@ -3,7 +3,7 @@ GO          ?= go
 BIN         := bin
 PKG         := ./...
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS     := -X iop/bootstrap.Version=$(VERSION)
+LDFLAGS     := -X iop/bootstrap.Version=$(VERSION) -X main.version=$(VERSION)
 PROTOC_GEN_GO_VERSION := v1.36.12
 STATICCHECK_VERSION   := v0.8.2
 
@@ -13,6 +13,7 @@ all: build
 
 ## build: the three binaries into bin/ (pure Go, CGO_ENABLED=0)
 build:
+	@echo "building bin/iop-edge, bin/iop-node, bin/iop (a first build downloads and compiles the dependencies: a few minutes on a slow machine)"
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/iop-edge ./cmd/iop-node ./cmd/iop
 
 ## run: build, start an edge + local node from configs/, stream a sample run, serve until Ctrl-C
@@ -64,11 +65,12 @@ test-e2e: agent-clis-if-npm
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./adapters/transport/ ./test/e2e/...
 
-## lint: gofmt, go vet, staticcheck
+## lint: gofmt, go vet, staticcheck, the hexagon's import rules (test/arch)
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKG)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PKG)
+	$(GO) test -count=1 ./test/arch/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go' | grep -v '\.pb\.go$$')

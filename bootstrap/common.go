@@ -36,6 +36,9 @@ func FxLogger(log *slog.Logger) fx.Option {
 		l := &fxevent.SlogLogger{Logger: log}
 		l.UseLogLevel(slog.LevelDebug)
 		l.UseErrorLevel(slog.LevelError)
-		return l
+		d := &fxevent.SlogLogger{Logger: log}
+		d.UseLogLevel(slog.LevelDebug)
+		d.UseErrorLevel(slog.LevelDebug)
+		return quietStart{Logger: l, debug: d}
 	})
 }

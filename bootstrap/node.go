@@ -109,7 +109,7 @@ func openNodeDB(lc fx.Lifecycle, s NodeSettings) (*sqlite.DB, error) {
 	return db, nil
 }
 
-func newNodeClient(s NodeSettings, log *slog.Logger, ac *nodeapp.ApplyConfigHandler, rm *nodeapp.RunManager, sh *nodeapp.SessionHandler, ch *nodeapp.CommandHandler, th *nodeapp.TunnelHandler) *transport.Client {
+func newNodeClient(s NodeSettings, log *slog.Logger, f *factory.Factory, ac *nodeapp.ApplyConfigHandler, rm *nodeapp.RunManager, sh *nodeapp.SessionHandler, ch *nodeapp.CommandHandler, th *nodeapp.TunnelHandler) *transport.Client {
 	host, _ := os.Hostname()
 	tc := s.Transport
 	tc.Logger = log
@@ -121,7 +121,7 @@ func newNodeClient(s NodeSettings, log *slog.Logger, ac *nodeapp.ApplyConfigHand
 	}
 	c := transport.NewClient(transport.ClientConfig{
 		Addr: s.Edge, Token: s.Token, Transport: tc, MinBackoff: s.MinBackoff, MaxBackoff: s.MaxBackoff,
-		Info: domain.NodeInfo{Version: Version, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH},
+		Info: domain.NodeInfo{Version: Version, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH, AdapterTypes: f.Types()},
 	}, nodeHandlers{ac, rm, sh, ch, th})
 	ch.SetTransport(c)
 	return c
@@ -136,7 +136,7 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 	lc.Append(fx.Hook{
 		OnStart: func(start context.Context) error {
 			if s.Token == "" {
-				return errors.New("no token: pass --token or set token/token_env in the node config")
+				return errors.New("no token: pass --token, set $IOP_NODE_TOKEN, or set token/token_env in the node config")
 			}
 			// Children of an earlier node process that died without
 			// stopping them (kill -9, OOM) are killed before any run starts.
@@ -165,7 +165,7 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 					log.Error("the edge refused this node's client certificate: its CN or a DNS name must be the node id its token belongs to", "edge", s.Edge, "reason", rej.Reason)
 					_ = sd.Shutdown(fx.ExitCode(1))
 				case errors.As(err, &rej):
-					log.Error("the edge refused this node's token; check the token against edge.yaml nodes[]", "edge", s.Edge, "reason", rej.Reason)
+					log.Error("the edge refused this node's token; check --token (or $IOP_NODE_TOKEN) against edge.yaml nodes[]", "edge", s.Edge, "reason", rej.Reason)
 					_ = sd.Shutdown(fx.ExitCode(1))
 				}
 			}()

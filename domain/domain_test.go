@@ -85,7 +85,7 @@ func TestBuildConfig(t *testing.T) {
 		t.Fatalf("BuildConfig = %+v, %v", cfg, err)
 	}
 	for name, rec := range map[string]domain.NodeRecord{
-		"unknown type":     {ID: "n", Adapters: []domain.AdapterConfig{{Name: "x", Type: "teleport"}}},
+		"no type":          {ID: "n", Adapters: []domain.AdapterConfig{{Name: "x"}}},
 		"duplicate name":   {ID: "n", Adapters: []domain.AdapterConfig{exec("a"), exec("a")}},
 		"no name":          {ID: "n", Adapters: []domain.AdapterConfig{{Type: domain.AdapterExec}}},
 		"empty argv":       {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterExec, Targets: map[string]domain.ExecTarget{"t": {}}}}},
@@ -153,5 +153,20 @@ func TestBuildConfigChecksChildEnvironment(t *testing.T) {
 	ok := domain.AdapterConfig{Name: "c", Type: domain.AdapterClaudeCode, Env: map[string]string{"ANTHROPIC_BASE_URL": "http://127.0.0.1:1"}, InheritEnv: []string{"ANTHROPIC_API_KEY"}}
 	if _, err := (domain.NodeRecord{ID: "n", Adapters: []domain.AdapterConfig{ok}}).BuildConfig(1); err != nil {
 		t.Fatalf("valid env refused: %v", err)
+	}
+}
+
+// Which adapter types exist is the node's to say: a config is checked
+// against the types the node reported, and not at all when it reported none.
+func TestCheckAdapterTypes(t *testing.T) {
+	cfg := domain.NodeConfig{NodeID: "n", Adapters: []domain.AdapterConfig{{Name: "x", Type: "teleport"}}}
+	if err := cfg.CheckAdapterTypes(domain.NodeInfo{AdapterTypes: []string{"exec", "ollama"}}); !errors.Is(err, domain.ErrConfig) || !strings.Contains(err.Error(), "teleport") || !strings.Contains(err.Error(), "exec, ollama") {
+		t.Fatalf("unsupported type: %v", err)
+	}
+	if err := cfg.CheckAdapterTypes(domain.NodeInfo{AdapterTypes: []string{"exec", "teleport"}}); err != nil {
+		t.Fatalf("a type the node supports: %v", err)
+	}
+	if err := cfg.CheckAdapterTypes(domain.NodeInfo{}); err != nil {
+		t.Fatalf("a node that reported no types: %v", err)
 	}
 }

@@ -3,6 +3,7 @@ package domain
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Error is a failure with a stable machine-readable code. Two *Error values
@@ -43,10 +44,15 @@ func CodeOf(err error) string {
 // MessageOf returns a human-readable message for err without repeating its code.
 func MessageOf(err error) string {
 	var e *Error
-	if errors.As(err, &e) && e.Message != "" {
+	if !errors.As(err, &e) {
+		return err.Error()
+	}
+	if e.Message != "" {
 		return e.Message
 	}
-	return err.Error()
+	// A bare sentinel wrapped with context ("…: target_not_found"): the
+	// context is the message; the code is reported separately.
+	return strings.TrimSuffix(err.Error(), ": "+e.Code)
 }
 
 // Stable error codes. They appear on the wire, in HTTP bodies and in events,

@@ -6,8 +6,8 @@ import (
 	"time"
 )
 
-// Runtime adapter types a node can build. The edge refuses to push a config
-// naming any other type (config_error at register time).
+// The runtime adapter types this code base builds. Which of them a node
+// supports is the node's to say when it registers (NodeInfo.AdapterTypes).
 const (
 	AdapterExec       = "exec"
 	AdapterOllama     = "ollama"
@@ -16,9 +16,6 @@ const (
 	AdapterCodex      = "codex"
 	AdapterGemini     = "gemini"
 )
-
-// KnownAdapterTypes lists the runtime adapter types, in documentation order.
-var KnownAdapterTypes = []string{AdapterExec, AdapterOllama, AdapterOpenAI, AdapterClaudeCode, AdapterCodex, AdapterGemini}
 
 // Provider types for the raw tunnel.
 const (
@@ -109,8 +106,10 @@ func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
 			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q is declared twice", a.Name)
 		}
 		names[a.Name] = true
-		if !slices.Contains(KnownAdapterTypes, a.Type) {
-			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q has unknown type %q (known: %v)", a.Name, a.Type, KnownAdapterTypes)
+		// Which types exist is the node's to say (NodeInfo.AdapterTypes,
+		// checked at registration); here a type is only required.
+		if a.Type == "" {
+			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q has no type", a.Name)
 		}
 		if a.MaxConcurrency < 0 {
 			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q: max_concurrency must not be negative", a.Name)
@@ -208,4 +207,23 @@ type NodeInfo struct {
 	// Peer is what the edge's transport verified about the connection,
 	// unlike the fields above, which the node reports about itself.
 	Peer PeerIdentity
+	// AdapterTypes are the runtime adapter types the node can build; empty
+	// when the node did not say (an older node).
+	AdapterTypes []string
+}
+
+// CheckAdapterTypes refuses a config with an adapter type the node does not
+// support (config_error). A node that reported no types is not checked
+// here; it reports what it cannot build when it applies the config.
+func (c NodeConfig) CheckAdapterTypes(info NodeInfo) error {
+	if len(info.AdapterTypes) == 0 {
+		return nil
+	}
+	for _, a := range c.Adapters {
+		if !slices.Contains(info.AdapterTypes, a.Type) {
+			return Errorf(CodeConfigError, "adapter %q has type %q, which node %q does not support (it supports: %s)",
+				a.Name, a.Type, c.NodeID, strings.Join(info.AdapterTypes, ", "))
+		}
+	}
+	return nil
 }

@@ -59,6 +59,9 @@ type RunRequest struct {
 
 // Validate checks the fields every run needs.
 func (r RunRequest) Validate() error {
+	if err := CheckIDs("run_id", r.RunID, "adapter", r.Adapter, "target", r.Target, "session_id", r.SessionID); err != nil {
+		return err
+	}
 	switch {
 	case r.RunID == "":
 		return Errorf(CodeInvalidRequest, "run id is required")

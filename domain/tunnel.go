@@ -1,6 +1,43 @@
 package domain
 
-import "net/http"
+import (
+	"maps"
+	"net/textproto"
+	"slices"
+)
+
+// Header is an HTTP header block as the tunnel carries it: canonical names
+// to values. It has net/http's Header shape, so adapters convert with
+// http.Header(h) and domain.Header(h); the domain stays free of net/http.
+type Header map[string][]string
+
+// Get returns the first value of name (any case).
+func (h Header) Get(name string) string {
+	if v := h[textproto.CanonicalMIMEHeaderKey(name)]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// Set replaces the values of name (any case).
+func (h Header) Set(name, value string) {
+	h[textproto.CanonicalMIMEHeaderKey(name)] = []string{value}
+}
+
+// Del removes name (any case).
+func (h Header) Del(name string) { delete(h, textproto.CanonicalMIMEHeaderKey(name)) }
+
+// Clone returns a deep copy; nil stays nil.
+func (h Header) Clone() Header {
+	if h == nil {
+		return nil
+	}
+	out := make(Header, len(h))
+	for k, v := range maps.All(h) {
+		out[k] = slices.Clone(v)
+	}
+	return out
+}
 
 // TunnelRequest asks a node to make one HTTP request to one of its providers.
 type TunnelRequest struct {
@@ -8,7 +45,7 @@ type TunnelRequest struct {
 	Method   string
 	Path     string
 	Query    string
-	Header   http.Header
+	Header   Header
 	Body     []byte // the whole body when small; larger bodies stream separately
 }
 
@@ -29,7 +66,7 @@ const (
 type TunnelFrame struct {
 	Kind     TunnelFrameKind
 	Status   int
-	Header   http.Header
+	Header   Header
 	Body     []byte
 	Usage    *Usage
 	Metadata []byte

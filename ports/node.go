@@ -5,7 +5,6 @@ package ports
 import (
 	"context"
 	"io"
-	"net/http"
 
 	"iop/domain"
 )
@@ -28,6 +27,14 @@ type EventSink interface {
 type RuntimeAdapter interface {
 	Capabilities() domain.Capabilities
 	Execute(ctx context.Context, req domain.RunRequest, sink EventSink) error
+}
+
+// RunAdmitter is implemented by runtime adapters that can tell before a run
+// starts whether they can serve it (an exec target that exists). The node
+// refuses such a run before acknowledging it, so the edge can answer the
+// caller with an honest status instead of a started run that fails.
+type RunAdmitter interface {
+	Admit(req domain.RunRequest) error
 }
 
 // SessionTerminator is implemented by runtime adapters that keep logical
@@ -113,7 +120,7 @@ type TransportStats struct {
 // known, the body is read as it arrives.
 type ProviderResponse struct {
 	Status int
-	Header http.Header
+	Header domain.Header
 	Body   io.ReadCloser
 	// Usage, if set, reports the token usage seen in the body once it has
 	// been read to the end; nil when the provider reported none.

@@ -124,14 +124,14 @@ func decodeStrict(name string, data []byte, out any) error {
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
-		return yamlError(name, err)
+		return yamlError(name, data, err)
 	}
 	var extra yaml.Node
 	switch err := dec.Decode(&extra); {
 	case errors.Is(err, io.EOF):
 		return nil
 	case err != nil:
-		return yamlError(name, err)
+		return yamlError(name, data, err)
 	case isEmptyDocument(&extra):
 		return nil
 	default:
@@ -148,16 +148,16 @@ func isEmptyDocument(n *yaml.Node) bool {
 
 // yamlError rewrites yaml.v3 errors as "name: line N: problem", one line per
 // problem, dropping yaml's own "yaml: unmarshal errors:" preamble.
-func yamlError(name string, err error) error {
+func yamlError(name string, data []byte, err error) error {
 	var te *yaml.TypeError
 	if errors.As(err, &te) {
 		lines := make([]string, len(te.Errors))
 		for i, e := range te.Errors {
-			lines[i] = name + ": " + e
+			lines[i] = name + ": " + userMessage(data, e)
 		}
 		return errors.New(strings.Join(lines, "\n"))
 	}
-	return fmt.Errorf("%s: %s", name, strings.TrimPrefix(err.Error(), "yaml: "))
+	return fmt.Errorf("%s: %s", name, userMessage(data, strings.TrimPrefix(err.Error(), "yaml: ")))
 }
 
 // prefixErrors puts name in front of err, or of each error err joins, so that

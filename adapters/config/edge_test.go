@@ -188,17 +188,17 @@ nodes:
   - id: local
     tokn: dev-token
 `,
-			want: []string{"edge.yaml: line 7: field tokn not found in type config.NodeEntry"},
+			want: []string{"edge.yaml: line 7: unknown key \"nodes[0].tokn\""},
 		},
 		{
 			name: "unknown top-level field",
 			doc:  "transprt:\n  listen: x\n",
-			want: []string{"edge.yaml: line 1: field transprt not found"},
+			want: []string{"edge.yaml: line 1: unknown key \"transprt\""},
 		},
 		{
 			name: "unknown field in exec target",
 			doc:  "nodes:\n  - id: a\n    token: aaaaaaaa\n    adapters:\n      - name: e\n        type: exec\n        targets:\n          t: {command: [x], tiemout: 1s}\n",
-			want: []string{"edge.yaml: line 8: field tiemout not found in type config.TargetEntry"},
+			want: []string{"edge.yaml: line 8: unknown key \"nodes[0].adapters[0].targets.t.tiemout\""},
 		},
 		{
 			name: "bad duration",
@@ -218,12 +218,12 @@ nodes:
 		{
 			name: "wrong type",
 			doc:  "transport:\n  max_frame_size: big\n",
-			want: []string{"edge.yaml: line 2: cannot unmarshal !!str `big` into int64"},
+			want: []string{"edge.yaml: line 2: transport.max_frame_size: expected a whole number, got a string \"big\""},
 		},
 		{
 			name: "several errors each on its own line",
 			doc:  "transport:\n  listn: x\n  heartbeat_interval: soon\n",
-			want: []string{"edge.yaml: line 2: field listn not found", "\nedge.yaml: line 3: invalid duration"},
+			want: []string{"edge.yaml: line 2: unknown key \"transport.listn\"", "\nedge.yaml: line 3: invalid duration"},
 		},
 		{
 			name: "syntax error",
@@ -378,8 +378,9 @@ func TestEdgeAllowsEphemeralPortsAndNoNodes(t *testing.T) {
 	}
 }
 
-// An unknown adapter type is the edge's problem to report per node at
-// register time (config_error), not a reason to refuse the whole file.
+// An adapter type the edge has never heard of loads and builds: whether
+// the node supports it is checked against what the node reports when it
+// registers (config_error then), so a new type needs no edge upgrade.
 func TestUnknownAdapterTypeLoads(t *testing.T) {
 	doc := "nodes:\n  - id: a\n    token: aaaaaaaa\n    adapters:\n      - {name: x, type: telepathy}\n"
 	c, err := config.ParseEdge("edge.yaml", []byte(doc))
@@ -387,9 +388,12 @@ func TestUnknownAdapterTypeLoads(t *testing.T) {
 		t.Fatalf("ParseEdge: %v", err)
 	}
 	recs := c.Records()
-	_, err = recs[0].BuildConfig(1)
-	if !errors.Is(err, domain.ErrConfig) {
-		t.Fatalf("BuildConfig err = %v, want ErrConfig", err)
+	cfg, err := recs[0].BuildConfig(1)
+	if err != nil {
+		t.Fatalf("BuildConfig err = %v", err)
+	}
+	if err := cfg.CheckAdapterTypes(domain.NodeInfo{AdapterTypes: []string{"exec"}}); !errors.Is(err, domain.ErrConfig) {
+		t.Fatalf("CheckAdapterTypes err = %v, want ErrConfig", err)
 	}
 }
 
@@ -411,7 +415,7 @@ func TestLoadEdge(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = config.LoadEdge(path)
-	if err == nil || !strings.HasPrefix(err.Error(), path+": line 2: field tokn not found") {
+	if err == nil || !strings.HasPrefix(err.Error(), path+": line 2: unknown key \"nodes[0].tokn\"") {
 		t.Errorf("LoadEdge error = %v, want it to start with the path and line", err)
 	}
 
@@ -493,6 +497,25 @@ func TestPublicListenAllowedWithKeysOrExplicitOptOut(t *testing.T) {
 	} {
 		if _, err := config.ParseEdge("edge.yaml", []byte(doc)); err != nil {
 			t.Errorf("%s: %v", doc, err)
+		}
+	}
+}
+
+// No Go type names reach the user; a tab-indented file gets a line number
+// and the reason.
+func TestYAMLErrorsInTheFilesTerms(t *testing.T) {
+	for in, want := range map[string]string{
+		"nodes: 5\n":                         `edge.yaml: line 1: nodes: expected a list, got a number "5"`,
+		"nodes:\n  - id: [1]\n":              `edge.yaml: line 2: nodes[0].id: expected a string, got a list`,
+		"\ttransport:\n\t\tlisten: x\n":      `edge.yaml: line 1: found character that cannot start any token (YAML is indented with spaces, not tabs)`,
+		"transport:\n\tlisten: x\n":          `edge.yaml: line 2: found character that cannot start any token (YAML is indented with spaces, not tabs)`,
+		"nodes:\n- id: a\n\ttoken: x\n":      `(YAML is indented with spaces, not tabs; the first tab is on line 3)`,
+		"transport:\n  listen: {a: 1}\n":     `edge.yaml: line 2: transport.listen: expected a string, got a mapping`,
+		"http:\n  listen: x\n  nope: true\n": `edge.yaml: line 3: unknown key "http.nope"`,
+	} {
+		_, err := config.ParseEdge("edge.yaml", []byte(in))
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "config.") || strings.Contains(err.Error(), "Go ") {
+			t.Errorf("%q: error %v, want %q", in, err, want)
 		}
 	}
 }

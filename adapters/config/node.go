@@ -117,6 +117,6 @@ func (c *NodeConfig) ResolveToken() (string, error) {
 		}
 		return v, nil
 	default:
-		return "", errors.New("a token is required (token, token_env or the --token flag)")
+		return "", errors.New("a token is required: pass --token, set $IOP_NODE_TOKEN, or set token or token_env in the node config")
 	}
 }

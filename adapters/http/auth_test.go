@@ -55,7 +55,8 @@ func TestKeyHeadersAndPublicRoutes(t *testing.T) {
 }
 
 func TestNodeLimitedKey(t *testing.T) {
-	l1, l2 := newFakeLink(), newFakeLink()
+	// Both nodes admit runs (their first event is start) and keep them going.
+	l1, l2 := newFakeLink(domain.RunEvent{Type: domain.EventStart}), newFakeLink(domain.RunEvent{Type: domain.EventStart})
 	e := newEnvWithKeys(t, []httpapi.APIKey{
 		apiKey("n2-only-key-0123456789", "n2-only", []string{"n2"}, domain.ScopeRead, domain.ScopeRuns),
 		apiKey("admin-key-0123456789ab", "ops", nil, domain.ScopeAdmin),

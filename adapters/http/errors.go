@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 
 	"iop/domain"
@@ -43,12 +44,36 @@ func statusFor(err error) int {
 }
 
 // writeError answers err as {"error":{"code","message"}} with statusFor's status.
+// An internal error's text (a database's, a library's) never reaches the
+// caller: it is logged, and the caller gets a generic message.
 func writeError(w http.ResponseWriter, err error) {
 	code := domain.CodeOf(err)
 	if code == domain.CodeInternal && errors.Is(err, context.DeadlineExceeded) {
 		code = domain.CodeTimeout
 	}
-	writeJSONError(w, statusFor(err), code, domain.MessageOf(err))
+	msg := domain.MessageOf(err)
+	if code == domain.CodeInternal {
+		noteInternal(w, err)
+		msg = "internal error; the edge's log has the details"
+	}
+	writeJSONError(w, statusFor(err), code, msg)
+}
+
+// noteInternal hands err to the access log's writer, found through any
+// wrapping middleware; without one it goes to the default logger.
+func noteInternal(w http.ResponseWriter, err error) {
+	for {
+		if n, ok := w.(interface{ noteInternal(error) }); ok {
+			n.noteInternal(err)
+			return
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			slog.Error("internal error answered as 500", "err", err)
+			return
+		}
+		w = u.Unwrap()
+	}
 }
 
 type errorJSON struct {

@@ -107,7 +107,7 @@ func (s *Server) handleNodeCommand(w http.ResponseWriter, r *http.Request) {
 			return nil
 		case s.shuttingDown(r):
 			return domain.Errorf(domain.CodeShuttingDown, "the edge is shutting down")
-		case errors.Is(cctx.Err(), context.DeadlineExceeded):
+		case errors.Is(context.Cause(cctx), context.DeadlineExceeded):
 			return domain.Errorf(domain.CodeTimeout, "command %s on node %s did not finish in time", req.Command, r.PathValue("id"))
 		case err == nil || errors.Is(err, io.EOF):
 			return domain.Errorf(domain.CodeNodeDisconnected, "command %s ended without a result", req.Command)

@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strconv"
+	"strings"
 	"time"
 
 	"iop/application/edge"
@@ -19,7 +22,7 @@ type createRunRequest struct {
 	Node       string          `json:"node"`
 	Adapter    string          `json:"adapter"`
 	Target     string          `json:"target"`
-	Input      string          `json:"input"`
+	Input      json.RawMessage `json:"input"`
 	SessionID  string          `json:"session_id"`
 	Background bool            `json:"background"`
 	Options    json.RawMessage `json:"options"`
@@ -38,12 +41,91 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 		case errors.Is(err, io.EOF):
 			return domain.Errorf(domain.CodeInvalidRequest, "request body is empty")
 		}
-		return domain.Errorf(domain.CodeInvalidRequest, "request body: %v", err)
+		return domain.Errorf(domain.CodeInvalidRequest, "request body: %s", jsonProblem(err))
 	}
 	if dec.More() {
 		return domain.Errorf(domain.CodeInvalidRequest, "request body: unexpected data after the JSON object")
 	}
 	return nil
+}
+
+// runInput is a run's input as the node gets it: a JSON string is its text;
+// a JSON object (such as {"messages":[…]}) is passed on as JSON.
+func runInput(raw json.RawMessage) ([]byte, error) {
+	t := bytes.TrimSpace(raw)
+	switch {
+	case len(t) == 0 || bytes.Equal(t, []byte("null")):
+		return nil, nil
+	case t[0] == '"':
+		var s string
+		if err := json.Unmarshal(t, &s); err != nil {
+			return nil, domain.Errorf(domain.CodeInvalidRequest, "input: %v", err)
+		}
+		return []byte(s), nil
+	case t[0] == '{':
+		return t, nil
+	}
+	return nil, domain.Errorf(domain.CodeInvalidRequest, "input must be a string or a JSON object")
+}
+
+// jsonProblem words a decoding error in the caller's terms (the field and
+// the JSON type expected), never in Go's.
+func jsonProblem(err error) string {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te):
+		want := jsonKind(te.Type)
+		if te.Field == "" {
+			return fmt.Sprintf("expected %s, got %s", want, withArticle(te.Value))
+		}
+		return fmt.Sprintf("%s: expected %s, got %s", te.Field, want, withArticle(te.Value))
+	case errors.As(err, &se):
+		return fmt.Sprintf("invalid JSON at byte %d: %s", se.Offset, strings.TrimPrefix(se.Error(), "json: "))
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "the JSON ends too early"
+	}
+	return strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// jsonKind names the JSON type a Go type decodes from.
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "a value"
+	}
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map:
+		return "a JSON object"
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 {
+			return "a string or a JSON object"
+		}
+		return "an array"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return "a value"
+}
+
+// withArticle turns encoding/json's value words ("array", "number 5") into
+// a phrase ("an array", "a number 5").
+func withArticle(v string) string {
+	if v == "" {
+		return "something else"
+	}
+	if strings.ContainsRune("aeiou", rune(v[0])) {
+		return "an " + v
+	}
+	return "a " + v
 }
 
 // isObjectOrNull reports whether raw is absent, null or a JSON object.
@@ -66,8 +148,13 @@ func (s *Server) handleCreateRun(w http.ResponseWriter, r *http.Request) {
 	if t := bytes.TrimSpace(req.Options); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
 		opts = t
 	}
+	input, err := runInput(req.Input)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	rh, err := s.deps.Submit.Handle(r.Context(), edge.SubmitRun{
-		Node: req.Node, Adapter: req.Adapter, Target: req.Target, Input: []byte(req.Input),
+		Node: req.Node, Adapter: req.Adapter, Target: req.Target, Input: input,
 		SessionID: req.SessionID, Background: req.Background, Options: opts,
 	})
 	if err != nil {

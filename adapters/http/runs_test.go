@@ -92,12 +92,19 @@ func TestCreateRunErrors(t *testing.T) {
 		{name: "unknown field", nodes: 1, body: `{"adapter":"exec","bogus":1}`, status: 400, code: "invalid_request"},
 		{name: "trailing data", nodes: 1, body: `{"adapter":"exec"} {}`, status: 400, code: "invalid_request"},
 		{name: "missing adapter", nodes: 1, body: `{"target":"x"}`, status: 400, code: "invalid_request"},
-		{name: "input not a string", nodes: 1, body: `{"adapter":"exec","input":5}`, status: 400, code: "invalid_request"},
+		{name: "input a number", nodes: 1, body: `{"adapter":"exec","input":5}`, status: 400, code: "invalid_request"},
 		{name: "options not an object", nodes: 1, body: `{"adapter":"exec","options":[1]}`, status: 400, code: "invalid_request"},
 		{name: "unknown node", nodes: 1, body: `{"adapter":"exec","node":"nope"}`, status: 404, code: "node_not_found"},
 		{name: "no node", nodes: 0, body: `{"adapter":"exec"}`, status: 503, code: "no_node_available"},
 		{name: "no node offers the adapter", nodes: 2, body: `{"adapter":"nope"}`, status: 503, code: "no_node_available"},
 		{name: "node refuses", nodes: 1, link: func(l *fakeLink) { l.startErr = domain.Errorf(domain.CodeNodeDisconnected, "gone") }, body: `{"adapter":"exec"}`, status: 503, code: "node_disconnected"},
+		{name: "input an array", nodes: 1, body: `{"adapter":"exec","input":[1]}`, status: 400, code: "invalid_request"},
+		{name: "refused at capacity", nodes: 1, link: refuseWith(domain.CodeAtCapacity), body: `{"adapter":"exec"}`, status: 429, code: "at_capacity"},
+		{name: "refused at capacity in the background", nodes: 1, link: refuseWith(domain.CodeAtCapacity), body: `{"adapter":"exec","background":true}`, status: 429, code: "at_capacity"},
+		{name: "refused: session busy", nodes: 1, link: refuseWith(domain.CodeSessionBusy), body: `{"adapter":"exec","session_id":"s"}`, status: 409, code: "session_busy"},
+		{name: "refused: unknown target", nodes: 1, link: refuseWith(domain.CodeTargetNotFound), body: `{"adapter":"exec","target":"nope","background":true}`, status: 404, code: "target_not_found"},
+		{name: "refused: unknown adapter", nodes: 1, link: refuseWith(domain.CodeAdapterNotFound), body: `{"adapter":"nope"}`, status: 404, code: "adapter_not_found"},
+		{name: "node gone before admitting", nodes: 1, link: func(l *fakeLink) { l.endErr = domain.Errorf(domain.CodeStreamReset, "gone") }, body: `{"adapter":"exec","background":true}`, status: 503, code: "node_disconnected"},
 		{name: "body too large", nodes: 1, body: `{"adapter":"exec","input":"` + strings.Repeat("x", 8<<20) + `"}`, status: 400, code: "invalid_request"},
 	}
 	for _, tt := range tests {
@@ -215,7 +222,7 @@ func TestRunStreamKeepAlive(t *testing.T) {
 
 func TestCancelRun(t *testing.T) {
 	live := newFakeLink(domain.RunEvent{Type: domain.EventStart})
-	done := newFakeLink(domain.RunEvent{Type: domain.EventComplete})
+	done := newFakeLink(domain.RunEvent{Type: domain.EventStart}, domain.RunEvent{Type: domain.EventComplete})
 	e := newEnv(t, testNode{"a", live}, testNode{"b", done})
 
 	resp := e.do("POST", "/v1/runs", `{"adapter":"exec","node":"a"}`)
@@ -317,5 +324,79 @@ func TestEndSessionSingleNodeNamesIt(t *testing.T) {
 	m := readJSON(t, e.do("DELETE", "/v1/sessions/s9?adapter=llm", ""), 200)
 	if m["node"] != "only" {
 		t.Fatalf("answer %v", m)
+	}
+}
+
+// refuseWith makes a node refuse every run at admission with code.
+func refuseWith(code string) func(*fakeLink) {
+	return func(l *fakeLink) {
+		l.script = []domain.RunEvent{{Type: domain.EventError, Error: &domain.ErrorInfo{Code: code, Message: "refused by the node"}}}
+	}
+}
+
+// input is text or a JSON object; the node gets the text, or the object as JSON.
+func TestRunInputStringOrObject(t *testing.T) {
+	link := newFakeLink(domain.RunEvent{Type: domain.EventStart}, domain.RunEvent{Type: domain.EventComplete})
+	e := newEnv(t, testNode{"n1", link})
+	for _, body := range []string{`{"adapter":"exec","input":"hi \"there\""}`, `{"adapter":"exec","input": {"messages":[{"role":"user","content":"hi"}]} }`} {
+		resp := e.do("POST", "/v1/runs", body)
+		newSSE(resp.Body).readAll(t)
+		resp.Body.Close()
+	}
+	link.mu.Lock()
+	defer link.mu.Unlock()
+	if len(link.reqs) != 2 || string(link.reqs[0].Input) != `hi "there"` || string(link.reqs[1].Input) != `{"messages":[{"role":"user","content":"hi"}]}` {
+		t.Fatalf("inputs %+v", link.reqs)
+	}
+}
+
+// Ids with control characters or too long are refused at the edge with 400
+// invalid_request naming the field, before any node sees them.
+func TestIDsAreValidated(t *testing.T) {
+	link := newFakeLink(domain.RunEvent{Type: domain.EventStart}, domain.RunEvent{Type: domain.EventComplete})
+	e := newEnv(t, testNode{"n1", link})
+	long := strings.Repeat("x", domain.MaxIDLength+1)
+	for _, tc := range []struct{ method, path, body, field string }{
+		{"POST", "/v1/runs", `{"adapter":"exec","session_id":"s\u0000x"}`, "session_id"},
+		{"POST", "/v1/runs", `{"adapter":"exec","target":"a\u001bb"}`, "target"},
+		{"POST", "/v1/runs", `{"adapter":"exec","node":"` + long + `"}`, "node"},
+		{"POST", "/v1/runs", `{"adapter":"ex\u0007ec"}`, "adapter"},
+		{"GET", "/v1/runs/run%00x", "", "run id"},
+		{"POST", "/v1/runs/run%0Ax/cancel", "", "run id"},
+		{"GET", "/v1/runs/" + long, "", "run id"},
+		{"GET", "/v1/runs?node=a%01", "", "node"},
+		{"DELETE", "/v1/sessions/s%00?adapter=exec", "", "session id"},
+		{"POST", "/v1/nodes/n%001/commands", `{"command":"capabilities"}`, "node id"},
+	} {
+		resp := e.do(tc.method, tc.path, tc.body)
+		m := readJSON(t, resp, 400)
+		errObj, _ := m["error"].(map[string]any)
+		if errObj["code"] != "invalid_request" || !strings.HasPrefix(errObj["message"].(string), tc.field+" ") {
+			t.Fatalf("%s %s: %v, want invalid_request naming %s", tc.method, tc.path, m, tc.field)
+		}
+	}
+	link.mu.Lock()
+	defer link.mu.Unlock()
+	if len(link.reqs) != 0 {
+		t.Fatalf("a node was asked to run %+v", link.reqs)
+	}
+}
+
+// Body errors speak JSON, not Go: no Go type names, the field and the type.
+func TestBodyErrorsInTheCallersTerms(t *testing.T) {
+	e := newEnv(t, testNode{"n1", newFakeLink()})
+	for body, want := range map[string]string{
+		`[1,2]`:                                 "request body: expected a JSON object, got an array",
+		`{"adapter":5}`:                         "request body: adapter: expected a string, got a number",
+		`{"adapter":"exec","background":"yes"}`: "request body: background: expected true or false, got a string",
+		`{"adapter":"exec","bogus":1}`:          `request body: unknown field "bogus"`,
+		`{"adapter":`:                           "request body: the JSON ends too early",
+		`{"adapter" "x"}`:                       "request body: invalid JSON at byte",
+	} {
+		m := readJSON(t, e.do("POST", "/v1/runs", body), 400)
+		msg, _ := m["error"].(map[string]any)["message"].(string)
+		if !strings.HasPrefix(msg, want) || strings.Contains(msg, "Go ") || strings.Contains(msg, "httpapi") {
+			t.Errorf("%s: message %q, want %q", body, msg, want)
+		}
 	}
 }

@@ -231,6 +231,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) logRequest(r *http.Request, sw *statusWriter, start time.Time, key string) {
 	s.log.Debug("http request", "method", r.Method, "path", r.URL.Path, "status", sw.status(),
 		"bytes", sw.bytes, "duration", time.Since(start), "remote", r.RemoteAddr, "key", key)
+	if sw.internal != nil {
+		s.log.Error("internal error answered as 500", "method", r.Method, "path", r.URL.Path, "err", sw.internal)
+	}
 }
 
 // unrouted answers requests no route takes (404, or 405 with Allow) in JSON.
@@ -365,7 +368,11 @@ type statusWriter struct {
 	http.ResponseWriter
 	code  int
 	bytes int64
+	// internal is the detail of an internal error answered generically.
+	internal error
 }
+
+func (w *statusWriter) noteInternal(err error) { w.internal = err }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if w.code == 0 {

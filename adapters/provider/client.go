@@ -97,7 +97,7 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 			hreq.ContentLength = n
 		}
 	}
-	hreq.Header = CleanRequestHeader(req.Header)
+	hreq.Header = CleanRequestHeader(http.Header(req.Header))
 	var key string
 	if p.APIKeyEnv != "" {
 		key = os.Getenv(p.APIKeyEnv)
@@ -121,7 +121,7 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 	scan := NewUsageScanner(resp.Header.Get("Content-Type"))
 	return &ports.ProviderResponse{
 		Status: resp.StatusCode,
-		Header: CleanResponseHeader(resp.Header),
+		Header: domain.Header(CleanResponseHeader(resp.Header)),
 		Body:   &scanningBody{rc: resp.Body, scan: scan},
 		Usage:  scan.Usage,
 	}, nil

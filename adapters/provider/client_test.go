@@ -114,7 +114,7 @@ func TestDoSendsAnthropicKeyAndVersion(t *testing.T) {
 		if tc.callerVersion != "" {
 			h.Set("Anthropic-Version", tc.callerVersion)
 		}
-		resp, err := c.Do(context.Background(), p, domain.TunnelRequest{Provider: "a", Method: http.MethodPost, Path: "/v1/messages", Header: h, Body: []byte(`{}`)}, nil)
+		resp, err := c.Do(context.Background(), p, domain.TunnelRequest{Provider: "a", Method: http.MethodPost, Path: "/v1/messages", Header: domain.Header(h), Body: []byte(`{}`)}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +162,7 @@ func TestDoSendsCleanHeadersAndNodeKey(t *testing.T) {
 	p := domain.ProviderConfig{Name: "p", Type: domain.ProviderOpenAI, BaseURL: srv.URL, APIKeyEnv: "IOP_TEST_PROVIDER_KEY"}
 	req := domain.TunnelRequest{
 		Provider: "p", Method: http.MethodPost, Path: "/v1/chat/completions", Query: "x=1",
-		Header: http.Header{
+		Header: domain.Header{
 			"Authorization": {"Bearer caller"}, "Connection": {"X-Drop"}, "X-Drop": {"1"},
 			"X-Iop-Node": {"n1"}, "Content-Type": {"application/json"}, "Keep-Alive": {"1"},
 		},
@@ -200,7 +200,7 @@ func TestDoWithoutKeyEnvDropsCallerAuthorization(t *testing.T) {
 	defer srv.Close()
 	c := provider.New(provider.Options{})
 	resp, err := c.Do(context.Background(), domain.ProviderConfig{Name: "p", BaseURL: srv.URL, APIKeyEnv: "IOP_TEST_UNSET_KEY_VAR"},
-		domain.TunnelRequest{Method: http.MethodGet, Path: "/v1/models", Header: http.Header{"Authorization": {"Bearer caller"}}}, nil)
+		domain.TunnelRequest{Method: http.MethodGet, Path: "/v1/models", Header: domain.Header{"Authorization": {"Bearer caller"}}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestDoStreamsBodyWithDeclaredLength(t *testing.T) {
 
 	rest := strings.Repeat("x", 100_000)
 	req := domain.TunnelRequest{Method: http.MethodPost, Path: "/v1/embeddings", Body: []byte("head-"),
-		Header: http.Header{"Content-Length": {"100005"}}}
+		Header: domain.Header{"Content-Length": {"100005"}}}
 	resp, err := c.Do(context.Background(), p, req, strings.NewReader(rest))
 	if err != nil {
 		t.Fatal(err)

@@ -71,6 +71,9 @@ type Client struct {
 	applying   chan struct{}  // closed when the last queued config apply has returned
 	wg         sync.WaitGroup // per-stream handler goroutines
 	reconnects atomic.Int64
+	// linked is set once the current attempt has registered, so a failure
+	// is reported as a lost link only when there was one.
+	linked atomic.Bool
 }
 
 // nextApply queues a config apply behind every one queued before it, so the
@@ -113,6 +116,7 @@ func (c *Client) Run(ctx context.Context) error {
 	attempt := 0
 	for {
 		started := time.Now()
+		c.linked.Store(false)
 		err := c.session(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -128,7 +132,11 @@ func (c *Client) Run(ctx context.Context) error {
 		delay := backoff(attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff)
 		attempt++
 		c.reconnects.Add(1)
-		log.Warn("link to edge lost; reconnecting", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
+		if c.linked.Load() {
+			log.Warn("link to edge lost; reconnecting", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
+		} else {
+			log.Warn("cannot connect to the edge; retrying", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
+		}
 		select {
 		case <-time.After(delay):
 		case <-ctx.Done():
@@ -165,7 +173,7 @@ func (c *Client) session(ctx context.Context) error {
 		return err
 	}
 	req := &ioppb.RegisterRequest{
-		Token: c.cfg.Token, NodeVersion: c.cfg.Info.Version, Hostname: c.cfg.Info.Hostname,
+		Token: c.cfg.Token, NodeVersion: c.cfg.Info.Version, Hostname: c.cfg.Info.Hostname, AdapterTypes: c.cfg.Info.AdapterTypes,
 		Os: c.cfg.Info.OS, Arch: c.cfg.Info.Arch, InitialWindow: tc.StreamWindow,
 	}
 	buf, err := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterRequest{RegisterRequest: req}}, tc.MaxFrameSize)
@@ -223,6 +231,7 @@ func (c *Client) session(ctx context.Context) error {
 	c.conn = conn
 	c.mu.Unlock()
 	conn.start()
+	c.linked.Store(true)
 	tc.Logger.Info("registered with edge", "edge", c.cfg.Addr, "node", cfg.NodeID, "adapters", len(cfg.Adapters))
 	if c.cfg.OnRegistered != nil {
 		c.cfg.OnRegistered(cfg.NodeID)

@@ -145,7 +145,7 @@ func configToDomain(p *ioppb.NodeConfigPayload) domain.NodeConfig {
 	return c
 }
 
-func headersToProto(h http.Header) []*ioppb.Header {
+func headersToProto(h domain.Header) []*ioppb.Header {
 	out := make([]*ioppb.Header, 0, len(h))
 	for k, v := range h {
 		out = append(out, &ioppb.Header{Name: k, Values: v})
@@ -153,8 +153,8 @@ func headersToProto(h http.Header) []*ioppb.Header {
 	return out
 }
 
-func headersToDomain(hs []*ioppb.Header) http.Header {
-	h := make(http.Header, len(hs))
+func headersToDomain(hs []*ioppb.Header) domain.Header {
+	h := make(domain.Header, len(hs))
 	for _, x := range hs {
 		h[http.CanonicalHeaderKey(x.GetName())] = append(h[http.CanonicalHeaderKey(x.GetName())], x.GetValues()...)
 	}

@@ -3,7 +3,6 @@ package transport
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"reflect"
 	"testing"
 	"time"
@@ -59,7 +58,7 @@ func TestRunRequestRoundTrip(t *testing.T) {
 func TestTunnelFrameRoundTrip(t *testing.T) {
 	frames := []domain.TunnelFrame{
 		{Kind: domain.TunnelStatus, Status: 201},
-		{Kind: domain.TunnelHeader, Header: http.Header{"Content-Type": {"text/event-stream"}, "X-Multi": {"a", "b"}}},
+		{Kind: domain.TunnelHeader, Header: domain.Header{"Content-Type": {"text/event-stream"}, "X-Multi": {"a", "b"}}},
 		{Kind: domain.TunnelBody, Body: []byte("data: x\n\n")},
 		{Kind: domain.TunnelUsage, Usage: &domain.Usage{TotalTokens: 7}},
 		{Kind: domain.TunnelMetadata, Metadata: []byte(`{"m":1}`)},
@@ -84,7 +83,7 @@ func TestTunnelFrameRoundTrip(t *testing.T) {
 
 func TestHeadersCanonicalised(t *testing.T) {
 	h := headersToDomain([]*ioppb.Header{{Name: "content-type", Values: []string{"a"}}, {Name: "Content-Type", Values: []string{"b"}}})
-	if got := h.Values("Content-Type"); !reflect.DeepEqual(got, []string{"a", "b"}) {
+	if got := h["Content-Type"]; !reflect.DeepEqual(got, []string{"a", "b"}) {
 		t.Errorf("got %v", got)
 	}
 }

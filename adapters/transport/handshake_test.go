@@ -17,7 +17,7 @@ import (
 
 func TestHandshakeRegistersNode(t *testing.T) {
 	registered := make(chan string, 4)
-	info := domain.NodeInfo{Version: "1.0.0", Hostname: "box", OS: "linux", Arch: "arm64"}
+	info := domain.NodeInfo{Version: "1.0.0", Hostname: "box", OS: "linux", Arch: "arm64", AdapterTypes: []string{"exec", "ollama"}}
 	p := newPair(t, pairOptions{client: ClientConfig{Info: info, OnRegistered: func(id string) { registered <- id }}}, nil)
 
 	if p.reg.Token != testToken || !reflect.DeepEqual(p.reg.Info, info) {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net/http"
 	"reflect"
 	"strings"
 	"sync"
@@ -407,7 +406,7 @@ func echoTunnel(seen chan<- tunnelSeen, respBody []byte) func(context.Context, d
 		seen <- tunnelSeen{req: req, body: all, err: err}
 		frames := []domain.TunnelFrame{
 			{Kind: domain.TunnelStatus, Status: 200},
-			{Kind: domain.TunnelHeader, Header: http.Header{"Content-Type": {"application/octet-stream"}}},
+			{Kind: domain.TunnelHeader, Header: domain.Header{"Content-Type": {"application/octet-stream"}}},
 			{Kind: domain.TunnelBody, Body: respBody},
 			{Kind: domain.TunnelUsage, Usage: &domain.Usage{TotalTokens: 42}},
 			{Kind: domain.TunnelMetadata, Metadata: []byte(`{"model":"m"}`)},
@@ -449,7 +448,7 @@ func TestTunnelRequestBodies(t *testing.T) {
 				}
 			}
 			req := domain.TunnelRequest{Provider: "oa", Method: "POST", Path: "/v1/chat/completions", Query: "x=1",
-				Header: http.Header{"Authorization": {"Bearer t"}, "X-Two": {"a", "b"}}, Body: tc.inline}
+				Header: domain.Header{"Authorization": {"Bearer t"}, "X-Two": {"a", "b"}}, Body: tc.inline}
 			ts, err := p.link.OpenTunnel(p.ctx, req, r)
 			mustf(t, err, "OpenTunnel")
 			defer ts.Close()

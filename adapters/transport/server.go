@@ -237,7 +237,7 @@ func (s *Server) handshake(nc net.Conn, remote, addr string) (*edgeLink, string,
 	dec.max = s.cfg.MaxFrameSize
 	link := &edgeLink{remote: remote, acks: map[uint64]chan error{}}
 	link.conn = newConn(nc, dec, s.cfg, SideEdge, req.GetInitialWindow(), link)
-	info := domain.NodeInfo{Version: req.GetNodeVersion(), Hostname: req.GetHostname(), OS: req.GetOs(), Arch: req.GetArch(), Peer: peer}
+	info := domain.NodeInfo{Version: req.GetNodeVersion(), Hostname: req.GetHostname(), OS: req.GetOs(), Arch: req.GetArch(), Peer: peer, AdapterTypes: req.GetAdapterTypes()}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
 	cfg, err := s.h.Register(ctx, req.GetToken(), info, remote, link)
 	cancel()

@@ -33,6 +33,9 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 	if runID == "" {
 		return "", domain.Errorf(domain.CodeInvalidRequest, "run id is required")
 	}
+	if err := domain.CheckID("run id", runID); err != nil {
+		return "", err
+	}
 	ctx, cancel := context.WithTimeout(ctx, h.timeout)
 	defer cancel()
 	caller := domain.PrincipalFrom(ctx)

@@ -56,7 +56,10 @@ func TestCancelRunUseCase(t *testing.T) {
 				}
 				runID = rh.RunID
 				if tc.run == "finished" {
-					e.links["a"].stream(t, runID).push(ucEv(1, domain.EventComplete, ""))
+					e.links["a"].stream(t, runID).push(ucEv(2, domain.EventComplete, ""))
+					if ev, err := ucNext(t, rh); err != nil || ev.Type != domain.EventStart {
+						t.Fatalf("first = %+v, %v", ev, err)
+					}
 					if ev, err := ucNext(t, rh); err != nil || ev.Type != domain.EventComplete {
 						t.Fatalf("terminal = %+v, %v", ev, err)
 					}

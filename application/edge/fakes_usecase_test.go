@@ -106,6 +106,10 @@ type ucLink struct {
 	id string
 
 	startErr error
+	// refuse makes every run refused at admission with this error; silent
+	// leaves the admission answer to the test.
+	refuse *domain.ErrorInfo
+	silent bool
 	// cancelErr is what CancelRun answers; with cancelEnds set and a nil
 	// cancelErr, CancelRun also ends the run's stream with a cancelled event,
 	// as a node would.
@@ -145,6 +149,14 @@ func (l *ucLink) StartRun(_ context.Context, req domain.RunRequest) (ports.RunSt
 		l.streams = map[string]*ucRunStream{}
 	}
 	s := newUCRunStream()
+	// A node answers a run it admits with start (seq 1) first; refuse makes
+	// it answer with that terminal error instead.
+	if l.refuse != nil {
+		e := *l.refuse
+		s.push(domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventError, Error: &e})
+	} else if !l.silent {
+		s.push(domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventStart})
+	}
 	l.streams[req.RunID] = s
 	return s, nil
 }

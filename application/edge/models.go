@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -398,7 +397,7 @@ func (c *ModelCatalog) discover(ctx context.Context, v NodeView, p domain.Provid
 	if p.Type == domain.ProviderOllama {
 		path = "/api/tags"
 	}
-	req := domain.TunnelRequest{Provider: p.Name, Method: http.MethodGet, Path: path, Header: http.Header{"Accept": {"application/json"}}}
+	req := domain.TunnelRequest{Provider: p.Name, Method: "GET", Path: path, Header: domain.Header{"Accept": {"application/json"}}}
 	st, err := v.Link.OpenTunnel(ctx, req, nil)
 	if err != nil {
 		return nil, err

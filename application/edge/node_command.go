@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"iop/domain"
+	"iop/domain/nodecmd"
 	"iop/ports"
 )
 
@@ -14,8 +15,10 @@ import (
 // usage_status, session_list, runs, run_get, ollama.*) on one node.
 type NodeCommandHandler struct {
 	reg *Registry
-	// Timeout bounds ordinary commands; LongTimeout bounds streaming ones
-	// such as ollama.pull.
+	// Timeout bounds a command until it reports progress; one that does
+	// (a model download, say) streams for up to LongTimeout. Which commands
+	// stream is the node's to say, by sending progress: the edge knows no
+	// command by name.
 	Timeout     time.Duration
 	LongTimeout time.Duration
 	// MaxRequestBytes bounds a command request as it goes to the node in
@@ -36,15 +39,17 @@ func NewNodeCommandHandler(reg *Registry) *NodeCommandHandler {
 	return &NodeCommandHandler{reg: reg, Timeout: 30 * time.Second, LongTimeout: 2 * time.Hour, MaxRequestBytes: DefaultMaxRequestBytes}
 }
 
-// longCommands stream progress and may legitimately take a long time.
-var longCommands = map[string]bool{"ollama.pull": true}
-
 // Handle starts the command and returns its reply stream together with the
 // context bounding it; the caller must call the returned cancel when done.
+// When the bound is reached, context.Cause of the context is
+// context.DeadlineExceeded.
 func (h *NodeCommandHandler) Handle(ctx context.Context, node, name string, args []byte) (ports.CommandStream, context.Context, context.CancelFunc, error) {
 	name = strings.TrimSpace(name)
 	if name == "" {
 		return nil, nil, nil, domain.Errorf(domain.CodeInvalidRequest, "command is required")
+	}
+	if err := domain.CheckIDs("node id", node, "command", name); err != nil {
+		return nil, nil, nil, err
 	}
 	if size := len(name) + len(args) + requestOverhead; h.MaxRequestBytes > 0 && size > h.MaxRequestBytes {
 		return nil, nil, nil, domain.Errorf(domain.CodeInvalidRequest, "command request is too large: its arguments take %d bytes, the node link carries at most %d",
@@ -54,24 +59,25 @@ func (h *NodeCommandHandler) Handle(ctx context.Context, node, name string, args
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	timeout := h.Timeout
-	if longCommands[name] {
-		timeout = h.LongTimeout
+	long, cancelLong := context.WithTimeout(ctx, max(h.LongTimeout, h.Timeout))
+	ctx, cancelShort := context.WithCancelCause(long)
+	short := time.AfterFunc(h.Timeout, func() { cancelShort(context.DeadlineExceeded) })
+	cancel := func() {
+		short.Stop()
+		cancelShort(context.Canceled)
+		cancelLong()
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
 	cs, err := n.Link.Command(ctx, name, args)
 	if err != nil {
 		cancel()
 		return nil, nil, nil, err
 	}
-	if name == cmdUsageStatus && h.Ledger != nil {
+	cs = &progressExtends{CommandStream: cs, short: short}
+	if name == nodecmd.CmdUsageStatus && h.Ledger != nil {
 		cs = &withTunnelUsage{CommandStream: cs, lines: func() []UsageLine { return h.Ledger.ForNode(n.ID) }}
 	}
 	return cs, ctx, cancel, nil
 }
-
-// cmdUsageStatus is the node command the edge adds its tunnel usage to.
-const cmdUsageStatus = "usage_status"
 
 // withTunnelUsage adds "tunnels" to a usage_status result object. A result
 // that is not a JSON object is passed on untouched.
@@ -98,6 +104,21 @@ func (w *withTunnelUsage) Recv(ctx context.Context) (ports.CommandReply, error) 
 		r.Result = out
 	}
 	return r, nil
+}
+
+// progressExtends lifts the ordinary timeout once the command reports
+// progress, leaving it the long one.
+type progressExtends struct {
+	ports.CommandStream
+	short *time.Timer
+}
+
+func (p *progressExtends) Recv(ctx context.Context) (ports.CommandReply, error) {
+	r, err := p.CommandStream.Recv(ctx)
+	if err == nil && !r.Final && r.Progress != nil {
+		p.short.Stop()
+	}
+	return r, err
 }
 
 // Call runs a command to completion and returns its final result.

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"slices"
 	"sort"
 	"strings"
@@ -44,7 +43,7 @@ type SubmitProviderTunnel struct {
 	Method     string
 	Path       string
 	Query      string
-	Header     http.Header
+	Header     domain.Header
 	// Body is sent with the request; BodyReader, when non-nil, is streamed
 	// after it in chunks (for bodies too large to hold).
 	Body       []byte
@@ -108,7 +107,7 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 	}
 	method := in.Method
 	if method == "" {
-		method = http.MethodGet
+		method = "GET"
 	}
 	cand, link, release, err := h.route(domain.PrincipalFrom(ctx), in)
 	if err != nil {

@@ -134,7 +134,7 @@ func (b *ptBus) events() []domain.BusEvent {
 func ptOK(body string) []domain.TunnelFrame {
 	return []domain.TunnelFrame{
 		{Kind: domain.TunnelStatus, Status: 200},
-		{Kind: domain.TunnelHeader, Header: http.Header{"Content-Type": {"application/json"}}},
+		{Kind: domain.TunnelHeader, Header: domain.Header{"Content-Type": {"application/json"}}},
 		{Kind: domain.TunnelBody, Body: []byte(body)},
 		{Kind: domain.TunnelEnd},
 	}
@@ -358,7 +358,7 @@ func TestProviderTunnelPassesRequestAndPublishesOnce(t *testing.T) {
 	secret := "data: {\"choices\":[{\"delta\":{\"content\":\"TOP-SECRET-BODY\"}}]}\n\n"
 	st := newPTStream(nil,
 		domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 200},
-		domain.TunnelFrame{Kind: domain.TunnelHeader, Header: http.Header{"Content-Type": {"text/event-stream"}}},
+		domain.TunnelFrame{Kind: domain.TunnelHeader, Header: domain.Header{"Content-Type": {"text/event-stream"}}},
 		domain.TunnelFrame{Kind: domain.TunnelBody, Body: []byte(secret)},
 		domain.TunnelFrame{Kind: domain.TunnelBody, Body: []byte("data: [DONE]\n\n")},
 		domain.TunnelFrame{Kind: domain.TunnelUsage, Usage: &domain.Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15, Model: "qwen"}},
@@ -369,7 +369,7 @@ func TestProviderTunnelPassesRequestAndPublishesOnce(t *testing.T) {
 
 	tun, err := e.h.Handle(context.Background(), edge.SubmitProviderTunnel{
 		Model: "qwen", ProviderType: "openai", Method: "POST", Path: "/v1/chat/completions", Query: "x=1",
-		Header:     http.Header{"Authorization": {"Bearer edge-key"}, "Content-Type": {"application/json"}},
+		Header:     domain.Header{"Authorization": {"Bearer edge-key"}, "Content-Type": {"application/json"}},
 		Body:       []byte(`{"model":"qwen",`),
 		BodyReader: strings.NewReader(`"stream":true}`),
 	})
@@ -422,7 +422,7 @@ func TestProviderTunnelPassesRequestAndPublishesOnce(t *testing.T) {
 func TestProviderTunnelFailures(t *testing.T) {
 	partial := []domain.TunnelFrame{
 		{Kind: domain.TunnelStatus, Status: 200},
-		{Kind: domain.TunnelHeader, Header: http.Header{}},
+		{Kind: domain.TunnelHeader, Header: domain.Header{}},
 		{Kind: domain.TunnelBody, Body: []byte("data: {}\n\n")},
 	}
 	cases := []struct {
@@ -472,7 +472,7 @@ func TestProviderTunnelFailures(t *testing.T) {
 
 func TestProviderTunnelCallerLeaves(t *testing.T) {
 	e := newPTEnv()
-	st := newPTStream(nil, domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 200}, domain.TunnelFrame{Kind: domain.TunnelHeader, Header: http.Header{}})
+	st := newPTStream(nil, domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 200}, domain.TunnelFrame{Kind: domain.TunnelHeader, Header: domain.Header{}})
 	ptAdmit(t, e.reg, "a", ptProvider("p", domain.ProviderOpenAI, "m")).open = func(domain.TunnelRequest) (ports.TunnelStream, error) { return st, nil }
 	tun, err := e.h.Handle(context.Background(), edge.SubmitProviderTunnel{Model: "m", ProviderType: "openai", Method: "POST", Path: "/v1/completions"})
 	if err != nil {

@@ -11,12 +11,7 @@ import (
 	"time"
 
 	"iop/domain"
-)
-
-// Node commands answered from a node's run store (see application/node).
-const (
-	cmdRuns   = "runs"
-	cmdRunGet = "run_get"
+	"iop/domain/nodecmd"
 )
 
 // Limits of a run listing.
@@ -48,7 +43,10 @@ func (h *GetRunHandler) Handle(ctx context.Context, runID string) (json.RawMessa
 	if runID == "" {
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "run id is required")
 	}
-	args, err := json.Marshal(map[string]string{"run_id": runID})
+	if err := domain.CheckID("run id", runID); err != nil {
+		return nil, err
+	}
+	args, err := json.Marshal(nodecmd.RunGetArgs{RunID: runID})
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +55,7 @@ func (h *GetRunHandler) Handle(ctx context.Context, runID string) (json.RawMessa
 	known = known && caller.SeesNode(nodeID) // other runs do not exist for this caller
 	if known {
 		if _, ok := h.reg.Get(nodeID); ok {
-			raw, err := h.cmds.Call(ctx, nodeID, cmdRunGet, args)
+			raw, err := h.cmds.Call(ctx, nodeID, nodecmd.CmdRunGet, args)
 			if err != nil {
 				return nil, err
 			}
@@ -80,7 +78,7 @@ func (h *GetRunHandler) Handle(ctx context.Context, runID string) (json.RawMessa
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			raw, err := h.cmds.Call(ctx, n.ID, cmdRunGet, args)
+			raw, err := h.cmds.Call(ctx, n.ID, nodecmd.CmdRunGet, args)
 			answers <- answer{node: n.ID, raw: raw, err: err}
 		}()
 	}
@@ -149,6 +147,9 @@ func NewListRunsHandler(reg *Registry, cmds *NodeCommandHandler) *ListRunsHandle
 // to the limit, each with "node" set. With every node, a node that fails is
 // reported in Failures unless all of them fail, which is an error.
 func (h *ListRunsHandler) Handle(ctx context.Context, q ListRuns) (RunList, error) {
+	if err := domain.CheckID("node", q.Node); err != nil {
+		return RunList{}, err
+	}
 	if q.Status != "" && !domain.RunStatus(q.Status).Valid() {
 		return RunList{}, domain.Errorf(domain.CodeInvalidRequest, "unknown status %q (queued, running, succeeded, failed, cancelled)", q.Status)
 	}
@@ -160,10 +161,7 @@ func (h *ListRunsHandler) Handle(ctx context.Context, q ListRuns) (RunList, erro
 	case q.Limit > MaxRunListLimit:
 		q.Limit = MaxRunListLimit
 	}
-	args, err := json.Marshal(struct {
-		Status string `json:"status,omitempty"`
-		Limit  int    `json:"limit"`
-	}{q.Status, q.Limit})
+	args, err := json.Marshal(nodecmd.RunsArgs{Status: q.Status, Limit: q.Limit})
 	if err != nil {
 		return RunList{}, err
 	}
@@ -186,7 +184,7 @@ func (h *ListRunsHandler) Handle(ctx context.Context, q ListRuns) (RunList, erro
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			raw, err := h.cmds.Call(ctx, id, cmdRuns, args)
+			raw, err := h.cmds.Call(ctx, id, nodecmd.CmdRuns, args)
 			if err == nil {
 				answers[i].runs, err = decodeRunList(raw, id)
 			}
@@ -232,43 +230,39 @@ type listedRun struct {
 }
 
 func decodeRunList(raw []byte, node string) ([]listedRun, error) {
-	var l struct {
-		Runs []json.RawMessage `json:"runs"`
-	}
+	var l nodecmd.RunList
 	if err := json.Unmarshal(raw, &l); err != nil {
 		return nil, fmt.Errorf("node %s: decode run list: %w", node, err)
 	}
 	out := make([]listedRun, 0, len(l.Runs))
 	for _, r := range l.Runs {
-		obj, key, err := withNode(r, node)
+		lr, err := placed(r, node)
 		if err != nil {
 			return nil, err
 		}
-		key.raw = obj
-		out = append(out, key)
+		out = append(out, lr)
 	}
 	return out, nil
 }
 
-// withNode returns the run object raw with "node" set, and its sort key.
+// withNode decodes one run_get answer and returns it with its node set.
 func withNode(raw []byte, node string) (json.RawMessage, listedRun, error) {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
-		return nil, listedRun{}, fmt.Errorf("node %s: run is not a JSON object: %s", node, truncate(raw, 80))
+	var r nodecmd.Run
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, listedRun{}, fmt.Errorf("node %s: run is not a run record: %s", node, truncate(raw, 80))
 	}
-	var key listedRun
-	_ = json.Unmarshal(m["run_id"], &key.id)
-	_ = json.Unmarshal(m["created_at"], &key.created)
-	n, err := json.Marshal(node)
+	lr, err := placed(r, node)
+	return lr.raw, lr, err
+}
+
+// placed is r as the edge reports it: with the node that ran it.
+func placed(r nodecmd.Run, node string) (listedRun, error) {
+	r.Node = node
+	b, err := json.Marshal(r)
 	if err != nil {
-		return nil, listedRun{}, err
+		return listedRun{}, err
 	}
-	m["node"] = n
-	out, err := json.Marshal(m)
-	if err != nil {
-		return nil, listedRun{}, err
-	}
-	return out, key, nil
+	return listedRun{raw: b, id: r.RunID, created: r.CreatedAt}, nil
 }
 
 func truncate(b []byte, n int) string {

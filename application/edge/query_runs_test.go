@@ -99,15 +99,18 @@ func (s *qrStream) Recv(ctx context.Context) (ports.CommandReply, error) {
 }
 func (s *qrStream) Close() {}
 
-// qrRunStream ends at once with complete.
+// qrRunStream starts and ends at once with complete.
 type qrRunStream struct{ n int }
 
 func (s *qrRunStream) Recv(context.Context) (domain.RunEvent, error) {
 	s.n++
-	if s.n > 1 {
-		return domain.RunEvent{}, io.EOF
+	switch s.n {
+	case 1:
+		return domain.RunEvent{Seq: 1, Type: domain.EventStart}, nil
+	case 2:
+		return domain.RunEvent{Seq: 2, Type: domain.EventComplete}, nil
 	}
-	return domain.RunEvent{Seq: 1, Type: domain.EventComplete}, nil
+	return domain.RunEvent{}, io.EOF
 }
 func (s *qrRunStream) Close() {}
 

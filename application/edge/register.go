@@ -70,6 +70,9 @@ func (h *RegisterHandler) Register(_ context.Context, token string, info domain.
 			"the client certificate names %q, not node %q", info.Peer.CertNames, rec.ID))
 	}
 	cfg, err := rec.BuildConfig(h.versions.Next())
+	if err == nil {
+		err = cfg.CheckAdapterTypes(info)
+	}
 	if err != nil {
 		return h.reject(rec.ID, remote, err)
 	}

@@ -64,7 +64,7 @@ func TestRegisterUseCase(t *testing.T) {
 			}
 			before := versions.Next()
 			link := &ucLink{id: "second"}
-			cfg, err := h.Register(context.Background(), tc.token, domain.NodeInfo{Version: "1.2.3", Hostname: "h"}, tc.remote, link)
+			cfg, err := h.Register(context.Background(), tc.token, domain.NodeInfo{Version: "1.2.3", Hostname: "h", AdapterTypes: []string{"exec", "ollama"}}, tc.remote, link)
 
 			if got := ucCode(err); got != tc.wantCode {
 				t.Fatalf("Register error = %v (code %q), want code %q", err, got, tc.wantCode)

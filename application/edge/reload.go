@@ -112,6 +112,9 @@ func (h *ReloadHandler) disconnect(n NodeView, reason string, res *ReloadResult)
 func (h *ReloadHandler) refresh(ctx context.Context, n NodeView, rec domain.NodeRecord, res *ReloadResult) {
 	cfg, err := rec.BuildConfig(h.versions.Next())
 	if err == nil {
+		err = cfg.CheckAdapterTypes(n.Info)
+	}
+	if err == nil {
 		pctx, cancel := context.WithTimeout(ctx, h.timeout)
 		err = n.Link.PushConfig(pctx, cfg)
 		cancel()

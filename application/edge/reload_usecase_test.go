@@ -71,7 +71,7 @@ func TestReloadUseCase(t *testing.T) {
 			wantTargets: map[string][]string{"b": {"upper"}}},
 		{name: "a record that cannot be built rejects the whole reload",
 			next: edit(func(r []domain.NodeRecord) []domain.NodeRecord {
-				r[0].Adapters = append(r[0].Adapters, domain.AdapterConfig{Name: "x", Type: "teleport"})
+				r[0].Adapters = append(r[0].Adapters, domain.AdapterConfig{Name: "x"})
 				r[1].Adapters[0].MaxConcurrency = 9
 				return r
 			}),

@@ -43,6 +43,8 @@ type SubmitRunHandler struct {
 	stopped bool
 	// DrainTimeout bounds how long an abandoned run is followed to its end.
 	DrainTimeout time.Duration
+	// AdmitTimeout bounds the wait for a node's admission answer.
+	AdmitTimeout time.Duration
 	// MaxRequestBytes bounds a run request as it goes to the node in one
 	// frame (DefaultMaxRequestBytes; bootstrap sets the link's max frame
 	// size). A larger request is refused with invalid_request instead of
@@ -65,7 +67,7 @@ func NewSubmitRunHandler(reg *Registry, runs *RunTracker, bus ports.EventPublish
 		log = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &SubmitRunHandler{reg: reg, runs: runs, bus: bus, log: log, newID: NewRunID, now: time.Now, base: ctx, stop: cancel, DrainTimeout: 10 * time.Second,
+	return &SubmitRunHandler{reg: reg, runs: runs, bus: bus, log: log, newID: NewRunID, now: time.Now, base: ctx, stop: cancel, DrainTimeout: 10 * time.Second, AdmitTimeout: 30 * time.Second,
 		MaxRequestBytes: DefaultMaxRequestBytes}
 }
 
@@ -102,11 +104,16 @@ func (h *SubmitRunHandler) spawn(f func()) bool {
 	return true
 }
 
-// Handle validates cmd, picks a node and starts the run there. For a
+// Handle validates cmd, picks a node, starts the run there and waits for the
+// node to admit it: an error means the run was refused (adapter or target
+// unknown, at capacity, session busy, …) and never started. For a
 // background run the returned handle is already being drained by the edge:
 // the caller only learns its id and node.
 func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandle, error) {
 	if err := domain.PrincipalFrom(ctx).Require(domain.ScopeRuns); err != nil {
+		return nil, err
+	}
+	if err := domain.CheckIDs("node", cmd.Node, "adapter", cmd.Adapter, "target", cmd.Target, "session_id", cmd.SessionID); err != nil {
 		return nil, err
 	}
 	if cmd.Adapter == "" {
@@ -133,14 +140,45 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 		return nil, err
 	}
 	h.runs.start(req.RunID, node.ID)
-	h.log.Info("run started", "run", req.RunID, "node", node.ID, "adapter", req.Adapter, "target", req.Target,
-		"background", req.Background, "key", domain.PrincipalFrom(ctx).Name)
 	rh := &RunHandle{RunID: req.RunID, Node: node.ID, Background: cmd.Background, Key: domain.PrincipalFrom(ctx).Name,
 		h: h, stream: stream, release: release}
+	if err := h.admit(ctx, rh); err != nil {
+		return nil, err
+	}
+	h.log.Info("run started", "run", req.RunID, "node", node.ID, "adapter", req.Adapter, "target", req.Target,
+		"background", req.Background, "key", domain.PrincipalFrom(ctx).Name)
 	if cmd.Background {
 		h.follow(rh, 0)
 	}
 	return rh, nil
+}
+
+// admit waits for the node's admission answer, the run's first event: start
+// for an admitted run (kept for the caller's first Next), a terminal error
+// for a refused one (returned as the error, so the caller gets an honest
+// status and never a run id). Only an admitted run's id reaches a caller, and
+// the node has registered and recorded it by then, so a cancel sent at once
+// finds it. If the caller leaves or the node does not answer in time, the
+// run is cancelled and followed to its end.
+func (h *SubmitRunHandler) admit(ctx context.Context, rh *RunHandle) error {
+	wait, cancel := context.WithTimeout(ctx, h.AdmitTimeout)
+	defer cancel()
+	ev, err := rh.next(wait)
+	if err != nil {
+		rh.withdraw()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return domain.Errorf(domain.CodeTimeout, "node %q did not admit run %s within %v", rh.Node, rh.RunID, h.AdmitTimeout)
+	}
+	if ev.Type.Terminal() {
+		if ev.Error != nil && ev.Error.Code != "" {
+			return &domain.Error{Code: ev.Error.Code, Message: ev.Error.Message}
+		}
+		return domain.Errorf(domain.CodeRunFailed, "node %q ended run %s before starting it (%s)", rh.Node, rh.RunID, ev.Type)
+	}
+	rh.pending = &ev
+	return nil
 }
 
 // follow drains rh on a goroutine owned by h, publishing its events, for at
@@ -180,6 +218,9 @@ type RunHandle struct {
 
 	lastSeq uint64
 	done    bool
+	// pending is the admission event (start), already published, that the
+	// caller's first Next returns.
+	pending *domain.RunEvent
 }
 
 // Next returns the run's next event; io.EOF after the terminal one. If the
@@ -193,6 +234,10 @@ func (r *RunHandle) Next(ctx context.Context) (domain.RunEvent, error) {
 }
 
 func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
+	if ev := r.pending; ev != nil {
+		r.pending = nil
+		return *ev, nil
+	}
 	if r.done {
 		return domain.RunEvent{}, io.EOF
 	}
@@ -231,6 +276,16 @@ func (r *RunHandle) Close() {
 	if r.done || r.Background {
 		return
 	}
+	r.withdraw()
+}
+
+// withdraw cancels the run on its node and follows it to its end on a
+// goroutine owned by the handler, foreground or background alike.
+func (r *RunHandle) withdraw() {
+	if r.done {
+		return
+	}
+	r.pending = nil
 	h := r.h
 	started := h.spawn(func() {
 		node, ok := h.reg.Get(r.Node)

@@ -196,7 +196,7 @@ func TestSubmitRunRelaysEventsInOrder(t *testing.T) {
 		ucEv(4, domain.EventDelta, "lo"),
 		{Seq: 5, Type: domain.EventComplete, Usage: usage},
 	}
-	e.links["a"].stream(t, rh.RunID).push(script...)
+	e.links["a"].stream(t, rh.RunID).push(script[1:]...) // the fake node sent start
 
 	var got []domain.RunEvent
 	for {
@@ -276,7 +276,7 @@ func TestSubmitRunLinkFailureEndsTheRun(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := e.links["a"].stream(t, rh.RunID)
-			s.push(ucEv(1, domain.EventStart, ""), ucEv(2, domain.EventDelta, "partial"))
+			s.push(ucEv(2, domain.EventDelta, "partial"))
 			s.fail(tc.err)
 			for want := uint64(1); want <= 2; want++ {
 				if ev, err := ucNext(t, rh); err != nil || ev.Seq != want {
@@ -327,7 +327,6 @@ func TestSubmitRunCallerLeaves(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := link.stream(t, rh.RunID)
-			s.push(ucEv(1, domain.EventStart, ""))
 			if ev, err := ucNext(t, rh); err != nil || ev.Type != domain.EventStart {
 				t.Fatalf("first event = %+v, %v", ev, err)
 			}
@@ -374,7 +373,7 @@ func TestSubmitRunBackgroundIsDrainedByTheEdge(t *testing.T) {
 		t.Fatal("Next on a background handle succeeded; the edge owns its stream")
 	}
 	rh.Close() // the caller leaving must not cancel a background run
-	e.links["a"].stream(t, rh.RunID).push(ucEv(1, domain.EventStart, ""), ucEv(2, domain.EventDelta, "x"), ucEv(3, domain.EventComplete, ""))
+	e.links["a"].stream(t, rh.RunID).push(ucEv(2, domain.EventDelta, "x"), ucEv(3, domain.EventComplete, ""))
 	evs := e.bus.waitTerminal(t, rh.RunID)
 	if len(evs) != 3 || evs[0].Seq != 1 || evs[1].Seq != 2 || evs[2].Type != domain.EventComplete {
 		t.Fatalf("bus run events = %+v", evs)

@@ -35,6 +35,9 @@ func (h *TerminateSessionHandler) Handle(ctx context.Context, cmd TerminateSessi
 	if err := domain.PrincipalFrom(ctx).Require(domain.ScopeRuns); err != nil {
 		return err
 	}
+	if err := domain.CheckIDs("session id", cmd.SessionID, "node", cmd.Node, "adapter", cmd.Adapter, "target", cmd.Target); err != nil {
+		return err
+	}
 	if cmd.Adapter == "" || cmd.SessionID == "" {
 		return domain.Errorf(domain.CodeInvalidRequest, "adapter and session id are required")
 	}

@@ -12,22 +12,22 @@ import (
 	"time"
 
 	"iop/domain"
+	"iop/domain/nodecmd"
 	"iop/ports"
 )
 
-// Built-in node commands. Adapter command families (ollama.*) are served
-// by the adapters that declare them in their Capabilities.
+// The built-in node commands (the contract is domain/nodecmd).
 const (
-	CmdCapabilities    = "capabilities"
-	CmdTransportStatus = "transport_status"
-	CmdUsageStatus     = "usage_status"
-	CmdSessionList     = "session_list"
-	CmdRuns            = "runs"
-	CmdRunGet          = "run_get"
+	CmdCapabilities    = nodecmd.CmdCapabilities
+	CmdTransportStatus = nodecmd.CmdTransportStatus
+	CmdUsageStatus     = nodecmd.CmdUsageStatus
+	CmdSessionList     = nodecmd.CmdSessionList
+	CmdRuns            = nodecmd.CmdRuns
+	CmdRunGet          = nodecmd.CmdRunGet
 )
 
 // BuiltinCommands lists the commands every node answers.
-var BuiltinCommands = []string{CmdCapabilities, CmdTransportStatus, CmdUsageStatus, CmdSessionList, CmdRuns, CmdRunGet}
+var BuiltinCommands = nodecmd.Builtin
 
 // CommandHandler answers node commands. Commands run beside runs, never
 // queued behind them.
@@ -66,9 +66,9 @@ func (h *CommandHandler) RunCommand(ctx context.Context, name string, args []byt
 		if err != nil {
 			return nil, err
 		}
-		out := SessionListDTO{Sessions: []SessionDTO{}}
+		out := nodecmd.SessionList{Sessions: []nodecmd.Session{}}
 		for _, s := range ss {
-			out.Sessions = append(out.Sessions, SessionDTO{Adapter: s.Adapter, Target: s.Target, SessionID: s.SessionID, Turns: s.Turns, LastUsed: s.LastUsed, AgentSessionID: s.AgentSessionID})
+			out.Sessions = append(out.Sessions, nodecmd.Session{Adapter: s.Adapter, Target: s.Target, SessionID: s.SessionID, Turns: s.Turns, LastUsed: s.LastUsed, AgentSessionID: s.AgentSessionID})
 		}
 		return json.Marshal(out)
 	case CmdRuns:
@@ -123,12 +123,12 @@ func (h *CommandHandler) adapterCommand(ctx context.Context, name string, args [
 	return nil, domain.Errorf(domain.CodeUnknownCommand, "unknown command %q (built-in: %s)", name, strings.Join(BuiltinCommands, ", "))
 }
 
-func (h *CommandHandler) capabilities() CapabilitiesDTO {
+func (h *CommandHandler) capabilities() nodecmd.Capabilities {
 	nodeID, ver := h.rt.Version()
 	host, _ := os.Hostname()
-	out := CapabilitiesDTO{NodeID: nodeID, ConfigVersion: ver, Version: h.version, OS: runtime.GOOS, Arch: runtime.GOARCH, Hostname: host, Commands: slices.Clone(BuiltinCommands)}
+	out := nodecmd.Capabilities{NodeID: nodeID, ConfigVersion: ver, Version: h.version, OS: runtime.GOOS, Arch: runtime.GOARCH, Hostname: host, Commands: slices.Clone(BuiltinCommands)}
 	for _, in := range h.rt.instances() {
-		a := AdapterDTO{Name: in.cfg.Name, Type: in.cfg.Type, MaxConcurrency: cap(in.slots), InFlight: len(in.slots), Sessions: in.caps.Sessions, Commands: in.caps.Commands}
+		a := nodecmd.Adapter{Name: in.cfg.Name, Type: in.cfg.Type, MaxConcurrency: cap(in.slots), InFlight: len(in.slots), Sessions: in.caps.Sessions, Commands: in.caps.Commands}
 		out.Adapters = append(out.Adapters, a)
 		out.Commands = append(out.Commands, in.caps.Commands...)
 	}
@@ -143,7 +143,7 @@ func (h *CommandHandler) transportStatus() ([]byte, error) {
 		return nil, domain.Errorf(domain.CodeCommandUnsupported, "transport status is not available")
 	}
 	s := h.transport.TransportStatus()
-	dto := TransportStatusDTO{
+	dto := nodecmd.TransportStatus{
 		Connected: s.Connected, Reconnects: s.Reconnects, LastRTTMillis: float64(s.LastRTTNanos) / 1e6,
 		FramesIn: s.FramesIn, FramesOut: s.FramesOut, BytesIn: s.BytesIn, BytesOut: s.BytesOut, Edge: s.Edge,
 		RunsInFlight: h.runs.InFlight(),
@@ -160,9 +160,9 @@ func (h *CommandHandler) usageStatus(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := UsageStatusDTO{Adapters: []UsageDTO{}}
+	out := nodecmd.UsageStatus{Adapters: []nodecmd.AdapterUsage{}}
 	for _, s := range sums {
-		out.Adapters = append(out.Adapters, UsageDTO{
+		out.Adapters = append(out.Adapters, nodecmd.AdapterUsage{
 			Adapter: s.Adapter, RunsTotal: s.RunsTotal, Succeeded: s.Succeeded, Failed: s.Failed, Cancelled: s.Cancelled, Running: s.Running,
 			PromptTokens: s.PromptTokens, CompletionTokens: s.CompletionTokens, TotalTokens: s.TotalTokens, CostUSD: s.CostUSD,
 		})
@@ -171,11 +171,7 @@ func (h *CommandHandler) usageStatus(ctx context.Context) ([]byte, error) {
 }
 
 func (h *CommandHandler) listRuns(ctx context.Context, args []byte) ([]byte, error) {
-	var a struct {
-		Status  string `json:"status"`
-		Adapter string `json:"adapter"`
-		Limit   int    `json:"limit"`
-	}
+	var a nodecmd.RunsArgs
 	if err := decodeArgs(args, &a); err != nil {
 		return nil, err
 	}
@@ -187,17 +183,15 @@ func (h *CommandHandler) listRuns(ctx context.Context, args []byte) ([]byte, err
 	if err != nil {
 		return nil, err
 	}
-	out := RunListDTO{Runs: []RunDTO{}}
+	out := nodecmd.RunList{Runs: []nodecmd.Run{}}
 	for _, r := range runs {
-		out.Runs = append(out.Runs, RunToDTO(r.Snapshot()))
+		out.Runs = append(out.Runs, RunRecord(r.Snapshot()))
 	}
 	return json.Marshal(out)
 }
 
 func (h *CommandHandler) getRun(ctx context.Context, args []byte) ([]byte, error) {
-	var a struct {
-		RunID string `json:"run_id"`
-	}
+	var a nodecmd.RunGetArgs
 	if err := decodeArgs(args, &a); err != nil {
 		return nil, err
 	}
@@ -211,7 +205,7 @@ func (h *CommandHandler) getRun(ctx context.Context, args []byte) ([]byte, error
 		}
 		return nil, err
 	}
-	return json.Marshal(RunToDTO(r.Snapshot()))
+	return json.Marshal(RunRecord(r.Snapshot()))
 }
 
 func decodeArgs(args []byte, v any) error {
@@ -224,9 +218,9 @@ func decodeArgs(args []byte, v any) error {
 	return nil
 }
 
-// RunToDTO converts a stored run to its JSON shape.
-func RunToDTO(s domain.RunSnapshot) RunDTO {
-	d := RunDTO{RunID: s.ID, Adapter: s.Adapter, Target: s.Target, SessionID: s.SessionID, Background: s.Background, Status: string(s.Status), CreatedAt: s.CreatedAt.UTC()}
+// RunRecord converts a stored run to its contract shape.
+func RunRecord(s domain.RunSnapshot) nodecmd.Run {
+	d := nodecmd.Run{RunID: s.ID, Adapter: s.Adapter, Target: s.Target, SessionID: s.SessionID, Background: s.Background, Status: string(s.Status), CreatedAt: s.CreatedAt.UTC()}
 	if !s.StartedAt.IsZero() {
 		t := s.StartedAt.UTC()
 		d.StartedAt = &t
@@ -236,10 +230,10 @@ func RunToDTO(s domain.RunSnapshot) RunDTO {
 		d.FinishedAt = &t
 	}
 	if s.ErrorCode != "" || s.ErrorMessage != "" {
-		d.Error = &ErrorDTO{Code: s.ErrorCode, Message: s.ErrorMessage}
+		d.Error = &nodecmd.Error{Code: s.ErrorCode, Message: s.ErrorMessage}
 	}
 	if u := s.Usage; u != nil {
-		d.Usage = &UsageTokensDTO{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens, CostUSD: u.CostUSD}
+		d.Usage = &nodecmd.Tokens{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens, CostUSD: u.CostUSD}
 	}
 	return d
 }

@@ -11,6 +11,7 @@ import (
 
 	"iop/application/node"
 	"iop/domain"
+	"iop/domain/nodecmd"
 	"iop/ports"
 )
 
@@ -97,11 +98,11 @@ func TestNodeCommands(t *testing.T) {
 	}{
 		{name: "capabilities lists adapters with in-flight runs", command: node.CmdCapabilities,
 			check: func(t *testing.T, _ *ucCommandNode, res []byte, _ []string) {
-				got := ucDecode[node.CapabilitiesDTO](t, res)
+				got := ucDecode[nodecmd.Capabilities](t, res)
 				if got.NodeID != "n1" || got.ConfigVersion != 7 || got.Version != "v9.9.9" || got.OS == "" || got.Arch == "" {
 					t.Fatalf("capabilities header = %+v", got)
 				}
-				want := []node.AdapterDTO{
+				want := []nodecmd.Adapter{
 					{Name: "chat", Type: domain.AdapterExec, MaxConcurrency: 1, InFlight: 0, Sessions: true},
 					{Name: "exec", Type: domain.AdapterExec, MaxConcurrency: 2, InFlight: 1},
 					{Name: "ollama", Type: domain.AdapterExec, MaxConcurrency: 1, Commands: []string{"ollama.pull", "ollama.list"}},
@@ -123,8 +124,8 @@ func TestNodeCommands(t *testing.T) {
 			}},
 		{name: "usage_status sums the store", command: node.CmdUsageStatus,
 			check: func(t *testing.T, _ *ucCommandNode, res []byte, _ []string) {
-				got := ucDecode[node.UsageStatusDTO](t, res)
-				want := []node.UsageDTO{
+				got := ucDecode[nodecmd.UsageStatus](t, res)
+				want := []nodecmd.AdapterUsage{
 					{Adapter: "chat", RunsTotal: 1, Succeeded: 1, TotalTokens: 10},
 					{Adapter: "exec", RunsTotal: 5, Succeeded: 2, Failed: 1, Cancelled: 1, Running: 1, PromptTokens: 4, CompletionTokens: 5, TotalTokens: 12, CostUSD: 0.25},
 				}
@@ -134,14 +135,14 @@ func TestNodeCommands(t *testing.T) {
 			}},
 		{name: "runs filtered by status", command: node.CmdRuns, args: `{"status":"failed"}`,
 			check: func(t *testing.T, _ *ucCommandNode, res []byte, _ []string) {
-				got := ucDecode[node.RunListDTO](t, res)
+				got := ucDecode[nodecmd.RunList](t, res)
 				if len(got.Runs) != 1 || got.Runs[0].RunID != "failed-1" || got.Runs[0].Error == nil || got.Runs[0].Error.Code != "exit_2" {
 					t.Fatalf("runs = %+v", got.Runs)
 				}
 			}},
 		{name: "runs newest first with a limit", command: node.CmdRuns, args: `{"adapter":"exec","limit":2}`,
 			check: func(t *testing.T, _ *ucCommandNode, res []byte, _ []string) {
-				got := ucDecode[node.RunListDTO](t, res)
+				got := ucDecode[nodecmd.RunList](t, res)
 				if len(got.Runs) != 2 || got.Runs[0].RunID != "live-1" || got.Runs[1].RunID != "cancelled-1" {
 					t.Fatalf("runs = %+v", got.Runs)
 				}
@@ -149,7 +150,7 @@ func TestNodeCommands(t *testing.T) {
 		{name: "runs with an unknown status", command: node.CmdRuns, args: `{"status":"exploded"}`, wantErr: domain.ErrInvalidRequest},
 		{name: "run_get", command: node.CmdRunGet, args: `{"run_id":"done-2"}`,
 			check: func(t *testing.T, _ *ucCommandNode, res []byte, _ []string) {
-				got := ucDecode[node.RunDTO](t, res)
+				got := ucDecode[nodecmd.Run](t, res)
 				if got.RunID != "done-2" || got.Status != "succeeded" || got.Adapter != "exec" || got.StartedAt == nil || got.FinishedAt == nil ||
 					got.Usage == nil || got.Usage.TotalTokens != 5 || got.Usage.CostUSD != 0.25 || got.Error != nil {
 					t.Fatalf("run = %+v", got)
@@ -160,7 +161,7 @@ func TestNodeCommands(t *testing.T) {
 		{name: "run_get with bad arguments", command: node.CmdRunGet, args: `[1,2]`, wantErr: domain.ErrInvalidRequest},
 		{name: "session_list", command: node.CmdSessionList,
 			check: func(t *testing.T, _ *ucCommandNode, res []byte, _ []string) {
-				got := ucDecode[node.SessionListDTO](t, res)
+				got := ucDecode[nodecmd.SessionList](t, res)
 				if len(got.Sessions) != 1 || got.Sessions[0].Adapter != "chat" || got.Sessions[0].SessionID != "s1" || got.Sessions[0].Turns != 3 {
 					t.Fatalf("sessions = %+v", got.Sessions)
 				}
@@ -186,7 +187,7 @@ func TestNodeCommands(t *testing.T) {
 		{name: "transport_status without a transport", command: node.CmdTransportStatus, wantErr: domain.ErrCommandUnsupported},
 		{name: "transport_status", command: node.CmdTransportStatus, transport: ucTransport{stats: stats},
 			check: func(t *testing.T, _ *ucCommandNode, res []byte, _ []string) {
-				got := ucDecode[node.TransportStatusDTO](t, res)
+				got := ucDecode[nodecmd.TransportStatus](t, res)
 				if !got.Connected || got.ConnectedSince == nil || !got.ConnectedSince.Equal(since) || got.Reconnects != 2 || got.LastRTTMillis != 1.5 ||
 					got.FramesIn != 10 || got.FramesOut != 11 || got.BytesIn != 1000 || got.BytesOut != 1100 || got.Edge != "127.0.0.1:7700" || got.RunsInFlight != 1 {
 					t.Fatalf("transport status = %+v", got)

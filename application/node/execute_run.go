@@ -102,7 +102,13 @@ func (m *RunManager) InFlight() int {
 	return len(m.active)
 }
 
-// ExecuteRun runs req to its end. It blocks; events go to out. A foreground
+// ExecuteRun runs req to its end. It blocks; events go to out.
+//
+// The first event is the admission answer the edge waits for before it
+// answers its caller: start once the run holds a slot, is registered (so a
+// cancel finds it) and is recorded; or, for a run refused (shutting down,
+// invalid, adapter or target unknown, at capacity, session busy), a terminal
+// error and nothing else. A foreground
 // run is cancelled when out is done (the edge or caller left); a background
 // run keeps going and records its outcome in the store.
 func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
@@ -123,6 +129,15 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 		g.sendTerminal(domain.ErrorEvent(req.RunID, err))
 		return
 	}
+	// A run its adapter cannot serve is refused as such, before capacity.
+	if in, ok := m.rt.lookup(req.Adapter); ok {
+		if a, ok := in.adapter.(ports.RunAdmitter); ok {
+			if err := a.Admit(req); err != nil {
+				m.reject(req, g, err)
+				return
+			}
+		}
+	}
 	in, release, err := m.rt.acquire(req.Adapter)
 	if err != nil {
 		m.reject(req, g, err)
@@ -140,7 +155,9 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 	now := m.now()
 	run, _ := domain.NewRun(req, now)
 	_ = run.Start(now)
-	if err := m.store.CreateRun(ctx, run); err != nil {
+	// The record must not depend on the run's context: a cancel that
+	// arrives right after admission would otherwise lose the run's record.
+	if err := m.store.CreateRun(context.WithoutCancel(ctx), run); err != nil {
 		m.log.Error("recording run failed", "run", req.RunID, "err", err)
 	}
 	g.emitStart()

@@ -132,7 +132,7 @@ func TestTunnelRelaysFramesInOrder(t *testing.T) {
 	body := &tnBody{script: []tnRead{{data: "{\"a\":1}\n"}, {data: "{\"done\":"}, {data: "true}\n", err: io.EOF}}}
 	usage := &domain.Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7}
 	c := &tnClient{resp: &ports.ProviderResponse{
-		Status: 200, Header: http.Header{"Content-Type": {"application/x-ndjson"}}, Body: body,
+		Status: 200, Header: domain.Header{"Content-Type": {"application/x-ndjson"}}, Body: body,
 		Usage: func() *domain.Usage { return usage },
 	}}
 	h := newTunnelHandler(t, c)
@@ -162,7 +162,7 @@ func TestTunnelRelaysFramesInOrder(t *testing.T) {
 
 func TestTunnelWithoutUsageEndsAfterBody(t *testing.T) {
 	c := &tnClient{resp: &ports.ProviderResponse{
-		Status: 429, Header: http.Header{"Retry-After": {"2"}},
+		Status: 429, Header: domain.Header{"Retry-After": {"2"}},
 		Body:  &tnBody{script: []tnRead{{data: `{"error":"slow down"}`}}},
 		Usage: func() *domain.Usage { return nil },
 	}}
@@ -212,7 +212,7 @@ func TestTunnelUpstreamErrorBeforeHeaders(t *testing.T) {
 func TestTunnelBodyErrorMidStream(t *testing.T) {
 	body := &tnBody{script: []tnRead{{data: "data: {\"x\":1}\n\n"}, {err: errors.New("connection reset by peer")}}}
 	c := &tnClient{resp: &ports.ProviderResponse{
-		Status: 200, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: body,
+		Status: 200, Header: domain.Header{"Content-Type": {"text/event-stream"}}, Body: body,
 		Usage: func() *domain.Usage { return &domain.Usage{TotalTokens: 1} },
 	}}
 	sink := &tnSink{}
@@ -231,7 +231,7 @@ func TestTunnelBodyErrorMidStream(t *testing.T) {
 func TestTunnelBodyErrorAfterCallerLeftSendsNothing(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	body := &tnBody{script: []tnRead{{data: "x"}, {err: context.Canceled}}}
-	c := &tnClient{resp: &ports.ProviderResponse{Status: 200, Header: http.Header{}, Body: body}}
+	c := &tnClient{resp: &ports.ProviderResponse{Status: 200, Header: domain.Header{}, Body: body}}
 	sink := &tnSink{}
 	h := newTunnelHandler(t, c)
 	cancel()
@@ -246,7 +246,7 @@ func TestTunnelSinkFailureStopsReading(t *testing.T) {
 		body := &tnBody{script: []tnRead{{data: "a"}, {data: "b"}, {data: "c"}, {data: "d"}}}
 		usageCalled := false
 		c := &tnClient{resp: &ports.ProviderResponse{
-			Status: 200, Header: http.Header{}, Body: body,
+			Status: 200, Header: domain.Header{}, Body: body,
 			Usage: func() *domain.Usage { usageCalled = true; return nil },
 		}}
 		sink := &tnSink{failAt: failAt}

@@ -51,10 +51,13 @@ func main() {
 		exit(printCAPin(cfg, os.Stdout))
 	}
 	log := bootstrap.NewLogger(cfg.Log, nil)
-	fx.New(
+	if len(cfg.Nodes) == 0 {
+		log.Warn("no nodes configured: no node can register until nodes[] is added to the config (then POST /v1/admin/reload or SIGHUP)", "config", *cfgPath)
+	}
+	os.Exit(bootstrap.Serve("iop-edge", fx.New(
 		bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, ConfigPath: *cfgPath, Logger: log}),
 		bootstrap.FxLogger(log),
-	).Run()
+	), os.Stderr))
 }
 
 func usage() {

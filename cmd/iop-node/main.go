@@ -81,14 +81,14 @@ func main() {
 		fail(err)
 	}
 	log := bootstrap.NewLogger(cfg.Log, nil)
-	fx.New(
+	os.Exit(bootstrap.Serve("iop-node", fx.New(
 		bootstrap.Node(bootstrap.NodeSettings{
 			Edge: cfg.Edge, Token: tok, DB: cfg.DB, Logger: log,
 			MinBackoff: cfg.Reconnect.Min.Std(), MaxBackoff: cfg.Reconnect.Max.Std(),
 			Transport: transport.Config{TLS: linkTLS},
 		}),
 		bootstrap.FxLogger(log),
-	).Run()
+	), os.Stderr))
 }
 
 func fail(err error) {

@@ -335,6 +335,40 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// A usage error points at the help of the command used; iop alone shows the
+// help on stderr and exits 2; --version prints the version.
+func TestUsageHelpAndVersion(t *testing.T) {
+	e := newFakeEdge(t)
+	for args, help := range map[string]string{
+		"run --adapter exec --bogus": "Run 'iop run --help' for usage.",
+		"node exec n1":               "Run 'iop node exec --help' for usage.",
+		"bogus":                      "Run 'iop --help' for usage.",
+	} {
+		r := run(t, e.URL, strings.Fields(args)...)
+		if r.code != 2 || !strings.HasSuffix(r.stderr, help+"\n") {
+			t.Errorf("%s: exit %d, stderr %q", args, r.code, r.stderr)
+		}
+	}
+	r := run(t, e.URL)
+	if r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, "Available Commands:") {
+		t.Fatalf("iop alone: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = run(t, e.URL, "--version")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "iop ") {
+		t.Fatalf("--version: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// An adapter that needs a target, run without one: "--target is required".
+func TestRunWithoutTarget(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("POST /v1/runs", 404, `{"error":{"code":"target_not_found","message":"exec adapter \"exec\" needs a target (known: upper)"}}`)
+	r := run(t, e.URL, "run", "--adapter", "exec", "--background")
+	if r.code != 2 || !strings.HasPrefix(r.stderr, "iop: --target is required for adapter \"exec\": exec adapter \"exec\" needs a target (known: upper)\n") {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
 func TestNodes(t *testing.T) {
 	e := newFakeEdge(t)
 	e.json("GET /v1/nodes", 200, `{"nodes":[

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -99,24 +100,47 @@ func (a *app) run(ctx context.Context, args []string) int {
 	root.SetIn(a.stdin)
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return exitOK
+	}
+	// A usage error points at the help of the command that was used.
+	help := "iop"
+	if cmd != nil {
+		help = cmd.CommandPath()
 	}
 	var ee *exitErr
 	if errors.As(err, &ee) {
 		if ee.err != nil {
 			fmt.Fprintf(a.stderr, "iop: %v\n", ee.err)
 			if ee.code == exitUsage {
-				fmt.Fprintln(a.stderr, "Run 'iop --help' for usage.")
+				fmt.Fprintf(a.stderr, "Run '%s --help' for usage.\n", help)
 			}
 		}
 		return ee.code
 	}
 	// Anything else comes from cobra itself: unknown commands and flags,
 	// wrong argument counts.
-	fmt.Fprintf(a.stderr, "iop: %v\nRun 'iop --help' for usage.\n", err)
+	fmt.Fprintf(a.stderr, "iop: %v\nRun '%s --help' for usage.\n", err, help)
 	return exitUsage
+}
+
+// version is the build's version, set with -ldflags "-X main.version=…";
+// a plain "go build" falls back to the module's build information.
+var version = "dev"
+
+func buildVersion() string {
+	if version != "dev" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				return "dev-" + s.Value[:12]
+			}
+		}
+	}
+	return version
 }
 
 func (a *app) rootCmd() *cobra.Command {
@@ -134,7 +158,17 @@ Exit codes: 0 success, 1 error, 2 usage error, 130 interrupted or cancelled.`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+		Version:           buildVersion(),
+		// Without a command there is nothing to do: the help, on stderr,
+		// and the usage exit code.
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cmd.SetOut(a.stderr)
+			_ = cmd.Help()
+			return &exitErr{code: exitUsage}
+		},
 	}
+	root.SetVersionTemplate("iop {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError("%v", err) })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.edge, "edge", "", "edge HTTP API `URL` (default $IOP_EDGE or "+client.DefaultEdge+"); https:// for an edge with http.tls")

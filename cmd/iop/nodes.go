@@ -13,6 +13,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"iop/cmd/iop/internal/client"
+
+	"iop/domain/nodecmd"
 )
 
 // nodeInfo is one entry of GET /v1/nodes.
@@ -201,24 +203,9 @@ func decodeEach[T any](results []nodeResult, fn func(node string, v T)) error {
 }
 
 func renderCaps(a *app, results []nodeResult) error {
-	type caps struct {
-		ConfigVersion uint64 `json:"config_version"`
-		Version       string `json:"version"`
-		OS            string `json:"os"`
-		Arch          string `json:"arch"`
-		Hostname      string `json:"hostname"`
-		Adapters      []struct {
-			Name           string   `json:"name"`
-			Type           string   `json:"type"`
-			MaxConcurrency int      `json:"max_concurrency"`
-			InFlight       int      `json:"in_flight"`
-			Sessions       bool     `json:"sessions"`
-			Commands       []string `json:"commands"`
-		} `json:"adapters"`
-	}
 	nt := newTable(a.stdout, "NODE", "VERSION", "PLATFORM", "HOSTNAME", "CONFIG")
 	at := [][]string{{"NODE", "ADAPTER", "TYPE", "RUNS", "SESSIONS", "COMMANDS"}}
-	err := decodeEach(results, func(node string, c caps) {
+	err := decodeEach(results, func(node string, c nodecmd.Capabilities) {
 		nt.row(node, c.Version, c.OS+"/"+c.Arch, c.Hostname, "v"+strconv.FormatUint(c.ConfigVersion, 10))
 		for _, ad := range c.Adapters {
 			sess := "no"
@@ -244,20 +231,9 @@ func renderCaps(a *app, results []nodeResult) error {
 }
 
 func renderTransport(a *app, results []nodeResult) error {
-	type status struct {
-		Connected      bool       `json:"connected"`
-		ConnectedSince *time.Time `json:"connected_since"`
-		Reconnects     int64      `json:"reconnects"`
-		LastRTTMillis  float64    `json:"last_rtt_ms"`
-		FramesIn       int64      `json:"frames_in"`
-		FramesOut      int64      `json:"frames_out"`
-		BytesIn        int64      `json:"bytes_in"`
-		BytesOut       int64      `json:"bytes_out"`
-		RunsInFlight   int        `json:"runs_in_flight"`
-	}
 	now := a.now()
 	t := newTable(a.stdout, "NODE", "CONNECTED", "RECONNECTS", "RTT", "FRAMES IN/OUT", "BYTES IN/OUT", "RUNS")
-	err := decodeEach(results, func(node string, s status) {
+	err := decodeEach(results, func(node string, s nodecmd.TransportStatus) {
 		since := "no"
 		if s.Connected {
 			since = "yes"
@@ -276,23 +252,9 @@ func renderTransport(a *app, results []nodeResult) error {
 }
 
 func renderUsage(a *app, results []nodeResult) error {
-	type usage struct {
-		Adapters []struct {
-			Adapter          string  `json:"adapter"`
-			RunsTotal        int64   `json:"runs_total"`
-			Succeeded        int64   `json:"succeeded"`
-			Failed           int64   `json:"failed"`
-			Cancelled        int64   `json:"cancelled"`
-			Running          int64   `json:"running"`
-			PromptTokens     int64   `json:"prompt_tokens"`
-			CompletionTokens int64   `json:"completion_tokens"`
-			TotalTokens      int64   `json:"total_tokens"`
-			CostUSD          float64 `json:"cost_usd"`
-		} `json:"adapters"`
-	}
 	t := newTable(a.stdout, "NODE", "ADAPTER", "RUNS", "OK", "FAILED", "CANCELLED", "RUNNING", "PROMPT", "COMPLETION", "TOTAL", "COST")
 	itoa := func(n int64) string { return strconv.FormatInt(n, 10) }
-	err := decodeEach(results, func(node string, u usage) {
+	err := decodeEach(results, func(node string, u nodecmd.UsageStatus) {
 		for _, x := range u.Adapters {
 			t.row(node, x.Adapter, itoa(x.RunsTotal), itoa(x.Succeeded), itoa(x.Failed), itoa(x.Cancelled), itoa(x.Running),
 				itoa(x.PromptTokens), itoa(x.CompletionTokens), itoa(x.TotalTokens), fmt.Sprintf("$%.4f", x.CostUSD))
@@ -306,18 +268,9 @@ func renderUsage(a *app, results []nodeResult) error {
 }
 
 func renderSessions(a *app, results []nodeResult) error {
-	type session struct {
-		Adapter   string    `json:"adapter"`
-		Target    string    `json:"target"`
-		SessionID string    `json:"session_id"`
-		Turns     int       `json:"turns"`
-		LastUsed  time.Time `json:"last_used"`
-	}
 	var rows [][]string
 	now := a.now()
-	err := decodeEach(results, func(node string, l struct {
-		Sessions []session `json:"sessions"`
-	}) {
+	err := decodeEach(results, func(node string, l nodecmd.SessionList) {
 		sort.Slice(l.Sessions, func(i, j int) bool { return l.Sessions[i].LastUsed.After(l.Sessions[j].LastUsed) })
 		for _, s := range l.Sessions {
 			rows = append(rows, []string{node, s.Adapter, s.Target, s.SessionID, strconv.Itoa(s.Turns), ago(now, s.LastUsed)})

@@ -113,6 +113,11 @@ type runOutput struct {
 
 func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest) error {
 	rs, err := c.StartRun(ctx, req)
+	var apiErr *client.APIError
+	if req.Target == "" && errors.As(err, &apiErr) && apiErr.Code == "target_not_found" {
+		// The adapter needs a target and none was given: a usage error.
+		return usageError("--target is required for adapter %q: %s", req.Adapter, apiErr.Message)
+	}
 	if err != nil {
 		return err
 	}

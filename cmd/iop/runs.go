@@ -13,26 +13,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"iop/cmd/iop/internal/client"
+
+	"iop/domain/nodecmd"
 )
 
 // runInfo is a run as the edge reports it from a node's store.
-type runInfo struct {
-	RunID      string     `json:"run_id"`
-	Node       string     `json:"node"`
-	Adapter    string     `json:"adapter"`
-	Target     string     `json:"target"`
-	SessionID  string     `json:"session_id"`
-	Background bool       `json:"background"`
-	Status     string     `json:"status"`
-	CreatedAt  time.Time  `json:"created_at"`
-	StartedAt  *time.Time `json:"started_at"`
-	FinishedAt *time.Time `json:"finished_at"`
-	Error      *struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-	Usage *client.Usage `json:"usage"`
-}
+type runInfo nodecmd.Run
 
 func (r runInfo) duration(now time.Time) string {
 	if r.StartedAt == nil {
@@ -164,7 +150,11 @@ func (a *app) printRun(r runInfo) {
 	if r.Error != nil {
 		field("error", r.errorText())
 	}
-	if s := strings.TrimPrefix(usageSummary(r.Usage), ": "); s != "" {
+	var u *client.Usage
+	if r.Usage != nil {
+		u = &client.Usage{PromptTokens: r.Usage.PromptTokens, CompletionTokens: r.Usage.CompletionTokens, TotalTokens: r.Usage.TotalTokens, CostUSD: r.Usage.CostUSD}
+	}
+	if s := strings.TrimPrefix(usageSummary(u), ": "); s != "" {
 		field("usage", s)
 	}
 	t.flush()

@@ -467,6 +467,11 @@ type RegisterRequest struct {
 	Arch        string                 `protobuf:"bytes,5,opt,name=arch,proto3" json:"arch,omitempty"`
 	// Receive window the node grants the edge for each edge-opened stream.
 	InitialWindow uint32 `protobuf:"varint,6,opt,name=initial_window,json=initialWindow,proto3" json:"initial_window,omitempty"`
+	// The runtime adapter types this node can build (exec, ollama, …). The
+	// edge refuses a config with any other type (config_error), so a new
+	// adapter type needs a node upgrade only. Empty from older nodes: the
+	// edge then leaves the check to the node.
+	AdapterTypes  []string `protobuf:"bytes,7,rep,name=adapter_types,json=adapterTypes,proto3" json:"adapter_types,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -541,6 +546,13 @@ func (x *RegisterRequest) GetInitialWindow() uint32 {
 		return x.InitialWindow
 	}
 	return 0
+}
+
+func (x *RegisterRequest) GetAdapterTypes() []string {
+	if x != nil {
+		return x.AdapterTypes
+	}
+	return nil
 }
 
 type RegisterResponse struct {
@@ -2325,14 +2337,15 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x17provider_tunnel_request\x182 \x01(\v2%.iop.runtime.v1.ProviderTunnelRequestH\x00R\x15providerTunnelRequest\x12Y\n" +
 	"\x15provider_tunnel_frame\x183 \x01(\v2#.iop.runtime.v1.ProviderTunnelFrameH\x00R\x13providerTunnelFrame\x12S\n" +
 	"\x13tunnel_request_body\x184 \x01(\v2!.iop.runtime.v1.TunnelRequestBodyH\x00R\x11tunnelRequestBodyB\x06\n" +
-	"\x04body\"\xb1\x01\n" +
+	"\x04body\"\xd6\x01\n" +
 	"\x0fRegisterRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12!\n" +
 	"\fnode_version\x18\x02 \x01(\tR\vnodeVersion\x12\x1a\n" +
 	"\bhostname\x18\x03 \x01(\tR\bhostname\x12\x0e\n" +
 	"\x02os\x18\x04 \x01(\tR\x02os\x12\x12\n" +
 	"\x04arch\x18\x05 \x01(\tR\x04arch\x12%\n" +
-	"\x0einitial_window\x18\x06 \x01(\rR\rinitialWindow\"\x8e\x02\n" +
+	"\x0einitial_window\x18\x06 \x01(\rR\rinitialWindow\x12#\n" +
+	"\radapter_types\x18\a \x03(\tR\fadapterTypes\"\x8e\x02\n" +
 	"\x10RegisterResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x129\n" +

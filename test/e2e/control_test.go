@@ -202,10 +202,11 @@ func TestAtCapacityThenAdmittedAfterCancel(t *testing.T) {
 
 	runID, pid, resp, r := runUntilStarted(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "sleep"})
 	defer resp.Body.Close()
-	evs := collectRun(t, startRun(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "upper", "input": "x"}))
-	if len(evs) != 1 || evs[0].Type != "error" || evs[0].Error == nil || evs[0].Error.Code != "at_capacity" {
-		t.Fatalf("second run: %+v", evs)
+	// Refused before anything streams: 429 with the error body.
+	if resp2, body := postJSON(t, e.url+"/v1/runs", map[string]any{"node": "n1", "adapter": "exec", "target": "upper", "input": "x"}); resp2.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), "at_capacity") {
+		t.Fatalf("second run: %d %s", resp2.StatusCode, body)
 	}
+	var evs []runEvent
 	if r, body := postJSON(t, e.url+"/v1/runs/"+runID+"/cancel", nil); r.StatusCode != 200 {
 		t.Fatalf("cancel: %d %s", r.StatusCode, body)
 	}

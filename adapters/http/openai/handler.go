@@ -332,7 +332,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 	if in.Node == "" {
 		in.Node = r.Header.Get(NodeHeader)
 	}
-	in.Method, in.Path, in.Query, in.Header = r.Method, r.URL.Path, r.URL.RawQuery, forwardHeader(r)
+	in.Method, in.Path, in.Query, in.Header = r.Method, r.URL.Path, r.URL.RawQuery, domain.Header(forwardHeader(r))
 	tun, err := h.deps.Tunnels.Handle(r.Context(), in)
 	if err != nil && in.Model != "" && domain.CodeOf(err) == domain.CodeModelNotFound {
 		// The catalog may be stale (a model just pulled or copied on the
@@ -379,7 +379,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 			status = f.Status
 		case domain.TunnelHeader:
 			if !started {
-				start(f.Header)
+				start(http.Header(f.Header))
 			}
 		case domain.TunnelBody:
 			if !started {

@@ -74,7 +74,7 @@ func header(kv ...string) step {
 	for i := 0; i+1 < len(kv); i += 2 {
 		h.Add(kv[i], kv[i+1])
 	}
-	return step{f: domain.TunnelFrame{Kind: domain.TunnelHeader, Header: h}}
+	return step{f: domain.TunnelFrame{Kind: domain.TunnelHeader, Header: domain.Header(h)}}
 }
 func body(s string) step {
 	return step{f: domain.TunnelFrame{Kind: domain.TunnelBody, Body: []byte(s)}}

@@ -122,17 +122,35 @@ func (a *Adapter) Capabilities() domain.Capabilities {
 	return domain.Capabilities{MaxConcurrency: a.maxConcurrency}
 }
 
+// Admit refuses a run for a target this adapter does not have, before the
+// node acknowledges the run.
+func (a *Adapter) Admit(req domain.RunRequest) error {
+	_, err := a.target(req.Target)
+	return err
+}
+
+// target returns the named target or a target_not_found error listing them.
+func (a *Adapter) target(name string) (domain.ExecTarget, error) {
+	t, ok := a.targets[name]
+	if ok {
+		return t, nil
+	}
+	known := strings.Join(slices.Sorted(maps.Keys(a.targets)), ", ")
+	if name == "" {
+		return t, domain.Errorf(domain.CodeTargetNotFound, "exec adapter %q needs a target (known: %s)", a.name, known)
+	}
+	return t, domain.Errorf(domain.CodeTargetNotFound, "exec adapter %q has no target %q (known: %s)", a.name, name, known)
+}
+
 // Execute runs req.Target with req.Input on stdin, as the package doc
 // describes. It returns an error wrapping domain.ErrTargetNotFound for an
 // unknown target and a run_failed error when the command cannot start, both
 // without emitting anything; ctx.Err() when cancelled; the sink's error when
 // Emit fails; and nil once it has emitted the terminal event.
 func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
-	t, ok := a.targets[req.Target]
-	if !ok {
-		known := slices.Sorted(maps.Keys(a.targets))
-		return fmt.Errorf("exec adapter %q has no target %q (known: %s): %w",
-			a.name, req.Target, strings.Join(known, ", "), domain.ErrTargetNotFound)
+	t, err := a.target(req.Target)
+	if err != nil {
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err

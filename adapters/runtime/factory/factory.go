@@ -2,6 +2,9 @@
 package factory
 
 import (
+	"maps"
+	"slices"
+
 	"iop/adapters/runtime/exec"
 	"iop/domain"
 	"iop/ports"
@@ -26,6 +29,12 @@ func New(extra map[string]Builder) *Factory {
 		f.builders[t] = b
 	}
 	return f
+}
+
+// Types lists the adapter types this factory builds, sorted; the node
+// reports them when it registers.
+func (f *Factory) Types() []string {
+	return slices.Sorted(maps.Keys(f.builders))
 }
 
 // Build returns a new instance for cfg, or a config_error for unknown types.

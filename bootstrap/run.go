@@ -1,0 +1,72 @@
+package bootstrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxevent"
+)
+
+// Serve starts app, waits for a signal or a shutdown and stops it, like
+// fx's Run, but a failure to start is one plain line on stderr ("iop-edge:
+// cannot start: 127.0.0.1:7701 is already in use") instead of fx's own
+// lines. It returns the process's exit code.
+func Serve(name string, app *fx.App, stderr io.Writer) int {
+	startCtx, cancel := context.WithTimeout(context.Background(), app.StartTimeout())
+	err := app.Start(startCtx)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: cannot start: %s\n", name, startProblem(err))
+		return 1
+	}
+	sig := <-app.Wait()
+	stopCtx, cancel := context.WithTimeout(context.Background(), app.StopTimeout())
+	defer cancel()
+	if err := app.Stop(stopCtx); err != nil {
+		fmt.Fprintf(stderr, "%s: stopping: %v\n", name, err)
+		if sig.ExitCode == 0 {
+			return 1
+		}
+	}
+	return sig.ExitCode
+}
+
+// startProblem words the usual start failure, a busy address, plainly.
+func startProblem(err error) string {
+	var op *net.OpError
+	if errors.Is(err, syscall.EADDRINUSE) && errors.As(err, &op) && op.Addr != nil {
+		return fmt.Sprintf("%s is already in use by another process (is another instance running? change the listen address in the config)", op.Addr)
+	}
+	return err.Error()
+}
+
+// quietStart passes fx's events to its logger, except the start failure
+// that Serve reports itself, which goes to debug.
+type quietStart struct {
+	fxevent.Logger
+	debug fxevent.Logger
+}
+
+func (q quietStart) LogEvent(e fxevent.Event) {
+	switch ev := e.(type) {
+	case *fxevent.OnStartExecuted:
+		if ev.Err != nil {
+			q.debug.LogEvent(e)
+			return
+		}
+	case *fxevent.RollingBack:
+		q.debug.LogEvent(e)
+		return
+	case *fxevent.Started:
+		if ev.Err != nil {
+			q.debug.LogEvent(e)
+			return
+		}
+	}
+	q.Logger.LogEvent(e)
+}

@@ -1,0 +1,139 @@
+// Package nodecmd is the one contract between edge and node for node
+// commands: their names, their arguments and their results. The node
+// answers with these types, the edge reads them, and the iop CLI decodes
+// them; the JSON form is also what GET/POST /v1/nodes/{id}/commands callers
+// see, so field names are public API. Standard library only.
+package nodecmd
+
+import "time"
+
+// The built-in commands every node answers. Adapter command families
+// (ollama.*) are named by the adapters that serve them.
+const (
+	CmdCapabilities    = "capabilities"
+	CmdTransportStatus = "transport_status"
+	CmdUsageStatus     = "usage_status"
+	CmdSessionList     = "session_list"
+	CmdRuns            = "runs"
+	CmdRunGet          = "run_get"
+)
+
+// Builtin lists the commands every node answers.
+var Builtin = []string{CmdCapabilities, CmdTransportStatus, CmdUsageStatus, CmdSessionList, CmdRuns, CmdRunGet}
+
+// RunsArgs are the arguments of "runs"; zero fields match everything.
+type RunsArgs struct {
+	Status  string `json:"status,omitempty"`
+	Adapter string `json:"adapter,omitempty"`
+	Limit   int    `json:"limit"`
+}
+
+// RunGetArgs are the arguments of "run_get".
+type RunGetArgs struct {
+	RunID string `json:"run_id"`
+}
+
+// Capabilities answers "capabilities".
+type Capabilities struct {
+	NodeID        string    `json:"node_id"`
+	ConfigVersion uint64    `json:"config_version"`
+	Version       string    `json:"version"`
+	OS            string    `json:"os"`
+	Arch          string    `json:"arch"`
+	Hostname      string    `json:"hostname"`
+	Adapters      []Adapter `json:"adapters"`
+	Commands      []string  `json:"commands"`
+}
+
+// Adapter describes one runtime adapter instance.
+type Adapter struct {
+	Name           string   `json:"name"`
+	Type           string   `json:"type"`
+	MaxConcurrency int      `json:"max_concurrency"`
+	InFlight       int      `json:"in_flight"`
+	Sessions       bool     `json:"sessions"`
+	Commands       []string `json:"commands,omitempty"`
+}
+
+// TransportStatus answers "transport_status".
+type TransportStatus struct {
+	Connected      bool       `json:"connected"`
+	ConnectedSince *time.Time `json:"connected_since,omitempty"`
+	Reconnects     int64      `json:"reconnects"`
+	LastRTTMillis  float64    `json:"last_rtt_ms"`
+	FramesIn       int64      `json:"frames_in"`
+	FramesOut      int64      `json:"frames_out"`
+	BytesIn        int64      `json:"bytes_in"`
+	BytesOut       int64      `json:"bytes_out"`
+	Edge           string     `json:"edge"`
+	RunsInFlight   int        `json:"runs_in_flight"`
+}
+
+// UsageStatus answers "usage_status".
+type UsageStatus struct {
+	Adapters []AdapterUsage `json:"adapters"`
+}
+
+// AdapterUsage is one adapter's run counts and token sums.
+type AdapterUsage struct {
+	Adapter          string  `json:"adapter"`
+	RunsTotal        int64   `json:"runs_total"`
+	Succeeded        int64   `json:"succeeded"`
+	Failed           int64   `json:"failed"`
+	Cancelled        int64   `json:"cancelled"`
+	Running          int64   `json:"running"`
+	PromptTokens     int64   `json:"prompt_tokens"`
+	CompletionTokens int64   `json:"completion_tokens"`
+	TotalTokens      int64   `json:"total_tokens"`
+	CostUSD          float64 `json:"cost_usd"`
+}
+
+// SessionList answers "session_list".
+type SessionList struct {
+	Sessions []Session `json:"sessions"`
+}
+
+// Session is one logical session.
+type Session struct {
+	Adapter        string    `json:"adapter"`
+	Target         string    `json:"target,omitempty"`
+	SessionID      string    `json:"session_id"`
+	Turns          int       `json:"turns"`
+	LastUsed       time.Time `json:"last_used"`
+	AgentSessionID string    `json:"agent_session_id,omitempty"`
+}
+
+// RunList answers "runs".
+type RunList struct {
+	Runs []Run `json:"runs"`
+}
+
+// Run is one run as recorded in the node's store ("run_get").
+type Run struct {
+	RunID      string     `json:"run_id"`
+	Node       string     `json:"node,omitempty"`
+	Adapter    string     `json:"adapter"`
+	Target     string     `json:"target,omitempty"`
+	SessionID  string     `json:"session_id,omitempty"`
+	Background bool       `json:"background"`
+	Status     string     `json:"status"`
+	CreatedAt  time.Time  `json:"created_at"`
+	StartedAt  *time.Time `json:"started_at,omitempty"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	Error      *Error     `json:"error,omitempty"`
+	Usage      *Tokens    `json:"usage,omitempty"`
+}
+
+// Error is a code and message.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Tokens is a run's token usage.
+type Tokens struct {
+	PromptTokens     int64   `json:"prompt_tokens"`
+	CompletionTokens int64   `json:"completion_tokens"`
+	TotalTokens      int64   `json:"total_tokens"`
+	CostUSD          float64 `json:"cost_usd,omitempty"`
+}

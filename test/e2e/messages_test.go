@@ -1,0 +1,132 @@
+package e2e
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// writeConfig writes an edge config to a temp file and returns its path.
+func writeConfig(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "edge.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestStartupMessagesAreClear is issue 13's "CLI and messages" for the
+// binaries: a busy port is one line, a tab-indented or mistyped config names
+// the line and key in the file's terms, an empty config warns, a node that
+// never connected does not claim a lost link, the token error names
+// $IOP_NODE_TOKEN.
+func TestStartupMessagesAreClear(t *testing.T) {
+	t.Parallel()
+	t.Run("busy port", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		p := startEdgeProc(t, writeConfig(t, edgeConfig(freeAddr(t), ln.Addr().String(), " []\n")))
+		if code := p.waitExit(t, 20*time.Second); code != 1 {
+			t.Fatalf("exit %d", code)
+		}
+		// fx's own account of the failure stays at debug level.
+		out := p.out.String()
+		if !strings.Contains(out, "iop-edge: cannot start: "+ln.Addr().String()+" is already in use") || strings.Contains(out, "level=ERROR") {
+			t.Fatalf("output:\n%s", out)
+		}
+	})
+	t.Run("tab-indented config", func(t *testing.T) {
+		p := startEdgeProc(t, writeConfig(t, "transport:\n\tlisten: 127.0.0.1:0\n"))
+		if code := p.waitExit(t, 20*time.Second); code != 2 {
+			t.Fatalf("exit %d", code)
+		}
+		if out := p.out.String(); !strings.Contains(out, "line 2:") || !strings.Contains(out, "not tabs") {
+			t.Fatalf("output:\n%s", out)
+		}
+	})
+	t.Run("config errors in the file's terms", func(t *testing.T) {
+		p := startEdgeProc(t, writeConfig(t, "transport:\n  listn: x\n  max_frame_size: [1]\n"))
+		if code := p.waitExit(t, 20*time.Second); code != 2 {
+			t.Fatalf("exit %d", code)
+		}
+		out := p.out.String()
+		if !strings.Contains(out, `line 2: unknown key "transport.listn"`) || !strings.Contains(out, "line 3: transport.max_frame_size: expected a whole number, got a list") || strings.Contains(out, "config.") {
+			t.Fatalf("output:\n%s", out)
+		}
+	})
+	t.Run("empty config warns", func(t *testing.T) {
+		e := &edge{transport: freeAddr(t)}
+		httpAddr := freeAddr(t)
+		e.url = "http://" + httpAddr
+		e.proc = startEdgeProc(t, writeConfig(t, edgeConfig(e.transport, httpAddr, " []\n")))
+		waitHealthy(t, e.url, e.proc)
+		if out := e.out.String(); !strings.Contains(out, "no nodes configured") {
+			t.Fatalf("output:\n%s", out)
+		}
+	})
+	t.Run("node never connected", func(t *testing.T) {
+		nd := start(t, "iop-node", nil, "--edge", freeAddr(t), "--token", "x", "--db", "file:"+filepath.Join(t.TempDir(), "n.db"))
+		deadline := time.Now().Add(15 * time.Second)
+		for !strings.Contains(nd.out.String(), "cannot connect to the edge") && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if out := nd.out.String(); !strings.Contains(out, "cannot connect to the edge") || strings.Contains(out, "link to edge lost") {
+			t.Fatalf("output:\n%s", out)
+		}
+	})
+	t.Run("no token", func(t *testing.T) {
+		nd := start(t, "iop-node", []string{"IOP_NODE_TOKEN="}, "--edge", freeAddr(t))
+		if code := nd.waitExit(t, 20*time.Second); code != 2 {
+			t.Fatalf("exit %d", code)
+		}
+		if out := nd.out.String(); !strings.Contains(out, "$IOP_NODE_TOKEN") {
+			t.Fatalf("output:\n%s", out)
+		}
+	})
+}
+
+// TestCLIUsageAndMessages: the iop CLI's usage conventions and the edge's
+// request-body errors, with the real binaries.
+func TestCLIUsageAndMessages(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(4))
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+
+	if out, errOut, code := cli(t, e, ""); code != 2 || out != "" || !strings.Contains(errOut, "Available Commands:") {
+		t.Fatalf("iop alone: rc %d\nstdout %q\nstderr %q", code, out, errOut)
+	}
+	if out, _, code := cli(t, e, "", "--version"); code != 0 || !strings.HasPrefix(out, "iop ") {
+		t.Fatalf("iop --version: rc %d %q", code, out)
+	}
+	if _, errOut, code := cli(t, e, "", "run", "--adapter", "exec", "--bogus"); code != 2 || !strings.Contains(errOut, "Run 'iop run --help' for usage.") {
+		t.Fatalf("usage error: rc %d %q", code, errOut)
+	}
+	_, errOut, code := cli(t, e, "", "run", "--node", "n1", "--adapter", "exec")
+	if code != 2 || !strings.Contains(errOut, "--target is required") || strings.Count(errOut, "target_not_found") > 0 {
+		t.Fatalf("no --target: rc %d %q", code, errOut)
+	}
+	for body, want := range map[string]string{
+		`[1]`:                         "request body: expected a JSON object, got an array",
+		`{"adapter":"exec","node":5}`: "request body: node: expected a string, got a number",
+	} {
+		resp, err := http.Post(e.url+"/v1/runs", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || !strings.Contains(string(b), want) || strings.Contains(string(b), "Go value") {
+			t.Fatalf("%s: %d %s", body, resp.StatusCode, b)
+		}
+	}
+}
