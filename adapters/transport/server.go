@@ -32,8 +32,9 @@ type Server struct {
 	addr string
 	cfg  Config
 	h    EdgeHandler
-	// tlsReports rate-limits reports of failed TLS handshakes (tls.go).
-	tlsReports reportLimiter
+	// tlsReports rate-limits reports of failed TLS handshakes (tls.go),
+	// refusals those of connections refused at accept.
+	tlsReports, refusals reportLimiter
 
 	ln       net.Listener
 	mu       sync.Mutex
@@ -129,7 +130,7 @@ func (s *Server) acceptLoop() {
 		addr := hostOf(remote)
 		if why := s.adm.enter(addr); why != "" {
 			_ = nc.Close()
-			s.h.HandshakeFailed(remote, why)
+			s.refused(remote, why)
 			continue
 		}
 		if !s.track(nc) {
@@ -140,6 +141,20 @@ func (s *Server) acceptLoop() {
 		s.wg.Add(1)
 		go s.serve(nc, remote, addr)
 	}
+}
+
+// refused reports a connection refused at accept, rate-limited like failed
+// TLS handshakes: a throttled or over-cap address is closed at once, so its
+// flood comes at accept speed and must not be reported one by one.
+func (s *Server) refused(remote, why string) {
+	n, ok := s.refusals.allow(time.Now())
+	if !ok {
+		return
+	}
+	if n > 0 {
+		why += fmt.Sprintf(" (%d more connections refused, not reported)", n)
+	}
+	s.h.HandshakeFailed(remote, why)
 }
 
 func (s *Server) track(nc net.Conn) bool {
@@ -182,7 +197,7 @@ func (s *Server) handshake(nc net.Conn, remote, addr string) (*edgeLink, string,
 	// A peer that has not authenticated may not make the edge allocate a
 	// full-size frame: the register request is small.
 	// TLS (tls.go) comes first, under the same deadline.
-	nc, peer, ok := s.secure(nc, remote)
+	nc, peer, ok := s.secure(nc, remote, addr)
 	if !ok {
 		return nil, "", false
 	}

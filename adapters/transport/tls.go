@@ -183,11 +183,17 @@ func plaintextHint(cfg *tls.Config, err error) error {
 	return fmt.Errorf("%w (the edge answered nothing: if its transport.tls.mode is not off, start this node with --ca-pin or --ca-file instead of --insecure)", err)
 }
 
-// secure runs secureServer; on failure it closes nc and reports why.
-func (s *Server) secure(nc net.Conn, remote string) (net.Conn, domain.PeerIdentity, bool) {
+// secure runs secureServer; on failure it closes nc and reports why. A
+// failed handshake that was not a slow or vanished peer (plaintext, garbage,
+// a refused certificate) is charged to addr's budget of failed
+// registrations like a wrong token: a TLS-garbage flood is the same attack.
+func (s *Server) secure(nc net.Conn, remote, addr string) (net.Conn, domain.PeerIdentity, bool) {
 	sc, peer, err := s.secureServer(nc)
 	if err != nil {
 		_ = nc.Close()
+		if !slowOrGone(err) {
+			s.adm.failed(addr)
+		}
 		s.tlsFailed(remote, err)
 		return nil, peer, false
 	}
@@ -235,6 +241,13 @@ func (s *Server) tlsFailed(remote string, err error) {
 		reason += fmt.Sprintf(" (%d more TLS handshake failures not reported)", n)
 	}
 	s.h.HandshakeFailed(remote, reason)
+}
+
+// slowOrGone reports a handshake that timed out or whose peer hung up.
+func slowOrGone(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 func tlsReason(err error) string {

@@ -12,10 +12,12 @@ import (
 	"io"
 	"log/slog"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -311,5 +313,58 @@ func TestTLSPlaintextFloodIsNotReportedOneByOne(t *testing.T) {
 	e.mu.Unlock()
 	if got == 0 || got >= n/2 {
 		t.Fatalf("%d reports for %d plaintext connections, want a rate-limited handful", got, n)
+	}
+}
+
+// A failed TLS handshake (here plaintext garbage) is charged to the remote
+// address like a wrong token: past the burst the address is closed at
+// accept, before any handshake work, while another address still gets in.
+func TestTLSGarbageChargesTheAddressBudget(t *testing.T) {
+	ctx := testCtx(t)
+	m := edgeCA(t)
+	cfg := tlsServerConfig(m, nil)
+	cfg.RegisterFailBurst = 3
+	cfg.RegisterFailRate = 0.001 // no refill within the test
+	edge := newFakeEdge()
+	edge.addNode(testToken, testNodeConfig())
+	srv := startServer(t, "", cfg, edge)
+	addr := srv.Addr().String()
+
+	var reasons []string
+	for range 8 {
+		p := dialFrom(t, "127.0.0.5", addr)
+		if _, err := p.nc.Write([]byte("GET / HTTP/1.0\r\n\r\n")); err != nil && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+			t.Fatalf("write: %v", err)
+		}
+		if !closedByEdge(ctx, p) {
+			t.Fatal("plaintext connection to a TLS edge not closed")
+		}
+		reasons = append(reasons, recv(t, ctx, edge.failed, "handshake failure").Reason)
+	}
+	tlsTried := 0
+	for _, r := range reasons {
+		switch {
+		case strings.HasPrefix(r, "tls: "):
+			tlsTried++
+		case !strings.HasPrefix(r, "throttled"):
+			t.Fatalf("reason %q", r)
+		}
+	}
+	if tlsTried != 3 || !strings.HasPrefix(reasons[3], "throttled") {
+		t.Fatalf("reasons %q; want 3 TLS failures (the burst), then the address throttled at accept", reasons)
+	}
+	// A pinned node from another address registers.
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.6")}}
+	nc, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(nc, clientTLS(t, ClientTLS{CAPin: m.Pin()}, addr))
+	_ = tc.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := tc.Handshake(); err != nil {
+		t.Fatalf("pinned handshake from another address: %v", err)
+	}
+	if resp := newRawPeer(t, tc).register(ctx, testToken, 0); !resp.GetAccepted() {
+		t.Fatalf("good node from another address: %+v", resp)
 	}
 }

@@ -295,11 +295,16 @@ type nodeOptions struct {
 	edge string
 	// args are appended (--cert, --key, …).
 	args []string
+	// db replaces a fresh database file (a node restarted on its own).
+	db string
 }
 
 func startNodeOpts(t testing.TB, e *edge, token string, o nodeOptions) *node {
 	t.Helper()
-	db := filepath.Join(t.TempDir(), "node.db")
+	db := o.db
+	if db == "" {
+		db = filepath.Join(t.TempDir(), "node.db")
+	}
 	addr := e.transport
 	if o.edge != "" {
 		addr = o.edge
