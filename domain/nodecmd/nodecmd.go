@@ -72,6 +72,28 @@ type TransportStatus struct {
 // UsageStatus answers "usage_status".
 type UsageStatus struct {
 	Adapters []AdapterUsage `json:"adapters"`
+	// Tunnels is the edge's part: the node counts runs and leaves it empty,
+	// the edge fills in the provider tunnels it relayed for that node.
+	Tunnels []TunnelUsage `json:"tunnels"`
+}
+
+// TunnelUsage is the usage of provider tunnels summed for one node, caller
+// key, provider and model. Its JSON form is also GET /v1/usage's.
+type TunnelUsage struct {
+	Node string `json:"node"`
+	// Key names the API key of the callers ("anonymous" without keys).
+	Key      string `json:"key"`
+	Provider string `json:"provider"`
+	Model    string `json:"model"`
+	// Requests counts finished tunnels; Errors those that ended with an
+	// error (link lost, provider failure, caller gone) rather than an end.
+	Requests         int64 `json:"requests"`
+	Errors           int64 `json:"errors"`
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	TotalTokens      int64 `json:"total_tokens"`
+	// BodyBytes counts response body bytes relayed to callers.
+	BodyBytes int64 `json:"body_bytes"`
 }
 
 // AdapterUsage is one adapter's run counts and token sums.
