@@ -32,7 +32,7 @@ func (a *app) ollamaCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			oa := nodecmd.OllamaArgs{Adapter: adapter}
+			oa := nodecmd.OllamaArgs{Selector: nodecmd.Selector{Adapter: adapter}}
 			if nargs == 1 {
 				oa.Model = args[0]
 			}
@@ -57,7 +57,7 @@ func (a *app) ollamaCmd() *cobra.Command {
 				return err
 			}
 			view := &pullView{w: a.stdout, errw: a.stderr, tty: a.stdoutTTY, json: a.json, bars: map[string]*progressbar.ProgressBar{}}
-			raw, err := c.Command(ctx, n, nodecmd.CmdOllamaPull, nodecmd.OllamaArgs{Model: args[0], Adapter: adapter}, view.progress)
+			raw, err := c.Command(ctx, n, nodecmd.CmdOllamaPull, nodecmd.OllamaArgs{Model: args[0], Selector: nodecmd.Selector{Adapter: adapter}}, view.progress)
 			view.endBar()
 			if err != nil {
 				return err

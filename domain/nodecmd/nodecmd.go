@@ -21,6 +21,15 @@ const (
 // Builtin lists the commands every node answers.
 var Builtin = []string{CmdCapabilities, CmdTransportStatus, CmdUsageStatus, CmdSessionList, CmdRuns, CmdRunGet}
 
+// Selector are the argument keys any adapter command (a dotted name, such
+// as ollama.pull) may carry to pick who answers when the node has several:
+// Adapter names an adapter; Provider, used when no adapter serves the
+// command, names a provider that does.
+type Selector struct {
+	Adapter  string `json:"adapter,omitempty"`
+	Provider string `json:"provider,omitempty"`
+}
+
 // RunsArgs are the arguments of "runs"; zero fields match everything.
 type RunsArgs struct {
 	Status  string `json:"status,omitempty"`

@@ -19,15 +19,15 @@ const (
 // OllamaCommands lists the ollama.* family in documentation order.
 var OllamaCommands = []string{CmdOllamaVersion, CmdOllamaList, CmdOllamaPS, CmdOllamaShow, CmdOllamaPull, CmdOllamaDelete, CmdOllamaCopy}
 
-// OllamaArgs are the arguments of the ollama.* commands. Adapter picks the
-// node's ollama adapter and is not sent on; every other key reaches Ollama
-// as is. show, pull and delete need Model; copy needs Source and
+// OllamaArgs are the arguments of the ollama.* commands. The Selector
+// (an ollama adapter, or an Ollama declared only as a provider) picks which
+// Ollama of the node answers; every other key reaches Ollama as is. show, pull and delete need Model; copy needs Source and
 // Destination.
 type OllamaArgs struct {
 	Model       string `json:"model,omitempty"`
 	Source      string `json:"source,omitempty"`
 	Destination string `json:"destination,omitempty"`
-	Adapter     string `json:"adapter,omitempty"`
+	Selector
 }
 
 // OllamaVersion answers ollama.version.
