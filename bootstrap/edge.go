@@ -19,6 +19,7 @@ import (
 	"iop/adapters/http/console"
 	openaiapi "iop/adapters/http/openai"
 	"iop/adapters/metrics/prom"
+	"iop/adapters/provider/models"
 	"iop/adapters/store/edgestore"
 	"iop/adapters/transport"
 	edgeapp "iop/application/edge"
@@ -96,6 +97,7 @@ func Edge(s EdgeSettings) fx.Option {
 			edgeapp.NewGetRunHandler,
 			edgeapp.NewListRunsHandler,
 			edgeapp.NewReloadHandler,
+			func() ports.ModelLister { return models.Lists{} },
 			edgeapp.NewModelCatalog,
 			edgeapp.NewUsageLedger,
 			func(reg *edgeapp.Registry, bus ports.EventPublisher, c *edgeapp.ModelCatalog, l *edgeapp.UsageLedger, log *slog.Logger, obs edgeapp.Observers) *edgeapp.SubmitProviderTunnelHandler {

@@ -72,3 +72,14 @@ type TunnelFrame struct {
 	Metadata []byte
 	Error    *ErrorInfo
 }
+
+// ListedModel is one model as a provider's own model list names it.
+type ListedModel struct {
+	ID string
+	// Created is the model's creation time in Unix seconds as the provider
+	// reported it; zero when it reported none.
+	Created int64
+	// Raw is the provider's own entry when callers are handed it back (an
+	// Ollama /api/tags entry keeps size, digest and details); else nil.
+	Raw []byte
+}

@@ -72,3 +72,12 @@ type NodeSource interface {
 type DirectoryReplacer interface {
 	Replace(records []domain.NodeRecord)
 }
+
+// ModelLister knows how a provider of each type (domain.ProviderOpenAI,
+// ProviderOllama, ProviderAnthropic) lists its models: the path the edge
+// GETs through a tunnel, and how to read the answer. A body that is not the
+// type's list is a domain.CodeProviderError.
+type ModelLister interface {
+	ModelListPath(providerType string) string
+	ParseModelList(providerType string, body []byte) ([]domain.ListedModel, error)
+}

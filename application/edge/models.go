@@ -2,7 +2,6 @@ package edge
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -67,9 +66,10 @@ func MatchModel(served, requested string) bool {
 // Models but still a routing candidate of last resort (see
 // SubmitProviderTunnelHandler).
 type ModelCatalog struct {
-	reg *Registry
-	log *slog.Logger
-	now func() time.Time
+	reg   *Registry
+	lists ports.ModelLister
+	log   *slog.Logger
+	now   func() time.Time
 
 	// DiscoveryTimeout bounds one provider's discovery (default 15 s).
 	DiscoveryTimeout time.Duration
@@ -98,15 +98,15 @@ type discovered struct {
 	models []ModelEntry
 }
 
-// NewModelCatalog refuses a nil registry.
-func NewModelCatalog(reg *Registry, log *slog.Logger) *ModelCatalog {
-	if reg == nil {
+// NewModelCatalog refuses a nil registry or lister.
+func NewModelCatalog(reg *Registry, lists ports.ModelLister, log *slog.Logger) *ModelCatalog {
+	if reg == nil || lists == nil {
 		panic("edge.NewModelCatalog: nil dependency")
 	}
 	if log == nil {
 		log = slog.Default()
 	}
-	return &ModelCatalog{reg: reg, log: log, now: time.Now, DiscoveryTimeout: 15 * time.Second, MaxListBytes: 8 << 20, MinRefreshGap: 200 * time.Millisecond,
+	return &ModelCatalog{reg: reg, lists: lists, log: log, now: time.Now, DiscoveryTimeout: 15 * time.Second, MaxListBytes: 8 << 20, MinRefreshGap: 200 * time.Millisecond,
 		nodes: map[string]*nodeModels{}}
 }
 
@@ -393,10 +393,7 @@ func sortEntries(es []ModelEntry) {
 func (c *ModelCatalog) discover(ctx context.Context, v NodeView, p domain.ProviderConfig) ([]ModelEntry, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.DiscoveryTimeout)
 	defer cancel()
-	path := "/v1/models"
-	if p.Type == domain.ProviderOllama {
-		path = "/api/tags"
-	}
+	path := c.lists.ModelListPath(p.Type)
 	req := domain.TunnelRequest{Provider: p.Name, Method: "GET", Path: path, Header: domain.Header{"Accept": {"application/json"}}}
 	st, err := v.Link.OpenTunnel(ctx, req, nil)
 	if err != nil {
@@ -410,15 +407,17 @@ func (c *ModelCatalog) discover(ctx context.Context, v NodeView, p domain.Provid
 	if status < 200 || status > 299 {
 		return nil, domain.Errorf(domain.CodeProviderError, "GET %s answered %d", path, status)
 	}
-	entries, err := ParseModelList(p.Type, body)
+	listed, err := c.lists.ParseModelList(p.Type, body)
 	if err != nil {
 		return nil, err
 	}
-	for i := range entries {
-		entries[i].Node, entries[i].Provider, entries[i].Type = v.ID, p.Name, p.Type
-		if entries[i].Created == 0 {
-			entries[i].Created = v.ConnectedAt.Unix()
+	entries := make([]ModelEntry, 0, len(listed))
+	for _, m := range listed {
+		e := ModelEntry{ID: m.ID, Node: v.ID, Provider: p.Name, Type: p.Type, Created: m.Created, Raw: m.Raw}
+		if e.Created == 0 {
+			e.Created = v.ConnectedAt.Unix()
 		}
+		entries = append(entries, e)
 	}
 	return entries, nil
 }
@@ -452,64 +451,4 @@ func readAll(ctx context.Context, st ports.TunnelStream, limit int64) (int, []by
 			return status, body, nil
 		}
 	}
-}
-
-// ParseModelList reads a provider's model list: OpenAI's
-// {"object":"list","data":[{"id","created",…}]} for type openai (and
-// Anthropic's {"data":[{"id","created_at",…}]} for type anthropic), Ollama's
-// {"models":[{"name","model","modified_at",…}]} for type ollama. Only ID,
-// Created and Raw are filled.
-func ParseModelList(typ string, body []byte) ([]ModelEntry, error) {
-	var out []ModelEntry
-	switch typ {
-	case domain.ProviderOllama:
-		var doc struct {
-			Models []json.RawMessage `json:"models"`
-		}
-		if err := json.Unmarshal(body, &doc); err != nil {
-			return nil, domain.Errorf(domain.CodeProviderError, "parse /api/tags: %v", err)
-		}
-		for _, raw := range doc.Models {
-			var m struct {
-				Name       string `json:"name"`
-				Model      string `json:"model"`
-				ModifiedAt string `json:"modified_at"`
-			}
-			if json.Unmarshal(raw, &m) != nil {
-				continue
-			}
-			id := m.Name
-			if id == "" {
-				id = m.Model
-			}
-			if id != "" {
-				e := ModelEntry{ID: id, Raw: append([]byte(nil), raw...)}
-				if t, err := time.Parse(time.RFC3339Nano, m.ModifiedAt); err == nil {
-					e.Created = t.Unix()
-				}
-				out = append(out, e)
-			}
-		}
-	default:
-		var doc struct {
-			Data []struct {
-				ID        string `json:"id"`
-				Created   int64  `json:"created"`
-				CreatedAt string `json:"created_at"` // Anthropic's Models API
-			} `json:"data"`
-		}
-		if err := json.Unmarshal(body, &doc); err != nil {
-			return nil, domain.Errorf(domain.CodeProviderError, "parse /v1/models: %v", err)
-		}
-		for _, m := range doc.Data {
-			if m.ID != "" {
-				e := ModelEntry{ID: m.ID, Created: m.Created}
-				if t, err := time.Parse(time.RFC3339Nano, m.CreatedAt); err == nil && e.Created == 0 {
-					e.Created = t.Unix()
-				}
-				out = append(out, e)
-			}
-		}
-	}
-	return out, nil
 }

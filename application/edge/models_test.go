@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/adapters/provider/models"
 	"iop/application/edge"
 	"iop/domain"
 	"iop/ports"
@@ -52,7 +53,7 @@ func ptIDs(es []edge.ModelEntry) string {
 
 func TestModelCatalogDiscoversBothShapes(t *testing.T) {
 	reg := edge.NewRegistry()
-	cat := edge.NewModelCatalog(reg, nil)
+	cat := edge.NewModelCatalog(reg, models.Lists{}, nil)
 	var calls atomic.Int32
 	link := ptAdmit(t, reg, "gpu", ptProvider("vllm", domain.ProviderOpenAI), ptProvider("ollama", domain.ProviderOllama), ptProvider("fixed", domain.ProviderOpenAI, "declared-1"))
 	link.open = ptDiscovery(ptOpenAIModels, ptOllamaTags, &calls)
@@ -109,7 +110,7 @@ func TestModelCatalogDiscoversBothShapes(t *testing.T) {
 
 func TestModelCatalogDropsGoneNodes(t *testing.T) {
 	reg := edge.NewRegistry()
-	cat := edge.NewModelCatalog(reg, nil)
+	cat := edge.NewModelCatalog(reg, models.Lists{}, nil)
 	var calls atomic.Int32
 	link := ptAdmit(t, reg, "a", ptProvider("vllm", domain.ProviderOpenAI))
 	link.open = ptDiscovery(ptOpenAIModels, ptOllamaTags, &calls)
@@ -154,7 +155,7 @@ func mustView(t *testing.T, reg *edge.Registry, id string) edge.NodeView {
 
 func TestModelCatalogDiscoveryFailureKeepsLastList(t *testing.T) {
 	reg := edge.NewRegistry()
-	cat := edge.NewModelCatalog(reg, nil)
+	cat := edge.NewModelCatalog(reg, models.Lists{}, nil)
 	var calls atomic.Int32
 	link := ptAdmit(t, reg, "a", ptProvider("vllm", domain.ProviderOpenAI))
 	link.open = ptDiscovery(ptOpenAIModels, "", &calls)
@@ -191,7 +192,7 @@ func TestModelCatalogDiscoveryFailureKeepsLastList(t *testing.T) {
 
 func TestModelCatalogDiscoveryTimesOut(t *testing.T) {
 	reg := edge.NewRegistry()
-	cat := edge.NewModelCatalog(reg, nil)
+	cat := edge.NewModelCatalog(reg, models.Lists{}, nil)
 	cat.DiscoveryTimeout = 50 * time.Millisecond
 	st := newPTStream(nil) // never answers
 	ptAdmit(t, reg, "a", ptProvider("vllm", domain.ProviderOpenAI)).open = func(domain.TunnelRequest) (ports.TunnelStream, error) { return st, nil }
@@ -206,7 +207,7 @@ func TestModelCatalogDiscoveryTimesOut(t *testing.T) {
 
 func TestModelCatalogRun(t *testing.T) {
 	reg := edge.NewRegistry()
-	cat := edge.NewModelCatalog(reg, nil)
+	cat := edge.NewModelCatalog(reg, models.Lists{}, nil)
 	var calls atomic.Int32
 	ptAdmit(t, reg, "a", ptProvider("vllm", domain.ProviderOpenAI)).open = ptDiscovery(ptOpenAIModels, "", &calls)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -233,27 +234,6 @@ func TestModelCatalogRun(t *testing.T) {
 	}
 }
 
-func TestParseModelList(t *testing.T) {
-	if _, err := edge.ParseModelList(domain.ProviderOpenAI, []byte("not json")); domain.CodeOf(err) != domain.CodeProviderError {
-		t.Fatalf("bad openai list: %v", err)
-	}
-	if _, err := edge.ParseModelList(domain.ProviderOllama, []byte(`{"models":7}`)); domain.CodeOf(err) != domain.CodeProviderError {
-		t.Fatalf("bad ollama list: %v", err)
-	}
-	es, err := edge.ParseModelList(domain.ProviderOllama, []byte(`{"models":[{"name":"a"},"junk",{"model":"b"},{}]}`))
-	if err != nil || len(es) != 2 || es[0].ID != "a" || es[1].ID != "b" {
-		t.Fatalf("ollama list = %+v, %v", es, err)
-	}
-	es, err = edge.ParseModelList(domain.ProviderAnthropic, []byte(`{"data":[{"type":"model","id":"claude-sonnet-4-5","display_name":"Claude Sonnet 4.5","created_at":"2025-09-29T00:00:00Z"}],"has_more":false,"first_id":"claude-sonnet-4-5","last_id":"claude-sonnet-4-5"}`))
-	if err != nil || len(es) != 1 || es[0].ID != "claude-sonnet-4-5" || es[0].Created != 1759104000 {
-		t.Fatalf("anthropic list = %+v, %v", es, err)
-	}
-	es, err = edge.ParseModelList(domain.ProviderOpenAI, []byte(`{"data":[]}`))
-	if err != nil || len(es) != 0 {
-		t.Fatalf("empty list = %+v, %v", es, err)
-	}
-}
-
 func TestMatchModel(t *testing.T) {
 	cases := []struct {
 		served, requested string
@@ -275,7 +255,7 @@ func TestMatchModel(t *testing.T) {
 
 func TestModelCatalogFollow(t *testing.T) {
 	reg := edge.NewRegistry()
-	cat := edge.NewModelCatalog(reg, nil)
+	cat := edge.NewModelCatalog(reg, models.Lists{}, nil)
 	var calls atomic.Int32
 	ptAdmit(t, reg, "a", ptProvider("vllm", domain.ProviderOpenAI)).open = ptDiscovery(ptOpenAIModels, "", &calls)
 	events := make(chan domain.BusEvent, 4)
@@ -310,7 +290,7 @@ func TestModelCatalogFollow(t *testing.T) {
 
 func TestModelCatalogRefreshedSince(t *testing.T) {
 	reg := edge.NewRegistry()
-	cat := edge.NewModelCatalog(reg, nil)
+	cat := edge.NewModelCatalog(reg, models.Lists{}, nil)
 	cat.MinRefreshGap = 300 * time.Millisecond
 	var calls atomic.Int32
 	link := ptAdmit(t, reg, "gpu", ptProvider("ollama", domain.ProviderOllama))

@@ -79,8 +79,9 @@ func (h *NodeCommandHandler) Handle(ctx context.Context, node, name string, args
 	return cs, ctx, cancel, nil
 }
 
-// withTunnelUsage adds "tunnels" to a usage_status result object. A result
-// that is not a JSON object is passed on untouched.
+// withTunnelUsage fills in the edge's part of a usage_status result, the
+// tunnels it relayed for the node. A result that does not decode as the
+// contract's UsageStatus is passed on untouched.
 type withTunnelUsage struct {
 	ports.CommandStream
 	lines func() []UsageLine
@@ -91,16 +92,12 @@ func (w *withTunnelUsage) Recv(ctx context.Context) (ports.CommandReply, error) 
 	if err != nil || !r.Final || r.Err != nil {
 		return r, err
 	}
-	var m map[string]json.RawMessage
-	if json.Unmarshal(r.Result, &m) != nil || m == nil {
+	var u *nodecmd.UsageStatus
+	if json.Unmarshal(r.Result, &u) != nil || u == nil {
 		return r, nil
 	}
-	t, terr := json.Marshal(w.lines())
-	if terr != nil {
-		return r, nil
-	}
-	m["tunnels"] = t
-	if out, merr := json.Marshal(m); merr == nil {
+	u.Tunnels = w.lines()
+	if out, merr := json.Marshal(u); merr == nil {
 		r.Result = out
 	}
 	return r, nil

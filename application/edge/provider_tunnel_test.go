@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/adapters/provider/models"
 	"iop/application/edge"
 	"iop/domain"
 	"iop/ports"
@@ -165,7 +166,7 @@ type ptEnv struct {
 
 func newPTEnv() *ptEnv {
 	e := &ptEnv{reg: edge.NewRegistry(), bus: &ptBus{}, ledger: edge.NewUsageLedger()}
-	e.catalog = edge.NewModelCatalog(e.reg, nil)
+	e.catalog = edge.NewModelCatalog(e.reg, models.Lists{}, nil)
 	e.h = edge.NewSubmitProviderTunnelHandler(e.reg, e.bus, e.catalog, e.ledger, nil)
 	return e
 }

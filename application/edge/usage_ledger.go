@@ -6,27 +6,13 @@ import (
 	"sync"
 
 	"iop/domain"
+	"iop/domain/nodecmd"
 )
 
 // UsageLine is the usage of provider tunnels summed for one node, caller
-// key, provider and model.
-// Its JSON form is part of the API (GET /v1/usage, usage_status "tunnels").
-type UsageLine struct {
-	Node string `json:"node"`
-	// Key names the API key of the callers ("anonymous" without keys).
-	Key      string `json:"key"`
-	Provider string `json:"provider"`
-	Model    string `json:"model"`
-	// Requests counts finished tunnels; Errors those that ended with an
-	// error (link lost, provider failure, caller gone) rather than an end.
-	Requests         int64 `json:"requests"`
-	Errors           int64 `json:"errors"`
-	PromptTokens     int64 `json:"prompt_tokens"`
-	CompletionTokens int64 `json:"completion_tokens"`
-	TotalTokens      int64 `json:"total_tokens"`
-	// BodyBytes counts response body bytes relayed to callers.
-	BodyBytes int64 `json:"body_bytes"`
-}
+// key, provider and model: the contract's type, as it is part of the API
+// (GET /v1/usage, usage_status "tunnels").
+type UsageLine = nodecmd.TunnelUsage
 
 type usageKey struct{ node, key, provider, model string }
 

@@ -50,3 +50,18 @@ func TestUsageStatusCarriesTheEdgesTunnelUsage(t *testing.T) {
 		t.Fatalf("capabilities changed: %s %v", out, err)
 	}
 }
+
+// A usage_status result that is not the contract's object reaches the
+// caller as the node sent it.
+func TestUsageStatusPassesOnAForeignResult(t *testing.T) {
+	for _, res := range []string{`null`, `[1,2]`, `"busy"`} {
+		e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+		e.links["a"].commands = map[string][]ports.CommandReply{"usage_status": {{Final: true, Result: []byte(res)}}}
+		h := edge.NewNodeCommandHandler(e.reg)
+		h.Ledger = edge.NewUsageLedger()
+		out, err := h.Call(context.Background(), "a", "usage_status", nil)
+		if err != nil || string(out) != res {
+			t.Fatalf("usage_status %s = %s %v", res, out, err)
+		}
+	}
+}

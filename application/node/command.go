@@ -82,10 +82,7 @@ func (h *CommandHandler) RunCommand(ctx context.Context, name string, args []byt
 // adapterCommand routes a command to the adapter that declares it. When
 // several do, args may name one: {"adapter": "..."}.
 func (h *CommandHandler) adapterCommand(ctx context.Context, name string, args []byte, progress func([]byte) error) ([]byte, error) {
-	var sel struct {
-		Adapter  string `json:"adapter"`
-		Provider string `json:"provider"`
-	}
+	var sel nodecmd.Selector
 	if len(args) > 0 {
 		_ = json.Unmarshal(args, &sel)
 	}

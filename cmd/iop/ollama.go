@@ -12,13 +12,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"iop/cmd/iop/internal/client"
+	"iop/domain/nodecmd"
 )
-
-// ollamaArgs are the arguments of the ollama.* node commands.
-type ollamaArgs struct {
-	Model   string `json:"model,omitempty"`
-	Adapter string `json:"adapter,omitempty"`
-}
 
 func (a *app) ollamaCmd() *cobra.Command {
 	var node, adapter string
@@ -30,18 +25,18 @@ func (a *app) ollamaCmd() *cobra.Command {
 	cmd.PersistentFlags().StringVar(&node, "node", "", "node (default: the only node, or the only one with an ollama adapter)")
 	cmd.PersistentFlags().StringVar(&adapter, "adapter", "", "ollama adapter on the node, when it has several")
 
-	// call runs ollama.<name> and hands the JSON result to render.
+	// call runs the ollama.* command name and hands the JSON result to render.
 	call := func(name string, nargs int, render func(node string, args []string, raw json.RawMessage) error) func(*cobra.Command, []string) error {
 		return a.action(func(ctx context.Context, c *client.Client, args []string) error {
 			n, err := resolveNode(ctx, c, node, "ollama")
 			if err != nil {
 				return err
 			}
-			oa := ollamaArgs{Adapter: adapter}
+			oa := nodecmd.OllamaArgs{Selector: nodecmd.Selector{Adapter: adapter}}
 			if nargs == 1 {
 				oa.Model = args[0]
 			}
-			raw, err := c.Command(ctx, n, "ollama."+name, oa, nil)
+			raw, err := c.Command(ctx, n, name, oa, nil)
 			if err != nil {
 				return err
 			}
@@ -62,7 +57,7 @@ func (a *app) ollamaCmd() *cobra.Command {
 				return err
 			}
 			view := &pullView{w: a.stdout, errw: a.stderr, tty: a.stdoutTTY, json: a.json, bars: map[string]*progressbar.ProgressBar{}}
-			raw, err := c.Command(ctx, n, "ollama.pull", ollamaArgs{Model: args[0], Adapter: adapter}, view.progress)
+			raw, err := c.Command(ctx, n, nodecmd.CmdOllamaPull, nodecmd.OllamaArgs{Model: args[0], Selector: nodecmd.Selector{Adapter: adapter}}, view.progress)
 			view.endBar()
 			if err != nil {
 				return err
@@ -70,9 +65,7 @@ func (a *app) ollamaCmd() *cobra.Command {
 			if a.json {
 				return writeJSONLine(a.stdout, raw)
 			}
-			var res struct {
-				Status string `json:"status"`
-			}
+			var res nodecmd.OllamaStatus
 			_ = json.Unmarshal(raw, &res)
 			if res.Status != "" && res.Status != view.lastStatus {
 				fmt.Fprintln(a.stdout, res.Status)
@@ -85,14 +78,8 @@ func (a *app) ollamaCmd() *cobra.Command {
 		Use:   "list",
 		Short: "List the models a node's Ollama has",
 		Args:  cobra.NoArgs,
-		RunE: call("list", 0, func(_ string, _ []string, raw json.RawMessage) error {
-			var l struct {
-				Models []struct {
-					Name       string    `json:"name"`
-					Size       int64     `json:"size"`
-					ModifiedAt time.Time `json:"modified_at"`
-				} `json:"models"`
-			}
+		RunE: call(nodecmd.CmdOllamaList, 0, func(_ string, _ []string, raw json.RawMessage) error {
+			var l nodecmd.OllamaModelList
 			if err := json.Unmarshal(raw, &l); err != nil {
 				return fmt.Errorf("decode model list: %w", err)
 			}
@@ -109,15 +96,8 @@ func (a *app) ollamaCmd() *cobra.Command {
 		Use:   "ps",
 		Short: "List the models loaded in a node's Ollama",
 		Args:  cobra.NoArgs,
-		RunE: call("ps", 0, func(_ string, _ []string, raw json.RawMessage) error {
-			var l struct {
-				Models []struct {
-					Name      string    `json:"name"`
-					Size      int64     `json:"size"`
-					SizeVRAM  int64     `json:"size_vram"`
-					ExpiresAt time.Time `json:"expires_at"`
-				} `json:"models"`
-			}
+		RunE: call(nodecmd.CmdOllamaPS, 0, func(_ string, _ []string, raw json.RawMessage) error {
+			var l nodecmd.OllamaRunningList
 			if err := json.Unmarshal(raw, &l); err != nil {
 				return fmt.Errorf("decode model list: %w", err)
 			}
@@ -133,16 +113,8 @@ func (a *app) ollamaCmd() *cobra.Command {
 		Use:   "show MODEL",
 		Short: "Show a model's details",
 		Args:  cobra.ExactArgs(1),
-		RunE: call("show", 1, func(_ string, args []string, raw json.RawMessage) error {
-			var s struct {
-				Details struct {
-					Format            string `json:"format"`
-					Family            string `json:"family"`
-					ParameterSize     string `json:"parameter_size"`
-					QuantizationLevel string `json:"quantization_level"`
-				} `json:"details"`
-				Capabilities []string `json:"capabilities"`
-			}
+		RunE: call(nodecmd.CmdOllamaShow, 1, func(_ string, args []string, raw json.RawMessage) error {
+			var s nodecmd.OllamaShow
 			if err := json.Unmarshal(raw, &s); err != nil {
 				return fmt.Errorf("decode model: %w", err)
 			}
@@ -161,7 +133,7 @@ func (a *app) ollamaCmd() *cobra.Command {
 		Use:   "delete MODEL",
 		Short: "Delete a model from a node's Ollama",
 		Args:  cobra.ExactArgs(1),
-		RunE: call("delete", 1, func(n string, args []string, _ json.RawMessage) error {
+		RunE: call(nodecmd.CmdOllamaDelete, 1, func(n string, args []string, _ json.RawMessage) error {
 			fmt.Fprintf(a.stdout, "deleted %s on node %s\n", args[0], n)
 			return nil
 		}),
@@ -170,10 +142,8 @@ func (a *app) ollamaCmd() *cobra.Command {
 		Use:   "version",
 		Short: "Show the version of a node's Ollama",
 		Args:  cobra.NoArgs,
-		RunE: call("version", 0, func(n string, _ []string, raw json.RawMessage) error {
-			var v struct {
-				Version string `json:"version"`
-			}
+		RunE: call(nodecmd.CmdOllamaVersion, 0, func(n string, _ []string, raw json.RawMessage) error {
+			var v nodecmd.OllamaVersion
 			if err := json.Unmarshal(raw, &v); err != nil {
 				return fmt.Errorf("decode version: %w", err)
 			}
@@ -198,19 +168,11 @@ type pullView struct {
 	lastDecile map[string]int64
 }
 
-type pullProgress struct {
-	Status    string `json:"status"`
-	Digest    string `json:"digest"`
-	Total     int64  `json:"total"`
-	Completed int64  `json:"completed"`
-	Error     string `json:"error"`
-}
-
 func (p *pullView) progress(raw json.RawMessage) error {
 	if p.json {
 		return writeJSONLine(p.w, raw)
 	}
-	var pr pullProgress
+	var pr nodecmd.OllamaPullProgress
 	if err := json.Unmarshal(raw, &pr); err != nil {
 		return nil // not ours to judge; the final result decides
 	}
@@ -239,7 +201,7 @@ func (p *pullView) status(s string) {
 	}
 }
 
-func (p *pullView) bar(pr pullProgress) {
+func (p *pullView) bar(pr nodecmd.OllamaPullProgress) {
 	b := p.bars[pr.Digest]
 	if b == nil {
 		p.endBar()
@@ -282,7 +244,7 @@ func (p *pullView) endBar() {
 	p.current = nil
 }
 
-func (p *pullView) percent(pr pullProgress) {
+func (p *pullView) percent(pr nodecmd.OllamaPullProgress) {
 	if p.lastDecile == nil {
 		p.lastDecile = map[string]int64{}
 	}

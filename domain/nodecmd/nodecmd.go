@@ -21,6 +21,15 @@ const (
 // Builtin lists the commands every node answers.
 var Builtin = []string{CmdCapabilities, CmdTransportStatus, CmdUsageStatus, CmdSessionList, CmdRuns, CmdRunGet}
 
+// Selector are the argument keys any adapter command (a dotted name, such
+// as ollama.pull) may carry to pick who answers when the node has several:
+// Adapter names an adapter; Provider, used when no adapter serves the
+// command, names a provider that does.
+type Selector struct {
+	Adapter  string `json:"adapter,omitempty"`
+	Provider string `json:"provider,omitempty"`
+}
+
 // RunsArgs are the arguments of "runs"; zero fields match everything.
 type RunsArgs struct {
 	Status  string `json:"status,omitempty"`
@@ -72,6 +81,28 @@ type TransportStatus struct {
 // UsageStatus answers "usage_status".
 type UsageStatus struct {
 	Adapters []AdapterUsage `json:"adapters"`
+	// Tunnels is the edge's part: the node counts runs and leaves it empty,
+	// the edge fills in the provider tunnels it relayed for that node.
+	Tunnels []TunnelUsage `json:"tunnels"`
+}
+
+// TunnelUsage is the usage of provider tunnels summed for one node, caller
+// key, provider and model. Its JSON form is also GET /v1/usage's.
+type TunnelUsage struct {
+	Node string `json:"node"`
+	// Key names the API key of the callers ("anonymous" without keys).
+	Key      string `json:"key"`
+	Provider string `json:"provider"`
+	Model    string `json:"model"`
+	// Requests counts finished tunnels; Errors those that ended with an
+	// error (link lost, provider failure, caller gone) rather than an end.
+	Requests         int64 `json:"requests"`
+	Errors           int64 `json:"errors"`
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	TotalTokens      int64 `json:"total_tokens"`
+	// BodyBytes counts response body bytes relayed to callers.
+	BodyBytes int64 `json:"body_bytes"`
 }
 
 // AdapterUsage is one adapter's run counts and token sums.

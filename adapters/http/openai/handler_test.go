@@ -16,6 +16,7 @@ import (
 	"time"
 
 	openaiapi "iop/adapters/http/openai"
+	"iop/adapters/provider/models"
 	"iop/application/edge"
 	"iop/domain"
 	"iop/ports"
@@ -170,7 +171,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	e := &env{reg: edge.NewRegistry(), ledger: edge.NewUsageLedger(), bus: &fakeBus{}}
-	e.catalog = edge.NewModelCatalog(e.reg, nil)
+	e.catalog = edge.NewModelCatalog(e.reg, models.Lists{}, nil)
 	tunnels := edge.NewSubmitProviderTunnelHandler(e.reg, e.bus, e.catalog, e.ledger, nil)
 	e.h = openaiapi.New(openaiapi.Deps{Tunnels: tunnels, Models: e.catalog}, nil)
 	e.srv = httptest.NewServer(e.h)

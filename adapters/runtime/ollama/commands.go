@@ -13,21 +13,23 @@ import (
 	"iop/adapters/runtime/internal/lines"
 	"iop/adapters/runtime/internal/upstream"
 	"iop/domain"
+	"iop/domain/nodecmd"
 )
 
-// The ollama.* node commands. Arguments are a JSON object; its "adapter"
-// key (used by the node to pick an adapter) is dropped and every other key
-// is sent to Ollama as is, so e.g. {"model":"x","verbose":true} reaches
+// The ollama.* node commands, named by the contract (domain/nodecmd, which
+// also holds the result types iop reads). Arguments are a JSON object; its
+// "adapter" key (used by the node to pick an adapter) is dropped and every
+// other key is sent to Ollama as is, so e.g. {"model":"x","verbose":true} reaches
 // /api/show whole. Results are Ollama's JSON, unchanged; an empty success
 // body (delete, copy) is reported as {"status":"success"}.
 const (
-	CmdVersion = "ollama.version" // GET /api/version
-	CmdList    = "ollama.list"    // GET /api/tags
-	CmdPS      = "ollama.ps"      // GET /api/ps
-	CmdShow    = "ollama.show"    // POST /api/show {"model"}
-	CmdPull    = "ollama.pull"    // POST /api/pull {"model"}, streamed: every line goes to progress
-	CmdDelete  = "ollama.delete"  // DELETE /api/delete {"model"}
-	CmdCopy    = "ollama.copy"    // POST /api/copy {"source","destination"}
+	CmdVersion = nodecmd.CmdOllamaVersion // GET /api/version
+	CmdList    = nodecmd.CmdOllamaList    // GET /api/tags
+	CmdPS      = nodecmd.CmdOllamaPS      // GET /api/ps
+	CmdShow    = nodecmd.CmdOllamaShow    // POST /api/show {"model"}
+	CmdPull    = nodecmd.CmdOllamaPull    // POST /api/pull {"model"}, streamed: every line goes to progress
+	CmdDelete  = nodecmd.CmdOllamaDelete  // DELETE /api/delete {"model"}
+	CmdCopy    = nodecmd.CmdOllamaCopy    // POST /api/copy {"source","destination"}
 )
 
 // Commands lists the ollama.* family in documentation order.
