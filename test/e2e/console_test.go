@@ -494,11 +494,16 @@ func TestConsoleAPIKeys(t *testing.T) {
 	b.waitJS(10*time.Second, "Cancel offered to the admin key", `document.querySelector('#cancel:not([hidden])') && !document.querySelector('#nav a[data-page="start"]').hidden`)
 	b.click(`#cancel`)
 	b.waitJS(15*time.Second, "cancelled with the admin key", `document.getElementById('run-status').innerText === 'cancelled'`)
-	var rec struct {
-		Status string `json:"status"`
-	}
-	if code, err := getWithKey(e.url+"/v1/runs/"+bg.RunID, readKey, &rec); code != 200 || err != nil || rec.Status != "cancelled" {
-		t.Fatalf("run after Cancel: %d %v %+v", code, err, rec)
-	}
+	// The edge's store records the end a moment after the terminal event
+	// the page showed.
+	waitFor(t, "run record cancelled after Cancel", func() error {
+		var rec struct {
+			Status string `json:"status"`
+		}
+		if code, err := getWithKey(e.url+"/v1/runs/"+bg.RunID, readKey, &rec); code != 200 || err != nil || rec.Status != "cancelled" {
+			return fmt.Errorf("%d %v %+v", code, err, rec)
+		}
+		return nil
+	})
 	b.checkClean()
 }
