@@ -96,6 +96,7 @@ func Edge(s EdgeSettings) fx.Option {
 			},
 			edgeapp.NewGetRunHandler,
 			edgeapp.NewListRunsHandler,
+			edgeapp.NewListNodesHandler,
 			edgeapp.NewReloadHandler,
 			func() ports.ModelLister { return models.Lists{} },
 			edgeapp.NewModelCatalog,
@@ -141,9 +142,9 @@ func newTransportServer(s EdgeSettings, log *slog.Logger, reg *edgeapp.RegisterH
 func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edgeapp.Registry, submit *edgeapp.SubmitRunHandler,
 	cancel *edgeapp.CancelRunHandler, term *edgeapp.TerminateSessionHandler, cmds *edgeapp.NodeCommandHandler,
 	get *edgeapp.GetRunHandler, list *edgeapp.ListRunsHandler, reload *edgeapp.ReloadHandler,
-	oa *openaiapi.Handler, ledger *edgeapp.UsageLedger, history *edgeapp.RunHistoryHandler, m *prom.Metrics) (*httpapi.Server, error) {
+	oa *openaiapi.Handler, ledger *edgeapp.UsageLedger, history *edgeapp.RunHistoryHandler, m *prom.Metrics, nodes *edgeapp.ListNodesHandler) (*httpapi.Server, error) {
 	deps := httpapi.Deps{
-		Registry: reg, Submit: submit, Cancel: cancel, Terminate: term, Commands: cmds,
+		Registry: reg, Nodes: nodes, Submit: submit, Cancel: cancel, Terminate: term, Commands: cmds,
 		GetRun: get, ListRuns: list, Events: bus, OpenAI: oa,
 		TunnelUsage: ledger.ForNode, History: history, Metrics: m.Handler(),
 	}

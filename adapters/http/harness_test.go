@@ -183,6 +183,31 @@ type env struct {
 	api      *httpapi.Server
 	srv      *httptest.Server
 	reload   func(context.Context) (edge.ReloadResult, error)
+	// dir is the edge's node directory (edge.yaml nodes[]); empty unless a
+	// test configures nodes.
+	dir *staticDir
+}
+
+// staticDir is a node directory holding records a test sets.
+type staticDir struct {
+	mu      sync.Mutex
+	records []domain.NodeRecord
+}
+
+func (d *staticDir) set(recs ...domain.NodeRecord) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.records = recs
+}
+
+func (d *staticDir) Authenticate(string) (domain.NodeRecord, error) {
+	return domain.NodeRecord{}, domain.ErrUnknownToken
+}
+
+func (d *staticDir) Records() []domain.NodeRecord {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.records)
 }
 
 type testNode struct {
@@ -198,7 +223,7 @@ func newEnv(t *testing.T, nodes ...testNode) *env {
 // newEnvWithKeys is newEnv on an edge with API keys.
 func newEnvWithKeys(t *testing.T, keys []httpapi.APIKey, nodes ...testNode) *env {
 	t.Helper()
-	e := &env{t: t, reg: edge.NewRegistry(), bus: eventbus.New()}
+	e := &env{t: t, reg: edge.NewRegistry(), bus: eventbus.New(), dir: &staticDir{}}
 	for _, n := range nodes {
 		e.admit(n.id, n.link)
 	}
@@ -207,6 +232,7 @@ func newEnvWithKeys(t *testing.T, keys []httpapi.APIKey, nodes ...testNode) *env
 	e.commands = edge.NewNodeCommandHandler(e.reg)
 	deps := httpapi.Deps{
 		Registry:  e.reg,
+		Nodes:     edge.NewListNodesHandler(e.dir, e.reg),
 		Submit:    submit,
 		Cancel:    edge.NewCancelRunHandler(e.reg, tracker),
 		Terminate: edge.NewTerminateSessionHandler(e.reg),

@@ -96,17 +96,22 @@ func toBusEventJSON(ev domain.BusEvent) busEventJSON {
 }
 
 type nodeJSON struct {
-	ID            string         `json:"id"`
-	Remote        string         `json:"remote,omitempty"`
-	ConnectedAt   time.Time      `json:"connected_at"`
-	Version       string         `json:"version,omitempty"`
-	OS            string         `json:"os,omitempty"`
-	Arch          string         `json:"arch,omitempty"`
-	Hostname      string         `json:"hostname,omitempty"`
-	ConfigVersion uint64         `json:"config_version"`
-	RunsInFlight  int            `json:"runs_in_flight"`
-	Adapters      []adapterJSON  `json:"adapters"`
-	Providers     []providerJSON `json:"providers"`
+	ID string `json:"id"`
+	// Connected is false for a node of the config that is not connected;
+	// such a node has no remote, connected_at, version or platform, and
+	// its adapters and providers are those of the config.
+	Connected      bool           `json:"connected"`
+	DisconnectedAt *time.Time     `json:"disconnected_at,omitempty"`
+	Remote         string         `json:"remote,omitempty"`
+	ConnectedAt    *time.Time     `json:"connected_at,omitempty"`
+	Version        string         `json:"version,omitempty"`
+	OS             string         `json:"os,omitempty"`
+	Arch           string         `json:"arch,omitempty"`
+	Hostname       string         `json:"hostname,omitempty"`
+	ConfigVersion  uint64         `json:"config_version"`
+	RunsInFlight   int            `json:"runs_in_flight"`
+	Adapters       []adapterJSON  `json:"adapters"`
+	Providers      []providerJSON `json:"providers"`
 }
 
 type adapterJSON struct {
@@ -125,8 +130,9 @@ type providerJSON struct {
 // toNodeJSON describes a live node. In-flight counts are the runs this edge
 // has dispatched there; secrets in the node's config are never included.
 func toNodeJSON(n edge.NodeView) nodeJSON {
+	connectedAt := n.ConnectedAt.UTC()
 	out := nodeJSON{
-		ID: n.ID, Remote: n.Remote, ConnectedAt: n.ConnectedAt.UTC(), Version: n.Info.Version, OS: n.Info.OS,
+		ID: n.ID, Connected: true, Remote: n.Remote, ConnectedAt: &connectedAt, Version: n.Info.Version, OS: n.Info.OS,
 		Arch: n.Info.Arch, Hostname: n.Info.Hostname, ConfigVersion: n.Config.Version, RunsInFlight: n.RunsInFlight,
 		Adapters: []adapterJSON{}, Providers: []providerJSON{},
 	}
@@ -139,6 +145,20 @@ func toNodeJSON(n edge.NodeView) nodeJSON {
 			models = []string{}
 		}
 		out.Providers = append(out.Providers, providerJSON{Name: p.Name, Type: p.Type, Models: models})
+	}
+	return out
+}
+
+// toNodeEntryJSON describes a node of the node list, connected or not.
+func toNodeEntryJSON(e edge.NodeEntry) nodeJSON {
+	out := toNodeJSON(e.View)
+	if e.Connected {
+		return out
+	}
+	out.Connected, out.ConnectedAt = false, nil
+	if !e.DisconnectedAt.IsZero() {
+		t := e.DisconnectedAt.UTC()
+		out.DisconnectedAt = &t
 	}
 	return out
 }

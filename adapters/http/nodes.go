@@ -18,8 +18,15 @@ func (s *Server) handleListNodes(w http.ResponseWriter, r *http.Request) {
 	out := struct {
 		Nodes []nodeJSON `json:"nodes"`
 	}{Nodes: []nodeJSON{}}
-	for _, n := range s.deps.Registry.ListAs(domain.PrincipalFrom(r.Context())) {
-		out.Nodes = append(out.Nodes, toNodeJSON(n))
+	caller := domain.PrincipalFrom(r.Context())
+	if s.deps.Nodes == nil {
+		for _, n := range s.deps.Registry.ListAs(caller) {
+			out.Nodes = append(out.Nodes, toNodeJSON(n))
+		}
+	} else {
+		for _, e := range s.deps.Nodes.ListAs(caller) {
+			out.Nodes = append(out.Nodes, toNodeEntryJSON(e))
+		}
 	}
 	writeJSON(w, http.StatusOK, out)
 }

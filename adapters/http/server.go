@@ -5,7 +5,7 @@
 //	GET    /v1/runs/{id}              one run from its node's store
 //	POST   /v1/runs/{id}/cancel       → {"run_id","node","status":"cancelling"}
 //	DELETE /v1/sessions/{session_id}  ?adapter=A&node=N&target=T → {"session_id","node","adapter","terminated":true}
-//	GET    /v1/nodes                  connected nodes → {"nodes":[…]}
+//	GET    /v1/nodes                  connected nodes and the config's offline ones → {"nodes":[…]}
 //	GET    /v1/nodes/{id}             one connected node
 //	POST   /v1/nodes/{id}/commands    {"command","args"} → the command's JSON result, or SSE (progress/result/error)
 //	GET    /v1/events                 SSE of the event bus, ?type=a,b
@@ -61,7 +61,10 @@ type EventSubscriber interface {
 // Deps are the use cases the API serves. Reload may be nil (the reload
 // route then answers 501); everything else is required.
 type Deps struct {
-	Registry  *edge.Registry
+	Registry *edge.Registry
+	// Nodes, if set, backs GET /v1/nodes with the config's offline nodes
+	// too; without it the list holds the connected nodes only.
+	Nodes     *edge.ListNodesHandler
 	Submit    *edge.SubmitRunHandler
 	Cancel    *edge.CancelRunHandler
 	Terminate *edge.TerminateSessionHandler

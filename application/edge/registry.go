@@ -42,10 +42,16 @@ type NodeView struct {
 type Registry struct {
 	mu    sync.Mutex
 	nodes map[string]*LiveNode
+	// gone holds when each node that left since the edge started
+	// disconnected; an entry lives until the node comes back, so it holds at
+	// most one time per node id ever admitted.
+	gone map[string]time.Time
 }
 
 // NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{nodes: map[string]*LiveNode{}} }
+func NewRegistry() *Registry {
+	return &Registry{nodes: map[string]*LiveNode{}, gone: map[string]time.Time{}}
+}
 
 // Admit adds n unless a node with its id is already connected.
 func (r *Registry) Admit(n *LiveNode) error {
@@ -56,6 +62,7 @@ func (r *Registry) Admit(n *LiveNode) error {
 	}
 	n.runs = map[string]int{}
 	r.nodes[n.ID] = n
+	delete(r.gone, n.ID)
 	return nil
 }
 
@@ -66,9 +73,19 @@ func (r *Registry) Remove(id string, link ports.NodeLink) bool {
 	defer r.mu.Unlock()
 	if n, ok := r.nodes[id]; ok && n.Link == link {
 		delete(r.nodes, id)
+		r.gone[id] = time.Now()
 		return true
 	}
 	return false
+}
+
+// DisconnectedAt reports when node id last left this edge, if it is not
+// connected now and has been since the edge started.
+func (r *Registry) DisconnectedAt(id string) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.gone[id]
+	return t, ok
 }
 
 // SetConfig records the config a node now runs.

@@ -139,8 +139,8 @@ func TestAgainstTheRealAPI(t *testing.T) {
 
 	// The foreground run has released its slot by the time its CLI exits.
 	run(t, url, "nodes").want(t, 0, ""+
-		"ID  REMOTE       CONNECTED  ADAPTERS            VERSION\n"+
-		"n1  127.0.0.1:1  1m ago     exec(0/2) llm(0/1)  v9\n")
+		"ID  STATUS  REMOTE       CONNECTED  ADAPTERS            VERSION\n"+
+		"n1  online  127.0.0.1:1  1m ago     exec(0/2) llm(0/1)  v9\n")
 
 	r = run(t, url, "run", "--adapter", "exec", "--background", "x")
 	if r.code != 0 || !strings.HasSuffix(r.stdout, " started in the background on node n1\n") {

@@ -372,13 +372,18 @@ func TestRunWithoutTarget(t *testing.T) {
 func TestNodes(t *testing.T) {
 	e := newFakeEdge(t)
 	e.json("GET /v1/nodes", 200, `{"nodes":[
-		{"id":"n1","remote":"10.0.0.1:5555","connected_at":"2026-03-01T11:55:00Z","version":"v1.2.3","config_version":2,"runs_in_flight":1,
+		{"id":"n1","connected":true,"remote":"10.0.0.1:5555","connected_at":"2026-03-01T11:55:00Z","version":"v1.2.3","config_version":2,"runs_in_flight":1,
 		 "adapters":[{"name":"exec","type":"exec","max_concurrency":4,"in_flight":1},{"name":"llm","type":"ollama","max_concurrency":2,"in_flight":0}],"providers":[]},
-		{"id":"n2","remote":"10.0.0.2:5555","connected_at":"2026-02-27T12:00:00Z","version":"v1.2.4","adapters":[],"providers":[]}]}`)
+		{"id":"n2","remote":"10.0.0.2:5555","connected_at":"2026-02-27T12:00:00Z","version":"v1.2.4","adapters":[],"providers":[]},
+		{"id":"n3","connected":false,"disconnected_at":"2026-03-01T11:50:00Z","adapters":[{"name":"exec","type":"exec","max_concurrency":4,"in_flight":0}],"providers":[]},
+		{"id":"n4","connected":false,"adapters":[],"providers":[]}]}`)
+	// n2 comes from an edge that predates "connected": it is online.
 	run(t, e.URL, "nodes").want(t, 0, ""+
-		"ID  REMOTE         CONNECTED  ADAPTERS            VERSION\n"+
-		"n1  10.0.0.1:5555  5m ago     exec(1/4) llm(0/2)  v1.2.3\n"+
-		"n2  10.0.0.2:5555  2d ago     -                   v1.2.4\n")
+		"ID  STATUS   REMOTE         CONNECTED     ADAPTERS            VERSION\n"+
+		"n1  online   10.0.0.1:5555  5m ago        exec(1/4) llm(0/2)  v1.2.3\n"+
+		"n2  online   10.0.0.2:5555  2d ago        -                   v1.2.4\n"+
+		"n3  offline  -              left 10m ago  exec(0/4)           -\n"+
+		"n4  offline  -              -             -                   -\n")
 	r := run(t, e.URL, "nodes", "--json")
 	var v map[string]any
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &v) != nil {
@@ -503,12 +508,16 @@ func TestEventsInterrupted(t *testing.T) {
 
 func TestNodeReports(t *testing.T) {
 	e := newFakeEdge(t)
-	e.json("GET /v1/nodes", 200, `{"nodes":[{"id":"n1","adapters":[]},{"id":"n2","adapters":[]}]}`)
+	// n3 is in the edge's config but offline: reports never ask it.
+	e.json("GET /v1/nodes", 200, `{"nodes":[{"id":"n1","adapters":[]},{"id":"n2","connected":true,"adapters":[]},{"id":"n3","connected":false,"adapters":[]}]}`)
 	e.mux.HandleFunc("POST /v1/nodes/{id}/commands", func(w http.ResponseWriter, r *http.Request) {
 		var body struct{ Command string }
 		_ = json.NewDecoder(r.Body).Decode(&body)
 		id := r.PathValue("id")
 		w.Header().Set("Content-Type", "application/json")
+		if id == "n3" {
+			t.Errorf("%s sent to offline node n3", body.Command)
+		}
 		switch body.Command {
 		case "capabilities":
 			fmt.Fprintf(w, `{"node_id":%q,"config_version":3,"version":"v1","os":"linux","arch":"amd64","hostname":"box-%s",
@@ -580,7 +589,9 @@ func TestNodeExec(t *testing.T) {
 
 func TestOllamaPull(t *testing.T) {
 	e := newFakeEdge(t)
-	e.json("GET /v1/nodes", 200, `{"nodes":[{"id":"gpu","adapters":[{"name":"llm","type":"ollama"}]},{"id":"cpu","adapters":[]}]}`)
+	// gpu2 is offline, so gpu is the only ollama node to ask.
+	e.json("GET /v1/nodes", 200, `{"nodes":[{"id":"gpu","adapters":[{"name":"llm","type":"ollama"}]},{"id":"cpu","adapters":[]},
+		{"id":"gpu2","connected":false,"adapters":[{"name":"llm","type":"ollama"}]}]}`)
 	e.sse("POST /v1/nodes/gpu/commands", nil,
 		"progress", `{"status":"pulling manifest"}`,
 		"progress", `{"status":"pulling abc","digest":"sha256:abc","total":1000,"completed":0}`,

@@ -19,16 +19,20 @@ import (
 
 // nodeInfo is one entry of GET /v1/nodes.
 type nodeInfo struct {
-	ID            string    `json:"id"`
-	Remote        string    `json:"remote"`
-	ConnectedAt   time.Time `json:"connected_at"`
-	Version       string    `json:"version"`
-	OS            string    `json:"os"`
-	Arch          string    `json:"arch"`
-	Hostname      string    `json:"hostname"`
-	ConfigVersion uint64    `json:"config_version"`
-	RunsInFlight  int       `json:"runs_in_flight"`
-	Adapters      []struct {
+	ID string `json:"id"`
+	// Connected is false for a node of the edge's config that is not
+	// connected; edges before the field existed listed connected nodes only.
+	Connected      *bool      `json:"connected"`
+	DisconnectedAt *time.Time `json:"disconnected_at"`
+	Remote         string     `json:"remote"`
+	ConnectedAt    time.Time  `json:"connected_at"`
+	Version        string     `json:"version"`
+	OS             string     `json:"os"`
+	Arch           string     `json:"arch"`
+	Hostname       string     `json:"hostname"`
+	ConfigVersion  uint64     `json:"config_version"`
+	RunsInFlight   int        `json:"runs_in_flight"`
+	Adapters       []struct {
 		Name           string `json:"name"`
 		Type           string `json:"type"`
 		MaxConcurrency int    `json:"max_concurrency"`
@@ -41,6 +45,25 @@ type nodeInfo struct {
 	} `json:"providers"`
 }
 
+func (n nodeInfo) online() bool { return n.Connected == nil || *n.Connected }
+
+// connectedNodes is listNodes without the config's offline nodes: the ones
+// a command can reach.
+func connectedNodes(ctx context.Context, c *client.Client) ([]nodeInfo, error) {
+	nodes, _, err := listNodes(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	online := nodes[:0]
+	for _, n := range nodes {
+		if n.online() {
+			online = append(online, n)
+		}
+	}
+	return online, nil
+}
+
+// listNodes returns every node the edge lists, offline ones of its config too.
 func listNodes(ctx context.Context, c *client.Client) ([]nodeInfo, json.RawMessage, error) {
 	var raw json.RawMessage
 	if err := c.Call(ctx, http.MethodGet, "/v1/nodes", nil, nil, &raw); err != nil {
@@ -58,7 +81,7 @@ func listNodes(ctx context.Context, c *client.Client) ([]nodeInfo, json.RawMessa
 func (a *app) nodesCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "nodes",
-		Short: "List connected nodes",
+		Short: "List nodes: connected ones and the edge config's offline ones",
 		Args:  cobra.NoArgs,
 		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
 			nodes, raw, err := listNodes(ctx, c)
@@ -69,17 +92,26 @@ func (a *app) nodesCmd() *cobra.Command {
 				return printJSON(a.stdout, raw)
 			}
 			if len(nodes) == 0 {
-				fmt.Fprintln(a.stderr, "no nodes connected")
+				fmt.Fprintln(a.stderr, "no nodes configured or connected")
 				return nil
 			}
 			now := a.now()
-			t := newTable(a.stdout, "ID", "REMOTE", "CONNECTED", "ADAPTERS", "VERSION")
+			// CONNECTED is since when a node is online; for an offline one,
+			// when it left (if the edge saw it leave), else "-".
+			t := newTable(a.stdout, "ID", "STATUS", "REMOTE", "CONNECTED", "ADAPTERS", "VERSION")
 			for _, n := range nodes {
 				var ad []string
 				for _, x := range n.Adapters {
 					ad = append(ad, fmt.Sprintf("%s(%d/%d)", x.Name, x.InFlight, x.MaxConcurrency))
 				}
-				t.row(n.ID, n.Remote, ago(now, n.ConnectedAt), strings.Join(ad, " "), n.Version)
+				status, since := "online", ago(now, n.ConnectedAt)
+				if !n.online() {
+					status, since = "offline", ""
+					if n.DisconnectedAt != nil {
+						since = "left " + ago(now, *n.DisconnectedAt)
+					}
+				}
+				t.row(n.ID, status, n.Remote, since, strings.Join(ad, " "), n.Version)
 			}
 			t.flush()
 			return nil
@@ -120,7 +152,7 @@ func (a *app) nodeCmd() *cobra.Command {
 				if len(args) == 1 {
 					ids = args
 				} else {
-					nodes, _, err := listNodes(ctx, c)
+					nodes, err := connectedNodes(ctx, c)
 					if err != nil {
 						return err
 					}
@@ -297,7 +329,7 @@ func resolveNode(ctx context.Context, c *client.Client, node, adapterType string
 	if node != "" {
 		return node, nil
 	}
-	nodes, _, err := listNodes(ctx, c)
+	nodes, err := connectedNodes(ctx, c)
 	if err != nil {
 		return "", err
 	}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -204,7 +205,8 @@ func (b *browser) click(sel string) {
 	b.do(10*time.Second, "click "+sel, chromedp.Click(chromedp.CSS(sel), chromedp.NodeVisible))
 }
 
-// consoleNodes has a slow target for streaming and a long one for cancel.
+// consoleNodes has a slow target for streaming and a long one for cancel,
+// and n3, a node of the config that no test starts.
 func consoleNodes() string {
 	return fmt.Sprintf(`
   - id: n1
@@ -224,6 +226,13 @@ func consoleNodes() string {
       - name: shell
         type: exec
         max_concurrency: 2
+        targets:
+          upper: {command: ["tr", "a-z", "A-Z"]}
+  - id: n3
+    token: e2e-token-0003
+    adapters:
+      - name: gpu
+        type: exec
         targets:
           upper: {command: ["tr", "a-z", "A-Z"]}
 `, testToken)
@@ -265,6 +274,12 @@ func TestConsole(t *testing.T) {
 	b.waitJS(15*time.Second, "node n1 listed with its adapter and RTT",
 		`document.querySelector('[data-node="n1"] [data-slots="exec"]') && /ms$/.test(document.querySelector('[data-node="n1"] [data-rtt]').innerText)`)
 	b.waitJS(10*time.Second, "node n2 listed", `document.querySelector('[data-node="n2"]:not(.disconnected) [data-slots="shell"]')`)
+	// n3 is in the config but never connected: greyed from the first load,
+	// with its configured adapter.
+	b.waitJS(5*time.Second, "n3 greyed from the first load", `document.querySelector('[data-node="n3"].disconnected [data-slots="gpu"]')`)
+	if s := b.text(`[data-node="n3"] [data-disconnected]`); s != "not connected since the edge started" {
+		t.Errorf("n3 disconnected: %q", s)
+	}
 	b.waitJS(10*time.Second, "bus connected", `document.getElementById('bus-state').classList.contains('live')`)
 	if s := b.text(`[data-node="n1"] [data-slots="exec"]`); s != "0 / 4 slots" {
 		t.Errorf("n1 exec slots: %q", s)
@@ -273,6 +288,21 @@ func TestConsole(t *testing.T) {
 	n2.stop(syscall.SIGTERM, 5*time.Second)
 	b.waitJS(10*time.Second, "n2 greyed out after it disconnected", `document.querySelector('[data-node="n2"].disconnected')`)
 	b.waitJS(5*time.Second, "n1 still connected", `document.querySelector('[data-node="n1"]:not(.disconnected)')`)
+	// A fresh page knows n2 left, and when, from the edge alone.
+	b.open(e.url + "/ui/#/nodes")
+	b.waitJS(10*time.Second, "n2 greyed on a fresh load with when it left",
+		`document.querySelector('[data-node="n2"].disconnected [data-disconnected]') && /ago\)$/.test(document.querySelector('[data-node="n2"] [data-disconnected]').innerText)`)
+	b.waitJS(5*time.Second, "n1 connected and n3 greyed on a fresh load",
+		`document.querySelector('[data-node="n1"]:not(.disconnected)') && document.querySelector('[data-node="n3"].disconnected')`)
+	b.screenshot("nodes-offline")
+
+	// iop nodes tells the same story.
+	out, errOut, code := cli(t, e, "", "nodes")
+	if code != 0 || !regexp.MustCompile(`(?m)^n1\s+online\s`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^n2\s+offline\s+-\s+left .*ago\s+shell\(0/2\)`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^n3\s+offline\s+-\s+-\s+gpu\(0/4\)`).MatchString(out) {
+		t.Errorf("iop nodes: exit %d\n%s%s", code, out, errOut)
+	}
 
 	// Starting a run from the page streams its output: the first lines show
 	// while the run is still going, then it completes.
@@ -464,11 +494,16 @@ func TestConsoleAPIKeys(t *testing.T) {
 	b.waitJS(10*time.Second, "Cancel offered to the admin key", `document.querySelector('#cancel:not([hidden])') && !document.querySelector('#nav a[data-page="start"]').hidden`)
 	b.click(`#cancel`)
 	b.waitJS(15*time.Second, "cancelled with the admin key", `document.getElementById('run-status').innerText === 'cancelled'`)
-	var rec struct {
-		Status string `json:"status"`
-	}
-	if code, err := getWithKey(e.url+"/v1/runs/"+bg.RunID, readKey, &rec); code != 200 || err != nil || rec.Status != "cancelled" {
-		t.Fatalf("run after Cancel: %d %v %+v", code, err, rec)
-	}
+	// The edge's store records the end a moment after the terminal event
+	// the page showed.
+	waitFor(t, "run record cancelled after Cancel", func() error {
+		var rec struct {
+			Status string `json:"status"`
+		}
+		if code, err := getWithKey(e.url+"/v1/runs/"+bg.RunID, readKey, &rec); code != 200 || err != nil || rec.Status != "cancelled" {
+			return fmt.Errorf("%d %v %+v", code, err, rec)
+		}
+		return nil
+	})
 	b.checkClean()
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -326,12 +327,25 @@ func startNodeOpts(t testing.TB, e *edge, token string, o nodeOptions) *node {
 
 type nodeList struct {
 	Nodes []struct {
-		ID       string `json:"id"`
-		Adapters []struct {
+		ID string `json:"id"`
+		// Connected is false for a node of the config that is not connected.
+		Connected bool `json:"connected"`
+		Adapters  []struct {
 			Name     string `json:"name"`
 			InFlight int    `json:"in_flight"`
 		} `json:"adapters"`
 	} `json:"nodes"`
+}
+
+// connected returns the ids of the connected nodes.
+func (l nodeList) connected() []string {
+	var ids []string
+	for _, n := range l.Nodes {
+		if n.Connected {
+			ids = append(ids, n.ID)
+		}
+	}
+	return ids
 }
 
 func waitNode(t testing.TB, e *edge, id string) {
@@ -340,10 +354,8 @@ func waitNode(t testing.TB, e *edge, id string) {
 	for time.Now().Before(deadline) {
 		var nl nodeList
 		if getJSON(e.url+"/v1/nodes", &nl) == nil {
-			for _, n := range nl.Nodes {
-				if n.ID == id {
-					return
-				}
+			if slices.Contains(nl.connected(), id) {
+				return
 			}
 		}
 		time.Sleep(50 * time.Millisecond)

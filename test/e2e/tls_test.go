@@ -102,7 +102,7 @@ func TestTLSWrongPinExitsNamingThePins(t *testing.T) {
 	}
 	t.Logf("node exited %d after %v", code, time.Since(start).Round(time.Millisecond))
 	var nl nodeList
-	if err := getJSON(e.url+"/v1/nodes", &nl); err != nil || len(nl.Nodes) != 0 {
+	if err := getJSON(e.url+"/v1/nodes", &nl); err != nil || len(nl.connected()) != 0 {
 		t.Fatalf("nodes after a pin mismatch: %+v (%v)", nl, err)
 	}
 }
@@ -135,7 +135,7 @@ func TestTLSPlaintextClientIsRefused(t *testing.T) {
 	})
 	t.Logf("rejected: %v", ev["reason"])
 	var nl nodeList
-	if err := getJSON(e.url+"/v1/nodes", &nl); err != nil || len(nl.Nodes) != 0 {
+	if err := getJSON(e.url+"/v1/nodes", &nl); err != nil || len(nl.connected()) != 0 {
 		t.Fatalf("a plaintext node registered: %+v (%v)", nl, err)
 	}
 	if strings.Contains(n.out.String(), "registered with edge") {
@@ -327,7 +327,7 @@ func TestTLSMutualClientCertificates(t *testing.T) {
 	notRegistered := func(t *testing.T, e *edge) {
 		t.Helper()
 		var nl nodeList
-		if err := getJSON(e.url+"/v1/nodes", &nl); err != nil || len(nl.Nodes) != 0 {
+		if err := getJSON(e.url+"/v1/nodes", &nl); err != nil || len(nl.connected()) != 0 {
 			t.Fatalf("nodes: %+v (%v), want none", nl, err)
 		}
 	}

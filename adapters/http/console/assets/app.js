@@ -258,6 +258,11 @@ const runs = new Map();
 const busListeners = new Set();
 const seenNodes = new Map(); // id → {disconnectedAt, last view}
 
+// online tells a connected node of GET /v1/nodes from an offline node of the
+// edge's config ("connected": false); an edge without the field lists
+// connected nodes only.
+const online = (n) => n.connected !== false;
+
 function runState(id, node) {
   let r = runs.get(id);
   if (!r) {
@@ -383,16 +388,25 @@ async function pageNodes(root) {
     }
     status.replaceChildren();
     lastNodes = data.nodes || [];
-    for (const n of lastNodes) seenNodes.set(n.id, { ...(seenNodes.get(n.id) || {}), disconnectedAt: null, view: n });
-    if (withRTT) await loadRTT(lastNodes);
+    for (const n of lastNodes.filter(online)) seenNodes.set(n.id, { ...(seenNodes.get(n.id) || {}), disconnectedAt: null, view: n });
+    if (withRTT) await loadRTT(lastNodes.filter(online));
     render();
   }
 
+  // render shows the connected nodes, then greyed: the config's offline
+  // nodes the edge lists, and nodes seen here that the list no longer has
+  // (an edge before offline nodes were listed, or a node dropped from the
+  // config by a reload).
   function render() {
-    const live = new Set(lastNodes.map((n) => n.id));
-    const gone = [...seenNodes.entries()].filter(([id, v]) => !live.has(id) && v.view);
-    const cards = [...lastNodes.map((n) => nodeCard(n, true, rtts.get(n.id))), ...gone.map(([, v]) => nodeCard(v.view, false, null, v.disconnectedAt))];
-    if (!cards.length) cards.push(h('p', { class: 'muted' }, 'No node is connected.'));
+    const listed = new Set(lastNodes.map((n) => n.id));
+    const gone = [...seenNodes.entries()].filter(([id, v]) => !listed.has(id) && v.view);
+    const offline = (n) => nodeCard(n, false, null, n.disconnected_at || (seenNodes.get(n.id) || {}).disconnectedAt);
+    const cards = [
+      ...lastNodes.filter(online).map((n) => nodeCard(n, true, rtts.get(n.id))),
+      ...lastNodes.filter((n) => !online(n)).map(offline),
+      ...gone.map(([, v]) => nodeCard(v.view, false, null, v.disconnectedAt)),
+    ];
+    if (!cards.length) cards.push(h('p', { class: 'muted' }, 'No node is configured or connected.'));
     list.replaceChildren(...cards);
   }
 
@@ -421,13 +435,13 @@ function nodeCard(n, connected, rtt, disconnectedAt) {
     h('dl', { class: 'kv' },
       connected
         ? [h('dt', {}, 'connected since'), h('dd', {}, fmtTime(n.connected_at), ' ', h('span', { class: 'muted small' }, '(' + ago(n.connected_at) + ')'))]
-        : [h('dt', {}, 'disconnected'), h('dd', {}, disconnectedAt ? fmtTime(disconnectedAt) + ' (' + ago(disconnectedAt) + ')' : '—')],
+        : [h('dt', {}, 'disconnected'), h('dd', { 'data-disconnected': '' }, disconnectedAt ? fmtTime(disconnectedAt) + ' (' + ago(disconnectedAt) + ')' : 'not connected since the edge started')],
       h('dt', {}, 'heartbeat RTT'), h('dd', { 'data-rtt': '' }, connected && typeof rtt === 'number' ? rtt.toFixed(rtt < 1 ? 3 : 1) + ' ms' : '—'),
       h('dt', {}, 'version'), h('dd', {}, n.version || '—'),
       h('dt', {}, 'host'), h('dd', {}, [n.hostname, n.os && n.arch ? `${n.os}/${n.arch}` : n.os].filter(Boolean).join(' · ') || '—'),
       h('dt', {}, 'remote'), h('dd', { class: 'mono' }, n.remote || '—'),
       h('dt', {}, 'runs in flight'), h('dd', {}, connected ? String(n.runs_in_flight || 0) : '0'),
-      h('dt', {}, 'config version'), h('dd', {}, String(n.config_version ?? '—'))),
+      h('dt', {}, 'config version'), h('dd', {}, connected ? String(n.config_version ?? '—') : '—')),
     h('h3', {}, 'Adapters'), adapters.length ? adapters : h('p', { class: 'muted small' }, 'none'),
     providers.length ? [h('h3', {}, 'Providers'), providers] : null);
 }
@@ -699,7 +713,7 @@ async function pageStart(root) {
   }
   node.addEventListener('change', fillAdapters);
   try {
-    nodes = (await apiJSON('/v1/nodes')).nodes || [];
+    nodes = ((await apiJSON('/v1/nodes')).nodes || []).filter(online); // a run needs a connected node
     for (const n of nodes) node.append(h('option', { value: n.id }, n.id));
     fillAdapters();
   } catch (err) { showError(note, err); }
