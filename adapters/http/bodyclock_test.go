@@ -1,11 +1,13 @@
 package httpapi_test
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/url"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -48,6 +50,12 @@ func TestTrickledBodyCutWithA400(t *testing.T) {
 		close(stop)
 		<-done
 		c.Close()
+		// The server closes a connection whose client is still sending; a
+		// byte landing in that instant makes the kernel end it with a reset
+		// after the answer, which the client has read by then.
+		if err != nil && errors.Is(err, syscall.ECONNRESET) && strings.Contains(string(b), "too slowly") {
+			err = nil
+		}
 		if err != nil || !strings.HasPrefix(string(b), "HTTP/1.1 400 ") || !strings.Contains(string(b), "too slowly") {
 			t.Fatalf("attempt %d: answer %q, read error %v; want the 400 and the connection closed", i, b, err)
 		}

@@ -361,12 +361,17 @@ func TestConsole(t *testing.T) {
 	b.screenshot("run-running")
 	b.click(`#cancel`)
 	b.waitJS(15*time.Second, "run shown cancelled", `document.getElementById('run-status').innerText === 'cancelled' && !document.querySelector('#cancel')`)
-	var rec struct {
-		Status string `json:"status"`
-	}
-	if err := getJSON(e.url+"/v1/runs/"+bg.RunID, &rec); err != nil || rec.Status != "cancelled" {
-		t.Fatalf("run record after Cancel: %+v %v", rec, err)
-	}
+	// The edge's store records the end a moment after the terminal event
+	// the page showed.
+	waitFor(t, "run record cancelled after Cancel", func() error {
+		var rec struct {
+			Status string `json:"status"`
+		}
+		if err := getJSON(e.url+"/v1/runs/"+bg.RunID, &rec); err != nil || rec.Status != "cancelled" {
+			return fmt.Errorf("run record after Cancel: %+v %v", rec, err)
+		}
+		return nil
+	})
 	b.screenshot("run-cancelled")
 
 	// The runs page lists the history and filters it.
