@@ -28,7 +28,7 @@ done
 IOP_NODE_TOKEN=dev-token-change-me ./bin/iop-node --config configs/node.yaml --ca-pin "$ca_pin" &
 node_pid=$!
 for _ in $(seq 1 50); do
-  ./bin/iop nodes 2>/dev/null | grep -q '^local' && break
+  ./bin/iop nodes 2>/dev/null | grep -qE '^local +online' && break
   kill -0 "$node_pid" 2>/dev/null || { echo "iop-node failed to start" >&2; exit 1; }
   sleep 0.1
 done
