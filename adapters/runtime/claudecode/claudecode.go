@@ -64,11 +64,9 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"maps"
 	"os"
 	"slices"
 	"strings"
-	"time"
 
 	"iop/adapters/runtime/internal/agent"
 	"iop/domain"
@@ -95,15 +93,10 @@ func apiModelID(m string) string {
 // Adapter runs Claude Code for one adapter instance. It is safe for
 // concurrent use.
 type Adapter struct {
-	// KillGrace is the delay between SIGTERM and SIGKILL when a run is
-	// cancelled. New sets it to agent.DefaultKillGrace; change it only
-	// before the first Execute.
-	KillGrace time.Duration
+	agent.Base
 
-	runner         agent.Runner
-	args           []string
-	partial        bool
-	maxConcurrency int
+	args    []string
+	partial bool
 }
 
 var (
@@ -115,36 +108,15 @@ var (
 // New builds a claude-code adapter; agents keeps the session mappings (nil:
 // the adapter keeps no sessions). Errors are domain.ErrConfig.
 func New(cfg domain.AdapterConfig, agents ports.AgentSessionStore) (*Adapter, error) {
-	if cfg.MaxConcurrency < 0 || cfg.Timeout < 0 {
-		return nil, domain.Errorf(domain.CodeConfigError, "claude-code adapter %q: max_concurrency and timeout must not be negative", cfg.Name)
+	base, err := agent.NewBase(cfg, agents, "claude-code", "claude", DefaultCommand)
+	if err != nil {
+		return nil, err
 	}
 	return &Adapter{
-		KillGrace: agent.DefaultKillGrace,
-		runner: agent.Runner{
-			Name: cfg.Name, Label: "claude", Command: cmp.Or(cfg.Command, DefaultCommand), WorkDir: cfg.WorkDir,
-			Models: slices.Clone(cfg.Models), Timeout: cfg.Timeout, Store: agents,
-			Env: maps.Clone(cfg.Env), InheritEnv: slices.Clone(cfg.InheritEnv),
-		},
-		args:           slices.Clone(cfg.Args),
-		partial:        slices.ContainsFunc(cfg.Args, func(a string) bool { return a == partialFlag || strings.HasPrefix(a, partialFlag+"=") }),
-		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),
+		Base:    base,
+		args:    slices.Clone(cfg.Args),
+		partial: slices.ContainsFunc(cfg.Args, func(a string) bool { return a == partialFlag || strings.HasPrefix(a, partialFlag+"=") }),
 	}, nil
-}
-
-// Capabilities reports the configured concurrency and sessions (when a
-// store was given).
-func (a *Adapter) Capabilities() domain.Capabilities {
-	return domain.Capabilities{MaxConcurrency: a.maxConcurrency, Sessions: a.runner.Store != nil}
-}
-
-// TerminateSession forgets which Claude Code session a session resumes.
-func (a *Adapter) TerminateSession(ctx context.Context, _ string, sessionID string) error {
-	return agent.Sessions{Store: a.runner.Store, Name: a.runner.Name}.Terminate(ctx, sessionID)
-}
-
-// ListSessions describes the stored session mappings.
-func (a *Adapter) ListSessions(ctx context.Context) ([]domain.SessionInfo, error) {
-	return agent.Sessions{Store: a.runner.Store, Name: a.runner.Name}.List(ctx)
 }
 
 // Argv returns the arguments (after the program name) for a run with model
@@ -164,12 +136,10 @@ func (a *Adapter) Argv(model, resume string) []string {
 // invalid_request error and a command that cannot start a run_failed error,
 // both returned without events.
 func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
-	r := a.runner
-	r.KillGrace = a.KillGrace
 	build := func(model, resume, prompt string) agent.Invocation {
 		return agent.Invocation{Args: a.Argv(model, resume), Stdin: []byte(prompt)}
 	}
-	return r.Execute(ctx, req, sink, build, &parser{partial: a.partial})
+	return a.Run(ctx, req, sink, build, &parser{partial: a.partial})
 }
 
 // parser reads one run's stream-json.

@@ -60,7 +60,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -76,14 +75,9 @@ const DefaultCommand = "codex"
 
 // Adapter runs Codex for one adapter instance. It is safe for concurrent use.
 type Adapter struct {
-	// KillGrace is the delay between SIGTERM and SIGKILL when a run is
-	// cancelled. New sets it to agent.DefaultKillGrace; change it only
-	// before the first Execute.
-	KillGrace time.Duration
+	agent.Base
 
-	runner         agent.Runner
-	args           []string
-	maxConcurrency int
+	args []string
 }
 
 var (
@@ -95,35 +89,14 @@ var (
 // New builds a codex adapter; agents keeps the session mappings (nil: the
 // adapter keeps no sessions). Errors are domain.ErrConfig.
 func New(cfg domain.AdapterConfig, agents ports.AgentSessionStore) (*Adapter, error) {
-	if cfg.MaxConcurrency < 0 || cfg.Timeout < 0 {
-		return nil, domain.Errorf(domain.CodeConfigError, "codex adapter %q: max_concurrency and timeout must not be negative", cfg.Name)
+	base, err := agent.NewBase(cfg, agents, "codex", "codex", DefaultCommand)
+	if err != nil {
+		return nil, err
 	}
 	return &Adapter{
-		KillGrace: agent.DefaultKillGrace,
-		runner: agent.Runner{
-			Name: cfg.Name, Label: "codex", Command: cmp.Or(cfg.Command, DefaultCommand), WorkDir: cfg.WorkDir,
-			Models: slices.Clone(cfg.Models), Timeout: cfg.Timeout, Store: agents,
-			Env: maps.Clone(cfg.Env), InheritEnv: slices.Clone(cfg.InheritEnv),
-		},
-		args:           slices.Clone(cfg.Args),
-		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),
+		Base: base,
+		args: slices.Clone(cfg.Args),
 	}, nil
-}
-
-// Capabilities reports the configured concurrency and sessions (when a
-// store was given).
-func (a *Adapter) Capabilities() domain.Capabilities {
-	return domain.Capabilities{MaxConcurrency: a.maxConcurrency, Sessions: a.runner.Store != nil}
-}
-
-// TerminateSession forgets which Codex thread a session resumes.
-func (a *Adapter) TerminateSession(ctx context.Context, _ string, sessionID string) error {
-	return agent.Sessions{Store: a.runner.Store, Name: a.runner.Name}.Terminate(ctx, sessionID)
-}
-
-// ListSessions describes the stored session mappings.
-func (a *Adapter) ListSessions(ctx context.Context) ([]domain.SessionInfo, error) {
-	return agent.Sessions{Store: a.runner.Store, Name: a.runner.Name}.List(ctx)
 }
 
 // Argv returns the arguments (after the program name) for a run with model
@@ -147,12 +120,10 @@ func (a *Adapter) Argv(model, resume, prompt string) []string {
 // invalid_request error and a command that cannot start a run_failed error,
 // both returned without events.
 func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
-	r := a.runner
-	r.KillGrace = a.KillGrace
 	build := func(model, resume, prompt string) agent.Invocation {
 		return agent.Invocation{Args: a.Argv(model, resume, prompt)}
 	}
-	return r.Execute(ctx, req, sink, build, &parser{started: time.Now()})
+	return a.Run(ctx, req, sink, build, &parser{started: time.Now()})
 }
 
 // parser reads one run's JSONL.

@@ -1,0 +1,74 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"maps"
+	"slices"
+	"time"
+
+	"iop/domain"
+	"iop/ports"
+)
+
+// Base is the part of a CLI agent adapter that does not depend on the CLI:
+// its configuration, Capabilities and the session mappings. Adapters embed
+// it and add their argv building and stream parsing. It is safe for
+// concurrent use once built.
+type Base struct {
+	// KillGrace is the delay between SIGTERM and SIGKILL when a run is
+	// cancelled. NewBase sets it to DefaultKillGrace; change it only
+	// before the first run.
+	KillGrace time.Duration
+
+	runner         Runner
+	maxConcurrency int
+}
+
+// NewBase checks cfg for the adapter kind (as named in config errors, e.g.
+// "claude-code") and builds the shell of an adapter whose CLI is named label
+// in run messages and run as command when cfg names none; agents keeps the
+// session mappings (nil: no sessions). Errors are domain.ErrConfig. cfg's
+// slices and maps are copied.
+func NewBase(cfg domain.AdapterConfig, agents ports.AgentSessionStore, kind, label, command string) (Base, error) {
+	if cfg.MaxConcurrency < 0 || cfg.Timeout < 0 {
+		return Base{}, domain.Errorf(domain.CodeConfigError, "%s adapter %q: max_concurrency and timeout must not be negative", kind, cfg.Name)
+	}
+	return Base{
+		KillGrace: DefaultKillGrace,
+		runner: Runner{
+			Name: cfg.Name, Label: label, Command: cmp.Or(cfg.Command, command), WorkDir: cfg.WorkDir,
+			Models: slices.Clone(cfg.Models), Timeout: cfg.Timeout, Store: agents,
+			Env: maps.Clone(cfg.Env), InheritEnv: slices.Clone(cfg.InheritEnv),
+		},
+		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),
+	}, nil
+}
+
+// Capabilities reports the configured concurrency and sessions (when a
+// store was given).
+func (b *Base) Capabilities() domain.Capabilities {
+	return domain.Capabilities{MaxConcurrency: b.maxConcurrency, Sessions: b.runner.Store != nil}
+}
+
+// TerminateSession forgets which agent session a session resumes; an
+// unknown one is not an error.
+func (b *Base) TerminateSession(ctx context.Context, _ string, sessionID string) error {
+	return b.sessions().Terminate(ctx, sessionID)
+}
+
+// ListSessions describes the stored session mappings.
+func (b *Base) ListSessions(ctx context.Context) ([]domain.SessionInfo, error) {
+	return b.sessions().List(ctx)
+}
+
+func (b *Base) sessions() Sessions {
+	return Sessions{Store: b.runner.Store, Name: b.runner.Name}
+}
+
+// Run runs req as Runner.Execute does, with the current KillGrace.
+func (b *Base) Run(ctx context.Context, req domain.RunRequest, sink ports.EventSink, build func(model, resume, prompt string) Invocation, p Parser) error {
+	r := b.runner
+	r.KillGrace = b.KillGrace
+	return r.Execute(ctx, req, sink, build, p)
+}
