@@ -69,7 +69,11 @@ func Edge(s EdgeSettings) fx.Option {
 			func(m *prom.Metrics, st *edgestore.Store) edgeapp.Observers {
 				return edgeapp.Observers{Metrics: m, History: st}
 			},
-			func(st *edgestore.Store) *edgeapp.RunHistoryHandler { return edgeapp.NewRunHistoryHandler(st) },
+			func(st *edgestore.Store, nodes *edgeapp.GetRunHandler) *edgeapp.RunHistoryHandler {
+				h := edgeapp.NewRunHistoryHandler(st)
+				h.Nodes, h.Record = nodes, st
+				return h
+			},
 			func(s EdgeSettings, dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, m *prom.Metrics) *edgeapp.RegisterHandler {
 				h := edgeapp.NewRegisterHandler(dir, reg, bus, v, log)
 				h.Metrics = m
