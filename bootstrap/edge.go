@@ -74,9 +74,10 @@ func Edge(s EdgeSettings) fx.Option {
 				h.Nodes, h.Record = nodes, st
 				return h
 			},
-			func(s EdgeSettings, dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, m *prom.Metrics) *edgeapp.RegisterHandler {
+			func(s EdgeSettings, dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, m *prom.Metrics, hist *edgeapp.RunHistoryHandler) *edgeapp.RegisterHandler {
 				h := edgeapp.NewRegisterHandler(dir, reg, bus, v, log)
 				h.Metrics = m
+				h.Reconcile = edgeapp.NewHistoryReconciler(hist)
 				return h
 			},
 			func(s EdgeSettings, reg *edgeapp.Registry, runs *edgeapp.RunTracker, bus ports.EventPublisher, log *slog.Logger, obs edgeapp.Observers) *edgeapp.SubmitRunHandler {

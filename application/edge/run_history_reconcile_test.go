@@ -95,3 +95,68 @@ func TestHistoryGetKeepsRecordWithoutNodeAnswer(t *testing.T) {
 		})
 	}
 }
+
+// rcHistory is a history whose ListRuns answers the running rows of a node
+// and whose RecordRun reports each write on a channel.
+type rcHistory struct {
+	rows     []domain.RunRecord
+	recorded chan domain.RunRecord
+}
+
+func (h *rcHistory) GetRun(_ context.Context, id string) (domain.RunRecord, error) {
+	for _, r := range h.rows {
+		if r.ID == id {
+			return r, nil
+		}
+	}
+	return domain.RunRecord{}, domain.ErrRunNotFound
+}
+func (h *rcHistory) ListRuns(_ context.Context, q domain.RunQuery) (domain.RunPage, error) {
+	var out []domain.RunRecord
+	for _, r := range h.rows {
+		if (q.Node == "" || r.Node == q.Node) && (q.Status == "" || r.Status == q.Status) {
+			out = append(out, r)
+		}
+	}
+	return domain.RunPage{Runs: out}, nil
+}
+func (h *rcHistory) Usage(context.Context, domain.UsageQuery) ([]domain.UsageTotal, error) {
+	return nil, nil
+}
+func (h *rcHistory) RecordRun(r domain.RunRecord)     { h.recorded <- r }
+func (h *rcHistory) RecordTunnel(domain.TunnelRecord) {}
+
+// A registering node gets its running rows repaired: the run it reports
+// cancelled is recorded so, the run it still runs is left alone.
+func TestReconcilerRepairsRowsOfRegisteringNode(t *testing.T) {
+	ucNoLeaks(t)
+	hist := &rcHistory{recorded: make(chan domain.RunRecord, 4), rows: []domain.RunRecord{
+		{ID: "r1", Node: "n1", Adapter: "exec", Status: domain.RunRunning},
+		{ID: "r2", Node: "n1", Adapter: "exec", Status: domain.RunRunning},
+	}}
+	link := &qrLink{id: "n1", runs: map[string]string{
+		"r1": reconcileCancelled,
+		"r2": qrRun("r2", "running", "2026-01-02T03:04:05Z"),
+	}}
+	reg := qrRegistry(t, link)
+	h := edge.NewRunHistoryHandler(hist)
+	h.Nodes, h.Record = edge.NewGetRunHandler(reg, edge.NewRunTracker(0), edge.NewNodeCommandHandler(reg)), hist
+	rc := edge.NewHistoryReconciler(h)
+	defer rc.Close()
+	rc.NodeRegistered("n1")
+	select {
+	case r := <-hist.recorded:
+		if r.ID != "r1" || r.Status != domain.RunCancelled {
+			t.Fatalf("recorded %+v, want r1 cancelled", r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the registering node's cancelled run was not recorded")
+	}
+	ucEventually(t, "both runs asked of the node", func() bool { return len(link.commands()) == 2 })
+	rc.Close()
+	select {
+	case r := <-hist.recorded:
+		t.Fatalf("recorded %+v, want only r1", r)
+	default:
+	}
+}
