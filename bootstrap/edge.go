@@ -69,10 +69,15 @@ func Edge(s EdgeSettings) fx.Option {
 			func(m *prom.Metrics, st *edgestore.Store) edgeapp.Observers {
 				return edgeapp.Observers{Metrics: m, History: st}
 			},
-			func(st *edgestore.Store) *edgeapp.RunHistoryHandler { return edgeapp.NewRunHistoryHandler(st) },
-			func(s EdgeSettings, dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, m *prom.Metrics) *edgeapp.RegisterHandler {
+			func(st *edgestore.Store, nodes *edgeapp.GetRunHandler) *edgeapp.RunHistoryHandler {
+				h := edgeapp.NewRunHistoryHandler(st)
+				h.Nodes, h.Record = nodes, st
+				return h
+			},
+			func(s EdgeSettings, dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, m *prom.Metrics, hist *edgeapp.RunHistoryHandler) *edgeapp.RegisterHandler {
 				h := edgeapp.NewRegisterHandler(dir, reg, bus, v, log)
 				h.Metrics = m
+				h.Reconcile = edgeapp.NewHistoryReconciler(hist)
 				return h
 			},
 			func(s EdgeSettings, reg *edgeapp.Registry, runs *edgeapp.RunTracker, bus ports.EventPublisher, log *slog.Logger, obs edgeapp.Observers) *edgeapp.SubmitRunHandler {

@@ -108,6 +108,33 @@ func (h *GetRunHandler) Handle(ctx context.Context, runID string) (json.RawMessa
 	return nil, &domain.Error{Code: domain.CodeRunNotFound, Message: msg}
 }
 
+// OnNode asks the named node, if the caller may see it and it is
+// connected, for its stored record of a run. Errors: node_not_found (not
+// connected or not visible), run_not_found (the node does not know the
+// run), the node's failure, or a record that does not decode.
+func (h *GetRunHandler) OnNode(ctx context.Context, nodeID, runID string) (nodecmd.Run, error) {
+	if !domain.PrincipalFrom(ctx).SeesNode(nodeID) {
+		return nodecmd.Run{}, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", nodeID)
+	}
+	if _, ok := h.reg.Get(nodeID); !ok {
+		return nodecmd.Run{}, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", nodeID)
+	}
+	args, err := json.Marshal(nodecmd.RunGetArgs{RunID: runID})
+	if err != nil {
+		return nodecmd.Run{}, err
+	}
+	raw, err := h.cmds.Call(ctx, nodeID, nodecmd.CmdRunGet, args)
+	if err != nil {
+		return nodecmd.Run{}, err
+	}
+	var r nodecmd.Run
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nodecmd.Run{}, fmt.Errorf("node %s: run is not a run record: %s", nodeID, truncate(raw, 80))
+	}
+	r.Node = nodeID
+	return r, nil
+}
+
 // ListRuns selects recent runs. Zero fields match everything.
 type ListRuns struct {
 	Node   string // one node, or every connected node when empty

@@ -28,6 +28,9 @@ type RegisterHandler struct {
 	rejects  *rejectLog
 	// Metrics, if set, counts registrations by outcome.
 	Metrics ports.EdgeMetrics
+	// Reconcile, if set, repairs a registering node's history rows left
+	// running; Close stops it.
+	Reconcile *HistoryReconciler
 }
 
 // RejectLogInterval is the period over which refusals from one address are
@@ -48,7 +51,10 @@ func NewRegisterHandler(dir ports.NodeDirectory, reg *Registry, bus ports.EventP
 }
 
 // Close logs the refusal counts not yet logged and stops their timers.
-func (h *RegisterHandler) Close() { h.rejects.close() }
+func (h *RegisterHandler) Close() {
+	h.rejects.close()
+	h.Reconcile.Close()
+}
 
 // ConfigVersions hands out increasing config payload versions.
 type ConfigVersions struct{ n atomic.Uint64 }
@@ -85,6 +91,7 @@ func (h *RegisterHandler) Register(_ context.Context, token string, info domain.
 	h.countRegistration("accepted")
 	h.log.Info("node registered", "node", rec.ID, "remote", remote, "version", info.Version, "adapters", len(cfg.Adapters))
 	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRegistered, Time: h.now(), Node: rec.ID, Remote: remote})
+	h.Reconcile.NodeRegistered(rec.ID)
 	return cfg, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"iop/domain"
+	"iop/domain/nodecmd"
 	"iop/ports"
 )
 
@@ -13,7 +14,18 @@ import (
 // durable history, so they hold across edge restarts and offline nodes.
 type RunHistoryHandler struct {
 	store ports.HistoryReader
+
+	// Nodes and Record, when both set, let Get repair a record left
+	// unfinished (the edge was killed or restarted before the run's end
+	// was written): the run's node is asked, and a final status it reports
+	// is answered and recorded.
+	Nodes  *GetRunHandler
+	Record ports.RunHistory
 }
+
+// reconcileTimeout bounds the question to a node while answering a read;
+// a node that is slow to answer leaves the history's record as it is.
+const reconcileTimeout = 5 * time.Second
 
 // NewRunHistoryHandler refuses a nil store.
 func NewRunHistoryHandler(store ports.HistoryReader) *RunHistoryHandler {
@@ -36,7 +48,62 @@ func (h *RunHistoryHandler) Get(ctx context.Context, id string) (domain.RunRecor
 		// A run on a node the caller may not see does not exist for it.
 		return domain.RunRecord{}, domain.Errorf(domain.CodeRunNotFound, "run %s is not in the edge's history", id)
 	}
+	if err == nil && !r.Status.Finished() {
+		r = h.reconcile(ctx, r)
+	}
 	return r, err
+}
+
+// reconcile returns rec with the final state its node reports, and records
+// that state, when this edge is not following the run live. Otherwise (the
+// run is live here, its node is not connected, does not know the run or
+// reports it unfinished) rec is returned unchanged.
+func (h *RunHistoryHandler) reconcile(ctx context.Context, rec domain.RunRecord) domain.RunRecord {
+	if h.Nodes == nil || h.Record == nil {
+		return rec
+	}
+	if _, active, _ := h.Nodes.runs.Lookup(rec.ID); active {
+		return rec // its end will be recorded when it arrives
+	}
+	ctx, cancel := context.WithTimeout(ctx, reconcileTimeout)
+	defer cancel()
+	run, err := h.Nodes.OnNode(ctx, rec.Node, rec.ID)
+	if err != nil {
+		return rec
+	}
+	fixed, ok := finishedFrom(rec, run)
+	if !ok {
+		return rec
+	}
+	h.Record.RecordRun(fixed)
+	return fixed
+}
+
+// finishedFrom is rec completed with the final state of run as its node
+// stored it; false if the node does not report the run finished.
+func finishedFrom(rec domain.RunRecord, run nodecmd.Run) (domain.RunRecord, bool) {
+	st := domain.RunStatus(run.Status)
+	if run.RunID != rec.ID || !st.Finished() {
+		return rec, false
+	}
+	rec.Status = st
+	rec.FinishedAt = time.Now()
+	if run.FinishedAt != nil && !run.FinishedAt.IsZero() {
+		rec.FinishedAt = *run.FinishedAt
+	}
+	rec.ErrorCode, rec.ErrorMsg = "", ""
+	if run.Error != nil {
+		rec.ErrorCode, rec.ErrorMsg = run.Error.Code, run.Error.Message
+	}
+	if u := run.Usage; u != nil {
+		model := ""
+		if rec.Usage != nil {
+			model = rec.Usage.Model
+		}
+		rec.Usage = &domain.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
+			TotalTokens: u.TotalTokens, CostUSD: u.CostUSD, Model: model}
+	}
+	return rec, true
 }
 
 // List returns one page of runs, newest first. Errors: invalid_request for
