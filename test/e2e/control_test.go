@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"strings"
@@ -183,11 +184,16 @@ func TestBackgroundRunSurvivesCaller(t *testing.T) {
 		t.Fatalf("202 body %s", body)
 	}
 	waitRunStatus(t, e, acc.RunID, "succeeded", 10*time.Second)
-	out, _, code := cli(t, e, "", "runs", "--node", "n1")
-	if code != 0 || !strings.Contains(out, acc.RunID) || !strings.Contains(out, "succeeded") {
-		t.Fatalf("iop runs: %d\n%s", code, out)
-	}
-	out, _, code = cli(t, e, "", "runs", "--status", "succeeded", "--json")
+	// The edge's history writes in batches (every 200 ms at most): the
+	// listing catches up with the run's end within one batch.
+	waitFor(t, "iop runs lists the run as succeeded", func() error {
+		out, _, code := cli(t, e, "", "runs", "--node", "n1")
+		if code != 0 || !strings.Contains(out, acc.RunID) || !strings.Contains(out, "succeeded") {
+			return fmt.Errorf("iop runs: %d\n%s", code, out)
+		}
+		return nil
+	})
+	out, _, code := cli(t, e, "", "runs", "--status", "succeeded", "--json")
 	if code != 0 || !strings.Contains(out, acc.RunID) {
 		t.Fatalf("iop runs --json: %d\n%s", code, out)
 	}
