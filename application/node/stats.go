@@ -26,7 +26,7 @@ func NewStats(rt *Runtime, lat *ProviderLatencies, storeSize func() int64) *Stat
 
 // spawnsProcesses reports whether runs of an adapter type are child processes.
 func spawnsProcesses(typ string) bool {
-	return typ == domain.AdapterExec || typ == domain.AdapterClaudeCode || typ == domain.AdapterCodex
+	return typ == domain.AdapterExec || typ == domain.AdapterClaudeCode || typ == domain.AdapterCodex || typ == domain.AdapterGemini
 }
 
 // NodeStats is a snapshot for the edge.

@@ -17,7 +17,7 @@ import (
 	"iop/domain/nodecmd"
 )
 
-// runInfo is a run as the edge reports it from a node's store.
+// runInfo is a run as the edge reports it (from its history or a node's store).
 type runInfo nodecmd.Run
 
 func (r runInfo) duration(now time.Time) string {
@@ -123,7 +123,7 @@ func (a *app) runsCmd() *cobra.Command {
 func (a *app) runGetCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "run-get RUN_ID",
-		Short: "Show one run from its node's store",
+		Short: "Show one run (from the edge's history, else from its node's store)",
 		Args:  cobra.ExactArgs(1),
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
 			var raw json.RawMessage
