@@ -205,6 +205,17 @@ func (s *Server) Requests() []Request {
 	return append([]Request(nil), s.reqs...)
 }
 
+// RequestsTo returns the requests received with method on path, in order.
+func (s *Server) RequestsTo(method, path string) []Request {
+	var out []Request
+	for _, r := range s.Requests() {
+		if r.Method == method && r.Path == path {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // ModelRequests returns how many requests were answered from the script.
 func (s *Server) ModelRequests() int {
 	s.mu.Lock()

@@ -45,13 +45,7 @@ func Listen() (*Server, error) {
 
 // Messages returns the POST /v1/messages requests received, in order.
 func (s *Server) Messages() []standin.Request {
-	var out []standin.Request
-	for _, r := range s.Requests() {
-		if r.Method == http.MethodPost && r.Path == "/v1/messages" {
-			out = append(out, r)
-		}
-	}
-	return out
+	return s.RequestsTo(http.MethodPost, "/v1/messages")
 }
 
 type handler struct{ ids atomic.Int64 }

@@ -46,13 +46,7 @@ func Listen() (*Server, error) {
 
 // Responses returns the POST /v1/responses requests received, in order.
 func (s *Server) Responses() []standin.Request {
-	var out []standin.Request
-	for _, r := range s.Requests() {
-		if r.Method == http.MethodPost && r.Path == "/v1/responses" {
-			out = append(out, r)
-		}
-	}
-	return out
+	return s.RequestsTo(http.MethodPost, "/v1/responses")
 }
 
 type handler struct{ ids atomic.Int64 }
