@@ -364,7 +364,12 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 		f, err := tun.Next(r.Context())
 		if err != nil {
 			if r.Context().Err() != nil {
-				return // the caller left; Close aborts the upstream request
+				// The caller left. Clients often hang up as soon as the body
+				// is complete, while its usage and end frames are still on
+				// the way: read them for a moment so the usage is recorded;
+				// then Close aborts whatever is left upstream.
+				drainEnd(tun, sidebandGrace)
+				return
 			}
 			if !started {
 				h.fail(w, r, err, rec, in.Model)
@@ -407,6 +412,22 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 			return
 		}
 		// Usage and metadata are sideband: never part of the body.
+	}
+}
+
+// sidebandGrace bounds how long a tunnel whose caller left is still read
+// for its end (and the usage before it).
+const sidebandGrace = 250 * time.Millisecond
+
+// drainEnd reads tun, discarding frames, until its end or for at most d.
+func drainEnd(tun *edge.Tunnel, d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for {
+		f, err := tun.Next(ctx)
+		if err != nil || f.Kind == domain.TunnelEnd {
+			return
+		}
 	}
 }
 
