@@ -546,15 +546,25 @@ func TestPublicListenWithoutKeysRefusesToStart(t *testing.T) {
 		t.Fatalf("edge did not say why it refused to start:\n%s", out)
 	}
 
-	// Opting out explicitly starts the edge, with a warning.
-	_, port, _ := strings.Cut(freeAddr(t), ":")
-	cfg2 := filepath.Join(t.TempDir(), "edge.yaml")
-	doc = strings.Replace(edgeConfig(freeAddr(t), "0.0.0.0:"+port, ""), "http:\n", "http:\n  allow_unauthenticated: true\n", 1)
-	if err := os.WriteFile(cfg2, []byte(doc), 0o600); err != nil {
-		t.Fatal(err)
+	// Opting out explicitly starts the edge, with a warning. The port on
+	// 0.0.0.0 is picked free but may be taken by a parallel test before the
+	// edge binds it: then the edge exits, and another port is tried.
+	var p2 *proc
+	for attempt := 1; ; attempt++ {
+		_, port, _ := strings.Cut(freeAddr(t), ":")
+		cfg2 := filepath.Join(t.TempDir(), "edge.yaml")
+		doc = strings.Replace(edgeConfig(freeAddr(t), "0.0.0.0:"+port, ""), "http:\n", "http:\n  allow_unauthenticated: true\n", 1)
+		if err := os.WriteFile(cfg2, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p2 = start(t, "iop-edge", nil, "--config", cfg2)
+		if healthyOrExited(p2, "http://127.0.0.1:"+port, 10*time.Second) {
+			break
+		}
+		if attempt == 3 {
+			t.Fatalf("iop-edge with allow_unauthenticated did not start (3 tries):\n%s", p2.out.String())
+		}
 	}
-	p2 := start(t, "iop-edge", nil, "--config", cfg2)
-	waitHealthy(t, "http://127.0.0.1:"+port, p2)
 	if out := p2.out.String(); !strings.Contains(out, "WARN") || !strings.Contains(out, "allow_unauthenticated") {
 		t.Fatalf("edge with allow_unauthenticated did not warn:\n%s", out)
 	}
@@ -642,4 +652,21 @@ func TestHTTPSAPI(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, "certificate") {
 		t.Fatalf("iop without the CA over https: exit %d, stderr %q", code, stderr)
 	}
+}
+
+// healthyOrExited waits until the process answers /healthz (true) or exits
+// (false), for at most d (false).
+func healthyOrExited(p *proc, url string, d time.Duration) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if p.exited() {
+			return false
+		}
+		if resp, err := http.Get(url + "/healthz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return true
+			}
+		}
+	}
+	return false
 }
