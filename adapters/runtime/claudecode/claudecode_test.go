@@ -503,8 +503,7 @@ func TestCleanEnvironment(t *testing.T) {
 	t.Setenv("IOP_NODE_TOKEN", "node-secret-token")
 	t.Setenv("OPENAI_API_KEY", "sk-not-for-claude")
 	t.Setenv("ANTHROPIC_API_KEY", "sk-ant-for-claude")
-	dir := t.TempDir()
-	cli := standin.WriteCLI(t, "env > "+standin.Quote(filepath.Join(dir, "env"))+"\n"+standin.Printf(recorded))
+	cli, env := standin.EnvCLI(t, recorded)
 	a := newAdapter(t, cli, domain.AdapterConfig{
 		Env:        map[string]string{"ANTHROPIC_BASE_URL": "http://127.0.0.1:9"},
 		InheritEnv: []string{"ANTHROPIC_API_KEY"},
@@ -512,19 +511,6 @@ func TestCleanEnvironment(t *testing.T) {
 	if _, err := run(t, a, domain.RunRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "env"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := string(b)
-	for _, leak := range []string{"node-secret-token", "sk-not-for-claude"} {
-		if strings.Contains(env, leak) {
-			t.Fatalf("the CLI's environment holds %q:\n%s", leak, env)
-		}
-	}
-	for _, want := range []string{"ANTHROPIC_BASE_URL=http://127.0.0.1:9\n", "ANTHROPIC_API_KEY=sk-ant-for-claude\n", "PATH="} {
-		if !strings.Contains(env, want) {
-			t.Fatalf("the CLI's environment lacks %q:\n%s", want, env)
-		}
-	}
+	standin.CheckEnv(t, env(), []string{"node-secret-token", "sk-not-for-claude"},
+		[]string{"ANTHROPIC_BASE_URL=http://127.0.0.1:9\n", "ANTHROPIC_API_KEY=sk-ant-for-claude\n", "PATH="})
 }

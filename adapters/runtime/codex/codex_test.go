@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -405,8 +403,7 @@ func TestCleanEnvironment(t *testing.T) {
 	t.Setenv("IOP_NODE_TOKEN", "node-secret-token")
 	t.Setenv("ANTHROPIC_API_KEY", "sk-not-for-codex")
 	t.Setenv("OPENAI_API_KEY", "sk-for-codex")
-	dir := t.TempDir()
-	cli := standin.WriteCLI(t, "env > "+standin.Quote(filepath.Join(dir, "env"))+"\n"+standin.Printf(recorded))
+	cli, env := standin.EnvCLI(t, recorded)
 	a := newAdapter(t, cli, domain.AdapterConfig{
 		Env:        map[string]string{"CODEX_HOME": "/srv/codex-home"},
 		InheritEnv: []string{"OPENAI_API_KEY"},
@@ -414,19 +411,6 @@ func TestCleanEnvironment(t *testing.T) {
 	if _, err := run(t, a, domain.RunRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "env"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := string(b)
-	for _, leak := range []string{"node-secret-token", "sk-not-for-codex"} {
-		if strings.Contains(env, leak) {
-			t.Fatalf("codex's environment holds %q:\n%s", leak, env)
-		}
-	}
-	for _, want := range []string{"CODEX_HOME=/srv/codex-home\n", "OPENAI_API_KEY=sk-for-codex\n", "PATH="} {
-		if !strings.Contains(env, want) {
-			t.Fatalf("codex's environment lacks %q:\n%s", want, env)
-		}
-	}
+	standin.CheckEnv(t, env(), []string{"node-secret-token", "sk-not-for-codex"},
+		[]string{"CODEX_HOME=/srv/codex-home\n", "OPENAI_API_KEY=sk-for-codex\n", "PATH="})
 }

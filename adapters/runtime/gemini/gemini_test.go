@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -232,16 +231,8 @@ func TestCancelKillsTheProcessGroup(t *testing.T) {
 func TestEnvAndInheritEnv(t *testing.T) {
 	t.Setenv("GEMINI_TEST_KEY", "k-123")
 	t.Setenv("IOP_NODE_TOKEN", "node-secret")
-	out := t.TempDir() + "/env"
-	cli := standin.WriteCLI(t, "env > "+standin.Quote(out)+"\n"+standin.Printf(recorded))
+	cli, env := standin.EnvCLI(t, recorded)
 	a := newAdapter(t, cli, domain.AdapterConfig{Env: map[string]string{"GOOGLE_GEMINI_BASE_URL": "http://127.0.0.1:9"}, InheritEnv: []string{"GEMINI_TEST_KEY"}}, nil)
 	requireTerminal(t, run(t, a, domain.RunRequest{}), domain.EventComplete, "")
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := strings.Split(string(b), "\n")
-	if !slices.Contains(env, "GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:9") || !slices.Contains(env, "GEMINI_TEST_KEY=k-123") || strings.Contains(string(b), "node-secret") {
-		t.Errorf("child environment:\n%s", b)
-	}
+	standin.CheckEnv(t, env(), []string{"node-secret"}, []string{"GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:9\n", "GEMINI_TEST_KEY=k-123\n"})
 }

@@ -126,3 +126,36 @@ func Printf(out string) string {
 func Quote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
+
+// EnvCLI writes a CLI script that records its environment and then prints
+// out; the returned func reads what the last run recorded.
+func EnvCLI(t *testing.T, out string) (CLI, func() string) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "env")
+	cli := WriteCLI(t, "env > "+Quote(file)+"\n"+Printf(out))
+	return cli, func() string {
+		t.Helper()
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+}
+
+// CheckEnv fails t when env (as `env` prints it) holds one of leaks or
+// lacks one of wants (whole NAME=value lines, or a NAME= prefix).
+func CheckEnv(t *testing.T, env string, leaks, wants []string) {
+	t.Helper()
+	for _, leak := range leaks {
+		if strings.Contains(env, leak) {
+			t.Fatalf("the child's environment holds %q:\n%s", leak, env)
+		}
+	}
+	lines := "\n" + env
+	for _, want := range wants {
+		if !strings.Contains(lines, "\n"+want) {
+			t.Fatalf("the child's environment lacks %q:\n%s", want, env)
+		}
+	}
+}
