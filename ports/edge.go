@@ -46,6 +46,8 @@ type CommandStream interface {
 // TunnelEnd or TunnelError frame. Close abandons it (the node aborts the
 // upstream request).
 type TunnelStream interface {
+	// Recv returns the next frame. A body frame's bytes are valid only until
+	// the next Recv or Close: the link may reuse their buffer.
 	Recv(ctx context.Context) (domain.TunnelFrame, error)
 	Close()
 }

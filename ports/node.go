@@ -144,7 +144,8 @@ type RunOutput interface {
 }
 
 // TunnelSink is where the node sends one provider response, frame by frame.
-// Send blocks under back-pressure and fails once the edge is gone.
+// Send blocks under back-pressure and fails once the edge is gone. Send does
+// not keep f.Body after it returns: the caller may reuse the buffer.
 type TunnelSink interface {
 	Send(f domain.TunnelFrame) error
 }

@@ -179,6 +179,7 @@ func (c *Client) session(ctx context.Context) error {
 	req := &ioppb.RegisterRequest{
 		Token: c.cfg.Token, NodeVersion: c.cfg.Info.Version, Hostname: c.cfg.Info.Hostname, AdapterTypes: c.cfg.Info.AdapterTypes,
 		Os: c.cfg.Info.OS, Arch: c.cfg.Info.Arch, InitialWindow: tc.StreamWindow,
+		DataFrames: !tc.NoDataFrames,
 	}
 	buf, err := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterRequest{RegisterRequest: req}}, tc.MaxFrameSize)
 	if err == nil {
@@ -231,6 +232,7 @@ func (c *Client) session(ctx context.Context) error {
 	}
 	_ = nc.SetDeadline(time.Time{})
 	conn := newConn(nc, dec, tc, SideNode, resp.GetInitialWindow(), &nodeDispatch{c: c})
+	conn.dataFrames = resp.GetDataFrames() && !tc.NoDataFrames
 	c.mu.Lock()
 	c.conn = conn
 	c.mu.Unlock()
@@ -404,9 +406,15 @@ func (b *streamBody) Read(p []byte) (int, error) {
 		if b.done {
 			return 0, io.EOF
 		}
-		f, err := b.s.Recv(b.s.Context())
+		f, d, err := b.s.recv(b.s.Context())
 		if err != nil {
 			return 0, err
+		}
+		if f == nil {
+			if d.kind == dataRequestBody {
+				b.buf = d.payload // valid until the next recv, which comes once it is used up
+			}
+			continue
 		}
 		chunk := f.GetTunnelRequestBody()
 		if chunk == nil {
@@ -454,7 +462,8 @@ func (o *runOutput) Close() {
 }
 
 // tunnelSink sends provider response frames; bodies are split into chunks so
-// no tunnel hogs the socket.
+// no tunnel hogs the socket. Send copies the body before it returns (the
+// port's contract), so the caller can reuse its read buffer.
 type tunnelSink struct {
 	s     *Stream
 	ended atomic.Bool // an end or error frame was sent
@@ -463,6 +472,19 @@ type tunnelSink struct {
 func (t *tunnelSink) Send(f domain.TunnelFrame) error {
 	ctx := t.s.Context()
 	if f.Kind == domain.TunnelBody {
+		if t.s.c.dataFrames {
+			for len(f.Body) > 0 {
+				n := min(len(f.Body), maxDataChunk)
+				if err := t.s.SendData(ctx, dataTunnelBody, f.Body[:n]); err != nil {
+					return err
+				}
+				f.Body = f.Body[n:]
+			}
+			return nil
+		}
+		// The writer encodes protobuf frames after Send returns: they must
+		// not share the caller's buffer.
+		f.Body = append([]byte(nil), f.Body...)
 		for len(f.Body) > maxDataChunk {
 			part := domain.TunnelFrame{Kind: domain.TunnelBody, Body: f.Body[:maxDataChunk]}
 			if err := t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: tunnelFrameToProto(part)}}); err != nil {

@@ -58,17 +58,41 @@ func NewDecoder(r io.Reader, max int) *Decoder {
 }
 
 // Decode reads the next frame into f and returns its size on the wire.
-// io.EOF is returned only on a clean end between frames.
+// io.EOF is returned only on a clean end between frames. A data frame is a
+// malformed frame here: Decode is for the handshake, before any stream.
 func (d *Decoder) Decode(f *ioppb.Frame) (int, error) {
+	var df dataFrame
+	n, isData, err := d.next(f, &df)
+	if err == nil && isData {
+		putPayload(df.pool)
+		return n, fmt.Errorf("%w: data frame outside a stream", ErrMalformedFrame)
+	}
+	return n, err
+}
+
+// next reads the next frame: a protobuf frame into f, or a data frame
+// (isData) into df, whose payload the caller owns (release df.pool when
+// done with it).
+func (d *Decoder) next(f *ioppb.Frame, df *dataFrame) (size int, isData bool, err error) {
 	n, err := d.readLength()
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if n > uint64(d.max) {
-		return 0, fmt.Errorf("%w: %d > %d bytes", ErrFrameTooLarge, n, d.max)
+		return 0, false, fmt.Errorf("%w: %d > %d bytes", ErrFrameTooLarge, n, d.max)
 	}
 	if n == 0 {
-		return uvarintLen(n), ErrEmptyFrame
+		return uvarintLen(n), false, ErrEmptyFrame
+	}
+	size = uvarintLen(n) + int(n)
+	// A protobuf message never starts with a zero byte (field number 0 does
+	// not exist), so a leading zero marks a data frame.
+	first, err := d.r.ReadByte()
+	if err != nil {
+		return 0, false, unexpectedEOF(err)
+	}
+	if first == dataMarker {
+		return size, true, d.readData(int(n)-1, df)
 	}
 	// Small frames use the decoder's own small buffer; larger ones borrow
 	// from a pool shared by all connections, so an idle link pins nothing
@@ -90,20 +114,61 @@ func (d *Decoder) Decode(f *ioppb.Frame) (int, error) {
 	default:
 		b = make([]byte, n)
 	}
-	if _, err := io.ReadFull(d.r, b); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
-		}
-		return 0, err
+	b[0] = first
+	if _, err := io.ReadFull(d.r, b[1:]); err != nil {
+		return 0, false, unexpectedEOF(err)
 	}
 	f.Reset()
 	if err := proto.Unmarshal(b, f); err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrMalformedFrame, err)
+		return 0, false, fmt.Errorf("%w: %v", ErrMalformedFrame, err)
 	}
 	if f.Body == nil {
-		return uvarintLen(n) + int(n), ErrEmptyFrame
+		return size, false, ErrEmptyFrame
 	}
-	return uvarintLen(n) + int(n), nil
+	return size, false, nil
+}
+
+// readData reads a data frame's kind, stream id and payload (rest bytes in
+// all, the marker already read). The payload is read straight from the
+// socket into its own buffer: no protobuf decoding, no second copy.
+func (d *Decoder) readData(rest int, df *dataFrame) error {
+	if rest < 2 {
+		return fmt.Errorf("%w: data frame of %d bytes has no kind and stream id", ErrMalformedFrame, rest+1)
+	}
+	kind, err := d.r.ReadByte()
+	if err != nil {
+		return unexpectedEOF(err)
+	}
+	rest--
+	var id uint64
+	for i := 0; ; i++ {
+		if rest <= 0 || i == binary.MaxVarintLen64 {
+			return fmt.Errorf("%w: data frame stream id", ErrMalformedFrame)
+		}
+		c, err := d.r.ReadByte()
+		if err != nil {
+			return unexpectedEOF(err)
+		}
+		rest--
+		id |= uint64(c&0x7f) << (7 * i)
+		if c < 0x80 {
+			break
+		}
+	}
+	payload, pool := getPayload(rest)
+	if _, err := io.ReadFull(d.r, payload); err != nil {
+		putPayload(pool)
+		return unexpectedEOF(err)
+	}
+	*df = dataFrame{kind: kind, stream: id, payload: payload, pool: pool}
+	return nil
+}
+
+func unexpectedEOF(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // readLength reads the uvarint length prefix. A clean EOF before its first

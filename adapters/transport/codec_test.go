@@ -296,3 +296,74 @@ func FuzzDecoder(f *testing.F) {
 		}
 	})
 }
+
+func TestDataFrameRoundTrip(t *testing.T) {
+	for _, size := range []int{0, 1, 100, minPooledPayload - 1, minPooledPayload, 4 << 10, maxDataChunk, 100 << 10} {
+		for _, id := range []uint64{1, 2, 300, 1<<64 - 1} {
+			payload := randomBytes(size)
+			raw, pool := encodeData(dataTunnelBody, id, payload)
+			wire := append(append([]byte(nil), raw...), encode(t, sampleFrames()[3])...)
+			putPayload(pool)
+			dec := NewDecoder(bytes.NewReader(wire), DefaultMaxFrameSize)
+			var df dataFrame
+			n, isData, err := dec.next(new(ioppb.Frame), &df)
+			if err != nil || !isData {
+				t.Fatalf("size %d id %d: isData %v err %v", size, id, isData, err)
+			}
+			if n != len(raw) || df.kind != dataTunnelBody || df.stream != id || !bytes.Equal(df.payload, payload) {
+				t.Fatalf("size %d id %d: got n=%d kind=%d stream=%d %d bytes", size, id, n, df.kind, df.stream, len(df.payload))
+			}
+			if (df.pool != nil) != (classOf(size) >= 0) {
+				t.Errorf("size %d: pooled=%v, class %d", size, df.pool != nil, classOf(size))
+			}
+			putPayload(df.pool)
+			// The decoder is still in step: the next frame decodes.
+			f := new(ioppb.Frame)
+			if _, isData, err := dec.next(f, &df); err != nil || isData || !proto.Equal(f, sampleFrames()[3]) {
+				t.Fatalf("frame after data frame: %v %v %v", f, isData, err)
+			}
+		}
+	}
+}
+
+func TestDataFrameErrors(t *testing.T) {
+	ok, pool := encodeData(dataRequestBody, 5, []byte("hello"))
+	defer putPayload(pool)
+	cases := []struct {
+		name string
+		in   []byte
+		want error
+	}{
+		{"marker only", []byte{1, dataMarker}, ErrMalformedFrame},
+		{"no stream id", []byte{2, dataMarker, dataTunnelBody}, ErrMalformedFrame},
+		{"stream id runs past the frame", []byte{4, dataMarker, dataTunnelBody, 0x80, 0x80, 0x01}, ErrMalformedFrame},
+		{"stream id longer than ten bytes", append([]byte{14, dataMarker, dataTunnelBody}, bytes.Repeat([]byte{0x80}, 12)...), ErrMalformedFrame},
+		{"payload cut short", ok[:len(ok)-1], io.ErrUnexpectedEOF},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var df dataFrame
+			_, _, err := NewDecoder(bytes.NewReader(tc.in), DefaultMaxFrameSize).next(new(ioppb.Frame), &df)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+	// The handshake takes protobuf frames only.
+	if _, err := NewDecoder(bytes.NewReader(ok), DefaultMaxFrameSize).Decode(new(ioppb.Frame)); !errors.Is(err, ErrMalformedFrame) {
+		t.Fatalf("Decode of a data frame: %v, want ErrMalformedFrame", err)
+	}
+}
+
+func TestPayloadPoolClasses(t *testing.T) {
+	for _, n := range []int{minPooledPayload, 4 << 10, 4<<10 + classSlack, 4<<10 + classSlack + 1, maxDataChunk + 20, 64<<10 + classSlack} {
+		b, p := getPayload(n)
+		if len(b) != n || p == nil || cap(b) > 2*n+2*classSlack+firstClass {
+			t.Errorf("getPayload(%d): len %d cap %d pooled %v", n, len(b), cap(b), p != nil)
+		}
+		putPayload(p)
+	}
+	if _, p := getPayload(64<<10 + classSlack + 1); p != nil {
+		t.Error("a payload above the largest class was pooled")
+	}
+}

@@ -29,6 +29,10 @@ type Config struct {
 	MaxStreams int
 	// ControlQueue bounds the queue of control frames waiting for the writer.
 	ControlQueue int
+	// NoDataFrames keeps tunnel bodies in protobuf frames even when the
+	// peer reads binary data frames: what a node or edge of an older
+	// version does. For compatibility tests and comparisons only.
+	NoDataFrames bool
 	// WriteTimeout catches half-open peers on send.
 	WriteTimeout time.Duration
 	// HandshakeTimeout bounds the register exchange, from accept to the

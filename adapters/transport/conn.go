@@ -60,9 +60,12 @@ type Conn struct {
 	handler    Handler
 	log        *slog.Logger
 	peerWindow uint32
+	// dataFrames: both ends agreed at registration to send tunnel bodies
+	// as binary data frames. Received data frames are read either way.
+	dataFrames bool
 
 	ctrl chan *ioppb.Frame
-	data chan *ioppb.Frame
+	data chan outFrame
 
 	mu         sync.Mutex
 	streams    map[uint64]*Stream
@@ -104,7 +107,7 @@ func newConn(nc net.Conn, dec *Decoder, cfg Config, side Side, peerWindow uint32
 	c := &Conn{
 		nc: nc, dec: dec, cfg: cfg, side: side, handler: h, log: cfg.Logger, peerWindow: peerWindow,
 		ctrl:    make(chan *ioppb.Frame, cfg.ControlQueue),
-		data:    make(chan *ioppb.Frame),
+		data:    make(chan outFrame),
 		streams: map[uint64]*Stream{},
 		opening: make(chan struct{}, 1),
 		done:    make(chan struct{}),
@@ -189,7 +192,8 @@ func (c *Conn) readLoop() {
 	for {
 		_ = c.nc.SetReadDeadline(time.Now().Add(c.cfg.HeartbeatTimeout))
 		f := new(ioppb.Frame)
-		n, err := c.dec.Decode(f)
+		var df dataFrame
+		n, isData, err := c.dec.next(f, &df)
 		if err != nil {
 			if errors.Is(err, ErrEmptyFrame) {
 				c.dropped.Add(1)
@@ -200,8 +204,28 @@ func (c *Conn) readLoop() {
 		}
 		c.framesIn.Add(1)
 		c.bytesIn.Add(int64(n))
+		if isData {
+			c.dispatchData(&df)
+			continue
+		}
 		c.dispatch(f)
 	}
+}
+
+// dispatchData routes a data frame to its stream, which takes the payload.
+func (c *Conn) dispatchData(df *dataFrame) {
+	cost := dataBodyLen(df.stream, len(df.payload)) + frameOverhead
+	if !knownDataKind(df.kind) {
+		putPayload(df.pool)
+		c.dropped.Add(1)
+		return
+	}
+	if s := c.stream(df.stream); s != nil {
+		s.deliverData(df, cost)
+		return
+	}
+	putPayload(df.pool)
+	c.unroutedCost(df.stream, cost, fmt.Sprintf("data frame (kind %d)", df.kind))
 }
 
 func classifyReadErr(err error, wait time.Duration) error {
@@ -259,12 +283,20 @@ func (c *Conn) dispatch(f *ioppb.Frame) {
 // window it had; on the edge, a frame for a stream that never existed, or
 // more late frames than any window allowed, is a protocol violation.
 func (c *Conn) unrouted(f *ioppb.Frame) {
-	c.dropped.Add(1)
 	// A frame whose body this version does not know is skipped, not fatal.
-	if c.side != SideEdge || f.Body == nil {
+	if f.Body == nil {
+		c.dropped.Add(1)
 		return
 	}
-	id := f.StreamId
+	c.unroutedCost(f.StreamId, frameCost(f), frameKind(f))
+}
+
+// unroutedCost is unrouted for a frame of the given credit cost and kind.
+func (c *Conn) unroutedCost(id uint64, cost int, kind string) {
+	c.dropped.Add(1)
+	if c.side != SideEdge {
+		return
+	}
 	c.mu.Lock()
 	never := id > c.lastPeerID
 	if !c.peerParity(id) {
@@ -272,15 +304,15 @@ func (c *Conn) unrouted(f *ioppb.Frame) {
 	}
 	var flood bool
 	if !never {
-		c.lateAllowance -= frameCost(f)
+		c.lateAllowance -= cost
 		flood = c.lateAllowance < 0
 	}
 	c.mu.Unlock()
 	switch {
 	case never:
-		c.violation(fmt.Sprintf("%s for stream %d, which was never opened", frameKind(f), id))
+		c.violation(fmt.Sprintf("%s for stream %d, which was never opened", kind, id))
 	case flood:
-		c.violation(fmt.Sprintf("flood of frames for ended streams (%s for stream %d)", frameKind(f), id))
+		c.violation(fmt.Sprintf("flood of frames for ended streams (%s for stream %d)", kind, id))
 	}
 }
 
@@ -480,23 +512,69 @@ func (c *Conn) writeLoop() {
 		buf = buf[:0]
 		return true
 	}
+	// writeRaw writes the batch so far and a large pre-encoded data frame
+	// with one writev, so its payload is not copied again.
+	writeRaw := func(raw []byte) bool {
+		arm()
+		var err error
+		if len(buf) == 0 {
+			_, err = c.nc.Write(raw)
+		} else {
+			bufs := net.Buffers{buf, raw}
+			_, err = bufs.WriteTo(c.nc)
+		}
+		if err != nil {
+			c.shutdown(fmt.Errorf("write: %w", err))
+			return false
+		}
+		buf = buf[:0]
+		return true
+	}
 	hb := time.NewTicker(c.cfg.HeartbeatInterval)
 	defer hb.Stop()
 	for {
-		var f *ioppb.Frame
+		var o outFrame
 		select {
-		case f = <-c.ctrl:
+		case o.f = <-c.ctrl:
 		default:
 			select {
-			case f = <-c.ctrl:
-			case f = <-c.data:
+			case o.f = <-c.ctrl:
+			case o = <-c.data:
 			case <-hb.C:
-				f = heartbeatFrame()
+				o.f = heartbeatFrame()
 			case <-c.done:
 				return
 			}
 		}
-		for f != nil {
+		for o.f != nil || o.raw != nil {
+			if o.raw != nil {
+				if len(o.raw) >= rawDirectSize {
+					ok := writeRaw(o.raw)
+					putPayload(o.pool)
+					if !ok {
+						return
+					}
+				} else {
+					if pooled == nil {
+						pooled = framePool.Get().(*[]byte)
+						buf = (*pooled)[:0]
+					}
+					buf = append(buf, o.raw...)
+					putPayload(o.pool)
+				}
+				c.framesOut.Add(1)
+				c.bytesOut.Add(int64(len(o.raw)))
+				if len(buf) >= coalesceLimit && !flush() {
+					return
+				}
+				o = c.nextQueued()
+				if o.f == nil && o.raw == nil {
+					runtime.Gosched()
+					o = c.nextQueued()
+				}
+				continue
+			}
+			f := o.f
 			if f == closeSentinel {
 				flush()
 				cause := ErrConnClosed
@@ -524,13 +602,13 @@ func (c *Conn) writeLoop() {
 			if len(buf) >= coalesceLimit && !flush() {
 				return
 			}
-			f = c.nextQueued()
-			if f == nil {
+			o = c.nextQueued()
+			if o.f == nil && o.raw == nil {
 				// The sender just released often has its next frame ready
 				// (a tunnel's status, header, first body chunk): let it run
 				// once so they share one write instead of one each.
 				runtime.Gosched()
-				f = c.nextQueued()
+				o = c.nextQueued()
 			}
 		}
 		if !flush() {
@@ -540,20 +618,34 @@ func (c *Conn) writeLoop() {
 	}
 }
 
+// outFrame is one frame for the writer: a protobuf frame it encodes, or a
+// data frame a sender already encoded into a pooled buffer (raw), which
+// the writer gives back once written.
+type outFrame struct {
+	f    *ioppb.Frame
+	raw  []byte
+	pool *[]byte
+}
+
+// rawDirectSize is the encoded size from which a data frame is written from
+// its own buffer (with the batch before it, in one writev) instead of being
+// copied into the batch.
+const rawDirectSize = 8 << 10
+
 // nextQueued returns a frame that is ready without waiting, control first.
-func (c *Conn) nextQueued() *ioppb.Frame {
+func (c *Conn) nextQueued() outFrame {
 	select {
 	case f := <-c.ctrl:
-		return f
+		return outFrame{f: f}
 	default:
 	}
 	select {
 	case f := <-c.ctrl:
-		return f
-	case f := <-c.data:
-		return f
+		return outFrame{f: f}
+	case o := <-c.data:
+		return o
 	default:
-		return nil
+		return outFrame{}
 	}
 }
 

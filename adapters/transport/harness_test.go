@@ -493,7 +493,33 @@ func mergeConfig(base, o Config) Config {
 	if o.HandshakeTimeout > 0 {
 		base.HandshakeTimeout = o.HandshakeTimeout
 	}
+	base.NoDataFrames = base.NoDataFrames || o.NoDataFrames
 	return base
+}
+
+// wireMode is one way the two ends can agree to carry tunnel bodies.
+type wireMode struct {
+	name       string
+	opt        pairOptions
+	dataFrames bool // what the link must have negotiated
+}
+
+// wireModes: current ends on both sides, and each side as an older version
+// that neither sends nor asks for data frames.
+var wireModes = []wireMode{
+	{"data frames", pairOptions{}, true},
+	{"older edge", pairOptions{server: Config{NoDataFrames: true}}, false},
+	{"older node", pairOptions{client: ClientConfig{Transport: Config{NoDataFrames: true}}}, false},
+}
+
+// newPairIn is newPair for a wire mode; it checks both ends negotiated it.
+func newPairIn(t *testing.T, m wireMode, setup func(e *fakeEdge, n *fakeNode)) *pair {
+	t.Helper()
+	p := newPair(t, m.opt, setup)
+	if got, node := p.link.conn.dataFrames, p.cli.currentConn().dataFrames; got != m.dataFrames || node != m.dataFrames {
+		t.Fatalf("%s: data frames negotiated edge=%v node=%v, want %v", m.name, got, node, m.dataFrames)
+	}
+	return p
 }
 
 // ---- raw peers ---------------------------------------------------------------

@@ -263,8 +263,14 @@ func (t *tunnelStream) sendBody(r io.Reader) {
 	for {
 		n, err := io.ReadFull(r, buf)
 		if n > 0 {
-			chunk := append([]byte(nil), buf[:n]...)
-			if serr := t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_TunnelRequestBody{TunnelRequestBody: &ioppb.TunnelRequestBody{Data: chunk}}}); serr != nil {
+			var serr error
+			if t.s.c.dataFrames {
+				serr = t.s.SendData(ctx, dataRequestBody, buf[:n])
+			} else {
+				chunk := append([]byte(nil), buf[:n]...)
+				serr = t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_TunnelRequestBody{TunnelRequestBody: &ioppb.TunnelRequestBody{Data: chunk}}})
+			}
+			if serr != nil {
 				return
 			}
 		}
@@ -279,18 +285,27 @@ func (t *tunnelStream) sendBody(r io.Reader) {
 	}
 }
 
+// Recv returns the next frame; a body frame's bytes are valid until the
+// next Recv (they may live in a buffer the link reuses).
 func (t *tunnelStream) Recv(ctx context.Context) (domain.TunnelFrame, error) {
 	for {
 		if t.done {
 			return domain.TunnelFrame{}, io.EOF
 		}
-		f, err := t.s.Recv(ctx)
+		f, d, err := t.s.recv(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return domain.TunnelFrame{}, err
 			}
 			t.done = true
 			return domain.TunnelFrame{}, linkErr(err)
+		}
+		if f == nil {
+			if d.kind != dataTunnelBody {
+				t.s.c.dropped.Add(1)
+				continue
+			}
+			return domain.TunnelFrame{Kind: domain.TunnelBody, Body: d.payload}, nil
 		}
 		p := f.GetProviderTunnelFrame()
 		if p == nil {

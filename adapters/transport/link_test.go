@@ -404,15 +404,37 @@ func echoTunnel(seen chan<- tunnelSeen, respBody []byte) func(context.Context, d
 			all = append(all, rest...)
 		}
 		seen <- tunnelSeen{req: req, body: all, err: err}
-		frames := []domain.TunnelFrame{
+		half := len(respBody) / 2
+		head := []domain.TunnelFrame{
 			{Kind: domain.TunnelStatus, Status: 200},
 			{Kind: domain.TunnelHeader, Header: domain.Header{"Content-Type": {"application/octet-stream"}}},
-			{Kind: domain.TunnelBody, Body: respBody},
+			{Kind: domain.TunnelBody, Body: respBody[:half]},
+		}
+		tail := []domain.TunnelFrame{
 			{Kind: domain.TunnelUsage, Usage: &domain.Usage{TotalTokens: 42}},
 			{Kind: domain.TunnelMetadata, Metadata: []byte(`{"model":"m"}`)},
 			{Kind: domain.TunnelEnd},
 		}
-		for _, f := range frames {
+		for _, f := range head {
+			if err := out.Send(f); err != nil {
+				return
+			}
+		}
+		// The rest goes out as the node's tunnel handler sends it: pieces
+		// of one read buffer, overwritten as soon as Send returns (the
+		// sink must have copied what it keeps).
+		scratch := make([]byte, 10<<10)
+		for rest := respBody[half:]; len(rest) > 0; {
+			n := copy(scratch, rest)
+			rest = rest[n:]
+			if err := out.Send(domain.TunnelFrame{Kind: domain.TunnelBody, Body: scratch[:n]}); err != nil {
+				return
+			}
+			for i := range scratch {
+				scratch[i] = 0xEE
+			}
+		}
+		for _, f := range tail {
 			if err := out.Send(f); err != nil {
 				return
 			}
@@ -420,9 +442,66 @@ func echoTunnel(seen chan<- tunnelSeen, respBody []byte) func(context.Context, d
 	}
 }
 
+// A body frame's bytes stay intact until the next Recv on its own stream,
+// while other streams receive (and recycle buffers) in between.
+func TestTunnelBodyValidUntilNextRecv(t *testing.T) {
+	a, b := randomBytes(512<<10), randomBytes(512<<10)
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.onTunnel = func(ctx context.Context, req domain.TunnelRequest, _ io.Reader, out ports.TunnelSink) {
+			body := a
+			if req.Path == "/b" {
+				body = b
+			}
+			echoTunnel(make(chan tunnelSeen, 1), body)(ctx, req, nil, out)
+		}
+	})
+	ta, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "oa", Method: "GET", Path: "/a"}, nil)
+	mustf(t, err, "OpenTunnel a")
+	defer ta.Close()
+	tb, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "oa", Method: "GET", Path: "/b"}, nil)
+	mustf(t, err, "OpenTunnel b")
+	defer tb.Close()
+	var gotA, gotB []byte
+	doneA, doneB := false, false
+	for !doneA || !doneB {
+		var held []byte // a's last body, checked after b's Recv
+		if !doneA {
+			f, err := ta.Recv(p.ctx)
+			doneA = err == io.EOF
+			if !doneA {
+				mustf(t, err, "a Recv")
+				if f.Kind == domain.TunnelBody {
+					held = f.Body
+					gotA = append(gotA, f.Body...)
+				}
+			}
+		}
+		if !doneB {
+			f, err := tb.Recv(p.ctx)
+			doneB = err == io.EOF
+			if !doneB {
+				mustf(t, err, "b Recv")
+				gotB = append(gotB, f.Body...)
+			}
+		}
+		if held != nil && !bytes.Equal(held, gotA[len(gotA)-len(held):]) {
+			t.Fatalf("a's body chunk changed before a's next Recv (at byte %d)", len(gotA)-len(held))
+		}
+	}
+	if !bytes.Equal(gotA, a) || !bytes.Equal(gotB, b) {
+		t.Fatalf("bodies differ: a %d/%d bytes, b %d/%d", len(gotA), len(a), len(gotB), len(b))
+	}
+}
+
 func TestTunnelRequestBodies(t *testing.T) {
+	for _, m := range wireModes {
+		t.Run(m.name, func(t *testing.T) { testTunnelRequestBodies(t, m) })
+	}
+}
+
+func testTunnelRequestBodies(t *testing.T, m wireMode) {
 	seen := make(chan tunnelSeen, 4)
-	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) { n.onTunnel = echoTunnel(seen, []byte("ok")) })
+	p := newPairIn(t, m, func(_ *fakeEdge, n *fakeNode) { n.onTunnel = echoTunnel(seen, []byte("ok")) })
 	body := randomBytes(200 << 10)
 	cases := []struct {
 		name   string
@@ -496,9 +575,15 @@ func drainTunnel(t *testing.T, ctx context.Context, ts ports.TunnelStream) ([]do
 }
 
 func TestTunnelResponseFramesInOrder(t *testing.T) {
+	for _, m := range wireModes {
+		t.Run(m.name, func(t *testing.T) { testTunnelResponseFramesInOrder(t, m) })
+	}
+}
+
+func testTunnelResponseFramesInOrder(t *testing.T, m wireMode) {
 	seen := make(chan tunnelSeen, 1)
 	resp := randomBytes(1 << 20)
-	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) { n.onTunnel = echoTunnel(seen, resp) })
+	p := newPairIn(t, m, func(_ *fakeEdge, n *fakeNode) { n.onTunnel = echoTunnel(seen, resp) })
 	ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "oa", Method: "GET", Path: "/v1/models"}, nil)
 	mustf(t, err, "OpenTunnel")
 	defer ts.Close()

@@ -26,6 +26,22 @@ var misbehaviours = []struct {
 	{"frame for a stream never opened", "never opened", func(t *testing.T, _ context.Context, raw *rawPeer, _ *edgeLink) {
 		raw.write(&ioppb.Frame{StreamId: 99, Body: &ioppb.Frame_RunEvent{RunEvent: &ioppb.RunEvent{RunId: "x", Type: ioppb.EventType_EVENT_TYPE_DELTA}}})
 	}},
+	{"data frame for a stream never opened", "never opened", func(t *testing.T, _ context.Context, raw *rawPeer, _ *edgeLink) {
+		b, _ := encodeData(dataTunnelBody, 98, []byte("data: {}\n\n"))
+		mustf(t, raw.writeBytes(b), "data frame")
+	}},
+	{"data frames past a tunnel's credit", "overran its credit", func(t *testing.T, ctx context.Context, raw *rawPeer, link *edgeLink) {
+		ts, err := link.OpenTunnel(ctx, domain.TunnelRequest{Provider: "oa", Method: "GET", Path: "/v1/models"}, nil)
+		mustf(t, err, "OpenTunnel")
+		t.Cleanup(ts.Close)
+		id := raw.readUntil(ctx, "tunnel request", func(f *ioppb.Frame) bool { return f.GetProviderTunnelRequest() != nil }).StreamId
+		chunk, _ := encodeData(dataTunnelBody, id, make([]byte, maxDataChunk))
+		for range 64 {
+			if raw.writeBytes(chunk) != nil {
+				return
+			}
+		}
+	}},
 	{"window update for a stream never opened", "never opened", func(t *testing.T, _ context.Context, raw *rawPeer, _ *edgeLink) {
 		raw.write(&ioppb.Frame{StreamId: 77, Body: &ioppb.Frame_WindowUpdate{WindowUpdate: &ioppb.WindowUpdate{Increment: 1 << 30}}})
 	}},
@@ -123,6 +139,13 @@ func FuzzEdgeFramesAfterRegistration(f *testing.F) {
 	f.Add(frames(&ioppb.Frame{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{Reply: true, EchoUnixNano: -1}}}))
 	f.Add([]byte{0, 0, 0})
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0x0f})
+	for _, d := range []struct {
+		kind byte
+		id   uint64
+	}{{dataTunnelBody, 3}, {dataTunnelBody, 1}, {dataRequestBody, 3}, {9, 3}, {dataTunnelBody, 5}} {
+		b, _ := encodeData(d.kind, d.id, []byte("data: {}\n\n"))
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		a, b := net.Pipe()
 		defer b.Close()

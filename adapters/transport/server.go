@@ -246,7 +246,9 @@ func (s *Server) handshake(nc net.Conn, remote, addr string) (*edgeLink, string,
 		HeartbeatIntervalMs: uint32(s.cfg.HeartbeatInterval.Milliseconds()),
 		HeartbeatTimeoutMs:  uint32(s.cfg.HeartbeatTimeout.Milliseconds()),
 		InitialWindow:       s.cfg.StreamWindow,
+		DataFrames:          req.GetDataFrames() && !s.cfg.NoDataFrames,
 	}
+	link.conn.dataFrames = resp.DataFrames
 	if err != nil {
 		resp.Reason = rejectReason(err)
 		if errors.Is(err, domain.ErrUnknownToken) {

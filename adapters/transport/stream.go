@@ -39,7 +39,8 @@ func frameCost(f *ioppb.Frame) int { return proto.Size(f) + frameOverhead }
 // queued is a received frame with the cost charged for it on arrival, so
 // the frame is sized once, not again when it is consumed.
 type queued struct {
-	f    *ioppb.Frame
+	f    *ioppb.Frame // nil for a data frame
+	d    dataFrame
 	cost int
 }
 
@@ -68,6 +69,11 @@ type Stream struct {
 	endErr   error // no more frames will arrive; set once
 	notify   chan struct{}
 	creditCh chan struct{}
+
+	// held is the pooled payload of the data frame Recv returned last; it
+	// is given back on the next Recv (the consumer is done with it by then).
+	// Only the stream's one consumer touches it.
+	held *[]byte
 }
 
 func newStream(c *Conn, id uint64) *Stream {
@@ -86,12 +92,28 @@ func (s *Stream) ID() uint64 { return s.id }
 // side, finished, connection lost). Its cause says why.
 func (s *Stream) Context() context.Context { return s.ctx }
 
-// Recv returns the next frame from the peer.
+// Recv returns the next frame from the peer. A data frame comes back as
+// its protobuf equivalent; its body bytes are valid until the next Recv.
 func (s *Stream) Recv(ctx context.Context) (*ioppb.Frame, error) {
+	f, d, err := s.recv(ctx)
+	if err != nil || f != nil {
+		return f, err
+	}
+	return d.asProto(), nil
+}
+
+// recv returns the next frame from the peer: a protobuf frame, or (f nil) a
+// data frame whose payload is valid until the next recv. There is one
+// consumer per stream.
+func (s *Stream) recv(ctx context.Context) (*ioppb.Frame, dataFrame, error) {
+	if s.held != nil {
+		putPayload(s.held)
+		s.held = nil
+	}
 	for {
 		s.mu.Lock()
 		if len(s.queue) > 0 {
-			f, cost := s.queue[0].f, s.queue[0].cost
+			f, d, cost := s.queue[0].f, s.queue[0].d, s.queue[0].cost
 			s.queue[0] = queued{}
 			s.queue = s.queue[1:]
 			s.queued -= cost
@@ -106,18 +128,21 @@ func (s *Stream) Recv(ctx context.Context) (*ioppb.Frame, error) {
 				// wait for queue room; only the stream ending abandons it.
 				_ = s.c.enqueueCtrl(s.ctx, &ioppb.Frame{StreamId: s.id, Body: &ioppb.Frame_WindowUpdate{WindowUpdate: &ioppb.WindowUpdate{Increment: uint32(grant)}}})
 			}
-			return f, nil
+			if f == nil {
+				s.held = d.pool
+			}
+			return f, d, nil
 		}
 		if s.endErr != nil {
 			err := s.endErr
 			s.mu.Unlock()
-			return nil, err
+			return nil, dataFrame{}, err
 		}
 		s.mu.Unlock()
 		select {
 		case <-s.notify:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, dataFrame{}, ctx.Err()
 		}
 	}
 }
@@ -126,7 +151,24 @@ func (s *Stream) Recv(ctx context.Context) (*ioppb.Frame, error) {
 // writer has taken it.
 func (s *Stream) Send(ctx context.Context, f *ioppb.Frame) error {
 	f.StreamId = s.id
-	cost := frameCost(f)
+	return s.send(ctx, outFrame{f: f}, frameCost(f))
+}
+
+// SendData sends payload as a data frame of kind under the stream's credit.
+// The payload is copied before SendData returns, so the caller may reuse
+// it. Use it only where c.dataFrames holds.
+func (s *Stream) SendData(ctx context.Context, kind byte, payload []byte) error {
+	raw, pool := encodeData(kind, s.id, payload)
+	err := s.send(ctx, outFrame{raw: raw, pool: pool}, dataBodyLen(s.id, len(payload))+frameOverhead)
+	if err != nil {
+		putPayload(pool)
+	}
+	return err
+}
+
+// send takes cost in credit and hands o to the writer. On error o was not
+// taken.
+func (s *Stream) send(ctx context.Context, o outFrame, cost int) error {
 	if cost > int(s.c.peerWindow)/4 {
 		return fmt.Errorf("%w: %d bytes", ErrStreamFrameTooBig, cost)
 	}
@@ -152,7 +194,7 @@ func (s *Stream) Send(ctx context.Context, f *ioppb.Frame) error {
 		}
 	}
 	select {
-	case s.c.data <- f:
+	case s.c.data <- o:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -217,13 +259,25 @@ func (s *Stream) end(err error) bool {
 }
 
 // deliver queues a frame from the peer (read loop; never blocks).
-func (s *Stream) deliver(f *ioppb.Frame) {
-	cost := frameCost(f)
+func (s *Stream) deliver(f *ioppb.Frame) { s.enqueue(queued{f: f, cost: frameCost(f)}) }
+
+// deliverData queues a data frame of the given cost; the stream takes its
+// payload (read loop; never blocks).
+func (s *Stream) deliverData(d *dataFrame, cost int) {
+	if !s.enqueue(queued{d: *d, cost: cost}) {
+		putPayload(d.pool)
+	}
+}
+
+// enqueue queues q unless the stream has ended or the peer overran its
+// credit; it reports whether q was queued.
+func (s *Stream) enqueue(q queued) bool {
+	cost := q.cost
 	s.mu.Lock()
 	if s.endErr != nil {
 		s.mu.Unlock()
 		s.c.dropped.Add(1)
-		return
+		return false
 	}
 	// The peer's credit is the window less what it has sent that has not
 	// been returned: frames still queued and frames read but not yet acked.
@@ -233,19 +287,20 @@ func (s *Stream) deliver(f *ioppb.Frame) {
 		if s.c.side == SideEdge {
 			// A node that ignores the credit it was granted is broken or hostile.
 			s.c.violation(fmt.Sprintf("stream %d overran its credit: %d queued + %d unacknowledged + %d > window %d", s.id, queued, unacked, cost, s.window))
-			return
+			return false
 		}
 		s.c.log.Warn("peer overran stream credit; resetting stream", "stream", s.id, "queued", queued, "unacked", unacked, "frame", cost)
 		if s.end(fmt.Errorf("%w: peer overran the stream window", ErrStreamClosed)) {
 			s.c.remove(s)
 			s.c.trySendCtrl(resetFrame(s.id, "flow_control", "credit window exceeded"))
 		}
-		return
+		return false
 	}
-	s.queue = append(s.queue, queued{f: f, cost: cost})
+	s.queue = append(s.queue, q)
 	s.queued += cost
 	s.mu.Unlock()
 	signal(s.notify)
+	return true
 }
 
 func (s *Stream) addCredit(n uint32) {

@@ -291,7 +291,8 @@ type Tunnel struct {
 // back as its *domain.Error (provider_unreachable, timeout, provider_error,
 // …), a lost link as node_disconnected or stream_reset. Either ends the
 // tunnel. If ctx ends first, Next returns ctx's error and the tunnel stays
-// open: the caller then calls Close.
+// open: the caller then calls Close. A body frame's bytes are valid until
+// the next Next or Close (ports.TunnelStream).
 func (t *Tunnel) Next(ctx context.Context) (domain.TunnelFrame, error) {
 	if t.done {
 		return domain.TunnelFrame{}, io.EOF

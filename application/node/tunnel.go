@@ -17,7 +17,8 @@ import (
 const tunnelChunk = 32 << 10
 
 // chunkPool holds read buffers: one per tunnel was allocated and cleared per
-// request. Each chunk sent is a copy, so the buffer is free when the tunnel ends.
+// request. The sink copies each chunk it sends, so the buffer is free when
+// the tunnel ends.
 var chunkPool = sync.Pool{New: func() any { b := make([]byte, tunnelChunk); return &b }}
 
 // TunnelHandler relays provider HTTP responses to the edge byte for byte:
@@ -81,8 +82,9 @@ func (h *TunnelHandler) OpenTunnel(ctx context.Context, req domain.TunnelRequest
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
-			chunk := append([]byte(nil), buf[:n]...)
-			if out.Send(domain.TunnelFrame{Kind: domain.TunnelBody, Body: chunk}) != nil {
+			// Send copies what it keeps (the port's contract): the buffer
+			// is read into again at once.
+			if out.Send(domain.TunnelFrame{Kind: domain.TunnelBody, Body: buf[:n]}) != nil {
 				return
 			}
 		}

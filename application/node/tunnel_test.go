@@ -89,6 +89,9 @@ func (s *tnSink) Send(f domain.TunnelFrame) error {
 	if s.failAt > 0 && s.sends >= s.failAt {
 		return errors.New("edge went away")
 	}
+	// The port lets the caller reuse f.Body once Send returns: keep a copy,
+	// as the real sink does.
+	f.Body = append([]byte(nil), f.Body...)
 	s.frames = append(s.frames, f)
 	return nil
 }

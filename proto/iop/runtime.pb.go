@@ -682,7 +682,10 @@ type RegisterRequest struct {
 	// edge refuses a config with any other type (config_error), so a new
 	// adapter type needs a node upgrade only. Empty from older nodes: the
 	// edge then leaves the check to the node.
-	AdapterTypes  []string `protobuf:"bytes,7,rep,name=adapter_types,json=adapterTypes,proto3" json:"adapter_types,omitempty"`
+	AdapterTypes []string `protobuf:"bytes,7,rep,name=adapter_types,json=adapterTypes,proto3" json:"adapter_types,omitempty"`
+	// The node reads binary data frames (docs/wire.md "Data frames") and
+	// will send them if the edge agrees. False from older nodes.
+	DataFrames    bool `protobuf:"varint,8,opt,name=data_frames,json=dataFrames,proto3" json:"data_frames,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -766,6 +769,13 @@ func (x *RegisterRequest) GetAdapterTypes() []string {
 	return nil
 }
 
+func (x *RegisterRequest) GetDataFrames() bool {
+	if x != nil {
+		return x.DataFrames
+	}
+	return false
+}
+
 type RegisterResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Accepted bool                   `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
@@ -778,6 +788,9 @@ type RegisterResponse struct {
 	HeartbeatTimeoutMs  uint32 `protobuf:"varint,5,opt,name=heartbeat_timeout_ms,json=heartbeatTimeoutMs,proto3" json:"heartbeat_timeout_ms,omitempty"`
 	// Receive window the edge grants the node for each stream.
 	InitialWindow uint32 `protobuf:"varint,6,opt,name=initial_window,json=initialWindow,proto3" json:"initial_window,omitempty"`
+	// Both ends send tunnel bodies as binary data frames from now on. Set
+	// only when the node asked for them.
+	DataFrames    bool `protobuf:"varint,7,opt,name=data_frames,json=dataFrames,proto3" json:"data_frames,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -852,6 +865,13 @@ func (x *RegisterResponse) GetInitialWindow() uint32 {
 		return x.InitialWindow
 	}
 	return 0
+}
+
+func (x *RegisterResponse) GetDataFrames() bool {
+	if x != nil {
+		return x.DataFrames
+	}
+	return false
 }
 
 // Heartbeat is sent by both ends every interval. A reply echoes the sender's
@@ -2565,7 +2585,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x0fProviderLatency\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x18\n" +
-	"\aseconds\x18\x03 \x01(\x01R\aseconds\"\xd6\x01\n" +
+	"\aseconds\x18\x03 \x01(\x01R\aseconds\"\xf7\x01\n" +
 	"\x0fRegisterRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12!\n" +
 	"\fnode_version\x18\x02 \x01(\tR\vnodeVersion\x12\x1a\n" +
@@ -2573,14 +2593,18 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x02os\x18\x04 \x01(\tR\x02os\x12\x12\n" +
 	"\x04arch\x18\x05 \x01(\tR\x04arch\x12%\n" +
 	"\x0einitial_window\x18\x06 \x01(\rR\rinitialWindow\x12#\n" +
-	"\radapter_types\x18\a \x03(\tR\fadapterTypes\"\x8e\x02\n" +
+	"\radapter_types\x18\a \x03(\tR\fadapterTypes\x12\x1f\n" +
+	"\vdata_frames\x18\b \x01(\bR\n" +
+	"dataFrames\"\xaf\x02\n" +
 	"\x10RegisterResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x129\n" +
 	"\x06config\x18\x03 \x01(\v2!.iop.runtime.v1.NodeConfigPayloadR\x06config\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x04 \x01(\rR\x13heartbeatIntervalMs\x120\n" +
 	"\x14heartbeat_timeout_ms\x18\x05 \x01(\rR\x12heartbeatTimeoutMs\x12%\n" +
-	"\x0einitial_window\x18\x06 \x01(\rR\rinitialWindow\"m\n" +
+	"\x0einitial_window\x18\x06 \x01(\rR\rinitialWindow\x12\x1f\n" +
+	"\vdata_frames\x18\a \x01(\bR\n" +
+	"dataFrames\"m\n" +
 	"\tHeartbeat\x12$\n" +
 	"\x0esent_unix_nano\x18\x01 \x01(\x03R\fsentUnixNano\x12$\n" +
 	"\x0eecho_unix_nano\x18\x02 \x01(\x03R\fechoUnixNano\x12\x14\n" +

@@ -1,0 +1,60 @@
+package transport
+
+import "sync"
+
+// Data frame buffers come from size-classed pools shared by all
+// connections: a payload read off the wire, or a frame encoded by a sender,
+// lives in one until the consumer or the writer is done with it. Classes
+// double from 4 KiB to 64 KiB, so a buffer is at most twice its contents
+// (credit accounting counts contents; a queue of pooled payloads never
+// holds more than twice the window). Small payloads are plain allocations:
+// a pooled 4 KiB buffer per 100-byte SSE chunk would cost more than it saves.
+const (
+	minPooledPayload = 2 << 10
+	firstClass       = 4 << 10
+	numClasses       = 5 // 4, 8, 16, 32, 64 KiB
+	// classSlack lets a full 32 KiB chunk plus its frame header share one
+	// 32 KiB-class buffer instead of taking one of 64 KiB.
+	classSlack = 64
+)
+
+var payloadPools [numClasses]sync.Pool
+
+// classOf returns the pool class for n bytes, or -1 when n is not pooled.
+func classOf(n int) int {
+	if n < minPooledPayload {
+		return -1
+	}
+	for c, size := 0, firstClass; c < numClasses; c, size = c+1, size*2 {
+		if n <= size+classSlack {
+			return c
+		}
+	}
+	return -1
+}
+
+// getPayload returns a buffer of length n and, when it came from a pool,
+// the handle to give back to putPayload.
+func getPayload(n int) ([]byte, *[]byte) {
+	c := classOf(n)
+	if c < 0 {
+		return make([]byte, n), nil
+	}
+	if p, ok := payloadPools[c].Get().(*[]byte); ok {
+		return (*p)[:n], p
+	}
+	b := make([]byte, (firstClass<<c)+classSlack)
+	return b[:n], &b
+}
+
+// putPayload returns a buffer from getPayload to its pool; nil is ignored.
+// The caller must not touch the buffer afterwards.
+func putPayload(p *[]byte) {
+	if p == nil {
+		return
+	}
+	if c := classOf(cap(*p)); c >= 0 && cap(*p) == (firstClass<<c)+classSlack {
+		*p = (*p)[:cap(*p)]
+		payloadPools[c].Put(p)
+	}
+}
