@@ -172,7 +172,7 @@ type relayPath struct {
 // metric is one measure: per column, one value per round.
 type metric struct {
 	label string
-	unit  func(float64) string
+	unit  unit
 	// added: columns compare as a difference (latency), not a ratio.
 	added bool
 	vals  map[string][]float64
@@ -184,13 +184,13 @@ type loadResults struct {
 	byKey map[string]*metric
 }
 
-func (r *loadResults) add(label string, unit func(float64) string, added bool, col string, v float64) {
+func (r *loadResults) add(label string, u unit, added bool, col string, v float64) {
 	if r.byKey == nil {
 		r.byKey = map[string]*metric{}
 	}
 	m := r.byKey[label]
 	if m == nil {
-		m = &metric{label: label, unit: unit, added: added, vals: map[string][]float64{}}
+		m = &metric{label: label, unit: u, added: added, vals: map[string][]float64{}}
 		r.byKey[label] = m
 		r.order = append(r.order, m)
 	}
@@ -206,15 +206,26 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// spread is "median (min–max)", or the one value of a single round.
-func spread(xs []float64, f func(float64) string) string {
+// unit formats a value: its number (format) and what follows it (suffix).
+type unit struct{ format, suffix string }
+
+var (
+	usU    = unit{"%.0f", " µs"}
+	rateU  = unit{"%.0f", ""}
+	mbU    = unit{"%.0f", " MB/s"}
+	ratioU = unit{"%.2f", "×"}
+	addedU = unit{"%+.0f", " µs"}
+)
+
+// spread is "median unit (min–max)", or the one value of a single round.
+func spread(xs []float64, u unit) string {
 	if len(xs) == 0 {
 		return "—"
 	}
 	if len(xs) == 1 {
-		return f(xs[0])
+		return fmt.Sprintf(u.format, xs[0]) + u.suffix
 	}
-	return fmt.Sprintf("%s (%s–%s)", f(median(xs)), f(slices.Min(xs)), f(slices.Max(xs)))
+	return fmt.Sprintf(u.format+"%s ("+u.format+"–"+u.format+")", median(xs), u.suffix, slices.Min(xs), slices.Max(xs))
 }
 
 // compare is other against base, round by round: their difference for a
@@ -233,9 +244,9 @@ func (m *metric) compare(base, other string) string {
 		}
 	}
 	if m.added {
-		return spread(per, func(v float64) string { return fmt.Sprintf("%+.0f µs", v) })
+		return spread(per, addedU)
 	}
-	return spread(per, func(v float64) string { return fmt.Sprintf("%.2f×", v) })
+	return spread(per, ratioU)
 }
 
 // table prints one column per cols entry and one comparison per pair
@@ -262,9 +273,6 @@ func (r *loadResults) table(cols, heads []string, pairs [][2]string) string {
 	return b.String()
 }
 
-func usF(v float64) string   { return fmt.Sprintf("%.0f µs", v) }
-func rateF(v float64) string { return fmt.Sprintf("%.0f", v) }
-func mbF(v float64) string   { return fmt.Sprintf("%.0f MB/s", v) }
 func usOf(d time.Duration) float64 {
 	return float64(d) / float64(time.Microsecond)
 }
@@ -338,7 +346,7 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 	paths := []relayPath{{name: "direct", url: p.URL}}
 	// frp's link to frps uses TLS by default (since v0.50); it follows the
 	// iop link's mode so both relays pay for the same thing.
-	frpURL, frpProcs, frpSkip := startFRP(t, p.URL, mode != "off")
+	frpURL, frpProcs, frpProf, frpSkip := startFRP(t, p.URL, mode != "off", profDir != "")
 	if frpSkip == "" {
 		paths = append(paths, relayPath{name: "frp", url: frpURL, cpu: func() time.Duration {
 			return procCPU(t, frpProcs[0].cmd.Process.Pid) + procCPU(t, frpProcs[1].cmd.Process.Pid)
@@ -369,6 +377,14 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 	elapsed := time.Since(began)
 
 	if profDir != "" {
+		if frpSkip == "" {
+			profile(t, profDir, mode+"-chat-frp", frpProf, func() {
+				hammer(t, 32, 5*time.Second, func() error { _, _, err := loadRequest(frpURL, "chat"); return err })
+			})
+			profile(t, profDir, mode+"-bulk-frp", frpProf, func() {
+				hammer(t, 1, 5*time.Second, func() error { _, _, err := loadRequest(frpURL, fmt.Sprintf("bulk-%d", loadBulk)); return err })
+			})
+		}
 		addrs := map[string]string{"edge": edgeProf, "node": nodeProf}
 		profile(t, profDir, mode+"-chat", addrs, func() {
 			hammer(t, 32, 5*time.Second, func() error { _, _, err := loadRequest(e.url, "chat"); return err })
@@ -416,10 +432,10 @@ func measureTunnel(t *testing.T, r *loadResults, order []relayPath) {
 		}
 	}
 	for _, pa := range order {
-		r.add("sequential TTFB p50", usF, true, pa.name, usOf(pct(ttfb[pa.name], .5)))
+		r.add("sequential TTFB p50", usU, true, pa.name, usOf(pct(ttfb[pa.name], .5)))
 	}
 	for _, pa := range order {
-		r.add("sequential TTFB p99", usF, true, pa.name, usOf(pct(ttfb[pa.name], .99)))
+		r.add("sequential TTFB p99", usU, true, pa.name, usOf(pct(ttfb[pa.name], .99)))
 	}
 
 	for _, conc := range []int{1, 8, 32} {
@@ -429,9 +445,9 @@ func measureTunnel(t *testing.T, r *loadResults, order []relayPath) {
 				c0 = pa.cpu()
 			}
 			rate, cnt := hammer(t, conc, rateCell, func() error { _, _, err := loadRequest(pa.url, "chat"); return err })
-			r.add(fmt.Sprintf("requests/s at %d concurrent (%d-chunk SSE)", conc, loadChunks), rateF, false, pa.name, rate)
+			r.add(fmt.Sprintf("requests/s at %d concurrent (%d-chunk SSE)", conc, loadChunks), rateU, false, pa.name, rate)
 			if pa.cpu != nil && conc == 32 {
-				r.add("relay CPU per request at 32 concurrent (relay processes' user+sys)", usF, false, pa.name,
+				r.add("relay CPU per request at 32 concurrent (relay processes' user+sys)", usU, false, pa.name,
 					usOf(pa.cpu()-c0)/float64(cnt))
 			}
 		}
@@ -458,11 +474,11 @@ func measureTunnel(t *testing.T, r *loadResults, order []relayPath) {
 		}
 	}
 	for _, pa := range order {
-		r.add("bulk SSE body, one stream (best of 3, 16 MiB)", mbF, false, pa.name, best[pa.name])
+		r.add("bulk SSE body, one stream (best of 3, 16 MiB)", mbU, false, pa.name, best[pa.name])
 	}
 	for _, pa := range order {
 		if pa.cpu != nil {
-			r.add("relay CPU per MB, bulk", usF, false, pa.name, usOf(cpu[pa.name])/(3*loadBulk/1e6))
+			r.add("relay CPU per MB, bulk", usU, false, pa.name, usOf(cpu[pa.name])/(3*loadBulk/1e6))
 		}
 	}
 }
@@ -549,9 +565,9 @@ func measureRuns(t *testing.T, r *loadResults, url string, edgeCPU, nodeCPU func
 		rate, cnt := hammer(t, 32, runsCell, spawnCat)
 		self, kids := usOf(rusageCPU(t, syscall.RUSAGE_SELF)-self0)/float64(cnt), usOf(rusageCPU(t, syscall.RUSAGE_CHILDREN)-kids0)/float64(cnt)
 		spawnCPU = self + kids
-		r.add("runs/s vs spawns/s at 32 concurrent", rateF, false, "spawn", rate)
-		r.add("spawn CPU: parent side (the Go process)", usF, false, "spawn", self)
-		r.add("spawn CPU: child side (cat's exec, start, copy)", usF, false, "spawn", kids)
+		r.add("runs/s vs spawns/s at 32 concurrent", rateU, false, "spawn", rate)
+		r.add("spawn CPU: parent side (the Go process)", usU, false, "spawn", self)
+		r.add("spawn CPU: child side (cat's exec, start, copy)", usU, false, "spawn", kids)
 		var wall []time.Duration
 		for i := 0; i < seqRuns; i++ {
 			s := time.Now()
@@ -560,14 +576,14 @@ func measureRuns(t *testing.T, r *loadResults, url string, edgeCPU, nodeCPU func
 			}
 			wall = append(wall, time.Since(s))
 		}
-		r.add("wall per run vs per spawn, sequential p50", usF, false, "spawn", usOf(pct(wall, .5)))
+		r.add("wall per run vs per spawn, sequential p50", usU, false, "spawn", usOf(pct(wall, .5)))
 	}
 	var edgePer, nodePer float64
 	doRuns := func() {
 		e0, n0 := edgeCPU(), nodeCPU()
 		rate, cnt := hammer(t, 32, runsCell, func() error { return echoRun(url) })
 		edgePer, nodePer = usOf(edgeCPU()-e0)/float64(cnt), usOf(nodeCPU()-n0)/float64(cnt)
-		r.add("runs/s vs spawns/s at 32 concurrent", rateF, false, "run", rate)
+		r.add("runs/s vs spawns/s at 32 concurrent", rateU, false, "run", rate)
 		var wall []time.Duration
 		for i := 0; i < seqRuns; i++ {
 			s := time.Now()
@@ -576,7 +592,7 @@ func measureRuns(t *testing.T, r *loadResults, url string, edgeCPU, nodeCPU func
 			}
 			wall = append(wall, time.Since(s))
 		}
-		r.add("wall per run vs per spawn, sequential p50", usF, false, "run", usOf(pct(wall, .5)))
+		r.add("wall per run vs per spawn, sequential p50", usU, false, "run", usOf(pct(wall, .5)))
 	}
 	if spawnFirst {
 		spawns()
@@ -586,12 +602,12 @@ func measureRuns(t *testing.T, r *loadResults, url string, edgeCPU, nodeCPU func
 		spawns()
 	}
 	// Each run's own CPU per process against one whole spawn (parent + child).
-	r.add("edge CPU per run vs spawn CPU (parent + child)", usF, false, "run", edgePer)
-	r.add("edge CPU per run vs spawn CPU (parent + child)", usF, false, "spawn", spawnCPU)
-	r.add("node CPU per run (children excluded) vs spawn CPU", usF, false, "run", nodePer)
-	r.add("node CPU per run (children excluded) vs spawn CPU", usF, false, "spawn", spawnCPU)
-	r.add("edge + node CPU per run vs spawn CPU", usF, false, "run", edgePer+nodePer)
-	r.add("edge + node CPU per run vs spawn CPU", usF, false, "spawn", spawnCPU)
+	r.add("edge CPU per run vs spawn CPU (parent + child)", usU, false, "run", edgePer)
+	r.add("edge CPU per run vs spawn CPU (parent + child)", usU, false, "spawn", spawnCPU)
+	r.add("node CPU per run (children excluded) vs spawn CPU", usU, false, "run", nodePer)
+	r.add("node CPU per run (children excluded) vs spawn CPU", usU, false, "spawn", spawnCPU)
+	r.add("edge + node CPU per run vs spawn CPU", usU, false, "run", edgePer+nodePer)
+	r.add("edge + node CPU per run vs spawn CPU", usU, false, "spawn", spawnCPU)
 
 	// Event latency: the child prints its clock; the caller notes when the
 	// output event arrives (same host, same clock).
@@ -609,8 +625,8 @@ func measureRuns(t *testing.T, r *loadResults, url string, edgeCPU, nodeCPU func
 		}
 		lat = append(lat, time.Duration(a-b))
 	}
-	r.add("event latency p50, child prints → caller receives", usF, true, "run", usOf(pct(lat, .5)))
-	r.add("event latency p99", usF, true, "run", usOf(pct(lat, .99)))
+	r.add("event latency p50, child prints → caller receives", usU, true, "run", usOf(pct(lat, .5)))
+	r.add("event latency p99", usU, true, "run", usOf(pct(lat, .99)))
 }
 
 // frpVersion is the frp that `make frp` (scripts/frp.sh) builds.
@@ -633,11 +649,13 @@ func frpDir() string {
 // startFRP starts frps and frpc on loopback, frpc's one "tcp" proxy carrying
 // raw TCP from a frps port to provider, and returns that port's URL and the
 // two processes (frps, frpc). Without the binaries it returns why instead.
-func startFRP(t *testing.T, provider string, linkTLS bool) (url string, procs []*proc, skip string) {
+// With pprof, both serve net/http/pprof on loopback (their webServer's
+// pprofEnable) at the addresses in prof, keyed "frps" and "frpc".
+func startFRP(t *testing.T, provider string, linkTLS, pprof bool) (url string, procs []*proc, prof map[string]string, skip string) {
 	dir := frpDir()
 	for _, bin := range []string{"frps", "frpc"} {
 		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil {
-			return "", nil, fmt.Sprintf("no %s in %s (`make frp` builds frps and frpc %s there; IOP_FRP_DIR points elsewhere)", bin, dir, frpVersion)
+			return "", nil, nil, fmt.Sprintf("no %s in %s (`make frp` builds frps and frpc %s there; IOP_FRP_DIR points elsewhere)", bin, dir, frpVersion)
 		}
 	}
 	_, localPort, _ := net.SplitHostPort(strings.TrimPrefix(provider, "http://"))
@@ -665,6 +683,16 @@ localIP = "127.0.0.1"
 localPort = %s
 remotePort = %s
 `, bindPort, testToken, linkTLS, localPort, remotePort)
+	if pprof {
+		prof = map[string]string{"frps": freeAddr(t), "frpc": freeAddr(t)}
+		web := func(addr string) string {
+			_, port, _ := net.SplitHostPort(addr)
+			return fmt.Sprintf("webServer.addr = \"127.0.0.1\"\nwebServer.port = %s\nwebServer.pprofEnable = true\n", port)
+		}
+		// Top-level keys go before the first [[proxies]] table.
+		frps += web(prof["frps"])
+		frpc = web(prof["frpc"]) + frpc
+	}
 	for name, body := range map[string]string{"frps.toml": frps, "frpc.toml": frpc} {
 		if err := os.WriteFile(filepath.Join(cfg, name), []byte(body), 0o600); err != nil {
 			t.Fatal(err)
@@ -678,7 +706,7 @@ remotePort = %s
 	for {
 		_, _, err := loadRequest(url, "chat")
 		if err == nil {
-			return url, []*proc{s, c}, ""
+			return url, []*proc{s, c}, prof, ""
 		}
 		for _, p := range []*proc{s, c} {
 			if p.exited() {
@@ -761,4 +789,26 @@ func profile(t *testing.T, dir, mode string, addrs map[string]string, load func(
 		go fetch(who+".allocs.pprof", "http://"+a+"/debug/pprof/allocs")
 	}
 	wg.Wait()
+}
+
+// TestLoadReportFormat checks the report's arithmetic: medians over rounds
+// and comparisons taken round by round.
+func TestLoadReportFormat(t *testing.T) {
+	r := &loadResults{}
+	for _, v := range [][2]float64{{100, 300}, {200, 500}, {400, 1200}} {
+		r.add("rate", rateU, false, "direct", v[0])
+		r.add("rate", rateU, false, "iop", v[1])
+		r.add("ttfb", usU, true, "direct", v[0])
+		r.add("ttfb", usU, true, "iop", v[1])
+	}
+	got := r.table([]string{"direct", "frp", "iop"}, []string{"d", "f", "i", "i vs d", "i vs f"}, [][2]string{{"direct", "iop"}, {"frp", "iop"}})
+	want := "| measure | d | f | i | i vs d | i vs f |\n|---|---|---|---|---|---|\n" +
+		"| rate | 200 (100–400) | — | 500 (300–1200) | 3.00× (2.50–3.00) | — |\n" +
+		"| ttfb | 200 µs (100–400) | — | 500 µs (300–1200) | +300 µs (+200–+800) | — |\n"
+	if got != want {
+		t.Errorf("table:\n%s\nwant:\n%s", got, want)
+	}
+	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Errorf("median of 1..4 = %v, want 2.5", m)
+	}
 }
