@@ -17,6 +17,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -279,7 +280,8 @@ func usOf(d time.Duration) float64 {
 
 // TestLoadCompare measures with the link in its default TLS mode (auto)
 // and with tls.mode off; IOP_LOAD_MODES=auto or =off picks one.
-// IOP_LOAD_ROUNDS sets the number of rounds (default 3).
+// IOP_LOAD_ROUNDS sets the number of rounds (default 3); IOP_LOAD_REPORT=FILE
+// also appends each mode's report (markdown) to FILE.
 func TestLoadCompare(t *testing.T) {
 	modes := []string{"auto", "off"}
 	if m := os.Getenv("IOP_LOAD_MODES"); m != "" {
@@ -398,13 +400,14 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "\niop load compare, link tls.mode %s, %s; %d rounds (%s), each measure on every path in one round, the starting path rotating\n",
+	fmt.Fprintf(&b, "\niop load compare, link tls.mode %s, %s; rounds: %d (%s), each measure on every path in one round, the starting path rotating\n",
 		mode, time.Now().UTC().Format(time.RFC3339), rounds, elapsed.Round(time.Second))
 	b.WriteString("values: median over the rounds (min–max); comparisons: median of the per-round ratios, or for latency the per-round added µs\n")
 	if frpSkip != "" {
 		fmt.Fprintf(&b, "frp column SKIPPED: %s\n", frpSkip)
 	} else {
-		fmt.Fprintf(&b, "frp: frps + frpc %s, raw TCP proxy, link TLS %v (its default is on), tcpMux (default)\n", frpVersion, mode != "off")
+		linkTLS := map[bool]string{true: "on (its default)", false: "off"}[mode != "off"]
+		fmt.Fprintf(&b, "frp: frps + frpc %s, raw TCP proxy, link TLS %s, tcpMux on (its default)\n", frpVersion, linkTLS)
 	}
 	b.WriteString("\n")
 	b.WriteString(tunnel.table([]string{"direct", "frp", "iop"},
@@ -415,6 +418,16 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 		[]string{"iop run", "one spawn", "run ÷ spawn"},
 		[][2]string{{"spawn", "run"}}))
 	fmt.Print(b.String())
+	if path := os.Getenv("IOP_LOAD_REPORT"); path != "" {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err == nil {
+			_, err = f.WriteString(b.String())
+			err = errors.Join(err, f.Close())
+		}
+		if err != nil {
+			t.Errorf("IOP_LOAD_REPORT: %v", err)
+		}
+	}
 }
 
 // measureTunnel runs one round of the provider measures on every path in
