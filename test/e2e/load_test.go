@@ -327,8 +327,9 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 	if err := os.WriteFile(e.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// IOP_LOAD_PPROF=DIR: both processes serve --pprof and CPU and
-	// allocation profiles of the 32-concurrent tunnel load land in DIR.
+	// IOP_LOAD_PPROF=DIR: edge and node serve --pprof (frps and frpc their
+	// web server's pprof) and, after the rounds, CPU and allocation profiles
+	// under chat, bulk and run load land in DIR.
 	profDir := os.Getenv("IOP_LOAD_PPROF")
 	var edgeProf, nodeProf string
 	edgeArgs := []string{"--config", e.config}
