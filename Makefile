@@ -7,7 +7,7 @@ LDFLAGS     := -X iop/bootstrap.Version=$(VERSION) -X main.version=$(VERSION)
 PROTOC_GEN_GO_VERSION := v1.36.12
 STATICCHECK_VERSION   := v0.8.2
 
-.PHONY: all build run test test-unit test-e2e bench bench-compare lint fmt proto clean agent-clis agent-clis-if-npm
+.PHONY: all build run test test-unit test-e2e bench bench-compare frp lint fmt proto clean agent-clis agent-clis-if-npm
 
 all: build
 
@@ -90,9 +90,22 @@ proto:
 clean:
 	rm -rf $(BIN) tmp
 
-## bench-compare: load tool — direct vs through a real edge + node, same run (issue 10; docs/benchmarks.md)
+# frp (frps + frpc), the relay the load tool compares iop with, built from
+# the Go module proxy at a pinned version into a cache outside the repository
+# (never vendored, never in go.mod).
+FRP_VERSION := v0.61.0
+FRP_DIR     := $(or $(IOP_FRP_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/iop/frp-$(FRP_VERSION))
+export IOP_FRP_DIR := $(FRP_DIR)
+
+## frp: build frps and frpc $(FRP_VERSION) into $(FRP_DIR) (once; the load tool's frp column)
+frp:
+	FRP_VERSION=$(FRP_VERSION) GO=$(GO) ./scripts/frp.sh
+
+## bench-compare: load tool — direct vs frp vs a real edge + node, side by side (issue 10; docs/benchmarks.md)
+## (IOP_LOAD_MODES=auto|off, IOP_LOAD_ROUNDS=N, IOP_LOAD_PPROF=DIR)
 bench-compare:
-	$(GO) test -tags load -run TestLoadCompare -count=1 -timeout 5m -v ./test/e2e/
+	@$(MAKE) --no-print-directory frp || echo "warning: building frp failed (no network?); the load tool will skip its frp column"
+	$(GO) test -tags load -run TestLoadCompare -count=1 -timeout 10m -v ./test/e2e/
 
 # The web console's browser tests (test/e2e/console_test.go) skip without
 # Chromium; make test says so up front.
