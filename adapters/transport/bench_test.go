@@ -26,11 +26,41 @@ func benchPair(b *testing.B, setup func(n *fakeNode)) *pair {
 	return newPair(b, pairOptions{server: cfg, client: ClientConfig{Transport: cfg}}, func(_ *fakeEdge, n *fakeNode) { setup(n) })
 }
 
+// benchWires compares tunnel bodies in binary data frames with the
+// protobuf frames an older peer gets, in the same run.
+var benchWires = []struct {
+	name string
+	off  bool
+}{{"data-frames", false}, {"protobuf", true}}
+
+func benchTunnelPair(b *testing.B, noData bool, setup func(n *fakeNode)) *pair {
+	b.Helper()
+	cfg := testConfig()
+	cfg.HeartbeatTimeout = 30 * time.Second
+	cfg.NoDataFrames = noData
+	return newPair(b, pairOptions{server: cfg, client: ClientConfig{Transport: cfg}}, func(_ *fakeEdge, n *fakeNode) { setup(n) })
+}
+
 // BenchmarkTunnelThroughput moves benchPayload bytes per op from the node
-// to the edge through one provider tunnel.
+// to the edge through one provider tunnel, in 32 KiB reads as the node's
+// tunnel handler makes them.
 func BenchmarkTunnelThroughput(b *testing.B) {
-	body := make([]byte, benchPayload)
-	p := benchPair(b, func(n *fakeNode) {
+	for _, w := range benchWires {
+		b.Run(w.name, func(b *testing.B) { benchTunnel(b, w.off, 32<<10) })
+	}
+}
+
+// BenchmarkTunnelSSEChunks is BenchmarkTunnelThroughput for a token
+// stream: 120-byte chunks, each its own frame.
+func BenchmarkTunnelSSEChunks(b *testing.B) {
+	for _, w := range benchWires {
+		b.Run(w.name, func(b *testing.B) { benchTunnel(b, w.off, 120) })
+	}
+}
+
+func benchTunnel(b *testing.B, noData bool, chunk int) {
+	body := make([]byte, chunk)
+	p := benchTunnelPair(b, noData, func(n *fakeNode) {
 		n.onTunnel = func(ctx context.Context, _ domain.TunnelRequest, _ io.Reader, out ports.TunnelSink) {
 			if out.Send(domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 200}) != nil {
 				return
@@ -50,11 +80,15 @@ func BenchmarkTunnelThroughput(b *testing.B) {
 	if _, err := ts.Recv(p.ctx); err != nil { // status
 		b.Fatal(err)
 	}
-	b.SetBytes(benchPayload)
+	per := benchPayload
+	if chunk < 1<<10 {
+		per = 64 << 10
+	}
+	b.SetBytes(int64(per))
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		for got := 0; got < benchPayload; {
+		for got := 0; got < per; {
 			f, err := ts.Recv(p.ctx)
 			if err != nil {
 				b.Fatal(err)

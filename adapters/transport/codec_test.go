@@ -313,7 +313,7 @@ func TestDataFrameRoundTrip(t *testing.T) {
 			if n != len(raw) || df.kind != dataTunnelBody || df.stream != id || !bytes.Equal(df.payload, payload) {
 				t.Fatalf("size %d id %d: got n=%d kind=%d stream=%d %d bytes", size, id, n, df.kind, df.stream, len(df.payload))
 			}
-			if (df.pool != nil) != (classOf(size) >= 0) {
+			if (df.pool != nil) != (size >= minPooledPayload && classOf(size) >= 0) {
 				t.Errorf("size %d: pooled=%v, class %d", size, df.pool != nil, classOf(size))
 			}
 			putPayload(df.pool)
@@ -358,10 +358,18 @@ func TestDataFrameErrors(t *testing.T) {
 func TestPayloadPoolClasses(t *testing.T) {
 	for _, n := range []int{minPooledPayload, 4 << 10, 4<<10 + classSlack, 4<<10 + classSlack + 1, maxDataChunk + 20, 64<<10 + classSlack} {
 		b, p := getPayload(n)
-		if len(b) != n || p == nil || cap(b) > 2*n+2*classSlack+firstClass {
+		if len(b) != n || p == nil || cap(b) > 2*n+2*classSlack {
 			t.Errorf("getPayload(%d): len %d cap %d pooled %v", n, len(b), cap(b), p != nil)
 		}
 		putPayload(p)
+	}
+	// Received payloads below minPooledPayload wait in queues: exact size.
+	if b, p := getPayload(minPooledPayload - 1); p != nil || cap(b) != minPooledPayload-1 {
+		t.Errorf("small received payload: cap %d pooled %v", cap(b), p != nil)
+	}
+	// Encoded frames live briefly: pooled from the smallest class.
+	if b, p := getFrameBuf(100); p == nil || cap(b) != firstClass+classSlack {
+		t.Errorf("small frame buffer: cap %d pooled %v", cap(b), p != nil)
 	}
 	if _, p := getPayload(64<<10 + classSlack + 1); p != nil {
 		t.Error("a payload above the largest class was pooled")

@@ -189,9 +189,12 @@ func (c *Conn) shutdown(cause error) {
 
 func (c *Conn) readLoop() {
 	defer c.wg.Done()
+	var f *ioppb.Frame
 	for {
 		_ = c.nc.SetReadDeadline(time.Now().Add(c.cfg.HeartbeatTimeout))
-		f := new(ioppb.Frame)
+		if f == nil {
+			f = new(ioppb.Frame) // a data frame leaves it unused for the next one
+		}
 		var df dataFrame
 		n, isData, err := c.dec.next(f, &df)
 		if err != nil {
@@ -209,6 +212,7 @@ func (c *Conn) readLoop() {
 			continue
 		}
 		c.dispatch(f)
+		f = nil
 	}
 }
 

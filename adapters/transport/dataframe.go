@@ -39,7 +39,7 @@ func dataBodyLen(id uint64, payload int) int { return 2 + uvarintLen(id) + paylo
 // from the payload pools (release the handle once written).
 func encodeData(kind byte, id uint64, payload []byte) ([]byte, *[]byte) {
 	body := dataBodyLen(id, len(payload))
-	b, pool := getPayload(uvarintLen(uint64(body)) + body)
+	b, pool := getFrameBuf(uvarintLen(uint64(body)) + body)
 	b = binary.AppendUvarint(b[:0], uint64(body))
 	b = append(b, dataMarker, kind)
 	b = binary.AppendUvarint(b, id)

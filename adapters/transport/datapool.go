@@ -5,14 +5,16 @@ import "sync"
 // Data frame buffers come from size-classed pools shared by all
 // connections: a payload read off the wire, or a frame encoded by a sender,
 // lives in one until the consumer or the writer is done with it. Classes
-// double from 4 KiB to 64 KiB, so a buffer is at most twice its contents
-// (credit accounting counts contents; a queue of pooled payloads never
-// holds more than twice the window). Small payloads are plain allocations:
-// a pooled 4 KiB buffer per 100-byte SSE chunk would cost more than it saves.
+// double from 512 B to 64 KiB, so a buffer is at most about twice its
+// contents. Received payloads below minPooledPayload are plain allocations:
+// they wait in stream queues, and credit counts contents plus a 16-byte
+// overhead, so a tiny SSE chunk in a pooled buffer would pin many times what
+// credit allows. Encoded frames (getFrameBuf) live only until the writer
+// has copied or written them, so every size is pooled.
 const (
 	minPooledPayload = 2 << 10
-	firstClass       = 4 << 10
-	numClasses       = 5 // 4, 8, 16, 32, 64 KiB
+	firstClass       = 512
+	numClasses       = 8 // 512 B … 64 KiB
 	// classSlack lets a full 32 KiB chunk plus its frame header share one
 	// 32 KiB-class buffer instead of taking one of 64 KiB.
 	classSlack = 64
@@ -20,11 +22,8 @@ const (
 
 var payloadPools [numClasses]sync.Pool
 
-// classOf returns the pool class for n bytes, or -1 when n is not pooled.
+// classOf returns the pool class for n bytes, or -1 when n is too large.
 func classOf(n int) int {
-	if n < minPooledPayload {
-		return -1
-	}
 	for c, size := 0, firstClass; c < numClasses; c, size = c+1, size*2 {
 		if n <= size+classSlack {
 			return c
@@ -33,9 +32,18 @@ func classOf(n int) int {
 	return -1
 }
 
-// getPayload returns a buffer of length n and, when it came from a pool,
-// the handle to give back to putPayload.
+// getPayload returns a buffer of length n for a received payload and, when
+// it came from a pool, the handle to give back to putPayload.
 func getPayload(n int) ([]byte, *[]byte) {
+	if n < minPooledPayload {
+		return make([]byte, n), nil
+	}
+	return getFrameBuf(n)
+}
+
+// getFrameBuf returns a pooled buffer of length n (unless n exceeds the
+// largest class) for a frame that lives briefly.
+func getFrameBuf(n int) ([]byte, *[]byte) {
 	c := classOf(n)
 	if c < 0 {
 		return make([]byte, n), nil

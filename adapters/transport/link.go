@@ -294,8 +294,8 @@ func (t *tunnelStream) Recv(ctx context.Context) (domain.TunnelFrame, error) {
 		}
 		f, d, err := t.s.recv(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
-				return domain.TunnelFrame{}, err
+			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+				return domain.TunnelFrame{}, err // the stream stays open
 			}
 			t.done = true
 			return domain.TunnelFrame{}, linkErr(err)

@@ -299,8 +299,8 @@ func (t *Tunnel) Next(ctx context.Context) (domain.TunnelFrame, error) {
 	}
 	f, err := t.stream.Recv(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
-			return domain.TunnelFrame{}, ctx.Err()
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return domain.TunnelFrame{}, err
 		}
 		if errors.Is(err, io.EOF) {
 			err = domain.Errorf(domain.CodeNodeDisconnected, "tunnel stream ended without an end frame")

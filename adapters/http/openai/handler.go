@@ -347,6 +347,11 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 	defer tun.Close() // after a normal end a no-op; otherwise the node aborts upstream
 	var sniff *idSniffer
 	status, started := 0, false
+	wd := writeDeadline{timeout: h.WriteIdleTimeout}
+	// unflushed: written to the caller's buffer but not sent. The flush
+	// waits until no frame is ready, so frames that arrive together (status,
+	// headers and the first chunk; a burst of chunks) leave in one write.
+	unflushed := false
 	start := func(hdr http.Header) {
 		copyResponseHeader(w.Header(), hdr)
 		if status < 100 || status > 999 {
@@ -355,13 +360,22 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 		if t.remember && status >= 200 && status < 300 {
 			sniff = &idSniffer{}
 		}
-		h.writeDeadline(rc)
+		wd.arm(rc)
 		w.WriteHeader(status)
-		_ = rc.Flush()
-		started = true
+		started, unflushed = true, true
 	}
 	for {
-		f, err := tun.Next(r.Context())
+		f, err := tun.Next(notWaiting)
+		if err != nil && errors.Is(err, context.Canceled) && r.Context().Err() == nil {
+			// Nothing ready: send what is buffered, then wait.
+			if unflushed {
+				unflushed = false
+				if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+					return
+				}
+			}
+			f, err = tun.Next(r.Context())
+		}
 		if err != nil {
 			if r.Context().Err() != nil {
 				// The caller left. Clients often hang up as soon as the body
@@ -377,6 +391,9 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 			}
 			h.log.Warn("provider stream broke mid-response", "tunnel", tun.ID, "node", tun.Node, "provider", tun.Provider, "err", err)
 			tun.Close()
+			if unflushed {
+				_ = rc.Flush() // every byte relayed before the break reaches the caller
+			}
 			panic(http.ErrAbortHandler) // the caller must see a broken stream, not an end
 		}
 		switch f.Kind {
@@ -398,13 +415,11 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 					sniff = nil
 				}
 			}
-			h.writeDeadline(rc)
+			wd.arm(rc)
 			if _, err := w.Write(f.Body); err != nil {
 				return // the caller is gone
 			}
-			if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-				return
-			}
+			unflushed = true
 		case domain.TunnelEnd:
 			if !started {
 				start(nil)
@@ -431,9 +446,30 @@ func drainEnd(tun *edge.Tunnel, d time.Duration) {
 	}
 }
 
-func (h *Handler) writeDeadline(rc *http.ResponseController) {
-	if h.WriteIdleTimeout > 0 {
-		_ = rc.SetWriteDeadline(time.Now().Add(h.WriteIdleTimeout))
+// notWaiting is an ended context: Next with it returns a frame only if one
+// is ready, and context.Canceled otherwise (the tunnel stays open).
+var notWaiting = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// writeDeadline keeps a write deadline WriteIdleTimeout ahead of the
+// relay's progress. It is re-armed only once a quarter of the timeout has
+// passed: a deadline per chunk costs a timer update per chunk, and the
+// deadline only has to catch a caller that stopped reading.
+type writeDeadline struct {
+	timeout time.Duration
+	armed   time.Time
+}
+
+func (d *writeDeadline) arm(rc *http.ResponseController) {
+	if d.timeout <= 0 {
+		return
+	}
+	if now := time.Now(); now.Sub(d.armed) >= d.timeout/4 {
+		_ = rc.SetWriteDeadline(now.Add(d.timeout))
+		d.armed = now
 	}
 }
 
