@@ -335,6 +335,9 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 	edgeArgs := []string{"--config", e.config}
 	nodeArgs := []string{"--log-level", "info"}
 	if profDir != "" {
+		if err := os.MkdirAll(profDir, 0o755); err != nil {
+			t.Fatalf("IOP_LOAD_PPROF: %v", err)
+		}
 		edgeProf, nodeProf = freeAddr(t), freeAddr(t)
 		edgeArgs = append(edgeArgs, "--pprof", edgeProf)
 		nodeArgs = append(nodeArgs, "--pprof", nodeProf)
