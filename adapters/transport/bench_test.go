@@ -226,3 +226,54 @@ func BenchmarkRawTCPSmallMessages(b *testing.B) {
 	_ = w.Close()
 	<-done
 }
+
+// BenchmarkTunnelFirstByte is one sequential tunnel exchange per op: the
+// edge opens a tunnel, the node answers status, header and one small body
+// chunk, and the op ends when the edge holds the chunk. It is the link's
+// share of a request's time to first byte (both ends in this process).
+func BenchmarkTunnelFirstByte(b *testing.B) {
+	for _, w := range benchWires {
+		b.Run(w.name, func(b *testing.B) {
+			chunk := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
+			p := benchTunnelPair(b, w.off, func(n *fakeNode) {
+				n.onTunnel = func(ctx context.Context, _ domain.TunnelRequest, _ io.Reader, out ports.TunnelSink) {
+					for _, f := range []domain.TunnelFrame{
+						{Kind: domain.TunnelStatus, Status: 200},
+						{Kind: domain.TunnelHeader, Header: domain.Header{"Content-Type": {"text/event-stream"}}},
+						{Kind: domain.TunnelBody, Body: chunk},
+						{Kind: domain.TunnelEnd},
+					} {
+						if out.Send(f) != nil {
+							return
+						}
+					}
+				}
+			})
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "bench", Method: "POST", Path: "/v1/chat/completions"}, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for {
+					f, err := ts.Recv(p.ctx)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if f.Kind == domain.TunnelBody {
+						break
+					}
+				}
+				b.StopTimer()
+				for {
+					if _, err := ts.Recv(p.ctx); err != nil {
+						break
+					}
+				}
+				ts.Close()
+				b.StartTimer()
+			}
+		})
+	}
+}

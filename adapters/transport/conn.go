@@ -516,6 +516,7 @@ func (c *Conn) writeLoop() {
 		buf = buf[:0]
 		return true
 	}
+	_, vectored := c.nc.(*net.TCPConn)
 	// writeRaw writes the batch so far and a large pre-encoded data frame
 	// with one writev, so its payload is not copied again.
 	writeRaw := func(raw []byte) bool {
@@ -552,7 +553,9 @@ func (c *Conn) writeLoop() {
 		}
 		for o.f != nil || o.raw != nil {
 			if o.raw != nil {
-				if len(o.raw) >= rawDirectSize {
+				// Through TLS every write is a record and a system call of
+				// its own: there one copy into the batch beats a second write.
+				if len(o.raw) >= rawDirectSize && (len(buf) == 0 || vectored) {
 					ok := writeRaw(o.raw)
 					putPayload(o.pool)
 					if !ok {
