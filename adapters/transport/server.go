@@ -183,8 +183,7 @@ func (s *Server) serve(nc net.Conn, remote, addr string) {
 	if !ok {
 		return
 	}
-	link.conn.start()
-	<-link.conn.Done()
+	link.conn.run()
 	link.conn.Close(nil)
 	s.h.Disconnected(nodeID, link, reasonOf(link.conn.Err()))
 }
