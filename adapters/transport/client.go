@@ -117,39 +117,50 @@ func NewClient(cfg ClientConfig, h NodeHandler) *Client {
 // only the latter two return an error.
 func (c *Client) Run(ctx context.Context) error {
 	defer c.wg.Wait()
-	attempt := 0
+	// The link is read on this goroutine, inside session: Run's own frame
+	// sits under the idle read loop for as long as the link lasts, so it is
+	// kept small (and the loop's state and logging live in retry), which
+	// lets the collector shrink this goroutine's stack once the handshake
+	// is over.
+	var r retryState
 	for {
-		started := time.Now()
-		c.linked.Store(false)
-		// The link is read on this goroutine, inside session: what Run
-		// keeps on the stack below it stays small (retry holds the rest).
+		r.begin(c)
 		err := c.session(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if fatal(err) {
-			return err
-		}
-		if !c.retry(ctx, err, started, &attempt) {
-			return nil
+		if stop, rerr := c.retry(ctx, err, &r); stop {
+			return rerr
 		}
 	}
 }
 
-// fatal: a refused token and an untrusted edge (TrustError) are final.
-func fatal(err error) bool {
-	var f interface{ Fatal() bool }
-	return errors.As(err, &f) && f.Fatal()
+// retryState is Run's reconnect bookkeeping.
+type retryState struct {
+	started time.Time
+	attempt int
 }
 
-// retry reports the failed attempt and waits out the backoff; false means
-// ctx ended first.
-func (c *Client) retry(ctx context.Context, err error, started time.Time, attempt *int) bool {
-	if time.Since(started) >= c.cfg.HealthyAfter {
-		*attempt = 0
+//go:noinline
+func (r *retryState) begin(c *Client) {
+	r.started = time.Now()
+	c.linked.Store(false)
+}
+
+// retry decides what follows a session that ended with err: stop (with
+// Run's result) when ctx has ended or the refusal is final, otherwise report
+// the failed attempt and wait out the backoff.
+func (c *Client) retry(ctx context.Context, err error, r *retryState) (stop bool, rerr error) {
+	if ctx.Err() != nil {
+		return true, nil
 	}
-	delay := backoff(*attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff)
-	*attempt++
+	// A refused token and an untrusted edge (TrustError) are final.
+	var fatal interface{ Fatal() bool }
+	if errors.As(err, &fatal) && fatal.Fatal() {
+		return true, err
+	}
+	if time.Since(r.started) >= c.cfg.HealthyAfter {
+		r.attempt = 0
+	}
+	delay := backoff(r.attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff)
+	r.attempt++
 	c.reconnects.Add(1)
 	log := c.cfg.Transport.Logger
 	if c.linked.Load() {
@@ -159,9 +170,9 @@ func (c *Client) retry(ctx context.Context, err error, started time.Time, attemp
 	}
 	select {
 	case <-time.After(delay):
-		return true
+		return false, nil
 	case <-ctx.Done():
-		return false
+		return true, nil
 	}
 }
 
