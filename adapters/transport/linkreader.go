@@ -17,10 +17,13 @@ var readPool = sync.Pool{New: func() any { b := make([]byte, readBufferSize); re
 // linkReader is the buffered reader under a link's Decoder. A read loop
 // spends almost all its life blocked in a read; a bufio.Reader would hold its
 // whole buffer there. linkReader blocks on a small inline array instead and
-// switches to a pooled readBufferSize buffer when a read filled what it was
-// given (more is waiting) or the caller wants more than the array holds (a
-// frame is in progress), and gives the pooled buffer back once it is drained
-// and the last read came up short (the socket had nothing more).
+// switches to a pooled readBufferSize buffer when a read filled the array
+// (more is waiting) or the caller wants more than the array holds (a frame
+// is in progress). It keeps the pooled buffer while reads bring at least an
+// array's worth, so a busy link reads as often as through a bufio.Reader,
+// and gives it back once a read brought less (a heartbeat: the link is
+// idle) and that has been drained. A link that goes quiet right after a
+// burst holds the buffer until its next heartbeat.
 //
 // The Decoder uses only ReadByte and Read, with bufio.Reader's semantics: an
 // error is returned once buffered bytes are used up, and a read of at least
@@ -32,8 +35,8 @@ type linkReader struct {
 	pooled *[]byte
 	r, w   int
 	err    error
-	// busy: the last read filled the buffer it was given, so the next one
-	// will likely not block and is worth a full-size buffer.
+	// busy: the last read brought at least idleReadSize bytes, so the next
+	// one is worth a full-size buffer.
 	busy  bool
 	small [idleReadSize]byte
 }
@@ -71,7 +74,7 @@ func (b *linkReader) fill(want int) {
 			panic("linkReader: reader returned an invalid count")
 		}
 		b.w = n
-		b.busy = n == len(b.buf)
+		b.busy = n >= idleReadSize
 		if err != nil {
 			b.err = err
 			return
@@ -120,7 +123,7 @@ func (b *linkReader) Read(p []byte) (int, error) {
 			if n < 0 || n > len(p) {
 				panic("linkReader: reader returned an invalid count")
 			}
-			b.busy = n == len(p)
+			b.busy = n >= idleReadSize
 			b.err = err
 			return n, b.readErr()
 		}

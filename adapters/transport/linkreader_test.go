@@ -65,13 +65,14 @@ func TestLinkReaderDecodesFramesAcrossReadSizes(t *testing.T) {
 	}
 }
 
-// An idle link holds no pooled buffer: a read that came up short means the
-// socket had nothing more, so once it is drained the next read (the one
-// that blocks while the link is idle) goes into the inline array. While
-// reads come back full, the pooled buffer is used.
+// An idle link holds no pooled buffer: once a read brought less than the
+// inline array holds (a heartbeat) and that is drained, the next read (the
+// one that blocks while the link is idle) goes into the inline array. While
+// reads bring more, the pooled buffer is used.
 func TestLinkReaderHoldsNoPooledBufferWhenIdle(t *testing.T) {
 	burst := bytes.Repeat([]byte{'x'}, 3*readBufferSize)
-	r := &scriptedReader{chunks: [][]byte{{'h', 'b'}, burst, {'y'}}, err: io.EOF}
+	medium := bytes.Repeat([]byte{'m'}, 300)
+	r := &scriptedReader{chunks: [][]byte{{'h', 'b'}, burst, medium, {'y'}}, err: io.EOF}
 	lr := newLinkReader(r)
 
 	get := func(n int) {
@@ -92,9 +93,15 @@ func TestLinkReaderHoldsNoPooledBufferWhenIdle(t *testing.T) {
 	if lr.pooled == nil || r.sizes[len(r.sizes)-1] != readBufferSize {
 		t.Fatalf("busy: pooled %v, last read size %d; want a pooled %d-byte read", lr.pooled != nil, r.sizes[len(r.sizes)-1], readBufferSize)
 	}
-	// Drain the burst; its last read comes up short, so the read after it
-	// (the one a live link would block in) gives the buffer back first.
+	// Drain the burst. A read that brings a few hundred bytes keeps the
+	// buffer (the link is still busy) ...
 	get(len(burst) - idleReadSize - 100)
+	get(len(medium))
+	if lr.pooled == nil || r.sizes[len(r.sizes)-1] != readBufferSize {
+		t.Fatalf("after a medium read: pooled %v, last read size %d; want a pooled %d-byte read", lr.pooled != nil, r.sizes[len(r.sizes)-1], readBufferSize)
+	}
+	// ... one that brings a heartbeat's worth lets it go before the next
+	// read (the one an idle link blocks in).
 	get(1)
 	if _, err := lr.ReadByte(); !errors.Is(err, io.EOF) {
 		t.Fatalf("at the end: %v, want io.EOF", err)
