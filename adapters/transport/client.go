@@ -117,11 +117,9 @@ func NewClient(cfg ClientConfig, h NodeHandler) *Client {
 // only the latter two return an error.
 func (c *Client) Run(ctx context.Context) error {
 	defer c.wg.Wait()
-	// The link is read on this goroutine, inside session: Run's own frame
-	// sits under the idle read loop for as long as the link lasts, so it is
-	// kept small (and the loop's state and logging live in retry), which
-	// lets the collector shrink this goroutine's stack once the handshake
-	// is over.
+	// The link is read on this goroutine, inside session, so Run's own
+	// frame stays under the idle read loop: the loop's state and logging
+	// live in retry.
 	var r retryState
 	for {
 		r.begin(c)
@@ -192,11 +190,20 @@ func backoff(attempt int, lo, hi time.Duration) time.Duration {
 	return time.Duration(rand.Int64N(int64(ceil)))
 }
 
-// session registers and then serves the link on this goroutine until it
-// ends. The register exchange is a function of its own so that its large
-// frame is gone from the stack the idle read loop then sits on.
+// session registers and then reads the link on this goroutine until it
+// ends. The register exchange (dial, TLS, protobuf, the config) runs on a
+// goroutine of its own that ends with it: on this one it would grow the
+// stack the idle read loop then sits on, and the runtime halves a stack only
+// while less than a quarter of it is in use, which a read in progress is not.
 func (c *Client) session(ctx context.Context) error {
-	conn, err := c.register(ctx)
+	var conn *Conn
+	var err error
+	registered := make(chan struct{})
+	go func() {
+		defer close(registered)
+		conn, err = c.register(ctx)
+	}()
+	<-registered
 	if err != nil {
 		return err
 	}

@@ -19,11 +19,12 @@ func goroutineStacks() []string {
 }
 
 // A live link costs two goroutines per side: the read loop runs on the
-// goroutine that owns the link (the edge's serve, the node's Run), and no
-// goroutine of either side only waits for the link to end.
+// goroutine that owns the link (the edge's readLink, which took over from
+// the connection's serve; the node's Run), and no goroutine of either side
+// only waits for the link to end.
 func TestLinkReadsOnItsOwnersGoroutine(t *testing.T) {
 	p := newPair(t, pairOptions{}, nil)
-	owners := map[string]int{"(*Server).serve": 0, "(*Client).Run": 0}
+	owners := map[string]int{"(*Server).readLink": 0, "(*Client).Run": 0}
 	eventually(t, p.ctx, "both read loops running on their owners' goroutines", func() bool {
 		for name := range owners {
 			owners[name] = 0
@@ -31,6 +32,9 @@ func TestLinkReadsOnItsOwnersGoroutine(t *testing.T) {
 		for _, g := range goroutineStacks() {
 			if !strings.Contains(g, "iop/adapters/transport.") {
 				continue
+			}
+			if strings.Contains(g, "transport.(*Server).serve(") || strings.Contains(g, "transport.(*Client).register(") {
+				return false // a handshake goroutine still there
 			}
 			for name := range owners {
 				if strings.Contains(g, "transport."+name+"(") {
@@ -41,6 +45,6 @@ func TestLinkReadsOnItsOwnersGoroutine(t *testing.T) {
 				}
 			}
 		}
-		return owners["(*Server).serve"] == 1 && owners["(*Client).Run"] == 1
+		return owners["(*Server).readLink"] == 1 && owners["(*Client).Run"] == 1
 	})
 }
