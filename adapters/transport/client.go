@@ -207,14 +207,9 @@ func (c *Client) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	statsDone := make(chan struct{})
+	stopStats := func() {}
 	if c.cfg.Stats != nil {
-		go func() {
-			defer close(statsDone)
-			reportStats(ctx, conn, c.cfg.Stats, c.cfg.StatsInterval)
-		}()
-	} else {
-		close(statsDone)
+		stopStats = reportStats(ctx, conn, c.cfg.Stats, c.cfg.StatsInterval)
 	}
 	// The read loop runs here until the link ends; shutting the node down
 	// ends it (AfterFunc's goroutine exists only once ctx is done).
@@ -222,7 +217,7 @@ func (c *Client) session(ctx context.Context) error {
 	conn.run()
 	stop()
 	conn.Close(nil)
-	<-statsDone
+	stopStats()
 	return conn.Err()
 }
 

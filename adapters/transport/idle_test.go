@@ -3,7 +3,11 @@ package transport
 import (
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"iop/domain"
 )
 
 // goroutineStacks returns the stack of every goroutine in the process.
@@ -47,4 +51,29 @@ func TestLinkReadsOnItsOwnersGoroutine(t *testing.T) {
 		}
 		return owners["(*Server).readLink"] == 1 && owners["(*Client).Run"] == 1
 	})
+}
+
+// A node's stats go out now and every interval from timers, not from a
+// goroutine of the link's, and stop when the node does.
+func TestNodeStatsReportedFromTimers(t *testing.T) {
+	var calls atomic.Int64
+	stats := func() domain.NodeStats { return domain.NodeStats{ChildProcesses: int(calls.Add(1))} }
+	p := newPair(t, pairOptions{client: ClientConfig{Stats: stats, StatsInterval: 20 * time.Millisecond}}, nil)
+	eventually(t, p.ctx, "three reports at the edge", func() bool {
+		s, ok := p.link.NodeStats()
+		return ok && s.ChildProcesses >= 3
+	})
+	for _, g := range goroutineStacks() {
+		if strings.Contains(g, "transport.reportStats") && !strings.Contains(g, "(*statsReporter).send(") {
+			t.Errorf("a goroutine waits for the next stats report:\n%s", g)
+		}
+	}
+	if err := p.cli.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	n := calls.Load()
+	time.Sleep(100 * time.Millisecond)
+	if m := calls.Load(); m != n {
+		t.Errorf("%d stats reports after the node stopped", m-n)
+	}
 }
