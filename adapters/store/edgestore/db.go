@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -24,6 +25,55 @@ import (
 type DB struct {
 	bun      *bun.DB
 	postgres bool
+
+	stmtMu sync.Mutex
+	stmts  *statements // prepared on first use (SQLite only)
+}
+
+// statements are the history writes prepared once (see writePrepared).
+type statements struct {
+	run, tunnel *sql.Stmt
+}
+
+// Column lists of the prepared writes, in the order of runRow.args and
+// tunnelRow.args (a test holds them to the row types' bun fields).
+var (
+	runColumns = []string{"id", "edge_id", "node", "adapter", "target", "session_id", "key_name", "background",
+		"status", "created_us", "finished_us", "error_code", "error_message", "model", "prompt_tokens",
+		"completion_tokens", "total_tokens", "cost_usd", "has_usage"}
+	tunnelColumns = []string{"id", "edge_id", "node", "provider", "model", "path", "key_name", "status",
+		"error_code", "body_bytes", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd",
+		"started_us", "finished_us"}
+)
+
+func insertSQL(table string, cols []string, conflict string) string {
+	return "INSERT INTO " + table + " (" + strings.Join(cols, ", ") + ") VALUES (" +
+		strings.TrimSuffix(strings.Repeat("?, ", len(cols)), ", ") + ") ON CONFLICT (id) " + conflict
+}
+
+// statements prepares the writes on the first call; a failure is returned
+// and tried again next time.
+func (db *DB) statements(ctx context.Context) (*statements, error) {
+	db.stmtMu.Lock()
+	defer db.stmtMu.Unlock()
+	if db.stmts != nil {
+		return db.stmts, nil
+	}
+	set := make([]string, len(runUpdate))
+	for i, c := range runUpdate {
+		set[i] = c + " = EXCLUDED." + c
+	}
+	run, err := db.bun.DB.PrepareContext(ctx, insertSQL("edge_runs", runColumns, "DO UPDATE SET "+strings.Join(set, ", ")))
+	if err != nil {
+		return nil, fmt.Errorf("prepare run write: %w", err)
+	}
+	tunnel, err := db.bun.DB.PrepareContext(ctx, insertSQL("edge_tunnels", tunnelColumns, "DO NOTHING"))
+	if err != nil {
+		_ = run.Close()
+		return nil, fmt.Errorf("prepare tunnel write: %w", err)
+	}
+	db.stmts = &statements{run: run, tunnel: tunnel}
+	return db.stmts, nil
 }
 
 // IsPostgres reports whether dsn selects PostgreSQL (postgres:// or
@@ -46,6 +96,7 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		sqldb.SetMaxOpenConns(4)
 		db = &DB{bun: bun.NewDB(sqldb, pgdialect.New()), postgres: true}
 	} else {
+		holdAllocatorPages()
 		sqldb, err := sql.Open(sqliteshim.ShimName, sqliteDSN(dsn))
 		if err != nil {
 			return nil, fmt.Errorf("open edge store: %w", err)
@@ -80,7 +131,16 @@ func sqliteDSN(dsn string) string {
 }
 
 // Close closes the database.
-func (db *DB) Close() error { return db.bun.Close() }
+func (db *DB) Close() error {
+	db.stmtMu.Lock()
+	if db.stmts != nil {
+		_ = db.stmts.run.Close()
+		_ = db.stmts.tunnel.Close()
+		db.stmts = nil
+	}
+	db.stmtMu.Unlock()
+	return db.bun.Close()
+}
 
 // migrationLock is the PostgreSQL advisory lock key that serialises
 // migrations of edges sharing one database ("iopmigr" in ASCII).
