@@ -264,7 +264,7 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 			return
 		}
 		rec = &recordingReader{r: http.MaxBytesReader(w, r.Body, h.MaxBody)}
-		p := &prefix{src: rec}
+		p := newPrefix(rec, r.ContentLength)
 		var err error
 		if t.form {
 			model, err = scanMultipartModel(p, r.Header.Get("Content-Type"), "model")
