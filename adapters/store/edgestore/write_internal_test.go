@@ -112,6 +112,31 @@ func TestWritesUpsertAlike(t *testing.T) {
 			if fmt.Sprint(statuses) != "[200]" {
 				t.Fatalf("tunnel statuses %v, want [200]", statuses)
 			}
+
+			// Larger batches: every row, once.
+			const n = 70
+			var first, second []any
+			for i := range n {
+				r := domain.RunRecord{ID: fmt.Sprintf("run_c%d", i), Node: "n1", Status: domain.RunRunning, CreatedAt: time.UnixMicro(int64(i + 1))}
+				first = append(first, toRunRow("e1", r), toTunnelRow("e1", domain.TunnelRecord{ID: fmt.Sprintf("tun_c%d", i), Status: 200}))
+				r.Status, r.FinishedAt = domain.RunSucceeded, time.UnixMicro(int64(1000+i))
+				second = append(second, toRunRow("e1", r))
+			}
+			for _, batch := range [][]any{first, second} {
+				runs, tunnels := splitBatch(batch)
+				if err := way.write(db, ctx, runs, tunnels); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range n {
+				r, err := s.GetRun(ctx, fmt.Sprintf("run_c%d", i))
+				if err != nil || r.Status != domain.RunSucceeded || r.FinishedAt.UnixMicro() != int64(1000+i) || r.CreatedAt.UnixMicro() != int64(i+1) {
+					t.Fatalf("run_c%d = %+v, %v", i, r, err)
+				}
+			}
+			if c, err := db.bun.NewSelect().Table("edge_tunnels").Count(ctx); err != nil || c != n+1 {
+				t.Fatalf("%d tunnels, %v; want %d", c, err, n+1)
+			}
 		})
 	}
 }
