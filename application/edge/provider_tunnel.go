@@ -187,7 +187,7 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 	if in.Model != "" {
 		cands = nil
 		for _, p := range speak {
-			if p.known && servesModel(p.models, in.Model) {
+			if p.known && p.serves(in.Model) {
 				cands = append(cands, p)
 			}
 		}
@@ -225,7 +225,7 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 
 func anyServes(ps []providerModels, model string) bool {
 	for _, p := range ps {
-		if p.known && servesModel(p.models, model) {
+		if p.known && p.serves(model) {
 			return true
 		}
 	}
@@ -249,15 +249,6 @@ func (h *SubmitProviderTunnelHandler) Targets(caller domain.Principal, family st
 		}
 	}
 	return out
-}
-
-func servesModel(models []ModelEntry, model string) bool {
-	for _, m := range models {
-		if MatchModel(m.ID, model) {
-			return true
-		}
-	}
-	return false
 }
 
 // Tunnel is a caller's view of one open provider tunnel. It has one
