@@ -170,6 +170,10 @@ func (s *Server) handleCreateRun(w http.ResponseWriter, r *http.Request) {
 	s.streamRun(w, r, rh)
 }
 
+// runEventBurst is how many of a run's events may wait for the caller's
+// stream: a bound, not a delay (each burst is flushed at once).
+const runEventBurst = 16
+
 // streamRun relays a foreground run as SSE. The handle has one consumer: a
 // pump goroutine calls Next, and Close runs only after it has returned. A
 // client that leaves (or a server that stops) closes the handle, which
@@ -178,7 +182,9 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, rh *edge.RunH
 	ctx, cancel := s.streamContext(r)
 	defer cancel()
 
-	events := make(chan domain.RunEvent)
+	// A few events may wait, so a burst (a run's last output and its end)
+	// goes out in one write.
+	events := make(chan domain.RunEvent, runEventBurst)
 	pumpCtx, stopPump := context.WithCancel(ctx)
 	pumpDone := make(chan struct{})
 	go func() {
@@ -219,8 +225,24 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, rh *edge.RunH
 				s.endRunStream(r, sse, rh, lastSeq)
 				return
 			}
-			lastSeq = ev.Seq
-			if err := sse.eventJSON(string(ev.Type), toRunEventJSON(rh.Node, ev)); err != nil || ev.Type.Terminal() {
+			// Events already waiting go out with this one: one flush per
+			// burst, never a wait for more.
+			for more := true; more; {
+				lastSeq = ev.Seq
+				if err := sse.writeJSON(string(ev.Type), toRunEventJSON(rh.Node, ev)); err != nil {
+					return
+				}
+				if ev.Type.Terminal() {
+					_ = sse.flush()
+					return
+				}
+				select {
+				case ev, more = <-events:
+				default:
+					more = false
+				}
+			}
+			if err := sse.flush(); err != nil {
 				return
 			}
 		case <-tick.C:

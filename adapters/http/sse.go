@@ -8,13 +8,17 @@ import (
 	"time"
 )
 
-// sseWriter writes server-sent events, flushing after each one. Each write
-// must complete within idle (when positive), so a client that stops reading
-// ends the stream with an error instead of blocking it forever.
+// sseWriter writes server-sent events, flushing after each one (or, through
+// write and flush, after a burst). Each write must complete within idle (when
+// positive), so a client that stops reading ends the stream with an error
+// instead of blocking it forever. One goroutine writes.
 type sseWriter struct {
 	w    http.ResponseWriter
 	rc   *http.ResponseController
 	idle time.Duration
+	buf  []byte       // the event being written, reused
+	js   bytes.Buffer // the JSON of the event being written, reused
+	enc  *json.Encoder
 }
 
 // startSSE sends the stream's headers (plus any extra ones) and flushes
@@ -42,33 +46,53 @@ func (s *sseWriter) deadline() {
 	}
 }
 
-// event writes one event. data may hold newlines; each line becomes its own
-// "data:" field, which SSE readers join back with "\n".
+// event writes one event and flushes it. data may hold newlines; each line
+// becomes its own "data:" field, which SSE readers join back with "\n".
 func (s *sseWriter) event(typ string, data []byte) error {
-	var b bytes.Buffer
-	b.WriteString("event: ")
-	b.WriteString(oneLine(typ))
-	b.WriteByte('\n')
-	for line := range bytes.SplitSeq(bytes.TrimRight(data, "\r\n"), []byte("\n")) {
-		b.WriteString("data: ")
-		b.Write(bytes.TrimSuffix(line, []byte("\r")))
-		b.WriteByte('\n')
-	}
-	b.WriteByte('\n')
-	s.deadline()
-	if _, err := s.w.Write(b.Bytes()); err != nil {
+	if err := s.write(typ, data); err != nil {
 		return err
 	}
-	return s.rc.Flush()
+	return s.flush()
 }
 
-// eventJSON writes one event whose data is v as JSON.
+// write writes one event without flushing it (see event).
+func (s *sseWriter) write(typ string, data []byte) error {
+	b := append(s.buf[:0], "event: "...)
+	b = append(b, oneLine(typ)...)
+	b = append(b, '\n')
+	for line := range bytes.SplitSeq(bytes.TrimRight(data, "\r\n"), []byte("\n")) {
+		b = append(b, "data: "...)
+		b = append(b, bytes.TrimSuffix(line, []byte("\r"))...)
+		b = append(b, '\n')
+	}
+	b = append(b, '\n')
+	s.buf = b // the ResponseWriter copied it: reused for the next event
+	s.deadline()
+	_, err := s.w.Write(b)
+	return err
+}
+
+// flush sends what was written.
+func (s *sseWriter) flush() error { return s.rc.Flush() }
+
+// eventJSON writes one event whose data is v as JSON and flushes it.
 func (s *sseWriter) eventJSON(typ string, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
+	if err := s.writeJSON(typ, v); err != nil {
 		return err
 	}
-	return s.event(typ, b)
+	return s.flush()
+}
+
+// writeJSON is eventJSON without the flush. The JSON is json.Marshal's.
+func (s *sseWriter) writeJSON(typ string, v any) error {
+	if s.enc == nil {
+		s.enc = json.NewEncoder(&s.js)
+	}
+	s.js.Reset()
+	if err := s.enc.Encode(v); err != nil { // Marshal's bytes and a newline, which write trims
+		return err
+	}
+	return s.write(typ, s.js.Bytes())
 }
 
 // comment writes a comment line, which SSE readers ignore.
@@ -83,6 +107,9 @@ func (s *sseWriter) comment(text string) error {
 func (s *sseWriter) keepAlive() error { return s.comment("keep-alive") }
 
 func oneLine(s string) string {
+	if !strings.ContainsAny(s, "\r\n") {
+		return s
+	}
 	return strings.NewReplacer("\r", " ", "\n", " ").Replace(s)
 }
 
