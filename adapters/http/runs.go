@@ -11,7 +11,6 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"time"
 
 	"iop/application/edge"
 	"iop/domain"
@@ -170,91 +169,71 @@ func (s *Server) handleCreateRun(w http.ResponseWriter, r *http.Request) {
 	s.streamRun(w, r, rh)
 }
 
-// runEventBurst is how many of a run's events may wait for the caller's
-// stream: a bound, not a delay (each burst is flushed at once).
-const runEventBurst = 16
-
-// streamRun relays a foreground run as SSE. The handle has one consumer: a
-// pump goroutine calls Next, and Close runs only after it has returned. A
-// client that leaves (or a server that stops) closes the handle, which
-// cancels the run on its node.
+// streamRun relays a foreground run as SSE. This goroutine is the handle's
+// one consumer: it calls Next itself (no pump goroutine, so an event costs
+// no hand-off between goroutines), bounded by a wait context per keep-alive
+// period, and Close runs after it is done. A client that leaves (or a
+// server that stops) closes the handle, which cancels the run on its node.
 func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, rh *edge.RunHandle) {
 	ctx, cancel := s.streamContext(r)
 	defer cancel()
-
-	// A few events may wait, so a burst (a run's last output and its end)
-	// goes out in one write.
-	events := make(chan domain.RunEvent, runEventBurst)
-	pumpCtx, stopPump := context.WithCancel(ctx)
-	pumpDone := make(chan struct{})
-	go func() {
-		defer close(pumpDone)
-		defer close(events)
-		for {
-			ev, err := rh.Next(pumpCtx)
-			if err != nil {
-				return
-			}
-			select {
-			case events <- ev:
-			case <-pumpCtx.Done():
-				return
-			}
-			if ev.Type.Terminal() {
-				return
-			}
-		}
-	}()
-	defer func() {
-		stopPump()
-		<-pumpDone
-		rh.Close()
-	}()
+	defer rh.Close()
 
 	sse, err := s.startSSE(w, map[string]string{"X-IOP-Run-ID": rh.RunID, "X-IOP-Node": rh.Node})
 	if err != nil {
 		return
 	}
-	tick := time.NewTicker(s.keepAlive())
-	defer tick.Stop()
 	var lastSeq uint64
 	for {
-		select {
-		case ev, ok := <-events:
-			if !ok {
-				s.endRunStream(r, sse, rh, lastSeq)
-				return
-			}
-			// Events already waiting go out with this one: one flush per
-			// burst, never a wait for more.
-			for more := true; more; {
-				lastSeq = ev.Seq
-				if err := sse.writeJSON(string(ev.Type), toRunEventJSON(rh.Node, ev)); err != nil {
-					return
-				}
-				if ev.Type.Terminal() {
-					_ = sse.flush()
-					return
-				}
-				select {
-				case ev, more = <-events:
-				default:
-					more = false
-				}
-			}
-			if err := sse.flush(); err != nil {
-				return
-			}
-		case <-tick.C:
-			if err := sse.keepAlive(); err != nil {
-				return
-			}
-		case <-ctx.Done():
-			s.endRunStream(r, sse, rh, lastSeq)
+		wait, stopWait := context.WithTimeout(ctx, s.keepAlive())
+		quiet := s.relayRunEvents(ctx, wait, r, sse, rh, &lastSeq)
+		stopWait()
+		if !quiet || sse.keepAlive() != nil {
 			return
 		}
 	}
 }
+
+// relayRunEvents relays rh's events until wait (a keep-alive period of ctx)
+// ends, which it reports as quiet; false means the stream is over.
+func (s *Server) relayRunEvents(ctx, wait context.Context, r *http.Request, sse *sseWriter, rh *edge.RunHandle, lastSeq *uint64) (quiet bool) {
+	for {
+		ev, err := rh.Next(wait)
+		if err != nil {
+			if ctx.Err() == nil && wait.Err() != nil {
+				return true
+			}
+			s.endRunStream(r, sse, rh, *lastSeq) // the caller left, the server stops, or the stream ended
+			return false
+		}
+		// Events already waiting go out with this one: one flush per burst,
+		// never a wait for more.
+		for {
+			*lastSeq = ev.Seq
+			if err := sse.writeJSON(string(ev.Type), toRunEventJSON(rh.Node, ev)); err != nil {
+				return false
+			}
+			if ev.Type.Terminal() {
+				_ = sse.flush()
+				return false
+			}
+			if ev, err = rh.Next(queuedOnly); err != nil {
+				break
+			}
+		}
+		if err := sse.flush(); err != nil {
+			return false
+		}
+	}
+}
+
+// queuedOnly is a context already done: Next with it returns an event only
+// if one is already there, and otherwise returns at once without a change.
+var queuedOnly = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
 // endRunStream tells a caller still connected why its stream ends early.
 func (s *Server) endRunStream(r *http.Request, sse *sseWriter, rh *edge.RunHandle, lastSeq uint64) {
