@@ -179,10 +179,9 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, rh *edge.RunH
 	defer cancel()
 	defer rh.Close()
 
-	sse, err := s.startSSE(w, map[string]string{"X-IOP-Run-ID": rh.RunID, "X-IOP-Node": rh.Node})
-	if err != nil {
-		return
-	}
+	// The headers go out with the first event (the run's start, at hand),
+	// or alone before the first wait.
+	sse := s.openSSE(w, map[string]string{"X-IOP-Run-ID": rh.RunID, "X-IOP-Node": rh.Node})
 	var lastSeq uint64
 	for {
 		wait, stopWait := context.WithTimeout(ctx, s.keepAlive())
@@ -195,37 +194,41 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, rh *edge.RunH
 }
 
 // relayRunEvents relays rh's events until wait (a keep-alive period of ctx)
-// ends, which it reports as quiet; false means the stream is over.
+// ends, which it reports as quiet; false means the stream is over. Events
+// already queued are written together and flushed once (at most
+// runEventBurst at a time); the stream is flushed before every wait, so an
+// event never waits for the next one.
 func (s *Server) relayRunEvents(ctx, wait context.Context, r *http.Request, sse *sseWriter, rh *edge.RunHandle, lastSeq *uint64) (quiet bool) {
-	for {
-		ev, err := rh.Next(wait)
-		if err != nil {
-			if ctx.Err() == nil && wait.Err() != nil {
-				return true
+	for n := 0; ; n++ {
+		ev, err := rh.Next(queuedOnly)
+		if err != nil || n == runEventBurst {
+			if sse.unflushed && sse.flush() != nil {
+				return false
 			}
-			s.endRunStream(r, sse, rh, *lastSeq) // the caller left, the server stops, or the stream ended
+			n = 0
+		}
+		if err != nil {
+			if ev, err = rh.Next(wait); err != nil {
+				if ctx.Err() == nil && wait.Err() != nil {
+					return true
+				}
+				s.endRunStream(r, sse, rh, *lastSeq) // the caller left, the server stops, or the stream ended
+				return false
+			}
+		}
+		*lastSeq = ev.Seq
+		if err := sse.writeJSON(string(ev.Type), toRunEventJSON(rh.Node, ev)); err != nil {
 			return false
 		}
-		// Events already waiting go out with this one: one flush per burst,
-		// never a wait for more.
-		for {
-			*lastSeq = ev.Seq
-			if err := sse.writeJSON(string(ev.Type), toRunEventJSON(rh.Node, ev)); err != nil {
-				return false
-			}
-			if ev.Type.Terminal() {
-				_ = sse.flush()
-				return false
-			}
-			if ev, err = rh.Next(queuedOnly); err != nil {
-				break
-			}
-		}
-		if err := sse.flush(); err != nil {
+		if ev.Type.Terminal() {
+			_ = sse.flush()
 			return false
 		}
 	}
 }
+
+// runEventBurst is the most events written before a flush.
+const runEventBurst = 16
 
 // queuedOnly is a context already done: Next with it returns an event only
 // if one is already there, and otherwise returns at once without a change.

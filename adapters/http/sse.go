@@ -19,6 +19,8 @@ type sseWriter struct {
 	buf  []byte       // the event being written, reused
 	js   bytes.Buffer // the JSON of the event being written, reused
 	enc  *json.Encoder
+	// unflushed: written (headers or events) but not yet flushed.
+	unflushed bool
 }
 
 // startSSE sends the stream's headers (plus any extra ones) and flushes
@@ -26,6 +28,13 @@ type sseWriter struct {
 // of the stream, this one included, is bounded by the server's
 // WriteIdleTimeout.
 func (srv *Server) startSSE(w http.ResponseWriter, extra map[string]string) (*sseWriter, error) {
+	s := srv.openSSE(w, extra)
+	return s, s.flush()
+}
+
+// openSSE is startSSE without the flush: for a stream whose first event is
+// at hand, so headers and event go out in one write.
+func (srv *Server) openSSE(w http.ResponseWriter, extra map[string]string) *sseWriter {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -33,10 +42,10 @@ func (srv *Server) startSSE(w http.ResponseWriter, extra map[string]string) (*ss
 	for k, v := range extra {
 		h.Set(k, v)
 	}
-	s := &sseWriter{w: w, rc: http.NewResponseController(w), idle: srv.WriteIdleTimeout}
+	s := &sseWriter{w: w, rc: http.NewResponseController(w), idle: srv.WriteIdleTimeout, unflushed: true}
 	s.deadline()
 	w.WriteHeader(http.StatusOK)
-	return s, s.rc.Flush()
+	return s
 }
 
 // deadline gives the next write idle to complete.
@@ -68,12 +77,16 @@ func (s *sseWriter) write(typ string, data []byte) error {
 	b = append(b, '\n')
 	s.buf = b // the ResponseWriter copied it: reused for the next event
 	s.deadline()
+	s.unflushed = true
 	_, err := s.w.Write(b)
 	return err
 }
 
 // flush sends what was written.
-func (s *sseWriter) flush() error { return s.rc.Flush() }
+func (s *sseWriter) flush() error {
+	s.unflushed = false
+	return s.rc.Flush()
+}
 
 // eventJSON writes one event whose data is v as JSON and flushes it.
 func (s *sseWriter) eventJSON(typ string, v any) error {
@@ -101,7 +114,7 @@ func (s *sseWriter) comment(text string) error {
 	if _, err := s.w.Write([]byte(": " + oneLine(text) + "\n\n")); err != nil {
 		return err
 	}
-	return s.rc.Flush()
+	return s.flush()
 }
 
 func (s *sseWriter) keepAlive() error { return s.comment("keep-alive") }
