@@ -9,9 +9,10 @@ import (
 )
 
 // sseWriter writes server-sent events, flushing after each one (or, through
-// write and flush, after a burst). Each write must complete within idle (when
-// positive), so a client that stops reading ends the stream with an error
-// instead of blocking it forever. One goroutine writes.
+// write and flush, after a burst). Each write, or burst of writes up to its
+// flush, must complete within idle (when positive), so a client that stops
+// reading ends the stream with an error instead of blocking it forever. One
+// goroutine writes.
 type sseWriter struct {
 	w    http.ResponseWriter
 	rc   *http.ResponseController
@@ -76,7 +77,9 @@ func (s *sseWriter) write(typ string, data []byte) error {
 	}
 	b = append(b, '\n')
 	s.buf = b // the ResponseWriter copied it: reused for the next event
-	s.deadline()
+	if !s.unflushed {
+		s.deadline() // one per burst: the writes up to the flush share it
+	}
 	s.unflushed = true
 	_, err := s.w.Write(b)
 	return err
