@@ -2,8 +2,6 @@ package edge
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -89,11 +87,7 @@ func NewSubmitProviderTunnelHandler(reg *Registry, bus ports.EventPublisher, cat
 	return &SubmitProviderTunnelHandler{reg: reg, bus: bus, catalog: catalog, ledger: ledger, log: log, now: time.Now, newID: newTunnelID}
 }
 
-func newTunnelID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return "tun_" + hex.EncodeToString(b[:])
-}
+func newTunnelID() string { return timeOrderedID("tun", time.Now()) }
 
 // Handle picks a node and provider for in and opens the tunnel there. The
 // caller must read the returned tunnel with Next until it ends, or Close it.

@@ -3,6 +3,7 @@ package edgestore
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
@@ -146,10 +147,12 @@ func TestWritesUpsertAlike(t *testing.T) {
 // still does on PostgreSQL) with the prepared row-by-row write, each into
 // its own SQLite file, as the edge sees them under tunnel load (one row per
 // request) and under run load (a run's start and finish, mostly in one
-// batch), in batches of 256 and 1024. It reports the process CPU time per
-// row of each (user+system, so noise from other processes on the machine
-// counts little) and their ratio. Run it with a fixed -benchtime (e.g.
-// 100x): the files grow with the iterations, and so does a row's cost.
+// batch), in batches of 256 and 1024, with ids like the edge's (time
+// first) and, for comparison, with random ids (the edge's before). It
+// reports the process CPU time per row of each (user+system, so noise from
+// other processes on the machine counts little) and their ratio. Run it
+// with a fixed -benchtime (e.g. 100x): the files grow with the iterations,
+// and so does a row's cost.
 func BenchmarkWriteBatch(b *testing.B) {
 	tunnels := make([]any, 1024)
 	runs := make([]any, 0, 1024)
@@ -168,7 +171,12 @@ func BenchmarkWriteBatch(b *testing.B) {
 	for _, load := range []struct {
 		name  string
 		batch []any
-	}{{"tunnels-256", tunnels[:256]}, {"runs-256", runs[:256]}, {"tunnels-1024", tunnels}, {"runs-1024", runs}} {
+		newID func(prefix string) string
+	}{
+		{"tunnels-256", tunnels[:256], orderedID}, {"runs-256", runs[:256], orderedID},
+		{"tunnels-1024", tunnels, orderedID}, {"runs-1024", runs, orderedID},
+		{"tunnels-256-randomids", tunnels[:256], randomID},
+	} {
 		b.Run(load.name, func(b *testing.B) {
 			ways := []struct {
 				name  string
@@ -193,12 +201,12 @@ func BenchmarkWriteBatch(b *testing.B) {
 					switch r := r.(type) {
 					case runRow:
 						if fresh[r.ID] == "" {
-							fresh[r.ID] = randomID("run")
+							fresh[r.ID] = load.newID("run")
 						}
 						r.ID = fresh[r.ID]
 						batch[j] = r
 					case tunnelRow:
-						r.ID = randomID("tun")
+						r.ID = load.newID("tun")
 						batch[j] = r
 					}
 				}
@@ -230,10 +238,19 @@ func processCPU(b *testing.B) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// randomID is an id like the edge's: random, so its index takes inserts
-// all over, as in production.
+// randomID is an id as the edge made them before: random, so the index
+// took inserts all over.
 func randomID(prefix string) string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
+	return prefix + "_" + hex.EncodeToString(b[:])
+}
+
+// orderedID is an id as the edge makes them (application/edge
+// timeOrderedID): milliseconds first, then random bits.
+func orderedID(prefix string) string {
+	var b [12]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(time.Now().UnixMilli())<<16)
+	_, _ = rand.Read(b[6:])
 	return prefix + "_" + hex.EncodeToString(b[:])
 }
