@@ -101,9 +101,8 @@ func TestStartRecordsAndReleases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := os.ReadFile(file)
-	if want := fmt.Sprintf("%d %d\n", g.PGID(), startTime(g.PGID())); string(b) != want {
-		t.Fatalf("record %q; want %q", b, want)
+	if got := recorded(t, file); got != fmt.Sprintf("%d@%d", g.PGID(), startTime(g.PGID())) {
+		t.Fatalf("recorded %q; want the child", got)
 	}
 	if cmd.SysProcAttr.Pdeathsig != syscall.SIGKILL || !cmd.SysProcAttr.Setpgid {
 		t.Fatalf("SysProcAttr %+v", cmd.SysProcAttr)
@@ -111,7 +110,7 @@ func TestStartRecordsAndReleases(t *testing.T) {
 	KillAll()
 	_ = cmd.Wait()
 	g.Release()
-	if b, _ := os.ReadFile(file); len(b) != 0 {
-		t.Fatalf("record after release: %q", b)
+	if got := recorded(t, file); got != "" {
+		t.Fatalf("recorded after release: %q", got)
 	}
 }
