@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -21,14 +23,15 @@ const (
 
 // RunStore is the node's run record in SQLite.
 type RunStore struct {
-	db *bun.DB
+	db  *bun.DB
+	raw *DB // for the prepared statements of CreateRun, UpdateRun and GetRun
 }
 
 var _ ports.RunStore = (*RunStore)(nil)
 
 // NewRunStore returns a RunStore on db.
 func NewRunStore(db *DB) *RunStore {
-	return &RunStore{db: db.bun}
+	return &RunStore{db: db.bun, raw: db}
 }
 
 // runRow is one row of the runs table. Times are written by bun in UTC as
@@ -107,12 +110,66 @@ func deref[T any](p *T) T {
 	return *p
 }
 
+// The columns of runRow in order, and the prepared statements over them
+// (see stmts). Every placeholder appears once, in number order.
+var (
+	runColumns = []string{"id", "adapter", "target", "session_id", "background", "status",
+		"created_at", "started_at", "finished_at", "error_code", "error_message",
+		"prompt_tokens", "completion_tokens", "total_tokens", "cost_usd", "duration_ms", "stop_reason", "model"}
+	insertRunSQL = "INSERT INTO runs (" + strings.Join(runColumns, ", ") + ") VALUES (" + placeholders(1, len(runColumns)) + ")"
+	selectRunSQL = "SELECT " + strings.Join(runColumns, ", ") + " FROM runs WHERE id = $1"
+	updateRunSQL = func() string {
+		set := make([]string, 0, len(runColumns)-1)
+		for i, c := range runColumns[1:] {
+			set = append(set, c+" = $"+strconv.Itoa(i+1))
+		}
+		return "UPDATE runs SET " + strings.Join(set, ", ") + " WHERE id = $" + strconv.Itoa(len(runColumns))
+	}()
+)
+
+func placeholders(from, n int) string {
+	p := make([]string, n)
+	for i := range p {
+		p[i] = "$" + strconv.Itoa(from+i)
+	}
+	return strings.Join(p, ", ")
+}
+
+// values returns row's columns after id, in runColumns order, as statement
+// arguments: NULL for a nil pointer or an unset (zero) start or finish time,
+// as bun writes them.
+func (db *DB) values(row *runRow) []any {
+	created := db.timeArg(row.CreatedAt)
+	if created == nil { // not null: bun writes the zero time as it is
+		created = row.CreatedAt.Format(sqliteTime)
+		if db.postgres {
+			created = row.CreatedAt
+		}
+	}
+	return []any{row.Adapter, row.Target, row.SessionID, row.Background, row.Status,
+		created, db.timeArg(row.StartedAt), db.timeArg(row.FinishedAt), row.ErrorCode, row.ErrorMessage,
+		nullable(row.PromptTokens), nullable(row.CompletionTokens), nullable(row.TotalTokens),
+		nullable(row.CostUSD), nullable(row.DurationMS), nullable(row.StopReason), nullable(row.Model)}
+}
+
+func nullable[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
 // CreateRun inserts a new run; a run with the same id already stored is an error.
 func (s *RunStore) CreateRun(ctx context.Context, run *domain.Run) error {
 	if run == nil {
 		return errors.New("insert run: nil run")
 	}
-	if _, err := s.db.NewInsert().Model(toRow(run)).Exec(ctx); err != nil {
+	st, err := s.raw.stmts.get(ctx, insertRunSQL)
+	if err == nil {
+		row := toRow(run)
+		_, err = st.ExecContext(ctx, append([]any{row.ID}, s.raw.values(row)...)...)
+	}
+	if err != nil {
 		return fmt.Errorf("insert run %s: %w", run.ID(), err)
 	}
 	return nil
@@ -124,15 +181,25 @@ func (s *RunStore) CreateRun(ctx context.Context, run *domain.Run) error {
 // transaction holds the database's only connection, so it must be quick and
 // must not call any store on the same DB (that would deadlock).
 func (s *RunStore) UpdateRun(ctx context.Context, id string, fn func(*domain.Run) error) error {
+	// Prepared before the transaction takes the only connection.
+	sel, err := s.raw.stmts.get(ctx, selectRunSQL)
+	if err != nil {
+		return fmt.Errorf("select run %s: %w", id, err)
+	}
+	upd, err := s.raw.stmts.get(ctx, updateRunSQL)
+	if err != nil {
+		return fmt.Errorf("update run %s: %w", id, err)
+	}
 	return s.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
-		run, err := getRun(ctx, tx, id)
+		run, err := getRun(ctx, tx.StmtContext(ctx, sel), id)
 		if err != nil {
 			return err
 		}
 		if err := fn(run); err != nil {
 			return err
 		}
-		if _, err := tx.NewUpdate().Model(toRow(run)).WherePK().Exec(ctx); err != nil {
+		row := toRow(run)
+		if _, err := tx.StmtContext(ctx, upd).ExecContext(ctx, append(s.raw.values(row), row.ID)...); err != nil {
 			return fmt.Errorf("update run %s: %w", id, err)
 		}
 		return nil
@@ -141,19 +208,75 @@ func (s *RunStore) UpdateRun(ctx context.Context, id string, fn func(*domain.Run
 
 // GetRun returns the run with the given id, or domain.ErrRunNotFound.
 func (s *RunStore) GetRun(ctx context.Context, id string) (*domain.Run, error) {
-	return getRun(ctx, s.db, id)
+	sel, err := s.raw.stmts.get(ctx, selectRunSQL)
+	if err != nil {
+		return nil, fmt.Errorf("select run %s: %w", id, err)
+	}
+	return getRun(ctx, sel, id)
 }
 
-func getRun(ctx context.Context, db bun.IDB, id string) (*domain.Run, error) {
-	row := new(runRow)
-	err := db.NewSelect().Model(row).Where("id = ?", id).Scan(ctx)
+// getRun runs selectRunSQL prepared as sel.
+func getRun(ctx context.Context, sel *sql.Stmt, id string) (*domain.Run, error) {
+	var (
+		row                   runRow
+		created, started, fin dbTime
+		prompt, compl, total  sql.NullInt64
+		dur                   sql.NullInt64
+		cost                  sql.NullFloat64
+		stop, model           sql.NullString
+	)
+	err := sel.QueryRowContext(ctx, id).Scan(&row.ID, &row.Adapter, &row.Target, &row.SessionID, &row.Background,
+		&row.Status, &created, &started, &fin, &row.ErrorCode, &row.ErrorMessage,
+		&prompt, &compl, &total, &cost, &dur, &stop, &model)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("select run %s: %w", id, domain.ErrRunNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("select run %s: %w", id, err)
 	}
-	return toDomain(row)
+	row.CreatedAt, row.StartedAt, row.FinishedAt = created.t, started.t, fin.t
+	row.PromptTokens, row.CompletionTokens, row.TotalTokens = ptr(prompt.Int64, prompt.Valid), ptr(compl.Int64, compl.Valid), ptr(total.Int64, total.Valid)
+	row.CostUSD, row.DurationMS = ptr(cost.Float64, cost.Valid), ptr(dur.Int64, dur.Valid)
+	row.StopReason, row.Model = ptr(stop.String, stop.Valid), ptr(model.String, model.Valid)
+	return toDomain(&row)
+}
+
+func ptr[T any](v T, ok bool) *T {
+	if !ok {
+		return nil
+	}
+	return &v
+}
+
+// dbTime scans a time column: a time.Time (PostgreSQL, and SQLite's driver
+// for a TIMESTAMP column it can parse), the text bun writes, or NULL (the
+// zero time).
+type dbTime struct{ t time.Time }
+
+func (d *dbTime) Scan(v any) error {
+	switch v := v.(type) {
+	case nil:
+		d.t = time.Time{}
+	case time.Time:
+		d.t = v
+	case string:
+		return d.parse(v)
+	case []byte:
+		return d.parse(string(v))
+	default:
+		return fmt.Errorf("scan time: unsupported %T", v)
+	}
+	return nil
+}
+
+func (d *dbTime) parse(s string) error {
+	for _, layout := range []string{sqliteTime, time.RFC3339Nano, "2006-01-02 15:04:05.999999999-07:00", "2006-01-02 15:04:05.999999999"} {
+		if t, err := time.Parse(layout, s); err == nil {
+			d.t = t
+			return nil
+		}
+	}
+	return fmt.Errorf("scan time: cannot parse %q", s)
 }
 
 // ListRuns returns the runs matching f, newest first (ties broken by id,
