@@ -117,4 +117,3 @@ func TestLoadSkipsWhatItCannotParse(t *testing.T) {
 		t.Fatalf("recorded %q; want %q", got, want)
 	}
 }
-
