@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -110,35 +111,36 @@ func deref[T any](p *T) T {
 	return *p
 }
 
-// The columns of runRow in order, and the prepared statements over them
-// (see stmts). Every placeholder appears once, in number order.
+// The columns of runRow, and the prepared statements over them (see
+// stmts). Every placeholder appears once, in number order. Only a run's
+// state changes once it is created (domain.Run's Start and Finish), so an
+// update sets just those columns and leaves the created_at index alone.
 var (
-	runColumns = []string{"id", "adapter", "target", "session_id", "background", "status",
-		"created_at", "started_at", "finished_at", "error_code", "error_message",
+	createdColumns = []string{"id", "adapter", "target", "session_id", "background", "created_at"}
+	stateColumns   = []string{"status", "started_at", "finished_at", "error_code", "error_message",
 		"prompt_tokens", "completion_tokens", "total_tokens", "cost_usd", "duration_ms", "stop_reason", "model"}
-	insertRunSQL = "INSERT INTO runs (" + strings.Join(runColumns, ", ") + ") VALUES (" + placeholders(1, len(runColumns)) + ")"
-	selectRunSQL = "SELECT " + strings.Join(runColumns, ", ") + " FROM runs WHERE id = $1"
-	updateRunSQL = func() string {
-		set := make([]string, 0, len(runColumns)-1)
-		for i, c := range runColumns[1:] {
-			set = append(set, c+" = $"+strconv.Itoa(i+1))
+	allRunColumns = strings.Join(append(slices.Clone(createdColumns), stateColumns...), ", ")
+	insertRunSQL  = "INSERT INTO runs (" + allRunColumns + ") VALUES (" + placeholders(len(createdColumns)+len(stateColumns)) + ")"
+	selectRunSQL  = "SELECT " + allRunColumns + " FROM runs WHERE id = $1"
+	updateRunSQL  = func() string {
+		set := make([]string, len(stateColumns))
+		for i, c := range stateColumns {
+			set[i] = c + " = $" + strconv.Itoa(i+1)
 		}
-		return "UPDATE runs SET " + strings.Join(set, ", ") + " WHERE id = $" + strconv.Itoa(len(runColumns))
+		return "UPDATE runs SET " + strings.Join(set, ", ") + " WHERE id = $" + strconv.Itoa(len(stateColumns)+1)
 	}()
 )
 
-func placeholders(from, n int) string {
+func placeholders(n int) string {
 	p := make([]string, n)
 	for i := range p {
-		p[i] = "$" + strconv.Itoa(from+i)
+		p[i] = "$" + strconv.Itoa(i+1)
 	}
 	return strings.Join(p, ", ")
 }
 
-// values returns row's columns after id, in runColumns order, as statement
-// arguments: NULL for a nil pointer or an unset (zero) start or finish time,
-// as bun writes them.
-func (db *DB) values(row *runRow) []any {
+// insertArgs returns row's columns as insertRunSQL's arguments.
+func (db *DB) insertArgs(row *runRow) []any {
 	created := db.timeArg(row.CreatedAt)
 	if created == nil { // not null: bun writes the zero time as it is
 		created = row.CreatedAt.Format(sqliteTime)
@@ -146,10 +148,18 @@ func (db *DB) values(row *runRow) []any {
 			created = row.CreatedAt
 		}
 	}
-	return []any{row.Adapter, row.Target, row.SessionID, row.Background, row.Status,
-		created, db.timeArg(row.StartedAt), db.timeArg(row.FinishedAt), row.ErrorCode, row.ErrorMessage,
+	args := make([]any, 0, len(createdColumns)+len(stateColumns))
+	args = append(args, row.ID, row.Adapter, row.Target, row.SessionID, row.Background, created)
+	return db.appendState(args, row)
+}
+
+// appendState appends row's state columns, in stateColumns order, as
+// statement arguments: NULL for a nil pointer or an unset (zero) start or
+// finish time, as bun writes them.
+func (db *DB) appendState(args []any, row *runRow) []any {
+	return append(args, row.Status, db.timeArg(row.StartedAt), db.timeArg(row.FinishedAt), row.ErrorCode, row.ErrorMessage,
 		nullable(row.PromptTokens), nullable(row.CompletionTokens), nullable(row.TotalTokens),
-		nullable(row.CostUSD), nullable(row.DurationMS), nullable(row.StopReason), nullable(row.Model)}
+		nullable(row.CostUSD), nullable(row.DurationMS), nullable(row.StopReason), nullable(row.Model))
 }
 
 func nullable[T any](p *T) any {
@@ -167,7 +177,7 @@ func (s *RunStore) CreateRun(ctx context.Context, run *domain.Run) error {
 	st, err := s.raw.stmts.get(ctx, insertRunSQL)
 	if err == nil {
 		row := toRow(run)
-		_, err = st.ExecContext(ctx, append([]any{row.ID}, s.raw.values(row)...)...)
+		_, err = st.ExecContext(ctx, s.raw.insertArgs(row)...)
 	}
 	if err != nil {
 		return fmt.Errorf("insert run %s: %w", run.ID(), err)
@@ -199,7 +209,7 @@ func (s *RunStore) UpdateRun(ctx context.Context, id string, fn func(*domain.Run
 			return err
 		}
 		row := toRow(run)
-		if _, err := tx.StmtContext(ctx, upd).ExecContext(ctx, append(s.raw.values(row), row.ID)...); err != nil {
+		if _, err := tx.StmtContext(ctx, upd).ExecContext(ctx, append(s.raw.appendState(make([]any, 0, len(stateColumns)+1), row), row.ID)...); err != nil {
 			return fmt.Errorf("update run %s: %w", id, err)
 		}
 		return nil
@@ -225,8 +235,8 @@ func getRun(ctx context.Context, sel *sql.Stmt, id string) (*domain.Run, error) 
 		cost                  sql.NullFloat64
 		stop, model           sql.NullString
 	)
-	err := sel.QueryRowContext(ctx, id).Scan(&row.ID, &row.Adapter, &row.Target, &row.SessionID, &row.Background,
-		&row.Status, &created, &started, &fin, &row.ErrorCode, &row.ErrorMessage,
+	err := sel.QueryRowContext(ctx, id).Scan(&row.ID, &row.Adapter, &row.Target, &row.SessionID, &row.Background, &created,
+		&row.Status, &started, &fin, &row.ErrorCode, &row.ErrorMessage,
 		&prompt, &compl, &total, &cost, &dur, &stop, &model)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("select run %s: %w", id, domain.ErrRunNotFound)
