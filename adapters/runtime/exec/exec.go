@@ -38,12 +38,12 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"iop/adapters/runtime/internal/proc"
 	"maps"
 	osexec "os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -179,9 +179,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		close(p.done)
 	}()
 
-	meta, _ := json.Marshal(struct {
-		PID int `json:"pid"`
-	}{p.pgid})
+	meta := append(strconv.AppendInt([]byte(`{"pid":`), int64(p.pgid), 10), '}')
 	if err := sink.Emit(domain.RunEvent{Type: domain.EventMetadata, Metadata: meta}); err != nil {
 		stdout.release(false)
 		p.kill()
