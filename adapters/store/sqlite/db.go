@@ -24,6 +24,7 @@ type DB struct {
 	bun      *bun.DB
 	postgres bool // opened by OpenPostgres
 	stmts    stmts
+	runs     unfinished // SQLite only
 }
 
 // Open opens the SQLite database named by dsn and creates any missing tables

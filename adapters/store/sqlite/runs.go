@@ -129,6 +129,8 @@ var (
 		}
 		return "UPDATE runs SET " + strings.Join(set, ", ") + " WHERE id = $" + strconv.Itoa(len(stateColumns)+1)
 	}()
+	// updateRunIfSQL is updateRunSQL guarded by the status the run had.
+	updateRunIfSQL = updateRunSQL + " AND status = $" + strconv.Itoa(len(stateColumns)+2)
 )
 
 func placeholders(n int) string {
@@ -174,6 +176,10 @@ func (s *RunStore) CreateRun(ctx context.Context, run *domain.Run) error {
 	if run == nil {
 		return errors.New("insert run: nil run")
 	}
+	if !s.raw.postgres {
+		s.raw.runs.mu.Lock()
+		defer s.raw.runs.mu.Unlock()
+	}
 	st, err := s.raw.stmts.get(ctx, insertRunSQL)
 	if err == nil {
 		row := toRow(run)
@@ -182,6 +188,9 @@ func (s *RunStore) CreateRun(ctx context.Context, run *domain.Run) error {
 	if err != nil {
 		return fmt.Errorf("insert run %s: %w", run.ID(), err)
 	}
+	if !s.raw.postgres {
+		s.raw.runs.putLocked(run.Snapshot())
+	}
 	return nil
 }
 
@@ -189,8 +198,22 @@ func (s *RunStore) CreateRun(ctx context.Context, run *domain.Run) error {
 // transaction. fn's error is returned as is and nothing is saved; a missing
 // run is domain.ErrRunNotFound and fn is not called. fn runs while the
 // transaction holds the database's only connection, so it must be quick and
-// must not call any store on the same DB (that would deadlock).
+// must not call any store on the same DB (that would deadlock). fn may be
+// called twice, each time on a fresh copy, when the row was changed from
+// outside the process (see unfinished); it must only transform the run it
+// is given.
 func (s *RunStore) UpdateRun(ctx context.Context, id string, fn func(*domain.Run) error) error {
+	if !s.raw.postgres {
+		s.raw.runs.mu.Lock()
+		defer s.raw.runs.mu.Unlock()
+		if run, was, ok := s.raw.runs.getLocked(id); ok {
+			done, err := s.updateKnown(ctx, run, was, fn)
+			if done {
+				return err
+			}
+			delete(s.raw.runs.m, id)
+		}
+	}
 	// Prepared before the transaction takes the only connection.
 	sel, err := s.raw.stmts.get(ctx, selectRunSQL)
 	if err != nil {
@@ -200,7 +223,8 @@ func (s *RunStore) UpdateRun(ctx context.Context, id string, fn func(*domain.Run
 	if err != nil {
 		return fmt.Errorf("update run %s: %w", id, err)
 	}
-	return s.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+	var saved domain.RunSnapshot
+	err = s.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
 		run, err := getRun(ctx, tx.StmtContext(ctx, sel), id)
 		if err != nil {
 			return err
@@ -212,8 +236,39 @@ func (s *RunStore) UpdateRun(ctx context.Context, id string, fn func(*domain.Run
 		if _, err := tx.StmtContext(ctx, upd).ExecContext(ctx, append(s.raw.appendState(make([]any, 0, len(stateColumns)+1), row), row.ID)...); err != nil {
 			return fmt.Errorf("update run %s: %w", id, err)
 		}
+		saved = run.Snapshot()
 		return nil
 	})
+	if err == nil && !s.raw.postgres {
+		s.raw.runs.putLocked(saved)
+	}
+	return err
+}
+
+// updateKnown is UpdateRun for a run whose state unfinished holds (was,
+// rebuilt as run): fn applied to it and the result written in one
+// statement, guarded by the stored status. done is false when no row
+// matched the guard, so the caller must read the row back instead.
+func (s *RunStore) updateKnown(ctx context.Context, run *domain.Run, was domain.RunSnapshot, fn func(*domain.Run) error) (done bool, err error) {
+	if err := fn(run); err != nil {
+		return true, err
+	}
+	upd, err := s.raw.stmts.get(ctx, updateRunIfSQL)
+	if err != nil {
+		return true, fmt.Errorf("update run %s: %w", was.ID, err)
+	}
+	row := toRow(run)
+	args := append(s.raw.appendState(make([]any, 0, len(stateColumns)+2), row), row.ID, string(was.Status))
+	res, err := upd.ExecContext(ctx, args...)
+	if err != nil {
+		delete(s.raw.runs.m, was.ID)
+		return true, fmt.Errorf("update run %s: %w", was.ID, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return false, nil
+	}
+	s.raw.runs.putLocked(run.Snapshot())
+	return true, nil
 }
 
 // GetRun returns the run with the given id, or domain.ErrRunNotFound.
