@@ -51,12 +51,12 @@ func BenchmarkRecordStartRelease(b *testing.B) {
 		file := filepath.Join(b.TempDir(), "node.db.children")
 		live := map[int]*Group{}
 		for i := range others {
-			live[fakePGID+i] = &Group{pgid: fakePGID + i, start: 1234567}
+			live[fakePGID+i] = &Group{pgid: fakePGID + i, start: 1234567, startMax: 1234568}
 		}
 		pgid := fakePGID + others
 		reportCPU(b, func() {
 			for b.Loop() {
-				live[pgid] = &Group{pgid: pgid, start: 1234567}
+				live[pgid] = &Group{pgid: pgid, start: 1234567, startMax: 1234568}
 				rewriteEveryChange(file, live)
 				delete(live, pgid)
 				rewriteEveryChange(file, live)
@@ -66,12 +66,12 @@ func BenchmarkRecordStartRelease(b *testing.B) {
 	b.Run("append-log", func(b *testing.B) {
 		r, _ := newRecorded(b)
 		for i := range others {
-			r.add(&Group{pgid: fakePGID + i, start: 1234567})
+			r.add(&Group{pgid: fakePGID + i, start: 1234567, startMax: 1234568})
 		}
 		pgid := fakePGID + others
 		reportCPU(b, func() {
 			for b.Loop() {
-				r.add(&Group{pgid: pgid, start: 1234567})
+				r.add(&Group{pgid: pgid, start: 1234567, startMax: 1234568})
 				r.remove(pgid)
 			}
 		})

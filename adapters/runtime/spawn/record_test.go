@@ -25,6 +25,10 @@ func recorded(t testing.TB, file string) string {
 	}
 	var out []string
 	for _, g := range groups {
+		if g.startMax != g.start {
+			out = append(out, fmt.Sprintf("%d@%d-%d", g.pgid, g.start, g.startMax))
+			continue
+		}
 		out = append(out, fmt.Sprintf("%d@%d", g.pgid, g.start))
 	}
 	return strings.Join(out, " ")
@@ -44,7 +48,7 @@ func newRecorded(t testing.TB) (*registry, string) {
 func TestRecordReplaysStartsAndReleases(t *testing.T) {
 	r, file := newRecorded(t)
 	for i := range 3 {
-		r.add(&Group{pgid: fakePGID + i, start: uint64(10 + i)})
+		r.add(&Group{pgid: fakePGID + i, start: uint64(10 + i), startMax: uint64(10 + i)})
 	}
 	if removed, idle := r.remove(fakePGID + 1); !removed || idle {
 		t.Fatalf("remove = %v, %v; want removed, not idle", removed, idle)
@@ -53,9 +57,9 @@ func TestRecordReplaysStartsAndReleases(t *testing.T) {
 		t.Fatal("a second remove of the same group removed it again")
 	}
 	// The same pgid again, as a new process: the later start wins.
-	r.add(&Group{pgid: fakePGID + 1, start: 99})
+	r.add(&Group{pgid: fakePGID + 1, start: 99, startMax: 101})
 	r.remove(fakePGID)
-	want := fmt.Sprintf("%d@99 %d@12", fakePGID+1, fakePGID+2)
+	want := fmt.Sprintf("%d@99-101 %d@12", fakePGID+1, fakePGID+2)
 	if got := recorded(t, file); got != want {
 		t.Fatalf("recorded %q; want %q", got, want)
 	}
@@ -74,12 +78,12 @@ func TestRecordCompacts(t *testing.T) {
 	r, file := newRecorded(t)
 	const live = 8
 	for i := range live {
-		r.add(&Group{pgid: fakePGID + i, start: 1})
+		r.add(&Group{pgid: fakePGID + i, start: 1, startMax: 1})
 	}
 	maxLines := 0
 	for i := range 5000 {
 		pgid := fakePGID + live + i
-		r.add(&Group{pgid: pgid, start: 2})
+		r.add(&Group{pgid: pgid, start: 2, startMax: 3})
 		r.remove(pgid)
 		b, err := os.ReadFile(file)
 		if err != nil {
@@ -105,14 +109,15 @@ func TestRecordCompacts(t *testing.T) {
 
 func TestLoadSkipsWhatItCannotParse(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "node.db.children")
-	rec := fmt.Sprintf("%d 5\ngarbage\n%d x\n-zz\n%d 6\n%d 7\n-%d\n1 1\n-%d",
-		fakePGID, fakePGID+1, fakePGID+2, fakePGID+3, fakePGID+3, fakePGID)
+	rec := fmt.Sprintf("%d 5\ngarbage\n%d x\n-zz\n%d 6 8\n%d 7\n-%d\n1 1\n%d 9 8\n%d 1 2 3\n-%d",
+		fakePGID, fakePGID+1, fakePGID+2, fakePGID+3, fakePGID+3, fakePGID+4, fakePGID+5, fakePGID)
 	if err := os.WriteFile(file, []byte(rec), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	// The torn last line ("-PGID" without its newline) is not applied, pid 1
-	// is never a group of ours, and the rest replays.
-	want := fmt.Sprintf("%d@5 %d@6", fakePGID, fakePGID+2)
+	// is never a group of ours, a range that ends before it starts or a
+	// fourth field is not a record, and the rest replays.
+	want := fmt.Sprintf("%d@5 %d@6-8", fakePGID, fakePGID+2)
 	if got := recorded(t, file); got != want {
 		t.Fatalf("recorded %q; want %q", got, want)
 	}

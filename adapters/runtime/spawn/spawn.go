@@ -25,8 +25,10 @@ import (
 // Group is a started child's process group. Release it once the child has
 // been waited for and its group killed.
 type Group struct {
-	pgid  int
-	start uint64 // the leader's start time (clock ticks since boot), 0 if unknown
+	pgid int
+	// The leader's start time (clock ticks since boot, as /proc/PID/stat
+	// field 22 has it) lies in [start, startMax]; 0 if unknown.
+	start, startMax uint64
 }
 
 // PGID returns the process group id (the child's pid).
@@ -44,8 +46,9 @@ func (g *Group) Release() {
 
 // registry is the set of live groups and the file they are recorded in.
 //
-// The file is a log, one line per change: "PGID START" when a group starts,
-// "-PGID" when it is released; replaying it gives the live set. Each change
+// The file is a log, one line per change: "PGID START [START_MAX]" when a
+// group starts (START_MAX when it differs from START), "-PGID" when it is
+// released; replaying it gives the live set. Each change
 // is one append (one write system call, no rename), and the file is
 // rewritten to just the live set (write and rename, so a crash leaves the
 // old or the new file, never half of one) when it opens, when the log has
@@ -75,11 +78,12 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 	cmd.SysProcAttr = sysProcAttr()
 	spawner.mu.Lock()
 	defer spawner.mu.Unlock()
-	if err := startLocked(cmd); err != nil {
+	lo, hi, err := startLocked(cmd)
+	if err != nil {
 		stopIfIdleLocked()
 		return nil, err
 	}
-	g := &Group{pgid: cmd.Process.Pid, start: startTime(cmd.Process.Pid)}
+	g := &Group{pgid: cmd.Process.Pid, start: lo, startMax: hi}
 	reg.add(g)
 	return g, nil
 }
@@ -145,10 +149,19 @@ func (r *registry) remove(pgid int) (removed, idle bool) {
 
 // startedLocked records g, which is already in r.live.
 func (r *registry) startedLocked(g *Group) {
-	b := strconv.AppendInt(r.buf[:0], int64(g.pgid), 10)
+	r.appendLocked(appendStarted(r.buf[:0], g))
+}
+
+// appendStarted appends g's start line to b.
+func appendStarted(b []byte, g *Group) []byte {
+	b = strconv.AppendInt(b, int64(g.pgid), 10)
 	b = append(b, ' ')
 	b = strconv.AppendUint(b, g.start, 10)
-	r.appendLocked(append(b, '\n'))
+	if g.startMax != g.start {
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, g.startMax, 10)
+	}
+	return append(b, '\n')
 }
 
 // releasedLocked records that pgid, already gone from r.live, was released.
@@ -187,7 +200,7 @@ func (r *registry) rewriteLocked() {
 	}
 	var b []byte
 	for _, pgid := range slices.Sorted(maps.Keys(r.live)) {
-		b = fmt.Appendf(b, "%d %d\n", pgid, r.live[pgid].start)
+		b = appendStarted(b, r.live[pgid])
 	}
 	tmp := r.file + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
@@ -236,15 +249,19 @@ func load(path string) ([]*Group, error) {
 			continue
 		}
 		fields := bytes.Fields(line)
-		if len(fields) != 2 {
+		if len(fields) != 2 && len(fields) != 3 {
 			continue
 		}
 		pgid, err1 := strconv.Atoi(string(fields[0]))
 		st, err2 := strconv.ParseUint(string(fields[1]), 10, 64)
-		if err1 != nil || err2 != nil || pgid <= 1 {
+		stMax, err3 := st, error(nil)
+		if len(fields) == 3 {
+			stMax, err3 = strconv.ParseUint(string(fields[2]), 10, 64)
+		}
+		if err1 != nil || err2 != nil || err3 != nil || pgid <= 1 || stMax < st {
 			continue
 		}
-		live[pgid] = &Group{pgid: pgid, start: st}
+		live[pgid] = &Group{pgid: pgid, start: st, startMax: stMax}
 	}
 	out := make([]*Group, 0, len(live))
 	for _, pgid := range slices.Sorted(maps.Keys(live)) {
