@@ -174,13 +174,24 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	cmd := a.command(t.Command)
 	cmd.Dir = cmp.Or(t.Dir, a.workDir)
 	cmd.Env = proc.Environ(t.Env, t.InheritEnv)
-	cmd.Stdin = bytes.NewReader(req.Input)
+	stdin, err := prefilledStdin(req.Input)
+	if err != nil {
+		return domain.Errorf(domain.CodeRunFailed, "start target %q: stdin: %v", req.Target, err)
+	}
+	if stdin != nil {
+		cmd.Stdin = stdin
+	} else {
+		cmd.Stdin = bytes.NewReader(req.Input)
+	}
 	cmd.Stdout = stdout
 	cmd.Stderr = stderr
 	cmd.WaitDelay = pipeGrace
 
 	started := time.Now()
 	group, err := spawn.Start(cmd)
+	if stdin != nil {
+		_ = stdin.Close() // the child has its copy, or never will
+	}
 	if err != nil {
 		return domain.Errorf(domain.CodeRunFailed, "start target %q: %v", req.Target, err)
 	}
