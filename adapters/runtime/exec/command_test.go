@@ -63,14 +63,18 @@ func TestCommandReusesWhatPATHFound(t *testing.T) {
 func BenchmarkCommand(b *testing.B) {
 	argv := []string{"cat"}
 	b.Run("path-search", func(b *testing.B) {
-		for b.Loop() {
-			_ = osexec.Command(argv[0], argv[1:]...)
-		}
+		reportCPU(b, func() {
+			for b.Loop() {
+				_ = osexec.Command(argv[0], argv[1:]...)
+			}
+		})
 	})
 	b.Run("reuse-found", func(b *testing.B) {
 		a := &Adapter{}
-		for b.Loop() {
-			_ = a.command(argv)
-		}
+		reportCPU(b, func() {
+			for b.Loop() {
+				_ = a.command(argv)
+			}
+		})
 	})
 }

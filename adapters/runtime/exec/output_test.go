@@ -135,26 +135,30 @@ func BenchmarkOutputCopy(b *testing.B) {
 	out := "hello from the child\n"
 	b.Run("buffers-per-run", func(b *testing.B) {
 		b.ReportAllocs()
-		for b.Loop() {
-			sink := &runtimetest.Sink{}
-			w := newDeltaWriter(sink)
-			w.release(true)
-			buf := make([]byte, stdoutChunkSize) // the old ReadFrom's own buffer
-			_, _ = io.CopyBuffer(struct{ io.Writer }{w}, strings.NewReader(out), buf)
-			tail := &tailBuffer{max: stderrTailSize, buf: make([]byte, 0, stderrTailSize)}
-			_, _ = io.Copy(struct{ io.Writer }{tail}, struct{ io.Reader }{strings.NewReader("")}) // io.Copy's own 32 KiB
-			_ = w.flush()
-		}
+		reportCPU(b, func() {
+			for b.Loop() {
+				sink := &runtimetest.Sink{}
+				w := newDeltaWriter(sink)
+				w.release(true)
+				buf := make([]byte, stdoutChunkSize) // the old ReadFrom's own buffer
+				_, _ = io.CopyBuffer(struct{ io.Writer }{w}, strings.NewReader(out), buf)
+				tail := &tailBuffer{max: stderrTailSize, buf: make([]byte, 0, stderrTailSize)}
+				_, _ = io.Copy(struct{ io.Writer }{tail}, struct{ io.Reader }{strings.NewReader("")}) // io.Copy's own 32 KiB
+				_ = w.flush()
+			}
+		})
 	})
 	b.Run("pooled", func(b *testing.B) {
 		b.ReportAllocs()
-		for b.Loop() {
-			sink := &runtimetest.Sink{}
-			w := newDeltaWriter(sink)
-			w.release(true)
-			_, _ = io.Copy(w, struct{ io.Reader }{strings.NewReader(out)})
-			_, _ = io.Copy(newTailBuffer(stderrTailSize), struct{ io.Reader }{strings.NewReader("")})
-			_ = w.flush()
-		}
+		reportCPU(b, func() {
+			for b.Loop() {
+				sink := &runtimetest.Sink{}
+				w := newDeltaWriter(sink)
+				w.release(true)
+				_, _ = io.Copy(w, struct{ io.Reader }{strings.NewReader(out)})
+				_, _ = io.Copy(newTailBuffer(stderrTailSize), struct{ io.Reader }{strings.NewReader("")})
+				_ = w.flush()
+			}
+		})
 	})
 }

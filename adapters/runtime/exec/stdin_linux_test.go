@@ -33,29 +33,33 @@ func BenchmarkStdin(b *testing.B) {
 	input := []byte("hello from the caller\n")
 	b.Run("os-exec-copy", func(b *testing.B) {
 		b.ReportAllocs()
-		for b.Loop() {
-			pr, pw, err := os.Pipe()
-			if err != nil {
-				b.Fatal(err)
+		reportCPU(b, func() {
+			for b.Loop() {
+				pr, pw, err := os.Pipe()
+				if err != nil {
+					b.Fatal(err)
+				}
+				done := make(chan struct{})
+				go func() {
+					_, _ = io.Copy(pw, bytes.NewReader(input))
+					_ = pw.Close()
+					close(done)
+				}()
+				<-done
+				_ = pr.Close()
 			}
-			done := make(chan struct{})
-			go func() {
-				_, _ = io.Copy(pw, bytes.NewReader(input))
-				_ = pw.Close()
-				close(done)
-			}()
-			<-done
-			_ = pr.Close()
-		}
+		})
 	})
 	b.Run("prefilled", func(b *testing.B) {
 		b.ReportAllocs()
-		for b.Loop() {
-			f, err := prefilledStdin(input)
-			if err != nil {
-				b.Fatal(err)
+		reportCPU(b, func() {
+			for b.Loop() {
+				f, err := prefilledStdin(input)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_ = f.Close()
 			}
-			_ = f.Close()
-		}
+		})
 	})
 }
