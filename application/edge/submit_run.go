@@ -241,7 +241,7 @@ func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
 	}
 	ev, err := r.stream.Recv(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return domain.RunEvent{}, err
 		}
 		if errors.Is(err, io.EOF) {
