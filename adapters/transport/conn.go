@@ -572,37 +572,7 @@ func (c *Conn) writeLoop() {
 			}
 		}
 		for o.f != nil || o.raw != nil {
-			if o.raw != nil {
-				// Through TLS every write is a record and a system call of
-				// its own: there one copy into the batch beats a second write.
-				if len(o.raw) >= rawDirectSize && (len(buf) == 0 || vectored) {
-					ok := writeRaw(o.raw)
-					putPayload(o.pool)
-					if !ok {
-						return
-					}
-				} else {
-					if pooled == nil {
-						pooled = framePool.Get().(*[]byte)
-						buf = (*pooled)[:0]
-					}
-					buf = append(buf, o.raw...)
-					putPayload(o.pool)
-				}
-				c.framesOut.Add(1)
-				c.bytesOut.Add(int64(len(o.raw)))
-				if len(buf) >= coalesceLimit && !flush() {
-					return
-				}
-				o = c.nextQueued()
-				if o.f == nil && o.raw == nil {
-					runtime.Gosched()
-					o = c.nextQueued()
-				}
-				continue
-			}
-			f := o.f
-			if f == closeSentinel {
+			if o.f == closeSentinel {
 				flush()
 				cause := ErrConnClosed
 				if p := c.closeWhy.Load(); p != nil {
@@ -611,20 +581,35 @@ func (c *Conn) writeLoop() {
 				c.shutdown(cause)
 				return
 			}
-			if pooled == nil {
-				pooled = framePool.Get().(*[]byte)
-				buf = (*pooled)[:0]
-			}
-			n := len(buf)
-			var err error
-			buf, err = AppendFrame(buf, f, c.cfg.MaxFrameSize)
-			if err != nil {
-				// Senders check sizes first; this is a local bug, not the peer's.
-				c.log.Error("outgoing frame dropped", "stream", f.StreamId, "err", err)
-				c.dropped.Add(1)
-			} else {
+			// Through TLS every write is a record and a system call of its
+			// own: there one copy into the batch beats a second write.
+			if o.raw != nil && len(o.raw) >= rawDirectSize && (len(buf) == 0 || vectored) {
+				ok := writeRaw(o.raw)
+				putPayload(o.pool)
+				if !ok {
+					return
+				}
 				c.framesOut.Add(1)
-				c.bytesOut.Add(int64(len(buf) - n))
+				c.bytesOut.Add(int64(len(o.raw)))
+			} else {
+				if pooled == nil {
+					pooled = framePool.Get().(*[]byte)
+					buf = (*pooled)[:0]
+				}
+				n := len(buf)
+				var err error
+				if o.raw != nil {
+					buf = append(buf, o.raw...)
+					putPayload(o.pool)
+				} else if buf, err = AppendFrame(buf, o.f, c.cfg.MaxFrameSize); err != nil {
+					// Senders check sizes first; this is a local bug, not the peer's.
+					c.log.Error("outgoing frame dropped", "stream", o.f.StreamId, "err", err)
+					c.dropped.Add(1)
+				}
+				if err == nil {
+					c.framesOut.Add(1)
+					c.bytesOut.Add(int64(len(buf) - n))
+				}
 			}
 			if len(buf) >= coalesceLimit && !flush() {
 				return

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"iop/adapters/runtime/runtimetest"
 	"iop/domain"
 )
 
@@ -63,7 +64,7 @@ func TestCommandReusesWhatPATHFound(t *testing.T) {
 func BenchmarkCommand(b *testing.B) {
 	argv := []string{"cat"}
 	b.Run("path-search", func(b *testing.B) {
-		reportCPU(b, func() {
+		runtimetest.ReportCPU(b, func() {
 			for b.Loop() {
 				_ = osexec.Command(argv[0], argv[1:]...)
 			}
@@ -71,7 +72,7 @@ func BenchmarkCommand(b *testing.B) {
 	})
 	b.Run("reuse-found", func(b *testing.B) {
 		a := &Adapter{}
-		reportCPU(b, func() {
+		runtimetest.ReportCPU(b, func() {
 			for b.Loop() {
 				_ = a.command(argv)
 			}

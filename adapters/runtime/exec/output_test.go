@@ -135,7 +135,7 @@ func BenchmarkOutputCopy(b *testing.B) {
 	out := "hello from the child\n"
 	b.Run("buffers-per-run", func(b *testing.B) {
 		b.ReportAllocs()
-		reportCPU(b, func() {
+		runtimetest.ReportCPU(b, func() {
 			for b.Loop() {
 				sink := &runtimetest.Sink{}
 				w := newDeltaWriter(sink)
@@ -150,7 +150,7 @@ func BenchmarkOutputCopy(b *testing.B) {
 	})
 	b.Run("pooled", func(b *testing.B) {
 		b.ReportAllocs()
-		reportCPU(b, func() {
+		runtimetest.ReportCPU(b, func() {
 			for b.Loop() {
 				sink := &runtimetest.Sink{}
 				w := newDeltaWriter(sink)

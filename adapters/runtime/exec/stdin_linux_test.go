@@ -5,6 +5,8 @@ import (
 	"io"
 	"os"
 	"testing"
+
+	"iop/adapters/runtime/runtimetest"
 )
 
 func TestPrefilledStdinHoldsTheInputThenEOF(t *testing.T) {
@@ -33,7 +35,7 @@ func BenchmarkStdin(b *testing.B) {
 	input := []byte("hello from the caller\n")
 	b.Run("os-exec-copy", func(b *testing.B) {
 		b.ReportAllocs()
-		reportCPU(b, func() {
+		runtimetest.ReportCPU(b, func() {
 			for b.Loop() {
 				pr, pw, err := os.Pipe()
 				if err != nil {
@@ -52,7 +54,7 @@ func BenchmarkStdin(b *testing.B) {
 	})
 	b.Run("prefilled", func(b *testing.B) {
 		b.ReportAllocs()
-		reportCPU(b, func() {
+		runtimetest.ReportCPU(b, func() {
 			for b.Loop() {
 				f, err := prefilledStdin(input)
 				if err != nil {

@@ -9,24 +9,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
-)
 
-// reportCPU reports the process's user+system CPU per iteration of b, from
-// getrusage around fn: unlike ns/op, it does not move with what else the
-// machine runs.
-func reportCPU(b *testing.B, fn func()) {
-	cpu := func() time.Duration {
-		var ru syscall.Rusage
-		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	}
-	before := cpu()
-	fn()
-	b.ReportMetric(float64((cpu()-before).Nanoseconds())/float64(b.N), "cpu-ns/op")
-}
+	"iop/adapters/runtime/runtimetest"
+)
 
 // rewriteEveryChange is how the registry recorded groups before the log:
 // the whole live set written to a temporary file and renamed over the
@@ -54,7 +40,7 @@ func BenchmarkRecordStartRelease(b *testing.B) {
 			live[fakePGID+i] = &Group{pgid: fakePGID + i, start: 1234567, startMax: 1234568}
 		}
 		pgid := fakePGID + others
-		reportCPU(b, func() {
+		runtimetest.ReportCPU(b, func() {
 			for b.Loop() {
 				live[pgid] = &Group{pgid: pgid, start: 1234567, startMax: 1234568}
 				rewriteEveryChange(file, live)
@@ -69,7 +55,7 @@ func BenchmarkRecordStartRelease(b *testing.B) {
 			r.add(&Group{pgid: fakePGID + i, start: 1234567, startMax: 1234568})
 		}
 		pgid := fakePGID + others
-		reportCPU(b, func() {
+		runtimetest.ReportCPU(b, func() {
 			for b.Loop() {
 				r.add(&Group{pgid: pgid, start: 1234567, startMax: 1234568})
 				r.remove(pgid)

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"iop/adapters/runtime/runtimetest"
 )
 
 // alive reports whether pid exists and is not a zombie.
@@ -157,14 +159,14 @@ func BenchmarkChildStartTime(b *testing.B) {
 	}
 	b.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
 	b.Run("proc-stat", func(b *testing.B) {
-		reportCPU(b, func() {
+		runtimetest.ReportCPU(b, func() {
 			for b.Loop() {
 				_ = startTime(child.Process.Pid)
 			}
 		})
 	})
 	b.Run("boot-clock", func(b *testing.B) {
-		reportCPU(b, func() {
+		runtimetest.ReportCPU(b, func() {
 			for b.Loop() {
 				_, _ = bootTicks(), bootTicks()
 			}

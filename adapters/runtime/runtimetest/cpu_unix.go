@@ -1,6 +1,6 @@
 //go:build unix
 
-package exec
+package runtimetest
 
 import (
 	"syscall"
@@ -8,10 +8,10 @@ import (
 	"time"
 )
 
-// reportCPU reports the process's user+system CPU per iteration of b, from
+// ReportCPU reports the process's user+system CPU per iteration of b, from
 // getrusage around fn: unlike ns/op, it does not move with what else the
 // machine runs.
-func reportCPU(b *testing.B, fn func()) {
+func ReportCPU(b *testing.B, fn func()) {
 	cpu := func() time.Duration {
 		var ru syscall.Rusage
 		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
