@@ -583,7 +583,7 @@ func (c *Conn) writeLoop() {
 			}
 			// Through TLS every write is a record and a system call of its
 			// own: there one copy into the batch beats a second write.
-			if o.raw != nil && len(o.raw) >= rawDirectSize && (len(buf) == 0 || vectored) {
+			if len(o.raw) >= rawDirectSize && (len(buf) == 0 || vectored) {
 				ok := writeRaw(o.raw)
 				putPayload(o.pool)
 				if !ok {
