@@ -64,10 +64,10 @@ import (
 //	go test -run '^$' -bench BenchmarkStalledReader -benchtime 1x -timeout 10m ./adapters/transport/
 func BenchmarkStalledReader(b *testing.B) {
 	for _, d := range []stallDesign{
-		{"sequential", "one link, A and B rounds in turn", 1, 100 * time.Millisecond, false, false},
-		{"side-by-side", "two links at once, the stalled tunnel on one", 2, 200 * time.Millisecond, false, false},
-		{"processes", "side-by-side, each node in its own process", 2, 200 * time.Millisecond, true, false},
-		{"busy-neighbour", "side-by-side, a busy tunnel instead of a stalled one: the positive control", 2, 200 * time.Millisecond, false, true},
+		{"sequential", "one link, A and B rounds in turn", 1, 100 * time.Millisecond, false, false, 48, time.Second, 300 * time.Millisecond},
+		{"side-by-side", "two links at once, the stalled tunnel on one", 2, 200 * time.Millisecond, false, false, 200, 250 * time.Millisecond, 100 * time.Millisecond},
+		{"processes", "side-by-side, each node in its own process", 2, 200 * time.Millisecond, true, false, 200, 250 * time.Millisecond, 100 * time.Millisecond},
+		{"busy-neighbour", "side-by-side, a busy tunnel instead of a stalled one: the positive control", 2, 200 * time.Millisecond, false, true, 200, 250 * time.Millisecond, 100 * time.Millisecond},
 	} {
 		b.Run(d.name, func(b *testing.B) {
 			for range b.N {
@@ -89,15 +89,16 @@ type stallDesign struct {
 	pace       time.Duration
 	proc       bool
 	busy       bool
+	rounds     int
+	round      time.Duration // measured
+	gap        time.Duration // before each round: a stall fills, the last one ends
 }
 
 const (
-	stallStreams  = 1000
-	stallChunk    = 64
-	stallRoundLen = time.Second
-	stallGap      = 300 * time.Millisecond // before each round: a stall fills, the last one ends
-	stallRounds   = 48
-	stallBig      = 16 << 10
+	stallStreams = 1000
+	stallChunk   = 64
+	stallBig     = 16 << 10
+	stallSettle  = 50 * time.Millisecond // from stalled to the round's start, at least
 )
 
 // stallSample is one chunk: when its node side sent it, and how long it
@@ -343,7 +344,7 @@ func runStallExperiment(b *testing.B, d stallDesign) {
 	time.Sleep(2 * d.pace) // every stream has started sending
 
 	b.ResetTimer()
-	rounds := make([]stallRound, stallRounds)
+	rounds := make([]stallRound, d.rounds)
 	for i := range rounds {
 		stalled := -1
 		if nLinks == 1 {
@@ -360,7 +361,7 @@ func runStallExperiment(b *testing.B, d stallDesign) {
 				stalled = 1
 			}
 		}
-		rounds[i] = runStallRound(b, ctx, links, stalled, d.busy)
+		rounds[i] = runStallRound(b, ctx, links, stalled, d)
 	}
 	b.StopTimer()
 	stopReaders()
@@ -391,12 +392,12 @@ func runStallExperiment(b *testing.B, d stallDesign) {
 
 // runStallRound runs the gap (in which a B round's tunnel is stalled) and
 // then stallRoundLen of measurement.
-func runStallRound(b *testing.B, ctx context.Context, links []*stallLink, stalled int, busy bool) stallRound {
-	gapEnd := time.Now().Add(stallGap)
+func runStallRound(b *testing.B, ctx context.Context, links []*stallLink, stalled int, d stallDesign) stallRound {
+	gapEnd := time.Now().Add(d.gap)
 	r := stallRound{stalled: stalled, links: make([]stallLinkRound, len(links))}
 	var stall, stallNode *Stream
 	switch {
-	case stalled >= 0 && busy:
+	case stalled >= 0 && d.busy:
 		ts, err := links[stalled].link.OpenTunnel(ctx, domain.TunnelRequest{Provider: "busy"}, nil)
 		if err != nil {
 			b.Fatal(err)
@@ -420,6 +421,11 @@ func runStallRound(b *testing.B, ctx context.Context, links []*stallLink, stalle
 		ts, stall, stallNode = links[stalled].stall(b, ctx)
 		r.fill = time.Since(t0)
 		defer ts.Close()
+		// Whatever the burst left behind (frames the others' readers have
+		// yet to take, a writer catching up) settles before the round.
+		if settled := time.Now().Add(stallSettle); settled.After(gapEnd) {
+			gapEnd = settled
+		}
 	}
 	state := func() [3]int {
 		credit := -1
@@ -449,7 +455,7 @@ func runStallRound(b *testing.B, ctx context.Context, links []*stallLink, stalle
 	}
 	cpu0 := stallCPU(pids)
 	r.start = time.Now().UnixNano()
-	time.Sleep(stallRoundLen)
+	time.Sleep(d.round)
 	r.end = time.Now().UnixNano()
 	r.cpu = stallCPU(pids) - cpu0
 	for k, l := range links {
@@ -572,7 +578,7 @@ func reportStall(b *testing.B, rounds []stallRound, d stallDesign) {
 	}
 	// Printed, not logged: a benchmark's log is cut short.
 	fmt.Printf("BenchmarkStalledReader/%s (%s): %d streams per link, one %d B chunk per %v each, %v rounds\n%s",
-		d.name, d.what, stallStreams, stallChunk, d.pace, stallRoundLen, rows.String())
+		d.name, d.what, stallStreams, stallChunk, d.pace, d.round, rows.String())
 	abP, abLo, abHi := stallPooled(abU)
 	aaP, aaLo, aaHi := stallPooled(aaU)
 	fmt.Printf("  p99 of all chunks pooled, %s ÷ alone: %.3f (95%% bootstrap CI %.3f–%.3f); alone ÷ alone: %.3f (%.3f–%.3f)\n",
