@@ -332,6 +332,7 @@ type stallRound struct {
 	stalled    int
 	start, end int64
 	fill       time.Duration // open to stalled, for the stalled tunnel
+	fillStart  int64         // when the stalled tunnel was opened (unix ns)
 	cpu        time.Duration
 	links      []stallLinkRound
 }
@@ -387,6 +388,28 @@ func runStallExperiment(b *testing.B, d stallDesign) {
 		l.wg.Wait()
 		slices.SortFunc(l.samples, func(x, y stallSample) int { return int(x.sent - y.sent) })
 	}
+	within := func(l *stallLink, from, to int64) []stallSample {
+		lo := sort.Search(len(l.samples), func(j int) bool { return l.samples[j].sent >= from })
+		hi := sort.Search(len(l.samples), func(j int) bool { return l.samples[j].sent >= to })
+		return l.samples[lo:hi]
+	}
+	// The chunks sent while a stalled tunnel was filling its window (its
+	// burst, outside the rounds), on its link and on the other one.
+	var burst [2]stallHist
+	for _, r := range rounds {
+		if r.stalled < 0 || r.fillStart == 0 {
+			continue
+		}
+		for k, l := range links {
+			role := 0
+			if k != r.stalled {
+				role = 1
+			}
+			for _, s := range within(l, r.fillStart, r.fillStart+int64(r.fill)) {
+				burst[role].add(s.lat)
+			}
+		}
+	}
 	// Each chunk counts in the round in which it was sent.
 	for i := range rounds {
 		r := &rounds[i]
@@ -405,7 +428,7 @@ func runStallExperiment(b *testing.B, d stallDesign) {
 			r.links[k].p99 = h.quantile(0.99)
 		}
 	}
-	reportStall(b, rounds, d)
+	reportStall(b, rounds, d, &burst)
 }
 
 // runStallRound runs the gap (in which a B round's tunnel is stalled) and
@@ -435,6 +458,7 @@ func runStallRound(b *testing.B, ctx context.Context, links []*stallLink, stalle
 		}()
 	case stalled >= 0:
 		t0 := time.Now()
+		r.fillStart = t0.UnixNano()
 		var ts ports.TunnelStream
 		ts, stall, stallNode = links[stalled].stall(b, ctx)
 		r.fill = time.Since(t0)
@@ -514,7 +538,7 @@ func stallCPU(pids []int) time.Duration {
 	return total
 }
 
-func reportStall(b *testing.B, rounds []stallRound, d stallDesign) {
+func reportStall(b *testing.B, rounds []stallRound, d stallDesign, burst *[2]stallHist) {
 	nLinks := d.links
 	var ab, aa []float64
 	var abU, aaU []stallUnit
@@ -623,6 +647,14 @@ func reportStall(b *testing.B, rounds []stallRound, d stallDesign) {
 	if len(fill) > 0 {
 		fmt.Printf("  while stalled: Sends by the stalled tunnels %s, their state moved in %d of %d rounds; open to stalled: median %.1f ms, max %.1f ms\n",
 			sent, moved, len(fill), stallQuantile(fill, .5)/1e6, slices.Max(fill)/1e6)
+		for role, name := range []string{"its link", "the other link"} {
+			h := &burst[role]
+			if h.count() == 0 {
+				continue
+			}
+			fmt.Printf("  chunks sent while a stalled tunnel filled its window, on %s: %d, p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
+				name, h.count(), stallMs(h.quantile(.5)), stallMs(h.quantile(.99)), stallMs(h.quantile(1)))
+		}
 		b.ReportMetric(float64(sends), "stalled-sends")
 		b.ReportMetric(float64(moved), "stalled-moved")
 	}
@@ -655,6 +687,14 @@ func (h *stallHist) addAll(o *stallHist) {
 	for i, n := range o {
 		h[i] += n
 	}
+}
+
+func (h *stallHist) count() int64 {
+	var total int64
+	for _, n := range h {
+		total += int64(n)
+	}
+	return total
 }
 
 // quantile returns the middle of the bucket that holds quantile q.
