@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -146,16 +147,17 @@ func stallConfig() Config {
 }
 
 // stallNode makes n the node side of the experiment: a "stall" tunnel
-// pushes 16 KiB chunks for as long as it has credit; a "paced" tunnel
-// sends a timestamped chunk every req.Path (a duration) from a random phase.
+// pushes 16 KiB chunks for as long as it has credit, a "busy" one sends
+// stallBusy bytes per millisecond, and a "paced" one sends a timestamped
+// chunk every req.Path (a duration) from a random phase.
 func stallNode(n *fakeNode, sends *atomic.Int64) {
 	n.onTunnel = func(ctx context.Context, req domain.TunnelRequest, _ io.Reader, out ports.TunnelSink) {
 		if out.Send(domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 200}) != nil {
 			return
 		}
-		big := make([]byte, stallBig)
 		switch req.Provider {
 		case "stall":
+			big := make([]byte, stallBig)
 			for out.Send(domain.TunnelFrame{Kind: domain.TunnelBody, Body: big}) == nil {
 				sends.Add(1)
 			}
@@ -340,7 +342,6 @@ type stallRound struct {
 type stallLinkRound struct {
 	hist       *stallHist // latencies of the chunks sent in the round
 	p99        time.Duration
-	chunks     int
 	received   int64 // body chunks the readers received
 	stallSends int64
 	// stallMoved: the stalled tunnel's state changed during the round (its
@@ -386,7 +387,7 @@ func runStallExperiment(b *testing.B, d stallDesign) {
 	stopReaders()
 	for _, l := range links {
 		l.wg.Wait()
-		slices.SortFunc(l.samples, func(x, y stallSample) int { return int(x.sent - y.sent) })
+		slices.SortFunc(l.samples, func(x, y stallSample) int { return cmp.Compare(x.sent, y.sent) })
 	}
 	within := func(l *stallLink, from, to int64) []stallSample {
 		lo := sort.Search(len(l.samples), func(j int) bool { return l.samples[j].sent >= from })
@@ -414,17 +415,15 @@ func runStallExperiment(b *testing.B, d stallDesign) {
 	for i := range rounds {
 		r := &rounds[i]
 		for k, l := range links {
-			lo := sort.Search(len(l.samples), func(j int) bool { return l.samples[j].sent >= r.start })
-			hi := sort.Search(len(l.samples), func(j int) bool { return l.samples[j].sent >= r.end })
-			if hi == lo {
+			sent := within(l, r.start, r.end)
+			if len(sent) == 0 {
 				b.Fatalf("round %d, link %d: no chunks", i, k)
 			}
 			h := new(stallHist)
-			for _, s := range l.samples[lo:hi] {
+			for _, s := range sent {
 				h.add(s.lat)
 			}
 			r.links[k].hist = h
-			r.links[k].chunks = hi - lo
 			r.links[k].p99 = h.quantile(0.99)
 		}
 	}
@@ -432,7 +431,7 @@ func runStallExperiment(b *testing.B, d stallDesign) {
 }
 
 // runStallRound runs the gap (in which a B round's tunnel is stalled) and
-// then stallRoundLen of measurement.
+// then d.round of measurement.
 func runStallRound(b *testing.B, ctx context.Context, links []*stallLink, stalled int, d stallDesign) stallRound {
 	gapEnd := time.Now().Add(d.gap)
 	r := stallRound{stalled: stalled, links: make([]stallLinkRound, len(links))}
