@@ -22,7 +22,10 @@ type EventPublisher interface {
 
 // RunStream is the edge's view of one run on a node. Recv returns the next
 // event; after the terminal event it returns io.EOF. If the link fails first
-// it returns an error matching domain.ErrNodeDisconnected.
+// it returns an error matching domain.ErrNodeDisconnected. With ctx done,
+// Recv still returns an event already received (so a caller can take what
+// is queued without waiting); else it returns at once and consumes nothing:
+// a failure it reported then is reported again by the next Recv.
 type RunStream interface {
 	Recv(ctx context.Context) (domain.RunEvent, error)
 	Close()

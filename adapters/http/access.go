@@ -32,10 +32,11 @@ func (s *Server) logAccess(sw *statusWriter, r *http.Request, start time.Time, k
 	} else if _, rest, ok := strings.Cut(route, " "); ok {
 		route = rest
 	}
-	attrs := []slog.Attr{
+	attrs := make([]slog.Attr, 0, 9) // room for all: one allocation per line
+	attrs = append(attrs,
 		slog.String("method", r.Method), slog.String("route", route), slog.Int("status", sw.status()),
 		slog.Duration("duration", time.Since(start)), slog.Int64("bytes", sw.bytes), slog.String("key", key),
-	}
+	)
 	h := sw.Header()
 	run := h.Get(headerRunID)
 	if run == "" && strings.HasPrefix(route, "/v1/runs/{id}") {

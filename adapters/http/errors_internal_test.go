@@ -85,11 +85,31 @@ func TestSSEFraming(t *testing.T) {
 	_ = s.event("progress", []byte("{\"a\":1,\r\n\"b\":2}\n"))
 	_ = s.keepAlive()
 	_ = s.event("bad\ntype", []byte(`{}`))
-	want := "event: progress\ndata: {\"a\":1,\ndata: \"b\":2}\n\n: keep-alive\n\nevent: bad type\ndata: {}\n\n"
+	_ = s.eventJSON("delta", map[string]string{"text": "<b>\n"}) // json.Marshal's bytes
+	want := "event: progress\ndata: {\"a\":1,\ndata: \"b\":2}\n\n: keep-alive\n\nevent: bad type\ndata: {}\n\n" +
+		"event: delta\ndata: {\"text\":\"\\u003cb\\u003e\\n\"}\n\n"
 	if w.Body.String() != want {
 		t.Fatalf("body %q, want %q", w.Body.String(), want)
 	}
 	if w.Header().Get("X-IOP-Run-ID") != "run_1" || w.Header().Get("Content-Type") != "text/event-stream" || !w.Flushed {
 		t.Fatalf("headers %v flushed %v", w.Header(), w.Flushed)
+	}
+}
+
+// BenchmarkRunEventSSE is the edge's formatting of one run event for the
+// caller's stream (a delta, as most of a run's events are).
+func BenchmarkRunEventSSE(b *testing.B) {
+	w := httptest.NewRecorder()
+	s, err := (&Server{WriteIdleTimeout: time.Minute}).startSSE(w, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ev := domain.RunEvent{RunID: "run_5f0c0a1b2c3d4e5f60718293", Seq: 2, Type: domain.EventDelta, Text: "hello load\n"}
+	b.ReportAllocs()
+	for b.Loop() {
+		w.Body.Reset()
+		if err := s.eventJSON(string(ev.Type), toRunEventJSON("n1", ev)); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

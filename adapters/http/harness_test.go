@@ -58,11 +58,25 @@ type fakeRunStream struct {
 	once   sync.Once
 	seq    uint64 // guarded by fakeLink.mu
 	ended  bool   // a terminal event is queued; guarded by fakeLink.mu
+	failed error  // the failure Recv returned (its consumer's only)
 }
 
+// Recv behaves like the transport's run streams (see ports.RunStream):
+// what is queued comes first, even for a done ctx, and a failure is not
+// used up by a Recv with a done ctx (here: it is returned from then on).
 func (s *fakeRunStream) Recv(ctx context.Context) (domain.RunEvent, error) {
+	if s.failed != nil {
+		return domain.RunEvent{}, s.failed
+	}
 	select {
 	case it := <-s.ch:
+		s.failed = it.err
+		return it.ev, it.err
+	default:
+	}
+	select {
+	case it := <-s.ch:
+		s.failed = it.err
 		return it.ev, it.err
 	case <-ctx.Done():
 		return domain.RunEvent{}, ctx.Err()

@@ -11,7 +11,6 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"time"
 
 	"iop/application/edge"
 	"iop/domain"
@@ -170,69 +169,74 @@ func (s *Server) handleCreateRun(w http.ResponseWriter, r *http.Request) {
 	s.streamRun(w, r, rh)
 }
 
-// streamRun relays a foreground run as SSE. The handle has one consumer: a
-// pump goroutine calls Next, and Close runs only after it has returned. A
-// client that leaves (or a server that stops) closes the handle, which
-// cancels the run on its node.
+// streamRun relays a foreground run as SSE. This goroutine is the handle's
+// one consumer: it calls Next itself (no pump goroutine, so an event costs
+// no hand-off between goroutines), bounded by a wait context per keep-alive
+// period, and Close runs after it is done. A client that leaves (or a
+// server that stops) closes the handle, which cancels the run on its node.
 func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, rh *edge.RunHandle) {
 	ctx, cancel := s.streamContext(r)
 	defer cancel()
+	defer rh.Close()
 
-	events := make(chan domain.RunEvent)
-	pumpCtx, stopPump := context.WithCancel(ctx)
-	pumpDone := make(chan struct{})
-	go func() {
-		defer close(pumpDone)
-		defer close(events)
-		for {
-			ev, err := rh.Next(pumpCtx)
-			if err != nil {
-				return
-			}
-			select {
-			case events <- ev:
-			case <-pumpCtx.Done():
-				return
-			}
-			if ev.Type.Terminal() {
-				return
-			}
-		}
-	}()
-	defer func() {
-		stopPump()
-		<-pumpDone
-		rh.Close()
-	}()
-
-	sse, err := s.startSSE(w, map[string]string{"X-IOP-Run-ID": rh.RunID, "X-IOP-Node": rh.Node})
-	if err != nil {
-		return
-	}
-	tick := time.NewTicker(s.keepAlive())
-	defer tick.Stop()
+	// The headers go out with the first event (the run's start, at hand),
+	// or alone before the first wait.
+	sse := s.openSSE(w, map[string]string{"X-IOP-Run-ID": rh.RunID, "X-IOP-Node": rh.Node})
 	var lastSeq uint64
 	for {
-		select {
-		case ev, ok := <-events:
-			if !ok {
-				s.endRunStream(r, sse, rh, lastSeq)
-				return
-			}
-			lastSeq = ev.Seq
-			if err := sse.eventJSON(string(ev.Type), toRunEventJSON(rh.Node, ev)); err != nil || ev.Type.Terminal() {
-				return
-			}
-		case <-tick.C:
-			if err := sse.keepAlive(); err != nil {
-				return
-			}
-		case <-ctx.Done():
-			s.endRunStream(r, sse, rh, lastSeq)
+		wait, stopWait := context.WithTimeout(ctx, s.keepAlive())
+		quiet := s.relayRunEvents(ctx, wait, r, sse, rh, &lastSeq)
+		stopWait()
+		if !quiet || sse.keepAlive() != nil {
 			return
 		}
 	}
 }
+
+// relayRunEvents relays rh's events until wait (a keep-alive period of ctx)
+// ends, which it reports as quiet; false means the stream is over. Events
+// already queued are written together and flushed once (at most
+// runEventBurst at a time); the stream is flushed before every wait, so an
+// event never waits for the next one.
+func (s *Server) relayRunEvents(ctx, wait context.Context, r *http.Request, sse *sseWriter, rh *edge.RunHandle, lastSeq *uint64) (quiet bool) {
+	for n := 0; ; n++ {
+		ev, err := rh.Next(queuedOnly)
+		if err != nil || n == runEventBurst {
+			if sse.unflushed && sse.flush() != nil {
+				return false
+			}
+			n = 0
+		}
+		if err != nil {
+			if ev, err = rh.Next(wait); err != nil {
+				if ctx.Err() == nil && wait.Err() != nil {
+					return true
+				}
+				s.endRunStream(r, sse, rh, *lastSeq) // the caller left, the server stops, or the stream ended
+				return false
+			}
+		}
+		*lastSeq = ev.Seq
+		if err := sse.writeJSON(string(ev.Type), toRunEventJSON(rh.Node, ev)); err != nil {
+			return false
+		}
+		if ev.Type.Terminal() {
+			_ = sse.flush()
+			return false
+		}
+	}
+}
+
+// runEventBurst is the most events written before a flush.
+const runEventBurst = 16
+
+// queuedOnly is a context already done: Next with it returns an event only
+// if one is already there, and otherwise returns at once without a change.
+var queuedOnly = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
 // endRunStream tells a caller still connected why its stream ends early.
 func (s *Server) endRunStream(r *http.Request, sse *sseWriter, rh *edge.RunHandle, lastSeq uint64) {

@@ -8,13 +8,20 @@ import (
 	"time"
 )
 
-// sseWriter writes server-sent events, flushing after each one. Each write
-// must complete within idle (when positive), so a client that stops reading
-// ends the stream with an error instead of blocking it forever.
+// sseWriter writes server-sent events, flushing after each one (or, through
+// write and flush, after a burst). Each write, or burst of writes up to its
+// flush, must complete within idle (when positive), so a client that stops
+// reading ends the stream with an error instead of blocking it forever. One
+// goroutine writes.
 type sseWriter struct {
 	w    http.ResponseWriter
 	rc   *http.ResponseController
 	idle time.Duration
+	buf  []byte       // the event being written, reused
+	js   bytes.Buffer // the JSON of the event being written, reused
+	enc  *json.Encoder
+	// unflushed: written (headers or events) but not yet flushed.
+	unflushed bool
 }
 
 // startSSE sends the stream's headers (plus any extra ones) and flushes
@@ -22,6 +29,13 @@ type sseWriter struct {
 // of the stream, this one included, is bounded by the server's
 // WriteIdleTimeout.
 func (srv *Server) startSSE(w http.ResponseWriter, extra map[string]string) (*sseWriter, error) {
+	s := srv.openSSE(w, extra)
+	return s, s.flush()
+}
+
+// openSSE is startSSE without the flush: for a stream whose first event is
+// at hand, so headers and event go out in one write.
+func (srv *Server) openSSE(w http.ResponseWriter, extra map[string]string) *sseWriter {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -29,10 +43,10 @@ func (srv *Server) startSSE(w http.ResponseWriter, extra map[string]string) (*ss
 	for k, v := range extra {
 		h.Set(k, v)
 	}
-	s := &sseWriter{w: w, rc: http.NewResponseController(w), idle: srv.WriteIdleTimeout}
+	s := &sseWriter{w: w, rc: http.NewResponseController(w), idle: srv.WriteIdleTimeout, unflushed: true}
 	s.deadline()
 	w.WriteHeader(http.StatusOK)
-	return s, s.rc.Flush()
+	return s
 }
 
 // deadline gives the next write idle to complete.
@@ -42,33 +56,59 @@ func (s *sseWriter) deadline() {
 	}
 }
 
-// event writes one event. data may hold newlines; each line becomes its own
-// "data:" field, which SSE readers join back with "\n".
+// event writes one event and flushes it. data may hold newlines; each line
+// becomes its own "data:" field, which SSE readers join back with "\n".
 func (s *sseWriter) event(typ string, data []byte) error {
-	var b bytes.Buffer
-	b.WriteString("event: ")
-	b.WriteString(oneLine(typ))
-	b.WriteByte('\n')
-	for line := range bytes.SplitSeq(bytes.TrimRight(data, "\r\n"), []byte("\n")) {
-		b.WriteString("data: ")
-		b.Write(bytes.TrimSuffix(line, []byte("\r")))
-		b.WriteByte('\n')
-	}
-	b.WriteByte('\n')
-	s.deadline()
-	if _, err := s.w.Write(b.Bytes()); err != nil {
+	if err := s.write(typ, data); err != nil {
 		return err
 	}
+	return s.flush()
+}
+
+// write writes one event without flushing it (see event).
+func (s *sseWriter) write(typ string, data []byte) error {
+	b := append(s.buf[:0], "event: "...)
+	b = append(b, oneLine(typ)...)
+	b = append(b, '\n')
+	for line := range bytes.SplitSeq(bytes.TrimRight(data, "\r\n"), []byte("\n")) {
+		b = append(b, "data: "...)
+		b = append(b, bytes.TrimSuffix(line, []byte("\r"))...)
+		b = append(b, '\n')
+	}
+	b = append(b, '\n')
+	s.buf = b // the ResponseWriter copied it: reused for the next event
+	if !s.unflushed {
+		s.deadline() // one per burst: the writes up to the flush share it
+	}
+	s.unflushed = true
+	_, err := s.w.Write(b)
+	return err
+}
+
+// flush sends what was written.
+func (s *sseWriter) flush() error {
+	s.unflushed = false
 	return s.rc.Flush()
 }
 
-// eventJSON writes one event whose data is v as JSON.
+// eventJSON writes one event whose data is v as JSON and flushes it.
 func (s *sseWriter) eventJSON(typ string, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
+	if err := s.writeJSON(typ, v); err != nil {
 		return err
 	}
-	return s.event(typ, b)
+	return s.flush()
+}
+
+// writeJSON is eventJSON without the flush. The JSON is json.Marshal's.
+func (s *sseWriter) writeJSON(typ string, v any) error {
+	if s.enc == nil {
+		s.enc = json.NewEncoder(&s.js)
+	}
+	s.js.Reset()
+	if err := s.enc.Encode(v); err != nil { // Marshal's bytes and a newline, which write trims
+		return err
+	}
+	return s.write(typ, s.js.Bytes())
 }
 
 // comment writes a comment line, which SSE readers ignore.
@@ -77,12 +117,15 @@ func (s *sseWriter) comment(text string) error {
 	if _, err := s.w.Write([]byte(": " + oneLine(text) + "\n\n")); err != nil {
 		return err
 	}
-	return s.rc.Flush()
+	return s.flush()
 }
 
 func (s *sseWriter) keepAlive() error { return s.comment("keep-alive") }
 
 func oneLine(s string) string {
+	if !strings.ContainsAny(s, "\r\n") {
+		return s
+	}
 	return strings.NewReplacer("\r", " ", "\n", " ").Replace(s)
 }
 

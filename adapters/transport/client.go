@@ -57,7 +57,8 @@ type ClientConfig struct {
 	MaxBackoff time.Duration
 	// HealthyAfter is how long a link must last before the backoff resets.
 	HealthyAfter time.Duration
-	// OnRegistered, if set, is called after every accepted registration.
+	// OnRegistered, if set, is called after every accepted registration,
+	// on the goroutine that then reads the link: it must not block.
 	OnRegistered func(nodeID string)
 	// Stats, if set, is sent to the edge after registering and every
 	// StatsInterval (DefaultStatsInterval) for its metrics.
@@ -116,36 +117,60 @@ func NewClient(cfg ClientConfig, h NodeHandler) *Client {
 // only the latter two return an error.
 func (c *Client) Run(ctx context.Context) error {
 	defer c.wg.Wait()
-	log := c.cfg.Transport.Logger
-	attempt := 0
+	// The link is read on this goroutine, inside session, so Run's own
+	// frame stays under the idle read loop: the loop's state and logging
+	// live in retry.
+	var r retryState
 	for {
-		started := time.Now()
-		c.linked.Store(false)
+		r.begin(c)
 		err := c.session(ctx)
-		if ctx.Err() != nil {
-			return nil
+		if stop, rerr := c.retry(ctx, err, &r); stop {
+			return rerr
 		}
-		// A refused token and an untrusted edge (TrustError) are final.
-		var fatal interface{ Fatal() bool }
-		if errors.As(err, &fatal) && fatal.Fatal() {
-			return err
-		}
-		if time.Since(started) >= c.cfg.HealthyAfter {
-			attempt = 0
-		}
-		delay := backoff(attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff)
-		attempt++
-		c.reconnects.Add(1)
-		if c.linked.Load() {
-			log.Warn("link to edge lost; reconnecting", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
-		} else {
-			log.Warn("cannot connect to the edge; retrying", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
-		}
-		select {
-		case <-time.After(delay):
-		case <-ctx.Done():
-			return nil
-		}
+	}
+}
+
+// retryState is Run's reconnect bookkeeping.
+type retryState struct {
+	started time.Time
+	attempt int
+}
+
+//go:noinline
+func (r *retryState) begin(c *Client) {
+	r.started = time.Now()
+	c.linked.Store(false)
+}
+
+// retry decides what follows a session that ended with err: stop (with
+// Run's result) when ctx has ended or the refusal is final, otherwise report
+// the failed attempt and wait out the backoff.
+func (c *Client) retry(ctx context.Context, err error, r *retryState) (stop bool, rerr error) {
+	if ctx.Err() != nil {
+		return true, nil
+	}
+	// A refused token and an untrusted edge (TrustError) are final.
+	var fatal interface{ Fatal() bool }
+	if errors.As(err, &fatal) && fatal.Fatal() {
+		return true, err
+	}
+	if time.Since(r.started) >= c.cfg.HealthyAfter {
+		r.attempt = 0
+	}
+	delay := backoff(r.attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff)
+	r.attempt++
+	c.reconnects.Add(1)
+	log := c.cfg.Transport.Logger
+	if c.linked.Load() {
+		log.Warn("link to edge lost; reconnecting", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
+	} else {
+		log.Warn("cannot connect to the edge; retrying", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
+	}
+	select {
+	case <-time.After(delay):
+		return false, nil
+	case <-ctx.Done():
+		return true, nil
 	}
 }
 
@@ -165,16 +190,49 @@ func backoff(attempt int, lo, hi time.Duration) time.Duration {
 	return time.Duration(rand.Int64N(int64(ceil)))
 }
 
+// session registers and then reads the link on this goroutine until it
+// ends. The register exchange (dial, TLS, protobuf, the config) runs on a
+// goroutine of its own that ends with it: on this one it would grow the
+// stack the idle read loop then sits on, and the runtime halves a stack only
+// while less than a quarter of it is in use, which a read in progress is not.
 func (c *Client) session(ctx context.Context) error {
+	var conn *Conn
+	var err error
+	registered := make(chan struct{})
+	go func() {
+		defer close(registered)
+		conn, err = c.register(ctx)
+	}()
+	<-registered
+	if err != nil {
+		return err
+	}
+	stopStats := func() {}
+	if c.cfg.Stats != nil {
+		stopStats = reportStats(ctx, conn, c.cfg.Stats, c.cfg.StatsInterval)
+	}
+	// The read loop runs here until the link ends; shutting the node down
+	// ends it (AfterFunc's goroutine exists only once ctx is done).
+	stop := context.AfterFunc(ctx, func() { conn.shutdown(errors.New("node shutting down")) })
+	conn.run()
+	stop()
+	conn.Close(nil)
+	stopStats()
+	return conn.Err()
+}
+
+// register dials the edge, registers and applies the config it sends; the
+// returned connection is ready to run.
+func (c *Client) register(ctx context.Context) (*Conn, error) {
 	tc := c.cfg.Transport
 	d := net.Dialer{Timeout: tc.HandshakeTimeout, KeepAlive: tc.HeartbeatInterval}
 	nc, err := d.DialContext(ctx, "tcp", c.cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("dial %s: %w", c.cfg.Addr, err)
+		return nil, fmt.Errorf("dial %s: %w", c.cfg.Addr, err)
 	}
 	_ = nc.SetDeadline(time.Now().Add(tc.HandshakeTimeout))
 	if nc, err = secureClient(nc, tc.TLS); err != nil {
-		return err
+		return nil, err
 	}
 	req := &ioppb.RegisterRequest{
 		Token: c.cfg.Token, NodeVersion: c.cfg.Info.Version, Hostname: c.cfg.Info.Hostname, AdapterTypes: c.cfg.Info.AdapterTypes,
@@ -187,22 +245,22 @@ func (c *Client) session(ctx context.Context) error {
 	}
 	if err != nil {
 		_ = nc.Close()
-		return fmt.Errorf("send register: %w", err)
+		return nil, fmt.Errorf("send register: %w", err)
 	}
 	dec := NewDecoder(nc, tc.MaxFrameSize)
 	f := new(ioppb.Frame)
 	if _, err := dec.Decode(f); err != nil {
 		_ = nc.Close()
-		return plaintextHint(tc.TLS, fmt.Errorf("read register response: %w", classifyReadErr(err, tc.HandshakeTimeout)))
+		return nil, plaintextHint(tc.TLS, fmt.Errorf("read register response: %w", classifyReadErr(err, tc.HandshakeTimeout)))
 	}
 	resp := f.GetRegisterResponse()
 	if resp == nil {
 		_ = nc.Close()
-		return fmt.Errorf("expected register_response, got %T", f.Body)
+		return nil, fmt.Errorf("expected register_response, got %T", f.Body)
 	}
 	if !resp.GetAccepted() {
 		_ = nc.Close()
-		return &RejectedError{Reason: resp.GetReason()}
+		return nil, &RejectedError{Reason: resp.GetReason()}
 	}
 	// Adopt the edge's liveness settings so both ends agree.
 	if ms := resp.GetHeartbeatIntervalMs(); ms > 0 {
@@ -222,7 +280,7 @@ func (c *Client) session(ctx context.Context) error {
 		case <-ctx.Done():
 			applied()
 			_ = nc.Close()
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
 	err = c.h.ApplyConfig(ctx, cfg)
@@ -236,27 +294,12 @@ func (c *Client) session(ctx context.Context) error {
 	c.mu.Lock()
 	c.conn = conn
 	c.mu.Unlock()
-	conn.start()
 	c.linked.Store(true)
 	tc.Logger.Info("registered with edge", "edge", c.cfg.Addr, "node", cfg.NodeID, "adapters", len(cfg.Adapters))
 	if c.cfg.OnRegistered != nil {
 		c.cfg.OnRegistered(cfg.NodeID)
 	}
-	statsDone := make(chan struct{})
-	go func() {
-		defer close(statsDone)
-		if c.cfg.Stats != nil {
-			reportStats(ctx, conn, c.cfg.Stats, c.cfg.StatsInterval)
-		}
-	}()
-	select {
-	case <-conn.Done():
-	case <-ctx.Done():
-		conn.Close(errors.New("node shutting down"))
-	}
-	conn.Close(nil)
-	<-statsDone
-	return conn.Err()
+	return conn, nil
 }
 
 // TransportStatus reports the current link for the transport_status command.

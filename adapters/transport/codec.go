@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -41,20 +40,16 @@ const DefaultMaxFrameSize = 4 << 20
 // Decoder reads length-prefixed Frames: a uvarint byte count followed by that
 // many bytes of protobuf (the layout protodelim writes).
 type Decoder struct {
-	r   *bufio.Reader
+	r   *linkReader
 	max int
 	buf []byte
 }
 
 // NewDecoder reads from r; frames larger than max bytes are refused.
 func NewDecoder(r io.Reader, max int) *Decoder {
-	br, ok := r.(*bufio.Reader)
-	if !ok {
-		// Small on purpose: an idle link should cost little, and reads of
-		// large frames bypass the buffer (io.ReadFull into the frame).
-		br = bufio.NewReaderSize(r, readBufferSize)
-	}
-	return &Decoder{r: br, max: max}
+	// An idle link holds only a small inline buffer (linkreader.go), and
+	// reads of large frames bypass the buffer (io.ReadFull into the frame).
+	return &Decoder{r: newLinkReader(r), max: max}
 }
 
 // Decode reads the next frame into f and returns its size on the wire.

@@ -59,7 +59,7 @@ func DefaultConfig() Config {
 		MaxFrameSize:      DefaultMaxFrameSize,
 		StreamWindow:      256 << 10,
 		MaxStreams:        512,
-		ControlQueue:      256,
+		ControlQueue:      64,
 		WriteTimeout:      45 * time.Second,
 		HandshakeTimeout:  10 * time.Second,
 		MaxPending:        4096,

@@ -102,8 +102,8 @@ func (r *runStream) Recv(ctx context.Context) (domain.RunEvent, error) {
 		}
 		f, err := r.s.Recv(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
-				return domain.RunEvent{}, err
+			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+				return domain.RunEvent{}, err // the stream stays open
 			}
 			r.done = true
 			return domain.RunEvent{}, linkErr(err)
@@ -189,8 +189,8 @@ func (c *commandStream) Recv(ctx context.Context) (ports.CommandReply, error) {
 		}
 		f, err := c.s.Recv(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
-				return ports.CommandReply{}, err
+			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+				return ports.CommandReply{}, err // the stream stays open
 			}
 			c.done = true
 			return ports.CommandReply{}, linkErr(err)

@@ -754,6 +754,47 @@ func TestTunnelHandlerReturnsWithoutEnd(t *testing.T) {
 	}
 }
 
+// A caller polling with an already-ended context (nothing ready? then do
+// something else) gets a ready frame, or its context's error with the
+// stream still open, or the stream's own failure — never that failure
+// disguised as its context's error.
+func TestRecvWithEndedContext(t *testing.T) {
+	release := make(chan struct{})
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.onTunnel = func(_ context.Context, _ domain.TunnelRequest, _ io.Reader, out ports.TunnelSink) {
+			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 200})
+			<-release // then return without an end frame: the node resets the stream
+		}
+	})
+	ended, cancel := context.WithCancel(p.ctx)
+	cancel()
+	ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "oa"}, nil)
+	mustf(t, err, "OpenTunnel")
+	defer ts.Close()
+	var f domain.TunnelFrame
+	eventually(t, p.ctx, "status ready", func() bool {
+		f, err = ts.Recv(ended)
+		return err == nil
+	})
+	if f.Kind != domain.TunnelStatus {
+		t.Fatalf("first frame %+v", f)
+	}
+	if _, err := ts.Recv(ended); !errors.Is(err, context.Canceled) {
+		t.Fatalf("nothing ready: %v, want context.Canceled", err)
+	}
+	close(release)
+	eventually(t, p.ctx, "reset seen", func() bool {
+		_, err = ts.Recv(ended)
+		return !errors.Is(err, context.Canceled)
+	})
+	if !errors.Is(err, &domain.Error{Code: domain.CodeStreamReset}) {
+		t.Fatalf("after the reset: %v, want stream_reset", err)
+	}
+	if _, err := ts.Recv(p.ctx); err != io.EOF {
+		t.Fatalf("after the failure: %v, want io.EOF", err)
+	}
+}
+
 // Sending a frame larger than a quarter of the window is refused locally
 // instead of breaking the peer's credit accounting.
 func TestSendRefusesFramesOverQuarterWindow(t *testing.T) {

@@ -61,28 +61,59 @@ func statsToDomain(p *ioppb.NodeStats) domain.NodeStats {
 }
 
 // reportStats sends the node's stats on conn now and every interval until
-// conn or ctx ends.
-func reportStats(ctx context.Context, conn *Conn, stats func() domain.NodeStats, interval time.Duration) {
+// conn or ctx ends or stop is called. Each report runs from a timer, so
+// between reports no goroutine waits for the next one (an idle link keeps
+// two goroutines per side). stop ends the reports and waits for one in
+// progress; call it once the connection has ended.
+func reportStats(ctx context.Context, conn *Conn, stats func() domain.NodeStats, interval time.Duration) (stop func()) {
 	if interval <= 0 {
 		interval = DefaultStatsInterval
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		sctx, cancel := context.WithTimeout(ctx, interval)
-		err := conn.sendControl(sctx, &ioppb.Frame{Body: &ioppb.Frame_NodeStats{NodeStats: statsToProto(stats())}})
-		cancel()
-		if err != nil && conn.Err() != nil {
-			return
-		}
-		select {
-		case <-t.C:
-		case <-conn.Done():
-			return
-		case <-ctx.Done():
-			return
-		}
+	r := &statsReporter{ctx: ctx, conn: conn, stats: stats, interval: interval}
+	r.mu.Lock()
+	r.running.Add(1)
+	r.timer = time.AfterFunc(0, r.send)
+	r.mu.Unlock()
+	return r.stop
+}
+
+type statsReporter struct {
+	ctx      context.Context
+	conn     *Conn
+	stats    func() domain.NodeStats
+	interval time.Duration
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+	running sync.WaitGroup // a report is scheduled or in progress
+}
+
+func (r *statsReporter) send() {
+	defer r.running.Done()
+	sctx, cancel := context.WithTimeout(r.ctx, r.interval)
+	err := r.conn.sendControl(sctx, &ioppb.Frame{Body: &ioppb.Frame_NodeStats{NodeStats: statsToProto(r.stats())}})
+	cancel()
+	if err != nil && r.conn.Err() != nil || r.ctx.Err() != nil {
+		return
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return
+	}
+	r.running.Add(1)
+	r.timer.Reset(r.interval)
+}
+
+func (r *statsReporter) stop() {
+	r.mu.Lock()
+	r.stopped = true
+	if r.timer.Stop() {
+		r.running.Done() // scheduled, and now it will not run
+	}
+	r.mu.Unlock()
+	r.running.Wait()
 }
 
 // nodeStatsBox keeps the last NodeStats a node sent.

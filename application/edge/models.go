@@ -298,7 +298,7 @@ func (c *ModelCatalog) Models() []ModelEntry {
 	var out []ModelEntry
 	for _, p := range c.providers() {
 		if p.known {
-			out = append(out, p.models...)
+			out = p.appendEntries(out)
 		}
 	}
 	sortEntries(out)
@@ -334,11 +334,42 @@ func (c *ModelCatalog) Lookup(family, model string) []ModelEntry {
 
 // providerModels is one connected provider as the catalog sees it now.
 type providerModels struct {
-	node     string
-	cfg      domain.ProviderConfig
-	known    bool // declared, or discovered over the node's current link
-	models   []ModelEntry
-	inFlight int // the node's tunnels in flight
+	node      string
+	cfg       domain.ProviderConfig
+	known     bool         // declared, or discovered over the node's current link
+	models    []ModelEntry // discovered (declared ones are cfg.Models)
+	connected int64        // when the node connected (Unix s): a declared model's Created
+	inFlight  int          // the node's tunnels in flight
+}
+
+// serves reports whether the provider serves model (as MatchModel says).
+func (p *providerModels) serves(model string) bool {
+	if len(p.cfg.Models) > 0 {
+		for _, m := range p.cfg.Models {
+			if MatchModel(m, model) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, m := range p.models {
+		if MatchModel(m.ID, model) {
+			return true
+		}
+	}
+	return false
+}
+
+// appendEntries appends the provider's models to out. Declared models
+// become entries only here, not on every routing of a request.
+func (p *providerModels) appendEntries(out []ModelEntry) []ModelEntry {
+	if len(p.cfg.Models) == 0 {
+		return append(out, p.models...)
+	}
+	for _, m := range p.cfg.Models {
+		out = append(out, ModelEntry{ID: m, Node: p.node, Provider: p.cfg.Name, Type: p.cfg.Type, Created: p.connected})
+	}
+	return out
 }
 
 // providers lists every provider of every connected node, nodes by id and
@@ -354,13 +385,10 @@ func (c *ModelCatalog) providers() []providerModels {
 			nm = nil // a reconnected node: what we learned is stale
 		}
 		for _, p := range v.Config.Providers {
-			pm := providerModels{node: v.ID, cfg: p, inFlight: v.TunnelsInFlight}
+			pm := providerModels{node: v.ID, cfg: p, inFlight: v.TunnelsInFlight, connected: v.ConnectedAt.Unix()}
 			switch {
 			case len(p.Models) > 0:
 				pm.known = true
-				for _, m := range p.Models {
-					pm.models = append(pm.models, ModelEntry{ID: m, Node: v.ID, Provider: p.Name, Type: p.Type, Created: v.ConnectedAt.Unix()})
-				}
 			case nm != nil:
 				if d, ok := nm.providers[p.Name]; ok && sameProvider(d.cfg, p) {
 					pm.known, pm.models = true, d.models

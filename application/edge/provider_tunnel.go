@@ -2,8 +2,6 @@ package edge
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -89,11 +87,7 @@ func NewSubmitProviderTunnelHandler(reg *Registry, bus ports.EventPublisher, cat
 	return &SubmitProviderTunnelHandler{reg: reg, bus: bus, catalog: catalog, ledger: ledger, log: log, now: time.Now, newID: newTunnelID}
 }
 
-func newTunnelID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return "tun_" + hex.EncodeToString(b[:])
-}
+func newTunnelID() string { return timeOrderedID("tun", time.Now()) }
 
 // Handle picks a node and provider for in and opens the tunnel there. The
 // caller must read the returned tunnel with Next until it ends, or Close it.
@@ -187,7 +181,7 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 	if in.Model != "" {
 		cands = nil
 		for _, p := range speak {
-			if p.known && servesModel(p.models, in.Model) {
+			if p.known && p.serves(in.Model) {
 				cands = append(cands, p)
 			}
 		}
@@ -225,7 +219,7 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 
 func anyServes(ps []providerModels, model string) bool {
 	for _, p := range ps {
-		if p.known && servesModel(p.models, model) {
+		if p.known && p.serves(model) {
 			return true
 		}
 	}
@@ -249,15 +243,6 @@ func (h *SubmitProviderTunnelHandler) Targets(caller domain.Principal, family st
 		}
 	}
 	return out
-}
-
-func servesModel(models []ModelEntry, model string) bool {
-	for _, m := range models {
-		if MatchModel(m.ID, model) {
-			return true
-		}
-	}
-	return false
 }
 
 // Tunnel is a caller's view of one open provider tunnel. It has one

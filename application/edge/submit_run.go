@@ -2,8 +2,6 @@ package edge
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
@@ -73,12 +71,9 @@ func NewSubmitRunHandler(reg *Registry, runs *RunTracker, bus ports.EventPublish
 		MaxRequestBytes: DefaultMaxRequestBytes}
 }
 
-// NewRunID returns a random run id such as "run_5f0c…" (24 hex digits).
-func NewRunID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return "run_" + hex.EncodeToString(b[:])
-}
+// NewRunID returns a run id such as "run_019ad8…" (24 hex digits: the
+// time in milliseconds, then 48 random bits; see timeOrderedID).
+func NewRunID() string { return timeOrderedID("run", time.Now()) }
 
 // Stop ends the goroutines following background and abandoned runs. Runs
 // submitted or closed after it are let go of at once.
@@ -246,7 +241,7 @@ func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
 	}
 	ev, err := r.stream.Recv(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return domain.RunEvent{}, err
 		}
 		if errors.Is(err, io.EOF) {

@@ -329,7 +329,8 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 	}
 	// IOP_LOAD_PPROF=DIR: edge and node serve --pprof (frps and frpc their
 	// web server's pprof) and, after the rounds, CPU and allocation profiles
-	// under chat, bulk and run load land in DIR.
+	// under chat, bulk and run load, and execution traces under sequential
+	// requests, land in DIR.
 	profDir := os.Getenv("IOP_LOAD_PPROF")
 	var edgeProf, nodeProf string
 	edgeArgs := []string{"--config", e.config}
@@ -400,6 +401,12 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 		})
 		profile(t, profDir, mode+"-runs", addrs, func() {
 			hammer(t, 32, 5*time.Second, func() error { _, err := loadRun(e.url, "echo"); return err })
+		})
+		// Execution traces under sequential requests show where a
+		// request's time to first byte goes (go tool trace: scheduler
+		// latency and network blocking profiles).
+		traces(t, profDir, mode+"-seq", addrs, func() {
+			hammer(t, 1, 3*time.Second, func() error { _, _, err := loadRequest(e.url, "chat"); return err })
 		})
 	}
 
@@ -805,6 +812,30 @@ func profile(t *testing.T, dir, mode string, addrs map[string]string, load func(
 		wg.Add(1)
 		go fetch(who+".allocs.pprof", "http://"+a+"/debug/pprof/allocs")
 	}
+	wg.Wait()
+}
+
+// traces saves a 2-second execution trace of each process while load runs.
+func traces(t *testing.T, dir, mode string, addrs map[string]string, load func()) {
+	var wg sync.WaitGroup
+	for who, a := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(500 * time.Millisecond) // into the load
+			resp, err := http.Get("http://" + a + "/debug/pprof/trace?seconds=2")
+			if err != nil {
+				t.Errorf("trace %s: %v", who, err)
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if err := os.WriteFile(fmt.Sprintf("%s/%s-%s.trace", dir, mode, who), b, 0o644); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	load()
 	wg.Wait()
 }
 

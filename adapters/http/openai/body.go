@@ -15,10 +15,15 @@ const (
 	// MaxDepth is the deepest nesting of objects and arrays the scan for the
 	// model accepts; deeper is invalid_request (400).
 	MaxDepth = 128
-	// blockSize is the unit the read prefix grows by: bytes are read
-	// straight into the block that keeps them, so the prefix costs its own
-	// size and never a copy of it.
+	// blockSize is the largest unit the read prefix grows by: bytes are
+	// read straight into the block that keeps them, so the prefix costs its
+	// own size and never a copy of it.
 	blockSize = 64 << 10
+	// firstBlock is the first block of a body of unknown length; blocks
+	// then double up to blockSize. (A body of known length gets one block
+	// of its size.) Most request bodies are a few KiB: a 64 KiB block per
+	// request cost more in allocation and zeroing than the scan itself.
+	firstBlock = 1 << 10
 	// maxKey and maxModel bound what of a key or a model value is kept.
 	maxKey   = 64
 	maxModel = 4 << 10
@@ -33,6 +38,26 @@ type prefix struct {
 	src    io.Reader
 	blocks [][]byte
 	err    error // the read error that ended the body (io.EOF at its end)
+	// length is the body's declared length (Content-Length), 0 if unknown.
+	length int64
+}
+
+// newPrefix starts the prefix of a body of the declared length (<= 0:
+// unknown).
+func newPrefix(src io.Reader, length int64) *prefix {
+	return &prefix{src: src, length: max(length, 0)}
+}
+
+// nextBlock is the capacity of the block after the last one.
+func (p *prefix) nextBlock() int {
+	if len(p.blocks) == 0 {
+		if p.length > 0 {
+			// One spare byte, so the read that sees the end fits too.
+			return int(min(p.length+1, blockSize))
+		}
+		return firstBlock
+	}
+	return min(2*cap(p.blocks[len(p.blocks)-1]), blockSize)
 }
 
 // more reads the next bytes of the body into the prefix and returns them;
@@ -42,7 +67,7 @@ func (p *prefix) more() []byte {
 		return nil
 	}
 	if n := len(p.blocks); n == 0 || len(p.blocks[n-1]) == cap(p.blocks[n-1]) {
-		p.blocks = append(p.blocks, make([]byte, 0, blockSize))
+		p.blocks = append(p.blocks, make([]byte, 0, p.nextBlock()))
 	}
 	last := &p.blocks[len(p.blocks)-1]
 	for {

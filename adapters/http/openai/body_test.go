@@ -153,3 +153,89 @@ func TestScanMultipartModel(t *testing.T) {
 		t.Fatalf("form without model: %q, %v", got, err)
 	}
 }
+
+// A body is kept whole and in order whatever its declared length says of
+// the blocks: one block of its size when declared, growing blocks when not.
+func TestPrefixBlocks(t *testing.T) {
+	small := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	big := `{"messages":"` + strings.Repeat("x", 300<<10) + `","model":"m"}`
+	for _, c := range []struct {
+		name   string
+		body   string
+		length int64
+		blocks int // after the body was read to its end
+	}{
+		{"small declared", small, int64(len(small)), 1},
+		{"small unknown", small, -1, 1},
+		{"big declared", big, int64(len(big)), 0},
+		{"big unknown", big, -1, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := newPrefix(oneByteEvery(strings.NewReader(c.body), 7000), c.length)
+			if got, err := scanJSONModel(p, modelKeys); err != nil || got != "m" {
+				t.Fatalf("got %q, %v", got, err)
+			}
+			for p.more() != nil {
+			}
+			for i, b := range p.blocks {
+				if cap(b) > blockSize {
+					t.Fatalf("block %d holds %d bytes, more than %d", i, cap(b), blockSize)
+				}
+			}
+			if c.blocks > 0 && len(p.blocks) != c.blocks {
+				t.Fatalf("%d blocks, want %d", len(p.blocks), c.blocks)
+			}
+			if c.length > 0 && c.length < blockSize && cap(p.blocks[0]) != int(c.length)+1 {
+				t.Fatalf("first block of %d bytes for a declared %d", cap(p.blocks[0]), c.length)
+			}
+			head, rest := p.body()
+			all := append([]byte(nil), head...)
+			if rest != nil {
+				b, _ := io.ReadAll(rest)
+				all = append(all, b...)
+			}
+			if string(all) != c.body {
+				t.Fatalf("relayed %d bytes, want the %d of the body", len(all), len(c.body))
+			}
+		})
+	}
+}
+
+// oneByteEvery reads at most n bytes per Read.
+func oneByteEvery(r io.Reader, n int) io.Reader { return readAtMost{r, n} }
+
+type readAtMost struct {
+	r io.Reader
+	n int
+}
+
+func (r readAtMost) Read(p []byte) (int, error) { return r.r.Read(p[:min(len(p), r.n)]) }
+
+// BenchmarkScanJSONModel routes a small chat request body as the handler
+// does (scan for the model, then read the small body whole): "64KiB-block"
+// is the prefix as it was (a 64 KiB first block per request), "declared"
+// a body with Content-Length, "unknown" a chunked one.
+func BenchmarkScanJSONModel(b *testing.B) {
+	body := []byte(`{"model":"chat","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	for _, c := range []struct {
+		name   string
+		length int64
+	}{{"64KiB-block", blockSize}, {"declared", int64(len(body))}, {"unknown", -1}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			r := bytes.NewReader(body)
+			for b.Loop() {
+				r.Reset(body)
+				p := newPrefix(r, c.length)
+				if m, err := scanJSONModel(p, modelKeys); err != nil || m != "chat" {
+					b.Fatal(m, err)
+				}
+				for p.more() != nil {
+				}
+				if head, _ := p.body(); len(head) != len(body) {
+					b.Fatal(len(head))
+				}
+			}
+		})
+	}
+}

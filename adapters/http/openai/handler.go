@@ -264,7 +264,7 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 			return
 		}
 		rec = &recordingReader{r: http.MaxBytesReader(w, r.Body, h.MaxBody)}
-		p := &prefix{src: rec}
+		p := newPrefix(rec, r.ContentLength)
 		var err error
 		if t.form {
 			model, err = scanMultipartModel(p, r.Header.Get("Content-Type"), "model")
@@ -525,9 +525,15 @@ var hopByHop = map[string]bool{
 	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 }
 
+// connectionListed is the set of header names the Connection header lists
+// (nil when there is none, the usual case).
 func connectionListed(h http.Header) map[string]bool {
+	vs := h.Values("Connection")
+	if len(vs) == 0 {
+		return nil
+	}
 	out := map[string]bool{}
-	for _, v := range h.Values("Connection") {
+	for _, v := range vs {
 		for _, f := range strings.Split(v, ",") {
 			if f = strings.TrimSpace(f); f != "" {
 				out[http.CanonicalHeaderKey(f)] = true
@@ -543,19 +549,19 @@ func connectionListed(h http.Header) map[string]bool {
 // HTTP client sets itself; Content-Length is restated from the request.
 func forwardHeader(r *http.Request) http.Header {
 	listed := connectionListed(r.Header)
-	out := make(http.Header, len(r.Header))
+	out := make(http.Header, len(r.Header)+1)
 	for k, vs := range r.Header {
-		ck := http.CanonicalHeaderKey(k)
+		ck := http.CanonicalHeaderKey(k) // the server's parser made it canonical: no allocation
 		switch {
 		case hopByHop[ck], listed[ck], strings.HasPrefix(ck, "X-Iop-"):
 			continue
 		case ck == "Authorization", ck == "X-Api-Key", ck == "Api-Key", ck == "Cookie", ck == "Host", ck == "Content-Length", ck == "Accept-Encoding", ck == "Expect":
 			continue
 		}
-		out[ck] = append([]string(nil), vs...)
+		out[ck] = append(out[ck], vs...)
 	}
 	if r.ContentLength > 0 {
-		out.Set("Content-Length", strconv.FormatInt(r.ContentLength, 10))
+		out["Content-Length"] = []string{strconv.FormatInt(r.ContentLength, 10)}
 	}
 	return out
 }
@@ -565,6 +571,22 @@ func forwardHeader(r *http.Request) http.Header {
 // relay that ends short is aborted, so the length is never a lie.
 func copyResponseHeader(dst, src http.Header) {
 	listed := connectionListed(src)
+	canonical := true
+	for k := range src {
+		if http.CanonicalHeaderKey(k) != k {
+			canonical = false
+			break
+		}
+	}
+	if canonical { // the usual case: no two keys meet, so order is moot
+		for k, vs := range src {
+			if !hopByHop[k] && !listed[k] {
+				dst[k] = append(dst[k], vs...)
+			}
+		}
+		return
+	}
+	// Keys that canonicalize alike are merged in a stable order.
 	keys := make([]string, 0, len(src))
 	for k := range src {
 		keys = append(keys, k)

@@ -425,11 +425,8 @@ func TestCancelKillsTheProcessGroup(t *testing.T) {
 		case <-time.After(deadline):
 			t.Fatal("Execute did not return after cancel")
 		}
-		for end := time.Now().Add(5 * time.Second); runtimetest.GroupAlive(pgid); {
-			if time.Now().After(end) {
-				t.Fatalf("process group %d is still running (ignore TERM: %v)", pgid, ignoreTerm)
-			}
-			time.Sleep(10 * time.Millisecond)
+		if !runtimetest.GroupGone(pgid, 5*time.Second) {
+			t.Fatalf("process group %d is still running (ignore TERM: %v)", pgid, ignoreTerm)
 		}
 		if _, ok := sink.Terminal(); ok {
 			t.Errorf("terminal event after cancel: %v", sink.Types())
@@ -449,7 +446,7 @@ func TestTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	requireTerminal(t, sink, domain.EventError, domain.CodeTimeout)
-	if runtimetest.GroupAlive(pidOf(t, sink.Events())) {
+	if !runtimetest.GroupGone(pidOf(t, sink.Events()), 5*time.Second) {
 		t.Error("the timed-out process group is still running")
 	}
 }
@@ -467,7 +464,7 @@ func TestSinkFailureKillsTheProcess(t *testing.T) {
 	if time.Since(start) > 10*time.Second {
 		t.Error("the process was not killed")
 	}
-	if pgid := pidOf(t, sink.Events()); runtimetest.GroupAlive(pgid) {
+	if pgid := pidOf(t, sink.Events()); !runtimetest.GroupGone(pgid, 5*time.Second) {
 		t.Error("process group still running")
 	}
 }

@@ -309,11 +309,8 @@ func TestCancelKillsTheProcessGroup(t *testing.T) {
 	if err := <-exited; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Execute = %v, want context.Canceled", err)
 	}
-	for end := time.Now().Add(5 * time.Second); runtimetest.GroupAlive(pgid); {
-		if time.Now().After(end) {
-			t.Fatalf("process group %d is still running", pgid)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !runtimetest.GroupGone(pgid, 5*time.Second) {
+		t.Fatalf("process group %d is still running", pgid)
 	}
 	if _, ok := sink.Terminal(); ok {
 		t.Errorf("terminal event after cancel: %v", sink.Types())

@@ -73,11 +73,8 @@ func pidOf(t *testing.T, events []domain.RunEvent) int {
 // requireGroupGone waits until no process of group pgid is running.
 func requireGroupGone(t *testing.T, pgid int) {
 	t.Helper()
-	for end := time.Now().Add(5 * time.Second); runtimetest.GroupAlive(pgid); {
-		if time.Now().After(end) {
-			t.Fatalf("process group %d is still running", pgid)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !runtimetest.GroupGone(pgid, 5*time.Second) {
+		t.Fatalf("process group %d is still running", pgid)
 	}
 }
 

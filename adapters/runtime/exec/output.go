@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"iop/domain"
@@ -14,6 +15,36 @@ const (
 	stdoutChunkSize = 32 << 10 // bytes per stdout read, so at most per delta
 	stderrTailSize  = 4 << 10  // bytes of stderr kept for the error message
 )
+
+// chunks holds the read buffers of the output copies (stdoutChunkSize
+// bytes): a run's output is copied into a fresh string for its event, so
+// the buffer can serve the next run instead of being garbage after each.
+var chunks = sync.Pool{New: func() any { b := make([]byte, stdoutChunkSize); return &b }}
+
+// readChunks reads r into a pooled buffer until EOF or an error, passing
+// every read to write; it returns the bytes read and the first error
+// (io.EOF is not one).
+func readChunks(r io.Reader, write func([]byte) error) (int64, error) {
+	bp := chunks.Get().(*[]byte)
+	defer chunks.Put(bp)
+	buf := *bp
+	var total int64
+	for {
+		n, err := r.Read(buf)
+		total += int64(n)
+		if n > 0 {
+			if werr := write(buf[:n]); werr != nil {
+				return total, werr
+			}
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
 
 // errDiscarded ends the stdout copy when the run was abandoned before its
 // output could be sent.
@@ -47,23 +78,7 @@ func (w *deltaWriter) release(send bool) {
 // ReadFrom reads r with a 32 KiB buffer and emits what each read returns.
 // io.Copy, which os/exec uses, prefers it to Write.
 func (w *deltaWriter) ReadFrom(r io.Reader) (int64, error) {
-	buf := make([]byte, stdoutChunkSize)
-	var total int64
-	for {
-		n, err := r.Read(buf)
-		total += int64(n)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return total, werr
-			}
-		}
-		if err == io.EOF {
-			return total, nil
-		}
-		if err != nil {
-			return total, err
-		}
-	}
+	return readChunks(r, func(p []byte) error { _, err := w.Write(p); return err })
 }
 
 // Write emits p as one delta event, minus an incomplete UTF-8 sequence at
@@ -124,18 +139,29 @@ func completeLen(b []byte) int {
 }
 
 // tailBuffer keeps the last max bytes written to it, in a buffer allocated
-// once. Like deltaWriter, it is written by an os/exec goroutine and read
-// only after cmd.Wait has returned.
+// once, on the first write (most runs write nothing to stderr). Like
+// deltaWriter, it is written by an os/exec goroutine and read only after
+// cmd.Wait has returned.
 type tailBuffer struct {
+	max int
 	buf []byte
 }
 
 func newTailBuffer(max int) *tailBuffer {
-	return &tailBuffer{buf: make([]byte, 0, max)}
+	return &tailBuffer{max: max}
+}
+
+// ReadFrom copies r through a pooled buffer; without it, io.Copy would
+// allocate a 32 KiB one per run.
+func (t *tailBuffer) ReadFrom(r io.Reader) (int64, error) {
+	return readChunks(r, func(p []byte) error { _, err := t.Write(p); return err })
 }
 
 func (t *tailBuffer) Write(p []byte) (int, error) {
-	n, limit := len(p), cap(t.buf)
+	if len(p) > 0 && t.buf == nil {
+		t.buf = make([]byte, 0, t.max)
+	}
+	n, limit := len(p), t.max
 	if len(p) >= limit {
 		t.buf = append(t.buf[:0], p[len(p)-limit:]...)
 		return n, nil

@@ -1,8 +1,10 @@
 package exec
 
 import (
+	"io"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"unicode/utf8"
 
 	"iop/adapters/runtime/runtimetest"
@@ -91,4 +93,72 @@ func TestTailBufferKeepsLastBytes(t *testing.T) {
 	if cap(tb.buf) != 8 {
 		t.Errorf("buffer grew to %d bytes", cap(tb.buf))
 	}
+}
+
+// The copies os/exec runs (io.Copy from the pipes) go through ReadFrom, with
+// pooled buffers, and lose nothing however the reads are cut.
+func TestWritersReadFromPipes(t *testing.T) {
+	text := strings.Repeat("héllo wörld ", 9000) // > 3 chunks, multi-byte runes across reads
+	sink := &runtimetest.Sink{}
+	w := newDeltaWriter(sink)
+	w.release(true)
+	if n, err := io.Copy(w, iotest.HalfReader(strings.NewReader(text))); err != nil || n != int64(len(text)) {
+		t.Fatalf("copy to deltaWriter = %d, %v", n, err)
+	}
+	if err := w.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got := sink.Text(); got != text {
+		t.Errorf("deltas differ from the output (%d bytes, want %d)", len(got), len(text))
+	}
+
+	tb := newTailBuffer(16)
+	if n, err := io.Copy(tb, iotest.OneByteReader(strings.NewReader(text+"the end"))); err != nil || n != int64(len(text)+7) {
+		t.Fatalf("copy to tailBuffer = %d, %v", n, err)
+	}
+	if got, want := tb.String(), "o wörld the end"; got != want {
+		t.Errorf("tail = %q, want %q", got, want)
+	}
+	empty := newTailBuffer(16)
+	if _, err := io.Copy(empty, strings.NewReader("")); err != nil {
+		t.Fatal(err)
+	}
+	if empty.buf != nil || empty.String() != "" {
+		t.Errorf("an empty stderr allocated its tail (%d bytes) or kept %q", cap(empty.buf), empty.String())
+	}
+}
+
+// BenchmarkOutputCopy copies one run's output as the exec adapter does —
+// a short stdout line to delta events and an empty stderr to the tail —
+// with the buffers allocated per run (before) against pooled ones.
+func BenchmarkOutputCopy(b *testing.B) {
+	out := "hello from the child\n"
+	b.Run("buffers-per-run", func(b *testing.B) {
+		b.ReportAllocs()
+		reportCPU(b, func() {
+			for b.Loop() {
+				sink := &runtimetest.Sink{}
+				w := newDeltaWriter(sink)
+				w.release(true)
+				buf := make([]byte, stdoutChunkSize) // the old ReadFrom's own buffer
+				_, _ = io.CopyBuffer(struct{ io.Writer }{w}, strings.NewReader(out), buf)
+				tail := &tailBuffer{max: stderrTailSize, buf: make([]byte, 0, stderrTailSize)}
+				_, _ = io.Copy(struct{ io.Writer }{tail}, struct{ io.Reader }{strings.NewReader("")}) // io.Copy's own 32 KiB
+				_ = w.flush()
+			}
+		})
+	})
+	b.Run("pooled", func(b *testing.B) {
+		b.ReportAllocs()
+		reportCPU(b, func() {
+			for b.Loop() {
+				sink := &runtimetest.Sink{}
+				w := newDeltaWriter(sink)
+				w.release(true)
+				_, _ = io.Copy(w, struct{ io.Reader }{strings.NewReader(out)})
+				_, _ = io.Copy(newTailBuffer(stderrTailSize), struct{ io.Reader }{strings.NewReader("")})
+				_ = w.flush()
+			}
+		})
+	})
 }

@@ -215,11 +215,8 @@ func TestCancelKillsTheProcessGroup(t *testing.T) {
 	if err := <-exited; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Execute = %v, want context.Canceled", err)
 	}
-	for end := time.Now().Add(5 * time.Second); runtimetest.GroupAlive(m.PID); {
-		if time.Now().After(end) {
-			t.Fatalf("process group %d is still running", m.PID)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !runtimetest.GroupGone(m.PID, 5*time.Second) {
+		t.Fatalf("process group %d is still running", m.PID)
 	}
 	if _, ok := sink.Terminal(); ok {
 		t.Errorf("terminal event after cancel: %v", sink.Types())

@@ -6,7 +6,20 @@ import (
 	"os"
 	"strconv"
 	"syscall"
+	"time"
 )
+
+// GroupGone waits up to d for every process of group pgid to be gone and
+// reports whether they went. A killed process leaves once the kernel has
+// run it to deliver the signal, which on a loaded machine takes a moment.
+func GroupGone(pgid int, d time.Duration) bool {
+	for end := time.Now().Add(d); GroupAlive(pgid); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			return false
+		}
+	}
+	return true
+}
 
 // GroupAlive reports whether any process of process group pgid is still
 // running. Zombies count as dead: where the init process does not reap

@@ -10,7 +10,7 @@
 package spawn
 
 import (
-	"bufio"
+	"bytes"
 	"fmt"
 	"maps"
 	"os"
@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 )
@@ -26,8 +25,10 @@ import (
 // Group is a started child's process group. Release it once the child has
 // been waited for and its group killed.
 type Group struct {
-	pgid  int
-	start uint64 // the leader's start time (clock ticks since boot), 0 if unknown
+	pgid int
+	// The leader's start time (clock ticks since boot, as /proc/PID/stat
+	// field 22 has it) lies in [start, startMax]; 0 if unknown.
+	start, startMax uint64
 }
 
 // PGID returns the process group id (the child's pid).
@@ -36,26 +37,40 @@ func (g *Group) PGID() int { return g.pgid }
 // Release forgets the group: the node no longer kills it at shutdown or
 // after a crash. Idempotent.
 func (g *Group) Release() {
-	reg.mu.Lock()
-	_, ok := reg.live[g.pgid]
-	if ok {
-		delete(reg.live, g.pgid)
-		reg.saveLocked()
-	}
-	reg.mu.Unlock()
-	if ok {
+	// Only the release that empties the registry can let the spawner stop,
+	// so the others do not queue behind a fork for its lock.
+	if removed, idle := reg.remove(g.pgid); removed && idle {
 		stopIfIdle()
 	}
 }
 
 // registry is the set of live groups and the file they are recorded in.
+//
+// The file is a log, one line per change: "PGID START [START_MAX]" when a
+// group starts (START_MAX when it differs from START), "-PGID" when it is
+// released; replaying it gives the live set. Each change
+// is one append (one write system call, no rename), and the file is
+// rewritten to just the live set (write and rename, so a crash leaves the
+// old or the new file, never half of one) when it opens, when the log has
+// grown to several times the live set, and after an append fails. Like the
+// rename before it, nothing is fsynced: the record is for a node process
+// that crashed (kill -9, OOM), whose writes the kernel still holds; after a
+// power loss no child survives to be killed.
+type registry struct {
+	mu    sync.Mutex
+	live  map[int]*Group
+	file  string
+	f     *os.File // file, open for appending; nil when file is "" or needs rewriting
+	lines int      // lines in file
+	buf   []byte   // the line being appended
+}
+
 var reg = &registry{live: map[int]*Group{}}
 
-type registry struct {
-	mu   sync.Mutex
-	live map[int]*Group
-	file string
-}
+// compactSlack is how many lines beyond the live set's four times the log
+// may hold before it is rewritten: enough that a node with few children
+// rewrites once per some hundred runs, not per run.
+const compactSlack = 256
 
 // Start starts cmd as the leader of a new process group that dies with the
 // node. It overwrites cmd.SysProcAttr.
@@ -63,15 +78,13 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 	cmd.SysProcAttr = sysProcAttr()
 	spawner.mu.Lock()
 	defer spawner.mu.Unlock()
-	if err := startLocked(cmd); err != nil {
+	lo, hi, err := startLocked(cmd)
+	if err != nil {
 		stopIfIdleLocked()
 		return nil, err
 	}
-	g := &Group{pgid: cmd.Process.Pid, start: startTime(cmd.Process.Pid)}
-	reg.mu.Lock()
-	reg.live[g.pgid] = g
-	reg.saveLocked()
-	reg.mu.Unlock()
+	g := &Group{pgid: cmd.Process.Pid, start: lo, startMax: hi}
+	reg.add(g)
 	return g, nil
 }
 
@@ -88,8 +101,12 @@ func KillAll() {
 // the groups an earlier node left recorded there. It returns how many groups
 // it killed. An empty path records nothing.
 func Record(path string) (int, error) {
-	reg.mu.Lock()
-	defer reg.mu.Unlock()
+	return reg.record(path)
+}
+
+func (r *registry) record(path string) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	killed := 0
 	if path != "" {
 		left, err := load(path)
@@ -103,51 +120,154 @@ func Record(path string) (int, error) {
 			}
 		}
 	}
-	reg.file = path
-	reg.saveLocked()
+	r.closeLocked()
+	r.file = path
+	r.rewriteLocked()
 	return killed, nil
 }
 
-// saveLocked rewrites the record file (write and rename, so a crash leaves
-// the old or the new list, never half of one).
-func (r *registry) saveLocked() {
+// add makes g live and records it.
+func (r *registry) add(g *Group) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.live[g.pgid] = g
+	r.startedLocked(g)
+}
+
+// remove forgets pgid and records that; it reports whether pgid was live and
+// whether the registry is now empty.
+func (r *registry) remove(pgid int) (removed, idle bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.live[pgid]; ok {
+		delete(r.live, pgid)
+		r.releasedLocked(pgid)
+		removed = true
+	}
+	return removed, len(r.live) == 0
+}
+
+// startedLocked records g, which is already in r.live.
+func (r *registry) startedLocked(g *Group) {
+	r.appendLocked(appendStarted(r.buf[:0], g))
+}
+
+// appendStarted appends g's start line to b.
+func appendStarted(b []byte, g *Group) []byte {
+	b = strconv.AppendInt(b, int64(g.pgid), 10)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, g.start, 10)
+	if g.startMax != g.start {
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, g.startMax, 10)
+	}
+	return append(b, '\n')
+}
+
+// releasedLocked records that pgid, already gone from r.live, was released.
+func (r *registry) releasedLocked(pgid int) {
+	b := append(r.buf[:0], '-')
+	b = strconv.AppendInt(b, int64(pgid), 10)
+	r.appendLocked(append(b, '\n'))
+}
+
+// appendLocked appends one line to the file, or rewrites the file when it is
+// due for compaction or the append fails (a short write could leave a torn
+// line for the next append to complete into a wrong one).
+func (r *registry) appendLocked(line []byte) {
+	r.buf = line[:0]
 	if r.file == "" {
 		return
 	}
-	var b strings.Builder
+	if r.f == nil || r.lines >= 4*len(r.live)+compactSlack {
+		r.rewriteLocked()
+		return
+	}
+	if n, err := r.f.Write(line); err != nil || n != len(line) {
+		r.rewriteLocked()
+		return
+	}
+	r.lines++
+}
+
+// rewriteLocked replaces the file with the live set and reopens it for
+// appending. On failure the file is left as it was and the next change tries
+// again.
+func (r *registry) rewriteLocked() {
+	r.closeLocked()
+	if r.file == "" {
+		return
+	}
+	var b []byte
 	for _, pgid := range slices.Sorted(maps.Keys(r.live)) {
-		fmt.Fprintf(&b, "%d %d\n", pgid, r.live[pgid].start)
+		b = appendStarted(b, r.live[pgid])
 	}
 	tmp := r.file + ".tmp"
-	if err := os.WriteFile(tmp, []byte(b.String()), 0o600); err == nil {
-		_ = os.Rename(tmp, r.file)
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return
+	}
+	if err := os.Rename(tmp, r.file); err != nil {
+		return
+	}
+	f, err := os.OpenFile(r.file, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return
+	}
+	r.f, r.lines = f, len(r.live)
+}
+
+func (r *registry) closeLocked() {
+	if r.f != nil {
+		_ = r.f.Close()
+		r.f = nil
 	}
 }
 
+// load replays a record file into the groups it leaves live. Lines it cannot
+// parse are skipped, and so is a last line without its newline (a write cut
+// short).
 func load(path string) ([]*Group, error) {
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if os.IsNotExist(err) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("child process record: %w", err)
 	}
-	defer f.Close()
-	var out []*Group
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) != 2 {
+	live := map[int]*Group{}
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			break
+		}
+		line := b[:i]
+		b = b[i+1:]
+		if rest, ok := bytes.CutPrefix(line, []byte{'-'}); ok {
+			if pgid, err := strconv.Atoi(string(rest)); err == nil {
+				delete(live, pgid)
+			}
 			continue
 		}
-		pgid, err1 := strconv.Atoi(fields[0])
-		st, err2 := strconv.ParseUint(fields[1], 10, 64)
-		if err1 != nil || err2 != nil || pgid <= 1 {
+		fields := bytes.Fields(line)
+		if len(fields) != 2 && len(fields) != 3 {
 			continue
 		}
-		out = append(out, &Group{pgid: pgid, start: st})
+		pgid, err1 := strconv.Atoi(string(fields[0]))
+		st, err2 := strconv.ParseUint(string(fields[1]), 10, 64)
+		stMax, err3 := st, error(nil)
+		if len(fields) == 3 {
+			stMax, err3 = strconv.ParseUint(string(fields[2]), 10, 64)
+		}
+		if err1 != nil || err2 != nil || err3 != nil || pgid <= 1 || stMax < st {
+			continue
+		}
+		live[pgid] = &Group{pgid: pgid, start: st, startMax: stMax}
 	}
-	return out, sc.Err()
+	out := make([]*Group, 0, len(live))
+	for _, pgid := range slices.Sorted(maps.Keys(live)) {
+		out = append(out, live[pgid])
+	}
+	return out, nil
 }
 
 // RecordFileFor returns the record file kept next to a node database file

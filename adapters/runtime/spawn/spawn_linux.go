@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"unsafe"
 )
 
 func sysProcAttr() *syscall.SysProcAttr {
@@ -28,25 +29,55 @@ var spawner struct {
 
 type spawnReq struct {
 	cmd  *exec.Cmd
-	done chan error
+	done chan spawned
+}
+
+type spawned struct {
+	lo, hi uint64 // the boot clock's ticks before and after the fork
+	err    error
 }
 
 func forkLoop(reqs <-chan spawnReq) {
 	runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
 	for r := range reqs {
-		r.done <- r.cmd.Start()
+		lo := bootTicks()
+		err := r.cmd.Start()
+		r.done <- spawned{lo: lo, hi: bootTicks(), err: err}
 	}
 }
 
-// startLocked forks cmd on the spawner thread; spawner.mu is held.
-func startLocked(cmd *exec.Cmd) error {
+// startLocked forks cmd on the spawner thread; spawner.mu is held. It
+// returns the range the child's start time lies in: the kernel stamps a new
+// process with the boot clock inside the fork, and /proc/PID/stat reports
+// that stamp in the same ticks, so reading the clock around the fork bounds
+// it without reading /proc (which cost more than the rest of the record).
+func startLocked(cmd *exec.Cmd) (lo, hi uint64, err error) {
 	if spawner.reqs == nil {
 		spawner.reqs = make(chan spawnReq)
 		go forkLoop(spawner.reqs)
 	}
-	done := make(chan error, 1)
+	done := make(chan spawned, 1)
 	spawner.reqs <- spawnReq{cmd: cmd, done: done}
-	return <-done
+	s := <-done
+	if s.lo == 0 || s.hi == 0 {
+		return 0, 0, s.err // no clock: the start time is unknown
+	}
+	return s.lo, s.hi, s.err
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's start time: 100 on
+// every architecture Go runs Linux on.
+const clockTicks = 100
+
+// bootTicks reads CLOCK_BOOTTIME, the clock the kernel stamps a process's
+// start with, in clock ticks (0 if unreadable).
+func bootTicks() uint64 {
+	const clockBoottime = 7 // CLOCK_BOOTTIME, <linux/time.h>
+	var ts syscall.Timespec
+	if _, _, e := syscall.RawSyscall(syscall.SYS_CLOCK_GETTIME, clockBoottime, uintptr(unsafe.Pointer(&ts)), 0); e != 0 {
+		return 0
+	}
+	return uint64(ts.Nano()) / (1e9 / clockTicks)
 }
 
 // stopIfIdle ends the spawner thread when no child it started is alive.
@@ -67,6 +98,7 @@ func stopIfIdleLocked() {
 }
 
 // startTime returns pid's start time from /proc (0 if unreadable).
+// Start does not need it (see startLocked); tests compare with it.
 func startTime(pid int) uint64 {
 	st, _, ok := procStat(pid)
 	if !ok {
@@ -102,11 +134,12 @@ func procStat(pid int) (start uint64, pgrp int, ok bool) {
 
 // stale reports whether recorded group g still has members that an earlier
 // node left behind. A pid is never reused while it names a live process
-// group, so: if the leader lives, it must be the same process (same start
-// time); if it does not, any process still in group g is one of ours.
+// group, so: if the leader lives, it must be the same process (its start
+// time in the recorded range, a few ticks at most: no pid comes round again
+// that fast); if it does not, any process still in group g is one of ours.
 func stale(g *Group) bool {
 	if st, _, ok := procStat(g.pgid); ok {
-		return g.start != 0 && st == g.start
+		return g.start != 0 && g.start <= st && st <= g.startMax
 	}
 	ents, err := os.ReadDir("/proc")
 	if err != nil {

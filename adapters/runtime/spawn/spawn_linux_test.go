@@ -101,9 +101,14 @@ func TestStartRecordsAndReleases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := os.ReadFile(file)
-	if want := fmt.Sprintf("%d %d\n", g.PGID(), startTime(g.PGID())); string(b) != want {
-		t.Fatalf("record %q; want %q", b, want)
+	groups, err := load(file)
+	if err != nil || len(groups) != 1 || groups[0].pgid != g.PGID() {
+		t.Fatalf("recorded %v, %v; want the child %d", groups, err, g.PGID())
+	}
+	// The recorded range holds the start time /proc reports, which is what
+	// a restarted node compares it with.
+	if st := startTime(g.PGID()); st == 0 || st < groups[0].start || st > groups[0].startMax {
+		t.Fatalf("child started at tick %d; recorded [%d, %d]", st, groups[0].start, groups[0].startMax)
 	}
 	if cmd.SysProcAttr.Pdeathsig != syscall.SIGKILL || !cmd.SysProcAttr.Setpgid {
 		t.Fatalf("SysProcAttr %+v", cmd.SysProcAttr)
@@ -111,7 +116,58 @@ func TestStartRecordsAndReleases(t *testing.T) {
 	KillAll()
 	_ = cmd.Wait()
 	g.Release()
-	if b, _ := os.ReadFile(file); len(b) != 0 {
-		t.Fatalf("record after release: %q", b)
+	if got := recorded(t, file); got != "" {
+		t.Fatalf("recorded after release: %q", got)
 	}
+}
+
+// A recorded leader still alive with its start time in the recorded range
+// is the earlier node's child, and its group is killed.
+func TestRecordKillsALiveLeaderStartedInTheRecordedRange(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "node.db.children")
+	leader := osexec.Command("sleep", "30")
+	leader.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := leader.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := leader.Process.Pid
+	t.Cleanup(func() { _ = syscall.Kill(-pid, syscall.SIGKILL); _ = leader.Wait() })
+	st := startTime(pid)
+	if st == 0 {
+		t.Fatal("no start time")
+	}
+	if err := os.WriteFile(file, fmt.Appendf(nil, "%d %d %d\n", pid, st-1, st+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	killed, err := Record(file)
+	t.Cleanup(func() { _, _ = Record("") })
+	if err != nil || killed != 1 {
+		t.Fatalf("Record = %d, %v; want the group killed", killed, err)
+	}
+	_ = leader.Wait()
+}
+
+// BenchmarkChildStartTime is what Start pays to record a child's start
+// time: reading /proc/PID/stat after the fork (before) against reading the
+// boot clock on both sides of it.
+func BenchmarkChildStartTime(b *testing.B) {
+	child := osexec.Command("sleep", "30")
+	if err := child.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	b.Run("proc-stat", func(b *testing.B) {
+		reportCPU(b, func() {
+			for b.Loop() {
+				_ = startTime(child.Process.Pid)
+			}
+		})
+	})
+	b.Run("boot-clock", func(b *testing.B) {
+		reportCPU(b, func() {
+			for b.Loop() {
+				_, _ = bootTicks(), bootTicks()
+			}
+		})
+	})
 }

@@ -13,7 +13,7 @@ func sysProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: t
 
 var spawner struct{ mu sync.Mutex }
 
-func startLocked(cmd *exec.Cmd) error { return cmd.Start() }
+func startLocked(cmd *exec.Cmd) (lo, hi uint64, err error) { return 0, 0, cmd.Start() }
 
 func stopIfIdle() {}
 

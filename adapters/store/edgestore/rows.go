@@ -133,3 +133,17 @@ func keyOr(k string) string {
 	}
 	return k
 }
+
+// args are the row's values in the order of runColumns.
+func (row *runRow) args() []any {
+	return []any{row.ID, row.EdgeID, row.Node, row.Adapter, row.Target, row.SessionID, row.KeyName, row.Background,
+		row.Status, row.CreatedUS, row.FinishedUS, row.ErrorCode, row.ErrorMessage, row.Model, row.PromptTokens,
+		row.CompletionTokens, row.TotalTokens, row.CostUSD, row.HasUsage}
+}
+
+// args are the row's values in the order of tunnelColumns.
+func (row *tunnelRow) args() []any {
+	return []any{row.ID, row.EdgeID, row.Node, row.Provider, row.Model, row.Path, row.KeyName, int64(row.Status),
+		row.ErrorCode, row.BodyBytes, row.PromptTokens, row.CompletionTokens, row.TotalTokens, row.CostUSD,
+		row.StartedUS, row.FinishedUS}
+}

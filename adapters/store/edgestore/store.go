@@ -23,7 +23,9 @@ type Options struct {
 	// QueueSize bounds rows waiting to be written (default 4096); a row
 	// that does not fit is dropped and counted.
 	QueueSize int
-	// BatchSize is the most rows written in one transaction (default 256).
+	// BatchSize is the most rows written in one transaction (default 1024):
+	// under load a batch holds what arrived in a FlushInterval, and one
+	// commit of many rows writes each touched page once.
 	BatchSize int
 	// FlushInterval is the longest a row waits for its batch (default 200 ms).
 	FlushInterval time.Duration
@@ -63,7 +65,7 @@ func New(db *DB, o Options) *Store {
 		o.QueueSize = 4096
 	}
 	if o.BatchSize <= 0 {
-		o.BatchSize = 256
+		o.BatchSize = 1024
 	}
 	if o.FlushInterval <= 0 {
 		o.FlushInterval = 200 * time.Millisecond
@@ -180,32 +182,55 @@ func (s *Store) write(ctx context.Context) {
 	}
 }
 
+// writeBatch writes one batch in one transaction: every row or none (a
+// failed batch is dropped and counted by the caller).
 func (s *Store) writeBatch(ctx context.Context, batch []any) error {
+	runs, tunnels := splitBatch(batch)
+	if s.db.postgres {
+		return s.db.writeMultiRow(ctx, runs, tunnels)
+	}
+	return s.db.writePrepared(ctx, runs, tunnels)
+}
+
+// splitBatch sorts a batch into runs and tunnels; of several records of one
+// run in the batch the last wins, in the place of the first.
+func splitBatch(batch []any) ([]runRow, []tunnelRow) {
 	var runs []runRow
 	var tunnels []tunnelRow
+	var at map[string]int // run id → index in runs
 	for _, r := range batch {
 		switch r := r.(type) {
 		case runRow:
-			// A later record of the same run in this batch wins.
-			replaced := false
-			for i := range runs {
-				if runs[i].ID == r.ID {
-					runs[i], replaced = r, true
-				}
+			if i, ok := at[r.ID]; ok {
+				runs[i] = r
+				continue
 			}
-			if !replaced {
-				runs = append(runs, r)
+			if at == nil {
+				at = make(map[string]int, len(batch))
 			}
+			at[r.ID] = len(runs)
+			runs = append(runs, r)
 		case tunnelRow:
 			tunnels = append(tunnels, r)
 		}
 	}
-	return s.db.bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+	return runs, tunnels
+}
+
+// runUpdate is what a later record of a run replaces (all but the id,
+// the edge and the creation time).
+var runUpdate = []string{"node", "adapter", "target", "session_id", "key_name", "background", "status",
+	"finished_us", "error_code", "error_message", "model", "prompt_tokens", "completion_tokens",
+	"total_tokens", "cost_usd", "has_usage"}
+
+// writeMultiRow writes the batch as one multi-row INSERT per table, built
+// by bun: on PostgreSQL one round trip per table matters more than the
+// statement's parse on the server.
+func (db *DB) writeMultiRow(ctx context.Context, runs []runRow, tunnels []tunnelRow) error {
+	return db.bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
 		if len(runs) > 0 {
 			q := tx.NewInsert().Model(&runs).On("CONFLICT (id) DO UPDATE")
-			for _, c := range []string{"node", "adapter", "target", "session_id", "key_name", "background", "status",
-				"finished_us", "error_code", "error_message", "model", "prompt_tokens", "completion_tokens",
-				"total_tokens", "cost_usd", "has_usage"} {
+			for _, c := range runUpdate {
 				q = q.Set(c + " = EXCLUDED." + c)
 			}
 			if _, err := q.Exec(ctx); err != nil {
@@ -219,6 +244,42 @@ func (s *Store) writeBatch(ctx context.Context, batch []any) error {
 		}
 		return nil
 	})
+}
+
+// writePrepared writes the batch row by row through two statements
+// prepared once for the life of the DB. On SQLite (in process, one
+// connection) that is far cheaper than a multi-row statement with the
+// values inlined, which SQLite would parse and plan afresh per batch.
+func (db *DB) writePrepared(ctx context.Context, runs []runRow, tunnels []tunnelRow) error {
+	st, err := db.statements(ctx)
+	if err != nil {
+		return err
+	}
+	tx, err := db.bun.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("write history: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
+	if len(runs) > 0 {
+		ins := tx.StmtContext(ctx, st.run)
+		for i := range runs {
+			if _, err := ins.ExecContext(ctx, runs[i].args()...); err != nil {
+				return fmt.Errorf("write runs: %w", err)
+			}
+		}
+	}
+	if len(tunnels) > 0 {
+		ins := tx.StmtContext(ctx, st.tunnel)
+		for i := range tunnels {
+			if _, err := ins.ExecContext(ctx, tunnels[i].args()...); err != nil {
+				return fmt.Errorf("write tunnels: %w", err)
+			}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("write history: %w", err)
+	}
+	return nil
 }
 
 // prune deletes rows past the retention now and every PruneInterval, in

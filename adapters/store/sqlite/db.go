@@ -21,7 +21,10 @@ const DefaultDSN = "file:iop.db?cache=shared&mode=rwc"
 // DB is an open node database with its schema in place. It is safe for
 // concurrent use; the stores built on it share its single connection.
 type DB struct {
-	bun *bun.DB
+	bun      *bun.DB
+	postgres bool // opened by OpenPostgres
+	stmts    stmts
+	runs     unfinished // SQLite only
 }
 
 // Open opens the SQLite database named by dsn and creates any missing tables
@@ -47,7 +50,7 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 	sqldb.SetConnMaxLifetime(0)
 	sqldb.SetConnMaxIdleTime(0)
 
-	db := &DB{bun: bun.NewDB(sqldb, sqlitedialect.New())}
+	db := &DB{bun: bun.NewDB(sqldb, sqlitedialect.New()), stmts: stmts{db: sqldb}}
 	if err := db.createSchema(ctx); err != nil {
 		_ = db.bun.Close()
 		return nil, fmt.Errorf("open sqlite %s: %w", dsn, err)
@@ -57,6 +60,7 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 
 // Close closes the database; stores built on it stop working.
 func (db *DB) Close() error {
+	db.stmts.close()
 	return db.bun.Close()
 }
 

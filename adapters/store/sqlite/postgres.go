@@ -16,8 +16,8 @@ import (
 // opener differs. The node uses SQLite; this keeps its SQL portable, and
 // the store contract suite runs on both.
 func OpenPostgres(ctx context.Context, dsn string) (*DB, error) {
-	sqldb := pgdriver.NewConnector(pgdriver.WithDSN(dsn), pgdriver.WithTimeout(10*time.Second))
-	db := &DB{bun: bun.NewDB(sql.OpenDB(sqldb), pgdialect.New())}
+	sqldb := sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(dsn), pgdriver.WithTimeout(10*time.Second)))
+	db := &DB{bun: bun.NewDB(sqldb, pgdialect.New()), postgres: true, stmts: stmts{db: sqldb}}
 	if err := db.createSchema(ctx); err != nil {
 		_ = db.bun.Close()
 		return nil, fmt.Errorf("open postgres: %w", err)

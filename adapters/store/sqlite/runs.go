@@ -5,6 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -21,14 +24,15 @@ const (
 
 // RunStore is the node's run record in SQLite.
 type RunStore struct {
-	db *bun.DB
+	db  *bun.DB
+	raw *DB // for the prepared statements of CreateRun, UpdateRun and GetRun
 }
 
 var _ ports.RunStore = (*RunStore)(nil)
 
 // NewRunStore returns a RunStore on db.
 func NewRunStore(db *DB) *RunStore {
-	return &RunStore{db: db.bun}
+	return &RunStore{db: db.bun, raw: db}
 }
 
 // runRow is one row of the runs table. Times are written by bun in UTC as
@@ -107,13 +111,85 @@ func deref[T any](p *T) T {
 	return *p
 }
 
+// The columns of runRow, and the prepared statements over them (see
+// stmts). Every placeholder appears once, in number order. Only a run's
+// state changes once it is created (domain.Run's Start and Finish), so an
+// update sets just those columns and leaves the created_at index alone.
+var (
+	createdColumns = []string{"id", "adapter", "target", "session_id", "background", "created_at"}
+	stateColumns   = []string{"status", "started_at", "finished_at", "error_code", "error_message",
+		"prompt_tokens", "completion_tokens", "total_tokens", "cost_usd", "duration_ms", "stop_reason", "model"}
+	allRunColumns = strings.Join(append(slices.Clone(createdColumns), stateColumns...), ", ")
+	insertRunSQL  = "INSERT INTO runs (" + allRunColumns + ") VALUES (" + placeholders(len(createdColumns)+len(stateColumns)) + ")"
+	selectRunSQL  = "SELECT " + allRunColumns + " FROM runs WHERE id = $1"
+	updateRunSQL  = func() string {
+		set := make([]string, len(stateColumns))
+		for i, c := range stateColumns {
+			set[i] = c + " = $" + strconv.Itoa(i+1)
+		}
+		return "UPDATE runs SET " + strings.Join(set, ", ") + " WHERE id = $" + strconv.Itoa(len(stateColumns)+1)
+	}()
+	// updateRunIfSQL is updateRunSQL guarded by the status the run had.
+	updateRunIfSQL = updateRunSQL + " AND status = $" + strconv.Itoa(len(stateColumns)+2)
+)
+
+func placeholders(n int) string {
+	p := make([]string, n)
+	for i := range p {
+		p[i] = "$" + strconv.Itoa(i+1)
+	}
+	return strings.Join(p, ", ")
+}
+
+// insertArgs returns row's columns as insertRunSQL's arguments.
+func (db *DB) insertArgs(row *runRow) []any {
+	created := db.timeArg(row.CreatedAt)
+	if created == nil { // not null: bun writes the zero time as it is
+		created = row.CreatedAt.Format(sqliteTime)
+		if db.postgres {
+			created = row.CreatedAt
+		}
+	}
+	args := make([]any, 0, len(createdColumns)+len(stateColumns))
+	args = append(args, row.ID, row.Adapter, row.Target, row.SessionID, row.Background, created)
+	return db.appendState(args, row)
+}
+
+// appendState appends row's state columns, in stateColumns order, as
+// statement arguments: NULL for a nil pointer or an unset (zero) start or
+// finish time, as bun writes them.
+func (db *DB) appendState(args []any, row *runRow) []any {
+	return append(args, row.Status, db.timeArg(row.StartedAt), db.timeArg(row.FinishedAt), row.ErrorCode, row.ErrorMessage,
+		nullable(row.PromptTokens), nullable(row.CompletionTokens), nullable(row.TotalTokens),
+		nullable(row.CostUSD), nullable(row.DurationMS), nullable(row.StopReason), nullable(row.Model))
+}
+
+func nullable[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
 // CreateRun inserts a new run; a run with the same id already stored is an error.
 func (s *RunStore) CreateRun(ctx context.Context, run *domain.Run) error {
 	if run == nil {
 		return errors.New("insert run: nil run")
 	}
-	if _, err := s.db.NewInsert().Model(toRow(run)).Exec(ctx); err != nil {
+	if !s.raw.postgres {
+		s.raw.runs.mu.Lock()
+		defer s.raw.runs.mu.Unlock()
+	}
+	st, err := s.raw.stmts.get(ctx, insertRunSQL)
+	if err == nil {
+		row := toRow(run)
+		_, err = st.ExecContext(ctx, s.raw.insertArgs(row)...)
+	}
+	if err != nil {
 		return fmt.Errorf("insert run %s: %w", run.ID(), err)
+	}
+	if !s.raw.postgres {
+		s.raw.runs.putLocked(run.Snapshot())
 	}
 	return nil
 }
@@ -122,38 +198,150 @@ func (s *RunStore) CreateRun(ctx context.Context, run *domain.Run) error {
 // transaction. fn's error is returned as is and nothing is saved; a missing
 // run is domain.ErrRunNotFound and fn is not called. fn runs while the
 // transaction holds the database's only connection, so it must be quick and
-// must not call any store on the same DB (that would deadlock).
+// must not call any store on the same DB (that would deadlock). fn may be
+// called twice, each time on a fresh copy, when the row was changed from
+// outside the process (see unfinished); it must only transform the run it
+// is given.
 func (s *RunStore) UpdateRun(ctx context.Context, id string, fn func(*domain.Run) error) error {
-	return s.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
-		run, err := getRun(ctx, tx, id)
+	if !s.raw.postgres {
+		s.raw.runs.mu.Lock()
+		defer s.raw.runs.mu.Unlock()
+		if run, was, ok := s.raw.runs.getLocked(id); ok {
+			done, err := s.updateKnown(ctx, run, was, fn)
+			if done {
+				return err
+			}
+			delete(s.raw.runs.m, id)
+		}
+	}
+	// Prepared before the transaction takes the only connection.
+	sel, err := s.raw.stmts.get(ctx, selectRunSQL)
+	if err != nil {
+		return fmt.Errorf("select run %s: %w", id, err)
+	}
+	upd, err := s.raw.stmts.get(ctx, updateRunSQL)
+	if err != nil {
+		return fmt.Errorf("update run %s: %w", id, err)
+	}
+	var saved domain.RunSnapshot
+	err = s.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		run, err := getRun(ctx, tx.StmtContext(ctx, sel), id)
 		if err != nil {
 			return err
 		}
 		if err := fn(run); err != nil {
 			return err
 		}
-		if _, err := tx.NewUpdate().Model(toRow(run)).WherePK().Exec(ctx); err != nil {
+		row := toRow(run)
+		if _, err := tx.StmtContext(ctx, upd).ExecContext(ctx, append(s.raw.appendState(make([]any, 0, len(stateColumns)+1), row), row.ID)...); err != nil {
 			return fmt.Errorf("update run %s: %w", id, err)
 		}
+		saved = run.Snapshot()
 		return nil
 	})
+	if err == nil && !s.raw.postgres {
+		s.raw.runs.putLocked(saved)
+	}
+	return err
+}
+
+// updateKnown is UpdateRun for a run whose state unfinished holds (was,
+// rebuilt as run): fn applied to it and the result written in one
+// statement, guarded by the stored status. done is false when no row
+// matched the guard, so the caller must read the row back instead.
+func (s *RunStore) updateKnown(ctx context.Context, run *domain.Run, was domain.RunSnapshot, fn func(*domain.Run) error) (done bool, err error) {
+	if err := fn(run); err != nil {
+		return true, err
+	}
+	upd, err := s.raw.stmts.get(ctx, updateRunIfSQL)
+	if err != nil {
+		return true, fmt.Errorf("update run %s: %w", was.ID, err)
+	}
+	row := toRow(run)
+	args := append(s.raw.appendState(make([]any, 0, len(stateColumns)+2), row), row.ID, string(was.Status))
+	res, err := upd.ExecContext(ctx, args...)
+	if err != nil {
+		delete(s.raw.runs.m, was.ID)
+		return true, fmt.Errorf("update run %s: %w", was.ID, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return false, nil
+	}
+	s.raw.runs.putLocked(run.Snapshot())
+	return true, nil
 }
 
 // GetRun returns the run with the given id, or domain.ErrRunNotFound.
 func (s *RunStore) GetRun(ctx context.Context, id string) (*domain.Run, error) {
-	return getRun(ctx, s.db, id)
+	sel, err := s.raw.stmts.get(ctx, selectRunSQL)
+	if err != nil {
+		return nil, fmt.Errorf("select run %s: %w", id, err)
+	}
+	return getRun(ctx, sel, id)
 }
 
-func getRun(ctx context.Context, db bun.IDB, id string) (*domain.Run, error) {
-	row := new(runRow)
-	err := db.NewSelect().Model(row).Where("id = ?", id).Scan(ctx)
+// getRun runs selectRunSQL prepared as sel.
+func getRun(ctx context.Context, sel *sql.Stmt, id string) (*domain.Run, error) {
+	var (
+		row                   runRow
+		created, started, fin dbTime
+		prompt, compl, total  sql.NullInt64
+		dur                   sql.NullInt64
+		cost                  sql.NullFloat64
+		stop, model           sql.NullString
+	)
+	err := sel.QueryRowContext(ctx, id).Scan(&row.ID, &row.Adapter, &row.Target, &row.SessionID, &row.Background, &created,
+		&row.Status, &started, &fin, &row.ErrorCode, &row.ErrorMessage,
+		&prompt, &compl, &total, &cost, &dur, &stop, &model)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("select run %s: %w", id, domain.ErrRunNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("select run %s: %w", id, err)
 	}
-	return toDomain(row)
+	row.CreatedAt, row.StartedAt, row.FinishedAt = created.t, started.t, fin.t
+	row.PromptTokens, row.CompletionTokens, row.TotalTokens = ptr(prompt.Int64, prompt.Valid), ptr(compl.Int64, compl.Valid), ptr(total.Int64, total.Valid)
+	row.CostUSD, row.DurationMS = ptr(cost.Float64, cost.Valid), ptr(dur.Int64, dur.Valid)
+	row.StopReason, row.Model = ptr(stop.String, stop.Valid), ptr(model.String, model.Valid)
+	return toDomain(&row)
+}
+
+func ptr[T any](v T, ok bool) *T {
+	if !ok {
+		return nil
+	}
+	return &v
+}
+
+// dbTime scans a time column: a time.Time (PostgreSQL, and SQLite's driver
+// for a TIMESTAMP column it can parse), the text bun writes, or NULL (the
+// zero time).
+type dbTime struct{ t time.Time }
+
+func (d *dbTime) Scan(v any) error {
+	switch v := v.(type) {
+	case nil:
+		d.t = time.Time{}
+	case time.Time:
+		d.t = v
+	case string:
+		return d.parse(v)
+	case []byte:
+		return d.parse(string(v))
+	default:
+		return fmt.Errorf("scan time: unsupported %T", v)
+	}
+	return nil
+}
+
+func (d *dbTime) parse(s string) error {
+	for _, layout := range []string{sqliteTime, time.RFC3339Nano, "2006-01-02 15:04:05.999999999-07:00", "2006-01-02 15:04:05.999999999"} {
+		if t, err := time.Parse(layout, s); err == nil {
+			d.t = t
+			return nil
+		}
+	}
+	return fmt.Errorf("scan time: cannot parse %q", s)
 }
 
 // ListRuns returns the runs matching f, newest first (ties broken by id,

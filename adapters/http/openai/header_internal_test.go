@@ -1,0 +1,81 @@
+package openaiapi
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strings"
+	"testing"
+)
+
+func headerString(h http.Header) string {
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%s=%v;", k, h[k])
+	}
+	return b.String()
+}
+
+func TestForwardHeader(t *testing.T) {
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader("{}"))
+	r.ContentLength = 2
+	for k, v := range map[string][]string{
+		"Content-Type": {"application/json"}, "Authorization": {"Bearer edge-key"}, "X-Api-Key": {"k"},
+		"Cookie": {"c"}, "X-Iop-Node": {"n1"}, "Connection": {"keep-alive, X-Drop"}, "X-Drop": {"1"},
+		"Keep-Alive": {"timeout=5"}, "Accept-Encoding": {"gzip"}, "Openai-Beta": {"a", "b"}, "Content-Length": {"999"},
+	} {
+		r.Header[k] = v
+	}
+	got := forwardHeader(r)
+	if want := "Content-Length=[2];Content-Type=[application/json];Openai-Beta=[a b];"; headerString(got) != want {
+		t.Fatalf("forwarded %s\nwant      %s", headerString(got), want)
+	}
+	got["Openai-Beta"][0] = "changed"
+	if r.Header["Openai-Beta"][0] != "a" {
+		t.Fatal("the forwarded header shares its values with the request")
+	}
+}
+
+func TestCopyResponseHeader(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		src  http.Header
+		want string
+	}{
+		{"canonical", http.Header{"Content-Type": {"text/event-stream"}, "Connection": {"close, X-Hop"}, "X-Hop": {"1"},
+			"Transfer-Encoding": {"chunked"}, "X-Request-Id": {"r1"}, "Content-Length": {"5"}},
+			"Content-Length=[5];Content-Type=[text/event-stream];X-Request-Id=[r1];"},
+		{"keys that meet merge in order", http.Header{"x-a": {"2"}, "X-A": {"1"}, "Keep-Alive": {"5"}, "x-b": {"3"}},
+			"X-A=[1 2];X-B=[3];"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dst := http.Header{}
+			copyResponseHeader(dst, c.src)
+			if headerString(dst) != c.want {
+				t.Fatalf("copied %s\nwant   %s", headerString(dst), c.want)
+			}
+		})
+	}
+}
+
+// BenchmarkRelayHeaders is the header work of one relayed request: the
+// caller's header forwarded to the node and the provider's copied back.
+func BenchmarkRelayHeaders(b *testing.B) {
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader("{}"))
+	r.ContentLength = 80
+	r.Header = http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer k"}, "Accept": {"*/*"},
+		"User-Agent": {"OpenAI/Python 1.0"}, "X-Stainless-Lang": {"python"}, "Accept-Encoding": {"gzip"}}
+	resp := http.Header{"Content-Type": {"text/event-stream"}, "Cache-Control": {"no-cache"}, "X-Request-Id": {"r1"},
+		"Date": {"Tue, 01 Dec 2026 05:00:00 GMT"}}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = forwardHeader(r)
+		copyResponseHeader(make(http.Header, 8), resp)
+	}
+}

@@ -1,0 +1,256 @@
+package edgestore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"syscall"
+	"testing"
+	"time"
+
+	"iop/domain"
+)
+
+// The prepared writes name their columns by hand: they must be the row
+// types' columns, in the order args gives the values.
+func TestPreparedColumnsMatchRows(t *testing.T) {
+	db, err := Open(context.Background(), filepath.Join(t.TempDir(), "edge.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	check := func(model any, cols []string, args []any) {
+		t.Helper()
+		table := db.bun.Table(reflect.TypeOf(model))
+		var want []string
+		var vals []any
+		v := reflect.ValueOf(model)
+		for _, f := range table.Fields {
+			want = append(want, f.Name)
+			vals = append(vals, v.FieldByIndex(f.Index).Interface())
+		}
+		if fmt.Sprint(cols) != fmt.Sprint(want) {
+			t.Fatalf("%T columns:\n got %v\nwant %v", model, cols, want)
+		}
+		if fmt.Sprint(args) != fmt.Sprint(vals) {
+			t.Fatalf("%T args:\n got %v\nwant %v", model, args, vals)
+		}
+	}
+	r := toRunRow("e1", domain.RunRecord{ID: "run_1", Node: "n", Adapter: "a", Target: "t", SessionID: "s", Key: "k",
+		Background: true, Status: domain.RunFailed, CreatedAt: time.UnixMicro(1), FinishedAt: time.UnixMicro(2),
+		ErrorCode: "c", ErrorMsg: "m", Usage: &domain.Usage{PromptTokens: 3, CompletionTokens: 4, CostUSD: 0.5, Model: "mo"}})
+	check(r, runColumns, r.args())
+	tu := toTunnelRow("e1", domain.TunnelRecord{ID: "tun_1", Node: "n", Provider: "p", Model: "mo", Path: "/x", Key: "k",
+		Status: 200, ErrorCode: "c", BodyBytes: 9, StartedAt: time.UnixMicro(1), FinishedAt: time.UnixMicro(2),
+		Usage: &domain.Usage{PromptTokens: 3, CompletionTokens: 4, CostUSD: 0.5}})
+	args := tu.args()
+	args[7] = int(args[7].(int64)) // the status column is bound as int64
+	check(tu, tunnelColumns, args)
+}
+
+// Several records of one run in a batch: the last wins, once.
+func TestSplitBatchKeepsTheLastRecordOfARun(t *testing.T) {
+	a1 := runRow{ID: "a", Status: "running"}
+	b := runRow{ID: "b", Status: "running"}
+	a2 := runRow{ID: "a", Status: "succeeded"}
+	tu := tunnelRow{ID: "t"}
+	runs, tunnels := splitBatch([]any{a1, tu, b, a2})
+	if len(runs) != 2 || runs[0].ID != "a" || runs[0].Status != "succeeded" || runs[1].ID != "b" || len(tunnels) != 1 {
+		t.Fatalf("runs %+v tunnels %+v", runs, tunnels)
+	}
+}
+
+// Both writes give the same rows: a later record of a run in a later batch
+// replaces the first (all but id, edge and creation time), a tunnel written
+// twice stays as first written.
+func TestWritesUpsertAlike(t *testing.T) {
+	ctx := context.Background()
+	for _, way := range []struct {
+		name  string
+		write func(*DB, context.Context, []runRow, []tunnelRow) error
+	}{{"multirow", (*DB).writeMultiRow}, {"prepared", (*DB).writePrepared}} {
+		t.Run(way.name, func(t *testing.T) {
+			db, err := Open(ctx, filepath.Join(t.TempDir(), "edge.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			s := &Store{db: db}
+			start := domain.RunRecord{ID: "run_1", Node: "n1", Adapter: "exec", Target: "t", Status: domain.RunRunning, CreatedAt: time.UnixMicro(100)}
+			fin := start
+			fin.Status, fin.FinishedAt, fin.ErrorCode, fin.ErrorMsg = domain.RunFailed, time.UnixMicro(200), "adapter_error", "boom"
+			fin.Usage = &domain.Usage{PromptTokens: 1, CompletionTokens: 2, CostUSD: 0.25, Model: "m"}
+			fin.CreatedAt = time.UnixMicro(150) // ignored: the first record's creation time stays
+			tun := domain.TunnelRecord{ID: "tun_1", Node: "n1", Status: 200, BodyBytes: 5, StartedAt: time.UnixMicro(100)}
+			tun2 := tun
+			tun2.Status = 502
+			for _, batch := range [][]any{{toRunRow("e1", start), toTunnelRow("e1", tun)}, {toRunRow("e1", fin), toTunnelRow("e1", tun2)}} {
+				runs, tunnels := splitBatch(batch)
+				if err := way.write(db, ctx, runs, tunnels); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := s.GetRun(ctx, "run_1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := fin
+			want.CreatedAt, want.FinishedAt, want.Key = time.UnixMicro(100).UTC(), time.UnixMicro(200).UTC(), domain.AnonymousName
+			want.Usage = &domain.Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: 3, CostUSD: 0.25, Model: "m"}
+			gu, wu := *got.Usage, *want.Usage
+			got.Usage, want.Usage = nil, nil
+			if fmt.Sprintf("%+v %+v", got, gu) != fmt.Sprintf("%+v %+v", want, wu) {
+				t.Fatalf("run:\n got %+v %+v\nwant %+v %+v", got, gu, want, wu)
+			}
+			var statuses []int
+			if err := db.bun.NewSelect().Table("edge_tunnels").Column("status").Scan(ctx, &statuses); err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(statuses) != "[200]" {
+				t.Fatalf("tunnel statuses %v, want [200]", statuses)
+			}
+
+			// Larger batches: every row, once.
+			const n = 70
+			var first, second []any
+			for i := range n {
+				r := domain.RunRecord{ID: fmt.Sprintf("run_c%d", i), Node: "n1", Status: domain.RunRunning, CreatedAt: time.UnixMicro(int64(i + 1))}
+				first = append(first, toRunRow("e1", r), toTunnelRow("e1", domain.TunnelRecord{ID: fmt.Sprintf("tun_c%d", i), Status: 200}))
+				r.Status, r.FinishedAt = domain.RunSucceeded, time.UnixMicro(int64(1000+i))
+				second = append(second, toRunRow("e1", r))
+			}
+			for _, batch := range [][]any{first, second} {
+				runs, tunnels := splitBatch(batch)
+				if err := way.write(db, ctx, runs, tunnels); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range n {
+				r, err := s.GetRun(ctx, fmt.Sprintf("run_c%d", i))
+				if err != nil || r.Status != domain.RunSucceeded || r.FinishedAt.UnixMicro() != int64(1000+i) || r.CreatedAt.UnixMicro() != int64(i+1) {
+					t.Fatalf("run_c%d = %+v, %v", i, r, err)
+				}
+			}
+			if c, err := db.bun.NewSelect().Table("edge_tunnels").Count(ctx); err != nil || c != n+1 {
+				t.Fatalf("%d tunnels, %v; want %d", c, err, n+1)
+			}
+		})
+	}
+}
+
+// BenchmarkWriteBatch compares, batch by batch in the same loop, a batch
+// written as bun's multi-row INSERT (what the edge did on SQLite before, and
+// still does on PostgreSQL) with the prepared row-by-row write, each into
+// its own SQLite file, as the edge sees them under tunnel load (one row per
+// request) and under run load (a run's start and finish, mostly in one
+// batch), in batches of 256 and 1024, with ids like the edge's (time
+// first) and, for comparison, with random ids (the edge's before). It
+// reports the process CPU time per row of each (user+system, so noise from
+// other processes on the machine counts little) and their ratio. Run it
+// with a fixed -benchtime (e.g. 100x): the files grow with the iterations,
+// and so does a row's cost.
+func BenchmarkWriteBatch(b *testing.B) {
+	tunnels := make([]any, 1024)
+	runs := make([]any, 0, 1024)
+	for i := range tunnels {
+		tunnels[i] = toTunnelRow("e1", domain.TunnelRecord{ID: randomID("tun"), Node: "n1", Provider: "bench",
+			Model: "chat", Path: "/v1/chat/completions", Status: 200, BodyBytes: 2750, StartedAt: time.Now(), FinishedAt: time.Now(),
+			Usage: &domain.Usage{PromptTokens: 10, CompletionTokens: 50}})
+	}
+	for range 512 {
+		rec := domain.RunRecord{ID: randomID("run"), Node: "n1", Adapter: "exec", Target: "echo",
+			Status: domain.RunRunning, CreatedAt: time.Now()}
+		runs = append(runs, toRunRow("e1", rec))
+		rec.Status, rec.FinishedAt = domain.RunSucceeded, time.Now()
+		runs = append(runs, toRunRow("e1", rec))
+	}
+	for _, load := range []struct {
+		name  string
+		batch []any
+		newID func(prefix string) string
+	}{
+		{"tunnels-256", tunnels[:256], orderedID}, {"runs-256", runs[:256], orderedID},
+		{"tunnels-1024", tunnels, orderedID}, {"runs-1024", runs, orderedID},
+		{"tunnels-256-randomids", tunnels[:256], randomID},
+	} {
+		b.Run(load.name, func(b *testing.B) {
+			ways := []struct {
+				name  string
+				write func(*DB, context.Context, []runRow, []tunnelRow) error
+				db    *DB
+				cpu   time.Duration
+			}{{name: "multirow", write: (*DB).writeMultiRow}, {name: "prepared", write: (*DB).writePrepared}}
+			ctx := context.Background()
+			for i := range ways {
+				db, err := Open(ctx, filepath.Join(b.TempDir(), ways[i].name+".db"))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer db.Close()
+				ways[i].db = db
+			}
+			batch := make([]any, len(load.batch))
+			for i := 0; b.Loop(); i++ {
+				// Fresh ids each round (inserts, not conflicts), like the edge's.
+				fresh := map[string]string{}
+				for j, r := range load.batch {
+					switch r := r.(type) {
+					case runRow:
+						if fresh[r.ID] == "" {
+							fresh[r.ID] = load.newID("run")
+						}
+						r.ID = fresh[r.ID]
+						batch[j] = r
+					case tunnelRow:
+						r.ID = load.newID("tun")
+						batch[j] = r
+					}
+				}
+				for k := range ways {
+					w := &ways[(i+k)%len(ways)] // alternate who goes first
+					runs, tunnels := splitBatch(batch)
+					c0 := processCPU(b)
+					if err := w.write(w.db, ctx, runs, tunnels); err != nil {
+						b.Fatal(err)
+					}
+					w.cpu += processCPU(b) - c0
+				}
+			}
+			rows := float64(b.N * len(load.batch))
+			for _, w := range ways {
+				b.ReportMetric(float64(w.cpu.Nanoseconds())/rows, w.name+"-cpu-ns/row")
+			}
+			b.ReportMetric(float64(ways[1].cpu)/float64(ways[0].cpu), "prepared/multirow")
+		})
+	}
+}
+
+// processCPU is the process's user+system CPU time so far.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// randomID is an id as the edge made them before: random, so the index
+// took inserts all over.
+func randomID(prefix string) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "_" + hex.EncodeToString(b[:])
+}
+
+// orderedID is an id as the edge makes them (application/edge
+// timeOrderedID): milliseconds first, then random bits.
+func orderedID(prefix string) string {
+	var b [12]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(time.Now().UnixMilli())<<16)
+	_, _ = rand.Read(b[6:])
+	return prefix + "_" + hex.EncodeToString(b[:])
+}
