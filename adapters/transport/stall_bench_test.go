@@ -335,6 +335,7 @@ type stallRound struct {
 	start, end int64
 	fill       time.Duration // open to stalled, for the stalled tunnel
 	fillStart  int64         // when the stalled tunnel was opened (unix ns)
+	fillTCP    [2]int64      // the machine's TCP timeouts and retransmitted segments during the fill
 	cpu        time.Duration
 	links      []stallLinkRound
 }
@@ -456,11 +457,14 @@ func runStallRound(b *testing.B, ctx context.Context, links []*stallLink, stalle
 			<-done
 		}()
 	case stalled >= 0:
+		tcp0 := stallTCP()
 		t0 := time.Now()
 		r.fillStart = t0.UnixNano()
 		var ts ports.TunnelStream
 		ts, stall, stallNode = links[stalled].stall(b, ctx)
 		r.fill = time.Since(t0)
+		tcp1 := stallTCP()
+		r.fillTCP = [2]int64{tcp1[0] - tcp0[0], tcp1[1] - tcp0[1]}
 		defer ts.Close()
 		// Whatever the burst left behind (frames the others' readers have
 		// yet to take, a writer catching up) settles before the round.
@@ -508,6 +512,34 @@ func runStallRound(b *testing.B, ctx context.Context, links []*stallLink, stalle
 		r.links[stalled].stallMoved = state() != state0
 	}
 	return r
+}
+
+// stallTCP reads the machine's TCP retransmission timeouts (TcpExt
+// TCPTimeouts) and retransmitted segments (Tcp RetransSegs) so far: every
+// process's, loopback included. A timeout stalls a connection for at least
+// 200 ms (Linux's minimum RTO).
+func stallTCP() [2]int64 {
+	field := func(path, prefix, name string) int64 {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return 0
+		}
+		lines := strings.Split(string(data), "\n")
+		for i := 0; i+1 < len(lines); i++ {
+			if !strings.HasPrefix(lines[i], prefix) || !strings.HasPrefix(lines[i+1], prefix) {
+				continue
+			}
+			names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+			for j := range min(len(names), len(values)) {
+				if names[j] == name {
+					v, _ := strconv.ParseInt(values[j], 10, 64)
+					return v
+				}
+			}
+		}
+		return 0
+	}
+	return [2]int64{field("/proc/net/netstat", "TcpExt:", "TCPTimeouts"), field("/proc/net/snmp", "Tcp:", "RetransSegs")}
 }
 
 // stallCPU is the user + system CPU time so far of this process and the
@@ -642,6 +674,21 @@ func reportStall(b *testing.B, rounds []stallRound, d stallDesign, burst *[2]sta
 	sent := fmt.Sprint(sends)
 	if d.proc {
 		sent = "(not counted: the nodes are other processes)"
+	}
+	var slow, slowTimeouts int
+	var slowList []string
+	for _, r := range rounds {
+		if r.stalled >= 0 && r.fillStart != 0 && r.fill > 50*time.Millisecond {
+			slow++
+			if r.fillTCP[0] > 0 {
+				slowTimeouts++
+			}
+			slowList = append(slowList, fmt.Sprintf("%.0f ms (TCP timeouts +%d, retransmits +%d)", stallMs(r.fill), r.fillTCP[0], r.fillTCP[1]))
+		}
+	}
+	if slow > 0 {
+		fmt.Printf("  fills over 50 ms: %d, %d of them with a TCP retransmission timeout on the machine meanwhile: %s\n",
+			slow, slowTimeouts, strings.Join(slowList, ", "))
 	}
 	if len(fill) > 0 {
 		fmt.Printf("  while stalled: Sends by the stalled tunnels %s, their state moved in %d of %d rounds; open to stalled: median %.1f ms, max %.1f ms\n",
