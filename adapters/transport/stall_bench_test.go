@@ -793,6 +793,10 @@ func stallMedianCI(v []float64) (lo, hi float64) {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	n := len(s)
+	if n > 1000 { // ½ⁿ underflows: the normal approximation
+		k := max(int(float64(n)/2-1.96*math.Sqrt(float64(n))/2), 1)
+		return s[k-1], s[n-k]
+	}
 	// cdf accumulates P(X ≤ j) for X ~ Binomial(n, ½).
 	k, cdf, pj := 0, 0.0, math.Pow(0.5, float64(n))
 	for j := 0; j < n; j++ {
