@@ -40,8 +40,9 @@ import (
 // Time is cut into rounds. Before a B round, a tunnel is opened whose node
 // side pushes 16 KiB chunks until its credit is gone and whose edge reader
 // never reads past the status; the round starts only once the edge holds
-// the whole window and the node has no credit left (stalled, not still
-// bursting), and at least stallSettle later; the tunnel is closed after the
+// more than the window less one chunk, so the node has no credit for another
+// and nothing is in flight (stalled, not still bursting), and at least
+// stallSettle later; the tunnel is closed after the
 // round. An A round has none. A chunk counts in the round it was sent in.
 // The designs:
 //
@@ -71,7 +72,9 @@ import (
 // rounds in which the process lost the CPU decide it). Then the process's
 // CPU per chunk in B and A rounds, and what the stalled tunnel did while
 // stalled: its node side's Sends, and whether its state (edge queue,
-// unacknowledged bytes, node credit) moved at all.
+// unacknowledged bytes, node credit) moved at all; the latency of chunks
+// sent while it filled its window; and any fill over 50 ms with the
+// machine's TCP retransmission timeouts meanwhile.
 //
 // It takes about 75 s per design, so `make bench` skips it unless
 // IOP_STALL_BENCH is set:
