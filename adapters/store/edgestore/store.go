@@ -49,10 +49,13 @@ type Store struct {
 	log  *slog.Logger
 
 	queue chan any // runRow | tunnelRow
-	stop  context.CancelFunc
-	wg    sync.WaitGroup
-	mu    sync.RWMutex // orders Record against Close
-	done  bool
+	// kick wakes the writer before its next interval: a batch's worth of
+	// rows is waiting, or the queue was closed.
+	kick chan struct{}
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+	mu   sync.RWMutex // orders Record against Close
+	done bool
 
 	warnMu   sync.Mutex
 	lastWarn time.Time
@@ -83,7 +86,7 @@ func New(db *DB, o Options) *Store {
 		o.Logger = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Store{db: db, opts: o, log: o.Logger, queue: make(chan any, o.QueueSize), stop: cancel}
+	s := &Store{db: db, opts: o, log: o.Logger, queue: make(chan any, o.QueueSize), kick: make(chan struct{}, 1), stop: cancel}
 	s.wg.Add(2)
 	go func() { defer s.wg.Done(); s.write(ctx) }()
 	go func() { defer s.wg.Done(); s.prune(ctx) }()
@@ -106,8 +109,18 @@ func (s *Store) enqueue(row any) {
 	}
 	select {
 	case s.queue <- row:
+		if len(s.queue) >= s.opts.BatchSize {
+			s.wake()
+		}
 	default:
 		s.dropped(1, errors.New("the write queue is full"))
+	}
+}
+
+func (s *Store) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -141,12 +154,17 @@ func (s *Store) Close() error {
 	s.done = true
 	close(s.queue)
 	s.mu.Unlock()
+	s.wake()
 	s.stop()
 	s.wg.Wait()
 	return s.db.Close()
 }
 
-// write drains the queue in batches until it is closed.
+// write drains the queue in batches until it is closed. It sleeps from
+// one flush interval to the next instead of waking for every row, so a
+// recorded row costs its sender a buffered channel send, not a thread
+// wake-up; enqueue wakes it early once a batch's worth is waiting. A row
+// still waits at most one interval, as before.
 func (s *Store) write(ctx context.Context) {
 	batch := make([]any, 0, s.opts.BatchSize)
 	tick := time.NewTicker(s.opts.FlushInterval)
@@ -167,18 +185,25 @@ func (s *Store) write(ctx context.Context) {
 	}
 	for {
 		select {
-		case row, ok := <-s.queue:
-			if !ok {
-				flush()
-				return
-			}
-			batch = append(batch, row)
-			if len(batch) >= s.opts.BatchSize {
-				flush()
-			}
 		case <-tick.C:
-			flush()
+		case <-s.kick:
 		}
+		for drained := false; !drained; {
+			select {
+			case row, ok := <-s.queue:
+				if !ok {
+					flush()
+					return
+				}
+				batch = append(batch, row)
+				if len(batch) >= s.opts.BatchSize {
+					flush()
+				}
+			default:
+				drained = true
+			}
+		}
+		flush()
 	}
 }
 
