@@ -95,7 +95,6 @@ func apiModelID(m string) string {
 type Adapter struct {
 	agent.Base
 
-	args    []string
 	partial bool
 }
 
@@ -114,7 +113,6 @@ func New(cfg domain.AdapterConfig, agents ports.AgentSessionStore) (*Adapter, er
 	}
 	return &Adapter{
 		Base:    base,
-		args:    slices.Clone(cfg.Args),
 		partial: slices.ContainsFunc(cfg.Args, func(a string) bool { return a == partialFlag || strings.HasPrefix(a, partialFlag+"=") }),
 	}, nil
 }
@@ -129,7 +127,7 @@ func (a *Adapter) Argv(model, resume string) []string {
 	if resume != "" {
 		args = append(args, "--resume="+resume)
 	}
-	return append(args, a.args...)
+	return append(args, a.ExtraArgs()...)
 }
 
 // Execute runs one prompt as the package doc describes. A blank input is an

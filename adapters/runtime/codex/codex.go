@@ -61,7 +61,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -76,8 +75,6 @@ const DefaultCommand = "codex"
 // Adapter runs Codex for one adapter instance. It is safe for concurrent use.
 type Adapter struct {
 	agent.Base
-
-	args []string
 }
 
 var (
@@ -93,10 +90,7 @@ func New(cfg domain.AdapterConfig, agents ports.AgentSessionStore) (*Adapter, er
 	if err != nil {
 		return nil, err
 	}
-	return &Adapter{
-		Base: base,
-		args: slices.Clone(cfg.Args),
-	}, nil
+	return &Adapter{Base: base}, nil
 }
 
 // Argv returns the arguments (after the program name) for a run with model
@@ -106,7 +100,7 @@ func (a *Adapter) Argv(model, resume, prompt string) []string {
 	if model != "" {
 		args = append(args, "--model="+model)
 	}
-	args = append(args, a.args...)
+	args = append(args, a.ExtraArgs()...)
 	if resume != "" {
 		args = append(args, "resume", resume)
 	}

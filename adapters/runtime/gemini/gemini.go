@@ -57,7 +57,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"slices"
 	"strings"
 
 	"iop/adapters/runtime/internal/agent"
@@ -72,8 +71,6 @@ const DefaultCommand = "gemini"
 // concurrent use.
 type Adapter struct {
 	agent.Base
-
-	args []string
 }
 
 var (
@@ -89,10 +86,7 @@ func New(cfg domain.AdapterConfig, agents ports.AgentSessionStore) (*Adapter, er
 	if err != nil {
 		return nil, err
 	}
-	return &Adapter{
-		Base: base,
-		args: slices.Clone(cfg.Args),
-	}, nil
+	return &Adapter{Base: base}, nil
 }
 
 // Argv returns the arguments (after the program name) for a run with model
@@ -105,7 +99,7 @@ func (a *Adapter) Argv(model, resume, prompt string) []string {
 	if resume != "" {
 		args = append(args, "--resume="+resume)
 	}
-	args = append(args, a.args...)
+	args = append(args, a.ExtraArgs()...)
 	return append(args, "--prompt="+prompt)
 }
 

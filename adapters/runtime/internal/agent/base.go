@@ -23,6 +23,7 @@ type Base struct {
 
 	runner         Runner
 	maxConcurrency int
+	args           []string // cfg.Args: the CLI's extra arguments
 }
 
 // NewBase checks cfg for the adapter kind (as named in config errors, e.g.
@@ -42,8 +43,13 @@ func NewBase(cfg domain.AdapterConfig, agents ports.AgentSessionStore, kind, lab
 			Env: maps.Clone(cfg.Env), InheritEnv: slices.Clone(cfg.InheritEnv),
 		},
 		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),
+		args:           slices.Clone(cfg.Args),
 	}, nil
 }
+
+// ExtraArgs returns the configured extra arguments for the CLI; callers
+// must not modify them.
+func (b *Base) ExtraArgs() []string { return b.args }
 
 // Capabilities reports the configured concurrency and sessions (when a
 // store was given).
