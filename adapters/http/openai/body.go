@@ -1,6 +1,7 @@
 package openaiapi
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -165,12 +166,7 @@ func scanJSONModel(p *prefix, keys []string) (string, error) {
 				case c == '"':
 					keyBuf, s.keyLong, s.state = keyBuf[:0], false, stKeyStr
 				case c == '}':
-					for _, v := range found {
-						if v != "" {
-							return v, nil
-						}
-					}
-					return "", nil
+					return cmp.Or(found...), nil // the first key of keys that was found
 				default:
 					return "", fmt.Errorf("request body is not valid JSON (byte %d)", offset+int64(i))
 				}
@@ -252,12 +248,7 @@ func scanJSONModel(p *prefix, keys []string) (string, error) {
 					continue
 				}
 				if s.state == stDone {
-					for _, v := range found {
-						if v != "" {
-							return v, nil
-						}
-					}
-					return "", nil
+					return cmp.Or(found...), nil // the first key of keys that was found
 				}
 			case stAfter:
 				switch {
@@ -265,12 +256,7 @@ func scanJSONModel(p *prefix, keys []string) (string, error) {
 				case c == ',':
 					s.state = stKey
 				case c == '}':
-					for _, v := range found {
-						if v != "" {
-							return v, nil
-						}
-					}
-					return "", nil
+					return cmp.Or(found...), nil // the first key of keys that was found
 				default:
 					return "", fmt.Errorf("request body is not valid JSON (byte %d)", offset+int64(i))
 				}
