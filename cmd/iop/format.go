@@ -2,12 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"iop/cmd/iop/internal/client"
 )
 
 // table writes aligned columns; call flush when done.
@@ -105,6 +109,18 @@ func printJSON(w io.Writer, raw []byte) error {
 	b.WriteByte('\n')
 	_, err := w.Write(b.Bytes())
 	return err
+}
+
+// call makes one API request. With --json it prints the answer as it came
+// and reports printed; otherwise the caller decodes raw for its table.
+func (a *app) call(ctx context.Context, c *client.Client, method, path string, q url.Values) (raw json.RawMessage, printed bool, err error) {
+	if err := c.Call(ctx, method, path, q, nil, &raw); err != nil {
+		return nil, false, err
+	}
+	if a.json {
+		return nil, true, printJSON(a.stdout, raw)
+	}
+	return raw, false, nil
 }
 
 // writeJSONLine writes v as one line of compact JSON.

@@ -68,12 +68,9 @@ func (a *app) runsCmd() *cobra.Command {
 					q.Set(name, v)
 				}
 			}
-			var raw json.RawMessage
-			if err := c.Call(ctx, http.MethodGet, "/v1/runs", q, nil, &raw); err != nil {
+			raw, printed, err := a.call(ctx, c, http.MethodGet, "/v1/runs", q)
+			if err != nil || printed {
 				return err
-			}
-			if a.json {
-				return printJSON(a.stdout, raw)
 			}
 			var list struct {
 				Runs       []runInfo `json:"runs"`
@@ -126,12 +123,9 @@ func (a *app) runGetCmd() *cobra.Command {
 		Short: "Show one run (from the edge's history, else from its node's store)",
 		Args:  cobra.ExactArgs(1),
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
-			var raw json.RawMessage
-			if err := c.Call(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(args[0]), nil, nil, &raw); err != nil {
+			raw, printed, err := a.call(ctx, c, http.MethodGet, "/v1/runs/"+url.PathEscape(args[0]), nil)
+			if err != nil || printed {
 				return err
-			}
-			if a.json {
-				return printJSON(a.stdout, raw)
 			}
 			var r runInfo
 			if err := json.Unmarshal(raw, &r); err != nil {
@@ -180,12 +174,9 @@ func (a *app) cancelCmd() *cobra.Command {
 		Short: "Cancel a run on the node that runs it",
 		Args:  cobra.ExactArgs(1),
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
-			var raw json.RawMessage
-			if err := c.Call(ctx, http.MethodPost, "/v1/runs/"+url.PathEscape(args[0])+"/cancel", nil, nil, &raw); err != nil {
+			raw, printed, err := a.call(ctx, c, http.MethodPost, "/v1/runs/"+url.PathEscape(args[0])+"/cancel", nil)
+			if err != nil || printed {
 				return err
-			}
-			if a.json {
-				return printJSON(a.stdout, raw)
 			}
 			var ans struct {
 				RunID string `json:"run_id"`
@@ -220,12 +211,9 @@ func (a *app) sessionCmd() *cobra.Command {
 			if target != "" {
 				q.Set("target", target)
 			}
-			var raw json.RawMessage
-			if err := c.Call(ctx, http.MethodDelete, "/v1/sessions/"+url.PathEscape(args[0]), q, nil, &raw); err != nil {
+			raw, printed, err := a.call(ctx, c, http.MethodDelete, "/v1/sessions/"+url.PathEscape(args[0]), q)
+			if err != nil || printed {
 				return err
-			}
-			if a.json {
-				return printJSON(a.stdout, raw)
 			}
 			var ans struct {
 				Node string `json:"node"`
@@ -252,12 +240,9 @@ func (a *app) reloadCmd() *cobra.Command {
 		Short: "Make the edge re-read its config and refresh connected nodes",
 		Args:  cobra.NoArgs,
 		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
-			var raw json.RawMessage
-			if err := c.Call(ctx, http.MethodPost, "/v1/admin/reload", nil, nil, &raw); err != nil {
+			raw, printed, err := a.call(ctx, c, http.MethodPost, "/v1/admin/reload", nil)
+			if err != nil || printed {
 				return err
-			}
-			if a.json {
-				return printJSON(a.stdout, raw)
 			}
 			var res struct {
 				Nodes        int      `json:"nodes"`

@@ -48,12 +48,9 @@ func (a *app) usageCmd() *cobra.Command {
 			if until != "" {
 				q.Set("until", until)
 			}
-			var raw json.RawMessage
-			if err := c.Call(ctx, http.MethodGet, "/v1/usage", q, nil, &raw); err != nil {
+			raw, printed, err := a.call(ctx, c, http.MethodGet, "/v1/usage", q)
+			if err != nil || printed {
 				return err
-			}
-			if a.json {
-				return printJSON(a.stdout, raw)
 			}
 			var out struct {
 				Usage []usageTotal `json:"usage"`
