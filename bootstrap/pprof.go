@@ -9,19 +9,17 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"time"
+
+	"iop/adapters/config"
 )
 
 // CheckPprofAddr accepts only loopback addresses: the profiler exposes
 // heap contents and must never be reachable from the network.
 func CheckPprofAddr(addr string) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return fmt.Errorf("--pprof %q: %w", addr, err)
 	}
-	if host == "localhost" {
-		return nil
-	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+	if config.IsLoopbackListen(addr) {
 		return nil
 	}
 	return fmt.Errorf("--pprof %q: only a loopback address (127.0.0.1, ::1, localhost) is allowed", addr)

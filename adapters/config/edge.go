@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"os"
 	"regexp"
 	"slices"
@@ -140,20 +139,6 @@ func (c HTTPConfig) ResolvedKeys() []APIKey {
 	return out
 }
 
-// apiListenIsLoopback reports whether addr binds only a loopback address
-// (127.0.0.0/8, ::1 or "localhost"); an empty host binds every interface.
-func apiListenIsLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
 func (c HTTPConfig) validate() []error {
 	var errs []error
 	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -198,7 +183,7 @@ func (c HTTPConfig) validate() []error {
 			hashes[sum] = i
 		}
 	}
-	if len(c.APIKeys) == 0 && !c.AllowUnauthenticated && !apiListenIsLoopback(c.Listen) {
+	if len(c.APIKeys) == 0 && !c.AllowUnauthenticated && !IsLoopbackListen(c.Listen) {
 		add("http.listen %q is not a loopback address and http.api_keys is empty: anyone who reaches it could run work on every node; "+
 			"add http.api_keys (see docs/security.md) or set http.allow_unauthenticated: true", c.Listen)
 	}
