@@ -26,9 +26,10 @@ func dialectOf(r *http.Request) string {
 
 // WriteError writes an error the edge itself raises on one of this
 // surface's routes, in the dialect of the route (see dialectOf): code is
-// the iop error code (OpenAI's "code"), message the human text. Other edge
-// middleware (authentication) uses it so that callers of these routes get
-// errors their SDK can read.
+// the iop error code (OpenAI's "code"), message the human text, so callers
+// of these routes get errors their SDK can read. (Authentication failures
+// come from adapters/http's Dialect functions, with the codes SDKs expect
+// for a bad key.)
 func WriteError(w http.ResponseWriter, r *http.Request, status int, code, message string) {
 	switch dialectOf(r) {
 	case domain.ProviderOllama:
