@@ -15,6 +15,16 @@ type NodeDirectory interface {
 	Records() []domain.NodeRecord
 }
 
+// ReadyOnly is an ended context for polling a stream: RunStream.Recv and
+// TunnelStream.Recv (and the edge's RunHandle.Next and Tunnel.Next) given
+// it return what has already arrived, or its error at once with the stream
+// still open.
+var ReadyOnly = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
 // EventPublisher puts events on the edge's bus. Publish never blocks.
 type EventPublisher interface {
 	Publish(ev domain.BusEvent)
@@ -22,10 +32,11 @@ type EventPublisher interface {
 
 // RunStream is the edge's view of one run on a node. Recv returns the next
 // event; after the terminal event it returns io.EOF. If the link fails first
-// it returns an error matching domain.ErrNodeDisconnected. With ctx done,
-// Recv still returns an event already received (so a caller can take what
-// is queued without waiting); else it returns at once and consumes nothing:
-// a failure it reported then is reported again by the next Recv.
+// it returns an error matching domain.ErrNodeDisconnected. With ctx done
+// (ReadyOnly), Recv still returns an event already received, so a caller
+// can take what is queued without waiting; with nothing there it returns
+// ctx's error at once and consumes nothing. A failure of the stream is
+// returned as that failure, never as ctx's error.
 type RunStream interface {
 	Recv(ctx context.Context) (domain.RunEvent, error)
 	Close()

@@ -14,6 +14,7 @@ import (
 
 	"iop/application/edge"
 	"iop/domain"
+	"iop/ports"
 )
 
 // createRunRequest is the body of POST /v1/runs.
@@ -200,7 +201,7 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, rh *edge.RunH
 // event never waits for the next one.
 func (s *Server) relayRunEvents(ctx, wait context.Context, r *http.Request, sse *sseWriter, rh *edge.RunHandle, lastSeq *uint64) (quiet bool) {
 	for n := 0; ; n++ {
-		ev, err := rh.Next(queuedOnly)
+		ev, err := rh.Next(ports.ReadyOnly)
 		if err != nil || n == runEventBurst {
 			if sse.unflushed && sse.flush() != nil {
 				return false
@@ -229,14 +230,6 @@ func (s *Server) relayRunEvents(ctx, wait context.Context, r *http.Request, sse 
 
 // runEventBurst is the most events written before a flush.
 const runEventBurst = 16
-
-// queuedOnly is a context already done: Next with it returns an event only
-// if one is already there, and otherwise returns at once without a change.
-var queuedOnly = func() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
-}()
 
 // endRunStream tells a caller still connected why its stream ends early.
 func (s *Server) endRunStream(r *http.Request, sse *sseWriter, rh *edge.RunHandle, lastSeq uint64) {

@@ -72,6 +72,7 @@ import (
 
 	"iop/application/edge"
 	"iop/domain"
+	"iop/ports"
 )
 
 // Defaults of the Handler's tunables.
@@ -365,7 +366,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 		started, unflushed = true, true
 	}
 	for {
-		f, err := tun.Next(notWaiting)
+		f, err := tun.Next(ports.ReadyOnly)
 		if err != nil && errors.Is(err, context.Canceled) && r.Context().Err() == nil {
 			// Nothing ready: send what is buffered, then wait.
 			if unflushed {
@@ -445,14 +446,6 @@ func drainEnd(tun *edge.Tunnel, d time.Duration) {
 		}
 	}
 }
-
-// notWaiting is an ended context: Next with it returns a frame only if one
-// is ready, and context.Canceled otherwise (the tunnel stays open).
-var notWaiting = func() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
-}()
 
 // writeDeadline keeps a write deadline WriteIdleTimeout ahead of the
 // relay's progress. It is re-armed only once a quarter of the timeout has
