@@ -258,6 +258,10 @@ func classifyReadErr(err error, wait time.Duration) error {
 		return fmt.Errorf("%w (%v)", ErrHeartbeatTimeout, wait)
 	case errors.Is(err, io.EOF):
 		return fmt.Errorf("peer closed the connection: %w", io.EOF)
+	case errors.Is(err, net.ErrClosed):
+		// Only this side closes the socket under a running read loop: a
+		// server or client stopping.
+		return fmt.Errorf("%w: this side is shutting down", ErrConnClosed)
 	}
 	return err
 }

@@ -3,8 +3,11 @@ package transport
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
+	"os"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -324,5 +327,24 @@ func TestOpenRefusesFrameLargerThanMax(t *testing.T) {
 	}
 	if len(c.streams) != 0 || len(c.ctrl) != 0 {
 		t.Fatal("a refused open must leave no stream and queue nothing")
+	}
+}
+
+// Why a read loop ended is what node.disconnected reports: a clean name for
+// each way, not a raw socket error.
+func TestClassifyReadErr(t *testing.T) {
+	for _, tc := range []struct {
+		in   error
+		want error
+		text string
+	}{
+		{os.ErrDeadlineExceeded, ErrHeartbeatTimeout, "silent"},
+		{io.EOF, io.EOF, "peer closed"},
+		{&net.OpError{Op: "read", Err: net.ErrClosed}, ErrConnClosed, "this side is shutting down"},
+	} {
+		got := classifyReadErr(tc.in, time.Second)
+		if !errors.Is(got, tc.want) || !strings.Contains(got.Error(), tc.text) {
+			t.Errorf("classifyReadErr(%v) = %v; want %v containing %q", tc.in, got, tc.want, tc.text)
+		}
 	}
 }
