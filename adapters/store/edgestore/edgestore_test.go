@@ -317,3 +317,28 @@ func TestPostgresConcurrentMigrations(t *testing.T) {
 		}
 	}
 }
+
+// The writer sleeps between flush intervals; a batch's worth of rows wakes
+// it early, and Close writes what is still queued.
+func TestFullBatchIsWrittenBeforeTheInterval(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, sqliteDSN(t), edgestore.Options{BatchSize: 4, FlushInterval: time.Hour})
+	for i := range 4 {
+		s.RecordRun(run(fmt.Sprintf("run_full%d", i), "n1", "exec", "k", domain.RunRunning, t0, nil))
+	}
+	eventually(t, "a full batch written", func() bool {
+		_, err := s.GetRun(ctx, "run_full3")
+		return err == nil
+	})
+
+	dsn := sqliteDSN(t)
+	s2 := open(t, dsn, edgestore.Options{BatchSize: 1024, FlushInterval: time.Hour})
+	s2.RecordRun(run("run_closing", "n1", "exec", "k", domain.RunRunning, t0, nil))
+	if err := s2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again := open(t, dsn, edgestore.Options{})
+	if _, err := again.GetRun(ctx, "run_closing"); err != nil {
+		t.Fatalf("the row queued at Close: %v", err)
+	}
+}
