@@ -48,6 +48,11 @@ func newFakeStream(steps ...step) *fakeStream {
 }
 
 func (s *fakeStream) Recv(ctx context.Context) (domain.TunnelFrame, error) {
+	select { // a ready step wins over an ended ctx (ports.ReadyOnly)
+	case st := <-s.ch:
+		return st.f, st.err
+	default:
+	}
 	select {
 	case st := <-s.ch:
 		return st.f, st.err
@@ -357,6 +362,36 @@ func TestMidStreamFailureBreaksTheCallersStream(t *testing.T) {
 			}
 			waitFor(t, "tunnel.completed", func() bool { return e.bus.count() == 1 })
 		})
+	}
+}
+
+// The relay holds back a flush only while more frames are ready: headers
+// reach the caller while the provider is quiet, and each chunk as it comes.
+func TestRelayFlushesWhenTheProviderPauses(t *testing.T) {
+	e := newEnv(t)
+	st := newFakeStream(status(200), header("Content-Type", "text/event-stream"))
+	e.node(t, "gpu", serveStream(st), provider("vllm", domain.ProviderOpenAI, "qwen"))
+	// A held-back flush would leave this client waiting: bound it.
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Post(e.srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"qwen","stream":true}`))
+	if err != nil {
+		t.Fatalf("headers while the provider is quiet: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	br := bufio.NewReader(resp.Body)
+	for _, chunk := range sseChunks[:2] {
+		st.push(body(chunk))
+		got := make([]byte, len(chunk))
+		if _, err := io.ReadFull(br, got); err != nil || string(got) != chunk {
+			t.Fatalf("chunk %q before the stream ended: %q, %v", chunk, got, err)
+		}
+	}
+	st.push(frame(domain.TunnelEnd))
+	if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+		t.Fatalf("after the end: %q, %v", rest, err)
 	}
 }
 
