@@ -92,7 +92,7 @@ func Node(s NodeSettings) fx.Option {
 			sqlite.NewAgentSessionStore,
 			newFactory,
 			fx.Annotate(func(f *factory.Factory) *factory.Factory { return f }, fx.As(new(ports.AdapterFactory))),
-			fx.Annotate(func() *provider.Client { return provider.New(provider.Options{}) }, fx.As(new(ports.ProviderClient))),
+			fx.Annotate(newProviderClient, fx.As(new(ports.ProviderClient))),
 			func(f ports.AdapterFactory, log *slog.Logger) *nodeapp.Runtime {
 				return nodeapp.NewRuntime(f, log).WithProviderCommands(providerCommands{})
 			},
@@ -115,6 +115,14 @@ func Node(s NodeSettings) fx.Option {
 		),
 		fx.Invoke(runNode),
 	)
+}
+
+// newProviderClient is the node's provider client; its idle connections
+// close when the node stops.
+func newProviderClient(lc fx.Lifecycle) *provider.Client {
+	c := provider.New(provider.Options{})
+	lc.Append(fx.StopHook(c.Close))
+	return c
 }
 
 // newFactory builds every runtime adapter type: exec, plus the LLM and CLI

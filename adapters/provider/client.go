@@ -22,9 +22,16 @@ import (
 // when the caller named none.
 const AnthropicVersion = "2023-06-01"
 
-// Client makes upstream requests for tunnels.
+// Client makes upstream requests for tunnels. Plain-http providers reached
+// without a proxy (http.ProxyFromEnvironment answers none for the URL: a
+// loopback or NO_PROXY host, or no proxy configured) go through a lean
+// HTTP/1.1 path that does the whole exchange in the caller's goroutine
+// (lean.go); https providers and proxied URLs go through net/http.Transport
+// (TLS, HTTP/2, proxies). Both behave the same to the caller.
 type Client struct {
-	hc *http.Client
+	hc   *http.Client
+	tr   *http.Transport
+	lean *leanClient // nil when Options.TransportOnly
 }
 
 var _ ports.ProviderClient = (*Client)(nil)
@@ -36,6 +43,14 @@ type Options struct {
 	HeaderTimeout time.Duration
 	// DialTimeout bounds connecting to the provider (default 10 s).
 	DialTimeout time.Duration
+	// MaxIdleConnsPerHost bounds the idle keep-alive connections kept per
+	// provider host and port (default 128).
+	MaxIdleConnsPerHost int
+	// IdleConnTimeout closes a connection idle this long (default 90 s).
+	IdleConnTimeout time.Duration
+	// TransportOnly sends every request through net/http.Transport, as
+	// before the lean path (tests and benchmarks compare the two).
+	TransportOnly bool
 }
 
 // New returns a client. Bodies are never buffered whole and never
@@ -47,24 +62,53 @@ func New(o Options) *Client {
 	if o.DialTimeout <= 0 {
 		o.DialTimeout = 10 * time.Second
 	}
+	if o.MaxIdleConnsPerHost <= 0 {
+		// Sized for a node relaying many concurrent tunnels to one
+		// provider: at 16, 32 concurrent requests dialled a fresh connection
+		// for half of them (a tenth of the node's CPU in the profile).
+		o.MaxIdleConnsPerHost = 128
+	}
+	if o.IdleConnTimeout <= 0 {
+		o.IdleConnTimeout = 90 * time.Second
+	}
 	tr := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           (&net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
 		ResponseHeaderTimeout: o.HeaderTimeout,
 		DisableCompression:    true,
-		// Sized for a node relaying many concurrent tunnels to one
-		// provider: at 16, 32 concurrent requests dialled a fresh connection
-		// for half of them (a tenth of the node's CPU in the profile).
-		MaxIdleConns:        256,
-		MaxIdleConnsPerHost: 128,
-		IdleConnTimeout:     90 * time.Second,
+		MaxIdleConns:          2 * o.MaxIdleConnsPerHost,
+		MaxIdleConnsPerHost:   o.MaxIdleConnsPerHost,
+		IdleConnTimeout:       o.IdleConnTimeout,
 	}
-	return &Client{hc: &http.Client{
+	c := &Client{tr: tr, hc: &http.Client{
 		Transport: tr,
 		// A proxy relays 3xx answers; following them would also re-send the
 		// request body and key to wherever the provider points.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}}
+	if !o.TransportOnly {
+		// The lean path follows no redirects either: it makes one exchange.
+		c.lean = newLeanClient(o.DialTimeout, o.HeaderTimeout, o.MaxIdleConnsPerHost, o.IdleConnTimeout)
+	}
+	return c
+}
+
+// Close closes idle provider connections; requests in flight finish.
+func (c *Client) Close() {
+	if c.lean != nil {
+		c.lean.Close()
+	}
+	c.tr.CloseIdleConnections()
+}
+
+// useLean reports whether hreq goes through the lean path: plain http with
+// no proxy for its URL.
+func (c *Client) useLean(hreq *http.Request) bool {
+	if c.lean == nil || hreq.URL.Scheme != "http" {
+		return false
+	}
+	proxy, err := http.ProxyFromEnvironment(hreq)
+	return err == nil && proxy == nil
 }
 
 // Do sends req to provider p. The path passes through unchanged below
@@ -83,8 +127,10 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 		method = http.MethodGet
 	}
 	var rd io.Reader = bytes.NewReader(req.Body)
+	var streamed *countingReader
 	if body != nil {
-		rd = io.MultiReader(rd, body)
+		streamed = &countingReader{r: body}
+		rd = io.MultiReader(rd, streamed)
 	}
 	hreq, err := http.NewRequestWithContext(ctx, method, u, rd)
 	if err != nil {
@@ -118,7 +164,25 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 	} else if key != "" {
 		hreq.Header.Set("Authorization", "Bearer "+key)
 	}
-	resp, err := c.hc.Do(hreq)
+	var resp *http.Response
+	if c.useLean(hreq) {
+		// A retry re-sends the body if nothing of a streamed one was read.
+		newBody := func() (io.ReadCloser, bool) {
+			if hreq.ContentLength == 0 && body == nil {
+				return http.NoBody, true
+			}
+			if streamed == nil {
+				return io.NopCloser(bytes.NewReader(req.Body)), true
+			}
+			if streamed.n > 0 {
+				return nil, false
+			}
+			return io.NopCloser(io.MultiReader(bytes.NewReader(req.Body), streamed)), true
+		}
+		resp, err = c.lean.do(ctx, hreq, newBody)
+	} else {
+		resp, err = c.hc.Do(hreq)
+	}
 	if err != nil {
 		return nil, classify(ctx, p, err)
 	}
@@ -223,6 +287,19 @@ func CleanRequestHeader(h http.Header) http.Header {
 // answer reaches the caller sized, as the provider sent it.
 func CleanResponseHeader(h http.Header) http.Header {
 	return filterHeader(h, func(string) bool { return false })
+}
+
+// countingReader counts what was read of a streamed request body: once
+// any of it is gone, the request cannot be sent again.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
 type scanningBody struct {

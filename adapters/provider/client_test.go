@@ -99,7 +99,9 @@ func TestCleanResponseHeader(t *testing.T) {
 	}
 }
 
-func TestDoSendsAnthropicKeyAndVersion(t *testing.T) {
+func TestDoSendsAnthropicKeyAndVersion(t *testing.T) { bothPaths(t, testDoSendsAnthropicKeyAndVersion) }
+
+func testDoSendsAnthropicKeyAndVersion(t *testing.T, path clientPath) {
 	t.Setenv("IOP_TEST_ANTHROPIC_KEY", "sk-ant-node")
 	got := make(chan http.Header, 2)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -107,7 +109,7 @@ func TestDoSendsAnthropicKeyAndVersion(t *testing.T) {
 		_, _ = io.WriteString(w, `{}`)
 	}))
 	defer srv.Close()
-	c := provider.New(provider.Options{})
+	c := path.new(t, provider.Options{})
 	p := domain.ProviderConfig{Name: "a", Type: domain.ProviderAnthropic, BaseURL: srv.URL, APIKeyEnv: "IOP_TEST_ANTHROPIC_KEY"}
 	for _, tc := range []struct{ callerVersion, want string }{{"", provider.AnthropicVersion}, {"2099-01-01", "2099-01-01"}} {
 		h := http.Header{"X-Api-Key": {"sk-caller-for-the-edge"}, "Authorization": {"Bearer caller"}, "Content-Type": {"application/json"}}
@@ -145,7 +147,9 @@ func equalHeader(a, b http.Header) bool {
 	return true
 }
 
-func TestDoSendsCleanHeadersAndNodeKey(t *testing.T) {
+func TestDoSendsCleanHeadersAndNodeKey(t *testing.T) { bothPaths(t, testDoSendsCleanHeadersAndNodeKey) }
+
+func testDoSendsCleanHeadersAndNodeKey(t *testing.T, path clientPath) {
 	t.Setenv("IOP_TEST_PROVIDER_KEY", "sk-node-secret")
 	got := make(chan *http.Request, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -158,7 +162,7 @@ func TestDoSendsCleanHeadersAndNodeKey(t *testing.T) {
 	}))
 	defer srv.Close()
 
-	c := provider.New(provider.Options{})
+	c := path.new(t, provider.Options{})
 	p := domain.ProviderConfig{Name: "p", Type: domain.ProviderOpenAI, BaseURL: srv.URL, APIKeyEnv: "IOP_TEST_PROVIDER_KEY"}
 	req := domain.TunnelRequest{
 		Provider: "p", Method: http.MethodPost, Path: "/v1/chat/completions", Query: "x=1",
@@ -195,10 +199,14 @@ func TestDoSendsCleanHeadersAndNodeKey(t *testing.T) {
 }
 
 func TestDoWithoutKeyEnvDropsCallerAuthorization(t *testing.T) {
+	bothPaths(t, testDoWithoutKeyEnvDropsCallerAuthorization)
+}
+
+func testDoWithoutKeyEnvDropsCallerAuthorization(t *testing.T, path clientPath) {
 	got := make(chan http.Header, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got <- r.Header.Clone() }))
 	defer srv.Close()
-	c := provider.New(provider.Options{})
+	c := path.new(t, provider.Options{})
 	resp, err := c.Do(context.Background(), domain.ProviderConfig{Name: "p", BaseURL: srv.URL, APIKeyEnv: "IOP_TEST_UNSET_KEY_VAR"},
 		domain.TunnelRequest{Method: http.MethodGet, Path: "/v1/models", Header: domain.Header{"Authorization": {"Bearer caller"}}}, nil)
 	if err != nil {
@@ -211,6 +219,10 @@ func TestDoWithoutKeyEnvDropsCallerAuthorization(t *testing.T) {
 }
 
 func TestDoStreamsBodyWithDeclaredLength(t *testing.T) {
+	bothPaths(t, testDoStreamsBodyWithDeclaredLength)
+}
+
+func testDoStreamsBodyWithDeclaredLength(t *testing.T, path clientPath) {
 	type seen struct {
 		body []byte
 		cl   int64
@@ -222,7 +234,7 @@ func TestDoStreamsBodyWithDeclaredLength(t *testing.T) {
 		got <- seen{b, r.ContentLength, r.TransferEncoding}
 	}))
 	defer srv.Close()
-	c := provider.New(provider.Options{})
+	c := path.new(t, provider.Options{})
 	p := domain.ProviderConfig{Name: "p", BaseURL: srv.URL}
 
 	rest := strings.Repeat("x", 100_000)
@@ -251,7 +263,9 @@ func TestDoStreamsBodyWithDeclaredLength(t *testing.T) {
 	}
 }
 
-func TestDoDoesNotFollowRedirects(t *testing.T) {
+func TestDoDoesNotFollowRedirects(t *testing.T) { bothPaths(t, testDoDoesNotFollowRedirects) }
+
+func testDoDoesNotFollowRedirects(t *testing.T, path clientPath) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/elsewhere" {
 			t.Error("redirect was followed")
@@ -259,7 +273,7 @@ func TestDoDoesNotFollowRedirects(t *testing.T) {
 		http.Redirect(w, r, "/elsewhere", http.StatusFound)
 	}))
 	defer srv.Close()
-	c := provider.New(provider.Options{})
+	c := path.new(t, provider.Options{})
 	resp, err := c.Do(context.Background(), domain.ProviderConfig{Name: "p", BaseURL: srv.URL}, domain.TunnelRequest{Path: "/v1/models"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -270,21 +284,25 @@ func TestDoDoesNotFollowRedirects(t *testing.T) {
 	}
 }
 
-func TestDoConnectRefused(t *testing.T) {
+func TestDoConnectRefused(t *testing.T) { bothPaths(t, testDoConnectRefused) }
+
+func testDoConnectRefused(t *testing.T, path clientPath) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close()
-	c := provider.New(provider.Options{})
+	c := path.new(t, provider.Options{})
 	_, err = c.Do(context.Background(), domain.ProviderConfig{Name: "p", BaseURL: "http://" + addr}, domain.TunnelRequest{Path: "/v1/models"}, nil)
 	if !errors.Is(err, &domain.Error{Code: domain.CodeProviderUnreachable}) {
 		t.Fatalf("err = %v, want provider_unreachable", err)
 	}
 }
 
-func TestDoHeaderTimeout(t *testing.T) {
+func TestDoHeaderTimeout(t *testing.T) { bothPaths(t, testDoHeaderTimeout) }
+
+func testDoHeaderTimeout(t *testing.T, path clientPath) {
 	release := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -294,7 +312,7 @@ func TestDoHeaderTimeout(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(release)
-	c := provider.New(provider.Options{HeaderTimeout: 100 * time.Millisecond})
+	c := path.new(t, provider.Options{HeaderTimeout: 100 * time.Millisecond})
 	start := time.Now()
 	_, err := c.Do(context.Background(), domain.ProviderConfig{Name: "p", BaseURL: srv.URL}, domain.TunnelRequest{Path: "/v1/models"}, nil)
 	if !errors.Is(err, domain.ErrTimeout) {
@@ -305,12 +323,14 @@ func TestDoHeaderTimeout(t *testing.T) {
 	}
 }
 
-func TestDoCancelledBeforeHeaders(t *testing.T) {
+func TestDoCancelledBeforeHeaders(t *testing.T) { bothPaths(t, testDoCancelledBeforeHeaders) }
+
+func testDoCancelledBeforeHeaders(t *testing.T, path clientPath) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	c := provider.New(provider.Options{})
+	c := path.new(t, provider.Options{})
 	_, err := c.Do(ctx, domain.ProviderConfig{Name: "p", BaseURL: srv.URL}, domain.TunnelRequest{Path: "/v1/models"}, nil)
 	if domain.CodeOf(err) != domain.CodeCancelled {
 		t.Fatalf("err = %v, want cancelled", err)
@@ -318,6 +338,10 @@ func TestDoCancelledBeforeHeaders(t *testing.T) {
 }
 
 func TestCancelClosesUpstreamConnection(t *testing.T) {
+	bothPaths(t, testCancelClosesUpstreamConnection)
+}
+
+func testCancelClosesUpstreamConnection(t *testing.T, path clientPath) {
 	closed := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -329,7 +353,7 @@ func TestCancelClosesUpstreamConnection(t *testing.T) {
 	defer srv.Close()
 
 	ctx, cancel := context.WithCancel(context.Background())
-	c := provider.New(provider.Options{})
+	c := path.new(t, provider.Options{})
 	resp, err := c.Do(ctx, domain.ProviderConfig{Name: "p", BaseURL: srv.URL}, domain.TunnelRequest{Method: http.MethodPost, Path: "/v1/chat/completions", Body: []byte("{}")}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -362,7 +386,9 @@ func TestCancelClosesUpstreamConnection(t *testing.T) {
 	}
 }
 
-func TestDoReportsUsageAfterBody(t *testing.T) {
+func TestDoReportsUsageAfterBody(t *testing.T) { bothPaths(t, testDoReportsUsageAfterBody) }
+
+func testDoReportsUsageAfterBody(t *testing.T, path clientPath) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		_, _ = io.WriteString(w, `{"model":"llama3.2","message":{"content":"hi"},"done":false}`+"\n")
@@ -370,7 +396,7 @@ func TestDoReportsUsageAfterBody(t *testing.T) {
 		_, _ = io.WriteString(w, `{"model":"llama3.2","done":true,"done_reason":"stop","prompt_eval_count":7,"eval_count":3,"total_duration":5000000}`+"\n")
 	}))
 	defer srv.Close()
-	c := provider.New(provider.Options{})
+	c := path.new(t, provider.Options{})
 	resp, err := c.Do(context.Background(), domain.ProviderConfig{Name: "p", BaseURL: srv.URL}, domain.TunnelRequest{Method: http.MethodPost, Path: "/api/chat"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -383,4 +409,21 @@ func TestDoReportsUsageAfterBody(t *testing.T) {
 	if u == nil || u.PromptTokens != 7 || u.CompletionTokens != 3 || u.TotalTokens != 10 || u.Model != "llama3.2" || u.StopReason != "stop" || u.DurationMS != 5 {
 		t.Fatalf("usage = %+v", u)
 	}
+}
+
+// clientPath is one of the client's two ways to a provider: the lean
+// HTTP/1.1 path (plain http, no proxy) or net/http.Transport.
+type clientPath struct{ transportOnly bool }
+
+func (p clientPath) new(t *testing.T, o provider.Options) *provider.Client {
+	o.TransportOnly = p.transportOnly
+	c := provider.New(o)
+	t.Cleanup(c.Close)
+	return c
+}
+
+// bothPaths runs f on each path: every behaviour of Do holds on both.
+func bothPaths(t *testing.T, f func(*testing.T, clientPath)) {
+	t.Run("lean", func(t *testing.T) { f(t, clientPath{}) })
+	t.Run("transport", func(t *testing.T) { f(t, clientPath{transportOnly: true}) })
 }

@@ -1,0 +1,342 @@
+package provider
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// leanClient is the provider client's HTTP/1.1 path for plain-http
+// providers reached without a proxy (a node next to a local vLLM, Ollama or
+// llama.cpp). net/http.Transport runs a write goroutine and a read goroutine
+// per connection and hands each request and response between them and the
+// caller: two goroutine wake-ups per request plus per-body bookkeeping, which
+// the node's execution traces showed on the tunnel's path to first byte.
+// Here the caller's goroutine writes the request, reads the response headers
+// and reads the body itself, with the standard library's request writer and
+// response parser (chunked and sized bodies alike), over a bounded pool of
+// idle keep-alive connections.
+//
+// Requests are half-duplex: the whole request is written before the
+// response is read, which every LLM API is. https providers and proxied
+// URLs keep http.Transport (HTTP/2, TLS, proxies).
+type leanClient struct {
+	dialer        net.Dialer
+	headerTimeout time.Duration
+	maxIdle       int // per host:port
+	idleTimeout   time.Duration
+
+	mu     sync.Mutex
+	idle   map[string][]*leanConn // by host:port, most recently used last
+	sweep  *time.Timer            // closes idle connections past idleTimeout
+	closed bool
+}
+
+// leanConn is one provider connection with its buffers.
+type leanConn struct {
+	nc       net.Conn
+	br       *bufio.Reader
+	bw       *bufio.Writer
+	addr     string
+	nread    int64     // bytes read from nc, to tell "no response byte yet"
+	idleFrom time.Time // when it was last put in the pool
+}
+
+// Read counts what the response parser reads from the connection.
+func (c *leanConn) Read(p []byte) (int, error) {
+	n, err := c.nc.Read(p)
+	c.nread += int64(n)
+	return n, err
+}
+
+func newLeanClient(dialTimeout, headerTimeout time.Duration, maxIdle int, idleTimeout time.Duration) *leanClient {
+	return &leanClient{
+		dialer:        net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second},
+		headerTimeout: headerTimeout,
+		maxIdle:       maxIdle,
+		idleTimeout:   idleTimeout,
+		idle:          map[string][]*leanConn{},
+	}
+}
+
+// errLeanClosed is returned once the client is closed.
+var errLeanClosed = errors.New("provider client closed")
+
+// hostPort is the address to dial for an http:// URL.
+func hostPort(u *http.Request) string {
+	port := u.URL.Port()
+	if port == "" {
+		port = "80"
+	}
+	return net.JoinHostPort(u.URL.Hostname(), port)
+}
+
+// do sends hreq and returns its response; the body is read by the caller
+// and the connection goes back to the pool when it ends cleanly. newBody,
+// when non-nil, returns hreq's body afresh for a retry, or false if part of
+// it can no longer be sent again (a streamed body already read from).
+//
+// A request on a reused connection that the provider had closed (an error
+// with not one response byte received) is sent once more on a new
+// connection, if its body can be: a provider closes an idle connection at
+// any time, and the stale-check before reuse cannot see a close that
+// crosses the request on the wire.
+func (l *leanClient) do(ctx context.Context, hreq *http.Request, newBody func() (io.ReadCloser, bool)) (*http.Response, error) {
+	addr := hostPort(hreq)
+	for attempt := 0; ; attempt++ {
+		c, reused, err := l.get(ctx, addr, attempt > 0)
+		if err != nil {
+			return nil, err
+		}
+		// Cancellation closes the connection: that ends a blocked write, a
+		// wait for headers or a body read at once.
+		stop := context.AfterFunc(ctx, func() { _ = c.nc.Close() })
+		mark := c.nread
+		resp, keep, err := l.exchange(c, hreq)
+		if err == nil {
+			if resp.Body == http.NoBody {
+				// Nothing more to read: the connection is free now.
+				l.release(c, stop, keep)
+				resp.Body = http.NoBody
+				return resp, nil
+			}
+			resp.Body = &leanBody{l: l, c: c, rc: resp.Body, stop: stop, keep: keep, ctx: ctx}
+			return resp, nil
+		}
+		stop()
+		_ = c.nc.Close()
+		if !reused || attempt > 0 || c.nread != mark || ctx.Err() != nil || isTimeout(err) || newBody == nil {
+			return nil, err
+		}
+		body, ok := newBody()
+		if !ok {
+			return nil, err
+		}
+		hreq.Body = body
+	}
+}
+
+// exchange writes hreq on c and reads the response headers. keep reports
+// whether c may carry another request once the body is read to its end.
+func (l *leanClient) exchange(c *leanConn, hreq *http.Request) (resp *http.Response, keep bool, err error) {
+	werr := hreq.Write(c.bw)
+	if werr == nil {
+		werr = c.bw.Flush()
+	}
+	if werr != nil {
+		c.bw.Reset(c.nc)
+	}
+	// The header timeout runs from the end of the request, as
+	// http.Transport's ResponseHeaderTimeout does. A failed write still
+	// reads: a provider may answer (413, 400) and close without reading
+	// the whole body.
+	_ = c.nc.SetReadDeadline(time.Now().Add(l.headerTimeout))
+	for i := 0; ; i++ {
+		resp, err = http.ReadResponse(c.br, hreq)
+		if err != nil {
+			if werr != nil {
+				return nil, false, werr
+			}
+			return nil, false, err
+		}
+		// 1xx answers (103 Early Hints) come before the real one; 101 would
+		// hand the connection over, which a tunnel does not do.
+		if resp.StatusCode < 100 || resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			break
+		}
+		if i == 4 {
+			return nil, false, errors.New("too many 1xx informational responses")
+		}
+	}
+	_ = c.nc.SetReadDeadline(time.Time{})
+	keep = werr == nil && !resp.Close && !hreq.Close && resp.StatusCode != http.StatusSwitchingProtocols
+	return resp, keep, nil
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// get returns an idle connection to addr that the provider has not closed,
+// or a new one (always new when fresh is set); reused says which.
+func (l *leanClient) get(ctx context.Context, addr string, fresh bool) (c *leanConn, reused bool, err error) {
+	for !fresh {
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return nil, false, errLeanClosed
+		}
+		list := l.idle[addr]
+		if len(list) == 0 {
+			l.mu.Unlock()
+			break
+		}
+		c = list[len(list)-1]
+		list[len(list)-1] = nil
+		l.idle[addr] = list[:len(list)-1]
+		l.mu.Unlock()
+		if time.Since(c.idleFrom) < l.idleTimeout && !peerClosed(c.nc) {
+			return c, true, nil
+		}
+		_ = c.nc.Close()
+	}
+	nc, err := l.dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, false, err
+	}
+	c = &leanConn{nc: nc, addr: addr}
+	c.br = bufio.NewReader(c)
+	c.bw = bufio.NewWriter(nc)
+	return c, false, nil
+}
+
+// release ends c's request: back to the pool when keep holds and the
+// request's context did not close it, closed otherwise.
+func (l *leanClient) release(c *leanConn, stop func() bool, keep bool) {
+	if !stop() || !keep || c.br.Buffered() > 0 {
+		// stop false: cancellation closed (or is closing) the connection.
+		_ = c.nc.Close()
+		return
+	}
+	c.idleFrom = time.Now()
+	l.mu.Lock()
+	if l.closed || len(l.idle[c.addr]) >= l.maxIdle {
+		l.mu.Unlock()
+		_ = c.nc.Close()
+		return
+	}
+	l.idle[c.addr] = append(l.idle[c.addr], c)
+	if l.sweep == nil {
+		l.sweep = time.AfterFunc(l.idleTimeout, l.closeExpired)
+	}
+	l.mu.Unlock()
+}
+
+// closeExpired closes connections idle for idleTimeout and runs again while
+// any stay idle.
+func (l *leanClient) closeExpired() {
+	var expired []*leanConn
+	l.mu.Lock()
+	defer func() {
+		l.mu.Unlock()
+		for _, c := range expired {
+			_ = c.nc.Close()
+		}
+	}()
+	l.sweep = nil
+	if l.closed {
+		return
+	}
+	now := time.Now()
+	var next time.Duration
+	for addr, list := range l.idle {
+		kept := list[:0]
+		for _, c := range list {
+			if left := l.idleTimeout - now.Sub(c.idleFrom); left > 0 {
+				kept = append(kept, c)
+				if next == 0 || left < next {
+					next = left
+				}
+			} else {
+				expired = append(expired, c)
+			}
+		}
+		clear(list[len(kept):])
+		if len(kept) == 0 {
+			delete(l.idle, addr)
+		} else {
+			l.idle[addr] = kept
+		}
+	}
+	if next > 0 {
+		l.sweep = time.AfterFunc(next, l.closeExpired)
+	}
+}
+
+// Close closes the idle connections; those in use close when their
+// request ends.
+func (l *leanClient) Close() {
+	l.mu.Lock()
+	l.closed = true
+	if l.sweep != nil {
+		l.sweep.Stop()
+		l.sweep = nil
+	}
+	idle := l.idle
+	l.idle = map[string][]*leanConn{}
+	l.mu.Unlock()
+	for _, list := range idle {
+		for _, c := range list {
+			_ = c.nc.Close()
+		}
+	}
+}
+
+// idleCount is the number of pooled connections to addr (tests).
+func (l *leanClient) idleCount(addr string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.idle[addr])
+}
+
+// leanBody is a response body read in the caller's goroutine. Read to its
+// end cleanly, it returns the connection to the pool; closed before that,
+// it closes the connection (the rest is never drained: a stream can be
+// endless).
+type leanBody struct {
+	l    *leanClient
+	c    *leanConn
+	rc   io.ReadCloser
+	stop func() bool
+	keep bool
+	ctx  context.Context
+
+	state atomic.Int32 // 0 reading, 1 released or closed
+	eof   bool         // read to its end (Read's goroutine only)
+}
+
+func (b *leanBody) Read(p []byte) (int, error) {
+	if b.eof {
+		return 0, io.EOF
+	}
+	if b.state.Load() != 0 {
+		return 0, errBodyClosed
+	}
+	n, err := b.rc.Read(p)
+	switch {
+	case err == nil:
+	case errors.Is(err, io.EOF):
+		b.eof = true
+		if b.state.CompareAndSwap(0, 1) {
+			b.l.release(b.c, b.stop, b.keep)
+		}
+	default:
+		if b.state.CompareAndSwap(0, 1) {
+			b.stop()
+			_ = b.c.nc.Close()
+		}
+		if b.ctx.Err() != nil {
+			// The read failed because cancellation closed the connection.
+			err = b.ctx.Err()
+		}
+	}
+	return n, err
+}
+
+// errBodyClosed is what a read after Close returns, as net/http's does.
+var errBodyClosed = errors.New("http: read on closed response body")
+
+func (b *leanBody) Close() error {
+	if b.state.CompareAndSwap(0, 1) {
+		b.stop()
+		_ = b.c.nc.Close()
+	}
+	return nil
+}

@@ -1,0 +1,413 @@
+package provider_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"iop/adapters/provider"
+	"iop/domain"
+)
+
+// rawProvider is an HTTP/1.1 provider on a raw TCP listener whose policy
+// decides, per connection and per request on it, to answer or to close the
+// connection right after reading the request (as a provider closing an idle
+// connection does when the close crosses the request).
+type rawProvider struct {
+	ln     net.Listener
+	conns  atomic.Int32
+	mu     sync.Mutex
+	bodies []string // every request body read, in order
+}
+
+func newRawProvider(t *testing.T, answer func(conn, req int) bool) *rawProvider {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &rawProvider{ln: ln}
+	var wg sync.WaitGroup
+	var open sync.Map
+	t.Cleanup(func() {
+		_ = ln.Close()
+		open.Range(func(k, _ any) bool { _ = k.(net.Conn).Close(); return true })
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			i := int(p.conns.Add(1)) - 1
+			open.Store(nc, nil)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer nc.Close()
+				br := bufio.NewReader(nc)
+				for j := 0; ; j++ {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					b, _ := io.ReadAll(req.Body)
+					p.mu.Lock()
+					p.bodies = append(p.bodies, string(b))
+					p.mu.Unlock()
+					if !answer(i, j) {
+						return
+					}
+					if _, err := io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
+}
+
+func (p *rawProvider) config() domain.ProviderConfig {
+	return domain.ProviderConfig{Name: "p", BaseURL: "http://" + p.ln.Addr().String()}
+}
+
+func (p *rawProvider) seen() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.bodies...)
+}
+
+func doRead(ctx context.Context, c *provider.Client, p domain.ProviderConfig, req domain.TunnelRequest, body io.Reader) (string, error) {
+	resp, err := c.Do(ctx, p, req, body)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+var postReq = domain.TunnelRequest{Method: http.MethodPost, Path: "/v1/chat/completions", Body: []byte(`{"n":1}`)}
+
+// A provider that closed a kept-alive connection just as a request went out
+// on it (no response byte): the request is sent once more, on a new
+// connection, and succeeds.
+func TestLeanRetriesStaleConnectionOnce(t *testing.T) {
+	rp := newRawProvider(t, func(conn, req int) bool { return conn > 0 || req == 0 })
+	c := provider.New(provider.Options{})
+	defer c.Close()
+	for i := 0; i < 2; i++ {
+		if got, err := doRead(context.Background(), c, rp.config(), postReq, nil); err != nil || got != "ok" {
+			t.Fatalf("request %d = %q, %v", i, got, err)
+		}
+	}
+	if n := rp.conns.Load(); n != 2 {
+		t.Fatalf("provider saw %d connections, want 2 (the stale one, then a fresh one)", n)
+	}
+	if b := rp.seen(); len(b) != 3 || b[2] != `{"n":1}` {
+		t.Fatalf("provider read bodies %q, want the retried request's body in full", b)
+	}
+}
+
+// The retry happens once: a fresh connection that fails too is an error.
+func TestLeanRetriesOnlyOnce(t *testing.T) {
+	rp := newRawProvider(t, func(conn, req int) bool { return conn == 0 && req == 0 })
+	c := provider.New(provider.Options{})
+	defer c.Close()
+	if _, err := doRead(context.Background(), c, rp.config(), postReq, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err := doRead(context.Background(), c, rp.config(), postReq, nil)
+	if domain.CodeOf(err) != domain.CodeProviderUnreachable {
+		t.Fatalf("err = %v, want provider_unreachable", err)
+	}
+	if n := len(rp.seen()); n != 3 {
+		t.Fatalf("provider read %d requests, want 3 (one, then the stale try and one retry)", n)
+	}
+}
+
+// A streamed body already read from cannot be sent again: no retry, and
+// the provider never sees a partial duplicate.
+func TestLeanDoesNotRetryConsumedStreamedBody(t *testing.T) {
+	rp := newRawProvider(t, func(conn, req int) bool { return conn > 0 || req == 0 })
+	c := provider.New(provider.Options{})
+	defer c.Close()
+	if _, err := doRead(context.Background(), c, rp.config(), postReq, nil); err != nil {
+		t.Fatal(err)
+	}
+	req := postReq
+	req.Header = domain.Header{"Content-Length": {"12"}}
+	_, err := doRead(context.Background(), c, rp.config(), req, strings.NewReader("-rest"))
+	if domain.CodeOf(err) != domain.CodeProviderUnreachable {
+		t.Fatalf("err = %v, want provider_unreachable", err)
+	}
+	if n := rp.conns.Load(); n != 1 {
+		t.Fatalf("provider saw %d connections, want 1 (no retry)", n)
+	}
+}
+
+// A provider that closes idle connections after a pause (uvicorn: 5 s):
+// the next request after the pause succeeds, on either path.
+func TestDoAfterProviderClosedIdleConnection(t *testing.T) {
+	bothPaths(t, testDoAfterProviderClosedIdle)
+}
+
+func testDoAfterProviderClosedIdle(t *testing.T, path clientPath) {
+	var conns atomic.Int32
+	closed := make(chan struct{}, 8)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	srv.Config.IdleTimeout = 20 * time.Millisecond
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			conns.Add(1)
+		case http.StateClosed:
+			closed <- struct{}{}
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	c := path.new(t, provider.Options{})
+	p := domain.ProviderConfig{Name: "p", BaseURL: srv.URL}
+	for i := 0; i < 2; i++ {
+		if got, err := doRead(context.Background(), c, p, postReq, nil); err != nil || got != "ok" {
+			t.Fatalf("request %d = %q, %v", i, got, err)
+		}
+		if i == 0 {
+			select {
+			case <-closed:
+			case <-time.After(5 * time.Second):
+				t.Fatal("provider did not close the idle connection")
+			}
+		}
+	}
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("provider saw %d connections, want 2", n)
+	}
+}
+
+// countingServer counts the connections a provider accepted and those
+// closed.
+type countingServer struct {
+	*httptest.Server
+	opened, closed atomic.Int32
+}
+
+func newCountingServer(t *testing.T, h http.HandlerFunc) *countingServer {
+	s := &countingServer{Server: httptest.NewUnstartedServer(h)}
+	s.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		switch st {
+		case http.StateNew:
+			s.opened.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			s.closed.Add(1)
+		}
+	}
+	s.Start()
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *countingServer) hostport() string { return strings.TrimPrefix(s.URL, "http://") }
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A body read to its end frees the connection for the next request; one
+// closed unread, or a response saying Connection: close, does not.
+func TestLeanConnectionReuse(t *testing.T) {
+	srv := newCountingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/close":
+			w.Header().Set("Connection", "close")
+		case "/long":
+			w.Header().Set("Content-Type", "text/event-stream")
+			for i := 0; i < 64; i++ {
+				if _, err := io.WriteString(w, "data: "+strings.Repeat("x", 1024)+"\n\n"); err != nil {
+					return
+				}
+				w.(http.Flusher).Flush()
+			}
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	c := provider.New(provider.Options{})
+	defer c.Close()
+	p := domain.ProviderConfig{Name: "p", BaseURL: srv.URL}
+	get := func(path string) domain.TunnelRequest {
+		return domain.TunnelRequest{Method: http.MethodGet, Path: path}
+	}
+
+	for i := 0; i < 3; i++ {
+		if _, err := doRead(context.Background(), c, p, get("/ok"), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := srv.opened.Load(); n != 1 {
+		t.Fatalf("3 sequential requests opened %d connections, want 1", n)
+	}
+	if n := provider.IdleConns(c, srv.hostport()); n != 1 {
+		t.Fatalf("idle connections = %d, want 1", n)
+	}
+
+	// Unread body: closed, not pooled.
+	resp, err := c.Do(context.Background(), p, get("/long"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := resp.Body.Read(make([]byte, 16)); err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if n := provider.IdleConns(c, srv.hostport()); n != 0 {
+		t.Fatalf("after an unread body, idle connections = %d, want 0", n)
+	}
+	waitFor(t, "the provider to see the unread connection closed", func() bool { return srv.closed.Load() == 1 })
+
+	// Connection: close from the provider: not pooled.
+	if _, err := doRead(context.Background(), c, p, get("/close"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := provider.IdleConns(c, srv.hostport()); n != 0 {
+		t.Fatalf("after Connection: close, idle connections = %d, want 0", n)
+	}
+	if _, err := doRead(context.Background(), c, p, get("/ok"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.opened.Load(); n != 3 {
+		t.Fatalf("connections opened = %d, want 3 (one reused, then one after each non-reusable answer)", n)
+	}
+
+	// Close closes the idle ones.
+	c.Close()
+	waitFor(t, "the provider to see every connection closed", func() bool { return srv.closed.Load() == 3 })
+}
+
+// The idle pool keeps at most MaxIdleConnsPerHost connections per host;
+// the rest are closed when their request ends.
+func TestLeanIdlePoolBound(t *testing.T) {
+	const concurrent, maxIdle = 5, 2
+	arrived := make(chan struct{}, concurrent)
+	release := make(chan struct{})
+	srv := newCountingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		_, _ = io.WriteString(w, "ok")
+	})
+	c := provider.New(provider.Options{MaxIdleConnsPerHost: maxIdle})
+	defer c.Close()
+	p := domain.ProviderConfig{Name: "p", BaseURL: srv.URL}
+	errs := make(chan error, concurrent)
+	for i := 0; i < concurrent; i++ {
+		go func() { _, err := doRead(context.Background(), c, p, postReq, nil); errs <- err }()
+	}
+	for i := 0; i < concurrent; i++ {
+		<-arrived
+	}
+	close(release)
+	for i := 0; i < concurrent; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := provider.IdleConns(c, srv.hostport()); n != maxIdle {
+		t.Fatalf("idle connections = %d, want %d", n, maxIdle)
+	}
+	waitFor(t, "the connections over the bound to be closed", func() bool { return srv.closed.Load() == concurrent-maxIdle })
+}
+
+// Idle connections are closed after IdleConnTimeout.
+func TestLeanIdleTimeout(t *testing.T) {
+	srv := newCountingServer(t, func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") })
+	c := provider.New(provider.Options{IdleConnTimeout: 30 * time.Millisecond})
+	defer c.Close()
+	if _, err := doRead(context.Background(), c, domain.ProviderConfig{Name: "p", BaseURL: srv.URL}, postReq, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the idle connection to be closed", func() bool { return srv.closed.Load() == 1 })
+	if n := provider.IdleConns(c, srv.hostport()); n != 0 {
+		t.Fatalf("idle connections = %d, want 0", n)
+	}
+}
+
+// Cancelling mid-body frees a blocked reader and closes the connection,
+// which is not pooled; a header timeout leaves no connection pooled either.
+func TestLeanCancelAndTimeoutDoNotPool(t *testing.T) {
+	srv := newCountingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-r.Context().Done()
+			return
+		}
+		_, _ = io.WriteString(w, "data: 1\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	c := provider.New(provider.Options{HeaderTimeout: 50 * time.Millisecond})
+	defer c.Close()
+	p := domain.ProviderConfig{Name: "p", BaseURL: srv.URL}
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, err := c.Do(ctx, p, postReq, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := resp.Body.Read(make([]byte, 64)); err != nil {
+		t.Fatal(err)
+	}
+	readErr := make(chan error, 1)
+	go func() { _, err := io.ReadAll(resp.Body); readErr <- err }()
+	cancel()
+	select {
+	case err := <-readErr:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("read after cancel = %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("reader not freed by cancel")
+	}
+	_ = resp.Body.Close()
+	waitFor(t, "the provider to see the connection closed", func() bool { return srv.closed.Load() == 1 })
+
+	_, err = c.Do(context.Background(), p, domain.TunnelRequest{Path: "/slow"}, nil)
+	if !errors.Is(err, domain.ErrTimeout) {
+		t.Fatalf("err = %v, want timeout", err)
+	}
+	if n := provider.IdleConns(c, srv.hostport()); n != 0 {
+		t.Fatalf("idle connections = %d, want 0", n)
+	}
+	waitFor(t, "the timed-out connection to be closed", func() bool { return srv.closed.Load() == 2 })
+}
+
+// https providers do not take the lean path: the request is TLS (here the
+// test server's certificate is not trusted, which only a TLS handshake
+// can tell).
+func TestHTTPSGoesThroughTransport(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	c := provider.New(provider.Options{})
+	defer c.Close()
+	_, err := c.Do(context.Background(), domain.ProviderConfig{Name: "p", BaseURL: srv.URL}, domain.TunnelRequest{Path: "/v1/models"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "certificate not trusted") {
+		t.Fatalf("err = %v, want an untrusted-certificate error", err)
+	}
+}
