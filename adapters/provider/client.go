@@ -189,7 +189,7 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 	scan := NewUsageScanner(resp.Header.Get("Content-Type"))
 	return &ports.ProviderResponse{
 		Status: resp.StatusCode,
-		Header: domain.Header(CleanResponseHeader(resp.Header)),
+		Header: domain.Header(stripResponseHeader(resp.Header)),
 		Body:   &scanningBody{rc: resp.Body, scan: scan},
 		Usage:  scan.Usage,
 	}, nil
@@ -253,6 +253,8 @@ func connectionListed(h http.Header) map[string]bool {
 // filterHeader copies h under canonical names, leaving out hop-by-hop
 // headers and those drop rejects. Names are canonicalized first, so a header
 // sent as "authorization" cannot slip past a filter for "Authorization".
+// The copy shares h's value slices, capped at their length so that adding a
+// value to the copy never writes into h.
 func filterHeader(h http.Header, drop func(canonical string) bool) http.Header {
 	listed := connectionListed(h)
 	out := make(http.Header, len(h))
@@ -261,9 +263,31 @@ func filterHeader(h http.Header, drop func(canonical string) bool) http.Header {
 		if hopByHop[ck] || listed[ck] || drop(ck) {
 			continue
 		}
-		out[ck] = append(out[ck], vs...)
+		if prev, dup := out[ck]; dup {
+			out[ck] = append(prev, vs...)
+		} else {
+			out[ck] = vs[:len(vs):len(vs)]
+		}
 	}
 	return out
+}
+
+// stripResponseHeader is CleanResponseHeader in place, for a header the
+// client parsed and owns: copying it cost a map and a slice per name on
+// every response.
+func stripResponseHeader(h http.Header) http.Header {
+	listed := connectionListed(h)
+	for k, vs := range h {
+		ck := http.CanonicalHeaderKey(k)
+		switch {
+		case hopByHop[ck] || listed[ck]:
+			delete(h, k)
+		case ck != k:
+			delete(h, k)
+			h[ck] = append(h[ck][:len(h[ck]):len(h[ck])], vs...)
+		}
+	}
+	return h
 }
 
 // CleanRequestHeader copies h without hop-by-hop headers (including those

@@ -92,10 +92,20 @@ func TestCleanResponseHeader(t *testing.T) {
 		"X-Request-Id":      {"abc"},
 		"Retry-After":       {"3"},
 	}
+	in["x-lower"] = []string{"v"} // non-canonical on purpose
 	out := provider.CleanResponseHeader(in)
-	want := http.Header{"Content-Type": {"text/event-stream"}, "Content-Length": {"99"}, "X-Request-Id": {"abc"}, "Retry-After": {"3"}}
+	want := http.Header{"Content-Type": {"text/event-stream"}, "Content-Length": {"99"}, "X-Request-Id": {"abc"}, "Retry-After": {"3"}, "X-Lower": {"v"}}
 	if !equalHeader(out, want) {
 		t.Fatalf("CleanResponseHeader = %v, want %v", out, want)
+	}
+	// Adding to the copy never changes the input.
+	out.Add("Retry-After", "4")
+	if v := in.Values("Retry-After"); len(v) != 1 || v[0] != "3" {
+		t.Fatalf("input changed to %q", v)
+	}
+	// Do's in-place variant gives the same header.
+	if got := provider.StripResponseHeader(in); !equalHeader(got, want) {
+		t.Fatalf("StripResponseHeader = %v, want %v", got, want)
 	}
 }
 

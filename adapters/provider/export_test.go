@@ -7,3 +7,6 @@ func IdleConns(c *Client, hostport string) int {
 	}
 	return c.lean.idleCount(hostport)
 }
+
+// StripResponseHeader is the in-place CleanResponseHeader Do uses.
+var StripResponseHeader = stripResponseHeader

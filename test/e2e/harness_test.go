@@ -298,6 +298,9 @@ type nodeOptions struct {
 	args []string
 	// db replaces a fresh database file (a node restarted on its own).
 	db string
+	// bin replaces "iop-node": another build of the node, copied into
+	// binDir under this name (the load tool's before/after comparison).
+	bin string
 }
 
 func startNodeOpts(t testing.TB, e *edge, token string, o nodeOptions) *node {
@@ -321,7 +324,11 @@ func startNodeOpts(t testing.TB, e *edge, token string, o nodeOptions) *node {
 	}
 	args = append(args, o.args...)
 	env := append([]string{"IOP_NODE_TOKEN=" + token}, o.env...)
-	p := start(t, "iop-node", env, args...)
+	bin := "iop-node"
+	if o.bin != "" {
+		bin = o.bin
+	}
+	p := start(t, bin, env, args...)
 	return &node{proc: p, db: db}
 }
 
