@@ -125,24 +125,22 @@ func (l *leanClient) do(ctx context.Context, hreq *http.Request, newBody func() 
 // exchange writes hreq on c and reads the response headers. keep reports
 // whether c may carry another request once the body is read to its end.
 func (l *leanClient) exchange(c *leanConn, hreq *http.Request) (resp *http.Response, keep bool, err error) {
-	werr := hreq.Write(c.bw)
-	if werr == nil {
-		werr = c.bw.Flush()
+	// A failed write ends the exchange, as in http.Transport: the provider
+	// may still be waiting for the rest of the request (a streamed body
+	// that failed), so waiting for an answer could take the whole header
+	// timeout.
+	if err := hreq.Write(c.bw); err != nil {
+		return nil, false, err
 	}
-	if werr != nil {
-		c.bw.Reset(c.nc)
+	if err := c.bw.Flush(); err != nil {
+		return nil, false, err
 	}
 	// The header timeout runs from the end of the request, as
-	// http.Transport's ResponseHeaderTimeout does. A failed write still
-	// reads: a provider may answer (413, 400) and close without reading
-	// the whole body.
+	// http.Transport's ResponseHeaderTimeout does.
 	_ = c.nc.SetReadDeadline(time.Now().Add(l.headerTimeout))
 	for i := 0; ; i++ {
 		resp, err = http.ReadResponse(c.br, hreq)
 		if err != nil {
-			if werr != nil {
-				return nil, false, werr
-			}
 			return nil, false, err
 		}
 		// 1xx answers (103 Early Hints) come before the real one; 101 would
@@ -155,7 +153,7 @@ func (l *leanClient) exchange(c *leanConn, hreq *http.Request) (resp *http.Respo
 		}
 	}
 	_ = c.nc.SetReadDeadline(time.Time{})
-	keep = werr == nil && !resp.Close && !hreq.Close && resp.StatusCode != http.StatusSwitchingProtocols
+	keep = !resp.Close && !hreq.Close && resp.StatusCode != http.StatusSwitchingProtocols
 	return resp, keep, nil
 }
 

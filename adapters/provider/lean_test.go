@@ -411,3 +411,43 @@ func TestHTTPSGoesThroughTransport(t *testing.T) {
 		t.Fatalf("err = %v, want an untrusted-certificate error", err)
 	}
 }
+
+// failingReader yields its data, then fails as a streamed body does when
+// the edge's link drops mid-upload.
+type failingReader struct{ data string }
+
+func (f *failingReader) Read(p []byte) (int, error) {
+	if f.data == "" {
+		return 0, errors.New("stream reset by the edge")
+	}
+	n := copy(p, f.data)
+	f.data = f.data[n:]
+	return n, nil
+}
+
+// A streamed body that fails part way ends the request with an error at
+// once: the provider, still waiting for the rest, would never answer.
+func TestDoStreamedBodyFailure(t *testing.T) { bothPaths(t, testDoStreamedBodyFailure) }
+
+func testDoStreamedBodyFailure(t *testing.T, path clientPath) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Answers nothing, as a provider waiting for the rest of the body.
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	c := path.new(t, provider.Options{HeaderTimeout: time.Minute})
+	// The guard: a client that waited for headers would end here, cancelled.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req := domain.TunnelRequest{Method: http.MethodPost, Path: "/v1/embeddings", Body: []byte("head-"),
+		Header: domain.Header{"Content-Length": {"1000"}}}
+	_, err := c.Do(ctx, domain.ProviderConfig{Name: "p", BaseURL: srv.URL}, req, &failingReader{data: "part"})
+	if err == nil || domain.CodeOf(err) != domain.CodeProviderUnreachable {
+		t.Fatalf("err = %v, want provider_unreachable at once", err)
+	}
+}
