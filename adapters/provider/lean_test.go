@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -241,13 +242,12 @@ func TestLeanConnectionReuse(t *testing.T) {
 		case "/close":
 			w.Header().Set("Connection", "close")
 		case "/long":
+			// One event, then a stream that stays open: read to the
+			// event's end, nothing of it stays buffered on the client.
 			w.Header().Set("Content-Type", "text/event-stream")
-			for i := 0; i < 64; i++ {
-				if _, err := io.WriteString(w, "data: "+strings.Repeat("x", 1024)+"\n\n"); err != nil {
-					return
-				}
-				w.(http.Flusher).Flush()
-			}
+			_, _ = io.WriteString(w, "data: first\n\n")
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
 			return
 		}
 		_, _ = io.WriteString(w, "ok")
@@ -276,8 +276,8 @@ func TestLeanConnectionReuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := resp.Body.Read(make([]byte, 16)); err != nil {
-		t.Fatal(err)
+	if n, err := resp.Body.Read(make([]byte, 4096)); err != nil || n != len("data: first\n\n") {
+		t.Fatalf("first read = %d, %v", n, err)
 	}
 	_ = resp.Body.Close()
 	if n := provider.IdleConns(c, srv.hostport()); n != 0 {
@@ -449,5 +449,66 @@ func testDoStreamedBodyFailure(t *testing.T, path clientPath) {
 	_, err := c.Do(ctx, domain.ProviderConfig{Name: "p", BaseURL: srv.URL}, req, &failingReader{data: "part"})
 	if err == nil || domain.CodeOf(err) != domain.CodeProviderUnreachable {
 		t.Fatalf("err = %v, want provider_unreachable at once", err)
+	}
+}
+
+// Many callers at once, some leaving mid-stream: every body read to its
+// end is whole, and the pool never hands one connection to two requests
+// (a shared connection would interleave two responses; -race watches the
+// rest).
+func TestLeanConcurrentReuseAndCancel(t *testing.T) {
+	srv := newCountingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		id := r.URL.Query().Get("id")
+		for i := 0; i < 20; i++ {
+			if _, err := io.WriteString(w, "data: "+id+"\n\n"); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+		}
+	})
+	c := provider.New(provider.Options{MaxIdleConnsPerHost: 4})
+	defer c.Close()
+	p := domain.ProviderConfig{Name: "p", BaseURL: srv.URL}
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 30; i++ {
+				id := fmt.Sprintf("%d-%d", g, i)
+				ctx, cancel := context.WithCancel(context.Background())
+				resp, err := c.Do(ctx, p, domain.TunnelRequest{Method: http.MethodPost, Path: "/v1/chat/completions", Query: "id=" + id, Body: []byte("{}")}, nil)
+				if err != nil {
+					cancel()
+					errs <- err
+					return
+				}
+				if i%3 == 0 {
+					// Leave after the first bytes: the body closed unread
+					// while the request's context is still live.
+					_, _ = resp.Body.Read(make([]byte, 8))
+					_ = resp.Body.Close()
+					cancel()
+					continue
+				}
+				b, err := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				cancel()
+				if want := strings.Repeat("data: "+id+"\n\n", 20); err != nil || string(b) != want {
+					errs <- fmt.Errorf("request %s: body %q, %v", id, b, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n := provider.IdleConns(c, srv.hostport()); n > 4 {
+		t.Fatalf("idle connections = %d, over the bound of 4", n)
 	}
 }
