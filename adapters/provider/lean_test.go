@@ -24,13 +24,21 @@ import (
 // connection right after reading the request (as a provider closing an idle
 // connection does when the close crosses the request).
 type rawProvider struct {
-	ln     net.Listener
-	conns  atomic.Int32
-	mu     sync.Mutex
-	bodies []string // every request body read, in order
+	ln          net.Listener
+	conns       atomic.Int32
+	closedConns atomic.Int32
+	mu          sync.Mutex
+	bodies      []string // every request body read, in order
 }
 
 func newRawProvider(t *testing.T, answer func(conn, req int) bool) *rawProvider {
+	t.Helper()
+	return newRawProviderClosing(t, answer, func(int, int) bool { return false })
+}
+
+// newRawProviderClosing is newRawProvider whose closeAfter decides to close
+// a connection right after an answer, without a Connection: close header.
+func newRawProviderClosing(t *testing.T, answer, closeAfter func(conn, req int) bool) *rawProvider {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -57,6 +65,7 @@ func newRawProvider(t *testing.T, answer func(conn, req int) bool) *rawProvider 
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				defer p.closedConns.Add(1)
 				defer nc.Close()
 				br := bufio.NewReader(nc)
 				for j := 0; ; j++ {
@@ -72,6 +81,9 @@ func newRawProvider(t *testing.T, answer func(conn, req int) bool) *rawProvider 
 						return
 					}
 					if _, err := io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+						return
+					}
+					if closeAfter(i, j) {
 						return
 					}
 				}
@@ -510,5 +522,30 @@ func TestLeanConcurrentReuseAndCancel(t *testing.T) {
 	}
 	if n := provider.IdleConns(c, srv.hostport()); n > 4 {
 		t.Fatalf("idle connections = %d, over the bound of 4", n)
+	}
+}
+
+// A request with a streamed body cannot be sent again once it started, so
+// the connection it would reuse is checked first, however briefly idle: a
+// provider that closed it right after answering costs a new connection, not
+// a failed request.
+func TestLeanStreamedBodyAvoidsClosedConnection(t *testing.T) {
+	// The provider closes each connection right after its first answer
+	// (without saying so in a Connection header).
+	rp2 := newRawProviderClosing(t, func(int, int) bool { return true }, func(int, int) bool { return true })
+	c := provider.New(provider.Options{})
+	defer c.Close()
+	if got, err := doRead(context.Background(), c, rp2.config(), postReq, nil); err != nil || got != "ok" {
+		t.Fatalf("first request = %q, %v", got, err)
+	}
+	waitFor(t, "the provider to close the connection", func() bool { return rp2.closedConns.Load() == 1 })
+	// All of the body streamed: its first bytes are read before the
+	// first write that could fail.
+	req := domain.TunnelRequest{Method: http.MethodPost, Path: "/v1/chat/completions", Header: domain.Header{"Content-Length": {"12"}}}
+	if got, err := doRead(context.Background(), c, rp2.config(), req, strings.NewReader(`{"n":1}-rest`)); err != nil || got != "ok" {
+		t.Fatalf("streamed request = %q, %v", got, err)
+	}
+	if b := rp2.seen(); len(b) != 2 || b[1] != `{"n":1}-rest` {
+		t.Fatalf("provider read bodies %q", b)
 	}
 }
