@@ -104,7 +104,6 @@ func (l *leanClient) do(ctx context.Context, hreq *http.Request, streamed bool, 
 			if resp.Body == http.NoBody {
 				// Nothing more to read: the connection is free now.
 				l.release(c, stop, keep)
-				resp.Body = http.NoBody
 				return resp, nil
 			}
 			resp.Body = &leanBody{l: l, c: c, rc: resp.Body, stop: stop, keep: keep, ctx: ctx}
