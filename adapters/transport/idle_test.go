@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"io"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"iop/domain"
+	ioppb "iop/proto/iop"
 )
 
 // goroutineStacks returns the stack of every goroutine in the process.
@@ -22,10 +24,11 @@ func goroutineStacks() []string {
 	}
 }
 
-// A live link costs two goroutines per side: the read loop runs on the
-// goroutine that owns the link (the edge's readLink, which took over from
-// the connection's serve; the node's Run), and no goroutine of either side
-// only waits for the link to end.
+// The read loop runs on the goroutine that owns the link (the edge's
+// readLink, which took over from the connection's serve; the node's Run),
+// and no goroutine of either side only waits for the link to end (with the
+// writer running only while there is something to write, an idle link
+// costs one goroutine per side).
 func TestLinkReadsOnItsOwnersGoroutine(t *testing.T) {
 	p := newPair(t, pairOptions{}, nil)
 	owners := map[string]int{"(*Server).readLink": 0, "(*Client).Run": 0}
@@ -75,5 +78,148 @@ func TestNodeStatsReportedFromTimers(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if m := calls.Load(); m != n {
 		t.Errorf("%d stats reports after the node stopped", m-n)
+	}
+}
+
+// writers counts the link writers running in the process.
+func writers() int {
+	n := 0
+	for _, g := range goroutineStacks() {
+		if strings.Contains(g, "transport.(*Conn).writeLoop(") {
+			n++
+		}
+	}
+	return n
+}
+
+// An idle link has no writer on either side: a writer runs only while
+// there is something to write (and lingers briefly), and heartbeats come
+// from a timer. They still flow both ways, each answered, and the writers
+// that sent them end again.
+func TestIdleLinkHasNoWriterAndStillBeats(t *testing.T) {
+	cfg := testConfig()
+	cfg.HeartbeatInterval = 300 * time.Millisecond
+	cfg.writerLinger = 10 * time.Millisecond
+	p := newPair(t, pairOptions{server: cfg, client: ClientConfig{Transport: cfg}}, nil)
+	node := p.cli.currentConn()
+	eventually(t, p.ctx, "no writer on either side of the idle link", func() bool { return writers() == 0 })
+
+	edge0, node0 := p.link.conn.Stats(), node.Stats()
+	// Each side sends its heartbeat and answers the other's.
+	eventually(t, p.ctx, "heartbeats and replies both ways", func() bool {
+		e, n := p.link.conn.Stats(), node.Stats()
+		return e.FramesOut >= edge0.FramesOut+2 && e.FramesIn >= edge0.FramesIn+2 &&
+			n.FramesOut >= node0.FramesOut+2 && n.FramesIn >= node0.FramesIn+2 &&
+			e.RTT > 0 && n.RTT > 0
+	})
+	eventually(t, p.ctx, "the writers that sent them ended", func() bool { return writers() == 0 })
+	if err := p.link.conn.Err(); err != nil {
+		t.Fatalf("edge side ended: %v", err)
+	}
+	if err := node.Err(); err != nil {
+		t.Fatalf("node side ended: %v", err)
+	}
+}
+
+// Close waits for a writer that is running (here blocked writing to a peer
+// that does not read): none is left once it returns.
+func TestCloseWaitsForRunningWriter(t *testing.T) {
+	a, _ := pipeConns(t)
+	c := newConn(a, NewDecoder(a, DefaultMaxFrameSize), testConfig(), SideNode, 0, nopHandler{})
+	c.start()
+	if err := c.sendControl(testCtx(t), heartbeatFrame()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, testCtx(t), "a writer blocked on the socket", func() bool {
+		for _, g := range goroutineStacks() {
+			if strings.Contains(g, "transport.(*Conn).writeLoop(") && strings.Contains(g, "net.(*pipe).write(") {
+				return true
+			}
+		}
+		return false
+	})
+	c.Close(nil)
+	if n := writers(); n != 0 {
+		t.Fatalf("%d writers left after Close", n)
+	}
+	for _, g := range goroutineStacks() {
+		if strings.Contains(g, "transport.(*Conn).readLoop(") {
+			t.Fatalf("a read loop left after Close:\n%s", g)
+		}
+	}
+	// A frame offered after Close starts no writer.
+	if err := c.sendControl(testCtx(t), heartbeatFrame()); err == nil && writers() != 0 {
+		t.Fatal("a writer started on a closed link")
+	}
+	if n := writers(); n != 0 {
+		t.Fatalf("%d writers after a send on the closed link", n)
+	}
+}
+
+// Control frames go ahead of data: with data senders always ready and the
+// writer blocked on the socket, a control frame queued then is the first
+// frame of the writer's next batch, after exactly the data frames it had
+// already taken.
+func TestControlFramesGoFirstPastBlockedData(t *testing.T) {
+	ctx := testCtx(t)
+	a, b := pipeConns(t)
+	c := newConn(a, NewDecoder(a, DefaultMaxFrameSize), testConfig(), SideNode, 1<<30, nopHandler{})
+	c.start()
+	defer c.Close(nil)
+
+	const senders, frames = 4, 200
+	payload := make([]byte, 1<<10)
+	var taken atomic.Int64
+	errs := make(chan error, senders)
+	for i := range senders {
+		c.mu.Lock()
+		s := newStream(c, uint64(2+2*i))
+		c.streams[s.id] = s
+		c.mu.Unlock()
+		go func() {
+			for range frames {
+				f := &ioppb.Frame{Body: &ioppb.Frame_TunnelRequestBody{TunnelRequestBody: &ioppb.TunnelRequestBody{Data: payload}}}
+				if err := s.Send(ctx, f); err != nil {
+					errs <- err
+					return
+				}
+				taken.Add(1)
+			}
+			errs <- nil
+		}()
+	}
+	// Nobody reads b yet: the writer blocks in its first write, every
+	// sender waits for it. Wait until no frame has been taken for a while.
+	last := int64(-1)
+	for n := taken.Load(); n != last; n = taken.Load() {
+		last = n
+		time.Sleep(50 * time.Millisecond)
+	}
+	ctrl := &ioppb.Frame{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{SentUnixNano: 42}}}
+	if err := c.sendControl(ctx, ctrl); err != nil {
+		t.Fatal(err)
+	}
+	dec := NewDecoder(b, DefaultMaxFrameSize)
+	pos := 0 // data frames before the control frame (the timer's heartbeats aside)
+	for i := 0; ; i++ {
+		f := new(ioppb.Frame)
+		if _, err := dec.Decode(f); err != nil {
+			t.Fatalf("frame %d: %v", i, err)
+		}
+		if f.GetHeartbeat().GetSentUnixNano() == 42 {
+			break
+		}
+		if f.GetTunnelRequestBody() != nil {
+			pos++
+		}
+	}
+	if pos != int(last) {
+		t.Fatalf("control frame went out after %d data frames; the writer had taken %d when it was queued", pos, last)
+	}
+	go func() { _, _ = io.Copy(io.Discard, b) }()
+	for range senders {
+		if err := recv(t, ctx, errs, "sender"); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

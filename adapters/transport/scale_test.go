@@ -448,6 +448,11 @@ func idleNodeCount(b *testing.B) int {
 //	IOP_IDLE_NODES=1000 go test -run '^$' -bench BenchmarkIdleNodes ./adapters/transport/
 func BenchmarkIdleNodes(b *testing.B) {
 	n := idleNodeCount(b)
+	if os.Getenv("IOP_IDLE_PROFILE") != "" {
+		// Every allocation in the profile, not a sample of one per 512 KiB.
+		defer func(rate int) { runtime.MemProfileRate = rate }(runtime.MemProfileRate)
+		runtime.MemProfileRate = 1
+	}
 	run := func(name string, connect func(b *testing.B, n int) func()) {
 		b.Run(name, func(b *testing.B) {
 			var runs []idleCost
