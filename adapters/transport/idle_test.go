@@ -2,6 +2,7 @@ package transport
 
 import (
 	"io"
+	"net"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -81,15 +82,15 @@ func TestNodeStatsReportedFromTimers(t *testing.T) {
 	}
 }
 
-// writers counts the link writers running in the process.
-func writers() int {
-	n := 0
+// writers returns the stacks of the link writers running in the process.
+func writers() []string {
+	var w []string
 	for _, g := range goroutineStacks() {
 		if strings.Contains(g, "transport.(*Conn).writeLoop(") {
-			n++
+			w = append(w, g)
 		}
 	}
-	return n
+	return w
 }
 
 // An idle link has no writer on either side: a writer runs only while
@@ -102,7 +103,7 @@ func TestIdleLinkHasNoWriterAndStillBeats(t *testing.T) {
 	cfg.writerLinger = 10 * time.Millisecond
 	p := newPair(t, pairOptions{server: cfg, client: ClientConfig{Transport: cfg}}, nil)
 	node := p.cli.currentConn()
-	eventually(t, p.ctx, "no writer on either side of the idle link", func() bool { return writers() == 0 })
+	eventually(t, p.ctx, "no writer on either side of the idle link", func() bool { return len(writers()) == 0 })
 
 	edge0, node0 := p.link.conn.Stats(), node.Stats()
 	// Each side sends its heartbeat and answers the other's.
@@ -112,7 +113,7 @@ func TestIdleLinkHasNoWriterAndStillBeats(t *testing.T) {
 			n.FramesOut >= node0.FramesOut+2 && n.FramesIn >= node0.FramesIn+2 &&
 			e.RTT > 0 && n.RTT > 0
 	})
-	eventually(t, p.ctx, "the writers that sent them ended", func() bool { return writers() == 0 })
+	eventually(t, p.ctx, "the writers that sent them ended", func() bool { return len(writers()) == 0 })
 	if err := p.link.conn.Err(); err != nil {
 		t.Fatalf("edge side ended: %v", err)
 	}
@@ -121,39 +122,48 @@ func TestIdleLinkHasNoWriterAndStillBeats(t *testing.T) {
 	}
 }
 
-// Close waits for a writer that is running (here blocked writing to a peer
-// that does not read): none is left once it returns.
+// gatedConn holds every Write until its gate opens, then fails it.
+type gatedConn struct {
+	net.Conn
+	writing chan struct{}
+	gate    chan struct{}
+}
+
+func (g *gatedConn) Write([]byte) (int, error) {
+	select {
+	case g.writing <- struct{}{}:
+	default:
+	}
+	<-g.gate
+	return 0, net.ErrClosed
+}
+
+// Close waits for a writer that is running: while the writer is inside a
+// write, Close does not return, and once the write returns no writer is
+// left.
 func TestCloseWaitsForRunningWriter(t *testing.T) {
 	a, _ := pipeConns(t)
-	c := newConn(a, NewDecoder(a, DefaultMaxFrameSize), testConfig(), SideNode, 0, nopHandler{})
+	g := &gatedConn{Conn: a, writing: make(chan struct{}, 1), gate: make(chan struct{})}
+	c := newConn(g, NewDecoder(a, DefaultMaxFrameSize), testConfig(), SideNode, 0, nopHandler{})
 	c.start()
 	if err := c.sendControl(testCtx(t), heartbeatFrame()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, testCtx(t), "a writer blocked on the socket", func() bool {
-		for _, g := range goroutineStacks() {
-			if strings.Contains(g, "transport.(*Conn).writeLoop(") && strings.Contains(g, "net.(*pipe).write(") {
-				return true
-			}
-		}
-		return false
-	})
-	c.Close(nil)
-	if n := writers(); n != 0 {
-		t.Fatalf("%d writers left after Close", n)
+	recv(t, testCtx(t), g.writing, "the writer in a write")
+	closed := make(chan struct{})
+	go func() {
+		c.Close(nil)
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		close(g.gate)
+		t.Fatal("Close returned while the link's writer was still writing")
+	case <-time.After(100 * time.Millisecond):
 	}
-	for _, g := range goroutineStacks() {
-		if strings.Contains(g, "transport.(*Conn).readLoop(") {
-			t.Fatalf("a read loop left after Close:\n%s", g)
-		}
-	}
-	// A frame offered after Close starts no writer.
-	if err := c.sendControl(testCtx(t), heartbeatFrame()); err == nil && writers() != 0 {
-		t.Fatal("a writer started on a closed link")
-	}
-	if n := writers(); n != 0 {
-		t.Fatalf("%d writers after a send on the closed link", n)
-	}
+	close(g.gate)
+	recv(t, testCtx(t), closed, "Close to return once the write did")
+	eventually(t, testCtx(t), "no writer left", func() bool { return len(writers()) == 0 })
 }
 
 // Control frames go ahead of data: with data senders always ready and the
