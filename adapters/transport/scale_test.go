@@ -15,8 +15,8 @@ import (
 )
 
 // Scale tests from the design notes ("Tests worth having" 4 and 5): many
-// nodes on one edge, an edge restart with many nodes connected, and what an
-// idle node costs.
+// nodes on one edge and an edge restart with many nodes connected. What an
+// idle node costs is measured in idlenodes_test.go.
 
 // timedEdge is a fakeEdge that also records when each accepted registration
 // happened.
