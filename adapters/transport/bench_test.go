@@ -297,6 +297,7 @@ func BenchmarkTunnelFirstByteAfterIdle(b *testing.B) {
 			cfg := testConfig()
 			cfg.HeartbeatInterval, cfg.HeartbeatTimeout = time.Minute, 2*time.Minute
 			cfg.writerLinger = v.linger
+			cfg.writerStays = v.linger > time.Minute
 			chunk := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
 			p := newPair(b, pairOptions{server: cfg, client: ClientConfig{Transport: cfg}}, func(_ *fakeEdge, n *fakeNode) {
 				n.onTunnel = func(ctx context.Context, _ domain.TunnelRequest, _ io.Reader, out ports.TunnelSink) {

@@ -51,8 +51,11 @@ type Config struct {
 	Logger            *slog.Logger
 
 	// writerLinger is how long a link's writer with nothing to write waits
-	// for more before it ends (conn.go); tests shorten it.
+	// for more before it ends (conn.go); tests shorten it. writerStays
+	// keeps the writer for the link's life, as before writers ran on
+	// demand: a baseline for benchmarks.
 	writerLinger time.Duration
+	writerStays  bool
 }
 
 // DefaultConfig returns the spec's settings: 30 s heartbeat, 45 s wait, 4 MiB frames.

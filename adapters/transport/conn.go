@@ -52,7 +52,8 @@ type Handler interface {
 // data frames from streams in arrival order, which is round-robin because
 // each stream offers at most one frame at a time) runs only while there is
 // something to write: a sender that finds no writer starts one, and a
-// writer that has had nothing to write for writerLinger ends. Heartbeats
+// writer ends once it has had nothing to write for writerLinger, or at once
+// when all it wrote last was heartbeats (an idle link's traffic). Heartbeats
 // come from a timer that queues one as a control frame. An idle link costs
 // one goroutine per side.
 type Conn struct {
@@ -195,10 +196,10 @@ const (
 
 // writerLinger is the default of Config.writerLinger: how long a writer
 // with nothing to write waits for more before it ends (it ends after
-// between one and two of these). A link busy in bursts keeps its writer;
-// an idle one (a heartbeat each way every interval) has none most of the
-// time, and a writer is most of what an idle link would cost
-// (docs/benchmarks.md, "Many idle nodes").
+// between one and two of these), unless all it wrote last was heartbeats.
+// A link busy in bursts keeps its writer; an idle one (a heartbeat each way
+// every interval) has none between beats, and a writer is most of what an
+// idle link would cost (docs/benchmarks.md, "Many idle nodes").
 const writerLinger = 100 * time.Millisecond
 
 // offer announces a frame the caller is about to hand to the writer and
@@ -682,26 +683,48 @@ func (c *Conn) writeLoop() {
 		return true
 	}
 	// taken counts the frames received since ws was last told; wrote says
-	// whether any arrived since the linger timer last fired.
+	// whether any arrived since the linger timer last fired; beatsOnly, that
+	// the last batch held nothing but heartbeats and replies.
 	var taken int64
-	wrote := false
-	linger := time.NewTimer(c.cfg.writerLinger)
-	defer linger.Stop()
+	wrote, beatsOnly := false, false
+	// end ends the writer if no frame has been announced that it has not
+	// taken. A sender announcing one after the swap finds no writer and
+	// starts one.
+	end := func() bool {
+		if c.cfg.writerStays {
+			return false
+		}
+		c.ws.Add(-taken * pendingOne)
+		taken = 0
+		return c.ws.CompareAndSwap(writerRunning, 0)
+	}
+	var linger *time.Timer // made at the first wait: an idle link's writer never waits
+	defer func() {
+		if linger != nil {
+			linger.Stop()
+		}
+	}()
 	for {
 		var o outFrame
 		select {
 		case o.f = <-c.ctrl:
 		default:
+			// A batch of heartbeats alone is an idle link's traffic: its
+			// writer ends at once instead of lingering, so an idle link pays
+			// for no timer and no wake-up beyond the beat itself.
+			if beatsOnly && end() {
+				return
+			}
+			beatsOnly = false
+			if linger == nil {
+				linger = time.NewTimer(c.cfg.writerLinger)
+			}
 			select {
 			case o.f = <-c.ctrl:
 			case o = <-c.data:
 			case <-linger.C:
-				c.ws.Add(-taken * pendingOne)
-				taken = 0
-				// Nothing written for a whole linger period and no frame
-				// announced: end. A sender announcing one after this swap
-				// finds no writer and starts one.
-				if !wrote && c.ws.CompareAndSwap(writerRunning, 0) {
+				// Nothing written for a whole linger period: end.
+				if !wrote && end() {
 					return
 				}
 				wrote = false
@@ -711,9 +734,12 @@ func (c *Conn) writeLoop() {
 				return
 			}
 		}
-		wrote = true
+		wrote, beatsOnly = true, true
 		for o.f != nil || o.raw != nil {
 			taken++
+			if _, beat := o.f.GetBody().(*ioppb.Frame_Heartbeat); !beat {
+				beatsOnly = false
+			}
 			if o.f == closeSentinel {
 				flush()
 				cause := ErrConnClosed

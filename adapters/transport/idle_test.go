@@ -94,13 +94,13 @@ func writers() []string {
 }
 
 // An idle link has no writer on either side: a writer runs only while
-// there is something to write (and lingers briefly), and heartbeats come
-// from a timer. They still flow both ways, each answered, and the writers
-// that sent them end again.
+// there is something to write, and heartbeats come from a timer. They still
+// flow both ways, each answered, and the writers that sent them end at once,
+// without lingering (here the linger after other frames is an hour).
 func TestIdleLinkHasNoWriterAndStillBeats(t *testing.T) {
 	cfg := testConfig()
 	cfg.HeartbeatInterval = 300 * time.Millisecond
-	cfg.writerLinger = 10 * time.Millisecond
+	cfg.writerLinger = time.Hour
 	p := newPair(t, pairOptions{server: cfg, client: ClientConfig{Transport: cfg}}, nil)
 	node := p.cli.currentConn()
 	eventually(t, p.ctx, "no writer on either side of the idle link", func() bool { return len(writers()) == 0 })
@@ -120,6 +120,24 @@ func TestIdleLinkHasNoWriterAndStillBeats(t *testing.T) {
 	if err := node.Err(); err != nil {
 		t.Fatalf("node side ended: %v", err)
 	}
+}
+
+// A writer that wrote anything but heartbeats stays for the linger period
+// (frames that follow soon need no new goroutine), then ends.
+func TestWriterEndsAfterLinger(t *testing.T) {
+	cfg := testConfig()
+	cfg.HeartbeatInterval, cfg.HeartbeatTimeout = time.Minute, 2*time.Minute
+	cfg.writerLinger = 500 * time.Millisecond
+	p := newPair(t, pairOptions{server: cfg, client: ClientConfig{Transport: cfg}}, nil)
+	recv(t, p.ctx, p.node.applied, "config at register")
+	eventually(t, p.ctx, "no writer once the registration's frames are out", func() bool { return len(writers()) == 0 })
+	cfg2 := testNodeConfig()
+	cfg2.Version = 2
+	mustf(t, p.link.PushConfig(p.ctx, cfg2), "PushConfig")
+	if n := len(writers()); n == 0 {
+		t.Error("no writer lingering right after an exchange")
+	}
+	eventually(t, p.ctx, "the writers ended after lingering", func() bool { return len(writers()) == 0 })
 }
 
 // gatedConn holds every Write until its gate opens, then fails it.

@@ -735,3 +735,54 @@ func measureLinkSplit(b *testing.B, name string, n int, ca *tlsca.Manager) idleC
 		return srv.Addr().String(), ready, func() { stopIdleEdge(b, srv) }
 	})
 }
+
+// BenchmarkIdleHeartbeatCPU is the CPU an idle link's heartbeats cost
+// when each one starts the sender's writer (writer-ends: a writer that sent
+// only heartbeats ends at once, as on any idle link) against writers that
+// never end (writer-stays, as before writers ran on demand), in the same
+// run: 300 nodes with both ends in this process, 200 ms heartbeats, this
+// process's CPU over 3 s per frame received by either end (each beat and
+// each reply).
+//
+//	go test -run '^$' -bench BenchmarkIdleHeartbeatCPU -benchtime 1x -count 3 ./adapters/transport/
+func BenchmarkIdleHeartbeatCPU(b *testing.B) {
+	const nodes, hold = 300, 3 * time.Second
+	for _, stays := range []bool{false, true} {
+		name := "writer-ends"
+		if stays {
+			name = "writer-stays"
+		}
+		b.Run(name, func(b *testing.B) {
+			cfg := testConfig()
+			cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 200*time.Millisecond, 5*time.Second
+			cfg.writerStays = stays
+			edge := &idleEdge{}
+			srv := startServer(b, "", cfg, edge)
+			for i := range nodes {
+				startClient(b, ClientConfig{Addr: srv.Addr().String(), Token: scaleToken(i), Transport: cfg}, &idleNode{})
+			}
+			waitRegistered(b, edge, nodes)
+			edge.mu.Lock()
+			links := edge.links
+			edge.mu.Unlock()
+			frames := func() (n int64) {
+				for _, c := range links {
+					s := c.Stats()
+					n += s.FramesIn + s.FramesOut
+				}
+				return n
+			}
+			time.Sleep(500 * time.Millisecond)
+			var perFrame time.Duration
+			for b.Loop() {
+				f0, cpu0 := frames(), cpuTime()
+				time.Sleep(hold)
+				perFrame = (cpuTime() - cpu0) / time.Duration(max(frames()-f0, 1))
+			}
+			if n := edge.disconnected.Load(); n != 0 {
+				b.Fatalf("%d links dropped", n)
+			}
+			b.ReportMetric(float64(perFrame.Nanoseconds())/1e3, "cpu-µs/frame")
+		})
+	}
+}
