@@ -55,6 +55,7 @@ func (e *idleEdge) Register(_ context.Context, token string, _ domain.NodeInfo, 
 	e.registered.Add(1)
 	return domain.NodeConfig{NodeID: token, Version: 1}, nil
 }
+
 // Disconnected forgets the link, so a node that reconnected (a handshake
 // that timed out on a loaded machine) is not counted twice.
 func (e *idleEdge) Disconnected(_ string, link ports.NodeLink, _ string) {
