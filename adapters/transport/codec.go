@@ -30,6 +30,12 @@ const pooledFrameSize = 64 << 10
 
 var framePool = sync.Pool{New: func() any { b := make([]byte, pooledFrameSize); return &b }}
 
+// beatBufferSize holds a few heartbeats (a frame is under 40 bytes): the
+// writer's buffer for a batch of heartbeats alone.
+const beatBufferSize = 256
+
+var beatPool = sync.Pool{New: func() any { b := make([]byte, beatBufferSize); return &b }}
+
 // DefaultMaxFrameSize bounds every frame on the wire (the length prefix is
 // checked before anything is allocated).
 const DefaultMaxFrameSize = 4 << 20

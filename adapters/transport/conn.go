@@ -630,16 +630,28 @@ func (c *Conn) writeLoop() {
 	// Frames are encoded straight into a buffer borrowed from the pool for
 	// the length of one batch and written from it, so an idle link holds no
 	// write buffer and a busy one copies each frame once.
+	// A batch that starts with a heartbeat (an idle link's traffic) takes
+	// a small buffer, and moves to a full-size one if other frames join it,
+	// so a beat in flight pins 256 bytes, not 64 KiB.
 	var pooled *[]byte
 	var buf []byte
+	var small bool
 	release := func() {
-		if pooled != nil {
+		switch {
+		case pooled == nil:
+			return
+		case small:
+			if cap(buf) == beatBufferSize {
+				*pooled = buf[:cap(buf)]
+				beatPool.Put(pooled)
+			}
+		default:
 			if cap(buf) <= pooledFrameSize {
 				*pooled = buf[:cap(buf)] // keep the (possibly same) backing array
 			}
 			framePool.Put(pooled)
-			pooled, buf = nil, nil
 		}
+		pooled, buf = nil, nil
 	}
 	defer release()
 	// The write deadline is re-armed as the writer makes progress, so it
@@ -760,9 +772,19 @@ func (c *Conn) writeLoop() {
 				c.framesOut.Add(1)
 				c.bytesOut.Add(int64(len(o.raw)))
 			} else {
-				if pooled == nil {
-					pooled = framePool.Get().(*[]byte)
+				_, beat := o.f.GetBody().(*ioppb.Frame_Heartbeat)
+				switch {
+				case pooled == nil && beat:
+					pooled, small = beatPool.Get().(*[]byte), true
 					buf = (*pooled)[:0]
+				case pooled == nil:
+					pooled, small = framePool.Get().(*[]byte), false
+					buf = (*pooled)[:0]
+				case small && (!beat || len(buf) > beatBufferSize/2):
+					big := framePool.Get().(*[]byte)
+					nb := append((*big)[:0], buf...)
+					release()
+					pooled, buf, small = big, nb, false
 				}
 				n := len(buf)
 				var err error

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"iop/domain"
 	ioppb "iop/proto/iop"
 )
@@ -246,10 +248,54 @@ func TestControlFramesGoFirstPastBlockedData(t *testing.T) {
 	if before != taken {
 		t.Fatalf("control frame went out after %d frames; the writer had taken %d when it was queued", before, taken)
 	}
+	// The rest arrives whole: the batch that began with the control frame
+	// (a heartbeat, written from a small buffer) went on with data frames.
+	for n := before; n < senders*frames; n++ {
+		f := new(ioppb.Frame)
+		if _, err := dec.Decode(f); err != nil {
+			t.Fatalf("data frame %d: %v", n, err)
+		}
+		if got := len(f.GetTunnelRequestBody().GetData()); got != len(payload) {
+			t.Fatalf("data frame %d: %d bytes of body, want %d", n, got, len(payload))
+		}
+	}
 	go func() { _, _ = io.Copy(io.Discard, b) }()
 	for range senders {
 		if err := recv(t, ctx, errs, "sender"); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// A batch that starts with heartbeats (written from a small buffer) and
+// goes on with other frames moves to a full-size buffer without losing or
+// reordering anything.
+func TestWriterBatchFromHeartbeatsToOtherFrames(t *testing.T) {
+	ctx := testCtx(t)
+	a, b := pipeConns(t)
+	cfg := testConfig()
+	cfg.HeartbeatInterval, cfg.HeartbeatTimeout = time.Minute, 2*time.Minute
+	c := newConn(a, NewDecoder(a, DefaultMaxFrameSize), cfg, SideNode, 0, nopHandler{})
+	beat := func(n int64) *ioppb.Frame {
+		return &ioppb.Frame{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{SentUnixNano: n}}}
+	}
+	text := strings.Repeat("r", 3000)
+	want := []*ioppb.Frame{beat(1), beat(2), beat(3), beat(4), beat(5),
+		{Body: &ioppb.Frame_RunRequest{RunRequest: &ioppb.RunRequest{RunId: text}}}, beat(6)}
+	// Queued before start, so the first writer takes them in one batch.
+	for _, f := range want {
+		mustf(t, c.sendControl(ctx, f), "queue")
+	}
+	c.start()
+	defer c.Close(nil)
+	dec := NewDecoder(b, DefaultMaxFrameSize)
+	for i, w := range want {
+		f := new(ioppb.Frame)
+		if _, err := dec.Decode(f); err != nil {
+			t.Fatalf("frame %d: %v", i, err)
+		}
+		if !proto.Equal(f, w) {
+			t.Fatalf("frame %d: got %v, want %v", i, f, w)
 		}
 	}
 }
