@@ -623,8 +623,9 @@ func (c *Conn) trySendCtrl(f *ioppb.Frame) bool {
 const coalesceLimit = 32 << 10
 
 // writeLoop is the writer: it writes what senders queue, in batches, until
-// it has had nothing to write for writerLinger (it ends) or the connection
-// ends. At most one runs at a time (ws).
+// it has had nothing to write for writerLinger, or has just written a batch
+// of heartbeats alone and finds nothing more, or the connection ends. At
+// most one runs at a time (ws).
 func (c *Conn) writeLoop() {
 	defer c.wg.Done()
 	// Frames are encoded straight into a buffer borrowed from the pool for
@@ -749,9 +750,8 @@ func (c *Conn) writeLoop() {
 		wrote, beatsOnly = true, true
 		for o.f != nil || o.raw != nil {
 			taken++
-			if _, beat := o.f.GetBody().(*ioppb.Frame_Heartbeat); !beat {
-				beatsOnly = false
-			}
+			_, beat := o.f.GetBody().(*ioppb.Frame_Heartbeat)
+			beatsOnly = beatsOnly && beat
 			if o.f == closeSentinel {
 				flush()
 				cause := ErrConnClosed
@@ -772,7 +772,6 @@ func (c *Conn) writeLoop() {
 				c.framesOut.Add(1)
 				c.bytesOut.Add(int64(len(o.raw)))
 			} else {
-				_, beat := o.f.GetBody().(*ioppb.Frame_Heartbeat)
 				switch {
 				case pooled == nil && beat:
 					pooled, small = beatPool.Get().(*[]byte), true
