@@ -278,3 +278,76 @@ func BenchmarkTunnelFirstByte(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTunnelFirstByteAfterIdle is BenchmarkTunnelFirstByte for an
+// exchange on a link that was idle: before each one, both ends' writers
+// have ended (writer-ended; a link's writer runs only while there is
+// something to write), so the exchange starts them again; writer-running
+// is the same with writers that never end, the baseline in the same run.
+// exchange-ns is the mean time of one exchange; ns/op also counts the wait
+// for the writers to end, and is not a figure to compare.
+//
+//	go test -run '^$' -bench BenchmarkTunnelFirstByteAfterIdle -benchtime 2000x ./adapters/transport/
+func BenchmarkTunnelFirstByteAfterIdle(b *testing.B) {
+	for _, v := range []struct {
+		name   string
+		linger time.Duration
+	}{{"writer-ended", time.Millisecond}, {"writer-running", time.Hour}} {
+		b.Run(v.name, func(b *testing.B) {
+			cfg := testConfig()
+			cfg.HeartbeatInterval, cfg.HeartbeatTimeout = time.Minute, 2*time.Minute
+			cfg.writerLinger = v.linger
+			cfg.writerStays = v.linger > time.Minute
+			chunk := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
+			p := newPair(b, pairOptions{server: cfg, client: ClientConfig{Transport: cfg}}, func(_ *fakeEdge, n *fakeNode) {
+				n.onTunnel = func(ctx context.Context, _ domain.TunnelRequest, _ io.Reader, out ports.TunnelSink) {
+					for _, f := range []domain.TunnelFrame{
+						{Kind: domain.TunnelStatus, Status: 200},
+						{Kind: domain.TunnelBody, Body: chunk},
+						{Kind: domain.TunnelEnd},
+					} {
+						if out.Send(f) != nil {
+							return
+						}
+					}
+				}
+			})
+			ends := []*Conn{p.link.conn, p.cli.currentConn()}
+			idle := func() bool {
+				for _, c := range ends {
+					if c.ws.Load()&writerRunning != 0 {
+						return false
+					}
+				}
+				return true
+			}
+			var spent time.Duration
+			for i := 0; i < b.N; i++ {
+				if v.linger < time.Minute {
+					for !idle() {
+						time.Sleep(200 * time.Microsecond)
+					}
+				} else {
+					time.Sleep(2 * time.Millisecond) // the same pause, writers running
+				}
+				t0 := time.Now()
+				ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "bench", Method: "POST", Path: "/v1/chat/completions"}, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for {
+					_, err := ts.Recv(p.ctx)
+					if err == io.EOF {
+						break
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				spent += time.Since(t0)
+				ts.Close()
+			}
+			b.ReportMetric(float64(spent.Nanoseconds())/float64(b.N), "exchange-ns")
+		})
+	}
+}

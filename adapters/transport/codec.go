@@ -20,18 +20,21 @@ var (
 	ErrEmptyFrame     = errors.New("frame has no body")
 )
 
-// Buffer sizes per connection and side. They are what an idle node costs,
-// so they stay small; bulk frames go around them.
-const (
-	readBufferSize = 4 << 10
-	keepBufferSize = 16 << 10
-)
+// readBufferSize is the read buffer a busy link borrows (linkreader.go);
+// bulk frames go around it.
+const readBufferSize = 4 << 10
 
 // pooledFrameSize covers every data frame (chunks are at most 32 KiB plus
 // framing); larger, rare frames (a big config payload) are allocated.
 const pooledFrameSize = 64 << 10
 
 var framePool = sync.Pool{New: func() any { b := make([]byte, pooledFrameSize); return &b }}
+
+// beatBufferSize holds a few heartbeats (a frame is under 40 bytes): the
+// writer's buffer for a batch of heartbeats alone.
+const beatBufferSize = 256
+
+var beatPool = sync.Pool{New: func() any { b := make([]byte, beatBufferSize); return &b }}
 
 // DefaultMaxFrameSize bounds every frame on the wire (the length prefix is
 // checked before anything is allocated).
@@ -42,7 +45,6 @@ const DefaultMaxFrameSize = 4 << 20
 type Decoder struct {
 	r   *linkReader
 	max int
-	buf []byte
 }
 
 // NewDecoder reads from r; frames larger than max bytes are refused.
@@ -89,29 +91,24 @@ func (d *Decoder) next(f *ioppb.Frame, df *dataFrame) (size int, isData bool, er
 	if first == dataMarker {
 		return size, true, d.readData(int(n)-1, df)
 	}
-	// Small frames use the decoder's own small buffer; larger ones borrow
-	// from a pool shared by all connections, so an idle link pins nothing
-	// and a busy one does not allocate per body chunk. Unmarshal copies
-	// what it keeps, so the buffer is free again right after.
-	var b []byte
-	var pooled *[]byte
-	switch {
-	case int(n) <= keepBufferSize:
-		if cap(d.buf) < int(n) {
-			// Grow in 1 KiB steps: heartbeats and control frames are tiny.
-			d.buf = make([]byte, (int(n)+1023)&^1023)
+	// A frame whose bytes are all buffered already (most small frames) is
+	// decoded where it lies; any other borrows a buffer from a pool shared
+	// by all connections, so an idle link pins none and a busy one does not
+	// allocate per frame. Unmarshal copies what it keeps, so the bytes are
+	// free again right after.
+	b := d.r.frame(int(n))
+	if b == nil {
+		if int(n) <= pooledFrameSize {
+			pooled := framePool.Get().(*[]byte)
+			defer framePool.Put(pooled)
+			b = (*pooled)[:n]
+		} else {
+			b = make([]byte, n)
 		}
-		b = d.buf[:n]
-	case int(n) <= pooledFrameSize:
-		pooled = framePool.Get().(*[]byte)
-		defer framePool.Put(pooled)
-		b = (*pooled)[:n]
-	default:
-		b = make([]byte, n)
-	}
-	b[0] = first
-	if _, err := io.ReadFull(d.r, b[1:]); err != nil {
-		return 0, false, unexpectedEOF(err)
+		b[0] = first
+		if _, err := io.ReadFull(d.r, b[1:]); err != nil {
+			return 0, false, unexpectedEOF(err)
+		}
 	}
 	f.Reset()
 	if err := proto.Unmarshal(b, f); err != nil {

@@ -49,6 +49,13 @@ type Config struct {
 	RegisterFailBurst int
 	RegisterFailRate  float64
 	Logger            *slog.Logger
+
+	// writerLinger is how long a link's writer with nothing to write waits
+	// for more before it ends (conn.go); tests shorten it. writerStays
+	// keeps the writer for the link's life, as before writers ran on
+	// demand: a baseline for benchmarks.
+	writerLinger time.Duration
+	writerStays  bool
 }
 
 // DefaultConfig returns the spec's settings: 30 s heartbeat, 45 s wait, 4 MiB frames.
@@ -110,6 +117,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.writerLinger <= 0 {
+		c.writerLinger = writerLinger
 	}
 	return c
 }

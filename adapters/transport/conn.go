@@ -46,13 +46,16 @@ type Handler interface {
 	HandleControl(f *ioppb.Frame)
 }
 
-// Conn multiplexes streams over one TCP connection. It runs two
-// goroutines: the read loop (never blocks on a consumer) and the writer
-// (sole owner of the socket's write side; control frames first, then data
-// frames from streams in arrival order, which is round-robin because each
-// stream offers at most one frame at a time). The writer also sends the
-// heartbeats, and the read loop runs on the goroutine that owns the link
-// (run), so an idle link costs two goroutines per side.
+// Conn multiplexes streams over one TCP connection. The read loop (never
+// blocks on a consumer) runs on the goroutine that owns the link (run). The
+// writer (sole owner of the socket's write side; control frames first, then
+// data frames from streams in arrival order, which is round-robin because
+// each stream offers at most one frame at a time) runs only while there is
+// something to write: a sender that finds no writer starts one, and a
+// writer ends once it has had nothing to write for writerLinger, or at once
+// when all it wrote last was heartbeats (an idle link's traffic). Heartbeats
+// come from a timer that queues one as a control frame. An idle link costs
+// one goroutine per side.
 type Conn struct {
 	nc         net.Conn
 	dec        *Decoder
@@ -67,6 +70,23 @@ type Conn struct {
 
 	ctrl chan *ioppb.Frame
 	data chan outFrame
+
+	// ws is the writer's state: writerRunning while a writer goroutine
+	// exists (or may be started only by start, before it), plus pendingOne
+	// for every frame a sender has announced (offer) and the writer has not
+	// yet taken. A writer ends only by swapping ws from exactly
+	// writerRunning to zero, so it never leaves a frame behind: a sender
+	// that announced one either sees the running bit and knows that writer
+	// will take its frame, or finds none and starts one.
+	ws atomic.Int64
+	// wmu orders starting a writer and arming the heartbeat timer against
+	// shutdown, so none starts (and wg is never added to) once done is
+	// closed: Close's wait then covers every writer.
+	wmu sync.Mutex
+	hb  *time.Timer // heartbeat timer, set by start; under wmu
+	// wArmed is when the write deadline was last moved. Only the running
+	// writer uses it; one writer hands it to the next through ws.
+	wArmed time.Time
 
 	mu         sync.Mutex
 	streams    map[uint64]*Stream
@@ -114,6 +134,10 @@ func newConn(nc net.Conn, dec *Decoder, cfg Config, side Side, peerWindow uint32
 		done:    make(chan struct{}),
 		since:   time.Now(),
 	}
+	// Held as if a writer ran until start launches the first one: frames
+	// queued before then wait, so they follow what the handshake wrote to
+	// the socket directly.
+	c.ws.Store(writerRunning)
 	if side == SideEdge {
 		c.nextID = 1
 	} else {
@@ -130,12 +154,13 @@ func newConn(nc net.Conn, dec *Decoder, cfg Config, side Side, peerWindow uint32
 	return c
 }
 
-// start launches the connection's goroutines. Frames queued before start
-// are written after anything the handshake wrote directly.
+// start launches the connection's read loop on a goroutine of its own, the
+// first writer (which writes what was queued before start, after anything
+// the handshake wrote directly) and the heartbeat timer.
 func (c *Conn) start() {
-	c.wg.Add(2)
+	c.wg.Add(1)
+	c.launch()
 	go c.readLoop()
-	go c.writeLoop()
 }
 
 // run is start with the read loop on the calling goroutine: it returns once
@@ -143,9 +168,92 @@ func (c *Conn) start() {
 // for it). The edge's serve and the node's session call it, so a link
 // costs no goroutine that only waits for it to end.
 func (c *Conn) run() {
-	c.wg.Add(2)
-	go c.writeLoop()
+	c.wg.Add(1)
+	c.launch()
 	c.readLoop()
+}
+
+// launch arms the heartbeat timer and starts the first writer, which holds
+// the running bit newConn set.
+func (c *Conn) launch() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	c.hb = time.AfterFunc(c.cfg.HeartbeatInterval, c.heartbeat)
+	c.wg.Add(1)
+	go c.writeLoop()
+}
+
+// Writer state (Conn.ws).
+const (
+	writerRunning = 1
+	pendingOne    = 2
+)
+
+// writerLinger is the default of Config.writerLinger: how long a writer
+// with nothing to write waits for more before it ends (it ends after
+// between one and two of these), unless all it wrote last was heartbeats.
+// A link busy in bursts keeps its writer; an idle one (a heartbeat each way
+// every interval) has none between beats, and a writer is most of what an
+// idle link would cost (docs/benchmarks.md, "Many idle nodes").
+const writerLinger = 100 * time.Millisecond
+
+// offer announces a frame the caller is about to hand to the writer and
+// makes sure a writer runs to take it. A caller that then does not hand it
+// over calls withdraw.
+func (c *Conn) offer() {
+	if c.ws.Add(pendingOne)&writerRunning == 0 {
+		c.startWriter()
+	}
+}
+
+// withdraw takes back an offer whose frame was not handed over.
+func (c *Conn) withdraw() { c.ws.Add(-pendingOne) }
+
+// startWriter starts a writer unless one runs or the connection has ended.
+func (c *Conn) startWriter() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	for {
+		v := c.ws.Load()
+		if v&writerRunning != 0 {
+			return
+		}
+		if c.ws.CompareAndSwap(v, v|writerRunning) {
+			break
+		}
+	}
+	c.wg.Add(1)
+	go c.writeLoop()
+}
+
+// heartbeat runs on the heartbeat timer: it queues a heartbeat and re-arms.
+// With the control queue full the writer is busy and the peer hears from
+// this side anyway (any frame counts as a sign of life), so that beat is
+// skipped.
+func (c *Conn) heartbeat() {
+	c.offer()
+	select {
+	case c.ctrl <- heartbeatFrame():
+	default:
+		c.withdraw()
+	}
+	c.wmu.Lock()
+	select {
+	case <-c.done:
+	default:
+		c.hb.Reset(c.cfg.HeartbeatInterval)
+	}
+	c.wmu.Unlock()
 }
 
 // Done is closed when the connection has ended.
@@ -171,10 +279,13 @@ func (c *Conn) Close(cause error) {
 // CloseAfterFlush writes everything already queued, then closes.
 func (c *Conn) CloseAfterFlush(cause error) {
 	c.closeWhy.Store(&cause)
+	c.offer()
 	select {
 	case c.ctrl <- closeSentinel:
 	case <-c.done:
+		c.withdraw()
 	case <-time.After(c.cfg.WriteTimeout):
+		c.withdraw()
 		c.shutdown(cause)
 	}
 }
@@ -185,7 +296,12 @@ func (c *Conn) shutdown(cause error) {
 			cause = ErrConnClosed
 		}
 		c.err = cause
+		c.wmu.Lock()
 		close(c.done)
+		if c.hb != nil {
+			c.hb.Stop()
+		}
+		c.wmu.Unlock()
 		_ = c.nc.Close()
 		c.mu.Lock()
 		streams := c.streams
@@ -463,12 +579,15 @@ func (c *Conn) remove(s *Stream) {
 
 // enqueueCtrl queues a control frame, waiting for room.
 func (c *Conn) enqueueCtrl(ctx context.Context, f *ioppb.Frame) error {
+	c.offer()
 	select {
 	case c.ctrl <- f:
 		return nil
 	case <-c.done:
+		c.withdraw()
 		return fmt.Errorf("%w: %w", ErrConnClosed, c.err)
 	case <-ctx.Done():
+		c.withdraw()
 		return ctx.Err()
 	}
 }
@@ -486,10 +605,12 @@ func (c *Conn) sendCtrlBounded(f *ioppb.Frame) {
 // trySendCtrl queues a control frame if there is room; the read loop uses it
 // so that it never blocks on the writer.
 func (c *Conn) trySendCtrl(f *ioppb.Frame) bool {
+	c.offer()
 	select {
 	case c.ctrl <- f:
 		return true
 	default:
+		c.withdraw()
 		c.dropped.Add(1)
 		return false
 	}
@@ -501,31 +622,46 @@ func (c *Conn) trySendCtrl(f *ioppb.Frame) bool {
 // TLS one record, instead of one each.
 const coalesceLimit = 32 << 10
 
+// writeLoop is the writer: it writes what senders queue, in batches, until
+// it has had nothing to write for writerLinger, or has just written a batch
+// of heartbeats alone and finds nothing more, or the connection ends. At
+// most one runs at a time (ws).
 func (c *Conn) writeLoop() {
 	defer c.wg.Done()
 	// Frames are encoded straight into a buffer borrowed from the pool for
 	// the length of one batch and written from it, so an idle link holds no
 	// write buffer and a busy one copies each frame once.
+	// A batch that starts with a heartbeat (an idle link's traffic) takes
+	// a small buffer, and moves to a full-size one if other frames join it,
+	// so a beat in flight pins 256 bytes, not 64 KiB.
 	var pooled *[]byte
 	var buf []byte
+	var small bool
 	release := func() {
-		if pooled != nil {
+		switch {
+		case pooled == nil:
+			return
+		case small:
+			if cap(buf) == beatBufferSize {
+				*pooled = buf[:cap(buf)]
+				beatPool.Put(pooled)
+			}
+		default:
 			if cap(buf) <= pooledFrameSize {
 				*pooled = buf[:cap(buf)] // keep the (possibly same) backing array
 			}
 			framePool.Put(pooled)
-			pooled, buf = nil, nil
 		}
+		pooled, buf = nil, nil
 	}
 	defer release()
 	// The write deadline is re-armed as the writer makes progress, so it
 	// catches a peer that stopped reading, not a long busy spell on a slow
 	// link (a batch can go on for as long as senders keep frames ready).
-	var armed time.Time
 	arm := func() {
-		if now := time.Now(); now.Sub(armed) >= c.cfg.WriteTimeout/4 {
+		if now := time.Now(); now.Sub(c.wArmed) >= c.cfg.WriteTimeout/4 {
 			_ = c.nc.SetWriteDeadline(now.Add(c.cfg.WriteTimeout))
-			armed = now
+			c.wArmed = now
 		}
 	}
 	flush := func() bool {
@@ -559,23 +695,63 @@ func (c *Conn) writeLoop() {
 		buf = buf[:0]
 		return true
 	}
-	hb := time.NewTicker(c.cfg.HeartbeatInterval)
-	defer hb.Stop()
+	// taken counts the frames received since ws was last told; wrote says
+	// whether any arrived since the linger timer last fired; beatsOnly, that
+	// the last batch held nothing but heartbeats and replies.
+	var taken int64
+	wrote, beatsOnly := false, false
+	// end ends the writer if no frame has been announced that it has not
+	// taken. A sender announcing one after the swap finds no writer and
+	// starts one.
+	end := func() bool {
+		if c.cfg.writerStays {
+			return false
+		}
+		c.ws.Add(-taken * pendingOne)
+		taken = 0
+		return c.ws.CompareAndSwap(writerRunning, 0)
+	}
+	var linger *time.Timer // made at the first wait: an idle link's writer never waits
+	defer func() {
+		if linger != nil {
+			linger.Stop()
+		}
+	}()
 	for {
 		var o outFrame
 		select {
 		case o.f = <-c.ctrl:
 		default:
+			// A batch of heartbeats alone is an idle link's traffic: its
+			// writer ends at once instead of lingering, so an idle link pays
+			// for no timer and no wake-up beyond the beat itself.
+			if beatsOnly && end() {
+				return
+			}
+			beatsOnly = false
+			if linger == nil {
+				linger = time.NewTimer(c.cfg.writerLinger)
+			}
 			select {
 			case o.f = <-c.ctrl:
 			case o = <-c.data:
-			case <-hb.C:
-				o.f = heartbeatFrame()
+			case <-linger.C:
+				// Nothing written for a whole linger period: end.
+				if !wrote && end() {
+					return
+				}
+				wrote = false
+				linger.Reset(c.cfg.writerLinger)
+				continue
 			case <-c.done:
 				return
 			}
 		}
+		wrote, beatsOnly = true, true
 		for o.f != nil || o.raw != nil {
+			taken++
+			_, beat := o.f.GetBody().(*ioppb.Frame_Heartbeat)
+			beatsOnly = beatsOnly && beat
 			if o.f == closeSentinel {
 				flush()
 				cause := ErrConnClosed
@@ -596,9 +772,18 @@ func (c *Conn) writeLoop() {
 				c.framesOut.Add(1)
 				c.bytesOut.Add(int64(len(o.raw)))
 			} else {
-				if pooled == nil {
-					pooled = framePool.Get().(*[]byte)
+				switch {
+				case pooled == nil && beat:
+					pooled, small = beatPool.Get().(*[]byte), true
 					buf = (*pooled)[:0]
+				case pooled == nil:
+					pooled, small = framePool.Get().(*[]byte), false
+					buf = (*pooled)[:0]
+				case small && (!beat || len(buf) > beatBufferSize/2):
+					big := framePool.Get().(*[]byte)
+					nb := append((*big)[:0], buf...)
+					release()
+					pooled, buf, small = big, nb, false
 				}
 				n := len(buf)
 				var err error
@@ -665,9 +850,8 @@ func (c *Conn) nextQueued() outFrame {
 	}
 }
 
-// heartbeatFrame is the writer's periodic probe. A busy writer may send it
-// late by one batch; the peer's timeout (several intervals) allows for that,
-// and a writer stuck on the socket is caught by its write deadline.
+// heartbeatFrame is the periodic probe (Conn.heartbeat). It goes ahead of
+// data frames; a writer stuck on the socket is caught by its write deadline.
 func heartbeatFrame() *ioppb.Frame {
 	return &ioppb.Frame{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{SentUnixNano: time.Now().UnixNano()}}}
 }

@@ -86,6 +86,18 @@ func (b *linkReader) fill(want int) {
 	b.err = io.ErrNoProgress
 }
 
+// frame returns the n bytes that start with the byte ReadByte returned last
+// and consumes them, if all are buffered; otherwise nil, consuming nothing.
+// Call it right after ReadByte. The bytes are valid until the next read.
+func (b *linkReader) frame(n int) []byte {
+	start := b.r - 1
+	if start < 0 || n < 1 || b.w-start < n {
+		return nil
+	}
+	b.r = start + n
+	return b.buf[start:b.r]
+}
+
 func (b *linkReader) readErr() error {
 	err := b.err
 	b.err = nil

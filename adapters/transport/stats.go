@@ -63,7 +63,7 @@ func statsToDomain(p *ioppb.NodeStats) domain.NodeStats {
 // reportStats sends the node's stats on conn now and every interval until
 // conn or ctx ends or stop is called. Each report runs from a timer, so
 // between reports no goroutine waits for the next one (an idle link keeps
-// two goroutines per side). stop ends the reports and waits for one in
+// one goroutine per side, its read loop). stop ends the reports and waits for one in
 // progress; call it once the connection has ended.
 func reportStats(ctx context.Context, conn *Conn, stats func() domain.NodeStats, interval time.Duration) (stop func()) {
 	if interval <= 0 {

@@ -193,14 +193,18 @@ func (s *Stream) send(ctx context.Context, o outFrame, cost int) error {
 			return context.Cause(s.ctx)
 		}
 	}
+	s.c.offer()
 	select {
 	case s.c.data <- o:
 		return nil
 	case <-ctx.Done():
+		s.c.withdraw()
 		return ctx.Err()
 	case <-s.ctx.Done():
+		s.c.withdraw()
 		return context.Cause(s.ctx)
 	case <-s.c.done:
+		s.c.withdraw()
 		return fmt.Errorf("%w: %w", ErrConnClosed, s.c.err)
 	}
 }
