@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"iop/domain"
 )
 
 // sseWriter writes server-sent events, flushing after each one (or, through
@@ -20,6 +22,7 @@ type sseWriter struct {
 	buf  []byte       // the event being written, reused
 	js   bytes.Buffer // the JSON of the event being written, reused
 	enc  *json.Encoder
+	jsb  []byte // a run event's JSON, reused
 	// unflushed: written (headers or events) but not yet flushed.
 	unflushed bool
 }
@@ -109,6 +112,17 @@ func (s *sseWriter) writeJSON(typ string, v any) error {
 		return err
 	}
 	return s.write(typ, s.js.Bytes())
+}
+
+// writeRunEvent is writeJSON of toRunEventJSON(node, ev), formatted
+// without reflection (appendRunEventJSON; the same bytes).
+func (s *sseWriter) writeRunEvent(node string, ev domain.RunEvent) error {
+	js, err := appendRunEventJSON(s.jsb[:0], node, ev)
+	s.jsb = js
+	if err != nil {
+		return err
+	}
+	return s.write(string(ev.Type), js)
 }
 
 // comment writes a comment line, which SSE readers ignore.
