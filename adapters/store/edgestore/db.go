@@ -110,11 +110,12 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		// (≈ 0.88× the writer's CPU per row in BenchmarkWriteBatch).
 		//
 		// Pages of 2 KiB instead of SQLite's 4 KiB (a new file only; an
-		// existing one keeps its size): each B-tree split of an index takes
-		// a scratch buffer sized from the page — ≈ 24 KiB with 4 KiB pages,
-		// more than the largest slot of the C heap (16 KiB; see
-		// holdAllocatorPages), so every split cost an mmap, page faults and
-		// an munmap. With 2 KiB pages it is ≈ 12 KiB, a reused slot. History
+		// existing one keeps its size): each B-tree split takes a scratch
+		// buffer of 10 bytes per cell of three sibling pages plus a page.
+		// Interior pages hold hundreds of small cells, so on 4 KiB pages it
+		// passes 16 KiB, the largest slot of the C heap (see
+		// holdAllocatorPages), and each such split cost an mmap, page faults
+		// and an munmap. On 2 KiB pages it stays near 8 KiB, a reused slot. History
 		// rows are small (a few hundred bytes) and fit such pages well: in a
 		// steady stream of 64-row batches a row costs ≈ 0.65× the CPU
 		// (tunnel rows) and ≈ 0.5× (finished runs).
