@@ -187,7 +187,9 @@ func BenchmarkWriteBatch(b *testing.B) {
 				db    *DB
 				cpu   time.Duration
 			}{{name: "multirow", write: (*DB).writeMultiRow}, {name: "prepared", write: (*DB).writePrepared}}
-			ctx := context.Background()
+			// A batch has a deadline in the edge (Options.WriteTimeout): so here.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+			defer cancel()
 			for i := range ways {
 				db, err := Open(ctx, filepath.Join(b.TempDir(), ways[i].name+".db"))
 				if err != nil {
