@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -32,10 +33,11 @@ func (s *Server) logAccess(sw *statusWriter, r *http.Request, start time.Time, k
 	} else if _, rest, ok := strings.Cut(route, " "); ok {
 		route = rest
 	}
-	attrs := make([]slog.Attr, 0, 9) // room for all: one allocation per line
-	attrs = append(attrs,
+	now := time.Now()
+	var attrs [9]slog.Attr // room for all
+	a := append(attrs[:0],
 		slog.String("method", r.Method), slog.String("route", route), slog.Int("status", sw.status()),
-		slog.Duration("duration", time.Since(start)), slog.Int64("bytes", sw.bytes), slog.String("key", key),
+		slog.Duration("duration", now.Sub(start)), slog.Int64("bytes", sw.bytes), slog.String("key", key),
 	)
 	h := sw.Header()
 	run := h.Get(headerRunID)
@@ -43,13 +45,24 @@ func (s *Server) logAccess(sw *statusWriter, r *http.Request, start time.Time, k
 		run = r.PathValue("id")
 	}
 	if run != "" {
-		attrs = append(attrs, slog.String("run", run))
+		a = append(a, slog.String("run", run))
 	}
 	if node := h.Get(headerNode); node != "" {
-		attrs = append(attrs, slog.String("node", node))
+		a = append(a, slog.String("node", node))
 	} else if strings.HasPrefix(route, "/v1/nodes/{id}") {
-		attrs = append(attrs, slog.String("node", r.PathValue("id")))
+		a = append(a, slog.String("node", r.PathValue("id")))
 	}
-	attrs = append(attrs, slog.String("remote", r.RemoteAddr))
-	s.log.LogAttrs(ctx, level, "http request", attrs...)
+	a = append(a, slog.String("remote", r.RemoteAddr))
+	logNoSource(ctx, s.log, now, level, "http request", a...)
+}
+
+// logNoSource logs like Logger.LogAttrs but without the caller's program
+// counter, which Logger takes with runtime.Callers on every line (a
+// measurable share of a request's CPU) for handlers that report the source
+// line. The edge's handlers do not (bootstrap.NewLogger sets no AddSource),
+// so the line is the same.
+func logNoSource(ctx context.Context, log *slog.Logger, t time.Time, level slog.Level, msg string, attrs ...slog.Attr) {
+	rec := slog.NewRecord(t, level, msg, 0)
+	rec.AddAttrs(attrs...)
+	_ = log.Handler().Handle(ctx, rec)
 }

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http/httptest"
@@ -76,6 +77,39 @@ func TestMalformedMetadataStaysValidJSON(t *testing.T) {
 	}
 }
 
+// TestRunEventJSONAsMarshal checks the reflection-free formatting of run
+// events against json.Marshal of the same event, byte for byte.
+func TestRunEventJSONAsMarshal(t *testing.T) {
+	text := "plain, \"quoted\" \\ <b>&amp;</b>\n\r\t\b\f\x00\x1f\x7f é 漢字 \u2028\u2029 bad:\xff\xc3 end"
+	events := []domain.RunEvent{
+		{RunID: "run_1", Seq: 1, Type: domain.EventStart},
+		{RunID: "run_1", Seq: 2, Type: domain.EventDelta, Text: "hello load\n"},
+		{Type: domain.EventDelta, Text: text},
+		{RunID: text, Seq: 1 << 63, Type: domain.EventType(text), Text: text},
+		{RunID: "run_1", Seq: 3, Type: domain.EventComplete, Usage: &domain.Usage{}},
+		{RunID: "run_1", Seq: 3, Type: domain.EventComplete, Usage: &domain.Usage{DurationMS: 12}},
+		{RunID: "run_1", Seq: 3, Type: domain.EventComplete, Usage: &domain.Usage{PromptTokens: 1, CompletionTokens: 2,
+			TotalTokens: 3, DurationMS: 4, StopReason: "end_turn", Model: text}},
+		{RunID: "run_1", Seq: 3, Type: domain.EventComplete, Usage: &domain.Usage{Model: "m", CostUSD: 0.0000001}},
+		{RunID: "run_1", Seq: 4, Type: domain.EventError, Error: &domain.ErrorInfo{Code: "node_disconnected", Message: text}},
+		{RunID: "run_1", Seq: 4, Type: domain.EventError, Error: &domain.ErrorInfo{}},
+		{RunID: "run_1", Seq: 5, Type: domain.EventMetadata, Metadata: []byte(`{ "a" : "<x>" }`)},
+		{RunID: "run_1", Seq: 5, Type: domain.EventMetadata, Metadata: []byte("not json")},
+	}
+	for _, node := range []string{"n1", "", text} {
+		for i, ev := range events {
+			want, err := json.Marshal(toRunEventJSON(node, ev))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := appendRunEventJSON([]byte("prefix"), node, ev)
+			if err != nil || string(got) != "prefix"+string(want) {
+				t.Errorf("event %d, node %q: got %s (%v)\nwant prefix%s", i, node, got, err, want)
+			}
+		}
+	}
+}
+
 func TestSSEFraming(t *testing.T) {
 	w := httptest.NewRecorder()
 	s, err := (&Server{WriteIdleTimeout: time.Second}).startSSE(w, map[string]string{"X-IOP-Run-ID": "run_1"})
@@ -108,7 +142,10 @@ func BenchmarkRunEventSSE(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		w.Body.Reset()
-		if err := s.eventJSON(string(ev.Type), toRunEventJSON("n1", ev)); err != nil {
+		if err := s.writeRunEvent("n1", ev); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.flush(); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -127,6 +127,18 @@ func (l *fakeLink) CancelRun(_ context.Context, runID string) error {
 	return nil
 }
 
+// push queues ev on a run the link started, as its node would send it
+// later (with the run id and the next sequence number).
+func (l *fakeLink) push(runID string, ev domain.RunEvent) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.runs[runID]
+	s.seq++
+	ev.RunID, ev.Seq = runID, s.seq
+	s.ended = s.ended || ev.Type.Terminal()
+	s.ch <- runItem{ev: ev}
+}
+
 func (l *fakeLink) TerminateSession(_ context.Context, adapter, target, sessionID string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()

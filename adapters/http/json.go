@@ -2,7 +2,9 @@ package httpapi
 
 import (
 	"encoding/json"
+	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"iop/application/edge"
 	"iop/domain"
@@ -161,4 +163,131 @@ func toNodeEntryJSON(e edge.NodeEntry) nodeJSON {
 		out.DisconnectedAt = &t
 	}
 	return out
+}
+
+// appendRunEventJSON appends json.Marshal(toRunEventJSON(node, ev)) to b,
+// byte for byte, without reflection: a run's events are most of what a run
+// costs the edge to relay. Events with metadata or a cost fall back to
+// json.Marshal (metadata is compacted and checked there; a cost is a float).
+func appendRunEventJSON(b []byte, node string, ev domain.RunEvent) ([]byte, error) {
+	if len(ev.Metadata) > 0 || (ev.Usage != nil && ev.Usage.CostUSD != 0) {
+		js, err := json.Marshal(toRunEventJSON(node, ev))
+		return append(b, js...), err
+	}
+	b = append(b, '{')
+	if ev.RunID != "" {
+		b = append(b, `"run_id":`...)
+		b = appendJSONString(b, ev.RunID)
+		b = append(b, ',')
+	}
+	if node != "" {
+		b = append(b, `"node":`...)
+		b = appendJSONString(b, node)
+		b = append(b, ',')
+	}
+	if ev.Seq != 0 {
+		b = append(b, `"seq":`...)
+		b = strconv.AppendUint(b, ev.Seq, 10)
+		b = append(b, ',')
+	}
+	b = append(b, `"type":`...)
+	b = appendJSONString(b, string(ev.Type))
+	if ev.Text != "" {
+		b = append(b, `,"text":`...)
+		b = appendJSONString(b, ev.Text)
+	}
+	if u := ev.Usage; u != nil {
+		b = append(b, `,"usage":{`...)
+		n := len(b)
+		b = appendJSONInt(b, "prompt_tokens", u.PromptTokens)
+		b = appendJSONInt(b, "completion_tokens", u.CompletionTokens)
+		b = appendJSONInt(b, "total_tokens", u.TotalTokens)
+		b = appendJSONInt(b, "duration_ms", u.DurationMS)
+		if u.StopReason != "" {
+			b = append(b, `,"stop_reason":`...)
+			b = appendJSONString(b, u.StopReason)
+		}
+		if u.Model != "" {
+			b = append(b, `,"model":`...)
+			b = appendJSONString(b, u.Model)
+		}
+		if len(b) > n { // drop the first field's comma
+			b = append(b[:n], b[n+1:]...)
+		}
+		b = append(b, '}')
+	}
+	if e := ev.Error; e != nil {
+		b = append(b, `,"error":{"code":`...)
+		b = appendJSONString(b, e.Code)
+		b = append(b, `,"message":`...)
+		b = appendJSONString(b, e.Message)
+		b = append(b, '}')
+	}
+	return append(b, '}'), nil
+}
+
+// appendJSONInt appends `,"name":v` unless v is 0 (omitempty).
+func appendJSONInt(b []byte, name string, v int64) []byte {
+	if v == 0 {
+		return b
+	}
+	b = append(b, ',', '"')
+	b = append(b, name...)
+	b = append(b, '"', ':')
+	return strconv.AppendInt(b, v, 10)
+}
+
+// appendJSONString appends s quoted as encoding/json quotes it with its
+// default HTML escaping: <, > and & as \u003c…, invalid UTF-8 as \ufffd,
+// U+2028 and U+2029 escaped.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '\\', '"':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xF])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
 }

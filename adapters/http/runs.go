@@ -198,7 +198,8 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, rh *edge.RunH
 // ends, which it reports as quiet; false means the stream is over. Events
 // already queued are written together and flushed once (at most
 // runEventBurst at a time); the stream is flushed before every wait, so an
-// event never waits for the next one.
+// event never waits for the next one. The terminal event is left for the
+// server to flush as the handler returns (see below).
 func (s *Server) relayRunEvents(ctx, wait context.Context, r *http.Request, sse *sseWriter, rh *edge.RunHandle, lastSeq *uint64) (quiet bool) {
 	for n := 0; ; n++ {
 		ev, err := rh.Next(ports.ReadyOnly)
@@ -218,11 +219,13 @@ func (s *Server) relayRunEvents(ctx, wait context.Context, r *http.Request, sse 
 			}
 		}
 		*lastSeq = ev.Seq
-		if err := sse.writeJSON(string(ev.Type), toRunEventJSON(rh.Node, ev)); err != nil {
+		if err := sse.writeRunEvent(rh.Node, ev); err != nil {
 			return false
 		}
 		if ev.Type.Terminal() {
-			_ = sse.flush()
+			// Not flushed here: the handler returns at once and the server
+			// sends what is buffered together with the response's end (the
+			// chunked terminator), one write instead of two per run.
 			return false
 		}
 	}

@@ -197,6 +197,49 @@ func TestClientDisconnectCancelsRun(t *testing.T) {
 	})
 }
 
+// TestRunEventsReachTheCallerWhileTheRunPauses: the edge writes the events
+// it has together, but never holds one back for a next one: each event
+// reaches the caller while the node sends nothing more, and the terminal
+// one (left to the server to send with the response's end) arrives with
+// the stream's end.
+func TestRunEventsReachTheCallerWhileTheRunPauses(t *testing.T) {
+	link := newFakeLink(domain.RunEvent{Type: domain.EventStart})
+	e := newEnv(t, testNode{"n1", link})
+	e.api.KeepAlive = time.Hour // no keep-alive comment flushes a held-back event
+	resp := e.do("POST", "/v1/runs", `{"adapter":"exec"}`)
+	defer resp.Body.Close()
+	runID := resp.Header.Get("X-IOP-Run-ID")
+	sse := newSSE(resp.Body)
+	next := func(want string) {
+		t.Helper()
+		got := make(chan sseEvent, 1)
+		go func() {
+			ev, _ := sse.next()
+			got <- ev
+		}()
+		select {
+		case ev := <-got:
+			if ev.typ != want {
+				t.Fatalf("event %q, want %q", ev.typ, want)
+			}
+		case <-time.After(10 * time.Second): // the run pauses for good: the event was held back
+			t.Fatalf("%s never reached the caller while the run paused", want)
+		}
+	}
+	next("start")
+	link.push(runID, domain.RunEvent{Type: domain.EventDelta, Text: "a"})
+	next("delta")
+	link.push(runID, domain.RunEvent{Type: domain.EventDelta, Text: "b"})
+	link.push(runID, domain.RunEvent{Type: domain.EventDelta, Text: "c"})
+	next("delta")
+	next("delta")
+	link.push(runID, domain.RunEvent{Type: domain.EventComplete})
+	next("complete")
+	if rest := sse.readAll(t); len(rest) != 0 {
+		t.Fatalf("events after the terminal one: %v", rest)
+	}
+}
+
 func TestRunStreamKeepAlive(t *testing.T) {
 	link := newFakeLink(domain.RunEvent{Type: domain.EventStart})
 	e := newEnv(t, testNode{"n1", link})

@@ -6,20 +6,25 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"iop/domain"
 )
 
 // sseWriter writes server-sent events, flushing after each one (or, through
 // write and flush, after a burst). Each write, or burst of writes up to its
-// flush, must complete within idle (when positive), so a client that stops
-// reading ends the stream with an error instead of blocking it forever. One
-// goroutine writes.
+// flush, must complete within idle (when positive; at least three quarters
+// of it, see deadline), so a client that stops reading ends the stream with
+// an error instead of blocking it forever. One goroutine writes.
 type sseWriter struct {
 	w    http.ResponseWriter
 	rc   *http.ResponseController
 	idle time.Duration
-	buf  []byte       // the event being written, reused
-	js   bytes.Buffer // the JSON of the event being written, reused
-	enc  *json.Encoder
+	// armed is when the write deadline was last set (see deadline).
+	armed time.Time
+	buf   []byte       // the event being written, reused
+	js    bytes.Buffer // the JSON of the event being written, reused
+	enc   *json.Encoder
+	jsb   []byte // a run event's JSON, reused
 	// unflushed: written (headers or events) but not yet flushed.
 	unflushed bool
 }
@@ -49,10 +54,17 @@ func (srv *Server) openSSE(w http.ResponseWriter, extra map[string]string) *sseW
 	return s
 }
 
-// deadline gives the next write idle to complete.
+// deadline gives the next write at least three quarters of idle, and at
+// most idle, to complete: the deadline is moved only once a quarter of idle
+// has passed since it was last set, not for every burst (each move is a
+// runtime timer update; a short run has three bursts or more).
 func (s *sseWriter) deadline() {
-	if s.idle > 0 {
-		_ = s.rc.SetWriteDeadline(time.Now().Add(s.idle))
+	if s.idle <= 0 {
+		return
+	}
+	if now := time.Now(); now.Sub(s.armed) >= s.idle/4 {
+		_ = s.rc.SetWriteDeadline(now.Add(s.idle))
+		s.armed = now
 	}
 }
 
@@ -78,7 +90,7 @@ func (s *sseWriter) write(typ string, data []byte) error {
 	b = append(b, '\n')
 	s.buf = b // the ResponseWriter copied it: reused for the next event
 	if !s.unflushed {
-		s.deadline() // one per burst: the writes up to the flush share it
+		s.deadline() // at most one per burst: the writes up to the flush share it
 	}
 	s.unflushed = true
 	_, err := s.w.Write(b)
@@ -109,6 +121,17 @@ func (s *sseWriter) writeJSON(typ string, v any) error {
 		return err
 	}
 	return s.write(typ, s.js.Bytes())
+}
+
+// writeRunEvent is writeJSON of toRunEventJSON(node, ev), formatted
+// without reflection (appendRunEventJSON; the same bytes).
+func (s *sseWriter) writeRunEvent(node string, ev domain.RunEvent) error {
+	js, err := appendRunEventJSON(s.jsb[:0], node, ev)
+	s.jsb = js
+	if err != nil {
+		return err
+	}
+	return s.write(string(ev.Type), js)
 }
 
 // comment writes a comment line, which SSE readers ignore.

@@ -142,8 +142,14 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 	if err := h.admit(ctx, rh); err != nil {
 		return nil, err
 	}
-	h.log.Info("run started", "run", req.RunID, "node", node.ID, "adapter", req.Adapter, "target", req.Target,
-		"background", req.Background, "key", domain.PrincipalFrom(ctx).Name)
+	if h.log.Enabled(ctx, slog.LevelInfo) {
+		// As h.log.Info, without the caller's program counter (runtime.Callers
+		// on every run, for a source line no edge handler prints).
+		rec := slog.NewRecord(time.Now(), slog.LevelInfo, "run started", 0)
+		rec.AddAttrs(slog.String("run", req.RunID), slog.String("node", node.ID), slog.String("adapter", req.Adapter),
+			slog.String("target", req.Target), slog.Bool("background", req.Background), slog.String("key", domain.PrincipalFrom(ctx).Name))
+		_ = h.log.Handler().Handle(ctx, rec)
+	}
 	if cmd.Background {
 		h.follow(rh, 0)
 	}

@@ -285,10 +285,17 @@ func (db *DB) writePrepared(ctx context.Context, runs []runRow, tunnels []tunnel
 		return fmt.Errorf("write history: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
+	// The rows are written with a context that is never done: with a
+	// cancellable one the SQLite driver starts a goroutine per statement to
+	// interrupt it on cancel (a spawn and two wake-ups per row). The batch
+	// keeps its timeout: database/sql rolls the transaction back when ctx
+	// ends, and every later statement of it then fails; one row's insert
+	// is microseconds (a lock wait is bounded by busy_timeout).
+	rowCtx := context.WithoutCancel(ctx)
 	if len(runs) > 0 {
 		ins := tx.StmtContext(ctx, st.run)
 		for i := range runs {
-			if _, err := ins.ExecContext(ctx, runs[i].args()...); err != nil {
+			if _, err := ins.ExecContext(rowCtx, runs[i].args()...); err != nil {
 				return fmt.Errorf("write runs: %w", err)
 			}
 		}
@@ -296,7 +303,7 @@ func (db *DB) writePrepared(ctx context.Context, runs []runRow, tunnels []tunnel
 	if len(tunnels) > 0 {
 		ins := tx.StmtContext(ctx, st.tunnel)
 		for i := range tunnels {
-			if _, err := ins.ExecContext(ctx, tunnels[i].args()...); err != nil {
+			if _, err := ins.ExecContext(rowCtx, tunnels[i].args()...); err != nil {
 				return fmt.Errorf("write tunnels: %w", err)
 			}
 		}

@@ -3,6 +3,7 @@ package edgestore
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/uptrace/bun/driver/sqliteshim"
 
 	"iop/domain"
 )
@@ -184,7 +187,9 @@ func BenchmarkWriteBatch(b *testing.B) {
 				db    *DB
 				cpu   time.Duration
 			}{{name: "multirow", write: (*DB).writeMultiRow}, {name: "prepared", write: (*DB).writePrepared}}
-			ctx := context.Background()
+			// A batch has a deadline in the edge (Options.WriteTimeout): so here.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+			defer cancel()
 			for i := range ways {
 				db, err := Open(ctx, filepath.Join(b.TempDir(), ways[i].name+".db"))
 				if err != nil {
@@ -253,4 +258,56 @@ func orderedID(prefix string) string {
 	binary.BigEndian.PutUint64(b[:8], uint64(time.Now().UnixMilli())<<16)
 	_, _ = rand.Read(b[6:])
 	return prefix + "_" + hex.EncodeToString(b[:])
+}
+
+// TestPageSize: a new SQLite store gets 2 KiB pages (so a B-tree split's
+// scratch buffer fits a reused slot of the C heap; see Open), and a store
+// made before keeps its 4 KiB pages and still works.
+func TestPageSize(t *testing.T) {
+	ctx := context.Background()
+	pageSize := func(db *DB) int {
+		var n int
+		if err := db.bun.DB.QueryRowContext(ctx, "PRAGMA page_size").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	fresh, err := Open(ctx, filepath.Join(t.TempDir(), "new.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	if n := pageSize(fresh); n != 2048 {
+		t.Fatalf("new store: page size %d, want 2048", n)
+	}
+
+	path := filepath.Join(t.TempDir(), "old.db")
+	old, err := sql.Open(sqliteshim.ShimName, sqliteDSN(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"PRAGMA page_size = 4096", "PRAGMA journal_mode = WAL", "CREATE TABLE made_before (x INTEGER)"} {
+		if _, err := old.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if n := pageSize(db); n != 4096 {
+		t.Fatalf("existing store: page size %d, want its 4096", n)
+	}
+	rec := domain.RunRecord{ID: "run_old", Node: "n1", Adapter: "exec", Status: domain.RunSucceeded, CreatedAt: time.UnixMicro(1), FinishedAt: time.UnixMicro(2)}
+	if err := db.writePrepared(ctx, []runRow{toRunRow("e1", rec)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var status string
+	if err := db.bun.DB.QueryRowContext(ctx, "SELECT status FROM edge_runs WHERE id = 'run_old'").Scan(&status); err != nil || status != string(domain.RunSucceeded) {
+		t.Fatalf("status %q, %v", status, err)
+	}
 }
