@@ -91,3 +91,41 @@ func TestWriterStartEndRacesLoseNoFrame(t *testing.T) {
 			len(c.ctrl), c.ws.Load(), len(writers()))
 	}
 }
+
+// TestHeartbeatTimerRacesClose closes links at every point of their
+// heartbeat timer's cycle (a beat every 200 µs, a reader draining the
+// peer): a beat that fires as Close runs starts no writer after it, so
+// Close leaves no writer behind, and the timer re-arms no more.
+func TestHeartbeatTimerRacesClose(t *testing.T) {
+	for i := range 100 {
+		a, b := pipeConns(t)
+		cfg := testConfig()
+		cfg.HeartbeatInterval = 200 * time.Microsecond
+		c := newConn(a, NewDecoder(a, DefaultMaxFrameSize), cfg, SideNode, 0, nopHandler{})
+		drained := make(chan struct{})
+		go func() {
+			defer close(drained)
+			dec := NewDecoder(b, DefaultMaxFrameSize)
+			for {
+				if _, err := dec.Decode(new(ioppb.Frame)); err != nil {
+					return
+				}
+			}
+		}()
+		c.start()
+		time.Sleep(time.Duration(i%10) * 50 * time.Microsecond)
+		c.Close(nil)
+		_ = b.Close()
+		<-drained
+		// A writer past its wg.Done may still be on its way out.
+		eventually(t, testCtx(t), "no writer after Close", func() bool { return len(writers()) == 0 })
+		// A timer still firing would queue beats that no writer takes (one
+		// beat may still land from a callback that had fired as Close ran).
+		beats, queued := c.framesOut.Load(), len(c.ctrl)
+		time.Sleep(2 * time.Millisecond) // ten intervals
+		if n := len(writers()); n != 0 || c.framesOut.Load() != beats || len(c.ctrl) > queued+1 {
+			t.Fatalf("round %d: after Close, %d writers, %d more frames out, %d more queued",
+				i, n, c.framesOut.Load()-beats, len(c.ctrl)-queued)
+		}
+	}
+}
