@@ -85,13 +85,20 @@ func hostPort(u *http.Request) string {
 //
 // A request on a reused connection that the provider had closed (an error
 // with not one response byte received) is sent once more on a new
-// connection, if its body can be: a provider closes an idle connection at
-// any time, and the stale-check before reuse cannot see a close that
-// crosses the request on the wire.
+// connection, if its body can be and sending it twice is safe: a provider
+// closes an idle connection at any time, and the stale-check before reuse
+// cannot see a close that crosses the request on the wire. A request that
+// is not replayable (a POST without an idempotency key: a completion the
+// provider may have started, billed or half-generated before it dropped
+// the connection) is sent again only if writing it failed, which means the
+// connection was closed before the provider could have read it whole; such
+// a request always gets the stale-check, however briefly its connection
+// was idle, as in net/http.Transport.
 func (l *leanClient) do(ctx context.Context, hreq *http.Request, streamed bool, newBody func() (io.ReadCloser, bool)) (*http.Response, error) {
 	addr := hostPort(hreq)
+	replay := replayable(hreq)
 	for attempt := 0; ; attempt++ {
-		c, reused, err := l.get(ctx, addr, attempt > 0, streamed)
+		c, reused, err := l.get(ctx, addr, attempt > 0, streamed || !replay)
 		if err != nil {
 			return nil, err
 		}
@@ -99,7 +106,7 @@ func (l *leanClient) do(ctx context.Context, hreq *http.Request, streamed bool, 
 		// wait for headers or a body read at once.
 		stop := context.AfterFunc(ctx, func() { _ = c.nc.Close() })
 		mark := c.nread
-		resp, keep, err := l.exchange(c, hreq)
+		resp, keep, wrote, err := l.exchange(c, hreq)
 		if err == nil {
 			if resp.Body == http.NoBody {
 				// Nothing more to read: the connection is free now.
@@ -111,7 +118,7 @@ func (l *leanClient) do(ctx context.Context, hreq *http.Request, streamed bool, 
 		}
 		stop()
 		_ = c.nc.Close()
-		if !reused || attempt > 0 || c.nread != mark || ctx.Err() != nil || isTimeout(err) || newBody == nil {
+		if !reused || attempt > 0 || c.nread != mark || ctx.Err() != nil || isTimeout(err) || newBody == nil || (wrote && !replay) {
 			return nil, err
 		}
 		body, ok := newBody()
@@ -123,17 +130,19 @@ func (l *leanClient) do(ctx context.Context, hreq *http.Request, streamed bool, 
 }
 
 // exchange writes hreq on c and reads the response headers. keep reports
-// whether c may carry another request once the body is read to its end.
-func (l *leanClient) exchange(c *leanConn, hreq *http.Request) (resp *http.Response, keep bool, err error) {
+// whether c may carry another request once the body is read to its end;
+// wrote, whether the whole request was handed to the connection (on an
+// error: whether the provider may have read it whole).
+func (l *leanClient) exchange(c *leanConn, hreq *http.Request) (resp *http.Response, keep, wrote bool, err error) {
 	// A failed write ends the exchange, as in http.Transport: the provider
 	// may still be waiting for the rest of the request (a streamed body
 	// that failed), so waiting for an answer could take the whole header
 	// timeout.
 	if err := hreq.Write(c.bw); err != nil {
-		return nil, false, err
+		return nil, false, false, err
 	}
 	if err := c.bw.Flush(); err != nil {
-		return nil, false, err
+		return nil, false, false, err
 	}
 	// The header timeout runs from the end of the request, as
 	// http.Transport's ResponseHeaderTimeout does.
@@ -141,7 +150,7 @@ func (l *leanClient) exchange(c *leanConn, hreq *http.Request) (resp *http.Respo
 	for i := 0; ; i++ {
 		resp, err = http.ReadResponse(c.br, hreq)
 		if err != nil {
-			return nil, false, err
+			return nil, false, true, err
 		}
 		// 1xx answers (103 Early Hints) come before the real one; 101 would
 		// hand the connection over, which a tunnel does not do.
@@ -149,12 +158,25 @@ func (l *leanClient) exchange(c *leanConn, hreq *http.Request) (resp *http.Respo
 			break
 		}
 		if i == 4 {
-			return nil, false, errors.New("too many 1xx informational responses")
+			return nil, false, true, errors.New("too many 1xx informational responses")
 		}
 	}
 	_ = c.nc.SetReadDeadline(time.Time{})
 	keep = !resp.Close && !hreq.Close && resp.StatusCode != http.StatusSwitchingProtocols
-	return resp, keep, nil
+	return resp, keep, true, nil
+}
+
+// replayable reports whether hreq may reach the provider twice without
+// harm, by net/http.Transport's rule: an idempotent method, or a request
+// that carries an idempotency key (the provider then drops a duplicate).
+func replayable(hreq *http.Request) bool {
+	switch hreq.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, key := hreq.Header["Idempotency-Key"]
+	_, xkey := hreq.Header["X-Idempotency-Key"]
+	return key || xkey
 }
 
 func isTimeout(err error) bool {
@@ -166,13 +188,15 @@ func isTimeout(err error) bool {
 // that the provider has not closed it (a system call, ≈ 2 % of the node's
 // CPU under load when made for every request). Providers close idle
 // connections after seconds; a close sooner than this is caught by the
-// retry instead, for every request whose body can be sent again.
+// retry instead, for a replayable request (do) whose body can be sent
+// again. Every other request is checked whatever the idle time.
 const peekAfter = 50 * time.Millisecond
 
 // get returns an idle connection to addr that the provider has not closed,
 // or a new one (always new when fresh is set); reused says which. With
-// mustCheck (a streamed body, which cannot be retried) every reused
-// connection is checked, however briefly idle.
+// mustCheck (a streamed body, or a request that is not replayable: neither
+// is sent again once written) every reused connection is checked, however
+// briefly idle.
 func (l *leanClient) get(ctx context.Context, addr string, fresh, mustCheck bool) (c *leanConn, reused bool, err error) {
 	for !fresh {
 		l.mu.Lock()

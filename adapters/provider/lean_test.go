@@ -115,35 +115,93 @@ func doRead(ctx context.Context, c *provider.Client, p domain.ProviderConfig, re
 
 var postReq = domain.TunnelRequest{Method: http.MethodPost, Path: "/v1/chat/completions", Body: []byte(`{"n":1}`)}
 
-// A provider that closed a kept-alive connection just as a request went out
-// on it (no response byte): the request is sent once more, on a new
-// connection, and succeeds.
+// Replayable requests: a GET, and a POST that carries an idempotency key
+// (the provider drops a duplicate).
+var replayableReqs = map[string]domain.TunnelRequest{
+	"GET": {Method: http.MethodGet, Path: "/v1/models"},
+	"POST with Idempotency-Key": {Method: http.MethodPost, Path: "/v1/chat/completions", Body: []byte(`{"n":1}`),
+		Header: domain.Header{"Idempotency-Key": {"k1"}}},
+}
+
+// A provider that closed a kept-alive connection just as a replayable
+// request went out on it (no response byte): the request is sent once
+// more, on a new connection, and succeeds.
 func TestLeanRetriesStaleConnectionOnce(t *testing.T) {
-	rp := newRawProvider(t, func(conn, req int) bool { return conn > 0 || req == 0 })
-	c := provider.New(provider.Options{})
-	defer c.Close()
-	for i := 0; i < 2; i++ {
-		if got, err := doRead(context.Background(), c, rp.config(), postReq, nil); err != nil || got != "ok" {
-			t.Fatalf("request %d = %q, %v", i, got, err)
-		}
-	}
-	if n := rp.conns.Load(); n != 2 {
-		t.Fatalf("provider saw %d connections, want 2 (the stale one, then a fresh one)", n)
-	}
-	if b := rp.seen(); len(b) != 3 || b[2] != `{"n":1}` {
-		t.Fatalf("provider read bodies %q, want the retried request's body in full", b)
+	for name, req := range replayableReqs {
+		t.Run(name, func(t *testing.T) {
+			rp := newRawProvider(t, func(conn, req int) bool { return conn > 0 || req == 0 })
+			c := provider.New(provider.Options{})
+			defer c.Close()
+			for i := 0; i < 2; i++ {
+				if got, err := doRead(context.Background(), c, rp.config(), req, nil); err != nil || got != "ok" {
+					t.Fatalf("request %d = %q, %v", i, got, err)
+				}
+			}
+			if n := rp.conns.Load(); n != 2 {
+				t.Fatalf("provider saw %d connections, want 2 (the stale one, then a fresh one)", n)
+			}
+			if b := rp.seen(); len(b) != 3 || b[2] != string(req.Body) {
+				t.Fatalf("provider read bodies %q, want the retried request's body in full", b)
+			}
+		})
 	}
 }
 
-// The retry happens once: a fresh connection that fails too is an error.
-func TestLeanRetriesOnlyOnce(t *testing.T) {
-	rp := newRawProvider(t, func(conn, req int) bool { return conn == 0 && req == 0 })
+// A POST without an idempotency key that the provider read whole before it
+// dropped the connection is not sent again: the provider may have started
+// (and billed) the completion. The caller gets the error, and the provider
+// saw the request once.
+func TestLeanDoesNotResendAPostTheProviderRead(t *testing.T) {
+	rp := newRawProvider(t, func(conn, req int) bool { return conn > 0 || req == 0 })
 	c := provider.New(provider.Options{})
 	defer c.Close()
 	if _, err := doRead(context.Background(), c, rp.config(), postReq, nil); err != nil {
 		t.Fatal(err)
 	}
 	_, err := doRead(context.Background(), c, rp.config(), postReq, nil)
+	if domain.CodeOf(err) != domain.CodeProviderUnreachable {
+		t.Fatalf("err = %v, want provider_unreachable", err)
+	}
+	if n := rp.conns.Load(); n != 1 {
+		t.Fatalf("provider saw %d connections, want 1 (no resend)", n)
+	}
+	if n := len(rp.seen()); n != 2 {
+		t.Fatalf("provider read %d requests, want 2 (the first, and the dropped one once)", n)
+	}
+}
+
+// A POST on a connection the provider closed a moment ago (well within the
+// idle time under which a replayable request skips the stale-check) gets
+// a fresh connection: a request that is never sent twice is always checked.
+func TestLeanPostChecksABrieflyIdleConnection(t *testing.T) {
+	rp := newRawProviderClosing(t, func(int, int) bool { return true }, func(conn, req int) bool { return conn == 0 })
+	c := provider.New(provider.Options{})
+	defer c.Close()
+	if _, err := doRead(context.Background(), c, rp.config(), postReq, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the provider to close the connection", func() bool { return rp.closedConns.Load() == 1 })
+	if got, err := doRead(context.Background(), c, rp.config(), postReq, nil); err != nil || got != "ok" {
+		t.Fatalf("second POST = %q, %v", got, err)
+	}
+	if n := rp.conns.Load(); n != 2 {
+		t.Fatalf("provider saw %d connections, want 2", n)
+	}
+	if n := len(rp.seen()); n != 2 {
+		t.Fatalf("provider read %d requests, want 2 (no stale try)", n)
+	}
+}
+
+// The retry happens once: a fresh connection that fails too is an error.
+func TestLeanRetriesOnlyOnce(t *testing.T) {
+	req := replayableReqs["GET"]
+	rp := newRawProvider(t, func(conn, req int) bool { return conn == 0 && req == 0 })
+	c := provider.New(provider.Options{})
+	defer c.Close()
+	if _, err := doRead(context.Background(), c, rp.config(), req, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err := doRead(context.Background(), c, rp.config(), req, nil)
 	if domain.CodeOf(err) != domain.CodeProviderUnreachable {
 		t.Fatalf("err = %v, want provider_unreachable", err)
 	}
