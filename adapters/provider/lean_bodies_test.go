@@ -1,12 +1,10 @@
 package provider_test
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"net"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -18,46 +16,12 @@ import (
 // response; after one listed in closeAfter it closes the connection.
 func scriptedProvider(t *testing.T, answers map[string]string, closeAfter map[string]bool) (addr string, conns *atomic.Int32) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	conns = new(atomic.Int32)
-	var wg sync.WaitGroup
-	var open sync.Map
-	t.Cleanup(func() {
-		_ = ln.Close()
-		open.Range(func(k, _ any) bool { _ = k.(net.Conn).Close(); return true })
-		wg.Wait()
+	ln := serveRaw(t, conns, new(atomic.Int32), func(_, _ int, r *http.Request, nc net.Conn) bool {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, err := io.WriteString(nc, answers[r.URL.Path])
+		return err == nil && !closeAfter[r.URL.Path]
 	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conns.Add(1)
-			open.Store(nc, nil)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer nc.Close()
-				br := bufio.NewReader(nc)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					if _, err := io.WriteString(nc, answers[req.URL.Path]); err != nil || closeAfter[req.URL.Path] {
-						return
-					}
-				}
-			}()
-		}
-	}()
 	return ln.Addr().String(), conns
 }
 

@@ -40,11 +40,34 @@ func newRawProvider(t *testing.T, answer func(conn, req int) bool) *rawProvider 
 // a connection right after an answer, without a Connection: close header.
 func newRawProviderClosing(t *testing.T, answer, closeAfter func(conn, req int) bool) *rawProvider {
 	t.Helper()
+	p := &rawProvider{}
+	p.ln = serveRaw(t, &p.conns, &p.closedConns, func(conn, req int, r *http.Request, nc net.Conn) bool {
+		b, _ := io.ReadAll(r.Body)
+		p.mu.Lock()
+		p.bodies = append(p.bodies, string(b))
+		p.mu.Unlock()
+		if !answer(conn, req) {
+			return false
+		}
+		if _, err := io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+			return false
+		}
+		return !closeAfter(conn, req)
+	})
+	return p
+}
+
+// serveRaw accepts HTTP/1.1 connections on a loopback listener and hands
+// every request read from them to serve, which answers on nc itself and
+// says whether the connection goes on; conn and req number the connections
+// and the requests on each from 0. accepted and closed count connections.
+// Everything stops at the test's end.
+func serveRaw(t *testing.T, accepted, closed *atomic.Int32, serve func(conn, req int, r *http.Request, nc net.Conn) bool) net.Listener {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &rawProvider{ln: ln}
 	var wg sync.WaitGroup
 	var open sync.Map
 	t.Cleanup(func() {
@@ -60,37 +83,24 @@ func newRawProviderClosing(t *testing.T, answer, closeAfter func(conn, req int) 
 			if err != nil {
 				return
 			}
-			i := int(p.conns.Add(1)) - 1
+			i := int(accepted.Add(1)) - 1
 			open.Store(nc, nil)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				defer p.closedConns.Add(1)
+				defer closed.Add(1)
 				defer nc.Close()
 				br := bufio.NewReader(nc)
 				for j := 0; ; j++ {
 					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					b, _ := io.ReadAll(req.Body)
-					p.mu.Lock()
-					p.bodies = append(p.bodies, string(b))
-					p.mu.Unlock()
-					if !answer(i, j) {
-						return
-					}
-					if _, err := io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"); err != nil {
-						return
-					}
-					if closeAfter(i, j) {
+					if err != nil || !serve(i, j, req, nc) {
 						return
 					}
 				}
 			}()
 		}
 	}()
-	return p
+	return ln
 }
 
 func (p *rawProvider) config() domain.ProviderConfig {

@@ -178,14 +178,22 @@ func (c *Conn) run() {
 func (c *Conn) launch() {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	select {
-	case <-c.done:
+	if c.ended() {
 		return
-	default:
 	}
 	c.hb = time.AfterFunc(c.cfg.HeartbeatInterval, c.heartbeat)
 	c.wg.Add(1)
 	go c.writeLoop()
+}
+
+// ended reports whether the connection has ended (done is closed).
+func (c *Conn) ended() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // Writer state (Conn.ws).
@@ -218,10 +226,8 @@ func (c *Conn) withdraw() { c.ws.Add(-pendingOne) }
 func (c *Conn) startWriter() {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	select {
-	case <-c.done:
+	if c.ended() {
 		return
-	default:
 	}
 	for {
 		v := c.ws.Load()
