@@ -257,10 +257,7 @@ func TestBusyWriterOnSlowPeerKeepsLink(t *testing.T) {
 	payload := make([]byte, 16<<10)
 	errs := make(chan error, senders)
 	for i := 0; i < senders; i++ {
-		c.mu.Lock()
-		s := newStream(c, uint64(2+2*i))
-		c.streams[s.id] = s
-		c.mu.Unlock()
+		s := addStream(c, uint64(2+2*i))
 		go func() {
 			for j := 0; j < frames; j++ {
 				f := &ioppb.Frame{Body: &ioppb.Frame_TunnelRequestBody{TunnelRequestBody: &ioppb.TunnelRequestBody{Data: payload}}}
@@ -347,4 +344,14 @@ func TestClassifyReadErr(t *testing.T) {
 			t.Errorf("classifyReadErr(%v) = %v; want %v containing %q", tc.in, got, tc.want, tc.text)
 		}
 	}
+}
+
+// addStream registers a stream with id on c as if it had been opened, for
+// tests that send on a link without its handshake.
+func addStream(c *Conn, id uint64) *Stream {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := newStream(c, id)
+	c.streams[s.id] = s
+	return s
 }

@@ -203,10 +203,7 @@ func TestControlFramesGoFirstPastBlockedData(t *testing.T) {
 	payload := make([]byte, 1<<10)
 	errs := make(chan error, senders)
 	for i := range senders {
-		c.mu.Lock()
-		s := newStream(c, uint64(2+2*i))
-		c.streams[s.id] = s
-		c.mu.Unlock()
+		s := addStream(c, uint64(2+2*i))
 		go func() {
 			for range frames {
 				f := &ioppb.Frame{Body: &ioppb.Frame_TunnelRequestBody{TunnelRequestBody: &ioppb.TunnelRequestBody{Data: payload}}}

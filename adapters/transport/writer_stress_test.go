@@ -46,10 +46,7 @@ func TestWriterStartEndRacesLoseNoFrame(t *testing.T) {
 		}()
 	}
 	for i := range dataSenders {
-		c.mu.Lock()
-		s := newStream(c, uint64(2+2*i))
-		c.streams[s.id] = s
-		c.mu.Unlock()
+		s := addStream(c, uint64(2+2*i))
 		go func() {
 			for j := range frames {
 				f := &ioppb.Frame{Body: &ioppb.Frame_TunnelRequestBody{TunnelRequestBody: &ioppb.TunnelRequestBody{Data: []byte("x")}}}

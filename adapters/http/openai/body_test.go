@@ -66,12 +66,7 @@ func TestScanJSONModel(t *testing.T) {
 					t.Fatalf("split=%v: got %q, %v; want %q", split, got, err, c.want)
 				}
 				// What was read plus the rest is the body, byte for byte.
-				head, rest := p.body()
-				all := append([]byte(nil), head...)
-				if rest != nil {
-					b, _ := io.ReadAll(rest)
-					all = append(all, b...)
-				}
+				all := relayed(p)
 				if string(all) != c.body {
 					t.Fatalf("split=%v: relayed %q, want %q", split, all, c.body)
 				}
@@ -133,12 +128,7 @@ func TestScanMultipartModel(t *testing.T) {
 	if err != nil || got != "whisper-1" {
 		t.Fatalf("got %q, %v", got, err)
 	}
-	head, rest := p.body()
-	all := append([]byte(nil), head...)
-	if rest != nil {
-		r, _ := io.ReadAll(rest)
-		all = append(all, r...)
-	}
+	all := relayed(p)
 	if !bytes.Equal(all, body) {
 		t.Fatalf("relayed %d bytes, want the %d of the body", len(all), len(body))
 	}
@@ -188,12 +178,7 @@ func TestPrefixBlocks(t *testing.T) {
 			if c.length > 0 && c.length < blockSize && cap(p.blocks[0]) != int(c.length)+1 {
 				t.Fatalf("first block of %d bytes for a declared %d", cap(p.blocks[0]), c.length)
 			}
-			head, rest := p.body()
-			all := append([]byte(nil), head...)
-			if rest != nil {
-				b, _ := io.ReadAll(rest)
-				all = append(all, b...)
-			}
+			all := relayed(p)
 			if string(all) != c.body {
 				t.Fatalf("relayed %d bytes, want the %d of the body", len(all), len(c.body))
 			}
@@ -238,4 +223,15 @@ func BenchmarkScanJSONModel(b *testing.B) {
 			}
 		})
 	}
+}
+
+// relayed is what a prefix relays: the bytes read so far, then the rest.
+func relayed(p *prefix) []byte {
+	head, rest := p.body()
+	all := append([]byte(nil), head...)
+	if rest != nil {
+		b, _ := io.ReadAll(rest)
+		all = append(all, b...)
+	}
+	return all
 }
