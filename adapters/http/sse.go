@@ -7,24 +7,25 @@ import (
 	"strings"
 	"time"
 
+	"iop/adapters/internal/deadline"
 	"iop/domain"
 )
 
 // sseWriter writes server-sent events, flushing after each one (or, through
 // write and flush, after a burst). Each write, or burst of writes up to its
-// flush, must complete within idle (when positive; at least three quarters
-// of it, see deadline), so a client that stops reading ends the stream with
-// an error instead of blocking it forever. One goroutine writes.
+// flush, must complete within the write idle timeout (when positive; at
+// least three quarters of it, see deadline), so a client that stops
+// reading ends the stream with an error instead of blocking it forever.
+// One goroutine writes.
 type sseWriter struct {
-	w    http.ResponseWriter
-	rc   *http.ResponseController
-	idle time.Duration
-	// armed is when the write deadline was last set (see deadline).
-	armed time.Time
-	buf   []byte       // the event being written, reused
-	js    bytes.Buffer // the JSON of the event being written, reused
-	enc   *json.Encoder
-	jsb   []byte // a run event's JSON, reused
+	w  http.ResponseWriter
+	rc *http.ResponseController
+	// wd is the write deadline, WriteIdleTimeout ahead (see deadline).
+	wd  deadline.Lazy
+	buf []byte       // the event being written, reused
+	js  bytes.Buffer // the JSON of the event being written, reused
+	enc *json.Encoder
+	jsb []byte // a run event's JSON, reused
 	// unflushed: written (headers or events) but not yet flushed.
 	unflushed bool
 }
@@ -48,23 +49,20 @@ func (srv *Server) openSSE(w http.ResponseWriter, extra map[string]string) *sseW
 	for k, v := range extra {
 		h.Set(k, v)
 	}
-	s := &sseWriter{w: w, rc: http.NewResponseController(w), idle: srv.WriteIdleTimeout, unflushed: true}
+	s := &sseWriter{w: w, rc: http.NewResponseController(w), wd: deadline.Quarter(srv.WriteIdleTimeout), unflushed: true}
 	s.deadline()
 	w.WriteHeader(http.StatusOK)
 	return s
 }
 
-// deadline gives the next write at least three quarters of idle, and at
-// most idle, to complete: the deadline is moved only once a quarter of idle
-// has passed since it was last set, not for every burst (each move is a
-// runtime timer update; a short run has three bursts or more).
+// deadline gives the next write at least three quarters of the write idle
+// timeout, and at most all of it, to complete: the deadline is moved only
+// once a quarter of the timeout has passed since it was last set, not for
+// every burst (each move is a runtime timer update; a short run has three
+// bursts or more).
 func (s *sseWriter) deadline() {
-	if s.idle <= 0 {
-		return
-	}
-	if now := time.Now(); now.Sub(s.armed) >= s.idle/4 {
-		_ = s.rc.SetWriteDeadline(now.Add(s.idle))
-		s.armed = now
+	if t, due := s.wd.Next(time.Now()); due {
+		_ = s.rc.SetWriteDeadline(t)
 	}
 }
 

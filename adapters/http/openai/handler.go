@@ -70,6 +70,7 @@ import (
 	"sync"
 	"time"
 
+	"iop/adapters/internal/deadline"
 	"iop/application/edge"
 	"iop/domain"
 	"iop/ports"
@@ -348,7 +349,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 	defer tun.Close() // after a normal end a no-op; otherwise the node aborts upstream
 	var sniff *idSniffer
 	status, started := 0, false
-	wd := writeDeadline{timeout: h.WriteIdleTimeout}
+	wd := deadline.Quarter(h.WriteIdleTimeout)
 	// unflushed: written to the caller's buffer but not sent. The flush
 	// waits until no frame is ready, so frames that arrive together (status,
 	// headers and the first chunk; a burst of chunks) leave in one write.
@@ -361,7 +362,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 		if t.remember && status >= 200 && status < 300 {
 			sniff = &idSniffer{}
 		}
-		wd.arm(rc)
+		armWrite(&wd, rc)
 		w.WriteHeader(status)
 		started, unflushed = true, true
 	}
@@ -416,7 +417,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 					sniff = nil
 				}
 			}
-			wd.arm(rc)
+			armWrite(&wd, rc)
 			if _, err := w.Write(f.Body); err != nil {
 				return // the caller is gone
 			}
@@ -447,22 +448,12 @@ func drainEnd(tun *edge.Tunnel, d time.Duration) {
 	}
 }
 
-// writeDeadline keeps a write deadline WriteIdleTimeout ahead of the
-// relay's progress. It is re-armed only once a quarter of the timeout has
-// passed: a deadline per chunk costs a timer update per chunk, and the
-// deadline only has to catch a caller that stopped reading.
-type writeDeadline struct {
-	timeout time.Duration
-	armed   time.Time
-}
-
-func (d *writeDeadline) arm(rc *http.ResponseController) {
-	if d.timeout <= 0 {
-		return
-	}
-	if now := time.Now(); now.Sub(d.armed) >= d.timeout/4 {
-		_ = rc.SetWriteDeadline(now.Add(d.timeout))
-		d.armed = now
+// armWrite keeps the relay's write deadline WriteIdleTimeout ahead of its
+// progress, moved once per quarter of it (deadline.Lazy): the deadline only
+// has to catch a caller that stopped reading.
+func armWrite(d *deadline.Lazy, rc *http.ResponseController) {
+	if t, due := d.Next(time.Now()); due {
+		_ = rc.SetWriteDeadline(t)
 	}
 }
 
