@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -19,6 +18,8 @@ import (
 	"github.com/uptrace/bun/dialect/sqlitedialect"
 	"github.com/uptrace/bun/driver/pgdriver"
 	"github.com/uptrace/bun/driver/sqliteshim"
+
+	"iop/adapters/store/internal/sqlprep"
 )
 
 // DB is an open, migrated edge store.
@@ -26,13 +27,7 @@ type DB struct {
 	bun      *bun.DB
 	postgres bool
 
-	stmtMu sync.Mutex
-	stmts  *statements // prepared on first use (SQLite only)
-}
-
-// statements are the history writes prepared once (see writePrepared).
-type statements struct {
-	run, tunnel *sql.Stmt
+	stmts sqlprep.Cache // the history writes, prepared once (SQLite only)
 }
 
 // Column lists of the prepared writes, in the order of runRow.args and
@@ -44,36 +39,19 @@ var (
 	tunnelColumns = []string{"id", "edge_id", "node", "provider", "model", "path", "key_name", "status",
 		"error_code", "body_bytes", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd",
 		"started_us", "finished_us"}
+	runWriteSQL = func() string {
+		set := make([]string, len(runUpdate))
+		for i, c := range runUpdate {
+			set[i] = c + " = EXCLUDED." + c
+		}
+		return insertSQL("edge_runs", runColumns, "DO UPDATE SET "+strings.Join(set, ", "))
+	}()
+	tunnelWriteSQL = insertSQL("edge_tunnels", tunnelColumns, "DO NOTHING")
 )
 
 func insertSQL(table string, cols []string, conflict string) string {
 	return "INSERT INTO " + table + " (" + strings.Join(cols, ", ") + ") VALUES (" +
 		strings.TrimSuffix(strings.Repeat("?, ", len(cols)), ", ") + ") ON CONFLICT (id) " + conflict
-}
-
-// statements prepares the writes on the first call; a failure is returned
-// and tried again next time.
-func (db *DB) statements(ctx context.Context) (*statements, error) {
-	db.stmtMu.Lock()
-	defer db.stmtMu.Unlock()
-	if db.stmts != nil {
-		return db.stmts, nil
-	}
-	set := make([]string, len(runUpdate))
-	for i, c := range runUpdate {
-		set[i] = c + " = EXCLUDED." + c
-	}
-	run, err := db.bun.DB.PrepareContext(ctx, insertSQL("edge_runs", runColumns, "DO UPDATE SET "+strings.Join(set, ", ")))
-	if err != nil {
-		return nil, fmt.Errorf("prepare run write: %w", err)
-	}
-	tunnel, err := db.bun.DB.PrepareContext(ctx, insertSQL("edge_tunnels", tunnelColumns, "DO NOTHING"))
-	if err != nil {
-		_ = run.Close()
-		return nil, fmt.Errorf("prepare tunnel write: %w", err)
-	}
-	db.stmts = &statements{run: run, tunnel: tunnel}
-	return db.stmts, nil
 }
 
 // IsPostgres reports whether dsn selects PostgreSQL (postgres:// or
@@ -94,9 +72,9 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 			pgdriver.WithDialTimeout(5*time.Second))
 		sqldb := sql.OpenDB(conn)
 		sqldb.SetMaxOpenConns(4)
-		db = &DB{bun: bun.NewDB(sqldb, pgdialect.New()), postgres: true}
+		db = &DB{bun: bun.NewDB(sqldb, pgdialect.New()), postgres: true, stmts: sqlprep.Cache{DB: sqldb}}
 	} else {
-		holdAllocatorPages()
+		sqlprep.HoldAllocatorPages()
 		sqldb, err := sql.Open(sqliteshim.ShimName, sqliteDSN(dsn))
 		if err != nil {
 			return nil, fmt.Errorf("open edge store: %w", err)
@@ -114,7 +92,7 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		// buffer of 10 bytes per cell of three sibling pages plus a page.
 		// Interior pages hold hundreds of small cells, so on 4 KiB pages it
 		// passes 16 KiB, the largest slot of the C heap (see
-		// holdAllocatorPages), and each such split cost an mmap, page faults
+		// sqlprep.HoldAllocatorPages), and each such split cost an mmap, page faults
 		// and an munmap. On 2 KiB pages it stays near 8 KiB, a reused slot. History
 		// rows are small (a few hundred bytes) and fit such pages well: in a
 		// steady stream of 64-row batches a row costs ≈ 0.65× the CPU
@@ -122,7 +100,7 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		sqldb.SetMaxOpenConns(1)
 		sqldb.SetConnMaxLifetime(0)
 		sqldb.SetConnMaxIdleTime(0)
-		db = &DB{bun: bun.NewDB(sqldb, sqlitedialect.New())}
+		db = &DB{bun: bun.NewDB(sqldb, sqlitedialect.New()), stmts: sqlprep.Cache{DB: sqldb}}
 		for _, p := range []string{"PRAGMA page_size = 2048", "PRAGMA busy_timeout = 5000", "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL",
 			"PRAGMA wal_autocheckpoint = 4000"} {
 			if _, err := sqldb.ExecContext(ctx, p); err != nil {
@@ -148,13 +126,7 @@ func sqliteDSN(dsn string) string {
 
 // Close closes the database.
 func (db *DB) Close() error {
-	db.stmtMu.Lock()
-	if db.stmts != nil {
-		_ = db.stmts.run.Close()
-		_ = db.stmts.tunnel.Close()
-		db.stmts = nil
-	}
-	db.stmtMu.Unlock()
+	db.stmts.Close()
 	return db.bun.Close()
 }
 

@@ -276,9 +276,14 @@ func (db *DB) writeMultiRow(ctx context.Context, runs []runRow, tunnels []tunnel
 // connection) that is far cheaper than a multi-row statement with the
 // values inlined, which SQLite would parse and plan afresh per batch.
 func (db *DB) writePrepared(ctx context.Context, runs []runRow, tunnels []tunnelRow) error {
-	st, err := db.statements(ctx)
+	// Prepared before the transaction takes the only connection.
+	runIns, err := db.stmts.Get(ctx, runWriteSQL)
 	if err != nil {
-		return err
+		return fmt.Errorf("prepare run write: %w", err)
+	}
+	tunnelIns, err := db.stmts.Get(ctx, tunnelWriteSQL)
+	if err != nil {
+		return fmt.Errorf("prepare tunnel write: %w", err)
 	}
 	tx, err := db.bun.DB.BeginTx(ctx, nil)
 	if err != nil {
@@ -293,7 +298,7 @@ func (db *DB) writePrepared(ctx context.Context, runs []runRow, tunnels []tunnel
 	// is microseconds (a lock wait is bounded by busy_timeout).
 	rowCtx := context.WithoutCancel(ctx)
 	if len(runs) > 0 {
-		ins := tx.StmtContext(ctx, st.run)
+		ins := tx.StmtContext(ctx, runIns)
 		for i := range runs {
 			if _, err := ins.ExecContext(rowCtx, runs[i].args()...); err != nil {
 				return fmt.Errorf("write runs: %w", err)
@@ -301,7 +306,7 @@ func (db *DB) writePrepared(ctx context.Context, runs []runRow, tunnels []tunnel
 		}
 	}
 	if len(tunnels) > 0 {
-		ins := tx.StmtContext(ctx, st.tunnel)
+		ins := tx.StmtContext(ctx, tunnelIns)
 		for i := range tunnels {
 			if _, err := ins.ExecContext(rowCtx, tunnels[i].args()...); err != nil {
 				return fmt.Errorf("write tunnels: %w", err)

@@ -13,6 +13,8 @@ import (
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect/sqlitedialect"
 	"github.com/uptrace/bun/driver/sqliteshim"
+
+	"iop/adapters/store/internal/sqlprep"
 )
 
 // DefaultDSN is the database the node opens when no flag or config names one.
@@ -23,7 +25,7 @@ const DefaultDSN = "file:iop.db?cache=shared&mode=rwc"
 type DB struct {
 	bun      *bun.DB
 	postgres bool // opened by OpenPostgres
-	stmts    stmts
+	stmts    sqlprep.Cache
 	runs     unfinished // SQLite only
 }
 
@@ -44,13 +46,14 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 	if err := checkNotTruncated(dsn); err != nil {
 		return nil, fmt.Errorf("open sqlite: %w", err)
 	}
+	sqlprep.HoldAllocatorPages()
 	sqldb := sql.OpenDB(&connector{dsn: dsn, drv: sqliteshim.Driver(), pragmas: pragmasFor(dsn)})
 	sqldb.SetMaxOpenConns(1)
 	sqldb.SetMaxIdleConns(1)
 	sqldb.SetConnMaxLifetime(0)
 	sqldb.SetConnMaxIdleTime(0)
 
-	db := &DB{bun: bun.NewDB(sqldb, sqlitedialect.New()), stmts: stmts{db: sqldb}}
+	db := &DB{bun: bun.NewDB(sqldb, sqlitedialect.New()), stmts: sqlprep.Cache{DB: sqldb}}
 	if err := db.createSchema(ctx); err != nil {
 		_ = db.bun.Close()
 		return nil, fmt.Errorf("open sqlite %s: %w", dsn, err)
@@ -60,7 +63,7 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 
 // Close closes the database; stores built on it stop working.
 func (db *DB) Close() error {
-	db.stmts.close()
+	db.stmts.Close()
 	return db.bun.Close()
 }
 

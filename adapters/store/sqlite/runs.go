@@ -180,7 +180,7 @@ func (s *RunStore) CreateRun(ctx context.Context, run *domain.Run) error {
 		s.raw.runs.mu.Lock()
 		defer s.raw.runs.mu.Unlock()
 	}
-	st, err := s.raw.stmts.get(ctx, insertRunSQL)
+	st, err := s.raw.stmts.Get(ctx, insertRunSQL)
 	if err == nil {
 		row := toRow(run)
 		_, err = st.ExecContext(ctx, s.raw.insertArgs(row)...)
@@ -215,11 +215,11 @@ func (s *RunStore) UpdateRun(ctx context.Context, id string, fn func(*domain.Run
 		}
 	}
 	// Prepared before the transaction takes the only connection.
-	sel, err := s.raw.stmts.get(ctx, selectRunSQL)
+	sel, err := s.raw.stmts.Get(ctx, selectRunSQL)
 	if err != nil {
 		return fmt.Errorf("select run %s: %w", id, err)
 	}
-	upd, err := s.raw.stmts.get(ctx, updateRunSQL)
+	upd, err := s.raw.stmts.Get(ctx, updateRunSQL)
 	if err != nil {
 		return fmt.Errorf("update run %s: %w", id, err)
 	}
@@ -253,7 +253,7 @@ func (s *RunStore) updateKnown(ctx context.Context, run *domain.Run, was domain.
 	if err := fn(run); err != nil {
 		return true, err
 	}
-	upd, err := s.raw.stmts.get(ctx, updateRunIfSQL)
+	upd, err := s.raw.stmts.Get(ctx, updateRunIfSQL)
 	if err != nil {
 		return true, fmt.Errorf("update run %s: %w", was.ID, err)
 	}
@@ -273,7 +273,7 @@ func (s *RunStore) updateKnown(ctx context.Context, run *domain.Run, was domain.
 
 // GetRun returns the run with the given id, or domain.ErrRunNotFound.
 func (s *RunStore) GetRun(ctx context.Context, id string) (*domain.Run, error) {
-	sel, err := s.raw.stmts.get(ctx, selectRunSQL)
+	sel, err := s.raw.stmts.Get(ctx, selectRunSQL)
 	if err != nil {
 		return nil, fmt.Errorf("select run %s: %w", id, err)
 	}

@@ -1,0 +1,72 @@
+// Package sqlprep holds what the SQLite stores share to keep their hot
+// writes cheap: statements prepared once, and the C heap's pages held.
+package sqlprep
+
+import (
+	"context"
+	"database/sql"
+	"sync"
+
+	"modernc.org/libc"
+)
+
+// Cache holds statements prepared once per query on db. SQL that bun builds
+// has every value spelled into its text, so SQLite parses and plans each one
+// afresh; a statement prepared with placeholders ($N, or ?, which SQLite and
+// PostgreSQL both accept as written by the caller) is parsed once. With
+// SQLite's one pooled connection that is once per process. Safe for
+// concurrent use; the zero Cache needs DB set.
+type Cache struct {
+	DB *sql.DB
+	mu sync.Mutex
+	m  map[string]*sql.Stmt
+}
+
+// Get returns query prepared, preparing it on first use; a failed prepare
+// is returned and tried again on the next call.
+func (c *Cache) Get(ctx context.Context, query string) (*sql.Stmt, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st, ok := c.m[query]; ok {
+		return st, nil
+	}
+	st, err := c.DB.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	if c.m == nil {
+		c.m = map[string]*sql.Stmt{}
+	}
+	c.m[query] = st
+	return st, nil
+}
+
+// Close closes every statement; call it before the database closes.
+func (c *Cache) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, st := range c.m {
+		_ = st.Close()
+	}
+	c.m = nil
+}
+
+// HoldAllocatorPages keeps the SQLite allocator's small-size pages mapped.
+//
+// SQLite here is modernc.org/sqlite, whose C heap is modernc.org/memory: an
+// allocation of up to 16 KiB takes a slot of a 64 KiB page shared by its
+// size class, and the page is unmapped the moment its last slot is freed.
+// SQLite allocates and frees a scratch buffer of several KiB on every
+// B-tree page split (balance_nonroot), so with nothing else live in that
+// class each split of an insert cost an mmap, page faults, zeroing and an
+// munmap — a third of the edge history writer's CPU in a profile under
+// load. Holding one slot of each class for the life of the process (32 KiB
+// in all) keeps those pages mapped and reused. The allocator is the
+// process's, so this is done once, by whichever SQLite store opens first.
+var HoldAllocatorPages = sync.OnceFunc(func() {
+	tls := libc.NewTLS()
+	defer tls.Close()
+	for log := 4; log <= 14; log++ { // 16 B … 16 KiB, the slot classes
+		libc.Xmalloc(tls, libc.Tsize_t(1)<<log) // never freed, by design
+	}
+})
