@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -345,19 +346,9 @@ type providerModels struct {
 // serves reports whether the provider serves model (as MatchModel says).
 func (p *providerModels) serves(model string) bool {
 	if len(p.cfg.Models) > 0 {
-		for _, m := range p.cfg.Models {
-			if MatchModel(m, model) {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(p.cfg.Models, func(m string) bool { return MatchModel(m, model) })
 	}
-	for _, m := range p.models {
-		if MatchModel(m.ID, model) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(p.models, func(m ModelEntry) bool { return MatchModel(m.ID, model) })
 }
 
 // appendEntries appends the provider's models to out. Declared models
