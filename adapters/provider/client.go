@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"iop/adapters/internal/hopheader"
 	"iop/adapters/internal/netmsg"
 	"iop/domain"
 	"iop/ports"
@@ -221,46 +222,17 @@ func UpstreamURL(p domain.ProviderConfig, path, query string) string {
 	return u
 }
 
-// hopByHop are connection-scoped headers (RFC 9110 §7.6.1) that a proxy
-// must not forward, in canonical form.
-var hopByHop = map[string]bool{
-	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
-	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
-}
-
-// connectionListed returns the canonical names listed in h's Connection
-// headers (every line, comma-separated), which are hop-by-hop too.
-func connectionListed(h http.Header) map[string]bool {
-	var out map[string]bool
-	for k, vs := range h {
-		if http.CanonicalHeaderKey(k) != "Connection" {
-			continue
-		}
-		for _, v := range vs {
-			for _, f := range strings.Split(v, ",") {
-				if f = strings.TrimSpace(f); f != "" {
-					if out == nil {
-						out = map[string]bool{}
-					}
-					out[http.CanonicalHeaderKey(f)] = true
-				}
-			}
-		}
-	}
-	return out
-}
-
 // filterHeader copies h under canonical names, leaving out hop-by-hop
 // headers and those drop rejects. Names are canonicalized first, so a header
 // sent as "authorization" cannot slip past a filter for "Authorization".
 // The copy shares h's value slices, capped at their length so that adding a
 // value to the copy never writes into h.
 func filterHeader(h http.Header, drop func(canonical string) bool) http.Header {
-	listed := connectionListed(h)
+	listed := hopheader.Listed(h)
 	out := make(http.Header, len(h))
 	for k, vs := range h {
 		ck := http.CanonicalHeaderKey(k)
-		if hopByHop[ck] || listed[ck] || drop(ck) {
+		if hopheader.Hop(ck, listed) || drop(ck) {
 			continue
 		}
 		if prev, dup := out[ck]; dup {
@@ -276,11 +248,11 @@ func filterHeader(h http.Header, drop func(canonical string) bool) http.Header {
 // client parsed and owns: copying it cost a map and a slice per name on
 // every response.
 func stripResponseHeader(h http.Header) http.Header {
-	listed := connectionListed(h)
+	listed := hopheader.Listed(h)
 	for k, vs := range h {
 		ck := http.CanonicalHeaderKey(k)
 		switch {
-		case hopByHop[ck] || listed[ck]:
+		case hopheader.Hop(ck, listed):
 			delete(h, k)
 		case ck != k:
 			delete(h, k)
@@ -291,19 +263,12 @@ func stripResponseHeader(h http.Header) http.Header {
 }
 
 // CleanRequestHeader copies h without hop-by-hop headers (including those
-// named in Connection), without the caller's credentials (Authorization; the
-// node adds its own key; also X-Api-Key, Api-Key and Cookie), without
-// X-IOP-* routing headers, and without
-// Accept-Encoding, Expect, Host and Content-Length, so the provider answers
-// in identity encoding and usage can be read from the stream.
+// named in Connection) and without what stays with the relay
+// (hopheader.CallerOnly: the caller's credentials, X-IOP-* routing headers,
+// and Accept-Encoding, Expect, Host and Content-Length, so the provider
+// answers in identity encoding and usage can be read from the stream).
 func CleanRequestHeader(h http.Header) http.Header {
-	return filterHeader(h, func(k string) bool {
-		switch k {
-		case "Authorization", "X-Api-Key", "Api-Key", "Cookie", "Accept-Encoding", "Content-Length", "Host", "Expect":
-			return true
-		}
-		return strings.HasPrefix(k, "X-Iop-")
-	})
+	return filterHeader(h, hopheader.CallerOnly)
 }
 
 // CleanResponseHeader copies h without hop-by-hop headers. Content-Length

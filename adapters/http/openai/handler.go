@@ -71,6 +71,7 @@ import (
 	"time"
 
 	"iop/adapters/internal/deadline"
+	"iop/adapters/internal/hopheader"
 	"iop/application/edge"
 	"iop/domain"
 	"iop/ports"
@@ -503,43 +504,16 @@ func statusFor(err error) int {
 	return http.StatusInternalServerError
 }
 
-// hopByHop are connection-scoped headers (RFC 9110 §7.6.1), canonical.
-var hopByHop = map[string]bool{
-	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
-	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
-}
-
-// connectionListed is the set of header names the Connection header lists
-// (nil when there is none, the usual case).
-func connectionListed(h http.Header) map[string]bool {
-	vs := h.Values("Connection")
-	if len(vs) == 0 {
-		return nil
-	}
-	out := map[string]bool{}
-	for _, v := range vs {
-		for _, f := range strings.Split(v, ",") {
-			if f = strings.TrimSpace(f); f != "" {
-				out[http.CanonicalHeaderKey(f)] = true
-			}
-		}
-	}
-	return out
-}
-
 // forwardHeader is what of the caller's request header goes to the node:
 // everything but hop-by-hop headers, the caller's credentials for the edge
 // (Authorization, X-Api-Key, Api-Key, Cookie), X-IOP-* routing headers and what the node's
 // HTTP client sets itself; Content-Length is restated from the request.
 func forwardHeader(r *http.Request) http.Header {
-	listed := connectionListed(r.Header)
+	listed := hopheader.Listed(r.Header)
 	out := make(http.Header, len(r.Header)+1)
 	for k, vs := range r.Header {
 		ck := http.CanonicalHeaderKey(k) // the server's parser made it canonical: no allocation
-		switch {
-		case hopByHop[ck], listed[ck], strings.HasPrefix(ck, "X-Iop-"):
-			continue
-		case ck == "Authorization", ck == "X-Api-Key", ck == "Api-Key", ck == "Cookie", ck == "Host", ck == "Content-Length", ck == "Accept-Encoding", ck == "Expect":
+		if hopheader.Hop(ck, listed) || hopheader.CallerOnly(ck) {
 			continue
 		}
 		out[ck] = append(out[ck], vs...)
@@ -554,7 +528,7 @@ func forwardHeader(r *http.Request) http.Header {
 // headers. Content-Length stays: the body is relayed byte for byte, and a
 // relay that ends short is aborted, so the length is never a lie.
 func copyResponseHeader(dst, src http.Header) {
-	listed := connectionListed(src)
+	listed := hopheader.Listed(src)
 	canonical := true
 	for k := range src {
 		if http.CanonicalHeaderKey(k) != k {
@@ -564,7 +538,7 @@ func copyResponseHeader(dst, src http.Header) {
 	}
 	if canonical { // the usual case: no two keys meet, so order is moot
 		for k, vs := range src {
-			if !hopByHop[k] && !listed[k] {
+			if !hopheader.Hop(k, listed) {
 				dst[k] = append(dst[k], vs...)
 			}
 		}
@@ -578,7 +552,7 @@ func copyResponseHeader(dst, src http.Header) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		ck := http.CanonicalHeaderKey(k)
-		if hopByHop[ck] || listed[ck] {
+		if hopheader.Hop(ck, listed) {
 			continue
 		}
 		dst[ck] = append(dst[ck], src[k]...)
