@@ -23,7 +23,9 @@ var chunks = sync.Pool{New: func() any { b := make([]byte, stdoutChunkSize); ret
 
 // readChunks reads r into a pooled buffer until EOF or an error, passing
 // every read to write; it returns the bytes read and the first error
-// (io.EOF is not one).
+// (io.EOF is not one). Not io.CopyBuffer: given the child's *os.File pipe,
+// that hands the copy to the file's WriteTo, which allocates its own
+// 32 KiB buffer.
 func readChunks(r io.Reader, write func([]byte) error) (int64, error) {
 	bp := chunks.Get().(*[]byte)
 	defer chunks.Put(bp)
