@@ -47,11 +47,7 @@ func Root() string {
 	if d := os.Getenv("IOP_AGENT_CLIS"); d != "" {
 		return d
 	}
-	cache := os.Getenv("XDG_CACHE_HOME")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache")
-	}
+	cache, _ := os.UserCacheDir() // $XDG_CACHE_HOME, else $HOME/.cache, as the Makefile has it
 	return filepath.Join(cache, "iop", "agent-clis")
 }
 

@@ -662,11 +662,7 @@ func frpDir() string {
 	if d := os.Getenv("IOP_FRP_DIR"); d != "" {
 		return d
 	}
-	cache := os.Getenv("XDG_CACHE_HOME")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache")
-	}
+	cache, _ := os.UserCacheDir() // $XDG_CACHE_HOME, else $HOME/.cache, as the Makefile has it
 	return filepath.Join(cache, "iop", "frp-"+frpVersion)
 }
 
