@@ -254,9 +254,7 @@ func (c *Conn) heartbeat() {
 		c.withdraw()
 	}
 	c.wmu.Lock()
-	select {
-	case <-c.done:
-	default:
+	if !c.ended() {
 		c.hb.Reset(c.cfg.HeartbeatInterval)
 	}
 	c.wmu.Unlock()
@@ -267,12 +265,10 @@ func (c *Conn) Done() <-chan struct{} { return c.done }
 
 // Err returns why the connection ended, or nil while it is up.
 func (c *Conn) Err() error {
-	select {
-	case <-c.done:
+	if c.ended() {
 		return c.err
-	default:
-		return nil
 	}
+	return nil
 }
 
 // Close ends the connection with cause and waits for its goroutines.
@@ -497,14 +493,12 @@ func (c *Conn) peerParity(id uint64) bool {
 func (c *Conn) openFromPeer(f *ioppb.Frame) {
 	id := f.StreamId
 	c.mu.Lock()
-	select {
-	case <-c.done:
+	if c.ended() {
 		// shutdown has already ended every stream; one added now would
 		// never end and its handler would wait on it forever.
 		c.mu.Unlock()
 		c.dropped.Add(1)
 		return
-	default:
 	}
 	if id == 0 || !c.peerParity(id) || id <= c.lastPeerID {
 		c.mu.Unlock()
@@ -545,11 +539,9 @@ func (c *Conn) Open(ctx context.Context, f *ioppb.Frame) (*Stream, error) {
 		return nil, fmt.Errorf("%w: %w", ErrConnClosed, c.err)
 	}
 	c.mu.Lock()
-	select {
-	case <-c.done:
+	if c.ended() {
 		c.mu.Unlock()
 		return nil, fmt.Errorf("%w: %w", ErrConnClosed, c.err)
-	default:
 	}
 	if len(c.streams) >= c.cfg.MaxStreams {
 		c.mu.Unlock()
