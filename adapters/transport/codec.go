@@ -8,6 +8,7 @@ import (
 	"io"
 	"sync"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	ioppb "iop/proto/iop"
@@ -79,9 +80,9 @@ func (d *Decoder) next(f *ioppb.Frame, df *dataFrame) (size int, isData bool, er
 		return 0, false, fmt.Errorf("%w: %d > %d bytes", ErrFrameTooLarge, n, d.max)
 	}
 	if n == 0 {
-		return uvarintLen(n), false, ErrEmptyFrame
+		return protowire.SizeVarint(n), false, ErrEmptyFrame
 	}
-	size = uvarintLen(n) + int(n)
+	size = protowire.SizeVarint(n) + int(n)
 	// A protobuf message never starts with a zero byte (field number 0 does
 	// not exist), so a leading zero marks a data frame.
 	first, err := d.r.ReadByte()
@@ -196,15 +197,6 @@ func AppendFrame(b []byte, f *ioppb.Frame, max int) ([]byte, error) {
 	// The size was just computed: let Marshal reuse it instead of walking
 	// the message a second time.
 	return proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, f)
-}
-
-func uvarintLen(n uint64) int {
-	l := 1
-	for n >= 0x80 {
-		n >>= 7
-		l++
-	}
-	return l
 }
 
 func readerOf(b []byte) io.Reader { return bytes.NewReader(b) }
