@@ -25,11 +25,10 @@ var (
 // bulk frames go around it.
 const readBufferSize = 4 << 10
 
-// pooledFrameSize covers every data frame (chunks are at most 32 KiB plus
-// framing); larger, rare frames (a big config payload) are allocated.
+// pooledFrameSize is the writer's batch buffer (conn.go), taken from the
+// size-classed pools (datapool.go); it covers a batch up to coalesceLimit
+// plus the frame that crosses it.
 const pooledFrameSize = 64 << 10
-
-var framePool = sync.Pool{New: func() any { b := make([]byte, pooledFrameSize); return &b }}
 
 // beatBufferSize holds a few heartbeats (a frame is under 40 bytes): the
 // writer's buffer for a batch of heartbeats alone.
@@ -99,13 +98,9 @@ func (d *Decoder) next(f *ioppb.Frame, df *dataFrame) (size int, isData bool, er
 	// free again right after.
 	b := d.r.frame(int(n))
 	if b == nil {
-		if int(n) <= pooledFrameSize {
-			pooled := framePool.Get().(*[]byte)
-			defer framePool.Put(pooled)
-			b = (*pooled)[:n]
-		} else {
-			b = make([]byte, n)
-		}
+		var pooled *[]byte
+		b, pooled = getFrameBuf(int(n))
+		defer putPayload(pooled)
 		b[0] = first
 		if _, err := io.ReadFull(d.r, b[1:]); err != nil {
 			return 0, false, unexpectedEOF(err)

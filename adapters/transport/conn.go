@@ -645,10 +645,7 @@ func (c *Conn) writeLoop() {
 				beatPool.Put(pooled)
 			}
 		default:
-			if cap(buf) <= pooledFrameSize {
-				*pooled = buf[:cap(buf)] // keep the (possibly same) backing array
-			}
-			framePool.Put(pooled)
+			putPayload(pooled)
 		}
 		pooled, buf = nil, nil
 	}
@@ -775,11 +772,11 @@ func (c *Conn) writeLoop() {
 					pooled, small = beatPool.Get().(*[]byte), true
 					buf = (*pooled)[:0]
 				case pooled == nil:
-					pooled, small = framePool.Get().(*[]byte), false
-					buf = (*pooled)[:0]
+					buf, pooled = getFrameBuf(pooledFrameSize)
+					buf, small = buf[:0], false
 				case small && (!beat || len(buf) > beatBufferSize/2):
-					big := framePool.Get().(*[]byte)
-					nb := append((*big)[:0], buf...)
+					nb, big := getFrameBuf(pooledFrameSize)
+					nb = append(nb[:0], buf...)
 					release()
 					pooled, buf, small = big, nb, false
 				}
