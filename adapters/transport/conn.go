@@ -84,9 +84,9 @@ type Conn struct {
 	// closed: Close's wait then covers every writer.
 	wmu sync.Mutex
 	hb  *time.Timer // heartbeat timer, set by start; under wmu
-	// wArmed is when the write deadline was last moved. Only the running
-	// writer uses it; one writer hands it to the next through ws.
-	wArmed time.Time
+	// wArmed is the write deadline. Only the running writer uses it; one
+	// writer hands it to the next through ws.
+	wArmed lazyDeadline
 
 	mu         sync.Mutex
 	streams    map[uint64]*Stream
@@ -320,15 +320,13 @@ func (c *Conn) readLoop() {
 	defer c.wg.Done()
 	var f *ioppb.Frame
 	// The read deadline is the peer's liveness check. It moves forward at
-	// most every 1/16 of the timeout instead of on every frame (a timer
-	// update per frame showed in profiles), so a silent peer is dropped
-	// after between 15/16 of the heartbeat timeout and all of it.
+	// most every 1/16 of the timeout, so a silent peer is dropped after
+	// between 15/16 of the heartbeat timeout and all of it.
 	slack := c.cfg.HeartbeatTimeout / 16
-	var armed time.Time
+	var armed lazyDeadline
 	for {
-		if now := time.Now(); now.Sub(armed) >= slack {
+		if now := time.Now(); armed.due(now, slack) {
 			_ = c.nc.SetReadDeadline(now.Add(c.cfg.HeartbeatTimeout))
-			armed = now
 		}
 		if f == nil {
 			f = new(ioppb.Frame) // a data frame leaves it unused for the next one
@@ -368,6 +366,21 @@ func (c *Conn) dispatchData(df *dataFrame) {
 	}
 	putPayload(df.pool)
 	c.unroutedCost(df.stream, cost, fmt.Sprintf("data frame (kind %d)", df.kind))
+}
+
+// lazyDeadline is when a socket deadline was last moved. The read loop and
+// the writer move theirs forward only once it has aged by a slack, not on
+// every frame or write: a timer update each time showed in profiles.
+type lazyDeadline struct{ armed time.Time }
+
+// due reports whether slack has passed since the deadline was last moved,
+// and if so records now as that moment; the caller then moves it.
+func (d *lazyDeadline) due(now time.Time, slack time.Duration) bool {
+	if now.Sub(d.armed) < slack {
+		return false
+	}
+	d.armed = now
+	return true
 }
 
 func classifyReadErr(err error, wait time.Duration) error {
@@ -654,9 +667,8 @@ func (c *Conn) writeLoop() {
 	// catches a peer that stopped reading, not a long busy spell on a slow
 	// link (a batch can go on for as long as senders keep frames ready).
 	arm := func() {
-		if now := time.Now(); now.Sub(c.wArmed) >= c.cfg.WriteTimeout/4 {
+		if now := time.Now(); c.wArmed.due(now, c.cfg.WriteTimeout/4) {
 			_ = c.nc.SetWriteDeadline(now.Add(c.cfg.WriteTimeout))
-			c.wArmed = now
 		}
 	}
 	flush := func() bool {
