@@ -685,15 +685,24 @@ func (c *Conn) writeLoop() {
 	}
 	_, vectored := c.nc.(*net.TCPConn)
 	// writeRaw writes the batch so far and a large pre-encoded data frame
-	// with one writev, so its payload is not copied again.
+	// with one writev, so its payload is not copied again. The writev list
+	// escapes (WriteTo hands it to the socket), so it is made at the first
+	// writev and reused: once per writer, not once per frame, and never by
+	// a writer that only writes heartbeats.
+	var wv *writevList
 	writeRaw := func(raw []byte) bool {
 		arm()
 		var err error
 		if len(buf) == 0 {
 			_, err = c.nc.Write(raw)
 		} else {
-			bufs := net.Buffers{buf, raw}
-			_, err = bufs.WriteTo(c.nc)
+			if wv == nil {
+				wv = new(writevList)
+			}
+			wv.vec = [2][]byte{buf, raw}
+			wv.bufs = wv.vec[:]
+			_, err = wv.bufs.WriteTo(c.nc)
+			wv.vec = [2][]byte{} // hold no pooled buffer past its write
 		}
 		if err != nil {
 			c.shutdown(fmt.Errorf("write: %w", err))
@@ -833,6 +842,12 @@ type outFrame struct {
 	f    *ioppb.Frame
 	raw  []byte
 	pool *[]byte
+}
+
+// writevList is the writer's batch and raw frame for one writev.
+type writevList struct {
+	vec  [2][]byte
+	bufs net.Buffers
 }
 
 // rawDirectSize is the encoded size from which a data frame is written from
