@@ -61,8 +61,12 @@ type Stream struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	mu       sync.Mutex
-	queue    []queued
+	mu    sync.Mutex
+	queue []queued
+	// one is the queue's array while it starts from empty: popping
+	// reslices the queue forward, so a consumer that keeps up (one frame
+	// in, one out) would otherwise have every frame allocate a new array.
+	one      [1]queued
 	queued   int
 	unacked  int
 	credit   int
@@ -299,6 +303,9 @@ func (s *Stream) enqueue(q queued) bool {
 			s.c.trySendCtrl(resetFrame(s.id, "flow_control", "credit window exceeded"))
 		}
 		return false
+	}
+	if len(s.queue) == 0 {
+		s.queue = s.one[:0]
 	}
 	s.queue = append(s.queue, q)
 	s.queued += cost
