@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -168,6 +169,18 @@ func (s *Stream) SendData(ctx context.Context, kind byte, payload []byte) error 
 		putPayload(pool)
 	}
 	return err
+}
+
+// SendBody sends payload as a data frame of kind where the link agreed to
+// them (dataFrames), otherwise as the equivalent protobuf frame (asProto),
+// under the stream's credit either way. The payload is copied before
+// SendBody returns, so the caller may reuse it.
+func (s *Stream) SendBody(ctx context.Context, kind byte, payload []byte) error {
+	if s.c.dataFrames {
+		return s.SendData(ctx, kind, payload)
+	}
+	d := dataFrame{kind: kind, stream: s.id, payload: bytes.Clone(payload)}
+	return s.Send(ctx, d.asProto())
 }
 
 // send takes cost in credit and hands o to the writer. On error o was not
