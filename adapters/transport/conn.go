@@ -271,6 +271,10 @@ func (c *Conn) Err() error {
 	return nil
 }
 
+// closedErr is what a call on the ended connection fails with; only once
+// done is closed.
+func (c *Conn) closedErr() error { return fmt.Errorf("%w: %w", ErrConnClosed, c.err) }
+
 // Close ends the connection with cause and waits for its goroutines.
 // It is idempotent and safe to call from any goroutine but the connection's own.
 func (c *Conn) Close(cause error) {
@@ -309,7 +313,7 @@ func (c *Conn) shutdown(cause error) {
 		streams := c.streams
 		c.streams = map[uint64]*Stream{}
 		c.mu.Unlock()
-		err := fmt.Errorf("%w: %w", ErrConnClosed, cause)
+		err := c.closedErr()
 		for _, s := range streams {
 			s.end(err)
 		}
@@ -549,12 +553,12 @@ func (c *Conn) Open(ctx context.Context, f *ioppb.Frame) (*Stream, error) {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-c.done:
-		return nil, fmt.Errorf("%w: %w", ErrConnClosed, c.err)
+		return nil, c.closedErr()
 	}
 	c.mu.Lock()
 	if c.ended() {
 		c.mu.Unlock()
-		return nil, fmt.Errorf("%w: %w", ErrConnClosed, c.err)
+		return nil, c.closedErr()
 	}
 	if len(c.streams) >= c.cfg.MaxStreams {
 		c.mu.Unlock()
@@ -596,7 +600,7 @@ func (c *Conn) enqueueCtrl(ctx context.Context, f *ioppb.Frame) error {
 		return nil
 	case <-c.done:
 		c.withdraw()
-		return fmt.Errorf("%w: %w", ErrConnClosed, c.err)
+		return c.closedErr()
 	case <-ctx.Done():
 		c.withdraw()
 		return ctx.Err()

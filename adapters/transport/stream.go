@@ -222,7 +222,7 @@ func (s *Stream) send(ctx context.Context, o outFrame, cost int) error {
 		return context.Cause(s.ctx)
 	case <-s.c.done:
 		s.c.withdraw()
-		return fmt.Errorf("%w: %w", ErrConnClosed, s.c.err)
+		return s.c.closedErr()
 	}
 }
 
