@@ -106,7 +106,6 @@ func (d *Decoder) next(f *ioppb.Frame, df *dataFrame) (size int, isData bool, er
 			return 0, false, unexpectedEOF(err)
 		}
 	}
-	f.Reset()
 	if err := proto.Unmarshal(b, f); err != nil {
 		return 0, false, fmt.Errorf("%w: %v", ErrMalformedFrame, err)
 	}
