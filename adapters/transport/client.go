@@ -514,27 +514,17 @@ type tunnelSink struct {
 
 func (t *tunnelSink) Send(f domain.TunnelFrame) error {
 	ctx := t.s.Context()
-	if f.Kind == domain.TunnelBody {
-		if t.s.c.dataFrames {
-			for len(f.Body) > 0 {
-				n := min(len(f.Body), maxDataChunk)
-				if err := t.s.SendData(ctx, dataTunnelBody, f.Body[:n]); err != nil {
-					return err
-				}
-				f.Body = f.Body[n:]
-			}
-			return nil
-		}
-		// The writer encodes protobuf frames after Send returns: they must
-		// not share the caller's buffer.
-		f.Body = append([]byte(nil), f.Body...)
-		for len(f.Body) > maxDataChunk {
-			part := domain.TunnelFrame{Kind: domain.TunnelBody, Body: f.Body[:maxDataChunk]}
-			if err := t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: tunnelFrameToProto(part)}}); err != nil {
+	// An empty body goes out as one empty frame on a protobuf link (below)
+	// and not at all on a data-frame link.
+	if f.Kind == domain.TunnelBody && (len(f.Body) > 0 || t.s.c.dataFrames) {
+		for len(f.Body) > 0 {
+			n := min(len(f.Body), maxDataChunk)
+			if err := t.s.SendBody(ctx, dataTunnelBody, f.Body[:n]); err != nil {
 				return err
 			}
-			f.Body = f.Body[maxDataChunk:]
+			f.Body = f.Body[n:]
 		}
+		return nil
 	}
 	err := t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: tunnelFrameToProto(f)}})
 	if err == nil && (f.Kind == domain.TunnelEnd || f.Kind == domain.TunnelError) {

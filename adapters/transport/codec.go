@@ -8,6 +8,7 @@ import (
 	"io"
 	"sync"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	ioppb "iop/proto/iop"
@@ -24,11 +25,10 @@ var (
 // bulk frames go around it.
 const readBufferSize = 4 << 10
 
-// pooledFrameSize covers every data frame (chunks are at most 32 KiB plus
-// framing); larger, rare frames (a big config payload) are allocated.
+// pooledFrameSize is the writer's batch buffer (conn.go), taken from the
+// size-classed pools (datapool.go); it covers a batch up to coalesceLimit
+// plus the frame that crosses it.
 const pooledFrameSize = 64 << 10
-
-var framePool = sync.Pool{New: func() any { b := make([]byte, pooledFrameSize); return &b }}
 
 // beatBufferSize holds a few heartbeats (a frame is under 40 bytes): the
 // writer's buffer for a batch of heartbeats alone.
@@ -79,9 +79,9 @@ func (d *Decoder) next(f *ioppb.Frame, df *dataFrame) (size int, isData bool, er
 		return 0, false, fmt.Errorf("%w: %d > %d bytes", ErrFrameTooLarge, n, d.max)
 	}
 	if n == 0 {
-		return uvarintLen(n), false, ErrEmptyFrame
+		return protowire.SizeVarint(n), false, ErrEmptyFrame
 	}
-	size = uvarintLen(n) + int(n)
+	size = protowire.SizeVarint(n) + int(n)
 	// A protobuf message never starts with a zero byte (field number 0 does
 	// not exist), so a leading zero marks a data frame.
 	first, err := d.r.ReadByte()
@@ -98,19 +98,14 @@ func (d *Decoder) next(f *ioppb.Frame, df *dataFrame) (size int, isData bool, er
 	// free again right after.
 	b := d.r.frame(int(n))
 	if b == nil {
-		if int(n) <= pooledFrameSize {
-			pooled := framePool.Get().(*[]byte)
-			defer framePool.Put(pooled)
-			b = (*pooled)[:n]
-		} else {
-			b = make([]byte, n)
-		}
+		var pooled *[]byte
+		b, pooled = getFrameBuf(int(n))
+		defer putPayload(pooled)
 		b[0] = first
 		if _, err := io.ReadFull(d.r, b[1:]); err != nil {
 			return 0, false, unexpectedEOF(err)
 		}
 	}
-	f.Reset()
 	if err := proto.Unmarshal(b, f); err != nil {
 		return 0, false, fmt.Errorf("%w: %v", ErrMalformedFrame, err)
 	}
@@ -196,15 +191,6 @@ func AppendFrame(b []byte, f *ioppb.Frame, max int) ([]byte, error) {
 	// The size was just computed: let Marshal reuse it instead of walking
 	// the message a second time.
 	return proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, f)
-}
-
-func uvarintLen(n uint64) int {
-	l := 1
-	for n >= 0x80 {
-		n >>= 7
-		l++
-	}
-	return l
 }
 
 func readerOf(b []byte) io.Reader { return bytes.NewReader(b) }

@@ -84,9 +84,9 @@ type Conn struct {
 	// closed: Close's wait then covers every writer.
 	wmu sync.Mutex
 	hb  *time.Timer // heartbeat timer, set by start; under wmu
-	// wArmed is when the write deadline was last moved. Only the running
-	// writer uses it; one writer hands it to the next through ws.
-	wArmed time.Time
+	// wArmed is the write deadline. Only the running writer uses it; one
+	// writer hands it to the next through ws.
+	wArmed lazyDeadline
 
 	mu         sync.Mutex
 	streams    map[uint64]*Stream
@@ -254,9 +254,7 @@ func (c *Conn) heartbeat() {
 		c.withdraw()
 	}
 	c.wmu.Lock()
-	select {
-	case <-c.done:
-	default:
+	if !c.ended() {
 		c.hb.Reset(c.cfg.HeartbeatInterval)
 	}
 	c.wmu.Unlock()
@@ -267,13 +265,15 @@ func (c *Conn) Done() <-chan struct{} { return c.done }
 
 // Err returns why the connection ended, or nil while it is up.
 func (c *Conn) Err() error {
-	select {
-	case <-c.done:
+	if c.ended() {
 		return c.err
-	default:
-		return nil
 	}
+	return nil
 }
+
+// closedErr is what a call on the ended connection fails with; only once
+// done is closed.
+func (c *Conn) closedErr() error { return fmt.Errorf("%w: %w", ErrConnClosed, c.err) }
 
 // Close ends the connection with cause and waits for its goroutines.
 // It is idempotent and safe to call from any goroutine but the connection's own.
@@ -313,7 +313,7 @@ func (c *Conn) shutdown(cause error) {
 		streams := c.streams
 		c.streams = map[uint64]*Stream{}
 		c.mu.Unlock()
-		err := fmt.Errorf("%w: %w", ErrConnClosed, cause)
+		err := c.closedErr()
 		for _, s := range streams {
 			s.end(err)
 		}
@@ -324,15 +324,13 @@ func (c *Conn) readLoop() {
 	defer c.wg.Done()
 	var f *ioppb.Frame
 	// The read deadline is the peer's liveness check. It moves forward at
-	// most every 1/16 of the timeout instead of on every frame (a timer
-	// update per frame showed in profiles), so a silent peer is dropped
-	// after between 15/16 of the heartbeat timeout and all of it.
+	// most every 1/16 of the timeout, so a silent peer is dropped after
+	// between 15/16 of the heartbeat timeout and all of it.
 	slack := c.cfg.HeartbeatTimeout / 16
-	var armed time.Time
+	var armed lazyDeadline
 	for {
-		if now := time.Now(); now.Sub(armed) >= slack {
+		if now := time.Now(); armed.due(now, slack) {
 			_ = c.nc.SetReadDeadline(now.Add(c.cfg.HeartbeatTimeout))
-			armed = now
 		}
 		if f == nil {
 			f = new(ioppb.Frame) // a data frame leaves it unused for the next one
@@ -372,6 +370,21 @@ func (c *Conn) dispatchData(df *dataFrame) {
 	}
 	putPayload(df.pool)
 	c.unroutedCost(df.stream, cost, fmt.Sprintf("data frame (kind %d)", df.kind))
+}
+
+// lazyDeadline is when a socket deadline was last moved. The read loop and
+// the writer move theirs forward only once it has aged by a slack, not on
+// every frame or write: a timer update each time showed in profiles.
+type lazyDeadline struct{ armed time.Time }
+
+// due reports whether slack has passed since the deadline was last moved,
+// and if so records now as that moment; the caller then moves it.
+func (d *lazyDeadline) due(now time.Time, slack time.Duration) bool {
+	if now.Sub(d.armed) < slack {
+		return false
+	}
+	d.armed = now
+	return true
 }
 
 func classifyReadErr(err error, wait time.Duration) error {
@@ -497,14 +510,12 @@ func (c *Conn) peerParity(id uint64) bool {
 func (c *Conn) openFromPeer(f *ioppb.Frame) {
 	id := f.StreamId
 	c.mu.Lock()
-	select {
-	case <-c.done:
+	if c.ended() {
 		// shutdown has already ended every stream; one added now would
 		// never end and its handler would wait on it forever.
 		c.mu.Unlock()
 		c.dropped.Add(1)
 		return
-	default:
 	}
 	if id == 0 || !c.peerParity(id) || id <= c.lastPeerID {
 		c.mu.Unlock()
@@ -542,14 +553,12 @@ func (c *Conn) Open(ctx context.Context, f *ioppb.Frame) (*Stream, error) {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-c.done:
-		return nil, fmt.Errorf("%w: %w", ErrConnClosed, c.err)
+		return nil, c.closedErr()
 	}
 	c.mu.Lock()
-	select {
-	case <-c.done:
+	if c.ended() {
 		c.mu.Unlock()
-		return nil, fmt.Errorf("%w: %w", ErrConnClosed, c.err)
-	default:
+		return nil, c.closedErr()
 	}
 	if len(c.streams) >= c.cfg.MaxStreams {
 		c.mu.Unlock()
@@ -591,7 +600,7 @@ func (c *Conn) enqueueCtrl(ctx context.Context, f *ioppb.Frame) error {
 		return nil
 	case <-c.done:
 		c.withdraw()
-		return fmt.Errorf("%w: %w", ErrConnClosed, c.err)
+		return c.closedErr()
 	case <-ctx.Done():
 		c.withdraw()
 		return ctx.Err()
@@ -653,10 +662,7 @@ func (c *Conn) writeLoop() {
 				beatPool.Put(pooled)
 			}
 		default:
-			if cap(buf) <= pooledFrameSize {
-				*pooled = buf[:cap(buf)] // keep the (possibly same) backing array
-			}
-			framePool.Put(pooled)
+			putPayload(pooled)
 		}
 		pooled, buf = nil, nil
 	}
@@ -665,9 +671,8 @@ func (c *Conn) writeLoop() {
 	// catches a peer that stopped reading, not a long busy spell on a slow
 	// link (a batch can go on for as long as senders keep frames ready).
 	arm := func() {
-		if now := time.Now(); now.Sub(c.wArmed) >= c.cfg.WriteTimeout/4 {
+		if now := time.Now(); c.wArmed.due(now, c.cfg.WriteTimeout/4) {
 			_ = c.nc.SetWriteDeadline(now.Add(c.cfg.WriteTimeout))
-			c.wArmed = now
 		}
 	}
 	flush := func() bool {
@@ -684,15 +689,24 @@ func (c *Conn) writeLoop() {
 	}
 	_, vectored := c.nc.(*net.TCPConn)
 	// writeRaw writes the batch so far and a large pre-encoded data frame
-	// with one writev, so its payload is not copied again.
+	// with one writev, so its payload is not copied again. The writev list
+	// escapes (WriteTo hands it to the socket), so it is made at the first
+	// writev and reused: once per writer, not once per frame, and never by
+	// a writer that only writes heartbeats.
+	var wv *writevList
 	writeRaw := func(raw []byte) bool {
 		arm()
 		var err error
 		if len(buf) == 0 {
 			_, err = c.nc.Write(raw)
 		} else {
-			bufs := net.Buffers{buf, raw}
-			_, err = bufs.WriteTo(c.nc)
+			if wv == nil {
+				wv = new(writevList)
+			}
+			wv.vec = [2][]byte{buf, raw}
+			wv.bufs = wv.vec[:]
+			_, err = wv.bufs.WriteTo(c.nc)
+			wv.vec = [2][]byte{} // hold no pooled buffer past its write
 		}
 		if err != nil {
 			c.shutdown(fmt.Errorf("write: %w", err))
@@ -783,11 +797,11 @@ func (c *Conn) writeLoop() {
 					pooled, small = beatPool.Get().(*[]byte), true
 					buf = (*pooled)[:0]
 				case pooled == nil:
-					pooled, small = framePool.Get().(*[]byte), false
-					buf = (*pooled)[:0]
+					buf, pooled = getFrameBuf(pooledFrameSize)
+					buf, small = buf[:0], false
 				case small && (!beat || len(buf) > beatBufferSize/2):
-					big := framePool.Get().(*[]byte)
-					nb := append((*big)[:0], buf...)
+					nb, big := getFrameBuf(pooledFrameSize)
+					nb = append(nb[:0], buf...)
 					release()
 					pooled, buf, small = big, nb, false
 				}
@@ -832,6 +846,12 @@ type outFrame struct {
 	f    *ioppb.Frame
 	raw  []byte
 	pool *[]byte
+}
+
+// writevList is the writer's batch and raw frame for one writev.
+type writevList struct {
+	vec  [2][]byte
+	bufs net.Buffers
 }
 
 // rawDirectSize is the encoded size from which a data frame is written from

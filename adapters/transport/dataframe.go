@@ -3,6 +3,8 @@ package transport
 import (
 	"encoding/binary"
 
+	"google.golang.org/protobuf/encoding/protowire"
+
 	ioppb "iop/proto/iop"
 )
 
@@ -33,13 +35,13 @@ type dataFrame struct {
 }
 
 // dataBodyLen is the size of a data frame without its length prefix.
-func dataBodyLen(id uint64, payload int) int { return 2 + uvarintLen(id) + payload }
+func dataBodyLen(id uint64, payload int) int { return 2 + protowire.SizeVarint(id) + payload }
 
 // encodeData returns the whole wire encoding of a data frame in a buffer
 // from the payload pools (release the handle once written).
 func encodeData(kind byte, id uint64, payload []byte) ([]byte, *[]byte) {
 	body := dataBodyLen(id, len(payload))
-	b, pool := getFrameBuf(uvarintLen(uint64(body)) + body)
+	b, pool := getFrameBuf(protowire.SizeVarint(uint64(body)) + body)
 	b = binary.AppendUvarint(b[:0], uint64(body))
 	b = append(b, dataMarker, kind)
 	b = binary.AppendUvarint(b, id)

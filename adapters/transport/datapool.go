@@ -10,7 +10,9 @@ import "sync"
 // they wait in stream queues, and credit counts contents plus a 16-byte
 // overhead, so a tiny SSE chunk in a pooled buffer would pin many times what
 // credit allows. Encoded frames (getFrameBuf) live only until the writer
-// has copied or written them, so every size is pooled.
+// has copied or written them, so every size is pooled; the same goes for a
+// protobuf frame the decoder reads whole before unmarshalling it and for the
+// writer's batch buffer (pooledFrameSize).
 const (
 	minPooledPayload = 2 << 10
 	firstClass       = 512

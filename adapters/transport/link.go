@@ -263,14 +263,7 @@ func (t *tunnelStream) sendBody(r io.Reader) {
 	for {
 		n, err := io.ReadFull(r, buf)
 		if n > 0 {
-			var serr error
-			if t.s.c.dataFrames {
-				serr = t.s.SendData(ctx, dataRequestBody, buf[:n])
-			} else {
-				chunk := append([]byte(nil), buf[:n]...)
-				serr = t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_TunnelRequestBody{TunnelRequestBody: &ioppb.TunnelRequestBody{Data: chunk}}})
-			}
-			if serr != nil {
+			if t.s.SendBody(ctx, dataRequestBody, buf[:n]) != nil {
 				return
 			}
 		}

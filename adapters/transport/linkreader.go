@@ -1,18 +1,10 @@
 package transport
 
-import (
-	"io"
-	"sync"
-)
+import "io"
 
 // idleReadSize is the inline buffer a link reads into while it is idle: a
 // heartbeat and its reply fit, so an idle link never borrows the pool.
 const idleReadSize = 128
-
-// readPool holds the read buffers of links that are busy at the moment,
-// shared by all connections: one is lent to a link only while data keeps
-// coming, so 10,000 idle links hold none.
-var readPool = sync.Pool{New: func() any { b := make([]byte, readBufferSize); return &b }}
 
 // linkReader is the buffered reader under a link's Decoder. A read loop
 // spends almost all its life blocked in a read; a bufio.Reader would hold its
@@ -50,7 +42,7 @@ func newLinkReader(rd io.Reader) *linkReader {
 // release gives the pooled buffer back; only when nothing is buffered.
 func (b *linkReader) release() {
 	if b.pooled != nil {
-		readPool.Put(b.pooled)
+		putPayload(b.pooled)
 		b.pooled = nil
 		b.buf = b.small[:]
 	}
@@ -62,8 +54,10 @@ func (b *linkReader) fill(want int) {
 	b.r, b.w = 0, 0
 	if b.busy || want > len(b.small) {
 		if b.pooled == nil {
-			b.pooled = readPool.Get().(*[]byte)
-			b.buf = *b.pooled
+			// From the pools shared by all connections (datapool.go): one is
+			// lent to a link only while data keeps coming, so 10,000 idle
+			// links hold none.
+			b.buf, b.pooled = getFrameBuf(readBufferSize)
 		}
 	} else {
 		b.release()

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -61,8 +62,12 @@ type Stream struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	mu       sync.Mutex
-	queue    []queued
+	mu    sync.Mutex
+	queue []queued
+	// one is the queue's array while it starts from empty: popping
+	// reslices the queue forward, so a consumer that keeps up (one frame
+	// in, one out) would otherwise have every frame allocate a new array.
+	one      [1]queued
 	queued   int
 	unacked  int
 	credit   int
@@ -166,6 +171,18 @@ func (s *Stream) SendData(ctx context.Context, kind byte, payload []byte) error 
 	return err
 }
 
+// SendBody sends payload as a data frame of kind where the link agreed to
+// them (dataFrames), otherwise as the equivalent protobuf frame (asProto),
+// under the stream's credit either way. The payload is copied before
+// SendBody returns, so the caller may reuse it.
+func (s *Stream) SendBody(ctx context.Context, kind byte, payload []byte) error {
+	if s.c.dataFrames {
+		return s.SendData(ctx, kind, payload)
+	}
+	d := dataFrame{kind: kind, stream: s.id, payload: bytes.Clone(payload)}
+	return s.Send(ctx, d.asProto())
+}
+
 // send takes cost in credit and hands o to the writer. On error o was not
 // taken.
 func (s *Stream) send(ctx context.Context, o outFrame, cost int) error {
@@ -205,7 +222,7 @@ func (s *Stream) send(ctx context.Context, o outFrame, cost int) error {
 		return context.Cause(s.ctx)
 	case <-s.c.done:
 		s.c.withdraw()
-		return fmt.Errorf("%w: %w", ErrConnClosed, s.c.err)
+		return s.c.closedErr()
 	}
 }
 
@@ -299,6 +316,9 @@ func (s *Stream) enqueue(q queued) bool {
 			s.c.trySendCtrl(resetFrame(s.id, "flow_control", "credit window exceeded"))
 		}
 		return false
+	}
+	if len(s.queue) == 0 {
+		s.queue = s.one[:0]
 	}
 	s.queue = append(s.queue, q)
 	s.queued += cost
