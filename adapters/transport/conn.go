@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"iop/adapters/internal/deadline"
 	ioppb "iop/proto/iop"
 )
 
@@ -84,9 +85,10 @@ type Conn struct {
 	// closed: Close's wait then covers every writer.
 	wmu sync.Mutex
 	hb  *time.Timer // heartbeat timer, set by start; under wmu
-	// wArmed is the write deadline. Only the running writer uses it; one
-	// writer hands it to the next through ws.
-	wArmed lazyDeadline
+	// wd moves the write deadline (WriteTimeout ahead, once per quarter of
+	// it). Only the running writer uses it; one writer hands it to the next
+	// through ws.
+	wd deadline.Lazy
 
 	mu         sync.Mutex
 	streams    map[uint64]*Stream
@@ -132,6 +134,7 @@ func newConn(nc net.Conn, dec *Decoder, cfg Config, side Side, peerWindow uint32
 		streams: map[uint64]*Stream{},
 		opening: make(chan struct{}, 1),
 		done:    make(chan struct{}),
+		wd:      deadline.Quarter(cfg.WriteTimeout),
 		since:   time.Now(),
 	}
 	// Held as if a writer ran until start launches the first one: frames
@@ -326,11 +329,10 @@ func (c *Conn) readLoop() {
 	// The read deadline is the peer's liveness check. It moves forward at
 	// most every 1/16 of the timeout, so a silent peer is dropped after
 	// between 15/16 of the heartbeat timeout and all of it.
-	slack := c.cfg.HeartbeatTimeout / 16
-	var armed lazyDeadline
+	rd := deadline.Lazy{Timeout: c.cfg.HeartbeatTimeout, Slack: c.cfg.HeartbeatTimeout / 16}
 	for {
-		if now := time.Now(); armed.due(now, slack) {
-			_ = c.nc.SetReadDeadline(now.Add(c.cfg.HeartbeatTimeout))
+		if t, due := rd.Next(time.Now()); due {
+			_ = c.nc.SetReadDeadline(t)
 		}
 		if f == nil {
 			f = new(ioppb.Frame) // a data frame leaves it unused for the next one
@@ -370,21 +372,6 @@ func (c *Conn) dispatchData(df *dataFrame) {
 	}
 	putPayload(df.pool)
 	c.unroutedCost(df.stream, cost, fmt.Sprintf("data frame (kind %d)", df.kind))
-}
-
-// lazyDeadline is when a socket deadline was last moved. The read loop and
-// the writer move theirs forward only once it has aged by a slack, not on
-// every frame or write: a timer update each time showed in profiles.
-type lazyDeadline struct{ armed time.Time }
-
-// due reports whether slack has passed since the deadline was last moved,
-// and if so records now as that moment; the caller then moves it.
-func (d *lazyDeadline) due(now time.Time, slack time.Duration) bool {
-	if now.Sub(d.armed) < slack {
-		return false
-	}
-	d.armed = now
-	return true
 }
 
 func classifyReadErr(err error, wait time.Duration) error {
@@ -671,8 +658,8 @@ func (c *Conn) writeLoop() {
 	// catches a peer that stopped reading, not a long busy spell on a slow
 	// link (a batch can go on for as long as senders keep frames ready).
 	arm := func() {
-		if now := time.Now(); c.wArmed.due(now, c.cfg.WriteTimeout/4) {
-			_ = c.nc.SetWriteDeadline(now.Add(c.cfg.WriteTimeout))
+		if t, due := c.wd.Next(time.Now()); due {
+			_ = c.nc.SetWriteDeadline(t)
 		}
 	}
 	flush := func() bool {
