@@ -21,6 +21,7 @@ require (
 	google.golang.org/protobuf v1.36.12
 	gopkg.in/yaml.v3 v3.0.1
 	modernc.org/libc v1.68.0
+	modernc.org/sqlite v1.46.1
 )
 
 require (
@@ -62,5 +63,4 @@ require (
 	mellium.im/sasl v0.3.2 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.11.0 // indirect
-	modernc.org/sqlite v1.46.1 // indirect
 )

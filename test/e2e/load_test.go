@@ -281,7 +281,8 @@ func usOf(d time.Duration) float64 {
 // TestLoadCompare measures with the link in its default TLS mode (auto)
 // and with tls.mode off; IOP_LOAD_MODES=auto or =off picks one.
 // IOP_LOAD_ROUNDS sets the number of rounds (default 3); IOP_LOAD_REPORT=FILE
-// also appends each mode's report (markdown) to FILE.
+// also appends each mode's report (markdown) to FILE; IOP_LOAD_PARTS=tunnel or
+// =runs measures only the provider tunnel or only the runs (default both).
 func TestLoadCompare(t *testing.T) {
 	modes := []string{"auto", "off"}
 	if m := os.Getenv("IOP_LOAD_MODES"); m != "" {
@@ -294,6 +295,11 @@ func TestLoadCompare(t *testing.T) {
 			t.Fatalf("IOP_LOAD_ROUNDS=%q: want a positive number", s)
 		}
 		rounds = n
+	}
+	switch os.Getenv("IOP_LOAD_PARTS") {
+	case "", "tunnel", "runs":
+	default:
+		t.Fatalf("IOP_LOAD_PARTS=%q: want tunnel or runs", os.Getenv("IOP_LOAD_PARTS"))
 	}
 	for _, mode := range modes {
 		t.Run("tls-"+mode, func(t *testing.T) { loadCompare(t, mode, rounds) })
@@ -372,18 +378,23 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 		hammer(t, 32, 300*time.Millisecond, func() error { _, _, err := loadRequest(pa.url, "chat"); return err })
 	}
 
+	parts := os.Getenv("IOP_LOAD_PARTS")
 	tunnel, runs := &loadResults{}, &loadResults{}
 	began := time.Now()
 	for round := 0; round < rounds; round++ {
 		// Each round starts with another path, so none is always first
 		// after a pause or always last.
 		order := append(slices.Clone(paths[round%len(paths):]), paths[:round%len(paths)]...)
-		measureTunnel(t, tunnel, order)
-		measureRuns(t, runs, e.url, edgeCPU, nodeCPU, round%2 == 1)
+		if parts != "runs" {
+			measureTunnel(t, tunnel, order)
+		}
+		if parts != "tunnel" {
+			measureRuns(t, runs, e.url, edgeCPU, nodeCPU, round%2 == 1)
+		}
 	}
 	elapsed := time.Since(began)
 
-	if profDir != "" {
+	if profDir != "" && parts != "runs" {
 		if frpSkip == "" {
 			profile(t, profDir, mode+"-chat-frp", frpProf, func() {
 				hammer(t, 32, 5*time.Second, func() error { _, _, err := loadRequest(frpURL, "chat"); return err })
@@ -399,14 +410,16 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 		profile(t, profDir, mode+"-bulk", addrs, func() {
 			hammer(t, 1, 5*time.Second, func() error { _, _, err := loadRequest(e.url, fmt.Sprintf("bulk-%d", loadBulk)); return err })
 		})
-		profile(t, profDir, mode+"-runs", addrs, func() {
-			hammer(t, 32, 5*time.Second, func() error { _, err := loadRun(e.url, "echo"); return err })
-		})
 		// Execution traces under sequential requests show where a
 		// request's time to first byte goes (go tool trace: scheduler
 		// latency and network blocking profiles).
 		traces(t, profDir, mode+"-seq", addrs, func() {
 			hammer(t, 1, 3*time.Second, func() error { _, _, err := loadRequest(e.url, "chat"); return err })
+		})
+	}
+	if profDir != "" && parts != "tunnel" {
+		profile(t, profDir, mode+"-runs", map[string]string{"edge": edgeProf, "node": nodeProf}, func() {
+			hammer(t, 32, 5*time.Second, func() error { _, err := loadRun(e.url, "echo"); return err })
 		})
 	}
 
@@ -421,13 +434,17 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 		fmt.Fprintf(&b, "frp: frps + frpc %s, raw TCP proxy, link TLS %s, tcpMux on (its default)\n", frpVersion, linkTLS)
 	}
 	b.WriteString("\n")
-	b.WriteString(tunnel.table([]string{"direct", "frp", "iop"},
-		[]string{"direct", "frp", "iop (edge + node)", "frp vs direct", "iop vs direct", "iop vs frp"},
-		[][2]string{{"direct", "frp"}, {"direct", "iop"}, {"frp", "iop"}}))
-	b.WriteString("\nruns (POST /v1/runs, exec target `cat`) against spawning the same child with stdin/stdout pipes from a Go process (this test), same round\n\n")
-	b.WriteString(runs.table([]string{"run", "spawn"},
-		[]string{"iop run", "one spawn", "run ÷ spawn"},
-		[][2]string{{"spawn", "run"}}))
+	if parts != "runs" {
+		b.WriteString(tunnel.table([]string{"direct", "frp", "iop"},
+			[]string{"direct", "frp", "iop (edge + node)", "frp vs direct", "iop vs direct", "iop vs frp"},
+			[][2]string{{"direct", "frp"}, {"direct", "iop"}, {"frp", "iop"}}))
+	}
+	if parts != "tunnel" {
+		b.WriteString("\nruns (POST /v1/runs, exec target `cat`) against spawning the same child with stdin/stdout pipes from a Go process (this test), same round\n\n")
+		b.WriteString(runs.table([]string{"run", "spawn"},
+			[]string{"iop run", "one spawn", "run ÷ spawn"},
+			[][2]string{{"spawn", "run"}}))
+	}
 	fmt.Print(b.String())
 	if path := os.Getenv("IOP_LOAD_REPORT"); path != "" {
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)

@@ -101,7 +101,7 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		sqldb.SetConnMaxLifetime(0)
 		sqldb.SetConnMaxIdleTime(0)
 		db = &DB{bun: bun.NewDB(sqldb, sqlitedialect.New()), stmts: sqlprep.Cache{DB: sqldb}}
-		for _, p := range []string{"PRAGMA page_size = 2048", "PRAGMA busy_timeout = 5000", "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL",
+		for _, p := range []string{fmt.Sprintf("PRAGMA page_size = %d", sqlprep.ScratchPageSize), "PRAGMA busy_timeout = 5000", "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL",
 			"PRAGMA wal_autocheckpoint = 4000"} {
 			if _, err := sqldb.ExecContext(ctx, p); err != nil {
 				_ = sqldb.Close()
