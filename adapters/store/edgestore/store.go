@@ -242,11 +242,16 @@ func splitBatch(batch []any) ([]runRow, []tunnelRow) {
 	return runs, tunnels
 }
 
-// runUpdate is what a later record of a run replaces (all but the id,
-// the edge and the creation time).
-var runUpdate = []string{"node", "adapter", "target", "session_id", "key_name", "background", "status",
-	"finished_us", "error_code", "error_message", "model", "prompt_tokens", "completion_tokens",
-	"total_tokens", "cost_usd", "has_usage"}
+// runUpdate is what a later record of a run replaces: its outcome. What
+// the run was (node, adapter, target, session, key, background) is fixed
+// when it is dispatched, and every later record of it is made from the
+// first (application/edge: observe, cancel, run history), so the first
+// record's values stay. Not naming them matters: SQLite rewrites the entry
+// of every index on a column the SET names, changed or not, and node is
+// indexed (edge_runs_node_idx) — one index entry deleted and inserted again
+// per finished run for nothing.
+var runUpdate = []string{"status", "finished_us", "error_code", "error_message", "model", "prompt_tokens",
+	"completion_tokens", "total_tokens", "cost_usd", "has_usage"}
 
 // writeMultiRow writes the batch as one multi-row INSERT per table, built
 // by bun: on PostgreSQL one round trip per table matters more than the
