@@ -88,7 +88,7 @@ func TestWritesUpsertAlike(t *testing.T) {
 			fin.Status, fin.FinishedAt, fin.ErrorCode, fin.ErrorMsg = domain.RunFailed, time.UnixMicro(200), "adapter_error", "boom"
 			fin.Usage = &domain.Usage{PromptTokens: 1, CompletionTokens: 2, CostUSD: 0.25, Model: "m"}
 			fin.CreatedAt = time.UnixMicro(150) // ignored: the first record's creation time stays
-			fin.Node, fin.Target = "n2", "t2"    // ignored too: what the run was is fixed at dispatch
+			fin.Node, fin.Target = "n2", "t2"   // ignored too: what the run was is fixed at dispatch
 			tun := domain.TunnelRecord{ID: "tun_1", Node: "n1", Status: 200, BodyBytes: 5, StartedAt: time.UnixMicro(100)}
 			tun2 := tun
 			tun2.Status = 502
