@@ -3,13 +3,13 @@ package sqlprep
 import (
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"unsafe"
 
 	"github.com/uptrace/bun/driver/sqliteshim"
 	"modernc.org/libc"
@@ -99,8 +99,9 @@ func poolSlotsInUse(t *testing.T, reset bool) int32 {
 	if rc := sqlite3.Xsqlite3_status(tls, sqlite3.SQLITE_STATUS_PAGECACHE_USED, p, p+4, r); rc != sqlite3.SQLITE_OK {
 		t.Fatalf("sqlite3_status: %d", rc)
 	}
+	b := libc.GoBytes(p, 8) // current, then high-water mark: two C ints
 	if reset {
-		return *(*int32)(unsafe.Pointer(p))
+		return int32(binary.NativeEndian.Uint32(b))
 	}
-	return *(*int32)(unsafe.Pointer(p + 4))
+	return int32(binary.NativeEndian.Uint32(b[4:]))
 }
