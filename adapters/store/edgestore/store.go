@@ -93,8 +93,10 @@ func New(db *DB, o Options) *Store {
 	return s
 }
 
-// RecordRun queues r (the whole record: a later one for the same id
-// replaces it).
+// RecordRun queues r. The first record of an id writes all of it; a later
+// one replaces the run's outcome (status, finish, error, usage) and keeps
+// what the run was (node, adapter, target, session, key, background; see
+// runUpdate).
 func (s *Store) RecordRun(r domain.RunRecord) { s.enqueue(toRunRow(s.opts.EdgeID, r)) }
 
 // RecordTunnel queues t.

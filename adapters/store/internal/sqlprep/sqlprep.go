@@ -75,10 +75,14 @@ func (c *Cache) Close() {
 // shootdown an munmap costs a threaded process) — 6 % of the edge's CPU
 // under run load in one profile. SQLite takes such buffers from its
 // SQLITE_CONFIG_PAGECACHE pool first when they fit a slot; with slots of
-// exactly ScratchPageSize bytes only those buffers fit (a cache entry is
-// larger), so the pool serves them and nothing else, and a split costs no
-// system call. The pool must be set before SQLite starts: when another
-// database was opened first, SQLite refuses it and splits go on as before.
+// exactly ScratchPageSize bytes only those buffers fit, as long as no
+// database of this process has smaller pages (a cache entry is a page
+// plus headers; the stores' pages are 2 KiB or 4 KiB), so the pool serves
+// them and nothing else, and a split costs no system call. Databases with
+// larger pages (the node store's, history files made before the edge moved
+// to 2 KiB pages) do not fit and allocate as before. The pool must be set
+// before SQLite starts: when another database was opened first, SQLite
+// refuses it and splits go on as before.
 var HoldAllocatorPages = sync.OnceFunc(func() {
 	tls := libc.NewTLS()
 	defer tls.Close()
@@ -86,6 +90,9 @@ var HoldAllocatorPages = sync.OnceFunc(func() {
 		libc.Xmalloc(tls, libc.Tsize_t(1)<<log) // never freed, by design
 	}
 	pool := libc.Xmalloc(tls, libc.Tsize_t(ScratchPageSize*scratchSlots)) // never freed: SQLite keeps it
+	if pool == 0 {
+		return // no memory: SQLite allocates as before
+	}
 	va := libc.NewVaList(pool, int32(ScratchPageSize), int32(scratchSlots))
 	defer libc.Xfree(tls, va)
 	scratchPool = sqlite3.Xsqlite3_config(tls, sqlite3.SQLITE_CONFIG_PAGECACHE, va) == sqlite3.SQLITE_OK
@@ -96,8 +103,10 @@ var HoldAllocatorPages = sync.OnceFunc(func() {
 const ScratchPageSize = 2048
 
 // scratchSlots bounds the buffers the pool serves at once: a connection
-// keeps two for good (its pager's and B-tree's), a split holds two while
-// it runs; past the pool SQLite falls back to its heap.
+// to a 2 KiB-page database keeps one for good (its B-tree's; the pager's
+// is 8 bytes larger and never fits) and a split holds two while it runs,
+// so the edge's one connection uses at most three; past the pool SQLite
+// falls back to its heap, as without one.
 const scratchSlots = 16
 
 // scratchPool reports whether SQLite took the pool (HoldAllocatorPages).
