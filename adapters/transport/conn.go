@@ -707,6 +707,9 @@ func (c *Conn) writeLoop() {
 	// the last batch held nothing but heartbeats and replies.
 	var taken int64
 	wrote, beatsOnly := false, false
+	// ahead holds frames already taken from the channels, to be written
+	// before anything else is taken (ordered).
+	var ahead []outFrame
 	// end ends the writer if no frame has been announced that it has not
 	// taken. A sender announcing one after the swap finds no writer and
 	// starts one.
@@ -742,6 +745,7 @@ func (c *Conn) writeLoop() {
 			select {
 			case o.f = <-c.ctrl:
 			case o = <-c.data:
+				o = c.ordered(o, &ahead)
 			case <-linger.C:
 				// Nothing written for a whole linger period: end.
 				if !wrote && end() {
@@ -810,13 +814,13 @@ func (c *Conn) writeLoop() {
 			if len(buf) >= coalesceLimit && !flush() {
 				return
 			}
-			o = c.nextQueued()
+			o = c.nextQueued(&ahead)
 			if o.f == nil && o.raw == nil {
 				// The sender just released often has its next frame ready
 				// (a tunnel's status, header, first body chunk): let it run
 				// once so they share one write instead of one each.
 				runtime.Gosched()
-				o = c.nextQueued()
+				o = c.nextQueued(&ahead)
 			}
 		}
 		if !flush() {
@@ -833,6 +837,8 @@ type outFrame struct {
 	f    *ioppb.Frame
 	raw  []byte
 	pool *[]byte
+	// stream is the stream a data-channel frame belongs to (Stream.send).
+	stream uint64
 }
 
 // writevList is the writer's batch and raw frame for one writev.
@@ -846,8 +852,15 @@ type writevList struct {
 // copied into the batch.
 const rawDirectSize = 8 << 10
 
-// nextQueued returns a frame that is ready without waiting, control first.
-func (c *Conn) nextQueued() outFrame {
+// nextQueued returns a frame that is ready without waiting: those in ahead
+// (ordered), then control frames, then data.
+func (c *Conn) nextQueued(ahead *[]outFrame) outFrame {
+	if len(*ahead) > 0 {
+		o := (*ahead)[0]
+		(*ahead)[0] = outFrame{}
+		*ahead = (*ahead)[1:]
+		return o
+	}
 	select {
 	case f := <-c.ctrl:
 		return outFrame{f: f}
@@ -857,10 +870,66 @@ func (c *Conn) nextQueued() outFrame {
 	case f := <-c.ctrl:
 		return outFrame{f: f}
 	case o := <-c.data:
-		return o
+		return c.ordered(o, ahead)
 	default:
 		return outFrame{}
 	}
+}
+
+// ordered is called with a data frame o just taken from c.data, and
+// returns the frame to write first, leaving the rest of the order in ahead
+// (empty on entry). When both channels are ready a select picks either,
+// so o may have been taken while control frames waited — among them,
+// possibly, the frame that opens o's stream: a sender queues the opening
+// frame on ctrl and then sends the stream's first data, so the opening
+// frame is in ctrl by the time o is received. Written after o, the data
+// would reach a peer that has no such stream yet and be dropped, a hole
+// in a request body. So the control frames waiting now go first (control
+// first, as always), except those of o's own stream that do not open it
+// (an end or reset its sender may have queued right after o): those keep
+// their place after o. The look is bounded by the control queue's size.
+func (c *Conn) ordered(o outFrame, ahead *[]outFrame) outFrame {
+	var after []*ioppb.Frame // o's stream's own, queued after o
+	first := len(*ahead)
+	for range cap(c.ctrl) {
+		var f *ioppb.Frame
+		select {
+		case f = <-c.ctrl:
+		default:
+		}
+		if f == nil {
+			break
+		}
+		if f.StreamId == o.stream && o.stream != 0 && !opensStream(f) {
+			after = append(after, f)
+			continue
+		}
+		*ahead = append(*ahead, outFrame{f: f})
+	}
+	if len(*ahead) == first {
+		for _, f := range after {
+			*ahead = append(*ahead, outFrame{f: f})
+		}
+		return o
+	}
+	*ahead = append(*ahead, o)
+	for _, f := range after {
+		*ahead = append(*ahead, outFrame{f: f})
+	}
+	next := (*ahead)[first]
+	(*ahead)[first] = outFrame{}
+	*ahead = (*ahead)[first+1:]
+	return next
+}
+
+// opensStream reports whether f opens a stream (the frames the peer's read
+// loop hands to openFromPeer).
+func opensStream(f *ioppb.Frame) bool {
+	switch f.Body.(type) {
+	case *ioppb.Frame_RunRequest, *ioppb.Frame_NodeCommandRequest, *ioppb.Frame_ProviderTunnelRequest, *ioppb.Frame_CancelRequest:
+		return true
+	}
+	return false
 }
 
 // heartbeatFrame is the periodic probe (Conn.heartbeat). It goes ahead of

@@ -156,7 +156,7 @@ func (s *Stream) recv(ctx context.Context) (*ioppb.Frame, dataFrame, error) {
 // writer has taken it.
 func (s *Stream) Send(ctx context.Context, f *ioppb.Frame) error {
 	f.StreamId = s.id
-	return s.send(ctx, outFrame{f: f}, frameCost(f))
+	return s.send(ctx, outFrame{f: f, stream: s.id}, frameCost(f))
 }
 
 // SendData sends payload as a data frame of kind under the stream's credit.
@@ -164,7 +164,7 @@ func (s *Stream) Send(ctx context.Context, f *ioppb.Frame) error {
 // it. Use it only where c.dataFrames holds.
 func (s *Stream) SendData(ctx context.Context, kind byte, payload []byte) error {
 	raw, pool := encodeData(kind, s.id, payload)
-	err := s.send(ctx, outFrame{raw: raw, pool: pool}, dataBodyLen(s.id, len(payload))+frameOverhead)
+	err := s.send(ctx, outFrame{raw: raw, pool: pool, stream: s.id}, dataBodyLen(s.id, len(payload))+frameOverhead)
 	if err != nil {
 		putPayload(pool)
 	}
@@ -211,19 +211,24 @@ func (s *Stream) send(ctx context.Context, o outFrame, cost int) error {
 		}
 	}
 	s.c.offer()
+	var err error
 	select {
 	case s.c.data <- o:
 		return nil
 	case <-ctx.Done():
-		s.c.withdraw()
-		return ctx.Err()
+		err = ctx.Err()
 	case <-s.ctx.Done():
-		s.c.withdraw()
-		return context.Cause(s.ctx)
+		err = context.Cause(s.ctx)
 	case <-s.c.done:
-		s.c.withdraw()
-		return s.c.closedErr()
+		err = s.c.closedErr()
 	}
+	// Not sent: the credit taken for it is the stream's again (a send
+	// abandoned by its caller must not shrink the window for good).
+	s.c.withdraw()
+	s.mu.Lock()
+	s.credit += cost
+	s.mu.Unlock()
+	return err
 }
 
 // SendControl queues a frame on this stream ahead of data, without credit.
