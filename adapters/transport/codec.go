@@ -45,6 +45,10 @@ const DefaultMaxFrameSize = 4 << 20
 type Decoder struct {
 	r   *linkReader
 	max int
+	// elements, when positive, is the most elements (checkElements) a
+	// frame may hold: set for the first frame of a connection
+	// (handshakeElements).
+	elements int
 }
 
 // NewDecoder reads from r; frames larger than max bytes are refused.
@@ -104,6 +108,11 @@ func (d *Decoder) next(f *ioppb.Frame, df *dataFrame) (size int, isData bool, er
 		b[0] = first
 		if _, err := io.ReadFull(d.r, b[1:]); err != nil {
 			return 0, false, unexpectedEOF(err)
+		}
+	}
+	if d.elements > 0 {
+		if err := checkElements(b, d.elements); err != nil {
+			return 0, false, err
 		}
 	}
 	if err := proto.Unmarshal(b, f); err != nil {

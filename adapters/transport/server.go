@@ -217,6 +217,7 @@ func (s *Server) handshake(nc net.Conn, remote, addr string) (*edgeLink, string,
 		return nil, "", false
 	}
 	dec := NewDecoder(nc, min(s.cfg.MaxFrameSize, maxRegisterFrame))
+	dec.elements = handshakeElements // the peer has shown no token yet
 	f := new(ioppb.Frame)
 	if _, err := dec.Decode(f); err != nil {
 		_ = nc.Close()
@@ -249,7 +250,7 @@ func (s *Server) handshake(nc net.Conn, remote, addr string) (*edgeLink, string,
 		return nil, "", false
 	}
 	defer func() { <-s.sem }()
-	dec.max = s.cfg.MaxFrameSize
+	dec.max, dec.elements = s.cfg.MaxFrameSize, 0
 	link := &edgeLink{remote: remote, acks: map[uint64]chan error{}}
 	link.conn = newConn(nc, dec, s.cfg, SideEdge, req.GetInitialWindow(), link)
 	info := domain.NodeInfo{Version: req.GetNodeVersion(), Hostname: req.GetHostname(), OS: req.GetOs(), Arch: req.GetArch(), Peer: peer, AdapterTypes: req.GetAdapterTypes()}
