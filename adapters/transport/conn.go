@@ -96,8 +96,9 @@ type Conn struct {
 	lastPeerID uint64
 	// lateAllowance is what the peer may still send on streams that have
 	// ended here (what was in flight when they ended): each ended stream
-	// adds its window, each frame for an ended stream takes its cost. An
-	// edge side disconnects a node that goes below zero: a flood.
+	// adds the credit the peer still held on it (remove), each frame for
+	// an ended stream takes its cost. An edge side disconnects a node that
+	// goes below zero: a flood.
 	lateAllowance int
 	// opening serialises Open from id allocation to enqueueing the open
 	// frame, so ids reach the peer in increasing order (it drops any id not
@@ -466,10 +467,6 @@ func (c *Conn) unroutedCost(id uint64, cost int, kind string) {
 	}
 }
 
-// maxLateWindows caps the late-frame allowance, so that many finished
-// streams do not add up to a licence to flood.
-const maxLateWindows = 16
-
 // ErrProtocolViolation is why an edge drops a node that broke the protocol.
 var ErrProtocolViolation = errors.New("protocol violation")
 
@@ -574,7 +571,17 @@ func (c *Conn) remove(s *Stream) {
 	c.mu.Lock()
 	if c.streams[s.id] == s {
 		delete(c.streams, s.id)
-		c.lateAllowance = min(c.lateAllowance+s.window, maxLateWindows*s.window)
+		// What the peer may still send on s is the credit it still holds:
+		// the window less what arrived and was not yet granted back. The
+		// sum is capped at the most a peer can have in flight on all its
+		// streams at once, so that many ended streams do not add up to a
+		// licence to flood; a lower cap would cut off an honest node whose
+		// streams were abandoned together (a caller that leaves with many
+		// tunnels open).
+		s.mu.Lock()
+		left := max(s.window-s.queued-s.unacked, 0)
+		s.mu.Unlock()
+		c.lateAllowance = min(c.lateAllowance+left, c.cfg.MaxStreams*s.window)
 	}
 	c.mu.Unlock()
 }

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -172,4 +173,55 @@ func FuzzEdgeFramesAfterRegistration(f *testing.F) {
 			t.Fatal("link did not end")
 		}
 	})
+}
+
+// TestManyAbandonedStreamsWithFramesInFlightKeepTheNode: a caller that
+// leaves with many streams open (20 runs abandoned at once) while the node
+// has sent each most of its credit is no flood: the node stayed within
+// what it was granted, so the late frames are dropped and the link stays.
+func TestManyAbandonedStreamsWithFramesInFlightKeepTheNode(t *testing.T) {
+	ctx := testCtx(t)
+	edge := newFakeEdge()
+	edge.addNode(testToken, testNodeConfig())
+	srv := startServer(t, "", testConfig(), edge)
+	raw := dialRaw(t, srv.Addr().String())
+	if resp := raw.register(ctx, testToken, 1<<20); !resp.GetAccepted() {
+		t.Fatalf("register: %+v", resp)
+	}
+	link := recv(t, ctx, edge.registered, "node").Link.(*edgeLink)
+
+	const runs = 20
+	var ids []uint64
+	for i := range runs {
+		rs, err := link.StartRun(ctx, runReq(fmt.Sprintf("r%d", i)))
+		mustf(t, err, "StartRun")
+		ids = append(ids, raw.readUntil(ctx, "run request", func(f *ioppb.Frame) bool { return f.GetRunRequest() != nil }).StreamId)
+		rs.Close() // the caller leaves before anything arrived
+	}
+	// What the node had sent before it learnt of the resets: 7/8 of each
+	// stream's window (the edge's StreamWindow, 256 KiB by default).
+	window := int(testConfig().withDefaults().StreamWindow)
+	for _, id := range ids {
+		b := mustFrame(t, &ioppb.Frame{StreamId: id, Body: &ioppb.Frame_RunEvent{RunEvent: &ioppb.RunEvent{
+			RunId: "r", Type: ioppb.EventType_EVENT_TYPE_DELTA, Text: strings.Repeat("z", 32<<10-64)}}})
+		for range window * 7 / 8 / (32 << 10) {
+			if err := raw.writeBytes(b); err != nil {
+				t.Fatalf("write: %v", err)
+			}
+		}
+	}
+	// A heartbeat after them: its reply means the edge has read them all.
+	raw.write(&ioppb.Frame{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{SentUnixNano: 42}}})
+	raw.readUntil(ctx, "the heartbeat's reply", func(f *ioppb.Frame) bool { return f.GetHeartbeat().GetEchoUnixNano() == 42 })
+	if err := link.conn.Err(); err != nil {
+		t.Fatalf("the node was disconnected: %v", err)
+	}
+	// The link is alive: a new run reaches the node.
+	rs, err := link.StartRun(ctx, runReq("after"))
+	mustf(t, err, "StartRun after the late frames")
+	defer rs.Close()
+	raw.readUntil(ctx, "the next run request", func(f *ioppb.Frame) bool { return f.GetRunRequest().GetRunId() == "after" })
+	if err := link.conn.Err(); err != nil {
+		t.Fatalf("the node was disconnected: %v", err)
+	}
 }
