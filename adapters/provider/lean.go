@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -46,12 +47,37 @@ type leanConn struct {
 	addr     string
 	nread    int64     // bytes read from nc, to tell "no response byte yet"
 	idleFrom time.Time // when it was last put in the pool
+	// headerLeft, while headers are read (inHeader), is how many more bytes
+	// they may take: a provider's endless header line must not grow the
+	// parser's buffer without end.
+	inHeader   bool
+	headerLeft int64
 }
 
-// Read counts what the response parser reads from the connection.
+// maxResponseHeaderBytes bounds a response's headers (1xx ones included),
+// as net/http.Transport's default does.
+const maxResponseHeaderBytes = 10 << 20
+
+// errHeaderTooLarge ends an exchange whose response headers pass
+// maxResponseHeaderBytes.
+var errHeaderTooLarge = fmt.Errorf("provider response headers exceed %d bytes", maxResponseHeaderBytes)
+
+// Read counts what the response parser reads from the connection, and holds
+// headers to their bound.
 func (c *leanConn) Read(p []byte) (int, error) {
+	if c.inHeader {
+		if c.headerLeft <= 0 {
+			return 0, errHeaderTooLarge
+		}
+		if int64(len(p)) > c.headerLeft {
+			p = p[:c.headerLeft]
+		}
+	}
 	n, err := c.nc.Read(p)
 	c.nread += int64(n)
+	if c.inHeader {
+		c.headerLeft -= int64(n)
+	}
 	return n, err
 }
 
@@ -97,6 +123,13 @@ func hostPort(u *http.Request) string {
 func (l *leanClient) do(ctx context.Context, hreq *http.Request, streamed bool, newBody func() (io.ReadCloser, bool)) (*http.Response, error) {
 	addr := hostPort(hreq)
 	replay := replayable(hreq)
+	if u := hreq.URL.User; u != nil && hreq.Header.Get("Authorization") == "" {
+		// Credentials in the base URL, as net/http.Client sends them
+		// (Request.Write itself leaves them out).
+		pw, _ := u.Password()
+		hreq.Header = hreq.Header.Clone()
+		hreq.SetBasicAuth(u.Username(), pw)
+	}
 	for attempt := 0; ; attempt++ {
 		c, reused, err := l.get(ctx, addr, attempt > 0, streamed || !replay)
 		if err != nil {
@@ -134,36 +167,61 @@ func (l *leanClient) do(ctx context.Context, hreq *http.Request, streamed bool, 
 // wrote, whether the whole request was handed to the connection (on an
 // error: whether the provider may have read it whole).
 func (l *leanClient) exchange(c *leanConn, hreq *http.Request) (resp *http.Response, keep, wrote bool, err error) {
-	// A failed write ends the exchange, as in http.Transport: the provider
-	// may still be waiting for the rest of the request (a streamed body
-	// that failed), so waiting for an answer could take the whole header
-	// timeout.
-	if err := hreq.Write(c.bw); err != nil {
-		return nil, false, false, err
+	werr := hreq.Write(c.bw)
+	if werr == nil {
+		werr = c.bw.Flush()
 	}
-	if err := c.bw.Flush(); err != nil {
-		return nil, false, false, err
+	if werr != nil {
+		// A provider may answer before it has read the whole request (a
+		// 413, a 404, a blob it already has) and close: the write then
+		// fails, but its answer is there to read, and it is the answer —
+		// the request must not be sent again. Without one at hand the
+		// write failure ends the exchange, as in http.Transport (the
+		// provider may still be waiting for the rest of a streamed body
+		// that failed, so a longer wait could take the whole header
+		// timeout).
+		_ = c.nc.SetReadDeadline(time.Now().Add(earlyAnswerWait))
+		if _, err := c.br.Peek(1); err != nil {
+			return nil, false, false, werr
+		}
+		if resp, err = l.readResponse(c, hreq); err != nil {
+			return nil, false, false, werr
+		}
+		_ = c.nc.SetReadDeadline(time.Time{})
+		return resp, false, true, nil
 	}
 	// The header timeout runs from the end of the request, as
 	// http.Transport's ResponseHeaderTimeout does.
 	_ = c.nc.SetReadDeadline(time.Now().Add(l.headerTimeout))
-	for i := 0; ; i++ {
-		resp, err = http.ReadResponse(c.br, hreq)
-		if err != nil {
-			return nil, false, true, err
-		}
-		// 1xx answers (103 Early Hints) come before the real one; 101 would
-		// hand the connection over, which a tunnel does not do.
-		if resp.StatusCode < 100 || resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
-			break
-		}
-		if i == 4 {
-			return nil, false, true, errors.New("too many 1xx informational responses")
-		}
+	if resp, err = l.readResponse(c, hreq); err != nil {
+		return nil, false, true, err
 	}
 	_ = c.nc.SetReadDeadline(time.Time{})
 	keep = !resp.Close && !hreq.Close && resp.StatusCode != http.StatusSwitchingProtocols
 	return resp, keep, true, nil
+}
+
+// earlyAnswerWait is how long a failed write waits for an answer the
+// provider sent before it stopped reading; one already sent is in the
+// socket's buffer.
+const earlyAnswerWait = 100 * time.Millisecond
+
+// readResponse reads the response to hreq, past any 1xx informational
+// answers (103 Early Hints), all headers together held to
+// maxResponseHeaderBytes. A 101 is returned: it would hand the connection
+// over, which a tunnel does not do, so the caller does not keep it.
+func (l *leanClient) readResponse(c *leanConn, hreq *http.Request) (*http.Response, error) {
+	c.inHeader, c.headerLeft = true, maxResponseHeaderBytes
+	defer func() { c.inHeader = false }()
+	for {
+		resp, err := http.ReadResponse(c.br, hreq)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode < 100 || resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			return resp, nil
+		}
+	}
 }
 
 // replayable reports whether hreq may reach the provider twice without

@@ -1,0 +1,127 @@
+package provider_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"iop/adapters/provider"
+	"iop/domain"
+)
+
+// A provider whose response header is huge (one 16 MiB line; an endless
+// one is the same until it ends) costs the node a bounded amount of memory
+// and the caller an error, as with net/http.Transport's limit, instead of
+// growing as long as the provider sends.
+func TestResponseHeadersAreBounded(t *testing.T) { bothPaths(t, testResponseHeadersAreBounded) }
+
+func testResponseHeadersAreBounded(t *testing.T, path clientPath) {
+	var accepted, closed atomic.Int32
+	ln := serveRaw(t, &accepted, &closed, func(_, _ int, _ *http.Request, nc net.Conn) bool {
+		_, _ = io.WriteString(nc, "HTTP/1.1 200 OK\r\nX-Big: ")
+		line := bytes.Repeat([]byte("a"), 1<<20)
+		for range 16 { // 16 MiB, past the 10 MiB bound
+			if _, err := nc.Write(line); err != nil {
+				return false
+			}
+		}
+		_, _ = io.WriteString(nc, "\r\nContent-Length: 2\r\n\r\nok")
+		return false
+	})
+	c := path.new(t, provider.Options{})
+	p := domain.ProviderConfig{Name: "p", BaseURL: "http://" + ln.Addr().String()}
+	resp, err := c.Do(context.Background(), p, domain.TunnelRequest{Method: http.MethodGet, Path: "/v1/models"}, nil)
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("got %d with a %d-byte header, want an error", resp.Status, len(strings.Join(resp.Header["X-Big"], "")))
+	}
+}
+
+// A provider that answers before it has read the request's body (a 413, a
+// blob it already has) and closes: the caller gets that answer, and the
+// request — a POST without an idempotency key, on a reused connection — is
+// not sent a second time because writing its body failed.
+func TestEarlyAnswerIsTheAnswer(t *testing.T) { bothPaths(t, testEarlyAnswerIsTheAnswer) }
+
+func testEarlyAnswerIsTheAnswer(t *testing.T, path clientPath) {
+	var accepted, closed, posts atomic.Int32
+	ln := serveRaw(t, &accepted, &closed, func(_, _ int, r *http.Request, nc net.Conn) bool {
+		if r.Method == http.MethodGet {
+			_, err := io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			return err == nil
+		}
+		posts.Add(1)
+		// The body is not read: the answer goes out, then the connection
+		// is shut for writing and, a moment later, closed with the body
+		// unread (a reset).
+		_, _ = io.WriteString(nc, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Length: 7\r\nConnection: close\r\n\r\ntoo big")
+		_ = nc.(*net.TCPConn).CloseWrite()
+		time.Sleep(100 * time.Millisecond)
+		return false
+	})
+	c := path.new(t, provider.Options{})
+	p := domain.ProviderConfig{Name: "p", BaseURL: "http://" + ln.Addr().String()}
+	ctx := context.Background()
+	if got, err := doRead(ctx, c, p, domain.TunnelRequest{Method: http.MethodGet, Path: "/v1/models"}, nil); err != nil || got != "ok" {
+		t.Fatalf("GET: %q %v", got, err)
+	}
+	big := domain.TunnelRequest{Method: http.MethodPost, Path: "/api/blobs/sha256:x", Body: bytes.Repeat([]byte("b"), 8<<20)}
+	resp, err := c.Do(ctx, p, big, nil)
+	if err != nil {
+		t.Fatalf("POST: %v, want the provider's 413", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.Status != http.StatusRequestEntityTooLarge || string(b) != "too big" {
+		t.Fatalf("POST: %d %q, want 413 %q", resp.Status, b, "too big")
+	}
+	if n := posts.Load(); n != 1 {
+		t.Fatalf("the provider got the POST %d times, want once", n)
+	}
+}
+
+// Credentials in a provider's base URL are sent as Basic authorization, as
+// net/http.Client sends them.
+func TestBaseURLCredentialsAreSent(t *testing.T) { bothPaths(t, testBaseURLCredentialsAreSent) }
+
+func testBaseURLCredentialsAreSent(t *testing.T, path clientPath) {
+	var accepted, closed atomic.Int32
+	auth := make(chan string, 1)
+	ln := serveRaw(t, &accepted, &closed, func(_, _ int, r *http.Request, nc net.Conn) bool {
+		auth <- r.Header.Get("Authorization")
+		_, err := io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return err == nil
+	})
+	c := path.new(t, provider.Options{})
+	p := domain.ProviderConfig{Name: "p", BaseURL: "http://user:pass@" + ln.Addr().String()}
+	if got, err := doRead(context.Background(), c, p, domain.TunnelRequest{Method: http.MethodGet, Path: "/v1/models"}, nil); err != nil || got != "ok" {
+		t.Fatalf("GET: %q %v", got, err)
+	}
+	if got := <-auth; got != "Basic dXNlcjpwYXNz" {
+		t.Fatalf("Authorization %q, want Basic user:pass", got)
+	}
+}
+
+// Informational answers before the real one are skipped however many come
+// (their bytes count against the header bound).
+func TestManyInformationalAnswers(t *testing.T) { bothPaths(t, testManyInformationalAnswers) }
+
+func testManyInformationalAnswers(t *testing.T, path clientPath) {
+	var accepted, closed atomic.Int32
+	ln := serveRaw(t, &accepted, &closed, func(_, _ int, _ *http.Request, nc net.Conn) bool {
+		early := strings.Repeat("HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n", 8)
+		_, err := io.WriteString(nc, early+"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nab")
+		return err == nil
+	})
+	c := path.new(t, provider.Options{})
+	p := domain.ProviderConfig{Name: "p", BaseURL: "http://" + ln.Addr().String()}
+	if got, err := doRead(context.Background(), c, p, domain.TunnelRequest{Method: http.MethodGet, Path: "/x"}, nil); err != nil || got != "ab" {
+		t.Fatalf("got %q %v, want %q", got, err, "ab")
+	}
+}
