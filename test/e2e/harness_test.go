@@ -128,13 +128,24 @@ func (p *proc) waitExit(t *testing.T, within time.Duration) int {
 
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		_ = ln.Close()
+		// The kernel may hand a port just closed out again; one given to
+		// another caller of this process (an edge's second listener, a
+		// parallel test) is not used twice.
+		if _, taken := handedOut.LoadOrStore(addr, true); !taken {
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
+
+// handedOut holds every address freeAddr returned in this process.
+var handedOut sync.Map
 
 // edge is a running iop-edge with its addresses and config file.
 type edge struct {
