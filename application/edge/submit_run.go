@@ -260,9 +260,9 @@ func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
 		ev.Seq = r.lastSeq + 1
 		ev.Time = r.h.now()
 	}
-	if ev.RunID == "" {
-		ev.RunID = r.RunID
-	}
+	// The stream is this run's, whatever id the node put in the event: a
+	// node must not publish events (a terminal one) under another run's id.
+	ev.RunID = r.RunID
 	r.lastSeq = ev.Seq
 	r.h.bus.Publish(domain.BusEvent{Type: domain.BusRunEvent, Time: r.h.now(), Node: r.Node, Key: r.Key, Run: &ev})
 	r.obs.event(ev)

@@ -417,3 +417,36 @@ func TestSubmitRunRefusesOversizedRequest(t *testing.T) {
 		t.Fatalf("a run that fits was refused: %v", err)
 	}
 }
+
+// A node cannot publish events under another run's id: whatever run id
+// the node puts in an event, the edge relays and publishes it as the run
+// whose stream it came on.
+func TestSubmitRunEventsKeepTheirStreamsRunID(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+	rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Node: "a", Adapter: "exec", Target: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := ucEv(2, domain.EventComplete, "")
+	forged.RunID = "run_someone_else"
+	e.links["a"].stream(t, rh.RunID).push(forged)
+	for {
+		ev, err := ucNext(t, rh)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("Next: %v", err)
+		}
+		if ev.RunID != rh.RunID {
+			t.Fatalf("event relayed with run id %q, want %q", ev.RunID, rh.RunID)
+		}
+	}
+	if other := e.bus.runEvents("run_someone_else"); len(other) != 0 {
+		t.Fatalf("the bus holds %d events of a run this node does not run", len(other))
+	}
+	if onBus := e.bus.runEvents(rh.RunID); len(onBus) != 2 {
+		t.Fatalf("bus has %d events of the run, want start and complete", len(onBus))
+	}
+}
