@@ -207,6 +207,9 @@ func (m *RunManager) register(ar *activeRun) error {
 	if ar.req.SessionID != "" {
 		k := sessionKey{ar.req.Adapter, ar.req.SessionID}
 		if other, busy := m.sessions[k]; busy {
+			if other == sessionEnding {
+				return domain.Errorf(domain.CodeSessionBusy, "session %q is being ended", ar.req.SessionID)
+			}
 			return domain.Errorf(domain.CodeSessionBusy, "session %q already has run %s in flight", ar.req.SessionID, other)
 		}
 		m.sessions[k] = ar.req.RunID
@@ -255,24 +258,43 @@ func (m *RunManager) CancelRun(ctx context.Context, runID string) error {
 	return domain.Errorf(domain.CodeRunFinished, "run %s has already finished (%s)", runID, run.Status())
 }
 
-// cancelSession cancels any run in flight in one session and waits until
-// its adapter has returned and the session is free, so the run cannot touch
-// the session after the adapter has forgotten it, and a run that follows
-// starts fresh instead of finding the session busy.
-func (m *RunManager) cancelSession(ctx context.Context, adapter, sessionID string) error {
-	m.mu.Lock()
-	runID, ok := m.sessions[sessionKey{adapter, sessionID}]
-	ar := m.active[runID]
-	m.mu.Unlock()
-	if !ok || ar == nil {
-		return nil
-	}
-	m.cancel(ar, errSessionEnded)
-	select {
-	case <-ar.done:
-		return nil
-	case <-ctx.Done():
-		return domain.Errorf(domain.CodeTimeout, "run %s in session %q did not stop: %v", runID, sessionID, ctx.Err())
+// sessionEnding holds a session's place in RunManager.sessions while its
+// adapter forgets it (endSession); no run id looks like it.
+const sessionEnding = "\x00ending"
+
+// endSession cancels any run in flight in one session, waits until its
+// adapter has returned and the session is free, and then holds the session
+// until release is called: the caller asks the adapter to forget the
+// session meanwhile, and a run of the same session arriving then is
+// refused (session_busy) instead of using — and writing back — a session
+// the adapter is deleting. A run that follows release starts fresh.
+func (m *RunManager) endSession(ctx context.Context, adapter, sessionID string) (release func(), err error) {
+	k := sessionKey{adapter, sessionID}
+	for {
+		m.mu.Lock()
+		runID, ok := m.sessions[k]
+		if !ok {
+			m.sessions[k] = sessionEnding
+			m.mu.Unlock()
+			return func() {
+				m.mu.Lock()
+				if m.sessions[k] == sessionEnding {
+					delete(m.sessions, k)
+				}
+				m.mu.Unlock()
+			}, nil
+		}
+		ar := m.active[runID]
+		m.mu.Unlock()
+		if runID == sessionEnding || ar == nil {
+			return nil, domain.Errorf(domain.CodeSessionBusy, "session %q is being ended", sessionID)
+		}
+		m.cancel(ar, errSessionEnded)
+		select {
+		case <-ar.done:
+		case <-ctx.Done():
+			return nil, domain.Errorf(domain.CodeTimeout, "run %s in session %q did not stop: %v", runID, sessionID, ctx.Err())
+		}
 	}
 }
 

@@ -22,7 +22,8 @@ func NewSessionHandler(rt *Runtime, runs *RunManager) *SessionHandler {
 }
 
 // TerminateSession cancels any run in flight in the session and waits for it
-// to stop, then asks the adapter to forget the session. Adapters without
+// to stop, then asks the adapter to forget the session; runs of the session
+// that arrive meanwhile are refused (session_busy). Adapters without
 // sessions answer session_unsupported rather than pretending to succeed.
 func (h *SessionHandler) TerminateSession(ctx context.Context, adapter, target, sessionID string) error {
 	in, ok := h.rt.lookup(adapter)
@@ -33,9 +34,11 @@ func (h *SessionHandler) TerminateSession(ctx context.Context, adapter, target, 
 	if !ok || !in.caps.Sessions {
 		return domain.Errorf(domain.CodeSessionUnsupported, "adapter %q (%s) does not keep sessions", adapter, in.cfg.Type)
 	}
-	if err := h.runs.cancelSession(ctx, adapter, sessionID); err != nil {
+	release, err := h.runs.endSession(ctx, adapter, sessionID)
+	if err != nil {
 		return err
 	}
+	defer release()
 	return st.TerminateSession(ctx, target, sessionID)
 }
 

@@ -165,3 +165,50 @@ func TestTerminateSessionWaitsForTheRunToStop(t *testing.T) {
 		t.Fatalf("run ended %s, want cancelled", term.Type)
 	}
 }
+
+// ucBlockingSessionAdapter's TerminateSession waits for release, so a test
+// can act while the adapter is forgetting a session.
+type ucBlockingSessionAdapter struct {
+	*ucSessionAdapter
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (a *ucBlockingSessionAdapter) TerminateSession(ctx context.Context, target, sessionID string) error {
+	close(a.entered)
+	<-a.release
+	return a.ucSessionAdapter.TerminateSession(ctx, target, sessionID)
+}
+
+// TestSessionRunWhileTheSessionIsBeingEnded: a run of a session that
+// arrives while its adapter forgets the session is refused as busy (it
+// would use, and write back, a session being deleted); once the
+// termination returns, the session takes runs again.
+func TestSessionRunWhileTheSessionIsBeingEnded(t *testing.T) {
+	ucNoLeaks(t)
+	a := &ucBlockingSessionAdapter{entered: make(chan struct{}), release: make(chan struct{})}
+	a.ucSessionAdapter = &ucSessionAdapter{ucAdapter: newUCAdapter("chat", domain.Capabilities{MaxConcurrency: 2, Sessions: true}, map[string]ucExecFunc{
+		"quick": ucEmit(nil, ucDelta("fresh")),
+	})}
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"chat": a})
+	done := make(chan error, 1)
+	go func() {
+		done <- node.NewSessionHandler(n.rt, n.runs).TerminateSession(context.Background(), "chat", "quick", "s1")
+	}()
+	<-a.entered
+	during := ucReq("r1", "chat", "quick")
+	during.SessionID = "s1"
+	evs := n.run(t, during)
+	if term := ucCheckStream(t, "r1", evs); term.Type != domain.EventError || term.Error == nil || term.Error.Code != domain.CodeSessionBusy {
+		t.Fatalf("a run while the session is being ended = %s, want error session_busy", ucTypes(evs))
+	}
+	close(a.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	after := ucReq("r2", "chat", "quick")
+	after.SessionID = "s1"
+	if evs := n.run(t, after); ucCheckStream(t, "r2", evs).Type != domain.EventComplete {
+		t.Fatalf("a run after the termination = %s, want complete", ucTypes(evs))
+	}
+}
