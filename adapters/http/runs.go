@@ -43,7 +43,9 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 		}
 		return domain.Errorf(domain.CodeInvalidRequest, "request body: %s", jsonProblem(err))
 	}
-	if dec.More() {
+	// More is false before a stray '}' or ']' too: only the end of the
+	// body ends it.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return domain.Errorf(domain.CodeInvalidRequest, "request body: unexpected data after the JSON object")
 	}
 	return nil

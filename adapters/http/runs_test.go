@@ -91,6 +91,8 @@ func TestCreateRunErrors(t *testing.T) {
 		{name: "empty body", nodes: 1, body: ``, status: 400, code: "invalid_request"},
 		{name: "unknown field", nodes: 1, body: `{"adapter":"exec","bogus":1}`, status: 400, code: "invalid_request"},
 		{name: "trailing data", nodes: 1, body: `{"adapter":"exec"} {}`, status: 400, code: "invalid_request"},
+		{name: "a trailing brace", nodes: 1, body: `{"adapter":"exec"}}`, status: 400, code: "invalid_request"},
+		{name: "trailing brackets and garbage", nodes: 1, body: `{"adapter":"exec"}]]]garbage`, status: 400, code: "invalid_request"},
 		{name: "missing adapter", nodes: 1, body: `{"target":"x"}`, status: 400, code: "invalid_request"},
 		{name: "input a number", nodes: 1, body: `{"adapter":"exec","input":5}`, status: 400, code: "invalid_request"},
 		{name: "options not an object", nodes: 1, body: `{"adapter":"exec","options":[1]}`, status: 400, code: "invalid_request"},

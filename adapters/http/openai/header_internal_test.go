@@ -53,6 +53,9 @@ func TestCopyResponseHeader(t *testing.T) {
 			"Content-Length=[5];Content-Type=[text/event-stream];X-Request-Id=[r1];"},
 		{"keys that meet merge in order", http.Header{"x-a": {"2"}, "X-A": {"1"}, "Keep-Alive": {"5"}, "x-b": {"3"}},
 			"X-A=[1 2];X-B=[3];"},
+		{"the edge's own headers are not the provider's", http.Header{"X-Iop-Node": {"spoofed"}, "X-Iop-Run-Id": {"run_x"}, "X-Request-Id": {"r1"}},
+			"X-Request-Id=[r1];"},
+		{"nor when spelled otherwise", http.Header{"x-iop-node": {"spoofed"}, "X-A": {"1"}}, "X-A=[1];"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dst := http.Header{}
