@@ -380,6 +380,14 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 			f, err = tun.Next(r.Context())
 		}
 		if err != nil {
+			if !started && rec != nil && rec.failure() != nil {
+				// Reading the caller's body failed (too slow, malformed
+				// chunks, too large): that, not the tunnel it broke, is the
+				// answer — even though net/http may have cancelled the
+				// request's context over it.
+				h.fail(w, r, err, rec, in.Model)
+				return
+			}
 			if r.Context().Err() != nil {
 				// The caller left. Clients often hang up as soon as the body
 				// is complete, while its usage and end frames are still on
@@ -461,10 +469,18 @@ func armWrite(d *deadline.Lazy, rc *http.ResponseController) {
 // fail writes err before any response byte went out; model is the one the
 // caller asked for.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error, rec *recordingReader, model string) {
-	var tooBig *http.MaxBytesError
-	if rec != nil && errors.As(rec.failure(), &tooBig) {
-		h.tooLarge(w, r)
-		return
+	if rec != nil {
+		var tooBig *http.MaxBytesError
+		switch bodyErr := rec.failure(); {
+		case errors.As(bodyErr, &tooBig):
+			h.tooLarge(w, r)
+			return
+		case bodyErr != nil:
+			// The caller's own body broke the request: a 400 that says how,
+			// not the tunnel's error (an internal "stream closed").
+			WriteError(w, r, http.StatusBadRequest, domain.CodeInvalidRequest, "request body: "+bodyErr.Error())
+			return
+		}
 	}
 	status := statusFor(err)
 	if status >= 500 {

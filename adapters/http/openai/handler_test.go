@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -667,4 +668,28 @@ func TestNewRefusesNil(t *testing.T) {
 		}
 	}()
 	openaiapi.New(openaiapi.Deps{}, nil)
+}
+
+// TestBadStreamedBody: a chunked body that turns malformed after its model
+// gets a 400 in the surface's error format — the caller's body is the
+// problem — not an empty 200 or the tunnel's internal error.
+func TestBadStreamedBody(t *testing.T) {
+	e := newEnv(t)
+	e.node(t, "gpu", serve(response(200, "application/json", `{}`)...), provider("vllm", domain.ProviderOpenAI, "qwen"))
+	nc, err := net.Dial("tcp", strings.TrimPrefix(e.srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	first := `{"model":"qwen","messages":[`
+	fmt.Fprintf(nc, "POST /v1/chat/completions HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\nzz\r\n", len(first), first)
+	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(nc), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := readAll(t, resp)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(got, "invalid_request") || strings.Contains(got, "stream closed") {
+		t.Fatalf("got %d %s, want 400 invalid_request", resp.StatusCode, got)
+	}
 }
