@@ -90,7 +90,7 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 			h.disconnect(n, "removed from config", &res)
 		case rec.Token != old[n.ID].Token || rec.TokenSHA256 != old[n.ID].TokenSHA256:
 			h.disconnect(n, "token changed", &res)
-		case reflect.DeepEqual(rec.Adapters, old[n.ID].Adapters) && reflect.DeepEqual(rec.Providers, old[n.ID].Providers):
+		case runsAlready(n, rec):
 			res.Unchanged = append(res.Unchanged, n.ID)
 		default:
 			h.refresh(ctx, n, rec, &res)
@@ -102,6 +102,18 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 	h.bus.Publish(domain.BusEvent{Type: domain.BusConfigReloaded, Time: time.Now()})
 	h.log.Info("config reloaded", "nodes", res.Nodes, "refreshed", res.Refreshed, "disconnected", res.Disconnected)
 	return res, nil
+}
+
+// runsAlready reports whether node n already runs what rec configures. It
+// compares with the config the node holds (the registry's), not with the
+// directory's previous record: a push that failed left the node on its old
+// config, so reloading the same file must push again.
+func runsAlready(n NodeView, rec domain.NodeRecord) bool {
+	cfg, err := rec.BuildConfig(n.Config.Version)
+	if err != nil {
+		return false
+	}
+	return reflect.DeepEqual(cfg.Adapters, n.Config.Adapters) && reflect.DeepEqual(cfg.Providers, n.Config.Providers)
 }
 
 func (h *ReloadHandler) disconnect(n NodeView, reason string, res *ReloadResult) {

@@ -197,3 +197,35 @@ func TestReloadUseCase(t *testing.T) {
 		})
 	}
 }
+
+// TestReloadRetriesAFailedPush: a node whose push failed still runs its old
+// config, so reloading the same file pushes to it again (it is not
+// "unchanged": the comparison is with what the node runs).
+func TestReloadRetriesAFailedPush(t *testing.T) {
+	dir, reg, bus := &ucDir{recs: ucReloadRecords()}, edge.NewRegistry(), newUCBus()
+	versions := &edge.ConfigVersions{}
+	reg1 := edge.NewRegisterHandler(dir, reg, bus, versions, nil)
+	l := &ucLink{id: "a", pushErr: domain.Errorf(domain.CodeTimeout, "no answer")}
+	if _, err := reg1.Register(context.Background(), ucTokA, domain.NodeInfo{}, "r-a", l); err != nil {
+		t.Fatal(err)
+	}
+	next := ucReloadRecords()
+	next[0].Adapters[0].MaxConcurrency = 9
+	h := edge.NewReloadHandler(&ucSource{recs: next}, dir, reg, bus, versions, nil)
+	if res, err := h.Handle(context.Background()); err != nil || len(res.Failed) != 1 {
+		t.Fatalf("first reload = %+v, %v; want a's push failed", res, err)
+	}
+	l.mu.Lock()
+	l.pushErr = nil // the node answers now
+	l.mu.Unlock()
+	res, err := h.Handle(context.Background())
+	if err != nil || !slices.Contains(res.Refreshed, "a") {
+		t.Fatalf("second reload of the same file = %+v, %v; want a refreshed", res, err)
+	}
+	if n, _ := reg.Get("a"); n.Config.Adapters[0].MaxConcurrency != 9 {
+		t.Fatalf("a runs max_concurrency %d, want 9", n.Config.Adapters[0].MaxConcurrency)
+	}
+	if res, _ := h.Handle(context.Background()); !slices.Contains(res.Unchanged, "a") {
+		t.Fatalf("third reload = %+v; want a unchanged now", res)
+	}
+}
