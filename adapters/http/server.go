@@ -240,14 +240,19 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	r = r.WithContext(domain.WithPrincipal(r.Context(), p))
+	// Logged on the way out of a panic too: a relay that breaks mid-stream
+	// aborts its response with http.ErrAbortHandler, which net/http
+	// recovers after this handler — it still gets its access line.
+	defer func() {
+		s.logAccess(sw, r, start, p.Name)
+		if sw.internal != nil {
+			s.log.Error("internal error answered as 500", "method", r.Method, "path", r.URL.Path, "err", sw.internal)
+		}
+	}()
 	if pattern == "" {
 		unrouted(sw, r, h)
 	} else {
 		s.mux.ServeHTTP(sw, r)
-	}
-	s.logAccess(sw, r, start, p.Name)
-	if sw.internal != nil {
-		s.log.Error("internal error answered as 500", "method", r.Method, "path", r.URL.Path, "err", sw.internal)
 	}
 }
 

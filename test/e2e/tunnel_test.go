@@ -319,6 +319,14 @@ func TestTunnelFailuresEndTheStreamWithoutDone(t *testing.T) {
 	if err == nil || bytes.Contains(got, []byte("[DONE]")) {
 		t.Fatalf("provider death: err %v, body %q", err, got)
 	}
+	// The aborted relay still has its access line.
+	accessLine := `msg="http request" method=POST route=/v1/chat/completions`
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(e.out.String(), accessLine); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no access line for the relay that broke mid-stream:\n%s", e.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 
 	// A client that disconnects: the provider sees its request closed within 1 s.
 	cctx, ccancel := context.WithCancel(ctx)
