@@ -431,14 +431,7 @@ func TestSubmitRunEventsKeepTheirStreamsRunID(t *testing.T) {
 	forged := ucEv(2, domain.EventComplete, "")
 	forged.RunID = "run_someone_else"
 	e.links["a"].stream(t, rh.RunID).push(forged)
-	for {
-		ev, err := ucNext(t, rh)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("Next: %v", err)
-		}
+	for _, ev := range ucDrain(t, rh) {
 		if ev.RunID != rh.RunID {
 			t.Fatalf("event relayed with run id %q, want %q", ev.RunID, rh.RunID)
 		}
@@ -449,4 +442,22 @@ func TestSubmitRunEventsKeepTheirStreamsRunID(t *testing.T) {
 	if onBus := e.bus.runEvents(rh.RunID); len(onBus) != 2 {
 		t.Fatalf("bus has %d events of the run, want start and complete", len(onBus))
 	}
+}
+
+// ucDrain returns rh's events up to its end (Next's io.EOF).
+func ucDrain(t *testing.T, rh *edge.RunHandle) []domain.RunEvent {
+	t.Helper()
+	var evs []domain.RunEvent
+	for range 1000 {
+		ev, err := ucNext(t, rh)
+		if errors.Is(err, io.EOF) {
+			return evs
+		}
+		if err != nil {
+			t.Fatalf("Next: %v", err)
+		}
+		evs = append(evs, ev)
+	}
+	t.Fatal("the run never ended")
+	return nil
 }
