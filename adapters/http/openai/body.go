@@ -1,6 +1,7 @@
 package openaiapi
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"errors"
@@ -427,4 +428,106 @@ func (r *prefixReader) Read(b []byte) (int, error) {
 	n := copy(b, r.buf)
 	r.buf = r.buf[n:]
 	return n, nil
+}
+
+// keyGuard passes a JSON request body through while watching its top-level
+// keys: a routing key (keys) named twice — also when one spelling uses
+// escapes, "mod\u0065l" — fails the read at that key, so the body never
+// reaches the provider whole. The edge routes on the first "model" and
+// most providers' parsers keep the last, so such a body could reach a
+// model no catalog lists. Nested keys (in messages, tools) do not count.
+type keyGuard struct {
+	r    io.Reader
+	keys []string
+	seen []bool
+
+	depth     int
+	inStr     bool
+	esc       bool
+	expectKey bool // the next string at depth 1 is a key
+	isKey     bool // the string being read is a top-level key
+	key       []byte
+	keyLong   bool
+}
+
+// maxGuardKey bounds a key kept for comparison: "model" spelled entirely
+// in \u escapes is 30 bytes.
+const maxGuardKey = 64
+
+func newKeyGuard(r io.Reader, keys []string) *keyGuard {
+	return &keyGuard{r: r, keys: keys, seen: make([]bool, len(keys))}
+}
+
+func (g *keyGuard) Read(p []byte) (int, error) {
+	n, err := g.r.Read(p)
+	for i, c := range p[:n] {
+		if dup := g.step(c); dup != "" {
+			return i, fmt.Errorf("request body names %q more than once", dup)
+		}
+	}
+	return n, err
+}
+
+// step takes one byte; it returns a routing key seen for the second time.
+func (g *keyGuard) step(c byte) string {
+	if g.inStr {
+		switch {
+		case g.esc:
+			g.esc = false
+		case c == '\\':
+			g.esc = true
+		case c == '"':
+			g.inStr = false
+			if g.isKey {
+				return g.keyDone()
+			}
+			return ""
+		}
+		if g.isKey {
+			if len(g.key) < maxGuardKey {
+				g.key = append(g.key, c)
+			} else {
+				g.keyLong = true
+			}
+		}
+		return ""
+	}
+	switch c {
+	case '"':
+		g.inStr, g.isKey = true, g.depth == 1 && g.expectKey
+		g.expectKey, g.key, g.keyLong = false, g.key[:0], false
+	case '{':
+		g.depth++
+		g.expectKey = g.depth == 1
+	case '[':
+		g.depth++
+	case '}', ']':
+		g.depth--
+	case ',':
+		g.expectKey = g.depth == 1
+	}
+	return ""
+}
+
+func (g *keyGuard) keyDone() string {
+	if g.keyLong {
+		return ""
+	}
+	name := string(g.key)
+	if bytes.IndexByte(g.key, '\\') >= 0 {
+		var s string
+		if json.Unmarshal(append(append([]byte{'"'}, g.key...), '"'), &s) != nil {
+			return "" // not a valid key: the provider refuses the body
+		}
+		name = s
+	}
+	for i, k := range g.keys {
+		if name == k {
+			if g.seen[i] {
+				return k
+			}
+			g.seen[i] = true
+		}
+	}
+	return ""
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"io"
 	"mime/multipart"
+	"strconv"
 	"strings"
 	"testing"
+	"testing/iotest"
 )
 
 // oneByte hands out one byte per Read, the worst split of a body.
@@ -235,3 +237,50 @@ func relayed(p *prefix) []byte {
 	}
 	return all
 }
+
+// TestKeyGuard: a routing key named twice at the top level fails the read,
+// whatever its spelling; nested keys, values and other keys do not count.
+func TestKeyGuard(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		keys []string
+		dup  string
+	}{
+		{`{"model":"a","messages":[{"model":"x","content":"{\"model\":1}"}]}`, []string{"model"}, ""},
+		{`{"model":"a","model":"b"}`, []string{"model"}, "model"},
+		{`{"model":"a",  "model" : "b"}`, []string{"model"}, "model"},
+		{`{"model":"a","mod\u0065l":"b"}`, []string{"model"}, "model"},
+		{`{"\u006d\u006f\u0064\u0065\u006c":"a","model":"b"}`, []string{"model"}, "model"},
+		{`{"model":"a","name":"b"}`, []string{"model", "name"}, ""},
+		{`{"name":"a","stream":true,"name":"b"}`, []string{"model", "name"}, "name"},
+		{`{"a":"model","model":"x","b":["model","model"]}`, []string{"model"}, ""},
+		{`{"a":{"model":1,"model":2},"model":"x"}`, []string{"model"}, ""},
+		{`{"a":"}\"{,","model":"x","b":"\\"}`, []string{"model"}, ""},
+	} {
+		for _, chunk := range []int{1, 7, 1 << 10} { // split anywhere
+			g := newKeyGuard(iotest.OneByteReader(strings.NewReader(c.body)), c.keys)
+			if chunk > 1 {
+				g = newKeyGuard(&chunked{r: strings.NewReader(c.body), n: chunk}, c.keys)
+			}
+			got, err := io.ReadAll(g)
+			switch {
+			case c.dup == "" && err != nil:
+				t.Fatalf("%s (reads of %d): %v", c.body, chunk, err)
+			case c.dup == "" && string(got) != c.body:
+				t.Fatalf("%s (reads of %d): passed %q", c.body, chunk, got)
+			case c.dup != "" && (err == nil || !strings.Contains(err.Error(), strconv.Quote(c.dup))):
+				t.Fatalf("%s (reads of %d): err %v, want %q named twice", c.body, chunk, err, c.dup)
+			case c.dup != "" && len(got) >= len(c.body):
+				t.Fatalf("%s (reads of %d): the whole body passed", c.body, chunk)
+			}
+		}
+	}
+}
+
+// chunked reads at most n bytes at a time.
+type chunked struct {
+	r io.Reader
+	n int
+}
+
+func (c *chunked) Read(p []byte) (int, error) { return c.r.Read(p[:min(len(p), c.n)]) }

@@ -266,7 +266,11 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 			h.tooLarge(w, r)
 			return
 		}
-		rec = &recordingReader{r: http.MaxBytesReader(w, r.Body, h.MaxBody)}
+		var body io.Reader = http.MaxBytesReader(w, r.Body, h.MaxBody)
+		if !t.form {
+			body = newKeyGuard(body, t.keys)
+		}
+		rec = &recordingReader{r: body}
 		p := newPrefix(rec, r.ContentLength)
 		var err error
 		if t.form {

@@ -693,3 +693,36 @@ func TestBadStreamedBody(t *testing.T) {
 		t.Fatalf("got %d %s, want 400 invalid_request", resp.StatusCode, got)
 	}
 }
+
+// TestModelNamedTwice: a body naming its model twice (the edge routes on
+// the first, a provider reads the last) is refused with a 400, small or
+// streamed, and never reaches the provider whole.
+func TestModelNamedTwice(t *testing.T) {
+	e := newEnv(t)
+	link := e.node(t, "gpu", serve(response(200, "application/json", `{}`)...), provider("vllm", domain.ProviderOpenAI, "qwen"))
+	big := strings.Repeat(`{"role":"user","content":"hello"},`, 4000) + `{"role":"user","content":"x"}`
+	for name, body := range map[string]string{
+		"small":                `{"model":"qwen","messages":[],"model":"gpt-expensive"}`,
+		"escaped":              `{"model":"qwen","mod\u0065l":"gpt-expensive"}`,
+		"streamed, at its end": `{"model":"qwen","messages":[` + big + `],"model":"gpt-expensive"}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			before := link.count()
+			resp := post(t, e.srv.URL+"/v1/chat/completions", body)
+			got := readAll(t, resp)
+			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(got, "invalid_request") || !strings.Contains(got, "more than once") {
+				t.Fatalf("got %d %s, want 400 naming the key twice", resp.StatusCode, got)
+			}
+			if link.count() != before {
+				t.Fatal("a tunnel carried the whole body to the provider")
+			}
+		})
+	}
+}
+
+// count is the number of tunnels opened with their whole body read.
+func (l *fakeLink) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.calls)
+}
