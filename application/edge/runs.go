@@ -45,6 +45,14 @@ func (t *RunTracker) finish(runID string) {
 	}
 }
 
+// forget drops an active run without counting it finished: one the edge
+// no longer follows, whose end is the node's to tell.
+func (t *RunTracker) forget(runID string) {
+	t.mu.Lock()
+	delete(t.active, runID)
+	t.mu.Unlock()
+}
+
 // Lookup reports the node of a run and whether it is still in flight.
 func (t *RunTracker) Lookup(runID string) (node string, active, known bool) {
 	t.mu.Lock()

@@ -250,6 +250,10 @@ func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return domain.RunEvent{}, err
 		}
+		if r.Background && linkLost(err) {
+			r.lose(err)
+			return domain.RunEvent{}, errRunLost
+		}
 		if errors.Is(err, io.EOF) {
 			err = domain.Errorf(domain.CodeNodeDisconnected, "run stream ended without a terminal event")
 		}
@@ -313,6 +317,30 @@ func (r *RunHandle) withdraw() {
 	if !started {
 		r.abandon()
 	}
+}
+
+// errRunLost ends the following of a background run whose node link broke.
+var errRunLost = errors.New("the node's link broke; the node goes on with the run")
+
+// linkLost reports whether err, a run stream's failure, is the node's link
+// breaking rather than the node ending the stream (a reset, or an end
+// without a terminal event).
+func linkLost(err error) bool {
+	return !errors.Is(err, io.EOF) && domain.CodeOf(err) != domain.CodeStreamReset
+}
+
+// lose lets go of a background run whose node link broke. The node goes on
+// with it (a background run outlives the link) and keeps its end in its own
+// store, so the edge does not end it: no terminal event is made up, its
+// history row stays running, and the tracker forgets it. A cancel then
+// finds it through the history and reaches the node once it is back, and
+// the history learns its end from the node when it registers again
+// (run_get on running rows no one follows).
+func (r *RunHandle) lose(err error) {
+	r.done = true
+	r.release()
+	r.h.runs.forget(r.RunID)
+	r.h.log.Warn("background run's node link broke; the node goes on with it", "run", r.RunID, "node", r.Node, "err", err)
 }
 
 // abandon lets go of the stream and the run's slot whatever state it is in.

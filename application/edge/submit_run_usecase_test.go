@@ -461,3 +461,54 @@ func ucDrain(t *testing.T, rh *edge.RunHandle) []domain.RunEvent {
 	t.Fatal("the run never ended")
 	return nil
 }
+
+// TestBackgroundRunOutlivesItsLinkAtTheEdge: a background run goes on on
+// its node when the node's link breaks, so the edge does not end it: no
+// made-up terminal event, its history stays running, its slot is freed and
+// the tracker forgets it (a cancel then goes by the history to the node
+// once it is back, TestCancelFindsRunInHistory). A node that resets the
+// stream itself still ends the run.
+func TestBackgroundRunOutlivesItsLinkAtTheEdge(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		err   error
+		ended bool
+	}{
+		{"link lost", domain.Errorf(domain.CodeNodeDisconnected, "connection lost: heartbeat timeout"), false},
+		{"the node reset the stream", domain.Errorf(domain.CodeStreamReset, "node reset the stream: internal"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ucNoLeaks(t)
+			e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+			obs := &ucObserver{}
+			e.submit.Observe = edge.Observers{Metrics: obs, History: obs}
+			rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := e.links["a"].stream(t, rh.RunID)
+			s.push(ucEv(2, domain.EventDelta, "x"))
+			s.fail(tc.err)
+			ucEventually(t, "the slot to be released", func() bool { return e.inFlight(t, "a") == 0 })
+			if tc.ended {
+				if evs := e.bus.waitTerminal(t, rh.RunID); evs[len(evs)-1].Error == nil {
+					t.Fatalf("bus run events = %+v", evs)
+				}
+				return
+			}
+			ucEventually(t, "the tracker to forget the run", func() bool { _, _, known := e.runs.Lookup(rh.RunID); return !known })
+			for _, ev := range e.bus.runEvents(rh.RunID) {
+				if ev.Type.Terminal() {
+					t.Fatalf("the edge ended a run its node goes on with: %+v", ev)
+				}
+			}
+			obs.mu.Lock()
+			defer obs.mu.Unlock()
+			for _, r := range obs.runs {
+				if r.Status != domain.RunRunning {
+					t.Fatalf("history record %+v, want the run still running", r)
+				}
+			}
+		})
+	}
+}
