@@ -264,7 +264,7 @@ func TestErrors(t *testing.T) {
 			domain.CodeProviderError, `"llama3.2" does not support thinking`, ""},
 		{"429", status(429, `{"error":"server busy, please try again.  maximum pending requests exceeded"}`),
 			domain.CodeProviderError, "server busy, please try again.  maximum pending requests exceeded", ""},
-		{"500 not JSON", status(500, "upstream exploded\n"), domain.CodeProviderError, "upstream exploded", ""},
+		{"500 not JSON", status(500, "upstream exploded\n"), domain.CodeProviderError, "HTTP 500 Internal Server Error: upstream exploded", ""},
 		{"502 empty", status(502, ""), domain.CodeProviderError, "HTTP 502 Bad Gateway", ""},
 		{"error line mid-stream", ndjson(partial + `{"error":"an error was encountered while running the model: unexpected EOF"}` + "\n"),
 			domain.CodeProviderError, "an error was encountered while running the model: unexpected EOF", "Hi"},

@@ -289,6 +289,11 @@ func (s *stream) readSSE(body io.Reader) error {
 		case line[0] == ':':
 		case bytes.HasPrefix(line, []byte("data:")):
 			v := bytes.TrimPrefix(line[len("data:"):], []byte(" "))
+			if len(data)+1+len(v) > lines.DefaultMax {
+				// An event that never ends (data lines and no blank line)
+				// must not grow the node's memory without bound.
+				return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server sent an event of more than %d bytes", lines.DefaultMax)}
+			}
 			if pending {
 				data = append(data, '\n')
 			}
@@ -308,9 +313,17 @@ func (s *stream) readSSE(body io.Reader) error {
 
 // readWhole reads a non-streamed JSON completion.
 func (s *stream) readWhole(body io.Reader) error {
-	b, err := io.ReadAll(io.LimitReader(body, 64<<20))
+	b, err := io.ReadAll(io.LimitReader(body, maxWholeResponse+1))
 	if err != nil {
 		return fmt.Errorf("%w: %w", errReading, err)
+	}
+	if len(b) > maxWholeResponse {
+		return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server's response is larger than %d bytes", maxWholeResponse)}
+	}
+	// A body that is no completion (an HTML page with a JSON content
+	// type) is the server failing, not a run that completed with nothing.
+	if !json.Valid(bytes.TrimSpace(b)) {
+		return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server's response is not JSON: %s", upstream.Snippet(b, 200))}
 	}
 	if err := s.dispatch(b); err != nil {
 		return err
@@ -318,6 +331,9 @@ func (s *stream) readWhole(body io.Reader) error {
 	s.done = true
 	return nil
 }
+
+// maxWholeResponse bounds a non-streamed completion.
+const maxWholeResponse = 64 << 20
 
 func (s *stream) dispatch(data []byte) error {
 	data = bytes.TrimSpace(data)

@@ -272,10 +272,26 @@ func TestErrors(t *testing.T) {
 			domain.CodeProviderError, "Rate limit reached for requests", ""},
 		{"401", status(401, `{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}`),
 			domain.CodeProviderError, "Incorrect API key provided", ""},
-		{"500 text", status(500, "Internal Server Error"), domain.CodeProviderError, "Internal Server Error", ""},
+		{"500 text", status(500, "Internal Server Error"), domain.CodeProviderError, "HTTP 500 Internal Server Error", ""},
 		{"mid-stream error", sse(events("\n", chunk(`{"content":"par"}`, ""), `{"error":{"message":"Upstream provider overloaded","code":502}}`)),
 			domain.CodeProviderError, "Upstream provider overloaded", "par"},
 		{"ends without DONE", sse(events("\n", chunk(`{"content":"par"}`, ""))), domain.CodeProviderError, "", "par"},
+		// A server whose non-streamed answer is no completion has failed;
+		// the run did not complete with nothing.
+		{"200 JSON type, not JSON", status(200, "<html>oops</html>"), domain.CodeProviderError, "the server's response is not JSON: <html>oops</html>", ""},
+		{"500 HTML, cut inside no character", status(500, "<html>"+strings.Repeat("a", 1017)+strings.Repeat("é", 50)),
+			domain.CodeProviderError, "HTTP 500 Internal Server Error: <html>" + strings.Repeat("a", 1017) + "…", ""},
+		// An event whose data lines never end with a blank line must not
+		// grow the node's memory: past 16 MiB the run fails.
+		{"endless event", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			line := "data: " + strings.Repeat("x", 1<<10) + "\n"
+			for range 17 << 10 {
+				if _, err := io.WriteString(w, line); err != nil {
+					return
+				}
+			}
+		}, domain.CodeProviderError, fmt.Sprintf("the server sent an event of more than %d bytes", 16<<20), ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

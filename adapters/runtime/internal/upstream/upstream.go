@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"iop/adapters/internal/netmsg"
 	"iop/domain"
@@ -90,18 +91,36 @@ func TransportError(ctx context.Context, err error) error {
 func StatusError(status int, body []byte) error {
 	msg, code := ErrorMessage(body)
 	if msg == "" {
-		msg = strings.TrimSpace(strings.ToValidUTF8(string(body), ""))
-		if len(msg) > 1024 {
-			msg = msg[:1024] + "…"
-		}
-	}
-	if msg == "" {
+		// Not an error object (a proxy's HTML page, plain text): the status
+		// says what happened, the start of the body adds what it can.
 		msg = fmt.Sprintf("HTTP %d %s", status, http.StatusText(status))
+		if text := Snippet(body, maxErrorText); text != "" && text != http.StatusText(status) {
+			msg += ": " + text
+		}
 	}
 	if status == http.StatusNotFound {
 		return &domain.Error{Code: domain.CodeModelNotFound, Message: msg}
 	}
 	return ProviderError(msg, code)
+}
+
+// maxErrorText bounds the part of a provider's non-JSON error body quoted
+// in an error message.
+const maxErrorText = 1024
+
+// Snippet is the start of b as text for an error message: valid UTF-8,
+// trimmed, at most max bytes and never cut inside a character ("…" marks
+// a cut).
+func Snippet(b []byte, max int) string {
+	text := strings.TrimSpace(strings.ToValidUTF8(string(b), ""))
+	if len(text) <= max {
+		return text
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(text[cut]) {
+		cut--
+	}
+	return text[:cut] + "…"
 }
 
 // ProviderError classifies an error message reported by a provider
