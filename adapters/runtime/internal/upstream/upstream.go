@@ -14,9 +14,9 @@ import (
 	"net/http"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"iop/adapters/internal/netmsg"
+	"iop/adapters/runtime/internal/agent"
 	"iop/domain"
 )
 
@@ -112,15 +112,8 @@ const maxErrorText = 1024
 // trimmed, at most max bytes and never cut inside a character ("…" marks
 // a cut).
 func Snippet(b []byte, max int) string {
-	text := strings.TrimSpace(strings.ToValidUTF8(string(b), ""))
-	if len(text) <= max {
-		return text
-	}
-	cut := max
-	for cut > 0 && !utf8.RuneStart(text[cut]) {
-		cut--
-	}
-	return text[:cut] + "…"
+	text, _ := agent.Truncate(strings.TrimSpace(strings.ToValidUTF8(string(b), "")), max)
+	return text
 }
 
 // ProviderError classifies an error message reported by a provider
