@@ -47,12 +47,14 @@ type leanConn struct {
 	addr     string
 	nread    int64     // bytes read from nc, to tell "no response byte yet"
 	idleFrom time.Time // when it was last put in the pool
-	// headerLeft, while headers are read (inHeader), is how many more bytes
-	// they may take: a provider's endless header line must not grow the
-	// parser's buffer without end.
-	inHeader   bool
+	// headerLeft, while headers are read, is how many more bytes they may
+	// take (a provider's endless header line must not grow the parser's
+	// buffer without end); noHeaderLimit otherwise.
 	headerLeft int64
 }
+
+// noHeaderLimit is leanConn.headerLeft outside of response headers.
+const noHeaderLimit = -1
 
 // maxResponseHeaderBytes bounds a response's headers (1xx ones included),
 // as net/http.Transport's default does.
@@ -65,8 +67,8 @@ var errHeaderTooLarge = fmt.Errorf("provider response headers exceed %d bytes", 
 // Read counts what the response parser reads from the connection, and holds
 // headers to their bound.
 func (c *leanConn) Read(p []byte) (int, error) {
-	if c.inHeader {
-		if c.headerLeft <= 0 {
+	if c.headerLeft != noHeaderLimit {
+		if c.headerLeft == 0 {
 			return 0, errHeaderTooLarge
 		}
 		if int64(len(p)) > c.headerLeft {
@@ -75,7 +77,7 @@ func (c *leanConn) Read(p []byte) (int, error) {
 	}
 	n, err := c.nc.Read(p)
 	c.nread += int64(n)
-	if c.inHeader {
+	if c.headerLeft != noHeaderLimit {
 		c.headerLeft -= int64(n)
 	}
 	return n, err
@@ -211,8 +213,8 @@ const earlyAnswerWait = 100 * time.Millisecond
 // maxResponseHeaderBytes. A 101 is returned: it would hand the connection
 // over, which a tunnel does not do, so the caller does not keep it.
 func (l *leanClient) readResponse(c *leanConn, hreq *http.Request) (*http.Response, error) {
-	c.inHeader, c.headerLeft = true, maxResponseHeaderBytes
-	defer func() { c.inHeader = false }()
+	c.headerLeft = maxResponseHeaderBytes
+	defer func() { c.headerLeft = noHeaderLimit }()
 	for {
 		resp, err := http.ReadResponse(c.br, hreq)
 		if err != nil {
@@ -281,7 +283,7 @@ func (l *leanClient) get(ctx context.Context, addr string, fresh, mustCheck bool
 	if err != nil {
 		return nil, false, err
 	}
-	c = &leanConn{nc: nc, addr: addr}
+	c = &leanConn{nc: nc, addr: addr, headerLeft: noHeaderLimit}
 	c.br = bufio.NewReader(c)
 	c.bw = bufio.NewWriter(nc)
 	return c, false, nil

@@ -109,13 +109,6 @@ const ScratchPageSize = 2048
 // falls back to its heap, as without one.
 const scratchSlots = 16
 
-// scratchPool reports whether SQLite took the pool (HoldAllocatorPages).
+// scratchPool reports whether SQLite took the pool (HoldAllocatorPages):
+// false when another SQLite database was opened before it ran.
 var scratchPool bool
-
-// ScratchPool reports whether page-sized scratch buffers come from the
-// pool: false when another SQLite database was opened before
-// HoldAllocatorPages ran.
-func ScratchPool() bool {
-	HoldAllocatorPages()
-	return scratchPool
-}

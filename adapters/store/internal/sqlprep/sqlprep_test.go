@@ -58,7 +58,7 @@ func TestMain(m *testing.M) {
 // slots in use at its high-water mark than the connection holds for good)
 // instead of the C heap, where each such buffer cost an mmap and an munmap.
 func TestSplitsTakeScratchFromThePool(t *testing.T) {
-	if !ScratchPool() {
+	if HoldAllocatorPages(); !scratchPool {
 		t.Fatal("SQLite refused the scratch pool although no database was open before it")
 	}
 	ctx := context.Background()
