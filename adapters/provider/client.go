@@ -180,7 +180,7 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 			}
 			return io.NopCloser(io.MultiReader(bytes.NewReader(req.Body), streamed)), true
 		}
-		resp, err = c.lean.do(ctx, hreq, streamed != nil, newBody)
+		resp, err = c.lean.do(ctx, hreq, newBody)
 	} else {
 		resp, err = c.hc.Do(hreq)
 	}

@@ -106,8 +106,7 @@ func hostPort(u *http.Request) string {
 }
 
 // do sends hreq and returns its response; the body is read by the caller
-// and the connection goes back to the pool when it ends cleanly. streamed
-// says part of the body is read from a stream as it is sent. newBody,
+// and the connection goes back to the pool when it ends cleanly. newBody,
 // when non-nil, returns hreq's body afresh for a retry, or false if part of
 // it can no longer be sent again (a streamed body already read from).
 //
@@ -119,10 +118,8 @@ func hostPort(u *http.Request) string {
 // is not replayable (a POST without an idempotency key: a completion the
 // provider may have started, billed or half-generated before it dropped
 // the connection) is sent again only if writing it failed, which means the
-// connection was closed before the provider could have read it whole; such
-// a request always gets the stale-check, however briefly its connection
-// was idle, as in net/http.Transport.
-func (l *leanClient) do(ctx context.Context, hreq *http.Request, streamed bool, newBody func() (io.ReadCloser, bool)) (*http.Response, error) {
+// connection was closed before the provider could have read it whole.
+func (l *leanClient) do(ctx context.Context, hreq *http.Request, newBody func() (io.ReadCloser, bool)) (*http.Response, error) {
 	addr := hostPort(hreq)
 	replay := replayable(hreq)
 	if u := hreq.URL.User; u != nil && hreq.Header.Get("Authorization") == "" {
@@ -133,7 +130,7 @@ func (l *leanClient) do(ctx context.Context, hreq *http.Request, streamed bool, 
 		hreq.SetBasicAuth(u.Username(), pw)
 	}
 	for attempt := 0; ; attempt++ {
-		c, reused, err := l.get(ctx, addr, attempt > 0, streamed || !replay)
+		c, reused, err := l.get(ctx, addr, attempt > 0)
 		if err != nil {
 			return nil, err
 		}
@@ -244,20 +241,12 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// peekAfter is how long a connection must have been idle before get checks
-// that the provider has not closed it (a system call, ≈ 2 % of the node's
-// CPU under load when made for every request). Providers close idle
-// connections after seconds; a close sooner than this is caught by the
-// retry instead, for a replayable request (do) whose body can be sent
-// again. Every other request is checked whatever the idle time.
-const peekAfter = 50 * time.Millisecond
-
 // get returns an idle connection to addr that the provider has not closed,
-// or a new one (always new when fresh is set); reused says which. With
-// mustCheck (a streamed body, or a request that is not replayable: neither
-// is sent again once written) every reused connection is checked, however
-// briefly idle.
-func (l *leanClient) get(ctx context.Context, addr string, fresh, mustCheck bool) (c *leanConn, reused bool, err error) {
+// or a new one (always new when fresh is set); reused says which. Every
+// reused connection is checked, however briefly idle (one non-blocking
+// peek): besides a close, the check catches bytes the provider sent past
+// its last response, which would otherwise be read as the next answer.
+func (l *leanClient) get(ctx context.Context, addr string, fresh bool) (c *leanConn, reused bool, err error) {
 	for !fresh {
 		l.mu.Lock()
 		if l.closed {
@@ -273,8 +262,7 @@ func (l *leanClient) get(ctx context.Context, addr string, fresh, mustCheck bool
 		list[len(list)-1] = nil
 		l.idle[addr] = list[:len(list)-1]
 		l.mu.Unlock()
-		idle := time.Since(c.idleFrom)
-		if idle < l.idleTimeout && ((!mustCheck && idle < peekAfter) || !peerClosed(c.nc)) {
+		if time.Since(c.idleFrom) < l.idleTimeout && !peerClosed(c.nc) {
 			return c, true, nil
 		}
 		_ = c.nc.Close()

@@ -3,6 +3,7 @@ package provider_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -123,5 +124,41 @@ func testManyInformationalAnswers(t *testing.T, path clientPath) {
 	p := domain.ProviderConfig{Name: "p", BaseURL: "http://" + ln.Addr().String()}
 	if got, err := doRead(context.Background(), c, p, domain.TunnelRequest{Method: http.MethodGet, Path: "/x"}, nil); err != nil || got != "ab" {
 		t.Fatalf("got %q %v, want %q", got, err, "ab")
+	}
+}
+
+// A provider that sends more than its Content-Length, the extra bytes a
+// moment after the response (a buggy server, a proxy's leftover): the next
+// request on that connection, however soon and whatever its method, gets
+// its own answer, not the stray bytes read as one (net/http.Transport drops
+// a connection that speaks out of turn).
+func TestStrayBytesAfterAResponseAreNotTheNextAnswer(t *testing.T) {
+	bothPaths(t, testStrayBytesAfterAResponseAreNotTheNextAnswer)
+}
+
+func testStrayBytesAfterAResponseAreNotTheNextAnswer(t *testing.T, path clientPath) {
+	var accepted, closed atomic.Int32
+	ln := serveRaw(t, &accepted, &closed, func(conn, req int, _ *http.Request, nc net.Conn) bool {
+		if conn == 0 && req == 0 {
+			if _, err := io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+				return false
+			}
+			time.Sleep(5 * time.Millisecond)
+			_, err := io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray")
+			return err == nil
+		}
+		_, err := fmt.Fprintf(nc, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh")
+		return err == nil
+	})
+	c := path.new(t, provider.Options{})
+	p := domain.ProviderConfig{Name: "p", BaseURL: "http://" + ln.Addr().String()}
+	ctx := context.Background()
+	get := domain.TunnelRequest{Method: http.MethodGet, Path: "/v1/models"}
+	if got, err := doRead(ctx, c, p, get, nil); err != nil || got != "ok" {
+		t.Fatalf("first GET: %q %v", got, err)
+	}
+	time.Sleep(20 * time.Millisecond) // the stray bytes are in; well within any reuse window
+	if got, err := doRead(ctx, c, p, get, nil); err != nil || got != "fresh" {
+		t.Fatalf("second GET: %q %v, want the provider's own answer %q", got, err, "fresh")
 	}
 }
