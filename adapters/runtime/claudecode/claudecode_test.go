@@ -511,3 +511,57 @@ func TestCleanEnvironment(t *testing.T) {
 	standin.CheckEnv(t, env(), []string{"node-secret-token", "sk-not-for-claude"},
 		[]string{"ANTHROPIC_BASE_URL=http://127.0.0.1:9\n", "ANTHROPIC_API_KEY=sk-ant-for-claude\n", "PATH="})
 }
+
+// The CLI's last lines, still in the pipe when it exits, reach a receiver
+// that held the run back for longer than any grace period: the result is
+// not lost, and the run is not a failure for want of it.
+func TestSlowReceiverGetsTheResult(t *testing.T) {
+	big := strings.Repeat("x", 40<<10) // with the rest, fits the pipe: the CLI exits at once
+	out := standin.Lines(
+		initLine,
+		`{"type":"assistant","message":{"model":"claude-opus-4-8","role":"assistant","content":[{"type":"text","text":"`+big+`"}]}}`,
+		`{"type":"result","subtype":"success","is_error":false,"result":"ok","session_id":"6f1","total_cost_usd":0.01,"usage":{"input_tokens":1,"output_tokens":2}}`,
+	)
+	data := filepath.Join(t.TempDir(), "out.jsonl")
+	if err := os.WriteFile(data, []byte(out), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cli := standin.WriteCLI(t, "cat "+standin.Quote(data))
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	sink := &runtimetest.Sink{Block: make(chan struct{})}
+	time.AfterFunc(2*time.Second, func() { close(sink.Block) })
+	if err := a.Execute(testContext(t), domain.RunRequest{RunID: "r1", Adapter: "claude", Input: []byte("hi")}, sink); err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+}
+
+// slowOnResult holds back the event that carries the CLI's result summary.
+type slowOnResult struct {
+	runtimetest.Sink
+	delay time.Duration
+}
+
+func (s *slowOnResult) Emit(ev domain.RunEvent) error {
+	if strings.Contains(string(ev.Metadata), "num_turns") {
+		time.Sleep(s.delay)
+	}
+	return s.Sink.Emit(ev)
+}
+
+// A CLI that exited well within its timeout keeps its result even when
+// relaying its output took the run past the timeout: only a CLI the limit
+// stopped timed out.
+func TestFinishedInTimeIsNotATimeout(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(standin.Lines(initLine,
+		`{"type":"result","subtype":"success","is_error":false,"result":"ok","session_id":"6f1","num_turns":1,"total_cost_usd":0.5,"usage":{"input_tokens":1,"output_tokens":2}}`)))
+	a := newAdapter(t, cli, domain.AdapterConfig{Timeout: 500 * time.Millisecond}, nil)
+	sink := &slowOnResult{delay: time.Second}
+	if err := a.Execute(testContext(t), domain.RunRequest{RunID: "r1", Adapter: "claude", Input: []byte("hi")}, sink); err != nil {
+		t.Fatal(err)
+	}
+	evs := sink.Events()
+	if last := evs[len(evs)-1]; last.Type != domain.EventComplete || last.Usage == nil {
+		t.Fatalf("last event = %s %+v, usage %v; want complete with usage", last.Type, last.Error, last.Usage)
+	}
+}

@@ -64,8 +64,9 @@ import (
 // SIGTERM and SIGKILL unless Adapter.KillGrace says otherwise.
 const DefaultKillGrace = 2 * time.Second
 
-// pipeGrace is cmd.WaitDelay: how long Wait keeps reading stdout and stderr
-// after the command has exited, in case a descendant still holds them open.
+// pipeGrace is cmd.WaitDelay: how long Wait keeps reading stderr after the
+// command has exited, in case a descendant outside its group still holds it
+// open. (Stdout has the same bound on waiting for new bytes: proc.Output.)
 const pipeGrace = time.Second
 
 // Adapter runs the targets of one exec adapter instance. It is safe for
@@ -183,16 +184,28 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	} else {
 		cmd.Stdin = bytes.NewReader(req.Input)
 	}
-	cmd.Stdout = stdout
+	out, w, err := proc.NewOutput()
+	if err != nil {
+		if stdin != nil {
+			_ = stdin.Close()
+		}
+		return domain.Errorf(domain.CodeRunFailed, "start target %q: stdout: %v", req.Target, err)
+	}
+	// The command writes stdout straight into a pipe this run reads at the
+	// sink's pace (see proc.Output); WaitDelay bounds only the stderr
+	// copy, which never blocks.
+	cmd.Stdout = w
 	cmd.Stderr = stderr
 	cmd.WaitDelay = pipeGrace
 
 	started := time.Now()
 	group, err := spawn.Start(cmd)
+	_ = w.Close() // the child has its copy, or never will
 	if stdin != nil {
 		_ = stdin.Close() // the child has its copy, or never will
 	}
 	if err != nil {
+		_ = out.Close()
 		return domain.Errorf(domain.CodeRunFailed, "start target %q: %v", req.Target, err)
 	}
 	// Every way out below waits for the command and kills its group first.
@@ -201,6 +214,17 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	go func() {
 		p.waitErr = cmd.Wait()
 		close(p.done)
+	}()
+	// The stdout copy is this run's: every way out closes the pipe and
+	// waits for the copy, so no delta follows the run's end.
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		stdout.copyFrom(out)
+	}()
+	defer func() {
+		_ = out.Close()
+		<-copied
 	}()
 
 	meta := append(strconv.AppendInt([]byte(`{"pid":`), int64(p.pgid), 10), '}')
@@ -219,6 +243,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		expired = timer.C
 	}
 
+	timedOut := false
 	select {
 	case <-p.done:
 		p.signal(syscall.SIGKILL) // whatever the command left behind
@@ -230,25 +255,28 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		return stdout.err
 	case <-expired:
 		p.kill()
-		if stdout.err != nil {
-			return stdout.err
-		}
-		if err := stdout.flush(); err != nil {
-			return err
-		}
-		return sink.Emit(domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{
-			Code:    domain.CodeTimeout,
-			Message: fmt.Sprintf("target %q timed out after %s", req.Target, timeout),
-		}})
+		timedOut = true
 	}
-
-	// The command has exited and Wait has returned, so the stdout and stderr
-	// writers are no longer in use.
+	// The command is gone. What it wrote is read to its end at the sink's
+	// pace; only a descendant outside the group still holding stdout is not
+	// waited for past pipeGrace (proc.Output).
+	out.Exited()
+	select {
+	case <-copied:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	if stdout.err != nil {
 		return stdout.err
 	}
 	if err := stdout.flush(); err != nil {
 		return err
+	}
+	if timedOut {
+		return sink.Emit(domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{
+			Code:    domain.CodeTimeout,
+			Message: fmt.Sprintf("target %q timed out after %s", req.Target, timeout),
+		}})
 	}
 	state := cmd.ProcessState
 	switch {
@@ -257,7 +285,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 			Code: domain.CodeRunFailed, Message: fmt.Sprintf("wait for target %q: %v", req.Target, p.waitErr),
 		}})
 	case state.Success():
-		// p.waitErr may be osexec.ErrWaitDelay: a descendant kept stdout
+		// p.waitErr may be osexec.ErrWaitDelay: a descendant kept stderr
 		// open after the command exited 0. The run still succeeded.
 		return sink.Emit(domain.RunEvent{Type: domain.EventComplete, Usage: &domain.Usage{
 			DurationMS: time.Since(started).Milliseconds(),

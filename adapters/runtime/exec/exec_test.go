@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
+	osexec "os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -549,5 +551,40 @@ func TestCleanEnvironment(t *testing.T) {
 	}
 	if !strings.Contains(sink.Text(), "IOP_NODE_TOKEN=node-secret-token\n") {
 		t.Fatalf("a target naming IOP_NODE_TOKEN in inherit_env must get it:\n%s", sink.Text())
+	}
+}
+
+// Output the command left in the pipe when it exited is all delivered,
+// however long the receiver holds the run back after the exit: nothing
+// closes the pipe on a timer while output waits in it.
+func TestSlowReceiverGetsOutputLeftAfterExit(t *testing.T) {
+	const size = 50000 // fits the pipe: the command exits at once
+	a := newAdapter(t, map[string]domain.ExecTarget{"burst": shell(fmt.Sprintf("head -c %d /dev/zero | tr '\\0' x", size))})
+	block := make(chan struct{})
+	time.AfterFunc(2*time.Second, func() { close(block) }) // longer than pipeGrace
+	sink := &runtimetest.Sink{Block: block}
+	if err := a.Execute(testContext(t), domain.RunRequest{RunID: "r1", Adapter: "local", Target: "burst"}, sink); err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+	if got := len(sink.Text()); got != size {
+		t.Fatalf("delivered %d bytes of %d", got, size)
+	}
+}
+
+// A descendant that left the command's process group and keeps stdout open
+// does not hold the run open once the command has exited.
+func TestExitWithDetachedDescendantHoldingStdout(t *testing.T) {
+	if _, err := osexec.LookPath("setsid"); err != nil {
+		t.Skip("no setsid")
+	}
+	a := newAdapter(t, map[string]domain.ExecTarget{"bg": shell("setsid sleep 5 & echo done")})
+	sink, err := execute(t, a, "bg", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+	if got := sink.Text(); got != "done\n" {
+		t.Errorf("text = %q", got)
 	}
 }

@@ -53,10 +53,9 @@ func readChunks(r io.Reader, write func([]byte) error) (int64, error) {
 var errDiscarded = errors.New("exec: run abandoned before output")
 
 // deltaWriter turns the command's stdout into delta events, one per read.
-// os/exec copies stdout into it from a goroutine of its own, which has ended
-// by the time cmd.Wait returns; until then only that goroutine touches
-// pending and err, and Execute reads err only after failed is closed or Wait
-// has returned.
+// Execute's copy goroutine (copyFrom) alone writes pending and err until it
+// ends; Execute reads err only after failed is closed or the copy has ended,
+// and pending only after the copy has ended.
 type deltaWriter struct {
 	sink    ports.EventSink
 	gate    chan struct{} // closed by release; no delta goes out before it
@@ -77,10 +76,10 @@ func (w *deltaWriter) release(send bool) {
 	close(w.gate)
 }
 
-// ReadFrom reads r with a 32 KiB buffer and emits what each read returns.
-// io.Copy, which os/exec uses, prefers it to Write.
-func (w *deltaWriter) ReadFrom(r io.Reader) (int64, error) {
-	return readChunks(r, func(p []byte) error { _, err := w.Write(p); return err })
+// copyFrom reads r with a 32 KiB buffer and emits what each read returns,
+// until r ends or fails (a closed pipe: the run is over) or an Emit fails.
+func (w *deltaWriter) copyFrom(r io.Reader) {
+	_, _ = readChunks(r, func(p []byte) error { _, err := w.Write(p); return err })
 }
 
 // Write emits p as one delta event, minus an incomplete UTF-8 sequence at
@@ -141,10 +140,12 @@ func completeLen(b []byte) int {
 }
 
 // tailBuffer keeps the last max bytes written to it, in a buffer allocated
-// once, on the first write (most runs write nothing to stderr). Like
-// deltaWriter, it is written by an os/exec goroutine and read only after
-// cmd.Wait has returned.
+// once, on the first write (most runs write nothing to stderr). An os/exec
+// goroutine writes it; when cmd.WaitDelay ran out (a descendant held stderr
+// open), that goroutine may still be finishing a write after cmd.Wait
+// returned, hence the lock.
 type tailBuffer struct {
+	mu  sync.Mutex
 	max int
 	buf []byte
 }
@@ -160,6 +161,8 @@ func (t *tailBuffer) ReadFrom(r io.Reader) (int64, error) {
 }
 
 func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if len(p) > 0 && t.buf == nil {
 		t.buf = make([]byte, 0, t.max)
 	}
@@ -178,5 +181,7 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 // String returns the tail with surrounding space trimmed, dropping bytes
 // that are not UTF-8 (the tail may start inside a rune).
 func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	return strings.TrimSpace(strings.ToValidUTF8(string(t.buf), ""))
 }

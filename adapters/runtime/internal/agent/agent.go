@@ -124,7 +124,9 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if limit.Expired() {
+	if limit.Expired() && p0.Stopped() {
+		// Only a CLI the limit ended timed out: one that exited in time
+		// keeps its result, however long relaying its output took.
 		return sink.Emit(limit.Event(r.Label))
 	}
 	ev := p.End(t, state, p0.Stderr())

@@ -9,12 +9,12 @@ package proc
 import (
 	"bytes"
 	"context"
-	"errors"
 	"io"
 	"os"
 	osexec "os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -24,8 +24,10 @@ import (
 // StderrTail is how many bytes of stderr a Process keeps.
 const StderrTail = 4 << 10
 
-// pipeGrace bounds how long Wait keeps reading stdout and stderr after the
-// program exited, in case a descendant still holds them open.
+// pipeGrace bounds how long the output is waited for once the program has
+// exited, in case a descendant outside its group still holds stdout or
+// stderr open: for stderr, Cmd.WaitDelay; for stdout (Output), the longest
+// wait for new bytes, however long the reader takes to read what is there.
 const pipeGrace = time.Second
 
 // Spec describes the program to run.
@@ -46,13 +48,14 @@ type Process struct {
 	// program has exited and its output has been read.
 	Stdout io.Reader
 
-	cmd    *osexec.Cmd
-	pr     *io.PipeReader
-	pgid   int
-	stderr *tail
-	done   chan struct{} // closed when cmd.Wait has returned
-	stop   chan struct{} // closed by Close to end the watcher
-	once   sync.Once
+	cmd     *osexec.Cmd
+	out     *Output
+	pgid    int
+	stopped atomic.Bool // the watcher signalled the group before it exited
+	stderr  *tail
+	done    chan struct{} // closed when cmd.Wait has returned
+	stop    chan struct{} // closed by Close to end the watcher
+	once    sync.Once
 }
 
 // Start starts the program. When ctx is done, the process group gets
@@ -65,13 +68,22 @@ func Start(ctx context.Context, spec Spec) (*Process, error) {
 	if spec.Stdin != nil {
 		cmd.Stdin = bytes.NewReader(spec.Stdin)
 	}
-	pr, pw := io.Pipe()
-	p := &Process{Stdout: pr, cmd: cmd, pr: pr, stderr: &tail{}, done: make(chan struct{}), stop: make(chan struct{})}
-	cmd.Stdout = pw
+	out, w, err := NewOutput()
+	if err != nil {
+		return nil, err
+	}
+	p := &Process{Stdout: out, cmd: cmd, out: out, stderr: &tail{}, done: make(chan struct{}), stop: make(chan struct{})}
+	// The child writes stdout straight into the pipe (os/exec copies
+	// nothing for an *os.File), so its output waits there for the reader
+	// however slow; WaitDelay bounds only the stderr copy, which never
+	// blocks.
+	cmd.Stdout = w
 	cmd.Stderr = p.stderr
 	cmd.WaitDelay = pipeGrace
 	group, err := spawn.Start(cmd)
+	_ = w.Close() // the child has its copy, or never will
 	if err != nil {
+		_ = out.Close()
 		return nil, err
 	}
 	p.pgid = group.PGID()
@@ -80,7 +92,7 @@ func Start(ctx context.Context, spec Spec) (*Process, error) {
 		// Whatever the program left running in its group goes with it.
 		p.signal(syscall.SIGKILL)
 		group.Release()
-		pw.Close()
+		out.Exited()
 		close(p.done)
 	}()
 	go p.watch(ctx, spec.KillGrace)
@@ -98,6 +110,12 @@ func (p *Process) watch(ctx context.Context, grace time.Duration) {
 		return
 	case <-ctx.Done():
 	}
+	select {
+	case <-p.done:
+		return // it exited on its own as ctx ended
+	default:
+	}
+	p.stopped.Store(true)
 	if grace > 0 {
 		p.signal(syscall.SIGTERM)
 		timer := time.NewTimer(grace)
@@ -115,11 +133,16 @@ func (p *Process) signal(sig syscall.Signal) {
 	_ = syscall.Kill(-p.pgid, sig)
 }
 
+// Stopped reports whether the program was signalled because ctx ended
+// before it exited: false for a program that exited on its own, however
+// long its output then took to read. Call it after Wait.
+func (p *Process) Stopped() bool { return p.stopped.Load() }
+
 // Kill stops the program at once: SIGKILL to its group, stdout discarded.
 // It waits for the program to be gone.
 func (p *Process) Kill() {
 	p.signal(syscall.SIGKILL)
-	p.pr.CloseWithError(errors.New("proc: output abandoned"))
+	_ = p.out.Close()
 	p.Wait()
 }
 
@@ -127,7 +150,10 @@ func (p *Process) Kill() {
 // abandoned) and returns its state; nil if it could not be waited for.
 func (p *Process) Wait() *os.ProcessState {
 	<-p.done
-	p.once.Do(func() { close(p.stop) })
+	p.once.Do(func() {
+		close(p.stop)
+		_ = p.out.Close()
+	})
 	return p.cmd.ProcessState
 }
 

@@ -1,0 +1,78 @@
+package proc_test
+
+import (
+	"context"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/adapters/runtime/internal/proc"
+)
+
+func start(t *testing.T, ctx context.Context, script string) *proc.Process {
+	t.Helper()
+	p, err := proc.Start(ctx, proc.Spec{Path: "/bin/sh", Args: []string{"-c", script}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// What the program wrote before it exited is read in full, however long
+// the reader takes to come for it.
+func TestOutputWaitsForTheReader(t *testing.T) {
+	p := start(t, context.Background(), "head -c 50000 /dev/zero | tr '\\0' x; echo; echo END")
+	time.Sleep(1500 * time.Millisecond) // longer than the grace after exit
+	b, err := io.ReadAll(p.Stdout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(string(b), "\nEND\n") || len(b) != 50000+5 {
+		t.Fatalf("read %d bytes, ending %q", len(b), b[max(0, len(b)-8):])
+	}
+	if st := p.Wait(); st == nil || !st.Success() {
+		t.Fatalf("state %v", st)
+	}
+	if p.Stopped() {
+		t.Error("Stopped for a program that exited on its own")
+	}
+}
+
+// A descendant that left the program's process group and keeps stdout
+// open does not keep the output open once the program has exited.
+func TestOutputEndsDespiteADetachedDescendant(t *testing.T) {
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("no setsid")
+	}
+	p := start(t, context.Background(), "setsid sleep 5 & echo done")
+	b, err := io.ReadAll(p.Stdout)
+	if err != nil || string(b) != "done\n" {
+		t.Fatalf("read %q, %v", b, err)
+	}
+	p.Wait()
+}
+
+// Stopped tells a program ended by its context from one that exited on its
+// own before the context ended.
+func TestStopped(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := start(t, ctx, "exec sleep 30")
+	cancel()
+	_, _ = io.ReadAll(p.Stdout)
+	p.Wait()
+	if !p.Stopped() {
+		t.Error("not Stopped after its context ended it")
+	}
+
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	p = start(t, ctx, "echo hi")
+	_, _ = io.ReadAll(p.Stdout)
+	p.Wait()
+	cancel()
+	if p.Stopped() {
+		t.Error("Stopped though it exited before its context ended")
+	}
+}
