@@ -4,15 +4,16 @@
 // Each run starts the configured command (default "codex") in the adapter's
 // work_dir, directly (no shell), in a process group of its own, as
 //
-//	codex exec --json [--model=<model>] <args…> PROMPT
-//	codex exec --json [--model=<model>] <args…> resume <thread id> PROMPT
+//	codex exec --json [--model=<model>] <args…> -
+//	codex exec --json [--model=<model>] <args…> resume <thread id> -
 //
 // where <model> is the run's target, else the adapter's first configured
 // model (omitted when neither is set), and <args…> are the adapter's
 // configured args (e.g. --skip-git-repo-check, --sandbox=workspace-write):
 // flags go before "resume", as the CLI requires. The prompt, the run input,
-// is one argv element; when it starts with "-" it is preceded by "--" so it
-// cannot be read as a flag. Stdin is /dev/null.
+// goes on stdin ("-" as PROMPT tells the CLI to read it there): not in argv,
+// where Linux refuses an argument over 128 KiB and every local user could
+// read it in the process list.
 //
 // The CLI prints JSONL; lines that are not JSON and unknown types are
 // skipped. Codex sends no token-level deltas. Mapping:
@@ -61,7 +62,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"strings"
 	"time"
 
 	"iop/adapters/runtime/internal/agent"
@@ -94,8 +94,9 @@ func New(cfg domain.AdapterConfig, agents ports.AgentSessionStore) (*Adapter, er
 }
 
 // Argv returns the arguments (after the program name) for a run with model
-// and thread id to resume, either of which may be empty.
-func (a *Adapter) Argv(model, resume, prompt string) []string {
+// and thread id to resume, either of which may be empty. The prompt goes on
+// stdin.
+func (a *Adapter) Argv(model, resume string) []string {
 	args := []string{"exec", "--json"}
 	if model != "" {
 		args = append(args, "--model="+model)
@@ -104,10 +105,7 @@ func (a *Adapter) Argv(model, resume, prompt string) []string {
 	if resume != "" {
 		args = append(args, "resume", resume)
 	}
-	if strings.HasPrefix(prompt, "-") {
-		args = append(args, "--")
-	}
-	return append(args, prompt)
+	return append(args, "-")
 }
 
 // Execute runs one prompt as the package doc describes. A blank input is an
@@ -115,7 +113,7 @@ func (a *Adapter) Argv(model, resume, prompt string) []string {
 // both returned without events.
 func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
 	build := func(model, resume, prompt string) agent.Invocation {
-		return agent.Invocation{Args: a.Argv(model, resume, prompt)}
+		return agent.Invocation{Args: a.Argv(model, resume), Stdin: []byte(prompt)}
 	}
 	return a.Run(ctx, req, sink, build, &parser{started: time.Now()})
 }

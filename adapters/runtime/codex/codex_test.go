@@ -182,9 +182,9 @@ func TestArgvAndResume(t *testing.T) {
 	}
 	runs := cli.Runs(t)
 	want := [][]string{
-		{"exec", "--json", "--model=gpt-5-codex", "--skip-git-repo-check", prompt},
-		{"exec", "--json", "--model=gpt-5-codex", "--skip-git-repo-check", "resume", threadID, prompt},
-		{"exec", "--json", "--model=o3", "--skip-git-repo-check", "--", "-v is a prompt"},
+		{"exec", "--json", "--model=gpt-5-codex", "--skip-git-repo-check", "-"},
+		{"exec", "--json", "--model=gpt-5-codex", "--skip-git-repo-check", "resume", threadID, "-"},
+		{"exec", "--json", "--model=o3", "--skip-git-repo-check", "-"},
 	}
 	if len(runs) != len(want) {
 		t.Fatalf("%d runs: %q", len(runs), runs)
@@ -194,8 +194,8 @@ func TestArgvAndResume(t *testing.T) {
 			t.Errorf("run %d argv = %q, want %q", i+1, runs[i], want[i])
 		}
 	}
-	if got := cli.Stdin(t); got != "" {
-		t.Errorf("stdin = %q, want nothing", got)
+	if got := cli.Stdin(t); got != "-v is a prompt" {
+		t.Errorf("stdin of the last run = %q, want its prompt", got)
 	}
 	list, err := a.ListSessions(context.Background())
 	if err != nil || len(list) != 1 || list[0].AgentSessionID != threadID || list[0].Target != "o3" {
@@ -209,7 +209,7 @@ func TestNoModel(t *testing.T) {
 	if _, err := run(t, a, domain.RunRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	if runs := cli.Runs(t); len(runs) != 1 || !slices.Equal(runs[0], []string{"exec", "--json", "fix the tests"}) {
+	if runs := cli.Runs(t); len(runs) != 1 || !slices.Equal(runs[0], []string{"exec", "--json", "-"}) {
 		t.Errorf("argv = %q", runs)
 	}
 }
@@ -338,7 +338,7 @@ func TestResumedTurnsReportTheirOwnUsage(t *testing.T) {
 	// as codex does; a run whose prompt is "hang" stops before the end.
 	dir := t.TempDir()
 	cli := standin.WriteCLI(t, `n=$(cat `+dir+`/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > `+dir+`/n
-for last; do :; done
+last=$(cat "$(dirname "$0")/stdin") # the prompt (the stand-in saved its stdin there)
 echo '{"type":"thread.started","thread_id":"`+threadID+`"}'
 echo '{"type":"item.completed","item":{"id":"i","type":"agent_message","text":"ok"}}'
 [ "$last" = hang ] && exec sleep 60
@@ -410,4 +410,20 @@ func TestCleanEnvironment(t *testing.T) {
 	}
 	standin.CheckEnv(t, env(), []string{"node-secret-token", "sk-not-for-codex"},
 		[]string{"CODEX_HOME=/srv/codex-home\n", "OPENAI_API_KEY=sk-for-codex\n", "PATH="})
+}
+
+// A prompt longer than Linux allows one argument (128 KiB) starts the CLI:
+// it goes on stdin, not in argv.
+func TestLargePrompt(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(recorded))
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	prompt := strings.Repeat("explain this code\n", 200<<10/18)
+	sink, err := run(t, a, domain.RunRequest{Input: []byte(prompt)})
+	if err != nil {
+		t.Fatalf("err = %v (events %v)", err, sink.Types())
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+	if got := cli.Stdin(t); got != prompt {
+		t.Errorf("stdin holds %d bytes, want the %d-byte prompt", len(got), len(prompt))
+	}
 }

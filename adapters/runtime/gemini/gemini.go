@@ -4,16 +4,17 @@
 // Each run starts the configured command (default "gemini") in the
 // adapter's work_dir, directly (no shell), in a process group of its own, as
 //
-//	gemini --output-format stream-json [--model=<model>] [--resume=<session id>] <args…> --prompt=<prompt>
+//	gemini --output-format stream-json [--model=<model>] [--resume=<session id>] <args…>
 //
 // where <model> is the run's target, else the adapter's first configured
 // model (omitted when neither is set: the CLI then routes each prompt
 // itself), and <args…> are the adapter's configured args (e.g.
 // --approval-mode=auto_edit). The CLI's environment is clean: the node's
 // base variables (PATH, HOME, …), then inherit_env, then env (e.g.
-// GOOGLE_GEMINI_BASE_URL, or GEMINI_API_KEY through inherit_env). The prompt, the run input, is one argv
-// element in the --prompt=<value> form, so a prompt starting with "-" is a
-// prompt, not a flag. Stdin is /dev/null.
+// GOOGLE_GEMINI_BASE_URL, or GEMINI_API_KEY through inherit_env). The prompt, the run input, goes
+// on stdin, which the CLI reads as the prompt when stdin is not a terminal
+// (it runs headless then): not in argv, where Linux refuses an argument over
+// 128 KiB and every local user could read it in the process list.
 //
 // The CLI prints one JSON object per line; lines that are not JSON and
 // unknown types are skipped. Mapping:
@@ -25,7 +26,8 @@
 //   - tool_use → metadata {"tool_use":{"id","name","input"}} (tool_id,
 //     tool_name, parameters; strings longer than 2 KiB cut); tool_result →
 //     metadata {"tool_result":{"tool_use_id","is_error","content","truncated"}}
-//     (is_error unless status is "success"; the output cut to 2 KiB).
+//     (is_error unless status is "success"; the output cut to 2 KiB; a
+//     failed tool with no output gets its error's message as content).
 //   - error{severity,message} → metadata {"error":message}; one with
 //     severity "error" ends the run with that message if no result follows.
 //   - result → metadata {"stats":{…}} (the CLI's stats as is), then, once
@@ -90,8 +92,9 @@ func New(cfg domain.AdapterConfig, agents ports.AgentSessionStore) (*Adapter, er
 }
 
 // Argv returns the arguments (after the program name) for a run with model
-// and session to resume, either of which may be empty.
-func (a *Adapter) Argv(model, resume, prompt string) []string {
+// and session to resume, either of which may be empty. The prompt goes on
+// stdin.
+func (a *Adapter) Argv(model, resume string) []string {
 	args := []string{"--output-format", "stream-json"}
 	if model != "" {
 		args = append(args, "--model="+model)
@@ -99,8 +102,7 @@ func (a *Adapter) Argv(model, resume, prompt string) []string {
 	if resume != "" {
 		args = append(args, "--resume="+resume)
 	}
-	args = append(args, a.ExtraArgs()...)
-	return append(args, "--prompt="+prompt)
+	return append(args, a.ExtraArgs()...)
 }
 
 // Execute runs one prompt as the package doc describes. A blank input is an
@@ -108,7 +110,7 @@ func (a *Adapter) Argv(model, resume, prompt string) []string {
 // both returned without events.
 func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
 	build := func(model, resume, prompt string) agent.Invocation {
-		return agent.Invocation{Args: a.Argv(model, resume, prompt)}
+		return agent.Invocation{Args: a.Argv(model, resume), Stdin: []byte(prompt)}
 	}
 	return a.Run(ctx, req, sink, build, &parser{})
 }
@@ -131,8 +133,12 @@ type line struct {
 	Parameters json.RawMessage `json:"parameters"`
 	Status     string          `json:"status"`
 	Output     json.RawMessage `json:"output"`
-	Severity   string          `json:"severity"`
-	Message    string          `json:"message"`
+	Error      *struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"` // tool_result with status "error"
+	Severity string `json:"severity"`
+	Message  string `json:"message"`
 }
 
 type resultLine struct {
@@ -174,7 +180,11 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 		}
 		return t.Meta(map[string]any{"tool_use": map[string]any{"id": l.ToolID, "name": l.ToolName, "input": agent.ShrinkJSON(input)}})
 	case "tool_result":
-		text, cut := agent.Truncate(outputText(l.Output), agent.MaxSummary)
+		out := outputText(l.Output)
+		if out == "" && l.Error != nil {
+			out = l.Error.Message
+		}
+		text, cut := agent.Truncate(out, agent.MaxSummary)
 		return t.Meta(map[string]any{"tool_result": map[string]any{
 			"tool_use_id": l.ToolID, "is_error": l.Status != "success", "content": text, "truncated": cut,
 		}})

@@ -152,9 +152,9 @@ func TestArgvResumeAndDashPrompt(t *testing.T) {
 	}
 	run(t, a, domain.RunRequest{SessionID: "s1", Target: "gemini-flash", Input: []byte("x")})
 	want := [][]string{
-		{"--output-format", "stream-json", "--model=gemini-2.5-pro", "--approval-mode=auto_edit", "--prompt=-v is a prompt\nline 2"},
-		{"--output-format", "stream-json", "--model=gemini-2.5-pro", "--resume=" + sessionID, "--approval-mode=auto_edit", "--prompt=-v is a prompt\nline 2"},
-		{"--output-format", "stream-json", "--model=gemini-flash", "--approval-mode=auto_edit", "--prompt=x"},
+		{"--output-format", "stream-json", "--model=gemini-2.5-pro", "--approval-mode=auto_edit"},
+		{"--output-format", "stream-json", "--model=gemini-2.5-pro", "--resume=" + sessionID, "--approval-mode=auto_edit"},
+		{"--output-format", "stream-json", "--model=gemini-flash", "--approval-mode=auto_edit"},
 	}
 	runs := cli.Runs(t)
 	if len(runs) != len(want) {
@@ -164,6 +164,9 @@ func TestArgvResumeAndDashPrompt(t *testing.T) {
 		if !slices.Equal(runs[i], want[i]) {
 			t.Errorf("run %d argv = %q, want %q", i+1, runs[i], want[i])
 		}
+	}
+	if got := cli.Stdin(t); got != "x" {
+		t.Errorf("stdin of the last run = %q, want its prompt", got)
 	}
 	list, err := a.ListSessions(context.Background())
 	if err != nil || len(list) != 1 || list[0].AgentSessionID != sessionID || list[0].Turns != 1 || list[0].Target != "gemini-flash" {
@@ -232,4 +235,33 @@ func TestEnvAndInheritEnv(t *testing.T) {
 	a := newAdapter(t, cli, domain.AdapterConfig{Env: map[string]string{"GOOGLE_GEMINI_BASE_URL": "http://127.0.0.1:9"}, InheritEnv: []string{"GEMINI_TEST_KEY"}}, nil)
 	requireTerminal(t, run(t, a, domain.RunRequest{}), domain.EventComplete, "")
 	standin.CheckEnv(t, env(), []string{"node-secret"}, []string{"GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:9\n", "GEMINI_TEST_KEY=k-123\n"})
+}
+
+// A prompt longer than Linux allows one argument (128 KiB) starts the CLI:
+// it goes on stdin, not in argv.
+func TestLargePrompt(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(recorded))
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	prompt := strings.Repeat("explain this code\n", 200<<10/18)
+	requireTerminal(t, run(t, a, domain.RunRequest{Input: []byte(prompt)}), domain.EventComplete, "")
+	if got := cli.Stdin(t); got != prompt {
+		t.Errorf("stdin holds %d bytes, want the %d-byte prompt", len(got), len(prompt))
+	}
+}
+
+// A failed tool reports its reason in "error", with no output: the reason
+// is the result's content.
+func TestToolErrorMessageIsKept(t *testing.T) {
+	out := standin.Lines(
+		`{"type":"init","timestamp":"t","session_id":"`+sessionID+`","model":"gemini-2.5-pro"}`,
+		`{"type":"tool_use","timestamp":"t","tool_name":"read_file","tool_id":"rf_1","parameters":{"absolute_path":"/nope"}}`,
+		`{"type":"tool_result","timestamp":"t","tool_id":"rf_1","status":"error","error":{"type":"file_not_found","message":"File not found: /nope"}}`,
+		`{"type":"result","timestamp":"t","status":"success","stats":{"total_tokens":3,"input_tokens":2,"output_tokens":1,"duration_ms":5}}`,
+	)
+	cli := standin.WriteCLI(t, standin.Printf(out))
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	got := strings.Join(summary(run(t, a, domain.RunRequest{}).Events()), "\n")
+	if !strings.Contains(got, `"content":"File not found: /nope","is_error":true`) {
+		t.Fatalf("the tool's error message is lost:\n%s", got)
+	}
 }
