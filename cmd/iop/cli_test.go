@@ -307,6 +307,22 @@ func TestUnreachableEdge(t *testing.T) {
 	r.want(t, 0, "")
 }
 
+// An edge URL may carry a password (an edge behind a proxy with basic
+// auth); the "cannot reach" error names the edge without it.
+func TestUnreachableEdgeHidesThePassword(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	r := run(t, "http://ops:hunter2@"+addr, "nodes")
+	r.want(t, 1, "")
+	if strings.Contains(r.stderr, "hunter2") || !strings.Contains(r.stderr, "cannot reach the edge at http://ops:xxxxx@"+addr) {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
 	e := newFakeEdge(t)
 	for _, args := range [][]string{

@@ -74,7 +74,7 @@ func New(base string, hc *http.Client) (*Client, error) {
 	}
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("edge URL %q: want http://host:port", base)
+		return nil, fmt.Errorf("edge URL %q: want http://host:port", redactRaw(base))
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	if hc == nil {
@@ -83,8 +83,33 @@ func New(base string, hc *http.Client) (*Client, error) {
 	return &Client{base: u, http: hc}, nil
 }
 
-// Edge is the edge's base URL.
-func (c *Client) Edge() string { return c.base.String() }
+// Edge is the edge's base URL as it may be shown: a password in it (an
+// edge behind a proxy with basic auth) is replaced by "xxxxx", so no error
+// message prints it.
+func (c *Client) Edge() string { return c.base.Redacted() }
+
+// redactRaw hides the password of an edge URL that did not parse (so
+// URL.Redacted is not at hand): "http://user:secret@host" becomes
+// "http://user:xxxxx@host".
+func redactRaw(s string) string {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		return s
+	}
+	authority := rest
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		authority = rest[:i]
+	}
+	at := strings.LastIndex(authority, "@")
+	if at < 0 {
+		return s
+	}
+	user, _, hasPassword := strings.Cut(authority[:at], ":")
+	if !hasPassword {
+		return s
+	}
+	return scheme + "://" + user + ":xxxxx" + rest[at:]
+}
 
 // do sends a request and returns a 2xx response; any other status becomes
 // an *APIError, a transport failure a *ConnError (or ctx's error when ctx

@@ -117,3 +117,18 @@ func TestCommand(t *testing.T) {
 		t.Fatalf("cut: %v", err)
 	}
 }
+
+func TestEdgeURLPasswordIsNeverShown(t *testing.T) {
+	c, err := New("http://ops:hunter2@edge:7701", nil)
+	if err != nil || c.Edge() != "http://ops:xxxxx@edge:7701" {
+		t.Fatalf("Edge() = %v, %v", c.Edge(), err)
+	}
+	// An edge URL that is refused is quoted without its password too,
+	// whether it parsed (wrong scheme) or not (a space in the host).
+	for _, bad := range []string{"ftp://ops:hunter2@edge:7701", "http://ops:hunter2@ed ge:7701/x"} {
+		_, err := New(bad, nil)
+		if err == nil || strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "ops:xxxxx@") {
+			t.Errorf("New(%q): %v", bad, err)
+		}
+	}
+}
