@@ -475,6 +475,49 @@ func TestCancelAndSession(t *testing.T) {
 	}
 }
 
+// Ids with spaces, slashes, non-ASCII letters or percent signs reach the
+// edge's path parameters exactly as typed, for every command that puts an
+// id in the path (they were escaped twice: "my chat" arrived as "my%20chat").
+func TestIDsInThePathReachTheEdgeUnchanged(t *testing.T) {
+	e := newFakeEdge(t)
+	var mu sync.Mutex
+	var got []string
+	record := func(param, answer string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			got = append(got, r.PathValue(param))
+			mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, answer)
+		}
+	}
+	e.mux.HandleFunc("GET /v1/runs/{id}", record("id", `{"run_id":"r","status":"running","created_at":"2026-03-01T11:00:00Z"}`))
+	e.mux.HandleFunc("POST /v1/runs/{id}/cancel", record("id", `{"run_id":"r","node":"n1","status":"cancelling"}`))
+	e.mux.HandleFunc("DELETE /v1/sessions/{session_id}", record("session_id", `{"terminated":true}`))
+	e.mux.HandleFunc("POST /v1/nodes/{id}/commands", record("id", `{}`))
+	for _, id := range []string{"my chat", "team/alice", "café", "50%", "a+b"} {
+		for _, args := range [][]string{
+			{"run-get", id},
+			{"cancel", id},
+			{"session", "end", id, "--adapter", "llm"},
+			{"node", "exec", id, "capabilities"},
+			{"node", "caps", id},
+			{"ollama", "version", "--node", id},
+		} {
+			mu.Lock()
+			got = nil
+			mu.Unlock()
+			r := run(t, e.URL, args...)
+			mu.Lock()
+			seen := got
+			mu.Unlock()
+			if r.code != 0 || len(seen) != 1 || seen[0] != id {
+				t.Errorf("iop %q: the edge saw %q (exit %d, stderr %q)", args, seen, r.code, r.stderr)
+			}
+		}
+	}
+}
+
 func TestEvents(t *testing.T) {
 	e := newFakeEdge(t)
 	e.sse("GET /v1/events", nil,

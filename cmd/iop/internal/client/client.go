@@ -113,10 +113,19 @@ func redactRaw(s string) string {
 
 // do sends a request and returns a 2xx response; any other status becomes
 // an *APIError, a transport failure a *ConnError (or ctx's error when ctx
-// ended first).
+// ended first). path is already escaped: callers url.PathEscape each
+// variable segment (a run, node or session id).
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, body any, accept string) (*http.Response, error) {
 	u := *c.base
-	u.Path += path
+	// Path and RawPath are set together, as the escaped path and its
+	// decoding: appending the escaped path to Path alone made URL.String
+	// escape it a second time ("my chat" reached the edge as "my%20chat").
+	u.RawPath = c.base.EscapedPath() + path
+	p, err := url.PathUnescape(u.RawPath)
+	if err != nil {
+		return nil, fmt.Errorf("request path %q: %w", path, err)
+	}
+	u.Path = p
 	u.RawQuery = query.Encode()
 	var rd io.Reader
 	if body != nil {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -130,5 +131,26 @@ func TestEdgeURLPasswordIsNeverShown(t *testing.T) {
 		if err == nil || strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "ops:xxxxx@") {
 			t.Errorf("New(%q): %v", bad, err)
 		}
+	}
+}
+
+// An edge URL with a path (an edge behind a reverse proxy under a prefix)
+// keeps it in front of every request's escaped path, escaped once.
+func TestRequestPathKeepsTheEdgePrefix(t *testing.T) {
+	seen := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.URL.EscapedPath()
+		_, _ = io.WriteString(w, `{}`)
+	}))
+	defer srv.Close()
+	c, err := New(srv.URL+"/edge/", srv.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Call(context.Background(), http.MethodGet, "/v1/runs/"+url.PathEscape("a b/c"), nil, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if p := <-seen; p != "/edge/v1/runs/a%20b%2Fc" {
+		t.Fatalf("path %s", p)
 	}
 }
