@@ -104,6 +104,12 @@ func (c *echoCmd) Close() {}
 
 func newRealEdge(t *testing.T) (string, *eventbus.Bus) {
 	t.Helper()
+	return newRealEdgeWith(t, nil)
+}
+
+// newRealEdgeWith is newRealEdge with deps adjusted by adjust (nil: none).
+func newRealEdgeWith(t *testing.T, adjust func(*httpapi.Deps)) (string, *eventbus.Bus) {
+	t.Helper()
 	reg := edge.NewRegistry()
 	link := &echoLink{runs: map[string]chan domain.RunEvent{}}
 	cfg := domain.NodeConfig{Adapters: []domain.AdapterConfig{{Name: "exec", Type: "exec", MaxConcurrency: 2}, {Name: "llm", Type: "ollama", MaxConcurrency: 1}}}
@@ -114,11 +120,15 @@ func newRealEdge(t *testing.T) (string, *eventbus.Bus) {
 	tracker := edge.NewRunTracker(0)
 	submit := edge.NewSubmitRunHandler(reg, tracker, bus, nil)
 	cmds := edge.NewNodeCommandHandler(reg)
-	api := httpapi.New(httpapi.Deps{
+	deps := httpapi.Deps{
 		Registry: reg, Submit: submit, Cancel: edge.NewCancelRunHandler(reg, tracker),
 		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds,
 		GetRun: edge.NewGetRunHandler(reg, tracker, cmds), ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
-	}, "", nil)
+	}
+	if adjust != nil {
+		adjust(&deps)
+	}
+	api := httpapi.New(deps, "", nil)
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(func() {
 		srv.Close()
@@ -210,6 +220,48 @@ func TestEventsAgainstTheRealAPI(t *testing.T) {
 	cancel()
 	r := <-done
 	if r.code != 130 || !strings.HasPrefix(r.stdout, "12:00:00.000 node.registered node=n7 remote=1.1.1.1:1\n") || strings.Contains(r.stdout, "run.event") {
+		t.Fatalf("%+v", r)
+	}
+}
+
+// fixedHistory is an edge history holding runs.
+type fixedHistory struct{ runs []domain.RunRecord }
+
+func (h fixedHistory) GetRun(_ context.Context, id string) (domain.RunRecord, error) {
+	for _, r := range h.runs {
+		if r.ID == id {
+			return r, nil
+		}
+	}
+	return domain.RunRecord{}, domain.ErrRunNotFound
+}
+
+func (h fixedHistory) ListRuns(context.Context, domain.RunQuery) (domain.RunPage, error) {
+	return domain.RunPage{Runs: h.runs}, nil
+}
+
+func (h fixedHistory) Usage(context.Context, domain.UsageQuery) ([]domain.UsageTotal, error) {
+	return nil, nil
+}
+
+// The edge's history knows when a run was created and finished, not when
+// it started: iop runs and run-get time runs from their creation (the
+// fixtures of the other tests carry a started_at the history never sends).
+func TestRunDurationsFromTheRealHistory(t *testing.T) {
+	created := testNow.Add(-time.Hour)
+	history := fixedHistory{runs: []domain.RunRecord{
+		{ID: "run_2", Node: "n1", Adapter: "llm", Key: "ops", Status: domain.RunRunning, CreatedAt: testNow.Add(-90 * time.Second)},
+		{ID: "run_1", Node: "n1", Adapter: "exec", Target: "upper", Key: "ops", Status: domain.RunSucceeded,
+			CreatedAt: created, FinishedAt: created.Add(2500 * time.Millisecond)},
+	}}
+	url, _ := newRealEdgeWith(t, func(d *httpapi.Deps) { d.History = edge.NewRunHistoryHandler(history) })
+
+	run(t, url, "runs").want(t, 0, ""+
+		"RUN    NODE  ADAPTER  TARGET  STATUS     CREATED              DURATION  ERROR\n"+
+		"run_2  n1    llm      -       running    2026-03-01 11:58:30  1m30s+    -\n"+
+		"run_1  n1    exec     upper   succeeded  2026-03-01 11:00:00  2.5s      -\n")
+	r := run(t, url, "run-get", "run_1")
+	if r.code != 0 || !strings.Contains(r.stdout, "duration:    2.5s\n") || strings.Contains(r.stdout, "started:") {
 		t.Fatalf("%+v", r)
 	}
 }

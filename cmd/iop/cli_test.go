@@ -427,6 +427,34 @@ func TestRuns(t *testing.T) {
 	}
 }
 
+// The edge's history sends created_at and finished_at (null while the run
+// goes on), never started_at: the shape of adapters/http/history.go's
+// runRecordJSON. Durations count from created_at then.
+func TestRunsFromTheEdgeHistory(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/runs", 200, `{"runs":[
+		{"run_id":"run_2","node":"n1","adapter":"llm","target":"","session_id":"","key":"ops","background":true,"status":"running",
+		 "created_at":"2026-03-01T11:59:50Z","finished_at":null},
+		{"run_id":"run_1","node":"n1","adapter":"exec","target":"upper","session_id":"s1","key":"anonymous","background":false,"status":"failed",
+		 "created_at":"2026-03-01T11:00:00Z","finished_at":"2026-03-01T11:00:03.5Z","error":{"code":"run_failed","message":"exit status 1"},
+		 "usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3,"cost_usd":0}}],
+		"next_cursor":"c2"}`)
+	r := run(t, e.URL, "runs")
+	r.want(t, 0, ""+
+		"RUN    NODE  ADAPTER  TARGET  STATUS   CREATED              DURATION  ERROR\n"+
+		"run_2  n1    llm      -       running  2026-03-01 11:59:50  10s+      -\n"+
+		"run_1  n1    exec     upper   failed   2026-03-01 11:00:00  3.5s      run_failed: exit status 1\n")
+	if r.stderr != "more runs: --cursor c2\n" {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+	e.json("GET /v1/runs/run_1", 200, `{"run_id":"run_1","node":"n1","adapter":"exec","target":"upper","session_id":"s1","key":"anonymous",
+		"background":false,"status":"succeeded","created_at":"2026-03-01T11:00:00Z","finished_at":"2026-03-01T11:00:01Z"}`)
+	r = run(t, e.URL, "run-get", "run_1")
+	if r.code != 0 || !strings.Contains(r.stdout, "duration:    1s\n") || strings.Contains(r.stdout, "started:") {
+		t.Fatalf("%+v", r)
+	}
+}
+
 func TestRunGet(t *testing.T) {
 	e := newFakeEdge(t)
 	e.json("GET /v1/runs/run_2", 200, `{"run_id":"run_2","node":"n1","adapter":"exec","status":"succeeded","background":true,"created_at":"2026-03-01T11:00:00Z",

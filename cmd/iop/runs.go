@@ -20,14 +20,22 @@ import (
 // runInfo is a run as the edge reports it (from its history or a node's store).
 type runInfo nodecmd.Run
 
+// duration is how long the run took, or has been going ("+"). It counts
+// from started_at when there is one (a node's store has it) and from
+// created_at otherwise: the edge's history, what iop runs and run-get
+// usually read, records no start time (adapters/http/history.go).
 func (r runInfo) duration(now time.Time) string {
-	if r.StartedAt == nil {
+	start := r.StartedAt
+	if start == nil && !r.CreatedAt.IsZero() {
+		start = &r.CreatedAt
+	}
+	if start == nil {
 		return "-"
 	}
 	if r.FinishedAt == nil {
-		return shortDuration(now.Sub(*r.StartedAt)) + "+"
+		return shortDuration(now.Sub(*start)) + "+"
 	}
-	return shortDuration(r.FinishedAt.Sub(*r.StartedAt))
+	return shortDuration(r.FinishedAt.Sub(*start))
 }
 
 func (r runInfo) errorText() string {
