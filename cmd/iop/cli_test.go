@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -320,6 +323,61 @@ func TestUnreachableEdgeHidesThePassword(t *testing.T) {
 	r.want(t, 1, "")
 	if strings.Contains(r.stderr, "hunter2") || !strings.Contains(r.stderr, "cannot reach the edge at http://ops:xxxxx@"+addr) {
 		t.Fatalf("stderr %q", r.stderr)
+	}
+}
+
+// A redirect is reported, never followed, on the default client and on the
+// one --ca-file builds: Go's client keeps the Authorization header for the
+// same host name, so the API key and a run's input would go to another port
+// of the host, or from https down to plain http.
+func TestRedirectsAreReportedNotFollowed(t *testing.T) {
+	var mu sync.Mutex
+	var followed []string
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		followed = append(followed, fmt.Sprintf("%s %s auth=%q body=%q", r.Method, r.URL.Path, r.Header.Get("Authorization"), b))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"nodes":[]}`)
+	}))
+	defer other.Close()
+	redirect := func(status int) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			// No connection left idle in the client --ca-file builds.
+			w.Header().Set("Connection", "close")
+			http.Redirect(w, r, other.URL+r.URL.Path, status)
+		}
+	}
+	plain := newFakeEdge(t)
+	plain.mux.HandleFunc("/", redirect(http.StatusTemporaryRedirect))
+	secure := httptest.NewTLSServer(redirect(http.StatusPermanentRedirect))
+	defer secure.Close()
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: secure.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		edge   string
+		args   []string
+		path   string
+		status int
+	}{
+		{plain.URL, []string{"nodes"}, "/v1/nodes", 307},
+		{plain.URL, []string{"run", "--adapter", "exec", "secret input"}, "/v1/runs", 307},
+		{secure.URL, []string{"--ca-file", ca, "nodes"}, "/v1/nodes", 308},
+		{secure.URL, []string{"--ca-file", ca, "run", "--adapter", "exec", "secret input"}, "/v1/runs", 308},
+	} {
+		r := run(t, c.edge, append([]string{"--api-key", "sk-secret"}, c.args...)...)
+		want := fmt.Sprintf("iop: the edge answered with a redirect to %s%s (HTTP %d); point --edge (or IOP_EDGE) at the final address\n", other.URL, c.path, c.status)
+		if r.code != 1 || r.stderr != want {
+			t.Errorf("iop %q: exit %d, stderr %q; want exit 1, %q", c.args, r.code, r.stderr, want)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(followed) > 0 {
+		t.Fatalf("redirects were followed: %q", followed)
 	}
 }
 

@@ -80,7 +80,14 @@ func New(base string, hc *http.Client) (*Client, error) {
 	if hc == nil {
 		hc = &http.Client{}
 	}
-	return &Client{base: u, http: hc}, nil
+	// No redirect is followed, whoever built hc: Go's client keeps the
+	// Authorization header when only the port or the scheme changes, so
+	// the API key (and on 307/308 the request body) would go to another
+	// port of the host, or from https down to plain http. do reports a
+	// 3xx as an error instead. hc itself is left as it is.
+	own := *hc
+	own.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &Client{base: u, http: &own}, nil
 }
 
 // Edge is the edge's base URL as it may be shown: a password in it (an
@@ -159,11 +166,25 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		}
 		return nil, &ConnError{Edge: c.Edge(), Err: err}
 	}
+	if resp.StatusCode/100 == 3 {
+		resp.Body.Close()
+		return nil, redirectError(resp)
+	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
 		return nil, decodeError(resp)
 	}
 	return resp, nil
+}
+
+// redirectError explains a redirect, which the client does not follow (see
+// New); the target is shown without a password.
+func redirectError(resp *http.Response) error {
+	loc, err := resp.Location()
+	if err != nil {
+		return fmt.Errorf("the edge answered with a redirect (HTTP %d) and no usable Location; point --edge (or IOP_EDGE) at the edge itself", resp.StatusCode)
+	}
+	return fmt.Errorf("the edge answered with a redirect to %s (HTTP %d); point --edge (or IOP_EDGE) at the final address", loc.Redacted(), resp.StatusCode)
 }
 
 func decodeError(resp *http.Response) error {

@@ -154,3 +154,32 @@ func TestRequestPathKeepsTheEdgePrefix(t *testing.T) {
 		t.Fatalf("path %s", p)
 	}
 }
+
+// A redirect becomes an error naming its target, without a password in it,
+// and the caller's http.Client is left as it was.
+func TestRedirectIsAnError(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/nowhere" {
+			w.WriteHeader(http.StatusMultipleChoices)
+			return
+		}
+		http.Redirect(w, r, "http://ops:hunter2@elsewhere:7701/v1/nodes", http.StatusFound)
+	}))
+	defer srv.Close()
+	hc := srv.Client()
+	c, err := New(srv.URL, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hc.CheckRedirect != nil {
+		t.Fatal("New changed the caller's client")
+	}
+	err = c.Call(context.Background(), http.MethodGet, "/v1/nodes", nil, nil, nil)
+	if err == nil || err.Error() != "the edge answered with a redirect to http://ops:xxxxx@elsewhere:7701/v1/nodes (HTTP 302); point --edge (or IOP_EDGE) at the final address" {
+		t.Fatalf("err %v", err)
+	}
+	err = c.Call(context.Background(), http.MethodGet, "/v1/nowhere", nil, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "redirect (HTTP 300) and no usable Location") {
+		t.Fatalf("err %v", err)
+	}
+}
