@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"iop/cmd/iop/internal/client"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -378,6 +380,33 @@ func TestRedirectsAreReportedNotFollowed(t *testing.T) {
 	defer mu.Unlock()
 	if len(followed) > 0 {
 		t.Fatalf("redirects were followed: %q", followed)
+	}
+}
+
+// A call that does not stream and outlasts client.CallTimeout (no headers,
+// or a body that stops halfway) ends with exit 1 and names the edge and the
+// wait, not a bare "context deadline exceeded".
+func TestSlowCallNamesTheEdgeAndTheWait(t *testing.T) {
+	defer func(d time.Duration) { client.CallTimeout = d }(client.CallTimeout)
+	client.CallTimeout = 200 * time.Millisecond
+	e := newFakeEdge(t)
+	silent := func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }
+	e.mux.HandleFunc("GET /v1/nodes", silent)
+	e.mux.HandleFunc("POST /v1/nodes/n1/commands", silent)
+	e.mux.HandleFunc("GET /v1/runs", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"runs":[`)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, args := range [][]string{{"nodes"}, {"node", "caps", "n1"}, {"runs"}} {
+		r := cli(t, ctx, e.URL, nil, args...)
+		want := "iop: the edge at " + e.URL + " did not answer within 200ms\n"
+		if r.code != 1 || r.stderr != want {
+			t.Errorf("iop %q: exit %d, stderr %q; want exit 1, %q", args, r.code, r.stderr, want)
+		}
 	}
 }
 

@@ -20,8 +20,11 @@ import (
 // names one.
 const DefaultEdge = "http://127.0.0.1:7701"
 
-// callTimeout bounds calls that do not stream.
-const callTimeout = 2 * time.Minute
+// CallTimeout bounds calls that do not stream, from the request to the
+// last byte of the answer. The edge bounds its own waits on nodes well
+// below it (30 s for a node command or a session's end), so an edge still
+// silent by then is stuck or not an iop edge.
+var CallTimeout = 2 * time.Minute
 
 // APIError is an error answered by the edge: {"error":{"code","message"}}.
 type APIError struct {
@@ -51,6 +54,29 @@ func (e *ConnError) Error() string {
 }
 
 func (e *ConnError) Unwrap() error { return e.Err }
+
+// TimeoutError means the edge took the request but did not answer within
+// one of the client's waits (CallTimeout for a call).
+type TimeoutError struct {
+	Edge string
+	Wait time.Duration
+}
+
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("the edge at %s did not answer within %v", e.Edge, e.Wait)
+}
+
+// ctxErr is why ctx ended: the *TimeoutError of a wait this package put on
+// the edge, when that ended it while the caller's context was still live;
+// otherwise ctx's own error (the caller was interrupted), which the CLI
+// reports as such.
+func ctxErr(ctx context.Context) error {
+	var te *TimeoutError
+	if errors.As(context.Cause(ctx), &te) {
+		return te
+	}
+	return ctx.Err()
+}
 
 // Client calls one edge.
 type Client struct {
@@ -158,7 +184,7 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, ctxErr(ctx)
 		}
 		var uerr *url.Error
 		if errors.As(err, &uerr) {
@@ -215,7 +241,7 @@ func decodeError(resp *http.Response) error {
 // Call sends a JSON request and decodes the JSON answer into out (nil
 // discards it; *json.RawMessage keeps it as is).
 func (c *Client) Call(ctx context.Context, method, path string, query url.Values, body, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	ctx, cancel := c.callContext(ctx)
 	defer cancel()
 	resp, err := c.do(ctx, method, path, query, body, "application/json")
 	if err != nil {
@@ -224,6 +250,9 @@ func (c *Client) Call(ctx context.Context, method, path string, query url.Values
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
+		if ctx.Err() != nil {
+			return ctxErr(ctx)
+		}
 		return fmt.Errorf("read answer from %s: %w", path, err)
 	}
 	if out == nil {
@@ -233,6 +262,14 @@ func (c *Client) Call(ctx context.Context, method, path string, query url.Values
 		return fmt.Errorf("decode answer from %s: %w", path, err)
 	}
 	return nil
+}
+
+// callContext bounds a call that does not stream by CallTimeout; when that
+// ends it, ctxErr tells the caller which edge did not answer in how long,
+// instead of a bare "context deadline exceeded".
+func (c *Client) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	wait := CallTimeout
+	return context.WithTimeoutCause(ctx, wait, &TimeoutError{Edge: c.Edge(), Wait: wait})
 }
 
 // RunRequest is the body of POST /v1/runs.
@@ -357,7 +394,7 @@ func (c *Client) Command(ctx context.Context, node, name string, args any, progr
 		accept = "text/event-stream"
 	} else {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, callTimeout)
+		ctx, cancel = c.callContext(ctx)
 		defer cancel()
 	}
 	resp, err := c.do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(node)+"/commands", nil, body, accept)
@@ -368,6 +405,9 @@ func (c *Client) Command(ctx context.Context, node, name string, args any, progr
 	if !isEventStream(resp) {
 		b, err := io.ReadAll(resp.Body)
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctxErr(ctx)
+			}
 			return nil, fmt.Errorf("read command result: %w", err)
 		}
 		return b, nil
@@ -377,7 +417,7 @@ func (c *Client) Command(ctx context.Context, node, name string, args any, progr
 		ev, err := sse.Next()
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, ctx.Err()
+				return nil, ctxErr(ctx)
 			}
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
