@@ -410,6 +410,88 @@ func TestSlowCallNamesTheEdgeAndTheWait(t *testing.T) {
 	}
 }
 
+// silentEdge accepts connections and reads requests but never answers; it
+// returns its URL.
+func silentEdge(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, _ = io.Copy(io.Discard, conn)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// Streaming commands on an edge that takes the connection but never sends
+// response headers end with exit 1 after client.HeaderTimeout, naming the
+// edge and the wait: the stream's idle timer only starts with its body, and
+// they hung until interrupted.
+func TestStreamsEndWhenTheEdgeNeverAnswers(t *testing.T) {
+	defer func(d time.Duration) { client.HeaderTimeout = d }(client.HeaderTimeout)
+	client.HeaderTimeout = 200 * time.Millisecond
+	url := silentEdge(t)
+	for _, args := range [][]string{
+		{"run", "--adapter", "exec", "x"},
+		{"events"},
+		{"node", "exec", "n1", "capabilities"},
+		{"ollama", "pull", "m", "--node", "n1"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		r := cli(t, ctx, url, nil, args...)
+		cancel()
+		want := "iop: the edge at " + url + " did not answer within 200ms\n"
+		if r.code != 1 || r.stderr != want {
+			t.Errorf("iop %q: exit %d, stderr %q; want exit 1, %q", args, r.code, r.stderr, want)
+		}
+	}
+}
+
+// The wait for headers ends with them: a stream that is slow after its
+// headers is the idle timer's business, not cut at client.HeaderTimeout.
+func TestHeaderWaitEndsWithTheHeaders(t *testing.T) {
+	defer func(d time.Duration) { client.HeaderTimeout = d }(client.HeaderTimeout)
+	client.HeaderTimeout = 100 * time.Millisecond
+	e := newFakeEdge(t)
+	e.mux.HandleFunc("POST /v1/runs", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("X-IOP-Run-ID", "run_slow")
+		w.(http.Flusher).Flush()
+		time.Sleep(300 * time.Millisecond)
+		_, _ = io.WriteString(w, "event: delta\ndata: {\"type\":\"delta\",\"text\":\"late\"}\n\n"+
+			"event: complete\ndata: {\"type\":\"complete\"}\n\n")
+	})
+	run(t, e.URL, "run", "--adapter", "exec", "x").want(t, 0, "late\n")
+}
+
 func TestUsageErrors(t *testing.T) {
 	e := newFakeEdge(t)
 	for _, args := range [][]string{

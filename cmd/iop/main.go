@@ -206,6 +206,9 @@ func (a *app) client() (*client.Client, error) {
 		}
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		// Nothing more to set here: client.New refuses redirects on any
+		// client it is given, and the client bounds its waits for the
+		// edge itself (CallTimeout, HeaderTimeout, StreamIdleTimeout).
 		hc = &http.Client{Transport: tr}
 	}
 	c, err := client.New(edge, hc)

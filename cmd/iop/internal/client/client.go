@@ -26,6 +26,14 @@ const DefaultEdge = "http://127.0.0.1:7701"
 // silent by then is stuck or not an iop edge.
 var CallTimeout = 2 * time.Minute
 
+// HeaderTimeout bounds the wait for a stream's response headers: a run's,
+// a streamed node command's, the event feed's. The edge sends those of the
+// event feed and of a streamed command at once, and those of a run once
+// its node has admitted it, which the edge waits for 30 s at most
+// (AdmitTimeout in application/edge/submit_run.go) before it answers with
+// an error. An edge silent for longer is stuck, or not an iop edge.
+var HeaderTimeout = 45 * time.Second
+
 // APIError is an error answered by the edge: {"error":{"code","message"}}.
 type APIError struct {
 	Status  int // HTTP status; 0 for an error event inside a stream
@@ -56,7 +64,8 @@ func (e *ConnError) Error() string {
 func (e *ConnError) Unwrap() error { return e.Err }
 
 // TimeoutError means the edge took the request but did not answer within
-// one of the client's waits (CallTimeout for a call).
+// one of the client's waits: CallTimeout for a call, HeaderTimeout for the
+// start of a stream.
 type TimeoutError struct {
 	Edge string
 	Wait time.Duration
@@ -147,8 +156,52 @@ func redactRaw(s string) string {
 // do sends a request and returns a 2xx response; any other status becomes
 // an *APIError, a transport failure a *ConnError (or ctx's error when ctx
 // ended first). path is already escaped: callers url.PathEscape each
-// variable segment (a run, node or session id).
+// variable segment (a run, node or session id). A stream (accept
+// text/event-stream) whose headers do not come within HeaderTimeout ends
+// with a *TimeoutError.
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, body any, accept string) (*http.Response, error) {
+	if accept != "text/event-stream" {
+		return c.send(ctx, method, path, query, body, accept)
+	}
+	// A stream has no overall bound, and its idle timer (newIdleBody)
+	// starts with its body, so the wait for its headers is bounded here:
+	// an edge that takes the connection and never answers hung the command.
+	wait := HeaderTimeout
+	timeout := &TimeoutError{Edge: c.Edge(), Wait: wait}
+	ctx, end := context.WithCancelCause(ctx)
+	timer := time.AfterFunc(wait, func() { end(timeout) })
+	resp, err := c.send(ctx, method, path, query, body, accept)
+	if !timer.Stop() && err == nil {
+		// The wait ran out as the headers came: the request is being
+		// cancelled under the stream.
+		resp.Body.Close()
+		err = timeout
+	}
+	if err != nil {
+		end(nil)
+		return nil, err
+	}
+	// The request's context lives as long as the stream; closing the body
+	// releases it.
+	resp.Body = &endOnClose{ReadCloser: resp.Body, end: func() { end(nil) }}
+	return resp, nil
+}
+
+// endOnClose is a stream's body that ends the stream's request context
+// when closed.
+type endOnClose struct {
+	io.ReadCloser
+	end func()
+}
+
+func (b *endOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.end()
+	return err
+}
+
+// send is do without the wait for a stream's headers.
+func (c *Client) send(ctx context.Context, method, path string, query url.Values, body any, accept string) (*http.Response, error) {
 	u := *c.base
 	// Path and RawPath are set together, as the escaped path and its
 	// decoding: appending the escaped path to Path alone made URL.String
