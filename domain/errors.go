@@ -88,6 +88,11 @@ const (
 	CodeUnauthorized        = "unauthorized"
 	CodeForbidden           = "forbidden"
 	CodeRateLimited         = "rate_limited"
+	// CodeCrossOrigin refuses a state-changing request a browser sent from
+	// another origin; CodeHostNotAllowed a request for a host name a
+	// keyless loopback edge does not answer to (DNS rebinding).
+	CodeCrossOrigin    = "cross_origin"
+	CodeHostNotAllowed = "host_not_allowed"
 )
 
 // Sentinels for errors.Is. Wrap them with context; never compare strings.

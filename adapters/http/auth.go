@@ -22,8 +22,10 @@ type APIKey struct {
 	Principal domain.Principal
 }
 
-// Dialect writes an authentication failure — status 401 (code
-// "unauthorized"), 403 ("forbidden") or 429 ("rate_limited") — in a
+// Dialect writes a refusal made before a route's handler runs — an
+// authentication failure, status 401 (code "unauthorized"), 403
+// ("forbidden") or 429 ("rate_limited"), or a browser request refused by
+// browserGuard, 403 ("cross_origin") or 421 ("host_not_allowed") — in a
 // surface's own error shape. Each route names the dialect its callers
 // understand; a new surface adds its own Dialect beside these.
 type Dialect func(w http.ResponseWriter, status int, code, message string)
@@ -35,7 +37,8 @@ func DialectIOP(w http.ResponseWriter, status int, code, message string) {
 
 // DialectOpenAI is OpenAI's {"error":{"message","type","param","code"}}:
 // 401 is code invalid_api_key, 403 insufficient_permissions, 429
-// rate_limit_exceeded — the codes OpenAI SDKs recognise.
+// rate_limit_exceeded — the codes OpenAI SDKs recognise; a browser refusal
+// keeps its iop code.
 func DialectOpenAI(w http.ResponseWriter, status int, code, message string) {
 	typ, oaCode := "invalid_request_error", "invalid_api_key"
 	switch code {
@@ -43,6 +46,8 @@ func DialectOpenAI(w http.ResponseWriter, status int, code, message string) {
 		oaCode = "insufficient_permissions"
 	case domain.CodeRateLimited:
 		typ, oaCode = "requests", "rate_limit_exceeded"
+	case domain.CodeCrossOrigin, domain.CodeHostNotAllowed:
+		oaCode = code
 	}
 	type body struct {
 		Message string  `json:"message"`

@@ -29,7 +29,7 @@ func TestTrickledBodyCutWithA400(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{", path)
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{", path, u.Host)
 		stop := make(chan struct{})
 		done := make(chan struct{})
 		go func() {

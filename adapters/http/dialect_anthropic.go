@@ -9,14 +9,17 @@ import (
 // DialectAnthropic is the Anthropic API's
 // {"type":"error","error":{"type","message"}}: 401 is authentication_error,
 // 403 permission_error, 429 rate_limit_error — what Anthropic SDKs and
-// Claude Code recognise.
+// Claude Code recognise; a cross-origin refusal is a permission_error, a
+// refused Host an invalid_request_error.
 func DialectAnthropic(w http.ResponseWriter, status int, code, message string) {
 	typ := "authentication_error"
 	switch code {
-	case domain.CodeForbidden:
+	case domain.CodeForbidden, domain.CodeCrossOrigin:
 		typ = "permission_error"
 	case domain.CodeRateLimited:
 		typ = "rate_limit_error"
+	case domain.CodeHostNotAllowed:
+		typ = "invalid_request_error"
 	}
 	type body struct {
 		Type    string `json:"type"`

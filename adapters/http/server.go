@@ -17,6 +17,11 @@
 // session_unsupported are 501; unknown_command is 400). Unknown routes
 // answer 404 and wrong methods 405, in the same shape.
 //
+// On every route, before any key is looked at, a state-changing request a
+// browser sent from another origin is refused 403 cross_origin, and an edge
+// without keys on a loopback address refuses a Host that is not loopback or
+// localhost with 421 host_not_allowed (DNS rebinding); see browserGuard.
+//
 // With API keys (Deps.APIKeys) every route registered without
 // Access.Public needs a key (Bearer or x-api-key) holding the route's scope:
 // 401 without or with a wrong key, 403 without the scope, 429 for an address
@@ -99,6 +104,9 @@ type Server struct {
 	log  *slog.Logger
 	mux  *http.ServeMux
 	auth *authenticator
+	// guard refuses cross-origin browser writes and, on a keyless loopback
+	// edge, foreign Host names (see browserGuard).
+	guard browserGuard
 	// access holds each registered pattern's Access (see Handle).
 	access map[string]Access
 
@@ -150,6 +158,7 @@ func New(deps Deps, addr string, log *slog.Logger) *Server {
 	s.access = map[string]Access{}
 	s.auth = &authenticator{keys: deps.APIKeys,
 		throttle: newFailureThrottle(DefaultFailureBurst, DefaultFailureRefill, DefaultFailureLog, log)}
+	s.guard = newBrowserGuard(len(deps.APIKeys) == 0, addr)
 	s.routes()
 	return s
 }
@@ -224,6 +233,13 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	// An unknown route needs a key too, so that a caller without one
 	// learns nothing about which routes exist.
 	acc := s.access[pattern]
+	// Before the key: a browser's forged or rebound request is refused on
+	// every route, public ones and those of a keyless edge included.
+	if status, code, msg, ok := s.guard.check(r); !ok {
+		acc.dialect()(sw, status, code, msg)
+		s.logAccess(sw, r, start, "")
+		return
+	}
 	var p domain.Principal
 	if acc.Public {
 		p = domain.Anonymous()

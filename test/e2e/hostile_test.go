@@ -416,14 +416,16 @@ func TestTrickledBodyCutLongStreamGoesOn(t *testing.T) {
 	cuts := make(chan cut, 2)
 	for _, path := range []string{"/v1/runs", "/v1/chat/completions"} {
 		go func() {
-			c, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+			addr := strings.TrimPrefix(e.url, "http://")
+			c, err := net.Dial("tcp", addr)
 			if err != nil {
 				cuts <- cut{path: path, err: err}
 				return
 			}
 			defer c.Close()
 			start := time.Now()
-			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{", path)
+			// The edge's own address as Host: a keyless edge refuses others.
+			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{", path, addr)
 			stop := make(chan struct{})
 			defer close(stop)
 			go func() {
