@@ -249,6 +249,13 @@ func newEnv(t *testing.T, nodes ...testNode) *env {
 // newEnvWithKeys is newEnv on an edge with API keys.
 func newEnvWithKeys(t *testing.T, keys []httpapi.APIKey, nodes ...testNode) *env {
 	t.Helper()
+	return newEnvWithDeps(t, keys, nil, nodes...)
+}
+
+// newEnvWithDeps is newEnvWithKeys with more dependencies: extra, if set,
+// fills them in (from the env's registry) before the server is built.
+func newEnvWithDeps(t *testing.T, keys []httpapi.APIKey, extra func(*env, *httpapi.Deps), nodes ...testNode) *env {
+	t.Helper()
 	e := &env{t: t, reg: edge.NewRegistry(), bus: eventbus.New(), dir: &staticDir{}}
 	for _, n := range nodes {
 		e.admit(n.id, n.link)
@@ -273,6 +280,9 @@ func newEnvWithKeys(t *testing.T, keys []httpapi.APIKey, nodes ...testNode) *env
 			}
 			return e.reload(ctx)
 		},
+	}
+	if extra != nil {
+		extra(e, &deps)
 	}
 	e.api = httpapi.New(deps, "127.0.0.1:0", nil)
 	e.api.KeepAlive = 50 * time.Millisecond

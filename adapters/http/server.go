@@ -88,7 +88,8 @@ type Deps struct {
 	// History, if set, answers GET /v1/runs, GET /v1/runs/{id} and
 	// GET /v1/usage from the edge's durable history.
 	History *edge.RunHistoryHandler
-	// Metrics, if set, is served on GET /metrics (scope read).
+	// Metrics, if set, is served on GET /metrics (scope read, and a key
+	// without a nodes limit: it covers every node).
 	Metrics http.Handler
 	// APIKeys, when any is set, make every route not marked Public need a
 	// key holding the route's scope; with none every caller is anonymous.
@@ -193,7 +194,7 @@ func (s *Server) routes() {
 		s.Handle("GET /v1/usage", readAccess, http.HandlerFunc(s.handleUsage))
 	}
 	if s.deps.Metrics != nil {
-		s.Handle("GET /metrics", readAccess, s.deps.Metrics)
+		s.Handle("GET /metrics", readAccess, edgeWide(s.deps.Metrics))
 	}
 	if s.deps.OpenAI != nil {
 		// No method in these patterns: the passthrough answers 405 itself.
@@ -383,6 +384,22 @@ func (s *Server) keepAlive() time.Duration {
 
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "nodes": len(s.deps.Registry.List())})
+}
+
+// edgeWide serves h only to a caller that sees every node. /metrics holds
+// each node's series and edge-wide totals (tunnel bytes, run durations,
+// registrations) that no node filter could split, so a key limited to some
+// nodes is refused rather than shown the others.
+func edgeWide(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := domain.PrincipalFrom(r.Context()); p.Limited() {
+			writeJSONError(w, http.StatusForbidden, domain.CodeForbidden, fmt.Sprintf(
+				"API key %q is limited to some nodes; %s %s covers every node and needs a key without a nodes limit",
+				p.Name, r.Method, r.URL.Path))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func (s *Server) handleReload(w http.ResponseWriter, r *http.Request) {

@@ -471,7 +471,8 @@ func TestPprofLoopbackOnly(t *testing.T) {
 }
 
 // The history records each request's key name; usage sums by it; a key
-// limited to some nodes sees only their runs and usage; /metrics needs read.
+// limited to some nodes sees only their runs and usage; /metrics needs read
+// and, covering every node, is refused to the node-limited key.
 func TestHistoryByKeyName(t *testing.T) {
 	t.Parallel()
 	e, _, _, _ := authEdge(t)
@@ -539,5 +540,8 @@ func TestHistoryByKeyName(t *testing.T) {
 	}
 	if st := getAs(readKey, "/metrics", nil); st != 200 {
 		t.Fatalf("/metrics with a read key: %d", st)
+	}
+	if st := getAs(n2Key, "/metrics", nil); st != 403 {
+		t.Fatalf("/metrics with the n2-only key: %d", st)
 	}
 }
