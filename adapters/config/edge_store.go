@@ -3,7 +3,9 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -55,12 +57,54 @@ func (c *EdgeConfig) validateStore() error {
 	if strings.Contains(c.Store.DSN, "://") && !IsPostgresDSN(c.Store.DSN) {
 		errs = append(errs, fmt.Errorf("store.dsn: only postgres:// URLs or SQLite file paths are supported"))
 	}
+	if IsPostgresDSN(c.Store.DSN) {
+		if err := checkPostgresDSN(c.Store.DSN); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.Metrics.Listen != "" {
 		if err := checkHostPort("metrics.listen", c.Metrics.Listen, true); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkPostgresDSN refuses a postgres:// DSN the driver (pgdriver) would
+// panic on when the edge opens it, a panic that prints the DSN, password
+// included. Its errors never quote the DSN: url.Parse's error does, so it
+// is replaced by a hint. Files the DSN names (sslrootcert, sslcert,
+// sslkey) are read when the store opens, like the config's other files,
+// not here: edgestore.Open turns the driver's panic over them into an error.
+func checkPostgresDSN(dsn string) error {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return errors.New("store.dsn is not a valid URL: percent-encode special characters in the user name and password " +
+			"(% as %25, @ as %40, : as %3A, / as %2F, # as %23, ? as %3F, a space as %20) and check the host")
+	}
+	if u.User != nil && u.User.Username() == "" {
+		return errors.New("store.dsn has no user name before the '@'")
+	}
+	q := u.Query()
+	mode := q.Get("sslmode")
+	switch mode {
+	case "", "disable", "allow", "prefer", "require", "verify-ca", "verify-full": // what pgdriver knows
+	default:
+		return fmt.Errorf("store.dsn: sslmode %q is not one of disable, allow, prefer, require, verify-ca, verify-full", mode)
+	}
+	for _, k := range []string{"timeout", "dial_timeout", "connect_timeout", "read_timeout", "write_timeout"} {
+		v := q.Get(k)
+		if v == "" {
+			continue
+		}
+		if _, err := strconv.Atoi(v); err == nil {
+			continue
+		}
+		if _, err := time.ParseDuration(v); err != nil {
+			return fmt.Errorf("store.dsn: %s %q is neither seconds nor a duration such as 5s", k, v)
+		}
+	}
+	return nil
 }
 
 // StoreDSNForLog is store.dsn without a password, for logs.

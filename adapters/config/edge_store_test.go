@@ -61,3 +61,39 @@ func TestStoreSettingsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A PostgreSQL DSN the driver cannot use is refused when the config is
+// read, naming what is wrong and never quoting the DSN or its password
+// (url.Parse's error quotes the whole URL).
+func TestStorePostgresDSNRefusedWithoutThePassword(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ name, dsn, want string }{
+		{"bad escape", "postgres://iop:s3cr%zzPW@127.0.0.1:1/iop", "percent-encode"},
+		{"space in host", "postgres://iop:s3cretPW@db host/iop", "not a valid URL"},
+		{"no user", "postgres://:s3cretPW@127.0.0.1:1/iop", "user"},
+		{"unknown sslmode", "postgres://iop:s3cretPW@127.0.0.1:1/iop?sslmode=maybe", `sslmode "maybe"`},
+		{"bad timeout", "postgres://iop:s3cretPW@127.0.0.1:1/iop?connect_timeout=soon", "connect_timeout"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := config.ParseEdge(filepath.Join(dir, "edge.yaml"), []byte("store: {dsn: \""+c.dsn+"\"}"+storeNodes))
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, c.want) || strings.Contains(msg, "s3cr") || strings.Contains(msg, "PW") {
+				t.Fatalf("error %q: want %q in it and no password", msg, c.want)
+			}
+		})
+	}
+	// What the driver takes is accepted; files it names are read at open
+	// (see edgestore's TestOpenBadPostgresDSNFailsWithoutThePassword).
+	for _, dsn := range []string{
+		"postgres://iop:s3cr%25PW@db/iop?sslmode=verify-full",
+		"postgresql://iop@db:5432/iop?sslmode=verify-ca&sslrootcert=/nowhere.pem&connect_timeout=5",
+		"postgres://iop:pw@/iop?host=/run/postgresql",
+	} {
+		if _, err := config.ParseEdge(filepath.Join(dir, "edge.yaml"), []byte("store: {dsn: \""+dsn+"\"}"+storeNodes)); err != nil {
+			t.Errorf("%s: %v", dsn, err)
+		}
+	}
+}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -340,5 +342,42 @@ func TestFullBatchIsWrittenBeforeTheInterval(t *testing.T) {
 	again := open(t, dsn, edgestore.Options{})
 	if _, err := again.GetRun(ctx, "run_closing"); err != nil {
 		t.Fatalf("the row queued at Close: %v", err)
+	}
+}
+
+// A PostgreSQL DSN the driver cannot use fails Open with an error, not the
+// driver's panic, and the error never holds the DSN or its password.
+func TestOpenBadPostgresDSNFailsWithoutThePassword(t *testing.T) {
+	notPEM := filepath.Join(t.TempDir(), "not-a-ca.pem")
+	if err := os.WriteFile(notPEM, []byte("s3cretPW"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, dsn := range []string{
+		"postgres://iop:s3cr%zzPW@127.0.0.1:1/iop",
+		"postgres://iop:s3cretPW@127.0.0.1:1/iop?sslmode=maybe",
+		"postgres://iop:s3cretPW@127.0.0.1:1/iop?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
+		"postgres://iop:s3cretPW@127.0.0.1:1/iop?sslrootcert=" + notPEM,
+		"postgres://iop:s3cretPW@127.0.0.1:1/iop?sslmode=require&sslcert=/nonexistent/c.pem&sslkey=/nonexistent/k.pem",
+		"postgres://:s3cretPW@127.0.0.1:1/iop",
+		"postgres://iop:s3cretPW@127.0.0.1:1/iop?timeout=soon",
+	} {
+		var db *edgestore.DB
+		var err error
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("Open panicked: %v", r)
+				}
+			}()
+			db, err = edgestore.Open(context.Background(), dsn)
+		}()
+		if err == nil {
+			_ = db.Close()
+			t.Fatalf("%s: opened", dsn)
+		}
+		if msg := err.Error(); strings.Contains(msg, "s3cr") || strings.Contains(msg, "PW") {
+			t.Fatalf("error quotes the password: %s", msg)
+		}
+		t.Log(err)
 	}
 }
