@@ -66,33 +66,48 @@ func (v *ConfigVersions) Next() uint64 { return v.n.Add(1) }
 // Rejections are unknown_token, identity_mismatch (BindIdentity),
 // duplicate_connection and config_error.
 func (h *RegisterHandler) Register(_ context.Context, token string, info domain.NodeInfo, remote string, link ports.NodeLink) (domain.NodeConfig, error) {
+	id, cfg, err := h.admit(token, info, remote, link)
+	if err != nil {
+		return h.reject(id, remote, err)
+	}
+	h.countRegistration("accepted")
+	h.log.Info("node registered", "node", id, "remote", remote, "version", info.Version, "adapters", len(cfg.Adapters))
+	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRegistered, Time: h.now(), Node: id, Remote: remote})
+	h.Reconcile.NodeRegistered(id)
+	return cfg, nil
+}
+
+// admit authenticates token and admits link as its node, as one step with
+// respect to a reload (Registry.admission): a reload either replaced the
+// directory first, and the token is checked against the new one, or waits
+// until the node is in the registry, and then disconnects it if the new
+// directory no longer allows it. It returns the node id once known.
+func (h *RegisterHandler) admit(token string, info domain.NodeInfo, remote string, link ports.NodeLink) (string, domain.NodeConfig, error) {
+	h.reg.admission.RLock()
+	defer h.reg.admission.RUnlock()
 	rec, err := h.dir.Authenticate(token)
 	if err != nil {
 		if !errors.Is(err, domain.ErrUnknownToken) {
 			h.log.Error("node directory failed", "err", err)
 		}
-		return h.reject("", remote, &domain.Error{Code: domain.CodeUnknownToken})
+		return "", domain.NodeConfig{}, &domain.Error{Code: domain.CodeUnknownToken}
 	}
 	if h.BindIdentity && !info.Peer.Names(rec.ID) {
-		return h.reject(rec.ID, remote, domain.Errorf(domain.CodeIdentityMismatch,
-			"the client certificate names %q, not node %q", info.Peer.CertNames, rec.ID))
+		return rec.ID, domain.NodeConfig{}, domain.Errorf(domain.CodeIdentityMismatch,
+			"the client certificate names %q, not node %q", info.Peer.CertNames, rec.ID)
 	}
 	cfg, err := rec.BuildConfig(h.versions.Next())
 	if err == nil {
 		err = cfg.CheckAdapterTypes(info)
 	}
 	if err != nil {
-		return h.reject(rec.ID, remote, err)
+		return rec.ID, domain.NodeConfig{}, err
 	}
 	n := &LiveNode{ID: rec.ID, Link: link, Info: info, Remote: remote, ConnectedAt: h.now(), Config: cfg}
 	if err := h.reg.Admit(n); err != nil {
-		return h.reject(rec.ID, remote, err)
+		return rec.ID, domain.NodeConfig{}, err
 	}
-	h.countRegistration("accepted")
-	h.log.Info("node registered", "node", rec.ID, "remote", remote, "version", info.Version, "adapters", len(cfg.Adapters))
-	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRegistered, Time: h.now(), Node: rec.ID, Remote: remote})
-	h.Reconcile.NodeRegistered(rec.ID)
-	return cfg, nil
+	return rec.ID, cfg, nil
 }
 
 func (h *RegisterHandler) reject(node, remote string, err error) (domain.NodeConfig, error) {

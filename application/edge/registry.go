@@ -46,6 +46,16 @@ type Registry struct {
 	// disconnected; an entry lives until the node comes back, so it holds at
 	// most one time per node id ever admitted.
 	gone map[string]time.Time
+
+	// admission orders registrations against reloads. A registration holds
+	// it shared from checking its token against the directory until it is
+	// admitted (all in memory, no I/O with the node); a reload holds it
+	// exclusively from replacing the directory until it has closed the
+	// links the new directory no longer allows. So a registration either
+	// authenticates against the new directory or is admitted before the
+	// reload looks at the registry: a node removed or given a new token is
+	// never left connected. Taken before mu, never while holding it.
+	admission sync.RWMutex
 }
 
 // NewRegistry returns an empty registry.

@@ -81,8 +81,19 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 	for _, r := range recs {
 		next[r.ID] = r
 	}
-	h.dir.Replace(recs)
 	res := ReloadResult{Nodes: len(recs), Refreshed: []string{}, Disconnected: []string{}, Unchanged: []string{}}
+	type change struct {
+		n   NodeView
+		rec domain.NodeRecord
+	}
+	var changed []change
+	// No registration may authenticate against the old directory and be
+	// admitted after the walk below has looked at the registry: it would
+	// stay connected though removed or rotated (see Registry.admission).
+	// Config pushes wait on nodes, so they happen after, unlocked: a node
+	// that reconnects meanwhile gets the new config at registration.
+	h.reg.admission.Lock()
+	h.dir.Replace(recs)
 	for _, n := range h.reg.List() {
 		rec, ok := next[n.ID]
 		switch {
@@ -93,8 +104,12 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 		case runsAlready(n, rec):
 			res.Unchanged = append(res.Unchanged, n.ID)
 		default:
-			h.refresh(ctx, n, rec, &res)
+			changed = append(changed, change{n, rec})
 		}
+	}
+	h.reg.admission.Unlock()
+	for _, c := range changed {
+		h.refresh(ctx, c.n, c.rec, &res)
 	}
 	sort.Strings(res.Refreshed)
 	sort.Strings(res.Disconnected)
