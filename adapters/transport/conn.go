@@ -809,9 +809,11 @@ func (c *Conn) writeLoop() {
 					buf = append(buf, o.raw...)
 					putPayload(o.pool)
 				} else if buf, err = AppendFrame(buf, o.f, c.cfg.MaxFrameSize); err != nil {
-					// Senders check sizes first; this is a local bug, not the peer's.
-					c.log.Error("outgoing frame dropped", "stream", o.f.StreamId, "err", err)
-					c.dropped.Add(1)
+					// Not one byte of it may reach the peer (AppendFrame may
+					// have written the length prefix and most of the frame):
+					// the peer would reject the frame as malformed and close
+					// the link, ending every run and tunnel on it.
+					buf = c.unencodable(buf[:n], o.f, err)
 				}
 				if err == nil {
 					c.framesOut.Add(1)
@@ -835,6 +837,43 @@ func (c *Conn) writeLoop() {
 		}
 		release()
 	}
+}
+
+// ErrFrameEncode ends a stream one of whose outgoing frames could not be
+// encoded (a string field that is not UTF-8, a frame over the size limit):
+// a bug on the sending side that only that stream pays for.
+var ErrFrameEncode = errors.New("outgoing frame could not be encoded")
+
+// unencodable handles a frame the writer could not encode, with buf holding
+// the batch without it. The frame is dropped and its stream, if any, ends
+// here with ErrFrameEncode (its sender's next Send or Recv fails with it).
+// The peer is told with a reset written where the frame would have been,
+// unless the frame was the one opening the stream (the peer never heard of
+// that stream). A stream-0 frame is only dropped. The link goes on.
+func (c *Conn) unencodable(buf []byte, f *ioppb.Frame, err error) []byte {
+	c.dropped.Add(1)
+	kind := frameKind(f)
+	c.log.Error("outgoing frame could not be encoded; dropped, its stream reset", "stream", f.StreamId, "frame", kind, "err", err)
+	if f.StreamId == 0 {
+		return buf
+	}
+	if s := c.stream(f.StreamId); s != nil && s.end(fmt.Errorf("%w: %s: %w", ErrFrameEncode, kind, err)) {
+		c.remove(s)
+	}
+	if opensStream(f) {
+		return buf
+	}
+	// The reset's own text must encode: the protobuf error is ASCII, but
+	// nothing here may depend on that.
+	msg := strings.ToValidUTF8(fmt.Sprintf("%s frame could not be encoded: %v", kind, err), "?")
+	n := len(buf)
+	out, rerr := AppendFrame(buf, resetFrame(f.StreamId, "internal", msg), c.cfg.MaxFrameSize)
+	if rerr != nil {
+		return buf[:n]
+	}
+	c.framesOut.Add(1)
+	c.bytesOut.Add(int64(len(out) - n))
+	return out
 }
 
 // outFrame is one frame for the writer: a protobuf frame it encodes, or a

@@ -72,6 +72,8 @@ func linkErr(err error) error {
 	switch {
 	case errors.As(err, &re):
 		return domain.Errorf(domain.CodeStreamReset, "node reset the stream: %s", re.Code)
+	case errors.Is(err, ErrFrameEncode):
+		return domain.Errorf(domain.CodeInvalidRequest, "request cannot be sent to the node: %v", err)
 	case errors.Is(err, ErrFrameTooLarge):
 		return domain.Errorf(domain.CodeInvalidRequest, "request too large for one frame: %v", err)
 	case errors.Is(err, ErrTooManyStreams):

@@ -1,0 +1,95 @@
+package transport
+
+import (
+	"errors"
+	"io"
+	"testing"
+
+	"iop/domain"
+)
+
+// A frame that cannot be encoded (here a run event whose text is not UTF-8,
+// which a protobuf string must be) must cost only its own stream: before,
+// the writer put the encoded bytes on the wire anyway, the edge rejected
+// the frame as malformed and closed the link, ending every run and tunnel
+// on it.
+func TestUnencodableNodeFrameResetsOnlyItsStream(t *testing.T) {
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.runScript = func(req domain.RunRequest) []domain.RunEvent {
+			if req.RunID != "r-bad" {
+				return defaultScript(req)
+			}
+			return []domain.RunEvent{
+				{RunID: req.RunID, Seq: 1, Type: domain.EventStart},
+				{RunID: req.RunID, Seq: 2, Type: domain.EventDelta, Text: "caf\xe9"},
+				{RunID: req.RunID, Seq: 3, Type: domain.EventComplete},
+			}
+		}
+	})
+	rs, err := p.link.StartRun(p.ctx, runReq("r-bad"))
+	mustf(t, err, "StartRun")
+	defer rs.Close()
+	ev, err := rs.Recv(p.ctx)
+	mustf(t, err, "Recv start")
+	if ev.Type != domain.EventStart {
+		t.Fatalf("first event %+v", ev)
+	}
+	if ev, err := rs.Recv(p.ctx); !errors.Is(err, &domain.Error{Code: domain.CodeStreamReset}) {
+		t.Fatalf("after the unencodable event: %+v, %v; want the stream reset", ev, err)
+	}
+	requireLinkServes(t, p)
+}
+
+// The same on the edge's side: a request that cannot be encoded fails its
+// own stream with invalid_request and never reaches the node.
+func TestUnencodableEdgeFrameFailsOnlyItsStream(t *testing.T) {
+	p := newPair(t, pairOptions{}, nil)
+	req := runReq("r-bad")
+	req.Target = "caf\xe9"
+	rs, err := p.link.StartRun(p.ctx, req)
+	if err == nil {
+		defer rs.Close()
+		_, err = rs.Recv(p.ctx)
+	}
+	if !errors.Is(err, &domain.Error{Code: domain.CodeInvalidRequest}) {
+		t.Fatalf("run request with a non-UTF-8 target: %v; want invalid_request", err)
+	}
+	requireLinkServes(t, p)
+	select {
+	case got := <-p.node.runStarted:
+		if got.RunID == "r-bad" {
+			t.Fatal("the node ran the request that could not be encoded")
+		}
+	default:
+	}
+}
+
+// requireLinkServes checks that p's link is still the one the node
+// registered with and carries a run to its end.
+func requireLinkServes(t *testing.T, p *pair) {
+	t.Helper()
+	rs, err := p.link.StartRun(p.ctx, runReq("r-after"))
+	mustf(t, err, "StartRun after the failed stream")
+	defer rs.Close()
+	var last domain.RunEvent
+	for {
+		ev, err := rs.Recv(p.ctx)
+		if err == io.EOF {
+			break
+		}
+		mustf(t, err, "run after the failed stream")
+		last = ev
+	}
+	if last.Type != domain.EventComplete {
+		t.Fatalf("run after the failed stream ended with %+v", last)
+	}
+	if err := p.link.conn.Err(); err != nil {
+		t.Fatalf("link ended: %v", err)
+	}
+	if n := p.edge.registerCount(); n != 1 {
+		t.Fatalf("node registered %d times; the link was dropped", n)
+	}
+	eventually(t, p.ctx, "streams released", func() bool {
+		return p.link.Stats().Streams == 0 && p.cli.currentConn().Stats().Streams == 0
+	})
+}
