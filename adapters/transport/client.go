@@ -237,7 +237,7 @@ func (c *Client) register(ctx context.Context) (*Conn, error) {
 	req := &ioppb.RegisterRequest{
 		Token: c.cfg.Token, NodeVersion: c.cfg.Info.Version, Hostname: c.cfg.Info.Hostname, AdapterTypes: c.cfg.Info.AdapterTypes,
 		Os: c.cfg.Info.OS, Arch: c.cfg.Info.Arch, InitialWindow: tc.StreamWindow,
-		DataFrames: !tc.NoDataFrames,
+		DataFrames: !tc.NoDataFrames, RawHeaderValues: !tc.noRawHeaders,
 	}
 	buf, err := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterRequest{RegisterRequest: req}}, tc.MaxFrameSize)
 	if err == nil {
@@ -291,6 +291,7 @@ func (c *Client) register(ctx context.Context) (*Conn, error) {
 	_ = nc.SetDeadline(time.Time{})
 	conn := newConn(nc, dec, tc, SideNode, resp.GetInitialWindow(), &nodeDispatch{c: c})
 	conn.dataFrames = resp.GetDataFrames() && !tc.NoDataFrames
+	conn.rawHeaders = resp.GetRawHeaderValues() && !tc.noRawHeaders
 	c.mu.Lock()
 	c.conn = conn
 	c.mu.Unlock()
@@ -526,7 +527,10 @@ func (t *tunnelSink) Send(f domain.TunnelFrame) error {
 		}
 		return nil
 	}
-	err := t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: tunnelFrameToProto(f)}})
+	var drops headerDrops
+	pf := tunnelFrameToProto(f, t.s.c.rawHeaders, &drops)
+	t.s.c.noteHeaderDrops(drops)
+	err := t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: pf}})
 	if err == nil && (f.Kind == domain.TunnelEnd || f.Kind == domain.TunnelError) {
 		t.ended.Store(true)
 	}

@@ -56,6 +56,9 @@ type Config struct {
 	// demand: a baseline for benchmarks.
 	writerLinger time.Duration
 	writerStays  bool
+	// noRawHeaders makes this side neither ask for nor agree to
+	// raw_header_values, as a version before it did: compatibility tests.
+	noRawHeaders bool
 }
 
 // DefaultConfig returns the spec's settings: 30 s heartbeat, 45 s wait, 4 MiB frames.

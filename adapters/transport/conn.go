@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"iop/adapters/internal/deadline"
+	"iop/domain"
 	ioppb "iop/proto/iop"
 )
 
@@ -68,6 +69,10 @@ type Conn struct {
 	// dataFrames: both ends agreed at registration to send tunnel bodies
 	// as binary data frames. Received data frames are read either way.
 	dataFrames bool
+	// rawHeaders: both ends agreed at registration to read header values
+	// that are not UTF-8 (Header.values as bytes); without it such values
+	// are left out of what this side sends (headers).
+	rawHeaders bool
 
 	ctrl chan *ioppb.Frame
 	data chan outFrame
@@ -116,8 +121,11 @@ type Conn struct {
 	bytesIn   atomic.Int64
 	bytesOut  atomic.Int64
 	dropped   atomic.Int64
-	rtt       atomic.Int64
-	closeWhy  atomic.Pointer[error]
+	// headerDrops counts header values left out because the peer cannot
+	// read them; the first is logged.
+	headerDrops atomic.Int64
+	rtt         atomic.Int64
+	closeWhy    atomic.Pointer[error]
 }
 
 // closeSentinel asks the writer to flush and then close the connection.
@@ -1002,6 +1010,28 @@ func (c *Conn) sendControl(ctx context.Context, f *ioppb.Frame) error {
 	return c.enqueueCtrl(ctx, f)
 }
 
+// headers converts h for the wire to the peer: header values that are not
+// UTF-8 go only where both ends agreed to raw_header_values; otherwise (an
+// older peer, which would reject the frame) they are left out, so the
+// request or response still goes through without them. Those are counted
+// (Stats.HeaderValuesDropped) and the first is logged.
+func (c *Conn) headers(h domain.Header) []*ioppb.Header {
+	var d headerDrops
+	out := headersToProto(h, c.rawHeaders, &d)
+	c.noteHeaderDrops(d)
+	return out
+}
+
+func (c *Conn) noteHeaderDrops(d headerDrops) {
+	if d.values == 0 {
+		return
+	}
+	if c.headerDrops.Add(int64(d.values)) == int64(d.values) {
+		c.log.Warn("header values that are not UTF-8 left out: the peer is an older version that cannot read them (logged once per link)",
+			"header", d.name, "values", d.values)
+	}
+}
+
 // Stats is a snapshot of a connection's counters.
 type Stats struct {
 	Since     time.Time
@@ -1012,6 +1042,9 @@ type Stats struct {
 	Dropped   int64
 	RTT       time.Duration
 	Streams   int
+	// HeaderValuesDropped counts header values left out because the peer
+	// cannot read values that are not UTF-8 (an older version).
+	HeaderValuesDropped int64
 }
 
 // Stats returns the connection's counters.
@@ -1022,7 +1055,7 @@ func (c *Conn) Stats() Stats {
 	return Stats{
 		Since: c.since, FramesIn: c.framesIn.Load(), FramesOut: c.framesOut.Load(),
 		BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load(), Dropped: c.dropped.Load(),
-		RTT: time.Duration(c.rtt.Load()), Streams: n,
+		RTT: time.Duration(c.rtt.Load()), Streams: n, HeaderValuesDropped: c.headerDrops.Load(),
 	}
 }
 

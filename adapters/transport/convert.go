@@ -3,7 +3,9 @@ package transport
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"iop/domain"
 	ioppb "iop/proto/iop"
@@ -145,18 +147,60 @@ func configToDomain(p *ioppb.NodeConfigPayload) domain.NodeConfig {
 	return c
 }
 
-func headersToProto(h domain.Header) []*ioppb.Header {
+// headerDrops counts the header values headersToProto left out because the
+// peer could not read them, and names a header that lost one.
+type headerDrops struct {
+	values int
+	name   string
+}
+
+// headersToProto converts h for the wire. Values go as the bytes HTTP
+// carried; one that is not UTF-8 goes only when raw (the peer agreed to
+// raw_header_values: an older peer reads values as protobuf strings and
+// would reject the whole frame) and is otherwise left out and counted in
+// d. A header whose name is not UTF-8 is left out whole (the name is a
+// string on the wire); no HTTP parser lets such a name through.
+func headersToProto(h domain.Header, raw bool, d *headerDrops) []*ioppb.Header {
 	out := make([]*ioppb.Header, 0, len(h))
-	for k, v := range h {
-		out = append(out, &ioppb.Header{Name: k, Values: v})
+	for k, vs := range h {
+		if !utf8.ValidString(k) {
+			d.note(strings.ToValidUTF8(k, "?"), max(len(vs), 1))
+			continue
+		}
+		values := make([][]byte, 0, len(vs))
+		for _, v := range vs {
+			if !raw && !utf8.ValidString(v) {
+				d.note(k, 1)
+				continue
+			}
+			values = append(values, []byte(v))
+		}
+		if len(values) > 0 || len(vs) == 0 {
+			out = append(out, &ioppb.Header{Name: k, Values: values})
+		}
 	}
 	return out
+}
+
+func (d *headerDrops) note(name string, n int) {
+	d.values += n
+	if d.name == "" {
+		d.name = name
+	}
 }
 
 func headersToDomain(hs []*ioppb.Header) domain.Header {
 	h := make(domain.Header, len(hs))
 	for _, x := range hs {
-		h[http.CanonicalHeaderKey(x.GetName())] = append(h[http.CanonicalHeaderKey(x.GetName())], x.GetValues()...)
+		k := http.CanonicalHeaderKey(x.GetName())
+		vs := h[k]
+		if vs == nil {
+			vs = make([]string, 0, len(x.GetValues()))
+		}
+		for _, v := range x.GetValues() {
+			vs = append(vs, string(v))
+		}
+		h[k] = vs
 	}
 	return h
 }
@@ -175,13 +219,15 @@ func errorToDomain(e *ioppb.Error) error {
 	return &domain.Error{Code: e.GetCode(), Message: e.GetMessage()}
 }
 
-func tunnelFrameToProto(f domain.TunnelFrame) *ioppb.ProviderTunnelFrame {
+// tunnelFrameToProto converts f for the wire; raw and d are
+// headersToProto's, for a header frame.
+func tunnelFrameToProto(f domain.TunnelFrame, raw bool, d *headerDrops) *ioppb.ProviderTunnelFrame {
 	p := &ioppb.ProviderTunnelFrame{}
 	switch f.Kind {
 	case domain.TunnelStatus:
 		p.Kind = &ioppb.ProviderTunnelFrame_Status{Status: uint32(f.Status)}
 	case domain.TunnelHeader:
-		p.Kind = &ioppb.ProviderTunnelFrame_Header{Header: &ioppb.HeaderBlock{Headers: headersToProto(f.Header)}}
+		p.Kind = &ioppb.ProviderTunnelFrame_Header{Header: &ioppb.HeaderBlock{Headers: headersToProto(f.Header, raw, d)}}
 	case domain.TunnelBody:
 		p.Kind = &ioppb.ProviderTunnelFrame_Body{Body: f.Body}
 	case domain.TunnelUsage:

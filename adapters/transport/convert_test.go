@@ -67,13 +67,13 @@ func TestTunnelFrameRoundTrip(t *testing.T) {
 		{Kind: domain.TunnelError, Error: &domain.ErrorInfo{Code: domain.CodeProviderUnreachable, Message: "dial"}},
 	}
 	for _, want := range frames {
-		got, ok := tunnelFrameToDomain(tunnelFrameToProto(want))
+		got, ok := tunnelFrameToDomain(tunnelFrameToProto(want, true, new(headerDrops)))
 		if !ok || !reflect.DeepEqual(got, want) {
 			t.Errorf("kind %d: got %+v, want %+v", want.Kind, got, want)
 		}
 	}
 	// An error frame without details still says provider_error.
-	got, _ := tunnelFrameToDomain(tunnelFrameToProto(domain.TunnelFrame{Kind: domain.TunnelError}))
+	got, _ := tunnelFrameToDomain(tunnelFrameToProto(domain.TunnelFrame{Kind: domain.TunnelError}, true, new(headerDrops)))
 	if got.Error == nil || got.Error.Code != domain.CodeProviderError {
 		t.Errorf("bare error frame: %+v", got)
 	}
@@ -83,7 +83,7 @@ func TestTunnelFrameRoundTrip(t *testing.T) {
 }
 
 func TestHeadersCanonicalised(t *testing.T) {
-	h := headersToDomain([]*ioppb.Header{{Name: "content-type", Values: []string{"a"}}, {Name: "Content-Type", Values: []string{"b"}}})
+	h := headersToDomain([]*ioppb.Header{{Name: "content-type", Values: [][]byte{[]byte("a")}}, {Name: "Content-Type", Values: [][]byte{[]byte("b")}}})
 	if got := h["Content-Type"]; !reflect.DeepEqual(got, []string{"a", "b"}) {
 		t.Errorf("got %v", got)
 	}

@@ -499,6 +499,7 @@ func mergeConfig(base, o Config) Config {
 		base.HandshakeTimeout = o.HandshakeTimeout
 	}
 	base.NoDataFrames = base.NoDataFrames || o.NoDataFrames
+	base.noRawHeaders = base.noRawHeaders || o.noRawHeaders
 	return base
 }
 

@@ -236,7 +236,7 @@ func (l *edgeLink) OpenTunnel(ctx context.Context, req domain.TunnelRequest, bod
 	}
 	preq := &ioppb.ProviderTunnelRequest{
 		Provider: req.Provider, Method: req.Method, Path: req.Path, Query: req.Query,
-		Headers: headersToProto(req.Header), Body: first, BodyFollows: rest != nil,
+		Headers: l.conn.headers(req.Header), Body: first, BodyFollows: rest != nil,
 	}
 	s, err := l.conn.Open(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelRequest{ProviderTunnelRequest: preq}})
 	if err != nil {

@@ -263,8 +263,10 @@ func (s *Server) handshake(nc net.Conn, remote, addr string) (*edgeLink, string,
 		HeartbeatTimeoutMs:  uint32(s.cfg.HeartbeatTimeout.Milliseconds()),
 		InitialWindow:       s.cfg.StreamWindow,
 		DataFrames:          req.GetDataFrames() && !s.cfg.NoDataFrames,
+		RawHeaderValues:     req.GetRawHeaderValues() && !s.cfg.noRawHeaders,
 	}
 	link.conn.dataFrames = resp.DataFrames
+	link.conn.rawHeaders = resp.RawHeaderValues
 	if err != nil {
 		resp.Reason = rejectReason(err)
 		if errors.Is(err, domain.ErrUnknownToken) {

@@ -685,9 +685,12 @@ type RegisterRequest struct {
 	AdapterTypes []string `protobuf:"bytes,7,rep,name=adapter_types,json=adapterTypes,proto3" json:"adapter_types,omitempty"`
 	// The node reads binary data frames (docs/wire.md "Data frames") and
 	// will send them if the edge agrees. False from older nodes.
-	DataFrames    bool `protobuf:"varint,8,opt,name=data_frames,json=dataFrames,proto3" json:"data_frames,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DataFrames bool `protobuf:"varint,8,opt,name=data_frames,json=dataFrames,proto3" json:"data_frames,omitempty"`
+	// The node reads Header.values that are not UTF-8 and will send them if
+	// the edge agrees (docs/wire.md "Header values"). False from older nodes.
+	RawHeaderValues bool `protobuf:"varint,9,opt,name=raw_header_values,json=rawHeaderValues,proto3" json:"raw_header_values,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RegisterRequest) Reset() {
@@ -776,6 +779,13 @@ func (x *RegisterRequest) GetDataFrames() bool {
 	return false
 }
 
+func (x *RegisterRequest) GetRawHeaderValues() bool {
+	if x != nil {
+		return x.RawHeaderValues
+	}
+	return false
+}
+
 type RegisterResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Accepted bool                   `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
@@ -790,9 +800,12 @@ type RegisterResponse struct {
 	InitialWindow uint32 `protobuf:"varint,6,opt,name=initial_window,json=initialWindow,proto3" json:"initial_window,omitempty"`
 	// Both ends send tunnel bodies as binary data frames from now on. Set
 	// only when the node asked for them.
-	DataFrames    bool `protobuf:"varint,7,opt,name=data_frames,json=dataFrames,proto3" json:"data_frames,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DataFrames bool `protobuf:"varint,7,opt,name=data_frames,json=dataFrames,proto3" json:"data_frames,omitempty"`
+	// Both ends send header values as HTTP carried them, UTF-8 or not, from
+	// now on. Set only when the node asked for it.
+	RawHeaderValues bool `protobuf:"varint,8,opt,name=raw_header_values,json=rawHeaderValues,proto3" json:"raw_header_values,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RegisterResponse) Reset() {
@@ -870,6 +883,13 @@ func (x *RegisterResponse) GetInitialWindow() uint32 {
 func (x *RegisterResponse) GetDataFrames() bool {
 	if x != nil {
 		return x.DataFrames
+	}
+	return false
+}
+
+func (x *RegisterResponse) GetRawHeaderValues() bool {
+	if x != nil {
+		return x.RawHeaderValues
 	}
 	return false
 }
@@ -2094,9 +2114,16 @@ func (x *NodeCommandResponse) GetError() *Error {
 }
 
 type Header struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Values        []string               `protobuf:"bytes,2,rep,name=values,proto3" json:"values,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The values' bytes as HTTP carried them. HTTP allows bytes 0x80-0xFF in
+	// a value (obs-text), which need not be UTF-8, so this is bytes, not
+	// string. On the wire the two are the same (wire type 2), and a UTF-8
+	// value reads the same either way, but a peer that declares the field
+	// string (older versions) rejects the whole frame for one value that is
+	// not UTF-8: such values go only to a peer that agreed to
+	// raw_header_values at registration, and are dropped otherwise.
+	Values        [][]byte `protobuf:"bytes,2,rep,name=values,proto3" json:"values,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2138,7 +2165,7 @@ func (x *Header) GetName() string {
 	return ""
 }
 
-func (x *Header) GetValues() []string {
+func (x *Header) GetValues() [][]byte {
 	if x != nil {
 		return x.Values
 	}
@@ -2585,7 +2612,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x0fProviderLatency\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x18\n" +
-	"\aseconds\x18\x03 \x01(\x01R\aseconds\"\xf7\x01\n" +
+	"\aseconds\x18\x03 \x01(\x01R\aseconds\"\xa3\x02\n" +
 	"\x0fRegisterRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12!\n" +
 	"\fnode_version\x18\x02 \x01(\tR\vnodeVersion\x12\x1a\n" +
@@ -2595,7 +2622,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x0einitial_window\x18\x06 \x01(\rR\rinitialWindow\x12#\n" +
 	"\radapter_types\x18\a \x03(\tR\fadapterTypes\x12\x1f\n" +
 	"\vdata_frames\x18\b \x01(\bR\n" +
-	"dataFrames\"\xaf\x02\n" +
+	"dataFrames\x12*\n" +
+	"\x11raw_header_values\x18\t \x01(\bR\x0frawHeaderValues\"\xdb\x02\n" +
 	"\x10RegisterResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x129\n" +
@@ -2604,7 +2632,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x14heartbeat_timeout_ms\x18\x05 \x01(\rR\x12heartbeatTimeoutMs\x12%\n" +
 	"\x0einitial_window\x18\x06 \x01(\rR\rinitialWindow\x12\x1f\n" +
 	"\vdata_frames\x18\a \x01(\bR\n" +
-	"dataFrames\"m\n" +
+	"dataFrames\x12*\n" +
+	"\x11raw_header_values\x18\b \x01(\bR\x0frawHeaderValues\"m\n" +
 	"\tHeartbeat\x12$\n" +
 	"\x0esent_unix_nano\x18\x01 \x01(\x03R\fsentUnixNano\x12$\n" +
 	"\x0eecho_unix_nano\x18\x02 \x01(\x03R\fechoUnixNano\x12\x14\n" +
@@ -2723,7 +2752,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x05error\x18\x04 \x01(\v2\x15.iop.runtime.v1.ErrorR\x05error\"4\n" +
 	"\x06Header\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
-	"\x06values\x18\x02 \x03(\tR\x06values\"\xde\x01\n" +
+	"\x06values\x18\x02 \x03(\fR\x06values\"\xde\x01\n" +
 	"\x15ProviderTunnelRequest\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x12\n" +

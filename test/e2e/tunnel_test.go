@@ -393,3 +393,63 @@ func TestStalledTunnelReaderDoesNotSlowOthers(t *testing.T) {
 		t.Fatalf("provider pushed %d bytes into a stalled stream", n)
 	}
 }
+
+// A header value may hold bytes 0x80-0xFF that are not UTF-8 (obs-text:
+// legal HTTP, passed by Go's net/http both ways). Relayed through the real
+// edge and node, the caller's value reaches the provider and the
+// provider's reaches the caller byte for byte, and the node's link stays
+// up. Before, one such value failed to encode, the peer rejected the frame
+// and closed the link, failing the request and every run and tunnel on it.
+func TestTunnelRelaysHeaderBytesThatAreNotUTF8(t *testing.T) {
+	const obsText = "caf\xe9"
+	callerValue := make(chan string, 1)
+	prov := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case callerValue <- r.Header.Get("X-Caller"):
+		default:
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Upstream", obsText)
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	}))
+	t.Cleanup(prov.Close)
+	e := startEdge(t, fmt.Sprintf(`
+  - id: n1
+    token: %s
+    providers:
+      - {name: oai, type: openai, base_url: %q, models: [m-hdr]}
+`, testToken, prov.URL))
+	n := startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	for i := range 2 {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.url+"/v1/chat/completions", bytes.NewReader(chatBody("m-hdr", false)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Caller", obsText)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || string(body) != `{"ok":true}` {
+			t.Fatalf("request %d: %d %q %v", i, resp.StatusCode, body, err)
+		}
+		if got := resp.Header.Get("X-Upstream"); got != obsText {
+			t.Errorf("request %d: caller got X-Upstream %q, want %q", i, got, obsText)
+		}
+		select {
+		case got := <-callerValue:
+			if got != obsText {
+				t.Errorf("request %d: provider got X-Caller %q, want %q", i, got, obsText)
+			}
+		default:
+			t.Errorf("request %d: provider saw no request", i)
+		}
+	}
+	if out := n.out.String(); strings.Contains(out, "link to edge lost") {
+		t.Fatalf("the node's link dropped:\n%s", out)
+	}
+}
