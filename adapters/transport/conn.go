@@ -489,7 +489,7 @@ func frameKind(f *ioppb.Frame) string {
 	if f.Body == nil {
 		return "frame without body"
 	}
-	return strings.TrimPrefix(fmt.Sprintf("%T", f.Body), "*iop.Frame_")
+	return strings.TrimPrefix(fmt.Sprintf("%T", f.Body), "*ioppb.Frame_")
 }
 
 func (c *Conn) peerParity(id uint64) bool {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"iop/domain"
+	ioppb "iop/proto/iop"
 )
 
 // A frame that cannot be encoded (here a run event whose text is not UTF-8,
@@ -92,4 +93,11 @@ func requireLinkServes(t *testing.T, p *pair) {
 	eventually(t, p.ctx, "streams released", func() bool {
 		return p.link.Stats().Streams == 0 && p.cli.currentConn().Stats().Streams == 0
 	})
+}
+
+// frameKind names a frame's body as the wire docs do, for logs and errors.
+func TestFrameKindNamesTheBody(t *testing.T) {
+	if got := frameKind(&ioppb.Frame{Body: &ioppb.Frame_RunEvent{}}); got != "RunEvent" {
+		t.Fatalf("frameKind = %q, want RunEvent", got)
+	}
 }
