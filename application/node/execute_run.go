@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -176,7 +177,7 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 	}
 	execErr := in.adapter.Execute(ctx, req, g)
 	close(finished)
-	term := g.decide(execErr, ctx)
+	term := validUTF8(g.decide(execErr, ctx))
 	m.unregister(ar)
 	release()
 	close(ar.done)
@@ -188,7 +189,7 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 
 // reject ends a run that could not start, recording it as failed.
 func (m *RunManager) reject(req domain.RunRequest, g *guard, err error) {
-	ev := domain.ErrorEvent(req.RunID, err)
+	ev := validUTF8(domain.ErrorEvent(req.RunID, err))
 	now := m.now()
 	if run, nerr := domain.NewRun(req, now); nerr == nil && run.Finish(ev, now) == nil {
 		if serr := m.store.CreateRun(context.Background(), run); serr != nil {
@@ -335,6 +336,9 @@ func (g *guard) Emit(ev domain.RunEvent) error {
 	if !ev.Type.Valid() {
 		return fmt.Errorf("unknown event type %q", ev.Type)
 	}
+	// Before it is split (the pieces stay within MaxEventText) or kept as
+	// the terminal event (which is also stored).
+	ev = validUTF8(ev)
 	g.sendMu.Lock()
 	defer g.sendMu.Unlock()
 	g.mu.Lock()
@@ -377,6 +381,7 @@ func (g *guard) send(ev domain.RunEvent) error {
 // sendWithin numbers ev and sends it; a failed send leaves no gap in the
 // sequence, because the event was not sent.
 func (g *guard) sendWithin(ctx context.Context, ev domain.RunEvent) error {
+	ev = validUTF8(ev) // a no-op for what Emit, decide and reject passed through it
 	ev.RunID, ev.Seq = g.runID, g.seq+1
 	if ev.Time.IsZero() {
 		ev.Time = g.now()
@@ -433,6 +438,24 @@ func (g *guard) sendTerminal(ev domain.RunEvent) {
 	g.decided = true
 	g.mu.Unlock()
 	_ = g.sendWithin(context.Background(), ev)
+}
+
+// validUTF8 returns ev with Text and Error.Message made valid UTF-8, each
+// run of invalid bytes replaced by U+FFFD. An adapter relays what a process or
+// provider printed (Latin-1, a multi-byte character cut in two), but both
+// are protobuf strings on the node link, which must be UTF-8 (a frame that
+// is not cannot be sent: the run would end in a stream reset), and the
+// message is stored as text.
+func validUTF8(ev domain.RunEvent) domain.RunEvent {
+	if !utf8.ValidString(ev.Text) {
+		ev.Text = strings.ToValidUTF8(ev.Text, "\uFFFD")
+	}
+	if ev.Error != nil && !utf8.ValidString(ev.Error.Message) {
+		e := *ev.Error // the adapter's; not changed under it
+		e.Message = strings.ToValidUTF8(e.Message, "\uFFFD")
+		ev.Error = &e
+	}
+	return ev
 }
 
 // splitText cuts a text event into pieces of at most MaxEventText bytes,

@@ -343,3 +343,57 @@ func TestExecuteRunCallerLeavesWhileStreaming(t *testing.T) {
 		}
 	}
 }
+
+// Event text and error messages reach the link and the store as valid
+// UTF-8 whatever the adapter relays (a process printing Latin-1, a
+// multi-byte character cut in two): both are protobuf strings on the link,
+// and a frame that is not UTF-8 cannot be sent.
+func TestExecuteRunMakesTextAndErrorsValidUTF8(t *testing.T) {
+	// Each lone invalid byte becomes U+FFFD, three bytes: the text grows
+	// past MaxEventText and must still be split into pieces within it.
+	long := strings.Repeat("\xe9a", node.MaxEventText/2)
+	tests := []struct {
+		name      string
+		script    ucExecFunc
+		wantTexts []string
+		wantMsg   string
+	}{
+		{name: "delta text and a returned error",
+			script:    ucEmit(errors.New("exit status 1: caf\xe9"), ucDelta("caf\xe9")),
+			wantTexts: []string{"caf\uFFFD"}, wantMsg: "exit status 1: caf\uFFFD"},
+		{name: "the adapter's own error event",
+			script:  ucEmit(nil, domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{Code: "upstream_500", Message: "bad \xff\xfe gateway"}}),
+			wantMsg: "bad \uFFFD gateway"},
+		{name: "long text is split after it is made valid",
+			script:    ucEmit(nil, ucDelta(long)),
+			wantTexts: []string{strings.Repeat("\uFFFDa", node.MaxEventText/2)}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ucNoLeaks(t)
+			a := newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{"": tc.script})
+			n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
+			evs := n.run(t, ucReq("r1", "a", "t"))
+			term := ucCheckStream(t, "r1", evs)
+			for _, ev := range evs {
+				if !utf8.ValidString(ev.Text) || (ev.Error != nil && !utf8.ValidString(ev.Error.Message)) {
+					t.Fatalf("event %d is not valid UTF-8: %+v", ev.Seq, ev)
+				}
+				if len(ev.Text) > node.MaxEventText {
+					t.Fatalf("event %d carries %d bytes of text, over %d", ev.Seq, len(ev.Text), node.MaxEventText)
+				}
+			}
+			if got, want := strings.Join(ucTexts(evs), ""), strings.Join(tc.wantTexts, ""); got != want {
+				t.Fatalf("delta text (%d bytes) = %.64q…, want %.64q… (%d bytes)", len(got), got, want, len(want))
+			}
+			if tc.wantMsg != "" {
+				if term.Error == nil || term.Error.Message != tc.wantMsg {
+					t.Fatalf("terminal = %+v, want message %q", term.Error, tc.wantMsg)
+				}
+				if s := n.stored(t, "r1"); s.ErrorMessage != tc.wantMsg {
+					t.Fatalf("stored message %q, want %q", s.ErrorMessage, tc.wantMsg)
+				}
+			}
+		})
+	}
+}
