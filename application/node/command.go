@@ -125,7 +125,7 @@ func (h *CommandHandler) capabilities() nodecmd.Capabilities {
 	host, _ := os.Hostname()
 	out := nodecmd.Capabilities{NodeID: nodeID, ConfigVersion: ver, Version: h.version, OS: runtime.GOOS, Arch: runtime.GOARCH, Hostname: host, Commands: slices.Clone(BuiltinCommands)}
 	for _, in := range h.rt.instances() {
-		a := nodecmd.Adapter{Name: in.cfg.Name, Type: in.cfg.Type, MaxConcurrency: cap(in.slots), InFlight: len(in.slots), Sessions: in.caps.Sessions, Commands: in.caps.Commands}
+		a := nodecmd.Adapter{Name: in.cfg.Name, Type: in.cfg.Type, MaxConcurrency: in.caps.MaxConcurrency, InFlight: in.inFlight, Sessions: in.caps.Sessions, Commands: in.caps.Commands}
 		out.Adapters = append(out.Adapters, a)
 		out.Commands = append(out.Commands, in.caps.Commands...)
 	}

@@ -23,10 +23,9 @@ import (
 type instance struct {
 	cfg     domain.AdapterConfig
 	adapter ports.RuntimeAdapter
-	caps    domain.Capabilities
-	slots   chan struct{}
+	caps    domain.Capabilities // caps.MaxConcurrency is at least 1
 	retired bool
-	active  int
+	active  int // runs on this instance
 }
 
 // Runtime holds the node's runtime adapter instances, by configured name.
@@ -44,6 +43,13 @@ type Runtime struct {
 	provRunners map[string]providerRunner
 	nodeID      string
 	version     uint64
+	// inFlight counts the runs of each adapter name, on whichever instance
+	// they run: a refresh that rebuilds an adapter (any change to its
+	// config, a timeout say) leaves its runs on the retired instance, and
+	// they still hold slots of the name's max_concurrency, which is the
+	// newest instance's. Counted per instance, every refresh would add a
+	// whole max_concurrency of runs. An entry exists only while positive.
+	inFlight map[string]int
 }
 
 // NewRuntime returns an empty runtime; Apply installs adapters.
@@ -54,7 +60,7 @@ func NewRuntime(factory ports.AdapterFactory, log *slog.Logger) *Runtime {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Runtime{factory: factory, log: log, byName: map[string]*instance{}, providers: map[string]domain.ProviderConfig{}}
+	return &Runtime{factory: factory, log: log, byName: map[string]*instance{}, providers: map[string]domain.ProviderConfig{}, inFlight: map[string]int{}}
 }
 
 // providerRunner is a provider's command runner and the commands it serves.
@@ -122,7 +128,7 @@ func (rt *Runtime) Apply(cfg domain.NodeConfig) error {
 		if caps.MaxConcurrency <= 0 {
 			caps.MaxConcurrency = max(ac.MaxConcurrency, 1)
 		}
-		next[ac.Name] = &instance{cfg: ac, adapter: a, caps: caps, slots: make(chan struct{}, caps.MaxConcurrency)}
+		next[ac.Name] = &instance{cfg: ac, adapter: a, caps: caps}
 	}
 	for name, old := range rt.byName {
 		if next[name] != old {
@@ -160,8 +166,10 @@ func (rt *Runtime) closeInstance(in *instance) {
 	}
 }
 
-// acquire takes a concurrency slot of adapter name, or fails at once with
-// adapter_not_found or at_capacity: runs are never queued silently.
+// acquire takes a concurrency slot of adapter name on its current instance,
+// or fails at once with adapter_not_found or at_capacity: runs are never
+// queued silently. Slots are counted per name (inFlight), so runs left on
+// a retired instance count too.
 func (rt *Runtime) acquire(name string) (*instance, func(), error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
@@ -169,18 +177,19 @@ func (rt *Runtime) acquire(name string) (*instance, func(), error) {
 	if !ok {
 		return nil, nil, domain.Errorf(domain.CodeAdapterNotFound, "adapter %q is not configured on this node (have: %s)", name, strings.Join(rt.namesLocked(), ", "))
 	}
-	select {
-	case in.slots <- struct{}{}:
-	default:
-		return nil, nil, domain.Errorf(domain.CodeAtCapacity, "adapter %q is running %d of %d runs", name, len(in.slots), cap(in.slots))
+	if used := rt.inFlight[name]; used >= in.caps.MaxConcurrency {
+		return nil, nil, domain.Errorf(domain.CodeAtCapacity, "adapter %q is running %d of %d runs", name, used, in.caps.MaxConcurrency)
 	}
+	rt.inFlight[name]++
 	in.active++
 	var once sync.Once
 	return in, func() {
 		once.Do(func() {
 			rt.mu.Lock()
 			defer rt.mu.Unlock()
-			<-in.slots
+			if rt.inFlight[name]--; rt.inFlight[name] <= 0 {
+				delete(rt.inFlight, name)
+			}
 			in.active--
 			if in.retired && in.active == 0 {
 				rt.closeInstance(in)
@@ -206,25 +215,30 @@ func (rt *Runtime) namesLocked() []string {
 	return names
 }
 
-// Statuses describes every adapter instance, sorted by name.
+// Statuses describes every configured adapter, sorted by name: its current
+// instance's capacity and the runs in flight under its name.
 func (rt *Runtime) Statuses() []domain.AdapterStatus {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	out := make([]domain.AdapterStatus, 0, len(rt.byName))
-	for _, name := range rt.namesLocked() {
-		in := rt.byName[name]
-		out = append(out, domain.AdapterStatus{Name: name, Type: in.cfg.Type, MaxConcurrency: cap(in.slots), InFlight: len(in.slots), Sessions: in.caps.Sessions})
+	out := []domain.AdapterStatus{}
+	for _, in := range rt.instances() {
+		out = append(out, domain.AdapterStatus{Name: in.cfg.Name, Type: in.cfg.Type, MaxConcurrency: in.caps.MaxConcurrency, InFlight: in.inFlight, Sessions: in.caps.Sessions})
 	}
 	return out
 }
 
+// loadedInstance is a current instance with the runs in flight under its
+// adapter's name (on it or on instances a refresh retired).
+type loadedInstance struct {
+	*instance
+	inFlight int
+}
+
 // instances returns the current instances, sorted by name.
-func (rt *Runtime) instances() []*instance {
+func (rt *Runtime) instances() []loadedInstance {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	out := make([]*instance, 0, len(rt.byName))
+	out := make([]loadedInstance, 0, len(rt.byName))
 	for _, name := range rt.namesLocked() {
-		out = append(out, rt.byName[name])
+		out = append(out, loadedInstance{instance: rt.byName[name], inFlight: rt.inFlight[name]})
 	}
 	return out
 }

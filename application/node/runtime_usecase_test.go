@@ -2,9 +2,12 @@ package node_test
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
+	"time"
 
+	"iop/application/node"
 	"iop/domain"
 	"iop/ports"
 )
@@ -140,4 +143,68 @@ func ucTexts(evs []domain.RunEvent) []string {
 		}
 	}
 	return out
+}
+
+// A refresh that rebuilds an adapter (here only its timeout changed) leaves
+// its runs on the retired instance; they still hold slots of the adapter's
+// max_concurrency. Before, each rebuilt instance had slots of its own, so
+// every refresh let one more max_concurrency of runs in, and the statuses
+// (capabilities, node stats) counted only the newest instance.
+func TestRefreshDoesNotResetAdapterCapacity(t *testing.T) {
+	ucNoLeaks(t)
+	gate := make(chan struct{})
+	oldA := newUCAdapter("a#1", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{
+		"slow": ucGate(gate, nil, ucDelta("done")),
+	})
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": oldA})
+	first := n.start(ucReq("r1", "a", "slow"))
+	oldA.waitStarted(t, "r1")
+
+	// Two refreshes, each rebuilding a (max_concurrency 1 all along).
+	var newA *ucAdapter
+	for i, timeout := range []time.Duration{time.Minute, 2 * time.Minute} {
+		newA = newUCAdapter(fmt.Sprintf("a#%d", i+2), domain.Capabilities{}, map[string]ucExecFunc{"": ucEmit(nil, ucDelta("x"))})
+		n.adapters["a"] = newA
+		cfg := ucAdapterCfg("a", 1)
+		cfg.Timeout = timeout
+		if err := n.rt.Apply(domain.NodeConfig{NodeID: "n1", Version: uint64(8 + i), Adapters: []domain.AdapterConfig{cfg}}); err != nil {
+			t.Fatal(err)
+		}
+		if got := len(n.factory.instances("a")); got != i+2 {
+			t.Fatalf("a built %d times after refresh %d, want %d", got, i+1, i+2)
+		}
+
+		evs := n.run(t, ucReq(fmt.Sprintf("r-refused-%d", i), "a", ""))
+		if term := ucCheckStream(t, fmt.Sprintf("r-refused-%d", i), evs); len(evs) != 1 || term.Error == nil || term.Error.Code != domain.CodeAtCapacity {
+			t.Fatalf("run after refresh %d = %s, want a single at_capacity error: r1 still holds a's one slot", i+1, ucTypes(evs))
+		}
+		if got := n.runs.InFlight(); got != 1 {
+			t.Fatalf("%d runs in flight on an adapter of max_concurrency 1", got)
+		}
+		if st := n.rt.Statuses(); len(st) != 1 || st[0].InFlight != 1 || st[0].MaxConcurrency != 1 {
+			t.Fatalf("statuses = %+v, want a at 1 of 1", st)
+		}
+		if ns := node.NewStats(n.rt, node.NewProviderLatencies(), nil).NodeStats(); len(ns.Adapters) != 1 || ns.Adapters[0].InFlight != 1 || ns.ChildProcesses != 1 {
+			t.Fatalf("node stats = %+v, want a at 1 of 1, one child process", ns)
+		}
+	}
+	if len(newA.ranRuns()) != 0 {
+		t.Fatalf("the new instance ran %v while the old one held the only slot", newA.ranRuns())
+	}
+
+	close(gate)
+	if term := ucCheckStream(t, "r1", first.waitClosed(t)); term.Type != domain.EventComplete {
+		t.Fatalf("the run on the retired instance ended %s", term.Type)
+	}
+	if !oldA.isClosed() {
+		t.Fatal("the retired instance was not closed after its run")
+	}
+	// Its slot is free again, for the instance in force.
+	evs := n.run(t, ucReq("r2", "a", ""))
+	if term := ucCheckStream(t, "r2", evs); term.Type != domain.EventComplete || !slices.Contains(newA.ranRuns(), "r2") {
+		t.Fatalf("run after the old one ended = %s on %v, want complete on the new instance", ucTypes(evs), newA.ranRuns())
+	}
+	if st := n.rt.Statuses(); st[0].InFlight != 0 {
+		t.Fatalf("statuses = %+v after every run ended", st)
+	}
 }

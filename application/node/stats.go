@@ -33,10 +33,9 @@ func spawnsProcesses(typ string) bool {
 func (s *Stats) NodeStats() domain.NodeStats {
 	var out domain.NodeStats
 	for _, in := range s.rt.instances() {
-		used := len(in.slots)
-		out.Adapters = append(out.Adapters, domain.AdapterSlots{Name: in.cfg.Name, Max: cap(in.slots), InFlight: used})
+		out.Adapters = append(out.Adapters, domain.AdapterSlots{Name: in.cfg.Name, Max: in.caps.MaxConcurrency, InFlight: in.inFlight})
 		if spawnsProcesses(in.cfg.Type) {
-			out.ChildProcesses += used
+			out.ChildProcesses += in.inFlight
 		}
 	}
 	if s.storeSize != nil {
