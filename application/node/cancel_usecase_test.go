@@ -231,3 +231,45 @@ func TestRecoverMarksUnfinishedRunsFailed(t *testing.T) {
 		})
 	}
 }
+
+// The transport hands a run request and a cancel right behind it (the edge
+// cancels a run whose caller left during admission) to goroutines of their
+// own, so the cancel may reach the run manager first. It must not be lost:
+// before, CancelRun answered run_not_found and a background run went on to
+// its end (all 200 of these did).
+func TestCancelRightBehindItsRunIsNotLost(t *testing.T) {
+	ucNoLeaks(t)
+	const iterations = 200
+	a := newUCAdapter("a", domain.Capabilities{MaxConcurrency: iterations}, map[string]ucExecFunc{"": ucBlock(ucDelta("working"))})
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
+	outs := make([]*ucOutput, iterations)
+	for i := range iterations {
+		req := ucReq(fmt.Sprintf("r%d", i), "a", "")
+		req.Background = true
+		outs[i] = newUCOutput()
+		go n.runs.ExecuteRun(req, outs[i])
+		err := n.runs.CancelRun(context.Background(), req.RunID)
+		if err != nil && !errors.Is(err, domain.ErrRunNotFound) {
+			t.Fatalf("CancelRun %s = %v", req.RunID, err)
+		}
+	}
+	early := 0
+	for i, out := range outs {
+		id := fmt.Sprintf("r%d", i)
+		evs := out.waitClosed(t)
+		term := ucCheckStream(t, id, evs)
+		if term.Type != domain.EventCancelled || term.Error == nil || term.Error.Code != domain.CodeCancelled {
+			t.Fatalf("run %s ended %s, want cancelled", id, ucTypes(evs))
+		}
+		if len(evs) == 1 {
+			early++ // refused before it started: the cancel came first
+		}
+		if s := n.stored(t, id); s.Status != domain.RunCancelled {
+			t.Fatalf("run %s stored as %s, want cancelled", id, s.Status)
+		}
+	}
+	t.Logf("%d of %d cancels arrived before their run", early, iterations)
+	if n.runs.InFlight() != 0 {
+		t.Fatalf("%d runs still in flight", n.runs.InFlight())
+	}
+}

@@ -55,7 +55,63 @@ type RunManager struct {
 	stopped  bool // no run is admitted once Stop has begun
 	active   map[string]*activeRun
 	sessions map[sessionKey]string
+	missed   missedCancels
 }
+
+// Missed cancels. The transport hands a run request and a cancel request
+// that follows right behind it (the edge cancels a run whose caller left
+// during admission) to goroutines of their own, so the cancel can reach
+// CancelRun before ExecuteRun has registered the run. CancelRun then
+// remembers the id, for missedCancelTTL and at most maxMissedCancels ids
+// (the oldest is forgotten first), and a run that registers under a
+// remembered id ends cancelled without starting. Run ids are the edge's,
+// never reused, so a remembered id names only that run.
+const (
+	missedCancelTTL  = 30 * time.Second
+	maxMissedCancels = 1024
+)
+
+// missedCancels is the remembered ids, with an insertion-ordered queue for
+// expiry. Guarded by RunManager.mu.
+type missedCancels struct {
+	at    map[string]time.Time
+	queue []missedCancel
+}
+
+type missedCancel struct {
+	id string
+	at time.Time
+}
+
+// add remembers id at now, forgetting what expired or overflows.
+func (c *missedCancels) add(id string, now time.Time) {
+	if c.at == nil {
+		c.at = map[string]time.Time{}
+	}
+	c.at[id] = now
+	c.queue = append(c.queue, missedCancel{id, now})
+	for len(c.queue) > 0 && (len(c.queue) > maxMissedCancels || now.Sub(c.queue[0].at) >= missedCancelTTL) {
+		old := c.queue[0]
+		c.queue[0] = missedCancel{}
+		c.queue = c.queue[1:]
+		if at, ok := c.at[old.id]; ok && at.Equal(old.at) {
+			delete(c.at, old.id)
+		}
+	}
+}
+
+// take reports whether id was remembered within the TTL, and forgets it.
+func (c *missedCancels) take(id string, now time.Time) bool {
+	at, ok := c.at[id]
+	if !ok {
+		return false
+	}
+	delete(c.at, id)
+	return now.Sub(at) < missedCancelTTL
+}
+
+// errCancelledBeforeStart ends a run whose cancel arrived before it did.
+var errCancelledBeforeStart = errors.New("cancelled by request before it started")
 
 // NewRunManager refuses nil dependencies.
 func NewRunManager(rt *Runtime, store ports.RunStore, log *slog.Logger) *RunManager {
@@ -150,6 +206,10 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 	ar := &activeRun{req: req, cancel: cancel, guard: g, done: make(chan struct{})}
 	if err := m.register(ar); err != nil {
 		release()
+		if errors.Is(err, errCancelledBeforeStart) {
+			m.refuse(req, g, domain.RunEvent{Type: domain.EventCancelled, Error: &domain.ErrorInfo{Code: domain.CodeCancelled, Message: err.Error()}})
+			return
+		}
 		m.reject(req, g, err)
 		return
 	}
@@ -189,7 +249,13 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 
 // reject ends a run that could not start, recording it as failed.
 func (m *RunManager) reject(req domain.RunRequest, g *guard, err error) {
-	ev := validUTF8(domain.ErrorEvent(req.RunID, err))
+	m.refuse(req, g, domain.ErrorEvent(req.RunID, err))
+}
+
+// refuse ends a run that did not start with ev, its only event, and
+// records it so.
+func (m *RunManager) refuse(req domain.RunRequest, g *guard, ev domain.RunEvent) {
+	ev = validUTF8(ev)
 	now := m.now()
 	if run, nerr := domain.NewRun(req, now); nerr == nil && run.Finish(ev, now) == nil {
 		if serr := m.store.CreateRun(context.Background(), run); serr != nil {
@@ -199,11 +265,17 @@ func (m *RunManager) reject(req domain.RunRequest, g *guard, err error) {
 	g.sendTerminal(ev)
 }
 
+// register makes ar findable by CancelRun and takes its session. Under the
+// same lock CancelRun either finds ar or leaves a missed cancel that
+// register sees, so no cancel falls between the two.
 func (m *RunManager) register(ar *activeRun) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, dup := m.active[ar.req.RunID]; dup {
 		return domain.Errorf(domain.CodeInvalidRequest, "run %s is already running", ar.req.RunID)
+	}
+	if m.missed.take(ar.req.RunID, m.now()) {
+		return errCancelledBeforeStart
 	}
 	if ar.req.SessionID != "" {
 		k := sessionKey{ar.req.Adapter, ar.req.SessionID}
@@ -239,9 +311,15 @@ func (m *RunManager) cancel(ar *activeRun, cause error) bool {
 }
 
 // CancelRun cancels an in-flight run. Errors: run_not_found, run_finished.
+// A run not known yet may be on its way (see missedCancels): it is
+// cancelled should it arrive within missedCancelTTL, but the answer is
+// run_not_found, since it may as well be on another node or none.
 func (m *RunManager) CancelRun(ctx context.Context, runID string) error {
 	m.mu.Lock()
 	ar := m.active[runID]
+	if ar == nil {
+		m.missed.add(runID, m.now())
+	}
 	m.mu.Unlock()
 	if ar != nil {
 		if m.cancel(ar, errCancelRequested) {
@@ -252,10 +330,14 @@ func (m *RunManager) CancelRun(ctx context.Context, runID string) error {
 	run, err := m.store.GetRun(ctx, runID)
 	if err != nil {
 		if errors.Is(err, domain.ErrRunNotFound) {
-			return domain.Errorf(domain.CodeRunNotFound, "run %s is not known on this node", runID)
+			return domain.Errorf(domain.CodeRunNotFound, "run %s is not known on this node (should it arrive within %v, it is cancelled)", runID, missedCancelTTL)
 		}
 		return err
 	}
+	// Recorded, so it registered and ended already: nothing to remember.
+	m.mu.Lock()
+	delete(m.missed.at, runID)
+	m.mu.Unlock()
 	return domain.Errorf(domain.CodeRunFinished, "run %s has already finished (%s)", runID, run.Status())
 }
 
