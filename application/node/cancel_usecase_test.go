@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"iop/adapters/store/memory"
+	"iop/application/node"
 	"iop/domain"
 	"iop/ports"
 )
@@ -271,5 +274,68 @@ func TestCancelRightBehindItsRunIsNotLost(t *testing.T) {
 	t.Logf("%d of %d cancels arrived before their run", early, iterations)
 	if n.runs.InFlight() != 0 {
 		t.Fatalf("%d runs still in flight", n.runs.InFlight())
+	}
+}
+
+// Recover finishes every unfinished run, not only the first page the store
+// lists (1,000 at most): before, a node that crashed with more left the
+// rest running for ever.
+func TestRecoverFinishesMoreRunsThanOnePage(t *testing.T) {
+	ucNoLeaks(t)
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, nil)})
+	ctx := context.Background()
+	now := time.Now()
+	const running, queued = 2500, 1200
+	for i := range running + queued {
+		r, err := domain.NewRun(ucReq(fmt.Sprintf("r%d", i), "a", "t"), now.Add(time.Duration(i)*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i < running {
+			_ = r.Start(now)
+		}
+		if err := n.store.CreateRun(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.runs.Recover(ctx); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	for _, st := range []domain.RunStatus{domain.RunRunning, domain.RunQueued} {
+		if left, err := n.store.ListRuns(ctx, domain.RunFilter{Status: st, Limit: 10}); err != nil || len(left) != 0 {
+			t.Fatalf("after Recover %d runs still %s (%v)", len(left), st, err)
+		}
+	}
+	if s := n.stored(t, "r0"); s.Status != domain.RunFailed || s.ErrorCode != domain.CodeRunFailed {
+		t.Fatalf("oldest run after Recover: %+v", s)
+	}
+}
+
+// ucStuckStore is a run store whose UpdateRun reports success and changes
+// nothing: Recover must not list and "finish" the same runs for ever.
+type ucStuckStore struct{ ports.RunStore }
+
+func (ucStuckStore) UpdateRun(context.Context, string, func(*domain.Run) error) error { return nil }
+
+func TestRecoverStopsWhenRunsCannotBeFinished(t *testing.T) {
+	ucNoLeaks(t)
+	store := memory.NewRunStore()
+	ctx := context.Background()
+	r, _ := domain.NewRun(ucReq("stuck", "a", "t"), time.Now())
+	_ = r.Start(time.Now())
+	if err := store.CreateRun(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	m := node.NewRunManager(node.NewRuntime(&ucFactory{}, nil), ucStuckStore{store}, nil)
+	defer m.Stop()
+	done := make(chan error, 1)
+	go func() { done <- m.Recover(ctx) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "stuck") {
+			t.Fatalf("Recover over a store that cannot finish runs = %v, want an error naming the run", err)
+		}
+	case <-time.After(ucWait):
+		t.Fatal("Recover did not return over a store that cannot finish runs")
 	}
 }

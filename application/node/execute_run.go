@@ -135,17 +135,39 @@ func (m *RunManager) Stop() {
 	m.wg.Wait()
 }
 
-// Recover marks runs left running by a previous process as failed.
+// recoverBatch is how many unfinished runs Recover lists at a time (the
+// stores' largest page).
+const recoverBatch = 1000
+
+// Recover marks runs left running or queued by a previous process as
+// failed, however many there are: each pass finishes the runs it listed,
+// so the next lists the rest, until none is left. A store that lists a run
+// again after it was finished (one it cannot update) would keep Recover
+// going for ever: a pass with nothing new ends it with an error instead.
 func (m *RunManager) Recover(ctx context.Context) error {
+	ev := domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{Code: domain.CodeRunFailed, Message: "node restarted while the run was in flight"}}
 	for _, st := range []domain.RunStatus{domain.RunRunning, domain.RunQueued} {
-		runs, err := m.store.ListRuns(ctx, domain.RunFilter{Status: st, Limit: 1000})
-		if err != nil {
-			return fmt.Errorf("list unfinished runs: %w", err)
-		}
-		for _, r := range runs {
-			ev := domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{Code: domain.CodeRunFailed, Message: "node restarted while the run was in flight"}}
-			if err := m.store.UpdateRun(ctx, r.ID(), func(run *domain.Run) error { return run.Finish(ev, m.now()) }); err != nil && !errors.Is(err, domain.ErrRunAlreadyFinished) {
-				return fmt.Errorf("recover run %s: %w", r.ID(), err)
+		finished := map[string]bool{}
+		for {
+			runs, err := m.store.ListRuns(ctx, domain.RunFilter{Status: st, Limit: recoverBatch})
+			if err != nil {
+				return fmt.Errorf("list unfinished runs: %w", err)
+			}
+			if len(runs) == 0 {
+				break
+			}
+			fresh := 0
+			for _, r := range runs {
+				if finished[r.ID()] {
+					continue
+				}
+				finished[r.ID()], fresh = true, fresh+1
+				if err := m.store.UpdateRun(ctx, r.ID(), func(run *domain.Run) error { return run.Finish(ev, m.now()) }); err != nil && !errors.Is(err, domain.ErrRunAlreadyFinished) {
+					return fmt.Errorf("recover run %s: %w", r.ID(), err)
+				}
+			}
+			if fresh == 0 {
+				return fmt.Errorf("recover: %d runs still listed as %s after they were marked failed (first: %s)", len(runs), st, runs[0].ID())
 			}
 		}
 	}
