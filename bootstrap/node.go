@@ -215,6 +215,11 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 			return nil
 		},
 		OnStop: func(stop context.Context) error {
+			// Runs are told of the shutdown before the link closes: their
+			// streams ending would otherwise read as their callers leaving
+			// ("caller went away" in the store instead of "node shutting
+			// down").
+			rm.BeginStop()
 			cancel()
 			rm.Stop()
 			spawn.KillAll()

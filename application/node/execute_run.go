@@ -126,13 +126,33 @@ func NewRunManager(rt *Runtime, store ports.RunStore, log *slog.Logger) *RunMana
 		active: map[string]*activeRun{}, sessions: map[sessionKey]string{}}
 }
 
-// Stop cancels every run and waits for them to record their end.
+// Stop cancels every run and waits for them to record their end. Each run
+// ends cancelled with "node shutting down", on the link and in the store.
 func (m *RunManager) Stop() {
+	m.BeginStop()
+	m.wg.Wait()
+}
+
+// BeginStop is Stop without the wait: no run is admitted any more, and
+// every run in flight is cancelled as the node shutting down. A node calls
+// it before it closes its link to the edge, so that runs whose streams
+// then end are not taken for runs whose caller left. Idempotent.
+func (m *RunManager) BeginStop() {
 	m.mu.Lock()
 	m.stopped = true
+	active := make([]*activeRun, 0, len(m.active))
+	for _, ar := range m.active {
+		active = append(active, ar)
+	}
 	m.mu.Unlock()
+	// The shutdown claims each run's end before its context is cancelled:
+	// an adapter whose event send is abandoned by the cancel must not make
+	// it look as if the caller had left. Runs not registered yet see the
+	// cause through their context (guard.Emit, decide).
+	for _, ar := range active {
+		m.cancel(ar, errShutdown)
+	}
 	m.stop(errShutdown)
-	m.wg.Wait()
 }
 
 // recoverBatch is how many unfinished runs Recover lists at a time (the
@@ -469,9 +489,15 @@ func (g *guard) Emit(ev domain.RunEvent) error {
 			if g.background {
 				continue // nobody is listening; the run goes on and the store records it
 			}
-			// The stream is gone, so the caller left: the run ends cancelled
-			// however its adapter reports the failed Emit.
-			g.claimCancel(errCallerLeft)
+			// The run ends cancelled however its adapter reports the failed
+			// Emit: for what stopped the run (a cancel, the node shutting
+			// down) when the send was abandoned for that, else because the
+			// stream is gone, so the caller left.
+			cause := errCallerLeft
+			if g.ctx.Err() != nil {
+				cause = context.Cause(g.ctx)
+			}
+			g.claimCancel(cause)
 			return err
 		}
 	}

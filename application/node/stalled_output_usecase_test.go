@@ -89,3 +89,79 @@ func TestCancelStopsRunBlockedOnStalledReader(t *testing.T) {
 		t.Fatalf("stored run: %v %v", run, err)
 	}
 }
+
+// A run stopped because the node shuts down ends cancelled with "node
+// shutting down", on the link and in the store, even when the stop finds
+// its adapter blocked sending an event (the edge grants no credit). Before,
+// the send abandoned by the stop counted as the caller having left.
+func TestShutdownEndsRunBlockedOnStalledReaderAsShutdown(t *testing.T) {
+	ucNoLeaks(t)
+	emitting := make(chan struct{})
+	a := newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{
+		"": func(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
+			close(emitting)
+			for {
+				if err := sink.Emit(ucDelta("x")); err != nil {
+					return err
+				}
+			}
+		},
+	})
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
+	out := &ucStalledOutput{release: make(chan struct{}), closed: make(chan struct{})}
+	go n.runs.ExecuteRun(domain.RunRequest{RunID: "r1", Adapter: "a"}, out)
+	select {
+	case <-emitting:
+	case <-time.After(ucWait):
+		t.Fatal("adapter never started")
+	}
+	stopped := make(chan struct{})
+	go func() { n.runs.Stop(); close(stopped) }()
+	// The adapter returns and the slot frees while the reader is still
+	// stalled; then the reader catches up and takes the terminal event.
+	deadline := time.Now().Add(ucWait)
+	for n.runs.InFlight() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("stopped run still holds its slot behind a stalled reader")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(out.release)
+	select {
+	case <-stopped:
+	case <-time.After(ucWait):
+		t.Fatal("Stop did not return")
+	}
+	out.mu.Lock()
+	term := out.sent[len(out.sent)-1]
+	out.mu.Unlock()
+	if term.Type != domain.EventCancelled || term.Error == nil || term.Error.Message != "node shutting down" {
+		t.Fatalf("terminal event = %+v (%+v), want cancelled: node shutting down", term, term.Error)
+	}
+	if s := n.stored(t, "r1"); s.Status != domain.RunCancelled || s.ErrorMessage != "node shutting down" {
+		t.Fatalf("stored run = %s %q, want cancelled: node shutting down", s.Status, s.ErrorMessage)
+	}
+}
+
+// A node shutting down tells its runs before it closes the link
+// (BeginStop), so a run whose stream then ends is recorded as stopped by
+// the shutdown, not as left by its caller.
+func TestBeginStopClaimsShutdownBeforeTheLinkCloses(t *testing.T) {
+	ucNoLeaks(t)
+	a := newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{"": ucBlock(ucDelta("working"))})
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
+	out := newUCOutput()
+	out.failAfterDone = true
+	go n.runs.ExecuteRun(ucReq("r1", "a", ""), out)
+	a.waitStarted(t, "r1")
+	n.runs.BeginStop()
+	out.leave() // the link closes: the run's stream is gone
+	out.waitClosed(t)
+	n.runs.Stop()
+	if s := n.stored(t, "r1"); s.Status != domain.RunCancelled || s.ErrorMessage != "node shutting down" {
+		t.Fatalf("stored run = %s %q, want cancelled: node shutting down", s.Status, s.ErrorMessage)
+	}
+	if evs := n.run(t, ucReq("r2", "a", "")); len(evs) != 1 || evs[0].Error == nil || evs[0].Error.Code != domain.CodeShuttingDown {
+		t.Fatalf("run after BeginStop = %s, want a single shutting_down error", ucTypes(evs))
+	}
+}
