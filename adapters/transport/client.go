@@ -374,7 +374,7 @@ func (d *nodeDispatch) HandleControl(f *ioppb.Frame) {
 		ctx, cancel := context.WithTimeout(context.Background(), conn.cfg.HeartbeatTimeout)
 		defer cancel()
 		if err := c.h.ApplyConfig(ctx, cfg); err != nil {
-			ack.Error = err.Error()
+			ack.Error = validText(err.Error())
 		}
 		_ = conn.sendControl(ctx, &ioppb.Frame{Body: &ioppb.Frame_ConfigRefreshAck{ConfigRefreshAck: ack}})
 	}()

@@ -205,11 +205,23 @@ func headersToDomain(hs []*ioppb.Header) domain.Header {
 	return h
 }
 
+// validText makes s valid UTF-8 for a protobuf string field, each run of
+// invalid bytes replaced by U+FFFD. Error messages quote what a provider or
+// process sent (a malformed header line, a tool's output), and a frame
+// holding a string that is not UTF-8 cannot be sent: the error would reach
+// the peer as a bare stream reset instead of itself.
+func validText(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
 func errorToProto(err error) *ioppb.Error {
 	if err == nil {
 		return nil
 	}
-	return &ioppb.Error{Code: domain.CodeOf(err), Message: domain.MessageOf(err)}
+	return &ioppb.Error{Code: validText(domain.CodeOf(err)), Message: validText(domain.MessageOf(err))}
 }
 
 func errorToDomain(e *ioppb.Error) error {
@@ -241,7 +253,7 @@ func tunnelFrameToProto(f domain.TunnelFrame, raw bool, d *headerDrops) *ioppb.P
 		if e == nil {
 			e = &domain.ErrorInfo{Code: domain.CodeProviderError}
 		}
-		p.Kind = &ioppb.ProviderTunnelFrame_Error{Error: &ioppb.Error{Code: e.Code, Message: e.Message}}
+		p.Kind = &ioppb.ProviderTunnelFrame_Error{Error: &ioppb.Error{Code: validText(e.Code), Message: validText(e.Message)}}
 	}
 	return p
 }

@@ -1,11 +1,14 @@
 package transport
 
 import (
+	"context"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 
 	"iop/domain"
+	"iop/ports"
 	ioppb "iop/proto/iop"
 )
 
@@ -100,4 +103,46 @@ func TestFrameKindNamesTheBody(t *testing.T) {
 	if got := frameKind(&ioppb.Frame{Body: &ioppb.Frame_RunEvent{}}); got != "RunEvent" {
 		t.Fatalf("frameKind = %q, want RunEvent", got)
 	}
+}
+
+// Error messages quote what a provider or process sent (here a malformed
+// header line) and may not be UTF-8; they arrive as themselves, made valid,
+// not as a bare stream reset (or a config push waiting for an ack that
+// never comes).
+func TestErrorMessagesThatAreNotUTF8ArriveAsErrors(t *testing.T) {
+	const raw = "malformed MIME header line: X-A: caf\xe9"
+	const valid = "malformed MIME header line: X-A: caf\uFFFD"
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.onTunnel = func(_ context.Context, _ domain.TunnelRequest, _ io.Reader, out ports.TunnelSink) {
+			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelError, Error: &domain.ErrorInfo{Code: domain.CodeProviderError, Message: raw}})
+		}
+		n.cancelErr = func(string) error { return domain.Errorf(domain.CodeRunFinished, "%s", raw) }
+		n.applyErr = func(cfg domain.NodeConfig) error {
+			if cfg.Version > 7 {
+				return errors.New(raw)
+			}
+			return nil
+		}
+	})
+
+	ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "oa", Method: "GET", Path: "/x"}, nil)
+	mustf(t, err, "OpenTunnel")
+	defer ts.Close()
+	f, err := ts.Recv(p.ctx)
+	if err != nil || f.Kind != domain.TunnelError || f.Error.Message != valid {
+		t.Fatalf("tunnel: %+v %v; want its error frame with message %q", f, err, valid)
+	}
+
+	err = p.link.CancelRun(p.ctx, "r1")
+	if !errors.Is(err, domain.ErrRunFinished) || !strings.Contains(err.Error(), valid) {
+		t.Fatalf("cancel: %v; want run_finished: %s", err, valid)
+	}
+
+	cfg := testNodeConfig()
+	cfg.Version = 8
+	err = p.link.PushConfig(p.ctx, cfg)
+	if !errors.Is(err, &domain.Error{Code: domain.CodeConfigError}) || !strings.Contains(err.Error(), valid) {
+		t.Fatalf("config push: %v; want config_error: %s", err, valid)
+	}
+	requireLinkServes(t, p)
 }
