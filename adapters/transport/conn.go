@@ -861,7 +861,7 @@ var ErrFrameEncode = errors.New("outgoing frame could not be encoded")
 func (c *Conn) unencodable(buf []byte, f *ioppb.Frame, err error) []byte {
 	c.dropped.Add(1)
 	kind := frameKind(f)
-	c.log.Error("outgoing frame could not be encoded; dropped, its stream reset", "stream", f.StreamId, "frame", kind, "err", err)
+	c.log.Error("outgoing frame could not be encoded: dropped, and its stream (if any) failed", "stream", f.StreamId, "frame", kind, "err", err)
 	if f.StreamId == 0 {
 		return buf
 	}
