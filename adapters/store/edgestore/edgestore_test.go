@@ -226,6 +226,34 @@ func contract(t *testing.T, newDSN opener) {
 		}
 	})
 
+	// PostgreSQL refuses a NUL byte in text, and one refused row used to
+	// cost its whole batch. NULs come from callers and programs (a tunnel's
+	// decoded path, an exec run's stderr tail): they are stored as U+FFFD.
+	t.Run("a row with a NUL byte is written with the rows batched with it", func(t *testing.T) {
+		var dropped atomic.Int64
+		// A long interval: every row below lands in one batch.
+		s := open(t, newDSN(t), edgestore.Options{FlushInterval: 300 * time.Millisecond, Dropped: func(n int) { dropped.Add(int64(n)) }})
+		for i := range 5 {
+			s.RecordRun(run(fmt.Sprintf("run_good%d", i), "n1", "exec", "", domain.RunSucceeded, t0, nil))
+		}
+		bad := run("run_nul", "n1", "exec", "", domain.RunFailed, t0, nil)
+		bad.ErrorMsg = "stderr: \x00\x01 binary"
+		s.RecordRun(bad)
+		s.RecordTunnel(domain.TunnelRecord{ID: "tun_nul", Node: "n1", Provider: "p", Path: "/api/blobs/sha256:\x00x",
+			Status: 404, StartedAt: t0, FinishedAt: t0})
+		eventually(t, "the batch written", func() bool {
+			u, err := s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByNode})
+			return dropped.Load() > 0 || (err == nil && len(u) == 1 && u[0].Runs == 6 && u[0].Tunnels == 1)
+		})
+		if n := dropped.Load(); n != 0 {
+			t.Fatalf("%d rows dropped", n)
+		}
+		r, err := s.GetRun(ctx, "run_nul")
+		if err != nil || r.ErrorMsg != "stderr: \uFFFD\x01 binary" {
+			t.Fatalf("run_nul = %q, %v; want its message with U+FFFD for the NUL", r.ErrorMsg, err)
+		}
+	})
+
 	t.Run("a full queue drops rows and counts them", func(t *testing.T) {
 		var dropped atomic.Int64
 		s := open(t, newDSN(t), edgestore.Options{QueueSize: 1, FlushInterval: time.Hour, BatchSize: 1000,

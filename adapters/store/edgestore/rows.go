@@ -1,6 +1,7 @@
 package edgestore
 
 import (
+	"strings"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -84,16 +85,29 @@ func clip(s string, n int) string {
 	return s
 }
 
+// text is s fit for a text column of at most n bytes: every NUL byte
+// replaced by U+FFFD, then clipped. PostgreSQL refuses NUL in text (and
+// bun refuses to inline it), so one such value would fail its statement —
+// a whole batch of other callers' rows. NULs reach history from outside
+// (a decoded URL path, an exec run's stderr tail); every text column goes
+// through here so none is missed, SQLite alike so both stores hold the same.
+func text(s string, n int) string {
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	}
+	return clip(s, n)
+}
+
 func toRunRow(edgeID string, r domain.RunRecord) runRow {
 	row := runRow{
-		ID: clip(r.ID, 64), EdgeID: clip(edgeID, 255), Node: clip(r.Node, 255), Adapter: clip(r.Adapter, 255),
-		Target: clip(r.Target, maxText), SessionID: clip(r.SessionID, maxText), KeyName: clip(keyOr(r.Key), 255),
-		Background: r.Background, Status: string(r.Status), CreatedUS: micros(r.CreatedAt), FinishedUS: micros(r.FinishedAt),
-		ErrorCode: clip(r.ErrorCode, 64), ErrorMessage: clip(r.ErrorMsg, maxText),
+		ID: text(r.ID, 64), EdgeID: text(edgeID, 255), Node: text(r.Node, 255), Adapter: text(r.Adapter, 255),
+		Target: text(r.Target, maxText), SessionID: text(r.SessionID, maxText), KeyName: text(keyOr(r.Key), 255),
+		Background: r.Background, Status: text(string(r.Status), 16), CreatedUS: micros(r.CreatedAt), FinishedUS: micros(r.FinishedAt),
+		ErrorCode: text(r.ErrorCode, 64), ErrorMessage: text(r.ErrorMsg, maxText),
 	}
 	if u := r.Usage; u != nil {
 		row.HasUsage = true
-		row.Model = clip(u.Model, 255)
+		row.Model = text(u.Model, 255)
 		row.PromptTokens, row.CompletionTokens, row.TotalTokens, row.CostUSD = u.PromptTokens, u.CompletionTokens, u.Total(), u.CostUSD
 	}
 	return row
@@ -114,14 +128,14 @@ func (row runRow) record() domain.RunRecord {
 
 func toTunnelRow(edgeID string, t domain.TunnelRecord) tunnelRow {
 	row := tunnelRow{
-		ID: clip(t.ID, 64), EdgeID: clip(edgeID, 255), Node: clip(t.Node, 255), Provider: clip(t.Provider, 255),
-		Model: clip(t.Model, 255), Path: clip(t.Path, maxText), KeyName: clip(keyOr(t.Key), 255), Status: t.Status,
-		ErrorCode: clip(t.ErrorCode, 64), BodyBytes: t.BodyBytes, StartedUS: micros(t.StartedAt), FinishedUS: micros(t.FinishedAt),
+		ID: text(t.ID, 64), EdgeID: text(edgeID, 255), Node: text(t.Node, 255), Provider: text(t.Provider, 255),
+		Model: text(t.Model, 255), Path: text(t.Path, maxText), KeyName: text(keyOr(t.Key), 255), Status: t.Status,
+		ErrorCode: text(t.ErrorCode, 64), BodyBytes: t.BodyBytes, StartedUS: micros(t.StartedAt), FinishedUS: micros(t.FinishedAt),
 	}
 	if u := t.Usage; u != nil {
 		row.PromptTokens, row.CompletionTokens, row.TotalTokens, row.CostUSD = u.PromptTokens, u.CompletionTokens, u.Total(), u.CostUSD
 		if row.Model == "" {
-			row.Model = clip(u.Model, 255)
+			row.Model = text(u.Model, 255)
 		}
 	}
 	return row

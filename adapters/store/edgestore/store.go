@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/driver/pgdriver"
 
 	"iop/domain"
 )
@@ -30,7 +31,9 @@ type Options struct {
 	// FlushInterval is the longest a row waits for its batch (default 200 ms).
 	FlushInterval time.Duration
 	// WriteTimeout bounds one batch write (default 5 s); a batch that fails
-	// is dropped and counted, never retried forever.
+	// is dropped and counted, never retried forever. On PostgreSQL a batch
+	// refused for a row's data is written row by row within the same
+	// timeout, and only the rows that fail are dropped.
 	WriteTimeout time.Duration
 	// Retention: rows older than this are pruned (default 30 days; <0 keeps all).
 	Retention time.Duration
@@ -177,10 +180,10 @@ func (s *Store) write(ctx context.Context) {
 		}
 		// The final flush after Close still gets its own timeout.
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.WriteTimeout)
-		err := s.writeBatch(wctx, batch)
+		lost, err := s.writeBatch(wctx, batch)
 		cancel()
-		if err != nil {
-			s.dropped(len(batch), err)
+		if lost > 0 {
+			s.dropped(lost, err)
 		}
 		clear(batch)
 		batch = batch[:0]
@@ -209,14 +212,78 @@ func (s *Store) write(ctx context.Context) {
 	}
 }
 
-// writeBatch writes one batch in one transaction: every row or none (a
-// failed batch is dropped and counted by the caller).
-func (s *Store) writeBatch(ctx context.Context, batch []any) error {
+// writeBatch writes one batch in one transaction and returns how many of
+// its records were lost and why (the caller counts them as dropped). On
+// SQLite a failed batch is lost whole. On PostgreSQL a batch the server
+// refused for its data (refusedRow) is written again row by row, so one bad
+// row costs itself only, never the rows of other runs and callers batched
+// with it.
+func (s *Store) writeBatch(ctx context.Context, batch []any) (int, error) {
 	runs, tunnels := splitBatch(batch)
-	if s.db.postgres {
-		return s.db.writeMultiRow(ctx, runs, tunnels)
+	if !s.db.postgres {
+		if err := s.db.writePrepared(ctx, runs, tunnels); err != nil {
+			return len(batch), err
+		}
+		return 0, nil
 	}
-	return s.db.writePrepared(ctx, runs, tunnels)
+	err := s.db.writeMultiRow(ctx, runs, tunnels)
+	if err == nil {
+		return 0, nil
+	}
+	if !refusedRow(err) || ctx.Err() != nil {
+		return len(batch), err
+	}
+	return s.db.writeEach(ctx, runs, tunnels)
+}
+
+// refusedRow reports whether PostgreSQL refused a statement for what some
+// row holds rather than for being unreachable or busy: a data exception
+// (class 22: bad encoding, a value out of range), an integrity violation
+// (23), or a syntax error (42; bun inlines a value it cannot write as an
+// error text, which the server then cannot parse). Only then is a row by
+// row retry worth its round trips; in an outage it would only multiply the
+// failures.
+func refusedRow(err error) bool {
+	var pg pgdriver.Error
+	if !errors.As(err, &pg) {
+		return false
+	}
+	switch code := pg.Field('C'); {
+	case strings.HasPrefix(code, "22"), strings.HasPrefix(code, "23"), strings.HasPrefix(code, "42"):
+		return true
+	}
+	return false
+}
+
+// writeEach writes each row in a statement of its own (no transaction:
+// each commits alone) and returns how many failed and the first error. It
+// stops when ctx ends, counting the rows not tried as failed.
+func (db *DB) writeEach(ctx context.Context, runs []runRow, tunnels []tunnelRow) (int, error) {
+	var lost int
+	var first error
+	fail := func(err error) {
+		lost++
+		if first == nil {
+			first = err
+		}
+	}
+	for i := range runs {
+		if ctx.Err() != nil {
+			return lost + len(runs) - i + len(tunnels), errors.Join(first, ctx.Err())
+		}
+		if err := db.writeMultiRow(ctx, runs[i:i+1], nil); err != nil {
+			fail(err)
+		}
+	}
+	for i := range tunnels {
+		if ctx.Err() != nil {
+			return lost + len(tunnels) - i, errors.Join(first, ctx.Err())
+		}
+		if err := db.writeMultiRow(ctx, nil, tunnels[i:i+1]); err != nil {
+			fail(err)
+		}
+	}
+	return lost, first
 }
 
 // splitBatch sorts a batch into runs and tunnels; of several records of one

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"reflect"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/uptrace/bun/driver/sqliteshim"
 
+	"iop/adapters/store/pgtest"
 	"iop/domain"
 )
 
@@ -311,5 +313,47 @@ func TestPageSize(t *testing.T) {
 	var status string
 	if err := db.bun.DB.QueryRowContext(ctx, "SELECT status FROM edge_runs WHERE id = 'run_old'").Scan(&status); err != nil || status != string(domain.RunSucceeded) {
 		t.Fatalf("status %q, %v", status, err)
+	}
+}
+
+// A PostgreSQL batch refused for one row's data is written again row by
+// row: the bad row alone is lost (counted), the others are written. The
+// rows here skip toRunRow, whose cleaning would take the NUL out.
+func TestPostgresRefusedBatchFallsBackToRows(t *testing.T) {
+	ctx := context.Background()
+	db, err := Open(ctx, pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Store{db: db}
+	defer db.Close()
+	var batch []any
+	for i := range 4 {
+		batch = append(batch, runRow{ID: fmt.Sprintf("run_%d", i), Status: "succeeded", KeyName: "k"})
+	}
+	batch = append(batch, runRow{ID: "run_bad", Status: "failed", ErrorMessage: "a\x00b"},
+		tunnelRow{ID: "tun_good", Path: "/x"}, tunnelRow{ID: "tun_bad", Path: "/\x00"})
+	lost, err := s.writeBatch(ctx, batch)
+	if lost != 2 || err == nil {
+		t.Fatalf("writeBatch lost %d rows (%v), want the 2 bad ones", lost, err)
+	}
+	var ids []string
+	if err := db.bun.NewSelect().Table("edge_runs").Column("id").Order("id").Scan(ctx, &ids); err != nil {
+		t.Fatal(err)
+	}
+	var tuns []string
+	if err := db.bun.NewSelect().Table("edge_tunnels").Column("id").Scan(ctx, &tuns); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(ids, tuns) != "[run_0 run_1 run_2 run_3] [tun_good]" {
+		t.Fatalf("written %v %v, want every good row", ids, tuns)
+	}
+}
+
+// Only a refusal of a row's data is worth a row by row retry, not an
+// unreachable server.
+func TestRefusedRow(t *testing.T) {
+	if refusedRow(errors.New("dial tcp: connection refused")) || refusedRow(context.DeadlineExceeded) {
+		t.Fatal("a connection failure counted as a refused row")
 	}
 }
