@@ -394,7 +394,7 @@ func (db *DB) writePrepared(ctx context.Context, runs []runRow, tunnels []tunnel
 }
 
 // prune deletes rows past the retention now and every PruneInterval, in
-// small statements so writers are never held up for long.
+// chunks (see Prune) so writers are never held up for long.
 func (s *Store) prune(ctx context.Context) {
 	if s.opts.Retention < 0 {
 		return
@@ -409,7 +409,7 @@ func (s *Store) prune(ctx context.Context) {
 		}
 		if n, err := s.Prune(ctx, time.Now().Add(-s.opts.Retention)); err != nil {
 			if ctx.Err() == nil {
-				s.log.Warn("history prune failed", "err", err)
+				s.log.Warn("history prune failed", "rows", n, "err", err)
 			}
 		} else if n > 0 {
 			s.log.Info("history pruned", "rows", n)
@@ -418,23 +418,54 @@ func (s *Store) prune(ctx context.Context) {
 	}
 }
 
+// pruneChunk is the most rows one pruning statement deletes: on SQLite
+// (one connection) a statement holds every reader and writer of the store
+// until it ends, and 1,000 rows with their index entries take
+// milliseconds, where all of a month's expired rows in one statement could
+// take longer than a batch's WriteTimeout.
+const pruneChunk = 1000
+
 // Prune deletes finished runs created, and tunnels started, before cutoff.
-// Runs still in flight are kept.
+// Runs still in flight are kept. It deletes in chunks of pruneChunk rows,
+// each its own statement and transaction, so history writes and reads
+// take turns with it however much has expired; it returns the rows deleted
+// so far, with the error that stopped it.
 func (s *Store) Prune(ctx context.Context, cutoff time.Time) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
+	return s.pruneChunks(ctx, cutoff, pruneChunk)
+}
+
+// pruneChunks is Prune deleting at most chunk rows per statement, until a
+// statement deletes fewer.
+func (s *Store) pruneChunks(ctx context.Context, cutoff time.Time, chunk int) (int64, error) {
 	us := cutoff.UnixMicro()
+	// A chunk is picked by SQLite's rowid (the table's own b-tree key, no
+	// index lookup), on PostgreSQL by the primary key.
+	key := "id"
+	if !s.db.postgres {
+		key = "rowid"
+	}
+	expired := []*bun.SelectQuery{
+		s.db.bun.NewSelect().Model((*runRow)(nil)).ColumnExpr(key).Where("created_us < ?", us).Where("finished_us > 0"),
+		s.db.bun.NewSelect().Model((*tunnelRow)(nil)).ColumnExpr(key).Where("started_us < ?", us),
+	}
+	models := []any{(*runRow)(nil), (*tunnelRow)(nil)}
 	var total int64
-	for _, q := range []*bun.DeleteQuery{
-		s.db.bun.NewDelete().Model((*runRow)(nil)).Where("created_us < ?", us).Where("finished_us > 0"),
-		s.db.bun.NewDelete().Model((*tunnelRow)(nil)).Where("started_us < ?", us),
-	} {
-		res, err := q.Exec(ctx)
-		if err != nil {
-			return total, err
+	for i, sel := range expired {
+		for {
+			// Each statement gets the bound the single statement had.
+			sctx, cancel := context.WithTimeout(ctx, time.Minute)
+			res, err := s.db.bun.NewDelete().Model(models[i]).
+				Where(key+" IN (?)", sel.Limit(int64(chunk))).Exec(sctx)
+			cancel()
+			if err != nil {
+				return total, err
+			}
+			n, _ := res.RowsAffected()
+			total += n
+			if n < int64(chunk) {
+				break
+			}
 		}
-		n, _ := res.RowsAffected()
-		total += n
 	}
 	return total, nil
 }

@@ -10,10 +10,13 @@ import (
 	"fmt"
 	"path/filepath"
 	"reflect"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/driver/sqliteshim"
 
 	"iop/adapters/store/pgtest"
@@ -355,5 +358,71 @@ func TestPostgresRefusedBatchFallsBackToRows(t *testing.T) {
 func TestRefusedRow(t *testing.T) {
 	if refusedRow(errors.New("dial tcp: connection refused")) || refusedRow(context.DeadlineExceeded) {
 		t.Fatal("a connection failure counted as a refused row")
+	}
+}
+
+// deleteCounter counts the DELETE statements run on a DB.
+type deleteCounter struct{ n atomic.Int64 }
+
+func (c *deleteCounter) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context {
+	return ctx
+}
+func (c *deleteCounter) AfterQuery(_ context.Context, e *bun.QueryEvent) {
+	if strings.HasPrefix(e.Query, "DELETE") {
+		c.n.Add(1)
+	}
+}
+
+// Prune deletes in chunks, each its own statement, so on SQLite's one
+// connection writers and readers get their turns between them; what it
+// keeps stays (runs in flight, recent rows).
+func TestPruneDeletesInChunks(t *testing.T) {
+	ctx := context.Background()
+	for name, dsn := range map[string]func(t *testing.T) string{
+		"sqlite":   func(t *testing.T) string { return filepath.Join(t.TempDir(), "edge.db") },
+		"postgres": func(t *testing.T) string { return pgtest.DSN(t) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			db, err := Open(ctx, dsn(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			s := &Store{db: db}
+			var runs []runRow
+			var tunnels []tunnelRow
+			for i := range 25 { // expired: 6 full chunks of 4 and one of 1
+				runs = append(runs, runRow{ID: fmt.Sprintf("run_old%02d", i), Status: "succeeded", CreatedUS: 1, FinishedUS: 2})
+			}
+			runs = append(runs, runRow{ID: "run_live", Status: "running", CreatedUS: 1},
+				runRow{ID: "run_new", Status: "succeeded", CreatedUS: 100, FinishedUS: 101})
+			for i := range 8 { // expired: 2 full chunks, then an empty one
+				tunnels = append(tunnels, tunnelRow{ID: fmt.Sprintf("tun_old%d", i), StartedUS: 1})
+			}
+			tunnels = append(tunnels, tunnelRow{ID: "tun_new", StartedUS: 100})
+			if err := db.writeMultiRow(ctx, runs, tunnels); err != nil {
+				t.Fatal(err)
+			}
+			var deletes deleteCounter
+			db.bun = db.bun.WithQueryHook(&deletes)
+			n, err := s.pruneChunks(ctx, time.UnixMicro(50), 4)
+			if err != nil || n != 33 {
+				t.Fatalf("pruned %d rows, %v; want 33", n, err)
+			}
+			if got := deletes.n.Load(); got != 7+3 {
+				t.Fatalf("%d DELETE statements, want 10 (chunks of at most 4 rows)", got)
+			}
+			var ids []string
+			if err := db.bun.NewSelect().Table("edge_runs").Column("id").Order("id").Scan(ctx, &ids); err != nil {
+				t.Fatal(err)
+			}
+			var tuns []string
+			if err := db.bun.NewSelect().Table("edge_tunnels").Column("id").Scan(ctx, &tuns); err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(ids, tuns) != "[run_live run_new] [tun_new]" {
+				t.Fatalf("kept %v %v", ids, tuns)
+			}
+		})
 	}
 }
