@@ -16,8 +16,9 @@ const (
 
 // HistoryReconciler repairs, when a node registers, that node's history
 // rows left running by an edge that stopped before their ends were written:
-// each run this edge is not following live is asked of the node, and a
-// final status it reports is recorded. It owns one goroutine, stopped by
+// each run whose end this edge process does not record itself (not in
+// flight here, its end not seen here) is asked of the node, and a final
+// status it reports is recorded. It owns one goroutine, stopped by
 // Close.
 type HistoryReconciler struct {
 	history *RunHistoryHandler
@@ -78,7 +79,7 @@ func (r *HistoryReconciler) work() {
 }
 
 // repair looks at node's running rows one by one (reconcile asks the node
-// only for runs not followed live).
+// only for runs whose end this edge does not record itself).
 func (r *HistoryReconciler) repair(node string) {
 	page, err := r.store.ListRuns(r.ctx, domain.RunQuery{Node: node, Status: domain.RunRunning, Limit: reconcileMaxRuns})
 	if err != nil {

@@ -55,15 +55,21 @@ func (h *RunHistoryHandler) Get(ctx context.Context, id string) (domain.RunRecor
 }
 
 // reconcile returns rec with the final state its node reports, and records
-// that state, when this edge is not following the run live. Otherwise (the
-// run is live here, its node is not connected, does not know the run or
-// reports it unfinished) rec is returned unchanged.
+// that state, when this edge process does not record the run's end itself.
+// Otherwise (the run is live here or its end passed through here, its node
+// is not connected, does not know the run or reports it unfinished) rec is
+// returned unchanged.
 func (h *RunHistoryHandler) reconcile(ctx context.Context, rec domain.RunRecord) domain.RunRecord {
 	if h.Nodes == nil || h.Record == nil {
 		return rec
 	}
-	if _, active, _ := h.Nodes.runs.Lookup(rec.ID); active {
-		return rec // its end will be recorded when it arrives
+	if h.Nodes.runs.recordsEnd(rec.ID) {
+		// Its end is recorded when it arrives, or was just recorded: the
+		// history may still have that record queued (a flush interval), so
+		// rec says running. A record made from the node's now would be
+		// queued after the edge's own and replace it (losing usage.model,
+		// which only the edge saw, and the edge's finish time).
+		return rec
 	}
 	ctx, cancel := context.WithTimeout(ctx, reconcileTimeout)
 	defer cancel()

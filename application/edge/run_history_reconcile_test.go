@@ -2,11 +2,15 @@ package edge_test
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"iop/adapters/store/edgestore"
 	"iop/application/edge"
 	"iop/domain"
+	"iop/domain/nodecmd"
+	"iop/ports"
 )
 
 // reconcileSetup is an edge that restarted: its history holds run r1 as
@@ -158,5 +162,118 @@ func TestReconcilerRepairsRowsOfRegisteringNode(t *testing.T) {
 	case r := <-hist.recorded:
 		t.Fatalf("recorded %+v, want only r1", r)
 	default:
+	}
+}
+
+// A run read just after it ended, while the edge's final record of it is
+// still queued in the history (the row says running), is not "repaired"
+// from its node: that record would be queued after the edge's own and
+// replace it — the model only the edge saw, the edge's finish time. The
+// store here is the real one, with a flush interval long enough to hold
+// the final record across the read.
+func TestHistoryGetJustAfterTheEndKeepsTheEdgesRecord(t *testing.T) {
+	ucNoLeaks(t)
+	ctx := domain.WithPrincipal(context.Background(), domain.Principal{Name: "admin", Scopes: []string{domain.ScopeAdmin}})
+	path := filepath.Join(t.TempDir(), "edge.db")
+	db, err := edgestore.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := edgestore.New(db, edgestore.Options{FlushInterval: time.Second, Retention: -1})
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = store.Close()
+		}
+	})
+	e := newUCEdge(t, ucNodeSpec{"n1", []string{"exec"}})
+	e.submit.Observe = edge.Observers{History: store}
+	h := edge.NewRunHistoryHandler(store)
+	h.Nodes, h.Record = edge.NewGetRunHandler(e.reg, e.runs, edge.NewNodeCommandHandler(e.reg)), store
+
+	rh, err := e.submit.Handle(ctx, edge.SubmitRun{Node: "n1", Adapter: "exec", Target: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The node's store has the run finished, without the model (it never
+	// has one) and at its own time.
+	link := e.links["n1"]
+	link.mu.Lock()
+	link.commands = map[string][]ports.CommandReply{nodecmd.CmdRunGet: {{Final: true, Result: []byte(`{"run_id":"` + rh.RunID +
+		`","adapter":"exec","status":"succeeded","created_at":"2026-01-02T03:04:05Z","finished_at":"2026-01-02T03:05:00Z",` +
+		`"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`)}}}
+	link.mu.Unlock()
+	ucEventually(t, "the running row written", func() bool {
+		r, err := store.GetRun(ctx, rh.RunID)
+		return err == nil && r.Status == domain.RunRunning
+	})
+	link.stream(t, rh.RunID).push(domain.RunEvent{Seq: 2, Type: domain.EventComplete,
+		Usage: &domain.Usage{PromptTokens: 1, CompletionTokens: 2, Model: "m1"}})
+	for {
+		ev, err := ucNext(t, rh)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Type.Terminal() {
+			break
+		}
+	}
+	ended := time.Now()
+	if _, err := h.Get(ctx, rh.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, calls, _, _ := link.snapshot(); len(calls) != 0 {
+		t.Fatalf("the node was asked %q about a run whose end the edge recorded", calls)
+	}
+	// Close writes what is queued; the row is then read back as stored.
+	closed = true
+	if err := store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err = edgestore.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := edgestore.New(db, edgestore.Options{Retention: -1})
+	defer again.Close()
+	r, err := again.GetRun(ctx, rh.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != domain.RunSucceeded || r.Usage == nil || r.Usage.Model != "m1" || r.FinishedAt.Sub(ended).Abs() > time.Minute {
+		t.Fatalf("stored %+v usage %+v; want succeeded with model m1, finished at the edge's time (%s)", r, r.Usage, ended)
+	}
+}
+
+// A run the edge let go of before its end (the caller left and the node
+// did not end it within the drain timeout) had no final record written:
+// a read of it still asks the node.
+func TestHistoryGetReconcilesARunLetGoBeforeItsEnd(t *testing.T) {
+	ucNoLeaks(t)
+	ctx := domain.WithPrincipal(context.Background(), domain.Principal{Name: "admin", Scopes: []string{domain.ScopeAdmin}})
+	e := newUCEdge(t, ucNodeSpec{"n1", []string{"exec"}})
+	e.submit.DrainTimeout = 20 * time.Millisecond
+	rh, err := e.submit.Handle(ctx, edge.SubmitRun{Node: "n1", Adapter: "exec", Target: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rh.Close() // cancels on the node, which never answers with an end
+	ucEventually(t, "the run let go", func() bool {
+		_, active, known := e.runs.Lookup(rh.RunID)
+		return known && !active
+	})
+	link := e.links["n1"]
+	link.mu.Lock()
+	link.commands = map[string][]ports.CommandReply{nodecmd.CmdRunGet: {{Final: true, Result: []byte(`{"run_id":"` + rh.RunID +
+		`","adapter":"exec","status":"cancelled","created_at":"2026-01-02T03:04:05Z","finished_at":"2026-01-02T03:05:00Z"}`)}}}
+	link.mu.Unlock()
+	obs := &ucObserver{history: map[string]domain.RunRecord{
+		rh.RunID: {ID: rh.RunID, Node: "n1", Adapter: "exec", Key: "admin", Status: domain.RunRunning, CreatedAt: time.Now()},
+	}}
+	h := edge.NewRunHistoryHandler(obs)
+	h.Nodes, h.Record = edge.NewGetRunHandler(e.reg, e.runs, edge.NewNodeCommandHandler(e.reg)), obs
+	r, err := h.Get(ctx, rh.RunID)
+	if err != nil || r.Status != domain.RunCancelled {
+		t.Fatalf("Get = %+v, %v; want the node's cancelled", r, err)
 	}
 }

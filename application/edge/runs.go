@@ -10,9 +10,17 @@ import (
 type RunTracker struct {
 	mu       sync.Mutex
 	active   map[string]string // run id → node id
-	finished map[string]string
+	finished map[string]endedRun
 	order    []string
 	limit    int
+}
+
+// endedRun is a run the edge stopped following.
+type endedRun struct {
+	node string
+	// seen: its terminal event passed through this edge, so the observers
+	// were told its final record (see recordsEnd).
+	seen bool
 }
 
 // NewRunTracker keeps up to limit finished runs (default 10,000).
@@ -20,7 +28,7 @@ func NewRunTracker(limit int) *RunTracker {
 	if limit <= 0 {
 		limit = 10000
 	}
-	return &RunTracker{active: map[string]string{}, finished: map[string]string{}, limit: limit}
+	return &RunTracker{active: map[string]string{}, finished: map[string]endedRun{}, limit: limit}
 }
 
 func (t *RunTracker) start(runID, node string) {
@@ -29,7 +37,10 @@ func (t *RunTracker) start(runID, node string) {
 	t.mu.Unlock()
 }
 
-func (t *RunTracker) finish(runID string) {
+// finish moves a run from active to finished; seen tells whether its
+// terminal event passed through the edge (false: the edge let go of it
+// before its end, which it then never recorded).
+func (t *RunTracker) finish(runID string, seen bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	node, ok := t.active[runID]
@@ -37,7 +48,7 @@ func (t *RunTracker) finish(runID string) {
 		return
 	}
 	delete(t.active, runID)
-	t.finished[runID] = node
+	t.finished[runID] = endedRun{node: node, seen: seen}
 	t.order = append(t.order, runID)
 	if len(t.order) > t.limit {
 		delete(t.finished, t.order[0])
@@ -60,8 +71,22 @@ func (t *RunTracker) Lookup(runID string) (node string, active, known bool) {
 	if n, ok := t.active[runID]; ok {
 		return n, true, true
 	}
-	if n, ok := t.finished[runID]; ok {
-		return n, false, true
+	if e, ok := t.finished[runID]; ok {
+		return e.node, false, true
 	}
 	return "", false, false
+}
+
+// recordsEnd reports whether this edge process records runID's end itself:
+// the run is in flight here, or its terminal event passed through here and
+// its final record went to the observers (a history may still have it
+// queued, unwritten). Such a run's history row must not be "repaired" from
+// its node: that record would land after the edge's own and replace it.
+func (t *RunTracker) recordsEnd(runID string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.active[runID]; ok {
+		return true
+	}
+	return t.finished[runID].seen
 }

@@ -273,7 +273,7 @@ func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
 	if ev.Type.Terminal() {
 		r.done = true
 		r.release()
-		r.h.runs.finish(r.RunID)
+		r.h.runs.finish(r.RunID, true)
 	}
 	return ev, nil
 }
@@ -349,6 +349,6 @@ func (r *RunHandle) abandon() {
 	r.release()
 	if !r.done {
 		r.done = true
-		r.h.runs.finish(r.RunID)
+		r.h.runs.finish(r.RunID, false) // its end was not seen, nor recorded
 	}
 }

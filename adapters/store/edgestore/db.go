@@ -40,13 +40,7 @@ var (
 	tunnelColumns = []string{"id", "edge_id", "node", "provider", "model", "path", "key_name", "status",
 		"error_code", "body_bytes", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd",
 		"started_us", "finished_us"}
-	runWriteSQL = func() string {
-		set := make([]string, len(runUpdate))
-		for i, c := range runUpdate {
-			set[i] = c + " = EXCLUDED." + c
-		}
-		return insertSQL("edge_runs", runColumns, "DO UPDATE SET "+strings.Join(set, ", "))
-	}()
+	runWriteSQL    = insertSQL("edge_runs", runColumns, "DO UPDATE SET "+strings.Join(runUpdateSet("edge_runs"), ", "))
 	tunnelWriteSQL = insertSQL("edge_tunnels", tunnelColumns, "DO NOTHING")
 )
 

@@ -287,7 +287,9 @@ func (db *DB) writeEach(ctx context.Context, runs []runRow, tunnels []tunnelRow)
 }
 
 // splitBatch sorts a batch into runs and tunnels; of several records of one
-// run in the batch the last wins, in the place of the first.
+// run in the batch the last wins, in the place of the first, keeping an
+// earlier record's model when it has none (as the write does; see
+// runUpdateSet).
 func splitBatch(batch []any) ([]runRow, []tunnelRow) {
 	var runs []runRow
 	var tunnels []tunnelRow
@@ -296,6 +298,9 @@ func splitBatch(batch []any) ([]runRow, []tunnelRow) {
 		switch r := r.(type) {
 		case runRow:
 			if i, ok := at[r.ID]; ok {
+				if r.Model == "" {
+					r.Model = runs[i].Model
+				}
 				runs[i] = r
 				continue
 			}
@@ -322,6 +327,24 @@ func splitBatch(batch []any) ([]runRow, []tunnelRow) {
 var runUpdate = []string{"status", "finished_us", "error_code", "error_message", "model", "prompt_tokens",
 	"completion_tokens", "total_tokens", "cost_usd", "has_usage"}
 
+// runUpdateSet is the SET list of the run upsert: runUpdate from the new
+// record, except that a record without a model keeps the stored one. A
+// run's model is known only to the edge that saw its end (the node's store
+// has none), so a later record made from the node's (a repair of a row
+// another edge, or this one, finished meanwhile) must not clear it: usage
+// by model would count the run under "". table names the stored row in the
+// statement (bun's insert aliases it: ?TableAlias).
+func runUpdateSet(table string) []string {
+	set := make([]string, len(runUpdate))
+	for i, c := range runUpdate {
+		set[i] = c + " = EXCLUDED." + c
+		if c == "model" {
+			set[i] = "model = CASE WHEN EXCLUDED.model = '' THEN " + table + ".model ELSE EXCLUDED.model END"
+		}
+	}
+	return set
+}
+
 // writeMultiRow writes the batch as one multi-row INSERT per table, built
 // by bun: on PostgreSQL one round trip per table matters more than the
 // statement's parse on the server.
@@ -329,8 +352,8 @@ func (db *DB) writeMultiRow(ctx context.Context, runs []runRow, tunnels []tunnel
 	return db.bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
 		if len(runs) > 0 {
 			q := tx.NewInsert().Model(&runs).On("CONFLICT (id) DO UPDATE")
-			for _, c := range runUpdate {
-				q = q.Set(c + " = EXCLUDED." + c)
+			for _, set := range runUpdateSet("?TableAlias") {
+				q = q.Set(set)
 			}
 			if _, err := q.Exec(ctx); err != nil {
 				return fmt.Errorf("write runs: %w", err)

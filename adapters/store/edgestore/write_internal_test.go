@@ -426,3 +426,51 @@ func TestPruneDeletesInChunks(t *testing.T) {
 		})
 	}
 }
+
+// A later record of a run without a model (one a repair made from the
+// node's store, which has none) keeps the model stored before it, whether
+// the two are written in one batch or in two; one with a model replaces it.
+func TestLaterRecordWithoutModelKeepsStoredModel(t *testing.T) {
+	ctx := context.Background()
+	for _, way := range []struct {
+		name  string
+		dsn   func(t *testing.T) string
+		write func(*DB, context.Context, []runRow, []tunnelRow) error
+	}{
+		{"sqlite-multirow", func(t *testing.T) string { return filepath.Join(t.TempDir(), "edge.db") }, (*DB).writeMultiRow},
+		{"sqlite-prepared", func(t *testing.T) string { return filepath.Join(t.TempDir(), "edge.db") }, (*DB).writePrepared},
+		{"postgres-multirow", func(t *testing.T) string { return pgtest.DSN(t) }, (*DB).writeMultiRow},
+	} {
+		t.Run(way.name, func(t *testing.T) {
+			db, err := Open(ctx, way.dsn(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			s := &Store{db: db}
+			rec := func(id, model string) runRow {
+				r := domain.RunRecord{ID: id, Node: "n1", Adapter: "exec", Status: domain.RunSucceeded,
+					CreatedAt: time.UnixMicro(1), FinishedAt: time.UnixMicro(2), Usage: &domain.Usage{TotalTokens: 5, Model: model}}
+				return toRunRow("e1", r)
+			}
+			write := func(rows ...any) {
+				t.Helper()
+				runs, tunnels := splitBatch(rows)
+				if err := way.write(db, ctx, runs, tunnels); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write(rec("run_two", "m1"))
+			write(rec("run_two", ""))
+			write(rec("run_one", "m1"), rec("run_one", ""))
+			write(rec("run_new", "m1"))
+			write(rec("run_new", "m2"))
+			for id, want := range map[string]string{"run_two": "m1", "run_one": "m1", "run_new": "m2"} {
+				r, err := s.GetRun(ctx, id)
+				if err != nil || r.Usage == nil || r.Usage.Model != want {
+					t.Fatalf("%s: %+v %v; want model %q", id, r.Usage, err, want)
+				}
+			}
+		})
+	}
+}
