@@ -2,7 +2,9 @@ package httpapi
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,12 +18,18 @@ const eventBuffer = 1024
 // by its type, with the bus event as JSON data, after a first comment
 // (": subscribed") sent as soon as the subscription exists. ?type=a,b (or repeated type
 // parameters) keeps only those types; a trailing "*" matches a prefix
-// ("node.*"). A client that falls more than eventBuffer events behind loses
+// ("node.*"); more than maxTypeFilters distinct entries are 400
+// invalid_request. A client that falls more than eventBuffer events behind loses
 // events (the bus never waits for it): the stream then carries a comment
 // ": dropped N events" and simply continues. The stream ends when the
 // client leaves or the server stops.
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
-	sub := s.deps.Events.Subscribe(eventBuffer, visibleTo(domain.PrincipalFrom(r.Context()), typeFilter(r.URL.Query()["type"])))
+	filter, err := typeFilter(r.URL.Query()["type"])
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	sub := s.deps.Events.Subscribe(eventBuffer, visibleTo(domain.PrincipalFrom(r.Context()), filter))
 	defer sub.Close()
 	ctx, cancel := s.streamContext(r)
 	defer cancel()
@@ -76,24 +84,36 @@ func visibleTo(caller domain.Principal, filter func(domain.BusEvent) bool) func(
 	}
 }
 
+// maxTypeFilters bounds the distinct types and prefixes of one event
+// subscription. Its filter runs inside Publish with the bus locked, once per
+// subscriber for every event of the edge: an unbounded list from the query
+// (a megabyte of "zz*" is 240,000 prefixes) made each run event of every
+// caller wait on it. The bus has seven types; 32 leaves room for new ones.
+const maxTypeFilters = 32
+
 // typeFilter builds a bus filter from type parameters; nil keeps everything.
-func typeFilter(params []string) func(domain.BusEvent) bool {
+// More than maxTypeFilters distinct entries are invalid_request.
+func typeFilter(params []string) (func(domain.BusEvent) bool, error) {
 	exact := map[string]bool{}
-	var prefixes []string
+	prefix := map[string]bool{}
 	for _, p := range params {
 		for t := range strings.SplitSeq(p, ",") {
 			switch t = strings.TrimSpace(t); {
 			case t == "":
 			case strings.HasSuffix(t, "*"):
-				prefixes = append(prefixes, strings.TrimSuffix(t, "*"))
+				prefix[strings.TrimSuffix(t, "*")] = true
 			default:
 				exact[t] = true
 			}
+			if len(exact)+len(prefix) > maxTypeFilters {
+				return nil, domain.Errorf(domain.CodeInvalidRequest, "type lists more than %d event types and prefixes", maxTypeFilters)
+			}
 		}
 	}
-	if len(exact) == 0 && len(prefixes) == 0 {
-		return nil
+	if len(exact) == 0 && len(prefix) == 0 {
+		return nil, nil
 	}
+	prefixes := slices.Sorted(maps.Keys(prefix))
 	return func(ev domain.BusEvent) bool {
 		if exact[ev.Type] {
 			return true
@@ -104,5 +124,5 @@ func typeFilter(params []string) func(domain.BusEvent) bool {
 			}
 		}
 		return false
-	}
+	}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -259,6 +260,43 @@ func TestEventsStream(t *testing.T) {
 		t.Fatalf("tunnel %v", tun)
 	}
 
+}
+
+// The type filter runs in the bus's Publish, for every event of the edge:
+// a subscription may name at most 32 distinct types and prefixes (repeats
+// count once); more is 400 before anything streams.
+func TestEventsTypeFilterIsBounded(t *testing.T) {
+	e := newEnv(t)
+	var many []string
+	for i := range 33 {
+		many = append(many, fmt.Sprintf("zz%d*", i))
+	}
+	refused := func(query string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp := e.doCtx(ctx, "GET", "/v1/events?"+query, "")
+		if resp.StatusCode != 400 {
+			resp.Body.Close()
+			t.Fatalf("%.40s…: status %d, want 400", query, resp.StatusCode)
+		}
+		wantError(t, resp, 400, "invalid_request")
+	}
+	refused("type=" + strings.Join(many, ","))
+	refused("type=" + strings.Join(many[:32], ",") + "&type=run.event")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	repeated := strings.Repeat("node.*,", 1000) + strings.Join(many[:31], ",")
+	resp := e.doCtx(ctx, "GET", "/v1/events?type="+repeated, "")
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("32 distinct entries, repeated: status %d", resp.StatusCode)
+	}
+	e.bus.Publish(domain.BusEvent{Type: domain.BusNodeDisconnected, Node: "n1"})
+	if ev, err := newSSE(resp.Body).next(); err != nil || ev.typ != "node.disconnected" {
+		t.Fatalf("event %v, %v", ev, err)
+	}
 }
 
 func TestEventsKeepAlive(t *testing.T) {
