@@ -93,14 +93,14 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // tunnelObservation is what a tunnel keeps for the observers.
 type tunnelObservation struct {
 	key       string
-	modelOK   bool // the model is one a node serves, fit for a metric label
+	modelOK   bool // the chosen provider lists the model: fit for a metric label
 	bytesIn   int64
 	body      *countingReader
 	firstByte time.Duration
 }
 
-// unlistedModel labels tunnels whose model no node lists: callers' strings
-// never become label values.
+// unlistedModel labels tunnels whose model the provider they went to does
+// not list: callers' strings never become label values.
 const unlistedModel = "(unlisted)"
 
 // observeTunnel reports a finished tunnel.

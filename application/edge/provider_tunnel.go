@@ -117,7 +117,12 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 	header.Del("Proxy-Authorization")
 	req := domain.TunnelRequest{Provider: cand.cfg.Name, Method: method, Path: in.Path, Query: in.Query, Header: header, Body: in.Body}
 	start := h.now()
-	obs := tunnelObservation{key: CallerKey(ctx), modelOK: cand.known, bytesIn: int64(len(in.Body))}
+	// The model may label metrics only if the chosen provider lists it:
+	// route may pick a provider that does not (one with no list yet, or
+	// the only node's, for a request that brings a model to it), and then
+	// in.Model is whatever the caller sent.
+	modelOK := in.Model != "" && cand.known && cand.serves(in.Model)
+	obs := tunnelObservation{key: CallerKey(ctx), modelOK: modelOK, bytesIn: int64(len(in.Body))}
 	body := in.BodyReader
 	if body != nil {
 		obs.body = &countingReader{r: body}

@@ -549,3 +549,44 @@ func TestProviderTunnelLedgerSums(t *testing.T) {
 		t.Fatalf("events for 3 tunnels: %+v", evs)
 	}
 }
+
+// ptMetrics records the model label of each finished tunnel.
+type ptMetrics struct {
+	mu     sync.Mutex
+	models []string
+}
+
+func (m *ptMetrics) NodeRegistration(string)      {}
+func (m *ptMetrics) RunFinished(ports.RunOutcome) {}
+func (m *ptMetrics) HistoryDropped(int)           {}
+func (m *ptMetrics) TunnelFinished(o ports.TunnelOutcome) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.models = append(m.models, o.Model)
+}
+
+// A request that brings a model to the only node (a pull of a model no
+// provider lists) goes to a provider with a known list that does not hold
+// that model: the caller's string is counted as (unlisted), never as a
+// label value of its own. A pull of a listed model keeps its name.
+func TestProviderTunnelCallersModelNeverBecomesALabel(t *testing.T) {
+	e := newPTEnv()
+	metrics := &ptMetrics{}
+	e.h.Observe.Metrics = metrics
+	ptAdmit(t, e.reg, "b", ptProvider("ollama", domain.ProviderOllama, "llama3.2"))
+	for _, model := range []string{"caller-made-1", "caller-made-2", "llama3.2"} {
+		tun, err := e.h.Handle(context.Background(), edge.SubmitProviderTunnel{Model: model, ProviderType: domain.ProviderOllama,
+			OrOnlyNode: true, Method: "POST", Path: "/api/pull"})
+		if err != nil {
+			t.Fatalf("%s: %v", model, err)
+		}
+		if _, err := ptDrain(t, tun); err != nil {
+			t.Fatalf("%s: %v", model, err)
+		}
+	}
+	metrics.mu.Lock()
+	defer metrics.mu.Unlock()
+	if got := fmt.Sprint(metrics.models); got != "[(unlisted) (unlisted) llama3.2]" {
+		t.Fatalf("model labels %s, want the pulls of unlisted models as (unlisted)", got)
+	}
+}
