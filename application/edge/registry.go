@@ -5,6 +5,7 @@ package edge
 import (
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -171,7 +172,10 @@ func (n *LiveNode) inFlight() int {
 //
 // An explicit node must be connected. Without one: a single connected node
 // is used as is (the spec's fallback); otherwise the node offering adapter
-// with the fewest runs in flight wins, ties broken by id.
+// with the fewest runs in flight wins, ties broken by id. A node chosen
+// either way whose config lacks adapter is adapter_not_found here, before
+// dispatch, as the node itself would answer: a run's adapter labels
+// metrics (iop_runs_total), so a caller's string must never reach them.
 func (r *Registry) PickForRun(node, adapter string) (NodeView, func(), error) {
 	return r.PickForRunAs(domain.Anonymous(), node, adapter)
 }
@@ -209,6 +213,17 @@ func (r *Registry) PickForRunAs(p domain.Principal, node, adapter string) (NodeV
 			}
 			return NodeView{}, nil, domain.Errorf(domain.CodeNoNodeAvailable, "no connected node offers adapter %q", adapter)
 		}
+	}
+	if !chosen.hasAdapter(adapter) {
+		have := make([]string, 0, len(chosen.Config.Adapters))
+		for _, a := range chosen.Config.Adapters {
+			have = append(have, a.Name)
+		}
+		list := strings.Join(have, ", ")
+		if list == "" {
+			list = "none"
+		}
+		return NodeView{}, nil, domain.Errorf(domain.CodeAdapterNotFound, "adapter %q is not configured on node %q (have: %s)", adapter, chosen.ID, list)
 	}
 	chosen.runs[adapter]++
 	var once sync.Once

@@ -86,10 +86,17 @@ func TestSubmitRunPicksNode(t *testing.T) {
 			nodes:    []ucNodeSpec{{"a", []string{"exec"}}},
 			cmd:      edge.SubmitRun{Node: "zz", Adapter: "exec"},
 			wantCode: domain.CodeNodeNotFound},
-		{name: "single node is used even without the adapter",
+		// A node the run would go to without the adapter refuses it as the
+		// node would, before dispatch: the caller's adapter string never
+		// labels a run metric.
+		{name: "single node without the adapter is adapter_not_found",
 			nodes:    []ucNodeSpec{{"solo", []string{"exec"}}},
 			cmd:      edge.SubmitRun{Adapter: "ollama", Target: "llama3"},
-			wantNode: "solo"},
+			wantCode: domain.CodeAdapterNotFound},
+		{name: "explicit node without the adapter is adapter_not_found",
+			nodes:    []ucNodeSpec{{"a", []string{"exec"}}, {"b", []string{"ollama"}}},
+			cmd:      edge.SubmitRun{Node: "a", Adapter: "ollama"},
+			wantCode: domain.CodeAdapterNotFound},
 		{name: "fewest in flight among nodes offering the adapter",
 			nodes:    []ucNodeSpec{{"a", []string{"exec"}}, {"b", []string{"exec"}}, {"c", []string{"ollama"}}},
 			busy:     map[string]int{"a": 2, "b": 1},
