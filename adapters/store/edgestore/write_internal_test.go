@@ -340,16 +340,8 @@ func TestPostgresRefusedBatchFallsBackToRows(t *testing.T) {
 	if lost != 2 || err == nil {
 		t.Fatalf("writeBatch lost %d rows (%v), want the 2 bad ones", lost, err)
 	}
-	var ids []string
-	if err := db.bun.NewSelect().Table("edge_runs").Column("id").Order("id").Scan(ctx, &ids); err != nil {
-		t.Fatal(err)
-	}
-	var tuns []string
-	if err := db.bun.NewSelect().Table("edge_tunnels").Column("id").Scan(ctx, &tuns); err != nil {
-		t.Fatal(err)
-	}
-	if fmt.Sprint(ids, tuns) != "[run_0 run_1 run_2 run_3] [tun_good]" {
-		t.Fatalf("written %v %v, want every good row", ids, tuns)
+	if got := storedIDs(t, db); got != "[run_0 run_1 run_2 run_3] [tun_good]" {
+		t.Fatalf("written %s, want every good row", got)
 	}
 }
 
@@ -412,16 +404,8 @@ func TestPruneDeletesInChunks(t *testing.T) {
 			if got := deletes.n.Load(); got != 7+3 {
 				t.Fatalf("%d DELETE statements, want 10 (chunks of at most 4 rows)", got)
 			}
-			var ids []string
-			if err := db.bun.NewSelect().Table("edge_runs").Column("id").Order("id").Scan(ctx, &ids); err != nil {
-				t.Fatal(err)
-			}
-			var tuns []string
-			if err := db.bun.NewSelect().Table("edge_tunnels").Column("id").Scan(ctx, &tuns); err != nil {
-				t.Fatal(err)
-			}
-			if fmt.Sprint(ids, tuns) != "[run_live run_new] [tun_new]" {
-				t.Fatalf("kept %v %v", ids, tuns)
+			if got := storedIDs(t, db); got != "[run_live run_new] [tun_new]" {
+				t.Fatalf("kept %s", got)
 			}
 		})
 	}
@@ -473,4 +457,19 @@ func TestLaterRecordWithoutModelKeepsStoredModel(t *testing.T) {
 			}
 		})
 	}
+}
+
+// storedIDs lists the run ids and the tunnel ids in db, each sorted:
+// "[run_a run_b] [tun_c]".
+func storedIDs(t *testing.T, db *DB) string {
+	t.Helper()
+	ctx := context.Background()
+	var ids, tuns []string
+	if err := db.bun.NewSelect().Table("edge_runs").Column("id").Order("id").Scan(ctx, &ids); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.bun.NewSelect().Table("edge_tunnels").Column("id").Order("id").Scan(ctx, &tuns); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprint(ids, tuns)
 }
