@@ -131,8 +131,10 @@ func (s *sliceReader) Read(p []byte) (int, error) {
 // string value, scanning byte by byte: it keeps the prefix read so far and a
 // depth counter, never a parse tree, so a hostile body costs its prefix and
 // nothing more. Nesting deeper than MaxDepth is refused at once. It returns
-// "" when the object ends without any of keys. The scan is structural, not
-// a validator: the provider judges the rest.
+// "" when the object ends without any of keys. Keys match as routingKey
+// says (escapes decoded, case folded), so the scan reads the key a Go
+// provider would. The scan is structural, not a validator: the provider
+// judges the rest.
 func scanJSONModel(p *prefix, keys []string) (string, error) {
 	var (
 		s        scanState
@@ -193,11 +195,7 @@ func scanJSONModel(p *prefix, keys []string) (string, error) {
 					s.state = stValue
 					captured = -1
 					if !s.keyLong {
-						for k, name := range keys {
-							if string(keyBuf) == name {
-								captured = k
-							}
-						}
+						captured = routingKey(keyBuf, keys)
 					}
 				default:
 					return "", fmt.Errorf("request body is not valid JSON (byte %d)", offset+int64(i))
@@ -431,11 +429,20 @@ func (r *prefixReader) Read(b []byte) (int, error) {
 }
 
 // keyGuard passes a JSON request body through while watching its top-level
-// keys: a routing key (keys) named twice — also when one spelling uses
-// escapes, "mod\u0065l" — fails the read at that key, so the body never
-// reaches the provider whole. The edge routes on the first "model" and
-// most providers' parsers keep the last, so such a body could reach a
-// model no catalog lists. Nested keys (in messages, tools) do not count.
+// keys, and fails the read — so the body never reaches the provider whole —
+// at the first of:
+//
+//   - a routing key (keys) named twice, also when a spelling uses escapes
+//     ("mod\u0065l") or another case ("MODEL"): the edge routes on the
+//     first, while most providers' parsers keep the last (Go's
+//     encoding/json also matches keys case-insensitively), so such a body
+//     could reach a model no catalog lists;
+//   - two routing keys (Ollama's "model" and legacy "name") naming
+//     different non-empty models: the edge routes on "model" (else
+//     "name"), as Ollama does, but a server that preferred "name" would run
+//     the other, so the body is refused rather than guessed at.
+//
+// Nested keys (in messages, tools) do not count.
 type keyGuard struct {
 	r    io.Reader
 	keys []string
@@ -448,6 +455,17 @@ type keyGuard struct {
 	isKey     bool // the string being read is a top-level key
 	key       []byte
 	keyLong   bool
+
+	// The value of the routing key just read, when it is a string.
+	valueOf int  // index in keys of the key whose value comes next, or -1
+	inVal   bool // the string being read is that value
+	val     []byte
+	valLong bool
+	// What each routing key named: named (non-empty), its decoded value,
+	// odd when it could not be read (too long, bad escape).
+	named  []bool
+	odd    []bool
+	values []string
 }
 
 // maxGuardKey bounds a key kept for comparison: "model" spelled entirely
@@ -455,22 +473,32 @@ type keyGuard struct {
 const maxGuardKey = 64
 
 func newKeyGuard(r io.Reader, keys []string) *keyGuard {
-	return &keyGuard{r: r, keys: keys, seen: make([]bool, len(keys))}
+	n := len(keys)
+	return &keyGuard{r: r, keys: keys, seen: make([]bool, n), valueOf: -1,
+		named: make([]bool, n), odd: make([]bool, n), values: make([]string, n)}
 }
 
 func (g *keyGuard) Read(p []byte) (int, error) {
 	n, err := g.r.Read(p)
 	for i, c := range p[:n] {
-		if dup := g.step(c); dup != "" {
-			return i, fmt.Errorf("request body names %q more than once", dup)
+		if err := g.step(c); err != nil {
+			return i, err
 		}
 	}
 	return n, err
 }
 
-// step takes one byte; it returns a routing key seen for the second time.
-func (g *keyGuard) step(c byte) string {
+// step takes one byte; it fails on a routing key seen for the second time
+// or on routing keys that disagree.
+func (g *keyGuard) step(c byte) error {
 	if g.inStr {
+		if g.inVal {
+			if len(g.val) < maxModel+2 {
+				g.val = append(g.val, c)
+			} else {
+				g.valLong = true
+			}
+		}
 		switch {
 		case g.esc:
 			g.esc = false
@@ -478,10 +506,16 @@ func (g *keyGuard) step(c byte) string {
 			g.esc = true
 		case c == '"':
 			g.inStr = false
-			if g.isKey {
-				return g.keyDone()
+			switch {
+			case g.isKey:
+				if dup := g.keyDone(); dup != "" {
+					return fmt.Errorf("request body names %q more than once", dup)
+				}
+			case g.inVal:
+				g.inVal = false
+				return g.valueDone()
 			}
-			return ""
+			return nil
 		}
 		if g.isKey {
 			if len(g.key) < maxGuardKey {
@@ -490,44 +524,81 @@ func (g *keyGuard) step(c byte) string {
 				g.keyLong = true
 			}
 		}
-		return ""
+		return nil
 	}
 	switch c {
 	case '"':
 		g.inStr, g.isKey = true, g.depth == 1 && g.expectKey
+		g.inVal = g.depth == 1 && !g.expectKey && g.valueOf >= 0
 		g.expectKey, g.key, g.keyLong = false, g.key[:0], false
+		if g.inVal {
+			g.val, g.valLong = append(g.val[:0], c), false
+		}
 	case '{':
 		g.depth++
-		g.expectKey = g.depth == 1
+		g.expectKey, g.valueOf = g.depth == 1, -1
 	case '[':
 		g.depth++
+		g.valueOf = -1
 	case '}', ']':
 		g.depth--
 	case ',':
-		g.expectKey = g.depth == 1
+		g.expectKey, g.valueOf = g.depth == 1, -1
 	}
-	return ""
+	return nil
 }
 
 func (g *keyGuard) keyDone() string {
+	g.valueOf = -1
 	if g.keyLong {
 		return ""
 	}
-	name := string(g.key)
-	if bytes.IndexByte(g.key, '\\') >= 0 {
-		var s string
-		if json.Unmarshal(append(append([]byte{'"'}, g.key...), '"'), &s) != nil {
-			return "" // not a valid key: the provider refuses the body
-		}
-		name = s
+	i := routingKey(g.key, g.keys)
+	if i < 0 {
+		return ""
 	}
-	for i, k := range g.keys {
-		if name == k {
-			if g.seen[i] {
-				return k
-			}
-			g.seen[i] = true
-		}
+	if g.seen[i] {
+		return g.keys[i]
 	}
+	g.seen[i], g.valueOf = true, i
 	return ""
+}
+
+// valueDone takes the string value of routing key g.valueOf, just read.
+func (g *keyGuard) valueDone() error {
+	i := g.valueOf
+	g.valueOf = -1
+	var v string
+	ok := !g.valLong && json.Unmarshal(g.val, &v) == nil
+	if ok && v == "" {
+		return nil // names nothing: the provider, like the scan, falls back to the other key
+	}
+	for j := range g.keys {
+		if j != i && g.named[j] && (!ok || g.odd[j] || g.values[j] != v) {
+			return fmt.Errorf("request body names different models in %q and %q", g.keys[j], g.keys[i])
+		}
+	}
+	g.named[i], g.odd[i], g.values[i] = true, !ok, v
+	return nil
+}
+
+// routingKey is the index in keys of the JSON object key raw (its bytes
+// between the quotes, escapes and all), or -1. Escapes are decoded and
+// case is folded the way Go's encoding/json matches a key to a struct
+// field (Ollama's request binding, many servers): "MODEL", "Model" and
+// "mod\u0065l" all set the model there, and strings.EqualFold folds as
+// its foldName does (the Kelvin sign K is k, the long ſ is s).
+func routingKey(raw []byte, keys []string) int {
+	name := string(raw)
+	if bytes.IndexByte(raw, '\\') >= 0 {
+		if json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &name) != nil {
+			return -1 // not a valid key: the provider refuses the body
+		}
+	}
+	for i, k := range keys {
+		if strings.EqualFold(name, k) {
+			return i
+		}
+	}
+	return -1
 }

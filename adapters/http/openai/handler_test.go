@@ -2,6 +2,7 @@ package openaiapi_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -717,6 +718,47 @@ func TestModelNamedTwice(t *testing.T) {
 				t.Fatal("a tunnel carried the whole body to the provider")
 			}
 		})
+	}
+}
+
+// TestModelSpelledTwoWays: a body whose model Go's encoding/json (Ollama's
+// binding) reads differently from the edge's scan — a key in another case
+// or escaped, or Ollama's "name" naming another model — is refused, or
+// forwarded only when the provider would run the model the edge routed on.
+func TestModelSpelledTwoWays(t *testing.T) {
+	e := newEnv(t)
+	link := e.node(t, "ol", serve(response(200, "application/json", `{}`)...), provider("ol", domain.ProviderOllama, "llama3.2"))
+	for _, path := range []string{"/api/chat", "/v1/chat/completions"} {
+		for _, body := range []string{
+			`{"model":"llama3.2","MODEL":"undeclared-70b"}`,
+			`{"model":"llama3.2","Model":"undeclared-70b"}`,
+			`{"MODEL":"undeclared-70b","model":"llama3.2"}`,
+			`{"name":"llama3.2","mod\u0065l":"undeclared-70b"}`,
+			`{"model":"llama3.2","name":"undeclared-70b"}`,
+			`{"name":"undeclared-70b","model":"llama3.2"}`,
+		} {
+			before := link.count()
+			resp := post(t, e.srv.URL+path, body)
+			got := readAll(t, resp)
+			if resp.StatusCode >= 400 && resp.StatusCode < 500 {
+				if link.count() != before {
+					t.Fatalf("%s %s: refused (%d) after a tunnel carried the whole body", path, body, resp.StatusCode)
+				}
+				continue
+			}
+			if resp.StatusCode != 200 || link.count() == before {
+				t.Fatalf("%s %s: got %d %s", path, body, resp.StatusCode, got)
+			}
+			// What a Go server (Ollama) runs: the last key of any case,
+			// "model" before the legacy "name".
+			var req struct{ Model, Name string }
+			if err := json.Unmarshal(link.last(t).body, &req); err != nil {
+				t.Fatal(err)
+			}
+			if runs := cmp.Or(req.Model, req.Name); path == "/api/chat" && runs != "llama3.2" || req.Model != "llama3.2" {
+				t.Fatalf("%s %s: forwarded, and the provider runs %q/%q", path, body, req.Model, req.Name)
+			}
+		}
 	}
 }
 
