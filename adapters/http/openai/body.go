@@ -602,3 +602,125 @@ func routingKey(raw []byte, keys []string) int {
 	}
 	return -1
 }
+
+// formGuard passes a multipart/form-data request body through while
+// watching its parts' headers, and fails the read — so the body never
+// reaches the provider whole — at the second non-file field named "model".
+// The edge routes on the first, while Starlette (vLLM, most OpenAI-style
+// audio servers) keeps the last, so such a body could reach a model no
+// catalog lists. Names are compared case-insensitively: Starlette and Go
+// compare them exactly, but some frameworks (ASP.NET binding) do not, and
+// no client sends "model" and "Model" both. Like the scan, a part is a
+// file when its Content-Disposition has a non-empty filename.
+//
+// It works on lines, as every multipart parser does: a line starting with
+// "--" and the boundary opens a part's headers, which end at an empty
+// line. Only the start of a body line is kept (to tell a boundary), and a
+// part's headers are bounded by maxPartHeader.
+type formGuard struct {
+	r        io.Reader
+	boundary []byte // "--" + boundary; nil: not a form (the scan refuses it)
+	line     []byte
+	inHeader bool
+	header   []byte // the part's header lines, each ending in "\n"
+	models   int
+}
+
+// maxPartHeader bounds one part's header block; a form field's is about
+// 100 bytes.
+const maxPartHeader = 16 << 10
+
+func newFormGuard(r io.Reader, contentType string) *formGuard {
+	g := &formGuard{r: r}
+	if _, params, err := mime.ParseMediaType(contentType); err == nil && params["boundary"] != "" {
+		g.boundary = []byte("--" + params["boundary"])
+	}
+	return g
+}
+
+func (g *formGuard) Read(p []byte) (int, error) {
+	n, err := g.r.Read(p)
+	if g.boundary == nil {
+		return n, err
+	}
+	for i, c := range p[:n] {
+		if err := g.step(c); err != nil {
+			return i, err
+		}
+	}
+	return n, err
+}
+
+func (g *formGuard) step(c byte) error {
+	if c != '\n' {
+		switch {
+		case g.inHeader:
+			if len(g.header)+len(g.line) >= maxPartHeader {
+				return fmt.Errorf("a multipart part's headers are longer than %d bytes", maxPartHeader)
+			}
+			g.line = append(g.line, c)
+		case len(g.line) < len(g.boundary):
+			g.line = append(g.line, c)
+		}
+		return nil
+	}
+	line := bytes.TrimSuffix(g.line, []byte{'\r'})
+	g.line = g.line[:0]
+	switch {
+	case !g.inHeader:
+		// A boundary line (the closing one too: what follows it is read
+		// the same way, in case a server reads on).
+		g.inHeader = bytes.HasPrefix(line, g.boundary) && !bytes.HasPrefix(line[len(g.boundary):], []byte("--"))
+		g.header = g.header[:0]
+	case len(line) > 0:
+		g.header = append(append(g.header, line...), '\n')
+	default:
+		g.inHeader = false
+		return g.partDone()
+	}
+	return nil
+}
+
+// partDone reads the headers of a part whose body starts.
+func (g *formGuard) partDone() error {
+	var disposition string
+	for l := range strings.Lines(string(g.header)) {
+		if l[0] == ' ' || l[0] == '\t' { // a folded line continues the last header
+			if disposition != "" {
+				disposition += " " + strings.TrimSpace(l)
+			}
+			continue
+		}
+		if disposition != "" {
+			if err := g.disposition(disposition); err != nil {
+				return err
+			}
+		}
+		name, value, _ := strings.Cut(l, ":")
+		disposition = ""
+		if strings.EqualFold(strings.TrimSpace(name), "Content-Disposition") {
+			disposition = strings.TrimSpace(value)
+		}
+	}
+	if disposition != "" {
+		return g.disposition(disposition)
+	}
+	return nil
+}
+
+// disposition counts a part's Content-Disposition that names a "model"
+// field; one that cannot be read is refused, since a lenient server might
+// read a model from it.
+func (g *formGuard) disposition(v string) error {
+	_, params, err := mime.ParseMediaType(v)
+	if err != nil {
+		return fmt.Errorf("a multipart part's Content-Disposition is malformed: %v", err)
+	}
+	if params["filename"] != "" || !strings.EqualFold(params["name"], "model") {
+		return nil
+	}
+	if g.models++; g.models > 1 {
+		return errors.New(`request body names the form field "model" more than once`)
+	}
+	return nil
+}

@@ -298,3 +298,39 @@ type chunked struct {
 }
 
 func (c *chunked) Read(p []byte) (int, error) { return c.r.Read(p[:min(len(p), c.n)]) }
+
+// TestFormGuard: a second non-file "model" form field fails the read,
+// whatever the line endings, header folding or case; other forms pass.
+func TestFormGuard(t *testing.T) {
+	const ct = `multipart/form-data; boundary="xyz"`
+	part := func(disposition, value string) string {
+		return "--xyz\r\nContent-Disposition: " + disposition + "\r\n\r\n" + value + "\r\n"
+	}
+	for _, c := range []struct {
+		name, body, err string
+	}{
+		{"once", part(`form-data; name="model"`, "a") + part(`form-data; name="file"; filename="model"`, "--xy\r\n--xyz-") + "--xyz--\r\n", ""},
+		{"file named model", part(`form-data; name="model"`, "a") + part(`form-data; name="model"; filename="a.wav"`, "RIFF") + "--xyz--\r\n", ""},
+		{"model in a value", part(`form-data; name="model"`, "a") + part(`form-data; name="prompt"`, "Content-Disposition: form-data; name=\"model\"\r\n") + "--xyz--\r\n", ""},
+		{"twice", part(`form-data; name="model"`, "a") + part(`form-data; name="model"`, "b") + "--xyz--\r\n", "more than once"},
+		{"other case", part(`form-data; name="model"`, "a") + part(`form-data; name="MODEL"`, "b"), "more than once"},
+		{"LF only, header case", "--xyz\nContent-Disposition: form-data; name=model\n\na\n--xyz\ncontent-disposition: form-data; name=\"model\"\n\nb\n", "more than once"},
+		{"folded header", part(`form-data; name="model"`, "a") + "--xyz  \r\nContent-Type: text/plain\r\nContent-Disposition: form-data;\r\n name=\"model\"\r\n\r\nb\r\n", "more than once"},
+		{"after the closing boundary", part(`form-data; name="model"`, "a") + "--xyz--\r\n" + part(`form-data; name="model"`, "b"), "more than once"},
+		{"malformed disposition", part(`form-data; name="model`, "a"), "malformed"},
+		{"huge headers", "--xyz\r\nX: " + strings.Repeat("a", maxPartHeader), "longer than"},
+	} {
+		for _, chunk := range []int{1, 7, 1 << 10} {
+			g := newFormGuard(&chunked{r: strings.NewReader(c.body), n: chunk}, ct)
+			got, err := io.ReadAll(g)
+			switch {
+			case c.err == "" && (err != nil || string(got) != c.body):
+				t.Fatalf("%s (reads of %d): %v, passed %d of %d bytes", c.name, chunk, err, len(got), len(c.body))
+			case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+				t.Fatalf("%s (reads of %d): err %v, want %q", c.name, chunk, err, c.err)
+			case c.err != "" && len(got) >= len(c.body):
+				t.Fatalf("%s (reads of %d): the whole body passed", c.name, chunk)
+			}
+		}
+	}
+}

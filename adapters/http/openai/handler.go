@@ -52,7 +52,8 @@
 // top-level JSON object that keeps what it read and a depth counter, never
 // a parse tree, refuses nesting deeper than MaxDepth (400) and stops at
 // "model"; what was read and the rest of the body then stream to the node
-// as the caller sends them. So a request costs at most its prefix up to the
+// as the caller sends them, through a guard that fails the body on a model
+// named twice (keyGuard, formGuard). So a request costs at most its prefix up to the
 // model (bounded by MaxBody), whatever its shape. Blob uploads
 // (/api/blobs) are streamed without the cap: nothing of them is held.
 package openaiapi
@@ -267,7 +268,9 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 			return
 		}
 		var body io.Reader = http.MaxBytesReader(w, r.Body, h.MaxBody)
-		if !t.form {
+		if t.form {
+			body = newFormGuard(body, r.Header.Get("Content-Type"))
+		} else {
 			body = newKeyGuard(body, t.keys)
 		}
 		rec = &recordingReader{r: body}

@@ -236,3 +236,51 @@ func TestSlowDiscoveryDelaysListsOnlyByRefreshWait(t *testing.T) {
 		t.Fatalf("the known models are still listed: %s", got)
 	}
 }
+
+// TestFormNamingModelTwice: a form naming its model twice (the edge routes
+// on the first, Starlette keeps the last) is refused with a 400, small or
+// streamed, and never reaches the provider whole.
+func TestFormNamingModelTwice(t *testing.T) {
+	e := newEnv(t)
+	link := e.node(t, "gpu", serve(response(200, "application/json", `{"text":"hi"}`)...), provider("vllm", domain.ProviderOpenAI, "whisper-1"))
+	form := func(audio int, fields ...string) (string, string) {
+		var b bytes.Buffer
+		mw := multipart.NewWriter(&b)
+		mw.WriteField(fields[0], fields[1])
+		fw, _ := mw.CreateFormFile("file", "a.wav")
+		fw.Write(bytes.Repeat([]byte("RIFF"), audio/4))
+		for i := 2; i+1 < len(fields); i += 2 {
+			mw.WriteField(fields[i], fields[i+1])
+		}
+		mw.Close()
+		return b.String(), mw.FormDataContentType()
+	}
+	for _, c := range []struct {
+		name   string
+		audio  int
+		fields []string
+	}{
+		{"small", 4000, []string{"model", "whisper-1", "model", "undeclared-large"}},
+		{"streamed, at its end", 3 << 20, []string{"model", "whisper-1", "language", "en", "model", "undeclared-large"}},
+		{"other case", 4000, []string{"model", "whisper-1", "Model", "undeclared-large"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			body, ct := form(c.audio, c.fields...)
+			before := link.count()
+			resp := do(t, http.MethodPost, e.srv.URL+"/v1/audio/transcriptions", body, "Content-Type", ct)
+			got := readAll(t, resp)
+			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(got, "invalid_request") || !strings.Contains(got, "more than once") {
+				t.Fatalf("got %d %s, want 400 naming the field twice", resp.StatusCode, got)
+			}
+			if link.count() != before {
+				t.Fatal("a tunnel carried the whole body to the provider")
+			}
+		})
+	}
+	// One model field, and a file part that happens to be named model.
+	body, ct := form(4000, "model", "whisper-1", "language", "en")
+	resp := do(t, http.MethodPost, e.srv.URL+"/v1/audio/transcriptions", body, "Content-Type", ct)
+	if got := readAll(t, resp); resp.StatusCode != 200 || string(link.last(t).body) != body {
+		t.Fatalf("a form naming its model once: %d %s", resp.StatusCode, got)
+	}
+}
