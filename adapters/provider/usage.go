@@ -16,7 +16,8 @@ import (
 // `"done":true` line) or a plain JSON body (OpenAI or Ollama, streaming off).
 // Anthropic Messages SSE (input tokens from message_start, output tokens and
 // stop reason from message_delta) and OpenAI Responses SSE (the usage of
-// response.completed) are read too.
+// response.completed) are read too. An Anthropic prompt counts its cached
+// tokens too (input_tokens plus cache_creation_ and cache_read_input_tokens).
 // It never changes the bytes; lines split across writes are reassembled.
 //
 // Memory is bounded: a line longer than 1 MiB is skipped, and of a plain JSON
@@ -34,6 +35,43 @@ type UsageScanner struct {
 	finished bool
 	usage    *domain.Usage
 	model    string
+	// anthropic: the parts of an Anthropic prompt count, from message_start
+	// and then any message_delta that restates them.
+	anthropic anthropicInput
+}
+
+// anthropicInput is what Anthropic counts of a prompt: input_tokens is
+// only what follows the last cache breakpoint, the rest is counted as
+// written to or read from the prompt cache. Every prompt token the model
+// read is their sum (as adapters/runtime/claudecode counts them).
+type anthropicInput struct {
+	Input       *int64 `json:"input_tokens"`
+	CacheCreate *int64 `json:"cache_creation_input_tokens"`
+	CacheRead   *int64 `json:"cache_read_input_tokens"`
+}
+
+// update takes the parts a message_delta states and reports whether it
+// stated any. Its counts are cumulative, so a stated part replaces the
+// earlier one; a 0 is taken for not stated (some compatible servers send
+// "input_tokens":0 there), as a cumulative count never goes down.
+func (a *anthropicInput) update(u anthropicInput) bool {
+	stated := false
+	for _, p := range []struct{ to, from **int64 }{{&a.Input, &u.Input}, {&a.CacheCreate, &u.CacheCreate}, {&a.CacheRead, &u.CacheRead}} {
+		if *p.from != nil && **p.from > 0 {
+			*p.to, stated = *p.from, true
+		}
+	}
+	return stated
+}
+
+func (a anthropicInput) sum() int64 {
+	var n int64
+	for _, p := range []*int64{a.Input, a.CacheCreate, a.CacheRead} {
+		if p != nil {
+			n += *p
+		}
+	}
+	return n
 }
 
 const (
@@ -132,19 +170,22 @@ func (s *UsageScanner) handleLine(line []byte) {
 	s.parse(line)
 }
 
-// usageCounts accepts the Chat Completions names and the Responses API ones.
+// usageCounts accepts the Chat Completions names, the Responses API ones
+// and Anthropic's (whose prompt count is split in parts, see
+// anthropicInput; the Responses API's input_tokens already includes its
+// cached tokens and it has no cache_* fields).
 type usageCounts struct {
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CompletionTokens int64 `json:"completion_tokens"`
 	TotalTokens      int64 `json:"total_tokens"`
-	InputTokens      int64 `json:"input_tokens"`
 	OutputTokens     int64 `json:"output_tokens"`
+	anthropicInput
 }
 
 func (c usageCounts) toDomain() *domain.Usage {
 	u := &domain.Usage{PromptTokens: c.PromptTokens, CompletionTokens: c.CompletionTokens, TotalTokens: c.TotalTokens}
 	if u.PromptTokens == 0 {
-		u.PromptTokens = c.InputTokens
+		u.PromptTokens = c.sum()
 	}
 	if u.CompletionTokens == 0 {
 		u.CompletionTokens = c.OutputTokens
@@ -220,6 +261,7 @@ func (s *UsageScanner) parse(b []byte) {
 			}
 			if m.Usage != nil {
 				s.usage = m.Usage.toDomain()
+				s.anthropic = m.Usage.anthropicInput
 			}
 		}
 		return
@@ -231,8 +273,8 @@ func (s *UsageScanner) parse(b []byte) {
 		if s.usage != nil {
 			u = *s.usage
 		}
-		if d.Usage.InputTokens > 0 {
-			u.PromptTokens = d.Usage.InputTokens
+		if s.anthropic.update(d.Usage.anthropicInput) {
+			u.PromptTokens = s.anthropic.sum()
 		}
 		u.CompletionTokens = d.Usage.OutputTokens
 		u.TotalTokens = u.PromptTokens + u.CompletionTokens

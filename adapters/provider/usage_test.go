@@ -69,6 +69,17 @@ func TestUsageScannerFormats(t *testing.T) {
 		{"anthropic message json", "application/json",
 			`{"id":"msg_2","type":"message","role":"assistant","model":"claude-y","content":[{"type":"text","text":"hi"}],"stop_reason":"max_tokens","usage":{"input_tokens":7,"output_tokens":3}}`,
 			&domain.Usage{PromptTokens: 7, CompletionTokens: 3, TotalTokens: 10, StopReason: "max_tokens", Model: "claude-y"}},
+		{"anthropic messages sse, prompt cache", "text/event-stream",
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_3\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-z\",\"usage\":{\"input_tokens\":4,\"cache_creation_input_tokens\":1200,\"cache_read_input_tokens\":25000,\"output_tokens\":1}}}\n\n" +
+				"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":15}}\n\n",
+			&domain.Usage{PromptTokens: 26204, CompletionTokens: 15, TotalTokens: 26219, StopReason: "end_turn", Model: "claude-z"}},
+		{"anthropic messages sse, message_delta restates the prompt", "text/event-stream",
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-z\",\"usage\":{\"input_tokens\":4,\"cache_creation_input_tokens\":1200,\"cache_read_input_tokens\":25000,\"output_tokens\":1}}}\n\n" +
+				"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"},\"usage\":{\"input_tokens\":10,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":25000,\"output_tokens\":30}}\n\n",
+			&domain.Usage{PromptTokens: 26210, CompletionTokens: 30, TotalTokens: 26240, StopReason: "tool_use", Model: "claude-z"}},
+		{"anthropic message json, prompt cache", "application/json",
+			`{"id":"msg_4","type":"message","role":"assistant","model":"claude-y","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":4,"cache_creation_input_tokens":1200,"cache_read_input_tokens":25000,"output_tokens":3}}`,
+			&domain.Usage{PromptTokens: 26204, CompletionTokens: 3, TotalTokens: 26207, StopReason: "end_turn", Model: "claude-y"}},
 		{"error body", "application/json", `{"error":{"message":"rate limited","type":"rate_limit_error"}}`, nil},
 		{"unknown content type", "text/plain", `{"usage":{"prompt_tokens":1}}`, nil},
 	}
