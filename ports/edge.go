@@ -91,9 +91,13 @@ type DirectoryReplacer interface {
 
 // ModelLister knows how a provider of each type (domain.ProviderOpenAI,
 // ProviderOllama, ProviderAnthropic) lists its models: the path the edge
-// GETs through a tunnel, and how to read the answer. A body that is not the
-// type's list is a domain.CodeProviderError.
+// GETs through a tunnel, the query of each page, and how to read the
+// answer. A body that is not the type's list is a domain.CodeProviderError.
 type ModelLister interface {
 	ModelListPath(providerType string) string
+	// ModelListQuery is the query of the list's first page (prev nil) or
+	// of the page after the one answered with prev; ok is false when prev
+	// was the last page.
+	ModelListQuery(providerType string, prev []byte) (query string, ok bool)
 	ParseModelList(providerType string, body []byte) ([]domain.ListedModel, error)
 }

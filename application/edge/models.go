@@ -56,6 +56,38 @@ func MatchModel(served, requested string) bool {
 	return served == requested || strings.TrimSuffix(served, ":latest") == strings.TrimSuffix(requested, ":latest")
 }
 
+// MatchProviderModel reports whether a provider of type typ serving served
+// serves a request for requested: as MatchModel says, and for an anthropic
+// provider also by the aliases Anthropic serves a dated model under, which
+// its Models API does not list — the id without its -YYYYMMDD suffix
+// ("claude-sonnet-4-5" for claude-sonnet-4-5-20250929) or with -latest in
+// its place ("claude-3-7-sonnet-latest"). The provider resolves the alias
+// itself; the edge only has to know it serves it.
+func MatchProviderModel(typ, served, requested string) bool {
+	if MatchModel(served, requested) {
+		return true
+	}
+	if typ != domain.ProviderAnthropic {
+		return false
+	}
+	base, ok := undated(served)
+	return ok && (requested == base || requested == base+"-latest")
+}
+
+// undated is id without its -YYYYMMDD suffix; ok is false when it has none.
+func undated(id string) (base string, ok bool) {
+	i := strings.LastIndexByte(id, '-')
+	if i <= 0 || len(id)-i-1 != 8 {
+		return "", false
+	}
+	for _, c := range []byte(id[i+1:]) {
+		if c < '0' || c > '9' {
+			return "", false
+		}
+	}
+	return id[:i], true
+}
+
 // ModelCatalog knows which models each connected node's providers serve:
 // the models declared in the provider config, or else the list discovered
 // from the provider itself through a tunnel (GET /v1/models for openai
@@ -326,7 +358,7 @@ func (c *ModelCatalog) NodeModels(node string) ([]ModelEntry, error) {
 func (c *ModelCatalog) Lookup(family, model string) []ModelEntry {
 	var out []ModelEntry
 	for _, e := range c.Models() {
-		if Speaks(e.Type, family) && MatchModel(e.ID, model) {
+		if Speaks(e.Type, family) && MatchProviderModel(e.Type, e.ID, model) {
 			out = append(out, e)
 		}
 	}
@@ -343,12 +375,13 @@ type providerModels struct {
 	inFlight  int          // the node's tunnels in flight
 }
 
-// serves reports whether the provider serves model (as MatchModel says).
+// serves reports whether the provider serves model (as MatchProviderModel
+// says).
 func (p *providerModels) serves(model string) bool {
 	if len(p.cfg.Models) > 0 {
-		return slices.ContainsFunc(p.cfg.Models, func(m string) bool { return MatchModel(m, model) })
+		return slices.ContainsFunc(p.cfg.Models, func(m string) bool { return MatchProviderModel(p.cfg.Type, m, model) })
 	}
-	return slices.ContainsFunc(p.models, func(m ModelEntry) bool { return MatchModel(m.ID, model) })
+	return slices.ContainsFunc(p.models, func(m ModelEntry) bool { return MatchProviderModel(p.cfg.Type, m.ID, model) })
 }
 
 // appendEntries appends the provider's models to out. Declared models
@@ -408,41 +441,74 @@ func sortEntries(es []ModelEntry) {
 	})
 }
 
-// discover asks provider p of node v for its models through a tunnel.
+// maxListPages bounds the pages of one provider's model list (Anthropic's
+// are 1,000 models each), so a provider that always says there is more
+// cannot keep discovery asking until MaxListBytes.
+const maxListPages = 32
+
+// discover asks provider p of node v for its models through a tunnel per
+// page of its list; all pages together may take MaxListBytes.
 func (c *ModelCatalog) discover(ctx context.Context, v NodeView, p domain.ProviderConfig) ([]ModelEntry, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.DiscoveryTimeout)
 	defer cancel()
 	path := c.lists.ModelListPath(p.Type)
-	req := domain.TunnelRequest{Provider: p.Name, Method: "GET", Path: path, Header: domain.Header{"Accept": {"application/json"}}}
+	query, _ := c.lists.ModelListQuery(p.Type, nil)
+	var (
+		entries []ModelEntry
+		used    int64
+	)
+	for page := 1; ; page++ {
+		body, err := c.listPage(ctx, v, p, path, query, used)
+		if err != nil {
+			return nil, err
+		}
+		used += int64(len(body))
+		listed, err := c.lists.ParseModelList(p.Type, body)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range listed {
+			e := ModelEntry{ID: m.ID, Node: v.ID, Provider: p.Name, Type: p.Type, Created: m.Created, Raw: m.Raw}
+			if e.Created == 0 {
+				e.Created = v.ConnectedAt.Unix()
+			}
+			entries = append(entries, e)
+		}
+		next, more := c.lists.ModelListQuery(p.Type, body)
+		switch {
+		case !more:
+			return entries, nil
+		case next == query:
+			return nil, domain.Errorf(domain.CodeProviderError, "GET %s?%s answered the same page again", path, query)
+		case page == maxListPages:
+			return nil, domain.Errorf(domain.CodeProviderError, "model list longer than %d pages", maxListPages)
+		}
+		query = next
+	}
+}
+
+// listPage GETs one page of provider p's model list; used is what earlier
+// pages took of MaxListBytes.
+func (c *ModelCatalog) listPage(ctx context.Context, v NodeView, p domain.ProviderConfig, path, query string, used int64) ([]byte, error) {
+	req := domain.TunnelRequest{Provider: p.Name, Method: "GET", Path: path, Query: query, Header: domain.Header{"Accept": {"application/json"}}}
 	st, err := v.Link.OpenTunnel(ctx, req, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer st.Close()
-	status, body, err := readAll(ctx, st, c.MaxListBytes)
+	status, body, err := readAll(ctx, st, c.MaxListBytes, used)
 	if err != nil {
 		return nil, err
 	}
 	if status < 200 || status > 299 {
 		return nil, domain.Errorf(domain.CodeProviderError, "GET %s answered %d", path, status)
 	}
-	listed, err := c.lists.ParseModelList(p.Type, body)
-	if err != nil {
-		return nil, err
-	}
-	entries := make([]ModelEntry, 0, len(listed))
-	for _, m := range listed {
-		e := ModelEntry{ID: m.ID, Node: v.ID, Provider: p.Name, Type: p.Type, Created: m.Created, Raw: m.Raw}
-		if e.Created == 0 {
-			e.Created = v.ConnectedAt.Unix()
-		}
-		entries = append(entries, e)
-	}
-	return entries, nil
+	return body, nil
 }
 
-// readAll collects a tunnel's status and body, up to limit bytes.
-func readAll(ctx context.Context, st ports.TunnelStream, limit int64) (int, []byte, error) {
+// readAll collects a tunnel's status and body, up to limit bytes less the
+// used ones.
+func readAll(ctx context.Context, st ports.TunnelStream, limit, used int64) (int, []byte, error) {
 	var status int
 	var body []byte
 	for {
@@ -457,7 +523,7 @@ func readAll(ctx context.Context, st ports.TunnelStream, limit int64) (int, []by
 		case domain.TunnelStatus:
 			status = f.Status
 		case domain.TunnelBody:
-			if int64(len(body)+len(f.Body)) > limit {
+			if used+int64(len(body)+len(f.Body)) > limit {
 				return 0, nil, domain.Errorf(domain.CodeProviderError, "model list larger than %d bytes", limit)
 			}
 			body = append(body, f.Body...)

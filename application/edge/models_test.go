@@ -321,3 +321,63 @@ func TestModelCatalogRefreshedSince(t *testing.T) {
 	cancel()
 	cat.RefreshedSince(cctx, time.Now().Add(time.Hour))
 }
+
+// TestModelCatalogPagesAnthropicModels: an anthropic provider's list is
+// asked 1,000 at a time and followed while it has more, and a listed dated
+// model is served under its aliases.
+func TestModelCatalogPagesAnthropicModels(t *testing.T) {
+	reg := edge.NewRegistry()
+	cat := edge.NewModelCatalog(reg, models.Lists{}, nil)
+	link := ptAdmit(t, reg, "gw", ptProvider("claude", domain.ProviderAnthropic), ptProvider("vllm", domain.ProviderOpenAI))
+	pages := map[string]string{
+		"limit=1000": `{"data":[{"type":"model","id":"claude-sonnet-4-5-20250929","created_at":"2025-09-29T00:00:00Z"}],"has_more":true,"first_id":"claude-sonnet-4-5-20250929","last_id":"claude-sonnet-4-5-20250929"}`,
+		"after_id=claude-sonnet-4-5-20250929&limit=1000": `{"data":[{"type":"model","id":"claude-3-7-sonnet-20250219","created_at":"2025-02-19T00:00:00Z"}],"has_more":false,"first_id":"claude-3-7-sonnet-20250219","last_id":"claude-3-7-sonnet-20250219"}`,
+	}
+	link.open = func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+		if req.Provider == "vllm" {
+			return newPTStream(nil, ptOK(`{"data":[{"id":"qwen-20250101"}],"has_more":true,"last_id":"qwen-20250101"}`)...), nil
+		}
+		if body, ok := pages[req.Query]; ok && req.Path == "/v1/models" {
+			return newPTStream(nil, ptOK(body)...), nil
+		}
+		return newPTStream(nil, domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 400}, domain.TunnelFrame{Kind: domain.TunnelEnd}), nil
+	}
+	if err := cat.Refresh(context.Background(), "gw"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ptIDs(cat.Models()), "claude-3-7-sonnet-20250219@gw/claude claude-sonnet-4-5-20250929@gw/claude qwen-20250101@gw/vllm"; got != want {
+		t.Fatalf("models = %s\nwant     %s", got, want)
+	}
+	if n := len(link.calls()); n != 3 {
+		t.Fatalf("%d discovery tunnels, want 3 (two anthropic pages, one openai list)", n)
+	}
+	for requested, want := range map[string]string{
+		"claude-sonnet-4-5":          "claude-sonnet-4-5-20250929@gw/claude",
+		"claude-sonnet-4-5-20250929": "claude-sonnet-4-5-20250929@gw/claude",
+		"claude-3-7-sonnet-latest":   "claude-3-7-sonnet-20250219@gw/claude",
+		"claude-sonnet-4":            "",
+		"claude-sonnet-4-5-2025":     "",
+		"qwen":                       "", // aliases are Anthropic's, not every provider's
+	} {
+		if got := ptIDs(cat.Lookup(domain.ProviderAnthropic, requested)); got != want {
+			t.Errorf("Lookup(anthropic, %s) = %q, want %q", requested, got, want)
+		}
+	}
+}
+
+// TestModelCatalogStopsAPagingLoop: a provider that answers the same page
+// again fails discovery rather than being asked until the byte bound.
+func TestModelCatalogStopsAPagingLoop(t *testing.T) {
+	reg := edge.NewRegistry()
+	cat := edge.NewModelCatalog(reg, models.Lists{}, nil)
+	link := ptAdmit(t, reg, "gw", ptProvider("claude", domain.ProviderAnthropic))
+	link.open = func(domain.TunnelRequest) (ports.TunnelStream, error) {
+		return newPTStream(nil, ptOK(`{"data":[{"id":"claude-x-20250101"}],"has_more":true,"last_id":"claude-x-20250101"}`)...), nil
+	}
+	if err := cat.Refresh(context.Background(), "gw"); err == nil || !strings.Contains(err.Error(), "same page") {
+		t.Fatalf("err = %v", err)
+	}
+	if n := len(link.calls()); n != 2 {
+		t.Fatalf("%d tunnels, want 2", n)
+	}
+}

@@ -77,7 +77,7 @@ func (h *Handler) getModel(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, exact := range []bool{true, false} {
 		for _, e := range entries {
-			if e.ID == id || (!exact && edge.MatchModel(e.ID, id)) {
+			if e.ID == id || (!exact && edge.MatchProviderModel(e.Type, e.ID, id)) {
 				writeJSON(w, http.StatusOK, newModelObject(e, r.Header.Get("Anthropic-Version") != ""))
 				return
 			}

@@ -284,3 +284,20 @@ func TestFormNamingModelTwice(t *testing.T) {
 		t.Fatalf("a form naming its model once: %d %s", resp.StatusCode, got)
 	}
 }
+
+// TestAnthropicAliasRoutes: a request for an alias Anthropic serves (the
+// listed dated id without its date) reaches the anthropic provider, the
+// alias forwarded as sent.
+func TestAnthropicAliasRoutes(t *testing.T) {
+	e := newEnv(t)
+	link := e.node(t, "gw", serve(response(200, "application/json", `{}`)...), provider("claude", domain.ProviderAnthropic, "claude-sonnet-4-5-20250929"))
+	body := `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[]}`
+	resp := do(t, http.MethodPost, e.srv.URL+"/v1/messages", body, "Content-Type", "application/json")
+	if got := readAll(t, resp); resp.StatusCode != 200 || string(link.last(t).body) != body {
+		t.Fatalf("got %d %s", resp.StatusCode, got)
+	}
+	resp = do(t, http.MethodGet, e.srv.URL+"/v1/models/claude-sonnet-4-5", "", "Anthropic-Version", "2023-06-01")
+	if got := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(got, `"id":"claude-sonnet-4-5-20250929"`) {
+		t.Fatalf("GET /v1/models/claude-sonnet-4-5: %d %s", resp.StatusCode, got)
+	}
+}

@@ -5,6 +5,7 @@ package models
 
 import (
 	"encoding/json"
+	"net/url"
 	"time"
 
 	"iop/domain"
@@ -21,6 +22,30 @@ func (Lists) ModelListPath(typ string) string {
 		return "/api/tags"
 	}
 	return "/v1/models"
+}
+
+// anthropicPage is the most models Anthropic's Models API lists per page
+// (its default is 20, newest first).
+const anthropicPage = "1000"
+
+// ModelListQuery pages Anthropic's Models API: the first page asks for
+// limit=1000, and while an answer says has_more the next asks for the
+// models after its last_id. OpenAI's and Ollama's lists are one page.
+func (Lists) ModelListQuery(typ string, prev []byte) (string, bool) {
+	if typ != domain.ProviderAnthropic {
+		return "", prev == nil
+	}
+	if prev == nil {
+		return "limit=" + anthropicPage, true
+	}
+	var page struct {
+		HasMore bool   `json:"has_more"`
+		LastID  string `json:"last_id"`
+	}
+	if json.Unmarshal(prev, &page) != nil || !page.HasMore || page.LastID == "" {
+		return "", false
+	}
+	return url.Values{"limit": {anthropicPage}, "after_id": {page.LastID}}.Encode(), true
 }
 
 // ParseModelList reads a provider's model list: OpenAI's

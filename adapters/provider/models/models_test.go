@@ -36,3 +36,29 @@ func TestModelListPath(t *testing.T) {
 		}
 	}
 }
+
+func TestModelListQuery(t *testing.T) {
+	var lists models.Lists
+	for _, c := range []struct {
+		typ  string
+		prev string // "-": the first page
+		want string
+		ok   bool
+	}{
+		{domain.ProviderOpenAI, "-", "", true},
+		{domain.ProviderOpenAI, `{"data":[],"has_more":true,"last_id":"x"}`, "", false},
+		{domain.ProviderOllama, "-", "", true},
+		{domain.ProviderAnthropic, "-", "limit=1000", true},
+		{domain.ProviderAnthropic, `{"data":[{"id":"claude-a"}],"has_more":true,"first_id":"claude-a","last_id":"claude-a&b"}`, "after_id=claude-a%26b&limit=1000", true},
+		{domain.ProviderAnthropic, `{"data":[{"id":"claude-a"}],"has_more":false,"last_id":"claude-a"}`, "", false},
+		{domain.ProviderAnthropic, `{"data":[],"has_more":true,"last_id":null}`, "", false},
+	} {
+		var prev []byte
+		if c.prev != "-" {
+			prev = []byte(c.prev)
+		}
+		if q, ok := lists.ModelListQuery(c.typ, prev); q != c.want || ok != c.ok {
+			t.Errorf("ModelListQuery(%s, %s) = %q, %v; want %q, %v", c.typ, c.prev, q, ok, c.want, c.ok)
+		}
+	}
+}
