@@ -21,10 +21,13 @@ const (
 // cancel, input items) at the node and provider that created the response:
 // that provider holds its state. An id this edge did not see created goes
 // to the only node with a provider of the OpenAI API, if there is just one;
-// otherwise it is not found.
+// otherwise it is not found. A response created on a node the caller may
+// not see is answered as one this edge never saw: proxying there would
+// fail naming the node, and a node outside a key's limit does not exist
+// for that key.
 func (h *Handler) responseFollowUp(w http.ResponseWriter, r *http.Request, id string) {
 	t := target{family: domain.ProviderOpenAI}
-	if at, ok := h.responses.get(id); ok {
+	if at, ok := h.responses.get(id); ok && domain.PrincipalFrom(r.Context()).SeesNode(at.node) {
 		h.proxy(w, r, t, at.node, at.provider)
 		return
 	}

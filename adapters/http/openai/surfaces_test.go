@@ -6,6 +6,7 @@ import (
 	"io"
 	"mime/multipart"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -299,5 +300,34 @@ func TestAnthropicAliasRoutes(t *testing.T) {
 	resp = do(t, http.MethodGet, e.srv.URL+"/v1/models/claude-sonnet-4-5", "", "Anthropic-Version", "2023-06-01")
 	if got := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(got, `"id":"claude-sonnet-4-5-20250929"`) {
 		t.Fatalf("GET /v1/models/claude-sonnet-4-5: %d %s", resp.StatusCode, got)
+	}
+}
+
+// TestResponseFollowUpHidesNodesTheCallerCannotSee: a key limited to other
+// nodes asking for a response created on secret-gpu gets the answer for an
+// id the edge never saw, not one that names secret-gpu.
+func TestResponseFollowUpHidesNodesTheCallerCannotSee(t *testing.T) {
+	e := newEnv(t)
+	created := `{"id":"resp_abc","object":"response","status":"completed"}`
+	secret := e.node(t, "secret-gpu", serve(response(200, "application/json", created)...), provider("p", domain.ProviderOpenAI, "m"))
+	e.node(t, "b", serve(response(200, "application/json", `{}`)...), provider("p", domain.ProviderOpenAI, "m"))
+	e.node(t, "c", serve(response(200, "application/json", `{}`)...), provider("p", domain.ProviderOpenAI, "m"))
+	resp := do(t, http.MethodPost, e.srv.URL+"/v1/responses", `{"model":"m"}`, "X-IOP-Node", "secret-gpu")
+	if got := readAll(t, resp); got != created {
+		t.Fatalf("create: %q", got)
+	}
+	limited := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := domain.Principal{Name: "team-b", Scopes: []string{domain.ScopeInference}, Nodes: []string{"b", "c"}}
+		e.h.ServeHTTP(w, r.WithContext(domain.WithPrincipal(r.Context(), p)))
+	}))
+	defer limited.Close()
+	before := secret.count()
+	resp = do(t, http.MethodGet, limited.URL+"/v1/responses/resp_abc", "")
+	got := readAll(t, resp)
+	if resp.StatusCode != 404 || strings.Contains(got, "secret-gpu") || !strings.Contains(got, "was not created through this edge") {
+		t.Fatalf("got %d %s, want the 404 of an unknown response", resp.StatusCode, got)
+	}
+	if secret.count() != before {
+		t.Fatal("the follow-up reached secret-gpu")
 	}
 }
