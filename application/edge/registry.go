@@ -47,6 +47,9 @@ type Registry struct {
 	// disconnected; an entry lives until the node comes back, so it holds at
 	// most one time per node id ever admitted.
 	gone map[string]time.Time
+	// sessions binds each session to the node that last admitted a run of
+	// it; bounded (DefaultSessionAffinity, least recently used evicted).
+	sessions *sessionNodes
 
 	// admission orders registrations against reloads. A registration holds
 	// it shared from checking its token against the directory until it is
@@ -61,7 +64,7 @@ type Registry struct {
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{nodes: map[string]*LiveNode{}, gone: map[string]time.Time{}}
+	return &Registry{nodes: map[string]*LiveNode{}, gone: map[string]time.Time{}, sessions: newSessionNodes(DefaultSessionAffinity)}
 }
 
 // Admit adds n unless a node with its id is already connected.
@@ -170,23 +173,31 @@ func (n *LiveNode) inFlight() int {
 // PickForRun chooses the node for a run and counts the run against it until
 // release is called (release is idempotent).
 //
-// An explicit node must be connected. Without one: a single connected node
-// is used as is (the spec's fallback); otherwise the node offering adapter
-// with the fewest runs in flight wins, ties broken by id. A node chosen
+// An explicit node must be connected. Without one: a session run goes to
+// the node that last admitted a run of its session (RememberSession) while
+// that node is connected, visible to the caller and offers adapter, since
+// the session's history lives in that node's store (and a second run of
+// the session at once then meets the node's session_busy); otherwise a
+// single connected node is used as is (the spec's fallback); otherwise the
+// node offering adapter with the fewest runs in flight wins, ties broken by
+// id. A node chosen
 // either way whose config lacks adapter is adapter_not_found here, before
 // dispatch, as the node itself would answer: a run's adapter labels
 // metrics (iop_runs_total), so a caller's string must never reach them.
-func (r *Registry) PickForRun(node, adapter string) (NodeView, func(), error) {
-	return r.PickForRunAs(domain.Anonymous(), node, adapter)
+func (r *Registry) PickForRun(node, adapter, session string) (NodeView, func(), error) {
+	return r.PickForRunAs(domain.Anonymous(), node, adapter, session)
 }
 
 // PickForRunAs is PickForRun among the nodes caller p may see; a node it
 // may not see is not found.
-func (r *Registry) PickForRunAs(p domain.Principal, node, adapter string) (NodeView, func(), error) {
+func (r *Registry) PickForRunAs(p domain.Principal, node, adapter, session string) (NodeView, func(), error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	visible := r.visible(p)
-	var chosen *LiveNode
+	var chosen, affine *LiveNode
+	if node == "" {
+		affine = r.sessionNode(visible, adapter, session)
+	}
 	switch {
 	case node != "":
 		n, ok := visible[node]
@@ -194,6 +205,8 @@ func (r *Registry) PickForRunAs(p domain.Principal, node, adapter string) (NodeV
 			return NodeView{}, nil, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", node)
 		}
 		chosen = n
+	case affine != nil:
+		chosen = affine
 	case len(visible) == 1:
 		for _, n := range visible {
 			chosen = n
@@ -237,6 +250,22 @@ func (r *Registry) PickForRunAs(p domain.Principal, node, adapter string) (NodeV
 		})
 	}
 	return chosen.view(), release, nil
+}
+
+// sessionNode is the visible node session of adapter is bound to, if it
+// offers adapter; call with mu held.
+func (r *Registry) sessionNode(visible map[string]*LiveNode, adapter, session string) *LiveNode {
+	if session == "" {
+		return nil
+	}
+	id, ok := r.sessions.get(sessionKey{adapter, session})
+	if !ok {
+		return nil
+	}
+	if n, ok := visible[id]; ok && n.hasAdapter(adapter) {
+		return n
+	}
+	return nil
 }
 
 // acquireTunnel counts a tunnel against node id until the returned release

@@ -108,6 +108,12 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 		}
 	}
 	h.reg.admission.Unlock()
+	for id := range old {
+		if _, ok := next[id]; !ok {
+			// Its sessions' histories left with it.
+			h.reg.ForgetNodeSessions(id)
+		}
+	}
 	for _, c := range changed {
 		h.refresh(ctx, c.n, c.rec, &res)
 	}

@@ -123,7 +123,7 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "run request is too large: input and options take %d bytes, the node link carries at most %d",
 			size-requestOverhead, h.MaxRequestBytes-requestOverhead)
 	}
-	node, release, err := h.reg.PickForRunAs(domain.PrincipalFrom(ctx), cmd.Node, cmd.Adapter)
+	node, release, err := h.reg.PickForRunAs(domain.PrincipalFrom(ctx), cmd.Node, cmd.Adapter, cmd.SessionID)
 	if err != nil {
 		return nil, err
 	}
@@ -142,6 +142,9 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 	if err := h.admit(ctx, rh); err != nil {
 		return nil, err
 	}
+	// The node admitted it, so it holds the session's history from now on:
+	// the session's next run goes there (Registry.PickForRunAs).
+	h.reg.RememberSession(req.Adapter, req.SessionID, node.ID)
 	if h.log.Enabled(ctx, slog.LevelInfo) {
 		// As h.log.Info, without the caller's program counter (runtime.Callers
 		// on every run, for a source line no edge handler prints).

@@ -47,5 +47,10 @@ func (h *TerminateSessionHandler) Handle(ctx context.Context, cmd TerminateSessi
 	}
 	ctx, cancel := context.WithTimeout(ctx, h.timeout)
 	defer cancel()
-	return n.Link.TerminateSession(ctx, cmd.Adapter, cmd.Target, cmd.SessionID)
+	err = n.Link.TerminateSession(ctx, cmd.Adapter, cmd.Target, cmd.SessionID)
+	if err == nil || domain.CodeOf(err) == domain.CodeSessionNotFound {
+		// The session is gone from that node: its next run may go anywhere.
+		h.reg.ForgetSession(cmd.Adapter, cmd.SessionID, n.ID)
+	}
+	return err
 }

@@ -1,0 +1,120 @@
+package edge
+
+import "container/list"
+
+// DefaultSessionAffinity bounds how many sessions the edge remembers the
+// node of (least recently used forgotten first).
+const DefaultSessionAffinity = 10000
+
+// sessionKey names one logical session as the edge routes it.
+type sessionKey struct{ adapter, session string }
+
+type sessionEntry struct {
+	key  sessionKey
+	node string
+}
+
+// sessionNodes remembers which node last admitted a run of each session, so
+// the session's next turn goes where its history (a chat's messages, a CLI
+// agent's resume id) lives: in that node's own store. It holds at most max
+// entries, evicting the least recently used. Not safe for concurrent use:
+// the Registry guards it with its mutex.
+type sessionNodes struct {
+	max   int
+	order *list.List // of *sessionEntry, most recently used first
+	index map[sessionKey]*list.Element
+}
+
+func newSessionNodes(max int) *sessionNodes {
+	return &sessionNodes{max: max, order: list.New(), index: map[sessionKey]*list.Element{}}
+}
+
+// get returns the node of k and marks k used.
+func (s *sessionNodes) get(k sessionKey) (string, bool) {
+	e, ok := s.index[k]
+	if !ok {
+		return "", false
+	}
+	s.order.MoveToFront(e)
+	return e.Value.(*sessionEntry).node, true
+}
+
+// put records node as k's node, evicting the least recently used entry
+// when full.
+func (s *sessionNodes) put(k sessionKey, node string) {
+	if s.max <= 0 {
+		return
+	}
+	if e, ok := s.index[k]; ok {
+		e.Value.(*sessionEntry).node = node
+		s.order.MoveToFront(e)
+		return
+	}
+	for s.order.Len() >= s.max {
+		last := s.order.Back()
+		delete(s.index, last.Value.(*sessionEntry).key)
+		s.order.Remove(last)
+	}
+	s.index[k] = s.order.PushFront(&sessionEntry{key: k, node: node})
+}
+
+// drop forgets k if it is node's.
+func (s *sessionNodes) drop(k sessionKey, node string) {
+	if e, ok := s.index[k]; ok && e.Value.(*sessionEntry).node == node {
+		delete(s.index, k)
+		s.order.Remove(e)
+	}
+}
+
+// dropNode forgets every session of node.
+func (s *sessionNodes) dropNode(node string) {
+	for e := s.order.Front(); e != nil; {
+		next := e.Next()
+		if se := e.Value.(*sessionEntry); se.node == node {
+			delete(s.index, se.key)
+			s.order.Remove(e)
+		}
+		e = next
+	}
+}
+
+func (s *sessionNodes) len() int { return s.order.Len() }
+
+// RememberSession records that node admitted a run of session on adapter:
+// the session's next run with no node named goes there while it is
+// connected and offers adapter (see PickForRunAs).
+func (r *Registry) RememberSession(adapter, session, node string) {
+	if session == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sessions.put(sessionKey{adapter, session}, node)
+}
+
+// ForgetSession drops session's affinity to node (the session was ended
+// there); an affinity to another node stays.
+func (r *Registry) ForgetSession(adapter, session, node string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sessions.drop(sessionKey{adapter, session}, node)
+}
+
+// ForgetNodeSessions drops every session affinity to node (it left the
+// config).
+func (r *Registry) ForgetNodeSessions(node string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sessions.dropNode(node)
+}
+
+// SessionNode reports the node session of adapter is bound to, if any.
+func (r *Registry) SessionNode(adapter, session string) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.sessions.index[sessionKey{adapter, session}]
+	if !ok {
+		return "", false
+	}
+	return e.Value.(*sessionEntry).node, true
+}

@@ -1,0 +1,42 @@
+package edge
+
+import "testing"
+
+func TestSessionNodesIsBoundedLRU(t *testing.T) {
+	s := newSessionNodes(2)
+	s.put(sessionKey{"chat", "s1"}, "a")
+	s.put(sessionKey{"chat", "s2"}, "b")
+	s.get(sessionKey{"chat", "s1"}) // s2 is now the least recently used
+	s.put(sessionKey{"chat", "s3"}, "a")
+	if s.len() != 2 {
+		t.Fatalf("%d entries, want at most 2", s.len())
+	}
+	if _, ok := s.get(sessionKey{"chat", "s2"}); ok {
+		t.Fatal("the least recently used entry was kept")
+	}
+	if n, ok := s.get(sessionKey{"chat", "s1"}); !ok || n != "a" {
+		t.Fatalf("s1 = %q %v, want a", n, ok)
+	}
+
+	s.drop(sessionKey{"chat", "s1"}, "b") // bound to a, not b: kept
+	if _, ok := s.get(sessionKey{"chat", "s1"}); !ok {
+		t.Fatal("drop for another node forgot the session")
+	}
+	s.dropNode("a")
+	if s.len() != 0 || len(s.index) != 0 {
+		t.Fatalf("%d entries (%d indexed) after dropping node a, want none", s.len(), len(s.index))
+	}
+}
+
+func TestRegistryForgetsSessionsOfANodeLeavingTheConfig(t *testing.T) {
+	r := NewRegistry()
+	r.RememberSession("chat", "s1", "a")
+	r.RememberSession("chat", "s2", "b")
+	r.ForgetNodeSessions("a")
+	if _, ok := r.SessionNode("chat", "s1"); ok {
+		t.Fatal("s1 still bound to a")
+	}
+	if n, ok := r.SessionNode("chat", "s2"); !ok || n != "b" {
+		t.Fatalf("s2 = %q %v, want b", n, ok)
+	}
+}
