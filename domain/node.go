@@ -1,6 +1,7 @@
 package domain
 
 import (
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -162,6 +163,12 @@ func checkAdapter(a AdapterConfig) error {
 	case AdapterOllama, AdapterOpenAI:
 		if a.BaseURL == "" {
 			return Errorf(CodeConfigError, "adapter %q (%s) has no base_url", a.Name, a.Type)
+		}
+		// The node's adapter refuses anything else; caught here, a reload
+		// is refused whole and a registration refused with the reason,
+		// instead of a node that cannot apply what the edge pushed.
+		if u, err := url.Parse(a.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return Errorf(CodeConfigError, "adapter %q (%s): base_url %q must be an http(s) URL such as http://127.0.0.1:11434", a.Name, a.Type, a.BaseURL)
 		}
 	}
 	return nil

@@ -286,7 +286,13 @@ func (c *Client) register(ctx context.Context) (*Conn, error) {
 	err = c.h.ApplyConfig(ctx, cfg)
 	applied()
 	if err != nil {
-		tc.Logger.Error("config from edge not fully applied", "err", err)
+		// The edge admitted this node with the whole config and routes runs
+		// by it, but the node refused it (all or nothing) and runs its
+		// previous one, if any. Staying linked would leave the edge's view
+		// false, so the node leaves and retries with backoff; the edge lists
+		// it as disconnected meanwhile.
+		_ = nc.Close()
+		return nil, fmt.Errorf("config from edge (version %d) cannot be applied, disconnecting: %w", cfg.Version, err)
 	}
 	_ = nc.SetDeadline(time.Time{})
 	conn := newConn(nc, dec, tc, SideNode, resp.GetInitialWindow(), &nodeDispatch{c: c})

@@ -238,3 +238,23 @@ func TestStopWhileHandshaking(t *testing.T) {
 		t.Errorf("%d Register calls", n)
 	}
 }
+
+// TestRegisterWithAConfigTheNodeCannotApplyLeaves: the edge admits a node
+// with its whole config; a node that cannot apply it must not stay linked,
+// or the edge would route runs to adapters the node does not run. It leaves
+// and retries.
+func TestRegisterWithAConfigTheNodeCannotApplyLeaves(t *testing.T) {
+	ctx := testCtx(t)
+	e, n := newFakeEdge(), newFakeNode()
+	e.addNode(testToken, testNodeConfig())
+	n.applyErr = func(domain.NodeConfig) error { return errors.New(`adapter "llm": ollama is not installed`) }
+	srv := startServer(t, "", testConfig(), e)
+	startClient(t, ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}, n)
+
+	reg := recv(t, ctx, e.registered, "registration")
+	if d := recv(t, ctx, e.disconnected, "disconnect after the refused config"); d.Link != reg.Link {
+		t.Fatalf("disconnect of %v, want the registered link", d.Link)
+	}
+	// It comes back (and leaves again): a refused config is not final.
+	recv(t, ctx, e.registered, "second registration")
+}

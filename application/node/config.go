@@ -25,12 +25,12 @@ func NewApplyConfigHandler(rt *Runtime, log *slog.Logger) *ApplyConfigHandler {
 	return &ApplyConfigHandler{rt: rt, log: log}
 }
 
-// ApplyConfig installs cfg; adapters that fail to build are reported and
-// left out, the rest are in force.
+// ApplyConfig installs cfg, all or nothing: if an adapter fails to build,
+// the node keeps running its previous config and the error says why.
 func (h *ApplyConfigHandler) ApplyConfig(_ context.Context, cfg domain.NodeConfig) error {
 	err := h.rt.Apply(cfg)
 	if err != nil {
-		h.log.Error("config applied in part", "node", cfg.NodeID, "version", cfg.Version, "err", err)
+		h.log.Error("config refused; the previous config stays in force", "node", cfg.NodeID, "version", cfg.Version, "err", err)
 		return err
 	}
 	h.log.Info("config applied", "node", cfg.NodeID, "version", cfg.Version, "adapters", len(cfg.Adapters), "providers", len(cfg.Providers))

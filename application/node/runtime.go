@@ -106,13 +106,17 @@ func (rt *Runtime) providerCommandNames() []string {
 	return out
 }
 
-// Apply installs cfg. Adapters whose config did not change keep their
-// instance (and their runs); changed or removed ones are retired and closed
-// when idle. Adapters that fail to build are left out and reported together.
+// Apply installs cfg, all or nothing. Adapters whose config did not change
+// keep their instance (and their runs); changed or removed ones are retired
+// and closed when idle. If any adapter fails to build, nothing changes
+// (adapters, providers and version stay as they were) and the failures are
+// returned together: the edge keeps its view of the node's config when the
+// node acks an error, so the node must still run exactly that config.
 func (rt *Runtime) Apply(cfg domain.NodeConfig) error {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	next := map[string]*instance{}
+	var built []*instance // new instances, closed again if cfg is refused
 	var errs []error
 	for _, ac := range cfg.Adapters {
 		if old, ok := rt.byName[ac.Name]; ok && reflect.DeepEqual(old.cfg, ac) {
@@ -128,7 +132,15 @@ func (rt *Runtime) Apply(cfg domain.NodeConfig) error {
 		if caps.MaxConcurrency <= 0 {
 			caps.MaxConcurrency = max(ac.MaxConcurrency, 1)
 		}
-		next[ac.Name] = &instance{cfg: ac, adapter: a, caps: caps}
+		in := &instance{cfg: ac, adapter: a, caps: caps}
+		next[ac.Name] = in
+		built = append(built, in)
+	}
+	if len(errs) > 0 {
+		for _, in := range built {
+			rt.closeInstance(in)
+		}
+		return errors.Join(errs...)
 	}
 	for name, old := range rt.byName {
 		if next[name] != old {
@@ -155,7 +167,7 @@ func (rt *Runtime) Apply(cfg domain.NodeConfig) error {
 		}
 	}
 	rt.nodeID, rt.version = cfg.NodeID, cfg.Version
-	return errors.Join(errs...)
+	return nil
 }
 
 func (rt *Runtime) closeInstance(in *instance) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,7 +43,7 @@ func TestRuntimeApply(t *testing.T) {
 		{name: "removed busy adapter is closed only after its run", busy: true,
 			next:            []domain.AdapterConfig{ucAdapterCfg("b", 1)},
 			wantClosedAtEnd: true, wantNames: []string{"b"}},
-		{name: "a build failure is reported and the others applied",
+		{name: "a build failure is reported and nothing applied",
 			next:      []domain.AdapterConfig{ucAdapterCfg("a", 1), ucAdapterCfg("b", 1), ucAdapterCfg("c", 1)},
 			fail:      map[string]error{"c": errBuild},
 			wantNames: []string{"a", "b"}, wantErr: errBuild},
@@ -71,8 +72,12 @@ func TestRuntimeApply(t *testing.T) {
 			if (err == nil) != (tc.wantErr == nil) || (tc.wantErr != nil && !errors.Is(err, tc.wantErr)) {
 				t.Fatalf("Apply = %v, want %v", err, tc.wantErr)
 			}
-			if _, v := n.rt.Version(); v != 8 {
-				t.Fatalf("config version = %d, want 8", v)
+			wantVersion := uint64(8)
+			if tc.wantErr != nil {
+				wantVersion = 7 // a refused config leaves the version in force
+			}
+			if _, v := n.rt.Version(); v != wantVersion {
+				t.Fatalf("config version = %d, want %d", v, wantVersion)
 			}
 			var names []string
 			for _, s := range n.rt.Statuses() {
@@ -132,6 +137,50 @@ func TestRuntimeApply(t *testing.T) {
 				t.Fatal("the instance in force was closed")
 			}
 		})
+	}
+}
+
+// TestRuntimeApplyIsAllOrNothing: when one adapter of a pushed config
+// fails to build, the node keeps every adapter, provider and the version it
+// ran, and closes what it built for the refused config. The edge keeps its
+// view of the node's config when the push fails, so that view stays true.
+func TestRuntimeApplyIsAllOrNothing(t *testing.T) {
+	ucNoLeaks(t)
+	oldA := newUCAdapter("a#1", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{"": ucEmit(nil, ucDelta("old"))})
+	b := newUCAdapter("b", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{"": ucEmit(nil)})
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": oldA, "b": b})
+	newA := newUCAdapter("a#2", domain.Capabilities{}, map[string]ucExecFunc{"": ucEmit(nil, ucDelta("new"))})
+	n.adapters["a"] = newA
+	n.adapters["d"] = newUCAdapter("d", domain.Capabilities{}, nil)
+	n.factory.fail = map[string]error{"c": errors.New("base_url has no scheme")}
+
+	err := n.rt.Apply(domain.NodeConfig{NodeID: "n1", Version: 8,
+		Adapters:  []domain.AdapterConfig{ucAdapterCfg("a", 2), ucAdapterCfg("c", 1), ucAdapterCfg("d", 1)},
+		Providers: []domain.ProviderConfig{{Name: "p", Type: domain.ProviderOllama, BaseURL: "http://x"}}})
+	if err == nil || !strings.Contains(err.Error(), `adapter "c"`) {
+		t.Fatalf("Apply = %v, want c's build failure", err)
+	}
+	if _, v := n.rt.Version(); v != 7 {
+		t.Fatalf("version = %d after a refused config, want 7", v)
+	}
+	var names []string
+	for _, s := range n.rt.Statuses() {
+		names = append(names, s.Name)
+	}
+	if !slices.Equal(names, []string{"a", "b"}) {
+		t.Fatalf("adapters = %v after a refused config, want [a b]", names)
+	}
+	if _, ok := n.rt.Provider("p"); ok {
+		t.Fatal("a refused config installed its provider")
+	}
+	if oldA.isClosed() || b.isClosed() {
+		t.Fatal("a refused config retired an adapter in force")
+	}
+	if !newA.isClosed() {
+		t.Fatal("the instance built for the refused config was not closed")
+	}
+	if evs := n.run(t, ucReq("r1", "a", "")); !slices.Contains(oldA.ranRuns(), "r1") {
+		t.Fatalf("a run went elsewhere than the instance in force: %s", ucTypes(evs))
 	}
 }
 
