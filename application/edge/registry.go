@@ -3,6 +3,7 @@
 package edge
 
 import (
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -162,6 +163,39 @@ func (n *LiveNode) hasAdapter(name string) bool {
 	return slices.ContainsFunc(n.Config.Adapters, func(a domain.AdapterConfig) bool { return a.Name == name })
 }
 
+// freeSlots is how many more runs of adapter n admits by its config's
+// max_concurrency (runs through this edge); unlimited (0) counts as plenty.
+func (n *LiveNode) freeSlots(adapter string) int {
+	for _, a := range n.Config.Adapters {
+		if a.Name == adapter {
+			if a.MaxConcurrency <= 0 {
+				return math.MaxInt32
+			}
+			return a.MaxConcurrency - n.runs[adapter]
+		}
+	}
+	return 0
+}
+
+// betterFor reports whether n is a better node than o for a run of
+// adapter: one with a free slot of adapter beats one without (which would
+// answer at_capacity); among those with a free slot, more free slots win;
+// then, and among nodes all full (the run goes to one, whose at_capacity
+// the caller then gets), fewer runs in flight, then the lower id.
+func (n *LiveNode) betterFor(adapter string, o *LiveNode) bool {
+	nf, of := n.freeSlots(adapter), o.freeSlots(adapter)
+	if (nf > 0) != (of > 0) {
+		return nf > 0
+	}
+	if nf > 0 && nf != of {
+		return nf > of
+	}
+	if n.inFlight() != o.inFlight() {
+		return n.inFlight() < o.inFlight()
+	}
+	return n.ID < o.ID
+}
+
 func (n *LiveNode) inFlight() int {
 	t := 0
 	for _, c := range n.runs {
@@ -178,9 +212,11 @@ func (n *LiveNode) inFlight() int {
 // that node is connected, visible to the caller and offers adapter, since
 // the session's history lives in that node's store (and a second run of
 // the session at once then meets the node's session_busy); otherwise a
-// single connected node is used as is (the spec's fallback); otherwise the
-// node offering adapter with the fewest runs in flight wins, ties broken by
-// id. A node chosen
+// single connected node is used as is (the spec's fallback); otherwise,
+// among the nodes offering adapter, one with a free slot of adapter's
+// max_concurrency wins over one without, then the most free slots, then
+// the fewest runs in flight, ties broken by id (see betterFor). When every
+// such node is full the run still goes to one, which answers at_capacity. A node chosen
 // either way whose config lacks adapter is adapter_not_found here, before
 // dispatch, as the node itself would answer: a run's adapter labels
 // metrics (iop_runs_total), so a caller's string must never reach them.
@@ -213,10 +249,7 @@ func (r *Registry) PickForRunAs(p domain.Principal, node, adapter, session strin
 		}
 	default:
 		for _, n := range visible {
-			if !n.hasAdapter(adapter) {
-				continue
-			}
-			if chosen == nil || n.inFlight() < chosen.inFlight() || (n.inFlight() == chosen.inFlight() && n.ID < chosen.ID) {
+			if n.hasAdapter(adapter) && (chosen == nil || n.betterFor(adapter, chosen)) {
 				chosen = n
 			}
 		}

@@ -1,0 +1,71 @@
+package edge_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"iop/application/edge"
+	"iop/domain"
+)
+
+// newUCEdgeCfg is newUCEdge with each node's adapters given in full.
+func newUCEdgeCfg(t *testing.T, nodes map[string][]domain.AdapterConfig) *ucEdge {
+	t.Helper()
+	e := &ucEdge{reg: edge.NewRegistry(), runs: edge.NewRunTracker(0), bus: newUCBus(), links: map[string]*ucLink{}}
+	for id, adapters := range nodes {
+		l := &ucLink{id: id}
+		cfg := domain.NodeConfig{NodeID: id, Version: 1, Adapters: adapters}
+		if err := e.reg.Admit(&edge.LiveNode{ID: id, Link: l, Config: cfg, ConnectedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		e.links[id] = l
+	}
+	e.submit = edge.NewSubmitRunHandler(e.reg, e.runs, e.bus, nil)
+	t.Cleanup(func() { ucWithin(t, "SubmitRunHandler.Stop", e.submit.Stop) })
+	return e
+}
+
+// TestPickSkipsANodeWhoseAdapterIsFull: a node with fewer runs in flight
+// overall but no free slot of the requested adapter would answer
+// at_capacity; a node with a free slot gets the run.
+func TestPickSkipsANodeWhoseAdapterIsFull(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdgeCfg(t, map[string][]domain.AdapterConfig{
+		"a": {ucExecAdapter("chat", 1, "t"), ucExecAdapter("exec", 4, "t")},
+		"b": {ucExecAdapter("chat", 4, "t"), ucExecAdapter("exec", 4, "t")},
+	})
+	ucBusy(t, e, "a", "chat", 1) // a's chat is full
+	ucBusy(t, e, "b", "exec", 3) // b is busier overall
+	rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat"})
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if rh.Node != "b" {
+		t.Fatalf("run went to %s, whose chat is full; want b", rh.Node)
+	}
+}
+
+// TestPickWithEveryNodeFullLetsTheNodeAnswer: when every node's adapter is
+// full the run still goes to one (fewest in flight), and its at_capacity
+// reaches the caller.
+func TestPickWithEveryNodeFullLetsTheNodeAnswer(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdgeCfg(t, map[string][]domain.AdapterConfig{
+		"a": {ucExecAdapter("chat", 1, "t"), ucExecAdapter("exec", 4, "t")},
+		"b": {ucExecAdapter("chat", 1, "t")},
+	})
+	ucBusy(t, e, "a", "chat", 1)
+	ucBusy(t, e, "a", "exec", 1)
+	ucBusy(t, e, "b", "chat", 1)
+	e.links["b"].mu.Lock()
+	e.links["b"].refuse = &domain.ErrorInfo{Code: domain.CodeAtCapacity, Message: `adapter "chat" is running 1 of 1 runs`}
+	e.links["b"].mu.Unlock()
+	_, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat"})
+	if ucCode(err) != domain.CodeAtCapacity {
+		t.Fatalf("run with every chat full: %v, want at_capacity from b", err)
+	}
+	if started, _, _, _, _, _ := e.links["b"].snapshot(); len(started) != 2 {
+		t.Fatalf("b started %d runs, want 2 (the preload and the refused one)", len(started))
+	}
+}
