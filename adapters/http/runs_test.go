@@ -107,6 +107,9 @@ func TestCreateRunErrors(t *testing.T) {
 		{name: "refused: unknown target", nodes: 1, link: refuseWith(domain.CodeTargetNotFound), body: `{"adapter":"exec","target":"nope","background":true}`, status: 404, code: "target_not_found"},
 		{name: "refused: unknown adapter", nodes: 1, link: refuseWith(domain.CodeAdapterNotFound), body: `{"adapter":"nope"}`, status: 404, code: "adapter_not_found"},
 		{name: "node gone before admitting", nodes: 1, link: func(l *fakeLink) { l.endErr = domain.Errorf(domain.CodeStreamReset, "gone") }, body: `{"adapter":"exec","background":true}`, status: 503, code: "node_disconnected"},
+		// The link itself broke before the node's answer: the edge cannot
+		// know the node got the run, so no 504 timeout and no run id.
+		{name: "link lost before admitting", nodes: 1, link: func(l *fakeLink) { l.endErr = domain.Errorf(domain.CodeNodeDisconnected, "connection lost") }, body: `{"adapter":"exec","background":true}`, status: 503, code: "node_disconnected"},
 		{name: "body too large", nodes: 1, body: `{"adapter":"exec","input":"` + strings.Repeat("x", 8<<20) + `"}`, status: 400, code: "invalid_request"},
 	}
 	for _, tt := range tests {

@@ -184,6 +184,7 @@ func (h *SubmitRunHandler) admit(ctx context.Context, rh *RunHandle) error {
 		return domain.Errorf(domain.CodeRunFailed, "node %q ended run %s before starting it (%s)", rh.Node, rh.RunID, ev.Type)
 	}
 	rh.pending = &ev
+	rh.admitted = true
 	return nil
 }
 
@@ -225,6 +226,8 @@ type RunHandle struct {
 
 	lastSeq uint64
 	done    bool
+	// admitted is set once the node's start event arrived (admit).
+	admitted bool
 	// pending is the admission event (start), already published, that the
 	// caller's first Next returns.
 	pending *domain.RunEvent
@@ -253,7 +256,11 @@ func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return domain.RunEvent{}, err
 		}
-		if r.Background && linkLost(err) {
+		// Only an admitted background run outlives its link: before the
+		// node's answer the edge cannot tell whether it ever got the run,
+		// so it ends like a foreground run (node_disconnected, recorded
+		// failed) and admit hands that to the caller.
+		if r.Background && r.admitted && linkLost(err) {
 			r.lose(err)
 			return domain.RunEvent{}, errRunLost
 		}

@@ -519,3 +519,39 @@ func TestBackgroundRunOutlivesItsLinkAtTheEdge(t *testing.T) {
 		})
 	}
 }
+
+// TestBackgroundRunLinkLostBeforeAdmission: a background run whose link
+// breaks before the node admitted it is not "going on on the node" (the
+// edge cannot know the node got it): the caller gets node_disconnected at
+// once, not a timeout, and the history records the run failed, not running.
+func TestBackgroundRunLinkLostBeforeAdmission(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+	e.links["a"].silent = true
+	obs := &ucObserver{}
+	e.submit.Observe = edge.Observers{Metrics: obs, History: obs}
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
+		done <- err
+	}()
+	ucEventually(t, "the run to reach the node", func() bool { s, _, _, _, _, _ := e.links["a"].snapshot(); return len(s) == 1 })
+	s, _, _, _, _, _ := e.links["a"].snapshot()
+	e.links["a"].stream(t, s[0].RunID).fail(domain.Errorf(domain.CodeNodeDisconnected, "connection lost: heartbeat timeout"))
+	select {
+	case err := <-done:
+		if ucCode(err) != domain.CodeNodeDisconnected {
+			t.Fatalf("Handle = %v, want node_disconnected", err)
+		}
+	case <-time.After(ucWait):
+		t.Fatal("Handle did not answer after the link broke")
+	}
+	if got := e.inFlight(t, "a"); got != 0 {
+		t.Fatalf("%d runs in flight after the loss", got)
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if n := len(obs.runs); n == 0 || obs.runs[n-1].Status != domain.RunFailed || obs.runs[n-1].ErrorCode != domain.CodeNodeDisconnected {
+		t.Fatalf("history records %+v, want the run failed with node_disconnected", obs.runs)
+	}
+}
