@@ -44,6 +44,7 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 	if err := domain.CheckID("run id", runID); err != nil {
 		return "", err
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, h.timeout)
 	defer cancel()
 	caller := domain.PrincipalFrom(ctx)
@@ -75,12 +76,41 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 		}
 		return nodeID, n.Link.CancelRun(ctx, runID)
 	}
-	for _, n := range h.reg.ListAs(caller) {
-		err := n.Link.CancelRun(ctx, runID)
-		if errors.Is(err, domain.ErrRunNotFound) {
-			continue
+	return h.askAll(parent, h.reg.ListAs(caller), runID)
+}
+
+// askAll asks every node in nodes to cancel runID at once, each within its
+// own h.timeout (measured from now, inside the caller's ctx), so a slow or
+// failing node neither hides nor delays the one running it. The first
+// success or run_finished wins; run_not_found only if every node said so;
+// otherwise the first other error (nodes in id order).
+func (h *CancelRunHandler) askAll(ctx context.Context, nodes []NodeView, runID string) (string, error) {
+	type answer struct {
+		i   int
+		err error
+	}
+	answers := make(chan answer, len(nodes)) // buffered: late answers never block
+	ctx, cancelAll := context.WithCancel(ctx)
+	defer cancelAll() // the others stop asking once one has answered
+	for i, n := range nodes {
+		go func() {
+			nctx, cancel := context.WithTimeout(ctx, h.timeout)
+			defer cancel()
+			answers <- answer{i, n.Link.CancelRun(nctx, runID)}
+		}()
+	}
+	errs := make([]error, len(nodes))
+	for range nodes {
+		a := <-answers
+		if a.err == nil || errors.Is(a.err, domain.ErrRunFinished) {
+			return nodes[a.i].ID, a.err
 		}
-		return n.ID, err
+		errs[a.i] = a.err
+	}
+	for i, err := range errs {
+		if !errors.Is(err, domain.ErrRunNotFound) {
+			return nodes[i].ID, err
+		}
 	}
 	return "", domain.Errorf(domain.CodeRunNotFound, "no connected node knows run %s", runID)
 }
