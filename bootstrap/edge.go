@@ -74,14 +74,17 @@ func Edge(s EdgeSettings) fx.Option {
 				h.Nodes, h.Record = nodes, st
 				return h
 			},
-			func(s EdgeSettings, dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, m *prom.Metrics, hist *edgeapp.RunHistoryHandler) *edgeapp.RegisterHandler {
+			edgeapp.NewOrphanCancels,
+			func(s EdgeSettings, dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, m *prom.Metrics, hist *edgeapp.RunHistoryHandler, orphans *edgeapp.OrphanCancels) *edgeapp.RegisterHandler {
 				h := edgeapp.NewRegisterHandler(dir, reg, bus, v, log)
 				h.Metrics = m
 				h.Reconcile = edgeapp.NewHistoryReconciler(hist)
+				h.Orphans = orphans
 				return h
 			},
-			func(s EdgeSettings, reg *edgeapp.Registry, runs *edgeapp.RunTracker, bus ports.EventPublisher, log *slog.Logger, obs edgeapp.Observers) *edgeapp.SubmitRunHandler {
+			func(s EdgeSettings, reg *edgeapp.Registry, runs *edgeapp.RunTracker, bus ports.EventPublisher, log *slog.Logger, obs edgeapp.Observers, orphans *edgeapp.OrphanCancels) *edgeapp.SubmitRunHandler {
 				h := edgeapp.NewSubmitRunHandler(reg, runs, bus, log)
+				h.Orphans = orphans
 				// A run request travels in one frame on the node link.
 				h.MaxRequestBytes = int(s.Config.Transport.MaxFrameSize)
 				h.Observe = obs

@@ -31,6 +31,9 @@ type RegisterHandler struct {
 	// Reconcile, if set, repairs a registering node's history rows left
 	// running; Close stops it.
 	Reconcile *HistoryReconciler
+	// Orphans, if set, cancels on a registering node the background runs
+	// dispatched to it as its last link broke; Close stops it.
+	Orphans *OrphanCancels
 }
 
 // RejectLogInterval is the period over which refusals from one address are
@@ -54,6 +57,7 @@ func NewRegisterHandler(dir ports.NodeDirectory, reg *Registry, bus ports.EventP
 func (h *RegisterHandler) Close() {
 	h.rejects.close()
 	h.Reconcile.Close()
+	h.Orphans.Close()
 }
 
 // ConfigVersions hands out increasing config payload versions.
@@ -74,6 +78,7 @@ func (h *RegisterHandler) Register(_ context.Context, token string, info domain.
 	h.log.Info("node registered", "node", id, "remote", remote, "version", info.Version, "adapters", len(cfg.Adapters))
 	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRegistered, Time: h.now(), Node: id, Remote: remote})
 	h.Reconcile.NodeRegistered(id)
+	h.Orphans.NodeRegistered(id)
 	return cfg, nil
 }
 

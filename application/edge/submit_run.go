@@ -45,6 +45,9 @@ type SubmitRunHandler struct {
 	AdmitTimeout time.Duration
 	// Observe receives every dispatched run's record and outcome.
 	Observe Observers
+	// Orphans, if set, gets the background runs whose link broke before
+	// the node answered their dispatch, to cancel them when it is back.
+	Orphans *OrphanCancels
 	// MaxRequestBytes bounds a run request as it goes to the node in one
 	// frame (DefaultMaxRequestBytes; bootstrap sets the link's max frame
 	// size). A larger request is refused with invalid_request instead of
@@ -263,6 +266,9 @@ func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
 		if r.Background && r.admitted && linkLost(err) {
 			r.lose(err)
 			return domain.RunEvent{}, errRunLost
+		}
+		if r.Background && !r.admitted && linkLost(err) {
+			r.h.Orphans.add(r.Node, r.RunID)
 		}
 		if errors.Is(err, io.EOF) {
 			err = domain.Errorf(domain.CodeNodeDisconnected, "run stream ended without a terminal event")

@@ -3,6 +3,7 @@ package edge_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"testing"
@@ -553,5 +554,62 @@ func TestBackgroundRunLinkLostBeforeAdmission(t *testing.T) {
 	defer obs.mu.Unlock()
 	if n := len(obs.runs); n == 0 || obs.runs[n-1].Status != domain.RunFailed || obs.runs[n-1].ErrorCode != domain.CodeNodeDisconnected {
 		t.Fatalf("history records %+v, want the run failed with node_disconnected", obs.runs)
+	}
+}
+
+// The node may have got a background run whose link broke before it
+// answered: the caller was told node_disconnected and has no run id, so
+// the run must not go on there. When the node registers again it gets a
+// cancel for it.
+func TestBackgroundRunLostBeforeAdmissionIsCancelledWhenTheNodeIsBack(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+	orphans := edge.NewOrphanCancels(e.reg, nil)
+	t.Cleanup(orphans.Close)
+	e.submit.Orphans = orphans
+	e.links["a"].silent = true
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
+		done <- err
+	}()
+	ucEventually(t, "the run to reach the node", func() bool { s, _, _, _, _, _ := e.links["a"].snapshot(); return len(s) == 1 })
+	s, _, _, _, _, _ := e.links["a"].snapshot()
+	run := s[0].RunID
+	e.links["a"].stream(t, run).fail(domain.Errorf(domain.CodeNodeDisconnected, "connection lost: heartbeat timeout"))
+	if err := <-done; ucCode(err) != domain.CodeNodeDisconnected {
+		t.Fatalf("Handle = %v, want node_disconnected", err)
+	}
+	if !e.reg.Remove("a", e.links["a"]) {
+		t.Fatal("the old link was not registered")
+	}
+	back := ucAdmit(t, e.reg, "a", "exec")
+	orphans.NodeRegistered("a")
+	ucEventually(t, "the cancel to reach the node", func() bool { return slices.Contains(back.cancelCalls(), run) })
+	orphans.NodeRegistered("a") // sent once, not again
+	orphans.Close()
+	if got := back.cancelCalls(); len(got) != 1 {
+		t.Fatalf("cancels sent: %v, want one for %s", got, run)
+	}
+}
+
+// The remembered runs are bounded, the oldest of the node with the most
+// going first.
+func TestOrphanCancelsAreBounded(t *testing.T) {
+	ucNoLeaks(t)
+	reg := edge.NewRegistry()
+	o := edge.NewOrphanCancels(reg, nil)
+	defer o.Close()
+	for i := range 1030 {
+		edge.OrphanAdd(o, "a", fmt.Sprintf("run_%04d", i))
+	}
+	edge.OrphanAdd(o, "b", "run_b")
+	a := ucAdmit(t, reg, "a", "exec")
+	b := ucAdmit(t, reg, "b", "exec")
+	o.NodeRegistered("a")
+	o.NodeRegistered("b")
+	ucEventually(t, "the cancels", func() bool { return len(a.cancelCalls()) == 1023 && len(b.cancelCalls()) == 1 })
+	if first := a.cancelCalls()[0]; first != "run_0007" {
+		t.Fatalf("first cancel %s, want the oldest kept, run_0007", first)
 	}
 }
