@@ -77,8 +77,11 @@ type Client struct {
 	wg         sync.WaitGroup // per-stream handler goroutines
 	reconnects atomic.Int64
 	// linked is set once the current attempt has registered, so a failure
-	// is reported as a lost link only when there was one.
-	linked atomic.Bool
+	// is reported as a lost link only when there was one; linkedAt (unix
+	// nanoseconds) is when, so the backoff restarts only after a link that
+	// stayed up HealthyAfter.
+	linked   atomic.Bool
+	linkedAt atomic.Int64
 }
 
 // nextApply queues a config apply behind every one queued before it, so the
@@ -132,13 +135,11 @@ func (c *Client) Run(ctx context.Context) error {
 
 // retryState is Run's reconnect bookkeeping.
 type retryState struct {
-	started time.Time
 	attempt int
 }
 
 //go:noinline
 func (r *retryState) begin(c *Client) {
-	r.started = time.Now()
 	c.linked.Store(false)
 }
 
@@ -154,7 +155,10 @@ func (c *Client) retry(ctx context.Context, err error, r *retryState) (stop bool
 	if errors.As(err, &fatal) && fatal.Fatal() {
 		return true, err
 	}
-	if time.Since(r.started) >= c.cfg.HealthyAfter {
+	// Only a link that registered and stayed up restarts the backoff: an
+	// attempt that merely took long (a handshake timing out against a
+	// saturated edge) is a failure like any other.
+	if c.linked.Load() && time.Since(time.Unix(0, c.linkedAt.Load())) >= c.cfg.HealthyAfter {
 		r.attempt = 0
 	}
 	delay := backoff(r.attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff)
@@ -301,6 +305,7 @@ func (c *Client) register(ctx context.Context) (*Conn, error) {
 	c.mu.Lock()
 	c.conn = conn
 	c.mu.Unlock()
+	c.linkedAt.Store(time.Now().UnixNano())
 	c.linked.Store(true)
 	tc.Logger.Info("registered with edge", "edge", c.cfg.Addr, "node", cfg.NodeID, "adapters", len(cfg.Adapters))
 	if c.cfg.OnRegistered != nil {

@@ -160,3 +160,64 @@ func TestHeaderValuesWireCompatibleWithString(t *testing.T) {
 		t.Fatalf("encoding %x, want the string field's %x", got, want)
 	}
 }
+
+// publishingEdge opens a tunnel on a link inside Register, as a caller
+// routed to a node the registry has just admitted can, before the
+// handshake has finished.
+type publishingEdge struct {
+	*fakeEdge
+	served chan error
+}
+
+func (e *publishingEdge) Register(ctx context.Context, token string, info domain.NodeInfo, remote string, link ports.NodeLink) (domain.NodeConfig, error) {
+	cfg, err := e.fakeEdge.Register(ctx, token, info, remote, link)
+	if err != nil {
+		return cfg, err
+	}
+	opened := make(chan struct{})
+	go func() {
+		ts, err := link.OpenTunnel(context.Background(), domain.TunnelRequest{
+			Provider: "oa", Method: "GET", Path: "/x", Header: domain.Header{"X-Caller": {obsText}},
+		}, nil)
+		close(opened)
+		if err != nil {
+			e.served <- err
+			return
+		}
+		defer ts.Close()
+		for {
+			if _, err := ts.Recv(context.Background()); err != nil {
+				if err == io.EOF {
+					err = nil
+				}
+				e.served <- err
+				return
+			}
+		}
+	}()
+	<-opened
+	return cfg, nil
+}
+
+// A tunnel opened on a link the moment it is published is encoded as the
+// handshake agreed: both ends current, its header bytes arrive whole.
+func TestTunnelOpenedAsTheLinkRegistersKeepsRawHeaders(t *testing.T) {
+	ctx := testCtx(t)
+	e := &publishingEdge{fakeEdge: newFakeEdge(), served: make(chan error, 1)}
+	e.addNode(testToken, testNodeConfig())
+	n := newFakeNode()
+	got := make(chan domain.Header, 1)
+	n.onTunnel = func(_ context.Context, req domain.TunnelRequest, _ io.Reader, out ports.TunnelSink) {
+		got <- req.Header
+		_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 200})
+		_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelEnd})
+	}
+	srv := startServer(t, "", testConfig(), e)
+	startClient(t, ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}, n)
+	recv(t, ctx, e.registered, "registration")
+	h := recv(t, ctx, got, "tunnel at the node")
+	mustf(t, recv(t, ctx, e.served, "tunnel served"), "tunnel")
+	if v := h["X-Caller"]; len(v) != 1 || v[0] != obsText {
+		t.Fatalf("the node got X-Caller=%q; want %q", v, obsText)
+	}
+}

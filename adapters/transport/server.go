@@ -253,6 +253,10 @@ func (s *Server) handshake(nc net.Conn, remote, addr string) (*edgeLink, string,
 	dec.max, dec.elements = s.cfg.MaxFrameSize, 0
 	link := &edgeLink{remote: remote, acks: map[uint64]chan error{}}
 	link.conn = newConn(nc, dec, s.cfg, SideEdge, req.GetInitialWindow(), link)
+	// Set before Register publishes the link: a caller may open a tunnel
+	// on it at once, and its frames are encoded by these.
+	link.conn.dataFrames = req.GetDataFrames() && !s.cfg.NoDataFrames
+	link.conn.rawHeaders = req.GetRawHeaderValues() && !s.cfg.noRawHeaders
 	info := domain.NodeInfo{Version: req.GetNodeVersion(), Hostname: req.GetHostname(), OS: req.GetOs(), Arch: req.GetArch(), Peer: peer, AdapterTypes: req.GetAdapterTypes()}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
 	cfg, err := s.h.Register(ctx, req.GetToken(), info, remote, link)
@@ -262,11 +266,9 @@ func (s *Server) handshake(nc net.Conn, remote, addr string) (*edgeLink, string,
 		HeartbeatIntervalMs: uint32(s.cfg.HeartbeatInterval.Milliseconds()),
 		HeartbeatTimeoutMs:  uint32(s.cfg.HeartbeatTimeout.Milliseconds()),
 		InitialWindow:       s.cfg.StreamWindow,
-		DataFrames:          req.GetDataFrames() && !s.cfg.NoDataFrames,
-		RawHeaderValues:     req.GetRawHeaderValues() && !s.cfg.noRawHeaders,
+		DataFrames:          link.conn.dataFrames,
+		RawHeaderValues:     link.conn.rawHeaders,
 	}
-	link.conn.dataFrames = resp.DataFrames
-	link.conn.rawHeaders = resp.RawHeaderValues
 	if err != nil {
 		resp.Reason = rejectReason(err)
 		if errors.Is(err, domain.ErrUnknownToken) {
