@@ -93,6 +93,8 @@ func TestBuildConfig(t *testing.T) {
 		"url no scheme":    {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterOllama, BaseURL: "127.0.0.1:11435"}}},
 		"url ftp":          {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterOpenAI, BaseURL: "ftp://gpu:8000"}}},
 		"url no host":      {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterOpenAI, BaseURL: "http://"}}},
+		"ollama key":       {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterOllama, BaseURL: "http://x", APIKeyEnv: "K"}}},
+		"ollama prefix":    {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterOllama, BaseURL: "http://x", PathPrefix: "/x"}}},
 		"negative conc":    {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterCodex, MaxConcurrency: -1}}},
 		"provider type":    {ID: "n", Providers: []domain.ProviderConfig{{Name: "p", Type: "grpc", BaseURL: "http://x"}}},
 		"provider no url":  {ID: "n", Providers: []domain.ProviderConfig{{Name: "p", Type: domain.ProviderOpenAI}}},

@@ -150,6 +150,11 @@ func checkAdapter(a AdapterConfig) error {
 	if (len(a.Env) > 0 || len(a.InheritEnv) > 0) && (a.Type == AdapterOllama || a.Type == AdapterOpenAI) {
 		return Errorf(CodeConfigError, "adapter %q (%s) starts no process: env and inherit_env apply to exec, claude-code, codex and gemini", a.Name, a.Type)
 	}
+	if (a.PathPrefix != "" || a.APIKeyEnv != "") && a.Type == AdapterOllama {
+		// The ollama adapter calls /api/chat with no key; accepting them
+		// would leave a user behind an auth proxy with 401s and no hint.
+		return Errorf(CodeConfigError, "adapter %q (ollama): path_prefix and api_key_env apply to openai adapters only (an openai adapter can call Ollama's /v1 with a key)", a.Name)
+	}
 	switch a.Type {
 	case AdapterExec:
 		for name, t := range a.Targets {
