@@ -8,7 +8,9 @@ import (
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -587,4 +589,27 @@ func TestExitWithDetachedDescendantHoldingStdout(t *testing.T) {
 	if got := sink.Text(); got != "done\n" {
 		t.Errorf("text = %q", got)
 	}
+}
+
+// A detached descendant that keeps writing to stdout does not hold the run
+// (and its slot) open once the command has exited.
+func TestExitWithTricklingDetachedDescendant(t *testing.T) {
+	if _, err := osexec.LookPath("setsid"); err != nil {
+		t.Skip("no setsid")
+	}
+	pidfile := filepath.Join(t.TempDir(), "pid")
+	t.Cleanup(func() {
+		b, _ := os.ReadFile(pidfile)
+		if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+		}
+	})
+	a := newAdapter(t, map[string]domain.ExecTarget{"bg": shell(`setsid sh -c 'echo $$ > ` + pidfile + `; while :; do echo tick; sleep 0.2; done' & echo done`)})
+	ctx, cancel := context.WithTimeout(testContext(t), 10*time.Second)
+	defer cancel()
+	sink := &runtimetest.Sink{}
+	if err := a.Execute(ctx, domain.RunRequest{RunID: "r1", Adapter: "local", Target: "bg"}, sink); err != nil {
+		t.Fatalf("Execute = %v: the run was held open by a detached descendant", err)
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
 }

@@ -18,13 +18,15 @@ import (
 // result line, a command's last lines), with the run still reported as a
 // success. Here nothing is closed on a timer while output is waiting.
 //
-// Once Exited is called (the child is gone and its group killed), a read
-// that waits pipeGrace with nothing arriving ends the output: a descendant
-// that left the group may still hold the write end, and its output is not
-// waited for past that.
+// Once Exited is called (the child is gone and its group killed), the
+// reads may wait for new bytes pipeGrace in all, then the output ends: a
+// descendant that left the group may still hold the write end, and it is
+// not waited for past that, however it trickles. Bytes already in the pipe
+// cost no waiting, so they are all read whatever the reader's pace.
 type Output struct {
 	f      *os.File
 	exited atomic.Bool
+	waited time.Duration // blocked in reads since Exited; the reader's own
 }
 
 // NewOutput makes the pipe. The caller gives w to the child (Cmd.Stdout) and
@@ -37,22 +39,31 @@ func NewOutput() (out *Output, w *os.File, err error) {
 	return &Output{f: r}, w, nil
 }
 
-// Read reads the output; io.EOF once every writer is gone, or once nothing
-// arrived for pipeGrace after Exited.
+// Read reads the output; io.EOF once every writer is gone, or once the
+// reads since Exited have waited pipeGrace in all. One goroutine reads.
 func (o *Output) Read(p []byte) (int, error) {
-	if o.exited.Load() {
-		// Renewed before every read: the limit is on waiting for new
-		// output, never on how long the reader took between reads.
-		_ = o.f.SetReadDeadline(time.Now().Add(pipeGrace))
+	var n int
+	var err error
+	if !o.exited.Load() {
+		n, err = o.f.Read(p) // a deadline here is Exited's
+	} else {
+		left := pipeGrace - o.waited
+		if left <= 0 {
+			return 0, io.EOF
+		}
+		_ = o.f.SetReadDeadline(time.Now().Add(left))
+		start := time.Now()
+		n, err = o.f.Read(p)
+		o.waited += time.Since(start)
 	}
-	n, err := o.f.Read(p)
 	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 		return n, io.EOF
 	}
 	return n, err
 }
 
-// Exited starts the idle bound. Safe to call while a Read is waiting.
+// Exited starts the bound on waiting. Safe to call while a Read is
+// waiting (that read then waits pipeGrace at most).
 func (o *Output) Exited() {
 	o.exited.Store(true)
 	_ = o.f.SetReadDeadline(time.Now().Add(pipeGrace))

@@ -3,8 +3,12 @@ package proc_test
 import (
 	"context"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,4 +79,35 @@ func TestStopped(t *testing.T) {
 	if p.Stopped() {
 		t.Error("Stopped though it exited before its context ended")
 	}
+}
+
+// killFromFile kills the process (and its group) whose pid a test's
+// detached descendant wrote to pidfile.
+func killFromFile(pidfile string) {
+	b, _ := os.ReadFile(pidfile)
+	if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// A detached descendant that keeps writing does not keep the output open:
+// after the exit, waiting for new bytes is bounded in all, not per read.
+func TestOutputEndsDespiteATricklingDetachedDescendant(t *testing.T) {
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("no setsid")
+	}
+	pidfile := filepath.Join(t.TempDir(), "pid")
+	t.Cleanup(func() { killFromFile(pidfile) })
+	p := start(t, context.Background(), `setsid sh -c 'echo $$ > `+pidfile+`; while :; do echo tick; sleep 0.2; done' & echo done`)
+	done := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, p.Stdout); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		p.Kill()
+		<-done
+		t.Fatal("stdout still open 10 s after the program exited: a trickling detached descendant holds it")
+	}
+	p.Wait()
 }
