@@ -1,4 +1,7 @@
 package edge
 
-// OrphanAdd remembers run on node as a lost background run would (tests).
-func OrphanAdd(o *OrphanCancels, node, run string) { o.add(node, run) }
+import "iop/ports"
+
+// OrphanAdd remembers run on node as a lost background run that went out
+// on link would (tests).
+func OrphanAdd(o *OrphanCancels, node, run string, link ports.NodeLink) { o.add(node, run, link) }

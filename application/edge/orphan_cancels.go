@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"iop/domain"
+	"iop/ports"
 )
 
 // Bounds of the orphan cancels.
@@ -49,14 +50,24 @@ func NewOrphanCancels(reg *Registry, log *slog.Logger) *OrphanCancels {
 	return &OrphanCancels{reg: reg, log: log, byNode: map[string][]string{}, ctx: ctx, cancel: cancel}
 }
 
-// add remembers run on node, dropping the oldest remembered run when full.
-func (o *OrphanCancels) add(node, run string) {
+// add remembers run on node, which went out on link, dropping the oldest
+// remembered run when full. A node already back on another link (it
+// registered before the lost run got here) gets the cancel at once.
+func (o *OrphanCancels) add(node, run string, link ports.NodeLink) {
 	if o == nil {
 		return
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
+		return
+	}
+	if n, ok := o.reg.Get(node); ok && n.Link != link {
+		o.wg.Add(1)
+		go func() {
+			defer o.wg.Done()
+			o.send(node, run)
+		}()
 		return
 	}
 	if o.total >= orphanMax {

@@ -87,6 +87,7 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 		rec domain.NodeRecord
 	}
 	var changed []change
+	var closing []NodeView
 	// No registration may authenticate against the old directory and be
 	// admitted after the walk below has looked at the registry: it would
 	// stay connected though removed or rotated (see Registry.admission).
@@ -98,9 +99,11 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 		rec, ok := next[n.ID]
 		switch {
 		case !ok:
-			h.disconnect(n, "removed from config", &res)
+			closing = append(closing, n)
+			res.Disconnected = append(res.Disconnected, n.ID)
 		case rec.Token != old[n.ID].Token || rec.TokenSHA256 != old[n.ID].TokenSHA256:
-			h.disconnect(n, "token changed", &res)
+			closing = append(closing, n)
+			res.Disconnected = append(res.Disconnected, n.ID)
 		case runsAlready(n, rec):
 			res.Unchanged = append(res.Unchanged, n.ID)
 		default:
@@ -108,6 +111,15 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 		}
 	}
 	h.reg.admission.Unlock()
+	// Closing a link waits on it (a TLS close alert, its loops ending):
+	// done unlocked, so registrations do not queue behind it.
+	for _, n := range closing {
+		reason := "removed from config"
+		if _, ok := next[n.ID]; ok {
+			reason = "token changed"
+		}
+		n.Link.Close(reason)
+	}
 	for id := range old {
 		if _, ok := next[id]; !ok {
 			// Its sessions' histories left with it.
@@ -137,11 +149,6 @@ func runsAlready(n NodeView, rec domain.NodeRecord) bool {
 	return reflect.DeepEqual(cfg.Adapters, n.Config.Adapters) && reflect.DeepEqual(cfg.Providers, n.Config.Providers)
 }
 
-func (h *ReloadHandler) disconnect(n NodeView, reason string, res *ReloadResult) {
-	n.Link.Close(reason)
-	res.Disconnected = append(res.Disconnected, n.ID)
-}
-
 func (h *ReloadHandler) refresh(ctx context.Context, n NodeView, rec domain.NodeRecord, res *ReloadResult) {
 	cfg, err := rec.BuildConfig(h.versions.Next())
 	if err == nil {
@@ -153,6 +160,12 @@ func (h *ReloadHandler) refresh(ctx context.Context, n NodeView, rec domain.Node
 		cancel()
 	}
 	if err != nil {
+		if now, ok := h.reg.Get(n.ID); ok && now.Link != n.Link {
+			// It reconnected meanwhile and got the new config when it
+			// registered (the directory was replaced first).
+			res.Refreshed = append(res.Refreshed, n.ID)
+			return
+		}
 		h.log.Error("config refresh failed", "node", n.ID, "err", err)
 		res.Failed = append(res.Failed, n.ID+": "+err.Error())
 		return

@@ -102,3 +102,46 @@ func TestReloadRefusesABaseURLWithoutScheme(t *testing.T) {
 		t.Fatalf("pushed %d configs for a refused reload", len(pushed))
 	}
 }
+
+// ucReconnectingLink is a link whose node drops it while the edge pushes
+// a config and registers again on a new link (getting the new config
+// then): the push fails on the old link.
+type ucReconnectingLink struct {
+	*ucLink
+	reconnect func()
+}
+
+func (l *ucReconnectingLink) PushConfig(context.Context, domain.NodeConfig) error {
+	l.reconnect()
+	return errors.New("connection closed")
+}
+
+// TestReloadCountsANodeBackWithTheNewConfigAsRefreshed: a node that
+// reconnected while its push was failing got the new config when it
+// registered; the reload reports it refreshed, not failed.
+func TestReloadCountsANodeBackWithTheNewConfigAsRefreshed(t *testing.T) {
+	ucNoLeaks(t)
+	const tok = "reload-token-gpu-0123456789"
+	recs := []domain.NodeRecord{{ID: "gpu", Token: tok, Adapters: []domain.AdapterConfig{ucExecAdapter("old", 1, "t")}}}
+	dir, reg, bus, versions := &ucDir{recs: recs}, edge.NewRegistry(), newUCBus(), &edge.ConfigVersions{}
+	regH := edge.NewRegisterHandler(dir, reg, bus, versions, nil)
+	defer regH.Close()
+	old := &ucReconnectingLink{ucLink: &ucLink{id: "gpu"}}
+	old.reconnect = func() {
+		reg.Remove("gpu", old)
+		if _, err := regH.Register(context.Background(), tok, domain.NodeInfo{}, "r2", &ucLink{id: "gpu"}); err != nil {
+			t.Errorf("re-register: %v", err)
+		}
+	}
+	if _, err := regH.Register(context.Background(), tok, domain.NodeInfo{}, "r", old); err != nil {
+		t.Fatal(err)
+	}
+	next := []domain.NodeRecord{{ID: "gpu", Token: tok, Adapters: []domain.AdapterConfig{ucExecAdapter("new", 1, "t")}}}
+	res, err := edge.NewReloadHandler(&ucSource{recs: next}, dir, reg, bus, versions, nil).Handle(context.Background())
+	if err != nil || len(res.Failed) != 0 || !slices.Equal(res.Refreshed, []string{"gpu"}) {
+		t.Fatalf("reload = %+v, %v; want gpu refreshed", res, err)
+	}
+	if n, _ := reg.Get("gpu"); !slices.Equal(ucAdapterNames(n.Config), []string{"new"}) {
+		t.Fatalf("the edge holds %v for gpu", ucAdapterNames(n.Config))
+	}
+}

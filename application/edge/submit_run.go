@@ -141,7 +141,7 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 	}
 	h.runs.start(req.RunID, node.ID)
 	rh := &RunHandle{RunID: req.RunID, Node: node.ID, Background: cmd.Background, Key: domain.PrincipalFrom(ctx).Name,
-		h: h, stream: stream, release: release, obs: h.observeRun(ctx, req, node.ID)}
+		h: h, link: node.Link, stream: stream, release: release, obs: h.observeRun(ctx, req, node.ID)}
 	if err := h.admit(ctx, rh); err != nil {
 		return nil, err
 	}
@@ -224,6 +224,7 @@ type RunHandle struct {
 
 	h       *SubmitRunHandler
 	stream  ports.RunStream
+	link    ports.NodeLink // the link the run went out on
 	release func()
 	obs     *runObservation
 
@@ -268,7 +269,7 @@ func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
 			return domain.RunEvent{}, errRunLost
 		}
 		if r.Background && !r.admitted && linkLost(err) {
-			r.h.Orphans.add(r.Node, r.RunID)
+			r.h.Orphans.add(r.Node, r.RunID, r.link)
 		}
 		if errors.Is(err, io.EOF) {
 			err = domain.Errorf(domain.CodeNodeDisconnected, "run stream ended without a terminal event")

@@ -601,9 +601,9 @@ func TestOrphanCancelsAreBounded(t *testing.T) {
 	o := edge.NewOrphanCancels(reg, nil)
 	defer o.Close()
 	for i := range 1030 {
-		edge.OrphanAdd(o, "a", fmt.Sprintf("run_%04d", i))
+		edge.OrphanAdd(o, "a", fmt.Sprintf("run_%04d", i), nil)
 	}
-	edge.OrphanAdd(o, "b", "run_b")
+	edge.OrphanAdd(o, "b", "run_b", nil)
 	a := ucAdmit(t, reg, "a", "exec")
 	b := ucAdmit(t, reg, "b", "exec")
 	o.NodeRegistered("a")
@@ -612,4 +612,17 @@ func TestOrphanCancelsAreBounded(t *testing.T) {
 	if first := a.cancelCalls()[0]; first != "run_0007" {
 		t.Fatalf("first cancel %s, want the oldest kept, run_0007", first)
 	}
+}
+
+// A node back on a new link before its lost run was remembered gets the
+// cancel at once, not at its next registration.
+func TestOrphanOfANodeAlreadyBackIsCancelledAtOnce(t *testing.T) {
+	ucNoLeaks(t)
+	reg := edge.NewRegistry()
+	o := edge.NewOrphanCancels(reg, nil)
+	defer o.Close()
+	gone := &ucLink{id: "a"}
+	back := ucAdmit(t, reg, "a", "exec")
+	edge.OrphanAdd(o, "a", "run_lost", gone)
+	ucEventually(t, "the cancel", func() bool { return slices.Contains(back.cancelCalls(), "run_lost") })
 }
