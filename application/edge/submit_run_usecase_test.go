@@ -531,21 +531,8 @@ func TestBackgroundRunLinkLostBeforeAdmission(t *testing.T) {
 	e.links["a"].silent = true
 	obs := &ucObserver{}
 	e.submit.Observe = edge.Observers{Metrics: obs, History: obs}
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
-		done <- err
-	}()
-	ucEventually(t, "the run to reach the node", func() bool { s, _, _, _, _, _ := e.links["a"].snapshot(); return len(s) == 1 })
-	s, _, _, _, _, _ := e.links["a"].snapshot()
-	e.links["a"].stream(t, s[0].RunID).fail(domain.Errorf(domain.CodeNodeDisconnected, "connection lost: heartbeat timeout"))
-	select {
-	case err := <-done:
-		if ucCode(err) != domain.CodeNodeDisconnected {
-			t.Fatalf("Handle = %v, want node_disconnected", err)
-		}
-	case <-time.After(ucWait):
-		t.Fatal("Handle did not answer after the link broke")
+	if _, err := ucLoseBeforeAdmission(t, e, "a"); ucCode(err) != domain.CodeNodeDisconnected {
+		t.Fatalf("Handle = %v, want node_disconnected", err)
 	}
 	if got := e.inFlight(t, "a"); got != 0 {
 		t.Fatalf("%d runs in flight after the loss", got)
@@ -568,16 +555,8 @@ func TestBackgroundRunLostBeforeAdmissionIsCancelledWhenTheNodeIsBack(t *testing
 	t.Cleanup(orphans.Close)
 	e.submit.Orphans = orphans
 	e.links["a"].silent = true
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
-		done <- err
-	}()
-	ucEventually(t, "the run to reach the node", func() bool { s, _, _, _, _, _ := e.links["a"].snapshot(); return len(s) == 1 })
-	s, _, _, _, _, _ := e.links["a"].snapshot()
-	run := s[0].RunID
-	e.links["a"].stream(t, run).fail(domain.Errorf(domain.CodeNodeDisconnected, "connection lost: heartbeat timeout"))
-	if err := <-done; ucCode(err) != domain.CodeNodeDisconnected {
+	run, err := ucLoseBeforeAdmission(t, e, "a")
+	if ucCode(err) != domain.CodeNodeDisconnected {
 		t.Fatalf("Handle = %v, want node_disconnected", err)
 	}
 	if !e.reg.Remove("a", e.links["a"]) {
@@ -625,4 +604,26 @@ func TestOrphanOfANodeAlreadyBackIsCancelledAtOnce(t *testing.T) {
 	back := ucAdmit(t, reg, "a", "exec")
 	edge.OrphanAdd(o, "a", "run_lost", gone)
 	ucEventually(t, "the cancel", func() bool { return slices.Contains(back.cancelCalls(), "run_lost") })
+}
+
+// ucLoseBeforeAdmission submits a background exec run to node (whose link
+// must be silent), breaks its stream before the node answers, and returns
+// the run's id and what Handle answered.
+func ucLoseBeforeAdmission(t *testing.T, e *ucEdge, node string) (string, error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
+		done <- err
+	}()
+	ucEventually(t, "the run to reach the node", func() bool { s, _, _, _, _, _ := e.links[node].snapshot(); return len(s) == 1 })
+	s, _, _, _, _, _ := e.links[node].snapshot()
+	e.links[node].stream(t, s[0].RunID).fail(domain.Errorf(domain.CodeNodeDisconnected, "connection lost: heartbeat timeout"))
+	select {
+	case err := <-done:
+		return s[0].RunID, err
+	case <-time.After(ucWait):
+		t.Fatal("Handle did not answer after the link broke")
+		return "", nil
+	}
 }
