@@ -42,26 +42,7 @@ func (o *ucStalledOutput) Close()                { o.once.Do(func() { close(o.cl
 // in the sequence once the reader catches up.
 func TestCancelStopsRunBlockedOnStalledReader(t *testing.T) {
 	ucNoLeaks(t)
-	emitting := make(chan struct{})
-	a := newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{
-		"": func(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
-			close(emitting)
-			for ctx.Err() == nil {
-				if err := sink.Emit(ucDelta("x")); err != nil {
-					return err
-				}
-			}
-			return ctx.Err()
-		},
-	})
-	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
-	out := &ucStalledOutput{release: make(chan struct{}), closed: make(chan struct{})}
-	go n.runs.ExecuteRun(domain.RunRequest{RunID: "r1", Adapter: "a"}, out)
-	select {
-	case <-emitting:
-	case <-time.After(ucWait):
-		t.Fatal("adapter never started")
-	}
+	n, out := ucStartStalledRun(t)
 	if err := n.runs.CancelRun(context.Background(), "r1"); err != nil {
 		t.Fatalf("cancel: %v", err)
 	}
@@ -96,25 +77,7 @@ func TestCancelStopsRunBlockedOnStalledReader(t *testing.T) {
 // the send abandoned by the stop counted as the caller having left.
 func TestShutdownEndsRunBlockedOnStalledReaderAsShutdown(t *testing.T) {
 	ucNoLeaks(t)
-	emitting := make(chan struct{})
-	a := newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{
-		"": func(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
-			close(emitting)
-			for {
-				if err := sink.Emit(ucDelta("x")); err != nil {
-					return err
-				}
-			}
-		},
-	})
-	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
-	out := &ucStalledOutput{release: make(chan struct{}), closed: make(chan struct{})}
-	go n.runs.ExecuteRun(domain.RunRequest{RunID: "r1", Adapter: "a"}, out)
-	select {
-	case <-emitting:
-	case <-time.After(ucWait):
-		t.Fatal("adapter never started")
-	}
+	n, out := ucStartStalledRun(t)
 	stopped := make(chan struct{})
 	go func() { n.runs.Stop(); close(stopped) }()
 	// The adapter returns and the slot frees while the reader is still
@@ -164,4 +127,31 @@ func TestBeginStopClaimsShutdownBeforeTheLinkCloses(t *testing.T) {
 	if evs := n.run(t, ucReq("r2", "a", "")); len(evs) != 1 || evs[0].Error == nil || evs[0].Error.Code != domain.CodeShuttingDown {
 		t.Fatalf("run after BeginStop = %s, want a single shutting_down error", ucTypes(evs))
 	}
+}
+
+// ucStartStalledRun starts run r1 on a node whose adapter "a" emits deltas
+// until a send fails, to an output that accepts nothing until its release
+// is closed, and returns once the adapter is sending.
+func ucStartStalledRun(t *testing.T) (*ucNode, *ucStalledOutput) {
+	t.Helper()
+	emitting := make(chan struct{})
+	a := newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{
+		"": func(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
+			close(emitting)
+			for {
+				if err := sink.Emit(ucDelta("x")); err != nil {
+					return err
+				}
+			}
+		},
+	})
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
+	out := &ucStalledOutput{release: make(chan struct{}), closed: make(chan struct{})}
+	go n.runs.ExecuteRun(domain.RunRequest{RunID: "r1", Adapter: "a"}, out)
+	select {
+	case <-emitting:
+	case <-time.After(ucWait):
+		t.Fatal("adapter never started")
+	}
+	return n, out
 }
