@@ -130,7 +130,7 @@ func TestBeginStopClaimsShutdownBeforeTheLinkCloses(t *testing.T) {
 }
 
 // ucStartStalledRun starts run r1 on a node whose adapter "a" emits deltas
-// until a send fails, to an output that accepts nothing until its release
+// until a send fails or the run ends, to an output that accepts nothing until its release
 // is closed, and returns once the adapter is sending.
 func ucStartStalledRun(t *testing.T) (*ucNode, *ucStalledOutput) {
 	t.Helper()
@@ -138,11 +138,14 @@ func ucStartStalledRun(t *testing.T) (*ucNode, *ucStalledOutput) {
 	a := newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{
 		"": func(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
 			close(emitting)
-			for {
+			// Once the run is ending a send may be dropped without an
+			// error: the context says when to stop.
+			for ctx.Err() == nil {
 				if err := sink.Emit(ucDelta("x")); err != nil {
 					return err
 				}
 			}
+			return ctx.Err()
 		},
 	})
 	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
