@@ -466,7 +466,14 @@ func (g *guard) Emit(ev domain.RunEvent) error {
 	g.sendMu.Lock()
 	defer g.sendMu.Unlock()
 	g.mu.Lock()
-	if g.decided || g.terminal != nil || g.cancelled != nil {
+	if g.cancelled != nil {
+		// The run is being stopped: say so, as ports.EventSink promises,
+		// so an adapter that only watches its sends stops too.
+		err := g.cancelled
+		g.mu.Unlock()
+		return err
+	}
+	if g.decided || g.terminal != nil {
 		g.mu.Unlock()
 		return nil
 	}

@@ -158,3 +158,36 @@ func ucStartStalledRun(t *testing.T) (*ucNode, *ucStalledOutput) {
 	}
 	return n, out
 }
+
+// Once a run is cancelled its sends fail (ports.EventSink's contract), so
+// an adapter that watches only its sends, not its context, stops too.
+func TestSendsFailOnceTheRunIsCancelled(t *testing.T) {
+	ucNoLeaks(t)
+	emitting := make(chan struct{})
+	var once sync.Once
+	a := newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{
+		"": func(_ context.Context, _ domain.RunRequest, sink ports.EventSink) error {
+			for {
+				if err := sink.Emit(ucDelta("x")); err != nil {
+					return err
+				}
+				once.Do(func() { close(emitting) })
+			}
+		},
+	})
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
+	out := newUCOutput()
+	go n.runs.ExecuteRun(domain.RunRequest{RunID: "r1", Adapter: "a"}, out)
+	select {
+	case <-emitting:
+	case <-time.After(ucWait):
+		t.Fatal("adapter never started")
+	}
+	if err := n.runs.CancelRun(context.Background(), "r1"); err != nil {
+		t.Fatalf("cancel: %v", err)
+	}
+	evs := out.waitClosed(t)
+	if last := evs[len(evs)-1]; last.Type != domain.EventCancelled {
+		t.Fatalf("terminal %s, want cancelled", last.Type)
+	}
+}
