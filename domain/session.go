@@ -34,5 +34,9 @@ type AgentTotals struct {
 // ChatMessage is one message of a chat session's history.
 type ChatMessage struct {
 	Role    string
-	Content string
+	Content string // the text content, for reading the history
+	// Raw is the message's JSON as sent upstream and replayed in later
+	// turns, so tool calls, tool_call_id and the like survive. Empty for
+	// messages stored before it was kept: those replay as role and Content.
+	Raw string
 }

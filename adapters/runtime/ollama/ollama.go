@@ -26,9 +26,11 @@
 // without a terminal event.
 //
 // Sessions: a run with a session id sends the session's stored history
-// before its own messages; when it completes, its messages and the
-// assistant's reply (the concatenated content, without thinking) are
-// appended. A failed or cancelled run leaves the session unchanged.
+// before its own messages; when it completes, its messages (as given) and
+// the assistant's reply (the concatenated content, without thinking, with
+// the message.tool_calls of the stream) are appended, so the caller's next
+// {"role":"tool",…} messages follow the call they answer. A failed or
+// cancelled run leaves the session unchanged.
 package ollama
 
 import (
@@ -137,6 +139,10 @@ func (a *Adapter) ListSessions(ctx context.Context) ([]domain.SessionInfo, error
 	return a.sessions.List(ctx)
 }
 
+// maxToolCallBytes bounds the tool calls a reply may collect for the
+// session history.
+const maxToolCallBytes = 1 << 20
+
 // chatLine is one NDJSON line of /api/chat.
 type chatLine struct {
 	Model   string `json:"model"`
@@ -183,6 +189,8 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	defer resp.Body.Close()
 
 	var reply strings.Builder
+	var calls []json.RawMessage // the reply's tool calls, kept for the session
+	callBytes := 0
 	r := lines.NewReader(resp.Body, 0)
 	for {
 		line, err := r.Next()
@@ -213,6 +221,16 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 				}
 			}
 			if len(m.ToolCalls) > 0 && string(m.ToolCalls) != "null" {
+				// Ollama sends each call whole, so they are collected,
+				// not merged; bounded like the lines they come in.
+				var cs []json.RawMessage
+				if json.Unmarshal(m.ToolCalls, &cs) == nil {
+					callBytes += len(m.ToolCalls)
+					if callBytes > maxToolCallBytes {
+						return limit.Fail(sink, "ollama chat", domain.Errorf(domain.CodeProviderError, "Ollama's tool calls exceed %d bytes", maxToolCallBytes))
+					}
+					calls = append(calls, cs...)
+				}
 				meta, _ := json.Marshal(map[string]json.RawMessage{"tool_calls": m.ToolCalls})
 				if err := sink.Emit(domain.RunEvent{Type: domain.EventMetadata, Metadata: meta}); err != nil {
 					return err
@@ -222,7 +240,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		if !l.Done {
 			continue
 		}
-		if err := a.sessions.Commit(ctx, model, req.SessionID, turn, reply.String()); err != nil {
+		if err := a.sessions.Commit(ctx, model, req.SessionID, turn, chat.Reply{Content: reply.String(), ToolCalls: calls}); err != nil {
 			return err
 		}
 		return sink.Emit(domain.RunEvent{Type: domain.EventComplete, Usage: &domain.Usage{

@@ -462,3 +462,59 @@ func TestSessions(t *testing.T) {
 		t.Errorf("terminating an unknown session: %v", err)
 	}
 }
+
+// A session that uses tool calls stays valid: the reply's message.tool_calls
+// are stored with it and the caller's tool message keeps its tool_name, so
+// later turns replay the call and its answer together.
+func TestSessionToolCalls(t *testing.T) {
+	var mu sync.Mutex
+	n := 0
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n++
+		i := n
+		mu.Unlock()
+		if i == 1 {
+			ndjson(standin.Lines(
+				`{"model":"m","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"get_time","arguments":{"tz":"UTC"}}}]},"done":false}`,
+				`{"model":"m","message":{"role":"assistant","content":""},"done":true,"done_reason":"stop"}`,
+			))(w, r)
+			return
+		}
+		ndjson(standin.Lines(`{"model":"m","message":{"role":"assistant","content":"It is noon."},"done":true,"done_reason":"stop"}`))(w, r)
+	})
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, memory.NewChatStore())
+	for _, input := range []string{"what time is it?", `{"messages":[{"role":"tool","tool_name":"get_time","content":"12:00"}]}`, "thanks"} {
+		sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte(input), SessionID: "s1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireTerminal(t, sink, domain.EventComplete, "")
+	}
+	for i := 1; i <= 2; i++ {
+		var msgs []struct {
+			Role      string `json:"role"`
+			ToolName  string `json:"tool_name"`
+			ToolCalls []struct {
+				Function struct {
+					Name      string          `json:"name"`
+					Arguments json.RawMessage `json:"arguments"`
+				} `json:"function"`
+			} `json:"tool_calls"`
+		}
+		raw := srv.Request(t, i).Body["messages"]
+		if err := json.Unmarshal(raw, &msgs); err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs) < 3 {
+			t.Fatalf("request %d sent %s", i+1, raw)
+		}
+		call := msgs[1].ToolCalls
+		if msgs[1].Role != "assistant" || len(call) != 1 || call[0].Function.Name != "get_time" || string(call[0].Function.Arguments) != `{"tz":"UTC"}` {
+			t.Errorf("request %d: the tool-calling reply was replayed as %s", i+1, raw)
+		}
+		if msgs[2].Role != "tool" || msgs[2].ToolName != "get_time" {
+			t.Errorf("request %d: the tool message was replayed without its tool_name: %s", i+1, raw)
+		}
+	}
+}

@@ -34,8 +34,11 @@
 // closes the connection; Execute then returns ctx.Err().
 //
 // Sessions behave as for the ollama adapter: history is sent before the
-// run's messages, and a completed run appends them and the reply (the
-// concatenated content).
+// run's messages, and a completed run appends them (as given) and the reply:
+// the concatenated content with the tool calls of the stream, whose
+// delta.tool_calls fragments are merged by index (id, type and function
+// name from the first fragment, the arguments concatenated; at most 128
+// calls and 1 MiB in all, else provider_error).
 package openai
 
 import (
@@ -210,7 +213,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	case err != nil:
 		return err // the sink's
 	}
-	if err := a.sessions.Commit(ctx, model, req.SessionID, turn, s.reply.String()); err != nil {
+	if err := a.sessions.Commit(ctx, model, req.SessionID, turn, chat.Reply{Content: s.reply.String(), ToolCalls: s.calls.merged()}); err != nil {
 		return err
 	}
 	u := s.usage
@@ -258,6 +261,7 @@ type stream struct {
 	sink   ports.EventSink
 	model  string
 	reply  strings.Builder
+	calls  toolCalls
 	usage  domain.Usage
 	finish string
 	done   bool
@@ -385,10 +389,109 @@ func (s *stream) emitMessage(m *message) error {
 		}
 	}
 	if len(m.ToolCalls) > 0 && string(m.ToolCalls) != "null" {
+		if err := s.calls.add(m.ToolCalls); err != nil {
+			return err
+		}
 		meta, _ := json.Marshal(map[string]json.RawMessage{"tool_calls": m.ToolCalls})
 		if err := s.sink.Emit(domain.RunEvent{Type: domain.EventMetadata, Metadata: meta}); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// maxToolCalls and maxToolCallBytes bound what a stream's tool-call
+// fragments may accumulate to: the calls are kept for the session history
+// and must not grow the node's memory without bound.
+const (
+	maxToolCalls     = 128
+	maxToolCallBytes = 1 << 20
+)
+
+// toolCalls merges the streamed fragments of the reply's tool calls: the
+// first fragment of a call (by index) brings its id, type and function
+// name, the following ones pieces of its arguments.
+type toolCalls struct {
+	calls []*toolCall // by index
+	size  int
+}
+
+type toolCall struct {
+	id, typ, name string
+	args          strings.Builder
+	seen          bool
+}
+
+type toolCallFragment struct {
+	Index    *int   `json:"index"`
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+// add merges one delta's tool_calls. Calls without an index (a
+// non-streamed message, some servers' streams) are told apart by id: a new
+// id is a new call, no id continues the last one.
+func (tc *toolCalls) add(raw json.RawMessage) error {
+	var frags []toolCallFragment
+	if json.Unmarshal(raw, &frags) != nil {
+		return nil // not tool calls we can read: passed on in metadata only
+	}
+	for _, f := range frags {
+		i := tc.slot(f)
+		tc.size += len(f.ID) + len(f.Type) + len(f.Function.Name) + len(f.Function.Arguments)
+		if i < 0 || i >= maxToolCalls || tc.size > maxToolCallBytes {
+			return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server's tool calls exceed %d calls or %d bytes", maxToolCalls, maxToolCallBytes)}
+		}
+		for len(tc.calls) <= i {
+			tc.calls = append(tc.calls, &toolCall{})
+		}
+		c := tc.calls[i]
+		c.seen = true
+		c.id = cmp.Or(c.id, f.ID)
+		c.typ = cmp.Or(c.typ, f.Type)
+		c.name = cmp.Or(c.name, f.Function.Name)
+		c.args.WriteString(f.Function.Arguments)
+	}
+	return nil
+}
+
+func (tc *toolCalls) slot(f toolCallFragment) int {
+	if f.Index != nil {
+		return *f.Index
+	}
+	if f.ID == "" && len(tc.calls) > 0 {
+		return len(tc.calls) - 1
+	}
+	for i, c := range tc.calls {
+		if c.id == f.ID {
+			return i
+		}
+	}
+	return len(tc.calls)
+}
+
+// merged returns the complete calls, as the API expects them in an
+// assistant message of the history.
+func (tc *toolCalls) merged() []json.RawMessage {
+	var out []json.RawMessage
+	for _, c := range tc.calls {
+		if !c.seen {
+			continue
+		}
+		type function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		}
+		b, _ := json.Marshal(struct {
+			ID       string   `json:"id"`
+			Type     string   `json:"type"`
+			Function function `json:"function"`
+		}{c.id, cmp.Or(c.typ, "function"), function{c.name, c.args.String()}})
+		out = append(out, b)
+	}
+	return out
 }

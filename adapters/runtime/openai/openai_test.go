@@ -433,3 +433,62 @@ func TestSessions(t *testing.T) {
 		t.Errorf("ListSessions = %+v, %v", list, err)
 	}
 }
+
+// A session that uses tool calls stays valid: the reply's tool calls
+// (merged from their streamed fragments) are stored with it, and the
+// caller's tool messages keep their tool_call_id, so every later turn
+// replays tool messages right after the assistant message that made the
+// call.
+func TestSessionToolCalls(t *testing.T) {
+	var mu sync.Mutex
+	n := 0
+	srv := standin.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n++
+		i := n
+		mu.Unlock()
+		if i == 1 {
+			sse(events("\n",
+				chunk(`{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_time","arguments":""}}]}`, ""),
+				chunk(`{"tool_calls":[{"index":0,"function":{"arguments":"{\"tz\":"}}]}`, ""),
+				chunk(`{"tool_calls":[{"index":0,"function":{"arguments":"\"UTC\"}"}}]}`, "tool_calls"),
+				"[DONE]"))(w, r)
+			return
+		}
+		sse(events("\n", chunk(`{"content":"It is noon."}`, "stop"), "[DONE]"))(w, r)
+	})
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, memory.NewChatStore())
+	for _, input := range []string{"what time is it?", `{"messages":[{"role":"tool","tool_call_id":"call_1","content":"12:00"}]}`, "thanks"} {
+		sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte(input), SessionID: "s1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireTerminal(t, sink, domain.EventComplete, "")
+	}
+	for i := 1; i <= 2; i++ {
+		var msgs []struct {
+			Role       string `json:"role"`
+			ToolCallID string `json:"tool_call_id"`
+			ToolCalls  []struct {
+				ID       string `json:"id"`
+				Type     string `json:"type"`
+				Function struct{ Name, Arguments string }
+			} `json:"tool_calls"`
+		}
+		raw := srv.Request(t, i).Body["messages"]
+		if err := json.Unmarshal(raw, &msgs); err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs) < 3 {
+			t.Fatalf("request %d sent %s", i+1, raw)
+		}
+		call := msgs[1].ToolCalls
+		if msgs[1].Role != "assistant" || len(call) != 1 || call[0].ID != "call_1" || call[0].Type != "function" ||
+			call[0].Function.Name != "get_time" || call[0].Function.Arguments != `{"tz":"UTC"}` {
+			t.Errorf("request %d: the tool-calling reply was replayed as %s", i+1, raw)
+		}
+		if msgs[2].Role != "tool" || msgs[2].ToolCallID != "call_1" {
+			t.Errorf("request %d: the tool message was replayed without its tool_call_id: %s", i+1, raw)
+		}
+	}
+}

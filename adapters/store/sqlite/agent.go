@@ -50,36 +50,43 @@ var agentSessionColumns = [][2]string{
 	{"total_output", "INTEGER NOT NULL DEFAULT 0"},
 }
 
-// addAgentSessionColumns adds the columns a database created by an older
-// version lacks.
-func addAgentSessionColumns(ctx context.Context, tx bun.Tx) error {
+// addColumns adds to table the columns (name, definition) a database
+// created by an older version lacks, and runs each one's backfill
+// statement, if any, right after adding it.
+func addColumns(ctx context.Context, tx bun.Tx, table string, columns [][2]string, backfill map[string]string) error {
 	// The catalog query is the one dialect-specific bit: SQLite's
 	// table_info pragma, the information schema elsewhere (PostgreSQL).
-	query := "SELECT name FROM pragma_table_info('agent_sessions')"
+	query := "SELECT name FROM pragma_table_info('" + table + "')"
 	if tx.Dialect().Name() != dialect.SQLite {
-		query = "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = 'agent_sessions'"
+		query = "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = '" + table + "'"
 	}
 	rows, err := tx.QueryContext(ctx, query)
 	if err != nil {
-		return fmt.Errorf("read agent_sessions columns: %w", err)
+		return fmt.Errorf("read %s columns: %w", table, err)
 	}
 	have := map[string]bool{}
 	for rows.Next() {
 		var name string
 		if err := rows.Scan(&name); err != nil {
 			rows.Close()
-			return fmt.Errorf("read agent_sessions columns: %w", err)
+			return fmt.Errorf("read %s columns: %w", table, err)
 		}
 		have[name] = true
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read agent_sessions columns: %w", err)
+		return fmt.Errorf("read %s columns: %w", table, err)
 	}
-	for _, c := range agentSessionColumns {
-		if !have[c[0]] {
-			if _, err := tx.ExecContext(ctx, "ALTER TABLE agent_sessions ADD COLUMN "+c[0]+" "+c[1]); err != nil {
-				return fmt.Errorf("add column agent_sessions.%s: %w", c[0], err)
+	for _, c := range columns {
+		if have[c[0]] {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, "ALTER TABLE "+table+" ADD COLUMN "+c[0]+" "+c[1]); err != nil {
+			return fmt.Errorf("add column %s.%s: %w", table, c[0], err)
+		}
+		if q := backfill[c[0]]; q != "" {
+			if _, err := tx.ExecContext(ctx, q); err != nil {
+				return fmt.Errorf("fill column %s.%s: %w", table, c[0], err)
 			}
 		}
 	}

@@ -30,13 +30,23 @@ func NewChatStore(db *DB) *ChatStore {
 type chatMessageRow struct {
 	bun.BaseModel `bun:"table:chat_messages"`
 
-	Adapter   string    `bun:"adapter,pk"`
-	SessionID string    `bun:"session_id,pk"`
-	Seq       int64     `bun:"seq,pk"`
-	Target    string    `bun:"target,notnull"`
-	Role      string    `bun:"role,notnull"`
-	Content   string    `bun:"content,notnull"`
+	Adapter   string `bun:"adapter,pk"`
+	SessionID string `bun:"session_id,pk"`
+	Seq       int64  `bun:"seq,pk"`
+	Target    string `bun:"target,notnull"`
+	Role      string `bun:"role,notnull"`
+	Content   string `bun:"content,notnull"`
+	// Raw is the message's JSON (domain.ChatMessage.Raw); '' in rows
+	// stored before it was kept, which replay as role and content. No bun
+	// default tag: with one, the multi-row insert of AppendChat stored ''.
+	Raw       string    `bun:"raw,notnull"`
 	CreatedAt time.Time `bun:"created_at,notnull"`
+}
+
+// chatMessageColumns are the columns added to chat_messages after its
+// first release, with their definitions, for databases created before.
+var chatMessageColumns = [][2]string{
+	{"raw", "TEXT NOT NULL DEFAULT ''"},
 }
 
 // LoadChat returns the session's messages in the order they were appended;
@@ -52,7 +62,7 @@ func (s *ChatStore) LoadChat(ctx context.Context, adapter, sessionID string) ([]
 	}
 	msgs := make([]domain.ChatMessage, len(rows))
 	for i, r := range rows {
-		msgs[i] = domain.ChatMessage{Role: r.Role, Content: r.Content}
+		msgs[i] = domain.ChatMessage{Role: r.Role, Content: r.Content, Raw: r.Raw}
 	}
 	return msgs, nil
 }
@@ -77,7 +87,7 @@ func (s *ChatStore) AppendChat(ctx context.Context, adapter, target, sessionID s
 		for i, m := range msgs {
 			rows[i] = chatMessageRow{
 				Adapter: adapter, SessionID: sessionID, Seq: last + int64(i) + 1,
-				Target: target, Role: m.Role, Content: m.Content, CreatedAt: now,
+				Target: target, Role: m.Role, Content: m.Content, Raw: m.Raw, CreatedAt: now,
 			}
 		}
 		if _, err := tx.NewInsert().Model(&rows).Exec(ctx); err != nil {

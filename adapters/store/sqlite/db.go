@@ -93,7 +93,10 @@ func (db *DB) createSchema(ctx context.Context) error {
 				return fmt.Errorf("create table: %w", err)
 			}
 		}
-		if err := addAgentSessionColumns(ctx, tx); err != nil {
+		if err := addColumns(ctx, tx, "agent_sessions", agentSessionColumns, nil); err != nil {
+			return err
+		}
+		if err := addColumns(ctx, tx, "chat_messages", chatMessageColumns, nil); err != nil {
 			return err
 		}
 		indexes := []struct{ name, column string }{

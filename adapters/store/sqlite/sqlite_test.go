@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -226,6 +227,35 @@ func TestAgentSessionsOldSchemaGainsColumns(t *testing.T) {
 	got, ok, err := s.GetAgentSession(ctx, "codex", "s1")
 	if err != nil || !ok || got != (domain.AgentSession{AgentID: "thread-1", Turns: 1, Totals: domain.AgentTotals{Input: 5, Output: 1}}) {
 		t.Fatalf("GetAgentSession = %+v, %v, %v", got, ok, err)
+	}
+}
+
+// A database whose chat_messages table predates the raw message JSON gets
+// the column on open; its rows load with no Raw (they replay as role and
+// content) and new rows keep theirs.
+func TestChatMessagesOldSchemaGainsColumns(t *testing.T) {
+	dsn := fileDSN(t)
+	old, err := sql.Open(sqliteshim.ShimName, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = old.Exec(`CREATE TABLE chat_messages (adapter VARCHAR NOT NULL, session_id VARCHAR NOT NULL, seq BIGINT NOT NULL, target VARCHAR NOT NULL, role VARCHAR NOT NULL, content VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL, PRIMARY KEY (adapter, session_id, seq));
+		INSERT INTO chat_messages VALUES ('ollama', 's1', 1, 'm', 'user', 'hi', '2026-01-02 03:04:05+00:00');
+		INSERT INTO chat_messages VALUES ('ollama', 's1', 2, 'm', 'assistant', 'hello', '2026-01-02 03:04:06+00:00');`)
+	old.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sqlite.NewChatStore(open(t, dsn))
+	ctx := context.Background()
+	next := domain.ChatMessage{Role: "tool", Content: "12:00", Raw: `{"role":"tool","tool_call_id":"call_1","content":"12:00"}`}
+	if err := s.AppendChat(ctx, "ollama", "m", "s1", []domain.ChatMessage{next}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.LoadChat(ctx, "ollama", "s1")
+	want := []domain.ChatMessage{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "hello"}, next}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("LoadChat = %+v, %v; want %+v", got, err, want)
 	}
 }
 

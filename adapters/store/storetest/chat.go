@@ -26,7 +26,8 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 	t.Run("appends keep order and sessions stay apart", func(t *testing.T) {
 		s, ctx := newStore(t), context.Background()
 		first := []domain.ChatMessage{{Role: "system", Content: ""}, user("it's \"quoted\"\n"), asst("héllo ✓")}
-		second := []domain.ChatMessage{user("again"), asst("again!")}
+		second := []domain.ChatMessage{user("again"), asst("again!"),
+			{Role: "tool", Content: "12:00", Raw: `{"role":"tool","tool_call_id":"call_1","content":"12:00"}`}}
 		mustAppend(t, s, "ollama", "m", "s1", first)
 		mustAppend(t, s, "ollama", "m", "s2", []domain.ChatMessage{user("other session")})
 		mustAppend(t, s, "openai", "m", "s1", []domain.ChatMessage{user("other adapter")})

@@ -5,10 +5,12 @@
 // A run's input is either plain text, sent as one user message, or a JSON
 // object with a "messages" array, whose entries are sent upstream exactly as
 // given (so images, tool calls and the like pass through). In a session the
-// new messages follow the stored history. A session stores role and text
-// content only: for a message whose content is an array of parts, the text
-// parts joined; anything else in a message (images, tool calls) is sent in
-// its own turn but not replayed in later turns.
+// new messages follow the stored history. A session stores each message's
+// JSON as given and replays it exactly in later turns (tool_call_id,
+// tool_name, images and all), and stores the reply with the tool calls the
+// model made, so a tool-using conversation stays valid turn after turn. It
+// also keeps each message's text (for a content array, the text parts
+// joined) for reading the history.
 package chat
 
 import (
@@ -46,12 +48,13 @@ func ParseInput(input []byte) (Turn, error) {
 	}
 	text := string(input)
 	msg, _ := json.Marshal(wireMessage{Role: "user", Content: text})
-	return Turn{Send: []json.RawMessage{msg}, Record: []domain.ChatMessage{{Role: "user", Content: text}}}, nil
+	return Turn{Send: []json.RawMessage{msg}, Record: []domain.ChatMessage{{Role: "user", Content: text, Raw: string(msg)}}}, nil
 }
 
 type wireMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role      string            `json:"role"`
+	Content   string            `json:"content"`
+	ToolCalls []json.RawMessage `json:"tool_calls,omitempty"`
 }
 
 func parseMessages(raw json.RawMessage) (Turn, error) {
@@ -72,7 +75,11 @@ func parseMessages(raw json.RawMessage) (Turn, error) {
 			return Turn{}, domain.Errorf(domain.CodeInvalidRequest, "input message #%d needs a string \"role\"", i+1)
 		}
 		t.Send = append(t.Send, m)
-		t.Record = append(t.Record, domain.ChatMessage{Role: *head.Role, Content: contentText(head.Content)})
+		// Compacted, so what is stored (and counted against the history
+		// bound) carries no indentation; the message itself is unchanged.
+		var compact bytes.Buffer
+		_ = json.Compact(&compact, m) // m was just decoded: valid JSON
+		t.Record = append(t.Record, domain.ChatMessage{Role: *head.Role, Content: contentText(head.Content), Raw: compact.String()})
 	}
 	return t, nil
 }
@@ -159,22 +166,42 @@ func (s *Sessions) Messages(ctx context.Context, sessionID string, t Turn) ([]js
 	}
 	out := make([]json.RawMessage, 0, len(history)+len(t.Send))
 	for _, m := range history {
-		b, err := json.Marshal(wireMessage{Role: m.Role, Content: m.Content})
-		if err != nil {
-			return nil, fmt.Errorf("encode session %q history: %w", sessionID, err)
-		}
-		out = append(out, b)
+		out = append(out, wire(m))
 	}
 	return append(out, t.Send...), nil
 }
 
+// wire returns a stored message as sent upstream: its JSON as given, or,
+// for a message stored before that was kept, its role and text.
+func wire(m domain.ChatMessage) json.RawMessage {
+	if m.Raw != "" {
+		return json.RawMessage(m.Raw)
+	}
+	b, _ := json.Marshal(wireMessage{Role: m.Role, Content: m.Content}) // strings only: cannot fail
+	return b
+}
+
+// Reply is the assistant's answer to a turn.
+type Reply struct {
+	Content string
+	// ToolCalls are the complete tool calls the model made, each a JSON
+	// object as the upstream API expects them back in the history.
+	ToolCalls []json.RawMessage
+}
+
 // Commit appends a completed turn to sessionID: the turn's messages, then
-// the assistant's reply. It does nothing for runs outside a session.
-func (s *Sessions) Commit(ctx context.Context, target, sessionID string, t Turn, reply string) error {
+// the assistant's reply with its tool calls, which the caller's tool
+// messages of the next turn answer. It does nothing for runs outside a
+// session.
+func (s *Sessions) Commit(ctx context.Context, target, sessionID string, t Turn, reply Reply) error {
 	if sessionID == "" || s.store == nil {
 		return nil
 	}
-	msgs := append(append([]domain.ChatMessage(nil), t.Record...), domain.ChatMessage{Role: "assistant", Content: reply})
+	raw, err := json.Marshal(wireMessage{Role: "assistant", Content: reply.Content, ToolCalls: reply.ToolCalls})
+	if err != nil {
+		return fmt.Errorf("encode session %q reply: %w", sessionID, err)
+	}
+	msgs := append(append([]domain.ChatMessage(nil), t.Record...), domain.ChatMessage{Role: "assistant", Content: reply.Content, Raw: string(raw)})
 	if err := s.store.AppendChat(ctx, s.adapter, target, sessionID, msgs); err != nil {
 		return fmt.Errorf("save session %q: %w", sessionID, err)
 	}

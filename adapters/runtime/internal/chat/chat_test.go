@@ -43,7 +43,7 @@ func TestSessionsCommitAndMessages(t *testing.T) {
 	ctx := context.Background()
 	s := chat.NewSessions(memory.NewChatStore(), "llm")
 	turn, _ := chat.ParseInput([]byte("one"))
-	if err := s.Commit(ctx, "m", "s1", turn, "reply"); err != nil {
+	if err := s.Commit(ctx, "m", "s1", turn, chat.Reply{Content: "reply"}); err != nil {
 		t.Fatal(err)
 	}
 	next, _ := chat.ParseInput([]byte("two"))
@@ -60,7 +60,7 @@ func TestSessionsCommitAndMessages(t *testing.T) {
 			t.Errorf("message %d = %s, want %s", i, msgs[i], want[i])
 		}
 	}
-	if err := s.Commit(ctx, "m", "", next, "x"); err != nil {
+	if err := s.Commit(ctx, "m", "", next, chat.Reply{Content: "x"}); err != nil {
 		t.Fatal(err)
 	}
 	if list, _ := s.List(ctx); len(list) != 1 || list[0].Turns != 1 {
