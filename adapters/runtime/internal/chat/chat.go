@@ -10,7 +10,8 @@
 // tool_name, images and all), and stores the reply with the tool calls the
 // model made, so a tool-using conversation stays valid turn after turn. It
 // also keeps each message's text (for a content array, the text parts
-// joined) for reading the history.
+// joined) for reading the history. At most MaxHistoryBytes of history is
+// replayed (see trim).
 package chat
 
 import (
@@ -168,7 +169,49 @@ func (s *Sessions) Messages(ctx context.Context, sessionID string, t Turn) ([]js
 	for _, m := range history {
 		out = append(out, wire(m))
 	}
-	return append(out, t.Send...), nil
+	return append(trim(history, out, MaxHistoryBytes), t.Send...), nil
+}
+
+// MaxHistoryBytes bounds the stored history a turn replays (the JSON of its
+// messages): a session that outgrew it keeps going on its latest turns
+// instead of failing every turn once past the model's context.
+const MaxHistoryBytes = 1 << 20
+
+// trim drops whole turns, oldest first, from a session's history (msgs, as
+// wire holds them) until it fits in max bytes. A turn starts at a user
+// message, so an assistant message's tool calls and the tool messages that
+// answer them go together; a leading system message is always kept, and so
+// is the latest turn, which the new messages may answer (tool results).
+func trim(history []domain.ChatMessage, msgs []json.RawMessage, max int) []json.RawMessage {
+	total := 0
+	for _, m := range msgs {
+		total += len(m)
+	}
+	if total <= max {
+		return msgs
+	}
+	head := 0
+	if len(history) > 0 && history[0].Role == "system" {
+		head = 1
+	}
+	last := head // where the latest turn starts
+	for i := head + 1; i < len(history); i++ {
+		if history[i].Role == "user" {
+			last = i
+		}
+	}
+	from := head // the first message kept after the head
+	for from < last && total > max {
+		next := from + 1
+		for next < last && history[next].Role != "user" {
+			next++
+		}
+		for _, m := range msgs[from:next] {
+			total -= len(m)
+		}
+		from = next
+	}
+	return append(msgs[:head:head], msgs[from:]...)
 }
 
 // wire returns a stored message as sent upstream: its JSON as given, or,

@@ -2,7 +2,10 @@ package chat_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"iop/adapters/runtime/internal/chat"
@@ -65,5 +68,47 @@ func TestSessionsCommitAndMessages(t *testing.T) {
 	}
 	if list, _ := s.List(ctx); len(list) != 1 || list[0].Turns != 1 {
 		t.Errorf("List = %+v", list)
+	}
+}
+
+// A history past MaxHistoryBytes is replayed without its oldest whole
+// turns: the leading system message stays, and an assistant message's tool
+// calls stay with the tool messages that answer them.
+func TestMessagesBoundHistory(t *testing.T) {
+	ctx := context.Background()
+	store := memory.NewChatStore()
+	s := chat.NewSessions(store, "llm")
+	big := strings.Repeat("x", chat.MaxHistoryBytes/3)
+	sys, _ := chat.ParseInput([]byte(`{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"` + big + `"}]}`))
+	if err := s.Commit(ctx, "m", "s1", sys, chat.Reply{ToolCalls: []json.RawMessage{json.RawMessage(`{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	tool, _ := chat.ParseInput([]byte(`{"messages":[{"role":"tool","tool_call_id":"c1","content":"` + big + `"}]}`))
+	if err := s.Commit(ctx, "m", "s1", tool, chat.Reply{Content: "done"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		next, _ := chat.ParseInput([]byte(fmt.Sprintf("turn %d %s", i, big)))
+		if err := s.Commit(ctx, "m", "s1", next, chat.Reply{Content: "ok"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last, _ := chat.ParseInput([]byte("now"))
+	msgs, err := s.Messages(ctx, "s1", last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var roles []string
+	size := 0
+	for _, m := range msgs[:len(msgs)-1] {
+		var head struct{ Role string }
+		_ = json.Unmarshal(m, &head)
+		roles = append(roles, head.Role)
+		size += len(m)
+	}
+	// The first turn (user, tool-calling reply, tool answer, reply) went
+	// whole; the system message and the last two turns stayed.
+	if got, want := strings.Join(roles, ","), "system,user,assistant,user,assistant"; got != want || size > chat.MaxHistoryBytes {
+		t.Errorf("replayed roles %s (%d bytes), want %s within %d", got, size, want, chat.MaxHistoryBytes)
 	}
 }
