@@ -39,4 +39,8 @@ type ChatMessage struct {
 	// turns, so tool calls, tool_call_id and the like survive. Empty for
 	// messages stored before it was kept: those replay as role and Content.
 	Raw string
+	// Reply marks an assistant message a completed run stored as its
+	// answer; session_list counts these as turns (not few-shot assistant
+	// messages of an input).
+	Reply bool
 }

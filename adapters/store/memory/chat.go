@@ -11,9 +11,6 @@ import (
 	"iop/ports"
 )
 
-// roleAssistant marks the messages that count as turns in ListChats.
-const roleAssistant = "assistant"
-
 // sessionKey identifies a session within the node.
 type sessionKey struct{ adapter, sessionID string }
 
@@ -67,7 +64,7 @@ func (s *ChatStore) AppendChat(_ context.Context, adapter, target, sessionID str
 	sess.target, sess.lastUsed = target, now
 	sess.msgs = append(sess.msgs, msgs...)
 	for _, m := range msgs {
-		if m.Role == roleAssistant {
+		if m.Reply {
 			sess.turns++
 		}
 	}
@@ -84,7 +81,7 @@ func (s *ChatStore) DeleteChat(_ context.Context, adapter, sessionID string) err
 
 // ListChats describes the chat sessions of adapter ("" means every adapter),
 // ordered by adapter and session id. Target is the one given with the most
-// recent append; Turns counts assistant messages.
+// recent append; Turns counts the replies of completed runs.
 func (s *ChatStore) ListChats(_ context.Context, adapter string) ([]domain.SessionInfo, error) {
 	s.mu.Lock()
 	out := []domain.SessionInfo{}

@@ -11,9 +11,6 @@ import (
 	"iop/ports"
 )
 
-// roleAssistant marks the messages that count as turns in ListChats.
-const roleAssistant = "assistant"
-
 // ChatStore keeps chat session histories in SQLite.
 type ChatStore struct {
 	db *bun.DB
@@ -39,7 +36,9 @@ type chatMessageRow struct {
 	// Raw is the message's JSON (domain.ChatMessage.Raw); '' in rows
 	// stored before it was kept, which replay as role and content. No bun
 	// default tag: with one, the multi-row insert of AppendChat stored ''.
-	Raw       string    `bun:"raw,notnull"`
+	Raw string `bun:"raw,notnull"`
+	// Reply marks a run's stored answer (domain.ChatMessage.Reply).
+	Reply     bool      `bun:"reply,notnull"`
 	CreatedAt time.Time `bun:"created_at,notnull"`
 }
 
@@ -47,6 +46,14 @@ type chatMessageRow struct {
 // first release, with their definitions, for databases created before.
 var chatMessageColumns = [][2]string{
 	{"raw", "TEXT NOT NULL DEFAULT ''"},
+	{"reply", "BOOLEAN NOT NULL DEFAULT FALSE"},
+}
+
+// chatMessageBackfill fills added columns for the rows already there: an
+// older node counted every assistant message as a turn, and cannot tell
+// replies from few-shot ones now, so the counts stay as they were.
+var chatMessageBackfill = map[string]string{
+	"reply": "UPDATE chat_messages SET reply = TRUE WHERE role = 'assistant'",
 }
 
 // LoadChat returns the session's messages in the order they were appended;
@@ -62,7 +69,7 @@ func (s *ChatStore) LoadChat(ctx context.Context, adapter, sessionID string) ([]
 	}
 	msgs := make([]domain.ChatMessage, len(rows))
 	for i, r := range rows {
-		msgs[i] = domain.ChatMessage{Role: r.Role, Content: r.Content, Raw: r.Raw}
+		msgs[i] = domain.ChatMessage{Role: r.Role, Content: r.Content, Raw: r.Raw, Reply: r.Reply}
 	}
 	return msgs, nil
 }
@@ -87,7 +94,7 @@ func (s *ChatStore) AppendChat(ctx context.Context, adapter, target, sessionID s
 		for i, m := range msgs {
 			rows[i] = chatMessageRow{
 				Adapter: adapter, SessionID: sessionID, Seq: last + int64(i) + 1,
-				Target: target, Role: m.Role, Content: m.Content, Raw: m.Raw, CreatedAt: now,
+				Target: target, Role: m.Role, Content: m.Content, Raw: m.Raw, Reply: m.Reply, CreatedAt: now,
 			}
 		}
 		if _, err := tx.NewInsert().Model(&rows).Exec(ctx); err != nil {
@@ -119,14 +126,14 @@ type chatSessionRow struct {
 
 // ListChats describes the chat sessions of adapter ("" means every adapter),
 // ordered by adapter and session id. Target is the one given with the most
-// recent append; Turns counts assistant messages.
+// recent append; Turns counts the replies of completed runs.
 func (s *ChatStore) ListChats(ctx context.Context, adapter string) ([]domain.SessionInfo, error) {
 	var rows []chatSessionRow
 	q := s.db.NewSelect().TableExpr("chat_messages AS m").
 		Column("m.adapter", "m.session_id").
 		ColumnExpr("(SELECT l.target FROM chat_messages AS l"+
 			" WHERE l.adapter = m.adapter AND l.session_id = m.session_id ORDER BY l.seq DESC LIMIT 1) AS target").
-		ColumnExpr("SUM(CASE WHEN m.role = ? THEN 1 ELSE 0 END) AS turns", roleAssistant).
+		ColumnExpr("SUM(CASE WHEN m.reply THEN 1 ELSE 0 END) AS turns").
 		ColumnExpr("MAX(m.created_at) AS last_used").
 		Group("m.adapter", "m.session_id").
 		Order("m.adapter", "m.session_id")

@@ -96,7 +96,7 @@ func (db *DB) createSchema(ctx context.Context) error {
 		if err := addColumns(ctx, tx, "agent_sessions", agentSessionColumns, nil); err != nil {
 			return err
 		}
-		if err := addColumns(ctx, tx, "chat_messages", chatMessageColumns, nil); err != nil {
+		if err := addColumns(ctx, tx, "chat_messages", chatMessageColumns, chatMessageBackfill); err != nil {
 			return err
 		}
 		indexes := []struct{ name, column string }{

@@ -253,9 +253,13 @@ func TestChatMessagesOldSchemaGainsColumns(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := s.LoadChat(ctx, "ollama", "s1")
-	want := []domain.ChatMessage{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "hello"}, next}
+	want := []domain.ChatMessage{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "hello", Reply: true}, next}
 	if err != nil || !slices.Equal(got, want) {
 		t.Fatalf("LoadChat = %+v, %v; want %+v", got, err, want)
+	}
+	// The old assistant row counts as the turn it was counted as before.
+	if list, err := s.ListChats(ctx, "ollama"); err != nil || len(list) != 1 || list[0].Turns != 1 {
+		t.Fatalf("ListChats = %+v, %v", list, err)
 	}
 }
 

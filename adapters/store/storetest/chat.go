@@ -15,6 +15,9 @@ import (
 func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessionStore) {
 	user := func(s string) domain.ChatMessage { return domain.ChatMessage{Role: "user", Content: s} }
 	asst := func(s string) domain.ChatMessage { return domain.ChatMessage{Role: "assistant", Content: s} }
+	reply := func(s string) domain.ChatMessage {
+		return domain.ChatMessage{Role: "assistant", Content: s, Reply: true}
+	}
 
 	t.Run("unknown session has no messages", func(t *testing.T) {
 		msgs, err := newStore(t).LoadChat(context.Background(), "ollama", "nope")
@@ -47,7 +50,7 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 				t.Fatalf("LoadChat %s/%s: %v", tc.adapter, tc.session, err)
 			}
 			if !slices.Equal(got, tc.want) {
-				t.Errorf("LoadChat %s/%s =\n%q\nwant\n%q", tc.adapter, tc.session, got, tc.want)
+				t.Errorf("LoadChat %s/%s =\n%+v\nwant\n%+v", tc.adapter, tc.session, got, tc.want)
 			}
 		}
 	})
@@ -61,7 +64,7 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 		got[0].Content = "changed by reader"
 		got, _ = s.LoadChat(ctx, "ollama", "s1")
 		if !slices.Equal(got, []domain.ChatMessage{user("a")}) {
-			t.Fatalf("LoadChat after callers' edits = %q", got)
+			t.Fatalf("LoadChat after callers' edits = %+v", got)
 		}
 	})
 
@@ -97,7 +100,7 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 		// A deleted session starts again from scratch.
 		mustAppend(t, s, "ollama", "m", "s1", []domain.ChatMessage{user("fresh")})
 		if msgs, _ := s.LoadChat(ctx, "ollama", "s1"); !slices.Equal(msgs, []domain.ChatMessage{user("fresh")}) {
-			t.Fatalf("LoadChat(recreated) = %q", msgs)
+			t.Fatalf("LoadChat(recreated) = %+v", msgs)
 		}
 	})
 
@@ -105,9 +108,10 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 		s, ctx := newStore(t), context.Background()
 		from := time.Now()
 		mustAppend(t, s, "openai", "gpt", "s1", []domain.ChatMessage{user("q")})
-		mustAppend(t, s, "ollama", "m1", "s2", []domain.ChatMessage{user("q"), asst("a")})
-		mustAppend(t, s, "ollama", "m1", "s1", []domain.ChatMessage{user("q"), asst("a")})
-		mustAppend(t, s, "ollama", "m2", "s1", []domain.ChatMessage{user("q"), asst("a"), asst("a2")})
+		mustAppend(t, s, "ollama", "m1", "s2", []domain.ChatMessage{user("q"), reply("a")})
+		mustAppend(t, s, "ollama", "m1", "s1", []domain.ChatMessage{user("q"), reply("a")})
+		// Turns count replies; a few-shot assistant message is none.
+		mustAppend(t, s, "ollama", "m2", "s1", []domain.ChatMessage{user("q"), asst("few-shot"), user("q2"), reply("a"), reply("a2")})
 		to := time.Now()
 
 		all := []domain.SessionInfo{

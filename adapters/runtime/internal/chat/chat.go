@@ -244,7 +244,7 @@ func (s *Sessions) Commit(ctx context.Context, target, sessionID string, t Turn,
 	if err != nil {
 		return fmt.Errorf("encode session %q reply: %w", sessionID, err)
 	}
-	msgs := append(append([]domain.ChatMessage(nil), t.Record...), domain.ChatMessage{Role: "assistant", Content: reply.Content, Raw: string(raw)})
+	msgs := append(append([]domain.ChatMessage(nil), t.Record...), domain.ChatMessage{Role: "assistant", Content: reply.Content, Raw: string(raw), Reply: true})
 	if err := s.store.AppendChat(ctx, s.adapter, target, sessionID, msgs); err != nil {
 		return fmt.Errorf("save session %q: %w", sessionID, err)
 	}
