@@ -91,7 +91,8 @@ func newBrowser(t *testing.T) *browser {
 			// forbidden action, 400 answering the scope probes) is logged by
 			// the browser; the page handles it.
 			if m.Source == "network" && (strings.Contains(m.Text, "status of 401") || strings.Contains(m.Text, "status of 403") ||
-				strings.Contains(m.Text, "status of 400") && (strings.HasSuffix(m.URL, "/v1/runs") || strings.HasSuffix(m.URL, "/v1/nodes/-/commands"))) {
+				strings.Contains(m.Text, "status of 400") && (strings.HasSuffix(m.URL, "/v1/runs") || strings.HasSuffix(m.URL, "/v1/nodes/-/commands")) ||
+				strings.Contains(m.Text, "status of 404") && strings.HasSuffix(m.URL, "/v1/runs/no-such-run")) {
 				continue
 			}
 			if m.Type == chromedp.ConsoleError || m.IsException() {
@@ -340,6 +341,7 @@ func TestConsole(t *testing.T) {
 	b.do(10*time.Second, "fill fail", chromedp.SetValue(chromedp.CSS(`#start-target`), "fail"))
 	b.click(`#start-submit`)
 	b.waitJS(10*time.Second, "failed run", `document.getElementById('start-status').innerText === 'failed' && document.getElementById('run-error').innerText.length > 0`)
+	failedID := evalJS[string](b, `document.querySelector('#start-run a').innerText`)
 
 	// Cancel on a long run's page ends it as cancelled.
 	resp, body := postJSON(t, e.url+"/v1/runs", map[string]any{"node": "n1", "adapter": "exec", "target": "sleep", "background": true})
@@ -377,6 +379,22 @@ func TestConsole(t *testing.T) {
 	// The runs page lists the history and filters it.
 	b.open(e.url + "/ui/#/runs")
 	b.waitJS(10*time.Second, "nothing in flight after the cancel", `!document.querySelector('#runs-live tr[data-run]')`)
+	// Opening a run's page does not put the run in flight: neither a
+	// finished run this tab never saw run (after a reload) nor an unknown id,
+	// which has no Cancel either.
+	b.do(15*time.Second, "reload", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`#main [data-page]`)))
+	b.open(e.url + "/ui/#/run/" + failedID)
+	b.waitJS(10*time.Second, "finished run's page", `document.getElementById('run-status').innerText === 'failed' && !document.querySelector('#cancel')`)
+	b.open(e.url + "/ui/#/run/no-such-run")
+	b.waitJS(10*time.Second, "unknown run's page", `/run_not_found/.test(document.querySelector('[data-page="run"] .error-box')?.innerText || '')`)
+	if s, cancel := b.text(`#run-status`), evalJS[bool](b, `!!document.querySelector('#cancel')`); s != "unknown" || cancel {
+		t.Errorf("unknown run's page: status %q, Cancel shown %v", s, cancel)
+	}
+	b.open(e.url + "/ui/#/runs")
+	b.waitJS(10*time.Second, "history loaded", `document.querySelector('#runs-history tbody tr')`)
+	if n := evalJS[int](b, `document.querySelectorAll('#runs-live tr[data-run]').length`); n != 0 {
+		t.Errorf("%d runs in flight after opening run pages, want 0: %s", n, b.text(`#runs-live`))
+	}
 	b.open(e.url + "/ui/#/runs?status=cancelled")
 	b.waitJS(10*time.Second, "cancelled run in the filtered history",
 		fmt.Sprintf(`document.querySelector('#runs-history tr[data-run=%q]') && document.querySelectorAll('#runs-history tbody tr').length === 1`, bg.RunID))

@@ -282,6 +282,7 @@ function applyRunEvent(ev) {
   if (r.events.length < MAX_EVENTS_PER_RUN) r.events.push(ev);
   switch (ev.type) {
     case 'start': {
+      r.started = true;
       const m = ev.metadata && typeof ev.metadata === 'object' ? ev.metadata : {};
       r.adapter = r.adapter || m.adapter;
       r.target = r.target || m.target;
@@ -492,7 +493,7 @@ async function pageRuns(root) {
       if (!st || !FINISHED.has(st.status)) rows.set(r.run_id, r);
     }
     for (const r of [...runs.values()].reverse()) {
-      if (FINISHED.has(r.status) || rows.has(r.run_id)) continue;
+      if (!r.started || FINISHED.has(r.status) || rows.has(r.run_id)) continue;
       rows.set(r.run_id, { run_id: r.run_id, node: r.node, adapter: r.adapter, target: r.target, status: r.status, created_at: r.seenAt, usage: r.usage });
     }
     liveBox.replaceChildren(rows.size ? runTable([...rows.values()]) : h('p', { class: 'muted' }, 'Nothing running.'));
@@ -616,7 +617,11 @@ async function pageRun(root, id) {
   const head = h('div', { class: 'row' });
   const rec = h('dl', { class: 'kv', id: 'run-record' });
   const note = h('div');
-  const view = runView(runState(id));
+  // A page's own placeholder until the bus shows the run: opening a run's
+  // page must not add it to the tab's runs (the Runs page lists those in
+  // flight) nor guess its status.
+  const local = { run_id: id, status: '', events: [], output: '', reasoning: '', usage: null, error: null };
+  const view = runView(runs.get(id) || local);
   const cancel = cancelButton(() => id, (err) => showError(note, err));
   root.append(h('h1', {}, 'Run ', h('span', { class: 'mono' }, id)), head, note, h('div', { class: 'panel' }, rec), view.el);
 
@@ -632,20 +637,23 @@ async function pageRun(root, id) {
   }
   function render() {
     const st = runs.get(id);
+    // A finished record settles a run the bus saw start but not end.
+    if (st && record && FINISHED.has(record.status) && !FINISHED.has(st.status)) st.status = record.status;
     const status = (record && FINISHED.has(record.status)) ? record.status : (st ? st.status : record && record.status);
     // Only what changed is touched, so the Cancel button stays the same
     // element under a user's pointer.
     const shown = head.dataset.status;
     if (shown !== (status || 'unknown')) {
       head.dataset.status = status || 'unknown';
-      head.replaceChildren(h('span', { id: 'run-status' }, badge(status || 'unknown')), FINISHED.has(status) ? '' : cancel);
+      head.replaceChildren(h('span', { id: 'run-status' }, badge(status || 'unknown')), status && !FINISHED.has(status) ? cancel : '');
     }
     if (record) {
       rec.replaceChildren(...['node', 'adapter', 'target', 'session_id', 'background', 'created_at', 'started_at', 'finished_at']
         .filter((k) => record[k] !== undefined && record[k] !== '')
         .flatMap((k) => [h('dt', {}, k.replaceAll('_', ' ')), h('dd', {}, k.endsWith('_at') ? fmtTime(record[k]) : String(record[k]))]));
     }
-    const state = runState(id, record && record.node);
+    const state = runs.get(id) || local;
+    if (record && record.node && !state.node) state.node = record.node;
     if (record && record.usage && !state.usage) state.usage = record.usage;
     if (record && record.error && !state.error) state.error = record.error;
     view.update(state);
