@@ -398,6 +398,13 @@ func TestConsole(t *testing.T) {
 	b.open(e.url + "/ui/#/runs?status=cancelled")
 	b.waitJS(10*time.Second, "cancelled run in the filtered history",
 		fmt.Sprintf(`document.querySelector('#runs-history tr[data-run=%q]') && document.querySelectorAll('#runs-history tbody tr').length === 1`, bg.RunID))
+	// A link with a node filter applies it on the first load, before the
+	// node choices arrive: n2 ran nothing.
+	b.open(e.url + "/ui/#/runs?node=n2")
+	b.waitJS(10*time.Second, "node-filtered history", `document.querySelector('#runs-history table, #runs-history p')`)
+	if s, v := b.text(`#runs-history`), evalJS[string](b, `document.getElementById('f-node').value`); s != "No runs match." || v != "n2" {
+		t.Errorf("#/runs?node=n2: node %q, history %q", v, s)
+	}
 	b.open(e.url + "/ui/#/runs")
 	b.waitJS(10*time.Second, "whole history", `document.querySelectorAll('#runs-history tbody tr').length >= 3`)
 	b.screenshot("runs")

@@ -470,9 +470,16 @@ async function pageRuns(root) {
   const histBox = h('div', { id: 'runs-history' });
   root.append(h('h1', {}, 'Runs'), h('h2', {}, 'In flight'), liveBox, h('h2', {}, 'History'), form, histStatus, histBox);
 
+  // The link's node is an option at once: the first load must not wait for
+  // GET /v1/nodes nor read an empty choice.
+  if (q.get('node')) {
+    f.node.append(h('option', { value: q.get('node') }, q.get('node')));
+    f.node.value = q.get('node');
+  }
   apiJSON('/v1/nodes').then((d) => {
-    for (const n of d.nodes || []) f.node.append(h('option', { value: n.id }, n.id));
-    f.node.value = q.get('node') || '';
+    for (const n of d.nodes || []) {
+      if (n.id !== q.get('node')) f.node.append(h('option', { value: n.id }, n.id));
+    }
   }).catch(() => {});
 
   function apply() {
