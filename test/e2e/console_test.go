@@ -416,6 +416,21 @@ func TestConsole(t *testing.T) {
 	if runsInChart < 3 {
 		t.Errorf("usage totals show %d runs for n1, want >= 3", runsInChart)
 	}
+	// The chart follows next_cursor: with a page size of 2 it still counts
+	// every run; past 20 pages it says it shows only the newest runs.
+	b.open(e.url + "/ui/#/usage?limit=2")
+	b.waitJS(10*time.Second, "usage over pages of 2", fmt.Sprintf(`[...document.querySelectorAll('#usage-totals tbody tr')].some(tr => tr.cells[0].innerText === 'n1' && +tr.cells[1].innerText === %d)`, runsInChart))
+	if evalJS[bool](b, `!!document.getElementById('usage-capped')`) {
+		t.Errorf("usage over %d runs in pages of 2 says it is capped", runsInChart)
+	}
+	for i := runsInChart; i <= 20; i++ {
+		collectRun(t, startRun(t, context.Background(), e, map[string]any{"node": "n1", "adapter": "exec", "target": "upper", "input": "x"}))
+	}
+	b.open(e.url + "/ui/#/usage?limit=1")
+	b.waitJS(15*time.Second, "usage capped at 20 pages of 1", `/newest 20 runs/.test(document.getElementById('usage-capped')?.innerText || '')`)
+	if n := evalJS[int](b, `[...document.querySelectorAll('#usage-totals tbody tr')].reduce((s, tr) => s + +tr.cells[1].innerText, 0)`); n != 20 {
+		t.Errorf("capped usage totals count %d runs, want 20", n)
+	}
 	// An edge that keeps a history also answers GET /v1/usage?group_by=
 	// with totals, which the page charts too.
 	var usage struct {

@@ -793,7 +793,11 @@ async function pageStart(root) {
 
 const PALETTE = ['#2f5fd0', '#1d8a4e', '#c0392b', '#b7791f', '#7b3fb5', '#138a9e', '#d35d96', '#5b6b86', '#8a9a1d', '#e07b24'];
 
+const USAGE_PAGES = 20;
+
 async function pageUsage(root) {
+  const q = new URLSearchParams(location.hash.split('?')[1] || '');
+  const pageSize = Math.min(Math.max(Math.trunc(Number(q.get('limit'))) || 1000, 1), 1000);
   const groupBy = h('select', { id: 'u-group' }, ['node', 'adapter', 'model', 'key'].map((v) => h('option', { value: v }, v)));
   const metric = h('select', { id: 'u-metric' }, [['requests', 'requests'], ['total_tokens', 'tokens'], ['cost_usd', 'cost (USD)']].map(([v, t]) => h('option', { value: v }, t)));
   const range = h('select', { id: 'u-range' }, [['3600', 'last hour'], ['86400', 'last 24 h'], ['604800', 'last 7 days'], ['0', 'all']].map(([v, t]) => h('option', { value: v }, t)));
@@ -816,13 +820,21 @@ async function pageUsage(root) {
     note.replaceChildren();
     const secs = Number(range.value);
     const since = secs ? new Date(Date.now() - secs * 1000) : null;
-    let list = [];
+    // The runs of the range, newest first, page by page (next_cursor) up to
+    // USAGE_PAGES pages; #/usage?limit=N sets the page size (default 1000).
+    let list = [], capped = false;
     try {
-      const p = new URLSearchParams({ limit: '1000' });
+      const p = new URLSearchParams({ limit: String(pageSize) });
       if (since) p.set('since', since.toISOString());
-      const data = await apiJSON('/v1/runs?' + p.toString(), { action: 'runs.read' });
-      list = (data.runs || []).filter((r) => !since || new Date(r.created_at) >= since);
+      for (let page = 1; ; page++) {
+        const data = await apiJSON('/v1/runs?' + p.toString(), { action: 'runs.read' });
+        list.push(...(data.runs || []).filter((r) => !since || new Date(r.created_at) >= since));
+        if (!data.next_cursor) break;
+        if (page >= USAGE_PAGES) { capped = true; break; }
+        p.set('cursor', data.next_cursor);
+      }
     } catch (err) { showError(note, err); }
+    if (capped) note.append(h('div', { class: 'notice', id: 'usage-capped' }, `Showing the newest ${num(list.length)} runs of this time range; older ones are left out of the chart and totals.`));
     const key = (r) => {
       switch (groupBy.value) {
         case 'model': return (r.usage && r.usage.model) || r.model || r.target || '(none)';
