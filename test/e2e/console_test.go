@@ -407,6 +407,15 @@ func TestConsole(t *testing.T) {
 	}
 	b.open(e.url + "/ui/#/runs")
 	b.waitJS(10*time.Second, "whole history", `document.querySelectorAll('#runs-history tbody tr').length >= 3`)
+	// The history pages: Older appends the next page under the first.
+	b.open(e.url + "/ui/#/runs?limit=2")
+	b.waitJS(10*time.Second, "first page of 2", `document.querySelectorAll('#runs-history tbody tr').length === 2 && document.querySelector('#runs-older:not([hidden])')`)
+	first := evalJS[string](b, `[...document.querySelectorAll('#runs-history tbody tr')].map(tr => tr.dataset.run).join(' ')`)
+	b.click(`#runs-older`)
+	b.waitJS(10*time.Second, "second page appended", `document.querySelectorAll('#runs-history tbody tr').length === 4`)
+	if all := evalJS[string](b, `[...document.querySelectorAll('#runs-history tbody tr')].map(tr => tr.dataset.run).join(' ')`); !strings.HasPrefix(all, first+" ") {
+		t.Errorf("after Older: %q, want it to start with the first page %q", all, first)
+	}
 	b.screenshot("runs")
 
 	// The usage chart renders bars for the runs so far, grouped by node.

@@ -527,12 +527,34 @@ async function pageRuns(root) {
       return;
     }
     histStatus.replaceChildren(...(data.errors || []).map((e) => h('div', { class: 'notice' }, `node ${e.node}: ${e.code}: ${e.message}`)));
-    const rows = (data.runs || []).filter((r) =>
+    const keep = (r) =>
       (!f.adapter.value || r.adapter === f.adapter.value) &&
       (!f.key.value || (r.key || r.api_key || r.key_id || '') === f.key.value) &&
       (!since || new Date(r.created_at) >= since) &&
-      (!until || new Date(r.created_at) <= until));
-    histBox.replaceChildren(rows.length ? runTable(rows) : h('p', { class: 'muted' }, 'No runs match.'));
+      (!until || new Date(r.created_at) <= until);
+    const shown = (data.runs || []).filter(keep);
+    // Older pages (next_cursor) are appended under the rows shown.
+    let cursor = data.next_cursor || '';
+    const older = h('button', { id: 'runs-older', hidden: !cursor }, 'Older');
+    older.addEventListener('click', async () => {
+      older.disabled = true;
+      p.set('cursor', cursor);
+      let next;
+      try {
+        next = await apiJSON('/v1/runs?' + p.toString(), { action: 'runs.read' });
+      } catch (err) {
+        older.disabled = false;
+        showError(histStatus, err);
+        return;
+      }
+      shown.push(...(next.runs || []).filter(keep));
+      cursor = next.next_cursor || '';
+      table.replaceChildren(shown.length ? runTable(shown) : h('p', { class: 'muted' }, 'No runs match.'));
+      older.hidden = !cursor;
+      older.disabled = false;
+    });
+    const table = h('div', {}, shown.length ? runTable(shown) : h('p', { class: 'muted' }, 'No runs match.'));
+    histBox.replaceChildren(table, older);
     unfinished = (data.runs || []).filter((r) => !FINISHED.has(r.status));
     renderLive();
   }
