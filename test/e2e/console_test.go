@@ -435,6 +435,22 @@ func TestConsole(t *testing.T) {
 	for i := runsInChart; i <= 20; i++ {
 		collectRun(t, startRun(t, context.Background(), e, map[string]any{"node": "n1", "adapter": "exec", "target": "upper", "input": "x"}))
 	}
+	// The history is written in batches (every 200 ms): the page must find
+	// more than 20 runs there when it loads.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var hist struct {
+			Runs []json.RawMessage `json:"runs"`
+		}
+		if err := getJSON(e.url+"/v1/runs?limit=1000", &hist); err != nil {
+			t.Fatal(err)
+		}
+		if len(hist.Runs) > 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the history holds %d runs, want more than 20", len(hist.Runs))
+		}
+	}
 	b.open(e.url + "/ui/#/usage?limit=1")
 	b.waitJS(15*time.Second, "usage capped at 20 pages of 1", `/newest 20 runs/.test(document.getElementById('usage-capped')?.innerText || '')`)
 	if n := evalJS[int](b, `[...document.querySelectorAll('#usage-totals tbody tr')].reduce((s, tr) => s + +tr.cells[1].innerText, 0)`); n != 20 {

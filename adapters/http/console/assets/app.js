@@ -838,13 +838,17 @@ async function pageUsage(root) {
     apiTotals,
     h('div', { class: 'panel' }, h('h2', { style: 'margin-top:0' }, 'Provider tunnels (OpenAI/Ollama surfaces)'), tunnels));
 
+  // Loads overlap (a change, Refresh, or the bus's reload while one runs):
+  // only the newest draws, or an older one finishing last would put its
+  // stale totals back.
+  let loads = 0;
   async function load() {
-    note.replaceChildren();
+    const mine = ++loads;
     const secs = Number(range.value);
     const since = secs ? new Date(Date.now() - secs * 1000) : null;
     // The runs of the range, newest first, page by page (next_cursor) up to
     // USAGE_PAGES pages; #/usage?limit=N sets the page size (default 1000).
-    let list = [], capped = false;
+    let list = [], capped = false, failed = null;
     try {
       const p = new URLSearchParams({ limit: String(pageSize) });
       if (since) p.set('since', since.toISOString());
@@ -855,7 +859,10 @@ async function pageUsage(root) {
         if (page >= USAGE_PAGES) { capped = true; break; }
         p.set('cursor', data.next_cursor);
       }
-    } catch (err) { showError(note, err); }
+    } catch (err) { failed = err; }
+    if (mine !== loads) return;
+    note.replaceChildren();
+    if (failed) showError(note, failed);
     if (capped) note.append(h('div', { class: 'notice', id: 'usage-capped' }, `Showing the newest ${num(list.length)} runs of this time range; older ones are left out of the chart and totals.`));
     const key = (r) => {
       switch (groupBy.value) {
@@ -887,7 +894,8 @@ async function pageUsage(root) {
       const p = new URLSearchParams({ group_by: groupBy.value === 'adapter' ? 'node' : groupBy.value });
       if (since) p.set('since', since.toISOString());
       u = await apiJSON('/v1/usage?' + p.toString(), { action: 'usage.read' });
-    } catch (err) { showError(tunnels, err); }
+    } catch (err) { if (mine === loads) showError(tunnels, err); }
+    if (mine !== loads) return;
     if (u && Array.isArray(u.usage) && groupBy.value !== 'adapter') {
       const m = metric.value;
       apiTotals.replaceChildren(h('h2', { style: 'margin-top:0' }, `Totals by ${u.group_by || groupBy.value} (GET /v1/usage)`),
