@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"iop/domain"
@@ -91,9 +92,15 @@ func (h *CancelRunHandler) askAll(ctx context.Context, nodes []NodeView, runID s
 	}
 	answers := make(chan answer, len(nodes)) // buffered: late answers never block
 	ctx, cancelAll := context.WithCancel(ctx)
-	defer cancelAll() // the others stop asking once one has answered
+	var wg sync.WaitGroup
+	defer func() {
+		cancelAll() // the others stop asking once one has answered,
+		wg.Wait()   // and are gone when this returns
+	}()
 	for i, n := range nodes {
+		wg.Add(1)
 		go func() {
+			defer wg.Done()
 			nctx, cancel := context.WithTimeout(ctx, h.timeout)
 			defer cancel()
 			answers <- answer{i, n.Link.CancelRun(nctx, runID)}
