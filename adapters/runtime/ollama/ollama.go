@@ -222,9 +222,10 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 			}
 			if len(m.ToolCalls) > 0 && string(m.ToolCalls) != "null" {
 				// Ollama sends each call whole, so they are collected,
-				// not merged; bounded like the lines they come in.
+				// not merged, for a session's history only (a run without
+				// one keeps nothing, so the bound cannot fail it).
 				var cs []json.RawMessage
-				if json.Unmarshal(m.ToolCalls, &cs) == nil {
+				if req.SessionID != "" && json.Unmarshal(m.ToolCalls, &cs) == nil {
 					callBytes += len(m.ToolCalls)
 					if callBytes > maxToolCallBytes {
 						return limit.Fail(sink, "ollama chat", domain.Errorf(domain.CodeProviderError, "Ollama's tool calls exceed %d bytes", maxToolCallBytes))

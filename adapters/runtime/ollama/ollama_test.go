@@ -518,3 +518,21 @@ func TestSessionToolCalls(t *testing.T) {
 		}
 	}
 }
+
+// A run without a session keeps no tool calls, so their size is no limit.
+func TestSessionlessToolCallsAreNotBounded(t *testing.T) {
+	args := strings.Repeat("x", 3<<19)
+	body := standin.Lines(
+		`{"model":"m","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"write_file","arguments":{"text":"`+args+`"}}}]},"done":false}`,
+		`{"model":"m","message":{"role":"assistant","content":""},"done":true,"done_reason":"stop"}`)
+	srv := newServer(t, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		_, _ = io.WriteString(w, body) // at once: 1.5 MiB in small paced pieces takes too long
+	})
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, nil)
+	sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("write it")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+}

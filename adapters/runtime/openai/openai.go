@@ -38,7 +38,8 @@
 // the concatenated content with the tool calls of the stream, whose
 // delta.tool_calls fragments are merged by index (id, type and function
 // name from the first fragment, the arguments concatenated; at most 128
-// calls and 1 MiB in all, else provider_error).
+// calls and 1 MiB in all, else provider_error; a run without a session
+// keeps no calls and has no such bound).
 package openai
 
 import (
@@ -198,7 +199,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	}
 	defer resp.Body.Close()
 
-	s := &stream{sink: sink, model: model}
+	s := &stream{sink: sink, model: model, keepCalls: req.SessionID != ""}
 	if ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); ct == "application/json" {
 		err = s.readWhole(resp.Body)
 	} else {
@@ -258,13 +259,17 @@ type message struct {
 
 // stream turns chunks into events and remembers what the complete event needs.
 type stream struct {
-	sink   ports.EventSink
-	model  string
-	reply  strings.Builder
-	calls  toolCalls
-	usage  domain.Usage
-	finish string
-	done   bool
+	sink  ports.EventSink
+	model string
+	reply strings.Builder
+	// calls collects the reply's tool calls for a session's history only
+	// (keepCalls): a run without one relays them and keeps nothing, so no
+	// bound on them can fail it.
+	calls     toolCalls
+	keepCalls bool
+	usage     domain.Usage
+	finish    string
+	done      bool
 }
 
 // readSSE reads server-sent events until [DONE]. It returns nil when the
@@ -389,8 +394,10 @@ func (s *stream) emitMessage(m *message) error {
 		}
 	}
 	if len(m.ToolCalls) > 0 && string(m.ToolCalls) != "null" {
-		if err := s.calls.add(m.ToolCalls); err != nil {
-			return err
+		if s.keepCalls {
+			if err := s.calls.add(m.ToolCalls); err != nil {
+				return err
+			}
 		}
 		meta, _ := json.Marshal(map[string]json.RawMessage{"tool_calls": m.ToolCalls})
 		if err := s.sink.Emit(domain.RunEvent{Type: domain.EventMetadata, Metadata: meta}); err != nil {

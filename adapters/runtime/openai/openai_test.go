@@ -492,3 +492,29 @@ func TestSessionToolCalls(t *testing.T) {
 		}
 	}
 }
+
+// A run without a session keeps no tool calls, so their size is no limit:
+// a 1.5 MiB argument and 129 parallel calls complete as before.
+func TestSessionlessToolCallsAreNotBounded(t *testing.T) {
+	args := strings.Repeat("x", 3<<19)
+	var many []string
+	for i := range 129 {
+		many = append(many, fmt.Sprintf(`{"index":%d,"id":"call_%d","type":"function","function":{"name":"f","arguments":"{}"}}`, i, i))
+	}
+	for name, calls := range map[string]string{
+		"large": `[{"index":0,"id":"call_1","type":"function","function":{"name":"write_file","arguments":"` + args + `"}}]`,
+		"many":  "[" + strings.Join(many, ",") + "]",
+	} {
+		body := events("\n", chunk(`{"role":"assistant","tool_calls":`+calls+`}`, "tool_calls"), "[DONE]")
+		srv := standin.NewServer(t, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, body) // at once: 1.5 MiB in small paced pieces takes too long
+		})
+		a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, nil)
+		sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("go")})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		requireTerminal(t, sink, domain.EventComplete, "")
+	}
+}
