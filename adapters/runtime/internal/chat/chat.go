@@ -180,8 +180,8 @@ const MaxHistoryBytes = 1 << 20
 // trim drops whole turns, oldest first, from a session's history (msgs, as
 // wire holds them) until it fits in max bytes. A turn starts at a user
 // message, so an assistant message's tool calls and the tool messages that
-// answer them go together; a leading system message is always kept, and so
-// is the latest turn, which the new messages may answer (tool results).
+// answer them go together; the leading system or developer messages are
+// always kept, and so is the latest turn, which the new messages may answer (tool results).
 func trim(history []domain.ChatMessage, msgs []json.RawMessage, max int) []json.RawMessage {
 	total := 0
 	for _, m := range msgs {
@@ -190,9 +190,9 @@ func trim(history []domain.ChatMessage, msgs []json.RawMessage, max int) []json.
 	if total <= max {
 		return msgs
 	}
-	head := 0
-	if len(history) > 0 && history[0].Role == "system" {
-		head = 1
+	head := 0 // the leading instructions: system (or, for newer OpenAI models, developer) messages
+	for head < len(history) && (history[head].Role == "system" || history[head].Role == "developer") {
+		head++
 	}
 	last := head // where the latest turn starts
 	for i := head + 1; i < len(history); i++ {

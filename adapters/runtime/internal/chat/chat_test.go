@@ -112,3 +112,32 @@ func TestMessagesBoundHistory(t *testing.T) {
 		t.Errorf("replayed roles %s (%d bytes), want %s within %d", got, size, want, chat.MaxHistoryBytes)
 	}
 }
+
+// The leading instructions a trimmed history keeps include developer
+// messages (newer OpenAI models' system role) and several of them.
+func TestTrimKeepsEveryLeadingInstruction(t *testing.T) {
+	ctx := context.Background()
+	s := chat.NewSessions(memory.NewChatStore(), "llm")
+	big := strings.Repeat("x", chat.MaxHistoryBytes/2)
+	first, _ := chat.ParseInput([]byte(`{"messages":[{"role":"system","content":"be brief"},{"role":"developer","content":"answer in French"},{"role":"user","content":"` + big + `"}]}`))
+	if err := s.Commit(ctx, "m", "s1", first, chat.Reply{Content: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		next, _ := chat.ParseInput([]byte(big))
+		if err := s.Commit(ctx, "m", "s1", next, chat.Reply{Content: "ok"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last, _ := chat.ParseInput([]byte("now"))
+	msgs, err := s.Messages(ctx, "s1", last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) < 3 || !strings.Contains(string(msgs[0]), `"system"`) || !strings.Contains(string(msgs[1]), `"developer"`) {
+		t.Fatalf("the leading instructions were trimmed; replayed %d messages starting %.60s…", len(msgs), msgs[0])
+	}
+	if len(msgs) >= 9 { // 2 instructions, 3 turns of 2, the new message
+		t.Fatalf("%d messages replayed: the history was not trimmed", len(msgs))
+	}
+}
