@@ -416,6 +416,13 @@ func TestConsole(t *testing.T) {
 	if all := evalJS[string](b, `[...document.querySelectorAll('#runs-history tbody tr')].map(tr => tr.dataset.run).join(' ')`); !strings.HasPrefix(all, first+" ") {
 		t.Errorf("after Older: %q, want it to start with the first page %q", all, first)
 	}
+	// A run starting and ending elsewhere does not put page one back alone
+	// over the pages Older added (the bus reloads the history 400 ms after).
+	collectRun(t, startRun(t, context.Background(), e, map[string]any{"node": "n1", "adapter": "exec", "target": "upper", "input": "x"}))
+	time.Sleep(1500 * time.Millisecond)
+	if n := evalJS[int](b, `document.querySelectorAll('#runs-history tbody tr').length`); n != 4 {
+		t.Errorf("%d history rows after another run, want the 4 Older showed", n)
+	}
 	b.screenshot("runs")
 
 	// The usage chart renders bars for the runs so far, grouped by node.

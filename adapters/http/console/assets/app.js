@@ -506,7 +506,12 @@ async function pageRuns(root) {
     liveBox.replaceChildren(rows.size ? runTable([...rows.values()]) : h('p', { class: 'muted' }, 'Nothing running.'));
   }
 
+  // Loads overlap (Filter, or the bus's reload while one runs): only the
+  // newest draws. Once Older has added pages the bus no longer reloads the
+  // history (that would put back page one alone); Filter does.
+  let loads = 0, paged = false;
   async function load() {
+    const mine = ++loads;
     const p = new URLSearchParams();
     if (f.node.value) p.set('node', f.node.value);
     if (f.status.value) p.set('status', f.status.value);
@@ -523,9 +528,11 @@ async function pageRuns(root) {
     try {
       data = await apiJSON('/v1/runs?' + p.toString(), { action: 'runs.read' });
     } catch (err) {
-      showError(histStatus, err);
+      if (mine === loads) showError(histStatus, err);
       return;
     }
+    if (mine !== loads) return;
+    paged = false;
     histStatus.replaceChildren(...(data.errors || []).map((e) => h('div', { class: 'notice' }, `node ${e.node}: ${e.code}: ${e.message}`)));
     const keep = (r) =>
       (!f.adapter.value || r.adapter === f.adapter.value) &&
@@ -547,6 +554,8 @@ async function pageRuns(root) {
         showError(histStatus, err);
         return;
       }
+      if (mine !== loads) return; // a newer load replaced this table
+      paged = true;
       shown.push(...(next.runs || []).filter(keep));
       cursor = next.next_cursor || '';
       table.replaceChildren(shown.length ? runTable(shown) : h('p', { class: 'muted' }, 'No runs match.'));
@@ -566,7 +575,7 @@ async function pageRuns(root) {
   listenBus((type, ev) => {
     if (type !== 'run.event' || !ev.run) return;
     relive();
-    if (TERMINAL.has(ev.run.type) || ev.run.type === 'start') reload();
+    if ((TERMINAL.has(ev.run.type) || ev.run.type === 'start') && !paged) reload();
   });
 }
 
