@@ -76,11 +76,10 @@ type Client struct {
 	applying   chan struct{}  // closed when the last queued config apply has returned
 	wg         sync.WaitGroup // per-stream handler goroutines
 	reconnects atomic.Int64
-	// linked is set once the current attempt has registered, so a failure
-	// is reported as a lost link only when there was one; linkedAt (unix
-	// nanoseconds) is when, so the backoff restarts only after a link that
-	// stayed up HealthyAfter.
-	linked   atomic.Bool
+	// linkedAt is when the current attempt registered (unix nanoseconds;
+	// 0 before that): a failure is reported as a lost link only when there
+	// was one, and the backoff restarts only after a link that stayed up
+	// HealthyAfter.
 	linkedAt atomic.Int64
 }
 
@@ -140,7 +139,7 @@ type retryState struct {
 
 //go:noinline
 func (r *retryState) begin(c *Client) {
-	c.linked.Store(false)
+	c.linkedAt.Store(0)
 }
 
 // retry decides what follows a session that ended with err: stop (with
@@ -158,14 +157,14 @@ func (c *Client) retry(ctx context.Context, err error, r *retryState) (stop bool
 	// Only a link that registered and stayed up restarts the backoff: an
 	// attempt that merely took long (a handshake timing out against a
 	// saturated edge) is a failure like any other.
-	if c.linked.Load() && time.Since(time.Unix(0, c.linkedAt.Load())) >= c.cfg.HealthyAfter {
+	if at := c.linkedAt.Load(); at != 0 && time.Since(time.Unix(0, at)) >= c.cfg.HealthyAfter {
 		r.attempt = 0
 	}
 	delay := backoff(r.attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff)
 	r.attempt++
 	c.reconnects.Add(1)
 	log := c.cfg.Transport.Logger
-	if c.linked.Load() {
+	if c.linkedAt.Load() != 0 {
 		log.Warn("link to edge lost; reconnecting", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
 	} else {
 		log.Warn("cannot connect to the edge; retrying", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
@@ -306,7 +305,6 @@ func (c *Client) register(ctx context.Context) (*Conn, error) {
 	c.conn = conn
 	c.mu.Unlock()
 	c.linkedAt.Store(time.Now().UnixNano())
-	c.linked.Store(true)
 	tc.Logger.Info("registered with edge", "edge", c.cfg.Addr, "node", cfg.NodeID, "adapters", len(cfg.Adapters))
 	if c.cfg.OnRegistered != nil {
 		c.cfg.OnRegistered(cfg.NodeID)
@@ -538,9 +536,7 @@ func (t *tunnelSink) Send(f domain.TunnelFrame) error {
 		}
 		return nil
 	}
-	var drops headerDrops
-	pf := tunnelFrameToProto(f, t.s.c.rawHeaders, &drops)
-	t.s.c.noteHeaderDrops(drops)
+	pf := t.s.c.tunnelFrame(f)
 	err := t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: pf}})
 	if err == nil && (f.Kind == domain.TunnelEnd || f.Kind == domain.TunnelError) {
 		t.ended.Store(true)

@@ -873,7 +873,7 @@ func (c *Conn) unencodable(buf []byte, f *ioppb.Frame, err error) []byte {
 	}
 	// The reset's own text must encode: the protobuf error is ASCII, but
 	// nothing here may depend on that.
-	msg := strings.ToValidUTF8(fmt.Sprintf("%s frame could not be encoded: %v", kind, err), "?")
+	msg := validText(fmt.Sprintf("%s frame could not be encoded: %v", kind, err))
 	n := len(buf)
 	out, rerr := AppendFrame(buf, resetFrame(f.StreamId, "internal", msg), c.cfg.MaxFrameSize)
 	if rerr != nil {
@@ -1020,6 +1020,15 @@ func (c *Conn) headers(h domain.Header) []*ioppb.Header {
 	out := headersToProto(h, c.rawHeaders, &d)
 	c.noteHeaderDrops(d)
 	return out
+}
+
+// tunnelFrame converts f for the wire to the peer, its headers as headers
+// does.
+func (c *Conn) tunnelFrame(f domain.TunnelFrame) *ioppb.ProviderTunnelFrame {
+	var d headerDrops
+	pf := tunnelFrameToProto(f, c.rawHeaders, &d)
+	c.noteHeaderDrops(d)
+	return pf
 }
 
 func (c *Conn) noteHeaderDrops(d headerDrops) {

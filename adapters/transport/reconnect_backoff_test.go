@@ -30,7 +30,6 @@ func TestSlowFailedAttemptsDoNotResetTheBackoff(t *testing.T) {
 	// A link that registered and lasted restarts it.
 	r.begin(c)
 	c.linkedAt.Store(time.Now().Add(-time.Second).UnixNano())
-	c.linked.Store(true)
 	if stop, _ := c.retry(context.Background(), errors.New("link lost"), &r); stop {
 		t.Fatal("stopped")
 	}

@@ -518,7 +518,6 @@ func (g *guard) send(ev domain.RunEvent) error {
 // sendWithin numbers ev and sends it; a failed send leaves no gap in the
 // sequence, because the event was not sent.
 func (g *guard) sendWithin(ctx context.Context, ev domain.RunEvent) error {
-	ev = validUTF8(ev) // a no-op for what Emit, decide and reject passed through it
 	ev.RunID, ev.Seq = g.runID, g.seq+1
 	if ev.Time.IsZero() {
 		ev.Time = g.now()
@@ -574,7 +573,9 @@ func (g *guard) sendTerminal(ev domain.RunEvent) {
 	g.mu.Lock()
 	g.decided = true
 	g.mu.Unlock()
-	_ = g.sendWithin(context.Background(), ev)
+	// Emit cleaned what the adapter sent; terminal events made up here
+	// (shutdown, a refused request) may quote anything.
+	_ = g.sendWithin(context.Background(), validUTF8(ev))
 }
 
 // validUTF8 returns ev with Text and Error.Message made valid UTF-8, each

@@ -139,10 +139,6 @@ func (a *Adapter) ListSessions(ctx context.Context) ([]domain.SessionInfo, error
 	return a.sessions.List(ctx)
 }
 
-// maxToolCallBytes bounds the tool calls a reply may collect for the
-// session history.
-const maxToolCallBytes = 1 << 20
-
 // chatLine is one NDJSON line of /api/chat.
 type chatLine struct {
 	Model   string `json:"model"`
@@ -227,8 +223,8 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 				var cs []json.RawMessage
 				if req.SessionID != "" && json.Unmarshal(m.ToolCalls, &cs) == nil {
 					callBytes += len(m.ToolCalls)
-					if callBytes > maxToolCallBytes {
-						return limit.Fail(sink, "ollama chat", domain.Errorf(domain.CodeProviderError, "Ollama's tool calls exceed %d bytes", maxToolCallBytes))
+					if callBytes > chat.MaxToolCallBytes {
+						return limit.Fail(sink, "ollama chat", domain.Errorf(domain.CodeProviderError, "Ollama's tool calls exceed %d bytes", chat.MaxToolCallBytes))
 					}
 					calls = append(calls, cs...)
 				}

@@ -331,10 +331,17 @@ func (s *stream) readWhole(body io.Reader) error {
 	}
 	// A body that is no completion (an HTML page with a JSON content
 	// type) is the server failing, not a run that completed with nothing.
-	if !json.Valid(bytes.TrimSpace(b)) {
-		return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server's response is not JSON: %s", upstream.Snippet(b, 200))}
+	// One pass: Unmarshal reports every input that is not JSON (an empty
+	// one too) as a syntax error; JSON that is no chunk is skipped.
+	var c chunk
+	if err := json.Unmarshal(bytes.TrimSpace(b), &c); err != nil {
+		if errors.As(err, new(*json.SyntaxError)) {
+			return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server's response is not JSON: %s", upstream.Snippet(b, 200))}
+		}
+		s.done = true
+		return nil
 	}
-	if err := s.dispatch(b); err != nil {
+	if err := s.handle(&c); err != nil {
 		return err
 	}
 	s.done = true
@@ -354,6 +361,11 @@ func (s *stream) dispatch(data []byte) error {
 	if len(data) == 0 || json.Unmarshal(data, &c) != nil {
 		return nil // not a chunk: skipped
 	}
+	return s.handle(&c)
+}
+
+// handle turns one parsed chunk into events.
+func (s *stream) handle(c *chunk) error {
 	if len(c.Error) > 0 && string(c.Error) != "null" {
 		msg, code := upstream.ErrorField(c.Error)
 		return &upstreamErr{upstream.ProviderError(msg, code)}
@@ -412,7 +424,7 @@ func (s *stream) emitMessage(m *message) error {
 // and must not grow the node's memory without bound.
 const (
 	maxToolCalls     = 128
-	maxToolCallBytes = 1 << 20
+	maxToolCallBytes = chat.MaxToolCallBytes
 )
 
 // toolCalls merges the streamed fragments of the reply's tool calls: the

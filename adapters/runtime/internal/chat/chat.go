@@ -177,6 +177,10 @@ func (s *Sessions) Messages(ctx context.Context, sessionID string, t Turn) ([]js
 // instead of failing every turn once past the model's context.
 const MaxHistoryBytes = 1 << 20
 
+// MaxToolCallBytes bounds the tool calls a session run's reply may collect
+// for the history (Reply.ToolCalls).
+const MaxToolCallBytes = 1 << 20
+
 // trim drops whole turns, oldest first, from a session's history (msgs, as
 // wire holds them) until it fits in max bytes. A turn starts at a user
 // message, so an assistant message's tool calls and the tool messages that
