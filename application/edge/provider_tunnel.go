@@ -106,7 +106,7 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 	if method == "" {
 		method = "GET"
 	}
-	cand, link, release, err := h.route(domain.PrincipalFrom(ctx), in)
+	cand, link, release, listed, err := h.route(domain.PrincipalFrom(ctx), in)
 	if err != nil {
 		return nil, err
 	}
@@ -117,12 +117,11 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 	header.Del("Proxy-Authorization")
 	req := domain.TunnelRequest{Provider: cand.cfg.Name, Method: method, Path: in.Path, Query: in.Query, Header: header, Body: in.Body}
 	start := h.now()
-	// The model may label metrics only if the chosen provider lists it:
-	// route may pick a provider that does not (one with no list yet, or
+	// The model may label metrics only if the chosen provider lists it
+	// (listed): route may pick one that does not (one with no list yet, or
 	// the only node's, for a request that brings a model to it), and then
 	// in.Model is whatever the caller sent.
-	modelOK := in.Model != "" && cand.known && cand.serves(in.Model)
-	obs := tunnelObservation{key: CallerKey(ctx), modelOK: modelOK, bytesIn: int64(len(in.Body))}
+	obs := tunnelObservation{key: CallerKey(ctx), modelOK: listed, bytesIn: int64(len(in.Body))}
 	body := in.BodyReader
 	if body != nil {
 		obs.body = &countingReader{r: body}
@@ -140,12 +139,13 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 }
 
 // route chooses the node and provider for in and counts a tunnel against
-// the node; release undoes that.
-func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitProviderTunnel) (providerModels, ports.NodeLink, func(), error) {
+// the node; release undoes that. listed says the chosen provider lists
+// in.Model (so it may label metrics).
+func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitProviderTunnel) (_ providerModels, _ ports.NodeLink, _ func(), listed bool, _ error) {
 	family := in.ProviderType
 	if in.Node != "" {
 		if _, ok := h.reg.GetAs(caller, in.Node); !ok {
-			return providerModels{}, nil, nil, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", in.Node)
+			return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", in.Node)
 		}
 	}
 	var speak []providerModels
@@ -156,12 +156,12 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 	}
 	if len(speak) == 0 {
 		if in.Node != "" && in.Provider != "" {
-			return providerModels{}, nil, nil, domain.Errorf(domain.CodeProviderNotFound, "node %q no longer has provider %q for the %s API", in.Node, in.Provider, family)
+			return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeProviderNotFound, "node %q no longer has provider %q for the %s API", in.Node, in.Provider, family)
 		}
 		if in.Node != "" {
-			return providerModels{}, nil, nil, domain.Errorf(domain.CodeProviderNotFound, "node %q has no provider for the %s API", in.Node, family)
+			return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeProviderNotFound, "node %q has no provider for the %s API", in.Node, family)
 		}
-		return providerModels{}, nil, nil, domain.Errorf(domain.CodeNoNodeAvailable, "no connected node has a provider for the %s API", family)
+		return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeNoNodeAvailable, "no connected node has a provider for the %s API", family)
 	}
 	cands := speak
 	if in.OrOnlyNode && (in.Model == "" || !anyServes(speak, in.Model)) {
@@ -178,7 +178,7 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 			if in.Model != "" {
 				what = fmt.Sprintf("model %q is on no node, and", in.Model)
 			}
-			return providerModels{}, nil, nil, domain.Errorf(domain.CodeInvalidRequest,
+			return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeInvalidRequest,
 				"%s several nodes have a provider for the %s API (%s): choose one with the X-IOP-Node header", what, family, strings.Join(ids, ", "))
 		}
 		in.Model = "" // the only node takes it
@@ -190,6 +190,7 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 				cands = append(cands, p)
 			}
 		}
+		listed = len(cands) > 0
 		if len(cands) == 0 {
 			for _, p := range speak {
 				if !p.known {
@@ -199,9 +200,9 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 		}
 		if len(cands) == 0 {
 			if in.Node != "" {
-				return providerModels{}, nil, nil, domain.Errorf(domain.CodeModelNotFound, "model %q is not served by node %q", in.Model, in.Node)
+				return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeModelNotFound, "model %q is not served by node %q", in.Model, in.Node)
 			}
-			return providerModels{}, nil, nil, domain.Errorf(domain.CodeModelNotFound, "model %q is not served by any connected node", in.Model)
+			return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeModelNotFound, "model %q is not served by any connected node", in.Model)
 		}
 	}
 	// providers() lists nodes by id and providers in config order, so a
@@ -217,9 +218,9 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 			release()
 			continue
 		}
-		return c, v.Link, release, nil
+		return c, v.Link, release, listed, nil
 	}
-	return providerModels{}, nil, nil, domain.Errorf(domain.CodeNoNodeAvailable, "every node serving %q disconnected", in.Model)
+	return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeNoNodeAvailable, "every node serving %q disconnected", in.Model)
 }
 
 func anyServes(ps []providerModels, model string) bool {

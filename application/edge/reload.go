@@ -87,7 +87,11 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 		rec domain.NodeRecord
 	}
 	var changed []change
-	var closing []NodeView
+	type closure struct {
+		n      NodeView
+		reason string
+	}
+	var closing []closure
 	// No registration may authenticate against the old directory and be
 	// admitted after the walk below has looked at the registry: it would
 	// stay connected though removed or rotated (see Registry.admission).
@@ -99,10 +103,10 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 		rec, ok := next[n.ID]
 		switch {
 		case !ok:
-			closing = append(closing, n)
+			closing = append(closing, closure{n, "removed from config"})
 			res.Disconnected = append(res.Disconnected, n.ID)
 		case rec.Token != old[n.ID].Token || rec.TokenSHA256 != old[n.ID].TokenSHA256:
-			closing = append(closing, n)
+			closing = append(closing, closure{n, "token changed"})
 			res.Disconnected = append(res.Disconnected, n.ID)
 		case runsAlready(n, rec):
 			res.Unchanged = append(res.Unchanged, n.ID)
@@ -113,12 +117,8 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 	h.reg.admission.Unlock()
 	// Closing a link waits on it (a TLS close alert, its loops ending):
 	// done unlocked, so registrations do not queue behind it.
-	for _, n := range closing {
-		reason := "removed from config"
-		if _, ok := next[n.ID]; ok {
-			reason = "token changed"
-		}
-		n.Link.Close(reason)
+	for _, c := range closing {
+		c.n.Link.Close(c.reason)
 	}
 	for id := range old {
 		if _, ok := next[id]; !ok {

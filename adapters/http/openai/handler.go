@@ -561,7 +561,7 @@ func copyResponseHeader(dst, src http.Header) {
 	}
 	if canonical { // the usual case: no two keys meet, so order is moot
 		for k, vs := range src {
-			if !hopheader.Hop(k, listed) && !edgeOwn(k) {
+			if !hopheader.Hop(k, listed) && !hopheader.IOP(k) {
 				dst[k] = append(dst[k], vs...)
 			}
 		}
@@ -575,17 +575,12 @@ func copyResponseHeader(dst, src http.Header) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		ck := http.CanonicalHeaderKey(k)
-		if hopheader.Hop(ck, listed) || edgeOwn(ck) {
+		if hopheader.Hop(ck, listed) || hopheader.IOP(ck) {
 			continue
 		}
 		dst[ck] = append(dst[ck], src[k]...)
 	}
 }
-
-// edgeOwn reports whether a response header named ck (canonical) is one
-// the edge sets itself (X-IOP-*: the node, the run): a provider's would
-// pass for the edge's, in the caller's view and in the access log.
-func edgeOwn(ck string) bool { return strings.HasPrefix(ck, "X-Iop-") }
 
 // recordingReader remembers the first read error other than io.EOF, so a
 // body that broke the size limit while streaming to the node is reported as

@@ -56,5 +56,10 @@ func CallerOnly(ck string) bool {
 	case "Authorization", "X-Api-Key", "Api-Key", "Cookie", "Host", "Content-Length", "Accept-Encoding", "Expect":
 		return true
 	}
-	return strings.HasPrefix(ck, "X-Iop-")
+	return IOP(ck)
 }
+
+// IOP reports whether a header named ck (canonical) is one of iop's own
+// (X-IOP-*: routing on the way in, the node and the run on the way out),
+// which only the edge sets: a caller's or a provider's would pass for it.
+func IOP(ck string) bool { return strings.HasPrefix(ck, "X-Iop-") }
