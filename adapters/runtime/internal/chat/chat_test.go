@@ -45,10 +45,7 @@ func TestParseInput(t *testing.T) {
 func TestSessionsCommitAndMessages(t *testing.T) {
 	ctx := context.Background()
 	s := chat.NewSessions(memory.NewChatStore(), "llm")
-	turn, _ := chat.ParseInput([]byte("one"))
-	if err := s.Commit(ctx, "m", "s1", turn, chat.Reply{Content: "reply"}); err != nil {
-		t.Fatal(err)
-	}
+	commit(t, s, "one", chat.Reply{Content: "reply"})
 	next, _ := chat.ParseInput([]byte("two"))
 	msgs, err := s.Messages(ctx, "s1", next)
 	if err != nil {
@@ -79,19 +76,10 @@ func TestMessagesBoundHistory(t *testing.T) {
 	store := memory.NewChatStore()
 	s := chat.NewSessions(store, "llm")
 	big := strings.Repeat("x", chat.MaxHistoryBytes/3)
-	sys, _ := chat.ParseInput([]byte(`{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"` + big + `"}]}`))
-	if err := s.Commit(ctx, "m", "s1", sys, chat.Reply{ToolCalls: []json.RawMessage{json.RawMessage(`{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}`)}}); err != nil {
-		t.Fatal(err)
-	}
-	tool, _ := chat.ParseInput([]byte(`{"messages":[{"role":"tool","tool_call_id":"c1","content":"` + big + `"}]}`))
-	if err := s.Commit(ctx, "m", "s1", tool, chat.Reply{Content: "done"}); err != nil {
-		t.Fatal(err)
-	}
+	commit(t, s, `{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"`+big+`"}]}`, chat.Reply{ToolCalls: []json.RawMessage{json.RawMessage(`{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}`)}})
+	commit(t, s, `{"messages":[{"role":"tool","tool_call_id":"c1","content":"`+big+`"}]}`, chat.Reply{Content: "done"})
 	for i := range 2 {
-		next, _ := chat.ParseInput([]byte(fmt.Sprintf("turn %d %s", i, big)))
-		if err := s.Commit(ctx, "m", "s1", next, chat.Reply{Content: "ok"}); err != nil {
-			t.Fatal(err)
-		}
+		commit(t, s, fmt.Sprintf("turn %d %s", i, big), chat.Reply{Content: "ok"})
 	}
 	last, _ := chat.ParseInput([]byte("now"))
 	msgs, err := s.Messages(ctx, "s1", last)
@@ -119,15 +107,9 @@ func TestTrimKeepsEveryLeadingInstruction(t *testing.T) {
 	ctx := context.Background()
 	s := chat.NewSessions(memory.NewChatStore(), "llm")
 	big := strings.Repeat("x", chat.MaxHistoryBytes/2)
-	first, _ := chat.ParseInput([]byte(`{"messages":[{"role":"system","content":"be brief"},{"role":"developer","content":"answer in French"},{"role":"user","content":"` + big + `"}]}`))
-	if err := s.Commit(ctx, "m", "s1", first, chat.Reply{Content: "ok"}); err != nil {
-		t.Fatal(err)
-	}
+	commit(t, s, `{"messages":[{"role":"system","content":"be brief"},{"role":"developer","content":"answer in French"},{"role":"user","content":"`+big+`"}]}`, chat.Reply{Content: "ok"})
 	for range 2 {
-		next, _ := chat.ParseInput([]byte(big))
-		if err := s.Commit(ctx, "m", "s1", next, chat.Reply{Content: "ok"}); err != nil {
-			t.Fatal(err)
-		}
+		commit(t, s, big, chat.Reply{Content: "ok"})
 	}
 	last, _ := chat.ParseInput([]byte("now"))
 	msgs, err := s.Messages(ctx, "s1", last)
@@ -139,5 +121,18 @@ func TestTrimKeepsEveryLeadingInstruction(t *testing.T) {
 	}
 	if len(msgs) >= 9 { // 2 instructions, 3 turns of 2, the new message
 		t.Fatalf("%d messages replayed: the history was not trimmed", len(msgs))
+	}
+}
+
+// commit stores one completed turn of session s1: input as a run's input,
+// then reply.
+func commit(t *testing.T, s *chat.Sessions, input string, reply chat.Reply) {
+	t.Helper()
+	turn, err := chat.ParseInput([]byte(input))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(context.Background(), "m", "s1", turn, reply); err != nil {
+		t.Fatal(err)
 	}
 }
