@@ -14,6 +14,7 @@ import (
 
 	"iop/adapters/config"
 	"iop/adapters/eventbus"
+	httpapi "iop/adapters/http"
 	"iop/adapters/metrics/prom"
 	"iop/adapters/store/edgestore"
 	edgeapp "iop/application/edge"
@@ -68,7 +69,7 @@ func newMetricsServer(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, m *prom
 		return ms
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", m.Handler())
+	mux.Handle("GET /metrics", httpapi.MetricsOnlyHandler(addr, m.Handler()))
 	ms.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	lc.Append(fx.Hook{

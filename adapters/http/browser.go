@@ -66,6 +66,27 @@ func (g browserGuard) check(r *http.Request) (status int, code, message string, 
 	return 0, "", "", true
 }
 
+// MetricsOnlyHandler serves h on metrics.listen, which checks no API key.
+// On a loopback address it answers only requests whose Host is a loopback
+// address or localhost (421 host_not_allowed otherwise), as a keyless edge
+// does: without that, a page the operator's browser opens could re-point
+// its own name at 127.0.0.1 (DNS rebinding) and read the metrics. On a
+// network address any Host is served: Prometheus and proxies call it by
+// names the edge cannot know.
+func MetricsOnlyHandler(addr string, h http.Handler) http.Handler {
+	if !loopbackListen(addr) {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !loopbackHost(r.Host) {
+			writeJSONError(w, http.StatusMisdirectedRequest, domain.CodeHostNotAllowed, fmt.Sprintf(
+				"metrics.listen answers only requests addressed to a loopback address or localhost, not to host %q", r.Host))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // loopbackListen reports whether the listen address addr is a loopback
 // address or localhost.
 func loopbackListen(addr string) bool {

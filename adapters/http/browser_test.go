@@ -225,3 +225,33 @@ func TestCrossSitePostRefusedOnPassthroughSurfaces(t *testing.T) {
 		t.Fatalf("SDK POST: %d", resp.StatusCode)
 	}
 }
+
+// metrics.listen checks no key; on a loopback address a rebound page's
+// request (its own name as Host) is refused, so it cannot read the metrics.
+// On a network address Prometheus calls it by any name.
+func TestMetricsOnlyListenerChecksHostOnLoopback(t *testing.T) {
+	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "iop_nodes_connected 1\n") })
+	get := func(addr, host string) *http.Response {
+		srv := httptest.NewServer(httpapi.MetricsOnlyHandler(addr, metrics))
+		defer srv.Close()
+		req, _ := http.NewRequest("GET", srv.URL+"/metrics", nil)
+		req.Host = host
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	wantError(t, get("127.0.0.1:9464", "evil.example:9464"), http.StatusMisdirectedRequest, "host_not_allowed")
+	for _, c := range []struct{ addr, host string }{
+		{"127.0.0.1:9464", "127.0.0.1:9464"}, {"localhost:9464", "localhost:9464"}, {"[::1]:9464", "[::1]:9464"},
+		{"0.0.0.0:9464", "prometheus-target.lan:9464"}, {":9464", "edge.example.com"},
+	} {
+		resp := get(c.addr, c.host)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "iop_nodes_connected") {
+			t.Fatalf("metrics.listen %s, Host %s: %d %s", c.addr, c.host, resp.StatusCode, b)
+		}
+	}
+}
