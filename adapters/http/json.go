@@ -102,18 +102,21 @@ type nodeJSON struct {
 	// Connected is false for a node of the config that is not connected;
 	// such a node has no remote, connected_at, version or platform, and
 	// its adapters and providers are those of the config.
-	Connected      bool           `json:"connected"`
-	DisconnectedAt *time.Time     `json:"disconnected_at,omitempty"`
-	Remote         string         `json:"remote,omitempty"`
-	ConnectedAt    *time.Time     `json:"connected_at,omitempty"`
-	Version        string         `json:"version,omitempty"`
-	OS             string         `json:"os,omitempty"`
-	Arch           string         `json:"arch,omitempty"`
-	Hostname       string         `json:"hostname,omitempty"`
-	ConfigVersion  uint64         `json:"config_version"`
-	RunsInFlight   int            `json:"runs_in_flight"`
-	Adapters       []adapterJSON  `json:"adapters"`
-	Providers      []providerJSON `json:"providers"`
+	Connected      bool       `json:"connected"`
+	DisconnectedAt *time.Time `json:"disconnected_at,omitempty"`
+	// DisconnectReason says why it left then (a heartbeat timeout, the node
+	// shutting down, a config it refused …).
+	DisconnectReason string         `json:"disconnect_reason,omitempty"`
+	Remote           string         `json:"remote,omitempty"`
+	ConnectedAt      *time.Time     `json:"connected_at,omitempty"`
+	Version          string         `json:"version,omitempty"`
+	OS               string         `json:"os,omitempty"`
+	Arch             string         `json:"arch,omitempty"`
+	Hostname         string         `json:"hostname,omitempty"`
+	ConfigVersion    uint64         `json:"config_version"`
+	RunsInFlight     int            `json:"runs_in_flight"`
+	Adapters         []adapterJSON  `json:"adapters"`
+	Providers        []providerJSON `json:"providers"`
 }
 
 type adapterJSON struct {
@@ -161,6 +164,7 @@ func toNodeEntryJSON(e edge.NodeEntry) nodeJSON {
 	if !e.DisconnectedAt.IsZero() {
 		t := e.DisconnectedAt.UTC()
 		out.DisconnectedAt = &t
+		out.DisconnectReason = e.DisconnectReason
 	}
 	return out
 }

@@ -293,7 +293,13 @@ func (c *Client) register(ctx context.Context) (*Conn, error) {
 		// by it, but the node refused it (all or nothing) and runs its
 		// previous one, if any. Staying linked would leave the edge's view
 		// false, so the node leaves and retries with backoff; the edge lists
-		// it as disconnected meanwhile.
+		// it as disconnected meanwhile, with this reason: an ack of the
+		// registration's version with the error tells it (best effort,
+		// within the handshake's deadline).
+		ack := &ioppb.ConfigRefreshAck{Version: cfg.Version, Error: validText(err.Error())}
+		if b, aerr := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_ConfigRefreshAck{ConfigRefreshAck: ack}}, tc.MaxFrameSize); aerr == nil {
+			_, _ = nc.Write(b)
+		}
 		_ = nc.Close()
 		return nil, fmt.Errorf("config from edge (version %d) cannot be applied, disconnecting: %w", cfg.Version, err)
 	}

@@ -252,8 +252,14 @@ func TestRegisterWithAConfigTheNodeCannotApplyLeaves(t *testing.T) {
 	startClient(t, ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}, n)
 
 	reg := recv(t, ctx, e.registered, "registration")
-	if d := recv(t, ctx, e.disconnected, "disconnect after the refused config"); d.Link != reg.Link {
+	d := recv(t, ctx, e.disconnected, "disconnect after the refused config")
+	if d.Link != reg.Link {
 		t.Fatalf("disconnect of %v, want the registered link", d.Link)
+	}
+	// The edge learns why (its log, bus event and node list carry it).
+	want := fmt.Sprintf(`node refused its config v%d: adapter "llm": ollama is not installed`, testNodeConfig().Version)
+	if d.Reason != want {
+		t.Fatalf("disconnect reason %q, want %q", d.Reason, want)
 	}
 	// It comes back (and leaves again): a refused config is not final.
 	recv(t, ctx, e.registered, "second registration")

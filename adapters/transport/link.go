@@ -19,6 +19,10 @@ type edgeLink struct {
 	conn   *Conn
 	nodeID string
 	remote string
+	// regVersion is the version of the config sent with the register
+	// response: a node that cannot apply it says so with an unsolicited
+	// ack of that version and leaves.
+	regVersion uint64
 
 	mu   sync.Mutex
 	acks map[uint64]chan error // config version → waiter
@@ -55,6 +59,11 @@ func (l *edgeLink) HandleControl(f *ioppb.Frame) {
 	delete(l.acks, ack.GetVersion())
 	l.mu.Unlock()
 	if ch == nil {
+		if ack.GetError() != "" && ack.GetVersion() == l.regVersion {
+			// The node leaves after this; its reason becomes the link's, so
+			// the edge's log, bus event and node list say why.
+			l.conn.shutdown(fmt.Errorf("node refused its config v%d: %s", ack.GetVersion(), ack.GetError()))
+		}
 		return
 	}
 	if ack.GetError() != "" {

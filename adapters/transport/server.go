@@ -280,7 +280,7 @@ func (s *Server) handshake(nc net.Conn, remote, addr string) (*edgeLink, string,
 		}
 	} else {
 		resp.Config = configToProto(cfg)
-		link.nodeID = cfg.NodeID
+		link.nodeID, link.regVersion = cfg.NodeID, cfg.Version
 	}
 	buf, werr := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterResponse{RegisterResponse: resp}}, s.cfg.MaxFrameSize)
 	if werr == nil {

@@ -18,6 +18,9 @@ type NodeEntry struct {
 	// DisconnectedAt is when an offline node last left this edge; zero
 	// when it has not been connected since the edge started.
 	DisconnectedAt time.Time
+	// DisconnectReason is why it left then (the link's end, as the
+	// node.disconnected bus event says it).
+	DisconnectReason string
 }
 
 // ListNodesHandler lists the nodes the edge knows: every connected node and
@@ -60,8 +63,8 @@ func (h *ListNodesHandler) ListAs(p domain.Principal) []NodeEntry {
 		// truth for it, so ask again rather than report it offline.
 		if v, ok := h.reg.GetAs(p, rec.ID); ok {
 			e = NodeEntry{View: v, Connected: true}
-		} else if t, ok := h.reg.DisconnectedAt(rec.ID); ok {
-			e.DisconnectedAt = t
+		} else if t, why, ok := h.reg.DisconnectedAt(rec.ID); ok {
+			e.DisconnectedAt, e.DisconnectReason = t, why
 		}
 		out = append(out, e)
 	}

@@ -124,7 +124,7 @@ func (h *RegisterHandler) reject(node, remote string, err error) (domain.NodeCon
 
 // Disconnected removes a node from the live registry and reports it.
 func (h *RegisterHandler) Disconnected(nodeID string, link ports.NodeLink, reason string) {
-	if !h.reg.Remove(nodeID, link) {
+	if !h.reg.leave(nodeID, link, reason) {
 		return
 	}
 	h.log.Warn("node disconnected", "node", nodeID, "reason", reason)

@@ -217,6 +217,19 @@ func TestRegisterDisconnected(t *testing.T) {
 					t.Fatalf("disconnect event = %+v, want alpha with the first link's reason", ev)
 				}
 			}
+			// The node list says the same of an offline alpha; a stale
+			// disconnect changes nothing.
+			for _, e := range edge.NewListNodesHandler(ucRegisterDir(), reg).ListAs(domain.Anonymous()) {
+				if e.View.ID != "alpha" {
+					continue
+				}
+				switch {
+				case e.Connected && e.DisconnectReason != "":
+					t.Fatalf("connected alpha lists a disconnect reason %q", e.DisconnectReason)
+				case !e.Connected && tc.wantDisconnected > 0 && (e.DisconnectReason != "link 1 lost" || e.DisconnectedAt.IsZero()):
+					t.Fatalf("offline alpha: left %v, reason %q; want the first link's", e.DisconnectedAt, e.DisconnectReason)
+				}
+			}
 		})
 	}
 }

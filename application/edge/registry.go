@@ -47,7 +47,7 @@ type Registry struct {
 	// gone holds when each node that left since the edge started
 	// disconnected; an entry lives until the node comes back, so it holds at
 	// most one time per node id ever admitted.
-	gone map[string]time.Time
+	gone map[string]departure
 	// sessions binds each session to the node that last admitted a run of
 	// it; bounded (DefaultSessionAffinity, least recently used evicted).
 	sessions *sessionNodes
@@ -65,7 +65,7 @@ type Registry struct {
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{nodes: map[string]*LiveNode{}, gone: map[string]time.Time{}, sessions: newSessionNodes(DefaultSessionAffinity)}
+	return &Registry{nodes: map[string]*LiveNode{}, gone: map[string]departure{}, sessions: newSessionNodes(DefaultSessionAffinity)}
 }
 
 // Admit adds n unless a node with its id is already connected.
@@ -81,26 +81,37 @@ func (r *Registry) Admit(n *LiveNode) error {
 	return nil
 }
 
+// departure is when and why a node last left this edge.
+type departure struct {
+	at     time.Time
+	reason string
+}
+
 // Remove drops the node id if it is still served by link; it reports
 // whether it did, so a stale disconnect never evicts a newer connection.
 func (r *Registry) Remove(id string, link ports.NodeLink) bool {
+	return r.leave(id, link, "")
+}
+
+// leave is Remove noting why the link ended.
+func (r *Registry) leave(id string, link ports.NodeLink, reason string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if n, ok := r.nodes[id]; ok && n.Link == link {
 		delete(r.nodes, id)
-		r.gone[id] = time.Now()
+		r.gone[id] = departure{at: time.Now(), reason: reason}
 		return true
 	}
 	return false
 }
 
-// DisconnectedAt reports when node id last left this edge, if it is not
-// connected now and has been since the edge started.
-func (r *Registry) DisconnectedAt(id string) (time.Time, bool) {
+// DisconnectedAt reports when node id last left this edge, and why, if it
+// is not connected now and has been since the edge started.
+func (r *Registry) DisconnectedAt(id string) (at time.Time, reason string, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t, ok := r.gone[id]
-	return t, ok
+	d, ok := r.gone[id]
+	return d.at, d.reason, ok
 }
 
 // SetConfig records the config a node now runs.

@@ -24,15 +24,18 @@ type nodeInfo struct {
 	// connected; edges before the field existed listed connected nodes only.
 	Connected      *bool      `json:"connected"`
 	DisconnectedAt *time.Time `json:"disconnected_at"`
-	Remote         string     `json:"remote"`
-	ConnectedAt    time.Time  `json:"connected_at"`
-	Version        string     `json:"version"`
-	OS             string     `json:"os"`
-	Arch           string     `json:"arch"`
-	Hostname       string     `json:"hostname"`
-	ConfigVersion  uint64     `json:"config_version"`
-	RunsInFlight   int        `json:"runs_in_flight"`
-	Adapters       []struct {
+	// DisconnectReason is why an offline node left (edges before the field
+	// existed send none).
+	DisconnectReason string    `json:"disconnect_reason"`
+	Remote           string    `json:"remote"`
+	ConnectedAt      time.Time `json:"connected_at"`
+	Version          string    `json:"version"`
+	OS               string    `json:"os"`
+	Arch             string    `json:"arch"`
+	Hostname         string    `json:"hostname"`
+	ConfigVersion    uint64    `json:"config_version"`
+	RunsInFlight     int       `json:"runs_in_flight"`
+	Adapters         []struct {
 		Name           string `json:"name"`
 		Type           string `json:"type"`
 		MaxConcurrency int    `json:"max_concurrency"`
@@ -99,6 +102,7 @@ func (a *app) nodesCmd() *cobra.Command {
 			// CONNECTED is since when a node is online; for an offline one,
 			// when it left (if the edge saw it leave), else "-".
 			t := newTable(a.stdout, "ID", "STATUS", "REMOTE", "CONNECTED", "ADAPTERS", "VERSION")
+			var reasons []string
 			for _, n := range nodes {
 				var ad []string
 				for _, x := range n.Adapters {
@@ -110,10 +114,17 @@ func (a *app) nodesCmd() *cobra.Command {
 					if n.DisconnectedAt != nil {
 						since = "left " + ago(now, *n.DisconnectedAt)
 					}
+					if n.DisconnectReason != "" {
+						reasons = append(reasons, fmt.Sprintf("%s left: %s", n.ID, n.DisconnectReason))
+					}
 				}
 				t.row(n.ID, status, n.Remote, since, strings.Join(ad, " "), n.Version)
 			}
 			t.flush()
+			// Reasons are free text of any length: below the table, not in it.
+			if len(reasons) > 0 {
+				fmt.Fprintf(a.stdout, "\n%s\n", strings.Join(reasons, "\n"))
+			}
 			return nil
 		}),
 	}
