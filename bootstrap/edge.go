@@ -82,9 +82,10 @@ func Edge(s EdgeSettings) fx.Option {
 				h.Orphans = orphans
 				return h
 			},
-			func(s EdgeSettings, reg *edgeapp.Registry, runs *edgeapp.RunTracker, bus ports.EventPublisher, log *slog.Logger, obs edgeapp.Observers, orphans *edgeapp.OrphanCancels) *edgeapp.SubmitRunHandler {
+			func(s EdgeSettings, reg *edgeapp.Registry, runs *edgeapp.RunTracker, bus ports.EventPublisher, log *slog.Logger, obs edgeapp.Observers, orphans *edgeapp.OrphanCancels, st *edgestore.Store) *edgeapp.SubmitRunHandler {
 				h := edgeapp.NewSubmitRunHandler(reg, runs, bus, log)
 				h.Orphans = orphans
+				h.Sessions = st
 				// A run request travels in one frame on the node link.
 				h.MaxRequestBytes = int(s.Config.Transport.MaxFrameSize)
 				h.Observe = obs

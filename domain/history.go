@@ -47,6 +47,7 @@ type RunQuery struct {
 	Adapter string
 	Status  RunStatus
 	Key     string
+	Session string    // runs of this session_id
 	Since   time.Time // created at or after
 	Until   time.Time // created before
 	Limit   int

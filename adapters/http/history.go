@@ -73,13 +73,14 @@ func parseTime(name, v string) (time.Time, error) {
 }
 
 // handleHistoryRuns answers GET /v1/runs from the edge's history:
-// ?node=&adapter=&status=&key=&since=&until=&limit=&cursor= →
+// ?node=&adapter=&status=&key=&session=&since=&until=&limit=&cursor= →
 // {"runs":[…],"next_cursor":"…"} (next_cursor absent on the last page).
 func (s *Server) handleHistoryRuns(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	rq := domain.RunQuery{Node: q.Get("node"), Adapter: q.Get("adapter"), Status: domain.RunStatus(q.Get("status")),
-		Key: q.Get("key"), Cursor: q.Get("cursor")}
-	if err := domain.CheckIDs("node", rq.Node, "adapter", rq.Adapter, "status", string(rq.Status), "key", rq.Key, "cursor", rq.Cursor); err != nil {
+		Key: q.Get("key"), Session: q.Get("session"), Cursor: q.Get("cursor")}
+	if err := domain.CheckIDs("node", rq.Node, "adapter", rq.Adapter, "status", string(rq.Status), "key", rq.Key,
+		"session", rq.Session, "cursor", rq.Cursor); err != nil {
 		writeError(w, err)
 		return
 	}

@@ -58,23 +58,21 @@ func (s *sessionNodes) put(k sessionKey, node string) {
 	s.index[k] = s.order.PushFront(&sessionEntry{key: k, node: node})
 }
 
-// drop forgets k if it is node's.
+// drop unbinds k if it is node's. The entry stays, bound to no node, so
+// that the session is not recalled from the history (where its runs still
+// name node) until a run of it is admitted again.
 func (s *sessionNodes) drop(k sessionKey, node string) {
 	if e, ok := s.index[k]; ok && e.Value.(*sessionEntry).node == node {
-		delete(s.index, k)
-		s.order.Remove(e)
+		e.Value.(*sessionEntry).node = ""
 	}
 }
 
-// dropNode forgets every session of node.
+// dropNode unbinds every session of node, as drop does.
 func (s *sessionNodes) dropNode(node string) {
-	for e := s.order.Front(); e != nil; {
-		next := e.Next()
+	for e := s.order.Front(); e != nil; e = e.Next() {
 		if se := e.Value.(*sessionEntry); se.node == node {
-			delete(s.index, se.key)
-			s.order.Remove(e)
+			se.node = ""
 		}
-		e = next
 	}
 }
 
@@ -113,8 +111,29 @@ func (r *Registry) SessionNode(adapter, session string) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, ok := r.sessions.index[sessionKey{adapter, session}]
-	if !ok {
+	if !ok || e.Value.(*sessionEntry).node == "" {
 		return "", false
 	}
 	return e.Value.(*sessionEntry).node, true
+}
+
+// knowsSession reports whether the edge remembers session of adapter,
+// bound to a node or ended (unbound): either way the history has nothing
+// to add.
+func (r *Registry) knowsSession(adapter, session string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.sessions.index[sessionKey{adapter, session}]
+	return ok
+}
+
+// recallSession binds session of adapter to node unless it is bound
+// already (a run admitted meanwhile knows better than the history).
+func (r *Registry) recallSession(adapter, session, node string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := sessionKey{adapter, session}
+	if _, ok := r.sessions.index[k]; !ok {
+		r.sessions.put(k, node)
+	}
 }

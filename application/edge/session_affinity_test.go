@@ -23,8 +23,14 @@ func TestSessionNodesIsBoundedLRU(t *testing.T) {
 		t.Fatal("drop for another node forgot the session")
 	}
 	s.dropNode("a")
-	if s.len() != 0 || len(s.index) != 0 {
-		t.Fatalf("%d entries (%d indexed) after dropping node a, want none", s.len(), len(s.index))
+	// Both stay known, bound to no node: not recalled from the history.
+	for _, k := range []sessionKey{{"chat", "s1"}, {"chat", "s3"}} {
+		if n, ok := s.get(k); !ok || n != "" {
+			t.Fatalf("%v after dropping node a = %q %v, want known and unbound", k, n, ok)
+		}
+	}
+	if s.len() != 2 {
+		t.Fatalf("%d entries, want 2", s.len())
 	}
 }
 

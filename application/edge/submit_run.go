@@ -53,6 +53,9 @@ type SubmitRunHandler struct {
 	// size). A larger request is refused with invalid_request instead of
 	// being lost on the link. Zero or less disables the check.
 	MaxRequestBytes int
+	// Sessions, if set, is the history a session run's node is recalled
+	// from when the edge has none in memory (recallSession).
+	Sessions ports.HistoryReader
 }
 
 // DefaultMaxRequestBytes is the node link's default maximum frame size.
@@ -125,6 +128,9 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 	if size := len(cmd.Input) + len(cmd.Options) + len(cmd.Adapter) + len(cmd.Target) + len(cmd.SessionID) + requestOverhead; h.MaxRequestBytes > 0 && size > h.MaxRequestBytes {
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "run request is too large: input and options take %d bytes, the node link carries at most %d",
 			size-requestOverhead, h.MaxRequestBytes-requestOverhead)
+	}
+	if cmd.Node == "" {
+		h.recallSession(ctx, cmd.Adapter, cmd.SessionID)
 	}
 	node, release, err := h.reg.PickForRunAs(domain.PrincipalFrom(ctx), cmd.Node, cmd.Adapter, cmd.SessionID)
 	if err != nil {

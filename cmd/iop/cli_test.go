@@ -596,6 +596,10 @@ func TestRuns(t *testing.T) {
 	if q := e.last().query; q != "limit=5&node=n1&status=failed" {
 		t.Fatalf("query %q", q)
 	}
+	run(t, e.URL, "runs", "--session", "chat 1")
+	if q := e.last().query; q != "session=chat+1" {
+		t.Fatalf("query %q", q)
+	}
 }
 
 // The edge's history sends created_at and finished_at (null while the run

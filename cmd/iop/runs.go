@@ -50,11 +50,11 @@ func (r runInfo) errorText() string {
 
 func (a *app) runsCmd() *cobra.Command {
 	var (
-		node, status, adapter, key, since, until, cursor string
-		limit                                            int
+		node, status, adapter, key, session, since, until, cursor string
+		limit                                                     int
 	)
 	cmd := &cobra.Command{
-		Use:   "runs [--node N] [--status S] [--adapter A] [--key K] [--since T] [--until T] [--limit N] [--cursor C]",
+		Use:   "runs [--node N] [--status S] [--adapter A] [--key K] [--session S] [--since T] [--until T] [--limit N] [--cursor C]",
 		Short: "List recent runs, newest first, from the edge's history",
 		Args:  cobra.NoArgs,
 		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
@@ -71,7 +71,7 @@ func (a *app) runsCmd() *cobra.Command {
 			if limit > 0 {
 				q.Set("limit", strconv.Itoa(limit))
 			}
-			for name, v := range map[string]string{"adapter": adapter, "key": key, "since": since, "until": until, "cursor": cursor} {
+			for name, v := range map[string]string{"adapter": adapter, "key": key, "session": session, "since": since, "until": until, "cursor": cursor} {
 				if v != "" {
 					q.Set(name, v)
 				}
@@ -113,6 +113,7 @@ func (a *app) runsCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&adapter, "adapter", "", "only this adapter")
 	cmd.Flags().StringVar(&key, "key", "", "only runs made with this API key name (anonymous: without one)")
+	cmd.Flags().StringVar(&session, "session", "", "only runs of this session id")
 	cmd.Flags().StringVar(&since, "since", "", "only runs created at or after this time (RFC 3339 or YYYY-MM-DD)")
 	cmd.Flags().StringVar(&until, "until", "", "only runs created before this time")
 	cmd.Flags().StringVar(&cursor, "cursor", "", "continue a listing (the cursor a previous page printed)")

@@ -202,3 +202,65 @@ func TestNodeComesBackAfterEdgeRestart(t *testing.T) {
 		t.Fatalf("after restart: %+v", evs)
 	}
 }
+
+// A session's next run goes to the node that holds it even after the edge
+// restarted (its memory of sessions is empty then): the edge recalls the
+// node from its history. n1 has more free slots, so a run placed afresh
+// would go there; the session lives on n2.
+func TestSessionFindsItsNodeAfterEdgeRestart(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(8))
+	startNode(t, e, testToken)
+	startNode(t, e, "e2e-token-0002")
+	waitNode(t, e, "n1")
+	waitNode(t, e, "n2")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	runOn := func(body map[string]any) string {
+		t.Helper()
+		resp := startRun(t, ctx, e, body)
+		node := resp.Header.Get("X-IOP-Node")
+		if evs := collectRun(t, resp); len(evs) == 0 || evs[len(evs)-1].Type != "complete" {
+			t.Fatalf("run %v: %+v", body, evs)
+		}
+		return node
+	}
+	if n := runOn(map[string]any{"node": "n2", "adapter": "exec", "target": "upper", "session_id": "chat-9", "input": "one"}); n != "n2" {
+		t.Fatalf("first turn on %q", n)
+	}
+	// A run outside the session is placed by free slots: n1.
+	if n := runOn(map[string]any{"adapter": "exec", "target": "upper", "input": "x"}); n != "n1" {
+		t.Fatalf("a run without a session went to %q, want n1 (most free slots)", n)
+	}
+
+	e.stop(syscall.SIGTERM, 10*time.Second)
+	e.proc = startEdgeProc(t, e.config)
+	waitHealthy(t, e.url, e.proc)
+	waitNode(t, e, "n1")
+	waitNode(t, e, "n2")
+	if n := runOn(map[string]any{"adapter": "exec", "target": "upper", "session_id": "chat-9", "input": "two"}); n != "n2" {
+		t.Fatalf("the session's turn after the edge restarted went to %q, want n2", n)
+	}
+	// A new session is placed afresh.
+	if n := runOn(map[string]any{"adapter": "exec", "target": "upper", "session_id": "chat-10", "input": "x"}); n != "n1" {
+		t.Fatalf("a new session went to %q, want n1", n)
+	}
+	var page struct {
+		Runs []struct {
+			Node      string `json:"node"`
+			SessionID string `json:"session_id"`
+		} `json:"runs"`
+	}
+	// The history is written in batches: the second turn's row comes soon.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if err := getJSON(e.url+"/v1/runs?session=chat-9", &page); err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Runs) >= 2 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(page.Runs) != 2 || page.Runs[0].Node != "n2" || page.Runs[1].Node != "n2" || page.Runs[0].SessionID != "chat-9" {
+		t.Fatalf("GET /v1/runs?session=chat-9: %+v", page.Runs)
+	}
+}

@@ -212,6 +212,12 @@ var migrations = []struct {
 		)`,
 		`CREATE INDEX edge_tunnels_started_idx ON edge_tunnels (started_us)`,
 	}},
+	// A session's runs, newest first: where a session run goes when the
+	// edge has no node for it in memory (after a restart). Partial, so the
+	// many runs without a session cost no index write.
+	{2, []string{
+		`CREATE INDEX edge_runs_session_idx ON edge_runs (session_id, adapter, created_us) WHERE session_id <> ''`,
+	}},
 }
 
 // Version is the schema version this build migrates to.

@@ -162,6 +162,45 @@ func contract(t *testing.T, newDSN opener) {
 		}
 	})
 
+	t.Run("a session's runs", func(t *testing.T) {
+		s := open(t, newDSN(t), edgestore.Options{})
+		for i, sess := range []string{"chat-1", "chat-2", "", "chat-1", "chat-1"} {
+			r := run(fmt.Sprintf("run_%d", i), fmt.Sprintf("n%d", i), "llm", "", domain.RunSucceeded, t0.Add(time.Duration(i)*time.Minute), nil)
+			r.SessionID = sess
+			if i == 4 {
+				r.Adapter = "other"
+			}
+			s.RecordRun(r)
+		}
+		eventually(t, "5 runs", func() bool {
+			p, err := s.ListRuns(ctx, domain.RunQuery{Limit: 100})
+			return err == nil && len(p.Runs) == 5
+		})
+		for _, c := range []struct {
+			q    domain.RunQuery
+			want string
+		}{
+			{domain.RunQuery{Session: "chat-1"}, "[run_4 run_3 run_0]"},
+			{domain.RunQuery{Session: "chat-1", Adapter: "llm"}, "[run_3 run_0]"},
+			{domain.RunQuery{Session: "chat-1", Adapter: "llm", Limit: 1}, "[run_3]"},
+			{domain.RunQuery{Session: "chat-2"}, "[run_1]"},
+			{domain.RunQuery{Session: "chat-3"}, "[]"},
+		} {
+			q, want := c.q, c.want
+			p, err := s.ListRuns(ctx, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, r := range p.Runs {
+				got = append(got, r.ID)
+			}
+			if fmt.Sprint(got) != want {
+				t.Fatalf("%+v: got %v, want %s", q, got, want)
+			}
+		}
+	})
+
 	t.Run("usage sums runs and tunnels", func(t *testing.T) {
 		s := open(t, newDSN(t), edgestore.Options{})
 		day2 := t0.Add(24 * time.Hour)

@@ -535,6 +535,11 @@ func (s *Store) ListRuns(ctx context.Context, q domain.RunQuery) (domain.RunPage
 	if q.Key != "" {
 		sel = sel.Where("key_name = ?", q.Key)
 	}
+	if q.Session != "" {
+		// The second term is the predicate of edge_runs_session_idx: it
+		// lets SQLite and PostgreSQL use that partial index.
+		sel = sel.Where("session_id = ? AND session_id <> ''", q.Session)
+	}
 	if !q.Since.IsZero() {
 		sel = sel.Where("created_us >= ?", q.Since.UnixMicro())
 	}
