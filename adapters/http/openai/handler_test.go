@@ -622,10 +622,31 @@ func TestOllamaTags(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := readAll(t, resp)
-	want := `{"models":[{"name":"llama3.2:latest","model":"llama3.2:latest","modified_at":"2023-11-14T22:13:20Z","size":0,"digest":"","details":{}},` +
+	// llama3.2 is only declared on b: its entry is made up, with the digest
+	// sha256("b/ol/llama3.2:latest") in hex, the same on every call.
+	want := `{"models":[{"name":"llama3.2:latest","model":"llama3.2:latest","modified_at":"2023-11-14T22:13:20Z","size":0,"digest":"84316ea19939fef4446db6df2f979344a0cdfa70a982c68eda7d6e42af61676a","details":{}},` +
 		`{"name":"qwen3:8b","model":"qwen3:8b","modified_at":"2025-01-01T00:00:00Z","size":5,"digest":"abc","details":{"family":"qwen3"}}]}` + "\n"
 	if resp.StatusCode != 200 || got != want {
 		t.Fatalf("merged tags = %d\n%s\nwant\n%s", resp.StatusCode, got, want)
+	}
+	// Read the made-up entry as `ollama list` does (api.ListResponse): the
+	// time must parse, and it prints Digest[:12].
+	var cli struct {
+		Models []struct {
+			Name       string    `json:"name"`
+			ModifiedAt time.Time `json:"modified_at"`
+			Size       int64     `json:"size"`
+			Digest     string    `json:"digest"`
+			Details    struct {
+				Family string `json:"family"`
+			} `json:"details"`
+		} `json:"models"`
+	}
+	if err := json.Unmarshal([]byte(got), &cli); err != nil {
+		t.Fatalf("the Ollama CLI could not read the merged tags: %v", err)
+	}
+	if m := cli.Models[0]; len(m.Digest) < 12 || m.ModifiedAt.IsZero() {
+		t.Fatalf("made-up entry %+v: ollama list needs a digest of 12+ characters and a modified_at", m)
 	}
 
 	// Pinned: the node's own answer, byte for byte.

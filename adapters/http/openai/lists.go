@@ -2,6 +2,8 @@ package openaiapi
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -146,6 +148,11 @@ type anthropicModelList struct {
 	LastID  *string `json:"last_id"`
 }
 
+// ollamaTag is the /api/tags entry the edge makes up for a model an ollama
+// provider declares in config (its Ollama is not asked for a list). The
+// Ollama CLI reads every field: `ollama list` prints digest[:12] (so an
+// empty digest panics it), parses modified_at as a time and formats size
+// as bytes.
 type ollamaTag struct {
 	Name       string   `json:"name"`
 	Model      string   `json:"model"`
@@ -176,11 +183,20 @@ func (h *Handler) tags(w http.ResponseWriter, r *http.Request) {
 		seen[e.ID] = true
 		raw := json.RawMessage(e.Raw)
 		if len(raw) == 0 {
-			raw, _ = json.Marshal(ollamaTag{Name: e.ID, Model: e.ID, ModifiedAt: time.Unix(e.Created, 0).UTC().Format(time.RFC3339), Details: struct{}{}})
+			raw, _ = json.Marshal(ollamaTag{Name: e.ID, Model: e.ID, ModifiedAt: time.Unix(e.Created, 0).UTC().Format(time.RFC3339), Digest: placeholderDigest(e), Details: struct{}{}})
 		}
 		out.Models = append(out.Models, raw)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// placeholderDigest stands in for the digest of a model no provider listed:
+// 64 hex characters like Ollama's own (bare hex, no "sha256:"), so clients
+// that slice or display it work, and stable for one node, provider and
+// model, so the ID `ollama list` shows does not change between calls.
+func placeholderDigest(e edge.ModelEntry) string {
+	sum := sha256.Sum256([]byte(e.Node + "/" + e.Provider + "/" + e.ID))
+	return hex.EncodeToString(sum[:])
 }
 
 // ps answers GET /api/ps: pinned to a node, the node's own answer;
