@@ -14,10 +14,11 @@
 //
 // The answer is server-sent events. Lines starting with ":" are comments and
 // are ignored, as are "event:", "id:" and "retry:" lines; the "data:" lines of
-// an event are joined and decoded as a chunk. delta.reasoning or
-// delta.reasoning_content becomes a reasoning_delta event, delta.content a
-// delta event, delta.tool_calls a metadata event {"tool_calls":[…]} (the
-// fragments as the server sent them). "data: [DONE]" ends the stream with
+// an event are joined and decoded as a chunk. delta.reasoning, else
+// delta.reasoning_content (some servers send the same text in both),
+// becomes a reasoning_delta event, delta.content a delta event,
+// delta.tool_calls a metadata event {"tool_calls":[…]} (the fragments as
+// the server sent them). "data: [DONE]" ends the stream with
 // the complete event, whose usage comes from the last chunk carrying
 // "usage" (prompt, completion and total tokens), the last finish_reason, the
 // model the server reported, and the wall-clock duration of the request. A
@@ -394,7 +395,9 @@ func (s *stream) handle(c *chunk) error {
 }
 
 func (s *stream) emitMessage(m *message) error {
-	if r := m.Reasoning + m.ReasoningContent; r != "" {
+	// One field or the other: vLLM about 0.11 to 0.15 copies the reasoning
+	// into both, and joining them would double the text.
+	if r := cmp.Or(m.Reasoning, m.ReasoningContent); r != "" {
 		if err := s.sink.Emit(domain.RunEvent{Type: domain.EventReasoningDelta, Text: r}); err != nil {
 			return err
 		}

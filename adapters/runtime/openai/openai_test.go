@@ -257,6 +257,42 @@ func TestToolCallsAndWholeJSONAnswer(t *testing.T) {
 	}
 }
 
+// TestReasoningFields: a server may name the reasoning delta.reasoning or
+// delta.reasoning_content, and some vLLM versions send the same text in both
+// in one chunk; each text must come out once.
+func TestReasoningFields(t *testing.T) {
+	streamed := func(deltas ...string) string {
+		payloads := make([]string, 0, len(deltas)+2)
+		for _, d := range deltas {
+			payloads = append(payloads, chunk(d, ""))
+		}
+		return events("\n", append(payloads, chunk(`{"content":"ok"}`, "stop"), "[DONE]")...)
+	}
+	whole := func(msg string) string {
+		return `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":` + msg + `,"finish_reason":"stop"}]}`
+	}
+	for name, h := range map[string]http.HandlerFunc{
+		"both fields":              sse(streamed(`{"reasoning":"Let ","reasoning_content":"Let "}`, `{"reasoning":"me think","reasoning_content":"me think"}`)),
+		"reasoning_content only":   sse(streamed(`{"reasoning_content":"Let "}`, `{"reasoning_content":"me think"}`)),
+		"reasoning only":           sse(streamed(`{"reasoning":"Let "}`, `{"reasoning":"me think","reasoning_content":null}`)),
+		"whole answer, both":       status(200, whole(`{"role":"assistant","content":"ok","reasoning":"Let me think","reasoning_content":"Let me think"}`)),
+		"whole answer, one of two": status(200, whole(`{"role":"assistant","content":"ok","reasoning":"","reasoning_content":"Let me think"}`)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := standin.NewServer(t, h)
+			a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, nil)
+			sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			requireTerminal(t, sink, domain.EventComplete, "")
+			if got := reasoning(sink); got != "Let me think" || sink.Text() != "ok" {
+				t.Errorf("reasoning %q text %q, want %q and %q", got, sink.Text(), "Let me think", "ok")
+			}
+		})
+	}
+}
+
 func TestErrors(t *testing.T) {
 	cases := []struct {
 		name    string
