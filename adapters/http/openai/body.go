@@ -135,23 +135,41 @@ func (s *sliceReader) Read(p []byte) (int, error) {
 // says (escapes decoded, case folded), so the scan reads the key a Go
 // provider would. The scan is structural, not a validator: the provider
 // judges the rest.
-func scanJSONModel(p *prefix, keys []string) (string, error) {
+//
+// With also set, the scan also returns the string value of the top-level
+// key also (a string or null, "" when absent or null), and so reads on
+// past the model until it has seen that key or the object ends.
+func scanJSONModel(p *prefix, keys []string, also string) (model, alsoValue string, err error) {
 	var (
 		s        scanState
 		found    = make([]string, len(keys))
 		keyBuf   = make([]byte, 0, maxKey)
 		valBuf   []byte
 		offset   int64
-		captured = -1 // index in keys of the value being captured
+		captured = -1 // index in keys of the value being captured; len(keys) for also
+		alsoKeys []string
+		alsoSeen = also == "" // nothing to wait for
 	)
+	if also != "" {
+		alsoKeys = []string{also}
+	}
+	name := func(i int) string {
+		if i == len(keys) {
+			return also
+		}
+		return keys[i]
+	}
+	// done: the preferred key names a model and also was seen, so the rest
+	// of the body need not be read before it is routed.
+	done := func() bool { return len(keys) > 0 && found[0] != "" && alsoSeen }
 	s.state = stTop
 	for {
 		chunk := p.more()
 		if chunk == nil {
 			if errors.Is(p.err, io.EOF) {
-				return "", errors.New("request body ended before its JSON object did")
+				return "", "", errors.New("request body ended before its JSON object did")
 			}
-			return "", p.err
+			return "", "", p.err
 		}
 		for i, c := range chunk {
 			switch s.state {
@@ -160,7 +178,7 @@ func scanJSONModel(p *prefix, keys []string) (string, error) {
 					continue
 				}
 				if c != '{' {
-					return "", fmt.Errorf("request body is not a JSON object (byte %d)", offset+int64(i))
+					return "", "", fmt.Errorf("request body is not a JSON object (byte %d)", offset+int64(i))
 				}
 				s.depth, s.state = 1, stKey
 			case stKey:
@@ -169,9 +187,9 @@ func scanJSONModel(p *prefix, keys []string) (string, error) {
 				case c == '"':
 					keyBuf, s.keyLong, s.state = keyBuf[:0], false, stKeyStr
 				case c == '}':
-					return cmp.Or(found...), nil // the first key of keys that was found
+					return cmp.Or(found...), alsoValue, nil // the first key of keys that was found
 				default:
-					return "", fmt.Errorf("request body is not valid JSON (byte %d)", offset+int64(i))
+					return "", "", fmt.Errorf("request body is not valid JSON (byte %d)", offset+int64(i))
 				}
 			case stKeyStr:
 				switch {
@@ -196,17 +214,29 @@ func scanJSONModel(p *prefix, keys []string) (string, error) {
 					captured = -1
 					if !s.keyLong {
 						captured = routingKey(keyBuf, keys)
+						if captured < 0 && routingKey(keyBuf, alsoKeys) == 0 {
+							captured = len(keys)
+						}
 					}
 				default:
-					return "", fmt.Errorf("request body is not valid JSON (byte %d)", offset+int64(i))
+					return "", "", fmt.Errorf("request body is not valid JSON (byte %d)", offset+int64(i))
 				}
 			case stValue:
 				if isSpace(c) {
 					continue
 				}
+				if captured == len(keys) && c == 'n' {
+					// also: null, as clients that send every field write an
+					// absent one; skipped as the scalar it is.
+					alsoSeen = true
+					if done() {
+						return found[0], alsoValue, nil
+					}
+					captured = -1
+				}
 				if captured >= 0 {
 					if c != '"' {
-						return "", fmt.Errorf("%q must be a string", keys[captured])
+						return "", "", fmt.Errorf("%q must be a string", name(captured))
 					}
 					valBuf, s.state = append(valBuf[:0], c), stCapture
 					continue
@@ -214,11 +244,11 @@ func scanJSONModel(p *prefix, keys []string) (string, error) {
 				s.state = stSkip
 				s.inner = 0
 				if err := s.skip(c); err != nil {
-					return "", err
+					return "", "", err
 				}
 			case stCapture:
 				if len(valBuf) >= maxModel {
-					return "", fmt.Errorf("%q is longer than %d bytes", keys[captured], maxModel)
+					return "", "", fmt.Errorf("%q is longer than %d bytes", name(captured), maxModel)
 				}
 				valBuf = append(valBuf, c)
 				switch {
@@ -229,25 +259,28 @@ func scanJSONModel(p *prefix, keys []string) (string, error) {
 				case c == '"':
 					var v string
 					if err := json.Unmarshal(valBuf, &v); err != nil {
-						return "", fmt.Errorf("%q: %v", keys[captured], err)
+						return "", "", fmt.Errorf("%q: %v", name(captured), err)
 					}
-					if captured == 0 && v != "" {
-						return v, nil // the preferred key: stop reading here
-					}
-					if found[captured] == "" {
+					switch {
+					case captured == len(keys):
+						alsoValue, alsoSeen = v, true
+					case found[captured] == "":
 						found[captured] = v
+					}
+					if done() {
+						return found[0], alsoValue, nil // stop reading here
 					}
 					s.state = stAfter
 				}
 			case stSkip:
 				if err := s.skip(c); err != nil {
-					return "", err
+					return "", "", err
 				}
 				if s.state == stKey { // a scalar ended at ',' — the skip saw it
 					continue
 				}
 				if s.state == stDone {
-					return cmp.Or(found...), nil // the first key of keys that was found
+					return cmp.Or(found...), alsoValue, nil // the first key of keys that was found
 				}
 			case stAfter:
 				switch {
@@ -255,9 +288,9 @@ func scanJSONModel(p *prefix, keys []string) (string, error) {
 				case c == ',':
 					s.state = stKey
 				case c == '}':
-					return cmp.Or(found...), nil // the first key of keys that was found
+					return cmp.Or(found...), alsoValue, nil // the first key of keys that was found
 				default:
-					return "", fmt.Errorf("request body is not valid JSON (byte %d)", offset+int64(i))
+					return "", "", fmt.Errorf("request body is not valid JSON (byte %d)", offset+int64(i))
 				}
 			}
 		}
@@ -440,13 +473,19 @@ func (r *prefixReader) Read(b []byte) (int, error) {
 //   - two routing keys (Ollama's "model" and legacy "name") naming
 //     different non-empty models: the edge routes on "model" (else
 //     "name"), as Ollama does, but a server that preferred "name" would run
-//     the other, so the body is refused rather than guessed at.
+//     the other, so the body is refused rather than guessed at;
+//   - the other key the route reads (also: "previous_response_id") named
+//     twice, spelled as above: the edge would route to where the first
+//     lives and the provider look up the last.
 //
 // Nested keys (in messages, tools) do not count.
 type keyGuard struct {
 	r    io.Reader
 	keys []string
 	seen []bool
+	// also, when set, is a key that may appear once; alsoSeen says it did.
+	also     []string
+	alsoSeen bool
 
 	depth     int
 	inStr     bool
@@ -472,10 +511,14 @@ type keyGuard struct {
 // in \u escapes is 30 bytes.
 const maxGuardKey = 64
 
-func newKeyGuard(r io.Reader, keys []string) *keyGuard {
+func newKeyGuard(r io.Reader, keys []string, also string) *keyGuard {
 	n := len(keys)
-	return &keyGuard{r: r, keys: keys, seen: make([]bool, n), valueOf: -1,
+	g := &keyGuard{r: r, keys: keys, seen: make([]bool, n), valueOf: -1,
 		named: make([]bool, n), odd: make([]bool, n), values: make([]string, n)}
+	if also != "" {
+		g.also = []string{also}
+	}
+	return g
 }
 
 func (g *keyGuard) Read(p []byte) (int, error) {
@@ -555,6 +598,12 @@ func (g *keyGuard) keyDone() string {
 	}
 	i := routingKey(g.key, g.keys)
 	if i < 0 {
+		if routingKey(g.key, g.also) == 0 {
+			if g.alsoSeen {
+				return g.also[0]
+			}
+			g.alsoSeen = true
+		}
 		return ""
 	}
 	if g.seen[i] {

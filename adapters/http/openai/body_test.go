@@ -60,7 +60,7 @@ func TestScanJSONModel(t *testing.T) {
 					src = oneByte{src}
 				}
 				p := &prefix{src: src}
-				got, err := scanJSONModel(p, c.keys)
+				got, _, err := scanJSONModel(p, c.keys, "")
 				if c.err != "" {
 					if err == nil || !strings.Contains(err.Error(), c.err) {
 						t.Fatalf("split=%v: err = %v, want %q", split, err, c.err)
@@ -77,6 +77,55 @@ func TestScanJSONModel(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestScanJSONModelAlso: asked for another top-level key too
+// (previous_response_id), the scan reads on past the model until it has
+// that key or the object ends, and stops once it has both.
+func TestScanJSONModelAlso(t *testing.T) {
+	const prev = "previous_response_id"
+	cases := []struct {
+		name, body  string
+		model, also string
+		rest        string // what the scan must leave unread
+		err         string
+	}{
+		{"model first", `{"model":"m","input":"hi","previous_response_id":"resp_1","store":true}`, "m", "resp_1", `,"store":true}`, ""},
+		{"id first", `{"previous_response_id":"resp_1","model":"m","input":"hi"}`, "m", "resp_1", `,"input":"hi"}`, ""},
+		{"absent: the whole body", `{"model":"m","input":[{"previous_response_id":"nested"}]}`, "m", "", "", ""},
+		{"null", `{"model":"m","previous_response_id":null,"input":"hi"}`, "m", "", `ull,"input":"hi"}`, ""},
+		{"null first", `{"previous_response_id":null,"model":"m","input":"hi"}`, "m", "", `,"input":"hi"}`, ""},
+		{"other case", `{"model":"m","Previous_Response_Id":"resp_1"}`, "m", "resp_1", `}`, ""},
+		{"no model", `{"previous_response_id":"resp_1"}`, "", "resp_1", "", ""},
+		{"not a string", `{"model":"m","previous_response_id":7}`, "", "", "", `"previous_response_id" must be a string`},
+		{"too long", `{"model":"m","previous_response_id":"` + strings.Repeat("r", maxModel) + `"}`, "", "", "", `"previous_response_id" is longer than`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := &prefix{src: oneByte{strings.NewReader(c.body)}}
+			model, also, err := scanJSONModel(p, modelKeys, prev)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("err = %v, want %q", err, c.err)
+				}
+				return
+			}
+			if err != nil || model != c.model || also != c.also {
+				t.Fatalf("got %q, %q, %v; want %q, %q", model, also, err, c.model, c.also)
+			}
+			if rest, _ := io.ReadAll(p.src); string(rest) != c.rest {
+				t.Fatalf("left %q unread, want %q", rest, c.rest)
+			}
+		})
+	}
+	// Without also, the scan still stops at the model.
+	p := &prefix{src: oneByte{strings.NewReader(`{"model":"m","previous_response_id":"resp_1"}`)}}
+	if model, also, err := scanJSONModel(p, modelKeys, ""); err != nil || model != "m" || also != "" {
+		t.Fatalf("got %q, %q, %v", model, also, err)
+	}
+	if rest, _ := io.ReadAll(p.src); string(rest) != `,"previous_response_id":"resp_1"}` {
+		t.Fatalf("left %q unread", rest)
 	}
 }
 
@@ -108,7 +157,7 @@ func TestHostileNestingIsRefusedEarly(t *testing.T) {
 	for _, form := range []struct{ head, unit string }{{`{"x":`, "["}, {`{"a":`, `{"a":`}} {
 		src := &countingReader{head: []byte(form.head), unit: []byte(form.unit), n: 60 << 20}
 		p := &prefix{src: src}
-		_, err := scanJSONModel(p, modelKeys)
+		_, _, err := scanJSONModel(p, modelKeys, "")
 		if !errors.Is(err, errTooDeep) {
 			t.Fatalf("%s…: err = %v", form.unit, err)
 		}
@@ -167,7 +216,7 @@ func TestPrefixBlocks(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := newPrefix(oneByteEvery(strings.NewReader(c.body), 7000), c.length)
-			if got, err := scanJSONModel(p, modelKeys); err != nil || got != "m" {
+			if got, _, err := scanJSONModel(p, modelKeys, ""); err != nil || got != "m" {
 				t.Fatalf("got %q, %v", got, err)
 			}
 			for p.more() != nil {
@@ -217,7 +266,7 @@ func BenchmarkScanJSONModel(b *testing.B) {
 			for b.Loop() {
 				r.Reset(body)
 				p := newPrefix(r, c.length)
-				if m, err := scanJSONModel(p, modelKeys); err != nil || m != "chat" {
+				if m, _, err := scanJSONModel(p, modelKeys, ""); err != nil || m != "chat" {
 					b.Fatal(m, err)
 				}
 				for p.more() != nil {
@@ -241,40 +290,47 @@ func relayed(p *prefix) []byte {
 	return all
 }
 
-// TestKeyGuard: a routing key named twice at the top level fails the read,
-// whatever its spelling; nested keys, values and other keys do not count.
+// TestKeyGuard: a routing key, or the route's other key (also), named twice
+// at the top level fails the read, whatever its spelling; nested keys,
+// values and other keys do not count.
 func TestKeyGuard(t *testing.T) {
+	const prev = "previous_response_id"
 	for _, c := range []struct {
 		body string
 		keys []string
 		dup  string
+		also string
 	}{
-		{`{"model":"a","messages":[{"model":"x","content":"{\"model\":1}"}]}`, []string{"model"}, ""},
-		{`{"model":"a","model":"b"}`, []string{"model"}, "model"},
-		{`{"model":"a",  "model" : "b"}`, []string{"model"}, "model"},
-		{`{"model":"a","mod\u0065l":"b"}`, []string{"model"}, "model"},
-		{`{"\u006d\u006f\u0064\u0065\u006c":"a","model":"b"}`, []string{"model"}, "model"},
-		{`{"model":"a","name":"a"}`, []string{"model", "name"}, ""},
-		{`{"model":"","name":"b"}`, []string{"model", "name"}, ""},
-		{`{"name":"b","model":""}`, []string{"model", "name"}, ""},
-		{`{"model":"a","name":{"x":"b"},"y":["b"]}`, []string{"model", "name"}, ""},
-		{`{"model":"a","n":"b","name":7}`, []string{"model", "name"}, ""},
-		{`{"model":"a","name":"b"}`, []string{"model", "name"}, "name"},
-		{`{"name":"llama3.2","mod\u0065l":"undeclared-70b"}`, []string{"model", "name"}, "model"},
-		{`{"model":"a","MODEL":"b"}`, []string{"model"}, "model"},
-		{`{"Model":"a","model":"b"}`, []string{"model"}, "model"},
-		{`{"name":"a","NaMe":"a"}`, []string{"model", "name"}, "name"},
-		{`{"source":"a","\u017fource":"b"}`, []string{"source"}, "source"}, // ſ folds to s in Go
-		{`{"source":"a","ſource":"b"}`, []string{"source"}, "source"},
-		{`{"name":"a","stream":true,"name":"b"}`, []string{"model", "name"}, "name"},
-		{`{"a":"model","model":"x","b":["model","model"]}`, []string{"model"}, ""},
-		{`{"a":{"model":1,"model":2},"model":"x"}`, []string{"model"}, ""},
-		{`{"a":"}\"{,","model":"x","b":"\\"}`, []string{"model"}, ""},
+		{`{"model":"a","messages":[{"model":"x","content":"{\"model\":1}"}]}`, []string{"model"}, "", ""},
+		{`{"model":"a","model":"b"}`, []string{"model"}, "model", ""},
+		{`{"model":"a",  "model" : "b"}`, []string{"model"}, "model", ""},
+		{`{"model":"a","mod\u0065l":"b"}`, []string{"model"}, "model", ""},
+		{`{"\u006d\u006f\u0064\u0065\u006c":"a","model":"b"}`, []string{"model"}, "model", ""},
+		{`{"model":"a","name":"a"}`, []string{"model", "name"}, "", ""},
+		{`{"model":"","name":"b"}`, []string{"model", "name"}, "", ""},
+		{`{"name":"b","model":""}`, []string{"model", "name"}, "", ""},
+		{`{"model":"a","name":{"x":"b"},"y":["b"]}`, []string{"model", "name"}, "", ""},
+		{`{"model":"a","n":"b","name":7}`, []string{"model", "name"}, "", ""},
+		{`{"model":"a","name":"b"}`, []string{"model", "name"}, "name", ""},
+		{`{"name":"llama3.2","mod\u0065l":"undeclared-70b"}`, []string{"model", "name"}, "model", ""},
+		{`{"model":"a","MODEL":"b"}`, []string{"model"}, "model", ""},
+		{`{"Model":"a","model":"b"}`, []string{"model"}, "model", ""},
+		{`{"name":"a","NaMe":"a"}`, []string{"model", "name"}, "name", ""},
+		{`{"source":"a","\u017fource":"b"}`, []string{"source"}, "source", ""}, // ſ folds to s in Go
+		{`{"source":"a","ſource":"b"}`, []string{"source"}, "source", ""},
+		{`{"name":"a","stream":true,"name":"b"}`, []string{"model", "name"}, "name", ""},
+		{`{"a":"model","model":"x","b":["model","model"]}`, []string{"model"}, "", ""},
+		{`{"a":{"model":1,"model":2},"model":"x"}`, []string{"model"}, "", ""},
+		{`{"a":"}\"{,","model":"x","b":"\\"}`, []string{"model"}, "", ""},
+		{`{"model":"a","previous_response_id":"r1","input":[{"previous_response_id":"r2"}]}`, []string{"model"}, "", prev},
+		{`{"previous_response_id":"r1","model":"a","previous_response_id":"r2"}`, []string{"model"}, prev, prev},
+		{`{"previous_response_id":null,"model":"a","Previous_Response_ID":"r2"}`, []string{"model"}, prev, prev},
+		{`{"previous_response_id":"r1","previous_response_id":"r2"}`, []string{"model"}, "", ""}, // not a key of this route
 	} {
 		for _, chunk := range []int{1, 7, 1 << 10} { // split anywhere
-			g := newKeyGuard(iotest.OneByteReader(strings.NewReader(c.body)), c.keys)
+			g := newKeyGuard(iotest.OneByteReader(strings.NewReader(c.body)), c.keys, c.also)
 			if chunk > 1 {
-				g = newKeyGuard(&chunked{r: strings.NewReader(c.body), n: chunk}, c.keys)
+				g = newKeyGuard(&chunked{r: strings.NewReader(c.body), n: chunk}, c.keys, c.also)
 			}
 			got, err := io.ReadAll(g)
 			switch {

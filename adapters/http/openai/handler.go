@@ -9,6 +9,7 @@
 //	POST /v1/chat/completions, /v1/completions, /v1/embeddings,
 //	     /v1/responses, /v1/images/generations, /v1/rerank        → a provider of the OpenAI API, by the body's "model"
 //	POST /v1/audio/transcriptions, /v1/audio/translations         → the same, the model read from the multipart form
+//	POST /v1/responses with a previous_response_id seen created,
 //	GET|DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel,
 //	GET /v1/responses/{id}/input_items                            → the node and provider that created the response
 //	POST /v1/messages, /v1/messages/count_tokens                  → a provider of the Anthropic Messages API
@@ -51,11 +52,14 @@
 // 413). The body is read only as far as the model: a byte scan of the
 // top-level JSON object that keeps what it read and a depth counter, never
 // a parse tree, refuses nesting deeper than MaxDepth (400) and stops at
-// "model"; what was read and the rest of the body then stream to the node
-// as the caller sends them, through a guard that fails the body on a model
-// named twice (keyGuard, formGuard). So a request costs at most its prefix up to the
-// model (bounded by MaxBody), whatever its shape. Blob uploads
-// (/api/blobs) are streamed without the cap: nothing of them is held.
+// "model" (on POST /v1/responses, once it has seen both "model" and
+// "previous_response_id", so at the end of a body without the latter);
+// what was read and the rest of the body then stream to the node as the
+// caller sends them, through a guard that fails the body on a model (or
+// previous_response_id) named twice (keyGuard, formGuard). So a request
+// costs at most its prefix up to the keys it routes on (bounded by
+// MaxBody), whatever its shape. Blob uploads (/api/blobs) are streamed
+// without the cap: nothing of them is held.
 package openaiapi
 
 import (
@@ -131,6 +135,11 @@ type target struct {
 	orOnlyNode bool
 	unbounded  bool // the body streams without the MaxBody cap (blobs)
 	remember   bool // remember the created response's id → node
+	// follows is the JSON body key naming a response this request
+	// continues (previous_response_id): that response's state lives only
+	// with the provider that created it, so a remembered id pins its node
+	// and provider, as the follow-ups of a response do.
+	follows string
 }
 
 var (
@@ -166,7 +175,7 @@ func New(deps Deps, log *slog.Logger) *Handler {
 		"/v1/chat/completions":      post(openai),
 		"/v1/completions":           post(openai),
 		"/v1/embeddings":            post(openai),
-		"/v1/responses":             post(via(target{family: domain.ProviderOpenAI, keys: modelKeys, remember: true})),
+		"/v1/responses":             post(via(target{family: domain.ProviderOpenAI, keys: modelKeys, remember: true, follows: "previous_response_id"})),
 		"/v1/images/generations":    post(openai),
 		"/v1/rerank":                post(openai),
 		"/v1/audio/transcriptions":  post(form),
@@ -271,15 +280,18 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 		if t.form {
 			body = newFormGuard(body, r.Header.Get("Content-Type"))
 		} else {
-			body = newKeyGuard(body, t.keys)
+			body = newKeyGuard(body, t.keys, t.follows)
 		}
 		rec = &recordingReader{r: body}
 		p := newPrefix(rec, r.ContentLength)
-		var err error
+		var (
+			err     error
+			follows string
+		)
 		if t.form {
 			model, err = scanMultipartModel(p, r.Header.Get("Content-Type"), "model")
 		} else {
-			model, err = scanJSONModel(p, t.keys)
+			model, follows, err = scanJSONModel(p, t.keys, t.follows)
 		}
 		if err == nil && r.ContentLength >= 0 && r.ContentLength <= smallBody {
 			for p.more() != nil { // small: send it whole in the opening frame
@@ -307,6 +319,11 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 			}
 			WriteError(w, r, http.StatusBadRequest, domain.CodeInvalidRequest, what)
 			return
+		}
+		// An id this edge did not see created (or one on a node the caller
+		// may not see, as for the follow-ups) is routed by model alone.
+		if at, ok := h.responses.get(follows); follows != "" && ok && domain.PrincipalFrom(r.Context()).SeesNode(at.node) {
+			node, provider = at.node, at.provider
 		}
 		head, rest = p.body()
 	case r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0:

@@ -2,12 +2,15 @@ package openaiapi_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -146,6 +149,91 @@ func TestResponsesFollowUpsGoToTheCreatingNode(t *testing.T) {
 	resp = do(t, http.MethodGet, e.srv.URL+"/v1/responses/resp_unknown", "")
 	if got := readAll(t, resp); resp.StatusCode != 404 || !strings.Contains(got, "resp_unknown") {
 		t.Fatalf("unknown id with two nodes: %d %s", resp.StatusCode, got)
+	}
+}
+
+// TestChainedResponseGoesToTheNodeHoldingThePrevious: a create that
+// continues a response (previous_response_id) goes to the node and provider
+// that created that response, though another node serving the model is
+// less busy; an id the edge did not see is routed by model.
+func TestChainedResponseGoesToTheNodeHoldingThePrevious(t *testing.T) {
+	e := newEnv(t)
+	hang := newFakeStream(status(200), header("Content-Type", "text/event-stream"), body("data: {}\n\n"))
+	t.Cleanup(hang.Close)
+	var mu sync.Mutex
+	made := 0
+	b := e.node(t, "b", func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+		if req.Path == "/v1/chat/completions" {
+			return hang, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		made++
+		return newFakeStream(response(200, "application/json", fmt.Sprintf(`{"id":"resp_b%d","object":"response"}`, made))...), nil
+	}, provider("p", domain.ProviderOpenAI, "m"))
+	a := e.node(t, "a", serve(response(404, "application/json", `{"error":{"message":"Previous response not found."}}`)...), provider("p", domain.ProviderOpenAI, "m"))
+
+	resp := do(t, http.MethodPost, e.srv.URL+"/v1/responses", `{"model":"m","input":"hi"}`, "X-IOP-Node", "b")
+	if got := readAll(t, resp); got != `{"id":"resp_b1","object":"response"}` {
+		t.Fatalf("create: %d %s", resp.StatusCode, got)
+	}
+	// b now has a tunnel in flight, a none: routed by model, a wins.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+	req.Header.Set("X-IOP-Node", "b")
+	busy, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Body.Close()
+	waitFor(t, "b busy", func() bool { v, _ := e.reg.Get("b"); return v.TunnelsInFlight == 1 })
+
+	for _, c := range []struct {
+		name, payload string
+		hdr           []string
+	}{
+		{"id after the model", `{"model":"m","input":"more","previous_response_id":"resp_b1"}`, nil},
+		{"id before the model", `{"previous_response_id":"resp_b1","input":"more","model":"m"}`, nil},
+		// Over a pin elsewhere too, as the follow-ups: only b can answer.
+		{"pinned to a", `{"model":"m","previous_response_id":"resp_b1"}`, []string{"X-IOP-Node", "a"}},
+	} {
+		before := b.count()
+		resp = do(t, http.MethodPost, e.srv.URL+"/v1/responses", c.payload, c.hdr...)
+		if got := readAll(t, resp); resp.StatusCode != 200 || a.count() != 0 || b.count() != before+1 {
+			t.Fatalf("%s: %d %s; tunnels a %d, b %d (was %d)", c.name, resp.StatusCode, got, a.count(), b.count(), before)
+		}
+		if o := b.last(t); string(o.body) != c.payload || o.req.Provider != "p" {
+			t.Fatalf("%s: b's provider %q got %q, want the body unchanged", c.name, o.req.Provider, o.body)
+		}
+	}
+
+	// Unknown to the edge, or created on a node the caller may not see:
+	// routed by model, to the less busy a.
+	limited := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := domain.Principal{Name: "team-a", Scopes: []string{domain.ScopeInference}, Nodes: []string{"a"}}
+		e.h.ServeHTTP(w, r.WithContext(domain.WithPrincipal(r.Context(), p)))
+	}))
+	defer limited.Close()
+	for i, url := range []string{e.srv.URL, limited.URL} {
+		id := []string{"resp_unknown", "resp_b1"}[i]
+		resp = do(t, http.MethodPost, url+"/v1/responses", `{"model":"m","previous_response_id":"`+id+`"}`)
+		if got := readAll(t, resp); resp.StatusCode != 404 || a.count() != i+1 || strings.Contains(got, `"b"`) {
+			t.Fatalf("%s: %d %s; tunnels a %d", id, resp.StatusCode, got, a.count())
+		}
+	}
+
+	// An id that is no string, or named twice, is refused before any tunnel.
+	for _, payload := range []string{
+		`{"model":"m","previous_response_id":7}`,
+		`{"model":"m","previous_response_id":"resp_b1","previous_response_id":"resp_x"}`,
+	} {
+		before := a.count() + b.count()
+		resp = do(t, http.MethodPost, e.srv.URL+"/v1/responses", payload)
+		got := readAll(t, resp)
+		if resp.StatusCode != 400 || !strings.Contains(got, "previous_response_id") || a.count()+b.count() != before {
+			t.Fatalf("%s: %d %s", payload, resp.StatusCode, got)
+		}
 	}
 }
 
