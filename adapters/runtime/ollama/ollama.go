@@ -3,8 +3,9 @@
 // A run is one streaming POST {base_url}/api/chat. The model is the run's
 // target, else the adapter's first configured model. The input is the user
 // message as text, or {"messages":[…]} (see package chat). The run options,
-// a JSON object, may carry "think", "options", "format" and "keep_alive",
-// which are passed to Ollama unchanged; other keys are ignored.
+// a JSON object, may carry "tools" (a JSON array), "think", "options",
+// "format" and "keep_alive", which are passed to Ollama unchanged; other
+// keys are ignored.
 //
 // Ollama answers with NDJSON. Each line's message.thinking becomes a
 // reasoning_delta event and message.content a delta event (in that order
@@ -34,6 +35,7 @@
 package ollama
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -53,8 +55,9 @@ import (
 	"iop/ports"
 )
 
-// Options passed through from a run's options to /api/chat.
-var passThrough = []string{"think", "options", "format", "keep_alive"}
+// Options passed through from a run's options to /api/chat. Without
+// "tools" the model is never offered a tool, so it never calls one.
+var passThrough = []string{"tools", "think", "options", "format", "keep_alive"}
 
 // Adapter runs chats against one Ollama server. It is safe for concurrent use.
 type Adapter struct {
@@ -165,6 +168,13 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		return err
 	}
 	model, opts, turn, msgs := prep.Model, prep.Options, prep.Turn, prep.Messages
+	if t, ok := opts["tools"]; ok {
+		// Ollama would refuse it with a JSON decoding error about its own
+		// request type; this says which option is wrong.
+		if v := bytes.TrimSpace(t); len(v) == 0 || (v[0] != '[' && string(v) != "null") {
+			return domain.Errorf(domain.CodeInvalidRequest, `run option "tools" must be a JSON array of tools`)
+		}
+	}
 	body := map[string]any{"model": model, "messages": msgs, "stream": true}
 	for _, k := range passThrough {
 		if v, ok := opts[k]; ok {

@@ -203,6 +203,7 @@ func TestInvalidRequests(t *testing.T) {
 		"empty messages": {Target: "m", Input: []byte(`{"messages":[]}`)},
 		"no role":        {Target: "m", Input: []byte(`{"messages":[{"content":"x"}]}`)},
 		"options array":  {Target: "m", Input: []byte("hi"), Options: []byte(`[1]`)},
+		"tools object":   {Target: "m", Input: []byte("hi"), Options: []byte(`{"tools":{"type":"function"}}`)},
 	} {
 		sink, err := run(t, a, req)
 		if !errors.Is(err, domain.ErrInvalidRequest) {
@@ -460,6 +461,31 @@ func TestSessions(t *testing.T) {
 	}
 	if err := a.TerminateSession(context.Background(), "m", "unknown"); err != nil {
 		t.Errorf("terminating an unknown session: %v", err)
+	}
+}
+
+// TestToolsReachOllama: a run's "tools" option is sent to /api/chat as
+// given, so the model can call them, and the message.tool_calls of its
+// answer come back as a metadata event {"tool_calls":[…]}.
+func TestToolsReachOllama(t *testing.T) {
+	const tools = `[{"type":"function","function":{"name":"get_weather","description":"Weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]`
+	const calls = `[{"function":{"name":"get_weather","arguments":{"city":"Paris"}}}]`
+	srv := newServer(t, ndjson(standin.Lines(
+		`{"model":"qwen3","message":{"role":"assistant","content":"","tool_calls":`+calls+`},"done":false}`,
+		`{"model":"qwen3","message":{"role":"assistant","content":""},"done":true,"done_reason":"stop","prompt_eval_count":80,"eval_count":20}`,
+	)))
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, nil)
+	sink, err := run(t, a, domain.RunRequest{Target: "qwen3", Input: []byte("Weather in Paris?"), Options: []byte(`{"tools":` + tools + `}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+	if got := string(srv.Request(t, 0).Body["tools"]); got != tools {
+		t.Errorf("tools sent to Ollama = %s, want %s", got, tools)
+	}
+	events := sink.Events()
+	if len(events) != 2 || events[0].Type != domain.EventMetadata || string(events[0].Metadata) != `{"tool_calls":`+calls+`}` {
+		t.Errorf("events %v, first %+v; want metadata {\"tool_calls\":%s}, then complete", sink.Types(), events[0], calls)
 	}
 }
 
