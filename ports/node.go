@@ -74,8 +74,13 @@ type RunStore interface {
 // ChatSessionStore keeps the message history of chat sessions (ollama, openai
 // runtime adapters) so they survive a node restart.
 type ChatSessionStore interface {
-	// LoadChat returns the session's messages in order; an unknown session has none.
-	LoadChat(ctx context.Context, adapter, sessionID string) ([]domain.ChatMessage, error)
+	// LoadChat returns the session's messages in order; an unknown session
+	// has none. With maxBytes > 0 it returns only what a turn may replay:
+	// the leading system/developer messages, then the newest whole turns (a
+	// turn starts at a user message) whose messages' JSON sizes sum to at
+	// most maxBytes, and always the latest turn — so a long session costs a
+	// turn its bound, not its length.
+	LoadChat(ctx context.Context, adapter, sessionID string, maxBytes int) ([]domain.ChatMessage, error)
 	// AppendChat adds messages to the end of a session, creating it if needed.
 	AppendChat(ctx context.Context, adapter, target, sessionID string, msgs []domain.ChatMessage) error
 	DeleteChat(ctx context.Context, adapter, sessionID string) error

@@ -350,7 +350,7 @@ func TestCancelClosesTheUpstreamRequest(t *testing.T) {
 	if _, ok := sink.Terminal(); ok {
 		t.Errorf("a cancelled run emitted a terminal event: %v", sink.Types())
 	}
-	if msgs, _ := chats.LoadChat(context.Background(), "llm", "s1"); len(msgs) != 0 {
+	if msgs, _ := chats.LoadChat(context.Background(), "llm", "s1", 0); len(msgs) != 0 {
 		t.Errorf("a cancelled turn was stored: %v", msgs)
 	}
 }
@@ -377,7 +377,7 @@ func TestSinkFailureStopsTheRun(t *testing.T) {
 	if !errors.Is(err, errGone) {
 		t.Fatalf("err = %v, want the sink's", err)
 	}
-	if msgs, _ := chats.LoadChat(context.Background(), "llm", "s"); len(msgs) != 0 {
+	if msgs, _ := chats.LoadChat(context.Background(), "llm", "s", 0); len(msgs) != 0 {
 		t.Errorf("stored %v", msgs)
 	}
 }

@@ -454,7 +454,7 @@ func TestSessions(t *testing.T) {
 	if len(third) != 3 || !strings.Contains(string(third[2]), "image_url") {
 		t.Errorf("third turn sent %s", srv.Request(t, 2).Body["messages"])
 	}
-	msgs, _ := chats.LoadChat(context.Background(), "llm", "s1")
+	msgs, _ := chats.LoadChat(context.Background(), "llm", "s1", 0)
 	if len(msgs) != 4 || msgs[2].Content != "three" || msgs[3].Content != "reply 3" {
 		t.Errorf("stored %+v", msgs)
 	}

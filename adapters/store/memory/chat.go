@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"iop/adapters/store/internal/chattail"
 	"iop/domain"
 	"iop/ports"
 )
@@ -35,15 +36,31 @@ func NewChatStore() *ChatStore {
 }
 
 // LoadChat returns a copy of the session's messages in the order they were
-// appended; an unknown session has none.
-func (s *ChatStore) LoadChat(_ context.Context, adapter, sessionID string) ([]domain.ChatMessage, error) {
+// appended, bounded as ports.ChatSessionStore says; an unknown session has
+// none.
+func (s *ChatStore) LoadChat(_ context.Context, adapter, sessionID string, maxBytes int) ([]domain.ChatMessage, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sess := s.sessions[sessionKey{adapter, sessionID}]
 	if sess == nil {
 		return []domain.ChatMessage{}, nil
 	}
-	return slices.Clone(sess.msgs), nil
+	msgs := sess.msgs
+	if maxBytes <= 0 {
+		return slices.Clone(msgs), nil
+	}
+	head := 0
+	for head < len(msgs) && chattail.Head(msgs[head].Role) {
+		head++
+	}
+	w := chattail.New(maxBytes)
+	for i := len(msgs) - 1; i >= head; i-- {
+		m := msgs[i]
+		if !w.Step(int64(i), m.Role, chattail.Size(m.Role, m.Content, m.Raw)) {
+			break
+		}
+	}
+	return append(slices.Clone(msgs[:head]), msgs[w.Cut(int64(head)):]...), nil
 }
 
 // AppendChat adds msgs after the session's last message, creating the

@@ -7,6 +7,7 @@ import (
 
 	"github.com/uptrace/bun"
 
+	"iop/adapters/store/internal/chattail"
 	"iop/domain"
 	"iop/ports"
 )
@@ -56,15 +57,24 @@ var chatMessageBackfill = map[string]string{
 	"reply": "UPDATE chat_messages SET reply = TRUE WHERE role = 'assistant'",
 }
 
-// LoadChat returns the session's messages in the order they were appended;
-// an unknown session has none.
-func (s *ChatStore) LoadChat(ctx context.Context, adapter, sessionID string) ([]domain.ChatMessage, error) {
+// LoadChat returns the session's messages in the order they were appended,
+// bounded as ports.ChatSessionStore says; an unknown session has none. A
+// bounded load reads the head, then the messages' roles and sizes newest
+// first a page at a time until the bound is met (chattail), then the rows
+// from the cut: the bodies of turns past the bound are never read.
+func (s *ChatStore) LoadChat(ctx context.Context, adapter, sessionID string, maxBytes int) ([]domain.ChatMessage, error) {
 	var rows []chatMessageRow
-	err := s.db.NewSelect().Model(&rows).
-		Where("adapter = ? AND session_id = ?", adapter, sessionID).
-		Order("seq").
-		Scan(ctx)
-	if err != nil {
+	q := s.db.NewSelect().Model(&rows).Where("adapter = ? AND session_id = ?", adapter, sessionID).Order("seq")
+	if maxBytes > 0 {
+		first, from, err := s.tailStart(ctx, adapter, sessionID, maxBytes)
+		if err != nil {
+			return nil, err
+		}
+		q = q.WhereGroup(" AND ", func(q *bun.SelectQuery) *bun.SelectQuery {
+			return q.Where("seq < ?", first).WhereOr("seq >= ?", from)
+		})
+	}
+	if err := q.Scan(ctx); err != nil {
 		return nil, fmt.Errorf("select chat %s/%s: %w", adapter, sessionID, err)
 	}
 	msgs := make([]domain.ChatMessage, len(rows))
@@ -72,6 +82,51 @@ func (s *ChatStore) LoadChat(ctx context.Context, adapter, sessionID string) ([]
 		msgs[i] = domain.ChatMessage{Role: r.Role, Content: r.Content, Raw: r.Raw, Reply: r.Reply}
 	}
 	return msgs, nil
+}
+
+// tailPage is how many roles and sizes one query of tailStart reads.
+const tailPage = 256
+
+// tailStart returns where a bounded load's parts start: first, the oldest
+// message after the session's head (its leading system/developer
+// messages), and from, the tail's first message.
+func (s *ChatStore) tailStart(ctx context.Context, adapter, sessionID string, maxBytes int) (first, from int64, err error) {
+	err = s.db.NewSelect().Model((*chatMessageRow)(nil)).ColumnExpr("COALESCE(MIN(seq), 0)").
+		Where("adapter = ? AND session_id = ? AND role NOT IN ('system', 'developer')", adapter, sessionID).
+		Scan(ctx, &first)
+	if err != nil {
+		return 0, 0, fmt.Errorf("select chat %s/%s head: %w", adapter, sessionID, err)
+	}
+	if first == 0 {
+		return 1 << 62, 1 << 62, nil // the head is all there is
+	}
+	w := chattail.New(maxBytes)
+	before := int64(1 << 62)
+	for {
+		var page []struct {
+			Seq  int64  `bun:"seq"`
+			Role string `bun:"role"`
+			Size int    `bun:"size"`
+		}
+		err := s.db.NewSelect().Model((*chatMessageRow)(nil)).Column("seq", "role").
+			ColumnExpr("CASE WHEN raw <> '' THEN OCTET_LENGTH(raw) ELSE ? + OCTET_LENGTH(role) + OCTET_LENGTH(content) END AS size",
+				chattail.Size("", "", "")).
+			Where("adapter = ? AND session_id = ? AND seq >= ? AND seq < ?", adapter, sessionID, first, before).
+			Order("seq DESC").Limit(tailPage).
+			Scan(ctx, &page)
+		if err != nil {
+			return 0, 0, fmt.Errorf("select chat %s/%s sizes: %w", adapter, sessionID, err)
+		}
+		for _, m := range page {
+			if !w.Step(m.Seq, m.Role, m.Size) {
+				return first, w.Cut(first), nil
+			}
+		}
+		if len(page) < tailPage {
+			return first, w.Cut(first), nil
+		}
+		before = page[len(page)-1].Seq
+	}
 }
 
 // AppendChat adds msgs after the session's last message, creating the

@@ -152,7 +152,7 @@ func TestDataSurvivesReopen(t *testing.T) {
 	if s.Status != domain.RunSucceeded || s.Usage == nil || *s.Usage != *usage || !s.FinishedAt.Equal(created.Add(time.Second)) {
 		t.Fatalf("run after reopen = %+v", s)
 	}
-	loaded, err := sqlite.NewChatStore(db).LoadChat(ctx, "ollama", "s1")
+	loaded, err := sqlite.NewChatStore(db).LoadChat(ctx, "ollama", "s1", 0)
 	if err != nil || len(loaded) != 2 || loaded[1] != msgs[1] {
 		t.Fatalf("LoadChat after reopen = %v, %v", loaded, err)
 	}
@@ -252,7 +252,7 @@ func TestChatMessagesOldSchemaGainsColumns(t *testing.T) {
 	if err := s.AppendChat(ctx, "ollama", "m", "s1", []domain.ChatMessage{next}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.LoadChat(ctx, "ollama", "s1")
+	got, err := s.LoadChat(ctx, "ollama", "s1", 0)
 	want := []domain.ChatMessage{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "hello", Reply: true}, next}
 	if err != nil || !slices.Equal(got, want) {
 		t.Fatalf("LoadChat = %+v, %v; want %+v", got, err, want)

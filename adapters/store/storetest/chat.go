@@ -2,7 +2,9 @@ package storetest
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,7 +22,7 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 	}
 
 	t.Run("unknown session has no messages", func(t *testing.T) {
-		msgs, err := newStore(t).LoadChat(context.Background(), "ollama", "nope")
+		msgs, err := newStore(t).LoadChat(context.Background(), "ollama", "nope", 0)
 		if err != nil || len(msgs) != 0 {
 			t.Fatalf("LoadChat(unknown) = %v, %v; want none", msgs, err)
 		}
@@ -45,7 +47,7 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 			{"openai", "s1", []domain.ChatMessage{user("other adapter")}},
 		}
 		for _, tc := range cases {
-			got, err := s.LoadChat(ctx, tc.adapter, tc.session)
+			got, err := s.LoadChat(ctx, tc.adapter, tc.session, 0)
 			if err != nil {
 				t.Fatalf("LoadChat %s/%s: %v", tc.adapter, tc.session, err)
 			}
@@ -60,9 +62,9 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 		in := []domain.ChatMessage{user("a")}
 		mustAppend(t, s, "ollama", "m", "s1", in)
 		in[0].Content = "changed by caller"
-		got, _ := s.LoadChat(ctx, "ollama", "s1")
+		got, _ := s.LoadChat(ctx, "ollama", "s1", 0)
 		got[0].Content = "changed by reader"
-		got, _ = s.LoadChat(ctx, "ollama", "s1")
+		got, _ = s.LoadChat(ctx, "ollama", "s1", 0)
 		if !slices.Equal(got, []domain.ChatMessage{user("a")}) {
 			t.Fatalf("LoadChat after callers' edits = %+v", got)
 		}
@@ -87,10 +89,10 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 		if err := s.DeleteChat(ctx, "ollama", "unknown"); err != nil {
 			t.Fatalf("DeleteChat(unknown): %v", err)
 		}
-		if msgs, err := s.LoadChat(ctx, "ollama", "s1"); err != nil || len(msgs) != 0 {
+		if msgs, err := s.LoadChat(ctx, "ollama", "s1", 0); err != nil || len(msgs) != 0 {
 			t.Fatalf("LoadChat(deleted) = %v, %v; want none", msgs, err)
 		}
-		if msgs, _ := s.LoadChat(ctx, "ollama", "s2"); len(msgs) != 1 {
+		if msgs, _ := s.LoadChat(ctx, "ollama", "s2", 0); len(msgs) != 1 {
 			t.Fatalf("LoadChat(kept) = %v, want 1 message", msgs)
 		}
 		list, err := s.ListChats(ctx, "")
@@ -99,8 +101,70 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 		}
 		// A deleted session starts again from scratch.
 		mustAppend(t, s, "ollama", "m", "s1", []domain.ChatMessage{user("fresh")})
-		if msgs, _ := s.LoadChat(ctx, "ollama", "s1"); !slices.Equal(msgs, []domain.ChatMessage{user("fresh")}) {
+		if msgs, _ := s.LoadChat(ctx, "ollama", "s1", 0); !slices.Equal(msgs, []domain.ChatMessage{user("fresh")}) {
 			t.Fatalf("LoadChat(recreated) = %+v", msgs)
+		}
+	})
+
+	t.Run("a bounded load keeps the head and the newest whole turns", func(t *testing.T) {
+		s, ctx := newStore(t), context.Background()
+		// Each message's JSON is 100 bytes (40 for the system head).
+		msg := func(role, text string, size int) domain.ChatMessage {
+			raw := `{"role":"` + role + `","content":"` + text
+			raw += strings.Repeat("x", size-len(raw)-2) + `"}`
+			return domain.ChatMessage{Role: role, Content: text, Raw: raw}
+		}
+		all := []domain.ChatMessage{
+			msg("system", "S", 40),
+			msg("user", "A", 100), msg("assistant", "a", 100),
+			msg("user", "B", 100), msg("assistant", "b", 100), msg("tool", "t", 100), msg("system", "mid", 100),
+			msg("user", "C", 100), msg("assistant", "c", 100),
+		}
+		mustAppend(t, s, "ollama", "m", "long", all[:3])
+		mustAppend(t, s, "ollama", "m", "long", all[3:])
+		pick := func(idx ...int) []domain.ChatMessage {
+			var out []domain.ChatMessage
+			for _, i := range idx {
+				out = append(out, all[i])
+			}
+			return out
+		}
+		for _, c := range []struct {
+			max  int
+			want []domain.ChatMessage
+		}{
+			{0, all},
+			{10000, all},
+			{650, pick(0, 3, 4, 5, 6, 7, 8)},
+			{350, pick(0, 7, 8)},
+			{50, pick(0, 7, 8)}, // the latest turn stays past the bound
+		} {
+			got, err := s.LoadChat(ctx, "ollama", "long", c.max)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("LoadChat(max %d) = %d messages %+v, want %d", c.max, len(got), roles(got), len(c.want))
+			}
+		}
+		// A session longer than a store's page of sizes: 600 turns of 200
+		// bytes, 150 of which fit in 30,000.
+		var many []domain.ChatMessage
+		for i := range 600 {
+			many = append(many, msg("user", fmt.Sprint("q", i), 100), msg("assistant", fmt.Sprint("a", i), 100))
+		}
+		mustAppend(t, s, "ollama", "m", "many", many)
+		got, err := s.LoadChat(ctx, "ollama", "many", 30000)
+		if err != nil || !slices.Equal(got, many[900:]) {
+			t.Errorf("600 turns bounded at 30000: %d messages from %v (%v), want the last 300", len(got), roles(got[:1]), err)
+		}
+		// Only a head: returned whole; an unknown session: nothing.
+		mustAppend(t, s, "ollama", "m", "sys", []domain.ChatMessage{msg("system", "S", 40), msg("developer", "D", 40)})
+		if got, _ := s.LoadChat(ctx, "ollama", "sys", 10); len(got) != 2 {
+			t.Errorf("head only: %+v", roles(got))
+		}
+		if got, err := s.LoadChat(ctx, "ollama", "nope", 10); err != nil || len(got) != 0 {
+			t.Errorf("unknown: %v %v", got, err)
 		}
 	})
 
@@ -149,4 +213,12 @@ func mustAppend(t *testing.T, s ports.ChatSessionStore, adapter, target, session
 	if err := s.AppendChat(context.Background(), adapter, target, session, msgs); err != nil {
 		t.Fatalf("AppendChat %s/%s: %v", adapter, session, err)
 	}
+}
+
+func roles(msgs []domain.ChatMessage) []string {
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.Role + ":" + m.Content
+	}
+	return out
 }

@@ -161,7 +161,7 @@ func (s *Sessions) Messages(ctx context.Context, sessionID string, t Turn) ([]js
 	if s.store == nil {
 		return nil, domain.Errorf(domain.CodeSessionUnsupported, "adapter %q has no session store", s.adapter)
 	}
-	history, err := s.store.LoadChat(ctx, s.adapter, sessionID)
+	history, err := s.store.LoadChat(ctx, s.adapter, sessionID, MaxHistoryBytes)
 	if err != nil {
 		return nil, fmt.Errorf("load session %q: %w", sessionID, err)
 	}
