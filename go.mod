@@ -18,6 +18,7 @@ require (
 	github.com/uptrace/bun/driver/sqliteshim v1.3.0
 	go.uber.org/fx v1.24.0
 	go.uber.org/goleak v1.3.0
+	golang.org/x/sys v0.49.0
 	google.golang.org/protobuf v1.36.12
 	gopkg.in/yaml.v3 v3.0.1
 	modernc.org/libc v1.68.0
@@ -58,7 +59,6 @@ require (
 	go.uber.org/zap v1.26.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/exp v0.0.0-20260218203240-3dfff04db8fa // indirect
-	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/term v0.47.0 // indirect
 	mellium.im/sasl v0.3.2 // indirect
 	modernc.org/mathutil v1.7.1 // indirect

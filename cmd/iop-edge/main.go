@@ -17,10 +17,18 @@ import (
 	"go.uber.org/fx"
 
 	"iop/adapters/config"
+	"iop/adapters/procguard"
 	"iop/bootstrap"
 )
 
 func main() {
+	// Before anything else: the edge holds API keys, DSN passwords and its
+	// CA key, which any process of its user could otherwise read from
+	// /proc/PID/environ and /proc/PID/mem.
+	if err := procguard.Protect(); err != nil {
+		fmt.Fprintln(os.Stderr, "iop-edge:", err)
+		os.Exit(2)
+	}
 	cfgPath := flag.String("config", "configs/edge.yaml", "edge config file (YAML)")
 	version := flag.Bool("version", false, "print the version and exit")
 	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060)")

@@ -12,11 +12,18 @@ import (
 	"go.uber.org/fx"
 
 	"iop/adapters/config"
+	"iop/adapters/procguard"
 	"iop/adapters/transport"
 	"iop/bootstrap"
 )
 
 func main() {
+	// Before anything else: a child the node runs (an exec target, a CLI
+	// agent steered by its prompt) is of the node's user and could otherwise
+	// read the token and provider keys from /proc/$PPID/environ.
+	if err := procguard.Protect(); err != nil {
+		fail(err)
+	}
 	var (
 		cfgPath   = flag.String("config", "", "optional node config file (YAML)")
 		edge      = flag.String("edge", "", "edge transport address host:port (default 127.0.0.1:7700)")
