@@ -45,6 +45,7 @@ func newEdgeStore(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, m *prom.Met
 	if err != nil {
 		return nil, fmt.Errorf("store.dsn %s: %w", c.StoreDSNForLog(), err)
 	}
+	warnNarrowed(log, "edge store", db.Narrowed())
 	edgeID := c.Store.EdgeID
 	if edgeID == "" {
 		edgeID, _ = os.Hostname()

@@ -135,7 +135,7 @@ func newFactory(s NodeSettings, chats *sqlite.ChatStore, agents *sqlite.AgentSes
 	return factory.New(b)
 }
 
-func openNodeDB(lc fx.Lifecycle, s NodeSettings) (*sqlite.DB, error) {
+func openNodeDB(lc fx.Lifecycle, s NodeSettings, log *slog.Logger) (*sqlite.DB, error) {
 	dsn := s.DB
 	if dsn == "" {
 		dsn = sqlite.DefaultDSN
@@ -146,6 +146,7 @@ func openNodeDB(lc fx.Lifecycle, s NodeSettings) (*sqlite.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open node store %q: %w", dsn, err)
 	}
+	warnNarrowed(log, "node store", db.Narrowed())
 	lc.Append(fx.StopHook(db.Close))
 	return db, nil
 }

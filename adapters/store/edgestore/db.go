@@ -20,6 +20,7 @@ import (
 	"github.com/uptrace/bun/driver/pgdriver"
 	"github.com/uptrace/bun/driver/sqliteshim"
 
+	"iop/adapters/store/internal/dbfile"
 	"iop/adapters/store/internal/sqlprep"
 )
 
@@ -28,7 +29,8 @@ type DB struct {
 	bun      *bun.DB
 	postgres bool
 
-	stmts sqlprep.Cache // the history writes, prepared once (SQLite only)
+	stmts    sqlprep.Cache // the history writes, prepared once (SQLite only)
+	narrowed []string      // files Open made private, for the caller to log
 }
 
 // Column lists of the prepared writes, in the order of runRow.args and
@@ -56,7 +58,9 @@ func IsPostgres(dsn string) bool {
 }
 
 // Open opens dsn and applies any migrations it lacks. A plain path is an
-// SQLite file (created if missing).
+// SQLite file (created if missing). An SQLite database's files are the
+// owner's alone (0600): a new one is created so, an existing one narrowed
+// (see Narrowed).
 func Open(ctx context.Context, dsn string) (*DB, error) {
 	if dsn == "" {
 		return nil, errors.New("open edge store: empty dsn")
@@ -71,6 +75,12 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		sqldb.SetMaxOpenConns(4)
 		db = &DB{bun: bun.NewDB(sqldb, pgdialect.New()), postgres: true, stmts: sqlprep.Cache{DB: sqldb}}
 	} else {
+		// The history names nodes, targets, callers' keys and errors: it
+		// is the owner's alone, like the node's store.
+		_, narrowed, err := dbfile.Private(sqliteDSN(dsn))
+		if err != nil {
+			return nil, fmt.Errorf("open edge store: %w", err)
+		}
 		sqlprep.HoldAllocatorPages()
 		sqldb, err := sql.Open(sqliteshim.ShimName, sqliteDSN(dsn))
 		if err != nil {
@@ -97,7 +107,7 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		sqldb.SetMaxOpenConns(1)
 		sqldb.SetConnMaxLifetime(0)
 		sqldb.SetConnMaxIdleTime(0)
-		db = &DB{bun: bun.NewDB(sqldb, sqlitedialect.New()), stmts: sqlprep.Cache{DB: sqldb}}
+		db = &DB{bun: bun.NewDB(sqldb, sqlitedialect.New()), stmts: sqlprep.Cache{DB: sqldb}, narrowed: narrowed}
 		for _, p := range []string{fmt.Sprintf("PRAGMA page_size = %d", sqlprep.ScratchPageSize), "PRAGMA busy_timeout = 5000", "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL",
 			"PRAGMA wal_autocheckpoint = 4000"} {
 			if _, err := sqldb.ExecContext(ctx, p); err != nil {
@@ -151,6 +161,10 @@ func sqliteDSN(dsn string) string {
 	}
 	return "file:" + dsn + "?mode=rwc"
 }
+
+// Narrowed lists the files of an existing SQLite database that group or
+// others could read and Open made the owner's alone.
+func (db *DB) Narrowed() []string { return db.narrowed }
 
 // Close closes the database.
 func (db *DB) Close() error {

@@ -14,6 +14,7 @@ import (
 	"github.com/uptrace/bun/dialect/sqlitedialect"
 	"github.com/uptrace/bun/driver/sqliteshim"
 
+	"iop/adapters/store/internal/dbfile"
 	"iop/adapters/store/internal/sqlprep"
 )
 
@@ -27,10 +28,13 @@ type DB struct {
 	postgres bool // opened by OpenPostgres
 	stmts    sqlprep.Cache
 	runs     unfinished // SQLite only
+	narrowed []string   // files Open made private, for the caller to log
 }
 
 // Open opens the SQLite database named by dsn and creates any missing tables
-// and indexes. Existing data is kept.
+// and indexes. Existing data is kept. The database's files are the owner's
+// alone (0600): a new one is created so, an existing one narrowed (see
+// Narrowed).
 //
 // The pool holds exactly one connection. SQLite allows one writer at a time
 // anyway, and with several connections a read-then-write transaction (as in
@@ -46,6 +50,10 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 	if err := checkNotTruncated(dsn); err != nil {
 		return nil, fmt.Errorf("open sqlite: %w", err)
 	}
+	created, narrowed, err := dbfile.Private(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
 	sqlprep.HoldAllocatorPages()
 	sqldb := sql.OpenDB(&connector{dsn: dsn, drv: sqliteshim.Driver(), pragmas: pragmasFor(dsn)})
 	sqldb.SetMaxOpenConns(1)
@@ -53,13 +61,21 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 	sqldb.SetConnMaxLifetime(0)
 	sqldb.SetConnMaxIdleTime(0)
 
-	db := &DB{bun: bun.NewDB(sqldb, sqlitedialect.New()), stmts: sqlprep.Cache{DB: sqldb}}
+	db := &DB{bun: bun.NewDB(sqldb, sqlitedialect.New()), stmts: sqlprep.Cache{DB: sqldb}, narrowed: narrowed}
 	if err := db.createSchema(ctx); err != nil {
 		_ = db.bun.Close()
+		if created {
+			// Left empty, the file would be refused as truncated next time.
+			dbfile.Undo(dsn)
+		}
 		return nil, fmt.Errorf("open sqlite %s: %w", dsn, err)
 	}
 	return db, nil
 }
+
+// Narrowed lists the files of an existing database that group or others
+// could read and Open made the owner's alone.
+func (db *DB) Narrowed() []string { return db.narrowed }
 
 // Close closes the database; stores built on it stop working.
 func (db *DB) Close() error {

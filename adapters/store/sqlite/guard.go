@@ -3,21 +3,13 @@ package sqlite
 import (
 	"fmt"
 	"os"
-	"strings"
+
+	"iop/adapters/store/internal/dbfile"
 )
 
 // FilePath returns the database file a DSN names ("" for an in-memory one).
 // It understands plain paths and "file:" URIs with or without parameters.
-func FilePath(dsn string) string {
-	if dsn == "" || isMemoryDSN(dsn) {
-		return ""
-	}
-	p := strings.TrimPrefix(dsn, "file:")
-	if i := strings.IndexByte(p, '?'); i >= 0 {
-		p = p[:i]
-	}
-	return p
-}
+func FilePath(dsn string) string { return dbfile.Path(dsn) }
 
 // checkNotTruncated refuses a database file that exists but is empty. SQLite
 // writes its header as soon as it creates a database, so an empty file is

@@ -1,0 +1,122 @@
+// Package dbfile keeps an SQLite database's files private to the user the
+// process runs as. SQLite creates a database with mode 0644 (less the umask)
+// and gives its -wal, -shm and -journal files the database's mode, so under
+// the usual umask 022 every user of the machine could read the node's chat
+// conversations, runs and agent session ids, and the edge's run history.
+package dbfile
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"runtime"
+	"strings"
+)
+
+// Path returns the database file a DSN names, "" for an in-memory database.
+// A plain path is taken as it is, less a "?…" the driver strips; a "file:"
+// URI as SQLite reads one: the path ends at '?' or '#', may follow an empty
+// or "localhost" authority, and is percent-decoded.
+func Path(dsn string) string {
+	if dsn == "" || strings.Contains(dsn, ":memory:") {
+		return ""
+	}
+	rest, uri := strings.CutPrefix(dsn, "file:")
+	if !uri {
+		p, _, _ := strings.Cut(dsn, "?")
+		return p
+	}
+	p, query, _ := strings.Cut(rest, "?")
+	p, _, _ = strings.Cut(p, "#")
+	if v, err := url.ParseQuery(query); err == nil && v.Get("mode") == "memory" {
+		return ""
+	}
+	if a, ok := strings.CutPrefix(p, "//"); ok {
+		host, path, _ := strings.Cut(a, "/")
+		if host != "" && host != "localhost" {
+			return "" // SQLite refuses a URI with another host
+		}
+		p = "/" + path
+	}
+	if d, err := url.PathUnescape(p); err == nil {
+		p = d
+	}
+	return p
+}
+
+// mayCreate reports whether opening dsn creates a missing database: always,
+// unless a "file:" URI says mode=ro or mode=rw.
+func mayCreate(dsn string) bool {
+	rest, uri := strings.CutPrefix(dsn, "file:")
+	if !uri {
+		return true
+	}
+	_, query, _ := strings.Cut(rest, "?")
+	query, _, _ = strings.Cut(query, "#")
+	v, err := url.ParseQuery(query)
+	if err != nil {
+		return true
+	}
+	m := v.Get("mode")
+	return m != "ro" && m != "rw"
+}
+
+// Private prepares the files of the database dsn names before SQLite opens
+// it. A missing database is created empty with mode 0600, so that SQLite,
+// which then gives its -wal and -shm files that mode, never writes a byte
+// of it where others could read it. An existing database and its -wal, -shm
+// and -journal files that group or others may access are narrowed to the
+// owner's bits; narrowed lists them for the caller to log. A file that
+// cannot be narrowed is an error, naming the chmod that fixes it: secrets
+// must not stay readable just because the store started.
+//
+// created tells whether Private made the file; if opening the database then
+// fails, Undo removes it again so a later start does not take it for a
+// truncated one.
+func Private(dsn string) (created bool, narrowed []string, err error) {
+	p := Path(dsn)
+	if p == "" || runtime.GOOS == "windows" {
+		return false, nil, nil
+	}
+	if mayCreate(dsn) {
+		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		switch {
+		case err == nil:
+			if err := f.Close(); err != nil {
+				return false, nil, err
+			}
+			return true, nil, nil
+		case !errors.Is(err, fs.ErrExist):
+			return false, nil, err
+		}
+	}
+	for _, f := range []string{p, p + "-wal", p + "-shm", p + "-journal"} {
+		fi, err := os.Stat(f)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return false, narrowed, err
+		}
+		perm := fi.Mode().Perm()
+		if !fi.Mode().IsRegular() || perm&0o077 == 0 {
+			continue
+		}
+		if err := os.Chmod(f, perm&0o700); err != nil {
+			return false, narrowed, fmt.Errorf("%s is readable by other users (%04o) and could not be narrowed (chmod 600 %s): %w", f, perm, f, err)
+		}
+		narrowed = append(narrowed, f)
+	}
+	return false, narrowed, nil
+}
+
+// Undo removes the database file Private created for dsn if it is still
+// empty: SQLite wrote nothing to it.
+func Undo(dsn string) {
+	p := Path(dsn)
+	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
+		_ = os.Remove(p)
+	}
+}
