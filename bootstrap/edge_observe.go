@@ -34,10 +34,8 @@ func newEdgeStore(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, m *prom.Met
 	if dsn == "" {
 		dsn = "edge.db"
 	}
-	if !config.IsPostgresDSN(dsn) && c.StateDir != "" {
-		if err := os.MkdirAll(c.StateDir, 0o700); err != nil {
-			return nil, fmt.Errorf("state_dir: %w", err)
-		}
+	if err := prepareStateDir(c, s.ConfigPath, !config.IsPostgresDSN(dsn), log); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

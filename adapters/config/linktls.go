@@ -91,16 +91,15 @@ func IsLoopbackListen(addr string) bool {
 // file relative to the file's directory rather than to the process's.
 func (c *EdgeConfig) resolvePaths(configPath string) {
 	base := filepath.Dir(configPath)
-	if c.StateDir == "" {
-		name := strings.TrimSuffix(filepath.Base(configPath), filepath.Ext(configPath))
-		c.StateDir = name + "-state"
-	}
 	rel := func(p *string) {
 		if *p != "" && !filepath.IsAbs(*p) {
 			*p = filepath.Join(base, *p)
 		}
 	}
 	rel(&c.StateDir)
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir(configPath)
+	}
 	rel(&c.Transport.TLS.CertFile)
 	rel(&c.Transport.TLS.KeyFile)
 	rel(&c.Transport.TLS.ClientCAFile)
@@ -108,6 +107,13 @@ func (c *EdgeConfig) resolvePaths(configPath string) {
 		rel(&c.HTTP.TLS.CertFile)
 		rel(&c.HTTP.TLS.KeyFile)
 	}
+}
+
+// DefaultStateDir is the state_dir of an edge config that names none:
+// "<config name>-state" beside the config file.
+func DefaultStateDir(configPath string) string {
+	name := strings.TrimSuffix(filepath.Base(configPath), filepath.Ext(configPath))
+	return filepath.Join(filepath.Dir(configPath), name+"-state")
 }
 
 // TLSDir is where auto mode keeps the node-link CA and certificate.

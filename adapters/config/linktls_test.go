@@ -18,8 +18,15 @@ func TestLinkTLSDefaultsAndPaths(t *testing.T) {
 	if c.Transport.TLS.Mode != config.TLSAuto {
 		t.Errorf("default tls mode = %q, want auto", c.Transport.TLS.Mode)
 	}
-	if want := filepath.Join(dir, "edge-state"); c.StateDir != want {
-		t.Errorf("default state_dir = %q, want %q (next to the config file)", c.StateDir, want)
+	if want := filepath.Join(dir, "edge-state"); c.StateDir != want || config.DefaultStateDir(path) != want {
+		t.Errorf("default state_dir = %q (DefaultStateDir %q), want %q (next to the config file)", c.StateDir, config.DefaultStateDir(path), want)
+	}
+	rc, err := config.ParseEdge(filepath.Join("configs", "edge.yaml"), []byte("transport: {listen: \"127.0.0.1:7700\"}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join("configs", "edge-state"); rc.StateDir != want {
+		t.Errorf("default state_dir of a relative config path = %q, want %q", rc.StateDir, want)
 	}
 	hosts := c.CertHosts()
 	for _, h := range []string{"127.0.0.1", "localhost", "::1"} {
