@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -112,8 +113,9 @@ func (c *Client) useLean(hreq *http.Request) bool {
 	return err == nil && proxy == nil
 }
 
-// Do sends req to provider p. The path passes through unchanged below
-// p.BaseURL, except that p.PathPrefix (when set) replaces a leading "/v1".
+// Do sends req to provider p. The path (escaped, as the caller sent it)
+// passes through unchanged below p.BaseURL, except that p.PathPrefix (when
+// set) replaces a leading "/v1"; see UpstreamURL.
 // body, when non-nil, follows req.Body; a Content-Length the caller sent is
 // kept so the provider sees a sized (not chunked) request.
 //
@@ -122,7 +124,10 @@ func (c *Client) useLean(hreq *http.Request) bool {
 // connection reset before headers) and invalid_request (unusable URL).
 // Redirects are not followed: a 3xx reaches the caller as the provider sent it.
 func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.TunnelRequest, body io.Reader) (*ports.ProviderResponse, error) {
-	u := UpstreamURL(p, req.Path, req.Query)
+	u, err := UpstreamURL(p, req.Path, req.Query)
+	if err != nil {
+		return nil, err
+	}
 	method := req.Method
 	if method == "" {
 		method = http.MethodGet
@@ -133,10 +138,15 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 		streamed = &countingReader{r: body}
 		rd = io.MultiReader(rd, streamed)
 	}
-	hreq, err := http.NewRequestWithContext(ctx, method, u, rd)
+	// The URL is set after the request is built, not given as a string: a
+	// string would be parsed again, and the parser's errors quote the whole
+	// URL, base URL credentials and host included — text that reaches the
+	// caller.
+	hreq, err := http.NewRequestWithContext(ctx, method, "", rd)
 	if err != nil {
-		return nil, domain.Errorf(domain.CodeInvalidRequest, "build upstream request: %v", err)
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "the request method %q is not valid", method)
 	}
+	hreq.URL, hreq.Host = u, strings.TrimSuffix(u.Host, ":")
 	switch {
 	case body == nil && len(req.Body) == 0:
 		hreq.Body, hreq.GetBody, hreq.ContentLength = http.NoBody, nil, 0
@@ -210,16 +220,44 @@ func classify(ctx context.Context, p domain.ProviderConfig, err error) error {
 	return domain.Errorf(domain.CodeProviderUnreachable, "provider %s: %s", p.Name, netmsg.Describe(err))
 }
 
-// UpstreamURL joins a provider's base URL with a request path and query.
-func UpstreamURL(p domain.ProviderConfig, path, query string) string {
-	if p.PathPrefix != "" && (path == "/v1" || strings.HasPrefix(path, "/v1/")) {
-		path = strings.TrimSuffix(p.PathPrefix, "/") + strings.TrimPrefix(path, "/v1")
+// UpstreamURL is the URL of a request to provider p: the base URL's path
+// followed by path, then query. path is the escaped path as the caller sent
+// it (its %2F, %3F, %23 and %25 stay what they are, a part of a segment,
+// not a separator, query, fragment or escape) and query the raw query, both
+// passed through as they are. p.PathPrefix, when set, replaces a leading
+// "/v1" segment.
+//
+// An error is invalid_request with a fixed message: neither the base URL
+// (which may hold credentials) nor its host is ever part of it.
+func UpstreamURL(p domain.ProviderConfig, path, query string) (*url.URL, error) {
+	base, err := url.Parse(p.BaseURL)
+	if err != nil {
+		// Config validation refuses such a base URL; the text of err would
+		// quote it whole.
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "provider %s has an unusable base_url", p.Name)
 	}
-	u := strings.TrimSuffix(p.BaseURL, "/") + path
-	if query != "" {
-		u += "?" + query
+	if p.PathPrefix != "" && strings.HasPrefix(path, "/") {
+		// The first segment is compared decoded, as the edge routed on it
+		// ("/%761/…" is "/v1/…" too); the rest of the path stays escaped.
+		first, rest, more := strings.Cut(path[1:], "/")
+		if seg, err := url.PathUnescape(first); err == nil && seg == "v1" {
+			path = strings.TrimSuffix(p.PathPrefix, "/")
+			if more {
+				path += "/" + rest
+			}
+		}
 	}
-	return u
+	escaped := strings.TrimSuffix(base.EscapedPath(), "/") + path
+	decoded, err := url.PathUnescape(escaped)
+	if err != nil {
+		// A "%" not followed by two hex digits: no URL can carry it as is.
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "the request path is not a valid URL path (a %% must start an escape such as %%25)")
+	}
+	u := *base
+	u.Path, u.RawPath = decoded, escaped
+	u.RawQuery, u.ForceQuery = query, false
+	u.Fragment, u.RawFragment = "", ""
+	return &u, nil
 }
 
 // filterHeader copies h under canonical names, leaving out hop-by-hop

@@ -33,14 +33,44 @@ func TestUpstreamURL(t *testing.T) {
 		{"prefix ignores other paths", "http://h", "/x", "/api/chat", "", "http://h/api/chat"},
 		{"prefix needs a path boundary", "http://h", "/x", "/v10/models", "", "http://h/v10/models"},
 		{"empty prefix replaces nothing", "http://h/base", "", "/v1/models", "", "http://h/base/v1/models"},
+		// The path is the caller's escaped path: its escapes are kept, so
+		// none becomes a query, a fragment or a separator.
+		{"escaped ? stays in the path", "http://h", "", "/api/blobs/sha256%3Fx=1", "", "http://h/api/blobs/sha256%3Fx=1"},
+		{"escaped # stays in the path", "http://h", "", "/api/blobs/a%23b", "", "http://h/api/blobs/a%23b"},
+		{"escaped / stays in the segment", "http://h", "", "/api/blobs/a%2Fb", "", "http://h/api/blobs/a%2Fb"},
+		{"escaped % stays escaped", "http://h", "", "/api/blobs/sha256%25zz", "", "http://h/api/blobs/sha256%25zz"},
+		{"escapes kept with a query", "http://h", "", "/v1/a%3Fb", "c=%3F", "http://h/v1/a%3Fb?c=%3F"},
+		{"escaped base path kept", "http://h/my%20base/", "", "/v1/a%2Fb", "", "http://h/my%20base/v1/a%2Fb"},
+		{"prefix keeps the rest escaped", "http://h", "/openai/v1", "/v1/files/a%2Fb", "", "http://h/openai/v1/files/a%2Fb"},
+		{"prefix for /v1/", "http://h", "/x", "/v1/", "", "http://h/x/"},
+		{"prefix for an escaped v1", "http://h", "/x", "/%761/models", "", "http://h/x/models"},
+		{"base credentials kept", "http://u:p@h:1", "", "/v1/models", "", "http://u:p@h:1/v1/models"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got := provider.UpstreamURL(domain.ProviderConfig{BaseURL: c.base, PathPrefix: c.pfx}, c.path, c.query)
-			if got != c.want {
+			got, err := provider.UpstreamURL(domain.ProviderConfig{BaseURL: c.base, PathPrefix: c.pfx}, c.path, c.query)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.String() != c.want {
 				t.Fatalf("UpstreamURL = %q, want %q", got, c.want)
 			}
 		})
+	}
+}
+
+// A path no URL can carry (a "%" that starts no escape) is invalid_request
+// with a fixed message: the parser's error would quote the whole URL, base
+// URL credentials, host and port included, to the caller and the edge log.
+func TestUpstreamURLErrorHidesTheBaseURL(t *testing.T) {
+	_, err := provider.UpstreamURL(domain.ProviderConfig{Name: "p", BaseURL: "http://admin:s3cret@127.0.0.1:41165/base"}, "/api/blobs/sha256%zz", "")
+	if domain.CodeOf(err) != domain.CodeInvalidRequest {
+		t.Fatalf("err = %v, want invalid_request", err)
+	}
+	for _, leak := range []string{"s3cret", "admin", "127.0.0.1", "41165", "base"} {
+		if strings.Contains(err.Error(), leak) {
+			t.Fatalf("error %q shows %q", err, leak)
+		}
 	}
 }
 
@@ -436,4 +466,60 @@ func (p clientPath) new(t *testing.T, o provider.Options) *provider.Client {
 func bothPaths(t *testing.T, f func(*testing.T, clientPath)) {
 	t.Run("lean", func(t *testing.T) { f(t, clientPath{}) })
 	t.Run("transport", func(t *testing.T) { f(t, clientPath{transportOnly: true}) })
+}
+
+func TestDoSendsTheEscapedPathAsIs(t *testing.T) { bothPaths(t, testDoSendsTheEscapedPathAsIs) }
+
+// The path is relayed as the caller escaped it: an escaped "?", "#", "/"
+// or "%" is part of a segment at the provider too, not a query, fragment,
+// separator or escape, and a path prefix leaves the rest of it escaped.
+func testDoSendsTheEscapedPathAsIs(t *testing.T, path clientPath) {
+	got := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.RequestURI
+	}))
+	defer srv.Close()
+	c := path.new(t, provider.Options{})
+	for _, tc := range []struct{ pfx, path, query, want string }{
+		{"", "/api/blobs/sha256%3Fx=1", "", "/api/blobs/sha256%3Fx=1"},
+		{"", "/api/blobs/sha256%23frag", "", "/api/blobs/sha256%23frag"},
+		{"", "/api/blobs/a%2Fb", "", "/api/blobs/a%2Fb"},
+		{"", "/api/blobs/sha256%25zz", "q=%3F", "/api/blobs/sha256%25zz?q=%3F"},
+		{"/openai/v1", "/v1/files/a%2Fb%3F", "", "/openai/v1/files/a%2Fb%3F"},
+	} {
+		p := domain.ProviderConfig{Name: "p", BaseURL: srv.URL, PathPrefix: tc.pfx}
+		resp, err := c.Do(context.Background(), p, domain.TunnelRequest{Method: http.MethodPost, Path: tc.path, Query: tc.query}, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.path, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if uri := <-got; uri != tc.want {
+			t.Errorf("%s: provider got %q, want %q", tc.path, uri, tc.want)
+		}
+	}
+}
+
+func TestDoInvalidPathHidesTheBaseURL(t *testing.T) { bothPaths(t, testDoInvalidPathHidesTheBaseURL) }
+
+// A path no URL can carry fails with invalid_request before any request
+// is made, and the error (relayed to the caller, logged by the edge) shows
+// nothing of the base URL: neither its credentials nor host nor port.
+func testDoInvalidPathHidesTheBaseURL(t *testing.T, path clientPath) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("provider got %s", r.RequestURI)
+	}))
+	defer srv.Close()
+	host, port, _ := net.SplitHostPort(strings.TrimPrefix(srv.URL, "http://"))
+	c := path.new(t, provider.Options{})
+	p := domain.ProviderConfig{Name: "p", BaseURL: "http://admin:s3cret@" + host + ":" + port}
+	_, err := c.Do(context.Background(), p, domain.TunnelRequest{Method: http.MethodPost, Path: "/api/blobs/sha256%zz"}, nil)
+	if domain.CodeOf(err) != domain.CodeInvalidRequest {
+		t.Fatalf("err = %v, want invalid_request", err)
+	}
+	for _, leak := range []string{"s3cret", "admin", host, port} {
+		if strings.Contains(err.Error(), leak) {
+			t.Fatalf("error %q shows %q", err, leak)
+		}
+	}
 }
