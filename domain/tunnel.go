@@ -43,8 +43,8 @@ func (h Header) Clone() Header {
 type TunnelRequest struct {
 	Provider string
 	Method   string
-	Path     string
-	Query    string
+	Path     string // escaped, as the caller sent it (URL.EscapedPath)
+	Query    string // raw, as the caller sent it
 	Header   Header
 	Body     []byte // the whole body when small; larger bodies stream separately
 }

@@ -39,7 +39,7 @@ type SubmitProviderTunnel struct {
 	// to pick one.
 	OrOnlyNode bool
 	Method     string
-	Path       string
+	Path       string // escaped, as the caller sent it: the node forwards it as is
 	Query      string
 	Header     domain.Header
 	// Body is sent with the request; BodyReader, when non-nil, is streamed

@@ -359,7 +359,9 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 	if in.Node == "" {
 		in.Node = r.Header.Get(NodeHeader)
 	}
-	in.Method, in.Path, in.Query, in.Header = r.Method, r.URL.Path, r.URL.RawQuery, domain.Header(forwardHeader(r))
+	// Routing read the decoded path; the provider gets the caller's escaped
+	// one, so an escaped "?", "#", "/" or "%" stays part of its segment.
+	in.Method, in.Path, in.Query, in.Header = r.Method, r.URL.EscapedPath(), r.URL.RawQuery, domain.Header(forwardHeader(r))
 	tun, err := h.deps.Tunnels.Handle(r.Context(), in)
 	if err != nil && in.Model != "" && domain.CodeOf(err) == domain.CodeModelNotFound {
 		// The catalog may be stale (a model just pulled or copied on the

@@ -250,7 +250,7 @@ func (h *Handler) ps(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) askList(ctx context.Context, r *http.Request, t edge.ProviderTarget) ([]json.RawMessage, error) {
 	tun, err := h.deps.Tunnels.Handle(ctx, edge.SubmitProviderTunnel{
 		Node: t.Node, Provider: t.Provider, ProviderType: domain.ProviderOllama,
-		Method: http.MethodGet, Path: r.URL.Path, Query: r.URL.RawQuery, Header: domain.Header{"Accept": {"application/json"}},
+		Method: http.MethodGet, Path: r.URL.EscapedPath(), Query: r.URL.RawQuery, Header: domain.Header{"Accept": {"application/json"}},
 	})
 	if err != nil {
 		return nil, err

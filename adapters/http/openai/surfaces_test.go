@@ -281,6 +281,31 @@ func TestOllamaModelManagementRouting(t *testing.T) {
 	}
 }
 
+// The edge routes on the decoded path but forwards the caller's escaped
+// one: an escaped "?", "#" or "%" in a blob digest stays part of the
+// digest at the provider instead of becoming a query, a fragment or an
+// escape the provider cannot read.
+func TestEscapedPathReachesTheProviderAsSent(t *testing.T) {
+	e := newEnv(t)
+	a := e.node(t, "a", serve(response(200, "application/json", `{}`)...), provider("ol", domain.ProviderOllama, "tiny"))
+	for _, c := range []struct{ path, query string }{
+		{"/api/blobs/sha256%3Fx=1", ""},
+		{"/api/blobs/sha256%23frag", ""},
+		{"/api/blobs/sha256%25zz", ""},
+		{"/api/blobs/sha256:%61bc", "q=%3F"},
+	} {
+		u := e.srv.URL + c.path
+		if c.query != "" {
+			u += "?" + c.query
+		}
+		resp := do(t, http.MethodPost, u, "blobdata")
+		readAll(t, resp)
+		if o := a.last(t); resp.StatusCode != 200 || o.req.Path != c.path || o.req.Query != c.query {
+			t.Fatalf("%s: %d, forwarded path %q query %q", c.path, resp.StatusCode, o.req.Path, o.req.Query)
+		}
+	}
+}
+
 func TestOllamaPSMergesNodes(t *testing.T) {
 	e := newEnv(t)
 	ps := func(name string) func(domain.TunnelRequest) (ports.TunnelStream, error) {
