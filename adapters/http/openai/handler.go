@@ -282,7 +282,7 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 		} else {
 			body = newKeyGuard(body, t.keys, t.follows)
 		}
-		rec = &recordingReader{r: body}
+		rec = newRecordingReader(body)
 		p := newPrefix(rec, r.ContentLength)
 		var (
 			err     error
@@ -327,12 +327,15 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 		}
 		head, rest = p.body()
 	case r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0:
-		if t.unbounded {
-			rest = r.Body
-		} else {
-			rec = &recordingReader{r: http.MaxBytesReader(w, r.Body, h.MaxBody)}
-			rest = rec
+		// Unbounded (blobs) or not, the body goes through a recorder: a
+		// body that fails while it streams is the caller's 400, not the
+		// tunnel failure it causes (the recorder holds nothing of it).
+		var body io.Reader = r.Body
+		if !t.unbounded {
+			body = http.MaxBytesReader(w, r.Body, h.MaxBody)
 		}
+		rec = newRecordingReader(body)
+		rest = rec
 	}
 	h.pass(w, r, t, edge.SubmitProviderTunnel{
 		Node: node, Provider: provider, Model: model, ProviderType: t.family, OrOnlyNode: t.orOnlyNode,
@@ -406,13 +409,24 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 			f, err = tun.Next(r.Context())
 		}
 		if err != nil {
-			if !started && rec != nil && rec.failure() != nil {
-				// Reading the caller's body failed (too slow, malformed
-				// chunks, too large): that, not the tunnel it broke, is the
-				// answer — even though net/http may have cancelled the
-				// request's context over it.
-				h.fail(w, r, err, rec, in.Model)
-				return
+			if !started && rec != nil {
+				bodyErr := rec.failure()
+				if bodyErr == nil && r.Context().Err() != nil {
+					// net/http cancels the request's context from inside
+					// a body read that fails on the connection (the body
+					// clock's deadline), before that read returns its
+					// error to rec: let it return before deciding that the
+					// caller left.
+					bodyErr = rec.settledFailure(bodySettle)
+				}
+				if bodyErr != nil {
+					// Reading the caller's body failed (too slow, malformed
+					// chunks, too large): that, not the tunnel it broke, is
+					// the answer — even though net/http may have cancelled
+					// the request's context over it.
+					h.fail(w, r, err, rec, in.Model)
+					return
+				}
 			}
 			if r.Context().Err() != nil {
 				// The caller left. Clients often hang up as soon as the body
@@ -606,12 +620,26 @@ func copyResponseHeader(dst, src http.Header) {
 // 413 rather than as a tunnel failure. Reads happen on the transport's
 // uploader goroutine, hence the lock.
 type recordingReader struct {
-	r   io.Reader
-	mu  sync.Mutex
-	err error
+	r io.Reader
+	// reading holds a token while a Read is in progress (reads are never
+	// concurrent: the handler's, then the uploader's), so settledFailure
+	// can wait for one to return.
+	reading chan struct{}
+	mu      sync.Mutex
+	err     error
+}
+
+// bodySettle bounds settledFailure's wait: the read it waits for has
+// already failed on the connection and returns at once.
+const bodySettle = 500 * time.Millisecond
+
+func newRecordingReader(r io.Reader) *recordingReader {
+	return &recordingReader{r: r, reading: make(chan struct{}, 1)}
 }
 
 func (rr *recordingReader) Read(p []byte) (int, error) {
+	rr.reading <- struct{}{}
+	defer func() { <-rr.reading }()
 	n, err := rr.r.Read(p)
 	if err != nil && !errors.Is(err, io.EOF) {
 		rr.mu.Lock()
@@ -627,4 +655,17 @@ func (rr *recordingReader) failure() error {
 	rr.mu.Lock()
 	defer rr.mu.Unlock()
 	return rr.err
+}
+
+// settledFailure is failure once the Read in progress, if any, has
+// returned; it waits at most d for it.
+func (rr *recordingReader) settledFailure(d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case rr.reading <- struct{}{}:
+		<-rr.reading
+	case <-t.C:
+	}
+	return rr.failure()
 }
