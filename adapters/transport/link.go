@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"iop/domain"
@@ -263,6 +264,8 @@ type tunnelStream struct {
 	s      *Stream
 	done   bool
 	upload chan struct{} // closed when the body uploader has returned
+	// bodyErr is why the uploader reset the stream: the request body failed.
+	bodyErr atomic.Pointer[error]
 }
 
 // sendBody streams the request body in chunks under the node's credit. It
@@ -280,6 +283,9 @@ func (t *tunnelStream) sendBody(r io.Reader) {
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+				// Recv then says this, not a bare "stream closed" (an
+				// internal error to whoever relays it).
+				t.bodyErr.Store(&err)
 				t.s.Reset("body_error", err.Error())
 				return
 			}
@@ -302,6 +308,9 @@ func (t *tunnelStream) Recv(ctx context.Context) (domain.TunnelFrame, error) {
 				return domain.TunnelFrame{}, err // the stream stays open
 			}
 			t.done = true
+			if be := t.bodyErr.Load(); be != nil && errors.Is(err, ErrStreamClosed) {
+				return domain.TunnelFrame{}, domain.Errorf(domain.CodeInvalidRequest, "request body: %v", *be)
+			}
 			return domain.TunnelFrame{}, linkErr(err)
 		}
 		if f == nil {

@@ -729,8 +729,10 @@ func TestTunnelBodyReadErrorResetsStream(t *testing.T) {
 	if got.err == nil {
 		t.Fatalf("node read a complete body (%d bytes) from a failed upload", len(got.body))
 	}
-	if _, err := ts.Recv(p.ctx); err == nil {
-		t.Error("tunnel still usable after its upload failed")
+	// The tunnel says why it ended — the caller's body — rather than a bare
+	// "stream closed" that its relay would answer as an internal error.
+	if _, err := ts.Recv(p.ctx); domain.CodeOf(err) != domain.CodeInvalidRequest || !strings.Contains(err.Error(), "client went away") {
+		t.Errorf("Recv after the upload failed: %v, want invalid_request naming the body's error", err)
 	}
 }
 
