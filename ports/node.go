@@ -4,6 +4,7 @@ package ports
 
 import (
 	"context"
+	"fmt"
 	"io"
 
 	"iop/domain"
@@ -151,8 +152,23 @@ type RunOutput interface {
 // TunnelSink is where the node sends one provider response, frame by frame.
 // Send blocks under back-pressure and fails once the edge is gone. Send does
 // not keep f.Body after it returns: the caller may reuse the buffer.
+//
+// A frame the link cannot carry at all (headers larger than one frame may
+// be; bodies are cut into pieces and never are) fails with a
+// *FrameTooLargeError before anything of it is sent: the sink is still
+// usable, and the response should end with an error frame saying why.
 type TunnelSink interface {
 	Send(f domain.TunnelFrame) error
+}
+
+// FrameTooLargeError is TunnelSink.Send's refusal of a frame of Size bytes
+// on a link that carries at most Max bytes in one.
+type FrameTooLargeError struct {
+	Size, Max int
+}
+
+func (e *FrameTooLargeError) Error() string {
+	return fmt.Sprintf("frame of %d bytes is larger than the link carries (at most %d)", e.Size, e.Max)
 }
 
 // ProviderCommands builds a command runner for a provider, so a node whose

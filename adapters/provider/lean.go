@@ -57,7 +57,9 @@ type leanConn struct {
 const noHeaderLimit = -1
 
 // maxResponseHeaderBytes bounds a response's headers (1xx ones included),
-// as net/http.Transport's default does.
+// as net/http.Transport's default does. It bounds reading them only: the
+// link to the edge carries far fewer in its one header frame, and the
+// tunnel answers larger ones with provider_error (application/node).
 const maxResponseHeaderBytes = 10 << 20
 
 // errHeaderTooLarge ends an exchange whose response headers pass

@@ -543,9 +543,16 @@ func (t *tunnelSink) Send(f domain.TunnelFrame) error {
 		return nil
 	}
 	pf := t.s.c.tunnelFrame(f)
-	err := t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: pf}})
+	frame := &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: pf}}
+	err := t.s.Send(ctx, frame)
 	if err == nil && (f.Kind == domain.TunnelEnd || f.Kind == domain.TunnelError) {
 		t.ended.Store(true)
+	}
+	if errors.Is(err, ErrStreamFrameTooBig) {
+		// Nothing was sent and the stream is intact: the port's refusal
+		// lets the node end the tunnel with an error that says why (large
+		// headers cannot be cut into pieces as bodies are).
+		return &ports.FrameTooLargeError{Size: frameCost(frame), Max: int(t.s.c.peerWindow) / 4}
 	}
 	return err
 }

@@ -736,6 +736,42 @@ func TestTunnelBodyReadErrorResetsStream(t *testing.T) {
 	}
 }
 
+// Response headers larger than one frame may be (a quarter of the edge's
+// window) are refused by the node's sink before anything is sent, with the
+// sizes, and the stream stays usable: the node's error frame reaches the
+// edge, instead of a reset that tells the caller nothing.
+func TestTunnelHeadersTooLargeForAFrame(t *testing.T) {
+	refused := make(chan error, 1)
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.onTunnel = func(_ context.Context, _ domain.TunnelRequest, _ io.Reader, out ports.TunnelSink) {
+			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 200})
+			err := out.Send(domain.TunnelFrame{Kind: domain.TunnelHeader, Header: domain.Header{"X-Big": {strings.Repeat("x", 100<<10)}}})
+			refused <- err
+			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelError, Error: &domain.ErrorInfo{Code: domain.CodeProviderError, Message: "headers too large"}})
+		}
+	})
+	ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "oa"}, nil)
+	mustf(t, err, "OpenTunnel")
+	defer ts.Close()
+	var tooBig *ports.FrameTooLargeError
+	if err := recv(t, p.ctx, refused, "header send"); !errors.As(err, &tooBig) {
+		t.Fatalf("header send: %v, want a FrameTooLargeError", err)
+	}
+	if max := int(p.cli.currentConn().peerWindow) / 4; tooBig.Max != max || tooBig.Size <= max || tooBig.Size < 100<<10 {
+		t.Fatalf("refusal %+v, want a size over 100 KiB and at most %d", tooBig, max)
+	}
+	f, err := ts.Recv(p.ctx)
+	mustf(t, err, "status")
+	if f.Kind != domain.TunnelStatus {
+		t.Fatalf("first frame %+v", f)
+	}
+	f, err = ts.Recv(p.ctx)
+	mustf(t, err, "error frame")
+	if f.Kind != domain.TunnelError || f.Error.Code != domain.CodeProviderError {
+		t.Fatalf("second frame %+v, want the node's error", f)
+	}
+}
+
 // A tunnel handler that returns without end or error must not leave the
 // edge waiting forever.
 func TestTunnelHandlerReturnsWithoutEnd(t *testing.T) {

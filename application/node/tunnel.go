@@ -73,7 +73,16 @@ func (h *TunnelHandler) OpenTunnel(ctx context.Context, req domain.TunnelRequest
 	if out.Send(domain.TunnelFrame{Kind: domain.TunnelStatus, Status: resp.Status}) != nil {
 		return
 	}
-	if out.Send(domain.TunnelFrame{Kind: domain.TunnelHeader, Header: resp.Header}) != nil {
+	if err := out.Send(domain.TunnelFrame{Kind: domain.TunnelHeader, Header: resp.Header}); err != nil {
+		var tooBig *ports.FrameTooLargeError
+		if errors.As(err, &tooBig) {
+			// The link cannot carry headers this large in one frame (the
+			// provider client itself takes up to 10 MiB). Without an error
+			// frame the edge would see only a reset stream, a bare 502.
+			h.log.Warn("provider response headers too large to relay", "provider", req.Provider, "path", req.Path,
+				"status", resp.Status, "bytes", tooBig.Size, "max", tooBig.Max)
+			fail(domain.CodeProviderError, "the provider's response headers are too large to relay (%d bytes, at most %d)", tooBig.Size, tooBig.Max)
+		}
 		return
 	}
 	bp := chunkPool.Get().(*[]byte)

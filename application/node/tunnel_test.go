@@ -1,9 +1,11 @@
 package node_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -82,12 +84,18 @@ type tnSink struct {
 	frames []domain.TunnelFrame
 	failAt int
 	sends  int
+	// refuseHeader, if set, is how the sink refuses a header frame (the
+	// link cannot carry it); the sink stays usable.
+	refuseHeader error
 }
 
 func (s *tnSink) Send(f domain.TunnelFrame) error {
 	s.sends++
 	if s.failAt > 0 && s.sends >= s.failAt {
 		return errors.New("edge went away")
+	}
+	if f.Kind == domain.TunnelHeader && s.refuseHeader != nil {
+		return s.refuseHeader
 	}
 	// The port lets the caller reuse f.Body once Send returns: keep a copy,
 	// as the real sink does.
@@ -263,5 +271,35 @@ func TestTunnelSinkFailureStopsReading(t *testing.T) {
 		if !body.closed || usageCalled {
 			t.Fatalf("failAt %d: closed=%v usage read=%v", failAt, body.closed, usageCalled)
 		}
+	}
+}
+
+// Headers the link cannot carry in one frame (over a quarter of the
+// stream window; the provider client itself takes up to 10 MiB) end the
+// tunnel with a provider_error that says so, and the node logs it: before,
+// the edge saw only a reset stream and answered a bare 502.
+func TestTunnelHeadersTooLargeToRelay(t *testing.T) {
+	body := &tnBody{script: []tnRead{{data: "ok"}}}
+	c := &tnClient{resp: &ports.ProviderResponse{Status: 200, Header: domain.Header{"X-Big": {strings.Repeat("x", 100<<10)}}, Body: body}}
+	sink := &tnSink{refuseHeader: &ports.FrameTooLargeError{Size: 102431, Max: 65536}}
+	var logs bytes.Buffer
+	rt := node.NewRuntime(tnFactory{}, nil)
+	if err := rt.Apply(domain.NodeConfig{NodeID: "n1", Version: 1, Providers: []domain.ProviderConfig{tnProvider}}); err != nil {
+		t.Fatal(err)
+	}
+	h := node.NewTunnelHandler(rt, c, slog.New(slog.NewTextHandler(&logs, nil)))
+	h.OpenTunnel(context.Background(), domain.TunnelRequest{Provider: "local", Path: "/api/chat"}, nil, sink)
+	if got, want := sink.kinds(), "status,error"; got != want {
+		t.Fatalf("frames = %s, want %s", got, want)
+	}
+	e := sink.last().Error
+	if e.Code != domain.CodeProviderError || e.Message != "the provider's response headers are too large to relay (102431 bytes, at most 65536)" {
+		t.Fatalf("error frame = %+v", e)
+	}
+	if !strings.Contains(logs.String(), "too large to relay") || !strings.Contains(logs.String(), "provider=local") {
+		t.Fatalf("node log %q does not say why", logs.String())
+	}
+	if !body.closed || body.reads != 0 {
+		t.Fatalf("body closed=%v reads=%d, want closed unread", body.closed, body.reads)
 	}
 }
