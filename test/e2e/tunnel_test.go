@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -451,5 +453,95 @@ func TestTunnelRelaysHeaderBytesThatAreNotUTF8(t *testing.T) {
 	}
 	if out := n.out.String(); strings.Contains(out, "link to edge lost") {
 		t.Fatalf("the node's link dropped:\n%s", out)
+	}
+}
+
+// The tunnel's edge cases answer the caller in its surface's shape, with
+// nothing of the provider's URL in them, through the real edge and node:
+// an escaped path reaches the provider as the caller escaped it; a blob
+// body that breaks mid-stream is a 400 saying why; headers too large for
+// the link are a 502 that says so (and the node logs it).
+func TestTunnelEdgeCasesAnswerTheCaller(t *testing.T) {
+	uris := make(chan string, 16)
+	prov := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if strings.HasPrefix(r.URL.Path, "/api/blobs/") {
+			uris <- r.RequestURI
+			w.WriteHeader(http.StatusCreated)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Big", strings.Repeat("x", 100<<10))
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	}))
+	t.Cleanup(prov.Close)
+	// Credentials in the base URL: no answer or log may show them.
+	base := strings.Replace(prov.URL, "http://", "http://admin:s3cret@", 1)
+	e := startEdge(t, fmt.Sprintf(`
+  - id: n1
+    token: %s
+    providers:
+      - {name: oai, type: openai, base_url: %q, models: [m-hdr]}
+      - {name: oll, type: ollama, base_url: %q, models: ["tiny"]}
+`, testToken, base, base))
+	n := startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	send := func(method, path, body string) (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, method, e.url+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	for _, path := range []string{"/api/blobs/sha256%3Fx=1", "/api/blobs/sha256%23frag", "/api/blobs/sha256%25zz"} {
+		if code, got := send(http.MethodPost, path, "blob"); code != http.StatusCreated {
+			t.Errorf("POST %s: %d %s", path, code, got)
+			continue
+		}
+		if got := <-uris; got != path {
+			t.Errorf("POST %s reached the provider as %q", path, got)
+		}
+	}
+
+	nc, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	fmt.Fprintf(nc, "POST /api/blobs/sha256:abc HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n0123456789abcdef\r\n", strings.TrimPrefix(e.url, "http://"))
+	time.Sleep(50 * time.Millisecond) // the body streams to the node by then
+	fmt.Fprint(nc, "zz\r\n")
+	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(nc), nil)
+	if err != nil {
+		t.Fatalf("broken blob body: no answer: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "request body") {
+		t.Errorf("broken blob body: %d %s, want 400 saying the request body failed", resp.StatusCode, b)
+	}
+
+	code, got := send(http.MethodPost, "/v1/chat/completions", string(chatBody("m-hdr", false)))
+	if code != http.StatusBadGateway || !strings.Contains(got, "provider_error") || !strings.Contains(got, "response headers are too large to relay") {
+		t.Errorf("large headers: %d %s, want 502 provider_error saying why", code, got)
+	}
+	waitFor := time.Now().Add(5 * time.Second)
+	for !strings.Contains(n.out.String(), "too large to relay") && time.Now().Before(waitFor) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(n.out.String(), "too large to relay") {
+		t.Errorf("the node did not log the headers too large to relay")
+	}
+	for name, out := range map[string]string{"edge": e.out.String(), "node": n.out.String()} {
+		if strings.Contains(out, "s3cret") {
+			t.Errorf("the %s log shows the provider's password", name)
+		}
 	}
 }
