@@ -39,13 +39,15 @@ type Config struct {
 	// answer, including any wait for a handshake slot.
 	HandshakeTimeout time.Duration
 	// MaxPending bounds the connections that have not registered yet;
-	// MaxPendingPerAddr bounds them per remote address. Past either, a new
-	// connection is closed at once.
+	// MaxPendingPerAddr bounds them per network prefix (an IPv4 address, an
+	// IPv6 /64). Past MaxPendingPerAddr a new connection is closed at once;
+	// at MaxPending it takes the place of another prefix's waiting
+	// connection, or is closed at once (admission).
 	MaxPending        int
 	MaxPendingPerAddr int
 	// RegisterFailBurst and RegisterFailRate (per second) are the token
 	// bucket of failed registrations (unknown token, garbage first frame)
-	// allowed per remote address; past it the edge closes without answering.
+	// allowed per network prefix; past it the edge closes without answering.
 	RegisterFailBurst int
 	RegisterFailRate  float64
 	Logger            *slog.Logger

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"iop/adapters/internal/connquota"
 	"iop/domain"
 	"iop/ports"
 	ioppb "iop/proto/iop"
@@ -127,19 +128,26 @@ func (s *Server) acceptLoop() {
 		}
 		delay = 0
 		remote := nc.RemoteAddr().String()
-		addr := hostOf(remote)
-		if why := s.adm.enter(addr); why != "" {
+		key := connquota.Key(remote)
+		t, victim, why := s.adm.enter(key, nc)
+		if why != "" {
 			_ = nc.Close()
 			s.refused(remote, why)
 			continue
 		}
+		if victim != nil {
+			// Its handshake goroutine sees it evicted and ends without a
+			// report of its own or a failure charged to its address.
+			_ = victim.Close()
+			s.refused(victim.RemoteAddr().String(), "closed to make room for another connection: too many unregistered connections, and its address held the most")
+		}
 		if !s.track(nc) {
-			s.adm.leave(addr)
+			s.adm.leave(t)
 			_ = nc.Close()
 			return
 		}
 		s.wg.Add(1)
-		go s.serve(nc, remote, addr)
+		go s.serve(nc, remote, key, t)
 	}
 }
 
@@ -183,9 +191,9 @@ func (s *Server) untrack(nc net.Conn) {
 // quarter of it is in use and a read in progress uses more. A fresh stack
 // grows only to what reading needs (4 KiB), which is what 10,000 idle links
 // pay (docs/benchmarks.md, "Many idle nodes").
-func (s *Server) serve(nc net.Conn, remote, addr string) {
-	link, nodeID, ok := s.handshake(nc, remote, addr)
-	s.adm.leave(addr)
+func (s *Server) serve(nc net.Conn, remote, key string, t *ticket) {
+	link, nodeID, ok := s.handshake(nc, remote, key, t)
+	s.adm.leave(t)
 	if !ok {
 		s.untrack(nc)
 		s.wg.Done()
@@ -205,14 +213,15 @@ func (s *Server) readLink(nc net.Conn, link *edgeLink, nodeID string) {
 }
 
 // handshake reads the register request and answers it. On success the
-// returned link's connection is ready to start.
-func (s *Server) handshake(nc net.Conn, remote, addr string) (*edgeLink, string, bool) {
+// returned link's connection is ready to start. key is the connection's
+// prefix (failed registrations are charged to it), t its admission.
+func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLink, string, bool) {
 	deadline := time.Now().Add(s.cfg.HandshakeTimeout)
 	_ = nc.SetDeadline(deadline)
 	// A peer that has not authenticated may not make the edge allocate a
 	// full-size frame: the register request is small.
 	// TLS (tls.go) comes first, under the same deadline.
-	nc, peer, ok := s.secure(nc, remote, addr)
+	nc, peer, ok := s.secure(nc, remote, key, t)
 	if !ok {
 		return nil, "", false
 	}
@@ -221,17 +230,26 @@ func (s *Server) handshake(nc net.Conn, remote, addr string) (*edgeLink, string,
 	f := new(ioppb.Frame)
 	if _, err := dec.Decode(f); err != nil {
 		_ = nc.Close()
+		if s.adm.evicted(t) {
+			return nil, "", false // reported when it was closed to make room
+		}
 		err = classifyReadErr(err, s.cfg.HandshakeTimeout)
 		if !errors.Is(err, ErrHeartbeatTimeout) && !errors.Is(err, io.EOF) {
-			s.adm.failed(addr) // garbage, not a slow or vanished peer
+			s.adm.failed(key) // garbage, not a slow or vanished peer
 		}
 		s.h.HandshakeFailed(remote, "handshake: "+reasonOf(err))
+		return nil, "", false
+	}
+	// From here the connection is no longer closed to make room (see
+	// admission); if it already was, its frame came too late.
+	if !s.adm.authenticating(t) {
+		_ = nc.Close()
 		return nil, "", false
 	}
 	req := f.GetRegisterRequest()
 	if req == nil {
 		_ = nc.Close()
-		s.adm.failed(addr)
+		s.adm.failed(key)
 		s.h.HandshakeFailed(remote, fmt.Sprintf("handshake: expected register_request, got %T", f.Body))
 		return nil, "", false
 	}
@@ -272,7 +290,7 @@ func (s *Server) handshake(nc net.Conn, remote, addr string) (*edgeLink, string,
 	if err != nil {
 		resp.Reason = rejectReason(err)
 		if errors.Is(err, domain.ErrUnknownToken) {
-			if !s.adm.failed(addr) {
+			if !s.adm.failed(key) {
 				// Over its budget of wrong tokens: a guesser gets no answer.
 				_ = nc.Close()
 				return nil, "", false

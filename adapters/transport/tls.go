@@ -185,14 +185,19 @@ func plaintextHint(cfg *tls.Config, err error) error {
 
 // secure runs secureServer; on failure it closes nc and reports why. A
 // failed handshake that was not a slow or vanished peer (plaintext, garbage,
-// a refused certificate) is charged to addr's budget of failed
+// a refused certificate) is charged to key's budget of failed
 // registrations like a wrong token: a TLS-garbage flood is the same attack.
-func (s *Server) secure(nc net.Conn, remote, addr string) (net.Conn, domain.PeerIdentity, bool) {
+// One closed to make room for another connection (t evicted) is neither
+// charged nor reported again.
+func (s *Server) secure(nc net.Conn, remote, key string, t *ticket) (net.Conn, domain.PeerIdentity, bool) {
 	sc, peer, err := s.secureServer(nc)
 	if err != nil {
 		_ = nc.Close()
+		if s.adm.evicted(t) {
+			return nil, peer, false
+		}
 		if !slowOrGone(err) {
-			s.adm.failed(addr)
+			s.adm.failed(key)
 		}
 		s.tlsFailed(remote, err)
 		return nil, peer, false
