@@ -1,6 +1,7 @@
 package bootstrap_test
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"log/slog"
@@ -132,4 +133,43 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// http.max_connections_per_address reaches the HTTP listener: past it a
+// connection is answered 503 too_many_connections.
+func TestHTTPConnectionCapFromConfig(t *testing.T) {
+	hAddr := freeAddr(t)
+	es := edgeSettings(t, freeAddr(t), hAddr)
+	es.Config.HTTP.MaxConnectionsPerAddress = 2
+	edge := fxtest.New(t, bootstrap.Edge(es), fx.NopLogger)
+	edge.RequireStart()
+	defer edge.RequireStop()
+
+	status := func(nc net.Conn) int {
+		t.Helper()
+		_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(nc, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(nc), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for i := range 3 {
+		nc, err := net.Dial("tcp", hAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		want := 200
+		if i == 2 {
+			want = 503
+		}
+		if got := status(nc); got != want {
+			t.Fatalf("connection %d: status %d; want %d", i+1, got, want)
+		}
+	}
 }

@@ -177,6 +177,7 @@ func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edg
 	}
 	hs := httpapi.New(deps, hc.Listen, log)
 	hs.AccessLog = s.Config.Log.AccessLog()
+	hs.MaxConns, hs.MaxConnsPerAddr = hc.MaxConnections, hc.MaxConnectionsPerAddress
 	// The web console's static files need no key; the data it shows comes
 	// from the API routes above, under their own scopes.
 	ui := console.Handler()

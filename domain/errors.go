@@ -93,6 +93,9 @@ const (
 	// keyless loopback edge does not answer to (DNS rebinding).
 	CodeCrossOrigin    = "cross_origin"
 	CodeHostNotAllowed = "host_not_allowed"
+	// CodeTooManyConnections answers a request that came on a connection
+	// over the HTTP listener's caps (in total or from one address).
+	CodeTooManyConnections = "too_many_connections"
 )
 
 // Sentinels for errors.Is. Wrap them with context; never compare strings.

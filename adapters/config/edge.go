@@ -29,6 +29,15 @@ const (
 	MinTokenLength      = 8
 )
 
+// DefaultHTTPMaxConnections and DefaultHTTPMaxConnectionsPerAddress cap the
+// HTTP listener's connections (httpapi.DefaultMaxConns and
+// DefaultMaxConnsPerAddr hold the same values; config does not import the
+// HTTP adapter).
+const (
+	DefaultHTTPMaxConnections           = 8192
+	DefaultHTTPMaxConnectionsPerAddress = 256
+)
+
 // EdgeConfig is the content of edge.yaml.
 type EdgeConfig struct {
 	// StateDir holds what the edge creates for itself (the node-link CA and
@@ -59,6 +68,13 @@ type HTTPConfig struct {
 	// (/v1/chat/completions, /v1/messages, /api/chat, …); larger is 413.
 	// At most this much of a body is held while its model is looked for.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxConnections caps the listener's connections in total;
+	// MaxConnectionsPerAddress those from one network prefix (an IPv4
+	// address, an IPv6 /64). At the total, idle connections of the prefix
+	// holding the most are closed to make room; a connection over the caps
+	// is answered 503 too_many_connections and closed.
+	MaxConnections           int `yaml:"max_connections"`
+	MaxConnectionsPerAddress int `yaml:"max_connections_per_address"`
 	// APIKeys, when any is set, make every route but /healthz need a key.
 	APIKeys []APIKeyEntry `yaml:"api_keys"`
 	// AllowUnauthenticated lets the API listen on a non-loopback address
@@ -292,6 +308,12 @@ func (c *EdgeConfig) SetDefaults() {
 	if c.HTTP.MaxBodyBytes == 0 {
 		c.HTTP.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if c.HTTP.MaxConnections == 0 {
+		c.HTTP.MaxConnections = DefaultHTTPMaxConnections
+	}
+	if c.HTTP.MaxConnectionsPerAddress == 0 {
+		c.HTTP.MaxConnectionsPerAddress = DefaultHTTPMaxConnectionsPerAddress
+	}
 	if c.Transport.TLS.Mode == "" {
 		c.Transport.TLS.Mode = TLSAuto
 	}
@@ -337,6 +359,12 @@ func (c *EdgeConfig) Validate() error {
 	}
 	if c.HTTP.MaxBodyBytes < 1<<10 || c.HTTP.MaxBodyBytes > 1<<30 {
 		add("http.max_body_bytes %d is outside [1024, 1073741824] (1 KiB to 1 GiB)", c.HTTP.MaxBodyBytes)
+	}
+	if c.HTTP.MaxConnections < 1 {
+		add("http.max_connections must be positive, got %d", c.HTTP.MaxConnections)
+	}
+	if n := c.HTTP.MaxConnectionsPerAddress; n < 1 || n > c.HTTP.MaxConnections {
+		add("http.max_connections_per_address %d is outside [1, http.max_connections (%d)]", n, c.HTTP.MaxConnections)
 	}
 	errs = appendFlat(errs, c.Log.Validate())
 	errs = appendFlat(errs, c.validateStore())

@@ -29,6 +29,8 @@ http:
     - {name: ci, key_sha256: "9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08", scopes: [read, runs], nodes: [local]}
     - {name: ops, key_env: IOP_TEST_OPS_KEY, scopes: [admin]}
   tls: {cert_file: /etc/iop/api.crt, key_file: /etc/iop/api.key}
+  max_connections: 1000
+  max_connections_per_address: 50
 log:
   level: debug
   format: json
@@ -86,6 +88,9 @@ func TestParseEdgeFull(t *testing.T) {
 	}
 	if c.HTTP.TLS == nil || *c.HTTP.TLS != (config.HTTPTLSConfig{CertFile: "/etc/iop/api.crt", KeyFile: "/etc/iop/api.key"}) {
 		t.Errorf("http.tls = %+v", c.HTTP.TLS)
+	}
+	if c.HTTP.MaxConnections != 1000 || c.HTTP.MaxConnectionsPerAddress != 50 {
+		t.Errorf("http.max_connections = %d, max_connections_per_address = %d", c.HTTP.MaxConnections, c.HTTP.MaxConnectionsPerAddress)
 	}
 	keys := c.HTTP.ResolvedKeys()
 	wantKeys := []config.APIKey{
@@ -164,6 +169,10 @@ func TestParseEdgeDefaults(t *testing.T) {
 			}
 			if c.HTTP.Listen != "127.0.0.1:7701" {
 				t.Errorf("http.listen = %q", c.HTTP.Listen)
+			}
+			if c.HTTP.MaxConnections != 8192 || c.HTTP.MaxConnectionsPerAddress != 256 {
+				t.Errorf("http.max_connections = %d, max_connections_per_address = %d; want 8192 and 256",
+					c.HTTP.MaxConnections, c.HTTP.MaxConnectionsPerAddress)
 			}
 			if c.Log != (config.LogConfig{Level: "info", Format: "text"}) {
 				t.Errorf("log = %+v", c.Log)
@@ -328,6 +337,9 @@ func TestEdgeValidate(t *testing.T) {
 		{"duplicate key", keys("    - {name: a, key_env: IOP_TEST_KEY, scopes: [read]}\n    - {name: b, key_env: IOP_TEST_KEY, scopes: [read]}\n"), "the key is the same as the key of http.api_keys[0]"},
 		{"bad node limit", keys("    - {name: a, key_sha256: " + h + ", scopes: [read], nodes: [\"a/b\"]}\n"), `nodes: "a/b" is not a node id`},
 		{"tls half", "http: {tls: {cert_file: /x}}\n", "http.tls needs both cert_file and key_file"},
+		{"http max connections", "http: {max_connections: -1}\n", "http.max_connections must be positive, got -1"},
+		{"http per address over total", "http: {max_connections: 10, max_connections_per_address: 11}\n", "http.max_connections_per_address 11 is outside [1, http.max_connections (10)]"},
+		{"http per address negative", "http: {max_connections_per_address: -1}\n", "http.max_connections_per_address -1 is outside [1, http.max_connections (8192)]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -38,7 +38,8 @@ func DialectIOP(w http.ResponseWriter, status int, code, message string) {
 // DialectOpenAI is OpenAI's {"error":{"message","type","param","code"}}:
 // 401 is code invalid_api_key, 403 insufficient_permissions, 429
 // rate_limit_exceeded — the codes OpenAI SDKs recognise; a browser refusal
-// keeps its iop code.
+// and a connection over the caps (503, type server_error, which the SDKs
+// retry) keep their iop code.
 func DialectOpenAI(w http.ResponseWriter, status int, code, message string) {
 	typ, oaCode := "invalid_request_error", "invalid_api_key"
 	switch code {
@@ -48,6 +49,8 @@ func DialectOpenAI(w http.ResponseWriter, status int, code, message string) {
 		typ, oaCode = "requests", "rate_limit_exceeded"
 	case domain.CodeCrossOrigin, domain.CodeHostNotAllowed:
 		oaCode = code
+	case domain.CodeTooManyConnections:
+		typ, oaCode = "server_error", code
 	}
 	type body struct {
 		Message string  `json:"message"`

@@ -10,7 +10,8 @@ import (
 // {"type":"error","error":{"type","message"}}: 401 is authentication_error,
 // 403 permission_error, 429 rate_limit_error — what Anthropic SDKs and
 // Claude Code recognise; a cross-origin refusal is a permission_error, a
-// refused Host an invalid_request_error.
+// refused Host an invalid_request_error, a connection over the listener's
+// caps (503) an overloaded_error, which the SDKs retry.
 func DialectAnthropic(w http.ResponseWriter, status int, code, message string) {
 	typ := "authentication_error"
 	switch code {
@@ -20,6 +21,8 @@ func DialectAnthropic(w http.ResponseWriter, status int, code, message string) {
 		typ = "rate_limit_error"
 	case domain.CodeHostNotAllowed:
 		typ = "invalid_request_error"
+	case domain.CodeTooManyConnections:
+		typ = "overloaded_error"
 	}
 	type body struct {
 		Type    string `json:"type"`

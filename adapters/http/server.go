@@ -31,6 +31,12 @@
 // cases apply its node limit. Unknown routes need a key too. Server-sent event
 // streams send a comment line (": keep-alive") every 15 s while idle and end
 // when the client leaves or the server stops.
+//
+// The listener holds at most MaxConns connections, MaxConnsPerAddr per
+// network prefix (connlimit.go). At the total, idle connections of the
+// prefix holding the most make room; a connection over the caps is
+// answered 503 too_many_connections with Connection: close (in the route's
+// dialect), or closed at once when many such answers are under way.
 package httpapi
 
 import (
@@ -127,6 +133,11 @@ type Server struct {
 	BodyMinRate int
 	// AccessLog logs every request at info (log.access); off, at debug.
 	AccessLog bool
+	// MaxConns and MaxConnsPerAddr cap the listener's connections in total
+	// and per network prefix (an IPv4 address, an IPv6 /64):
+	// DefaultMaxConns and DefaultMaxConnsPerAddr when zero; see
+	// connLimiter. Set them before Start.
+	MaxConns, MaxConnsPerAddr int
 
 	// stopping is cancelled when Stop begins: streams end, short requests
 	// are left to finish. base is cancelled when Stop gives up waiting.
@@ -138,6 +149,7 @@ type Server struct {
 	mu        sync.Mutex
 	srv       *http.Server
 	ln        net.Listener
+	lim       *connLimiter
 	serveDone chan struct{}
 }
 
@@ -234,6 +246,16 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	// An unknown route needs a key too, so that a caller without one
 	// learns nothing about which routes exist.
 	acc := s.access[pattern]
+	if why, over := refusedConn(r); over {
+		// The connection is over the listener's caps (connLimiter): it
+		// was kept only to say so, and is closed after this answer.
+		w.Header().Set("Connection", "close")
+		w.Header().Set("Retry-After", "1")
+		acc.dialect()(sw, http.StatusServiceUnavailable, domain.CodeTooManyConnections,
+			why+" to this edge; close idle connections or retry later")
+		s.logAccess(sw, r, start, "")
+		return
+	}
 	// Before the key: a browser's forged or rebound request is refused on
 	// every route, public ones and those of a keyless edge included.
 	if status, code, msg, ok := s.guard.check(r); !ok {
@@ -298,6 +320,10 @@ func (s *Server) Start() error {
 	if err != nil {
 		return fmt.Errorf("http api: listen on %s: %w", s.addr, err)
 	}
+	// Counted before TLS: a connection over the caps costs no handshake
+	// unless it is kept to be answered 503.
+	s.lim = newConnLimiter(s.MaxConns, s.MaxConnsPerAddr, s.log)
+	ln = &limitedListener{Listener: ln, lim: s.lim}
 	if s.deps.TLSCert != nil {
 		ln = tls.NewListener(ln, &tls.Config{
 			Certificates: []tls.Certificate{*s.deps.TLSCert},
@@ -311,6 +337,8 @@ func (s *Server) Start() error {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		BaseContext:       func(net.Listener) context.Context { return s.base },
+		ConnContext:       refusedConnContext,
+		ConnState:         s.lim.connState,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	s.serveDone = make(chan struct{})
