@@ -5,13 +5,13 @@ import (
 	"crypto/subtle"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"iop/adapters/internal/connquota"
 	"iop/domain"
 )
 
@@ -178,13 +178,12 @@ func refuse(w http.ResponseWriter, r *http.Request, acc Access, res authResult, 
 	}
 }
 
-// remoteHost is the client's IP without the port: failures are counted per
-// address, not per connection.
+// remoteHost is the network the client's address belongs to (an IPv4
+// address, an IPv6 /64; connquota.Key): failures are counted per network,
+// not per connection, so a client cannot start afresh by moving to another
+// address of its own /64.
 func remoteHost(r *http.Request) string {
-	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		return host
-	}
-	return r.RemoteAddr
+	return connquota.Key(r.RemoteAddr)
 }
 
 // failureThrottle is a token bucket of failed keys per address: each wrong

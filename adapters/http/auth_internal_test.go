@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -69,5 +70,29 @@ func TestFailureThrottleIsBounded(t *testing.T) {
 	}
 	if n := len(th.m); n > maxThrottled {
 		t.Fatalf("%d addresses tracked, bound is %d", n, maxThrottled)
+	}
+}
+
+// Wrong keys are counted per network: two addresses of one IPv6 /64 share
+// a bucket (a host picks any address of its /64), IPv4 addresses do not.
+func TestFailuresCountedPerNetwork(t *testing.T) {
+	th := newFailureThrottle(2, time.Hour, time.Hour, slog.New(slog.DiscardHandler))
+	req := func(remote string) string {
+		r, _ := http.NewRequest("GET", "/", nil)
+		r.RemoteAddr = remote
+		return remoteHost(r)
+	}
+	th.fail(req("[2001:db8:1:2::10]:5000"))
+	th.fail(req("[2001:db8:1:2:abcd::99]:6000"))
+	if !th.blocked(req("[2001:db8:1:2:ffff::1]:7000")) {
+		t.Fatal("another address of the same /64 is not throttled")
+	}
+	if th.blocked(req("[2001:db8:1:3::10]:5000")) {
+		t.Fatal("another /64 is throttled")
+	}
+	th.fail(req("192.0.2.1:5000"))
+	th.fail(req("192.0.2.1:5001"))
+	if !th.blocked(req("192.0.2.1:9")) || th.blocked(req("192.0.2.2:9")) {
+		t.Fatal("IPv4 addresses are not counted one by one")
 	}
 }
