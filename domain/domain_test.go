@@ -2,6 +2,8 @@ package domain_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -173,5 +175,42 @@ func TestCheckAdapterTypes(t *testing.T) {
 	}
 	if err := cfg.CheckAdapterTypes(domain.NodeInfo{}); err != nil {
 		t.Fatalf("a node that reported no types: %v", err)
+	}
+}
+
+// A record's token digest is the same whether the config gives the token
+// or its SHA-256 in either case of hex; a record with neither (or a
+// malformed digest) has none and matches no record.
+func TestNodeRecordTokenDigest(t *testing.T) {
+	const tok = "node-token-0123456789"
+	sum := sha256.Sum256([]byte(tok))
+	lower := hex.EncodeToString(sum[:])
+	plain := domain.NodeRecord{ID: "a", Token: tok}
+	for _, r := range []domain.NodeRecord{
+		{ID: "a", TokenSHA256: lower},
+		{ID: "a", TokenSHA256: strings.ToUpper(lower)},
+		plain,
+	} {
+		if d, ok := r.TokenDigest(); !ok || d != sum {
+			t.Fatalf("%+v: TokenDigest = %x, %v; want %x", r, d, ok, sum)
+		}
+		if !r.SameToken(plain) || !plain.SameToken(r) {
+			t.Fatalf("%+v and %+v accept the same token, SameToken says not", r, plain)
+		}
+	}
+	other := sha256.Sum256([]byte(tok + "x"))
+	none := domain.NodeRecord{ID: "a"}
+	for _, r := range []domain.NodeRecord{
+		{ID: "a", TokenSHA256: hex.EncodeToString(other[:])},
+		{ID: "a", TokenSHA256: lower[:62]},
+		{ID: "a", TokenSHA256: "zz" + lower[2:]},
+		none,
+	} {
+		if r.SameToken(plain) {
+			t.Fatalf("%+v: SameToken(%+v) = true", r, plain)
+		}
+	}
+	if _, ok := none.TokenDigest(); ok || none.SameToken(none) {
+		t.Fatal("a record without a token has a digest, or matches itself")
 	}
 }

@@ -1,6 +1,8 @@
 package domain
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"net/url"
 	"slices"
 	"strings"
@@ -37,6 +39,32 @@ type NodeRecord struct {
 	TokenSHA256 string
 	Adapters    []AdapterConfig
 	Providers   []ProviderConfig
+}
+
+// TokenDigest is the SHA-256 of the node's token, whichever way the config
+// gives it: hashed from Token (token, or token_env read at load), or
+// decoded from TokenSHA256 (hex digits of either case). Two records with
+// equal digests accept the same token, so swapping a token for its digest
+// changes nothing a node sees. ok is false when the record has neither a
+// token nor a well-formed digest; such a record accepts no token.
+func (r NodeRecord) TokenDigest() (digest [sha256.Size]byte, ok bool) {
+	if r.Token != "" {
+		return sha256.Sum256([]byte(r.Token)), true
+	}
+	b, err := hex.DecodeString(r.TokenSHA256)
+	if err != nil || len(b) != sha256.Size {
+		return digest, false
+	}
+	copy(digest[:], b)
+	return digest, true
+}
+
+// SameToken reports whether r and o accept the same token; records that
+// accept none match nothing, not even each other.
+func (r NodeRecord) SameToken(o NodeRecord) bool {
+	a, aok := r.TokenDigest()
+	b, bok := o.TokenDigest()
+	return aok && bok && a == b
 }
 
 // ExecTarget is one command an exec adapter may run.

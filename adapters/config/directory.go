@@ -51,10 +51,8 @@ func (d *Directory) Replace(records []domain.NodeRecord) {
 	}
 	for i, r := range records {
 		s.records[i] = cloneRecord(r)
-		if r.Token != "" {
-			s.digests[i] = sha256.Sum256([]byte(r.Token))
-			s.usable[i] = 1
-		} else if d, err := parseTokenSHA256(r.TokenSHA256); err == nil {
+		// The same digest reload compares tokens by (NodeRecord.SameToken).
+		if d, ok := r.TokenDigest(); ok {
 			s.digests[i] = d
 			s.usable[i] = 1
 		}

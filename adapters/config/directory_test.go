@@ -208,3 +208,33 @@ func TestDirectoryTokenSHA256(t *testing.T) {
 		}
 	}
 }
+
+// A node's token read from token_env, given literally, or given as its
+// token_sha256 makes records that accept the same token, so a reload that
+// switches between these forms keeps the node (NodeRecord.SameToken).
+func TestRecordsOfOneTokenGivenThreeWaysMatch(t *testing.T) {
+	const tok = "env-token-0123456789"
+	t.Setenv("IOP_TEST_NODE_TOKEN", tok)
+	var recs []domain.NodeRecord
+	for _, entry := range []string{
+		"{id: a, token: " + tok + "}",
+		"{id: a, token_env: IOP_TEST_NODE_TOKEN}",
+		"{id: a, token_sha256: " + strings.ToUpper(config.TokenHash(tok)) + "}",
+	} {
+		c, err := config.ParseEdge("edge.yaml", []byte("nodes:\n  - "+entry+"\n"))
+		if err != nil {
+			t.Fatalf("%s: %v", entry, err)
+		}
+		recs = append(recs, c.Records()[0])
+	}
+	for i := range recs {
+		for j := range recs {
+			if !recs[i].SameToken(recs[j]) {
+				t.Fatalf("records %+v and %+v of one token do not match", recs[i], recs[j])
+			}
+		}
+		if _, err := config.NewDirectory(recs[i : i+1]).Authenticate(tok); err != nil {
+			t.Fatalf("record %+v does not authenticate its token: %v", recs[i], err)
+		}
+	}
+}

@@ -105,7 +105,9 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 		case !ok:
 			closing = append(closing, closure{n, "removed from config"})
 			res.Disconnected = append(res.Disconnected, n.ID)
-		case rec.Token != old[n.ID].Token || rec.TokenSHA256 != old[n.ID].TokenSHA256:
+		// By digest, not field by field: a token replaced by its
+		// token_sha256 (as the docs recommend) still admits the node.
+		case !rec.SameToken(old[n.ID]):
 			closing = append(closing, closure{n, "token changed"})
 			res.Disconnected = append(res.Disconnected, n.ID)
 		case runsAlready(n, rec):

@@ -2,9 +2,12 @@ package edge_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"iop/application/edge"
@@ -227,5 +230,50 @@ func TestReloadRetriesAFailedPush(t *testing.T) {
 	}
 	if res, _ := h.Handle(context.Background()); !slices.Contains(res.Unchanged, "a") {
 		t.Fatalf("third reload = %+v; want a unchanged now", res)
+	}
+}
+
+// A node's token given another way — its token_sha256 in either case of
+// hex, or the token again — is the same token: reload keeps the node
+// connected and pushes nothing. The check is by digest, so a digest of
+// another token still disconnects it.
+func TestReloadKeepsANodeWhoseTokenIsGivenAnotherWay(t *testing.T) {
+	sum := sha256.Sum256([]byte(ucTokA))
+	digest := hex.EncodeToString(sum[:])
+	other := sha256.Sum256([]byte(ucTokB + "-rotated"))
+	with := func(tok, digest string) []domain.NodeRecord {
+		return []domain.NodeRecord{{ID: "a", Token: tok, TokenSHA256: digest, Adapters: []domain.AdapterConfig{ucExecAdapter("exec", 2, "upper")}}}
+	}
+	dir, reg, bus := &ucDir{recs: with(ucTokA, "")}, edge.NewRegistry(), newUCBus()
+	versions := &edge.ConfigVersions{}
+	rh := edge.NewRegisterHandler(dir, reg, bus, versions, nil)
+	l := &ucLink{id: "a"}
+	l.onClose = func(reason string) { rh.Disconnected("a", l, reason) }
+	if _, err := rh.Register(context.Background(), ucTokA, domain.NodeInfo{}, "r-a", l); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		name string
+		recs []domain.NodeRecord
+	}{
+		{"token to token_sha256", with("", digest)},
+		{"lower to upper case hex", with("", strings.ToUpper(digest))},
+		{"token_sha256 back to the token", with(ucTokA, "")},
+	} {
+		res, err := edge.NewReloadHandler(&ucSource{recs: step.recs}, dir, reg, bus, versions, nil).Handle(context.Background())
+		if err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		_, _, _, _, pushed, closes := l.snapshot()
+		if len(closes) != 0 || !slices.Equal(res.Unchanged, []string{"a"}) || len(pushed) != 0 {
+			t.Fatalf("%s: closes=%v pushed=%d result=%+v; want the node kept, unchanged", step.name, closes, len(pushed), res)
+		}
+	}
+	res, err := edge.NewReloadHandler(&ucSource{recs: with("", hex.EncodeToString(other[:]))}, dir, reg, bus, versions, nil).Handle(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, _, _, closes := l.snapshot(); !slices.Equal(closes, []string{"token changed"}) || !slices.Equal(res.Disconnected, []string{"a"}) {
+		t.Fatalf("digest of another token: closes=%v result=%+v; want a disconnected, token changed", closes, res)
 	}
 }
