@@ -193,6 +193,9 @@ func runEdge(lc fx.Lifecycle, _ *metricsServer, s EdgeSettings, log *slog.Logger
 	reg *edgeapp.RegisterHandler) {
 	hup := make(chan os.Signal, 1)
 	hupDone := make(chan struct{})
+	// A SIGHUP reload waits on nodes (config pushes, up to the reload's
+	// timeout); stopping cancels it rather than waiting for it.
+	hupCtx, hupCancel := context.WithCancel(context.Background())
 	// The model catalog follows node lifecycle events (discover on register
 	// and refresh, forget on disconnect) and refreshes every minute.
 	catCtx, catCancel := context.WithCancel(context.Background())
@@ -219,7 +222,7 @@ func runEdge(lc fx.Lifecycle, _ *metricsServer, s EdgeSettings, log *slog.Logger
 					if s.ConfigPath == "" {
 						continue
 					}
-					if _, err := reload.Handle(context.Background()); err != nil {
+					if _, err := reload.Handle(hupCtx); err != nil {
 						log.Error("SIGHUP reload failed", "err", err)
 					}
 				}
@@ -230,8 +233,18 @@ func runEdge(lc fx.Lifecycle, _ *metricsServer, s EdgeSettings, log *slog.Logger
 		OnStop: func(ctx context.Context) error {
 			signal.Stop(hup)
 			close(hup)
-			<-hupDone
-			err := hs.Stop(ctx)
+			hupCancel()
+			// The reload under way ends once its pushes see hupCtx end;
+			// even if it does not, the rest of the edge still stops in time.
+			var err error
+			select {
+			case <-hupDone:
+			case <-ctx.Done():
+				err = fmt.Errorf("a SIGHUP reload did not end: %w", ctx.Err())
+			}
+			if herr := hs.Stop(ctx); err == nil {
+				err = herr
+			}
 			catCancel()
 			sub.Close()
 			catWG.Wait()

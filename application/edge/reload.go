@@ -36,6 +36,9 @@ type ReloadHandler struct {
 	timeout  time.Duration
 }
 
+// reloadPushes bounds the config pushes one reload has in flight at once.
+const reloadPushes = 16
+
 // Directory is what reload needs of the node directory.
 type Directory interface {
 	ports.NodeDirectory
@@ -128,12 +131,30 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 			h.reg.ForgetNodeSessions(id)
 		}
 	}
+	// Pushes go out side by side: each waits up to h.timeout on its node,
+	// so one after another a reload would take that long per unresponsive
+	// node — holding up SIGHUP, an admin's request and the edge's stop.
+	// At most reloadPushes at once, so a reload of many nodes does not
+	// start a goroutine and a config build per node all at the same time.
+	var (
+		resMu sync.Mutex
+		wg    sync.WaitGroup
+		slots = make(chan struct{}, reloadPushes)
+	)
 	for _, c := range changed {
-		h.refresh(ctx, c.n, c.rec, &res)
+		slots <- struct{}{} // freed within h.timeout, or sooner when ctx ends
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			h.refresh(ctx, c.n, c.rec, &res, &resMu)
+		}()
 	}
+	wg.Wait()
 	sort.Strings(res.Refreshed)
 	sort.Strings(res.Disconnected)
 	sort.Strings(res.Unchanged)
+	sort.Strings(res.Failed)
 	h.bus.Publish(domain.BusEvent{Type: domain.BusConfigReloaded, Time: time.Now()})
 	h.log.Info("config reloaded", "nodes", res.Nodes, "refreshed", res.Refreshed, "disconnected", res.Disconnected)
 	return res, nil
@@ -151,7 +172,14 @@ func runsAlready(n NodeView, rec domain.NodeRecord) bool {
 	return reflect.DeepEqual(cfg.Adapters, n.Config.Adapters) && reflect.DeepEqual(cfg.Providers, n.Config.Providers)
 }
 
-func (h *ReloadHandler) refresh(ctx context.Context, n NodeView, rec domain.NodeRecord, res *ReloadResult) {
+// refresh pushes rec's config to n and notes the outcome in res, which
+// resMu guards (refreshes run concurrently).
+func (h *ReloadHandler) refresh(ctx context.Context, n NodeView, rec domain.NodeRecord, res *ReloadResult, resMu *sync.Mutex) {
+	note := func(list *[]string, entry string) {
+		resMu.Lock()
+		*list = append(*list, entry)
+		resMu.Unlock()
+	}
 	cfg, err := rec.BuildConfig(h.versions.Next())
 	if err == nil {
 		err = cfg.CheckAdapterTypes(n.Info)
@@ -165,14 +193,14 @@ func (h *ReloadHandler) refresh(ctx context.Context, n NodeView, rec domain.Node
 		if now, ok := h.reg.Get(n.ID); ok && now.Link != n.Link {
 			// It reconnected meanwhile and got the new config when it
 			// registered (the directory was replaced first).
-			res.Refreshed = append(res.Refreshed, n.ID)
+			note(&res.Refreshed, n.ID)
 			return
 		}
 		h.log.Error("config refresh failed", "node", n.ID, "err", err)
-		res.Failed = append(res.Failed, n.ID+": "+err.Error())
+		note(&res.Failed, n.ID+": "+err.Error())
 		return
 	}
 	h.reg.SetConfig(n.ID, n.Link, cfg)
-	res.Refreshed = append(res.Refreshed, n.ID)
+	note(&res.Refreshed, n.ID)
 	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeConfigRefreshed, Time: time.Now(), Node: n.ID})
 }

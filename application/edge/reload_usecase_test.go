@@ -5,10 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"iop/application/edge"
 	"iop/domain"
@@ -275,5 +278,94 @@ func TestReloadKeepsANodeWhoseTokenIsGivenAnotherWay(t *testing.T) {
 	}
 	if _, _, _, _, _, closes := l.snapshot(); !slices.Equal(closes, []string{"token changed"}) || !slices.Equal(res.Disconnected, []string{"a"}) {
 		t.Fatalf("digest of another token: closes=%v result=%+v; want a disconnected, token changed", closes, res)
+	}
+}
+
+// stuckPushLink is a node that never answers a config push: PushConfig
+// waits for its context, counting the pushes waiting at once in gauge.
+type stuckPushLink struct {
+	*ucLink
+	gauge *pushGauge
+}
+
+type pushGauge struct {
+	mu            sync.Mutex
+	now, max, all int
+}
+
+func (g *pushGauge) read() (now, max, all int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.now, g.max, g.all
+}
+
+func (l *stuckPushLink) PushConfig(ctx context.Context, _ domain.NodeConfig) error {
+	g := l.gauge
+	g.mu.Lock()
+	g.now++
+	g.all++
+	g.max = max(g.max, g.now)
+	g.mu.Unlock()
+	<-ctx.Done()
+	g.mu.Lock()
+	g.now--
+	g.mu.Unlock()
+	return ctx.Err()
+}
+
+// A reload pushes to the changed nodes side by side, so nodes that never
+// answer hold it up for one push timeout, not one per node; at most 16 are
+// in flight at once. The pushes here wait until the reload's context ends
+// (the edge stopping), far beyond the test's deadline, so a reload pushing
+// one node at a time never gets 16 of them waiting.
+func TestReloadPushesToChangedNodesConcurrently(t *testing.T) {
+	ucNoLeaks(t)
+	const nodes, bound = 20, 16
+	var recs, next []domain.NodeRecord
+	for i := range nodes {
+		id := fmt.Sprintf("n%02d", i)
+		recs = append(recs, domain.NodeRecord{ID: id, Token: "stuck-push-token-" + id, Adapters: []domain.AdapterConfig{ucExecAdapter("exec", 2, "upper")}})
+		next = append(next, domain.NodeRecord{ID: id, Token: "stuck-push-token-" + id, Adapters: []domain.AdapterConfig{ucExecAdapter("exec", 3, "upper")}})
+	}
+	dir, reg, bus := &ucDir{recs: recs}, edge.NewRegistry(), newUCBus()
+	versions := &edge.ConfigVersions{}
+	rh := edge.NewRegisterHandler(dir, reg, bus, versions, nil)
+	gauge := &pushGauge{}
+	for _, r := range recs {
+		l := &stuckPushLink{ucLink: &ucLink{id: r.ID}, gauge: gauge}
+		if _, err := rh.Register(context.Background(), r.Token, domain.NodeInfo{}, "r-"+r.ID, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type outcome struct {
+		res edge.ReloadResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := edge.NewReloadHandler(&ucSource{recs: next}, dir, reg, bus, versions, nil).Handle(ctx)
+		done <- outcome{res, err}
+	}()
+	ucEventually(t, fmt.Sprintf("%d pushes waiting at once", bound), func() bool {
+		now, _, _ := gauge.read()
+		return now >= bound
+	})
+	cancel()
+	var out outcome
+	select {
+	case out = <-done:
+	case <-time.After(ucWait):
+		t.Fatal("the reload did not return once its context ended")
+	}
+	if out.err != nil {
+		t.Fatal(out.err)
+	}
+	if _, most, all := gauge.read(); most > bound || all != nodes {
+		t.Fatalf("%d pushes, at most %d at once; want %d, at most %d at once", all, most, nodes, bound)
+	}
+	if len(out.res.Failed) != nodes || !slices.IsSorted(out.res.Failed) {
+		t.Fatalf("failed = %q, want every node's push, sorted", out.res.Failed)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -354,5 +355,84 @@ func TestStatusCommandsCountCorrectly(t *testing.T) {
 	dr.Body.Close()
 	if dr.StatusCode != 501 {
 		t.Fatalf("terminate session on exec: %d, want 501 session_unsupported", dr.StatusCode)
+	}
+}
+
+// SIGTERM while a SIGHUP reload waits on nodes that never answer its
+// config pushes (frozen with SIGSTOP; the edge's heartbeat would notice
+// only after a minute) stops the edge at once and cleanly: the stop
+// cancels the reload instead of waiting out a push timeout per node, and
+// then closes HTTP, the node links and the history as usual.
+func TestEdgeStopsCleanlyDuringAStuckReload(t *testing.T) {
+	// Both nodes' adapters change with maxConc, so both get a push; n9,
+	// which never connects, is listed once the reload has replaced the
+	// directory, just before it pushes.
+	nodes := func(maxConc int, extra string) string {
+		const n2 = "token: e2e-token-0002\n    adapters:\n      - name: exec\n        type: exec\n"
+		return strings.Replace(defaultNodes(maxConc), n2, fmt.Sprintf("%s        max_concurrency: %d\n", n2, maxConc), 1) + extra
+	}
+	e := &edge{transport: freeAddr(t), config: filepath.Join(t.TempDir(), "edge.yaml")}
+	httpAddr := freeAddr(t)
+	e.url = "http://" + httpAddr
+	write := func(nodes string) {
+		t.Helper()
+		c := strings.Replace(edgeConfig(e.transport, httpAddr, nodes), "heartbeat_timeout: 2s", "heartbeat_timeout: 60s", 1)
+		if err := os.WriteFile(e.config, []byte(c), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(nodes(4, ""))
+	e.pin = printCAPin(t, e.config)
+	e.proc = startEdgeProc(t, e.config)
+	waitHealthy(t, e.url, e.proc)
+	var frozen []*node
+	for _, tok := range []string{testToken, "e2e-token-0002"} {
+		n := startNode(t, e, tok)
+		// Runs before the harness's SIGTERM of the node (cleanups run last
+		// first), which a stopped process would not act on.
+		t.Cleanup(func() { _ = n.cmd.Process.Signal(syscall.SIGCONT) })
+		frozen = append(frozen, n)
+	}
+	waitNode(t, e, "n1")
+	waitNode(t, e, "n2")
+	for _, n := range frozen {
+		if err := n.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	write(nodes(5, "\n  - id: n9\n    token: e2e-token-0009\n"))
+	if err := e.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	listed := func() bool {
+		var nl nodeList
+		if getJSON(e.url+"/v1/nodes", &nl) != nil {
+			return false
+		}
+		for _, n := range nl.Nodes {
+			if n.ID == "n9" {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(10 * time.Second); !listed(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the SIGHUP reload did not replace the directory:\n%s", e.out.String())
+		}
+	}
+
+	// A stop that waited out the two pushes (10 s each, one after the
+	// other) ran past fx's 15 s stop timeout and exited 1; one that waited
+	// out even a single push timeout (10 s) would miss this deadline.
+	if err := e.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := e.waitExit(t, 5*time.Second); code != 0 {
+		t.Fatalf("iop-edge exited %d, want 0:\n%s", code, e.out.String())
+	}
+	if out := e.out.String(); strings.Contains(out, "stopping:") {
+		t.Fatalf("the edge reported a failed stop:\n%s", out)
 	}
 }
