@@ -75,16 +75,20 @@ func Edge(s EdgeSettings) fx.Option {
 				return h
 			},
 			edgeapp.NewOrphanCancels,
-			func(s EdgeSettings, dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, m *prom.Metrics, hist *edgeapp.RunHistoryHandler, orphans *edgeapp.OrphanCancels) *edgeapp.RegisterHandler {
+			// The register handler owns the reconciler (its Close stops
+			// it); the submit handler tells it of runs it lets go of.
+			edgeapp.NewHistoryReconciler,
+			func(s EdgeSettings, dir ports.NodeDirectory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, m *prom.Metrics, rc *edgeapp.HistoryReconciler, orphans *edgeapp.OrphanCancels) *edgeapp.RegisterHandler {
 				h := edgeapp.NewRegisterHandler(dir, reg, bus, v, log)
 				h.Metrics = m
-				h.Reconcile = edgeapp.NewHistoryReconciler(hist)
+				h.Reconcile = rc
 				h.Orphans = orphans
 				return h
 			},
-			func(s EdgeSettings, reg *edgeapp.Registry, runs *edgeapp.RunTracker, bus ports.EventPublisher, log *slog.Logger, obs edgeapp.Observers, orphans *edgeapp.OrphanCancels, st *edgestore.Store) *edgeapp.SubmitRunHandler {
+			func(s EdgeSettings, reg *edgeapp.Registry, runs *edgeapp.RunTracker, bus ports.EventPublisher, log *slog.Logger, obs edgeapp.Observers, orphans *edgeapp.OrphanCancels, st *edgestore.Store, rc *edgeapp.HistoryReconciler) *edgeapp.SubmitRunHandler {
 				h := edgeapp.NewSubmitRunHandler(reg, runs, bus, log)
 				h.Orphans = orphans
+				h.Reconcile = rc
 				h.Sessions = st
 				// A run request travels in one frame on the node link.
 				h.MaxRequestBytes = int(s.Config.Transport.MaxFrameSize)

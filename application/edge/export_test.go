@@ -1,7 +1,21 @@
 package edge
 
-import "iop/ports"
+import (
+	"time"
+
+	"iop/ports"
+)
 
 // OrphanAdd remembers run on node as a lost background run that went out
 // on link would (tests).
 func OrphanAdd(o *OrphanCancels, node, run string, link ports.NodeLink) { o.add(node, run, link) }
+
+// NewHistoryReconcilerEvery is NewHistoryReconciler asking about watched
+// runs again first after first, then at doubling intervals up to most
+// (tests, which cannot wait for the real intervals).
+func NewHistoryReconcilerEvery(h *RunHistoryHandler, first, most time.Duration) *HistoryReconciler {
+	return newHistoryReconciler(h, first, most)
+}
+
+// ReconcilerWatching is how many runs r watches (tests).
+func ReconcilerWatching(r *HistoryReconciler) int { return int(r.watching.Load()) }

@@ -3,42 +3,89 @@ package edge
 import (
 	"context"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"iop/domain"
 	"iop/ports"
 )
 
-// Bounds of the repair run when a node registers.
+// Bounds of the repair run when a node registers, and of the re-checks
+// that follow it.
 const (
-	reconcileQueue   = 64  // registrations waiting; more are dropped (GET /v1/runs/{id} still repairs)
-	reconcileMaxRuns = 200 // running rows looked at per registration
+	reconcileQueue   = 64  // repairs waiting; more are dropped (GET /v1/runs/{id} still repairs)
+	reconcileMaxRuns = 200 // running rows looked at per repair, and watched per node
+	// A node's watched runs are asked about again after recheckFirst, then
+	// at doubling intervals up to recheckMost: a short run's end is seen
+	// soon, a run of hours costs its node one run_get a minute.
+	recheckFirst = 2 * time.Second
+	recheckMost  = time.Minute
 )
 
 // HistoryReconciler repairs, when a node registers, that node's history
-// rows left running by an edge that stopped before their ends were written:
-// each run whose end this edge process does not record itself (not in
-// flight here, its end not seen here) is asked of the node, and a final
-// status it reports is recorded. It owns one goroutine, stopped by
-// Close.
+// rows left running by an edge that stopped before their ends were
+// written, or by a background run whose link broke (the edge then stops
+// following it and the node goes on with it): each run whose end this edge
+// process does not record itself (not in flight here, its end not seen
+// here) is asked of the node, and a final status it reports is recorded.
+//
+// A node usually registers again while such a run still goes on, so the
+// runs it reports unfinished, or leaves unanswered, are watched: asked
+// about again, at growing intervals (recheckFirst up to recheckMost),
+// until each has ended, the node's link changes (the node left; a node
+// back on a new link is repaired afresh) or Close. While watched, a run
+// the node reports going holds a slot of its adapter in the registry, as a
+// run dispatched here does, so `iop nodes` and the choice of node count it.
+//
+// It owns one goroutine, stopped by Close; the watches are that
+// goroutine's own.
 type HistoryReconciler struct {
 	history *RunHistoryHandler
 	store   ports.HistoryReader
+	reg     *Registry // nil when history cannot ask nodes: nothing to do
+	first   time.Duration
+	most    time.Duration
 
 	queue  chan string
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	once   sync.Once
+
+	watches  map[string]*nodeWatch // by node id; the worker's own
+	watching atomic.Int64          // runs in watches, for tests
+}
+
+// nodeWatch is one node's runs still to settle.
+type nodeWatch struct {
+	link ports.NodeLink // the connection the runs were seen on
+	runs []*watchedRun  // in history order
+	wait time.Duration  // until the next check after the coming one
+	due  time.Time
+}
+
+// watchedRun is a running history row its node has not reported finished.
+type watchedRun struct {
+	rec     domain.RunRecord
+	release func() // its slot in the registry; nil until the node says it goes on
 }
 
 // NewHistoryReconciler starts the worker; it does nothing unless history
 // can ask nodes and record (its Nodes and Record are set).
 func NewHistoryReconciler(history *RunHistoryHandler) *HistoryReconciler {
+	return newHistoryReconciler(history, recheckFirst, recheckMost)
+}
+
+func newHistoryReconciler(history *RunHistoryHandler, first, most time.Duration) *HistoryReconciler {
 	if history == nil {
 		panic("edge.NewHistoryReconciler: nil history")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &HistoryReconciler{history: history, store: history.store, queue: make(chan string, reconcileQueue), ctx: ctx, cancel: cancel}
+	r := &HistoryReconciler{history: history, store: history.store, first: first, most: most,
+		queue: make(chan string, reconcileQueue), ctx: ctx, cancel: cancel, watches: map[string]*nodeWatch{}}
+	if history.Nodes != nil && history.Record != nil {
+		r.reg = history.Nodes.reg
+	}
 	r.wg.Add(1)
 	go r.work()
 	return r
@@ -55,7 +102,22 @@ func (r *HistoryReconciler) NodeRegistered(node string) {
 	}
 }
 
-// Close stops the worker and waits for it.
+// RunLost tells r that the edge let go of a background run of node whose
+// link broke. A node already back on another link registered before the
+// run's follower saw the break, so that registration's repair skipped the
+// run as followed here: node is repaired again. Otherwise the node's next
+// registration repairs it.
+func (r *HistoryReconciler) RunLost(node string, link ports.NodeLink) {
+	if r == nil || r.reg == nil {
+		return
+	}
+	if n, ok := r.reg.Get(node); ok && n.Link != link {
+		r.NodeRegistered(node)
+	}
+}
+
+// Close stops the worker and waits for it; the slots its watches held are
+// released.
 func (r *HistoryReconciler) Close() {
 	if r == nil {
 		return
@@ -68,27 +130,151 @@ func (r *HistoryReconciler) Close() {
 
 func (r *HistoryReconciler) work() {
 	defer r.wg.Done()
+	defer func() {
+		for node := range r.watches {
+			r.unwatch(node)
+		}
+	}()
 	for {
+		var tick <-chan time.Time
+		var timer *time.Timer
+		if due, ok := r.nextDue(); ok {
+			timer = time.NewTimer(time.Until(due))
+			tick = timer.C
+		}
 		select {
 		case <-r.ctx.Done():
-			return
 		case node := <-r.queue:
 			r.repair(node)
+		case <-tick:
+			r.recheckDue()
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if r.ctx.Err() != nil {
+			return
 		}
 	}
 }
 
-// repair looks at node's running rows one by one (reconcile asks the node
-// only for runs whose end this edge does not record itself).
+// nextDue is when the earliest watch is due; false if none is.
+func (r *HistoryReconciler) nextDue() (time.Time, bool) {
+	var first time.Time
+	for _, w := range r.watches {
+		if first.IsZero() || w.due.Before(first) {
+			first = w.due
+		}
+	}
+	return first, !first.IsZero()
+}
+
+// repair looks at node's running rows one by one (settle asks the node
+// only for runs whose end this edge does not record itself) and watches
+// those not settled. It replaces the node's watch: what the history says
+// now is the fresher list.
 func (r *HistoryReconciler) repair(node string) {
+	if r.reg == nil {
+		return
+	}
+	r.unwatch(node)
+	n, ok := r.reg.Get(node)
+	if !ok {
+		return // it left already; its next registration repairs
+	}
 	page, err := r.store.ListRuns(r.ctx, domain.RunQuery{Node: node, Status: domain.RunRunning, Limit: reconcileMaxRuns})
 	if err != nil {
-		return // the history is unreachable; a later read repairs
+		return // the history is unreachable; a later read or registration repairs
 	}
+	w := &nodeWatch{link: n.Link, wait: r.first}
 	for _, rec := range page.Runs {
+		w.runs = append(w.runs, &watchedRun{rec: rec})
+	}
+	r.check(node, w)
+}
+
+// recheckDue checks every watch that is due.
+func (r *HistoryReconciler) recheckDue() {
+	now := time.Now()
+	var due []string
+	for node, w := range r.watches {
+		if !w.due.After(now) {
+			due = append(due, node)
+		}
+	}
+	for _, node := range due {
 		if r.ctx.Err() != nil {
 			return
 		}
-		r.history.reconcile(r.ctx, rec)
+		w, ok := r.watches[node]
+		if !ok {
+			continue
+		}
+		if n, ok := r.reg.Get(node); !ok || n.Link != w.link {
+			// The node left, so its runs' slots went with that link. One
+			// back on a new link is looked at afresh (its registration
+			// may have been dropped from a full queue).
+			r.unwatch(node)
+			if ok {
+				r.repair(node)
+			}
+			continue
+		}
+		delete(r.watches, node)
+		r.watching.Add(-int64(len(w.runs)))
+		r.check(node, w)
+	}
+}
+
+// check asks node about each run of w, in order, and watches those still
+// unsettled. A node that does not answer is not asked about the rest this
+// time, so an unresponsive node costs one reconcileTimeout per check.
+func (r *HistoryReconciler) check(node string, w *nodeWatch) {
+	kept := w.runs[:0]
+	answering := true
+	for _, run := range w.runs {
+		if !answering || r.ctx.Err() != nil {
+			kept = append(kept, run)
+			continue
+		}
+		_, s := r.history.settle(r.ctx, run.rec)
+		switch s {
+		case unsettledGoing:
+			if run.release == nil {
+				run.release, _ = r.reg.holdRun(node, w.link, run.rec.Adapter)
+			}
+			kept = append(kept, run)
+		case unsettledNoAnswer:
+			answering = false
+			kept = append(kept, run)
+		default: // ended, recorded here, or unknown to the node
+			if run.release != nil {
+				run.release()
+			}
+		}
+	}
+	clear(w.runs[len(kept):])
+	w.runs = kept
+	if len(w.runs) == 0 {
+		return
+	}
+	w.due = time.Now().Add(w.wait)
+	w.wait = min(2*w.wait, r.most)
+	r.watches[node] = w
+	r.watching.Add(int64(len(w.runs)))
+}
+
+// unwatch drops node's watch, releasing the slots its runs held.
+func (r *HistoryReconciler) unwatch(node string) {
+	w, ok := r.watches[node]
+	if !ok {
+		return
+	}
+	delete(r.watches, node)
+	r.watching.Add(-int64(len(w.runs)))
+	for _, run := range w.runs {
+		if run.release != nil {
+			run.release()
+		}
 	}
 }

@@ -296,6 +296,33 @@ func (r *Registry) PickForRunAs(p domain.Principal, node, adapter, session strin
 	return chosen.view(), release, nil
 }
 
+// holdRun counts a run of adapter that the edge does not follow against
+// node id while id is still served by link, until the returned release is
+// called (release is idempotent). It is for a run its node reports still
+// going though no dispatch here holds its slot — a background run that
+// outlived its link, or one from before the edge restarted — so the
+// edge's in-flight counts, and the choice of node by free slots, match what
+// the node itself admits against. False if id is not served by link.
+func (r *Registry) holdRun(id string, link ports.NodeLink, adapter string) (func(), bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.nodes[id]
+	if !ok || n.Link != link {
+		return nil, false
+	}
+	n.runs[adapter]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if n.runs[adapter]--; n.runs[adapter] <= 0 {
+				delete(n.runs, adapter)
+			}
+		})
+	}, true
+}
+
 // sessionNode is the visible node session of adapter is bound to, if it
 // offers adapter; call with mu held.
 func (r *Registry) sessionNode(visible map[string]*LiveNode, adapter, session string) *LiveNode {

@@ -60,8 +60,33 @@ func (h *RunHistoryHandler) Get(ctx context.Context, id string) (domain.RunRecor
 // is not connected, does not know the run or reports it unfinished) rec is
 // returned unchanged.
 func (h *RunHistoryHandler) reconcile(ctx context.Context, rec domain.RunRecord) domain.RunRecord {
+	rec, _ = h.settle(ctx, rec)
+	return rec
+}
+
+// settlement is what reconciling one record came to.
+type settlement int
+
+const (
+	// settledHere: this edge records the run's end itself.
+	settledHere settlement = iota
+	// settledFromNode: the node reported the run finished; recorded.
+	settledFromNode
+	// settledUnknown: the node does not know the run (or answered for
+	// another): there is nothing to learn from it.
+	settledUnknown
+	// unsettledGoing: the node reports the run still queued or running.
+	unsettledGoing
+	// unsettledNoAnswer: the node was not asked (not connected, or h
+	// cannot ask or record) or did not answer.
+	unsettledNoAnswer
+)
+
+// settle is reconcile, also saying what it came to: the reconciler
+// watches the runs a node reports still going (HistoryReconciler).
+func (h *RunHistoryHandler) settle(ctx context.Context, rec domain.RunRecord) (domain.RunRecord, settlement) {
 	if h.Nodes == nil || h.Record == nil {
-		return rec
+		return rec, unsettledNoAnswer
 	}
 	if h.Nodes.runs.recordsEnd(rec.ID) {
 		// Its end is recorded when it arrives, or was just recorded: the
@@ -69,20 +94,25 @@ func (h *RunHistoryHandler) reconcile(ctx context.Context, rec domain.RunRecord)
 		// rec says running. A record made from the node's now would be
 		// queued after the edge's own and replace it (losing usage.model,
 		// which only the edge saw, and the edge's finish time).
-		return rec
+		return rec, settledHere
 	}
 	ctx, cancel := context.WithTimeout(ctx, reconcileTimeout)
 	defer cancel()
 	run, err := h.Nodes.OnNode(ctx, rec.Node, rec.ID)
-	if err != nil {
-		return rec
+	switch {
+	case domain.CodeOf(err) == domain.CodeRunNotFound:
+		return rec, settledUnknown
+	case err != nil:
+		return rec, unsettledNoAnswer
+	case run.RunID != rec.ID:
+		return rec, settledUnknown
 	}
 	fixed, ok := finishedFrom(rec, run)
 	if !ok {
-		return rec
+		return rec, unsettledGoing
 	}
 	h.Record.RecordRun(fixed)
-	return fixed
+	return fixed, settledFromNode
 }
 
 // finishedFrom is rec completed with the final state of run as its node

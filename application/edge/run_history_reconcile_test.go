@@ -2,7 +2,10 @@ package edge_test
 
 import (
 	"context"
+	"encoding/json"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -275,5 +278,188 @@ func TestHistoryGetReconcilesARunLetGoBeforeItsEnd(t *testing.T) {
 	r, err := h.Get(ctx, rh.RunID)
 	if err != nil || r.Status != domain.RunCancelled {
 		t.Fatalf("Get = %+v, %v; want the node's cancelled", r, err)
+	}
+}
+
+// rcLink is a node whose store the test changes as the node's runs go on:
+// run_get answers a run's current JSON, or run_not_found. Its other
+// methods are qrLink's (inert).
+type rcLink struct {
+	*qrLink
+	mu    sync.Mutex
+	runs  map[string]string
+	asked int
+}
+
+func newRCLink(id string, runs map[string]string) *rcLink {
+	return &rcLink{qrLink: &qrLink{id: id}, runs: runs}
+}
+
+func (l *rcLink) Command(_ context.Context, name string, args []byte) (ports.CommandStream, error) {
+	var a nodecmd.RunGetArgs
+	if name != nodecmd.CmdRunGet || json.Unmarshal(args, &a) != nil {
+		return &qrStream{reply: ports.CommandReply{Final: true, Err: domain.Errorf(domain.CodeUnknownCommand, "unknown command %q", name)}}, nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.asked++
+	r, ok := l.runs[a.RunID]
+	if !ok {
+		return &qrStream{reply: ports.CommandReply{Final: true, Err: domain.Errorf(domain.CodeRunNotFound, "run %s is not known on this node", a.RunID)}}, nil
+	}
+	return &qrStream{reply: ports.CommandReply{Final: true, Result: []byte(r)}}, nil
+}
+
+func (l *rcLink) set(id, run string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.runs[id] = run
+}
+
+func (l *rcLink) askedCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.asked
+}
+
+const rcSucceeded = `{"run_id":"r1","adapter":"exec","status":"succeeded","created_at":"2026-01-02T03:04:05Z",` +
+	`"finished_at":"2026-01-02T03:04:15Z","background":true}`
+
+// rcSetup is an edge whose history holds run r1 as running on node n1,
+// connected on link, and a reconciler re-checking every few milliseconds.
+func rcSetup(t *testing.T, link *rcLink) (*edge.HistoryReconciler, *rcHistory, *edge.Registry) {
+	t.Helper()
+	hist := &rcHistory{recorded: make(chan domain.RunRecord, 4), rows: []domain.RunRecord{
+		{ID: "r1", Node: "n1", Adapter: "exec", Status: domain.RunRunning, Background: true},
+	}}
+	reg := edge.NewRegistry()
+	rcAdmit(t, reg, link)
+	h := edge.NewRunHistoryHandler(hist)
+	h.Nodes, h.Record = edge.NewGetRunHandler(reg, edge.NewRunTracker(0), edge.NewNodeCommandHandler(reg)), hist
+	rc := edge.NewHistoryReconcilerEvery(h, time.Millisecond, 5*time.Millisecond)
+	t.Cleanup(rc.Close)
+	return rc, hist, reg
+}
+
+func rcAdmit(t *testing.T, reg *edge.Registry, link *rcLink) {
+	t.Helper()
+	cfg := domain.NodeConfig{NodeID: link.id, Adapters: []domain.AdapterConfig{{Name: "exec", Type: "exec", MaxConcurrency: 2}}}
+	if err := reg.Admit(&edge.LiveNode{ID: link.id, Link: link, Config: cfg}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func rcInFlight(reg *edge.Registry, node string) int {
+	n, ok := reg.Get(node)
+	if !ok {
+		return -1
+	}
+	return n.RunsInFlight
+}
+
+func rcWaitRecorded(t *testing.T, hist *rcHistory, what string) domain.RunRecord {
+	t.Helper()
+	select {
+	case r := <-hist.recorded:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s was not recorded", what)
+		return domain.RunRecord{}
+	}
+}
+
+// A node usually registers again while a background run that outlived its
+// link still goes on: the repair then finds it running. The run is asked
+// about again until the node reports its end, which is recorded, so the
+// history row does not stay running. Meanwhile it holds a slot of its
+// adapter, as the node counts it.
+func TestReconcilerWatchesARunStillGoingUntilItEnds(t *testing.T) {
+	ucNoLeaks(t)
+	link := newRCLink("n1", map[string]string{"r1": qrRun("r1", "running", "2026-01-02T03:04:05Z")})
+	rc, hist, reg := rcSetup(t, link)
+	rc.NodeRegistered("n1")
+	ucEventually(t, "r1 asked about again, its slot held", func() bool {
+		return link.askedCount() >= 3 && rcInFlight(reg, "n1") == 1 && edge.ReconcilerWatching(rc) == 1
+	})
+	select {
+	case r := <-hist.recorded:
+		t.Fatalf("recorded %+v while the node says it runs", r)
+	default:
+	}
+	link.set("r1", rcSucceeded)
+	if r := rcWaitRecorded(t, hist, "r1's end"); r.ID != "r1" || r.Status != domain.RunSucceeded || r.FinishedAt.IsZero() {
+		t.Fatalf("recorded %+v, want r1 succeeded", r)
+	}
+	ucEventually(t, "r1 no longer watched, its slot free", func() bool {
+		return edge.ReconcilerWatching(rc) == 0 && rcInFlight(reg, "n1") == 0
+	})
+	asked := link.askedCount()
+	rc.Close()
+	if got := link.askedCount(); got != asked {
+		t.Fatalf("asked %d times after Close, want no more", got-asked)
+	}
+}
+
+// The watch ends with the node's link: a node that leaves takes its slots
+// with it and is asked nothing more; one back on a new link — whose
+// registration the reconciler did not hear of (a full queue) — is looked
+// at afresh on that link.
+func TestReconcilerWatchFollowsTheNodesLink(t *testing.T) {
+	ucNoLeaks(t)
+	old := newRCLink("n1", map[string]string{"r1": qrRun("r1", "running", "2026-01-02T03:04:05Z")})
+	rc, hist, reg := rcSetup(t, old)
+	rc.NodeRegistered("n1")
+	ucEventually(t, "r1 watched", func() bool { return edge.ReconcilerWatching(rc) == 1 && rcInFlight(reg, "n1") == 1 })
+	if !reg.Remove("n1", old) {
+		t.Fatal("n1 was not on its link")
+	}
+	ucEventually(t, "the watch of a node that left dropped", func() bool { return edge.ReconcilerWatching(rc) == 0 })
+
+	back := newRCLink("n1", map[string]string{"r1": qrRun("r1", "running", "2026-01-02T03:04:05Z")})
+	rcAdmit(t, reg, back)
+	rc.NodeRegistered("n1") // r1 goes on: watched again, on the new link
+	ucEventually(t, "r1 watched on the new link", func() bool { return edge.ReconcilerWatching(rc) == 1 && rcInFlight(reg, "n1") == 1 })
+	if !reg.Remove("n1", back) {
+		t.Fatal("n1 was not on its new link")
+	}
+	again := newRCLink("n1", map[string]string{"r1": rcSucceeded})
+	rcAdmit(t, reg, again) // its registration is not heard of
+	if r := rcWaitRecorded(t, hist, "r1's end, asked on the newest link"); r.ID != "r1" || r.Status != domain.RunSucceeded {
+		t.Fatalf("recorded %+v, want r1 succeeded", r)
+	}
+	if again.askedCount() == 0 {
+		t.Fatal("the node's newest link was never asked")
+	}
+	ucEventually(t, "nothing watched", func() bool { return edge.ReconcilerWatching(rc) == 0 && rcInFlight(reg, "n1") == 0 })
+}
+
+// A node may register again before the edge's follower of its background
+// run sees the old link break: that registration's repair skips the run,
+// still followed here. Letting go of it then has the node repaired again.
+func TestRunLostAfterTheNodeIsBackIsReconciled(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+	rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hist := &rcHistory{recorded: make(chan domain.RunRecord, 4), rows: []domain.RunRecord{
+		{ID: rh.RunID, Node: "a", Adapter: "exec", Status: domain.RunRunning, Background: true},
+	}}
+	h := edge.NewRunHistoryHandler(hist)
+	h.Nodes, h.Record = edge.NewGetRunHandler(e.reg, e.runs, edge.NewNodeCommandHandler(e.reg)), hist
+	rc := edge.NewHistoryReconcilerEvery(h, time.Millisecond, 5*time.Millisecond)
+	t.Cleanup(rc.Close)
+	e.submit.Reconcile = rc
+
+	old := e.links["a"]
+	if !e.reg.Remove("a", old) {
+		t.Fatal("a was not on its link")
+	}
+	back := newRCLink("a", map[string]string{rh.RunID: strings.ReplaceAll(rcSucceeded, `"r1"`, `"`+rh.RunID+`"`)})
+	rcAdmit(t, e.reg, back)
+	old.stream(t, rh.RunID).fail(domain.Errorf(domain.CodeNodeDisconnected, "connection lost: heartbeat timeout"))
+	if r := rcWaitRecorded(t, hist, "the lost run's end"); r.ID != rh.RunID || r.Status != domain.RunSucceeded {
+		t.Fatalf("recorded %+v, want %s succeeded", r, rh.RunID)
 	}
 }

@@ -56,6 +56,9 @@ type SubmitRunHandler struct {
 	// Sessions, if set, is the history a session run's node is recalled
 	// from when the edge has none in memory (recallSession).
 	Sessions ports.HistoryReader
+	// Reconcile, if set, learns of the background runs let go of when
+	// their link broke, whose history rows it then settles (RunLost).
+	Reconcile *HistoryReconciler
 }
 
 // DefaultMaxRequestBytes is the node link's default maximum frame size.
@@ -357,13 +360,16 @@ func linkLost(err error) bool {
 // store, so the edge does not end it: no terminal event is made up, its
 // history row stays running, and the tracker forgets it. A cancel then
 // finds it through the history and reaches the node once it is back, and
-// the history learns its end from the node when it registers again
-// (run_get on running rows no one follows).
+// the history learns its end from the node then too: the repair at its
+// registration asks about running rows no one follows, and keeps asking
+// about those still going until they end, holding their slots meanwhile
+// (HistoryReconciler).
 func (r *RunHandle) lose(err error) {
 	r.done = true
 	r.release()
 	r.h.runs.forget(r.RunID)
 	r.h.log.Warn("background run's node link broke; the node goes on with it", "run", r.RunID, "node", r.Node, "err", err)
+	r.h.Reconcile.RunLost(r.Node, r.link)
 }
 
 // abandon lets go of the stream and the run's slot whatever state it is in.

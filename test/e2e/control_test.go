@@ -436,3 +436,101 @@ func TestEdgeStopsCleanlyDuringAStuckReload(t *testing.T) {
 		t.Fatalf("the edge reported a failed stop:\n%s", out)
 	}
 }
+
+// A background run goes on while its node is away for a few seconds (frozen
+// with SIGSTOP until the edge's heartbeat gives up on the link). The node
+// is back before the run ends, so the repair at its registration finds it
+// still running; the edge keeps asking, and the history — read as a list,
+// which asks no node — ends up with the run's end. Meanwhile the node's
+// in-flight count includes the run, as the node's own does.
+func TestBackgroundRunOutlivingALinkLossEndsInTheHistory(t *testing.T) {
+	e := startEdge(t, `
+  - id: n1
+    token: `+testToken+`
+    adapters:
+      - name: exec
+        type: exec
+        max_concurrency: 2
+        targets:
+          slow: {command: ["sh", "-c", "sleep 8; echo done"]}
+`)
+	n := startNode(t, e, testToken)
+	t.Cleanup(func() { _ = n.cmd.Process.Signal(syscall.SIGCONT) }) // before the harness's SIGTERM
+	waitNode(t, e, "n1")
+	resp, body := postJSON(t, e.url+"/v1/runs", map[string]any{"node": "n1", "adapter": "exec", "target": "slow", "background": true})
+	var bg struct {
+		RunID string `json:"run_id"`
+	}
+	if resp.StatusCode != 202 || json.Unmarshal(body, &bg) != nil || bg.RunID == "" {
+		t.Fatalf("background run: %d %s", resp.StatusCode, body)
+	}
+	// Only the node is frozen: its child, sleep, goes on.
+	if err := n.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the edge letting go of the run", func() error {
+		if !strings.Contains(e.out.String(), "background run's node link broke") {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if err := n.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	inFlight := func() (int, error) {
+		var nl nodeList
+		if err := getJSON(e.url+"/v1/nodes", &nl); err != nil {
+			return 0, err
+		}
+		for _, nd := range nl.Nodes {
+			if nd.ID == "n1" && nd.Connected && len(nd.Adapters) == 1 {
+				return nd.Adapters[0].InFlight, nil
+			}
+		}
+		return 0, errors.New("n1 is not connected")
+	}
+	status := func() (string, error) {
+		var page struct {
+			Runs []struct {
+				RunID  string `json:"run_id"`
+				Status string `json:"status"`
+			} `json:"runs"`
+		}
+		if err := getJSON(e.url+"/v1/runs?node=n1", &page); err != nil {
+			return "", err
+		}
+		for _, r := range page.Runs {
+			if r.RunID == bg.RunID {
+				return r.Status, nil
+			}
+		}
+		return "", errors.New("the run is not in the history")
+	}
+	// The run is still going when the node is back (it sleeps 8 s).
+	waitFor(t, "the run counted on the node that is back", func() error {
+		if st, err := status(); err != nil || st != "running" {
+			return fmt.Errorf("status %q, %v: the run ended before it could be seen going", st, err)
+		}
+		if got, err := inFlight(); err != nil || got != 1 {
+			return fmt.Errorf("in flight %d, %v", got, err)
+		}
+		return nil
+	})
+	deadline := time.Now().Add(40 * time.Second)
+	for {
+		st, err := status()
+		if err == nil && st == "succeeded" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the history still says %q (%v) long after the run ended", st, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	waitFor(t, "the run's slot free once it ended", func() error {
+		if got, err := inFlight(); err != nil || got != 0 {
+			return fmt.Errorf("in flight %d, %v", got, err)
+		}
+		return nil
+	})
+}

@@ -149,7 +149,7 @@ type liveCollector struct{ src Sources }
 
 var (
 	descConnected = prometheus.NewDesc("iop_nodes_connected", "Nodes connected to the edge.", nil, nil)
-	descInFlight  = prometheus.NewDesc("iop_runs_in_flight", "Runs dispatched through this edge and not yet ended.", []string{"node", "adapter"}, nil)
+	descInFlight  = prometheus.NewDesc("iop_runs_in_flight", "Runs in flight on a node as the edge counts them: dispatched through it and not yet ended, or reported still going by the node after a link loss or an edge restart.", []string{"node", "adapter"}, nil)
 	descTunnelsIn = prometheus.NewDesc("iop_tunnels_in_flight", "Provider tunnels open through this edge.", []string{"node"}, nil)
 	descBusDrops  = prometheus.NewDesc("iop_eventbus_dropped_total", "Bus events dropped because a subscriber was too slow.", nil, nil)
 	descRTT       = prometheus.NewDesc("iop_link_heartbeat_rtt_seconds", "Last heartbeat round trip on a node's link.", []string{"node"}, nil)
