@@ -52,7 +52,7 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 	}
 	created, narrowed, err := dbfile.Private(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("open sqlite: %w", err)
+		return nil, privateError(dsn, err)
 	}
 	sqlprep.HoldAllocatorPages()
 	sqldb := sql.OpenDB(&connector{dsn: dsn, drv: sqliteshim.Driver(), pragmas: pragmasFor(dsn)})
@@ -68,7 +68,7 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 			// Left empty, the file would be refused as truncated next time.
 			dbfile.Undo(dsn)
 		}
-		return nil, fmt.Errorf("open sqlite %s: %w", dsn, err)
+		return nil, openError(dsn, err)
 	}
 	return db, nil
 }
