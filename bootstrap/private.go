@@ -35,7 +35,7 @@ func prepareStateDir(c *config.EdgeConfig, configPath string, create bool, log *
 	}
 	if create {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return fmt.Errorf("state_dir: %w", err)
+			return fmt.Errorf("cannot create state_dir %s: %w", dir, err)
 		}
 	}
 	fi, err := os.Stat(dir)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"syscall"
 
+	"go.uber.org/dig"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxevent"
 )
@@ -36,17 +37,21 @@ func Serve(name string, app *fx.App, stderr io.Writer) int {
 	return sig.ExitCode
 }
 
-// startProblem words the usual start failure, a busy address, plainly.
+// startProblem words a start failure plainly: a busy address as such, and a
+// constructor's error without the chain of fx and dig wrappers around it
+// ("could not build arguments for function … failed to build …"), which
+// names Go functions, not the problem.
 func startProblem(err error) string {
 	var op *net.OpError
 	if errors.Is(err, syscall.EADDRINUSE) && errors.As(err, &op) && op.Addr != nil {
 		return fmt.Sprintf("%s is already in use by another process (is another instance running? change the listen address in the config)", op.Addr)
 	}
-	return err.Error()
+	return dig.RootCause(err).Error()
 }
 
-// quietStart passes fx's events to its logger, except the start failure
-// that Serve reports itself, which goes to debug.
+// quietStart passes fx's events to its logger, except the start failures
+// that Serve reports itself (a constructor's or invoke's error, a start
+// hook's), which go to debug.
 type quietStart struct {
 	fxevent.Logger
 	debug fxevent.Logger
@@ -54,6 +59,16 @@ type quietStart struct {
 
 func (q quietStart) LogEvent(e fxevent.Event) {
 	switch ev := e.(type) {
+	case *fxevent.Run:
+		if ev.Err != nil {
+			q.debug.LogEvent(e)
+			return
+		}
+	case *fxevent.Invoked:
+		if ev.Err != nil {
+			q.debug.LogEvent(e)
+			return
+		}
 	case *fxevent.OnStartExecuted:
 		if ev.Err != nil {
 			q.debug.LogEvent(e)

@@ -1,0 +1,54 @@
+package bootstrap_test
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/fx"
+
+	"iop/bootstrap"
+)
+
+// serveNode runs bootstrap.Serve on a node app whose logger writes at info
+// level to the returned log, and returns its exit code and stderr. A node
+// that starts is a test failure (Serve would wait for a signal).
+func serveNode(t *testing.T, db string) (code int, stderr, log string) {
+	t.Helper()
+	var errBuf, logBuf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	app := fx.New(
+		bootstrap.Node(bootstrap.NodeSettings{Edge: "127.0.0.1:1", Token: "x", DB: db, Logger: logger}),
+		bootstrap.FxLogger(logger),
+	)
+	done := make(chan int, 1)
+	go func() { done <- bootstrap.Serve("iop-node", app, &errBuf) }()
+	select {
+	case code = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the node started")
+	}
+	return code, errBuf.String(), logBuf.String()
+}
+
+// A constructor's failure is one plain line naming the cause: not fx's
+// "could not build arguments for function …" chain, and not logged again
+// as ERROR lines with stack traces.
+func TestStartFailureInAConstructorIsOnePlainLine(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "isdir.db")
+	if err := os.Mkdir(db, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	code, stderr, log := serveNode(t, "file:"+db)
+	want := fmt.Sprintf("iop-node: cannot start: open node store %q: cannot open database file %s: it is a directory\n", "file:"+db, db)
+	if code != 1 || stderr != want {
+		t.Fatalf("exit %d, stderr:\n%s\nwant exit 1 and:\n%s", code, stderr, want)
+	}
+	if log != "" {
+		t.Fatalf("the failure was logged too:\n%s", log)
+	}
+}
