@@ -135,15 +135,34 @@ func newFactory(s NodeSettings, chats *sqlite.ChatStore, agents *sqlite.AgentSes
 	return factory.New(b)
 }
 
+// openNodeDB locks the node's store and opens it. The lock comes first and
+// is held until the store is closed: the store and the child-process record
+// next to it describe one node's runs and children, and a second node on
+// them would take the first one's for a crashed predecessor's, kill its
+// children and fail its runs (Record, Recover).
 func openNodeDB(lc fx.Lifecycle, s NodeSettings, log *slog.Logger) (*sqlite.DB, error) {
 	dsn := s.DB
 	if dsn == "" {
 		dsn = sqlite.DefaultDSN
 	}
+	lock, err := sqlite.LockFile(dsn)
+	if err != nil {
+		var held *sqlite.LockedError
+		if errors.As(err, &held) {
+			if held.PID > 0 {
+				return nil, fmt.Errorf("another iop-node is using %s (pid %d)", held.Path, held.PID)
+			}
+			return nil, fmt.Errorf("another iop-node is using %s", held.Path)
+		}
+		return nil, err
+	}
+	// Appended before the store's close, so released after it.
+	lc.Append(fx.StopHook(lock.Release))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	db, err := sqlite.Open(ctx, dsn)
 	if err != nil {
+		_ = lock.Release()
 		return nil, fmt.Errorf("open node store %q: %w", dsn, err)
 	}
 	warnNarrowed(log, "node store", db.Narrowed())

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.uber.org/fx"
+	"go.uber.org/fx/fxtest"
 
 	"iop/bootstrap"
 )
@@ -51,4 +52,24 @@ func TestStartFailureInAConstructorIsOnePlainLine(t *testing.T) {
 	if log != "" {
 		t.Fatalf("the failure was logged too:\n%s", log)
 	}
+}
+
+// A node refuses a store another node uses, naming it and that node's pid,
+// and one stopped releases the store for the next.
+func TestSecondNodeOnOneStoreFailsStart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "n.db")
+	db := "file:" + path + "?cache=shared&mode=rwc"
+	first := fxtest.New(t, bootstrap.Node(bootstrap.NodeSettings{Edge: "127.0.0.1:1", Token: "x", DB: db, Logger: quiet()}), fx.NopLogger)
+	first.RequireStart()
+
+	code, stderr, log := serveNode(t, db)
+	want := fmt.Sprintf("iop-node: cannot start: another iop-node is using %s (pid %d)\n", path, os.Getpid())
+	if code != 1 || stderr != want || log != "" {
+		t.Fatalf("second node: exit %d, stderr:\n%s\nlog:\n%s\nwant exit 1 and:\n%s", code, stderr, log, want)
+	}
+
+	first.RequireStop()
+	again := fxtest.New(t, bootstrap.Node(bootstrap.NodeSettings{Edge: "127.0.0.1:1", Token: "x", DB: db, Logger: quiet()}), fx.NopLogger)
+	again.RequireStart()
+	again.RequireStop()
 }

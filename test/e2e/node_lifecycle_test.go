@@ -12,6 +12,68 @@ import (
 	"time"
 )
 
+// A second node started on a store a live node uses (the default iop.db of
+// one working directory, say) is refused at once, and leaves the live
+// node's children and runs alone: it used to kill every process group the
+// live node had recorded and mark its running runs failed ("node restarted
+// while the run was in flight").
+func TestSecondNodeOnSameStoreIsRefused(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(4))
+	first := startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	runID, pid, resp, r := runUntilStarted(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "sleep"})
+	defer resp.Body.Close()
+	if pid == 0 || !pidAlive(pid) {
+		t.Fatalf("no live child pid reported (pid %d)", pid)
+	}
+
+	// Another node's token, the same store; info level, so that its output
+	// is what an operator sees.
+	second := startNodeOpts(t, e, "e2e-token-0002", nodeOptions{db: first.db, args: []string{"--log-level", "info"}})
+	if code := second.waitExit(t, 15*time.Second); code != 1 {
+		t.Fatalf("second node exited %d, want 1; output:\n%s", code, second.out.String())
+	}
+	want := fmt.Sprintf("iop-node: cannot start: another iop-node is using %s (pid %d)\n", first.db, first.cmd.Process.Pid)
+	if got := second.out.String(); got != want {
+		t.Fatalf("second node said:\n%q\nwant:\n%q", got, want)
+	}
+
+	if !pidAlive(pid) {
+		t.Fatalf("the first node's child %d was killed by the second node", pid)
+	}
+	if first.exited() {
+		t.Fatalf("the first node exited:\n%s", first.out.String())
+	}
+	var ri runInfo
+	if err := getJSON(e.url+"/v1/runs/"+runID, &ri); err != nil || ri.Status != "running" {
+		t.Fatalf("run after the second node: %+v %v, want running", ri, err)
+	}
+	// The run is still the first node's: it cancels normally.
+	if resp, body := postJSON(t, e.url+"/v1/runs/"+runID+"/cancel", nil); resp.StatusCode != 200 {
+		t.Fatalf("cancel: %d %s", resp.StatusCode, body)
+	}
+	if last := lastEvent(t, r); last.Event != "cancelled" {
+		t.Fatalf("last event %+v, want cancelled", last)
+	}
+	waitPidGone(t, pid, 5*time.Second, "the cancelled run's child")
+}
+
+// lastEvent reads r to its end and returns the last event.
+func lastEvent(t *testing.T, r *sseReader) sseEvent {
+	t.Helper()
+	var last sseEvent
+	for {
+		ev, err := r.Next()
+		if err != nil {
+			return last
+		}
+		last = ev
+	}
+}
+
 // A start failure in a constructor (a store that cannot be opened) is one
 // plain line on stderr naming the cause, and exit 1: not fx's wiring chain
 // ("could not build arguments for function …") after two ERROR log lines
@@ -41,6 +103,8 @@ func TestStartFailureIsOneLine(t *testing.T) {
 		args      []string
 		want      string
 	}{
+		{"node store in a missing directory", "iop-node", node("file:/nonexistent/dir/x.db"),
+			"iop-node: cannot start: cannot open database file /nonexistent/dir/x.db: directory /nonexistent/dir does not exist\n"},
 		{"node store is a directory", "iop-node", node("file:" + isDir + "?cache=shared&mode=rwc"),
 			fmt.Sprintf("iop-node: cannot start: open node store %q: cannot open database file %s: it is a directory\n", "file:"+isDir+"?cache=shared&mode=rwc", isDir)},
 		{"edge state_dir cannot be created", "iop-edge", []string{"--config", edgeCfg},

@@ -100,6 +100,10 @@ func KillAll() {
 // Record makes path the file the live groups are recorded in, after killing
 // the groups an earlier node left recorded there. It returns how many groups
 // it killed. An empty path records nothing.
+//
+// The caller must be the only process using path: the groups of a node
+// still running look just like those a crashed one left, so Record would
+// kill them. iop-node holds its store's lock (sqlite.LockFile) first.
 func Record(path string) (int, error) {
 	return reg.record(path)
 }
