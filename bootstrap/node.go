@@ -189,6 +189,12 @@ func newNodeClient(s NodeSettings, log *slog.Logger, f *factory.Factory, ac *nod
 	return c
 }
 
+// shutdownDrain bounds how long a stopping node waits for its runs to end
+// and their last events to reach the link before it closes the link: long
+// enough for an exec run's SIGTERM grace and output (exec.DefaultKillGrace
+// plus its pipe grace), short of fx's stop timeout.
+const shutdownDrain = 5 * time.Second
+
 // runNode owns the link goroutine: it starts after the store is open and
 // unfinished runs are recovered, and stops before the store closes. A
 // refused token shuts the process down with exit code 1.
@@ -235,13 +241,34 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 			return nil
 		},
 		OnStop: func(stop context.Context) error {
-			// Runs are told of the shutdown before the link closes: their
-			// streams ending would otherwise read as their callers leaving
-			// ("caller went away" in the store instead of "node shutting
-			// down").
+			// Runs are stopped, and their terminal events (cancelled, "node
+			// shutting down") handed to the link, before the link closes:
+			// closed first, it would end their streams, so callers would get
+			// node_disconnected and the edge would record the runs failed
+			// while the node records them cancelled. BeginStop comes first
+			// so that no run ending meanwhile reads as its caller leaving.
 			rm.BeginStop()
-			cancel()
-			rm.Stop()
+			runsDone := make(chan struct{})
+			go func() {
+				rm.Stop()
+				close(runsDone)
+			}()
+			// A run whose stream the edge has stopped reading (no credit)
+			// cannot hand its event over: closing the link ends its wait.
+			drain, cancelDrain := context.WithTimeout(stop, shutdownDrain)
+			select {
+			case <-runsDone:
+			case <-drain.Done():
+				log.Warn("runs still stopping; closing the link to the edge anyway", "after", shutdownDrain)
+			}
+			cancelDrain()
+			cancel() // closes the link once what is queued is written
+			select {
+			case <-runsDone:
+			case <-stop.Done():
+				spawn.KillAll()
+				return stop.Err()
+			}
 			spawn.KillAll()
 			select {
 			case <-done:

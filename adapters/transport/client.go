@@ -116,7 +116,8 @@ func NewClient(cfg ClientConfig, h NodeHandler) *Client {
 
 // Run connects, serves and reconnects until ctx ends, the edge refuses the
 // node for good (a *RejectedError) or cannot be trusted (a *TrustError);
-// only the latter two return an error.
+// only the latter two return an error. When ctx ends, the frames already
+// handed to the link are written before it closes.
 func (c *Client) Run(ctx context.Context) error {
 	defer c.wg.Wait()
 	// The link is read on this goroutine, inside session, so Run's own
@@ -215,8 +216,11 @@ func (c *Client) session(ctx context.Context) error {
 		stopStats = reportStats(ctx, conn, c.cfg.Stats, c.cfg.StatsInterval)
 	}
 	// The read loop runs here until the link ends; shutting the node down
-	// ends it (AfterFunc's goroutine exists only once ctx is done).
-	stop := context.AfterFunc(ctx, func() { conn.shutdown(errors.New("node shutting down")) })
+	// ends it (AfterFunc's goroutine exists only once ctx is done). What is
+	// queued goes out first: a stopping node ends its runs before it ends
+	// the link, and their last events (cancelled) must reach the edge, not
+	// be cut off with the link.
+	stop := context.AfterFunc(ctx, func() { conn.CloseAfterFlush(errors.New("node shutting down")) })
 	conn.run()
 	stop()
 	conn.Close(nil)

@@ -942,9 +942,15 @@ func (c *Conn) nextQueued(ahead *[]outFrame) outFrame {
 // first, as always), except those of o's own stream that do not open it
 // (an end or reset its sender may have queued right after o): those keep
 // their place after o. The look is bounded by the control queue's size.
+//
+// CloseAfterFlush's sentinel goes last: o was handed over before it was
+// queued (its sender's Send has returned, and the writer may take o and
+// run this only after the closer queued the sentinel), so o is among what
+// the close must write first.
 func (c *Conn) ordered(o outFrame, ahead *[]outFrame) outFrame {
 	var after []*ioppb.Frame // o's stream's own, queued after o
 	first := len(*ahead)
+	closing := false
 	for range cap(c.ctrl) {
 		var f *ioppb.Frame
 		select {
@@ -954,11 +960,18 @@ func (c *Conn) ordered(o outFrame, ahead *[]outFrame) outFrame {
 		if f == nil {
 			break
 		}
+		if f == closeSentinel {
+			closing = true
+			continue
+		}
 		if f.StreamId == o.stream && o.stream != 0 && !opensStream(f) {
 			after = append(after, f)
 			continue
 		}
 		*ahead = append(*ahead, outFrame{f: f})
+	}
+	if closing {
+		after = append(after, closeSentinel)
 	}
 	if len(*ahead) == first {
 		for _, f := range after {

@@ -21,7 +21,7 @@ func TestDataTakenAheadOfControlWaits(t *testing.T) {
 	beat := heartbeatFrame()
 	reset1 := resetFrame(1, "cancelled", "")
 	open5 := &ioppb.Frame{StreamId: 5, Body: &ioppb.Frame_ProviderTunnelRequest{ProviderTunnelRequest: &ioppb.ProviderTunnelRequest{Provider: "p"}}}
-	names := map[*ioppb.Frame]string{open1: "open 1", beat: "heartbeat", reset1: "reset 1", open5: "open 5"}
+	names := map[*ioppb.Frame]string{open1: "open 1", beat: "heartbeat", reset1: "reset 1", open5: "open 5", closeSentinel: "close"}
 	for _, tc := range []struct {
 		name string
 		ctrl []*ioppb.Frame
@@ -31,6 +31,11 @@ func TestDataTakenAheadOfControlWaits(t *testing.T) {
 		{"its open waits", []*ioppb.Frame{beat, open1}, []string{"heartbeat", "open 1", "chunk 1", "later data"}},
 		{"its reset came after it", []*ioppb.Frame{reset1}, []string{"chunk 1", "reset 1", "later data"}},
 		{"mixed", []*ioppb.Frame{open1, reset1, beat, open5}, []string{"open 1", "heartbeat", "open 5", "chunk 1", "reset 1", "later data"}},
+		// CloseAfterFlush queued its close after the chunk was handed over
+		// (but before the writer got to order it): the chunk is written
+		// before the link closes, not dropped behind it.
+		{"a close queued after it", []*ioppb.Frame{beat, closeSentinel}, []string{"heartbeat", "chunk 1", "close", "later data"}},
+		{"a close and its reset", []*ioppb.Frame{closeSentinel, reset1}, []string{"chunk 1", "reset 1", "close", "later data"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newConn(nil, nil, testConfig(), SideEdge, 1<<20, nopHandler{})

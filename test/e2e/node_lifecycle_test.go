@@ -3,13 +3,18 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"iop/adapters/store/sqlite"
+	"iop/domain"
 )
 
 // A second node started on a store a live node uses (the default iop.db of
@@ -71,6 +76,64 @@ func lastEvent(t *testing.T, r *sseReader) sseEvent {
 			return last
 		}
 		last = ev
+	}
+}
+
+// A node stopped with SIGTERM ends its runs as the README says: the caller's
+// stream ends with one cancelled event ("node shutting down"), and the edge
+// and the node both record the run cancelled. The link used to close first,
+// so callers got node_disconnected and the edge recorded the run failed.
+func TestNodeShutdownCancelsItsRuns(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(4))
+	n := startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	runID, pid, resp, r := runUntilStarted(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "sleep"})
+	defer resp.Body.Close()
+
+	if err := n.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	var last sseEvent
+	terminals := 0
+	for {
+		ev, err := r.Next()
+		if err != nil {
+			break
+		}
+		last = ev
+		switch ev.Event {
+		case "cancelled", "complete", "error":
+			terminals++
+		}
+	}
+	var re runEvent
+	_ = json.Unmarshal([]byte(last.Data), &re)
+	if last.Event != "cancelled" || terminals != 1 || re.Error == nil || re.Error.Message != "node shutting down" {
+		t.Fatalf("stream ended with %+v (%d terminal events), want one cancelled: node shutting down", last, terminals)
+	}
+	// Well within the harness's 5 s grace and fx's stop timeout.
+	if code := n.waitExit(t, 8*time.Second); code != 0 {
+		t.Fatalf("node exited %d:\n%s", code, n.out.String())
+	}
+	if !processGone(pid) {
+		t.Fatalf("child %d outlived its node", pid)
+	}
+	waitRunStatus(t, e, runID, "cancelled", 5*time.Second)
+
+	db, err := sqlite.Open(ctx, "file:"+n.db+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	run, err := sqlite.NewRunStore(db).GetRun(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := run.Snapshot(); s.Status != domain.RunCancelled || s.ErrorMessage != "node shutting down" {
+		t.Fatalf("node store: %s %q, want cancelled: node shutting down", s.Status, s.ErrorMessage)
 	}
 }
 
