@@ -312,7 +312,8 @@ func (c *EdgeConfig) SetDefaults() {
 		c.HTTP.MaxConnections = DefaultHTTPMaxConnections
 	}
 	if c.HTTP.MaxConnectionsPerAddress == 0 {
-		c.HTTP.MaxConnectionsPerAddress = DefaultHTTPMaxConnectionsPerAddress
+		// An edge given a smaller total alone gets that total per address.
+		c.HTTP.MaxConnectionsPerAddress = min(DefaultHTTPMaxConnectionsPerAddress, max(c.HTTP.MaxConnections, 1))
 	}
 	if c.Transport.TLS.Mode == "" {
 		c.Transport.TLS.Mode = TLSAuto

@@ -531,3 +531,19 @@ func TestYAMLErrorsInTheFilesTerms(t *testing.T) {
 		}
 	}
 }
+
+// A total below the per-address default, given alone, is also the
+// per-address cap: the edge does not refuse a setting the user never wrote.
+func TestMaxConnectionsAloneBoundsThePerAddressDefault(t *testing.T) {
+	c, err := config.ParseEdge("edge.yaml", []byte("http: {max_connections: 100}\n"))
+	if err != nil {
+		t.Fatalf("max_connections: 100 alone refused: %v", err)
+	}
+	if c.HTTP.MaxConnections != 100 || c.HTTP.MaxConnectionsPerAddress != 100 {
+		t.Fatalf("caps %d / %d per address, want 100 / 100", c.HTTP.MaxConnections, c.HTTP.MaxConnectionsPerAddress)
+	}
+	if _, err := config.ParseEdge("edge.yaml", []byte("http: {max_connections: 100, max_connections_per_address: 200}\n")); err == nil ||
+		!strings.Contains(err.Error(), "max_connections_per_address 200") {
+		t.Fatalf("a per-address cap above the total: %v", err)
+	}
+}

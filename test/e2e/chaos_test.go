@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -252,21 +254,33 @@ func TestChaos(t *testing.T) {
 		waitPidGone(t, pid, 10*time.Second, "a run's child after the chaos")
 	}
 	// The edge's descriptors return to what an idle edge with one node holds.
-	idle := fdCount(e.cmd.Process.Pid)
+	idle, ok := fdCount(t, e.cmd.Process.Pid)
+	if !ok {
+		return
+	}
 	fresh := startEdge(t, chaosNodes(prov.URL))
 	startNode(t, fresh, testToken)
 	waitNode(t, fresh, "n1")
-	baseline := fdCount(fresh.cmd.Process.Pid)
+	baseline, _ := fdCount(t, fresh.cmd.Process.Pid)
 	t.Logf("edge fds after the chaos %d; a fresh edge with one node %d", idle, baseline)
 	if idle > baseline+8 {
 		t.Errorf("edge holds %d fds after the chaos, a fresh one %d", idle, baseline)
 	}
 }
 
-func fdCount(pid int) int {
+// fdCount counts the descriptors of process pid. The edge makes itself not
+// dumpable, so only root may list them: for anyone else it says so in the
+// log and reports !ok, and the caller leaves the descriptor check out
+// rather than pass it without looking.
+func fdCount(t *testing.T, pid int) (int, bool) {
+	t.Helper()
 	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
-		return -1
+	if errors.Is(err, fs.ErrPermission) {
+		t.Logf("NOT CHECKED: the edge's descriptors cannot be counted without root (the edge is not dumpable): %v", err)
+		return 0, false
 	}
-	return len(ents)
+	if err != nil {
+		t.Fatalf("count the edge's descriptors: %v", err)
+	}
+	return len(ents), true
 }
