@@ -73,6 +73,22 @@ func run(id, node, adapter, key string, status domain.RunStatus, at time.Time, u
 	return r
 }
 
+// wantRunIDs checks the ids of the first page of q, in order.
+func wantRunIDs(t *testing.T, s *edgestore.Store, q domain.RunQuery, want string) {
+	t.Helper()
+	p, err := s.ListRuns(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range p.Runs {
+		got = append(got, r.ID)
+	}
+	if fmt.Sprint(got) != want {
+		t.Fatalf("%+v: got %v, want %s", q, got, want)
+	}
+}
+
 func contract(t *testing.T, newDSN opener) {
 	ctx := context.Background()
 
@@ -138,20 +154,7 @@ func contract(t *testing.T, newDSN opener) {
 		if fmt.Sprint(ids) != fmt.Sprint(want) {
 			t.Fatalf("pages = %v, want %v", ids, want)
 		}
-		check := func(q domain.RunQuery, want string) {
-			t.Helper()
-			p, err := s.ListRuns(ctx, q)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got []string
-			for _, r := range p.Runs {
-				got = append(got, r.ID)
-			}
-			if fmt.Sprint(got) != want {
-				t.Fatalf("%+v: got %v, want %s", q, got, want)
-			}
-		}
+		check := func(q domain.RunQuery, want string) { t.Helper(); wantRunIDs(t, s, q, want) }
 		check(domain.RunQuery{Node: "n2"}, "[run_5 run_3 run_1]")
 		check(domain.RunQuery{Nodes: []string{"n2", "n9"}}, "[run_5 run_3 run_1]")
 		check(domain.RunQuery{Status: domain.RunFailed, Key: "bob"}, "[run_5 run_3 run_1]")
@@ -186,18 +189,7 @@ func contract(t *testing.T, newDSN opener) {
 			{domain.RunQuery{Session: "chat-2"}, "[run_1]"},
 			{domain.RunQuery{Session: "chat-3"}, "[]"},
 		} {
-			q, want := c.q, c.want
-			p, err := s.ListRuns(ctx, q)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got []string
-			for _, r := range p.Runs {
-				got = append(got, r.ID)
-			}
-			if fmt.Sprint(got) != want {
-				t.Fatalf("%+v: got %v, want %s", q, got, want)
-			}
+			wantRunIDs(t, s, c.q, c.want)
 		}
 	})
 
