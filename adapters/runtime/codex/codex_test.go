@@ -203,6 +203,28 @@ func TestArgvAndResume(t *testing.T) {
 	}
 }
 
+// Every run reports the agent's session id, a resumed one too (its caller
+// may read the id from its own stream), though only a new id is stored.
+func TestResumedRunReportsTheAgentSessionID(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(recorded))
+	a := newAdapter(t, cli, domain.AdapterConfig{Models: []string{"gpt-5-codex"}}, memory.NewAgentSessionStore())
+	for i := 1; i <= 2; i++ {
+		sink, err := run(t, a, domain.RunRequest{SessionID: "s1", Input: []byte("go on")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, ev := range sink.Events() {
+			if ev.Type == domain.EventMetadata && string(ev.Metadata) == `{"agent_session_id":"`+threadID+`"}` {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("run %d reported the agent session id %d times, want once: %q", i, n, summary(sink.Events()))
+		}
+	}
+}
+
 func TestNoModel(t *testing.T) {
 	cli := standin.WriteCLI(t, standin.Printf(recorded))
 	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)

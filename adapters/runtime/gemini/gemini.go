@@ -261,6 +261,11 @@ func (p *parser) End(t *agent.Turn, exit *os.ProcessState, stderr string) domain
 		return domain.RunEvent{Type: domain.EventComplete, Usage: usage}
 	}
 	code, msg := domain.CodeRunFailed, "gemini: "+cmp.Or(r.Status, "error")
+	if p.fatal != nil {
+		// An invalid stream (empty answer, safety block, …) is told on an
+		// error line; its result line then carries no error of its own.
+		msg = *p.fatal
+	}
 	if r.Error != nil && r.Error.Message != "" {
 		msg = r.Error.Message
 		if strings.Contains(msg, "API Error") {

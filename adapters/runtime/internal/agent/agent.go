@@ -147,6 +147,7 @@ type Turn struct {
 	r       *Runner
 	resumed string // the agent session id passed to the CLI, if any
 	agentID string // the latest agent session id known
+	sent    string // the agent session id this run last reported
 	prev    domain.AgentTotals
 	totals  domain.AgentTotals
 }
@@ -189,17 +190,22 @@ func (t *Turn) Meta(v any) error {
 }
 
 // AgentSession records the agent's own session id, as soon as the CLI
-// reports it: the first time an id is seen, a metadata event
-// {"agent_session_id":id} goes out and, for a run in a session, the id is
-// stored so that the session's next run resumes it.
+// reports it: the first time a run sees an id, a metadata event
+// {"agent_session_id":id} goes out — a resumed run too, whose caller may
+// read the id from its own stream — and, for a run in a session, an id
+// other than the stored one is stored so that the session's next run
+// resumes it.
 func (t *Turn) AgentSession(id string) error {
-	if id == "" || id == t.agentID {
+	if id == "" || id == t.sent {
 		return nil
 	}
-	t.agentID = id
-	if t.req.SessionID != "" {
-		if err := t.r.Store.PutAgentSession(t.ctx, t.r.Name, t.model, t.req.SessionID, id); err != nil {
-			return fmt.Errorf("save session %q: %w", t.req.SessionID, err)
+	t.sent = id
+	if id != t.agentID {
+		t.agentID = id
+		if t.req.SessionID != "" {
+			if err := t.r.Store.PutAgentSession(t.ctx, t.r.Name, t.model, t.req.SessionID, id); err != nil {
+				return fmt.Errorf("save session %q: %w", t.req.SessionID, err)
+			}
 		}
 	}
 	return t.Meta(map[string]string{"agent_session_id": id})
