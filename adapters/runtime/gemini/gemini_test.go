@@ -186,8 +186,8 @@ func TestFailures(t *testing.T) {
 		{"non-zero exit", "echo 'Unknown argument: bogus' >&2\nexit 42", domain.CodeRunFailed, "gemini: exit status 42: Unknown argument: bogus"},
 		// An invalid stream (empty answer, safety block): the reason is on
 		// the error line, the result line has no error of its own.
-		{"invalid stream", standin.Printf(init+`{"type":"error","timestamp":"t","severity":"error","message":"Model stream ended with empty response text."}`+"\n"+
-			`{"type":"result","timestamp":"t","status":"error","stats":{"total_tokens":5,"input_tokens":5,"output_tokens":0,"duration_ms":3,"models":{"gemini-2.5-pro":{}}}}`+"\n"),
+		{"invalid stream", standin.Printf(init + `{"type":"error","timestamp":"t","severity":"error","message":"Model stream ended with empty response text."}` + "\n" +
+			`{"type":"result","timestamp":"t","status":"error","stats":{"total_tokens":5,"input_tokens":5,"output_tokens":0,"duration_ms":3,"models":{"gemini-2.5-pro":{}}}}` + "\n"),
 			domain.CodeRunFailed, "Model stream ended with empty response text."},
 	}
 	for _, tc := range cases {
