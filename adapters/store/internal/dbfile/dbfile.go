@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"net/url"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 )
@@ -44,6 +45,42 @@ func Path(dsn string) string {
 		p = d
 	}
 	return p
+}
+
+// maxLinks bounds the symlinks Resolve follows: Linux's own bound for one
+// path lookup (MAXSYMLINKS), so a chain the kernel would open is followed
+// to its end and a loop still ends.
+const maxLinks = 40
+
+// Resolve returns the file path names once every symlink on the way is
+// followed: those of its directories and, as long as it is one, the link
+// it ends in — whether or not the file that link names exists yet. That
+// is the file SQLite opens (it follows a link to a missing file and creates
+// the file there) and puts its -wal and -shm files next to, so what belongs
+// to the database (its lock, its mode, the node's child-process record) is
+// decided by this name, not by the name the DSN happens to use.
+// filepath.EvalSymlinks alone fails on a link to a file not created yet.
+//
+// A path whose directory does not exist is returned with what was resolved
+// so far: nothing can be created there, and opening it fails with a reason.
+func Resolve(path string) string {
+	p := filepath.Clean(path)
+	for range maxLinks {
+		dir, err := filepath.EvalSymlinks(filepath.Dir(p))
+		if err != nil {
+			return p
+		}
+		p = filepath.Join(dir, filepath.Base(p))
+		target, err := os.Readlink(p)
+		if err != nil {
+			return p // not a link (or not there yet): the file itself
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(dir, target)
+		}
+		p = target
+	}
+	return p // a loop: SQLite cannot open it either
 }
 
 // mayCreate reports whether opening dsn creates a missing database: always,
@@ -80,6 +117,11 @@ func Private(dsn string) (created bool, narrowed []string, err error) {
 	if p == "" || runtime.GOOS == "windows" {
 		return false, nil, nil
 	}
+	// The file a symlink names, so that one to a database not created yet
+	// is created 0600 too (O_EXCL refuses to follow the link, and SQLite
+	// would create it with its default mode) and the -wal and -shm files
+	// SQLite keeps next to the target are the ones narrowed.
+	p = Resolve(p)
 	if mayCreate(dsn) {
 		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 		switch {
@@ -116,6 +158,10 @@ func Private(dsn string) (created bool, narrowed []string, err error) {
 // empty: SQLite wrote nothing to it.
 func Undo(dsn string) {
 	p := Path(dsn)
+	if p == "" {
+		return
+	}
+	p = Resolve(p) // the file Private created, not a link to it
 	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
 		_ = os.Remove(p)
 	}
