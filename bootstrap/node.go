@@ -208,7 +208,10 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 			}
 			// Children of an earlier node process that died without
 			// stopping them (kill -9, OOM) are killed before any run starts.
-			killed, err := spawn.Record(spawn.RecordFileFor(sqlite.FilePath(cmp.Or(s.DB, sqlite.DefaultDSN))))
+			// Kept next to the file the store's lock covers (the link's
+			// target, for a DSN that is a symlink): next to the link, a
+			// node using another name of the same store would not see it.
+			killed, err := spawn.Record(spawn.RecordFileFor(sqlite.ResolvedFilePath(cmp.Or(s.DB, sqlite.DefaultDSN))))
 			if err != nil {
 				return err
 			}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"iop/adapters/store/internal/dbfile"
 )
 
 // Lock is an exclusive hold on a database file, taken by LockFile.
@@ -35,6 +37,19 @@ func (e *LockedError) Error() string {
 // lock on the same file could interfere with them on network file systems).
 func LockFileFor(dbPath string) string { return dbPath + ".lock" }
 
+// ResolvedFilePath is the database file dsn names with every symlink on the
+// way followed, whether or not the file exists yet ("" for an in-memory
+// database): the file LockFile locks, and the name to keep anything else
+// that belongs to the database next to (a node's child-process record), so
+// that two names of one database never stand for two.
+func ResolvedFilePath(dsn string) string {
+	p := FilePath(dsn)
+	if p == "" {
+		return ""
+	}
+	return dbfile.Resolve(p)
+}
+
 // LockFile takes an exclusive lock on the database file dsn names, for the
 // life of the returned Lock (or of the process: the kernel drops it when the
 // process dies, so a crash leaves nothing to clean up). A process that
@@ -49,14 +64,14 @@ func LockFile(dsn string) (*Lock, error) {
 	if path == "" {
 		return nil, nil
 	}
-	// The file a symlink names is the one that must not be shared.
-	target := path
-	if p, err := filepath.EvalSymlinks(path); err == nil {
-		target = p
-	}
+	// The file a symlink names is the one that must not be shared, and it
+	// is the same file before SQLite creates it as after: resolved only
+	// once it existed, the first node locked <link>.lock and a second one,
+	// started later, <target>.lock.
+	target := ResolvedFilePath(dsn)
 	f, err := os.OpenFile(LockFileFor(target), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, cannotOpen(path, err)
+		return nil, cannotOpen(target, err)
 	}
 	if err := flock(f); err != nil {
 		_ = f.Close()
@@ -173,8 +188,9 @@ func openError(dsn string, err error) error {
 // its message, which names the chmod that fixes it.
 func privateError(dsn string, err error) error {
 	var pe *fs.PathError
-	if p := FilePath(dsn); p != "" && errors.As(err, &pe) && pe.Op == "open" && pe.Path == p {
-		return cannotOpen(p, err)
+	// Private creates the file a symlink names (dbfile.Resolve).
+	if p := FilePath(dsn); p != "" && errors.As(err, &pe) && pe.Op == "open" && (pe.Path == p || pe.Path == dbfile.Resolve(p)) {
+		return cannotOpen(pe.Path, err)
 	}
 	return fmt.Errorf("open sqlite: %w", err)
 }

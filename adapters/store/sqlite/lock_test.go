@@ -101,3 +101,39 @@ func TestCannotOpenSaysWhy(t *testing.T) {
 		})
 	}
 }
+
+// A DSN that is a symlink to a database not created yet is locked as the
+// file it names, before and after that file exists: resolving only an
+// existing target, the first node locked <link>.lock and, once its store
+// had created the target, a second node resolved the link, locked
+// <target>.lock — another file — and took the store (and killed the
+// first node's children).
+func TestLockFileFollowsDanglingSymlink(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "data"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "iop.db")
+	if err := os.Symlink(filepath.Join(dir, "data", "real.db"), link); err != nil {
+		t.Fatal(err)
+	}
+	dsn := "file:" + link + "?cache=shared&mode=rwc"
+	first, err := sqlite.LockFile(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Release()
+	db, err := sqlite.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := os.Stat(filepath.Join(dir, "data", "real.db")); err != nil {
+		t.Fatalf("the store did not create the link's target: %v", err)
+	}
+	second, err := sqlite.LockFile(dsn)
+	if !errors.As(err, new(*sqlite.LockedError)) {
+		_ = second.Release()
+		t.Fatalf("second LockFile once the target exists: %v, want a LockedError", err)
+	}
+}
