@@ -58,6 +58,8 @@ type Config struct {
 	// demand: a baseline for benchmarks.
 	writerLinger time.Duration
 	writerStays  bool
+	// closeGrace bounds CloseAfterFlush (conn.go); tests shorten it.
+	closeGrace time.Duration
 	// noRawHeaders makes this side neither ask for nor agree to
 	// raw_header_values, as a version before it did: compatibility tests.
 	noRawHeaders bool
@@ -125,6 +127,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.writerLinger <= 0 {
 		c.writerLinger = writerLinger
+	}
+	if c.closeGrace <= 0 {
+		c.closeGrace = closeGrace
 	}
 	return c
 }

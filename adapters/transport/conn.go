@@ -294,17 +294,43 @@ func (c *Conn) Close(cause error) {
 	c.wg.Wait()
 }
 
-// CloseAfterFlush writes everything already queued, then closes.
+// closeGrace is the default of Config.closeGrace: how long CloseAfterFlush
+// gives what is queued to be written before it closes anyway. Short of the
+// write deadline on purpose: that one (WriteTimeout, the heartbeat timeout:
+// 45 s by default) tells a peer that stopped reading from a slow link, while
+// a stopping node must be gone well within its stop timeout (fx's 15 s,
+// after up to 5 s of waiting for its runs), and a peer that takes longer
+// than this to read the last frames of a link being closed is not reading.
+const closeGrace = 2 * time.Second
+
+// CloseAfterFlush writes everything already queued, then closes; it returns
+// once the connection has ended. What is not written within the close grace
+// (Config.closeGrace) is dropped: the link closes then whatever state the
+// writer is in, even stuck in a write to a peer that stopped reading.
 func (c *Conn) CloseAfterFlush(cause error) {
 	c.closeWhy.Store(&cause)
+	grace := time.NewTimer(c.cfg.closeGrace)
+	defer grace.Stop()
+	late := func() {
+		c.log.Warn("closing the link without writing what is queued: the peer has not read it", "within", c.cfg.closeGrace)
+		c.shutdown(fmt.Errorf("%w (what was queued was not written within %v)", cause, c.cfg.closeGrace))
+	}
 	c.offer()
 	select {
 	case c.ctrl <- closeSentinel:
 	case <-c.done:
 		c.withdraw()
-	case <-time.After(c.cfg.WriteTimeout):
+		return
+	case <-grace.C:
+		// The control queue is full and the writer is not taking from it.
 		c.withdraw()
-		c.shutdown(cause)
+		late()
+		return
+	}
+	select {
+	case <-c.done:
+	case <-grace.C:
+		late()
 	}
 }
 
