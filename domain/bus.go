@@ -7,6 +7,7 @@ const (
 	BusNodeRegistered      = "node.registered"
 	BusNodeRejected        = "node.rejected"
 	BusNodeDisconnected    = "node.disconnected"
+	BusNodeDraining        = "node.draining"
 	BusNodeConfigRefreshed = "node.config_refreshed"
 	BusRunEvent            = "run.event"
 	BusTunnelCompleted     = "tunnel.completed"

@@ -117,6 +117,9 @@ type nodeJSON struct {
 	RunsInFlight     int            `json:"runs_in_flight"`
 	Adapters         []adapterJSON  `json:"adapters"`
 	Providers        []providerJSON `json:"providers"`
+	// Draining: the node is stopping; it gets no new runs while those in
+	// flight end.
+	Draining bool `json:"draining,omitempty"`
 }
 
 type adapterJSON struct {
@@ -138,7 +141,7 @@ func toNodeJSON(n edge.NodeView) nodeJSON {
 	connectedAt := n.ConnectedAt.UTC()
 	out := nodeJSON{
 		ID: n.ID, Connected: true, Remote: n.Remote, ConnectedAt: &connectedAt, Version: n.Info.Version, OS: n.Info.OS,
-		Arch: n.Info.Arch, Hostname: n.Info.Hostname, ConfigVersion: n.Config.Version, RunsInFlight: n.RunsInFlight,
+		Arch: n.Info.Arch, Hostname: n.Info.Hostname, ConfigVersion: n.Config.Version, RunsInFlight: n.RunsInFlight, Draining: n.Draining,
 		Adapters: []adapterJSON{}, Providers: []providerJSON{},
 	}
 	for _, a := range n.Adapters {

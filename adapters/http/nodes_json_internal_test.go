@@ -27,3 +27,15 @@ func TestNodeEntryJSONCarriesTheDisconnectReason(t *testing.T) {
 		t.Fatalf("connected entry %s", on)
 	}
 }
+
+// A draining node says so; any other leaves the field out.
+func TestNodeJSONSaysDraining(t *testing.T) {
+	b, _ := json.Marshal(toNodeJSON(edge.NodeView{ID: "n1", Draining: true}))
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil || m["draining"] != true {
+		t.Fatalf("draining node %s (%v)", b, err)
+	}
+	if b, _ := json.Marshal(toNodeJSON(edge.NodeView{ID: "n1"})); strings.Contains(string(b), "draining") {
+		t.Fatalf("node that is not draining: %s", b)
+	}
+}

@@ -12,7 +12,7 @@ import (
 )
 
 // RegisterHandler admits nodes that present a known token and reports every
-// lifecycle change on the bus. Its three methods are what the edge transport
+// lifecycle change on the bus. Its methods are what the edge transport
 // calls; tokens never reach logs or events.
 type RegisterHandler struct {
 	// BindIdentity requires the connection's verified client certificate
@@ -129,6 +129,23 @@ func (h *RegisterHandler) Disconnected(nodeID string, link ports.NodeLink, reaso
 	}
 	h.log.Warn("node disconnected", "node", nodeID, "reason", reason)
 	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeDisconnected, Time: h.now(), Node: nodeID, Reason: reason})
+}
+
+// Draining takes a node's word that it is stopping: no new run goes to it
+// while its runs in flight end. Reported once per link.
+func (h *RegisterHandler) Draining(nodeID string, link ports.NodeLink) {
+	announceDraining(h.reg, h.bus, h.log, h.now(), nodeID, link, "the node is stopping")
+}
+
+// announceDraining marks node id, while served by link, draining
+// (Registry.MarkDraining) and, the first time, logs and publishes it with
+// why.
+func announceDraining(reg *Registry, bus ports.EventPublisher, log *slog.Logger, at time.Time, id string, link ports.NodeLink, why string) {
+	if !reg.MarkDraining(id, link) {
+		return
+	}
+	log.Info("node draining: no new runs go to it", "node", id, "reason", why)
+	bus.Publish(domain.BusEvent{Type: domain.BusNodeDraining, Time: at, Node: id, Reason: why})
 }
 
 // HandshakeFailed reports a connection that never registered.

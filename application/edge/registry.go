@@ -25,6 +25,9 @@ type LiveNode struct {
 
 	runs    map[string]int // adapter → runs in flight through this edge
 	tunnels int
+	// draining: the node is stopping (it said so, or refused a run with
+	// shutting_down) and takes no new run; its runs in flight go on.
+	draining bool
 }
 
 // NodeView is a read-only snapshot of a live node.
@@ -38,6 +41,8 @@ type NodeView struct {
 	RunsInFlight    int
 	TunnelsInFlight int
 	Link            ports.NodeLink
+	// Draining: the node is stopping; no new run goes to it (MarkDraining).
+	Draining bool
 }
 
 // Registry is the edge's set of live nodes. It is safe for concurrent use.
@@ -51,6 +56,9 @@ type Registry struct {
 	// sessions binds each session to the node that last admitted a run of
 	// it; bounded (DefaultSessionAffinity, least recently used evicted).
 	sessions *sessionNodes
+	// draining counts the nodes in nodes marked draining, so that picking
+	// a node looks for them only while there are any.
+	draining int
 
 	// admission orders registrations against reloads. A registration holds
 	// it shared from checking its token against the directory until it is
@@ -99,10 +107,29 @@ func (r *Registry) leave(id string, link ports.NodeLink, reason string) bool {
 	defer r.mu.Unlock()
 	if n, ok := r.nodes[id]; ok && n.Link == link {
 		delete(r.nodes, id)
+		if n.draining {
+			r.draining--
+		}
 		r.gone[id] = departure{at: time.Now(), reason: reason}
 		return true
 	}
 	return false
+}
+
+// MarkDraining records that node id, while still served by link, is
+// stopping: it admits no new run, so none is sent to it (PickForRunAs),
+// while its runs in flight go on and their events still arrive. It
+// reports whether the mark is new.
+func (r *Registry) MarkDraining(id string, link ports.NodeLink) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.nodes[id]
+	if !ok || n.Link != link || n.draining {
+		return false
+	}
+	n.draining = true
+	r.draining++
+	return true
 }
 
 // DisconnectedAt reports when node id last left this edge, and why, if it
@@ -162,7 +189,7 @@ func (r *Registry) ListAs(p domain.Principal) []NodeView {
 }
 
 func (n *LiveNode) view() NodeView {
-	v := NodeView{ID: n.ID, Info: n.Info, Remote: n.Remote, ConnectedAt: n.ConnectedAt, Config: n.Config, Link: n.Link, TunnelsInFlight: n.tunnels}
+	v := NodeView{ID: n.ID, Info: n.Info, Remote: n.Remote, ConnectedAt: n.ConnectedAt, Config: n.Config, Link: n.Link, TunnelsInFlight: n.tunnels, Draining: n.draining}
 	for _, a := range n.Config.Adapters {
 		v.Adapters = append(v.Adapters, domain.AdapterStatus{Name: a.Name, Type: a.Type, MaxConcurrency: a.MaxConcurrency, InFlight: n.runs[a.Name]})
 	}
@@ -218,7 +245,10 @@ func (n *LiveNode) inFlight() int {
 // PickForRun chooses the node for a run and counts the run against it until
 // release is called (release is idempotent).
 //
-// An explicit node must be connected. Without one: a session run goes to
+// An explicit node must be connected and not draining (a draining one is
+// shutting_down). Without one, draining nodes are left out as if they had
+// already gone (they refuse every new run, and leave once their runs in
+// flight end): a session run goes to
 // the node that last admitted a run of its session (RememberSession) while
 // that node is connected, visible to the caller and offers adapter, since
 // the session's history lives in that node's store (and a second run of
@@ -242,8 +272,10 @@ func (r *Registry) PickForRunAs(p domain.Principal, node, adapter, session strin
 	defer r.mu.Unlock()
 	visible := r.visible(p)
 	var chosen, affine *LiveNode
+	var open map[string]*LiveNode // visible less draining nodes
 	if node == "" {
-		affine = r.sessionNode(visible, adapter, session)
+		open = r.taking(visible)
+		affine = r.sessionNode(open, adapter, session)
 	}
 	switch {
 	case node != "":
@@ -251,22 +283,28 @@ func (r *Registry) PickForRunAs(p domain.Principal, node, adapter, session strin
 		if !ok {
 			return NodeView{}, nil, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", node)
 		}
+		if n.draining {
+			return NodeView{}, nil, domain.Errorf(domain.CodeShuttingDown, "node %q is shutting down: it takes no new runs", node)
+		}
 		chosen = n
 	case affine != nil:
 		chosen = affine
-	case len(visible) == 1:
-		for _, n := range visible {
+	case len(open) == 1:
+		for _, n := range open {
 			chosen = n
 		}
 	default:
-		for _, n := range visible {
+		for _, n := range open {
 			if n.hasAdapter(adapter) && (chosen == nil || n.betterFor(adapter, chosen)) {
 				chosen = n
 			}
 		}
 		if chosen == nil {
-			if len(visible) == 0 {
+			switch {
+			case len(visible) == 0:
 				return NodeView{}, nil, domain.Errorf(domain.CodeNoNodeAvailable, "no node is connected")
+			case len(open) == 0:
+				return NodeView{}, nil, domain.Errorf(domain.CodeNoNodeAvailable, "every connected node is shutting down")
 			}
 			return NodeView{}, nil, domain.Errorf(domain.CodeNoNodeAvailable, "no connected node offers adapter %q", adapter)
 		}
@@ -321,6 +359,22 @@ func (r *Registry) holdRun(id string, link ports.NodeLink, adapter string) (func
 			}
 		})
 	}, true
+}
+
+// taking is visible less the draining nodes: those a run may be sent to
+// without naming one. visible itself while no node drains; call with mu
+// held.
+func (r *Registry) taking(visible map[string]*LiveNode) map[string]*LiveNode {
+	if r.draining == 0 {
+		return visible
+	}
+	out := make(map[string]*LiveNode, len(visible))
+	for id, n := range visible {
+		if !n.draining {
+			out[id] = n
+		}
+	}
+	return out
 }
 
 // sessionNode is the visible node session of adapter is bound to, if it

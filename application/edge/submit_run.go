@@ -112,7 +112,9 @@ func (h *SubmitRunHandler) spawn(f func()) bool {
 
 // Handle validates cmd, picks a node, starts the run there and waits for the
 // node to admit it: an error means the run was refused (adapter or target
-// unknown, at capacity, session busy, …) and never started. For a
+// unknown, at capacity, session busy, …) and never started. A run whose node
+// the caller did not name, refused because that node is shutting down, is
+// tried once more on another node (under a new id). For a
 // background run the returned handle is already being drained by the edge:
 // the caller only learns its id and node.
 func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandle, error) {
@@ -135,10 +137,35 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 	if cmd.Node == "" {
 		h.recallSession(ctx, cmd.Adapter, cmd.SessionID)
 	}
-	node, release, err := h.reg.PickForRunAs(domain.PrincipalFrom(ctx), cmd.Node, cmd.Adapter, cmd.SessionID)
+	p := domain.PrincipalFrom(ctx)
+	node, release, err := h.reg.PickForRunAs(p, cmd.Node, cmd.Adapter, cmd.SessionID)
 	if err != nil {
 		return nil, err
 	}
+	rh, err := h.dispatch(ctx, cmd, node, release)
+	if err == nil || domain.CodeOf(err) != domain.CodeShuttingDown {
+		return rh, err
+	}
+	// The node refused the run before admitting it because it is stopping:
+	// its word that it drains was still on its way, or it is a version
+	// that does not send one. It takes no new run from now on, and this
+	// one, unless its caller named the node, gets one more try elsewhere;
+	// with no other node it gets the node's refusal.
+	announceDraining(h.reg, h.bus, h.log, h.now(), node.ID, node.Link, "it refused a run: shutting_down")
+	if cmd.Node != "" {
+		return nil, err
+	}
+	other, release, perr := h.reg.PickForRunAs(p, "", cmd.Adapter, cmd.SessionID)
+	if perr != nil {
+		return nil, err
+	}
+	return h.dispatch(ctx, cmd, other, release)
+}
+
+// dispatch starts cmd as a new run on node, which holds a slot for it that
+// release gives back, and waits for the node to admit it; then follows it
+// if it is a background run.
+func (h *SubmitRunHandler) dispatch(ctx context.Context, cmd SubmitRun, node NodeView, release func()) (*RunHandle, error) {
 	req := domain.RunRequest{
 		RunID: h.newID(), Adapter: cmd.Adapter, Target: cmd.Target, Input: cmd.Input,
 		SessionID: cmd.SessionID, Background: cmd.Background, Options: cmd.Options,

@@ -18,8 +18,9 @@ func (a *app) eventsCmd() *cobra.Command {
 		Short: "Follow the edge's event feed (node lifecycle, run events, tunnels)",
 		Long: `Follow the edge's event feed, one line per event, until Ctrl-C (exit 130).
 --type keeps only the given types (node.registered, node.rejected,
-node.disconnected, node.config_refreshed, run.event, tunnel.completed,
-config.reloaded); a trailing * matches a prefix, e.g. --type 'node.*'.`,
+node.draining, node.disconnected, node.config_refreshed, run.event,
+tunnel.completed, config.reloaded); a trailing * matches a prefix, e.g.
+--type 'node.*'.`,
 		Args: cobra.NoArgs,
 		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
 			var ts []string
