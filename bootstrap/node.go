@@ -250,6 +250,11 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 			// node_disconnected and the edge would record the runs failed
 			// while the node records them cancelled. BeginStop comes first
 			// so that no run ending meanwhile reads as its caller leaving.
+			// Before it, the edge is told the node drains: otherwise it
+			// went on choosing this node for new runs all through the
+			// drain (preferring it even, as its cancelled runs freed
+			// slots), and each was refused with shutting_down.
+			c.Drain()
 			rm.BeginStop()
 			runsDone := make(chan struct{})
 			go func() {

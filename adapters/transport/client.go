@@ -81,6 +81,31 @@ type Client struct {
 	// was one, and the backoff restarts only after a link that stayed up
 	// HealthyAfter.
 	linkedAt atomic.Int64
+	// draining is set by Drain: every link tells the edge so (node_draining).
+	draining atomic.Bool
+}
+
+// Drain tells the edge that this node is stopping and admits no new run:
+// the edge sends it none from then on, while the runs in flight go on and
+// their events still travel on the link. It is said on the current link at
+// once (ahead of any data) and on every link registered after it. Call it
+// before the node starts refusing runs, so that the edge stops choosing
+// it first; an edge that predates node_draining ignores it.
+func (c *Client) Drain() {
+	c.draining.Store(true)
+	c.mu.Lock()
+	conn := c.conn
+	c.mu.Unlock()
+	if conn != nil {
+		sendDraining(conn)
+	}
+}
+
+// sendDraining queues node_draining on conn, waiting briefly for room in
+// the control queue; a link that has ended or is stuck loses it, and the
+// edge then learns of the drain from the runs the node refuses.
+func sendDraining(conn *Conn) {
+	conn.sendCtrlBounded(&ioppb.Frame{Body: &ioppb.Frame_NodeDraining{NodeDraining: &ioppb.NodeDraining{}}})
 }
 
 // nextApply queues a config apply behind every one queued before it, so the
@@ -210,6 +235,11 @@ func (c *Client) session(ctx context.Context) error {
 	<-registered
 	if err != nil {
 		return err
+	}
+	if c.draining.Load() {
+		// Drain was called before this link registered (the last one broke
+		// during the drain): this edge must hear it too.
+		sendDraining(conn)
 	}
 	stopStats := func() {}
 	if c.cfg.Stats != nil {

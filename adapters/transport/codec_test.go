@@ -44,6 +44,7 @@ func sampleFrames() []*ioppb.Frame {
 		{StreamId: 13, Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: &ioppb.ProviderTunnelFrame{Kind: &ioppb.ProviderTunnelFrame_Error{Error: &ioppb.Error{Code: "provider_error"}}}}},
 		{StreamId: 13, Body: &ioppb.Frame_TunnelRequestBody{TunnelRequestBody: &ioppb.TunnelRequestBody{Data: []byte("more"), End: true}}},
 		{StreamId: 1<<64 - 1, Body: &ioppb.Frame_WindowUpdate{WindowUpdate: &ioppb.WindowUpdate{Increment: 1<<32 - 1}}},
+		{Body: &ioppb.Frame_NodeDraining{NodeDraining: &ioppb.NodeDraining{}}}, // last: tests pick others by index
 	}
 }
 

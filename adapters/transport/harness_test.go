@@ -131,6 +131,7 @@ type fakeEdge struct {
 	registered   chan registerCall // accepted ones
 	disconnected chan disconnectCall
 	failed       chan handshakeFailure
+	draining     chan disconnectCall // Reason unset
 }
 
 func newFakeEdge() *fakeEdge {
@@ -140,6 +141,7 @@ func newFakeEdge() *fakeEdge {
 		registered:   make(chan registerCall, 1024),
 		disconnected: make(chan disconnectCall, 1024),
 		failed:       make(chan handshakeFailure, 1024),
+		draining:     make(chan disconnectCall, 1024),
 	}
 }
 
@@ -178,6 +180,10 @@ func (e *fakeEdge) Disconnected(nodeID string, link ports.NodeLink, reason strin
 	e.disconnects = append(e.disconnects, d)
 	e.mu.Unlock()
 	e.disconnected <- d
+}
+
+func (e *fakeEdge) Draining(nodeID string, link ports.NodeLink) {
+	e.draining <- disconnectCall{NodeID: nodeID, Link: link}
 }
 
 func (e *fakeEdge) HandshakeFailed(remote, reason string) {

@@ -29,6 +29,9 @@ type edgeLink struct {
 	acks map[uint64]chan error // config version → waiter
 
 	statsBox nodeStatsBox
+	// h hears that the node is draining; draining makes that once.
+	h        EdgeHandler
+	draining atomic.Bool
 }
 
 var _ ports.NodeLink = (*edgeLink)(nil)
@@ -44,10 +47,17 @@ func (l *edgeLink) HandleOpen(s *Stream, _ *ioppb.Frame) {
 	s.resetFromReadLoop("unsupported", "the edge accepts no node-opened streams")
 }
 
-// HandleControl receives config refresh acknowledgements and node stats.
+// HandleControl receives config refresh acknowledgements, node stats and
+// the node's word that it is draining.
 func (l *edgeLink) HandleControl(f *ioppb.Frame) {
 	if ns := f.GetNodeStats(); ns != nil {
 		l.statsBox.set(statsToDomain(ns))
+		return
+	}
+	if f.GetNodeDraining() != nil {
+		if l.draining.CompareAndSwap(false, true) {
+			l.h.Draining(l.nodeID, l)
+		}
 		return
 	}
 	ack := f.GetConfigRefreshAck()

@@ -138,6 +138,7 @@ func FuzzEdgeFramesAfterRegistration(f *testing.F) {
 	f.Add(frames(&ioppb.Frame{Body: &ioppb.Frame_ConfigRefreshAck{ConfigRefreshAck: &ioppb.ConfigRefreshAck{Version: 1}}}))
 	f.Add(frames(&ioppb.Frame{Body: &ioppb.Frame_RegisterRequest{RegisterRequest: &ioppb.RegisterRequest{}}}))
 	f.Add(frames(&ioppb.Frame{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{Reply: true, EchoUnixNano: -1}}}))
+	f.Add(frames(&ioppb.Frame{Body: &ioppb.Frame_NodeDraining{NodeDraining: &ioppb.NodeDraining{}}}, &ioppb.Frame{StreamId: 2, Body: &ioppb.Frame_NodeDraining{NodeDraining: &ioppb.NodeDraining{}}}))
 	f.Add([]byte{0, 0, 0})
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0x0f})
 	for _, d := range []struct {
@@ -152,7 +153,7 @@ func FuzzEdgeFramesAfterRegistration(f *testing.F) {
 		defer b.Close()
 		go func() { _, _ = io.Copy(io.Discard, b) }()
 		cfg := testConfig()
-		link := &edgeLink{remote: "fuzz", acks: map[uint64]chan error{}}
+		link := &edgeLink{remote: "fuzz", acks: map[uint64]chan error{}, h: &idleEdge{}}
 		link.conn = newConn(a, NewDecoder(a, DefaultMaxFrameSize), cfg, SideEdge, 0, link)
 		link.conn.start()
 		ctx, cancel := context.WithCancel(context.Background())

@@ -23,6 +23,10 @@ type EdgeHandler interface {
 	Register(ctx context.Context, token string, info domain.NodeInfo, remote string, link ports.NodeLink) (domain.NodeConfig, error)
 	// Disconnected is called exactly once for every link Register admitted.
 	Disconnected(nodeID string, link ports.NodeLink, reason string)
+	// Draining is called, at most once per link, when a registered node
+	// says it is stopping (node_draining): it admits no new run. It runs
+	// on the link's read loop and must not block.
+	Draining(nodeID string, link ports.NodeLink)
 	// HandshakeFailed reports a connection dropped before it registered
 	// (garbage, oversized or missing register frame, timeout).
 	HandshakeFailed(remote, reason string)
@@ -269,7 +273,7 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 	}
 	defer func() { <-s.sem }()
 	dec.max, dec.elements = s.cfg.MaxFrameSize, 0
-	link := &edgeLink{remote: remote, acks: map[uint64]chan error{}}
+	link := &edgeLink{remote: remote, acks: map[uint64]chan error{}, h: s.h}
 	link.conn = newConn(nc, dec, s.cfg, SideEdge, req.GetInitialWindow(), link)
 	// Set before Register publishes the link: a caller may open a tunnel
 	// on it at once, and its frames are encoded by these.

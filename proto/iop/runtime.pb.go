@@ -166,6 +166,7 @@ type Frame struct {
 	//	*Frame_ProviderTunnelFrame
 	//	*Frame_TunnelRequestBody
 	//	*Frame_NodeStats
+	//	*Frame_NodeDraining
 	Body          isFrame_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -368,6 +369,15 @@ func (x *Frame) GetNodeStats() *NodeStats {
 	return nil
 }
 
+func (x *Frame) GetNodeDraining() *NodeDraining {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_NodeDraining); ok {
+			return x.NodeDraining
+		}
+	}
+	return nil
+}
+
 type isFrame_Body interface {
 	isFrame_Body()
 }
@@ -440,6 +450,10 @@ type Frame_NodeStats struct {
 	NodeStats *NodeStats `protobuf:"bytes,60,opt,name=node_stats,json=nodeStats,proto3,oneof"`
 }
 
+type Frame_NodeDraining struct {
+	NodeDraining *NodeDraining `protobuf:"bytes,61,opt,name=node_draining,json=nodeDraining,proto3,oneof"`
+}
+
 func (*Frame_RegisterRequest) isFrame_Body() {}
 
 func (*Frame_RegisterResponse) isFrame_Body() {}
@@ -473,6 +487,8 @@ func (*Frame_ProviderTunnelFrame) isFrame_Body() {}
 func (*Frame_TunnelRequestBody) isFrame_Body() {}
 
 func (*Frame_NodeStats) isFrame_Body() {}
+
+func (*Frame_NodeDraining) isFrame_Body() {}
 
 // NodeStats is sent by the node on stream 0 right after it registers and then
 // every stats interval (15 s), so the edge can expose the node's own metrics
@@ -547,6 +563,49 @@ func (x *NodeStats) GetProviders() []*ProviderLatency {
 	return nil
 }
 
+// NodeDraining is sent by a node on stream 0 when it begins to stop
+// (SIGTERM): it admits no new run from then on, and refuses any that reaches
+// it with shutting_down, while the runs in flight end and their last events
+// still travel on the link (up to 5 s) before it closes. The edge sends it no
+// new run; a caller that names the node gets shutting_down. A node sends it
+// again after registering if its link was replaced meanwhile. An edge that
+// predates it counts it as a dropped frame, as any unknown stream-0 frame.
+type NodeDraining struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeDraining) Reset() {
+	*x = NodeDraining{}
+	mi := &file_iop_runtime_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeDraining) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeDraining) ProtoMessage() {}
+
+func (x *NodeDraining) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeDraining.ProtoReflect.Descriptor instead.
+func (*NodeDraining) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{2}
+}
+
 type AdapterSlots struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Name           string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -558,7 +617,7 @@ type AdapterSlots struct {
 
 func (x *AdapterSlots) Reset() {
 	*x = AdapterSlots{}
-	mi := &file_iop_runtime_proto_msgTypes[2]
+	mi := &file_iop_runtime_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +629,7 @@ func (x *AdapterSlots) String() string {
 func (*AdapterSlots) ProtoMessage() {}
 
 func (x *AdapterSlots) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[2]
+	mi := &file_iop_runtime_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +642,7 @@ func (x *AdapterSlots) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterSlots.ProtoReflect.Descriptor instead.
 func (*AdapterSlots) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{2}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AdapterSlots) GetName() string {
@@ -620,7 +679,7 @@ type ProviderLatency struct {
 
 func (x *ProviderLatency) Reset() {
 	*x = ProviderLatency{}
-	mi := &file_iop_runtime_proto_msgTypes[3]
+	mi := &file_iop_runtime_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -632,7 +691,7 @@ func (x *ProviderLatency) String() string {
 func (*ProviderLatency) ProtoMessage() {}
 
 func (x *ProviderLatency) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[3]
+	mi := &file_iop_runtime_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -645,7 +704,7 @@ func (x *ProviderLatency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderLatency.ProtoReflect.Descriptor instead.
 func (*ProviderLatency) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{3}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ProviderLatency) GetName() string {
@@ -695,7 +754,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[4]
+	mi := &file_iop_runtime_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -707,7 +766,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[4]
+	mi := &file_iop_runtime_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -720,7 +779,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{4}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RegisterRequest) GetToken() string {
@@ -810,7 +869,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[5]
+	mi := &file_iop_runtime_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +881,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[5]
+	mi := &file_iop_runtime_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +894,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{5}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RegisterResponse) GetAccepted() bool {
@@ -907,7 +966,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_iop_runtime_proto_msgTypes[6]
+	mi := &file_iop_runtime_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +978,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[6]
+	mi := &file_iop_runtime_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +991,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{6}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Heartbeat) GetSentUnixNano() int64 {
@@ -965,7 +1024,7 @@ type ConfigRefresh struct {
 
 func (x *ConfigRefresh) Reset() {
 	*x = ConfigRefresh{}
-	mi := &file_iop_runtime_proto_msgTypes[7]
+	mi := &file_iop_runtime_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1036,7 @@ func (x *ConfigRefresh) String() string {
 func (*ConfigRefresh) ProtoMessage() {}
 
 func (x *ConfigRefresh) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[7]
+	mi := &file_iop_runtime_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1049,7 @@ func (x *ConfigRefresh) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigRefresh.ProtoReflect.Descriptor instead.
 func (*ConfigRefresh) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{7}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ConfigRefresh) GetConfig() *NodeConfigPayload {
@@ -1010,7 +1069,7 @@ type ConfigRefreshAck struct {
 
 func (x *ConfigRefreshAck) Reset() {
 	*x = ConfigRefreshAck{}
-	mi := &file_iop_runtime_proto_msgTypes[8]
+	mi := &file_iop_runtime_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1022,7 +1081,7 @@ func (x *ConfigRefreshAck) String() string {
 func (*ConfigRefreshAck) ProtoMessage() {}
 
 func (x *ConfigRefreshAck) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[8]
+	mi := &file_iop_runtime_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1035,7 +1094,7 @@ func (x *ConfigRefreshAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigRefreshAck.ProtoReflect.Descriptor instead.
 func (*ConfigRefreshAck) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{8}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ConfigRefreshAck) GetVersion() uint64 {
@@ -1062,7 +1121,7 @@ type WindowUpdate struct {
 
 func (x *WindowUpdate) Reset() {
 	*x = WindowUpdate{}
-	mi := &file_iop_runtime_proto_msgTypes[9]
+	mi := &file_iop_runtime_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1133,7 @@ func (x *WindowUpdate) String() string {
 func (*WindowUpdate) ProtoMessage() {}
 
 func (x *WindowUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[9]
+	mi := &file_iop_runtime_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1146,7 @@ func (x *WindowUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowUpdate.ProtoReflect.Descriptor instead.
 func (*WindowUpdate) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{9}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WindowUpdate) GetIncrement() uint32 {
@@ -1108,7 +1167,7 @@ type StreamReset struct {
 
 func (x *StreamReset) Reset() {
 	*x = StreamReset{}
-	mi := &file_iop_runtime_proto_msgTypes[10]
+	mi := &file_iop_runtime_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1120,7 +1179,7 @@ func (x *StreamReset) String() string {
 func (*StreamReset) ProtoMessage() {}
 
 func (x *StreamReset) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[10]
+	mi := &file_iop_runtime_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1133,7 +1192,7 @@ func (x *StreamReset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamReset.ProtoReflect.Descriptor instead.
 func (*StreamReset) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{10}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StreamReset) GetCode() string {
@@ -1163,7 +1222,7 @@ type NodeConfigPayload struct {
 
 func (x *NodeConfigPayload) Reset() {
 	*x = NodeConfigPayload{}
-	mi := &file_iop_runtime_proto_msgTypes[11]
+	mi := &file_iop_runtime_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1234,7 @@ func (x *NodeConfigPayload) String() string {
 func (*NodeConfigPayload) ProtoMessage() {}
 
 func (x *NodeConfigPayload) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[11]
+	mi := &file_iop_runtime_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1247,7 @@ func (x *NodeConfigPayload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeConfigPayload.ProtoReflect.Descriptor instead.
 func (*NodeConfigPayload) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{11}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NodeConfigPayload) GetNodeId() string {
@@ -1248,7 +1307,7 @@ type AdapterConfig struct {
 
 func (x *AdapterConfig) Reset() {
 	*x = AdapterConfig{}
-	mi := &file_iop_runtime_proto_msgTypes[12]
+	mi := &file_iop_runtime_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1319,7 @@ func (x *AdapterConfig) String() string {
 func (*AdapterConfig) ProtoMessage() {}
 
 func (x *AdapterConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[12]
+	mi := &file_iop_runtime_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1332,7 @@ func (x *AdapterConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterConfig.ProtoReflect.Descriptor instead.
 func (*AdapterConfig) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{12}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AdapterConfig) GetName() string {
@@ -1387,7 +1446,7 @@ type ExecTarget struct {
 
 func (x *ExecTarget) Reset() {
 	*x = ExecTarget{}
-	mi := &file_iop_runtime_proto_msgTypes[13]
+	mi := &file_iop_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1458,7 @@ func (x *ExecTarget) String() string {
 func (*ExecTarget) ProtoMessage() {}
 
 func (x *ExecTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[13]
+	mi := &file_iop_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1471,7 @@ func (x *ExecTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecTarget.ProtoReflect.Descriptor instead.
 func (*ExecTarget) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{13}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecTarget) GetCommand() []string {
@@ -1464,7 +1523,7 @@ type ProviderConfig struct {
 
 func (x *ProviderConfig) Reset() {
 	*x = ProviderConfig{}
-	mi := &file_iop_runtime_proto_msgTypes[14]
+	mi := &file_iop_runtime_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1476,7 +1535,7 @@ func (x *ProviderConfig) String() string {
 func (*ProviderConfig) ProtoMessage() {}
 
 func (x *ProviderConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[14]
+	mi := &file_iop_runtime_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1489,7 +1548,7 @@ func (x *ProviderConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderConfig.ProtoReflect.Descriptor instead.
 func (*ProviderConfig) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{14}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ProviderConfig) GetName() string {
@@ -1550,7 +1609,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[15]
+	mi := &file_iop_runtime_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +1621,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[15]
+	mi := &file_iop_runtime_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +1634,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{15}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunRequest) GetRunId() string {
@@ -1644,7 +1703,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_iop_runtime_proto_msgTypes[16]
+	mi := &file_iop_runtime_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1656,7 +1715,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[16]
+	mi := &file_iop_runtime_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1669,7 +1728,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{16}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -1743,7 +1802,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_iop_runtime_proto_msgTypes[17]
+	mi := &file_iop_runtime_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1755,7 +1814,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[17]
+	mi := &file_iop_runtime_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1768,7 +1827,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{17}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Usage) GetPromptTokens() int64 {
@@ -1830,7 +1889,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_iop_runtime_proto_msgTypes[18]
+	mi := &file_iop_runtime_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1842,7 +1901,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[18]
+	mi := &file_iop_runtime_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1855,7 +1914,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{18}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Error) GetCode() string {
@@ -1885,7 +1944,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[19]
+	mi := &file_iop_runtime_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1897,7 +1956,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[19]
+	mi := &file_iop_runtime_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1910,7 +1969,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{19}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CancelRequest) GetKind() CancelKind {
@@ -1957,7 +2016,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[20]
+	mi := &file_iop_runtime_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1969,7 +2028,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[20]
+	mi := &file_iop_runtime_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1982,7 +2041,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{20}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CancelResponse) GetError() *Error {
@@ -2002,7 +2061,7 @@ type NodeCommandRequest struct {
 
 func (x *NodeCommandRequest) Reset() {
 	*x = NodeCommandRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[21]
+	mi := &file_iop_runtime_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2014,7 +2073,7 @@ func (x *NodeCommandRequest) String() string {
 func (*NodeCommandRequest) ProtoMessage() {}
 
 func (x *NodeCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[21]
+	mi := &file_iop_runtime_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2027,7 +2086,7 @@ func (x *NodeCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCommandRequest.ProtoReflect.Descriptor instead.
 func (*NodeCommandRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{21}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *NodeCommandRequest) GetCommand() string {
@@ -2057,7 +2116,7 @@ type NodeCommandResponse struct {
 
 func (x *NodeCommandResponse) Reset() {
 	*x = NodeCommandResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[22]
+	mi := &file_iop_runtime_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2069,7 +2128,7 @@ func (x *NodeCommandResponse) String() string {
 func (*NodeCommandResponse) ProtoMessage() {}
 
 func (x *NodeCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[22]
+	mi := &file_iop_runtime_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2082,7 +2141,7 @@ func (x *NodeCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCommandResponse.ProtoReflect.Descriptor instead.
 func (*NodeCommandResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{22}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NodeCommandResponse) GetFinal() bool {
@@ -2130,7 +2189,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_iop_runtime_proto_msgTypes[23]
+	mi := &file_iop_runtime_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2142,7 +2201,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[23]
+	mi := &file_iop_runtime_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2155,7 +2214,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{23}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Header) GetName() string {
@@ -2189,7 +2248,7 @@ type ProviderTunnelRequest struct {
 
 func (x *ProviderTunnelRequest) Reset() {
 	*x = ProviderTunnelRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[24]
+	mi := &file_iop_runtime_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2201,7 +2260,7 @@ func (x *ProviderTunnelRequest) String() string {
 func (*ProviderTunnelRequest) ProtoMessage() {}
 
 func (x *ProviderTunnelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[24]
+	mi := &file_iop_runtime_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2214,7 +2273,7 @@ func (x *ProviderTunnelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderTunnelRequest.ProtoReflect.Descriptor instead.
 func (*ProviderTunnelRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{24}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ProviderTunnelRequest) GetProvider() string {
@@ -2276,7 +2335,7 @@ type TunnelRequestBody struct {
 
 func (x *TunnelRequestBody) Reset() {
 	*x = TunnelRequestBody{}
-	mi := &file_iop_runtime_proto_msgTypes[25]
+	mi := &file_iop_runtime_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2288,7 +2347,7 @@ func (x *TunnelRequestBody) String() string {
 func (*TunnelRequestBody) ProtoMessage() {}
 
 func (x *TunnelRequestBody) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[25]
+	mi := &file_iop_runtime_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2301,7 +2360,7 @@ func (x *TunnelRequestBody) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelRequestBody.ProtoReflect.Descriptor instead.
 func (*TunnelRequestBody) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{25}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TunnelRequestBody) GetData() []byte {
@@ -2338,7 +2397,7 @@ type ProviderTunnelFrame struct {
 
 func (x *ProviderTunnelFrame) Reset() {
 	*x = ProviderTunnelFrame{}
-	mi := &file_iop_runtime_proto_msgTypes[26]
+	mi := &file_iop_runtime_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2350,7 +2409,7 @@ func (x *ProviderTunnelFrame) String() string {
 func (*ProviderTunnelFrame) ProtoMessage() {}
 
 func (x *ProviderTunnelFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[26]
+	mi := &file_iop_runtime_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2363,7 +2422,7 @@ func (x *ProviderTunnelFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderTunnelFrame.ProtoReflect.Descriptor instead.
 func (*ProviderTunnelFrame) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{26}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ProviderTunnelFrame) GetKind() isProviderTunnelFrame_Kind {
@@ -2491,7 +2550,7 @@ type HeaderBlock struct {
 
 func (x *HeaderBlock) Reset() {
 	*x = HeaderBlock{}
-	mi := &file_iop_runtime_proto_msgTypes[27]
+	mi := &file_iop_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2503,7 +2562,7 @@ func (x *HeaderBlock) String() string {
 func (*HeaderBlock) ProtoMessage() {}
 
 func (x *HeaderBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[27]
+	mi := &file_iop_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2516,7 +2575,7 @@ func (x *HeaderBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderBlock.ProtoReflect.Descriptor instead.
 func (*HeaderBlock) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{27}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *HeaderBlock) GetHeaders() []*Header {
@@ -2535,7 +2594,7 @@ type End struct {
 
 func (x *End) Reset() {
 	*x = End{}
-	mi := &file_iop_runtime_proto_msgTypes[28]
+	mi := &file_iop_runtime_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2547,7 +2606,7 @@ func (x *End) String() string {
 func (*End) ProtoMessage() {}
 
 func (x *End) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[28]
+	mi := &file_iop_runtime_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2560,7 +2619,7 @@ func (x *End) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use End.ProtoReflect.Descriptor instead.
 func (*End) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{28}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *End) GetBodyBytes() int64 {
@@ -2574,7 +2633,7 @@ var File_iop_runtime_proto protoreflect.FileDescriptor
 
 const file_iop_runtime_proto_rawDesc = "" +
 	"\n" +
-	"\x11iop/runtime.proto\x12\x0eiop.runtime.v1\"\xb2\n" +
+	"\x11iop/runtime.proto\x12\x0eiop.runtime.v1\"\xf7\n" +
 	"\n" +
 	"\x05Frame\x12\x1b\n" +
 	"\tstream_id\x18\x01 \x01(\x04R\bstreamId\x12L\n" +
@@ -2597,14 +2656,16 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x15provider_tunnel_frame\x183 \x01(\v2#.iop.runtime.v1.ProviderTunnelFrameH\x00R\x13providerTunnelFrame\x12S\n" +
 	"\x13tunnel_request_body\x184 \x01(\v2!.iop.runtime.v1.TunnelRequestBodyH\x00R\x11tunnelRequestBody\x12:\n" +
 	"\n" +
-	"node_stats\x18< \x01(\v2\x19.iop.runtime.v1.NodeStatsH\x00R\tnodeStatsB\x06\n" +
+	"node_stats\x18< \x01(\v2\x19.iop.runtime.v1.NodeStatsH\x00R\tnodeStats\x12C\n" +
+	"\rnode_draining\x18= \x01(\v2\x1c.iop.runtime.v1.NodeDrainingH\x00R\fnodeDrainingB\x06\n" +
 	"\x04body\"\xce\x01\n" +
 	"\tNodeStats\x128\n" +
 	"\badapters\x18\x01 \x03(\v2\x1c.iop.runtime.v1.AdapterSlotsR\badapters\x12'\n" +
 	"\x0fchild_processes\x18\x02 \x01(\rR\x0echildProcesses\x12\x1f\n" +
 	"\vstore_bytes\x18\x03 \x01(\x03R\n" +
 	"storeBytes\x12=\n" +
-	"\tproviders\x18\x04 \x03(\v2\x1f.iop.runtime.v1.ProviderLatencyR\tproviders\"h\n" +
+	"\tproviders\x18\x04 \x03(\v2\x1f.iop.runtime.v1.ProviderLatencyR\tproviders\"\x0e\n" +
+	"\fNodeDraining\"h\n" +
 	"\fAdapterSlots\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
 	"\x0fmax_concurrency\x18\x02 \x01(\rR\x0emaxConcurrency\x12\x1b\n" +
@@ -2807,88 +2868,90 @@ func file_iop_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_iop_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_iop_runtime_proto_goTypes = []any{
 	(EventType)(0),                // 0: iop.runtime.v1.EventType
 	(CancelKind)(0),               // 1: iop.runtime.v1.CancelKind
 	(*Frame)(nil),                 // 2: iop.runtime.v1.Frame
 	(*NodeStats)(nil),             // 3: iop.runtime.v1.NodeStats
-	(*AdapterSlots)(nil),          // 4: iop.runtime.v1.AdapterSlots
-	(*ProviderLatency)(nil),       // 5: iop.runtime.v1.ProviderLatency
-	(*RegisterRequest)(nil),       // 6: iop.runtime.v1.RegisterRequest
-	(*RegisterResponse)(nil),      // 7: iop.runtime.v1.RegisterResponse
-	(*Heartbeat)(nil),             // 8: iop.runtime.v1.Heartbeat
-	(*ConfigRefresh)(nil),         // 9: iop.runtime.v1.ConfigRefresh
-	(*ConfigRefreshAck)(nil),      // 10: iop.runtime.v1.ConfigRefreshAck
-	(*WindowUpdate)(nil),          // 11: iop.runtime.v1.WindowUpdate
-	(*StreamReset)(nil),           // 12: iop.runtime.v1.StreamReset
-	(*NodeConfigPayload)(nil),     // 13: iop.runtime.v1.NodeConfigPayload
-	(*AdapterConfig)(nil),         // 14: iop.runtime.v1.AdapterConfig
-	(*ExecTarget)(nil),            // 15: iop.runtime.v1.ExecTarget
-	(*ProviderConfig)(nil),        // 16: iop.runtime.v1.ProviderConfig
-	(*RunRequest)(nil),            // 17: iop.runtime.v1.RunRequest
-	(*RunEvent)(nil),              // 18: iop.runtime.v1.RunEvent
-	(*Usage)(nil),                 // 19: iop.runtime.v1.Usage
-	(*Error)(nil),                 // 20: iop.runtime.v1.Error
-	(*CancelRequest)(nil),         // 21: iop.runtime.v1.CancelRequest
-	(*CancelResponse)(nil),        // 22: iop.runtime.v1.CancelResponse
-	(*NodeCommandRequest)(nil),    // 23: iop.runtime.v1.NodeCommandRequest
-	(*NodeCommandResponse)(nil),   // 24: iop.runtime.v1.NodeCommandResponse
-	(*Header)(nil),                // 25: iop.runtime.v1.Header
-	(*ProviderTunnelRequest)(nil), // 26: iop.runtime.v1.ProviderTunnelRequest
-	(*TunnelRequestBody)(nil),     // 27: iop.runtime.v1.TunnelRequestBody
-	(*ProviderTunnelFrame)(nil),   // 28: iop.runtime.v1.ProviderTunnelFrame
-	(*HeaderBlock)(nil),           // 29: iop.runtime.v1.HeaderBlock
-	(*End)(nil),                   // 30: iop.runtime.v1.End
-	nil,                           // 31: iop.runtime.v1.AdapterConfig.TargetsEntry
-	nil,                           // 32: iop.runtime.v1.AdapterConfig.EnvEntry
-	nil,                           // 33: iop.runtime.v1.ExecTarget.EnvEntry
+	(*NodeDraining)(nil),          // 4: iop.runtime.v1.NodeDraining
+	(*AdapterSlots)(nil),          // 5: iop.runtime.v1.AdapterSlots
+	(*ProviderLatency)(nil),       // 6: iop.runtime.v1.ProviderLatency
+	(*RegisterRequest)(nil),       // 7: iop.runtime.v1.RegisterRequest
+	(*RegisterResponse)(nil),      // 8: iop.runtime.v1.RegisterResponse
+	(*Heartbeat)(nil),             // 9: iop.runtime.v1.Heartbeat
+	(*ConfigRefresh)(nil),         // 10: iop.runtime.v1.ConfigRefresh
+	(*ConfigRefreshAck)(nil),      // 11: iop.runtime.v1.ConfigRefreshAck
+	(*WindowUpdate)(nil),          // 12: iop.runtime.v1.WindowUpdate
+	(*StreamReset)(nil),           // 13: iop.runtime.v1.StreamReset
+	(*NodeConfigPayload)(nil),     // 14: iop.runtime.v1.NodeConfigPayload
+	(*AdapterConfig)(nil),         // 15: iop.runtime.v1.AdapterConfig
+	(*ExecTarget)(nil),            // 16: iop.runtime.v1.ExecTarget
+	(*ProviderConfig)(nil),        // 17: iop.runtime.v1.ProviderConfig
+	(*RunRequest)(nil),            // 18: iop.runtime.v1.RunRequest
+	(*RunEvent)(nil),              // 19: iop.runtime.v1.RunEvent
+	(*Usage)(nil),                 // 20: iop.runtime.v1.Usage
+	(*Error)(nil),                 // 21: iop.runtime.v1.Error
+	(*CancelRequest)(nil),         // 22: iop.runtime.v1.CancelRequest
+	(*CancelResponse)(nil),        // 23: iop.runtime.v1.CancelResponse
+	(*NodeCommandRequest)(nil),    // 24: iop.runtime.v1.NodeCommandRequest
+	(*NodeCommandResponse)(nil),   // 25: iop.runtime.v1.NodeCommandResponse
+	(*Header)(nil),                // 26: iop.runtime.v1.Header
+	(*ProviderTunnelRequest)(nil), // 27: iop.runtime.v1.ProviderTunnelRequest
+	(*TunnelRequestBody)(nil),     // 28: iop.runtime.v1.TunnelRequestBody
+	(*ProviderTunnelFrame)(nil),   // 29: iop.runtime.v1.ProviderTunnelFrame
+	(*HeaderBlock)(nil),           // 30: iop.runtime.v1.HeaderBlock
+	(*End)(nil),                   // 31: iop.runtime.v1.End
+	nil,                           // 32: iop.runtime.v1.AdapterConfig.TargetsEntry
+	nil,                           // 33: iop.runtime.v1.AdapterConfig.EnvEntry
+	nil,                           // 34: iop.runtime.v1.ExecTarget.EnvEntry
 }
 var file_iop_runtime_proto_depIdxs = []int32{
-	6,  // 0: iop.runtime.v1.Frame.register_request:type_name -> iop.runtime.v1.RegisterRequest
-	7,  // 1: iop.runtime.v1.Frame.register_response:type_name -> iop.runtime.v1.RegisterResponse
-	8,  // 2: iop.runtime.v1.Frame.heartbeat:type_name -> iop.runtime.v1.Heartbeat
-	9,  // 3: iop.runtime.v1.Frame.config_refresh:type_name -> iop.runtime.v1.ConfigRefresh
-	10, // 4: iop.runtime.v1.Frame.config_refresh_ack:type_name -> iop.runtime.v1.ConfigRefreshAck
-	11, // 5: iop.runtime.v1.Frame.window_update:type_name -> iop.runtime.v1.WindowUpdate
-	12, // 6: iop.runtime.v1.Frame.stream_reset:type_name -> iop.runtime.v1.StreamReset
-	17, // 7: iop.runtime.v1.Frame.run_request:type_name -> iop.runtime.v1.RunRequest
-	18, // 8: iop.runtime.v1.Frame.run_event:type_name -> iop.runtime.v1.RunEvent
-	21, // 9: iop.runtime.v1.Frame.cancel_request:type_name -> iop.runtime.v1.CancelRequest
-	22, // 10: iop.runtime.v1.Frame.cancel_response:type_name -> iop.runtime.v1.CancelResponse
-	23, // 11: iop.runtime.v1.Frame.node_command_request:type_name -> iop.runtime.v1.NodeCommandRequest
-	24, // 12: iop.runtime.v1.Frame.node_command_response:type_name -> iop.runtime.v1.NodeCommandResponse
-	26, // 13: iop.runtime.v1.Frame.provider_tunnel_request:type_name -> iop.runtime.v1.ProviderTunnelRequest
-	28, // 14: iop.runtime.v1.Frame.provider_tunnel_frame:type_name -> iop.runtime.v1.ProviderTunnelFrame
-	27, // 15: iop.runtime.v1.Frame.tunnel_request_body:type_name -> iop.runtime.v1.TunnelRequestBody
+	7,  // 0: iop.runtime.v1.Frame.register_request:type_name -> iop.runtime.v1.RegisterRequest
+	8,  // 1: iop.runtime.v1.Frame.register_response:type_name -> iop.runtime.v1.RegisterResponse
+	9,  // 2: iop.runtime.v1.Frame.heartbeat:type_name -> iop.runtime.v1.Heartbeat
+	10, // 3: iop.runtime.v1.Frame.config_refresh:type_name -> iop.runtime.v1.ConfigRefresh
+	11, // 4: iop.runtime.v1.Frame.config_refresh_ack:type_name -> iop.runtime.v1.ConfigRefreshAck
+	12, // 5: iop.runtime.v1.Frame.window_update:type_name -> iop.runtime.v1.WindowUpdate
+	13, // 6: iop.runtime.v1.Frame.stream_reset:type_name -> iop.runtime.v1.StreamReset
+	18, // 7: iop.runtime.v1.Frame.run_request:type_name -> iop.runtime.v1.RunRequest
+	19, // 8: iop.runtime.v1.Frame.run_event:type_name -> iop.runtime.v1.RunEvent
+	22, // 9: iop.runtime.v1.Frame.cancel_request:type_name -> iop.runtime.v1.CancelRequest
+	23, // 10: iop.runtime.v1.Frame.cancel_response:type_name -> iop.runtime.v1.CancelResponse
+	24, // 11: iop.runtime.v1.Frame.node_command_request:type_name -> iop.runtime.v1.NodeCommandRequest
+	25, // 12: iop.runtime.v1.Frame.node_command_response:type_name -> iop.runtime.v1.NodeCommandResponse
+	27, // 13: iop.runtime.v1.Frame.provider_tunnel_request:type_name -> iop.runtime.v1.ProviderTunnelRequest
+	29, // 14: iop.runtime.v1.Frame.provider_tunnel_frame:type_name -> iop.runtime.v1.ProviderTunnelFrame
+	28, // 15: iop.runtime.v1.Frame.tunnel_request_body:type_name -> iop.runtime.v1.TunnelRequestBody
 	3,  // 16: iop.runtime.v1.Frame.node_stats:type_name -> iop.runtime.v1.NodeStats
-	4,  // 17: iop.runtime.v1.NodeStats.adapters:type_name -> iop.runtime.v1.AdapterSlots
-	5,  // 18: iop.runtime.v1.NodeStats.providers:type_name -> iop.runtime.v1.ProviderLatency
-	13, // 19: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	13, // 20: iop.runtime.v1.ConfigRefresh.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	14, // 21: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
-	16, // 22: iop.runtime.v1.NodeConfigPayload.providers:type_name -> iop.runtime.v1.ProviderConfig
-	31, // 23: iop.runtime.v1.AdapterConfig.targets:type_name -> iop.runtime.v1.AdapterConfig.TargetsEntry
-	32, // 24: iop.runtime.v1.AdapterConfig.env:type_name -> iop.runtime.v1.AdapterConfig.EnvEntry
-	33, // 25: iop.runtime.v1.ExecTarget.env:type_name -> iop.runtime.v1.ExecTarget.EnvEntry
-	0,  // 26: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.EventType
-	19, // 27: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
-	20, // 28: iop.runtime.v1.RunEvent.error:type_name -> iop.runtime.v1.Error
-	1,  // 29: iop.runtime.v1.CancelRequest.kind:type_name -> iop.runtime.v1.CancelKind
-	20, // 30: iop.runtime.v1.CancelResponse.error:type_name -> iop.runtime.v1.Error
-	20, // 31: iop.runtime.v1.NodeCommandResponse.error:type_name -> iop.runtime.v1.Error
-	25, // 32: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
-	29, // 33: iop.runtime.v1.ProviderTunnelFrame.header:type_name -> iop.runtime.v1.HeaderBlock
-	30, // 34: iop.runtime.v1.ProviderTunnelFrame.end:type_name -> iop.runtime.v1.End
-	20, // 35: iop.runtime.v1.ProviderTunnelFrame.error:type_name -> iop.runtime.v1.Error
-	19, // 36: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
-	25, // 37: iop.runtime.v1.HeaderBlock.headers:type_name -> iop.runtime.v1.Header
-	15, // 38: iop.runtime.v1.AdapterConfig.TargetsEntry.value:type_name -> iop.runtime.v1.ExecTarget
-	39, // [39:39] is the sub-list for method output_type
-	39, // [39:39] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	4,  // 17: iop.runtime.v1.Frame.node_draining:type_name -> iop.runtime.v1.NodeDraining
+	5,  // 18: iop.runtime.v1.NodeStats.adapters:type_name -> iop.runtime.v1.AdapterSlots
+	6,  // 19: iop.runtime.v1.NodeStats.providers:type_name -> iop.runtime.v1.ProviderLatency
+	14, // 20: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	14, // 21: iop.runtime.v1.ConfigRefresh.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	15, // 22: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
+	17, // 23: iop.runtime.v1.NodeConfigPayload.providers:type_name -> iop.runtime.v1.ProviderConfig
+	32, // 24: iop.runtime.v1.AdapterConfig.targets:type_name -> iop.runtime.v1.AdapterConfig.TargetsEntry
+	33, // 25: iop.runtime.v1.AdapterConfig.env:type_name -> iop.runtime.v1.AdapterConfig.EnvEntry
+	34, // 26: iop.runtime.v1.ExecTarget.env:type_name -> iop.runtime.v1.ExecTarget.EnvEntry
+	0,  // 27: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.EventType
+	20, // 28: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
+	21, // 29: iop.runtime.v1.RunEvent.error:type_name -> iop.runtime.v1.Error
+	1,  // 30: iop.runtime.v1.CancelRequest.kind:type_name -> iop.runtime.v1.CancelKind
+	21, // 31: iop.runtime.v1.CancelResponse.error:type_name -> iop.runtime.v1.Error
+	21, // 32: iop.runtime.v1.NodeCommandResponse.error:type_name -> iop.runtime.v1.Error
+	26, // 33: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
+	30, // 34: iop.runtime.v1.ProviderTunnelFrame.header:type_name -> iop.runtime.v1.HeaderBlock
+	31, // 35: iop.runtime.v1.ProviderTunnelFrame.end:type_name -> iop.runtime.v1.End
+	21, // 36: iop.runtime.v1.ProviderTunnelFrame.error:type_name -> iop.runtime.v1.Error
+	20, // 37: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
+	26, // 38: iop.runtime.v1.HeaderBlock.headers:type_name -> iop.runtime.v1.Header
+	16, // 39: iop.runtime.v1.AdapterConfig.TargetsEntry.value:type_name -> iop.runtime.v1.ExecTarget
+	40, // [40:40] is the sub-list for method output_type
+	40, // [40:40] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_iop_runtime_proto_init() }
@@ -2914,8 +2977,9 @@ func file_iop_runtime_proto_init() {
 		(*Frame_ProviderTunnelFrame)(nil),
 		(*Frame_TunnelRequestBody)(nil),
 		(*Frame_NodeStats)(nil),
+		(*Frame_NodeDraining)(nil),
 	}
-	file_iop_runtime_proto_msgTypes[26].OneofWrappers = []any{
+	file_iop_runtime_proto_msgTypes[27].OneofWrappers = []any{
 		(*ProviderTunnelFrame_Status)(nil),
 		(*ProviderTunnelFrame_Header)(nil),
 		(*ProviderTunnelFrame_Body)(nil),
@@ -2930,7 +2994,7 @@ func file_iop_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_iop_runtime_proto_rawDesc), len(file_iop_runtime_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

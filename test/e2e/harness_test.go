@@ -348,6 +348,7 @@ type nodeList struct {
 		ID string `json:"id"`
 		// Connected is false for a node of the config that is not connected.
 		Connected bool `json:"connected"`
+		Draining  bool `json:"draining"`
 		Adapters  []struct {
 			Name     string `json:"name"`
 			InFlight int    `json:"in_flight"`

@@ -193,3 +193,82 @@ func TestStartFailureIsOneLine(t *testing.T) {
 		})
 	}
 }
+
+// drainNodes is two nodes alike: n1 wins a tie by its id. Its "stubborn"
+// target ignores SIGTERM (ignored signals stay ignored across exec), so a
+// run of it ends only at the exec adapter's SIGKILL, 2 s after the node
+// began to stop: the node drains that long.
+func drainNodes() string {
+	node := func(id, token string) string {
+		return fmt.Sprintf(`
+  - id: %s
+    token: %s
+    adapters:
+      - name: exec
+        type: exec
+        targets:
+          upper: {command: ["tr", "a-z", "A-Z"]}
+          sleep: {command: ["sh", "-c", "echo started; exec sleep 300"]}
+          stubborn: {command: ["sh", "-c", "trap '' TERM; echo started; exec sleep 300"]}`, id, token)
+	}
+	return node("n1", testToken) + node("n2", "e2e-token-0002") + "\n"
+}
+
+// While a SIGTERM'd node drains (its runs end and their last events reach
+// their callers), new runs go to the other node and succeed. The draining
+// node used to be chosen all through the drain — here it wins every tie —
+// and each run it was sent failed with 503 shutting_down.
+func TestDrainingNodeGetsNoNewRuns(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, drainNodes())
+	n1 := startNode(t, e, testToken)
+	startNode(t, e, "e2e-token-0002")
+	waitNode(t, e, "n1")
+	waitNode(t, e, "n2")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// One run in flight on each node, so n1 wins the tie while it drains.
+	_, _, resp1, r1 := runUntilStarted(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "stubborn"})
+	defer resp1.Body.Close()
+	_, _, resp2, _ := runUntilStarted(t, ctx, e, map[string]any{"node": "n2", "adapter": "exec", "target": "sleep"})
+	defer resp2.Body.Close()
+
+	bus := watchBus(t, e)
+	if err := n1.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	bus.waitFor(t, 10*time.Second, "node.draining for n1", func(m map[string]any) bool {
+		return m["type"] == "node.draining" && m["node"] == "n1"
+	})
+	var nl nodeList
+	if err := getJSON(e.url+"/v1/nodes", &nl); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nl.Nodes {
+		if n.Connected && n.Draining != (n.ID == "n1") {
+			t.Fatalf("node %s listed draining=%v; want only n1 draining", n.ID, n.Draining)
+		}
+	}
+	for i := range 3 {
+		evs := collectRun(t, startRun(t, ctx, e, map[string]any{"adapter": "exec", "target": "upper", "input": "abc"}))
+		checkWellFormed(t, evs)
+		if last := evs[len(evs)-1]; last.Type != "complete" || last.Node != "n2" {
+			t.Fatalf("run %d during n1's drain ended %+v, want complete on n2", i, last)
+		}
+	}
+	// The drain was under way all along: n1's run ends only now, cancelled.
+	var last sseEvent
+	for {
+		ev, err := r1.Next()
+		if err != nil {
+			break
+		}
+		last = ev
+	}
+	if last.Event != "cancelled" {
+		t.Fatalf("n1's run ended with %+v, want cancelled", last)
+	}
+	if code := n1.waitExit(t, 10*time.Second); code != 0 {
+		t.Fatalf("n1 exited %d:\n%s", code, n1.out.String())
+	}
+}
