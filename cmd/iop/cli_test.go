@@ -507,6 +507,10 @@ func TestUsageErrors(t *testing.T) {
 		{"node", "exec", "n1"},
 		{"node", "exec", "n1", "caps", "{bad"},
 		{"--edge", "ftp://x", "nodes"},
+		// A mistyped subcommand of a command that only groups others.
+		{"node", "bogus"},
+		{"ollama", "bogus"},
+		{"session", "bogus"},
 	} {
 		r := run(t, e.URL, args...)
 		if r.code != 2 || !strings.HasPrefix(r.stderr, "iop: ") {
@@ -528,15 +532,33 @@ func TestUsageHelpAndVersion(t *testing.T) {
 		"run --adapter exec --bogus": "Run 'iop run --help' for usage.",
 		"node exec n1":               "Run 'iop node exec --help' for usage.",
 		"bogus":                      "Run 'iop --help' for usage.",
+		"node bogus":                 "Run 'iop node --help' for usage.",
+		"ollama bogus":               "Run 'iop ollama --help' for usage.",
+		"session bogus":              "Run 'iop session --help' for usage.",
 	} {
 		r := run(t, e.URL, strings.Fields(args)...)
 		if r.code != 2 || !strings.HasSuffix(r.stderr, help+"\n") {
 			t.Errorf("%s: exit %d, stderr %q", args, r.code, r.stderr)
 		}
 	}
+	if r := run(t, e.URL, "node", "bogus"); !strings.HasPrefix(r.stderr, `iop: unknown command "bogus" for "iop node"`+"\n") {
+		t.Errorf("node bogus: stderr %q", r.stderr)
+	}
 	r := run(t, e.URL)
 	if r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, "Available Commands:") {
 		t.Fatalf("iop alone: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	// A command that only groups others, alone, is the same: its help on
+	// stderr, exit 2. Asked for, the help is on stdout with exit 0.
+	for _, group := range []string{"node", "ollama", "session"} {
+		r := run(t, e.URL, group)
+		if r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, "Available Commands:") {
+			t.Errorf("iop %s alone: exit %d, stdout %q, stderr %q", group, r.code, r.stdout, r.stderr)
+		}
+		r = run(t, e.URL, group, "--help")
+		if r.code != 0 || !strings.Contains(r.stdout, "Available Commands:") {
+			t.Errorf("iop %s --help: exit %d, stdout %q, stderr %q", group, r.code, r.stdout, r.stderr)
+		}
 	}
 	r = run(t, e.URL, "--version")
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "iop ") {

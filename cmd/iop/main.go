@@ -88,6 +88,25 @@ func usageError(format string, args ...any) error {
 	return &exitErr{code: exitUsage, err: fmt.Errorf(format, args...)}
 }
 
+// groupRunE is the RunE of a command that only groups subcommands (node,
+// ollama, session). Without one, cobra answers "iop node bogus" and "iop
+// node" with the help on stdout and exit 0, so a mistyped subcommand looked
+// like success to a script; like the root command, a word that is not a
+// subcommand is a usage error, and no word at all prints the help on stderr
+// with the usage exit code. Such a command takes ArbitraryArgs so that the
+// unknown word reaches this function instead of being refused by an Args
+// check cobra skips for a command that cannot run.
+func groupRunE(a *app) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return usageError("unknown command %q for %q", args[0], cmd.CommandPath())
+		}
+		cmd.SetOut(a.stderr)
+		_ = cmd.Help()
+		return &exitErr{code: exitUsage}
+	}
+}
+
 func (a *app) run(ctx context.Context, args []string) int {
 	if a.now == nil {
 		a.now = time.Now

@@ -145,7 +145,8 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "node",
 		Short: "Run node commands (capabilities, transport, usage, sessions, raw)",
-		Args:  cobra.NoArgs,
+		Args:  cobra.ArbitraryArgs,
+		RunE:  groupRunE(a),
 	}
 	reports := []nodeReport{
 		{"caps", "capabilities", "Runtime adapters, version and platform of nodes", renderCaps},

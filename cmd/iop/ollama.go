@@ -20,7 +20,8 @@ func (a *app) ollamaCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ollama",
 		Short: "Manage the models of a node's Ollama (pull, list, ps, show, delete, version)",
-		Args:  cobra.NoArgs,
+		Args:  cobra.ArbitraryArgs,
+		RunE:  groupRunE(a),
 	}
 	cmd.PersistentFlags().StringVar(&node, "node", "", "node (default: the only node, or the only one with an ollama adapter)")
 	cmd.PersistentFlags().StringVar(&adapter, "adapter", "", "ollama adapter on the node, when it has several")

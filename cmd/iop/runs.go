@@ -202,7 +202,8 @@ func (a *app) sessionCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "session",
 		Short: "Manage logical sessions",
-		Args:  cobra.NoArgs,
+		Args:  cobra.ArbitraryArgs,
+		RunE:  groupRunE(a),
 	}
 	var node, adapter, target string
 	end := &cobra.Command{
