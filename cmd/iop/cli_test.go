@@ -756,7 +756,7 @@ func TestEvents(t *testing.T) {
 	r.want(t, 1, ""+
 		"12:00:01.500 node.registered node=n1 remote=1.2.3.4:5\n"+
 		"12:00:02.000 run.event node=n1 run=run_1 #3 delta \"hi there\"\n"+
-		"12:00:03.000 run.event node=n1 run=run_1 #4 error node_disconnected: gone\n"+
+		"12:00:03.000 run.event node=n1 run=run_1 #4 error node_disconnected: \"gone\"\n"+
 		"12:00:04.000 node.rejected remote=5.6.7.8:9 reason=\"unknown_token\"\n"+
 		"12:00:05.000 tunnel.completed node=n1 tunnel=t1 provider=ol status=200 bytes=10 duration=15ms\n")
 	if !strings.Contains(r.stderr, "the edge closed the event stream") {
@@ -768,6 +768,27 @@ func TestEvents(t *testing.T) {
 	r = run(t, e.URL, "events", "--json")
 	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); len(lines) != 5 || lines[0] != `{"type":"node.registered","time":"2026-03-01T12:00:01.5Z","node":"n1","remote":"1.2.3.4:5"}` {
 		t.Fatalf("json lines %q", r.stdout)
+	}
+}
+
+// An error message with newlines and terminal escapes (a node's or an
+// agent's text) stays on its event's one line, quoted and cut at 200
+// characters; so does a tunnel's error, and a name with a control byte.
+func TestEventsOneLineEach(t *testing.T) {
+	e := newFakeEdge(t)
+	long := strings.Repeat("x", 300)
+	e.sse("GET /v1/events", nil,
+		"run.event", `{"type":"run.event","time":"2026-03-01T12:00:01Z","node":"n1","run":{"run_id":"run_1","seq":4,"type":"error","error":{"code":"exec_failed","message":"line one\nline two \u001b[31mred\u001b[0m\r\n"}}}`,
+		"run.event", `{"type":"run.event","time":"2026-03-01T12:00:02Z","node":"n1","run":{"run_id":"run_2","seq":2,"type":"error","error":{"code":"internal","message":"`+long+`"}}}`,
+		"tunnel.completed", `{"type":"tunnel.completed","time":"2026-03-01T12:00:03Z","node":"n1","tunnel":{"id":"t1","provider":"ol","model":"m\u001b]0;x\u0007","status":502,"body_bytes":0,"duration_ms":5,"error":"upstream said:\n\u001b[2Jboom"}}`,
+	)
+	r := run(t, e.URL, "events")
+	r.want(t, 1, ""+
+		"12:00:01.000 run.event node=n1 run=run_1 #4 error exec_failed: \"line one line two \\x1b[31mred\\x1b[0m\"\n"+
+		"12:00:02.000 run.event node=n1 run=run_2 #2 error internal: \""+strings.Repeat("x", 199)+"…\"\n"+
+		"12:00:03.000 tunnel.completed node=n1 tunnel=t1 provider=ol model=\"m\\x1b]0;x\\a\" status=502 bytes=0 duration=5ms error=\"upstream said: \\x1b[2Jboom\"\n")
+	if strings.ContainsRune(r.stdout, 0x1b) {
+		t.Fatalf("a raw escape reached stdout: %q", r.stdout)
 	}
 }
 

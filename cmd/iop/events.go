@@ -49,22 +49,30 @@ func (a *app) formatEvent(ev client.BusEvent) string {
 	var b strings.Builder
 	b.WriteString(ev.Time.In(a.loc).Format("15:04:05.000"))
 	b.WriteString(" ")
-	b.WriteString(ev.Type)
+	b.WriteString(bare(ev.Type))
+	// Values are names and ids, printed bare; one with a space or a
+	// control byte (a model name a caller chose, say) is quoted.
 	kv := func(k, v string) {
 		if v != "" {
-			fmt.Fprintf(&b, " %s=%s", k, v)
+			fmt.Fprintf(&b, " %s=%s", k, bare(v))
 		}
 	}
 	kv("node", ev.Node)
 	kv("remote", ev.Remote)
 	if r := ev.Run; r != nil {
 		kv("run", r.RunID)
-		fmt.Fprintf(&b, " #%d %s", r.Seq, r.Type)
+		fmt.Fprintf(&b, " #%d %s", r.Seq, bare(r.Type))
 		if r.Text != "" {
 			b.WriteString(" " + strconv.Quote(truncate(r.Text, 80)))
 		}
 		if r.Error != nil {
-			fmt.Fprintf(&b, " %s: %s", r.Error.Code, r.Error.Message)
+			// The message comes from a node or an agent's output and may hold
+			// newlines or terminal escapes: quoted, it stays on the event's
+			// one line and prints no control bytes.
+			b.WriteString(" " + bare(r.Error.Code))
+			if r.Error.Message != "" {
+				b.WriteString(": " + quoteShort(r.Error.Message))
+			}
 		}
 		if s := strings.TrimPrefix(usageSummary(r.Usage), ": "); s != "" {
 			b.WriteString(" (" + s + ")")
@@ -83,10 +91,29 @@ func (a *app) formatEvent(ev client.BusEvent) string {
 		if s := strings.TrimPrefix(usageSummary(t.Usage), ": "); s != "" {
 			b.WriteString(" (" + s + ")")
 		}
-		kv("error", t.Error)
+		if t.Error != "" {
+			b.WriteString(" error=" + quoteShort(t.Error))
+		}
 	}
 	if ev.Reason != "" {
 		b.WriteString(" reason=" + strconv.Quote(ev.Reason))
 	}
 	return b.String()
+}
+
+// quoteShort quotes a free text (an error message) for one line of output:
+// at most 200 characters, runs of whitespace as one space, control bytes
+// escaped.
+func quoteShort(s string) string { return strconv.Quote(truncate(s, 200)) }
+
+// bare prints a word (an error code) as it is, unless it holds a space, a
+// quote or a byte that is not printable: that one is quoted, so a hostile
+// value cannot break the line either.
+func bare(s string) string {
+	for _, r := range s {
+		if r == ' ' || r == '"' || !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
