@@ -12,8 +12,10 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // DefaultEdge is the edge the CLI talks to when neither --edge nor IOP_EDGE
@@ -39,9 +41,17 @@ type APIError struct {
 	Status  int // HTTP status; 0 for an error event inside a stream
 	Code    string
 	Message string
+	// Foreign marks an error status whose body was not the API's JSON (a
+	// proxy's or another server's page: --edge points elsewhere). Message
+	// then says so, and is the whole error: a 401 from such a server is
+	// not the edge refusing the key.
+	Foreign bool
 }
 
 func (e *APIError) Error() string {
+	if e.Foreign {
+		return e.Message
+	}
 	switch e.Status {
 	case http.StatusUnauthorized:
 		return fmt.Sprintf("the edge refused the API key: %s (%s); pass a valid key with --api-key or IOP_API_KEY", e.Message, e.Code)
@@ -284,11 +294,40 @@ func decodeError(resp *http.Response) error {
 	if json.Unmarshal(b, &flat) == nil && flat.Error != "" {
 		return &APIError{Status: resp.StatusCode, Code: fmt.Sprintf("http_%d", resp.StatusCode), Message: flat.Error}
 	}
-	msg := strings.TrimSpace(string(b))
-	if msg == "" {
-		msg = http.StatusText(resp.StatusCode)
+	return &APIError{Status: resp.StatusCode, Code: fmt.Sprintf("http_%d", resp.StatusCode), Message: foreignAnswer(resp, b), Foreign: true}
+}
+
+// foreignSnippet bounds how much of a body that is not the API's is shown.
+const foreignSnippet = 200
+
+// foreignAnswer describes an error answer that is not the API's JSON: its
+// status, the URL (without a password) and content type, and the start of
+// its body, quoted. The body used to be the whole message, up to 1 MiB:
+// --edge pointed at a web server printed its HTML page, escapes and all.
+func foreignAnswer(resp *http.Response, body []byte) string {
+	where := "the edge"
+	if resp.Request != nil && resp.Request.URL != nil {
+		where = resp.Request.URL.Redacted()
 	}
-	return &APIError{Status: resp.StatusCode, Code: fmt.Sprintf("http_%d", resp.StatusCode), Message: msg}
+	ct := "no Content-Type"
+	if v := resp.Header.Get("Content-Type"); v != "" {
+		// Escaped like the body: the header comes from that server too.
+		q := strconv.Quote(v)
+		ct = q[1 : len(q)-1]
+	}
+	msg := fmt.Sprintf("HTTP %d from %s: not an iop edge answer (%s)", resp.StatusCode, where, ct)
+	text := strings.Join(strings.Fields(strings.ToValidUTF8(string(body), "\uFFFD")), " ")
+	if text == "" {
+		return msg
+	}
+	if len(text) > foreignSnippet {
+		cut := foreignSnippet
+		for cut > 0 && !utf8.RuneStart(text[cut]) {
+			cut--
+		}
+		text = text[:cut] + "…"
+	}
+	return msg + ": " + strconv.Quote(text)
 }
 
 // Call sends a JSON request and decodes the JSON answer into out (nil

@@ -40,8 +40,17 @@ func TestErrors(t *testing.T) {
 			w.WriteHeader(404)
 			_, _ = io.WriteString(w, `{"error":{"code":"run_not_found","message":"no such run"}}`)
 		case "/v1/plain-error":
+			w.Header().Set("Content-Type", "text/plain")
 			w.WriteHeader(502)
 			_, _ = io.WriteString(w, "bad gateway\n")
+		case "/v1/html-page":
+			// Another web server's page: a megabyte of HTML with a
+			// terminal escape.
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			w.WriteHeader(404)
+			_, _ = io.WriteString(w, "<html>\n<body>\x1b[2J"+strings.Repeat("é", 1<<19)+"</body></html>")
+		case "/v1/proxy-auth":
+			w.WriteHeader(401)
 		}
 	}))
 	defer srv.Close()
@@ -51,9 +60,20 @@ func TestErrors(t *testing.T) {
 	if !errors.As(err, &ae) || ae.Status != 404 || ae.Code != "run_not_found" || err.Error() != "no such run (run_not_found)" {
 		t.Fatalf("err %#v", err)
 	}
+	// An answer that is not the API's JSON says where it came from, and
+	// shows at most 200 bytes of its body, quoted (escapes and all).
 	err = c.Call(context.Background(), "GET", "/v1/plain-error", nil, nil, nil)
-	if !errors.As(err, &ae) || ae.Code != "http_502" || ae.Message != "bad gateway" {
-		t.Fatalf("err %#v", err)
+	if want := "HTTP 502 from " + srv.URL + `/v1/plain-error: not an iop edge answer (text/plain): "bad gateway"`; !errors.As(err, &ae) || ae.Status != 502 || err.Error() != want {
+		t.Fatalf("err %v, want %s", err, want)
+	}
+	err = c.Call(context.Background(), "GET", "/v1/html-page", nil, nil, nil)
+	if want := "HTTP 404 from " + srv.URL + `/v1/html-page: not an iop edge answer (text/html; charset=utf-8): "<html> <body>\x1b[2J` + strings.Repeat("é", 91) + `…"`; err == nil || err.Error() != want {
+		t.Fatalf("err %v, want %s", err, want)
+	}
+	// A 401 from another server is not the edge refusing the key.
+	err = c.Call(context.Background(), "GET", "/v1/proxy-auth", nil, nil, nil)
+	if want := "HTTP 401 from " + srv.URL + "/v1/proxy-auth: not an iop edge answer (no Content-Type)"; err == nil || err.Error() != want {
+		t.Fatalf("err %v, want %s", err, want)
 	}
 
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
