@@ -51,8 +51,12 @@ function dur(a, b) {
   if (!a || !b) return '';
   const ms = new Date(b) - new Date(a);
   if (ms < 1000) return ms + ' ms';
-  if (ms < 60000) return (ms / 1000).toFixed(1) + ' s';
-  return Math.floor(ms / 60000) + 'm ' + Math.round((ms % 60000) / 1000) + 's';
+  // Tenths of a second up to 59.9 s: from 59,950 ms on, toFixed(1) says
+  // "60.0 s". Longer ones are rounded to whole seconds before they are
+  // split, or 119.6 s would be "1m 60s".
+  if (ms < 59950) return (ms / 1000).toFixed(1) + ' s';
+  const sec = Math.round(ms / 1000);
+  return Math.floor(sec / 60) + 'm ' + (sec % 60) + 's';
 }
 
 function num(n) {
@@ -934,12 +938,17 @@ async function pageUsage(root) {
 }
 
 // niceMax rounds a chart's top up so its four gridlines fall on round
-// values (whole numbers for counts).
+// values: whole numbers for counts (requests, tokens), so a step of 2.5 is
+// taken only where it is a whole number (25, 250, …) or for cost.
 function niceMax(v, metricName) {
   if (!(v > 0)) return 1;
-  if (metricName !== 'cost_usd' && v <= 4) return 4;
+  const counts = metricName !== 'cost_usd';
+  if (counts && v <= 4) return 4;
   const mag = Math.pow(10, Math.floor(Math.log10(v / 4)));
-  for (const f of [1, 2, 2.5, 5, 10]) if (f * mag * 4 >= v) return f * mag * 4;
+  for (const f of [1, 2, 2.5, 5, 10]) {
+    if (counts && !Number.isInteger(f * mag)) continue;
+    if (f * mag * 4 >= v) return f * mag * 4;
+  }
   return v;
 }
 

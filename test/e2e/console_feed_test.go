@@ -1,0 +1,351 @@
+package e2e
+
+// Browser tests of how the web console follows the live feed when it
+// misbehaves — a connection that dies silently, events the edge dropped, a
+// feed that closes, a run longer than the page keeps — and of its small
+// formatting helpers. A real edge does none of that on demand, so the page
+// here talks to fakeConsoleEdge: the console's own files (the package the
+// edge embeds) and a scripted /v1 API. They skip without Chromium, as
+// console_test.go does.
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"iop/adapters/http/console"
+)
+
+// fakeConsoleEdge answers the routes the console calls.
+type fakeConsoleEdge struct {
+	*httptest.Server
+	t *testing.T
+
+	mu sync.Mutex
+	// keys, when not empty, are the accepted API keys: "all" may do
+	// anything, "no-events" gets 403 on GET /v1/events. A revoked key is 401.
+	keys    map[string]string
+	revoked map[string]bool
+	// runs are the history's records, oldest first.
+	runs []map[string]any
+	// feeds are the open GET /v1/events connections; busKeys the key each
+	// connection came with, in order.
+	feeds   []*fakeFeed
+	busKeys []string
+	// keepAlive is how often a feed sends ": keep-alive" (0: never, as a
+	// connection that died without a FIN or RST looks).
+	keepAlive time.Duration
+	// runEvents, when set, is the stream of a run started with POST
+	// /v1/runs: each event goes to the caller and to every feed.
+	runEvents func(runID string) []map[string]any
+	// busAheadDropping, when set, makes the feeds get the run's events
+	// first, without these seqs (events the edge dropped for a slow
+	// subscriber), 200 ms after the caller got the headers, and the caller
+	// its stream 300 ms later.
+	busAheadDropping []int
+}
+
+type fakeFeed struct {
+	out  chan string
+	quit chan struct{}
+}
+
+func newFakeConsoleEdge(t *testing.T) *fakeConsoleEdge {
+	f := &fakeConsoleEdge{t: t, keys: map[string]string{}, revoked: map[string]bool{}}
+	mux := http.NewServeMux()
+	mux.Handle("GET /ui/", console.Handler())
+	mux.HandleFunc("GET /v1/nodes", func(w http.ResponseWriter, r *http.Request) {
+		if f.auth(w, r, "") {
+			writeFakeJSON(w, 200, map[string]any{"nodes": []any{map[string]any{"id": "n1", "connected": true,
+				"adapters": []any{map[string]any{"name": "exec", "type": "exec", "max_concurrency": 4, "in_flight": 0}}}}})
+		}
+	})
+	mux.HandleFunc("GET /v1/usage", func(w http.ResponseWriter, r *http.Request) {
+		if f.auth(w, r, "") {
+			writeFakeJSON(w, 200, map[string]any{"usage": []any{}, "tunnels": []any{}})
+		}
+	})
+	mux.HandleFunc("GET /v1/runs", func(w http.ResponseWriter, r *http.Request) {
+		if !f.auth(w, r, "") {
+			return
+		}
+		f.mu.Lock()
+		list := slices.Clone(f.runs)
+		f.mu.Unlock()
+		slices.Reverse(list)
+		writeFakeJSON(w, 200, map[string]any{"runs": list})
+	})
+	mux.HandleFunc("GET /v1/runs/{id}", func(w http.ResponseWriter, r *http.Request) {
+		if !f.auth(w, r, "") {
+			return
+		}
+		if rec := f.run(r.PathValue("id")); rec != nil {
+			writeFakeJSON(w, 200, rec)
+			return
+		}
+		writeFakeJSON(w, 404, map[string]any{"error": map[string]string{"code": "run_not_found", "message": "no such run"}})
+	})
+	// The scope probe (node "-") sends a body that is not JSON: 400, the
+	// scope is there. The nodes page asks n1 for its RTT.
+	mux.HandleFunc("POST /v1/nodes/{id}/commands", func(w http.ResponseWriter, r *http.Request) {
+		if !f.auth(w, r, "") {
+			return
+		}
+		if r.PathValue("id") == "-" {
+			writeFakeJSON(w, 400, map[string]any{"error": map[string]string{"code": "invalid_request", "message": "not JSON"}})
+			return
+		}
+		writeFakeJSON(w, 200, map[string]any{"last_rtt_ms": 1.5})
+	})
+	mux.HandleFunc("POST /v1/runs", f.startRun)
+	mux.HandleFunc("GET /v1/events", f.events)
+	f.Server = httptest.NewServer(mux)
+	t.Cleanup(func() {
+		f.closeFeeds()
+		f.Close()
+	})
+	return f
+}
+
+func writeFakeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// auth answers 401 or 403 as the edge would and reports whether to go on.
+func (f *fakeConsoleEdge) auth(w http.ResponseWriter, r *http.Request, route string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.keys) == 0 {
+		return true
+	}
+	key := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+	kind, ok := f.keys[key]
+	if !ok || f.revoked[key] {
+		writeFakeJSON(w, 401, map[string]any{"error": map[string]string{"code": "unauthorized", "message": "unknown API key"}})
+		return false
+	}
+	if route == "events" && kind == "no-events" {
+		writeFakeJSON(w, 403, map[string]any{"error": map[string]string{"code": "forbidden", "message": "no read scope"}})
+		return false
+	}
+	return true
+}
+
+func (f *fakeConsoleEdge) run(id string) map[string]any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range f.runs {
+		if r["run_id"] == id {
+			return r
+		}
+	}
+	return nil
+}
+
+// setRun adds a run record or changes its status.
+func (f *fakeConsoleEdge) setRun(id, status string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range f.runs {
+		if r["run_id"] == id {
+			r["status"] = status
+			if status != "running" {
+				r["finished_at"] = time.Now().UTC().Format(time.RFC3339Nano)
+			}
+			return
+		}
+	}
+	f.runs = append(f.runs, map[string]any{"run_id": id, "node": "n1", "adapter": "exec", "target": "t", "status": status,
+		"created_at": time.Now().UTC().Format(time.RFC3339Nano)})
+}
+
+func (f *fakeConsoleEdge) events(w http.ResponseWriter, r *http.Request) {
+	if !f.auth(w, r, "events") {
+		return
+	}
+	feed := &fakeFeed{out: make(chan string, 1<<14), quit: make(chan struct{})}
+	f.mu.Lock()
+	f.feeds = append(f.feeds, feed)
+	f.busKeys = append(f.busKeys, strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
+	keepAlive := f.keepAlive
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.feeds = slices.DeleteFunc(f.feeds, func(x *fakeFeed) bool { return x == feed })
+		f.mu.Unlock()
+	}()
+	w.Header().Set("Content-Type", "text/event-stream")
+	_, _ = io.WriteString(w, ": subscribed\n\n")
+	w.(http.Flusher).Flush()
+	var tick <-chan time.Time
+	if keepAlive > 0 {
+		tk := time.NewTicker(keepAlive)
+		defer tk.Stop()
+		tick = tk.C
+	}
+	for {
+		select {
+		case s := <-feed.out:
+			_, _ = io.WriteString(w, s)
+			// Whatever else is queued goes in the same write.
+			for more := true; more; {
+				select {
+				case s := <-feed.out:
+					_, _ = io.WriteString(w, s)
+				default:
+					more = false
+				}
+			}
+			w.(http.Flusher).Flush()
+		case <-tick:
+			_, _ = io.WriteString(w, ": keep-alive\n\n")
+			w.(http.Flusher).Flush()
+		case <-feed.quit:
+			return
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+// send writes raw SSE text to every open feed.
+func (f *fakeConsoleEdge) send(s string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, feed := range f.feeds {
+		feed.out <- s
+	}
+}
+
+// publish sends one run event on the bus, as a run.event.
+func (f *fakeConsoleEdge) publish(ev map[string]any) {
+	b, _ := json.Marshal(map[string]any{"type": "run.event", "time": time.Now().UTC().Format(time.RFC3339Nano), "node": "n1", "run": ev})
+	f.send("event: run.event\ndata: " + string(b) + "\n\n")
+}
+
+// closeFeeds ends every open feed, as an edge's restart would.
+func (f *fakeConsoleEdge) closeFeeds() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, feed := range f.feeds {
+		close(feed.quit)
+	}
+	f.feeds = nil
+}
+
+// busConnections is how many GET /v1/events were answered with a stream,
+// and with which keys.
+func (f *fakeConsoleEdge) busConnections() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.busKeys)
+}
+
+func (f *fakeConsoleEdge) startRun(w http.ResponseWriter, r *http.Request) {
+	if !f.auth(w, r, "") {
+		return
+	}
+	var body map[string]any
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil || f.runEvents == nil {
+		writeFakeJSON(w, 400, map[string]any{"error": map[string]string{"code": "invalid_request", "message": "not JSON"}})
+		return
+	}
+	id := fmt.Sprintf("run_fake_%d", time.Now().UnixNano())
+	f.setRun(id, "running")
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("X-IOP-Run-ID", id)
+	w.Header().Set("X-IOP-Node", "n1")
+	w.WriteHeader(200)
+	w.(http.Flusher).Flush()
+	f.mu.Lock()
+	drop := f.busAheadDropping
+	f.mu.Unlock()
+	evs := f.runEvents(id)
+	if drop != nil {
+		// The page has the headers (the run's id) before the bus's events
+		// come; only its stream's events are behind.
+		time.Sleep(200 * time.Millisecond)
+		for _, ev := range evs {
+			if !slices.Contains(drop, ev["seq"].(int)) {
+				f.publish(ev)
+			}
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	for i, ev := range evs {
+		b, _ := json.Marshal(ev)
+		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev["type"], b)
+		if drop == nil {
+			f.publish(ev)
+		}
+		if i%100 == 0 {
+			w.(http.Flusher).Flush()
+		}
+	}
+	w.(http.Flusher).Flush()
+	f.setRun(id, "succeeded")
+}
+
+// openFake opens the console on the fake edge and waits for its live feed.
+func openFake(b *browser, f *fakeConsoleEdge, page string) {
+	b.t.Helper()
+	b.open(f.URL + "/ui/#/" + page)
+	b.waitJS(10*time.Second, "bus connected", `document.getElementById('bus-state').classList.contains('live')`)
+}
+
+// The duration column and the usage chart's gridlines read right at the
+// edges: no "60.0 s" nor "1m 60s", and no fractional request counts.
+func TestConsoleFormatting(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	openFake(b, f, "nodes")
+	for _, c := range []struct {
+		ms   int
+		want string
+	}{
+		{999, "999 ms"}, {1000, "1.0 s"}, {59949, "59.9 s"}, {59950, "1m 0s"}, {59999, "1m 0s"},
+		{60000, "1m 0s"}, {119499, "1m 59s"}, {119500, "2m 0s"}, {119999, "2m 0s"}, {3599600, "60m 0s"},
+	} {
+		got := evalJS[string](b, fmt.Sprintf(`dur('2026-03-01T12:00:00Z', new Date(Date.parse('2026-03-01T12:00:00Z') + %d).toISOString())`, c.ms))
+		if got != c.want {
+			t.Errorf("dur of %d ms: %q, want %q", c.ms, got, c.want)
+		}
+	}
+	// A request count's chart top gives four whole gridline steps; cost may
+	// step by fractions.
+	for _, v := range []float64{1, 3, 4, 5, 7, 8, 9, 10, 11, 19, 21, 37, 99, 101, 990, 12345} {
+		for _, m := range []string{"requests", "total_tokens"} {
+			top := evalJS[float64](b, fmt.Sprintf(`niceMax(%v, %q)`, v, m))
+			if top < v || top != float64(int64(top)) || int64(top)%4 != 0 {
+				t.Errorf("niceMax(%v, %s) = %v: want a multiple of 4 at least %v", v, m, top, v)
+			}
+		}
+	}
+	if top := evalJS[float64](b, `niceMax(9, 'cost_usd')`); top != 10 {
+		t.Errorf("niceMax(9, cost_usd) = %v, want 10 (steps of 2.5)", top)
+	}
+	// The drawn labels: nine requests in one bucket.
+	labels := evalJS[[]string](b, `(() => {
+		const pts = Array.from({ length: 9 }, () => ({ t: new Date(), group: 'n1', v: 1 }));
+		const el = barChart(pts, new Date(Date.now() - 3600e3), 'requests');
+		return [...el.querySelectorAll('svg > text[x="50"]')].map((t) => t.textContent); // the y axis (L - 6)
+	})()`)
+	if len(labels) != 5 {
+		t.Fatalf("gridline labels %q, want 5", labels)
+	}
+	for _, l := range labels {
+		if strings.ContainsAny(l, ".,") {
+			t.Errorf("gridline label %q of a request count is not a whole number (labels %q)", l, labels)
+		}
+	}
+	b.checkClean()
+}
