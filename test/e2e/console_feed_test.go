@@ -349,3 +349,74 @@ func TestConsoleFormatting(t *testing.T) {
 	}
 	b.checkClean()
 }
+
+// A run started from "Start a run" arrives twice, on its own stream and on
+// the bus; past the 4,000 events the page keeps, its output was folded
+// twice. Its page shows each line once.
+func TestConsoleLongRunOutputOnce(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	const n = 4100
+	f.runEvents = func(id string) []map[string]any {
+		evs := []map[string]any{{"run_id": id, "node": "n1", "seq": 1, "type": "start"}}
+		for i := 2; i < n; i++ {
+			evs = append(evs, map[string]any{"run_id": id, "node": "n1", "seq": i, "type": "delta", "text": fmt.Sprintf("line %d\n", i)})
+		}
+		return append(evs, map[string]any{"run_id": id, "node": "n1", "seq": n, "type": "complete"})
+	}
+	openFake(b, f, "start")
+	b.waitJS(10*time.Second, "start form", `document.getElementById('start-submit')`)
+	b.click(`#start-submit`)
+	b.waitJS(20*time.Second, "run complete", `document.getElementById('start-status').innerText === 'succeeded'`)
+	id := evalJS[string](b, `document.querySelector('#start-run a').innerText`)
+	// The bus's copies arrive around the same time; give them a moment.
+	time.Sleep(500 * time.Millisecond)
+	b.click(`#start-run a`)
+	b.waitJS(10*time.Second, "run page", `document.querySelector('[data-page="run"]') && document.getElementById('run-output').innerText.includes('line 4099')`)
+	out := evalJS[string](b, `document.getElementById('run-output').textContent`)
+	if got := strings.Count(out, "line 4099\n"); got != 1 {
+		t.Errorf("line 4099 shown %d times on run %s's page", got, id)
+	}
+	if got, want := strings.Count(out, "\n"), n-2; got != want {
+		t.Errorf("run %s's page shows %d lines, want %d", id, got, want)
+	}
+
+	// The same by hand, without the Start page's own stream: two feeds of
+	// one run, interleaved, each event folded once (the first) however
+	// many events the run has.
+	lines := evalJS[int](b, `(() => {
+		const evs = [{ run_id: 'r2', seq: 1, type: 'start' }];
+		for (let i = 2; i <= 4100; i++) evs.push({ run_id: 'r2', seq: i, type: 'delta', text: 'x\n' });
+		for (const ev of evs) { applyRunEvent(ev); applyRunEvent({ ...ev }); }
+		// A late copy of an early event changes nothing either.
+		applyRunEvent({ run_id: 'r2', seq: 3, type: 'delta', text: 'x\n' });
+		return runs.get('r2').output.split('\n').length - 1;
+	})()`)
+	if lines != 4099 {
+		t.Errorf("two interleaved feeds of 4099 deltas fold into %d lines, want 4099", lines)
+	}
+
+	// The bus ahead of the run's own stream and missing events (dropped for
+	// a slow tab): the page follows the run's own stream, which has them
+	// all, in order.
+	f.mu.Lock()
+	f.busAheadDropping = []int{3, 4}
+	f.runEvents = func(id string) []map[string]any {
+		evs := []map[string]any{{"run_id": id, "node": "n1", "seq": 1, "type": "start"}}
+		for i := 2; i <= 5; i++ {
+			evs = append(evs, map[string]any{"run_id": id, "node": "n1", "seq": i, "type": "delta", "text": fmt.Sprintf("line %d\n", i)})
+		}
+		return append(evs, map[string]any{"run_id": id, "node": "n1", "seq": 6, "type": "complete"})
+	}
+	f.mu.Unlock()
+	b.open(f.URL + "/ui/#/start")
+	b.waitJS(10*time.Second, "start form", `document.querySelector('#start-adapter option[value="exec"]')`)
+	b.click(`#start-submit`)
+	b.waitJS(10*time.Second, "short run complete", `document.getElementById('start-status').innerText === 'succeeded'`)
+	b.click(`#start-run a`)
+	b.waitJS(10*time.Second, "its run page", `document.querySelector('[data-page="run"]') && document.getElementById('run-output').innerText.includes('line 5')`)
+	if out := evalJS[string](b, `document.getElementById('run-output').textContent`); out != "line 2\nline 3\nline 4\nline 5\n" {
+		t.Errorf("run page output with the bus ahead and lossy: %q", out)
+	}
+	b.checkClean()
+}

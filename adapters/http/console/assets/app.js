@@ -270,7 +270,7 @@ const online = (n) => n.connected !== false;
 function runState(id, node) {
   let r = runs.get(id);
   if (!r) {
-    r = { run_id: id, node, status: 'running', events: [], output: '', reasoning: '', usage: null, error: null, seenAt: new Date().toISOString() };
+    r = { run_id: id, node, status: 'running', events: [], lastSeq: 0, output: '', reasoning: '', usage: null, error: null, seenAt: new Date().toISOString() };
     runs.set(id, r);
     if (runs.size > MAX_RUNS) runs.delete(runs.keys().next().value);
   }
@@ -278,11 +278,19 @@ function runState(id, node) {
   return r;
 }
 
-// applyRunEvent folds one run event into its run's state.
+// applyRunEvent folds one run event into its run's state. A run started
+// from this tab comes twice, from its POST stream and from the bus: a seq
+// at or below the last one folded is a copy. (The events list cannot tell:
+// it stops growing at MAX_EVENTS_PER_RUN, after which every event was
+// folded twice.) A run's seqs go up by one from 1, and each feed is in
+// order.
 function applyRunEvent(ev) {
   if (!ev || !ev.run_id) return null;
   const r = runState(ev.run_id, ev.node);
-  if (ev.seq && r.events.some((e) => e.seq === ev.seq)) return r;
+  if (ev.seq) {
+    if (ev.seq <= r.lastSeq) return r;
+    r.lastSeq = ev.seq;
+  }
   if (r.events.length < MAX_EVENTS_PER_RUN) r.events.push(ev);
   switch (ev.type) {
     case 'start': {
@@ -306,6 +314,12 @@ function applyRunEvent(ev) {
 
 let busCtl = null;
 
+function notifyBus(type, ev) {
+  for (const l of busListeners) {
+    try { l(type, ev); } catch (e) { console.error(e); }
+  }
+}
+
 // startBus keeps one connection to GET /v1/events for the whole tab and
 // reconnects with backoff; the pages listen to it for live updates.
 async function startBus() {
@@ -322,16 +336,16 @@ async function startBus() {
       await readSSE(resp, (type, data) => {
         let ev;
         try { ev = JSON.parse(data); } catch { return; }
-        if (ev.run) applyRunEvent(ev.run);
+        // A run this tab streams itself (Start a run) is folded from that
+        // stream; the bus's copy only tells the pages to look again.
+        if (ev.run && !(runs.get(ev.run.run_id) || {}).ownStream) applyRunEvent(ev.run);
         if (ev.node && type.startsWith('node.')) {
           const n = seenNodes.get(ev.node) || {};
           if (type === 'node.disconnected') n.disconnectedAt = ev.time;
           if (type === 'node.registered') n.disconnectedAt = null;
           seenNodes.set(ev.node, n);
         }
-        for (const l of busListeners) {
-          try { l(type, ev); } catch (e) { console.error(e); }
-        }
+        notifyBus(type, ev);
       });
     } catch (err) {
       if (err.status === 403) {
@@ -785,29 +799,55 @@ async function pageStart(root) {
     const body = { adapter: adapter.value, target: target.value, input: input.value };
     if (node.value) body.node = node.value;
     if (session.value) body.session_id = session.value;
-    let last = 'error';
+    let last = 'error', own = null;
     try {
       const resp = await api('/v1/runs', { method: 'POST', json: body, action: 'runs.start', headers: { Accept: 'text/event-stream' } });
       runID = resp.headers.get('X-IOP-Run-ID') || '';
       if (runID) {
+        // While this stream runs, the run's state follows it alone: it holds
+        // every event, in order, where the bus may drop some (applyRunEvent
+        // would then take a later seq first and the missed ones never).
+        own = runState(runID, resp.headers.get('X-IOP-Node') || undefined);
+        own.ownStream = true;
         runLink.replaceChildren(h('a', { href: '#/run/' + encodeURIComponent(runID), class: 'mono' }, runID), ' on ', resp.headers.get('X-IOP-Node') || '');
         cancel.hidden = !allowed('runs.cancel');
         cancel.disabled = false;
         cancel.textContent = 'Cancel';
       }
+      // One redraw per frame, not one per event: a redraw sets the whole
+      // output and reads its layout, so a run of thousands of small deltas
+      // took minutes to stream here (and a hidden tab draws nothing until
+      // it is shown again).
+      let drawn = true;
+      const draw = () => {
+        if (drawn) return;
+        drawn = true;
+        fresh.update(state);
+      };
+      // No idle limit here, unlike the event feeds: closing a foreground
+      // run's stream cancels the run, so a false alarm (a tab the browser
+      // froze in the background, its timer firing before the data queued
+      // meanwhile is read) would cost the run, where a feed only reconnects.
       await readSSE(resp, (type, data) => {
         let ev;
         try { ev = JSON.parse(data); } catch { return; }
         if (!runID && ev.run_id) runID = ev.run_id;
         applyRunEvent(ev);
+        // The pages hear it as from the bus, which skips this run while
+        // this stream runs (and may be off: a key without the events scope).
+        notifyBus('run.event', { type: 'run.event', node: ev.node, run: ev });
         state.events.push(ev);
         if (ev.type === 'delta') state.output += ev.text || '';
         if (ev.type === 'reasoning_delta') state.reasoning += ev.text || '';
         if (ev.usage) state.usage = ev.usage;
         if (ev.error) state.error = ev.error;
         if (TERMINAL.has(ev.type)) last = ev.type;
-        fresh.update(state);
+        if (drawn) {
+          drawn = false;
+          requestAnimationFrame(draw);
+        }
       });
+      draw();
       status.replaceChildren(badge(statusOfTerminal(last)));
     } catch (err) {
       status.replaceChildren(badge('failed'));
@@ -818,6 +858,7 @@ async function pageStart(root) {
         showError(note, err);
       }
     } finally {
+      if (own) own.ownStream = false; // the bus takes over a stream that broke
       submit.disabled = false;
       cancel.hidden = true;
     }
