@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"iop/adapters/http/console"
 )
 
@@ -417,6 +419,132 @@ func TestConsoleLongRunOutputOnce(t *testing.T) {
 	b.waitJS(10*time.Second, "its run page", `document.querySelector('[data-page="run"]') && document.getElementById('run-output').innerText.includes('line 5')`)
 	if out := evalJS[string](b, `document.getElementById('run-output').textContent`); out != "line 2\nline 3\nline 4\nline 5\n" {
 		t.Errorf("run page output with the bus ahead and lossy: %q", out)
+	}
+	b.checkClean()
+}
+
+// A run whose end the bus never showed leaves "In flight" once the edge says
+// it ended: when the history is read, when the edge reports dropped events,
+// and when the feed comes back after a break.
+func TestConsoleMissedEndsSettle(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	inFlight := func(id string) string { return fmt.Sprintf(`document.querySelector('#runs-live tr[data-run=%q]')`, id) }
+	start := func(id string) {
+		t.Helper()
+		f.setRun(id, "running")
+		f.publish(map[string]any{"run_id": id, "node": "n1", "seq": 1, "type": "start", "metadata": map[string]any{"adapter": "exec", "target": "t"}})
+		b.waitJS(10*time.Second, id+" in flight", inFlight(id))
+		// The history read the start makes the page do is over: only what
+		// comes next can tell the page of the end.
+		b.waitJS(10*time.Second, id+" running in the history", fmt.Sprintf(`document.querySelector('#runs-history tr[data-run=%q] .badge.running')`, id))
+	}
+	openFake(b, f, "runs")
+
+	// The history, read again, says r1 ended.
+	start("r1")
+	f.setRun("r1", "succeeded")
+	b.click(`form.panel button.primary`) // Filter
+	b.waitJS(10*time.Second, "r1 out of In flight after the history said it ended", "!"+inFlight("r1"))
+
+	// The edge dropped events (r2's end among them).
+	start("r2")
+	f.setRun("r2", "failed")
+	f.send(": dropped 7 events\n\n")
+	b.waitJS(10*time.Second, "r2 out of In flight after dropped events", "!"+inFlight("r2"))
+
+	// The feed broke and came back (r3's end was sent while it was away).
+	start("r3")
+	f.setRun("r3", "cancelled")
+	before := len(f.busConnections())
+	f.closeFeeds()
+	waitFor(t, "the feed made again", func() error {
+		if n := len(f.busConnections()); n <= before {
+			return fmt.Errorf("%d feed connections", n)
+		}
+		return nil
+	})
+	b.waitJS(10*time.Second, "r3 out of In flight after the feed came back", "!"+inFlight("r3"))
+	b.checkClean()
+}
+
+// A feed that stays silent past the idle limit (no keep-alive: the
+// connection died without a word) is made again; one whose keep-alives
+// arrive is kept. The Events page says its own feed stopped.
+func TestConsoleDeadFeed(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	f.mu.Lock()
+	f.keepAlive = 300 * time.Millisecond
+	f.mu.Unlock()
+	b.open(f.URL + "/ui/#/nodes")
+	// The limit is shortened for the test (60 s otherwise), then the page
+	// loaded again to read it.
+	evalJS[bool](b, `sessionStorage.setItem('iop.console.sseIdleMs', '1500'), true`)
+	b.do(15*time.Second, "reload", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`#main [data-page]`)))
+	b.waitJS(10*time.Second, "bus connected", `document.getElementById('bus-state').classList.contains('live')`)
+	if got := evalJS[float64](b, `SSE_IDLE_MS`); got != 1500 {
+		t.Fatalf("SSE_IDLE_MS = %v, want the 1500 the test set", got)
+	}
+	// Keep-alives every 300 ms: the connection is kept.
+	kept := len(f.busConnections())
+	time.Sleep(4 * time.Second)
+	if n := len(f.busConnections()); n != kept {
+		t.Fatalf("a feed sending keep-alives was made again: %d connections, then %d", kept, n)
+	}
+	// Silence: the page drops the connection and makes another.
+	f.mu.Lock()
+	f.keepAlive = 0
+	f.mu.Unlock()
+	f.closeFeeds() // the next connection is a silent one
+	waitFor(t, "a silent feed's connection", func() error {
+		if n := len(f.busConnections()); n <= kept {
+			return fmt.Errorf("%d connections", n)
+		}
+		return nil
+	})
+	silent := len(f.busConnections())
+	waitFor(t, "the silent feed made again", func() error {
+		if n := len(f.busConnections()); n <= silent {
+			return fmt.Errorf("%d connections", n)
+		}
+		return nil
+	})
+	b.waitJS(10*time.Second, "bus live again", `document.getElementById('bus-state').classList.contains('live')`)
+
+	// The Events page's own feed, silent, says it stopped.
+	b.open(f.URL + "/ui/#/events")
+	b.waitJS(10*time.Second, "Events page says its feed stopped", `/stopped: no data from the edge/.test(document.getElementById('ev-idle')?.innerText || '')`)
+	evalJS[bool](b, `sessionStorage.removeItem('iop.console.sseIdleMs'), true`)
+	b.checkClean()
+}
+
+// A key that may not read events stops the feed ("no live feed"); when a
+// later key is entered (the first one refused), the feed starts again with
+// it.
+func TestConsoleKeyChangeRestartsFeed(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	f.mu.Lock()
+	f.keys = map[string]string{"key-without-events": "no-events", "key-with-events": "all"}
+	f.mu.Unlock()
+	b.open(f.URL + "/ui/#/nodes")
+	b.waitJS(10*time.Second, "key dialog", `document.getElementById('key-dialog').open`)
+	b.do(10*time.Second, "enter the key without events", chromedp.SetValue(chromedp.CSS(`#key-input`), "key-without-events"))
+	b.click(`#key-submit`)
+	b.waitJS(10*time.Second, "no live feed", `/no live feed/.test(document.getElementById('bus-state').innerText)`)
+
+	// The edge no longer takes that key: the nodes page's next refresh
+	// (every 5 s) asks for another.
+	f.mu.Lock()
+	f.revoked["key-without-events"] = true
+	f.mu.Unlock()
+	b.waitJS(15*time.Second, "key dialog again", `document.getElementById('key-dialog').open`)
+	b.do(10*time.Second, "enter the key with events", chromedp.SetValue(chromedp.CSS(`#key-input`), "key-with-events"))
+	b.click(`#key-submit`)
+	b.waitJS(10*time.Second, "feed live with the new key", `document.getElementById('bus-state').classList.contains('live')`)
+	if keys := f.busConnections(); !slices.Contains(keys, "key-with-events") {
+		t.Errorf("feed connections were made with %q, never with the new key", keys)
 	}
 	b.checkClean()
 }

@@ -157,6 +157,7 @@ function askKey(reason) {
       probeScopes().then(() => {
         keyPrompt = null;
         resolve();
+        restartBus();
       });
     };
     form.addEventListener('submit', done);
@@ -216,36 +217,77 @@ async function apiJSON(path, opts) {
   return (await api(path, opts)).json();
 }
 
+// SSE_IDLE_MS is how long an event feed may stay silent before the page
+// takes its connection for dead: four of the edge's keep-alives, sent every
+// 15 s (DefaultKeepAlive in adapters/http/server.go). A connection that
+// died without a FIN or RST (a sleeping laptop, a NAT that forgot it)
+// otherwise leaves the feed "live" and silent for good. The tests shorten
+// it through session storage, read once when the page loads.
+const SSE_IDLE_MS = Number(sessionStorage.getItem('iop.console.sseIdleMs')) || 60000;
+
+// IdleError is thrown by readSSE when no byte came for SSE_IDLE_MS.
+class IdleError extends Error {
+  constructor(ms) {
+    super(`no data from the edge for ${Math.round(ms / 1000)} s (it sends a keep-alive every 15 s): the connection is taken for dead`);
+    this.name = 'IdleError';
+  }
+}
+
 // readSSE reads a text/event-stream body (from fetch, so it can carry the
 // Authorization header, which EventSource cannot) and calls onEvent(type,
-// data) per event until the stream ends or the signal aborts.
-async function readSSE(resp, onEvent) {
+// data) per event and onComment(text) per comment line (": keep-alive",
+// ": dropped N events") until the stream ends or the signal aborts. With
+// opts.idleMs, a stream silent that long is cancelled and IdleError thrown;
+// every chunk read, keep-alives included, restarts the wait.
+async function readSSE(resp, onEvent, opts = {}) {
   const reader = resp.body.getReader();
   const dec = new TextDecoder();
   let buf = '', type = '', data = [];
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buf += dec.decode(value, { stream: true });
-    let i;
-    while ((i = buf.indexOf('\n')) >= 0) {
-      let line = buf.slice(0, i);
-      buf = buf.slice(i + 1);
-      if (line.endsWith('\r')) line = line.slice(0, -1);
-      if (line === '') {
-        if (data.length) onEvent(type || 'message', data.join('\n'));
-        type = '';
-        data = [];
-      } else if (line.startsWith(':')) {
-        // comment: keep-alive or "dropped N events"
-      } else if (line.startsWith('event:')) {
-        type = line.slice(6).trim();
-      } else if (line.startsWith('data:')) {
-        let d = line.slice(5);
-        if (d.startsWith(' ')) d = d.slice(1);
-        data.push(d);
+  let idle = false, timer = null;
+  const arm = () => {
+    if (!opts.idleMs) return;
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      idle = true;
+      reader.cancel().catch(() => {}); // ends the pending read and closes the connection
+    }, opts.idleMs);
+  };
+  arm();
+  try {
+    for (;;) {
+      let chunk;
+      try {
+        chunk = await reader.read();
+      } catch (err) {
+        if (idle) throw new IdleError(opts.idleMs);
+        throw err;
+      }
+      if (idle) throw new IdleError(opts.idleMs);
+      if (chunk.done) return;
+      arm();
+      buf += dec.decode(chunk.value, { stream: true });
+      let i;
+      while ((i = buf.indexOf('\n')) >= 0) {
+        let line = buf.slice(0, i);
+        buf = buf.slice(i + 1);
+        if (line.endsWith('\r')) line = line.slice(0, -1);
+        if (line === '') {
+          if (data.length) onEvent(type || 'message', data.join('\n'));
+          type = '';
+          data = [];
+        } else if (line.startsWith(':')) {
+          if (opts.onComment) opts.onComment(line.slice(1).trim());
+        } else if (line.startsWith('event:')) {
+          type = line.slice(6).trim();
+        } else if (line.startsWith('data:')) {
+          let d = line.slice(5);
+          if (d.startsWith(' ')) d = d.slice(1);
+          data.push(d);
+        }
       }
     }
+  } finally {
+    clearTimeout(timer);
   }
 }
 
@@ -312,7 +354,7 @@ function applyRunEvent(ev) {
   return r;
 }
 
-let busCtl = null;
+let busCtl = null, busRunning = false, busWake = null;
 
 function notifyBus(type, ev) {
   for (const l of busListeners) {
@@ -320,45 +362,125 @@ function notifyBus(type, ev) {
   }
 }
 
-// startBus keeps one connection to GET /v1/events for the whole tab and
-// reconnects with backoff; the pages listen to it for live updates.
-async function startBus() {
-  if (!allowed('events')) return;
-  const state = document.getElementById('bus-state');
-  let backoff = 1000;
-  for (;;) {
-    busCtl = new AbortController();
+// settleRuns asks the edge about the runs this tab holds as unfinished, the
+// newest first, and takes the end of those that ended: after the bus lost
+// events (a reconnect, a "dropped N events" comment) their terminal events
+// may be among the lost, and the Runs page would show them in flight for
+// good.
+async function settleRuns() {
+  const open = [...runs.values()].filter((r) => !FINISHED.has(r.status)).reverse().slice(0, 50);
+  await Promise.all(open.map(async (r) => {
     try {
-      const resp = await api('/v1/events', { signal: busCtl.signal, action: 'events', headers: { Accept: 'text/event-stream' } });
-      state.textContent = '● live';
-      state.className = 'live';
-      backoff = 1000;
-      await readSSE(resp, (type, data) => {
-        let ev;
-        try { ev = JSON.parse(data); } catch { return; }
-        // A run this tab streams itself (Start a run) is folded from that
-        // stream; the bus's copy only tells the pages to look again.
-        if (ev.run && !(runs.get(ev.run.run_id) || {}).ownStream) applyRunEvent(ev.run);
-        if (ev.node && type.startsWith('node.')) {
-          const n = seenNodes.get(ev.node) || {};
-          if (type === 'node.disconnected') n.disconnectedAt = ev.time;
-          if (type === 'node.registered') n.disconnectedAt = null;
-          seenNodes.set(ev.node, n);
+      const rec = await apiJSON('/v1/runs/' + encodeURIComponent(r.run_id), { action: 'runs.read' });
+      settleRun(r, rec);
+    } catch { /* unknown to the edge, or unreachable: left as it is */ }
+  }));
+}
+
+// settleRun takes a run's end from the edge's record of it when this tab
+// missed its terminal event.
+function settleRun(st, rec) {
+  if (!st || !rec || !FINISHED.has(rec.status) || FINISHED.has(st.status)) return;
+  st.status = rec.status;
+  st.finishedAt = rec.finished_at || new Date().toISOString();
+  if (rec.error && !st.error) st.error = rec.error;
+  if (rec.usage && !st.usage) st.usage = rec.usage;
+}
+
+// resyncBus follows a gap in the bus: the runs the tab holds as unfinished
+// are settled, then the pages hear "bus.resync" and reload what they show.
+// Gaps reported while one is being followed (an edge under load may report
+// drops again and again) make one more round, not one each.
+let resyncing = false, resyncAgain = false;
+async function resyncBus() {
+  if (resyncing) {
+    resyncAgain = true;
+    return;
+  }
+  resyncing = true;
+  try {
+    do {
+      resyncAgain = false;
+      await settleRuns();
+      notifyBus('bus.resync', {});
+    } while (resyncAgain);
+  } finally {
+    resyncing = false;
+  }
+}
+
+// startBus keeps one connection to GET /v1/events for the whole tab and
+// reconnects with backoff; the pages listen to it for live updates. A
+// connection silent for SSE_IDLE_MS is dropped and made again. It stops for
+// good on a 403 (the key may not read events) until restartBus.
+async function startBus() {
+  if (busRunning || !allowed('events')) return;
+  busRunning = true;
+  const state = document.getElementById('bus-state');
+  let backoff = 1000, connected = false;
+  try {
+    for (;;) {
+      const ctl = new AbortController();
+      busCtl = ctl;
+      try {
+        const resp = await api('/v1/events', { signal: ctl.signal, action: 'events', headers: { Accept: 'text/event-stream' } });
+        state.textContent = '● live';
+        state.className = 'live';
+        backoff = 1000;
+        // What happened while the bus was away is unknown.
+        if (connected) resyncBus();
+        connected = true;
+        await readSSE(resp, (type, data) => {
+          let ev;
+          try { ev = JSON.parse(data); } catch { return; }
+          // A run this tab streams itself (Start a run) is folded from that
+          // stream; the bus's copy only tells the pages to look again.
+          if (ev.run && !(runs.get(ev.run.run_id) || {}).ownStream) applyRunEvent(ev.run);
+          if (ev.node && type.startsWith('node.')) {
+            const n = seenNodes.get(ev.node) || {};
+            if (type === 'node.disconnected') n.disconnectedAt = ev.time;
+            if (type === 'node.registered') n.disconnectedAt = null;
+            seenNodes.set(ev.node, n);
+          }
+          notifyBus(type, ev);
+        }, {
+          idleMs: SSE_IDLE_MS,
+          // The edge dropped events this tab was too slow to take.
+          onComment: (c) => { if (c.startsWith('dropped')) resyncBus(); },
+        });
+      } catch (err) {
+        if (err.status === 403) {
+          state.textContent = '○ no live feed (key lacks access)';
+          state.className = 'muted';
+          return;
         }
-        notifyBus(type, ev);
-      });
-    } catch (err) {
-      if (err.status === 403) {
-        state.textContent = '○ no live feed (key lacks access)';
-        state.className = 'muted';
-        return;
+      }
+      ctl.abort(); // an idle connection's, or one whose read failed
+      state.textContent = '○ reconnecting';
+      state.className = 'muted';
+      if (busCtl === ctl) { // not restarted: back off before the next try
+        await new Promise((r) => { busWake = r; setTimeout(r, backoff); });
+        busWake = null;
+        backoff = Math.min(backoff * 2, 15000);
       }
     }
-    state.textContent = '○ reconnecting';
-    state.className = 'muted';
-    await new Promise((r) => setTimeout(r, backoff));
-    backoff = Math.min(backoff * 2, 15000);
+  } finally {
+    busRunning = false;
   }
+}
+
+// restartBus follows a key change: the feed is made again with the new key
+// (whose scopes and node limits may differ), and a bus that stopped on the
+// old key's 403 starts again.
+function restartBus() {
+  if (!busRunning) {
+    startBus();
+    return;
+  }
+  const old = busCtl;
+  busCtl = null; // the loop reconnects at once, without its backoff
+  if (old) old.abort();
+  if (busWake) busWake();
 }
 
 // ---------------------------------------------------------------- pages
@@ -432,7 +554,7 @@ async function pageNodes(root) {
   await load(true);
   const refresh = debounce(250, () => load(false));
   listenBus((type, ev) => {
-    if (type.startsWith('node.') || (type === 'run.event' && ev.run && (ev.run.type === 'start' || TERMINAL.has(ev.run.type)))) refresh();
+    if (type === 'bus.resync' || type.startsWith('node.') || (type === 'run.event' && ev.run && (ev.run.type === 'start' || TERMINAL.has(ev.run.type)))) refresh();
   });
   every(5000, () => load(true)); // RTT and "connected since … ago"
 }
@@ -583,6 +705,10 @@ async function pageRuns(root) {
     const table = h('div', {}, shown.length ? runTable(shown) : h('p', { class: 'muted' }, 'No runs match.'));
     histBox.replaceChildren(table, older);
     unfinished = (data.runs || []).filter((r) => !FINISHED.has(r.status));
+    // The history's word on a run's end settles a run the bus showed start
+    // but not end (its terminal event was lost), as a run's page does:
+    // otherwise it stayed in flight here while the history showed it done.
+    for (const r of data.runs || []) settleRun(runs.get(r.run_id), r);
     renderLive();
   }
 
@@ -591,6 +717,13 @@ async function pageRuns(root) {
   const reload = debounce(400, load);
   const relive = debounce(100, renderLive);
   listenBus((type, ev) => {
+    // The bus lost events: resyncBus settled the runs it knew; the history
+    // is read again for the rest (unless Older added pages).
+    if (type === 'bus.resync') {
+      relive();
+      if (!paged) reload();
+      return;
+    }
     if (type !== 'run.event' || !ev.run) return;
     relive();
     if ((TERMINAL.has(ev.run.type) || ev.run.type === 'start') && !paged) reload();
@@ -694,7 +827,7 @@ async function pageRun(root, id) {
   function render() {
     const st = runs.get(id);
     // A finished record settles a run the bus saw start but not end.
-    if (st && record && FINISHED.has(record.status) && !FINISHED.has(st.status)) st.status = record.status;
+    settleRun(st, record);
     const status = (record && FINISHED.has(record.status)) ? record.status : (st ? st.status : record && record.status);
     // Only what changed is touched, so the Cancel button stays the same
     // element under a user's pointer.
@@ -724,6 +857,10 @@ async function pageRun(root, id) {
   const refresh = debounce(300, loadRecord);
   const rerender = debounce(50, render);
   listenBus((type, ev) => {
+    if (type === 'bus.resync') { // its end may be among the events lost
+      refresh();
+      return;
+    }
     if (type === 'run.event' && ev.run && ev.run.run_id === id) {
       rerender();
       if (TERMINAL.has(ev.run.type)) {
@@ -974,7 +1111,7 @@ async function pageUsage(root) {
   await load();
   const reload = debounce(1000, load);
   listenBus((type, ev) => {
-    if (type === 'tunnel.completed' || (type === 'run.event' && ev.run && TERMINAL.has(ev.run.type))) reload();
+    if (type === 'bus.resync' || type === 'tunnel.completed' || (type === 'run.event' && ev.run && TERMINAL.has(ev.run.type))) reload();
   });
 }
 
@@ -1106,10 +1243,16 @@ async function pageEvents(root) {
         n++;
         while (rows.childElementCount > 500) rows.lastElementChild.remove();
         count.textContent = `${n} received`;
-      });
+      }, { idleMs: SSE_IDLE_MS });
       if (mine === ctl) note.replaceChildren(h('div', { class: 'notice' }, 'The event stream ended. ', h('button', { onclick: connect }, 'Reconnect')));
     } catch (err) {
       if (err.name === 'AbortError') return;
+      if (err instanceof IdleError) {
+        // A dead connection says so, as an ended one does, instead of
+        // showing a feed that only looks quiet.
+        if (mine === ctl) note.replaceChildren(h('div', { class: 'notice', id: 'ev-idle' }, `The event stream stopped: ${err.message}. `, h('button', { onclick: connect }, 'Reconnect')));
+        return;
+      }
       showError(note, err);
     }
   }
