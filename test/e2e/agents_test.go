@@ -352,7 +352,8 @@ func TestAgentClaudeCodeCLI(t *testing.T) {
 		if !strings.Contains(last, "run the tool") || !strings.Contains(last, "The tool said: tool-ran") || !strings.Contains(last, "and now?") {
 			t.Errorf("turn 2 did not resume the session; its request: %.2000s", last)
 		}
-		if first, second := run.meta("agent_session_id"), run2.meta("agent_session_id"); len(first) != 1 || len(second) != 0 {
+		// Each turn reports the CLI's session id once; the resumed turn's is the first's.
+		if first, second := run.meta("agent_session_id"), run2.meta("agent_session_id"); len(first) != 1 || len(second) != 1 || fmt.Sprint(first) != fmt.Sprint(second) {
 			t.Errorf("agent session ids: turn 1 %s, turn 2 %s (want one, then the same)", first, second)
 		}
 		var l sessionList
