@@ -135,3 +135,26 @@ func TestRunRefusedByStoppingNodeIsTriedElsewhere(t *testing.T) {
 		}
 	})
 }
+
+// With one node left that is not draining, the spec's one-node fallback
+// does not apply: during a rolling restart the run for an adapter only the
+// draining node offers is no_node_available (503, try again), not the
+// other node's adapter_not_found (404, which reads as permanent).
+func TestOnlyOfferingNodeDraining(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"other"}})
+	if !e.reg.MarkDraining("a", e.links["a"]) {
+		t.Fatal("MarkDraining said a was draining already")
+	}
+	_, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat"})
+	if ucCode(err) != domain.CodeNoNodeAvailable || err.Error() != `no_node_available: every connected node offering adapter "chat" is shutting down` {
+		t.Fatalf("run: %v, want no_node_available: every connected node offering adapter \"chat\" is shutting down", err)
+	}
+	if a, b := ucStarted(e, "a"), ucStarted(e, "b"); a != 0 || b != 0 {
+		t.Fatalf("a was sent %d runs and b %d, want none", a, b)
+	}
+	// b still takes what it offers.
+	if rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "other"}); err != nil || rh.Node != "b" {
+		t.Fatalf("run of other: %v on %v, want b", err, rh)
+	}
+}

@@ -253,7 +253,9 @@ func (n *LiveNode) inFlight() int {
 // that node is connected, visible to the caller and offers adapter, since
 // the session's history lives in that node's store (and a second run of
 // the session at once then meets the node's session_busy); otherwise a
-// single connected node is used as is (the spec's fallback); otherwise,
+// single connected node, none draining, is used as is (the spec's
+// fallback; with others draining, the one left must offer adapter, or the
+// run is no_node_available, as during a rolling restart); otherwise,
 // among the nodes offering adapter, one with a free slot of adapter's
 // max_concurrency wins over one without, then the most free slots, then
 // the fewest runs in flight, ties broken by id (see betterFor). When every
@@ -289,7 +291,7 @@ func (r *Registry) PickForRunAs(p domain.Principal, node, adapter, session strin
 		chosen = n
 	case affine != nil:
 		chosen = affine
-	case len(open) == 1:
+	case len(visible) == 1 && len(open) == 1:
 		for _, n := range open {
 			chosen = n
 		}
@@ -305,6 +307,11 @@ func (r *Registry) PickForRunAs(p domain.Principal, node, adapter, session strin
 				return NodeView{}, nil, domain.Errorf(domain.CodeNoNodeAvailable, "no node is connected")
 			case len(open) == 0:
 				return NodeView{}, nil, domain.Errorf(domain.CodeNoNodeAvailable, "every connected node is shutting down")
+			}
+			for _, n := range visible {
+				if n.draining && n.hasAdapter(adapter) {
+					return NodeView{}, nil, domain.Errorf(domain.CodeNoNodeAvailable, "every connected node offering adapter %q is shutting down", adapter)
+				}
 			}
 			return NodeView{}, nil, domain.Errorf(domain.CodeNoNodeAvailable, "no connected node offers adapter %q", adapter)
 		}
