@@ -127,3 +127,22 @@ func TestEndedSessionIsNotRecalled(t *testing.T) {
 	}
 	ucFinish(t, e, rh)
 }
+
+// A session ended before the edge had bound it to a node (the edge
+// restarted, or forgot it among more recent sessions) is not recalled from
+// the history afterwards either: the node it was just ended on would get
+// its next turn, pinned there even when full.
+func TestSessionEndedBeforeAnyTurnIsNotRecalled(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	e.submit.Sessions = &ucSessionHistory{runs: []domain.RunRecord{{ID: "run_1", Node: "b", Adapter: "chat", SessionID: "s1", Status: domain.RunSucceeded}}}
+	ctx := context.Background()
+	if err := edge.NewTerminateSessionHandler(e.reg).Handle(ctx, edge.TerminateSession{Node: "b", Adapter: "chat", SessionID: "s1"}); err != nil {
+		t.Fatalf("terminate: %v", err)
+	}
+	rh, err := e.submit.Handle(ctx, edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil || rh.Node != "a" {
+		t.Fatalf("after its end the session went to %v (%v), want a (placed afresh, a wins the tie)", rh, err)
+	}
+	ucFinish(t, e, rh)
+}

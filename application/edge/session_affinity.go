@@ -60,9 +60,15 @@ func (s *sessionNodes) put(k sessionKey, node string) {
 
 // drop unbinds k if it is node's. The entry stays, bound to no node, so
 // that the session is not recalled from the history (where its runs still
-// name node) until a run of it is admitted again.
+// name node) until a run of it is admitted again. A k the edge does not
+// remember (it restarted, or forgot k among more recent sessions) gets
+// such an entry too: its history may well name node.
 func (s *sessionNodes) drop(k sessionKey, node string) {
-	if e, ok := s.index[k]; ok && e.Value.(*sessionEntry).node == node {
+	e, ok := s.index[k]
+	switch {
+	case !ok:
+		s.put(k, "")
+	case e.Value.(*sessionEntry).node == node:
 		e.Value.(*sessionEntry).node = ""
 	}
 }
