@@ -373,6 +373,7 @@ type providerModels struct {
 	models    []ModelEntry // discovered (declared ones are cfg.Models)
 	connected int64        // when the node connected (Unix s): a declared model's Created
 	inFlight  int          // the node's tunnels in flight
+	draining  bool         // the node is stopping (Registry.MarkDraining)
 }
 
 // serves reports whether the provider serves model (as MatchProviderModel
@@ -409,7 +410,7 @@ func (c *ModelCatalog) providers() []providerModels {
 			nm = nil // a reconnected node: what we learned is stale
 		}
 		for _, p := range v.Config.Providers {
-			pm := providerModels{node: v.ID, cfg: p, inFlight: v.TunnelsInFlight, connected: v.ConnectedAt.Unix()}
+			pm := providerModels{node: v.ID, cfg: p, inFlight: v.TunnelsInFlight, connected: v.ConnectedAt.Unix(), draining: v.Draining}
 			switch {
 			case len(p.Models) > 0:
 				pm.known = true

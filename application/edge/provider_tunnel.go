@@ -53,16 +53,26 @@ type SubmitProviderTunnel struct {
 // ends it records the usage in the ledger and publishes one
 // tunnel.completed event (never the body).
 //
-// Routing: a pinned node must be connected (node_not_found) and have a
-// provider that speaks the family (provider_not_found) and serves the model
-// (model_not_found). Unpinned, the candidates are the providers of
-// connected nodes that speak the family and serve the model, and the node
-// with the fewest tunnels in flight wins (ties: node id, then provider
-// config order). No provider speaking the family anywhere is
-// no_node_available; nobody serving the model is model_not_found. A
-// provider whose model list is not known yet (discovery failed or pending)
-// is used only when no provider with a known list serves the model: the
-// provider then answers for itself (for example its own 404).
+// Routing: a pinned node must be connected (node_not_found), not draining
+// (shutting_down, as for a run) and have a provider that speaks the family
+// (provider_not_found) and serves the model (model_not_found). Unpinned,
+// the candidates are the providers of connected nodes that speak the family
+// and serve the model, and the node with the fewest tunnels in flight wins
+// (ties: node id, then provider config order). Draining nodes are left out
+// as runs leave them out (Registry.PickForRunAs): they close their link
+// once their runs end, which would cut a tunnel short. No provider speaking
+// the family anywhere is no_node_available; nobody serving the model is
+// model_not_found, unless a draining node serves it: then, as for a run
+// when every node drains, no_node_available saying they are shutting down.
+// A provider whose model list is not known yet (discovery failed or
+// pending) is used only when no provider with a known list serves the
+// model: the provider then answers for itself (for example its own 404).
+//
+// Unlike a run, a tunnel is not tried again on another node: a node does
+// not refuse tunnels while it drains (it serves them until its link
+// closes), and Handle returns once the request is sent, before the node's
+// first frame, by when a streamed body (BodyReader) may be partly gone and
+// cannot be replayed.
 type SubmitProviderTunnelHandler struct {
 	reg     *Registry
 	bus     ports.EventPublisher
@@ -144,15 +154,31 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitProviderTunnel) (_ providerModels, _ ports.NodeLink, _ func(), listed bool, _ error) {
 	family := in.ProviderType
 	if in.Node != "" {
-		if _, ok := h.reg.GetAs(caller, in.Node); !ok {
+		v, ok := h.reg.GetAs(caller, in.Node)
+		if !ok {
 			return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", in.Node)
 		}
+		if v.Draining {
+			return providerModels{}, nil, nil, false, shuttingDown(in.Node)
+		}
 	}
-	var speak []providerModels
+	// speak: the providers that may take in; draining: those that would
+	// but for their node draining.
+	var speak, draining []providerModels
 	for _, p := range h.catalog.providers() {
 		if Speaks(p.cfg.Type, family) && (in.Node == "" || p.node == in.Node) && (in.Provider == "" || p.cfg.Name == in.Provider) && caller.SeesNode(p.node) {
+			if p.draining {
+				draining = append(draining, p)
+				continue
+			}
 			speak = append(speak, p)
 		}
+	}
+	if len(speak) == 0 && len(draining) > 0 {
+		if in.Node != "" { // it began draining since the check above
+			return providerModels{}, nil, nil, false, shuttingDown(in.Node)
+		}
+		return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeNoNodeAvailable, "every connected node with a provider for the %s API is shutting down", family)
 	}
 	if len(speak) == 0 {
 		if in.Node != "" && in.Provider != "" {
@@ -202,6 +228,9 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 			if in.Node != "" {
 				return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeModelNotFound, "model %q is not served by node %q", in.Model, in.Node)
 			}
+			if slices.ContainsFunc(draining, func(p providerModels) bool { return !p.known || p.serves(in.Model) }) {
+				return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeNoNodeAvailable, "every connected node serving model %q is shutting down", in.Model)
+			}
 			return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeModelNotFound, "model %q is not served by any connected node", in.Model)
 		}
 	}
@@ -223,6 +252,12 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 	return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeNoNodeAvailable, "every node serving %q disconnected", in.Model)
 }
 
+// shuttingDown is the error for a request pinned to a draining node, as a
+// run's (Registry.PickForRunAs).
+func shuttingDown(node string) error {
+	return domain.Errorf(domain.CodeShuttingDown, "node %q is shutting down: it takes no new requests", node)
+}
+
 func anyServes(ps []providerModels, model string) bool {
 	for _, p := range ps {
 		if p.known && p.serves(model) {
@@ -240,11 +275,12 @@ type ProviderTarget struct {
 
 // Targets lists the providers of connected nodes caller may see that speak family, nodes
 // by id and providers in config order: where a request that asks every
-// node (a merged list) goes.
+// node (a merged list) goes. Draining nodes are left out, as Handle would
+// refuse them.
 func (h *SubmitProviderTunnelHandler) Targets(caller domain.Principal, family string) []ProviderTarget {
 	var out []ProviderTarget
 	for _, p := range h.catalog.providers() {
-		if Speaks(p.cfg.Type, family) && caller.SeesNode(p.node) {
+		if Speaks(p.cfg.Type, family) && caller.SeesNode(p.node) && !p.draining {
 			out = append(out, ProviderTarget{Node: p.node, Provider: p.cfg.Name})
 		}
 	}

@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -197,30 +200,48 @@ func TestStartFailureIsOneLine(t *testing.T) {
 // drainNodes is two nodes alike: n1 wins a tie by its id. Its "stubborn"
 // target ignores SIGTERM (ignored signals stay ignored across exec), so a
 // run of it ends only at the exec adapter's SIGKILL, 2 s after the node
-// began to stop: the node drains that long.
-func drainNodes() string {
-	node := func(id, token string) string {
+// began to stop: the node drains that long. Each has an OpenAI provider
+// serving model "m" (n1's at provider1, n2's at provider2); only n1's
+// serves "only-n1".
+func drainNodes(provider1, provider2 string) string {
+	node := func(id, token, provider, models string) string {
 		return fmt.Sprintf(`
   - id: %s
     token: %s
+    providers:
+      - {name: oai, type: openai, base_url: %q, models: [%s]}
     adapters:
       - name: exec
         type: exec
         targets:
           upper: {command: ["tr", "a-z", "A-Z"]}
           sleep: {command: ["sh", "-c", "echo started; exec sleep 300"]}
-          stubborn: {command: ["sh", "-c", "trap '' TERM; echo started; exec sleep 300"]}`, id, token)
+          stubborn: {command: ["sh", "-c", "trap '' TERM; echo started; exec sleep 300"]}`, id, token, provider, models)
 	}
-	return node("n1", testToken) + node("n2", "e2e-token-0002") + "\n"
+	return node("n1", testToken, provider1, "m, only-n1") + node("n2", "e2e-token-0002", provider2, "m") + "\n"
+}
+
+// drainProvider is an OpenAI provider whose every answer names it.
+func drainProvider(t *testing.T, name string) string {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, `{"from":%q}`, name)
+	}))
+	t.Cleanup(s.Close)
+	return s.URL
 }
 
 // While a SIGTERM'd node drains (its runs end and their last events reach
 // their callers), new runs go to the other node and succeed. The draining
 // node used to be chosen all through the drain — here it wins every tie —
-// and each run it was sent failed with 503 shutting_down.
+// and each run it was sent failed with 503 shutting_down. Provider tunnels
+// skip it too: a model both serve goes to the other node, one only it
+// serves, or a request pinned to it, is a 503 saying it is shutting down
+// (tunnels used to go to it, and be cut when it closed its link).
 func TestDrainingNodeGetsNoNewRuns(t *testing.T) {
 	t.Parallel()
-	e := startEdge(t, drainNodes())
+	e := startEdge(t, drainNodes(drainProvider(t, "provider1"), drainProvider(t, "provider2")))
 	n1 := startNode(t, e, testToken)
 	startNode(t, e, "e2e-token-0002")
 	waitNode(t, e, "n1")
@@ -247,6 +268,43 @@ func TestDrainingNodeGetsNoNewRuns(t *testing.T) {
 	for _, n := range nl.Nodes {
 		if n.Connected && n.Draining != (n.ID == "n1") {
 			t.Fatalf("node %s listed draining=%v; want only n1 draining", n.ID, n.Draining)
+		}
+	}
+	for _, tc := range []struct {
+		model, pin string
+		status     int
+		want       string // the body, or the error code
+	}{
+		{"m", "", http.StatusOK, `{"from":"provider2"}`},
+		{"m", "", http.StatusOK, `{"from":"provider2"}`},
+		{"only-n1", "", http.StatusServiceUnavailable, domain.CodeNoNodeAvailable},
+		{"m", "n1", http.StatusServiceUnavailable, domain.CodeShuttingDown},
+	} {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.url+"/v1/chat/completions", bytes.NewReader(chatBody(tc.model, false)))
+		req.Header.Set("Content-Type", "application/json")
+		if tc.pin != "" {
+			req.Header.Set("X-IOP-Node", tc.pin)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Fatalf("chat %s (pin %q) during n1's drain: %d %s, want %d", tc.model, tc.pin, resp.StatusCode, body, tc.status)
+		}
+		if tc.status == http.StatusOK {
+			if string(body) != tc.want {
+				t.Fatalf("chat %s during n1's drain answered %s, want %s", tc.model, body, tc.want)
+			}
+			continue
+		}
+		var doc struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		if err := json.Unmarshal(body, &doc); err != nil || doc.Error.Code != tc.want || !strings.Contains(doc.Error.Message, "shutting down") {
+			t.Fatalf("chat %s (pin %q) during n1's drain answered %s, want error %s saying shutting down", tc.model, tc.pin, body, tc.want)
 		}
 	}
 	for i := range 3 {
