@@ -99,6 +99,10 @@ type AdapterConfig struct {
 	// environment. Nothing else of the node's environment is passed on.
 	Env        map[string]string
 	InheritEnv []string
+	// MaxHistoryBytes bounds the stored history a session turn replays
+	// (ollama, openai): the JSON of its messages. 0 means
+	// DefaultMaxHistoryBytes.
+	MaxHistoryBytes int
 }
 
 // ProviderConfig declares an upstream server a node can reach for the raw tunnel.
@@ -121,6 +125,17 @@ type NodeConfig struct {
 
 // DefaultMaxConcurrency applies when an adapter leaves max_concurrency unset.
 const DefaultMaxConcurrency = 4
+
+// The history a chat session turn replays (AdapterConfig.MaxHistoryBytes):
+// 1 MiB unless configured, between 1 KiB and 64 MiB. The node holds a turn's
+// history in memory, more than once while it sends it upstream, for every
+// session run in flight, so the upper bound keeps max_concurrency turns of
+// it well within a node's memory.
+const (
+	DefaultMaxHistoryBytes = 1 << 20
+	MinMaxHistoryBytes     = 1 << 10
+	MaxMaxHistoryBytes     = 64 << 20
+)
 
 // BuildConfig turns a directory record into the payload pushed to the node,
 // checking everything the node would otherwise fail on. Errors are ErrConfig.
@@ -183,6 +198,9 @@ func checkAdapter(a AdapterConfig) error {
 		// would leave a user behind an auth proxy with 401s and no hint.
 		return Errorf(CodeConfigError, "adapter %q (ollama): path_prefix and api_key_env apply to openai adapters only (an openai adapter can call Ollama's /v1 with a key)", a.Name)
 	}
+	if err := checkHistoryBytes(a); err != nil {
+		return err
+	}
 	switch a.Type {
 	case AdapterExec:
 		for name, t := range a.Targets {
@@ -203,6 +221,32 @@ func checkAdapter(a AdapterConfig) error {
 		if u, err := url.Parse(a.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return Errorf(CodeConfigError, "adapter %q (%s): base_url %q must be an http(s) URL such as http://127.0.0.1:11434", a.Name, a.Type, a.BaseURL)
 		}
+	}
+	return nil
+}
+
+// checkHistoryBytes refuses a max_history_bytes out of range, or set on an
+// adapter type known to keep no chat history (a CLI agent's session is the
+// agent's own; an exec target has none). A type the edge does not know is
+// the node's to check.
+func checkHistoryBytes(a AdapterConfig) error {
+	n := a.MaxHistoryBytes
+	if n == 0 {
+		return nil
+	}
+	switch a.Type {
+	case AdapterExec, AdapterClaudeCode, AdapterCodex, AdapterGemini:
+		return Errorf(CodeConfigError, "adapter %q (%s) replays no chat history: max_history_bytes applies to ollama and openai adapters only", a.Name, a.Type)
+	}
+	return CheckMaxHistoryBytes(a.Name, n)
+}
+
+// CheckMaxHistoryBytes refuses a max_history_bytes (n, of adapter name)
+// outside [MinMaxHistoryBytes, MaxMaxHistoryBytes]; 0, the default, passes.
+// Errors are ErrConfig.
+func CheckMaxHistoryBytes(name string, n int) error {
+	if n != 0 && (n < MinMaxHistoryBytes || n > MaxMaxHistoryBytes) {
+		return Errorf(CodeConfigError, "adapter %q: max_history_bytes %d is outside [%d, %d] (1 KiB to 64 MiB; leave it unset for the default, 1 MiB)", name, n, MinMaxHistoryBytes, MaxMaxHistoryBytes)
 	}
 	return nil
 }

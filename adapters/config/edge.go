@@ -242,6 +242,9 @@ type AdapterEntry struct {
 	// CLI agents (see domain.AdapterConfig).
 	Env        map[string]string `yaml:"env"`
 	InheritEnv []string          `yaml:"inherit_env"`
+	// MaxHistoryBytes bounds the history a chat session turn replays
+	// (ollama, openai; 0: domain.DefaultMaxHistoryBytes).
+	MaxHistoryBytes int `yaml:"max_history_bytes"`
 }
 
 // TargetEntry is one command of an exec adapter.
@@ -487,19 +490,20 @@ func (c *EdgeConfig) Records() []domain.NodeRecord {
 
 func (a AdapterEntry) toDomain() domain.AdapterConfig {
 	d := domain.AdapterConfig{
-		Name:           a.Name,
-		Type:           a.Type,
-		MaxConcurrency: a.MaxConcurrency,
-		BaseURL:        a.BaseURL,
-		PathPrefix:     a.PathPrefix,
-		APIKeyEnv:      a.APIKeyEnv,
-		Models:         slices.Clone(a.Models),
-		Command:        a.Command,
-		Args:           slices.Clone(a.Args),
-		WorkDir:        a.WorkDir,
-		Timeout:        a.Timeout.Std(),
-		Env:            maps.Clone(a.Env),
-		InheritEnv:     slices.Clone(a.InheritEnv),
+		Name:            a.Name,
+		Type:            a.Type,
+		MaxConcurrency:  a.MaxConcurrency,
+		BaseURL:         a.BaseURL,
+		PathPrefix:      a.PathPrefix,
+		APIKeyEnv:       a.APIKeyEnv,
+		Models:          slices.Clone(a.Models),
+		Command:         a.Command,
+		Args:            slices.Clone(a.Args),
+		WorkDir:         a.WorkDir,
+		Timeout:         a.Timeout.Std(),
+		Env:             maps.Clone(a.Env),
+		InheritEnv:      slices.Clone(a.InheritEnv),
+		MaxHistoryBytes: a.MaxHistoryBytes,
 	}
 	if a.Targets != nil {
 		d.Targets = make(map[string]domain.ExecTarget, len(a.Targets))

@@ -547,3 +547,41 @@ func TestMaxConnectionsAloneBoundsThePerAddressDefault(t *testing.T) {
 		t.Fatalf("a per-address cap above the total: %v", err)
 	}
 }
+
+// max_history_bytes reaches the adapter's config; out of range (1 KiB to
+// 64 MiB), or on an adapter that replays no chat history, it is a
+// config_error naming it when the node's config is built (a reload is
+// refused whole, a registration refused with the reason).
+func TestAdapterMaxHistoryBytes(t *testing.T) {
+	parse := func(adapter string) domain.NodeRecord {
+		t.Helper()
+		c, err := config.ParseEdge("edge.yaml", []byte("nodes:\n  - id: a\n    token: aaaaaaaa\n    adapters:\n      - "+adapter+"\n"))
+		if err != nil {
+			t.Fatalf("ParseEdge(%s): %v", adapter, err)
+		}
+		return c.Records()[0]
+	}
+	cfg, err := parse("{name: llm, type: openai, base_url: \"http://127.0.0.1:8000\", max_history_bytes: 4194304}").BuildConfig(1)
+	if err != nil || cfg.Adapters[0].MaxHistoryBytes != 4<<20 {
+		t.Fatalf("BuildConfig = %+v, %v; want max_history_bytes 4194304", cfg.Adapters, err)
+	}
+	cfg, err = parse("{name: llm, type: ollama, base_url: \"http://127.0.0.1:11434\"}").BuildConfig(1)
+	if err != nil || cfg.Adapters[0].MaxHistoryBytes != 0 {
+		t.Fatalf("unset: BuildConfig = %+v, %v; want 0 (the node's default)", cfg.Adapters, err)
+	}
+	for _, bad := range []string{
+		"{name: llm, type: ollama, base_url: \"http://127.0.0.1:11434\", max_history_bytes: -1}",
+		"{name: llm, type: ollama, base_url: \"http://127.0.0.1:11434\", max_history_bytes: 512}",
+		"{name: llm, type: openai, base_url: \"http://127.0.0.1:8000\", max_history_bytes: 67108865}",
+		"{name: sh, type: exec, max_history_bytes: 4096}",
+		"{name: cc, type: claude-code, max_history_bytes: 4096}",
+	} {
+		_, err := parse(bad).BuildConfig(1)
+		if !errors.Is(err, domain.ErrConfig) || !strings.Contains(err.Error(), "max_history_bytes") {
+			t.Errorf("%s: BuildConfig = %v, want a config_error naming max_history_bytes", bad, err)
+		}
+	}
+	if _, err := config.ParseEdge("edge.yaml", []byte("nodes:\n  - id: a\n    token: aaaaaaaa\n    adapters:\n      - {name: llm, type: ollama, max_history_bytes: lots}\n")); err == nil {
+		t.Error("max_history_bytes: lots parsed")
+	}
+}

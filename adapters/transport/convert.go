@@ -104,7 +104,7 @@ func configToProto(c domain.NodeConfig) *ioppb.NodeConfigPayload {
 			Name: a.Name, Type: a.Type, MaxConcurrency: uint32(a.MaxConcurrency),
 			BaseUrl: a.BaseURL, PathPrefix: a.PathPrefix, ApiKeyEnv: a.APIKeyEnv, Models: a.Models,
 			Command: a.Command, Args: a.Args, WorkDir: a.WorkDir, TimeoutMs: a.Timeout.Milliseconds(),
-			Env: a.Env, InheritEnv: a.InheritEnv,
+			Env: a.Env, InheritEnv: a.InheritEnv, MaxHistoryBytes: uint32(a.MaxHistoryBytes),
 		}
 		if len(a.Targets) > 0 {
 			pa.Targets = map[string]*ioppb.ExecTarget{}
@@ -129,7 +129,7 @@ func configToDomain(p *ioppb.NodeConfigPayload) domain.NodeConfig {
 			Name: a.GetName(), Type: a.GetType(), MaxConcurrency: int(a.GetMaxConcurrency()),
 			BaseURL: a.GetBaseUrl(), PathPrefix: a.GetPathPrefix(), APIKeyEnv: a.GetApiKeyEnv(), Models: a.GetModels(),
 			Command: a.GetCommand(), Args: a.GetArgs(), WorkDir: a.GetWorkDir(), Timeout: time.Duration(a.GetTimeoutMs()) * time.Millisecond,
-			Env: a.GetEnv(), InheritEnv: a.GetInheritEnv(),
+			Env: a.GetEnv(), InheritEnv: a.GetInheritEnv(), MaxHistoryBytes: int(a.GetMaxHistoryBytes()),
 		}
 		if len(a.GetTargets()) > 0 {
 			da.Targets = map[string]domain.ExecTarget{}

@@ -18,7 +18,7 @@ func TestConfigRoundTrip(t *testing.T) {
 	want.Adapters = append(want.Adapters, domain.AdapterConfig{
 		Name: "oa", Type: domain.AdapterOpenAI, MaxConcurrency: 4, BaseURL: "http://x", PathPrefix: "/api",
 		APIKeyEnv: "KEY", Models: []string{"a", "b"}, Command: "claude", Args: []string{"-p"}, WorkDir: "/w", Timeout: 90 * time.Second,
-		Env: map[string]string{"BASE": "http://z"}, InheritEnv: []string{"SECRET_KEY"},
+		Env: map[string]string{"BASE": "http://z"}, InheritEnv: []string{"SECRET_KEY"}, MaxHistoryBytes: 3 << 20,
 	})
 	want.Providers = append(want.Providers, domain.ProviderConfig{Name: "ol", Type: domain.ProviderOllama, BaseURL: "http://y", PathPrefix: "/p", APIKeyEnv: "K2"})
 	got := configToDomain(configToProto(want))

@@ -1299,10 +1299,13 @@ type AdapterConfig struct {
 	TimeoutMs int64 `protobuf:"varint,12,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	// exec / claude-code / codex: the child environment. env declares values;
 	// inherit_env names variables copied from the node's own environment.
-	Env           map[string]string `protobuf:"bytes,13,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	InheritEnv    []string          `protobuf:"bytes,14,rep,name=inherit_env,json=inheritEnv,proto3" json:"inherit_env,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Env        map[string]string `protobuf:"bytes,13,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	InheritEnv []string          `protobuf:"bytes,14,rep,name=inherit_env,json=inheritEnv,proto3" json:"inherit_env,omitempty"`
+	// ollama / openai: the most bytes of stored history (the JSON of its
+	// messages) a session turn replays; 0 means the node's default, 1 MiB.
+	MaxHistoryBytes uint32 `protobuf:"varint,15,opt,name=max_history_bytes,json=maxHistoryBytes,proto3" json:"max_history_bytes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *AdapterConfig) Reset() {
@@ -1431,6 +1434,13 @@ func (x *AdapterConfig) GetInheritEnv() []string {
 		return x.InheritEnv
 	}
 	return nil
+}
+
+func (x *AdapterConfig) GetMaxHistoryBytes() uint32 {
+	if x != nil {
+		return x.MaxHistoryBytes
+	}
+	return 0
 }
 
 type ExecTarget struct {
@@ -2713,7 +2723,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x129\n" +
 	"\badapters\x18\x03 \x03(\v2\x1d.iop.runtime.v1.AdapterConfigR\badapters\x12<\n" +
-	"\tproviders\x18\x04 \x03(\v2\x1e.iop.runtime.v1.ProviderConfigR\tproviders\"\xed\x04\n" +
+	"\tproviders\x18\x04 \x03(\v2\x1e.iop.runtime.v1.ProviderConfigR\tproviders\"\x99\x05\n" +
 	"\rAdapterConfig\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12'\n" +
@@ -2732,7 +2742,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"timeout_ms\x18\f \x01(\x03R\ttimeoutMs\x128\n" +
 	"\x03env\x18\r \x03(\v2&.iop.runtime.v1.AdapterConfig.EnvEntryR\x03env\x12\x1f\n" +
 	"\vinherit_env\x18\x0e \x03(\tR\n" +
-	"inheritEnv\x1aV\n" +
+	"inheritEnv\x12*\n" +
+	"\x11max_history_bytes\x18\x0f \x01(\rR\x0fmaxHistoryBytes\x1aV\n" +
 	"\fTargetsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x120\n" +
 	"\x05value\x18\x02 \x01(\v2\x1a.iop.runtime.v1.ExecTargetR\x05value:\x028\x01\x1a6\n" +

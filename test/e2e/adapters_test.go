@@ -272,3 +272,32 @@ func TestOllamaCommandsThroughProviderOnlyNode(t *testing.T) {
 		t.Fatalf("capabilities: %d %s", r.StatusCode, body)
 	}
 }
+
+// An adapter's max_history_bytes travels from edge.yaml to the node: with
+// the smallest bound (1 KiB) a session's fourth turn replays only the two
+// turns before it, where the default 1 MiB would replay all three.
+func TestChatHistoryBoundFromConfig(t *testing.T) {
+	si := newStandIn(t)
+	nodes := fmt.Sprintf(`
+  - id: n1
+    token: %s
+    adapters:
+      - {name: llm, type: ollama, base_url: %q, max_history_bytes: 1024}
+`, testToken, si.URL)
+	e := startEdge(t, nodes)
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	big := strings.Repeat("x", 400)
+	for i := range 4 {
+		evs := collectRun(t, startRun(t, ctx, e, map[string]any{"node": "n1", "adapter": "llm", "target": "qwen3", "session_id": "s1", "input": fmt.Sprintf("turn %d %s", i, big)}))
+		if last := evs[len(evs)-1]; last.Type != "complete" {
+			t.Fatalf("turn %d ended %+v", i, last)
+		}
+	}
+	sent := messages(si.last())
+	if len(sent) != 2*2+1 || !strings.HasPrefix(sent[0], "user:turn 1 ") || !strings.HasPrefix(sent[4], "user:turn 3 ") {
+		t.Fatalf("the fourth turn sent %d messages, want turns 1 and 2 and its own: %.40q", len(sent), sent)
+	}
+}

@@ -95,13 +95,16 @@ func New(cfg domain.AdapterConfig, chats ports.ChatSessionStore, opts ...Option)
 	if cfg.MaxConcurrency < 0 || cfg.Timeout < 0 {
 		return nil, domain.Errorf(domain.CodeConfigError, "ollama adapter %q: max_concurrency and timeout must not be negative", cfg.Name)
 	}
+	if err := domain.CheckMaxHistoryBytes(cfg.Name, cfg.MaxHistoryBytes); err != nil {
+		return nil, err
+	}
 	a := &Adapter{
 		name:           cfg.Name,
 		base:           strings.TrimSuffix(cfg.BaseURL, "/"),
 		models:         append([]string(nil), cfg.Models...),
 		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),
 		timeout:        cfg.Timeout,
-		sessions:       chat.NewSessions(chats, cfg.Name),
+		sessions:       chat.NewSessions(chats, cfg.Name, cfg.MaxHistoryBytes),
 	}
 	for _, o := range opts {
 		o(a)

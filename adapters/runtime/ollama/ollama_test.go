@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -561,4 +562,43 @@ func TestSessionlessToolCallsAreNotBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	requireTerminal(t, sink, domain.EventComplete, "")
+}
+
+// A configured max_history_bytes bounds what a session turn replays: the
+// history sent upstream (all but the turn's own message) fits in it, its
+// oldest turns dropped, though the default bound would have kept them all.
+func TestSessionHistoryBound(t *testing.T) {
+	srv := turnServer(t, 0)
+	const bound = 4 << 10
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL, MaxHistoryBytes: bound}, memory.NewChatStore())
+	big := strings.Repeat("x", 1500)
+	for i := range 6 {
+		sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte(fmt.Sprintf("turn %d %s", i, big)), SessionID: "s1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireTerminal(t, sink, domain.EventComplete, "")
+	}
+	var sent []json.RawMessage
+	if err := json.Unmarshal(srv.Request(t, 5).Body["messages"], &sent); err != nil {
+		t.Fatal(err)
+	}
+	size := 0
+	for _, m := range sent[:len(sent)-1] {
+		size += len(m)
+	}
+	// Two earlier turns of about 1.5 KiB fit in 4 KiB; a third does not.
+	if size > bound || len(sent) != 2*2+1 || !strings.Contains(string(sent[0]), "turn 3") {
+		t.Errorf("the last turn replayed %d messages, %d bytes of history (bound %d), starting %.30s", len(sent), size, bound, sent[0])
+	}
+}
+
+// max_history_bytes outside 1 KiB to 64 MiB is a config error of its own.
+func TestMaxHistoryBytesChecked(t *testing.T) {
+	for _, n := range []int{-1, 100, 64<<20 + 1} {
+		_, err := ollama.New(domain.AdapterConfig{Name: "llm", Type: domain.AdapterOllama, BaseURL: "http://127.0.0.1:1", MaxHistoryBytes: n}, memory.NewChatStore())
+		if !errors.Is(err, domain.ErrConfig) || !strings.Contains(err.Error(), "max_history_bytes") {
+			t.Errorf("max_history_bytes %d: New = %v, want a config_error naming max_history_bytes", n, err)
+		}
+	}
 }

@@ -109,6 +109,9 @@ func New(cfg domain.AdapterConfig, chats ports.ChatSessionStore, opts ...Option)
 	if cfg.MaxConcurrency < 0 || cfg.Timeout < 0 {
 		return nil, domain.Errorf(domain.CodeConfigError, "openai adapter %q: max_concurrency and timeout must not be negative", cfg.Name)
 	}
+	if err := domain.CheckMaxHistoryBytes(cfg.Name, cfg.MaxHistoryBytes); err != nil {
+		return nil, err
+	}
 	prefix := cmp.Or(cfg.PathPrefix, "/v1")
 	prefix = "/" + strings.Trim(prefix, "/")
 	if prefix == "/" {
@@ -121,7 +124,7 @@ func New(cfg domain.AdapterConfig, chats ports.ChatSessionStore, opts ...Option)
 		models:         append([]string(nil), cfg.Models...),
 		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),
 		timeout:        cfg.Timeout,
-		sessions:       chat.NewSessions(chats, cfg.Name),
+		sessions:       chat.NewSessions(chats, cfg.Name, cfg.MaxHistoryBytes),
 	}
 	for _, o := range opts {
 		o(a)

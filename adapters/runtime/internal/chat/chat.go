@@ -10,8 +10,9 @@
 // tool_name, images and all), and stores the reply with the tool calls the
 // model made, so a tool-using conversation stays valid turn after turn. It
 // also keeps each message's text (for a content array, the text parts
-// joined) for reading the history. At most MaxHistoryBytes of history is
-// replayed (see trim).
+// joined) for reading the history. At most the adapter's max_history_bytes
+// (DefaultMaxHistoryBytes unless configured) of history is replayed (see
+// trim).
 package chat
 
 import (
@@ -139,14 +140,20 @@ func Model(adapter, target string, models []string) (string, error) {
 
 // Sessions keeps the conversations of one adapter instance.
 type Sessions struct {
-	store   ports.ChatSessionStore
-	adapter string
+	store      ports.ChatSessionStore
+	adapter    string
+	maxHistory int
 }
 
 // NewSessions keeps sessions for adapter in store; a nil store means the
-// adapter keeps none.
-func NewSessions(store ports.ChatSessionStore, adapter string) *Sessions {
-	return &Sessions{store: store, adapter: adapter}
+// adapter keeps none. A turn replays at most maxHistoryBytes of a session's
+// history; 0 means DefaultMaxHistoryBytes. The caller checks the bound
+// (domain.CheckMaxHistoryBytes).
+func NewSessions(store ports.ChatSessionStore, adapter string, maxHistoryBytes int) *Sessions {
+	if maxHistoryBytes <= 0 {
+		maxHistoryBytes = DefaultMaxHistoryBytes
+	}
+	return &Sessions{store: store, adapter: adapter, maxHistory: maxHistoryBytes}
 }
 
 // Enabled reports whether there is a store to keep sessions in.
@@ -161,7 +168,7 @@ func (s *Sessions) Messages(ctx context.Context, sessionID string, t Turn) ([]js
 	if s.store == nil {
 		return nil, domain.Errorf(domain.CodeSessionUnsupported, "adapter %q has no session store", s.adapter)
 	}
-	history, err := s.store.LoadChat(ctx, s.adapter, sessionID, MaxHistoryBytes)
+	history, err := s.store.LoadChat(ctx, s.adapter, sessionID, s.maxHistory)
 	if err != nil {
 		return nil, fmt.Errorf("load session %q: %w", sessionID, err)
 	}
@@ -169,13 +176,14 @@ func (s *Sessions) Messages(ctx context.Context, sessionID string, t Turn) ([]js
 	for _, m := range history {
 		out = append(out, wire(m))
 	}
-	return append(trim(history, out, MaxHistoryBytes), t.Send...), nil
+	return append(trim(history, out, s.maxHistory), t.Send...), nil
 }
 
-// MaxHistoryBytes bounds the stored history a turn replays (the JSON of its
-// messages): a session that outgrew it keeps going on its latest turns
-// instead of failing every turn once past the model's context.
-const MaxHistoryBytes = 1 << 20
+// DefaultMaxHistoryBytes bounds the stored history a turn replays (the JSON
+// of its messages) unless the adapter's max_history_bytes says otherwise: a
+// session that outgrew it keeps going on its latest turns instead of failing
+// every turn once past the model's context.
+const DefaultMaxHistoryBytes = domain.DefaultMaxHistoryBytes
 
 // MaxToolCallBytes bounds the tool calls a session run's reply may collect
 // for the history (Reply.ToolCalls).

@@ -44,7 +44,7 @@ func TestParseInput(t *testing.T) {
 
 func TestSessionsCommitAndMessages(t *testing.T) {
 	ctx := context.Background()
-	s := chat.NewSessions(memory.NewChatStore(), "llm")
+	s := chat.NewSessions(memory.NewChatStore(), "llm", 0)
 	commit(t, s, "one", chat.Reply{Content: "reply"})
 	next, _ := chat.ParseInput([]byte("two"))
 	msgs, err := s.Messages(ctx, "s1", next)
@@ -68,14 +68,14 @@ func TestSessionsCommitAndMessages(t *testing.T) {
 	}
 }
 
-// A history past MaxHistoryBytes is replayed without its oldest whole
+// A history past DefaultMaxHistoryBytes (no bound configured) is replayed without its oldest whole
 // turns: the leading system message stays, and an assistant message's tool
 // calls stay with the tool messages that answer them.
 func TestMessagesBoundHistory(t *testing.T) {
 	ctx := context.Background()
 	store := memory.NewChatStore()
-	s := chat.NewSessions(store, "llm")
-	big := strings.Repeat("x", chat.MaxHistoryBytes/3)
+	s := chat.NewSessions(store, "llm", 0)
+	big := strings.Repeat("x", chat.DefaultMaxHistoryBytes/3)
 	commit(t, s, `{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"`+big+`"}]}`, chat.Reply{ToolCalls: []json.RawMessage{json.RawMessage(`{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}`)}})
 	commit(t, s, `{"messages":[{"role":"tool","tool_call_id":"c1","content":"`+big+`"}]}`, chat.Reply{Content: "done"})
 	for i := range 2 {
@@ -96,17 +96,69 @@ func TestMessagesBoundHistory(t *testing.T) {
 	}
 	// The first turn (user, tool-calling reply, tool answer, reply) went
 	// whole; the system message and the last two turns stayed.
-	if got, want := strings.Join(roles, ","), "system,user,assistant,user,assistant"; got != want || size > chat.MaxHistoryBytes {
-		t.Errorf("replayed roles %s (%d bytes), want %s within %d", got, size, want, chat.MaxHistoryBytes)
+	if got, want := strings.Join(roles, ","), "system,user,assistant,user,assistant"; got != want || size > chat.DefaultMaxHistoryBytes {
+		t.Errorf("replayed roles %s (%d bytes), want %s within %d", got, size, want, chat.DefaultMaxHistoryBytes)
 	}
+}
+
+// A configured bound replaces the default: the store is asked for at most
+// that much, and what is replayed fits in it (besides the latest turn, which
+// is always kept); a history within the default but past the bound is
+// trimmed.
+func TestMessagesConfiguredBound(t *testing.T) {
+	ctx := context.Background()
+	const bound = 8 << 10
+	store := &boundStore{ChatStore: memory.NewChatStore()}
+	s := chat.NewSessions(store, "llm", bound)
+	big := strings.Repeat("x", 3<<10)
+	commit(t, s, `{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"first"}]}`, chat.Reply{Content: "ok"})
+	for i := range 6 {
+		commit(t, s, fmt.Sprintf("turn %d %s", i, big), chat.Reply{Content: "ok"})
+	}
+	last, _ := chat.ParseInput([]byte("now"))
+	msgs, err := s.Messages(ctx, "s1", last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if store.maxBytes != bound {
+		t.Errorf("LoadChat asked for %d bytes, want %d", store.maxBytes, bound)
+	}
+	size := 0
+	for _, m := range msgs[:len(msgs)-1] {
+		size += len(m)
+	}
+	// 2 turns of about 3 KiB fit in 8 KiB, a third does not.
+	if size > bound || len(msgs) != 1+2*2+1 || !strings.Contains(string(msgs[0]), `"system"`) || !strings.Contains(string(msgs[1]), "turn 4") {
+		t.Errorf("replayed %d messages, %d bytes of history (bound %d), starting %.40s, %.40s", len(msgs), size, bound, msgs[0], msgs[1])
+	}
+
+	// The same history under the default bound is replayed whole.
+	all, err := chat.NewSessions(store, "llm", 0).Messages(ctx, "s1", last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 3+6*2+1 || store.maxBytes != chat.DefaultMaxHistoryBytes {
+		t.Errorf("default bound: replayed %d messages, LoadChat asked for %d bytes", len(all), store.maxBytes)
+	}
+}
+
+// boundStore records the bound LoadChat was last asked for.
+type boundStore struct {
+	*memory.ChatStore
+	maxBytes int
+}
+
+func (s *boundStore) LoadChat(ctx context.Context, adapter, sessionID string, maxBytes int) ([]domain.ChatMessage, error) {
+	s.maxBytes = maxBytes
+	return s.ChatStore.LoadChat(ctx, adapter, sessionID, maxBytes)
 }
 
 // The leading instructions a trimmed history keeps include developer
 // messages (newer OpenAI models' system role) and several of them.
 func TestTrimKeepsEveryLeadingInstruction(t *testing.T) {
 	ctx := context.Background()
-	s := chat.NewSessions(memory.NewChatStore(), "llm")
-	big := strings.Repeat("x", chat.MaxHistoryBytes/2)
+	s := chat.NewSessions(memory.NewChatStore(), "llm", 0)
+	big := strings.Repeat("x", chat.DefaultMaxHistoryBytes/2)
 	commit(t, s, `{"messages":[{"role":"system","content":"be brief"},{"role":"developer","content":"answer in French"},{"role":"user","content":"`+big+`"}]}`, chat.Reply{Content: "ok"})
 	for range 2 {
 		commit(t, s, big, chat.Reply{Content: "ok"})
