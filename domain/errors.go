@@ -98,6 +98,10 @@ const (
 	CodeTooManyConnections = "too_many_connections"
 )
 
+// CodeRunLost ends a history record whose node has no record of the run:
+// it never reached the node, or the node's store lost it.
+const CodeRunLost = "run_lost"
+
 // Sentinels for errors.Is. Wrap them with context; never compare strings.
 var (
 	ErrInvalidRequest     = &Error{Code: CodeInvalidRequest}

@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"iop/domain"
@@ -26,6 +27,11 @@ type RunHistoryHandler struct {
 // reconcileTimeout bounds the question to a node while answering a read;
 // a node that is slow to answer leaves the history's record as it is.
 const reconcileTimeout = 5 * time.Second
+
+// lostAfter is how old a running record must be before its node's
+// run_not_found settles it as lost: younger, its dispatch may still be on
+// the way (another edge sharing the history sent it a moment ago).
+const lostAfter = time.Minute
 
 // NewRunHistoryHandler refuses a nil store.
 func NewRunHistoryHandler(store ports.HistoryReader) *RunHistoryHandler {
@@ -100,6 +106,18 @@ func (h *RunHistoryHandler) settle(ctx context.Context, rec domain.RunRecord) (d
 	defer cancel()
 	run, err := h.Nodes.OnNode(ctx, rec.Node, rec.ID)
 	switch {
+	case domain.CodeOf(err) == domain.CodeRunNotFound && time.Since(rec.CreatedAt) >= lostAfter:
+		// The node stores every run it admits or refuses until its
+		// retention prunes it: a run it does not know never reached it (the
+		// edge stopped between recording the dispatch and sending it) or
+		// its store lost it. Left running, the record would count as
+		// running in the usage for good and never be pruned.
+		lost := rec
+		lost.Status, lost.FinishedAt = domain.RunFailed, time.Now()
+		lost.ErrorCode = domain.CodeRunLost
+		lost.ErrorMsg = fmt.Sprintf("node %s has no record of the run: it never reached the node, or the node's store lost it", rec.Node)
+		h.Record.RecordRun(lost)
+		return lost, settledFromNode
 	case domain.CodeOf(err) == domain.CodeRunNotFound:
 		return rec, settledUnknown
 	case err != nil:

@@ -67,8 +67,9 @@ func TestHistoryGetReconcilesWithNode(t *testing.T) {
 	}
 }
 
-// Without a final answer from the node (not connected, run unknown there,
-// or still running there) the history's record stands and nothing is written.
+// Without a final answer from the node (not connected, run unknown there
+// though dispatched a moment ago, or still running there) the history's
+// record stands and nothing is written.
 func TestHistoryGetKeepsRecordWithoutNodeAnswer(t *testing.T) {
 	admin := domain.WithPrincipal(context.Background(), domain.Principal{Name: "admin", Scopes: []string{domain.ScopeAdmin}})
 	for _, tc := range []struct {
@@ -76,13 +77,19 @@ func TestHistoryGetKeepsRecordWithoutNodeAnswer(t *testing.T) {
 		runs      map[string]string
 		connected bool
 		ctx       context.Context
+		fresh     bool // created just now, not in 2026-01
 	}{
-		{"node disconnected", map[string]string{"r1": reconcileCancelled}, false, admin},
-		{"node does not know the run", map[string]string{}, true, admin},
-		{"node says running", map[string]string{"r1": qrRun("r1", "running", "2026-01-02T03:04:05Z")}, true, admin},
+		{"node disconnected", map[string]string{"r1": reconcileCancelled}, false, admin, false},
+		{"node does not know the run yet", map[string]string{}, true, admin, true},
+		{"node says running", map[string]string{"r1": qrRun("r1", "running", "2026-01-02T03:04:05Z")}, true, admin, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, obs, link := reconcileSetup(t, tc.runs, tc.connected)
+			if tc.fresh {
+				rec := obs.history["r1"]
+				rec.CreatedAt = time.Now()
+				obs.history["r1"] = rec
+			}
 			r, err := h.Get(tc.ctx, "r1")
 			if err != nil {
 				t.Fatal(err)
@@ -100,6 +107,33 @@ func TestHistoryGetKeepsRecordWithoutNodeAnswer(t *testing.T) {
 				t.Fatalf("asked a disconnected node: %q", link.commands())
 			}
 		})
+	}
+}
+
+// A record left running whose node, asked a minute or more after the
+// dispatch, has no record of the run (the edge stopped between recording
+// the dispatch and sending it, or the node's store lost it) is settled as
+// failed with run_lost. It stayed running for good: counted as running in
+// the usage and never pruned.
+func TestHistoryGetSettlesARunItsNodeNeverHad(t *testing.T) {
+	h, obs, link := reconcileSetup(t, map[string]string{}, true)
+	ctx := domain.WithPrincipal(context.Background(), domain.Principal{Name: "admin", Scopes: []string{domain.ScopeAdmin}})
+	r, err := h.Get(ctx, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != domain.RunFailed || r.FinishedAt.IsZero() || r.ErrorCode != domain.CodeRunLost ||
+		!strings.Contains(r.ErrorMsg, "node n1 has no record of the run") || r.Key != "alice" {
+		t.Fatalf("Get = %+v, want failed with run_lost, key kept", r)
+	}
+	obs.mu.Lock()
+	recorded := append([]domain.RunRecord(nil), obs.runs...)
+	obs.mu.Unlock()
+	if len(recorded) != 1 || recorded[0].ID != "r1" || recorded[0].Status != domain.RunFailed || recorded[0].ErrorCode != domain.CodeRunLost {
+		t.Fatalf("recorded %+v, want r1 failed run_lost once", recorded)
+	}
+	if calls := link.commands(); len(calls) != 1 {
+		t.Fatalf("node commands = %q, want one run_get", calls)
 	}
 }
 
