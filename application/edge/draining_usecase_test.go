@@ -125,6 +125,22 @@ func TestRunRefusedByStoppingNodeIsTriedElsewhere(t *testing.T) {
 			t.Fatal("a, which refused with shutting_down, is not taken for draining")
 		}
 	})
+	t.Run("both refuse", func(t *testing.T) {
+		ucNoLeaks(t)
+		e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+		e.links["a"].refuse = refusal
+		e.links["b"].refuse = refusal
+		_, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat"})
+		if ucCode(err) != domain.CodeShuttingDown || ucStarted(e, "a") != 1 || ucStarted(e, "b") != 1 {
+			t.Fatalf("run: %v, a sent %d runs and b %d; want shutting_down after one try on each", err, ucStarted(e, "a"), ucStarted(e, "b"))
+		}
+		// The second refusal counts too: the next run is not sent to b.
+		for _, id := range []string{"a", "b"} {
+			if v, _ := e.reg.Get(id); !v.Draining {
+				t.Fatalf("%s, which refused with shutting_down, is not taken for draining", id)
+			}
+		}
+	})
 	t.Run("no other node", func(t *testing.T) {
 		ucNoLeaks(t)
 		e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}})

@@ -159,7 +159,11 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 	if perr != nil {
 		return nil, err
 	}
-	return h.dispatch(ctx, cmd, other, release)
+	rh, err = h.dispatch(ctx, cmd, other, release)
+	if domain.CodeOf(err) == domain.CodeShuttingDown {
+		announceDraining(h.reg, h.bus, h.log, h.now(), other.ID, other.Link, "it refused a run: shutting_down")
+	}
+	return rh, err
 }
 
 // dispatch starts cmd as a new run on node, which holds a slot for it that
