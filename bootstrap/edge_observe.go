@@ -2,11 +2,8 @@ package bootstrap
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"time"
 
@@ -56,10 +53,7 @@ func newEdgeStore(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, m *prom.Met
 }
 
 // metricsServer serves GET /metrics alone on metrics.listen, if set.
-type metricsServer struct {
-	srv *http.Server
-	ln  net.Listener
-}
+type metricsServer struct{ srv *httpapi.MetricsServer }
 
 func newMetricsServer(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, m *prom.Metrics) *metricsServer {
 	ms := &metricsServer{}
@@ -67,26 +61,16 @@ func newMetricsServer(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, m *prom
 	if addr == "" {
 		return ms
 	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", httpapi.MetricsOnlyHandler(addr, m.Handler()))
-	ms.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	ms.srv = httpapi.NewMetricsServer(addr, m.Handler(), log)
 	lc.Append(fx.Hook{
 		OnStart: func(context.Context) error {
-			ln, err := net.Listen("tcp", addr)
-			if err != nil {
-				return fmt.Errorf("metrics.listen %s: %w", addr, err)
+			if err := ms.srv.Start(); err != nil {
+				return err
 			}
-			ms.ln = ln
-			go func() {
-				if err := ms.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-					log.Error("metrics listener stopped", "err", err)
-				}
-			}()
-			log.Info("metrics listening", "addr", ln.Addr().String())
+			log.Info("metrics listening", "addr", ms.srv.Addr().String())
 			return nil
 		},
-		OnStop: func(ctx context.Context) error { return ms.srv.Shutdown(ctx) },
+		OnStop: ms.srv.Stop,
 	})
 	return ms
 }

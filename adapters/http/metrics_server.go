@@ -1,0 +1,127 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"iop/domain"
+)
+
+// Connection caps of the metrics.listen listener. A Prometheus server keeps
+// one connection per scrape target; 16 per address leaves room for a few
+// scrapers behind one NAT, and 64 in total bounds what the keyless
+// listener can cost the edge (goroutines, buffers, descriptors).
+const (
+	DefaultMetricsMaxConns        = 64
+	DefaultMetricsMaxConnsPerAddr = 16
+)
+
+// MetricsServer serves GET /metrics alone on metrics.listen, without an API
+// key (MetricsOnlyHandler), under the same kind of connection caps as the
+// API's listener (connLimiter): a connection over them is answered 503
+// too_many_connections with Connection: close, or closed at once in a
+// flood. Every request, and every idle connection, has a deadline.
+type MetricsServer struct {
+	addr string
+	h    http.Handler
+	log  *slog.Logger
+	// MaxConns and MaxConnsPerAddr: the caps; zero takes the defaults. Set
+	// them before Start.
+	MaxConns, MaxConnsPerAddr int
+
+	mu  sync.Mutex
+	srv *http.Server
+	ln  net.Listener
+	lim *connLimiter
+}
+
+// NewMetricsServer serves metrics on addr once started.
+func NewMetricsServer(addr string, metrics http.Handler, log *slog.Logger) *MetricsServer {
+	if metrics == nil || log == nil {
+		panic("httpapi.NewMetricsServer: nil handler or logger")
+	}
+	return &MetricsServer{addr: addr, h: metrics, log: log}
+}
+
+// Start binds the listener synchronously, so a busy port fails here, and
+// serves on a goroutine until Stop.
+func (m *MetricsServer) Start() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.srv != nil {
+		return errors.New("metrics server already started")
+	}
+	ln, err := net.Listen("tcp", m.addr)
+	if err != nil {
+		return fmt.Errorf("metrics.listen %s: %w", m.addr, err)
+	}
+	total, perAddr := m.MaxConns, m.MaxConnsPerAddr
+	if total <= 0 {
+		total = DefaultMetricsMaxConns
+	}
+	if perAddr <= 0 {
+		perAddr = DefaultMetricsMaxConnsPerAddr
+	}
+	m.lim = newConnLimiter(total, perAddr, m.log)
+	m.ln = &limitedListener{Listener: ln, lim: m.lim}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", MetricsOnlyHandler(m.addr, m.h))
+	m.srv = &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if why, over := refusedConn(r); over {
+				w.Header().Set("Connection", "close")
+				w.Header().Set("Retry-After", "1")
+				writeJSONError(w, http.StatusServiceUnavailable, domain.CodeTooManyConnections,
+					why+" to the metrics listener; close idle connections or retry later")
+				return
+			}
+			h, pattern := mux.Handler(r)
+			if pattern == "" {
+				unrouted(w, r, h)
+				return
+			}
+			mux.ServeHTTP(w, r)
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       time.Minute,
+		ConnContext:       refusedConnContext,
+		ConnState:         m.lim.connState,
+		ErrorLog:          slog.NewLogLogger(m.log.Handler(), slog.LevelWarn),
+	}
+	srv, sln := m.srv, m.ln
+	go func() {
+		if err := srv.Serve(sln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			m.log.Error("metrics listener stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// Addr is the bound address; nil before Start.
+func (m *MetricsServer) Addr() net.Addr {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ln == nil {
+		return nil
+	}
+	return m.ln.Addr()
+}
+
+// Stop closes the listener and waits, up to ctx, for requests in flight.
+func (m *MetricsServer) Stop(ctx context.Context) error {
+	m.mu.Lock()
+	srv := m.srv
+	m.mu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	return srv.Shutdown(ctx)
+}
