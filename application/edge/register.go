@@ -144,7 +144,7 @@ func announceDraining(reg *Registry, bus ports.EventPublisher, log *slog.Logger,
 	if !reg.MarkDraining(id, link) {
 		return
 	}
-	log.Info("node draining: no new runs go to it", "node", id, "reason", why)
+	log.Info("node draining: no new runs or provider requests go to it", "node", id, "reason", why)
 	bus.Publish(domain.BusEvent{Type: domain.BusNodeDraining, Time: at, Node: id, Reason: why})
 }
 
