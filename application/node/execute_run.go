@@ -307,12 +307,20 @@ func (m *RunManager) refuse(req domain.RunRequest, g *guard, ev domain.RunEvent)
 	g.sendTerminal(ev)
 }
 
-// register makes ar findable by CancelRun and takes its session. Under the
-// same lock CancelRun either finds ar or leaves a missed cancel that
-// register sees, so no cancel falls between the two.
+// register makes ar findable by CancelRun and takes its session; after
+// BeginStop it refuses ar with shutting_down. Under the same lock CancelRun
+// either finds ar or leaves a missed cancel that register sees, and
+// BeginStop either finds ar or is seen here.
 func (m *RunManager) register(ar *activeRun) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.stopped {
+		// BeginStop came after this run's first check, while it was
+		// admitted or waited for a slot: it did not see the run, so the
+		// run is refused as every later one is, and the edge can place it
+		// elsewhere.
+		return domain.Errorf(domain.CodeShuttingDown, "the node is shutting down")
+	}
 	if _, dup := m.active[ar.req.RunID]; dup {
 		return domain.Errorf(domain.CodeInvalidRequest, "run %s is already running", ar.req.RunID)
 	}

@@ -191,3 +191,50 @@ func TestSendsFailOnceTheRunIsCancelled(t *testing.T) {
 		t.Fatalf("terminal %s, want cancelled", last.Type)
 	}
 }
+
+// ucGatedAdapter holds each run in Admit until gate is closed, saying on
+// admitting that it got there.
+type ucGatedAdapter struct {
+	*ucAdapter
+	admitting chan struct{}
+	gate      chan struct{}
+}
+
+func (a *ucGatedAdapter) Admit(domain.RunRequest) error {
+	a.admitting <- struct{}{}
+	<-a.gate
+	return nil
+}
+
+// A run that passed the shutdown check before BeginStop, and was still
+// being admitted when it came, is refused with shutting_down as every later
+// run is, so the edge places it elsewhere. It used to be registered and
+// run after the stop: the edge saw start, then complete or cancelled.
+func TestRunAdmittedAcrossBeginStopIsRefused(t *testing.T) {
+	ucNoLeaks(t)
+	a := &ucGatedAdapter{
+		ucAdapter: newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{"": ucEmit(nil, ucDelta("ran"))}),
+		admitting: make(chan struct{}, 1), gate: make(chan struct{}),
+	}
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
+	out := newUCOutput()
+	go n.runs.ExecuteRun(ucReq("r1", "a", ""), out)
+	select {
+	case <-a.admitting:
+	case <-time.After(ucWait):
+		t.Fatal("the run never reached Admit")
+	}
+	n.runs.BeginStop()
+	close(a.gate)
+	evs := out.waitClosed(t)
+	n.runs.Stop()
+	if len(evs) != 1 || evs[0].Error == nil || evs[0].Error.Code != domain.CodeShuttingDown {
+		t.Fatalf("events = %s, want a single shutting_down error", ucTypes(evs))
+	}
+	a.mu.Lock()
+	ran := len(a.runs)
+	a.mu.Unlock()
+	if ran != 0 {
+		t.Fatalf("the adapter ran %d runs after BeginStop", ran)
+	}
+}
