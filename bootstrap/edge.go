@@ -100,7 +100,11 @@ func Edge(s EdgeSettings) fx.Option {
 				h.History, h.Record = st, st
 				return h
 			},
-			edgeapp.NewTerminateSessionHandler,
+			func(reg *edgeapp.Registry, st *edgestore.Store, log *slog.Logger) *edgeapp.TerminateSessionHandler {
+				h := edgeapp.NewTerminateSessionHandler(reg)
+				h.Sessions, h.Log = st, log
+				return h
+			},
 			func(s EdgeSettings, reg *edgeapp.Registry, ledger *edgeapp.UsageLedger) *edgeapp.NodeCommandHandler {
 				h := edgeapp.NewNodeCommandHandler(reg)
 				h.MaxRequestBytes = int(s.Config.Transport.MaxFrameSize)

@@ -2,10 +2,13 @@ package edge
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"iop/domain"
+	"iop/ports"
 )
 
 // Bounds of a session's recall from the history: how long the run waits
@@ -15,32 +18,101 @@ const (
 	sessionRecallRuns    = 8
 )
 
-// recallSession binds a session the edge has no node for to the node of
-// its newest run in the history that a node took, so the session's next
-// turn still goes where its history lives (a chat's messages, an agent's
-// resume id) although this edge restarted, forgot the session among 10,000
-// more recent ones, or never saw it (another edge sharing the history's
-// database ran it). A history that fails or is slow only costs the
-// binding: the run is placed as any other.
-func (h *SubmitRunHandler) recallSession(ctx context.Context, adapter, session string) {
-	if h.Sessions == nil || session == "" {
-		return
+// sessionGuard decides whether a caller may use a session, and recalls
+// from the history the node and owner of a session the edge does not
+// remember.
+//
+// A session belongs to the API key that first used it: session ids are
+// strings callers choose, so without this a key that guessed another's id
+// would continue that key's conversation on its node (the node replays the
+// chat's history to the model, or resumes the agent) or end it. The edge
+// is the boundary: nodes key sessions by adapter and session id only.
+// A key with the admin scope (the anonymous caller of an edge without keys
+// among them) may use any session and claims none, so on an edge without
+// keys nothing is refused.
+type sessionGuard struct {
+	reg *Registry
+	// hist, if set, is the history a session's node and owner are
+	// recalled from when the edge does not remember them.
+	hist ports.HistoryReader
+	log  *slog.Logger
+}
+
+// errSessionNotYours refuses a session another key owns. It names neither
+// that key nor its node.
+func errSessionNotYours(adapter, session string) error {
+	return domain.Errorf(domain.CodeForbidden, "session %q of adapter %q belongs to another API key", session, adapter)
+}
+
+// use lets the caller in ctx use session of adapter, or refuses it
+// (forbidden) when the session is another key's. The owner is the one
+// the edge remembers; for a session it remembers none for, the keys that
+// ran the session's newest runs in the history: a caller whose key is not
+// among them is refused (a session the history knows no run of is the
+// caller's). A key without the admin scope then claims the session. A
+// history that fails refuses such a caller, as its owner is unknown; an
+// admin's run only loses the recall of its node.
+//
+// recallNode asks, besides, for a session bound to no node in memory to be
+// bound to the node of its newest run in the history that a node took, so
+// that its next turn still goes where its history lives (a chat's
+// messages, an agent's resume id) although this edge restarted, forgot
+// the session among 10,000 more recent ones, or never saw it (another edge
+// sharing the history's database ran it). Whenever the history is read the
+// node it names is recalled, as the run has waited for it anyway.
+func (g sessionGuard) use(ctx context.Context, adapter, session string, recallNode bool) error {
+	if session == "" {
+		return nil
 	}
-	if h.reg.knowsSession(adapter, session) {
-		return
+	p := domain.PrincipalFrom(ctx)
+	admin := p.Allows(domain.ScopeAdmin)
+	owner, known := g.reg.sessionOwner(adapter, session)
+	if owner != "" {
+		if admin || owner == p.Name {
+			return nil
+		}
+		return errSessionNotYours(adapter, session)
 	}
-	ctx, cancel := context.WithTimeout(ctx, sessionRecallTimeout)
-	defer cancel()
-	page, err := h.Sessions.ListRuns(ctx, domain.RunQuery{Adapter: adapter, Session: session, Limit: sessionRecallRuns})
-	if err != nil {
-		h.log.Warn("session's node not recalled from the history; the run is placed afresh", "adapter", adapter, "session", session, "err", err)
-		return
+	needOwner := !admin
+	if g.hist != nil && (needOwner || (recallNode && !known)) {
+		ctx, cancel := context.WithTimeout(ctx, sessionRecallTimeout)
+		defer cancel()
+		page, err := g.hist.ListRuns(ctx, domain.RunQuery{Adapter: adapter, Session: session, Limit: sessionRecallRuns})
+		if err != nil {
+			if needOwner {
+				g.log.Warn("session's owner not recalled from the history; the run is refused", "adapter", adapter, "session", session, "key", p.Name, "err", err)
+				return fmt.Errorf("session %q of adapter %q: its owner could not be looked up in the history: %w", session, adapter, err)
+			}
+			g.log.Warn("session's node not recalled from the history; the run is placed afresh", "adapter", adapter, "session", session, "err", err)
+			return nil
+		}
+		if needOwner {
+			var keys []string
+			for _, r := range page.Runs {
+				if r.Key != "" {
+					keys = append(keys, r.Key)
+				}
+			}
+			if len(keys) > 0 && !slices.Contains(keys, p.Name) {
+				return errSessionNotYours(adapter, session)
+			}
+		}
+		g.recall(ctx, adapter, session, page.Runs)
 	}
-	for _, r := range page.Runs {
+	if needOwner && !g.reg.claimSession(adapter, session, p.Name) {
+		return errSessionNotYours(adapter, session)
+	}
+	return nil
+}
+
+// recall binds session of adapter, unless it is bound already, to the node
+// of its newest run among runs (newest first) that a node took.
+func (g sessionGuard) recall(ctx context.Context, adapter, session string, runs []domain.RunRecord) {
+	for _, r := range runs {
 		if tookSession(r) {
-			h.reg.recallSession(adapter, session, r.Node)
-			if h.log.Enabled(ctx, slog.LevelDebug) {
-				h.log.Debug("session's node recalled from the history", "adapter", adapter, "session", session, "node", r.Node, "run", r.ID)
+			g.reg.recallSession(adapter, session, r.Node)
+			if g.log.Enabled(ctx, slog.LevelDebug) {
+				g.log.Debug("session's node recalled from the history", "adapter", adapter, "session", session, "node", r.Node, "run", r.ID)
 			}
 			return
 		}

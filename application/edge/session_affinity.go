@@ -12,6 +12,9 @@ type sessionKey struct{ adapter, session string }
 type sessionEntry struct {
 	key  sessionKey
 	node string
+	// owner names the API key the session belongs to (see claimSession);
+	// empty until a key without the admin scope claims it.
+	owner string
 }
 
 // sessionNodes remembers which node last admitted a run of each session, so
@@ -40,22 +43,30 @@ func (s *sessionNodes) get(k sessionKey) (string, bool) {
 }
 
 // put records node as k's node, evicting the least recently used entry
-// when full.
+// when full. An entry's owner stays as it was.
 func (s *sessionNodes) put(k sessionKey, node string) {
-	if s.max <= 0 {
-		return
-	}
+	s.add(k).node = node
+}
+
+// add returns k's entry, marked used, creating it unbound and unowned if
+// k is not remembered (evicting the least recently used entry when full).
+// With no room at all (max <= 0) the entry returned is remembered nowhere.
+func (s *sessionNodes) add(k sessionKey) *sessionEntry {
 	if e, ok := s.index[k]; ok {
-		e.Value.(*sessionEntry).node = node
 		s.order.MoveToFront(e)
-		return
+		return e.Value.(*sessionEntry)
+	}
+	se := &sessionEntry{key: k}
+	if s.max <= 0 {
+		return se
 	}
 	for s.order.Len() >= s.max {
 		last := s.order.Back()
 		delete(s.index, last.Value.(*sessionEntry).key)
 		s.order.Remove(last)
 	}
-	s.index[k] = s.order.PushFront(&sessionEntry{key: k, node: node})
+	s.index[k] = s.order.PushFront(se)
+	return se
 }
 
 // drop unbinds k if it is node's. The entry stays, bound to no node, so
@@ -123,14 +134,32 @@ func (r *Registry) SessionNode(adapter, session string) (string, bool) {
 	return e.Value.(*sessionEntry).node, true
 }
 
-// knowsSession reports whether the edge remembers session of adapter,
-// bound to a node or ended (unbound): either way the history has nothing
-// to add.
-func (r *Registry) knowsSession(adapter, session string) bool {
+// sessionOwner reports the key session of adapter belongs to ("" if no
+// key claimed it) and whether the edge remembers the session at all, bound
+// to a node or ended (unbound): either way the history has no node to add.
+func (r *Registry) sessionOwner(adapter, session string) (owner string, known bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	_, ok := r.sessions.index[sessionKey{adapter, session}]
-	return ok
+	e, ok := r.sessions.index[sessionKey{adapter, session}]
+	if !ok {
+		return "", false
+	}
+	return e.Value.(*sessionEntry).owner, true
+}
+
+// claimSession makes session of adapter key's unless another key owns it
+// already, and reports whether it is key's now. A session the edge does
+// not remember is remembered from now on, bound to no node until a run of
+// it is admitted. Checking and claiming under one lock, two keys starting
+// the same new session at once cannot both get it.
+func (r *Registry) claimSession(adapter, session, key string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.sessions.add(sessionKey{adapter, session})
+	if e.owner == "" {
+		e.owner = key
+	}
+	return e.owner == key
 }
 
 // recallSession binds session of adapter to node unless it is bound

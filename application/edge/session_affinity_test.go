@@ -46,3 +46,27 @@ func TestRegistryForgetsSessionsOfANodeLeavingTheConfig(t *testing.T) {
 		t.Fatalf("s2 = %q %v, want b", n, ok)
 	}
 }
+
+// Two keys claiming one new session at once: exactly one gets it, and an
+// admin's run before either claimed nothing.
+func TestClaimSessionFirstKeyWins(t *testing.T) {
+	r := NewRegistry()
+	r.RememberSession("chat", "s1", "a") // an admin's run: no owner
+	if owner, known := r.sessionOwner("chat", "s1"); owner != "" || !known {
+		t.Fatalf("after an admin's run: owner %q known %v", owner, known)
+	}
+	won := make(chan bool, 2)
+	for _, k := range []string{"x", "y"} {
+		go func() { won <- r.claimSession("chat", "s1", k) }()
+	}
+	if a, b := <-won, <-won; a == b {
+		t.Fatalf("claims answered %v and %v, want exactly one winner", a, b)
+	}
+	owner, _ := r.sessionOwner("chat", "s1")
+	if !r.claimSession("chat", "s1", owner) {
+		t.Fatal("the owner's own claim was refused")
+	}
+	if n, ok := r.SessionNode("chat", "s1"); !ok || n != "a" {
+		t.Fatalf("claiming moved the binding: %q %v", n, ok)
+	}
+}

@@ -53,8 +53,8 @@ type SubmitRunHandler struct {
 	// size). A larger request is refused with invalid_request instead of
 	// being lost on the link. Zero or less disables the check.
 	MaxRequestBytes int
-	// Sessions, if set, is the history a session run's node is recalled
-	// from when the edge has none in memory (recallSession).
+	// Sessions, if set, is the history a session run's node and owner are
+	// recalled from when the edge has none in memory (sessionGuard).
 	Sessions ports.HistoryReader
 	// Reconcile, if set, learns of the background runs let go of when
 	// their link broke, whose history rows it then settles (RunLost).
@@ -134,8 +134,10 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "run request is too large: input and options take %d bytes, the node link carries at most %d",
 			size-requestOverhead, h.MaxRequestBytes-requestOverhead)
 	}
-	if cmd.Node == "" {
-		h.recallSession(ctx, cmd.Adapter, cmd.SessionID)
+	// A session is its first key's: another key's run of it is refused,
+	// named node or not. A session run with no node named goes to its node.
+	if err := (sessionGuard{h.reg, h.Sessions, h.log}).use(ctx, cmd.Adapter, cmd.SessionID, cmd.Node == ""); err != nil {
+		return nil, err
 	}
 	p := domain.PrincipalFrom(ctx)
 	node, release, err := h.reg.PickForRunAs(p, cmd.Node, cmd.Adapter, cmd.SessionID)

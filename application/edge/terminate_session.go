@@ -2,9 +2,11 @@ package edge
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"iop/domain"
+	"iop/ports"
 )
 
 // TerminateSession ends one logical session of one adapter on one node.
@@ -19,6 +21,11 @@ type TerminateSession struct {
 type TerminateSessionHandler struct {
 	reg     *Registry
 	timeout time.Duration
+	// Sessions, if set, is the history a session's owner is recalled from
+	// when the edge has none in memory (sessionGuard).
+	Sessions ports.HistoryReader
+	// Log, if set, gets the failures to recall an owner (else slog.Default).
+	Log *slog.Logger
 }
 
 // NewTerminateSessionHandler refuses nil dependencies.
@@ -31,6 +38,8 @@ func NewTerminateSessionHandler(reg *Registry) *TerminateSessionHandler {
 
 // Handle ends the session. An adapter without sessions answers
 // session_unsupported; the node is optional when exactly one is connected.
+// A session another API key owns is refused (forbidden) unless the caller
+// is an admin.
 func (h *TerminateSessionHandler) Handle(ctx context.Context, cmd TerminateSession) error {
 	if err := domain.PrincipalFrom(ctx).Require(domain.ScopeRuns); err != nil {
 		return err
@@ -43,6 +52,14 @@ func (h *TerminateSessionHandler) Handle(ctx context.Context, cmd TerminateSessi
 	}
 	n, err := h.reg.resolve(domain.PrincipalFrom(ctx), cmd.Node)
 	if err != nil {
+		return err
+	}
+	// Only the session's key (or an admin) may end it.
+	log := h.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := (sessionGuard{h.reg, h.Sessions, log}).use(ctx, cmd.Adapter, cmd.SessionID, false); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, h.timeout)

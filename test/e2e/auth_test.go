@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -669,4 +670,73 @@ func healthyOrExited(p *proc, url string, d time.Duration) bool {
 		}
 	}
 	return false
+}
+
+// A session belongs to the key that first ran it, also after the edge
+// restarted (the owner is then read from the history): another key may
+// neither run it nor end it, an admin key may run it, and its owner goes
+// on. runner and n2-only both hold the runs scope.
+func TestSessionsBelongToTheirKey(t *testing.T) {
+	t.Parallel()
+	nodes := `
+  - id: n2
+    token: e2e-token-0002
+    adapters:
+      - name: exec
+        type: exec
+        targets:
+          upper: {command: ["tr", "a-z", "A-Z"]}
+`
+	env := "IOP_E2E_RUNS_KEY=" + runsKey
+	e := startEdgeHTTP(t, authHTTP(), nodes, env)
+	startNode(t, e, "e2e-token-0002")
+	waitNodeKey(t, e, "n2", adminKey)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	run, _ := json.Marshal(map[string]any{"adapter": "exec", "target": "upper", "input": "hi", "session_id": "s1"})
+	turn := func(key string) {
+		t.Helper()
+		evs := collectRun(t, startRunKey(t, ctx, e, key, run))
+		if len(evs) == 0 || evs[len(evs)-1].Type != "complete" {
+			t.Fatalf("turn with %s: %+v", key, evs)
+		}
+	}
+	refused := func(method, path string, body []byte) {
+		t.Helper()
+		status, _, b := request(t, ctx, method, e.url+path, n2Key, body)
+		if status != http.StatusForbidden || !strings.Contains(string(b), "belongs to another API key") {
+			t.Fatalf("%s %s with n2-only's key: %d %s, want 403 (the session is runner's)", method, path, status, b)
+		}
+		checkRefusal(t, iopDialect, status, b)
+	}
+
+	turn(runsKey)
+	refused("POST", "/v1/runs", run)
+	refused("DELETE", "/v1/sessions/s1?adapter=exec", nil)
+	_, stderr, code := cliEnv(t, e, nil, "--api-key", n2Key, "run", "--adapter", "exec", "--target", "upper", "--session", "s1", "hi")
+	if code == 0 || !strings.Contains(stderr, "belongs to another API key") {
+		t.Fatalf("iop run of runner's session with n2-only's key: exit %d, stderr %q", code, stderr)
+	}
+	turn(adminKey)
+	turn(runsKey)
+	// n2-only's own session is its own.
+	own, _ := json.Marshal(map[string]any{"adapter": "exec", "target": "upper", "input": "hi", "session_id": "s2"})
+	if evs := collectRun(t, startRunKey(t, ctx, e, n2Key, own)); len(evs) == 0 || evs[len(evs)-1].Type != "complete" {
+		t.Fatalf("n2-only's own session: %+v", evs)
+	}
+
+	// After a restart the edge remembers no session: the history names
+	// the keys that ran s1 (it is written in batches; a stop flushes it).
+	e.stop(syscall.SIGTERM, 10*time.Second)
+	e.proc = start(t, "iop-edge", []string{env}, "--config", e.config)
+	waitHealthy(t, e.url, e.proc)
+	waitNodeKey(t, e, "n2", adminKey)
+	refused("POST", "/v1/runs", run)
+	refused("DELETE", "/v1/sessions/s1?adapter=exec", nil)
+	turn(runsKey)
+	// The owner may end it (exec keeps no sessions, so its node answers).
+	status, _, b := request(t, ctx, "DELETE", e.url+"/v1/sessions/s1?adapter=exec", runsKey, nil)
+	if status != http.StatusNotImplemented || !strings.Contains(string(b), "session_unsupported") {
+		t.Fatalf("runner ending its session: %d %s, want the node's 501 session_unsupported", status, b)
+	}
 }

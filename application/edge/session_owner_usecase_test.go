@@ -1,0 +1,228 @@
+package edge_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"iop/application/edge"
+	"iop/domain"
+)
+
+// ucAs is ctx carrying the principal of a key named name with scopes.
+func ucAs(ctx context.Context, name string, scopes ...string) context.Context {
+	return domain.WithPrincipal(ctx, domain.Principal{Name: name, Scopes: scopes})
+}
+
+// ucSent counts the runs and session ends the edge sent to the nodes.
+func ucSent(e *ucEdge) (runs, terminates int) {
+	for _, l := range e.links {
+		s, _, term, _, _, _ := l.snapshot()
+		runs += len(s)
+		terminates += len(term)
+	}
+	return runs, terminates
+}
+
+// A session belongs to the key that first ran it: another key's run of it
+// (its node named or not) and its end are refused with forbidden before
+// anything reaches a node, so that key never sees the owner's history.
+// The owner goes on; an admin key may use and end any session.
+func TestSessionIsItsFirstKeys(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	ctx := context.Background()
+	x, y := ucAs(ctx, "x", domain.ScopeRuns), ucAs(ctx, "y", domain.ScopeRuns, domain.ScopeRead)
+	admin := ucAs(ctx, "ops", domain.ScopeAdmin)
+	term := edge.NewTerminateSessionHandler(e.reg)
+
+	rh, err := e.submit.Handle(x, edge.SubmitRun{Node: "b", Adapter: "chat", SessionID: "s1"})
+	if err != nil {
+		t.Fatalf("x's first turn: %v", err)
+	}
+	ucFinish(t, e, rh)
+	runs, _ := ucSent(e)
+
+	for _, node := range []string{"", "a", "b"} {
+		_, err := e.submit.Handle(y, edge.SubmitRun{Node: node, Adapter: "chat", SessionID: "s1"})
+		if !errors.Is(err, domain.ErrForbidden) {
+			t.Fatalf("y's turn of x's session (node %q): %v, want forbidden", node, err)
+		}
+	}
+	if err := term.Handle(y, edge.TerminateSession{Node: "b", Adapter: "chat", SessionID: "s1"}); !errors.Is(err, domain.ErrForbidden) {
+		t.Fatalf("y ending x's session: %v, want forbidden", err)
+	}
+	if r, tm := ucSent(e); r != runs || tm != 0 {
+		t.Fatalf("refused calls reached the nodes: %d runs (want %d), %d session ends", r, runs, tm)
+	}
+	if n, ok := e.reg.SessionNode("chat", "s1"); !ok || n != "b" {
+		t.Fatalf("x's session is bound to %q %v, want b", n, ok)
+	}
+
+	// The owner's next turn goes to its node; an admin's too.
+	for _, c := range []context.Context{x, admin} {
+		rh, err := e.submit.Handle(c, edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+		if err != nil || rh.Node != "b" {
+			t.Fatalf("%s's turn: %+v %v, want node b", domain.PrincipalFrom(c).Name, rh, err)
+		}
+		ucFinish(t, e, rh)
+	}
+	// The admin's turn did not make the session the admin's.
+	if _, err := e.submit.Handle(y, edge.SubmitRun{Adapter: "chat", SessionID: "s1"}); !errors.Is(err, domain.ErrForbidden) {
+		t.Fatalf("y after the admin's turn: %v, want forbidden", err)
+	}
+	rh, err = e.submit.Handle(x, edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil {
+		t.Fatalf("x after the admin's turn: %v", err)
+	}
+	ucFinish(t, e, rh)
+
+	// The owner ends it; it stays x's, so y cannot start it over.
+	if err := term.Handle(x, edge.TerminateSession{Node: "b", Adapter: "chat", SessionID: "s1"}); err != nil {
+		t.Fatalf("x ending its session: %v", err)
+	}
+	if _, err := e.submit.Handle(y, edge.SubmitRun{Adapter: "chat", SessionID: "s1"}); !errors.Is(err, domain.ErrForbidden) {
+		t.Fatalf("y after x ended it: %v, want forbidden", err)
+	}
+	if err := term.Handle(admin, edge.TerminateSession{Node: "b", Adapter: "chat", SessionID: "s1"}); err != nil {
+		t.Fatalf("admin ending x's session: %v", err)
+	}
+
+	// y's own session is y's, turn after turn.
+	for turn := range 2 {
+		rh, err := e.submit.Handle(y, edge.SubmitRun{Adapter: "chat", SessionID: "s2"})
+		if err != nil {
+			t.Fatalf("y's own session, turn %d: %v", turn, err)
+		}
+		ucFinish(t, e, rh)
+	}
+	if _, err := e.submit.Handle(x, edge.SubmitRun{Adapter: "chat", SessionID: "s2"}); !errors.Is(err, domain.ErrForbidden) {
+		t.Fatalf("x's turn of y's session: %v, want forbidden", err)
+	}
+}
+
+// An edge that does not remember a session (it restarted, or forgot it
+// among more recent ones) learns its owner from the keys that ran its
+// newest runs in the history: another key is refused, running or ending
+// it, the node named or not; its owner and an admin go on, to its node.
+func TestSessionOwnerRecalledFromHistory(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	hist := &ucSessionHistory{runs: []domain.RunRecord{
+		{ID: "run_3", Node: "b", Adapter: "chat", SessionID: "s1", Key: "ops", Status: domain.RunSucceeded},
+		{ID: "run_2", Node: "b", Adapter: "chat", SessionID: "s1", Key: "x", Status: domain.RunSucceeded},
+		{ID: "run_1", Node: "b", Adapter: "chat", SessionID: "s1", Key: "x", Status: domain.RunSucceeded},
+	}}
+	e.submit.Sessions = hist
+	term := edge.NewTerminateSessionHandler(e.reg)
+	term.Sessions = hist
+	ctx := context.Background()
+	x, y := ucAs(ctx, "x", domain.ScopeRuns), ucAs(ctx, "y", domain.ScopeRuns)
+
+	for _, node := range []string{"", "a"} {
+		if _, err := e.submit.Handle(y, edge.SubmitRun{Node: node, Adapter: "chat", SessionID: "s1"}); !errors.Is(err, domain.ErrForbidden) {
+			t.Fatalf("y's turn of x's recalled session (node %q): %v, want forbidden", node, err)
+		}
+	}
+	if err := term.Handle(y, edge.TerminateSession{Node: "b", Adapter: "chat", SessionID: "s1"}); !errors.Is(err, domain.ErrForbidden) {
+		t.Fatalf("y ending x's recalled session: %v, want forbidden", err)
+	}
+	if r, tm := ucSent(e); r != 0 || tm != 0 {
+		t.Fatalf("refused calls reached the nodes: %d runs, %d session ends", r, tm)
+	}
+	rh, err := e.submit.Handle(x, edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil || rh.Node != "b" {
+		t.Fatalf("x's turn: %+v %v, want node b", rh, err)
+	}
+	ucFinish(t, e, rh)
+	// Remembered now, as x's: y is refused without asking the history.
+	asked := hist.count()
+	if _, err := e.submit.Handle(y, edge.SubmitRun{Adapter: "chat", SessionID: "s1"}); !errors.Is(err, domain.ErrForbidden) {
+		t.Fatalf("y after x's turn: %v, want forbidden", err)
+	}
+	if n := hist.count(); n != asked {
+		t.Fatalf("history asked %d more times for a session remembered as x's", n-asked)
+	}
+
+	// An admin may run and end a session the history names another key
+	// for; it stays that key's.
+	e2 := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	e2.submit.Sessions = hist
+	admin := ucAs(ctx, "ops", domain.ScopeAdmin)
+	rh, err = e2.submit.Handle(admin, edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil || rh.Node != "b" {
+		t.Fatalf("admin's turn: %+v %v, want node b", rh, err)
+	}
+	ucFinish(t, e2, rh)
+	if _, err := e2.submit.Handle(y, edge.SubmitRun{Adapter: "chat", SessionID: "s1"}); !errors.Is(err, domain.ErrForbidden) {
+		t.Fatalf("y after the admin's turn: %v, want forbidden", err)
+	}
+	term2 := edge.NewTerminateSessionHandler(e2.reg)
+	term2.Sessions = hist
+	if err := term2.Handle(admin, edge.TerminateSession{Node: "b", Adapter: "chat", SessionID: "s1"}); err != nil {
+		t.Fatalf("admin ending x's session: %v", err)
+	}
+	if err := term2.Handle(x, edge.TerminateSession{Node: "b", Adapter: "chat", SessionID: "s1"}); err != nil {
+		t.Fatalf("x ending its session: %v", err)
+	}
+}
+
+// Whose a session is when its owner cannot be looked up is unknown: a
+// key's run of it is refused; an admin's (the anonymous caller's of an
+// edge without keys) is only placed afresh.
+func TestSessionOwnerLookupFailureRefusesKeys(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	e.submit.Sessions = &ucSessionHistory{err: errors.New("database is locked")}
+	ctx := context.Background()
+	if _, err := e.submit.Handle(ucAs(ctx, "x", domain.ScopeRuns), edge.SubmitRun{Adapter: "chat", SessionID: "s1"}); err == nil {
+		t.Fatal("a key's run of a session whose owner is unknown was let through")
+	}
+	if r, _ := ucSent(e); r != 0 {
+		t.Fatalf("%d runs reached the nodes", r)
+	}
+	rh, err := e.submit.Handle(ucAs(ctx, "ops", domain.ScopeAdmin), edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil {
+		t.Fatalf("admin: %v", err)
+	}
+	ucFinish(t, e, rh)
+	// A run without a session needs no owner.
+	rh, err = e.submit.Handle(ucAs(ctx, "x", domain.ScopeRuns), edge.SubmitRun{Adapter: "chat"})
+	if err != nil {
+		t.Fatalf("x's run without a session: %v", err)
+	}
+	ucFinish(t, e, rh)
+}
+
+// On an edge without keys every caller is the anonymous admin: sessions
+// are shared as before, and the history is asked only for a session's
+// node, as before.
+func TestSessionsOfAnEdgeWithoutKeysAreShared(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	hist := &ucSessionHistory{runs: []domain.RunRecord{
+		{ID: "run_1", Node: "b", Adapter: "chat", SessionID: "s1", Key: domain.AnonymousName, Status: domain.RunSucceeded},
+	}}
+	e.submit.Sessions = hist
+	term := edge.NewTerminateSessionHandler(e.reg)
+	term.Sessions = hist
+	ctx := context.Background()
+	for turn := range 2 {
+		rh, err := e.submit.Handle(ctx, edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+		if err != nil || rh.Node != "b" {
+			t.Fatalf("turn %d: %+v %v, want node b", turn, rh, err)
+		}
+		ucFinish(t, e, rh)
+	}
+	rh, err := e.submit.Handle(ctx, edge.SubmitRun{Node: "a", Adapter: "chat", SessionID: "s9"})
+	if err != nil {
+		t.Fatalf("named node: %v", err)
+	}
+	ucFinish(t, e, rh)
+	if err := term.Handle(ctx, edge.TerminateSession{Node: "b", Adapter: "chat", SessionID: "s1"}); err != nil {
+		t.Fatalf("end: %v", err)
+	}
+	if n := hist.count(); n != 1 {
+		t.Fatalf("history asked %d times, want once (s1's node)", n)
+	}
+}
