@@ -222,9 +222,10 @@ type NodeEntry struct {
 	Providers   []ProviderEntry `yaml:"providers"`
 }
 
-// AdapterEntry configures one runtime adapter of a node. Its type and the
-// fields that type needs are checked by domain.NodeRecord.BuildConfig when the
-// node registers, not here, so one bad adapter does not stop the edge.
+// AdapterEntry configures one runtime adapter of a node. Validate checks it
+// with domain.NodeRecord.BuildConfig, as a reload does, so the edge refuses
+// to start on an entry a reload would refuse; whether the node supports its
+// type is checked when the node registers (the node says which it can build).
 type AdapterEntry struct {
 	Name           string                 `yaml:"name"`
 	Type           string                 `yaml:"type"`
@@ -335,7 +336,9 @@ var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
 
 // Validate checks the whole config and reports every problem found, each
 // naming its field and, for nodes, the node. It reads token_env variables
-// from the environment. Adapter and provider entries are not checked here.
+// from the environment. Adapter and provider entries get the checks of
+// domain.NodeRecord.BuildConfig (what a reload and a registration apply), so
+// the edge starts only on a file a reload would accept.
 func (c *EdgeConfig) Validate() error {
 	var errs []error
 	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -392,6 +395,9 @@ func (c *EdgeConfig) Validate() error {
 				ids[n.ID] = i
 			}
 		}
+		if err := n.checkAdapters(); err != nil {
+			add("%s: %s", where, err)
+		}
 		digest, err := n.tokenDigest()
 		if err != nil {
 			add("%s: %w", where, err)
@@ -404,6 +410,25 @@ func (c *EdgeConfig) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkAdapters runs on the node's adapters and providers the checks
+// domain.NodeRecord.BuildConfig applies when a reload or a registration
+// builds the node's config: a name and a type for every adapter, what its
+// type needs (an http(s) base_url, exec commands, ...). The error is the
+// message alone, without the config_error code.
+func (n NodeEntry) checkAdapters() error {
+	r := domain.NodeRecord{ID: n.ID}
+	for _, a := range n.Adapters {
+		r.Adapters = append(r.Adapters, a.toDomain())
+	}
+	for _, p := range n.Providers {
+		r.Providers = append(r.Providers, p.toDomain())
+	}
+	if _, err := r.BuildConfig(0); err != nil {
+		return errors.New(domain.MessageOf(err))
+	}
+	return nil
 }
 
 // tokenDigest returns the SHA-256 of the node's token, from whichever of

@@ -549,9 +549,8 @@ func TestMaxConnectionsAloneBoundsThePerAddressDefault(t *testing.T) {
 }
 
 // max_history_bytes reaches the adapter's config; out of range (1 KiB to
-// 64 MiB), or on an adapter that replays no chat history, it is a
-// config_error naming it when the node's config is built (a reload is
-// refused whole, a registration refused with the reason).
+// 64 MiB), or on an adapter that replays no chat history, the file is
+// refused (at start and at reload alike) naming it.
 func TestAdapterMaxHistoryBytes(t *testing.T) {
 	parse := func(adapter string) domain.NodeRecord {
 		t.Helper()
@@ -576,12 +575,50 @@ func TestAdapterMaxHistoryBytes(t *testing.T) {
 		"{name: sh, type: exec, max_history_bytes: 4096}",
 		"{name: cc, type: claude-code, max_history_bytes: 4096}",
 	} {
-		_, err := parse(bad).BuildConfig(1)
-		if !errors.Is(err, domain.ErrConfig) || !strings.Contains(err.Error(), "max_history_bytes") {
-			t.Errorf("%s: BuildConfig = %v, want a config_error naming max_history_bytes", bad, err)
+		_, err := config.ParseEdge("edge.yaml", []byte("nodes:\n  - id: a\n    token: aaaaaaaa\n    adapters:\n      - "+bad+"\n"))
+		if err == nil || !strings.Contains(err.Error(), `edge.yaml: nodes[0] (id "a"): adapter`) || !strings.Contains(err.Error(), "max_history_bytes") {
+			t.Errorf("%s: ParseEdge = %v, want an error naming the node and max_history_bytes", bad, err)
 		}
 	}
 	if _, err := config.ParseEdge("edge.yaml", []byte("nodes:\n  - id: a\n    token: aaaaaaaa\n    adapters:\n      - {name: llm, type: ollama, max_history_bytes: lots}\n")); err == nil {
 		t.Error("max_history_bytes: lots parsed")
+	}
+}
+
+// An adapter or provider entry a reload would refuse (domain.NodeRecord.
+// BuildConfig) is refused when the file is loaded, so the edge does not
+// start on it either: before, an adapter without a type started the edge
+// and its node was refused config_error at every registration.
+func TestBadAdapterEntryRefusedAtLoad(t *testing.T) {
+	node := func(entries string) string {
+		return "nodes:\n  - {id: ok, token: bbbbbbbb}\n  - id: gpu\n    token: aaaaaaaa\n" + entries
+	}
+	for _, tc := range []struct{ doc, want string }{
+		{node("    adapters:\n      - {name: llm, base_url: \"http://127.0.0.1:11434\"}\n"),
+			`nodes[1] (id "gpu"): adapter "llm" has no type`},
+		{node("    adapters:\n      - {type: exec}\n"),
+			`nodes[1] (id "gpu"): adapter #1 has no name`},
+		{node("    adapters:\n      - {name: llm, type: ollama}\n      - {name: llm, type: exec}\n"),
+			`nodes[1] (id "gpu"): adapter "llm" (ollama) has no base_url`},
+		{node("    adapters:\n      - {name: x, type: exec}\n      - {name: x, type: exec}\n"),
+			`nodes[1] (id "gpu"): adapter "x" is declared twice`},
+		{node("    adapters:\n      - {name: llm, type: openai, base_url: \"127.0.0.1:8000\"}\n"),
+			`nodes[1] (id "gpu"): adapter "llm" (openai): base_url "127.0.0.1:8000" must be an http(s) URL`},
+		{node("    adapters:\n      - {name: sh, type: exec, targets: {t: {command: []}}}\n"),
+			`nodes[1] (id "gpu"): adapter "sh" target "t" has an empty command`},
+		{node("    providers:\n      - {name: p, type: grpc, base_url: \"http://x\"}\n"),
+			`nodes[1] (id "gpu"): provider "p" has unknown type "grpc"`},
+	} {
+		path := filepath.Join(t.TempDir(), "edge.yaml")
+		if err := os.WriteFile(path, []byte(tc.doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := config.LoadEdge(path)
+		if err == nil || !strings.Contains(err.Error(), path+": "+tc.want) {
+			t.Errorf("LoadEdge(%q) = %v, want an error containing %q", tc.doc, err, path+": "+tc.want)
+		}
+		if err != nil && (strings.Contains(err.Error(), "config_error") || strings.Contains(err.Error(), "nodes[0]")) {
+			t.Errorf("LoadEdge(%q) = %v: names the code or the good node", tc.doc, err)
+		}
 	}
 }

@@ -69,7 +69,10 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 		return ReloadResult{}, domain.Errorf(domain.CodeConfigError, "%v", err)
 	}
 	// Every node's payload must build before anything changes, so a file
-	// naming an unknown adapter type is rejected whole like a YAML error.
+	// with an adapter the edge cannot build (no type, a bad base_url) is
+	// rejected whole like a YAML error. edge.yaml's loader runs the same
+	// check (so the edge does not start on such a file either); this one
+	// holds for any NodeSource.
 	for _, r := range recs {
 		if _, err := r.BuildConfig(0); err != nil {
 			h.log.Error("reload rejected; old config stays in force", "node", r.ID, "err", err)

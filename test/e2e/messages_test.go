@@ -63,6 +63,23 @@ func TestStartupMessagesAreClear(t *testing.T) {
 			t.Fatalf("output:\n%s", out)
 		}
 	})
+	// An adapter entry a reload would refuse stops the start too (it once
+	// started the edge, and its node was refused at every registration).
+	t.Run("adapter without a type", func(t *testing.T) {
+		path := writeConfig(t, edgeConfig(freeAddr(t), freeAddr(t), `
+  - id: gpu-box
+    token: e2e-token-0001
+    adapters:
+      - {name: llm, base_url: "http://127.0.0.1:11434"}
+`))
+		p := startEdgeProc(t, path)
+		if code := p.waitExit(t, 20*time.Second); code != 2 {
+			t.Fatalf("exit %d", code)
+		}
+		if out := p.out.String(); out != "iop-edge: "+path+`: nodes[0] (id "gpu-box"): adapter "llm" has no type`+"\n" {
+			t.Fatalf("output:\n%s", out)
+		}
+	})
 	t.Run("empty config warns", func(t *testing.T) {
 		e := &edge{transport: freeAddr(t)}
 		httpAddr := freeAddr(t)
