@@ -23,13 +23,23 @@ func join(cfgPath string, out, errOut io.Writer, args []string) error {
 	fs := flag.NewFlagSet("join", flag.ContinueOnError)
 	fs.SetOutput(errOut)
 	addr := fs.String("address", "", "host:port nodes dial (default: from transport.listen, or the first transport.tls.hosts name)")
-	if err := fs.Parse(args); err != nil {
-		return err
+	// Flags may come before or after the node id (the flag package alone
+	// stops at the first argument that is not a flag).
+	var ids []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		ids = append(ids, fs.Arg(0))
+		args = fs.Args()[1:]
 	}
-	if fs.NArg() != 1 {
+	if len(ids) != 1 {
 		return errors.New("usage: iop-edge --config edge.yaml join [--address host:port] NODE_ID")
 	}
-	id := fs.Arg(0)
+	id := ids[0]
 	cfg, err := config.LoadEdge(cfgPath)
 	if err != nil {
 		return err

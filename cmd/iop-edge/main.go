@@ -3,7 +3,8 @@
 //
 //	iop-edge [--config F]                 serve
 //	iop-edge [--config F] --print-ca-pin  print the pin nodes pass as --ca-pin
-//	iop-edge [--config F] join NODE_ID    print the iop-node command line for a node
+//	iop-edge [--config F] join [--address H:P] NODE_ID
+//	                                      print the iop-node command line for a node
 //	iop-edge hash-token                   read a token on stdin, print its token_sha256
 package main
 
@@ -84,7 +85,8 @@ func usage() {
 	fmt.Fprint(os.Stderr, `usage:
   iop-edge [--config edge.yaml]                 run the edge
   iop-edge [--config edge.yaml] --print-ca-pin  print the pin nodes pass as --ca-pin
-  iop-edge [--config edge.yaml] join NODE_ID    print the iop-node command line for NODE_ID
+  iop-edge [--config edge.yaml] join [--address host:port] NODE_ID
+                                                print the iop-node command line for NODE_ID
   iop-edge hash-token < token                   print the token's token_sha256 for edge.yaml
 flags:
 `)
