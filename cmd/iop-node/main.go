@@ -36,7 +36,7 @@ func main() {
 		statsIvl  = flag.Duration("stats-interval", 0, "how often to send node stats to the edge (default 15s; env IOP_NODE_STATS_INTERVAL)")
 		caPin     = flag.String("ca-pin", "", "trust the edge whose certificate chain holds this public key: sha256:<hex> from iop-edge --print-ca-pin")
 		caFile    = flag.String("ca-file", "", "trust an edge whose certificate chains to a CA in this PEM bundle")
-		insecure  = flag.Bool("insecure", false, "plaintext link, for an edge with transport.tls.mode off (loopback only)")
+		insecure  = flag.Bool("insecure", false, "plaintext link, for an edge with transport.tls.mode off (which the edge allows only on a loopback listen address)")
 		certFile  = flag.String("cert", "", "client certificate (PEM) for an edge that requires one")
 		keyFile   = flag.String("key", "", "key of --cert (PEM)")
 	)

@@ -34,7 +34,9 @@ or absent and stdin is not a terminal.
 With --background the run keeps going on its node whatever happens to this
 command; iop prints its id and node. Ctrl-C during a foreground run cancels it.
 
-Exit codes: 0 complete, 1 error, 130 cancelled or interrupted.`,
+Exit codes: 0 complete, 1 error (a run the edge refused included), 2 usage
+error (no --adapter, --target missing for an adapter that needs one, a bad
+--option or --options), 130 cancelled or interrupted.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
 			if req.Adapter == "" {
