@@ -52,6 +52,32 @@ type fakeConsoleEdge struct {
 	// subscriber), 200 ms after the caller got the headers, and the caller
 	// its stream 300 ms later.
 	busAheadDropping []int
+	// stallAfter, when > 0, makes a run's stream send its first stallAfter
+	// events, then hold the connection open without a byte more, not even a
+	// keep-alive (as a connection that died without a FIN or RST, or that a
+	// proxy holds, looks), until the caller closes it. The run, with the
+	// events its stream did not send, goes to held; heldClosed counts the
+	// streams so held whose callers closed them.
+	stallAfter int
+	held       chan heldRun
+	heldClosed int
+	// done is closed when the test ends, so that a held stream lets the
+	// server close.
+	done chan struct{}
+	// eventsTries are the GET /v1/events requests, refused ones too;
+	// eventsStatus, when set, is what they are answered.
+	eventsTries  []eventsTry
+	eventsStatus int
+}
+
+type heldRun struct {
+	id   string
+	rest []map[string]any
+}
+
+type eventsTry struct {
+	query string
+	at    time.Time
 }
 
 type fakeFeed struct {
@@ -60,7 +86,7 @@ type fakeFeed struct {
 }
 
 func newFakeConsoleEdge(t *testing.T) *fakeConsoleEdge {
-	f := &fakeConsoleEdge{t: t, keys: map[string]string{}, revoked: map[string]bool{}}
+	f := &fakeConsoleEdge{t: t, keys: map[string]string{}, revoked: map[string]bool{}, held: make(chan heldRun, 1), done: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.Handle("GET /ui/", console.Handler())
 	mux.HandleFunc("GET /v1/nodes", func(w http.ResponseWriter, r *http.Request) {
@@ -110,6 +136,7 @@ func newFakeConsoleEdge(t *testing.T) *fakeConsoleEdge {
 	mux.HandleFunc("GET /v1/events", f.events)
 	f.Server = httptest.NewServer(mux)
 	t.Cleanup(func() {
+		close(f.done)
 		f.closeFeeds()
 		f.Close()
 	})
@@ -171,6 +198,14 @@ func (f *fakeConsoleEdge) setRun(id, status string) {
 }
 
 func (f *fakeConsoleEdge) events(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	f.eventsTries = append(f.eventsTries, eventsTry{r.URL.RawQuery, time.Now()})
+	status := f.eventsStatus
+	f.mu.Unlock()
+	if status != 0 {
+		writeFakeJSON(w, status, map[string]any{"error": map[string]string{"code": "unavailable", "message": "the edge is restarting"}})
+		return
+	}
 	if !f.auth(w, r, "events") {
 		return
 	}
@@ -269,9 +304,30 @@ func (f *fakeConsoleEdge) startRun(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(200)
 	w.(http.Flusher).Flush()
 	f.mu.Lock()
-	drop := f.busAheadDropping
+	drop, stall := f.busAheadDropping, f.stallAfter
 	f.mu.Unlock()
 	evs := f.runEvents(id)
+	if stall > 0 {
+		for _, ev := range evs[:stall] {
+			b, _ := json.Marshal(ev)
+			fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev["type"], b)
+			f.publish(ev)
+		}
+		w.(http.Flusher).Flush()
+		select {
+		case f.held <- heldRun{id, evs[stall:]}:
+		case <-f.done:
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			f.mu.Lock()
+			f.heldClosed++
+			f.mu.Unlock()
+		case <-f.done:
+		}
+		return
+	}
 	if drop != nil {
 		// The page has the headers (the run's id) before the bus's events
 		// come; only its stream's events are behind.
@@ -512,9 +568,16 @@ func TestConsoleDeadFeed(t *testing.T) {
 	})
 	b.waitJS(10*time.Second, "bus live again", `document.getElementById('bus-state').classList.contains('live')`)
 
-	// The Events page's own feed, silent, says it stopped.
-	b.open(f.URL + "/ui/#/events")
-	b.waitJS(10*time.Second, "Events page says its feed stopped", `/stopped: no data from the edge/.test(document.getElementById('ev-idle')?.innerText || '')`)
+	// The Events page's own feed, silent, says it stopped, and is made
+	// again by itself.
+	b.open(f.URL + "/ui/#/events?type=node.*")
+	b.waitJS(10*time.Second, "Events page says its feed stopped", `/stopped: no data from the edge.*Reconnecting in/s.test(document.querySelector('#ev-stopped[data-idle]')?.innerText || '')`)
+	waitFor(t, "the Events page's silent feed made again", func() error {
+		if n := len(f.eventsTriesFor("type=node.*")); n < 2 {
+			return fmt.Errorf("%d connections of the Events page", n)
+		}
+		return nil
+	})
 	evalJS[bool](b, `sessionStorage.removeItem('iop.console.sseIdleMs'), true`)
 	b.checkClean()
 }
@@ -545,6 +608,210 @@ func TestConsoleKeyChangeRestartsFeed(t *testing.T) {
 	b.waitJS(10*time.Second, "feed live with the new key", `document.getElementById('bus-state').classList.contains('live')`)
 	if keys := f.busConnections(); !slices.Contains(keys, "key-with-events") {
 		t.Errorf("feed connections were made with %q, never with the new key", keys)
+	}
+	b.checkClean()
+}
+
+// eventsTriesFor is when GET /v1/events was asked with this query.
+func (f *fakeConsoleEdge) eventsTriesFor(query string) []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var at []time.Time
+	for _, e := range f.eventsTries {
+		if e.query == query {
+			at = append(at, e.at)
+		}
+	}
+	return at
+}
+
+// A run's own stream (Start a run) that goes silent is taken for dead after
+// the idle limit and closed; the page then shows the run from the bus and
+// the edge's record: a run that ended while its stream was silent, with the
+// output the bus carried meanwhile, and a run that goes on and ends later.
+func TestConsoleRunStreamGoesSilent(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	f.mu.Lock()
+	f.keepAlive = 300 * time.Millisecond // the bus stays up
+	f.stallAfter = 3
+	f.runEvents = func(id string) []map[string]any {
+		evs := []map[string]any{{"run_id": id, "node": "n1", "seq": 1, "type": "start"}}
+		for i := 1; i <= 3; i++ {
+			evs = append(evs, map[string]any{"run_id": id, "node": "n1", "seq": i + 1, "type": "delta", "text": fmt.Sprintf("line %d\n", i)})
+		}
+		return append(evs, map[string]any{"run_id": id, "node": "n1", "seq": 5, "type": "complete", "usage": map[string]any{"total_tokens": 7}})
+	}
+	f.mu.Unlock()
+	b.open(f.URL + "/ui/#/start")
+	// The idle limit is shortened for the test (60 s otherwise).
+	evalJS[bool](b, `sessionStorage.setItem('iop.console.sseIdleMs', '1500'), true`)
+	b.do(15*time.Second, "reload", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`#main [data-page]`)))
+	b.waitJS(10*time.Second, "bus connected", `document.getElementById('bus-state').classList.contains('live')`)
+	b.waitJS(10*time.Second, "start form", `document.querySelector('#start-adapter option[value="exec"]')`)
+	held := func() heldRun {
+		t.Helper()
+		select {
+		case h := <-f.held:
+			return h
+		case <-time.After(10 * time.Second):
+			t.Fatal("no run stream held")
+		}
+		return heldRun{}
+	}
+	output := `document.getElementById('run-output').textContent`
+	stalledText := `(document.getElementById('start-stalled')?.innerText || '')`
+
+	// The run ends while its stream is silent; the bus carries the rest.
+	b.click(`#start-submit`)
+	run := held()
+	b.waitJS(10*time.Second, "the stream's first lines", output+` === 'line 1\nline 2\n'`)
+	for _, ev := range run.rest {
+		f.publish(ev)
+	}
+	f.setRun(run.id, "succeeded")
+	b.waitJS(10*time.Second, "the page says the stream stopped", `/stream stopped: no data from the edge/.test(`+stalledText+`)`)
+	b.waitJS(10*time.Second, "the run shown ended", `document.getElementById('start-status').innerText === 'succeeded' && /ended: succeeded/.test(`+stalledText+`)`)
+	b.screenshot("start-stalled-ended")
+	if out := evalJS[string](b, output); out != "line 1\nline 2\nline 3\n" {
+		t.Errorf("output after the stream died, with the rest on the bus: %q", out)
+	}
+	if u := evalJS[string](b, `document.getElementById('run-usage').innerText`); !strings.Contains(u, "7") {
+		t.Errorf("usage after the stream died: %q", u)
+	}
+	waitFor(t, "the silent stream closed by the page", func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.heldClosed != 1 {
+			return fmt.Errorf("%d held streams closed", f.heldClosed)
+		}
+		return nil
+	})
+	if evalJS[bool](b, `document.getElementById('cancel').hidden`) != true {
+		t.Error("Cancel still offered for a run that ended")
+	}
+
+	// The run goes on after its stream was dropped, and ends later.
+	b.click(`#start-submit`)
+	run = held()
+	b.waitJS(10*time.Second, "the page follows the run", `/stream stopped/.test(`+stalledText+`) && /goes on/.test(`+stalledText+`) && document.getElementById('start-status').innerText === 'running'`)
+	if evalJS[bool](b, `document.getElementById('cancel').hidden`) {
+		t.Error("Cancel not offered for a run that goes on")
+	}
+	for _, ev := range run.rest {
+		f.publish(ev)
+	}
+	f.setRun(run.id, "succeeded")
+	b.waitJS(10*time.Second, "the later end shown", `document.getElementById('start-status').innerText === 'succeeded' && /ended: succeeded/.test(`+stalledText+`)`)
+	if out := evalJS[string](b, output); out != "line 1\nline 2\nline 3\n" {
+		t.Errorf("output of the run followed on the bus: %q", out)
+	}
+	// Its page, and the Runs page, take it for ended too.
+	b.click(`#start-run a`)
+	b.waitJS(10*time.Second, "its run page", `document.querySelector('[data-page="run"]') && document.getElementById('run-status')?.innerText === 'succeeded'`)
+	evalJS[bool](b, `sessionStorage.removeItem('iop.console.sseIdleMs'), true`)
+	b.checkClean()
+}
+
+// The Events page makes its feed again by itself when it ends, with a
+// growing, jittered wait it shows and a "Reconnect now" button; it waits for
+// a hidden tab to be shown, and stops on a key that may not read events.
+func TestConsoleEventsPageReconnects(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	f.mu.Lock()
+	f.keepAlive = 300 * time.Millisecond
+	f.mu.Unlock()
+	const q = "type=run.event"
+	tries := func() int { return len(f.eventsTriesFor(q)) }
+	waitTries := func(what string, n int) {
+		t.Helper()
+		waitFor(t, what, func() error {
+			if got := tries(); got < n {
+				return fmt.Errorf("%d connections of the Events page, want %d", got, n)
+			}
+			return nil
+		})
+	}
+	stopped := `(document.getElementById('ev-stopped')?.innerText || '')`
+	row := func(id string) string {
+		return fmt.Sprintf(`[...document.querySelectorAll('#events td.sum')].some((td) => td.innerText.startsWith(%q))`, id+" ")
+	}
+	openFake(b, f, "events?"+q)
+	waitTries("the Events page's feed", 1)
+
+	// The feed ends: the page says so, and is back within the first wait.
+	f.closeFeeds()
+	b.waitJS(5*time.Second, "the page says its feed ended", `/The event stream ended\. Reconnecting in \d+ s/.test(`+stopped+`) && document.getElementById('ev-reconnect')?.innerText === 'Reconnect now'`)
+	waitTries("the feed made again by itself", 2)
+	b.waitJS(5*time.Second, "the notice gone", `!document.getElementById('ev-stopped')`)
+	waitFor(t, "the feed subscribed", func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if len(f.feeds) < 2 { // the bus's and the page's
+			return fmt.Errorf("%d feeds", len(f.feeds))
+		}
+		return nil
+	})
+	f.setRun("r-after", "running") // the bus's reconnects ask the edge about it
+	f.publish(map[string]any{"run_id": "r-after", "node": "n1", "seq": 1, "type": "start"})
+	b.waitJS(5*time.Second, "an event on the feed made again", row("r-after"))
+
+	// A hidden tab waits to be shown.
+	evalJS[bool](b, `Object.defineProperty(document, 'hidden', { configurable: true, get: () => true }), true`)
+	f.closeFeeds()
+	b.waitJS(10*time.Second, "the page waits for the tab", `/when this tab is shown again/.test(`+stopped+`)`)
+	time.Sleep(time.Second)
+	if n := tries(); n != 2 {
+		t.Fatalf("a hidden tab's feed was made again: %d connections", n)
+	}
+	evalJS[bool](b, `Object.defineProperty(document, 'hidden', { configurable: true, get: () => false }), document.dispatchEvent(new Event('visibilitychange')), true`)
+	waitTries("the feed made again once the tab is shown", 3)
+	b.waitJS(5*time.Second, "the notice gone", `!document.getElementById('ev-stopped')`)
+
+	// The edge refuses the feed (503) for a while: "Reconnect now" tries at
+	// once and starts the wait again from 1 s; the waits grow.
+	f.mu.Lock()
+	f.eventsStatus = 503
+	f.mu.Unlock()
+	f.closeFeeds()
+	b.waitJS(5*time.Second, "the page says its feed ended", `/Reconnecting in/.test(`+stopped+`)`)
+	before := tries()
+	b.click(`#ev-reconnect`)
+	waitTries("four tries from Reconnect now", before+4)
+	at := f.eventsTriesFor(q)[before:]
+	var gaps []time.Duration
+	for i := 1; i < len(at); i++ {
+		gaps = append(gaps, at[i].Sub(at[i-1]))
+	}
+	// Each wait is between half and all of 1 s, 2 s, 4 s.
+	for i, g := range gaps[:3] {
+		lo, hi := time.Duration(500<<i)*time.Millisecond, time.Duration(1000<<i)*time.Millisecond
+		if g < lo-100*time.Millisecond || g > hi+700*time.Millisecond {
+			t.Errorf("wait %d before retrying a refused feed: %v, want %v to %v (waits %v)", i+1, g, lo, hi, gaps)
+		}
+	}
+	b.waitJS(5*time.Second, "the page says why", `/failed: unavailable: the edge is restarting\. Reconnecting in \d+ s/.test(`+stopped+`)`)
+	b.screenshot("events-reconnecting")
+	f.mu.Lock()
+	f.eventsStatus = 0
+	f.mu.Unlock()
+	before = tries()
+	b.click(`#ev-reconnect`)
+	waitTries("Reconnect now", before+1)
+	b.waitJS(5*time.Second, "the notice gone", `!document.getElementById('ev-stopped')`)
+
+	// A key that may not read events: no retries, a button.
+	f.mu.Lock()
+	f.keys = map[string]string{"key-without-events": "no-events"}
+	f.mu.Unlock()
+	evalJS[bool](b, `sessionStorage.setItem('iop.console.key', 'key-without-events'), true`)
+	b.do(15*time.Second, "reload", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`#main [data-page]`)))
+	b.waitJS(10*time.Second, "the page says the key may not", `document.querySelector('#ev-stopped[data-refused]') && /may not read the event stream/.test(`+stopped+`) && document.getElementById('ev-reconnect')`)
+	before = tries()
+	time.Sleep(3 * time.Second)
+	if n := tries(); n != before {
+		t.Errorf("a refused key's feed was asked again: %d tries, then %d", before, n)
 	}
 	b.checkClean()
 }

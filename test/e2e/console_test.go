@@ -92,7 +92,8 @@ func newBrowser(t *testing.T) *browser {
 			// the browser; the page handles it.
 			if m.Source == "network" && (strings.Contains(m.Text, "status of 401") || strings.Contains(m.Text, "status of 403") ||
 				strings.Contains(m.Text, "status of 400") && (strings.HasSuffix(m.URL, "/v1/runs") || strings.HasSuffix(m.URL, "/v1/nodes/-/commands")) ||
-				strings.Contains(m.Text, "status of 404") && strings.HasSuffix(m.URL, "/v1/runs/no-such-run")) {
+				strings.Contains(m.Text, "status of 404") && strings.HasSuffix(m.URL, "/v1/runs/no-such-run") ||
+				strings.Contains(m.Text, "status of 503") && strings.Contains(m.URL, "/v1/events")) {
 				continue
 			}
 			if m.Type == chromedp.ConsoleError || m.IsException() {

@@ -238,21 +238,30 @@ class IdleError extends Error {
 // data) per event and onComment(text) per comment line (": keep-alive",
 // ": dropped N events") until the stream ends or the signal aborts. With
 // opts.idleMs, a stream silent that long is cancelled and IdleError thrown;
-// every chunk read, keep-alives included, restarts the wait.
+// every chunk read, keep-alives included, restarts the wait. A timer that
+// fires a second or more past its time tells of a tab the browser froze or
+// throttled meanwhile, whose data may be queued behind the timer: once per
+// silence, it gets 2 s more to be read before the stream is taken for dead.
 async function readSSE(resp, onEvent, opts = {}) {
   const reader = resp.body.getReader();
   const dec = new TextDecoder();
   let buf = '', type = '', data = [];
-  let idle = false, timer = null;
-  const arm = () => {
+  let idle = false, timer = null, graced = false;
+  const arm = (ms) => {
     if (!opts.idleMs) return;
     clearTimeout(timer);
+    const due = performance.now() + ms;
     timer = setTimeout(() => {
+      if (!graced && performance.now() - due > 1000) {
+        graced = true;
+        arm(2000);
+        return;
+      }
       idle = true;
       reader.cancel().catch(() => {}); // ends the pending read and closes the connection
-    }, opts.idleMs);
+    }, ms);
   };
-  arm();
+  arm(opts.idleMs);
   try {
     for (;;) {
       let chunk;
@@ -264,7 +273,8 @@ async function readSSE(resp, onEvent, opts = {}) {
       }
       if (idle) throw new IdleError(opts.idleMs);
       if (chunk.done) return;
-      arm();
+      graced = false;
+      arm(opts.idleMs);
       buf += dec.decode(chunk.value, { stream: true });
       let i;
       while ((i = buf.indexOf('\n')) >= 0) {
@@ -354,6 +364,30 @@ function applyRunEvent(ev) {
   return r;
 }
 
+// stashRunEvent keeps aside the bus's copy of an event of a run that its
+// own stream follows (Start a run), if the stream has not given it yet: the
+// stream may die before the run ends (a dead connection, taken for dead
+// after SSE_IDLE_MS), and what the bus saw meanwhile is then folded in by
+// releaseRun. Copies the stream has since given are pruned as more come, so
+// the stash holds about how far the bus is ahead.
+function stashRunEvent(r, ev) {
+  if (!ev.seq || ev.seq <= r.lastSeq) return;
+  const s = r.stash || (r.stash = []);
+  while (s.length && s[0].seq <= r.lastSeq) s.shift();
+  if (s.length < MAX_EVENTS_PER_RUN) s.push(ev);
+}
+
+// releaseRun ends a run's own stream's hold on its state: the bus follows
+// the run from here, starting with the copies it stashed meanwhile, and the
+// pages hear of the run again.
+function releaseRun(r) {
+  r.ownStream = false;
+  const s = r.stash || [];
+  r.stash = null;
+  for (const ev of s) applyRunEvent(ev);
+  if (s.length) notifyBus('run.event', { type: 'run.event', node: r.node, run: s[s.length - 1] });
+}
+
 let busCtl = null, busRunning = false, busWake = null;
 
 function notifyBus(type, ev) {
@@ -434,8 +468,13 @@ async function startBus() {
           let ev;
           try { ev = JSON.parse(data); } catch { return; }
           // A run this tab streams itself (Start a run) is folded from that
-          // stream; the bus's copy only tells the pages to look again.
-          if (ev.run && !(runs.get(ev.run.run_id) || {}).ownStream) applyRunEvent(ev.run);
+          // stream; the bus's copy only tells the pages to look again, and
+          // is kept aside in case the stream dies (stashRunEvent).
+          if (ev.run) {
+            const r = runs.get(ev.run.run_id);
+            if (r && r.ownStream) stashRunEvent(r, ev.run);
+            else applyRunEvent(ev.run);
+          }
           if (ev.node && type.startsWith('node.')) {
             const n = seenNodes.get(ev.node) || {};
             if (type === 'node.disconnected') n.disconnectedAt = ev.time;
@@ -922,7 +961,12 @@ async function pageStart(root) {
   // cancelled when its caller goes away, and moving to the run's own page
   // must not do that. Closing the tab does.
 
+  // current counts the runs started here: a run followed after its stream
+  // died (follow) stops touching the page once another is started.
+  let current = 0;
+
   async function start() {
+    const mine = ++current;
     note.replaceChildren();
     runID = '';
     runLink.replaceChildren();
@@ -936,7 +980,7 @@ async function pageStart(root) {
     const body = { adapter: adapter.value, target: target.value, input: input.value };
     if (node.value) body.node = node.value;
     if (session.value) body.session_id = session.value;
-    let last = 'error', own = null;
+    let last = 'error', own = null, stalled = null;
     try {
       const resp = await api('/v1/runs', { method: 'POST', json: body, action: 'runs.start', headers: { Accept: 'text/event-stream' } });
       runID = resp.headers.get('X-IOP-Run-ID') || '';
@@ -961,10 +1005,13 @@ async function pageStart(root) {
         drawn = true;
         fresh.update(state);
       };
-      // No idle limit here, unlike the event feeds: closing a foreground
-      // run's stream cancels the run, so a false alarm (a tab the browser
-      // froze in the background, its timer firing before the data queued
-      // meanwhile is read) would cost the run, where a feed only reconnects.
+      // A stream silent for SSE_IDLE_MS (the edge sends a keep-alive every
+      // 15 s) is taken for dead, as the event feeds' are, and closed:
+      // follow() then takes the run from the bus and the edge's record.
+      // Closing it cancels the run if the edge still holds the connection
+      // (a proxy that keeps it open without passing anything on), as
+      // closing the tab does; a tab the browser froze meanwhile is not
+      // taken for dead on its timer alone (see readSSE).
       await readSSE(resp, (type, data) => {
         let ev;
         try { ev = JSON.parse(data); } catch { return; }
@@ -983,21 +1030,90 @@ async function pageStart(root) {
           drawn = false;
           requestAnimationFrame(draw);
         }
-      });
+      }, { idleMs: SSE_IDLE_MS });
       draw();
       status.replaceChildren(badge(statusOfTerminal(last)));
     } catch (err) {
-      status.replaceChildren(badge('failed'));
-      if (err.status === 403) {
-        showError(note, { code: 'forbidden', message: 'this API key may not start runs' });
-        form.hidden = true;
+      if (err instanceof IdleError && own) {
+        stalled = err;
       } else {
-        showError(note, err);
+        status.replaceChildren(badge('failed'));
+        if (err.status === 403) {
+          showError(note, { code: 'forbidden', message: 'this API key may not start runs' });
+          form.hidden = true;
+        } else {
+          showError(note, err);
+        }
       }
     } finally {
-      if (own) own.ownStream = false; // the bus takes over a stream that broke
+      if (own) releaseRun(own); // the bus takes over a stream that broke
       submit.disabled = false;
+      if (!stalled) cancel.hidden = true;
+    }
+    if (stalled) await follow(own, stalled, fresh, mine);
+  }
+
+  // follow keeps showing a run whose stream was taken for dead: from the
+  // run's state, which the bus now feeds (with what it carried while the
+  // stream was silent), and from GET /v1/runs/{id}, asked at once, then
+  // after 1 s and at doubling intervals up to 30 s (on a key without the
+  // events scope, the record alone tells the end), until the run is over.
+  // Once another run is started here, it settles the run's state for the
+  // other pages but no longer touches this one.
+  async function follow(own, err, view, mine) {
+    const shown = () => mine === current;
+    const msg = h('span', { id: 'start-stalled-state' }, 'Asking the edge about the run…');
+    note.replaceChildren(h('div', { class: 'notice', id: 'start-stalled' }, `The run's stream stopped: ${err.message}. `, msg));
+    status.replaceChildren(badge('running'));
+    let wake = null, drawn = true;
+    const draw = () => {
+      drawn = true;
+      if (shown()) view.update(own);
+    };
+    const listener = (type, ev) => {
+      if (type === 'bus.resync' || (type === 'run.event' && ev.run && ev.run.run_id === own.run_id)) {
+        if (drawn) {
+          drawn = false;
+          requestAnimationFrame(draw);
+        }
+        if ((type === 'bus.resync' || TERMINAL.has(ev.run.type)) && wake) wake();
+      }
+    };
+    busListeners.add(listener);
+    const end = (badgeText, text) => {
+      if (!shown()) return;
+      view.update(own);
+      msg.textContent = text;
+      status.replaceChildren(badge(badgeText));
       cancel.hidden = true;
+    };
+    try {
+      for (let wait = 1000; ; wait = Math.min(wait * 2, 30000)) {
+        let rec = null, why = '';
+        try {
+          rec = await apiJSON('/v1/runs/' + encodeURIComponent(own.run_id), { action: 'runs.read' });
+        } catch (e) {
+          if (e.status === 404 || e.status === 403) {
+            end('unknown', `The edge cannot tell how it went (${e.code || e.status}: ${e.message}).`);
+            return;
+          }
+          why = e.message || String(e);
+        }
+        settleRun(own, rec);
+        if (FINISHED.has(own.status)) {
+          end(own.status, `The run ended: ${own.status} (its end as the edge recorded it; output that came meanwhile is shown if the event feed carried it).`);
+          return;
+        }
+        if (shown()) {
+          view.update(own);
+          msg.textContent = rec ? 'The run goes on: it is followed on the event feed and the edge\'s record.'
+            : `The edge did not answer about the run (${why}); asking again in ${Math.round(wait / 1000)} s.`;
+        }
+        await new Promise((r) => { wake = r; setTimeout(r, wait); });
+        wake = null;
+      }
+    } finally {
+      busListeners.delete(listener);
     }
   }
 }
@@ -1199,16 +1315,64 @@ async function pageEvents(root) {
   const rows = h('tbody', { id: 'events' });
   const note = h('div');
   const count = h('span', { class: 'muted small' });
-  const quick = ['node.*', 'run.event', 'tunnel.completed', 'config.reloaded'].map((t) => h('button', { type: 'button', class: 'small', onclick: () => { types.value = t; connect(); } }, t));
+  const quick = ['node.*', 'run.event', 'tunnel.completed', 'config.reloaded'].map((t) => h('button', { type: 'button', class: 'small', onclick: () => { types.value = t; reconnectNow(); } }, t));
   root.append(h('h1', {}, 'Events'),
-    h('form', { class: 'panel row', onsubmit: (e) => { e.preventDefault(); connect(); } },
+    h('form', { class: 'panel row', onsubmit: (e) => { e.preventDefault(); reconnectNow(); } },
       h('label', {}, 'types', types), h('button', { type: 'submit', class: 'primary' }, 'Apply'), quick, pause,
       h('button', { type: 'button', onclick: () => { rows.replaceChildren(); n = 0; count.textContent = ''; } }, 'Clear'), count),
     note,
     h('table', { class: 'events-table' }, h('thead', {}, h('tr', {}, ['time', 'type', 'node', 'detail'].map((c) => h('th', {}, c)))), rows));
   let paused = false, ctl = null, n = 0;
   pause.addEventListener('click', () => { paused = !paused; pause.textContent = paused ? 'Resume' : 'Pause'; });
-  onCleanup(() => ctl && ctl.abort());
+  // A feed that ends, fails or stays silent is made again after a
+  // jittered backoff: 1 s, doubling up to 30 s, back to 1 s after a
+  // connection that stayed up 10 s; a tab that is hidden when the time
+  // comes waits until it is shown. A refused key (401, 403) or request
+  // (another 4xx but 408 and 429) stops the retries: the page says why and
+  // offers a button.
+  let backoff = 1000, retryTimer = null, countdown = null, onShown = null;
+  function stopRetry() {
+    clearTimeout(retryTimer);
+    clearInterval(countdown);
+    retryTimer = countdown = null;
+    if (onShown) document.removeEventListener('visibilitychange', onShown);
+    onShown = null;
+  }
+  onCleanup(() => {
+    stopRetry();
+    if (ctl) ctl.abort();
+  });
+  function reconnectNow() {
+    backoff = 1000;
+    connect();
+  }
+  function retry(why, idle) {
+    const delay = Math.round(backoff / 2 + Math.random() * backoff / 2);
+    backoff = Math.min(backoff * 2, 30000);
+    const due = Date.now() + delay;
+    const left = h('span', { id: 'ev-retry-in' });
+    const tick = () => { left.textContent = `Reconnecting in ${Math.max(1, Math.ceil((due - Date.now()) / 1000))} s. `; };
+    tick();
+    note.replaceChildren(h('div', { class: 'notice', id: 'ev-stopped', 'data-retry': '', 'data-idle': idle }, why + ' ', left,
+      h('button', { type: 'button', id: 'ev-reconnect', onclick: reconnectNow }, 'Reconnect now')));
+    stopRetry();
+    countdown = setInterval(tick, 1000);
+    retryTimer = setTimeout(() => {
+      clearInterval(countdown);
+      countdown = null;
+      if (!document.hidden) {
+        connect();
+        return;
+      }
+      left.textContent = 'Reconnecting when this tab is shown again. ';
+      onShown = () => {
+        if (document.hidden) return;
+        stopRetry();
+        connect();
+      };
+      document.addEventListener('visibilitychange', onShown);
+    }, delay);
+  }
 
   function detail(ev) {
     if (ev.run) {
@@ -1227,14 +1391,17 @@ async function pageEvents(root) {
   }
 
   async function connect() {
+    stopRetry();
     if (ctl) ctl.abort();
     ctl = new AbortController();
     const mine = ctl;
     history.replaceState(null, '', '#/events' + (types.value ? '?type=' + encodeURIComponent(types.value) : ''));
     note.replaceChildren();
     const p = types.value ? '?type=' + encodeURIComponent(types.value) : '';
+    let opened = 0;
     try {
       const resp = await api('/v1/events' + p, { signal: mine.signal, action: 'events', headers: { Accept: 'text/event-stream' } });
+      opened = performance.now();
       await readSSE(resp, (type, data) => {
         if (paused) return;
         let ev;
@@ -1244,16 +1411,27 @@ async function pageEvents(root) {
         while (rows.childElementCount > 500) rows.lastElementChild.remove();
         count.textContent = `${n} received`;
       }, { idleMs: SSE_IDLE_MS });
-      if (mine === ctl) note.replaceChildren(h('div', { class: 'notice' }, 'The event stream ended. ', h('button', { onclick: connect }, 'Reconnect')));
+      if (mine !== ctl) return;
+      if (performance.now() - opened >= 10000) backoff = 1000;
+      retry('The event stream ended.', false);
     } catch (err) {
-      if (err.name === 'AbortError') return;
+      if (mine !== ctl || err.name === 'AbortError') return;
+      if (opened && performance.now() - opened >= 10000) backoff = 1000;
+      // A dead connection says so, as an ended one does, instead of
+      // showing a feed that only looks quiet.
       if (err instanceof IdleError) {
-        // A dead connection says so, as an ended one does, instead of
-        // showing a feed that only looks quiet.
-        if (mine === ctl) note.replaceChildren(h('div', { class: 'notice', id: 'ev-idle' }, `The event stream stopped: ${err.message}. `, h('button', { onclick: connect }, 'Reconnect')));
+        retry(`The event stream stopped: ${err.message}.`, true);
         return;
       }
-      showError(note, err);
+      const s = err.status || 0;
+      if (s >= 400 && s < 500 && s !== 408 && s !== 429) {
+        const what = s === 401 || s === 403 ? 'The API key may not read the event stream' : 'The edge refused the event stream';
+        note.replaceChildren(h('div', { class: 'error-box', id: 'ev-stopped', 'data-refused': '' },
+          `${what} (${err.code ? err.code + ': ' : ''}${err.message}). `,
+          h('button', { type: 'button', id: 'ev-reconnect', onclick: reconnectNow }, 'Reconnect')));
+        return;
+      }
+      retry(`The event stream failed: ${err.code ? err.code + ': ' : ''}${err.message || err}.`, false);
     }
   }
   connect();
