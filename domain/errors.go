@@ -98,6 +98,10 @@ const (
 	CodeTooManyConnections = "too_many_connections"
 )
 
+// CodeHistoryUnavailable refuses what needs the edge's history when it
+// cannot be read (a session's owner after a restart); the caller may retry.
+const CodeHistoryUnavailable = "history_unavailable"
+
 // CodeRunLost ends a history record whose node has no record of the run:
 // it never reached the node, or the node's store lost it.
 const CodeRunLost = "run_lost"

@@ -28,7 +28,7 @@ func statusFor(err error) int {
 		return http.StatusNotImplemented
 	case domain.CodeProviderError, domain.CodeProviderUnreachable, domain.CodeStreamReset:
 		return http.StatusBadGateway
-	case domain.CodeNoNodeAvailable, domain.CodeNodeDisconnected, domain.CodeShuttingDown:
+	case domain.CodeNoNodeAvailable, domain.CodeNodeDisconnected, domain.CodeShuttingDown, domain.CodeHistoryUnavailable:
 		return http.StatusServiceUnavailable
 	case domain.CodeTimeout:
 		return http.StatusGatewayTimeout

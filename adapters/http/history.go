@@ -194,6 +194,6 @@ func writeHistoryError(w http.ResponseWriter, err error) {
 		return
 	}
 	noteInternal(w, err)
-	writeJSONError(w, http.StatusServiceUnavailable, "history_unavailable",
+	writeJSONError(w, http.StatusServiceUnavailable, domain.CodeHistoryUnavailable,
 		"the run history cannot be read right now (its database is unreachable); the edge's log has the details")
 }

@@ -2,7 +2,6 @@ package edge
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"slices"
 	"time"
@@ -81,7 +80,7 @@ func (g sessionGuard) use(ctx context.Context, adapter, session string, recallNo
 		if err != nil {
 			if needOwner {
 				g.log.Warn("session's owner not recalled from the history; the run is refused", "adapter", adapter, "session", session, "key", p.Name, "err", err)
-				return fmt.Errorf("session %q of adapter %q: its owner could not be looked up in the history: %w", session, adapter, err)
+				return domain.Errorf(domain.CodeHistoryUnavailable, "session %q of adapter %q: the edge's history, which says whose it is, cannot be read now; retry later", session, adapter)
 			}
 			g.log.Warn("session's node not recalled from the history; the run is placed afresh", "adapter", adapter, "session", session, "err", err)
 			return nil

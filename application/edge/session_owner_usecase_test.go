@@ -3,6 +3,7 @@ package edge_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"iop/application/edge"
@@ -175,8 +176,8 @@ func TestSessionOwnerLookupFailureRefusesKeys(t *testing.T) {
 	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
 	e.submit.Sessions = &ucSessionHistory{err: errors.New("database is locked")}
 	ctx := context.Background()
-	if _, err := e.submit.Handle(ucAs(ctx, "x", domain.ScopeRuns), edge.SubmitRun{Adapter: "chat", SessionID: "s1"}); err == nil {
-		t.Fatal("a key's run of a session whose owner is unknown was let through")
+	if _, err := e.submit.Handle(ucAs(ctx, "x", domain.ScopeRuns), edge.SubmitRun{Adapter: "chat", SessionID: "s1"}); ucCode(err) != domain.CodeHistoryUnavailable || strings.Contains(err.Error(), "locked") {
+		t.Fatalf("a key's run of a session whose owner is unknown: %v, want history_unavailable (503, retry) without the database's error", err)
 	}
 	if r, _ := ucSent(e); r != 0 {
 		t.Fatalf("%d runs reached the nodes", r)
