@@ -351,3 +351,34 @@ func BenchmarkTunnelFirstByteAfterIdle(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLargeRunRequest starts one run per op whose request frame
+// carries 4 MiB of input, and waits for its terminal event: a large control
+// frame written and read whole (in pieces, each moving the deadlines).
+func BenchmarkLargeRunRequest(b *testing.B) {
+	cfg := testConfig()
+	cfg.HeartbeatTimeout = 30 * time.Second
+	cfg.MaxFrameSize = 8 << 20
+	p := newPair(b, pairOptions{server: cfg, client: ClientConfig{Transport: cfg}}, func(_ *fakeEdge, n *fakeNode) {
+		n.onRun = func(req domain.RunRequest, out ports.RunOutput) {
+			_ = out.Emit(context.Background(), domain.RunEvent{RunID: req.RunID, Seq: 1, Type: domain.EventComplete})
+			out.Close()
+		}
+	})
+	req := runReq("bench")
+	req.Input = make([]byte, 4<<20)
+	b.SetBytes(int64(len(req.Input)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		rs, err := p.link.StartRun(p.ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if ev, err := rs.Recv(p.ctx); err != nil || !ev.Type.Terminal() {
+			b.Fatalf("run: %v %v", ev.Type, err)
+		}
+		rs.Close()
+	}
+	b.StopTimer()
+}

@@ -49,6 +49,34 @@ type Decoder struct {
 	// frame may hold: set for the first frame of a connection
 	// (handshakeElements).
 	elements int
+	// progress, when set, is called each time another readPiece bytes of
+	// a large frame have arrived: the link's read loop moves its read
+	// deadline there, so a large frame on a slow link is not cut off
+	// while its bytes keep coming. Frames of readPiece bytes or less never
+	// call it.
+	progress func()
+}
+
+// readPiece is how much of a large frame the decoder reads before it
+// reports progress (Decoder.progress).
+const readPiece = 64 << 10
+
+// readFull reads len(p) bytes, reporting progress per readPiece when p is
+// larger than that and a progress hook is set.
+func (d *Decoder) readFull(p []byte) error {
+	if d.progress == nil || len(p) <= readPiece {
+		_, err := io.ReadFull(d.r, p)
+		return err
+	}
+	for len(p) > 0 {
+		n := min(len(p), readPiece)
+		if _, err := io.ReadFull(d.r, p[:n]); err != nil {
+			return err
+		}
+		p = p[n:]
+		d.progress()
+	}
+	return nil
 }
 
 // NewDecoder reads from r; frames larger than max bytes are refused.
@@ -106,7 +134,7 @@ func (d *Decoder) next(f *ioppb.Frame, df *dataFrame) (size int, isData bool, er
 		b, pooled = getFrameBuf(int(n))
 		defer putPayload(pooled)
 		b[0] = first
-		if _, err := io.ReadFull(d.r, b[1:]); err != nil {
+		if err := d.readFull(b[1:]); err != nil {
 			return 0, false, unexpectedEOF(err)
 		}
 	}
@@ -152,7 +180,7 @@ func (d *Decoder) readData(rest int, df *dataFrame) error {
 		}
 	}
 	payload, pool := getPayload(rest)
-	if _, err := io.ReadFull(d.r, payload); err != nil {
+	if err := d.readFull(payload); err != nil {
 		putPayload(pool)
 		return unexpectedEOF(err)
 	}

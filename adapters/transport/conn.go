@@ -365,10 +365,19 @@ func (c *Conn) readLoop() {
 	// most every 1/16 of the timeout, so a silent peer is dropped after
 	// between 15/16 of the heartbeat timeout and all of it.
 	rd := deadline.Lazy{Timeout: c.cfg.HeartbeatTimeout, Slack: c.cfg.HeartbeatTimeout / 16}
-	for {
+	move := func() {
 		if t, due := rd.Next(time.Now()); due {
 			_ = c.nc.SetReadDeadline(t)
 		}
+	}
+	// Bytes arriving count as life too: the decoder moves the deadline as
+	// each piece of a large frame arrives (Decoder.progress), so a frame
+	// that takes longer than the timeout to arrive on a slow link is read
+	// to its end, while a peer that sends nothing at all, mid-frame or
+	// between frames, is still dropped after the timeout.
+	c.dec.progress = move
+	for {
+		move()
 		if f == nil {
 			f = new(ioppb.Frame) // a data frame leaves it unused for the next one
 		}
@@ -665,6 +674,11 @@ func (c *Conn) trySendCtrl(f *ioppb.Frame) bool {
 // TLS one record, instead of one each.
 const coalesceLimit = 32 << 10
 
+// writePiece is the most the writer hands the socket in one write when a
+// batch is large (more than twice this): the write deadline is moved
+// between pieces, so it bounds how long a piece may take, not a frame.
+const writePiece = 64 << 10
+
 // writeLoop is the writer: it writes what senders queue, in batches, until
 // it has had nothing to write for writerLinger, or has just written a batch
 // of heartbeats alone and finds nothing more, or the connection ends. At
@@ -703,12 +717,31 @@ func (c *Conn) writeLoop() {
 			_ = c.nc.SetWriteDeadline(t)
 		}
 	}
+	// writeAll writes b. A large batch (a big control frame: a run request,
+	// a tunnel request's first body piece, a config refresh; up to
+	// MaxFrameSize) goes in pieces of writePiece with the deadline moved
+	// before each, so a write that goes on longer than WriteTimeout on a
+	// slow link whose peer keeps reading is not cut off, while a peer that
+	// reads nothing for WriteTimeout still fails it (a piece that makes no
+	// progress). Ordinary batches (up to coalesceLimit and the frame that
+	// crosses it) stay one write.
+	writeAll := func(b []byte) error {
+		for len(b) > 2*writePiece {
+			arm()
+			if _, err := c.nc.Write(b[:writePiece]); err != nil {
+				return err
+			}
+			b = b[writePiece:]
+		}
+		arm()
+		_, err := c.nc.Write(b)
+		return err
+	}
 	flush := func() bool {
 		if len(buf) == 0 {
 			return true
 		}
-		arm()
-		if _, err := c.nc.Write(buf); err != nil {
+		if err := writeAll(buf); err != nil {
 			c.shutdown(fmt.Errorf("write: %w", err))
 			return false
 		}
