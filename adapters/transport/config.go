@@ -60,6 +60,9 @@ type Config struct {
 	writerStays  bool
 	// closeGrace bounds CloseAfterFlush (conn.go); tests shorten it.
 	closeGrace time.Duration
+	// commandResultLimit bounds the command result an edge collects from
+	// a node (link.go); zero is commandResultMax. Tests lower it.
+	commandResultLimit int
 	// noRawHeaders makes this side neither ask for nor agree to
 	// raw_header_values, as a version before it did: compatibility tests.
 	noRawHeaders bool
@@ -131,6 +134,9 @@ func (c Config) withDefaults() Config {
 	if c.closeGrace <= 0 {
 		c.closeGrace = closeGrace
 	}
+	if c.commandResultLimit <= 0 {
+		c.commandResultLimit = max(MaxCommandResult, 4*c.MaxFrameSize)
+	}
 	return c
 }
 
@@ -149,6 +155,15 @@ func (c Config) Verify() error {
 	}
 	return errors.Join(errs...)
 }
+
+// MaxCommandResult is the most of one command's result (its result_json
+// chunks together) an edge collects from a node (link.go), unless four
+// frames of max_frame_size are more. A node sending more (a bug, or a
+// hostile node answering run_get or runs, which the edge issues on its
+// own) would otherwise have the edge buffer all of it: past the limit the
+// edge resets the stream (code result_too_large) and the command fails
+// with provider_error.
+const MaxCommandResult = 16 << 20
 
 // maxDataChunk is the largest body slice put in one data frame, so no stream
 // hogs the socket and every data frame fits in a quarter window.

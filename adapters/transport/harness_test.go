@@ -504,6 +504,9 @@ func mergeConfig(base, o Config) Config {
 	if o.HandshakeTimeout > 0 {
 		base.HandshakeTimeout = o.HandshakeTimeout
 	}
+	if o.commandResultLimit > 0 {
+		base.commandResultLimit = o.commandResultLimit
+	}
 	base.NoDataFrames = base.NoDataFrames || o.NoDataFrames
 	base.noRawHeaders = base.noRawHeaders || o.noRawHeaders
 	return base

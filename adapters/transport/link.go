@@ -193,11 +193,14 @@ func (l *edgeLink) Command(ctx context.Context, name string, args []byte) (ports
 	if err != nil {
 		return nil, linkErr(err)
 	}
-	return &commandStream{s: s}, nil
+	return &commandStream{s: s, name: name, node: l.nodeID, limit: l.conn.cfg.commandResultLimit}, nil
 }
 
 type commandStream struct {
 	s      *Stream
+	name   string
+	node   string
+	limit  int // the most result bytes collected (Config.commandResultLimit)
 	result []byte
 	done   bool
 }
@@ -220,6 +223,15 @@ func (c *commandStream) Recv(ctx context.Context) (ports.CommandReply, error) {
 		r := f.GetNodeCommandResponse()
 		if r == nil {
 			continue
+		}
+		if len(c.result)+len(r.GetResultJson()) > c.limit {
+			c.done = true
+			c.result = nil
+			c.s.Reset("result_too_large", fmt.Sprintf("command result over %d bytes", c.limit))
+			c.s.c.log.Warn("node sent a command result over the limit: stream reset, command failed",
+				"node", c.node, "command", c.name, "limit", c.limit)
+			return ports.CommandReply{}, domain.Errorf(domain.CodeProviderError,
+				"node %q sent a result for command %q larger than the edge accepts (%d bytes)", c.node, c.name, c.limit)
 		}
 		c.result = append(c.result, r.GetResultJson()...)
 		if r.GetFinal() {

@@ -944,3 +944,59 @@ func TestRunTerminalWithHugeErrorMessageArrives(t *testing.T) {
 		t.Errorf("node outcome %+v", o)
 	}
 }
+
+// The edge collects a command's result only up to a limit: a node sending
+// more (run_get and runs are commands the edge issues on its own) gets the
+// stream reset and the command fails with provider_error, instead of the
+// edge buffering whatever the node sends. The link goes on.
+func TestCommandResultOverLimitFails(t *testing.T) {
+	const limit = 1 << 20
+	size := make(chan int, 1)
+	p := newPair(t, pairOptions{server: Config{commandResultLimit: limit}}, func(_ *fakeEdge, n *fakeNode) {
+		n.onCommand = func(ctx context.Context, _ string, _ []byte, _ func([]byte) error) ([]byte, error) {
+			return bytes.Repeat([]byte("r"), <-size), nil
+		}
+	})
+	size <- limit + 1
+	cs, err := p.link.Command(p.ctx, "runs", nil)
+	mustf(t, err, "Command")
+	r, err := cs.Recv(p.ctx)
+	if err == nil {
+		t.Fatalf("a result of %d bytes was accepted (final=%v, %d bytes) past the %d-byte limit", limit+1, r.Final, len(r.Result), limit)
+	}
+	if domain.CodeOf(err) != domain.CodeProviderError || !strings.Contains(err.Error(), "larger than the edge accepts") {
+		t.Errorf("error %v (code %s), want provider_error", err, domain.CodeOf(err))
+	}
+	if _, err := cs.Recv(p.ctx); err != io.EOF {
+		t.Errorf("after the failure: %v", err)
+	}
+	cs.Close()
+	// The node was told: its stream ends, and nothing of it is left on either side.
+	node := p.cli.currentConn()
+	eventually(t, p.ctx, "the command's stream gone on both sides", func() bool {
+		return node.Stats().Streams == 0 && p.link.conn.Stats().Streams == 0
+	})
+
+	// A result of exactly the limit is whole, on the same link.
+	size <- limit
+	cs, err = p.link.Command(p.ctx, "runs", nil)
+	mustf(t, err, "Command")
+	defer cs.Close()
+	r, err = cs.Recv(p.ctx)
+	mustf(t, err, "Recv at the limit")
+	if !r.Final || len(r.Result) != limit {
+		t.Errorf("final=%v, %d bytes; want the whole %d", r.Final, len(r.Result), limit)
+	}
+	if err := p.link.conn.Err(); err != nil {
+		t.Errorf("link ended: %v", err)
+	}
+}
+
+func TestCommandResultLimitDefault(t *testing.T) {
+	if got := (Config{}).withDefaults().commandResultLimit; got != MaxCommandResult {
+		t.Errorf("default limit %d, want %d", got, MaxCommandResult)
+	}
+	if got := (Config{MaxFrameSize: 64 << 20}).withDefaults().commandResultLimit; got != 4*(64<<20) {
+		t.Errorf("limit with 64 MiB frames %d, want four frames", got)
+	}
+}
