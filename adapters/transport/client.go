@@ -441,6 +441,7 @@ func (d *nodeDispatch) cancel(s *Stream, r *ioppb.CancelRequest) {
 	default:
 		err = domain.Errorf(domain.CodeInvalidRequest, "unknown cancel kind %v", r.GetKind())
 	}
+	s.c.setLast(s, true) // the stream is finished right after, sent or not
 	_ = s.SendControl(ctx, &ioppb.Frame{Body: &ioppb.Frame_CancelResponse{CancelResponse: &ioppb.CancelResponse{Error: errorToProto(err)}}})
 	s.Finish()
 }
@@ -458,7 +459,7 @@ func (d *nodeDispatch) command(s *Stream, r *ioppb.NodeCommandRequest) {
 		}
 		result = result[maxDataChunk:]
 	}
-	if serr := s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_NodeCommandResponse{NodeCommandResponse: &ioppb.NodeCommandResponse{
+	if serr := s.SendLast(ctx, &ioppb.Frame{Body: &ioppb.Frame_NodeCommandResponse{NodeCommandResponse: &ioppb.NodeCommandResponse{
 		Final: true, ResultJson: result, Error: errorToProto(err),
 	}}}); serr != nil {
 		// The edge must not be left waiting for a final reply that never comes.
@@ -536,7 +537,11 @@ func (o *runOutput) Emit(ctx context.Context, ev domain.RunEvent) error {
 			e.Message = truncateUTF8(e.Message, len(e.Message)-over-len("…")) + "…"
 		}
 	}
-	err := o.s.Send(ctx, f)
+	send := o.s.Send
+	if ev.Type.Terminal() {
+		send = o.s.SendLast
+	}
+	err := send(ctx, f)
 	if err == nil && ev.Type.Terminal() {
 		o.terminal.Store(true)
 	}
@@ -578,7 +583,11 @@ func (t *tunnelSink) Send(f domain.TunnelFrame) error {
 	}
 	pf := t.s.c.tunnelFrame(f)
 	frame := &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: pf}}
-	err := t.s.Send(ctx, frame)
+	send := t.s.Send
+	if f.Kind == domain.TunnelEnd || f.Kind == domain.TunnelError {
+		send = t.s.SendLast
+	}
+	err := send(ctx, frame)
 	if err == nil && (f.Kind == domain.TunnelEnd || f.Kind == domain.TunnelError) {
 		t.ended.Store(true)
 	}

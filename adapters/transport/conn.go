@@ -95,8 +95,14 @@ type Conn struct {
 	// through ws.
 	wd deadline.Lazy
 
-	mu         sync.Mutex
-	streams    map[uint64]*Stream
+	mu      sync.Mutex
+	streams map[uint64]*Stream
+	// finishing counts the streams in streams that have handed their last
+	// frame to the writer (Stream.last): the peer may see those exchanges
+	// end, and open new streams in their place, before this side's
+	// handlers return and forget them. openFromPeer admits new streams
+	// past them, within finishingMargin.
+	finishing  int
 	nextID     uint64
 	lastPeerID uint64
 	// lateAllowance is what the peer may still send on streams that have
@@ -350,6 +356,7 @@ func (c *Conn) shutdown(cause error) {
 		c.mu.Lock()
 		streams := c.streams
 		c.streams = map[uint64]*Stream{}
+		c.finishing = 0
 		c.mu.Unlock()
 		err := c.closedErr()
 		for _, s := range streams {
@@ -555,7 +562,13 @@ func (c *Conn) openFromPeer(f *ioppb.Frame) {
 		return
 	}
 	c.lastPeerID = id
-	if len(c.streams) >= c.cfg.MaxStreams {
+	// The peer counts a stream free once it has read the stream's last
+	// frame; this side frees it once its handler returns, a little later.
+	// Streams that have sent their last frame are not counted, so the peer
+	// is not refused a stream it rightly thinks is free, but only within a
+	// margin, so handlers that linger after their last frame cannot pile
+	// up without bound.
+	if n := len(c.streams); n-c.finishing >= c.cfg.MaxStreams || n >= c.cfg.MaxStreams+finishingMargin(c.cfg.MaxStreams) {
 		c.mu.Unlock()
 		c.trySendCtrl(resetFrame(id, "too_many_streams", fmt.Sprintf("peer has %d streams open", c.cfg.MaxStreams)))
 		return
@@ -564,6 +577,25 @@ func (c *Conn) openFromPeer(f *ioppb.Frame) {
 	c.streams[id] = s
 	c.mu.Unlock()
 	c.handler.HandleOpen(s, f)
+}
+
+// finishingMargin is how many streams that have sent their last frame a
+// side keeps beyond MaxStreams before it refuses the peer new ones.
+func finishingMargin(maxStreams int) int { return max(4, maxStreams/8) }
+
+// setLast marks s as having handed its last frame to the writer (on), or
+// takes the mark back (a last frame that was not sent after all).
+func (c *Conn) setLast(s *Stream, on bool) {
+	c.mu.Lock()
+	if c.streams[s.id] == s && s.last != on {
+		s.last = on
+		if on {
+			c.finishing++
+		} else {
+			c.finishing--
+		}
+	}
+	c.mu.Unlock()
 }
 
 // Open starts a new local stream whose first frame is f.
@@ -614,6 +646,10 @@ func (c *Conn) remove(s *Stream) {
 	c.mu.Lock()
 	if c.streams[s.id] == s {
 		delete(c.streams, s.id)
+		if s.last {
+			s.last = false
+			c.finishing--
+		}
 		// What the peer may still send on s is the credit it still holds:
 		// the window less what arrived and was not yet granted back. The
 		// sum is capped at the most a peer can have in flight on all its

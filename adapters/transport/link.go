@@ -90,6 +90,11 @@ func (l *edgeLink) Close(reason string) { l.conn.Close(errors.New(reason)) }
 func linkErr(err error) error {
 	var re *ResetError
 	switch {
+	case errors.As(err, &re) && re.Code == "too_many_streams":
+		// The node refused to open the stream (it still holds as many as
+		// it takes): nothing of the exchange began there, and the caller
+		// may try again shortly, as with a full link on this side.
+		return domain.Errorf(domain.CodeAtCapacity, "the node has too many open streams on its link")
 	case errors.As(err, &re):
 		return domain.Errorf(domain.CodeStreamReset, "node reset the stream: %s", re.Code)
 	case errors.Is(err, ErrFrameEncode):

@@ -75,6 +75,10 @@ type Stream struct {
 	notify   chan struct{}
 	creditCh chan struct{}
 
+	// last: this side has handed the stream's last frame to the writer
+	// (SendLast); guarded by the Conn's mu (Conn.finishing).
+	last bool
+
 	// held is the pooled payload of the data frame Recv returned last; it
 	// is given back on the next Recv (the consumer is done with it by then).
 	// Only the stream's one consumer touches it.
@@ -228,6 +232,21 @@ func (s *Stream) send(ctx context.Context, o outFrame, cost int) error {
 	s.mu.Lock()
 	s.credit += cost
 	s.mu.Unlock()
+	return err
+}
+
+// SendLast is Send for the frame that ends the exchange on this side (a
+// terminal run event, a final command response, a tunnel's end or error).
+// The peer may count the stream free as soon as it reads it, so from
+// before the frame can reach the peer the stream no longer counts against
+// the peer's MaxStreams here (Conn.openFromPeer), though it stays open
+// until Finish.
+func (s *Stream) SendLast(ctx context.Context, f *ioppb.Frame) error {
+	s.c.setLast(s, true)
+	err := s.Send(ctx, f)
+	if err != nil {
+		s.c.setLast(s, false)
+	}
 	return err
 }
 

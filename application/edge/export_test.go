@@ -19,3 +19,10 @@ func NewHistoryReconcilerEvery(h *RunHistoryHandler, first, most time.Duration) 
 
 // ReconcilerWatching is how many runs r watches (tests).
 func ReconcilerWatching(r *HistoryReconciler) int { return int(r.watching.Load()) }
+
+// OrphanCount is how many lost runs o remembers (tests).
+func OrphanCount(o *OrphanCancels) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.total
+}

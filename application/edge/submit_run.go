@@ -383,9 +383,11 @@ var errRunLost = errors.New("the node's link broke; the node goes on with the ru
 
 // linkLost reports whether err, a run stream's failure, is the node's link
 // breaking rather than the node ending the stream (a reset, or an end
-// without a terminal event).
+// without a terminal event) or refusing to open it (at_capacity: the
+// node's link had no stream free, so it never saw the run).
 func linkLost(err error) bool {
-	return !errors.Is(err, io.EOF) && domain.CodeOf(err) != domain.CodeStreamReset
+	code := domain.CodeOf(err)
+	return !errors.Is(err, io.EOF) && code != domain.CodeStreamReset && code != domain.CodeAtCapacity
 }
 
 // lose lets go of a background run whose node link broke. The node goes on

@@ -627,3 +627,43 @@ func ucLoseBeforeAdmission(t *testing.T, e *ucEdge, node string) (string, error)
 		return "", nil
 	}
 }
+
+// A node whose link has no stream free refuses to open a run's stream
+// (transport: a too_many_streams reset, at_capacity): the node never saw
+// the run, so the caller gets at_capacity (429, try again), not
+// node_disconnected, and a background run is not remembered for a cancel.
+func TestRunRefusedForStreamsAtAdmissionIsAtCapacity(t *testing.T) {
+	for _, background := range []bool{false, true} {
+		t.Run(fmt.Sprintf("background=%v", background), func(t *testing.T) {
+			ucNoLeaks(t)
+			e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+			orphans := edge.NewOrphanCancels(e.reg, nil)
+			t.Cleanup(orphans.Close)
+			e.submit.Orphans = orphans
+			e.links["a"].silent = true
+			done := make(chan error, 1)
+			go func() {
+				_, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: background})
+				done <- err
+			}()
+			ucEventually(t, "the run to reach the node", func() bool { s, _, _, _, _, _ := e.links["a"].snapshot(); return len(s) == 1 })
+			s, _, _, _, _, _ := e.links["a"].snapshot()
+			e.links["a"].stream(t, s[0].RunID).fail(domain.Errorf(domain.CodeAtCapacity, "the node has too many open streams on its link"))
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(ucWait):
+				t.Fatal("Handle did not answer")
+			}
+			if ucCode(err) != domain.CodeAtCapacity {
+				t.Fatalf("Handle = %v, want at_capacity", err)
+			}
+			if got := e.inFlight(t, "a"); got != 0 {
+				t.Fatalf("%d runs in flight after the refusal", got)
+			}
+			if n := edge.OrphanCount(orphans); n != 0 {
+				t.Fatalf("%d runs remembered for a cancel, though the node never saw the run", n)
+			}
+		})
+	}
+}
