@@ -29,6 +29,7 @@ type DB struct {
 	stmts    sqlprep.Cache
 	runs     unfinished // SQLite only
 	narrowed []string   // files Open made private, for the caller to log
+	pruner   pruner     // StartPruning's goroutine
 }
 
 // Open opens the SQLite database named by dsn and creates any missing tables
@@ -77,8 +78,10 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 // could read and Open made the owner's alone.
 func (db *DB) Narrowed() []string { return db.narrowed }
 
-// Close closes the database; stores built on it stop working.
+// Close stops pruning (StartPruning) and closes the database; stores
+// built on it stop working.
 func (db *DB) Close() error {
+	db.StopPruning()
 	db.stmts.Close()
 	return db.bun.Close()
 }

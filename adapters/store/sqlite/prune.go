@@ -1,0 +1,296 @@
+package sqlite
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"iop/domain"
+)
+
+// DefaultRetention is how long the node keeps a finished run and an idle
+// session when StartPruning is given no retention (the node config's
+// store.retention default).
+const DefaultRetention = 30 * 24 * time.Hour
+
+// DefaultPruneInterval is how often StartPruning prunes after its first
+// pass, at start.
+const DefaultPruneInterval = time.Hour
+
+// pruneChunk is the most rows one pruning statement deletes, and the most
+// chat sessions one look-up reads: on SQLite (one connection) a statement
+// holds every reader and writer of the store until it ends, and 1,000 rows
+// with their index entries take milliseconds, where all of a month's
+// expired rows in one statement could hold up runs for seconds.
+const pruneChunk = 1000
+
+// PruneResult counts what one Prune deleted.
+type PruneResult struct {
+	Runs          int64 // finished runs
+	ChatSessions  int64 // chat sessions forgotten (all their messages deleted)
+	ChatMessages  int64 // the messages of those sessions
+	AgentSessions int64 // CLI agent session mappings forgotten
+}
+
+// Empty reports whether nothing was deleted.
+func (r PruneResult) Empty() bool { return r == PruneResult{} }
+
+// inFlightSQL is true when the session of the row aliased x has a run
+// queued or running: its session is in use, whatever its age. runs has no
+// index on session_id; its status index finds the few unfinished runs.
+const inFlightSQL = "EXISTS (SELECT 1 FROM runs AS r WHERE r.adapter = x.adapter AND r.session_id = x.session_id" +
+	" AND r.status IN ('" + string(domain.RunQueued) + "', '" + string(domain.RunRunning) + "'))"
+
+// Prune deletes what is older than cutoff:
+//   - finished runs (succeeded, failed, cancelled) that finished before
+//     cutoff; a queued or running run is kept however old;
+//   - chat sessions whose newest message is older than cutoff (idle since),
+//     all their messages: the session is forgotten, and its next turn
+//     starts a new history;
+//   - CLI agent session mappings last used before cutoff (the next turn
+//     starts a new agent session).
+//
+// A session with a run queued or running is kept. Prune deletes in chunks
+// of at most pruneChunk rows, each its own statement and transaction, so
+// runs and turns take turns with it however much has expired; it returns
+// what it deleted so far, with the error that stopped it.
+func (db *DB) Prune(ctx context.Context, cutoff time.Time) (PruneResult, error) {
+	return db.pruneChunks(ctx, cutoff, pruneChunk)
+}
+
+// pruneChunks is Prune with at most chunk rows per statement.
+func (db *DB) pruneChunks(ctx context.Context, cutoff time.Time, chunk int) (PruneResult, error) {
+	var res PruneResult
+	var err error
+	if res.Runs, err = db.pruneRuns(ctx, cutoff, chunk); err != nil {
+		return res, fmt.Errorf("prune runs: %w", err)
+	}
+	if res.ChatSessions, res.ChatMessages, err = db.pruneChats(ctx, cutoff, chunk); err != nil {
+		return res, fmt.Errorf("prune chat sessions: %w", err)
+	}
+	if res.AgentSessions, err = db.pruneAgentSessions(ctx, cutoff, chunk); err != nil {
+		return res, fmt.Errorf("prune agent sessions: %w", err)
+	}
+	return res, nil
+}
+
+// statementTimeout bounds one pruning statement or look-up (the edge's
+// prune bounds its statements alike).
+const statementTimeout = time.Minute
+
+// pruneExec runs one pruning statement and returns the rows it deleted.
+func (db *DB) pruneExec(ctx context.Context, query string, args ...any) (int64, error) {
+	sctx, cancel := context.WithTimeout(ctx, statementTimeout)
+	defer cancel()
+	res, err := db.bun.ExecContext(sctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, _ := res.RowsAffected()
+	return n, nil
+}
+
+// pruneRuns deletes finished runs that finished before cutoff. A run
+// finishes after it is created, so "created before cutoff" adds nothing to
+// the condition but lets SQLite walk runs_created_at_idx over the expired
+// rows only; finished_at has no index of its own (an index written once
+// per run for an hourly prune). The status is checked with NOT IN, which
+// no index serves: with IN (the finished statuses) SQLite chose
+// runs_status_idx, and the last chunk of every pass then walked all the
+// runs retained. A run in flight has no finished_at, so the check only
+// states the rule. A chunk is picked by SQLite's rowid (the table's own
+// b-tree key), on PostgreSQL by the primary key.
+func (db *DB) pruneRuns(ctx context.Context, cutoff time.Time, chunk int) (int64, error) {
+	key := "rowid"
+	if db.postgres {
+		key = "id"
+	}
+	cut := db.timeArg(cutoff)
+	query := "DELETE FROM runs WHERE " + key + " IN (SELECT " + key + " FROM runs" +
+		" WHERE created_at < ? AND finished_at < ? AND status NOT IN (?, ?) LIMIT ?)"
+	var total int64
+	for {
+		n, err := db.pruneExec(ctx, query, cut, cut, string(domain.RunQueued), string(domain.RunRunning), chunk)
+		total += n
+		if err != nil || n < int64(chunk) {
+			return total, err
+		}
+	}
+}
+
+// chatSessionPage is one session of a page pruneChats reads.
+type chatSessionPage struct {
+	Adapter   string `bun:"adapter"`
+	SessionID string `bun:"session_id"`
+	Expired   int    `bun:"expired"` // 1 or 0: a CASE, portable as an integer
+}
+
+// pruneChats forgets the chat sessions idle since before cutoff. It walks
+// the sessions a page of chunk at a time in key order (the primary key's
+// index, without reading message bodies), each page's newest messages
+// looked up by key, then deletes the expired sessions' messages, oldest
+// first, at most chunk per statement. A message appended after the page
+// was read (a turn that began meanwhile) is newer than cutoff and stays;
+// such a turn may find its session's older history gone, as an idle
+// session's next turn does.
+func (db *DB) pruneChats(ctx context.Context, cutoff time.Time, chunk int) (sessions, messages int64, err error) {
+	cut := db.timeArg(cutoff)
+	var after *chatSessionPage
+	for {
+		page, err := db.chatPage(ctx, cut, after, chunk)
+		if err != nil {
+			return sessions, messages, err
+		}
+		for _, s := range page {
+			if s.Expired == 0 {
+				continue
+			}
+			n, err := db.deleteChat(ctx, s.Adapter, s.SessionID, cut, chunk)
+			messages += n
+			if n > 0 {
+				sessions++
+			}
+			if err != nil {
+				return sessions, messages, err
+			}
+		}
+		if len(page) < chunk {
+			return sessions, messages, nil
+		}
+		after = &page[len(page)-1]
+	}
+}
+
+// chatPage returns up to n sessions after the one given (all from the
+// start when nil), in key order, each marked expired when its newest
+// message is older than cut and it has no run in flight.
+func (db *DB) chatPage(ctx context.Context, cut any, after *chatSessionPage, n int) ([]chatSessionPage, error) {
+	where, args := "", []any{}
+	if after != nil {
+		where = " WHERE (adapter, session_id) > (?, ?)"
+		args = append(args, after.Adapter, after.SessionID)
+	}
+	query := "SELECT x.adapter, x.session_id, CASE WHEN m.created_at < ? AND NOT " + inFlightSQL + " THEN 1 ELSE 0 END AS expired" +
+		" FROM (SELECT adapter, session_id, MAX(seq) AS seq FROM chat_messages" + where +
+		" GROUP BY adapter, session_id ORDER BY adapter, session_id LIMIT ?) AS x" +
+		" JOIN chat_messages AS m ON m.adapter = x.adapter AND m.session_id = x.session_id AND m.seq = x.seq" +
+		" ORDER BY x.adapter, x.session_id"
+	args = append([]any{cut}, append(args, n)...)
+	sctx, cancel := context.WithTimeout(ctx, statementTimeout)
+	defer cancel()
+	var page []chatSessionPage
+	if err := db.bun.NewRaw(query, args...).Scan(sctx, &page); err != nil {
+		return nil, err
+	}
+	return page, nil
+}
+
+// deleteChat deletes the session's messages older than cut, oldest first,
+// at most chunk per statement.
+func (db *DB) deleteChat(ctx context.Context, adapter, sessionID string, cut any, chunk int) (int64, error) {
+	query := "DELETE FROM chat_messages WHERE adapter = ? AND session_id = ? AND seq IN (SELECT seq FROM chat_messages" +
+		" WHERE adapter = ? AND session_id = ? AND created_at < ? ORDER BY seq LIMIT ?)"
+	var total int64
+	for {
+		n, err := db.pruneExec(ctx, query, adapter, sessionID, adapter, sessionID, cut, chunk)
+		total += n
+		if err != nil || n < int64(chunk) {
+			return total, err
+		}
+	}
+}
+
+// pruneAgentSessions deletes the agent session mappings last used before
+// cutoff whose session has no run in flight (one row per session, so a
+// chunk of rows is a chunk of sessions).
+func (db *DB) pruneAgentSessions(ctx context.Context, cutoff time.Time, chunk int) (int64, error) {
+	query := "DELETE FROM agent_sessions WHERE (adapter, session_id) IN (SELECT x.adapter, x.session_id FROM agent_sessions AS x" +
+		" WHERE x.updated_at < ? AND NOT " + inFlightSQL + " LIMIT ?)"
+	cut := db.timeArg(cutoff)
+	var total int64
+	for {
+		n, err := db.pruneExec(ctx, query, cut, chunk)
+		total += n
+		if err != nil || n < int64(chunk) {
+			return total, err
+		}
+	}
+}
+
+// pruner is the goroutine StartPruning starts.
+type pruner struct {
+	mu   sync.Mutex
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// StartPruning prunes what is older than retention (see Prune) now and
+// every interval, in the background, until StopPruning or Close. A zero
+// retention is DefaultRetention, a negative one keeps everything (nothing
+// is started); a non-positive interval is DefaultPruneInterval. Each pass
+// that deleted something logs one line at info; a failed pass logs a
+// warning and the next one tries again. Starting it twice is a no-op.
+func (db *DB) StartPruning(retention, interval time.Duration, log *slog.Logger) {
+	if retention == 0 {
+		retention = DefaultRetention
+	}
+	if retention < 0 {
+		return
+	}
+	if interval <= 0 {
+		interval = DefaultPruneInterval
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	db.pruner.mu.Lock()
+	defer db.pruner.mu.Unlock()
+	if db.pruner.stop != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	db.pruner.stop, db.pruner.done = cancel, done
+	go func() {
+		defer close(done)
+		db.prunePeriodically(ctx, retention, interval, log)
+	}()
+}
+
+// StopPruning stops the goroutine StartPruning started, cancelling a pass
+// under way, and waits for it to end. Without one it does nothing.
+func (db *DB) StopPruning() {
+	db.pruner.mu.Lock()
+	stop, done := db.pruner.stop, db.pruner.done
+	db.pruner.stop, db.pruner.done = nil, nil
+	db.pruner.mu.Unlock()
+	if stop == nil {
+		return
+	}
+	stop()
+	<-done
+}
+
+func (db *DB) prunePeriodically(ctx context.Context, retention, interval time.Duration, log *slog.Logger) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		res, err := db.Prune(ctx, time.Now().Add(-retention))
+		attrs := []any{"runs", res.Runs, "chat_sessions", res.ChatSessions, "chat_messages", res.ChatMessages,
+			"agent_sessions", res.AgentSessions, "retention", retention}
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Warn("node store prune failed", append(attrs, "err", err)...)
+		case err == nil && !res.Empty():
+			log.Info("node store pruned", attrs...)
+		}
+		t.Reset(interval)
+	}
+}

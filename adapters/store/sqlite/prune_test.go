@@ -1,0 +1,301 @@
+package sqlite_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"iop/adapters/store/sqlite"
+	"iop/domain"
+)
+
+// stores opens a fresh database of each kind the node's SQL must work on.
+var stores = map[string]func(t *testing.T) *sqlite.DB{
+	"sqlite":   func(t *testing.T) *sqlite.DB { return open(t, fileDSN(t)) },
+	"postgres": openPostgres,
+}
+
+// addRun stores a run of adapter in session created at created; a non-zero
+// finished finishes it (status by how), a started one starts it.
+func addRun(t *testing.T, runs *sqlite.RunStore, id, adapter, session string, created, finished time.Time, how domain.EventType) {
+	t.Helper()
+	ctx := context.Background()
+	r, err := domain.NewRun(domain.RunRequest{RunID: id, Adapter: adapter, Target: "m", SessionID: session}, created)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := runs.CreateRun(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case how == domain.EventStart:
+		err = runs.UpdateRun(ctx, id, func(r *domain.Run) error { return r.Start(created.Add(time.Second)) })
+	case !finished.IsZero():
+		ev := domain.RunEvent{Type: how}
+		if how == domain.EventError {
+			ev.Error = &domain.ErrorInfo{Code: domain.CodeRunFailed, Message: "boom"}
+		}
+		err = runs.UpdateRun(ctx, id, func(r *domain.Run) error { return r.Finish(ev, finished) })
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func runIDs(t *testing.T, runs *sqlite.RunStore) []string {
+	t.Helper()
+	list, err := runs.ListRuns(context.Background(), domain.RunFilter{Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range list {
+		ids = append(ids, r.ID())
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func sessionIDs(t *testing.T, list []domain.SessionInfo, err error) []string {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, s := range list {
+		ids = append(ids, s.Adapter+"/"+s.SessionID)
+	}
+	return ids
+}
+
+// Prune deletes finished runs that finished before the cutoff, and
+// sessions idle since before it; runs in flight (and their sessions) and
+// anything newer stay.
+func TestPrune(t *testing.T) {
+	for name, openDB := range stores {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			db := openDB(t)
+			runs, chats, agents := sqlite.NewRunStore(db), sqlite.NewChatStore(db), sqlite.NewAgentSessionStore(db)
+			now := time.Now().UTC()
+			cutoff := now.Add(-30 * 24 * time.Hour)
+			old, recent := cutoff.Add(-time.Hour), cutoff.Add(time.Hour)
+
+			addRun(t, runs, "old-succeeded", "exec", "", old, old.Add(time.Minute), domain.EventComplete)
+			addRun(t, runs, "old-failed", "exec", "", old, old.Add(time.Minute), domain.EventError)
+			addRun(t, runs, "old-cancelled", "exec", "", old, old.Add(time.Minute), domain.EventCancelled)
+			addRun(t, runs, "old-queued", "exec", "", old, time.Time{}, "")
+			addRun(t, runs, "old-running", "exec", "", old, time.Time{}, domain.EventStart)
+			addRun(t, runs, "recent-succeeded", "exec", "", recent, recent.Add(time.Minute), domain.EventComplete)
+			// Created long ago, finished lately: its end is recent.
+			addRun(t, runs, "long-run", "exec", "", old.Add(-24*time.Hour), recent, domain.EventComplete)
+
+			turn := []domain.ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}, {Role: "assistant", Content: "hello", Reply: true}}
+			for _, s := range []string{"idle", "active", "busy", "fresh"} {
+				if err := chats.AppendChat(ctx, "ollama", "m", s, turn); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, s := range []string{"idle", "active", "busy"} {
+				if err := db.Backdate(ctx, "chat_messages", "created_at", "ollama", s, old); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// active's newest turn is recent; busy has a run in flight.
+			if err := chats.AppendChat(ctx, "ollama", "m", "active", turn[1:]); err != nil {
+				t.Fatal(err)
+			}
+			addRun(t, runs, "busy-turn", "ollama", "busy", old, time.Time{}, domain.EventStart)
+			// The same session id on another adapter is another session.
+			if err := chats.AppendChat(ctx, "openai", "m", "idle", turn); err != nil {
+				t.Fatal(err)
+			}
+
+			for _, s := range []string{"idle", "busy", "fresh"} {
+				if err := agents.PutAgentSession(ctx, "codex", "t", s, "thread-"+s); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, s := range []string{"idle", "busy"} {
+				if err := db.Backdate(ctx, "agent_sessions", "updated_at", "codex", s, old); err != nil {
+					t.Fatal(err)
+				}
+			}
+			addRun(t, runs, "busy-agent", "codex", "busy", old, time.Time{}, "")
+
+			res, err := db.Prune(ctx, cutoff)
+			want := sqlite.PruneResult{Runs: 3, ChatSessions: 1, ChatMessages: 3, AgentSessions: 1}
+			if err != nil || res != want {
+				t.Fatalf("Prune = %+v, %v; want %+v", res, err, want)
+			}
+			if got, want := runIDs(t, runs), []string{"busy-agent", "busy-turn", "long-run", "old-queued", "old-running", "recent-succeeded"}; !slices.Equal(got, want) {
+				t.Errorf("runs kept: %v, want %v", got, want)
+			}
+			if _, err := runs.GetRun(ctx, "old-failed"); !errors.Is(err, domain.ErrRunNotFound) {
+				t.Errorf("GetRun of a pruned run: %v, want ErrRunNotFound", err)
+			}
+			list, err := chats.ListChats(ctx, "")
+			if got, want := sessionIDs(t, list, err), []string{"ollama/active", "ollama/busy", "ollama/fresh", "openai/idle"}; !slices.Equal(got, want) {
+				t.Errorf("chat sessions kept: %v, want %v", got, want)
+			}
+			// A kept session keeps all of its history, old messages too.
+			if msgs, err := chats.LoadChat(ctx, "ollama", "active", 0); err != nil || len(msgs) != 5 {
+				t.Errorf("LoadChat(active) = %d messages, %v; want 5", len(msgs), err)
+			}
+			// The pruned session's next turn starts a new history.
+			if err := chats.AppendChat(ctx, "ollama", "m", "idle", turn[1:]); err != nil {
+				t.Fatal(err)
+			}
+			if msgs, err := chats.LoadChat(ctx, "ollama", "idle", 0); err != nil || !slices.Equal(msgs, turn[1:]) {
+				t.Errorf("LoadChat(idle) after a new turn = %+v, %v; want only that turn", msgs, err)
+			}
+			list, err = agents.ListAgentSessions(ctx, "")
+			if got, want := sessionIDs(t, list, err), []string{"codex/busy", "codex/fresh"}; !slices.Equal(got, want) {
+				t.Errorf("agent sessions kept: %v, want %v", got, want)
+			}
+
+			// Nothing left to prune: a second pass deletes nothing.
+			if res, err := db.Prune(ctx, cutoff); err != nil || !res.Empty() {
+				t.Fatalf("second Prune = %+v, %v; want nothing", res, err)
+			}
+		})
+	}
+}
+
+// Prune deletes in chunks, each its own statement, so on SQLite's one
+// connection runs and turns get their turns between them; chat sessions
+// are read a page at a time, and a page of sessions that stay does not
+// stop it.
+func TestPruneDeletesInChunks(t *testing.T) {
+	for name, openDB := range stores {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			db := openDB(t)
+			runs, chats, agents := sqlite.NewRunStore(db), sqlite.NewChatStore(db), sqlite.NewAgentSessionStore(db)
+			old := time.Now().Add(-48 * time.Hour)
+			cutoff := old.Add(time.Hour)
+			for i := range 25 { // expired: 6 full chunks of 4 and one of 1
+				addRun(t, runs, fmt.Sprintf("old%02d", i), "exec", "", old, old.Add(time.Second), domain.EventComplete)
+			}
+			addRun(t, runs, "live", "exec", "", old, time.Time{}, domain.EventStart)
+			msg := []domain.ChatMessage{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "hello", Reply: true}}
+			// Sessions a0…a9 in key order; every other one stays (recent).
+			// With pages of 4 the expired ones span three pages, and the
+			// second page starts with sessions that stay.
+			for i := range 10 {
+				s := fmt.Sprintf("a%d", i)
+				n := 1
+				if i == 1 {
+					n = 5 // 10 messages: chunks of 4, 4 and 2
+				}
+				for range n {
+					if err := chats.AppendChat(ctx, "ollama", "m", s, msg); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if i%2 == 1 || i == 8 {
+					if err := db.Backdate(ctx, "chat_messages", "created_at", "ollama", s, old); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for i := range 5 { // expired: a chunk of 4 and one of 1
+				s := fmt.Sprintf("g%d", i)
+				if err := agents.PutAgentSession(ctx, "codex", "t", s, "thread"); err != nil {
+					t.Fatal(err)
+				}
+				if err := db.Backdate(ctx, "agent_sessions", "updated_at", "codex", s, old); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			deletes := db.CountDeletes()
+			res, err := db.PruneChunks(ctx, cutoff, 4)
+			want := sqlite.PruneResult{Runs: 25, ChatSessions: 6, ChatMessages: 20, AgentSessions: 5}
+			if err != nil || res != want {
+				t.Fatalf("PruneChunks = %+v, %v; want %+v", res, err, want)
+			}
+			// Runs 7; chat a1: 3, a3 a5 a7 a8 a9: 1 each; agents 2.
+			if got := deletes.Load(); got != 7+3+5+2 {
+				t.Errorf("%d DELETE statements, want 17 (chunks of at most 4 rows)", got)
+			}
+			if got := runIDs(t, runs); !slices.Equal(got, []string{"live"}) {
+				t.Errorf("runs kept: %v", got)
+			}
+			list, err := chats.ListChats(ctx, "")
+			if got, want := sessionIDs(t, list, err), []string{"ollama/a0", "ollama/a2", "ollama/a4", "ollama/a6"}; !slices.Equal(got, want) {
+				t.Errorf("chat sessions kept: %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's goroutine and the test's.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// StartPruning prunes at once, logs one line for a pass that deleted
+// something, and stops with StopPruning (and Close): goleak checks no
+// goroutine is left. A negative retention keeps everything.
+func TestStartPruning(t *testing.T) {
+	ctx := context.Background()
+	db := open(t, fileDSN(t))
+	runs := sqlite.NewRunStore(db)
+	old := time.Now().Add(-2 * time.Hour)
+	addRun(t, runs, "old", "exec", "", old, old.Add(time.Second), domain.EventComplete)
+	addRun(t, runs, "new", "exec", "", time.Now(), time.Now(), domain.EventComplete)
+
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	db.StartPruning(-1, time.Millisecond, log)
+	time.Sleep(50 * time.Millisecond)
+	db.StopPruning()
+	if got := runIDs(t, runs); !slices.Equal(got, []string{"new", "old"}) {
+		t.Fatalf("a negative retention pruned: kept %v", got)
+	}
+
+	// The first pass is at start, not an interval later.
+	db.StartPruning(time.Hour, time.Hour, log)
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "node store pruned") && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	db.StopPruning()
+	if got := runIDs(t, runs); !slices.Equal(got, []string{"new"}) {
+		t.Fatalf("kept %v, want the recent run only", got)
+	}
+	// Passes that delete nothing log nothing.
+	db.StartPruning(time.Hour, time.Millisecond, log)
+	time.Sleep(50 * time.Millisecond)
+	db.StopPruning()
+	if _, err := runs.GetRun(ctx, "new"); err != nil {
+		t.Fatal(err)
+	}
+	out := logs.String()
+	if n := strings.Count(out, "node store pruned"); n != 1 || !strings.Contains(out, "runs=1 ") || !strings.Contains(out, "retention=1h0m0s") {
+		t.Fatalf("logged %q; want one line with runs=1", out)
+	}
+	// Close stops a pruner still running.
+	db.StartPruning(time.Hour, time.Millisecond, log)
+}
