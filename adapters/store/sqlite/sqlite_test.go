@@ -23,7 +23,13 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { pgtest.StopShared() }))
+	// The cleanup must exit with the code it is given: goleak leaves that
+	// to it, so without the exit a leak found after passing tests was only
+	// printed.
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		pgtest.StopShared()
+		os.Exit(code)
+	}))
 }
 
 // fileDSN names a fresh database file in a temporary directory, in the form
