@@ -13,6 +13,13 @@ const (
 	DefaultNodeDB       = "file:iop.db?cache=shared&mode=rwc"
 	DefaultReconnectMin = 500 * time.Millisecond
 	DefaultReconnectMax = 30 * time.Second
+	// DefaultNodeStoreRetention is how long the node keeps a finished run
+	// and an idle session, as the edge keeps its history.
+	DefaultNodeStoreRetention = DefaultStoreRetention
+	// MinNodeStoreRetention is the shortest positive store.retention the
+	// node takes (Validate's error says "1h"): it prunes hourly, so a
+	// shorter one would not be kept to.
+	MinNodeStoreRetention = time.Hour
 )
 
 // NodeConfig holds the settings iop-node keeps locally; everything about
@@ -24,6 +31,7 @@ type NodeConfig struct {
 	DB        string          `yaml:"db"`
 	Log       LogConfig       `yaml:"log"`
 	Reconnect ReconnectConfig `yaml:"reconnect"`
+	Store     NodeStoreConfig `yaml:"store"`
 	// TLS holds ca_pin, ca_file, insecure, cert and key, at the top level.
 	TLS NodeTLS `yaml:",inline"`
 }
@@ -32,6 +40,14 @@ type NodeConfig struct {
 type ReconnectConfig struct {
 	Min Duration `yaml:"min"`
 	Max Duration `yaml:"max"`
+}
+
+// NodeStoreConfig is node.yaml's store: what the node keeps in its store (db).
+type NodeStoreConfig struct {
+	// Retention: finished runs that ended longer ago, and chat and agent
+	// sessions idle longer, are pruned in the background (default 720h;
+	// a negative value keeps everything).
+	Retention Duration `yaml:"retention"`
 }
 
 // LoadNode reads and parses the node config at path without validating it,
@@ -75,6 +91,9 @@ func (c *NodeConfig) SetDefaults() {
 	if c.Reconnect.Max == 0 {
 		c.Reconnect.Max = Duration(DefaultReconnectMax)
 	}
+	if c.Store.Retention == 0 {
+		c.Store.Retention = Duration(DefaultNodeStoreRetention)
+	}
 	c.Log.SetDefaults()
 }
 
@@ -99,6 +118,9 @@ func (c *NodeConfig) Validate() error {
 	}
 	if c.Reconnect.Max < c.Reconnect.Min {
 		errs = append(errs, fmt.Errorf("reconnect.max (%s) must not be less than reconnect.min (%s)", c.Reconnect.Max, c.Reconnect.Min))
+	}
+	if r := c.Store.Retention; r > 0 && r.Std() < MinNodeStoreRetention {
+		errs = append(errs, fmt.Errorf("store.retention must be at least 1h (the store is pruned hourly), or negative to keep everything; got %s", r))
 	}
 	return errors.Join(errs...)
 }

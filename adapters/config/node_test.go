@@ -28,6 +28,7 @@ func TestParseNode(t *testing.T) {
 					Min: config.Duration(500 * time.Millisecond),
 					Max: config.Duration(30 * time.Second),
 				},
+				Store: config.NodeStoreConfig{Retention: config.Duration(30 * 24 * time.Hour)},
 			},
 		},
 		{
@@ -37,6 +38,7 @@ token_env: IOP_NODE_TOKEN
 db: "file:/var/lib/iop/node.db"
 log: {level: warn, format: json}
 reconnect: {min: 1s, max: 1m}
+store: {retention: 168h}
 `,
 			want: config.NodeConfig{
 				Edge:     "edge.example:7700",
@@ -47,6 +49,7 @@ reconnect: {min: 1s, max: 1m}
 					Min: config.Duration(time.Second),
 					Max: config.Duration(time.Minute),
 				},
+				Store: config.NodeStoreConfig{Retention: config.Duration(7 * 24 * time.Hour)},
 			},
 		},
 	}
@@ -71,6 +74,8 @@ func TestParseNodeTypeErrors(t *testing.T) {
 		{"nested unknown field", "reconnect:\n  minimum: 1s\n", "node.yaml: line 2: unknown key \"reconnect.minimum\""},
 		{"bad duration", "reconnect: {max: forever}\n", `node.yaml: line 1: invalid duration "forever"`},
 		{"wrong type", "log: [debug]\n", "node.yaml: line 1: log: expected a mapping, got a list"},
+		{"bad retention", "store:\n  retention: 30d\n", `node.yaml: line 2: invalid duration "30d"`},
+		{"unknown store key", "store: {dsn: x.db}\n", `node.yaml: line 1: unknown key "store.dsn"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -135,6 +140,8 @@ func TestNodeValidate(t *testing.T) {
 		{"log format", func(c *config.NodeConfig) { c.Log.Format = "logfmt" }, `log.format "logfmt"`},
 		{"reconnect min", func(c *config.NodeConfig) { c.Reconnect.Min = config.Duration(-time.Second) }, "reconnect.min must be positive"},
 		{"reconnect max below min", func(c *config.NodeConfig) { c.Reconnect.Max = config.Duration(time.Millisecond) }, "reconnect.max (1ms) must not be less than reconnect.min (500ms)"},
+		{"retention too short", func(c *config.NodeConfig) { c.Store.Retention = config.Duration(5 * time.Minute) },
+			"store.retention must be at least 1h (the store is pruned hourly), or negative to keep everything; got 5m0s"},
 		{"no trust option", func(c *config.NodeConfig) { c.TLS.CAPin = "" }, "pass --ca-pin sha256:<hex>"},
 		{"two trust options", func(c *config.NodeConfig) { c.TLS.Insecure = true }, "set only one of ca_pin, ca_file and insecure"},
 		{"malformed pin", func(c *config.NodeConfig) { c.TLS.CAPin = "sha256:abc" }, "64 hex digits"},
@@ -202,6 +209,29 @@ func TestNodeWithoutTrustIsErrNoTrust(t *testing.T) {
 	for _, opt := range []string{"--ca-pin", "--ca-file", "--insecure", "--print-ca-pin"} {
 		if !strings.Contains(err.Error(), opt) {
 			t.Errorf("hint %q does not name %s", err, opt)
+		}
+	}
+}
+
+// store.retention follows the edge's: unset or 0 is 30 days, a negative
+// value keeps everything, an hour or more is taken as it is.
+func TestNodeStoreRetention(t *testing.T) {
+	for doc, want := range map[string]time.Duration{
+		"":                          30 * 24 * time.Hour,
+		"store: {retention: 0}":     30 * 24 * time.Hour,
+		"store: {retention: -1s}":   -time.Second,
+		"store: {retention: 1h}":    time.Hour,
+		"store: {retention: 2160h}": 90 * 24 * time.Hour,
+	} {
+		c, err := config.ParseNode("node.yaml", []byte(doc+"\ninsecure: true\ntoken: node-secret\n"))
+		if err != nil {
+			t.Fatalf("%q: %v", doc, err)
+		}
+		if c.Store.Retention.Std() != want {
+			t.Errorf("%q: retention %s, want %s", doc, c.Store.Retention, want)
+		}
+		if err := c.Validate(); err != nil {
+			t.Errorf("%q: Validate: %v", doc, err)
 		}
 	}
 }
