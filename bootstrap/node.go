@@ -42,6 +42,13 @@ type NodeSettings struct {
 	// StatsInterval is how often the node sends its stats to the edge
 	// (transport.DefaultStatsInterval when zero).
 	StatsInterval time.Duration
+	// StoreRetention: finished runs that ended longer ago, and sessions
+	// idle longer, are pruned from the store (node.yaml store.retention;
+	// sqlite.DefaultRetention when zero, nothing pruned when negative).
+	StoreRetention time.Duration
+	// StorePruneInterval is how often the store is pruned after the pass
+	// at start (sqlite.DefaultPruneInterval, an hour, when zero).
+	StorePruneInterval time.Duration
 }
 
 // storeSizer returns the on-disk size of the SQLite database named by dsn
@@ -167,6 +174,11 @@ func openNodeDB(lc fx.Lifecycle, s NodeSettings, log *slog.Logger) (*sqlite.DB, 
 	}
 	warnNarrowed(log, "node store", db.Narrowed())
 	lc.Append(fx.StopHook(db.Close))
+	// Appended after the close, so stopped before it.
+	lc.Append(fx.StartStopHook(
+		func() { db.StartPruning(s.StoreRetention, s.StorePruneInterval, log) },
+		db.StopPruning,
+	))
 	return db, nil
 }
 
@@ -240,7 +252,11 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 					_ = sd.Shutdown(fx.ExitCode(1))
 				}
 			}()
-			log.Info("iop-node started", "edge", s.Edge, "version", Version)
+			retention := "none (everything is kept)"
+			if r := cmp.Or(s.StoreRetention, sqlite.DefaultRetention); r > 0 {
+				retention = r.String()
+			}
+			log.Info("iop-node started", "edge", s.Edge, "version", Version, "store_retention", retention)
 			return nil
 		},
 		OnStop: func(stop context.Context) error {

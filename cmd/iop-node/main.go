@@ -115,8 +115,9 @@ func main() {
 		bootstrap.Node(bootstrap.NodeSettings{
 			Edge: cfg.Edge, Token: tok, DB: cfg.DB, Logger: log,
 			MinBackoff: cfg.Reconnect.Min.Std(), MaxBackoff: cfg.Reconnect.Max.Std(),
-			StatsInterval: *statsIvl,
-			Transport:     transport.Config{TLS: linkTLS},
+			StatsInterval:  *statsIvl,
+			StoreRetention: cfg.Store.Retention.Std(),
+			Transport:      transport.Config{TLS: linkTLS},
 		}),
 		bootstrap.FxLogger(log),
 	), os.Stderr)
