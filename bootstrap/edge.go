@@ -90,6 +90,7 @@ func Edge(s EdgeSettings) fx.Option {
 				h.Orphans = orphans
 				h.Reconcile = rc
 				h.Sessions = st
+				h.AdminKey = adminKeys(s.Config.HTTP)
 				// A run request travels in one frame on the node link.
 				h.MaxRequestBytes = int(s.Config.Transport.MaxFrameSize)
 				h.Observe = obs
@@ -100,9 +101,10 @@ func Edge(s EdgeSettings) fx.Option {
 				h.History, h.Record = st, st
 				return h
 			},
-			func(reg *edgeapp.Registry, st *edgestore.Store, log *slog.Logger) *edgeapp.TerminateSessionHandler {
+			func(s EdgeSettings, reg *edgeapp.Registry, st *edgestore.Store, log *slog.Logger) *edgeapp.TerminateSessionHandler {
 				h := edgeapp.NewTerminateSessionHandler(reg)
 				h.Sessions, h.Log = st, log
+				h.AdminKey = adminKeys(s.Config.HTTP)
 				return h
 			},
 			func(s EdgeSettings, reg *edgeapp.Registry, ledger *edgeapp.UsageLedger) *edgeapp.NodeCommandHandler {
@@ -265,4 +267,16 @@ func runEdge(lc fx.Lifecycle, _ *metricsServer, s EdgeSettings, log *slog.Logger
 			return err
 		},
 	})
+}
+
+// adminKeys reports whether an API key name holds the admin scope. The keys
+// are read at start (a reload does not change them), so the set is fixed.
+func adminKeys(hc config.HTTPConfig) func(string) bool {
+	admins := map[string]bool{}
+	for _, k := range hc.ResolvedKeys() {
+		if k.Principal.Allows(domain.ScopeAdmin) {
+			admins[k.Principal.Name] = true
+		}
+	}
+	return func(name string) bool { return admins[name] }
 }

@@ -35,6 +35,9 @@ type sessionGuard struct {
 	// recalled from when the edge does not remember them.
 	hist ports.HistoryReader
 	log  *slog.Logger
+	// admin, if set, reports whether a key name holds the admin scope: its
+	// runs in the history make it no session's owner.
+	admin func(key string) bool
 }
 
 // errSessionNotYours refuses a session another key owns. It names neither
@@ -59,18 +62,24 @@ func errSessionNotYours(adapter, session string) error {
 // the session among 10,000 more recent ones, or never saw it (another edge
 // sharing the history's database ran it). Whenever the history is read the
 // node it names is recalled, as the run has waited for it anyway.
-func (g sessionGuard) use(ctx context.Context, adapter, session string, recallNode bool) error {
+//
+// With claim, a key without the admin scope claims a session no key owns;
+// undo gives the claim back, for a run that was then refused (a claim
+// stands once a run of the session is admitted: RememberSession). Without
+// claim (ending a session) the caller is only checked. undo is never nil.
+func (g sessionGuard) use(ctx context.Context, adapter, session string, recallNode, claim bool) (undo func(), err error) {
+	undo = func() {}
 	if session == "" {
-		return nil
+		return undo, nil
 	}
 	p := domain.PrincipalFrom(ctx)
 	admin := p.Allows(domain.ScopeAdmin)
 	owner, known := g.reg.sessionOwner(adapter, session)
 	if owner != "" {
 		if admin || owner == p.Name {
-			return nil
+			return undo, nil
 		}
-		return errSessionNotYours(adapter, session)
+		return undo, errSessionNotYours(adapter, session)
 	}
 	needOwner := !admin
 	if g.hist != nil && (needOwner || (recallNode && !known)) {
@@ -80,28 +89,41 @@ func (g sessionGuard) use(ctx context.Context, adapter, session string, recallNo
 		if err != nil {
 			if needOwner {
 				g.log.Warn("session's owner not recalled from the history; the run is refused", "adapter", adapter, "session", session, "key", p.Name, "err", err)
-				return domain.Errorf(domain.CodeHistoryUnavailable, "session %q of adapter %q: the edge's history, which says whose it is, cannot be read now; retry later", session, adapter)
+				return undo, domain.Errorf(domain.CodeHistoryUnavailable, "session %q of adapter %q: the edge's history, which says whose it is, cannot be read now; retry later", session, adapter)
 			}
 			g.log.Warn("session's node not recalled from the history; the run is placed afresh", "adapter", adapter, "session", session, "err", err)
-			return nil
+			return undo, nil
 		}
 		if needOwner {
-			var keys []string
-			for _, r := range page.Runs {
-				if r.Key != "" {
-					keys = append(keys, r.Key)
-				}
-			}
-			if len(keys) > 0 && !slices.Contains(keys, p.Name) {
-				return errSessionNotYours(adapter, session)
+			if keys := g.owners(page.Runs); len(keys) > 0 && !slices.Contains(keys, p.Name) {
+				return undo, errSessionNotYours(adapter, session)
 			}
 		}
 		g.recall(ctx, adapter, session, page.Runs)
 	}
-	if needOwner && !g.reg.claimSession(adapter, session, p.Name) {
-		return errSessionNotYours(adapter, session)
+	if needOwner && claim {
+		if !g.reg.claimSession(adapter, session, p.Name) {
+			return undo, errSessionNotYours(adapter, session)
+		}
+		undo = func() { g.reg.unclaimSession(adapter, session, p.Name) }
 	}
-	return nil
+	return undo, nil
+}
+
+// owners are the keys that ran the runs (newest first) of a session the
+// history holds, as its owner is recalled from them: runs a node took
+// (tookSession: a refused run claims nothing), by keys that may own a
+// session — not the anonymous caller of an edge that had no keys then, nor
+// a key with the admin scope (g.admin), which use any session and own none.
+func (g sessionGuard) owners(runs []domain.RunRecord) []string {
+	var keys []string
+	for _, r := range runs {
+		if r.Key == "" || r.Key == domain.AnonymousName || (g.admin != nil && g.admin(r.Key)) || !tookSession(r) {
+			continue
+		}
+		keys = append(keys, r.Key)
+	}
+	return keys
 }
 
 // recall binds session of adapter, unless it is bound already, to the node

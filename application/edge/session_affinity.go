@@ -15,6 +15,9 @@ type sessionEntry struct {
 	// owner names the API key the session belongs to (see claimSession);
 	// empty until a key without the admin scope claims it.
 	owner string
+	// tentative: owner's claim waits on its run's admission (see
+	// unclaimSession); created: that claim made the entry.
+	tentative, created bool
 }
 
 // sessionNodes remembers which node last admitted a run of each session, so
@@ -104,7 +107,8 @@ func (r *Registry) RememberSession(adapter, session, node string) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.sessions.put(sessionKey{adapter, session}, node)
+	e := r.sessions.add(sessionKey{adapter, session})
+	e.node, e.tentative, e.created = node, false, false
 }
 
 // ForgetSession drops session's affinity to node (the session was ended
@@ -155,11 +159,38 @@ func (r *Registry) sessionOwner(adapter, session string) (owner string, known bo
 func (r *Registry) claimSession(adapter, session, key string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	e := r.sessions.add(sessionKey{adapter, session})
+	k := sessionKey{adapter, session}
+	_, existed := r.sessions.index[k]
+	e := r.sessions.add(k)
 	if e.owner == "" {
-		e.owner = key
+		e.owner, e.tentative, e.created = key, true, !existed
 	}
 	return e.owner == key
+}
+
+// unclaimSession gives back key's claim on session of adapter made for a
+// run that was then refused, unless a run of the session was admitted
+// since (RememberSession): a key must not take a session id by sending
+// runs of it that never run. An entry the claim made goes too, so that
+// the session's node is still recalled from the history.
+func (r *Registry) unclaimSession(adapter, session, key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := sessionKey{adapter, session}
+	el, ok := r.sessions.index[k]
+	if !ok {
+		return
+	}
+	e := el.Value.(*sessionEntry)
+	if e.owner != key || !e.tentative {
+		return
+	}
+	if e.created && e.node == "" {
+		delete(r.sessions.index, k)
+		r.sessions.order.Remove(el)
+		return
+	}
+	e.owner, e.tentative, e.created = "", false, false
 }
 
 // recallSession binds session of adapter to node unless it is bound

@@ -227,3 +227,82 @@ func TestSessionsOfAnEdgeWithoutKeysAreShared(t *testing.T) {
 		t.Fatalf("history asked %d times, want once (s1's node)", n)
 	}
 }
+
+// The owner recalled from the history is the key of the session's runs a
+// node took, leaving out admin keys and the anonymous caller of an edge
+// that had no keys then: they use any session and own none, as in memory.
+// Before, a session an admin started (or every session of an edge that
+// later got keys) was refused to every key after a restart, though the
+// same edge let them in while it remembered the session.
+func TestSessionOwnerFromHistoryIsNotAnAdmin(t *testing.T) {
+	ctx := context.Background()
+	y := ucAs(ctx, "y", domain.ScopeRuns)
+	rec := func(key string, st domain.RunStatus, code string) domain.RunRecord {
+		return domain.RunRecord{ID: "run_" + key, Node: "b", Adapter: "chat", SessionID: "s1", Key: key, Status: st, ErrorCode: code}
+	}
+	for _, tc := range []struct {
+		name    string
+		runs    []domain.RunRecord
+		refused bool
+	}{
+		{"admin's session", []domain.RunRecord{rec("ops", domain.RunSucceeded, "")}, false},
+		{"keyless edge's session", []domain.RunRecord{rec(domain.AnonymousName, domain.RunSucceeded, "")}, false},
+		{"x's session an admin went on", []domain.RunRecord{rec("ops", domain.RunSucceeded, ""), rec("x", domain.RunSucceeded, "")}, true},
+		{"x's session y was refused on", []domain.RunRecord{rec("y", domain.RunFailed, domain.CodeAtCapacity), rec("x", domain.RunSucceeded, "")}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ucNoLeaks(t)
+			e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+			e.submit.Sessions = &ucSessionHistory{runs: tc.runs}
+			e.submit.AdminKey = func(name string) bool { return name == "ops" }
+			rh, err := e.submit.Handle(y, edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+			if tc.refused {
+				if !errors.Is(err, domain.ErrForbidden) {
+					t.Fatalf("y's turn: %v, want forbidden", err)
+				}
+				return
+			}
+			if err != nil || rh.Node != "b" {
+				t.Fatalf("y's turn: %v on %v, want it on b, the session's node", err, rh)
+			}
+			ucFinish(t, e, rh)
+		})
+	}
+}
+
+// A run that is refused (a node it may not see, no node to take it, the
+// node's own refusal) claims no session: a key could otherwise take a
+// session id it never ran and lock its real user out. A claim given back
+// also leaves the session's node to be recalled from the history.
+func TestRefusedRunClaimsNoSession(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	hist := &ucSessionHistory{}
+	e.submit.Sessions = hist
+	ctx := context.Background()
+	x, y := ucAs(ctx, "x", domain.ScopeRuns), ucAs(ctx, "y", domain.ScopeRuns)
+
+	if _, err := e.submit.Handle(y, edge.SubmitRun{Node: "nope", Adapter: "chat", SessionID: "s1"}); ucCode(err) != domain.CodeNodeNotFound {
+		t.Fatalf("y's run on no node: %v, want node_not_found", err)
+	}
+	if _, err := e.submit.Handle(y, edge.SubmitRun{Adapter: "other", SessionID: "s1"}); err == nil {
+		t.Fatal("y's run of an adapter no node offers was admitted")
+	}
+	e.links["a"].refuse = &domain.ErrorInfo{Code: domain.CodeAtCapacity, Message: "full"}
+	if _, err := e.submit.Handle(y, edge.SubmitRun{Node: "a", Adapter: "chat", SessionID: "s1"}); ucCode(err) != domain.CodeAtCapacity {
+		t.Fatalf("y's run refused by a: %v, want at_capacity", err)
+	}
+	e.links["a"].refuse = nil
+	// Meanwhile another edge sharing the history ran x's session on b.
+	hist.mu.Lock()
+	hist.runs = []domain.RunRecord{{ID: "run_x", Node: "b", Adapter: "chat", SessionID: "s1", Key: "x", Status: domain.RunSucceeded}}
+	hist.mu.Unlock()
+	rh, err := e.submit.Handle(x, edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil || rh.Node != "b" {
+		t.Fatalf("x's turn: %v on %v, want it admitted on b, its session's node", err, rh)
+	}
+	ucFinish(t, e, rh)
+	if _, err := e.submit.Handle(y, edge.SubmitRun{Adapter: "chat", SessionID: "s1"}); !errors.Is(err, domain.ErrForbidden) {
+		t.Fatalf("y's turn after x's: %v, want forbidden", err)
+	}
+}

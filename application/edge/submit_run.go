@@ -56,6 +56,9 @@ type SubmitRunHandler struct {
 	// Sessions, if set, is the history a session run's node and owner are
 	// recalled from when the edge has none in memory (sessionGuard).
 	Sessions ports.HistoryReader
+	// AdminKey, if set, reports whether an API key name holds the admin
+	// scope: its runs in the history make it no session's owner.
+	AdminKey func(name string) bool
 	// Reconcile, if set, learns of the background runs let go of when
 	// their link broke, whose history rows it then settles (RunLost).
 	Reconcile *HistoryReconciler
@@ -136,9 +139,20 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 	}
 	// A session is its first key's: another key's run of it is refused,
 	// named node or not. A session run with no node named goes to its node.
-	if err := (sessionGuard{h.reg, h.Sessions, h.log}).use(ctx, cmd.Adapter, cmd.SessionID, cmd.Node == ""); err != nil {
+	undo, err := (sessionGuard{h.reg, h.Sessions, h.log, h.AdminKey}).use(ctx, cmd.Adapter, cmd.SessionID, cmd.Node == "", true)
+	if err != nil {
 		return nil, err
 	}
+	rh, err := h.place(ctx, cmd)
+	if err != nil {
+		undo()
+	}
+	return rh, err
+}
+
+// place picks cmd's node and dispatches it there; a run refused there
+// because its node is stopping is tried once more elsewhere (see Handle).
+func (h *SubmitRunHandler) place(ctx context.Context, cmd SubmitRun) (*RunHandle, error) {
 	p := domain.PrincipalFrom(ctx)
 	node, release, err := h.reg.PickForRunAs(p, cmd.Node, cmd.Adapter, cmd.SessionID)
 	if err != nil {

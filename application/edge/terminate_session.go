@@ -26,6 +26,8 @@ type TerminateSessionHandler struct {
 	Sessions ports.HistoryReader
 	// Log, if set, gets the failures to recall an owner (else slog.Default).
 	Log *slog.Logger
+	// AdminKey: as SubmitRunHandler's.
+	AdminKey func(name string) bool
 }
 
 // NewTerminateSessionHandler refuses nil dependencies.
@@ -59,7 +61,7 @@ func (h *TerminateSessionHandler) Handle(ctx context.Context, cmd TerminateSessi
 	if log == nil {
 		log = slog.Default()
 	}
-	if err := (sessionGuard{h.reg, h.Sessions, log}).use(ctx, cmd.Adapter, cmd.SessionID, false); err != nil {
+	if _, err := (sessionGuard{h.reg, h.Sessions, log, h.AdminKey}).use(ctx, cmd.Adapter, cmd.SessionID, false, false); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, h.timeout)
