@@ -505,6 +505,12 @@ type keyGuard struct {
 	named  []bool
 	odd    []bool
 	values []string
+
+	// err is the refusal, returned by every later Read: the prefix hands
+	// the rest of the body on to the relay, which must not read past it
+	// (reading on would skip the bytes of the failed read and stream the
+	// rest, out of step with the guard).
+	err error
 }
 
 // maxGuardKey bounds a key kept for comparison: "model" spelled entirely
@@ -522,9 +528,13 @@ func newKeyGuard(r io.Reader, keys []string, also string) *keyGuard {
 }
 
 func (g *keyGuard) Read(p []byte) (int, error) {
+	if g.err != nil {
+		return 0, g.err
+	}
 	n, err := g.r.Read(p)
 	for i, c := range p[:n] {
 		if err := g.step(c); err != nil {
+			g.err = err
 			return i, err
 		}
 	}
@@ -673,6 +683,7 @@ type formGuard struct {
 	inHeader bool
 	header   []byte // the part's header lines, each ending in "\n"
 	models   int
+	err      error // the refusal, returned by every later Read (see keyGuard)
 }
 
 // maxPartHeader bounds one part's header block; a form field's is about
@@ -688,12 +699,16 @@ func newFormGuard(r io.Reader, contentType string) *formGuard {
 }
 
 func (g *formGuard) Read(p []byte) (int, error) {
+	if g.err != nil {
+		return 0, g.err
+	}
 	n, err := g.r.Read(p)
 	if g.boundary == nil {
 		return n, err
 	}
 	for i, c := range p[:n] {
 		if err := g.step(c); err != nil {
+			g.err = err
 			return i, err
 		}
 	}
