@@ -284,3 +284,10 @@ func Separate(saw *bool, text string) string {
 	*saw = true
 	return text
 }
+
+// NewTurn returns a Turn outside a Runner: a run without a session that
+// asked for model, its events going to sink. For feeding a Parser lines in
+// its tests.
+func NewTurn(ctx context.Context, sink ports.EventSink, model string) *Turn {
+	return &Turn{ctx: ctx, sink: sink, model: model, r: &Runner{}}
+}
