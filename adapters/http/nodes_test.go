@@ -352,6 +352,23 @@ func TestReload(t *testing.T) {
 	}
 }
 
+// A reload acts on every node and its answer names them all: an admin key
+// limited to some nodes is refused, as /metrics refuses it, and the reload
+// is not run.
+func TestReloadRefusesANodeLimitedKey(t *testing.T) {
+	e := newEnvWithKeys(t, []httpapi.APIKey{apiKey("n2-admin-key-0123456789", "n2-admin", []string{"n2"}, domain.ScopeAdmin)},
+		testNode{"n1", newFakeLink()}, testNode{"n2", newFakeLink()})
+	ran := false
+	e.reload = func(context.Context) (edge.ReloadResult, error) {
+		ran = true
+		return edge.ReloadResult{Nodes: 2, Refreshed: []string{"n1"}, Unchanged: []string{"n2"}}, nil
+	}
+	m := readJSON(t, e.do("POST", "/v1/admin/reload", "", "X-Api-Key", "n2-admin-key-0123456789"), 403)
+	if er := m["error"].(map[string]any); er["code"] != "forbidden" || strings.Contains(fmt.Sprint(m), "n1") || ran {
+		t.Fatalf("reload by a key limited to n2: %v (reload ran: %v), want 403 naming no node", m, ran)
+	}
+}
+
 func TestReloadUnavailable(t *testing.T) {
 	deps := minimalDeps(edge.NewRegistry())
 	defer deps.Submit.Stop()

@@ -198,7 +198,7 @@ func (s *Server) routes() {
 	s.Handle("GET /v1/nodes/{id}", readAccess, http.HandlerFunc(s.handleGetNode))
 	s.Handle("POST /v1/nodes/{id}/commands", adminAccess, http.HandlerFunc(s.handleNodeCommand))
 	s.Handle("GET /v1/events", readAccess, http.HandlerFunc(s.handleEvents))
-	s.Handle("POST /v1/admin/reload", adminAccess, http.HandlerFunc(s.handleReload))
+	s.Handle("POST /v1/admin/reload", adminAccess, edgeWide(http.HandlerFunc(s.handleReload)))
 	s.Handle("GET /healthz", Access{Public: true}, http.HandlerFunc(s.handleHealth))
 	if s.deps.History != nil {
 		s.Handle("GET /v1/usage", readAccess, http.HandlerFunc(s.handleHistoryUsage))

@@ -57,9 +57,15 @@ func NewReloadHandler(src ports.NodeSource, dir Directory, reg *Registry, bus po
 }
 
 // Handle performs one reload.
+// A caller limited to some nodes is refused (forbidden): a reload acts on
+// every node and its answer names them all.
 func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
-	if err := domain.PrincipalFrom(ctx).Require(domain.ScopeAdmin); err != nil {
+	p := domain.PrincipalFrom(ctx)
+	if err := p.Require(domain.ScopeAdmin); err != nil {
 		return ReloadResult{}, err
+	}
+	if p.Limited() {
+		return ReloadResult{}, domain.Errorf(domain.CodeForbidden, "API key %q is limited to some nodes; a reload acts on every node and needs a key without a nodes limit", p.Name)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -145,3 +145,14 @@ func TestReloadCountsANodeBackWithTheNewConfigAsRefreshed(t *testing.T) {
 		t.Fatalf("the edge holds %v for gpu", ucAdapterNames(n.Config))
 	}
 }
+
+// A reload by a caller limited to some nodes is refused before anything is
+// read or pushed: it acts on every node, and its answer names them all.
+func TestReloadRefusesANodeLimitedCaller(t *testing.T) {
+	src := &ucSource{recs: nil}
+	h := edge.NewReloadHandler(src, &ucDir{}, edge.NewRegistry(), newUCBus(), &edge.ConfigVersions{}, nil)
+	ctx := domain.WithPrincipal(context.Background(), domain.Principal{Name: "n2-admin", Scopes: []string{domain.ScopeAdmin}, Nodes: []string{"n2"}})
+	if _, err := h.Handle(ctx); ucCode(err) != domain.CodeForbidden {
+		t.Fatalf("reload = %v, want forbidden", err)
+	}
+}

@@ -2,6 +2,7 @@ package edgestore_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
@@ -166,8 +167,13 @@ func contract(t *testing.T, newDSN opener) {
 		check(domain.RunQuery{Status: domain.RunFailed, Key: "bob"}, "[run_5 run_3 run_1]")
 		check(domain.RunQuery{Adapter: "other"}, "[run_x]")
 		check(domain.RunQuery{Key: "alice", Since: t0.Add(2 * time.Minute), Until: t0.Add(6 * time.Minute)}, "[run_4 run_x run_2]")
-		if _, err := s.ListRuns(ctx, domain.RunQuery{Cursor: "!!"}); domain.CodeOf(err) != domain.CodeInvalidRequest {
-			t.Fatalf("bad cursor: %v", err)
+		// A cursor is the caller's to send back: one that was tampered
+		// with is refused as such, never reaches the query (a NUL in its
+		// id failed the SQL, answered as the history being down).
+		for _, c := range []string{"!!", base64.RawURLEncoding.EncodeToString([]byte("1|\x00")), base64.RawURLEncoding.EncodeToString([]byte("1|\xff"))} {
+			if _, err := s.ListRuns(ctx, domain.RunQuery{Cursor: c}); domain.CodeOf(err) != domain.CodeInvalidRequest {
+				t.Fatalf("bad cursor %q: %v", c, err)
+			}
 		}
 	})
 

@@ -585,7 +585,9 @@ func decodeCursor(c string) (int64, string, error) {
 		return 0, "", bad
 	}
 	us, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil {
+	if err != nil || domain.CheckID("cursor", id) != nil {
+		// A run id this edge made has no control byte: one would reach
+		// the query and fail it as if the database were down.
 		return 0, "", bad
 	}
 	return us, id, nil
