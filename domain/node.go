@@ -123,8 +123,12 @@ type NodeConfig struct {
 	Providers []ProviderConfig
 }
 
-// DefaultMaxConcurrency applies when an adapter leaves max_concurrency unset.
-const DefaultMaxConcurrency = 4
+// DefaultMaxConcurrency applies when an adapter leaves max_concurrency
+// unset; MaxMaxConcurrency bounds it (far above what a node runs at once).
+const (
+	DefaultMaxConcurrency = 4
+	MaxMaxConcurrency     = 1 << 16
+)
 
 // The history a chat session turn replays (AdapterConfig.MaxHistoryBytes):
 // 1 MiB unless configured, between 1 KiB and 64 MiB. The node holds a turn's
@@ -158,8 +162,16 @@ func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
 		if a.MaxConcurrency < 0 {
 			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q: max_concurrency must not be negative", a.Name)
 		}
+		if a.MaxConcurrency > MaxMaxConcurrency {
+			// It travels as a uint32: a larger one wrapped, so the edge
+			// counted slots the node never had.
+			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q: max_concurrency %d is more than %d", a.Name, a.MaxConcurrency, MaxMaxConcurrency)
+		}
 		if a.MaxConcurrency == 0 {
 			a.MaxConcurrency = DefaultMaxConcurrency
+		}
+		if a.Timeout < 0 {
+			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q: timeout must not be negative", a.Name)
 		}
 		if err := checkAdapter(a); err != nil {
 			return NodeConfig{}, err
@@ -204,8 +216,11 @@ func checkAdapter(a AdapterConfig) error {
 	switch a.Type {
 	case AdapterExec:
 		for name, t := range a.Targets {
-			if len(t.Command) == 0 {
+			if len(t.Command) == 0 || t.Command[0] == "" {
 				return Errorf(CodeConfigError, "adapter %q target %q has an empty command", a.Name, name)
+			}
+			if t.Timeout < 0 {
+				return Errorf(CodeConfigError, "adapter %q target %q: timeout must not be negative", a.Name, name)
 			}
 			if err := checkEnv(t.Env, t.InheritEnv); err != nil {
 				return Errorf(CodeConfigError, "adapter %q target %q: %s", a.Name, name, err.Message)
