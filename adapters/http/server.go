@@ -435,7 +435,9 @@ func (s *Server) handleReload(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusNotImplemented, "not_implemented", "config reload is not available on this edge")
 		return
 	}
-	res, err := s.deps.Reload(r.Context())
+	// A caller that leaves does not cut the reload short: a push given up
+	// on has an unknown outcome, and its node's link is closed for it.
+	res, err := s.deps.Reload(context.WithoutCancel(r.Context()))
 	if err != nil {
 		writeError(w, err)
 		return

@@ -193,16 +193,29 @@ func (h *ReloadHandler) refresh(ctx context.Context, n NodeView, rec domain.Node
 	if err == nil {
 		err = cfg.CheckAdapterTypes(n.Info)
 	}
+	pushed := false
 	if err == nil {
 		pctx, cancel := context.WithTimeout(ctx, h.timeout)
 		err = n.Link.PushConfig(pctx, cfg)
 		cancel()
+		pushed = true
 	}
 	if err != nil {
 		if now, ok := h.reg.Get(n.ID); ok && now.Link != n.Link {
 			// It reconnected meanwhile and got the new config when it
 			// registered (the directory was replaced first).
 			note(&res.Refreshed, n.ID)
+			return
+		}
+		if pushed && domain.CodeOf(err) == domain.CodeTimeout {
+			// The node has the frame, or soon will, and may apply it
+			// after the edge stopped waiting for its answer: the edge
+			// would go on routing by a config the node no longer runs.
+			// The node registers again on a new link and gets the config
+			// the directory now holds.
+			h.log.Error("config refresh unanswered; closing the node's link so that it registers again with the new config", "node", n.ID, "err", err)
+			n.Link.Close("config refresh unanswered")
+			note(&res.Failed, n.ID+": "+err.Error()+" (its link was closed: it registers again with the new config)")
 			return
 		}
 		h.log.Error("config refresh failed", "node", n.ID, "err", err)

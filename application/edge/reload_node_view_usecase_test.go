@@ -156,3 +156,43 @@ func TestReloadRefusesANodeLimitedCaller(t *testing.T) {
 		t.Fatalf("reload = %v, want forbidden", err)
 	}
 }
+
+// A push whose answer never came may still be applied by the node after
+// the edge stopped waiting: the edge kept routing by the old config (runs
+// of a removed adapter sent there, runs of a new one refused). Its link is
+// closed, so the node registers again and gets the new config; a node that
+// answered with a refusal keeps its link and its old config.
+func TestReloadUnansweredPushClosesTheLink(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		err    error
+		closed bool
+	}{
+		{"unanswered", domain.Errorf(domain.CodeTimeout, "waiting for config ack: context deadline exceeded"), true},
+		{"refused", domain.Errorf(domain.CodeConfigError, "adapter \"llm\": ollama is not installed"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const tok = "reload-token-gpu-0123456789"
+			recs := []domain.NodeRecord{{ID: "gpu", Token: tok, Adapters: []domain.AdapterConfig{ucExecAdapter("old", 1, "t")}}}
+			dir, reg, bus, versions := &ucDir{recs: recs}, edge.NewRegistry(), newUCBus(), &edge.ConfigVersions{}
+			l := &ucLink{id: "gpu"}
+			if _, err := edge.NewRegisterHandler(dir, reg, bus, versions, nil).Register(context.Background(), tok, domain.NodeInfo{}, "r", l); err != nil {
+				t.Fatal(err)
+			}
+			l.mu.Lock()
+			l.pushErr = tc.err
+			l.mu.Unlock()
+			next := []domain.NodeRecord{{ID: "gpu", Token: tok, Adapters: []domain.AdapterConfig{ucExecAdapter("new", 1, "t")}}}
+			res, err := edge.NewReloadHandler(&ucSource{recs: next}, dir, reg, bus, versions, nil).Handle(context.Background())
+			if err != nil || len(res.Failed) != 1 {
+				t.Fatalf("reload = %+v, %v; want gpu's refresh failed", res, err)
+			}
+			l.mu.Lock()
+			closes := slices.Clone(l.closes)
+			l.mu.Unlock()
+			if closed := len(closes) > 0; closed != tc.closed {
+				t.Fatalf("link closed: %v (%q), want %v", closed, closes, tc.closed)
+			}
+		})
+	}
+}
