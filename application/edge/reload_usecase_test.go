@@ -72,8 +72,8 @@ func TestReloadUseCase(t *testing.T) {
 				r[1].Adapters[0].MaxConcurrency = 9
 				return r
 			}),
-			pushErr:     map[string]error{"a": domain.Errorf(domain.CodeTimeout, "no answer")},
-			want:        edge.ReloadResult{Nodes: 3, Refreshed: []string{"b"}, Unchanged: []string{"c"}, Failed: []string{"a: timeout: no answer"}},
+			pushErr:     map[string]error{"a": domain.Errorf(domain.CodeConfigError, "the node cannot build it")},
+			want:        edge.ReloadResult{Nodes: 3, Refreshed: []string{"b"}, Unchanged: []string{"c"}, Failed: []string{"a: config_error: the node cannot build it"}},
 			wantTargets: map[string][]string{"b": {"upper"}}},
 		{name: "a record that cannot be built rejects the whole reload",
 			next: edit(func(r []domain.NodeRecord) []domain.NodeRecord {
@@ -211,7 +211,7 @@ func TestReloadRetriesAFailedPush(t *testing.T) {
 	dir, reg, bus := &ucDir{recs: ucReloadRecords()}, edge.NewRegistry(), newUCBus()
 	versions := &edge.ConfigVersions{}
 	reg1 := edge.NewRegisterHandler(dir, reg, bus, versions, nil)
-	l := &ucLink{id: "a", pushErr: domain.Errorf(domain.CodeTimeout, "no answer")}
+	l := &ucLink{id: "a", pushErr: domain.Errorf(domain.CodeConfigError, "the node cannot build it")}
 	if _, err := reg1.Register(context.Background(), ucTokA, domain.NodeInfo{}, "r-a", l); err != nil {
 		t.Fatal(err)
 	}
