@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os/signal"
 	"syscall"
 
 	"go.uber.org/dig"
@@ -17,7 +18,13 @@ import (
 // fx's Run, but a failure to start is one plain line on stderr ("iop-edge:
 // cannot start: 127.0.0.1:7701 is already in use") instead of fx's own
 // lines. It returns the process's exit code.
+//
+// SIGHUP never ends the process (its default): a hangup of the terminal it
+// was started from, or a reload sent to an edge still starting or already
+// stopping, would otherwise kill it without a drain. The edge takes SIGHUP
+// over while it runs, to reload (runEdge); the node ignores it.
 func Serve(name string, app *fx.App, stderr io.Writer) int {
+	signal.Ignore(syscall.SIGHUP)
 	startCtx, cancel := context.WithTimeout(context.Background(), app.StartTimeout())
 	err := app.Start(startCtx)
 	cancel()

@@ -330,3 +330,29 @@ func TestDrainingNodeGetsNoNewRuns(t *testing.T) {
 		t.Fatalf("n1 exited %d:\n%s", code, n1.out.String())
 	}
 }
+
+// SIGHUP (a closed terminal, or a reload signal sent to every iop process)
+// ends neither binary: the node ignores it and its run goes on; the edge
+// reloads on it, and ignores it while it stops. By default a HUP killed the
+// node at once, without telling the edge it drained or ending its runs.
+func TestSIGHUPEndsNeitherBinary(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(4))
+	n := startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	runID, _, resp, _ := runUntilStarted(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "sleep"})
+	defer resp.Body.Close()
+	for _, p := range []*proc{n.proc, e.proc} {
+		if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	if n.exited() || e.exited() {
+		t.Fatalf("a SIGHUP ended a process (node exited: %v, edge exited: %v)\nnode:\n%s\nedge:\n%s", n.exited(), e.exited(), n.out.String(), e.out.String())
+	}
+	waitNode(t, e, "n1")
+	waitRunStatus(t, e, runID, "running", 5*time.Second)
+}
