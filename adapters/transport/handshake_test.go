@@ -264,3 +264,27 @@ func TestRegisterWithAConfigTheNodeCannotApplyLeaves(t *testing.T) {
 	// It comes back (and leaves again): a refused config is not final.
 	recv(t, ctx, e.registered, "second registration")
 }
+
+// A node whose config does not fit in one frame is refused with a
+// config_error that says so, and the edge forgets it: the connection used
+// to be closed unanswered, in a loop, and the node blamed its TLS trust
+// (--ca-pin) for the silence.
+func TestRegisterWithAConfigLargerThanAFrameIsRefused(t *testing.T) {
+	ctx := testCtx(t)
+	e := newFakeEdge()
+	cfg := testNodeConfig()
+	cfg.Adapters[0].Targets["big"] = domain.ExecTarget{Command: []string{"echo", strings.Repeat("x", 80<<10)}}
+	e.addNode(testToken, cfg)
+	tc := testConfig()
+	tc.MaxFrameSize = 64 << 10
+	srv := startServer(t, "", tc, e)
+	p := dialRaw(t, srv.Addr().String())
+	resp := p.register(ctx, testToken, 1<<18)
+	if resp.GetAccepted() || !strings.HasPrefix(resp.GetReason(), domain.CodeConfigError+": ") || !strings.Contains(resp.GetReason(), "max_frame_size") {
+		t.Fatalf("register response %v, want a config_error refusal naming max_frame_size", resp)
+	}
+	d := recv(t, ctx, e.disconnected, "the admitted link let go")
+	if !strings.Contains(d.Reason, "max_frame_size") {
+		t.Fatalf("disconnect reason %q", d.Reason)
+	}
+}

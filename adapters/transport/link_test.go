@@ -375,6 +375,15 @@ func TestPushConfig(t *testing.T) {
 	if !errors.Is(err, domain.ErrConfig) || !strings.Contains(err.Error(), "bad base_url") {
 		t.Errorf("PushConfig with a failing node: %v", err)
 	}
+	// A config too large for one frame is refused at once, saying why: the
+	// writer dropped it, and the push waited out its timeout for an answer.
+	cfg.Version = 10
+	cfg.Adapters[0].Targets["big"] = domain.ExecTarget{Command: []string{"echo", strings.Repeat("x", DefaultMaxFrameSize)}}
+	ctx, cancel := context.WithTimeout(p.ctx, 5*time.Second)
+	defer cancel()
+	if err := p.link.PushConfig(ctx, cfg); !errors.Is(err, domain.ErrConfig) || !strings.Contains(err.Error(), "max_frame_size") {
+		t.Errorf("PushConfig of a config larger than a frame: %v, want config_error naming max_frame_size", err)
+	}
 }
 
 // ---- tunnels -----------------------------------------------------------------

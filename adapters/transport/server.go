@@ -305,6 +305,20 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 		link.nodeID, link.regVersion = cfg.NodeID, cfg.Version
 	}
 	buf, werr := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterResponse{RegisterResponse: resp}}, s.cfg.MaxFrameSize)
+	if err == nil && errors.Is(werr, ErrFrameTooLarge) {
+		// The node's config does not fit in a frame: say so, as a
+		// refusal the node logs and retries on, rather than close the
+		// connection unanswered (the node blamed its TLS trust for that).
+		reason := fmt.Sprintf("%s: the node's config (%v) does not fit in one link frame: give it fewer or smaller targets, or raise transport.max_frame_size",
+			domain.CodeConfigError, werr)
+		refusal := &ioppb.RegisterResponse{Reason: reason}
+		if b, e := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterResponse{RegisterResponse: refusal}}, s.cfg.MaxFrameSize); e == nil {
+			_, _ = nc.Write(b)
+		}
+		link.conn.shutdown(errors.New(reason))
+		s.h.Disconnected(cfg.NodeID, link, reason)
+		return nil, "", false
+	}
 	if werr == nil {
 		_, werr = nc.Write(buf)
 	}
