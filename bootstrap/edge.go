@@ -241,9 +241,9 @@ func runEdge(lc fx.Lifecycle, _ *metricsServer, s EdgeSettings, log *slog.Logger
 			return nil
 		},
 		OnStop: func(ctx context.Context) error {
-			// Ignored, not back to its default (the end of the process):
-			// a reload sent while the edge stops must not kill it.
-			signal.Ignore(syscall.SIGHUP)
+			// Still caught afterwards (CatchHangup): a reload sent while
+			// the edge stops does not kill it.
+			signal.Stop(hup)
 			close(hup)
 			hupCancel()
 			// The reload under way ends once its pushes see hupCtx end;

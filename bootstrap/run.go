@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 
 	"go.uber.org/dig"
@@ -18,13 +20,8 @@ import (
 // fx's Run, but a failure to start is one plain line on stderr ("iop-edge:
 // cannot start: 127.0.0.1:7701 is already in use") instead of fx's own
 // lines. It returns the process's exit code.
-//
-// SIGHUP never ends the process (its default): a hangup of the terminal it
-// was started from, or a reload sent to an edge still starting or already
-// stopping, would otherwise kill it without a drain. The edge takes SIGHUP
-// over while it runs, to reload (runEdge); the node ignores it.
+// The caller has called CatchHangup before building app.
 func Serve(name string, app *fx.App, stderr io.Writer) int {
-	signal.Ignore(syscall.SIGHUP)
 	startCtx, cancel := context.WithTimeout(context.Background(), app.StartTimeout())
 	err := app.Start(startCtx)
 	cancel()
@@ -91,4 +88,20 @@ func (q quietStart) LogEvent(e fxevent.Event) {
 		}
 	}
 	q.Logger.LogEvent(e)
+}
+
+var hangupOnce sync.Once
+
+// CatchHangup makes SIGHUP end neither binary (its default): a hangup of
+// the terminal a process was started from, or a reload sent to an edge
+// still starting or already stopping, would otherwise kill it without a
+// drain. The edge takes SIGHUP over while it runs, to reload (runEdge);
+// otherwise it is caught and dropped. Caught, not ignored: an ignored
+// signal stays ignored across exec, so every child a run starts would
+// ignore SIGHUP too. Call it first thing in main.
+func CatchHangup() {
+	hangupOnce.Do(func() {
+		// Never read: signal delivery does not block on a full channel.
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+	})
 }

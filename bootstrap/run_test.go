@@ -2,10 +2,14 @@ package bootstrap_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -72,4 +76,24 @@ func TestSecondNodeOnOneStoreFailsStart(t *testing.T) {
 	again := fxtest.New(t, bootstrap.Node(bootstrap.NodeSettings{Edge: "127.0.0.1:1", Token: "x", DB: db, Logger: quiet()}), fx.NopLogger)
 	again.RequireStart()
 	again.RequireStop()
+}
+
+// CatchHangup keeps SIGHUP from ending the process, and leaves it at its
+// default in the children the process starts: an ignored signal stays
+// ignored across exec, so every exec target and CLI agent a node ran
+// survived a SIGHUP meant to end it.
+func TestCatchHangupLeavesChildrenAlone(t *testing.T) {
+	bootstrap.CatchHangup()
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // still here: caught, not fatal
+	out, err := exec.Command("sh", "-c", "kill -HUP $$; echo survived").Output()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || strings.Contains(string(out), "survived") {
+		t.Fatalf("child: %q, %v; want it ended by its own SIGHUP", out, err)
+	}
+	if ws, ok := exit.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGHUP {
+		t.Fatalf("child ended %v, want by SIGHUP", exit)
+	}
 }

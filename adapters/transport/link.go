@@ -393,7 +393,7 @@ func (l *edgeLink) PushConfig(ctx context.Context, cfg domain.NodeConfig) error 
 		l.mu.Unlock()
 	}()
 	f := &ioppb.Frame{Body: &ioppb.Frame_ConfigRefresh{ConfigRefresh: &ioppb.ConfigRefresh{Config: configToProto(cfg)}}}
-	if size := proto.Size(f) + 1; size > l.conn.cfg.MaxFrameSize {
+	if size := proto.Size(f); size > l.conn.cfg.MaxFrameSize {
 		// The writer would drop it, and the push wait for an answer that
 		// never comes.
 		return domain.Errorf(domain.CodeConfigError, "the node's config (%d bytes) does not fit in one link frame (%d): give it fewer or smaller targets, or raise transport.max_frame_size",

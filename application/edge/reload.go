@@ -207,9 +207,11 @@ func (h *ReloadHandler) refresh(ctx context.Context, n NodeView, rec domain.Node
 			note(&res.Refreshed, n.ID)
 			return
 		}
-		if pushed && domain.CodeOf(err) == domain.CodeTimeout {
+		if pushed && domain.CodeOf(err) == domain.CodeTimeout && ctx.Err() == nil {
 			// The node has the frame, or soon will, and may apply it
-			// after the edge stopped waiting for its answer: the edge
+			// after the edge stopped waiting for its answer (the push's
+			// own time ran out; a reload cancelled by the edge stopping
+			// leaves the links to the stop): the edge
 			// would go on routing by a config the node no longer runs.
 			// The node registers again on a new link and gets the config
 			// the directory now holds.

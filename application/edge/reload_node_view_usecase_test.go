@@ -164,12 +164,15 @@ func TestReloadRefusesANodeLimitedCaller(t *testing.T) {
 // answered with a refusal keeps its link and its old config.
 func TestReloadUnansweredPushClosesTheLink(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		err    error
-		closed bool
+		name    string
+		err     error
+		stopped bool // the reload is cancelled (the edge stops)
+		closed  bool
 	}{
-		{"unanswered", domain.Errorf(domain.CodeTimeout, "waiting for config ack: context deadline exceeded"), true},
-		{"refused", domain.Errorf(domain.CodeConfigError, "adapter \"llm\": ollama is not installed"), false},
+		{"unanswered", domain.Errorf(domain.CodeTimeout, "waiting for config ack: context deadline exceeded"), false, true},
+		{"refused", domain.Errorf(domain.CodeConfigError, "adapter \"llm\": ollama is not installed"), false, false},
+		// The stop closes the links itself, saying why.
+		{"edge stopping", domain.Errorf(domain.CodeTimeout, "waiting for config ack: context canceled"), true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const tok = "reload-token-gpu-0123456789"
@@ -183,7 +186,12 @@ func TestReloadUnansweredPushClosesTheLink(t *testing.T) {
 			l.pushErr = tc.err
 			l.mu.Unlock()
 			next := []domain.NodeRecord{{ID: "gpu", Token: tok, Adapters: []domain.AdapterConfig{ucExecAdapter("new", 1, "t")}}}
-			res, err := edge.NewReloadHandler(&ucSource{recs: next}, dir, reg, bus, versions, nil).Handle(context.Background())
+			ctx, cancel := context.WithCancel(context.Background())
+			if tc.stopped {
+				cancel()
+			}
+			defer cancel()
+			res, err := edge.NewReloadHandler(&ucSource{recs: next}, dir, reg, bus, versions, nil).Handle(ctx)
 			if err != nil || len(res.Failed) != 1 {
 				t.Fatalf("reload = %+v, %v; want gpu's refresh failed", res, err)
 			}

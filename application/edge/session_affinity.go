@@ -15,9 +15,11 @@ type sessionEntry struct {
 	// owner names the API key the session belongs to (see claimSession);
 	// empty until a key without the admin scope claims it.
 	owner string
-	// tentative: owner's claim waits on its run's admission (see
-	// unclaimSession); created: that claim made the entry.
+	// tentative: owner's claim waits on its runs' admission (see
+	// unclaimSession); claims counts the runs of owner waiting so;
+	// created: the first of those claims made the entry.
 	tentative, created bool
+	claims             int
 }
 
 // sessionNodes remembers which node last admitted a run of each session, so
@@ -105,10 +107,28 @@ func (r *Registry) RememberSession(adapter, session, node string) {
 	if session == "" {
 		return
 	}
+	r.admitSession(adapter, session, node, "")
+}
+
+// admitSession is RememberSession for a run of key (an owning key: ""
+// for an admin's run, which owns nothing), and confirms key's claim: the
+// session is key's from now on. A tentative claim of another key, made
+// while key's run waited (the edge forgot key's claim among more recent
+// sessions), gives way to the run that was admitted.
+func (r *Registry) admitSession(adapter, session, node, key string) {
+	if session == "" {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e := r.sessions.add(sessionKey{adapter, session})
-	e.node, e.tentative, e.created = node, false, false
+	e.node = node
+	if key != "" && (e.owner == "" || e.tentative) {
+		e.owner = key
+	}
+	if e.owner == key || key == "" && !e.tentative {
+		e.tentative, e.created, e.claims = false, false, 0
+	}
 }
 
 // ForgetSession drops session's affinity to node (the session was ended
@@ -163,7 +183,10 @@ func (r *Registry) claimSession(adapter, session, key string) bool {
 	_, existed := r.sessions.index[k]
 	e := r.sessions.add(k)
 	if e.owner == "" {
-		e.owner, e.tentative, e.created = key, true, !existed
+		e.owner, e.tentative, e.created, e.claims = key, true, !existed, 0
+	}
+	if e.owner == key && e.tentative {
+		e.claims++
 	}
 	return e.owner == key
 }
@@ -185,12 +208,15 @@ func (r *Registry) unclaimSession(adapter, session, key string) {
 	if e.owner != key || !e.tentative {
 		return
 	}
+	if e.claims--; e.claims > 0 {
+		return // another run of key's still waits on the claim
+	}
 	if e.created && e.node == "" {
 		delete(r.sessions.index, k)
 		r.sessions.order.Remove(el)
 		return
 	}
-	e.owner, e.tentative, e.created = "", false, false
+	e.owner, e.tentative, e.created, e.claims = "", false, false, 0
 }
 
 // recallSession binds session of adapter to node unless it is bound

@@ -70,3 +70,46 @@ func TestClaimSessionFirstKeyWins(t *testing.T) {
 		t.Fatalf("claiming moved the binding: %q %v", n, ok)
 	}
 }
+
+// Two turns of one key's new session claim it at once; the one refused
+// gives its claim back, and the one admitted still holds the session: the
+// refused turn's give-back used to leave it owned by no key, for another
+// key to take.
+func TestClaimsOfOneKeyAreCounted(t *testing.T) {
+	r := NewRegistry()
+	if !r.claimSession("chat", "s", "x") || !r.claimSession("chat", "s", "x") {
+		t.Fatal("x's two claims were not both granted")
+	}
+	r.unclaimSession("chat", "s", "x") // turn 2 refused
+	if owner, _ := r.sessionOwner("chat", "s"); owner != "x" {
+		t.Fatalf("owner after one give-back = %q, want x (turn 1 still waits)", owner)
+	}
+	r.admitSession("chat", "s", "nodeA", "x") // turn 1 admitted
+	if owner, _ := r.sessionOwner("chat", "s"); owner != "x" || r.claimSession("chat", "s", "y") {
+		t.Fatalf("owner = %q, and y could claim it; want x's", owner)
+	}
+	// Both refused: nothing is left claimed.
+	r.claimSession("chat", "t", "x")
+	r.claimSession("chat", "t", "x")
+	r.unclaimSession("chat", "t", "x")
+	r.unclaimSession("chat", "t", "x")
+	if owner, known := r.sessionOwner("chat", "t"); owner != "" || known {
+		t.Fatalf("t after two give-backs: owner %q, remembered %v; want forgotten", owner, known)
+	}
+}
+
+// A key's admitted run keeps its session although the edge forgot the
+// key's claim meanwhile and another key claimed it: the admitted run wins,
+// and the other key's give-back cannot undo that.
+func TestAdmittedRunWinsOverATentativeClaim(t *testing.T) {
+	r := NewRegistry()
+	r.sessions = newSessionNodes(1)
+	r.claimSession("chat", "s", "x")
+	r.claimSession("chat", "other", "z") // x's claim is forgotten
+	r.claimSession("chat", "s", "y")
+	r.admitSession("chat", "s", "nodeA", "x")
+	r.unclaimSession("chat", "s", "y")
+	if owner, _ := r.sessionOwner("chat", "s"); owner != "x" {
+		t.Fatalf("owner = %q, want x, whose run was admitted", owner)
+	}
+}

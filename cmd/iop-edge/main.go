@@ -30,6 +30,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "iop-edge:", err)
 		os.Exit(2)
 	}
+	bootstrap.CatchHangup() // a hangup ends neither binary
 	cfgPath := flag.String("config", "configs/edge.yaml", "edge config file (YAML)")
 	version := flag.Bool("version", false, "print the version and exit")
 	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060)")

@@ -24,6 +24,7 @@ func main() {
 	if err := procguard.Protect(); err != nil {
 		fail(err)
 	}
+	bootstrap.CatchHangup() // a hangup ends neither binary
 	var (
 		cfgPath   = flag.String("config", "", "optional node config file (YAML)")
 		edge      = flag.String("edge", "", "edge transport address host:port (default 127.0.0.1:7700)")
