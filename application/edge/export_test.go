@@ -26,3 +26,14 @@ func OrphanCount(o *OrphanCancels) int {
 	defer o.mu.Unlock()
 	return o.total
 }
+
+// SwapLink puts n in place of the node of its id in one step: the node
+// left and came back on n's link between two of a reconciler's checks, its
+// registration not heard of (tests: Remove then Admit leaves a moment in
+// which a check finds the node gone and drops its watch).
+func SwapLink(r *Registry, n *LiveNode) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n.runs = map[string]int{}
+	r.nodes[n.ID] = n
+}

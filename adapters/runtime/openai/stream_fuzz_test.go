@@ -42,7 +42,7 @@ func FuzzChatStream(f *testing.F) {
 		f.Add([]byte(s), strings.HasPrefix(s, "data") || strings.HasPrefix(s, ":"), true, uint8(0))
 	}
 	f.Fuzz(func(t *testing.T, body []byte, sse, keep bool, split uint8) {
-		read := func(n int) ([]domain.RunEvent, error, *stream) {
+		read := func(n int) ([]domain.RunEvent, *stream, error) {
 			sink := &runtimetest.Sink{}
 			s := &stream{sink: sink, keepCalls: keep}
 			r := &chunkReader{r: bytes.NewReader(body), n: n}
@@ -52,9 +52,9 @@ func FuzzChatStream(f *testing.F) {
 			} else {
 				err = s.readWhole(r)
 			}
-			return sink.Events(), err, s
+			return sink.Events(), s, err
 		}
-		evs, err, s := read(len(body) + 1)
+		evs, s, err := read(len(body) + 1)
 		if err != nil && !errors.As(err, new(*upstreamErr)) {
 			t.Fatalf("error %v is not the upstream's", err)
 		}
@@ -69,7 +69,7 @@ func FuzzChatStream(f *testing.F) {
 			}
 		}
 		if split > 0 {
-			evs2, err2, _ := read(int(split))
+			evs2, _, err2 := read(int(split))
 			if (err == nil) != (err2 == nil) || len(evs) != len(evs2) {
 				t.Fatalf("in reads of %d: %d events (%v), whole: %d (%v)", split, len(evs2), err2, len(evs), err)
 			}
