@@ -99,6 +99,7 @@ func TestBuildConfig(t *testing.T) {
 		"ollama prefix":    {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterOllama, BaseURL: "http://x", PathPrefix: "/x"}}},
 		"negative conc":    {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterCodex, MaxConcurrency: -1}}},
 		"huge conc":        {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterCodex, MaxConcurrency: 1<<32 + 1}}},
+		"long name":        {ID: "n", Adapters: []domain.AdapterConfig{{Name: strings.Repeat("a", 129), Type: domain.AdapterCodex}}},
 		"negative timeout": {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterClaudeCode, Timeout: -time.Second}}},
 		"target timeout":   {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterExec, Targets: map[string]domain.ExecTarget{"t": {Command: []string{"echo"}, Timeout: -time.Second}}}}},
 		"empty program":    {ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterExec, Targets: map[string]domain.ExecTarget{"t": {Command: []string{""}}}}}},

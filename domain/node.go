@@ -123,6 +123,12 @@ type NodeConfig struct {
 	Providers []ProviderConfig
 }
 
+// MaxNameLength bounds a node id and an adapter name in the config: both
+// label metrics (cut there at 128 bytes, so two longer names alike up to
+// that point would make one series and fail the scrape) and fill history
+// columns.
+const MaxNameLength = 128
+
 // DefaultMaxConcurrency applies when an adapter leaves max_concurrency
 // unset; MaxMaxConcurrency bounds it (far above what a node runs at once).
 const (
@@ -149,6 +155,9 @@ func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
 	for i, a := range r.Adapters {
 		if a.Name == "" {
 			return NodeConfig{}, Errorf(CodeConfigError, "adapter #%d has no name", i+1)
+		}
+		if len(a.Name) > MaxNameLength {
+			return NodeConfig{}, Errorf(CodeConfigError, "adapter #%d: its name is %d bytes long, at most %d", i+1, len(a.Name), MaxNameLength)
 		}
 		if names[a.Name] {
 			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q is declared twice", a.Name)

@@ -385,6 +385,8 @@ func (c *EdgeConfig) Validate() error {
 			add("%s: id is required", where)
 		case !nodeIDPattern.MatchString(n.ID):
 			add("%s: id %q may contain only letters, digits, '.', '_' and '-'", where, n.ID)
+		case len(n.ID) > domain.MaxNameLength:
+			add("%s: id is %d bytes long, at most %d", where, len(n.ID), domain.MaxNameLength)
 		case n.ID == "." || n.ID == "..":
 			add("%s: id %q is not allowed (it is a relative path segment)", where, n.ID)
 		default:

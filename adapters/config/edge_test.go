@@ -300,6 +300,7 @@ func TestEdgeValidate(t *testing.T) {
 		{"missing id", node("  - {token: aaaaaaaa}\n"), "nodes[0]: id is required"},
 		{"id with slash", node("  - {id: a/b, token: aaaaaaaa}\n"), `nodes[0]: id "a/b" may contain only letters`},
 		{"id with space", node("  - {id: \"a b\", token: aaaaaaaa}\n"), `nodes[0]: id "a b" may contain only`},
+		{"id too long", node("  - {id: " + strings.Repeat("n", 129) + ", token: aaaaaaaa}\n"), `nodes[0]: id is 129 bytes long, at most 128`},
 		{"id dot dot", node("  - {id: \"..\", token: aaaaaaaa}\n"), `nodes[0]: id ".." is not allowed`},
 		{"duplicate id", node("  - {id: a, token: aaaaaaaa}\n  - {id: a, token: bbbbbbbb}\n"), `nodes[1] (id "a"): id is already used by nodes[0]`},
 		{"no token", node("  - {id: a}\n"), `nodes[0] (id "a"): one of token, token_env and token_sha256 is required`},
