@@ -28,7 +28,7 @@ func join(cfgPath string, out, errOut io.Writer, args []string) error {
 	var ids []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			return err
+			return usageError{err}
 		}
 		if fs.NArg() == 0 {
 			break
@@ -37,12 +37,12 @@ func join(cfgPath string, out, errOut io.Writer, args []string) error {
 		args = fs.Args()[1:]
 	}
 	if len(ids) != 1 {
-		return errors.New("usage: iop-edge --config edge.yaml join [--address host:port] NODE_ID")
+		return usageError{errors.New("usage: iop-edge --config edge.yaml join [--address host:port] NODE_ID")}
 	}
 	id := ids[0]
 	cfg, err := config.LoadEdge(cfgPath)
 	if err != nil {
-		return err
+		return usageError{err}
 	}
 	var node *config.NodeEntry
 	for i := range cfg.Nodes {
@@ -144,3 +144,9 @@ func hashToken(in io.Reader, out io.Writer, args []string) error {
 	_, err = fmt.Fprintln(out, config.TokenHash(tok))
 	return err
 }
+
+// usageError is a mistake in the command line or the config file: the
+// process exits 2 for it, as for the edge's own flags and config.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -98,6 +99,9 @@ flags:
 func exit(err error) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "iop-edge:", err)
+		if errors.As(err, new(usageError)) {
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
 	os.Exit(0)
