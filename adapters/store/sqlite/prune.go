@@ -92,6 +92,21 @@ func (db *DB) pruneExec(ctx context.Context, query string, args ...any) (int64, 
 	return n, nil
 }
 
+// deleteChunks runs query, a DELETE of at most chunk rows whose last
+// argument is chunk, until a statement deletes fewer, and returns the rows
+// deleted in all.
+func (db *DB) deleteChunks(ctx context.Context, chunk int, query string, args ...any) (int64, error) {
+	args = append(args, chunk)
+	var total int64
+	for {
+		n, err := db.pruneExec(ctx, query, args...)
+		total += n
+		if err != nil || n < int64(chunk) {
+			return total, err
+		}
+	}
+}
+
 // pruneRuns deletes finished runs that finished before cutoff. A run
 // finishes after it is created, so "created before cutoff" adds nothing to
 // the condition but lets SQLite walk runs_created_at_idx over the expired
@@ -110,14 +125,7 @@ func (db *DB) pruneRuns(ctx context.Context, cutoff time.Time, chunk int) (int64
 	cut := db.timeArg(cutoff)
 	query := "DELETE FROM runs WHERE " + key + " IN (SELECT " + key + " FROM runs" +
 		" WHERE created_at < ? AND finished_at < ? AND status NOT IN (?, ?) LIMIT ?)"
-	var total int64
-	for {
-		n, err := db.pruneExec(ctx, query, cut, cut, string(domain.RunQueued), string(domain.RunRunning), chunk)
-		total += n
-		if err != nil || n < int64(chunk) {
-			return total, err
-		}
-	}
+	return db.deleteChunks(ctx, chunk, query, cut, cut, string(domain.RunQueued), string(domain.RunRunning))
 }
 
 // chatSessionPage is one session of a page pruneChats reads.
@@ -192,14 +200,7 @@ func (db *DB) chatPage(ctx context.Context, cut any, after *chatSessionPage, n i
 func (db *DB) deleteChat(ctx context.Context, adapter, sessionID string, cut any, chunk int) (int64, error) {
 	query := "DELETE FROM chat_messages WHERE adapter = ? AND session_id = ? AND seq IN (SELECT seq FROM chat_messages" +
 		" WHERE adapter = ? AND session_id = ? AND created_at < ? ORDER BY seq LIMIT ?)"
-	var total int64
-	for {
-		n, err := db.pruneExec(ctx, query, adapter, sessionID, adapter, sessionID, cut, chunk)
-		total += n
-		if err != nil || n < int64(chunk) {
-			return total, err
-		}
-	}
+	return db.deleteChunks(ctx, chunk, query, adapter, sessionID, adapter, sessionID, cut)
 }
 
 // pruneAgentSessions deletes the agent session mappings last used before
@@ -208,15 +209,7 @@ func (db *DB) deleteChat(ctx context.Context, adapter, sessionID string, cut any
 func (db *DB) pruneAgentSessions(ctx context.Context, cutoff time.Time, chunk int) (int64, error) {
 	query := "DELETE FROM agent_sessions WHERE (adapter, session_id) IN (SELECT x.adapter, x.session_id FROM agent_sessions AS x" +
 		" WHERE x.updated_at < ? AND NOT " + inFlightSQL + " LIMIT ?)"
-	cut := db.timeArg(cutoff)
-	var total int64
-	for {
-		n, err := db.pruneExec(ctx, query, cut, chunk)
-		total += n
-		if err != nil || n < int64(chunk) {
-			return total, err
-		}
-	}
+	return db.deleteChunks(ctx, chunk, query, db.timeArg(cutoff))
 }
 
 // pruner is the goroutine StartPruning starts.
