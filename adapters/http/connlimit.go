@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"iop/adapters/internal/connquota"
+	"iop/domain"
 )
 
 // Connection caps of the HTTP listener (Server.MaxConns, MaxConnsPerAddr).
@@ -61,6 +62,36 @@ func newConnLimiter(total, perAddr int, log *slog.Logger) *connLimiter {
 		perAddr = DefaultMaxConnsPerAddr
 	}
 	return &connLimiter{log: log, q: connquota.New[*limitedConn](total, perAddr)}
+}
+
+// listenLimited binds addr and counts its connections with a new
+// connLimiter of those caps (zero or less: the API listener's defaults).
+// The server serving the listener gets lim's hooks (serveLimited).
+func listenLimited(addr string, total, perAddr int, log *slog.Logger) (net.Listener, *connLimiter, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	lim := newConnLimiter(total, perAddr, log)
+	return &limitedListener{Listener: ln, lim: lim}, lim, nil
+}
+
+// hook makes srv tell l each connection's state (which makes idle ones
+// closeable to make room) and hand a refused connection's reason to its
+// requests (refusedConn).
+func (l *connLimiter) hook(srv *http.Server) {
+	srv.ConnContext = refusedConnContext
+	srv.ConnState = l.connState
+}
+
+// answerRefused answers a request that came on a connection over the caps
+// (refusedConn said why): 503 too_many_connections in write's dialect, and
+// the connection closed after it. what names the listener in the message.
+func answerRefused(w http.ResponseWriter, write Dialect, why, what string) {
+	w.Header().Set("Connection", "close")
+	w.Header().Set("Retry-After", "1")
+	write(w, http.StatusServiceUnavailable, domain.CodeTooManyConnections,
+		why+" to "+what+"; close idle connections or retry later")
 }
 
 // limitedListener admits every connection through its connLimiter.

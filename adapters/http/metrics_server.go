@@ -9,8 +9,6 @@ import (
 	"net/http"
 	"sync"
 	"time"
-
-	"iop/domain"
 )
 
 // Connection caps of the metrics.listen listener. A Prometheus server keeps
@@ -57,10 +55,6 @@ func (m *MetricsServer) Start() error {
 	if m.srv != nil {
 		return errors.New("metrics server already started")
 	}
-	ln, err := net.Listen("tcp", m.addr)
-	if err != nil {
-		return fmt.Errorf("metrics.listen %s: %w", m.addr, err)
-	}
 	total, perAddr := m.MaxConns, m.MaxConnsPerAddr
 	if total <= 0 {
 		total = DefaultMetricsMaxConns
@@ -68,17 +62,17 @@ func (m *MetricsServer) Start() error {
 	if perAddr <= 0 {
 		perAddr = DefaultMetricsMaxConnsPerAddr
 	}
-	m.lim = newConnLimiter(total, perAddr, m.log)
-	m.ln = &limitedListener{Listener: ln, lim: m.lim}
+	ln, lim, err := listenLimited(m.addr, total, perAddr, m.log)
+	if err != nil {
+		return fmt.Errorf("metrics.listen %s: %w", m.addr, err)
+	}
+	m.ln, m.lim = ln, lim
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", MetricsOnlyHandler(m.addr, m.h))
 	m.srv = &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if why, over := refusedConn(r); over {
-				w.Header().Set("Connection", "close")
-				w.Header().Set("Retry-After", "1")
-				writeJSONError(w, http.StatusServiceUnavailable, domain.CodeTooManyConnections,
-					why+" to the metrics listener; close idle connections or retry later")
+				answerRefused(w, writeJSONError, why, "the metrics listener")
 				return
 			}
 			h, pattern := mux.Handler(r)
@@ -92,10 +86,9 @@ func (m *MetricsServer) Start() error {
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       time.Minute,
-		ConnContext:       refusedConnContext,
-		ConnState:         m.lim.connState,
 		ErrorLog:          slog.NewLogLogger(m.log.Handler(), slog.LevelWarn),
 	}
+	lim.hook(m.srv)
 	srv, sln := m.srv, m.ln
 	go func() {
 		if err := srv.Serve(sln); err != nil && !errors.Is(err, http.ErrServerClosed) {

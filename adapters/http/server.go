@@ -249,10 +249,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if why, over := refusedConn(r); over {
 		// The connection is over the listener's caps (connLimiter): it
 		// was kept only to say so, and is closed after this answer.
-		w.Header().Set("Connection", "close")
-		w.Header().Set("Retry-After", "1")
-		acc.dialect()(sw, http.StatusServiceUnavailable, domain.CodeTooManyConnections,
-			why+" to this edge; close idle connections or retry later")
+		answerRefused(sw, acc.dialect(), why, "this edge")
 		s.logAccess(sw, r, start, "")
 		return
 	}
@@ -316,14 +313,13 @@ func (s *Server) Start() error {
 	if s.srv != nil {
 		return errors.New("http server already started")
 	}
-	ln, err := net.Listen("tcp", s.addr)
+	// Counted before TLS: a connection over the caps costs no handshake
+	// unless it is kept to be answered 503.
+	ln, lim, err := listenLimited(s.addr, s.MaxConns, s.MaxConnsPerAddr, s.log)
 	if err != nil {
 		return fmt.Errorf("http api: listen on %s: %w", s.addr, err)
 	}
-	// Counted before TLS: a connection over the caps costs no handshake
-	// unless it is kept to be answered 503.
-	s.lim = newConnLimiter(s.MaxConns, s.MaxConnsPerAddr, s.log)
-	ln = &limitedListener{Listener: ln, lim: s.lim}
+	s.lim = lim
 	if s.deps.TLSCert != nil {
 		ln = tls.NewListener(ln, &tls.Config{
 			Certificates: []tls.Certificate{*s.deps.TLSCert},
@@ -337,10 +333,9 @@ func (s *Server) Start() error {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		BaseContext:       func(net.Listener) context.Context { return s.base },
-		ConnContext:       refusedConnContext,
-		ConnState:         s.lim.connState,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
+	lim.hook(s.srv)
 	s.serveDone = make(chan struct{})
 	go func() {
 		defer close(s.serveDone)
