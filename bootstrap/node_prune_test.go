@@ -1,13 +1,11 @@
 package bootstrap_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,25 +16,6 @@ import (
 	"iop/bootstrap"
 	"iop/domain"
 )
-
-// pruneLog is a log sink the node's goroutines may write while the test
-// reads it (private_unix_test.go's lockedBuffer is unix only).
-type pruneLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *pruneLog) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *pruneLog) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // A node prunes its store at start: a run that finished longer ago than
 // StoreRetention is gone, a recent one stays, and the pass is logged.
@@ -66,7 +45,7 @@ func TestNodePrunesItsStore(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var logs pruneLog
+	var logs lockedBuffer
 	node := fxtest.New(t, bootstrap.Node(bootstrap.NodeSettings{
 		// Nothing listens there: the node keeps retrying, which is all
 		// this test needs of its link.

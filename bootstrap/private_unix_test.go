@@ -3,12 +3,10 @@
 package bootstrap_test
 
 import (
-	"bytes"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
@@ -18,25 +16,6 @@ import (
 	"iop/adapters/config"
 	"iop/bootstrap"
 )
-
-// lockedBuffer is a log sink the edge's goroutines may write while the
-// test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // startEdgeIn starts an edge whose config file is dir/edge.yaml with the
 // given extra lines, and returns its log.
