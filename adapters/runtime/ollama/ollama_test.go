@@ -579,14 +579,7 @@ func TestSessionHistoryBound(t *testing.T) {
 		}
 		requireTerminal(t, sink, domain.EventComplete, "")
 	}
-	var sent []json.RawMessage
-	if err := json.Unmarshal(srv.Request(t, 5).Body["messages"], &sent); err != nil {
-		t.Fatal(err)
-	}
-	size := 0
-	for _, m := range sent[:len(sent)-1] {
-		size += len(m)
-	}
+	sent, size := runtimetest.ReplayedHistory(t, srv.Request(t, 5).Body["messages"])
 	// Two earlier turns of about 1.5 KiB fit in 4 KiB; a third does not.
 	if size > bound || len(sent) != 2*2+1 || !strings.Contains(string(sent[0]), "turn 3") {
 		t.Errorf("the last turn replayed %d messages, %d bytes of history (bound %d), starting %.30s", len(sent), size, bound, sent[0])
