@@ -66,20 +66,8 @@ func FuzzScanJSONModel(f *testing.F) {
 		if err != nil {
 			return
 		}
-		head, rest := p.body()
-		all := append([]byte(nil), head...)
-		if rest != nil {
-			b, err := io.ReadAll(rest)
-			all = append(all, b...)
-			if err != nil {
-				if len(all) >= len(body) {
-					t.Fatalf("guard failed (%v) only after the whole body passed", err)
-				}
-				return // refused: the provider never gets the whole body
-			}
-		}
-		if !bytes.Equal(all, body) {
-			t.Fatalf("relayed %q, body %q", all, body)
+		if !relaysWhole(t, p, body) {
+			return // refused: the provider never gets the whole body
 		}
 		if model == "" || !json.Valid(body) {
 			return // refused, or the provider refuses the body
@@ -159,20 +147,8 @@ func FuzzScanMultipartModel(f *testing.F) {
 		if err != nil {
 			return
 		}
-		head, rest := p.body()
-		all := append([]byte(nil), head...)
-		if rest != nil {
-			b, err := io.ReadAll(rest)
-			all = append(all, b...)
-			if err != nil {
-				if len(all) >= len(body) {
-					t.Fatalf("guard failed (%v) only after the whole body passed", err)
-				}
-				return
-			}
-		}
-		if !bytes.Equal(all, body) {
-			t.Fatalf("relayed %q, body %q", all, body)
+		if !relaysWhole(t, p, body) {
+			return
 		}
 		if model == "" {
 			return
@@ -200,4 +176,28 @@ func FuzzScanMultipartModel(f *testing.F) {
 			t.Fatalf("routed on %q, the form's model fields are %q: %q", model, values, body)
 		}
 	})
+}
+
+// relaysWhole reads what the relay would send after the scan (p's head,
+// then the rest through the guard) and reports whether the whole body goes
+// through, failing t unless it is byte for byte the body. A guard refusing
+// only after the whole body passed fails t too.
+func relaysWhole(t *testing.T, p *prefix, body []byte) bool {
+	t.Helper()
+	head, rest := p.body()
+	all := append([]byte(nil), head...)
+	if rest != nil {
+		b, err := io.ReadAll(rest)
+		all = append(all, b...)
+		if err != nil {
+			if len(all) >= len(body) {
+				t.Fatalf("guard failed (%v) only after the whole body passed", err)
+			}
+			return false
+		}
+	}
+	if !bytes.Equal(all, body) {
+		t.Fatalf("relayed %q, body %q", all, body)
+	}
+	return true
 }
