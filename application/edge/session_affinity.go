@@ -15,11 +15,11 @@ type sessionEntry struct {
 	// owner names the API key the session belongs to (see claimSession);
 	// empty until a key without the admin scope claims it.
 	owner string
-	// tentative: owner's claim waits on its runs' admission (see
-	// unclaimSession); claims counts the runs of owner waiting so;
+	// claims counts owner's runs whose claim waits on their admission
+	// (see unclaimSession): while there are any, the claim is tentative.
 	// created: the first of those claims made the entry.
-	tentative, created bool
-	claims             int
+	claims  int
+	created bool
 }
 
 // sessionNodes remembers which node last admitted a run of each session, so
@@ -123,11 +123,11 @@ func (r *Registry) admitSession(adapter, session, node, key string) {
 	defer r.mu.Unlock()
 	e := r.sessions.add(sessionKey{adapter, session})
 	e.node = node
-	if key != "" && (e.owner == "" || e.tentative) {
+	if key != "" && (e.owner == "" || e.claims > 0) {
 		e.owner = key
 	}
-	if e.owner == key || key == "" && !e.tentative {
-		e.tentative, e.created, e.claims = false, false, 0
+	if e.owner == key {
+		e.created, e.claims = false, 0
 	}
 }
 
@@ -182,10 +182,10 @@ func (r *Registry) claimSession(adapter, session, key string) bool {
 	k := sessionKey{adapter, session}
 	_, existed := r.sessions.index[k]
 	e := r.sessions.add(k)
-	if e.owner == "" {
-		e.owner, e.tentative, e.created, e.claims = key, true, !existed, 0
-	}
-	if e.owner == key && e.tentative {
+	switch {
+	case e.owner == "":
+		e.owner, e.created, e.claims = key, !existed, 1
+	case e.owner == key && e.claims > 0:
 		e.claims++
 	}
 	return e.owner == key
@@ -205,7 +205,7 @@ func (r *Registry) unclaimSession(adapter, session, key string) {
 		return
 	}
 	e := el.Value.(*sessionEntry)
-	if e.owner != key || !e.tentative {
+	if e.owner != key || e.claims == 0 {
 		return
 	}
 	if e.claims--; e.claims > 0 {
@@ -216,7 +216,7 @@ func (r *Registry) unclaimSession(adapter, session, key string) {
 		r.sessions.order.Remove(el)
 		return
 	}
-	e.owner, e.tentative, e.created, e.claims = "", false, false, 0
+	e.owner, e.created, e.claims = "", false, 0
 }
 
 // recallSession binds session of adapter to node unless it is bound
