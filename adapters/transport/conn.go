@@ -1115,6 +1115,11 @@ func (c *Conn) onHeartbeat(h *ioppb.Heartbeat) {
 // sendControl queues a frame of the connection itself (stream 0).
 func (c *Conn) sendControl(ctx context.Context, f *ioppb.Frame) error {
 	f.StreamId = 0
+	// The writer would drop an oversized frame; refuse it here, as Open
+	// does, so the sender learns it instead of waiting for an answer.
+	if size := proto.Size(f); size > c.cfg.MaxFrameSize {
+		return fmt.Errorf("%w: %d > %d bytes", ErrFrameTooLarge, size, c.cfg.MaxFrameSize)
+	}
 	return c.enqueueCtrl(ctx, f)
 }
 

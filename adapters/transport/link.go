@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"iop/domain"
 	"iop/ports"
 	ioppb "iop/proto/iop"
@@ -393,13 +391,9 @@ func (l *edgeLink) PushConfig(ctx context.Context, cfg domain.NodeConfig) error 
 		l.mu.Unlock()
 	}()
 	f := &ioppb.Frame{Body: &ioppb.Frame_ConfigRefresh{ConfigRefresh: &ioppb.ConfigRefresh{Config: configToProto(cfg)}}}
-	if size := proto.Size(f); size > l.conn.cfg.MaxFrameSize {
-		// The writer would drop it, and the push wait for an answer that
-		// never comes.
-		return domain.Errorf(domain.CodeConfigError, "the node's config (%d bytes) does not fit in one link frame (%d): give it fewer or smaller targets, or raise transport.max_frame_size",
-			size, l.conn.cfg.MaxFrameSize)
-	}
-	if err := l.conn.sendControl(ctx, f); err != nil {
+	if err := l.conn.sendControl(ctx, f); errors.Is(err, ErrFrameTooLarge) {
+		return domain.Errorf(domain.CodeConfigError, "the node's config does not fit in one link frame (%v): give it fewer or smaller targets, or raise transport.max_frame_size", err)
+	} else if err != nil {
 		return linkErr(err)
 	}
 	select {
