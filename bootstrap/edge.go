@@ -96,9 +96,9 @@ func Edge(s EdgeSettings) fx.Option {
 				h.Observe = obs
 				return h
 			},
-			func(reg *edgeapp.Registry, runs *edgeapp.RunTracker, st *edgestore.Store) *edgeapp.CancelRunHandler {
+			func(reg *edgeapp.Registry, runs *edgeapp.RunTracker, st *edgestore.Store, rc *edgeapp.HistoryReconciler) *edgeapp.CancelRunHandler {
 				h := edgeapp.NewCancelRunHandler(reg, runs)
-				h.History, h.Record = st, st
+				h.History, h.Record, h.Reconcile = st, st, rc
 				return h
 			},
 			func(s EdgeSettings, reg *edgeapp.Registry, st *edgestore.Store, log *slog.Logger) *edgeapp.TerminateSessionHandler {

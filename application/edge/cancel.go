@@ -22,6 +22,9 @@ type CancelRunHandler struct {
 	// Record, if set, is told that such a run was cancelled: no stream of
 	// this edge process will see its end.
 	Record ports.RunHistory
+	// Reconcile, if set, follows such a run after its cancel so that the
+	// record gets the end, error and usage its node stored.
+	Reconcile *HistoryReconciler
 }
 
 // NewCancelRunHandler refuses nil dependencies.
@@ -136,9 +139,10 @@ func (h *CancelRunHandler) fromHistory(ctx context.Context, runID string) (domai
 }
 
 // cancelRecorded cancels a run known only from the history on its node
-// and, when the node accepts, records it as cancelled. A node that says the
-// run already ended leaves the record as it was (its final state is in the
-// node's own store).
+// and, when the node accepts, records it as cancelled at once and has the
+// reconciler complete that record from the node's store once the run has
+// stopped there. A node that says the run already ended leaves the record
+// as it was (its final state is in the node's own store).
 func (h *CancelRunHandler) cancelRecorded(ctx context.Context, rec domain.RunRecord) error {
 	n, ok := h.reg.Get(rec.Node)
 	if !ok {
@@ -151,6 +155,7 @@ func (h *CancelRunHandler) cancelRecorded(ctx context.Context, rec domain.RunRec
 		rec.Status, rec.FinishedAt = domain.RunCancelled, time.Now()
 		rec.ErrorCode, rec.ErrorMsg = domain.CodeCancelled, "cancelled after an edge restart"
 		h.Record.RecordRun(rec)
+		h.Reconcile.Follow(rec)
 	}
 	return nil
 }

@@ -46,7 +46,7 @@ type HistoryReconciler struct {
 	first   time.Duration
 	most    time.Duration
 
-	queue  chan string
+	queue  chan reconcileJob
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -82,7 +82,7 @@ func newHistoryReconciler(history *RunHistoryHandler, first, most time.Duration)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &HistoryReconciler{history: history, store: history.store, first: first, most: most,
-		queue: make(chan string, reconcileQueue), ctx: ctx, cancel: cancel, watches: map[string]*nodeWatch{}}
+		queue: make(chan reconcileJob, reconcileQueue), ctx: ctx, cancel: cancel, watches: map[string]*nodeWatch{}}
 	if history.Nodes != nil && history.Record != nil {
 		r.reg = history.Nodes.reg
 	}
@@ -91,13 +91,35 @@ func newHistoryReconciler(history *RunHistoryHandler, first, most time.Duration)
 	return r
 }
 
+// reconcileJob is a repair of node's running rows, or with run set, a
+// watch on that one run of node.
+type reconcileJob struct {
+	node string
+	run  *domain.RunRecord
+}
+
 // NodeRegistered queues node for a repair without blocking.
 func (r *HistoryReconciler) NodeRegistered(node string) {
+	r.enqueue(reconcileJob{node: node})
+}
+
+// Follow watches rec, a run of a connected node this edge process does not
+// follow (one its node just accepted a cancel of after an edge restart),
+// as a repair watches the running rows it finds: its node is asked about it
+// after the first interval, and the final record the node reports (its end
+// time, error and usage) is recorded over the one the edge wrote itself. It
+// does not block; with the queue full the run is not followed (the record
+// stands without the node's usage).
+func (r *HistoryReconciler) Follow(rec domain.RunRecord) {
+	r.enqueue(reconcileJob{node: rec.Node, run: &rec})
+}
+
+func (r *HistoryReconciler) enqueue(j reconcileJob) {
 	if r == nil || r.ctx.Err() != nil {
 		return
 	}
 	select {
-	case r.queue <- node:
+	case r.queue <- j:
 	default:
 	}
 }
@@ -144,8 +166,12 @@ func (r *HistoryReconciler) work() {
 		}
 		select {
 		case <-r.ctx.Done():
-		case node := <-r.queue:
-			r.repair(node)
+		case j := <-r.queue:
+			if j.run != nil {
+				r.follow(j.node, *j.run)
+			} else {
+				r.repair(j.node)
+			}
 		case <-tick:
 			r.recheckDue()
 		}
@@ -191,6 +217,40 @@ func (r *HistoryReconciler) repair(node string) {
 		w.runs = append(w.runs, &watchedRun{rec: rec})
 	}
 	r.check(node, w)
+}
+
+// follow adds rec to node's watch, due after the first interval; a node
+// not on the link its watch was made on is left to its repair, which
+// lists the history afresh.
+func (r *HistoryReconciler) follow(node string, rec domain.RunRecord) {
+	if r.reg == nil {
+		return
+	}
+	n, ok := r.reg.Get(node)
+	if !ok {
+		return
+	}
+	w, ok := r.watches[node]
+	switch {
+	case !ok:
+		w = &nodeWatch{link: n.Link, wait: r.first, due: time.Now().Add(r.first)}
+		r.watches[node] = w
+	case w.link != n.Link:
+		return
+	}
+	for _, run := range w.runs {
+		if run.rec.ID == rec.ID {
+			return
+		}
+	}
+	if len(w.runs) >= reconcileMaxRuns {
+		return
+	}
+	// Asked as running: what the history holds now is the edge's own
+	// record of the cancel, which the node's answer replaces.
+	rec.Status, rec.FinishedAt = domain.RunRunning, time.Time{}
+	w.runs = append(w.runs, &watchedRun{rec: rec})
+	r.watching.Add(1)
 }
 
 // recheckDue checks every watch that is due.

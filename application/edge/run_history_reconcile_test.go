@@ -496,3 +496,35 @@ func TestRunLostAfterTheNodeIsBackIsReconciled(t *testing.T) {
 		t.Fatalf("recorded %+v, want %s succeeded", r, rh.RunID)
 	}
 }
+
+// A run cancelled through the history after an edge restart is recorded
+// cancelled at once, and, once its node reports it stopped, recorded again
+// with what the node stored: its end time, error and usage (which the
+// edge's own record of the cancel cannot have). Until then it holds its
+// adapter's slot, as the node still counts it.
+func TestCancelAfterRestartRecordsTheNodesUsage(t *testing.T) {
+	ucNoLeaks(t)
+	link := newRCLink("n1", map[string]string{"r1": qrRun("r1", "running", "2026-01-02T03:04:05Z")})
+	rc, hist, reg := rcSetup(t, link)
+	h := edge.NewCancelRunHandler(reg, edge.NewRunTracker(0))
+	h.History, h.Record, h.Reconcile = hist, hist, rc
+	ctx := domain.WithPrincipal(context.Background(), domain.Principal{Name: "admin", Scopes: []string{domain.ScopeAdmin}})
+	if node, err := h.Handle(ctx, "r1"); err != nil || node != "n1" {
+		t.Fatalf("cancel = %q, %v", node, err)
+	}
+	if r := rcWaitRecorded(t, hist, "the cancel"); r.ID != "r1" || r.Status != domain.RunCancelled || r.Usage != nil {
+		t.Fatalf("recorded %+v, want r1 cancelled at once", r)
+	}
+	ucEventually(t, "r1 asked about while it stops, its slot held", func() bool {
+		return link.askedCount() >= 2 && rcInFlight(reg, "n1") == 1 && edge.ReconcilerWatching(rc) == 1
+	})
+	link.set("r1", reconcileCancelled)
+	r := rcWaitRecorded(t, hist, "the node's record of the cancelled run")
+	if r.ID != "r1" || r.Status != domain.RunCancelled || r.Usage == nil || r.Usage.Total() != 5 ||
+		!r.FinishedAt.Equal(time.Date(2026, 1, 2, 3, 5, 0, 0, time.UTC)) || r.ErrorMsg != "edge went away" {
+		t.Fatalf("recorded %+v, want r1 cancelled with the node's usage and end", r)
+	}
+	ucEventually(t, "r1 no longer watched, its slot free", func() bool {
+		return edge.ReconcilerWatching(rc) == 0 && rcInFlight(reg, "n1") == 0
+	})
+}
