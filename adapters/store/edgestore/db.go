@@ -21,6 +21,7 @@ import (
 	"github.com/uptrace/bun/driver/sqliteshim"
 
 	"iop/adapters/store/internal/dbfile"
+	"iop/adapters/store/internal/reclaim"
 	"iop/adapters/store/internal/sqlprep"
 )
 
@@ -108,7 +109,10 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		sqldb.SetConnMaxLifetime(0)
 		sqldb.SetConnMaxIdleTime(0)
 		db = &DB{bun: bun.NewDB(sqldb, sqlitedialect.New()), stmts: sqlprep.Cache{DB: sqldb}, narrowed: narrowed}
-		for _, p := range []string{fmt.Sprintf("PRAGMA page_size = %d", sqlprep.ScratchPageSize), "PRAGMA busy_timeout = 5000", "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL",
+		// page_size and reclaim.Pragma take effect only on a new file, before
+		// its tables; the latter lets the store give the pages a prune frees
+		// back to the file system (Reclaim).
+		for _, p := range []string{fmt.Sprintf("PRAGMA page_size = %d", sqlprep.ScratchPageSize), reclaim.Pragma, "PRAGMA busy_timeout = 5000", "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL",
 			"PRAGMA wal_autocheckpoint = 4000"} {
 			if _, err := sqldb.ExecContext(ctx, p); err != nil {
 				_ = sqldb.Close()
@@ -281,4 +285,15 @@ func (db *DB) migrate(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// Reclaim gives the pages a prune freed back to the file system, so the
+// file shrinks, and returns the bytes given back: nothing on PostgreSQL or
+// on a file made before the store set incremental auto-vacuum (see package
+// reclaim).
+func (db *DB) Reclaim(ctx context.Context) (int64, error) {
+	if db.postgres {
+		return 0, nil
+	}
+	return reclaim.Free(ctx, db.stmts.DB)
 }

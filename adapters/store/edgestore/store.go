@@ -435,7 +435,14 @@ func (s *Store) prune(ctx context.Context) {
 				s.log.Warn("history prune failed", "rows", n, "err", err)
 			}
 		} else if n > 0 {
-			s.log.Info("history pruned", "rows", n)
+			// The file shrinks by what the prune freed.
+			freed, err := s.db.Reclaim(ctx)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				s.log.Warn("history pruned; giving the freed pages back failed", "rows", n, "reclaimed_bytes", freed, "err", err)
+			case err == nil:
+				s.log.Info("history pruned", "rows", n, "reclaimed_bytes", freed)
+			}
 		}
 		t.Reset(s.opts.PruneInterval)
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -472,4 +473,80 @@ func storedIDs(t *testing.T, db *DB) string {
 		t.Fatal(err)
 	}
 	return fmt.Sprint(ids, tuns)
+}
+
+// The rows a prune deletes give their pages back to the file system: a new
+// history file shrinks after its retention passes instead of keeping the
+// largest size it reached. A file made before the store set incremental
+// auto-vacuum gives nothing back (it takes a VACUUM to switch).
+func TestReclaimAfterPrune(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "edge.db")
+	db, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	msg := strings.Repeat("e", 2000)
+	for b := range 20 {
+		var runs []runRow
+		for i := range 200 {
+			runs = append(runs, runRow{ID: fmt.Sprintf("run_%02d_%03d", b, i), Status: "failed", CreatedUS: 1, FinishedUS: 2,
+				ErrorCode: "adapter_error", ErrorMessage: msg})
+		}
+		if err := db.writeMultiRow(ctx, runs, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	files := func() int64 {
+		var total int64
+		for _, p := range []string{path, path + "-wal"} {
+			if st, err := os.Stat(p); err == nil {
+				total += st.Size()
+			}
+		}
+		return total
+	}
+	grown := files()
+	s := &Store{db: db}
+	if n, err := s.Prune(ctx, time.UnixMicro(50)); err != nil || n != 4000 {
+		t.Fatalf("pruned %d rows, %v", n, err)
+	}
+	freed, err := db.Reclaim(ctx)
+	if err != nil || freed < 6<<20 {
+		t.Fatalf("Reclaim = %d, %v; want the ≈ 8 MB pruned given back", freed, err)
+	}
+	if now := files(); now > grown/4 {
+		t.Fatalf("the history's files take %d bytes after the prune, %d before", now, grown)
+	}
+	if err := db.writeMultiRow(ctx, []runRow{{ID: "run_after", Status: "succeeded", CreatedUS: 100, FinishedUS: 101}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := storedIDs(t, db); got != "[run_after] []" {
+		t.Fatalf("kept %s", got)
+	}
+
+	oldPath := filepath.Join(t.TempDir(), "old.db")
+	old, err := sql.Open(sqliteshim.ShimName, sqliteDSN(oldPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"PRAGMA journal_mode = WAL", "CREATE TABLE made_before (x TEXT)",
+		"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 500) INSERT INTO made_before SELECT printf('%.5000c', 'x') FROM n",
+		"DELETE FROM made_before"} {
+		if _, err := old.ExecContext(ctx, q); err != nil {
+			t.Fatal(q, err)
+		}
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	made, err := Open(ctx, oldPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer made.Close()
+	if freed, err := made.Reclaim(ctx); err != nil || freed != 0 {
+		t.Fatalf("Reclaim of a file made before = %d, %v; want 0, nil", freed, err)
+	}
 }

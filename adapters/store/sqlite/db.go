@@ -15,6 +15,7 @@ import (
 	"github.com/uptrace/bun/driver/sqliteshim"
 
 	"iop/adapters/store/internal/dbfile"
+	"iop/adapters/store/internal/reclaim"
 	"iop/adapters/store/internal/sqlprep"
 )
 
@@ -96,9 +97,22 @@ func (db *DB) Close() error {
 func pragmasFor(dsn string) []string {
 	p := []string{"PRAGMA busy_timeout = 5000", "PRAGMA foreign_keys = ON"}
 	if !isMemoryDSN(dsn) {
-		p = append(p, "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL")
+		// reclaim.Pragma takes effect only on a new file (before its
+		// tables), so the pages a prune frees can be given back (Reclaim).
+		p = append(p, reclaim.Pragma, "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL")
 	}
 	return p
+}
+
+// Reclaim gives the pages a prune freed back to the file system, so the
+// file shrinks, and returns the bytes given back: nothing on PostgreSQL, in
+// memory, or on a file made before the store set incremental auto-vacuum
+// (see package reclaim).
+func (db *DB) Reclaim(ctx context.Context) (int64, error) {
+	if db.postgres {
+		return 0, nil
+	}
+	return reclaim.Free(ctx, db.stmts.DB)
 }
 
 func isMemoryDSN(dsn string) bool {

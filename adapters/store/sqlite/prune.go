@@ -282,6 +282,13 @@ func (db *DB) prunePeriodically(ctx context.Context, retention, interval time.Du
 		case err != nil && ctx.Err() == nil:
 			log.Warn("node store prune failed", append(attrs, "err", err)...)
 		case err == nil && !res.Empty():
+			// The file shrinks by what the prune freed.
+			freed, rerr := db.Reclaim(ctx)
+			attrs = append(attrs, "reclaimed_bytes", freed)
+			if rerr != nil && ctx.Err() == nil {
+				log.Warn("node store pruned; giving the freed pages back failed", append(attrs, "err", rerr)...)
+				break
+			}
 			log.Info("node store pruned", attrs...)
 		}
 		t.Reset(interval)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -293,9 +295,61 @@ func TestStartPruning(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := logs.String()
-	if n := strings.Count(out, "node store pruned"); n != 1 || !strings.Contains(out, "runs=1 ") || !strings.Contains(out, "retention=1h0m0s") {
+	if n := strings.Count(out, "node store pruned"); n != 1 || !strings.Contains(out, "runs=1 ") || !strings.Contains(out, "retention=1h0m0s") ||
+		!strings.Contains(out, "reclaimed_bytes=") {
 		t.Fatalf("logged %q; want one line with runs=1", out)
 	}
 	// Close stops a pruner still running.
 	db.StartPruning(time.Hour, time.Millisecond, log)
+}
+
+// What a prune deletes is given back to the file system: the node's file
+// shrinks instead of keeping the largest size it reached. A second Reclaim
+// has nothing left to give.
+func TestReclaimShrinksTheFileAfterAPrune(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "node.db")
+	db := open(t, "file:"+path+"?mode=rwc")
+	chats := sqlite.NewChatStore(db)
+	big := strings.Repeat("x", 100_000)
+	for i := range 60 {
+		msgs := []domain.ChatMessage{{Role: "user", Content: big}, {Role: "assistant", Content: big, Reply: true}}
+		if err := chats.AppendChat(ctx, "llm", "m", fmt.Sprintf("s%d", i%3), msgs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grown := fileSize(t, path) + fileSize(t, path+"-wal")
+	// Every session is idle since before a cutoff a minute ahead.
+	res, err := db.Prune(ctx, time.Now().Add(time.Minute))
+	if err != nil || res.ChatSessions != 3 {
+		t.Fatalf("Prune = %+v, %v", res, err)
+	}
+	if err := chats.AppendChat(ctx, "llm", "m", "after", []domain.ChatMessage{{Role: "user", Content: "still here"}}); err != nil {
+		t.Fatal(err)
+	}
+	freed, err := db.Reclaim(ctx)
+	if err != nil || freed < 10<<20 {
+		t.Fatalf("Reclaim = %d, %v; want the ≈ 12 MB pruned given back", freed, err)
+	}
+	if s := fileSize(t, path) + fileSize(t, path+"-wal"); s > grown/4 {
+		t.Fatalf("the store's files take %d bytes after the prune, %d before it", s, grown)
+	}
+	if got, err := chats.LoadChat(ctx, "llm", "after", 0); err != nil || len(got) != 1 || got[0].Content != "still here" {
+		t.Fatalf("a session written after the prune: %+v, %v", got, err)
+	}
+	if freed, err := db.Reclaim(ctx); err != nil || freed != 0 {
+		t.Fatalf("second Reclaim = %d, %v", freed, err)
+	}
+}
+
+func fileSize(t *testing.T, path string) int64 {
+	t.Helper()
+	st, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Size()
 }
