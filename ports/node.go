@@ -18,6 +18,17 @@ type EventSink interface {
 	Emit(ev domain.RunEvent) error
 }
 
+// Finisher is implemented by the EventSink the run manager gives an
+// adapter. An adapter about to write what only a completed run may leave
+// behind (a chat turn in its session's history) calls Finish first: it
+// fails, as Emit does, once the run is being cancelled, and after it has
+// succeeded no cancel can claim the run, so a run reported cancelled never
+// leaves that write behind. The adapter then emits its terminal event, or
+// returns an error and the run fails.
+type Finisher interface {
+	Finish() error
+}
+
 // RuntimeAdapter executes runs of one configured adapter instance.
 //
 // Execute blocks until the run is over. It should emit at most one terminal

@@ -26,6 +26,9 @@ func TestCancelRun(t *testing.T) {
 	}{
 		{name: "active run is cancelled", state: "active", wantTerm: domain.EventCancelled},
 		{name: "run whose adapter already completed", state: "completing", wantErr: domain.ErrRunFinished, wantTerm: domain.EventComplete},
+		// The adapter made its end final (ports.Finisher) to write what
+		// only a completed run leaves (a chat turn): the cancel is too late.
+		{name: "run whose adapter is finishing", state: "finishing", wantErr: domain.ErrRunFinished, wantTerm: domain.EventComplete},
 		{name: "finished run", state: "finished", wantErr: domain.ErrRunFinished, wantTerm: domain.EventComplete},
 		{name: "unknown run", state: "unknown", wantErr: domain.ErrRunNotFound},
 	}
@@ -40,6 +43,14 @@ func TestCancelRun(t *testing.T) {
 					close(completed)
 					<-gate // still cleaning up when the cancel arrives
 					return nil
+				},
+				"finish": func(_ context.Context, _ domain.RunRequest, sink ports.EventSink) error {
+					if err := sink.(ports.Finisher).Finish(); err != nil {
+						return err
+					}
+					close(completed)
+					<-gate // writing the session's turn when the cancel arrives
+					return sink.Emit(ucComplete(nil))
 				},
 				"": ucEmit(nil, ucDelta("x")),
 			})
@@ -71,6 +82,9 @@ func TestCancelRun(t *testing.T) {
 				a.waitStarted(t, "r1")
 			case "completing":
 				go n.runs.ExecuteRun(ucReq("r1", "a", "hold"), out)
+				<-completed
+			case "finishing":
+				go n.runs.ExecuteRun(ucReq("r1", "a", "finish"), out)
 				<-completed
 			case "finished":
 				go n.runs.ExecuteRun(ucReq("r1", "a", ""), out)
@@ -127,6 +141,16 @@ func TestCancelRaceWithCompletion(t *testing.T) {
 		}},
 		{name: "adapter returns without a terminal", finish: func(ports.EventSink) error { return nil }},
 		{name: "adapter fails", finish: func(ports.EventSink) error { return errors.New("crashed") }},
+		// A chat adapter makes its end final before it writes the turn to
+		// its session: a cancel that came first makes Finish fail, and the
+		// adapter writes nothing and returns that error.
+		{name: "adapter finishes, then completes", finish: func(sink ports.EventSink) error {
+			if err := sink.(ports.Finisher).Finish(); err != nil {
+				return err
+			}
+			_ = sink.Emit(ucComplete(&domain.Usage{TotalTokens: 1}))
+			return nil
+		}},
 	}
 	const iterations = 200
 	for _, tc := range tests {

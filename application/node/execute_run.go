@@ -451,6 +451,21 @@ type guard struct {
 	terminal  *domain.RunEvent
 	cancelled error
 	decided   bool
+	finishing bool // Finish succeeded: no cancel claims the run any more
+}
+
+// Finish implements ports.Finisher: it fails with the cancel's cause once
+// the run is being cancelled, and otherwise makes the run's end the
+// adapter's, whatever cancel comes after (a cancel then answers
+// run_finished, as after the terminal event).
+func (g *guard) Finish() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cancelled != nil {
+		return g.cancelled
+	}
+	g.finishing = true
+	return nil
 }
 
 func newGuard(runID string, out ports.RunOutput, background bool, now func() time.Time) *guard {
@@ -540,7 +555,7 @@ func (g *guard) sendWithin(ctx context.Context, ev domain.RunEvent) error {
 func (g *guard) claimCancel(cause error) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.decided || g.terminal != nil {
+	if g.decided || g.terminal != nil || g.finishing {
 		return false
 	}
 	if g.cancelled == nil {

@@ -135,6 +135,9 @@ func (s *ucRecordingSink) Emit(ev domain.RunEvent) error {
 	return err
 }
 
+// Finish passes ports.Finisher on: the run manager's sink has it.
+func (s *ucRecordingSink) Finish() error { return s.sink.(ports.Finisher).Finish() }
+
 // Script building blocks.
 
 // ucEmit emits evs in order and returns ret.

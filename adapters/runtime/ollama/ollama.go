@@ -250,7 +250,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		if !l.Done {
 			continue
 		}
-		if err := a.sessions.Commit(ctx, model, req.SessionID, turn, chat.Reply{Content: reply.String(), ToolCalls: calls}); err != nil {
+		if err := a.sessions.Commit(ctx, sink, model, req.SessionID, turn, chat.Reply{Content: reply.String(), ToolCalls: calls}); err != nil {
 			return err
 		}
 		return sink.Emit(domain.RunEvent{Type: domain.EventComplete, Usage: &domain.Usage{

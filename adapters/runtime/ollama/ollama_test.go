@@ -383,6 +383,27 @@ func TestSinkFailureStopsTheRun(t *testing.T) {
 	}
 }
 
+// A turn whose run is cancelled as its answer ends (the run manager's
+// Finish fails) is not written to its session: the run ends cancelled, and
+// the next turn must not replay it to the model.
+func TestCancelAtTheEndStoresNoTurn(t *testing.T) {
+	srv := newServer(t, ndjson(chatStream))
+	chats := memory.NewChatStore()
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, chats)
+	errCancelled := errors.New("cancelled by request")
+	sink := &runtimetest.Sink{FinishErr: errCancelled}
+	err := a.Execute(testContext(t), domain.RunRequest{RunID: "r1", Adapter: "llm", Target: "m", Input: []byte("hi"), SessionID: "s"}, sink)
+	if !errors.Is(err, errCancelled) {
+		t.Fatalf("err = %v, want Finish's", err)
+	}
+	if msgs, _ := chats.LoadChat(context.Background(), "llm", "s", 0); len(msgs) != 0 {
+		t.Errorf("a turn cancelled at its end was stored: %v", msgs)
+	}
+	if _, ok := sink.Terminal(); ok {
+		t.Errorf("events %v: a terminal event after Finish failed", sink.Types())
+	}
+}
+
 // turnServer answers each chat with "reply N" (N counting requests from 1),
 // except that request number failOn gets a mid-stream error line.
 func turnServer(t *testing.T, failOn int) *server {

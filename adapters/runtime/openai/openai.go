@@ -218,7 +218,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	case err != nil:
 		return err // the sink's
 	}
-	if err := a.sessions.Commit(ctx, model, req.SessionID, turn, chat.Reply{Content: s.reply.String(), ToolCalls: s.calls.merged()}); err != nil {
+	if err := a.sessions.Commit(ctx, sink, model, req.SessionID, turn, chat.Reply{Content: s.reply.String(), ToolCalls: s.calls.merged()}); err != nil {
 		return err
 	}
 	u := s.usage

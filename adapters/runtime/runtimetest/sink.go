@@ -24,13 +24,22 @@ type Sink struct {
 	Err error
 	// FailAfter is how many events Emit accepts before it starts returning Err.
 	FailAfter int
+	// FinishErr, when non-nil, is what Finish returns: the run manager's
+	// answer when the run is being cancelled (see ports.Finisher).
+	FinishErr error
 
 	mu      sync.Mutex
 	events  []domain.RunEvent
 	changed chan struct{} // closed and replaced on every accepted event
 }
 
-var _ ports.EventSink = (*Sink)(nil)
+var (
+	_ ports.EventSink = (*Sink)(nil)
+	_ ports.Finisher  = (*Sink)(nil)
+)
+
+// Finish returns FinishErr.
+func (s *Sink) Finish() error { return s.FinishErr }
 
 // Emit records ev, or returns Err as configured.
 func (s *Sink) Emit(ev domain.RunEvent) error {

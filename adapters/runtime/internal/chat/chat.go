@@ -247,10 +247,18 @@ type Reply struct {
 // Commit appends a completed turn to sessionID: the turn's messages, then
 // the assistant's reply with its tool calls, which the caller's tool
 // messages of the next turn answer. It does nothing for runs outside a
-// session.
-func (s *Sessions) Commit(ctx context.Context, target, sessionID string, t Turn, reply Reply) error {
+// session. It first makes the run's end final through sink (a
+// ports.Finisher) and writes nothing when the run is being cancelled
+// meanwhile: that error is returned, and the run ends cancelled without
+// the turn in its history.
+func (s *Sessions) Commit(ctx context.Context, sink ports.EventSink, target, sessionID string, t Turn, reply Reply) error {
 	if sessionID == "" || s.store == nil {
 		return nil
+	}
+	if f, ok := sink.(ports.Finisher); ok {
+		if err := f.Finish(); err != nil {
+			return err
+		}
 	}
 	raw, err := json.Marshal(wireMessage{Role: "assistant", Content: reply.Content, ToolCalls: reply.ToolCalls})
 	if err != nil {

@@ -60,7 +60,7 @@ func TestSessionsCommitAndMessages(t *testing.T) {
 			t.Errorf("message %d = %s, want %s", i, msgs[i], want[i])
 		}
 	}
-	if err := s.Commit(ctx, "m", "", next, chat.Reply{Content: "x"}); err != nil {
+	if err := s.Commit(ctx, nil, "m", "", next, chat.Reply{Content: "x"}); err != nil {
 		t.Fatal(err)
 	}
 	if list, _ := s.List(ctx); len(list) != 1 || list[0].Turns != 1 {
@@ -184,7 +184,7 @@ func commit(t *testing.T, s *chat.Sessions, input string, reply chat.Reply) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Commit(context.Background(), "m", "s1", turn, reply); err != nil {
+	if err := s.Commit(context.Background(), nil, "m", "s1", turn, reply); err != nil {
 		t.Fatal(err)
 	}
 }
