@@ -248,6 +248,10 @@ func TestFailures(t *testing.T) {
 		{"non-zero exit", "echo 'Error: unexpected argument --bogus found' >&2\nexit 2",
 			"codex: exit status 2: Error: unexpected argument --bogus found"},
 		{"no turn end", standin.Printf(started), "codex exited without reporting a result"},
+		{"turn completed, then non-zero exit", standin.Printf(started+`{"type":"item.completed","item":{"id":"item_0","type":"agent_message","text":"ok"}}`+"\n"+
+			`{"type":"turn.completed","usage":{"input_tokens":3,"cached_input_tokens":0,"output_tokens":2}}`+"\n") +
+			"echo 'fatal: failed to write rollout' >&2\nexit 3",
+			"codex: exit status 3: fatal: failed to write rollout"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -260,6 +264,9 @@ func TestFailures(t *testing.T) {
 			ev := requireTerminal(t, sink, domain.EventError, domain.CodeRunFailed)
 			if ev.Error.Message != tc.message {
 				t.Errorf("message = %q, want %q", ev.Error.Message, tc.message)
+			}
+			if strings.HasPrefix(tc.name, "turn completed") && (ev.Usage == nil || ev.Usage.TotalTokens != 5) {
+				t.Errorf("usage = %+v, want the turn's 5 tokens kept", ev.Usage)
 			}
 		})
 	}

@@ -130,6 +130,14 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 		return sink.Emit(limit.Event(r.Label))
 	}
 	ev := p.End(t, state, p0.Stderr())
+	if ev.Type == domain.EventComplete && state != nil && !state.Success() {
+		// A result, then a non-zero exit (a session file it could not
+		// write, say): the CLI failed, as its exit status says, and its
+		// stderr tells why. The usage it reported was spent all the same.
+		failed := ExitFailure(r.Label, state, p0.Stderr())
+		failed.Usage = ev.Usage
+		ev = failed
+	}
 	if ev.Type == domain.EventComplete && req.SessionID != "" && t.agentID != "" {
 		if err := r.Store.EndAgentTurn(ctx, r.Name, req.SessionID, t.totals); err != nil {
 			return fmt.Errorf("save session %q: %w", req.SessionID, err)
