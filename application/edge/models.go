@@ -67,11 +67,34 @@ func MatchProviderModel(typ, served, requested string) bool {
 	if MatchModel(served, requested) {
 		return true
 	}
+	if typ == domain.ProviderOllama {
+		return OllamaName(served) == OllamaName(requested)
+	}
 	if typ != domain.ProviderAnthropic {
 		return false
 	}
 	base, ok := undated(served)
 	return ok && (requested == base || requested == base+"-latest")
+}
+
+// OllamaName is a model name in the form Ollama resolves it to, so that two
+// names one Ollama server takes for the same model compare equal: without
+// the default registry ("registry.ollama.ai/") and namespace ("library/"),
+// with the default tag (":latest") when it has none, and in lower case
+// (Ollama matches names case-insensitively). "Library/Llama3.2",
+// "registry.ollama.ai/library/llama3.2:latest" and "llama3.2" are all
+// "llama3.2:latest"; "hf.co/org/model:Q4_K_M" keeps its host and namespace.
+func OllamaName(name string) string {
+	n := strings.ToLower(name)
+	n = strings.TrimPrefix(n, "registry.ollama.ai/")
+	n = strings.TrimPrefix(n, "library/")
+	if n == "" {
+		return n
+	}
+	if !strings.Contains(n[strings.LastIndexByte(n, '/')+1:], ":") {
+		n += ":latest"
+	}
+	return n
 }
 
 // undated is id without its -YYYYMMDD suffix; ok is false when it has none.

@@ -253,6 +253,27 @@ func TestMatchModel(t *testing.T) {
 	}
 }
 
+func TestOllamaName(t *testing.T) {
+	for in, want := range map[string]string{
+		"llama3.2":         "llama3.2:latest",
+		"Llama3.2":         "llama3.2:latest",
+		"library/llama3.2": "llama3.2:latest",
+		"registry.ollama.ai/library/llama3.2:latest": "llama3.2:latest",
+		"llama3.2:3B":               "llama3.2:3b",
+		"hf.co/Org/Model:Q4_K_M":    "hf.co/org/model:q4_k_m",
+		"localhost:5000/team/model": "localhost:5000/team/model:latest",
+		"":                          "",
+	} {
+		if got := edge.OllamaName(in); got != want {
+			t.Errorf("OllamaName(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if !edge.MatchProviderModel(domain.ProviderOllama, "llama3.2:latest", "Library/Llama3.2") ||
+		edge.MatchProviderModel(domain.ProviderOpenAI, "Qwen3", "qwen3") {
+		t.Error("MatchProviderModel: Ollama's name forms are for ollama providers only")
+	}
+}
+
 func TestModelCatalogFollow(t *testing.T) {
 	reg := edge.NewRegistry()
 	cat := edge.NewModelCatalog(reg, models.Lists{}, nil)

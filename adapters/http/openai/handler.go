@@ -386,6 +386,11 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 	unflushed := false
 	start := func(hdr http.Header) {
 		copyResponseHeader(w.Header(), hdr)
+		if _, ok := w.Header()["Content-Type"]; !ok {
+			// Headers arrive as the provider sent them: without one of its
+			// own, net/http would guess a Content-Type from the body.
+			w.Header()["Content-Type"] = nil
+		}
 		if status < 100 || status > 999 {
 			status = http.StatusBadGateway
 		}

@@ -789,3 +789,78 @@ func (l *fakeLink) count() int {
 	defer l.mu.Unlock()
 	return len(l.calls)
 }
+
+// Ollama lists every model with its tag: a model declared without one
+// ("llama3.2") is listed as "llama3.2:latest", the name clients look for in
+// /api/tags, and once, however many providers declare it either way.
+func TestOllamaTagsNameTheTag(t *testing.T) {
+	e := newEnv(t)
+	e.node(t, "b", serve(), provider("ol", domain.ProviderOllama, "llama3.2", "hf.co/org/model"))
+	e.node(t, "c", serve(), provider("ol", domain.ProviderOllama, "llama3.2:latest"))
+	resp, err := http.Get(e.srv.URL + "/api/tags")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tags struct {
+		Models []struct {
+			Name  string `json:"name"`
+			Model string `json:"model"`
+		} `json:"models"`
+	}
+	if err := json.Unmarshal([]byte(readAll(t, resp)), &tags); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, m := range tags.Models {
+		if m.Name != m.Model {
+			t.Errorf("entry %+v: name and model differ", m)
+		}
+		names = append(names, m.Name)
+	}
+	if got := strings.Join(names, " "); got != "hf.co/org/model:latest llama3.2:latest" {
+		t.Fatalf("/api/tags names %q", got)
+	}
+}
+
+// A model name an Ollama server resolves to the same model reaches the
+// node serving it: Ollama fills in its registry, namespace and tag and
+// matches names case-insensitively, and the body goes on as the caller
+// wrote it. Other providers match as before (an openai one exactly).
+func TestOllamaNameForms(t *testing.T) {
+	e := newEnv(t)
+	ok := `{"done":true}` + "\n"
+	e.node(t, "gpu", func(domain.TunnelRequest) (ports.TunnelStream, error) {
+		return newFakeStream(response(200, "application/x-ndjson", ok)...), nil
+	}, provider("ol", domain.ProviderOllama, "llama3.2:latest"), provider("vllm", domain.ProviderOpenAI, "Qwen3"))
+	for _, m := range []string{"llama3.2", "library/llama3.2", "registry.ollama.ai/library/llama3.2:latest", "Llama3.2", "LIBRARY/llama3.2:LATEST"} {
+		resp := post(t, e.srv.URL+"/api/chat", `{"model":"`+m+`","messages":[]}`)
+		if got := readAll(t, resp); resp.StatusCode != 200 || got != ok {
+			t.Errorf("model %q: %d %s", m, resp.StatusCode, got)
+		}
+	}
+	for _, m := range []string{"llama3.2:8b", "other/llama3.2", "llama3"} {
+		if resp := post(t, e.srv.URL+"/api/chat", `{"model":"`+m+`","messages":[]}`); resp.StatusCode != 404 {
+			t.Errorf("model %q: %d %s, want 404", m, resp.StatusCode, readAll(t, resp))
+		}
+	}
+	if resp := post(t, e.srv.URL+"/v1/chat/completions", `{"model":"qwen3","messages":[]}`); resp.StatusCode != 404 {
+		t.Errorf("openai provider matched another case: %d %s", resp.StatusCode, readAll(t, resp))
+	}
+}
+
+// A provider response without a Content-Type reaches the caller without
+// one: net/http would otherwise guess one from the body.
+func TestNoContentTypeIsMadeUp(t *testing.T) {
+	e := newEnv(t)
+	e.node(t, "gpu", serve(status(200), header("X-A", "1"), body(`{"ok":true}`), frame(domain.TunnelEnd)), provider("vllm", domain.ProviderOpenAI, "qwen"))
+	resp := post(t, e.srv.URL+"/v1/embeddings", `{"model":"qwen","input":"x"}`)
+	if got := readAll(t, resp); resp.StatusCode != 200 || got != `{"ok":true}` {
+		t.Fatalf("%d %q", resp.StatusCode, got)
+	}
+	if ct, ok := resp.Header["Content-Type"]; ok {
+		t.Fatalf("Content-Type %q, which the provider did not send", ct)
+	}
+	if resp.Header.Get("X-A") != "1" {
+		t.Fatalf("headers %v", resp.Header)
+	}
+}

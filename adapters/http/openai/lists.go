@@ -177,13 +177,19 @@ func (h *Handler) tags(w http.ResponseWriter, r *http.Request) {
 	}{Models: []json.RawMessage{}}
 	seen := map[string]bool{}
 	for _, e := range visibleModels(domain.PrincipalFrom(r.Context()), h.deps.Models.Models()) {
-		if e.Type != domain.ProviderOllama || seen[e.ID] {
+		name := e.ID
+		if len(e.Raw) == 0 && !strings.Contains(name[strings.LastIndexByte(name, '/')+1:], ":") {
+			// Ollama lists every model with its tag: a declared "llama3.2"
+			// is "llama3.2:latest", the name clients look for here.
+			name += ":latest"
+		}
+		if e.Type != domain.ProviderOllama || seen[name] {
 			continue
 		}
-		seen[e.ID] = true
+		seen[name] = true
 		raw := json.RawMessage(e.Raw)
 		if len(raw) == 0 {
-			raw, _ = json.Marshal(ollamaTag{Name: e.ID, Model: e.ID, ModifiedAt: time.Unix(e.Created, 0).UTC().Format(time.RFC3339), Digest: placeholderDigest(e), Details: struct{}{}})
+			raw, _ = json.Marshal(ollamaTag{Name: name, Model: name, ModifiedAt: time.Unix(e.Created, 0).UTC().Format(time.RFC3339), Digest: placeholderDigest(e), Details: struct{}{}})
 		}
 		out.Models = append(out.Models, raw)
 	}
