@@ -20,17 +20,22 @@ import (
 // tokens too (input_tokens plus cache_creation_ and cache_read_input_tokens).
 // It never changes the bytes; lines split across writes are reassembled.
 //
-// Memory is bounded: a line longer than 1 MiB is skipped, and of a plain JSON
-// body only the first 4 MiB and the last 64 KiB are kept; past 4 MiB the
-// usage is read from the tail (where OpenAI and Ollama put it).
+// Memory is bounded: of a line longer than 1 MiB (an Ollama done line whose
+// "context" holds a long conversation's tokens, a Responses API
+// response.completed with a large output) only the first 4 KiB and the last
+// 64 KiB are kept, and of a plain JSON body only the first 4 MiB and the
+// last 64 KiB; the usage of either is then read from the tail (where OpenAI
+// and Ollama put it) and the model from the head.
 type UsageScanner struct {
 	mu       sync.Mutex
 	kind     int
 	line     []byte
-	tooLong  bool   // the current line is skipped: too long, or it cannot carry counts
+	tooLong  bool   // the current line is skipped: it cannot carry counts
 	checked  bool   // the current line's start was checked
+	long     bool   // the current line passed maxLine: head and tail are kept
+	head     []byte // a long line's first maxHead bytes
 	whole    []byte // JSON: the first maxWhole bytes
-	tail     []byte // JSON: the last maxTail bytes, once whole is full
+	tail     []byte // JSON: the last maxTail bytes, once whole is full; a long line's last ones
 	overflow bool
 	finished bool
 	usage    *domain.Usage
@@ -79,6 +84,7 @@ const (
 	kindNDJSON
 	kindJSON
 	maxLine  = 1 << 20
+	maxHead  = 4 << 10
 	maxWhole = 4 << 20
 	maxTail  = 64 << 10
 )
@@ -112,10 +118,14 @@ func (s *UsageScanner) Write(p []byte) {
 				return
 			}
 			s.addLine(p[:i])
-			if !s.tooLong {
+			switch {
+			case s.long:
+				s.parseLong()
+			case !s.tooLong:
 				s.handleLine(s.line)
 			}
-			s.line, s.tooLong, s.checked = s.line[:0], false, false
+			s.line, s.tooLong, s.checked, s.long = s.line[:0], false, false, false
+			s.head, s.tail = s.head[:0], s.tail[:0]
 			p = p[i+1:]
 		}
 	case kindJSON:
@@ -124,19 +134,51 @@ func (s *UsageScanner) Write(p []byte) {
 			return
 		}
 		s.overflow = true
-		s.tail = append(s.tail, p...)
-		if len(s.tail) > maxTail {
-			s.tail = append(s.tail[:0], s.tail[len(s.tail)-maxTail:]...)
-		}
+		s.keepTail(p)
 	}
+}
+
+// keepTail appends p to tail, which keeps at least its last maxTail bytes
+// and at most twice that: it is cut back only when it has doubled, so a
+// long body costs one copy of each byte, not one per write (lastTail is
+// what is read).
+func (s *UsageScanner) keepTail(p []byte) {
+	if len(p) >= maxTail {
+		s.tail = append(s.tail[:0], p[len(p)-maxTail:]...)
+		return
+	}
+	s.tail = append(s.tail, p...)
+	if len(s.tail) > 2*maxTail {
+		s.tail = append(s.tail[:0], s.lastTail()...)
+	}
+}
+
+// lastTail is the last maxTail bytes kept, however the body was split.
+func (s *UsageScanner) lastTail() []byte {
+	return s.tail[max(len(s.tail)-maxTail, 0):]
 }
 
 func (s *UsageScanner) addLine(p []byte) {
 	if s.tooLong {
 		return
 	}
+	if s.long {
+		s.keepTail(p)
+		return
+	}
 	if len(s.line)+len(p) > maxLine {
-		s.tooLong, s.line = true, s.line[:0]
+		// Too long to keep: its head (the type, the model) and its tail
+		// (the counts) are enough to read.
+		s.head = append(s.head[:0], s.line[:min(len(s.line), maxHead)]...)
+		s.head = append(s.head, p[:min(len(p), maxHead-len(s.head))]...)
+		if known, ok := s.startShows(s.head); !known || !ok {
+			s.tooLong, s.line = true, s.line[:0] // not a line that counts, or a megabyte of blanks
+			return
+		}
+		s.long = true
+		s.keepTail(s.line)
+		s.keepTail(p)
+		s.line = s.line[:0]
 		return
 	}
 	s.line = append(s.line, p...)
@@ -145,18 +187,27 @@ func (s *UsageScanner) addLine(p []byte) {
 	// copied up to maxLine: a bulk body with no newlines was copying a
 	// megabyte per response here (a sixth of the node's CPU relaying it).
 	if !s.checked {
-		start := bytes.TrimLeftFunc(s.line, unicode.IsSpace)
-		want := []byte("{")
-		if s.kind == kindSSE {
-			want = []byte("data:")
-		}
-		if len(start) >= len(want) {
+		if known, ok := s.startShows(s.line); known {
 			s.checked = true
-			if !bytes.HasPrefix(start, want) {
+			if !ok {
 				s.tooLong, s.line = true, s.line[:0]
 			}
 		}
 	}
+}
+
+// startShows reports whether the start of a line, b, shows yet whether the
+// line can carry counts (known), and if so whether it can (ok).
+func (s *UsageScanner) startShows(b []byte) (known, ok bool) {
+	start := bytes.TrimLeftFunc(b, unicode.IsSpace)
+	want := []byte("{")
+	if s.kind == kindSSE {
+		want = []byte("data:")
+	}
+	if len(start) < len(want) {
+		return false, false
+	}
+	return true, bytes.HasPrefix(start, want)
 }
 
 func (s *UsageScanner) handleLine(line []byte) {
@@ -332,10 +383,12 @@ func (s *UsageScanner) Usage() *domain.Usage {
 			s.parse(bytes.TrimSpace(s.whole))
 		case s.kind == kindJSON:
 			s.parseTail()
+		case s.long:
+			s.parseLong() // a final line without a newline
 		case len(s.line) > 0 && !s.tooLong:
 			s.handleLine(s.line) // a final line without a newline
 		}
-		s.whole, s.tail, s.line = nil, nil, nil
+		s.whole, s.tail, s.line, s.head = nil, nil, nil, nil
 	}
 	if s.usage == nil {
 		return nil
@@ -353,17 +406,50 @@ func (s *UsageScanner) parseTail() {
 	if valueAfter(s.whole, "model", &m) {
 		s.model = m
 	}
-	var c usageCounts
-	if valueAfter(s.tail, "usage", &c) {
-		s.usage = c.toDomain()
+	if u := usageFromTail(s.lastTail()); u != nil {
+		s.usage = u
+	}
+}
+
+// parseLong reads a stream line too long to keep (see maxLine) as parseTail
+// reads a large JSON body: the model from its head unless known, the usage
+// from its tail, with Ollama's stop reason (before its "context") and
+// duration (after it).
+func (s *UsageScanner) parseLong() {
+	var m string
+	if s.model == "" && valueAfter(s.head, "model", &m) {
+		s.model = m
+	}
+	tail := s.lastTail()
+	u := usageFromTail(tail)
+	if u == nil {
 		return
 	}
-	var p, e int64
-	okP := valueAfter(s.tail, "prompt_eval_count", &p)
-	okE := valueAfter(s.tail, "eval_count", &e)
-	if okP || okE {
-		s.usage = &domain.Usage{PromptTokens: p, CompletionTokens: e, TotalTokens: p + e}
+	var reason string
+	var took int64
+	if valueAfter(s.head, "done_reason", &reason) {
+		u.StopReason = reason
 	}
+	if valueAfter(tail, "total_duration", &took) {
+		u.DurationMS = took / 1e6
+	}
+	s.usage = u
+}
+
+// usageFromTail is the last "usage" object of tail, or Ollama's counts in
+// it; nil if it has neither.
+func usageFromTail(tail []byte) *domain.Usage {
+	var c usageCounts
+	if valueAfter(tail, "usage", &c) {
+		return c.toDomain()
+	}
+	var p, e int64
+	okP := valueAfter(tail, "prompt_eval_count", &p)
+	okE := valueAfter(tail, "eval_count", &e)
+	if okP || okE {
+		return &domain.Usage{PromptTokens: p, CompletionTokens: e, TotalTokens: p + e}
+	}
+	return nil
 }
 
 // valueAfter decodes into v the JSON value that follows the last occurrence

@@ -1,6 +1,7 @@
 package provider_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -137,12 +138,55 @@ func TestUsageScannerLargeJSONReadsTail(t *testing.T) {
 	}
 }
 
-func TestUsageScannerSkipsOverlongLine(t *testing.T) {
+// A line too long to keep is read from its head and tail: an Ollama
+// /api/generate done line whose "context" holds a long conversation's
+// tokens (here ≈ 1.3 MB), and a Responses API response.completed with a
+// large output. Lines after it are read as before.
+func TestUsageScannerReadsOverlongLine(t *testing.T) {
+	write := func(s *provider.UsageScanner, body string) {
+		for len(body) > 0 {
+			n := min(len(body), 32<<10)
+			s.Write([]byte(body[:n]))
+			body = body[n:]
+		}
+	}
+	var b strings.Builder
+	b.WriteString(`{"model":"qwen3","created_at":"t","response":"","done":true,"done_reason":"stop","context":[`)
+	for i := range 180_000 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(100_000 + i))
+	}
+	b.WriteString(`],"total_duration":2500000000,"prompt_eval_count":170000,"eval_count":10000}` + "\n")
+	if b.Len() < 1<<20 {
+		t.Fatalf("the line is %d bytes, not over the 1 MiB kept", b.Len())
+	}
+	want := &domain.Usage{PromptTokens: 170000, CompletionTokens: 10000, TotalTokens: 180000, DurationMS: 2500, StopReason: "stop", Model: "qwen3"}
 	s := provider.NewUsageScanner("application/x-ndjson")
-	s.Write([]byte(`{"pad":"` + strings.Repeat("x", 2<<20) + `","done":true,"prompt_eval_count":99}` + "\n"))
-	s.Write([]byte(`{"model":"m","done":true,"prompt_eval_count":1,"eval_count":2}` + "\n"))
-	if u := s.Usage(); !sameUsage(u, &domain.Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: 3, Model: "m"}) {
-		t.Fatalf("usage = %+v", u)
+	write(s, b.String())
+	if u := s.Usage(); !sameUsage(u, want) {
+		t.Fatalf("ollama usage = %+v, want %+v", u, want)
+	}
+	one := provider.NewUsageScanner("application/x-ndjson") // the line in one write
+	one.Write([]byte(b.String()))
+	if u := one.Usage(); !sameUsage(u, want) {
+		t.Fatalf("ollama usage, one write = %+v, want %+v", u, want)
+	}
+
+	big := strings.Repeat("word ", 300_000)
+	r := provider.NewUsageScanner("text/event-stream")
+	write(r, "event: response.completed\ndata: "+`{"type":"response.completed","response":{"id":"resp_1","model":"gpt-5","output":[{"type":"message","content":[{"type":"output_text","text":"`+big+
+		`"}]}],"usage":{"input_tokens":12,"output_tokens":300000,"total_tokens":300012}}}`+"\n\n")
+	if u := r.Usage(); !sameUsage(u, &domain.Usage{PromptTokens: 12, CompletionTokens: 300000, TotalTokens: 300012, Model: "gpt-5"}) {
+		t.Fatalf("responses usage = %+v", u)
+	}
+
+	after := provider.NewUsageScanner("application/x-ndjson")
+	write(after, `{"pad":"`+strings.Repeat("x", 2<<20)+`","done":true,"prompt_eval_count":99}`+"\n")
+	after.Write([]byte(`{"model":"m","done":true,"prompt_eval_count":1,"eval_count":2}` + "\n"))
+	if u := after.Usage(); !sameUsage(u, &domain.Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: 3, Model: "m"}) {
+		t.Fatalf("usage after a long line = %+v", u)
 	}
 }
 
