@@ -255,3 +255,46 @@ func TestMetricsOnlyListenerChecksHostOnLoopback(t *testing.T) {
 		}
 	}
 }
+
+// No answer of the API runs as a page on the edge's origin: a provider's
+// HTML relayed on a passthrough GET a browser can be sent to (a keyless
+// loopback edge needs no key) is sandboxed and not sniffed, so its script
+// cannot use the edge's write routes as same-origin. The iop routes' own
+// answers carry the same policy; the console keeps its own.
+func TestAnswersAreNotPagesOfTheEdgesOrigin(t *testing.T) {
+	reg, bus := edge.NewRegistry(), eventbus.New()
+	defer bus.Close()
+	tracker := edge.NewRunTracker(0)
+	cmds := edge.NewNodeCommandHandler(reg)
+	api := httpapi.New(httpapi.Deps{
+		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
+		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
+		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
+		OpenAI: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			// As a passthrough copies a provider's headers: appended.
+			w.Header().Add("Content-Type", "text/html; charset=utf-8")
+			w.Header().Add("Content-Security-Policy", "script-src 'unsafe-inline'")
+			io.WriteString(w, "<html><script>fetch('/v1/admin/reload',{method:'POST'})</script></html>")
+		}),
+	}, "127.0.0.1:7701", nil)
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+	for _, path := range []string{"/api/version", "/v1/responses/resp_x", "/v1/nodes", "/no/such/route"} {
+		req, _ := http.NewRequest("GET", srv.URL+path, nil)
+		req.Host = "127.0.0.1:7701"
+		req.Header.Set("Sec-Fetch-Site", "cross-site")
+		req.Header.Set("Sec-Fetch-Mode", "navigate")
+		req.Header.Set("Sec-Fetch-Dest", "document")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if csp := resp.Header.Values("Content-Security-Policy"); len(csp) == 0 || !strings.HasPrefix(csp[0], "sandbox;") || !strings.Contains(csp[0], "default-src 'none'") {
+			t.Errorf("GET %s (%d): Content-Security-Policy %q, want a sandbox first", path, resp.StatusCode, csp)
+		}
+		if v := resp.Header.Values("X-Content-Type-Options"); len(v) == 0 || v[0] != "nosniff" {
+			t.Errorf("GET %s: X-Content-Type-Options %q", path, v)
+		}
+	}
+}

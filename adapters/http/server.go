@@ -233,6 +233,11 @@ func (s *Server) Handle(pattern string, acc Access, h http.Handler) {
 	s.mux.Handle(pattern, h)
 }
 
+// apiContentSecurityPolicy is every API answer's policy: a document
+// served on any route (a provider's HTML page relayed as it came) gets an
+// opaque origin, loads nothing and cannot be framed.
+const apiContentSecurityPolicy = "sandbox; default-src 'none'; frame-ancestors 'none'"
+
 // Handler returns the API as an http.Handler (access log, JSON 404/405).
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(s.serveHTTP)
@@ -241,6 +246,13 @@ func (s *Server) Handler() http.Handler {
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	clockBody(w, r, s.BodyTimeout, s.BodyMinRate)
+	// No answer of this API is a page: what a provider, a node or a caller
+	// put in one (a passthrough's HTML, a run's output) must never run as
+	// this origin, where the console and every write route live. API
+	// clients ignore both; the console sets its own policy.
+	hdr := w.Header()
+	hdr.Set("Content-Security-Policy", apiContentSecurityPolicy)
+	hdr.Set("X-Content-Type-Options", "nosniff")
 	sw := &statusWriter{ResponseWriter: w}
 	h, pattern := s.mux.Handler(r)
 	// An unknown route needs a key too, so that a caller without one
