@@ -112,7 +112,7 @@ bench-compare:
 # The web console's browser tests (test/e2e/console_test.go) skip without
 # Chromium; make test says so up front.
 ifneq ($(filter test test-e2e,$(MAKECMDGOALS)),)
-ifeq ($(shell command -v chromium 2>/dev/null),)
+ifeq ($(IOP_CHROMIUM)$(shell command -v chromium chromium-browser google-chrome google-chrome-stable headless-shell 2>/dev/null),)
 $(info note: no chromium; the web console's browser tests will skip (apt-get install chromium))
 endif
 endif

@@ -123,7 +123,7 @@ type NodeConfig struct {
 	Providers []ProviderConfig
 }
 
-// MaxNameLength bounds a node id and an adapter name in the config: both
+// MaxNameLength bounds a node id and an adapter or provider name in the config: all
 // label metrics (cut there at 128 bytes, so two longer names alike up to
 // that point would make one series and fail the scrape) and fill history
 // columns.
@@ -192,6 +192,9 @@ func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
 		if p.Name == "" {
 			return NodeConfig{}, Errorf(CodeConfigError, "provider #%d has no name", i+1)
 		}
+		if len(p.Name) > MaxNameLength {
+			return NodeConfig{}, Errorf(CodeConfigError, "provider #%d: its name is %d bytes long, at most %d", i+1, len(p.Name), MaxNameLength)
+		}
 		if pnames[p.Name] {
 			return NodeConfig{}, Errorf(CodeConfigError, "provider %q is declared twice", p.Name)
 		}
@@ -201,6 +204,11 @@ func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
 		}
 		if p.BaseURL == "" {
 			return NodeConfig{}, Errorf(CodeConfigError, "provider %q has no base_url", p.Name)
+		}
+		// The node's provider client can use nothing else: caught here, a
+		// start or reload says so, instead of every request failing later.
+		if u, err := url.Parse(p.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return NodeConfig{}, Errorf(CodeConfigError, "provider %q (%s): base_url %q must be an http(s) URL such as http://127.0.0.1:11434", p.Name, p.Type, p.BaseURL)
 		}
 		cfg.Providers = append(cfg.Providers, p)
 	}

@@ -422,9 +422,15 @@ func (c *EdgeConfig) Validate() error {
 func (n NodeEntry) checkAdapters() error {
 	r := domain.NodeRecord{ID: n.ID}
 	for _, a := range n.Adapters {
+		if a.Name != "" && !nodeIDPattern.MatchString(a.Name) {
+			return fmt.Errorf("adapter %q: a name may contain only letters, digits, '.', '_' and '-'", a.Name)
+		}
 		r.Adapters = append(r.Adapters, a.toDomain())
 	}
 	for _, p := range n.Providers {
+		if p.Name != "" && !nodeIDPattern.MatchString(p.Name) {
+			return fmt.Errorf("provider %q: a name may contain only letters, digits, '.', '_' and '-'", p.Name)
+		}
 		r.Providers = append(r.Providers, p.toDomain())
 	}
 	if _, err := r.BuildConfig(0); err != nil {

@@ -609,6 +609,16 @@ func TestBadAdapterEntryRefusedAtLoad(t *testing.T) {
 			`nodes[1] (id "gpu"): adapter "sh" target "t" has an empty command`},
 		{node("    providers:\n      - {name: p, type: grpc, base_url: \"http://x\"}\n"),
 			`nodes[1] (id "gpu"): provider "p" has unknown type "grpc"`},
+		{node("    providers:\n      - {name: p, type: ollama, base_url: \"127.0.0.1:11434\"}\n"),
+			`nodes[1] (id "gpu"): provider "p" (ollama): base_url "127.0.0.1:11434" must be an http(s) URL`},
+		{node("    providers:\n      - {name: p, type: openai, base_url: \"ftp://x\"}\n"),
+			`nodes[1] (id "gpu"): provider "p" (openai): base_url "ftp://x" must be an http(s) URL`},
+		{node("    providers:\n      - {name: \"p q/r\", type: openai, base_url: \"http://x\"}\n"),
+			`nodes[1] (id "gpu"): provider "p q/r": a name may contain only letters, digits, '.', '_' and '-'`},
+		{node("    adapters:\n      - {name: \"my llm\", type: exec}\n"),
+			`nodes[1] (id "gpu"): adapter "my llm": a name may contain only letters, digits, '.', '_' and '-'`},
+		{node("    providers:\n      - {name: " + strings.Repeat("p", 129) + ", type: openai, base_url: \"http://x\"}\n"),
+			`nodes[1] (id "gpu"): provider #1: its name is 129 bytes long, at most 128`},
 	} {
 		path := filepath.Join(t.TempDir(), "edge.yaml")
 		if err := os.WriteFile(path, []byte(tc.doc), 0o600); err != nil {

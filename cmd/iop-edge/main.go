@@ -68,10 +68,15 @@ func main() {
 	}
 	stopPprof := func() {}
 	if *pprofAddr != "" {
-		stop, err := bootstrap.StartPprof(*pprofAddr, log)
-		if err != nil {
+		if err := bootstrap.CheckPprofAddr(*pprofAddr); err != nil {
 			fmt.Fprintln(os.Stderr, "iop-edge:", err)
 			os.Exit(2)
+		}
+		stop, err := bootstrap.StartPprof(*pprofAddr, log)
+		if err != nil {
+			// A busy port is a failure to start, as for the other listeners.
+			fmt.Fprintln(os.Stderr, "iop-edge: cannot start:", err)
+			os.Exit(1)
 		}
 		stopPprof = stop
 	}

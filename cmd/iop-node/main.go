@@ -106,9 +106,14 @@ func main() {
 	log := bootstrap.NewLogger(cfg.Log, nil)
 	stopPprof := func() {}
 	if *pprofAddr != "" {
+		if err := bootstrap.CheckPprofAddr(*pprofAddr); err != nil {
+			fail(err)
+		}
 		stop, err := bootstrap.StartPprof(*pprofAddr, log)
 		if err != nil {
-			fail(err)
+			// A busy port is a failure to start, as for the edge's link.
+			fmt.Fprintln(os.Stderr, "iop-node: cannot start:", err)
+			os.Exit(1)
 		}
 		stopPprof = stop
 	}

@@ -44,6 +44,27 @@ func TestStartupMessagesAreClear(t *testing.T) {
 			t.Fatalf("output:\n%s", out)
 		}
 	})
+	// --pprof's port too: busy is a failure to start (1), off loopback a
+	// usage error (2).
+	t.Run("busy pprof port", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		cfg := writeConfig(t, edgeConfig(freeAddr(t), freeAddr(t), " []\n"))
+		p := start(t, "iop-edge", nil, "--config", cfg, "--pprof", ln.Addr().String())
+		if code := p.waitExit(t, 20*time.Second); code != 1 {
+			t.Fatalf("exit %d:\n%s", code, p.out.String())
+		}
+		if out := p.out.String(); !strings.Contains(out, "iop-edge: cannot start: --pprof: listen tcp "+ln.Addr().String()) {
+			t.Fatalf("output:\n%s", out)
+		}
+		p = start(t, "iop-edge", nil, "--config", cfg, "--pprof", "0.0.0.0:0")
+		if code := p.waitExit(t, 20*time.Second); code != 2 {
+			t.Fatalf("off-loopback --pprof: exit %d:\n%s", code, p.out.String())
+		}
+	})
 	t.Run("tab-indented config", func(t *testing.T) {
 		p := startEdgeProc(t, writeConfig(t, "transport:\n\tlisten: 127.0.0.1:0\n"))
 		if code := p.waitExit(t, 20*time.Second); code != 2 {
