@@ -254,7 +254,19 @@ func runEdge(lc fx.Lifecycle, _ *metricsServer, s EdgeSettings, log *slog.Logger
 			case <-ctx.Done():
 				err = fmt.Errorf("a SIGHUP reload did not end: %w", ctx.Err())
 			}
-			if herr := hs.Stop(ctx); err == nil {
+			// Requests and tunnels still streaming may use the stop's time
+			// but not all of it: what follows (the link, and the history's
+			// last writes, whose hook fx skips once the time is up) keeps
+			// its share, and a tunnel still open then is cut.
+			hctx, hcancel := withReserve(ctx, stopReserve)
+			herr := hs.Stop(hctx)
+			hcancel()
+			if herr != nil && ctx.Err() == nil {
+				// Its share ran out, not the stop's: that is the cut above.
+				log.Warn("HTTP requests still open when the stop's time for them ran out were cut", "err", herr)
+				herr = nil
+			}
+			if err == nil {
 				err = herr
 			}
 			catCancel()
@@ -269,6 +281,21 @@ func runEdge(lc fx.Lifecycle, _ *metricsServer, s EdgeSettings, log *slog.Logger
 			return err
 		},
 	})
+}
+
+// stopReserve is the part of the edge's stop time its HTTP server leaves
+// to the rest of the stop (at most half of the time).
+const stopReserve = 3 * time.Second
+
+// withReserve is ctx ending reserve before ctx's deadline, or halfway to
+// it when less than twice reserve is left.
+func withReserve(ctx context.Context, reserve time.Duration) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	left := time.Until(deadline)
+	return context.WithDeadline(ctx, deadline.Add(-min(reserve, left/2)))
 }
 
 // adminKeys reports whether an API key name holds the admin scope. The keys
