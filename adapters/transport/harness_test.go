@@ -132,6 +132,9 @@ type fakeEdge struct {
 	disconnected chan disconnectCall
 	failed       chan handshakeFailure
 	draining     chan disconnectCall // Reason unset
+	// onRegister, if set, sees every link Register accepts before Register
+	// returns, as the edge's register use case (which publishes it).
+	onRegister func(link ports.NodeLink)
 }
 
 func newFakeEdge() *fakeEdge {
@@ -169,6 +172,9 @@ func (e *fakeEdge) Register(ctx context.Context, token string, info domain.NodeI
 	e.attempted <- call
 	if err != nil {
 		return domain.NodeConfig{}, err
+	}
+	if e.onRegister != nil {
+		e.onRegister(link)
 	}
 	e.registered <- call
 	return cfg, nil

@@ -18,15 +18,18 @@ import (
 // ports.NodeLink over the node's Conn.
 type edgeLink struct {
 	conn   *Conn
-	nodeID string
 	remote string
+
+	mu sync.Mutex
+	// nodeID and regVersion are set once Register has accepted the node,
+	// when the link is already published (a reconciler may send it a
+	// command meanwhile), so they are read under mu (see registered).
+	nodeID string
 	// regVersion is the version of the config sent with the register
 	// response: a node that cannot apply it says so with an unsolicited
 	// ack of that version and leaves.
 	regVersion uint64
-
-	mu   sync.Mutex
-	acks map[uint64]chan error // config version → waiter
+	acks       map[uint64]chan error // config version → waiter
 
 	statsBox nodeStatsBox
 	// h hears that the node is draining; draining makes that once.
@@ -47,6 +50,20 @@ func (l *edgeLink) HandleOpen(s *Stream, _ *ioppb.Frame) {
 	s.resetFromReadLoop("unsupported", "the edge accepts no node-opened streams")
 }
 
+// setRegistered records the node and the config version Register gave it.
+func (l *edgeLink) setRegistered(node string, version uint64) {
+	l.mu.Lock()
+	l.nodeID, l.regVersion = node, version
+	l.mu.Unlock()
+}
+
+// registered returns what setRegistered recorded ("" and 0 before it).
+func (l *edgeLink) registered() (node string, version uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.nodeID, l.regVersion
+}
+
 // HandleControl receives config refresh acknowledgements, node stats and
 // the node's word that it is draining.
 func (l *edgeLink) HandleControl(f *ioppb.Frame) {
@@ -56,7 +73,8 @@ func (l *edgeLink) HandleControl(f *ioppb.Frame) {
 	}
 	if f.GetNodeDraining() != nil {
 		if l.draining.CompareAndSwap(false, true) {
-			l.h.Draining(l.nodeID, l)
+			node, _ := l.registered()
+			l.h.Draining(node, l)
 		}
 		return
 	}
@@ -68,9 +86,10 @@ func (l *edgeLink) HandleControl(f *ioppb.Frame) {
 	l.mu.Lock()
 	ch := l.acks[ack.GetVersion()]
 	delete(l.acks, ack.GetVersion())
+	regVersion := l.regVersion
 	l.mu.Unlock()
 	if ch == nil {
-		if ack.GetError() != "" && ack.GetVersion() == l.regVersion {
+		if ack.GetError() != "" && ack.GetVersion() == regVersion {
 			// The node leaves after this; its reason becomes the link's, so
 			// the edge's log, bus event and node list say why.
 			l.conn.shutdown(fmt.Errorf("node refused its config v%d: %s", ack.GetVersion(), ack.GetError()))
@@ -198,7 +217,8 @@ func (l *edgeLink) Command(ctx context.Context, name string, args []byte) (ports
 	if err != nil {
 		return nil, linkErr(err)
 	}
-	return &commandStream{s: s, name: name, node: l.nodeID, limit: l.conn.cfg.commandResultLimit}, nil
+	node, _ := l.registered()
+	return &commandStream{s: s, name: name, node: node, limit: l.conn.cfg.commandResultLimit}, nil
 }
 
 type commandStream struct {

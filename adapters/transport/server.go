@@ -302,7 +302,7 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 		}
 	} else {
 		resp.Config = configToProto(cfg)
-		link.nodeID, link.regVersion = cfg.NodeID, cfg.Version
+		link.setRegistered(cfg.NodeID, cfg.Version)
 	}
 	buf, werr := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterResponse{RegisterResponse: resp}}, s.cfg.MaxFrameSize)
 	if err == nil && errors.Is(werr, ErrFrameTooLarge) {
