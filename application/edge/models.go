@@ -145,6 +145,7 @@ type ModelCatalog struct {
 // nodeModels is what discovery learned about one node over one link.
 type nodeModels struct {
 	link      ports.NodeLink
+	version   uint64                // of the node config the lists were discovered for
 	providers map[string]discovered // provider name → list
 }
 
@@ -192,8 +193,20 @@ func (c *ModelCatalog) Refresh(ctx context.Context, node string) error {
 		found[p.Name] = discovered{cfg: p, models: models}
 	}
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	prev := c.nodes[node]
-	next := &nodeModels{link: view.Link, providers: found}
+	// Discoveries of one node run concurrently (a registration's, a
+	// reload's, the periodic one): one begun on a link the node has left,
+	// or for a config a newer discovery already followed, must not replace
+	// that newer list (the node's models would be unlisted until the next
+	// round).
+	if cur, ok := c.reg.Get(node); !ok || cur.Link != view.Link {
+		return errors.Join(errs...)
+	}
+	if prev != nil && prev.link == view.Link && prev.version > view.Config.Version {
+		return errors.Join(errs...)
+	}
+	next := &nodeModels{link: view.Link, version: view.Config.Version, providers: found}
 	if prev != nil && prev.link == view.Link {
 		for name, d := range prev.providers {
 			if _, ok := found[name]; !ok {
@@ -202,7 +215,6 @@ func (c *ModelCatalog) Refresh(ctx context.Context, node string) error {
 		}
 	}
 	c.nodes[node] = next
-	c.mu.Unlock()
 	return errors.Join(errs...)
 }
 

@@ -402,3 +402,85 @@ func TestModelCatalogStopsAPagingLoop(t *testing.T) {
 		t.Fatalf("%d tunnels, want 2", n)
 	}
 }
+
+// A node's discoveries run concurrently: one begun over a link the node
+// has since left, ending after the discovery over its new link, does not
+// replace that list (the node's models would be unlisted until the next
+// round); nor does one for a config older than the list's.
+func TestModelCatalogStaleDiscoveryKeepsTheNewerList(t *testing.T) {
+	reg := edge.NewRegistry()
+	cat := edge.NewModelCatalog(reg, models.Lists{}, nil)
+	var calls atomic.Int32
+	old := ptAdmit(t, reg, "gpu", ptProvider("vllm", domain.ProviderOpenAI))
+	entered, release := make(chan struct{}), make(chan struct{})
+	old.open = func(domain.TunnelRequest) (ports.TunnelStream, error) {
+		close(entered)
+		<-release // the link breaks while its discovery waits
+		return nil, domain.Errorf(domain.CodeNodeDisconnected, "link closed")
+	}
+	done := make(chan error, 1)
+	go func() { done <- cat.Refresh(context.Background(), "gpu") }()
+	<-entered
+	// The node is back on a new link, and its discovery ends first.
+	if !reg.Remove("gpu", old) {
+		t.Fatal("gpu was not on its link")
+	}
+	ptAdmit(t, reg, "gpu", ptProvider("vllm", domain.ProviderOpenAI)).open = ptDiscovery(ptOpenAIModels, "", &calls)
+	if err := cat.Refresh(context.Background(), "gpu"); err != nil {
+		t.Fatal(err)
+	}
+	want := ptIDs(cat.Models())
+	if want == "" {
+		t.Fatal("the new link's discovery found nothing")
+	}
+	close(release)
+	if err := <-done; err == nil {
+		t.Fatal("the old link's discovery did not fail")
+	}
+	if got := ptIDs(cat.Models()); got != want {
+		t.Fatalf("after the old link's discovery failed: %q, want %q", got, want)
+	}
+}
+
+// On one link, a discovery for a config a reload has since replaced, ending
+// after the discovery for the new config, does not put its list back: it
+// was made for the provider as it was, so the provider would count as
+// unlisted until the next round.
+func TestModelCatalogDiscoveryOfAnOlderConfigIsDropped(t *testing.T) {
+	reg := edge.NewRegistry()
+	cat := edge.NewModelCatalog(reg, models.Lists{}, nil)
+	var calls atomic.Int32
+	link := ptAdmit(t, reg, "gpu", ptProvider("vllm", domain.ProviderOpenAI))
+	serve := ptDiscovery(ptOpenAIModels, ptOllamaTags, &calls)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var first sync.Once
+	link.open = func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+		blocked := false
+		first.Do(func() { blocked = true })
+		if blocked {
+			close(entered)
+			<-release
+		}
+		return serve(req)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cat.Refresh(context.Background(), "gpu") }() // config v1: vllm
+	<-entered
+	moved := ptProvider("vllm", domain.ProviderOpenAI)
+	moved.BaseURL = "http://vllm-2.local" // the reload moved it
+	reg.SetConfig("gpu", link, domain.NodeConfig{NodeID: "gpu", Version: 2, Providers: []domain.ProviderConfig{moved}})
+	if err := cat.Refresh(context.Background(), "gpu"); err != nil {
+		t.Fatal(err)
+	}
+	want := ptIDs(cat.Models())
+	if want == "" {
+		t.Fatal("the v2 discovery found nothing")
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := ptIDs(cat.Models()); got != want {
+		t.Fatalf("after the v1 discovery ended: %q, want v2's %q", got, want)
+	}
+}
