@@ -37,3 +37,9 @@ func SwapLink(r *Registry, n *LiveNode) {
 	n.runs = map[string]int{}
 	r.nodes[n.ID] = n
 }
+
+// SessionOwner is the key session of adapter belongs to in r ("" if none).
+func SessionOwner(r *Registry, adapter, session string) string {
+	owner, _ := r.sessionOwner(adapter, session)
+	return owner
+}

@@ -27,8 +27,9 @@ const (
 // chat's history to the model, or resumes the agent) or end it. The edge
 // is the boundary: nodes key sessions by adapter and session id only.
 // A key with the admin scope (the anonymous caller of an edge without keys
-// among them) may use any session and claims none, so on an edge without
-// keys nothing is refused.
+// among them) may use any session, and owns those it started: it claims a
+// session no other key owns. On an edge without keys every caller is the
+// one anonymous admin, so nothing is refused.
 type sessionGuard struct {
 	reg *Registry
 	// hist, if set, is the history a session's node and owner are
@@ -36,7 +37,8 @@ type sessionGuard struct {
 	hist ports.HistoryReader
 	log  *slog.Logger
 	// admin, if set, reports whether a key name holds the admin scope: its
-	// runs in the history make it no session's owner.
+	// runs in the history make it a session's owner only when no other
+	// key's do (see owners).
 	admin func(key string) bool
 }
 
@@ -49,11 +51,13 @@ func errSessionNotYours(adapter, session string) error {
 // use lets the caller in ctx use session of adapter, or refuses it
 // (forbidden) when the session is another key's. The owner is the one
 // the edge remembers; for a session it remembers none for, the keys that
-// ran the session's newest runs in the history: a caller whose key is not
-// among them is refused (a session the history knows no run of is the
-// caller's). A key without the admin scope then claims the session. A
-// history that fails refuses such a caller, as its owner is unknown; an
-// admin's run only loses the recall of its node.
+// ran the session's newest runs in the history (owners): a caller whose
+// key is not among them is refused (a session the history knows no run of
+// is the caller's). The caller then claims the session — an admin key only
+// if no key without the admin scope owns it, as an admin may use any
+// session but takes none from its owner. A history that fails refuses a
+// caller without the admin scope, as the owner is unknown; an admin's run
+// then only loses the recall of its node and claims nothing.
 //
 // recallNode asks, besides, for a session bound to no node in memory to be
 // bound to the node of its newest run in the history that a node took, so
@@ -81,49 +85,67 @@ func (g sessionGuard) use(ctx context.Context, adapter, session string, recallNo
 		}
 		return undo, errSessionNotYours(adapter, session)
 	}
-	needOwner := !admin
+	// Whose it is must be known to let a key in, and to let an admin claim
+	// it; a run of an unremembered session also recalls its node. The
+	// anonymous admin of an edge without keys is every caller: it claims
+	// nothing, and the history is asked only for the node.
+	anonymous := p.Name == domain.AnonymousName
+	needOwner := !admin || (claim && !anonymous)
+	ownedByKey := false // a key without the admin scope owns it (history)
 	if g.hist != nil && (needOwner || (recallNode && !known)) {
 		ctx, cancel := context.WithTimeout(ctx, sessionRecallTimeout)
 		defer cancel()
 		page, err := g.hist.ListRuns(ctx, domain.RunQuery{Adapter: adapter, Session: session, Limit: sessionRecallRuns})
 		if err != nil {
-			if needOwner {
+			if !admin {
 				g.log.Warn("session's owner not recalled from the history; the run is refused", "adapter", adapter, "session", session, "key", p.Name, "err", err)
 				return undo, domain.Errorf(domain.CodeHistoryUnavailable, "session %q of adapter %q: the edge's history, which says whose it is, cannot be read now; retry later", session, adapter)
 			}
-			g.log.Warn("session's node not recalled from the history; the run is placed afresh", "adapter", adapter, "session", session, "err", err)
+			g.log.Warn("session's node and owner not recalled from the history; the run is placed afresh", "adapter", adapter, "session", session, "err", err)
 			return undo, nil
 		}
-		if needOwner {
-			if keys := g.owners(page.Runs); len(keys) > 0 && !slices.Contains(keys, p.Name) {
-				return undo, errSessionNotYours(adapter, session)
-			}
-		}
-		g.recall(ctx, adapter, session, page.Runs)
-	}
-	if needOwner && claim {
-		if !g.reg.claimSession(adapter, session, p.Name) {
+		keys, byAdmins := g.owners(page.Runs)
+		if !admin && len(keys) > 0 && !slices.Contains(keys, p.Name) {
 			return undo, errSessionNotYours(adapter, session)
 		}
-		undo = func() { g.reg.unclaimSession(adapter, session, p.Name) }
+		ownedByKey = len(keys) > 0 && !byAdmins
+		g.recall(ctx, adapter, session, page.Runs)
 	}
-	return undo, nil
+	if !claim || (admin && (ownedByKey || anonymous)) {
+		return undo, nil
+	}
+	if !g.reg.claimSession(adapter, session, p.Name) {
+		if admin {
+			return undo, nil // claimed by a key meanwhile: the admin uses it
+		}
+		return undo, errSessionNotYours(adapter, session)
+	}
+	return func() { g.reg.unclaimSession(adapter, session, p.Name) }, nil
 }
 
 // owners are the keys that ran the runs (newest first) of a session the
 // history holds, as its owner is recalled from them: runs a node took
 // (tookSession: a refused run claims nothing), by keys that may own a
-// session — not the anonymous caller of an edge that had no keys then, nor
-// a key with the admin scope (g.admin), which use any session and own none.
-func (g sessionGuard) owners(runs []domain.RunRecord) []string {
-	var keys []string
+// session — not the anonymous caller of an edge that had no keys then.
+// Keys with the admin scope (g.admin) count only when no other key ran
+// the session (byAdmins): an admin owns a session it started, but using
+// another key's session does not make it the admin's.
+func (g sessionGuard) owners(runs []domain.RunRecord) (keys []string, byAdmins bool) {
+	var admins []string
 	for _, r := range runs {
-		if r.Key == "" || r.Key == domain.AnonymousName || (g.admin != nil && g.admin(r.Key)) || !tookSession(r) {
+		if r.Key == "" || r.Key == domain.AnonymousName || !tookSession(r) {
+			continue
+		}
+		if g.admin != nil && g.admin(r.Key) {
+			admins = append(admins, r.Key)
 			continue
 		}
 		keys = append(keys, r.Key)
 	}
-	return keys
+	if len(keys) == 0 && len(admins) > 0 {
+		return admins, true
+	}
+	return keys, false
 }
 
 // recall binds session of adapter, unless it is bound already, to the node

@@ -13,7 +13,7 @@ type sessionEntry struct {
 	key  sessionKey
 	node string
 	// owner names the API key the session belongs to (see claimSession);
-	// empty until a key without the admin scope claims it.
+	// empty until a key claims it.
 	owner string
 	// claims counts owner's runs whose claim waits on their admission
 	// (see unclaimSession): while there are any, the claim is tentative.
@@ -107,15 +107,16 @@ func (r *Registry) RememberSession(adapter, session, node string) {
 	if session == "" {
 		return
 	}
-	r.admitSession(adapter, session, node, "")
+	r.admitSession(adapter, session, node, "", false)
 }
 
-// admitSession is RememberSession for a run of key (an owning key: ""
-// for an admin's run, which owns nothing), and confirms key's claim: the
-// session is key's from now on. A tentative claim of another key, made
-// while key's run waited (the edge forgot key's claim among more recent
-// sessions), gives way to the run that was admitted.
-func (r *Registry) admitSession(adapter, session, node, key string) {
+// admitSession is RememberSession for a run of key, and confirms key's
+// claim: the session is key's from now on. A tentative claim of another
+// key, made while key's run waited (the edge forgot key's claim among more
+// recent sessions), gives way to the run that was admitted. An admin key's
+// run (admin) takes no session this way: an admin owns only a session it
+// claimed (sessionGuard.use), not one it merely used.
+func (r *Registry) admitSession(adapter, session, node, key string, admin bool) {
 	if session == "" {
 		return
 	}
@@ -123,10 +124,10 @@ func (r *Registry) admitSession(adapter, session, node, key string) {
 	defer r.mu.Unlock()
 	e := r.sessions.add(sessionKey{adapter, session})
 	e.node = node
-	if key != "" && (e.owner == "" || e.claims > 0) {
+	if key != "" && !admin && (e.owner == "" || e.claims > 0) {
 		e.owner = key
 	}
-	if e.owner == key {
+	if key != "" && e.owner == key {
 		e.created, e.claims = false, 0
 	}
 }

@@ -102,6 +102,44 @@ func TestSessionIsItsFirstKeys(t *testing.T) {
 	}
 }
 
+// A session an admin key started is the admin's: another key's run of it
+// and its end are refused, as for any key's session (a key could otherwise
+// read the admin's conversation through the model); the admin and other
+// admins go on. An admin that only used another key's session took
+// nothing from it (TestSessionIsItsFirstKeys).
+func TestSessionAnAdminStartedIsTheAdmins(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	ctx := context.Background()
+	x := ucAs(ctx, "x", domain.ScopeRuns, domain.ScopeRead)
+	admin, other := ucAs(ctx, "ops", domain.ScopeAdmin), ucAs(ctx, "ops2", domain.ScopeAdmin)
+	term := edge.NewTerminateSessionHandler(e.reg)
+
+	rh, err := e.submit.Handle(admin, edge.SubmitRun{Node: "b", Adapter: "chat", SessionID: "ops-chat"})
+	if err != nil {
+		t.Fatalf("the admin's first turn: %v", err)
+	}
+	ucFinish(t, e, rh)
+	for _, node := range []string{"", "a", "b"} {
+		if _, err := e.submit.Handle(x, edge.SubmitRun{Node: node, Adapter: "chat", SessionID: "ops-chat"}); !errors.Is(err, domain.ErrForbidden) {
+			t.Fatalf("x's turn of the admin's session (node %q): %v, want forbidden", node, err)
+		}
+	}
+	if err := term.Handle(x, edge.TerminateSession{Node: "b", Adapter: "chat", SessionID: "ops-chat"}); !errors.Is(err, domain.ErrForbidden) {
+		t.Fatalf("x ending the admin's session: %v, want forbidden", err)
+	}
+	for _, c := range []context.Context{admin, other} {
+		rh, err := e.submit.Handle(c, edge.SubmitRun{Adapter: "chat", SessionID: "ops-chat"})
+		if err != nil || rh.Node != "b" {
+			t.Fatalf("%s's turn: %+v %v, want node b", domain.PrincipalFrom(c).Name, rh, err)
+		}
+		ucFinish(t, e, rh)
+	}
+	if owner := edge.SessionOwner(e.reg, "chat", "ops-chat"); owner != "ops" {
+		t.Fatalf("owner %q, want ops (another admin's turn takes nothing)", owner)
+	}
+}
+
 // An edge that does not remember a session (it restarted, or forgot it
 // among more recent ones) learns its owner from the keys that ran its
 // newest runs in the history: another key is refused, running or ending
@@ -229,12 +267,11 @@ func TestSessionsOfAnEdgeWithoutKeysAreShared(t *testing.T) {
 }
 
 // The owner recalled from the history is the key of the session's runs a
-// node took, leaving out admin keys and the anonymous caller of an edge
-// that had no keys then: they use any session and own none, as in memory.
-// Before, a session an admin started (or every session of an edge that
-// later got keys) was refused to every key after a restart, though the
-// same edge let them in while it remembered the session.
-func TestSessionOwnerFromHistoryIsNotAnAdmin(t *testing.T) {
+// node took, leaving out the anonymous caller of an edge that had no keys
+// then (every session of an edge that later got keys would be refused to
+// every key), and admin keys unless no other key ran it: an admin owns a
+// session it started, as in memory, but one it used is still its key's.
+func TestSessionOwnerFromHistory(t *testing.T) {
 	ctx := context.Background()
 	y := ucAs(ctx, "y", domain.ScopeRuns)
 	rec := func(key string, st domain.RunStatus, code string) domain.RunRecord {
@@ -245,7 +282,9 @@ func TestSessionOwnerFromHistoryIsNotAnAdmin(t *testing.T) {
 		runs    []domain.RunRecord
 		refused bool
 	}{
-		{"admin's session", []domain.RunRecord{rec("ops", domain.RunSucceeded, "")}, false},
+		{"admin's session", []domain.RunRecord{rec("ops", domain.RunSucceeded, "")}, true},
+		{"admin's session, refused to y", []domain.RunRecord{rec("y", domain.RunFailed, domain.CodeAtCapacity), rec("ops", domain.RunSucceeded, "")}, true},
+		{"y's session an admin went on", []domain.RunRecord{rec("ops", domain.RunSucceeded, ""), rec("y", domain.RunSucceeded, "")}, false},
 		{"keyless edge's session", []domain.RunRecord{rec(domain.AnonymousName, domain.RunSucceeded, "")}, false},
 		{"x's session an admin went on", []domain.RunRecord{rec("ops", domain.RunSucceeded, ""), rec("x", domain.RunSucceeded, "")}, true},
 		{"x's session y was refused on", []domain.RunRecord{rec("y", domain.RunFailed, domain.CodeAtCapacity), rec("x", domain.RunSucceeded, "")}, true},

@@ -204,11 +204,8 @@ func (h *SubmitRunHandler) dispatch(ctx context.Context, cmd SubmitRun, node Nod
 	// The node admitted it, so it holds the session's history from now on:
 	// the session's next run goes there (Registry.PickForRunAs).
 	if req.SessionID != "" {
-		owner := "" // an admin's run owns no session
-		if p := domain.PrincipalFrom(ctx); !p.Allows(domain.ScopeAdmin) {
-			owner = p.Name
-		}
-		h.reg.admitSession(req.Adapter, req.SessionID, node.ID, owner)
+		p := domain.PrincipalFrom(ctx)
+		h.reg.admitSession(req.Adapter, req.SessionID, node.ID, p.Name, p.Allows(domain.ScopeAdmin))
 	}
 	if h.log.Enabled(ctx, slog.LevelInfo) {
 		// As h.log.Info, without the caller's program counter (runtime.Callers
