@@ -322,8 +322,17 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 		}
 		// An id this edge did not see created (or one on a node the caller
 		// may not see, as for the follow-ups) is routed by model alone.
-		if at, ok := h.responses.get(follows); follows != "" && ok && domain.PrincipalFrom(r.Context()).SeesNode(at.node) {
-			node, provider = at.node, at.provider
+		// Another key's response is not continued: the provider would
+		// replay its conversation to this caller.
+		if at, ok := h.responses.get(follows); follows != "" && ok {
+			p := domain.PrincipalFrom(r.Context())
+			switch {
+			case at.usableBy(p):
+				node, provider = at.node, at.provider
+			case p.SeesNode(at.node):
+				WriteError(w, r, http.StatusNotFound, "previous_response_not_found", fmt.Sprintf("previous response %q was not created through this edge", follows))
+				return
+			}
 		}
 		head, rest = p.body()
 	case r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0:
@@ -466,7 +475,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 			if sniff != nil {
 				if id, done := sniff.feed(f.Body); done {
 					if id != "" {
-						h.responses.put(id, tun.Node, tun.Provider)
+						h.responses.put(id, responseAt{node: tun.Node, provider: tun.Provider, key: domain.PrincipalFrom(r.Context()).Name})
 					}
 					sniff = nil
 				}

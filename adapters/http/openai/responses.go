@@ -24,10 +24,17 @@ const (
 // otherwise it is not found. A response created on a node the caller may
 // not see is answered as one this edge never saw: proxying there would
 // fail naming the node, and a node outside a key's limit does not exist
-// for that key.
+// for that key. So is another key's response (an admin key may follow up
+// any): its id can be seen by others (a follow-up's path on the event
+// feed), and the provider would hand its content to whoever asks with the
+// edge's provider key.
 func (h *Handler) responseFollowUp(w http.ResponseWriter, r *http.Request, id string) {
 	t := target{family: domain.ProviderOpenAI}
-	if at, ok := h.responses.get(id); ok && domain.PrincipalFrom(r.Context()).SeesNode(at.node) {
+	if at, ok := h.responses.get(id); ok {
+		if !at.usableBy(domain.PrincipalFrom(r.Context())) {
+			WriteError(w, r, http.StatusNotFound, "response_not_found", fmt.Sprintf("response %q was not created through this edge", id))
+			return
+		}
 		h.proxy(w, r, t, at.node, at.provider)
 		return
 	}
@@ -49,10 +56,20 @@ func (h *Handler) responseFollowUp(w http.ResponseWriter, r *http.Request, id st
 		fmt.Sprintf("response %q was not created through this edge (or is too old to be remembered); pin its node with the X-IOP-Node header", id))
 }
 
-type responseAt struct{ node, provider string }
+// responseAt is where a response was created, and by which API key.
+type responseAt struct{ node, provider, key string }
 
-// responseNodes remembers which node and provider created a response, up
-// to max ids (first in, first out). Safe for concurrent use.
+// usableBy reports whether p may follow up the response: p sees its node,
+// and it is p's own or p has the admin scope (on an edge without keys every
+// caller is the one anonymous admin).
+func (a responseAt) usableBy(p domain.Principal) bool {
+	return p.SeesNode(a.node) && (a.key == p.Name || p.Allows(domain.ScopeAdmin))
+}
+
+// responseNodes remembers which node and provider created a response, and
+// for which key, up to max ids (first in, first out). An id is remembered
+// as it was first seen: a node that answers with another response's id
+// cannot take its follow-ups. Safe for concurrent use.
 type responseNodes struct {
 	mu    sync.Mutex
 	max   int
@@ -65,11 +82,10 @@ func newResponseNodes(max int) *responseNodes {
 	return &responseNodes{max: max, at: make(map[string]responseAt, 64)}
 }
 
-func (m *responseNodes) put(id, node, provider string) {
+func (m *responseNodes) put(id string, at responseAt) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.at[id]; ok {
-		m.at[id] = responseAt{node, provider}
 		return
 	}
 	if len(m.order) < m.max {
@@ -79,7 +95,7 @@ func (m *responseNodes) put(id, node, provider string) {
 		m.order[m.next] = id
 		m.next = (m.next + 1) % m.max
 	}
-	m.at[id] = responseAt{node, provider}
+	m.at[id] = at
 }
 
 func (m *responseNodes) get(id string) (responseAt, bool) {

@@ -444,3 +444,52 @@ func TestResponseFollowUpHidesNodesTheCallerCannotSee(t *testing.T) {
 		t.Fatal("the follow-up reached secret-gpu")
 	}
 }
+
+// A response is its creating key's: another key's follow-ups of it (whose
+// id it may have seen on the event feed) and a create continuing it are
+// answered as for an id the edge never saw, without reaching the provider,
+// which would hand over its content. An admin key may follow up any. A
+// node that later answers with the same id does not take its follow-ups.
+func TestResponsesBelongToTheirKey(t *testing.T) {
+	e := newEnv(t)
+	created := `{"id":"resp_x","object":"response","status":"completed"}`
+	a := e.node(t, "a", serve(response(200, "application/json", created)...), provider("p", domain.ProviderOpenAI, "m"))
+	e.node(t, "b", serve(response(200, "application/json", created)...), provider("p", domain.ProviderOpenAI, "m"))
+	as := func(name string, scopes ...string) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			e.h.ServeHTTP(w, r.WithContext(domain.WithPrincipal(r.Context(), domain.Principal{Name: name, Scopes: scopes})))
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	x, y, ops := as("x", domain.ScopeInference), as("y", domain.ScopeInference), as("ops", domain.ScopeAdmin)
+	if got := readAll(t, do(t, http.MethodPost, x.URL+"/v1/responses", `{"model":"m"}`, "X-IOP-Node", "a")); got != created {
+		t.Fatalf("create: %q", got)
+	}
+	// b claims the same id: ignored.
+	if got := readAll(t, do(t, http.MethodPost, y.URL+"/v1/responses", `{"model":"m"}`, "X-IOP-Node", "b")); got != created {
+		t.Fatalf("b's create: %q", got)
+	}
+	before := a.count()
+	for _, c := range []struct{ method, path, body string }{
+		{http.MethodGet, "/v1/responses/resp_x", ""},
+		{http.MethodDelete, "/v1/responses/resp_x", ""},
+		{http.MethodGet, "/v1/responses/resp_x/input_items", ""},
+		{http.MethodPost, "/v1/responses", `{"model":"m","previous_response_id":"resp_x"}`},
+	} {
+		resp := do(t, c.method, y.URL+c.path, c.body)
+		if got := readAll(t, resp); resp.StatusCode != 404 || !strings.Contains(got, "was not created through this edge") {
+			t.Errorf("y: %s %s = %d %s, want 404", c.method, c.path, resp.StatusCode, got)
+		}
+	}
+	if a.count() != before {
+		t.Fatal("another key's follow-up reached the provider")
+	}
+	for _, srv := range []*httptest.Server{x, ops} {
+		readAll(t, do(t, http.MethodGet, srv.URL+"/v1/responses/resp_x", ""))
+		if o := a.last(t); o.req.Path != "/v1/responses/resp_x" || a.count() != before+1 {
+			t.Fatalf("follow-up went to %+v (%d calls on a)", o.req, a.count()-before)
+		}
+		before++
+	}
+}
