@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -135,6 +136,7 @@ type fakeEdge struct {
 	// onRegister, if set, sees every link Register accepts before Register
 	// returns, as the edge's register use case (which publishes it).
 	onRegister func(link ports.NodeLink)
+	unreported atomic.Int64 // HandshakeFailedUnreported calls
 }
 
 func newFakeEdge() *fakeEdge {
@@ -199,6 +201,8 @@ func (e *fakeEdge) HandshakeFailed(remote, reason string) {
 	e.mu.Unlock()
 	e.failed <- f
 }
+
+func (e *fakeEdge) HandshakeFailedUnreported() { e.unreported.Add(1) }
 
 func (e *fakeEdge) registerCount() int {
 	e.mu.Lock()

@@ -68,6 +68,7 @@ func (e *idleEdge) Disconnected(_ string, link ports.NodeLink, _ string) {
 	e.mu.Unlock()
 }
 func (e *idleEdge) HandshakeFailed(string, string)  {}
+func (e *idleEdge) HandshakeFailedUnreported()      {}
 func (e *idleEdge) Draining(string, ports.NodeLink) {}
 
 type idleNode struct{ connected atomic.Int64 }

@@ -30,6 +30,10 @@ type EdgeHandler interface {
 	// HandshakeFailed reports a connection dropped before it registered
 	// (garbage, oversized or missing register frame, timeout).
 	HandshakeFailed(remote, reason string)
+	// HandshakeFailedUnreported counts such a connection that a flood's
+	// rate limit kept from being reported (failed TLS handshakes,
+	// connections refused at accept): the next report says how many.
+	HandshakeFailedUnreported()
 }
 
 // Server accepts node connections for the edge.
@@ -161,6 +165,7 @@ func (s *Server) acceptLoop() {
 func (s *Server) refused(remote, why string) {
 	n, ok := s.refusals.allow(time.Now())
 	if !ok {
+		s.h.HandshakeFailedUnreported()
 		return
 	}
 	if n > 0 {

@@ -239,6 +239,7 @@ func (s *Server) secureServer(nc net.Conn) (net.Conn, domain.PeerIdentity, error
 func (s *Server) tlsFailed(remote string, err error) {
 	n, ok := s.tlsReports.allow(time.Now())
 	if !ok {
+		s.h.HandshakeFailedUnreported()
 		return
 	}
 	reason := "tls: " + tlsReason(err)

@@ -296,7 +296,8 @@ func TestTLSReportsAreRateLimited(t *testing.T) {
 	}
 }
 
-// A flood of plaintext clients reaches HandshakeFailed at most a burst's worth.
+// A flood of plaintext clients reaches HandshakeFailed at most a burst's
+// worth; the rest are counted through HandshakeFailedUnreported.
 func TestTLSPlaintextFloodIsNotReportedOneByOne(t *testing.T) {
 	m := edgeCA(t)
 	e := newFakeEdge()
@@ -313,6 +314,11 @@ func TestTLSPlaintextFloodIsNotReportedOneByOne(t *testing.T) {
 	e.mu.Unlock()
 	if got == 0 || got >= n/2 {
 		t.Fatalf("%d reports for %d plaintext connections, want a rate-limited handful", got, n)
+	}
+	// Each of the others is still counted (iop_node_registrations_total
+	// would read low exactly during a flood).
+	if quiet := e.unreported.Load(); int(quiet)+got != n {
+		t.Fatalf("%d reported and %d counted unreported, want all %d failures counted", got, quiet, n)
 	}
 }
 

@@ -120,7 +120,10 @@ func (h *SubmitProviderTunnelHandler) observeTunnel(t *Tunnel, s domain.TunnelSu
 	}
 	if h.Observe.Metrics != nil {
 		model := t.Model
-		if !ob.modelOK && model != "" {
+		if (!ob.modelOK && model != "") || (model == "" && t.usage != nil) {
+			// A tunnel that named no model (a stored response's
+			// retrieval) is not labelled with the one the provider
+			// reported either.
 			model = unlistedModel
 		}
 		code := strconv.Itoa(t.status)

@@ -296,6 +296,12 @@ type Tunnel struct {
 	Model    string
 	// Key names the API key of the caller.
 	Key string
+	// CountUsage, if set before the tunnel is read, decides whether the
+	// usage the provider reports is this tunnel's to count (ledger,
+	// history, metrics, tunnel.completed): a retrieval of a stored
+	// response reports the usage its creation counted already. It runs
+	// on the goroutine that calls Next.
+	CountUsage func(*domain.Usage) bool
 
 	h       *SubmitProviderTunnelHandler
 	stream  ports.TunnelStream
@@ -342,7 +348,7 @@ func (t *Tunnel) Next(ctx context.Context) (domain.TunnelFrame, error) {
 	case domain.TunnelBody:
 		t.bodyBytes += int64(len(f.Body))
 	case domain.TunnelUsage:
-		if f.Usage != nil {
+		if f.Usage != nil && (t.CountUsage == nil || t.CountUsage(f.Usage)) {
 			u := *f.Usage
 			t.usage = &u
 		}

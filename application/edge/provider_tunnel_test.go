@@ -590,3 +590,39 @@ func TestProviderTunnelCallersModelNeverBecomesALabel(t *testing.T) {
 		t.Fatalf("model labels %s, want the pulls of unlisted models as (unlisted)", got)
 	}
 }
+
+// A tunnel that named no model (a stored response's retrieval) but reports
+// usage is labelled (unlisted), not with the model the provider reported:
+// that string is the provider's, not one its list holds. One that reports
+// no usage keeps its empty label.
+func TestProviderTunnelWithoutAModelIsNotLabelledByItsUsage(t *testing.T) {
+	e := newPTEnv()
+	metrics := &ptMetrics{}
+	e.h.Observe.Metrics = metrics
+	l := ptAdmit(t, e.reg, "b", ptProvider("vllm", domain.ProviderOpenAI, "m"))
+	usage := domain.TunnelFrame{Kind: domain.TunnelUsage, Usage: &domain.Usage{PromptTokens: 5, Model: "echoed-by-the-provider"}}
+	l.open = func(domain.TunnelRequest) (ports.TunnelStream, error) {
+		frames := ptOK(`{}`)
+		return newPTStream(nil, append(frames[:3:3], usage, frames[3])...), nil
+	}
+	tun, err := e.h.Handle(context.Background(), edge.SubmitProviderTunnel{Node: "b", Provider: "vllm", ProviderType: domain.ProviderOpenAI, Method: "GET", Path: "/v1/responses/resp_1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ptDrain(t, tun); err != nil {
+		t.Fatal(err)
+	}
+	l.open = func(domain.TunnelRequest) (ports.TunnelStream, error) { return newPTStream(nil, ptOK(`{}`)...), nil }
+	tun, err = e.h.Handle(context.Background(), edge.SubmitProviderTunnel{Node: "b", ProviderType: domain.ProviderOpenAI, Method: "GET", Path: "/v1/models"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ptDrain(t, tun); err != nil {
+		t.Fatal(err)
+	}
+	metrics.mu.Lock()
+	defer metrics.mu.Unlock()
+	if got := fmt.Sprintf("%q", metrics.models); got != `["(unlisted)" ""]` {
+		t.Fatalf("model labels %s", got)
+	}
+}

@@ -157,6 +157,12 @@ func (h *RegisterHandler) HandshakeFailed(remote, reason string) {
 	}
 }
 
+// HandshakeFailedUnreported counts a failed handshake the transport did
+// not report (a flood, rate-limited there): the metric counts every one.
+func (h *RegisterHandler) HandshakeFailedUnreported() {
+	h.countRegistration("handshake_failed")
+}
+
 func (h *RegisterHandler) countRegistration(outcome string) {
 	if h.Metrics != nil {
 		h.Metrics.NodeRegistration(outcome)

@@ -140,6 +140,9 @@ type target struct {
 	// with the provider that created it, so a remembered id pins its node
 	// and provider, as the follow-ups of a response do.
 	follows string
+	// followUp is the id of the stored response a follow-up (retrieve,
+	// delete, cancel, input items) is about: its usage was counted once.
+	followUp string
 }
 
 var (
@@ -387,6 +390,18 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 	}
 	defer tun.Close() // after a normal end a no-op; otherwise the node aborts upstream
 	var sniff *idSniffer
+	created := "" // the id of the response this tunnel creates, once sniffed
+	switch {
+	case t.followUp != "":
+		tun.CountUsage = func(*domain.Usage) bool { return h.responses.countUsage(t.followUp) }
+	case t.remember:
+		tun.CountUsage = func(*domain.Usage) bool {
+			if created != "" {
+				h.responses.countUsage(created) // counted here: retrievals count nothing
+			}
+			return true
+		}
+	}
 	status, started := 0, false
 	wd := deadline.Quarter(h.WriteIdleTimeout)
 	// unflushed: written to the caller's buffer but not sent. The flush
@@ -474,8 +489,8 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 			}
 			if sniff != nil {
 				if id, done := sniff.feed(f.Body); done {
-					if id != "" {
-						h.responses.put(id, responseAt{node: tun.Node, provider: tun.Provider, key: domain.PrincipalFrom(r.Context()).Name})
+					if id != "" && h.responses.put(id, responseAt{node: tun.Node, provider: tun.Provider, key: domain.PrincipalFrom(r.Context()).Name}) {
+						created = id
 					}
 					sniff = nil
 				}

@@ -29,7 +29,7 @@ const (
 // feed), and the provider would hand its content to whoever asks with the
 // edge's provider key.
 func (h *Handler) responseFollowUp(w http.ResponseWriter, r *http.Request, id string) {
-	t := target{family: domain.ProviderOpenAI}
+	t := target{family: domain.ProviderOpenAI, followUp: id}
 	if at, ok := h.responses.get(id); ok {
 		if !at.usableBy(domain.PrincipalFrom(r.Context())) {
 			WriteError(w, r, http.StatusNotFound, "response_not_found", fmt.Sprintf("response %q was not created through this edge", id))
@@ -57,7 +57,12 @@ func (h *Handler) responseFollowUp(w http.ResponseWriter, r *http.Request, id st
 }
 
 // responseAt is where a response was created, and by which API key.
-type responseAt struct{ node, provider, key string }
+type responseAt struct {
+	node, provider, key string
+	// counted: a tunnel of this response counted its usage (the creation,
+	// or the first retrieval of a background response that reported it).
+	counted bool
+}
 
 // usableBy reports whether p may follow up the response: p sees its node,
 // and it is p's own or p has the admin scope (on an edge without keys every
@@ -82,11 +87,13 @@ func newResponseNodes(max int) *responseNodes {
 	return &responseNodes{max: max, at: make(map[string]responseAt, 64)}
 }
 
-func (m *responseNodes) put(id string, at responseAt) {
+// put remembers id as created at at, unless it is remembered already
+// (reported false).
+func (m *responseNodes) put(id string, at responseAt) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.at[id]; ok {
-		return
+		return false
 	}
 	if len(m.order) < m.max {
 		m.order = append(m.order, id)
@@ -96,6 +103,23 @@ func (m *responseNodes) put(id string, at responseAt) {
 		m.next = (m.next + 1) % m.max
 	}
 	m.at[id] = at
+	return true
+}
+
+// countUsage reports whether the usage a tunnel of response id reports is
+// to be counted, and from now on, it is not again: a response is
+// retrieved as often as its client polls it, each time with its usage. An
+// id not remembered is not counted (it may have been before a restart).
+func (m *responseNodes) countUsage(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a, ok := m.at[id]
+	if !ok || a.counted {
+		return false
+	}
+	a.counted = true
+	m.at[id] = a
+	return true
 }
 
 func (m *responseNodes) get(id string) (responseAt, bool) {

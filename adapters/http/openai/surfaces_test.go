@@ -493,3 +493,45 @@ func TestResponsesBelongToTheirKey(t *testing.T) {
 		before++
 	}
 }
+
+// A stored response's usage is counted once: by its creation when that
+// reported it, else by the first retrieval that does (a background
+// response, polled until it completes); the retrievals a client polls
+// with, each reporting the same usage, add nothing more. A retrieval of
+// an id the edge does not remember counts nothing.
+func TestStoredResponseUsageIsCountedOnce(t *testing.T) {
+	e := newEnv(t)
+	withUsage := func(js string, total int64) []step {
+		return []step{status(200), header("Content-Type", "application/json"), body(js),
+			{f: domain.TunnelFrame{Kind: domain.TunnelUsage, Usage: &domain.Usage{PromptTokens: total - 2, CompletionTokens: 2, TotalTokens: total, Model: "gpt-x-2025"}}},
+			frame(domain.TunnelEnd)}
+	}
+	e.node(t, "a", func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+		switch {
+		case req.Method == http.MethodPost && strings.Contains(string(req.Body), "background"):
+			return newFakeStream(response(200, "application/json", `{"id":"resp_bg","status":"queued"}`)...), nil
+		case req.Method == http.MethodPost:
+			return newFakeStream(withUsage(`{"id":"resp_now","status":"completed"}`, 10)...), nil
+		case strings.HasSuffix(req.Path, "resp_bg"):
+			return newFakeStream(withUsage(`{"id":"resp_bg","status":"completed"}`, 100)...), nil
+		}
+		return newFakeStream(withUsage(`{"id":"resp_now","status":"completed"}`, 10)...), nil
+	}, provider("p", domain.ProviderOpenAI, "m"))
+	readAll(t, do(t, http.MethodPost, e.srv.URL+"/v1/responses", `{"model":"m"}`))
+	readAll(t, do(t, http.MethodPost, e.srv.URL+"/v1/responses", `{"model":"m","background":true}`))
+	for range 3 {
+		readAll(t, do(t, http.MethodGet, e.srv.URL+"/v1/responses/resp_now", ""))
+		readAll(t, do(t, http.MethodGet, e.srv.URL+"/v1/responses/resp_bg", ""))
+		readAll(t, do(t, http.MethodGet, e.srv.URL+"/v1/responses/resp_unknown", ""))
+	}
+	var requests, tokens int64
+	var models []string
+	for _, l := range e.ledger.Snapshot() {
+		requests += l.Requests
+		tokens += l.TotalTokens
+		models = append(models, l.Model)
+	}
+	if requests != 11 || tokens != 110 {
+		t.Fatalf("ledger: %d requests, %d tokens (lines of models %q); want 11 requests and 110 tokens (10 for resp_now's creation, 100 for resp_bg's first retrieval)", requests, tokens, models)
+	}
+}

@@ -7,6 +7,7 @@ package prom
 import (
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -31,7 +32,21 @@ type Metrics struct {
 	tunnelBytes   *prometheus.CounterVec
 	tokens        *prometheus.CounterVec
 	historyDrops  prometheus.Counter
+
+	// runModels are the model label values runs' tokens were counted
+	// under, at most maxRunModels: a run's model is what its adapter
+	// reports, which for a chat adapter is often the caller's target
+	// echoed by the upstream, so callers could otherwise mint series.
+	mu        sync.Mutex
+	runModels map[string]struct{}
 }
+
+// maxRunModels bounds the distinct model labels of runs' tokens; runs of
+// further models are counted under otherModels.
+const (
+	maxRunModels = 256
+	otherModels  = "(other)"
+)
 
 var _ ports.EdgeMetrics = (*Metrics)(nil)
 
@@ -102,7 +117,28 @@ func (m *Metrics) RunFinished(r ports.RunOutcome) {
 	if r.FirstEvent > 0 {
 		m.runFirst.WithLabelValues(label(r.Adapter)).Observe(r.FirstEvent.Seconds())
 	}
-	m.addTokens(r.Node, r.Usage, "")
+	if r.Usage != nil {
+		m.addTokens(r.Node, r.Usage, m.runModel(r.Usage.Model))
+	}
+}
+
+// runModel is the label a run's model is counted under: itself while
+// fewer than maxRunModels have been seen, otherModels after that.
+func (m *Metrics) runModel(model string) string {
+	model = label(model)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.runModels[model]; ok {
+		return model
+	}
+	if len(m.runModels) >= maxRunModels {
+		return otherModels
+	}
+	if m.runModels == nil {
+		m.runModels = map[string]struct{}{}
+	}
+	m.runModels[model] = struct{}{}
+	return model
 }
 
 // TunnelFinished implements ports.EdgeMetrics.

@@ -1,6 +1,7 @@
 package prom_test
 
 import (
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"strings"
@@ -102,5 +103,28 @@ func TestPortToCollectors(t *testing.T) {
 		if f[name] == nil {
 			t.Errorf("runtime/process metric %s missing", name)
 		}
+	}
+}
+
+// A run's model is what its adapter reports — for a chat adapter often the
+// caller's target echoed by the upstream — so the models runs' tokens are
+// counted under are bounded: past 256 distinct ones, the rest share
+// "(other)", and no caller can mint series without end.
+func TestRunTokenModelsAreBounded(t *testing.T) {
+	m := prom.New(prom.Sources{})
+	for i := range 300 {
+		m.RunFinished(ports.RunOutcome{Node: "n1", Adapter: "llm", Status: domain.RunSucceeded,
+			Usage: &domain.Usage{PromptTokens: 1, Model: fmt.Sprintf("invented-%d", i)}})
+	}
+	m.RunFinished(ports.RunOutcome{Node: "n1", Adapter: "llm", Status: domain.RunSucceeded, Usage: &domain.Usage{PromptTokens: 1, Model: "invented-0"}})
+	f := scrape(t, m)
+	if n := len(f["iop_tokens_total"].Metric); n != 257 {
+		t.Fatalf("%d iop_tokens_total series, want 256 models and (other)", n)
+	}
+	if v := value(t, f, "iop_tokens_total", map[string]string{"model": "(other)"}); v != 44 {
+		t.Fatalf("(other) counted %v prompt tokens, want 44", v)
+	}
+	if v := value(t, f, "iop_tokens_total", map[string]string{"model": "invented-0"}); v != 2 {
+		t.Fatalf("invented-0 counted %v, want 2 (a model seen before keeps its label)", v)
 	}
 }
