@@ -199,8 +199,8 @@ func TestIdleSocketsFromFewAddressesDoNotLockNodesOut(t *testing.T) {
 // closed at the end of a test would fill fakeEdge's channel and block.
 type uncountedFailures struct{ *fakeEdge }
 
-func (uncountedFailures) HandshakeFailed(string, string)  {}
-func (uncountedFailures) HandshakeFailedUnreported()      {}
+func (uncountedFailures) HandshakeFailed(string, string) {}
+func (uncountedFailures) HandshakeFailedUnreported()     {}
 
 // A connection whose register frame has arrived is being authenticated:
 // it is not closed to make room, even when its address holds the most.
