@@ -105,9 +105,18 @@ func dialAddress(cfg *config.EdgeConfig, errOut io.Writer) (string, error) {
 		return "", errors.New("transport.listen uses port 0; pass --address host:port")
 	}
 	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		// The first certificate name a node can dial: a wildcard
+		// ("*.example.com") names no host.
+		named := ""
+		for _, h := range cfg.Transport.TLS.Hosts {
+			if !strings.HasPrefix(h, "*") {
+				named = h
+				break
+			}
+		}
 		switch {
-		case len(cfg.Transport.TLS.Hosts) > 0:
-			host = cfg.Transport.TLS.Hosts[0]
+		case named != "":
+			host = named
 		default:
 			if host, err = os.Hostname(); err != nil {
 				return "", errors.New("cannot tell which address nodes dial; pass --address host:port")

@@ -64,3 +64,22 @@ func TestJoinUsageAndConfigErrorsExit2(t *testing.T) {
 		}
 	}
 }
+
+// On a wildcard listen address the node dials the first name of the
+// edge's certificate that names a host: a wildcard ("*.example.com") does
+// not.
+func TestJoinSkipsAWildcardHost(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "edge.yaml")
+	doc := "transport: {listen: \"0.0.0.0:7700\", tls: {mode: auto, hosts: [\"*.example.com\", edge.example.com]}}\nnodes:\n  - {id: gpu-box, token: aaaaaaaa}\n"
+	if err := os.WriteFile(cfg, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if err := join(cfg, &out, &errOut, []string{"gpu-box"}); err != nil {
+		t.Fatalf("join: %v (%s)", err, errOut.String())
+	}
+	if !strings.Contains(out.String(), "--edge edge.example.com:7700 ") || strings.Contains(out.String(), "*.") {
+		t.Fatalf("join printed:\n%s", out.String())
+	}
+}
