@@ -76,7 +76,10 @@ func New(src Sources) *Metrics {
 		tunnels: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "iop_tunnel_requests_total",
 			Help: "Provider tunnels that ended, by node, provider, served model and HTTP status or error code."}, []string{"node", "provider", "model", "code"}),
 		tunnelFirst: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "iop_tunnel_first_byte_seconds",
-			Help: "Time from opening a tunnel to the provider's response status.", Buckets: prometheus.DefBuckets}),
+			// A provider answers a request that does not stream only once
+			// it has generated the whole answer: often past 10 s, where
+			// the default buckets end.
+			Help: "Time from opening a tunnel to the provider's response status.", Buckets: append([]float64{0.005, 0.01, 0.025}, runBuckets...)}),
 		tunnelBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "iop_tunnel_body_bytes_total",
 			Help: "Tunnel body bytes: in (request, caller to provider) and out (response)."}, []string{"direction"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "iop_tokens_total",

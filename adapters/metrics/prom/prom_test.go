@@ -128,3 +128,24 @@ func TestRunTokenModelsAreBounded(t *testing.T) {
 		t.Fatalf("invented-0 counted %v, want 2 (a model seen before keeps its label)", v)
 	}
 }
+
+// A tunnel's first byte may come minutes in (a completion that does not
+// stream sends its status when it is done): the buckets reach 30 minutes
+// like the runs', and still tell milliseconds apart.
+func TestTunnelFirstByteBucketsReachMinutes(t *testing.T) {
+	m := prom.New(prom.Sources{})
+	m.TunnelFinished(ports.TunnelOutcome{Node: "n1", Provider: "p", Model: "m", Code: "200", FirstByte: 45 * time.Second})
+	h := scrape(t, m)["iop_tunnel_first_byte_seconds"].Metric[0].Histogram
+	var bounds []float64
+	for _, b := range h.Bucket {
+		bounds = append(bounds, b.GetUpperBound())
+	}
+	if bounds[0] > 0.005 || bounds[len(bounds)-1] < 1800 {
+		t.Fatalf("buckets %v", bounds)
+	}
+	for _, b := range h.Bucket {
+		if b.GetUpperBound() == 30 && b.GetCumulativeCount() != 0 || b.GetUpperBound() == 60 && b.GetCumulativeCount() != 1 {
+			t.Fatalf("45 s landed wrong: %v", h.Bucket)
+		}
+	}
+}
