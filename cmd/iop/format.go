@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"iop/cmd/iop/internal/client"
 )
@@ -27,7 +29,9 @@ func newTable(w io.Writer, header ...string) *table {
 
 func (t *table) row(cols ...string) {
 	for i, c := range cols {
-		cols[i] = strings.NewReplacer("\t", " ", "\n", " ", "\r", " ").Replace(c)
+		// Whitespace that would break the row becomes a space; what is
+		// left that a terminal would act on is escaped.
+		cols[i] = printable(strings.NewReplacer("\t", " ", "\n", " ", "\r", " ").Replace(c))
 		if cols[i] == "" {
 			cols[i] = "-"
 		}
@@ -36,6 +40,41 @@ func (t *table) row(cols ...string) {
 }
 
 func (t *table) flush() { _ = t.tw.Flush() }
+
+// printable returns text that came from the edge, a node or a provider
+// (names, reasons, error messages) fit to be shown on a terminal: every rune
+// that is not printable is written as a Go escape ("\x1b", "\n", "\u202e")
+// and every byte that is not UTF-8 as "\xff". Raw, such text could move the
+// cursor, clear the screen, set the window title, reverse the order of what
+// follows it (bidi overrides) or forge lines of output. A run's own output
+// is not passed through it: that is the program's, byte for byte.
+func printable(s string) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || !strconv.IsPrint(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case strconv.IsPrint(r):
+			b.WriteString(s[i : i+n])
+		default:
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += n
+	}
+	return b.String()
+}
 
 // ago renders how long before now t was ("5m ago"); "-" for a zero time.
 func ago(now, t time.Time) string {

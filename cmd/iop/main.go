@@ -128,10 +128,13 @@ func (a *app) run(ctx context.Context, args []string) int {
 	if cmd != nil {
 		help = cmd.CommandPath()
 	}
+	// An error's text holds what the edge, a node or a provider said (and
+	// what the user typed): escaped, it stays on its one line and cannot
+	// drive the terminal.
 	var ee *exitErr
 	if errors.As(err, &ee) {
 		if ee.err != nil {
-			fmt.Fprintf(a.stderr, "iop: %v\n", ee.err)
+			fmt.Fprintf(a.stderr, "iop: %s\n", printable(ee.err.Error()))
 			if ee.code == exitUsage {
 				fmt.Fprintf(a.stderr, "Run '%s --help' for usage.\n", help)
 			}
@@ -140,7 +143,7 @@ func (a *app) run(ctx context.Context, args []string) int {
 	}
 	// Anything else comes from cobra itself: unknown commands and flags,
 	// wrong argument counts.
-	fmt.Fprintf(a.stderr, "iop: %v\nRun '%s --help' for usage.\n", err, help)
+	fmt.Fprintf(a.stderr, "iop: %s\nRun '%s --help' for usage.\n", printable(err.Error()), help)
 	return exitUsage
 }
 

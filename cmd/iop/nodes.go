@@ -115,7 +115,7 @@ func (a *app) nodesCmd() *cobra.Command {
 						since = "left " + ago(now, *n.DisconnectedAt)
 					}
 					if n.DisconnectReason != "" {
-						reasons = append(reasons, fmt.Sprintf("%s left: %s", n.ID, n.DisconnectReason))
+						reasons = append(reasons, fmt.Sprintf("%s left: %s", printable(n.ID), printable(n.DisconnectReason)))
 					}
 				}
 				t.row(n.ID, status, n.Remote, since, strings.Join(ad, " "), n.Version)
@@ -180,7 +180,7 @@ func (a *app) nodeCmd() *cobra.Command {
 						if len(args) == 1 || ctx.Err() != nil {
 							return err // one node asked for, or interrupted
 						}
-						fmt.Fprintf(a.stderr, "iop: warning: node %s: %v\n", id, err)
+						fmt.Fprintf(a.stderr, "iop: warning: node %s: %s\n", printable(id), printable(err.Error()))
 						lastErr = err
 						continue
 					}

@@ -68,10 +68,10 @@ func (a *app) ollamaCmd() *cobra.Command {
 			}
 			var res nodecmd.OllamaStatus
 			_ = json.Unmarshal(raw, &res)
-			if res.Status != "" && res.Status != view.lastStatus {
-				fmt.Fprintln(a.stdout, res.Status)
+			if st := printable(res.Status); st != "" && st != view.lastStatus {
+				fmt.Fprintln(a.stdout, st)
 			}
-			fmt.Fprintf(a.stdout, "pulled %s on node %s\n", args[0], n)
+			fmt.Fprintf(a.stdout, "pulled %s on node %s\n", printable(args[0]), printable(n))
 			return nil
 		}),
 	})
@@ -135,7 +135,7 @@ func (a *app) ollamaCmd() *cobra.Command {
 		Short: "Delete a model from a node's Ollama",
 		Args:  cobra.ExactArgs(1),
 		RunE: call(nodecmd.CmdOllamaDelete, 1, func(n string, args []string, _ json.RawMessage) error {
-			fmt.Fprintf(a.stdout, "deleted %s on node %s\n", args[0], n)
+			fmt.Fprintf(a.stdout, "deleted %s on node %s\n", printable(args[0]), printable(n))
 			return nil
 		}),
 	})
@@ -148,7 +148,7 @@ func (a *app) ollamaCmd() *cobra.Command {
 			if err := json.Unmarshal(raw, &v); err != nil {
 				return fmt.Errorf("decode version: %w", err)
 			}
-			fmt.Fprintf(a.stdout, "ollama %s on node %s\n", v.Version, n)
+			fmt.Fprintf(a.stdout, "ollama %s on node %s\n", printable(v.Version), printable(n))
 			return nil
 		}),
 	})
@@ -165,7 +165,7 @@ type pullView struct {
 
 	bars       map[string]*progressbar.ProgressBar
 	current    *progressbar.ProgressBar
-	lastStatus string
+	lastStatus string // as shown: printable
 	lastDecile map[string]int64
 }
 
@@ -179,7 +179,7 @@ func (p *pullView) progress(raw json.RawMessage) error {
 	}
 	if pr.Error != "" {
 		p.endBar()
-		fmt.Fprintf(p.errw, "iop: %s\n", pr.Error)
+		fmt.Fprintf(p.errw, "iop: %s\n", printable(pr.Error))
 		return nil
 	}
 	if pr.Digest != "" && pr.Total > 0 {
@@ -196,6 +196,7 @@ func (p *pullView) progress(raw json.RawMessage) error {
 }
 
 func (p *pullView) status(s string) {
+	s = printable(s)
 	if s != "" && s != p.lastStatus {
 		fmt.Fprintln(p.w, s)
 		p.lastStatus = s
@@ -206,9 +207,9 @@ func (p *pullView) bar(pr nodecmd.OllamaPullProgress) {
 	b := p.bars[pr.Digest]
 	if b == nil {
 		p.endBar()
-		desc := pr.Status
+		desc := printable(pr.Status)
 		if desc == "" {
-			desc = "pulling " + shortDigest(pr.Digest)
+			desc = "pulling " + printable(shortDigest(pr.Digest))
 		}
 		b = progressbar.NewOptions64(pr.Total,
 			progressbar.OptionSetWriter(p.w),
@@ -254,9 +255,9 @@ func (p *pullView) percent(pr nodecmd.OllamaPullProgress) {
 		return
 	}
 	p.lastDecile[pr.Digest] = d
-	label := pr.Status
+	label := printable(pr.Status)
 	if label == "" {
-		label = "pulling " + shortDigest(pr.Digest)
+		label = "pulling " + printable(shortDigest(pr.Digest))
 	}
 	fmt.Fprintf(p.w, "%s: %d%% (%s/%s)\n", label, pr.Completed*100/pr.Total, humanBytes(pr.Completed), humanBytes(pr.Total))
 	p.lastStatus = label

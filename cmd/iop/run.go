@@ -128,11 +128,11 @@ func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest
 		if a.json {
 			return writeJSONLine(a.stdout, map[string]string{"run_id": rs.RunID, "node": rs.Node})
 		}
-		fmt.Fprintf(a.stdout, "%s started in the background on node %s\n", rs.RunID, rs.Node)
+		fmt.Fprintf(a.stdout, "%s started in the background on node %s\n", printable(rs.RunID), printable(rs.Node))
 		return nil
 	}
 	if a.verbose {
-		fmt.Fprintf(a.stderr, "run %s on node %s\n", rs.RunID, rs.Node)
+		fmt.Fprintf(a.stderr, "run %s on node %s\n", printable(rs.RunID), printable(rs.Node))
 	}
 	out := &runOutput{a: a}
 	for {
@@ -211,7 +211,7 @@ func (o *runOutput) end(rs *client.RunStream, ev client.RunEvent) error {
 	switch ev.Type {
 	case "complete":
 		if a.verbose {
-			fmt.Fprintf(a.stderr, "run %s complete on node %s%s\n", rs.RunID, rs.Node, usageSummary(ev.Usage))
+			fmt.Fprintf(a.stderr, "run %s complete on node %s%s\n", printable(rs.RunID), printable(rs.Node), usageSummary(ev.Usage))
 		}
 		return nil
 	case "cancelled":
@@ -243,11 +243,12 @@ func usageSummary(u *client.Usage) string {
 	if u.DurationMS > 0 {
 		parts = append(parts, fmt.Sprintf("%dms", u.DurationMS))
 	}
+	// The model and the stop reason are the provider's words.
 	if u.Model != "" {
-		parts = append(parts, "model "+u.Model)
+		parts = append(parts, "model "+printable(u.Model))
 	}
 	if u.StopReason != "" {
-		parts = append(parts, "stop "+u.StopReason)
+		parts = append(parts, "stop "+printable(u.StopReason))
 	}
 	if len(parts) == 0 {
 		return ""

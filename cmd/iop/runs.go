@@ -93,7 +93,7 @@ func (a *app) runsCmd() *cobra.Command {
 				return fmt.Errorf("decode run list: %w", err)
 			}
 			for _, e := range list.Errors {
-				fmt.Fprintf(a.stderr, "iop: warning: node %s did not answer: %s (%s)\n", e.Node, e.Message, e.Code)
+				fmt.Fprintf(a.stderr, "iop: warning: node %s did not answer: %s (%s)\n", printable(e.Node), printable(e.Message), printable(e.Code))
 			}
 			if len(list.Runs) == 0 {
 				fmt.Fprintln(a.stderr, "no runs")
@@ -106,7 +106,7 @@ func (a *app) runsCmd() *cobra.Command {
 			}
 			t.flush()
 			if list.NextCursor != "" {
-				fmt.Fprintf(a.stderr, "more runs: --cursor %s\n", list.NextCursor)
+				fmt.Fprintf(a.stderr, "more runs: --cursor %s\n", printable(list.NextCursor))
 			}
 			return nil
 		}),
@@ -192,7 +192,7 @@ func (a *app) cancelCmd() *cobra.Command {
 				Node  string `json:"node"`
 			}
 			_ = json.Unmarshal(raw, &ans)
-			fmt.Fprintf(a.stdout, "cancelling run %s on node %s\n", ans.RunID, ans.Node)
+			fmt.Fprintf(a.stdout, "cancelling run %s on node %s\n", printable(ans.RunID), printable(ans.Node))
 			return nil
 		}),
 	}
@@ -231,9 +231,9 @@ func (a *app) sessionCmd() *cobra.Command {
 			_ = json.Unmarshal(raw, &ans)
 			where := ""
 			if ans.Node != "" {
-				where = " on node " + ans.Node
+				where = " on node " + printable(ans.Node)
 			}
-			fmt.Fprintf(a.stdout, "session %s of adapter %s ended%s\n", args[0], adapter, where)
+			fmt.Fprintf(a.stdout, "session %s of adapter %s ended%s\n", printable(args[0]), printable(adapter), where)
 			return nil
 		}),
 	}
@@ -267,7 +267,7 @@ func (a *app) reloadCmd() *cobra.Command {
 			fmt.Fprintf(a.stdout, "config reloaded: %d node(s) configured\n", res.Nodes)
 			list := func(label string, ids []string) {
 				if len(ids) > 0 {
-					fmt.Fprintf(a.stdout, "  %s: %s\n", label, strings.Join(ids, ", "))
+					fmt.Fprintf(a.stdout, "  %s: %s\n", label, printable(strings.Join(ids, ", ")))
 				}
 			}
 			list("refreshed", res.Refreshed)
