@@ -1061,3 +1061,60 @@ func TestNodeReportsInterruptedOrAllFailed(t *testing.T) {
 		t.Fatalf("every node failed: exit %d, stdout %q, stderr %q; want 1", r.code, r.stdout, r.stderr)
 	}
 }
+
+// A run started in the background and a streamed node command (node exec,
+// ollama pull) answered with a plain body that stalls after the headers, or
+// drips a byte at a time, end with exit 1: the body may be silent for
+// client.StreamIdleTimeout, and takes client.CallTimeout at most. Both hung
+// until interrupted.
+func TestStalledPlainAnswersToStreamsEnd(t *testing.T) {
+	defer func(idle, call time.Duration) { client.StreamIdleTimeout, client.CallTimeout = idle, call }(client.StreamIdleTimeout, client.CallTimeout)
+	client.StreamIdleTimeout, client.CallTimeout = 200*time.Millisecond, 600*time.Millisecond
+	stall := func(status int) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			_, _ = io.WriteString(w, `{"run_id":`)
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		}
+	}
+	drip := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusAccepted)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tick.C:
+				_, _ = io.WriteString(w, " ")
+				w.(http.Flusher).Flush()
+			case <-r.Context().Done():
+				return
+			}
+		}
+	}
+	stalled := newFakeEdge(t)
+	stalled.mux.HandleFunc("POST /v1/runs", stall(http.StatusAccepted))
+	stalled.mux.HandleFunc("POST /v1/nodes/n1/commands", stall(http.StatusOK))
+	dripping := newFakeEdge(t)
+	dripping.mux.HandleFunc("POST /v1/runs", drip)
+	dripping.mux.HandleFunc("POST /v1/nodes/n1/commands", drip)
+	for _, c := range []struct {
+		edge, want string
+		args       []string
+	}{
+		{stalled.URL, "iop: read run answer: no data from the edge for 200ms", []string{"run", "--adapter", "exec", "--background", "x"}},
+		{stalled.URL, "iop: read command result: no data from the edge for 200ms", []string{"node", "exec", "n1", "x"}},
+		{stalled.URL, "iop: read command result: no data from the edge for 200ms", []string{"ollama", "pull", "m", "--node", "n1"}},
+		{dripping.URL, "iop: the edge at " + dripping.URL + " did not answer within 600ms\n", []string{"run", "--adapter", "exec", "--background", "x"}},
+		{dripping.URL, "iop: the edge at " + dripping.URL + " did not answer within 600ms\n", []string{"node", "exec", "n1", "x"}},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		r := cli(t, ctx, c.edge, nil, c.args...)
+		cancel()
+		if r.code != 1 || !strings.HasPrefix(r.stderr, c.want) {
+			t.Errorf("iop %q: exit %d, stderr %q; want exit 1, %q", c.args, r.code, r.stderr, c.want)
+		}
+	}
+}

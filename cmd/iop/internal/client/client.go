@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 )
@@ -430,11 +431,18 @@ func (c *Client) StartRun(ctx context.Context, req RunRequest) (*RunStream, erro
 	}
 	if resp.StatusCode == http.StatusAccepted || !isEventStream(resp) {
 		defer resp.Body.Close()
+		b, err := c.readWhole(resp.Body, "run answer")
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctxErr(ctx)
+			}
+			return nil, err
+		}
 		var ack struct {
 			RunID string `json:"run_id"`
 			Node  string `json:"node"`
 		}
-		if err := json.NewDecoder(resp.Body).Decode(&ack); err != nil {
+		if err := json.Unmarshal(b, &ack); err != nil {
 			return nil, fmt.Errorf("decode run answer: %w", err)
 		}
 		return &RunStream{RunID: ack.RunID, Node: ack.Node, Background: true}, nil
@@ -495,12 +503,18 @@ func (c *Client) Command(ctx context.Context, node, name string, args any, progr
 	}
 	defer resp.Body.Close()
 	if !isEventStream(resp) {
-		b, err := io.ReadAll(resp.Body)
+		var b []byte
+		if progress != nil {
+			// Asked for as a stream, the request has no overall bound.
+			b, err = c.readWhole(resp.Body, "command result")
+		} else if b, err = io.ReadAll(resp.Body); err != nil {
+			err = fmt.Errorf("read command result: %w", err)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctxErr(ctx)
 			}
-			return nil, fmt.Errorf("read command result: %w", err)
+			return nil, err
 		}
 		return b, nil
 	}
@@ -602,6 +616,33 @@ func (c *Client) Events(ctx context.Context, types []string, fn func(BusEvent) e
 			return err
 		}
 	}
+}
+
+// readWhole reads an answer to a request made as a stream that came as a
+// plain body instead (a background run's 202, a node command's result): a
+// stream's request has no overall bound, so without these an edge that sent
+// the headers and then stalled, or dripped a byte at a time, hung the
+// command. Between two reads the body may be silent for StreamIdleTimeout,
+// as a stream may; the whole takes at most CallTimeout, as a call does (a
+// *TimeoutError past it). what names the answer in other errors.
+func (c *Client) readWhole(body io.ReadCloser, what string) ([]byte, error) {
+	idle := newIdleBody(body, StreamIdleTimeout)
+	defer idle.Close()
+	wait := CallTimeout
+	var late atomic.Bool
+	timer := time.AfterFunc(wait, func() {
+		late.Store(true)
+		_ = body.Close()
+	})
+	defer timer.Stop()
+	b, err := io.ReadAll(idle)
+	switch {
+	case err == nil:
+		return b, nil
+	case late.Load():
+		return nil, &TimeoutError{Edge: c.Edge(), Wait: wait}
+	}
+	return nil, fmt.Errorf("read %s: %w", what, err)
 }
 
 func isEventStream(resp *http.Response) bool {
