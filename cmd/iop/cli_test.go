@@ -1118,3 +1118,34 @@ func TestStalledPlainAnswersToStreamsEnd(t *testing.T) {
 		}
 	}
 }
+
+// A success that is not the edge's answer (a proxy's or another server's)
+// is an error, not a success with empty fields: a foreground run answered
+// "200 {}" is not a background run, a 202 without a run id is not one
+// either, and "200 {}" is neither a cancel nor a run.
+func TestSuccessThatIsNotTheEdgesAnswer(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("POST /v1/runs", 200, `{}`)
+	e.json("POST /v1/runs/run_1/cancel", 200, `{}`)
+	e.json("GET /v1/runs/run_1", 200, `{"run_id":""}`)
+	e2 := newFakeEdge(t)
+	e2.json("POST /v1/runs", 202, `{"node":"n1"}`)
+	for _, c := range []struct {
+		edge, path, ct, body string
+		status               int
+		args                 []string
+	}{
+		{e.URL, "/v1/runs", "application/json", `: "{}"`, 200, []string{"run", "--adapter", "exec", "x"}},
+		{e.URL, "/v1/runs", "application/json", `: "{}"`, 200, []string{"run", "--adapter", "exec", "--background", "x"}},
+		{e2.URL, "/v1/runs", "application/json", `: "{\"node\":\"n1\"}"`, 202, []string{"run", "--adapter", "exec", "--background", "x"}},
+		{e.URL, "/v1/runs/run_1/cancel", "application/json", `: "{}"`, 200, []string{"cancel", "run_1"}},
+		{e.URL, "/v1/runs/run_1/cancel", "application/json", `: "{}"`, 200, []string{"cancel", "--json", "run_1"}},
+		{e.URL, "/v1/runs/run_1", "application/json", `: "{\"run_id\":\"\"}"`, 200, []string{"run-get", "run_1"}},
+	} {
+		r := run(t, c.edge, c.args...)
+		want := fmt.Sprintf("iop: HTTP %d from %s%s: not an iop edge answer (%s)%s\n", c.status, c.edge, c.path, c.ct, c.body)
+		if r.code != 1 || r.stdout != "" || r.stderr != want {
+			t.Errorf("iop %q: exit %d, stdout %q, stderr %q; want exit 1, %q", c.args, r.code, r.stdout, r.stderr, want)
+		}
+	}
+}

@@ -151,9 +151,11 @@ func printJSON(w io.Writer, raw []byte) error {
 }
 
 // call makes one API request. With --json it prints the answer as it came
-// and reports printed; otherwise the caller decodes raw for its table.
-func (a *app) call(ctx context.Context, c *client.Client, method, path string, q url.Values) (raw json.RawMessage, printed bool, err error) {
-	if err := c.Call(ctx, method, path, q, nil, &raw); err != nil {
+// and reports printed; otherwise the caller decodes raw for its table. An
+// answer without each of need (fields the command shows, as non-empty
+// strings) is reported as not the edge's (client.CallFor).
+func (a *app) call(ctx context.Context, c *client.Client, method, path string, q url.Values, need ...string) (raw json.RawMessage, printed bool, err error) {
+	if err := c.CallFor(ctx, method, path, q, nil, &raw, need...); err != nil {
 		return nil, false, err
 	}
 	if a.json {

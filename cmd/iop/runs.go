@@ -132,7 +132,7 @@ func (a *app) runGetCmd() *cobra.Command {
 		Short: "Show one run (from the edge's history, else from its node's store)",
 		Args:  cobra.ExactArgs(1),
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
-			raw, printed, err := a.call(ctx, c, http.MethodGet, "/v1/runs/"+url.PathEscape(args[0]), nil)
+			raw, printed, err := a.call(ctx, c, http.MethodGet, "/v1/runs/"+url.PathEscape(args[0]), nil, "run_id")
 			if err != nil || printed {
 				return err
 			}
@@ -183,7 +183,7 @@ func (a *app) cancelCmd() *cobra.Command {
 		Short: "Cancel a run on the node that runs it",
 		Args:  cobra.ExactArgs(1),
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
-			raw, printed, err := a.call(ctx, c, http.MethodPost, "/v1/runs/"+url.PathEscape(args[0])+"/cancel", nil)
+			raw, printed, err := a.call(ctx, c, http.MethodPost, "/v1/runs/"+url.PathEscape(args[0])+"/cancel", nil, "run_id")
 			if err != nil || printed {
 				return err
 			}

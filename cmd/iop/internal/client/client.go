@@ -295,7 +295,13 @@ func decodeError(resp *http.Response) error {
 	if json.Unmarshal(b, &flat) == nil && flat.Error != "" {
 		return &APIError{Status: resp.StatusCode, Code: fmt.Sprintf("http_%d", resp.StatusCode), Message: flat.Error}
 	}
-	return &APIError{Status: resp.StatusCode, Code: fmt.Sprintf("http_%d", resp.StatusCode), Message: foreignAnswer(resp, b), Foreign: true}
+	return foreignError(resp, b)
+}
+
+// foreignError is an answer that is not the edge's, an error status's or a
+// success's, as an *APIError with Foreign set.
+func foreignError(resp *http.Response, body []byte) *APIError {
+	return &APIError{Status: resp.StatusCode, Code: fmt.Sprintf("http_%d", resp.StatusCode), Message: foreignAnswer(resp, body), Foreign: true}
 }
 
 // foreignSnippet bounds how much of a body that is not the API's is shown.
@@ -334,6 +340,15 @@ func foreignAnswer(resp *http.Response, body []byte) string {
 // Call sends a JSON request and decodes the JSON answer into out (nil
 // discards it; *json.RawMessage keeps it as is).
 func (c *Client) Call(ctx context.Context, method, path string, query url.Values, body, out any) error {
+	return c.CallFor(ctx, method, path, query, body, out)
+}
+
+// CallFor is Call for an answer that must be a JSON object holding each of
+// fields as a non-empty string. Any other answer, a success's status or
+// not (a proxy's or another server's "{}"), is not the edge's: an
+// *APIError with Foreign set, as for an error answer that is not the API's.
+// Taken as the edge's, "200 {}" printed a cancel of run "" on node "".
+func (c *Client) CallFor(ctx context.Context, method, path string, query url.Values, body, out any, fields ...string) error {
 	ctx, cancel := c.callContext(ctx)
 	defer cancel()
 	resp, err := c.do(ctx, method, path, query, body, "application/json")
@@ -348,6 +363,9 @@ func (c *Client) Call(ctx context.Context, method, path string, query url.Values
 		}
 		return fmt.Errorf("read answer from %s: %w", path, err)
 	}
+	if !holdsFields(b, fields) {
+		return foreignError(resp, b)
+	}
 	if out == nil {
 		return nil
 	}
@@ -355,6 +373,25 @@ func (c *Client) Call(ctx context.Context, method, path string, query url.Values
 		return fmt.Errorf("decode answer from %s: %w", path, err)
 	}
 	return nil
+}
+
+// holdsFields reports whether b is a JSON object whose fields are all
+// non-empty strings.
+func holdsFields(b []byte, fields []string) bool {
+	if len(fields) == 0 {
+		return true
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(b, &obj) != nil {
+		return false
+	}
+	for _, f := range fields {
+		var s string
+		if json.Unmarshal(obj[f], &s) != nil || s == "" {
+			return false
+		}
+	}
+	return true
 }
 
 // callContext bounds a call that does not stream by CallTimeout; when that
@@ -438,12 +475,16 @@ func (c *Client) StartRun(ctx context.Context, req RunRequest) (*RunStream, erro
 			}
 			return nil, err
 		}
+		// Only a 202 with a run id is the edge taking a background run:
+		// any other answer that is not a stream (a foreground run answered
+		// "200 {}" by another server) was reported as a run started in
+		// the background, though none had started.
 		var ack struct {
 			RunID string `json:"run_id"`
 			Node  string `json:"node"`
 		}
-		if err := json.Unmarshal(b, &ack); err != nil {
-			return nil, fmt.Errorf("decode run answer: %w", err)
+		if resp.StatusCode != http.StatusAccepted || json.Unmarshal(b, &ack) != nil || ack.RunID == "" {
+			return nil, foreignError(resp, b)
 		}
 		return &RunStream{RunID: ack.RunID, Node: ack.Node, Background: true}, nil
 	}
