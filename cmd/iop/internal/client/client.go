@@ -285,7 +285,9 @@ func decodeError(resp *http.Response) error {
 			Message string `json:"message"`
 		} `json:"error"`
 	}
-	if json.Unmarshal(b, &body) == nil && body.Error != nil {
+	// An error object with neither a code nor a message says nothing: it
+	// printed "iop:  ()". It is some other server's JSON.
+	if json.Unmarshal(b, &body) == nil && body.Error != nil && (body.Error.Code != "" || body.Error.Message != "") {
 		return &APIError{Status: resp.StatusCode, Code: body.Error.Code, Message: body.Error.Message}
 	}
 	// Ollama's shape, {"error":"…"}, on /api routes.

@@ -51,6 +51,10 @@ func TestErrors(t *testing.T) {
 			_, _ = io.WriteString(w, "<html>\n<body>\x1b[2J"+strings.Repeat("é", 1<<19)+"</body></html>")
 		case "/v1/proxy-auth":
 			w.WriteHeader(401)
+		case "/v1/empty-error":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(500)
+			_, _ = io.WriteString(w, `{"error":{}}`)
 		}
 	}))
 	defer srv.Close()
@@ -73,6 +77,12 @@ func TestErrors(t *testing.T) {
 	// A 401 from another server is not the edge refusing the key.
 	err = c.Call(context.Background(), "GET", "/v1/proxy-auth", nil, nil, nil)
 	if want := "HTTP 401 from " + srv.URL + "/v1/proxy-auth: not an iop edge answer (no Content-Type)"; err == nil || err.Error() != want {
+		t.Fatalf("err %v, want %s", err, want)
+	}
+
+	// An error object with neither a code nor a message is not the API's.
+	err = c.Call(context.Background(), "GET", "/v1/empty-error", nil, nil, nil)
+	if want := "HTTP 500 from " + srv.URL + `/v1/empty-error: not an iop edge answer (application/json): "{\"error\":{}}"`; err == nil || err.Error() != want {
 		t.Fatalf("err %v, want %s", err, want)
 	}
 
