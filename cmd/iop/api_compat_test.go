@@ -142,7 +142,7 @@ func TestAgainstTheRealAPI(t *testing.T) {
 	url, bus := newRealEdge(t)
 
 	r := run(t, url, "run", "--adapter", "exec", "--target", "upper", "-v", "hello")
-	r.want(t, 0, "HELLO\n")
+	r.want(t, 0, "HELLO")
 	if !strings.Contains(r.stderr, "thinking") || !strings.Contains(r.stderr, "1 prompt + 2 completion = 3 tokens") {
 		t.Fatalf("stderr %q", r.stderr)
 	}
@@ -191,7 +191,7 @@ func TestAgainstTheRealAPI(t *testing.T) {
 	run(t, url, "cancel", runID).want(t, 0, "cancelling run "+runID+" on node n1\n")
 	select {
 	case r := <-done:
-		r.want(t, 130, "X\n")
+		r.want(t, 130, "X")
 	case <-time.After(5 * time.Second):
 		t.Fatal("the cancelled run's CLI did not exit")
 	}

@@ -143,7 +143,7 @@ func TestRunStreamsOutput(t *testing.T) {
 	)
 	r := cli(t, context.Background(), e.URL, nil, "run", "-v", "--adapter", "exec", "--target", "upper", "--node", "n1",
 		"--session", "s1", "--options", `{"a":1,"b":"x"}`, "--option", "b=two", "--option", "think=true", "hello")
-	r.want(t, 0, "HELLO\n")
+	r.want(t, 0, "HELLO")
 	if !strings.Contains(r.stderr, "thinking\n") || strings.Contains(r.stderr, "\x1b[") {
 		t.Fatalf("stderr %q", r.stderr)
 	}
@@ -198,7 +198,24 @@ func TestRunEndings(t *testing.T) {
 		{
 			name:   "error event",
 			events: []string{"delta", `{"type":"delta","text":"partial"}`, "error", `{"type":"error","error":{"code":"run_failed","message":"exit status 3: boom"}}`},
-			code:   1, stdout: "partial\n", stderrHas: "iop: exit status 3: boom (run_failed)\n",
+			code:   1, stdout: "partial", stderrHas: "iop: exit status 3: boom (run_failed)\n",
+		},
+		{
+			name:   "a partial line ended on a terminal",
+			events: []string{"delta", `{"type":"delta","text":"partial"}`, "error", `{"type":"error","error":{"code":"run_failed","message":"boom"}}`},
+			opts:   []cliOpt{withTTY(false, true, false)},
+			code:   1, stdout: "partial\n", stderrHas: "iop: boom (run_failed)\n",
+		},
+		{
+			name:   "a complete run's last line ended on a terminal only",
+			events: []string{"delta", `{"type":"delta","text":"no newline"}`, "complete", `{"type":"complete"}`},
+			opts:   []cliOpt{withTTY(false, true, false)},
+			code:   0, stdout: "no newline\n",
+		},
+		{
+			name:   "piped output is byte-exact",
+			events: []string{"delta", `{"type":"delta","text":"no newline"}`, "complete", `{"type":"complete"}`},
+			code:   0, stdout: "no newline",
 		},
 		{
 			name:   "cancelled",
@@ -208,7 +225,7 @@ func TestRunEndings(t *testing.T) {
 		{
 			name:   "stream cut before the terminal event",
 			events: []string{"delta", `{"type":"delta","text":"x"}`},
-			code:   1, stdout: "x\n", stderrHas: "the stream ended before the run did",
+			code:   1, stdout: "x", stderrHas: "the stream ended before the run did",
 		},
 		{
 			name:   "json lines",
@@ -282,7 +299,7 @@ func TestInterruptCancelsTheRun(t *testing.T) {
 		cancel() // Ctrl-C
 	}()
 	r := cli(t, ctx, e.URL, nil, "run", "--adapter", "exec", "x")
-	r.want(t, 130, "working\n")
+	r.want(t, 130, "working")
 	if !strings.Contains(r.stderr, "interrupted; run run_long is cancelled") {
 		t.Fatalf("stderr %q", r.stderr)
 	}
@@ -489,7 +506,7 @@ func TestHeaderWaitEndsWithTheHeaders(t *testing.T) {
 		_, _ = io.WriteString(w, "event: delta\ndata: {\"type\":\"delta\",\"text\":\"late\"}\n\n"+
 			"event: complete\ndata: {\"type\":\"complete\"}\n\n")
 	})
-	run(t, e.URL, "run", "--adapter", "exec", "x").want(t, 0, "late\n")
+	run(t, e.URL, "run", "--adapter", "exec", "x").want(t, 0, "late")
 }
 
 func TestUsageErrors(t *testing.T) {

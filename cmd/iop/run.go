@@ -193,13 +193,16 @@ func (o *runOutput) closeReasoning() {
 	o.reasoning = false
 }
 
-// finishLine ends a partial line of output.
+// finishLine ends a partial line of output on a terminal, so the prompt
+// (or iop's error) starts on a line of its own. Piped or redirected, stdout
+// is the run's output byte for byte: a newline the program never printed
+// would change a file, a checksum, or the next program's input.
 func (o *runOutput) finishLine() {
 	if o.a.json {
 		return
 	}
 	o.closeReasoning()
-	if o.wrote && !o.endsNewline {
+	if o.a.stdoutTTY && o.wrote && !o.endsNewline {
 		_, _ = io.WriteString(o.a.stdout, "\n")
 		o.endsNewline = true
 	}
