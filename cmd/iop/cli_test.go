@@ -182,6 +182,22 @@ func TestRunInputFromStdin(t *testing.T) {
 	if !strings.Contains(e.last().body, `"input":""`) {
 		t.Fatalf("body %s", e.last().body)
 	}
+	// Input that is not UTF-8 is refused, not sent with U+FFFD in place
+	// of its bad bytes.
+	e.mu.Lock()
+	before := len(e.reqs)
+	e.mu.Unlock()
+	for _, args := range [][]string{{"-"}, {}} {
+		r := cli(t, context.Background(), e.URL, []cliOpt{withStdin("a\xffb")}, append([]string{"run", "--adapter", "exec"}, args...)...)
+		if r.code != 2 || !strings.HasPrefix(r.stderr, "iop: the input on stdin is not UTF-8 text") {
+			t.Fatalf("iop run %q with a\\xffb on stdin: %+v", args, r)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.reqs) != before {
+		t.Fatalf("input that is not UTF-8 reached the edge: %+v", e.reqs[before:])
+	}
 }
 
 func TestRunEndings(t *testing.T) {
@@ -518,6 +534,7 @@ func TestUsageErrors(t *testing.T) {
 		{"run", "--adapter", "exec", "--options", "[1]", "x"},
 		{"run", "--adapter", "exec", "--option", "novalue", "x"},
 		{"run", "--adapter", "exec", "a", "b"},
+		{"run", "--adapter", "exec", "a\xffb"},
 		{"cancel"},
 		{"runs", "--limit", "x"},
 		{"session", "end", "s1"},

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -36,7 +37,8 @@ command; iop prints its id and node. Ctrl-C during a foreground run cancels it.
 
 Exit codes: 0 complete, 1 error (a run the edge refused included), 2 usage
 error (no --adapter, --target missing for an adapter that needs one, a bad
---option or --options), 130 cancelled or interrupted.`,
+--option or --options, input that is not UTF-8 text), 130 cancelled or
+interrupted.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
 			if req.Adapter == "" {
@@ -90,8 +92,15 @@ func buildOptions(raw string, kv []string) (json.RawMessage, error) {
 	return json.Marshal(opts)
 }
 
+// readInput returns the run's input: INPUT, or stdin. The API carries
+// text, as a JSON string, so input that is not UTF-8 is refused: encoding
+// it would turn each bad byte into U+FFFD, and the program would get other
+// bytes than were given, without a word.
 func (a *app) readInput(args []string) (string, error) {
 	if len(args) == 1 && args[0] != "-" {
+		if !utf8.ValidString(args[0]) {
+			return "", usageError("INPUT is not UTF-8 text; a run's input must be")
+		}
 		return args[0], nil
 	}
 	if len(args) == 0 && a.stdinTTY {
@@ -100,6 +109,9 @@ func (a *app) readInput(args []string) (string, error) {
 	b, err := io.ReadAll(a.stdin)
 	if err != nil {
 		return "", fmt.Errorf("read input from stdin: %w", err)
+	}
+	if !utf8.Valid(b) {
+		return "", usageError("the input on stdin is not UTF-8 text; a run's input must be")
 	}
 	return string(b), nil
 }
