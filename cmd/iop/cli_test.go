@@ -1183,3 +1183,48 @@ func TestSuccessThatIsNotTheEdgesAnswer(t *testing.T) {
 		}
 	}
 }
+
+// An API key that cannot go in an HTTP header (a pasted key with a line
+// break, a control character) is a usage error that does not show the key;
+// it read "cannot reach the edge", and nothing was sent.
+func TestAPIKeyWithAControlCharacter(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 200, `{"nodes":[]}`)
+	for _, key := range []string{"sk-sec\nret", "sk-sec\r\nret", "sk-secret\x00", "sk-\x1b[2Jsecret", "sk-secret\x7f"} {
+		for _, viaEnv := range []bool{false, true} {
+			args := []string{"--api-key", key, "nodes"}
+			opts := []cliOpt(nil)
+			if viaEnv {
+				args = []string{"nodes"}
+				opts = []cliOpt{func(a *app) {
+					a.getenv = func(k string) string {
+						switch k {
+						case "IOP_EDGE":
+							return e.URL
+						case "IOP_API_KEY":
+							return key
+						}
+						return ""
+					}
+				}}
+			}
+			r := cli(t, context.Background(), e.URL, opts, args...)
+			if r.code != 2 || !strings.HasPrefix(r.stderr, "iop: the API key holds a character not allowed in an HTTP header\n") || strings.Contains(r.stderr, "secret") {
+				t.Errorf("key %q (env %v): exit %d, stderr %q", key, viaEnv, r.code, r.stderr)
+			}
+		}
+	}
+	e.mu.Lock()
+	sent := len(e.reqs)
+	e.mu.Unlock()
+	if sent != 0 {
+		t.Fatalf("%d requests were sent", sent)
+	}
+	// A tab, or bytes past ASCII, may be in a header value; space around
+	// the key (a line break after it in a file) is trimmed.
+	for _, key := range []string{"sk-tab\tkey-é", "sk-key\n"} {
+		if r := run(t, e.URL, "--api-key", key, "nodes"); r.code != 0 {
+			t.Fatalf("key %q: %+v", key, r)
+		}
+	}
+}

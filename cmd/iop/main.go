@@ -241,7 +241,9 @@ func (a *app) client() (*client.Client, error) {
 	if key == "" {
 		key = a.getenv("IOP_API_KEY")
 	}
-	c.SetAPIKey(strings.TrimSpace(key))
+	if err := c.SetAPIKey(strings.TrimSpace(key)); err != nil {
+		return nil, usageError("%v", err)
+	}
 	return c, nil
 }
 

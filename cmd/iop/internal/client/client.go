@@ -105,8 +105,23 @@ type Client struct {
 	apiKey string
 }
 
+// ErrAPIKeyHeader refuses an API key that cannot go in an HTTP header.
+var ErrAPIKeyHeader = errors.New("the API key holds a character not allowed in an HTTP header")
+
 // SetAPIKey makes every request carry key as "Authorization: Bearer key".
-func (c *Client) SetAPIKey(key string) { c.apiKey = key }
+// A key with a byte no header value may hold (a control character other
+// than a tab, or DEL: a pasted key with a line break in it) is refused with
+// ErrAPIKeyHeader, which never shows the key: Go's client refused each
+// request instead, and that read as "cannot reach the edge".
+func (c *Client) SetAPIKey(key string) error {
+	for i := 0; i < len(key); i++ {
+		if b := key[i]; b < ' ' && b != '\t' || b == 0x7f {
+			return ErrAPIKeyHeader
+		}
+	}
+	c.apiKey = key
+	return nil
+}
 
 // New returns a client of the edge at base ("http://host:port"; a bare
 // "host:port" means http).
