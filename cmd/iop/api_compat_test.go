@@ -2,9 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
+	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -264,4 +269,48 @@ func TestRunDurationsFromTheRealHistory(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "duration:    2.5s\n") || strings.Contains(r.stdout, "started:") {
 		t.Fatalf("%+v", r)
 	}
+}
+
+// An edge URL with a user and password (a proxy's basic auth in front of
+// the edge) and an API key: the password goes in Authorization, the key in
+// X-Api-Key, which the real API accepts. The key took Authorization and the
+// password was never sent.
+func TestBasicAuthAndAPIKeyTogether(t *testing.T) {
+	key := "sk-ops-0123456789"
+	url, _ := newRealEdgeWith(t, func(d *httpapi.Deps) {
+		d.APIKeys = []httpapi.APIKey{{SHA256: sha256.Sum256([]byte(key)), Principal: domain.Principal{Name: "ops", Scopes: []string{domain.ScopeAdmin}}}}
+	})
+	var mu sync.Mutex
+	var seen []string
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user, pass, ok := r.BasicAuth()
+		mu.Lock()
+		seen = append(seen, fmt.Sprintf("basic=%v %s:%s x-api-key=%q", ok, user, pass, r.Header.Get("X-Api-Key")))
+		mu.Unlock()
+		if !ok || user != "proxy" || pass != "hunter2" {
+			w.WriteHeader(http.StatusProxyAuthRequired)
+			return
+		}
+		r.Header.Del("Authorization")
+		target, _ := neturl.Parse(url)
+		httputil.NewSingleHostReverseProxy(target).ServeHTTP(w, r)
+	}))
+	defer proxy.Close()
+	withUser := strings.Replace(proxy.URL, "http://", "http://proxy:hunter2@", 1)
+
+	run(t, withUser, "--api-key", key, "nodes").want(t, 0, ""+
+		"ID  STATUS  REMOTE       CONNECTED  ADAPTERS            VERSION\n"+
+		"n1  online  127.0.0.1:1  1m ago     exec(0/2) llm(0/1)  v9\n")
+	run(t, withUser, "--api-key", key, "run", "--adapter", "exec", "--target", "upper", "hi").want(t, 0, "HI")
+	mu.Lock()
+	defer mu.Unlock()
+	for _, s := range seen {
+		if s != `basic=true proxy:hunter2 x-api-key="`+key+`"` {
+			t.Fatalf("the proxy saw %q", seen)
+		}
+	}
+	// Without a user in the URL the key is a bearer token, as before.
+	run(t, url, "--api-key", key, "nodes").want(t, 0, ""+
+		"ID  STATUS  REMOTE       CONNECTED  ADAPTERS            VERSION\n"+
+		"n1  online  127.0.0.1:1  1m ago     exec(0/2) llm(0/1)  v9\n")
 }

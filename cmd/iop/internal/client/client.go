@@ -108,7 +108,9 @@ type Client struct {
 // ErrAPIKeyHeader refuses an API key that cannot go in an HTTP header.
 var ErrAPIKeyHeader = errors.New("the API key holds a character not allowed in an HTTP header")
 
-// SetAPIKey makes every request carry key as "Authorization: Bearer key".
+// SetAPIKey makes every request carry key as "Authorization: Bearer key",
+// or as "X-Api-Key: key" when the edge URL has a user (and password) for
+// basic auth, which takes the Authorization header.
 // A key with a byte no header value may hold (a control character other
 // than a tab, or DEL: a pasted key with a line break in it) is refused with
 // ErrAPIKeyHeader, which never shows the key: Go's client refused each
@@ -257,7 +259,15 @@ func (c *Client) send(ctx context.Context, method, path string, query url.Values
 	if accept != "" {
 		req.Header.Set("Accept", accept)
 	}
-	if c.apiKey != "" {
+	switch {
+	case c.apiKey == "":
+	case c.base.User != nil:
+		// The edge URL's user and password are a proxy's basic auth in
+		// front of the edge, which Go's client sends only on a request
+		// without an Authorization header: the key, in that header, left
+		// the proxy without its password. The edge reads X-Api-Key too.
+		req.Header.Set("X-Api-Key", c.apiKey)
+	default:
 		req.Header.Set("Authorization", "Bearer "+c.apiKey)
 	}
 	resp, err := c.http.Do(req)
