@@ -13,6 +13,31 @@ import (
 	"iop/domain"
 )
 
+// A run, session or node id is also a URL path segment: "." and ".." are
+// refused there, and allowed where an id never is one.
+func TestCheckPathID(t *testing.T) {
+	for _, id := range []string{".", ".."} {
+		err := domain.CheckPathID("session id", id)
+		if domain.CodeOf(err) != domain.CodeInvalidRequest || !strings.HasPrefix(domain.MessageOf(err), "session id ") {
+			t.Errorf("CheckPathID(%q) = %v", id, err)
+		}
+		if err := domain.CheckID("adapter", id); err != nil {
+			t.Errorf("CheckID(%q) = %v", id, err)
+		}
+	}
+	for _, id := range []string{"", "...", ".x", "a..b", "s1"} {
+		if err := domain.CheckPathID("run id", id); err != nil {
+			t.Errorf("CheckPathID(%q) = %v", id, err)
+		}
+	}
+	if err := domain.CheckPathIDs("node", "n1", "session_id", ".."); domain.CodeOf(err) != domain.CodeInvalidRequest {
+		t.Errorf("CheckPathIDs: %v", err)
+	}
+	if err := domain.CheckPathID("node", "a\x00"); domain.CodeOf(err) != domain.CodeInvalidRequest {
+		t.Errorf("CheckPathID with a NUL: %v", err)
+	}
+}
+
 func TestErrorsMatchByCode(t *testing.T) {
 	wire := &domain.Error{Code: domain.CodeRunNotFound, Message: "run r1 is not known"}
 	wrapped := fmt.Errorf("cancel: %w", wire)

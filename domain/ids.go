@@ -28,6 +28,29 @@ func CheckID(field, id string) error {
 	return nil
 }
 
+// CheckPathID is CheckID for an id the API also names in a URL path: a run,
+// session or node id. It refuses "." and ".." as well: clients and servers
+// resolve them as relative path segments, so such an id could be used where
+// it travels in a body or a query (a run's session_id "..") but never named
+// in a path (DELETE /v1/sessions/.. reached no route).
+func CheckPathID(field, id string) error {
+	if id == "." || id == ".." {
+		return Errorf(CodeInvalidRequest, "%s %q is not allowed: it is a relative path segment", field, id)
+	}
+	return CheckID(field, id)
+}
+
+// CheckPathIDs applies CheckPathID to field/id pairs in order and returns
+// the first failure.
+func CheckPathIDs(pairs ...string) error {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if err := CheckPathID(pairs[i], pairs[i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // CheckIDs applies CheckID to field/id pairs in order and returns the first
 // failure.
 func CheckIDs(pairs ...string) error {

@@ -121,7 +121,7 @@ func (s *Server) handleHistoryRuns(w http.ResponseWriter, r *http.Request) {
 // store existed, or dispatched by another edge).
 func (s *Server) handleHistoryRun(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if err := domain.CheckID("run id", id); err != nil {
+	if err := domain.CheckPathID("run id", id); err != nil {
 		writeError(w, err)
 		return
 	}

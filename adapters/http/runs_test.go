@@ -415,6 +415,19 @@ func TestIDsAreValidated(t *testing.T) {
 		{"GET", "/v1/runs?node=a%01", "", "node"},
 		{"DELETE", "/v1/sessions/s%00?adapter=exec", "", "session id"},
 		{"POST", "/v1/nodes/n%001/commands", `{"command":"capabilities"}`, "node id"},
+		// "." and ".." name no run, session or node: a path cannot hold
+		// them (the mux would clean them away), so no body may either.
+		{"POST", "/v1/runs", `{"adapter":"exec","session_id":".."}`, "session_id"},
+		{"POST", "/v1/runs", `{"adapter":"exec","node":"."}`, "node"},
+		{"GET", "/v1/runs/.", "", "run id"},
+		{"GET", "/v1/runs/..", "", "run id"},
+		{"GET", "/v1/runs/%2E", "", "run id"},
+		{"POST", "/v1/runs/./cancel", "", "run id"},
+		{"POST", "/v1/runs/%2e%2E/cancel", "", "run id"},
+		{"DELETE", "/v1/sessions/..?adapter=exec", "", "session id"},
+		{"DELETE", "/v1/sessions/.?adapter=exec", "", "session id"},
+		{"DELETE", "/v1/sessions/s1?adapter=exec&node=..", "", "node"},
+		{"POST", "/v1/nodes/../commands", `{"command":"capabilities"}`, "node id"},
 	} {
 		resp := e.do(tc.method, tc.path, tc.body)
 		m := readJSON(t, resp, 400)

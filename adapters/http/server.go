@@ -47,6 +47,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -261,6 +262,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr := w.Header()
 	hdr["Content-Security-Policy"], hdr["X-Content-Type-Options"] = apiCSPValue, nosniffValue
 	sw := &statusWriter{ResponseWriter: w}
+	keepDotID(r)
 	h, pattern := s.mux.Handler(r)
 	// An unknown route needs a key too, so that a caller without one
 	// learns nothing about which routes exist.
@@ -308,6 +310,36 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		unrouted(sw, r, h)
 	} else {
 		s.mux.ServeHTTP(sw, r)
+	}
+}
+
+// idRoutes are the path prefixes under which the iop API takes a run,
+// session or node id as the next segment.
+var idRoutes = []string{"/v1/runs/", "/v1/sessions/", "/v1/nodes/"}
+
+// keepDotID percent-encodes an id segment that is "." or ".." (GET
+// /v1/runs/., DELETE /v1/sessions/..), so that the mux, which cleans such
+// segments away, routes the request as sent and the route refuses the id
+// (domain.CheckPathID, 400). Cleaned, GET /v1/runs/. was redirected to the
+// run list (307 with an HTML body) and DELETE /v1/sessions/.. reached no
+// route. The decoded path is unchanged.
+func keepDotID(r *http.Request) {
+	p := r.URL.EscapedPath()
+	for _, prefix := range idRoutes {
+		rest, ok := strings.CutPrefix(p, prefix)
+		if !ok {
+			continue
+		}
+		id, tail, slash := strings.Cut(rest, "/")
+		if id != "." && id != ".." {
+			return
+		}
+		raw := prefix + strings.Repeat("%2E", len(id))
+		if slash {
+			raw += "/" + tail
+		}
+		r.URL.RawPath = raw
+		return
 	}
 }
 

@@ -45,7 +45,7 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 	if runID == "" {
 		return "", domain.Errorf(domain.CodeInvalidRequest, "run id is required")
 	}
-	if err := domain.CheckID("run id", runID); err != nil {
+	if err := domain.CheckPathID("run id", runID); err != nil {
 		return "", err
 	}
 	parent := ctx

@@ -48,7 +48,10 @@ func (h *NodeCommandHandler) Handle(ctx context.Context, node, name string, args
 	if name == "" {
 		return nil, nil, nil, domain.Errorf(domain.CodeInvalidRequest, "command is required")
 	}
-	if err := domain.CheckIDs("node id", node, "command", name); err != nil {
+	if err := domain.CheckPathID("node id", node); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := domain.CheckID("command", name); err != nil {
 		return nil, nil, nil, err
 	}
 	if size := len(name) + len(args) + requestOverhead; h.MaxRequestBytes > 0 && size > h.MaxRequestBytes {

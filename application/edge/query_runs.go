@@ -43,7 +43,7 @@ func (h *GetRunHandler) Handle(ctx context.Context, runID string) (json.RawMessa
 	if runID == "" {
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "run id is required")
 	}
-	if err := domain.CheckID("run id", runID); err != nil {
+	if err := domain.CheckPathID("run id", runID); err != nil {
 		return nil, err
 	}
 	args, err := json.Marshal(nodecmd.RunGetArgs{RunID: runID})

@@ -124,7 +124,10 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 	if err := domain.PrincipalFrom(ctx).Require(domain.ScopeRuns); err != nil {
 		return nil, err
 	}
-	if err := domain.CheckIDs("node", cmd.Node, "adapter", cmd.Adapter, "target", cmd.Target, "session_id", cmd.SessionID); err != nil {
+	if err := domain.CheckPathIDs("node", cmd.Node, "session_id", cmd.SessionID); err != nil {
+		return nil, err
+	}
+	if err := domain.CheckIDs("adapter", cmd.Adapter, "target", cmd.Target); err != nil {
 		return nil, err
 	}
 	if cmd.Adapter == "" {

@@ -46,7 +46,10 @@ func (h *TerminateSessionHandler) Handle(ctx context.Context, cmd TerminateSessi
 	if err := domain.PrincipalFrom(ctx).Require(domain.ScopeRuns); err != nil {
 		return err
 	}
-	if err := domain.CheckIDs("session id", cmd.SessionID, "node", cmd.Node, "adapter", cmd.Adapter, "target", cmd.Target); err != nil {
+	if err := domain.CheckPathIDs("session id", cmd.SessionID, "node", cmd.Node); err != nil {
+		return err
+	}
+	if err := domain.CheckIDs("adapter", cmd.Adapter, "target", cmd.Target); err != nil {
 		return err
 	}
 	if cmd.Adapter == "" || cmd.SessionID == "" {

@@ -1228,3 +1228,16 @@ func TestAPIKeyWithAControlCharacter(t *testing.T) {
 		}
 	}
 }
+
+// An edge URL ending in more than one slash works: each request's path
+// started with "//", which the edge's mux redirected.
+func TestEdgeURLWithTrailingSlashes(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 200, `{"nodes":[]}`)
+	for _, edge := range []string{e.URL + "/", e.URL + "//", e.URL + "///"} {
+		r := cli(t, context.Background(), "", nil, "--edge", edge, "nodes")
+		if r.code != 0 || e.last().path != "/v1/nodes" {
+			t.Errorf("--edge %s: %+v, path %q", edge, r, e.last().path)
+		}
+	}
+}

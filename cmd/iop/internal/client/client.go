@@ -139,7 +139,9 @@ func New(base string, hc *http.Client) (*Client, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("edge URL %q: want http://host:port", redactRaw(base))
 	}
-	u.Path = strings.TrimSuffix(u.Path, "/")
+	// Every slash at the end goes: request paths start with one, and a
+	// path with "//" is cleaned and redirected by the edge's mux.
+	u.Path = strings.TrimRight(u.Path, "/")
 	if hc == nil {
 		hc = &http.Client{}
 	}

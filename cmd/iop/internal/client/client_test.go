@@ -15,10 +15,12 @@ import (
 
 func TestNewNormalisesTheEdgeURL(t *testing.T) {
 	for in, want := range map[string]string{
-		"":                        DefaultEdge,
-		"127.0.0.1:9000":          "http://127.0.0.1:9000",
-		"http://edge:7701/":       "http://edge:7701",
-		"https://edge.example/x/": "https://edge.example/x",
+		"":                         DefaultEdge,
+		"127.0.0.1:9000":           "http://127.0.0.1:9000",
+		"http://edge:7701/":        "http://edge:7701",
+		"http://edge:7701//":       "http://edge:7701",
+		"https://edge.example/x//": "https://edge.example/x",
+		"https://edge.example/x/":  "https://edge.example/x",
 	} {
 		c, err := New(in, nil)
 		if err != nil || c.Edge() != want {
