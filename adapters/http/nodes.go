@@ -33,6 +33,12 @@ func (s *Server) handleListNodes(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleGetNode(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	// Checked like every other id a caller sends: an id with control
+	// characters or invalid UTF-8 came back in the error message.
+	if err := domain.CheckPathID("node id", id); err != nil {
+		writeError(w, err)
+		return
+	}
 	n, ok := s.deps.Registry.GetAs(domain.PrincipalFrom(r.Context()), id)
 	if !ok {
 		writeError(w, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", id))

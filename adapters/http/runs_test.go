@@ -428,6 +428,10 @@ func TestIDsAreValidated(t *testing.T) {
 		{"DELETE", "/v1/sessions/.?adapter=exec", "", "session id"},
 		{"DELETE", "/v1/sessions/s1?adapter=exec&node=..", "", "node"},
 		{"POST", "/v1/nodes/../commands", `{"command":"capabilities"}`, "node id"},
+		{"GET", "/v1/nodes/n%1B%5B2J", "", "node id"},
+		{"GET", "/v1/nodes/n%FF", "", "node id"},
+		{"GET", "/v1/nodes/" + long, "", "node id"},
+		{"GET", "/v1/nodes/.", "", "node id"},
 	} {
 		resp := e.do(tc.method, tc.path, tc.body)
 		m := readJSON(t, resp, 400)
