@@ -59,17 +59,23 @@ func toRunRecordJSON(r domain.RunRecord) runRecordJSON {
 }
 
 // parseTime reads an RFC 3339 time or a date (YYYY-MM-DD, UTC midnight).
+// The zero time is refused: the queries take it for "no bound", so
+// until=0001-01-01, which bounds everything away, listed every run.
 func parseTime(name, v string) (time.Time, error) {
 	if v == "" {
 		return time.Time{}, nil
 	}
-	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-		return t, nil
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		t, err = time.Parse(time.DateOnly, v)
 	}
-	if t, err := time.Parse(time.DateOnly, v); err == nil {
-		return t, nil
+	switch {
+	case err != nil:
+		return time.Time{}, domain.Errorf(domain.CodeInvalidRequest, "%s must be an RFC 3339 time or a date (YYYY-MM-DD), not %q", name, v)
+	case t.IsZero():
+		return time.Time{}, domain.Errorf(domain.CodeInvalidRequest, "%s %q is the zero time, which the history cannot take as a bound; leave %s out for none", name, v, name)
 	}
-	return time.Time{}, domain.Errorf(domain.CodeInvalidRequest, "%s must be an RFC 3339 time or a date (YYYY-MM-DD), not %q", name, v)
+	return t, nil
 }
 
 // handleHistoryRuns answers GET /v1/runs from the edge's history:

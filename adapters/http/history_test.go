@@ -1,0 +1,64 @@
+package httpapi_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	httpapi "iop/adapters/http"
+	"iop/application/edge"
+	"iop/domain"
+)
+
+// queryHistory is an edge history that records the queries it is asked.
+type queryHistory struct {
+	mu     sync.Mutex
+	runs   []domain.RunQuery
+	usages []domain.UsageQuery
+}
+
+func (h *queryHistory) GetRun(context.Context, string) (domain.RunRecord, error) {
+	return domain.RunRecord{}, domain.ErrRunNotFound
+}
+
+func (h *queryHistory) ListRuns(_ context.Context, q domain.RunQuery) (domain.RunPage, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.runs = append(h.runs, q)
+	return domain.RunPage{}, nil
+}
+
+func (h *queryHistory) Usage(_ context.Context, q domain.UsageQuery) ([]domain.UsageTotal, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.usages = append(h.usages, q)
+	return nil, nil
+}
+
+// The zero time means "no bound" to the history, so a since or until that
+// is the zero time is refused: until=0001-01-01 listed every run, though it
+// bounds every one away.
+func TestHistoryRefusesTheZeroTime(t *testing.T) {
+	h := &queryHistory{}
+	e := newEnvWithDeps(t, nil, func(_ *env, d *httpapi.Deps) { d.History = edge.NewRunHistoryHandler(h) })
+	for _, q := range []string{
+		"/v1/runs?until=0001-01-01", "/v1/runs?since=0001-01-01T00:00:00Z", "/v1/runs?until=0001-01-01T01:00:00%2B01:00",
+		"/v1/usage?until=0001-01-01", "/v1/usage?since=0001-01-01",
+	} {
+		wantError(t, e.do("GET", q, ""), 400, "invalid_request")
+	}
+	h.mu.Lock()
+	asked := len(h.runs) + len(h.usages)
+	h.mu.Unlock()
+	if asked != 0 {
+		t.Fatalf("the history was asked %d queries", asked)
+	}
+	// A time past the zero one is a bound like any other.
+	readJSON(t, e.do("GET", "/v1/runs?until=0001-01-02", ""), 200)
+	readJSON(t, e.do("GET", "/v1/usage?since=2026-01-01", ""), 200)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.runs) != 1 || h.runs[0].Until.IsZero() || len(h.usages) != 1 || h.usages[0].Since.IsZero() {
+		t.Fatalf("queries %+v %+v", h.runs, h.usages)
+	}
+}
