@@ -92,13 +92,19 @@ func visibleTo(caller domain.Principal, filter func(domain.BusEvent) bool) func(
 const maxTypeFilters = 32
 
 // typeFilter builds a bus filter from type parameters; nil keeps everything.
-// More than maxTypeFilters distinct entries are invalid_request.
+// More than maxTypeFilters distinct entries are invalid_request, and so is an
+// entry with a control character or invalid UTF-8 (domain.CheckID), which no
+// event type holds: such a filter matched nothing, silently.
 func typeFilter(params []string) (func(domain.BusEvent) bool, error) {
 	exact := map[string]bool{}
 	prefix := map[string]bool{}
 	for _, p := range params {
 		for t := range strings.SplitSeq(p, ",") {
-			switch t = strings.TrimSpace(t); {
+			t = strings.TrimSpace(t)
+			if err := domain.CheckID("type", t); err != nil {
+				return nil, err
+			}
+			switch {
 			case t == "":
 			case strings.HasSuffix(t, "*"):
 				prefix[strings.TrimSuffix(t, "*")] = true

@@ -262,6 +262,21 @@ func TestEventsStream(t *testing.T) {
 
 }
 
+// A type entry with a control character or invalid UTF-8 names no event
+// type: 400, where it used to subscribe to nothing.
+func TestEventsTypeEntriesAreChecked(t *testing.T) {
+	e := newEnv(t)
+	for _, q := range []string{"type=%ff", "type=a%01", "type=node.*,run.event%00", "type=%1b[2J*"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp := e.doCtx(ctx, "GET", "/v1/events?"+q, "")
+		m := readJSON(t, resp, 400)
+		cancel()
+		if msg, _ := m["error"].(map[string]any)["message"].(string); !strings.HasPrefix(msg, "type ") {
+			t.Errorf("%s: %v", q, m)
+		}
+	}
+}
+
 // The type filter runs in the bus's Publish, for every event of the edge:
 // a subscription may name at most 32 distinct types and prefixes (repeats
 // count once); more is 400 before anything streams.
