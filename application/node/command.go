@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
+	"reflect"
 	"runtime"
 	"slices"
 	"sort"
@@ -210,9 +212,64 @@ func decodeArgs(args []byte, v any) error {
 		return nil
 	}
 	if err := json.Unmarshal(args, v); err != nil {
-		return domain.Errorf(domain.CodeInvalidRequest, "command arguments: %v", err)
+		return domain.Errorf(domain.CodeInvalidRequest, "%s", argsProblem(err))
 	}
 	return nil
+}
+
+// argsProblem words why command arguments do not decode in JSON's terms,
+// as the edge's API words a request body's: encoding/json's message named
+// Go's types ("cannot unmarshal array into Go value of type
+// nodecmd.RunsArgs"), which mean nothing to the caller.
+func argsProblem(err error) string {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te) && te.Field == "":
+		return "command arguments must be a JSON object, not " + withArticle(te.Value)
+	case errors.As(err, &te):
+		return fmt.Sprintf("command arguments: %s: expected %s, got %s", te.Field, jsonKind(te.Type), withArticle(te.Value))
+	case errors.As(err, &se):
+		return fmt.Sprintf("command arguments are not valid JSON (at byte %d)", se.Offset)
+	}
+	return "command arguments are not valid JSON"
+}
+
+// jsonKind names the JSON type a Go type decodes from.
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "a value"
+	}
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map:
+		return "a JSON object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return "a value"
+}
+
+// withArticle turns encoding/json's value words ("array", "number 5") into
+// a phrase ("an array", "a number 5").
+func withArticle(v string) string {
+	if v == "" {
+		return "something else"
+	}
+	if strings.ContainsRune("aeiou", rune(v[0])) {
+		return "an " + v
+	}
+	return "a " + v
 }
 
 // RunRecord converts a stored run to its contract shape.

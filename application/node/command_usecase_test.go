@@ -222,3 +222,22 @@ func TestNodeCommands(t *testing.T) {
 		})
 	}
 }
+
+// Arguments of the wrong JSON shape are refused in JSON's terms, never Go's
+// ("cannot unmarshal array into Go value of type nodecmd.RunsArgs").
+func TestCommandArgumentsInJSONTerms(t *testing.T) {
+	ucNoLeaks(t)
+	c := newUCCommandNode(t)
+	for _, tc := range []struct{ command, args, want string }{
+		{node.CmdRuns, `[1]`, "command arguments must be a JSON object, not an array"},
+		{node.CmdRunGet, `"run-1"`, "command arguments must be a JSON object, not a string"},
+		{node.CmdRuns, `{"limit":"ten"}`, "command arguments: limit: expected a whole number, got a string"},
+		{node.CmdRunGet, `{"run_id":5}`, "command arguments: run_id: expected a string, got a number"},
+		{node.CmdRuns, `{"limit":`, "command arguments are not valid JSON (at byte 9)"},
+	} {
+		_, err := c.cmds.RunCommand(context.Background(), tc.command, []byte(tc.args), nil)
+		if !errors.Is(err, domain.ErrInvalidRequest) || domain.MessageOf(err) != tc.want {
+			t.Errorf("%s %s: %v, want %q", tc.command, tc.args, err, tc.want)
+		}
+	}
+}
