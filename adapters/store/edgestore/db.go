@@ -110,10 +110,16 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		sqldb.SetConnMaxIdleTime(0)
 		db = &DB{bun: bun.NewDB(sqldb, sqlitedialect.New()), stmts: sqlprep.Cache{DB: sqldb}, narrowed: narrowed}
 		// page_size and reclaim.Pragma take effect only on a new file, before
-		// its tables; the latter lets the store give the pages a prune frees
-		// back to the file system (Reclaim).
-		for _, p := range []string{fmt.Sprintf("PRAGMA page_size = %d", sqlprep.ScratchPageSize), reclaim.Pragma, "PRAGMA busy_timeout = 5000", "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL",
-			"PRAGMA wal_autocheckpoint = 4000"} {
+		// anything is written to it; the latter lets the store give the
+		// pages a prune frees back to the file system (Reclaim). It writes,
+		// so a read-only DSN goes without.
+		pragmas := []string{fmt.Sprintf("PRAGMA page_size = %d", sqlprep.ScratchPageSize)}
+		if !dbfile.ReadOnly(dsn) {
+			pragmas = append(pragmas, reclaim.Pragma)
+		}
+		pragmas = append(pragmas, "PRAGMA busy_timeout = 5000", "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL",
+			"PRAGMA wal_autocheckpoint = 4000")
+		for _, p := range pragmas {
 			if _, err := sqldb.ExecContext(ctx, p); err != nil {
 				_ = sqldb.Close()
 				return nil, fmt.Errorf("open edge store %s: %s: %w", dsn, p, err)

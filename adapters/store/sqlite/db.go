@@ -97,9 +97,14 @@ func (db *DB) Close() error {
 func pragmasFor(dsn string) []string {
 	p := []string{"PRAGMA busy_timeout = 5000", "PRAGMA foreign_keys = ON"}
 	if !isMemoryDSN(dsn) {
-		// reclaim.Pragma takes effect only on a new file (before its
-		// tables), so the pages a prune frees can be given back (Reclaim).
-		p = append(p, reclaim.Pragma, "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL")
+		// reclaim.Pragma takes effect only on a new file, before anything
+		// is written to it (so before WAL), and lets the pages a prune
+		// frees be given back (Reclaim). It writes, so a read-only
+		// connection (the sqlite3 shell's, a test's) goes without.
+		if !dbfile.ReadOnly(dsn) {
+			p = append(p, reclaim.Pragma)
+		}
+		p = append(p, "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL")
 	}
 	return p
 }

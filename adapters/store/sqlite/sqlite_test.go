@@ -299,3 +299,26 @@ func TestOpenRefusesTruncatedFile(t *testing.T) {
 		t.Errorf("FilePath of a plain path: %q", got)
 	}
 }
+
+// A store file opens read-only (the sqlite3 shell's way, a test's) while
+// its node writes: no setting a read-only connection cannot make is sent.
+func TestOpenReadOnly(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "iop.db")
+	rw := open(t, "file:"+path+"?mode=rwc")
+	r, err := domain.NewRun(domain.RunRequest{RunID: "r1", Adapter: "exec", Target: "t"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sqlite.NewRunStore(rw).CreateRun(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	ro, err := sqlite.Open(ctx, "file:"+path+"?mode=ro")
+	if err != nil {
+		t.Fatalf("read-only open: %v", err)
+	}
+	defer ro.Close()
+	if _, err := sqlite.NewRunStore(ro).GetRun(ctx, "r1"); err != nil {
+		t.Fatalf("read-only read: %v", err)
+	}
+}

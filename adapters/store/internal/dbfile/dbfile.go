@@ -86,18 +86,27 @@ func Resolve(path string) string {
 // mayCreate reports whether opening dsn creates a missing database: always,
 // unless a "file:" URI says mode=ro or mode=rw.
 func mayCreate(dsn string) bool {
+	m := uriMode(dsn)
+	return m != "ro" && m != "rw"
+}
+
+// ReadOnly reports whether dsn opens its database read-only (a "file:" URI
+// with mode=ro): settings that write, even to an empty database, fail there.
+func ReadOnly(dsn string) bool { return uriMode(dsn) == "ro" }
+
+// uriMode is the mode parameter of a "file:" URI dsn ("" if none).
+func uriMode(dsn string) string {
 	rest, uri := strings.CutPrefix(dsn, "file:")
 	if !uri {
-		return true
+		return ""
 	}
 	_, query, _ := strings.Cut(rest, "?")
 	query, _, _ = strings.Cut(query, "#")
 	v, err := url.ParseQuery(query)
 	if err != nil {
-		return true
+		return ""
 	}
-	m := v.Get("mode")
-	return m != "ro" && m != "rw"
+	return v.Get("mode")
 }
 
 // Private prepares the files of the database dsn names before SQLite opens
