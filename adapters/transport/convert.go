@@ -2,6 +2,7 @@ package transport
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -73,13 +74,22 @@ func usageToProto(u *domain.Usage) *ioppb.Usage {
 	}
 }
 
+// finite is c, or 0 for a NaN or an infinity, which no cost is (and which
+// JSON cannot carry to the caller).
+func finite(c float64) float64 {
+	if math.IsNaN(c) || math.IsInf(c, 0) {
+		return 0
+	}
+	return c
+}
+
 func usageToDomain(p *ioppb.Usage) *domain.Usage {
 	if p == nil {
 		return nil
 	}
 	return &domain.Usage{
 		PromptTokens: p.GetPromptTokens(), CompletionTokens: p.GetCompletionTokens(), TotalTokens: p.GetTotalTokens(),
-		CostUSD: p.GetCostUsd(), DurationMS: p.GetDurationMs(), StopReason: p.GetStopReason(), Model: p.GetModel(),
+		CostUSD: finite(p.GetCostUsd()), DurationMS: p.GetDurationMs(), StopReason: p.GetStopReason(), Model: p.GetModel(),
 	}
 }
 

@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -171,5 +172,18 @@ func TestNodeStatsBounded(t *testing.T) {
 		s.StoreBytes != 0 || s.Providers[0].Seconds != 0 || s.ChildProcesses != 1 || s.Adapters[0].Max != 2 {
 		t.Fatalf("stats not bounded: %d adapters, %d providers, name %d, store %d, seconds %v",
 			len(s.Adapters), len(s.Providers), len(s.Adapters[0].Name), s.StoreBytes, s.Providers[0].Seconds)
+	}
+}
+
+// A cost that is not a number, from a node, arrives as 0: no cost is
+// infinite, and the edge's history and JSON answers cannot carry it.
+func TestNonFiniteCostArrivesAsZero(t *testing.T) {
+	for _, c := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
+		if u := usageToDomain(&ioppb.Usage{CostUsd: c, PromptTokens: 3}); u.CostUSD != 0 || u.PromptTokens != 3 {
+			t.Errorf("cost %v arrived as %+v", c, u)
+		}
+	}
+	if u := usageToDomain(&ioppb.Usage{CostUsd: 0.25}); u.CostUSD != 0.25 {
+		t.Errorf("cost 0.25 arrived as %v", u.CostUSD)
 	}
 }

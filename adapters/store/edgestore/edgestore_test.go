@@ -3,8 +3,10 @@ package edgestore_test
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -294,6 +296,57 @@ func contract(t *testing.T, newDSN opener) {
 		r, err := s.GetRun(ctx, "run_nul")
 		if err != nil || r.ErrorMsg != "stderr: \uFFFD\x01 binary" {
 			t.Fatalf("run_nul = %q, %v; want its message with U+FFFD for the NUL", r.ErrorMsg, err)
+		}
+	})
+
+	// A cost that is not a number (a node's or provider's bug) is stored
+	// as 0: on SQLite it failed the column and lost its whole batch, on
+	// PostgreSQL every sum over it was NaN, which the usage API could not
+	// encode. Cost totals are rounded to a nanodollar, so both databases
+	// answer the same for the same rows (ten runs of 0.1 USD are 1).
+	t.Run("costs: NaN stored as 0, totals alike on every database", func(t *testing.T) {
+		var dropped atomic.Int64
+		s := open(t, newDSN(t), edgestore.Options{FlushInterval: 300 * time.Millisecond, Dropped: func(n int) { dropped.Add(int64(n)) }})
+		for i := range 10 {
+			s.RecordRun(run(fmt.Sprintf("run_dime%d", i), "n1", "exec", "dave", domain.RunSucceeded, t0, &domain.Usage{CostUSD: 0.1}))
+		}
+		s.RecordRun(run("run_nan", "n1", "exec", "mallory", domain.RunSucceeded, t0, &domain.Usage{PromptTokens: 1, CostUSD: math.NaN()}))
+		s.RecordTunnel(domain.TunnelRecord{ID: "tun_inf", Node: "n1", Provider: "p", Key: "mallory", Status: 200, StartedAt: t0, FinishedAt: t0,
+			Usage: &domain.Usage{PromptTokens: 1, CostUSD: math.Inf(1)}})
+		var u []domain.UsageTotal
+		eventually(t, "the batch written", func() bool {
+			var err error
+			u, err = s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByKey})
+			return dropped.Load() > 0 || (err == nil && len(u) == 2 && u[0].Requests+u[1].Requests == 12)
+		})
+		if n := dropped.Load(); n != 0 {
+			t.Fatalf("%d rows dropped", n)
+		}
+		if _, err := json.Marshal(u); err != nil {
+			t.Fatalf("usage cannot be encoded: %v", err)
+		}
+		for _, g := range u {
+			if want := map[string]float64{"dave": 1, "mallory": 0}[g.Group]; g.CostUSD != want {
+				t.Errorf("%s: cost %v, want %v", g.Group, g.CostUSD, want)
+			}
+		}
+	})
+
+	// A bound between two microseconds (the history's resolution) keeps the
+	// range [since, until) it names: a run at t0 is before t0+500ns.
+	t.Run("sub-microsecond bounds", func(t *testing.T) {
+		s := open(t, newDSN(t), edgestore.Options{})
+		s.RecordRun(run("run_t0", "n1", "exec", "", domain.RunSucceeded, t0, nil))
+		eventually(t, "the run", func() bool { _, err := s.GetRun(ctx, "run_t0"); return err == nil })
+		half := t0.Add(500 * time.Nanosecond)
+		if p, err := s.ListRuns(ctx, domain.RunQuery{Until: half}); err != nil || len(p.Runs) != 1 {
+			t.Fatalf("until t0+500ns: %+v, %v; want run_t0", p.Runs, err)
+		}
+		if p, err := s.ListRuns(ctx, domain.RunQuery{Since: half}); err != nil || len(p.Runs) != 0 {
+			t.Fatalf("since t0+500ns: %+v, %v; want nothing", p.Runs, err)
+		}
+		if u, err := s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByNode, Until: half}); err != nil || len(u) != 1 || u[0].Runs != 1 {
+			t.Fatalf("usage until t0+500ns: %+v, %v", u, err)
 		}
 	})
 

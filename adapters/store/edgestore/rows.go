@@ -1,6 +1,7 @@
 package edgestore
 
 import (
+	"math"
 	"strings"
 	"time"
 
@@ -108,9 +109,20 @@ func toRunRow(edgeID string, r domain.RunRecord) runRow {
 	if u := r.Usage; u != nil {
 		row.HasUsage = true
 		row.Model = text(u.Model, 255)
-		row.PromptTokens, row.CompletionTokens, row.TotalTokens, row.CostUSD = u.PromptTokens, u.CompletionTokens, u.Total(), u.CostUSD
+		row.PromptTokens, row.CompletionTokens, row.TotalTokens, row.CostUSD = u.PromptTokens, u.CompletionTokens, u.Total(), cost(u.CostUSD)
 	}
 	return row
+}
+
+// cost is a reported cost as stored: a NaN or infinity (a node's or a
+// provider's bug) is 0. SQLite stores NaN as NULL, which the column
+// refuses, and would lose the row's whole batch; PostgreSQL stores it, and
+// every sum over it is NaN, which the usage API cannot encode.
+func cost(c float64) float64 {
+	if math.IsNaN(c) || math.IsInf(c, 0) {
+		return 0
+	}
+	return c
 }
 
 func (row runRow) record() domain.RunRecord {
@@ -133,7 +145,7 @@ func toTunnelRow(edgeID string, t domain.TunnelRecord) tunnelRow {
 		ErrorCode: text(t.ErrorCode, 64), BodyBytes: t.BodyBytes, StartedUS: micros(t.StartedAt), FinishedUS: micros(t.FinishedAt),
 	}
 	if u := t.Usage; u != nil {
-		row.PromptTokens, row.CompletionTokens, row.TotalTokens, row.CostUSD = u.PromptTokens, u.CompletionTokens, u.Total(), u.CostUSD
+		row.PromptTokens, row.CompletionTokens, row.TotalTokens, row.CostUSD = u.PromptTokens, u.CompletionTokens, u.Total(), cost(u.CostUSD)
 		if row.Model == "" {
 			row.Model = text(u.Model, 255)
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -548,10 +549,10 @@ func (s *Store) ListRuns(ctx context.Context, q domain.RunQuery) (domain.RunPage
 		sel = sel.Where("session_id = ? AND session_id <> ''", q.Session)
 	}
 	if !q.Since.IsZero() {
-		sel = sel.Where("created_us >= ?", q.Since.UnixMicro())
+		sel = sel.Where("created_us >= ?", ceilMicros(q.Since))
 	}
 	if !q.Until.IsZero() {
-		sel = sel.Where("created_us < ?", q.Until.UnixMicro())
+		sel = sel.Where("created_us < ?", ceilMicros(q.Until))
 	}
 	if q.Cursor != "" {
 		us, id, err := decodeCursor(q.Cursor)
@@ -652,12 +653,12 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 		ColumnExpr("SUM(body_bytes) AS body_bytes").
 		GroupExpr(tunGroup)
 	if !q.Since.IsZero() {
-		rq = rq.Where("created_us >= ?", q.Since.UnixMicro())
-		tq = tq.Where("started_us >= ?", q.Since.UnixMicro())
+		rq = rq.Where("created_us >= ?", ceilMicros(q.Since))
+		tq = tq.Where("started_us >= ?", ceilMicros(q.Since))
 	}
 	if !q.Until.IsZero() {
-		rq = rq.Where("created_us < ?", q.Until.UnixMicro())
-		tq = tq.Where("started_us < ?", q.Until.UnixMicro())
+		rq = rq.Where("created_us < ?", ceilMicros(q.Until))
+		tq = tq.Where("started_us < ?", ceilMicros(q.Until))
 	}
 	if len(q.Nodes) > 0 {
 		rq = rq.Where("node IN (?)", bun.List(q.Nodes))
@@ -705,7 +706,12 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 	}
 	out := make([]domain.UsageTotal, 0, len(order))
 	for _, name := range order {
-		out = append(out, *groups[name])
+		g := *groups[name]
+		// Databases sum floats their own way (SQLite compensates for
+		// rounding, PostgreSQL adds in whatever order it reads): rounded
+		// to a nanodollar, both answer alike.
+		g.CostUSD = math.Round(g.CostUSD*1e9) / 1e9
+		out = append(out, g)
 	}
 	sortTotals(out)
 	return out, nil
@@ -713,4 +719,15 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 
 func sortTotals(t []domain.UsageTotal) {
 	sort.Slice(t, func(i, j int) bool { return t[i].Group < t[j].Group })
+}
+
+// ceilMicros is t in whole microseconds, the history's resolution, rounded
+// up: a bound between two microseconds, compared with the stored times,
+// then keeps the half-open range [since, until) it names.
+func ceilMicros(t time.Time) int64 {
+	us := t.UnixMicro()
+	if time.UnixMicro(us).Before(t) {
+		us++
+	}
+	return us
 }
