@@ -288,3 +288,19 @@ func TestRegisterWithAConfigLargerThanAFrameIsRefused(t *testing.T) {
 		t.Fatalf("disconnect reason %q", d.Reason)
 	}
 }
+
+// The edge's link tells a config too large for the register response
+// before the node is admitted, so the register use case refuses it as a
+// config_error (counted and logged as such) instead of admitting the node
+// and cutting it off.
+func TestConfigFitsNamesTheFrameLimit(t *testing.T) {
+	l := &edgeLink{conn: &Conn{cfg: Config{MaxFrameSize: 64 << 10}}}
+	big := testNodeConfig()
+	big.Adapters[0].Targets["big"] = domain.ExecTarget{Command: []string{"echo", strings.Repeat("x", 80<<10)}}
+	if err := l.ConfigFits(big); domain.CodeOf(err) != domain.CodeConfigError || !strings.Contains(err.Error(), "max_frame_size") {
+		t.Fatalf("ConfigFits(80 KiB) = %v, want a config_error naming max_frame_size", err)
+	}
+	if err := l.ConfigFits(testNodeConfig()); err != nil {
+		t.Fatalf("ConfigFits(small) = %v", err)
+	}
+}

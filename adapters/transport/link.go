@@ -64,6 +64,18 @@ func (l *edgeLink) registered() (node string, version uint64) {
 	return l.nodeID, l.regVersion
 }
 
+// ConfigFits reports, as a config_error, a config too large to go to the
+// node in its register response (one frame): the edge then refuses the
+// registration with that reason instead of admitting the node first.
+func (l *edgeLink) ConfigFits(cfg domain.NodeConfig) error {
+	resp := &ioppb.RegisterResponse{Accepted: true, Config: configToProto(cfg)}
+	_, err := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterResponse{RegisterResponse: resp}}, l.conn.cfg.MaxFrameSize)
+	if errors.Is(err, ErrFrameTooLarge) {
+		return domain.Errorf(domain.CodeConfigError, "the node's config (%v) does not fit in one link frame: give it fewer or smaller targets, or raise transport.max_frame_size", err)
+	}
+	return nil
+}
+
 // HandleControl receives config refresh acknowledgements, node stats and
 // the node's word that it is draining.
 func (l *edgeLink) HandleControl(f *ioppb.Frame) {

@@ -105,6 +105,9 @@ func (h *RegisterHandler) admit(token string, info domain.NodeInfo, remote strin
 	if err == nil {
 		err = cfg.CheckAdapterTypes(info)
 	}
+	if f, ok := link.(configFitter); ok && err == nil {
+		err = f.ConfigFits(cfg)
+	}
 	if err != nil {
 		return rec.ID, domain.NodeConfig{}, err
 	}
@@ -113,6 +116,12 @@ func (h *RegisterHandler) admit(token string, info domain.NodeInfo, remote strin
 		return rec.ID, domain.NodeConfig{}, err
 	}
 	return rec.ID, cfg, nil
+}
+
+// configFitter is a link that can tell a config too large to send it
+// (a config_error): such a node is refused, not admitted and then cut off.
+type configFitter interface {
+	ConfigFits(domain.NodeConfig) error
 }
 
 func (h *RegisterHandler) reject(node, remote string, err error) (domain.NodeConfig, error) {

@@ -288,3 +288,31 @@ func TestRegisterBindsCertificateIdentity(t *testing.T) {
 		t.Fatalf("Register without BindIdentity: %v", err)
 	}
 }
+
+// ucOversizedLink is a link whose register response could not carry the
+// node's config (transport's edgeLink.ConfigFits).
+type ucOversizedLink struct{ *ucLink }
+
+func (ucOversizedLink) ConfigFits(domain.NodeConfig) error {
+	return domain.Errorf(domain.CodeConfigError, "the node's config does not fit in one link frame: raise transport.max_frame_size")
+}
+
+// A config the link cannot send refuses the registration as a
+// config_error, before the node is admitted: it used to be admitted,
+// counted and announced as registered, then cut off, at every retry.
+func TestRegisterRefusesAConfigTheLinkCannotSend(t *testing.T) {
+	dir, reg, bus := ucRegisterDir(), edge.NewRegistry(), newUCBus()
+	h := edge.NewRegisterHandler(dir, reg, bus, &edge.ConfigVersions{}, nil)
+	_, err := h.Register(context.Background(), ucTokAlpha, domain.NodeInfo{AdapterTypes: []string{"exec", "ollama"}}, "10.0.0.1:5000", ucOversizedLink{&ucLink{id: "big"}})
+	if ucCode(err) != domain.CodeConfigError || !strings.Contains(err.Error(), "max_frame_size") {
+		t.Fatalf("Register = %v, want the link's config_error", err)
+	}
+	if _, ok := reg.Get("alpha"); ok {
+		t.Fatal("the node was admitted")
+	}
+	for _, ev := range bus.all() {
+		if ev.Type == domain.BusNodeRegistered {
+			t.Fatalf("announced as registered: %+v", ev)
+		}
+	}
+}
