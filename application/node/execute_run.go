@@ -229,18 +229,27 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 		return
 	}
 	// A run its adapter cannot serve is refused as such, before capacity.
-	if in, ok := m.rt.lookup(req.Adapter); ok {
-		if a, ok := in.adapter.(ports.RunAdmitter); ok {
-			if err := a.Admit(req); err != nil {
-				m.reject(req, g, err)
-				return
-			}
+	admitted, _ := m.rt.lookup(req.Adapter)
+	if admitted != nil {
+		if err := admit(admitted, req); err != nil {
+			m.reject(req, g, err)
+			return
 		}
 	}
 	in, release, err := m.rt.acquire(req.Adapter)
 	if err != nil {
 		m.reject(req, g, err)
 		return
+	}
+	if in != admitted {
+		// A config refresh replaced the adapter in between: the run goes
+		// to the new instance, so that one must be able to serve it (a
+		// target renamed or removed is refused, not started and failed).
+		if err := admit(in, req); err != nil {
+			release()
+			m.reject(req, g, err)
+			return
+		}
 	}
 	ctx, cancel := context.WithCancelCause(m.base)
 	defer cancel(nil)
@@ -470,6 +479,15 @@ func (g *guard) Finish() error {
 
 func newGuard(runID string, out ports.RunOutput, background bool, now func() time.Time) *guard {
 	return &guard{runID: runID, out: out, background: background, now: now, ctx: context.Background()}
+}
+
+// admit asks in's adapter whether it can serve req, if it can tell
+// (ports.RunAdmitter).
+func admit(in *instance, req domain.RunRequest) error {
+	if a, ok := in.adapter.(ports.RunAdmitter); ok {
+		return a.Admit(req)
+	}
+	return nil
 }
 
 func (g *guard) emitStart() {

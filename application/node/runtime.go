@@ -50,6 +50,10 @@ type Runtime struct {
 	// newest instance's. Counted per instance, every refresh would add a
 	// whole max_concurrency of runs. An entry exists only while positive.
 	inFlight map[string]int
+	// children counts runs in flight on instances of a type that spawns a
+	// process, each counted by its own instance's type: a refresh that
+	// removes the adapter, or changes its type, leaves them running.
+	children int
 }
 
 // NewRuntime returns an empty runtime; Apply installs adapters.
@@ -194,6 +198,10 @@ func (rt *Runtime) acquire(name string) (*instance, func(), error) {
 	}
 	rt.inFlight[name]++
 	in.active++
+	child := spawnsProcesses(in.cfg.Type)
+	if child {
+		rt.children++
+	}
 	var once sync.Once
 	return in, func() {
 		once.Do(func() {
@@ -201,6 +209,9 @@ func (rt *Runtime) acquire(name string) (*instance, func(), error) {
 			defer rt.mu.Unlock()
 			if rt.inFlight[name]--; rt.inFlight[name] <= 0 {
 				delete(rt.inFlight, name)
+			}
+			if child {
+				rt.children--
 			}
 			in.active--
 			if in.retired && in.active == 0 {
@@ -253,6 +264,13 @@ func (rt *Runtime) instances() []loadedInstance {
 		out = append(out, loadedInstance{instance: rt.byName[name], inFlight: rt.inFlight[name]})
 	}
 	return out
+}
+
+// childProcesses counts the runs in flight that are child processes.
+func (rt *Runtime) childProcesses() int {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.children
 }
 
 // Provider returns the provider named name from the pushed config.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -255,5 +256,88 @@ func TestRefreshDoesNotResetAdapterCapacity(t *testing.T) {
 	}
 	if st := n.rt.Statuses(); st[0].InFlight != 0 {
 		t.Fatalf("statuses = %+v after every run ended", st)
+	}
+}
+
+// ucTargetAdapter serves only its targets (ports.RunAdmitter, as the exec
+// adapter); its Admit can be held on gate once, to let a reload land
+// between the admission and the run.
+type ucTargetAdapter struct {
+	*ucAdapter
+	targets []string
+	gate    chan struct{}
+	held    chan struct{}
+	once    sync.Once
+}
+
+func (a *ucTargetAdapter) Admit(req domain.RunRequest) error {
+	if a.gate != nil {
+		a.once.Do(func() { close(a.held); <-a.gate })
+	}
+	if !slices.Contains(a.targets, req.Target) {
+		return domain.Errorf(domain.CodeTargetNotFound, "no target %q", req.Target)
+	}
+	return nil
+}
+
+// A run admitted by an adapter that a config refresh replaces before the
+// run takes its slot is admitted again by the new instance, which runs it:
+// a target the new config no longer has is refused (no start event, not
+// a failed run), as it would be a moment later.
+func TestRunAdmittedAcrossAReloadIsAdmittedByTheNewInstance(t *testing.T) {
+	ucNoLeaks(t)
+	old := &ucTargetAdapter{ucAdapter: newUCAdapter("a#1", domain.Capabilities{MaxConcurrency: 2}, map[string]ucExecFunc{"": ucEmit(nil, ucDelta("old"))}),
+		targets: []string{"t1"}, gate: make(chan struct{}), held: make(chan struct{})}
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": old})
+	out := n.start(ucReq("r1", "a", "t1"))
+	<-old.held
+	n.adapters["a"] = &ucTargetAdapter{ucAdapter: newUCAdapter("a#2", domain.Capabilities{MaxConcurrency: 2}, map[string]ucExecFunc{"": ucEmit(nil, ucDelta("new"))}),
+		targets: []string{"t2"}}
+	if err := n.rt.Apply(domain.NodeConfig{NodeID: "n1", Version: 8, Adapters: []domain.AdapterConfig{ucAdapterCfg("a", 3)}}); err != nil {
+		t.Fatal(err)
+	}
+	close(old.gate)
+	evs := out.waitClosed(t)
+	if len(evs) != 1 || evs[0].Type != domain.EventError || evs[0].Error.Code != domain.CodeTargetNotFound {
+		t.Fatalf("events %s, want a target_not_found refusal alone", ucTypes(evs))
+	}
+}
+
+// A child process still running on an instance a refresh removed, or whose
+// adapter's type changed, is still counted as one; and a run of an adapter
+// type that starts none is not counted, whatever the adapter's name had.
+func TestChildProcessesCountedByTheirOwnInstance(t *testing.T) {
+	ucNoLeaks(t)
+	gate := make(chan struct{})
+	a := newUCAdapter("a#1", domain.Capabilities{MaxConcurrency: 2}, map[string]ucExecFunc{"slow": ucGate(gate, nil, ucDelta("done"))})
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
+	first := n.start(ucReq("r1", "a", "slow"))
+	a.waitStarted(t, "r1")
+	stats := func() domain.NodeStats { return node.NewStats(n.rt, node.NewProviderLatencies(), nil).NodeStats() }
+	if ns := stats(); ns.ChildProcesses != 1 {
+		t.Fatalf("before: %+v", ns)
+	}
+	// a becomes an openai adapter: r1 is still an exec child.
+	llm := newUCAdapter("a#2", domain.Capabilities{MaxConcurrency: 2}, map[string]ucExecFunc{"": ucEmit(nil, ucDelta("x"))})
+	n.adapters["a"] = llm
+	cfg := ucAdapterCfg("a", 2)
+	cfg.Type, cfg.BaseURL = domain.AdapterOpenAI, "http://llm"
+	if err := n.rt.Apply(domain.NodeConfig{NodeID: "n1", Version: 8, Adapters: []domain.AdapterConfig{cfg}}); err != nil {
+		t.Fatal(err)
+	}
+	if ns := stats(); ns.ChildProcesses != 1 {
+		t.Fatalf("after the type changed: %+v, want r1 still counted", ns)
+	}
+	// Removed altogether: still one.
+	if err := n.rt.Apply(domain.NodeConfig{NodeID: "n1", Version: 9}); err != nil {
+		t.Fatal(err)
+	}
+	if ns := stats(); ns.ChildProcesses != 1 {
+		t.Fatalf("after the adapter was removed: %+v, want r1 still counted", ns)
+	}
+	close(gate)
+	first.waitClosed(t)
+	if ns := stats(); ns.ChildProcesses != 0 {
+		t.Fatalf("after r1 ended: %+v", ns)
 	}
 }

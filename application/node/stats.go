@@ -34,10 +34,8 @@ func (s *Stats) NodeStats() domain.NodeStats {
 	var out domain.NodeStats
 	for _, in := range s.rt.instances() {
 		out.Adapters = append(out.Adapters, domain.AdapterSlots{Name: in.cfg.Name, Max: in.caps.MaxConcurrency, InFlight: in.inFlight})
-		if spawnsProcesses(in.cfg.Type) {
-			out.ChildProcesses += in.inFlight
-		}
 	}
+	out.ChildProcesses = s.rt.childProcesses()
 	if s.storeSize != nil {
 		out.StoreBytes = s.storeSize()
 	}

@@ -300,6 +300,39 @@ func TestUnknownTarget(t *testing.T) {
 	}
 }
 
+// A target whose dir is missing, or a file, says so: the child's failed
+// chdir used to be reported as the program not existing.
+func TestWorkDirProblemsAreNamed(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for dir, want := range map[string]string{
+		"/nonexistent/iop-dir": "work dir: stat /nonexistent/iop-dir: no such file or directory",
+		file:                   "work dir " + file + " is not a directory",
+	} {
+		a := newAdapter(t, map[string]domain.ExecTarget{"x": {Command: []string{"true"}, Dir: dir}})
+		_, err := execute(t, a, "x", "")
+		if msg := domain.MessageOf(err); domain.CodeOf(err) != domain.CodeRunFailed || !strings.Contains(msg, want) || strings.Contains(msg, "bin/true") {
+			t.Errorf("dir %s: %v, want run_failed saying %q", dir, err, want)
+		}
+	}
+}
+
+// A stderr tail that is not UTF-8 (a Latin-1 message) keeps a U+FFFD for
+// each such byte, as the output does, instead of losing letters.
+func TestStderrTailKeepsItsLetters(t *testing.T) {
+	a := newAdapter(t, map[string]domain.ExecTarget{"x": {Command: []string{"sh", "-c", `printf 'caf\351 cr\350me' >&2; exit 1`}}})
+	sink, err := execute(t, a, "x", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, ok := sink.Terminal()
+	if !ok || ev.Error == nil || !strings.HasSuffix(ev.Error.Message, "caf\uFFFD cr\uFFFDme") {
+		t.Fatalf("terminal %+v, want the stderr with U+FFFD for the Latin-1 letters", ev)
+	}
+}
+
 func TestBinaryNotFound(t *testing.T) {
 	a := newAdapter(t, map[string]domain.ExecTarget{"missing": {Command: []string{"iop-no-such-binary-here"}}})
 	sink, err := execute(t, a, "missing", "")

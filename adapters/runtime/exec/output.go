@@ -7,6 +7,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"iop/adapters/runtime/internal/lines"
 	"iop/domain"
 	"iop/ports"
 )
@@ -178,10 +179,11 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// String returns the tail with surrounding space trimmed, dropping bytes
-// that are not UTF-8 (the tail may start inside a rune).
+// String returns the tail with surrounding space trimmed: a rune the
+// tail starts inside of is dropped, other bytes that are not UTF-8 (a
+// Latin-1 message) become U+FFFD, as in the output.
 func (t *tailBuffer) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return strings.TrimSpace(strings.ToValidUTF8(string(t.buf), ""))
+	return strings.TrimSpace(lines.ValidText(t.buf))
 }

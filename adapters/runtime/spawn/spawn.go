@@ -73,8 +73,21 @@ var reg = &registry{live: map[int]*Group{}}
 const compactSlack = 256
 
 // Start starts cmd as the leader of a new process group that dies with the
-// node. It overwrites cmd.SysProcAttr.
+// node. It overwrites cmd.SysProcAttr. A cmd.Dir that is missing or not a
+// directory is an error naming it: with SysProcAttr set, os.StartProcess
+// leaves it to the child, whose failed chdir is then reported as the
+// program being missing ("fork/exec /usr/bin/true: no such file or
+// directory").
 func Start(cmd *exec.Cmd) (*Group, error) {
+	if cmd.Dir != "" {
+		st, err := os.Stat(cmd.Dir)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("work dir: %w", err)
+		case !st.IsDir():
+			return nil, fmt.Errorf("work dir %s is not a directory", cmd.Dir)
+		}
+	}
 	cmd.SysProcAttr = sysProcAttr()
 	spawner.mu.Lock()
 	defer spawner.mu.Unlock()

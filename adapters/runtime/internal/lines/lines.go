@@ -9,6 +9,8 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strings"
+	"unicode/utf8"
 )
 
 // DefaultMax is the longest line Reader returns unless told otherwise.
@@ -81,4 +83,14 @@ func (r *Reader) Skipped() int { return r.skipped }
 func trimEOL(b []byte) []byte {
 	b = bytes.TrimSuffix(b, []byte("\n"))
 	return bytes.TrimSuffix(b, []byte("\r"))
+}
+
+// ValidText is the tail of a byte stream (a stderr tail) as text: the
+// continuation bytes of a rune cut at its start are dropped, and any other
+// byte that is not UTF-8 becomes U+FFFD, as the output's are.
+func ValidText(b []byte) string {
+	for i := 0; i < utf8.UTFMax-1 && len(b) > 0 && !utf8.RuneStart(b[0]); i++ {
+		b = b[1:]
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD")
 }

@@ -60,3 +60,18 @@ func TestReadErrorIsReturned(t *testing.T) {
 		t.Fatalf("err = %v, want boom", err)
 	}
 }
+
+// A tail cut inside a rune drops that rune's remaining bytes; other bytes
+// that are not UTF-8 become U+FFFD.
+func TestValidText(t *testing.T) {
+	for in, want := range map[string]string{
+		"\xa9 caf\xe9":      " caf\uFFFD", // the end of "é" (c3 a9), then Latin-1
+		"\x80\x80\x80x":     "x",
+		"\x80\x80\x80\x80x": "\uFFFDx", // four continuation bytes are not one rune's end
+		"plain":             "plain",
+	} {
+		if got := lines.ValidText([]byte(in)); got != want {
+			t.Errorf("ValidText(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"iop/adapters/runtime/internal/lines"
 	"iop/adapters/runtime/spawn"
 )
 
@@ -176,8 +177,11 @@ func (t *tail) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
+// String is the tail with surrounding space trimmed: a rune the tail
+// starts inside of is dropped, other bytes that are not UTF-8 become
+// U+FFFD.
 func (t *tail) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return strings.TrimSpace(strings.ToValidUTF8(string(t.buf), ""))
+	return strings.TrimSpace(lines.ValidText(t.buf))
 }
