@@ -186,6 +186,12 @@ func TestBuildConfigChecksChildEnvironment(t *testing.T) {
 		"bad inherit name":          {Name: "c", Type: domain.AdapterCodex, InheritEnv: []string{""}},
 		"bad target inherit name": {Name: "e", Type: domain.AdapterExec, Targets: map[string]domain.ExecTarget{
 			"t": {Command: []string{"env"}, InheritEnv: []string{"X\x00"}}}},
+		// No process can be given a NUL: every run would fail, opaquely.
+		"NUL in an env value": {Name: "c", Type: domain.AdapterGemini, Env: map[string]string{"K": "a\x00b"}},
+		"NUL in a target's env value": {Name: "e", Type: domain.AdapterExec, Targets: map[string]domain.ExecTarget{
+			"t": {Command: []string{"env"}, Env: map[string]string{"K": "\x00"}}}},
+		"NUL in a command argument": {Name: "e", Type: domain.AdapterExec, Targets: map[string]domain.ExecTarget{
+			"t": {Command: []string{"echo", "a\x00b"}}}},
 	} {
 		_, err := domain.NodeRecord{ID: "n", Adapters: []domain.AdapterConfig{a}}.BuildConfig(1)
 		if !errors.Is(err, domain.ErrConfig) {

@@ -236,6 +236,11 @@ func checkAdapter(a AdapterConfig) error {
 			if len(t.Command) == 0 || t.Command[0] == "" {
 				return Errorf(CodeConfigError, "adapter %q target %q has an empty command", a.Name, name)
 			}
+			for _, arg := range t.Command {
+				if strings.ContainsRune(arg, 0) {
+					return Errorf(CodeConfigError, "adapter %q target %q: a command argument holds a NUL byte", a.Name, name)
+				}
+			}
 			if t.Timeout < 0 {
 				return Errorf(CodeConfigError, "adapter %q target %q: timeout must not be negative", a.Name, name)
 			}
@@ -285,9 +290,13 @@ func CheckMaxHistoryBytes(name string, n int) error {
 
 // checkEnv refuses variable names a process environment cannot hold.
 func checkEnv(env map[string]string, inherit []string) *Error {
-	for k := range env {
+	for k, v := range env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			return Errorf(CodeConfigError, "env has an invalid variable name %q", k)
+		}
+		if strings.ContainsRune(v, 0) {
+			// No process can be given it: every run would fail.
+			return Errorf(CodeConfigError, "env %s holds a NUL byte", k)
 		}
 	}
 	for _, k := range inherit {
