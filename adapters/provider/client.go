@@ -74,8 +74,14 @@ func New(o Options) *Client {
 		o.IdleConnTimeout = 90 * time.Second
 	}
 	tr := &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		Proxy:       http.ProxyFromEnvironment,
+		DialContext: (&net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		// Built from scratch, the Transport has neither limit nor HTTP/2
+		// by default: a provider that takes the connection but never
+		// finishes its TLS handshake would hold the request for good, and
+		// an https provider would be spoken to in HTTP/1.1 only.
+		TLSHandshakeTimeout:   o.DialTimeout,
+		ForceAttemptHTTP2:     true,
 		ResponseHeaderTimeout: o.HeaderTimeout,
 		DisableCompression:    true,
 		MaxIdleConns:          2 * o.MaxIdleConnsPerHost,
@@ -104,9 +110,12 @@ func (c *Client) Close() {
 }
 
 // useLean reports whether hreq goes through the lean path: plain http with
-// no proxy for its URL.
-func (c *Client) useLean(hreq *http.Request) bool {
-	if c.lean == nil || hreq.URL.Scheme != "http" {
+// no proxy for its URL, and a body held whole (streamed is false). The lean
+// path writes the request before it reads the answer, so a provider that
+// answers early (a 413, a 401) while a streamed body still comes, and then
+// neither reads nor closes, would stall it; net/http reads while it writes.
+func (c *Client) useLean(hreq *http.Request, streamed bool) bool {
+	if c.lean == nil || hreq.URL.Scheme != "http" || streamed {
 		return false
 	}
 	proxy, err := http.ProxyFromEnvironment(hreq)
@@ -176,7 +185,7 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 		hreq.Header.Set("Authorization", "Bearer "+key)
 	}
 	var resp *http.Response
-	if c.useLean(hreq) {
+	if c.useLean(hreq, body != nil) {
 		// A retry re-sends the body if nothing of a streamed one was read.
 		newBody := func() (io.ReadCloser, bool) {
 			if hreq.ContentLength == 0 && body == nil {
@@ -241,7 +250,7 @@ func UpstreamURL(p domain.ProviderConfig, path, query string) (*url.URL, error) 
 		// ("/%761/…" is "/v1/…" too); the rest of the path stays escaped.
 		first, rest, more := strings.Cut(path[1:], "/")
 		if seg, err := url.PathUnescape(first); err == nil && seg == "v1" {
-			path = strings.TrimSuffix(p.PathPrefix, "/")
+			path = prefixPath(p.PathPrefix)
 			if more {
 				path += "/" + rest
 			}
@@ -255,9 +264,27 @@ func UpstreamURL(p domain.ProviderConfig, path, query string) (*url.URL, error) 
 	}
 	u := *base
 	u.Path, u.RawPath = decoded, escaped
+	if base.RawQuery != "" {
+		// The base URL's own parameters (Azure's api-version) go first,
+		// the caller's after them.
+		query = strings.TrimSuffix(base.RawQuery+"&"+query, "&")
+	}
 	u.RawQuery, u.ForceQuery = query, false
 	u.Fragment, u.RawFragment = "", ""
 	return &u, nil
+}
+
+// prefixPath is a path_prefix as an escaped path, spelled as the openai
+// adapter takes it: one leading slash and none trailing, whatever the
+// config wrote ("api/v1", "/api/v1/"), "" for "/" (no prefix), and a
+// character that must be escaped in a path (a space, a letter beyond
+// ASCII) escaped, so that the caller's own escapes (a %2F) stay valid.
+func prefixPath(prefix string) string {
+	trimmed := strings.Trim(prefix, "/")
+	if trimmed == "" {
+		return ""
+	}
+	return (&url.URL{Path: "/" + trimmed}).EscapedPath()
 }
 
 // filterHeader copies h under canonical names, leaving out hop-by-hop

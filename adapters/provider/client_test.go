@@ -45,6 +45,17 @@ func TestUpstreamURL(t *testing.T) {
 		{"prefix for /v1/", "http://h", "/x", "/v1/", "", "http://h/x/"},
 		{"prefix for an escaped v1", "http://h", "/x", "/%761/models", "", "http://h/x/models"},
 		{"base credentials kept", "http://u:p@h:1", "", "/v1/models", "", "http://u:p@h:1/v1/models"},
+		// A prefix is spelled as the openai adapter takes it: a missing
+		// leading slash added, "/" for none, and what a path must escape
+		// escaped, so the caller's escapes stay valid after it.
+		{"prefix without a leading slash", "http://h", "api/v1", "/v1/chat/completions", "", "http://h/api/v1/chat/completions"},
+		{"prefix without a slash after a base path", "http://h/openai", "api/v1", "/v1/chat/completions", "", "http://h/openai/api/v1/chat/completions"},
+		{"prefix / for none", "http://h", "/", "/v1/models", "", "http://h/models"},
+		{"prefix with a space", "http://h", "/my api/v1", "/v1/files/a%2Fb", "", "http://h/my%20api/v1/files/a%2Fb"},
+		{"prefix beyond ASCII", "http://h", "/ü/v1", "/v1/files/a%2Fb", "", "http://h/%C3%BC/v1/files/a%2Fb"},
+		// The base URL's own query (Azure's api-version) is kept, first.
+		{"base query kept", "https://r.openai.azure.com/openai/deployments/d?api-version=2024-10-21", "", "/chat/completions", "", "https://r.openai.azure.com/openai/deployments/d/chat/completions?api-version=2024-10-21"},
+		{"base query then the caller's", "http://h/?k=1", "", "/v1/models", "a=2", "http://h/v1/models?k=1&a=2"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -521,5 +532,44 @@ func testDoInvalidPathHidesTheBaseURL(t *testing.T, path clientPath) {
 		if strings.Contains(err.Error(), leak) {
 			t.Fatalf("error %q shows %q", err, leak)
 		}
+	}
+}
+
+// An https provider that takes the connection but never answers the TLS
+// handshake (a frozen process whose listen queue still accepts) fails the
+// request within the dial time, instead of holding it until the caller
+// gives up.
+func TestTLSHandshakeHasADeadline(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	defer func() { ln.Close(); <-done }()
+	go func() {
+		defer close(done)
+		var held []net.Conn // never read
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	c := provider.New(provider.Options{DialTimeout: 300 * time.Millisecond, HeaderTimeout: 300 * time.Millisecond})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	began := time.Now()
+	_, err = c.Do(ctx, domain.ProviderConfig{Name: "p", Type: domain.ProviderOpenAI, BaseURL: "https://" + ln.Addr().String()},
+		domain.TunnelRequest{Method: "POST", Path: "/v1/chat/completions", Body: []byte(`{}`)}, nil)
+	if took := time.Since(began); err == nil || took > 5*time.Second || ctx.Err() != nil {
+		t.Fatalf("after %v: %v, want a failure within the dial time", took, err)
 	}
 }
