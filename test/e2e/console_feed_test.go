@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -813,5 +814,103 @@ func TestConsoleEventsPageReconnects(t *testing.T) {
 	if n := tries(); n != before {
 		t.Errorf("a refused key's feed was asked again: %d tries, then %d", before, n)
 	}
+	b.checkClean()
+}
+
+// steady calls fn(1), fn(2), … every interval until the stop it returns is
+// called (or the test ends); stop waits for the last call and says how
+// many there were.
+func steady(t *testing.T, every time.Duration, fn func(i int)) (stop func() int) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	n := 0
+	go func() {
+		defer close(done)
+		tk := time.NewTicker(every)
+		defer tk.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tk.C:
+				n++
+				fn(n)
+			}
+		}
+	}()
+	var once sync.Once
+	stop = func() int {
+		once.Do(func() { close(quit) })
+		<-done
+		return n
+	}
+	t.Cleanup(func() { stop() })
+	return stop
+}
+
+// A run's page draws its output while the run streams. It redrew 50 ms
+// after the last event, so with events closer together than that (an LLM
+// streaming 20 tokens a second or more) nothing showed until the stream
+// paused.
+func TestConsoleRunPageDrawsWhileStreaming(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	f.setRun("rfast", "running")
+	openFake(b, f, "run/rfast")
+	b.waitJS(10*time.Second, "the run's record", `document.getElementById('run-status')?.innerText === 'running'`)
+	f.publish(map[string]any{"run_id": "rfast", "node": "n1", "seq": 1, "type": "start"})
+	var last atomic.Int64
+	stop := steady(t, 20*time.Millisecond, func(i int) {
+		f.publish(map[string]any{"run_id": "rfast", "node": "n1", "seq": i + 1, "type": "delta", "text": fmt.Sprintf("line %d\n", i)})
+		last.Store(int64(i))
+	})
+	output := `document.getElementById('run-output').textContent`
+	b.waitJS(3*time.Second, "output drawn while the run streams", output+`.includes('line 1\n')`)
+	// Drawn again as more comes, not once: a line half a second on.
+	b.waitJS(3*time.Second, "later output drawn while the run streams", fmt.Sprintf(`%s.includes('line %d\n')`, output, last.Load()+25))
+	n := stop()
+	f.publish(map[string]any{"run_id": "rfast", "node": "n1", "seq": n + 2, "type": "complete"})
+	f.setRun("rfast", "succeeded")
+	b.waitJS(5*time.Second, "the run's end", `document.getElementById('run-status').innerText === 'succeeded'`)
+	var want strings.Builder
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	b.waitJS(5*time.Second, "the whole output", output+` === `+jsString(want.String()))
+	b.checkClean()
+}
+
+// jsString is s as a JS string literal (a JSON string is one).
+func jsString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// The Runs page's history and the Usage page are read again while runs keep
+// ending, not only once the ends stop coming: each waited for a pause in
+// the terminal events (400 ms, 1 s) that steady traffic never leaves.
+func TestConsoleReloadsWhileRunsKeepEnding(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	end := func(i int) {
+		id := fmt.Sprintf("u%03d", i)
+		f.setRun(id, "running")
+		f.setRun(id, "succeeded")
+		f.publish(map[string]any{"run_id": id, "node": "n1", "seq": 1, "type": "complete"})
+	}
+	openFake(b, f, "runs")
+	b.waitJS(10*time.Second, "the empty history", `document.getElementById('runs-history').innerText === 'No runs match.'`)
+	stop := steady(t, 150*time.Millisecond, end)
+	rows := `document.querySelectorAll('#runs-history tbody tr').length`
+	b.waitJS(4*time.Second, "the history read again while runs keep ending", rows+` > 0`)
+	n := stop()
+	b.waitJS(3*time.Second, "the history read again once they stop", fmt.Sprintf(`%s === %d`, rows, n))
+
+	b.open(f.URL + "/ui/#/usage")
+	count := `([...document.querySelectorAll('#usage-totals tbody tr')].find((tr) => tr.cells[0].innerText === 'n1')?.cells[1].innerText || '0')`
+	b.waitJS(10*time.Second, "the usage totals", fmt.Sprintf(`%s === '%d'`, count, n))
+	stop = steady(t, 300*time.Millisecond, func(i int) { end(n + i) })
+	b.waitJS(4*time.Second, "usage read again while runs keep ending", fmt.Sprintf(`+%s > %d`, count, n))
+	m := stop()
+	b.waitJS(4*time.Second, "usage read again once they stop", fmt.Sprintf(`%s === '%d'`, count, n+m))
 	b.checkClean()
 }

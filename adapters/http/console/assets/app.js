@@ -531,11 +531,60 @@ function onCleanup(fn) { pageCleanup.push(fn); }
 function listenBus(fn) { busListeners.add(fn); onCleanup(() => busListeners.delete(fn)); }
 function every(ms, fn) { const t = setInterval(fn, ms); onCleanup(() => clearInterval(t)); }
 
-// debounce coalesces bursts of bus events into one refresh.
-function debounce(ms, fn) {
-  let t = null;
-  onCleanup(() => clearTimeout(t));
-  return () => { clearTimeout(t); t = setTimeout(fn, ms); };
+// coalesce turns a burst of bus events into one call of fn, ms after the
+// last of them. Events that keep coming closer than ms apart (a run
+// streaming tokens, steady traffic) would put a plain debounce off for as
+// long as they come, so the call is also made maxMs after the burst's first
+// event. A call still running (fn's promise pending) is not started again
+// over itself but followed by one more once it is done: a load slower than
+// maxMs, restarted, would have its answer dropped for the newer one's,
+// again and again, and draw nothing.
+function coalesce(ms, maxMs, fn) {
+  let timer = null, first = 0, running = false, again = false, left = false;
+  onCleanup(() => { left = true; clearTimeout(timer); });
+  const fire = async () => {
+    timer = null;
+    first = 0;
+    if (running) {
+      again = true;
+      return;
+    }
+    running = true;
+    try {
+      await fn();
+    } catch (err) {
+      console.error(err);
+    } finally {
+      running = false;
+    }
+    if (again && !left) {
+      again = false;
+      call();
+    }
+  };
+  const call = () => {
+    if (left) return;
+    const now = performance.now();
+    if (!first) first = now;
+    clearTimeout(timer);
+    timer = setTimeout(fire, Math.max(0, Math.min(ms, first + maxMs - now)));
+  };
+  return call;
+}
+
+// perFrame makes fn run once in the next animation frame however often it
+// is asked before then: a redraw per frame, not per event, and none while
+// the tab is hidden (the browser runs no frames then) until it is shown.
+function perFrame(fn) {
+  let frame = 0;
+  onCleanup(() => { cancelAnimationFrame(frame); frame = -1; });
+  return () => {
+    if (frame) return;
+    frame = requestAnimationFrame(() => {
+      frame = 0;
+      fn();
+    });
+  };
 }
 
 // ---- Nodes
@@ -591,7 +640,7 @@ async function pageNodes(root) {
   }
 
   await load(true);
-  const refresh = debounce(250, () => load(false));
+  const refresh = coalesce(250, 2000, () => load(false));
   listenBus((type, ev) => {
     if (type === 'bus.resync' || type.startsWith('node.') || (type === 'run.event' && ev.run && (ev.run.type === 'start' || TERMINAL.has(ev.run.type)))) refresh();
   });
@@ -753,8 +802,8 @@ async function pageRuns(root) {
 
   renderLive();
   await load();
-  const reload = debounce(400, load);
-  const relive = debounce(100, renderLive);
+  const reload = coalesce(400, 2000, load);
+  const relive = coalesce(100, 500, renderLive);
   listenBus((type, ev) => {
     // The bus lost events: resyncBus settled the runs it knew; the history
     // is read again for the rest (unless Older added pages).
@@ -799,7 +848,8 @@ function runView(r) {
       h('div', {}, h('h3', {}, 'Usage'), usage),
       h('div', {}, h('h3', {}, 'Events'), h('table', { class: 'events-table' },
         h('thead', {}, h('tr', {}, h('th', {}, 'seq'), h('th', {}, 'type'), h('th', {}, 'data'))), events))));
-  let shown = 0;
+  const unset = {};
+  let shown = 0, shownUsage = unset, shownError = unset;
   function update(state) {
     const stick = out.scrollTop + out.clientHeight >= out.scrollHeight - 4;
     if (out.textContent !== state.output) out.textContent = state.output;
@@ -816,9 +866,18 @@ function runView(r) {
       if (d.length > 300) d = d.slice(0, 300) + '…';
       events.append(h('tr', {}, h('td', {}, ev.seq ?? ''), h('td', {}, ev.type), h('td', { class: 'sum' }, d === '{}' ? '' : d)));
     }
+    // Usage and error are drawn again only when they change: the pages
+    // update once a frame while a run streams, and a list rebuilt that
+    // often cannot be selected.
     const u = state.usage;
-    usage.replaceChildren(...(u ? Object.entries(u).flatMap(([k, v]) => [h('dt', {}, k.replaceAll('_', ' ')), h('dd', {}, typeof v === 'number' ? num(v) : String(v))]) : [h('dd', { class: 'muted' }, 'none reported')]));
-    error.replaceChildren(state.error ? h('div', { class: 'error-box' }, `${state.error.code}: ${state.error.message}`) : '');
+    if (u !== shownUsage) {
+      shownUsage = u;
+      usage.replaceChildren(...(u ? Object.entries(u).flatMap(([k, v]) => [h('dt', {}, k.replaceAll('_', ' ')), h('dd', {}, typeof v === 'number' ? num(v) : String(v))]) : [h('dd', { class: 'muted' }, 'none reported')]));
+    }
+    if (state.error !== shownError) {
+      shownError = state.error;
+      error.replaceChildren(state.error ? h('div', { class: 'error-box' }, `${state.error.code}: ${state.error.message}`) : '');
+    }
   }
   return { el, update };
 }
@@ -853,7 +912,7 @@ async function pageRun(root, id) {
   const cancel = cancelButton(() => id, (err) => showError(note, err));
   root.append(h('h1', {}, 'Run ', h('span', { class: 'mono' }, id)), head, note, h('div', { class: 'panel' }, rec), view.el);
 
-  let record = null;
+  let record = null, drawnRecord = null;
   async function loadRecord() {
     try {
       record = await apiJSON('/v1/runs/' + encodeURIComponent(id), { action: 'runs.read' });
@@ -875,7 +934,11 @@ async function pageRun(root, id) {
       head.dataset.status = status || 'unknown';
       head.replaceChildren(h('span', { id: 'run-status' }, badge(status || 'unknown')), status && !FINISHED.has(status) ? cancel : '');
     }
-    if (record) {
+    // The record changes only when it is read again, while this draws up
+    // to once a frame during a stream: rebuilt each time, it could not be
+    // selected.
+    if (record && record !== drawnRecord) {
+      drawnRecord = record;
       rec.replaceChildren(...['node', 'adapter', 'target', 'session_id', 'background', 'created_at', 'started_at', 'finished_at']
         .filter((k) => record[k] !== undefined && record[k] !== '')
         .flatMap((k) => [h('dt', {}, k.replaceAll('_', ' ')), h('dd', {}, k.endsWith('_at') ? fmtTime(record[k]) : String(record[k]))]));
@@ -893,8 +956,8 @@ async function pageRun(root, id) {
   }
   render();
   await loadRecord();
-  const refresh = debounce(300, loadRecord);
-  const rerender = debounce(50, render);
+  const refresh = coalesce(300, 2000, loadRecord);
+  const rerender = perFrame(render);
   listenBus((type, ev) => {
     if (type === 'bus.resync') { // its end may be among the events lost
       refresh();
@@ -1225,7 +1288,7 @@ async function pageUsage(root) {
     }
   }
   await load();
-  const reload = debounce(1000, load);
+  const reload = coalesce(1000, 2000, load);
   listenBus((type, ev) => {
     if (type === 'bus.resync' || type === 'tunnel.completed' || (type === 'run.event' && ev.run && TERMINAL.has(ev.run.type))) reload();
   });
