@@ -33,9 +33,15 @@ type fakeConsoleEdge struct {
 
 	mu sync.Mutex
 	// keys, when not empty, are the accepted API keys: "all" may do
-	// anything, "no-events" gets 403 on GET /v1/events. A revoked key is 401.
+	// anything, "no-events" gets 403 on GET /v1/events, "runs-only" (the
+	// "runs" scope without "read") 403 on every GET and on node commands.
+	// A revoked key is 401.
 	keys    map[string]string
 	revoked map[string]bool
+	// nodes is what GET /v1/nodes lists.
+	nodes []any
+	// starts are the bodies of the POST /v1/runs that started a run.
+	starts []map[string]any
 	// runs are the history's records, oldest first.
 	runs []map[string]any
 	// feeds are the open GET /v1/events connections; busKeys the key each
@@ -87,13 +93,16 @@ type fakeFeed struct {
 }
 
 func newFakeConsoleEdge(t *testing.T) *fakeConsoleEdge {
-	f := &fakeConsoleEdge{t: t, keys: map[string]string{}, revoked: map[string]bool{}, held: make(chan heldRun, 1), done: make(chan struct{})}
+	f := &fakeConsoleEdge{t: t, keys: map[string]string{}, revoked: map[string]bool{}, held: make(chan heldRun, 1), done: make(chan struct{}),
+		nodes: []any{fakeNode("n1")}}
 	mux := http.NewServeMux()
 	mux.Handle("GET /ui/", console.Handler())
 	mux.HandleFunc("GET /v1/nodes", func(w http.ResponseWriter, r *http.Request) {
 		if f.auth(w, r, "") {
-			writeFakeJSON(w, 200, map[string]any{"nodes": []any{map[string]any{"id": "n1", "connected": true,
-				"adapters": []any{map[string]any{"name": "exec", "type": "exec", "max_concurrency": 4, "in_flight": 0}}}}})
+			f.mu.Lock()
+			nodes := slices.Clone(f.nodes)
+			f.mu.Unlock()
+			writeFakeJSON(w, 200, map[string]any{"nodes": nodes})
 		}
 	})
 	mux.HandleFunc("GET /v1/usage", func(w http.ResponseWriter, r *http.Request) {
@@ -144,6 +153,28 @@ func newFakeConsoleEdge(t *testing.T) *fakeConsoleEdge {
 	return f
 }
 
+// fakeNode is a connected node with one exec adapter.
+func fakeNode(id string) map[string]any {
+	return map[string]any{"id": id, "connected": true,
+		"adapters": []any{map[string]any{"name": "exec", "type": "exec", "max_concurrency": 4, "in_flight": 0}}}
+}
+
+// setNodes changes what GET /v1/nodes lists.
+func (f *fakeConsoleEdge) setNodes(nodes ...map[string]any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nodes = nil
+	for _, n := range nodes {
+		f.nodes = append(f.nodes, n)
+	}
+}
+
+// publishNode sends a node.* event on the bus.
+func (f *fakeConsoleEdge) publishNode(typ, id string) {
+	b, _ := json.Marshal(map[string]any{"type": typ, "time": time.Now().UTC().Format(time.RFC3339Nano), "node": id})
+	f.send("event: " + typ + "\ndata: " + string(b) + "\n\n")
+}
+
 func writeFakeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -163,7 +194,8 @@ func (f *fakeConsoleEdge) auth(w http.ResponseWriter, r *http.Request, route str
 		writeFakeJSON(w, 401, map[string]any{"error": map[string]string{"code": "unauthorized", "message": "unknown API key"}})
 		return false
 	}
-	if route == "events" && kind == "no-events" {
+	if route == "events" && kind == "no-events" ||
+		kind == "runs-only" && (r.Method == http.MethodGet || strings.HasSuffix(r.URL.Path, "/commands")) {
 		writeFakeJSON(w, 403, map[string]any{"error": map[string]string{"code": "forbidden", "message": "no read scope"}})
 		return false
 	}
@@ -297,6 +329,9 @@ func (f *fakeConsoleEdge) startRun(w http.ResponseWriter, r *http.Request) {
 		writeFakeJSON(w, 400, map[string]any{"error": map[string]string{"code": "invalid_request", "message": "not JSON"}})
 		return
 	}
+	f.mu.Lock()
+	f.starts = append(f.starts, body)
+	f.mu.Unlock()
 	id := fmt.Sprintf("run_fake_%d", time.Now().UnixNano())
 	f.setRun(id, "running")
 	w.Header().Set("Content-Type", "text/event-stream")
@@ -912,5 +947,72 @@ func TestConsoleReloadsWhileRunsKeepEnding(t *testing.T) {
 	b.waitJS(4*time.Second, "usage read again while runs keep ending", fmt.Sprintf(`+%s > %d`, count, n))
 	m := stop()
 	b.waitJS(4*time.Second, "usage read again once they stop", fmt.Sprintf(`%s === '%d'`, count, n+m))
+	b.checkClean()
+}
+
+// "Start a run" follows the nodes as they connect, leave and begin to stop,
+// and says when none is connected (its adapter list was empty, Start
+// ended in the browser's "select an item", and a node that connected later
+// showed only once the page was opened again). A key with the "runs" scope
+// but not "read" may not list the nodes: it types node and adapter.
+func TestConsoleStartFollowsNodes(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	f.setNodes()
+	openFake(b, f, "start")
+	noNode := `/No connected node/.test(document.getElementById('start-nodes')?.innerText || '')`
+	disabled := `document.getElementById('start-submit').disabled`
+	b.waitJS(10*time.Second, "the page says no node is connected", noNode+` && `+disabled)
+	b.screenshot("start-no-node")
+
+	f.setNodes(fakeNode("n1"))
+	f.publishNode("node.registered", "n1")
+	b.waitJS(5*time.Second, "n1 offered once it connects",
+		`document.querySelector('#start-node option[value="n1"]') && document.querySelector('#start-adapter option[value="exec"]') && !`+disabled+` && !`+noNode)
+	b.do(5*time.Second, "choose n1", chromedp.SetValue(chromedp.CSS(`#start-node`), "n1"))
+
+	// n1 begins to stop: it takes no new run.
+	draining := fakeNode("n1")
+	draining["draining"] = true
+	f.setNodes(draining)
+	f.publishNode("node.draining", "n1")
+	b.waitJS(5*time.Second, "no node once n1 drains", noNode+` && `+disabled+
+		` && document.getElementById('start-node').selectedOptions[0].innerText === 'n1 (unavailable)'`)
+	f.setNodes(fakeNode("n1"))
+	f.publishNode("node.registered", "n1")
+	b.waitJS(5*time.Second, "n1 back", `!`+noNode+` && document.getElementById('start-node').selectedOptions[0].innerText === 'n1'`)
+	offline := fakeNode("n1")
+	offline["connected"] = false
+	f.setNodes(offline)
+	f.publishNode("node.disconnected", "n1")
+	b.waitJS(5*time.Second, "no node once n1 left", noNode+` && `+disabled)
+
+	// A key without "read": GET /v1/nodes answers 403.
+	f.setNodes(fakeNode("n1"))
+	f.mu.Lock()
+	f.keys = map[string]string{"runs-key": "runs-only"}
+	f.runEvents = func(id string) []map[string]any {
+		return []map[string]any{{"run_id": id, "node": "n1", "seq": 1, "type": "start"},
+			{"run_id": id, "node": "n1", "seq": 2, "type": "delta", "text": "ok\n"},
+			{"run_id": id, "node": "n1", "seq": 3, "type": "complete"}}
+	}
+	f.mu.Unlock()
+	evalJS[bool](b, `sessionStorage.setItem('iop.console.key', 'runs-key'), true`)
+	b.do(15*time.Second, "reload", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`#main [data-page]`)))
+	b.waitJS(10*time.Second, "node and adapter typed",
+		`document.querySelector('input#start-node') && document.querySelector('input#start-adapter') && document.getElementById('start-free-text') && !`+disabled)
+	b.screenshot("start-free-text")
+	b.do(5*time.Second, "fill the form",
+		chromedp.SetValue(chromedp.CSS(`#start-node`), "n1"),
+		chromedp.SetValue(chromedp.CSS(`#start-adapter`), "exec"),
+		chromedp.SetValue(chromedp.CSS(`#start-target`), "t"))
+	b.click(`#start-submit`)
+	b.waitJS(10*time.Second, "the run streamed", `document.getElementById('start-status').innerText === 'succeeded' && document.getElementById('run-output').textContent === 'ok\n'`)
+	f.mu.Lock()
+	starts := slices.Clone(f.starts)
+	f.mu.Unlock()
+	if len(starts) != 1 || starts[0]["node"] != "n1" || starts[0]["adapter"] != "exec" || starts[0]["target"] != "t" {
+		t.Errorf("runs started: %v, want one on n1's exec adapter, target t", starts)
+	}
 	b.checkClean()
 }

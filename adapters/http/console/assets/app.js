@@ -982,8 +982,8 @@ async function pageStart(root) {
     root.append(h('h1', {}, 'Start a run'), h('div', { class: 'notice', id: 'start-forbidden' }, 'This API key may not start runs: it lacks the "runs" scope.'));
     return;
   }
-  const node = h('select', { id: 'start-node' }, h('option', { value: '' }, 'any node'));
-  const adapter = h('select', { id: 'start-adapter', required: true });
+  let node = h('select', { id: 'start-node' }, h('option', { value: '' }, 'any node'));
+  let adapter = h('select', { id: 'start-adapter', required: true });
   const target = h('input', { id: 'start-target', list: 'start-targets', placeholder: 'target or model', size: 24 });
   const targets = h('datalist', { id: 'start-targets' });
   const session = h('input', { id: 'start-session', placeholder: 'optional', size: 14 });
@@ -992,6 +992,7 @@ async function pageStart(root) {
   const status = h('span', { id: 'start-status' });
   const runLink = h('span', { id: 'start-run' });
   const note = h('div');
+  const nodesNote = h('div', { id: 'start-nodes' });
   let runID = '';
   const cancel = cancelButton(() => runID, (err) => showError(note, err));
   cancel.hidden = true;
@@ -999,12 +1000,15 @@ async function pageStart(root) {
   const form = h('form', { class: 'panel', id: 'start-form', onsubmit: (e) => { e.preventDefault(); start(); } },
     h('div', { class: 'row' }, h('label', {}, 'node', node), h('label', {}, 'adapter', adapter), h('label', {}, 'target', target, targets),
       h('label', {}, 'session', session)),
+    nodesNote,
     h('div', { style: 'margin-top:10px' }, input),
     h('div', { class: 'row', style: 'margin-top:10px' }, submit, cancel, status, runLink),
     h('p', { class: 'muted small' }, 'The run streams to this tab: it goes on while you look at other pages, and closing the tab cancels it.'));
   root.append(h('h1', {}, 'Start a run'), form, note, view.el);
 
-  let nodes = [];
+  // freeText: the key may not list the nodes (GET /v1/nodes needs the
+  // "read" scope, starting a run "runs"), so node and adapter are typed.
+  let nodes = [], freeText = false, busy = false;
   function fillAdapters() {
     const chosen = nodes.filter((n) => !node.value || n.id === node.value);
     const names = [...new Set(chosen.flatMap((n) => (n.adapters || []).map((a) => a.name)))];
@@ -1015,11 +1019,54 @@ async function pageStart(root) {
     targets.replaceChildren(...models.map((m) => h('option', { value: m })));
   }
   node.addEventListener('change', fillAdapters);
-  try {
-    nodes = ((await apiJSON('/v1/nodes')).nodes || []).filter(online); // a run needs a connected node
-    for (const n of nodes) node.append(h('option', { value: n.id }, n.id));
+  // Start is offered once there is somewhere to start a run, so that an
+  // empty adapter list does not end in the browser's "select an item".
+  const updateSubmit = () => { submit.disabled = busy || (!freeText && !nodes.length); };
+  function useFreeText() {
+    freeText = true;
+    const n = h('input', { id: 'start-node', placeholder: 'any node', size: 12 });
+    const a = h('input', { id: 'start-adapter', required: true, placeholder: 'adapter name', size: 12 });
+    node.replaceWith(n);
+    adapter.replaceWith(a);
+    node = n;
+    adapter = a;
+    targets.replaceChildren();
+    nodesNote.replaceChildren(h('p', { class: 'muted small', id: 'start-free-text' },
+      'This API key may not list the nodes (it lacks the "read" scope): type the adapter\'s name, and a node\'s to pick one.'));
+    updateSubmit();
+  }
+  // loadNodes fills the choices from GET /v1/nodes, at first and again as
+  // nodes connect, leave or begin to stop: a page opened before any node
+  // was connected would otherwise offer nothing until it is opened again.
+  async function loadNodes() {
+    if (freeText) return;
+    let list;
+    try {
+      list = (await apiJSON('/v1/nodes')).nodes || [];
+    } catch (err) {
+      if (err.status === 403) useFreeText();
+      else showError(nodesNote, err);
+      return;
+    }
+    // A run needs a connected node, and a draining one takes no new run.
+    nodes = list.filter((n) => online(n) && !n.draining);
+    const prev = node.value;
+    const options = nodes.map((n) => h('option', { value: n.id }, n.id));
+    // A chosen node that left or is stopping stays chosen, marked so,
+    // rather than the run silently going to any node.
+    if (prev && !nodes.some((n) => n.id === prev)) options.push(h('option', { value: prev }, prev + ' (unavailable)'));
+    node.replaceChildren(h('option', { value: '' }, 'any node'), ...options);
+    node.value = prev;
     fillAdapters();
-  } catch (err) { showError(note, err); }
+    nodesNote.replaceChildren(nodes.length ? '' : h('div', { class: 'notice', id: 'start-no-node' },
+      'No connected node: a run needs one. The choices fill in when a node connects.'));
+    updateSubmit();
+  }
+  await loadNodes();
+  const reloadNodes = coalesce(250, 2000, loadNodes);
+  listenBus((type) => {
+    if (!freeText && (type === 'bus.resync' || type.startsWith('node.'))) reloadNodes();
+  });
   // Leaving the page does not abort the stream: a foreground run is
   // cancelled when its caller goes away, and moving to the run's own page
   // must not do that. Closing the tab does.
@@ -1038,7 +1085,8 @@ async function pageStart(root) {
     view.el.replaceWith(fresh.el);
     view.el = fresh.el;
     view.update = fresh.update;
-    submit.disabled = true;
+    busy = true;
+    updateSubmit();
     status.replaceChildren(badge('streaming'));
     const body = { adapter: adapter.value, target: target.value, input: input.value };
     if (node.value) body.node = node.value;
@@ -1110,7 +1158,8 @@ async function pageStart(root) {
       }
     } finally {
       if (own) releaseRun(own); // the bus takes over a stream that broke
-      submit.disabled = false;
+      busy = false;
+      updateSubmit();
       if (!stalled) cancel.hidden = true;
     }
     if (stalled) await follow(own, stalled, fresh, mine);
