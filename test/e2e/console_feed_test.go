@@ -1016,3 +1016,20 @@ func TestConsoleStartFollowsNodes(t *testing.T) {
 	}
 	b.checkClean()
 }
+
+// A link with a malformed escape shows "not found" (decodeURIComponent
+// threw before the page's error handling, leaving it blank), on load and
+// on a hash change alike.
+func TestConsoleMalformedLink(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	notFound := `/not a valid percent-encoded name/.test(document.getElementById('not-found')?.innerText || '')`
+	b.open(f.URL + "/ui/#/run/%E0%A4")
+	b.waitJS(5*time.Second, "not found on load", notFound)
+	b.screenshot("malformed-link")
+	b.open(f.URL + "/ui/#/nodes")
+	b.waitJS(5*time.Second, "the nodes page after it", `document.querySelector('[data-node="n1"]')`)
+	b.open(f.URL + "/ui/#/run/%E0%A4")
+	b.waitJS(5*time.Second, "not found on a hash change", notFound)
+	b.checkClean()
+}

@@ -1562,7 +1562,17 @@ function route() {
   for (const a of document.querySelectorAll('#nav a')) a.classList.toggle('active', a.dataset.page === (page === 'run' ? 'runs' : page));
   const root = h('div', { 'data-page': page });
   main().replaceChildren(root);
-  Promise.resolve(fn(root, decodeURIComponent(rest.join('/')))).catch((err) => showError(root, err));
+  // A link with a malformed escape (#/run/%E0%A4) makes decodeURIComponent
+  // throw, which left the page blank.
+  let arg;
+  try {
+    arg = decodeURIComponent(rest.join('/'));
+  } catch {
+    root.append(h('h1', {}, 'Not found'), h('div', { class: 'error-box', id: 'not-found' },
+      `No such page: "${rest.join('/')}" in this link is not a valid percent-encoded name.`));
+    return;
+  }
+  Promise.resolve(fn(root, arg)).catch((err) => showError(root, err));
 }
 
 window.addEventListener('hashchange', route);
