@@ -57,26 +57,41 @@ func newBrowser(t *testing.T) *browser {
 		}
 		t.Skip("console browser tests skipped: no Chromium found (apt-get install chromium, or set IOP_CHROMIUM)")
 	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(path),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1440, 960),
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("no-proxy-server", true),
+	var (
+		ctx                    context.Context
+		cancelTab, cancelAlloc context.CancelFunc
 	)
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancelTab := chromedp.NewContext(actx)
-	b := &browser{t: t, ctx: ctx, shot: t.TempDir()}
-	// The first Do starts the browser; it must not carry a timeout.
-	if err := chromedp.Do(ctx); err != nil {
+	// On a loaded machine (two cores, the e2e suite in parallel) Chromium
+	// now and then fails to start at all ("chrome failed to start"): that
+	// is tried again, with a fresh profile, before the test is failed.
+	for attempt := 1; ; attempt++ {
+		opts := append(chromedp.DefaultExecAllocatorOptions[:],
+			chromedp.ExecPath(path),
+			chromedp.Headless,
+			chromedp.NoSandbox,
+			chromedp.DisableGPU,
+			chromedp.UserDataDir(t.TempDir()),
+			chromedp.WindowSize(1440, 960),
+			chromedp.Flag("disable-quic", true),
+			chromedp.Flag("disable-component-update", true),
+			chromedp.Flag("no-proxy-server", true),
+		)
+		var actx context.Context
+		actx, cancelAlloc = chromedp.NewExecAllocator(context.Background(), opts...)
+		ctx, cancelTab = chromedp.NewContext(actx)
+		// The first Do starts the browser; it must not carry a timeout.
+		err := chromedp.Do(ctx)
+		if err == nil {
+			break
+		}
 		cancelTab()
 		cancelAlloc()
-		t.Fatalf("starting Chromium %s: %v", path, err)
+		if attempt == 3 {
+			t.Fatalf("starting Chromium %s (%d tries): %v", path, attempt, err)
+		}
+		t.Logf("starting Chromium %s: %v; trying again", path, err)
 	}
+	b := &browser{t: t, ctx: ctx, shot: t.TempDir()}
 	// Everything the page logs as an error is collected; the owner of the
 	// goroutine is the tab's context, cancelled at cleanup.
 	messages := chromedp.Console(ctx)
