@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"reflect"
 	"strconv"
 	"strings"
 
 	"iop/application/edge"
 	"iop/domain"
+	"iop/internal/jsonwords"
 	"iop/ports"
 )
 
@@ -77,57 +77,17 @@ func jsonProblem(err error) string {
 	var se *json.SyntaxError
 	switch {
 	case errors.As(err, &te):
-		want := jsonKind(te.Type)
+		want := jsonwords.Kind(te.Type)
 		if te.Field == "" {
-			return fmt.Sprintf("expected %s, got %s", want, withArticle(te.Value))
+			return fmt.Sprintf("expected %s, got %s", want, jsonwords.WithArticle(te.Value))
 		}
-		return fmt.Sprintf("%s: expected %s, got %s", te.Field, want, withArticle(te.Value))
+		return fmt.Sprintf("%s: expected %s, got %s", te.Field, want, jsonwords.WithArticle(te.Value))
 	case errors.As(err, &se):
 		return fmt.Sprintf("invalid JSON at byte %d: %s", se.Offset, strings.TrimPrefix(se.Error(), "json: "))
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return "the JSON ends too early"
 	}
 	return strings.TrimPrefix(err.Error(), "json: ")
-}
-
-// jsonKind names the JSON type a Go type decodes from.
-func jsonKind(t reflect.Type) string {
-	if t == nil {
-		return "a value"
-	}
-	switch t.Kind() {
-	case reflect.Struct, reflect.Map:
-		return "a JSON object"
-	case reflect.Slice, reflect.Array:
-		if t.Elem().Kind() == reflect.Uint8 {
-			return "a string or a JSON object"
-		}
-		return "an array"
-	case reflect.String:
-		return "a string"
-	case reflect.Bool:
-		return "true or false"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "a whole number"
-	case reflect.Float32, reflect.Float64:
-		return "a number"
-	case reflect.Pointer:
-		return jsonKind(t.Elem())
-	}
-	return "a value"
-}
-
-// withArticle turns encoding/json's value words ("array", "number 5") into
-// a phrase ("an array", "a number 5").
-func withArticle(v string) string {
-	if v == "" {
-		return "something else"
-	}
-	if strings.ContainsRune("aeiou", rune(v[0])) {
-		return "an " + v
-	}
-	return "a " + v
 }
 
 // isObjectOrNull reports whether raw is absent, null or a JSON object.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"reflect"
 	"runtime"
 	"slices"
 	"sort"
@@ -15,6 +14,7 @@ import (
 
 	"iop/domain"
 	"iop/domain/nodecmd"
+	"iop/internal/jsonwords"
 	"iop/ports"
 )
 
@@ -226,50 +226,13 @@ func argsProblem(err error) string {
 	var se *json.SyntaxError
 	switch {
 	case errors.As(err, &te) && te.Field == "":
-		return "command arguments must be a JSON object, not " + withArticle(te.Value)
+		return "command arguments must be a JSON object, not " + jsonwords.WithArticle(te.Value)
 	case errors.As(err, &te):
-		return fmt.Sprintf("command arguments: %s: expected %s, got %s", te.Field, jsonKind(te.Type), withArticle(te.Value))
+		return fmt.Sprintf("command arguments: %s: expected %s, got %s", te.Field, jsonwords.Kind(te.Type), jsonwords.WithArticle(te.Value))
 	case errors.As(err, &se):
 		return fmt.Sprintf("command arguments are not valid JSON (at byte %d)", se.Offset)
 	}
 	return "command arguments are not valid JSON"
-}
-
-// jsonKind names the JSON type a Go type decodes from.
-func jsonKind(t reflect.Type) string {
-	if t == nil {
-		return "a value"
-	}
-	switch t.Kind() {
-	case reflect.Struct, reflect.Map:
-		return "a JSON object"
-	case reflect.Slice, reflect.Array:
-		return "an array"
-	case reflect.String:
-		return "a string"
-	case reflect.Bool:
-		return "true or false"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "a whole number"
-	case reflect.Float32, reflect.Float64:
-		return "a number"
-	case reflect.Pointer:
-		return jsonKind(t.Elem())
-	}
-	return "a value"
-}
-
-// withArticle turns encoding/json's value words ("array", "number 5") into
-// a phrase ("an array", "a number 5").
-func withArticle(v string) string {
-	if v == "" {
-		return "something else"
-	}
-	if strings.ContainsRune("aeiou", rune(v[0])) {
-		return "an " + v
-	}
-	return "a " + v
 }
 
 // RunRecord converts a stored run to its contract shape.
