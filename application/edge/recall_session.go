@@ -91,7 +91,7 @@ func (g sessionGuard) use(ctx context.Context, adapter, session string, recallNo
 	// nothing, and the history is asked only for the node.
 	anonymous := p.Name == domain.AnonymousName
 	needOwner := !admin || (claim && !anonymous)
-	ownedByKey := false // a key without the admin scope owns it (history)
+	ownedByOther := false // the history names an owner that is not this admin
 	if g.hist != nil && (needOwner || (recallNode && !known)) {
 		ctx, cancel := context.WithTimeout(ctx, sessionRecallTimeout)
 		defer cancel()
@@ -104,14 +104,18 @@ func (g sessionGuard) use(ctx context.Context, adapter, session string, recallNo
 			g.log.Warn("session's node and owner not recalled from the history; the run is placed afresh", "adapter", adapter, "session", session, "err", err)
 			return undo, nil
 		}
-		keys, byAdmins := g.owners(page.Runs)
+		whole := len(page.Runs) < sessionRecallRuns
+		keys, byAdmins := g.owners(page.Runs, whole)
 		if !admin && len(keys) > 0 && !slices.Contains(keys, p.Name) {
 			return undo, errSessionNotYours(adapter, session)
 		}
-		ownedByKey = len(keys) > 0 && !byAdmins
+		// An admin claims a session nobody owns, or one that admin keys
+		// started and it is among: never a key's, nor another admin's, nor
+		// one whose first run is beyond the window (whose it is unknown).
+		ownedByOther = (len(keys) > 0 && !(byAdmins && slices.Contains(keys, p.Name))) || (!whole && len(keys) == 0)
 		g.recall(ctx, adapter, session, page.Runs)
 	}
-	if !claim || (admin && (ownedByKey || anonymous)) {
+	if !claim || (admin && (ownedByOther || anonymous)) {
 		return undo, nil
 	}
 	if !g.reg.claimSession(adapter, session, p.Name) {
@@ -127,10 +131,11 @@ func (g sessionGuard) use(ctx context.Context, adapter, session string, recallNo
 // history holds, as its owner is recalled from them: runs a node took
 // (tookSession: a refused run claims nothing), by keys that may own a
 // session — not the anonymous caller of an edge that had no keys then.
-// Keys with the admin scope (g.admin) count only when no other key ran
-// the session (byAdmins): an admin owns a session it started, but using
-// another key's session does not make it the admin's.
-func (g sessionGuard) owners(runs []domain.RunRecord) (keys []string, byAdmins bool) {
+// Keys with the admin scope count only when no other key ran the session
+// and the runs are all of it (whole: fewer than the recall reads), so
+// they include its first: an admin owns a session it started, but using
+// another key's session, however often, does not make it the admin's.
+func (g sessionGuard) owners(runs []domain.RunRecord, whole bool) (keys []string, byAdmins bool) {
 	var admins []string
 	for _, r := range runs {
 		if r.Key == "" || r.Key == domain.AnonymousName || !tookSession(r) {
@@ -142,7 +147,7 @@ func (g sessionGuard) owners(runs []domain.RunRecord) (keys []string, byAdmins b
 		}
 		keys = append(keys, r.Key)
 	}
-	if len(keys) == 0 && len(admins) > 0 {
+	if len(keys) == 0 && whole && len(admins) > 0 {
 		return admins, true
 	}
 	return keys, false

@@ -3,6 +3,7 @@ package edge_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -343,5 +344,51 @@ func TestRefusedRunClaimsNoSession(t *testing.T) {
 	ucFinish(t, e, rh)
 	if _, err := e.submit.Handle(y, edge.SubmitRun{Adapter: "chat", SessionID: "s1"}); !errors.Is(err, domain.ErrForbidden) {
 		t.Fatalf("y's turn after x's: %v, want forbidden", err)
+	}
+}
+
+// An admin that used a key's session for more turns than the recall reads
+// (8) does not take it over after a restart: a window of admin runs only
+// makes admins the owners when it holds the session's first run. Between
+// admins, the one the history names keeps it.
+func TestAdminTurnsDoNotTakeAKeysSessionOnRecall(t *testing.T) {
+	ctx := context.Background()
+	var runs []domain.RunRecord
+	for i := range 8 {
+		runs = append(runs, domain.RunRecord{ID: fmt.Sprintf("run_ops%d", i), Node: "b", Adapter: "chat", SessionID: "s1", Key: "ops", Status: domain.RunSucceeded})
+	}
+	runs = append(runs, domain.RunRecord{ID: "run_y", Node: "b", Adapter: "chat", SessionID: "s1", Key: "y", Status: domain.RunSucceeded})
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	e.submit.Sessions = &ucSessionHistory{runs: runs}
+	e.submit.AdminKey = func(name string) bool { return name == "ops" || name == "ops2" }
+	rh, err := e.submit.Handle(ucAs(ctx, "ops", domain.ScopeAdmin), edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil {
+		t.Fatalf("the admin's turn: %v", err)
+	}
+	ucFinish(t, e, rh)
+	if owner := edge.SessionOwner(e.reg, "chat", "s1"); owner != "" {
+		t.Fatalf("owner %q after the admin's turn, want none (y's session, its first run beyond the recall)", owner)
+	}
+	rh, err = e.submit.Handle(ucAs(ctx, "y", domain.ScopeRuns), edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil {
+		t.Fatalf("y's turn of its own session: %v", err)
+	}
+	ucFinish(t, e, rh)
+
+	// A session ops started (all of it in the window): another admin uses
+	// it but does not become its owner.
+	e2 := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	e2.submit.Sessions = &ucSessionHistory{runs: runs[:3]}
+	e2.submit.AdminKey = e.submit.AdminKey
+	rh, err = e2.submit.Handle(ucAs(ctx, "ops2", domain.ScopeAdmin), edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil {
+		t.Fatalf("ops2's turn: %v", err)
+	}
+	ucFinish(t, e2, rh)
+	if owner := edge.SessionOwner(e2.reg, "chat", "s1"); owner != "" {
+		t.Fatalf("owner %q after ops2's turn of ops's session, want none claimed by ops2", owner)
+	}
+	if _, err := e2.submit.Handle(ucAs(ctx, "y", domain.ScopeRuns), edge.SubmitRun{Adapter: "chat", SessionID: "s1"}); !errors.Is(err, domain.ErrForbidden) {
+		t.Fatalf("y's turn of ops's session: %v, want forbidden", err)
 	}
 }
