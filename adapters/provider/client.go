@@ -76,12 +76,13 @@ func New(o Options) *Client {
 	tr := &http.Transport{
 		Proxy:       http.ProxyFromEnvironment,
 		DialContext: (&net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		// Built from scratch, the Transport has neither limit nor HTTP/2
-		// by default: a provider that takes the connection but never
-		// finishes its TLS handshake would hold the request for good, and
-		// an https provider would be spoken to in HTTP/1.1 only.
+		// Built from scratch, the Transport has no handshake limit: a
+		// provider that takes the connection but never finishes its TLS
+		// handshake would hold the request for good. (Nor HTTP/2: with a
+		// custom dialer it is off, and it stays off — one connection per
+		// request in flight, each bounded by its socket buffer, as the lean
+		// path has.)
 		TLSHandshakeTimeout:   o.DialTimeout,
-		ForceAttemptHTTP2:     true,
 		ResponseHeaderTimeout: o.HeaderTimeout,
 		DisableCompression:    true,
 		MaxIdleConns:          2 * o.MaxIdleConnsPerHost,
@@ -110,12 +111,9 @@ func (c *Client) Close() {
 }
 
 // useLean reports whether hreq goes through the lean path: plain http with
-// no proxy for its URL, and a body held whole (streamed is false). The lean
-// path writes the request before it reads the answer, so a provider that
-// answers early (a 413, a 401) while a streamed body still comes, and then
-// neither reads nor closes, would stall it; net/http reads while it writes.
-func (c *Client) useLean(hreq *http.Request, streamed bool) bool {
-	if c.lean == nil || hreq.URL.Scheme != "http" || streamed {
+// no proxy for its URL.
+func (c *Client) useLean(hreq *http.Request) bool {
+	if c.lean == nil || hreq.URL.Scheme != "http" {
 		return false
 	}
 	proxy, err := http.ProxyFromEnvironment(hreq)
@@ -185,7 +183,7 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 		hreq.Header.Set("Authorization", "Bearer "+key)
 	}
 	var resp *http.Response
-	if c.useLean(hreq, body != nil) {
+	if c.useLean(hreq) {
 		// A retry re-sends the body if nothing of a streamed one was read.
 		newBody := func() (io.ReadCloser, bool) {
 			if hreq.ContentLength == 0 && body == nil {

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -221,58 +220,24 @@ func TestLeanRetriesOnlyOnce(t *testing.T) {
 	}
 }
 
-// A request whose body still streams from the caller (one too large to
-// hold) goes through net/http, which reads the answer while it writes: a
-// provider that answers early (413, 401) and then neither reads the rest
-// nor closes gets its answer relayed at once. The lean path writes the
-// whole request first, so it waited there until the caller gave up.
-func TestStreamedBodyGetsAnEarlyAnswer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	hold := make(chan struct{})
-	defer close(hold)
-	go func() {
-		conn, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		br := bufio.NewReader(conn)
-		for { // the request's head, not its body
-			line, err := br.ReadString('\n')
-			if err != nil || line == "\r\n" {
-				break
-			}
-		}
-		_, _ = conn.Write([]byte("HTTP/1.1 413 Request Entity Too Large\r\nContent-Length: 2\r\n\r\nno"))
-		<-hold
-	}()
+// A streamed body already read from cannot be sent again: no retry, and
+// the provider never sees a partial duplicate.
+func TestLeanDoesNotRetryConsumedStreamedBody(t *testing.T) {
+	rp := newRawProvider(t, func(conn, req int) bool { return conn > 0 || req == 0 })
 	c := provider.New(provider.Options{})
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	if _, err := doRead(context.Background(), c, rp.config(), postReq, nil); err != nil {
+		t.Fatal(err)
+	}
 	req := postReq
-	req.Header = domain.Header{"Content-Length": {strconv.Itoa(len(req.Body) + 1<<30)}}
-	began := time.Now()
-	resp, err := c.Do(ctx, domain.ProviderConfig{Name: "p", Type: domain.ProviderOpenAI, BaseURL: "http://" + ln.Addr().String()}, req, io.LimitReader(zeros{}, 1<<30))
-	if err != nil {
-		t.Fatalf("after %v: %v, want the provider's 413", time.Since(began), err)
+	req.Header = domain.Header{"Content-Length": {"12"}}
+	_, err := doRead(context.Background(), c, rp.config(), req, strings.NewReader("-rest"))
+	if domain.CodeOf(err) != domain.CodeProviderUnreachable {
+		t.Fatalf("err = %v, want provider_unreachable", err)
 	}
-	defer resp.Body.Close()
-	if resp.Status != http.StatusRequestEntityTooLarge {
-		t.Fatalf("status %d", resp.Status)
+	if n := rp.conns.Load(); n != 1 {
+		t.Fatalf("provider saw %d connections, want 1 (no retry)", n)
 	}
-}
-
-// zeros reads as an endless run of zero bytes.
-type zeros struct{}
-
-func (zeros) Read(p []byte) (int, error) {
-	clear(p)
-	return len(p), nil
 }
 
 // A provider that closes idle connections after a pause (uvicorn: 5 s):
