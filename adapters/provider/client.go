@@ -282,6 +282,9 @@ func prefixPath(prefix string) string {
 	if trimmed == "" {
 		return ""
 	}
+	if raw, err := url.PathUnescape(trimmed); err == nil && raw != trimmed {
+		return "/" + trimmed // written escaped already ("/my%20api")
+	}
 	return (&url.URL{Path: "/" + trimmed}).EscapedPath()
 }
 

@@ -53,6 +53,7 @@ func TestUpstreamURL(t *testing.T) {
 		{"prefix / for none", "http://h", "/", "/v1/models", "", "http://h/models"},
 		{"prefix with a space", "http://h", "/my api/v1", "/v1/files/a%2Fb", "", "http://h/my%20api/v1/files/a%2Fb"},
 		{"prefix beyond ASCII", "http://h", "/ü/v1", "/v1/files/a%2Fb", "", "http://h/%C3%BC/v1/files/a%2Fb"},
+		{"prefix written escaped", "http://h", "/my%20api/v1", "/v1/models", "", "http://h/my%20api/v1/models"},
 		// The base URL's own query (Azure's api-version) is kept, first.
 		{"base query kept", "https://r.openai.azure.com/openai/deployments/d?api-version=2024-10-21", "", "/chat/completions", "", "https://r.openai.azure.com/openai/deployments/d/chat/completions?api-version=2024-10-21"},
 		{"base query then the caller's", "http://h/?k=1", "", "/v1/models", "a=2", "http://h/v1/models?k=1&a=2"},
