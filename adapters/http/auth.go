@@ -78,6 +78,9 @@ type Access struct {
 	Scope string
 	// Dialect writes the route's 401/403/429; nil is DialectIOP.
 	Dialect Dialect
+	// AnthropicByHeader: a request that names an anthropic-version (the
+	// Anthropic SDK asking /v1/models) is answered in Anthropic's shape.
+	AnthropicByHeader bool
 }
 
 func (a Access) dialect() Dialect {

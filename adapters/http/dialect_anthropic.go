@@ -11,7 +11,9 @@ import (
 // 403 permission_error, 429 rate_limit_error — what Anthropic SDKs and
 // Claude Code recognise; a cross-origin refusal is a permission_error, a
 // refused Host an invalid_request_error, a connection over the listener's
-// caps (503) an overloaded_error, which the SDKs retry.
+// caps (503) an overloaded_error, which the SDKs retry; a route the edge
+// does not serve is a not_found_error, a method it does not take an
+// invalid_request_error.
 func DialectAnthropic(w http.ResponseWriter, status int, code, message string) {
 	typ := "authentication_error"
 	switch code {
@@ -23,6 +25,10 @@ func DialectAnthropic(w http.ResponseWriter, status int, code, message string) {
 		typ = "invalid_request_error"
 	case domain.CodeTooManyConnections:
 		typ = "overloaded_error"
+	case "not_found":
+		typ = "not_found_error" // a route the edge does not serve
+	case "method_not_allowed":
+		typ = "invalid_request_error"
 	}
 	type body struct {
 		Type    string `json:"type"`

@@ -77,7 +77,7 @@ func (m *MetricsServer) Start() error {
 			}
 			h, pattern := mux.Handler(r)
 			if pattern == "" {
-				unrouted(w, r, h)
+				unrouted(w, r, h, DialectIOP)
 				return
 			}
 			mux.ServeHTTP(w, r)

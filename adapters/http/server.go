@@ -211,7 +211,7 @@ func (s *Server) routes() {
 	}
 	if s.deps.OpenAI != nil {
 		// No method in these patterns: the passthrough answers 405 itself.
-		openai := Access{Scope: domain.ScopeInference, Dialect: DialectOpenAI}
+		openai := Access{Scope: domain.ScopeInference, Dialect: DialectOpenAI, AnthropicByHeader: true}
 		for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/",
 			"/v1/responses", "/v1/responses/", "/v1/audio/", "/v1/images/", "/v1/rerank"} {
 			s.Handle(p, openai, s.deps.OpenAI)
@@ -267,6 +267,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	// An unknown route needs a key too, so that a caller without one
 	// learns nothing about which routes exist.
 	acc := s.access[pattern]
+	if anthropicClient(r, pattern, acc) {
+		acc.Dialect = DialectAnthropic
+	}
 	if why, over := refusedConn(r); over {
 		// The connection is over the listener's caps (connLimiter): it
 		// was kept only to say so, and is closed after this answer.
@@ -307,7 +310,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	if pattern == "" {
-		unrouted(sw, r, h)
+		unrouted(sw, r, h, acc.dialect())
 	} else {
 		s.mux.ServeHTTP(sw, r)
 	}
@@ -343,17 +346,30 @@ func keepDotID(r *http.Request) {
 	}
 }
 
-// unrouted answers requests no route takes (404, or 405 with Allow) in JSON.
-func unrouted(w http.ResponseWriter, r *http.Request, h http.Handler) {
+// anthropicClient reports whether r is an Anthropic SDK's (it names an
+// anthropic-version) on a route of an OpenAI-shaped surface or on none
+// under /v1/ (/v1/models asked by the Anthropic SDK, /v1/complete): the
+// edge's own refusals there are then in Anthropic's shape, as the
+// passthrough's answers are. The iop API's routes keep their own.
+func anthropicClient(r *http.Request, pattern string, acc Access) bool {
+	if r.Header.Get("Anthropic-Version") == "" || !strings.HasPrefix(r.URL.Path, "/v1/") {
+		return false
+	}
+	return pattern == "" || acc.AnthropicByHeader
+}
+
+// unrouted answers requests no route takes (404, or 405 with Allow) in JSON,
+// in d's shape.
+func unrouted(w http.ResponseWriter, r *http.Request, h http.Handler, d Dialect) {
 	probe := &probeWriter{header: http.Header{}}
 	h.ServeHTTP(probe, r)
 	if probe.code == http.StatusMethodNotAllowed {
 		w.Header().Set("Allow", probe.header.Get("Allow"))
-		writeJSONError(w, http.StatusMethodNotAllowed, "method_not_allowed",
+		d(w, http.StatusMethodNotAllowed, "method_not_allowed",
 			fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, probe.header.Get("Allow")))
 		return
 	}
-	writeJSONError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+	d(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 }
 
 // Start binds the listener synchronously, so a busy port fails here, and

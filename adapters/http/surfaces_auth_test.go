@@ -71,6 +71,27 @@ func TestPassthroughSurfacesBehindKeys(t *testing.T) {
 			t.Errorf("%s without a key: %d %s", path, code, b)
 		}
 	}
+	// The Anthropic SDK's /v1/models and its other routes (which the edge
+	// does not serve) name an anthropic-version: refused in its shape; the
+	// same route asked by an OpenAI SDK keeps OpenAI's.
+	for _, c := range []struct{ method, path, want string }{
+		{"GET", "/v1/models", `"type":"authentication_error"`},
+		{"GET", "/v1/models/claude-sonnet-4-5", `"type":"authentication_error"`},
+		{"POST", "/v1/complete", `"type":"authentication_error"`},
+	} {
+		if code, b := do(c.method, c.path, "Anthropic-Version", "2023-06-01"); code != 401 || !strings.Contains(b, c.want) || !strings.HasPrefix(b, `{"type":"error"`) {
+			t.Errorf("%s %s from the Anthropic SDK without a key: %d %s", c.method, c.path, code, b)
+		}
+	}
+	if code, b := do("GET", "/v1/models"); code != 401 || !strings.Contains(b, `"code":"invalid_api_key"`) {
+		t.Errorf("/v1/models from an OpenAI SDK without a key: %d %s", code, b)
+	}
+	if code, b := do("POST", "/v1/complete", "X-Api-Key", "inference-key-0123456789", "Anthropic-Version", "2023-06-01"); code != 404 || !strings.Contains(b, `"type":"not_found_error"`) {
+		t.Errorf("an Anthropic route the edge does not serve: %d %s", code, b)
+	}
+	if code, b := do("GET", "/v1/runs", "Anthropic-Version", "2023-06-01"); code != 401 || !strings.Contains(b, `"code":"unauthorized"`) {
+		t.Errorf("the iop API keeps its shape: %d %s", code, b)
+	}
 	if reached != 0 {
 		t.Fatalf("the surface was reached %d times without a key", reached)
 	}
