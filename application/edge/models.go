@@ -60,8 +60,11 @@ func MatchModel(served, requested string) bool {
 // serves a request for requested: as MatchModel says, and for an anthropic
 // provider also by the aliases Anthropic serves a dated model under, which
 // its Models API does not list — the id without its -YYYYMMDD suffix
-// ("claude-sonnet-4-5" for claude-sonnet-4-5-20250929) or with -latest in
-// its place ("claude-3-7-sonnet-latest"). The provider resolves the alias
+// ("claude-sonnet-4-5" for claude-sonnet-4-5-20250929), with -latest in
+// its place ("claude-3-7-sonnet-latest") or, for a bare major version, -0
+// ("claude-opus-4-0" for claude-opus-4-20250514) — and the other way
+// round, a declared alias serving the dated ids it names. Two different
+// dated ids never match each other. The provider resolves the name
 // itself; the edge only has to know it serves it.
 func MatchProviderModel(typ, served, requested string) bool {
 	if MatchModel(served, requested) {
@@ -73,8 +76,40 @@ func MatchProviderModel(typ, served, requested string) bool {
 	if typ != domain.ProviderAnthropic {
 		return false
 	}
-	base, ok := undated(served)
-	return ok && (requested == base || requested == base+"-latest")
+	if base, ok := undated(served); ok {
+		// A listed dated id serves its aliases.
+		return slices.Contains(anthropicAliases(base), requested)
+	}
+	// A declared alias serves the dated ids it stands for (Claude Code
+	// asks for claude-sonnet-4-5-20250929 where the config says
+	// claude-sonnet-4-5), and its other spellings.
+	if base, ok := undated(requested); ok {
+		return slices.Contains(anthropicAliases(base), served)
+	}
+	for _, b := range []string{strings.TrimSuffix(served, "-latest"), strings.TrimSuffix(served, "-0")} {
+		if b != served && slices.Contains(anthropicAliases(b), requested) {
+			return true
+		}
+	}
+	return false
+}
+
+// anthropicAliases are the names Anthropic serves a model of undated id
+// base under: base itself, base-latest, and for a bare major version
+// (claude-opus-4) base-0 (claude-opus-4-0).
+func anthropicAliases(base string) []string {
+	names := []string{base, base + "-latest"}
+	// A bare major version ends in a number after a name (opus-4), not
+	// after another number (sonnet-4-5, a minor version already).
+	segs := strings.Split(base, "-")
+	if n := len(segs); n >= 2 && digits(segs[n-1]) && !digits(segs[n-2]) {
+		names = append(names, base+"-0")
+	}
+	return names
+}
+
+func digits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
 }
 
 // OllamaName is a model name in the form Ollama resolves it to, so that two

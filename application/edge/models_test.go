@@ -484,3 +484,36 @@ func TestModelCatalogDiscoveryOfAnOlderConfigIsDropped(t *testing.T) {
 		t.Fatalf("after the v1 discovery ended: %q, want v2's %q", got, want)
 	}
 }
+
+// An anthropic provider serves a model under every name Anthropic does: a
+// listed dated id its aliases (-latest, and -0 for a bare major version),
+// and a declared alias the dated ids it stands for (Claude Code asks for
+// claude-sonnet-4-5-20250929 where the config says claude-sonnet-4-5). Two
+// different dated ids, or different models, never match.
+func TestAnthropicAliasesBothWays(t *testing.T) {
+	for _, c := range []struct {
+		served, requested string
+		want              bool
+	}{
+		{"claude-sonnet-4-5-20250929", "claude-sonnet-4-5", true},
+		{"claude-sonnet-4-5-20250929", "claude-sonnet-4-5-latest", true},
+		{"claude-opus-4-20250514", "claude-opus-4-0", true},
+		{"claude-opus-4-20250514", "claude-opus-4", true},
+		{"claude-sonnet-4-5", "claude-sonnet-4-5-20250929", true},
+		{"claude-haiku-4-5", "claude-haiku-4-5-20251001", true},
+		{"claude-opus-4-0", "claude-opus-4-20250514", true},
+		{"claude-opus-4-0", "claude-opus-4", true},
+		{"claude-3-7-sonnet-latest", "claude-3-7-sonnet-20250219", true},
+		{"claude-3-5-sonnet-20240620", "claude-3-5-sonnet-20241022", false},
+		{"claude-sonnet-4-5", "claude-sonnet-4-20250514", false},
+		{"claude-sonnet-4-5-20250929", "claude-sonnet-4", false},
+		{"claude-sonnet-4-5-20250929", "claude-sonnet-4-5-0", false},
+	} {
+		if got := edge.MatchProviderModel(domain.ProviderAnthropic, c.served, c.requested); got != c.want {
+			t.Errorf("served %s, requested %s: %v, want %v", c.served, c.requested, got, c.want)
+		}
+	}
+	if edge.MatchProviderModel(domain.ProviderOpenAI, "claude-sonnet-4-5", "claude-sonnet-4-5-20250929") {
+		t.Error("an openai provider matched an Anthropic alias")
+	}
+}
