@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -53,6 +56,9 @@ func (h *Handler) listModels(w http.ResponseWriter, r *http.Request) {
 	seen := map[[2]string]bool{}
 	for _, e := range entries {
 		k := [2]string{e.ID, e.Node}
+		if anthropic {
+			k[1] = "" // Anthropic's list names each model once
+		}
 		if !seen[k] {
 			seen[k] = true
 			out.Data = append(out.Data, newModelObject(e, anthropic))
@@ -62,11 +68,54 @@ func (h *Handler) listModels(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, out)
 		return
 	}
-	page := anthropicModelList{modelList: out}
-	if n := len(out.Data); n > 0 {
-		page.FirstID, page.LastID = &out.Data[0].ID, &out.Data[n-1].ID
+	page, err := anthropicPage(out, r.URL.Query())
+	if err != nil {
+		h.fail(w, r, err, nil, "")
+		return
 	}
 	writeJSON(w, http.StatusOK, page)
+}
+
+// anthropicPage is one page of list as the Anthropic Models API pages it:
+// limit (default 20, 1 to 1000) entries after after_id, or before
+// before_id, with has_more, first_id and last_id.
+func anthropicPage(list modelList, q url.Values) (anthropicModelList, error) {
+	limit := 20
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return anthropicModelList{}, domain.Errorf(domain.CodeInvalidRequest, "limit: must be a whole number from 1 to 1000")
+		}
+		limit = n
+	}
+	data := list.Data
+	index := func(id string) int {
+		return slices.IndexFunc(data, func(m modelObject) bool { return m.ID == id })
+	}
+	from, to := 0, len(data)
+	switch after, before := q.Get("after_id"), q.Get("before_id"); {
+	case after != "":
+		from = index(after) + 1 // an id not listed: an empty page, not the first again
+		if from == 0 {
+			from = len(data)
+		}
+	case before != "":
+		if to = index(before); to < 0 {
+			to = 0
+		}
+		from = max(to-limit, 0)
+	}
+	more := false
+	if q.Get("before_id") != "" {
+		more = from > 0
+	} else if to-from > limit {
+		to, more = from+limit, true
+	}
+	page := anthropicModelList{modelList: modelList{Object: list.Object, Data: data[from:to]}, HasMore: more}
+	if n := len(page.Data); n > 0 {
+		page.FirstID, page.LastID = &page.Data[0].ID, &page.Data[n-1].ID
+	}
+	return page, nil
 }
 
 // getModel answers GET /v1/models/{model} with the first node serving it.

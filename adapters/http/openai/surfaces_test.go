@@ -535,3 +535,55 @@ func TestStoredResponseUsageIsCountedOnce(t *testing.T) {
 		t.Fatalf("ledger: %d requests, %d tokens (lines of models %q); want 11 requests and 110 tokens (10 for resp_now's creation, 100 for resp_bg's first retrieval)", requests, tokens, models)
 	}
 }
+
+// Asked by the Anthropic SDK, the models list names each model once (the
+// same model on two nodes too) and pages as Anthropic's Models API does:
+// limit (default 20), after_id, before_id, has_more, first_id, last_id.
+func TestAnthropicModelsListPages(t *testing.T) {
+	e := newEnv(t)
+	for _, n := range []string{"a", "b"} {
+		e.node(t, n, serve(), provider("claude", domain.ProviderAnthropic, "claude-a", "claude-b", "claude-c"))
+	}
+	get := func(query string) (ids []string, more bool, first, last string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, e.srv.URL+"/v1/models"+query, nil)
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var page struct {
+			Data []struct {
+				ID string `json:"id"`
+			} `json:"data"`
+			HasMore bool   `json:"has_more"`
+			FirstID string `json:"first_id"`
+			LastID  string `json:"last_id"`
+		}
+		if body := readAll(t, resp); resp.StatusCode != 200 || json.Unmarshal([]byte(body), &page) != nil {
+			t.Fatalf("GET /v1/models%s: %d %s", query, resp.StatusCode, body)
+		}
+		for _, d := range page.Data {
+			ids = append(ids, d.ID)
+		}
+		return ids, page.HasMore, page.FirstID, page.LastID
+	}
+	if ids, more, _, _ := get(""); strings.Join(ids, " ") != "claude-a claude-b claude-c" || more {
+		t.Fatalf("whole list: %v more=%v, want each model once", ids, more)
+	}
+	ids, more, first, last := get("?limit=2")
+	if strings.Join(ids, " ") != "claude-a claude-b" || !more || first != "claude-a" || last != "claude-b" {
+		t.Fatalf("limit=2: %v more=%v %s..%s", ids, more, first, last)
+	}
+	if ids, more, _, _ := get("?limit=2&after_id=" + last); strings.Join(ids, " ") != "claude-c" || more {
+		t.Fatalf("after_id: %v more=%v", ids, more)
+	}
+	if ids, more, _, _ := get("?limit=1&before_id=claude-c"); strings.Join(ids, " ") != "claude-b" || !more {
+		t.Fatalf("before_id: %v more=%v", ids, more)
+	}
+	req, _ := http.NewRequest(http.MethodGet, e.srv.URL+"/v1/models?limit=0", nil)
+	req.Header.Set("Anthropic-Version", "2023-06-01")
+	if resp, _ := http.DefaultClient.Do(req); resp.StatusCode != 400 {
+		t.Fatalf("limit=0: %d", resp.StatusCode)
+	}
+}
