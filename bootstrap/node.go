@@ -57,9 +57,10 @@ func storeSizer(dsn string) func() int64 {
 	if dsn == "" {
 		dsn = sqlite.DefaultDSN
 	}
-	path := strings.TrimPrefix(dsn, "file:")
-	path, _, _ = strings.Cut(path, "?")
-	if path == "" || strings.Contains(path, ":memory:") {
+	// The file the store and its lock use (a "file:" URI's escapes and
+	// host form understood), not a hand-cut prefix of the DSN.
+	path := sqlite.ResolvedFilePath(dsn)
+	if path == "" {
 		return nil
 	}
 	return func() int64 {
@@ -151,6 +152,15 @@ func openNodeDB(lc fx.Lifecycle, s NodeSettings, log *slog.Logger) (*sqlite.DB, 
 	dsn := s.DB
 	if dsn == "" {
 		dsn = sqlite.DefaultDSN
+	}
+	switch {
+	case strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://"):
+		// Not echoed: it holds a password.
+		return nil, errors.New("--db: the node's store is an SQLite file (a path or a file: URI), not PostgreSQL")
+	case sqlite.ReadOnly(dsn):
+		// Every run would be served and none recorded (run_get, the
+		// edge's repair after a restart, the recovery at start).
+		return nil, fmt.Errorf("--db %s: the node's store cannot be read-only (mode=ro): it records every run", dsn)
 	}
 	lock, err := sqlite.LockFile(dsn)
 	if err != nil {

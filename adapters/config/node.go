@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"time"
 )
@@ -104,6 +105,10 @@ func (c *NodeConfig) Validate() error {
 	var errs []error
 	if err := checkHostPort("edge", c.Edge, false); err != nil {
 		errs = append(errs, err)
+	} else if host, _, _ := net.SplitHostPort(c.Edge); host == "" && c.TLS.CAFile != "" {
+		// A CA bundle checks the edge's certificate against the name
+		// dialled; with none, every handshake fails, retried for ever.
+		errs = append(errs, fmt.Errorf("edge %q names no host, which ca_file needs to check the edge's certificate against (as in 127.0.0.1%s)", c.Edge, c.Edge))
 	}
 	if _, err := c.ResolveToken(); err != nil {
 		errs = append(errs, err)

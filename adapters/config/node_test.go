@@ -133,6 +133,9 @@ func TestNodeValidate(t *testing.T) {
 	}{
 		{"edge without port", func(c *config.NodeConfig) { c.Edge = "edge.example" }, `edge "edge.example" is not host:port`},
 		{"edge port zero", func(c *config.NodeConfig) { c.Edge = "edge.example:0" }, `edge "edge.example:0": port must not be 0`},
+		// With a CA bundle the certificate is checked against the name
+		// dialled: none made every handshake fail, retried for ever.
+		{"no host with ca_file", func(c *config.NodeConfig) { c.Edge, c.TLS = ":7700", config.NodeTLS{CAFile: "ca.pem"} }, `edge ":7700" names no host`},
 		{"no token", func(c *config.NodeConfig) { c.Token = "" }, "a token is required"},
 		{"token_env unset", func(c *config.NodeConfig) { c.Token, c.TokenEnv = "", "IOP_TEST_SURELY_UNSET" }, "token_env: environment variable IOP_TEST_SURELY_UNSET is unset or empty"},
 		{"empty db", func(c *config.NodeConfig) { c.DB = "" }, "db must not be empty"},

@@ -11,6 +11,9 @@ import (
 // It understands plain paths and "file:" URIs with or without parameters.
 func FilePath(dsn string) string { return dbfile.Path(dsn) }
 
+// ReadOnly reports whether dsn opens its database read-only (mode=ro).
+func ReadOnly(dsn string) bool { return dbfile.ReadOnly(dsn) }
+
 // checkNotTruncated refuses a database file that exists but is empty. SQLite
 // writes its header as soon as it creates a database, so an empty file is
 // one that something truncated: opening it would silently start a new,
