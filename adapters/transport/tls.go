@@ -169,7 +169,7 @@ func secureClient(nc net.Conn, cfg *tls.Config) (net.Conn, error) {
 		if errors.As(err, &cv) {
 			return nil, &TrustError{Err: err}
 		}
-		return nil, fmt.Errorf("tls handshake: %w", err)
+		return nil, plaintextHint(cfg, fmt.Errorf("tls handshake: %w", err))
 	}
 	return tc, nil
 }
@@ -177,7 +177,14 @@ func secureClient(nc net.Conn, cfg *tls.Config) (net.Conn, error) {
 // plaintextHint explains the one symptom a plaintext node sees at a TLS
 // edge: the connection closed without a register response.
 func plaintextHint(cfg *tls.Config, err error) error {
-	if cfg != nil || !errors.Is(err, io.EOF) {
+	var rec tls.RecordHeaderError
+	switch {
+	case errors.Is(err, ErrMalformedFrame), errors.As(err, &rec):
+		// What answered does not speak the link (the edge's HTTP port,
+		// another service) or speaks it without TLS: said once, plainly,
+		// instead of protocol noise at every retry.
+		return fmt.Errorf("%w (what answered is not the edge's node link as this node dials it: is the address the edge's transport.listen, not its http.listen, and does its transport.tls.mode match --insecure or --ca-pin/--ca-file?)", err)
+	case cfg != nil || !errors.Is(err, io.EOF):
 		return err
 	}
 	return fmt.Errorf("%w (the edge answered nothing: if its transport.tls.mode is not off, start this node with --ca-pin or --ca-file instead of --insecure)", err)
