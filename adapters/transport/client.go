@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -288,6 +289,10 @@ func (c *Client) register(ctx context.Context) (*Conn, error) {
 	f := new(ioppb.Frame)
 	if _, err := dec.Decode(f); err != nil {
 		_ = nc.Close()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The handshake's own limit, not the link's heartbeat.
+			return nil, fmt.Errorf("read register response: the edge did not answer within the handshake timeout (%v)", tc.HandshakeTimeout)
+		}
 		return nil, plaintextHint(tc.TLS, fmt.Errorf("read register response: %w", classifyReadErr(err, tc.HandshakeTimeout)))
 	}
 	resp := f.GetRegisterResponse()
