@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"go.uber.org/fx"
@@ -76,9 +77,9 @@ func main() {
 		cfg.TLS.Cert, cfg.TLS.Key = *certFile, *keyFile
 	}
 	if err := cfg.Validate(); err != nil {
-		if errors.Is(err, config.ErrNoTrust) {
+		if errors.Is(err, config.ErrNoTrust) && alone(err) {
 			// Exit 1 before dialing: the hint says which flag to add.
-			fmt.Fprintln(os.Stderr, "iop-node:", err)
+			printErr(err)
 			os.Exit(1)
 		}
 		fail(err)
@@ -132,6 +133,20 @@ func main() {
 }
 
 func fail(err error) {
-	fmt.Fprintln(os.Stderr, "iop-node:", err)
+	printErr(err)
 	os.Exit(2)
+}
+
+// printErr prints err on stderr, one "iop-node: " line per problem (a
+// config's problems are joined with newlines).
+func printErr(err error) {
+	for _, line := range strings.Split(err.Error(), "\n") {
+		fmt.Fprintln(os.Stderr, "iop-node:", line)
+	}
+}
+
+// alone reports whether err is one problem, not several joined.
+func alone(err error) bool {
+	j, ok := err.(interface{ Unwrap() []error })
+	return !ok || len(j.Unwrap()) == 1
 }

@@ -130,6 +130,21 @@ func TestStartupMessagesAreClear(t *testing.T) {
 			t.Fatalf("output:\n%s", out)
 		}
 	})
+	// No way to trust the edge alone exits 1 with the hint; with other
+	// mistakes it is one of several problems, each on its own prefixed
+	// line, and the exit is a config error's (2).
+	t.Run("no trust option", func(t *testing.T) {
+		nd := start(t, "iop-node", nil, "--edge", freeAddr(t), "--token", "a-node-token")
+		if code := nd.waitExit(t, 20*time.Second); code != 1 || !strings.Contains(nd.out.String(), "iop-node: no way to trust the edge") {
+			t.Fatalf("exit %d:\n%s", code, nd.out.String())
+		}
+		nd = start(t, "iop-node", nil, "--edge", freeAddr(t), "--token", "a-node-token", "--log-level", "verbose")
+		code := nd.waitExit(t, 20*time.Second)
+		out := nd.out.String()
+		if code != 2 || !strings.Contains(out, "iop-node: log.level \"verbose\"") || !strings.Contains(out, "iop-node: no way to trust the edge") {
+			t.Fatalf("exit %d:\n%s", code, out)
+		}
+	})
 }
 
 // TestCLIUsageAndMessages: the iop CLI's usage conventions and the edge's
