@@ -14,6 +14,7 @@ import (
 
 	"iop/adapters/provider"
 	"iop/domain"
+	"iop/internal/silentpeer"
 )
 
 func TestUpstreamURL(t *testing.T) {
@@ -541,34 +542,13 @@ func testDoInvalidPathHidesTheBaseURL(t *testing.T, path clientPath) {
 // request within the dial time, instead of holding it until the caller
 // gives up.
 func TestTLSHandshakeHasADeadline(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	defer func() { ln.Close(); <-done }()
-	go func() {
-		defer close(done)
-		var held []net.Conn // never read
-		defer func() {
-			for _, c := range held {
-				c.Close()
-			}
-		}()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			held = append(held, c)
-		}
-	}()
+	addr := silentpeer.Listen(t)
 	c := provider.New(provider.Options{DialTimeout: 300 * time.Millisecond, HeaderTimeout: 300 * time.Millisecond})
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	began := time.Now()
-	_, err = c.Do(ctx, domain.ProviderConfig{Name: "p", Type: domain.ProviderOpenAI, BaseURL: "https://" + ln.Addr().String()},
+	_, err := c.Do(ctx, domain.ProviderConfig{Name: "p", Type: domain.ProviderOpenAI, BaseURL: "https://" + addr},
 		domain.TunnelRequest{Method: "POST", Path: "/v1/chat/completions", Body: []byte(`{}`)}, nil)
 	if took := time.Since(began); err == nil || took > 5*time.Second || ctx.Err() != nil {
 		t.Fatalf("after %v: %v, want a failure within the dial time", took, err)

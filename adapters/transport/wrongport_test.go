@@ -3,12 +3,13 @@ package transport
 import (
 	"context"
 	"crypto/tls"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"iop/internal/silentpeer"
 )
 
 // A node pointed at something that is not the edge's node link as it dials
@@ -39,32 +40,11 @@ func TestWrongPortSaysWhatToCheck(t *testing.T) {
 // (stopped, SIGSTOPped) is reported against the handshake timeout, not the
 // link's heartbeat.
 func TestSilentEdgeIsAHandshakeTimeout(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	defer func() { ln.Close(); <-done }()
-	go func() {
-		defer close(done)
-		var held []net.Conn
-		defer func() {
-			for _, c := range held {
-				c.Close()
-			}
-		}()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			held = append(held, c)
-		}
-	}()
+	addr := silentpeer.Listen(t)
 	tc := testConfig()
 	tc.HandshakeTimeout = 200 * time.Millisecond
-	c := &Client{cfg: ClientConfig{Addr: ln.Addr().String(), Token: "t", Transport: tc.withDefaults()}}
-	_, err = c.register(context.Background())
+	c := &Client{cfg: ClientConfig{Addr: addr, Token: "t", Transport: tc.withDefaults()}}
+	_, err := c.register(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "within the handshake timeout (200ms)") || strings.Contains(err.Error(), "heartbeat") {
 		t.Fatalf("register = %v", err)
 	}
