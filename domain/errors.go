@@ -132,3 +132,14 @@ var (
 	ErrUnauthorized       = &Error{Code: CodeUnauthorized}
 	ErrForbidden          = &Error{Code: CodeForbidden}
 )
+
+// RetrySoon reports whether code refuses a request for a passing reason —
+// every slot busy, no node up, a node stopping or gone — that the same
+// request may not meet a moment later: its answer says when to retry.
+func RetrySoon(code string) bool {
+	switch code {
+	case CodeAtCapacity, CodeNoNodeAvailable, CodeShuttingDown, CodeNodeDisconnected:
+		return true
+	}
+	return false
+}

@@ -56,6 +56,9 @@ func writeError(w http.ResponseWriter, err error) {
 		noteInternal(w, err)
 		msg = "internal error; the edge's log has the details"
 	}
+	if domain.RetrySoon(code) {
+		w.Header().Set("Retry-After", "1") // clients back off by it, not by their own guess
+	}
 	writeJSONError(w, statusFor(err), code, msg)
 }
 

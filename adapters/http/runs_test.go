@@ -123,7 +123,13 @@ func TestCreateRunErrors(t *testing.T) {
 				nodes = append(nodes, testNode{string(rune('a' + i)), l})
 			}
 			e := newEnv(t, nodes...)
-			wantError(t, e.do("POST", "/v1/runs", tt.body), tt.status, tt.code)
+			resp := e.do("POST", "/v1/runs", tt.body)
+			// A refusal for a passing reason (every slot busy, no node up,
+			// a node stopping) says when to try again; others do not.
+			if got, want := resp.Header.Get("Retry-After"), map[bool]string{true: "1"}[domain.RetrySoon(tt.code)]; got != want {
+				t.Errorf("Retry-After %q, want %q", got, want)
+			}
+			wantError(t, resp, tt.status, tt.code)
 		})
 	}
 }

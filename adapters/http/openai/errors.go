@@ -31,6 +31,11 @@ func dialectOf(r *http.Request) string {
 // come from adapters/http's Dialect functions, with the codes SDKs expect
 // for a bad key.)
 func WriteError(w http.ResponseWriter, r *http.Request, status int, code, message string) {
+	if domain.RetrySoon(code) {
+		// The SDKs (OpenAI's, Anthropic's, Claude Code) wait as long as
+		// this says before they retry, instead of their own guess.
+		w.Header().Set("Retry-After", "1")
+	}
 	switch dialectOf(r) {
 	case domain.ProviderOllama:
 		writeJSON(w, status, struct {

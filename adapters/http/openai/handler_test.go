@@ -472,8 +472,8 @@ func TestErrorsBeforeStreaming(t *testing.T) {
 	// No node speaks the family at all.
 	e2 := newEnv(t)
 	resp := post(t, e2.srv.URL+"/v1/chat/completions", `{"model":"x"}`)
-	if got := readAll(t, resp); resp.StatusCode != 503 || !strings.Contains(got, `"code":"no_node_available"`) {
-		t.Fatalf("no node: %d %s", resp.StatusCode, got)
+	if got := readAll(t, resp); resp.StatusCode != 503 || !strings.Contains(got, `"code":"no_node_available"`) || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("no node: %d %s (Retry-After %q)", resp.StatusCode, got, resp.Header.Get("Retry-After"))
 	}
 
 	// Ollama routes answer in Ollama's own error shape.
