@@ -15,6 +15,7 @@ import (
 	"iop/adapters/store/sqlite"
 	"iop/bootstrap"
 	"iop/domain"
+	"iop/internal/lockedbuf"
 )
 
 // A node prunes its store at start: a run that finished longer ago than
@@ -45,7 +46,7 @@ func TestNodePrunesItsStore(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var logs lockedBuffer
+	var logs lockedbuf.Buffer
 	node := fxtest.New(t, bootstrap.Node(bootstrap.NodeSettings{
 		// Nothing listens there: the node keeps retrying, which is all
 		// this test needs of its link.

@@ -15,6 +15,7 @@ import (
 
 	"iop/adapters/config"
 	"iop/bootstrap"
+	"iop/internal/lockedbuf"
 )
 
 // startEdgeIn starts an edge whose config file is dir/edge.yaml with the
@@ -29,7 +30,7 @@ http: {listen: "`+freeAddr(t)+`"}
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedBuffer
+	var logs lockedbuf.Buffer
 	app := fxtest.New(t, bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, ConfigPath: path,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}), fx.NopLogger)
 	app.RequireStart()

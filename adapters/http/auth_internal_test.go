@@ -1,35 +1,18 @@
 package httpapi
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"iop/internal/lockedbuf"
 )
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestFailureThrottleBucketAndAggregatedLog(t *testing.T) {
-	var logs lockedBuffer
+	var logs lockedbuf.Buffer
 	th := newFailureThrottle(3, time.Second, time.Minute, slog.New(slog.NewTextHandler(&logs, nil)))
 	now := time.Unix(1000, 0)
 	th.now = func() time.Time { return now }

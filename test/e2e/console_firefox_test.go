@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"iop/internal/lockedbuf"
 )
 
 // bidi is one WebDriver BiDi session on one browsing context. Calls are
@@ -164,7 +166,7 @@ func newFirefox(t *testing.T) *bidi {
 		"--width", "1440", "--height", "960")
 	cmd.Env = append(os.Environ(), "MOZ_CRASHREPORTER_DISABLE=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out := &syncBuffer{}
+	out := &lockedbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start Firefox: %v", err)

@@ -34,6 +34,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"iop/internal/lockedbuf"
 )
 
 // loadChunks is the number of SSE events of a chat response (the issue's
@@ -781,7 +783,7 @@ func waitListening(t *testing.T, addr string, p *proc) {
 func startBinary(t *testing.T, path string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(path, args...)
-	out := &syncBuffer{}
+	out := &lockedbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

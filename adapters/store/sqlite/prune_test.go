@@ -1,7 +1,6 @@
 package sqlite_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,12 +9,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"iop/adapters/store/sqlite"
 	"iop/domain"
+	"iop/internal/lockedbuf"
 )
 
 // stores opens a fresh database of each kind the node's SQL must work on.
@@ -239,24 +238,6 @@ func TestPruneDeletesInChunks(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger's goroutine and the test's.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // StartPruning prunes at once, logs one line for a pass that deleted
 // something, and stops with StopPruning (and Close): goleak checks no
 // goroutine is left. A negative retention keeps everything.
@@ -268,7 +249,7 @@ func TestStartPruning(t *testing.T) {
 	addRun(t, runs, "old", "exec", "", old, old.Add(time.Second), domain.EventComplete)
 	addRun(t, runs, "new", "exec", "", time.Now(), time.Now(), domain.EventComplete)
 
-	var logs syncBuffer
+	var logs lockedbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	db.StartPruning(-1, time.Millisecond, log)
 	time.Sleep(50 * time.Millisecond)
