@@ -17,6 +17,7 @@ import (
 	"github.com/uptrace/bun/driver/pgdriver"
 
 	"iop/domain"
+	"iop/internal/every"
 )
 
 // Options tune a Store; zero values take the defaults.
@@ -423,14 +424,7 @@ func (s *Store) prune(ctx context.Context) {
 	if s.opts.Retention < 0 {
 		return
 	}
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every.Run(ctx, s.opts.PruneInterval, func(ctx context.Context) {
 		if n, err := s.Prune(ctx, time.Now().Add(-s.opts.Retention)); err != nil {
 			if ctx.Err() == nil {
 				s.log.Warn("history prune failed", "rows", n, "err", err)
@@ -445,8 +439,7 @@ func (s *Store) prune(ctx context.Context) {
 				s.log.Info("history pruned", "rows", n, "reclaimed_bytes", freed)
 			}
 		}
-		t.Reset(s.opts.PruneInterval)
-	}
+	})
 }
 
 // pruneChunk is the most rows one pruning statement deletes: on SQLite

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"iop/domain"
+	"iop/internal/every"
 )
 
 // DefaultRetention is how long the node keeps a finished run and an idle
@@ -267,14 +268,7 @@ func (db *DB) StopPruning() {
 }
 
 func (db *DB) prunePeriodically(ctx context.Context, retention, interval time.Duration, log *slog.Logger) {
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every.Run(ctx, interval, func(ctx context.Context) {
 		res, err := db.Prune(ctx, time.Now().Add(-retention))
 		attrs := []any{"runs", res.Runs, "chat_sessions", res.ChatSessions, "chat_messages", res.ChatMessages,
 			"agent_sessions", res.AgentSessions, "retention", retention}
@@ -291,6 +285,5 @@ func (db *DB) prunePeriodically(ctx context.Context, retention, interval time.Du
 			}
 			log.Info("node store pruned", attrs...)
 		}
-		t.Reset(interval)
-	}
+	})
 }
