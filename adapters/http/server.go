@@ -49,6 +49,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"iop/adapters/eventbus"
@@ -142,6 +143,11 @@ type Server struct {
 
 	// stopping is cancelled when Stop begins: streams end, short requests
 	// are left to finish. base is cancelled when Stop gives up waiting.
+	// handlers counts serveHTTP calls under way: Stop waits a moment for
+	// those its Close cut off, so what they record on the way out (a cut
+	// tunnel's history row) is in before the rest of the edge stops.
+	handlers atomic.Int64
+
 	stopping   context.Context
 	beginStop  context.CancelFunc
 	base       context.Context
@@ -253,6 +259,8 @@ func (s *Server) Handler() http.Handler {
 }
 
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	s.handlers.Add(1)
+	defer s.handlers.Add(-1)
 	start := time.Now()
 	clockBody(w, r, s.BodyTimeout, s.BodyMinRate)
 	// No answer of this API is a page: what a provider, a node or a caller
@@ -446,8 +454,18 @@ func (s *Server) Stop(ctx context.Context) error {
 		_ = srv.Close()
 	}
 	<-done
+	if err != nil {
+		// Close cut the connections of handlers still running (a tunnel
+		// streaming): they end at once, recording as they go.
+		for deadline := time.Now().Add(handlerGrace); s.handlers.Load() > 0 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	return err
 }
+
+// handlerGrace bounds Stop's wait for the handlers its Close cut off.
+const handlerGrace = time.Second
 
 // streamContext is done when the client leaves or the server stops.
 func (s *Server) streamContext(r *http.Request) (context.Context, context.CancelFunc) {
