@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"iop/adapters/internal/requestid"
 )
 
 // Response headers naming the run and node a request concerned; the access
@@ -17,7 +19,10 @@ const (
 
 // logAccess writes one access-log line for a finished request: the route
 // pattern (never the query or body, which may carry user data), status,
-// duration, the caller's key name, and the run and node it concerned.
+// duration, the caller's key name, the run and node it concerned, and the
+// request id the caller got (an Anthropic-shaped answer's request-id: one
+// the edge made for its own answer, or the provider's on one it relayed),
+// so a caller quoting it finds the line.
 func (s *Server) logAccess(sw *statusWriter, r *http.Request, start time.Time, key string) {
 	level := slog.LevelDebug
 	if s.AccessLog {
@@ -34,7 +39,7 @@ func (s *Server) logAccess(sw *statusWriter, r *http.Request, start time.Time, k
 		route = rest
 	}
 	now := time.Now()
-	var attrs [9]slog.Attr // room for all
+	var attrs [10]slog.Attr // room for all
 	a := append(attrs[:0],
 		slog.String("method", r.Method), slog.String("route", route), slog.Int("status", sw.status()),
 		slog.Duration("duration", now.Sub(start)), slog.Int64("bytes", sw.bytes), slog.String("key", key),
@@ -52,9 +57,19 @@ func (s *Server) logAccess(sw *statusWriter, r *http.Request, start time.Time, k
 	} else if strings.HasPrefix(route, "/v1/nodes/{id}") {
 		a = append(a, slog.String("node", r.PathValue("id")))
 	}
+	if id := h.Get(requestid.Header); id != "" {
+		if len(id) > maxLoggedRequestID {
+			id = id[:maxLoggedRequestID] // a provider's header: bounded in the log
+		}
+		a = append(a, slog.String("request_id", id))
+	}
 	a = append(a, slog.String("remote", r.RemoteAddr))
 	logNoSource(ctx, s.log, now, level, "http request", a...)
 }
+
+// maxLoggedRequestID bounds the request id an access line carries
+// (Anthropic's are 28 bytes).
+const maxLoggedRequestID = 128
 
 // logNoSource logs like Logger.LogAttrs but without the caller's program
 // counter, which Logger takes with runtime.Callers on every line (a

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"net/http"
 
+	"iop/adapters/internal/requestid"
 	"iop/domain"
 )
 
@@ -13,7 +14,9 @@ import (
 // refused Host an invalid_request_error, a connection over the listener's
 // caps (503) an overloaded_error, which the SDKs retry; a route the edge
 // does not serve is a not_found_error, a method it does not take an
-// invalid_request_error.
+// invalid_request_error. Like every answer of Anthropic's API it carries
+// a request id (req_…) as its request-id header and as "request_id" in the
+// body; the access log names it.
 func DialectAnthropic(w http.ResponseWriter, status int, code, message string) {
 	typ := "authentication_error"
 	switch code {
@@ -34,8 +37,10 @@ func DialectAnthropic(w http.ResponseWriter, status int, code, message string) {
 		Type    string `json:"type"`
 		Message string `json:"message"`
 	}
+	id := requestid.Stamp(w.Header())
 	writeJSON(w, status, struct {
-		Type  string `json:"type"`
-		Error body   `json:"error"`
-	}{"error", body{Type: typ, Message: message}})
+		Type      string `json:"type"`
+		Error     body   `json:"error"`
+		RequestID string `json:"request_id"`
+	}{"error", body{Type: typ, Message: message}, id})
 }

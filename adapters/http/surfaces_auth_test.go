@@ -3,13 +3,16 @@ package httpapi_test
 import (
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 
 	"iop/adapters/eventbus"
 	httpapi "iop/adapters/http"
+	openaiapi "iop/adapters/http/openai"
 	"iop/application/edge"
 	"iop/domain"
 )
@@ -110,6 +113,103 @@ func TestPassthroughSurfacesBehindKeys(t *testing.T) {
 	for _, m := range []string{"HEAD", "GET"} {
 		if code, _ := do(m, "/"); code != 299 {
 			t.Errorf("%s / without a key: %d", m, code)
+		}
+	}
+}
+
+// Every answer the edge makes itself in Anthropic's shape — a refused key,
+// a route it does not serve, a refusal of the passthrough surface — has a
+// request id of Anthropic's shape, the same in its request-id header and
+// its body's request_id, new for each answer, and named by its access-log
+// line; a provider's own request-id on a relayed answer is kept and
+// logged alike.
+func TestAnthropicShapedAnswersCarryARequestID(t *testing.T) {
+	reg, bus := edge.NewRegistry(), eventbus.New()
+	defer bus.Close()
+	tracker := edge.NewRunTracker(0)
+	cmds := edge.NewNodeCommandHandler(reg)
+	buf := &lockedBuf{}
+	log := slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	api := httpapi.New(httpapi.Deps{
+		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
+		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
+		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
+		APIKeys: []httpapi.APIKey{apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference)},
+		OpenAI: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Query().Get("relay") != "" {
+				w.Header().Set("Request-Id", "req_fromTheProvider")
+				w.WriteHeader(200)
+				return
+			}
+			openaiapi.WriteError(w, r, http.StatusTooManyRequests, domain.CodeAtCapacity, "every slot is busy")
+		}),
+	}, "127.0.0.1:0", log)
+	api.AccessLog = true
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+	shape := regexp.MustCompile(`^req_[0-9A-Za-z]{24}$`)
+	seen := map[string]bool{}
+	for _, c := range []struct {
+		method, path string
+		status       int
+		typ          string
+		hdr          []string
+	}{
+		{"POST", "/v1/messages?beta=true", 401, "authentication_error", nil},
+		{"GET", "/v1/models", 401, "authentication_error", []string{"Anthropic-Version", "2023-06-01"}},
+		{"POST", "/v1/complete", 404, "not_found_error", []string{"X-Api-Key", "inference-key-0123456789", "Anthropic-Version", "2023-06-01"}},
+		{"POST", "/v1/messages", 429, "rate_limit_error", []string{"X-Api-Key", "inference-key-0123456789"}},
+		{"POST", "/v1/messages", 429, "rate_limit_error", []string{"X-Api-Key", "inference-key-0123456789"}},
+	} {
+		req, _ := http.NewRequest(c.method, srv.URL+c.path, strings.NewReader(`{"model":"m"}`))
+		for i := 0; i+1 < len(c.hdr); i += 2 {
+			req.Header.Set(c.hdr[i], c.hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var body struct {
+			Type      string `json:"type"`
+			Error     struct{ Type, Message string }
+			RequestID string `json:"request_id"`
+		}
+		id := resp.Header.Get("request-id")
+		if resp.StatusCode != c.status || json.Unmarshal(b, &body) != nil || body.Type != "error" || body.Error.Type != c.typ {
+			t.Fatalf("%s %s: %d %s", c.method, c.path, resp.StatusCode, b)
+		}
+		if !shape.MatchString(id) || body.RequestID != id {
+			t.Fatalf("%s %s: request-id header %q, body request_id %q (want one req_ id in both): %s", c.method, c.path, id, body.RequestID, b)
+		}
+		if seen[id] {
+			t.Fatalf("%s %s: request id %q given twice", c.method, c.path, id)
+		}
+		seen[id] = true
+	}
+	resp, err := http.DefaultClient.Do(func() *http.Request {
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/messages?relay=1", strings.NewReader(`{}`))
+		req.Header.Set("X-Api-Key", "inference-key-0123456789")
+		return req
+	}())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("request-id"); got != "req_fromTheProvider" {
+		t.Fatalf("a relayed answer's request-id = %q, want the provider's", got)
+	}
+	seen["req_fromTheProvider"] = true
+	logged := map[string]bool{}
+	for _, l := range buf.lines() {
+		if id, ok := l["request_id"].(string); ok {
+			logged[id] = true
+		}
+	}
+	for id := range seen {
+		if !logged[id] {
+			t.Errorf("no access-log line names request id %s (logged: %v)", id, logged)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"iop/adapters/internal/requestid"
 	"iop/domain"
 )
 
@@ -46,10 +47,12 @@ func WriteError(w http.ResponseWriter, r *http.Request, status int, code, messag
 			Type    string `json:"type"`
 			Message string `json:"message"`
 		}
+		id := requestid.Stamp(w.Header()) // as Anthropic's API answers: see package requestid
 		writeJSON(w, status, struct {
-			Type  string `json:"type"`
-			Error body   `json:"error"`
-		}{"error", body{Type: anthropicType(status), Message: message}})
+			Type      string `json:"type"`
+			Error     body   `json:"error"`
+			RequestID string `json:"request_id"`
+		}{"error", body{Type: anthropicType(status), Message: message}, id})
 	default:
 		type body struct {
 			Message string  `json:"message"`

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"iop/adapters/internal/requestid"
 	"iop/application/edge"
 	"iop/domain"
 )
@@ -73,6 +74,7 @@ func (h *Handler) listModels(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err, nil, "")
 		return
 	}
+	requestid.Stamp(w.Header()) // every answer of Anthropic's API carries one
 	writeJSON(w, http.StatusOK, page)
 }
 
@@ -129,7 +131,11 @@ func (h *Handler) getModel(w http.ResponseWriter, r *http.Request) {
 	for _, exact := range []bool{true, false} {
 		for _, e := range entries {
 			if e.ID == id || (!exact && edge.MatchProviderModel(e.Type, e.ID, id)) {
-				writeJSON(w, http.StatusOK, newModelObject(e, r.Header.Get("Anthropic-Version") != ""))
+				anthropic := r.Header.Get("Anthropic-Version") != ""
+				if anthropic {
+					requestid.Stamp(w.Header())
+				}
+				writeJSON(w, http.StatusOK, newModelObject(e, anthropic))
 				return
 			}
 		}

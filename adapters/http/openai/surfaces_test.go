@@ -9,6 +9,7 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -585,5 +586,59 @@ func TestAnthropicModelsListPages(t *testing.T) {
 	req.Header.Set("Anthropic-Version", "2023-06-01")
 	if resp, _ := http.DefaultClient.Do(req); resp.StatusCode != 400 {
 		t.Fatalf("limit=0: %d", resp.StatusCode)
+	}
+}
+
+// The answers the surface makes itself in Anthropic's shape carry a
+// request id as Anthropic's API does (request-id: req_…; an error's body
+// names the same one as request_id); the OpenAI and Ollama shapes have none,
+// and a relayed answer keeps the provider's.
+func TestAnthropicAnswersTheEdgeMakesCarryARequestID(t *testing.T) {
+	e := newEnv(t)
+	e.node(t, "gpu", serve(status(200), header("Content-Type", "application/json", "Request-Id", "req_fromProvider"), body(`{}`), frame(domain.TunnelEnd)),
+		provider("ant", domain.ProviderAnthropic, "claude-x"), provider("vllm", domain.ProviderOpenAI, "qwen"), provider("ol", domain.ProviderOllama, "tiny"))
+	shape := regexp.MustCompile(`^req_[0-9A-Za-z]{24}$`)
+	var prev string
+	for _, c := range []struct {
+		method, path, body string
+		status             int
+		hdr                []string
+	}{
+		{"POST", "/v1/messages", `{"model":"nope","messages":[]}`, 404, nil},
+		{"POST", "/v1/messages", `{"x":` + strings.Repeat("[", 200), 400, nil},
+		{"POST", "/v1/messages/count_tokens", `{"model":"nope"}`, 404, nil},
+		{"GET", "/v1/messages", "", 405, nil},
+		{"GET", "/v1/models/nope", "", 404, []string{"Anthropic-Version", "2023-06-01"}},
+	} {
+		resp := do(t, c.method, e.srv.URL+c.path, c.body, c.hdr...)
+		got := readAll(t, resp)
+		var body struct {
+			Type      string `json:"type"`
+			RequestID string `json:"request_id"`
+		}
+		id := resp.Header.Get("request-id")
+		if resp.StatusCode != c.status || json.Unmarshal([]byte(got), &body) != nil || body.Type != "error" {
+			t.Fatalf("%s %s: %d %s", c.method, c.path, resp.StatusCode, got)
+		}
+		if !shape.MatchString(id) || body.RequestID != id || id == prev {
+			t.Fatalf("%s %s: request-id %q, body's request_id %q (previous answer's %q): want one new req_ id in both", c.method, c.path, id, body.RequestID, prev)
+		}
+		prev = id
+	}
+	for _, path := range []string{"/v1/models", "/v1/models/claude-x"} {
+		resp := do(t, "GET", e.srv.URL+path, "", "Anthropic-Version", "2023-06-01")
+		if got := readAll(t, resp); resp.StatusCode != 200 || !shape.MatchString(resp.Header.Get("request-id")) {
+			t.Fatalf("GET %s from the Anthropic SDK: %d request-id %q %s", path, resp.StatusCode, resp.Header.Get("request-id"), got)
+		}
+	}
+	for _, c := range [][2]string{{"/v1/responses", `{"model":"nope"}`}, {"/api/chat", `{"model":"nope"}`}} {
+		resp := do(t, "POST", e.srv.URL+c[0], c[1])
+		if got := readAll(t, resp); resp.StatusCode != 404 || resp.Header.Get("request-id") != "" || strings.Contains(got, "request_id") {
+			t.Fatalf("%s: %d request-id %q %s (only Anthropic's shape has one)", c[0], resp.StatusCode, resp.Header.Get("request-id"), got)
+		}
+	}
+	resp := do(t, "POST", e.srv.URL+"/v1/messages", `{"model":"claude-x","messages":[]}`)
+	if got := readAll(t, resp); resp.StatusCode != 200 || resp.Header.Get("request-id") != "req_fromProvider" {
+		t.Fatalf("relayed: %d request-id %q %s", resp.StatusCode, resp.Header.Get("request-id"), got)
 	}
 }

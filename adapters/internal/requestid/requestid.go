@@ -1,0 +1,56 @@
+// Package requestid makes the request ids the edge puts on the answers it
+// makes itself in the Anthropic API's shape. Anthropic's API sends a
+// request-id header on every answer (its errors also carry it as
+// "request_id" in the body), and its SDKs and Claude Code show it with an
+// error, so a caller can quote it; answers the edge relays from a provider
+// keep the provider's own.
+package requestid
+
+import (
+	"crypto/rand"
+	"net/http"
+)
+
+// Header is the response header that carries the id ("request-id", as
+// Anthropic sends it; header names are case-insensitive).
+const Header = "Request-Id"
+
+// prefix and idLen give ids Anthropic's shape: req_ and 24 characters of
+// [0-9A-Za-z] (req_011CSHoEeqs5C35K2UUqR7Fy).
+const (
+	prefix = "req_"
+	idLen  = 24
+)
+
+const alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+// New returns a new id: req_ and 24 characters drawn uniformly from
+// [0-9A-Za-z] with crypto/rand (143 bits: unique without coordination).
+func New() string {
+	out := make([]byte, len(prefix), len(prefix)+idLen)
+	copy(out, prefix)
+	var buf [idLen * 2]byte
+	for len(out) < len(prefix)+idLen {
+		_, _ = rand.Read(buf[:]) // never fails (crypto/rand's contract)
+		for _, b := range buf {
+			// 62 of the 64 values of b&63 map evenly; the other two are
+			// redrawn, so every character is equally likely.
+			if v := b & 63; v < 62 && len(out) < len(prefix)+idLen {
+				out = append(out, alphabet[v])
+			}
+		}
+	}
+	return string(out)
+}
+
+// Stamp returns the id of the answer h belongs to: the one already set as
+// its Header, else a new one, set there. An error body that names the id
+// takes it from here, so header and body agree.
+func Stamp(h http.Header) string {
+	if id := h.Get(Header); id != "" {
+		return id
+	}
+	id := New()
+	h.Set(Header, id)
+	return id
+}
