@@ -41,6 +41,11 @@ type NodeView struct {
 	RunsInFlight    int
 	TunnelsInFlight int
 	Link            ports.NodeLink
+	// RemovedAdapters are the adapters no longer in Config (a reload
+	// removed them) whose runs through this edge are still in flight, by
+	// name, with only Name and InFlight set; usually none. Their runs are
+	// in RunsInFlight too.
+	RemovedAdapters []domain.AdapterStatus
 	// Draining: the node is stopping; no new run goes to it (MarkDraining).
 	Draining bool
 }
@@ -190,10 +195,22 @@ func (r *Registry) ListAs(p domain.Principal) []NodeView {
 
 func (n *LiveNode) view() NodeView {
 	v := NodeView{ID: n.ID, Info: n.Info, Remote: n.Remote, ConnectedAt: n.ConnectedAt, Config: n.Config, Link: n.Link, TunnelsInFlight: n.tunnels, Draining: n.draining}
+	listed := 0
 	for _, a := range n.Config.Adapters {
-		v.Adapters = append(v.Adapters, domain.AdapterStatus{Name: a.Name, Type: a.Type, MaxConcurrency: a.MaxConcurrency, InFlight: n.runs[a.Name]})
+		c := n.runs[a.Name]
+		v.Adapters = append(v.Adapters, domain.AdapterStatus{Name: a.Name, Type: a.Type, MaxConcurrency: a.MaxConcurrency, InFlight: c})
+		listed += c
 	}
 	v.RunsInFlight = n.inFlight()
+	if listed != v.RunsInFlight {
+		// Runs of an adapter a reload removed go on until they end.
+		for name, c := range n.runs {
+			if c > 0 && !n.hasAdapter(name) {
+				v.RemovedAdapters = append(v.RemovedAdapters, domain.AdapterStatus{Name: name, InFlight: c})
+			}
+		}
+		sort.Slice(v.RemovedAdapters, func(i, j int) bool { return v.RemovedAdapters[i].Name < v.RemovedAdapters[j].Name })
+	}
 	return v
 }
 

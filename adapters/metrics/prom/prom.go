@@ -235,6 +235,20 @@ func (c *liveCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, a := range n.Adapters {
 			gauge(descInFlight, float64(a.InFlight), id, label(a.Name))
 		}
+		if len(n.RemovedAdapters) > 0 {
+			// A reload removed these adapters; their runs go on, and count.
+			// (Never a series twice, which would fail the whole scrape.)
+			have := make(map[string]bool, len(n.Adapters)+len(n.RemovedAdapters))
+			for _, a := range n.Adapters {
+				have[label(a.Name)] = true
+			}
+			for _, a := range n.RemovedAdapters {
+				if l := label(a.Name); !have[l] {
+					have[l] = true
+					gauge(descInFlight, float64(a.InFlight), id, l)
+				}
+			}
+		}
 		gauge(descTunnelsIn, float64(n.TunnelsInFlight), id)
 		if ls, ok := n.Link.(linkStats); ok {
 			s := ls.Stats()
