@@ -17,9 +17,10 @@ import (
 	edgeapp "iop/application/edge"
 )
 
-// newEdgeMetrics builds the Prometheus registry over the live registry and bus.
-func newEdgeMetrics(reg *edgeapp.Registry, bus *eventbus.Bus) *prom.Metrics {
-	return prom.New(prom.Sources{Registry: reg, BusDropped: bus.Dropped})
+// newEdgeMetrics builds the Prometheus registry over the live registry, the
+// bus and the node link's certificates.
+func newEdgeMetrics(reg *edgeapp.Registry, bus *eventbus.Bus, lt *LinkTLS) *prom.Metrics {
+	return prom.New(prom.Sources{Registry: reg, BusDropped: bus.Dropped, LinkCerts: lt.CertExpiry})
 }
 
 // newEdgeStore opens (and migrates) the history database; a store that

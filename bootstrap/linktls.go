@@ -17,8 +17,8 @@ import (
 )
 
 // renewCheckEvery is how often a running edge checks its auto-mode server
-// certificate; with 90-day certificates renewed 30 days early, twice a day
-// is plenty.
+// certificate (and, in either mode, how soon what it serves expires); with
+// 90-day certificates renewed 30 days early, twice a day is plenty.
 const renewCheckEvery = 12 * time.Hour
 
 // LinkTLS is the edge's node-link security, resolved from transport.tls.
@@ -28,6 +28,22 @@ type LinkTLS struct {
 	// Pin is what nodes pass as --ca-pin; empty in mode off.
 	Pin string
 	ca  *tlsca.Manager // auto mode only
+	// files is when the files-mode chain expires (read at start).
+	files *tlsca.Expiry
+}
+
+// CertExpiry is when the certificates served on the node link expire, by
+// the metrics' cert label: "ca" and "server" in auto mode (the current
+// certificate: renewals move it), "server" (the chain's earliest end) in
+// files mode; none when the link is plaintext.
+func (l *LinkTLS) CertExpiry() map[string]time.Time {
+	switch {
+	case l.ca != nil:
+		return map[string]time.Time{"ca": l.ca.CA().NotAfter, "server": l.ca.Certificate().Leaf.NotAfter}
+	case l.files != nil:
+		return map[string]time.Time{"server": l.files.NotAfter}
+	}
+	return nil
 }
 
 // OpenLinkTLS loads (in auto mode, first creates) the edge's certificate
@@ -45,6 +61,17 @@ func OpenLinkTLS(c *config.EdgeConfig, log *slog.Logger) (*LinkTLS, error) {
 		if err != nil {
 			return nil, fmt.Errorf("transport.tls: %w", err)
 		}
+		exp, err := tlsca.KeyPairExpiry(cert, t.CertFile)
+		if err != nil {
+			return nil, fmt.Errorf("transport.tls: %w", err)
+		}
+		// An expired chain is refused, as auto mode refuses an expired
+		// CA: no node could verify the edge. One near its end is warned
+		// about.
+		if err := tlsca.Check(log, time.Now(), []tlsca.Expiry{exp}); err != nil {
+			return nil, fmt.Errorf("transport.tls: %w", err)
+		}
+		l.files = &exp
 		l.Pin = pin
 		getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert, nil }
 	default:
@@ -67,7 +94,8 @@ func OpenLinkTLS(c *config.EdgeConfig, log *slog.Logger) (*LinkTLS, error) {
 }
 
 // newLinkTLS provides LinkTLS to the edge and, in auto mode, keeps the
-// server certificate renewed while the edge runs.
+// server certificate renewed while the edge runs; in either mode it warns
+// while what the link serves nears its end.
 func newLinkTLS(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger) (*LinkTLS, error) {
 	l, err := OpenLinkTLS(s.Config, log)
 	if err != nil {
@@ -78,18 +106,37 @@ func newLinkTLS(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger) (*LinkTLS, er
 		return l, nil
 	}
 	log.Info("node link uses TLS", "mode", s.Config.Transport.TLS.Mode, "ca_pin", l.Pin, "client_certificates", s.Config.Transport.TLS.ClientCAFile != "")
-	if l.ca != nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		lc.Append(fx.Hook{
-			OnStart: func(context.Context) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	lc.Append(fx.Hook{
+		OnStart: func(context.Context) error {
+			if l.ca != nil {
 				wg.Go(func() { l.ca.Run(ctx, renewCheckEvery) })
-				return nil
-			},
-			OnStop: func(context.Context) error { cancel(); wg.Wait(); return nil },
-		})
-	}
+			} else {
+				wg.Go(func() { watchExpiry(ctx, renewCheckEvery, log, *l.files) })
+			}
+			return nil
+		},
+		OnStop: func(context.Context) error { cancel(); wg.Wait(); return nil },
+	})
 	return l, nil
+}
+
+// watchExpiry warns every interval, until ctx ends, while e nears its end,
+// and logs an error once it has passed it (as Manager.Run does in auto mode).
+func watchExpiry(ctx context.Context, interval time.Duration, log *slog.Logger, e tlsca.Expiry) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := tlsca.Check(log, time.Now(), []tlsca.Expiry{e}); err != nil {
+				log.Error("tls: " + err.Error())
+			}
+		}
+	}
 }
 
 // NodeLinkTLS turns the node's ca_pin/ca_file/insecure/cert/key into the

@@ -94,12 +94,19 @@ func Open(o Options) (*Manager, error) {
 	if err := m.loadOrCreateCA(); err != nil {
 		return nil, err
 	}
+	if !o.Now().Before(m.ca.NotAfter) {
+		// Refused rather than served: every node would refuse the edge's
+		// certificate, and only the operator can give the nodes a new
+		// CA's pin.
+		return nil, &ExpiredError{m.Expiries()[0]}
+	}
 	if err := m.loadServer(); err != nil {
 		return nil, err
 	}
 	if _, err := m.Renew(); err != nil {
 		return nil, err
 	}
+	_ = Check(o.Logger, o.Now(), m.Expiries()) // warns; the CA is valid and the certificate just renewed
 	return m, nil
 }
 
@@ -137,6 +144,8 @@ func (m *Manager) Renew() (bool, error) {
 
 // Run calls Renew every interval until ctx ends; a failed renewal is logged
 // and retried on the next tick, while the old certificate stays in use.
+// Each tick also warns when the CA, or a certificate whose renewal keeps
+// failing, expires within ExpiryWarning, and logs an error once it has.
 func (m *Manager) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -145,10 +154,18 @@ func (m *Manager) Run(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if _, err := m.Renew(); err != nil {
-				m.o.Logger.Error("tls: server certificate renewal failed; the current one stays in use", "err", err)
-			}
+			m.check()
 		}
+	}
+}
+
+// check is one of Run's ticks.
+func (m *Manager) check() {
+	if _, err := m.Renew(); err != nil {
+		m.o.Logger.Error("tls: server certificate renewal failed; the current one stays in use", "err", err)
+	}
+	if err := Check(m.o.Logger, m.o.Now(), m.Expiries()); err != nil {
+		m.o.Logger.Error("tls: " + err.Error())
 	}
 }
 
@@ -157,7 +174,10 @@ func (m *Manager) due(leaf *x509.Certificate) bool {
 		return true
 	}
 	now := m.o.Now()
-	if now.Before(leaf.NotBefore) || leaf.NotAfter.Sub(now) < m.o.RenewBefore {
+	// One that already lasts as long as the CA is kept: a new one could
+	// not last longer (issue ends none after the CA), and near the CA's
+	// end every check would issue another.
+	if now.Before(leaf.NotBefore) || leaf.NotAfter.Sub(now) < m.o.RenewBefore && leaf.NotAfter.Before(m.ca.NotAfter) {
 		return true
 	}
 	for _, h := range m.o.Hosts {

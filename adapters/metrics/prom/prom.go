@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -55,6 +56,9 @@ type Sources struct {
 	Registry *edgeapp.Registry
 	// BusDropped is the event bus's count of events dropped for slow subscribers.
 	BusDropped func() uint64
+	// LinkCerts is when the certificates the node link serves expire, by
+	// kind ("ca", "server").
+	LinkCerts func() map[string]time.Time
 }
 
 // New registers every metric, the Go runtime and process collectors, and
@@ -194,6 +198,7 @@ var (
 	descRTT       = prometheus.NewDesc("iop_link_heartbeat_rtt_seconds", "Last heartbeat round trip on a node's link.", []string{"node"}, nil)
 	descFrames    = prometheus.NewDesc("iop_link_frames_total", "Frames on a node's link (current connection), by direction.", []string{"node", "direction"}, nil)
 	descLinkBytes = prometheus.NewDesc("iop_link_bytes_total", "Bytes on a node's link (current connection), by direction.", []string{"node", "direction"}, nil)
+	descCertEnd   = prometheus.NewDesc("iop_link_cert_expiry_timestamp_seconds", "When a certificate the edge serves on the node link expires (Unix time): the auto-mode CA (cert=ca) or the server certificate (cert=server; in files mode the earliest end in its chain).", []string{"cert"}, nil)
 
 	descSlotsMax   = prometheus.NewDesc("iop_node_adapter_slots", "An adapter's concurrency limit on its node (0: unlimited), as the node reports it.", []string{"node", "adapter"}, nil)
 	descSlotsUsed  = prometheus.NewDesc("iop_node_adapter_slots_in_use", "An adapter's runs in flight on its node, as the node reports it.", []string{"node", "adapter"}, nil)
@@ -203,7 +208,7 @@ var (
 )
 
 func (c *liveCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descConnected, descInFlight, descTunnelsIn, descBusDrops, descRTT, descFrames, descLinkBytes,
+	for _, d := range []*prometheus.Desc{descConnected, descInFlight, descTunnelsIn, descBusDrops, descRTT, descFrames, descLinkBytes, descCertEnd,
 		descSlotsMax, descSlotsUsed, descChildren, descStoreBytes, descProvLat} {
 		ch <- d
 	}
@@ -224,6 +229,11 @@ func (c *liveCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if c.src.BusDropped != nil {
 		counter(descBusDrops, float64(c.src.BusDropped()))
+	}
+	if c.src.LinkCerts != nil {
+		for cert, end := range c.src.LinkCerts() {
+			gauge(descCertEnd, float64(end.Unix()), cert)
+		}
 	}
 	if c.src.Registry == nil {
 		return
