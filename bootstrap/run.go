@@ -5,23 +5,35 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 
 	"go.uber.org/dig"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxevent"
+
+	"iop/adapters/runtime/spawn"
 )
 
 // Serve starts app, waits for a signal or a shutdown and stops it, like
 // fx's Run, but a failure to start is one plain line on stderr ("iop-edge:
 // cannot start: 127.0.0.1:7701 is already in use") instead of fx's own
 // lines. It returns the process's exit code.
+//
+// The first SIGINT or SIGTERM stops the process gracefully (0). Another
+// one while it stops (the operator's second Ctrl-C, a supervisor's second
+// SIGTERM) ends it at once, after one line at warn, with 128 plus the
+// signal's number (130 for SIGINT, 143 for SIGTERM), what a shell reports
+// for a process that signal killed: the stop was cut short, not clean. fx
+// swallowed that second signal, so the process went on waiting for its
+// runs and tunnels, up to its whole stop time.
 // The caller has called CatchHangup before building app.
-func Serve(name string, app *fx.App, stderr io.Writer) int {
+func Serve(name string, app *fx.App, log *slog.Logger, stderr io.Writer) int {
 	startCtx, cancel := context.WithTimeout(context.Background(), app.StartTimeout())
 	err := app.Start(startCtx)
 	cancel()
@@ -29,7 +41,39 @@ func Serve(name string, app *fx.App, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s: cannot start: %s\n", name, startProblem(err))
 		return 1
 	}
-	sig := <-app.Wait()
+	// Registered before fx's own channel (app.Wait), so every signal fx
+	// sees reaches it too, and buffered beyond two so that a second signal
+	// arriving with the first is kept.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	var sig fx.ShutdownSignal
+	bySignal := true
+	select {
+	case sig = <-app.Wait():
+		// fx reports a signal with exit code 0, and a Shutdown (the node
+		// refused by its edge, or not trusting it) with the code it was
+		// given, never 0 here. A signal fx saw is on sigs too (or about to
+		// be: both get it in one delivery); a Shutdown is not.
+		if sig.ExitCode != 0 {
+			bySignal = false
+		} else {
+			select {
+			case <-sigs:
+			case <-time.After(time.Second):
+				bySignal = false
+			}
+		}
+	case s := <-sigs:
+		sig = fx.ShutdownSignal{Signal: s}
+	}
+	if bySignal {
+		log.Info("stopping gracefully; a second SIGINT or SIGTERM stops at once", "signal", sig.Signal.String())
+	}
+	stopped := make(chan struct{})
+	defer close(stopped)
+	go forceOnSignal(sigs, stopped, bySignal, log)
+
 	stopCtx, cancel := context.WithTimeout(context.Background(), app.StopTimeout())
 	defer cancel()
 	if err := app.Stop(stopCtx); err != nil {
@@ -39,6 +83,38 @@ func Serve(name string, app *fx.App, stderr io.Writer) int {
 		}
 	}
 	return sig.ExitCode
+}
+
+// forceOnSignal ends the process on a signal that arrives before stopped
+// is closed: it kills the process groups of the runs still going (as the
+// node's stop would have), giving that a second at most, and exits with
+// 128 plus the signal's number.
+func forceOnSignal(sigs <-chan os.Signal, stopped <-chan struct{}, second bool, log *slog.Logger) {
+	var s os.Signal
+	select {
+	case s = <-sigs:
+	case <-stopped:
+		return
+	}
+	code := 1
+	if n, ok := s.(syscall.Signal); ok {
+		code = 128 + int(n)
+	}
+	msg := "signal while stopping: stopping now without waiting for the graceful stop to finish"
+	if second {
+		msg = "second signal: stopping now without waiting for the graceful stop to finish"
+	}
+	log.Warn(msg, "signal", s.String(), "exit_code", code)
+	killed := make(chan struct{})
+	go func() {
+		spawn.KillAll()
+		close(killed)
+	}()
+	select {
+	case <-killed:
+	case <-time.After(time.Second):
+	}
+	os.Exit(code)
 }
 
 // startProblem words a start failure plainly: a busy address as such, and a

@@ -31,7 +31,7 @@ func serveNode(t *testing.T, db string) (code int, stderr, log string) {
 		bootstrap.FxLogger(logger),
 	)
 	done := make(chan int, 1)
-	go func() { done <- bootstrap.Serve("iop-node", app, &errBuf) }()
+	go func() { done <- bootstrap.Serve("iop-node", app, logger, &errBuf) }()
 	select {
 	case code = <-done:
 	case <-time.After(30 * time.Second):

@@ -83,7 +83,7 @@ func main() {
 	code := bootstrap.Serve("iop-edge", fx.New(
 		bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, ConfigPath: *cfgPath, Logger: log}),
 		bootstrap.FxLogger(log),
-	), os.Stderr)
+	), log, os.Stderr)
 	stopPprof()
 	os.Exit(code)
 }

@@ -127,7 +127,7 @@ func main() {
 			Transport:      transport.Config{TLS: linkTLS},
 		}),
 		bootstrap.FxLogger(log),
-	), os.Stderr)
+	), log, os.Stderr)
 	stopPprof()
 	os.Exit(code)
 }
