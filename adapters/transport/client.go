@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -58,6 +59,10 @@ type ClientConfig struct {
 	MaxBackoff time.Duration
 	// HealthyAfter is how long a link must last before the backoff resets.
 	HealthyAfter time.Duration
+	// RepeatWarning is how often failures to reach the edge for a reason
+	// already reported are logged at warn again (DefaultRepeatWarning);
+	// the attempts between are logged at debug.
+	RepeatWarning time.Duration
 	// OnRegistered, if set, is called after every accepted registration,
 	// on the goroutine that then reads the link: it must not block.
 	OnRegistered func(nodeID string)
@@ -136,6 +141,9 @@ func NewClient(cfg ClientConfig, h NodeHandler) *Client {
 	if cfg.HealthyAfter <= 0 {
 		cfg.HealthyAfter = 10 * time.Second
 	}
+	if cfg.RepeatWarning <= 0 {
+		cfg.RepeatWarning = DefaultRepeatWarning
+	}
 	cfg.Transport = cfg.Transport.withDefaults()
 	return &Client{cfg: cfg, h: h}
 }
@@ -152,21 +160,128 @@ func (c *Client) Run(ctx context.Context) error {
 	var r retryState
 	for {
 		r.begin(c)
-		err := c.session(ctx)
+		err := c.session(ctx, &r)
 		if stop, rerr := c.retry(ctx, err, &r); stop {
 			return rerr
 		}
 	}
 }
 
-// retryState is Run's reconnect bookkeeping.
+// DefaultRepeatWarning is how often a node that keeps failing to reach its
+// edge for the same reason says so at warn; the attempts between go to
+// debug.
+const DefaultRepeatWarning = 5 * time.Minute
+
+// maxWarnedReasons bounds the reasons warned about once each between two
+// periodic warnings, so that errors alternating between many reasons
+// cannot bring back a warning per attempt.
+const maxWarnedReasons = 8
+
+// retryState is Run's reconnect bookkeeping. Only Run's goroutine and the
+// register exchange it waits for touch it.
 type retryState struct {
 	attempt int
+	// now is the clock of the outage's log lines (time.Now when nil).
+	now func() time.Time
+	// The outage: the failures since the last registration. A lost link
+	// opens one as its first failure.
+	failures int
+	lost     bool      // the outage began with a registered link's loss
+	since    time.Time // its first failure
+	// The last warning, the attempts logged at debug since, and the
+	// reasons warned about since the last periodic warning.
+	warnedAt time.Time
+	quiet    int
+	warned   map[string]bool
+}
+
+func (r *retryState) clock() time.Time {
+	if r.now != nil {
+		return r.now()
+	}
+	return time.Now()
 }
 
 //go:noinline
 func (r *retryState) begin(c *Client) {
 	c.linkedAt.Store(0)
+}
+
+// failed logs a failed attempt (or the loss of the link, lost): at warn
+// when it opens an outage, when its reason is new since the last periodic
+// warning, and when every has passed since the last warning (with the
+// attempts since and the last error); at debug otherwise, so that an edge
+// away for hours does not fill the log with a line per attempt.
+func (r *retryState) failed(log *slog.Logger, edge string, err error, in time.Duration, lost bool, every time.Duration) {
+	now := r.clock()
+	reason := failureReason(err)
+	in = in.Round(time.Millisecond)
+	r.failures++
+	if r.failures == 1 {
+		r.lost, r.since, r.warnedAt, r.quiet = lost, now, now, 0
+		r.warned = map[string]bool{reason: true}
+		if lost {
+			log.Warn("link to edge lost; reconnecting", "edge", edge, "err", err, "in", in)
+		} else {
+			log.Warn("cannot connect to the edge; retrying", "edge", edge, "err", err, "in", in)
+		}
+		return
+	}
+	attempts := r.failures
+	if r.lost {
+		attempts-- // the loss was no attempt
+	}
+	downFor := now.Sub(r.since).Round(time.Millisecond)
+	switch {
+	case now.Sub(r.warnedAt) >= every:
+		log.Warn("still cannot connect to the edge; retrying", "edge", edge, "err", err, "in", in,
+			"attempts", r.quiet+1, "down_for", downFor)
+		r.warned = map[string]bool{reason: true}
+	case !r.warned[reason] && len(r.warned) < maxWarnedReasons:
+		log.Warn("cannot connect to the edge; retrying", "edge", edge, "err", err, "in", in,
+			"attempts", r.quiet+1, "down_for", downFor)
+		r.warned[reason] = true
+	default:
+		log.Debug("cannot connect to the edge; retrying", "edge", edge, "err", err, "in", in, "attempt", attempts)
+		r.quiet++
+		return
+	}
+	r.warnedAt, r.quiet = now, 0
+}
+
+// registered ends the outage, if one was under way, and returns what the
+// registration's log line adds about it: how long the node was without a
+// link and how many attempts failed.
+func (r *retryState) registered() []any {
+	if r == nil || r.failures == 0 {
+		return nil
+	}
+	attempts := r.failures
+	if r.lost {
+		attempts--
+	}
+	attrs := []any{"down_for", r.clock().Sub(r.since).Round(time.Millisecond), "failed_attempts", attempts}
+	r.failures, r.lost, r.quiet, r.warned = 0, false, 0, nil
+	return attrs
+}
+
+// failureReason is err's text without what changes from one attempt to the next
+// for the same reason: the local address of a network error ("read tcp
+// 127.0.0.1:53412->…"), a refusal's detail after its code.
+func failureReason(err error) string {
+	var rej *RejectedError
+	if errors.As(err, &rej) {
+		code, _, _ := strings.Cut(rej.Reason, ":")
+		return "refused: " + code
+	}
+	s := err.Error()
+	var op *net.OpError
+	if errors.As(err, &op) && op.Source != nil {
+		bare := *op
+		bare.Source = nil
+		s = strings.Replace(s, op.Error(), bare.Error(), 1)
+	}
+	return s
 }
 
 // retry decides what follows a session that ended with err: stop (with
@@ -190,12 +305,7 @@ func (c *Client) retry(ctx context.Context, err error, r *retryState) (stop bool
 	delay := backoff(r.attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff)
 	r.attempt++
 	c.reconnects.Add(1)
-	log := c.cfg.Transport.Logger
-	if c.linkedAt.Load() != 0 {
-		log.Warn("link to edge lost; reconnecting", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
-	} else {
-		log.Warn("cannot connect to the edge; retrying", "edge", c.cfg.Addr, "err", err, "in", delay.Round(time.Millisecond))
-	}
+	r.failed(c.cfg.Transport.Logger, c.cfg.Addr, err, delay, c.linkedAt.Load() != 0, c.cfg.RepeatWarning)
 	select {
 	case <-time.After(delay):
 		return false, nil
@@ -225,13 +335,13 @@ func backoff(attempt int, lo, hi time.Duration) time.Duration {
 // goroutine of its own that ends with it: on this one it would grow the
 // stack the idle read loop then sits on, and the runtime halves a stack only
 // while less than a quarter of it is in use, which a read in progress is not.
-func (c *Client) session(ctx context.Context) error {
+func (c *Client) session(ctx context.Context, r *retryState) error {
 	var conn *Conn
 	var err error
 	registered := make(chan struct{})
 	go func() {
 		defer close(registered)
-		conn, err = c.register(ctx)
+		conn, err = c.register(ctx, r)
 	}()
 	<-registered
 	if err != nil {
@@ -260,8 +370,9 @@ func (c *Client) session(ctx context.Context) error {
 }
 
 // register dials the edge, registers and applies the config it sends; the
-// returned connection is ready to run.
-func (c *Client) register(ctx context.Context) (*Conn, error) {
+// returned connection is ready to run. A registration ends r's outage (r
+// may be nil).
+func (c *Client) register(ctx context.Context, r *retryState) (*Conn, error) {
 	tc := c.cfg.Transport
 	d := net.Dialer{Timeout: tc.HandshakeTimeout, KeepAlive: tc.HeartbeatInterval}
 	nc, err := d.DialContext(ctx, "tcp", c.cfg.Addr)
@@ -350,7 +461,7 @@ func (c *Client) register(ctx context.Context) (*Conn, error) {
 	c.conn = conn
 	c.mu.Unlock()
 	c.linkedAt.Store(time.Now().UnixNano())
-	tc.Logger.Info("registered with edge", "edge", c.cfg.Addr, "node", cfg.NodeID, "adapters", len(cfg.Adapters))
+	tc.Logger.Info("registered with edge", append([]any{"edge", c.cfg.Addr, "node", cfg.NodeID, "adapters", len(cfg.Adapters)}, r.registered()...)...)
 	if c.cfg.OnRegistered != nil {
 		c.cfg.OnRegistered(cfg.NodeID)
 	}

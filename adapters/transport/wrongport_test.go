@@ -29,7 +29,7 @@ func TestWrongPortSaysWhatToCheck(t *testing.T) {
 		tc := testConfig()
 		tc.TLS = tlsCfg
 		c := &Client{cfg: ClientConfig{Addr: addr, Token: "t", Transport: tc.withDefaults()}}
-		_, err := c.register(context.Background())
+		_, err := c.register(context.Background(), nil)
 		if err == nil || !strings.Contains(err.Error(), "transport.listen, not its http.listen") {
 			t.Errorf("%s: %v, want the hint", name, err)
 		}
@@ -44,7 +44,7 @@ func TestSilentEdgeIsAHandshakeTimeout(t *testing.T) {
 	tc := testConfig()
 	tc.HandshakeTimeout = 200 * time.Millisecond
 	c := &Client{cfg: ClientConfig{Addr: addr, Token: "t", Transport: tc.withDefaults()}}
-	_, err := c.register(context.Background())
+	_, err := c.register(context.Background(), nil)
 	if err == nil || !strings.Contains(err.Error(), "within the handshake timeout (200ms)") || strings.Contains(err.Error(), "heartbeat") {
 		t.Fatalf("register = %v", err)
 	}
