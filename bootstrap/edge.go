@@ -34,15 +34,20 @@ type EdgeSettings struct {
 	Logger     *slog.Logger
 }
 
-// fileSource re-reads edge.yaml for reloads; an invalid file is rejected whole.
-type fileSource struct{ path string }
+// fileSource re-reads edge.yaml for reloads; an invalid file is rejected
+// whole. Its settings outside nodes[] are compared with those the edge
+// started with (running), which a reload does not change.
+type fileSource struct {
+	path    string
+	running *config.EdgeConfig
+}
 
-func (f fileSource) LoadNodes() ([]domain.NodeRecord, error) {
+func (f fileSource) LoadNodes() ([]domain.NodeRecord, []string, error) {
 	cfg, err := config.LoadEdge(f.path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return cfg.Records(), nil
+	return cfg.Records(), f.running.RestartKeys(cfg), nil
 }
 
 // Edge is the fx module of iop-edge.
@@ -57,7 +62,7 @@ func Edge(s EdgeSettings) fx.Option {
 			func(s EdgeSettings) *config.Directory { return config.NewDirectory(s.Config.Records()) },
 			fx.Annotate(func(d *config.Directory) *config.Directory { return d }, fx.As(new(ports.NodeDirectory))),
 			fx.Annotate(func(d *config.Directory) *config.Directory { return d }, fx.As(new(edgeapp.Directory))),
-			fx.Annotate(func(s EdgeSettings) fileSource { return fileSource{path: s.ConfigPath} }, fx.As(new(ports.NodeSource))),
+			fx.Annotate(func(s EdgeSettings) fileSource { return fileSource{path: s.ConfigPath, running: s.Config} }, fx.As(new(ports.NodeSource))),
 			func() *eventbus.Bus { return eventbus.New() },
 			fx.Annotate(func(b *eventbus.Bus) *eventbus.Bus { return b }, fx.As(new(ports.EventPublisher))),
 			edgeapp.NewRegistry,

@@ -81,7 +81,11 @@ type NodeLink interface {
 
 // NodeSource reads the node directory afresh (edge.yaml on reload).
 type NodeSource interface {
-	LoadNodes() ([]domain.NodeRecord, error)
+	// LoadNodes returns the node records, and the names of the source's
+	// other settings whose value differs from the one the edge runs with:
+	// the edge reads those at start only, so they take effect after a
+	// restart. Names only, never values (some are secrets).
+	LoadNodes() (nodes []domain.NodeRecord, needsRestart []string, err error)
 }
 
 // DirectoryReplacer swaps the node directory's records atomically.

@@ -378,13 +378,17 @@ func (d *ucDir) replacements() int {
 	return d.replaced
 }
 
-// ucSource is a ports.NodeSource answering fixed records or an error.
+// ucSource is a ports.NodeSource answering fixed records (and settings
+// that need a restart) or an error.
 type ucSource struct {
-	recs []domain.NodeRecord
-	err  error
+	recs         []domain.NodeRecord
+	needsRestart []string
+	err          error
 }
 
-func (s *ucSource) LoadNodes() ([]domain.NodeRecord, error) { return s.recs, s.err }
+func (s *ucSource) LoadNodes() ([]domain.NodeRecord, []string, error) {
+	return s.recs, s.needsRestart, s.err
+}
 
 // ucExecAdapter is a valid exec adapter config with one target.
 func ucExecAdapter(name string, maxConc int, targets ...string) domain.AdapterConfig {

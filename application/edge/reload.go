@@ -19,6 +19,10 @@ type ReloadResult struct {
 	Disconnected []string `json:"disconnected"`
 	Unchanged    []string `json:"unchanged"`
 	Failed       []string `json:"failed,omitempty"`
+	// NeedsRestart names the settings outside nodes[] that changed in the
+	// file: the edge read them at start, a reload leaves them as they
+	// were, and they take effect after a restart. Names only, never values.
+	NeedsRestart []string `json:"needs_restart,omitempty"`
 }
 
 // ReloadHandler re-reads the node directory and brings connected nodes in
@@ -69,7 +73,7 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	recs, err := h.src.LoadNodes()
+	recs, needsRestart, err := h.src.LoadNodes()
 	if err != nil {
 		h.log.Error("reload rejected; old config stays in force", "err", err)
 		return ReloadResult{}, domain.Errorf(domain.CodeConfigError, "%v", err)
@@ -93,7 +97,7 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 	for _, r := range recs {
 		next[r.ID] = r
 	}
-	res := ReloadResult{Nodes: len(recs), Refreshed: []string{}, Disconnected: []string{}, Unchanged: []string{}}
+	res := ReloadResult{Nodes: len(recs), Refreshed: []string{}, Disconnected: []string{}, Unchanged: []string{}, NeedsRestart: needsRestart}
 	type change struct {
 		n   NodeView
 		rec domain.NodeRecord
@@ -166,6 +170,10 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 	sort.Strings(res.Failed)
 	h.bus.Publish(domain.BusEvent{Type: domain.BusConfigReloaded, Time: time.Now()})
 	h.log.Info("config reloaded", "nodes", res.Nodes, "refreshed", res.Refreshed, "disconnected", res.Disconnected)
+	if len(res.NeedsRestart) > 0 {
+		h.log.Warn("config changes outside nodes[] take effect only after a restart; until then the edge keeps the settings it started with",
+			"needs_restart", res.NeedsRestart)
+	}
 	return res, nil
 }
 

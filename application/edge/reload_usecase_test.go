@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"iop/application/edge"
 	"iop/domain"
+	"iop/internal/lockedbuf"
 )
 
 const (
@@ -367,5 +369,32 @@ func TestReloadPushesToChangedNodesConcurrently(t *testing.T) {
 	}
 	if len(out.res.Failed) != nodes || !slices.IsSorted(out.res.Failed) {
 		t.Fatalf("failed = %q, want every node's push, sorted", out.res.Failed)
+	}
+}
+
+// Settings outside the node directory that changed in the source are named
+// in the answer and in one warning (names only): the nodes are applied, the
+// rest waits for a restart.
+func TestReloadNamesSettingsThatNeedARestart(t *testing.T) {
+	dir, reg, bus := &ucDir{recs: ucReloadRecords()}, edge.NewRegistry(), newUCBus()
+	var logs lockedbuf.Buffer
+	src := &ucSource{recs: ucReloadRecords(), needsRestart: []string{"http.api_keys", "transport.max_frame_size"}}
+	h := edge.NewReloadHandler(src, dir, reg, bus, &edge.ConfigVersions{}, slog.New(slog.NewTextHandler(&logs, nil)))
+	res, err := h.Handle(context.Background())
+	if err != nil || !slices.Equal(res.NeedsRestart, src.needsRestart) || res.Nodes != 3 {
+		t.Fatalf("Handle = %+v, %v; want 3 nodes and needs_restart %v", res, err, src.needsRestart)
+	}
+	if dir.replacements() != 1 {
+		t.Fatal("the nodes were not applied")
+	}
+	if n := strings.Count(logs.String(), "level=WARN"); n != 1 || !strings.Contains(logs.String(), `needs_restart="[http.api_keys transport.max_frame_size]"`) {
+		t.Fatalf("want one warning naming the settings:\n%s", logs.String())
+	}
+	// Nothing to restart for: no warning, and the answer leaves the list out.
+	before := len(logs.String())
+	src.needsRestart = nil
+	res, err = h.Handle(context.Background())
+	if later := logs.String()[before:]; err != nil || res.NeedsRestart != nil || strings.Contains(later, "level=WARN") {
+		t.Fatalf("Handle = %+v, %v; logs:\n%s", res, err, later)
 	}
 }

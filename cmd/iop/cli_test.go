@@ -1033,6 +1033,11 @@ func TestReload(t *testing.T) {
 	e := newFakeEdge(t)
 	e.json("POST /v1/admin/reload", 200, `{"nodes":2,"refreshed":["a"],"disconnected":[],"unchanged":["b"]}`)
 	run(t, e.URL, "reload").want(t, 0, "config reloaded: 2 node(s) configured\n  refreshed: a\n  unchanged: b\n")
+	// Changes outside nodes[] are named, and the nodes still applied (0).
+	e3 := newFakeEdge(t)
+	e3.json("POST /v1/admin/reload", 200, `{"nodes":1,"refreshed":[],"disconnected":[],"unchanged":["a"],"needs_restart":["http.api_keys","transport.max_frame_size"]}`)
+	run(t, e3.URL, "reload").want(t, 0, "config reloaded: 1 node(s) configured\n  unchanged: a\n"+
+		"note: these changes take effect after a restart of the edge: http.api_keys, transport.max_frame_size\n")
 	e2 := newFakeEdge(t)
 	e2.json("POST /v1/admin/reload", 422, `{"error":{"code":"config_error","message":"edge.yaml: line 4: field bogus not found"}}`)
 	r := run(t, e2.URL, "reload")

@@ -260,6 +260,7 @@ func (a *app) reloadCmd() *cobra.Command {
 				Disconnected []string `json:"disconnected"`
 				Unchanged    []string `json:"unchanged"`
 				Failed       []string `json:"failed"`
+				NeedsRestart []string `json:"needs_restart"`
 			}
 			if err := json.Unmarshal(raw, &res); err != nil {
 				return fmt.Errorf("decode reload result: %w", err)
@@ -274,6 +275,11 @@ func (a *app) reloadCmd() *cobra.Command {
 			list("disconnected", res.Disconnected)
 			list("unchanged", res.Unchanged)
 			list("failed", res.Failed)
+			if len(res.NeedsRestart) > 0 {
+				// The nodes were applied: not a failure, but the rest of
+				// the file's changes are not in force yet.
+				fmt.Fprintf(a.stdout, "note: these changes take effect after a restart of the edge: %s\n", printable(strings.Join(res.NeedsRestart, ", ")))
+			}
 			if len(res.Failed) > 0 {
 				return &exitErr{code: exitError, err: fmt.Errorf("%d node(s) could not be refreshed", len(res.Failed))}
 			}

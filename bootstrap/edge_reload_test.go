@@ -1,0 +1,90 @@
+package bootstrap_test
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxtest"
+
+	"iop/adapters/config"
+	"iop/bootstrap"
+	"iop/internal/lockedbuf"
+)
+
+// A reload applies nodes[] and names, in its answer and in one warning, the
+// other changes to edge.yaml: the edge read them at start and runs on with
+// them until it restarts. It used to answer "config reloaded" and say
+// nothing of them.
+func TestReloadNamesChangesThatNeedARestart(t *testing.T) {
+	tAddr, hAddr := freeAddr(t), freeAddr(t)
+	path := filepath.Join(t.TempDir(), "edge.yaml")
+	file := `
+transport: {listen: "` + tAddr + `"}
+http: {listen: "` + hAddr + `"}
+nodes:
+  - {id: n1, token: reload-test-token}
+`
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.LoadEdge(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs lockedbuf.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	edge := fxtest.New(t, bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, ConfigPath: path, Logger: log}), fx.NopLogger)
+	edge.RequireStart()
+	defer edge.RequireStop()
+
+	reload := func() (res struct {
+		Nodes        int      `json:"nodes"`
+		NeedsRestart []string `json:"needs_restart"`
+	}) {
+		t.Helper()
+		resp, err := http.Post("http://"+hAddr+"/v1/admin/reload", "application/json", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("reload: %d %s", resp.StatusCode, body)
+		}
+		if err := json.Unmarshal(body, &res); err != nil {
+			t.Fatalf("reload answer %s: %v", body, err)
+		}
+		return res
+	}
+	if res := reload(); res.Nodes != 1 || len(res.NeedsRestart) != 0 {
+		t.Fatalf("reload of the same file = %+v, want nothing to restart for", res)
+	}
+	if strings.Contains(logs.String(), "needs_restart") {
+		t.Fatalf("a reload of the same file warned:\n%s", logs.String())
+	}
+
+	changed := strings.NewReplacer(
+		`transport: {listen: "`+tAddr+`"}`, `transport: {listen: "`+tAddr+`", max_frame_size: 8388608}`,
+		`http: {listen: "`+hAddr+`"}`, `http: {listen: "`+hAddr+`", max_body_bytes: 4096}`,
+		"nodes:\n", "log: {level: debug}\nnodes:\n  - {id: n2, token: reload-test-token-2}\n",
+	).Replace(file)
+	if err := os.WriteFile(path, []byte(changed), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res := reload()
+	want := []string{"transport.max_frame_size", "http.max_body_bytes", "log.level"}
+	if res.Nodes != 2 || !slices.Equal(res.NeedsRestart, want) {
+		t.Fatalf("reload = %+v; want 2 nodes and needs_restart %v", res, want)
+	}
+	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "needs_restart=\"[transport.max_frame_size http.max_body_bytes log.level]\"") {
+		t.Fatalf("no warning naming the changes that need a restart:\n%s", logs.String())
+	}
+}
