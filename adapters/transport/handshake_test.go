@@ -280,11 +280,11 @@ func TestRegisterWithAConfigLargerThanAFrameIsRefused(t *testing.T) {
 	srv := startServer(t, "", tc, e)
 	p := dialRaw(t, srv.Addr().String())
 	resp := p.register(ctx, testToken, 1<<18)
-	if resp.GetAccepted() || !strings.HasPrefix(resp.GetReason(), domain.CodeConfigError+": ") || !strings.Contains(resp.GetReason(), "max_frame_size") {
-		t.Fatalf("register response %v, want a config_error refusal naming max_frame_size", resp)
+	if resp.GetAccepted() || !strings.HasPrefix(resp.GetReason(), domain.CodeConfigError+": ") || !strings.Contains(resp.GetReason(), "max_frame_size in edge.yaml and restart the edge") {
+		t.Fatalf("register response %v, want a config_error refusal saying raising max_frame_size takes a restart", resp)
 	}
 	d := recv(t, ctx, e.disconnected, "the admitted link let go")
-	if !strings.Contains(d.Reason, "max_frame_size") {
+	if !strings.Contains(d.Reason, "restart the edge") {
 		t.Fatalf("disconnect reason %q", d.Reason)
 	}
 }
@@ -297,8 +297,8 @@ func TestConfigFitsNamesTheFrameLimit(t *testing.T) {
 	l := &edgeLink{conn: &Conn{cfg: Config{MaxFrameSize: 64 << 10}}}
 	big := testNodeConfig()
 	big.Adapters[0].Targets["big"] = domain.ExecTarget{Command: []string{"echo", strings.Repeat("x", 80<<10)}}
-	if err := l.ConfigFits(big); domain.CodeOf(err) != domain.CodeConfigError || !strings.Contains(err.Error(), "max_frame_size") {
-		t.Fatalf("ConfigFits(80 KiB) = %v, want a config_error naming max_frame_size", err)
+	if err := l.ConfigFits(big); domain.CodeOf(err) != domain.CodeConfigError || !strings.Contains(err.Error(), "max_frame_size in edge.yaml and restart the edge") {
+		t.Fatalf("ConfigFits(80 KiB) = %v, want a config_error saying raising max_frame_size takes a restart", err)
 	}
 	if err := l.ConfigFits(testNodeConfig()); err != nil {
 		t.Fatalf("ConfigFits(small) = %v", err)

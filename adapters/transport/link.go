@@ -64,6 +64,12 @@ func (l *edgeLink) registered() (node string, version uint64) {
 	return l.nodeID, l.regVersion
 }
 
+// configTooLargeHint ends the error of a node config larger than a frame.
+// The edge reads transport.max_frame_size at start (a reload does not change
+// it); a node reads frames up to the largest limit an edge accepts, so
+// raising it takes a restart of the edge only.
+const configTooLargeHint = "give it fewer or smaller targets, or raise transport.max_frame_size in edge.yaml and restart the edge (a reload does not change it)"
+
 // ConfigFits reports, as a config_error, a config too large to go to the
 // node in its register response (one frame): the edge then refuses the
 // registration with that reason instead of admitting the node first.
@@ -71,7 +77,7 @@ func (l *edgeLink) ConfigFits(cfg domain.NodeConfig) error {
 	resp := &ioppb.RegisterResponse{Accepted: true, Config: configToProto(cfg)}
 	_, err := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterResponse{RegisterResponse: resp}}, l.conn.cfg.MaxFrameSize)
 	if errors.Is(err, ErrFrameTooLarge) {
-		return domain.Errorf(domain.CodeConfigError, "the node's config (%v) does not fit in one link frame: give it fewer or smaller targets, or raise transport.max_frame_size", err)
+		return domain.Errorf(domain.CodeConfigError, "the node's config (%v) does not fit in one link frame: %s", err, configTooLargeHint)
 	}
 	return nil
 }
@@ -424,7 +430,7 @@ func (l *edgeLink) PushConfig(ctx context.Context, cfg domain.NodeConfig) error 
 	}()
 	f := &ioppb.Frame{Body: &ioppb.Frame_ConfigRefresh{ConfigRefresh: &ioppb.ConfigRefresh{Config: configToProto(cfg)}}}
 	if err := l.conn.sendControl(ctx, f); errors.Is(err, ErrFrameTooLarge) {
-		return domain.Errorf(domain.CodeConfigError, "the node's config does not fit in one link frame (%v): give it fewer or smaller targets, or raise transport.max_frame_size", err)
+		return domain.Errorf(domain.CodeConfigError, "the node's config does not fit in one link frame (%v): %s", err, configTooLargeHint)
 	} else if err != nil {
 		return linkErr(err)
 	}

@@ -381,8 +381,8 @@ func TestPushConfig(t *testing.T) {
 	cfg.Adapters[0].Targets["big"] = domain.ExecTarget{Command: []string{"echo", strings.Repeat("x", DefaultMaxFrameSize)}}
 	ctx, cancel := context.WithTimeout(p.ctx, 5*time.Second)
 	defer cancel()
-	if err := p.link.PushConfig(ctx, cfg); !errors.Is(err, domain.ErrConfig) || !strings.Contains(err.Error(), "max_frame_size") {
-		t.Errorf("PushConfig of a config larger than a frame: %v, want config_error naming max_frame_size", err)
+	if err := p.link.PushConfig(ctx, cfg); !errors.Is(err, domain.ErrConfig) || !strings.Contains(err.Error(), "max_frame_size in edge.yaml and restart the edge") {
+		t.Errorf("PushConfig of a config larger than a frame: %v, want config_error saying raising max_frame_size takes a restart", err)
 	}
 }
 

@@ -314,8 +314,8 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 		// The node's config does not fit in a frame: say so, as a
 		// refusal the node logs and retries on, rather than close the
 		// connection unanswered (the node blamed its TLS trust for that).
-		reason := fmt.Sprintf("%s: the node's config (%v) does not fit in one link frame: give it fewer or smaller targets, or raise transport.max_frame_size",
-			domain.CodeConfigError, werr)
+		reason := fmt.Sprintf("%s: the node's config (%v) does not fit in one link frame: %s",
+			domain.CodeConfigError, werr, configTooLargeHint)
 		refusal := &ioppb.RegisterResponse{Reason: reason}
 		if b, e := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterResponse{RegisterResponse: refusal}}, s.cfg.MaxFrameSize); e == nil {
 			_, _ = nc.Write(b)
