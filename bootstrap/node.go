@@ -192,7 +192,7 @@ func openNodeDB(lc fx.Lifecycle, s NodeSettings, log *slog.Logger) (*sqlite.DB, 
 	return db, nil
 }
 
-func newNodeClient(s NodeSettings, log *slog.Logger, f *factory.Factory, ac *nodeapp.ApplyConfigHandler, rm *nodeapp.RunManager, sh *nodeapp.SessionHandler, ch *nodeapp.CommandHandler, th *nodeapp.TunnelHandler, st *nodeapp.Stats) *transport.Client {
+func newNodeClient(s NodeSettings, log *slog.Logger, sd fx.Shutdowner, f *factory.Factory, ac *nodeapp.ApplyConfigHandler, rm *nodeapp.RunManager, sh *nodeapp.SessionHandler, ch *nodeapp.CommandHandler, th *nodeapp.TunnelHandler, st *nodeapp.Stats) *transport.Client {
 	host, _ := os.Hostname()
 	tc := s.Transport
 	tc.Logger = log
@@ -206,9 +206,49 @@ func newNodeClient(s NodeSettings, log *slog.Logger, f *factory.Factory, ac *nod
 		Addr: s.Edge, Token: s.Token, Transport: tc, MinBackoff: s.MinBackoff, MaxBackoff: s.MaxBackoff,
 		Info:  domain.NodeInfo{Version: Version, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH, AdapterTypes: f.Types()},
 		Stats: st.NodeStats, StatsInterval: s.StatsInterval,
+		OnFatal: nodeRefused(log, s.Edge, rm.InFlight, sd),
 	}, nodeHandlers{ac, rm, sh, ch, th})
 	ch.SetTransport(c)
 	return c
+}
+
+// nodeRefused is the client's OnFatal: it says at once why the edge will
+// not have this node (its token, its client certificate, or an edge it
+// cannot trust) and stops the node with exit code 1. The stop is the one
+// SIGTERM makes (runNode's OnStop), runs in flight included, with its
+// limits: the refusal is not held back until they end on their own, which
+// for a background run could be hours.
+func nodeRefused(log *slog.Logger, edge string, inFlight func() int, sd fx.Shutdowner) func(error) {
+	return func(err error) {
+		var rej *transport.RejectedError
+		var trust *transport.TrustError
+		var msg string
+		attrs := []any{"edge", edge}
+		switch {
+		case errors.As(err, &trust):
+			// Never retried: the next attempt could be the one a man in
+			// the middle answers.
+			msg = "stopping: " + err.Error()
+		case errors.As(err, &rej) && strings.HasPrefix(rej.Reason, domain.CodeIdentityMismatch):
+			msg = "the edge refused this node's client certificate: its CN or a DNS name must be the node id its token belongs to"
+			attrs = append(attrs, "reason", rej.Reason)
+		case errors.As(err, &rej):
+			msg = "the edge refused this node's token; check --token (or $IOP_NODE_TOKEN) against edge.yaml nodes[]"
+			attrs = append(attrs, "reason", rej.Reason)
+		default:
+			msg = "stopping: " + err.Error()
+		}
+		if n := inFlight(); n > 0 {
+			runs := fmt.Sprintf("its %d runs in flight are", n)
+			if n == 1 {
+				runs = "its 1 run in flight is"
+			}
+			msg += "; exiting once " + runs + " stopped (as on SIGTERM)"
+			attrs = append(attrs, "runs_in_flight", n)
+		}
+		log.Error(msg, attrs...)
+		_ = sd.Shutdown(fx.ExitCode(1))
+	}
 }
 
 // shutdownDrain bounds how long a stopping node waits for its runs to end
@@ -245,22 +285,9 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 			}
 			go func() {
 				defer close(done)
-				err := c.Run(ctx)
-				var rej *transport.RejectedError
-				var trust *transport.TrustError
-				switch {
-				case errors.As(err, &trust):
-					// Never retried: the next attempt could be the one a man in
-					// the middle answers.
-					log.Error("stopping: "+err.Error(), "edge", s.Edge)
-					_ = sd.Shutdown(fx.ExitCode(1))
-				case errors.As(err, &rej) && strings.HasPrefix(rej.Reason, domain.CodeIdentityMismatch):
-					log.Error("the edge refused this node's client certificate: its CN or a DNS name must be the node id its token belongs to", "edge", s.Edge, "reason", rej.Reason)
-					_ = sd.Shutdown(fx.ExitCode(1))
-				case errors.As(err, &rej):
-					log.Error("the edge refused this node's token; check --token (or $IOP_NODE_TOKEN) against edge.yaml nodes[]", "edge", s.Edge, "reason", rej.Reason)
-					_ = sd.Shutdown(fx.ExitCode(1))
-				}
+				// A refusal for good was reported, and the stop begun, by
+				// the client's OnFatal (nodeRefused) the moment it came.
+				_ = c.Run(ctx)
 			}()
 			retention := "none (everything is kept)"
 			if r := cmp.Or(s.StoreRetention, sqlite.DefaultRetention); r > 0 {

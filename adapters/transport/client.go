@@ -70,6 +70,13 @@ type ClientConfig struct {
 	// StatsInterval (DefaultStatsInterval) for its metrics.
 	Stats         func() domain.NodeStats
 	StatsInterval time.Duration
+	// OnFatal, if set, is called once, on Run's goroutine, with the error
+	// Run returns when the edge refuses the node for good or cannot be
+	// trusted, as soon as that is known: Run then still waits for the
+	// exchanges under way (a background run goes on after its link is
+	// lost), so its caller learns of the refusal here, in time to say so
+	// and to stop them.
+	OnFatal func(err error)
 }
 
 // Client keeps a node connected to its edge.
@@ -150,8 +157,10 @@ func NewClient(cfg ClientConfig, h NodeHandler) *Client {
 
 // Run connects, serves and reconnects until ctx ends, the edge refuses the
 // node for good (a *RejectedError) or cannot be trusted (a *TrustError);
-// only the latter two return an error. When ctx ends, the frames already
-// handed to the link are written before it closes.
+// only the latter two return an error, after OnFatal has been called with
+// it. When ctx ends, the frames already handed to the link are written
+// before it closes. Run returns once the exchanges it started (runs,
+// commands, tunnels) have ended.
 func (c *Client) Run(ctx context.Context) error {
 	defer c.wg.Wait()
 	// The link is read on this goroutine, inside session, so Run's own
@@ -162,6 +171,9 @@ func (c *Client) Run(ctx context.Context) error {
 		r.begin(c)
 		err := c.session(ctx, &r)
 		if stop, rerr := c.retry(ctx, err, &r); stop {
+			if rerr != nil && c.cfg.OnFatal != nil {
+				c.cfg.OnFatal(rerr)
+			}
 			return rerr
 		}
 	}

@@ -50,11 +50,20 @@ func TestHandshakeUnknownTokenIsFatal(t *testing.T) {
 			edge := newFakeEdge()
 			edge.reject = func(string, int) error { return rej }
 			srv := startServer(t, "", testConfig(), edge)
-			cli := startClient(t, ClientConfig{Addr: srv.Addr().String(), Token: "nope"}, newFakeNode())
+			fatal := make(chan error, 2)
+			cli := startClient(t, ClientConfig{Addr: srv.Addr().String(), Token: "nope", OnFatal: func(err error) { fatal <- err }}, newFakeNode())
 			select {
 			case <-cli.done:
 			case <-ctx.Done():
 				t.Fatal("Run kept retrying an unknown token")
+			}
+			// OnFatal heard it first (a node says so at once, before its
+			// runs in flight end), once, with the error Run returns.
+			if n := len(fatal); n != 1 {
+				t.Fatalf("OnFatal called %d times; want once", n)
+			}
+			if err := <-fatal; err != cli.err {
+				t.Fatalf("OnFatal(%v); want Run's error %v", err, cli.err)
 			}
 			var rejected *RejectedError
 			if !errors.As(cli.err, &rejected) || !rejected.Fatal() {
