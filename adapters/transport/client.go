@@ -86,6 +86,7 @@ type Client struct {
 
 	mu         sync.Mutex
 	conn       *Conn
+	stats      *statsReporter // the current link's, while it has one
 	applying   chan struct{}  // closed when the last queued config apply has returned
 	wg         sync.WaitGroup // per-stream handler goroutines
 	reconnects atomic.Int64
@@ -366,7 +367,18 @@ func (c *Client) session(ctx context.Context, r *retryState) error {
 	}
 	stopStats := func() {}
 	if c.cfg.Stats != nil {
-		stopStats = reportStats(ctx, conn, c.cfg.Stats, c.cfg.StatsInterval)
+		r := reportStats(ctx, conn, c.cfg.Stats, c.cfg.StatsInterval)
+		c.mu.Lock()
+		c.stats = r
+		c.mu.Unlock()
+		stopStats = func() {
+			c.mu.Lock()
+			if c.stats == r {
+				c.stats = nil
+			}
+			c.mu.Unlock()
+			r.stop()
+		}
 	}
 	// The read loop runs here until the link ends; shutting the node down
 	// ends it (AfterFunc's goroutine exists only once ctx is done). What is
@@ -550,10 +562,21 @@ func (d *nodeDispatch) HandleControl(f *ioppb.Frame) {
 		ack := &ioppb.ConfigRefreshAck{Version: cfg.Version}
 		ctx, cancel := context.WithTimeout(context.Background(), conn.cfg.HeartbeatTimeout)
 		defer cancel()
-		if err := c.h.ApplyConfig(ctx, cfg); err != nil {
+		err := c.h.ApplyConfig(ctx, cfg)
+		if err != nil {
 			ack.Error = validText(err.Error())
 		}
 		_ = conn.sendControl(ctx, &ioppb.Frame{Body: &ioppb.Frame_ConfigRefreshAck{ConfigRefreshAck: ack}})
+		if err == nil {
+			// The config sets the adapters' slots the stats report: the
+			// edge's metrics show the new ones now, not at the next tick.
+			c.mu.Lock()
+			r := c.stats
+			c.mu.Unlock()
+			if r != nil {
+				r.now()
+			}
+		}
 	}()
 }
 

@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -357,6 +358,65 @@ func TestCancelTimesOut(t *testing.T) {
 }
 
 // ---- config push -------------------------------------------------------------
+
+// A report asked for while one is being taken is sent after it: the one
+// under way may predate what changed.
+func TestStatsNowDuringAReportSendsAnother(t *testing.T) {
+	taking := make(chan struct{})
+	release := make(chan struct{})
+	var calls atomic.Int64
+	stats := func() domain.NodeStats {
+		if calls.Add(1) == 1 {
+			close(taking)
+			<-release
+		}
+		return domain.NodeStats{ChildProcesses: int(calls.Load())}
+	}
+	p := newPair(t, pairOptions{}, nil)
+	r := reportStats(p.ctx, p.cli.currentConn(), stats, time.Hour)
+	defer r.stop()
+	recv(t, p.ctx, taking, "the first report under way")
+	r.now()
+	close(release)
+	eventually(t, p.ctx, "a second report", func() bool {
+		s, ok := p.link.NodeStats()
+		return ok && s.ChildProcesses == 2
+	})
+}
+
+// A node sends its stats right after it applies a config, so the edge's
+// metrics show the adapters' new slots at once: they used to wait for the
+// next report (15 s by default; an hour here).
+func TestStatsSentRightAfterAConfigIsApplied(t *testing.T) {
+	var node *fakeNode
+	stats := func() domain.NodeStats {
+		node.mu.Lock()
+		defer node.mu.Unlock()
+		var s domain.NodeStats
+		if n := len(node.configs); n > 0 {
+			for _, a := range node.configs[n-1].Adapters {
+				s.Adapters = append(s.Adapters, domain.AdapterSlots{Name: a.Name, Max: a.MaxConcurrency})
+			}
+		}
+		return s
+	}
+	p := newPair(t, pairOptions{client: ClientConfig{Stats: stats, StatsInterval: time.Hour}}, func(_ *fakeEdge, n *fakeNode) { node = n })
+	slots := func() int {
+		s, ok := p.link.NodeStats()
+		if !ok || len(s.Adapters) == 0 {
+			return -1
+		}
+		return s.Adapters[0].Max
+	}
+	eventually(t, p.ctx, "the report at register", func() bool { return slots() == testNodeConfig().Adapters[0].MaxConcurrency })
+	for i, max := range []int{1, 7, 3} {
+		cfg := testNodeConfig()
+		cfg.Version = uint64(10 + i)
+		cfg.Adapters[0].MaxConcurrency = max
+		mustf(t, p.link.PushConfig(p.ctx, cfg), "PushConfig")
+		eventually(t, p.ctx, fmt.Sprintf("max_concurrency %d in the node's stats", max), func() bool { return slots() == max })
+	}
+}
 
 func TestPushConfig(t *testing.T) {
 	p := newPair(t, pairOptions{}, nil)

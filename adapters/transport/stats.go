@@ -61,11 +61,12 @@ func statsToDomain(p *ioppb.NodeStats) domain.NodeStats {
 }
 
 // reportStats sends the node's stats on conn now and every interval until
-// conn or ctx ends or stop is called. Each report runs from a timer, so
+// conn or ctx ends or stop is called; now sends them at once besides (a
+// config applied changes them). Each report runs from a timer, so
 // between reports no goroutine waits for the next one (an idle link keeps
 // one goroutine per side, its read loop). stop ends the reports and waits for one in
 // progress; call it once the connection has ended.
-func reportStats(ctx context.Context, conn *Conn, stats func() domain.NodeStats, interval time.Duration) (stop func()) {
+func reportStats(ctx context.Context, conn *Conn, stats func() domain.NodeStats, interval time.Duration) *statsReporter {
 	if interval <= 0 {
 		interval = DefaultStatsInterval
 	}
@@ -74,7 +75,7 @@ func reportStats(ctx context.Context, conn *Conn, stats func() domain.NodeStats,
 	r.running.Add(1)
 	r.timer = time.AfterFunc(0, r.send)
 	r.mu.Unlock()
-	return r.stop
+	return r
 }
 
 type statsReporter struct {
@@ -86,6 +87,7 @@ type statsReporter struct {
 	mu      sync.Mutex
 	timer   *time.Timer
 	stopped bool
+	again   bool           // now was called while a report was being sent
 	running sync.WaitGroup // a report is scheduled or in progress
 }
 
@@ -102,8 +104,31 @@ func (r *statsReporter) send() {
 	if r.stopped {
 		return
 	}
+	next := r.interval
+	if r.again {
+		// This report may have been taken before what now was called
+		// for: send another.
+		next, r.again = 0, false
+	}
 	r.running.Add(1)
-	r.timer.Reset(r.interval)
+	r.timer.Reset(next)
+}
+
+// now sends a report at once, or right after the one being sent, and the
+// following ones every interval from then.
+func (r *statsReporter) now() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return
+	}
+	if r.timer.Stop() {
+		r.timer.Reset(0) // still the one report scheduled (running)
+		return
+	}
+	// A report is under way: it schedules the next one at once. (Or the
+	// reports have ended with the link, and nothing more is sent.)
+	r.again = true
 }
 
 func (r *statsReporter) stop() {
