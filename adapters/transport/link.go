@@ -440,6 +440,10 @@ func (l *edgeLink) PushConfig(ctx context.Context, cfg domain.NodeConfig) error 
 	case <-l.conn.Done():
 		return linkErr(fmt.Errorf("%w: %w", ErrConnClosed, l.conn.Err()))
 	case <-ctx.Done():
-		return fmt.Errorf("%w: waiting for config ack: %w", domain.ErrTimeout, ctx.Err())
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("%w: waiting for config ack: %w", domain.ErrTimeout, ctx.Err())
+		}
+		// The caller gave up (the edge stopping a reload), not the node.
+		return domain.Errorf(domain.CodeCancelled, "stopped waiting for the config ack: %v", context.Cause(ctx))
 	}
 }

@@ -446,6 +446,38 @@ func TestPushConfig(t *testing.T) {
 	}
 }
 
+// A push whose wait is cancelled (the edge stopping a SIGHUP reload) says
+// it was cancelled; only one whose time ran out is a timeout. Both used to
+// read "timeout: waiting for config ack: …".
+func TestPushConfigCancelledIsNotATimeout(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	p := newPair(t, pairOptions{}, nil)
+	recv(t, p.ctx, p.node.applied, "config at register")
+	p.node.mu.Lock()
+	p.node.applyErr = func(domain.NodeConfig) error {
+		<-release // the node never answers a refresh
+		return nil
+	}
+	p.node.mu.Unlock()
+	cfg := testNodeConfig()
+	cfg.Version = 20
+	ctx, cancel := context.WithCancel(p.ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- p.link.PushConfig(ctx, cfg) }()
+	recv(t, p.ctx, p.node.applied, "the refresh at the node")
+	cancel()
+	if err := recv(t, p.ctx, errc, "PushConfig"); domain.CodeOf(err) != domain.CodeCancelled || strings.Contains(err.Error(), "timeout") {
+		t.Fatalf("cancelled push: %v (code %s), want cancelled", err, domain.CodeOf(err))
+	}
+	cfg.Version = 21
+	ctx, cancel = context.WithTimeout(p.ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := p.link.PushConfig(ctx, cfg); domain.CodeOf(err) != domain.CodeTimeout {
+		t.Fatalf("unanswered push: %v (code %s), want timeout", err, domain.CodeOf(err))
+	}
+}
+
 // ---- tunnels -----------------------------------------------------------------
 
 func randomBytes(n int) []byte {

@@ -228,7 +228,13 @@ func (h *ReloadHandler) refresh(ctx context.Context, n NodeView, rec domain.Node
 			note(&res.Failed, n.ID+": "+err.Error()+" (its link was closed: it registers again with the new config)")
 			return
 		}
-		h.log.Error("config refresh failed", "node", n.ID, "err", err)
+		if domain.CodeOf(err) == domain.CodeCancelled {
+			// The reload was stopped (the edge stopping) before the node
+			// answered; the stop closes the links itself.
+			h.log.Warn("config refresh cancelled before the node answered", "node", n.ID, "err", err)
+		} else {
+			h.log.Error("config refresh failed", "node", n.ID, "err", err)
+		}
 		note(&res.Failed, n.ID+": "+err.Error())
 		return
 	}

@@ -172,7 +172,7 @@ func TestReloadUnansweredPushClosesTheLink(t *testing.T) {
 		{"unanswered", domain.Errorf(domain.CodeTimeout, "waiting for config ack: context deadline exceeded"), false, true},
 		{"refused", domain.Errorf(domain.CodeConfigError, "adapter \"llm\": ollama is not installed"), false, false},
 		// The stop closes the links itself, saying why.
-		{"edge stopping", domain.Errorf(domain.CodeTimeout, "waiting for config ack: context canceled"), true, false},
+		{"edge stopping", domain.Errorf(domain.CodeCancelled, "stopped waiting for the config ack: context canceled"), true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const tok = "reload-token-gpu-0123456789"

@@ -435,6 +435,11 @@ func TestEdgeStopsCleanlyDuringAStuckReload(t *testing.T) {
 	if out := e.out.String(); strings.Contains(out, "stopping:") {
 		t.Fatalf("the edge reported a failed stop:\n%s", out)
 	}
+	// The pushes were cancelled, not timed out: they used to be logged as
+	// "timeout: waiting for config ack: context canceled".
+	if out := e.out.String(); strings.Contains(out, "timeout: waiting for config ack") || !strings.Contains(out, "config refresh cancelled before the node answered") {
+		t.Fatalf("the cancelled pushes were not logged as cancelled:\n%s", out)
+	}
 }
 
 // A background run goes on while its node is away for a few seconds (frozen
