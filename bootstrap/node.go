@@ -106,7 +106,11 @@ func Node(s NodeSettings) fx.Option {
 			},
 			nodeapp.NewRunManager,
 			nodeapp.NewSessionHandler,
-			nodeapp.NewApplyConfigHandler,
+			func(rt *nodeapp.Runtime, log *slog.Logger, lat *nodeapp.ProviderLatencies) *nodeapp.ApplyConfigHandler {
+				h := nodeapp.NewApplyConfigHandler(rt, log)
+				h.Latencies = lat
+				return h
+			},
 			func(rt *nodeapp.Runtime, rm *nodeapp.RunManager, sh *nodeapp.SessionHandler, st ports.RunStore) *nodeapp.CommandHandler {
 				return nodeapp.NewCommandHandler(rt, rm, sh, st, Version)
 			},

@@ -12,6 +12,10 @@ import (
 type ApplyConfigHandler struct {
 	rt  *Runtime
 	log *slog.Logger
+
+	// Latencies, if set, drops the sums of providers a config no longer
+	// has when it is applied.
+	Latencies *ProviderLatencies
 }
 
 // NewApplyConfigHandler refuses nil dependencies.
@@ -33,6 +37,11 @@ func (h *ApplyConfigHandler) ApplyConfig(_ context.Context, cfg domain.NodeConfi
 		h.log.Error("config refused; the previous config stays in force", "node", cfg.NodeID, "version", cfg.Version, "err", err)
 		return err
 	}
+	names := make([]string, len(cfg.Providers))
+	for i, p := range cfg.Providers {
+		names[i] = p.Name
+	}
+	h.Latencies.keep(names)
 	h.log.Info("config applied", "node", cfg.NodeID, "version", cfg.Version, "adapters", len(cfg.Adapters), "providers", len(cfg.Providers))
 	return nil
 }

@@ -45,9 +45,14 @@ func (s *Stats) NodeStats() domain.NodeStats {
 
 // ProviderLatencies sums, per provider, the time the node's provider
 // requests took to their response headers. It is safe for concurrent use.
+// Once a config is applied (keep), it holds the providers of that config
+// only.
 type ProviderLatencies struct {
 	mu sync.Mutex
 	m  map[string]*domain.ProviderLatency
+	// configured are the providers of the config in force; nil until one
+	// is applied (every name is measured then).
+	configured map[string]bool
 }
 
 // NewProviderLatencies returns an empty set.
@@ -66,7 +71,9 @@ func (p *ProviderLatencies) observe(provider string, d time.Duration) {
 	defer p.mu.Unlock()
 	l := p.m[provider]
 	if l == nil {
-		if len(p.m) >= maxProviders {
+		// A request that began before a config dropped its provider
+		// does not bring it back.
+		if p.configured != nil && !p.configured[provider] || len(p.m) >= maxProviders {
 			return
 		}
 		l = &domain.ProviderLatency{Name: provider}
@@ -74,6 +81,28 @@ func (p *ProviderLatencies) observe(provider string, d time.Duration) {
 	}
 	l.Count++
 	l.Seconds += d.Seconds()
+}
+
+// keep drops the sums of providers not in names, the providers of the
+// config just applied, and measures only those from then on: a provider
+// removed or renamed leaves the node's stats (and the edge's metrics), and
+// the names kept are the configured ones.
+func (p *ProviderLatencies) keep(names []string) {
+	if p == nil {
+		return
+	}
+	configured := make(map[string]bool, len(names))
+	for _, n := range names {
+		configured[n] = true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.configured = configured
+	for name := range p.m {
+		if !configured[name] {
+			delete(p.m, name)
+		}
+	}
 }
 
 func (p *ProviderLatencies) snapshot() []domain.ProviderLatency {
