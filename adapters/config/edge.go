@@ -167,6 +167,11 @@ func (c HTTPConfig) validate() []error {
 			add("%s: name is required", where)
 		case !nodeIDPattern.MatchString(k.Name) || k.Name == domain.AnonymousName:
 			add("%s: name %q may contain only letters, digits, '.', '_' and '-' and must not be %q", where, k.Name, domain.AnonymousName)
+		case len(k.Name) > domain.MaxNameLength:
+			// The history stores a run's key name (at most 255 bytes) and
+			// recalls a session's owner by it: a longer name came back
+			// clipped and no longer matched its own key.
+			add("%s: name is %d bytes long, at most %d", where, len(k.Name), domain.MaxNameLength)
 		default:
 			where = fmt.Sprintf("http.api_keys[%d] (name %q)", i, k.Name)
 			if j, dup := names[k.Name]; dup {

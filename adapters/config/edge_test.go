@@ -326,6 +326,7 @@ func TestEdgeValidate(t *testing.T) {
 		{"public listen without keys", "http: {listen: \"0.0.0.0:7701\"}\n", `http.listen "0.0.0.0:7701" is not a loopback address and http.api_keys is empty`},
 		{"all interfaces without keys", "http: {listen: \":7701\"}\n", `http.listen ":7701" is not a loopback address`},
 		{"key without name", keys("    - {key_sha256: " + h + ", scopes: [read]}\n"), "http.api_keys[0]: name is required"},
+		{"key name too long", keys("    - {name: " + strings.Repeat("k", 129) + ", key_sha256: " + h + ", scopes: [read]}\n"), "http.api_keys[0]: name is 129 bytes long, at most 128"},
 		{"key named anonymous", keys("    - {name: anonymous, key_sha256: " + h + ", scopes: [read]}\n"), `must not be "anonymous"`},
 		{"key without scopes", keys("    - {name: a, key_sha256: " + h + "}\n"), `http.api_keys[0] (name "a"): scopes is required`},
 		{"unknown scope", keys("    - {name: a, key_sha256: " + h + ", scopes: [write]}\n"), `unknown scope "write" (known: read, runs, inference, admin)`},
