@@ -10,14 +10,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect/pgdialect"
 	"github.com/uptrace/bun/dialect/sqlitedialect"
-	"github.com/uptrace/bun/driver/pgdriver"
 	"github.com/uptrace/bun/driver/sqliteshim"
 
 	"iop/adapters/store/internal/dbfile"
@@ -68,12 +66,16 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 	}
 	var db *DB
 	if IsPostgres(dsn) {
-		conn, err := pgConnector(dsn)
+		conn, err := newPGConnector(dsn)
 		if err != nil {
 			return nil, err
 		}
 		sqldb := sql.OpenDB(conn)
 		sqldb.SetMaxOpenConns(4)
+		// An idle connection is closed after a minute: one a firewall or
+		// NAT forgot without a word (no FIN to see, see peerClosed) would
+		// otherwise hold its next statement until the read timeout.
+		sqldb.SetConnMaxIdleTime(time.Minute)
 		db = &DB{bun: bun.NewDB(sqldb, pgdialect.New()), postgres: true, stmts: sqlprep.Cache{DB: sqldb}}
 	} else {
 		// The history names nodes, targets, callers' keys and errors: it
@@ -131,37 +133,6 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		return nil, fmt.Errorf("open edge store: %w", err)
 	}
 	return db, nil
-}
-
-// pgConnector builds pgdriver's connector for dsn. pgdriver panics on a
-// DSN it cannot use (a bad percent escape, an unknown sslmode, an
-// unreadable sslrootcert, an empty user name) and the panic value can quote
-// the DSN, password included; this returns an error instead that holds
-// neither. The config refuses most such DSNs first (config.checkPostgresDSN).
-func pgConnector(dsn string) (conn *pgdriver.Connector, err error) {
-	u, perr := url.Parse(dsn)
-	if perr != nil {
-		// url.Error quotes the whole URL.
-		return nil, errors.New("open edge store: the PostgreSQL DSN is not a valid URL: percent-encode special characters in the password")
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			msg := fmt.Sprint(r)
-			secrets := []string{dsn}
-			if pw, ok := u.User.Password(); ok && pw != "" {
-				_, raw, _ := strings.Cut(u.User.String(), ":")
-				secrets = append(secrets, pw, raw)
-			}
-			for _, s := range secrets {
-				if s != "" {
-					msg = strings.ReplaceAll(msg, s, "***")
-				}
-			}
-			conn, err = nil, fmt.Errorf("open edge store: the PostgreSQL DSN is refused: %s", msg)
-		}
-	}()
-	return pgdriver.NewConnector(pgdriver.WithDSN(dsn), pgdriver.WithTimeout(5*time.Second),
-		pgdriver.WithDialTimeout(5*time.Second)), nil
 }
 
 // sqliteDSN turns a plain path into a file DSN that creates the file.

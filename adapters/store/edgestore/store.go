@@ -2,6 +2,7 @@ package edgestore
 
 import (
 	"context"
+	"database/sql"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -34,8 +35,9 @@ type Options struct {
 	FlushInterval time.Duration
 	// WriteTimeout bounds one batch write (default 5 s); a batch that fails
 	// is dropped and counted, never retried forever. On PostgreSQL a batch
-	// refused for a row's data is written row by row within the same
-	// timeout, and only the rows that fail are dropped.
+	// whose connection broke is tried once more, and a batch refused for a
+	// row's data is written row by row, within the same timeout; only the
+	// rows that fail are dropped.
 	WriteTimeout time.Duration
 	// Retention: rows older than this are pruned (default 30 days; <0 keeps all).
 	Retention time.Duration
@@ -228,7 +230,7 @@ func (s *Store) writeBatch(ctx context.Context, batch []any) (int, error) {
 		}
 		return 0, nil
 	}
-	err := s.db.writeMultiRow(ctx, runs, tunnels)
+	err := s.retry(ctx, func() error { return s.db.writeMultiRow(ctx, runs, tunnels) })
 	if err == nil {
 		return 0, nil
 	}
@@ -236,6 +238,22 @@ func (s *Store) writeBatch(ctx context.Context, batch []any) (int, error) {
 		return len(batch), err
 	}
 	return s.db.writeEach(ctx, runs, tunnels)
+}
+
+// retry runs f, and on PostgreSQL once more when the connection broke
+// under it (connLost) and ctx has time left. database/sql keeps idle
+// connections; one the server ended meanwhile (a restart, an idle session
+// timeout, a pooler) failed the statement that took it, which cost a whole
+// batch of history rows or answered a read with 503 while the database was
+// up. Open drops most such connections before use (peerClosed); this
+// covers one that breaks between that check and the statement. A batch's
+// retry is bounded by its WriteTimeout, a read's by its caller's context.
+func (s *Store) retry(ctx context.Context, f func() error) error {
+	err := f()
+	if err != nil && s.db.postgres && ctx.Err() == nil && connLost(err) {
+		err = f()
+	}
+	return err
 }
 
 // refusedRow reports whether PostgreSQL refused a statement for what some
@@ -478,8 +496,12 @@ func (s *Store) pruneChunks(ctx context.Context, cutoff time.Time, chunk int) (i
 		for {
 			// Each statement gets the bound the single statement had.
 			sctx, cancel := context.WithTimeout(ctx, time.Minute)
-			res, err := s.db.bun.NewDelete().Model(models[i]).
-				Where(key+" IN (?)", sel.Limit(int64(chunk))).Exec(sctx)
+			var res sql.Result
+			err := s.retry(sctx, func() (err error) {
+				res, err = s.db.bun.NewDelete().Model(models[i]).
+					Where(key+" IN (?)", sel.Limit(int64(chunk))).Exec(sctx)
+				return err
+			})
 			cancel()
 			if err != nil {
 				return total, err
@@ -497,7 +519,10 @@ func (s *Store) pruneChunks(ctx context.Context, cutoff time.Time, chunk int) (i
 // GetRun returns one run; domain.ErrRunNotFound if the store has none.
 func (s *Store) GetRun(ctx context.Context, id string) (domain.RunRecord, error) {
 	var rows []runRow
-	if err := s.db.bun.NewSelect().Model(&rows).Where("id = ?", id).Limit(int64(1)).Scan(ctx); err != nil {
+	if err := s.retry(ctx, func() error {
+		rows = nil
+		return s.db.bun.NewSelect().Model(&rows).Where("id = ?", id).Limit(int64(1)).Scan(ctx)
+	}); err != nil {
 		return domain.RunRecord{}, fmt.Errorf("read run: %w", err)
 	}
 	if len(rows) == 0 {
@@ -556,7 +581,8 @@ func (s *Store) ListRuns(ctx context.Context, q domain.RunQuery) (domain.RunPage
 			return w.Where("created_us < ?", us).WhereOr("created_us = ? AND id < ?", us, id)
 		})
 	}
-	if err := sel.OrderExpr("created_us DESC, id DESC").Limit(int64(limit + 1)).Scan(ctx); err != nil {
+	sel = sel.OrderExpr("created_us DESC, id DESC").Limit(int64(limit + 1))
+	if err := s.retry(ctx, func() error { rows = nil; return sel.Scan(ctx) }); err != nil {
 		return domain.RunPage{}, fmt.Errorf("list runs: %w", err)
 	}
 	page := domain.RunPage{Runs: make([]domain.RunRecord, 0, min(len(rows), limit))}
@@ -657,10 +683,10 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 		rq = rq.Where("node IN (?)", bun.List(q.Nodes))
 		tq = tq.Where("node IN (?)", bun.List(q.Nodes))
 	}
-	if err := rq.Scan(ctx, &runRows); err != nil {
+	if err := s.retry(ctx, func() error { runRows = nil; return rq.Scan(ctx, &runRows) }); err != nil {
 		return nil, fmt.Errorf("sum runs: %w", err)
 	}
-	if err := tq.Scan(ctx, &tunRows); err != nil {
+	if err := s.retry(ctx, func() error { tunRows = nil; return tq.Scan(ctx, &tunRows) }); err != nil {
 		return nil, fmt.Errorf("sum tunnels: %w", err)
 	}
 	groups := map[string]*domain.UsageTotal{}

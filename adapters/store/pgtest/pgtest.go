@@ -6,11 +6,17 @@ package pgtest
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"database/sql"
 	"encoding/hex"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -38,6 +44,7 @@ type Server struct {
 	data  string
 	port  int
 	runAs string // "" when the current user may run PostgreSQL itself
+	tls   bool   // TLS only: plaintext connections from TCP are refused
 
 	mu      sync.Mutex
 	running bool
@@ -67,15 +74,26 @@ func version(binDir string) int {
 	return n
 }
 
+// Options of a server.
+type Options struct {
+	// TLSOnly: the server has TLS (a self-signed certificate) and refuses
+	// plaintext connections over TCP, as a pg_hba.conf of hostssl lines
+	// does. Its DSNs ask for sslmode=require.
+	TLSOnly bool
+}
+
 // Start initialises and starts a server. PostgreSQL refuses to run as
 // root, so as root it runs as the "postgres" system user (which the Debian
 // package creates).
-func Start() (*Server, error) {
+func Start() (*Server, error) { return StartWith(Options{}) }
+
+// StartWith is Start with options.
+func StartWith(o Options) (*Server, error) {
 	bin, err := binDir()
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{bin: bin}
+	s := &Server{bin: bin, tls: o.TLSOnly}
 	if os.Geteuid() == 0 {
 		if _, err := user.Lookup("postgres"); err != nil {
 			return nil, fmt.Errorf("running as root needs the postgres system user: %w", err)
@@ -96,6 +114,12 @@ func Start() (*Server, error) {
 	if out, err := s.command("initdb", "-D", s.data, "-A", "trust", "-U", "iop", "--no-sync", "-E", "UTF8").CombinedOutput(); err != nil {
 		_ = os.RemoveAll(s.dir)
 		return nil, fmt.Errorf("initdb: %v: %s", err, out)
+	}
+	if s.tls {
+		if err := s.requireTLS(); err != nil {
+			_ = os.RemoveAll(s.dir)
+			return nil, err
+		}
 	}
 	// Another process may take the free port before the server binds it:
 	// try a few.
@@ -172,7 +196,60 @@ func (s *Server) Stop() {
 
 // DSN is the URL of database name on the server.
 func (s *Server) DSN(name string) string {
-	return fmt.Sprintf("postgres://iop@127.0.0.1:%d/%s?sslmode=disable", s.port, name)
+	mode := "disable"
+	if s.tls {
+		mode = "require"
+	}
+	return fmt.Sprintf("postgres://iop@127.0.0.1:%d/%s?sslmode=%s", s.port, name, mode)
+}
+
+// requireTLS gives the server a self-signed certificate, turns TLS on and
+// lets TCP clients in over TLS only.
+func (s *Server) requireTLS() error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	files := map[string][]byte{
+		"server.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		"server.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		"pg_hba.conf": []byte("local all all trust\n" +
+			"hostssl all all 127.0.0.1/32 trust\n" +
+			"hostnossl all all 127.0.0.1/32 reject\n"),
+	}
+	conf, err := os.OpenFile(filepath.Join(s.data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = conf.WriteString("\nssl = on\n")
+	if cerr := conf.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	for name, b := range files {
+		path := filepath.Join(s.data, name)
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			return err
+		}
+		if s.runAs != "" {
+			if out, err := exec.Command("chown", s.runAs, path).CombinedOutput(); err != nil {
+				return fmt.Errorf("chown %s: %v: %s", path, err, out)
+			}
+		}
+	}
+	return nil
 }
 
 // NewDatabase creates an empty database with a random name and returns its DSN.
