@@ -257,19 +257,21 @@ func (s *Store) retry(ctx context.Context, f func() error) error {
 }
 
 // refusedRow reports whether PostgreSQL refused a statement for what some
-// row holds rather than for being unreachable or busy: a data exception
-// (class 22: bad encoding, a value out of range), an integrity violation
-// (23), or a syntax error (42; bun inlines a value it cannot write as an
-// error text, which the server then cannot parse). Only then is a row by
-// row retry worth its round trips; in an outage it would only multiply the
-// failures.
+// row holds rather than for being unreachable, busy or unfit for the
+// history: a data exception (class 22: bad encoding, a value out of
+// range), an integrity violation (23), or a syntax error (42601: bun
+// inlines a value it cannot write as an error text, which the server then
+// cannot parse). Only then is a row by row retry worth its round trips; in
+// an outage, or when the edge's role may not write a table (42501) or a
+// table is missing (42P01), every row would fail alike, each in a
+// statement of its own.
 func refusedRow(err error) bool {
 	var pg pgdriver.Error
 	if !errors.As(err, &pg) {
 		return false
 	}
 	switch code := pg.Field('C'); {
-	case strings.HasPrefix(code, "22"), strings.HasPrefix(code, "23"), strings.HasPrefix(code, "42"):
+	case strings.HasPrefix(code, "22"), strings.HasPrefix(code, "23"), code == "42601":
 		return true
 	}
 	return false

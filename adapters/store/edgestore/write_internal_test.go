@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -548,5 +549,81 @@ func TestReclaimAfterPrune(t *testing.T) {
 	defer made.Close()
 	if freed, err := made.Reclaim(ctx); err != nil || freed != 0 {
 		t.Fatalf("Reclaim of a file made before = %d, %v; want 0, nil", freed, err)
+	}
+}
+
+// insertCounter counts the INSERT statements run on a DB.
+type insertCounter struct{ n atomic.Int64 }
+
+func (c *insertCounter) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context {
+	return ctx
+}
+func (c *insertCounter) AfterQuery(_ context.Context, e *bun.QueryEvent) {
+	if strings.HasPrefix(e.Query, "INSERT") {
+		c.n.Add(1)
+	}
+}
+
+// A batch refused for what the database is, not for a row's data (the
+// edge's role may not write the tables: 42501; a table is missing: 42P01),
+// is lost in one statement: written again row by row it failed the same
+// way, once per row, up to a batch of 1,024.
+func TestPostgresBatchRefusedForTheDatabaseIsNotRetriedByRow(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	owner, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := "reader_" + strings.TrimPrefix(u.Path, "/")
+	for _, q := range []string{
+		"CREATE ROLE " + role + " LOGIN",
+		"GRANT CREATE ON SCHEMA public TO " + role,
+		"GRANT SELECT ON edge_runs, edge_tunnels, edge_schema_migrations TO " + role,
+	} {
+		if _, err := owner.bun.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	u.User = url.User(role)
+	for _, c := range []struct {
+		name string
+		dsn  string
+		prep string
+	}{
+		{"insufficient privilege", u.String(), ""},
+		{"undefined table", dsn, "ALTER TABLE edge_tunnels RENAME TO edge_tunnels_gone"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db, err := Open(ctx, c.dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			if c.prep != "" {
+				if _, err := owner.bun.ExecContext(ctx, c.prep); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var inserts insertCounter
+			db.bun.AddQueryHook(&inserts)
+			s := &Store{db: db}
+			var batch []any
+			for i := range 5 {
+				batch = append(batch, tunnelRow{ID: fmt.Sprintf("tun_%d", i), Path: "/x"})
+			}
+			lost, err := s.writeBatch(ctx, batch)
+			if lost != 5 || err == nil {
+				t.Fatalf("writeBatch lost %d rows (%v), want all 5", lost, err)
+			}
+			if n := inserts.n.Load(); n != 1 {
+				t.Fatalf("%d INSERT statements (%v), want the batch's one", n, err)
+			}
+		})
 	}
 }
