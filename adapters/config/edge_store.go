@@ -86,6 +86,21 @@ func checkPostgresDSN(dsn string) error {
 		return errors.New("store.dsn has no user name before the '@'")
 	}
 	q := u.Query()
+	// libpq's connection parameters pgdriver does not take: it sends each
+	// as a setting (SET password TO '…', which the server refuses and may
+	// log, password and all), and connects as the default user to the
+	// default database.
+	for _, p := range []struct{ key, hint string }{
+		{"password", "give it in the URL's user part, postgres://user:password@host/db (percent-encoded)"},
+		{"sslpassword", "an encrypted sslkey is not supported: give an unencrypted key file only the edge's user can read"},
+		{"user", "give it in the URL's user part, postgres://user:password@host/db"},
+		{"dbname", "give it as the URL's path, postgres://user@host/dbname"},
+		{"port", "give it with the host, postgres://user@host:port/db"},
+	} {
+		if q.Has(p.key) {
+			return fmt.Errorf("store.dsn: the %s parameter is not supported: %s", p.key, p.hint)
+		}
+	}
 	mode := q.Get("sslmode")
 	switch mode {
 	case "", "disable", "allow", "prefer", "require", "verify-ca", "verify-full": // what pgdriver knows
@@ -107,17 +122,53 @@ func checkPostgresDSN(dsn string) error {
 	return nil
 }
 
-// StoreDSNForLog is store.dsn without a password, for logs.
+// StoreDSNForLog is store.dsn without a password, for logs and errors:
+// the password of its user part, the value of every query parameter but
+// those known to hold none (logDSNParams) and any fragment are ***. A DSN
+// that is not a URL is hidden whole.
 func (c *EdgeConfig) StoreDSNForLog() string {
 	d := c.Store.DSN
 	if !IsPostgresDSN(d) {
 		return d
 	}
-	scheme, rest, _ := strings.Cut(d, "://")
-	if at := strings.LastIndex(rest, "@"); at >= 0 {
-		if user, _, hasPass := strings.Cut(rest[:at], ":"); hasPass {
-			rest = user + ":***@" + rest[at+1:]
+	u, err := url.Parse(d)
+	if err != nil {
+		return "postgres://*** (not a valid URL)"
+	}
+	var b strings.Builder
+	b.WriteString(u.Scheme + "://")
+	if u.User != nil {
+		b.WriteString(url.User(u.User.Username()).String())
+		if _, ok := u.User.Password(); ok {
+			b.WriteString(":***")
+		}
+		b.WriteString("@")
+	}
+	b.WriteString(u.Host)
+	b.WriteString(u.EscapedPath())
+	if u.RawQuery != "" || u.ForceQuery {
+		b.WriteString("?")
+		for i, kv := range strings.Split(u.RawQuery, "&") {
+			if i > 0 {
+				b.WriteString("&")
+			}
+			k, _, hasValue := strings.Cut(kv, "=")
+			if key, err := url.QueryUnescape(k); err == nil && logDSNParams[key] || !hasValue {
+				b.WriteString(kv)
+			} else {
+				b.WriteString(k + "=***")
+			}
 		}
 	}
-	return scheme + "://" + rest
+	if u.Fragment != "" {
+		b.WriteString("#***")
+	}
+	return b.String()
+}
+
+// logDSNParams are the DSN's query parameters whose values StoreDSNForLog
+// shows: how to connect, never a secret (a key file's path, not the key).
+var logDSNParams = map[string]bool{
+	"sslmode": true, "sslrootcert": true, "sslcert": true, "sslkey": true, "host": true, "application_name": true,
+	"timeout": true, "dial_timeout": true, "connect_timeout": true, "read_timeout": true, "write_timeout": true,
 }

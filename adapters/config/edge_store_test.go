@@ -73,6 +73,14 @@ func TestStorePostgresDSNRefusedWithoutThePassword(t *testing.T) {
 		{"no user", "postgres://:s3cretPW@127.0.0.1:1/iop", "user"},
 		{"unknown sslmode", "postgres://iop:s3cretPW@127.0.0.1:1/iop?sslmode=maybe", `sslmode "maybe"`},
 		{"bad timeout", "postgres://iop:s3cretPW@127.0.0.1:1/iop?connect_timeout=soon", "connect_timeout"},
+		// pgdriver takes none of these: it sent each as a setting (SET
+		// password TO '…'), connected as the default user, and the start
+		// error printed the whole DSN.
+		{"password parameter", "postgres://db/iop?user=iop&password=s3cretPW&sslmode=disable", "password parameter is not supported: give it in the URL's user part"},
+		{"sslpassword parameter", "postgres://iop@db/iop?sslpassword=s3cretPW", "sslpassword parameter is not supported"},
+		{"user parameter", "postgres://db/iop?user=iop", "user parameter is not supported"},
+		{"dbname parameter", "postgres://iop@db?dbname=iop", "dbname parameter is not supported"},
+		{"port parameter", "postgres://iop@db/iop?port=5433", "port parameter is not supported"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := config.ParseEdge(filepath.Join(dir, "edge.yaml"), []byte("store: {dsn: \""+c.dsn+"\"}"+storeNodes))
@@ -94,6 +102,28 @@ func TestStorePostgresDSNRefusedWithoutThePassword(t *testing.T) {
 	} {
 		if _, err := config.ParseEdge(filepath.Join(dir, "edge.yaml"), []byte("store: {dsn: \""+dsn+"\"}"+storeNodes)); err != nil {
 			t.Errorf("%s: %v", dsn, err)
+		}
+	}
+}
+
+// The DSN in logs and start errors shows how the edge connects and none of
+// its secrets: a password in the user part, any query value not known to
+// be harmless (a password= parameter, an unknown one), a fragment.
+func TestStoreDSNForLog(t *testing.T) {
+	for _, c := range []struct{ dsn, want string }{
+		{"postgres://iop:s3cret@db:5432/iop?sslmode=require", "postgres://iop:***@db:5432/iop?sslmode=require"},
+		{"postgresql://iop@db/iop", "postgresql://iop@db/iop"},
+		{"postgres://db/iop?user=iop&password=s3cret&sslmode=disable", "postgres://db/iop?user=***&password=***&sslmode=disable"},
+		{"postgres://iop:p%40ss@db/iop?sslmode=verify-full&sslrootcert=/etc/ca.pem&connect_timeout=5&application_name=edge",
+			"postgres://iop:***@db/iop?sslmode=verify-full&sslrootcert=/etc/ca.pem&connect_timeout=5&application_name=edge"},
+		{"postgres://iop@db/iop?search_path=s3cret&options=-c%20x%3Ds3cret", "postgres://iop@db/iop?search_path=***&options=***"},
+		{"postgres://iop@db/iop?sslmode=disable#s3cret", "postgres://iop@db/iop?sslmode=disable#***"},
+		{"postgres://iop:s3cr%zz@db/iop", "postgres://*** (not a valid URL)"},
+		{"/var/lib/iop/edge.db", "/var/lib/iop/edge.db"},
+	} {
+		c0 := config.EdgeConfig{Store: config.StoreConfig{DSN: c.dsn}}
+		if got := c0.StoreDSNForLog(); got != c.want || strings.Contains(got, "s3cr") {
+			t.Errorf("StoreDSNForLog(%s) = %s, want %s", c.dsn, got, c.want)
 		}
 	}
 }
