@@ -116,8 +116,9 @@ func parsePGDSN(dsn string, u *url.URL) (conn *pgdriver.Connector, err error) {
 			conn, err = nil, fmt.Errorf("open edge store: the PostgreSQL DSN is refused: %s", msg)
 		}
 	}()
-	return pgdriver.NewConnector(pgdriver.WithDSN(dsn), pgdriver.WithTimeout(5*time.Second),
-		pgdriver.WithDialTimeout(5*time.Second)), nil
+	// The defaults first: the DSN's own timeouts (connect_timeout, …),
+	// which the config checks, override them.
+	return pgdriver.NewConnector(pgdriver.WithTimeout(5*time.Second), pgdriver.WithDSN(dsn)), nil
 }
 
 // Connect opens a connection: with sslmode=allow, over TLS when the server
@@ -177,8 +178,11 @@ var sslRequest = []byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}
 // (redial) when the TLS handshake fails. Like libpq's, this TLS is not
 // verified and a man in the middle can refuse it: verify-full protects.
 func preferTLS(ctx context.Context, nc net.Conn, conf *tls.Config, timeout time.Duration, redial func() (net.Conn, error)) (net.Conn, error) {
-	deadline := time.Now().Add(timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+	var deadline time.Time // none when the DSN turned timeouts off (0)
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
+	}
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
 		deadline = d
 	}
 	_ = nc.SetDeadline(deadline)

@@ -198,3 +198,25 @@ func TestPreferTLSFallsBackWhenTheHandshakeFails(t *testing.T) {
 		t.Fatalf("preferTLS = %v, %v; want the plaintext connection dialled again", got, err)
 	}
 }
+
+// The DSN's timeouts are the driver's: they were overridden by the
+// store's 5 s default, so connect_timeout=30 still gave up after 5 s.
+func TestPostgresDSNTimeouts(t *testing.T) {
+	for dsn, want := range map[string][3]time.Duration{
+		"postgres://iop@db/iop": {5 * time.Second, 5 * time.Second, 5 * time.Second},
+		"postgres://iop@db/iop?connect_timeout=30&read_timeout=1m":   {30 * time.Second, time.Minute, 5 * time.Second},
+		"postgres://iop@db/iop?timeout=10s&sslmode=allow":            {10 * time.Second, 10 * time.Second, 10 * time.Second},
+		"postgres://iop@db/iop?timeout=20&write_timeout=2s&sslmode=": {20 * time.Second, 20 * time.Second, 2 * time.Second},
+	} {
+		c, err := newPGConnector(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range c.attempts {
+			conf := a.Config()
+			if got := [3]time.Duration{conf.DialTimeout, conf.ReadTimeout, conf.WriteTimeout}; got != want {
+				t.Errorf("%s: dial, read, write timeouts %v, want %v", dsn, got, want)
+			}
+		}
+	}
+}
