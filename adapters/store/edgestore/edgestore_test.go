@@ -332,6 +332,42 @@ func contract(t *testing.T, newDSN opener) {
 		}
 	})
 
+	// A node or provider may report anything. Two reports of tokens near
+	// the int64 maximum overflowed every sum over them (SQLite "integer
+	// overflow", PostgreSQL "out of range"), and two costs of 1.5e308 summed
+	// to +Inf, which JSON cannot encode: GET /v1/usage failed for the whole
+	// retention period. The numbers are stored within bounds.
+	t.Run("absurd usage numbers are stored within bounds", func(t *testing.T) {
+		var dropped atomic.Int64
+		s := open(t, newDSN(t), edgestore.Options{FlushInterval: 300 * time.Millisecond, Dropped: func(n int) { dropped.Add(int64(n)) }})
+		huge := &domain.Usage{PromptTokens: math.MaxInt64, CompletionTokens: math.MaxInt64 / 2, CostUSD: 1.5e308}
+		s.RecordRun(run("run_huge1", "n1", "exec", "eve", domain.RunSucceeded, t0, huge))
+		s.RecordRun(run("run_huge2", "n1", "exec", "eve", domain.RunSucceeded, t0, huge))
+		s.RecordRun(run("run_neg", "n1", "exec", "eve", domain.RunSucceeded, t0, &domain.Usage{PromptTokens: -5, TotalTokens: -9, CostUSD: -1}))
+		s.RecordTunnel(domain.TunnelRecord{ID: "tun_huge", Node: "n1", Provider: "p", Key: "eve", Status: 200, StartedAt: t0, FinishedAt: t0,
+			Usage: &domain.Usage{TotalTokens: math.MaxInt64, CostUSD: math.MaxFloat64}})
+		var u []domain.UsageTotal
+		eventually(t, "the rows written", func() bool {
+			var err error
+			u, err = s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByKey})
+			return dropped.Load() > 0 || (err == nil && len(u) == 1 && u[0].Requests == 4)
+		})
+		if n := dropped.Load(); n != 0 {
+			t.Fatalf("%d rows dropped", n)
+		}
+		if _, err := json.Marshal(u); err != nil {
+			t.Fatalf("usage cannot be encoded: %v", err)
+		}
+		const tera = 1_000_000_000_000
+		if g := u[0]; g.PromptTokens != 2*tera || g.CompletionTokens != 2*tera || g.TotalTokens != 3*tera || g.CostUSD != 3e9 {
+			t.Fatalf("usage %+v: want each row's numbers clamped to 1e12 tokens and 1e9 USD", g)
+		}
+		r, err := s.GetRun(ctx, "run_neg")
+		if err != nil || r.Usage == nil || *r.Usage != (domain.Usage{}) {
+			t.Fatalf("run_neg usage %+v, %v; want zeros", r.Usage, err)
+		}
+	})
+
 	// A bound between two microseconds (the history's resolution) keeps the
 	// range [since, until) it names: a run at t0 is before t0+500ns.
 	t.Run("sub-microsecond bounds", func(t *testing.T) {

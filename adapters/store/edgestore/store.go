@@ -653,24 +653,24 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "group_by must be key, node, model or day, not %q", q.GroupBy)
 	}
 	var runRows, tunRows []usageRow
-	rq := s.db.bun.NewSelect().Model((*runRow)(nil)).
+	// Each row's numbers within the bounds the store writes (storedUsage):
+	// a row written before it clamped them may hold anything.
+	usage := func(q *bun.SelectQuery) *bun.SelectQuery {
+		for _, col := range []string{"prompt_tokens", "completion_tokens", "total_tokens"} {
+			q = q.ColumnExpr("SUM(" + s.db.bounded(col, "0", strconv.FormatInt(maxTokens, 10)) + ") AS " + col)
+		}
+		return q.ColumnExpr("SUM(" + s.db.bounded("cost_usd", "0.0", strconv.FormatFloat(maxCostUSD, 'e', -1, 64)) + ") AS cost_usd")
+	}
+	rq := usage(s.db.bun.NewSelect().Model((*runRow)(nil)).
 		ColumnExpr("CAST("+runGroup+" AS VARCHAR(255)) AS grp").
 		ColumnExpr("COUNT(*) AS n").
-		ColumnExpr("SUM(CASE WHEN status = ? THEN 1 ELSE 0 END) AS errors", string(domain.RunFailed)).
-		ColumnExpr("SUM(prompt_tokens) AS prompt_tokens").
-		ColumnExpr("SUM(completion_tokens) AS completion_tokens").
-		ColumnExpr("SUM(total_tokens) AS total_tokens").
-		ColumnExpr("SUM(cost_usd) AS cost_usd").
+		ColumnExpr("SUM(CASE WHEN status = ? THEN 1 ELSE 0 END) AS errors", string(domain.RunFailed))).
 		ColumnExpr("0 AS body_bytes").
 		GroupExpr(runGroup)
-	tq := s.db.bun.NewSelect().Model((*tunnelRow)(nil)).
+	tq := usage(s.db.bun.NewSelect().Model((*tunnelRow)(nil)).
 		ColumnExpr("CAST(" + tunGroup + " AS VARCHAR(255)) AS grp").
 		ColumnExpr("COUNT(*) AS n").
-		ColumnExpr("SUM(CASE WHEN error_code <> '' THEN 1 ELSE 0 END) AS errors").
-		ColumnExpr("SUM(prompt_tokens) AS prompt_tokens").
-		ColumnExpr("SUM(completion_tokens) AS completion_tokens").
-		ColumnExpr("SUM(total_tokens) AS total_tokens").
-		ColumnExpr("SUM(cost_usd) AS cost_usd").
+		ColumnExpr("SUM(CASE WHEN error_code <> '' THEN 1 ELSE 0 END) AS errors")).
 		ColumnExpr("SUM(body_bytes) AS body_bytes").
 		GroupExpr(tunGroup)
 	if !q.Since.IsZero() {
@@ -686,10 +686,10 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 		tq = tq.Where("node IN (?)", bun.List(q.Nodes))
 	}
 	if err := s.retry(ctx, func() error { runRows = nil; return rq.Scan(ctx, &runRows) }); err != nil {
-		return nil, fmt.Errorf("sum runs: %w", err)
+		return nil, usageError("sum runs", err)
 	}
 	if err := s.retry(ctx, func() error { tunRows = nil; return tq.Scan(ctx, &tunRows) }); err != nil {
-		return nil, fmt.Errorf("sum tunnels: %w", err)
+		return nil, usageError("sum tunnels", err)
 	}
 	groups := map[string]*domain.UsageTotal{}
 	var order []string
@@ -736,6 +736,28 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 	}
 	sortTotals(out)
 	return out, nil
+}
+
+// usageError is the error of a usage sum: one too large to add up is the
+// caller's to narrow (it was answered as the database being unreachable).
+func usageError(what string, err error) error {
+	if sumOverflowed(err) {
+		return domain.Errorf(domain.CodeInvalidRequest,
+			"the usage totals of this range are too large to add up (some runs or tunnels report implausible token counts); narrow since and until")
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// sumOverflowed reports whether err says a sum went past what its type
+// holds: SQLite's "integer overflow", PostgreSQL's numeric_value_out_of_range
+// (22003), or a PostgreSQL sum of BIGINTs (a NUMERIC) past int64 when it
+// is read.
+func sumOverflowed(err error) bool {
+	var pg pgdriver.Error
+	if errors.As(err, &pg) {
+		return pg.Field('C') == "22003"
+	}
+	return errors.Is(err, strconv.ErrRange) || strings.Contains(err.Error(), "integer overflow")
 }
 
 func sortTotals(t []domain.UsageTotal) {

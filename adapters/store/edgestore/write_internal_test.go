@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -623,6 +624,69 @@ func TestPostgresBatchRefusedForTheDatabaseIsNotRetriedByRow(t *testing.T) {
 			}
 			if n := inserts.n.Load(); n != 1 {
 				t.Fatalf("%d INSERT statements (%v), want the batch's one", n, err)
+			}
+		})
+	}
+}
+
+// Rows written before the store clamped usage numbers may hold anything:
+// the usage sums read each within the same bounds, so such a row no
+// longer fails every sum over it.
+func TestUsageBoundsRowsWrittenBefore(t *testing.T) {
+	for name, dsn := range map[string]func() string{
+		"sqlite":   func() string { return filepath.Join(t.TempDir(), "edge.db") },
+		"postgres": func() string { return pgtest.DSN(t) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			db, err := Open(ctx, dsn())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			s := &Store{db: db}
+			old := runRow{Status: "succeeded", KeyName: "k", PromptTokens: math.MaxInt64, CompletionTokens: -7,
+				TotalTokens: math.MaxInt64, CostUSD: 1.5e308, HasUsage: true}
+			a, b := old, old
+			a.ID, b.ID = "run_a", "run_b"
+			if lost, err := s.writeBatch(ctx, []any{a, b, tunnelRow{ID: "tun_a", KeyName: "k", TotalTokens: math.MaxInt64, CostUSD: -3}}); lost != 0 {
+				t.Fatal(err)
+			}
+			u, err := s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByKey})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(u) != 1 || u[0].PromptTokens != 2*maxTokens || u[0].CompletionTokens != 0 || u[0].TotalTokens != 3*maxTokens || u[0].CostUSD != 2*maxCostUSD {
+				t.Fatalf("usage %+v", u)
+			}
+		})
+	}
+}
+
+// A sum past what its type holds is told apart from an unreachable
+// database, on both: the caller is told to narrow the range.
+func TestSumOverflowed(t *testing.T) {
+	for name, dsn := range map[string]func() string{
+		"sqlite":   func() string { return filepath.Join(t.TempDir(), "edge.db") },
+		"postgres": func() string { return pgtest.DSN(t) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			db, err := Open(ctx, dsn())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			var n int64
+			err = db.bun.NewRaw("SELECT SUM(x) FROM (SELECT CAST(9223372036854775807 AS BIGINT) AS x UNION ALL SELECT 1) AS v").Scan(ctx, &n)
+			if err == nil || !sumOverflowed(err) {
+				t.Fatalf("sum past int64: %v, counted as an overflow: %v", err, err != nil && sumOverflowed(err))
+			}
+			if e := usageError("sum runs", err); domain.CodeOf(e) != domain.CodeInvalidRequest || !strings.Contains(e.Error(), "narrow since and until") {
+				t.Fatalf("usageError = %v", e)
+			}
+			if sumOverflowed(errors.New("dial tcp 127.0.0.1:5432: connect: connection refused")) {
+				t.Fatal("a connection failure counted as an overflow")
 			}
 		})
 	}
