@@ -158,8 +158,10 @@ func openNodeDB(lc fx.Lifecycle, s NodeSettings, log *slog.Logger) (*sqlite.DB, 
 		dsn = sqlite.DefaultDSN
 	}
 	switch {
-	case strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://"):
-		// Not echoed: it holds a password.
+	case hasPrefixFold(dsn, "postgres://") || hasPrefixFold(dsn, "postgresql://"):
+		// Not echoed: it holds a password. Any case: a URL's scheme is
+		// case-insensitive, and SQLite would take POSTGRES://… for a
+		// path and print it in its error.
 		return nil, errors.New("--db: the node's store is an SQLite file (a path or a file: URI), not PostgreSQL")
 	case sqlite.ReadOnly(dsn):
 		// Every run would be served and none recorded (run_get, the
@@ -344,4 +346,9 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 			return nil
 		},
 	})
+}
+
+// hasPrefixFold is strings.HasPrefix ignoring case.
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }

@@ -36,6 +36,7 @@ func TestNodeStoreMustBeAWritableSQLiteFile(t *testing.T) {
 	for dsn, want := range map[string]string{
 		"file:" + filepath.Join(dir, "n.db") + "?mode=ro": "cannot be read-only",
 		"postgres://iop:s3cret@db/iop":                    "an SQLite file",
+		"POSTGRESQL://iop:s3cret@db/iop":                  "an SQLite file",
 	} {
 		_, err := openNodeDB(fxtest.NewLifecycle(t), NodeSettings{DB: dsn}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {
