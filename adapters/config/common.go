@@ -102,10 +102,10 @@ func (l *LogConfig) SetDefaults() {
 func (l LogConfig) Validate() error {
 	var errs []error
 	if _, ok := slogLevels[l.Level]; !ok {
-		errs = append(errs, fmt.Errorf("log.level %q is not one of debug, info, warn, error", l.Level))
+		errs = append(errs, atf("log.level", "log.level %q is not one of debug, info, warn, error", l.Level))
 	}
 	if l.Format != LogText && l.Format != LogJSON {
-		errs = append(errs, fmt.Errorf("log.format %q is not one of text, json", l.Format))
+		errs = append(errs, atf("log.format", "log.format %q is not one of text, json", l.Format))
 	}
 	return errors.Join(errs...)
 }
@@ -166,21 +166,6 @@ func yamlError(name string, data []byte, err error) error {
 	return fmt.Errorf("%s: %s", name, userMessage(data, strings.TrimPrefix(err.Error(), "yaml: ")))
 }
 
-// prefixErrors puts name in front of err, or of each error err joins, so that
-// every reported line names the file.
-func prefixErrors(name string, err error) error {
-	joined, ok := err.(interface{ Unwrap() []error })
-	if !ok {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	errs := joined.Unwrap()
-	out := make([]error, len(errs))
-	for i, e := range errs {
-		out[i] = fmt.Errorf("%s: %w", name, e)
-	}
-	return errors.Join(out...)
-}
-
 // appendFlat appends err to errs, splicing in the errors it joins so that a
 // list of problems stays one level deep.
 func appendFlat(errs []error, err error) []error {
@@ -194,18 +179,19 @@ func appendFlat(errs []error, err error) []error {
 }
 
 // checkHostPort accepts "host:port" and ":port" with a numeric port; port 0
-// is accepted only when allowZero (a listener picking a free port).
+// is accepted only when allowZero (a listener picking a free port). The
+// error is about the value at field.
 func checkHostPort(field, addr string, allowZero bool) error {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("%s %q is not host:port: %w", field, addr, unwrapAddrErr(err))
+		return atf(field, "%s %q is not host:port: %w", field, addr, unwrapAddrErr(err))
 	}
 	n, err := strconv.ParseUint(port, 10, 16)
 	if err != nil {
-		return fmt.Errorf("%s %q: port %q is not a number from 0 to 65535", field, addr, port)
+		return atf(field, "%s %q: port %q is not a number from 0 to 65535", field, addr, port)
 	}
 	if n == 0 && !allowZero {
-		return fmt.Errorf("%s %q: port must not be 0", field, addr)
+		return atf(field, "%s %q: port must not be 0", field, addr)
 	}
 	return nil
 }

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -157,59 +159,62 @@ func (c HTTPConfig) ResolvedKeys() []APIKey {
 
 func (c HTTPConfig) validate() []error {
 	var errs []error
-	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	add := func(paths []string, format string, args ...any) {
+		errs = append(errs, at(fmt.Errorf(format, args...), paths...))
+	}
 	names := map[string]int{}
 	hashes := map[[sha256.Size]byte]int{}
 	for i, k := range c.APIKeys {
-		where := fmt.Sprintf("http.api_keys[%d]", i)
+		p := fmt.Sprintf("http.api_keys[%d]", i)
+		where := p
 		switch {
 		case k.Name == "":
-			add("%s: name is required", where)
+			add([]string{p}, "%s: name is required", where)
 		case !nodeIDPattern.MatchString(k.Name) || k.Name == domain.AnonymousName:
-			add("%s: name %q may contain only letters, digits, '.', '_' and '-' and must not be %q", where, k.Name, domain.AnonymousName)
+			add([]string{p + ".name"}, "%s: name %q may contain only letters, digits, '.', '_' and '-' and must not be %q", where, k.Name, domain.AnonymousName)
 		case len(k.Name) > domain.MaxNameLength:
 			// The history stores a run's key name (at most 255 bytes) and
 			// recalls a session's owner by it: a longer name came back
 			// clipped and no longer matched its own key.
-			add("%s: name is %d bytes long, at most %d", where, len(k.Name), domain.MaxNameLength)
+			add([]string{p + ".name"}, "%s: name is %d bytes long, at most %d", where, len(k.Name), domain.MaxNameLength)
 		default:
 			where = fmt.Sprintf("http.api_keys[%d] (name %q)", i, k.Name)
 			if j, dup := names[k.Name]; dup {
-				add("%s: name is already used by http.api_keys[%d]", where, j)
+				add([]string{p + ".name"}, "%s: name is already used by http.api_keys[%d]", where, j)
 			} else {
 				names[k.Name] = i
 			}
 		}
 		if len(k.Scopes) == 0 {
-			add("%s: scopes is required (any of %s)", where, strings.Join(domain.KnownScopes, ", "))
+			add([]string{p + ".scopes"}, "%s: scopes is required (any of %s)", where, strings.Join(domain.KnownScopes, ", "))
 		}
-		for _, s := range k.Scopes {
+		for j, s := range k.Scopes {
 			if !slices.Contains(domain.KnownScopes, s) {
-				add("%s: unknown scope %q (known: %s)", where, s, strings.Join(domain.KnownScopes, ", "))
+				add([]string{fmt.Sprintf("%s.scopes[%d]", p, j)}, "%s: unknown scope %q (known: %s)", where, s, strings.Join(domain.KnownScopes, ", "))
 			}
 		}
-		for _, n := range k.Nodes {
+		for j, n := range k.Nodes {
 			if !nodeIDPattern.MatchString(n) {
-				add("%s: nodes: %q is not a node id", where, n)
+				add([]string{fmt.Sprintf("%s.nodes[%d]", p, j)}, "%s: nodes: %q is not a node id", where, n)
 			}
 		}
 		sum, err := k.ResolveKeyHash()
 		if err != nil {
-			add("%s: %w", where, err)
+			add(append(entryPaths(p, err.Error(), []string{"key_sha256", "key_env"}), p), "%s: %w", where, err)
 			continue
 		}
 		if j, dup := hashes[sum]; dup {
-			add("%s: the key is the same as the key of http.api_keys[%d]; every key needs its own", where, j)
+			add([]string{p + ".key_sha256", p + ".key_env"}, "%s: the key is the same as the key of http.api_keys[%d]; every key needs its own", where, j)
 		} else {
 			hashes[sum] = i
 		}
 	}
 	if len(c.APIKeys) == 0 && !c.AllowUnauthenticated && !IsLoopbackListen(c.Listen) {
-		add("http.listen %q is not a loopback address and http.api_keys is empty: anyone who reaches it could run work on every node; "+
+		add([]string{"http.listen", "http"}, "http.listen %q is not a loopback address and http.api_keys is empty: anyone who reaches it could run work on every node; "+
 			"add http.api_keys (see docs/security.md) or set http.allow_unauthenticated: true", c.Listen)
 	}
 	if c.TLS != nil && (c.TLS.CertFile == "" || c.TLS.KeyFile == "") {
-		add("http.tls needs both cert_file and key_file")
+		add([]string{"http.tls"}, "http.tls needs both cert_file and key_file")
 	}
 	return errs
 }
@@ -295,7 +300,7 @@ func ParseEdge(name string, data []byte) (*EdgeConfig, error) {
 	c.SetDefaults()
 	c.resolveStore(name)
 	if err := c.Validate(); err != nil {
-		return nil, prefixErrors(name, err)
+		return nil, locate(name, indexLines(data), err, nil, true)
 	}
 	return &c, nil
 }
@@ -346,7 +351,9 @@ var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
 // the edge starts only on a file a reload would accept.
 func (c *EdgeConfig) Validate() error {
 	var errs []error
-	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	add := func(paths []string, format string, args ...any) {
+		errs = append(errs, at(fmt.Errorf(format, args...), paths...))
+	}
 
 	t := c.Transport
 	if err := checkHostPort("transport.listen", t.Listen, true); err != nil {
@@ -357,26 +364,26 @@ func (c *EdgeConfig) Validate() error {
 	}
 	errs = append(errs, c.HTTP.validate()...)
 	if t.Listen == c.HTTP.Listen && !hasPortZero(t.Listen) {
-		add("http.listen and transport.listen are both %q; they need different ports", t.Listen)
+		add([]string{"http.listen", "transport.listen"}, "http.listen and transport.listen are both %q; they need different ports", t.Listen)
 	}
 	if t.HeartbeatInterval <= 0 {
-		add("transport.heartbeat_interval must be positive, got %s", t.HeartbeatInterval)
+		add([]string{"transport.heartbeat_interval"}, "transport.heartbeat_interval must be positive, got %s", t.HeartbeatInterval)
 	}
 	if t.HeartbeatTimeout <= t.HeartbeatInterval {
-		add("transport.heartbeat_timeout (%s) must be greater than transport.heartbeat_interval (%s)", t.HeartbeatTimeout, t.HeartbeatInterval)
+		add([]string{"transport.heartbeat_timeout", "transport.heartbeat_interval"}, "transport.heartbeat_timeout (%s) must be greater than transport.heartbeat_interval (%s)", t.HeartbeatTimeout, t.HeartbeatInterval)
 	}
 	errs = appendFlat(errs, t.TLS.validate(t.Listen))
 	if t.MaxFrameSize < MinMaxFrameSize || t.MaxFrameSize > MaxMaxFrameSize {
-		add("transport.max_frame_size %d is outside [%d, %d] (64 KiB to 64 MiB)", t.MaxFrameSize, MinMaxFrameSize, MaxMaxFrameSize)
+		add([]string{"transport.max_frame_size"}, "transport.max_frame_size %d is outside [%d, %d] (64 KiB to 64 MiB)", t.MaxFrameSize, MinMaxFrameSize, MaxMaxFrameSize)
 	}
 	if c.HTTP.MaxBodyBytes < 1<<10 || c.HTTP.MaxBodyBytes > 1<<30 {
-		add("http.max_body_bytes %d is outside [1024, 1073741824] (1 KiB to 1 GiB)", c.HTTP.MaxBodyBytes)
+		add([]string{"http.max_body_bytes"}, "http.max_body_bytes %d is outside [1024, 1073741824] (1 KiB to 1 GiB)", c.HTTP.MaxBodyBytes)
 	}
 	if c.HTTP.MaxConnections < 1 {
-		add("http.max_connections must be positive, got %d", c.HTTP.MaxConnections)
+		add([]string{"http.max_connections"}, "http.max_connections must be positive, got %d", c.HTTP.MaxConnections)
 	}
 	if n := c.HTTP.MaxConnectionsPerAddress; n < 1 || n > c.HTTP.MaxConnections {
-		add("http.max_connections_per_address %d is outside [1, http.max_connections (%d)]", n, c.HTTP.MaxConnections)
+		add([]string{"http.max_connections_per_address", "http.max_connections"}, "http.max_connections_per_address %d is outside [1, http.max_connections (%d)]", n, c.HTTP.MaxConnections)
 	}
 	errs = appendFlat(errs, c.Log.Validate())
 	errs = appendFlat(errs, c.validateStore())
@@ -384,34 +391,37 @@ func (c *EdgeConfig) Validate() error {
 	ids := map[string]int{}
 	tokens := map[[32]byte]int{}
 	for i, n := range c.Nodes {
-		where := fmt.Sprintf("nodes[%d]", i)
+		p := fmt.Sprintf("nodes[%d]", i)
+		where := p
+		id := []string{p + ".id"}
 		switch {
 		case n.ID == "":
-			add("%s: id is required", where)
+			add(id, "%s: id is required", where)
 		case !nodeIDPattern.MatchString(n.ID):
-			add("%s: id %q may contain only letters, digits, '.', '_' and '-'", where, n.ID)
+			add(id, "%s: id %q may contain only letters, digits, '.', '_' and '-'", where, n.ID)
 		case len(n.ID) > domain.MaxNameLength:
-			add("%s: id is %d bytes long, at most %d", where, len(n.ID), domain.MaxNameLength)
+			add(id, "%s: id is %d bytes long, at most %d", where, len(n.ID), domain.MaxNameLength)
 		case n.ID == "." || n.ID == "..":
-			add("%s: id %q is not allowed (it is a relative path segment)", where, n.ID)
+			add(id, "%s: id %q is not allowed (it is a relative path segment)", where, n.ID)
 		default:
 			where = fmt.Sprintf("nodes[%d] (id %q)", i, n.ID)
 			if j, dup := ids[n.ID]; dup {
-				add("%s: id is already used by nodes[%d]", where, j)
+				add(id, "%s: id is already used by nodes[%d]", where, j)
 			} else {
 				ids[n.ID] = i
 			}
 		}
-		if err := n.checkAdapters(); err != nil {
-			add("%s: %s", where, err)
+		if paths, err := n.checkAdapters(p); err != nil {
+			add(paths, "%s: %s", where, err)
 		}
+		tokenKeys := []string{p + ".token", p + ".token_env", p + ".token_sha256"}
 		digest, err := n.tokenDigest()
 		if err != nil {
-			add("%s: %w", where, err)
+			add(append(entryPaths(p, err.Error(), nodeTokenKeys), tokenKeys...), "%s: %w", where, err)
 			continue
 		}
 		if j, dup := tokens[digest]; dup {
-			add("%s: token is the same as the token of nodes[%d]; every node needs its own", where, j)
+			add(tokenKeys, "%s: token is the same as the token of nodes[%d]; every node needs its own", where, j)
 		} else {
 			tokens[digest] = i
 		}
@@ -423,25 +433,56 @@ func (c *EdgeConfig) Validate() error {
 // domain.NodeRecord.BuildConfig applies when a reload or a registration
 // builds the node's config: a name and a type for every adapter, what its
 // type needs (an http(s) base_url, exec commands, ...). The error is the
-// message alone, without the config_error code.
-func (n NodeEntry) checkAdapters() error {
+// message alone, without the config_error code; paths are the keys under
+// base (the node's path) it is about, best first.
+func (n NodeEntry) checkAdapters(base string) (paths []string, err error) {
+	// BuildConfig stops at the first entry it refuses: adding the entries
+	// one at a time tells which one that is.
 	r := domain.NodeRecord{ID: n.ID}
-	for _, a := range n.Adapters {
+	for i, a := range n.Adapters {
+		p := fmt.Sprintf("%s.adapters[%d]", base, i)
 		if a.Name != "" && !nodeIDPattern.MatchString(a.Name) {
-			return fmt.Errorf("adapter %q: a name may contain only letters, digits, '.', '_' and '-'", a.Name)
+			return []string{p + ".name"}, fmt.Errorf("adapter %q: a name may contain only letters, digits, '.', '_' and '-'", a.Name)
 		}
 		r.Adapters = append(r.Adapters, a.toDomain())
-	}
-	for _, p := range n.Providers {
-		if p.Name != "" && !nodeIDPattern.MatchString(p.Name) {
-			return fmt.Errorf("provider %q: a name may contain only letters, digits, '.', '_' and '-'", p.Name)
+		if _, err := r.BuildConfig(0); err != nil {
+			msg := domain.MessageOf(err)
+			return adapterPaths(p, msg), errors.New(msg)
 		}
-		r.Providers = append(r.Providers, p.toDomain())
 	}
-	if _, err := r.BuildConfig(0); err != nil {
-		return errors.New(domain.MessageOf(err))
+	for i, pr := range n.Providers {
+		p := fmt.Sprintf("%s.providers[%d]", base, i)
+		if pr.Name != "" && !nodeIDPattern.MatchString(pr.Name) {
+			return []string{p + ".name"}, fmt.Errorf("provider %q: a name may contain only letters, digits, '.', '_' and '-'", pr.Name)
+		}
+		r.Providers = append(r.Providers, pr.toDomain())
+		if _, err := r.BuildConfig(0); err != nil {
+			msg := domain.MessageOf(err)
+			return append(entryPaths(p, msg, providerKeys), p), errors.New(msg)
+		}
 	}
-	return nil
+	return nil, nil
+}
+
+var (
+	nodeTokenKeys = []string{"token", "token_env", "token_sha256"}
+	adapterKeys   = yamlKeys(reflect.TypeFor[AdapterEntry]())
+	targetKeys    = yamlKeys(reflect.TypeFor[TargetEntry]())
+	providerKeys  = yamlKeys(reflect.TypeFor[ProviderEntry]())
+	// reTarget finds the exec target a BuildConfig message is about.
+	reTarget = regexp.MustCompile(` target ("(?:[^"\\]|\\.)*")`)
+)
+
+// adapterPaths lists the keys of the adapter entry at p (or of its exec
+// target) that msg, BuildConfig's message about it, names.
+func adapterPaths(p, msg string) []string {
+	if m := reTarget.FindStringSubmatch(msg); m != nil {
+		if name, err := strconv.Unquote(m[1]); err == nil {
+			tp := p + ".targets." + name
+			return append(entryPaths(tp, msg, targetKeys), tp)
+		}
+	}
+	return append(entryPaths(p, msg, adapterKeys), p)
 }
 
 // tokenDigest returns the SHA-256 of the node's token, from whichever of

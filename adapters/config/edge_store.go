@@ -55,11 +55,11 @@ func IsPostgresDSN(dsn string) bool {
 func (c *EdgeConfig) validateStore() error {
 	var errs []error
 	if strings.Contains(c.Store.DSN, "://") && !IsPostgresDSN(c.Store.DSN) {
-		errs = append(errs, fmt.Errorf("store.dsn: only postgres:// URLs or SQLite file paths are supported"))
+		errs = append(errs, atf("store.dsn", "store.dsn: only postgres:// URLs or SQLite file paths are supported"))
 	}
 	if IsPostgresDSN(c.Store.DSN) {
 		if err := checkPostgresDSN(c.Store.DSN); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, at(err, "store.dsn"))
 		}
 	}
 	if c.Metrics.Listen != "" {

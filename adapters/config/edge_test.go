@@ -212,17 +212,17 @@ nodes:
 		{
 			name: "bad duration",
 			doc:  "transport:\n  heartbeat_interval: 30 seconds\n",
-			want: []string{"edge.yaml: line 2: invalid duration \"30 seconds\""},
+			want: []string{"edge.yaml: line 2: transport.heartbeat_interval: invalid duration \"30 seconds\""},
 		},
 		{
 			name: "duration without unit",
 			doc:  "transport:\n  heartbeat_timeout: 45\n",
-			want: []string{"edge.yaml: line 2: invalid duration \"45\""},
+			want: []string{"edge.yaml: line 2: transport.heartbeat_timeout: invalid duration \"45\""},
 		},
 		{
 			name: "duration as a list",
 			doc:  "transport:\n  heartbeat_timeout: [1s]\n",
-			want: []string{"edge.yaml: line 2: a duration must be a string"},
+			want: []string{"edge.yaml: line 2: transport.heartbeat_timeout: a duration must be a string"},
 		},
 		{
 			name: "wrong type",
@@ -232,7 +232,7 @@ nodes:
 		{
 			name: "several errors each on its own line",
 			doc:  "transport:\n  listn: x\n  heartbeat_interval: soon\n",
-			want: []string{"edge.yaml: line 2: unknown key \"transport.listn\"", "\nedge.yaml: line 3: invalid duration"},
+			want: []string{"edge.yaml: line 2: unknown key \"transport.listn\"", "\nedge.yaml: line 3: transport.heartbeat_interval: invalid duration \"soon\""},
 		},
 		{
 			name: "syntax error",
@@ -372,10 +372,10 @@ func TestEdgeValidateReportsEveryProblem(t *testing.T) {
 		t.Fatal("want an error")
 	}
 	want := []string{
-		`edge.yaml: log.level "loud" is not one of debug, info, warn, error`,
-		`edge.yaml: log.format "xml" is not one of text, json`,
-		`edge.yaml: nodes[0]: id is required`,
-		`edge.yaml: nodes[1] (id "b"): one of token, token_env and token_sha256 is required`,
+		`edge.yaml: line 1: log.level "loud" is not one of debug, info, warn, error`,
+		`edge.yaml: line 1: log.format "xml" is not one of text, json`,
+		`edge.yaml: line 3: nodes[0]: id is required`,
+		`edge.yaml: line 4: nodes[1] (id "b"): one of token, token_env and token_sha256 is required`,
 	}
 	if got := strings.Split(err.Error(), "\n"); !reflect.DeepEqual(got, want) {
 		t.Errorf("error lines =\n%q\nwant\n%q", got, want)
@@ -578,7 +578,7 @@ func TestAdapterMaxHistoryBytes(t *testing.T) {
 		"{name: cc, type: claude-code, max_history_bytes: 4096}",
 	} {
 		_, err := config.ParseEdge("edge.yaml", []byte("nodes:\n  - id: a\n    token: aaaaaaaa\n    adapters:\n      - "+bad+"\n"))
-		if err == nil || !strings.Contains(err.Error(), `edge.yaml: nodes[0] (id "a"): adapter`) || !strings.Contains(err.Error(), "max_history_bytes") {
+		if err == nil || !strings.Contains(err.Error(), `edge.yaml: line 5: nodes[0] (id "a"): adapter`) || !strings.Contains(err.Error(), "max_history_bytes") {
 			t.Errorf("%s: ParseEdge = %v, want an error naming the node and max_history_bytes", bad, err)
 		}
 	}
@@ -597,29 +597,29 @@ func TestBadAdapterEntryRefusedAtLoad(t *testing.T) {
 	}
 	for _, tc := range []struct{ doc, want string }{
 		{node("    adapters:\n      - {name: llm, base_url: \"http://127.0.0.1:11434\"}\n"),
-			`nodes[1] (id "gpu"): adapter "llm" has no type`},
+			`line 6: nodes[1] (id "gpu"): adapter "llm" has no type`},
 		{node("    adapters:\n      - {type: exec}\n"),
-			`nodes[1] (id "gpu"): adapter #1 has no name`},
+			`line 6: nodes[1] (id "gpu"): adapter #1 has no name`},
 		{node("    adapters:\n      - {name: llm, type: ollama}\n      - {name: llm, type: exec}\n"),
-			`nodes[1] (id "gpu"): adapter "llm" (ollama) has no base_url`},
+			`line 6: nodes[1] (id "gpu"): adapter "llm" (ollama) has no base_url`},
 		{node("    adapters:\n      - {name: x, type: exec}\n      - {name: x, type: exec}\n"),
-			`nodes[1] (id "gpu"): adapter "x" is declared twice`},
+			`line 7: nodes[1] (id "gpu"): adapter "x" is declared twice`},
 		{node("    adapters:\n      - {name: llm, type: openai, base_url: \"127.0.0.1:8000\"}\n"),
-			`nodes[1] (id "gpu"): adapter "llm" (openai): base_url "127.0.0.1:8000" must be an http(s) URL`},
+			`line 6: nodes[1] (id "gpu"): adapter "llm" (openai): base_url "127.0.0.1:8000" must be an http(s) URL`},
 		{node("    adapters:\n      - {name: sh, type: exec, targets: {t: {command: []}}}\n"),
-			`nodes[1] (id "gpu"): adapter "sh" target "t" has an empty command`},
+			`line 6: nodes[1] (id "gpu"): adapter "sh" target "t" has an empty command`},
 		{node("    providers:\n      - {name: p, type: grpc, base_url: \"http://x\"}\n"),
-			`nodes[1] (id "gpu"): provider "p" has unknown type "grpc"`},
+			`line 6: nodes[1] (id "gpu"): provider "p" has unknown type "grpc"`},
 		{node("    providers:\n      - {name: p, type: ollama, base_url: \"127.0.0.1:11434\"}\n"),
-			`nodes[1] (id "gpu"): provider "p" (ollama): base_url "127.0.0.1:11434" must be an http(s) URL`},
+			`line 6: nodes[1] (id "gpu"): provider "p" (ollama): base_url "127.0.0.1:11434" must be an http(s) URL`},
 		{node("    providers:\n      - {name: p, type: openai, base_url: \"ftp://x\"}\n"),
-			`nodes[1] (id "gpu"): provider "p" (openai): base_url "ftp://x" must be an http(s) URL`},
+			`line 6: nodes[1] (id "gpu"): provider "p" (openai): base_url "ftp://x" must be an http(s) URL`},
 		{node("    providers:\n      - {name: \"p q/r\", type: openai, base_url: \"http://x\"}\n"),
-			`nodes[1] (id "gpu"): provider "p q/r": a name may contain only letters, digits, '.', '_' and '-'`},
+			`line 6: nodes[1] (id "gpu"): provider "p q/r": a name may contain only letters, digits, '.', '_' and '-'`},
 		{node("    adapters:\n      - {name: \"my llm\", type: exec}\n"),
-			`nodes[1] (id "gpu"): adapter "my llm": a name may contain only letters, digits, '.', '_' and '-'`},
+			`line 6: nodes[1] (id "gpu"): adapter "my llm": a name may contain only letters, digits, '.', '_' and '-'`},
 		{node("    providers:\n      - {name: " + strings.Repeat("p", 129) + ", type: openai, base_url: \"http://x\"}\n"),
-			`nodes[1] (id "gpu"): provider #1: its name is 129 bytes long, at most 128`},
+			`line 6: nodes[1] (id "gpu"): provider #1: its name is 129 bytes long, at most 128`},
 	} {
 		path := filepath.Join(t.TempDir(), "edge.yaml")
 		if err := os.WriteFile(path, []byte(tc.doc), 0o600); err != nil {

@@ -35,6 +35,9 @@ func FuzzParseConfig(f *testing.F) {
 			var c *config.NodeConfig
 			c, err = config.ParseNode(name, data)
 			ok = c != nil
+			if ok {
+				_ = c.Validate() // locating its problems in data must not panic
+			}
 		} else {
 			var c *config.EdgeConfig
 			c, err = config.ParseEdge(name, data)

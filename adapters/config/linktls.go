@@ -39,35 +39,44 @@ var dnsNamePattern = regexp.MustCompile(`^(\*\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}
 
 func (l LinkTLS) validate(listen string) error {
 	var errs []error
-	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	add := func(paths []string, format string, args ...any) {
+		errs = append(errs, at(fmt.Errorf(format, args...), paths...))
+	}
+	const (
+		mode     = "transport.tls.mode"
+		certFile = "transport.tls.cert_file"
+		keyFile  = "transport.tls.key_file"
+		clientCA = "transport.tls.client_ca_file"
+		hosts    = "transport.tls.hosts"
+	)
 	switch l.Mode {
 	case TLSAuto:
 		if l.CertFile != "" || l.KeyFile != "" {
-			add("transport.tls.cert_file and key_file are used only with mode: files (mode is auto)")
+			add([]string{certFile, keyFile}, "transport.tls.cert_file and key_file are used only with mode: files (mode is auto)")
 		}
 	case TLSFiles:
 		if l.CertFile == "" || l.KeyFile == "" {
-			add("transport.tls.mode files needs both cert_file and key_file")
+			add([]string{mode}, "transport.tls.mode files needs both cert_file and key_file")
 		}
 		if len(l.Hosts) > 0 {
-			add("transport.tls.hosts is used only with mode: auto (in files mode the certificate names its hosts)")
+			add([]string{hosts}, "transport.tls.hosts is used only with mode: auto (in files mode the certificate names its hosts)")
 		}
 	case TLSOff:
 		if !IsLoopbackListen(listen) {
-			add("transport.tls.mode off sends node tokens and all run data in clear; it is allowed only when transport.listen is a loopback address, and %q is not (use mode: auto)", listen)
+			add([]string{mode, "transport.listen"}, "transport.tls.mode off sends node tokens and all run data in clear; it is allowed only when transport.listen is a loopback address, and %q is not (use mode: auto)", listen)
 		}
 		if l.CertFile != "" || l.KeyFile != "" || l.ClientCAFile != "" || len(l.Hosts) > 0 {
-			add("transport.tls: cert_file, key_file, client_ca_file and hosts need TLS (mode is off)")
+			add([]string{certFile, keyFile, clientCA, hosts}, "transport.tls: cert_file, key_file, client_ca_file and hosts need TLS (mode is off)")
 		}
 	default:
-		add("transport.tls.mode %q is not one of auto, files, off", l.Mode)
+		add([]string{mode}, "transport.tls.mode %q is not one of auto, files, off", l.Mode)
 	}
 	if l.BindNodeIdentity && l.ClientCAFile == "" {
-		add("transport.tls.bind_node_identity needs client_ca_file (node identities come from client certificates)")
+		add([]string{"transport.tls.bind_node_identity"}, "transport.tls.bind_node_identity needs client_ca_file (node identities come from client certificates)")
 	}
-	for _, h := range l.Hosts {
+	for i, h := range l.Hosts {
 		if net.ParseIP(h) == nil && !dnsNamePattern.MatchString(h) {
-			add("transport.tls.hosts: %q is neither an IP address nor a DNS name", h)
+			add([]string{fmt.Sprintf("%s[%d]", hosts, i)}, "transport.tls.hosts: %q is neither an IP address nor a DNS name", h)
 		}
 	}
 	return errors.Join(errs...)
@@ -186,18 +195,18 @@ func (n NodeTLS) validate() error {
 	case set == 0:
 		errs = append(errs, ErrNoTrust)
 	case set > 1:
-		errs = append(errs, errors.New("set only one of ca_pin, ca_file and insecure"))
+		errs = append(errs, at(errors.New("set only one of ca_pin, ca_file and insecure"), "ca_pin", "ca_file", "insecure"))
 	}
 	if n.CAPin != "" {
 		if _, err := tlsca.ParsePin(n.CAPin); err != nil {
-			errs = append(errs, fmt.Errorf("ca_pin: %w", err))
+			errs = append(errs, at(fmt.Errorf("ca_pin: %w", err), "ca_pin"))
 		}
 	}
 	if (n.Cert == "") != (n.Key == "") {
-		errs = append(errs, errors.New("cert and key go together: pass both or neither"))
+		errs = append(errs, at(errors.New("cert and key go together: pass both or neither"), "cert", "key"))
 	}
 	if n.Insecure && n.Cert != "" {
-		errs = append(errs, errors.New("cert and key need TLS; they cannot be used with insecure"))
+		errs = append(errs, at(errors.New("cert and key need TLS; they cannot be used with insecure"), "cert", "key", "insecure"))
 	}
 	return errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"reflect"
 	"time"
 )
 
@@ -35,6 +36,19 @@ type NodeConfig struct {
 	Store     NodeStoreConfig `yaml:"store"`
 	// TLS holds ca_pin, ca_file, insecure, cert and key, at the top level.
 	TLS NodeTLS `yaml:",inline"`
+
+	// src is the file the config was parsed from, so that Validate can name
+	// the line of a value it refuses; nil for a config not from a file.
+	src *nodeSource
+}
+
+// nodeSource is where a NodeConfig was read from: the file's name, the line
+// of each key and the values as the file gave them (after defaults), to
+// tell a value the file set from one a flag replaced since.
+type nodeSource struct {
+	name  string
+	lines keyLines
+	file  NodeConfig
 }
 
 // ReconnectConfig bounds the node's exponential reconnect backoff.
@@ -75,6 +89,7 @@ func ParseNode(name string, data []byte) (*NodeConfig, error) {
 		return nil, err
 	}
 	c.SetDefaults()
+	c.src = &nodeSource{name: name, lines: indexLines(data), file: c}
 	return &c, nil
 }
 
@@ -99,8 +114,10 @@ func (c *NodeConfig) SetDefaults() {
 }
 
 // Validate checks the values, that a token can be resolved and that exactly
-// one way to trust the edge is set, reporting every problem found. The error
-// matches ErrNoTrust (errors.Is) when no trust option is set.
+// one way to trust the edge is set, reporting every problem found, one per
+// line. A problem with a value the config file set (and no flag replaced)
+// starts "FILE: line N: ". The error matches ErrNoTrust (errors.Is) when no
+// trust option is set.
 func (c *NodeConfig) Validate() error {
 	var errs []error
 	if err := checkHostPort("edge", c.Edge, false); err != nil {
@@ -108,26 +125,42 @@ func (c *NodeConfig) Validate() error {
 	} else if host, _, _ := net.SplitHostPort(c.Edge); host == "" && c.TLS.CAFile != "" {
 		// A CA bundle checks the edge's certificate against the name
 		// dialled; with none, every handshake fails, retried for ever.
-		errs = append(errs, fmt.Errorf("edge %q names no host, which ca_file needs to check the edge's certificate against (as in 127.0.0.1%s)", c.Edge, c.Edge))
+		errs = append(errs, at(fmt.Errorf("edge %q names no host, which ca_file needs to check the edge's certificate against (as in 127.0.0.1%s)", c.Edge, c.Edge), "edge", "ca_file"))
 	}
 	if _, err := c.ResolveToken(); err != nil {
-		errs = append(errs, err)
+		errs = append(errs, at(err, "token", "token_env"))
 	}
 	if c.DB == "" {
-		errs = append(errs, errors.New("db must not be empty"))
+		errs = append(errs, atf("db", "db must not be empty"))
 	}
 	errs = appendFlat(errs, c.Log.Validate())
 	errs = appendFlat(errs, c.TLS.validate())
 	if c.Reconnect.Min <= 0 {
-		errs = append(errs, fmt.Errorf("reconnect.min must be positive, got %s", c.Reconnect.Min))
+		errs = append(errs, atf("reconnect.min", "reconnect.min must be positive, got %s", c.Reconnect.Min))
 	}
 	if c.Reconnect.Max < c.Reconnect.Min {
-		errs = append(errs, fmt.Errorf("reconnect.max (%s) must not be less than reconnect.min (%s)", c.Reconnect.Max, c.Reconnect.Min))
+		errs = append(errs, at(fmt.Errorf("reconnect.max (%s) must not be less than reconnect.min (%s)", c.Reconnect.Max, c.Reconnect.Min), "reconnect.max", "reconnect.min"))
 	}
 	if r := c.Store.Retention; r > 0 && r.Std() < MinNodeStoreRetention {
-		errs = append(errs, fmt.Errorf("store.retention must be at least 1h (the store is pruned hourly), or negative to keep everything; got %s", r))
+		errs = append(errs, atf("store.retention", "store.retention must be at least 1h (the store is pruned hourly), or negative to keep everything; got %s", r))
 	}
-	return errors.Join(errs...)
+	err := errors.Join(errs...)
+	if c.src == nil {
+		return err
+	}
+	return locate(c.src.name, c.src.lines, err, c.fromFile, false)
+}
+
+// fromFile reports whether the value at path is still the one the config
+// file gave it: a flag may have replaced it since, and then the file's line
+// is not where the problem is.
+func (c *NodeConfig) fromFile(path string) bool {
+	now, ok := fieldByPath(reflect.ValueOf(c).Elem(), path)
+	if !ok {
+		return false
+	}
+	was, _ := fieldByPath(reflect.ValueOf(&c.src.file).Elem(), path)
+	return reflect.DeepEqual(now.Interface(), was.Interface())
 }
 
 // ResolveToken returns Token if set, else the value of the environment

@@ -59,8 +59,8 @@ store: {retention: 168h}
 			if err != nil {
 				t.Fatalf("ParseNode: %v", err)
 			}
-			if *c != tt.want {
-				t.Errorf("got %+v\nwant %+v", *c, tt.want)
+			if got := c.WithoutSource(); got != tt.want {
+				t.Errorf("got %+v\nwant %+v", got, tt.want)
 			}
 		})
 	}
@@ -72,9 +72,9 @@ func TestParseNodeTypeErrors(t *testing.T) {
 	}{
 		{"unknown field", "edge: a:1\ntokn: x\n", "node.yaml: line 2: unknown key \"tokn\""},
 		{"nested unknown field", "reconnect:\n  minimum: 1s\n", "node.yaml: line 2: unknown key \"reconnect.minimum\""},
-		{"bad duration", "reconnect: {max: forever}\n", `node.yaml: line 1: invalid duration "forever"`},
+		{"bad duration", "reconnect: {max: forever}\n", `node.yaml: line 1: reconnect.max: invalid duration "forever"`},
 		{"wrong type", "log: [debug]\n", "node.yaml: line 1: log: expected a mapping, got a list"},
-		{"bad retention", "store:\n  retention: 30d\n", `node.yaml: line 2: invalid duration "30d"`},
+		{"bad retention", "store:\n  retention: 30d\n", `node.yaml: line 2: store.retention: invalid duration "30d"`},
 		{"unknown store key", "store: {dsn: x.db}\n", `node.yaml: line 1: unknown key "store.dsn"`},
 	}
 	for _, tt := range tests {

@@ -16,6 +16,8 @@ var (
 	reUnknownField = regexp.MustCompile(`^line (\d+): field (\S+) not found in type \S+$`)
 	reWrongType    = regexp.MustCompile(`^line (\d+): cannot unmarshal !!(\w+)(?: ` + "`(.*)`" + `)? into (\S+)$`)
 	reLine         = regexp.MustCompile(`^line (\d+): `)
+	// reDuration matches Duration.UnmarshalYAML's messages.
+	reDuration = regexp.MustCompile(`^line (\d+): (invalid duration ("(?:[^"\\]|\\.)*")|a duration must be)`)
 )
 
 // userMessage rewrites one yaml.v3 message about data.
@@ -38,6 +40,13 @@ func userMessage(data []byte, msg string) string {
 			where = p + ": "
 		}
 		return fmt.Sprintf("line %d: %sexpected %s, got %s", line, where, expectedKind(m[4]), got)
+	}
+	if m := reDuration.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		if p := durationPathAt(&root, line, m[3]); p != "" {
+			return fmt.Sprintf("line %d: %s: %s", line, p, strings.TrimPrefix(msg, "line "+m[1]+": "))
+		}
+		return msg
 	}
 	// A syntax error in a file with tabs is almost always the tabs.
 	tab := firstTabLine(data)
@@ -115,6 +124,26 @@ func valuePathAt(n *yaml.Node, line int, tag string) string {
 	var found string
 	walk(n, "", func(path string, _, v *yaml.Node) {
 		if v.Line == line && strings.TrimPrefix(v.ShortTag(), "!!") == tag && len(path) >= len(found) {
+			found = path
+		}
+	})
+	return found
+}
+
+// durationPathAt finds the path of the duration a Duration error on line is
+// about: the scalar quoted (as quoted) in the message, or, for a value that
+// is no scalar (quoted ""), the deepest list or mapping on line.
+func durationPathAt(n *yaml.Node, line int, quoted string) string {
+	want, _ := strconv.Unquote(quoted)
+	var found string
+	walk(n, "", func(path string, _, v *yaml.Node) {
+		if v.Line != line {
+			return
+		}
+		switch {
+		case quoted != "" && v.Kind == yaml.ScalarNode && v.Value == want && found == "":
+			found = path
+		case quoted == "" && (v.Kind == yaml.SequenceNode || v.Kind == yaml.MappingNode) && len(path) >= len(found):
 			found = path
 		}
 	})

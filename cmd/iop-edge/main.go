@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 
 	"go.uber.org/fx"
 
@@ -56,7 +57,7 @@ func main() {
 	}
 	cfg, err := config.LoadEdge(*cfgPath)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "iop-edge:", err)
+		printErr(err)
 		os.Exit(2)
 	}
 	if *printPin {
@@ -103,13 +104,21 @@ flags:
 // exit ends the process: 0 on nil, else the message and code 1.
 func exit(err error) {
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "iop-edge:", err)
+		printErr(err)
 		if errors.As(err, new(usageError)) {
 			os.Exit(2)
 		}
 		os.Exit(1)
 	}
 	os.Exit(0)
+}
+
+// printErr prints err on stderr, one "iop-edge: " line per problem (a
+// config's problems are joined with newlines), as iop-node does.
+func printErr(err error) {
+	for _, line := range strings.Split(err.Error(), "\n") {
+		fmt.Fprintln(os.Stderr, "iop-edge:", line)
+	}
 }
 
 func printCAPin(cfg *config.EdgeConfig, out io.Writer) error {

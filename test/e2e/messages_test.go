@@ -97,8 +97,26 @@ func TestStartupMessagesAreClear(t *testing.T) {
 		if code := p.waitExit(t, 20*time.Second); code != 2 {
 			t.Fatalf("exit %d", code)
 		}
-		if out := p.out.String(); out != "iop-edge: "+path+`: nodes[0] (id "gpu-box"): adapter "llm" has no type`+"\n" {
+		if out := p.out.String(); out != "iop-edge: "+path+`: line 13: nodes[0] (id "gpu-box"): adapter "llm" has no type`+"\n" {
 			t.Fatalf("output:\n%s", out)
+		}
+	})
+	// A value the file sets that is refused names the file and its line,
+	// as a YAML error does, for node.yaml (whose values are checked after
+	// the flags are applied) as for edge.yaml; a value from a flag names none.
+	t.Run("value errors name the line", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "node.yaml")
+		if err := os.WriteFile(path, []byte("token: a-node-token\ninsecure: true\nreconnect:\n  min: -1s\nlog: {level: loud}\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		nd := start(t, "iop-node", nil, "--config", path, "--edge", "::1:7700")
+		code := nd.waitExit(t, 20*time.Second)
+		want := `iop-node: edge "::1:7700" is not host:port: too many colons in address
+iop-node: ` + path + `: line 5: log.level "loud" is not one of debug, info, warn, error
+iop-node: ` + path + `: line 4: reconnect.min must be positive, got -1s
+`
+		if out := nd.out.String(); code != 2 || out != want {
+			t.Fatalf("exit %d:\n%s\nwant\n%s", code, out, want)
 		}
 	})
 	t.Run("empty config warns", func(t *testing.T) {
