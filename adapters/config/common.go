@@ -163,6 +163,12 @@ func yamlError(name string, data []byte, err error) error {
 		}
 		return errors.New(strings.Join(lines, "\n"))
 	}
+	if lines := unquotedAddrErrors(data, err); lines != nil {
+		for i, l := range lines {
+			lines[i] = name + ": " + l
+		}
+		return errors.New(strings.Join(lines, "\n"))
+	}
 	return fmt.Errorf("%s: %s", name, userMessage(data, strings.TrimPrefix(err.Error(), "yaml: ")))
 }
 
@@ -184,7 +190,7 @@ func appendFlat(errs []error, err error) []error {
 func checkHostPort(field, addr string, allowZero bool) error {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return atf(field, "%s %q is not host:port: %w", field, addr, unwrapAddrErr(err))
+		return atf(field, "%s %q is not host:port: %w%s", field, addr, unwrapAddrErr(err), ipv6Hint(addr))
 	}
 	n, err := strconv.ParseUint(port, 10, 16)
 	if err != nil {
@@ -194,6 +200,20 @@ func checkHostPort(field, addr string, allowZero bool) error {
 		return atf(field, "%s %q: port must not be 0", field, addr)
 	}
 	return nil
+}
+
+// ipv6Hint explains, for an address with an IPv6 host outside brackets
+// ("::1:7700"), how to write it; "" for any other address.
+func ipv6Hint(addr string) string {
+	if strings.Count(addr, ":") < 2 || strings.HasPrefix(addr, "[") {
+		return ""
+	}
+	if i := strings.LastIndex(addr, ":"); i > 0 && net.ParseIP(addr[:i]) != nil {
+		if _, err := strconv.ParseUint(addr[i+1:], 10, 16); err == nil {
+			return fmt.Sprintf(" (an IPv6 address goes in brackets, and in YAML in quotes: \"[%s]:%s\")", addr[:i], addr[i+1:])
+		}
+	}
+	return " (an IPv6 address goes in brackets before the port, and in YAML in quotes, as in \"[::1]:7700\")"
 }
 
 // hasPortZero reports whether addr asks for an ephemeral port, which two

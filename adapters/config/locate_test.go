@@ -78,7 +78,7 @@ func TestNodeValueErrorsFromFlagsNameNoLine(t *testing.T) {
 	c.Log.Level = "chatty" // --log-level
 	err = c.Validate()
 	want := []string{
-		`edge "::1:7700" is not host:port: too many colons in address`,
+		`edge "::1:7700" is not host:port: too many colons in address (an IPv6 address goes in brackets, and in YAML in quotes: "[::1]:7700")`,
 		`a token is required: pass --token, set $IOP_NODE_TOKEN, or set token or token_env in the node config`,
 		`log.level "chatty" is not one of debug, info, warn, error`,
 		config.ErrNoTrust.Error(),
@@ -188,6 +188,101 @@ nodes:
 		_, err = config.LoadEdge(path)
 		if err == nil || !strings.Contains(err.Error(), path+tc.want) {
 			t.Errorf("after fixing %q: LoadEdge = %v\nwant a line containing %q", tc.bad, err, path+tc.want)
+		}
+	}
+}
+
+// An IPv6 address written without quotes is a YAML syntax error, which
+// yaml.v3 reports with no line (on line 1) or the wrong one: the error
+// names the line and the key, and shows the quoted form.
+func TestUnquotedIPv6Address(t *testing.T) {
+	for _, tc := range []struct {
+		name, doc string
+		node      bool
+		want      []string
+	}{
+		{"node edge on line 1", "edge: [::1]:7700\ntoken: x\n", true, []string{
+			`: line 1: edge: [::1]:7700 must be quoted: write "[::1]:7700" (unquoted, YAML reads "[" as the start of a list)`}},
+		{"node edge further down, with a comment", "# node\ntoken: x\ninsecure: true\nedge: [2001:db8::1]:7700 # the edge\n", true, []string{
+			`: line 4: edge: [2001:db8::1]:7700 must be quoted: write "[2001:db8::1]:7700" (unquoted, YAML reads "[" as the start of a list)`}},
+		{"edge listen addresses", "transport:\n  listen: [::]:7700\n  tls:\n    hosts: [::1, fe80::1]\nhttp:\n  listen: \"[::1]:7701\"\nmetrics: {listen: [fe80::1%eth0]:9100}\n", false, []string{
+			`: line 2: transport.listen: [::]:7700 must be quoted: write "[::]:7700" (unquoted, YAML reads "[" as the start of a list)`,
+			`: line 4: transport.tls.hosts: [::1, fe80::1] must be quoted: write ["::1", "fe80::1"] (unquoted, YAML cannot read an address with "::" in a [ ] list)`,
+			`: line 7: metrics.listen: [fe80::1%eth0]:9100 must be quoted: write "[fe80::1%eth0]:9100" (unquoted, YAML reads "[" as the start of a list)`}},
+		{"list item", "transport:\n  tls:\n    hosts:\n      - [::1]\n", false, []string{
+			`: line 4: transport.tls.hosts[0]: [::1] must be quoted: write "[::1]" (unquoted, YAML reads "[" as the start of a list)`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			path := writeFile(t, "x.yaml", tc.doc)
+			if tc.node {
+				_, err = config.LoadNode(path)
+			} else {
+				_, err = config.LoadEdge(path)
+			}
+			if err == nil {
+				t.Fatal("loaded")
+			}
+			var want []string
+			for _, w := range tc.want {
+				want = append(want, path+w)
+			}
+			if got := strings.Split(err.Error(), "\n"); !reflect.DeepEqual(got, want) {
+				t.Errorf("error =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+			// Quoted as the error says, the file loads.
+			fixed := tc.doc
+			for _, r := range []string{"[::1]:7700", "[2001:db8::1]:7700", "[::]:7700", "[fe80::1%eth0]:9100"} {
+				fixed = strings.Replace(fixed, " "+r, ` "`+r+`"`, 1)
+			}
+			fixed = strings.Replace(fixed, "[::1, fe80::1]", `["::1", "fe80::1"]`, 1)
+			fixed = strings.Replace(fixed, "- [::1]", `- "::1"`, 1)
+			if tc.node {
+				_, err = config.ParseNode("x.yaml", []byte(fixed))
+			} else {
+				_, err = config.ParseEdge(filepath.Join(t.TempDir(), "x.yaml"), []byte(fixed))
+			}
+			if err != nil {
+				t.Errorf("quoted, %q: %v", fixed, err)
+			}
+		})
+	}
+}
+
+// The address check only explains a syntax error it causes: a list that is
+// a list, a quoted address and an unrelated syntax error keep yaml's word.
+func TestBracketsThatAreNotAddresses(t *testing.T) {
+	for doc, want := range map[string]string{
+		"log: [debug]\n": `edge.yaml: line 1: log: expected a mapping, got a list`,
+		"transport:\n  tls: {hosts: [\"::1\", a]}\n": "",
+		"http:\n  listen: \"[::1]:0\"\n  x: [\n":     `edge.yaml: line 3: did not find expected node content`,
+		"a: b\n  c: d\n":                             `edge.yaml: line 2: mapping values are not allowed in this context`,
+	} {
+		_, err := config.ParseEdge("edge.yaml", []byte(doc))
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("%q: %v", doc, err)
+		case want != "" && (err == nil || err.Error() != want):
+			t.Errorf("%q: error %v, want %q", doc, err, want)
+		}
+	}
+}
+
+// An IPv6 address without brackets gets the hint to use them (and quotes
+// in YAML), with the form to write when the port is clear.
+func TestIPv6WithoutBrackets(t *testing.T) {
+	for addr, want := range map[string]string{
+		"::1:7700":         `(an IPv6 address goes in brackets, and in YAML in quotes: "[::1]:7700")`,
+		"2001:db8::5:7700": `(an IPv6 address goes in brackets, and in YAML in quotes: "[2001:db8::5]:7700")`,
+		"fe80::1":          `(an IPv6 address goes in brackets before the port, and in YAML in quotes, as in "[::1]:7700")`,
+	} {
+		c, err := config.ParseNode("node.yaml", []byte("token: node-secret\ninsecure: true\nedge: "+addr+"\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = c.Validate()
+		if err == nil || !strings.HasPrefix(err.Error(), "node.yaml: line 3: edge ") || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("edge: %s: Validate = %v, want line 3 and %q", addr, err, want)
 		}
 	}
 }

@@ -111,9 +111,34 @@ func TestStartupMessagesAreClear(t *testing.T) {
 		}
 		nd := start(t, "iop-node", nil, "--config", path, "--edge", "::1:7700")
 		code := nd.waitExit(t, 20*time.Second)
-		want := `iop-node: edge "::1:7700" is not host:port: too many colons in address
+		want := `iop-node: edge "::1:7700" is not host:port: too many colons in address (an IPv6 address goes in brackets, and in YAML in quotes: "[::1]:7700")
 iop-node: ` + path + `: line 5: log.level "loud" is not one of debug, info, warn, error
 iop-node: ` + path + `: line 4: reconnect.min must be positive, got -1s
+`
+		if out := nd.out.String(); code != 2 || out != want {
+			t.Fatalf("exit %d:\n%s\nwant\n%s", code, out, want)
+		}
+	})
+	// An IPv6 address without quotes is a YAML syntax error ("[" starts a
+	// list) that yaml reports without a line on line 1: the edge names the
+	// line and key and shows the quoted form.
+	t.Run("unquoted IPv6 address", func(t *testing.T) {
+		path := writeConfig(t, "transport:\n  listen: [::1]:0\nhttp:\n  listen: [::1]:0\n")
+		p := startEdgeProc(t, path)
+		code := p.waitExit(t, 20*time.Second)
+		want := "iop-edge: " + path + `: line 2: transport.listen: [::1]:0 must be quoted: write "[::1]:0" (unquoted, YAML reads "[" as the start of a list)
+iop-edge: ` + path + `: line 4: http.listen: [::1]:0 must be quoted: write "[::1]:0" (unquoted, YAML reads "[" as the start of a list)
+`
+		if out := p.out.String(); code != 2 || out != want {
+			t.Fatalf("exit %d:\n%s\nwant\n%s", code, out, want)
+		}
+		path = filepath.Join(t.TempDir(), "node.yaml")
+		if err := os.WriteFile(path, []byte("edge: [::1]:7700\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		nd := start(t, "iop-node", nil, "--config", path)
+		code = nd.waitExit(t, 20*time.Second)
+		want = "iop-node: " + path + `: line 1: edge: [::1]:7700 must be quoted: write "[::1]:7700" (unquoted, YAML reads "[" as the start of a list)
 `
 		if out := nd.out.String(); code != 2 || out != want {
 			t.Fatalf("exit %d:\n%s\nwant\n%s", code, out, want)
