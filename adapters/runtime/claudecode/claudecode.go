@@ -48,7 +48,10 @@
 // line, so the deltas of a run read as one text. A process that exits
 // without a result line is an error (run_failed) with its exit status and
 // the tail of its stderr. A configured timeout that expires kills the
-// process group and is an error with code timeout.
+// process group and is an error with code timeout. A CLI that has printed
+// its result and stays silent and alive for ExitGrace (it happens:
+// anthropics/claude-code#25629) has its process group stopped, and the run
+// ends with that result, as it does when the timeout expires meanwhile.
 //
 // Sessions: for a run with a session id, the agent session id reported by
 // the CLI is stored as soon as it is seen; the next run in that session
@@ -238,6 +241,9 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 	}
 	return nil
 }
+
+// Done reports whether a result has come.
+func (p *parser) Done() bool { return p.result != nil }
 
 func contentBlocks(msg json.RawMessage) []block {
 	var m struct {

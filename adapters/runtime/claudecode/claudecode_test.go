@@ -565,3 +565,59 @@ func TestFinishedInTimeIsNotATimeout(t *testing.T) {
 		t.Fatalf("last event = %s %+v, usage %v; want complete with usage", last.Type, last.Error, last.Usage)
 	}
 }
+
+// Claude Code can print its result and then never exit
+// (anthropics/claude-code#25629): the run ends with the result once the CLI
+// has lingered ExitGrace, its session turn counted, its group gone.
+func TestResultThenNoExit(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(recorded)+"exec sleep 3600\n")
+	agents := memory.NewAgentSessionStore()
+	a := newAdapter(t, cli, domain.AdapterConfig{}, agents)
+	a.ExitGrace = 100 * time.Millisecond
+	sink, err := run(t, a, domain.RunRequest{SessionID: "s1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := requireTerminal(t, sink, domain.EventComplete, "")
+	if done.Usage == nil || done.Usage.PromptTokens != 1109 || done.Usage.CostUSD != 0.0412 {
+		t.Errorf("usage = %+v", done.Usage)
+	}
+	if sink.Text() != "Looking… \n\nDone ✅" {
+		t.Errorf("text = %q", sink.Text())
+	}
+	if !runtimetest.GroupGone(pidOf(t, sink.Events()), 5*time.Second) {
+		t.Error("the process group is still running")
+	}
+	if list, err := a.ListSessions(context.Background()); err != nil || len(list) != 1 || list[0].Turns != 1 {
+		t.Errorf("ListSessions = %+v, %v; want the turn counted", list, err)
+	}
+}
+
+// A CLI that reported its result and lingers until the run's timeout
+// expires did not time out: its result stands. (Should the machine be too
+// slow for the CLI to print its result within the timeout, the run is
+// tried again with a longer one.)
+func TestResultThenNoExitUntilTimeout(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(recorded)+"exec sleep 3600\n")
+	for timeout := 300 * time.Millisecond; ; timeout *= 2 {
+		a := newAdapter(t, cli, domain.AdapterConfig{Timeout: timeout}, nil)
+		a.ExitGrace = time.Hour
+		sink, err := run(t, a, domain.RunRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(summary(sink.Events()), func(s string) bool { return strings.Contains(s, `"num_turns"`) }) {
+			if timeout > deadline/4 {
+				t.Fatalf("no result within %s: %v", timeout, sink.Types())
+			}
+			continue // the result did not come in time
+		}
+		if done := requireTerminal(t, sink, domain.EventComplete, ""); done.Usage == nil || done.Usage.PromptTokens != 1109 {
+			t.Errorf("usage = %+v", done.Usage)
+		}
+		if !runtimetest.GroupGone(pidOf(t, sink.Events()), 5*time.Second) {
+			t.Error("the process group is still running")
+		}
+		return
+	}
+}

@@ -49,7 +49,10 @@
 //
 // A process that exits without any of these is an error (run_failed) with
 // its exit status and the tail of its stderr. A configured timeout that
-// expires kills the process group and is an error with code timeout.
+// expires kills the process group and is an error with code timeout. A CLI
+// still running ExitGrace after turn.completed or turn.failed, silent, has
+// its process group stopped, and the run ends as the turn did (also when
+// the timeout expires meanwhile).
 //
 // Sessions: for a run with a session id, the thread id is stored as soon as
 // it is seen; the next run in that session uses "exec … resume <id>".
@@ -181,6 +184,10 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 	}
 	return nil
 }
+
+// Done reports whether the turn has completed or failed: codex exec runs
+// one turn, so nothing is left for the CLI to do but exit.
+func (p *parser) Done() bool { return p.usage != nil || p.failed != nil }
 
 func (p *parser) item(t *agent.Turn, raw json.RawMessage) error {
 	var it struct {

@@ -456,3 +456,43 @@ func TestLargePrompt(t *testing.T) {
 		t.Errorf("stdin holds %d bytes, want the %d-byte prompt", len(got), len(prompt))
 	}
 }
+
+// A CLI that reports the turn's end and then never exits ends its run with
+// what it reported, and nothing of its group is left running.
+func TestTurnEndThenNoExit(t *testing.T) {
+	failed := standin.Lines(`{"type":"thread.started","thread_id":"`+threadID+`"}`,
+		`{"type":"turn.failed","error":{"message":"stream disconnected before completion"}}`)
+	for _, tc := range []struct {
+		name, stream string
+		typ          domain.EventType
+		code         string
+	}{
+		{"completed", recorded, domain.EventComplete, ""},
+		{"failed", failed, domain.EventError, domain.CodeRunFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cli := standin.WriteCLI(t, standin.Printf(tc.stream)+"exec sleep 3600\n")
+			agents := memory.NewAgentSessionStore()
+			a := newAdapter(t, cli, domain.AdapterConfig{}, agents)
+			a.ExitGrace = 100 * time.Millisecond
+			sink, err := run(t, a, domain.RunRequest{SessionID: "s1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := requireTerminal(t, sink, tc.typ, tc.code)
+			if tc.code != "" && ev.Error.Message != "stream disconnected before completion" {
+				t.Errorf("error = %+v", ev.Error)
+			}
+			if !runtimetest.GroupGone(pidOf(t, sink.Events()), 5*time.Second) {
+				t.Error("the process group is still running")
+			}
+			turns := 0
+			if list, _ := a.ListSessions(context.Background()); len(list) == 1 {
+				turns = list[0].Turns
+			}
+			if want := map[bool]int{true: 1, false: 0}[tc.typ == domain.EventComplete]; turns != want {
+				t.Errorf("session turns = %d, want %d", turns, want)
+			}
+		})
+	}
+}

@@ -43,7 +43,10 @@
 //
 // A process that exits without a result is an error (run_failed) with its
 // exit status and the tail of its stderr. A configured timeout that expires
-// kills the process group and is an error with code timeout.
+// kills the process group and is an error with code timeout. A CLI still
+// running ExitGrace after its result, silent, has its process group
+// stopped, and the run ends with that result (also when the timeout
+// expires meanwhile).
 //
 // Sessions: for a run with a session id, the CLI's session id is stored as
 // soon as it is seen; the next run in that session passes --resume=<id>.
@@ -206,6 +209,9 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 	}
 	return nil
 }
+
+// Done reports whether the result line has come: the CLI's last.
+func (p *parser) Done() bool { return p.result != nil }
 
 // outputText returns a tool's output: a string as is, anything else as JSON.
 func outputText(raw json.RawMessage) string {

@@ -270,3 +270,25 @@ func TestToolErrorMessageIsKept(t *testing.T) {
 		t.Fatalf("the tool's error message is lost:\n%s", got)
 	}
 }
+
+// A CLI that prints its result and then never exits ends its run with that
+// result, its session turn counted, and nothing of its group left.
+func TestResultThenNoExit(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(recorded)+"exec sleep 3600\n")
+	agents := memory.NewAgentSessionStore()
+	a := newAdapter(t, cli, domain.AdapterConfig{}, agents)
+	a.ExitGrace = 100 * time.Millisecond
+	sink := run(t, a, domain.RunRequest{SessionID: "s1"})
+	ev := requireTerminal(t, sink, domain.EventComplete, "")
+	if ev.Usage == nil || ev.Usage.PromptTokens != 157 {
+		t.Errorf("usage = %+v", ev.Usage)
+	}
+	var m struct{ PID int }
+	_ = json.Unmarshal(sink.Events()[0].Metadata, &m)
+	if !runtimetest.GroupGone(m.PID, 5*time.Second) {
+		t.Errorf("process group %d is still running", m.PID)
+	}
+	if list, err := a.ListSessions(context.Background()); err != nil || len(list) != 1 || list[0].Turns != 1 {
+		t.Errorf("ListSessions = %+v, %v; want the turn counted", list, err)
+	}
+}

@@ -30,6 +30,13 @@ import (
 // second.
 const DefaultKillGrace = 500 * time.Millisecond
 
+// DefaultExitGrace is how long a CLI has to exit once it has printed the
+// line that ends its run (its result) and gone quiet. Some do not exit at
+// all (Claude Code, anthropics/claude-code#25629): their process group is
+// then stopped as on cancel, and the run ends with the result they
+// reported.
+const DefaultExitGrace = 5 * time.Second
+
 // Invocation is how to start the CLI for one run.
 type Invocation struct {
 	Args  []string // argv after the program name
@@ -45,6 +52,9 @@ type Parser interface {
 	// End returns the terminal event once the CLI has exited. exit is nil
 	// when the process could not be waited for; stderr is its tail.
 	End(t *Turn, exit *os.ProcessState, stderr string) domain.RunEvent
+	// Done reports whether the lines so far hold the end of the run (its
+	// result): the CLI has nothing left to do but exit.
+	Done() bool
 }
 
 // Runner runs one configured CLI agent.
@@ -56,6 +66,10 @@ type Runner struct {
 	Models    []string
 	Timeout   time.Duration
 	KillGrace time.Duration
+	// ExitGrace is how long the CLI may stay silent and alive once the
+	// parser is Done before its group is stopped (SIGTERM, SIGKILL after
+	// KillGrace); zero or negative: DefaultExitGrace.
+	ExitGrace time.Duration
 	Store     ports.AgentSessionStore // nil: no sessions
 	// Env and InheritEnv build the CLI's clean environment (proc.Environ):
 	// the node's token and provider keys reach it only when named here.
@@ -69,7 +83,10 @@ type Runner struct {
 // then whatever the parser emits, then the parser's terminal event. A
 // cancelled ctx stops the process group (SIGTERM, SIGKILL after KillGrace)
 // and returns ctx.Err(); an expired timeout is an error event with code
-// timeout.
+// timeout, unless the parser was already Done. A CLI that is still running
+// ExitGrace after its last line, with the parser Done, is stopped the same
+// way and its run ends with the parser's terminal event: the kill that
+// ended it is no failure.
 func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink, build func(model, resume, prompt string) Invocation, p Parser) error {
 	if strings.TrimSpace(string(req.Input)) == "" {
 		return domain.Errorf(domain.CodeInvalidRequest, "%s adapter %q: the run input (the prompt) is empty", r.Label, r.Name)
@@ -95,7 +112,11 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 
 	limit := runlimit.New(ctx, r.Timeout)
 	defer limit.Stop()
-	p0, err := proc.Start(limit.Context(), proc.Spec{
+	// procCtx ends the process: with the run's limit, or once the CLI
+	// lingers after reporting its end.
+	procCtx, stopProc := context.WithCancel(limit.Context())
+	defer stopProc()
+	p0, err := proc.Start(procCtx, proc.Spec{
 		Path: r.Command, Args: inv.Args, Dir: r.WorkDir, Stdin: inv.Stdin, KillGrace: r.KillGrace,
 		Env: proc.Environ(r.Env, r.InheritEnv),
 	})
@@ -106,6 +127,13 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 		p0.Kill()
 		return err
 	}
+	grace := r.ExitGrace
+	if grace <= 0 {
+		grace = DefaultExitGrace
+	}
+	linger := time.AfterFunc(grace, stopProc)
+	linger.Stop()
+	defer linger.Stop()
 	lr := lines.NewReader(p0.Stdout, 0)
 	for {
 		line, err := lr.Next()
@@ -119,18 +147,30 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 			p0.Kill()
 			return err
 		}
+		// The grace counts from the CLI's last line: one still talking
+		// is not stuck.
+		if p.Done() {
+			linger.Reset(grace)
+		} else {
+			linger.Stop()
+		}
 	}
 	state := p0.Wait()
+	linger.Stop()
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if limit.Expired() && p0.Stopped() {
+	// A CLI that reported its end and was then stopped (it lingered, or
+	// the limit expired while it did) finished its work: its result
+	// stands, and the signal that ended it is not its exit status.
+	finished := p.Done() && p0.Stopped()
+	if limit.Expired() && p0.Stopped() && !finished {
 		// Only a CLI the limit ended timed out: one that exited in time
 		// keeps its result, however long relaying its output took.
 		return sink.Emit(limit.Event(r.Label))
 	}
 	ev := p.End(t, state, p0.Stderr())
-	if ev.Type == domain.EventComplete && state != nil && !state.Success() {
+	if ev.Type == domain.EventComplete && state != nil && !state.Success() && !finished {
 		// A result, then a non-zero exit (a session file it could not
 		// write, say): the CLI failed, as its exit status says, and its
 		// stderr tells why. The usage it reported was spent all the same.
@@ -169,6 +209,10 @@ func (t *Turn) Previous() domain.AgentTotals {
 	}
 	return t.prev
 }
+
+// Resumed returns the agent session id the CLI was asked to resume, "" for
+// a new one.
+func (t *Turn) Resumed() string { return t.resumed }
 
 // SetTotals records the agent's running totals as of this turn, kept with
 // the session if the turn completes.

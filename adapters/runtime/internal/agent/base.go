@@ -20,6 +20,10 @@ type Base struct {
 	// cancelled. NewBase sets it to DefaultKillGrace; change it only
 	// before the first run.
 	KillGrace time.Duration
+	// ExitGrace is how long a CLI may linger, silent, after the line that
+	// ends its run before it is stopped. NewBase sets it to
+	// DefaultExitGrace; change it only before the first run.
+	ExitGrace time.Duration
 
 	runner         Runner
 	maxConcurrency int
@@ -37,6 +41,7 @@ func NewBase(cfg domain.AdapterConfig, agents ports.AgentSessionStore, kind, lab
 	}
 	return Base{
 		KillGrace: DefaultKillGrace,
+		ExitGrace: DefaultExitGrace,
 		runner: Runner{
 			Name: cfg.Name, Label: label, Command: cmp.Or(cfg.Command, command), WorkDir: cfg.WorkDir,
 			Models: slices.Clone(cfg.Models), Timeout: cfg.Timeout, Store: agents,
@@ -72,9 +77,10 @@ func (b *Base) sessions() Sessions {
 	return Sessions{Store: b.runner.Store, Name: b.runner.Name}
 }
 
-// Run runs req as Runner.Execute does, with the current KillGrace.
+// Run runs req as Runner.Execute does, with the current KillGrace and
+// ExitGrace.
 func (b *Base) Run(ctx context.Context, req domain.RunRequest, sink ports.EventSink, build func(model, resume, prompt string) Invocation, p Parser) error {
 	r := b.runner
-	r.KillGrace = b.KillGrace
+	r.KillGrace, r.ExitGrace = b.KillGrace, b.ExitGrace
 	return r.Execute(ctx, req, sink, build, p)
 }
