@@ -303,13 +303,15 @@ func TestAgentClaudeCodeCLI(t *testing.T) {
 	t.Parallel()
 	bin := agentcli.Find(t, "claude")
 	main, failing, slow := anthropic.Start(t), anthropic.Start(t), anthropic.Start(t)
+	breaking, delegating := anthropic.Start(t), anthropic.Start(t)
 	failing.Reply(apiError)
 	slow.Reply(hanging)
 	adapter := func(name string, s *anthropic.Server) agentAdapter {
 		return agentAdapter{name: name, typ: "claude-code", command: bin, workDir: workDir(t),
 			args: []string{"--include-partial-messages"}, env: agentcli.Claude(t, s.URL)}
 	}
-	e := agentEdge(t, adapter("claude", main), adapter("claude-err", failing), adapter("claude-slow", slow))
+	e := agentEdge(t, adapter("claude", main), adapter("claude-err", failing), adapter("claude-slow", slow),
+		adapter("claude-break", breaking), adapter("claude-sub", delegating))
 
 	t.Run("turns", func(t *testing.T) {
 		t.Parallel()
@@ -347,6 +349,11 @@ func TestAgentClaudeCodeCLI(t *testing.T) {
 		if u := run2.complete(t).Usage; run2.text("delta") != "Second turn, same session." || u.PromptTokens != 700 || u.CompletionTokens != 8 {
 			t.Errorf("turn 2: %s", run2)
 		}
+		// On --resume the CLI's total_cost_usd counts the first turn too;
+		// the run's cost is its own (700+8 tokens cost less than 1000+42).
+		if c2 := run2.complete(t).Usage.CostUSD; c2 <= 0 || c2 >= done.Usage.CostUSD {
+			t.Errorf("turn 2 cost = %v, turn 1 cost = %v: want turn 2's own, less", c2, done.Usage.CostUSD)
+		}
 		msgs := main.Messages()
 		last := string(msgs[len(msgs)-1].Body)
 		if !strings.Contains(last, "run the tool") || !strings.Contains(last, "The tool said: tool-ran") || !strings.Contains(last, "and now?") {
@@ -360,6 +367,46 @@ func TestAgentClaudeCodeCLI(t *testing.T) {
 		nodeCommand(t, e, "session_list", &l)
 		if n := l.turns("claude", "s1"); n != 2 {
 			t.Errorf("session_list turns = %d, want 2: %+v", n, l)
+		}
+	})
+	t.Run("stream breaks off", func(t *testing.T) {
+		t.Parallel()
+		// The streamed answer fails after its first piece (overloaded);
+		// the CLI asks again without streaming and gets it whole.
+		breaking.Queue(
+			standin.Reply{Text: "Hello world", StreamError: "overloaded_error", Usage: standin.Usage{Input: 10, Output: 1}},
+			standin.Reply{Text: "Hello world", Usage: standin.Usage{Input: 10, Output: 3}},
+		)
+		run := agentTurn(t, e, "claude-break", "", "say hello")
+		run.complete(t)
+		if got := run.text("delta"); got != "Hello world" {
+			t.Errorf("streamed text = %q, want the whole answer: %s", got, run)
+		}
+	})
+	t.Run("subagent", func(t *testing.T) {
+		t.Parallel()
+		// The answer delegates to a subagent (the Agent tool, run in the
+		// background), then takes up its outcome in a second turn.
+		delegating.Script(func(_ int, req standin.Request) standin.Reply {
+			body := string(req.Body)
+			switch {
+			case strings.Contains(body, "Main answer."):
+				return standin.Reply{Text: "Main final.", Usage: standin.Usage{Input: 3, Output: 3}}
+			case strings.Contains(body, "toolu_"):
+				return standin.Reply{Text: "Main answer.", Usage: standin.Usage{Input: 20, Output: 7}}
+			case strings.Contains(body, "Say something SUB"):
+				return standin.Reply{Thinking: "SUBAGENT THINKING", Text: "SUBAGENT INTERNAL TEXT", Usage: standin.Usage{Input: 100, Output: 50}}
+			}
+			return standin.Reply{Tool: &standin.ToolCall{Name: "Agent", Input: json.RawMessage(`{"description":"look around","prompt":"Say something SUB","subagent_type":"general-purpose"}`)}, Usage: standin.Usage{Input: 10, Output: 5}}
+		})
+		run := agentTurn(t, e, "claude-sub", "", "delegate it")
+		u := run.complete(t).Usage
+		if text, thinking := run.text("delta"), run.text("reasoning_delta"); strings.Contains(text+thinking, "SUBAGENT") || !strings.Contains(text, "Main final.") {
+			t.Errorf("the subagent's work streamed as the answer, or the answer is missing: text %q, reasoning %q", text, thinking)
+		}
+		// Usage counts every call: the main agent's three and the subagent's.
+		if u.PromptTokens != 10+20+100+3 || u.CompletionTokens != 5+7+50+3 {
+			t.Errorf("usage = %+v, want 133+65 tokens: %s", *u, run)
 		}
 	})
 	t.Run("api error and dash prompt", func(t *testing.T) {

@@ -36,6 +36,10 @@ type Reply struct {
 	// Hang makes a streamed reply stop after its first text piece and wait
 	// until the client goes away (or the server closes).
 	Hang bool
+	// StreamError makes a streamed reply end after its first text piece
+	// with an error event of this type (e.g. "overloaded_error"), as an
+	// API that fails mid-answer does; the anthropic stand-in only.
+	StreamError string
 	// Status, when non-zero, fails the request with this HTTP status and
 	// the vendor's error body carrying Error.
 	Status int

@@ -29,27 +29,43 @@
 //     content as text cut to 2 KiB.
 //   - stream_event: only when the configured args contain
 //     --include-partial-messages. content_block_delta text_delta → delta and
-//     thinking_delta → reasoning_delta; text and thinking blocks of whole
-//     assistant messages are then skipped, since the deltas already carried
-//     them (tool_use blocks are still taken from whole messages).
-//   - result: metadata {"num_turns","usage"} (the CLI's usage object as is),
-//     then, once the process has exited, the terminal event: complete with
-//     usage (prompt tokens = input_tokens + cache_creation_input_tokens +
-//     cache_read_input_tokens, i.e. every prompt token the model read;
-//     completion tokens = output_tokens; total_cost_usd; duration_ms; the
-//     model: the API model id of the last assistant message, else the
-//     system/init model without the CLI's context-size label such as
-//     "[1m]"), or, when is_error is true or the subtype is
-//     not "success", error with the result text (code provider_error for
-//     an API error reported with subtype "success", run_failed otherwise),
-//     still carrying the usage.
+//     thinking_delta → reasoning_delta; the text and thinking of whole
+//     assistant messages are then not sent again where the deltas already
+//     carried them (tool_use blocks are still taken from whole messages),
+//     and sent where they did not: when the API stream breaks off, the CLI
+//     asks again without streaming and the answer comes only whole. If it
+//     starts with what the broken stream carried, the rest follows that;
+//     else it is a new block.
+//   - lines with a parent_tool_use_id (a subagent's, run by the Agent or
+//     Task tool): text and thinking are skipped, being the subagent's work
+//     and not the run's answer; tool_use and tool_result blocks are
+//     metadata as above with "parent_tool_use_id" added.
+//   - result: metadata {"num_turns","usage"} (the CLI's usage object as is).
+//     With background subagents the CLI prints a result per turn of the
+//     main agent; the last one decides. Once the process has exited, the
+//     terminal event: complete with usage (prompt tokens = input +
+//     cache creation + cache read input tokens, i.e. every prompt token the
+//     model read; completion tokens = output tokens; both of every model
+//     call of the process, subagents' included: the sum of every result's
+//     model_usage_since_last_result, its costUSD the cost — modelUsage and
+//     total_cost_usd are running totals that, on --resume, may count the
+//     session's earlier runs. Without it: modelUsage for a new session,
+//     else the results' usage summed, and total_cost_usd. duration_ms summed
+//     over the results; the model: the API model id of the main agent's
+//     last assistant message, else the system/init model without the CLI's
+//     context-size label such as "[1m]"), or, when is_error is true or the
+//     subtype is not "success", error with the result text (code
+//     provider_error for an API error reported with subtype "success",
+//     run_failed otherwise), still carrying the usage. A result while
+//     background tasks run (system/background_tasks_changed) is not the
+//     end of the run.
 //
 // Consecutive text blocks (and thinking blocks) are separated by a blank
 // line, so the deltas of a run read as one text. A process that exits
 // without a result line is an error (run_failed) with its exit status and
 // the tail of its stderr. A configured timeout that expires kills the
 // process group and is an error with code timeout. A CLI that has printed
-// its result and stays silent and alive for ExitGrace (it happens:
+// its last result and stays silent and alive for ExitGrace (it happens:
 // anthropics/claude-code#25629) has its process group stopped, and the run
 // ends with that result, as it does when the timeout expires meanwhile.
 //
@@ -146,13 +162,37 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 // parser reads one run's stream-json.
 type parser struct {
 	partial  bool
-	model    string // from system/init
-	apiModel string // from the last assistant message
-	result   *resultLine
+	model    string      // from system/init
+	apiModel string      // from the main agent's last assistant message
+	result   *resultLine // the last result line
+	// Usage over every result line: their usage objects summed, and
+	// their model_usage_since_last_result (with its cost) summed, if any
+	// carried one.
+	sum       usage
+	since     usage
+	sinceCost float64
+	sawSince  bool
+	duration  int64 // the results' duration_ms summed
+	tasks     int   // background tasks running, per background_tasks_changed
+	done      bool  // a result with nothing running and nothing after it
 	// What the previous text-bearing block was, to separate blocks.
 	sawText, sawThinking bool
 	// In partial mode: a new text or thinking block has started.
 	newText, newThinking bool
+	// In partial mode: what the deltas of the latest streamed message
+	// carried, for the whole assistant messages to be checked against.
+	cur streamed
+}
+
+// streamed is what the deltas of one message carried, and how much of it
+// the whole assistant messages have matched so far.
+type streamed struct {
+	text, thinking carried
+}
+
+type carried struct {
+	got  string
+	used int
 }
 
 type line struct {
@@ -163,6 +203,10 @@ type line struct {
 	Model     string          `json:"model"`
 	Message   json.RawMessage `json:"message"`
 	Event     json.RawMessage `json:"event"`
+	// ParentToolUseID is set on the lines of a subagent (the Agent or
+	// Task tool): its work, not the run's answer.
+	ParentToolUseID *string           `json:"parent_tool_use_id"`
+	Tasks           []json.RawMessage `json:"tasks"` // system/background_tasks_changed
 }
 
 type block struct {
@@ -188,6 +232,13 @@ type resultLine struct {
 	StopReason   string          `json:"stop_reason"`
 	Errors       json.RawMessage `json:"errors"`
 	Usage        json.RawMessage `json:"usage"`
+	// ModelUsage is the CLI's running total per model: every model call
+	// of the process, subagents' too, and on --resume possibly the
+	// session's earlier turns.
+	ModelUsage map[string]modelUsage `json:"modelUsage"`
+	// SinceLast is what the calls since the previous result line (or the
+	// start of the process) used, per model.
+	SinceLast map[string]modelUsage `json:"model_usage_since_last_result"`
 }
 
 type usage struct {
@@ -197,18 +248,56 @@ type usage struct {
 	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
 }
 
+func (u *usage) add(v usage) {
+	u.InputTokens += v.InputTokens
+	u.OutputTokens += v.OutputTokens
+	u.CacheCreationInputTokens += v.CacheCreationInputTokens
+	u.CacheReadInputTokens += v.CacheReadInputTokens
+}
+
+type modelUsage struct {
+	InputTokens              int64   `json:"inputTokens"`
+	OutputTokens             int64   `json:"outputTokens"`
+	CacheReadInputTokens     int64   `json:"cacheReadInputTokens"`
+	CacheCreationInputTokens int64   `json:"cacheCreationInputTokens"`
+	CostUSD                  float64 `json:"costUSD"`
+}
+
+// sumModels adds up per-model usage: its tokens, and its cost.
+func sumModels(m map[string]modelUsage) (usage, float64) {
+	var u usage
+	var cost float64
+	for _, mu := range m {
+		u.add(usage{InputTokens: mu.InputTokens, OutputTokens: mu.OutputTokens,
+			CacheCreationInputTokens: mu.CacheCreationInputTokens, CacheReadInputTokens: mu.CacheReadInputTokens})
+		cost += mu.CostUSD
+	}
+	return u, cost
+}
+
 func (p *parser) Line(t *agent.Turn, raw []byte) error {
 	var l line
 	if json.Unmarshal(raw, &l) != nil {
 		return nil
 	}
+	sub := l.ParentToolUseID != nil && *l.ParentToolUseID != ""
 	switch l.Type {
 	case "system":
-		if l.Subtype == "init" {
-			p.model = l.Model
+		switch l.Subtype {
+		case "init":
+			// A second init starts another turn of the process (the
+			// main agent taking up a background task's outcome).
+			p.done = false
+			p.model = cmp.Or(l.Model, p.model)
 			return t.AgentSession(l.SessionID)
+		case "background_tasks_changed":
+			p.tasks = len(l.Tasks)
+			if p.tasks > 0 {
+				p.done = false
+			}
 		}
 	case "assistant":
+		p.done = false
 		var m struct {
 			Model string `json:"model"`
 		}
@@ -216,12 +305,21 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 		if m.Model == syntheticModel || (len(l.Error) > 0 && string(l.Error) != "null") {
 			return nil
 		}
+		if sub {
+			return p.tools(t, l.Message, *l.ParentToolUseID)
+		}
 		p.apiModel = cmp.Or(m.Model, p.apiModel)
 		return p.assistant(t, l.Message)
 	case "user":
-		return p.user(t, l.Message)
+		p.done = false
+		parent := ""
+		if sub {
+			parent = *l.ParentToolUseID
+		}
+		return p.user(t, l.Message, parent)
 	case "stream_event":
-		if p.partial {
+		p.done = false
+		if p.partial && !sub {
 			return p.streamEvent(t, l.Event)
 		}
 	case "result":
@@ -230,6 +328,17 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 			return nil
 		}
 		p.result = &r
+		p.done = p.tasks == 0
+		var u usage
+		_ = json.Unmarshal(r.Usage, &u)
+		p.sum.add(u)
+		p.duration += r.DurationMS
+		if r.SinceLast != nil {
+			su, cost := sumModels(r.SinceLast)
+			p.since.add(su)
+			p.sinceCost += cost
+			p.sawSince = true
+		}
 		if err := t.AgentSession(r.SessionID); err != nil {
 			return err
 		}
@@ -242,8 +351,9 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 	return nil
 }
 
-// Done reports whether a result has come.
-func (p *parser) Done() bool { return p.result != nil }
+// Done reports whether a result has come with no background task still
+// running and no other work after it.
+func (p *parser) Done() bool { return p.done }
 
 func contentBlocks(msg json.RawMessage) []block {
 	var m struct {
@@ -260,19 +370,19 @@ func (p *parser) assistant(t *agent.Turn, msg json.RawMessage) error {
 		var err error
 		switch b.Type {
 		case "text":
-			if !p.partial {
+			if p.partial {
+				err = catchUp(t, &p.cur.text, &p.sawText, domain.EventDelta, b.Text)
+			} else {
 				err = t.Text(domain.EventDelta, agent.Separate(&p.sawText, b.Text))
 			}
 		case "thinking":
-			if !p.partial {
+			if p.partial {
+				err = catchUp(t, &p.cur.thinking, &p.sawThinking, domain.EventReasoningDelta, b.Thinking)
+			} else {
 				err = t.Text(domain.EventReasoningDelta, agent.Separate(&p.sawThinking, b.Thinking))
 			}
 		case "tool_use":
-			input := b.Input
-			if len(input) == 0 {
-				input = json.RawMessage("{}")
-			}
-			err = t.Meta(map[string]any{"tool_use": map[string]any{"id": b.ID, "name": b.Name, "input": agent.ShrinkJSON(input)}})
+			err = toolUse(t, b, "")
 		}
 		if err != nil {
 			return err
@@ -281,16 +391,66 @@ func (p *parser) assistant(t *agent.Turn, msg json.RawMessage) error {
 	return nil
 }
 
-func (p *parser) user(t *agent.Turn, msg json.RawMessage) error {
+// catchUp handles a text or thinking block of a whole assistant message in
+// partial mode: what the deltas already carried is not sent again; what
+// they did not is. When the API stream breaks off, the CLI asks again
+// without streaming, and the answer then comes only whole: the text the
+// broken stream carried, if the answer starts with it, is continued, else
+// the answer is a new block.
+func catchUp(t *agent.Turn, c *carried, saw *bool, typ domain.EventType, text string) error {
+	if text == "" {
+		return nil
+	}
+	rest := c.got[c.used:]
+	switch {
+	case strings.HasPrefix(rest, text):
+		c.used += len(text)
+		return nil
+	case rest != "" && strings.HasPrefix(text, rest):
+		c.used = len(c.got)
+		return t.Text(typ, text[len(rest):])
+	}
+	c.used = len(c.got)
+	return t.Text(typ, agent.Separate(saw, text))
+}
+
+// tools handles a subagent's assistant message: its tool calls are
+// reported, marked with the tool use that runs the subagent; its text and
+// thinking are its own work, not the run's answer, and are skipped.
+func (p *parser) tools(t *agent.Turn, msg json.RawMessage, parent string) error {
+	for _, b := range contentBlocks(msg) {
+		if b.Type == "tool_use" {
+			if err := toolUse(t, b, parent); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func toolUse(t *agent.Turn, b block, parent string) error {
+	input := b.Input
+	if len(input) == 0 {
+		input = json.RawMessage("{}")
+	}
+	use := map[string]any{"id": b.ID, "name": b.Name, "input": agent.ShrinkJSON(input)}
+	if parent != "" {
+		use["parent_tool_use_id"] = parent
+	}
+	return t.Meta(map[string]any{"tool_use": use})
+}
+
+func (p *parser) user(t *agent.Turn, msg json.RawMessage, parent string) error {
 	for _, b := range contentBlocks(msg) {
 		if b.Type != "tool_result" {
 			continue
 		}
 		text, cut := agent.Truncate(resultText(b.Content), agent.MaxSummary)
-		err := t.Meta(map[string]any{"tool_result": map[string]any{
-			"tool_use_id": b.ToolUseID, "is_error": b.IsError, "content": text, "truncated": cut,
-		}})
-		if err != nil {
+		res := map[string]any{"tool_use_id": b.ToolUseID, "is_error": b.IsError, "content": text, "truncated": cut}
+		if parent != "" {
+			res["parent_tool_use_id"] = parent
+		}
+		if err := t.Meta(map[string]any{"tool_result": res}); err != nil {
 			return err
 		}
 	}
@@ -325,7 +485,10 @@ func resultText(raw json.RawMessage) string {
 
 func (p *parser) streamEvent(t *agent.Turn, raw json.RawMessage) error {
 	var ev struct {
-		Type         string `json:"type"`
+		Type    string `json:"type"`
+		Message struct {
+			ID string `json:"id"`
+		} `json:"message"`
 		ContentBlock struct {
 			Type string `json:"type"`
 		} `json:"content_block"`
@@ -339,6 +502,8 @@ func (p *parser) streamEvent(t *agent.Turn, raw json.RawMessage) error {
 		return nil
 	}
 	switch ev.Type {
+	case "message_start":
+		p.cur = streamed{}
 	case "content_block_start":
 		switch ev.ContentBlock.Type {
 		case "text":
@@ -350,6 +515,7 @@ func (p *parser) streamEvent(t *agent.Turn, raw json.RawMessage) error {
 		switch ev.Delta.Type {
 		case "text_delta":
 			text := ev.Delta.Text
+			p.cur.text.got += text
 			if p.newText && text != "" {
 				text, p.newText = agent.Separate(&p.sawText, text), false
 			}
@@ -357,6 +523,7 @@ func (p *parser) streamEvent(t *agent.Turn, raw json.RawMessage) error {
 			return t.Text(domain.EventDelta, text)
 		case "thinking_delta":
 			text := ev.Delta.Thinking
+			p.cur.thinking.got += text
 			if p.newThinking && text != "" {
 				text, p.newThinking = agent.Separate(&p.sawThinking, text), false
 			}
@@ -372,15 +539,24 @@ func (p *parser) End(t *agent.Turn, exit *os.ProcessState, stderr string) domain
 	if r == nil {
 		return agent.ExitFailure("claude", exit, stderr)
 	}
-	var u usage
-	_ = json.Unmarshal(r.Usage, &u)
+	u, cost := p.sum, r.TotalCostUSD
+	switch {
+	case p.sawSince:
+		// This process's calls, whatever the CLI restored of a resumed
+		// session's totals (which modelUsage and total_cost_usd count).
+		u, cost = p.since, p.sinceCost
+	case len(r.ModelUsage) > 0 && t.Resumed() == "":
+		// A new session: the running total is this process's, subagents
+		// included, which each result's usage is not.
+		u, _ = sumModels(r.ModelUsage)
+	}
 	prompt := u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens
 	usage := &domain.Usage{
 		PromptTokens:     prompt,
 		CompletionTokens: u.OutputTokens,
 		TotalTokens:      prompt + u.OutputTokens,
-		CostUSD:          r.TotalCostUSD,
-		DurationMS:       r.DurationMS,
+		CostUSD:          cost,
+		DurationMS:       p.duration,
 		StopReason:       cmp.Or(r.StopReason, r.Subtype),
 		Model:            cmp.Or(p.apiModel, apiModelID(p.model), t.Model()),
 	}

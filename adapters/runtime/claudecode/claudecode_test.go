@@ -621,3 +621,205 @@ func TestResultThenNoExitUntilTimeout(t *testing.T) {
 		return
 	}
 }
+
+// When the API stream breaks off (an SSE error event such as
+// overloaded_error), Claude Code asks again without streaming: the answer
+// then comes only as a whole assistant message, with no deltas. The stream
+// is what claude-code 2.1.328 prints with --include-partial-messages
+// against an API whose stream fails after "Hel".
+func TestPartialMessagesNonStreamingFallback(t *testing.T) {
+	ev := func(e string) string {
+		return `{"type":"stream_event","event":` + e + `,"session_id":"6f1","parent_tool_use_id":null}`
+	}
+	head := []string{
+		initLine,
+		`{"type":"system","subtype":"status","status":"requesting","session_id":"6f1"}`,
+		ev(`{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-opus-5-5","content":[],"usage":{"input_tokens":10,"output_tokens":1}}}`),
+		ev(`{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`),
+		ev(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hel"}}`),
+		ev(`{"type":"content_block_stop","index":0}`),
+		`{"type":"stream_event","event":{"type":"message_stop"},"session_id":"6f1","parent_tool_use_id":null,"abandoned_blocks":{"api_message_id":"msg_1","from_block_index":0}}`,
+	}
+	whole := func(text string) string {
+		return `{"type":"assistant","message":{"id":"msg_2","model":"claude-opus-5-5","role":"assistant","content":[{"type":"text","text":"` + text + `"}]},"parent_tool_use_id":null,"session_id":"6f1"}`
+	}
+	result := `{"type":"result","subtype":"success","is_error":false,"num_turns":1,"result":"Hello world","session_id":"6f1","total_cost_usd":0.0001,"usage":{"input_tokens":20,"output_tokens":4}}`
+	cases := []struct {
+		name   string
+		lines  []string
+		text   string
+		events []string
+	}{
+		// The retried answer starts with what the broken stream carried:
+		// it is continued.
+		{"continued", append(slices.Clone(head), whole("Hello world"), result), "Hello world", []string{"d:Hel", "d:lo world"}},
+		// A different answer cannot take back what went out: it is a new block.
+		{"different", append(slices.Clone(head), whole("Hi there"), result), "Hel\n\nHi there", []string{"d:Hel", "d:\n\nHi there"}},
+		// No stream events at all: the whole message is the answer.
+		{"no deltas", []string{initLine, whole("Hello world"), result}, "Hello world", []string{"d:Hello world"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cli := standin.WriteCLI(t, standin.Printf(standin.Lines(tc.lines...)))
+			a := newAdapter(t, cli, domain.AdapterConfig{Args: []string{"--include-partial-messages"}}, nil)
+			sink, err := run(t, a, domain.RunRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			requireTerminal(t, sink, domain.EventComplete, "")
+			if got := sink.Text(); got != tc.text {
+				t.Errorf("text = %q, want %q", got, tc.text)
+			}
+			var deltas []string
+			for _, s := range summary(sink.Events()) {
+				if strings.HasPrefix(s, "d:") {
+					deltas = append(deltas, s)
+				}
+			}
+			if !slices.Equal(deltas, tc.events) {
+				t.Errorf("deltas = %q, want %q", deltas, tc.events)
+			}
+		})
+	}
+}
+
+// subagentStream is what claude-code 2.1.328 prints (trimmed) for a prompt
+// whose answer delegates to a background subagent with the Agent tool: the
+// subagent's lines carry parent_tool_use_id; the main agent takes up its
+// outcome in a second turn (a second init) and the process prints a result
+// per turn. Each result's usage is its own segment of the main agent's
+// calls; model_usage_since_last_result covers every call since the previous
+// result, the subagent's included; modelUsage and total_cost_usd are
+// running totals. A Bash call of the subagent is added.
+var subagentStream = []string{
+	`{"type":"system","subtype":"init","session_id":"f3e","model":"claude-opus-5-5"}`,
+	`{"type":"assistant","message":{"id":"msg_1","model":"claude-opus-5-5","role":"assistant","content":[{"id":"toolu_2","input":{"description":"look around","prompt":"Say something SUB","subagent_type":"general-purpose"},"name":"Agent","type":"tool_use"}]},"parent_tool_use_id":null,"session_id":"f3e"}`,
+	`{"type":"system","subtype":"background_tasks_changed","tasks":[{"task_id":"a81","task_type":"local_agent","subagent_type":"general-purpose","description":"look around"}],"session_id":"f3e"}`,
+	`{"type":"system","subtype":"task_started","task_id":"a81","tool_use_id":"toolu_2","description":"look around","is_backgrounded":true,"session_id":"f3e"}`,
+	`{"type":"user","message":{"role":"user","content":[{"tool_use_id":"toolu_2","type":"tool_result","content":[{"type":"text","text":"Async agent launched successfully."}]}]},"parent_tool_use_id":null,"session_id":"f3e"}`,
+	`{"type":"assistant","message":{"id":"msg_4","model":"claude-haiku-5","role":"assistant","content":[{"signature":"c2ln","thinking":"SUBAGENT THINKING","type":"thinking"}]},"parent_tool_use_id":"toolu_2","session_id":"f3e"}`,
+	`{"type":"assistant","message":{"id":"msg_4","model":"claude-haiku-5","role":"assistant","content":[{"text":"SUBAGENT INTERNAL TEXT","type":"text"}]},"parent_tool_use_id":"toolu_2","session_id":"f3e"}`,
+	`{"type":"assistant","message":{"id":"msg_4","model":"claude-haiku-5","role":"assistant","content":[{"id":"toolu_9","input":{"command":"ls"},"name":"Bash","type":"tool_use"}]},"parent_tool_use_id":"toolu_2","session_id":"f3e"}`,
+	`{"type":"user","message":{"role":"user","content":[{"tool_use_id":"toolu_9","type":"tool_result","content":"a.go","is_error":false}]},"parent_tool_use_id":"toolu_2","session_id":"f3e"}`,
+	`{"type":"system","subtype":"task_notification","task_id":"a81","tool_use_id":"toolu_2","status":"completed","summary":"SUBAGENT INTERNAL TEXT","session_id":"f3e"}`,
+	`{"type":"system","subtype":"background_tasks_changed","tasks":[],"session_id":"f3e"}`,
+	`{"type":"assistant","message":{"id":"msg_3","model":"claude-opus-5-5","role":"assistant","content":[{"text":"Main answer.","type":"text"}]},"parent_tool_use_id":null,"session_id":"f3e"}`,
+	`{"type":"result","subtype":"success","is_error":false,"num_turns":2,"result":"Main answer.","session_id":"f3e","duration_ms":1348,"total_cost_usd":0.00176,"stop_reason":"end_turn","usage":{"input_tokens":30,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":12},"modelUsage":{"claude-opus-5-5":{"inputTokens":30,"outputTokens":12,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"costUSD":0.00076},"claude-haiku-5":{"inputTokens":100,"outputTokens":50,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"costUSD":0.001}},"model_usage_since_last_result":{"claude-opus-5-5":{"inputTokens":30,"outputTokens":12,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"costUSD":0.00076},"claude-haiku-5":{"inputTokens":100,"outputTokens":50,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"costUSD":0.001}},"result_index":0}`,
+	`{"type":"system","subtype":"init","session_id":"f3e","model":"claude-opus-5-5"}`,
+	`{"type":"assistant","message":{"id":"msg_5","model":"claude-opus-5-5","role":"assistant","content":[{"text":"Main final.","type":"text"}]},"parent_tool_use_id":null,"session_id":"f3e"}`,
+	`{"type":"result","subtype":"success","is_error":false,"num_turns":1,"result":"Main final.","session_id":"f3e","duration_ms":106,"total_cost_usd":0.001832,"stop_reason":"end_turn","usage":{"input_tokens":3,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":3},"modelUsage":{"claude-opus-5-5":{"inputTokens":33,"outputTokens":15,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"costUSD":0.000832},"claude-haiku-5":{"inputTokens":100,"outputTokens":50,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"costUSD":0.001}},"model_usage_since_last_result":{"claude-opus-5-5":{"inputTokens":3,"outputTokens":3,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"costUSD":0.000072}},"result_index":1}`,
+}
+
+// A subagent's work is not the run's answer: its text and thinking are not
+// streamed, its tool calls are metadata marked with the Agent call's id.
+// The usage is the whole process's (the subagent's calls included), the
+// model the main agent's.
+func TestSubagents(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(standin.Lines(subagentStream...)))
+	for _, args := range [][]string{nil, {"--include-partial-messages"}} {
+		a := newAdapter(t, cli, domain.AdapterConfig{Args: args}, nil)
+		sink, err := run(t, a, domain.RunRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := requireTerminal(t, sink, domain.EventComplete, "")
+		if got := sink.Text(); got != "Main answer.\n\nMain final." {
+			t.Errorf("args %q: text = %q", args, got)
+		}
+		got := summary(sink.Events())
+		for _, s := range got {
+			if strings.HasPrefix(s, "r:") {
+				t.Errorf("args %q: the subagent's thinking streamed as the run's: %q", args, s)
+			}
+		}
+		for _, want := range []string{
+			`m:{"tool_use":{"id":"toolu_2","input":{"description":"look around","prompt":"Say something SUB","subagent_type":"general-purpose"},"name":"Agent"}}`,
+			`m:{"tool_use":{"id":"toolu_9","input":{"command":"ls"},"name":"Bash","parent_tool_use_id":"toolu_2"}}`,
+			`m:{"tool_result":{"content":"a.go","is_error":false,"parent_tool_use_id":"toolu_2","tool_use_id":"toolu_9","truncated":false}}`,
+		} {
+			if !slices.Contains(got, want) {
+				t.Errorf("args %q: no %s in\n%s", args, want, strings.Join(got, "\n"))
+			}
+		}
+		u := done.Usage
+		if u == nil || u.PromptTokens != 133 || u.CompletionTokens != 65 || u.TotalTokens != 198 ||
+			u.CostUSD < 0.0018319 || u.CostUSD > 0.0018321 || u.Model != "claude-opus-5-5" || u.DurationMS != 1348+106 {
+			t.Errorf("args %q: usage = %+v, want 133+65 tokens for $0.001832 by claude-opus-5-5", args, u)
+		}
+	}
+}
+
+// The usage without model_usage_since_last_result: modelUsage for a new
+// session, else (modelUsage may count a resumed session's earlier turns)
+// every result's usage summed.
+func TestSubagentUsageFallbacks(t *testing.T) {
+	var old []string
+	for _, l := range subagentStream {
+		var m map[string]json.RawMessage
+		if json.Unmarshal([]byte(l), &m) == nil && string(m["type"]) == `"result"` {
+			delete(m, "model_usage_since_last_result")
+			b, _ := json.Marshal(m)
+			l = string(b)
+		}
+		old = append(old, l)
+	}
+	cli := standin.WriteCLI(t, standin.Printf(standin.Lines(old...)))
+	agents := memory.NewAgentSessionStore()
+	a := newAdapter(t, cli, domain.AdapterConfig{}, agents)
+	sink, err := run(t, a, domain.RunRequest{SessionID: "s1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := requireTerminal(t, sink, domain.EventComplete, "").Usage; u == nil || u.PromptTokens != 133 || u.CompletionTokens != 65 || u.CostUSD != 0.001832 {
+		t.Errorf("new session: usage = %+v, want modelUsage's 133+65", u)
+	}
+	sink, err = run(t, a, domain.RunRequest{SessionID: "s1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := requireTerminal(t, sink, domain.EventComplete, "").Usage; u == nil || u.PromptTokens != 33 || u.CompletionTokens != 15 {
+		t.Errorf("resumed: usage = %+v, want the results' 30+3 and 12+3", u)
+	}
+}
+
+// On --resume, Claude Code may restore the session's running totals:
+// modelUsage and total_cost_usd then count the earlier turns too (as
+// claude-code 2.1.328 prints for a second turn of 200+20 tokens after a
+// first of 100+10). The run's usage and cost are its own.
+func TestResumedRunCostsItsOwn(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(standin.Lines(initLine,
+		`{"type":"assistant","message":{"id":"msg_2","model":"claude-opus-5-5","role":"assistant","content":[{"type":"text","text":"two"}]},"parent_tool_use_id":null,"session_id":"6f1"}`,
+		`{"type":"result","subtype":"success","is_error":false,"num_turns":1,"result":"two","session_id":"6f1","total_cost_usd":0.0018000000000000002,"usage":{"input_tokens":200,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":20},"modelUsage":{"claude-opus-5-5":{"inputTokens":300,"outputTokens":30,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"costUSD":0.0018000000000000002}},"model_usage_since_last_result":{"claude-opus-5-5":{"inputTokens":200,"outputTokens":20,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"costUSD":0.0012000000000000001}},"result_index":0}`,
+	)))
+	agents := memory.NewAgentSessionStore()
+	a := newAdapter(t, cli, domain.AdapterConfig{}, agents)
+	for i := 0; i < 2; i++ {
+		sink, err := run(t, a, domain.RunRequest{SessionID: "s1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u := requireTerminal(t, sink, domain.EventComplete, "").Usage; u == nil || u.PromptTokens != 200 || u.CompletionTokens != 20 || u.CostUSD != 0.0012000000000000001 {
+			t.Errorf("run %d: usage = %+v, want 200+20 tokens for $0.0012", i+1, u)
+		}
+	}
+}
+
+// A result while a background task still runs is not the end: the CLI
+// goes on (here after a pause longer than ExitGrace) and is not stopped.
+func TestResultWithBackgroundTaskIsNotTheEnd(t *testing.T) {
+	i := slices.IndexFunc(subagentStream, func(l string) bool { return strings.Contains(l, `"task_started"`) })
+	early := `{"type":"result","subtype":"success","is_error":false,"num_turns":1,"result":"","session_id":"f3e","total_cost_usd":0.0001,"usage":{"input_tokens":10,"output_tokens":5}}`
+	body := standin.Printf(standin.Lines(append(slices.Clone(subagentStream[:i+1]), early)...)) + "sleep 1\n" +
+		standin.Printf(standin.Lines(subagentStream[i+1:]...))
+	cli := standin.WriteCLI(t, body)
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	a.ExitGrace = 100 * time.Millisecond
+	sink, err := run(t, a, domain.RunRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+	if got := sink.Text(); got != "Main answer.\n\nMain final." {
+		t.Errorf("text = %q: the CLI was stopped at its first result", got)
+	}
+}

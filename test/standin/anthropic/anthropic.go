@@ -226,6 +226,16 @@ func (h *handler) stream(w http.ResponseWriter, r *http.Request, done <-chan str
 	}
 	if rep.Text != "" {
 		pieces := standin.Pieces(rep.Text)
+		if rep.StreamError != "" {
+			if ev("content_block_start", map[string]any{"index": idx, "content_block": map[string]any{"type": "text", "text": ""}}) != nil {
+				return
+			}
+			if ev("content_block_delta", map[string]any{"index": idx, "delta": map[string]any{"type": "text_delta", "text": pieces[0]}}) != nil {
+				return
+			}
+			_ = st.Event("error", map[string]any{"type": "error", "error": map[string]any{"type": rep.StreamError, "message": "stand-in: the stream broke off"}})
+			return
+		}
 		if rep.Hang {
 			if ev("content_block_start", map[string]any{"index": idx, "content_block": map[string]any{"type": "text", "text": ""}}) != nil {
 				return
