@@ -567,7 +567,7 @@ func TestAgentGeminiCLI(t *testing.T) {
 		main.Queue(
 			standin.Reply{Tool: &standin.ToolCall{Name: "list_directory", Input: json.RawMessage(`{"dir_path":"."}`)}, Usage: standin.Usage{Input: 200, Output: 10}},
 			standin.Reply{Text: "There is hello.txt ✓", Usage: standin.Usage{Input: 300, CacheRead: 50, Output: 20}},
-			standin.Reply{Text: "Second turn, same session.", Usage: standin.Usage{Input: 400, Output: 5}},
+			standin.Reply{Thinking: "Recall the first turn.", Text: "Second turn, same session.", Usage: standin.Usage{Input: 400, Output: 25, Reasoning: 20}},
 		)
 		run := agentTurn(t, e, "gemini", "s1", "what is here?")
 		done := run.complete(t)
@@ -585,6 +585,11 @@ func TestAgentGeminiCLI(t *testing.T) {
 		run2 := agentTurn(t, e, "gemini", "s1", "and now?")
 		if run2.complete(t); run2.text("delta") != "Second turn, same session." {
 			t.Errorf("turn 2: %s", run2)
+		}
+		// The 20 tokens of thinking are output too: prompt and completion
+		// make up the total.
+		if u := run2.complete(t).Usage; u.CompletionTokens != 3+25 || u.PromptTokens+u.CompletionTokens != u.TotalTokens {
+			t.Errorf("turn 2 usage = %+v, want 3+25 completion tokens (routing, answer with its thinking)", *u)
 		}
 		calls, routing := main.Calls()
 		var last standin.Request

@@ -33,7 +33,9 @@
 //   - result → metadata {"stats":{…}} (the CLI's stats as is), then, once
 //     the process has exited, the terminal event: for status "success",
 //     complete with usage (prompt tokens = stats.input_tokens, cached ones
-//     included; completion tokens = output_tokens; total_tokens;
+//     included; completion tokens = total_tokens − input_tokens, i.e.
+//     output_tokens plus the model's thinking, which output_tokens leaves
+//     out (never less than output_tokens); total_tokens;
 //     duration_ms; the model that answered last in stats.models, else the
 //     init model unless it is "auto", else the requested one; stop reason
 //     = status); otherwise error with the result's error message (code
@@ -255,10 +257,15 @@ func (p *parser) End(t *agent.Turn, exit *os.ProcessState, stderr string) domain
 	}
 	var s stats
 	_ = json.Unmarshal(r.Stats, &s)
+	total := cmp.Or(s.TotalTokens, s.InputTokens+s.OutputTokens)
+	// output_tokens counts the answer's tokens but not the thinking
+	// before it, which total_tokens does (and which is billed as output):
+	// the completion is all that is not prompt.
+	completion := max(s.OutputTokens, total-s.InputTokens)
 	usage := &domain.Usage{
 		PromptTokens:     s.InputTokens,
-		CompletionTokens: s.OutputTokens,
-		TotalTokens:      cmp.Or(s.TotalTokens, s.InputTokens+s.OutputTokens),
+		CompletionTokens: completion,
+		TotalTokens:      total,
 		DurationMS:       s.DurationMS,
 		StopReason:       r.Status,
 		Model:            cmp.Or(lastKey(s.Models), p.model, t.Model()),

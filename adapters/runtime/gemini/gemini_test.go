@@ -271,6 +271,24 @@ func TestToolErrorMessageIsKept(t *testing.T) {
 	}
 }
 
+// The model's thinking is output the API bills, which the CLI's
+// output_tokens leaves out and total_tokens counts: the completion is all
+// that is not prompt (stats of gemini-cli 0.61.0 for a reply that thought
+// 40 tokens and answered in 10).
+func TestThinkingCountsAsCompletion(t *testing.T) {
+	out := standin.Lines(
+		`{"type":"init","timestamp":"t","session_id":"`+sessionID+`","model":"gemini-2.5-pro"}`,
+		`{"type":"message","timestamp":"t","role":"assistant","content":"Answer.","delta":true}`,
+		`{"type":"result","timestamp":"t","status":"success","stats":{"total_tokens":150,"input_tokens":100,"output_tokens":10,"cached":0,"input":100,"duration_ms":711,"tool_calls":0,"models":{"gemini-2.5-pro":{"total_tokens":150,"input_tokens":100,"output_tokens":10,"cached":0,"input":100}}}}`,
+	)
+	cli := standin.WriteCLI(t, standin.Printf(out))
+	ev := requireTerminal(t, run(t, newAdapter(t, cli, domain.AdapterConfig{}, nil), domain.RunRequest{}), domain.EventComplete, "")
+	want := domain.Usage{PromptTokens: 100, CompletionTokens: 50, TotalTokens: 150, DurationMS: 711, StopReason: "success", Model: "gemini-2.5-pro"}
+	if ev.Usage == nil || *ev.Usage != want {
+		t.Errorf("usage = %+v, want %+v", ev.Usage, want)
+	}
+}
+
 // A CLI that prints its result and then never exits ends its run with that
 // result, its session turn counted, and nothing of its group left.
 func TestResultThenNoExit(t *testing.T) {
