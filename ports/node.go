@@ -173,12 +173,18 @@ type TunnelSink interface {
 }
 
 // FrameTooLargeError is TunnelSink.Send's refusal of a frame of Size bytes
-// on a link that carries at most Max bytes in one.
+// on a link that carries at most Max bytes in one or, when MaxElements is
+// set, of a frame of Elements messages, strings and bytes values (header
+// entries, names and values) on a link that carries at most MaxElements.
 type FrameTooLargeError struct {
-	Size, Max int
+	Size, Max             int
+	Elements, MaxElements int
 }
 
 func (e *FrameTooLargeError) Error() string {
+	if e.MaxElements > 0 {
+		return fmt.Sprintf("frame of %d header entries, names and values is more than the link carries (at most %d)", e.Elements, e.MaxElements)
+	}
 	return fmt.Sprintf("frame of %d bytes is larger than the link carries (at most %d)", e.Size, e.Max)
 }
 

@@ -733,6 +733,10 @@ func (t *tunnelSink) Send(f domain.TunnelFrame) error {
 		return nil
 	}
 	pf := t.s.c.tunnelFrame(f)
+	if n := headerFrameElements(pf); n > headerElements {
+		// The edge would count them and drop the link (elements.go).
+		return &ports.FrameTooLargeError{Elements: n, MaxElements: headerElements}
+	}
 	frame := &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: pf}}
 	send := t.s.Send
 	if f.Kind == domain.TunnelEnd || f.Kind == domain.TunnelError {

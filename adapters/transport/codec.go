@@ -46,9 +46,12 @@ type Decoder struct {
 	r   *linkReader
 	max int
 	// elements, when positive, is the most elements (checkElements) a
-	// frame may hold: set for the first frame of a connection
-	// (handshakeElements).
+	// protobuf frame may hold: handshakeElements for the first frame of a
+	// connection, nodeFrameElements for every later one the edge reads
+	// (elements.go). counted is then the element count of the protobuf
+	// frame next returned last.
 	elements int
+	counted  int
 	// progress, when set, is called each time another readPiece bytes of
 	// a large frame have arrived: the link's read loop moves its read
 	// deadline there, so a large frame on a slow link is not cut off
@@ -138,8 +141,9 @@ func (d *Decoder) next(f *ioppb.Frame, df *dataFrame) (size int, isData bool, er
 			return 0, false, unexpectedEOF(err)
 		}
 	}
+	d.counted = 0
 	if d.elements > 0 {
-		if err := checkElements(b, d.elements); err != nil {
+		if d.counted, err = checkElements(b, d.elements); err != nil {
 			return 0, false, err
 		}
 	}

@@ -69,6 +69,10 @@ type Conn struct {
 	// dataFrames: both ends agreed at registration to send tunnel bodies
 	// as binary data frames. Received data frames are read either way.
 	dataFrames bool
+	// streamElements, when positive, is the most elements (elements.go)
+	// the frames queued on one stream may hold: set on the edge, whose
+	// decoder counts them.
+	streamElements int
 	// rawHeaders: both ends agreed at registration to read header values
 	// that are not UTF-8 (Header.values as bytes); without it such values
 	// are left out of what this side sends (headers).
@@ -163,6 +167,12 @@ func newConn(nc net.Conn, dec *Decoder, cfg Config, side Side, peerWindow uint32
 	}
 	if c.peerWindow == 0 {
 		c.peerWindow = cfg.StreamWindow
+	}
+	if side == SideEdge && dec != nil {
+		// What a node sends is bounded in decoded elements, per frame and
+		// per stream (elements.go).
+		dec.elements = nodeFrameElements
+		c.streamElements = streamElements(int(cfg.StreamWindow))
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		// A second line behind heartbeats for peers that vanish silently.
@@ -395,6 +405,10 @@ func (c *Conn) readLoop() {
 				c.dropped.Add(1)
 				continue
 			}
+			if c.side == SideEdge && errors.Is(err, errTooManyElements) {
+				c.violation(err.Error())
+				return
+			}
 			c.shutdown(classifyReadErr(err, c.cfg.HeartbeatTimeout))
 			return
 		}
@@ -404,7 +418,7 @@ func (c *Conn) readLoop() {
 			c.dispatchData(&df)
 			continue
 		}
-		c.dispatch(f)
+		c.dispatch(f, c.dec.counted)
 		f = nil
 	}
 }
@@ -439,7 +453,9 @@ func classifyReadErr(err error, wait time.Duration) error {
 	return err
 }
 
-func (c *Conn) dispatch(f *ioppb.Frame) {
+// dispatch routes a protobuf frame of elems elements (as the decoder
+// counted them; 0 where it counts none).
+func (c *Conn) dispatch(f *ioppb.Frame, elems int) {
 	id := f.StreamId
 	switch b := f.Body.(type) {
 	case *ioppb.Frame_Heartbeat:
@@ -472,7 +488,7 @@ func (c *Conn) dispatch(f *ioppb.Frame) {
 			return
 		}
 		if s := c.stream(id); s != nil {
-			s.deliver(f)
+			s.deliver(f, elems)
 		} else {
 			c.unrouted(f)
 		}

@@ -295,7 +295,7 @@ func TestOpenFromPeerAfterShutdownEndsStream(t *testing.T) {
 	c := newConn(a, NewDecoder(a, DefaultMaxFrameSize), testConfig(), SideNode, 0, opened)
 	c.shutdown(errors.New("write: broken pipe"))
 	// What the read loop does with the frame it had already decoded.
-	c.dispatch(&ioppb.Frame{StreamId: 1, Body: &ioppb.Frame_ProviderTunnelRequest{ProviderTunnelRequest: &ioppb.ProviderTunnelRequest{Provider: "p", BodyFollows: true}}})
+	c.dispatch(&ioppb.Frame{StreamId: 1, Body: &ioppb.Frame_ProviderTunnelRequest{ProviderTunnelRequest: &ioppb.ProviderTunnelRequest{Provider: "p", BodyFollows: true}}}, 0)
 	select {
 	case s := <-opened:
 		if s.Context().Err() == nil {

@@ -90,9 +90,11 @@ func TestEdgeRefusesFirstFrameOfEmptyMessages(t *testing.T) {
 	}
 }
 
-// TestLaterFramesAreNotBoundByElements: after registration a frame may be
-// as dense as its size allows (a header repeated with empty values is
-// legitimate and comes from a caller, through the edge).
+// TestLaterFramesAreNotBoundByElements: the node's decoder bounds no frame
+// after registration by its elements: what the edge sends may be as dense
+// as its size allows (a header repeated with empty values is legitimate
+// and comes from a caller, through the edge). The edge's bound on what a
+// node sends is in density_test.go.
 func TestLaterFramesAreNotBoundByElements(t *testing.T) {
 	wire := emptyMessagesFrame(t, 30000)
 	dec := NewDecoder(bytes.NewReader(wire), DefaultMaxFrameSize)

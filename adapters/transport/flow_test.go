@@ -155,12 +155,12 @@ func TestDeliverBeyondWindowResetsStream(t *testing.T) {
 	cost := frameCost(ev)
 	n := int(cfg.withDefaults().StreamWindow) / cost
 	for i := 0; i < n; i++ {
-		s.deliver(ev)
+		s.deliver(ev, 0)
 	}
 	if q := queuedOf(s); q != n*cost {
 		t.Fatalf("queued %d, want %d", q, n*cost)
 	}
-	s.deliver(ev) // one too many
+	s.deliver(ev, 0) // one too many
 	select {
 	case f := <-c.ctrl:
 		if f.StreamId != s.ID() || f.GetStreamReset().GetCode() != "flow_control" {
@@ -185,7 +185,7 @@ func TestDeliverBeyondWindowResetsStream(t *testing.T) {
 		t.Errorf("after the queue: %v", err)
 	}
 	before := c.dropped.Load()
-	s.deliver(ev)
+	s.deliver(ev, 0)
 	if c.dropped.Load() != before+1 {
 		t.Error("frame for an ended stream not counted as dropped")
 	}
@@ -301,7 +301,7 @@ func TestWindowUpdateNotLostWhenControlQueueFull(t *testing.T) {
 	ev := &ioppb.Frame{StreamId: 1, Body: &ioppb.Frame_RunEvent{RunEvent: &ioppb.RunEvent{Text: strings.Repeat("e", 30<<10)}}}
 	n := int(c.cfg.StreamWindow) / frameCost(ev)
 	for i := 0; i < n; i++ {
-		s.deliver(ev)
+		s.deliver(ev, 0)
 	}
 	c.ctrl <- &ioppb.Frame{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{}}} // the queue is full
 
@@ -355,7 +355,7 @@ func TestDeliverCountsConsumedButUnreturnedCredit(t *testing.T) {
 	window := int(cfg.withDefaults().StreamWindow)
 	n := window / cost
 	for i := 0; i < n; i++ {
-		s.deliver(ev)
+		s.deliver(ev, 0)
 	}
 	// The consumer reads one frame: less than half a window, so no credit
 	// goes back to the peer.
@@ -368,7 +368,7 @@ func TestDeliverCountsConsumedButUnreturnedCredit(t *testing.T) {
 	default:
 	}
 	// The peer has now sent (n+1)·cost > window bytes on one window of credit.
-	s.deliver(ev)
+	s.deliver(ev, 0)
 	select {
 	case f := <-c.ctrl:
 		if f.StreamId != s.ID() || f.GetStreamReset().GetCode() != "flow_control" {

@@ -43,6 +43,32 @@ var misbehaviours = []struct {
 			}
 		}
 	}},
+	{"node_stats of empty messages", "more than 16384 in a frame", func(t *testing.T, _ context.Context, raw *rawPeer, _ *edgeLink) {
+		// 40 KiB on the wire, ≈ 2 MiB decoded; at 4 MiB (the frame limit)
+		// it was 216 MiB for one frame.
+		mustf(t, raw.writeBytes(emptyMessagesFrame(t, 20000)), "node_stats")
+	}},
+	{"header frames of empty headers within credit", "messages, strings and bytes values in its queued frames", func(t *testing.T, ctx context.Context, raw *rawPeer, link *edgeLink) {
+		ts, err := link.OpenTunnel(ctx, domain.TunnelRequest{Provider: "oa", Method: "GET", Path: "/v1/models"}, nil)
+		mustf(t, err, "OpenTunnel")
+		t.Cleanup(ts.Close)
+		id := raw.readUntil(ctx, "tunnel request", func(f *ioppb.Frame) bool { return f.GetProviderTunnelRequest() != nil }).StreamId
+		// Each frame is under the bound on one frame's elements and all are
+		// well within the stream's credit (4 × 32 KiB of 256 KiB), but they
+		// would decode to ≈ 5.5 MiB queued on one stream the caller does
+		// not read: 20 times the window.
+		hs := make([]*ioppb.Header, 16000)
+		for i := range hs {
+			hs[i] = &ioppb.Header{}
+		}
+		f := mustFrame(t, &ioppb.Frame{StreamId: id, Body: &ioppb.Frame_ProviderTunnelFrame{ProviderTunnelFrame: &ioppb.ProviderTunnelFrame{
+			Kind: &ioppb.ProviderTunnelFrame_Header{Header: &ioppb.HeaderBlock{Headers: hs}}}}})
+		for range 4 {
+			if raw.writeBytes(f) != nil {
+				return
+			}
+		}
+	}},
 	{"window update for a stream never opened", "never opened", func(t *testing.T, _ context.Context, raw *rawPeer, _ *edgeLink) {
 		raw.write(&ioppb.Frame{StreamId: 77, Body: &ioppb.Frame_WindowUpdate{WindowUpdate: &ioppb.WindowUpdate{Increment: 1 << 30}}})
 	}},

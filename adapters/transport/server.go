@@ -277,7 +277,8 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 		return nil, "", false
 	}
 	defer func() { <-s.sem }()
-	dec.max, dec.elements = s.cfg.MaxFrameSize, 0
+	// newConn sets the element bound for the rest of the link.
+	dec.max = s.cfg.MaxFrameSize
 	link := &edgeLink{remote: remote, acks: map[uint64]chan error{}, h: s.h}
 	link.conn = newConn(nc, dec, s.cfg, SideEdge, req.GetInitialWindow(), link)
 	// Set before Register publishes the link: a caller may open a tunnel

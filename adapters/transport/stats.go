@@ -20,8 +20,14 @@ const (
 	maxStatsName    = 128
 )
 
+// statsToProto converts the node's stats for the wire, cut to the bounds
+// the edge keeps (the rest would only be dropped there, and a frame of
+// thousands of entries could exceed the edge's bound on a frame's elements,
+// elements.go).
 func statsToProto(s domain.NodeStats) *ioppb.NodeStats {
 	p := &ioppb.NodeStats{ChildProcesses: uint32(max(s.ChildProcesses, 0)), StoreBytes: s.StoreBytes}
+	s.Adapters = s.Adapters[:min(len(s.Adapters), maxStatsEntries)]
+	s.Providers = s.Providers[:min(len(s.Providers), maxStatsEntries)]
 	for _, a := range s.Adapters {
 		p.Adapters = append(p.Adapters, &ioppb.AdapterSlots{Name: a.Name, MaxConcurrency: uint32(max(a.Max, 0)), InFlight: uint32(max(a.InFlight, 0))})
 	}

@@ -43,6 +43,9 @@ type queued struct {
 	f    *ioppb.Frame // nil for a data frame
 	d    dataFrame
 	cost int
+	// elems is the frame's element count (elements.go) where the decoder
+	// counts them (the edge), one for a data frame; 0 otherwise.
+	elems int
 }
 
 // Stream is one exchange on a Conn (a run, a command, a tunnel, a cancel).
@@ -67,8 +70,10 @@ type Stream struct {
 	// one is the queue's array while it starts from empty: popping
 	// reslices the queue forward, so a consumer that keeps up (one frame
 	// in, one out) would otherwise have every frame allocate a new array.
-	one      [1]queued
-	queued   int
+	one    [1]queued
+	queued int
+	// elems is the element count of the queued frames (Conn.streamElements).
+	elems    int
 	unacked  int
 	credit   int
 	endErr   error // no more frames will arrive; set once
@@ -123,6 +128,7 @@ func (s *Stream) recv(ctx context.Context) (*ioppb.Frame, dataFrame, error) {
 		s.mu.Lock()
 		if len(s.queue) > 0 {
 			f, d, cost := s.queue[0].f, s.queue[0].d, s.queue[0].cost
+			s.elems -= s.queue[0].elems
 			s.queue[0] = queued{}
 			s.queue = s.queue[1:]
 			s.queued -= cost
@@ -303,13 +309,20 @@ func (s *Stream) end(err error) bool {
 	return true
 }
 
-// deliver queues a frame from the peer (read loop; never blocks).
-func (s *Stream) deliver(f *ioppb.Frame) { s.enqueue(queued{f: f, cost: frameCost(f)}) }
+// deliver queues a frame from the peer, of elems elements where the
+// decoder counts them (read loop; never blocks).
+func (s *Stream) deliver(f *ioppb.Frame, elems int) {
+	s.enqueue(queued{f: f, cost: frameCost(f), elems: elems})
+}
 
 // deliverData queues a data frame of the given cost; the stream takes its
 // payload (read loop; never blocks).
 func (s *Stream) deliverData(d *dataFrame, cost int) {
-	if !s.enqueue(queued{d: *d, cost: cost}) {
+	elems := 0
+	if s.c.streamElements > 0 {
+		elems = 1
+	}
+	if !s.enqueue(queued{d: *d, cost: cost, elems: elems}) {
 		putPayload(d.pool)
 	}
 }
@@ -341,11 +354,21 @@ func (s *Stream) enqueue(q queued) bool {
 		}
 		return false
 	}
+	if limit := s.c.streamElements; limit > 0 && s.elems+q.elems > limit {
+		elems, size := s.elems+q.elems, s.queued+cost
+		s.mu.Unlock()
+		// Only the edge counts: a node whose frames are this dense is
+		// broken or hostile (no legitimate stream comes near).
+		s.c.violation(fmt.Sprintf("stream %d would hold %d messages, strings and bytes values in its queued frames, more than %d (%d bytes queued)",
+			s.id, elems, limit, size))
+		return false
+	}
 	if len(s.queue) == 0 {
 		s.queue = s.one[:0]
 	}
 	s.queue = append(s.queue, q)
 	s.queued += cost
+	s.elems += q.elems
 	s.mu.Unlock()
 	signal(s.notify)
 	return true

@@ -79,6 +79,12 @@ func (h *TunnelHandler) OpenTunnel(ctx context.Context, req domain.TunnelRequest
 			// The link cannot carry headers this large in one frame (the
 			// provider client itself takes up to 10 MiB). Without an error
 			// frame the edge would see only a reset stream, a bare 502.
+			if tooBig.MaxElements > 0 {
+				h.log.Warn("provider response headers too many to relay", "provider", req.Provider, "path", req.Path,
+					"status", resp.Status, "elements", tooBig.Elements, "max", tooBig.MaxElements)
+				fail(domain.CodeProviderError, "the provider's response has too many headers to relay (%d header entries, names and values, at most %d)", tooBig.Elements, tooBig.MaxElements)
+				return
+			}
 			h.log.Warn("provider response headers too large to relay", "provider", req.Provider, "path", req.Path,
 				"status", resp.Status, "bytes", tooBig.Size, "max", tooBig.Max)
 			fail(domain.CodeProviderError, "the provider's response headers are too large to relay (%d bytes, at most %d)", tooBig.Size, tooBig.Max)

@@ -303,3 +303,28 @@ func TestTunnelHeadersTooLargeToRelay(t *testing.T) {
 		t.Fatalf("body closed=%v reads=%d, want closed unread", body.closed, body.reads)
 	}
 }
+
+// Headers too many for one frame (more elements than the edge decodes in
+// one) end the tunnel with a provider_error that counts them.
+func TestTunnelHeadersTooManyToRelay(t *testing.T) {
+	body := &tnBody{script: []tnRead{{data: "ok"}}}
+	c := &tnClient{resp: &ports.ProviderResponse{Status: 200, Header: domain.Header{"Set-Cookie": make([]string, 20000)}, Body: body}}
+	sink := &tnSink{refuseHeader: &ports.FrameTooLargeError{Elements: 20005, MaxElements: 16384}}
+	var logs bytes.Buffer
+	rt := node.NewRuntime(tnFactory{}, nil)
+	if err := rt.Apply(domain.NodeConfig{NodeID: "n1", Version: 1, Providers: []domain.ProviderConfig{tnProvider}}); err != nil {
+		t.Fatal(err)
+	}
+	h := node.NewTunnelHandler(rt, c, slog.New(slog.NewTextHandler(&logs, nil)))
+	h.OpenTunnel(context.Background(), domain.TunnelRequest{Provider: "local", Path: "/api/chat"}, nil, sink)
+	if got, want := sink.kinds(), "status,error"; got != want {
+		t.Fatalf("frames = %s, want %s", got, want)
+	}
+	e := sink.last().Error
+	if e.Code != domain.CodeProviderError || e.Message != "the provider's response has too many headers to relay (20005 header entries, names and values, at most 16384)" {
+		t.Fatalf("error frame = %+v", e)
+	}
+	if !strings.Contains(logs.String(), "too many to relay") || !body.closed || body.reads != 0 {
+		t.Fatalf("log %q, body closed=%v reads=%d", logs.String(), body.closed, body.reads)
+	}
+}
