@@ -6,6 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -253,5 +256,53 @@ func TestNodeRecordTokenDigest(t *testing.T) {
 	}
 	if _, ok := none.TokenDigest(); ok || none.SameToken(none) {
 		t.Fatal("a record without a token has a digest, or matches itself")
+	}
+}
+
+// Every stable code declared in the package is known to KnownCode (metrics
+// label the others "other").
+func TestKnownCodeListsEveryCode(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	decl := regexp.MustCompile(`\bCode[A-Z]\w*\s*=\s*"([^"]+)"`)
+	n := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range decl.FindAllStringSubmatch(string(b), -1) {
+			n++
+			if !domain.KnownCode(m[1]) {
+				t.Errorf("%s: code %q is not in knownCodes", f, m[1])
+			}
+			if domain.PeerCode(m[1]) != m[1] {
+				t.Errorf("%s: code %q is not shaped like a code", f, m[1])
+			}
+		}
+	}
+	if n < 30 {
+		t.Fatalf("found only %d codes", n)
+	}
+}
+
+func TestPeerCode(t *testing.T) {
+	for in, want := range map[string]string{
+		"provider_error":        "provider_error",
+		"newer_code_2":          "newer_code_2",
+		"":                      domain.CodeProviderError,
+		"Bad-Code":              domain.CodeProviderError,
+		"x y":                   domain.CodeProviderError,
+		strings.Repeat("a", 64): strings.Repeat("a", 64),
+		strings.Repeat("a", 65): domain.CodeProviderError,
+	} {
+		if got := domain.PeerCode(in); got != want {
+			t.Errorf("PeerCode(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

@@ -143,3 +143,61 @@ func RetrySoon(code string) bool {
 	}
 	return false
 }
+
+// knownCodes are this version's stable codes (KnownCode).
+var knownCodes = func() map[string]struct{} {
+	m := map[string]struct{}{}
+	for _, c := range []string{
+		CodeInternal, CodeInvalidRequest, CodeUnknownToken, CodeDuplicateConn, CodeConfigError,
+		CodeNodeNotFound, CodeNoNodeAvailable, CodeNodeDisconnected, CodeAdapterNotFound,
+		CodeTargetNotFound, CodeAtCapacity, CodeRunNotFound, CodeRunFinished, CodeRunFailed,
+		CodeCancelled, CodeTimeout, CodeSessionUnsupported, CodeSessionBusy, CodeSessionNotFound,
+		CodeUnknownCommand, CodeCommandUnsupported, CodeProviderNotFound, CodeModelNotFound,
+		CodeProviderError, CodeProviderUnreachable, CodeStreamReset, CodeShuttingDown,
+		CodeUnauthorized, CodeForbidden, CodeRateLimited, CodeCrossOrigin, CodeHostNotAllowed,
+		CodeTooManyConnections, CodeHistoryUnavailable, CodeRunLost, CodeIdentityMismatch,
+	} {
+		m[c] = struct{}{}
+	}
+	return m
+}()
+
+// KnownCode reports whether code is one of this version's stable codes.
+// A node may report others (a newer node's, or made up): they reach
+// callers and the history as they are (PeerCode), but metrics count them
+// under one label value, so a node cannot grow the edge's series.
+func KnownCode(code string) bool {
+	_, ok := knownCodes[code]
+	return ok
+}
+
+// MaxPeerCode is the longest error code the edge keeps from a node.
+const MaxPeerCode = 64
+
+// PeerCode is the code the edge keeps for an error a node reported: code
+// itself when it is shaped like one (1 to MaxPeerCode bytes of a–z, 0–9
+// and _, as every stable code is; a newer node may report one this edge
+// does not know), CodeProviderError otherwise, so a caller's answer, an
+// event or the history never carries arbitrary text as a code.
+func PeerCode(code string) string {
+	if code == "" || len(code) > MaxPeerCode {
+		return CodeProviderError
+	}
+	for i := 0; i < len(code); i++ {
+		c := code[i]
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			return CodeProviderError
+		}
+	}
+	return code
+}
+
+// PeerError is the code and message the edge keeps for an error a node
+// reported: the code as PeerCode keeps it, and a message that quotes (cut)
+// a code PeerCode replaced.
+func PeerError(code, msg string) (string, string) {
+	if c := PeerCode(code); c != code {
+		return c, fmt.Sprintf("the node reported an error with an invalid code (%.*q): %s", MaxPeerCode, code, msg)
+	}
+	return code, msg
+}

@@ -59,7 +59,7 @@ func runEventToDomain(p *ioppb.RunEvent) (domain.RunEvent, bool) {
 		ev.Time = time.Unix(0, p.GetTimeUnixNano())
 	}
 	if e := p.GetError(); e != nil {
-		ev.Error = &domain.ErrorInfo{Code: e.GetCode(), Message: e.GetMessage()}
+		ev.Error = peerError(e)
 	}
 	return ev, true
 }
@@ -238,7 +238,16 @@ func errorToDomain(e *ioppb.Error) error {
 	if e == nil {
 		return nil
 	}
-	return &domain.Error{Code: e.GetCode(), Message: e.GetMessage()}
+	info := peerError(e)
+	return &domain.Error{Code: info.Code, Message: info.Message}
+}
+
+// peerError is an error the node reported, its code kept only if shaped
+// like one (domain.PeerCode): a caller's answer, an event or the history
+// never carries arbitrary text as a code.
+func peerError(e *ioppb.Error) *domain.ErrorInfo {
+	code, msg := domain.PeerError(e.GetCode(), e.GetMessage())
+	return &domain.ErrorInfo{Code: code, Message: msg}
 }
 
 // tunnelFrameToProto converts f for the wire; raw and d are
@@ -288,7 +297,7 @@ func tunnelFrameToDomain(p *ioppb.ProviderTunnelFrame) (domain.TunnelFrame, bool
 	case *ioppb.ProviderTunnelFrame_End:
 		return domain.TunnelFrame{Kind: domain.TunnelEnd}, true
 	case *ioppb.ProviderTunnelFrame_Error:
-		return domain.TunnelFrame{Kind: domain.TunnelError, Error: &domain.ErrorInfo{Code: k.Error.GetCode(), Message: k.Error.GetMessage()}}, true
+		return domain.TunnelFrame{Kind: domain.TunnelError, Error: peerError(k.Error)}, true
 	}
 	return domain.TunnelFrame{}, false
 }

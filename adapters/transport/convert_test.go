@@ -187,3 +187,31 @@ func TestNonFiniteCostArrivesAsZero(t *testing.T) {
 		t.Errorf("cost 0.25 arrived as %v", u.CostUSD)
 	}
 }
+
+// An error code a node reports reaches the edge as it is when it is shaped
+// like one (a newer node's), and as provider_error otherwise, its text only
+// quoted (cut) in the message: in a tunnel's error frame, a run's error
+// event and a command's or cancel's answer alike.
+func TestNodeErrorCodesAreShapedLikeCodes(t *testing.T) {
+	junk := strings.Repeat("Ünicode {junk} ", 100)
+	for code, want := range map[string]string{
+		"newer_code": "newer_code",
+		junk:         domain.CodeProviderError,
+		"":           domain.CodeProviderError,
+	} {
+		pe := &ioppb.Error{Code: code, Message: "boom"}
+		tf, ok := tunnelFrameToDomain(&ioppb.ProviderTunnelFrame{Kind: &ioppb.ProviderTunnelFrame_Error{Error: pe}})
+		ev, ok2 := runEventToDomain(&ioppb.RunEvent{Type: ioppb.EventType_EVENT_TYPE_ERROR, Error: pe})
+		if !ok || !ok2 {
+			t.Fatal("frames dropped")
+		}
+		err := errorToDomain(pe)
+		for what, got := range map[string]*domain.ErrorInfo{
+			"tunnel": tf.Error, "run event": ev.Error, "answer": {Code: domain.CodeOf(err), Message: domain.MessageOf(err)},
+		} {
+			if got.Code != want || !strings.HasSuffix(got.Message, "boom") || len(got.Message) > 200 {
+				t.Errorf("%s with code %.20q: %+v, want code %s", what, code, got, want)
+			}
+		}
+	}
+}

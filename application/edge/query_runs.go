@@ -283,8 +283,14 @@ func withNode(raw []byte, node string) (json.RawMessage, listedRun, error) {
 }
 
 // placed is r as the edge reports it: with the node that ran it.
+// Its error code is kept only if shaped like one (domain.PeerCode).
 func placed(r nodecmd.Run, node string) (listedRun, error) {
 	r.Node = node
+	if r.Error != nil {
+		e := *r.Error
+		e.Code, e.Message = domain.PeerError(e.Code, e.Message)
+		r.Error = &e
+	}
 	b, err := json.Marshal(r)
 	if err != nil {
 		return listedRun{}, err

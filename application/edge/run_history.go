@@ -147,7 +147,7 @@ func finishedFrom(rec domain.RunRecord, run nodecmd.Run) (domain.RunRecord, bool
 	}
 	rec.ErrorCode, rec.ErrorMsg = "", ""
 	if run.Error != nil {
-		rec.ErrorCode, rec.ErrorMsg = run.Error.Code, run.Error.Message
+		rec.ErrorCode, rec.ErrorMsg = domain.PeerError(run.Error.Code, run.Error.Message)
 	}
 	if u := run.Usage; u != nil {
 		model := ""

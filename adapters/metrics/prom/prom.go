@@ -150,13 +150,31 @@ func (m *Metrics) runModel(model string) string {
 
 // TunnelFinished implements ports.EdgeMetrics.
 func (m *Metrics) TunnelFinished(t ports.TunnelOutcome) {
-	m.tunnels.WithLabelValues(label(t.Node), label(t.Provider), label(t.Model), label(t.Code)).Inc()
+	m.tunnels.WithLabelValues(label(t.Node), label(t.Provider), label(t.Model), tunnelCode(t.Code)).Inc()
 	if t.FirstByte > 0 {
 		m.tunnelFirst.Observe(t.FirstByte.Seconds())
 	}
 	m.tunnelBytes.WithLabelValues("in").Add(float64(t.BytesIn))
 	m.tunnelBytes.WithLabelValues("out").Add(float64(t.BytesOut))
 	m.addTokens(t.Node, t.Usage, t.Model)
+}
+
+// otherCode labels tunnels that ended with an error code this edge does
+// not know: a node may report any code (domain.PeerCode), and each
+// distinct one would otherwise be a series kept for good.
+const otherCode = "other"
+
+// tunnelCode is the label of a tunnel's outcome: its HTTP status (100–999,
+// the only ones a tunnel reports), or its error code if it is one of the
+// edge's own, otherCode for any other.
+func tunnelCode(code string) string {
+	if len(code) == 3 && code[0] >= '1' && code[0] <= '9' && code[1] >= '0' && code[1] <= '9' && code[2] >= '0' && code[2] <= '9' {
+		return code
+	}
+	if domain.KnownCode(code) {
+		return code
+	}
+	return otherCode
 }
 
 // HistoryDropped implements ports.EdgeMetrics.

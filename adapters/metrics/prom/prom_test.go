@@ -149,3 +149,28 @@ func TestTunnelFirstByteBucketsReachMinutes(t *testing.T) {
 		}
 	}
 }
+
+// A node may end tunnels with error codes of its own making: they share
+// one label value, so it cannot mint series without end; the edge's own
+// codes and HTTP statuses keep theirs.
+func TestTunnelErrorCodesAreBounded(t *testing.T) {
+	m := prom.New(prom.Sources{})
+	for i := range 1000 {
+		m.TunnelFinished(ports.TunnelOutcome{Node: "n1", Provider: "p", Model: "m", Code: fmt.Sprintf("made_up_%d", i)})
+	}
+	for _, c := range []string{domain.CodeProviderError, domain.CodeNodeDisconnected, "502", "200"} {
+		m.TunnelFinished(ports.TunnelOutcome{Node: "n1", Provider: "p", Model: "m", Code: c})
+	}
+	f := scrape(t, m)
+	if n := len(f["iop_tunnel_requests_total"].Metric); n != 5 {
+		t.Fatalf("%d iop_tunnel_requests_total series, want 5 (other and four known)", n)
+	}
+	if v := value(t, f, "iop_tunnel_requests_total", map[string]string{"code": "other"}); v != 1000 {
+		t.Fatalf("other counted %v, want 1000", v)
+	}
+	for _, c := range []string{domain.CodeProviderError, domain.CodeNodeDisconnected, "502", "200"} {
+		if v := value(t, f, "iop_tunnel_requests_total", map[string]string{"code": c}); v != 1 {
+			t.Fatalf("%s counted %v, want 1", c, v)
+		}
+	}
+}
