@@ -59,8 +59,7 @@ func (h *GetRunHandler) Handle(ctx context.Context, runID string) (json.RawMessa
 			if err != nil {
 				return nil, err
 			}
-			out, _, err := withNode(raw, nodeID)
-			return out, err
+			return withNode(raw, nodeID, runID)
 		}
 	}
 
@@ -89,11 +88,17 @@ func (h *GetRunHandler) Handle(ctx context.Context, runID string) (json.RawMessa
 	var failed []string
 	for range nodes {
 		a := <-answers
-		switch {
-		case a.err == nil:
-			out, _, err := withNode(a.raw, a.node)
-			return out, err
-		case !errors.Is(a.err, domain.ErrRunNotFound):
+		if a.err == nil {
+			// A node that answers with another run's record, or with what
+			// is no record at all (buggy or hostile), does not know this
+			// one: another node's answer may still come.
+			out, err := withNode(a.raw, a.node, runID)
+			if err == nil {
+				return out, nil
+			}
+			a.err = err
+		}
+		if !errors.Is(a.err, domain.ErrRunNotFound) {
 			failed = append(failed, fmt.Sprintf("%s: %v", a.node, a.err))
 		}
 	}
@@ -272,14 +277,18 @@ func decodeRunList(raw []byte, node string) ([]listedRun, error) {
 	return out, nil
 }
 
-// withNode decodes one run_get answer and returns it with its node set.
-func withNode(raw []byte, node string) (json.RawMessage, listedRun, error) {
+// withNode decodes node's run_get answer for run runID and returns it with
+// its node set. A record of another run is run_not_found.
+func withNode(raw []byte, node, runID string) (json.RawMessage, error) {
 	var r nodecmd.Run
 	if err := json.Unmarshal(raw, &r); err != nil {
-		return nil, listedRun{}, fmt.Errorf("node %s: run is not a run record: %s", node, truncate(raw, 80))
+		return nil, fmt.Errorf("node %s: run is not a run record: %s", node, truncate(raw, 80))
+	}
+	if r.RunID != runID {
+		return nil, domain.Errorf(domain.CodeRunNotFound, "node %s answered for run %s with the record of run %.64q", node, runID, r.RunID)
 	}
 	lr, err := placed(r, node)
-	return lr.raw, lr, err
+	return lr.raw, err
 }
 
 // placed is r as the edge reports it: with the node that ran it.

@@ -148,6 +148,8 @@ func TestGetRun(t *testing.T) {
 	a := &qrLink{id: "a", runs: map[string]string{"run_a1": qrRun("run_a1", "succeeded", "2026-01-01T00:00:00Z")}}
 	b := &qrLink{id: "b", runs: map[string]string{"run_b1": qrRun("run_b1", "failed", "2026-01-02T00:00:00Z")}}
 	broken := &qrLink{id: "c", fail: domain.Errorf(domain.CodeTimeout, "slow")}
+	liar := &qrLink{id: "l", runs: map[string]string{"run_b1": qrRun("run_l9", "succeeded", "2026-01-03T00:00:00Z")}}
+	garbage := &qrLink{id: "g", runs: map[string]string{"run_b1": `"not a record"`}}
 
 	tests := []struct {
 		name     string
@@ -163,6 +165,11 @@ func TestGetRun(t *testing.T) {
 		{name: "one node fails, another has it", links: []*qrLink{broken, b}, run: "run_b1", wantNode: "b"},
 		{name: "one node fails, nobody has it", links: []*qrLink{broken, a}, run: "run_zz", wantCode: domain.CodeRunNotFound},
 		{name: "empty id", links: []*qrLink{a}, run: "", wantCode: domain.CodeInvalidRequest},
+		// A node that answers for any run with the record of another (its
+		// own) does not know the run asked for.
+		{name: "another run's record", links: []*qrLink{liar}, run: "run_b1", wantCode: domain.CodeRunNotFound},
+		{name: "another run's record, the run on another node", links: []*qrLink{liar, b}, run: "run_b1", wantNode: "b"},
+		{name: "no record at all, the run on another node", links: []*qrLink{garbage, b}, run: "run_b1", wantNode: "b"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -215,6 +222,12 @@ func TestGetRunAsksTheTrackedNodeOnly(t *testing.T) {
 	}
 	if len(a.commands()) != 0 {
 		t.Fatalf("node a was asked: %v", a.commands())
+	}
+
+	// The tracked node's answer with another run's record is run_not_found.
+	b.runs[rh.RunID] = qrRun("run_other", "succeeded", "2026-01-01T00:00:00Z")
+	if _, err := h.Handle(context.Background(), rh.RunID); !errors.Is(err, domain.ErrRunNotFound) {
+		t.Fatalf("another run's record: err = %v, want run_not_found", err)
 	}
 
 	// The tracked node's own answer stands, even when it is run_not_found.
