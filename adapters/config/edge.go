@@ -29,6 +29,12 @@ const (
 	MinMaxFrameSize     = 64 << 10
 	MaxMaxFrameSize     = 64 << 20
 	MinTokenLength      = 8
+	// MinHeartbeat and MaxHeartbeat bound transport.heartbeat_interval and
+	// heartbeat_timeout: both go to nodes in whole milliseconds (32 bits),
+	// and nodes refuse values outside these (transport.MinHeartbeat and
+	// MaxHeartbeat hold the same; config does not import the transport).
+	MinHeartbeat = 10 * time.Millisecond
+	MaxHeartbeat = 24 * time.Hour
 )
 
 // DefaultHTTPMaxConnections and DefaultHTTPMaxConnectionsPerAddress cap the
@@ -371,6 +377,14 @@ func (c *EdgeConfig) Validate() error {
 	}
 	if t.HeartbeatTimeout <= t.HeartbeatInterval {
 		add([]string{"transport.heartbeat_timeout", "transport.heartbeat_interval"}, "transport.heartbeat_timeout (%s) must be greater than transport.heartbeat_interval (%s)", t.HeartbeatTimeout, t.HeartbeatInterval)
+	}
+	for _, h := range []struct {
+		key string
+		v   Duration
+	}{{"heartbeat_interval", t.HeartbeatInterval}, {"heartbeat_timeout", t.HeartbeatTimeout}} {
+		if h.v > 0 && (h.v.Std() < MinHeartbeat || h.v.Std() > MaxHeartbeat) {
+			add("transport.%s %s is outside [%s, %s] (nodes are told it in milliseconds and refuse other values)", h.key, h.v, Duration(MinHeartbeat), Duration(MaxHeartbeat))
+		}
 	}
 	errs = appendFlat(errs, t.TLS.validate(t.Listen))
 	if t.MaxFrameSize < MinMaxFrameSize || t.MaxFrameSize > MaxMaxFrameSize {

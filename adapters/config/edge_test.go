@@ -293,6 +293,10 @@ func TestEdgeValidate(t *testing.T) {
 		{"interval not positive", "transport: {heartbeat_interval: -1s}\n", "transport.heartbeat_interval must be positive"},
 		{"timeout equal to interval", "transport: {heartbeat_interval: 45s}\n", "transport.heartbeat_timeout (45s) must be greater than transport.heartbeat_interval (45s)"},
 		{"timeout below interval", "transport: {heartbeat_interval: 10s, heartbeat_timeout: 5s}\n", "transport.heartbeat_timeout (5s) must be greater"},
+		// Sent to nodes as 32-bit milliseconds: 720h would wrap to 6h57m.
+		{"interval too long", "transport: {heartbeat_interval: 720h, heartbeat_timeout: 1200h}\n", "transport.heartbeat_interval 720h0m0s is outside [10ms, 24h0m0s] (nodes are told it in milliseconds"},
+		{"timeout too long", "transport: {heartbeat_interval: 30s, heartbeat_timeout: 1200h}\n", "transport.heartbeat_timeout 1200h0m0s is outside [10ms, 24h0m0s]"},
+		{"interval below a millisecond", "transport: {heartbeat_interval: 500us, heartbeat_timeout: 2s}\n", "transport.heartbeat_interval 500µs is outside [10ms, 24h0m0s]"},
 		{"frame too small", "transport: {max_frame_size: 65535}\n", "transport.max_frame_size 65535 is outside [65536, 67108864]"},
 		{"frame too large", "transport: {max_frame_size: 67108865}\n", "transport.max_frame_size 67108865 is outside"},
 		{"log level", "log: {level: verbose}\n", `log.level "verbose" is not one of debug, info, warn, error`},

@@ -447,6 +447,10 @@ func (c *Client) register(ctx context.Context, r *retryState) (*Conn, error) {
 		tc.HeartbeatTimeout = time.Duration(ms) * time.Millisecond
 		tc.WriteTimeout = tc.HeartbeatTimeout
 	}
+	if err := checkEdgeSettings(tc, resp.GetInitialWindow()); err != nil {
+		_ = nc.Close()
+		return nil, err
+	}
 	cfg := configToDomain(resp.GetConfig())
 	prev, applied := c.nextApply()
 	if prev != nil {
@@ -490,6 +494,31 @@ func (c *Client) register(ctx context.Context, r *retryState) (*Conn, error) {
 		c.cfg.OnRegistered(cfg.NodeID)
 	}
 	return conn, nil
+}
+
+// checkEdgeSettings refuses the settings an edge's register response gave
+// (tc with the edge's heartbeat adopted, and its window) when they cannot
+// work: a broken or hostile edge. The node then retries with backoff.
+func checkEdgeSettings(tc Config, window uint32) error {
+	var errs []error
+	if window != 0 && window < MinStreamWindow {
+		errs = append(errs, fmt.Errorf("initial_window %d is below the minimum of %d bytes", window, MinStreamWindow))
+	}
+	for _, d := range []struct {
+		what string
+		v    time.Duration
+	}{{"interval", tc.HeartbeatInterval}, {"timeout", tc.HeartbeatTimeout}} {
+		if d.v < MinHeartbeat || d.v > MaxHeartbeat {
+			errs = append(errs, fmt.Errorf("heartbeat %s %v is outside [%v, %v]", d.what, d.v, MinHeartbeat, MaxHeartbeat))
+		}
+	}
+	if tc.HeartbeatTimeout <= tc.HeartbeatInterval {
+		errs = append(errs, fmt.Errorf("heartbeat timeout %v does not exceed the interval %v", tc.HeartbeatTimeout, tc.HeartbeatInterval))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("the edge's register response has settings that cannot work: %w", err)
+	}
+	return nil
 }
 
 // TransportStatus reports the current link for the transport_status command.
@@ -653,6 +682,11 @@ func (b *streamBody) Read(p []byte) (int, error) {
 		}
 		f, d, err := b.s.recv(b.s.Context())
 		if err != nil {
+			// The stream's own context ends with the stream: say why it
+			// ended (a reset's code), not "context canceled".
+			if cause := context.Cause(b.s.Context()); cause != nil && errors.Is(err, context.Canceled) {
+				err = cause
+			}
 			return 0, err
 		}
 		if f == nil {

@@ -147,11 +147,19 @@ func (c Config) Verify() error {
 	if c.HeartbeatTimeout <= c.HeartbeatInterval {
 		errs = append(errs, fmt.Errorf("heartbeat timeout %v must exceed interval %v", c.HeartbeatTimeout, c.HeartbeatInterval))
 	}
+	for _, d := range []struct {
+		what string
+		v    time.Duration
+	}{{"interval", c.HeartbeatInterval}, {"timeout", c.HeartbeatTimeout}} {
+		if d.v < MinHeartbeat || d.v > MaxHeartbeat {
+			errs = append(errs, fmt.Errorf("heartbeat %s %v is outside [%v, %v]", d.what, d.v, MinHeartbeat, MaxHeartbeat))
+		}
+	}
 	if c.MaxFrameSize < 64<<10 {
 		errs = append(errs, fmt.Errorf("max frame size %d is below 64 KiB", c.MaxFrameSize))
 	}
-	if c.StreamWindow < 4*maxChunkCost {
-		errs = append(errs, fmt.Errorf("stream window %d is below %d", c.StreamWindow, 4*maxChunkCost))
+	if c.StreamWindow < MinStreamWindow {
+		errs = append(errs, fmt.Errorf("stream window %d is below %d", c.StreamWindow, MinStreamWindow))
 	}
 	return errors.Join(errs...)
 }
@@ -173,3 +181,20 @@ const maxDataChunk = 32 << 10
 // its frame's protobuf fields and frameOverhead. Stream.Send refuses frames
 // over a quarter window, so the window must be at least four of these.
 const maxChunkCost = maxDataChunk + 256
+
+// Bounds of the heartbeat interval and timeout. The edge sends both to its
+// nodes in whole milliseconds (32 bits: at most ≈ 49 days), and each end
+// refuses values outside these: the edge at start (its config), the node
+// in the register response (a broken or hostile edge could otherwise
+// have it beat every millisecond, or never time the link out).
+const (
+	MinHeartbeat = 10 * time.Millisecond
+	MaxHeartbeat = 24 * time.Hour
+)
+
+// MinStreamWindow is the smallest receive window a side may grant: four
+// full data chunks. Each end refuses a peer that announces a smaller one
+// (the edge refuses the registration, the node the edge), since nothing
+// larger than a quarter of it could be sent: a tunnel's request body would
+// stall after its first piece.
+const MinStreamWindow = 4 * maxChunkCost

@@ -331,6 +331,9 @@ type tunnelStream struct {
 	upload chan struct{} // closed when the body uploader has returned
 	// bodyErr is why the uploader reset the stream: the request body failed.
 	bodyErr atomic.Pointer[error]
+	// sendErr is why the uploader reset the stream: a piece of the body
+	// could not be sent to the node.
+	sendErr atomic.Pointer[error]
 }
 
 // sendBody streams the request body in chunks under the node's credit. It
@@ -339,10 +342,21 @@ func (t *tunnelStream) sendBody(r io.Reader) {
 	defer close(t.upload)
 	buf := make([]byte, maxDataChunk)
 	ctx := t.s.Context()
+	// A piece that cannot be sent while the stream lives would leave the
+	// node waiting for the rest of a body it was told follows, and the
+	// caller for its answer: the stream is reset. (Once the stream has
+	// ended, which is what a send mostly fails on, Reset does nothing.)
+	failed := func(err error) {
+		if t.s.Context().Err() == nil {
+			t.sendErr.Store(&err)
+			t.s.Reset("internal", "the edge could not send the request body: "+err.Error())
+		}
+	}
 	for {
 		n, err := io.ReadFull(r, buf)
 		if n > 0 {
-			if t.s.SendBody(ctx, dataRequestBody, buf[:n]) != nil {
+			if serr := t.s.SendBody(ctx, dataRequestBody, buf[:n]); serr != nil {
+				failed(serr)
 				return
 			}
 		}
@@ -354,7 +368,9 @@ func (t *tunnelStream) sendBody(r io.Reader) {
 				t.s.Reset("body_error", err.Error())
 				return
 			}
-			_ = t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_TunnelRequestBody{TunnelRequestBody: &ioppb.TunnelRequestBody{End: true}}})
+			if serr := t.s.Send(ctx, &ioppb.Frame{Body: &ioppb.Frame_TunnelRequestBody{TunnelRequestBody: &ioppb.TunnelRequestBody{End: true}}}); serr != nil {
+				failed(serr)
+			}
 			return
 		}
 	}
@@ -375,6 +391,9 @@ func (t *tunnelStream) Recv(ctx context.Context) (domain.TunnelFrame, error) {
 			t.done = true
 			if be := t.bodyErr.Load(); be != nil && errors.Is(err, ErrStreamClosed) {
 				return domain.TunnelFrame{}, domain.Errorf(domain.CodeInvalidRequest, "request body: %v", *be)
+			}
+			if se := t.sendErr.Load(); se != nil && errors.Is(err, ErrStreamClosed) {
+				return domain.TunnelFrame{}, fmt.Errorf("tunnel request body could not be sent to the node: %w", *se)
 			}
 			return domain.TunnelFrame{}, linkErr(err)
 		}

@@ -262,6 +262,20 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 		s.h.HandshakeFailed(remote, fmt.Sprintf("handshake: expected register_request, got %T", f.Body))
 		return nil, "", false
 	}
+	if w := req.GetInitialWindow(); w != 0 && w < MinStreamWindow {
+		// Nothing over a quarter of it could be sent to the node (a tunnel's
+		// request body in 32 KiB pieces would stall after its first). 0
+		// means the edge's own window (older nodes).
+		reason := fmt.Sprintf("%s: initial_window %d is below the minimum of %d bytes", domain.CodeInvalidRequest, w, MinStreamWindow)
+		if s.adm.failed(key) {
+			if b, err := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterResponse{RegisterResponse: &ioppb.RegisterResponse{Reason: reason}}}, s.cfg.MaxFrameSize); err == nil {
+				_, _ = nc.Write(b)
+			}
+		}
+		_ = nc.Close()
+		s.h.HandshakeFailed(remote, "handshake: "+reason)
+		return nil, "", false
+	}
 	// The wait for a slot is part of the handshake and ends with its deadline.
 	slot := time.NewTimer(time.Until(deadline))
 	select {
@@ -289,6 +303,8 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
 	cfg, err := s.h.Register(ctx, req.GetToken(), info, remote, link)
 	cancel()
+	// The heartbeat settings are within [MinHeartbeat, MaxHeartbeat]
+	// (Verify): whole milliseconds that fit in 32 bits.
 	resp := &ioppb.RegisterResponse{
 		Accepted:            err == nil,
 		HeartbeatIntervalMs: uint32(s.cfg.HeartbeatInterval.Milliseconds()),
