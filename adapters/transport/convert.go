@@ -83,13 +83,16 @@ func finite(c float64) float64 {
 	return c
 }
 
+// usageToDomain converts usage a node reported. Counts, cost and duration
+// below zero (a buggy or hostile node) are 0: summed per key and node,
+// they would otherwise lower the totals /v1/usage reports.
 func usageToDomain(p *ioppb.Usage) *domain.Usage {
 	if p == nil {
 		return nil
 	}
 	return &domain.Usage{
-		PromptTokens: p.GetPromptTokens(), CompletionTokens: p.GetCompletionTokens(), TotalTokens: p.GetTotalTokens(),
-		CostUSD: finite(p.GetCostUsd()), DurationMS: p.GetDurationMs(), StopReason: p.GetStopReason(), Model: p.GetModel(),
+		PromptTokens: max(p.GetPromptTokens(), 0), CompletionTokens: max(p.GetCompletionTokens(), 0), TotalTokens: max(p.GetTotalTokens(), 0),
+		CostUSD: max(finite(p.GetCostUsd()), 0), DurationMS: max(p.GetDurationMs(), 0), StopReason: p.GetStopReason(), Model: p.GetModel(),
 	}
 }
 

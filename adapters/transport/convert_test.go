@@ -215,3 +215,21 @@ func TestNodeErrorCodesAreShapedLikeCodes(t *testing.T) {
 		}
 	}
 }
+
+// Usage below zero from a node arrives as 0, in a run's events and a
+// tunnel's usage frame alike: summed per key and node, it would lower the
+// totals /v1/usage reports.
+func TestNegativeUsageArrivesAsZero(t *testing.T) {
+	pu := &ioppb.Usage{PromptTokens: -1 << 40, CompletionTokens: 7, TotalTokens: -5, CostUsd: -3.5, DurationMs: -1, Model: "m"}
+	ev, ok := runEventToDomain(&ioppb.RunEvent{Type: ioppb.EventType_EVENT_TYPE_COMPLETE, Usage: pu})
+	tf, ok2 := tunnelFrameToDomain(&ioppb.ProviderTunnelFrame{Kind: &ioppb.ProviderTunnelFrame_Usage{Usage: pu}})
+	if !ok || !ok2 {
+		t.Fatal("frames dropped")
+	}
+	want := domain.Usage{CompletionTokens: 7, Model: "m"}
+	for what, u := range map[string]*domain.Usage{"run event": ev.Usage, "tunnel": tf.Usage} {
+		if u == nil || *u != want {
+			t.Errorf("%s usage %+v, want %+v", what, u, want)
+		}
+	}
+}

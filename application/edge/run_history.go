@@ -154,8 +154,10 @@ func finishedFrom(rec domain.RunRecord, run nodecmd.Run) (domain.RunRecord, bool
 		if rec.Usage != nil {
 			model = rec.Usage.Model
 		}
-		rec.Usage = &domain.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
-			TotalTokens: u.TotalTokens, CostUSD: u.CostUSD, Model: model}
+		// Below zero (a buggy or hostile node) is 0: summed per key, it
+		// would lower the totals /v1/usage reports.
+		rec.Usage = &domain.Usage{PromptTokens: max(u.PromptTokens, 0), CompletionTokens: max(u.CompletionTokens, 0),
+			TotalTokens: max(u.TotalTokens, 0), CostUSD: max(u.CostUSD, 0), Model: model}
 	}
 	return rec, true
 }

@@ -528,3 +528,24 @@ func TestCancelAfterRestartRecordsTheNodesUsage(t *testing.T) {
 		return edge.ReconcilerWatching(rc) == 0 && rcInFlight(reg, "n1") == 0
 	})
 }
+
+// What a node reports of a run it finished is recorded with usage below
+// zero as 0 (summed per key, it would lower /v1/usage's totals), and an
+// error code that is no code as provider_error.
+func TestHistoryReconcileClampsWhatTheNodeReports(t *testing.T) {
+	bad := `{"run_id":"r1","adapter":"exec","status":"failed","created_at":"2026-01-02T03:04:05Z",` +
+		`"finished_at":"2026-01-02T03:05:00Z","background":false,"error":{"code":"Made Up!","message":"boom"},` +
+		`"usage":{"prompt_tokens":-2000000,"completion_tokens":3,"total_tokens":-1999997,"cost_usd":-5}}`
+	h, _, _ := reconcileSetup(t, map[string]string{"r1": bad}, true)
+	ctx := domain.WithPrincipal(context.Background(), domain.Principal{Name: "admin", Scopes: []string{domain.ScopeAdmin}})
+	r, err := h.Get(ctx, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := r.Usage; u == nil || u.PromptTokens != 0 || u.CompletionTokens != 3 || u.TotalTokens != 0 || u.CostUSD != 0 {
+		t.Fatalf("usage %+v, want negatives as 0", r.Usage)
+	}
+	if r.ErrorCode != domain.CodeProviderError || !strings.Contains(r.ErrorMsg, "Made Up!") || !strings.HasSuffix(r.ErrorMsg, "boom") {
+		t.Fatalf("error %q %q, want provider_error quoting the node's code", r.ErrorCode, r.ErrorMsg)
+	}
+}
