@@ -383,7 +383,7 @@ func (c *EdgeConfig) Validate() error {
 		v   Duration
 	}{{"heartbeat_interval", t.HeartbeatInterval}, {"heartbeat_timeout", t.HeartbeatTimeout}} {
 		if h.v > 0 && (h.v.Std() < MinHeartbeat || h.v.Std() > MaxHeartbeat) {
-			add("transport.%s %s is outside [%s, %s] (nodes are told it in milliseconds and refuse other values)", h.key, h.v, Duration(MinHeartbeat), Duration(MaxHeartbeat))
+			add([]string{"transport." + h.key}, "transport.%s %s is outside [%s, %s] (nodes are told it in milliseconds and refuse other values)", h.key, h.v, Duration(MinHeartbeat), Duration(MaxHeartbeat))
 		}
 	}
 	errs = appendFlat(errs, t.TLS.validate(t.Listen))
