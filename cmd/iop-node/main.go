@@ -14,6 +14,7 @@ import (
 
 	"iop/adapters/config"
 	"iop/adapters/procguard"
+	"iop/adapters/runtime/spawn"
 	"iop/adapters/transport"
 	"iop/bootstrap"
 )
@@ -105,6 +106,13 @@ func main() {
 		fail(fmt.Errorf("--stats-interval must be positive"))
 	}
 	log := bootstrap.NewLogger(cfg.Log, nil)
+	// Before any child starts: what a run's processes leave behind when
+	// their parent exits (a tool an agent ran in a session of its own) is
+	// reparented to the node, not to init, so the run's end finds and kills
+	// it. Every child the node starts goes through spawn.Start.
+	if err := spawn.Adopt(); err != nil && !errors.Is(err, errors.ErrUnsupported) {
+		log.Warn("leftovers of a run that left its parent are not found once their parent exits", "err", err)
+	}
 	stopPprof := func() {}
 	if *pprofAddr != "" {
 		if err := bootstrap.CheckPprofAddr(*pprofAddr); err != nil {

@@ -10,8 +10,9 @@
 // target's directory (else the adapter's work_dir, else the node's), with a
 // clean environment (proc.Environ: PATH, HOME, USER, LANG, LC_*, TZ, TMPDIR,
 // the adapter's and target's env, and the variables their inherit_env name —
-// never the node token or a provider key unless named), and in a process
-// group of its own, so that everything it spawns can be signalled together.
+// never the node token or a provider key unless named — plus spawn.TagEnv),
+// and in a process group of its own, so that everything it spawns can be
+// signalled together (and what leaves the group found: spawn.Group).
 //
 // The run input is written to the command's stdin, which is then closed.
 // Stdout is streamed: every read (of at most 32 KiB) becomes a delta event
@@ -29,13 +30,16 @@
 // expires, in which case the process group is killed. The adapter never
 // emits start: the run manager does.
 //
-// Cancelling ctx sends SIGTERM to the whole process group and SIGKILL after
-// KillGrace; Execute waits for the process and returns ctx.Err() without a
-// terminal event (the run manager emits cancelled). When the sink's Emit
-// fails, the process group is killed and Execute returns that error. Once
-// the command has exited, for whatever reason, anything it left running in
-// its process group is killed too, and a descendant still holding stdout or
-// stderr open cannot delay the end of the run by more than a second.
+// Cancelling ctx sends SIGTERM to the whole process group (and to what the
+// command started in groups or sessions of their own: spawn.Group.Signal)
+// and SIGKILL after KillGrace; Execute waits for the process and returns
+// ctx.Err() without a terminal event (the run manager emits cancelled).
+// When the sink's Emit fails, the process group is killed and Execute
+// returns that error. Once the command has exited, for whatever reason,
+// anything it left running is killed too, in its process group or not
+// (spawn.Group.Wait), before Execute returns, and a descendant still
+// holding stdout or stderr open cannot delay the end of the run by more
+// than a second.
 package exec
 
 import (
@@ -208,11 +212,12 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		_ = out.Close()
 		return domain.Errorf(domain.CodeRunFailed, "start target %q: %v", req.Target, err)
 	}
-	// Every way out below waits for the command and kills its group first.
+	// Every way out below waits for the command, which kills whatever it
+	// left running (spawn.Group.Wait).
 	defer group.Release()
-	p := &process{pgid: cmd.Process.Pid, done: make(chan struct{})}
+	p := &process{group: group, pgid: group.PGID(), done: make(chan struct{})}
 	go func() {
-		p.waitErr = cmd.Wait()
+		p.waitErr = group.Wait()
 		close(p.done)
 	}()
 	// The stdout copy is this run's: every way out closes the pipe and
@@ -246,7 +251,6 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	timedOut := false
 	select {
 	case <-p.done:
-		p.signal(syscall.SIGKILL) // whatever the command left behind
 	case <-ctx.Done():
 		p.terminate(a.KillGrace)
 		return ctx.Err()
@@ -324,23 +328,21 @@ func (a *Adapter) command(argv []string) *osexec.Cmd {
 // process is a started command in its own process group, with a goroutine
 // waiting for it.
 type process struct {
+	group   *spawn.Group
 	pgid    int
-	done    chan struct{} // closed when cmd.Wait has returned
+	done    chan struct{} // closed when group.Wait has returned
 	waitErr error         // set before done is closed
 }
 
-// signal sends sig to every process in the group. Errors are ignored: the
-// usual one is ESRCH, an already empty group.
-func (p *process) signal(sig syscall.Signal) {
-	_ = syscall.Kill(-p.pgid, sig)
-}
+// signal sends sig to every process in the group and to what the command
+// started outside it (spawn.Group.Signal).
+func (p *process) signal(sig syscall.Signal) { p.group.Signal(sig) }
 
-// kill SIGKILLs the group, waits for the command, and SIGKILLs again what
+// kill SIGKILLs the group and waits for the command; its Wait kills what
 // may have been forked in between.
 func (p *process) kill() {
 	p.signal(syscall.SIGKILL)
 	<-p.done
-	p.signal(syscall.SIGKILL)
 }
 
 // terminate sends SIGTERM to the group, then SIGKILL if the command has not
@@ -355,7 +357,6 @@ func (p *process) terminate(grace time.Duration) {
 	defer timer.Stop()
 	select {
 	case <-p.done:
-		p.signal(syscall.SIGKILL)
 	case <-timer.C:
 		p.kill()
 	}

@@ -19,10 +19,17 @@ import (
 
 	"iop/adapters/runtime/exec"
 	"iop/adapters/runtime/runtimetest"
+	"iop/adapters/runtime/spawn"
 	"iop/domain"
 )
 
 func TestMain(m *testing.M) {
+	// As iop-node does: orphans of the commands come to this process. Every
+	// child these tests start goes through spawn.Start.
+	if err := spawn.Adopt(); err != nil && !errors.Is(err, errors.ErrUnsupported) {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	goleak.VerifyTestMain(m)
 }
 

@@ -1,12 +1,18 @@
-// Package spawn starts the node's child processes so that they do not outlive
-// the node: each child leads a process group of its own (so stopping it
-// signals everything it spawned), on Linux the kernel SIGKILLs the leader
-// when the node dies (Pdeathsig), the node kills every live group when it
-// shuts down, and the groups are recorded in a file so that a node started
-// after a crash kills whatever an earlier one left running (descendants that
-// the leader's death signal does not reach).
+// Package spawn starts the node's child processes so that nothing they start
+// outlives the run they serve or the node: each child leads a process group
+// of its own, and when it exits (or is stopped) everything it left running
+// is killed — its group, and the descendants it placed in groups and
+// sessions of their own (an agent's tool commands, which the CLIs run with
+// setsid), found by their parent links in /proc while it lives and, once
+// the node has called Adopt, among the orphans the kernel then hands the
+// node rather than init. On Linux the kernel SIGKILLs the leader when the
+// node dies (Pdeathsig), the node kills every live group (and what they
+// started) when it shuts down, and the groups are recorded in a file so that
+// a node started after a crash kills whatever an earlier one left running
+// in them (descendants that the leader's death signal does not reach).
 //
-// Every runtime adapter that starts a process goes through Start.
+// Every runtime adapter that starts a process goes through Start, and waits
+// for it with Group.Wait.
 package spawn
 
 import (
@@ -19,17 +25,36 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 )
 
-// Group is a started child's process group. Release it once the child has
-// been waited for and its group killed.
+// Group is a started child's process group, and the processes it starts.
+// Wait for the child with Wait, then Release the group.
 type Group struct {
 	pgid int
 	// The leader's start time (clock ticks since boot, as /proc/PID/stat
 	// field 22 has it) lies in [start, startMax]; 0 if unknown.
 	start, startMax uint64
+
+	cmd *exec.Cmd
+	// tagged is "\x00" + TagEnv + "=" + this child's tag + "\x00": how its
+	// environment (/proc/PID/environ) shows it, and its descendants'
+	// unless they changed theirs.
+	tagged []byte
+
+	mu     sync.Mutex
+	seen   map[int]uint64 // pid -> start time of the descendants found so far
+	reaped bool           // Wait has killed what the leader left: Signal is a no-op
 }
+
+// TagEnv is the variable Start adds to each child's environment, with a
+// value unique to the child among the node's, so that the node knows a
+// process that left the child's tree (an orphan) as one of the child's.
+const TagEnv = "IOP_NODE_CHILD"
+
+// tags numbers the children, for their tag.
+var tags atomic.Uint64
 
 // PGID returns the process group id (the child's pid).
 func (g *Group) PGID() int { return g.pgid }
@@ -73,11 +98,12 @@ var reg = &registry{live: map[int]*Group{}}
 const compactSlack = 256
 
 // Start starts cmd as the leader of a new process group that dies with the
-// node. It overwrites cmd.SysProcAttr. A cmd.Dir that is missing or not a
-// directory is an error naming it: with SysProcAttr set, os.StartProcess
-// leaves it to the child, whose failed chdir is then reported as the
-// program being missing ("fork/exec /usr/bin/true: no such file or
-// directory").
+// node. It overwrites cmd.SysProcAttr and adds TagEnv to cmd.Env (the
+// node's own environment when cmd.Env is nil). A cmd.Dir that is missing
+// or not a directory is an error naming it: with SysProcAttr set,
+// os.StartProcess leaves it to the child, whose failed chdir is then
+// reported as the program being missing ("fork/exec /usr/bin/true: no
+// such file or directory").
 func Start(cmd *exec.Cmd) (*Group, error) {
 	if cmd.Dir != "" {
 		st, err := os.Stat(cmd.Dir)
@@ -89,6 +115,13 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 		}
 	}
 	cmd.SysProcAttr = sysProcAttr()
+	tag := TagEnv + "=" + strconv.Itoa(os.Getpid()) + "." + strconv.FormatUint(tags.Add(1), 10)
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	// Last, so it wins over a TagEnv the node itself inherited; clipped,
+	// so the caller's slice is not written to.
+	cmd.Env = append(slices.Clip(cmd.Env), tag)
 	spawner.mu.Lock()
 	defer spawner.mu.Unlock()
 	lo, hi, err := startLocked(cmd)
@@ -96,18 +129,46 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 		stopIfIdleLocked()
 		return nil, err
 	}
-	g := &Group{pgid: cmd.Process.Pid, start: lo, startMax: hi}
+	g := &Group{pgid: cmd.Process.Pid, start: lo, startMax: hi, cmd: cmd, tagged: []byte("\x00" + tag + "\x00")}
 	reg.add(g)
 	return g, nil
 }
 
-// KillAll SIGKILLs every live group; the node calls it when it stops.
+// Signal sends sig to the child's process group and to every process of
+// the child's outside it: its live descendants (the groups their leaders
+// lead are signalled whole) and, in a process that called Adopt, its
+// orphans (see Wait) with theirs. A no-op once Wait has killed them. Use it
+// to stop a running child: SIGTERM, then SIGKILL if Wait has not returned
+// after a grace period.
+func (g *Group) Signal(sig syscall.Signal) { g.signal(sig) }
+
+// Wait waits for the child to exit, SIGKILLs everything of its still
+// running, and then returns what cmd.Wait returns. Call it once.
+//
+// Everything of the child's is: its process group; on Linux, the processes
+// Signal found that still run, with their descendants; and in a process
+// that called Adopt, the child's orphans — the processes reparented to
+// this one that carry the child's TagEnv or are in its group, or any of
+// them once no other child is live — with theirs. On Linux these are
+// killed while the exited leader is not yet reaped (its pid, so its group
+// id, cannot be reused meanwhile), so an output pipe one of them held is
+// closed by the time cmd.Wait waits for it, and Wait returns once they are
+// gone (reaped, those that became this process's children), waiting at
+// most a couple of seconds for any slow to die. Elsewhere only the group
+// is killed.
+func (g *Group) Wait() error { return g.wait() }
+
+// KillAll SIGKILLs every live group and, on Linux, every process they
+// started and every orphan the node adopted, and reaps those orphans; the
+// node calls it when it stops.
 func KillAll() {
 	reg.mu.Lock()
-	defer reg.mu.Unlock()
-	for pgid := range reg.live {
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	groups := slices.Collect(maps.Values(reg.live))
+	reg.mu.Unlock()
+	for _, g := range groups {
+		_ = syscall.Kill(-g.pgid, syscall.SIGKILL)
 	}
+	killAll(groups)
 }
 
 // Record makes path the file the live groups are recorded in, after killing

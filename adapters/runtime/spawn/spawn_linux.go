@@ -1,6 +1,7 @@
 package spawn
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"runtime"
@@ -100,36 +101,71 @@ func stopIfIdleLocked() {
 // startTime returns pid's start time from /proc (0 if unreadable).
 // Start does not need it (see startLocked); tests compare with it.
 func startTime(pid int) uint64 {
-	st, _, ok := procStat(pid)
+	p, ok := readStat(pid)
 	if !ok {
 		return 0
 	}
-	return st
+	return p.start
 }
 
-// procStat returns the start time and process group of pid.
-func procStat(pid int) (start uint64, pgrp int, ok bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+// pinfo is what /proc/PID/stat tells of a process.
+type pinfo struct {
+	pid, ppid, pgrp int
+	start           uint64 // clock ticks since boot
+	zombie          bool
+}
+
+// readStat reads pid's /proc/PID/stat.
+func readStat(pid int) (pinfo, bool) {
+	var buf [512]byte
+	b, err := readProc("/proc/"+strconv.Itoa(pid)+"/stat", buf[:])
 	if err != nil {
-		return 0, 0, false
+		return pinfo{}, false
 	}
 	// The command name may hold spaces and parentheses; fields restart after the last ')'.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
+	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, 0, false
+		return pinfo{}, false
 	}
-	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state); pgrp is field 5, starttime field 22.
+	// f[0] is field 3 (state); ppid is field 4, pgrp 5, starttime 22.
+	f := strings.Fields(string(b[i+1:]))
 	if len(f) < 20 {
-		return 0, 0, false
+		return pinfo{}, false
 	}
-	pgrp, err1 := strconv.Atoi(f[2])
-	start, err2 := strconv.ParseUint(f[19], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, 0, false
+	ppid, err1 := strconv.Atoi(f[1])
+	pgrp, err2 := strconv.Atoi(f[2])
+	start, err3 := strconv.ParseUint(f[19], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return pinfo{}, false
 	}
-	return start, pgrp, true
+	return pinfo{pid: pid, ppid: ppid, pgrp: pgrp, start: start, zombie: f[0] == "Z" || f[0] == "X"}, true
+}
+
+// readProc reads a whole /proc file into buf, growing it if need be, with
+// no more system calls than open, the reads and close.
+func readProc(path string, buf []byte) ([]byte, error) {
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer syscall.Close(fd)
+	n := 0
+	for {
+		if n == len(buf) {
+			buf = append(buf, make([]byte, len(buf)+512)...)
+		}
+		m, err := syscall.Read(fd, buf[n:])
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if m == 0 {
+			return buf[:n], nil
+		}
+		n += m
+	}
 }
 
 // stale reports whether recorded group g still has members that an earlier
@@ -138,8 +174,8 @@ func procStat(pid int) (start uint64, pgrp int, ok bool) {
 // time in the recorded range, a few ticks at most: no pid comes round again
 // that fast); if it does not, any process still in group g is one of ours.
 func stale(g *Group) bool {
-	if st, _, ok := procStat(g.pgid); ok {
-		return g.start != 0 && g.start <= st && st <= g.startMax
+	if p, ok := readStat(g.pgid); ok {
+		return g.start != 0 && g.start <= p.start && p.start <= g.startMax
 	}
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -150,7 +186,7 @@ func stale(g *Group) bool {
 		if err != nil {
 			continue
 		}
-		if _, pgrp, ok := procStat(pid); ok && pgrp == g.pgid {
+		if p, ok := readStat(pid); ok && p.pgrp == g.pgid {
 			return true
 		}
 	}

@@ -173,3 +173,19 @@ func BenchmarkChildStartTime(b *testing.B) {
 		})
 	})
 }
+
+// BenchmarkWaitSweep is what Wait adds to a run whose command left nothing
+// behind, after the child has exited: the leader's group killed (as before)
+// and, in a node that called Adopt, the main thread's children read for
+// orphans of its own.
+func BenchmarkWaitSweep(b *testing.B) {
+	was := adopted.Swap(true) // as after Adopt; this process has no orphans
+	b.Cleanup(func() { adopted.Store(was) })
+	g := &Group{pgid: fakePGID, tagged: []byte("\x00" + TagEnv + "=bench\x00")}
+	runtimetest.ReportCPU(b, func() {
+		for b.Loop() {
+			g.reaped = false
+			g.reap()
+		}
+	})
+}

@@ -18,6 +18,7 @@ var baseEnv = []string{"PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR"}
 // variable named in inherit that the node has, then declared (which wins).
 // Nothing else of the node's environment reaches the child — not
 // IOP_NODE_TOKEN, not a provider's api_key_env — unless inherit names it.
+// (spawn.Start then adds spawn.TagEnv.)
 // Every runtime adapter that starts a process builds its env with this.
 func Environ(declared map[string]string, inherit []string) []string {
 	return CleanEnv(os.Environ(), declared, inherit)

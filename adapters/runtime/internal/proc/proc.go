@@ -1,9 +1,10 @@
 // Package proc runs a CLI agent as a child process in a process group of its
-// own, for the claude-code and codex runtime adapters: its stdout is read
-// line by line by the caller, the last bytes of its stderr are kept for
-// error messages, and stopping it signals the whole group, so that tools the
-// agent spawned die with it. Arguments go to the program as argv; no shell
-// is involved.
+// own, for the CLI agent runtime adapters: its stdout is read line by line
+// by the caller, the last bytes of its stderr are kept for error messages,
+// and stopping it signals the whole group and the groups and sessions its
+// tools run in (spawn.Group.Signal), and once it has exited whatever it left
+// running is killed (spawn.Group.Wait), so that the tools the agent spawned
+// die with it. Arguments go to the program as argv; no shell is involved.
 package proc
 
 import (
@@ -51,7 +52,7 @@ type Process struct {
 
 	cmd     *osexec.Cmd
 	out     *Output
-	pgid    int
+	group   *spawn.Group
 	stopped atomic.Bool // the watcher signalled the group before it exited
 	stderr  *tail
 	done    chan struct{} // closed when cmd.Wait has returned
@@ -59,8 +60,9 @@ type Process struct {
 	once    sync.Once
 }
 
-// Start starts the program. When ctx is done, the process group gets
-// SIGTERM, then SIGKILL after spec.KillGrace. The caller must read Stdout
+// Start starts the program. When ctx is done, the process group (and every
+// process the program started, see spawn.Group.Signal) gets SIGTERM, then
+// SIGKILL after spec.KillGrace. The caller must read Stdout
 // to its end (or call Kill) and then call Wait.
 func Start(ctx context.Context, spec Spec) (*Process, error) {
 	cmd := osexec.Command(spec.Path, spec.Args...)
@@ -87,11 +89,10 @@ func Start(ctx context.Context, spec Spec) (*Process, error) {
 		_ = out.Close()
 		return nil, err
 	}
-	p.pgid = group.PGID()
+	p.group = group
 	go func() {
-		_ = cmd.Wait()
-		// Whatever the program left running in its group goes with it.
-		p.signal(syscall.SIGKILL)
+		// Whatever the program left running goes with it.
+		_ = group.Wait()
 		group.Release()
 		out.Exited()
 		close(p.done)
@@ -101,7 +102,7 @@ func Start(ctx context.Context, spec Spec) (*Process, error) {
 }
 
 // PGID returns the process group id (the program's pid).
-func (p *Process) PGID() int { return p.pgid }
+func (p *Process) PGID() int { return p.group.PGID() }
 
 func (p *Process) watch(ctx context.Context, grace time.Duration) {
 	select {
@@ -130,16 +131,15 @@ func (p *Process) watch(ctx context.Context, grace time.Duration) {
 	p.signal(syscall.SIGKILL)
 }
 
-func (p *Process) signal(sig syscall.Signal) {
-	_ = syscall.Kill(-p.pgid, sig)
-}
+func (p *Process) signal(sig syscall.Signal) { p.group.Signal(sig) }
 
 // Stopped reports whether the program was signalled because ctx ended
 // before it exited: false for a program that exited on its own, however
 // long its output then took to read. Call it after Wait.
 func (p *Process) Stopped() bool { return p.stopped.Load() }
 
-// Kill stops the program at once: SIGKILL to its group, stdout discarded.
+// Kill stops the program at once: SIGKILL to its group and everything it
+// started, stdout discarded.
 // It waits for the program to be gone.
 func (p *Process) Kill() {
 	p.signal(syscall.SIGKILL)

@@ -1,0 +1,34 @@
+//go:build !linux
+
+package spawn
+
+import (
+	"errors"
+	"syscall"
+)
+
+// Adopt is Linux only (prctl PR_SET_CHILD_SUBREAPER): elsewhere a process
+// that left its child's process group is not found, and is reparented to
+// init when its parent exits.
+func Adopt() error { return errors.ErrUnsupported }
+
+func (g *Group) signal(sig syscall.Signal) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.reaped {
+		_ = syscall.Kill(-g.pgid, sig)
+	}
+}
+
+// Without waitid's WNOWAIT the leader is reaped first; its group's id
+// cannot be reused while the group has members.
+func (g *Group) wait() error {
+	err := g.cmd.Wait()
+	g.mu.Lock()
+	g.reaped = true
+	g.mu.Unlock()
+	_ = syscall.Kill(-g.pgid, syscall.SIGKILL)
+	return err
+}
+
+func killAll([]*Group) {}
