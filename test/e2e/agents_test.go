@@ -302,16 +302,20 @@ const dashPrompt = "--version is not a flag here; answer briefly"
 func TestAgentClaudeCodeCLI(t *testing.T) {
 	t.Parallel()
 	bin := agentcli.Find(t, "claude")
-	main, failing, slow := anthropic.Start(t), anthropic.Start(t), anthropic.Start(t)
+	main, failing, slow, tool := anthropic.Start(t), anthropic.Start(t), anthropic.Start(t), anthropic.Start(t)
 	breaking, delegating := anthropic.Start(t), anthropic.Start(t)
 	failing.Reply(apiError)
 	slow.Reply(hanging)
+	shell, fg, bg := toolCommand(1)
+	tool.Queue(standin.Reply{Tool: &standin.ToolCall{Name: "Bash", Input: mustJSON(t, map[string]string{"command": shell, "description": "wait"})}})
 	adapter := func(name string, s *anthropic.Server) agentAdapter {
 		return agentAdapter{name: name, typ: "claude-code", command: bin, workDir: workDir(t),
 			args: []string{"--include-partial-messages"}, env: agentcli.Claude(t, s.URL)}
 	}
+	withTool := adapter("claude-tool", tool)
+	withTool.args = []string{"--allowedTools=Bash"}
 	e := agentEdge(t, adapter("claude", main), adapter("claude-err", failing), adapter("claude-slow", slow),
-		adapter("claude-break", breaking), adapter("claude-sub", delegating))
+		adapter("claude-break", breaking), adapter("claude-sub", delegating), withTool)
 
 	t.Run("turns", func(t *testing.T) {
 		t.Parallel()
@@ -428,6 +432,12 @@ func TestAgentClaudeCodeCLI(t *testing.T) {
 	t.Run("caller disconnect", func(t *testing.T) {
 		t.Parallel()
 		stopMidAnswer(t, e, slow.Server, "claude-slow", true)
+	})
+	// The CLI runs each Bash command in a session of its own, which its
+	// process group does not reach.
+	t.Run("cancel during a shell command", func(t *testing.T) {
+		t.Parallel()
+		stopDuringTool(t, e, "claude-tool", fg, bg)
 	})
 }
 
@@ -552,13 +562,17 @@ func TestAgentCodexCLI(t *testing.T) {
 func TestAgentGeminiCLI(t *testing.T) {
 	t.Parallel()
 	bin := agentcli.Find(t, "gemini")
-	main, failing, slow := gemini.Start(t), gemini.Start(t), gemini.Start(t)
+	main, failing, slow, tool := gemini.Start(t), gemini.Start(t), gemini.Start(t), gemini.Start(t)
 	failing.Reply(apiError)
 	slow.Reply(hanging)
+	shell, fg, bg := toolCommand(3)
+	tool.Queue(standin.Reply{Tool: &standin.ToolCall{Name: "run_shell_command", Input: mustJSON(t, map[string]string{"command": shell})}})
 	adapter := func(name string, s *gemini.Server, models ...string) agentAdapter {
 		return agentAdapter{name: name, typ: "gemini", command: bin, workDir: workDir(t), models: models, env: agentcli.Gemini(t, s.URL)}
 	}
-	e := agentEdge(t, adapter("gemini", main), adapter("gemini-err", failing, "gemini-2.5-pro"), adapter("gemini-slow", slow, "gemini-2.5-pro"))
+	withTool := adapter("gemini-tool", tool, "gemini-2.5-pro")
+	withTool.args = []string{"--approval-mode=yolo"}
+	e := agentEdge(t, adapter("gemini", main), adapter("gemini-err", failing, "gemini-2.5-pro"), adapter("gemini-slow", slow, "gemini-2.5-pro"), withTool)
 
 	t.Run("turns", func(t *testing.T) {
 		t.Parallel()
@@ -623,5 +637,11 @@ func TestAgentGeminiCLI(t *testing.T) {
 	t.Run("caller disconnect", func(t *testing.T) {
 		t.Parallel()
 		stopMidAnswer(t, e, slow.Server, "gemini-slow", true)
+	})
+	// The CLI runs each shell command in a session of its own, which its
+	// process group does not reach.
+	t.Run("cancel during a shell command", func(t *testing.T) {
+		t.Parallel()
+		stopDuringTool(t, e, "gemini-tool", fg, bg)
 	})
 }
