@@ -87,7 +87,7 @@ func TestRunEndKillsDetachedProcesses(t *testing.T) {
 	if err := <-r.done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled run: %v", err)
 	}
-	requireReaped(t, "cancelled", left, "tool", "orphan")
+	requireReaped(t, "cancelled", left, "tool", "orphan", "stray")
 	// Without its tag, an orphan is not told from another run's until no
 	// other run is going.
 	if p := left["bare"]; !p.Alive() {
@@ -101,7 +101,7 @@ func TestRunEndKillsDetachedProcesses(t *testing.T) {
 		t.Fatalf("timed-out run: %v", err)
 	}
 	requireTerminal(t, r.sink, domain.EventError, domain.CodeTimeout)
-	requireReaped(t, "timed out", timedOutLeft, "tool", "orphan")
+	requireReaped(t, "timed out", timedOutLeft, "tool", "orphan", "stray")
 
 	r = startRun(t, a, "finished")
 	finishedLeft := runtimetest.DetachedPIDs(t, finishedDir)
@@ -110,7 +110,7 @@ func TestRunEndKillsDetachedProcesses(t *testing.T) {
 		t.Fatalf("finished run: %v", err)
 	}
 	requireTerminal(t, r.sink, domain.EventComplete, "")
-	requireReaped(t, "finished", finishedLeft, "tool", "orphan")
+	requireReaped(t, "finished", finishedLeft, "tool", "orphan", "stray")
 
 	for name, p := range otherLeft {
 		if !p.Alive() {
@@ -121,7 +121,7 @@ func TestRunEndKillsDetachedProcesses(t *testing.T) {
 	if err := <-o.done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("other run: %v", err)
 	}
-	requireReaped(t, "other", otherLeft, "tool", "orphan", "bare")
+	requireReaped(t, "other", otherLeft, "tool", "orphan", "bare", "stray")
 	// The last run gone, so are the untagged orphans the others left.
 	requireReaped(t, "cancelled", left, "bare")
 	requireReaped(t, "timed out", timedOutLeft, "bare")

@@ -75,9 +75,11 @@ func procStat(pid int) (state byte, pgrp int, ok bool) {
 // Detach returns shell commands that leave behind what an agent's tools
 // can: `sleep secs` in a session of its own, a child of the shell (as the
 // CLIs run their tool commands); the same double-forked, so that its
-// parent has exited (an orphan); and that again with an environment of
-// PATH alone. Each writes its pid to dir/tool, dir/orphan and dir/bare once
-// in its session, and the commands end once all three have.
+// parent has exited (an orphan); that again with an environment of PATH
+// alone; and one left in a session whose leader (its parent) has exited,
+// so that its process group has no leader. Each writes its pid to
+// dir/tool, dir/orphan, dir/bare and dir/stray once in its session, and
+// the commands end once all four have.
 func Detach(t testing.TB, dir string, secs int) string {
 	t.Helper()
 	tool := filepath.Join(dir, "detached.sh")
@@ -85,11 +87,22 @@ func Detach(t testing.TB, dir string, secs int) string {
 	if err := os.WriteFile(tool, []byte(script), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	wait := "while"
+	for i, name := range detachedNames {
+		if i > 0 {
+			wait += " ||"
+		}
+		wait += " [ ! -s " + filepath.Join(dir, name) + " ]"
+	}
 	return "setsid /bin/sh " + tool + " tool & " +
 		"sh -c 'setsid /bin/sh " + tool + " orphan &'; " +
 		"sh -c 'env -i PATH=\"$PATH\" setsid /bin/sh " + tool + " bare &'; " +
-		"while [ ! -s " + dir + "/tool ] || [ ! -s " + dir + "/orphan ] || [ ! -s " + dir + "/bare ]; do sleep 0.01; done; "
+		"setsid sh -c '/bin/sh " + tool + " stray &'; " +
+		wait + "; do sleep 0.01; done; "
 }
+
+// detachedNames are the processes Detach leaves.
+var detachedNames = []string{"tool", "orphan", "bare", "stray"}
 
 // UntilGo returns a shell command that waits until Go is called on dir.
 func UntilGo(dir string) string {
@@ -105,11 +118,11 @@ func Go(t testing.TB, dir string) {
 }
 
 // DetachedPIDs reads the pids Detach wrote to dir, by name ("tool",
-// "orphan", "bare"), with their start times.
+// "orphan", "bare", "stray"), with their start times.
 func DetachedPIDs(t testing.TB, dir string) map[string]Proc {
 	t.Helper()
 	out := map[string]Proc{}
-	for _, name := range []string{"tool", "orphan", "bare"} {
+	for _, name := range detachedNames {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
 			t.Fatal(err)

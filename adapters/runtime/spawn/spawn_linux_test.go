@@ -5,6 +5,7 @@ import (
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -188,4 +189,55 @@ func BenchmarkWaitSweep(b *testing.B) {
 			g.reap()
 		}
 	})
+}
+
+// A child's tree is the same whether the kernel lists each task's children
+// or a scan of every process's parent stands in for the lists.
+func TestSubtreeWithoutChildrenFiles(t *testing.T) {
+	cmd := osexec.Command("sh", "-c", "setsid sleep 30 & sh -c 'sleep 30 & wait' & echo; wait")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range subtree([]pinfo{{pid: cmd.Process.Pid}}) {
+			_ = syscall.Kill(p.pid, syscall.SIGKILL)
+		}
+		_ = cmd.Wait()
+	})
+	if _, err := out.Read(make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	root, ok := readStat(cmd.Process.Pid)
+	if !ok {
+		t.Fatal("no root")
+	}
+	pids := func() string {
+		var s []int
+		for _, p := range subtree([]pinfo{root}) {
+			s = append(s, p.pid)
+		}
+		slices.Sort(s)
+		return fmt.Sprint(s)
+	}
+	var lists string
+	// The shells fork as they go: wait until all four are there.
+	for deadline := time.Now().Add(5 * time.Second); strings.Count(lists, " ") < 3; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("tree %s: want the shell, a sleep, a shell and its sleep", lists)
+		}
+		lists = pids()
+	}
+	if !childrenFiles() {
+		t.Skip("no children files to compare with")
+	}
+	was := childrenFiles
+	childrenFiles = func() bool { return false }
+	defer func() { childrenFiles = was }()
+	if scanned := pids(); scanned != lists {
+		t.Fatalf("scanned tree %s, listed %s", scanned, lists)
+	}
 }

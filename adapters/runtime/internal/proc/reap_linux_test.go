@@ -94,7 +94,7 @@ func TestCancelKillsDetachedTools(t *testing.T) {
 	if !a.p.Stopped() {
 		t.Error("not Stopped")
 	}
-	requireReaped(t, "the cancelled agent's", map[string]runtimetest.Proc{"tool": a.left["tool"], "orphan": a.left["orphan"]})
+	requireReaped(t, "the cancelled agent's", map[string]runtimetest.Proc{"tool": a.left["tool"], "orphan": a.left["orphan"], "stray": a.left["stray"]})
 	requireAlive(t, "the other agent's", other.left)
 	// Its environment emptied, an orphan cannot be told from another
 	// agent's: it goes once no other agent is running.
