@@ -140,3 +140,45 @@ func TestKillAllKillsDetachedTools(t *testing.T) {
 	requireReaped(t, "the agent's", a.left)
 	a.end()
 }
+
+// An orphan that exits on its own while its agent runs is a zombie of this
+// process's until the agent's end reaps it.
+func TestExitedOrphanIsReaped(t *testing.T) {
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("no setsid")
+	}
+	dir := t.TempDir()
+	script := `sh -c 'setsid sh -c "echo \$\$ > ` + dir + `/quick; exec sleep 0.1" &'; ` +
+		`while [ ! -s ` + dir + `/quick ]; do sleep 0.01; done; echo ready; ` + runtimetest.UntilGo(dir)
+	p, err := proc.Start(context.Background(), proc.Spec{Path: "/bin/sh", Args: []string{"-c", script}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewReader(p.Stdout)
+	if line, err := lines.ReadString('\n'); line != "ready\n" {
+		t.Fatalf("agent said %q, %v", line, err)
+	}
+	b, err := os.ReadFile(dir + "/quick")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if _, err := fmt.Sscan(string(b), &pid); err != nil {
+		t.Fatal(err)
+	}
+	quick, ok := runtimetest.ProcOf(pid)
+	if !ok {
+		t.Fatal("the orphan is gone already")
+	}
+	for deadline := time.Now().Add(10 * time.Second); !quick.Zombie(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the orphan (pid %d) never became this process's zombie", pid)
+		}
+	}
+	runtimetest.Go(t, dir)
+	_, _ = io.Copy(io.Discard, lines)
+	p.Wait()
+	if !quick.Reaped() {
+		t.Fatalf("the orphan (pid %d) is still a zombie after its agent ended", pid)
+	}
+}
