@@ -70,6 +70,7 @@ func Edge(s EdgeSettings) fx.Option {
 			func() *edgeapp.ConfigVersions { return &edgeapp.ConfigVersions{} },
 			newEdgeMetrics,
 			newEdgeStore,
+			newStateDir,
 			newMetricsServer,
 			func(m *prom.Metrics, st *edgestore.Store) edgeapp.Observers {
 				return edgeapp.Observers{Metrics: m, History: st}

@@ -9,7 +9,6 @@ import (
 
 	"go.uber.org/fx"
 
-	"iop/adapters/config"
 	"iop/adapters/eventbus"
 	httpapi "iop/adapters/http"
 	"iop/adapters/metrics/prom"
@@ -26,15 +25,9 @@ func newEdgeMetrics(reg *edgeapp.Registry, bus *eventbus.Bus, lt *LinkTLS) *prom
 // newEdgeStore opens (and migrates) the history database; a store that
 // cannot be opened stops the edge from starting, with the reason. Once
 // running, a database that fails only costs history rows.
-func newEdgeStore(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, m *prom.Metrics) (*edgestore.Store, error) {
+func newEdgeStore(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, m *prom.Metrics, _ stateDirReady) (*edgestore.Store, error) {
 	c := s.Config
-	dsn := c.Store.DSN
-	if dsn == "" {
-		dsn = "edge.db"
-	}
-	if err := prepareStateDir(c, s.ConfigPath, !config.IsPostgresDSN(dsn), log); err != nil {
-		return nil, err
-	}
+	dsn := historyDSN(c)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	db, err := edgestore.Open(ctx, dsn)

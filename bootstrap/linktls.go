@@ -96,7 +96,7 @@ func OpenLinkTLS(c *config.EdgeConfig, log *slog.Logger) (*LinkTLS, error) {
 // newLinkTLS provides LinkTLS to the edge and, in auto mode, keeps the
 // server certificate renewed while the edge runs; in either mode it warns
 // while what the link serves nears its end.
-func newLinkTLS(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger) (*LinkTLS, error) {
+func newLinkTLS(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, _ stateDirReady) (*LinkTLS, error) {
 	l, err := OpenLinkTLS(s.Config, log)
 	if err != nil {
 		return nil, err

@@ -21,6 +21,26 @@ func warnNarrowed(log *slog.Logger, store string, files []string) {
 	}
 }
 
+// stateDirReady is what a constructor that keeps files in the edge's
+// state_dir takes (the history, the node link's auto-mode certificates), so
+// the directory is made, and a problem with it reported as such, before
+// either touches it, whichever fx builds first.
+type stateDirReady struct{}
+
+// newStateDir prepares the edge's state_dir once (see prepareStateDir); it
+// is created when the history is an SQLite file there.
+func newStateDir(s EdgeSettings, log *slog.Logger) (stateDirReady, error) {
+	return stateDirReady{}, prepareStateDir(s.Config, s.ConfigPath, !config.IsPostgresDSN(historyDSN(s.Config)), log)
+}
+
+// historyDSN is the history's store.dsn, or its default.
+func historyDSN(c *config.EdgeConfig) string {
+	if c.Store.DSN == "" {
+		return "edge.db"
+	}
+	return c.Store.DSN
+}
+
 // prepareStateDir creates the edge's state_dir 0700 when create (the SQLite
 // history lives there by default) and keeps it closed to other users. The
 // default state_dir ("<config>-state" beside the config) is the edge's own:
