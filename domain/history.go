@@ -1,6 +1,9 @@
 package domain
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // RunRecord is one run in the edge's history: where it ran, who asked, how
 // it ended and what it used. Inputs and output are never part of it.
@@ -55,6 +58,32 @@ type RunQuery struct {
 	// Nodes, when not empty, limits the runs to these nodes (a caller
 	// whose key is limited to them).
 	Nodes []string
+	// Took limits the runs to those a node took: not the failed runs that
+	// were refused before they started (RefusedBeforeStart).
+	Took bool
+	// ExcludeKeys, when not empty, leaves out the runs of these key names.
+	ExcludeKeys []string
+}
+
+// refusedBeforeStart are the error codes of a failed run that no node
+// took: it was refused before it started (unknown adapter or target, no
+// free slot, …), so it left its session where it was.
+var refusedBeforeStart = []string{
+	CodeAdapterNotFound, CodeTargetNotFound, CodeAtCapacity, CodeInvalidRequest,
+	CodeSessionUnsupported, CodeShuttingDown, CodeNoNodeAvailable,
+}
+
+// RefusedBeforeStart reports whether a failed run with error code was
+// refused before any node took it.
+func RefusedBeforeStart(code string) bool { return slices.Contains(refusedBeforeStart, code) }
+
+// RefusedBeforeStartCodes returns the codes RefusedBeforeStart reports.
+func RefusedBeforeStartCodes() []string { return slices.Clone(refusedBeforeStart) }
+
+// Took reports whether a node took r, so that it holds r's session: it
+// ran the run, or refused it only because the session was busy there.
+func (r RunRecord) Took() bool {
+	return r.Status != RunFailed || !RefusedBeforeStart(r.ErrorCode)
 }
 
 // RunPage is one page of a RunQuery; Next is empty on the last page.

@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"time"
@@ -11,7 +12,7 @@ import (
 )
 
 // Bounds of a session's recall from the history: how long the run waits
-// for it, and how many of the session's newest runs are looked at.
+// for it, and how many of the session's runs are read per query.
 const (
 	sessionRecallTimeout = 2 * time.Second
 	sessionRecallRuns    = 8
@@ -51,9 +52,10 @@ func errSessionNotYours(adapter, session string) error {
 // use lets the caller in ctx use session of adapter, or refuses it
 // (forbidden) when the session is another key's. The owner is the one
 // the edge remembers; for a session it remembers none for, the keys that
-// ran the session's newest runs in the history (owners): a caller whose
-// key is not among them is refused (a session the history knows no run of
-// is the caller's). The caller then claims the session — an admin key only
+// ran the session's runs in the history (recallOwners): a caller whose key
+// is not among them is refused (a session the history knows no run of a
+// node took, or only the anonymous caller's, is the caller's). A history
+// that answers in a way no owner can be told from is as one that fails. The caller then claims the session — an admin key only
 // if no key without the admin scope owns it, as an admin may use any
 // session but takes none from its owner. A history that fails refuses a
 // caller without the admin scope, as the owner is unknown; an admin's run
@@ -95,7 +97,7 @@ func (g sessionGuard) use(ctx context.Context, adapter, session string, recallNo
 	if g.hist != nil && (needOwner || (recallNode && !known)) {
 		ctx, cancel := context.WithTimeout(ctx, sessionRecallTimeout)
 		defer cancel()
-		page, err := g.hist.ListRuns(ctx, domain.RunQuery{Adapter: adapter, Session: session, Limit: sessionRecallRuns})
+		keys, byAdmins, err := g.recallOwners(ctx, adapter, session)
 		if err != nil {
 			if !admin {
 				g.log.Warn("session's owner not recalled from the history; the run is refused", "adapter", adapter, "session", session, "key", p.Name, "err", err)
@@ -104,16 +106,12 @@ func (g sessionGuard) use(ctx context.Context, adapter, session string, recallNo
 			g.log.Warn("session's node and owner not recalled from the history; the run is placed afresh", "adapter", adapter, "session", session, "err", err)
 			return undo, nil
 		}
-		whole := len(page.Runs) < sessionRecallRuns
-		keys, byAdmins := g.owners(page.Runs, whole)
 		if !admin && len(keys) > 0 && !slices.Contains(keys, p.Name) {
 			return undo, errSessionNotYours(adapter, session)
 		}
 		// An admin claims a session nobody owns, or one that admin keys
-		// started and it is among: never a key's, nor another admin's, nor
-		// one whose first run is beyond the window (whose it is unknown).
-		ownedByOther = (len(keys) > 0 && !(byAdmins && slices.Contains(keys, p.Name))) || (!whole && len(keys) == 0)
-		g.recall(ctx, adapter, session, page.Runs)
+		// alone ran and it is among: never a key's, nor another admin's.
+		ownedByOther = len(keys) > 0 && !(byAdmins && slices.Contains(keys, p.Name))
 	}
 	if !claim || (admin && (ownedByOther || anonymous)) {
 		return undo, nil
@@ -127,30 +125,64 @@ func (g sessionGuard) use(ctx context.Context, adapter, session string, recallNo
 	return func() { g.reg.unclaimSession(adapter, session, p.Name) }, nil
 }
 
-// owners are the keys that ran the runs (newest first) of a session the
-// history holds, as its owner is recalled from them: runs a node took
-// (tookSession: a refused run claims nothing), by keys that may own a
-// session — not the anonymous caller of an edge that had no keys then.
-// Keys with the admin scope count only when no other key ran the session
-// and the runs are all of it (whole: fewer than the recall reads), so
-// they include its first: an admin owns a session it started, but using
-// another key's session, however often, does not make it the admin's.
-func (g sessionGuard) owners(runs []domain.RunRecord, whole bool) (keys []string, byAdmins bool) {
+// recallOwners returns the owners of a session the history holds runs of:
+// the keys that ran its runs a node took (a refused run claims nothing),
+// leaving out the anonymous caller of an edge that had no keys then. Those
+// are the keys without the admin scope among its 8 newest such runs, or,
+// if none, of its newest such run by a key without the admin scope; or,
+// when no key without the admin scope ever ran it, the admin keys that
+// did (byAdmins): an admin owns a session it started, but using another
+// key's session, however often, does not make it the admin's. No keys
+// means that no key ran the session (the history holds no run of it a
+// node took, or only the anonymous caller's): it is the first key's to
+// use. The session is bound besides, unless it is already, to the node of
+// its newest run a node took.
+//
+// The history is asked for the runs a node took, so that refused runs
+// (a caller retrying on at_capacity) hide neither the owner nor the node;
+// then, while it has found only admin keys and there are more runs, for
+// runs by keys it has not seen yet — one more query per admin key found.
+func (g sessionGuard) recallOwners(ctx context.Context, adapter, session string) (keys []string, byAdmins bool, err error) {
+	q := domain.RunQuery{Adapter: adapter, Session: session, Took: true, Limit: sessionRecallRuns}
+	page, err := g.hist.ListRuns(ctx, q)
+	if err != nil {
+		return nil, false, err
+	}
+	g.recall(ctx, adapter, session, page.Runs)
+	seen := []string{"", domain.AnonymousName} // keys that own nothing, then admins seen
 	var admins []string
-	for _, r := range runs {
-		if r.Key == "" || r.Key == domain.AnonymousName || !tookSession(r) {
-			continue
+	for {
+		excluded := len(seen)
+		for _, r := range page.Runs {
+			if !tookSession(r) || slices.Contains(seen, r.Key) || slices.Contains(keys, r.Key) {
+				continue
+			}
+			if g.admin != nil && g.admin(r.Key) {
+				seen = append(seen, r.Key)
+				admins = append(admins, r.Key)
+				continue
+			}
+			keys = append(keys, r.Key)
 		}
-		if g.admin != nil && g.admin(r.Key) {
-			admins = append(admins, r.Key)
-			continue
+		if len(keys) > 0 {
+			return keys, false, nil
 		}
-		keys = append(keys, r.Key)
+		if page.Next == "" {
+			// Every run a node took is by an admin or the anonymous
+			// caller: those admins own it.
+			return admins, len(admins) > 0, nil
+		}
+		// Older runs remain: look past the admins seen so far. Each query
+		// either finds a key without the admin scope, or an admin key not
+		// seen yet, or the end.
+		if q.ExcludeKeys != nil && len(seen) == excluded {
+			return nil, false, errors.New("the history answered runs of keys the query left out")
+		}
+		q.ExcludeKeys = slices.Clone(seen)
+		if page, err = g.hist.ListRuns(ctx, q); err != nil {
+			return nil, false, err
+		}
 	}
-	if len(keys) == 0 && whole && len(admins) > 0 {
-		return admins, true
-	}
-	return keys, false
 }
 
 // recall binds session of adapter, unless it is bound already, to the node
@@ -170,15 +202,6 @@ func (g sessionGuard) recall(ctx context.Context, adapter, session string, runs 
 // tookSession reports whether r's node holds its session: it ran the run,
 // or refused it only because the session was busy there. A run refused
 // before it started (unknown adapter or target, no free slot, …) left the
-// session where it was.
-func tookSession(r domain.RunRecord) bool {
-	if r.Status != domain.RunFailed {
-		return true
-	}
-	switch r.ErrorCode {
-	case domain.CodeAdapterNotFound, domain.CodeTargetNotFound, domain.CodeAtCapacity, domain.CodeInvalidRequest,
-		domain.CodeSessionUnsupported, domain.CodeShuttingDown, domain.CodeNoNodeAvailable:
-		return false
-	}
-	return true
-}
+// session where it was. The history is asked for such runs only; this
+// checks its answer again.
+func tookSession(r domain.RunRecord) bool { return r.Took() }

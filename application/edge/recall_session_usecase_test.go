@@ -3,6 +3,7 @@ package edge_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 
@@ -29,9 +30,18 @@ func (h *ucSessionHistory) ListRuns(_ context.Context, q domain.RunQuery) (domai
 	h.queries = append(h.queries, q)
 	var page domain.RunPage
 	for _, r := range h.runs {
-		if r.SessionID == q.Session && r.Adapter == q.Adapter && len(page.Runs) < q.Limit {
-			page.Runs = append(page.Runs, r)
+		key := r.Key
+		if key == "" {
+			key = domain.AnonymousName // as the store keeps it
 		}
+		if r.SessionID != q.Session || r.Adapter != q.Adapter || (q.Took && !r.Took()) || slices.Contains(q.ExcludeKeys, key) {
+			continue
+		}
+		if len(page.Runs) == q.Limit {
+			page.Next = "more"
+			break
+		}
+		page.Runs = append(page.Runs, r)
 	}
 	return page, h.err
 }

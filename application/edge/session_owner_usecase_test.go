@@ -392,3 +392,140 @@ func TestAdminTurnsDoNotTakeAKeysSessionOnRecall(t *testing.T) {
 		t.Fatalf("y's turn of ops's session: %v, want forbidden", err)
 	}
 }
+
+// ucRecallCase is an edge that does not remember session s1 of chat, whose
+// history holds runs; y is a key that never ran it.
+func ucRecallCase(t *testing.T, runs []domain.RunRecord) (*ucEdge, *edge.TerminateSessionHandler, *ucSessionHistory) {
+	t.Helper()
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	hist := &ucSessionHistory{runs: runs}
+	e.submit.Sessions = hist
+	e.submit.AdminKey = func(name string) bool { return strings.HasPrefix(name, "ops") }
+	term := edge.NewTerminateSessionHandler(e.reg)
+	term.Sessions, term.AdminKey = hist, e.submit.AdminKey
+	return e, term, hist
+}
+
+// ucRefusedEverywhere checks that key y may neither end session s1 nor
+// run it (its node named or not), and that nothing reached a node.
+func ucRefusedEverywhere(t *testing.T, e *ucEdge, term *edge.TerminateSessionHandler, y context.Context) {
+	t.Helper()
+	if err := term.Handle(y, edge.TerminateSession{Node: "b", Adapter: "chat", SessionID: "s1"}); !errors.Is(err, domain.ErrForbidden) {
+		t.Fatalf("y ending x's session: %v, want forbidden", err)
+	}
+	for _, node := range []string{"", "a", "b"} {
+		if _, err := e.submit.Handle(y, edge.SubmitRun{Node: node, Adapter: "chat", SessionID: "s1"}); !errors.Is(err, domain.ErrForbidden) {
+			t.Fatalf("y's turn of x's session (node %q): %v, want forbidden", node, err)
+		}
+	}
+	if r, tm := ucSent(e); r != 0 || tm != 0 {
+		t.Fatalf("refused calls reached the nodes: %d runs, %d session ends", r, tm)
+	}
+}
+
+// The owner's turns the nodes refused (x retrying on at_capacity more
+// times than the recall reads) are in the history as runs of the session:
+// after a restart they neither hide its owner — another key would get in,
+// read the conversation through the model and take the session — nor its
+// node, where the owner's next turn still goes.
+func TestRefusedRunsHideNeitherOwnerNorNodeOnRecall(t *testing.T) {
+	ucNoLeaks(t)
+	var runs []domain.RunRecord
+	for i := range 2 * 8 {
+		runs = append(runs, domain.RunRecord{ID: fmt.Sprintf("run_r%02d", 20-i), Node: "a", Adapter: "chat", SessionID: "s1", Key: "x",
+			Status: domain.RunFailed, ErrorCode: domain.CodeAtCapacity})
+	}
+	runs = append(runs, domain.RunRecord{ID: "run_1", Node: "b", Adapter: "chat", SessionID: "s1", Key: "x", Status: domain.RunSucceeded})
+	e, term, _ := ucRecallCase(t, runs)
+	ctx := context.Background()
+	ucRefusedEverywhere(t, e, term, ucAs(ctx, "y", domain.ScopeRuns))
+	rh, err := e.submit.Handle(ucAs(ctx, "x", domain.ScopeRuns), edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil || rh.Node != "b" {
+		t.Fatalf("x's turn: %v on %v, want it on b, where its history is (a wins a tie)", err, rh)
+	}
+	ucFinish(t, e, rh)
+	if owner := edge.SessionOwner(e.reg, "chat", "s1"); owner != "x" {
+		t.Fatalf("owner %q, want x", owner)
+	}
+}
+
+// An admin's turns of a key's session, more than the recall reads and by
+// several admins, do not leave it to any key after a restart: the owner is
+// looked for past them. The admins go on without taking it.
+func TestAdminTurnsHideNoOwnerOnRecall(t *testing.T) {
+	ucNoLeaks(t)
+	var runs []domain.RunRecord
+	for i, key := range []string{"ops", "ops2", "ops3"} {
+		for j := range 9 {
+			runs = append(runs, domain.RunRecord{ID: fmt.Sprintf("run_%d%d", 9-i, 9-j), Node: "b", Adapter: "chat", SessionID: "s1", Key: key, Status: domain.RunSucceeded})
+		}
+		runs = append(runs, domain.RunRecord{ID: fmt.Sprintf("run_%d0", 9-i), Node: "a", Adapter: "chat", SessionID: "s1", Key: "z",
+			Status: domain.RunFailed, ErrorCode: domain.CodeNoNodeAvailable})
+	}
+	runs = append(runs, domain.RunRecord{ID: "run_1", Node: "b", Adapter: "chat", SessionID: "s1", Key: "x", Status: domain.RunSucceeded})
+	e, term, hist := ucRecallCase(t, runs)
+	ctx := context.Background()
+	for _, k := range []string{"y", "z"} {
+		ucRefusedEverywhere(t, e, term, ucAs(ctx, k, domain.ScopeRuns))
+	}
+	if n := hist.count(); n != 8*4 {
+		t.Fatalf("history asked %d times for 8 refusals, want 4 queries each (one, then one past each admin key)", n)
+	}
+	rh, err := e.submit.Handle(ucAs(ctx, "ops4", domain.ScopeAdmin), edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil || rh.Node != "b" {
+		t.Fatalf("an admin's turn: %v on %v, want it on b", err, rh)
+	}
+	ucFinish(t, e, rh)
+	if owner := edge.SessionOwner(e.reg, "chat", "s1"); owner != "" {
+		t.Fatalf("owner %q after an admin's turn of x's session, want none", owner)
+	}
+	rh, err = e.submit.Handle(ucAs(ctx, "x", domain.ScopeRuns), edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil || rh.Node != "b" {
+		t.Fatalf("x's turn: %v on %v, want it on b", err, rh)
+	}
+	ucFinish(t, e, rh)
+
+	// Admins alone ran it: they own it, another key is refused.
+	e2, term2, _ := ucRecallCase(t, runs[:len(runs)-1])
+	ucRefusedEverywhere(t, e2, term2, ucAs(ctx, "x", domain.ScopeRuns))
+	rh, err = e2.submit.Handle(ucAs(ctx, "ops3", domain.ScopeAdmin), edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil {
+		t.Fatalf("ops3's turn: %v", err)
+	}
+	ucFinish(t, e2, rh)
+	if owner := edge.SessionOwner(e2.reg, "chat", "s1"); owner != "ops3" {
+		t.Fatalf("owner %q, want ops3 (among the admins that ran it alone)", owner)
+	}
+}
+
+// A history that does not honour the query's key filter makes the owner
+// unknown (the recall would otherwise never end): a key is refused as when
+// the history cannot be read.
+func TestRecallOwnerUnknownRefusesKeys(t *testing.T) {
+	ucNoLeaks(t)
+	var runs []domain.RunRecord
+	for i := range 9 {
+		runs = append(runs, domain.RunRecord{ID: fmt.Sprintf("run_%d", 9-i), Node: "b", Adapter: "chat", SessionID: "s1", Key: "ops", Status: domain.RunSucceeded})
+	}
+	e, _, _ := ucRecallCase(t, runs)
+	e.submit.Sessions = ucIgnoringHistory{runs}
+	if _, err := e.submit.Handle(ucAs(context.Background(), "y", domain.ScopeRuns), edge.SubmitRun{Adapter: "chat", SessionID: "s1"}); ucCode(err) != domain.CodeHistoryUnavailable {
+		t.Fatalf("y's turn: %v, want history_unavailable", err)
+	}
+}
+
+// ucIgnoringHistory answers every query with the first 8 of its runs and
+// more to come.
+type ucIgnoringHistory struct{ runs []domain.RunRecord }
+
+func (h ucIgnoringHistory) GetRun(context.Context, string) (domain.RunRecord, error) {
+	return domain.RunRecord{}, domain.ErrRunNotFound
+}
+
+func (h ucIgnoringHistory) ListRuns(context.Context, domain.RunQuery) (domain.RunPage, error) {
+	return domain.RunPage{Runs: h.runs[:8], Next: "more"}, nil
+}
+
+func (h ucIgnoringHistory) Usage(context.Context, domain.UsageQuery) ([]domain.UsageTotal, error) {
+	return nil, nil
+}

@@ -675,7 +675,8 @@ func healthyOrExited(p *proc, url string, d time.Duration) bool {
 // A session belongs to the key that first ran it, also after the edge
 // restarted (the owner is then read from the history): another key may
 // neither run it nor end it, an admin key may run it, and its owner goes
-// on. runner and n2-only both hold the runs scope.
+// on — also when the owner's newest turns were refused by its node. runner
+// and n2-only both hold the runs scope.
 func TestSessionsBelongToTheirKey(t *testing.T) {
 	t.Parallel()
 	nodes := `
@@ -723,6 +724,18 @@ func TestSessionsBelongToTheirKey(t *testing.T) {
 	own, _ := json.Marshal(map[string]any{"adapter": "exec", "target": "upper", "input": "hi", "session_id": "s2"})
 	if evs := collectRun(t, startRunKey(t, ctx, e, n2Key, own)); len(evs) == 0 || evs[len(evs)-1].Type != "complete" {
 		t.Fatalf("n2-only's own session: %+v", evs)
+	}
+
+	// The owner's turns its node refused (an unknown target here; a full
+	// node's at_capacity alike), more than the edge reads to recall an
+	// owner, are s1's newest runs in the history: they must not hide whose
+	// it is after the restart.
+	bad, _ := json.Marshal(map[string]any{"adapter": "exec", "target": "nope", "input": "hi", "session_id": "s1"})
+	for range 9 {
+		status, _, b := request(t, ctx, "POST", e.url+"/v1/runs", runsKey, bad)
+		if status != http.StatusNotFound || !strings.Contains(string(b), "target_not_found") {
+			t.Fatalf("runner's turn of an unknown target: %d %s, want the node's 404 target_not_found", status, b)
+		}
 	}
 
 	// After a restart the edge remembers no session: the history names

@@ -207,6 +207,44 @@ func contract(t *testing.T, newDSN opener) {
 		}
 	})
 
+	t.Run("a session's runs a node took, by keys left out", func(t *testing.T) {
+		// What an edge that forgot a session recalls its owner and node
+		// from: refused runs (a caller retrying on at_capacity) are left
+		// out by the query itself, and so are keys already seen.
+		s := open(t, newDSN(t), edgestore.Options{})
+		recs := []struct {
+			key    string
+			status domain.RunStatus
+			code   string
+		}{
+			{"x", domain.RunSucceeded, ""},
+			{"x", domain.RunFailed, "adapter_error"},
+			{"ops", domain.RunRunning, ""},
+			{"", domain.RunSucceeded, ""},
+			{"x", domain.RunFailed, domain.CodeAtCapacity},
+			{"y", domain.RunFailed, domain.CodeNoNodeAvailable},
+			{"x", domain.RunFailed, domain.CodeSessionBusy},
+			{"x", domain.RunCancelled, ""},
+		}
+		for i, c := range recs {
+			r := run(fmt.Sprintf("run_%d", i), "n1", "llm", c.key, c.status, t0.Add(time.Duration(i)*time.Minute), nil)
+			r.SessionID, r.ErrorCode = "chat-1", c.code
+			s.RecordRun(r)
+		}
+		eventually(t, "8 runs", func() bool {
+			p, err := s.ListRuns(ctx, domain.RunQuery{Session: "chat-1", Limit: 100})
+			return err == nil && len(p.Runs) == len(recs) && p.Runs[0].Status == domain.RunCancelled
+		})
+		wantRunIDs(t, s, domain.RunQuery{Session: "chat-1", Adapter: "llm", Took: true}, "[run_7 run_6 run_3 run_2 run_1 run_0]")
+		wantRunIDs(t, s, domain.RunQuery{Session: "chat-1", Took: true, ExcludeKeys: []string{"x"}}, "[run_3 run_2]")
+		wantRunIDs(t, s, domain.RunQuery{Session: "chat-1", Took: true, ExcludeKeys: []string{"x", domain.AnonymousName, ""}}, "[run_2]")
+		wantRunIDs(t, s, domain.RunQuery{Session: "chat-1", ExcludeKeys: []string{"x", "ops", domain.AnonymousName}}, "[run_5]")
+		p, err := s.ListRuns(ctx, domain.RunQuery{Session: "chat-1", Took: true, Limit: 2})
+		if err != nil || len(p.Runs) != 2 || p.Next == "" {
+			t.Fatalf("first page of runs a node took: %+v %v, want 2 and more", p, err)
+		}
+	})
+
 	t.Run("usage sums runs and tunnels", func(t *testing.T) {
 		s := open(t, newDSN(t), edgestore.Options{})
 		day2 := t0.Add(24 * time.Hour)

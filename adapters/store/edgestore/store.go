@@ -568,6 +568,12 @@ func (s *Store) ListRuns(ctx context.Context, q domain.RunQuery) (domain.RunPage
 		// lets SQLite and PostgreSQL use that partial index.
 		sel = sel.Where("session_id = ? AND session_id <> ''", q.Session)
 	}
+	if q.Took {
+		sel = sel.Where("(status <> ? OR error_code NOT IN (?))", string(domain.RunFailed), bun.List(domain.RefusedBeforeStartCodes()))
+	}
+	if len(q.ExcludeKeys) > 0 {
+		sel = sel.Where("key_name NOT IN (?)", bun.List(q.ExcludeKeys))
+	}
 	if !q.Since.IsZero() {
 		sel = sel.Where("created_us >= ?", ceilMicros(q.Since))
 	}
