@@ -90,8 +90,12 @@ type ChatSessionStore interface {
 	// has none. With maxBytes > 0 it returns only what a turn may replay:
 	// the leading system/developer messages, then the newest whole turns (a
 	// turn starts at a user message) whose messages' JSON sizes sum to at
-	// most maxBytes, and always the latest turn — so a long session costs a
-	// turn its bound, not its length.
+	// most maxBytes, and always the latest turn; of a latest turn alone past
+	// maxBytes (a tool loop: one user message, then tool calls and results),
+	// its opening (its user message up to its first assistant message) and
+	// its newest tool-call groups (each from an assistant message up to the
+	// next) that fit with it, at least the newest — so a long session costs
+	// a turn its bound, not its length.
 	LoadChat(ctx context.Context, adapter, sessionID string, maxBytes int) ([]domain.ChatMessage, error)
 	// AppendChat adds messages to the end of a session, creating it if needed.
 	AppendChat(ctx context.Context, adapter, target, sessionID string, msgs []domain.ChatMessage) error

@@ -60,7 +60,9 @@ func (s *ChatStore) LoadChat(_ context.Context, adapter, sessionID string, maxBy
 			break
 		}
 	}
-	return append(slices.Clone(msgs[:head]), msgs[w.Cut(int64(head)):]...), nil
+	tail := w.Cut(int64(head))
+	out := append(slices.Clone(msgs[:head]), msgs[tail.Open:tail.OpenEnd]...)
+	return append(out, msgs[tail.From:]...), nil
 }
 
 // AppendChat adds msgs after the session's last message, creating the

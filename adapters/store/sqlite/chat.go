@@ -60,18 +60,23 @@ var chatMessageBackfill = map[string]string{
 // LoadChat returns the session's messages in the order they were appended,
 // bounded as ports.ChatSessionStore says; an unknown session has none. A
 // bounded load reads the head, then the messages' roles and sizes newest
-// first a page at a time until the bound is met (chattail), then the rows
-// from the cut: the bodies of turns past the bound are never read.
+// first a page at a time until the bound is met, or for a latest turn past
+// it, until that turn's start (chattail), then the rows of the tail: the
+// bodies of messages past the bound are never read.
 func (s *ChatStore) LoadChat(ctx context.Context, adapter, sessionID string, maxBytes int) ([]domain.ChatMessage, error) {
 	var rows []chatMessageRow
 	q := s.db.NewSelect().Model(&rows).Where("adapter = ? AND session_id = ?", adapter, sessionID).Order("seq")
 	if maxBytes > 0 {
-		first, from, err := s.tailStart(ctx, adapter, sessionID, maxBytes)
+		first, tail, err := s.tailStart(ctx, adapter, sessionID, maxBytes)
 		if err != nil {
 			return nil, err
 		}
 		q = q.WhereGroup(" AND ", func(q *bun.SelectQuery) *bun.SelectQuery {
-			return q.Where("seq < ?", first).WhereOr("seq >= ?", from)
+			q = q.Where("seq < ?", first).WhereOr("seq >= ?", tail.From)
+			if !tail.Whole() {
+				q = q.WhereOr("seq >= ? AND seq < ?", tail.Open, tail.OpenEnd)
+			}
+			return q
 		})
 	}
 	if err := q.Scan(ctx); err != nil {
@@ -87,18 +92,19 @@ func (s *ChatStore) LoadChat(ctx context.Context, adapter, sessionID string, max
 // tailPage is how many roles and sizes one query of tailStart reads.
 const tailPage = 256
 
-// tailStart returns where a bounded load's parts start: first, the oldest
+// tailStart returns where a bounded load's parts are: first, the oldest
 // message after the session's head (its leading system/developer
-// messages), and from, the tail's first message.
-func (s *ChatStore) tailStart(ctx context.Context, adapter, sessionID string, maxBytes int) (first, from int64, err error) {
+// messages), and the tail's messages.
+func (s *ChatStore) tailStart(ctx context.Context, adapter, sessionID string, maxBytes int) (first int64, tail chattail.Tail, err error) {
 	err = s.db.NewSelect().Model((*chatMessageRow)(nil)).ColumnExpr("COALESCE(MIN(seq), 0)").
 		Where("adapter = ? AND session_id = ? AND role NOT IN ('system', 'developer')", adapter, sessionID).
 		Scan(ctx, &first)
 	if err != nil {
-		return 0, 0, fmt.Errorf("select chat %s/%s head: %w", adapter, sessionID, err)
+		return 0, tail, fmt.Errorf("select chat %s/%s head: %w", adapter, sessionID, err)
 	}
 	if first == 0 {
-		return 1 << 62, 1 << 62, nil // the head is all there is
+		const end = 1 << 62
+		return end, chattail.Tail{Open: end, OpenEnd: end, From: end}, nil // the head is all there is
 	}
 	w := chattail.New(maxBytes)
 	before := int64(1 << 62)
@@ -115,7 +121,7 @@ func (s *ChatStore) tailStart(ctx context.Context, adapter, sessionID string, ma
 			Order("seq DESC").Limit(tailPage).
 			Scan(ctx, &page)
 		if err != nil {
-			return 0, 0, fmt.Errorf("select chat %s/%s sizes: %w", adapter, sessionID, err)
+			return 0, tail, fmt.Errorf("select chat %s/%s sizes: %w", adapter, sessionID, err)
 		}
 		for _, m := range page {
 			if !w.Step(m.Seq, m.Role, m.Size) {

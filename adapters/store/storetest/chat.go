@@ -168,6 +168,45 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 		}
 	})
 
+	t.Run("a bounded load of a tool loop keeps its opening and newest groups", func(t *testing.T) {
+		s, ctx := newStore(t), context.Background()
+		msg := func(role, text string, size int) domain.ChatMessage {
+			raw := `{"role":"` + role + `","content":"` + text
+			raw += strings.Repeat("x", size-len(raw)-2) + `"}`
+			return domain.ChatMessage{Role: role, Content: text, Raw: raw}
+		}
+		// An agent's tool loop through runs: one user message, then groups
+		// of an assistant message (its calls) and tool results; 300 of
+		// them, past a store's page of sizes.
+		all := []domain.ChatMessage{msg("system", "S", 40), msg("user", "U", 100), msg("tool", "early", 100)}
+		for i := range 300 {
+			all = append(all, msg("assistant", fmt.Sprint("a", i), 100), msg("tool", fmt.Sprint("t", i), 100))
+			if i%7 == 0 {
+				all = append(all, msg("tool", fmt.Sprint("p", i), 100)) // a parallel call's result
+			}
+		}
+		mustAppend(t, s, "ollama", "m", "loop", all)
+		n := len(all)
+		for _, c := range []struct {
+			max  int
+			want []domain.ChatMessage
+		}{
+			// The opening (the user message to the first assistant
+			// message) and the newest groups that fit with it: 298, 299.
+			{650, append(slices.Clone(all[:3]), all[n-4:]...)},
+			// The newest group stays past the bound.
+			{50, append(slices.Clone(all[:3]), all[n-2:]...)},
+		} {
+			got, err := s.LoadChat(ctx, "ollama", "loop", c.max)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("LoadChat(max %d) = %d messages %v, want %d %v", c.max, len(got), roles(got), len(c.want), roles(c.want))
+			}
+		}
+	})
+
 	t.Run("list", func(t *testing.T) {
 		s, ctx := newStore(t), context.Background()
 		from := time.Now()

@@ -193,7 +193,21 @@ const MaxToolCallBytes = 1 << 20
 // wire holds them) until it fits in max bytes. A turn starts at a user
 // message, so an assistant message's tool calls and the tool messages that
 // answer them go together; the leading system or developer messages are
-// always kept, and so is the latest turn, which the new messages may answer (tool results).
+// always kept, and so is the latest turn, which the new messages may answer
+// (tool results).
+//
+// A latest turn that alone is past the bound — an agent's tool loop driven
+// through runs: one user message, then turn after turn of tool results and
+// the model's next calls — loses its oldest tool-call groups as well: a
+// group runs from an assistant message to the next one, so it holds the
+// calls and every tool message answering them (a conversation the provider
+// took answers an assistant message's calls before the next one). The
+// turn's opening (its user message, up to its first assistant message) is
+// kept, so what is sent still starts with the user's request, and so is its
+// newest group, whose calls the new messages may answer.
+//
+// A bounded load (chattail) returns at least what trim keeps of the whole
+// history, so trim of it keeps the same.
 func trim(history []domain.ChatMessage, msgs []json.RawMessage, max int) []json.RawMessage {
 	total := 0
 	for _, m := range msgs {
@@ -223,7 +237,30 @@ func trim(history []domain.ChatMessage, msgs []json.RawMessage, max int) []json.
 		}
 		from = next
 	}
-	return append(msgs[:head:head], msgs[from:]...)
+	if total <= max || from != last || last == len(history) || history[last].Role != "user" {
+		return append(msgs[:head:head], msgs[from:]...)
+	}
+	// The latest turn alone is past the bound: drop its oldest groups.
+	open := last + 1 // where its first group starts
+	for open < len(history) && history[open].Role != "assistant" {
+		open++
+	}
+	group := open
+	for group < len(history) && total > max {
+		next := group + 1
+		for next < len(history) && history[next].Role != "assistant" {
+			next++
+		}
+		if next == len(history) {
+			break // the newest group stays
+		}
+		for _, m := range msgs[group:next] {
+			total -= len(m)
+		}
+		group = next
+	}
+	out := append(msgs[:head:head], msgs[last:open]...)
+	return append(out, msgs[group:]...)
 }
 
 // wire returns a stored message as sent upstream: its JSON as given, or,
