@@ -179,9 +179,19 @@ func TestRuntimeAdaptersWithStandIns(t *testing.T) {
 	if so, _ := si.last()["stream_options"].(map[string]any); so["include_usage"] != true {
 		t.Fatalf("include_usage not requested: %v", si.last())
 	}
+	// A run carries one answer: n=2 is refused before it starts, and
+	// reaches neither the server nor the session.
+	r, body := postJSON(t, e.url+"/v1/runs", map[string]any{"node": "n1", "adapter": "gpt", "target": "m", "session_id": "s2", "input": "q3", "options": map[string]any{"n": 2}})
+	if r.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "invalid_request") || !strings.Contains(string(body), `\"n\"`) {
+		t.Fatalf("openai run with n=2: %d %s, want 400 invalid_request naming n", r.StatusCode, body)
+	}
+	run("gpt", "m", "s2", "q4")
+	if got := strings.Join(messages(si.last()), "|"); got != "user:q1|assistant:answer 3|user:q2|assistant:answer 4|user:q4" {
+		t.Fatalf("openai third turn sent %q", got)
+	}
 
 	// session_list shows both; terminating s1 makes the next turn fresh.
-	r, body := postJSON(t, e.url+"/v1/nodes/n1/commands", map[string]any{"command": "session_list"})
+	r, body = postJSON(t, e.url+"/v1/nodes/n1/commands", map[string]any{"command": "session_list"})
 	if r.StatusCode != 200 || !strings.Contains(string(body), `"s1"`) || !strings.Contains(string(body), `"s2"`) {
 		t.Fatalf("session_list: %d %s", r.StatusCode, body)
 	}
@@ -230,7 +240,7 @@ func TestRuntimeAdaptersWithStandIns(t *testing.T) {
 	for _, a := range us.Adapters {
 		got[a.Adapter] = fmt.Sprintf("%d/%d/%d/%.4f", a.Succeeded, a.PromptTokens, a.CompletionTokens, a.CostUSD)
 	}
-	want := map[string]string{"llm": "3/33/12/0.0000", "gpt": "2/40/12/0.0000", "claude": "2/18/154/0.0824"}
+	want := map[string]string{"llm": "3/33/12/0.0000", "gpt": "3/60/18/0.0000", "claude": "2/18/154/0.0824"}
 	for k, v := range want {
 		if got[k] != v {
 			t.Fatalf("usage_status %s = %s, want %s (all: %v)", k, got[k], v, got)

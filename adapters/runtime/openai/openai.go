@@ -8,7 +8,8 @@
 // input is the user message as text, or {"messages":[…]} (see package chat).
 // The run options, a JSON object, are merged into the request body
 // (temperature, max_tokens, tools, …), except "model", "messages", "stream"
-// and "stream_options", which the adapter sets. When api_key_env is set and
+// and "stream_options", which the adapter sets; "n", if a number, must be 1
+// (a run carries one answer), else the run is refused with invalid_request. When api_key_env is set and
 // that environment variable is not empty, its value is sent as
 // "Authorization: Bearer …"; it appears nowhere else.
 //
@@ -157,6 +158,17 @@ func (a *Adapter) ListSessions(ctx context.Context) ([]domain.SessionInfo, error
 	return a.sessions.List(ctx)
 }
 
+// Admit refuses, before the node acknowledges the run, a run whose options
+// are no JSON object or ask for other than one choice (oneChoice), so that
+// its caller gets an honest refusal rather than a started run that fails.
+func (a *Adapter) Admit(req domain.RunRequest) error {
+	opts, err := chat.ParseOptions(req.Options)
+	if err != nil {
+		return err
+	}
+	return oneChoice(opts["n"])
+}
+
 // Execute runs one chat turn as the package doc describes. Invalid input,
 // options or a missing model are returned as invalid_request errors before
 // anything is sent; upstream failures are error events; a cancelled ctx
@@ -169,6 +181,9 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	model, body, turn, msgs := prep.Model, prep.Options, prep.Turn, prep.Messages
 	for _, k := range reserved {
 		delete(body, k)
+	}
+	if err := oneChoice(body["n"]); err != nil {
+		return err
 	}
 	payload, err := json.Marshal(struct {
 		Model         string            `json:"model"`
@@ -228,6 +243,19 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	}
 	return sink.Emit(domain.RunEvent{Type: domain.EventComplete, Usage: &u})
+}
+
+// oneChoice refuses an "n" option asking for more (or fewer) than one
+// choice: a run's events and a session's stored reply carry one answer, and
+// the choices' deltas and tool-call fragments would be joined into one
+// (their choice index is not in the events). A value that is not a number
+// is the server's to judge.
+func oneChoice(raw json.RawMessage) error {
+	var n *float64
+	if len(raw) == 0 || json.Unmarshal(raw, &n) != nil || n == nil || *n == 1 {
+		return nil
+	}
+	return domain.Errorf(domain.CodeInvalidRequest, "option \"n\" is %v: a run carries one answer (its events have no choice index), so n must be 1; send one run per answer", *n)
 }
 
 // errReading marks a failure to read the response body.

@@ -607,3 +607,45 @@ func TestCancelAtTheEndStoresNoTurn(t *testing.T) {
 		t.Errorf("events %v: a terminal event after Finish failed", sink.Types())
 	}
 }
+
+// A run asks for one answer: its events and a session's stored reply have
+// no room for several choices, whose text and tool calls would be joined
+// into one. An "n" other than 1 is refused before anything is sent, in a
+// session or not; 1 and null pass, as does what is no number (the
+// server's to judge).
+func TestSeveralChoicesAreRefused(t *testing.T) {
+	srv := standin.NewServer(t, sse(events("\n", chunk(`{"content":"one"}`, "stop"), "[DONE]")))
+	chats := memory.NewChatStore()
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, chats)
+	for _, session := range []string{"s1", ""} {
+		for _, n := range []string{"2", "0", "1.5"} {
+			req := domain.RunRequest{Target: "m", Input: []byte("hi"), SessionID: session, Options: []byte(`{"n":` + n + `}`)}
+			// Refused at admission (the caller gets 400, no started run
+			// that fails), and by Execute alike.
+			if err := a.Admit(req); domain.CodeOf(err) != domain.CodeInvalidRequest || !strings.Contains(err.Error(), `"n"`) {
+				t.Fatalf("admitting n %s, session %q: %v, want invalid_request naming n", n, session, err)
+			}
+			_, err := run(t, a, req)
+			if domain.CodeOf(err) != domain.CodeInvalidRequest || !strings.Contains(err.Error(), `"n"`) {
+				t.Fatalf("n %s, session %q: %v, want invalid_request naming n", n, session, err)
+			}
+		}
+	}
+	if got := srv.Count(); got != 0 {
+		t.Fatalf("%d requests reached the server", got)
+	}
+	if msgs, _ := chats.LoadChat(context.Background(), "llm", "s1", 0); len(msgs) != 0 {
+		t.Fatalf("a refused run stored %+v", msgs)
+	}
+	for _, n := range []string{"1", "null", `"1"`} {
+		req := domain.RunRequest{Target: "m", Input: []byte("hi"), SessionID: "s1", Options: []byte(`{"n":` + n + `}`)}
+		if err := a.Admit(req); err != nil {
+			t.Fatalf("admitting n %s: %v", n, err)
+		}
+		sink, err := run(t, a, req)
+		if err != nil {
+			t.Fatalf("n %s: %v", n, err)
+		}
+		requireTerminal(t, sink, domain.EventComplete, "")
+	}
+}
