@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -154,6 +155,42 @@ func TestBuildConfig(t *testing.T) {
 func TestUsageTotal(t *testing.T) {
 	if (domain.Usage{PromptTokens: 2, CompletionTokens: 3}).Total() != 5 || (domain.Usage{TotalTokens: 9, PromptTokens: 1}).Total() != 9 {
 		t.Fatal("Total")
+	}
+	// Counts near the int64 maximum saturate rather than wrap negative.
+	if got := (domain.Usage{PromptTokens: math.MaxInt64 - 7, CompletionTokens: 100}).Total(); got != math.MaxInt64 {
+		t.Fatalf("Total of absurd counts = %d, want MaxInt64", got)
+	}
+}
+
+func TestAddTokensSaturates(t *testing.T) {
+	for _, tc := range []struct{ a, b, want int64 }{
+		{2, 3, 5},
+		{math.MaxInt64, 1, math.MaxInt64},
+		{math.MaxInt64 - 7, math.MaxInt64 - 7, math.MaxInt64},
+		{math.MinInt64, -1, math.MinInt64},
+		{math.MaxInt64, math.MinInt64, -1},
+		{-5, 3, -2},
+	} {
+		if got := domain.AddTokens(tc.a, tc.b); got != tc.want {
+			t.Errorf("AddTokens(%d, %d) = %d, want %d", tc.a, tc.b, got, tc.want)
+		}
+	}
+}
+
+func TestUsageBounded(t *testing.T) {
+	got := domain.Usage{PromptTokens: math.MaxInt64 - 7, CompletionTokens: -4, TotalTokens: math.MinInt64 + 93, CostUSD: 1e308,
+		DurationMS: 5, Model: "m"}.Bounded()
+	want := domain.Usage{PromptTokens: domain.MaxUsageTokens, TotalTokens: 0, CostUSD: domain.MaxUsageCostUSD, DurationMS: 5, Model: "m"}
+	if got != want {
+		t.Fatalf("Bounded = %+v, want %+v", got, want)
+	}
+	for _, c := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), -0.5} {
+		if b := domain.BoundCost(c); b != 0 {
+			t.Errorf("BoundCost(%v) = %v, want 0", c, b)
+		}
+	}
+	if b := (domain.Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7, CostUSD: 0.25}).Bounded(); b.TotalTokens != 7 || b.CostUSD != 0.25 {
+		t.Fatalf("Bounded changed a sane usage: %+v", b)
 	}
 }
 

@@ -41,12 +41,12 @@ type Usage struct {
 }
 
 // Total returns TotalTokens, or the sum of prompt and completion tokens when
-// the provider did not report a total.
+// the provider did not report a total (saturating: see AddTokens).
 func (u Usage) Total() int64 {
 	if u.TotalTokens > 0 {
 		return u.TotalTokens
 	}
-	return u.PromptTokens + u.CompletionTokens
+	return AddTokens(u.PromptTokens, u.CompletionTokens)
 }
 
 // ErrorInfo is the code and message carried by an error event.

@@ -73,7 +73,7 @@ func (a anthropicInput) sum() int64 {
 	var n int64
 	for _, p := range []*int64{a.Input, a.CacheCreate, a.CacheRead} {
 		if p != nil {
-			n += *p
+			n = domain.AddTokens(n, *p)
 		}
 	}
 	return n
@@ -242,7 +242,7 @@ func (c usageCounts) toDomain() *domain.Usage {
 		u.CompletionTokens = c.OutputTokens
 	}
 	if u.TotalTokens == 0 {
-		u.TotalTokens = u.PromptTokens + u.CompletionTokens
+		u.TotalTokens = domain.AddTokens(u.PromptTokens, u.CompletionTokens)
 	}
 	return u
 }
@@ -328,7 +328,7 @@ func (s *UsageScanner) parse(b []byte) {
 			u.PromptTokens = s.anthropic.sum()
 		}
 		u.CompletionTokens = d.Usage.OutputTokens
-		u.TotalTokens = u.PromptTokens + u.CompletionTokens
+		u.TotalTokens = domain.AddTokens(u.PromptTokens, u.CompletionTokens)
 		var delta struct {
 			StopReason string `json:"stop_reason"`
 		}

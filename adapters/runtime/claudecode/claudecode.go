@@ -249,10 +249,11 @@ type usage struct {
 }
 
 func (u *usage) add(v usage) {
-	u.InputTokens += v.InputTokens
-	u.OutputTokens += v.OutputTokens
-	u.CacheCreationInputTokens += v.CacheCreationInputTokens
-	u.CacheReadInputTokens += v.CacheReadInputTokens
+	// Saturating: one absurd count the CLI relays must not wrap the sum.
+	u.InputTokens = domain.AddTokens(u.InputTokens, v.InputTokens)
+	u.OutputTokens = domain.AddTokens(u.OutputTokens, v.OutputTokens)
+	u.CacheCreationInputTokens = domain.AddTokens(u.CacheCreationInputTokens, v.CacheCreationInputTokens)
+	u.CacheReadInputTokens = domain.AddTokens(u.CacheReadInputTokens, v.CacheReadInputTokens)
 }
 
 type modelUsage struct {
@@ -550,11 +551,11 @@ func (p *parser) End(t *agent.Turn, exit *os.ProcessState, stderr string) domain
 		// included, which each result's usage is not.
 		u, _ = sumModels(r.ModelUsage)
 	}
-	prompt := u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens
+	prompt := domain.AddTokens(domain.AddTokens(u.InputTokens, u.CacheCreationInputTokens), u.CacheReadInputTokens)
 	usage := &domain.Usage{
 		PromptTokens:     prompt,
 		CompletionTokens: u.OutputTokens,
-		TotalTokens:      prompt + u.OutputTokens,
+		TotalTokens:      domain.AddTokens(prompt, u.OutputTokens),
 		CostUSD:          cost,
 		DurationMS:       p.duration,
 		StopReason:       cmp.Or(r.StopReason, r.Subtype),

@@ -220,7 +220,7 @@ func (p *parser) End(t *agent.Turn, exit *os.ProcessState, stderr string) domain
 		return domain.RunEvent{Type: domain.EventComplete, Usage: &domain.Usage{
 			PromptTokens:     turn.Input,
 			CompletionTokens: turn.Output,
-			TotalTokens:      turn.Input + turn.Output,
+			TotalTokens:      domain.AddTokens(turn.Input, turn.Output),
 			DurationMS:       time.Since(p.started).Milliseconds(),
 			StopReason:       cmp.Or(p.stopReason, "completed"),
 			Model:            cmp.Or(p.model, t.Model()),

@@ -257,7 +257,7 @@ func (p *parser) End(t *agent.Turn, exit *os.ProcessState, stderr string) domain
 	}
 	var s stats
 	_ = json.Unmarshal(r.Stats, &s)
-	total := cmp.Or(s.TotalTokens, s.InputTokens+s.OutputTokens)
+	total := cmp.Or(s.TotalTokens, domain.AddTokens(s.InputTokens, s.OutputTokens))
 	// output_tokens counts the answer's tokens but not the thinking
 	// before it, which total_tokens does (and which is billed as output):
 	// the completion is all that is not prompt.

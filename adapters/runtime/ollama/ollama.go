@@ -256,7 +256,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		return sink.Emit(domain.RunEvent{Type: domain.EventComplete, Usage: &domain.Usage{
 			PromptTokens:     l.PromptEvalCount,
 			CompletionTokens: l.EvalCount,
-			TotalTokens:      l.PromptEvalCount + l.EvalCount,
+			TotalTokens:      domain.AddTokens(l.PromptEvalCount, l.EvalCount),
 			DurationMS:       l.TotalDuration / int64(time.Millisecond),
 			StopReason:       l.DoneReason,
 			Model:            cmp.Or(l.Model, model),

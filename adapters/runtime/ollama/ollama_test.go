@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -614,5 +615,22 @@ func TestMaxHistoryBytesChecked(t *testing.T) {
 		if !errors.Is(err, domain.ErrConfig) || !strings.Contains(err.Error(), "max_history_bytes") {
 			t.Errorf("max_history_bytes %d: New = %v, want a config_error naming max_history_bytes", n, err)
 		}
+	}
+}
+
+// Absurd counts from Ollama: the run's total saturates at the int64
+// maximum rather than wrapping negative.
+func TestAbsurdUsageTotalSaturates(t *testing.T) {
+	srv := newServer(t, ndjson(standin.Lines(
+		`{"model":"m","message":{"role":"assistant","content":"ok"},"done":true,"done_reason":"stop","prompt_eval_count":9223372036854775800,"eval_count":100}`,
+	)))
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, nil)
+	sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := requireTerminal(t, sink, domain.EventComplete, "")
+	if done.Usage == nil || done.Usage.TotalTokens != math.MaxInt64 {
+		t.Fatalf("usage %+v; want the total saturated at MaxInt64", done.Usage)
 	}
 }

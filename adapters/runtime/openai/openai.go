@@ -240,7 +240,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	u.DurationMS = time.Since(started).Milliseconds()
 	u.StopReason, u.Model = s.finish, s.model
 	if u.TotalTokens == 0 {
-		u.TotalTokens = u.PromptTokens + u.CompletionTokens
+		u.TotalTokens = domain.AddTokens(u.PromptTokens, u.CompletionTokens) // saturating: the server's counts may be absurd
 	}
 	return sink.Emit(domain.RunEvent{Type: domain.EventComplete, Usage: &u})
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -647,5 +648,21 @@ func TestSeveralChoicesAreRefused(t *testing.T) {
 			t.Fatalf("n %s: %v", n, err)
 		}
 		requireTerminal(t, sink, domain.EventComplete, "")
+	}
+}
+
+// A server reporting absurd counts without a total: the total the run
+// reports saturates at the int64 maximum rather than wrapping negative
+// (which the node's store then summed into usage_status failing).
+func TestAbsurdUsageTotalSaturates(t *testing.T) {
+	srv := standin.NewServer(t, status(200, `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9223372036854775800,"completion_tokens":100}}`))
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, nil)
+	sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := requireTerminal(t, sink, domain.EventComplete, "")
+	if done.Usage == nil || done.Usage.PromptTokens != 9223372036854775800 || done.Usage.TotalTokens != math.MaxInt64 {
+		t.Fatalf("usage %+v; want the total saturated at MaxInt64", done.Usage)
 	}
 }

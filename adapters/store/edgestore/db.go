@@ -264,16 +264,6 @@ func (db *DB) migrate(ctx context.Context) error {
 	})
 }
 
-// bounded is an SQL expression of col within [lo, hi]. Literals of the
-// column's type: SQLite's MAX(cost_usd, 0) of a negative cost is the
-// integer 0, and a sum of those an integer, not a float.
-func (db *DB) bounded(col, lo, hi string) string {
-	if db.postgres {
-		return "LEAST(GREATEST(" + col + ", " + lo + "), " + hi + ")"
-	}
-	return "MIN(MAX(" + col + ", " + lo + "), " + hi + ")" // SQLite's scalar min and max
-}
-
 // Reclaim gives the pages a prune freed back to the file system, so the
 // file shrinks, and returns the bytes given back: nothing on PostgreSQL or
 // on a file made before the store set incremental auto-vacuum (see package

@@ -1,7 +1,6 @@
 package edgestore
 
 import (
-	"math"
 	"strings"
 	"time"
 
@@ -114,41 +113,18 @@ func toRunRow(edgeID string, r domain.RunRecord) runRow {
 	return row
 }
 
-// Bounds of a usage number as stored, per run or tunnel. Nodes and
-// providers report these numbers, and one absurd report (tokens near the
-// int64 maximum, a cost of 1e308) overflowed every usage sum over it, so
-// GET /v1/usage failed for the whole retention period. No real run comes
-// near them: 10^12 tokens leaves room for 9 million such rows in one sum.
-const (
-	maxTokens  = 1_000_000_000_000
-	maxCostUSD = 1e9
-)
-
-// storedUsage is u's token counts and cost as stored: each clamped to
-// [0, maxTokens] or [0, maxCostUSD] (a negative count, as a NaN or
-// infinite cost, is 0), the total from the clamped counts when u has
-// none. Runs and tunnels, on SQLite and PostgreSQL, go through here.
+// storedUsage is u's token counts and cost as stored: each within the
+// bounds of domain.Usage.Bounded (a negative count, as a NaN or infinite
+// cost, is 0), the total from the bounded counts when u has none. Runs and
+// tunnels, on SQLite and PostgreSQL, go through here; the node's store
+// bounds what it keeps alike.
 func storedUsage(u domain.Usage) (prompt, completion, total int64, costUSD float64) {
-	prompt, completion = tokens(u.PromptTokens), tokens(u.CompletionTokens)
-	total = tokens(u.TotalTokens)
+	b := u.Bounded()
+	total = b.TotalTokens
 	if total == 0 {
-		total = tokens(prompt + completion)
+		total = domain.BoundTokens(b.PromptTokens + b.CompletionTokens)
 	}
-	return prompt, completion, total, cost(u.CostUSD)
-}
-
-func tokens(n int64) int64 { return min(max(n, 0), maxTokens) }
-
-// cost is a reported cost as stored: a NaN or infinity (a node's or a
-// provider's bug) is 0, and so is a negative one. SQLite stores NaN as
-// NULL, which the column refuses, and would lose the row's whole batch;
-// PostgreSQL stores it, and every sum over it is NaN, which the usage API
-// cannot encode.
-func cost(c float64) float64 {
-	if math.IsNaN(c) || math.IsInf(c, 0) || c < 0 {
-		return 0
-	}
-	return min(c, maxCostUSD)
+	return b.PromptTokens, b.CompletionTokens, total, b.CostUSD
 }
 
 func (row runRow) record() domain.RunRecord {

@@ -17,6 +17,7 @@ import (
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/driver/pgdriver"
 
+	"iop/adapters/store/internal/usagesql"
 	"iop/domain"
 	"iop/internal/every"
 )
@@ -663,9 +664,9 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 	// a row written before it clamped them may hold anything.
 	usage := func(q *bun.SelectQuery) *bun.SelectQuery {
 		for _, col := range []string{"prompt_tokens", "completion_tokens", "total_tokens"} {
-			q = q.ColumnExpr("SUM(" + s.db.bounded(col, "0", strconv.FormatInt(maxTokens, 10)) + ") AS " + col)
+			q = q.ColumnExpr("SUM(" + usagesql.Tokens(col, s.db.postgres) + ") AS " + col)
 		}
-		return q.ColumnExpr("SUM(" + s.db.bounded("cost_usd", "0.0", strconv.FormatFloat(maxCostUSD, 'e', -1, 64)) + ") AS cost_usd")
+		return q.ColumnExpr("SUM(" + usagesql.Cost("cost_usd", s.db.postgres) + ") AS cost_usd")
 	}
 	rq := usage(s.db.bun.NewSelect().Model((*runRow)(nil)).
 		ColumnExpr("CAST("+runGroup+" AS VARCHAR(255)) AS grp").

@@ -656,7 +656,7 @@ func TestUsageBoundsRowsWrittenBefore(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(u) != 1 || u[0].PromptTokens != 2*maxTokens || u[0].CompletionTokens != 0 || u[0].TotalTokens != 3*maxTokens || u[0].CostUSD != 2*maxCostUSD {
+			if len(u) != 1 || u[0].PromptTokens != 2*domain.MaxUsageTokens || u[0].CompletionTokens != 0 || u[0].TotalTokens != 3*domain.MaxUsageTokens || u[0].CostUSD != 2*domain.MaxUsageCostUSD {
 				t.Fatalf("usage %+v", u)
 			}
 		})

@@ -174,9 +174,13 @@ func cloneSnapshot(s domain.RunSnapshot) domain.RunSnapshot {
 }
 
 // normalize makes a stored snapshot look like one read back from SQLite:
-// times in UTC at microsecond precision, and its own copy of Usage.
+// times in UTC at microsecond precision, and its own copy of Usage, within
+// its bounds (domain.Usage.Bounded).
 func normalize(s domain.RunSnapshot) domain.RunSnapshot {
 	s = cloneSnapshot(s)
+	if s.Usage != nil {
+		*s.Usage = s.Usage.Bounded()
+	}
 	s.CreatedAt, s.StartedAt, s.FinishedAt = storedTime(s.CreatedAt), storedTime(s.StartedAt), storedTime(s.FinishedAt)
 	return s
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/uptrace/bun"
 
+	"iop/adapters/store/internal/usagesql"
 	"iop/domain"
 	"iop/ports"
 )
@@ -71,7 +72,9 @@ func toRow(r *domain.Run) *runRow {
 		Status: string(s.Status), CreatedAt: s.CreatedAt.UTC(), StartedAt: utc(s.StartedAt), FinishedAt: utc(s.FinishedAt),
 		ErrorCode: s.ErrorCode, ErrorMessage: s.ErrorMessage,
 	}
-	if u := s.Usage; u != nil {
+	if s.Usage != nil {
+		// Within the bounds every sum over it needs (see domain.Usage.Bounded).
+		u := s.Usage.Bounded()
 		row.PromptTokens, row.CompletionTokens, row.TotalTokens = &u.PromptTokens, &u.CompletionTokens, &u.TotalTokens
 		row.CostUSD, row.DurationMS, row.StopReason, row.Model = &u.CostUSD, &u.DurationMS, &u.StopReason, &u.Model
 	}
@@ -397,8 +400,13 @@ type usageRow struct {
 // adapter name. Counts use CASE, not SUM(boolean), which PostgreSQL
 // refuses. Running counts queued and running runs; TotalTokens sums
 // domain.Usage.Total, so a provider that reported no total still counts.
+// Each row's numbers are summed within the bounds toRow writes: a row
+// written before the store bounded them may hold anything (a count near
+// the int64 maximum, a total that wrapped negative).
 func (s *RunStore) UsageByAdapter(ctx context.Context) ([]domain.UsageSummary, error) {
 	var rows []usageRow
+	pg := s.raw.postgres
+	prompt, completion := usagesql.Tokens("prompt_tokens", pg), usagesql.Tokens("completion_tokens", pg)
 	err := s.db.NewSelect().Model((*runRow)(nil)).
 		Column("adapter").
 		ColumnExpr("COUNT(*) AS runs_total").
@@ -406,11 +414,11 @@ func (s *RunStore) UsageByAdapter(ctx context.Context) ([]domain.UsageSummary, e
 		ColumnExpr("SUM(CASE WHEN status = ? THEN 1 ELSE 0 END) AS failed", string(domain.RunFailed)).
 		ColumnExpr("SUM(CASE WHEN status = ? THEN 1 ELSE 0 END) AS cancelled", string(domain.RunCancelled)).
 		ColumnExpr("SUM(CASE WHEN status IN (?, ?) THEN 1 ELSE 0 END) AS running", string(domain.RunQueued), string(domain.RunRunning)).
-		ColumnExpr("COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens").
-		ColumnExpr("COALESCE(SUM(completion_tokens), 0) AS completion_tokens").
-		ColumnExpr("COALESCE(SUM(CASE WHEN total_tokens > 0 THEN total_tokens "+
-			"ELSE COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0) END), 0) AS total_tokens").
-		ColumnExpr("COALESCE(SUM(cost_usd), 0.0) AS cost_usd").
+		ColumnExpr("COALESCE(SUM("+prompt+"), 0) AS prompt_tokens").
+		ColumnExpr("COALESCE(SUM("+completion+"), 0) AS completion_tokens").
+		ColumnExpr("COALESCE(SUM(CASE WHEN total_tokens > 0 THEN "+usagesql.Tokens("total_tokens", pg)+
+			" ELSE COALESCE("+prompt+", 0) + COALESCE("+completion+", 0) END), 0) AS total_tokens").
+		ColumnExpr("COALESCE(SUM("+usagesql.Cost("cost_usd", pg)+"), 0.0) AS cost_usd").
 		Group("adapter").
 		Order("adapter").
 		Scan(ctx, &rows)

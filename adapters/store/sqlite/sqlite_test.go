@@ -322,3 +322,44 @@ func TestOpenReadOnly(t *testing.T) {
 		t.Fatalf("read-only read: %v", err)
 	}
 }
+
+// Rows a node wrote before its store kept usage within bounds — a count
+// near the int64 maximum whose total wrapped negative, two that sum past
+// it, a cost of 1e308 twice — are summed within the bounds:
+// usage_status answered 500 for the store's whole retention (a sum that
+// overflowed into a float, SQLite's "integer overflow", an infinite cost).
+func TestUsageSumsRowsWrittenBeforeTheBounds(t *testing.T) {
+	dsn := fileDSN(t)
+	db := open(t, dsn)
+	s := sqlite.NewRunStore(db)
+	ctx := context.Background()
+	for _, id := range []string{"old1", "old2", "old3"} {
+		run, err := domain.NewRun(domain.RunRequest{RunID: id, Adapter: "openai", Target: "m"}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CreateRun(ctx, run); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw, err := sql.Open(sqliteshim.ShimName, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	_, err = raw.Exec(`UPDATE runs SET status = 'succeeded', prompt_tokens = 9223372036854775800, completion_tokens = 100,
+			total_tokens = -9223372036854775716, cost_usd = 1e308 WHERE id = 'old1';
+		UPDATE runs SET status = 'succeeded', prompt_tokens = 9223372036854775800, completion_tokens = 0,
+			total_tokens = 9223372036854775800, cost_usd = 1e308 WHERE id = 'old2';
+		UPDATE runs SET status = 'succeeded', prompt_tokens = -3, completion_tokens = 5, total_tokens = 0, cost_usd = -1 WHERE id = 'old3';`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.UsageByAdapter(ctx)
+	want := []domain.UsageSummary{{Adapter: "openai", RunsTotal: 3, Succeeded: 3,
+		PromptTokens: 2 * domain.MaxUsageTokens, CompletionTokens: 105, TotalTokens: 2*domain.MaxUsageTokens + 100 + 5,
+		CostUSD: 2 * domain.MaxUsageCostUSD}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("UsageByAdapter = %+v, %v; want %+v", got, err, want)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -331,6 +332,47 @@ func RunStoreContract(t *testing.T, newStore func(t *testing.T) ports.RunStore) 
 		}
 		if !slices.Equal(got, want) {
 			t.Fatalf("UsageByAdapter =\n%+v\nwant\n%+v", got, want)
+		}
+	})
+
+	t.Run("usage within bounds", func(t *testing.T) {
+		// One absurd report (tokens near the int64 maximum, whose total
+		// wrapped negative; a cost of 1e308; NaN) is kept within the
+		// bounds of domain.Usage.Bounded, and every sum over it stays an
+		// integer that fits, and a finite cost.
+		s, ctx := newStore(t), context.Background()
+		huge := int64(math.MaxInt64 - 7)
+		seed := []domain.Usage{
+			{PromptTokens: huge, CompletionTokens: 100, TotalTokens: huge + 100, CostUSD: 1e308}, // the total wrapped
+			{PromptTokens: huge, CompletionTokens: huge, CostUSD: 1e308},
+			{PromptTokens: -5, CompletionTokens: 7, CostUSD: math.NaN()},
+		}
+		for i, u := range seed {
+			id := fmt.Sprintf("u%d", i)
+			mustCreate(t, s, mustNewRun(t, id, "openai", base.Add(time.Duration(i)*time.Second)))
+			err := s.UpdateRun(ctx, id, func(run *domain.Run) error {
+				if err := run.Start(base); err != nil {
+					return err
+				}
+				return run.Finish(domain.RunEvent{Type: domain.EventComplete, Usage: &u}, base)
+			})
+			if err != nil {
+				t.Fatalf("UpdateRun %s: %v", id, err)
+			}
+		}
+		got := mustGet(t, s, "u0").Snapshot().Usage
+		if got == nil || *got != (domain.Usage{PromptTokens: domain.MaxUsageTokens, CompletionTokens: 100, CostUSD: domain.MaxUsageCostUSD}) {
+			t.Fatalf("stored usage = %+v; want the counts and cost within bounds, the negative total 0", got)
+		}
+		sums, err := s.UsageByAdapter(ctx)
+		if err != nil {
+			t.Fatalf("UsageByAdapter: %v", err)
+		}
+		want := []domain.UsageSummary{{Adapter: "openai", RunsTotal: 3, Succeeded: 3,
+			PromptTokens: 2 * domain.MaxUsageTokens, CompletionTokens: domain.MaxUsageTokens + 107,
+			TotalTokens: 3*domain.MaxUsageTokens + 107, CostUSD: 2 * domain.MaxUsageCostUSD}}
+		if !slices.Equal(sums, want) {
+			t.Fatalf("UsageByAdapter =\n%+v\nwant\n%+v", sums, want)
 		}
 	})
 }
