@@ -69,10 +69,14 @@ func (l *UsageLedger) Record(node string, s domain.TunnelSummary) {
 		line.Errors++
 	}
 	line.BodyBytes += s.BodyBytes
-	if u := s.Usage; u != nil {
-		line.PromptTokens += u.PromptTokens
-		line.CompletionTokens += u.CompletionTokens
-		line.TotalTokens += u.Total()
+	if s.Usage != nil {
+		// A provider's counts within the bounds the history keeps them in,
+		// and the sums saturating: two reports near the int64 maximum
+		// wrapped a line negative.
+		u := s.Usage.Bounded()
+		line.PromptTokens = domain.AddTokens(line.PromptTokens, u.PromptTokens)
+		line.CompletionTokens = domain.AddTokens(line.CompletionTokens, u.CompletionTokens)
+		line.TotalTokens = domain.AddTokens(line.TotalTokens, u.Total())
 	}
 }
 

@@ -1,6 +1,7 @@
 package edge_test
 
 import (
+	"math"
 	"sync"
 	"testing"
 
@@ -83,5 +84,22 @@ func TestUsageLedgerIsBounded(t *testing.T) {
 	}
 	if reqs != int64(3*edge.MaxUsageLines+1) {
 		t.Fatalf("%d requests counted, want %d", reqs, 3*edge.MaxUsageLines+1)
+	}
+}
+
+// Providers reporting absurd counts: each is kept within the history's
+// bounds (domain.Usage.Bounded), so the line's sums stay positive instead
+// of wrapping past the int64 maximum.
+func TestUsageLedgerBoundsAbsurdCounts(t *testing.T) {
+	l := edge.NewUsageLedger()
+	for range 2 {
+		l.Record("n", domain.TunnelSummary{Provider: "p", Model: "m", Usage: &domain.Usage{PromptTokens: math.MaxInt64 - 7, CompletionTokens: -3}})
+	}
+	l.Record("n", domain.TunnelSummary{Provider: "p", Model: "m", Usage: &domain.Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: math.MinInt64}})
+	s := l.Snapshot()
+	want := edge.UsageLine{Node: "n", Provider: "p", Model: "m", Requests: 3,
+		PromptTokens: 2*domain.MaxUsageTokens + 1, CompletionTokens: 2, TotalTokens: 2*domain.MaxUsageTokens + 3}
+	if len(s) != 1 || s[0] != want {
+		t.Fatalf("snapshot = %+v, want %+v", s, want)
 	}
 }
