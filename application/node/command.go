@@ -82,21 +82,42 @@ func (h *CommandHandler) RunCommand(ctx context.Context, name string, args []byt
 }
 
 // adapterCommand routes a command to the adapter that declares it. When
-// several do, args may name one: {"adapter": "..."}.
+// several do, args may name one: {"adapter": "..."}; or a provider that
+// serves the command: {"provider": "..."}, which then answers alone — a
+// named provider or adapter is never replaced by another (a delete meant
+// for one Ollama must not reach another).
 func (h *CommandHandler) adapterCommand(ctx context.Context, name string, args []byte, progress func([]byte) error) ([]byte, error) {
 	var sel nodecmd.Selector
 	if len(args) > 0 {
-		_ = json.Unmarshal(args, &sel)
+		// Arguments of another shape are the command's to refuse; a
+		// selector that is not a string must not be taken for none.
+		var te *json.UnmarshalTypeError
+		if err := json.Unmarshal(args, &sel); errors.As(err, &te) && (te.Field == "adapter" || te.Field == "provider") {
+			return nil, domain.Errorf(domain.CodeInvalidRequest, "%s", argsProblem(err))
+		}
+	}
+	if sel.Adapter != "" && sel.Provider != "" {
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "command arguments name adapter %q and provider %q: name one", sel.Adapter, sel.Provider)
+	}
+	if sel.Provider != "" {
+		if cr, ok := h.rt.providerRunnerFor(name, sel.Provider); ok {
+			return cr.RunCommand(ctx, name, args, progress)
+		}
+		if _, ok := h.rt.Provider(sel.Provider); !ok {
+			return nil, domain.Errorf(domain.CodeProviderNotFound, "provider %q is not configured on this node", sel.Provider)
+		}
+		return nil, domain.Errorf(domain.CodeCommandUnsupported, "provider %q does not serve %q", sel.Provider, name)
 	}
 	family := name
 	if i := strings.IndexByte(name, '.'); i > 0 {
 		family = name[:i]
 	}
-	familyKnown := false
+	familyKnown, adapterKnown := false, false
 	for _, in := range h.rt.instances() {
 		if sel.Adapter != "" && in.cfg.Name != sel.Adapter {
 			continue
 		}
+		adapterKnown = true
 		for _, c := range in.caps.Commands {
 			if strings.HasPrefix(c, family+".") {
 				familyKnown = true
@@ -111,12 +132,18 @@ func (h *CommandHandler) adapterCommand(ctx context.Context, name string, args [
 		}
 		return cr.RunCommand(ctx, name, args, progress)
 	}
+	if sel.Adapter != "" && !adapterKnown {
+		return nil, domain.Errorf(domain.CodeAdapterNotFound, "adapter %q is not configured on this node", sel.Adapter)
+	}
 	if sel.Adapter == "" {
-		if cr, ok := h.rt.providerRunnerFor(name, sel.Provider); ok {
+		if cr, ok := h.rt.providerRunnerFor(name, ""); ok {
 			return cr.RunCommand(ctx, name, args, progress)
 		}
 	}
 	if familyKnown || strings.Contains(name, ".") {
+		if sel.Adapter != "" {
+			return nil, domain.Errorf(domain.CodeCommandUnsupported, "adapter %q does not serve %q", sel.Adapter, name)
+		}
 		return nil, domain.Errorf(domain.CodeCommandUnsupported, "no adapter or provider on this node serves %q", name)
 	}
 	return nil, domain.Errorf(domain.CodeUnknownCommand, "unknown command %q (built-in: %s)", name, strings.Join(BuiltinCommands, ", "))

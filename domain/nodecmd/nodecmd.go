@@ -23,8 +23,11 @@ var Builtin = []string{CmdCapabilities, CmdTransportStatus, CmdUsageStatus, CmdS
 
 // Selector are the argument keys any adapter command (a dotted name, such
 // as ollama.pull) may carry to pick who answers when the node has several:
-// Adapter names an adapter; Provider, used when no adapter serves the
-// command, names a provider that does.
+// Adapter names an adapter, Provider a provider (not both). The one named
+// answers alone: the node refuses the command when it lacks it
+// (adapter_not_found, provider_not_found) or it does not serve the command
+// (command_unsupported). With neither, the first adapter by name that
+// serves the command answers, else the first such provider.
 type Selector struct {
 	Adapter  string `json:"adapter,omitempty"`
 	Provider string `json:"provider,omitempty"`
