@@ -22,6 +22,14 @@ const MaxEventMetadata = 32 << 10
 // split into several events at rune boundaries so every frame stays small.
 const MaxEventText = 16 << 10
 
+// MaxErrorMessage is the most of an error message a run's events carry
+// and its record keeps, in bytes. An upstream's error body may be
+// megabytes (a proxy's HTML page, a dump): relayed whole, one was sent to
+// its caller and stored whole, and six such runs made the runs command's
+// answer larger than the edge accepts. A longer message keeps its head, cut
+// at a character boundary and marked (see clipMessage).
+const MaxErrorMessage = 8 << 10
+
 var (
 	errCancelRequested = errors.New("cancelled by request")
 	errCallerLeft      = errors.New("caller went away")
@@ -288,7 +296,7 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 	}
 	execErr := in.adapter.Execute(ctx, req, g)
 	close(finished)
-	term := validUTF8(g.decide(execErr, ctx))
+	term := sendable(g.decide(execErr, ctx))
 	m.unregister(ar)
 	release()
 	close(ar.done)
@@ -306,7 +314,7 @@ func (m *RunManager) reject(req domain.RunRequest, g *guard, err error) {
 // refuse ends a run that did not start with ev, its only event, and
 // records it so.
 func (m *RunManager) refuse(req domain.RunRequest, g *guard, ev domain.RunEvent) {
-	ev = validUTF8(ev)
+	ev = sendable(ev)
 	now := m.now()
 	if run, nerr := domain.NewRun(req, now); nerr == nil && run.Finish(ev, now) == nil {
 		if serr := m.store.CreateRun(context.Background(), run); serr != nil {
@@ -503,7 +511,7 @@ func (g *guard) Emit(ev domain.RunEvent) error {
 	}
 	// Before it is split (the pieces stay within MaxEventText) or kept as
 	// the terminal event (which is also stored).
-	ev = validUTF8(ev)
+	ev = sendable(ev)
 	g.sendMu.Lock()
 	defer g.sendMu.Unlock()
 	g.mu.Lock()
@@ -616,25 +624,41 @@ func (g *guard) sendTerminal(ev domain.RunEvent) {
 	g.mu.Unlock()
 	// Emit cleaned what the adapter sent; terminal events made up here
 	// (shutdown, a refused request) may quote anything.
-	_ = g.sendWithin(context.Background(), validUTF8(ev))
+	_ = g.sendWithin(context.Background(), sendable(ev))
 }
 
-// validUTF8 returns ev with Text and Error.Message made valid UTF-8, each
-// run of invalid bytes replaced by U+FFFD. An adapter relays what a process or
-// provider printed (Latin-1, a multi-byte character cut in two), but both
-// are protobuf strings on the node link, which must be UTF-8 (a frame that
-// is not cannot be sent: the run would end in a stream reset), and the
-// message is stored as text.
-func validUTF8(ev domain.RunEvent) domain.RunEvent {
+// sendable returns ev with Text and Error.Message made valid UTF-8, each
+// run of invalid bytes replaced by U+FFFD, and Error.Message cut to
+// MaxErrorMessage. An adapter relays what a process or provider printed
+// (Latin-1, a multi-byte character cut in two, a whole error page), but
+// both are protobuf strings on the node link, which must be UTF-8 (a frame
+// that is not cannot be sent: the run would end in a stream reset), and
+// the message is stored as text.
+func sendable(ev domain.RunEvent) domain.RunEvent {
 	if !utf8.ValidString(ev.Text) {
 		ev.Text = strings.ToValidUTF8(ev.Text, "\uFFFD")
 	}
-	if ev.Error != nil && !utf8.ValidString(ev.Error.Message) {
+	if ev.Error != nil && (!utf8.ValidString(ev.Error.Message) || len(ev.Error.Message) > MaxErrorMessage) {
 		e := *ev.Error // the adapter's; not changed under it
-		e.Message = strings.ToValidUTF8(e.Message, "\uFFFD")
+		e.Message = clipMessage(strings.ToValidUTF8(e.Message, "\uFFFD"))
 		ev.Error = &e
 	}
 	return ev
+}
+
+// clipMessage returns msg (valid UTF-8) if it is at most MaxErrorMessage
+// bytes, else its head, cut at a character boundary, and a marker saying
+// how long it was, within MaxErrorMessage in all.
+func clipMessage(msg string) string {
+	if len(msg) <= MaxErrorMessage {
+		return msg
+	}
+	mark := fmt.Sprintf("… (%d bytes in all)", len(msg))
+	cut := MaxErrorMessage - len(mark)
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + mark
 }
 
 // splitText cuts a text event into pieces of at most MaxEventText bytes,

@@ -397,3 +397,34 @@ func TestExecuteRunMakesTextAndErrorsValidUTF8(t *testing.T) {
 		})
 	}
 }
+
+// An upstream error message of megabytes (an error page, a dump) reaches
+// the caller and the store cut to MaxErrorMessage, at a character
+// boundary and marked: stored whole, a few such runs made the runs
+// command's answer larger than the edge accepts.
+func TestExecuteRunCutsLongErrorMessages(t *testing.T) {
+	huge := "x" + strings.Repeat("é", 3<<20/2) // two-byte characters, after one byte: a cut may fall inside one
+	mark := fmt.Sprintf("… (%d bytes in all)", len(huge))
+	for _, tc := range []struct {
+		name   string
+		script ucExecFunc
+	}{
+		{"the adapter's own error event", ucEmit(nil, domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{Code: domain.CodeProviderError, Message: huge}})},
+		{"a returned error", ucEmit(errors.New(huge))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ucNoLeaks(t)
+			a := newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1}, map[string]ucExecFunc{"": tc.script})
+			n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
+			term := ucCheckStream(t, "r1", n.run(t, ucReq("r1", "a", "t")))
+			stored := n.stored(t, "r1").ErrorMessage
+			for what, msg := range map[string]string{"sent": term.Error.Message, "stored": stored} {
+				if len(msg) > node.MaxErrorMessage || !utf8.ValidString(msg) || !strings.HasSuffix(msg, mark) ||
+					!strings.HasPrefix(huge, strings.TrimSuffix(msg, mark)) || len(msg) < node.MaxErrorMessage-len(mark) {
+					t.Fatalf("%s message: %d bytes, valid UTF-8 %v, ends %q; want at most %d bytes of the head, marked %q",
+						what, len(msg), utf8.ValidString(msg), msg[max(0, len(msg)-40):], node.MaxErrorMessage, mark)
+				}
+			}
+		})
+	}
+}
