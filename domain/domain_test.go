@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -341,5 +342,35 @@ func TestPeerCode(t *testing.T) {
 		if got := domain.PeerCode(in); got != want {
 			t.Errorf("PeerCode(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+func TestPageSessions(t *testing.T) {
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	all := []domain.SessionInfo{
+		{Adapter: "a", SessionID: "s1", LastUsed: at},
+		{Adapter: "b", SessionID: "s1", LastUsed: at},
+		{Adapter: "a", SessionID: "s2", LastUsed: at},
+		{Adapter: "a", SessionID: "new", LastUsed: at.Add(time.Second)},
+		{Adapter: "a", SessionID: "old", LastUsed: at.Add(-time.Second)},
+	}
+	ids := func(l []domain.SessionInfo) string {
+		var out []string
+		for _, s := range l {
+			out = append(out, s.Adapter+"/"+s.SessionID)
+		}
+		return strings.Join(out, " ")
+	}
+	if got := ids(domain.PageSessions(slices.Clone(all), domain.SessionQuery{})); got != "a/new b/s1 a/s2 a/s1 a/old" {
+		t.Fatalf("listing order: %s", got)
+	}
+	k := domain.SessionKey{LastUsed: at, Adapter: "b", SessionID: "s1"}
+	if got := ids(domain.PageSessions(slices.Clone(all), domain.SessionQuery{Limit: 2, After: &k})); got != "a/s2 a/s1" {
+		t.Fatalf("after b/s1: %s", got)
+	}
+	// A cursor between listed sessions (one that is gone since).
+	k = domain.SessionKey{LastUsed: at, Adapter: "a", SessionID: "s15"}
+	if got := ids(domain.PageSessions(slices.Clone(all), domain.SessionQuery{After: &k})); got != "a/s1 a/old" {
+		t.Fatalf("after a/s15: %s", got)
 	}
 }

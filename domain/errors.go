@@ -102,6 +102,11 @@ const (
 // cannot be read (a session's owner after a restart); the caller may retry.
 const CodeHistoryUnavailable = "history_unavailable"
 
+// CodeResultTooLarge fails a node command whose result is larger than the
+// edge accepts of one (transport.MaxCommandResult): the caller may ask for
+// less (a smaller limit, a page at a time).
+const CodeResultTooLarge = "result_too_large"
+
 // CodeRunLost ends a history record whose node has no record of the run:
 // it never reached the node, or the node's store lost it.
 const CodeRunLost = "run_lost"

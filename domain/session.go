@@ -1,6 +1,9 @@
 package domain
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // SessionInfo describes one logical session kept by a runtime adapter.
 type SessionInfo struct {
@@ -11,6 +14,80 @@ type SessionInfo struct {
 	LastUsed  time.Time
 	// AgentSessionID is the CLI agent's own session/thread id, when it has one.
 	AgentSessionID string
+}
+
+// SessionKey is where a session stands in a session listing: newest
+// first by LastUsed, ties broken by adapter, then session id, both
+// descending (as runs are listed: newest first, ties by id descending).
+type SessionKey struct {
+	LastUsed  time.Time
+	Adapter   string
+	SessionID string
+}
+
+// Key is s's place in a session listing.
+func (s SessionInfo) Key() SessionKey {
+	return SessionKey{LastUsed: s.LastUsed, Adapter: s.Adapter, SessionID: s.SessionID}
+}
+
+// Before reports whether k comes before o in a session listing.
+func (k SessionKey) Before(o SessionKey) bool {
+	if !k.LastUsed.Equal(o.LastUsed) {
+		return k.LastUsed.After(o.LastUsed)
+	}
+	if k.Adapter != o.Adapter {
+		return k.Adapter > o.Adapter
+	}
+	return k.SessionID > o.SessionID
+}
+
+// Page sizes of a session listing (the session_list command).
+const (
+	DefaultSessionPage = 100
+	MaxSessionPage     = 1000
+)
+
+// SessionQuery asks a store or an adapter for one page of its sessions, in
+// listing order (SessionKey): at most Limit of them, those after After
+// when it is set (see PageLimit).
+type SessionQuery struct {
+	Limit int
+	After *SessionKey
+}
+
+// PageLimit is how many sessions q asks for: Limit, MaxSessionPage when it
+// is not positive, and at most one more than MaxSessionPage (what
+// session_list asks each adapter for, to tell whether more follow a page).
+func (q SessionQuery) PageLimit() int {
+	if q.Limit <= 0 {
+		return MaxSessionPage
+	}
+	return min(q.Limit, MaxSessionPage+1)
+}
+
+// PageSessions returns the page q asks for of all: in listing order, those
+// after q.After, at most q.PageLimit(). all is reordered.
+func PageSessions(all []SessionInfo, q SessionQuery) []SessionInfo {
+	slices.SortFunc(all, func(a, b SessionInfo) int {
+		switch ka, kb := a.Key(), b.Key(); {
+		case ka.Before(kb):
+			return -1
+		case kb.Before(ka):
+			return 1
+		}
+		return 0
+	})
+	if q.After != nil {
+		after := *q.After
+		i, _ := slices.BinarySearchFunc(all, after, func(s SessionInfo, k SessionKey) int {
+			if k.Before(s.Key()) { // s comes after k
+				return 1
+			}
+			return -1
+		})
+		all = all[i:]
+	}
+	return all[:min(len(all), q.PageLimit())]
 }
 
 // AgentSession is what a node keeps about one session of a CLI agent

@@ -55,9 +55,12 @@ type SessionTerminator interface {
 	TerminateSession(ctx context.Context, target, sessionID string) error
 }
 
-// SessionLister is implemented by runtime adapters that keep logical sessions.
+// SessionLister is implemented by runtime adapters that keep logical
+// sessions. ListSessions returns the page q asks for (see
+// domain.SessionQuery), in listing order, the sessions keyed by the
+// adapter's configured name (as its store keeps them).
 type SessionLister interface {
-	ListSessions(ctx context.Context) ([]domain.SessionInfo, error)
+	ListSessions(ctx context.Context, q domain.SessionQuery) ([]domain.SessionInfo, error)
 }
 
 // CommandRunner is implemented by runtime adapters that serve node commands
@@ -100,7 +103,11 @@ type ChatSessionStore interface {
 	// AppendChat adds messages to the end of a session, creating it if needed.
 	AppendChat(ctx context.Context, adapter, target, sessionID string, msgs []domain.ChatMessage) error
 	DeleteChat(ctx context.Context, adapter, sessionID string) error
-	ListChats(ctx context.Context, adapter string) ([]domain.SessionInfo, error)
+	// ListChats returns the page q asks for of the chat sessions of adapter
+	// ("" means every adapter), in listing order (domain.SessionQuery).
+	// Target is the one given with the most recent append; Turns counts the
+	// replies of completed runs; LastUsed is the last append.
+	ListChats(ctx context.Context, adapter string, q domain.SessionQuery) ([]domain.SessionInfo, error)
 }
 
 // AgentSessionStore maps a run's session id to a CLI agent's own session id
@@ -116,7 +123,10 @@ type AgentSessionStore interface {
 	// an error (it was terminated meanwhile).
 	EndAgentTurn(ctx context.Context, adapter, sessionID string, totals domain.AgentTotals) error
 	DeleteAgentSession(ctx context.Context, adapter, sessionID string) error
-	ListAgentSessions(ctx context.Context, adapter string) ([]domain.SessionInfo, error)
+	// ListAgentSessions returns the page q asks for of the mappings of
+	// adapter ("" means every adapter), in listing order
+	// (domain.SessionQuery). LastUsed is the last Put or EndAgentTurn.
+	ListAgentSessions(ctx context.Context, adapter string, q domain.SessionQuery) ([]domain.SessionInfo, error)
 }
 
 // TransportStatus reports the node's link to the edge for transport_status.

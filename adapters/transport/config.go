@@ -170,7 +170,7 @@ func (c Config) Verify() error {
 // hostile node answering run_get or runs, which the edge issues on its
 // own) would otherwise have the edge buffer all of it: past the limit the
 // edge resets the stream (code result_too_large) and the command fails
-// with provider_error.
+// with result_too_large.
 const MaxCommandResult = 16 << 20
 
 // maxDataChunk is the largest body slice put in one data frame, so no stream

@@ -273,8 +273,8 @@ func (c *commandStream) Recv(ctx context.Context) (ports.CommandReply, error) {
 			c.s.Reset("result_too_large", fmt.Sprintf("command result over %d bytes", c.limit))
 			c.s.c.log.Warn("node sent a command result over the limit: stream reset, command failed",
 				"node", c.node, "command", c.name, "limit", c.limit)
-			return ports.CommandReply{}, domain.Errorf(domain.CodeProviderError,
-				"node %q sent a result for command %q larger than the edge accepts (%d bytes)", c.node, c.name, c.limit)
+			return ports.CommandReply{}, domain.Errorf(domain.CodeResultTooLarge,
+				"node %q sent a result for command %q larger than the edge accepts (%d bytes): ask for less", c.node, c.name, c.limit)
 		}
 		c.result = append(c.result, r.GetResultJson()...)
 		if r.GetFinal() {

@@ -1048,7 +1048,7 @@ func TestRunTerminalWithHugeErrorMessageArrives(t *testing.T) {
 
 // The edge collects a command's result only up to a limit: a node sending
 // more (run_get and runs are commands the edge issues on its own) gets the
-// stream reset and the command fails with provider_error, instead of the
+// stream reset and the command fails with result_too_large, instead of the
 // edge buffering whatever the node sends. The link goes on.
 func TestCommandResultOverLimitFails(t *testing.T) {
 	const limit = 1 << 20
@@ -1065,8 +1065,8 @@ func TestCommandResultOverLimitFails(t *testing.T) {
 	if err == nil {
 		t.Fatalf("a result of %d bytes was accepted (final=%v, %d bytes) past the %d-byte limit", limit+1, r.Final, len(r.Result), limit)
 	}
-	if domain.CodeOf(err) != domain.CodeProviderError || !strings.Contains(err.Error(), "larger than the edge accepts") {
-		t.Errorf("error %v (code %s), want provider_error", err, domain.CodeOf(err))
+	if domain.CodeOf(err) != domain.CodeResultTooLarge || !strings.Contains(err.Error(), "larger than the edge accepts") {
+		t.Errorf("error %v (code %s), want result_too_large", err, domain.CodeOf(err))
 	}
 	if _, err := cs.Recv(p.ctx); err != io.EOF {
 		t.Errorf("after the failure: %v", err)

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -64,15 +65,7 @@ func (h *CommandHandler) RunCommand(ctx context.Context, name string, args []byt
 	case CmdUsageStatus:
 		return h.usageStatus(ctx)
 	case CmdSessionList:
-		ss, err := h.sessions.ListSessions(ctx)
-		if err != nil {
-			return nil, err
-		}
-		out := nodecmd.SessionList{Sessions: []nodecmd.Session{}}
-		for _, s := range ss {
-			out.Sessions = append(out.Sessions, nodecmd.Session{Adapter: s.Adapter, Target: s.Target, SessionID: s.SessionID, Turns: s.Turns, LastUsed: s.LastUsed, AgentSessionID: s.AgentSessionID})
-		}
-		return json.Marshal(out)
+		return h.listSessions(ctx, args)
 	case CmdRuns:
 		return h.listRuns(ctx, args)
 	case CmdRunGet:
@@ -214,6 +207,69 @@ func (h *CommandHandler) listRuns(ctx context.Context, args []byte) ([]byte, err
 		out.Runs = append(out.Runs, RunRecord(r.Snapshot()))
 	}
 	return json.Marshal(out)
+}
+
+// listSessions answers session_list: one page of the node's sessions,
+// newest first, and a cursor to the next (nodecmd.SessionListArgs).
+func (h *CommandHandler) listSessions(ctx context.Context, args []byte) ([]byte, error) {
+	var a nodecmd.SessionListArgs
+	if err := decodeArgs(args, &a); err != nil {
+		return nil, err
+	}
+	q := domain.SessionQuery{Limit: a.Limit}
+	switch {
+	case a.Limit < 0:
+		return nil, domain.Errorf(domain.CodeInvalidRequest, "limit must not be negative")
+	case a.Limit == 0:
+		q.Limit = domain.DefaultSessionPage
+	case a.Limit > domain.MaxSessionPage:
+		q.Limit = domain.MaxSessionPage
+	}
+	if a.Cursor != "" {
+		k, err := decodeSessionCursor(a.Cursor)
+		if err != nil {
+			return nil, err
+		}
+		q.After = &k
+	}
+	ss, more, err := h.sessions.ListSessions(ctx, a.Adapter, q)
+	if err != nil {
+		return nil, err
+	}
+	out := nodecmd.SessionList{Sessions: make([]nodecmd.Session, 0, len(ss))}
+	for _, s := range ss {
+		out.Sessions = append(out.Sessions, nodecmd.Session{Adapter: s.Adapter, Target: s.Target, SessionID: s.SessionID, Turns: s.Turns, LastUsed: s.LastUsed.UTC(), AgentSessionID: s.AgentSessionID})
+	}
+	if more {
+		out.NextCursor = encodeSessionCursor(ss[len(ss)-1].Key())
+	}
+	return json.Marshal(out)
+}
+
+// A session_list cursor is the last listed session's key, as the JSON
+// array [last use in Unix microseconds, adapter, session id] in unpadded
+// base64url: opaque to callers, and a session id may hold any character.
+func encodeSessionCursor(k domain.SessionKey) string {
+	b, _ := json.Marshal([]any{k.LastUsed.UnixMicro(), k.Adapter, k.SessionID})
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeSessionCursor(c string) (domain.SessionKey, error) {
+	bad := domain.Errorf(domain.CodeInvalidRequest, "cursor %q is not one this node returned", c)
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return domain.SessionKey{}, bad
+	}
+	var parts []json.RawMessage
+	var k domain.SessionKey
+	var us int64
+	if json.Unmarshal(b, &parts) != nil || len(parts) != 3 ||
+		json.Unmarshal(parts[0], &us) != nil || json.Unmarshal(parts[1], &k.Adapter) != nil || json.Unmarshal(parts[2], &k.SessionID) != nil || us <= 0 ||
+		domain.CheckIDs("adapter", k.Adapter, "session_id", k.SessionID) != nil {
+		return domain.SessionKey{}, bad
+	}
+	k.LastUsed = time.UnixMicro(us).UTC()
+	return k, nil
 }
 
 func (h *CommandHandler) getRun(ctx context.Context, args []byte) ([]byte, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -239,5 +240,104 @@ func TestCommandArgumentsInJSONTerms(t *testing.T) {
 		if !errors.Is(err, domain.ErrInvalidRequest) || domain.MessageOf(err) != tc.want {
 			t.Errorf("%s %s: %v, want %q", tc.command, tc.args, err, tc.want)
 		}
+	}
+}
+
+// session_list answers a page at a time, newest first across adapters,
+// with a cursor to the next: 150,000 sessions in one answer were more than
+// the edge accepts of a command result, and grouping them all held the
+// store's one connection.
+func TestSessionListPages(t *testing.T) {
+	ucNoLeaks(t)
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	mk := func(n int, every time.Duration) []domain.SessionInfo {
+		var out []domain.SessionInfo
+		for i := range n {
+			out = append(out, domain.SessionInfo{Target: "m", SessionID: fmt.Sprintf("s%04d", i), Turns: i, LastUsed: base.Add(time.Duration(i) * every)})
+		}
+		return out
+	}
+	chatA := &ucSessionAdapter{ucAdapter: newUCAdapter("a", domain.Capabilities{MaxConcurrency: 1, Sessions: true}, nil), sessions: mk(700, 2*time.Second)}
+	chatB := &ucSessionAdapter{ucAdapter: newUCAdapter("b", domain.Capabilities{MaxConcurrency: 1, Sessions: true}, nil), sessions: mk(600, 3*time.Second)}
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": chatA, "b": chatB, "plain": newUCAdapter("plain", domain.Capabilities{MaxConcurrency: 1}, nil)})
+	cmds := node.NewCommandHandler(n.rt, n.runs, node.NewSessionHandler(n.rt, n.runs), n.store, "v")
+	ctx := context.Background()
+	list := func(args string) (nodecmd.SessionList, error) {
+		raw, err := cmds.RunCommand(ctx, node.CmdSessionList, []byte(args), nil)
+		if err != nil {
+			return nodecmd.SessionList{}, err
+		}
+		return ucDecode[nodecmd.SessionList](t, raw), nil
+	}
+	// Everything, in pages of 250 (and by default 100), in listing order.
+	for _, tc := range []struct {
+		args   string
+		filter string
+		want   int
+		page   int
+	}{
+		{``, "", 1300, 100},
+		{`{"limit":250}`, "", 1300, 250},
+		{`{"limit":250,"adapter":"b"}`, "b", 600, 250},
+		{`{"limit":5000}`, "", 1300, 1000},
+	} {
+		var got []nodecmd.Session
+		args := tc.args
+		for pages := 0; ; pages++ {
+			if pages > 20 {
+				t.Fatalf("%s: no end after 20 pages", tc.args)
+			}
+			l, err := list(args)
+			if err != nil {
+				t.Fatalf("%s: %v", args, err)
+			}
+			if len(l.Sessions) > tc.page || (l.NextCursor != "" && len(l.Sessions) != tc.page) {
+				t.Fatalf("%s: page of %d sessions, next %q; want pages of %d", args, len(l.Sessions), l.NextCursor, tc.page)
+			}
+			got = append(got, l.Sessions...)
+			if l.NextCursor == "" {
+				break
+			}
+			var a map[string]any
+			if tc.args != "" {
+				_ = json.Unmarshal([]byte(tc.args), &a)
+			} else {
+				a = map[string]any{}
+			}
+			a["cursor"] = l.NextCursor
+			b, _ := json.Marshal(a)
+			args = string(b)
+		}
+		if len(got) != tc.want {
+			t.Fatalf("%s: %d sessions in all, want %d", tc.args, len(got), tc.want)
+		}
+		seen := map[string]bool{}
+		for i, s := range got {
+			k := s.Adapter + "/" + s.SessionID
+			if seen[k] || (tc.filter != "" && s.Adapter != tc.filter) {
+				t.Fatalf("%s: session %d %s again or of another adapter", tc.args, i, k)
+			}
+			seen[k] = true
+			if i > 0 {
+				prev := domain.SessionKey{LastUsed: got[i-1].LastUsed, Adapter: got[i-1].Adapter, SessionID: got[i-1].SessionID}
+				if !prev.Before(domain.SessionKey{LastUsed: s.LastUsed, Adapter: s.Adapter, SessionID: s.SessionID}) {
+					t.Fatalf("%s: session %d (%s) out of order after %+v", tc.args, i, k, got[i-1])
+				}
+			}
+		}
+		if got[0].Adapter != "b" || got[0].SessionID != "s0599" { // b's newest, 1797 s after base
+			t.Fatalf("%s: first session %+v, want b/s0599", tc.args, got[0])
+		}
+	}
+	for _, args := range []string{`{"limit":-1}`, `{"cursor":"nope"}`, `{"cursor":"WzEsImEiXQ"}`, `{"limit":"ten"}`} {
+		if _, err := list(args); !errors.Is(err, domain.ErrInvalidRequest) {
+			t.Errorf("%s: %v, want invalid_request", args, err)
+		}
+	}
+	if _, err := list(`{"adapter":"typo"}`); !errors.Is(err, domain.ErrAdapterNotFound) {
+		t.Errorf("unknown adapter: %v, want adapter_not_found", err)
+	}
+	if l, err := list(`{"adapter":"plain"}`); err != nil || len(l.Sessions) != 0 || l.NextCursor != "" {
+		t.Errorf("an adapter without sessions: %+v, %v; want none", l, err)
 	}
 }

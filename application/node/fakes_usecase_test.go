@@ -205,8 +205,14 @@ func (a *ucSessionAdapter) TerminateSession(_ context.Context, target, sessionID
 	return a.termErr
 }
 
-func (a *ucSessionAdapter) ListSessions(context.Context) ([]domain.SessionInfo, error) {
-	return slices.Clone(a.sessions), nil
+// ListSessions pages the sessions as a store does, keyed by the adapter's
+// name (which a real adapter's store keys them by: its configured name).
+func (a *ucSessionAdapter) ListSessions(_ context.Context, q domain.SessionQuery) ([]domain.SessionInfo, error) {
+	all := slices.Clone(a.sessions)
+	for i := range all {
+		all[i].Adapter = a.name
+	}
+	return domain.PageSessions(all, q), nil
 }
 
 func (a *ucSessionAdapter) terminations() []string {

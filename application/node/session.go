@@ -42,22 +42,42 @@ func (h *SessionHandler) TerminateSession(ctx context.Context, adapter, target, 
 	return st.TerminateSession(ctx, target, sessionID)
 }
 
-// ListSessions returns the sessions of every session-keeping adapter.
-func (h *SessionHandler) ListSessions(ctx context.Context) ([]domain.SessionInfo, error) {
-	var out []domain.SessionInfo
+// ListSessions returns the page q asks for of the sessions of adapter
+// ("" means every session-keeping adapter), in listing order
+// (domain.SessionKey) across adapters, and whether more follow it. Each
+// adapter is asked for one more than the page holds, so the page is
+// merged from the adapters' own pages: no adapter's whole list is read.
+// An adapter the node lacks is adapter_not_found.
+func (h *SessionHandler) ListSessions(ctx context.Context, adapter string, q domain.SessionQuery) (page []domain.SessionInfo, more bool, err error) {
+	limit := q.PageLimit()
+	ask := domain.SessionQuery{Limit: limit + 1, After: q.After}
+	found := false
+	var all []domain.SessionInfo
 	for _, in := range h.rt.instances() {
+		if adapter != "" && in.cfg.Name != adapter {
+			continue
+		}
+		found = true
 		sl, ok := in.adapter.(ports.SessionLister)
 		if !ok {
 			continue
 		}
-		ss, err := sl.ListSessions(ctx)
+		ss, err := sl.ListSessions(ctx, ask)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		for _, s := range ss {
 			s.Adapter = in.cfg.Name
-			out = append(out, s)
+			all = append(all, s)
 		}
 	}
-	return out, nil
+	if adapter != "" && !found {
+		return nil, false, domain.Errorf(domain.CodeAdapterNotFound, "adapter %q is not configured on this node", adapter)
+	}
+	// In order and after the cursor whatever an adapter returned.
+	all = domain.PageSessions(all, ask)
+	if len(all) > limit {
+		return all[:limit], true, nil
+	}
+	return all, false, nil
 }

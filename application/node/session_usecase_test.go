@@ -96,8 +96,8 @@ func TestListSessionsNamesTheConfiguredAdapter(t *testing.T) {
 		sessions:  []domain.SessionInfo{{Adapter: "ollama", Target: "llama3", SessionID: "s1", Turns: 2}},
 	}
 	n := newUCNode(t, map[string]ports.RuntimeAdapter{"mychat": chat, "plain": newUCAdapter("plain", domain.Capabilities{MaxConcurrency: 1}, nil)})
-	got, err := node.NewSessionHandler(n.rt, n.runs).ListSessions(context.Background())
-	if err != nil {
+	got, more, err := node.NewSessionHandler(n.rt, n.runs).ListSessions(context.Background(), "", domain.SessionQuery{})
+	if err != nil || more {
 		t.Fatal(err)
 	}
 	if len(got) != 1 || got[0].Adapter != "mychat" || got[0].SessionID != "s1" || got[0].Turns != 2 {

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -849,8 +850,13 @@ func TestNodeReports(t *testing.T) {
 	e := newFakeEdge(t)
 	// n3 is in the edge's config but offline: reports never ask it.
 	e.json("GET /v1/nodes", 200, `{"nodes":[{"id":"n1","adapters":[]},{"id":"n2","connected":true,"adapters":[]},{"id":"n3","connected":false,"adapters":[]}]}`)
+	var mu sync.Mutex
+	var sessionArgs []string
 	e.mux.HandleFunc("POST /v1/nodes/{id}/commands", func(w http.ResponseWriter, r *http.Request) {
-		var body struct{ Command string }
+		var body struct {
+			Command string
+			Args    json.RawMessage
+		}
 		_ = json.NewDecoder(r.Body).Decode(&body)
 		id := r.PathValue("id")
 		w.Header().Set("Content-Type", "application/json")
@@ -867,7 +873,14 @@ func TestNodeReports(t *testing.T) {
 		case "transport_status":
 			_, _ = io.WriteString(w, `{"connected":true,"connected_since":"2026-03-01T11:00:00Z","reconnects":2,"last_rtt_ms":1.25,"frames_in":10,"frames_out":12,"bytes_in":2048,"bytes_out":999,"runs_in_flight":1}`)
 		case "session_list":
-			_, _ = io.WriteString(w, `{"sessions":[{"adapter":"llm","target":"qwen","session_id":"s1","turns":2,"last_used":"2026-03-01T11:58:00Z"}]}`)
+			mu.Lock()
+			sessionArgs = append(sessionArgs, id+" "+string(body.Args))
+			mu.Unlock()
+			next := ""
+			if !strings.Contains(string(body.Args), "cursor") {
+				next = `,"next_cursor":"c-` + id + `"`
+			}
+			_, _ = io.WriteString(w, `{"sessions":[{"adapter":"llm","target":"qwen","session_id":"s1","turns":2,"last_used":"2026-03-01T11:58:00Z"}]`+next+`}`)
 		default:
 			w.WriteHeader(400)
 			_, _ = io.WriteString(w, `{"error":{"code":"unknown_command","message":"unknown command"}}`)
@@ -891,9 +904,25 @@ func TestNodeReports(t *testing.T) {
 	run(t, e.URL, "node", "transport", "n1").want(t, 0, ""+
 		"NODE  CONNECTED  RECONNECTS  RTT    FRAMES IN/OUT  BYTES IN/OUT  RUNS\n"+
 		"n1    1h ago     2           1.2ms  10/12          2.0 kB/999 B  1\n")
-	run(t, e.URL, "node", "sessions", "n1").want(t, 0, ""+
+	r = run(t, e.URL, "node", "sessions", "n1", "--limit", "1", "--adapter", "llm")
+	r.want(t, 0, ""+
 		"NODE  ADAPTER  TARGET  SESSION  TURNS  LAST USED\n"+
 		"n1    llm      qwen    s1       2      2m ago\n")
+	if r.stderr != "more sessions on node n1: iop node sessions n1 --cursor c-n1\n" {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+	r = run(t, e.URL, "node", "sessions", "n1", "--cursor", "c-n1")
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("%+v", r)
+	}
+	if r = run(t, e.URL, "node", "sessions", "--cursor", "c-n1"); r.code != 2 || !strings.Contains(r.stderr, "name the NODE") {
+		t.Fatalf("--cursor without NODE: %+v", r)
+	}
+	mu.Lock()
+	if want := []string{`n1 {"adapter":"llm","limit":1}`, `n1 {"cursor":"c-n1"}`}; !slices.Equal(sessionArgs, want) {
+		t.Errorf("session_list args %q, want %q", sessionArgs, want)
+	}
+	mu.Unlock()
 	r = run(t, e.URL, "node", "caps", "n1", "--json")
 	if r.code != 0 || !strings.Contains(r.stdout, `"hostname": "box-n1"`) {
 		t.Fatalf("%+v", r)

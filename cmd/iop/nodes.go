@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -134,6 +133,10 @@ func (a *app) nodesCmd() *cobra.Command {
 type nodeReport struct {
 	use, command, short string
 	render              func(a *app, results []nodeResult) error
+	// flags, when set, adds the report's flags to cmd and returns what
+	// makes the command's arguments from them (one: a single NODE named).
+	flags    func(cmd *cobra.Command) func(one bool) (any, error)
+	flagsUse string // the flags' synopsis
 }
 
 type nodeResult struct {
@@ -149,67 +152,77 @@ func (a *app) nodeCmd() *cobra.Command {
 		RunE:  groupRunE(a),
 	}
 	reports := []nodeReport{
-		{"caps", "capabilities", "Runtime adapters, version and platform of nodes", renderCaps},
-		{"transport", "transport_status", "Link status of nodes: connected since, reconnects, RTT, traffic", renderTransport},
-		{"usage", "usage_status", "Runs and token usage per adapter, from the nodes' stores", renderUsage},
-		{"sessions", "session_list", "Logical sessions kept by the nodes' adapters", renderSessions},
+		{"caps", "capabilities", "Runtime adapters, version and platform of nodes", renderCaps, nil, ""},
+		{"transport", "transport_status", "Link status of nodes: connected since, reconnects, RTT, traffic", renderTransport, nil, ""},
+		{"usage", "usage_status", "Runs and token usage per adapter, from the nodes' stores", renderUsage, nil, ""},
+		{"sessions", "session_list", "Logical sessions kept by the nodes' adapters, newest first, a page per node", renderSessions, sessionFlags, "[--adapter A] [--limit N] [--cursor C]"},
 	}
 	for _, r := range reports {
-		cmd.AddCommand(&cobra.Command{
+		sub := &cobra.Command{
 			Use:   r.use + " [NODE]",
 			Short: r.short + " (every node when NODE is omitted)",
 			Args:  cobra.MaximumNArgs(1),
-			RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
-				var ids []string
+		}
+		cargs := func(bool) (any, error) { return nil, nil }
+		if r.flags != nil {
+			cargs = r.flags(sub)
+			sub.Use += " " + r.flagsUse
+		}
+		sub.RunE = a.action(func(ctx context.Context, c *client.Client, args []string) error {
+			cmdArgs, err := cargs(len(args) == 1)
+			if err != nil {
+				return err
+			}
+			var ids []string
+			if len(args) == 1 {
+				ids = args
+			} else {
+				nodes, err := connectedNodes(ctx, c)
+				if err != nil {
+					return err
+				}
+				for _, n := range nodes {
+					ids = append(ids, n.ID)
+				}
+			}
+			var results []nodeResult
+			var lastErr error
+			for _, id := range ids {
+				raw, err := c.Command(ctx, id, r.command, cmdArgs, nil)
+				if err != nil {
+					if len(args) == 1 || ctx.Err() != nil {
+						return err // one node asked for, or interrupted
+					}
+					fmt.Fprintf(a.stderr, "iop: warning: node %s: %s\n", printable(id), printable(err.Error()))
+					lastErr = err
+					continue
+				}
+				results = append(results, nodeResult{node: id, raw: raw})
+			}
+			if len(results) == 0 && lastErr != nil {
+				return fmt.Errorf("no node answered %s (%d asked)", r.command, len(ids))
+			}
+			if a.json {
 				if len(args) == 1 {
-					ids = args
-				} else {
-					nodes, err := connectedNodes(ctx, c)
-					if err != nil {
-						return err
-					}
-					for _, n := range nodes {
-						ids = append(ids, n.ID)
-					}
+					return printJSON(a.stdout, results[0].raw)
 				}
-				var results []nodeResult
-				var lastErr error
-				for _, id := range ids {
-					raw, err := c.Command(ctx, id, r.command, nil, nil)
-					if err != nil {
-						if len(args) == 1 || ctx.Err() != nil {
-							return err // one node asked for, or interrupted
-						}
-						fmt.Fprintf(a.stderr, "iop: warning: node %s: %s\n", printable(id), printable(err.Error()))
-						lastErr = err
-						continue
-					}
-					results = append(results, nodeResult{node: id, raw: raw})
+				all := map[string]json.RawMessage{}
+				for _, res := range results {
+					all[res.node] = res.raw
 				}
-				if len(results) == 0 && lastErr != nil {
-					return fmt.Errorf("no node answered %s (%d asked)", r.command, len(ids))
+				b, err := json.Marshal(all)
+				if err != nil {
+					return err
 				}
-				if a.json {
-					if len(args) == 1 {
-						return printJSON(a.stdout, results[0].raw)
-					}
-					all := map[string]json.RawMessage{}
-					for _, res := range results {
-						all[res.node] = res.raw
-					}
-					b, err := json.Marshal(all)
-					if err != nil {
-						return err
-					}
-					return printJSON(a.stdout, b)
-				}
-				if len(results) == 0 {
-					fmt.Fprintln(a.stderr, "no nodes answered")
-					return nil
-				}
-				return r.render(a, results)
-			}),
+				return printJSON(a.stdout, b)
+			}
+			if len(results) == 0 {
+				fmt.Fprintln(a.stderr, "no nodes answered")
+				return nil
+			}
+			return r.render(a, results)
 		})
+		cmd.AddCommand(sub)
 	}
 	cmd.AddCommand(&cobra.Command{
 		Use:   "exec NODE COMMAND [ARGS_JSON]",
@@ -311,13 +324,35 @@ func renderUsage(a *app, results []nodeResult) error {
 	return nil
 }
 
+// sessionFlags are the flags of iop node sessions: session_list's
+// arguments (a page per node, newest first).
+func sessionFlags(cmd *cobra.Command) func(one bool) (any, error) {
+	var a nodecmd.SessionListArgs
+	cmd.Flags().StringVar(&a.Adapter, "adapter", "", "only this adapter's sessions")
+	cmd.Flags().IntVar(&a.Limit, "limit", 0, "at most this many sessions per node (node default 100, at most 1000)")
+	cmd.Flags().StringVar(&a.Cursor, "cursor", "", "continue a node's listing (the cursor a previous page printed; name the NODE)")
+	return func(one bool) (any, error) {
+		switch {
+		case a.Limit < 0:
+			return nil, usageError("--limit must not be negative")
+		case a.Cursor != "" && !one:
+			return nil, usageError("--cursor continues one node's listing: name the NODE")
+		}
+		return a, nil
+	}
+}
+
 func renderSessions(a *app, results []nodeResult) error {
 	var rows [][]string
+	var more []string
 	now := a.now()
 	err := decodeEach(results, func(node string, l nodecmd.SessionList) {
-		sort.Slice(l.Sessions, func(i, j int) bool { return l.Sessions[i].LastUsed.After(l.Sessions[j].LastUsed) })
+		// A node lists its sessions newest first.
 		for _, s := range l.Sessions {
 			rows = append(rows, []string{node, s.Adapter, s.Target, s.SessionID, strconv.Itoa(s.Turns), ago(now, s.LastUsed)})
+		}
+		if l.NextCursor != "" {
+			more = append(more, fmt.Sprintf("more sessions on node %s: iop node sessions %s --cursor %s", printable(node), printable(node), printable(l.NextCursor)))
 		}
 	})
 	if err != nil {
@@ -325,13 +360,16 @@ func renderSessions(a *app, results []nodeResult) error {
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(a.stderr, "no sessions")
-		return nil
+	} else {
+		t := newTable(a.stdout, "NODE", "ADAPTER", "TARGET", "SESSION", "TURNS", "LAST USED")
+		for _, r := range rows {
+			t.row(r...)
+		}
+		t.flush()
 	}
-	t := newTable(a.stdout, "NODE", "ADAPTER", "TARGET", "SESSION", "TURNS", "LAST USED")
-	for _, r := range rows {
-		t.row(r...)
+	for _, m := range more {
+		fmt.Fprintln(a.stderr, m)
 	}
-	t.flush()
 	return nil
 }
 

@@ -122,9 +122,22 @@ type AdapterUsage struct {
 	CostUSD          float64 `json:"cost_usd"`
 }
 
-// SessionList answers "session_list".
+// SessionListArgs are the arguments of "session_list": one page of the
+// node's sessions, newest first (by last use; ties by adapter, then
+// session id, descending). Limit is the page's size (0: 100; at most
+// 1000); Adapter keeps one adapter's sessions; Cursor continues after the
+// page that returned it as NextCursor.
+type SessionListArgs struct {
+	Adapter string `json:"adapter,omitempty"`
+	Limit   int    `json:"limit,omitempty"`
+	Cursor  string `json:"cursor,omitempty"`
+}
+
+// SessionList answers "session_list". NextCursor, absent on the last
+// page, continues the listing (SessionListArgs.Cursor).
 type SessionList struct {
-	Sessions []Session `json:"sessions"`
+	Sessions   []Session `json:"sessions"`
+	NextCursor string    `json:"next_cursor,omitempty"`
 }
 
 // Session is one logical session.

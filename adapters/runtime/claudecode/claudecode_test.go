@@ -200,7 +200,7 @@ func TestSessionsResume(t *testing.T) {
 		}
 		requireTerminal(t, sink, domain.EventComplete, "")
 	}
-	list, err := a.ListSessions(context.Background())
+	list, err := a.ListSessions(context.Background(), domain.SessionQuery{})
 	if err != nil || len(list) != 1 || list[0].SessionID != "s1" || list[0].AgentSessionID != "6f1" || list[0].Target != "opus" || list[0].Turns != 2 {
 		t.Fatalf("ListSessions = %+v, %v", list, err)
 	}
@@ -588,7 +588,7 @@ func TestResultThenNoExit(t *testing.T) {
 	if !runtimetest.GroupGone(pidOf(t, sink.Events()), 5*time.Second) {
 		t.Error("the process group is still running")
 	}
-	if list, err := a.ListSessions(context.Background()); err != nil || len(list) != 1 || list[0].Turns != 1 {
+	if list, err := a.ListSessions(context.Background(), domain.SessionQuery{}); err != nil || len(list) != 1 || list[0].Turns != 1 {
 		t.Errorf("ListSessions = %+v, %v; want the turn counted", list, err)
 	}
 }

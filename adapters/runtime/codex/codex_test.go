@@ -197,7 +197,7 @@ func TestArgvAndResume(t *testing.T) {
 	if got := cli.Stdin(t); got != "-v is a prompt" {
 		t.Errorf("stdin of the last run = %q, want its prompt", got)
 	}
-	list, err := a.ListSessions(context.Background())
+	list, err := a.ListSessions(context.Background(), domain.SessionQuery{})
 	if err != nil || len(list) != 1 || list[0].AgentSessionID != threadID || list[0].Target != "o3" {
 		t.Errorf("ListSessions = %+v, %v", list, err)
 	}
@@ -410,7 +410,7 @@ echo '{"type":"turn.completed","usage":{"input_tokens":'$((120*n))',"cached_inpu
 	if u := turn("go"); u.PromptTokens != 240 || u.CompletionTokens != 34 {
 		t.Fatalf("turn after cancel usage = %+v", u)
 	}
-	list, _ := a.ListSessions(context.Background())
+	list, _ := a.ListSessions(context.Background(), domain.SessionQuery{})
 	if len(list) != 1 || list[0].Turns != 3 {
 		t.Errorf("ListSessions = %+v, want 3 turns", list)
 	}
@@ -487,7 +487,7 @@ func TestTurnEndThenNoExit(t *testing.T) {
 				t.Error("the process group is still running")
 			}
 			turns := 0
-			if list, _ := a.ListSessions(context.Background()); len(list) == 1 {
+			if list, _ := a.ListSessions(context.Background(), domain.SessionQuery{}); len(list) == 1 {
 				turns = list[0].Turns
 			}
 			if want := map[bool]int{true: 1, false: 0}[tc.typ == domain.EventComplete]; turns != want {

@@ -168,7 +168,7 @@ func TestArgvResumeAndDashPrompt(t *testing.T) {
 	if got := cli.Stdin(t); got != "x" {
 		t.Errorf("stdin of the last run = %q, want its prompt", got)
 	}
-	list, err := a.ListSessions(context.Background())
+	list, err := a.ListSessions(context.Background(), domain.SessionQuery{})
 	if err != nil || len(list) != 1 || list[0].AgentSessionID != sessionID || list[0].Turns != 1 || list[0].Target != "gemini-flash" {
 		t.Errorf("ListSessions = %+v, %v", list, err)
 	}
@@ -306,7 +306,7 @@ func TestResultThenNoExit(t *testing.T) {
 	if !runtimetest.GroupGone(m.PID, 5*time.Second) {
 		t.Errorf("process group %d is still running", m.PID)
 	}
-	if list, err := a.ListSessions(context.Background()); err != nil || len(list) != 1 || list[0].Turns != 1 {
+	if list, err := a.ListSessions(context.Background(), domain.SessionQuery{}); err != nil || len(list) != 1 || list[0].Turns != 1 {
 		t.Errorf("ListSessions = %+v, %v; want the turn counted", list, err)
 	}
 }

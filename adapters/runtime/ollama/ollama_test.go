@@ -464,7 +464,7 @@ func TestSessions(t *testing.T) {
 		t.Errorf("the turn after a failed one sent %q, want %q", got, want)
 	}
 
-	list, err := a.ListSessions(context.Background())
+	list, err := a.ListSessions(context.Background(), domain.SessionQuery{})
 	if err != nil || len(list) != 1 || list[0].SessionID != "s1" || list[0].Turns != 3 || list[0].Target != "m" {
 		t.Fatalf("ListSessions = %+v, %v", list, err)
 	}

@@ -153,9 +153,9 @@ func (a *Adapter) TerminateSession(ctx context.Context, _ string, sessionID stri
 	return a.sessions.Terminate(ctx, sessionID)
 }
 
-// ListSessions describes the adapter's sessions.
-func (a *Adapter) ListSessions(ctx context.Context) ([]domain.SessionInfo, error) {
-	return a.sessions.List(ctx)
+// ListSessions returns the page q asks for of the adapter's sessions.
+func (a *Adapter) ListSessions(ctx context.Context, q domain.SessionQuery) ([]domain.SessionInfo, error) {
+	return a.sessions.List(ctx, q)
 }
 
 // Admit refuses, before the node acknowledges the run, a run whose options

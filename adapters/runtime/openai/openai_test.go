@@ -466,7 +466,7 @@ func TestSessions(t *testing.T) {
 	if got := sent(3); got != "user:fresh" {
 		t.Errorf("after terminate sent %q", got)
 	}
-	if list, err := a.ListSessions(context.Background()); err != nil || len(list) != 1 || list[0].Turns != 1 {
+	if list, err := a.ListSessions(context.Background(), domain.SessionQuery{}); err != nil || len(list) != 1 || list[0].Turns != 1 {
 		t.Errorf("ListSessions = %+v, %v", list, err)
 	}
 }

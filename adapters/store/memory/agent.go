@@ -2,7 +2,6 @@ package memory
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"time"
 
@@ -84,10 +83,10 @@ func (s *AgentSessionStore) DeleteAgentSession(_ context.Context, adapter, sessi
 	return nil
 }
 
-// ListAgentSessions describes the stored mappings of adapter ("" means every
-// adapter), ordered by adapter and session id. LastUsed is the last Put or
-// EndAgentTurn.
-func (s *AgentSessionStore) ListAgentSessions(_ context.Context, adapter string) ([]domain.SessionInfo, error) {
+// ListAgentSessions returns the page q asks for of the stored mappings of
+// adapter ("" means every adapter), newest first (domain.SessionQuery).
+// LastUsed is the last Put or EndAgentTurn.
+func (s *AgentSessionStore) ListAgentSessions(_ context.Context, adapter string, q domain.SessionQuery) ([]domain.SessionInfo, error) {
 	s.mu.Lock()
 	out := []domain.SessionInfo{}
 	for k, a := range s.sessions {
@@ -98,6 +97,5 @@ func (s *AgentSessionStore) ListAgentSessions(_ context.Context, adapter string)
 		}
 	}
 	s.mu.Unlock()
-	slices.SortFunc(out, compareSessions)
-	return out, nil
+	return domain.PageSessions(out, q), nil
 }

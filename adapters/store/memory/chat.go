@@ -1,7 +1,6 @@
 package memory
 
 import (
-	"cmp"
 	"context"
 	"slices"
 	"sync"
@@ -98,10 +97,11 @@ func (s *ChatStore) DeleteChat(_ context.Context, adapter, sessionID string) err
 	return nil
 }
 
-// ListChats describes the chat sessions of adapter ("" means every adapter),
-// ordered by adapter and session id. Target is the one given with the most
-// recent append; Turns counts the replies of completed runs.
-func (s *ChatStore) ListChats(_ context.Context, adapter string) ([]domain.SessionInfo, error) {
+// ListChats returns the page q asks for of the chat sessions of adapter
+// ("" means every adapter), newest first (domain.SessionQuery). Target is
+// the one given with the most recent append; Turns counts the replies of
+// completed runs.
+func (s *ChatStore) ListChats(_ context.Context, adapter string, q domain.SessionQuery) ([]domain.SessionInfo, error) {
 	s.mu.Lock()
 	out := []domain.SessionInfo{}
 	for k, sess := range s.sessions {
@@ -112,10 +112,5 @@ func (s *ChatStore) ListChats(_ context.Context, adapter string) ([]domain.Sessi
 		}
 	}
 	s.mu.Unlock()
-	slices.SortFunc(out, compareSessions)
-	return out, nil
-}
-
-func compareSessions(a, b domain.SessionInfo) int {
-	return cmp.Or(cmp.Compare(a.Adapter, b.Adapter), cmp.Compare(a.SessionID, b.SessionID))
+	return domain.PageSessions(out, q), nil
 }

@@ -16,14 +16,15 @@ import (
 
 // AgentSessionStore maps run session ids to CLI agent session ids in SQLite.
 type AgentSessionStore struct {
-	db *bun.DB
+	db  *bun.DB
+	raw *DB
 }
 
 var _ ports.AgentSessionStore = (*AgentSessionStore)(nil)
 
 // NewAgentSessionStore returns an AgentSessionStore on db.
 func NewAgentSessionStore(db *DB) *AgentSessionStore {
-	return &AgentSessionStore{db: db.bun}
+	return &AgentSessionStore{db: db.bun, raw: db}
 }
 
 type agentSessionRow struct {
@@ -93,6 +94,20 @@ func addColumns(ctx context.Context, tx bun.Tx, table string, columns [][2]strin
 	return nil
 }
 
+// hasTable reports whether the database has table (in the current schema,
+// on PostgreSQL).
+func hasTable(ctx context.Context, tx bun.Tx, table string) (bool, error) {
+	query := "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
+	if tx.Dialect().Name() != dialect.SQLite {
+		query = "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = ?"
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, query, table).Scan(&n); err != nil {
+		return false, fmt.Errorf("look up table %s: %w", table, err)
+	}
+	return n > 0, nil
+}
+
 // GetAgentSession returns the agent session id stored for the session; ok is
 // false, with a nil error, when there is none.
 func (s *AgentSessionStore) GetAgentSession(ctx context.Context, adapter, sessionID string) (domain.AgentSession, bool, error) {
@@ -156,16 +171,13 @@ func (s *AgentSessionStore) DeleteAgentSession(ctx context.Context, adapter, ses
 	return nil
 }
 
-// ListAgentSessions describes the stored mappings of adapter ("" means every
-// adapter), ordered by adapter and session id. LastUsed is the last Put or
+// ListAgentSessions returns the page q asks for of the stored mappings of
+// adapter ("" means every adapter), newest first (domain.SessionQuery),
+// through agent_sessions_used_idx. LastUsed is the last Put or
 // EndAgentTurn.
-func (s *AgentSessionStore) ListAgentSessions(ctx context.Context, adapter string) ([]domain.SessionInfo, error) {
+func (s *AgentSessionStore) ListAgentSessions(ctx context.Context, adapter string, q domain.SessionQuery) ([]domain.SessionInfo, error) {
 	var rows []agentSessionRow
-	q := s.db.NewSelect().Model(&rows).Order("adapter", "session_id")
-	if adapter != "" {
-		q = q.Where("adapter = ?", adapter)
-	}
-	if err := q.Scan(ctx); err != nil {
+	if err := s.raw.sessionPage(s.db.NewSelect().Model(&rows), "updated_at", adapter, q).Scan(ctx); err != nil {
 		return nil, fmt.Errorf("select agent sessions: %w", err)
 	}
 	out := make([]domain.SessionInfo, len(rows))

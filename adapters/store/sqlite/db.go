@@ -126,7 +126,11 @@ func isMemoryDSN(dsn string) bool {
 
 func (db *DB) createSchema(ctx context.Context) error {
 	return db.bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
-		for _, model := range []any{(*runRow)(nil), (*chatMessageRow)(nil), (*agentSessionRow)(nil)} {
+		hadChatSessions, err := hasTable(ctx, tx, "chat_sessions")
+		if err != nil {
+			return err
+		}
+		for _, model := range []any{(*runRow)(nil), (*chatMessageRow)(nil), (*agentSessionRow)(nil), (*chatSessionRow)(nil)} {
 			if _, err := tx.NewCreateTable().Model(model).IfNotExists().Exec(ctx); err != nil {
 				return fmt.Errorf("create table: %w", err)
 			}
@@ -137,12 +141,25 @@ func (db *DB) createSchema(ctx context.Context) error {
 		if err := addColumns(ctx, tx, "chat_messages", chatMessageColumns, chatMessageBackfill); err != nil {
 			return err
 		}
-		indexes := []struct{ name, column string }{
-			{"runs_created_at_idx", "created_at"},
-			{"runs_status_idx", "status"},
+		if !hadChatSessions {
+			// Once, for the sessions of a database made before the table.
+			if _, err := tx.ExecContext(ctx, fillChatSessionsSQL); err != nil {
+				return fmt.Errorf("fill chat_sessions: %w", err)
+			}
+		}
+		indexes := []struct {
+			model   any
+			name    string
+			columns []string
+		}{
+			{(*runRow)(nil), "runs_created_at_idx", []string{"created_at"}},
+			{(*runRow)(nil), "runs_status_idx", []string{"status"}},
+			// session_list's pages of each adapter, newest first (sessionPage).
+			{(*chatSessionRow)(nil), "chat_sessions_used_idx", []string{"adapter", "last_used", "session_id"}},
+			{(*agentSessionRow)(nil), "agent_sessions_used_idx", []string{"adapter", "updated_at", "session_id"}},
 		}
 		for _, ix := range indexes {
-			if _, err := tx.NewCreateIndex().Model((*runRow)(nil)).Index(ix.name).Column(ix.column).IfNotExists().Exec(ctx); err != nil {
+			if _, err := tx.NewCreateIndex().Model(ix.model).Index(ix.name).Column(ix.columns...).IfNotExists().Exec(ctx); err != nil {
 				return fmt.Errorf("create index %s: %w", ix.name, err)
 			}
 		}

@@ -160,13 +160,21 @@ func (db *DB) pruneChats(ctx context.Context, cutoff time.Time, chunk int) (sess
 			messages += n
 			if n > 0 {
 				sessions++
+				if serr := db.syncChatSession(ctx, s.Adapter, s.SessionID); err == nil {
+					err = serr
+				}
 			}
 			if err != nil {
 				return sessions, messages, err
 			}
 		}
 		if len(page) < chunk {
-			return sessions, messages, nil
+			// Summaries with no messages left (a database an older node
+			// wrote to after this one made the table) go once they expire.
+			_, err := db.deleteChunks(ctx, chunk, "DELETE FROM chat_sessions WHERE (adapter, session_id) IN"+
+				" (SELECT x.adapter, x.session_id FROM chat_sessions AS x WHERE x.last_used < ? AND NOT EXISTS"+
+				" (SELECT 1 FROM chat_messages AS m WHERE m.adapter = x.adapter AND m.session_id = x.session_id) LIMIT ?)", cut)
+			return sessions, messages, err
 		}
 		after = &page[len(page)-1]
 	}
@@ -202,6 +210,21 @@ func (db *DB) deleteChat(ctx context.Context, adapter, sessionID string, cut any
 	query := "DELETE FROM chat_messages WHERE adapter = ? AND session_id = ? AND seq IN (SELECT seq FROM chat_messages" +
 		" WHERE adapter = ? AND session_id = ? AND created_at < ? ORDER BY seq LIMIT ?)"
 	return db.deleteChunks(ctx, chunk, query, adapter, sessionID, adapter, sessionID, cut)
+}
+
+// syncChatSession brings the summary of a session whose old messages
+// pruneChats deleted in line with what is left: gone with the last
+// message, else its turns counted again (a turn appended while the prune
+// ran keeps the session, and its summary counted the deleted replies).
+func (db *DB) syncChatSession(ctx context.Context, adapter, sessionID string) error {
+	if _, err := db.pruneExec(ctx, "DELETE FROM chat_sessions WHERE adapter = ? AND session_id = ? AND NOT EXISTS"+
+		" (SELECT 1 FROM chat_messages AS m WHERE m.adapter = ? AND m.session_id = ?)", adapter, sessionID, adapter, sessionID); err != nil {
+		return err
+	}
+	_, err := db.pruneExec(ctx, "UPDATE chat_sessions SET turns = (SELECT COUNT(*) FROM chat_messages AS m"+
+		" WHERE m.adapter = chat_sessions.adapter AND m.session_id = chat_sessions.session_id AND m.reply)"+
+		" WHERE adapter = ? AND session_id = ?", adapter, sessionID)
+	return err
 }
 
 // pruneAgentSessions deletes the agent session mappings last used before

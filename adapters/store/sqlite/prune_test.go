@@ -73,6 +73,7 @@ func sessionIDs(t *testing.T, list []domain.SessionInfo, err error) []string {
 	for _, s := range list {
 		ids = append(ids, s.Adapter+"/"+s.SessionID)
 	}
+	slices.Sort(ids)
 	return ids
 }
 
@@ -142,7 +143,7 @@ func TestPrune(t *testing.T) {
 			if _, err := runs.GetRun(ctx, "old-failed"); !errors.Is(err, domain.ErrRunNotFound) {
 				t.Errorf("GetRun of a pruned run: %v, want ErrRunNotFound", err)
 			}
-			list, err := chats.ListChats(ctx, "")
+			list, err := chats.ListChats(ctx, "", domain.SessionQuery{})
 			if got, want := sessionIDs(t, list, err), []string{"ollama/active", "ollama/busy", "ollama/fresh", "openai/idle"}; !slices.Equal(got, want) {
 				t.Errorf("chat sessions kept: %v, want %v", got, want)
 			}
@@ -157,7 +158,7 @@ func TestPrune(t *testing.T) {
 			if msgs, err := chats.LoadChat(ctx, "ollama", "idle", 0); err != nil || !slices.Equal(msgs, turn[1:]) {
 				t.Errorf("LoadChat(idle) after a new turn = %+v, %v; want only that turn", msgs, err)
 			}
-			list, err = agents.ListAgentSessions(ctx, "")
+			list, err = agents.ListAgentSessions(ctx, "", domain.SessionQuery{})
 			if got, want := sessionIDs(t, list, err), []string{"codex/busy", "codex/fresh"}; !slices.Equal(got, want) {
 				t.Errorf("agent sessions kept: %v, want %v", got, want)
 			}
@@ -223,14 +224,16 @@ func TestPruneDeletesInChunks(t *testing.T) {
 			if err != nil || res != want {
 				t.Fatalf("PruneChunks = %+v, %v; want %+v", res, err, want)
 			}
-			// Runs 7; chat a1: 3, a3 a5 a7 a8 a9: 1 each; agents 2.
-			if got := deletes.Load(); got != 7+3+5+2 {
-				t.Errorf("%d DELETE statements, want 17 (chunks of at most 4 rows)", got)
+			// Runs 7; chat a1: 3, a3 a5 a7 a8 a9: 1 each, then each one's
+			// summary, then one look for summaries left without messages;
+			// agents 2.
+			if got := deletes.Load(); got != 7+3+5+6+1+2 {
+				t.Errorf("%d DELETE statements, want 24 (chunks of at most 4 rows)", got)
 			}
 			if got := runIDs(t, runs); !slices.Equal(got, []string{"live"}) {
 				t.Errorf("runs kept: %v", got)
 			}
-			list, err := chats.ListChats(ctx, "")
+			list, err := chats.ListChats(ctx, "", domain.SessionQuery{})
 			if got, want := sessionIDs(t, list, err), []string{"ollama/a0", "ollama/a2", "ollama/a4", "ollama/a6"}; !slices.Equal(got, want) {
 				t.Errorf("chat sessions kept: %v, want %v", got, want)
 			}

@@ -254,6 +254,11 @@ func TestChatMessagesOldSchemaGainsColumns(t *testing.T) {
 	}
 	s := sqlite.NewChatStore(open(t, dsn))
 	ctx := context.Background()
+	// Its sessions are summed up for session_list when the node opens it.
+	sum := domain.SessionInfo{Adapter: "ollama", Target: "m", SessionID: "s1", Turns: 1, LastUsed: time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC)}
+	if list, err := s.ListChats(ctx, "", domain.SessionQuery{}); err != nil || len(list) != 1 || list[0] != sum {
+		t.Fatalf("ListChats of the old database = %+v, %v; want %+v", list, err, sum)
+	}
 	next := domain.ChatMessage{Role: "tool", Content: "12:00", Raw: `{"role":"tool","tool_call_id":"call_1","content":"12:00"}`}
 	if err := s.AppendChat(ctx, "ollama", "m", "s1", []domain.ChatMessage{next}); err != nil {
 		t.Fatal(err)
@@ -264,7 +269,7 @@ func TestChatMessagesOldSchemaGainsColumns(t *testing.T) {
 		t.Fatalf("LoadChat = %+v, %v; want %+v", got, err, want)
 	}
 	// The old assistant row counts as the turn it was counted as before.
-	if list, err := s.ListChats(ctx, "ollama"); err != nil || len(list) != 1 || list[0].Turns != 1 {
+	if list, err := s.ListChats(ctx, "ollama", domain.SessionQuery{}); err != nil || len(list) != 1 || list[0].Turns != 1 {
 		t.Fatalf("ListChats = %+v, %v", list, err)
 	}
 }
@@ -361,5 +366,75 @@ func TestUsageSumsRowsWrittenBeforeTheBounds(t *testing.T) {
 		CostUSD: 2 * domain.MaxUsageCostUSD}}
 	if err != nil || !slices.Equal(got, want) {
 		t.Fatalf("UsageByAdapter = %+v, %v; want %+v", got, err, want)
+	}
+}
+
+// Sessions of several adapters last used at the same instant: each
+// adapter's page after a cursor of any adapter holds what listing all
+// sessions in order (ties by adapter, then session id, descending) puts
+// after it, chat sessions and agent sessions alike, on SQLite and
+// PostgreSQL.
+func TestSessionPagesWithTies(t *testing.T) {
+	for name, openDB := range stores {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			db := openDB(t)
+			chats, agents := sqlite.NewChatStore(db), sqlite.NewAgentSessionStore(db)
+			tie := time.Date(2026, 2, 3, 4, 5, 6, 789000, time.UTC)
+			for _, a := range []string{"a", "b", "c"} {
+				for _, s := range []string{"s1", "s2", "s3"} {
+					if err := chats.AppendChat(ctx, a, "m", s, []domain.ChatMessage{{Role: "user", Content: "q"}}); err != nil {
+						t.Fatal(err)
+					}
+					if err := agents.PutAgentSession(ctx, a, "m", s, "x"); err != nil {
+						t.Fatal(err)
+					}
+					if s == "s3" {
+						continue // used later than the tie
+					}
+					for _, tc := range [][2]string{{"chat_sessions", "last_used"}, {"agent_sessions", "updated_at"}} {
+						if err := db.Backdate(ctx, tc[0], tc[1], a, s, tie); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			}
+			for kind, list := range map[string]func(string, domain.SessionQuery) ([]domain.SessionInfo, error){
+				"chat": func(a string, q domain.SessionQuery) ([]domain.SessionInfo, error) { return chats.ListChats(ctx, a, q) },
+				"agent": func(a string, q domain.SessionQuery) ([]domain.SessionInfo, error) {
+					return agents.ListAgentSessions(ctx, a, q)
+				},
+			} {
+				all, err := list("", domain.SessionQuery{})
+				if err != nil || len(all) != 9 {
+					t.Fatalf("%s: all = %d, %v", kind, len(all), err)
+				}
+				var tail []string
+				for _, s := range all[3:] {
+					tail = append(tail, s.Adapter+"/"+s.SessionID)
+				}
+				if want := []string{"c/s2", "c/s1", "b/s2", "b/s1", "a/s2", "a/s1"}; !slices.Equal(tail, want) {
+					t.Fatalf("%s: tied sessions listed %v, want %v", kind, tail, want)
+				}
+				for i, s := range all {
+					k := s.Key()
+					for _, a := range []string{"", "a", "b", "c"} {
+						page, err := list(a, domain.SessionQuery{Limit: 3, After: &k})
+						var got, want []string
+						for _, x := range page {
+							got = append(got, x.Adapter+"/"+x.SessionID)
+						}
+						for _, x := range all[i+1:] {
+							if len(want) < 3 && (a == "" || x.Adapter == a) {
+								want = append(want, x.Adapter+"/"+x.SessionID)
+							}
+						}
+						if err != nil || !slices.Equal(got, want) {
+							t.Fatalf("%s: adapter %q after %s/%s: %v, %v; want %v", kind, a, k.Adapter, k.SessionID, got, err, want)
+						}
+					}
+				}
+			}
+		})
 	}
 }

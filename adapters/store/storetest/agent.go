@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -30,7 +31,7 @@ func AgentSessionStoreContract(t *testing.T, newStore func(t *testing.T) ports.A
 
 		mustPut(t, s, "codex", "t2", "s1", "thread-2")
 		checkAgent(t, s, "codex", "s1", "thread-2", true)
-		list, err := s.ListAgentSessions(ctx, "codex")
+		list, err := s.ListAgentSessions(ctx, "codex", domain.SessionQuery{})
 		if err != nil || len(list) != 1 || list[0].Target != "t2" || list[0].AgentSessionID != "thread-2" {
 			t.Fatalf("ListAgentSessions after overwrite = %+v, %v; want one with target t2, thread-2", list, err)
 		}
@@ -70,7 +71,8 @@ func AgentSessionStoreContract(t *testing.T, newStore func(t *testing.T) ports.A
 		if got.Turns != 2 || got.Totals.Input != 240 {
 			t.Fatalf("re-put of the same id changed the session: %+v", got)
 		}
-		list, _ := s.ListAgentSessions(ctx, "codex")
+		list, _ := s.ListAgentSessions(ctx, "codex", domain.SessionQuery{})
+		slices.SortFunc(list, byAdapterAndID)
 		if len(list) != 2 || list[0].Turns != 2 || list[1].Turns != 0 {
 			t.Fatalf("ListAgentSessions turns = %+v", list)
 		}
@@ -105,18 +107,38 @@ func AgentSessionStoreContract(t *testing.T, newStore func(t *testing.T) ports.A
 			{"none", nil},
 		}
 		for _, tc := range cases {
-			got, err := s.ListAgentSessions(ctx, tc.adapter)
+			got, err := s.ListAgentSessions(ctx, tc.adapter, domain.SessionQuery{})
 			if err != nil {
 				t.Fatalf("ListAgentSessions(%q): %v", tc.adapter, err)
 			}
+			checkListingOrder(t, got)
 			for i := range got {
 				checkRecent(t, "LastUsed", got[i].LastUsed, from, to)
 				got[i].LastUsed = time.Time{}
 			}
+			slices.SortFunc(got, byAdapterAndID)
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("ListAgentSessions(%q) =\n%+v\nwant\n%+v", tc.adapter, got, tc.want)
 			}
 		}
+		// A turn makes its session the newest.
+		if err := s.EndAgentTurn(ctx, "codex", "s2", domain.AgentTotals{Input: 1}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.ListAgentSessions(ctx, "", domain.SessionQuery{})
+		if err != nil || len(got) != 3 || got[0].SessionID != "s2" || got[0].Turns != 1 || got[0].LastUsed.Before(got[1].LastUsed) {
+			t.Fatalf("ListAgentSessions after a turn of codex/s2 = %+v, %v; want it first", got, err)
+		}
+	})
+
+	t.Run("list in pages", func(t *testing.T) {
+		s, ctx := newStore(t), context.Background()
+		for i := range 23 {
+			mustPut(t, s, []string{"codex", "gemini"}[i%2], "t", fmt.Sprintf("s%02d", i), fmt.Sprint("agent-", i))
+		}
+		checkPages(t, func(adapter string, q domain.SessionQuery) ([]domain.SessionInfo, error) {
+			return s.ListAgentSessions(ctx, adapter, q)
+		}, map[string]int{"": 23, "codex": 12, "gemini": 11, "none": 0})
 	})
 }
 

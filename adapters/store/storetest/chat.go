@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -73,7 +74,7 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 	t.Run("appending nothing creates nothing", func(t *testing.T) {
 		s, ctx := newStore(t), context.Background()
 		mustAppend(t, s, "ollama", "m", "s1", nil)
-		list, err := s.ListChats(ctx, "")
+		list, err := s.ListChats(ctx, "", domain.SessionQuery{})
 		if err != nil || len(list) != 0 {
 			t.Fatalf("ListChats = %v, %v; want none", list, err)
 		}
@@ -95,7 +96,7 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 		if msgs, _ := s.LoadChat(ctx, "ollama", "s2", 0); len(msgs) != 1 {
 			t.Fatalf("LoadChat(kept) = %v, want 1 message", msgs)
 		}
-		list, err := s.ListChats(ctx, "")
+		list, err := s.ListChats(ctx, "", domain.SessionQuery{})
 		if err != nil || len(list) != 1 || list[0].SessionID != "s2" {
 			t.Fatalf("ListChats after delete = %+v, %v; want only s2", list, err)
 		}
@@ -232,19 +233,108 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 			{"none", nil},
 		}
 		for _, tc := range cases {
-			got, err := s.ListChats(ctx, tc.adapter)
+			got, err := s.ListChats(ctx, tc.adapter, domain.SessionQuery{})
 			if err != nil {
 				t.Fatalf("ListChats(%q): %v", tc.adapter, err)
 			}
+			checkListingOrder(t, got)
 			for i := range got {
 				checkRecent(t, "LastUsed", got[i].LastUsed, from, to)
 				got[i].LastUsed = time.Time{}
 			}
+			slices.SortFunc(got, byAdapterAndID)
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("ListChats(%q) =\n%+v\nwant\n%+v", tc.adapter, got, tc.want)
 			}
 		}
+		// A turn makes its session the newest.
+		mustAppend(t, s, "openai", "gpt", "s1", []domain.ChatMessage{user("again"), reply("b")})
+		got, err := s.ListChats(ctx, "", domain.SessionQuery{})
+		if err != nil || len(got) != 3 || got[0].Adapter != "openai" || got[0].Turns != 1 || got[0].LastUsed.Before(got[1].LastUsed) {
+			t.Fatalf("ListChats after a turn of openai/s1 = %+v, %v; want it first", got, err)
+		}
 	})
+
+	t.Run("list in pages", func(t *testing.T) {
+		s, ctx := newStore(t), context.Background()
+		for i := range 23 {
+			mustAppend(t, s, []string{"ollama", "openai"}[i%2], "m", fmt.Sprintf("s%02d", i), []domain.ChatMessage{user("q"), reply("a")})
+		}
+		checkPages(t, func(adapter string, q domain.SessionQuery) ([]domain.SessionInfo, error) {
+			return s.ListChats(ctx, adapter, q)
+		}, map[string]int{"": 23, "ollama": 12, "openai": 11, "none": 0})
+	})
+}
+
+// byAdapterAndID orders sessions by adapter, then session id.
+func byAdapterAndID(a, b domain.SessionInfo) int {
+	return cmp.Or(cmp.Compare(a.Adapter, b.Adapter), cmp.Compare(a.SessionID, b.SessionID))
+}
+
+// checkListingOrder fails unless list is in listing order: newest first,
+// ties by adapter, then session id, descending.
+func checkListingOrder(t *testing.T, list []domain.SessionInfo) {
+	t.Helper()
+	for i := 1; i < len(list); i++ {
+		if !list[i-1].Key().Before(list[i].Key()) {
+			t.Fatalf("sessions %d and %d out of listing order: %+v, %+v", i-1, i, list[i-1], list[i])
+		}
+	}
+}
+
+// checkPages lists each adapter's sessions ("" for all) whole, then in
+// pages of 5 each continued after the last one of the page before, and
+// checks that the pages, in listing order, add up to the whole list of
+// want[adapter] sessions, each once.
+func checkPages(t *testing.T, list func(adapter string, q domain.SessionQuery) ([]domain.SessionInfo, error), want map[string]int) {
+	t.Helper()
+	for adapter, n := range want {
+		whole, err := list(adapter, domain.SessionQuery{})
+		if err != nil || len(whole) != n {
+			t.Fatalf("list %q whole: %d sessions, %v; want %d", adapter, len(whole), err, n)
+		}
+		checkListingOrder(t, whole)
+		var paged []domain.SessionInfo
+		q := domain.SessionQuery{Limit: 5}
+		for range n/5 + 2 {
+			page, err := list(adapter, q)
+			if err != nil || len(page) > 5 {
+				t.Fatalf("list %q after %+v: %d sessions, %v", adapter, q.After, len(page), err)
+			}
+			paged = append(paged, page...)
+			if len(page) < 5 {
+				break
+			}
+			k := page[len(page)-1].Key()
+			q.After = &k
+		}
+		if !slices.EqualFunc(paged, whole, sameSession) {
+			t.Fatalf("list %q in pages of 5 =\n%+v\nwant\n%+v", adapter, paged, whole)
+		}
+		// Continued after any session of any adapter (a node lists every
+		// adapter's sessions merged, so a page may end in another's).
+		all, err := list("", domain.SessionQuery{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, s := range all {
+			k := s.Key()
+			page, err := list(adapter, domain.SessionQuery{Limit: 5, After: &k})
+			var want []domain.SessionInfo
+			for _, x := range all[i+1:] {
+				if len(want) < 5 && (adapter == "" || x.Adapter == adapter) {
+					want = append(want, x)
+				}
+			}
+			if err != nil || !slices.EqualFunc(page, want, sameSession) {
+				t.Fatalf("list %q after %+v = %+v, %v; want %+v", adapter, k, page, err, want)
+			}
+		}
+	}
+}
+
+func sameSession(a, b domain.SessionInfo) bool {
+	return a.LastUsed.Equal(b.LastUsed) && a.Adapter == b.Adapter && a.SessionID == b.SessionID && a.Turns == b.Turns && a.Target == b.Target
 }
 
 func mustAppend(t *testing.T, s ports.ChatSessionStore, adapter, target, session string, msgs []domain.ChatMessage) {

@@ -304,12 +304,12 @@ func (s Sessions) Terminate(ctx context.Context, sessionID string) error {
 	return s.Store.DeleteAgentSession(ctx, s.Name, sessionID)
 }
 
-// List describes the stored mappings.
-func (s Sessions) List(ctx context.Context) ([]domain.SessionInfo, error) {
+// List returns the page q asks for of the stored mappings.
+func (s Sessions) List(ctx context.Context, q domain.SessionQuery) ([]domain.SessionInfo, error) {
 	if s.Store == nil {
 		return []domain.SessionInfo{}, nil
 	}
-	return s.Store.ListAgentSessions(ctx, s.Name)
+	return s.Store.ListAgentSessions(ctx, s.Name, q)
 }
 
 // Marshal encodes v as compact JSON without escaping <, > and &.

@@ -68,9 +68,9 @@ func (b *Base) TerminateSession(ctx context.Context, _ string, sessionID string)
 	return b.sessions().Terminate(ctx, sessionID)
 }
 
-// ListSessions describes the stored session mappings.
-func (b *Base) ListSessions(ctx context.Context) ([]domain.SessionInfo, error) {
-	return b.sessions().List(ctx)
+// ListSessions returns the page q asks for of the stored session mappings.
+func (b *Base) ListSessions(ctx context.Context, q domain.SessionQuery) ([]domain.SessionInfo, error) {
+	return b.sessions().List(ctx, q)
 }
 
 func (b *Base) sessions() Sessions {

@@ -316,12 +316,12 @@ func (s *Sessions) Terminate(ctx context.Context, sessionID string) error {
 	return s.store.DeleteChat(ctx, s.adapter, sessionID)
 }
 
-// List describes the adapter's sessions.
-func (s *Sessions) List(ctx context.Context) ([]domain.SessionInfo, error) {
+// List returns the page q asks for of the adapter's sessions.
+func (s *Sessions) List(ctx context.Context, q domain.SessionQuery) ([]domain.SessionInfo, error) {
 	if s.store == nil {
 		return []domain.SessionInfo{}, nil
 	}
-	return s.store.ListChats(ctx, s.adapter)
+	return s.store.ListChats(ctx, s.adapter, q)
 }
 
 // Prepared is a chat turn ready to send.

@@ -63,7 +63,7 @@ func TestSessionsCommitAndMessages(t *testing.T) {
 	if err := s.Commit(ctx, nil, "m", "", next, chat.Reply{Content: "x"}); err != nil {
 		t.Fatal(err)
 	}
-	if list, _ := s.List(ctx); len(list) != 1 || list[0].Turns != 1 {
+	if list, _ := s.List(ctx, domain.SessionQuery{}); len(list) != 1 || list[0].Turns != 1 {
 		t.Errorf("List = %+v", list)
 	}
 }
