@@ -32,8 +32,9 @@ const (
 // BuiltinCommands lists the commands every node answers.
 var BuiltinCommands = nodecmd.Builtin
 
-// CommandHandler answers node commands. Commands run beside runs, never
-// queued behind them.
+// CommandHandler answers node commands. Commands run beside runs and take
+// no run slot; those that read the store share its one connection with the
+// runs' records (usage_status reads every run).
 type CommandHandler struct {
 	rt        *Runtime
 	runs      *RunManager
