@@ -161,6 +161,7 @@ var knownCodes = func() map[string]struct{} {
 		CodeProviderError, CodeProviderUnreachable, CodeStreamReset, CodeShuttingDown,
 		CodeUnauthorized, CodeForbidden, CodeRateLimited, CodeCrossOrigin, CodeHostNotAllowed,
 		CodeTooManyConnections, CodeHistoryUnavailable, CodeRunLost, CodeIdentityMismatch,
+		CodeResultTooLarge,
 	} {
 		m[c] = struct{}{}
 	}
