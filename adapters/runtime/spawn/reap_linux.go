@@ -26,10 +26,15 @@ import (
 //     and the kernel hands it to the node's main thread (the first of its
 //     threads alive, and Go never ends the main thread), so the node's
 //     orphans are the children /proc/self/task/PID/children lists that
-//     Start did not start. A child's orphans are those carrying its tag in
-//     their environment (TagEnv) or in its process group; when no other
-//     child is live, every orphan is (it can only be a leftover of a child
-//     already gone). With their own descendants.
+//     Start did not start, less those the node had before Adopt (a
+//     sidecar its entrypoint shell started before exec-ing it) and what
+//     these are seen to start, and less any that started before Adopt: an
+//     inherited child is no run's. A child's orphans are those carrying its
+//     tag in their environment (TagEnv) or in its process group; when no
+//     other child is live, so is an orphan without a tag that started after
+//     the child did and is not in the node's own process group (where the
+//     processes its entrypoint started stay, and a run's never go). With
+//     their own descendants.
 //   - A process group is signalled as a whole (kill(-pgid)) only when it is
 //     the child's own or its leader is one of the processes found: a group
 //     can be joined only from inside its session, and a tool's group or
@@ -48,6 +53,19 @@ const reapWait = 2 * time.Second
 // adopted is set once Adopt has made this process a child subreaper.
 var adopted atomic.Bool
 
+// adoptTicks is the boot clock (in clock ticks, see bootTicks) when Adopt
+// ran: an orphan that started before it is not one of a run's.
+var adoptTicks atomic.Uint64
+
+// inherited holds the processes that are no run's although they may
+// become this process's children: the children it had when Adopt ran (an
+// entrypoint's sidecar: `sh -c 'sidecar & exec iop-node ...'`) and their
+// descendants as seen by each sweep, pid -> start time.
+var inherited struct {
+	mu   sync.Mutex
+	pids map[int]uint64
+}
+
 var (
 	selfPID  = os.Getpid()
 	selfPgrp = syscall.Getpgrp()
@@ -65,14 +83,90 @@ var (
 // to it instead of to init, so that Wait and KillAll can find and kill
 // what a child left behind however it detached, and reap it. Call it
 // before starting any child, and only in a process that starts every child
-// through Start: Wait and KillAll reap (wait4 by pid) any exited child
-// Start did not start, as an orphan.
+// through Start from then on: Wait and KillAll reap (wait4 by pid) any
+// exited child Start did not start, as an orphan. The children the process
+// already has (it inherited them across exec: a container entrypoint's
+// sidecar) and what they start are never killed.
 func Adopt() error {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("prctl(PR_SET_CHILD_SUBREAPER): %w", err)
 	}
+	// After the prctl: a child of an inherited one orphaned from now on
+	// comes here, and the sweeps find it among the inherited' descendants
+	// if it was there before.
+	ticks := bootTicks()
+	var roots []pinfo
+	for _, pid := range mainThreadChildren() {
+		if p, ok := readStat(pid); ok && p.ppid == selfPID {
+			roots = append(roots, p)
+		}
+	}
+	inherited.mu.Lock()
+	inherited.pids = make(map[int]uint64)
+	for _, p := range subtree(roots) {
+		inherited.pids[p.pid] = p.start
+	}
+	inherited.mu.Unlock()
+	adoptTicks.Store(ticks)
 	adopted.Store(true)
 	return nil
+}
+
+// mainThreadChildren lists the children of the main thread (of the process,
+// without the children files); nil if unreadable.
+func mainThreadChildren() []int {
+	if childrenFiles() {
+		var buf [256]byte
+		b, err := readProc(mainChildren, buf[:])
+		if err != nil {
+			return nil
+		}
+		return parsePIDs(b, nil)
+	}
+	return scanChildren()[selfPID]
+}
+
+// isInherited reports whether p is one of the inherited processes.
+func isInherited(p pinfo) bool {
+	inherited.mu.Lock()
+	defer inherited.mu.Unlock()
+	if len(inherited.pids) == 0 {
+		return false
+	}
+	st, ok := inherited.pids[p.pid]
+	return ok && st == p.start
+}
+
+// refreshInherited drops the inherited processes that are gone and adds
+// the live descendants of the rest, so that one orphaned later is known.
+// Without inherited processes (the usual node) it costs nothing.
+func refreshInherited() {
+	inherited.mu.Lock()
+	defer inherited.mu.Unlock()
+	if len(inherited.pids) == 0 {
+		return
+	}
+	var roots []pinfo
+	for pid, st := range inherited.pids {
+		if p, ok := readStat(pid); ok && !p.zombie && p.start == st {
+			roots = append(roots, p)
+		} else {
+			delete(inherited.pids, pid)
+		}
+	}
+	for _, p := range subtree(roots) {
+		inherited.pids[p.pid] = p.start
+	}
+}
+
+// runsOrphan reports whether p, an orphan without a run's tag or group,
+// may be the leftover of a run whose leader started no later than tick
+// since: it started after that, and is not in the node's own process
+// group (the entrypoint's, where a run's process never goes: a group can
+// be joined only from inside its session, and a run's leader starts one
+// of its own).
+func runsOrphan(p pinfo, since uint64) bool {
+	return p.start >= since && p.pgrp != selfPgrp
 }
 
 func (g *Group) signal(sig syscall.Signal) {
@@ -160,8 +254,9 @@ func (g *Group) collect(leader bool) []pinfo {
 		}
 	}
 	orphans, others := adoptedOrphans(g)
+	since := max(g.start, adoptTicks.Load())
 	for _, p := range orphans {
-		if others == 0 || p.pgrp == g.pgid || hasTag(p.pid, g.tagged) {
+		if p.pgrp == g.pgid || hasTag(p.pid, g.tagged) || others == 0 && runsOrphan(p, since) {
 			roots = append(roots, p)
 		}
 	}
@@ -169,6 +264,17 @@ func (g *Group) collect(leader bool) []pinfo {
 		return nil
 	}
 	return subtree(roots)
+}
+
+// hasTagPrefix reports whether pid's environment holds a tag of this
+// process's children.
+func hasTagPrefix(pid int) bool {
+	env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		return false
+	}
+	prefix := []byte(TagEnv + "=" + strconv.Itoa(selfPID) + ".")
+	return bytes.HasPrefix(env, prefix) || bytes.Contains(env, append([]byte{0}, prefix...))
 }
 
 // hasTag reports whether pid's environment holds tagged (see Group.tagged).
@@ -181,13 +287,15 @@ func hasTag(pid int, tagged []byte) bool {
 }
 
 // adoptedOrphans returns this process's live children that Start did not
-// start — after Adopt, the orphans the kernel reparented to it — reaping
-// those that have exited, and how many live groups other than g (nil:
-// any) there are. Without Adopt there are none: orphans go to init.
+// start — after Adopt, the orphans the kernel reparented to it — less the
+// inherited ones and those started before Adopt, reaping those that have
+// exited, and how many live groups other than g (nil: any) there are.
+// Without Adopt there are none: orphans go to init.
 func adoptedOrphans(g *Group) (live []pinfo, others int) {
 	if !adopted.Load() {
 		return nil, 0
 	}
+	refreshInherited()
 	var pids []int
 	if childrenFiles() {
 		// Start forks on its own thread, so no child it started, even one
@@ -228,6 +336,7 @@ func adoptedOrphans(g *Group) (live []pinfo, others int) {
 		case !ok || p.ppid != selfPID:
 		case p.zombie:
 			reapChild(pid)
+		case p.start < adoptTicks.Load() || isInherited(p):
 		default:
 			live = append(live, p)
 		}
@@ -397,8 +506,8 @@ func awaitGone(killed []pinfo, deadline time.Time) bool {
 	}
 }
 
-// killAll kills what groups started and every orphan; KillAll has killed
-// the groups themselves.
+// killAll kills what groups started and every orphan that may be a run's
+// (see runsOrphan); KillAll has killed the groups themselves.
 func killAll(groups []*Group) {
 	leaders := make(map[int]bool, len(groups))
 	var roots []pinfo
@@ -409,7 +518,12 @@ func killAll(groups []*Group) {
 		}
 	}
 	orphans, _ := adoptedOrphans(nil)
-	roots = append(roots, orphans...)
+	since := adoptTicks.Load()
+	for _, p := range orphans {
+		if leaders[p.pgrp] || hasTagPrefix(p.pid) || runsOrphan(p, since) {
+			roots = append(roots, p)
+		}
+	}
 	if len(roots) == 0 {
 		return
 	}

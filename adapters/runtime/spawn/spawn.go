@@ -148,8 +148,10 @@ func (g *Group) Signal(sig syscall.Signal) { g.signal(sig) }
 // Everything of the child's is: its process group; on Linux, the processes
 // Signal found that still run, with their descendants; and in a process
 // that called Adopt, the child's orphans — the processes reparented to
-// this one that carry the child's TagEnv or are in its group, or any of
-// them once no other child is live — with theirs. On Linux these are
+// this one that carry the child's TagEnv or are in its group, or, once no
+// other child is live, any that started after the child did and is not in
+// this process's own group (never the children this process had before
+// Adopt, nor what they start) — with theirs. On Linux these are
 // killed while the exited leader is not yet reaped (its pid, so its group
 // id, cannot be reused meanwhile), so an output pipe one of them held is
 // closed by the time cmd.Wait waits for it, and Wait returns once they are
@@ -159,8 +161,10 @@ func (g *Group) Signal(sig syscall.Signal) { g.signal(sig) }
 func (g *Group) Wait() error { return g.wait() }
 
 // KillAll SIGKILLs every live group and, on Linux, every process they
-// started and every orphan the node adopted, and reaps those orphans; the
-// node calls it when it stops.
+// started and every orphan the node adopted that may be theirs (started
+// after Adopt, not in this process's own group, not a child this process
+// had before Adopt nor started by one), and reaps those orphans; the node
+// calls it when it stops.
 func KillAll() {
 	reg.mu.Lock()
 	groups := slices.Collect(maps.Values(reg.live))
