@@ -193,9 +193,11 @@ func (g *Group) wait() error {
 		// Not waitable so (never seen): the leader may still be running,
 		// so it is waited for first, and its group killed after.
 		werr := g.cmd.Wait()
+		close(g.exited)
 		g.reap()
 		return werr
 	}
+	close(g.exited)
 	g.reap()
 	return g.cmd.Wait()
 }

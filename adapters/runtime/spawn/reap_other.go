@@ -24,6 +24,7 @@ func (g *Group) signal(sig syscall.Signal) {
 // cannot be reused while the group has members.
 func (g *Group) wait() error {
 	err := g.cmd.Wait()
+	close(g.exited)
 	g.mu.Lock()
 	g.reaped = true
 	g.mu.Unlock()

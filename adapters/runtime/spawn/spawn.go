@@ -43,6 +43,10 @@ type Group struct {
 	// unless they changed theirs.
 	tagged []byte
 
+	// exited is closed once the leader is known to have exited (Wait
+	// has seen it exit; what it left may still be being killed).
+	exited chan struct{}
+
 	mu     sync.Mutex
 	seen   map[int]uint64 // pid -> start time of the descendants found so far
 	reaped bool           // Wait has killed what the leader left: Signal is a no-op
@@ -129,7 +133,7 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 		stopIfIdleLocked()
 		return nil, err
 	}
-	g := &Group{pgid: cmd.Process.Pid, start: lo, startMax: hi, cmd: cmd, tagged: []byte("\x00" + tag + "\x00")}
+	g := &Group{pgid: cmd.Process.Pid, start: lo, startMax: hi, cmd: cmd, tagged: []byte("\x00" + tag + "\x00"), exited: make(chan struct{})}
 	reg.add(g)
 	return g, nil
 }
@@ -159,6 +163,11 @@ func (g *Group) Signal(sig syscall.Signal) { g.signal(sig) }
 // most a couple of seconds for any slow to die. Elsewhere only the group
 // is killed.
 func (g *Group) Wait() error { return g.wait() }
+
+// Exited returns a channel closed once Wait has seen the child exit: on
+// its own, unless it had been signalled. Wait returns after, once what the
+// child left is gone and its output read.
+func (g *Group) Exited() <-chan struct{} { return g.exited }
 
 // KillAll SIGKILLs every live group and, on Linux, every process they
 // started and every orphan the node adopted that may be theirs (started

@@ -104,16 +104,21 @@ func Start(ctx context.Context, spec Spec) (*Process, error) {
 // PGID returns the process group id (the program's pid).
 func (p *Process) PGID() int { return p.group.PGID() }
 
+// watch stops the program when ctx ends before it exits. That it exited
+// is the group's word, not p.done: Wait closes done only once what the
+// program left is killed and its output read, which may take seconds, and
+// a program that exited on its own meanwhile was not stopped.
 func (p *Process) watch(ctx context.Context, grace time.Duration) {
+	exited := p.group.Exited()
 	select {
-	case <-p.done:
+	case <-exited:
 		return
 	case <-p.stop:
 		return
 	case <-ctx.Done():
 	}
 	select {
-	case <-p.done:
+	case <-exited:
 		return // it exited on its own as ctx ended
 	default:
 	}

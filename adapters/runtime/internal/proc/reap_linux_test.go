@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -180,5 +181,55 @@ func TestExitedOrphanIsReaped(t *testing.T) {
 	p.Wait()
 	if !quick.Reaped() {
 		t.Fatalf("the orphan (pid %d) is still a zombie after its agent ended", pid)
+	}
+}
+
+// An agent that exited on its own was not stopped, even if its run's
+// context ends while what it left is still being dealt with (here a
+// process that escaped it, holding its stderr, while another agent runs:
+// Wait waits for the stderr copy).
+func TestExitedAgentNotStoppedByLateCancel(t *testing.T) {
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("no setsid")
+	}
+	other := startAgent(t, time.Second, "exec sleep 60")
+	defer func() { other.cancel(); other.end() }()
+	dir := t.TempDir()
+	script := `env -i setsid /bin/sh -c 'echo $$ > ` + dir + `/tmp && mv ` + dir + `/tmp ` + dir + `/escaped; exec sleep 60' >/dev/null & ` +
+		`while [ ! -s ` + dir + `/escaped ]; do sleep 0.01; done; exit 0`
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p, err := proc.Start(ctx, proc.Spec{Path: "/bin/sh", Args: []string{"-c", script}, KillGrace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader, ok := runtimetest.ProcOf(p.PGID())
+	if !ok {
+		t.Fatal("the agent is gone already")
+	}
+	// Reaped: Wait has seen it exit, and waits for its stderr now.
+	if !leader.WaitReaped(10 * time.Second) {
+		t.Fatal("the agent never exited")
+	}
+	cancel()
+	_, _ = io.Copy(io.Discard, p.Stdout)
+	p.Wait()
+	if p.Stopped() {
+		t.Error("Stopped for an agent that exited on its own before its context ended")
+	}
+	b, err := os.ReadFile(dir + "/escaped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if _, err := fmt.Sscan(string(b), &pid); err == nil {
+		if esc, ok := runtimetest.ProcOf(pid); ok {
+			// The other agent's end takes it; if not, this does.
+			t.Cleanup(func() {
+				if esc.Alive() {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			})
+		}
 	}
 }
