@@ -908,7 +908,7 @@ func TestNodeReports(t *testing.T) {
 	r.want(t, 0, ""+
 		"NODE  ADAPTER  TARGET  SESSION  TURNS  LAST USED\n"+
 		"n1    llm      qwen    s1       2      2m ago\n")
-	if r.stderr != "more sessions on node n1: iop node sessions n1 --cursor c-n1\n" {
+	if r.stderr != "more sessions on node n1: iop node sessions n1 --adapter llm --limit 1 --cursor c-n1\n" {
 		t.Fatalf("stderr %q", r.stderr)
 	}
 	r = run(t, e.URL, "node", "sessions", "n1", "--cursor", "c-n1")

@@ -142,6 +142,7 @@ type nodeReport struct {
 type nodeResult struct {
 	node string
 	raw  json.RawMessage
+	args any // what the node was asked with
 }
 
 func (a *app) nodeCmd() *cobra.Command {
@@ -197,7 +198,7 @@ func (a *app) nodeCmd() *cobra.Command {
 					lastErr = err
 					continue
 				}
-				results = append(results, nodeResult{node: id, raw: raw})
+				results = append(results, nodeResult{node: id, raw: raw, args: cmdArgs})
 			}
 			if len(results) == 0 && lastErr != nil {
 				return fmt.Errorf("no node answered %s (%d asked)", r.command, len(ids))
@@ -346,13 +347,26 @@ func renderSessions(a *app, results []nodeResult) error {
 	var rows [][]string
 	var more []string
 	now := a.now()
+	// The next page is asked with the same filter and page size (the
+	// cursor holds only the position).
+	var filters string
+	if len(results) > 0 {
+		if q, ok := results[0].args.(nodecmd.SessionListArgs); ok {
+			if q.Adapter != "" {
+				filters += " --adapter " + printable(q.Adapter)
+			}
+			if q.Limit > 0 {
+				filters += " --limit " + strconv.Itoa(q.Limit)
+			}
+		}
+	}
 	err := decodeEach(results, func(node string, l nodecmd.SessionList) {
 		// A node lists its sessions newest first.
 		for _, s := range l.Sessions {
 			rows = append(rows, []string{node, s.Adapter, s.Target, s.SessionID, strconv.Itoa(s.Turns), ago(now, s.LastUsed)})
 		}
 		if l.NextCursor != "" {
-			more = append(more, fmt.Sprintf("more sessions on node %s: iop node sessions %s --cursor %s", printable(node), printable(node), printable(l.NextCursor)))
+			more = append(more, fmt.Sprintf("more sessions on node %s: iop node sessions %s%s --cursor %s", printable(node), printable(node), filters, printable(l.NextCursor)))
 		}
 	})
 	if err != nil {
