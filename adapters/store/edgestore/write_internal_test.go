@@ -663,6 +663,45 @@ func TestUsageBoundsRowsWrittenBefore(t *testing.T) {
 	}
 }
 
+// A NaN or infinite cost a history holds from before costs were bounded
+// (PostgreSQL stores NaN; both store infinities) counts 0 in the sums, as
+// it is written now: PostgreSQL orders NaN above every number, so the
+// clamp alone read it as the 1e9 bound.
+func TestUsageCountsNonFiniteCostsAsZero(t *testing.T) {
+	for name, dsn := range map[string]func() string{
+		"sqlite":   func() string { return filepath.Join(t.TempDir(), "edge.db") },
+		"postgres": func() string { return pgtest.DSN(t) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			db, err := Open(ctx, dsn())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			s := &Store{db: db}
+			costs := []float64{math.Inf(1), math.Inf(-1), 0.25}
+			if db.postgres {
+				costs = append(costs, math.NaN()) // SQLite stores NaN as NULL, which the column refuses
+			}
+			var rows []any
+			for i, c := range costs {
+				rows = append(rows, runRow{ID: fmt.Sprintf("run_%d", i), Status: "succeeded", KeyName: "k", CostUSD: c, HasUsage: true})
+			}
+			if lost, err := s.writeBatch(ctx, rows); lost != 0 {
+				t.Fatal(err)
+			}
+			u, err := s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByKey})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(u) != 1 || u[0].CostUSD != 0.25 {
+				t.Fatalf("usage %+v, want the finite 0.25 only", u)
+			}
+		})
+	}
+}
+
 // A sum past what its type holds is told apart from an unreachable
 // database, on both: the caller is told to narrow the range.
 func TestSumOverflowed(t *testing.T) {

@@ -2,7 +2,7 @@
 // history) sum usage numbers with: each row's number within the bounds
 // the stores write (domain.MaxUsageTokens, domain.MaxUsageCostUSD), so a
 // row written before a store clamped what it was given cannot overflow a
-// sum or make it a float, NaN or infinite.
+// sum or make it a float, NaN or infinite (a NaN or infinite cost counts 0).
 package usagesql
 
 import (
@@ -22,8 +22,18 @@ func Tokens(col string, postgres bool) string {
 // domain.MaxUsageCostUSD]. Literals of the column's type: SQLite's
 // MAX(cost_usd, 0) of a negative cost is the integer 0, and a sum of
 // those an integer, not a float.
+//
+// A NaN or infinite cost (which a PostgreSQL history could hold from before
+// costs were bounded; SQLite stores no NaN, but infinities) counts 0, as
+// domain.BoundCost makes it when it is written: PostgreSQL orders NaN above
+// every number, so LEAST(GREATEST(NaN, 0), hi) alone would be hi.
 func Cost(col string, postgres bool) string {
-	return bounded(col, "0.0", strconv.FormatFloat(domain.MaxUsageCostUSD, 'e', -1, 64), postgres)
+	b := bounded(col, "0.0", strconv.FormatFloat(domain.MaxUsageCostUSD, 'e', -1, 64), postgres)
+	nonFinite := "9e999, -9e999" // SQLite reads these literals as ±Inf
+	if postgres {
+		nonFinite = "'NaN'::float8, 'Infinity'::float8, '-Infinity'::float8"
+	}
+	return "(CASE WHEN " + col + " IN (" + nonFinite + ") THEN 0.0 ELSE " + b + " END)"
 }
 
 func bounded(col, lo, hi string, postgres bool) string {
