@@ -331,7 +331,9 @@ func RunRecord(s domain.RunSnapshot) nodecmd.Run {
 		d.FinishedAt = &t
 	}
 	if s.ErrorCode != "" || s.ErrorMessage != "" {
-		d.Error = &nodecmd.Error{Code: s.ErrorCode, Message: s.ErrorMessage}
+		// Cut as a new run's is (sendable): a store written by an older
+		// node may hold a message of megabytes.
+		d.Error = &nodecmd.Error{Code: s.ErrorCode, Message: clipMessage(strings.ToValidUTF8(s.ErrorMessage, "\uFFFD"))}
 	}
 	if u := s.Usage; u != nil {
 		d.Usage = &nodecmd.Tokens{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens, CostUSD: u.CostUSD}

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"iop/application/node"
 	"iop/domain"
@@ -339,5 +341,47 @@ func TestSessionListPages(t *testing.T) {
 	}
 	if l, err := list(`{"adapter":"plain"}`); err != nil || len(l.Sessions) != 0 || l.NextCursor != "" {
 		t.Errorf("an adapter without sessions: %+v, %v; want none", l, err)
+	}
+}
+
+// A store written by an older node may hold error messages of megabytes
+// (newer nodes cut them before storing): runs and run_get answer them cut
+// as a new run's, so a page of such runs still fits the edge's limit.
+func TestStoredLongErrorMessagesAnsweredCut(t *testing.T) {
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"exec": newUCAdapter("exec", domain.Capabilities{MaxConcurrency: 1}, nil)})
+	ctx := context.Background()
+	long := strings.Repeat("é", 3<<20/2) + "\xff" // 3 MiB, and not valid UTF-8
+	at := time.Date(2020, 3, 1, 12, 0, 0, 0, time.UTC)
+	for i := range 6 {
+		r, err := domain.NewRun(ucReq(fmt.Sprintf("old-%d", i), "exec", "t"), at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Start(at); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Finish(domain.RunEvent{Type: domain.EventError, Error: &domain.ErrorInfo{Code: "provider_error", Message: long}}, at); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.store.CreateRun(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmds := node.NewCommandHandler(n.rt, n.runs, node.NewSessionHandler(n.rt, n.runs), n.store, "v")
+	raw, err := cmds.RunCommand(ctx, "runs", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(raw) > 6*(node.MaxErrorMessage+1024) {
+		t.Fatalf("runs answered %d bytes for 6 runs", len(raw))
+	}
+	one, err := cmds.RunCommand(ctx, "run_get", []byte(`{"run_id":"old-0"}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := ucDecode[nodecmd.Run](t, one)
+	if rec.Error == nil || len(rec.Error.Message) > node.MaxErrorMessage || !utf8.ValidString(rec.Error.Message) ||
+		!strings.HasSuffix(rec.Error.Message, fmt.Sprintf("(%d bytes in all)", len(long)+2)) {
+		t.Fatalf("run_get error message: %d bytes, valid %v", len(rec.Error.Message), rec.Error != nil && utf8.ValidString(rec.Error.Message))
 	}
 }
