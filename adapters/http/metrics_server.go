@@ -20,6 +20,14 @@ const (
 	DefaultMetricsMaxConnsPerAddr = 16
 )
 
+// MaxHeaderBytes bounds a request's line and headers on the API and
+// metrics listeners; past it net/http answers 431 and closes. Go's default
+// (1 MiB) let ~130,000 tiny distinct headers cost ~15 MiB of edge memory per
+// connection before any key was checked. The largest legitimate headers (an
+// API key, the Claude Code, Codex and OpenAI SDK headers, a browser's
+// cookies) are a few KiB.
+const MaxHeaderBytes = 64 << 10
+
 // MetricsServer serves GET /metrics alone on metrics.listen, without an API
 // key (MetricsOnlyHandler), under the same kind of connection caps as the
 // API's listener (connLimiter): a connection over them is answered 503
@@ -83,6 +91,7 @@ func (m *MetricsServer) Start() error {
 			mux.ServeHTTP(w, r)
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    MaxHeaderBytes,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       time.Minute,
