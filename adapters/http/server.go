@@ -53,6 +53,7 @@ import (
 	"time"
 
 	"iop/adapters/eventbus"
+	"iop/adapters/internal/deadline"
 	"iop/application/edge"
 	"iop/domain"
 )
@@ -122,10 +123,11 @@ type Server struct {
 	// KeepAlive is the SSE keep-alive interval (DefaultKeepAlive); set it
 	// before serving.
 	KeepAlive time.Duration
-	// WriteIdleTimeout bounds each write of an SSE stream
-	// (DefaultWriteIdleTimeout): a caller that keeps its connection open but
-	// stops reading is cut off, as if it had left, instead of holding a run,
-	// a command or a bus subscription forever. Set it before serving.
+	// WriteIdleTimeout bounds each write of every answer, SSE streams
+	// included (DefaultWriteIdleTimeout; see statusWriter): a caller that
+	// keeps its connection open but stops reading is cut off, as if it had
+	// left, instead of holding a run, a command, a bus subscription or the
+	// connection forever. Set it before serving.
 	WriteIdleTimeout time.Duration
 	// BodyTimeout and BodyMinRate bound the time to read a request body on
 	// every route of this server, the OpenAI and Ollama surfaces included
@@ -269,7 +271,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	// clients ignore both; the console sets its own policy.
 	hdr := w.Header()
 	hdr["Content-Security-Policy"], hdr["X-Content-Type-Options"] = apiCSPValue, nosniffValue
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &statusWriter{ResponseWriter: w, wd: deadline.Quarter(s.WriteIdleTimeout)}
 	keepDotID(r)
 	h, pattern := s.mux.Handler(r)
 	// An unknown route needs a key too, so that a caller without one
@@ -528,20 +530,63 @@ func (s *Server) handleReload(w http.ResponseWriter, r *http.Request) {
 
 // statusWriter records the status and size of a response for the access
 // log; Unwrap lets http.ResponseController reach Flush.
+//
+// It also bounds every write of the answer: before each one (and each
+// flush) the connection's write deadline is moved WriteIdleTimeout ahead
+// (at most once per quarter of it, see deadline.Lazy), until the handler
+// sets a deadline of its own (SSE streams and the provider relay do, and
+// keep moving it). Without it a client that pipelined requests and never
+// read the answers blocked the server's write forever, on a connection
+// that counts as busy and so was never closed to make room. The bound is
+// on progress, not on the whole answer: a handler may wait as long as it
+// needs before it writes, and a slow client that keeps reading is not cut.
 type statusWriter struct {
 	http.ResponseWriter
 	code  int
 	bytes int64
 	// internal is the detail of an internal error answered generically.
 	internal error
+	// wd moves the write deadline; own: the handler set its own.
+	wd  deadline.Lazy
+	own bool
 }
 
+// writeChunk is the most one bounded write hands to the connection at once,
+// so a large answer to a slow reader is bounded per piece, not as a whole.
+const writeChunk = 64 << 10
+
 func (w *statusWriter) noteInternal(err error) { w.internal = err }
+
+// armWrite moves the write deadline before a write, unless the handler
+// has taken it over.
+func (w *statusWriter) armWrite() {
+	if w.own {
+		return
+	}
+	if t, due := w.wd.Next(time.Now()); due {
+		_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(t)
+	}
+}
+
+// SetWriteDeadline is the handler's own deadline (through
+// http.ResponseController): from then on it is the handler's to move.
+func (w *statusWriter) SetWriteDeadline(t time.Time) error {
+	w.own = true
+	return http.NewResponseController(w.ResponseWriter).SetWriteDeadline(t)
+}
+
+// FlushError flushes under the write deadline (http.ResponseController's
+// Flush finds it).
+func (w *statusWriter) FlushError() error {
+	w.armWrite()
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
 
 func (w *statusWriter) WriteHeader(code int) {
 	if w.code == 0 {
 		w.code = code
 	}
+	w.armWrite()
 	w.ResponseWriter.WriteHeader(code)
 }
 
@@ -549,9 +594,21 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.code == 0 {
 		w.code = http.StatusOK
 	}
-	n, err := w.ResponseWriter.Write(b)
-	w.bytes += int64(n)
-	return n, err
+	var n int
+	for {
+		piece := b
+		if !w.own && len(piece) > writeChunk {
+			piece = piece[:writeChunk]
+		}
+		w.armWrite()
+		m, err := w.ResponseWriter.Write(piece)
+		n += m
+		w.bytes += int64(m)
+		b = b[m:]
+		if err != nil || len(b) == 0 {
+			return n, err
+		}
+	}
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

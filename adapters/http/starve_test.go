@@ -2,13 +2,20 @@ package httpapi_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"iop/adapters/eventbus"
+	httpapi "iop/adapters/http"
+	"iop/application/edge"
 )
 
 // headerRequest sends GET path with extra header lines on a fresh
@@ -64,4 +71,78 @@ func TestOversizedHeadersRefused(t *testing.T) {
 			t.Errorf("%s: a 32 KiB header answered %d, want 200", c.name, resp.StatusCode)
 		}
 	}
+}
+
+// writeIdleServer is capServer with a short WriteIdleTimeout.
+func writeIdleServer(t *testing.T, idle time.Duration) *httpapi.Server {
+	t.Helper()
+	deps := minimalDeps(edge.NewRegistry())
+	api := httpapi.New(deps, "127.0.0.1:0", slog.New(slog.DiscardHandler))
+	api.MaxConns, api.MaxConnsPerAddr = 64, 16
+	api.KeepAlive = 20 * time.Millisecond
+	api.WriteIdleTimeout = idle
+	if err := api.Start(); err != nil {
+		t.Fatal(err)
+	}
+	bus := deps.Events.(*eventbus.Bus)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := api.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+		deps.Submit.Stop()
+		bus.Close()
+	})
+	return api
+}
+
+// The review's report: a client that pipelines requests and never reads
+// the answers blocked the server's write forever, on a connection that
+// counts as busy, so the caps never reclaimed it; from enough addresses
+// that locked every legitimate caller out. Each write of an answer is now
+// bounded by WriteIdleTimeout, and such a connection is closed. A stream
+// whose client keeps reading goes on well past that bound.
+func TestUnreadAnswersCutLongStreamGoesOn(t *testing.T) {
+	api := writeIdleServer(t, 300*time.Millisecond)
+
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}, Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 1024) })
+	}}
+	nc, err := d.Dial("tcp", api.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nc.Close() })
+	payload := []byte(strings.Repeat("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 40000))
+	go func() { _, _ = nc.Write(payload) }() // never read
+	waitFor(t, "the pipelining connection busy", func() bool {
+		_, n, _ := api.ConnCounts("127.0.0.2")
+		return n == 1
+	})
+
+	// Meanwhile an event stream whose client reads keeps flowing for many
+	// times the bound.
+	c := dialHTTP(t, "127.0.0.3", api, nil)
+	fmt.Fprintf(c.nc, "GET /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("event stream: %v %v", resp, err)
+	}
+	events := bufio.NewReader(resp.Body)
+	alive := 0
+	for alive < 100 { // keep-alives every 20 ms: ≥ 2 s, ≥ 6 times the bound
+		line, err := events.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the event stream was cut after %d keep-alives: %v", alive, err)
+		}
+		if strings.HasPrefix(line, ": keep-alive") {
+			alive++
+		}
+	}
+
+	waitFor(t, "the connection that never reads closed", func() bool {
+		_, n, _ := api.ConnCounts("127.0.0.2")
+		return n == 0
+	})
 }
