@@ -114,6 +114,8 @@ type Server struct {
 	log  *slog.Logger
 	mux  *http.ServeMux
 	auth *authenticator
+	// refusals spaces the access lines of refused requests (logRefused).
+	refusals refusalLog
 	// guard refuses cross-origin browser writes and, on a keyless loopback
 	// edge, foreign Host names (see browserGuard).
 	guard browserGuard
@@ -284,14 +286,14 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		// The connection is over the listener's caps (connLimiter): it
 		// was kept only to say so, and is closed after this answer.
 		answerRefused(sw, acc.dialect(), why, "this edge")
-		s.logAccess(sw, r, start, "")
+		s.logRefused(sw, r, start, "", pattern)
 		return
 	}
 	// Before the key: a browser's forged or rebound request is refused on
 	// every route, public ones and those of a keyless edge included.
 	if status, code, msg, ok := s.guard.check(r); !ok {
 		acc.dialect()(sw, status, code, msg)
-		s.logAccess(sw, r, start, "")
+		s.logRefused(sw, r, start, "", pattern)
 		return
 	}
 	var p domain.Principal
@@ -305,7 +307,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if res != authOK {
 			refuse(sw, r, acc, res, p, s.auth.throttle.retryAfter(remoteHost(r)))
-			s.logAccess(sw, r, start, p.Name)
+			s.logRefused(sw, r, start, p.Name, pattern)
 			return
 		}
 	}

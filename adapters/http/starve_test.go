@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"iop/adapters/eventbus"
 	httpapi "iop/adapters/http"
 	"iop/application/edge"
+	"iop/domain"
 )
 
 // headerRequest sends GET path with extra header lines on a fresh
@@ -145,4 +147,66 @@ func TestUnreadAnswersCutLongStreamGoesOn(t *testing.T) {
 		_, n, _ := api.ConnCounts("127.0.0.2")
 		return n == 0
 	})
+}
+
+// The review's report: one unauthenticated connection pipelining GET
+// /v1/nodes made one INFO access line per refusal (50,000 in 1.4 s), each
+// with route=(unrouted). Refusals before the route are now logged once per
+// address per 10 s, naming the route they would have reached; answered
+// requests keep a line each.
+func TestRefusedRequestsLogAggregated(t *testing.T) {
+	buf := &lockedBuf{}
+	deps := minimalDeps(edge.NewRegistry())
+	deps.APIKeys = []httpapi.APIKey{apiKey("read-key-0123456789abcdef", "reader", nil, domain.ScopeRead)}
+	api := httpapi.New(deps, "127.0.0.1:0", slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	api.AccessLog = true
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(func() {
+		srv.Close()
+		deps.Submit.Stop()
+		deps.Events.(*eventbus.Bus).Close()
+	})
+	nc, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	const n = 200
+	go func() {
+		_, _ = nc.Write([]byte(strings.Repeat("GET /v1/nodes HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", n)))
+	}()
+	br := bufio.NewReader(nc)
+	for i := range n {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("answer %d: %v", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 401 && resp.StatusCode != 429 {
+			t.Fatalf("answer %d: %d, want a refusal", i, resp.StatusCode)
+		}
+	}
+	// Each line is written before its answer: all are in.
+	lines := buf.lines()
+	if len(lines) != 1 {
+		t.Fatalf("%d access lines for %d refused requests from one address, want 1", len(lines), n)
+	}
+	if l := lines[0]; l["route"] != "/v1/nodes" || l["status"] != float64(401) || l["refused_unlogged"] != float64(0) {
+		t.Fatalf("refusal line %+v", l)
+	}
+	// An answered request still gets its own line.
+	req, _ := http.NewRequest("GET", srv.URL+"/v1/nodes", nil)
+	req.Header.Set("Authorization", "Bearer read-key-0123456789abcdef")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("with the key: %d", resp.StatusCode)
+	}
+	if lines := buf.lines(); len(lines) != 2 || lines[1]["route"] != "/v1/nodes" || lines[1]["key"] != "reader" {
+		t.Fatalf("access lines %+v", lines)
+	}
 }
