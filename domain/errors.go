@@ -107,6 +107,11 @@ const CodeHistoryUnavailable = "history_unavailable"
 // less (a smaller limit, a page at a time).
 const CodeResultTooLarge = "result_too_large"
 
+// CodeTooManySubscriptions refuses an event feed (GET /v1/events) over
+// the edge's caps on live subscriptions, per key or in total: each costs
+// the edge a buffer and the encoding of every event it is sent.
+const CodeTooManySubscriptions = "too_many_subscriptions"
+
 // CodeRunLost ends a history record whose node has no record of the run:
 // it never reached the node, or the node's store lost it.
 const CodeRunLost = "run_lost"
@@ -161,7 +166,7 @@ var knownCodes = func() map[string]struct{} {
 		CodeProviderError, CodeProviderUnreachable, CodeStreamReset, CodeShuttingDown,
 		CodeUnauthorized, CodeForbidden, CodeRateLimited, CodeCrossOrigin, CodeHostNotAllowed,
 		CodeTooManyConnections, CodeHistoryUnavailable, CodeRunLost, CodeIdentityMismatch,
-		CodeResultTooLarge,
+		CodeResultTooLarge, CodeTooManySubscriptions,
 	} {
 		m[c] = struct{}{}
 	}

@@ -22,7 +22,7 @@ func statusFor(err error) int {
 		return http.StatusConflict
 	case domain.CodeConfigError:
 		return http.StatusUnprocessableEntity
-	case domain.CodeAtCapacity:
+	case domain.CodeAtCapacity, domain.CodeTooManySubscriptions:
 		return http.StatusTooManyRequests
 	case domain.CodeSessionUnsupported, domain.CodeCommandUnsupported:
 		return http.StatusNotImplemented

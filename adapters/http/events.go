@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"iop/domain"
@@ -13,6 +14,62 @@ import (
 
 // eventBuffer is each event feed subscriber's buffer on the bus.
 const eventBuffer = 1024
+
+// Caps on live event feeds (Server.MaxSubscriptions,
+// MaxSubscriptionsPerKey): each holds an eventBuffer-deep buffer (~120 KiB)
+// and costs the edge the filtering and JSON encoding of every event it is
+// sent, so 2,048 feeds of one read key made every run cost the edge 72
+// times its CPU. 16 per key leaves room for a console open in many tabs
+// and a few tools; a keyless edge counts per client address instead.
+const (
+	DefaultMaxSubscriptions       = 1024
+	DefaultMaxSubscriptionsPerKey = 16
+)
+
+// feedCaps counts live event feeds, in total and per key.
+type feedCaps struct {
+	mu    sync.Mutex
+	total int
+	per   map[string]int
+}
+
+// acquire takes a place for a feed of key, or says why there is none.
+func (c *feedCaps) acquire(key string, total, perKey int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.total >= total:
+		return domain.Errorf(domain.CodeTooManySubscriptions,
+			"the edge already serves %d event feeds, its limit; retry once one has ended", total)
+	case c.per[key] >= perKey:
+		return domain.Errorf(domain.CodeTooManySubscriptions,
+			"%s already holds %d event feeds, the limit per key; close one (a console tab, a tool) first", key, perKey)
+	}
+	if c.per == nil {
+		c.per = map[string]int{}
+	}
+	c.total++
+	c.per[key]++
+	return nil
+}
+
+func (c *feedCaps) release(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.total--
+	if c.per[key]--; c.per[key] <= 0 {
+		delete(c.per, key)
+	}
+}
+
+// feedKey is whom a feed is counted against: its key, or on a keyless edge
+// its client's network (remoteHost).
+func feedKey(r *http.Request) string {
+	if p := domain.PrincipalFrom(r.Context()); p.Name != "" && p.Name != domain.AnonymousName {
+		return fmt.Sprintf("API key %q", p.Name)
+	}
+	return "address " + remoteHost(r)
+}
 
 // handleEvents streams the event bus as SSE: one event per bus event, named
 // by its type, with the bus event as JSON data, after a first comment
@@ -22,13 +79,21 @@ const eventBuffer = 1024
 // invalid_request. A client that falls more than eventBuffer events behind loses
 // events (the bus never waits for it): the stream then carries a comment
 // ": dropped N events" and simply continues. The stream ends when the
-// client leaves or the server stops.
+// client leaves or the server stops. Over the feed caps (feedCaps) it is
+// 429 too_many_subscriptions.
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	filter, err := typeFilter(r.URL.Query()["type"])
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	key := feedKey(r)
+	if err := s.feeds.acquire(key, orDefault(s.MaxSubscriptions, DefaultMaxSubscriptions),
+		orDefault(s.MaxSubscriptionsPerKey, DefaultMaxSubscriptionsPerKey)); err != nil {
+		writeError(w, err)
+		return
+	}
+	defer s.feeds.release(key)
 	sub := s.deps.Events.Subscribe(eventBuffer, visibleTo(domain.PrincipalFrom(r.Context()), filter))
 	defer sub.Close()
 	ctx, cancel := s.streamContext(r)
@@ -131,4 +196,11 @@ func typeFilter(params []string) (func(domain.BusEvent) bool, error) {
 		}
 		return false
 	}, nil
+}
+
+func orDefault(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
 }

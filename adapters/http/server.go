@@ -116,6 +116,12 @@ type Server struct {
 	auth *authenticator
 	// refusals spaces the access lines of refused requests (logRefused).
 	refusals refusalLog
+	// feeds counts live event feeds (handleEvents).
+	feeds feedCaps
+	// MaxSubscriptions and MaxSubscriptionsPerKey cap live event feeds
+	// (DefaultMaxSubscriptions, DefaultMaxSubscriptionsPerKey). Set them
+	// before serving.
+	MaxSubscriptions, MaxSubscriptionsPerKey int
 	// guard refuses cross-origin browser writes and, on a keyless loopback
 	// edge, foreign Host names (see browserGuard).
 	guard browserGuard

@@ -210,3 +210,67 @@ func TestRefusedRequestsLogAggregated(t *testing.T) {
 		t.Fatalf("access lines %+v", lines)
 	}
 }
+
+// The review's report: event feeds had no cap, each with a 1024-event
+// buffer and its own encoding of every event; 2,048 feeds of one read key
+// made each run cost the edge 72 times its CPU. Feeds are now capped per
+// key and in total, refused 429 too_many_subscriptions past either; a
+// feed that ends gives its place back.
+func TestEventFeedsCapped(t *testing.T) {
+	deps := minimalDeps(edge.NewRegistry())
+	deps.APIKeys = []httpapi.APIKey{
+		apiKey("read-key-a-0123456789abcdef", "a", nil, domain.ScopeRead),
+		apiKey("read-key-b-0123456789abcdef", "b", nil, domain.ScopeRead),
+	}
+	api := httpapi.New(deps, "127.0.0.1:0", slog.New(slog.DiscardHandler))
+	api.MaxSubscriptions, api.MaxSubscriptionsPerKey = 3, 2
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(func() {
+		srv.Close()
+		deps.Submit.Stop()
+		deps.Events.(*eventbus.Bus).Close()
+	})
+	open := func(key string) (*http.Response, context.CancelFunc) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/v1/events", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cancel(); resp.Body.Close() })
+		return resp, cancel
+	}
+	refused := func(key, why string) {
+		t.Helper()
+		resp, _ := open(key)
+		if resp.StatusCode != 429 {
+			t.Fatalf("feed over the cap: %d, want 429", resp.StatusCode)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 429 || !strings.Contains(string(body), `"too_many_subscriptions"`) || !strings.Contains(string(body), why) {
+			t.Fatalf("feed over the cap: %d %s", resp.StatusCode, body)
+		}
+	}
+	const a, b = "read-key-a-0123456789abcdef", "read-key-b-0123456789abcdef"
+	first, endFirst := open(a)
+	if first.StatusCode != 200 {
+		t.Fatalf("first feed: %d", first.StatusCode)
+	}
+	if resp, _ := open(a); resp.StatusCode != 200 {
+		t.Fatalf("second feed: %d", resp.StatusCode)
+	}
+	refused(a, "limit per key")
+	if resp, _ := open(b); resp.StatusCode != 200 {
+		t.Fatalf("another key's feed: %d", resp.StatusCode)
+	}
+	refused(b, "its limit")
+	// A feed that ends gives its place back.
+	endFirst()
+	waitFor(t, "the ended feed's place back", func() bool {
+		resp, cancel := open(a)
+		defer cancel()
+		return resp.StatusCode == 200
+	})
+}
