@@ -17,17 +17,25 @@ import (
 const (
 	DefaultBodyTimeout = 10 * time.Second
 	DefaultBodyMinRate = 16 << 10 // bytes per second
+	// DefaultBodyIdleTimeout bounds a wait for the body's next bytes, on top
+	// of the total: without it a client that sent 8 MiB at once could then
+	// idle the ~500 s it had earned, its body's memory held all along.
+	DefaultBodyIdleTimeout = 20 * time.Second
 )
 
 // ErrBodyTooSlow is the error a handler's body read returns past the bound.
 var ErrBodyTooSlow = errors.New("request body arrived too slowly")
 
 // clockBody arms a read deadline on the connection for r's body and moves
-// it as bytes arrive. The deadline is lifted once the body is read to its
+// it as bytes arrive: each read waits at most idle (when positive) for the
+// client, and the whole body may take timeout plus one second per rate
+// bytes read so far. The deadline is lifted once the body is read to its
 // end, so it never touches the response: net/http reads the connection in
 // the background after the body ends (to notice a client leaving), and a
-// deadline firing then would cancel a long SSE stream.
-func clockBody(w http.ResponseWriter, r *http.Request, timeout time.Duration, rate int) {
+// deadline firing then would cancel a long SSE stream. Time the handler
+// spends between reads (a relay waiting for its node) is not charged to
+// the client's idle bound.
+func clockBody(w http.ResponseWriter, r *http.Request, timeout time.Duration, rate int, idle time.Duration) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 || timeout <= 0 {
 		return
 	}
@@ -36,29 +44,41 @@ func clockBody(w http.ResponseWriter, r *http.Request, timeout time.Duration, ra
 	if rc.SetReadDeadline(deadline) != nil {
 		return // not supported by this connection: nothing to bound
 	}
-	r.Body = &clockedBody{ReadCloser: r.Body, rc: rc, deadline: deadline, timeout: timeout, perByte: time.Second / time.Duration(max(rate, 1))}
+	r.Body = &clockedBody{ReadCloser: r.Body, rc: rc, deadline: deadline, armed: deadline, timeout: timeout, idle: idle,
+		perByte: time.Second / time.Duration(max(rate, 1))}
 }
 
 type clockedBody struct {
 	io.ReadCloser
 	rc       *http.ResponseController
-	deadline time.Time
+	deadline time.Time // the total bound
+	armed    time.Time // the deadline set on the connection
 	timeout  time.Duration
+	idle     time.Duration
 	perByte  time.Duration
 	credit   time.Duration // earned but not yet applied (below a millisecond)
 	done     bool
 }
 
 func (b *clockedBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
 	if b.done {
-		return n, err
+		return b.ReadCloser.Read(p)
 	}
+	want := b.deadline
+	if b.idle > 0 {
+		if t := time.Now().Add(b.idle); t.Before(want) {
+			want = t
+		}
+	}
+	if !want.Equal(b.armed) {
+		b.armed = want
+		_ = b.rc.SetReadDeadline(want)
+	}
+	n, err := b.ReadCloser.Read(p)
 	if n > 0 {
 		if b.credit += time.Duration(n) * b.perByte; b.credit >= time.Millisecond {
 			b.deadline = b.deadline.Add(b.credit)
 			b.credit = 0
-			_ = b.rc.SetReadDeadline(b.deadline)
 		}
 	}
 	switch {
@@ -66,7 +86,11 @@ func (b *clockedBody) Read(p []byte) (int, error) {
 		b.done = true
 		_ = b.rc.SetReadDeadline(time.Time{})
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		err = fmt.Errorf("%w (minimum %d bytes/s after the first %v)", ErrBodyTooSlow, time.Second/b.perByte, b.timeout)
+		if b.armed.Before(b.deadline) {
+			err = fmt.Errorf("%w (no bytes for %v)", ErrBodyTooSlow, b.idle)
+		} else {
+			err = fmt.Errorf("%w (minimum %d bytes/s after the first %v)", ErrBodyTooSlow, time.Second/b.perByte, b.timeout)
+		}
 	}
 	return n, err
 }

@@ -61,3 +61,32 @@ func TestTrickledBodyCutWithA400(t *testing.T) {
 		}
 	}
 }
+
+// The review's report: the body bound grew one second per 16 KiB read, so
+// a client that sent 8 MiB at once could then idle ~520 s while the edge
+// held the body's memory. Each wait for the body's next bytes is now
+// bounded too: the client that stops is cut with a 400 that says so, long
+// before the total bound it had earned.
+func TestStalledBodyCutAtTheIdleBound(t *testing.T) {
+	e := newEnv(t)
+	e.api.BodyTimeout = time.Minute // the total bound is far off
+	e.api.BodyIdleTimeout = 200 * time.Millisecond
+	u, err := url.Parse(e.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /v1/runs HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"input\":\"%s", u.Host, 256<<10, strings.Repeat("x", 128<<10))
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	b, err := io.ReadAll(c)
+	if err != nil && !(errors.Is(err, syscall.ECONNRESET) && len(b) > 0) {
+		t.Fatalf("answer %q: %v", b, err)
+	}
+	if !strings.HasPrefix(string(b), "HTTP/1.1 400 ") || !strings.Contains(string(b), "no bytes for") {
+		t.Fatalf("answer %q; want a 400 for a stalled body and the connection closed", b)
+	}
+}

@@ -143,6 +143,9 @@ type Server struct {
 	// before serving.
 	BodyTimeout time.Duration
 	BodyMinRate int
+	// BodyIdleTimeout bounds each wait for a body's next bytes
+	// (DefaultBodyIdleTimeout). Set it before serving.
+	BodyIdleTimeout time.Duration
 	// AccessLog logs every request at info (log.access); off, at debug.
 	AccessLog bool
 	// MaxConns and MaxConnsPerAddr cap the listener's connections in total
@@ -181,7 +184,7 @@ func New(deps Deps, addr string, log *slog.Logger) *Server {
 		log = slog.Default()
 	}
 	s := &Server{deps: deps, addr: addr, log: log, KeepAlive: DefaultKeepAlive, WriteIdleTimeout: DefaultWriteIdleTimeout,
-		BodyTimeout: DefaultBodyTimeout, BodyMinRate: DefaultBodyMinRate}
+		BodyTimeout: DefaultBodyTimeout, BodyMinRate: DefaultBodyMinRate, BodyIdleTimeout: DefaultBodyIdleTimeout}
 	s.stopping, s.beginStop = context.WithCancel(context.Background())
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.mux = http.NewServeMux()
@@ -272,7 +275,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	s.handlers.Add(1)
 	defer s.handlers.Add(-1)
 	start := time.Now()
-	clockBody(w, r, s.BodyTimeout, s.BodyMinRate)
+	clockBody(w, r, s.BodyTimeout, s.BodyMinRate, s.BodyIdleTimeout)
 	// No answer of this API is a page: what a provider, a node or a caller
 	// put in one (a passthrough's HTML, a run's output) must never run as
 	// this origin, where the console and every write route live. API
