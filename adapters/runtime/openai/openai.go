@@ -56,6 +56,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -251,11 +252,27 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 // (their choice index is not in the events). A value that is not a number
 // is the server's to judge.
 func oneChoice(raw json.RawMessage) error {
-	var n *float64
-	if len(raw) == 0 || json.Unmarshal(raw, &n) != nil || n == nil || *n == 1 {
+	if len(raw) == 0 || string(raw) == "null" {
 		return nil
 	}
-	return domain.Errorf(domain.CodeInvalidRequest, "option \"n\" is %v: a run carries one answer (its events have no choice index), so n must be 1; send one run per answer", *n)
+	var n float64
+	if json.Unmarshal(raw, &n) != nil {
+		// A number in a string: servers that validate loosely (vLLM's
+		// pydantic) take "2" for 2; other text is the server's to refuse.
+		var text string
+		if json.Unmarshal(raw, &text) != nil {
+			return nil
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(text), 64)
+		if err != nil {
+			return nil
+		}
+		n = f
+	}
+	if n == 1 {
+		return nil
+	}
+	return domain.Errorf(domain.CodeInvalidRequest, "option \"n\" is %v: a run carries one answer (its events have no choice index), so n must be 1; send one run per answer", n)
 }
 
 // errReading marks a failure to read the response body.

@@ -619,7 +619,7 @@ func TestSeveralChoicesAreRefused(t *testing.T) {
 	chats := memory.NewChatStore()
 	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, chats)
 	for _, session := range []string{"s1", ""} {
-		for _, n := range []string{"2", "0", "1.5"} {
+		for _, n := range []string{"2", "0", "1.5", `"2"`, `" 3 "`} {
 			req := domain.RunRequest{Target: "m", Input: []byte("hi"), SessionID: session, Options: []byte(`{"n":` + n + `}`)}
 			// Refused at admission (the caller gets 400, no started run
 			// that fails), and by Execute alike.
