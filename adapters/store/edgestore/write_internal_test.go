@@ -612,7 +612,7 @@ func TestPostgresBatchRefusedForTheDatabaseIsNotRetriedByRow(t *testing.T) {
 				}
 			}
 			var inserts insertCounter
-			db.bun.AddQueryHook(&inserts)
+			db.bun = db.bun.WithQueryHook(&inserts)
 			s := &Store{db: db}
 			var batch []any
 			for i := range 5 {
