@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"iop/adapters/internal/sockpeek"
 )
 
 // leanClient is the provider client's HTTP/1.1 path for plain-http
@@ -264,7 +266,7 @@ func (l *leanClient) get(ctx context.Context, addr string, fresh bool) (c *leanC
 		list[len(list)-1] = nil
 		l.idle[addr] = list[:len(list)-1]
 		l.mu.Unlock()
-		if time.Since(c.idleFrom) < l.idleTimeout && !peerClosed(c.nc) {
+		if time.Since(c.idleFrom) < l.idleTimeout && !sockpeek.Closed(c.nc) {
 			return c, true, nil
 		}
 		_ = c.nc.Close()
