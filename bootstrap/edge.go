@@ -21,6 +21,7 @@ import (
 	"iop/adapters/metrics/prom"
 	"iop/adapters/provider/models"
 	"iop/adapters/store/edgestore"
+	"iop/adapters/tlsca"
 	"iop/adapters/transport"
 	edgeapp "iop/application/edge"
 	"iop/domain"
@@ -164,7 +165,7 @@ func newTransportServer(s EdgeSettings, log *slog.Logger, reg *edgeapp.RegisterH
 	return transport.NewServer(s.Config.Transport.Listen, tc, reg)
 }
 
-func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edgeapp.Registry, submit *edgeapp.SubmitRunHandler,
+func newHTTPServer(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edgeapp.Registry, submit *edgeapp.SubmitRunHandler,
 	cancel *edgeapp.CancelRunHandler, term *edgeapp.TerminateSessionHandler, cmds *edgeapp.NodeCommandHandler,
 	get *edgeapp.GetRunHandler, list *edgeapp.ListRunsHandler, reload *edgeapp.ReloadHandler,
 	oa *openaiapi.Handler, ledger *edgeapp.UsageLedger, history *edgeapp.RunHistoryHandler, m *prom.Metrics, nodes *edgeapp.ListNodesHandler) (*httpapi.Server, error) {
@@ -190,6 +191,25 @@ func newHTTPServer(s EdgeSettings, log *slog.Logger, bus *eventbus.Bus, reg *edg
 			return nil, fmt.Errorf("http.tls: load certificate %s and key %s: %w", hc.TLS.CertFile, hc.TLS.KeyFile, err)
 		}
 		deps.TLSCert = &cert
+		exp, err := tlsca.APIKeyPairExpiry(&cert, hc.TLS.CertFile)
+		if err != nil {
+			return nil, fmt.Errorf("http.tls: %w", err)
+		}
+		// Warned about ahead of its end, at start and every renewCheckEvery;
+		// an expired one is an error in the log, not a refusal to start:
+		// callers that do not verify it, and every node, still get through.
+		if err := tlsca.Check(log, time.Now(), []tlsca.Expiry{exp}); err != nil {
+			log.Error("tls: " + err.Error())
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		lc.Append(fx.Hook{
+			OnStart: func(context.Context) error {
+				wg.Go(func() { watchExpiry(ctx, renewCheckEvery, log, exp) })
+				return nil
+			},
+			OnStop: func(context.Context) error { cancel(); wg.Wait(); return nil },
+		})
 	}
 	hs := httpapi.New(deps, hc.Listen, log)
 	hs.AccessLog = s.Config.Log.AccessLog()

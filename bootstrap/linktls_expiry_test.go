@@ -148,6 +148,48 @@ func TestLinkTLSFilesExpiry(t *testing.T) {
 	}
 }
 
+// The HTTP API's own certificate (http.tls): one that ends within 30 days
+// is warned about at start, one that has ended is an error in the log but
+// the edge still starts (callers that do not verify it, and every node,
+// still get through).
+func TestHTTPTLSExpiryWarned(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		end   time.Time
+		wants []string
+	}{
+		{"soon", time.Now().Add(5 * 24 * time.Hour).Truncate(time.Second), []string{"level=WARN", "the HTTP API certificate expires soon", "days_left=5", "http.tls.cert_file"}},
+		{"gone", time.Now().Add(-time.Hour).Truncate(time.Second), []string{"level=ERROR", "the HTTP API certificate", "expired on", "refuse the edge's API", "http.tls.cert_file"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+			tmpl := &x509.Certificate{SerialNumber: big.NewInt(9), Subject: pkix.Name{CommonName: "edge"}, DNSNames: []string{"localhost"},
+				NotBefore: tc.end.Add(-90 * 24 * time.Hour), NotAfter: tc.end}
+			der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+			kb, _ := x509.MarshalPKCS8PrivateKey(key)
+			_ = os.WriteFile(filepath.Join(dir, "api.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+			_ = os.WriteFile(filepath.Join(dir, "api.key"), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), 0o600)
+			cfg, err := config.ParseEdge(filepath.Join(dir, "edge.yaml"), []byte("state_dir: "+dir+"\ntransport: {listen: \""+freeAddr(t)+"\"}\n"+
+				"http: {listen: \""+freeAddr(t)+"\", tls: {cert_file: api.pem, key_file: api.key}}\n"+
+				"nodes: [{id: n1, token: graph-test-token, adapters: [{name: exec, type: exec}]}]\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var log lockedbuf.Buffer
+			edge := fxtest.New(t, bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, Logger: slog.New(slog.NewTextHandler(&log, nil))}), fx.NopLogger)
+			edge.RequireStart()
+			defer edge.RequireStop()
+			out := grepLines(log.String(), "HTTP API certificate")
+			for _, want := range append(tc.wants, filepath.Join(dir, "api.pem"), tc.end.UTC().Format(time.RFC3339)) {
+				if !strings.Contains(out, want) {
+					t.Errorf("the edge's start log lacks %q:\n%s", want, log.String())
+				}
+			}
+		})
+	}
+}
+
 func grepLines(s, sub string) string {
 	var out []string
 	for l := range strings.SplitSeq(s, "\n") {

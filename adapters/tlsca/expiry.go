@@ -23,6 +23,16 @@ type Expiry struct {
 	File     string
 	NotAfter time.Time
 	Rotate   string
+	// Effect is what its end does, for the warning ("no node can
+	// connect"); empty means the node link's.
+	Effect string
+}
+
+func (e Expiry) effect() string {
+	if e.Effect == "" {
+		return "no node can connect"
+	}
+	return e.Effect
 }
 
 // ExpiredError is a certificate the edge would serve that has expired:
@@ -31,8 +41,12 @@ type Expiry struct {
 type ExpiredError struct{ Expiry }
 
 func (e *ExpiredError) Error() string {
-	return fmt.Sprintf("%s (%s) expired on %s: no node can verify the edge; %s", e.What, e.File,
-		e.NotAfter.UTC().Format(time.RFC3339), e.Rotate)
+	effect := "no node can verify the edge"
+	if e.Effect != "" {
+		effect = e.Effect
+	}
+	return fmt.Sprintf("%s (%s) expired on %s: %s; %s", e.What, e.File,
+		e.NotAfter.UTC().Format(time.RFC3339), effect, e.Rotate)
 }
 
 // check warns through log when e expires within ExpiryWarning of now and
@@ -43,7 +57,7 @@ func (e Expiry) check(log *slog.Logger, now time.Time) error {
 		return &ExpiredError{e}
 	}
 	if left < ExpiryWarning {
-		log.Warn("tls: "+e.What+" expires soon; after that no node can connect", "file", e.File,
+		log.Warn("tls: "+e.What+" expires soon; after that "+e.effect(), "file", e.File,
 			"not_after", e.NotAfter.UTC().Format(time.RFC3339), "days_left", int(math.Ceil(left.Hours()/24)), "rotate", e.Rotate)
 	}
 	return nil
@@ -97,4 +111,15 @@ func KeyPairExpiry(c *tls.Certificate, certFile string) (Expiry, error) {
 		}
 	}
 	return e, nil
+}
+
+// APIKeyPairExpiry is KeyPairExpiry for the certificate the edge serves its
+// HTTP API with (http.tls): an expired one fails every caller that
+// verifies it, but no node, so the edge is only warned about, not stopped.
+func APIKeyPairExpiry(c *tls.Certificate, certFile string) (Expiry, error) {
+	e, err := KeyPairExpiry(c, certFile)
+	e.Cert, e.What = "http", "the HTTP API certificate"
+	e.Effect = "callers that verify it (the iop CLI, SDKs, browsers) refuse the edge's API"
+	e.Rotate = "replace http.tls.cert_file and key_file and restart the edge (they are read at start)"
+	return e, err
 }
