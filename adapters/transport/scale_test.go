@@ -3,7 +3,6 @@ package transport
 import (
 	"context"
 	"fmt"
-	"runtime/debug"
 	"slices"
 	"sync"
 	"syscall"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"iop/domain"
+	"iop/internal/racebuild"
 	"iop/ports"
 )
 
@@ -64,20 +64,6 @@ func (e *fakeEdge) disconnectCount() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return len(e.disconnects)
-}
-
-// raceEnabled reports whether this binary was built with -race.
-func raceEnabled() bool {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "-race" {
-			return s.Value == "true"
-		}
-	}
-	return false
 }
 
 // cpuTime is the user and system CPU time this process has used.
@@ -222,7 +208,7 @@ func TestManyIdleNodesStayConnected(t *testing.T) {
 	// wait and links drop. That is overload, not a false positive, so under
 	// -race the same timing runs on a third of the nodes (about 1.2 cores).
 	nodes := 300
-	if raceEnabled() {
+	if racebuild.Enabled() {
 		nodes = 100
 	}
 	ctx := testCtx(t)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"iop/adapters/store/memory"
 	"iop/adapters/store/sqlite"
 	"iop/domain"
+	"iop/internal/racebuild"
 	"iop/ports"
 )
 
@@ -61,7 +61,7 @@ func TestBoundedLoadReplaysAsTrimOfTheWholeHistory(t *testing.T) {
 	// 300 histories take ≈ 4 s; the race detector makes that ≈ 77 s, and
 	// the comparison is single-goroutine, so a fifth of them there.
 	histories := 300
-	if raceEnabled() {
+	if racebuild.Enabled() {
 		histories = 60
 	}
 	for i := range histories {
@@ -215,18 +215,4 @@ func TestToolLoopHistoryIsBounded(t *testing.T) {
 	if !strings.Contains(string(msgs[2]), `"c50"`) {
 		t.Fatalf("the kept group is %s, want the call c50 the new message answers", msgs[2])
 	}
-}
-
-// raceEnabled reports whether this binary was built with -race.
-func raceEnabled() bool {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "-race" {
-			return s.Value == "true"
-		}
-	}
-	return false
 }
