@@ -633,34 +633,24 @@ func TestPostgresBatchRefusedForTheDatabaseIsNotRetriedByRow(t *testing.T) {
 // the usage sums read each within the same bounds, so such a row no
 // longer fails every sum over it.
 func TestUsageBoundsRowsWrittenBefore(t *testing.T) {
-	for name, dsn := range map[string]func() string{
-		"sqlite":   func() string { return filepath.Join(t.TempDir(), "edge.db") },
-		"postgres": func() string { return pgtest.DSN(t) },
-	} {
-		t.Run(name, func(t *testing.T) {
-			ctx := context.Background()
-			db, err := Open(ctx, dsn())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer db.Close()
-			s := &Store{db: db}
-			old := runRow{Status: "succeeded", KeyName: "k", PromptTokens: math.MaxInt64, CompletionTokens: -7,
-				TotalTokens: math.MaxInt64, CostUSD: 1.5e308, HasUsage: true}
-			a, b := old, old
-			a.ID, b.ID = "run_a", "run_b"
-			if lost, err := s.writeBatch(ctx, []any{a, b, tunnelRow{ID: "tun_a", KeyName: "k", TotalTokens: math.MaxInt64, CostUSD: -3}}); lost != 0 {
-				t.Fatal(err)
-			}
-			u, err := s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByKey})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(u) != 1 || u[0].PromptTokens != 2*domain.MaxUsageTokens || u[0].CompletionTokens != 0 || u[0].TotalTokens != 3*domain.MaxUsageTokens || u[0].CostUSD != 2*domain.MaxUsageCostUSD {
-				t.Fatalf("usage %+v", u)
-			}
-		})
-	}
+	onBothDatabases(t, func(t *testing.T, db *DB) {
+		ctx := context.Background()
+		s := &Store{db: db}
+		old := runRow{Status: "succeeded", KeyName: "k", PromptTokens: math.MaxInt64, CompletionTokens: -7,
+			TotalTokens: math.MaxInt64, CostUSD: 1.5e308, HasUsage: true}
+		a, b := old, old
+		a.ID, b.ID = "run_a", "run_b"
+		if lost, err := s.writeBatch(ctx, []any{a, b, tunnelRow{ID: "tun_a", KeyName: "k", TotalTokens: math.MaxInt64, CostUSD: -3}}); lost != 0 {
+			t.Fatal(err)
+		}
+		u, err := s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByKey})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(u) != 1 || u[0].PromptTokens != 2*domain.MaxUsageTokens || u[0].CompletionTokens != 0 || u[0].TotalTokens != 3*domain.MaxUsageTokens || u[0].CostUSD != 2*domain.MaxUsageCostUSD {
+			t.Fatalf("usage %+v", u)
+		}
+	})
 }
 
 // A NaN or infinite cost a history holds from before costs were bounded
@@ -668,65 +658,63 @@ func TestUsageBoundsRowsWrittenBefore(t *testing.T) {
 // it is written now: PostgreSQL orders NaN above every number, so the
 // clamp alone read it as the 1e9 bound.
 func TestUsageCountsNonFiniteCostsAsZero(t *testing.T) {
-	for name, dsn := range map[string]func() string{
-		"sqlite":   func() string { return filepath.Join(t.TempDir(), "edge.db") },
-		"postgres": func() string { return pgtest.DSN(t) },
-	} {
-		t.Run(name, func(t *testing.T) {
-			ctx := context.Background()
-			db, err := Open(ctx, dsn())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer db.Close()
-			s := &Store{db: db}
-			costs := []float64{math.Inf(1), math.Inf(-1), 0.25}
-			if db.postgres {
-				costs = append(costs, math.NaN()) // SQLite stores NaN as NULL, which the column refuses
-			}
-			var rows []any
-			for i, c := range costs {
-				rows = append(rows, runRow{ID: fmt.Sprintf("run_%d", i), Status: "succeeded", KeyName: "k", CostUSD: c, HasUsage: true})
-			}
-			if lost, err := s.writeBatch(ctx, rows); lost != 0 {
-				t.Fatal(err)
-			}
-			u, err := s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByKey})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(u) != 1 || u[0].CostUSD != 0.25 {
-				t.Fatalf("usage %+v, want the finite 0.25 only", u)
-			}
-		})
-	}
+	onBothDatabases(t, func(t *testing.T, db *DB) {
+		ctx := context.Background()
+		s := &Store{db: db}
+		costs := []float64{math.Inf(1), math.Inf(-1), 0.25}
+		if db.postgres {
+			costs = append(costs, math.NaN()) // SQLite stores NaN as NULL, which the column refuses
+		}
+		var rows []any
+		for i, c := range costs {
+			rows = append(rows, runRow{ID: fmt.Sprintf("run_%d", i), Status: "succeeded", KeyName: "k", CostUSD: c, HasUsage: true})
+		}
+		if lost, err := s.writeBatch(ctx, rows); lost != 0 {
+			t.Fatal(err)
+		}
+		u, err := s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByKey})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(u) != 1 || u[0].CostUSD != 0.25 {
+			t.Fatalf("usage %+v, want the finite 0.25 only", u)
+		}
+	})
 }
 
 // A sum past what its type holds is told apart from an unreachable
 // database, on both: the caller is told to narrow the range.
 func TestSumOverflowed(t *testing.T) {
+	onBothDatabases(t, func(t *testing.T, db *DB) {
+		ctx := context.Background()
+		var n int64
+		err := db.bun.NewRaw("SELECT SUM(x) FROM (SELECT CAST(9223372036854775807 AS BIGINT) AS x UNION ALL SELECT 1) AS v").Scan(ctx, &n)
+		if err == nil || !sumOverflowed(err) {
+			t.Fatalf("sum past int64: %v, counted as an overflow: %v", err, err != nil && sumOverflowed(err))
+		}
+		if e := usageError("sum runs", err); domain.CodeOf(e) != domain.CodeInvalidRequest || !strings.Contains(e.Error(), "narrow since and until") {
+			t.Fatalf("usageError = %v", e)
+		}
+		if sumOverflowed(errors.New("dial tcp 127.0.0.1:5432: connect: connection refused")) {
+			t.Fatal("a connection failure counted as an overflow")
+		}
+	})
+}
+
+// onBothDatabases runs test on a new SQLite history file and on a new
+// database of a throwaway PostgreSQL server, each opened (and closed after).
+func onBothDatabases(t *testing.T, test func(t *testing.T, db *DB)) {
 	for name, dsn := range map[string]func() string{
 		"sqlite":   func() string { return filepath.Join(t.TempDir(), "edge.db") },
 		"postgres": func() string { return pgtest.DSN(t) },
 	} {
 		t.Run(name, func(t *testing.T) {
-			ctx := context.Background()
-			db, err := Open(ctx, dsn())
+			db, err := Open(context.Background(), dsn())
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer db.Close()
-			var n int64
-			err = db.bun.NewRaw("SELECT SUM(x) FROM (SELECT CAST(9223372036854775807 AS BIGINT) AS x UNION ALL SELECT 1) AS v").Scan(ctx, &n)
-			if err == nil || !sumOverflowed(err) {
-				t.Fatalf("sum past int64: %v, counted as an overflow: %v", err, err != nil && sumOverflowed(err))
-			}
-			if e := usageError("sum runs", err); domain.CodeOf(e) != domain.CodeInvalidRequest || !strings.Contains(e.Error(), "narrow since and until") {
-				t.Fatalf("usageError = %v", e)
-			}
-			if sumOverflowed(errors.New("dial tcp 127.0.0.1:5432: connect: connection refused")) {
-				t.Fatal("a connection failure counted as an overflow")
-			}
+			test(t, db)
 		})
 	}
 }
