@@ -190,8 +190,10 @@ type streamed struct {
 	text, thinking carried
 }
 
+// carried is one kind of a message's deltas: got grows by each (a
+// Builder, not +=, which copied the whole message at every delta).
 type carried struct {
-	got  string
+	got  strings.Builder
 	used int
 }
 
@@ -402,16 +404,16 @@ func catchUp(t *agent.Turn, c *carried, saw *bool, typ domain.EventType, text st
 	if text == "" {
 		return nil
 	}
-	rest := c.got[c.used:]
+	rest := c.got.String()[c.used:]
 	switch {
 	case strings.HasPrefix(rest, text):
 		c.used += len(text)
 		return nil
 	case rest != "" && strings.HasPrefix(text, rest):
-		c.used = len(c.got)
+		c.used = c.got.Len()
 		return t.Text(typ, text[len(rest):])
 	}
-	c.used = len(c.got)
+	c.used = c.got.Len()
 	return t.Text(typ, agent.Separate(saw, text))
 }
 
@@ -486,10 +488,7 @@ func resultText(raw json.RawMessage) string {
 
 func (p *parser) streamEvent(t *agent.Turn, raw json.RawMessage) error {
 	var ev struct {
-		Type    string `json:"type"`
-		Message struct {
-			ID string `json:"id"`
-		} `json:"message"`
+		Type         string `json:"type"`
 		ContentBlock struct {
 			Type string `json:"type"`
 		} `json:"content_block"`
@@ -516,7 +515,7 @@ func (p *parser) streamEvent(t *agent.Turn, raw json.RawMessage) error {
 		switch ev.Delta.Type {
 		case "text_delta":
 			text := ev.Delta.Text
-			p.cur.text.got += text
+			p.cur.text.got.WriteString(text)
 			if p.newText && text != "" {
 				text, p.newText = agent.Separate(&p.sawText, text), false
 			}
@@ -524,7 +523,7 @@ func (p *parser) streamEvent(t *agent.Turn, raw json.RawMessage) error {
 			return t.Text(domain.EventDelta, text)
 		case "thinking_delta":
 			text := ev.Delta.Thinking
-			p.cur.thinking.got += text
+			p.cur.thinking.got.WriteString(text)
 			if p.newThinking && text != "" {
 				text, p.newThinking = agent.Separate(&p.sawThinking, text), false
 			}
