@@ -215,7 +215,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	// Every way out below waits for the command, which kills whatever it
 	// left running (spawn.Group.Wait).
 	defer group.Release()
-	p := &process{group: group, pgid: group.PGID(), done: make(chan struct{})}
+	p := &process{group: group, done: make(chan struct{})}
 	go func() {
 		p.waitErr = group.Wait()
 		close(p.done)
@@ -232,7 +232,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		<-copied
 	}()
 
-	meta := append(strconv.AppendInt([]byte(`{"pid":`), int64(p.pgid), 10), '}')
+	meta := append(strconv.AppendInt([]byte(`{"pid":`), int64(p.group.PGID()), 10), '}')
 	if err := sink.Emit(domain.RunEvent{Type: domain.EventMetadata, Metadata: meta}); err != nil {
 		stdout.release(false)
 		p.kill()
@@ -329,7 +329,6 @@ func (a *Adapter) command(argv []string) *osexec.Cmd {
 // waiting for it.
 type process struct {
 	group   *spawn.Group
-	pgid    int
 	done    chan struct{} // closed when group.Wait has returned
 	waitErr error         // set before done is closed
 }

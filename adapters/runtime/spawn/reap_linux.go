@@ -298,23 +298,15 @@ func adoptedOrphans(g *Group) (live []pinfo, others int) {
 		return nil, 0
 	}
 	refreshInherited()
-	var pids []int
-	if childrenFiles() {
-		// Start forks on its own thread, so no child it started, even one
-		// not yet in the registry, is a child of the main thread.
-		var buf [256]byte
-		b, err := readProc(mainChildren, buf[:])
-		if err != nil {
-			return nil, 0
-		}
-		pids = parsePIDs(b, nil)
-	} else {
-		// A fork in progress would look like an orphan: Start holds
-		// spawner.mu from the fork until the child is registered.
+	// With the children files, Start forks on its own thread, so no child
+	// it started, even one not yet in the registry, is a child of the main
+	// thread. Without them, a fork in progress would look like an orphan:
+	// Start holds spawner.mu from the fork until the child is registered.
+	if !childrenFiles() {
 		spawner.mu.Lock()
 		defer spawner.mu.Unlock()
-		pids = scanChildren()[selfPID]
 	}
+	pids := mainThreadChildren()
 	if len(pids) == 0 {
 		return nil, 0
 	}
