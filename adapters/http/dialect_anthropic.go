@@ -33,14 +33,5 @@ func DialectAnthropic(w http.ResponseWriter, status int, code, message string) {
 	case "method_not_allowed":
 		typ = "invalid_request_error"
 	}
-	type body struct {
-		Type    string `json:"type"`
-		Message string `json:"message"`
-	}
-	id := requestid.Stamp(w.Header())
-	writeJSON(w, status, struct {
-		Type      string `json:"type"`
-		Error     body   `json:"error"`
-		RequestID string `json:"request_id"`
-	}{"error", body{Type: typ, Message: message}, id})
+	writeJSON(w, status, requestid.AnthropicError(w.Header(), typ, message))
 }

@@ -43,16 +43,8 @@ func WriteError(w http.ResponseWriter, r *http.Request, status int, code, messag
 			Error string `json:"error"`
 		}{message})
 	case domain.ProviderAnthropic:
-		type body struct {
-			Type    string `json:"type"`
-			Message string `json:"message"`
-		}
-		id := requestid.Stamp(w.Header()) // as Anthropic's API answers: see package requestid
-		writeJSON(w, status, struct {
-			Type      string `json:"type"`
-			Error     body   `json:"error"`
-			RequestID string `json:"request_id"`
-		}{"error", body{Type: anthropicType(status), Message: message}, id})
+		// With a request id, as Anthropic's API answers: see package requestid.
+		writeJSON(w, status, requestid.AnthropicError(w.Header(), anthropicType(status), message))
 	default:
 		type body struct {
 			Message string  `json:"message"`

@@ -54,3 +54,22 @@ func Stamp(h http.Header) string {
 	h.Set(Header, id)
 	return id
 }
+
+// anthropicError is the body of an error in Anthropic's shape.
+type anthropicError struct {
+	Type  string `json:"type"`
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+	RequestID string `json:"request_id"`
+}
+
+// AnthropicError is the JSON body of an error in Anthropic's shape, of the
+// given error type ("not_found_error", …) and message, naming the answer's
+// id (Stamp: set as h's request-id if it has none).
+func AnthropicError(h http.Header, typ, message string) any {
+	b := anthropicError{Type: "error", RequestID: Stamp(h)}
+	b.Error.Type, b.Error.Message = typ, message
+	return b
+}
