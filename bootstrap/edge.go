@@ -201,15 +201,7 @@ func newHTTPServer(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, bus *event
 		if err := tlsca.Check(log, time.Now(), []tlsca.Expiry{exp}); err != nil {
 			log.Error("tls: " + err.Error())
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		lc.Append(fx.Hook{
-			OnStart: func(context.Context) error {
-				wg.Go(func() { watchExpiry(ctx, renewCheckEvery, log, exp) })
-				return nil
-			},
-			OnStop: func(context.Context) error { cancel(); wg.Wait(); return nil },
-		})
+		runWhileUp(lc, func(ctx context.Context) { watchExpiry(ctx, renewCheckEvery, log, exp) })
 	}
 	hs := httpapi.New(deps, hc.Listen, log)
 	hs.AccessLog = s.Config.Log.AccessLog()

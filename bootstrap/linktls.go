@@ -106,20 +106,23 @@ func newLinkTLS(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, _ stateDirRea
 		return l, nil
 	}
 	log.Info("node link uses TLS", "mode", s.Config.Transport.TLS.Mode, "ca_pin", l.Pin, "client_certificates", s.Config.Transport.TLS.ClientCAFile != "")
+	if l.ca != nil {
+		runWhileUp(lc, func(ctx context.Context) { l.ca.Run(ctx, renewCheckEvery) })
+	} else {
+		runWhileUp(lc, func(ctx context.Context) { watchExpiry(ctx, renewCheckEvery, log, *l.files) })
+	}
+	return l, nil
+}
+
+// runWhileUp runs job in a goroutine from the app's start until its stop,
+// which cancels job's context and waits for it to return.
+func runWhileUp(lc fx.Lifecycle, job func(context.Context)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	lc.Append(fx.Hook{
-		OnStart: func(context.Context) error {
-			if l.ca != nil {
-				wg.Go(func() { l.ca.Run(ctx, renewCheckEvery) })
-			} else {
-				wg.Go(func() { watchExpiry(ctx, renewCheckEvery, log, *l.files) })
-			}
-			return nil
-		},
-		OnStop: func(context.Context) error { cancel(); wg.Wait(); return nil },
+		OnStart: func(context.Context) error { wg.Go(func() { job(ctx) }); return nil },
+		OnStop:  func(context.Context) error { cancel(); wg.Wait(); return nil },
 	})
-	return l, nil
 }
 
 // watchExpiry warns every interval, until ctx ends, while e nears its end,
