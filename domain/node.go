@@ -129,6 +129,16 @@ type NodeConfig struct {
 // columns.
 const MaxNameLength = 128
 
+// Bounds of the node link's heartbeat interval and timeout. The edge sends
+// both to its nodes in whole milliseconds (32 bits: at most ≈ 49 days), and
+// each end refuses values outside these: the edge at start (its config), the
+// node in the register response (a broken or hostile edge could otherwise
+// have it beat every millisecond, or never time the link out).
+const (
+	MinHeartbeat = 10 * time.Millisecond
+	MaxHeartbeat = 24 * time.Hour
+)
+
 // DefaultMaxConcurrency applies when an adapter leaves max_concurrency
 // unset; MaxMaxConcurrency bounds it (far above what a node runs at once).
 const (

@@ -30,11 +30,9 @@ const (
 	MaxMaxFrameSize     = 64 << 20
 	MinTokenLength      = 8
 	// MinHeartbeat and MaxHeartbeat bound transport.heartbeat_interval and
-	// heartbeat_timeout: both go to nodes in whole milliseconds (32 bits),
-	// and nodes refuse values outside these (transport.MinHeartbeat and
-	// MaxHeartbeat hold the same; config does not import the transport).
-	MinHeartbeat = 10 * time.Millisecond
-	MaxHeartbeat = 24 * time.Hour
+	// heartbeat_timeout, as the nodes check them (domain.MinHeartbeat).
+	MinHeartbeat = domain.MinHeartbeat
+	MaxHeartbeat = domain.MaxHeartbeat
 )
 
 // DefaultHTTPMaxConnections and DefaultHTTPMaxConnectionsPerAddress cap the

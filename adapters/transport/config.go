@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"iop/domain"
 )
 
 // Config tunes one side of the node link. Zero fields take DefaultConfig's values.
@@ -182,14 +184,10 @@ const maxDataChunk = 32 << 10
 // over a quarter window, so the window must be at least four of these.
 const maxChunkCost = maxDataChunk + 256
 
-// Bounds of the heartbeat interval and timeout. The edge sends both to its
-// nodes in whole milliseconds (32 bits: at most ≈ 49 days), and each end
-// refuses values outside these: the edge at start (its config), the node
-// in the register response (a broken or hostile edge could otherwise
-// have it beat every millisecond, or never time the link out).
+// Bounds of the heartbeat interval and timeout (domain.MinHeartbeat).
 const (
-	MinHeartbeat = 10 * time.Millisecond
-	MaxHeartbeat = 24 * time.Hour
+	MinHeartbeat = domain.MinHeartbeat
+	MaxHeartbeat = domain.MaxHeartbeat
 )
 
 // MinStreamWindow is the smallest receive window a side may grant: four
