@@ -132,7 +132,8 @@ func (a *app) nodesCmd() *cobra.Command {
 // nodeReport is a built-in node command with its human rendering.
 type nodeReport struct {
 	use, command, short string
-	render              func(a *app, results []nodeResult) error
+	// render prints the results; args are what the nodes were asked with.
+	render func(a *app, results []nodeResult, args any) error
 	// flags, when set, adds the report's flags to cmd and returns what
 	// makes the command's arguments from them (one: a single NODE named).
 	flags    func(cmd *cobra.Command) func(one bool) (any, error)
@@ -142,7 +143,6 @@ type nodeReport struct {
 type nodeResult struct {
 	node string
 	raw  json.RawMessage
-	args any // what the node was asked with
 }
 
 func (a *app) nodeCmd() *cobra.Command {
@@ -198,7 +198,7 @@ func (a *app) nodeCmd() *cobra.Command {
 					lastErr = err
 					continue
 				}
-				results = append(results, nodeResult{node: id, raw: raw, args: cmdArgs})
+				results = append(results, nodeResult{node: id, raw: raw})
 			}
 			if len(results) == 0 && lastErr != nil {
 				return fmt.Errorf("no node answered %s (%d asked)", r.command, len(ids))
@@ -221,7 +221,7 @@ func (a *app) nodeCmd() *cobra.Command {
 				fmt.Fprintln(a.stderr, "no nodes answered")
 				return nil
 			}
-			return r.render(a, results)
+			return r.render(a, results, cmdArgs)
 		})
 		cmd.AddCommand(sub)
 	}
@@ -260,7 +260,7 @@ func decodeEach[T any](results []nodeResult, fn func(node string, v T)) error {
 	return nil
 }
 
-func renderCaps(a *app, results []nodeResult) error {
+func renderCaps(a *app, results []nodeResult, _ any) error {
 	nt := newTable(a.stdout, "NODE", "VERSION", "PLATFORM", "HOSTNAME", "CONFIG")
 	at := [][]string{{"NODE", "ADAPTER", "TYPE", "RUNS", "SESSIONS", "COMMANDS"}}
 	err := decodeEach(results, func(node string, c nodecmd.Capabilities) {
@@ -288,7 +288,7 @@ func renderCaps(a *app, results []nodeResult) error {
 	return nil
 }
 
-func renderTransport(a *app, results []nodeResult) error {
+func renderTransport(a *app, results []nodeResult, _ any) error {
 	now := a.now()
 	t := newTable(a.stdout, "NODE", "CONNECTED", "RECONNECTS", "RTT", "FRAMES IN/OUT", "BYTES IN/OUT", "RUNS")
 	err := decodeEach(results, func(node string, s nodecmd.TransportStatus) {
@@ -309,7 +309,7 @@ func renderTransport(a *app, results []nodeResult) error {
 	return nil
 }
 
-func renderUsage(a *app, results []nodeResult) error {
+func renderUsage(a *app, results []nodeResult, _ any) error {
 	t := newTable(a.stdout, "NODE", "ADAPTER", "RUNS", "OK", "FAILED", "CANCELLED", "RUNNING", "PROMPT", "COMPLETION", "TOTAL", "COST")
 	itoa := func(n int64) string { return strconv.FormatInt(n, 10) }
 	err := decodeEach(results, func(node string, u nodecmd.UsageStatus) {
@@ -343,21 +343,19 @@ func sessionFlags(cmd *cobra.Command) func(one bool) (any, error) {
 	}
 }
 
-func renderSessions(a *app, results []nodeResult) error {
+func renderSessions(a *app, results []nodeResult, args any) error {
 	var rows [][]string
 	var more []string
 	now := a.now()
 	// The next page is asked with the same filter and page size (the
 	// cursor holds only the position).
 	var filters string
-	if len(results) > 0 {
-		if q, ok := results[0].args.(nodecmd.SessionListArgs); ok {
-			if q.Adapter != "" {
-				filters += " --adapter " + printable(q.Adapter)
-			}
-			if q.Limit > 0 {
-				filters += " --limit " + strconv.Itoa(q.Limit)
-			}
+	if q, ok := args.(nodecmd.SessionListArgs); ok {
+		if q.Adapter != "" {
+			filters += " --adapter " + printable(q.Adapter)
+		}
+		if q.Limit > 0 {
+			filters += " --limit " + strconv.Itoa(q.Limit)
 		}
 	}
 	err := decodeEach(results, func(node string, l nodecmd.SessionList) {
