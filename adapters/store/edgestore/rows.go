@@ -120,11 +120,7 @@ func toRunRow(edgeID string, r domain.RunRecord) runRow {
 // bounds what it keeps alike.
 func storedUsage(u domain.Usage) (prompt, completion, total int64, costUSD float64) {
 	b := u.Bounded()
-	total = b.TotalTokens
-	if total == 0 {
-		total = domain.BoundTokens(b.PromptTokens + b.CompletionTokens)
-	}
-	return b.PromptTokens, b.CompletionTokens, total, b.CostUSD
+	return b.PromptTokens, b.CompletionTokens, domain.BoundTokens(b.Total()), b.CostUSD
 }
 
 func (row runRow) record() domain.RunRecord {
