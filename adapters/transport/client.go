@@ -500,18 +500,8 @@ func (c *Client) register(ctx context.Context, r *retryState) (*Conn, error) {
 // (tc with the edge's heartbeat adopted, and its window) when they cannot
 // work: a broken or hostile edge. The node then retries with backoff.
 func checkEdgeSettings(tc Config, window uint32) error {
-	var errs []error
-	if window != 0 && window < MinStreamWindow {
-		errs = append(errs, fmt.Errorf("initial_window %d is below the minimum of %d bytes", window, MinStreamWindow))
-	}
-	for _, d := range []struct {
-		what string
-		v    time.Duration
-	}{{"interval", tc.HeartbeatInterval}, {"timeout", tc.HeartbeatTimeout}} {
-		if d.v < MinHeartbeat || d.v > MaxHeartbeat {
-			errs = append(errs, fmt.Errorf("heartbeat %s %v is outside [%v, %v]", d.what, d.v, MinHeartbeat, MaxHeartbeat))
-		}
-	}
+	errs := []error{windowTooSmall(window)}
+	errs = append(errs, heartbeatRangeErrs(tc.HeartbeatInterval, tc.HeartbeatTimeout)...)
 	if tc.HeartbeatTimeout <= tc.HeartbeatInterval {
 		errs = append(errs, fmt.Errorf("heartbeat timeout %v does not exceed the interval %v", tc.HeartbeatTimeout, tc.HeartbeatInterval))
 	}

@@ -149,14 +149,7 @@ func (c Config) Verify() error {
 	if c.HeartbeatTimeout <= c.HeartbeatInterval {
 		errs = append(errs, fmt.Errorf("heartbeat timeout %v must exceed interval %v", c.HeartbeatTimeout, c.HeartbeatInterval))
 	}
-	for _, d := range []struct {
-		what string
-		v    time.Duration
-	}{{"interval", c.HeartbeatInterval}, {"timeout", c.HeartbeatTimeout}} {
-		if d.v < MinHeartbeat || d.v > MaxHeartbeat {
-			errs = append(errs, fmt.Errorf("heartbeat %s %v is outside [%v, %v]", d.what, d.v, MinHeartbeat, MaxHeartbeat))
-		}
-	}
+	errs = append(errs, heartbeatRangeErrs(c.HeartbeatInterval, c.HeartbeatTimeout)...)
 	if c.MaxFrameSize < 64<<10 {
 		errs = append(errs, fmt.Errorf("max frame size %d is below 64 KiB", c.MaxFrameSize))
 	}
@@ -164,6 +157,30 @@ func (c Config) Verify() error {
 		errs = append(errs, fmt.Errorf("stream window %d is below %d", c.StreamWindow, MinStreamWindow))
 	}
 	return errors.Join(errs...)
+}
+
+// heartbeatRangeErrs reports a heartbeat interval or timeout outside
+// [MinHeartbeat, MaxHeartbeat]: what the edge may send and a node accepts.
+func heartbeatRangeErrs(interval, timeout time.Duration) []error {
+	var errs []error
+	for _, d := range []struct {
+		what string
+		v    time.Duration
+	}{{"interval", interval}, {"timeout", timeout}} {
+		if d.v < MinHeartbeat || d.v > MaxHeartbeat {
+			errs = append(errs, fmt.Errorf("heartbeat %s %v is outside [%v, %v]", d.what, d.v, MinHeartbeat, MaxHeartbeat))
+		}
+	}
+	return errs
+}
+
+// windowTooSmall is the error for a receive window a peer announced below
+// MinStreamWindow (0 means the other side's own, so it is fine).
+func windowTooSmall(w uint32) error {
+	if w != 0 && w < MinStreamWindow {
+		return fmt.Errorf("initial_window %d is below the minimum of %d bytes", w, MinStreamWindow)
+	}
+	return nil
 }
 
 // MaxCommandResult is the most of one command's result (its result_json

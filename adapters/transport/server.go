@@ -262,11 +262,11 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 		s.h.HandshakeFailed(remote, fmt.Sprintf("handshake: expected register_request, got %T", f.Body))
 		return nil, "", false
 	}
-	if w := req.GetInitialWindow(); w != 0 && w < MinStreamWindow {
+	if err := windowTooSmall(req.GetInitialWindow()); err != nil {
 		// Nothing over a quarter of it could be sent to the node (a tunnel's
 		// request body in 32 KiB pieces would stall after its first). 0
 		// means the edge's own window (older nodes).
-		reason := fmt.Sprintf("%s: initial_window %d is below the minimum of %d bytes", domain.CodeInvalidRequest, w, MinStreamWindow)
+		reason := fmt.Sprintf("%s: %v", domain.CodeInvalidRequest, err)
 		if s.adm.failed(key) {
 			if b, err := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterResponse{RegisterResponse: &ioppb.RegisterResponse{Reason: reason}}}, s.cfg.MaxFrameSize); err == nil {
 				_, _ = nc.Write(b)
