@@ -345,9 +345,11 @@ func (t *tunnelStream) sendBody(r io.Reader) {
 	// A piece that cannot be sent while the stream lives would leave the
 	// node waiting for the rest of a body it was told follows, and the
 	// caller for its answer: the stream is reset. (Once the stream has
-	// ended, which is what a send mostly fails on, Reset does nothing.)
+	// ended, which is what a send mostly fails on, Reset does nothing; a
+	// link that closed ends the stream with its own error, node_disconnected,
+	// even when the send saw it before the stream did.)
 	failed := func(err error) {
-		if t.s.Context().Err() == nil {
+		if t.s.Context().Err() == nil && !errors.Is(err, ErrConnClosed) {
 			t.sendErr.Store(&err)
 			t.s.Reset("internal", "the edge could not send the request body: "+err.Error())
 		}
