@@ -28,9 +28,10 @@ type DB struct {
 	bun      *bun.DB
 	postgres bool // opened by OpenPostgres
 	stmts    sqlprep.Cache
-	runs     unfinished // SQLite only
-	narrowed []string   // files Open made private, for the caller to log
-	pruner   pruner     // StartPruning's goroutine
+	runs     unfinished  // SQLite only
+	group    groupCommit // SQLite only: the run store's writes
+	narrowed []string    // files Open made private, for the caller to log
+	pruner   pruner      // StartPruning's goroutine
 }
 
 // Open opens the SQLite database named by dsn and creates any missing tables

@@ -17,21 +17,25 @@ const maxUnfinished = 4096
 // first (that read and the transaction around it were about half of a run's
 // store cost).
 //
-// It is exact because every in-process write of a run goes through
-// CreateRun and UpdateRun, which hold mu from start to end (on SQLite they
-// are serialized by its one connection anyway, so mu costs no
-// concurrency). A write from outside the process (the sqlite3 shell) is
-// caught by the update's guard on the stored status: when no row matches,
-// the entry is dropped and the update takes the read-back path, calling fn
-// again on the stored run. Not used on PostgreSQL, whose pool runs updates
-// concurrently.
+// Every in-process write of a run goes through CreateRun and UpdateRun,
+// which record what they wrote once it is committed; a run's writes come
+// one after the other (the node's run manager records its start, then its
+// end). Anything else, two updates of one run at once or a write from
+// outside the process (the sqlite3 shell), is caught by the update's guard
+// on the stored status: a run's status only moves forward (queued, running,
+// finished), so a status that still matches means the rest of the state
+// does too. When no row matches, the entry is dropped and the update takes
+// the read-back path, calling fn again on the stored run. Not used on
+// PostgreSQL, whose pool runs updates concurrently.
 type unfinished struct {
 	mu sync.Mutex
 	m  map[string]domain.RunSnapshot
 }
 
-// putLocked records s as the run's state, or forgets the run once finished.
-func (u *unfinished) putLocked(s domain.RunSnapshot) {
+// put records s as the run's state, or forgets the run once finished.
+func (u *unfinished) put(s domain.RunSnapshot) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
 	if s.Status.Finished() {
 		delete(u.m, s.ID)
 		return
@@ -46,8 +50,17 @@ func (u *unfinished) putLocked(s domain.RunSnapshot) {
 	u.m[s.ID] = s
 }
 
-// getLocked returns a run rebuilt from the recorded state.
-func (u *unfinished) getLocked(id string) (*domain.Run, domain.RunSnapshot, bool) {
+// forget drops the run's recorded state.
+func (u *unfinished) forget(id string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	delete(u.m, id)
+}
+
+// get returns a run rebuilt from the recorded state.
+func (u *unfinished) get(id string) (*domain.Run, domain.RunSnapshot, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
 	s, ok := u.m[id]
 	if !ok {
 		return nil, s, false

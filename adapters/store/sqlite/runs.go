@@ -179,21 +179,23 @@ func (s *RunStore) CreateRun(ctx context.Context, run *domain.Run) error {
 	if run == nil {
 		return errors.New("insert run: nil run")
 	}
-	if !s.raw.postgres {
-		s.raw.runs.mu.Lock()
-		defer s.raw.runs.mu.Unlock()
+	row := toRow(run)
+	if s.raw.postgres {
+		st, err := s.raw.stmts.Get(ctx, insertRunSQL)
+		if err == nil {
+			_, err = st.ExecContext(ctx, s.raw.insertArgs(row)...)
+		}
+		if err != nil {
+			return fmt.Errorf("insert run %s: %w", run.ID(), err)
+		}
+		return nil
 	}
-	st, err := s.raw.stmts.Get(ctx, insertRunSQL)
-	if err == nil {
-		row := toRow(run)
-		_, err = st.ExecContext(ctx, s.raw.insertArgs(row)...)
+	w := &groupWrite{ctx: ctx, query: insertRunSQL, args: s.raw.insertArgs(row)}
+	s.raw.group.write(s.raw, w)
+	if w.err != nil {
+		return fmt.Errorf("insert run %s: %w", run.ID(), w.err)
 	}
-	if err != nil {
-		return fmt.Errorf("insert run %s: %w", run.ID(), err)
-	}
-	if !s.raw.postgres {
-		s.raw.runs.putLocked(run.Snapshot())
-	}
+	s.raw.runs.put(run.Snapshot())
 	return nil
 }
 
@@ -207,14 +209,12 @@ func (s *RunStore) CreateRun(ctx context.Context, run *domain.Run) error {
 // is given.
 func (s *RunStore) UpdateRun(ctx context.Context, id string, fn func(*domain.Run) error) error {
 	if !s.raw.postgres {
-		s.raw.runs.mu.Lock()
-		defer s.raw.runs.mu.Unlock()
-		if run, was, ok := s.raw.runs.getLocked(id); ok {
+		if run, was, ok := s.raw.runs.get(id); ok {
 			done, err := s.updateKnown(ctx, run, was, fn)
 			if done {
 				return err
 			}
-			delete(s.raw.runs.m, id)
+			s.raw.runs.forget(id)
 		}
 	}
 	// Prepared before the transaction takes the only connection.
@@ -243,34 +243,32 @@ func (s *RunStore) UpdateRun(ctx context.Context, id string, fn func(*domain.Run
 		return nil
 	})
 	if err == nil && !s.raw.postgres {
-		s.raw.runs.putLocked(saved)
+		s.raw.runs.put(saved)
 	}
 	return err
 }
 
 // updateKnown is UpdateRun for a run whose state unfinished holds (was,
 // rebuilt as run): fn applied to it and the result written in one
-// statement, guarded by the stored status. done is false when no row
-// matched the guard, so the caller must read the row back instead.
+// statement, guarded by the stored status, grouped with other runs'
+// writes (groupCommit). done is false when no row matched the guard, so
+// the caller must read the row back instead.
 func (s *RunStore) updateKnown(ctx context.Context, run *domain.Run, was domain.RunSnapshot, fn func(*domain.Run) error) (done bool, err error) {
 	if err := fn(run); err != nil {
 		return true, err
 	}
-	upd, err := s.raw.stmts.Get(ctx, updateRunIfSQL)
-	if err != nil {
-		return true, fmt.Errorf("update run %s: %w", was.ID, err)
-	}
 	row := toRow(run)
-	args := append(s.raw.appendState(make([]any, 0, len(stateColumns)+2), row), row.ID, string(was.Status))
-	res, err := upd.ExecContext(ctx, args...)
-	if err != nil {
-		delete(s.raw.runs.m, was.ID)
-		return true, fmt.Errorf("update run %s: %w", was.ID, err)
+	w := &groupWrite{ctx: ctx, query: updateRunIfSQL, guarded: true,
+		args: append(s.raw.appendState(make([]any, 0, len(stateColumns)+2), row), row.ID, string(was.Status))}
+	s.raw.group.write(s.raw, w)
+	if w.err != nil {
+		s.raw.runs.forget(was.ID)
+		return true, fmt.Errorf("update run %s: %w", was.ID, w.err)
 	}
-	if n, err := res.RowsAffected(); err != nil || n != 1 {
+	if !w.matched {
 		return false, nil
 	}
-	s.raw.runs.putLocked(run.Snapshot())
+	s.raw.runs.put(run.Snapshot())
 	return true, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -50,6 +51,50 @@ func (s bunRunStore) UpdateRun(ctx context.Context, id string, fn func(*domain.R
 	})
 }
 
+// ungroupedRunStore is how RunStore wrote a run before groupCommit: the
+// same prepared statements and remembered state, each write its own
+// transaction, one caller at a time. Kept as BenchmarkRunLifecycle's
+// baseline for the grouping.
+type ungroupedRunStore struct {
+	*RunStore
+	mu sync.Mutex
+}
+
+func (s *ungroupedRunStore) CreateRun(ctx context.Context, run *domain.Run) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, err := s.raw.stmts.Get(ctx, insertRunSQL)
+	if err == nil {
+		_, err = st.ExecContext(ctx, s.raw.insertArgs(toRow(run))...)
+	}
+	if err == nil {
+		s.raw.runs.put(run.Snapshot())
+	}
+	return err
+}
+
+func (s *ungroupedRunStore) UpdateRun(ctx context.Context, id string, fn func(*domain.Run) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	run, was, ok := s.raw.runs.get(id)
+	if !ok {
+		return fmt.Errorf("run %s not remembered", id)
+	}
+	if err := fn(run); err != nil {
+		return err
+	}
+	upd, err := s.raw.stmts.Get(ctx, updateRunIfSQL)
+	if err != nil {
+		return err
+	}
+	row := toRow(run)
+	if _, err := upd.ExecContext(ctx, append(s.raw.appendState(nil, row), row.ID, string(was.Status))...); err != nil {
+		return err
+	}
+	s.raw.runs.put(run.Snapshot())
+	return nil
+}
+
 type runWriter interface {
 	CreateRun(ctx context.Context, run *domain.Run) error
 	UpdateRun(ctx context.Context, id string, fn func(*domain.Run) error) error
@@ -58,15 +103,18 @@ type runWriter interface {
 // BenchmarkRunLifecycle records what the node records per run — the run
 // created as started, then finished — on a WAL database file like the
 // node's, from 32 goroutines at once (the load tool's 32 concurrent runs):
-// bun-built queries in a read-back transaction (before) against the
-// prepared statements and the remembered state of unfinished runs.
+// bun-built queries in a read-back transaction (the first version), the
+// prepared statements and the remembered state of unfinished runs, each
+// write its own transaction (the second), and those writes grouped into
+// shared transactions (groupCommit, now).
 func BenchmarkRunLifecycle(b *testing.B) {
 	for _, bc := range []struct {
 		name  string
 		store func(*DB) runWriter
 	}{
 		{"bun-queries", func(db *DB) runWriter { return bunRunStore{db.bun} }},
-		{"prepared-remembered", func(db *DB) runWriter { return NewRunStore(db) }},
+		{"prepared-remembered", func(db *DB) runWriter { return &ungroupedRunStore{RunStore: NewRunStore(db)} }},
+		{"grouped", func(db *DB) runWriter { return NewRunStore(db) }},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			db, err := Open(context.Background(), "file:"+filepath.Join(b.TempDir(), "iop.db")+"?cache=shared&mode=rwc")
