@@ -399,18 +399,18 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 	if profDir != "" && parts != "runs" {
 		if frpSkip == "" {
 			profile(t, profDir, mode+"-chat-frp", frpProf, func() {
-				hammer(t, 32, 5*time.Second, func() error { _, _, err := loadRequest(frpURL, "chat"); return err })
+				hammer(t, 32, time.Duration(profileSeconds()+1)*time.Second, func() error { _, _, err := loadRequest(frpURL, "chat"); return err })
 			})
 			profile(t, profDir, mode+"-bulk-frp", frpProf, func() {
-				hammer(t, 1, 5*time.Second, func() error { _, _, err := loadRequest(frpURL, fmt.Sprintf("bulk-%d", loadBulk)); return err })
+				hammer(t, 1, time.Duration(profileSeconds()+1)*time.Second, func() error { _, _, err := loadRequest(frpURL, fmt.Sprintf("bulk-%d", loadBulk)); return err })
 			})
 		}
 		addrs := map[string]string{"edge": edgeProf, "node": nodeProf}
 		profile(t, profDir, mode+"-chat", addrs, func() {
-			hammer(t, 32, 5*time.Second, func() error { _, _, err := loadRequest(e.url, "chat"); return err })
+			hammer(t, 32, time.Duration(profileSeconds()+1)*time.Second, func() error { _, _, err := loadRequest(e.url, "chat"); return err })
 		})
 		profile(t, profDir, mode+"-bulk", addrs, func() {
-			hammer(t, 1, 5*time.Second, func() error { _, _, err := loadRequest(e.url, fmt.Sprintf("bulk-%d", loadBulk)); return err })
+			hammer(t, 1, time.Duration(profileSeconds()+1)*time.Second, func() error { _, _, err := loadRequest(e.url, fmt.Sprintf("bulk-%d", loadBulk)); return err })
 		})
 		// Execution traces under sequential requests show where a
 		// request's time to first byte goes (go tool trace: scheduler
@@ -421,7 +421,7 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 	}
 	if profDir != "" && parts != "tunnel" {
 		profile(t, profDir, mode+"-runs", map[string]string{"edge": edgeProf, "node": nodeProf}, func() {
-			hammer(t, 32, 5*time.Second, func() error { _, err := loadRun(e.url, "echo"); return err })
+			hammer(t, 32, time.Duration(profileSeconds()+1)*time.Second, func() error { _, err := loadRun(e.url, "echo"); return err })
 		})
 	}
 
@@ -819,7 +819,7 @@ func profile(t *testing.T, dir, mode string, addrs map[string]string, load func(
 	}
 	for who, a := range addrs {
 		wg.Add(1)
-		go fetch(who+".cpu.pprof", "http://"+a+"/debug/pprof/profile?seconds=4")
+		go fetch(who+".cpu.pprof", "http://"+a+"/debug/pprof/profile?seconds="+strconv.Itoa(profileSeconds()))
 	}
 	load()
 	wg.Wait()
@@ -828,6 +828,16 @@ func profile(t *testing.T, dir, mode string, addrs map[string]string, load func(
 		go fetch(who+".allocs.pprof", "http://"+a+"/debug/pprof/allocs")
 	}
 	wg.Wait()
+}
+
+// profileSeconds is how long a CPU profile lasts, and the load under it:
+// $IOP_LOAD_PPROF_SECONDS (1–120), 4 by default (a longer one has more
+// samples).
+func profileSeconds() int {
+	if n, err := strconv.Atoi(os.Getenv("IOP_LOAD_PPROF_SECONDS")); err == nil && n >= 1 && n <= 120 {
+		return n
+	}
+	return 4
 }
 
 // traces saves a 2-second execution trace of each process while load runs.
