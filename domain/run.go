@@ -170,11 +170,50 @@ func (r *Run) Finish(ev RunEvent, now time.Time) error {
 	return nil
 }
 
+// Page sizes of a listing of a node's runs (ListRuns, the runs command).
+const (
+	DefaultRunPage = 50
+	MaxRunPage     = 1000
+)
+
 // RunFilter selects runs from a node's store; zero fields match everything.
+// A store lists them newest first, ties on CreatedAt broken by id, both
+// descending (RunKey): at most PageLimit of them, those after After when
+// it is set, so a listing continues page by page however many runs share
+// a creation time or are added meanwhile.
 type RunFilter struct {
 	Status  RunStatus
 	Adapter string
-	Limit   int // 0 means the store's default (50)
+	Limit   int // see PageLimit
+	After   *RunKey
+}
+
+// PageLimit is how many runs f asks for: Limit, DefaultRunPage when it is
+// not positive, and at most one more than MaxRunPage (what the runs
+// command asks for, to tell whether more follow a page).
+func (f RunFilter) PageLimit() int {
+	if f.Limit <= 0 {
+		return DefaultRunPage
+	}
+	return min(f.Limit, MaxRunPage+1)
+}
+
+// RunKey is where a run stands in a listing of a node's runs: newest first
+// by CreatedAt (as the store returned it), ties broken by ID, descending.
+type RunKey struct {
+	CreatedAt time.Time
+	ID        string
+}
+
+// Key is the run's place in a run listing.
+func (s RunSnapshot) Key() RunKey { return RunKey{CreatedAt: s.CreatedAt, ID: s.ID} }
+
+// Before reports whether k comes before o in a run listing.
+func (k RunKey) Before(o RunKey) bool {
+	if !k.CreatedAt.Equal(o.CreatedAt) {
+		return k.CreatedAt.After(o.CreatedAt)
+	}
+	return k.ID > o.ID
 }
 
 // UsageSummary aggregates one adapter's runs and token usage.

@@ -17,12 +17,6 @@ import (
 	"iop/ports"
 )
 
-// Limits of ListRuns; they match the SQLite store.
-const (
-	DefaultListLimit = 50
-	MaxListLimit     = 1000
-)
-
 // RunStore is a map-backed ports.RunStore.
 type RunStore struct {
 	mu   sync.Mutex
@@ -84,14 +78,15 @@ func (s *RunStore) GetRun(_ context.Context, id string) (*domain.Run, error) {
 	return domain.RehydrateRun(cloneSnapshot(snap))
 }
 
-// ListRuns returns copies of the runs matching f, newest first (ties broken
-// by id, descending). Limit <= 0 means DefaultListLimit; it is capped at
-// MaxListLimit.
+// ListRuns returns copies of the page f asks for of the runs matching it:
+// newest first, ties broken by id, both descending (domain.RunKey), those
+// after f.After when it is set, at most f.PageLimit().
 func (s *RunStore) ListRuns(_ context.Context, f domain.RunFilter) ([]*domain.Run, error) {
 	s.mu.Lock()
 	var snaps []domain.RunSnapshot
 	for _, snap := range s.runs {
-		if (f.Status == "" || snap.Status == f.Status) && (f.Adapter == "" || snap.Adapter == f.Adapter) {
+		if (f.Status == "" || snap.Status == f.Status) && (f.Adapter == "" || snap.Adapter == f.Adapter) &&
+			(f.After == nil || f.After.Before(snap.Key())) {
 			snaps = append(snaps, cloneSnapshot(snap))
 		}
 	}
@@ -103,7 +98,7 @@ func (s *RunStore) ListRuns(_ context.Context, f domain.RunFilter) ([]*domain.Ru
 		}
 		return cmp.Compare(b.ID, a.ID)
 	})
-	snaps = snaps[:min(len(snaps), listLimit(f.Limit))]
+	snaps = snaps[:min(len(snaps), f.PageLimit())]
 	runs := make([]*domain.Run, 0, len(snaps))
 	for _, snap := range snaps {
 		r, err := domain.RehydrateRun(snap)
@@ -113,16 +108,6 @@ func (s *RunStore) ListRuns(_ context.Context, f domain.RunFilter) ([]*domain.Ru
 		runs = append(runs, r)
 	}
 	return runs, nil
-}
-
-func listLimit(n int) int {
-	switch {
-	case n <= 0:
-		return DefaultListLimit
-	case n > MaxListLimit:
-		return MaxListLimit
-	}
-	return n
 }
 
 // UsageByAdapter returns one summary per adapter that has runs, ordered by

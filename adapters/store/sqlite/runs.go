@@ -17,12 +17,6 @@ import (
 	"iop/ports"
 )
 
-// Limits of ListRuns.
-const (
-	DefaultListLimit = 50
-	MaxListLimit     = 1000
-)
-
 // RunStore is the node's run record in SQLite.
 type RunStore struct {
 	db  *bun.DB
@@ -144,17 +138,24 @@ func placeholders(n int) string {
 	return strings.Join(p, ", ")
 }
 
-// insertArgs returns row's columns as insertRunSQL's arguments.
-func (db *DB) insertArgs(row *runRow) []any {
-	created := db.timeArg(row.CreatedAt)
-	if created == nil { // not null: bun writes the zero time as it is
-		created = row.CreatedAt.Format(sqliteTime)
+// createdArg is a run's creation time as a statement argument: as
+// timeArg, but the zero time as it is (the column is not null, and bun
+// writes the zero time as it is).
+func (db *DB) createdArg(t time.Time) any {
+	created := db.timeArg(t)
+	if created == nil {
+		created = t.UTC().Format(sqliteTime)
 		if db.postgres {
-			created = row.CreatedAt
+			created = t.UTC()
 		}
 	}
+	return created
+}
+
+// insertArgs returns row's columns as insertRunSQL's arguments.
+func (db *DB) insertArgs(row *runRow) []any {
 	args := make([]any, 0, len(createdColumns)+len(stateColumns))
-	args = append(args, row.ID, row.Adapter, row.Target, row.SessionID, row.Background, created)
+	args = append(args, row.ID, row.Adapter, row.Target, row.SessionID, row.Background, db.createdArg(row.CreatedAt))
 	return db.appendState(args, row)
 }
 
@@ -345,16 +346,23 @@ func (d *dbTime) parse(s string) error {
 	return fmt.Errorf("scan time: cannot parse %q", s)
 }
 
-// ListRuns returns the runs matching f, newest first (ties broken by id,
-// descending). Limit <= 0 means DefaultListLimit; it is capped at MaxListLimit.
+// ListRuns returns the page f asks for of the runs matching it: newest
+// first, ties on created_at broken by id, both descending
+// (domain.RunKey), those after f.After when it is set, at most
+// f.PageLimit().
 func (s *RunStore) ListRuns(ctx context.Context, f domain.RunFilter) ([]*domain.Run, error) {
 	var rows []runRow
-	q := s.db.NewSelect().Model(&rows).OrderExpr("created_at DESC, id DESC").Limit(int64(listLimit(f.Limit)))
+	q := s.db.NewSelect().Model(&rows).OrderExpr("created_at DESC, id DESC").Limit(int64(f.PageLimit()))
 	if f.Status != "" {
 		q = q.Where("status = ?", string(f.Status))
 	}
 	if f.Adapter != "" {
 		q = q.Where("adapter = ?", f.Adapter)
+	}
+	if a := f.After; a != nil {
+		// The first term lets the created_at index bound the scan.
+		created := s.raw.createdArg(a.CreatedAt)
+		q = q.Where("created_at <= ?", created).Where("(created_at, id) < (?, ?)", created, a.ID)
 	}
 	if err := q.Scan(ctx); err != nil {
 		return nil, fmt.Errorf("select runs: %w", err)
@@ -368,16 +376,6 @@ func (s *RunStore) ListRuns(ctx context.Context, f domain.RunFilter) ([]*domain.
 		runs = append(runs, r)
 	}
 	return runs, nil
-}
-
-func listLimit(n int) int {
-	switch {
-	case n <= 0:
-		return DefaultListLimit
-	case n > MaxListLimit:
-		return MaxListLimit
-	}
-	return n
 }
 
 // usageRow is one row of the UsageByAdapter aggregate.

@@ -259,7 +259,72 @@ func RunStoreContract(t *testing.T, newStore func(t *testing.T) ports.RunStore) 
 		}
 	})
 
-	t.Run("list limit defaults to 50 and caps at 1000", func(t *testing.T) {
+	t.Run("list pages by (created_at, id) however many runs share a time", func(t *testing.T) {
+		s, ctx := newStore(t), context.Background()
+		// r00..r11 in three instants, four runs each: every page boundary
+		// but the last falls inside a group of runs created at once. The
+		// times carry sub-microsecond digits (base), which a store may drop.
+		for i := range 12 {
+			mustCreate(t, s, mustNewRun(t, fmt.Sprintf("r%02d", i), "a", base.Add(time.Duration(i/4)*time.Minute)))
+		}
+		// One of another adapter and one other status, left out by the filters.
+		mustCreate(t, s, mustNewRun(t, "r05x", "b", base.Add(time.Minute)))
+		mustCreate(t, s, mustNewRun(t, "r06x", "a", base.Add(time.Minute)))
+		if err := s.UpdateRun(ctx, "r06x", transitionTo(domain.RunSucceeded, base.Add(2*time.Minute))); err != nil {
+			t.Fatal(err)
+		}
+		page := func(after *domain.RunKey, limit int) ([]*domain.Run, *domain.RunKey) {
+			t.Helper()
+			runs, err := s.ListRuns(ctx, domain.RunFilter{Adapter: "a", Status: domain.RunQueued, Limit: limit, After: after})
+			if err != nil {
+				t.Fatalf("ListRuns(after %+v): %v", after, err)
+			}
+			if len(runs) == 0 {
+				return nil, nil
+			}
+			k := runs[len(runs)-1].Snapshot().Key()
+			return runs, &k
+		}
+		p1, k := page(nil, 3)
+		if got, want := ids(p1), []string{"r11", "r10", "r09"}; !slices.Equal(got, want) {
+			t.Fatalf("page 1 = %v, want %v", got, want)
+		}
+		// Between pages: runs newer than the cursor (not listed), at its time
+		// before and after it in id order, and older.
+		mustCreate(t, s, mustNewRun(t, "r99", "a", base.Add(3*time.Minute)))
+		mustCreate(t, s, mustNewRun(t, "r09z", "a", base.Add(2*time.Minute))) // sorts before r09: already passed
+		mustCreate(t, s, mustNewRun(t, "r08z", "a", base.Add(2*time.Minute))) // sorts after r09: still to come
+		mustCreate(t, s, mustNewRun(t, "r00a", "a", base))
+		var all []string
+		all = append(all, ids(p1)...)
+		for pages := 0; k != nil; pages++ {
+			if pages > 10 {
+				t.Fatalf("no end after 10 pages: %v", all)
+			}
+			var p []*domain.Run
+			p, k = page(k, 3)
+			if len(p) > 3 {
+				t.Fatalf("page of %d runs, limit 3", len(p))
+			}
+			all = append(all, ids(p)...)
+		}
+		want := []string{"r11", "r10", "r09", "r08z", "r08", "r07", "r06", "r05", "r04", "r03", "r02", "r01", "r00a", "r00"}
+		if !slices.Equal(all, want) {
+			t.Fatalf("pages = %v, want %v", all, want)
+		}
+		// The key of the last run of all: nothing after it.
+		last := mustGet(t, s, "r00").Snapshot().Key()
+		if rest, k := page(&last, 0); rest != nil || k != nil {
+			t.Fatalf("after the last run: %v", ids(rest))
+		}
+		// A key of no stored run is a position all the same.
+		mid := domain.RunKey{CreatedAt: base.Add(90 * time.Second), ID: "r00"}
+		if p, _ := page(&mid, 2); !slices.Equal(ids(p), []string{"r07", "r06"}) {
+			t.Fatalf("after %+v = %v, want [r07 r06]", mid, ids(p))
+		}
+	})
+
+	t.Run("list limit defaults to 50 and caps at one more than 1000", func(t *testing.T) {
 		s, ctx := newStore(t), context.Background()
 		const n = 1005
 		for i := range n {
@@ -267,7 +332,7 @@ func RunStoreContract(t *testing.T, newStore func(t *testing.T) ports.RunStore) 
 		}
 		cases := []struct {
 			limit, want int
-		}{{0, 50}, {1000, 1000}, {1001, 1000}, {1 << 30, 1000}}
+		}{{0, 50}, {1000, 1000}, {1001, 1001}, {1002, 1001}, {1 << 30, 1001}}
 		for _, tc := range cases {
 			runs, err := s.ListRuns(ctx, domain.RunFilter{Limit: tc.limit})
 			if err != nil {
