@@ -199,15 +199,78 @@ func (h *CommandHandler) listRuns(ctx context.Context, args []byte) ([]byte, err
 	if a.Status != "" && !st.Valid() {
 		return nil, domain.Errorf(domain.CodeInvalidRequest, "unknown status %q (queued, running, succeeded, failed, cancelled)", a.Status)
 	}
-	runs, err := h.store.ListRuns(ctx, domain.RunFilter{Status: st, Adapter: a.Adapter, Limit: a.Limit})
+	page := a.Limit
+	switch {
+	case page <= 0:
+		page = domain.DefaultRunPage
+	case page > domain.MaxRunPage:
+		page = domain.MaxRunPage
+	}
+	// One more than the page, to tell whether more follow it.
+	f := domain.RunFilter{Status: st, Adapter: a.Adapter, Limit: page + 1}
+	if a.Cursor != "" {
+		k, err := decodeRunCursor(a.Cursor)
+		if err != nil {
+			return nil, err
+		}
+		f.After = &k
+	}
+	runs, err := h.store.ListRuns(ctx, f)
 	if err != nil {
 		return nil, err
 	}
-	out := nodecmd.RunList{Runs: []nodecmd.Run{}}
+	more := len(runs) > page
+	runs = runs[:min(len(runs), page)]
+	out := nodecmd.RunList{Runs: make([]nodecmd.Run, 0, len(runs))}
 	for _, r := range runs {
 		out.Runs = append(out.Runs, RunRecord(r.Snapshot()))
 	}
+	if more {
+		out.NextCursor = encodeRunCursor(runs[len(runs)-1].Snapshot().Key())
+	}
 	return json.Marshal(out)
+}
+
+// runCursorTag opens every runs cursor, so one of another listing (a
+// session_list cursor, an edge's GET /v1/runs one) is refused, not taken
+// for a position.
+const runCursorTag = "runs"
+
+// A runs cursor is the last listed run's key, as the JSON array ["runs",
+// creation time in RFC 3339 with the store's own precision, run id] in
+// unpadded base64url: opaque to callers, exact for any time a store
+// keeps, and a run id may hold any character.
+func encodeRunCursor(k domain.RunKey) string {
+	b, _ := json.Marshal([]string{runCursorTag, k.CreatedAt.UTC().Format(time.RFC3339Nano), k.ID})
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeRunCursor(c string) (domain.RunKey, error) {
+	bad := domain.Errorf(domain.CodeInvalidRequest, "cursor %q is not one this node's runs listing returned", clipCursor(c))
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return domain.RunKey{}, bad
+	}
+	var parts []string
+	if json.Unmarshal(b, &parts) != nil || len(parts) != 3 || parts[0] != runCursorTag || parts[2] == "" ||
+		domain.CheckID("run_id", parts[2]) != nil {
+		return domain.RunKey{}, bad
+	}
+	at, err := time.Parse(time.RFC3339Nano, parts[1])
+	if err != nil {
+		return domain.RunKey{}, bad
+	}
+	return domain.RunKey{CreatedAt: at.UTC(), ID: parts[2]}, nil
+}
+
+// clipCursor is c as an error message quotes it: a cursor is short, but
+// a caller may send anything.
+func clipCursor(c string) string {
+	const most = 200
+	if len(c) <= most {
+		return c
+	}
+	return strings.ToValidUTF8(c[:most], "") + "…"
 }
 
 // listSessions answers session_list: one page of the node's sessions,

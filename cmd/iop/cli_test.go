@@ -659,6 +659,77 @@ func TestRuns(t *testing.T) {
 	}
 }
 
+// iop node runs pages a node's own store: its flags are the runs
+// command's arguments, and a page with more after it prints the command
+// for the next one (same filters, the node's cursor) to stderr.
+func TestNodeRuns(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 200, `{"nodes":[{"id":"n1","connected":true,"adapters":[]},{"id":"n2","connected":true,"adapters":[]}]}`)
+	var mu sync.Mutex
+	var runsArgs []string
+	e.mux.HandleFunc("POST /v1/nodes/{id}/commands", func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Command string
+			Args    json.RawMessage
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		id := r.PathValue("id")
+		w.Header().Set("Content-Type", "application/json")
+		if body.Command != "runs" {
+			w.WriteHeader(400)
+			_, _ = io.WriteString(w, `{"error":{"code":"unknown_command","message":"unknown command"}}`)
+			return
+		}
+		mu.Lock()
+		runsArgs = append(runsArgs, id+" "+string(body.Args))
+		mu.Unlock()
+		if strings.Contains(string(body.Args), "bad") {
+			w.WriteHeader(400)
+			_, _ = io.WriteString(w, `{"error":{"code":"invalid_request","message":"cursor \"bad\" is not one this node's runs listing returned"}}`)
+			return
+		}
+		next := ""
+		if !strings.Contains(string(body.Args), "cursor") {
+			next = `,"next_cursor":"c-` + id + `"`
+		}
+		_, _ = io.WriteString(w, `{"runs":[{"run_id":"r-`+id+`","adapter":"exec","target":"upper","status":"failed","background":false,
+			"created_at":"2026-03-01T11:00:00Z","started_at":"2026-03-01T11:00:01Z","finished_at":"2026-03-01T11:00:03.5Z",
+			"error":{"code":"exit_1","message":"exit status 1"}}]`+next+`}`)
+	})
+	r := run(t, e.URL, "node", "runs", "n1", "--limit", "1", "--adapter", "exec", "--status", "failed")
+	r.want(t, 0, ""+
+		"NODE  RUN   ADAPTER  TARGET  STATUS  CREATED              DURATION  ERROR\n"+
+		"n1    r-n1  exec     upper   failed  2026-03-01 11:00:00  2.5s      exit_1: exit status 1\n")
+	if r.stderr != "more runs on node n1: iop node runs n1 --adapter exec --status failed --limit 1 --cursor c-n1\n" {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+	if r = run(t, e.URL, "node", "runs", "n1", "--cursor", "c-n1"); r.code != 0 || r.stderr != "" || !strings.Contains(r.stdout, "r-n1") {
+		t.Fatalf("next page: %+v", r)
+	}
+	// Every node: a page each, and a hint for each node with more.
+	if r = run(t, e.URL, "node", "runs"); r.code != 0 || !strings.Contains(r.stdout, "r-n1") || !strings.Contains(r.stdout, "r-n2") ||
+		r.stderr != "more runs on node n1: iop node runs n1 --cursor c-n1\nmore runs on node n2: iop node runs n2 --cursor c-n2\n" {
+		t.Fatalf("every node: %+v", r)
+	}
+	if r = run(t, e.URL, "node", "runs", "--cursor", "c-n1"); r.code != 2 || !strings.Contains(r.stderr, "name the NODE") {
+		t.Fatalf("--cursor without NODE: %+v", r)
+	}
+	if r = run(t, e.URL, "node", "runs", "n1", "--limit", "-1"); r.code != 2 || !strings.Contains(r.stderr, "--limit must not be negative") {
+		t.Fatalf("--limit -1: %+v", r)
+	}
+	if r = run(t, e.URL, "node", "runs", "n1", "--cursor", "bad"); r.code != 1 || !strings.Contains(r.stderr, "is not one this node's runs listing returned") {
+		t.Fatalf("a foreign cursor: %+v", r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{
+		`n1 {"status":"failed","adapter":"exec","limit":1}`, `n1 {"limit":0,"cursor":"c-n1"}`,
+		`n1 {"limit":0}`, `n2 {"limit":0}`, `n1 {"limit":0,"cursor":"bad"}`,
+	}; !slices.Equal(runsArgs, want) {
+		t.Errorf("runs args %q, want %q", runsArgs, want)
+	}
+}
+
 // The edge's history sends created_at and finished_at (null while the run
 // goes on), never started_at: the shape of adapters/http/history.go's
 // runRecordJSON. Durations count from created_at then.

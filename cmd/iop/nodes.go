@@ -148,7 +148,7 @@ type nodeResult struct {
 func (a *app) nodeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "node",
-		Short: "Run node commands (capabilities, transport, usage, sessions, raw)",
+		Short: "Run node commands (capabilities, transport, usage, sessions, runs, raw)",
 		Args:  cobra.ArbitraryArgs,
 		RunE:  groupRunE(a),
 	}
@@ -157,6 +157,7 @@ func (a *app) nodeCmd() *cobra.Command {
 		{"transport", "transport_status", "Link status of nodes: connected since, reconnects, RTT, traffic", renderTransport, nil, ""},
 		{"usage", "usage_status", "Runs and token usage per adapter, from the nodes' stores", renderUsage, nil, ""},
 		{"sessions", "session_list", "Logical sessions kept by the nodes' adapters, newest first, a page per node", renderSessions, sessionFlags, "[--adapter A] [--limit N] [--cursor C]"},
+		{"runs", "runs", "Runs recorded in the nodes' own stores, newest first, a page per node", renderNodeRuns, nodeRunsFlags, "[--adapter A] [--status S] [--limit N] [--cursor C]"},
 	}
 	for _, r := range reports {
 		sub := &cobra.Command{
@@ -374,6 +375,71 @@ func renderSessions(a *app, results []nodeResult, args any) error {
 		fmt.Fprintln(a.stderr, "no sessions")
 	} else {
 		t := newTable(a.stdout, "NODE", "ADAPTER", "TARGET", "SESSION", "TURNS", "LAST USED")
+		for _, r := range rows {
+			t.row(r...)
+		}
+		t.flush()
+	}
+	for _, m := range more {
+		fmt.Fprintln(a.stderr, m)
+	}
+	return nil
+}
+
+// nodeRunsFlags are the flags of iop node runs: the runs command's
+// arguments (a page per node, newest first).
+func nodeRunsFlags(cmd *cobra.Command) func(one bool) (any, error) {
+	var a nodecmd.RunsArgs
+	cmd.Flags().StringVar(&a.Adapter, "adapter", "", "only this adapter's runs")
+	cmd.Flags().StringVar(&a.Status, "status", "", "only runs with this status (queued, running, succeeded, failed, cancelled)")
+	cmd.Flags().IntVar(&a.Limit, "limit", 0, "at most this many runs per node (node default 50, at most 1000)")
+	cmd.Flags().StringVar(&a.Cursor, "cursor", "", "continue a node's listing (the cursor a previous page printed; name the NODE)")
+	return func(one bool) (any, error) {
+		switch {
+		case a.Limit < 0:
+			return nil, usageError("--limit must not be negative")
+		case a.Cursor != "" && !one:
+			return nil, usageError("--cursor continues one node's listing: name the NODE")
+		}
+		return a, nil
+	}
+}
+
+func renderNodeRuns(a *app, results []nodeResult, args any) error {
+	var rows [][]string
+	var more []string
+	now := a.now()
+	// The next page is asked with the same filters and page size (the
+	// cursor holds only the position).
+	var filters string
+	if q, ok := args.(nodecmd.RunsArgs); ok {
+		if q.Adapter != "" {
+			filters += " --adapter " + printable(q.Adapter)
+		}
+		if q.Status != "" {
+			filters += " --status " + printable(q.Status)
+		}
+		if q.Limit > 0 {
+			filters += " --limit " + strconv.Itoa(q.Limit)
+		}
+	}
+	err := decodeEach(results, func(node string, l nodecmd.RunList) {
+		// A node lists its runs newest first.
+		for _, r := range l.Runs {
+			ri := runInfo(r)
+			rows = append(rows, []string{node, r.RunID, r.Adapter, r.Target, r.Status, a.clock(r.CreatedAt), ri.duration(now), truncate(ri.errorText(), 60)})
+		}
+		if l.NextCursor != "" {
+			more = append(more, fmt.Sprintf("more runs on node %s: iop node runs %s%s --cursor %s", printable(node), printable(node), filters, printable(l.NextCursor)))
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(a.stderr, "no runs")
+	} else {
+		t := newTable(a.stdout, "NODE", "RUN", "ADAPTER", "TARGET", "STATUS", "CREATED", "DURATION", "ERROR")
 		for _, r := range rows {
 			t.row(r...)
 		}

@@ -33,11 +33,17 @@ type Selector struct {
 	Provider string `json:"provider,omitempty"`
 }
 
-// RunsArgs are the arguments of "runs"; zero fields match everything.
+// RunsArgs are the arguments of "runs": one page of the node's runs,
+// newest first (by creation; ties by run id, descending). Status and
+// Adapter filter them (empty: every run); Limit is the page's size (0:
+// 50; at most 1000); Cursor continues after the page that returned it as
+// NextCursor (pass the same filters again: the cursor holds only the
+// position).
 type RunsArgs struct {
 	Status  string `json:"status,omitempty"`
 	Adapter string `json:"adapter,omitempty"`
 	Limit   int    `json:"limit"`
+	Cursor  string `json:"cursor,omitempty"`
 }
 
 // RunGetArgs are the arguments of "run_get".
@@ -150,9 +156,11 @@ type Session struct {
 	AgentSessionID string    `json:"agent_session_id,omitempty"`
 }
 
-// RunList answers "runs".
+// RunList answers "runs". NextCursor, absent on the last page, continues
+// the listing (RunsArgs.Cursor).
 type RunList struct {
-	Runs []Run `json:"runs"`
+	Runs       []Run  `json:"runs"`
+	NextCursor string `json:"next_cursor,omitempty"`
 }
 
 // Run is one run as recorded in the node's store ("run_get").
