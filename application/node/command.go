@@ -208,8 +208,9 @@ func (h *CommandHandler) listRuns(ctx context.Context, args []byte) ([]byte, err
 	}
 	// One more than the page, to tell whether more follow it.
 	f := domain.RunFilter{Status: st, Adapter: a.Adapter, Limit: page + 1}
+	nodeID, _ := h.rt.Version()
 	if a.Cursor != "" {
-		k, err := decodeRunCursor(a.Cursor)
+		k, err := decodeRunCursor(nodeID, a.Cursor)
 		if err != nil {
 			return nil, err
 		}
@@ -226,7 +227,7 @@ func (h *CommandHandler) listRuns(ctx context.Context, args []byte) ([]byte, err
 		out.Runs = append(out.Runs, RunRecord(r.Snapshot()))
 	}
 	if more {
-		out.NextCursor = encodeRunCursor(runs[len(runs)-1].Snapshot().Key())
+		out.NextCursor = encodeRunCursor(nodeID, runs[len(runs)-1].Snapshot().Key())
 	}
 	return json.Marshal(out)
 }
@@ -237,30 +238,32 @@ func (h *CommandHandler) listRuns(ctx context.Context, args []byte) ([]byte, err
 const runCursorTag = "runs"
 
 // A runs cursor is the last listed run's key, as the JSON array ["runs",
-// creation time in RFC 3339 with the store's own precision, run id] in
-// unpadded base64url: opaque to callers, exact for any time a store
-// keeps, and a run id may hold any character.
-func encodeRunCursor(k domain.RunKey) string {
-	b, _ := json.Marshal([]string{runCursorTag, k.CreatedAt.UTC().Format(time.RFC3339Nano), k.ID})
+// node id, creation time in RFC 3339 with the store's own precision, run
+// id] in unpadded base64url: opaque to callers, exact for any time a store
+// keeps, and a run id may hold any character. The node id makes another
+// node's cursor an error rather than a position in this node's runs,
+// which would skip the newer ones unseen.
+func encodeRunCursor(node string, k domain.RunKey) string {
+	b, _ := json.Marshal([]string{runCursorTag, node, k.CreatedAt.UTC().Format(time.RFC3339Nano), k.ID})
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-func decodeRunCursor(c string) (domain.RunKey, error) {
+func decodeRunCursor(node, c string) (domain.RunKey, error) {
 	bad := domain.Errorf(domain.CodeInvalidRequest, "cursor %q is not one this node's runs listing returned", clipCursor(c))
 	b, err := base64.RawURLEncoding.DecodeString(c)
 	if err != nil {
 		return domain.RunKey{}, bad
 	}
 	var parts []string
-	if json.Unmarshal(b, &parts) != nil || len(parts) != 3 || parts[0] != runCursorTag || parts[2] == "" ||
-		domain.CheckID("run_id", parts[2]) != nil {
+	if json.Unmarshal(b, &parts) != nil || len(parts) != 4 || parts[0] != runCursorTag || parts[1] != node ||
+		parts[3] == "" || domain.CheckID("run_id", parts[3]) != nil {
 		return domain.RunKey{}, bad
 	}
-	at, err := time.Parse(time.RFC3339Nano, parts[1])
+	at, err := time.Parse(time.RFC3339Nano, parts[2])
 	if err != nil {
 		return domain.RunKey{}, bad
 	}
-	return domain.RunKey{CreatedAt: at.UTC(), ID: parts[2]}, nil
+	return domain.RunKey{CreatedAt: at.UTC(), ID: parts[3]}, nil
 }
 
 // clipCursor is c as an error message quotes it: a cursor is short, but

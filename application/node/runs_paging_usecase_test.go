@@ -180,11 +180,14 @@ func TestRunsCommandRefusesForeignCursors(t *testing.T) {
 				"nope!",
 				b64(`[1767225600000000,"chat","s1"]`), // a session_list cursor
 				b64("1767225600000000|r1"),            // an edge's GET /v1/runs cursor
-				b64(`["runs","2026-05-01T10:00:00Z"]`),
-				b64(`["runs","yesterday","r1"]`),
-				b64(`["runs","2026-05-01T10:00:00Z",""]`),
-				b64(`["runs","2026-05-01T10:00:00Z","r\u0000"]`),
-				b64(`["sessions","2026-05-01T10:00:00Z","r1"]`),
+				b64(`["runs","n1","2026-05-01T10:00:00Z"]`),
+				b64(`["runs","2026-05-01T10:00:00Z","r1"]`),
+				b64(`["runs","n1","yesterday","r1"]`),
+				b64(`["runs","n1","2026-05-01T10:00:00Z",""]`),
+				b64(`["runs","n1","2026-05-01T10:00:00Z","r\u0000"]`),
+				b64(`["sessions","n1","2026-05-01T10:00:00Z","r1"]`),
+				b64(`["runs","n2","2026-05-01T10:00:00Z","r1"]`), // another node's
+				b64(`["runs","","2026-05-01T10:00:00Z","r1"]`),
 				b64(`{"runs":1}`),
 				strings.Repeat("A", 5000),
 			} {
@@ -193,6 +196,10 @@ func TestRunsCommandRefusesForeignCursors(t *testing.T) {
 				if !errors.Is(err, domain.ErrInvalidRequest) || !strings.Contains(err.Error(), "cursor") || len(err.Error()) > 400 {
 					t.Errorf("cursor %.40q: %v; want invalid_request naming the cursor", c, err)
 				}
+			}
+			// The node's own cursor of the same shape is a position.
+			if l, err := list(`{"cursor":"` + b64(`["runs","n1","2026-05-01T10:00:01Z","r1"]`) + `"}`); err != nil || len(l.Runs) != 1 {
+				t.Fatalf("this node's cursor: %+v, %v; want r1", l, err)
 			}
 		})
 	}
