@@ -149,7 +149,7 @@ func TestGroupCommitSplitsLongQueues(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	runs, err := s.ListRuns(ctx, domain.RunFilter{Limit: MaxListLimit})
+	runs, err := s.ListRuns(ctx, domain.RunFilter{Limit: domain.MaxRunPage})
 	if err != nil || len(runs) != 2*maxGroup+3 {
 		t.Fatalf("ListRuns: %d runs, %v; want %d", len(runs), err, 2*maxGroup+3)
 	}
