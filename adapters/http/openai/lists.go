@@ -42,17 +42,19 @@ func (h *Handler) refreshCatalog(r *http.Request) {
 }
 
 // listModels answers GET /v1/models in OpenAI's list shape: one entry per
-// model and node (owned_by is the node id). Asked by an Anthropic client
+// model and node (owned_by is the node id) of the providers that speak the
+// OpenAI API. Asked by an Anthropic client
 // (anthropic-version set), each entry also carries the Anthropic Models API
 // fields (type, display_name, created_at) and the list its paging fields,
-// so either kind of client reads the same list.
+// and it lists the models of the providers that speak the Anthropic
+// Messages API instead: each client sees the models it can use.
 func (h *Handler) listModels(w http.ResponseWriter, r *http.Request) {
-	entries, err := h.models(r)
+	anthropic := r.Header.Get("Anthropic-Version") != ""
+	entries, err := h.models(r, anthropic)
 	if err != nil {
 		h.fail(w, r, err, nil, "")
 		return
 	}
-	anthropic := r.Header.Get("Anthropic-Version") != ""
 	out := modelList{Object: "list", Data: []modelObject{}}
 	seen := map[[2]string]bool{}
 	for _, e := range entries {
@@ -120,10 +122,12 @@ func anthropicPage(list modelList, q url.Values) (anthropicModelList, error) {
 	return page, nil
 }
 
-// getModel answers GET /v1/models/{model} with the first node serving it.
+// getModel answers GET /v1/models/{model} with the first node serving it
+// to the caller's API, as listModels lists them.
 func (h *Handler) getModel(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
-	entries, err := h.models(r)
+	anthropic := r.Header.Get("Anthropic-Version") != ""
+	entries, err := h.models(r, anthropic)
 	if err != nil {
 		h.fail(w, r, err, nil, "")
 		return
@@ -131,7 +135,6 @@ func (h *Handler) getModel(w http.ResponseWriter, r *http.Request) {
 	for _, exact := range []bool{true, false} {
 		for _, e := range entries {
 			if e.ID == id || (!exact && edge.MatchProviderModel(e.Type, e.ID, id)) {
-				anthropic := r.Header.Get("Anthropic-Version") != ""
 				if anthropic {
 					requestid.Stamp(w.Header())
 				}
@@ -144,17 +147,37 @@ func (h *Handler) getModel(w http.ResponseWriter, r *http.Request) {
 }
 
 // models returns the catalog, refreshed if it was not just now, limited to
-// the pinned node if there is one and to the nodes the caller's key may see.
-func (h *Handler) models(r *http.Request) ([]edge.ModelEntry, error) {
+// the pinned node if there is one, to the nodes the caller's key may see
+// and to the providers that answer the caller's API (the Anthropic Messages
+// API for an Anthropic client, else OpenAI's): the models its requests can
+// reach, as routing picks providers (an anthropic provider's model is no
+// OpenAI model).
+func (h *Handler) models(r *http.Request, anthropic bool) ([]edge.ModelEntry, error) {
 	h.refreshCatalog(r)
 	caller := domain.PrincipalFrom(r.Context())
+	var all []edge.ModelEntry
 	if node := r.Header.Get(NodeHeader); node != "" {
 		if !caller.SeesNode(node) {
 			return nil, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", node)
 		}
-		return h.deps.Models.NodeModels(node)
+		var err error
+		if all, err = h.deps.Models.NodeModels(node); err != nil {
+			return nil, err
+		}
+	} else {
+		all = visibleModels(caller, h.deps.Models.Models())
 	}
-	return visibleModels(caller, h.deps.Models.Models()), nil
+	family := domain.ProviderOpenAI
+	if anthropic {
+		family = domain.ProviderAnthropic
+	}
+	out := make([]edge.ModelEntry, 0, len(all))
+	for _, e := range all {
+		if edge.Speaks(e.Type, family) {
+			out = append(out, e)
+		}
+	}
+	return out, nil
 }
 
 // visibleModels drops the models of nodes caller may not see.

@@ -642,3 +642,66 @@ func TestAnthropicAnswersTheEdgeMakesCarryARequestID(t *testing.T) {
 		t.Fatalf("relayed: %d request-id %q %s", resp.StatusCode, resp.Header.Get("request-id"), got)
 	}
 }
+
+// TestModelListsNameWhatTheirClientCanUse: the OpenAI client's model list
+// and lookup name only the models of providers that answer OpenAI requests
+// (as routing does), so an anthropic provider's model is not offered to a
+// client that could not use it; the Anthropic client's list names those of
+// the providers that answer the Messages API.
+func TestModelListsNameWhatTheirClientCanUse(t *testing.T) {
+	e := newEnv(t)
+	e.node(t, "gpu", serve(response(200, "application/json", `{}`)...),
+		provider("ant", domain.ProviderAnthropic, "claude-x"), provider("vllm", domain.ProviderOpenAI, "qwen"), provider("ol", domain.ProviderOllama, "tiny"))
+	ids := func(hdr ...string) string {
+		t.Helper()
+		resp := do(t, http.MethodGet, e.srv.URL+"/v1/models", "", hdr...)
+		var list struct {
+			Data []struct {
+				ID string `json:"id"`
+			} `json:"data"`
+		}
+		if got := readAll(t, resp); resp.StatusCode != 200 || json.Unmarshal([]byte(got), &list) != nil {
+			t.Fatalf("GET /v1/models %v: %d %s", hdr, resp.StatusCode, got)
+		}
+		var out []string
+		for _, d := range list.Data {
+			out = append(out, d.ID)
+		}
+		return strings.Join(out, " ")
+	}
+	if got := ids(); got != "qwen tiny" {
+		t.Fatalf("OpenAI list: %s, want qwen tiny (claude-x is an anthropic provider's)", got)
+	}
+	if got := ids("X-IOP-Node", "gpu"); got != "qwen tiny" {
+		t.Fatalf("OpenAI list pinned to the node: %s, want qwen tiny", got)
+	}
+	if got := ids("Anthropic-Version", "2023-06-01"); got != "claude-x qwen tiny" {
+		t.Fatalf("Anthropic list: %s, want every provider that speaks the Messages API", got)
+	}
+
+	resp := do(t, http.MethodGet, e.srv.URL+"/v1/models/claude-x", "")
+	var oe struct {
+		Error struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Code    string `json:"code"`
+		} `json:"error"`
+	}
+	if got := readAll(t, resp); resp.StatusCode != 404 || json.Unmarshal([]byte(got), &oe) != nil || oe.Error.Code != "model_not_found" || oe.Error.Type != "invalid_request_error" || !strings.Contains(oe.Error.Message, "claude-x") {
+		t.Fatalf("GET /v1/models/claude-x from an OpenAI client: %d %s, want OpenAI's 404 as its chat request gets", resp.StatusCode, got)
+	}
+	resp = do(t, http.MethodPost, e.srv.URL+"/v1/chat/completions", `{"model":"claude-x","messages":[]}`)
+	if got := readAll(t, resp); resp.StatusCode != 404 {
+		t.Fatalf("chat with claude-x: %d %s (the list must agree with routing)", resp.StatusCode, got)
+	}
+	for _, c := range []struct{ path, hdr string }{{"/v1/models/qwen", ""}, {"/v1/models/tiny", ""}, {"/v1/models/claude-x", "2023-06-01"}, {"/v1/models/qwen", "2023-06-01"}} {
+		var hdr []string
+		if c.hdr != "" {
+			hdr = []string{"Anthropic-Version", c.hdr}
+		}
+		resp := do(t, http.MethodGet, e.srv.URL+c.path, "", hdr...)
+		if got := readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("GET %s %v: %d %s", c.path, hdr, resp.StatusCode, got)
+		}
+	}
+}
