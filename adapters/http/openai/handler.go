@@ -9,7 +9,8 @@
 //	POST /v1/chat/completions, /v1/completions, /v1/embeddings,
 //	     /v1/responses, /v1/images/generations, /v1/rerank        → a provider of the OpenAI API, by the body's "model"
 //	POST /v1/audio/transcriptions, /v1/audio/translations         → the same, the model read from the multipart form
-//	POST /v1/responses with a previous_response_id seen created,
+//	POST /v1/responses/compact, /v1/responses/input_tokens          → the same (by "model"; input_tokens may name only a previous_response_id seen created)
+//	POST /v1/responses{,/compact,/input_tokens} with a previous_response_id seen created,
 //	GET|DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel,
 //	GET /v1/responses/{id}/input_items                            → the node and provider that created the response
 //	POST /v1/messages, /v1/messages/count_tokens                  → a provider of the Anthropic Messages API
@@ -52,8 +53,9 @@
 // 413). The body is read only as far as the model: a byte scan of the
 // top-level JSON object that keeps what it read and a depth counter, never
 // a parse tree, refuses nesting deeper than MaxDepth (400) and stops at
-// "model" (on POST /v1/responses, once it has seen both "model" and
-// "previous_response_id", so at the end of a body without the latter);
+// "model" (on POST /v1/responses and its /compact and /input_tokens, once
+// it has seen both "model" and "previous_response_id", so at the end of a
+// body without the latter);
 // what was read and the rest of the body then stream to the node as the
 // caller sends them, through a guard that fails the body on a model (or
 // previous_response_id) named twice (keyGuard, formGuard). So a request
@@ -143,6 +145,9 @@ type target struct {
 	// followUp is the id of the stored response a follow-up (retrieve,
 	// delete, cancel, input items) is about: its usage was counted once.
 	followUp string
+	// modelOptional: a body without a model is routed by its follows id
+	// alone when that id is remembered (else it is still refused).
+	modelOptional bool
 }
 
 var (
@@ -203,6 +208,11 @@ func New(deps Deps, log *slog.Logger) *Handler {
 			h.proxy(w, r, target{family: domain.ProviderOllama}, "", "")
 		}),
 	}
+	// Compaction and input token counts take a create's body (model,
+	// input, previous_response_id) and create nothing to follow up;
+	// counting needs no model when the previous response says where.
+	h.routes["/v1/responses/compact"] = post(via(target{family: domain.ProviderOpenAI, keys: modelKeys, follows: "previous_response_id"}))
+	h.routes["/v1/responses/input_tokens"] = post(via(target{family: domain.ProviderOpenAI, keys: modelKeys, follows: "previous_response_id", modelOptional: true}))
 	return h
 }
 
@@ -312,30 +322,34 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 			WriteError(w, r, http.StatusBadRequest, domain.CodeInvalidRequest, err.Error())
 			return
 		}
-		if model == "" {
+		// An id this edge did not see created (or one on a node the caller
+		// may not see, as for the follow-ups) is routed by model alone.
+		// Another key's response is not continued: the provider would
+		// replay its conversation to this caller.
+		pinned := false
+		if at, ok := h.responses.get(follows); follows != "" && ok {
+			p := domain.PrincipalFrom(r.Context())
+			switch {
+			case at.usableBy(p):
+				node, provider, pinned = at.node, at.provider, true
+			case p.SeesNode(at.node) && model != "":
+				WriteError(w, r, http.StatusNotFound, "previous_response_not_found", fmt.Sprintf("previous response %q was not created through this edge", follows))
+				return
+			}
+		}
+		if model == "" && !(t.modelOptional && pinned) {
 			what := ""
 			if len(t.keys) > 0 {
 				what = fmt.Sprintf("%q is required", t.keys[0])
+				if t.modelOptional {
+					what += fmt.Sprintf(" (or a %s of a response created through this edge)", t.follows)
+				}
 			}
 			if t.form {
 				what = `the form field "model" is required`
 			}
 			WriteError(w, r, http.StatusBadRequest, domain.CodeInvalidRequest, what)
 			return
-		}
-		// An id this edge did not see created (or one on a node the caller
-		// may not see, as for the follow-ups) is routed by model alone.
-		// Another key's response is not continued: the provider would
-		// replay its conversation to this caller.
-		if at, ok := h.responses.get(follows); follows != "" && ok {
-			p := domain.PrincipalFrom(r.Context())
-			switch {
-			case at.usableBy(p):
-				node, provider = at.node, at.provider
-			case p.SeesNode(at.node):
-				WriteError(w, r, http.StatusNotFound, "previous_response_not_found", fmt.Sprintf("previous response %q was not created through this edge", follows))
-				return
-			}
 		}
 		head, rest = p.body()
 	case r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0:

@@ -8,8 +8,10 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 
 	"iop/domain"
+	"iop/ports"
 )
 
 // recordedStream is a chat completion streamed by api.openai.com with
@@ -98,4 +100,40 @@ func TestOfficialOpenAIClientStreamsThroughTheEdge(t *testing.T) {
 		l := e.ledger.Snapshot()
 		return len(l) == 1 && l[0].Node == "gpu-box" && l[0].Model == "gpt-4o-mini" && l[0].TotalTokens == 20
 	})
+}
+
+// The official client's Responses.Compact and Responses.InputTokens.Count
+// reach a provider through the edge and read its answers.
+func TestOfficialOpenAIClientCompactsAndCountsThroughTheEdge(t *testing.T) {
+	e := newEnv(t)
+	link := e.node(t, "gpu-box", func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+		if req.Path == "/v1/responses/input_tokens" {
+			return newFakeStream(response(200, "application/json", `{"object":"response.input_tokens","input_tokens":42}`)...), nil
+		}
+		return newFakeStream(response(200, "application/json", `{"id":"cmp_1","object":"response.compaction","created_at":1700000000,"output":[],"usage":{"input_tokens":3,"input_tokens_details":{"cached_tokens":0},"output_tokens":1,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":4}}`)...), nil
+	}, provider("openai", domain.ProviderOpenAI, "gpt-4o-mini"))
+
+	client := openai.NewClient(option.WithBaseURL(e.srv.URL+"/v1"), option.WithAPIKey("edge-key"), option.WithMaxRetries(0))
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	compacted, err := client.Responses.Compact(ctx, responses.ResponseCompactParams{
+		Model: "gpt-4o-mini",
+		Input: responses.ResponseCompactParamsInputUnion{OfString: openai.String("a long chat")},
+	})
+	if err != nil || compacted.ID != "cmp_1" || compacted.Usage.TotalTokens != 4 {
+		t.Fatalf("Compact: %+v, %v", compacted, err)
+	}
+	if o := link.last(t); o.req.Path != "/v1/responses/compact" || !strings.Contains(string(o.body), `"model":"gpt-4o-mini"`) {
+		t.Fatalf("Compact forwarded as %s %q", o.req.Path, o.body)
+	}
+	counted, err := client.Responses.InputTokens.Count(ctx, responses.InputTokenCountParams{
+		Model: openai.String("gpt-4o-mini"),
+		Input: responses.InputTokenCountParamsInputUnion{OfString: openai.String("count me")},
+	})
+	if err != nil || counted.InputTokens != 42 {
+		t.Fatalf("InputTokens.Count: %+v, %v", counted, err)
+	}
+	if o := link.last(t); o.req.Path != "/v1/responses/input_tokens" || !strings.Contains(string(o.body), `"model":"gpt-4o-mini"`) {
+		t.Fatalf("Count forwarded as %s %q", o.req.Path, o.body)
+	}
 }

@@ -705,3 +705,85 @@ func TestModelListsNameWhatTheirClientCanUse(t *testing.T) {
 		}
 	}
 }
+
+// TestResponsesCompactAndInputTokensPassThrough: POST /v1/responses/compact
+// and /v1/responses/input_tokens are routed as creates are (by model, and
+// to the node holding a previous_response_id the edge saw created), not
+// taken for follow-ups of a response named "compact", and reach the
+// provider at the same path with the same body.
+func TestResponsesCompactAndInputTokensPassThrough(t *testing.T) {
+	e := newEnv(t)
+	var mu sync.Mutex
+	made := 0
+	answer := func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+		switch req.Path {
+		case "/v1/responses/compact":
+			return newFakeStream(response(200, "application/json", `{"id":"cmp_1","object":"response.compaction","created_at":1,"output":[],"usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4}}`)...), nil
+		case "/v1/responses/input_tokens":
+			return newFakeStream(response(200, "application/json", `{"object":"response.input_tokens","input_tokens":42}`)...), nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		made++
+		return newFakeStream(response(200, "application/json", fmt.Sprintf(`{"id":"resp_%s%d","object":"response"}`, req.Provider, made))...), nil
+	}
+	a := e.node(t, "a", answer, provider("pa", domain.ProviderOpenAI, "m"))
+	b := e.node(t, "b", answer, provider("pb", domain.ProviderOpenAI, "m"))
+
+	for _, c := range []struct{ path, body, want string }{
+		{"/v1/responses/compact", `{"model":"m","input":"a long chat"}`, `"object":"response.compaction"`},
+		{"/v1/responses/input_tokens", `{"input":"count me","model":"m"}`, `"input_tokens":42`},
+	} {
+		na, nb := a.count(), b.count()
+		resp := do(t, http.MethodPost, e.srv.URL+c.path, c.body, "Content-Type", "application/json")
+		got := readAll(t, resp)
+		if resp.StatusCode != 200 || !strings.Contains(got, c.want) || a.count()+b.count() != na+nb+1 {
+			t.Fatalf("POST %s: %d %s", c.path, resp.StatusCode, got)
+		}
+		link := a
+		if b.count() > nb {
+			link = b
+		}
+		if o := link.last(t); o.req.Method != http.MethodPost || o.req.Path != c.path || string(o.body) != c.body {
+			t.Fatalf("POST %s forwarded as %s %s %q", c.path, o.req.Method, o.req.Path, o.body)
+		}
+	}
+
+	// Continuing a response created on b: to b's provider, over a pin
+	// elsewhere; counting may name no model then.
+	resp := do(t, http.MethodPost, e.srv.URL+"/v1/responses", `{"model":"m","input":"hi"}`, "X-IOP-Node", "b")
+	created := readAll(t, resp)
+	var id struct {
+		ID string `json:"id"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal([]byte(created), &id) != nil || id.ID == "" {
+		t.Fatalf("create on b: %d %s", resp.StatusCode, created)
+	}
+	for _, c := range []struct{ path, body string }{
+		{"/v1/responses/compact", `{"model":"m","previous_response_id":"` + id.ID + `"}`},
+		{"/v1/responses/input_tokens", `{"model":"m","previous_response_id":"` + id.ID + `"}`},
+		{"/v1/responses/input_tokens", `{"previous_response_id":"` + id.ID + `","input":"and this"}`},
+	} {
+		before := b.count()
+		resp := do(t, http.MethodPost, e.srv.URL+c.path, c.body, "X-IOP-Node", "a")
+		if got := readAll(t, resp); resp.StatusCode != 200 || b.count() != before+1 {
+			t.Fatalf("POST %s %s: %d %s; b's tunnels %d (was %d)", c.path, c.body, resp.StatusCode, got, b.count(), before)
+		}
+		if o := b.last(t); o.req.Path != c.path || o.req.Provider != "pb" || string(o.body) != c.body {
+			t.Fatalf("POST %s forwarded as %+v %q", c.path, o.req, o.body)
+		}
+	}
+
+	// Neither a model nor a response the edge saw: a clear 400, no tunnel.
+	before := a.count() + b.count()
+	for _, c := range []struct{ path, body string }{
+		{"/v1/responses/input_tokens", `{"input":"hi"}`},
+		{"/v1/responses/input_tokens", `{"input":"hi","previous_response_id":"resp_unknown"}`},
+		{"/v1/responses/compact", `{"previous_response_id":"` + id.ID + `"}`},
+	} {
+		resp := do(t, http.MethodPost, e.srv.URL+c.path, c.body)
+		if got := readAll(t, resp); resp.StatusCode != 400 || !strings.Contains(got, `\"model\" is required`) || a.count()+b.count() != before {
+			t.Fatalf("POST %s %s: %d %s", c.path, c.body, resp.StatusCode, got)
+		}
+	}
+}
