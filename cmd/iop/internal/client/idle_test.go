@@ -1,9 +1,12 @@
 package client
 
 import (
+	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -50,5 +53,48 @@ func TestSilentStreamEndsWithClearError(t *testing.T) {
 		}
 	case <-time.After(3 * time.Second):
 		t.Fatal("a silent stream hung the reader")
+	}
+}
+
+// slowBody yields its chunks one per Read; Close makes every later Read fail.
+type slowBody struct {
+	chunks []string
+	closed atomic.Bool
+}
+
+func (s *slowBody) Read(p []byte) (int, error) {
+	if s.closed.Load() {
+		return 0, errors.New("read on closed body")
+	}
+	if len(s.chunks) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, s.chunks[0])
+	s.chunks = s.chunks[1:]
+	return n, nil
+}
+
+func (s *slowBody) Close() error { s.closed.Store(true); return nil }
+
+// Time the caller spends between reads (writing to a slow stdout) is not
+// the edge's silence: only a wait inside Read counts. The idle timer ran
+// between reads too, and cut a healthy stream whose reader was busy.
+func TestIdleTimerCountsOnlyTimeInRead(t *testing.T) {
+	src := &slowBody{chunks: []string{"event: delta\ndata: {}\n\n", "event: complete\ndata: {}\n\n"}}
+	body := newIdleBody(src, 10*time.Millisecond)
+	defer body.Close()
+	sse := NewSSEReader(body)
+	if _, err := sse.Next(); err != nil {
+		t.Fatal(err)
+	}
+	// The caller is busy elsewhere far longer than the idle limit: no Read
+	// is waiting, so nothing is presumed dead.
+	time.Sleep(100 * time.Millisecond)
+	ev, err := sse.Next()
+	if err != nil || ev.Type != "complete" {
+		t.Fatalf("after a busy caller: %+v, %v", ev, err)
+	}
+	if src.closed.Load() {
+		t.Fatal("the idle timer closed the body between reads")
 	}
 }
