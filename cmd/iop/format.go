@@ -16,7 +16,8 @@ import (
 	"iop/cmd/iop/internal/client"
 )
 
-// table writes aligned columns; call flush when done.
+// table writes aligned columns; call flush when done, and return its
+// error: a table that did not reach stdout is a failed command.
 type table struct{ tw *tabwriter.Writer }
 
 func newTable(w io.Writer, header ...string) *table {
@@ -39,7 +40,7 @@ func (t *table) row(cols ...string) {
 	fmt.Fprintln(t.tw, strings.Join(cols, "\t"))
 }
 
-func (t *table) flush() { _ = t.tw.Flush() }
+func (t *table) flush() error { return t.tw.Flush() }
 
 // printable returns text that came from the edge, a node or a provider
 // (names, reasons, error messages) fit to be shown on a terminal: every rune

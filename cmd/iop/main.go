@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/signal"
@@ -114,12 +115,24 @@ func (a *app) run(ctx context.Context, args []string) int {
 	if a.loc == nil {
 		a.loc = time.Local
 	}
+	// Every write to stdout goes through out, which keeps the first error:
+	// a command whose output was lost (a full disk, a closed file) must
+	// not exit 0. A broken pipe on the real stdout still ends the process
+	// with SIGPIPE, as Go does for fd 1.
+	out := &stickyWriter{w: a.stdout}
+	a.stdout = out
+	defer func() { a.stdout = out.w }()
 	root := a.rootCmd()
 	root.SetArgs(args)
 	root.SetIn(a.stdin)
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
 	cmd, err := root.ExecuteContextC(ctx)
+	if werr := out.Err(); werr != nil && err == nil {
+		// The command went through but its output did not: not a success.
+		// (A command that failed says so itself, with its own exit code.)
+		err = &exitErr{code: exitError, err: werr}
+	}
 	if err == nil {
 		return exitOK
 	}
@@ -145,6 +158,54 @@ func (a *app) run(ctx context.Context, args []string) int {
 	// wrong argument counts.
 	fmt.Fprintf(a.stderr, "iop: %s\nRun '%s --help' for usage.\n", printable(err.Error()), help)
 	return exitUsage
+}
+
+// stickyWriter is stdout: it keeps the first write error, and fails every
+// write after it with that error, so output is never partly written and
+// a command can tell that what it printed was lost.
+type stickyWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (s *stickyWriter) Write(p []byte) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	n, err := s.w.Write(p)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	if err != nil {
+		s.err = writeError{err}
+	}
+	return n, s.err
+}
+
+// Err is the first write error, nil while every write went through.
+func (s *stickyWriter) Err() error { return s.err }
+
+// writeError is a failed write to stdout; it reads "write /dev/stdout: no
+// space left on device" (the *os.PathError's own words), or "write stdout:
+// …" for an error that names no file.
+type writeError struct{ err error }
+
+func (e writeError) Error() string {
+	var pe *fs.PathError
+	if errors.As(e.err, &pe) {
+		return e.err.Error()
+	}
+	return "write stdout: " + e.err.Error()
+}
+
+func (e writeError) Unwrap() error { return e.err }
+
+// stdoutErr is the first failed write to stdout, or nil.
+func (a *app) stdoutErr() error {
+	if s, ok := a.stdout.(*stickyWriter); ok {
+		return s.Err()
+	}
+	return nil
 }
 
 // version is the build's version, set with -ldflags "-X main.version=…";

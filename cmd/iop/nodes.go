@@ -119,7 +119,9 @@ func (a *app) nodesCmd() *cobra.Command {
 				}
 				t.row(n.ID, status, n.Remote, since, strings.Join(ad, " "), n.Version)
 			}
-			t.flush()
+			if err := t.flush(); err != nil {
+				return err
+			}
 			// Reasons are free text of any length: below the table, not in it.
 			if len(reasons) > 0 {
 				fmt.Fprintf(a.stdout, "\n%s\n", strings.Join(reasons, "\n"))
@@ -277,14 +279,18 @@ func renderCaps(a *app, results []nodeResult, _ any) error {
 	if err != nil {
 		return err
 	}
-	nt.flush()
+	if err := nt.flush(); err != nil {
+		return err
+	}
 	if len(at) > 1 {
 		fmt.Fprintln(a.stdout)
 		t := newTable(a.stdout)
 		for _, row := range at {
 			t.row(row...)
 		}
-		t.flush()
+		if err := t.flush(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -306,8 +312,7 @@ func renderTransport(a *app, results []nodeResult, _ any) error {
 	if err != nil {
 		return err
 	}
-	t.flush()
-	return nil
+	return t.flush()
 }
 
 func renderUsage(a *app, results []nodeResult, _ any) error {
@@ -322,8 +327,7 @@ func renderUsage(a *app, results []nodeResult, _ any) error {
 	if err != nil {
 		return err
 	}
-	t.flush()
-	return nil
+	return t.flush()
 }
 
 // sessionFlags are the flags of iop node sessions: session_list's
@@ -378,7 +382,9 @@ func renderSessions(a *app, results []nodeResult, args any) error {
 		for _, r := range rows {
 			t.row(r...)
 		}
-		t.flush()
+		if err := t.flush(); err != nil {
+			return err
+		}
 	}
 	for _, m := range more {
 		fmt.Fprintln(a.stderr, m)
@@ -443,7 +449,9 @@ func renderNodeRuns(a *app, results []nodeResult, args any) error {
 		for _, r := range rows {
 			t.row(r...)
 		}
-		t.flush()
+		if err := t.flush(); err != nil {
+			return err
+		}
 	}
 	for _, m := range more {
 		fmt.Fprintln(a.stderr, m)

@@ -89,8 +89,7 @@ func (a *app) ollamaCmd() *cobra.Command {
 			for _, m := range l.Models {
 				t.row(m.Name, humanBytes(m.Size), ago(now, m.ModifiedAt))
 			}
-			t.flush()
-			return nil
+			return t.flush()
 		}),
 	})
 	cmd.AddCommand(&cobra.Command{
@@ -106,8 +105,7 @@ func (a *app) ollamaCmd() *cobra.Command {
 			for _, m := range l.Models {
 				t.row(m.Name, humanBytes(m.Size), humanBytes(m.SizeVRAM), a.clock(m.ExpiresAt))
 			}
-			t.flush()
-			return nil
+			return t.flush()
 		}),
 	})
 	cmd.AddCommand(&cobra.Command{
@@ -126,8 +124,7 @@ func (a *app) ollamaCmd() *cobra.Command {
 			t.row("quantization:", s.Details.QuantizationLevel)
 			t.row("format:", s.Details.Format)
 			t.row("capabilities:", strings.Join(s.Capabilities, ", "))
-			t.flush()
-			return nil
+			return t.flush()
 		}),
 	})
 	cmd.AddCommand(&cobra.Command{

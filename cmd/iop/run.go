@@ -140,8 +140,8 @@ func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest
 		if a.json {
 			return writeJSONLine(a.stdout, map[string]string{"run_id": rs.RunID, "node": rs.Node})
 		}
-		fmt.Fprintf(a.stdout, "%s started in the background on node %s\n", printable(rs.RunID), printable(rs.Node))
-		return nil
+		_, err := fmt.Fprintf(a.stdout, "%s started in the background on node %s\n", printable(rs.RunID), printable(rs.Node))
+		return err
 	}
 	if a.verbose {
 		fmt.Fprintf(a.stderr, "run %s on node %s\n", printable(rs.RunID), printable(rs.Node))
@@ -165,6 +165,12 @@ func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest
 			}
 		} else {
 			out.show(ev)
+		}
+		if err := a.stdoutErr(); err != nil {
+			// The output is lost: reading on would only lose more. The
+			// stream is closed (deferred above), which the edge takes as
+			// the caller leaving and cancels the run, as on Ctrl-C.
+			return err
 		}
 		if ev.Terminal() {
 			return out.end(rs, ev)

@@ -104,7 +104,9 @@ func (a *app) runsCmd() *cobra.Command {
 			for _, r := range list.Runs {
 				t.row(r.RunID, r.Node, r.Adapter, r.Target, r.Status, a.clock(r.CreatedAt), r.duration(now), truncate(r.errorText(), 60))
 			}
-			t.flush()
+			if err := t.flush(); err != nil {
+				return err
+			}
 			if list.NextCursor != "" {
 				fmt.Fprintf(a.stderr, "more runs: --cursor %s\n", printable(list.NextCursor))
 			}
@@ -140,13 +142,12 @@ func (a *app) runGetCmd() *cobra.Command {
 			if err := json.Unmarshal(raw, &r); err != nil {
 				return fmt.Errorf("decode run: %w", err)
 			}
-			a.printRun(r)
-			return nil
+			return a.printRun(r)
 		}),
 	}
 }
 
-func (a *app) printRun(r runInfo) {
+func (a *app) printRun(r runInfo) error {
 	t := newTable(a.stdout)
 	field := func(k, v string) { t.row(k+":", v) }
 	field("run", r.RunID)
@@ -174,7 +175,7 @@ func (a *app) printRun(r runInfo) {
 	if s := strings.TrimPrefix(usageSummary(u), ": "); s != "" {
 		field("usage", s)
 	}
-	t.flush()
+	return t.flush()
 }
 
 func (a *app) cancelCmd() *cobra.Command {
@@ -192,8 +193,8 @@ func (a *app) cancelCmd() *cobra.Command {
 				Node  string `json:"node"`
 			}
 			_ = json.Unmarshal(raw, &ans)
-			fmt.Fprintf(a.stdout, "cancelling run %s on node %s\n", printable(ans.RunID), printable(ans.Node))
-			return nil
+			_, err = fmt.Fprintf(a.stdout, "cancelling run %s on node %s\n", printable(ans.RunID), printable(ans.Node))
+			return err
 		}),
 	}
 }
@@ -233,8 +234,8 @@ func (a *app) sessionCmd() *cobra.Command {
 			if ans.Node != "" {
 				where = " on node " + printable(ans.Node)
 			}
-			fmt.Fprintf(a.stdout, "session %s of adapter %s ended%s\n", printable(args[0]), printable(adapter), where)
-			return nil
+			_, err = fmt.Fprintf(a.stdout, "session %s of adapter %s ended%s\n", printable(args[0]), printable(adapter), where)
+			return err
 		}),
 	}
 	end.Flags().StringVar(&adapter, "adapter", "", "runtime adapter keeping the session (required)")

@@ -72,8 +72,7 @@ func (a *app) usageCmd() *cobra.Command {
 					strconv.FormatInt(u.Errors, 10), strconv.FormatInt(u.PromptTokens, 10), strconv.FormatInt(u.CompletionTokens, 10),
 					strconv.FormatInt(u.TotalTokens, 10), strconv.FormatFloat(u.CostUSD, 'f', 4, 64), strconv.FormatInt(u.BodyBytes, 10))
 			}
-			t.flush()
-			return nil
+			return t.flush()
 		}),
 	}
 	cmd.Flags().StringVar(&groupBy, "by", "key", "group by key, node, model or day")
