@@ -139,6 +139,14 @@ func New(base string, hc *http.Client) (*Client, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("edge URL %q: want http://host:port", redactRaw(base))
 	}
+	// A "#" or "?" or "/" in a password ends the authority for the parser:
+	// "http://admin:9999#tail@host" is host "admin", port 9999, and the
+	// rest a fragment, so the API key went to another host and the URL
+	// was shown with the password in it. An edge URL has no fragment, and
+	// an "@" after the host is such a password, never a path.
+	if strings.Contains(base, "#") || strings.Contains(u.Path, "@") || strings.Contains(u.RawPath, "@") || strings.Contains(u.RawQuery, "@") {
+		return nil, fmt.Errorf("edge URL %q: a fragment (#…) or an \"@\" after the host is refused; percent-encode a \"#\", \"?\" or \"/\" in a password (%%23, %%3F, %%2F)", redactRaw(base))
+	}
 	// Every slash at the end goes: request paths start with one, and a
 	// path with "//" is cleaned and redirected by the edge's mux.
 	u.Path = strings.TrimRight(u.Path, "/")
@@ -160,27 +168,31 @@ func New(base string, hc *http.Client) (*Client, error) {
 // message prints it.
 func (c *Client) Edge() string { return c.base.Redacted() }
 
-// redactRaw hides the password of an edge URL that did not parse (so
-// URL.Redacted is not at hand): "http://user:secret@host" becomes
-// "http://user:xxxxx@host".
+// redactRaw hides the credentials of an edge URL that did not parse, or
+// was refused (so URL.Redacted is not at hand or not to be trusted):
+// everything between "scheme://" and the last "@" of the whole string is
+// taken as user and password, whatever it holds. A password may hold "#",
+// "?" or "/", which end the authority for a URL parser: cutting there
+// first showed "http://admin:s3cr3t?x@host" whole. A user alone (no ":")
+// is kept, as URL.Redacted keeps it, unless it holds one of those, then
+// it goes too: "http://ops:hunter2@host" becomes "http://ops:xxxxx@host".
 func redactRaw(s string) string {
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok {
 		return s
 	}
-	authority := rest
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		authority = rest[:i]
-	}
-	at := strings.LastIndex(authority, "@")
+	at := strings.LastIndex(rest, "@")
 	if at < 0 {
 		return s
 	}
-	user, _, hasPassword := strings.Cut(authority[:at], ":")
-	if !hasPassword {
-		return s
+	user, _, hasPassword := strings.Cut(rest[:at], ":")
+	switch {
+	case strings.ContainsAny(user, "/?#"):
+		user = "xxxxx"
+	case hasPassword:
+		user += ":xxxxx"
 	}
-	return scheme + "://" + user + ":xxxxx" + rest[at:]
+	return scheme + "://" + user + rest[at:]
 }
 
 // do sends a request and returns a 2xx response; any other status becomes

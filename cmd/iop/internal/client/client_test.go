@@ -215,3 +215,37 @@ func TestRedirectIsAnError(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 }
+
+// A password holding "#", "?" or "/" ends the authority for a URL parser:
+// the URL is refused, and quoted without anything between the scheme and
+// its last "@". "http://admin:9999#tail@host" parsed as host "admin" (the
+// key went there) and was echoed whole, as was "http://admin:s3cr3t?x@host".
+func TestEdgeURLWithAPasswordThatLooksLikeTheRest(t *testing.T) {
+	for _, bad := range []string{
+		"http://admin:s3cr3t?x@127.0.0.1:1",
+		"http://admin:9999#tail@127.0.0.1:1",
+		"http://admin:12/s3cr3t@127.0.0.1:1",
+		"http://admin:12?s3cr3t@127.0.0.1:1",
+		"http://admin:s3cr3t/x@127.0.0.1:1",
+		"admin:9999#tail@127.0.0.1:1",
+		"http://127.0.0.1:1/#frag",
+		"http://127.0.0.1:1/v1#",
+	} {
+		_, err := New(bad, nil)
+		if err == nil {
+			t.Errorf("New(%q) accepted", bad)
+			continue
+		}
+		for _, secret := range []string{"s3cr3t", "tail", "9999"} {
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("New(%q): %v", bad, err)
+			}
+		}
+	}
+	if got := redactRaw("http://a/b?c#d:e@host:1/p"); got != "http://xxxxx@host:1/p" {
+		t.Errorf("redactRaw = %q", got)
+	}
+	if got := redactRaw("http://ops@host:1"); got != "http://ops@host:1" {
+		t.Errorf("redactRaw = %q", got)
+	}
+}
