@@ -20,7 +20,8 @@ func (a *app) eventsCmd() *cobra.Command {
 --type keeps only the given types (node.registered, node.rejected,
 node.draining, node.disconnected, node.config_refreshed, run.event,
 tunnel.completed, config.reloaded); a trailing * matches a prefix, e.g.
---type 'node.*'.`,
+--type 'node.*'. Events the edge dropped because this command read too
+slowly are reported on stderr: "iop: warning: the edge dropped N events".`,
 		Args: cobra.NoArgs,
 		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
 			var ts []string
@@ -37,6 +38,9 @@ tunnel.completed, config.reloaded); a trailing * matches a prefix, e.g.
 				}
 				_, err := fmt.Fprintln(a.stdout, a.formatEvent(ev))
 				return err
+			}, func(n uint64) {
+				// On stderr, so that --json's stdout stays JSON lines.
+				fmt.Fprintf(a.stderr, "iop: warning: the edge dropped %d events\n", n)
 			})
 		}),
 	}

@@ -663,8 +663,10 @@ type TunnelSummary struct {
 }
 
 // Events follows the event feed, calling fn for each event until ctx ends
-// (ctx's error), the stream breaks, or fn fails.
-func (c *Client) Events(ctx context.Context, types []string, fn func(BusEvent) error) error {
+// (ctx's error), the stream breaks, or fn fails. dropped, when not nil,
+// gets the count of each "dropped N events" report: the edge drops events
+// for a subscriber that reads too slowly and says so only in that comment.
+func (c *Client) Events(ctx context.Context, types []string, fn func(BusEvent) error, dropped func(n uint64)) error {
 	q := url.Values{}
 	if len(types) > 0 {
 		q.Set("type", strings.Join(types, ","))
@@ -675,6 +677,14 @@ func (c *Client) Events(ctx context.Context, types []string, fn func(BusEvent) e
 	}
 	defer resp.Body.Close()
 	sse := NewSSEReader(newIdleBody(resp.Body, StreamIdleTimeout))
+	if dropped != nil {
+		sse.OnComment(func(text string) {
+			var n uint64
+			if _, err := fmt.Sscanf(text, "dropped %d events", &n); err == nil && n > 0 {
+				dropped(n)
+			}
+		})
+	}
 	for {
 		ev, err := sse.Next()
 		if err != nil {

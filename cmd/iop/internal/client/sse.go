@@ -14,12 +14,18 @@ type Event struct {
 	ID   string
 }
 
-// SSEReader parses a text/event-stream body. Comments (keep-alives) and
-// unknown fields are skipped; lines may end in "\n" or "\r\n" and have no
-// length limit.
+// SSEReader parses a text/event-stream body. Comments (keep-alives) are
+// passed to OnComment's function, if any, and otherwise skipped, as are
+// unknown fields; lines may end in "\n" or "\r\n" and have no length limit.
 type SSEReader struct {
-	r *bufio.Reader
+	r       *bufio.Reader
+	comment func(string)
 }
+
+// OnComment makes fn see the text of each comment line (without the ":"
+// and one space after it): the edge's event feed reports the events it
+// dropped for a slow subscriber in one, ": dropped N events".
+func (s *SSEReader) OnComment(fn func(string)) { s.comment = fn }
 
 // NewSSEReader reads events from r.
 func NewSSEReader(r io.Reader) *SSEReader {
@@ -53,7 +59,10 @@ func (s *SSEReader) Next() (Event, error) {
 			}
 			return ev, nil
 		}
-		if strings.HasPrefix(line, ":") {
+		if text, ok := strings.CutPrefix(line, ":"); ok {
+			if s.comment != nil {
+				s.comment(strings.TrimPrefix(text, " "))
+			}
 			continue
 		}
 		field, value, _ := strings.Cut(line, ":")
