@@ -49,7 +49,7 @@ interrupted.`,
 				return err
 			}
 			req.Options = opts
-			if req.Input, err = a.readInput(args); err != nil {
+			if req.Input, err = a.readInput(ctx, args); err != nil {
 				return err
 			}
 			return a.doRun(ctx, c, req)
@@ -95,8 +95,11 @@ func buildOptions(raw string, kv []string) (json.RawMessage, error) {
 // readInput returns the run's input: INPUT, or stdin. The API carries
 // text, as a JSON string, so input that is not UTF-8 is refused: encoding
 // it would turn each bad byte into U+FFFD, and the program would get other
-// bytes than were given, without a word.
-func (a *app) readInput(args []string) (string, error) {
+// bytes than were given, without a word. Reading stdin ends when ctx does
+// (Ctrl-C), with ctx's error: the first Ctrl-C was ignored while stdin
+// stayed open. The read itself cannot be stopped; the goroutine doing it
+// ends with stdin, or with the process, which exits right after.
+func (a *app) readInput(ctx context.Context, args []string) (string, error) {
 	if len(args) == 1 && args[0] != "-" {
 		if !utf8.ValidString(args[0]) {
 			return "", usageError("INPUT is not UTF-8 text; a run's input must be")
@@ -106,9 +109,24 @@ func (a *app) readInput(args []string) (string, error) {
 	if len(args) == 0 && a.stdinTTY {
 		return "", nil
 	}
-	b, err := io.ReadAll(a.stdin)
-	if err != nil {
-		return "", fmt.Errorf("read input from stdin: %w", err)
+	type read struct {
+		b   []byte
+		err error
+	}
+	done := make(chan read, 1)
+	go func() {
+		b, err := io.ReadAll(a.stdin)
+		done <- read{b, err}
+	}()
+	var b []byte
+	select {
+	case r := <-done:
+		if r.err != nil {
+			return "", fmt.Errorf("read input from stdin: %w", r.err)
+		}
+		b = r.b
+	case <-ctx.Done():
+		return "", ctx.Err()
 	}
 	if !utf8.Valid(b) {
 		return "", usageError("the input on stdin is not UTF-8 text; a run's input must be")
