@@ -37,6 +37,26 @@ var CallTimeout = 2 * time.Minute
 // an error. An edge silent for longer is stuck, or not an iop edge.
 var HeaderTimeout = 45 * time.Second
 
+// MaxAnswer bounds an answer that is not a stream (a list, a run, a node
+// command's result), in bytes: 64 MiB. The edge's answers are far smaller:
+// a node command's result travels in one node-link frame, at most 64 MiB
+// (transport.max_frame_size, 4 MiB by default), and the edge's lists are
+// pages. Read whole without a bound, an answer from a hostile or broken
+// server grew the CLI's memory without limit.
+var MaxAnswer = 64 << 20
+
+// readAnswer reads a success body, at most MaxAnswer bytes of it.
+func readAnswer(r io.Reader) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, int64(MaxAnswer)+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > MaxAnswer {
+		return nil, fmt.Errorf("the answer is over %s (not an iop edge's)", sizeText(MaxAnswer))
+	}
+	return b, nil
+}
+
 // APIError is an error answered by the edge: {"error":{"code","message"}}.
 type APIError struct {
 	Status  int // HTTP status; 0 for an error event inside a stream
@@ -397,7 +417,7 @@ func (c *Client) CallFor(ctx context.Context, method, path string, query url.Val
 		return err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	b, err := readAnswer(resp.Body)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctxErr(ctx)
@@ -589,7 +609,7 @@ func (c *Client) Command(ctx context.Context, node, name string, args any, progr
 		if progress != nil {
 			// Asked for as a stream, the request has no overall bound.
 			b, err = c.readWhole(resp.Body, "command result")
-		} else if b, err = io.ReadAll(resp.Body); err != nil {
+		} else if b, err = readAnswer(resp.Body); err != nil {
 			err = fmt.Errorf("read command result: %w", err)
 		}
 		if err != nil {
@@ -601,6 +621,8 @@ func (c *Client) Command(ctx context.Context, node, name string, args any, progr
 		return b, nil
 	}
 	sse := NewSSEReader(newIdleBody(resp.Body, StreamIdleTimeout))
+	// The result comes as one event, and may be as large as a plain one.
+	sse.SetMax(MaxAnswer)
 	for {
 		ev, err := sse.Next()
 		if err != nil {
@@ -727,7 +749,7 @@ func (c *Client) readWhole(body io.ReadCloser, what string) ([]byte, error) {
 		_ = body.Close()
 	})
 	defer timer.Stop()
-	b, err := io.ReadAll(idle)
+	b, err := readAnswer(idle)
 	switch {
 	case err == nil:
 		return b, nil

@@ -3,9 +3,25 @@ package client
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 )
+
+// MaxEvent bounds one event of a stream, and one line of it (a comment
+// included), in bytes: 16 MiB. The edge's run and feed events are far
+// smaller: a node splits a run's output into deltas of at most 16 KiB of
+// text and cuts an event's metadata at 32 KiB (application/node), so one
+// event is at most a few hundred KiB of JSON even with every byte escaped.
+// A node command's streamed result may be as large as a node-link frame
+// (transport.max_frame_size, at most 64 MiB): that stream reads up to
+// MaxAnswer. An unbounded line from a hostile or broken server grew the
+// CLI's memory without limit (a 200 MB line took 420 MB).
+var MaxEvent = 16 << 20
+
+// ErrEventTooLarge ends a stream holding an event, or a line, over the
+// reader's bound.
+var ErrEventTooLarge = errors.New("event too large")
 
 // Event is one server-sent event.
 type Event struct {
@@ -16,11 +32,17 @@ type Event struct {
 
 // SSEReader parses a text/event-stream body. Comments (keep-alives) are
 // passed to OnComment's function, if any, and otherwise skipped, as are
-// unknown fields; lines may end in "\n" or "\r\n" and have no length limit.
+// unknown fields; lines may end in "\n" or "\r\n". An event (or a line)
+// over the reader's bound (MaxEvent, unless SetMax changes it) ends the
+// stream with an error wrapping ErrEventTooLarge.
 type SSEReader struct {
 	r       *bufio.Reader
 	comment func(string)
+	max     int
 }
+
+// SetMax bounds each event, and each line, at n bytes.
+func (s *SSEReader) SetMax(n int) { s.max = n }
 
 // OnComment makes fn see the text of each comment line (without the ":"
 // and one space after it): the edge's event feed reports the events it
@@ -29,7 +51,7 @@ func (s *SSEReader) OnComment(fn func(string)) { s.comment = fn }
 
 // NewSSEReader reads events from r.
 func NewSSEReader(r io.Reader) *SSEReader {
-	return &SSEReader{r: bufio.NewReaderSize(r, 64<<10)}
+	return &SSEReader{r: bufio.NewReaderSize(r, 64<<10), max: MaxEvent}
 }
 
 // Next returns the next event; io.EOF when the stream ends cleanly between
@@ -39,9 +61,10 @@ func (s *SSEReader) Next() (Event, error) {
 		ev      Event
 		data    []string
 		pending bool
+		size    int // bytes of the event's lines so far
 	)
 	for {
-		line, err := s.r.ReadString('\n')
+		line, err := s.readLine(s.max - size)
 		if err != nil {
 			if errors.Is(err, io.EOF) && (pending || line != "") {
 				return Event{}, io.ErrUnexpectedEOF
@@ -65,6 +88,7 @@ func (s *SSEReader) Next() (Event, error) {
 			}
 			continue
 		}
+		size += len(line)
 		field, value, _ := strings.Cut(line, ":")
 		value = strings.TrimPrefix(value, " ")
 		switch field {
@@ -76,4 +100,33 @@ func (s *SSEReader) Next() (Event, error) {
 			ev.ID, pending = value, true
 		}
 	}
+}
+
+// readLine reads one line, its end included, refusing one longer than
+// limit bytes before it is all in memory.
+func (s *SSEReader) readLine(limit int) (string, error) {
+	var buf []byte
+	for {
+		frag, err := s.r.ReadSlice('\n')
+		if len(buf)+len(frag) > limit {
+			return "", fmt.Errorf("%w: an event or line over %s from the edge (not an iop edge's stream)", ErrEventTooLarge, sizeText(s.max))
+		}
+		buf = append(buf, frag...)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		return string(buf), err
+	}
+}
+
+// sizeText renders a bound in bytes for an error: "16 MiB", "1 KiB",
+// "100 bytes".
+func sizeText(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }

@@ -51,3 +51,26 @@ func TestSSEReaderCutShort(t *testing.T) {
 		}
 	}
 }
+
+// An event, or a line, over the reader's bound ends the stream with
+// ErrEventTooLarge, before the line is all in memory; one at the bound
+// passes.
+func TestSSEReaderBound(t *testing.T) {
+	line := "data: " + strings.Repeat("x", 100) + "\n"
+	for _, c := range []struct {
+		stream string
+		ok     bool
+	}{
+		{"event: e\n" + line + "\n", true},
+		{"event: e\n" + line + line + "\n", false},
+		{": " + strings.Repeat("x", 300) + "\n\nevent: e\n\n", false},
+		{"data: " + strings.Repeat("x", 1<<20) + "\n\n", false},
+	} {
+		r := NewSSEReader(strings.NewReader(c.stream))
+		r.SetMax(200)
+		_, err := r.Next()
+		if c.ok != (err == nil) || !c.ok && !errors.Is(err, ErrEventTooLarge) {
+			t.Errorf("%.40q: %v", c.stream, err)
+		}
+	}
+}
