@@ -108,6 +108,52 @@ func groupRunE(a *app) func(*cobra.Command, []string) error {
 	}
 }
 
+// idArgs checks a command's arguments: one per name, a name in brackets
+// optional (at the end), and none of the others empty. An empty id made a
+// request for "/v1/runs//cancel", which the edge answered not_found.
+func idArgs(names ...string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		need := 0
+		for _, n := range names {
+			if !strings.HasPrefix(n, "[") {
+				need++
+			}
+		}
+		if err := cobra.RangeArgs(need, len(names))(cmd, args); err != nil {
+			return err
+		}
+		for i, arg := range args {
+			if arg == "" && !strings.HasPrefix(names[i], "[") {
+				return usageError("%s must not be empty", names[i])
+			}
+		}
+		return nil
+	}
+}
+
+// helpCmd replaces cobra's help command, which answered "iop help bogus"
+// with the root help and exit 0: a topic that is no command is a usage
+// error, as "iop bogus" is.
+func (a *app) helpCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [command]",
+		Short: "Help about any command",
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(c *cobra.Command, args []string) error {
+			cmd, rest, err := c.Root().Find(args)
+			switch {
+			case err != nil || cmd == nil:
+				return usageError("unknown command %q for %q", args[0], "iop")
+			case len(rest) > 0:
+				return usageError("unknown command %q for %q", rest[0], cmd.CommandPath())
+			}
+			cmd.InitDefaultHelpFlag()
+			cmd.InitDefaultVersionFlag()
+			return cmd.Help()
+		},
+	}
+}
+
 func (a *app) run(ctx context.Context, args []string) int {
 	if a.now == nil {
 		a.now = time.Now
@@ -138,7 +184,7 @@ func (a *app) run(ctx context.Context, args []string) int {
 	}
 	// A usage error points at the help of the command that was used.
 	help := "iop"
-	if cmd != nil {
+	if cmd != nil && cmd.Name() != "help" {
 		help = cmd.CommandPath()
 	}
 	// An error's text holds what the edge, a node or a provider said (and
@@ -252,6 +298,7 @@ Exit codes: 0 success, 1 error, 2 usage error, 130 interrupted or cancelled.`,
 		},
 	}
 	root.SetVersionTemplate("iop {{.Version}}\n")
+	root.SetHelpCommand(a.helpCmd())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError("%v", err) })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.edge, "edge", "", "edge HTTP API `URL` (default $IOP_EDGE or "+client.DefaultEdge+"); https:// for an edge with http.tls")

@@ -231,7 +231,7 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.AddCommand(&cobra.Command{
 		Use:   "exec NODE COMMAND [ARGS_JSON]",
 		Short: "Run any node command and print its raw JSON result (progress goes to stderr)",
-		Args:  cobra.RangeArgs(2, 3),
+		Args:  idArgs("NODE", "COMMAND", "[ARGS_JSON]"),
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
 			var cargs any
 			if len(args) == 3 {

@@ -132,7 +132,7 @@ func (a *app) runGetCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "run-get RUN_ID",
 		Short: "Show one run (from the edge's history, else from its node's store)",
-		Args:  cobra.ExactArgs(1),
+		Args:  idArgs("RUN_ID"),
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
 			raw, printed, err := a.call(ctx, c, http.MethodGet, "/v1/runs/"+url.PathEscape(args[0]), nil, "run_id")
 			if err != nil || printed {
@@ -182,7 +182,7 @@ func (a *app) cancelCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "cancel RUN_ID",
 		Short: "Cancel a run on the node that runs it",
-		Args:  cobra.ExactArgs(1),
+		Args:  idArgs("RUN_ID"),
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
 			raw, printed, err := a.call(ctx, c, http.MethodPost, "/v1/runs/"+url.PathEscape(args[0])+"/cancel", nil, "run_id")
 			if err != nil || printed {
@@ -210,7 +210,7 @@ func (a *app) sessionCmd() *cobra.Command {
 	end := &cobra.Command{
 		Use:   "end SESSION_ID --adapter A [--node N] [--target T]",
 		Short: "End a logical session; a run in flight in it is cancelled",
-		Args:  cobra.ExactArgs(1),
+		Args:  idArgs("SESSION_ID"),
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
 			if adapter == "" {
 				return usageError("--adapter is required")
