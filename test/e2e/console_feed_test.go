@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 
 	"iop/adapters/http/console"
 )
@@ -196,7 +197,10 @@ func (f *fakeConsoleEdge) auth(w http.ResponseWriter, r *http.Request, route str
 	}
 	if route == "events" && kind == "no-events" ||
 		kind == "runs-only" && (r.Method == http.MethodGet || strings.HasSuffix(r.URL.Path, "/commands")) {
-		writeFakeJSON(w, 403, map[string]any{"error": map[string]string{"code": "forbidden", "message": "no read scope"}})
+		// The edge's scope refusal (adapters/http auth), which the page
+		// tells from its other 403s.
+		writeFakeJSON(w, 403, map[string]any{"error": map[string]string{"code": "forbidden",
+			"message": fmt.Sprintf("API key %q lacks the %q scope needed for %s %s", kind, "read", r.Method, r.URL.Path)}})
 		return false
 	}
 	return true
@@ -325,7 +329,14 @@ func (f *fakeConsoleEdge) startRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var body map[string]any
-	if err := json.NewDecoder(r.Body).Decode(&body); err != nil || f.runEvents == nil {
+	if err := json.NewDecoder(r.Body).Decode(&body); err == nil && body["session_id"] == "foreign" {
+		// What the edge answers for a session another key owns
+		// (application/edge recall_session.go): a 403 that is no scope
+		// refusal.
+		writeFakeJSON(w, 403, map[string]any{"error": map[string]string{"code": "forbidden",
+			"message": fmt.Sprintf("session %q of adapter %q belongs to another API key", body["session_id"], body["adapter"])}})
+		return
+	} else if err != nil || f.runEvents == nil {
 		writeFakeJSON(w, 400, map[string]any{"error": map[string]string{"code": "invalid_request", "message": "not JSON"}})
 		return
 	}
@@ -1031,5 +1042,94 @@ func TestConsoleMalformedLink(t *testing.T) {
 	b.waitJS(5*time.Second, "the nodes page after it", `document.querySelector('[data-node="n1"]')`)
 	b.open(f.URL + "/ui/#/run/%E0%A4")
 	b.waitJS(5*time.Second, "not found on a hash change", notFound)
+	b.checkClean()
+}
+
+// The key dialog, opened by the page without a click, closes on one Escape.
+// The page then says a key is needed (in the header, with a button that
+// opens the dialog again, and on the page) instead of waiting for good on
+// a dialog that is gone and looking empty.
+func TestConsoleKeyDialogDismissed(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	f.mu.Lock()
+	f.keys = map[string]string{"good-key": "all"}
+	f.mu.Unlock()
+	b.open(f.URL + "/ui/#/nodes")
+	b.waitJS(10*time.Second, "key dialog", `document.getElementById('key-dialog').open`)
+	b.do(10*time.Second, "press Escape", chromedp.KeyEvent(kb.Escape))
+	b.waitJS(5*time.Second, "dialog closed", `!document.getElementById('key-dialog').open`)
+	b.waitJS(10*time.Second, "the header says a key is needed", `/API key needed/.test(document.getElementById('key-state').innerText) && document.getElementById('key-enter')`)
+	b.waitJS(10*time.Second, "the page says a key is needed", `/API key/.test(document.querySelector('[data-page="nodes"] .error-box')?.innerText || '')`)
+	b.waitJS(10*time.Second, "the feed says a key is needed", `/API key needed/.test(document.getElementById('bus-state').innerText)`)
+	// Other pages say so too, and no dialog pops up by itself.
+	b.open(f.URL + "/ui/#/runs")
+	b.waitJS(10*time.Second, "runs page says a key is needed", `/API key/.test(document.querySelector('[data-page="runs"] .error-box')?.innerText || '')`)
+	if evalJS[bool](b, `document.getElementById('key-dialog').open`) {
+		t.Error("the dialog opened again by itself")
+	}
+	b.click(`#key-enter`)
+	b.waitJS(5*time.Second, "dialog open again", `document.getElementById('key-dialog').open`)
+	b.do(10*time.Second, "enter the key", chromedp.SetValue(chromedp.CSS(`#key-input`), "good-key"))
+	b.click(`#key-submit`)
+	b.waitJS(10*time.Second, "runs page drawn with the key", `!document.querySelector('[data-page="runs"] .error-box') && document.querySelector('#runs-history')`)
+	b.waitJS(10*time.Second, "feed live", `document.getElementById('bus-state').classList.contains('live')`)
+	if s := b.text(`#key-state`); !strings.Contains(s, "key set") {
+		t.Errorf("header after the key: %q", s)
+	}
+	b.checkClean()
+}
+
+// A key pasted with characters an HTTP header cannot carry (smart quotes)
+// is refused in the dialog, and one already kept in the tab is asked for
+// again rather than failing every request with a TypeError.
+func TestConsoleKeyNotASCII(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	f.mu.Lock()
+	f.keys = map[string]string{"good-key": "all"}
+	f.mu.Unlock()
+	b.open(f.URL + "/ui/#/nodes")
+	b.waitJS(10*time.Second, "key dialog", `document.getElementById('key-dialog').open`)
+	b.do(10*time.Second, "enter a smart-quoted key", chromedp.SetValue(chromedp.CSS(`#key-input`), "“good-key”"))
+	b.click(`#key-submit`)
+	b.waitJS(5*time.Second, "the dialog says why", `document.getElementById('key-dialog').open && /quotes/.test(document.getElementById('key-error').innerText)`)
+	if k := evalJS[string](b, `sessionStorage.getItem('iop.console.key') || ''`); k != "" {
+		t.Errorf("the bad key was kept: %q", k)
+	}
+	b.do(10*time.Second, "enter the key", chromedp.SetValue(chromedp.CSS(`#key-input`), "good-key"))
+	b.click(`#key-submit`)
+	b.waitJS(10*time.Second, "nodes with the key", `!document.getElementById('key-dialog').open && document.querySelector('[data-node="n1"]')`)
+
+	// A bad key already in the tab: asked for again.
+	evalJS[bool](b, `sessionStorage.setItem('iop.console.key', '‘good-key’'), true`)
+	b.do(15*time.Second, "reload", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`#main [data-page]`)))
+	b.waitJS(10*time.Second, "asked again", `document.getElementById('key-dialog').open && /cannot be sent/.test(document.getElementById('key-reason').innerText)`)
+	b.do(10*time.Second, "enter the key again", chromedp.SetValue(chromedp.CSS(`#key-input`), "good-key"))
+	b.click(`#key-submit`)
+	b.waitJS(10*time.Second, "nodes with the key again", `!document.getElementById('key-dialog').open && document.querySelector('[data-node="n1"]')`)
+	b.checkClean()
+}
+
+// A 403 that is not the edge's scope refusal (a session another key owns)
+// is shown as the edge said it; the form stays and Start a run is not
+// taken for forbidden.
+func TestConsoleStartForeignSession(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	f.runEvents = func(id string) []map[string]any {
+		return []map[string]any{{"run_id": id, "node": "n1", "seq": 1, "type": "start"}, {"run_id": id, "node": "n1", "seq": 2, "type": "complete"}}
+	}
+	openFake(b, f, "start")
+	b.waitJS(10*time.Second, "start form", `document.querySelector('#start-adapter option[value="exec"]')`)
+	b.do(10*time.Second, "a foreign session", chromedp.SetValue(chromedp.CSS(`#start-session`), "foreign"))
+	b.click(`#start-submit`)
+	b.waitJS(10*time.Second, "the edge's refusal shown", `/forbidden: session "foreign" of adapter "exec" belongs to another API key/.test(document.querySelector('[data-page="start"] .error-box')?.innerText || '')`)
+	if evalJS[bool](b, `document.getElementById('start-form').hidden || document.querySelector('#nav a[data-page="start"]').hidden || !!sessionStorage.getItem('iop.console.forbidden')?.includes('runs.start')`) {
+		t.Fatal("a foreign session's 403 was taken for a key that may not start runs")
+	}
+	evalJS[bool](b, `document.getElementById('start-session').value = '', true`)
+	b.click(`#start-submit`)
+	b.waitJS(10*time.Second, "the run goes", `document.getElementById('start-status').innerText === 'succeeded'`)
 	b.checkClean()
 }

@@ -115,14 +115,32 @@ function applyForbidden() {
 }
 
 let keyPrompt = null;
+// keyDismissed is set when the key dialog was closed without a key
+// (Escape): requests that meet a 401 then fail at once, saying a key is
+// needed, instead of waiting on a dialog that is gone, until the header's
+// "Enter key" opens it again.
+let keyDismissed = false;
+
+// KEY_OK is what an API key may hold: printable ASCII, no spaces. Anything
+// else (a smart quote pasted with it) cannot go in an HTTP header: the
+// browser's Headers refuses it with a TypeError on every request.
+const KEY_OK = /^[\x21-\x7e]+$/;
+
+// scopeRefusal tells the edge's refusal for a key without a route's scope
+// (adapters/http auth: 403 forbidden, `API key "NAME" lacks the "SCOPE"
+// scope needed for …`) from its other 403s, which say nothing of the key's
+// scopes: a session another key owns, a key limited to some nodes.
+function scopeRefusal(status, code, message) {
+  return status === 403 && (!code || code === 'forbidden') && /lacks the "[^"]*" scope/.test(message || '');
+}
 
 // probeScopes sends, with the key, one request per guarded action whose body
 // is not JSON: the edge checks the key's scope before it reads a body, so
-// 403 means the scope is missing, and anything else (400) that it is there.
-// Nothing is started or changed either way.
+// its scope refusal means the scope is missing, and anything else (400)
+// that it is there. Nothing is started or changed either way.
 async function probeScopes() {
   const key = sessionStorage.getItem(KEY);
-  if (!key) return;
+  if (!key || !KEY_OK.test(key)) return;
   const probes = [
     { path: '/v1/runs', actions: ['runs.start', 'runs.cancel'] },
     { path: '/v1/nodes/-/commands', actions: ['nodes.command'] },
@@ -130,25 +148,44 @@ async function probeScopes() {
   await Promise.all(probes.map(async (p) => {
     try {
       const resp = await fetch(p.path, { method: 'POST', headers: { Authorization: 'Bearer ' + key, 'Content-Type': 'application/json' }, body: 'probe', cache: 'no-store' });
-      if (resp.status === 403) p.actions.forEach(markForbidden);
+      if (resp.status !== 403) return;
+      let e = {};
+      try { e = (await resp.json()).error || {}; } catch { /* not JSON */ }
+      if (scopeRefusal(resp.status, e.code, e.message)) p.actions.forEach(markForbidden);
     } catch { /* the edge is unreachable: later requests say so */ }
   }));
 }
 
-// askKey shows the key dialog once, however many requests are waiting.
-function askKey(reason) {
+// askKey shows the key dialog once, however many requests are waiting. It
+// resolves once a key is entered, and rejects if the dialog is closed
+// without one (Escape: a dialog the page opened by itself, without a click,
+// may not refuse to close), or at once after such a close until the
+// header's "Enter key" (askKey with force) opens it again.
+function askKey(reason, force) {
   if (keyPrompt) return keyPrompt;
-  keyPrompt = new Promise((resolve) => {
+  if (keyDismissed && !force) return Promise.reject(keyNeeded());
+  keyDismissed = false;
+  renderKeyState();
+  const p = new Promise((resolve, reject) => {
     const dlg = document.getElementById('key-dialog');
     const input = document.getElementById('key-input');
+    const bad = document.getElementById('key-error');
     document.getElementById('key-reason').textContent = reason;
     input.value = '';
+    bad.textContent = '';
     const form = document.getElementById('key-form');
+    let entered = false;
     const done = (ev) => {
       ev.preventDefault();
       const k = input.value.trim();
       if (!k) return;
-      form.removeEventListener('submit', done);
+      if (!KEY_OK.test(k)) {
+        bad.textContent = 'That key holds characters an API key cannot have (spaces, quotes such as “ ” or ‘ ’, or other non-ASCII): paste the key itself.';
+        input.focus();
+        return;
+      }
+      entered = true;
+      cleanup();
       sessionStorage.setItem(KEY, k);
       sessionStorage.removeItem(FORBIDDEN);
       applyForbidden();
@@ -160,18 +197,50 @@ function askKey(reason) {
         restartBus();
       });
     };
+    const closed = () => {
+      if (entered) return;
+      cleanup();
+      keyPrompt = null;
+      keyDismissed = true;
+      renderKeyState();
+      reject(keyNeeded());
+    };
+    const cancel = (ev) => ev.preventDefault();
+    function cleanup() {
+      form.removeEventListener('submit', done);
+      dlg.removeEventListener('close', closed);
+      dlg.removeEventListener('cancel', cancel);
+    }
     form.addEventListener('submit', done);
-    dlg.addEventListener('cancel', (ev) => ev.preventDefault());
+    dlg.addEventListener('close', closed);
+    dlg.addEventListener('cancel', cancel);
     dlg.showModal();
     input.focus();
   });
-  return keyPrompt;
+  keyPrompt = p;
+  return p;
+}
+
+function keyNeeded() {
+  return new ApiError(401, 'unauthorized', 'this edge asks for an API key and none was entered: use "Enter key" at the top of the page');
+}
+
+// enterKey opens the key dialog from the header's button; once a key is
+// entered the page is drawn again with it (its requests failed meanwhile).
+function enterKey() {
+  askKey('This edge asks for an API key.', true).then(() => route(), () => {});
 }
 
 function renderKeyState() {
   const el = document.getElementById('key-state');
   el.replaceChildren();
-  if (!sessionStorage.getItem(KEY)) return;
+  if (!sessionStorage.getItem(KEY)) {
+    if (keyDismissed) {
+      el.append(h('span', { id: 'key-needed', class: 'key-needed' }, 'API key needed'),
+        h('button', { class: 'small', id: 'key-enter', onclick: enterKey }, 'Enter key'));
+    }
+    return;
+  }
   el.append('key set', h('button', {
     class: 'small', title: 'forget the key kept in this tab', onclick: () => {
       sessionStorage.removeItem(KEY);
@@ -181,18 +250,29 @@ function renderKeyState() {
   }, 'forget'));
 }
 
-// api sends one request to the edge. A 401 asks for a key and retries; a
-// 403 marks the action forbidden; any other failure throws an ApiError
-// carrying the API's {"error":{"code","message"}}.
+// api sends one request to the edge. A 401 asks for a key and retries (or
+// fails, saying a key is needed, once the dialog was closed without one); a
+// 403 that is the edge's scope refusal marks the action forbidden; any
+// other failure throws an ApiError carrying the API's
+// {"error":{"code","message"}}.
 async function api(path, opts = {}) {
   for (;;) {
-    const headers = new Headers(opts.headers || {});
     const key = sessionStorage.getItem(KEY);
-    if (key) headers.set('Authorization', 'Bearer ' + key);
-    let body;
-    if (opts.json !== undefined) {
-      headers.set('Content-Type', 'application/json');
-      body = JSON.stringify(opts.json);
+    let headers, body;
+    try {
+      headers = new Headers(opts.headers || {});
+      if (key) headers.set('Authorization', 'Bearer ' + key);
+      if (opts.json !== undefined) {
+        headers.set('Content-Type', 'application/json');
+        body = JSON.stringify(opts.json);
+      }
+    } catch (err) {
+      // A key kept from before keys were checked (or set by hand) that
+      // cannot go in a header: taken as refused, and asked for again.
+      if (!(err instanceof TypeError) || !key) throw err;
+      sessionStorage.removeItem(KEY);
+      await askKey('The key kept in this tab cannot be sent (it holds characters an API key cannot have, such as smart quotes). Enter it again.');
+      continue;
     }
     const resp = await fetch(path, { method: opts.method || 'GET', headers, body, signal: opts.signal, cache: 'no-store' });
     if (resp.status === 401) {
@@ -207,9 +287,12 @@ async function api(path, opts = {}) {
       code = e.code || '';
       message = e.message || '';
     } catch { /* not JSON */ }
-    if (resp.status === 403) markForbidden(opts.action);
+    const scope = scopeRefusal(resp.status, code, message);
+    if (scope) markForbidden(opts.action);
     if (resp.status === 429 && !message) message = 'too many requests; try again in ' + (resp.headers.get('Retry-After') || 'a few') + ' s';
-    throw new ApiError(resp.status, code, message);
+    const err = new ApiError(resp.status, code, message);
+    err.scope = scope;
+    throw err;
   }
 }
 
@@ -490,6 +573,11 @@ async function startBus() {
       } catch (err) {
         if (err.status === 403) {
           state.textContent = '○ no live feed (key lacks access)';
+          state.className = 'muted';
+          return;
+        }
+        if (err.status === 401) { // the key dialog was closed without a key
+          state.textContent = '○ offline (API key needed)';
           state.className = 'muted';
           return;
         }
@@ -893,7 +981,7 @@ function cancelButton(getID, onDone) {
       b.textContent = 'Cancelling…';
     } catch (err) {
       b.disabled = false;
-      if (err.status === 403) b.hidden = true;
+      if (err.scope) b.hidden = true;
       onDone(err);
     }
   });
@@ -1044,7 +1132,7 @@ async function pageStart(root) {
     try {
       list = (await apiJSON('/v1/nodes')).nodes || [];
     } catch (err) {
-      if (err.status === 403) useFreeText();
+      if (err.scope) useFreeText();
       else showError(nodesNote, err);
       return;
     }
@@ -1149,7 +1237,10 @@ async function pageStart(root) {
         stalled = err;
       } else {
         status.replaceChildren(badge('failed'));
-        if (err.status === 403) {
+        // Only the edge's scope refusal says the key may not start runs;
+        // another 403 (a session another key owns) is shown as the edge
+        // gave it, and the form stays usable.
+        if (err.scope) {
           showError(note, { code: 'forbidden', message: 'this API key may not start runs' });
           form.hidden = true;
         } else {
