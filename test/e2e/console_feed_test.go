@@ -14,6 +14,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -1131,5 +1132,45 @@ func TestConsoleStartForeignSession(t *testing.T) {
 	evalJS[bool](b, `document.getElementById('start-session').value = '', true`)
 	b.click(`#start-submit`)
 	b.waitJS(10*time.Second, "the run goes", `document.getElementById('start-status').innerText === 'succeeded'`)
+	b.checkClean()
+}
+
+// A run longer than the page keeps: Start a run and the run's page keep the
+// same bounds, keep the END of the output (where an answer ends) and say
+// what they cut.
+func TestConsoleOutputBounds(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	const n = 6000 // deltas of 256 characters: about 1.5 MiB, past the 1 MiB kept
+	f.runEvents = func(id string) []map[string]any {
+		evs := []map[string]any{{"run_id": id, "node": "n1", "seq": 1, "type": "start"}}
+		for i := 1; i <= n; i++ {
+			evs = append(evs, map[string]any{"run_id": id, "node": "n1", "seq": i + 1, "type": "delta", "text": fmt.Sprintf("line %05d %s\n", i, strings.Repeat("x", 244))})
+		}
+		return append(evs, map[string]any{"run_id": id, "node": "n1", "seq": n + 2, "type": "complete"})
+	}
+	openFake(b, f, "start")
+	b.waitJS(10*time.Second, "start form", `document.querySelector('#start-adapter option[value="exec"]')`)
+	b.click(`#start-submit`)
+	b.waitJS(30*time.Second, "run complete", `document.getElementById('start-status').innerText === 'succeeded'`)
+	check := func(where string) {
+		t.Helper()
+		b.waitJS(10*time.Second, where+": the end of the output", `document.getElementById('run-output').textContent.endsWith('line 06000 '+'x'.repeat(244)+'\n')`)
+		out := evalJS[int](b, `document.getElementById('run-output').textContent.length`)
+		if out > (1<<20)+(1<<18) {
+			t.Errorf("%s: %d characters of output shown, want at most about 1 MiB", where, out)
+		}
+		if rows := evalJS[int](b, `document.querySelectorAll('.events-table tbody tr').length`); rows > 4000 {
+			t.Errorf("%s: %d event rows, want at most 4000", where, rows)
+		}
+		msg := b.text(`#run-cut`)
+		if !regexp.MustCompile(`^Output cut: showing the last [\d,]+ characters; [\d,]+ earlier ones not shown; [\d,]+ earlier events not shown`).MatchString(msg) {
+			t.Errorf("%s: cut notice %q", where, msg)
+		}
+	}
+	check("Start a run")
+	b.click(`#start-run a`)
+	b.waitJS(10*time.Second, "run page", `document.querySelector('[data-page="run"]')`)
+	check("the run's page")
 	b.checkClean()
 }

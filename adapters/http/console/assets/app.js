@@ -391,8 +391,39 @@ function showError(where, err) {
 // ---------------------------------------------------------------- live state
 
 // runs holds what this tab has seen of runs on the bus, newest last,
-// bounded so a long-open tab does not grow without end.
+// bounded so a long-open tab does not grow without end. A run's output (and
+// reasoning) keeps its last MAX_OUTPUT characters and its events list the
+// last MAX_EVENTS_PER_RUN, on a run's page and on Start a run alike: the end
+// is where an answer ends. What was cut is counted, and the page says so.
+// Both are cut back only once they pass their bound by a quarter, so that a
+// run of many small deltas is not copied whole at each one.
 const MAX_RUNS = 300, MAX_EVENTS_PER_RUN = 4000, MAX_OUTPUT = 1 << 20;
+
+// foldEvent adds one event to a run's view state (events, output,
+// reasoning, usage, error), keeping each within its bound.
+function foldEvent(st, ev) {
+  st.events.push(ev);
+  st.eventsTotal = (st.eventsTotal || 0) + 1;
+  if (st.events.length > MAX_EVENTS_PER_RUN + (MAX_EVENTS_PER_RUN >> 2)) {
+    const n = st.events.length - MAX_EVENTS_PER_RUN;
+    st.events.splice(0, n);
+    st.eventsCut = (st.eventsCut || 0) + n;
+  }
+  if (ev.type === 'delta') appendBounded(st, 'output', ev.text);
+  if (ev.type === 'reasoning_delta') appendBounded(st, 'reasoning', ev.text);
+  if (ev.usage) st.usage = ev.usage;
+  if (ev.error) st.error = ev.error;
+}
+
+function appendBounded(st, field, text) {
+  if (!text) return;
+  st[field] += text;
+  if (st[field].length > MAX_OUTPUT + (MAX_OUTPUT >> 2)) {
+    const n = st[field].length - MAX_OUTPUT;
+    st[field] = st[field].slice(n);
+    st[field + 'Cut'] = (st[field + 'Cut'] || 0) + n;
+  }
+}
 const runs = new Map();
 const busListeners = new Set();
 const seenNodes = new Map(); // id → {disconnectedAt, last view}
@@ -416,9 +447,8 @@ function runState(id, node) {
 // applyRunEvent folds one run event into its run's state. A run started
 // from this tab comes twice, from its POST stream and from the bus: a seq
 // at or below the last one folded is a copy. (The events list cannot tell:
-// it stops growing at MAX_EVENTS_PER_RUN, after which every event was
-// folded twice.) A run's seqs go up by one from 1, and each feed is in
-// order.
+// it keeps only the last MAX_EVENTS_PER_RUN.) A run's seqs go up by one
+// from 1, and each feed is in order.
 function applyRunEvent(ev) {
   if (!ev || !ev.run_id) return null;
   const r = runState(ev.run_id, ev.node);
@@ -426,20 +456,13 @@ function applyRunEvent(ev) {
     if (ev.seq <= r.lastSeq) return r;
     r.lastSeq = ev.seq;
   }
-  if (r.events.length < MAX_EVENTS_PER_RUN) r.events.push(ev);
-  switch (ev.type) {
-    case 'start': {
-      r.started = true;
-      const m = ev.metadata && typeof ev.metadata === 'object' ? ev.metadata : {};
-      r.adapter = r.adapter || m.adapter;
-      r.target = r.target || m.target;
-      break;
-    }
-    case 'delta': if (r.output.length < MAX_OUTPUT) r.output += ev.text || ''; break;
-    case 'reasoning_delta': if (r.reasoning.length < MAX_OUTPUT) r.reasoning += ev.text || ''; break;
+  foldEvent(r, ev);
+  if (ev.type === 'start') {
+    r.started = true;
+    const m = ev.metadata && typeof ev.metadata === 'object' ? ev.metadata : {};
+    r.adapter = r.adapter || m.adapter;
+    r.target = r.target || m.target;
   }
-  if (ev.usage) r.usage = ev.usage;
-  if (ev.error) r.error = ev.error;
   if (TERMINAL.has(ev.type)) {
     r.status = statusOfTerminal(ev.type);
     r.finishedAt = new Date().toISOString();
@@ -927,7 +950,8 @@ function runView(r) {
   const events = h('tbody');
   const usage = h('dl', { class: 'kv', id: 'run-usage' });
   const error = h('div', { id: 'run-error' });
-  const el = h('div', {},
+  const cut = h('div', { id: 'run-cut', class: 'notice', hidden: true });
+  const el = h('div', {}, cut,
     h('div', { class: 'cols' },
       h('div', {}, h('h3', {}, 'Output'), out),
       h('div', { id: 'reasoning-box', hidden: true }, h('h3', {}, 'Reasoning'), reasoning)),
@@ -937,8 +961,19 @@ function runView(r) {
       h('div', {}, h('h3', {}, 'Events'), h('table', { class: 'events-table' },
         h('thead', {}, h('tr', {}, h('th', {}, 'seq'), h('th', {}, 'type'), h('th', {}, 'data'))), events))));
   const unset = {};
-  let shown = 0, shownUsage = unset, shownError = unset;
+  let shown = 0, shownUsage = unset, shownError = unset, shownCut = '';
   function update(state) {
+    // What the bounds cut (foldEvent) is said, not silently left out.
+    const parts = [];
+    if (state.outputCut) parts.push(`output cut: showing the last ${num(state.output.length)} characters; ${num(state.outputCut)} earlier ones not shown`);
+    if (state.reasoningCut) parts.push(`reasoning cut: ${num(state.reasoningCut)} earlier characters not shown`);
+    if (state.eventsCut) parts.push(`${num(state.eventsCut)} earlier events not shown`);
+    const c = parts.length ? parts.join('; ') + ` (this page keeps a run's last ${num(MAX_OUTPUT)} characters of output and last ${num(MAX_EVENTS_PER_RUN)} events).` : '';
+    if (c !== shownCut) {
+      shownCut = c;
+      cut.textContent = c.charAt(0).toUpperCase() + c.slice(1);
+      cut.hidden = !c;
+    }
     const stick = out.scrollTop + out.clientHeight >= out.scrollHeight - 4;
     if (out.textContent !== state.output) out.textContent = state.output;
     if (stick) out.scrollTop = out.scrollHeight;
@@ -946,14 +981,18 @@ function runView(r) {
       el.querySelector('#reasoning-box').hidden = false;
       if (reasoning.textContent !== state.reasoning) reasoning.textContent = state.reasoning;
     }
-    for (; shown < state.events.length; shown++) {
-      const ev = state.events[shown];
+    // shown counts the events drawn of all the run had (eventsTotal); the
+    // list holds its last ones only.
+    const total = state.eventsTotal || state.events.length;
+    for (shown = Math.max(shown, total - state.events.length); shown < total; shown++) {
+      const ev = state.events[state.events.length - (total - shown)];
       const rest = { ...ev };
       for (const k of ['run_id', 'node', 'seq', 'type']) delete rest[k];
       let d = JSON.stringify(rest);
       if (d.length > 300) d = d.slice(0, 300) + '…';
       events.append(h('tr', {}, h('td', {}, ev.seq ?? ''), h('td', {}, ev.type), h('td', { class: 'sum' }, d === '{}' ? '' : d)));
     }
+    while (events.childElementCount > MAX_EVENTS_PER_RUN) events.firstElementChild.remove();
     // Usage and error are drawn again only when they change: the pages
     // update once a frame while a run streams, and a list rebuilt that
     // often cannot be selected.
@@ -1219,11 +1258,7 @@ async function pageStart(root) {
         // The pages hear it as from the bus, which skips this run while
         // this stream runs (and may be off: a key without the events scope).
         notifyBus('run.event', { type: 'run.event', node: ev.node, run: ev });
-        state.events.push(ev);
-        if (ev.type === 'delta') state.output += ev.text || '';
-        if (ev.type === 'reasoning_delta') state.reasoning += ev.text || '';
-        if (ev.usage) state.usage = ev.usage;
-        if (ev.error) state.error = ev.error;
+        foldEvent(state, ev);
         if (TERMINAL.has(ev.type)) last = ev.type;
         if (drawn) {
           drawn = false;
