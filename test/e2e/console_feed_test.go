@@ -12,10 +12,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -117,10 +119,24 @@ func newFakeConsoleEdge(t *testing.T) *fakeConsoleEdge {
 			return
 		}
 		f.mu.Lock()
-		list := slices.Clone(f.runs)
+		var list []map[string]any
+		for _, rec := range f.runs {
+			if st := r.URL.Query().Get("status"); st == "" || rec["status"] == st {
+				list = append(list, maps.Clone(rec))
+			}
+		}
 		f.mu.Unlock()
 		slices.Reverse(list)
-		writeFakeJSON(w, 200, map[string]any{"runs": list})
+		// ?limit= and ?cursor= (here an offset) page the list, as the
+		// edge's history does.
+		off, _ := strconv.Atoi(r.URL.Query().Get("cursor"))
+		list = list[min(off, len(list)):]
+		answer := map[string]any{"runs": list}
+		if limit, _ := strconv.Atoi(r.URL.Query().Get("limit")); limit > 0 && len(list) > limit {
+			answer["runs"] = list[:limit]
+			answer["next_cursor"] = strconv.Itoa(off + limit)
+		}
+		writeFakeJSON(w, 200, answer)
 	})
 	mux.HandleFunc("GET /v1/runs/{id}", func(w http.ResponseWriter, r *http.Request) {
 		if !f.auth(w, r, "") {
@@ -1172,5 +1188,32 @@ func TestConsoleOutputBounds(t *testing.T) {
 	b.click(`#start-run a`)
 	b.waitJS(10*time.Second, "run page", `document.querySelector('[data-page="run"]')`)
 	check("the run's page")
+	b.checkClean()
+}
+
+// "In flight" lists every run the edge has running or queued, however far
+// back it started and whatever the history's filter: a long run older than
+// the history's first page was missed.
+func TestConsoleInFlightOldRuns(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	f.setRun("old-long", "running")
+	f.setRun("old-queued", "queued")
+	for i := range 150 {
+		f.setRun(fmt.Sprintf("done-%03d", i), "succeeded")
+	}
+	inFlight := func(id string) string { return fmt.Sprintf(`document.querySelector('#runs-live tr[data-run=%q]')`, id) }
+	openFake(b, f, "runs")
+	b.waitJS(10*time.Second, "history drawn", `document.querySelectorAll('#runs-history tbody tr').length === 100`)
+	b.waitJS(10*time.Second, "the old runs in flight", inFlight("old-long")+" && "+inFlight("old-queued"))
+	// The history's filter does not change what is in flight.
+	b.open(f.URL + "/ui/#/runs?status=succeeded&limit=10")
+	b.do(15*time.Second, "reload", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`#main [data-page]`)))
+	b.waitJS(10*time.Second, "filtered history drawn", `document.querySelectorAll('#runs-history tbody tr').length === 10`)
+	b.waitJS(10*time.Second, "the old runs still in flight", inFlight("old-long")+" && "+inFlight("old-queued"))
+	// It ends: out of In flight when the bus says so.
+	f.setRun("old-long", "succeeded")
+	f.publish(map[string]any{"run_id": "old-long", "node": "n1", "seq": 9, "type": "complete"})
+	b.waitJS(10*time.Second, "old-long out of In flight", "!"+inFlight("old-long"))
 	b.checkClean()
 }

@@ -805,9 +805,10 @@ async function pageRuns(root) {
     h('label', {}, 'key', f.key), h('label', {}, 'from', f.since), h('label', {}, 'to', f.until),
     h('label', {}, 'limit', f.limit), h('button', { type: 'submit', class: 'primary' }, 'Filter'));
   const liveBox = h('div', { id: 'runs-live' });
+  const liveStatus = h('div', { id: 'runs-live-status' });
   const histStatus = h('div');
   const histBox = h('div', { id: 'runs-history' });
-  root.append(h('h1', {}, 'Runs'), h('h2', {}, 'In flight'), liveBox, h('h2', {}, 'History'), form, histStatus, histBox);
+  root.append(h('h1', {}, 'Runs'), h('h2', {}, 'In flight'), liveStatus, liveBox, h('h2', {}, 'History'), form, histStatus, histBox);
 
   // The link's node is an option at once: the first load must not wait for
   // GET /v1/nodes nor read an empty choice.
@@ -828,10 +829,33 @@ async function pageRuns(root) {
     load();
   }
 
-  // In flight: runs the bus showed starting, plus unfinished runs of the
-  // last history answer (started before the page opened) that the bus has
-  // not shown ending.
-  let unfinished = [];
+  // In flight: runs the bus showed starting, plus the runs the edge lists
+  // as running or queued (loadLive: started before the page opened, however
+  // long ago) that the bus has not shown ending.
+  let unfinished = [], liveLoads = 0;
+  async function loadLive() {
+    const mine = ++liveLoads;
+    const found = [];
+    let capped = false, failed = null;
+    try {
+      for (const status of ['running', 'queued']) {
+        const p = new URLSearchParams({ status, limit: String(LIVE_LIMIT) });
+        for (let page = 1; ; page++) {
+          const data = await apiJSON('/v1/runs?' + p.toString(), { action: 'runs.read' });
+          found.push(...(data.runs || []).filter((r) => !FINISHED.has(r.status)));
+          if (!data.next_cursor) break;
+          if (page >= LIVE_PAGES) { capped = true; break; }
+          p.set('cursor', data.next_cursor);
+        }
+      }
+    } catch (err) { failed = err; }
+    if (mine !== liveLoads) return;
+    liveStatus.replaceChildren();
+    if (failed) showError(liveStatus, failed);
+    else unfinished = found;
+    if (capped) liveStatus.append(h('div', { class: 'notice', id: 'runs-live-capped' }, `Showing the newest ${num(found.length)} runs in flight; the edge has more.`));
+    renderLive();
+  }
   function renderLive() {
     const rows = new Map();
     for (const r of unfinished) {
@@ -903,7 +927,6 @@ async function pageRuns(root) {
     });
     const table = h('div', {}, shown.length ? runTable(shown) : h('p', { class: 'muted' }, 'No runs match.'));
     histBox.replaceChildren(table, older);
-    unfinished = (data.runs || []).filter((r) => !FINISHED.has(r.status));
     // The history's word on a run's end settles a run the bus showed start
     // but not end (its terminal event was lost), as a run's page does:
     // otherwise it stayed in flight here while the history showed it done.
@@ -912,22 +935,32 @@ async function pageRuns(root) {
   }
 
   renderLive();
-  await load();
+  await Promise.all([loadLive(), load()]);
   const reload = coalesce(400, 2000, load);
+  const reloadLive = coalesce(400, 2000, loadLive);
   const relive = coalesce(100, 500, renderLive);
   listenBus((type, ev) => {
-    // The bus lost events: resyncBus settled the runs it knew; the history
-    // is read again for the rest (unless Older added pages).
+    // The bus lost events: resyncBus settled the runs it knew; the runs in
+    // flight and the history are read again for the rest (the history
+    // unless Older added pages).
     if (type === 'bus.resync') {
       relive();
+      reloadLive();
       if (!paged) reload();
       return;
     }
     if (type !== 'run.event' || !ev.run) return;
     relive();
-    if ((TERMINAL.has(ev.run.type) || ev.run.type === 'start') && !paged) reload();
+    if (TERMINAL.has(ev.run.type) || ev.run.type === 'start') {
+      reloadLive();
+      if (!paged) reload();
+    }
   });
 }
+
+// LIVE_LIMIT and LIVE_PAGES bound how many runs in flight the Runs page
+// reads (per status: running, queued).
+const LIVE_LIMIT = 200, LIVE_PAGES = 5;
 
 function runTable(rows) {
   return h('table', { class: 'runs' },
