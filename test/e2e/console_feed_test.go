@@ -1217,3 +1217,17 @@ func TestConsoleInFlightOldRuns(t *testing.T) {
 	b.waitJS(10*time.Second, "old-long out of In flight", "!"+inFlight("old-long"))
 	b.checkClean()
 }
+
+// Heartbeat RTT shows for each connected node, not only the first 50.
+func TestConsoleRTTEveryNode(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	var nodes []map[string]any
+	for i := 1; i <= 70; i++ {
+		nodes = append(nodes, fakeNode(fmt.Sprintf("n%02d", i)))
+	}
+	f.setNodes(nodes...)
+	openFake(b, f, "nodes")
+	b.waitJS(15*time.Second, "RTT on every node", `[...document.querySelectorAll('[data-node] [data-rtt]')].filter((dd) => dd.innerText === '1.5 ms').length === 70`)
+	b.checkClean()
+}

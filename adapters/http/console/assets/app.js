@@ -700,22 +700,35 @@ function perFrame(fn) {
 
 // ---- Nodes
 
+const RTT_BATCH = 8;
+
 async function pageNodes(root) {
   const list = h('div', { class: 'grid', id: 'nodes' });
   const status = h('div');
   root.append(h('h1', {}, 'Nodes'), status, list);
   const rtts = new Map();
-  let lastNodes = [];
+  let lastNodes = [], rttBusy = false, left = false;
+  onCleanup(() => { left = true; });
 
+  // loadRTT asks every connected node for its heartbeat RTT, RTT_BATCH at
+  // a time; a round still going when the next is due (many nodes, slow
+  // answers) is not started again over itself.
   async function loadRTT(nodes) {
-    if (!allowed('nodes.command')) return;
-    await Promise.all(nodes.slice(0, 50).map(async (n) => {
-      try {
-        const ts = await apiJSON(`/v1/nodes/${encodeURIComponent(n.id)}/commands`, { method: 'POST', json: { command: 'transport_status' }, action: 'nodes.command' });
-        // 0 until the node has timed its first heartbeat.
-        if (typeof ts.last_rtt_ms === 'number' && ts.last_rtt_ms > 0) rtts.set(n.id, ts.last_rtt_ms);
-      } catch { /* an old node or a forbidden command: no RTT shown */ }
-    }));
+    if (!allowed('nodes.command') || rttBusy) return;
+    rttBusy = true;
+    try {
+      for (let i = 0; i < nodes.length && !left; i += RTT_BATCH) {
+        await Promise.all(nodes.slice(i, i + RTT_BATCH).map(async (n) => {
+          try {
+            const ts = await apiJSON(`/v1/nodes/${encodeURIComponent(n.id)}/commands`, { method: 'POST', json: { command: 'transport_status' }, action: 'nodes.command' });
+            // 0 until the node has timed its first heartbeat.
+            if (typeof ts.last_rtt_ms === 'number' && ts.last_rtt_ms > 0) rtts.set(n.id, ts.last_rtt_ms);
+          } catch { /* an old node or a forbidden command: no RTT shown */ }
+        }));
+      }
+    } finally {
+      rttBusy = false;
+    }
   }
 
   async function load(withRTT) {
@@ -729,8 +742,11 @@ async function pageNodes(root) {
     status.replaceChildren();
     lastNodes = data.nodes || [];
     for (const n of lastNodes.filter(online)) seenNodes.set(n.id, { ...(seenNodes.get(n.id) || {}), disconnectedAt: null, view: n });
-    if (withRTT) await loadRTT(lastNodes.filter(online));
     render();
+    if (withRTT && !rttBusy) {
+      await loadRTT(lastNodes.filter(online));
+      if (!left) render();
+    }
   }
 
   // render shows the connected nodes, then greyed: the config's offline
