@@ -632,16 +632,20 @@ func TestConsoleDeadFeed(t *testing.T) {
 	})
 	b.waitJS(10*time.Second, "bus live again", `document.getElementById('bus-state').classList.contains('live')`)
 
-	// The Events page's own feed, silent, says it stopped, and is made
-	// again by itself.
+	// The Events page shows the tab's feed, silent, stopped, and made
+	// again by itself; it opens none of its own.
 	b.open(f.URL + "/ui/#/events?type=node.*")
-	b.waitJS(10*time.Second, "Events page says its feed stopped", `/stopped: no data from the edge.*Reconnecting in/s.test(document.querySelector('#ev-stopped[data-idle]')?.innerText || '')`)
-	waitFor(t, "the Events page's silent feed made again", func() error {
-		if n := len(f.eventsTriesFor("type=node.*")); n < 2 {
-			return fmt.Errorf("%d connections of the Events page", n)
+	b.waitJS(20*time.Second, "Events page says the feed stopped", `/stopped: no data from the edge.*Reconnecting in/s.test(document.querySelector('#ev-stopped[data-idle]')?.innerText || '')`)
+	again := len(f.busConnections())
+	waitFor(t, "the silent feed made again", func() error {
+		if n := len(f.busConnections()); n <= again {
+			return fmt.Errorf("%d connections", n)
 		}
 		return nil
 	})
+	if n := len(f.eventsTriesFor("type=node.*")); n != 0 {
+		t.Errorf("the Events page opened %d feeds of its own", n)
+	}
 	evalJS[bool](b, `sessionStorage.removeItem('iop.console.sseIdleMs'), true`)
 	b.checkClean()
 }
@@ -786,7 +790,8 @@ func TestConsoleEventsPageReconnects(t *testing.T) {
 	f.mu.Lock()
 	f.keepAlive = 300 * time.Millisecond
 	f.mu.Unlock()
-	const q = "type=run.event"
+	// The Events page filters the tab's one feed (asked with no query).
+	const q = ""
 	tries := func() int { return len(f.eventsTriesFor(q)) }
 	waitTries := func(what string, n int) {
 		t.Helper()
@@ -801,8 +806,8 @@ func TestConsoleEventsPageReconnects(t *testing.T) {
 	row := func(id string) string {
 		return fmt.Sprintf(`[...document.querySelectorAll('#events td.sum')].some((td) => td.innerText.startsWith(%q))`, id+" ")
 	}
-	openFake(b, f, "events?"+q)
-	waitTries("the Events page's feed", 1)
+	openFake(b, f, "events?type=run.event")
+	waitTries("the tab's feed", 1)
 
 	// The feed ends: the page says so, and is back within the first wait.
 	f.closeFeeds()
@@ -812,7 +817,7 @@ func TestConsoleEventsPageReconnects(t *testing.T) {
 	waitFor(t, "the feed subscribed", func() error {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		if len(f.feeds) < 2 { // the bus's and the page's
+		if len(f.feeds) < 1 {
 			return fmt.Errorf("%d feeds", len(f.feeds))
 		}
 		return nil
@@ -1229,5 +1234,33 @@ func TestConsoleRTTEveryNode(t *testing.T) {
 	f.setNodes(nodes...)
 	openFake(b, f, "nodes")
 	b.waitJS(15*time.Second, "RTT on every node", `[...document.querySelectorAll('[data-node] [data-rtt]')].filter((dd) => dd.innerText === '1.5 ms').length === 70`)
+	b.checkClean()
+}
+
+// The Events page shows the tab's one feed, filtered in the page: it opens
+// no connection of its own (a browser keeps six per host over HTTP/1.1;
+// three Events tabs held them all and any new tab hung).
+func TestConsoleEventsPageSharesFeed(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	openFake(b, f, "events?type=node.*")
+	f.publishNode("node.registered", "n7")
+	f.publish(map[string]any{"run_id": "r1", "node": "n1", "seq": 1, "type": "start"})
+	b.waitJS(10*time.Second, "the node event shown", `document.querySelector('#events tr[data-type="node.registered"]')`)
+	time.Sleep(300 * time.Millisecond)
+	if n := evalJS[int](b, `document.querySelectorAll('#events tr:not([data-type^="node."])').length`); n != 0 {
+		t.Errorf("%d events of other types shown under a node.* filter", n)
+	}
+	// Another filter, applied in the page.
+	b.do(10*time.Second, "filter run.event", chromedp.SetValue(chromedp.CSS(`#ev-types`), "run.event"))
+	b.click(`form.panel button.primary`)
+	f.publish(map[string]any{"run_id": "r2", "node": "n1", "seq": 1, "type": "start"})
+	b.waitJS(10*time.Second, "the run event shown", `document.querySelector('#events tr[data-type="run.event"]')`)
+	f.mu.Lock()
+	feeds, tries := len(f.feeds), slices.Clone(f.eventsTries)
+	f.mu.Unlock()
+	if feeds != 1 || len(tries) != 1 {
+		t.Errorf("%d feeds open, %d asked for (%v): want the tab's one", feeds, len(tries), tries)
+	}
 	b.checkClean()
 }

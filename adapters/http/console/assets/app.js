@@ -491,7 +491,7 @@ function releaseRun(r) {
   const s = r.stash || [];
   r.stash = null;
   for (const ev of s) applyRunEvent(ev);
-  if (s.length) notifyBus('run.event', { type: 'run.event', node: r.node, run: s[s.length - 1] });
+  if (s.length) notifyBus('run.event', { type: 'run.event', node: r.node, run: s[s.length - 1], local: true });
 }
 
 let busCtl = null, busRunning = false, busWake = null;
@@ -549,24 +549,51 @@ async function resyncBus() {
   }
 }
 
-// startBus keeps one connection to GET /v1/events for the whole tab and
-// reconnects with backoff; the pages listen to it for live updates. A
-// connection silent for SSE_IDLE_MS is dropped and made again. It stops for
-// good on a 403 (the key may not read events) until restartBus.
-async function startBus() {
-  if (busRunning || !allowed('events')) return;
+// busState is where the tab's feed is, for the header and the Events page:
+// phase 'connecting', 'live', 'retry' (why, idle, due: when it tries
+// again), 'hidden' (why, idle: waits for the tab to be shown) or 'refused'
+// (err: a 401, 403 or another 4xx but 408 and 429 stops the retries).
+// Pages hear each change as "bus.state".
+let busState = { phase: 'connecting' };
+let busBackoff = 1000;
+function setBusState(st) {
+  busState = st;
+  const el = document.getElementById('bus-state');
+  switch (st.phase) {
+    case 'live': el.textContent = '● live'; el.className = 'live'; break;
+    case 'connecting': break;
+    case 'refused':
+      el.textContent = st.err.status === 401 ? '○ offline (API key needed)'
+        : st.err.status === 403 ? '○ no live feed (key lacks access)' : '○ no live feed (refused)';
+      el.className = 'muted';
+      break;
+    default: el.textContent = '○ reconnecting'; el.className = 'muted';
+  }
+  notifyBus('bus.state', st);
+}
+
+// startBus keeps one connection to GET /v1/events for the whole tab: the
+// pages, the Events page too, listen to it (a browser keeps at most six
+// connections to one host over HTTP/1.1, and each feed holds one for good).
+// A feed that ends, fails or stays silent for SSE_IDLE_MS is made again
+// after a jittered backoff: 1 s, doubling up to 30 s, back to 1 s after a
+// connection that stayed up 10 s; a tab that is hidden when the time comes
+// waits until it is shown. A refused key (401, 403) or request (another
+// 4xx but 408 and 429) stops it until restartBus.
+async function startBus(force) {
+  if (busRunning || (!force && !allowed('events'))) return;
   busRunning = true;
-  const state = document.getElementById('bus-state');
-  let backoff = 1000, connected = false;
+  let connected = false;
   try {
     for (;;) {
       const ctl = new AbortController();
       busCtl = ctl;
+      let opened = 0, why = '', idle = false;
+      setBusState({ phase: 'connecting' });
       try {
         const resp = await api('/v1/events', { signal: ctl.signal, action: 'events', headers: { Accept: 'text/event-stream' } });
-        state.textContent = '● live';
-        state.className = 'live';
-        backoff = 1000;
+        opened = performance.now();
+        setBusState({ phase: 'live' });
         // What happened while the bus was away is unknown.
         if (connected) resyncBus();
         connected = true;
@@ -593,26 +620,43 @@ async function startBus() {
           // The edge dropped events this tab was too slow to take.
           onComment: (c) => { if (c.startsWith('dropped')) resyncBus(); },
         });
+        why = 'The event stream ended.';
       } catch (err) {
-        if (err.status === 403) {
-          state.textContent = '○ no live feed (key lacks access)';
-          state.className = 'muted';
-          return;
-        }
-        if (err.status === 401) { // the key dialog was closed without a key
-          state.textContent = '○ offline (API key needed)';
-          state.className = 'muted';
-          return;
+        if (busCtl === ctl) {
+          const st = err.status || 0;
+          if (st >= 400 && st < 500 && st !== 408 && st !== 429) {
+            setBusState({ phase: 'refused', err });
+            return;
+          }
+          if (err instanceof IdleError) {
+            why = `The event stream stopped: ${err.message}.`;
+            idle = true;
+          } else {
+            why = `The event stream failed: ${err.code ? err.code + ': ' : ''}${err.message || err}.`;
+          }
         }
       }
       ctl.abort(); // an idle connection's, or one whose read failed
-      state.textContent = '○ reconnecting';
-      state.className = 'muted';
-      if (busCtl === ctl) { // not restarted: back off before the next try
-        await new Promise((r) => { busWake = r; setTimeout(r, backoff); });
-        busWake = null;
-        backoff = Math.min(backoff * 2, 15000);
+      if (busCtl !== ctl) continue; // restarted: at once, without a wait
+      if (opened && performance.now() - opened >= 10000) busBackoff = 1000;
+      const delay = Math.round(busBackoff / 2 + Math.random() * busBackoff / 2);
+      busBackoff = Math.min(busBackoff * 2, 30000);
+      setBusState({ phase: 'retry', why, idle, due: Date.now() + delay });
+      let woken = false;
+      await new Promise((r) => { busWake = () => { woken = true; r(); }; setTimeout(r, delay); });
+      if (!woken && document.hidden) {
+        setBusState({ phase: 'hidden', why, idle });
+        await new Promise((r) => {
+          const shown = () => {
+            if (document.hidden && !woken) return;
+            document.removeEventListener('visibilitychange', shown);
+            r();
+          };
+          busWake = () => { woken = true; shown(); };
+          document.addEventListener('visibilitychange', shown);
+        });
       }
+      busWake = null;
     }
   } finally {
     busRunning = false;
@@ -621,7 +665,7 @@ async function startBus() {
 
 // restartBus follows a key change: the feed is made again with the new key
 // (whose scopes and node limits may differ), and a bus that stopped on the
-// old key's 403 starts again.
+// old key's refusal starts again.
 function restartBus() {
   if (!busRunning) {
     startBus();
@@ -630,6 +674,17 @@ function restartBus() {
   const old = busCtl;
   busCtl = null; // the loop reconnects at once, without its backoff
   if (old) old.abort();
+  if (busWake) busWake();
+}
+
+// reconnectBus is the Events page's "Reconnect now": a try at once, the
+// wait back to 1 s; a feed that was refused is asked again.
+function reconnectBus() {
+  busBackoff = 1000;
+  if (!busRunning) {
+    startBus(true);
+    return;
+  }
   if (busWake) busWake();
 }
 
@@ -1305,8 +1360,9 @@ async function pageStart(root) {
         if (!runID && ev.run_id) runID = ev.run_id;
         applyRunEvent(ev);
         // The pages hear it as from the bus, which skips this run while
-        // this stream runs (and may be off: a key without the events scope).
-        notifyBus('run.event', { type: 'run.event', node: ev.node, run: ev });
+        // this stream runs (and may be off: a key without the events scope);
+        // "local" keeps it off the Events page, which shows the bus's copy.
+        notifyBus('run.event', { type: 'run.event', node: ev.node, run: ev, local: true });
         foldEvent(state, ev);
         if (TERMINAL.has(ev.type)) last = ev.type;
         if (drawn) {
@@ -1602,64 +1658,50 @@ async function pageEvents(root) {
   const rows = h('tbody', { id: 'events' });
   const note = h('div');
   const count = h('span', { class: 'muted small' });
-  const quick = ['node.*', 'run.event', 'tunnel.completed', 'config.reloaded'].map((t) => h('button', { type: 'button', class: 'small', onclick: () => { types.value = t; reconnectNow(); } }, t));
+  const quick = ['node.*', 'run.event', 'tunnel.completed', 'config.reloaded'].map((t) => h('button', { type: 'button', class: 'small', onclick: () => { types.value = t; apply(); } }, t));
   root.append(h('h1', {}, 'Events'),
-    h('form', { class: 'panel row', onsubmit: (e) => { e.preventDefault(); reconnectNow(); } },
+    h('form', { class: 'panel row', onsubmit: (e) => { e.preventDefault(); apply(); } },
       h('label', {}, 'types', types), h('button', { type: 'submit', class: 'primary' }, 'Apply'), quick, pause,
       h('button', { type: 'button', onclick: () => { rows.replaceChildren(); n = 0; count.textContent = ''; } }, 'Clear'), count),
+    h('p', { class: 'muted small' }, 'The tab\'s one live feed (GET /v1/events), filtered here: a type, or a prefix ending in *, comma-separated.'),
     note,
     h('table', { class: 'events-table' }, h('thead', {}, h('tr', {}, ['time', 'type', 'node', 'detail'].map((c) => h('th', {}, c)))), rows));
-  let paused = false, ctl = null, n = 0;
+  let paused = false, n = 0, match = typeMatcher(types.value);
   pause.addEventListener('click', () => { paused = !paused; pause.textContent = paused ? 'Resume' : 'Pause'; });
-  // A feed that ends, fails or stays silent is made again after a
-  // jittered backoff: 1 s, doubling up to 30 s, back to 1 s after a
-  // connection that stayed up 10 s; a tab that is hidden when the time
-  // comes waits until it is shown. A refused key (401, 403) or request
-  // (another 4xx but 408 and 429) stops the retries: the page says why and
-  // offers a button.
-  let backoff = 1000, retryTimer = null, countdown = null, onShown = null;
-  function stopRetry() {
-    clearTimeout(retryTimer);
+  function apply() {
+    history.replaceState(null, '', '#/events' + (types.value ? '?type=' + encodeURIComponent(types.value) : ''));
+    match = typeMatcher(types.value);
+  }
+
+  // The feed's state: retried with a countdown and a "Reconnect now"
+  // button, or refused with a "Reconnect" button (startBus).
+  let countdown = null;
+  onCleanup(() => clearInterval(countdown));
+  function showState(st) {
     clearInterval(countdown);
-    retryTimer = countdown = null;
-    if (onShown) document.removeEventListener('visibilitychange', onShown);
-    onShown = null;
+    countdown = null;
+    const now = h('button', { type: 'button', id: 'ev-reconnect', onclick: reconnectBus }, st.phase === 'refused' ? 'Reconnect' : 'Reconnect now');
+    if (st.phase === 'retry') {
+      const left = h('span', { id: 'ev-retry-in' });
+      const tick = () => { left.textContent = `Reconnecting in ${Math.max(1, Math.ceil((st.due - Date.now()) / 1000))} s. `; };
+      tick();
+      countdown = setInterval(tick, 1000);
+      note.replaceChildren(h('div', { class: 'notice', id: 'ev-stopped', 'data-retry': '', 'data-idle': st.idle }, st.why + ' ', left, now));
+    } else if (st.phase === 'hidden') {
+      note.replaceChildren(h('div', { class: 'notice', id: 'ev-stopped', 'data-retry': '', 'data-idle': st.idle }, st.why + ' ',
+        h('span', { id: 'ev-retry-in' }, 'Reconnecting when this tab is shown again. '), now));
+    } else if (st.phase === 'refused') {
+      const s = st.err.status;
+      const what = s === 401 || s === 403 ? 'The API key may not read the event stream' : 'The edge refused the event stream';
+      note.replaceChildren(h('div', { class: 'error-box', id: 'ev-stopped', 'data-refused': '' },
+        `${what} (${st.err.code ? st.err.code + ': ' : ''}${st.err.message}). `, now));
+    } else {
+      note.replaceChildren();
+    }
   }
-  onCleanup(() => {
-    stopRetry();
-    if (ctl) ctl.abort();
-  });
-  function reconnectNow() {
-    backoff = 1000;
-    connect();
-  }
-  function retry(why, idle) {
-    const delay = Math.round(backoff / 2 + Math.random() * backoff / 2);
-    backoff = Math.min(backoff * 2, 30000);
-    const due = Date.now() + delay;
-    const left = h('span', { id: 'ev-retry-in' });
-    const tick = () => { left.textContent = `Reconnecting in ${Math.max(1, Math.ceil((due - Date.now()) / 1000))} s. `; };
-    tick();
-    note.replaceChildren(h('div', { class: 'notice', id: 'ev-stopped', 'data-retry': '', 'data-idle': idle }, why + ' ', left,
-      h('button', { type: 'button', id: 'ev-reconnect', onclick: reconnectNow }, 'Reconnect now')));
-    stopRetry();
-    countdown = setInterval(tick, 1000);
-    retryTimer = setTimeout(() => {
-      clearInterval(countdown);
-      countdown = null;
-      if (!document.hidden) {
-        connect();
-        return;
-      }
-      left.textContent = 'Reconnecting when this tab is shown again. ';
-      onShown = () => {
-        if (document.hidden) return;
-        stopRetry();
-        connect();
-      };
-      document.addEventListener('visibilitychange', onShown);
-    }, delay);
-  }
+  // A key already known not to read events never started the feed.
+  showState(!busRunning && !allowed('events') && busState.phase !== 'refused'
+    ? { phase: 'refused', err: new ApiError(403, 'forbidden', 'the key lacks the scope to read events') } : busState);
 
   function detail(ev) {
     if (ev.run) {
@@ -1677,51 +1719,26 @@ async function pageEvents(root) {
     return [ev.reason, ev.remote].filter(Boolean).join(' · ');
   }
 
-  async function connect() {
-    stopRetry();
-    if (ctl) ctl.abort();
-    ctl = new AbortController();
-    const mine = ctl;
-    history.replaceState(null, '', '#/events' + (types.value ? '?type=' + encodeURIComponent(types.value) : ''));
-    note.replaceChildren();
-    const p = types.value ? '?type=' + encodeURIComponent(types.value) : '';
-    let opened = 0;
-    try {
-      const resp = await api('/v1/events' + p, { signal: mine.signal, action: 'events', headers: { Accept: 'text/event-stream' } });
-      opened = performance.now();
-      await readSSE(resp, (type, data) => {
-        if (paused) return;
-        let ev;
-        try { ev = JSON.parse(data); } catch { return; }
-        rows.prepend(h('tr', { 'data-type': type }, h('td', {}, fmtTime(ev.time)), h('td', {}, type), h('td', {}, ev.node || ''), h('td', { class: 'sum' }, detail(ev))));
-        n++;
-        while (rows.childElementCount > 500) rows.lastElementChild.remove();
-        count.textContent = `${n} received`;
-      }, { idleMs: SSE_IDLE_MS });
-      if (mine !== ctl) return;
-      if (performance.now() - opened >= 10000) backoff = 1000;
-      retry('The event stream ended.', false);
-    } catch (err) {
-      if (mine !== ctl || err.name === 'AbortError') return;
-      if (opened && performance.now() - opened >= 10000) backoff = 1000;
-      // A dead connection says so, as an ended one does, instead of
-      // showing a feed that only looks quiet.
-      if (err instanceof IdleError) {
-        retry(`The event stream stopped: ${err.message}.`, true);
-        return;
-      }
-      const s = err.status || 0;
-      if (s >= 400 && s < 500 && s !== 408 && s !== 429) {
-        const what = s === 401 || s === 403 ? 'The API key may not read the event stream' : 'The edge refused the event stream';
-        note.replaceChildren(h('div', { class: 'error-box', id: 'ev-stopped', 'data-refused': '' },
-          `${what} (${err.code ? err.code + ': ' : ''}${err.message}). `,
-          h('button', { type: 'button', id: 'ev-reconnect', onclick: reconnectNow }, 'Reconnect')));
-        return;
-      }
-      retry(`The event stream failed: ${err.code ? err.code + ': ' : ''}${err.message || err}.`, false);
+  listenBus((type, ev) => {
+    if (type === 'bus.state') {
+      showState(ev);
+      return;
     }
-  }
-  connect();
+    if (type === 'bus.resync' || ev.local || paused || !match(type)) return;
+    rows.prepend(h('tr', { 'data-type': type }, h('td', {}, fmtTime(ev.time)), h('td', {}, type), h('td', {}, ev.node || ''), h('td', { class: 'sum' }, detail(ev))));
+    n++;
+    while (rows.childElementCount > 500) rows.lastElementChild.remove();
+    count.textContent = `${n} received`;
+  });
+}
+
+// typeMatcher reads the Events page's filter as the edge reads ?type=: a
+// comma-separated list of types, a trailing "*" matching a prefix; empty
+// keeps everything.
+function typeMatcher(text) {
+  const want = text.split(',').map((t) => t.trim()).filter(Boolean);
+  if (!want.length) return () => true;
+  return (type) => want.some((w) => w.endsWith('*') ? type.startsWith(w.slice(0, -1)) : type === w);
 }
 
 // ---------------------------------------------------------------- router
