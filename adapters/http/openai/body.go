@@ -26,8 +26,14 @@ const (
 	// of its size.) Most request bodies are a few KiB: a 64 KiB block per
 	// request cost more in allocation and zeroing than the scan itself.
 	firstBlock = 1 << 10
-	// maxKey and maxModel bound what of a key or a model value is kept.
-	maxKey   = 64
+	// maxKey bounds what of a key is kept, by the scan and the guard
+	// alike: the longest routing key (followsKey) written entirely in \u escapes, six bytes a character, as JSON
+	// allows and every provider's decoder reads. A key longer than that
+	// cannot be a routing key; a shorter bound let a caller hide one from
+	// the edge (and from the ownership check of a follow-up) by escaping
+	// it. TestRoutingKeysFitMaxKey keeps it in step with the routes.
+	maxKey = 6 * len(followsKey)
+	// maxModel bounds what of a model value is kept.
 	maxModel = 4 << 10
 )
 
@@ -513,10 +519,6 @@ type keyGuard struct {
 	err error
 }
 
-// maxGuardKey bounds a key kept for comparison: "model" spelled entirely
-// in \u escapes is 30 bytes.
-const maxGuardKey = 64
-
 func newKeyGuard(r io.Reader, keys []string, also string) *keyGuard {
 	n := len(keys)
 	g := &keyGuard{r: r, keys: keys, seen: make([]bool, n), valueOf: -1,
@@ -571,7 +573,7 @@ func (g *keyGuard) step(c byte) error {
 			return nil
 		}
 		if g.isKey {
-			if len(g.key) < maxGuardKey {
+			if len(g.key) < maxKey {
 				g.key = append(g.key, c)
 			} else {
 				g.keyLong = true

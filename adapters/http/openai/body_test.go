@@ -3,8 +3,10 @@ package openaiapi
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"mime/multipart"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -326,6 +328,9 @@ func TestKeyGuard(t *testing.T) {
 		{`{"previous_response_id":"r1","model":"a","previous_response_id":"r2"}`, []string{"model"}, prev, prev},
 		{`{"previous_response_id":null,"model":"a","Previous_Response_ID":"r2"}`, []string{"model"}, prev, prev},
 		{`{"previous_response_id":"r1","previous_response_id":"r2"}`, []string{"model"}, "", ""}, // not a key of this route
+		// Spelled entirely in \u escapes (120 bytes): still the key.
+		{`{"previous_response_id":"r1","model":"a","` + escapeAll(prev) + `":"r2"}`, []string{"model"}, prev, prev},
+		{`{"model":"a","` + escapeAll("model") + `":"b"}`, []string{"model"}, "model", ""},
 	} {
 		for _, chunk := range []int{1, 7, 1 << 10} { // split anywhere
 			g := newKeyGuard(iotest.OneByteReader(strings.NewReader(c.body)), c.keys, c.also)
@@ -343,6 +348,43 @@ func TestKeyGuard(t *testing.T) {
 			case c.dup != "" && len(got) >= len(c.body):
 				t.Fatalf("%s (reads of %d): the whole body passed", c.body, chunk)
 			}
+		}
+	}
+}
+
+// escapeAll spells every character of s as a \u escape, as JSON allows.
+func escapeAll(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		fmt.Fprintf(&b, `\u%04x`, r)
+	}
+	return b.String()
+}
+
+// TestRoutingKeysFitMaxKey: every key a route reads fits the scan's and
+// the guard's key bound when spelled entirely in escapes (6 bytes a
+// character); a longer one would be skipped, so a caller could hide it.
+func TestRoutingKeysFitMaxKey(t *testing.T) {
+	for _, k := range append(append(append(slices.Clone(modelKeys), ollamaKeys...), copyKeys...), followsKey) {
+		if e := escapeAll(k); len(e) > maxKey {
+			t.Errorf("routing key %q escaped is %d bytes, over maxKey %d", k, len(e), maxKey)
+		}
+	}
+}
+
+// The follow-up key spelled entirely in escapes is read as the key: a
+// caller cannot route a follow-up past the edge's ownership check by
+// escaping it.
+func TestScanFindsAnEscapedFollowsKey(t *testing.T) {
+	body := `{"model":"m","` + escapeAll(followsKey) + `":"resp_1","input":"x"}`
+	for _, split := range []bool{false, true} {
+		var src io.Reader = strings.NewReader(body)
+		if split {
+			src = oneByte{src}
+		}
+		model, also, err := scanJSONModel(&prefix{src: src}, modelKeys, followsKey)
+		if err != nil || model != "m" || also != "resp_1" {
+			t.Fatalf("split=%v: scan = %q, %q, %v; want m, resp_1", split, model, also, err)
 		}
 	}
 }

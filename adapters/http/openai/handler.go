@@ -153,7 +153,12 @@ type target struct {
 var (
 	modelKeys  = []string{"model"}
 	ollamaKeys = []string{"model", "name"} // Ollama's legacy "name"
+	copyKeys   = []string{"source"}        // /api/copy's model
 )
+
+// followsKey is the body key of the Responses routes that names the
+// response a request continues.
+const followsKey = "previous_response_id"
 
 // New builds the handler; it refuses missing dependencies.
 func New(deps Deps, log *slog.Logger) *Handler {
@@ -183,7 +188,7 @@ func New(deps Deps, log *slog.Logger) *Handler {
 		"/v1/chat/completions":      post(openai),
 		"/v1/completions":           post(openai),
 		"/v1/embeddings":            post(openai),
-		"/v1/responses":             post(via(target{family: domain.ProviderOpenAI, keys: modelKeys, remember: true, follows: "previous_response_id"})),
+		"/v1/responses":             post(via(target{family: domain.ProviderOpenAI, keys: modelKeys, remember: true, follows: followsKey})),
 		"/v1/images/generations":    post(openai),
 		"/v1/rerank":                post(openai),
 		"/v1/audio/transcriptions":  post(form),
@@ -199,7 +204,7 @@ func New(deps Deps, log *slog.Logger) *Handler {
 		"/api/show":                 post(ollama),
 		"/api/push":                 post(ollama),
 		"/api/delete":               {http.MethodDelete: ollama},
-		"/api/copy":                 post(via(target{family: domain.ProviderOllama, keys: []string{"source"}})),
+		"/api/copy":                 post(via(target{family: domain.ProviderOllama, keys: copyKeys})),
 		"/api/pull":                 post(bring),
 		"/api/create":               post(bring),
 		"/api/tags":                 get(h.tags),
@@ -211,8 +216,8 @@ func New(deps Deps, log *slog.Logger) *Handler {
 	// Compaction and input token counts take a create's body (model,
 	// input, previous_response_id) and create nothing to follow up;
 	// counting needs no model when the previous response says where.
-	h.routes["/v1/responses/compact"] = post(via(target{family: domain.ProviderOpenAI, keys: modelKeys, follows: "previous_response_id"}))
-	h.routes["/v1/responses/input_tokens"] = post(via(target{family: domain.ProviderOpenAI, keys: modelKeys, follows: "previous_response_id", modelOptional: true}))
+	h.routes["/v1/responses/compact"] = post(via(target{family: domain.ProviderOpenAI, keys: modelKeys, follows: followsKey}))
+	h.routes["/v1/responses/input_tokens"] = post(via(target{family: domain.ProviderOpenAI, keys: modelKeys, follows: followsKey, modelOptional: true}))
 	return h
 }
 

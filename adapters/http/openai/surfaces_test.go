@@ -451,6 +451,9 @@ func TestResponseFollowUpHidesNodesTheCallerCannotSee(t *testing.T) {
 // answered as for an id the edge never saw, without reaching the provider,
 // which would hand over its content. An admin key may follow up any. A
 // node that later answers with the same id does not take its follow-ups.
+// escapedPrev is "previous_response_id" spelled entirely in \u escapes.
+const escapedPrev = `\u0070\u0072\u0065\u0076\u0069\u006f\u0075\u0073\u005f\u0072\u0065\u0073\u0070\u006f\u006e\u0073\u0065\u005f\u0069\u0064`
+
 func TestResponsesBelongToTheirKey(t *testing.T) {
 	e := newEnv(t)
 	created := `{"id":"resp_x","object":"response","status":"completed"}`
@@ -477,6 +480,10 @@ func TestResponsesBelongToTheirKey(t *testing.T) {
 		{http.MethodDelete, "/v1/responses/resp_x", ""},
 		{http.MethodGet, "/v1/responses/resp_x/input_items", ""},
 		{http.MethodPost, "/v1/responses", `{"model":"m","previous_response_id":"resp_x"}`},
+		// The key spelled in escapes, as a provider's decoder reads it.
+		{http.MethodPost, "/v1/responses", `{"model":"m","` + escapedPrev + `":"resp_x"}`},
+		{http.MethodPost, "/v1/responses/compact", `{"model":"m","` + escapedPrev + `":"resp_x"}`},
+		{http.MethodPost, "/v1/responses/input_tokens", `{"model":"m","` + escapedPrev + `":"resp_x"}`},
 	} {
 		resp := do(t, c.method, y.URL+c.path, c.body)
 		if got := readAll(t, resp); resp.StatusCode != 404 || !strings.Contains(got, "was not created through this edge") {
