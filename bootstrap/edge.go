@@ -48,6 +48,12 @@ func (f fileSource) LoadNodes() ([]domain.NodeRecord, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// LoadEdge checked the file's transport.listen; a changed listen
+	// address takes a restart, so the nodes of this file would register on
+	// the one the edge listens on.
+	if err := cfg.CheckSampleTokens(f.running.Transport.Listen); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", f.path, err)
+	}
 	return cfg.Records(), f.running.RestartKeys(cfg), nil
 }
 

@@ -88,3 +88,55 @@ nodes:
 		t.Fatalf("no warning naming the changes that need a restart:\n%s", logs.String())
 	}
 }
+
+// A reload refuses the sample token of configs/edge.yaml while the node link
+// listens where others reach it, as a start does: in a file that says so,
+// and in a file that names a loopback address the running edge does not
+// listen on (a changed listen address takes a restart).
+func TestReloadRefusesTheSampleTokenOnAPublicLink(t *testing.T) {
+	_, port, _ := strings.Cut(freeAddr(t), ":")
+	tAddr, hAddr := "0.0.0.0:"+port, freeAddr(t)
+	path := filepath.Join(t.TempDir(), "edge.yaml")
+	file := `
+transport: {listen: "` + tAddr + `"}
+http: {listen: "` + hAddr + `"}
+nodes:
+  - {id: n1, token: reload-test-token}
+`
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.LoadEdge(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	edge := fxtest.New(t, bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, ConfigPath: path, Logger: log}), fx.NopLogger)
+	edge.RequireStart()
+	defer edge.RequireStop()
+
+	for _, listen := range []string{tAddr, "127.0.0.1:" + port} {
+		next := strings.Replace(file, tAddr, listen, 1) + "  - {id: local, token: " + config.SampleNodeToken + "}\n"
+		if err := os.WriteFile(path, []byte(next), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.Post("http://"+hAddr+"/v1/admin/reload", "application/json", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var e struct {
+			Error struct{ Code, Message string }
+		}
+		_ = json.Unmarshal(body, &e)
+		if resp.StatusCode < 400 || e.Error.Code != "config_error" ||
+			!strings.Contains(e.Error.Message, `(id "local"): the token is the sample token`) ||
+			!strings.Contains(e.Error.Message, `transport.listen "`+tAddr+`" is not a loopback address`) {
+			t.Errorf("reload with transport.listen %s in the file: %d %s; want a config_error naming node local", listen, resp.StatusCode, body)
+		}
+		if strings.Contains(string(body), config.SampleNodeToken) {
+			t.Errorf("reload answer shows the token: %s", body)
+		}
+	}
+}

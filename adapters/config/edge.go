@@ -438,6 +438,38 @@ func (c *EdgeConfig) Validate() error {
 			tokens[digest] = i
 		}
 	}
+	errs = appendFlat(errs, c.CheckSampleTokens(t.Listen))
+	return errors.Join(errs...)
+}
+
+// SampleNodeToken is the token of node local in the repository's
+// configs/edge.yaml (and scripts/run.sh): published, so anyone knows it.
+const SampleNodeToken = "dev-token-change-me"
+
+// CheckSampleTokens refuses a node whose token (given as token, token_env or
+// token_sha256) is SampleNodeToken when the node link listens on listen and
+// that is not a loopback address: anyone who reaches the port could register
+// as that node. The edge checks the file's transport.listen at start and
+// at reload, and at reload also the address it is listening on. The error
+// names the node and how to make a token, never the token.
+func (c *EdgeConfig) CheckSampleTokens(listen string) error {
+	if IsLoopbackListen(listen) {
+		return nil
+	}
+	sample := sha256.Sum256([]byte(SampleNodeToken))
+	var errs []error
+	for i, n := range c.Nodes {
+		digest, err := n.tokenDigest()
+		if err != nil || digest != sample {
+			continue
+		}
+		p := fmt.Sprintf("nodes[%d]", i)
+		errs = append(errs, at(fmt.Errorf("nodes[%d] (id %q): the token is the sample token published in iop's configs/edge.yaml, and transport.listen %q is not a loopback address: "+
+			"anyone who reaches it could register as node %q; generate a token (TOKEN=$(openssl rand -hex 32)), "+
+			"replace this node's token with token_sha256: <the output of echo -n \"$TOKEN\" | iop-edge hash-token>, "+
+			"and start the node with the new token (iop-edge join %s prints how)", i, n.ID, listen, n.ID, n.ID),
+			p+".token", p+".token_env", p+".token_sha256", "transport.listen"))
+	}
 	return errors.Join(errs...)
 }
 

@@ -638,3 +638,54 @@ func TestBadAdapterEntryRefusedAtLoad(t *testing.T) {
 		}
 	}
 }
+
+// The sample token of configs/edge.yaml is published: a node link that
+// others can reach refuses it, whichever of token, token_env and
+// token_sha256 gives it, naming the node and how to make a token; on a
+// loopback link (make run) it still loads.
+func TestSampleTokenRefusedOnAPublicLink(t *testing.T) {
+	t.Setenv("IOP_TEST_SAMPLE", config.SampleNodeToken)
+	for _, tok := range []string{
+		"token: " + config.SampleNodeToken,
+		"token_env: IOP_TEST_SAMPLE",
+		"token_sha256: " + config.TokenHash(config.SampleNodeToken),
+	} {
+		nodes := "nodes:\n  - {id: ok, token: a-real-token-0123}\n  - {id: local, " + tok + "}\n"
+		for _, listen := range []string{"0.0.0.0:7700", ":7700", "203.0.113.5:7700", "[::]:7700"} {
+			_, err := config.ParseEdge("edge.yaml", []byte("transport: {listen: \""+listen+"\"}\n"+nodes))
+			if err == nil {
+				t.Fatalf("%s on %s: loaded", tok, listen)
+			}
+			msg := err.Error()
+			for _, want := range []string{`nodes[1] (id "local"): the token is the sample token`, `transport.listen "` + listen + `" is not a loopback address`, "openssl rand -hex 32", "iop-edge hash-token", "iop-edge join local"} {
+				if !strings.Contains(msg, want) {
+					t.Errorf("%s on %s: error %q does not contain %q", tok, listen, msg, want)
+				}
+			}
+			if !strings.HasPrefix(msg, "edge.yaml: line 4: ") {
+				t.Errorf("error %q does not name the node's line", msg)
+			}
+			if strings.Contains(msg, config.SampleNodeToken) || strings.Contains(msg, "a-real-token") {
+				t.Errorf("error %q shows a token", msg)
+			}
+		}
+		for _, listen := range []string{"127.0.0.1:7700", "localhost:7700", "[::1]:7700"} {
+			if _, err := config.ParseEdge("edge.yaml", []byte("transport: {listen: \""+listen+"\"}\n"+nodes)); err != nil {
+				t.Errorf("%s on loopback %s: %v", tok, listen, err)
+			}
+		}
+	}
+	// The repository's own file, made to listen on all interfaces as
+	// README "Adding a node on another machine" says.
+	data, err := os.ReadFile(filepath.Join("..", "..", "configs", "edge.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	public := strings.Replace(string(data), `listen: "127.0.0.1:7700"`, `listen: "0.0.0.0:7700"`, 1)
+	if public == string(data) {
+		t.Fatal("configs/edge.yaml has no transport listen 127.0.0.1:7700")
+	}
+	if _, err := config.ParseEdge(filepath.Join(t.TempDir(), "edge.yaml"), []byte(public)); err == nil || !strings.Contains(err.Error(), `(id "local"): the token is the sample token`) {
+		t.Errorf("configs/edge.yaml listening on 0.0.0.0: %v", err)
+	}
+}
