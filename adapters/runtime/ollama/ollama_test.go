@@ -634,3 +634,30 @@ func TestAbsurdUsageTotalSaturates(t *testing.T) {
 		t.Fatalf("usage %+v; want the total saturated at MaxInt64", done.Usage)
 	}
 }
+
+// A redirect from Ollama (or a proxy before it) is not followed, by a run or
+// a command: it ends with an error naming the status and the Location, and
+// the redirect target gets nothing (base_url credentials included).
+func TestRedirectIsNotFollowed(t *testing.T) {
+	other := newServer(t, ndjson(`{"model":"m","message":{"role":"assistant","content":"elsewhere"},"done":true}`+"\n"))
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+r.URL.Path, http.StatusMovedPermanently)
+	})
+	base := strings.Replace(srv.URL, "http://", "http://user:hunter2@", 1)
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: base}, nil)
+	sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := requireTerminal(t, sink, domain.EventError, domain.CodeProviderError)
+	if want := "the provider answered HTTP 301 Moved Permanently with Location " + other.URL + "/api/chat; redirects are not followed"; !strings.HasPrefix(ev.Error.Message, want) {
+		t.Errorf("message = %q, want it to start with %q", ev.Error.Message, want)
+	}
+	_, err = a.RunCommand(testContext(t), ollama.CmdList, nil, nil)
+	if domain.CodeOf(err) != domain.CodeProviderError || !strings.Contains(err.Error(), "HTTP 301 Moved Permanently with Location "+other.URL+"/api/tags;") {
+		t.Errorf("list command: err = %v", err)
+	}
+	if n := other.Count(); n != 0 {
+		t.Errorf("the redirect target got %d requests (Authorization %q)", n, other.Request(t, 0).Header.Get("Authorization"))
+	}
+}

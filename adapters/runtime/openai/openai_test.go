@@ -666,3 +666,37 @@ func TestAbsurdUsageTotalSaturates(t *testing.T) {
 		t.Fatalf("usage %+v; want the total saturated at MaxInt64", done.Usage)
 	}
 }
+
+// A provider's redirect is not followed: Go would re-send the request with
+// its Authorization to the same host on another port (or from https to
+// http). The run ends with an error naming the status and the Location,
+// without its credentials or query.
+func TestRedirectIsNotFollowed(t *testing.T) {
+	t.Setenv("IOP_TEST_OPENAI_KEY", "sk-secret")
+	other := standin.NewServer(t, sse(events("\n", chunk(`{"content":"elsewhere"}`, "stop"), "[DONE]")))
+	loc := strings.Replace(other.URL, "http://", "http://user:hunter2@", 1) + "/v1/chat/completions?sig=s3cr3t"
+	srv := standin.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, loc, http.StatusTemporaryRedirect)
+	})
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL, APIKeyEnv: "IOP_TEST_OPENAI_KEY"}, nil)
+	sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := requireTerminal(t, sink, domain.EventError, domain.CodeProviderError)
+	want := "the provider answered HTTP 307 Temporary Redirect with Location " + strings.Replace(other.URL, "http://", "http://user:xxxxx@", 1) + "/v1/chat/completions?…; redirects are not followed"
+	if !strings.HasPrefix(ev.Error.Message, want) {
+		t.Errorf("message = %q, want it to start with %q", ev.Error.Message, want)
+	}
+	for _, secret := range []string{"hunter2", "s3cr3t", "sk-secret"} {
+		if strings.Contains(ev.Error.Message, secret) {
+			t.Errorf("message %q shows %q", ev.Error.Message, secret)
+		}
+	}
+	if n := other.Count(); n != 0 {
+		t.Errorf("the redirect target got %d requests (Authorization %q)", n, other.Request(t, 0).Header.Get("Authorization"))
+	}
+	if n := srv.Count(); n != 1 || srv.Request(t, 0).Header.Get("Authorization") != "Bearer sk-secret" {
+		t.Errorf("the provider got %d requests", n)
+	}
+}

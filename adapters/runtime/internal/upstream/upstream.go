@@ -35,7 +35,13 @@ func NewClient() *http.Client {
 		MaxIdleConnsPerHost:   8,
 		IdleConnTimeout:       90 * time.Second,
 	}
-	return &http.Client{Transport: tr}
+	return &http.Client{
+		Transport: tr,
+		// Following a redirect would re-send the request, and the API key
+		// Go keeps for the same host on another port or from https to
+		// http, to wherever the provider points: Do reports it instead.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 }
 
 // Do sends a request with a JSON body (nil for none) and returns the open
@@ -61,12 +67,36 @@ func Do(ctx context.Context, hc *http.Client, method, url string, body []byte, h
 	if err != nil {
 		return nil, TransportError(ctx, err)
 	}
+	if resp.StatusCode/100 == 3 {
+		resp.Body.Close()
+		return nil, RedirectError(resp)
+	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		return nil, StatusError(resp.StatusCode, b)
 	}
 	return resp, nil
+}
+
+// RedirectError is the provider_error for a 3xx answer, which the client
+// does not follow: its status and where it points (without credentials or
+// query), so the operator can set base_url to that address.
+func RedirectError(resp *http.Response) error {
+	where := "no Location"
+	if loc, err := resp.Location(); err == nil {
+		q := ""
+		if loc.RawQuery != "" || loc.ForceQuery {
+			q = "?…"
+		}
+		loc.RawQuery, loc.ForceQuery, loc.Fragment, loc.RawFragment = "", false, "", ""
+		where = fmt.Sprintf("Location %s%s", loc.Redacted(), q)
+	} else if resp.Header.Get("Location") != "" {
+		where = "a Location that is not a URL"
+	}
+	return &domain.Error{Code: domain.CodeProviderError, Message: fmt.Sprintf(
+		"the provider answered HTTP %d %s with %s; redirects are not followed (they would send the request and its API key elsewhere): set base_url to the address the provider wants",
+		resp.StatusCode, http.StatusText(resp.StatusCode), where)}
 }
 
 // TransportError maps a failure to reach the provider or to read its
