@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"iop/adapters/config"
+	httpapi "iop/adapters/http"
 )
 
 // CheckPprofAddr accepts only loopback addresses: the profiler exposes
@@ -36,12 +37,15 @@ func StartPprof(addr string, log *slog.Logger) (stop func(), err error) {
 		return nil, fmt.Errorf("--pprof: %w", err)
 	}
 	mux := http.NewServeMux()
+	// No /debug/pprof/cmdline: the argv may hold a node's --token (Index
+	// answers 404 for it).
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// Loopback alone does not keep a web page out: one that re-points its
+	// own name at 127.0.0.1 (DNS rebinding) could read the profiles.
+	srv := &http.Server{Handler: httpapi.LoopbackHostsOnly("--pprof", mux), ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

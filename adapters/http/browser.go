@@ -77,10 +77,19 @@ func MetricsOnlyHandler(addr string, h http.Handler) http.Handler {
 	if !loopbackListen(addr) {
 		return h
 	}
+	return LoopbackHostsOnly("metrics.listen", h)
+}
+
+// LoopbackHostsOnly serves h only to requests whose Host is a loopback
+// address or localhost, answering others 421 host_not_allowed: a listener
+// on loopback that checks no key (metrics.listen, --pprof) would otherwise
+// answer a page that re-points its own name at 127.0.0.1 (DNS rebinding).
+// what names the listener in the message.
+func LoopbackHostsOnly(what string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !loopbackHost(r.Host) {
 			writeJSONError(w, http.StatusMisdirectedRequest, domain.CodeHostNotAllowed, fmt.Sprintf(
-				"metrics.listen answers only requests addressed to a loopback address or localhost, not to host %q", r.Host))
+				"%s answers only requests addressed to a loopback address or localhost, not to host %q", what, r.Host))
 			return
 		}
 		h.ServeHTTP(w, r)
