@@ -140,3 +140,45 @@ nodes:
 		}
 	}
 }
+
+// A reload's config_error about a base_url does not show its password.
+func TestReloadAnswerHidesBaseURLPassword(t *testing.T) {
+	tAddr, hAddr := freeAddr(t), freeAddr(t)
+	path := filepath.Join(t.TempDir(), "edge.yaml")
+	file := `
+transport: {listen: "` + tAddr + `"}
+http: {listen: "` + hAddr + `"}
+nodes:
+  - {id: n1, token: reload-test-token}
+`
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.LoadEdge(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs lockedbuf.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	edge := fxtest.New(t, bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, ConfigPath: path, Logger: log}), fx.NopLogger)
+	edge.RequireStart()
+	defer edge.RequireStop()
+
+	bad := strings.Replace(file, "  - {id: n1, token: reload-test-token}\n",
+		"  - id: n1\n    token: reload-test-token\n    providers:\n      - {name: p, type: openai, base_url: \"http://ops:hunter2@gpu:bad port\"}\n", 1)
+	if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post("http://"+hAddr+"/v1/admin/reload", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode < 400 || !strings.Contains(string(body), "config_error") || !strings.Contains(string(body), `ops:xxxxx@gpu:bad port`) {
+		t.Errorf("reload: %d %s; want a config_error quoting the redacted base_url", resp.StatusCode, body)
+	}
+	if strings.Contains(string(body), "hunter2") || strings.Contains(logs.String(), "hunter2") {
+		t.Errorf("the password shows: answer %s\nlog:\n%s", body, logs.String())
+	}
+}

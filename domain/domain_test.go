@@ -374,3 +374,43 @@ func TestPageSessions(t *testing.T) {
 		t.Fatalf("after a/s15: %s", got)
 	}
 }
+
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://user:hunter2@host:11434/v1": "http://user:xxxxx@host:11434/v1",
+		"http://user:hun@ter2@host":         "http://user:xxxxx@host",
+		"http://admin:9999#tail@host":       "http://admin:xxxxx@host",
+		"http://a/b?c:hunter2@host":         "http://xxxxx@host",
+		"http://user:hunter2@host:bad port": "http://user:xxxxx@host:bad port",
+		"user:hunter2@host:11434":           "user:xxxxx@host:11434",
+		"ftp://user:hunter2@host":           "ftp://user:xxxxx@host",
+		"http://user@host":                  "http://user@host",
+		"http://127.0.0.1:11434":            "http://127.0.0.1:11434",
+		"127.0.0.1:11434":                   "127.0.0.1:11434",
+		"http://host/v1?key=a":              "http://host/v1?key=a",
+		"":                                  "",
+	} {
+		if got := domain.RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// A refused base_url is quoted without its password: the message reaches
+// a start's error, a reload's config_error answer and the edge's log.
+func TestBuildConfigRedactsBaseURL(t *testing.T) {
+	for _, u := range []string{"ftp://user:hunter2@host", "user:hunter2@host:11434", "http://user:hunter2@host:bad port"} {
+		for _, r := range []domain.NodeRecord{
+			{ID: "n", Adapters: []domain.AdapterConfig{{Name: "a", Type: domain.AdapterOpenAI, BaseURL: u}}},
+			{ID: "n", Providers: []domain.ProviderConfig{{Name: "p", Type: domain.ProviderOpenAI, BaseURL: u}}},
+		} {
+			_, err := r.BuildConfig(1)
+			if err == nil || !strings.Contains(err.Error(), "must be an http(s) URL") {
+				t.Fatalf("base_url %q: %v", u, err)
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("base_url %q: error shows the password: %v", u, err)
+			}
+		}
+	}
+}

@@ -218,7 +218,7 @@ func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
 		// The node's provider client can use nothing else: caught here, a
 		// start or reload says so, instead of every request failing later.
 		if u, err := url.Parse(p.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return NodeConfig{}, Errorf(CodeConfigError, "provider %q (%s): base_url %q must be an http(s) URL such as http://127.0.0.1:11434", p.Name, p.Type, p.BaseURL)
+			return NodeConfig{}, Errorf(CodeConfigError, "provider %q (%s): base_url %q must be an http(s) URL such as http://127.0.0.1:11434", p.Name, p.Type, RedactURL(p.BaseURL))
 		}
 		cfg.Providers = append(cfg.Providers, p)
 	}
@@ -266,7 +266,7 @@ func checkAdapter(a AdapterConfig) error {
 		// is refused whole and a registration refused with the reason,
 		// instead of a node that cannot apply what the edge pushed.
 		if u, err := url.Parse(a.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return Errorf(CodeConfigError, "adapter %q (%s): base_url %q must be an http(s) URL such as http://127.0.0.1:11434", a.Name, a.Type, a.BaseURL)
+			return Errorf(CodeConfigError, "adapter %q (%s): base_url %q must be an http(s) URL such as http://127.0.0.1:11434", a.Name, a.Type, RedactURL(a.BaseURL))
 		}
 	}
 	return nil

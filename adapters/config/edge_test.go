@@ -689,3 +689,15 @@ func TestSampleTokenRefusedOnAPublicLink(t *testing.T) {
 		t.Errorf("configs/edge.yaml listening on 0.0.0.0: %v", err)
 	}
 }
+
+// A refused base_url is quoted without its password.
+func TestBadBaseURLErrorHidesThePassword(t *testing.T) {
+	doc := "nodes:\n  - id: n\n    token: aaaaaaaa\n    adapters:\n      - {name: llm, type: ollama, base_url: \"ftp://ops:hunter2@gpu:11434\"}\n"
+	_, err := config.ParseEdge("edge.yaml", []byte(doc))
+	if err == nil || !strings.Contains(err.Error(), `base_url "ftp://ops:xxxxx@gpu:11434" must be an http(s) URL`) {
+		t.Fatalf("ParseEdge: %v", err)
+	}
+	if strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("error shows the password: %v", err)
+	}
+}

@@ -118,7 +118,7 @@ func New(cfg domain.AdapterConfig, chats ports.ChatSessionStore, opts ...Option)
 func checkBaseURL(cfg domain.AdapterConfig) error {
 	u, err := url.Parse(cfg.BaseURL)
 	if cfg.BaseURL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return domain.Errorf(domain.CodeConfigError, "%s adapter %q: base_url %q must be an http(s) URL such as http://127.0.0.1:11434", cfg.Type, cfg.Name, cfg.BaseURL)
+		return domain.Errorf(domain.CodeConfigError, "%s adapter %q: base_url %q must be an http(s) URL such as http://127.0.0.1:11434", cfg.Type, cfg.Name, domain.RedactURL(cfg.BaseURL))
 	}
 	return nil
 }

@@ -661,3 +661,13 @@ func TestRedirectIsNotFollowed(t *testing.T) {
 		t.Errorf("the redirect target got %d requests (Authorization %q)", n, other.Request(t, 0).Header.Get("Authorization"))
 	}
 }
+
+// A refused base_url is quoted without its password (the node logs it).
+func TestBadBaseURLErrorHidesThePassword(t *testing.T) {
+	for _, u := range []string{"ftp://ops:hunter2@gpu", "ops:hunter2@gpu:11434", "http://ops:hunter2@gpu:bad port"} {
+		_, err := ollama.New(domain.AdapterConfig{Name: "x", Type: domain.AdapterOllama, BaseURL: u}, nil)
+		if !errors.Is(err, domain.ErrConfig) || !strings.Contains(err.Error(), "ops:xxxxx@gpu") || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("New with base_url %q: %v", u, err)
+		}
+	}
+}

@@ -106,7 +106,7 @@ func WithHTTPClient(hc *http.Client) Option {
 func New(cfg domain.AdapterConfig, chats ports.ChatSessionStore, opts ...Option) (*Adapter, error) {
 	u, err := url.Parse(cfg.BaseURL)
 	if cfg.BaseURL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, domain.Errorf(domain.CodeConfigError, "openai adapter %q: base_url %q must be an http(s) URL such as http://127.0.0.1:8000", cfg.Name, cfg.BaseURL)
+		return nil, domain.Errorf(domain.CodeConfigError, "openai adapter %q: base_url %q must be an http(s) URL such as http://127.0.0.1:8000", cfg.Name, domain.RedactURL(cfg.BaseURL))
 	}
 	if cfg.MaxConcurrency < 0 || cfg.Timeout < 0 {
 		return nil, domain.Errorf(domain.CodeConfigError, "openai adapter %q: max_concurrency and timeout must not be negative", cfg.Name)

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"strings"
 	"time"
 
@@ -55,7 +56,12 @@ func Do(ctx context.Context, hc *http.Client, method, url string, body []byte, h
 	}
 	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
-		return nil, domain.Errorf(domain.CodeConfigError, "build request for %s: %v", url, err)
+		// url.Error quotes the URL whole: its base_url may hold a password.
+		var ue *neturl.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, domain.Errorf(domain.CodeConfigError, "build request for %s: %v", domain.RedactURL(url), err)
 	}
 	for k, v := range header {
 		req.Header[k] = v
