@@ -191,6 +191,11 @@ func newHTTPServer(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, bus *event
 		log.Warn("http api has no api_keys and http.allow_unauthenticated is set: anyone who reaches it may run work on every node, read every run and reload the config",
 			"listen", hc.Listen)
 	}
+	if len(deps.APIKeys) > 0 && hc.TLS == nil && !config.IsLoopbackListen(hc.Listen) {
+		log.Warn("http.listen is not a loopback address and http.tls is not set: API keys and all run data cross the network in clear; "+
+			"set http.tls (cert_file, key_file) or serve the API behind a TLS-terminating proxy on loopback",
+			"listen", hc.Listen)
+	}
 	if hc.TLS != nil {
 		cert, err := tls.LoadX509KeyPair(hc.TLS.CertFile, hc.TLS.KeyFile)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/fx"
 
+	"iop/adapters/config"
 	"iop/adapters/eventbus"
 	httpapi "iop/adapters/http"
 	"iop/adapters/metrics/prom"
@@ -54,6 +55,10 @@ func newMetricsServer(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, m *prom
 	addr := s.Config.Metrics.Listen
 	if addr == "" {
 		return ms
+	}
+	if !config.IsLoopbackListen(addr) {
+		log.Warn("metrics.listen is not a loopback address: GET /metrics there needs no key, so anyone who reaches it reads the node ids, adapter and model names, run and token counts of the edge; "+
+			"keep it on loopback or a network only Prometheus reaches", "listen", addr)
 	}
 	ms.srv = httpapi.NewMetricsServer(addr, m.Handler(), log)
 	lc.Append(fx.Hook{

@@ -300,6 +300,10 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 				retention = r.String()
 			}
 			log.Info("iop-node started", "edge", s.Edge, "version", Version, "store_retention", retention)
+			if s.Transport.TLS == nil && !config.IsLoopbackListen(s.Edge) {
+				log.Warn("the link to the edge is plaintext (--insecure) and the edge is not on a loopback address: the node token and all run data cross the network in clear; "+
+					"use --ca-pin (iop-edge --print-ca-pin) or --ca-file", "edge", s.Edge)
+			}
 			return nil
 		},
 		OnStop: func(stop context.Context) error {
