@@ -355,7 +355,13 @@ func (t *tunnelStream) sendBody(r io.Reader) {
 		}
 	}
 	for {
-		n, err := io.ReadFull(r, buf)
+		// What one read returns goes on at once: the body streams as the
+		// caller sends it (a read of a full buffer would hold a slow
+		// upload's pieces back). Only io.EOF is the body's end: a caller's
+		// body cut before its declared length or last chunk reads as
+		// io.ErrUnexpectedEOF, and the provider must not get it as a
+		// finished request.
+		n, err := r.Read(buf)
 		if n > 0 {
 			if serr := t.s.SendBody(ctx, dataRequestBody, buf[:n]); serr != nil {
 				failed(serr)
@@ -363,7 +369,7 @@ func (t *tunnelStream) sendBody(r io.Reader) {
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+			if !errors.Is(err, io.EOF) {
 				// Recv then says this, not a bare "stream closed" (an
 				// internal error to whoever relays it).
 				t.bodyErr.Store(&err)

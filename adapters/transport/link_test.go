@@ -809,10 +809,18 @@ func (endlessReader) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-type failingReader struct{ after int }
+// failingReader gives after bytes, then err (by default "client went
+// away").
+type failingReader struct {
+	after int
+	err   error
+}
 
 func (r *failingReader) Read(p []byte) (int, error) {
 	if r.after <= 0 {
+		if r.err != nil {
+			return 0, r.err
+		}
 		return 0, errors.New("client went away")
 	}
 	n := min(len(p), r.after)
@@ -834,6 +842,60 @@ func TestTunnelBodyReadErrorResetsStream(t *testing.T) {
 	// "stream closed" that its relay would answer as an internal error.
 	if _, err := ts.Recv(p.ctx); domain.CodeOf(err) != domain.CodeInvalidRequest || !strings.Contains(err.Error(), "client went away") {
 		t.Errorf("Recv after the upload failed: %v, want invalid_request naming the body's error", err)
+	}
+}
+
+// A caller's body cut short reads as io.ErrUnexpectedEOF (net/http's
+// request body, before its declared length or its last chunk): the node
+// must see a failed body, not a finished one it would send to the
+// provider as a complete request.
+func TestTunnelBodyCutShortIsNotAnEnd(t *testing.T) {
+	seen := make(chan tunnelSeen, 1)
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) { n.onTunnel = echoTunnel(seen, nil) })
+	ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "oa"}, &failingReader{after: 70 << 10, err: io.ErrUnexpectedEOF})
+	mustf(t, err, "OpenTunnel")
+	defer ts.Close()
+	if got := recv(t, p.ctx, seen, "node tunnel"); got.err == nil {
+		t.Fatalf("node read a complete body (%d bytes) from an upload cut short", len(got.body))
+	}
+	if _, err := ts.Recv(p.ctx); domain.CodeOf(err) != domain.CodeInvalidRequest || !strings.Contains(err.Error(), "unexpected EOF") {
+		t.Errorf("Recv after the upload was cut: %v, want invalid_request naming it", err)
+	}
+}
+
+// A body streams to the node as the caller sends it: a first piece
+// reaches the node's handler while the caller has not sent the rest.
+func TestTunnelBodyStreamsAsSent(t *testing.T) {
+	first := make(chan []byte, 1)
+	rest := make(chan []byte, 1)
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.onTunnel = func(_ context.Context, _ domain.TunnelRequest, body io.Reader, out ports.TunnelSink) {
+			buf := make([]byte, 64)
+			k, _ := body.Read(buf)
+			first <- buf[:k]
+			all, _ := io.ReadAll(body)
+			rest <- all
+			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 204})
+			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelEnd})
+		}
+	})
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "oa"}, pr)
+	mustf(t, err, "OpenTunnel")
+	defer ts.Close()
+	go func() { _, _ = pw.Write([]byte(`{"model":"m"`)) }()
+	// The rest is sent only once the node has the first piece: held back
+	// until a full buffer, it never would be.
+	if got := recv(t, p.ctx, first, "first piece"); string(got) != `{"model":"m"` {
+		t.Fatalf("first piece %q", got)
+	}
+	go func() {
+		_, _ = pw.Write([]byte(`,"x":1}`))
+		_ = pw.Close()
+	}()
+	if got := recv(t, p.ctx, rest, "rest"); string(got) != `,"x":1}` {
+		t.Fatalf("rest %q", got)
 	}
 }
 
