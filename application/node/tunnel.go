@@ -70,6 +70,16 @@ func (h *TunnelHandler) OpenTunnel(ctx context.Context, req domain.TunnelRequest
 		return
 	}
 	defer resp.Body.Close()
+	if resp.Status < 200 {
+		// A 101 (the clients return it, not skip it as other 1xx): the
+		// caller never asked to switch protocols (its Upgrade is not sent
+		// on), and relayed as a final answer it would tell whatever sits in
+		// front of the edge that the connection is now a raw tunnel while
+		// the edge goes on reading HTTP from it.
+		h.log.Warn("provider switched protocols unasked", "provider", req.Provider, "path", req.Path, "status", resp.Status)
+		fail(domain.CodeProviderError, "the provider answered %d to a request that did not ask to switch protocols (tunnels do not upgrade connections)", resp.Status)
+		return
+	}
 	if out.Send(domain.TunnelFrame{Kind: domain.TunnelStatus, Status: resp.Status}) != nil {
 		return
 	}

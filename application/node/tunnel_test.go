@@ -187,6 +187,25 @@ func TestTunnelWithoutUsageEndsAfterBody(t *testing.T) {
 	}
 }
 
+// A provider's 101 (the lean client returns it rather than skip it) is
+// not relayed as the caller's final answer: the caller asked for no
+// upgrade.
+func TestTunnelProviderSwitchingProtocolsIsAnError(t *testing.T) {
+	body := &tnBody{script: []tnRead{{data: "RAWBYTES"}}}
+	c := &tnClient{resp: &ports.ProviderResponse{
+		Status: http.StatusSwitchingProtocols, Header: domain.Header{"Upgrade": {"websocket"}, "Connection": {"Upgrade"}},
+		Body: body, Usage: func() *domain.Usage { return nil },
+	}}
+	sink := &tnSink{}
+	newTunnelHandler(t, c).OpenTunnel(context.Background(), domain.TunnelRequest{Provider: "local", Path: "/v1/chat/completions"}, nil, sink)
+	if sink.kinds() != "error" || sink.frames[0].Error.Code != domain.CodeProviderError || !strings.Contains(sink.frames[0].Error.Message, "switch protocols") {
+		t.Fatalf("frames = %s %+v, want one provider_error", sink.kinds(), sink.frames)
+	}
+	if !body.closed {
+		t.Error("the provider's response was not closed")
+	}
+}
+
 func TestTunnelProviderNotFound(t *testing.T) {
 	c := &tnClient{}
 	sink := &tnSink{}

@@ -434,7 +434,10 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 			// own, net/http would guess a Content-Type from the body.
 			w.Header()["Content-Type"] = nil
 		}
-		if status < 100 || status > 999 {
+		if status < 200 || status > 999 {
+			// Not a final status (a node relays none: a 1xx here would
+			// tell a proxy in front that the connection switched
+			// protocols while the edge reads HTTP on).
 			status = http.StatusBadGateway
 		}
 		if t.remember && status >= 200 && status < 300 {

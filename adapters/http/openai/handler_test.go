@@ -864,3 +864,18 @@ func TestNoContentTypeIsMadeUp(t *testing.T) {
 		t.Fatalf("headers %v", resp.Header)
 	}
 }
+
+// A status that is not a final one (a node's 101 or other 1xx, or one out
+// of range) reaches the caller as 502: a 101 would tell a proxy in front
+// that the connection switched protocols while the edge reads HTTP on.
+func TestNonFinalStatusFromANodeIs502(t *testing.T) {
+	for _, code := range []int{101, 103, 42, 1000} {
+		e := newEnv(t)
+		e.node(t, "gpu", serve(status(code), header("Upgrade", "websocket"), body(`RAW`), frame(domain.TunnelEnd)), provider("vllm", domain.ProviderOpenAI, "qwen"))
+		resp := post(t, e.srv.URL+"/v1/chat/completions", `{"model":"qwen"}`)
+		readAll(t, resp)
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Errorf("node status %d: caller got %d, want 502", code, resp.StatusCode)
+		}
+	}
+}
