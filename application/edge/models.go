@@ -448,11 +448,21 @@ type providerModels struct {
 
 // serves reports whether the provider serves model (as MatchProviderModel
 // says).
-func (p *providerModels) serves(model string) bool {
+func (p *providerModels) serves(model string) bool { return p.match(model) != "" }
+
+// match is the name under which the provider serves model: the declared
+// or listed one that MatchProviderModel matches to it, "" if none does.
+func (p *providerModels) match(model string) string {
 	if len(p.cfg.Models) > 0 {
-		return slices.ContainsFunc(p.cfg.Models, func(m string) bool { return MatchProviderModel(p.cfg.Type, m, model) })
+		if i := slices.IndexFunc(p.cfg.Models, func(m string) bool { return MatchProviderModel(p.cfg.Type, m, model) }); i >= 0 {
+			return p.cfg.Models[i]
+		}
+		return ""
 	}
-	return slices.ContainsFunc(p.models, func(m ModelEntry) bool { return MatchProviderModel(p.cfg.Type, m.ID, model) })
+	if i := slices.IndexFunc(p.models, func(m ModelEntry) bool { return MatchProviderModel(p.cfg.Type, m.ID, model) }); i >= 0 {
+		return p.models[i].ID
+	}
+	return ""
 }
 
 // appendEntries appends the provider's models to out. Declared models

@@ -99,9 +99,9 @@ type tunnelObservation struct {
 	firstByte time.Duration
 }
 
-// unlistedModel labels tunnels whose model the provider they went to does
+// UnlistedModel labels tunnels whose model the provider they went to does
 // not list: callers' strings never become label values.
-const unlistedModel = "(unlisted)"
+const UnlistedModel = "(unlisted)"
 
 // observeTunnel reports a finished tunnel.
 func (h *SubmitProviderTunnelHandler) observeTunnel(t *Tunnel, s domain.TunnelSummary, err error) {
@@ -124,7 +124,7 @@ func (h *SubmitProviderTunnelHandler) observeTunnel(t *Tunnel, s domain.TunnelSu
 			// A tunnel that named no model (a stored response's
 			// retrieval) is not labelled with the one the provider
 			// reported either.
-			model = unlistedModel
+			model = UnlistedModel
 		}
 		code := strconv.Itoa(t.status)
 		if err != nil {

@@ -116,7 +116,7 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 	if method == "" {
 		method = "GET"
 	}
-	cand, link, release, listed, err := h.route(domain.PrincipalFrom(ctx), in)
+	cand, link, release, served, err := h.route(domain.PrincipalFrom(ctx), in)
 	if err != nil {
 		return nil, err
 	}
@@ -127,11 +127,19 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 	header.Del("Proxy-Authorization")
 	req := domain.TunnelRequest{Provider: cand.cfg.Name, Method: method, Path: in.Path, Query: in.Query, Header: header, Body: in.Body}
 	start := h.now()
-	// The model may label metrics only if the chosen provider lists it
-	// (listed): route may pick one that does not (one with no list yet, or
-	// the only node's, for a request that brings a model to it), and then
-	// in.Model is whatever the caller sent.
-	obs := tunnelObservation{key: CallerKey(ctx), modelOK: listed, bytesIn: int64(len(in.Body))}
+	// The model may label metrics only if the chosen provider lists it,
+	// and then under the name its list (or config) gives it, served: the
+	// caller's spelling matches loosely (case, ":latest", a date suffix),
+	// and each spelling would be a series of its own. route may pick a
+	// provider that does not list it (one with no list yet, or the only
+	// node's, for a request that brings a model to it), and then in.Model
+	// is whatever the caller sent. The request itself goes as the caller
+	// wrote it.
+	model := in.Model
+	if served != "" {
+		model = served
+	}
+	obs := tunnelObservation{key: CallerKey(ctx), modelOK: served != "", bytesIn: int64(len(in.Body))}
 	body := in.BodyReader
 	if body != nil {
 		obs.body = &countingReader{r: body}
@@ -143,23 +151,24 @@ func (h *SubmitProviderTunnelHandler) Handle(ctx context.Context, in SubmitProvi
 		return nil, fmt.Errorf("open tunnel to node %s: %w", cand.node, err)
 	}
 	return &Tunnel{
-		ID: h.newID(), Node: cand.node, Provider: cand.cfg.Name, Model: in.Model, Key: domain.PrincipalFrom(ctx).Name,
+		ID: h.newID(), Node: cand.node, Provider: cand.cfg.Name, Model: model, Key: domain.PrincipalFrom(ctx).Name,
 		h: h, stream: st, release: release, path: in.Path, start: start, obs: obs,
 	}, nil
 }
 
 // route chooses the node and provider for in and counts a tunnel against
-// the node; release undoes that. listed says the chosen provider lists
-// in.Model (so it may label metrics).
-func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitProviderTunnel) (_ providerModels, _ ports.NodeLink, _ func(), listed bool, _ error) {
+// the node; release undoes that. served is the name under which the chosen
+// provider lists (or declares) in.Model, "" when it does not list it: the
+// name that may label metrics.
+func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitProviderTunnel) (_ providerModels, _ ports.NodeLink, _ func(), served string, _ error) {
 	family := in.ProviderType
 	if in.Node != "" {
 		v, ok := h.reg.GetAs(caller, in.Node)
 		if !ok {
-			return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", in.Node)
+			return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", in.Node)
 		}
 		if v.Draining {
-			return providerModels{}, nil, nil, false, shuttingDown(in.Node)
+			return providerModels{}, nil, nil, "", shuttingDown(in.Node)
 		}
 	}
 	// speak: the providers that may take in; draining: those that would
@@ -176,18 +185,18 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 	}
 	if len(speak) == 0 && len(draining) > 0 {
 		if in.Node != "" { // it began draining since the check above
-			return providerModels{}, nil, nil, false, shuttingDown(in.Node)
+			return providerModels{}, nil, nil, "", shuttingDown(in.Node)
 		}
-		return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeNoNodeAvailable, "every connected node with a provider for the %s API is shutting down", family)
+		return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeNoNodeAvailable, "every connected node with a provider for the %s API is shutting down", family)
 	}
 	if len(speak) == 0 {
 		if in.Node != "" && in.Provider != "" {
-			return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeProviderNotFound, "node %q no longer has provider %q for the %s API", in.Node, in.Provider, family)
+			return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeProviderNotFound, "node %q no longer has provider %q for the %s API", in.Node, in.Provider, family)
 		}
 		if in.Node != "" {
-			return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeProviderNotFound, "node %q has no provider for the %s API", in.Node, family)
+			return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeProviderNotFound, "node %q has no provider for the %s API", in.Node, family)
 		}
-		return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeNoNodeAvailable, "no connected node has a provider for the %s API", family)
+		return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeNoNodeAvailable, "no connected node has a provider for the %s API", family)
 	}
 	cands := speak
 	if in.OrOnlyNode && (in.Model == "" || !anyServes(speak, in.Model)) {
@@ -204,11 +213,12 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 			if in.Model != "" {
 				what = fmt.Sprintf("model %q is on no node, and", in.Model)
 			}
-			return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeInvalidRequest,
+			return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeInvalidRequest,
 				"%s several nodes have a provider for the %s API (%s): choose one with the X-IOP-Node header", what, family, strings.Join(ids, ", "))
 		}
 		in.Model = "" // the only node takes it
 	}
+	listed := false
 	if in.Model != "" {
 		cands = nil
 		for _, p := range speak {
@@ -226,12 +236,12 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 		}
 		if len(cands) == 0 {
 			if in.Node != "" {
-				return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeModelNotFound, "model %q is not served by node %q", in.Model, in.Node)
+				return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeModelNotFound, "model %q is not served by node %q", in.Model, in.Node)
 			}
 			if slices.ContainsFunc(draining, func(p providerModels) bool { return !p.known || p.serves(in.Model) }) {
-				return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeNoNodeAvailable, "every connected node serving model %q is shutting down", in.Model)
+				return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeNoNodeAvailable, "every connected node serving model %q is shutting down", in.Model)
 			}
-			return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeModelNotFound, "model %q is not served by any connected node", in.Model)
+			return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeModelNotFound, "model %q is not served by any connected node", in.Model)
 		}
 	}
 	// providers() lists nodes by id and providers in config order, so a
@@ -247,9 +257,12 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 			release()
 			continue
 		}
-		return c, v.Link, release, listed, nil
+		if listed {
+			served = c.match(in.Model)
+		}
+		return c, v.Link, release, served, nil
 	}
-	return providerModels{}, nil, nil, false, domain.Errorf(domain.CodeNoNodeAvailable, "every node serving %q disconnected", in.Model)
+	return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeNoNodeAvailable, "every node serving %q disconnected", in.Model)
 }
 
 // shuttingDown is the error for a request pinned to a draining node, as a
@@ -293,7 +306,12 @@ type Tunnel struct {
 	ID       string
 	Node     string
 	Provider string
-	Model    string
+	// Model is the model as the provider lists or declares it, when it
+	// does ("llama3.2:latest" for a request for "Llama3.2"; a declared
+	// Anthropic alias for a request for one of its dated ids), else the
+	// one the caller named ("" for none). History, ledger and the
+	// tunnel.completed event record it.
+	Model string
 	// Key names the API key of the caller.
 	Key string
 	// CountUsage, if set before the tunnel is read, decides whether the

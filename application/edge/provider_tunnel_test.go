@@ -626,3 +626,74 @@ func TestProviderTunnelWithoutAModelIsNotLabelledByItsUsage(t *testing.T) {
 		t.Fatalf("model labels %s", got)
 	}
 }
+
+// ptTunnelHistory records the tunnel rows.
+type ptTunnelHistory struct {
+	mu     sync.Mutex
+	models []string
+}
+
+func (h *ptTunnelHistory) RecordRun(domain.RunRecord) {}
+func (h *ptTunnelHistory) RecordTunnel(r domain.TunnelRecord) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.models = append(h.models, r.Model)
+}
+
+// A model the caller spells another way than the provider lists it (case,
+// ":latest", Ollama's registry and namespace, an Anthropic date suffix for
+// a declared alias) is routed to it, and counted — metrics, history,
+// ledger — under the provider's own name: each spelling would otherwise be
+// a series for good. What goes to the provider is the caller's request,
+// byte for byte.
+func TestProviderTunnelCountsAModelUnderTheProvidersName(t *testing.T) {
+	e := newPTEnv()
+	metrics := &ptMetrics{}
+	history := &ptTunnelHistory{}
+	e.h.Observe = edge.Observers{Metrics: metrics, History: history}
+	l := ptAdmit(t, e.reg, "b", ptProvider("ollama", domain.ProviderOllama, "base:latest"))
+	la := ptAdmit(t, e.reg, "c", ptProvider("claude", domain.ProviderAnthropic, "claude-sonnet-4-5"))
+	spellings := []string{"BASE:latest", "Base", "library/bAse:LATEST", "registry.ollama.ai/library/base", "base:latest"}
+	for _, model := range spellings {
+		body := `{"model":"` + model + `"}`
+		tun, err := e.h.Handle(context.Background(), edge.SubmitProviderTunnel{Model: model, ProviderType: domain.ProviderOllama,
+			Method: "POST", Path: "/api/chat", Body: []byte(body)})
+		if err != nil {
+			t.Fatalf("%s: %v", model, err)
+		}
+		if _, err := ptDrain(t, tun); err != nil {
+			t.Fatalf("%s: %v", model, err)
+		}
+		calls := l.calls()
+		if got := string(calls[len(calls)-1].req.Body); got != body {
+			t.Fatalf("the provider got %s, want the caller's %s", got, body)
+		}
+	}
+	tun, err := e.h.Handle(context.Background(), edge.SubmitProviderTunnel{Model: "claude-sonnet-4-5-20250929", ProviderType: domain.ProviderAnthropic,
+		Method: "POST", Path: "/v1/messages", Body: []byte(`{"model":"claude-sonnet-4-5-20250929"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ptDrain(t, tun); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(la.calls()[0].req.Body); got != `{"model":"claude-sonnet-4-5-20250929"}` {
+		t.Fatalf("the provider got %s", got)
+	}
+	want := "[base:latest base:latest base:latest base:latest base:latest claude-sonnet-4-5]"
+	metrics.mu.Lock()
+	defer metrics.mu.Unlock()
+	if got := fmt.Sprint(metrics.models); got != want {
+		t.Fatalf("model labels %s, want %s", got, want)
+	}
+	history.mu.Lock()
+	defer history.mu.Unlock()
+	if got := fmt.Sprint(history.models); got != want {
+		t.Fatalf("history models %s, want %s", got, want)
+	}
+	for _, line := range e.ledger.Snapshot() {
+		if line.Model != "base:latest" && line.Model != "claude-sonnet-4-5" {
+			t.Fatalf("ledger line %+v", line)
+		}
+	}
+}

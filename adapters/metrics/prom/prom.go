@@ -40,10 +40,15 @@ type Metrics struct {
 	// echoed by the upstream, so callers could otherwise mint series.
 	mu        sync.Mutex
 	runModels map[string]struct{}
+	// tunnelModels are the model label values of each node's provider's
+	// tunnels ("node\x00provider" → models), at most maxRunModels each: a
+	// tunnel's model is one its provider lists, but a caller may grow an
+	// Ollama provider's list without end (POST /api/copy).
+	tunnelModels map[string]map[string]struct{}
 }
 
-// maxRunModels bounds the distinct model labels of runs' tokens; runs of
-// further models are counted under otherModels.
+// maxRunModels bounds the distinct model labels of runs' tokens, and of
+// each provider's tunnels; further models are counted under otherModels.
 const (
 	maxRunModels = 256
 	otherModels  = "(other)"
@@ -132,31 +137,60 @@ func (m *Metrics) RunFinished(r ports.RunOutcome) {
 // runModel is the label a run's model is counted under: itself while
 // fewer than maxRunModels have been seen, otherModels after that.
 func (m *Metrics) runModel(model string) string {
-	model = label(model)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, ok := m.runModels[model]; ok {
-		return model
-	}
-	if len(m.runModels) >= maxRunModels {
-		return otherModels
-	}
 	if m.runModels == nil {
 		m.runModels = map[string]struct{}{}
 	}
-	m.runModels[model] = struct{}{}
+	return bounded(m.runModels, label(model))
+}
+
+// tunnelModel is the label a tunnel's model is counted under: itself
+// while its node's provider has had fewer than maxRunModels, otherModels
+// after that. "" (a tunnel that named none) and the unlisted label are
+// always themselves.
+func (m *Metrics) tunnelModel(node, provider, model string) string {
+	model = label(model)
+	if model == "" || model == edgeapp.UnlistedModel {
+		return model
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.tunnelModels == nil {
+		m.tunnelModels = map[string]map[string]struct{}{}
+	}
+	k := node + "\x00" + provider
+	set := m.tunnelModels[k]
+	if set == nil {
+		set = map[string]struct{}{}
+		m.tunnelModels[k] = set
+	}
+	return bounded(set, model)
+}
+
+// bounded is model if set holds it or has room for it (it is added),
+// otherModels if set is full.
+func bounded(set map[string]struct{}, model string) string {
+	if _, ok := set[model]; ok {
+		return model
+	}
+	if len(set) >= maxRunModels {
+		return otherModels
+	}
+	set[model] = struct{}{}
 	return model
 }
 
 // TunnelFinished implements ports.EdgeMetrics.
 func (m *Metrics) TunnelFinished(t ports.TunnelOutcome) {
-	m.tunnels.WithLabelValues(label(t.Node), label(t.Provider), label(t.Model), tunnelCode(t.Code)).Inc()
+	model := m.tunnelModel(t.Node, t.Provider, t.Model)
+	m.tunnels.WithLabelValues(label(t.Node), label(t.Provider), model, tunnelCode(t.Code)).Inc()
 	if t.FirstByte > 0 {
 		m.tunnelFirst.Observe(t.FirstByte.Seconds())
 	}
 	m.tunnelBytes.WithLabelValues("in").Add(float64(t.BytesIn))
 	m.tunnelBytes.WithLabelValues("out").Add(float64(t.BytesOut))
-	m.addTokens(t.Node, t.Usage, t.Model)
+	m.addTokens(t.Node, t.Usage, model)
 }
 
 // otherCode labels tunnels that ended with an error code this edge does

@@ -129,6 +129,37 @@ func TestRunTokenModelsAreBounded(t *testing.T) {
 	}
 }
 
+// A tunnel's model is one its provider lists, but a caller may grow an
+// Ollama provider's list without end (POST /api/copy, then a refresh): past
+// 256 models of one provider the rest share "(other)", in the tunnel
+// counter and the tokens alike; another provider has its own 256.
+func TestTunnelModelsAreBoundedPerProvider(t *testing.T) {
+	m := prom.New(prom.Sources{})
+	for i := range 300 {
+		m.TunnelFinished(ports.TunnelOutcome{Node: "n1", Provider: "ollama", Model: fmt.Sprintf("copy-%d:latest", i), Code: "200",
+			Usage: &domain.Usage{PromptTokens: 1}})
+	}
+	m.TunnelFinished(ports.TunnelOutcome{Node: "n1", Provider: "ollama", Model: "copy-0:latest", Code: "200"})
+	m.TunnelFinished(ports.TunnelOutcome{Node: "n1", Provider: "ollama", Model: "(unlisted)", Code: "200"})
+	m.TunnelFinished(ports.TunnelOutcome{Node: "n1", Provider: "vllm", Model: "m", Code: "200"})
+	f := scrape(t, m)
+	if n := len(f["iop_tunnel_requests_total"].Metric); n != 256+1+1+1 {
+		t.Fatalf("%d iop_tunnel_requests_total series, want 256 models, (other), (unlisted) and vllm's", n)
+	}
+	if v := value(t, f, "iop_tunnel_requests_total", map[string]string{"provider": "ollama", "model": "(other)"}); v != 44 {
+		t.Fatalf("(other) counted %v tunnels, want 44", v)
+	}
+	if v := value(t, f, "iop_tunnel_requests_total", map[string]string{"provider": "ollama", "model": "copy-0:latest"}); v != 2 {
+		t.Fatalf("copy-0 counted %v, want 2 (a model seen before keeps its label)", v)
+	}
+	if n := len(f["iop_tokens_total"].Metric); n != 257 {
+		t.Fatalf("%d iop_tokens_total series, want 256 models and (other)", n)
+	}
+	if v := value(t, f, "iop_tokens_total", map[string]string{"model": "(other)"}); v != 44 {
+		t.Fatalf("(other) counted %v prompt tokens, want 44", v)
+	}
+}
+
 // A tunnel's first byte may come minutes in (a completion that does not
 // stream sends its status when it is done): the buckets reach 30 minutes
 // like the runs', and still tell milliseconds apart.
