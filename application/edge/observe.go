@@ -77,6 +77,22 @@ func (ob *runObservation) event(ev domain.RunEvent) {
 	}
 }
 
+// settled counts the end of a run the edge let go of when its link broke
+// (RunHandle.lose), learned later from its node: r is its final record,
+// which the caller records in the history. Its duration runs to the end
+// the node reports.
+func (ob *runObservation) settled(r domain.RunRecord) {
+	if ob == nil || ob.o.Metrics == nil {
+		return
+	}
+	end := r.FinishedAt
+	if end.IsZero() {
+		end = ob.now()
+	}
+	ob.o.Metrics.RunFinished(ports.RunOutcome{Node: ob.rec.Node, Adapter: ob.rec.Adapter, Status: r.Status,
+		Duration: max(end.Sub(ob.started), 0), FirstEvent: ob.first, Usage: r.Usage})
+}
+
 // countingReader counts the request body bytes streamed into a tunnel
 // (read on the transport's goroutine, summed when the tunnel ends).
 type countingReader struct {

@@ -117,6 +117,7 @@ func (h *RunHistoryHandler) settle(ctx context.Context, rec domain.RunRecord) (d
 		lost.ErrorCode = domain.CodeRunLost
 		lost.ErrorMsg = fmt.Sprintf("node %s has no record of the run: it never reached the node, or the node's store lost it", rec.Node)
 		h.Record.RecordRun(lost)
+		h.Nodes.runs.claimLost(rec.ID).settled(lost)
 		return lost, settledFromNode
 	case domain.CodeOf(err) == domain.CodeRunNotFound:
 		return rec, settledUnknown
@@ -130,6 +131,10 @@ func (h *RunHistoryHandler) settle(ctx context.Context, rec domain.RunRecord) (d
 		return rec, unsettledGoing
 	}
 	h.Record.RecordRun(fixed)
+	// A run this process dispatched and let go of when its link broke
+	// (lose) is counted now that its end is known; only the first of the
+	// reads and checks that settle it gets its observation.
+	h.Nodes.runs.claimLost(rec.ID).settled(fixed)
 	return fixed, settledFromNode
 }
 

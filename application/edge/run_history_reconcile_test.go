@@ -549,3 +549,53 @@ func TestHistoryReconcileClampsWhatTheNodeReports(t *testing.T) {
 		t.Fatalf("error %q %q, want provider_error quoting the node's code", r.ErrorCode, r.ErrorMsg)
 	}
 }
+
+// A background run let go of when its link broke is counted in the
+// metrics once its end is learned from its node — with the node's usage —
+// and only once, however many reads and checks settle its row.
+func TestLostRunIsCountedOnceItsEndIsLearned(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+	obs := &ucObserver{}
+	e.submit.Observe.Metrics = obs
+	rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hist := &rcHistory{recorded: make(chan domain.RunRecord, 8), rows: []domain.RunRecord{
+		{ID: rh.RunID, Node: "a", Adapter: "exec", Status: domain.RunRunning, Background: true},
+	}}
+	h := edge.NewRunHistoryHandler(hist)
+	h.Nodes, h.Record = edge.NewGetRunHandler(e.reg, e.runs, edge.NewNodeCommandHandler(e.reg)), hist
+	rc := edge.NewHistoryReconcilerEvery(h, time.Millisecond, 5*time.Millisecond)
+	t.Cleanup(rc.Close)
+	e.submit.Reconcile = rc
+
+	old := e.links["a"]
+	if !e.reg.Remove("a", old) {
+		t.Fatal("a was not on its link")
+	}
+	ended := strings.ReplaceAll(rcSucceeded, `"r1"`, `"`+rh.RunID+`"`)
+	ended = strings.Replace(ended, `"background":true`, `"background":true,"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}`, 1)
+	back := newRCLink("a", map[string]string{rh.RunID: ended})
+	rcAdmit(t, e.reg, back)
+	old.stream(t, rh.RunID).fail(domain.Errorf(domain.CodeNodeDisconnected, "connection lost: heartbeat timeout"))
+	if r := rcWaitRecorded(t, hist, "the lost run's end"); r.ID != rh.RunID || r.Status != domain.RunSucceeded {
+		t.Fatalf("recorded %+v, want %s succeeded", r, rh.RunID)
+	}
+	// The history still says running (this fake never stores): reads
+	// settle the row again, and again the node answers succeeded.
+	for range 3 {
+		if r, err := h.Get(context.Background(), rh.RunID); err != nil || r.Status != domain.RunSucceeded {
+			t.Fatalf("Get = %+v, %v", r, err)
+		}
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.done) != 1 {
+		t.Fatalf("RunFinished %d times (%+v), want once", len(obs.done), obs.done)
+	}
+	if d := obs.done[0]; d.Node != "a" || d.Adapter != "exec" || d.Status != domain.RunSucceeded || d.Usage == nil || d.Usage.PromptTokens != 7 || d.Usage.CompletionTokens != 3 {
+		t.Fatalf("RunFinished %+v usage %+v, want a/exec succeeded with 7+3 tokens", d, d.Usage)
+	}
+}

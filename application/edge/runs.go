@@ -13,6 +13,12 @@ type RunTracker struct {
 	finished map[string]endedRun
 	order    []string
 	limit    int
+	// lost are the background runs let go of when their node link broke
+	// (lose), each with its observation, until the history learns their
+	// end from the node and they are counted (claimLost); at most limit,
+	// the oldest forgotten first.
+	lost      map[string]*runObservation
+	lostOrder []string
 }
 
 // endedRun is a run the edge stopped following.
@@ -28,7 +34,7 @@ func NewRunTracker(limit int) *RunTracker {
 	if limit <= 0 {
 		limit = 10000
 	}
-	return &RunTracker{active: map[string]string{}, finished: map[string]endedRun{}, limit: limit}
+	return &RunTracker{active: map[string]string{}, finished: map[string]endedRun{}, lost: map[string]*runObservation{}, limit: limit}
 }
 
 func (t *RunTracker) start(runID, node string) {
@@ -62,6 +68,48 @@ func (t *RunTracker) forget(runID string) {
 	t.mu.Lock()
 	delete(t.active, runID)
 	t.mu.Unlock()
+}
+
+// lose drops an active run as forget does, keeping its observation until
+// its end is learned from its node (claimLost).
+func (t *RunTracker) lose(runID string, ob *runObservation) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.active, runID)
+	if ob == nil {
+		return
+	}
+	if _, ok := t.lost[runID]; !ok {
+		t.lostOrder = append(t.lostOrder, runID)
+	}
+	t.lost[runID] = ob
+	for len(t.lostOrder) > t.limit {
+		delete(t.lost, t.lostOrder[0])
+		t.lostOrder = t.lostOrder[1:]
+	}
+	if len(t.lostOrder) > 2*len(t.lost)+64 {
+		// Claimed runs leave their ids in lostOrder: drop them now and
+		// then, so it stays in proportion.
+		kept := t.lostOrder[:0]
+		for _, id := range t.lostOrder {
+			if _, ok := t.lost[id]; ok {
+				kept = append(kept, id)
+			}
+		}
+		clear(t.lostOrder[len(kept):])
+		t.lostOrder = kept
+	}
+}
+
+// claimLost returns the observation of runID if it is a lost run (lose)
+// not claimed yet, and forgets it: its end is counted once, by the one
+// caller that gets it.
+func (t *RunTracker) claimLost(runID string) *runObservation {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ob := t.lost[runID]
+	delete(t.lost, runID)
+	return ob
 }
 
 // Lookup reports the node of a run and whether it is still in flight.

@@ -422,7 +422,7 @@ func linkLost(err error) bool {
 func (r *RunHandle) lose(err error) {
 	r.done = true
 	r.release()
-	r.h.runs.forget(r.RunID)
+	r.h.runs.lose(r.RunID, r.obs)
 	r.h.log.Warn("background run's node link broke; the node goes on with it", "run", r.RunID, "node", r.Node, "err", err)
 	r.h.Reconcile.RunLost(r.Node, r.link)
 }
