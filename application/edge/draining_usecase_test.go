@@ -2,6 +2,7 @@ package edge_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"iop/application/edge"
@@ -173,4 +174,69 @@ func TestOnlyOfferingNodeDraining(t *testing.T) {
 	if rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "other"}); err != nil || rh.Node != "b" {
 		t.Fatalf("run of other: %v on %v, want b", err, rh)
 	}
+}
+
+// A refusal with shutting_down that is tried again on another node is not
+// the caller's run: no history row (its id never reached the caller) and
+// no failed run in iop_runs_total — only the retry is. A refusal that is
+// the caller's answer (no other node, or the other refuses too) is
+// recorded and counted as a failed run, once.
+func TestRunRefusedByStoppingNodeAndTriedElsewhereIsNotCounted(t *testing.T) {
+	refusal := &domain.ErrorInfo{Code: domain.CodeShuttingDown, Message: "the node is shutting down"}
+	nodesOf := func(obs *ucObserver) (rows, done []string) {
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		for _, r := range obs.runs {
+			rows = append(rows, r.Node+":"+string(r.Status))
+		}
+		for _, d := range obs.done {
+			done = append(done, d.Node+":"+string(d.Status))
+		}
+		return rows, done
+	}
+	t.Run("tried elsewhere", func(t *testing.T) {
+		ucNoLeaks(t)
+		e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+		obs := &ucObserver{}
+		e.submit.Observe = edge.Observers{Metrics: obs, History: obs}
+		e.links["a"].refuse = refusal
+		rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat"})
+		if err != nil || rh.Node != "b" {
+			t.Fatalf("run: %v, on %v; want it admitted on b", err, rh)
+		}
+		defer rh.Close()
+		rows, done := nodesOf(obs)
+		if fmt.Sprint(rows) != "[b:running]" || len(done) != 0 {
+			t.Fatalf("history %v, metrics %v; want only b's run, running", rows, done)
+		}
+	})
+	t.Run("both refuse", func(t *testing.T) {
+		ucNoLeaks(t)
+		e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+		obs := &ucObserver{}
+		e.submit.Observe = edge.Observers{Metrics: obs, History: obs}
+		e.links["a"].refuse = refusal
+		e.links["b"].refuse = refusal
+		if _, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat"}); ucCode(err) != domain.CodeShuttingDown {
+			t.Fatalf("run: %v, want shutting_down", err)
+		}
+		rows, done := nodesOf(obs)
+		if fmt.Sprint(rows) != "[b:running b:failed]" || fmt.Sprint(done) != "[b:failed]" {
+			t.Fatalf("history %v, metrics %v; want b's refusal (the caller's answer) only", rows, done)
+		}
+	})
+	t.Run("no other node", func(t *testing.T) {
+		ucNoLeaks(t)
+		e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}})
+		obs := &ucObserver{}
+		e.submit.Observe = edge.Observers{Metrics: obs, History: obs}
+		e.links["a"].refuse = refusal
+		if _, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat"}); ucCode(err) != domain.CodeShuttingDown {
+			t.Fatalf("run: %v, want shutting_down", err)
+		}
+		rows, done := nodesOf(obs)
+		if fmt.Sprint(rows) != "[a:running a:failed]" || fmt.Sprint(done) != "[a:failed]" {
+			t.Fatalf("history %v, metrics %v; want a's refusal, recorded and counted once", rows, done)
+		}
+	})
 }

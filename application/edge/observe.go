@@ -31,19 +31,40 @@ type runObservation struct {
 	rec     domain.RunRecord
 	started time.Time
 	first   time.Duration
+	// mayRetry: the run goes to a node its caller did not name, so a
+	// refusal for the node shutting down is tried again elsewhere (under
+	// another id): such a refusal is held (held) until the dispatcher
+	// knows whether it is (discarded: the caller's run is the retry) or
+	// not (flush: it is the caller's answer). The running row waits for
+	// the node's admission answer meanwhile (recorded).
+	mayRetry bool
+	recorded bool
+	held     *domain.RunEvent
 }
 
-// observeRun records a run the edge just dispatched.
-func (h *SubmitRunHandler) observeRun(ctx context.Context, req domain.RunRequest, node string) *runObservation {
+// observeRun records a run the edge just dispatched; mayRetry as in
+// runObservation.
+func (h *SubmitRunHandler) observeRun(ctx context.Context, req domain.RunRequest, node string, mayRetry bool) *runObservation {
 	now := h.now()
-	ob := &runObservation{o: h.Observe, now: h.now, started: now, rec: domain.RunRecord{
+	ob := &runObservation{o: h.Observe, now: h.now, started: now, mayRetry: mayRetry, rec: domain.RunRecord{
 		ID: req.RunID, Node: node, Adapter: req.Adapter, Target: req.Target, SessionID: req.SessionID,
 		Key: CallerKey(ctx), Background: req.Background, Status: domain.RunRunning, CreatedAt: now,
 	}}
+	if !mayRetry {
+		ob.record()
+	}
+	return ob
+}
+
+// record writes the running row once.
+func (ob *runObservation) record() {
+	if ob.recorded {
+		return
+	}
+	ob.recorded = true
 	if ob.o.History != nil {
 		ob.o.History.RecordRun(ob.rec)
 	}
-	return ob
 }
 
 // event sees each event the edge relays; the terminal one finishes the record.
@@ -53,11 +74,24 @@ func (ob *runObservation) event(ev domain.RunEvent) {
 	}
 	now := ob.now()
 	if !ev.Type.Terminal() {
+		ob.record()
 		if ob.first == 0 {
 			ob.first = max(now.Sub(ob.started), time.Nanosecond)
 		}
 		return
 	}
+	if ob.mayRetry && ob.first == 0 && ev.Error != nil && ev.Error.Code == domain.CodeShuttingDown {
+		held := ev
+		held.Time = now
+		ob.held = &held
+		return
+	}
+	ob.finish(ev, now)
+}
+
+// finish records the run's end and counts it.
+func (ob *runObservation) finish(ev domain.RunEvent, now time.Time) {
+	ob.record()
 	r := ob.rec
 	r.Status = domain.StatusFor(ev.Type)
 	r.FinishedAt = now
@@ -74,6 +108,19 @@ func (ob *runObservation) event(ev domain.RunEvent) {
 	if ob.o.Metrics != nil {
 		ob.o.Metrics.RunFinished(ports.RunOutcome{Node: r.Node, Adapter: r.Adapter, Status: r.Status,
 			Duration: now.Sub(ob.started), FirstEvent: ob.first, Usage: r.Usage})
+	}
+}
+
+// noRetry ends mayRetry: a refusal from now on is the caller's answer.
+// A refusal held already is recorded and counted as one (flush).
+func (ob *runObservation) noRetry() {
+	if ob == nil {
+		return
+	}
+	ob.mayRetry = false
+	if ev := ob.held; ev != nil {
+		ob.held = nil
+		ob.finish(*ev, ev.Time)
 	}
 }
 

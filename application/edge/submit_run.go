@@ -161,8 +161,12 @@ func (h *SubmitRunHandler) place(ctx context.Context, cmd SubmitRun) (*RunHandle
 	if err != nil {
 		return nil, err
 	}
-	rh, err := h.dispatch(ctx, cmd, node, release)
+	// A refusal that is tried again is not the caller's run: it is neither
+	// counted (a failed run in iop_runs_total) nor recorded in the history
+	// (a row whose id the caller never got); one that is not is both.
+	rh, refused, err := h.dispatch(ctx, cmd, node, release, cmd.Node == "")
 	if err == nil || domain.CodeOf(err) != domain.CodeShuttingDown {
+		refused.noRetry()
 		return rh, err
 	}
 	// The node refused the run before admitting it because it is stopping:
@@ -176,9 +180,10 @@ func (h *SubmitRunHandler) place(ctx context.Context, cmd SubmitRun) (*RunHandle
 	}
 	other, release, perr := h.reg.PickForRunAs(p, "", cmd.Adapter, cmd.SessionID)
 	if perr != nil {
+		refused.noRetry()
 		return nil, err
 	}
-	rh, err = h.dispatch(ctx, cmd, other, release)
+	rh, _, err = h.dispatch(ctx, cmd, other, release, false)
 	if domain.CodeOf(err) == domain.CodeShuttingDown {
 		announceDraining(h.reg, h.bus, h.log, h.now(), other.ID, other.Link, "it refused a run: shutting_down")
 	}
@@ -187,8 +192,11 @@ func (h *SubmitRunHandler) place(ctx context.Context, cmd SubmitRun) (*RunHandle
 
 // dispatch starts cmd as a new run on node, which holds a slot for it that
 // release gives back, and waits for the node to admit it; then follows it
-// if it is a background run.
-func (h *SubmitRunHandler) dispatch(ctx context.Context, cmd SubmitRun, node NodeView, release func()) (*RunHandle, error) {
+// if it is a background run. With mayRetry a refusal for the node shutting
+// down is held, not recorded nor counted, and its observation returned
+// (refused): the caller either tries the run elsewhere or calls
+// refused.noRetry, which records and counts it. refused is nil otherwise.
+func (h *SubmitRunHandler) dispatch(ctx context.Context, cmd SubmitRun, node NodeView, release func(), mayRetry bool) (_ *RunHandle, refused *runObservation, _ error) {
 	req := domain.RunRequest{
 		RunID: h.newID(), Adapter: cmd.Adapter, Target: cmd.Target, Input: cmd.Input,
 		SessionID: cmd.SessionID, Background: cmd.Background, Options: cmd.Options,
@@ -196,14 +204,18 @@ func (h *SubmitRunHandler) dispatch(ctx context.Context, cmd SubmitRun, node Nod
 	stream, err := node.Link.StartRun(ctx, req)
 	if err != nil {
 		release()
-		return nil, err
+		return nil, nil, err
 	}
 	h.runs.start(req.RunID, node.ID)
 	rh := &RunHandle{RunID: req.RunID, Node: node.ID, Background: cmd.Background, Key: domain.PrincipalFrom(ctx).Name,
-		h: h, link: node.Link, stream: stream, release: release, obs: h.observeRun(ctx, req, node.ID)}
+		h: h, link: node.Link, stream: stream, release: release, obs: h.observeRun(ctx, req, node.ID, mayRetry)}
 	if err := h.admit(ctx, rh); err != nil {
-		return nil, err
+		if rh.obs.held != nil {
+			return nil, rh.obs, err
+		}
+		return nil, nil, err
 	}
+	rh.obs.mayRetry = false
 	// The node admitted it, so it holds the session's history from now on:
 	// the session's next run goes there (Registry.PickForRunAs).
 	if req.SessionID != "" {
@@ -221,7 +233,7 @@ func (h *SubmitRunHandler) dispatch(ctx context.Context, cmd SubmitRun, node Nod
 	if cmd.Background {
 		h.follow(rh, 0)
 	}
-	return rh, nil
+	return rh, nil, nil
 }
 
 // admit waits for the node's admission answer, the run's first event: start
@@ -236,6 +248,9 @@ func (h *SubmitRunHandler) admit(ctx context.Context, rh *RunHandle) error {
 	defer cancel()
 	ev, err := rh.next(wait)
 	if err != nil {
+		// The end, which the edge follows now, is the caller's answer
+		// (timeout) however it comes.
+		rh.obs.mayRetry = false
 		rh.withdraw()
 		if ctx.Err() != nil {
 			return ctx.Err()
