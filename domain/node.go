@@ -375,7 +375,7 @@ type NodeStats struct {
 // AdapterSlots is one adapter's concurrency use on its node.
 type AdapterSlots struct {
 	Name     string
-	Max      int // 0: unlimited
+	Max      int // max_concurrency; 0 for an adapter a reload removed whose runs go on
 	InFlight int
 }
 

@@ -266,6 +266,25 @@ func (rt *Runtime) instances() []loadedInstance {
 	return out
 }
 
+// slots returns each adapter's slots, sorted by name: the current
+// instances', and for a name a refresh removed (or renamed) while runs of
+// it go on, those runs with Max 0, until they end.
+func (rt *Runtime) slots() []domain.AdapterSlots {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	out := make([]domain.AdapterSlots, 0, len(rt.byName))
+	for name, in := range rt.byName {
+		out = append(out, domain.AdapterSlots{Name: name, Max: in.caps.MaxConcurrency, InFlight: rt.inFlight[name]})
+	}
+	for name, n := range rt.inFlight {
+		if _, ok := rt.byName[name]; !ok && n > 0 {
+			out = append(out, domain.AdapterSlots{Name: name, InFlight: n})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
 // childProcesses counts the runs in flight that are child processes.
 func (rt *Runtime) childProcesses() int {
 	rt.mu.Lock()

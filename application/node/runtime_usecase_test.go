@@ -341,3 +341,30 @@ func TestChildProcessesCountedByTheirOwnInstance(t *testing.T) {
 		t.Fatalf("after r1 ended: %+v", ns)
 	}
 }
+
+// A run in flight on an adapter a refresh removes (here: renames) still
+// holds its slot in the node's stats — iop_node_adapter_slots_in_use —
+// under the old name with no slots of its own, until it ends.
+func TestStatsKeepARemovedAdaptersRunsUntilTheyEnd(t *testing.T) {
+	ucNoLeaks(t)
+	gate := make(chan struct{})
+	a := newUCAdapter("a#1", domain.Capabilities{MaxConcurrency: 2}, map[string]ucExecFunc{"slow": ucGate(gate, nil, ucDelta("done"))})
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
+	first := n.start(ucReq("r1", "a", "slow"))
+	a.waitStarted(t, "r1")
+	slots := func() string {
+		return fmt.Sprint(node.NewStats(n.rt, node.NewProviderLatencies(), nil).NodeStats().Adapters)
+	}
+	n.adapters["b"] = newUCAdapter("b#1", domain.Capabilities{MaxConcurrency: 3}, map[string]ucExecFunc{"": ucEmit(nil, ucDelta("x"))})
+	if err := n.rt.Apply(domain.NodeConfig{NodeID: "n1", Version: 8, Adapters: []domain.AdapterConfig{ucAdapterCfg("b", 3)}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := slots(), "[{a 0 1} {b 3 0}]"; got != want {
+		t.Fatalf("slots after a was renamed b: %s, want %s (r1 still on a)", got, want)
+	}
+	close(gate)
+	first.waitClosed(t)
+	if got, want := slots(), "[{b 3 0}]"; got != want {
+		t.Fatalf("slots after r1 ended: %s, want %s", got, want)
+	}
+}

@@ -32,9 +32,9 @@ func spawnsProcesses(typ string) bool {
 // NodeStats is a snapshot for the edge.
 func (s *Stats) NodeStats() domain.NodeStats {
 	var out domain.NodeStats
-	for _, in := range s.rt.instances() {
-		out.Adapters = append(out.Adapters, domain.AdapterSlots{Name: in.cfg.Name, Max: in.caps.MaxConcurrency, InFlight: in.inFlight})
-	}
+	// An adapter a reload removed keeps its series while its runs go on
+	// (Max 0), as the edge's iop_runs_in_flight does.
+	out.Adapters = s.rt.slots()
 	out.ChildProcesses = s.rt.childProcesses()
 	if s.storeSize != nil {
 		out.StoreBytes = s.storeSize()
