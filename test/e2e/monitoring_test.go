@@ -212,8 +212,10 @@ func monitoringScenario(t *testing.T, dsn string) {
 	_ = json.Unmarshal(body, &bg)
 
 	// 2 tunnels stream with usage (7 prompt + 40 completion each), 1 gets a 500.
-	for i := range 2 {
-		resp := postTunnel(t, ctx, e.url+"/v1/chat/completions", fmt.Sprint("s", i), chatBody("m-sse", true))
+	// The second spells the model "m-sse:latest": it is counted, as the
+	// first, under the name the provider declares.
+	for i, model := range []string{"m-sse", "m-sse:latest"} {
+		resp := postTunnel(t, ctx, e.url+"/v1/chat/completions", fmt.Sprint("s", i), chatBody(model, true))
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != 200 || !strings.Contains(string(b), "[DONE]") {
