@@ -38,14 +38,15 @@ func startEdge(t *testing.T, doc string) string {
 // a network address, are warned about once at start; on loopback they are
 // not.
 func TestEdgeWarnsOfCleartextAPIAndPublicMetrics(t *testing.T) {
-	port := func() string { _, p, _ := strings.Cut(freeAddr(t), ":"); return p }
+	// Port 0: the kernel picks a free one at bind (a port found free on
+	// loopback could be taken on 0.0.0.0 by another test meanwhile).
 	doc := func(host string) string {
 		return `
-transport: {listen: "127.0.0.1:` + port() + `"}
+transport: {listen: "127.0.0.1:0"}
 http:
-  listen: "` + host + `:` + port() + `"
+  listen: "` + host + `:0"
   api_keys: [{name: ops, key_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08, scopes: [admin]}]
-metrics: {listen: "` + host + `:` + port() + `"}
+metrics: {listen: "` + host + `:0"}
 `
 	}
 	logs := startEdge(t, doc("0.0.0.0"))
