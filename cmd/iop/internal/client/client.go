@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"iop/domain"
 )
 
 // DefaultEdge is the edge the CLI talks to when neither --edge nor IOP_EDGE
@@ -190,29 +192,15 @@ func (c *Client) Edge() string { return c.base.Redacted() }
 
 // redactRaw hides the credentials of an edge URL that did not parse, or
 // was refused (so URL.Redacted is not at hand or not to be trusted):
-// everything between "scheme://" and the last "@" of the whole string is
-// taken as user and password, whatever it holds. A password may hold "#",
-// "?" or "/", which end the authority for a URL parser: cutting there
-// first showed "http://admin:s3cr3t?x@host" whole. A user alone (no ":")
-// is kept, as URL.Redacted keeps it, unless it holds one of those, then
-// it goes too: "http://ops:hunter2@host" becomes "http://ops:xxxxx@host".
+// domain.RedactURL, which takes everything between "scheme://" and the
+// last "@" of the whole string as user and password, whatever it holds (a
+// password may hold "#", "?" or "/", which end the authority for a URL
+// parser). A string without a scheme is not a URL the CLI took: as it is.
 func redactRaw(s string) string {
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok {
+	if !strings.Contains(s, "://") {
 		return s
 	}
-	at := strings.LastIndex(rest, "@")
-	if at < 0 {
-		return s
-	}
-	user, _, hasPassword := strings.Cut(rest[:at], ":")
-	switch {
-	case strings.ContainsAny(user, "/?#"):
-		user = "xxxxx"
-	case hasPassword:
-		user += ":xxxxx"
-	}
-	return scheme + "://" + user + rest[at:]
+	return domain.RedactURL(s)
 }
 
 // do sends a request and returns a 2xx response; any other status becomes
