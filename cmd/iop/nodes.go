@@ -337,15 +337,7 @@ func sessionFlags(cmd *cobra.Command) func(one bool) (any, error) {
 	cmd.Flags().StringVar(&a.Adapter, "adapter", "", "only this adapter's sessions")
 	cmd.Flags().IntVar(&a.Limit, "limit", 0, "at most this many sessions per node (node default 100, at most 1000)")
 	cmd.Flags().StringVar(&a.Cursor, "cursor", "", "continue a node's listing (the cursor a previous page printed; name the NODE)")
-	return func(one bool) (any, error) {
-		switch {
-		case a.Limit < 0:
-			return nil, usageError("--limit must not be negative")
-		case a.Cursor != "" && !one:
-			return nil, usageError("--cursor continues one node's listing: name the NODE")
-		}
-		return a, nil
-	}
+	return func(one bool) (any, error) { return a, checkPage(a.Limit, a.Cursor, one) }
 }
 
 func renderSessions(a *app, results []nodeResult, args any) error {
@@ -375,21 +367,7 @@ func renderSessions(a *app, results []nodeResult, args any) error {
 	if err != nil {
 		return err
 	}
-	if len(rows) == 0 {
-		fmt.Fprintln(a.stderr, "no sessions")
-	} else {
-		t := newTable(a.stdout, "NODE", "ADAPTER", "TARGET", "SESSION", "TURNS", "LAST USED")
-		for _, r := range rows {
-			t.row(r...)
-		}
-		if err := t.flush(); err != nil {
-			return err
-		}
-	}
-	for _, m := range more {
-		fmt.Fprintln(a.stderr, m)
-	}
-	return nil
+	return writePages(a, "no sessions", []string{"NODE", "ADAPTER", "TARGET", "SESSION", "TURNS", "LAST USED"}, rows, more)
 }
 
 // nodeRunsFlags are the flags of iop node runs: the runs command's
@@ -400,15 +378,7 @@ func nodeRunsFlags(cmd *cobra.Command) func(one bool) (any, error) {
 	cmd.Flags().StringVar(&a.Status, "status", "", "only runs with this status (queued, running, succeeded, failed, cancelled)")
 	cmd.Flags().IntVar(&a.Limit, "limit", 0, "at most this many runs per node (node default 50, at most 1000)")
 	cmd.Flags().StringVar(&a.Cursor, "cursor", "", "continue a node's listing (the cursor a previous page printed; name the NODE)")
-	return func(one bool) (any, error) {
-		switch {
-		case a.Limit < 0:
-			return nil, usageError("--limit must not be negative")
-		case a.Cursor != "" && !one:
-			return nil, usageError("--cursor continues one node's listing: name the NODE")
-		}
-		return a, nil
-	}
+	return func(one bool) (any, error) { return a, checkPage(a.Limit, a.Cursor, one) }
 }
 
 func renderNodeRuns(a *app, results []nodeResult, args any) error {
@@ -442,10 +412,28 @@ func renderNodeRuns(a *app, results []nodeResult, args any) error {
 	if err != nil {
 		return err
 	}
+	return writePages(a, "no runs", []string{"NODE", "RUN", "ADAPTER", "TARGET", "STATUS", "CREATED", "DURATION", "ERROR"}, rows, more)
+}
+
+// checkPage checks the paging flags of a per-node listing: a cursor is
+// one node's position, so it needs the NODE named.
+func checkPage(limit int, cursor string, one bool) error {
+	switch {
+	case limit < 0:
+		return usageError("--limit must not be negative")
+	case cursor != "" && !one:
+		return usageError("--cursor continues one node's listing: name the NODE")
+	}
+	return nil
+}
+
+// writePages prints the nodes' pages as one table (or none, when it is
+// empty, on stderr), then each node's next-page hint on stderr.
+func writePages(a *app, none string, header []string, rows [][]string, more []string) error {
 	if len(rows) == 0 {
-		fmt.Fprintln(a.stderr, "no runs")
+		fmt.Fprintln(a.stderr, none)
 	} else {
-		t := newTable(a.stdout, "NODE", "RUN", "ADAPTER", "TARGET", "STATUS", "CREATED", "DURATION", "ERROR")
+		t := newTable(a.stdout, header...)
 		for _, r := range rows {
 			t.row(r...)
 		}
