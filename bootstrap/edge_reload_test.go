@@ -24,26 +24,8 @@ import (
 // them until it restarts. It used to answer "config reloaded" and say
 // nothing of them.
 func TestReloadNamesChangesThatNeedARestart(t *testing.T) {
-	tAddr, hAddr := freeAddr(t), freeAddr(t)
-	path := filepath.Join(t.TempDir(), "edge.yaml")
-	file := `
-transport: {listen: "` + tAddr + `"}
-http: {listen: "` + hAddr + `"}
-nodes:
-  - {id: n1, token: reload-test-token}
-`
-	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.LoadEdge(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs lockedbuf.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	edge := fxtest.New(t, bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, ConfigPath: path, Logger: log}), fx.NopLogger)
-	edge.RequireStart()
-	defer edge.RequireStop()
+	tAddr := freeAddr(t)
+	path, file, hAddr, logs := reloadEdge(t, tAddr)
 
 	reload := func() (res struct {
 		Nodes        int      `json:"nodes"`
@@ -94,28 +76,12 @@ nodes:
 // and in a file that names a loopback address the running edge does not
 // listen on (a changed listen address takes a restart).
 func TestReloadRefusesTheSampleTokenOnAPublicLink(t *testing.T) {
-	_, port, _ := strings.Cut(freeAddr(t), ":")
-	tAddr, hAddr := "0.0.0.0:"+port, freeAddr(t)
-	path := filepath.Join(t.TempDir(), "edge.yaml")
-	file := `
-transport: {listen: "` + tAddr + `"}
-http: {listen: "` + hAddr + `"}
-nodes:
-  - {id: n1, token: reload-test-token}
-`
-	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.LoadEdge(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	edge := fxtest.New(t, bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, ConfigPath: path, Logger: log}), fx.NopLogger)
-	edge.RequireStart()
-	defer edge.RequireStop()
+	// Port 0: a port found free on loopback could be taken on 0.0.0.0 by
+	// a parallel test.
+	tAddr := "0.0.0.0:0"
+	path, file, hAddr, _ := reloadEdge(t, tAddr)
 
-	for _, listen := range []string{tAddr, "127.0.0.1:" + port} {
+	for _, listen := range []string{tAddr, "127.0.0.1:0"} {
 		next := strings.Replace(file, tAddr, listen, 1) + "  - {id: local, token: " + config.SampleNodeToken + "}\n"
 		if err := os.WriteFile(path, []byte(next), 0o600); err != nil {
 			t.Fatal(err)
@@ -143,26 +109,8 @@ nodes:
 
 // A reload's config_error about a base_url does not show its password.
 func TestReloadAnswerHidesBaseURLPassword(t *testing.T) {
-	tAddr, hAddr := freeAddr(t), freeAddr(t)
-	path := filepath.Join(t.TempDir(), "edge.yaml")
-	file := `
-transport: {listen: "` + tAddr + `"}
-http: {listen: "` + hAddr + `"}
-nodes:
-  - {id: n1, token: reload-test-token}
-`
-	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.LoadEdge(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs lockedbuf.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	edge := fxtest.New(t, bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, ConfigPath: path, Logger: log}), fx.NopLogger)
-	edge.RequireStart()
-	defer edge.RequireStop()
+	tAddr := freeAddr(t)
+	path, file, hAddr, logs := reloadEdge(t, tAddr)
 
 	bad := strings.Replace(file, "  - {id: n1, token: reload-test-token}\n",
 		"  - id: n1\n    token: reload-test-token\n    providers:\n      - {name: p, type: openai, base_url: \"http://ops:hunter2@gpu:bad port\"}\n", 1)
@@ -181,4 +129,32 @@ nodes:
 	if strings.Contains(string(body), "hunter2") || strings.Contains(logs.String(), "hunter2") {
 		t.Errorf("the password shows: answer %s\nlog:\n%s", body, logs.String())
 	}
+}
+
+// reloadEdge starts an edge from an edge.yaml with its node link on tAddr,
+// its API on a free loopback address and node n1, and returns the file's
+// path and text, the API's address and the edge's log.
+func reloadEdge(t *testing.T, tAddr string) (path, file, hAddr string, logs *lockedbuf.Buffer) {
+	t.Helper()
+	hAddr = freeAddr(t)
+	path = filepath.Join(t.TempDir(), "edge.yaml")
+	file = `
+transport: {listen: "` + tAddr + `"}
+http: {listen: "` + hAddr + `"}
+nodes:
+  - {id: n1, token: reload-test-token}
+`
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.LoadEdge(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs = &lockedbuf.Buffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	edge := fxtest.New(t, bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, ConfigPath: path, Logger: log}), fx.NopLogger)
+	edge.RequireStart()
+	t.Cleanup(edge.RequireStop)
+	return path, file, hAddr, logs
 }
