@@ -8,7 +8,9 @@
 // input is the user message as text, or {"messages":[…]} (see package chat).
 // The run options, a JSON object, are merged into the request body
 // (temperature, max_tokens, tools, …), except "model", "messages", "stream"
-// and "stream_options", which the adapter sets; "n", if a number, must be 1
+// and "stream_options", which the adapter sets (keys equal to these in any
+// case, such as "Model", are dropped too); "n" (in any case), if a number,
+// must be 1
 // (a run carries one answer), else the run is refused with invalid_request. When api_key_env is set and
 // that environment variable is not empty, its value is sent as
 // "Authorization: Bearer …"; it appears nowhere else.
@@ -56,6 +58,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -68,8 +71,32 @@ import (
 	"iop/ports"
 )
 
-// reserved are the body keys run options cannot override.
+// reserved are the body keys run options cannot override, in any case:
+// a server decoding with Go's encoding/json matches keys case-insensitively
+// (the last match wins), so "Model" or "MESSAGES" would override them too.
 var reserved = []string{"model", "messages", "stream", "stream_options"}
+
+// dropReserved deletes from opts every key that is a reserved key in any case.
+func dropReserved(opts map[string]json.RawMessage) {
+	for k := range opts {
+		if slices.ContainsFunc(reserved, func(r string) bool { return strings.EqualFold(k, r) }) {
+			delete(opts, k)
+		}
+	}
+}
+
+// checkChoices applies oneChoice to every key that is "n" in any case ("N"
+// reaches a case-insensitive server as n).
+func checkChoices(opts map[string]json.RawMessage) error {
+	for k, v := range opts {
+		if strings.EqualFold(k, "n") {
+			if err := oneChoice(v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
 
 // Adapter runs chat completions against one server. It is safe for
 // concurrent use.
@@ -167,7 +194,7 @@ func (a *Adapter) Admit(req domain.RunRequest) error {
 	if err != nil {
 		return err
 	}
-	return oneChoice(opts["n"])
+	return checkChoices(opts)
 }
 
 // Execute runs one chat turn as the package doc describes. Invalid input,
@@ -180,10 +207,8 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		return err
 	}
 	model, body, turn, msgs := prep.Model, prep.Options, prep.Turn, prep.Messages
-	for _, k := range reserved {
-		delete(body, k)
-	}
-	if err := oneChoice(body["n"]); err != nil {
+	dropReserved(body)
+	if err := checkChoices(body); err != nil {
 		return err
 	}
 	payload, err := json.Marshal(struct {
