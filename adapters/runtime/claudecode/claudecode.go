@@ -119,6 +119,7 @@ type Adapter struct {
 
 var (
 	_ ports.RuntimeAdapter    = (*Adapter)(nil)
+	_ ports.RunAdmitter       = (*Adapter)(nil)
 	_ ports.SessionTerminator = (*Adapter)(nil)
 	_ ports.SessionLister     = (*Adapter)(nil)
 )

@@ -380,6 +380,14 @@ func TestRefusedBeforeStart(t *testing.T) {
 	if _, err := run(t, a, domain.RunRequest{Input: []byte(" \n")}); !errors.Is(err, domain.ErrInvalidRequest) {
 		t.Errorf("blank prompt: err = %v", err)
 	}
+	// The node asks before it starts the run, so the caller gets 400, not
+	// a started run that fails.
+	if err := a.Admit(domain.RunRequest{Input: []byte(" \n")}); !errors.Is(err, domain.ErrInvalidRequest) {
+		t.Errorf("admitting a blank prompt: err = %v", err)
+	}
+	if err := a.Admit(domain.RunRequest{Input: []byte("hi")}); err != nil {
+		t.Errorf("admitting a prompt: %v", err)
+	}
 	if _, err := run(t, a, domain.RunRequest{SessionID: "s"}); !errors.Is(err, domain.ErrSessionUnsupported) {
 		t.Errorf("session without a store: err = %v", err)
 	}

@@ -496,3 +496,19 @@ func TestTurnEndThenNoExit(t *testing.T) {
 		})
 	}
 }
+
+// A blank prompt is refused when the node admits the run, before it starts.
+func TestAdmitRefusesABlankPrompt(t *testing.T) {
+	a, err := codex.New(domain.AdapterConfig{Name: "codex"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range []string{"", " \n\t"} {
+		if err := a.Admit(domain.RunRequest{Input: []byte(in)}); domain.CodeOf(err) != domain.CodeInvalidRequest {
+			t.Errorf("admitting prompt %q: %v, want invalid_request", in, err)
+		}
+	}
+	if err := a.Admit(domain.RunRequest{Input: []byte("hi")}); err != nil {
+		t.Errorf("admitting a prompt: %v", err)
+	}
+}

@@ -310,3 +310,19 @@ func TestResultThenNoExit(t *testing.T) {
 		t.Errorf("ListSessions = %+v, %v; want the turn counted", list, err)
 	}
 }
+
+// A blank prompt is refused when the node admits the run, before it starts.
+func TestAdmitRefusesABlankPrompt(t *testing.T) {
+	a, err := gemini.New(domain.AdapterConfig{Name: "gemini"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range []string{"", " \n\t"} {
+		if err := a.Admit(domain.RunRequest{Input: []byte(in)}); domain.CodeOf(err) != domain.CodeInvalidRequest {
+			t.Errorf("admitting prompt %q: %v, want invalid_request", in, err)
+		}
+	}
+	if err := a.Admit(domain.RunRequest{Input: []byte("hi")}); err != nil {
+		t.Errorf("admitting a prompt: %v", err)
+	}
+}

@@ -72,6 +72,7 @@ type Adapter struct {
 
 var (
 	_ ports.RuntimeAdapter    = (*Adapter)(nil)
+	_ ports.RunAdmitter       = (*Adapter)(nil)
 	_ ports.SessionTerminator = (*Adapter)(nil)
 	_ ports.SessionLister     = (*Adapter)(nil)
 	_ ports.CommandRunner     = (*Adapter)(nil)
@@ -145,6 +146,30 @@ func (a *Adapter) ListSessions(ctx context.Context, q domain.SessionQuery) ([]do
 	return a.sessions.List(ctx, q)
 }
 
+// Admit refuses, before the node acknowledges the run, a run Execute would
+// refuse for its own content: no model (no target and no models
+// configured), input that is empty or holds bad messages, options that are
+// no JSON object or whose "tools" is no array (checkOptions). Its caller
+// gets an honest refusal rather than a started run that fails.
+func (a *Adapter) Admit(req domain.RunRequest) error {
+	p, err := a.sessions.Check(req, a.models)
+	if err != nil {
+		return err
+	}
+	return checkOptions(p.Options)
+}
+
+// checkOptions refuses run options Ollama would refuse with a JSON decoding
+// error about its own request type: a "tools" that is not a JSON array.
+func checkOptions(opts map[string]json.RawMessage) error {
+	if t, ok := opts["tools"]; ok {
+		if v := bytes.TrimSpace(t); len(v) == 0 || (v[0] != '[' && string(v) != "null") {
+			return domain.Errorf(domain.CodeInvalidRequest, `run option "tools" must be a JSON array of tools`)
+		}
+	}
+	return nil
+}
+
 // chatLine is one NDJSON line of /api/chat.
 type chatLine struct {
 	Model   string `json:"model"`
@@ -171,12 +196,8 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		return err
 	}
 	model, opts, turn, msgs := prep.Model, prep.Options, prep.Turn, prep.Messages
-	if t, ok := opts["tools"]; ok {
-		// Ollama would refuse it with a JSON decoding error about its own
-		// request type; this says which option is wrong.
-		if v := bytes.TrimSpace(t); len(v) == 0 || (v[0] != '[' && string(v) != "null") {
-			return domain.Errorf(domain.CodeInvalidRequest, `run option "tools" must be a JSON array of tools`)
-		}
+	if err := checkOptions(opts); err != nil {
+		return err
 	}
 	body := map[string]any{"model": model, "messages": msgs, "stream": true}
 	for _, k := range passThrough {

@@ -207,6 +207,11 @@ func TestInvalidRequests(t *testing.T) {
 		"options array":  {Target: "m", Input: []byte("hi"), Options: []byte(`[1]`)},
 		"tools object":   {Target: "m", Input: []byte("hi"), Options: []byte(`{"tools":{"type":"function"}}`)},
 	} {
+		// Refused when the node admits the run (before it starts, so the
+		// caller gets 400), and by Execute alike.
+		if err := a.Admit(req); !errors.Is(err, domain.ErrInvalidRequest) {
+			t.Errorf("%s: Admit = %v, want invalid_request", name, err)
+		}
 		sink, err := run(t, a, req)
 		if !errors.Is(err, domain.ErrInvalidRequest) {
 			t.Errorf("%s: err = %v, want invalid_request", name, err)
@@ -217,6 +222,14 @@ func TestInvalidRequests(t *testing.T) {
 	}
 	if got := srv.Count(); got != 0 {
 		t.Errorf("%d requests reached Ollama", got)
+	}
+	for _, req := range []domain.RunRequest{
+		{Target: "m", Input: []byte("hi"), Options: []byte(`{"tools":[],"think":true}`)},
+		{Target: "m", Input: []byte(`{"messages":[{"role":"user","content":"hi"}]}`), Options: []byte(`{"tools":null}`)},
+	} {
+		if err := a.Admit(req); err != nil {
+			t.Errorf("admitting %s / %s: %v", req.Input, req.Options, err)
+		}
 	}
 	s2, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi"), SessionID: "s"})
 	if !errors.Is(err, domain.ErrSessionUnsupported) || len(s2.Events()) != 0 {

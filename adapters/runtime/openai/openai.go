@@ -113,6 +113,7 @@ type Adapter struct {
 
 var (
 	_ ports.RuntimeAdapter    = (*Adapter)(nil)
+	_ ports.RunAdmitter       = (*Adapter)(nil)
 	_ ports.SessionTerminator = (*Adapter)(nil)
 	_ ports.SessionLister     = (*Adapter)(nil)
 	_ io.Closer               = (*Adapter)(nil)
@@ -186,15 +187,17 @@ func (a *Adapter) ListSessions(ctx context.Context, q domain.SessionQuery) ([]do
 	return a.sessions.List(ctx, q)
 }
 
-// Admit refuses, before the node acknowledges the run, a run whose options
-// are no JSON object or ask for other than one choice (oneChoice), so that
-// its caller gets an honest refusal rather than a started run that fails.
+// Admit refuses, before the node acknowledges the run, a run Execute would
+// refuse for its own content: no model (no target and no models
+// configured), input that is empty or holds bad messages, options that are
+// no JSON object or ask for other than one choice (checkChoices). Its caller
+// gets an honest refusal rather than a started run that fails.
 func (a *Adapter) Admit(req domain.RunRequest) error {
-	opts, err := chat.ParseOptions(req.Options)
+	p, err := a.sessions.Check(req, a.models)
 	if err != nil {
 		return err
 	}
-	return checkChoices(opts)
+	return checkChoices(p.Options)
 }
 
 // Execute runs one chat turn as the package doc describes. Invalid input,

@@ -651,6 +651,35 @@ func TestSeveralChoicesAreRefused(t *testing.T) {
 	}
 }
 
+// What Execute refuses for the run's own content is refused when the node
+// admits the run too, before it starts (the caller gets 400).
+func TestInvalidRequestsAreRefusedAtAdmission(t *testing.T) {
+	srv := standin.NewServer(t, sse(stream))
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, nil)
+	for name, req := range map[string]domain.RunRequest{
+		"no model":       {Input: []byte("hi")},
+		"empty input":    {Target: "m", Input: []byte("  ")},
+		"empty messages": {Target: "m", Input: []byte(`{"messages":[]}`)},
+		"no role":        {Target: "m", Input: []byte(`{"messages":[{"content":"x"}]}`)},
+		"options array":  {Target: "m", Input: []byte("hi"), Options: []byte(`[1]`)},
+	} {
+		if err := a.Admit(req); domain.CodeOf(err) != domain.CodeInvalidRequest {
+			t.Errorf("%s: Admit = %v, want invalid_request", name, err)
+		}
+		sink, err := run(t, a, req)
+		if domain.CodeOf(err) != domain.CodeInvalidRequest || len(sink.Events()) != 0 {
+			t.Errorf("%s: err = %v, events %v; want invalid_request", name, err, sink.Types())
+		}
+	}
+	if got := srv.Count(); got != 0 {
+		t.Errorf("%d requests reached the server", got)
+	}
+	withModels := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL, Models: []string{"m"}}, nil)
+	if err := withModels.Admit(domain.RunRequest{Input: []byte("hi")}); err != nil {
+		t.Errorf("no target, a model configured: %v", err)
+	}
+}
+
 // Reserved keys and "n" are matched in any case: a server decoding with Go's
 // encoding/json (case-insensitive, the last match wins) would otherwise take
 // "Model" as the model, "MESSAGES" as the whole conversation, and "N" as n.

@@ -77,6 +77,15 @@ type Runner struct {
 	InheritEnv []string
 }
 
+// Check refuses a run Execute would refuse for its content: a blank prompt
+// (the run input). It is an invalid_request error.
+func (r *Runner) Check(req domain.RunRequest) error {
+	if strings.TrimSpace(string(req.Input)) == "" {
+		return domain.Errorf(domain.CodeInvalidRequest, "%s adapter %q: the run input (the prompt) is empty", r.Label, r.Name)
+	}
+	return nil
+}
+
 // Execute runs req: build gets the model ("" for the CLI's default), the
 // agent session id to resume ("" for a new one) and the prompt (the run
 // input, which must not be blank). It emits {"pid":N} as the first event,
@@ -88,8 +97,8 @@ type Runner struct {
 // way and its run ends with the parser's terminal event: the kill that
 // ended it is no failure.
 func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink, build func(model, resume, prompt string) Invocation, p Parser) error {
-	if strings.TrimSpace(string(req.Input)) == "" {
-		return domain.Errorf(domain.CodeInvalidRequest, "%s adapter %q: the run input (the prompt) is empty", r.Label, r.Name)
+	if err := r.Check(req); err != nil {
+		return err
 	}
 	model := req.Target
 	if model == "" && len(r.Models) > 0 {

@@ -77,6 +77,14 @@ func (b *Base) sessions() Sessions {
 	return Sessions{Store: b.runner.Store, Name: b.runner.Name}
 }
 
+// Admit refuses, before the node acknowledges the run, a run Run would
+// refuse for its content (Runner.Check: a blank prompt), so its caller gets
+// an honest refusal rather than a started run that fails. It implements
+// ports.RunAdmitter for the adapters that embed Base.
+func (b *Base) Admit(req domain.RunRequest) error {
+	return b.runner.Check(req)
+}
+
 // Run runs req as Runner.Execute does, with the current KillGrace and
 // ExitGrace.
 func (b *Base) Run(ctx context.Context, req domain.RunRequest, sink ports.EventSink, build func(model, resume, prompt string) Invocation, p Parser) error {

@@ -332,9 +332,11 @@ type Prepared struct {
 	Messages []json.RawMessage // the session's history, then the turn
 }
 
-// Prepare reads a run's model, options and input and loads its session's
-// history. Bad input, options or a missing model are invalid_request errors.
-func (s *Sessions) Prepare(ctx context.Context, req domain.RunRequest, models []string) (Prepared, error) {
+// Check reads a run's model, options and input as Prepare does, without
+// loading its session (Messages stays nil): what an adapter's Admit checks
+// so that such a run is refused before it starts. Bad input, options or a
+// missing model are invalid_request errors.
+func (s *Sessions) Check(req domain.RunRequest, models []string) (Prepared, error) {
 	var p Prepared
 	var err error
 	if p.Model, err = Model(s.adapter, req.Target, models); err != nil {
@@ -344,6 +346,17 @@ func (s *Sessions) Prepare(ctx context.Context, req domain.RunRequest, models []
 		return Prepared{}, err
 	}
 	if p.Turn, err = ParseInput(req.Input); err != nil {
+		return Prepared{}, err
+	}
+	return p, nil
+}
+
+// Prepare reads a run's model, options and input (Check) and loads its
+// session's history. Bad input, options or a missing model are
+// invalid_request errors.
+func (s *Sessions) Prepare(ctx context.Context, req domain.RunRequest, models []string) (Prepared, error) {
+	p, err := s.Check(req, models)
+	if err != nil {
 		return Prepared{}, err
 	}
 	if p.Messages, err = s.Messages(ctx, req.SessionID, p.Turn); err != nil {
