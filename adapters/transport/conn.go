@@ -28,7 +28,56 @@ var (
 	ErrConnClosed       = errors.New("connection closed")
 	ErrHeartbeatTimeout = errors.New("peer silent past heartbeat timeout")
 	ErrTooManyStreams   = errors.New("too many open streams")
+	// ErrTunnelsBusy refuses a provider tunnel when tunnels already hold
+	// their share of the link's streams (tunnelShare).
+	ErrTunnelsBusy = errors.New("the link's streams for provider tunnels are all in use")
 )
+
+// streamClass is what a stream this side opens is for: it decides how much
+// of MaxStreams the open may use, so that one kind of exchange cannot
+// starve the others of streams. Only the opener's accounting uses it: the
+// peer sees the same frames as before.
+type streamClass uint8
+
+const (
+	// classControl (cancels, node commands) may take every stream of the
+	// link, the controlReserve that nothing else may take included.
+	classControl streamClass = iota
+	// classRun may take all but controlReserve.
+	classRun
+	// classTunnel (provider tunnels) may take all but controlReserve, and
+	// at most tunnelShare streams held by tunnels.
+	classTunnel
+)
+
+// controlReserve is how many of a link's maxStreams only cancels and
+// commands may take: 8 of 512. Those are short exchanges (a cancel is one
+// request and one answer) that must get through when runs (up to their
+// adapters' max_concurrency, which has no link-wide bound) fill the link:
+// a cancel refused for lack of a stream would leave its run going. Zero
+// below 64 streams (test links).
+func controlReserve(maxStreams int) int { return maxStreams / 64 }
+
+// tunnelShare is the most streams provider tunnels may hold on a link of
+// maxStreams: all but an eighth, 448 of 512. A tunnel holds its stream as
+// long as its caller reads (a slow or stalled caller holds it for as long
+// as it likes), and tunnel callers have no per-node limit of their own, so
+// without a share they could take every stream and leave the node's runs,
+// and the cancels of its runs, refused at_capacity though its adapters are
+// idle. The eighth (64, the same as the finishing margin a peer allows)
+// keeps room for a node's runs beyond what its tunnels use: 56 runs at
+// once and the controlReserve, more than the default max_concurrency (4)
+// of all its adapters.
+func tunnelShare(maxStreams int) int { return maxStreams - maxStreams/8 }
+
+// tunnelsBusyError is ErrTunnelsBusy with the counts behind it.
+type tunnelsBusyError struct{ held, streams int }
+
+func (e *tunnelsBusyError) Error() string {
+	return fmt.Sprintf("%v: tunnels hold %d of the link's %d streams", ErrTunnelsBusy, e.held, e.streams)
+}
+
+func (e *tunnelsBusyError) Is(target error) bool { return target == ErrTunnelsBusy }
 
 // Side says which end of the link a Conn is; it decides stream id parity
 // (edge odd, node even) so the two ends never pick the same id.
@@ -106,7 +155,10 @@ type Conn struct {
 	// end, and open new streams in their place, before this side's
 	// handlers return and forget them. openFromPeer admits new streams
 	// past them, within finishingMargin.
-	finishing  int
+	finishing int
+	// tunnels counts the streams in streams that this side opened as
+	// provider tunnels (Stream.tunnel), against tunnelShare.
+	tunnels    int
 	nextID     uint64
 	lastPeerID uint64
 	// lateAllowance is what the peer may still send on streams that have
@@ -367,6 +419,7 @@ func (c *Conn) shutdown(cause error) {
 		streams := c.streams
 		c.streams = map[uint64]*Stream{}
 		c.finishing = 0
+		c.tunnels = 0
 		c.mu.Unlock()
 		err := c.closedErr()
 		for _, s := range streams {
@@ -614,8 +667,15 @@ func (c *Conn) setLast(s *Stream, on bool) {
 	c.mu.Unlock()
 }
 
-// Open starts a new local stream whose first frame is f.
+// Open starts a new local stream whose first frame is f; it may take any
+// of the link's MaxStreams (classControl).
 func (c *Conn) Open(ctx context.Context, f *ioppb.Frame) (*Stream, error) {
+	return c.open(ctx, f, classControl)
+}
+
+// open is Open for a stream of class, which bounds the streams it may take
+// (streamClass).
+func (c *Conn) open(ctx context.Context, f *ioppb.Frame, class streamClass) (*Stream, error) {
 	// The writer would drop an oversized frame; refuse it here instead, so
 	// the opener gets an error rather than a stream that never answers.
 	// (The stream id is not set yet: allow for its varint.)
@@ -635,13 +695,26 @@ func (c *Conn) Open(ctx context.Context, f *ioppb.Frame) (*Stream, error) {
 		c.mu.Unlock()
 		return nil, c.closedErr()
 	}
-	if len(c.streams) >= c.cfg.MaxStreams {
+	limit := c.cfg.MaxStreams
+	if class != classControl {
+		limit -= controlReserve(c.cfg.MaxStreams)
+	}
+	if len(c.streams) >= limit {
 		c.mu.Unlock()
 		return nil, ErrTooManyStreams
+	}
+	if class == classTunnel && c.tunnels >= tunnelShare(c.cfg.MaxStreams) {
+		err := &tunnelsBusyError{held: c.tunnels, streams: c.cfg.MaxStreams}
+		c.mu.Unlock()
+		return nil, err
 	}
 	id := c.nextID
 	c.nextID += 2
 	s := newStream(c, id)
+	if class == classTunnel {
+		s.tunnel = true
+		c.tunnels++
+	}
 	c.streams[id] = s
 	c.mu.Unlock()
 	f.StreamId = id
@@ -662,6 +735,9 @@ func (c *Conn) remove(s *Stream) {
 	c.mu.Lock()
 	if c.streams[s.id] == s {
 		delete(c.streams, s.id)
+		if s.tunnel {
+			c.tunnels--
+		}
 		if s.last {
 			s.last = false
 			c.finishing--

@@ -126,6 +126,7 @@ func (l *edgeLink) Close(reason string) { l.conn.Close(errors.New(reason)) }
 // linkErr turns a stream failure into the domain error a caller sees.
 func linkErr(err error) error {
 	var re *ResetError
+	var tb *tunnelsBusyError
 	switch {
 	case errors.As(err, &re) && re.Code == "too_many_streams":
 		// The node refused to open the stream (it still holds as many as
@@ -138,6 +139,12 @@ func linkErr(err error) error {
 		return domain.Errorf(domain.CodeInvalidRequest, "request cannot be sent to the node: %v", err)
 	case errors.Is(err, ErrFrameTooLarge):
 		return domain.Errorf(domain.CodeInvalidRequest, "request too large for one frame: %v", err)
+	case errors.As(err, &tb):
+		// Tunnels hold their share of the link: the rest is kept for the
+		// node's runs, cancels and commands (tunnelShare).
+		return domain.Errorf(domain.CodeAtCapacity,
+			"the node's link is busy with provider tunnels: they hold %d of its %d streams, the most they may (the rest is kept for runs, cancels and commands); try again shortly",
+			tb.held, tb.streams)
 	case errors.Is(err, ErrTooManyStreams):
 		return domain.Errorf(domain.CodeAtCapacity, "the node link has too many open streams")
 	case errors.Is(err, ErrConnClosed):
@@ -147,7 +154,7 @@ func linkErr(err error) error {
 }
 
 func (l *edgeLink) StartRun(ctx context.Context, req domain.RunRequest) (ports.RunStream, error) {
-	s, err := l.conn.Open(ctx, &ioppb.Frame{Body: &ioppb.Frame_RunRequest{RunRequest: runRequestToProto(req)}})
+	s, err := l.conn.open(ctx, &ioppb.Frame{Body: &ioppb.Frame_RunRequest{RunRequest: runRequestToProto(req)}}, classRun)
 	if err != nil {
 		return nil, linkErr(err)
 	}
@@ -198,7 +205,9 @@ func (r *runStream) Close() {
 	}
 }
 
-// exchange opens a stream with f and waits for one CancelResponse.
+// cancelExchange opens a stream with req and waits for one CancelResponse.
+// It may take the link's controlReserve (Conn.Open), so a run can be
+// cancelled even when runs and tunnels fill the link.
 func (l *edgeLink) cancelExchange(ctx context.Context, req *ioppb.CancelRequest) error {
 	s, err := l.conn.Open(ctx, &ioppb.Frame{Body: &ioppb.Frame_CancelRequest{CancelRequest: req}})
 	if err != nil {
@@ -230,6 +239,7 @@ func (l *edgeLink) TerminateSession(ctx context.Context, adapter, target, sessio
 	})
 }
 
+// Command may take the link's controlReserve (Conn.Open), as a cancel may.
 func (l *edgeLink) Command(ctx context.Context, name string, args []byte) (ports.CommandStream, error) {
 	s, err := l.conn.Open(ctx, &ioppb.Frame{Body: &ioppb.Frame_NodeCommandRequest{NodeCommandRequest: &ioppb.NodeCommandRequest{Command: name, ArgsJson: args}}})
 	if err != nil {
@@ -313,7 +323,7 @@ func (l *edgeLink) OpenTunnel(ctx context.Context, req domain.TunnelRequest, bod
 		Provider: req.Provider, Method: req.Method, Path: req.Path, Query: req.Query,
 		Headers: l.conn.headers(req.Header), Body: first, BodyFollows: rest != nil,
 	}
-	s, err := l.conn.Open(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelRequest{ProviderTunnelRequest: preq}})
+	s, err := l.conn.open(ctx, &ioppb.Frame{Body: &ioppb.Frame_ProviderTunnelRequest{ProviderTunnelRequest: preq}}, classTunnel)
 	if err != nil {
 		return nil, linkErr(err)
 	}

@@ -83,6 +83,9 @@ type Stream struct {
 	// last: this side has handed the stream's last frame to the writer
 	// (SendLast); guarded by the Conn's mu (Conn.finishing).
 	last bool
+	// tunnel: this side opened the stream as a provider tunnel (counted in
+	// Conn.tunnels); set before the stream is published, then read-only.
+	tunnel bool
 
 	// held is the pooled payload of the data frame Recv returned last; it
 	// is given back on the next Recv (the consumer is done with it by then).
