@@ -32,8 +32,8 @@ type runObservation struct {
 	started time.Time
 	first   time.Duration
 	// mayRetry: the run goes to a node its caller did not name, so a
-	// refusal for the node shutting down is tried again elsewhere (under
-	// another id): such a refusal is held (held) until the dispatcher
+	// refusal for the node shutting down or at capacity is tried again
+	// elsewhere (under another id; triedElsewhere): such a refusal is held (held) until the dispatcher
 	// knows whether it is (discarded: the caller's run is the retry) or
 	// not (flush: it is the caller's answer). The running row waits for
 	// the node's admission answer meanwhile (recorded).
@@ -80,7 +80,7 @@ func (ob *runObservation) event(ev domain.RunEvent) {
 		}
 		return
 	}
-	if ob.mayRetry && ob.first == 0 && ev.Error != nil && ev.Error.Code == domain.CodeShuttingDown {
+	if ob.mayRetry && ob.first == 0 && ev.Error != nil && triedElsewhere(ev.Error.Code) {
 		held := ev
 		held.Time = now
 		ob.held = &held

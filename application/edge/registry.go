@@ -3,6 +3,7 @@
 package edge
 
 import (
+	"errors"
 	"math"
 	"slices"
 	"sort"
@@ -287,6 +288,28 @@ func (r *Registry) PickForRun(node, adapter, session string) (NodeView, func(), 
 // PickForRunAs is PickForRun among the nodes caller p may see; a node it
 // may not see is not found.
 func (r *Registry) PickForRunAs(p domain.Principal, node, adapter, session string) (NodeView, func(), error) {
+	return r.pickForRun(p, node, adapter, session, nil)
+}
+
+// errNoOtherNode: no node is left to try a refused run on (pickElsewhere).
+var errNoOtherNode = errors.New("no other node to try the run on")
+
+// pickElsewhere picks, as PickForRunAs without a node named, the next node
+// to try a run on that the nodes in tried refused: never one of them (a
+// session's run, whose node is its session's, then has none), and after an
+// at_capacity refusal (needFree) only a node with a free slot of adapter,
+// as the edge counts them — a node as full as the one that refused would
+// refuse alike. errNoOtherNode if there is none.
+func (r *Registry) pickElsewhere(p domain.Principal, adapter, session string, tried map[string]bool, needFree bool) (NodeView, func(), error) {
+	return r.pickForRun(p, "", adapter, session, func(n *LiveNode) bool {
+		return !tried[n.ID] && (!needFree || n.freeSlots(adapter) > 0)
+	})
+}
+
+// pickForRun is PickForRunAs; with eligible set (a retry, no node named)
+// it picks only a node eligible says may take the run, or answers
+// errNoOtherNode.
+func (r *Registry) pickForRun(p domain.Principal, node, adapter, session string, eligible func(*LiveNode) bool) (NodeView, func(), error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	visible := r.visible(p)
@@ -314,9 +337,15 @@ func (r *Registry) PickForRunAs(p domain.Principal, node, adapter, session strin
 		}
 	default:
 		for _, n := range open {
+			if eligible != nil && !eligible(n) {
+				continue
+			}
 			if n.hasAdapter(adapter) && (chosen == nil || n.betterFor(adapter, chosen)) {
 				chosen = n
 			}
+		}
+		if chosen == nil && eligible != nil {
+			return NodeView{}, nil, errNoOtherNode
 		}
 		if chosen == nil {
 			switch {
@@ -332,6 +361,10 @@ func (r *Registry) PickForRunAs(p domain.Principal, node, adapter, session strin
 			}
 			return NodeView{}, nil, domain.Errorf(domain.CodeNoNodeAvailable, "no connected node offers adapter %q", adapter)
 		}
+	}
+	if eligible != nil && !eligible(chosen) {
+		// A session's node, or the only one, which refused already.
+		return NodeView{}, nil, errNoOtherNode
 	}
 	if !chosen.hasAdapter(adapter) {
 		have := make([]string, 0, len(chosen.Config.Adapters))

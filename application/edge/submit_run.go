@@ -116,8 +116,8 @@ func (h *SubmitRunHandler) spawn(f func()) bool {
 // Handle validates cmd, picks a node, starts the run there and waits for the
 // node to admit it: an error means the run was refused (adapter or target
 // unknown, at capacity, session busy, …) and never started. A run whose node
-// the caller did not name, refused because that node is shutting down, is
-// tried once more on another node (under a new id). For a
+// the caller did not name, refused because that node is shutting down or at
+// capacity, is tried on the next node (under a new id; place). For a
 // background run the returned handle is already being drained by the edge:
 // the caller only learns its id and node.
 func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandle, error) {
@@ -154,46 +154,66 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 }
 
 // place picks cmd's node and dispatches it there; a run refused there
-// because its node is stopping is tried once more elsewhere (see Handle).
+// because its node is stopping or at capacity is tried elsewhere (see
+// Handle).
 func (h *SubmitRunHandler) place(ctx context.Context, cmd SubmitRun) (*RunHandle, error) {
 	p := domain.PrincipalFrom(ctx)
 	node, release, err := h.reg.PickForRunAs(p, cmd.Node, cmd.Adapter, cmd.SessionID)
 	if err != nil {
 		return nil, err
 	}
-	// A refusal that is tried again is not the caller's run: it is neither
-	// counted (a failed run in iop_runs_total) nor recorded in the history
-	// (a row whose id the caller never got); one that is not is both.
-	rh, refused, err := h.dispatch(ctx, cmd, node, release, cmd.Node == "")
-	if err == nil || domain.CodeOf(err) != domain.CodeShuttingDown {
-		refused.noRetry()
-		return rh, err
+	var tried map[string]bool
+	for {
+		// A refusal that is tried again is not the caller's run: it is
+		// neither counted (a failed run in iop_runs_total) nor recorded in
+		// the history (a row whose id the caller never got); one that is
+		// not is both.
+		rh, refused, err := h.dispatch(ctx, cmd, node, release, cmd.Node == "")
+		code := domain.CodeOf(err)
+		if err == nil || !triedElsewhere(code) {
+			refused.noRetry()
+			return rh, err
+		}
+		if code == domain.CodeShuttingDown {
+			// The node refused the run before admitting it because it is
+			// stopping: its word that it drains was still on its way, or
+			// it is a version that does not send one. It takes no new run
+			// from now on.
+			announceDraining(h.reg, h.bus, h.log, h.now(), node.ID, node.Link, "it refused a run: shutting_down")
+		}
+		// The run, unless its caller named the node, is tried on the next
+		// node; with none left it gets this node's refusal. A node that
+		// answered at_capacity (its adapter full, a race the edge's count
+		// lost, or its link out of streams: tunnels hold it, which the
+		// count of runs does not see) is tried only on nodes with a free
+		// slot; each node is tried once.
+		if cmd.Node != "" {
+			return nil, err
+		}
+		if tried == nil {
+			tried = map[string]bool{}
+		}
+		tried[node.ID] = true
+		var perr error
+		node, release, perr = h.reg.pickElsewhere(p, cmd.Adapter, cmd.SessionID, tried, code == domain.CodeAtCapacity)
+		if perr != nil {
+			refused.noRetry()
+			return nil, err
+		}
 	}
-	// The node refused the run before admitting it because it is stopping:
-	// its word that it drains was still on its way, or it is a version
-	// that does not send one. It takes no new run from now on, and this
-	// one, unless its caller named the node, gets one more try elsewhere;
-	// with no other node it gets the node's refusal.
-	announceDraining(h.reg, h.bus, h.log, h.now(), node.ID, node.Link, "it refused a run: shutting_down")
-	if cmd.Node != "" {
-		return nil, err
-	}
-	other, release, perr := h.reg.PickForRunAs(p, "", cmd.Adapter, cmd.SessionID)
-	if perr != nil {
-		refused.noRetry()
-		return nil, err
-	}
-	rh, _, err = h.dispatch(ctx, cmd, other, release, false)
-	if domain.CodeOf(err) == domain.CodeShuttingDown {
-		announceDraining(h.reg, h.bus, h.log, h.now(), other.ID, other.Link, "it refused a run: shutting_down")
-	}
-	return rh, err
+}
+
+// triedElsewhere reports whether a run refused with code before its node
+// admitted it is tried on another node when its caller named none: the
+// node is stopping (shutting_down) or has no room for it (at_capacity).
+func triedElsewhere(code string) bool {
+	return code == domain.CodeShuttingDown || code == domain.CodeAtCapacity
 }
 
 // dispatch starts cmd as a new run on node, which holds a slot for it that
 // release gives back, and waits for the node to admit it; then follows it
 // if it is a background run. With mayRetry a refusal for the node shutting
-// down is held, not recorded nor counted, and its observation returned
+// down or at capacity (triedElsewhere) is held, not recorded nor counted, and its observation returned
 // (refused): the caller either tries the run elsewhere or calls
 // refused.noRetry, which records and counts it. refused is nil otherwise.
 func (h *SubmitRunHandler) dispatch(ctx context.Context, cmd SubmitRun, node NodeView, release func(), mayRetry bool) (_ *RunHandle, refused *runObservation, _ error) {

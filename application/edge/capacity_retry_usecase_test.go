@@ -1,0 +1,139 @@
+package edge_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"iop/application/edge"
+	"iop/domain"
+)
+
+// ucObserved lists obs's history rows and counted runs as node:status.
+func ucObserved(obs *ucObserver) (rows, done []string) {
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	for _, r := range obs.runs {
+		rows = append(rows, r.Node+":"+string(r.Status))
+	}
+	for _, d := range obs.done {
+		done = append(done, d.Node+":"+string(d.Status))
+	}
+	return rows, done
+}
+
+// A run no one pinned to a node that its first node refuses at_capacity —
+// the node's link out of streams (provider tunnels hold them, which the
+// edge's count of runs does not see) or its adapter full (a race the
+// edge's count lost) — goes to the next node with a free slot, and the
+// refused try is neither a history row nor a failed run: only the run
+// the caller gets is. Runs used to get the first node's 429 every time
+// while another node sat idle.
+func TestRunRefusedAtCapacityIsTriedElsewhere(t *testing.T) {
+	for name, refuse := range map[string]func(l *ucLink){
+		"link out of streams": func(l *ucLink) {
+			l.startErr = domain.Errorf(domain.CodeAtCapacity, "the node's link is busy with provider tunnels")
+		},
+		"adapter full": func(l *ucLink) {
+			l.refuse = &domain.ErrorInfo{Code: domain.CodeAtCapacity, Message: "adapter chat is at capacity"}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ucNoLeaks(t)
+			e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+			obs := &ucObserver{}
+			e.submit.Observe = edge.Observers{Metrics: obs, History: obs}
+			refuse(e.links["a"]) // a wins the tie, by id
+			for _, bg := range []bool{false, true} {
+				rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat", Background: bg})
+				if err != nil || rh.Node != "b" {
+					t.Fatalf("run (background %v): %v, on %v; want it admitted on b", bg, err, rh)
+				}
+				if !bg {
+					defer rh.Close()
+				}
+			}
+			if a, b := ucStarted(e, "a"), ucStarted(e, "b"); a != 2 || b != 2 {
+				t.Fatalf("a was sent %d runs and b %d, want two each (a refused, b took them)", a, b)
+			}
+			if v, _ := e.reg.Get("a"); v.Draining {
+				t.Fatal("a, which refused at_capacity, is taken for draining")
+			}
+			rows, done := ucObserved(obs)
+			if fmt.Sprint(rows) != "[b:running b:running]" || len(done) != 0 {
+				t.Fatalf("history %v, metrics %v; want only b's runs, running", rows, done)
+			}
+		})
+	}
+}
+
+// A refusal at_capacity stays the caller's answer, recorded and counted
+// once, where no other node may take the run: the caller named the node,
+// the run's session is bound to it, every other node is full as the edge
+// counts (it would refuse alike), or the others refused too.
+func TestRunRefusedAtCapacityWithNowhereElse(t *testing.T) {
+	refusal := &domain.ErrorInfo{Code: domain.CodeAtCapacity, Message: "adapter chat is at capacity"}
+	t.Run("named", func(t *testing.T) {
+		ucNoLeaks(t)
+		e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+		obs := &ucObserver{}
+		e.submit.Observe = edge.Observers{Metrics: obs, History: obs}
+		e.links["a"].refuse = refusal
+		if _, err := e.submit.Handle(context.Background(), edge.SubmitRun{Node: "a", Adapter: "chat"}); ucCode(err) != domain.CodeAtCapacity || ucStarted(e, "b") != 0 {
+			t.Fatalf("run naming a: %v, b sent %d runs; want a's at_capacity and nothing on b", err, ucStarted(e, "b"))
+		}
+		if rows, done := ucObserved(obs); fmt.Sprint(rows) != "[a:running a:failed]" || fmt.Sprint(done) != "[a:failed]" {
+			t.Fatalf("history %v, metrics %v; want a's refusal once", rows, done)
+		}
+	})
+	t.Run("session bound", func(t *testing.T) {
+		ucNoLeaks(t)
+		e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+		turn1, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+		if err != nil || turn1.Node != "a" {
+			t.Fatalf("turn 1: %v on %v, want a", err, turn1)
+		}
+		ucFinish(t, e, turn1)
+		e.links["a"].refuse = refusal
+		if _, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat", SessionID: "s1"}); ucCode(err) != domain.CodeAtCapacity || ucStarted(e, "b") != 0 {
+			t.Fatalf("turn 2: %v, b sent %d runs; want a's at_capacity and nothing on b (the session is a's)", err, ucStarted(e, "b"))
+		}
+	})
+	t.Run("others full", func(t *testing.T) {
+		ucNoLeaks(t)
+		e := newUCEdgeCfg(t, map[string][]domain.AdapterConfig{
+			"a": {ucExecAdapter("chat", 1, "t")},
+			"b": {ucExecAdapter("chat", 1, "t")},
+		})
+		ucBusy(t, e, "a", "chat", 1)
+		ucBusy(t, e, "b", "chat", 1)
+		e.links["a"].refuse = refusal
+		e.links["b"].refuse = refusal
+		if _, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat"}); ucCode(err) != domain.CodeAtCapacity {
+			t.Fatalf("run: %v, want at_capacity", err)
+		}
+		if a, b := ucStarted(e, "a"), ucStarted(e, "b"); a+b != 3 {
+			t.Fatalf("a was sent %d runs and b %d; want one try past the two preloaded", a, b)
+		}
+	})
+	t.Run("all refuse", func(t *testing.T) {
+		ucNoLeaks(t)
+		e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}}, ucNodeSpec{"c", []string{"chat"}})
+		obs := &ucObserver{}
+		e.submit.Observe = edge.Observers{Metrics: obs, History: obs}
+		for _, id := range []string{"a", "b", "c"} {
+			e.links[id].refuse = refusal
+		}
+		if _, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat"}); ucCode(err) != domain.CodeAtCapacity {
+			t.Fatalf("run: %v, want at_capacity", err)
+		}
+		for _, id := range []string{"a", "b", "c"} {
+			if n := ucStarted(e, id); n != 1 {
+				t.Fatalf("%s was sent %d runs, want one try on each node", id, n)
+			}
+		}
+		if rows, done := ucObserved(obs); fmt.Sprint(rows) != "[c:running c:failed]" || fmt.Sprint(done) != "[c:failed]" {
+			t.Fatalf("history %v, metrics %v; want the last refusal (the caller's answer) only", rows, done)
+		}
+	})
+}
