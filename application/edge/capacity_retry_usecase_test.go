@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"iop/application/edge"
 	"iop/domain"
@@ -136,4 +137,26 @@ func TestRunRefusedAtCapacityWithNowhereElse(t *testing.T) {
 			t.Fatalf("history %v, metrics %v; want the last refusal (the caller's answer) only", rows, done)
 		}
 	})
+}
+
+// A run sent to a node that never answers its admission (unnamed, so a
+// refusal could have been tried elsewhere) has its history row: the node
+// may still take it, and the row is what lets the history learn its end.
+func TestRunWhoseAdmissionNeverComesHasItsRow(t *testing.T) {
+	for _, node := range []string{"", "a"} {
+		t.Run("node="+node, func(t *testing.T) {
+			ucNoLeaks(t)
+			e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}})
+			obs := &ucObserver{}
+			e.submit.Observe = edge.Observers{Metrics: obs, History: obs}
+			e.submit.AdmitTimeout, e.submit.DrainTimeout = 20*time.Millisecond, 20*time.Millisecond
+			e.links["a"].silent = true
+			if _, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat", Node: node, Background: true}); domain.CodeOf(err) != domain.CodeTimeout {
+				t.Fatalf("run: %v, want timeout", err)
+			}
+			if rows, _ := ucObserved(obs); len(rows) == 0 || rows[0] != "a:running" {
+				t.Fatalf("history %v, want the run's row on a", rows)
+			}
+		})
+	}
 }

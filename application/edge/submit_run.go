@@ -269,8 +269,11 @@ func (h *SubmitRunHandler) admit(ctx context.Context, rh *RunHandle) error {
 	ev, err := rh.next(wait)
 	if err != nil {
 		// The end, which the edge follows now, is the caller's answer
-		// (timeout) however it comes.
+		// (timeout) however it comes; the run was sent and the node may
+		// still take it, so it has its row (else the history would never
+		// learn of it, nor ask its node about it).
 		rh.obs.mayRetry = false
+		rh.obs.record()
 		rh.withdraw()
 		if ctx.Err() != nil {
 			return ctx.Err()
