@@ -10,6 +10,11 @@ import (
 	"iop/domain"
 )
 
+// statusClientClosed is the status recorded for a request whose caller
+// left before its answer (nginx's 499, as the provider surfaces record it):
+// nobody reads it, and it is no failure of the edge's.
+const statusClientClosed = 499
+
 // statusFor is the one mapping from domain errors to HTTP statuses.
 func statusFor(err error) int {
 	switch domain.CodeOf(err) {
@@ -36,6 +41,8 @@ func statusFor(err error) int {
 		return http.StatusUnauthorized
 	case domain.CodeForbidden:
 		return http.StatusForbidden
+	case domain.CodeCancelled:
+		return statusClientClosed
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return http.StatusGatewayTimeout
@@ -50,6 +57,12 @@ func writeError(w http.ResponseWriter, err error) {
 	code := domain.CodeOf(err)
 	if code == domain.CodeInternal && errors.Is(err, context.DeadlineExceeded) {
 		code = domain.CodeTimeout
+	}
+	if code == domain.CodeInternal && errors.Is(err, context.Canceled) {
+		// The request's context ended: its caller left (or the edge cut
+		// the connection at its stop). A 499, not an internal error.
+		code = domain.CodeCancelled
+		err = &domain.Error{Code: code, Message: "the request was cancelled: " + err.Error()}
 	}
 	msg := domain.MessageOf(err)
 	if code == domain.CodeInternal {

@@ -35,6 +35,7 @@ func TestStatusFor(t *testing.T) {
 		{domain.ErrNodeDisconnected, 503},
 		{domain.ErrShuttingDown, 503},
 		{domain.ErrTimeout, 504},
+		{domain.Errorf(domain.CodeCancelled, "the caller left"), 499},
 		{domain.Errorf(domain.CodeResultTooLarge, "node sent too much"), 502},
 		{domain.ErrConfig, 422},
 		{fmt.Errorf("select run x: %w", domain.ErrRunNotFound), 404},

@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -276,7 +277,9 @@ func (h *SubmitRunHandler) admit(ctx context.Context, rh *RunHandle) error {
 		rh.obs.record()
 		rh.withdraw()
 		if ctx.Err() != nil {
-			return ctx.Err()
+			// The caller left: nobody reads the answer, and it is no
+			// failure of the edge's (a 499 in the access log, not a 500).
+			return fmt.Errorf("%w: %w", domain.Errorf(domain.CodeCancelled, "the caller left before run %s was admitted; it is cancelled", rh.RunID), ctx.Err())
 		}
 		return domain.Errorf(domain.CodeTimeout, "node %q did not admit run %s within %v", rh.Node, rh.RunID, h.AdmitTimeout)
 	}
@@ -417,7 +420,14 @@ func (r *RunHandle) withdraw() {
 		node, ok := h.reg.Get(r.Node)
 		if ok {
 			ctx, cancel := context.WithTimeout(h.base, 5*time.Second)
-			if err := node.Link.CancelRun(ctx, r.RunID); err != nil && !errors.Is(err, domain.ErrRunFinished) {
+			switch err := node.Link.CancelRun(ctx, r.RunID); {
+			case err == nil, errors.Is(err, domain.ErrRunFinished):
+			case errors.Is(err, domain.ErrRunNotFound):
+				// The cancel overtook the run on its way to the node,
+				// which remembers it and cancels the run on arrival;
+				// the drain below follows it to its end either way.
+				h.log.Debug("cancel reached the node before its run; the node cancels the run when it arrives", "run", r.RunID, "err", err)
+			default:
 				h.log.Warn("cancel after caller left failed", "run", r.RunID, "err", err)
 			}
 			cancel()
