@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"iop/domain"
+	"iop/internal/lossreport"
 	"iop/ports"
 )
 
@@ -58,6 +59,10 @@ type RunManager struct {
 	base context.Context
 	stop context.CancelCauseFunc
 	wg   sync.WaitGroup
+
+	// lost logs the run records the store could not take (a full disk):
+	// one line for the first, then one per lostLogEvery with a count.
+	lost *lossreport.Reporter
 
 	mu       sync.Mutex
 	stopped  bool // no run is admitted once Stop has begun
@@ -130,15 +135,26 @@ func NewRunManager(rt *Runtime, store ports.RunStore, log *slog.Logger) *RunMana
 		log = slog.Default()
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &RunManager{rt: rt, store: store, log: log, now: time.Now, base: ctx, stop: cancel,
+	m := &RunManager{rt: rt, store: store, log: log, now: time.Now, base: ctx, stop: cancel,
 		active: map[string]*activeRun{}, sessions: map[sessionKey]string{}}
+	m.lost = lossreport.New(lostLogEvery, func(err error, attrs []any) {
+		log.Error("run record lost: the node store could not be written", append(attrs, "err", err)...)
+	}, func(n int, err error) {
+		log.Error("run records lost: the node store could not be written", "runs", n, "err", err)
+	})
+	return m
 }
+
+// lostLogEvery is the most often the node logs run records its store
+// could not take, after the first (as the edge does for history rows).
+const lostLogEvery = 10 * time.Second
 
 // Stop cancels every run and waits for them to record their end. Each run
 // ends cancelled with "node shutting down", on the link and in the store.
 func (m *RunManager) Stop() {
 	m.BeginStop()
 	m.wg.Wait()
+	m.lost.Close() // the records lost and not logged yet
 }
 
 // BeginStop is Stop without the wait: no run is admitted any more, and
@@ -277,8 +293,11 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 	_ = run.Start(now)
 	// The record must not depend on the run's context: a cancel that
 	// arrives right after admission would otherwise lose the run's record.
+	// Should it fail (a full disk), the end writes the whole record.
+	recorded := true
 	if err := m.store.CreateRun(context.WithoutCancel(ctx), run); err != nil {
-		m.log.Error("recording run failed", "run", req.RunID, "err", err)
+		recorded = false
+		m.log.Debug("recording run start failed; its end writes the whole record", "run", req.RunID, "err", err)
 	}
 	g.emitStart()
 
@@ -300,10 +319,35 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 	m.unregister(ar)
 	release()
 	close(ar.done)
-	if err := m.store.UpdateRun(context.WithoutCancel(ctx), req.RunID, func(r *domain.Run) error { return r.Finish(term, m.now()) }); err != nil {
-		m.log.Error("recording run end failed", "run", req.RunID, "err", err)
+	if err := m.recordEnd(context.WithoutCancel(ctx), run, recorded, term); err != nil {
+		m.lost.Lost(1, err, "run", req.RunID, "status", string(domain.StatusFor(term.Type)))
 	}
 	g.sendTerminal(term)
+}
+
+// recordEnd stores a run's end: an update of the record its start wrote,
+// or, when that write failed (recorded false) or its row is gone, the
+// whole finished record, so that one write that succeeds is enough. run is
+// the record as its start wrote it (or meant to).
+func (m *RunManager) recordEnd(ctx context.Context, run *domain.Run, recorded bool, term domain.RunEvent) error {
+	finish := func(r *domain.Run) error { return r.Finish(term, m.now()) }
+	if recorded {
+		err := m.store.UpdateRun(ctx, run.ID(), finish)
+		if !errors.Is(err, domain.ErrRunNotFound) {
+			return err
+		}
+	}
+	if err := finish(run); err != nil {
+		return err
+	}
+	err := m.store.CreateRun(ctx, run)
+	if err != nil && !recorded {
+		// The start's insert may have reached the store after all.
+		if m.store.UpdateRun(ctx, run.ID(), finish) == nil {
+			return nil
+		}
+	}
+	return err
 }
 
 // reject ends a run that could not start, recording it as failed.
@@ -318,7 +362,7 @@ func (m *RunManager) refuse(req domain.RunRequest, g *guard, ev domain.RunEvent)
 	now := m.now()
 	if run, nerr := domain.NewRun(req, now); nerr == nil && run.Finish(ev, now) == nil {
 		if serr := m.store.CreateRun(context.Background(), run); serr != nil {
-			m.log.Warn("recording rejected run failed", "run", req.RunID, "err", serr)
+			m.lost.Lost(1, serr, "run", req.RunID, "status", string(run.Status()))
 		}
 	}
 	g.sendTerminal(ev)
