@@ -20,6 +20,7 @@ import (
 	"iop/adapters/store/internal/usagesql"
 	"iop/domain"
 	"iop/internal/every"
+	"iop/internal/lossreport"
 )
 
 // Options tune a Store; zero values take the defaults.
@@ -65,10 +66,14 @@ type Store struct {
 	mu   sync.RWMutex // orders Record against Close
 	done bool
 
-	warnMu   sync.Mutex
-	lastWarn time.Time
-	unlogged int
+	// lost logs dropped rows: the first drop at once, later ones as one
+	// line per droppedLogEvery with their count; what is counted after a
+	// line is logged by its timer or at Close, never left unreported.
+	lost *lossreport.Reporter
 }
+
+// droppedLogEvery is the most often dropped history rows are logged.
+const droppedLogEvery = 10 * time.Second
 
 // New starts the writer and the pruner on db; Close stops them.
 func New(db *DB, o Options) *Store {
@@ -95,6 +100,11 @@ func New(db *DB, o Options) *Store {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Store{db: db, opts: o, log: o.Logger, queue: make(chan any, o.QueueSize), kick: make(chan struct{}, 1), stop: cancel}
+	s.lost = lossreport.New(droppedLogEvery, func(err error, _ []any) {
+		s.log.Warn("history rows dropped", "rows", 1, "err", err)
+	}, func(n int, err error) {
+		s.log.Warn("history rows dropped", "rows", n, "err", err)
+	})
 	s.wg.Add(2)
 	go func() { defer s.wg.Done(); s.write(ctx) }()
 	go func() { defer s.wg.Done(); s.prune(ctx) }()
@@ -135,22 +145,13 @@ func (s *Store) wake() {
 }
 
 // dropped counts lost rows at once and logs them at most every 10 s, so
-// an outage costs one line per interval, not one per row.
+// an outage costs one line per interval, not one per row; every dropped
+// row is in some line, at Close at the latest.
 func (s *Store) dropped(n int, err error) {
 	if s.opts.Dropped != nil {
 		s.opts.Dropped(n)
 	}
-	s.warnMu.Lock()
-	s.unlogged += n
-	now := time.Now()
-	if now.Sub(s.lastWarn) < 10*time.Second {
-		s.warnMu.Unlock()
-		return
-	}
-	rows := s.unlogged
-	s.unlogged, s.lastWarn = 0, now
-	s.warnMu.Unlock()
-	s.log.Warn("history rows dropped", "rows", rows, "err", err)
+	s.lost.Lost(n, err)
 }
 
 // Close flushes what is queued (bounded by the write timeout), stops the
@@ -167,6 +168,7 @@ func (s *Store) Close() error {
 	s.wake()
 	s.stop()
 	s.wg.Wait()
+	s.lost.Close() // the drops counted and not logged yet
 	return s.db.Close()
 }
 
