@@ -62,16 +62,9 @@ func (t *RunTracker) finish(runID string, seen bool) {
 	}
 }
 
-// forget drops an active run without counting it finished: one the edge
-// no longer follows, whose end is the node's to tell.
-func (t *RunTracker) forget(runID string) {
-	t.mu.Lock()
-	delete(t.active, runID)
-	t.mu.Unlock()
-}
-
-// lose drops an active run as forget does, keeping its observation until
-// its end is learned from its node (claimLost).
+// lose drops an active run without counting it finished (one the edge no
+// longer follows, whose end is the node's to tell), keeping its
+// observation until that end is learned from its node (claimLost).
 func (t *RunTracker) lose(runID string, ob *runObservation) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
