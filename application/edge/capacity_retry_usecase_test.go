@@ -160,3 +160,26 @@ func TestRunWhoseAdmissionNeverComesHasItsRow(t *testing.T) {
 		})
 	}
 }
+
+// The refusal of a node tried first stays the one recorded and counted
+// when the next node cannot even be sent the run (its link full or gone):
+// the caller's run failed, and it was dropped unrecorded.
+func TestHeldRefusalIsRecordedWhenTheNextNodeCannotBeSent(t *testing.T) {
+	for _, code := range []string{domain.CodeAtCapacity, domain.CodeNodeDisconnected} {
+		t.Run(code, func(t *testing.T) {
+			ucNoLeaks(t)
+			e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+			obs := &ucObserver{}
+			e.submit.Observe = edge.Observers{Metrics: obs, History: obs}
+			e.links["a"].refuse = &domain.ErrorInfo{Code: domain.CodeAtCapacity, Message: "adapter chat is at capacity"} // a wins the tie, by id
+			e.links["b"].startErr = domain.Errorf(code, "b cannot take it")
+			if _, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat"}); domain.CodeOf(err) != code {
+				t.Fatalf("run: %v, want b's %s", err, code)
+			}
+			rows, done := ucObserved(obs)
+			if fmt.Sprint(rows) != "[a:running a:failed]" || fmt.Sprint(done) != "[a:failed]" {
+				t.Fatalf("history %v, metrics %v; want a's refusal recorded and counted once", rows, done)
+			}
+		})
+	}
+}

@@ -164,16 +164,25 @@ func (h *SubmitRunHandler) place(ctx context.Context, cmd SubmitRun) (*RunHandle
 		return nil, err
 	}
 	var tried map[string]bool
+	// A refusal that is tried again is not the caller's run: it is neither
+	// counted (a failed run in iop_runs_total) nor recorded in the history
+	// (a row whose id the caller never got). The last one is held (held)
+	// until the caller's answer is known: it is recorded and counted if no
+	// run is admitted, also when a later node could not even be sent the
+	// run (its link full or gone), and dropped if one is.
+	var held *runObservation
 	for {
-		// A refusal that is tried again is not the caller's run: it is
-		// neither counted (a failed run in iop_runs_total) nor recorded in
-		// the history (a row whose id the caller never got); one that is
-		// not is both.
 		rh, refused, err := h.dispatch(ctx, cmd, node, release, cmd.Node == "")
+		if refused != nil {
+			held = refused
+		}
 		code := domain.CodeOf(err)
-		if err == nil || !triedElsewhere(code) {
-			refused.noRetry()
-			return rh, err
+		if err == nil {
+			return rh, nil
+		}
+		if !triedElsewhere(code) {
+			held.noRetry()
+			return nil, err
 		}
 		if code == domain.CodeShuttingDown {
 			// The node refused the run before admitting it because it is
@@ -189,6 +198,7 @@ func (h *SubmitRunHandler) place(ctx context.Context, cmd SubmitRun) (*RunHandle
 		// count of runs does not see) is tried only on nodes with a free
 		// slot; each node is tried once.
 		if cmd.Node != "" {
+			held.noRetry()
 			return nil, err
 		}
 		if tried == nil {
@@ -198,7 +208,7 @@ func (h *SubmitRunHandler) place(ctx context.Context, cmd SubmitRun) (*RunHandle
 		var perr error
 		node, release, perr = h.reg.pickElsewhere(p, cmd.Adapter, cmd.SessionID, tried, code == domain.CodeAtCapacity)
 		if perr != nil {
-			refused.noRetry()
+			held.noRetry()
 			return nil, err
 		}
 	}
