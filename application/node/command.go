@@ -350,6 +350,11 @@ func (h *CommandHandler) getRun(ctx context.Context, args []byte) ([]byte, error
 	r, err := h.store.GetRun(ctx, a.RunID)
 	if err != nil {
 		if errors.Is(err, domain.ErrRunNotFound) {
+			// Executing, its record not stored (the store could not take
+			// it): running, not unknown, or the edge would write it lost.
+			if s, ok := h.runs.Running(a.RunID); ok {
+				return json.Marshal(RunRecord(s))
+			}
 			return nil, domain.Errorf(domain.CodeRunNotFound, "run %s is not known on this node", a.RunID)
 		}
 		return nil, err

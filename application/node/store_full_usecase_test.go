@@ -9,10 +9,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"iop/adapters/store/memory"
 	"iop/application/node"
 	"iop/domain"
+	"iop/domain/nodecmd"
 	"iop/internal/lockedbuf"
 	"iop/ports"
 )
@@ -134,5 +136,47 @@ func TestStoreRefusingStartKeepsFinishedRun(t *testing.T) {
 	}
 	if errs := logLines(t, buf, "ERROR"); len(errs) != 0 {
 		t.Fatalf("a record that was written is logged as lost: %v", errs)
+	}
+}
+
+// A run whose start record the store refused is running to run_get while
+// it executes, not unknown: the edge's history writes a run its node does
+// not know as lost.
+func TestRunGetAnswersARunningRunTheStoreLacks(t *testing.T) {
+	ucNoLeaks(t)
+	store := &fullStore{RunStore: memory.NewRunStore(), failCreates: 1}
+	gate := make(chan struct{})
+	a := newUCAdapter("a", domain.Capabilities{MaxConcurrency: 4}, map[string]ucExecFunc{"": ucGate(gate, nil, ucDelta("x"))})
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"a": a})
+	rm := node.NewRunManager(n.rt, store, nil)
+	defer rm.Stop()
+	cmds := node.NewCommandHandler(n.rt, rm, node.NewSessionHandler(n.rt, rm), store, "v")
+	out := newUCOutput()
+	done := make(chan struct{})
+	go func() { defer close(done); rm.ExecuteRun(ucReq("r1", "a", "t"), out) }()
+	// Until the store has refused the start record.
+	for deadline := time.Now().Add(ucWait); ; time.Sleep(time.Millisecond) {
+		store.mu.Lock()
+		refused := store.failCreates == 0
+		store.mu.Unlock()
+		if refused {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the run's start record was never written")
+		}
+	}
+	raw, err := cmds.RunCommand(context.Background(), nodecmd.CmdRunGet, []byte(`{"run_id":"r1"}`), nil)
+	if err != nil {
+		t.Fatalf("run_get of a running run the store lacks: %v", err)
+	}
+	var got nodecmd.Run
+	if err := json.Unmarshal(raw, &got); err != nil || got.RunID != "r1" || got.Status != string(domain.RunRunning) {
+		t.Fatalf("run_get = %s, %v; want r1 running", raw, err)
+	}
+	close(gate)
+	<-done
+	if _, err := cmds.RunCommand(context.Background(), nodecmd.CmdRunGet, []byte(`{"run_id":"r1"}`), nil); err != nil {
+		t.Fatalf("run_get after the end wrote the record: %v", err)
 	}
 }
