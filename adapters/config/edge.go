@@ -161,7 +161,7 @@ func (c HTTPConfig) ResolvedKeys() []APIKey {
 	return out
 }
 
-func (c HTTPConfig) validate() []error {
+func (c HTTPConfig) validate(resolveEnv bool) []error {
 	var errs []error
 	add := func(paths []string, format string, args ...any) {
 		errs = append(errs, at(fmt.Errorf(format, args...), paths...))
@@ -201,6 +201,9 @@ func (c HTTPConfig) validate() []error {
 			if !nodeIDPattern.MatchString(n) {
 				add([]string{fmt.Sprintf("%s.nodes[%d]", p, j)}, "%s: nodes: %q is not a node id", where, n)
 			}
+		}
+		if !resolveEnv && k.KeyEnv != "" && k.KeySHA256 == "" {
+			continue // the key is in the environment, unread
 		}
 		sum, err := k.ResolveKeyHash()
 		if err != nil {
@@ -292,10 +295,35 @@ func LoadEdge(path string) (*EdgeConfig, error) {
 	return ParseEdge(path, data)
 }
 
+// LoadEdgeShape reads, parses and validates the edge config at path as
+// LoadEdge does, but reads no key_env or token_env variable: it is for
+// commands that need no secret (iop-edge join, --print-ca-pin) and run from
+// an ordinary shell, while the secrets live in the service's environment.
+// What needs a variable's value goes unchecked for entries given by
+// key_env/token_env: a key's or token's length, that it differs from the
+// other entries', and that a token is not SampleNodeToken on a public link
+// (a token_env token cannot be compared without its value). Everything
+// else, including the sample-token check of tokens given as token or
+// token_sha256, is checked. Do not serve with the result: ResolvedKeys and
+// Records still read the environment.
+func LoadEdgeShape(path string) (*EdgeConfig, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read edge config: %w", err)
+	}
+	return parseEdge(path, data, false)
+}
+
 // ParseEdge parses data as edge.yaml, applies defaults and validates it. name
 // prefixes every error and should be the file's path: relative paths in the
 // file (state_dir, transport.tls files) are resolved against its directory.
 func ParseEdge(name string, data []byte) (*EdgeConfig, error) {
+	return parseEdge(name, data, true)
+}
+
+// parseEdge is ParseEdge; with resolveEnv false it reads no key_env or
+// token_env variable (see LoadEdgeShape).
+func parseEdge(name string, data []byte, resolveEnv bool) (*EdgeConfig, error) {
 	var c EdgeConfig
 	if err := decodeStrict(name, data, &c); err != nil {
 		return nil, err
@@ -303,7 +331,7 @@ func ParseEdge(name string, data []byte) (*EdgeConfig, error) {
 	c.resolvePaths(name)
 	c.SetDefaults()
 	c.resolveStore(name)
-	if err := c.Validate(); err != nil {
+	if err := c.validate(resolveEnv); err != nil {
 		return nil, locate(name, indexLines(data), err, nil, true)
 	}
 	return &c, nil
@@ -353,7 +381,11 @@ var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
 // from the environment. Adapter and provider entries get the checks of
 // domain.NodeRecord.BuildConfig (what a reload and a registration apply), so
 // the edge starts only on a file a reload would accept.
-func (c *EdgeConfig) Validate() error {
+func (c *EdgeConfig) Validate() error { return c.validate(true) }
+
+// validate is Validate; with resolveEnv false it reads no key_env or
+// token_env variable and skips the checks that need their values.
+func (c *EdgeConfig) validate(resolveEnv bool) error {
 	var errs []error
 	add := func(paths []string, format string, args ...any) {
 		errs = append(errs, at(fmt.Errorf(format, args...), paths...))
@@ -366,7 +398,7 @@ func (c *EdgeConfig) Validate() error {
 	if err := checkHostPort("http.listen", c.HTTP.Listen, true); err != nil {
 		errs = append(errs, err)
 	}
-	errs = append(errs, c.HTTP.validate()...)
+	errs = append(errs, c.HTTP.validate(resolveEnv)...)
 	if t.Listen == c.HTTP.Listen && !hasPortZero(t.Listen) {
 		add([]string{"http.listen", "transport.listen"}, "http.listen and transport.listen are both %q; they need different ports", t.Listen)
 	}
@@ -427,6 +459,9 @@ func (c *EdgeConfig) Validate() error {
 			add(paths, "%s: %s", where, err)
 		}
 		tokenKeys := []string{p + ".token", p + ".token_env", p + ".token_sha256"}
+		if !resolveEnv && n.envTokenOnly() {
+			continue // the token is in the environment, unread
+		}
 		digest, err := n.tokenDigest()
 		if err != nil {
 			add(append(entryPaths(p, err.Error(), nodeTokenKeys), tokenKeys...), "%s: %w", where, err)
@@ -438,7 +473,7 @@ func (c *EdgeConfig) Validate() error {
 			tokens[digest] = i
 		}
 	}
-	errs = appendFlat(errs, c.CheckSampleTokens(t.Listen))
+	errs = appendFlat(errs, c.checkSampleTokens(t.Listen, resolveEnv))
 	return errors.Join(errs...)
 }
 
@@ -453,12 +488,21 @@ const SampleNodeToken = "dev-token-change-me"
 // at reload, and at reload also the address it is listening on. The error
 // names the node and how to make a token, never the token.
 func (c *EdgeConfig) CheckSampleTokens(listen string) error {
+	return c.checkSampleTokens(listen, true)
+}
+
+// checkSampleTokens is CheckSampleTokens; with resolveEnv false it skips the
+// nodes whose token is given by token_env, whose value it does not read.
+func (c *EdgeConfig) checkSampleTokens(listen string, resolveEnv bool) error {
 	if IsLoopbackListen(listen) {
 		return nil
 	}
 	sample := sha256.Sum256([]byte(SampleNodeToken))
 	var errs []error
 	for i, n := range c.Nodes {
+		if !resolveEnv && n.envTokenOnly() {
+			continue
+		}
 		digest, err := n.tokenDigest()
 		if err != nil || digest != sample {
 			continue
@@ -546,6 +590,11 @@ func (n NodeEntry) tokenDigest() ([32]byte, error) {
 		return [32]byte{}, fmt.Errorf("token must be at least %d characters", MinTokenLength)
 	}
 	return sha256.Sum256([]byte(tok)), nil
+}
+
+// envTokenOnly reports whether the node's token is given by token_env alone.
+func (n NodeEntry) envTokenOnly() bool {
+	return n.TokenEnv != "" && n.Token == "" && n.TokenSHA256 == ""
 }
 
 // parseTokenSHA256 decodes token_sha256: 64 hex digits.

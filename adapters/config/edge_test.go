@@ -701,3 +701,63 @@ func TestBadBaseURLErrorHidesThePassword(t *testing.T) {
 		t.Errorf("error shows the password: %v", err)
 	}
 }
+
+// unsetEnv unsets the variables for the test and restores them after it.
+func unsetEnv(t *testing.T, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		t.Setenv(n, "") // registers the restore
+		if err := os.Unsetenv(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// LoadEdgeShape checks a file whose key_env/token_env variables are unset
+// (iop-edge join and --print-ca-pin run from a shell without the service's
+// secrets); LoadEdge still refuses it. Every check that needs no secret
+// stays, the sample-token check of a token or token_sha256 included.
+func TestLoadEdgeShapeReadsNoSecret(t *testing.T) {
+	unsetEnv(t, "IOP_SHAPE_KEY", "IOP_SHAPE_TOKEN_A", "IOP_SHAPE_TOKEN_B")
+	dir := t.TempDir()
+	write := func(doc string) string {
+		path := filepath.Join(dir, "edge.yaml")
+		if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	const head = "transport: {listen: \"0.0.0.0:7700\"}\nhttp:\n  listen: \"0.0.0.0:8080\"\n  api_keys:\n    - {name: ci, key_env: IOP_SHAPE_KEY, scopes: [runs]}\n"
+	path := write(head + "nodes:\n  - {id: a, token_env: IOP_SHAPE_TOKEN_A}\n  - {id: b, token_env: IOP_SHAPE_TOKEN_B}\n")
+	c, err := config.LoadEdgeShape(path)
+	if err != nil {
+		t.Fatalf("LoadEdgeShape: %v", err)
+	}
+	if len(c.Nodes) != 2 || c.Nodes[1].TokenEnv != "IOP_SHAPE_TOKEN_B" || c.Transport.TLS.Mode != config.TLSAuto {
+		t.Errorf("LoadEdgeShape = nodes %+v, tls mode %q", c.Nodes, c.Transport.TLS.Mode)
+	}
+	_, err = config.LoadEdge(path)
+	for _, want := range []string{"IOP_SHAPE_KEY is unset or empty", "IOP_SHAPE_TOKEN_A is unset or empty", "IOP_SHAPE_TOKEN_B is unset or empty"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("LoadEdge = %v, want it to say %q", err, want)
+		}
+	}
+
+	for _, tc := range []struct{ nodes, want string }{
+		{"  - {id: a, token: " + config.SampleNodeToken + "}\n", `(id "a"): the token is the sample token`},
+		{"  - {id: a, token_sha256: " + config.TokenHash(config.SampleNodeToken) + "}\n", `(id "a"): the token is the sample token`},
+		{"  - {id: a, token_env: IOP_SHAPE_TOKEN_A, token: aaaaaaaa}\n", "set only one of token and token_env"},
+		{"  - {id: a, token_env: IOP_SHAPE_TOKEN_A, token_sha256: " + config.TokenHash("x") + "}\n", "set only one of token, token_env and token_sha256"},
+		{"  - {id: a, token_env: IOP_SHAPE_TOKEN_A}\n  - {id: a, token_env: IOP_SHAPE_TOKEN_B}\n", "id is already used by nodes[0]"},
+		{"  - {id: a}\n", "one of token, token_env and token_sha256 is required"},
+	} {
+		_, err := config.LoadEdgeShape(write(head + "nodes:\n" + tc.nodes))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("LoadEdgeShape with nodes\n%s= %v, want %q", tc.nodes, err, tc.want)
+		}
+	}
+	_, err = config.LoadEdgeShape(write("http:\n  api_keys:\n    - {name: ci, key_env: IOP_SHAPE_KEY, key_sha256: " + config.TokenHash("x") + ", scopes: [runs]}\n"))
+	if err == nil || !strings.Contains(err.Error(), "set only one of key_sha256 and key_env") {
+		t.Errorf("LoadEdgeShape with key_env and key_sha256 = %v", err)
+	}
+}

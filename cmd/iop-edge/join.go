@@ -40,7 +40,9 @@ func join(cfgPath string, out, errOut io.Writer, args []string) error {
 		return usageError{errors.New("usage: iop-edge --config edge.yaml join [--address host:port] NODE_ID")}
 	}
 	id := ids[0]
-	cfg, err := config.LoadEdge(cfgPath)
+	// No secret is needed here: the token_env/key_env variables live in the
+	// service's environment, not in the shell that runs join.
+	cfg, err := config.LoadEdgeShape(cfgPath)
 	if err != nil {
 		return usageError{err}
 	}

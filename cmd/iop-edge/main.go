@@ -55,7 +55,14 @@ func main() {
 			os.Exit(2)
 		}
 	}
-	cfg, err := config.LoadEdge(*cfgPath)
+	load := config.LoadEdge
+	if *printPin {
+		// The pin is public: printing it reads no key_env/token_env
+		// variable, which live in the service's environment, not in the
+		// shell that asks for the pin.
+		load = config.LoadEdgeShape
+	}
+	cfg, err := load(*cfgPath)
 	if err != nil {
 		printErr(err)
 		os.Exit(2)
