@@ -92,9 +92,19 @@ func join(cfgPath string, out, errOut io.Writer, args []string) error {
 		}
 		fmt.Fprintln(out, ".")
 	}
-	fmt.Fprintf(out, "read -rs -p 'iop token for node %s: ' IOP_NODE_TOKEN && echo && export IOP_NODE_TOKEN\n", id)
+	fmt.Fprintln(out, tokenPrompt(id))
 	fmt.Fprintln(out, strings.Join(cmd, " "))
 	return nil
+}
+
+// tokenPrompt is the line that reads the node's token into IOP_NODE_TOKEN
+// without echoing it. It is POSIX sh, so it runs the same in bash, zsh and
+// dash (read -s and read -p are bash's); echo is turned back on whether or
+// not read succeeds, and stty's complaint on a stdin that is not a terminal
+// is dropped. id is a node id, which has no character printf or the shell
+// treats specially.
+func tokenPrompt(id string) string {
+	return "printf 'iop token for node " + id + ": '; stty -echo 2>/dev/null; read -r IOP_NODE_TOKEN; stty echo 2>/dev/null; echo; export IOP_NODE_TOKEN"
 }
 
 // dialAddress guesses the address nodes dial from transport.listen.

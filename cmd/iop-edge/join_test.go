@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -81,5 +82,63 @@ func TestJoinSkipsAWildcardHost(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "--edge edge.example.com:7700 ") || strings.Contains(out.String(), "*.") {
 		t.Fatalf("join printed:\n%s", out.String())
+	}
+}
+
+// The token line join prints is POSIX sh: dash, zsh and bash each run it
+// as pasted, read the token from stdin (here not a terminal, so stty
+// cannot turn echo off) and export it to iop-node.
+func TestJoinTokenLineRunsInEveryShell(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "edge.yaml")
+	doc := "transport: {listen: \"127.0.0.1:7700\", tls: {mode: \"off\"}}\nnodes:\n  - {id: gpu-box, token: aaaaaaaa}\n"
+	if err := os.WriteFile(cfg, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if err := join(cfg, &out, &errOut, []string{"gpu-box"}); err != nil {
+		t.Fatalf("join: %v (%s)", err, errOut.String())
+	}
+	var line string
+	for l := range strings.Lines(out.String()) {
+		if strings.Contains(l, "IOP_NODE_TOKEN") && !strings.HasPrefix(l, "#") {
+			line = strings.TrimSuffix(l, "\n")
+		}
+	}
+	if line == "" {
+		t.Fatalf("join printed no token line:\n%s", out.String())
+	}
+	const token = "tok-with $pecial `chars` and \\ back*slash"
+	ran := 0
+	for _, sh := range []string{"sh", "dash", "zsh", "bash"} {
+		path, err := exec.LookPath(sh)
+		if err != nil {
+			continue
+		}
+		ran++
+		// The child shell sees the token only if it was exported.
+		cmd := exec.Command(path, "-c", line+"\nexec sh -c 'printf \"<%s>\" \"$IOP_NODE_TOKEN\"'")
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+		cmd.Stdin = strings.NewReader(token + "\n")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		got, err := cmd.Output()
+		if err != nil || stderr.Len() > 0 {
+			t.Errorf("%s: %v, stderr %q", sh, err, stderr.String())
+			continue
+		}
+		if want := "iop token for node gpu-box: \n<" + token + ">"; string(got) != want {
+			t.Errorf("%s printed %q, want %q", sh, got, want)
+		}
+	}
+	// README's sample output shows the same line.
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "\n   "+tokenPrompt("gpu-box")+"\n") {
+		t.Errorf("README.md does not show join's token line %q", tokenPrompt("gpu-box"))
+	}
+	if ran == 0 {
+		t.Skip("no shell found")
 	}
 }
