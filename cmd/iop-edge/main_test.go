@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestMain runs main instead of the tests when asked to: the tests below
@@ -23,7 +25,11 @@ func TestMain(m *testing.M) {
 // the variables in unset) and returns its stdout, stderr and error.
 func runEdge(t *testing.T, unset []string, args ...string) (string, string, error) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
+	// Bounded: a config these tests expect refused that loads after all
+	// would start a real edge, which serves until stopped.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
 		drop := false
