@@ -129,7 +129,11 @@ func Edge(s EdgeSettings) fx.Option {
 			edgeapp.NewGetRunHandler,
 			edgeapp.NewListRunsHandler,
 			edgeapp.NewListNodesHandler,
-			edgeapp.NewReloadHandler,
+			func(src ports.NodeSource, dir edgeapp.Directory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, rc *edgeapp.HistoryReconciler) *edgeapp.ReloadHandler {
+				h := edgeapp.NewReloadHandler(src, dir, reg, bus, v, log)
+				h.Reconcile = rc
+				return h
+			},
 			func() ports.ModelLister { return models.Lists{} },
 			edgeapp.NewModelCatalog,
 			edgeapp.NewUsageLedger,

@@ -116,6 +116,11 @@ const CodeTooManySubscriptions = "too_many_subscriptions"
 // it never reached the node, or the node's store lost it.
 const CodeRunLost = "run_lost"
 
+// CodeNodeRemoved ends a history record left running on a node a reload
+// removed from the edge's config: the edge disconnected the node, whose
+// registration is then refused, and the node stops its runs.
+const CodeNodeRemoved = "node_removed"
+
 // Sentinels for errors.Is. Wrap them with context; never compare strings.
 var (
 	ErrInvalidRequest     = &Error{Code: CodeInvalidRequest}
@@ -165,7 +170,7 @@ var knownCodes = func() map[string]struct{} {
 		CodeUnknownCommand, CodeCommandUnsupported, CodeProviderNotFound, CodeModelNotFound,
 		CodeProviderError, CodeProviderUnreachable, CodeStreamReset, CodeShuttingDown,
 		CodeUnauthorized, CodeForbidden, CodeRateLimited, CodeCrossOrigin, CodeHostNotAllowed,
-		CodeTooManyConnections, CodeHistoryUnavailable, CodeRunLost, CodeIdentityMismatch,
+		CodeTooManyConnections, CodeHistoryUnavailable, CodeRunLost, CodeNodeRemoved, CodeIdentityMismatch,
 		CodeResultTooLarge, CodeTooManySubscriptions,
 	} {
 		m[c] = struct{}{}

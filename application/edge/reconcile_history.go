@@ -2,6 +2,8 @@ package edge
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,8 +45,14 @@ type HistoryReconciler struct {
 	history *RunHistoryHandler
 	store   ports.HistoryReader
 	reg     *Registry // nil when history cannot ask nodes: nothing to do
-	first   time.Duration
-	most    time.Duration
+	// removed are the nodes reloads removed from the config (NodeRemoved),
+	// oldest first, at most removedMax: a background run of one let go of
+	// when the reload closed its link (RunLost) is ended node_removed. An id
+	// leaves when a node registers under it again.
+	removedMu sync.Mutex
+	removed   []string
+	first     time.Duration
+	most      time.Duration
 
 	queue  chan reconcileJob
 	ctx    context.Context
@@ -100,6 +108,9 @@ type reconcileJob struct {
 
 // NodeRegistered queues node for a repair without blocking.
 func (r *HistoryReconciler) NodeRegistered(node string) {
+	if r != nil {
+		r.forgetRemoved(node)
+	}
 	r.enqueue(reconcileJob{node: node})
 }
 
@@ -124,18 +135,88 @@ func (r *HistoryReconciler) enqueue(j reconcileJob) {
 	}
 }
 
-// RunLost tells r that the edge let go of a background run of node whose
+// RunLost tells r that the edge let go of background run rec whose node
 // link broke. A node already back on another link registered before the
 // run's follower saw the break, so that registration's repair skipped the
-// run as followed here: node is repaired again. Otherwise the node's next
+// run as followed here: node is repaired again. A node the directory no
+// longer holds (a reload removed it and closed its link) never registers
+// again: the run is ended node_removed. Otherwise the node's next
 // registration repairs it.
-func (r *HistoryReconciler) RunLost(node string, link ports.NodeLink) {
+func (r *HistoryReconciler) RunLost(rec domain.RunRecord, link ports.NodeLink) {
 	if r == nil || r.reg == nil {
 		return
 	}
-	if n, ok := r.reg.Get(node); ok && n.Link != link {
-		r.NodeRegistered(node)
+	if r.wasRemoved(rec.Node) {
+		r.endRemoved(rec)
+		return
 	}
+	if n, ok := r.reg.Get(rec.Node); ok && n.Link != link {
+		r.NodeRegistered(rec.Node)
+	}
+}
+
+// removedMax bounds the removed nodes remembered for RunLost.
+const removedMax = 1024
+
+func (r *HistoryReconciler) wasRemoved(node string) bool {
+	r.removedMu.Lock()
+	defer r.removedMu.Unlock()
+	return slices.Contains(r.removed, node)
+}
+
+// forgetRemoved drops node from the removed nodes: it registered again.
+func (r *HistoryReconciler) forgetRemoved(node string) {
+	r.removedMu.Lock()
+	defer r.removedMu.Unlock()
+	r.removed = slices.DeleteFunc(r.removed, func(id string) bool { return id == node })
+}
+
+// NodeRemoved ends the history rows left running on node, which a reload
+// has just removed from the directory and disconnected: its registration
+// is refused from now on, so no repair would ever settle them, and the
+// node stops its runs when refused. Each is written failed with code
+// node_removed, but for a run this edge process records the end of itself
+// (still followed here: one let go of when its link closed is ended by
+// RunLost, one whose end passed through here keeps that end). It reads the
+// rows a page (reconcileMaxRuns) at a time, until ctx ends.
+func (r *HistoryReconciler) NodeRemoved(ctx context.Context, node string) {
+	if r == nil || r.reg == nil {
+		return
+	}
+	r.removedMu.Lock()
+	if !slices.Contains(r.removed, node) {
+		r.removed = append(r.removed, node)
+		if len(r.removed) > removedMax {
+			r.removed = slices.Delete(r.removed, 0, 1)
+		}
+	}
+	r.removedMu.Unlock()
+	q := domain.RunQuery{Node: node, Status: domain.RunRunning, Limit: reconcileMaxRuns}
+	for ctx.Err() == nil {
+		page, err := r.store.ListRuns(ctx, q)
+		if err != nil {
+			return // the history is unreachable; the rows stay running
+		}
+		for _, rec := range page.Runs {
+			if !r.history.Nodes.runs.recordsEnd(rec.ID) {
+				r.endRemoved(rec)
+			}
+		}
+		if page.Next == "" || len(page.Runs) == 0 {
+			return
+		}
+		q.Cursor = page.Next
+	}
+}
+
+// endRemoved records rec failed, its node removed from the config, and
+// counts it if this edge process let go of it (as settle does).
+func (r *HistoryReconciler) endRemoved(rec domain.RunRecord) {
+	rec.Status, rec.FinishedAt = domain.RunFailed, time.Now()
+	rec.ErrorCode = domain.CodeNodeRemoved
+	rec.ErrorMsg = fmt.Sprintf("node %s was removed from the edge's config while the run was going; the node stops its runs", rec.Node)
+	r.history.Record.RecordRun(rec)
+	r.history.Nodes.runs.claimLost(rec.ID).settled(rec)
 }
 
 // Close stops the worker and waits for it; the slots its watches held are

@@ -38,6 +38,10 @@ type ReloadHandler struct {
 	log      *slog.Logger
 	mu       sync.Mutex // one reload at a time
 	timeout  time.Duration
+	// Reconcile, if set, ends the running history rows of the nodes a
+	// reload removes (NodeRemoved): refused from then on, they never
+	// register again to settle them.
+	Reconcile *HistoryReconciler
 }
 
 // reloadPushes bounds the config pushes one reload has in flight at once.
@@ -138,10 +142,14 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 	for _, c := range closing {
 		c.n.Link.Close(c.reason)
 	}
-	for id := range old {
-		if _, ok := next[id]; !ok {
-			// Its sessions' histories left with it.
-			h.reg.ForgetNodeSessions(id)
+	for id, rec := range old {
+		if _, ok := next[id]; ok {
+			continue
+		}
+		// Its sessions' histories left with it.
+		h.reg.ForgetNodeSessions(id)
+		if !renamed(rec, recs) {
+			h.Reconcile.NodeRemoved(ctx, id)
 		}
 	}
 	// Pushes go out side by side: each waits up to h.timeout on its node,
@@ -175,6 +183,18 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 			"needs_restart", res.NeedsRestart)
 	}
 	return res, nil
+}
+
+// renamed reports whether rec's node stays in recs under another id (the
+// same token): it registers again under that id and goes on with its runs,
+// which its rows under the old id can no longer follow (README, Status).
+func renamed(rec domain.NodeRecord, recs []domain.NodeRecord) bool {
+	for _, r := range recs {
+		if r.SameToken(rec) {
+			return true
+		}
+	}
+	return false
 }
 
 // runsAlready reports whether node n already runs what rec configures. It

@@ -472,17 +472,19 @@ func linkLost(err error) bool {
 // with it (a background run outlives the link) and keeps its end in its own
 // store, so the edge does not end it: no terminal event is made up, its
 // history row stays running, and the tracker forgets it. A cancel then
-// finds it through the history and reaches the node once it is back, and
-// the history learns its end from the node then too: the repair at its
+// finds it through the history (answered node_not_found while the node is
+// away: the caller cancels again once it is back), and the history learns
+// its end from the node when it registers again: the repair at its
 // registration asks about running rows no one follows, and keeps asking
 // about those still going until they end, holding their slots meanwhile
-// (HistoryReconciler).
+// (HistoryReconciler). A node a reload removed never registers again: its
+// run is ended node_removed (HistoryReconciler.RunLost).
 func (r *RunHandle) lose(err error) {
 	r.done = true
 	r.release()
 	r.h.runs.lose(r.RunID, r.obs)
 	r.h.log.Warn("background run's node link broke; the node goes on with it", "run", r.RunID, "node", r.Node, "err", err)
-	r.h.Reconcile.RunLost(r.Node, r.link)
+	r.h.Reconcile.RunLost(r.obs.rec, r.link)
 }
 
 // abandon lets go of the stream and the run's slot whatever state it is in.

@@ -1,0 +1,212 @@
+package edge_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"iop/application/edge"
+	"iop/domain"
+)
+
+// rmHistory is a history that stores what is recorded and pages its
+// lists (Limit, Cursor), in insertion order.
+type rmHistory struct {
+	mu       sync.Mutex
+	ids      []string
+	rows     map[string]domain.RunRecord
+	recorded int
+}
+
+func newRMHistory(rows ...domain.RunRecord) *rmHistory {
+	h := &rmHistory{rows: map[string]domain.RunRecord{}}
+	for _, r := range rows {
+		h.ids = append(h.ids, r.ID)
+		h.rows[r.ID] = r
+	}
+	return h
+}
+
+func (h *rmHistory) GetRun(_ context.Context, id string) (domain.RunRecord, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if r, ok := h.rows[id]; ok {
+		return r, nil
+	}
+	return domain.RunRecord{}, domain.ErrRunNotFound
+}
+
+func (h *rmHistory) ListRuns(_ context.Context, q domain.RunQuery) (domain.RunPage, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	start := 0
+	if q.Cursor != "" {
+		n, err := strconv.Atoi(q.Cursor)
+		if err != nil {
+			return domain.RunPage{}, err
+		}
+		start = n
+	}
+	var page domain.RunPage
+	for i := start; i < len(h.ids); i++ {
+		r := h.rows[h.ids[i]]
+		if (q.Node != "" && r.Node != q.Node) || (q.Status != "" && r.Status != q.Status) {
+			continue
+		}
+		if q.Limit > 0 && len(page.Runs) == q.Limit {
+			page.Next = strconv.Itoa(i)
+			break
+		}
+		page.Runs = append(page.Runs, r)
+	}
+	return page, nil
+}
+
+func (h *rmHistory) Usage(context.Context, domain.UsageQuery) ([]domain.UsageTotal, error) {
+	return nil, nil
+}
+
+func (h *rmHistory) RecordRun(r domain.RunRecord) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.rows[r.ID]; !ok {
+		h.ids = append(h.ids, r.ID)
+	}
+	h.rows[r.ID] = r
+	h.recorded++
+}
+
+func (h *rmHistory) RecordTunnel(domain.TunnelRecord) {}
+
+func (h *rmHistory) get(id string) domain.RunRecord {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.rows[id]
+}
+
+// A reload that removes a node disconnects it and its registration is
+// refused from then on, so no repair would ever settle its running rows:
+// they are written failed, node_removed — every one, past a page of the
+// history — and a cancel of one answers run_finished. A node whose entry
+// only changed (its adapters), or another node's rows, are left alone, and
+// so is a node renamed (its token kept under a new id): it registers
+// again and goes on with its runs.
+func TestReloadEndsTheRunningRowsOfARemovedNode(t *testing.T) {
+	ucNoLeaks(t)
+	recs := ucReloadRecords()
+	dir, reg, bus, versions := &ucDir{recs: recs}, edge.NewRegistry(), newUCBus(), &edge.ConfigVersions{}
+	rh := edge.NewRegisterHandler(dir, reg, bus, versions, nil)
+	for _, tok := range []struct{ id, tok string }{{"a", ucTokA}, {"b", ucTokB}, {"c", ucTokC}} {
+		l := &ucLink{id: tok.id}
+		l.onClose = func(reason string) { rh.Disconnected(tok.id, l, reason) }
+		if _, err := rh.Register(context.Background(), tok.tok, domain.NodeInfo{}, "r-"+tok.id, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	created := time.Now().Add(-time.Hour)
+	var rows []domain.RunRecord
+	const removedRuns = 205 // more than a page (200)
+	for i := range removedRuns {
+		rows = append(rows, domain.RunRecord{ID: fmt.Sprintf("ra-%03d", i), Node: "a", Adapter: "exec", Background: true, Status: domain.RunRunning, CreatedAt: created})
+	}
+	rows = append(rows,
+		domain.RunRecord{ID: "ra-done", Node: "a", Adapter: "exec", Status: domain.RunSucceeded, CreatedAt: created, FinishedAt: created},
+		domain.RunRecord{ID: "rb", Node: "b", Adapter: "exec", Background: true, Status: domain.RunRunning, CreatedAt: created},
+		domain.RunRecord{ID: "rc", Node: "c", Adapter: "exec", Background: true, Status: domain.RunRunning, CreatedAt: created})
+	hist := newRMHistory(rows...)
+	tracker := edge.NewRunTracker(0)
+	h := edge.NewRunHistoryHandler(hist)
+	h.Nodes, h.Record = edge.NewGetRunHandler(reg, tracker, edge.NewNodeCommandHandler(reg)), hist
+	rc := edge.NewHistoryReconciler(h)
+	t.Cleanup(rc.Close)
+
+	// a removed; b's adapters changed; c renamed to c2 (same token).
+	next := ucReloadRecords()[1:]
+	next[0].Adapters = []domain.AdapterConfig{ucExecAdapter("exec", 2, "upper", "lower")}
+	next[1].ID = "c2"
+	rl := edge.NewReloadHandler(&ucSource{recs: next}, dir, reg, bus, versions, nil)
+	rl.Reconcile = rc
+	res, err := rl.Handle(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.Disconnected, []string{"a", "c"}) {
+		t.Fatalf("disconnected %v, want a and c", res.Disconnected)
+	}
+	for i := range removedRuns {
+		r := hist.get(fmt.Sprintf("ra-%03d", i))
+		if r.Status != domain.RunFailed || r.ErrorCode != domain.CodeNodeRemoved || r.FinishedAt.IsZero() || r.ErrorMsg == "" ||
+			r.Key != "" || !r.CreatedAt.Equal(created) || !r.Background {
+			t.Fatalf("row %s = %+v, want failed node_removed, the rest kept", r.ID, r)
+		}
+	}
+	if r := hist.get("ra-done"); r.Status != domain.RunSucceeded || r.ErrorCode != "" {
+		t.Fatalf("finished row = %+v, want it untouched", r)
+	}
+	for _, id := range []string{"rb", "rc"} {
+		if r := hist.get(id); r.Status != domain.RunRunning || r.ErrorCode != "" {
+			t.Fatalf("row %s = %+v, want still running (its node changed or renamed only)", id, r)
+		}
+	}
+	hist.mu.Lock()
+	recorded := hist.recorded
+	hist.mu.Unlock()
+	if recorded != removedRuns {
+		t.Fatalf("recorded %d rows, want %d", recorded, removedRuns)
+	}
+
+	cancel := edge.NewCancelRunHandler(reg, tracker)
+	cancel.History, cancel.Record = hist, hist
+	admin := domain.WithPrincipal(context.Background(), domain.Principal{Name: "admin", Scopes: []string{domain.ScopeAdmin}})
+	if _, err := cancel.Handle(admin, "ra-000"); domain.CodeOf(err) != domain.CodeRunFinished {
+		t.Fatalf("cancel of a removed node's run = %v, want run_finished", err)
+	}
+}
+
+// A background run still followed when a reload removes its node is let
+// go of once the closed link's stream fails: as its node never registers
+// again, that is when it is ended node_removed (and counted).
+func TestRunLostByARemovedNodeIsEnded(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+	obs := &ucObserver{}
+	e.submit.Observe.Metrics = obs
+	rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hist := &rcHistory{recorded: make(chan domain.RunRecord, 4), rows: []domain.RunRecord{
+		{ID: rh.RunID, Node: "a", Adapter: "exec", Status: domain.RunRunning, Background: true},
+	}}
+	h := edge.NewRunHistoryHandler(hist)
+	h.Nodes, h.Record = edge.NewGetRunHandler(e.reg, e.runs, edge.NewNodeCommandHandler(e.reg)), hist
+	rc := edge.NewHistoryReconciler(h)
+	t.Cleanup(rc.Close)
+	e.submit.Reconcile = rc
+
+	dir := &ucDir{recs: []domain.NodeRecord{{ID: "a", Token: ucTokA, Adapters: []domain.AdapterConfig{ucExecAdapter("exec", 2, "upper")}}}}
+	rl := edge.NewReloadHandler(&ucSource{recs: []domain.NodeRecord{}}, dir, e.reg, e.bus, &edge.ConfigVersions{}, nil)
+	rl.Reconcile = rc
+	if res, err := rl.Handle(context.Background()); err != nil || !slices.Equal(res.Disconnected, []string{"a"}) {
+		t.Fatalf("reload = %+v, %v; want a disconnected", res, err)
+	}
+	select {
+	case r := <-hist.recorded:
+		t.Fatalf("recorded %+v while the run is still followed here", r)
+	default:
+	}
+	e.links["a"].stream(t, rh.RunID).fail(domain.Errorf(domain.CodeNodeDisconnected, "connection closed: removed from config"))
+	r := rcWaitRecorded(t, hist, "the removed node's lost run")
+	if r.ID != rh.RunID || r.Status != domain.RunFailed || r.ErrorCode != domain.CodeNodeRemoved || r.FinishedAt.IsZero() {
+		t.Fatalf("recorded %+v, want %s failed node_removed", r, rh.RunID)
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.done) != 1 || obs.done[0].Status != domain.RunFailed {
+		t.Fatalf("RunFinished %+v, want the run counted failed once", obs.done)
+	}
+}
