@@ -183,17 +183,6 @@ func TestOnlyOfferingNodeDraining(t *testing.T) {
 // recorded and counted as a failed run, once.
 func TestRunRefusedByStoppingNodeAndTriedElsewhereIsNotCounted(t *testing.T) {
 	refusal := &domain.ErrorInfo{Code: domain.CodeShuttingDown, Message: "the node is shutting down"}
-	nodesOf := func(obs *ucObserver) (rows, done []string) {
-		obs.mu.Lock()
-		defer obs.mu.Unlock()
-		for _, r := range obs.runs {
-			rows = append(rows, r.Node+":"+string(r.Status))
-		}
-		for _, d := range obs.done {
-			done = append(done, d.Node+":"+string(d.Status))
-		}
-		return rows, done
-	}
 	t.Run("tried elsewhere", func(t *testing.T) {
 		ucNoLeaks(t)
 		e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
@@ -205,7 +194,7 @@ func TestRunRefusedByStoppingNodeAndTriedElsewhereIsNotCounted(t *testing.T) {
 			t.Fatalf("run: %v, on %v; want it admitted on b", err, rh)
 		}
 		defer rh.Close()
-		rows, done := nodesOf(obs)
+		rows, done := ucObserved(obs)
 		if fmt.Sprint(rows) != "[b:running]" || len(done) != 0 {
 			t.Fatalf("history %v, metrics %v; want only b's run, running", rows, done)
 		}
@@ -220,7 +209,7 @@ func TestRunRefusedByStoppingNodeAndTriedElsewhereIsNotCounted(t *testing.T) {
 		if _, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat"}); ucCode(err) != domain.CodeShuttingDown {
 			t.Fatalf("run: %v, want shutting_down", err)
 		}
-		rows, done := nodesOf(obs)
+		rows, done := ucObserved(obs)
 		if fmt.Sprint(rows) != "[b:running b:failed]" || fmt.Sprint(done) != "[b:failed]" {
 			t.Fatalf("history %v, metrics %v; want b's refusal (the caller's answer) only", rows, done)
 		}
@@ -234,7 +223,7 @@ func TestRunRefusedByStoppingNodeAndTriedElsewhereIsNotCounted(t *testing.T) {
 		if _, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat"}); ucCode(err) != domain.CodeShuttingDown {
 			t.Fatalf("run: %v, want shutting_down", err)
 		}
-		rows, done := nodesOf(obs)
+		rows, done := ucObserved(obs)
 		if fmt.Sprint(rows) != "[a:running a:failed]" || fmt.Sprint(done) != "[a:failed]" {
 			t.Fatalf("history %v, metrics %v; want a's refusal, recorded and counted once", rows, done)
 		}
