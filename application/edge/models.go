@@ -166,6 +166,9 @@ type ModelCatalog struct {
 	DiscoveryTimeout time.Duration
 	// MaxListBytes bounds a discovered model list's body (default 8 MiB).
 	MaxListBytes int64
+	// MaxListModels bounds the models kept of one provider's discovered
+	// list (default DefaultMaxListModels): the first ones it lists.
+	MaxListModels int
 	// MinRefreshGap is the least time between the starts of two refresh
 	// rounds callers trigger through RefreshedSince (default 200 ms).
 	MinRefreshGap time.Duration
@@ -188,7 +191,14 @@ type nodeModels struct {
 type discovered struct {
 	cfg    domain.ProviderConfig
 	models []ModelEntry
+	listed int // models the provider listed: more than len(models) when over MaxListModels
 }
+
+// DefaultMaxListModels is the default ModelCatalog.MaxListModels. Real
+// providers list a few hundred models at most; a list over 8 MiB of short
+// ids would otherwise keep hundreds of thousands, which every model list
+// request copies, sorts and encodes.
+const DefaultMaxListModels = 10_000
 
 // NewModelCatalog refuses a nil registry or lister.
 func NewModelCatalog(reg *Registry, lists ports.ModelLister, log *slog.Logger) *ModelCatalog {
@@ -198,7 +208,7 @@ func NewModelCatalog(reg *Registry, lists ports.ModelLister, log *slog.Logger) *
 	if log == nil {
 		log = slog.Default()
 	}
-	return &ModelCatalog{reg: reg, lists: lists, log: log, now: time.Now, DiscoveryTimeout: 15 * time.Second, MaxListBytes: 8 << 20, MinRefreshGap: 200 * time.Millisecond,
+	return &ModelCatalog{reg: reg, lists: lists, log: log, now: time.Now, DiscoveryTimeout: 15 * time.Second, MaxListBytes: 8 << 20, MaxListModels: DefaultMaxListModels, MinRefreshGap: 200 * time.Millisecond,
 		nodes: map[string]*nodeModels{}}
 }
 
@@ -220,13 +230,19 @@ func (c *ModelCatalog) Refresh(ctx context.Context, node string) error {
 		if len(p.Models) > 0 {
 			continue
 		}
-		models, err := c.discover(ctx, view, p)
+		models, listed, err := c.discover(ctx, view, p)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("discover models of provider %s on node %s: %w", p.Name, node, err))
 			continue
 		}
-		found[p.Name] = discovered{cfg: p, models: models}
+		found[p.Name] = discovered{cfg: p, models: models, listed: listed}
 	}
+	var capped []discovered // lists cut to MaxListModels, to warn about once
+	defer func() {
+		for _, d := range capped {
+			c.log.Warn("provider lists more models than the edge keeps; the rest are not served", "node", node, "provider", d.cfg.Name, "listed", d.listed, "kept", len(d.models))
+		}
+	}()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	prev := c.nodes[node]
@@ -242,6 +258,15 @@ func (c *ModelCatalog) Refresh(ctx context.Context, node string) error {
 		return errors.Join(errs...)
 	}
 	next := &nodeModels{link: view.Link, version: view.Config.Version, providers: found}
+	for name, d := range found {
+		if d.listed <= len(d.models) {
+			continue
+		}
+		// Warn once per provider and link, again only if its count changes.
+		if prev == nil || prev.link != view.Link || prev.providers[name].listed != d.listed {
+			capped = append(capped, d)
+		}
+	}
 	if prev != nil && prev.link == view.Link {
 		for name, d := range prev.providers {
 			if _, ok := found[name]; !ok {
@@ -528,27 +553,33 @@ func sortEntries(es []ModelEntry) {
 const maxListPages = 32
 
 // discover asks provider p of node v for its models through a tunnel per
-// page of its list; all pages together may take MaxListBytes.
-func (c *ModelCatalog) discover(ctx context.Context, v NodeView, p domain.ProviderConfig) ([]ModelEntry, error) {
+// page of its list; all pages together may take MaxListBytes. It keeps the
+// first MaxListModels models and returns how many were listed.
+func (c *ModelCatalog) discover(ctx context.Context, v NodeView, p domain.ProviderConfig) ([]ModelEntry, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.DiscoveryTimeout)
 	defer cancel()
 	path := c.lists.ModelListPath(p.Type)
 	query, _ := c.lists.ModelListQuery(p.Type, nil)
 	var (
 		entries []ModelEntry
+		listed  int
 		used    int64
 	)
-	for page := 1; ; page++ {
+	for n := 1; ; n++ {
 		body, err := c.listPage(ctx, v, p, path, query, used)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		used += int64(len(body))
-		listed, err := c.lists.ParseModelList(p.Type, body)
+		page, err := c.lists.ParseModelList(p.Type, body)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		for _, m := range listed {
+		for _, m := range page {
+			listed++
+			if c.MaxListModels > 0 && len(entries) >= c.MaxListModels {
+				continue
+			}
 			e := ModelEntry{ID: m.ID, Node: v.ID, Provider: p.Name, Type: p.Type, Created: m.Created, Raw: m.Raw}
 			if e.Created == 0 {
 				e.Created = v.ConnectedAt.Unix()
@@ -558,11 +589,11 @@ func (c *ModelCatalog) discover(ctx context.Context, v NodeView, p domain.Provid
 		next, more := c.lists.ModelListQuery(p.Type, body)
 		switch {
 		case !more:
-			return entries, nil
+			return entries, listed, nil
 		case next == query:
-			return nil, domain.Errorf(domain.CodeProviderError, "GET %s?%s answered the same page again", path, query)
-		case page == maxListPages:
-			return nil, domain.Errorf(domain.CodeProviderError, "model list longer than %d pages", maxListPages)
+			return nil, 0, domain.Errorf(domain.CodeProviderError, "GET %s?%s answered the same page again", path, query)
+		case n == maxListPages:
+			return nil, 0, domain.Errorf(domain.CodeProviderError, "model list longer than %d pages", maxListPages)
 		}
 		query = next
 	}

@@ -3,6 +3,8 @@ package edge_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -13,6 +15,7 @@ import (
 	"iop/adapters/provider/models"
 	"iop/application/edge"
 	"iop/domain"
+	"iop/internal/lockedbuf"
 	"iop/ports"
 )
 
@@ -515,5 +518,69 @@ func TestAnthropicAliasesBothWays(t *testing.T) {
 	}
 	if edge.MatchProviderModel(domain.ProviderOpenAI, "claude-sonnet-4-5", "claude-sonnet-4-5-20250929") {
 		t.Error("an openai provider matched an Anthropic alias")
+	}
+}
+
+// ptManyModels is an OpenAI model list of n short ids m00000, m00001, ….
+func ptManyModels(n int) string {
+	var b strings.Builder
+	b.WriteString(`{"object":"list","data":[`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"id":"m%05d"}`, i)
+	}
+	b.WriteString(`]}`)
+	return b.String()
+}
+
+// TestModelCatalogCapsADiscoveredList: a provider listing more than
+// MaxListModels models (default 10,000) has its first 10,000 kept, and the
+// edge warns once, naming the provider and the count, not on every round.
+func TestModelCatalogCapsADiscoveredList(t *testing.T) {
+	reg := edge.NewRegistry()
+	var logs lockedbuf.Buffer
+	cat := edge.NewModelCatalog(reg, models.Lists{}, slog.New(slog.NewTextHandler(&logs, nil)))
+	var calls atomic.Int32
+	link := ptAdmit(t, reg, "a", ptProvider("flood", domain.ProviderOpenAI), ptProvider("small", domain.ProviderOpenAI))
+	flood := ptManyModels(10_005)
+	link.open = func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+		calls.Add(1)
+		if req.Provider == "flood" {
+			return newPTStream(nil, ptOK(flood)...), nil
+		}
+		return newPTStream(nil, ptOK(`{"data":[{"id":"small-1"}]}`)...), nil
+	}
+	for range 2 {
+		if err := cat.Refresh(context.Background(), "a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nm, err := cat.NodeModels("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byProvider := map[string][]string{}
+	for _, e := range nm {
+		byProvider[e.Provider] = append(byProvider[e.Provider], e.ID)
+	}
+	if f := byProvider["flood"]; len(f) != 10_000 || f[0] != "m00000" || f[len(f)-1] != "m09999" {
+		t.Fatalf("flood kept %d models (%v … %v), want m00000 … m09999", len(f), f[:1], f[len(f)-1:])
+	}
+	if s := byProvider["small"]; len(s) != 1 {
+		t.Fatalf("small = %v", s)
+	}
+	if got := strings.Count(logs.String(), "provider lists more models than the edge keeps"); got != 1 ||
+		!strings.Contains(logs.String(), "provider=flood") || !strings.Contains(logs.String(), "listed=10005") || !strings.Contains(logs.String(), "kept=10000") {
+		t.Fatalf("%d warnings over two rounds, want 1 naming provider flood and its count:\n%s", got, logs.String())
+	}
+	// A list whose count changes is warned about again.
+	flood = ptManyModels(10_010)
+	if err := cat.Refresh(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(logs.String(), "listed=10010"); got != 1 {
+		t.Fatalf("changed count warned %d times:\n%s", got, logs.String())
 	}
 }
