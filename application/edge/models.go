@@ -183,9 +183,26 @@ type ModelCatalog struct {
 // nodeModels is what discovery learned about one node over one link.
 type nodeModels struct {
 	link      ports.NodeLink
-	version   uint64                // of the node config the lists were discovered for
-	providers map[string]discovered // provider name → list
+	version   uint64                  // of the node config the lists were discovered for
+	providers map[string]discovered   // provider name → list
+	failures  map[string]failureCount // provider name → its discovery failures since it last answered
 }
+
+// failureCount is a provider's discovery failures in a row: logged when
+// last logged, n not logged since.
+type failureCount struct {
+	provider string
+	logged   time.Time
+	n        int
+	err      error
+}
+
+// discoveryLogEvery is the most often one provider's discovery failures
+// are logged (rounds callers trigger may run five times a second).
+const discoveryLogEvery = 10 * time.Second
+
+// maxNodeDiscoveries bounds the providers of one node asked at once.
+const maxNodeDiscoveries = 8
 
 // discovered is one provider's discovered list and the config it came from.
 type discovered struct {
@@ -213,8 +230,10 @@ func NewModelCatalog(reg *Registry, lists ports.ModelLister, log *slog.Logger) *
 }
 
 // Refresh rediscovers the model lists of node's providers that declare no
-// models. A provider whose discovery fails keeps its previous list, if it
-// had one over the same link; the failures are returned joined. Refreshing
+// models, asking them concurrently, each under its own DiscoveryTimeout. A
+// provider whose discovery fails keeps its previous list, if it had one
+// over the same link; the failures are logged (at most one line per
+// provider per discoveryLogEvery, with a count) and returned joined. Refreshing
 // a node that is not connected forgets it and returns node_not_found.
 func (c *ModelCatalog) Refresh(ctx context.Context, node string) error {
 	view, ok := c.reg.Get(node)
@@ -224,23 +243,55 @@ func (c *ModelCatalog) Refresh(ctx context.Context, node string) error {
 		c.mu.Unlock()
 		return domain.Errorf(domain.CodeNodeNotFound, "node %q is not connected", node)
 	}
-	found := map[string]discovered{}
-	var errs []error
+	// The providers are asked concurrently, each under its own
+	// DiscoveryTimeout, so one that hangs does not use up the others' time.
+	type result struct {
+		cfg    domain.ProviderConfig
+		models []ModelEntry
+		listed int
+		err    error
+	}
+	var (
+		results []*result
+		wg      sync.WaitGroup
+		sem     = make(chan struct{}, maxNodeDiscoveries)
+	)
 	for _, p := range view.Config.Providers {
 		if len(p.Models) > 0 {
 			continue
 		}
-		models, listed, err := c.discover(ctx, view, p)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("discover models of provider %s on node %s: %w", p.Name, node, err))
+		r := &result{cfg: p}
+		results = append(results, r)
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			r.models, r.listed, r.err = c.discover(ctx, view, p)
+		}()
+	}
+	wg.Wait()
+	found := map[string]discovered{}
+	failed := map[string]error{}
+	var errs []error
+	for _, r := range results {
+		if r.err != nil {
+			err := fmt.Errorf("discover models of provider %s on node %s: %w", r.cfg.Name, node, r.err)
+			errs = append(errs, err)
+			failed[r.cfg.Name] = err
 			continue
 		}
-		found[p.Name] = discovered{cfg: p, models: models, listed: listed}
+		found[r.cfg.Name] = discovered{cfg: r.cfg, models: r.models, listed: r.listed}
 	}
-	var capped []discovered // lists cut to MaxListModels, to warn about once
+	var (
+		capped []discovered   // lists cut to MaxListModels, to warn about once
+		report []failureCount // failures to log, at most one line per provider per discoveryLogEvery
+	)
 	defer func() {
 		for _, d := range capped {
 			c.log.Warn("provider lists more models than the edge keeps; the rest are not served", "node", node, "provider", d.cfg.Name, "listed", d.listed, "kept", len(d.models))
+		}
+		for _, f := range report {
+			c.log.Warn("model discovery failed", "node", node, "provider", f.provider, "failures", f.n, "err", f.err)
 		}
 	}()
 	c.mu.Lock()
@@ -257,7 +308,22 @@ func (c *ModelCatalog) Refresh(ctx context.Context, node string) error {
 	if prev != nil && prev.link == view.Link && prev.version > view.Config.Version {
 		return errors.Join(errs...)
 	}
-	next := &nodeModels{link: view.Link, version: view.Config.Version, providers: found}
+	next := &nodeModels{link: view.Link, version: view.Config.Version, providers: found, failures: map[string]failureCount{}}
+	now := c.now()
+	for name, err := range failed {
+		var f failureCount
+		if prev != nil && prev.link == view.Link {
+			f = prev.failures[name]
+		}
+		f.provider, f.n, f.err = name, f.n+1, err
+		// A round cut short by the caller (the edge stopping) is no
+		// provider's fault.
+		if ctx.Err() == nil && (f.logged.IsZero() || now.Sub(f.logged) >= discoveryLogEvery) {
+			report = append(report, f)
+			f.logged, f.n = now, 0
+		}
+		next.failures[name] = f
+	}
 	for name, d := range found {
 		if d.listed <= len(d.models) {
 			continue
@@ -279,7 +345,7 @@ func (c *ModelCatalog) Refresh(ctx context.Context, node string) error {
 }
 
 // RefreshAll refreshes every connected node concurrently and forgets nodes
-// that are gone. Failures are logged, not returned.
+// that are gone. Failures are logged (by Refresh), not returned.
 func (c *ModelCatalog) RefreshAll(ctx context.Context) {
 	views := c.reg.List()
 	live := map[string]bool{}
@@ -289,9 +355,7 @@ func (c *ModelCatalog) RefreshAll(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := c.Refresh(ctx, v.ID); err != nil && ctx.Err() == nil {
-				c.log.Warn("model discovery failed", "node", v.ID, "err", err)
-			}
+			_ = c.Refresh(ctx, v.ID) // logs its providers' failures
 		}()
 	}
 	wg.Wait()
@@ -343,9 +407,7 @@ func (c *ModelCatalog) Follow(ctx context.Context, events <-chan domain.BusEvent
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					if err := c.Refresh(ctx, ev.Node); err != nil && ctx.Err() == nil {
-						c.log.Warn("model discovery failed", "node", ev.Node, "err", err)
-					}
+					_ = c.Refresh(ctx, ev.Node) // logs its providers' failures
 				}()
 			case domain.BusNodeDisconnected:
 				if _, live := c.reg.Get(ev.Node); !live {
@@ -401,11 +463,12 @@ func (c *ModelCatalog) RefreshedSince(ctx context.Context, since time.Time) {
 		c.refreshing, c.roundStart = ch, start
 		c.mu.Unlock()
 		// The round belongs to every waiter, not to this caller's request:
-		// it runs under its own deadline (so it ends by itself) and one
-		// caller leaving does not cut it short for the others.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.DiscoveryTimeout)
+		// one caller leaving does not cut it short for the others. It ends
+		// by itself: every provider's discovery has its own DiscoveryTimeout
+		// (one deadline for the whole round would let a provider that hangs
+		// use it up, failing the providers asked after it).
+		rctx := context.WithoutCancel(ctx)
 		go func() {
-			defer cancel()
 			c.RefreshAll(rctx)
 			c.mu.Lock()
 			c.refreshing, c.doneStart = nil, start

@@ -584,3 +584,43 @@ func TestModelCatalogCapsADiscoveredList(t *testing.T) {
 		t.Fatalf("changed count warned %d times:\n%s", got, logs.String())
 	}
 }
+
+// ptCtxStream is a ptStream that, as a real tunnel does, fails once its
+// context has ended, even with frames left.
+type ptCtxStream struct{ *ptStream }
+
+func (s ptCtxStream) Recv(ctx context.Context) (domain.TunnelFrame, error) {
+	if err := ctx.Err(); err != nil {
+		return domain.TunnelFrame{}, err
+	}
+	return s.ptStream.Recv(ctx)
+}
+
+// TestModelCatalogHungProviderDoesNotFailTheNext: a node's providers are
+// discovered independently, so one that hangs (listed first) does not use
+// up the round's time for the one after it: a model just pulled on the
+// second is listed after a refresh, and the hung one's failure is logged
+// (once, not on every round).
+func TestModelCatalogHungProviderDoesNotFailTheNext(t *testing.T) {
+	reg := edge.NewRegistry()
+	var logs lockedbuf.Buffer
+	cat := edge.NewModelCatalog(reg, models.Lists{}, slog.New(slog.NewTextHandler(&logs, nil)))
+	cat.DiscoveryTimeout = 100 * time.Millisecond
+	cat.MinRefreshGap = 0
+	link := ptAdmit(t, reg, "a", ptProvider("hung", domain.ProviderOpenAI), ptProvider("fresh", domain.ProviderOllama))
+	link.open = func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+		if req.Provider == "hung" {
+			return ptCtxStream{newPTStream(nil)}, nil // never answers
+		}
+		return ptCtxStream{newPTStream(nil, ptOK(`{"models":[{"name":"just-pulled:latest"}]}`)...)}, nil
+	}
+	for range 2 {
+		cat.RefreshedSince(context.Background(), time.Now())
+	}
+	if got := ptIDs(cat.Lookup(domain.ProviderOllama, "just-pulled")); got != "just-pulled:latest@a/fresh" {
+		t.Fatalf("Lookup(just-pulled) = %q after a refresh, want the fresh provider's model", got)
+	}
+	if got := strings.Count(logs.String(), "model discovery failed"); got != 1 || !strings.Contains(logs.String(), "provider=hung") {
+		t.Fatalf("%d discovery failure lines over two rounds, want 1 naming provider hung:\n%s", got, logs.String())
+	}
+}
