@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -231,12 +233,30 @@ func (m *Metrics) addTokens(node string, u *domain.Usage, model string) {
 	}
 }
 
-// label bounds a label value's length (values come from configs and nodes).
+// label bounds a label value's length (values come from configs, nodes,
+// providers and callers) and makes it safe to print: invalid UTF-8 (which
+// the client library refuses) and control characters (C0, DEL and C1: an
+// ESC sequence would reach the terminal of whoever curls /metrics) become
+// U+FFFD.
 func label(s string) string {
 	if len(s) > 128 {
-		return strings.ToValidUTF8(s[:128], "")
+		i := 128
+		for i > 0 && !utf8.RuneStart(s[i]) {
+			i-- // do not cut a character in two
+		}
+		s = s[:i]
 	}
-	return s
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	// Map reads each invalid byte as utf8.RuneError, which it writes back
+	// as the valid U+FFFD.
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return utf8.RuneError
+		}
+		return r
+	}, s)
 }
 
 // liveCollector reads the edge's live state at scrape time.

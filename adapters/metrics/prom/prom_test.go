@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -202,6 +203,29 @@ func TestTunnelErrorCodesAreBounded(t *testing.T) {
 	for _, c := range []string{domain.CodeProviderError, domain.CodeNodeDisconnected, "502", "200"} {
 		if v := value(t, f, "iop_tunnel_requests_total", map[string]string{"code": c}); v != 1 {
 			t.Fatalf("%s counted %v, want 1", c, v)
+		}
+	}
+}
+
+// Label values come from providers and callers: control characters (an
+// ESC sequence would reach the terminal of whoever curls /metrics) and
+// invalid UTF-8 are written as U+FFFD, and a long value is cut at a
+// character boundary.
+func TestLabelValuesAreSafeToPrint(t *testing.T) {
+	m := prom.New(prom.Sources{})
+	m.TunnelFinished(ports.TunnelOutcome{Node: "n1", Provider: "p", Model: "evil\x1b[2J\x07\u009bm\x7f", Code: "200"})
+	m.TunnelFinished(ports.TunnelOutcome{Node: "n1", Provider: "p", Model: "bad\xffutf8", Code: "200"})
+	m.TunnelFinished(ports.TunnelOutcome{Node: "n1", Provider: "p", Model: strings.Repeat("a", 127) + "é", Code: "200"})
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	if strings.ContainsFunc(body, func(r rune) bool { return r != '\n' && unicode.IsControl(r) }) {
+		t.Fatalf("exposition holds control characters:\n%q", body)
+	}
+	f := scrape(t, m)
+	for _, want := range []string{"evil\uFFFD[2J\uFFFD\uFFFDm\uFFFD", "bad\uFFFDutf8", strings.Repeat("a", 127)} {
+		if v := value(t, f, "iop_tunnel_requests_total", map[string]string{"model": want}); v != 1 {
+			t.Errorf("model %q counted %v, want 1", want, v)
 		}
 	}
 }
