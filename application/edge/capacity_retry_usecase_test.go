@@ -183,3 +183,22 @@ func TestHeldRefusalIsRecordedWhenTheNextNodeCannotBeSent(t *testing.T) {
 		})
 	}
 }
+
+// A held refusal is dropped once the next node is sent the run: whatever
+// that node answers is the caller's run, with its own row and count, so
+// one request is one failed run, not two.
+func TestHeldRefusalIsDroppedWhenTheNextNodeRefusesOtherwise(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	obs := &ucObserver{}
+	e.submit.Observe = edge.Observers{Metrics: obs, History: obs}
+	e.links["a"].refuse = &domain.ErrorInfo{Code: domain.CodeAtCapacity, Message: "adapter chat is at capacity"} // a wins the tie, by id
+	e.links["b"].refuse = &domain.ErrorInfo{Code: domain.CodeTargetNotFound, Message: "no such target"}
+	if _, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "chat"}); domain.CodeOf(err) != domain.CodeTargetNotFound {
+		t.Fatalf("run: %v, want b's target_not_found", err)
+	}
+	rows, done := ucObserved(obs)
+	if fmt.Sprint(rows) != "[b:running b:failed]" || fmt.Sprint(done) != "[b:failed]" {
+		t.Fatalf("history %v, metrics %v; want b's refusal only, once", rows, done)
+	}
+}

@@ -167,14 +167,17 @@ func (h *SubmitRunHandler) place(ctx context.Context, cmd SubmitRun) (*RunHandle
 	// A refusal that is tried again is not the caller's run: it is neither
 	// counted (a failed run in iop_runs_total) nor recorded in the history
 	// (a row whose id the caller never got). The last one is held (held)
-	// until the caller's answer is known: it is recorded and counted if no
-	// run is admitted, also when a later node could not even be sent the
-	// run (its link full or gone), and dropped if one is.
+	// until the caller's answer is known: dropped once a later node is sent
+	// the run (that run, admitted or not, is the caller's and has its own
+	// row), recorded and counted if none is (no node left, or the next one
+	// could not be sent it: its link full or gone).
 	var held *runObservation
 	for {
-		rh, refused, err := h.dispatch(ctx, cmd, node, release, cmd.Node == "")
-		if refused != nil {
-			held = refused
+		rh, sent, err := h.dispatch(ctx, cmd, node, release, cmd.Node == "")
+		if sent != nil {
+			if held = nil; sent.held != nil {
+				held = sent
+			}
 		}
 		code := domain.CodeOf(err)
 		if err == nil {
@@ -223,11 +226,12 @@ func triedElsewhere(code string) bool {
 
 // dispatch starts cmd as a new run on node, which holds a slot for it that
 // release gives back, and waits for the node to admit it; then follows it
-// if it is a background run. With mayRetry a refusal for the node shutting
-// down or at capacity (triedElsewhere) is held, not recorded nor counted, and its observation returned
-// (refused): the caller either tries the run elsewhere or calls
-// refused.noRetry, which records and counts it. refused is nil otherwise.
-func (h *SubmitRunHandler) dispatch(ctx context.Context, cmd SubmitRun, node NodeView, release func(), mayRetry bool) (_ *RunHandle, refused *runObservation, _ error) {
+// if it is a background run. sent is the run's observation once the node
+// was sent it (nil when it could not be). With mayRetry a refusal for the
+// node shutting down or at capacity (triedElsewhere) is held in it
+// (sent.held), not recorded nor counted: the caller either tries the run
+// elsewhere or calls sent.noRetry, which records and counts it.
+func (h *SubmitRunHandler) dispatch(ctx context.Context, cmd SubmitRun, node NodeView, release func(), mayRetry bool) (_ *RunHandle, sent *runObservation, _ error) {
 	req := domain.RunRequest{
 		RunID: h.newID(), Adapter: cmd.Adapter, Target: cmd.Target, Input: cmd.Input,
 		SessionID: cmd.SessionID, Background: cmd.Background, Options: cmd.Options,
@@ -241,10 +245,7 @@ func (h *SubmitRunHandler) dispatch(ctx context.Context, cmd SubmitRun, node Nod
 	rh := &RunHandle{RunID: req.RunID, Node: node.ID, Background: cmd.Background, Key: domain.PrincipalFrom(ctx).Name,
 		h: h, link: node.Link, stream: stream, release: release, obs: h.observeRun(ctx, req, node.ID, mayRetry)}
 	if err := h.admit(ctx, rh); err != nil {
-		if rh.obs.held != nil {
-			return nil, rh.obs, err
-		}
-		return nil, nil, err
+		return nil, rh.obs, err
 	}
 	rh.obs.mayRetry = false
 	// The node admitted it, so it holds the session's history from now on:
@@ -264,7 +265,7 @@ func (h *SubmitRunHandler) dispatch(ctx context.Context, cmd SubmitRun, node Nod
 	if cmd.Background {
 		h.follow(rh, 0)
 	}
-	return rh, nil, nil
+	return rh, rh.obs, nil
 }
 
 // admit waits for the node's admission answer, the run's first event: start
