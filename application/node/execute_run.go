@@ -45,9 +45,9 @@ type activeRun struct {
 	cancel context.CancelCauseFunc
 	guard  *guard
 	done   chan struct{} // closed once Execute has returned and the run's slot and session are free
-	// started is when the run was admitted: its record's creation and
-	// start time.
-	started time.Time
+	// record is the run as its store holds it while it executes (created
+	// and started when admitted).
+	record domain.RunSnapshot
 }
 
 // RunManager executes runs: it admits them against adapter capacity, records
@@ -281,7 +281,10 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 	ctx, cancel := context.WithCancelCause(m.base)
 	defer cancel(nil)
 	g.ctx = ctx
-	ar := &activeRun{req: req, cancel: cancel, guard: g, done: make(chan struct{}), started: m.now()}
+	now := m.now()
+	run, _ := domain.NewRun(req, now)
+	_ = run.Start(now)
+	ar := &activeRun{req: req, cancel: cancel, guard: g, done: make(chan struct{}), record: run.Snapshot()}
 	if err := m.register(ar); err != nil {
 		release()
 		if errors.Is(err, errCancelledBeforeStart) {
@@ -291,9 +294,6 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 		m.reject(req, g, err)
 		return
 	}
-	now := ar.started
-	run, _ := domain.NewRun(req, now)
-	_ = run.Start(now)
 	// The record must not depend on the run's context: a cancel that
 	// arrives right after admission would otherwise lose the run's record.
 	// Should it fail (a full disk), the end writes the whole record.
@@ -424,7 +424,6 @@ func (m *RunManager) cancel(ar *activeRun, cause error) bool {
 	return true
 }
 
-// CancelRun cancels an in-flight run. Errors: run_not_found, run_finished.
 // Running returns the record of a run executing now as its store would
 // hold it (running, since it was admitted): what run_get answers for a
 // run whose record the store could not take (a full disk), until its end
@@ -436,14 +435,10 @@ func (m *RunManager) Running(runID string) (domain.RunSnapshot, bool) {
 	if ar == nil {
 		return domain.RunSnapshot{}, false
 	}
-	run, err := domain.NewRun(ar.req, ar.started)
-	if err != nil {
-		return domain.RunSnapshot{}, false
-	}
-	_ = run.Start(ar.started)
-	return run.Snapshot(), true
+	return ar.record, true
 }
 
+// CancelRun cancels an in-flight run. Errors: run_not_found, run_finished.
 // A run not known yet may be on its way (see missedCancels): it is
 // cancelled should it arrive within missedCancelTTL, but the answer is
 // run_not_found, since it may as well be on another node or none.
