@@ -215,9 +215,7 @@ func (r *HistoryReconciler) endRemoved(rec domain.RunRecord) {
 	rec.Status, rec.FinishedAt = domain.RunFailed, time.Now()
 	rec.ErrorCode = domain.CodeNodeRemoved
 	rec.ErrorMsg = fmt.Sprintf("node %s was removed from the edge's config while the run was going; the node stops its runs", rec.Node)
-	// Counted before it is written: whoever sees the row sees it counted.
-	r.history.Nodes.runs.claimLost(rec.ID).settled(rec)
-	r.history.Record.RecordRun(rec)
+	r.history.recordEnd(rec)
 }
 
 // Close stops the worker and waits for it; the slots its watches held are

@@ -116,8 +116,7 @@ func (h *RunHistoryHandler) settle(ctx context.Context, rec domain.RunRecord) (d
 		lost.Status, lost.FinishedAt = domain.RunFailed, time.Now()
 		lost.ErrorCode = domain.CodeRunLost
 		lost.ErrorMsg = fmt.Sprintf("node %s has no record of the run: it never reached the node, or the node's store lost it", rec.Node)
-		h.Record.RecordRun(lost)
-		h.Nodes.runs.claimLost(rec.ID).settled(lost)
+		h.recordEnd(lost)
 		return lost, settledFromNode
 	case domain.CodeOf(err) == domain.CodeRunNotFound:
 		return rec, settledUnknown
@@ -130,12 +129,18 @@ func (h *RunHistoryHandler) settle(ctx context.Context, rec domain.RunRecord) (d
 	if !ok {
 		return rec, unsettledGoing
 	}
-	h.Record.RecordRun(fixed)
-	// A run this process dispatched and let go of when its link broke
-	// (lose) is counted now that its end is known; only the first of the
-	// reads and checks that settle it gets its observation.
-	h.Nodes.runs.claimLost(rec.ID).settled(fixed)
+	h.recordEnd(fixed)
 	return fixed, settledFromNode
+}
+
+// recordEnd writes a run's end learned from its node (or the lack of one)
+// to the history. A run this process dispatched and let go of when its
+// link broke (lose) is counted now that its end is known; only the first
+// of the reads and checks that settle it gets its observation. Counted
+// before it is written: whoever sees the row sees it counted.
+func (h *RunHistoryHandler) recordEnd(r domain.RunRecord) {
+	h.Nodes.runs.claimLost(r.ID).settled(r)
+	h.Record.RecordRun(r)
 }
 
 // finishedFrom is rec completed with the final state of run as its node
