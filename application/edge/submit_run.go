@@ -175,9 +175,7 @@ func (h *SubmitRunHandler) place(ctx context.Context, cmd SubmitRun) (*RunHandle
 	for {
 		rh, sent, err := h.dispatch(ctx, cmd, node, release, cmd.Node == "")
 		if sent != nil {
-			if held = nil; sent.held != nil {
-				held = sent
-			}
+			held = sent // an earlier refusal is dropped; one with none held flushes nothing
 		}
 		code := domain.CodeOf(err)
 		if err == nil {
