@@ -111,11 +111,13 @@ func (s *SSEReader) readLine(limit int) (string, error) {
 		if len(buf)+len(frag) > limit {
 			return "", fmt.Errorf("%w: an event or line over %s from the edge (not an iop edge's stream)", ErrEventTooLarge, sizeText(s.max))
 		}
-		buf = append(buf, frag...)
-		if errors.Is(err, bufio.ErrBufferFull) {
-			continue
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			if buf == nil {
+				return string(frag), err // a line that fit the reader's buffer: one copy
+			}
+			return string(append(buf, frag...)), err
 		}
-		return string(buf), err
+		buf = append(buf, frag...)
 	}
 }
 
