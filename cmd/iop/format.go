@@ -16,8 +16,9 @@ import (
 	"iop/cmd/iop/internal/client"
 )
 
-// table writes aligned columns; call flush when done, and return its
-// error: a table that did not reach stdout is a failed command.
+// table writes aligned columns; call flush when done. A write that fails
+// is the command's failure through app.run's stdout, which keeps the
+// first error.
 type table struct{ tw *tabwriter.Writer }
 
 func newTable(w io.Writer, header ...string) *table {
@@ -40,7 +41,7 @@ func (t *table) row(cols ...string) {
 	fmt.Fprintln(t.tw, strings.Join(cols, "\t"))
 }
 
-func (t *table) flush() error { return t.tw.Flush() }
+func (t *table) flush() { _ = t.tw.Flush() }
 
 // printable returns text that came from the edge, a node or a provider
 // (names, reasons, error messages) fit to be shown on a terminal: every rune

@@ -119,9 +119,7 @@ func (a *app) nodesCmd() *cobra.Command {
 				}
 				t.row(n.ID, status, n.Remote, since, strings.Join(ad, " "), n.Version)
 			}
-			if err := t.flush(); err != nil {
-				return err
-			}
+			t.flush()
 			// Reasons are free text of any length: below the table, not in it.
 			if len(reasons) > 0 {
 				fmt.Fprintf(a.stdout, "\n%s\n", strings.Join(reasons, "\n"))
@@ -279,18 +277,14 @@ func renderCaps(a *app, results []nodeResult, _ any) error {
 	if err != nil {
 		return err
 	}
-	if err := nt.flush(); err != nil {
-		return err
-	}
+	nt.flush()
 	if len(at) > 1 {
 		fmt.Fprintln(a.stdout)
 		t := newTable(a.stdout)
 		for _, row := range at {
 			t.row(row...)
 		}
-		if err := t.flush(); err != nil {
-			return err
-		}
+		t.flush()
 	}
 	return nil
 }
@@ -312,7 +306,8 @@ func renderTransport(a *app, results []nodeResult, _ any) error {
 	if err != nil {
 		return err
 	}
-	return t.flush()
+	t.flush()
+	return nil
 }
 
 func renderUsage(a *app, results []nodeResult, _ any) error {
@@ -327,7 +322,8 @@ func renderUsage(a *app, results []nodeResult, _ any) error {
 	if err != nil {
 		return err
 	}
-	return t.flush()
+	t.flush()
+	return nil
 }
 
 // sessionFlags are the flags of iop node sessions: session_list's
@@ -437,9 +433,7 @@ func writePages(a *app, none string, header []string, rows [][]string, more []st
 		for _, r := range rows {
 			t.row(r...)
 		}
-		if err := t.flush(); err != nil {
-			return err
-		}
+		t.flush()
 	}
 	for _, m := range more {
 		fmt.Fprintln(a.stderr, m)

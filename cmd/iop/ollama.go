@@ -89,7 +89,8 @@ func (a *app) ollamaCmd() *cobra.Command {
 			for _, m := range l.Models {
 				t.row(m.Name, humanBytes(m.Size), ago(now, m.ModifiedAt))
 			}
-			return t.flush()
+			t.flush()
+			return nil
 		}),
 	})
 	cmd.AddCommand(&cobra.Command{
@@ -105,7 +106,8 @@ func (a *app) ollamaCmd() *cobra.Command {
 			for _, m := range l.Models {
 				t.row(m.Name, humanBytes(m.Size), humanBytes(m.SizeVRAM), a.clock(m.ExpiresAt))
 			}
-			return t.flush()
+			t.flush()
+			return nil
 		}),
 	})
 	cmd.AddCommand(&cobra.Command{
@@ -124,7 +126,8 @@ func (a *app) ollamaCmd() *cobra.Command {
 			t.row("quantization:", s.Details.QuantizationLevel)
 			t.row("format:", s.Details.Format)
 			t.row("capabilities:", strings.Join(s.Capabilities, ", "))
-			return t.flush()
+			t.flush()
+			return nil
 		}),
 	})
 	cmd.AddCommand(&cobra.Command{

@@ -104,9 +104,7 @@ func (a *app) runsCmd() *cobra.Command {
 			for _, r := range list.Runs {
 				t.row(r.RunID, r.Node, r.Adapter, r.Target, r.Status, a.clock(r.CreatedAt), r.duration(now), truncate(r.errorText(), 60))
 			}
-			if err := t.flush(); err != nil {
-				return err
-			}
+			t.flush()
 			if list.NextCursor != "" {
 				fmt.Fprintf(a.stderr, "more runs: --cursor %s\n", printable(list.NextCursor))
 			}
@@ -175,7 +173,8 @@ func (a *app) printRun(r runInfo) error {
 	if s := strings.TrimPrefix(usageSummary(u), ": "); s != "" {
 		field("usage", s)
 	}
-	return t.flush()
+	t.flush()
+	return nil
 }
 
 func (a *app) cancelCmd() *cobra.Command {

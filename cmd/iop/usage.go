@@ -72,7 +72,8 @@ func (a *app) usageCmd() *cobra.Command {
 					strconv.FormatInt(u.Errors, 10), strconv.FormatInt(u.PromptTokens, 10), strconv.FormatInt(u.CompletionTokens, 10),
 					strconv.FormatInt(u.TotalTokens, 10), strconv.FormatFloat(u.CostUSD, 'f', 4, 64), strconv.FormatInt(u.BodyBytes, 10))
 			}
-			return t.flush()
+			t.flush()
+			return nil
 		}),
 	}
 	cmd.Flags().StringVar(&groupBy, "by", "key", "group by key, node, model or day")
