@@ -258,7 +258,8 @@ func (g *Group) collect(leader bool) []pinfo {
 	orphans, others := adoptedOrphans(g)
 	since := max(g.start, adoptTicks.Load())
 	for _, p := range orphans {
-		if p.pgrp == g.pgid || hasTag(p.pid, g.tagged) || others == 0 && runsOrphan(p, since) {
+		// The checks from the stat already read to the environment read.
+		if p.pgrp == g.pgid || others == 0 && runsOrphan(p, since) || hasTag(p.pid, g.tagged) {
 			roots = append(roots, p)
 		}
 	}
@@ -514,7 +515,7 @@ func killAll(groups []*Group) {
 	orphans, _ := adoptedOrphans(nil)
 	since := adoptTicks.Load()
 	for _, p := range orphans {
-		if leaders[p.pgrp] || hasTagPrefix(p.pid) || runsOrphan(p, since) {
+		if leaders[p.pgrp] || runsOrphan(p, since) || hasTagPrefix(p.pid) {
 			roots = append(roots, p)
 		}
 	}
