@@ -503,12 +503,5 @@ func TestAdmitRefusesABlankPrompt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, in := range []string{"", " \n\t"} {
-		if err := a.Admit(domain.RunRequest{Input: []byte(in)}); domain.CodeOf(err) != domain.CodeInvalidRequest {
-			t.Errorf("admitting prompt %q: %v, want invalid_request", in, err)
-		}
-	}
-	if err := a.Admit(domain.RunRequest{Input: []byte("hi")}); err != nil {
-		t.Errorf("admitting a prompt: %v", err)
-	}
+	runtimetest.AdmitRefusesABlankPrompt(t, a)
 }
