@@ -175,18 +175,7 @@ func TestRunLostByARemovedNodeIsEnded(t *testing.T) {
 	e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
 	obs := &ucObserver{}
 	e.submit.Observe.Metrics = obs
-	rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hist := &rcHistory{recorded: make(chan domain.RunRecord, 4), rows: []domain.RunRecord{
-		{ID: rh.RunID, Node: "a", Adapter: "exec", Status: domain.RunRunning, Background: true},
-	}}
-	h := edge.NewRunHistoryHandler(hist)
-	h.Nodes, h.Record = edge.NewGetRunHandler(e.reg, e.runs, edge.NewNodeCommandHandler(e.reg)), hist
-	rc := edge.NewHistoryReconciler(h)
-	t.Cleanup(rc.Close)
-	e.submit.Reconcile = rc
+	rh, hist, _, rc := bgRunWithHistory(t, e, false)
 
 	dir := &ucDir{recs: []domain.NodeRecord{{ID: "a", Token: ucTokA, Adapters: []domain.AdapterConfig{ucExecAdapter("exec", 2, "upper")}}}}
 	rl := edge.NewReloadHandler(&ucSource{recs: []domain.NodeRecord{}}, dir, e.reg, e.bus, &edge.ConfigVersions{}, nil)

@@ -472,18 +472,7 @@ func TestReconcilerWatchFollowsTheNodesLink(t *testing.T) {
 func TestRunLostAfterTheNodeIsBackIsReconciled(t *testing.T) {
 	ucNoLeaks(t)
 	e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
-	rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hist := &rcHistory{recorded: make(chan domain.RunRecord, 4), rows: []domain.RunRecord{
-		{ID: rh.RunID, Node: "a", Adapter: "exec", Status: domain.RunRunning, Background: true},
-	}}
-	h := edge.NewRunHistoryHandler(hist)
-	h.Nodes, h.Record = edge.NewGetRunHandler(e.reg, e.runs, edge.NewNodeCommandHandler(e.reg)), hist
-	rc := edge.NewHistoryReconcilerEvery(h, time.Millisecond, 5*time.Millisecond)
-	t.Cleanup(rc.Close)
-	e.submit.Reconcile = rc
+	rh, hist, _, _ := bgRunWithHistory(t, e, true)
 
 	old := e.links["a"]
 	if !e.reg.Remove("a", old) {
@@ -558,18 +547,7 @@ func TestLostRunIsCountedOnceItsEndIsLearned(t *testing.T) {
 	e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
 	obs := &ucObserver{}
 	e.submit.Observe.Metrics = obs
-	rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hist := &rcHistory{recorded: make(chan domain.RunRecord, 8), rows: []domain.RunRecord{
-		{ID: rh.RunID, Node: "a", Adapter: "exec", Status: domain.RunRunning, Background: true},
-	}}
-	h := edge.NewRunHistoryHandler(hist)
-	h.Nodes, h.Record = edge.NewGetRunHandler(e.reg, e.runs, edge.NewNodeCommandHandler(e.reg)), hist
-	rc := edge.NewHistoryReconcilerEvery(h, time.Millisecond, 5*time.Millisecond)
-	t.Cleanup(rc.Close)
-	e.submit.Reconcile = rc
+	rh, hist, h, _ := bgRunWithHistory(t, e, true)
 
 	old := e.links["a"]
 	if !e.reg.Remove("a", old) {
@@ -598,4 +576,31 @@ func TestLostRunIsCountedOnceItsEndIsLearned(t *testing.T) {
 	if d := obs.done[0]; d.Node != "a" || d.Adapter != "exec" || d.Status != domain.RunSucceeded || d.Usage == nil || d.Usage.PromptTokens != 7 || d.Usage.CompletionTokens != 3 {
 		t.Fatalf("RunFinished %+v usage %+v, want a/exec succeeded with 7+3 tokens", d, d.Usage)
 	}
+}
+
+// bgRunWithHistory submits a background exec run on e's node "a" and wires
+// a history holding its running row, a history handler asking e's nodes,
+// and a reconciler (checking every millisecond when fast) that the
+// submit handler hands the run to when it lets go of it. Observers must
+// be set on e.submit before: the run takes them when it is dispatched.
+func bgRunWithHistory(t *testing.T, e *ucEdge, fast bool) (*edge.RunHandle, *rcHistory, *edge.RunHistoryHandler, *edge.HistoryReconciler) {
+	t.Helper()
+	rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Background: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hist := &rcHistory{recorded: make(chan domain.RunRecord, 8), rows: []domain.RunRecord{
+		{ID: rh.RunID, Node: "a", Adapter: "exec", Status: domain.RunRunning, Background: true},
+	}}
+	h := edge.NewRunHistoryHandler(hist)
+	h.Nodes, h.Record = edge.NewGetRunHandler(e.reg, e.runs, edge.NewNodeCommandHandler(e.reg)), hist
+	var rc *edge.HistoryReconciler
+	if fast {
+		rc = edge.NewHistoryReconcilerEvery(h, time.Millisecond, 5*time.Millisecond)
+	} else {
+		rc = edge.NewHistoryReconciler(h)
+	}
+	t.Cleanup(rc.Close)
+	e.submit.Reconcile = rc
+	return rh, hist, h, rc
 }
