@@ -37,13 +37,23 @@ func capServer(t *testing.T, total, perAddr int, cert *tls.Certificate, extra ..
 	for _, f := range extra {
 		f(&deps)
 	}
+	api := startAPI(t, deps, func(api *httpapi.Server) {
+		api.MaxConns, api.MaxConnsPerAddr = total, perAddr
+		api.KeepAlive = 50 * time.Millisecond
+	})
+	return api, deps.Events.(*eventbus.Bus)
+}
+
+// startAPI starts an API server on loopback with deps, after set has
+// adjusted its settings, and stops it, its submit handler and its bus
+// when the test ends.
+func startAPI(t *testing.T, deps httpapi.Deps, set func(*httpapi.Server)) *httpapi.Server {
+	t.Helper()
 	api := httpapi.New(deps, "127.0.0.1:0", slog.New(slog.DiscardHandler))
-	api.MaxConns, api.MaxConnsPerAddr = total, perAddr
-	api.KeepAlive = 50 * time.Millisecond
+	set(api)
 	if err := api.Start(); err != nil {
 		t.Fatal(err)
 	}
-	bus := deps.Events.(*eventbus.Bus)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -51,9 +61,9 @@ func capServer(t *testing.T, total, perAddr int, cert *tls.Certificate, extra ..
 			t.Errorf("stop: %v", err)
 		}
 		deps.Submit.Stop()
-		bus.Close()
+		deps.Events.(*eventbus.Bus).Close()
 	})
-	return api, bus
+	return api
 }
 
 // rawClient is one HTTP/1.1 connection from a chosen loopback address, so

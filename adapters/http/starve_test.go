@@ -78,25 +78,11 @@ func TestOversizedHeadersRefused(t *testing.T) {
 // writeIdleServer is capServer with a short WriteIdleTimeout.
 func writeIdleServer(t *testing.T, idle time.Duration) *httpapi.Server {
 	t.Helper()
-	deps := minimalDeps(edge.NewRegistry())
-	api := httpapi.New(deps, "127.0.0.1:0", slog.New(slog.DiscardHandler))
-	api.MaxConns, api.MaxConnsPerAddr = 64, 16
-	api.KeepAlive = 20 * time.Millisecond
-	api.WriteIdleTimeout = idle
-	if err := api.Start(); err != nil {
-		t.Fatal(err)
-	}
-	bus := deps.Events.(*eventbus.Bus)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := api.Stop(ctx); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-		deps.Submit.Stop()
-		bus.Close()
+	return startAPI(t, minimalDeps(edge.NewRegistry()), func(api *httpapi.Server) {
+		api.MaxConns, api.MaxConnsPerAddr = 64, 16
+		api.KeepAlive = 20 * time.Millisecond
+		api.WriteIdleTimeout = idle
 	})
-	return api
 }
 
 // The review's report: a client that pipelines requests and never reads
