@@ -532,6 +532,9 @@ type providerModels struct {
 	connected int64        // when the node connected (Unix s): a declared model's Created
 	inFlight  int          // the node's tunnels in flight
 	draining  bool         // the node is stopping (Registry.MarkDraining)
+	// served is the name under which it lists the model a request asks
+	// for, set by the tunnel's routing when it filters by that model.
+	served string
 }
 
 // serves reports whether the provider serves model (as MatchProviderModel

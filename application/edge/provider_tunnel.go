@@ -218,15 +218,16 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 		}
 		in.Model = "" // the only node takes it
 	}
-	listed := false
 	if in.Model != "" {
 		cands = nil
 		for _, p := range speak {
-			if p.known && p.serves(in.Model) {
+			if !p.known {
+				continue
+			}
+			if p.served = p.match(in.Model); p.served != "" {
 				cands = append(cands, p)
 			}
 		}
-		listed = len(cands) > 0
 		if len(cands) == 0 {
 			for _, p := range speak {
 				if !p.known {
@@ -257,10 +258,7 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 			release()
 			continue
 		}
-		if listed {
-			served = c.match(in.Model)
-		}
-		return c, v.Link, release, served, nil
+		return c, v.Link, release, c.served, nil
 	}
 	return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeNoNodeAvailable, "every node serving %q disconnected", in.Model)
 }
