@@ -1,6 +1,7 @@
 package domain
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -208,13 +209,17 @@ type RunKey struct {
 // Key is the run's place in a run listing.
 func (s RunSnapshot) Key() RunKey { return RunKey{CreatedAt: s.CreatedAt, ID: s.ID} }
 
-// Before reports whether k comes before o in a run listing.
-func (k RunKey) Before(o RunKey) bool {
-	if !k.CreatedAt.Equal(o.CreatedAt) {
-		return k.CreatedAt.After(o.CreatedAt)
+// Compare orders run keys as a run listing does (newest first, then by
+// id, descending): negative when k comes before o.
+func (k RunKey) Compare(o RunKey) int {
+	if c := o.CreatedAt.Compare(k.CreatedAt); c != 0 {
+		return c
 	}
-	return k.ID > o.ID
+	return cmp.Compare(o.ID, k.ID)
 }
+
+// Before reports whether k comes before o in a run listing.
+func (k RunKey) Before(o RunKey) bool { return k.Compare(o) < 0 }
 
 // UsageSummary aggregates one adapter's runs and token usage.
 type UsageSummary struct {

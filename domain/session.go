@@ -1,6 +1,7 @@
 package domain
 
 import (
+	"cmp"
 	"slices"
 	"time"
 )
@@ -31,14 +32,18 @@ func (s SessionInfo) Key() SessionKey {
 }
 
 // Before reports whether k comes before o in a session listing.
-func (k SessionKey) Before(o SessionKey) bool {
-	if !k.LastUsed.Equal(o.LastUsed) {
-		return k.LastUsed.After(o.LastUsed)
+func (k SessionKey) Before(o SessionKey) bool { return k.Compare(o) < 0 }
+
+// Compare orders session keys as a listing does (Before): negative when k
+// comes before o.
+func (k SessionKey) Compare(o SessionKey) int {
+	if c := o.LastUsed.Compare(k.LastUsed); c != 0 {
+		return c
 	}
-	if k.Adapter != o.Adapter {
-		return k.Adapter > o.Adapter
+	if c := cmp.Compare(o.Adapter, k.Adapter); c != 0 {
+		return c
 	}
-	return k.SessionID > o.SessionID
+	return cmp.Compare(o.SessionID, k.SessionID)
 }
 
 // Page sizes of a session listing (the session_list command).
@@ -68,15 +73,7 @@ func (q SessionQuery) PageLimit() int {
 // PageSessions returns the page q asks for of all: in listing order, those
 // after q.After, at most q.PageLimit(). all is reordered.
 func PageSessions(all []SessionInfo, q SessionQuery) []SessionInfo {
-	slices.SortFunc(all, func(a, b SessionInfo) int {
-		switch ka, kb := a.Key(), b.Key(); {
-		case ka.Before(kb):
-			return -1
-		case kb.Before(ka):
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(all, func(a, b SessionInfo) int { return a.Key().Compare(b.Key()) })
 	if q.After != nil {
 		after := *q.After
 		i, _ := slices.BinarySearchFunc(all, after, func(s SessionInfo, k SessionKey) int {

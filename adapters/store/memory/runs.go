@@ -92,12 +92,7 @@ func (s *RunStore) ListRuns(_ context.Context, f domain.RunFilter) ([]*domain.Ru
 	}
 	s.mu.Unlock()
 
-	slices.SortFunc(snaps, func(a, b domain.RunSnapshot) int {
-		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
-			return c
-		}
-		return cmp.Compare(b.ID, a.ID)
-	})
+	slices.SortFunc(snaps, func(a, b domain.RunSnapshot) int { return a.Key().Compare(b.Key()) })
 	snaps = snaps[:min(len(snaps), f.PageLimit())]
 	runs := make([]*domain.Run, 0, len(snaps))
 	for _, snap := range snaps {
