@@ -56,6 +56,8 @@ func TestCallerLeavingBeforeAdmissionIsNoInternalError(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		body := `{"node":"n1","adapter":"exec","background":` + map[bool]string{false: "false", true: "true"}[background] + `}`
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/runs", strings.NewReader(body))
+		// Counted before the request goes: it may reach the node at once.
+		before, logged := len(link.requests()), len(buf.lines())
 		done := make(chan error, 1)
 		go func() {
 			resp, err := srv.Client().Do(req)
@@ -64,7 +66,6 @@ func TestCallerLeavingBeforeAdmissionIsNoInternalError(t *testing.T) {
 			}
 			done <- err
 		}()
-		before, logged := len(link.requests()), len(buf.lines())
 		waitFor(t, "the run to reach the node", func() bool { return len(link.requests()) > before })
 		cancel()
 		if err := <-done; err == nil {
@@ -81,7 +82,7 @@ func TestCallerLeavingBeforeAdmissionIsNoInternalError(t *testing.T) {
 			t.Errorf("a caller that left is logged with status %v, want 499: %+v", l["status"], l)
 		}
 	}
-	for _, line := range strings.Split(strings.TrimSpace(buf.b.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
 		var m map[string]any
 		if err := json.Unmarshal([]byte(line), &m); err != nil {
 			t.Fatalf("log line %q: %v", line, err)

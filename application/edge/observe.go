@@ -112,9 +112,12 @@ func (ob *runObservation) finish(ev domain.RunEvent, now time.Time) {
 }
 
 // noRetry ends mayRetry: a refusal from now on is the caller's answer.
-// A refusal held already is recorded and counted as one (flush).
+// A refusal held already is recorded and counted as one (flush). An
+// observation whose mayRetry is over (held is only ever set while it
+// lasts) is left untouched: it may belong to the goroutine that follows
+// a withdrawn run by now.
 func (ob *runObservation) noRetry() {
-	if ob == nil {
+	if ob == nil || !ob.mayRetry {
 		return
 	}
 	ob.mayRetry = false
