@@ -48,6 +48,10 @@ type fakeConsoleEdge struct {
 	starts []map[string]any
 	// runs are the history's records, oldest first.
 	runs []map[string]any
+	// runsHold, when set, holds GET /v1/runs answers (read from runs when
+	// asked) until it is closed; runsAsked counts those requests.
+	runsHold  chan struct{}
+	runsAsked int
 	// feeds are the open GET /v1/events connections; busKeys the key each
 	// connection came with, in order.
 	feeds   []*fakeFeed
@@ -125,7 +129,16 @@ func newFakeConsoleEdge(t *testing.T) *fakeConsoleEdge {
 				list = append(list, maps.Clone(rec))
 			}
 		}
+		hold := f.runsHold
+		f.runsAsked++
 		f.mu.Unlock()
+		if hold != nil {
+			select {
+			case <-hold:
+			case <-r.Context().Done():
+				return
+			}
+		}
 		slices.Reverse(list)
 		// ?limit= and ?cursor= (here an offset) page the list, as the
 		// edge's history does.
@@ -585,6 +598,36 @@ func TestConsoleMissedEndsSettle(t *testing.T) {
 		return nil
 	})
 	b.waitJS(10*time.Second, "r3 out of In flight after the feed came back", "!"+inFlight("r3"))
+	b.checkClean()
+}
+
+// A run that starts while the Runs page's first reads are on their way
+// (they read the history before it) is in the history once they are
+// answered: the page listened to the feed before it read, and read again.
+func TestConsoleEventDuringFirstLoad(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	hold := make(chan struct{})
+	f.mu.Lock()
+	f.runsHold = hold
+	f.mu.Unlock()
+	openFake(b, f, "runs")
+	// Both first reads (runs in flight, the history) are held.
+	waitFor(t, "the page's first reads", func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.runsAsked < 2 {
+			return fmt.Errorf("%d reads of GET /v1/runs", f.runsAsked)
+		}
+		return nil
+	})
+	f.setRun("r1", "running")
+	f.publish(map[string]any{"run_id": "r1", "node": "n1", "seq": 1, "type": "start", "metadata": map[string]any{"adapter": "exec", "target": "t"}})
+	f.mu.Lock()
+	f.runsHold = nil
+	f.mu.Unlock()
+	close(hold)
+	b.waitJS(10*time.Second, "r1 running in the history", `document.querySelector('#runs-history tr[data-run="r1"] .badge.running')`)
 	b.checkClean()
 }
 

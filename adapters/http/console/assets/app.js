@@ -735,6 +735,15 @@ function coalesce(ms, maxMs, fn) {
     clearTimeout(timer);
     timer = setTimeout(fire, Math.max(0, Math.min(ms, first + maxMs - now)));
   };
+  // now calls fn at once, as a page's first load does, under the same rule:
+  // a page listens to the bus before its first load, and an event that
+  // comes while that load runs (the load read the edge before it) is
+  // followed by one more call, not lost.
+  call.now = async () => {
+    if (left) return;
+    clearTimeout(timer);
+    await fire();
+  };
   return call;
 }
 
@@ -786,14 +795,19 @@ async function pageNodes(root) {
     }
   }
 
+  // Loads overlap (the first one, the bus's, the 5 s one): only the newest
+  // draws the list.
+  let loads = 0;
   async function load(withRTT) {
+    const mine = ++loads;
     let data;
     try {
       data = await apiJSON('/v1/nodes', { action: 'nodes.read' });
     } catch (err) {
-      showError(status, err);
+      if (mine === loads) showError(status, err);
       return;
     }
+    if (mine !== loads) return;
     status.replaceChildren();
     lastNodes = data.nodes || [];
     for (const n of lastNodes.filter(online)) seenNodes.set(n.id, { ...(seenNodes.get(n.id) || {}), disconnectedAt: null, view: n });
@@ -821,11 +835,11 @@ async function pageNodes(root) {
     list.replaceChildren(...cards);
   }
 
-  await load(true);
   const refresh = coalesce(250, 2000, () => load(false));
   listenBus((type, ev) => {
     if (type === 'bus.resync' || type.startsWith('node.') || (type === 'run.event' && ev.run && (ev.run.type === 'start' || TERMINAL.has(ev.run.type)))) refresh();
   });
+  await load(true);
   every(5000, () => load(true)); // RTT and "connected since … ago"
 }
 
@@ -1006,7 +1020,6 @@ async function pageRuns(root) {
   }
 
   renderLive();
-  await Promise.all([loadLive(), load()]);
   const reload = coalesce(400, 2000, load);
   const reloadLive = coalesce(400, 2000, loadLive);
   const relive = coalesce(100, 500, renderLive);
@@ -1027,6 +1040,7 @@ async function pageRuns(root) {
       if (!paged) reload();
     }
   });
+  await Promise.all([reloadLive.now(), reload.now()]);
 }
 
 // LIVE_LIMIT and LIVE_PAGES bound how many runs in flight the Runs page
@@ -1186,7 +1200,6 @@ async function pageRun(root, id) {
     }
   }
   render();
-  await loadRecord();
   const refresh = coalesce(300, 2000, loadRecord);
   const rerender = perFrame(render);
   listenBus((type, ev) => {
@@ -1204,6 +1217,7 @@ async function pageRun(root, id) {
       }
     }
   });
+  await refresh.now();
 }
 
 // ---- Start a run
@@ -1293,11 +1307,11 @@ async function pageStart(root) {
       'No connected node: a run needs one. The choices fill in when a node connects.'));
     updateSubmit();
   }
-  await loadNodes();
   const reloadNodes = coalesce(250, 2000, loadNodes);
   listenBus((type) => {
     if (!freeText && (type === 'bus.resync' || type.startsWith('node.'))) reloadNodes();
   });
+  await reloadNodes.now();
   // Leaving the page does not abort the stream: a foreground run is
   // cancelled when its caller goes away, and moving to the run's own page
   // must not do that. Closing the tab does.
@@ -1567,11 +1581,11 @@ async function pageUsage(root) {
         : h('p', { class: 'muted' }, 'No provider tunnel traffic since the edge started.'));
     }
   }
-  await load();
   const reload = coalesce(1000, 2000, load);
   listenBus((type, ev) => {
     if (type === 'bus.resync' || type === 'tunnel.completed' || (type === 'run.event' && ev.run && TERMINAL.has(ev.run.type))) reload();
   });
+  await reload.now();
 }
 
 // niceMax rounds a chart's top up so its four gridlines fall on round
