@@ -161,6 +161,47 @@ func TestRunWhoseAdmissionNeverComesHasItsRow(t *testing.T) {
 	}
 }
 
+// A caller that leaves while its run waits for the node's admission hands
+// the run to the edge's follower (withdraw), which cancels it on the node
+// and records its end: the row and the count are the follower's, once,
+// and the dispatcher writes nothing of the run's observation after that.
+// (Its noRetry wrote the observation while the follower read it, a data
+// race CI caught; under -race this test reports it: each round gives the
+// two goroutines another chance to overlap.)
+func TestCallerLeavingBeforeAdmissionLeavesTheRunToItsFollower(t *testing.T) {
+	for _, node := range []string{"", "a"} {
+		t.Run("node="+node, func(t *testing.T) {
+			ucNoLeaks(t)
+			for round := range 20 {
+				e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}})
+				obs := &ucObserver{}
+				e.submit.Observe = edge.Observers{Metrics: obs, History: obs}
+				e.links["a"].silent, e.links["a"].cancelEnds = true, true
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan error, 1)
+				go func() {
+					_, err := e.submit.Handle(ctx, edge.SubmitRun{Adapter: "chat", Node: node})
+					done <- err
+				}()
+				ucEventually(t, "the run to reach the node", func() bool { return ucStarted(e, "a") == 1 })
+				cancel()
+				select {
+				case err := <-done:
+					if ucCode(err) != domain.CodeCancelled {
+						t.Fatalf("round %d: run: %v, want cancelled (the caller left)", round, err)
+					}
+				case <-time.After(ucWait):
+					t.Fatalf("round %d: Handle did not answer after its caller left", round)
+				}
+				ucEventually(t, "the follower to count the run's end", func() bool { _, done := ucObserved(obs); return len(done) > 0 })
+				if rows, done := ucObserved(obs); fmt.Sprint(rows) != "[a:running a:cancelled]" || fmt.Sprint(done) != "[a:cancelled]" {
+					t.Fatalf("round %d: history %v, metrics %v; want the run's row and its end, cancelled, once", round, rows, done)
+				}
+			}
+		})
+	}
+}
+
 // The refusal of a node tried first stays the one recorded and counted
 // when the next node cannot even be sent the run (its link full or gone):
 // the caller's run failed, and it was dropped unrecorded.
