@@ -114,12 +114,16 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		// page_size and reclaim.Pragma take effect only on a new file, before
 		// anything is written to it; the latter lets the store give the
 		// pages a prune frees back to the file system (Reclaim). It writes,
-		// so a read-only DSN goes without.
-		pragmas := []string{fmt.Sprintf("PRAGMA page_size = %d", sqlprep.ScratchPageSize)}
+		// so a read-only DSN goes without. busy_timeout comes first: the
+		// others read the file, which a previous edge still stopping may
+		// hold locked for a moment (its last connection checkpoints the
+		// WAL under an exclusive lock), and the start must wait for that
+		// rather than fail with "database is locked".
+		pragmas := []string{"PRAGMA busy_timeout = 5000", fmt.Sprintf("PRAGMA page_size = %d", sqlprep.ScratchPageSize)}
 		if !dbfile.ReadOnly(dsn) {
 			pragmas = append(pragmas, reclaim.Pragma)
 		}
-		pragmas = append(pragmas, "PRAGMA busy_timeout = 5000", "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL",
+		pragmas = append(pragmas, "PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL",
 			"PRAGMA wal_autocheckpoint = 4000")
 		for _, p := range pragmas {
 			if _, err := sqldb.ExecContext(ctx, p); err != nil {
