@@ -240,6 +240,11 @@ func TestRunEndings(t *testing.T) {
 			code:   130, stdout: "x\n", stderrHas: "was cancelled",
 		},
 		{
+			name:   "cancelled by the node's stop says so",
+			events: []string{"cancelled", `{"run_id":"run_1","type":"cancelled","error":{"code":"cancelled","message":"node shutting down"}}`},
+			code:   130, stderrHas: "iop: run run_1 was cancelled: node shutting down\n",
+		},
+		{
 			name:   "stream cut before the terminal event",
 			events: []string{"delta", `{"type":"delta","text":"x"}`},
 			code:   1, stdout: "x", stderrHas: "the stream ended before the run did",

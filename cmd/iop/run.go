@@ -254,7 +254,14 @@ func (o *runOutput) end(rs *client.RunStream, ev client.RunEvent) error {
 		}
 		return nil
 	case "cancelled":
-		return &exitErr{code: exitInterrupted, err: fmt.Errorf("run %s was cancelled", rs.RunID)}
+		// The event says why when it was not the caller's own cancel (the
+		// node shutting down, its session ended): "run … was cancelled:
+		// node shutting down".
+		why := ""
+		if ev.Error != nil && ev.Error.Message != "" {
+			why = ": " + printable(ev.Error.Message)
+		}
+		return &exitErr{code: exitInterrupted, err: fmt.Errorf("run %s was cancelled%s", printable(rs.RunID), why)}
 	}
 	code, msg := "run_failed", "the run failed"
 	if ev.Error != nil {
