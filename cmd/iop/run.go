@@ -172,8 +172,13 @@ func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest
 			if ctx.Err() != nil {
 				return &exitErr{code: exitInterrupted, err: fmt.Errorf("interrupted; run %s is cancelled", rs.RunID)}
 			}
-			if errors.Is(err, io.EOF) {
+			switch {
+			case errors.Is(err, io.EOF):
 				err = errors.New("the stream ended before the run did")
+			case errors.Is(err, io.ErrUnexpectedEOF):
+				// The connection dropped inside the answer: the edge was
+				// killed, or the network between went away.
+				err = errors.New("the connection to the edge broke before the run ended")
 			}
 			return fmt.Errorf("run %s: %w", rs.RunID, err)
 		}

@@ -704,6 +704,11 @@ func (c *Client) Events(ctx context.Context, types []string, fn func(BusEvent) e
 			if errors.Is(err, io.EOF) {
 				return errors.New("the edge closed the event stream")
 			}
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				// Cut inside the answer: the edge was killed, or the
+				// network between went away.
+				return errors.New("the connection to the edge broke: the event stream ended")
+			}
 			return fmt.Errorf("event stream: %w", err)
 		}
 		var be BusEvent
