@@ -623,14 +623,17 @@ func TestNodes(t *testing.T) {
 		 "adapters":[{"name":"exec","type":"exec","max_concurrency":4,"in_flight":1},{"name":"llm","type":"ollama","max_concurrency":2,"in_flight":0}],"providers":[]},
 		{"id":"n2","remote":"10.0.0.2:5555","connected_at":"2026-02-27T12:00:00Z","version":"v1.2.4","adapters":[],"providers":[]},
 		{"id":"n3","connected":false,"disconnected_at":"2026-03-01T11:50:00Z","disconnect_reason":"heartbeat timeout after 45s","adapters":[{"name":"exec","type":"exec","max_concurrency":4,"in_flight":0}],"providers":[]},
-		{"id":"n4","connected":false,"adapters":[],"providers":[]}]}`)
-	// n2 comes from an edge that predates "connected": it is online.
+		{"id":"n4","connected":false,"adapters":[],"providers":[]},
+		{"id":"n5","connected":true,"draining":true,"remote":"10.0.0.5:5555","connected_at":"2026-03-01T11:59:00Z","version":"v1.2.3","adapters":[],"providers":[]}]}`)
+	// n2 comes from an edge that predates "connected": it is online. n5 is
+	// stopping: the edge sends it no new run, which "online" would hide.
 	run(t, e.URL, "nodes").want(t, 0, ""+
-		"ID  STATUS   REMOTE         CONNECTED     ADAPTERS            VERSION\n"+
-		"n1  online   10.0.0.1:5555  5m ago        exec(1/4) llm(0/2)  v1.2.3\n"+
-		"n2  online   10.0.0.2:5555  2d ago        -                   v1.2.4\n"+
-		"n3  offline  -              left 10m ago  exec(0/4)           -\n"+
-		"n4  offline  -              -             -                   -\n"+
+		"ID  STATUS    REMOTE         CONNECTED     ADAPTERS            VERSION\n"+
+		"n1  online    10.0.0.1:5555  5m ago        exec(1/4) llm(0/2)  v1.2.3\n"+
+		"n2  online    10.0.0.2:5555  2d ago        -                   v1.2.4\n"+
+		"n3  offline   -              left 10m ago  exec(0/4)           -\n"+
+		"n4  offline   -              -             -                   -\n"+
+		"n5  draining  10.0.0.5:5555  1m ago        -                   v1.2.3\n"+
 		"\n"+
 		"n3 left: heartbeat timeout after 45s\n")
 	r := run(t, e.URL, "nodes", "--json")

@@ -34,7 +34,10 @@ type nodeInfo struct {
 	Hostname         string    `json:"hostname"`
 	ConfigVersion    uint64    `json:"config_version"`
 	RunsInFlight     int       `json:"runs_in_flight"`
-	Adapters         []struct {
+	// Draining is true while a connected node stops: the edge sends it no
+	// new run or provider request.
+	Draining bool `json:"draining"`
+	Adapters []struct {
 		Name           string `json:"name"`
 		Type           string `json:"type"`
 		MaxConcurrency int    `json:"max_concurrency"`
@@ -108,6 +111,9 @@ func (a *app) nodesCmd() *cobra.Command {
 					ad = append(ad, fmt.Sprintf("%s(%d/%d)", x.Name, x.InFlight, x.MaxConcurrency))
 				}
 				status, since := "online", ago(now, n.ConnectedAt)
+				if n.online() && n.Draining {
+					status = "draining"
+				}
 				if !n.online() {
 					status, since = "offline", ""
 					if n.DisconnectedAt != nil {
