@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -269,6 +270,11 @@ func TestDrainingNodeGetsNoNewRuns(t *testing.T) {
 		if n.Connected && n.Draining != (n.ID == "n1") {
 			t.Fatalf("node %s listed draining=%v; want only n1 draining", n.ID, n.Draining)
 		}
+	}
+	// iop nodes says so too: "online" hid the drain, while runs went elsewhere.
+	out, stderr, code := cli(t, e, "", "nodes")
+	if code != 0 || !regexp.MustCompile(`(?m)^n1 +draining `).MatchString(out) || !regexp.MustCompile(`(?m)^n2 +online `).MatchString(out) {
+		t.Fatalf("iop nodes during n1's drain (exit %d, stderr %q):\n%s", code, stderr, out)
 	}
 	for _, tc := range []struct {
 		model, pin string
