@@ -79,7 +79,10 @@ func (e *APIError) Error() string {
 	case http.StatusUnauthorized:
 		return fmt.Sprintf("the edge refused the API key: %s (%s); pass a valid key with --api-key or IOP_API_KEY", e.Message, e.Code)
 	case http.StatusForbidden:
-		return fmt.Sprintf("the API key is not allowed to do this: %s (%s); use a key with the needed scope", e.Message, e.Code)
+		// The edge's message says why (a scope the key lacks, another
+		// key's session, a nodes limit): no hint of ours, which would be
+		// wrong for all but one of them.
+		return fmt.Sprintf("the API key is not allowed to do this: %s (%s)", e.Message, e.Code)
 	}
 	return fmt.Sprintf("%s (%s)", e.Message, e.Code)
 }

@@ -249,3 +249,17 @@ func TestEdgeURLWithAPasswordThatLooksLikeTheRest(t *testing.T) {
 		t.Errorf("redactRaw = %q", got)
 	}
 }
+
+// A 403 is explained by the edge's own message: another key's session is
+// no missing scope, and the CLI must not tell the user to get one.
+func TestForbiddenSaysTheEdgesReasonOnly(t *testing.T) {
+	session := (&APIError{Status: http.StatusForbidden, Code: "forbidden",
+		Message: `session "s1" of adapter "llm" belongs to another API key`}).Error()
+	if !strings.Contains(session, "belongs to another API key") || strings.Contains(session, "scope") {
+		t.Fatalf("another key's session: %q", session)
+	}
+	scope := (&APIError{Status: http.StatusForbidden, Code: "forbidden", Message: `key "ci" lacks the "runs" scope`}).Error()
+	if !strings.Contains(scope, `lacks the "runs" scope`) {
+		t.Fatalf("a missing scope: %q", scope)
+	}
+}
