@@ -37,8 +37,9 @@ import (
 //     their own descendants.
 //   - A process group is signalled as a whole (kill(-pgid)) only when it is
 //     the child's own or its leader is one of the processes found: a group
-//     can be joined only from inside its session, and a tool's group or
-//     session is made by the tool. Any other process found is signalled on
+//     can be joined only from inside its session, each child leads a
+//     session of its own (Start), and a tool's group or session is made by
+//     the tool. Any other process found is signalled on
 //     its own, through a pidfd opened and then checked against the start
 //     time it was found with, so a pid reused meanwhile is never hit.
 //   - Killed processes are waited for (reapWait at most), and those that
@@ -163,8 +164,8 @@ func refreshInherited() {
 // may be the leftover of a run whose leader started no later than tick
 // since: it started after that, and is not in the node's own process
 // group (the entrypoint's, where a run's process never goes: a group can
-// be joined only from inside its session, and a run's leader starts one
-// of its own).
+// be joined only from inside its session, and a run's leader starts a
+// session of its own, see sysProcAttr).
 func runsOrphan(p pinfo, since uint64) bool {
 	return p.start >= since && p.pgrp != selfPgrp
 }

@@ -1,6 +1,7 @@
 // Package spawn starts the node's child processes so that nothing they start
-// outlives the run they serve or the node: each child leads a process group
-// of its own, and when it exits (or is stopped) everything it left running
+// outlives the run they serve or the node: each child leads a session of
+// its own (so a process group whose id is its pid), without a controlling
+// terminal, and when it exits (or is stopped) everything it left running
 // is killed — its group, and the descendants it placed in groups and
 // sessions of their own (an agent's tool commands, which the CLIs run with
 // setsid), found by their parent links in /proc while it lives and, once
@@ -101,7 +102,8 @@ var reg = &registry{live: map[int]*Group{}}
 // rewrites once per some hundred runs, not per run.
 const compactSlack = 256
 
-// Start starts cmd as the leader of a new process group that dies with the
+// Start starts cmd as the leader of a new session and process group (its
+// pid is their id), without a controlling terminal, that dies with the
 // node. It overwrites cmd.SysProcAttr and adds TagEnv to cmd.Env (the
 // node's own environment when cmd.Env is nil). A cmd.Dir that is missing
 // or not a directory is an error naming it: with SysProcAttr set,

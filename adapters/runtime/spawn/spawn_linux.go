@@ -12,8 +12,15 @@ import (
 	"unsafe"
 )
 
+// sysProcAttr makes the child the leader of a new session (so of a new
+// process group whose id is its pid) with no controlling terminal: a node
+// run in a terminal does not make its children background jobs there, which
+// the terminal would stop (SIGTTIN, SIGTTOU) when they read from /dev/tty
+// or change its modes, and no process of theirs can join a process group of
+// the node's session (the node's own), which is joinable only from inside
+// it. Pdeathsig: see spawner.
 func sysProcAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	return &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 }
 
 // The kernel sends Pdeathsig when the thread that forked the child exits,

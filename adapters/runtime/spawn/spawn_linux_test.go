@@ -113,7 +113,7 @@ func TestStartRecordsAndReleases(t *testing.T) {
 	if st := startTime(g.PGID()); st == 0 || st < groups[0].start || st > groups[0].startMax {
 		t.Fatalf("child started at tick %d; recorded [%d, %d]", st, groups[0].start, groups[0].startMax)
 	}
-	if cmd.SysProcAttr.Pdeathsig != syscall.SIGKILL || !cmd.SysProcAttr.Setpgid {
+	if cmd.SysProcAttr.Pdeathsig != syscall.SIGKILL || !cmd.SysProcAttr.Setsid || cmd.SysProcAttr.Setpgid {
 		t.Fatalf("SysProcAttr %+v", cmd.SysProcAttr)
 	}
 	KillAll()

@@ -8,8 +8,10 @@ import (
 	"syscall"
 )
 
-// Without Pdeathsig and /proc, children are killed at shutdown only.
-func sysProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
+// Without Pdeathsig and /proc, children are killed at shutdown only. Each
+// leads a session of its own, without a controlling terminal (see
+// spawn_linux.go).
+func sysProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setsid: true} }
 
 var spawner struct{ mu sync.Mutex }
 
