@@ -503,7 +503,9 @@ func awaitGone(killed []pinfo, deadline time.Time) bool {
 }
 
 // killAll kills what groups started and every orphan that may be a run's
-// (see runsOrphan); KillAll has killed the groups themselves.
+// (see runsOrphan); KillAll has killed the groups themselves, and holds
+// their locks: none has had its leader reaped, so each leader's pid is its
+// own.
 func killAll(groups []*Group) {
 	leaders := make(map[int]bool, len(groups))
 	var roots []pinfo

@@ -21,7 +21,8 @@ func (g *Group) signal(sig syscall.Signal) {
 }
 
 // Without waitid's WNOWAIT the leader is reaped first; its group's id
-// cannot be reused while the group has members.
+// cannot be reused while the group has members. (Until reaped is set, a
+// KillAll may still signal the group's id.)
 func (g *Group) wait() error {
 	err := g.cmd.Wait()
 	close(g.exited)

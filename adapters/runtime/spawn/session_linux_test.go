@@ -163,3 +163,58 @@ func ttyNodeMain() {
 		}
 	}
 }
+
+// startWithPID starts cmd with pid pid, by setting the pid namespace's last
+// pid (root only); it skips the test when it cannot.
+func startWithPID(t *testing.T, cmd *osexec.Cmd, pid int) {
+	t.Helper()
+	const lastPID = "/proc/sys/kernel/ns_last_pid"
+	for range 20 {
+		f, err := os.OpenFile(lastPID, os.O_WRONLY, 0)
+		if err != nil {
+			t.Skipf("cannot choose the next pid (%v)", err)
+		}
+		_, err = f.WriteString(strconv.Itoa(pid - 1))
+		f.Close()
+		if err != nil {
+			t.Skipf("cannot choose the next pid (%v)", err)
+		}
+		c := *cmd
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if c.Process.Pid == pid {
+			*cmd = c
+			return
+		}
+		// Another process forked in between: try again.
+		_ = c.Process.Kill()
+		_ = c.Wait()
+	}
+	t.Skipf("pid %d kept going to other processes", pid)
+}
+
+// A group whose leader Wait has reaped but that is not yet released (the
+// exec adapter releases it once the run's output is read and its end
+// sent) is not killed by KillAll: its pid, so the group's id, may name an
+// unrelated process by now.
+func TestKillAllSparesAReapedGroupsPID(t *testing.T) {
+	g, err := Start(osexec.Command("true"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Release()
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	other := osexec.Command("sleep", "30")
+	other.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	startWithPID(t, other, g.PGID())
+	KillAll()
+	// What ends it tells whether KillAll hit it.
+	_ = other.Process.Signal(syscall.SIGTERM)
+	err = other.Wait()
+	if ws, ok := other.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+		t.Fatalf("an unrelated process with a reaped group's pid %d ended with %v; want it left alone (ended by our SIGTERM)", g.PGID(), err)
+	}
+}

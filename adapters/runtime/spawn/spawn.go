@@ -18,6 +18,7 @@ package spawn
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"maps"
 	"os"
@@ -175,11 +176,32 @@ func (g *Group) Exited() <-chan struct{} { return g.exited }
 // started and every orphan the node adopted that may be theirs (started
 // after Adopt, not in this process's own group, not a child this process
 // had before Adopt nor started by one), and reaps those orphans; the node
-// calls it when it stops.
+// calls it when it stops. A group whose Wait has reaped its leader is
+// skipped, although it is live until Released: Wait has killed what the
+// leader left, and the leader's pid, so the group's id, may now name an
+// unrelated process.
 func KillAll() {
 	reg.mu.Lock()
-	groups := slices.Collect(maps.Values(reg.live))
+	all := slices.SortedFunc(maps.Values(reg.live), func(a, b *Group) int { return cmp.Compare(a.pgid, b.pgid) })
 	reg.mu.Unlock()
+	// Each group kept is locked (in pgid order, so that two KillAll calls
+	// cannot deadlock) until the end: Wait reaps the leader only after
+	// reap has set reaped under the lock, so meanwhile the leader's pid is
+	// the leader's (alive, or a zombie) and the group's id is this group's.
+	groups := all[:0]
+	for _, g := range all {
+		g.mu.Lock()
+		if g.reaped {
+			g.mu.Unlock()
+			continue
+		}
+		groups = append(groups, g)
+	}
+	defer func() {
+		for _, g := range groups {
+			g.mu.Unlock()
+		}
+	}()
 	for _, g := range groups {
 		_ = syscall.Kill(-g.pgid, syscall.SIGKILL)
 	}
