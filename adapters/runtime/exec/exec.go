@@ -11,8 +11,9 @@
 // clean environment (proc.Environ: PATH, HOME, USER, LANG, LC_*, TZ, TMPDIR,
 // the adapter's and target's env, and the variables their inherit_env name —
 // never the node token or a provider key unless named — plus spawn.TagEnv),
-// and in a process group of its own, so that everything it spawns can be
-// signalled together (and what leaves the group found: spawn.Group).
+// and in a session and process group of its own, without a controlling
+// terminal (spawn.Start), so that everything it spawns can be signalled
+// together (and what leaves the group found: spawn.Group).
 //
 // The run input is written to the command's stdin, which is then closed.
 // Stdout is streamed: every read (of at most 32 KiB) becomes a delta event
@@ -39,7 +40,7 @@
 // anything it left running is killed too, in its process group or not
 // (spawn.Group.Wait), before Execute returns, and a descendant still
 // holding stdout or stderr open cannot delay the end of the run by more
-// than a second.
+// than a second for each (stderr's wait, then stdout's).
 package exec
 
 import (

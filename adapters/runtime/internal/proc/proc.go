@@ -1,5 +1,6 @@
-// Package proc runs a CLI agent as a child process in a process group of its
-// own, for the CLI agent runtime adapters: its stdout is read line by line
+// Package proc runs a CLI agent as a child process in a session and process
+// group of its own (no controlling terminal), for the CLI agent runtime
+// adapters: its stdout is read line by line
 // by the caller, the last bytes of its stderr are kept for error messages,
 // and stopping it signals the whole group and the groups and sessions its
 // tools run in (spawn.Group.Signal), and once it has exited whatever it left
