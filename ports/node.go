@@ -102,7 +102,9 @@ type ChatSessionStore interface {
 	LoadChat(ctx context.Context, adapter, sessionID string, maxBytes int) ([]domain.ChatMessage, error)
 	// AppendChat adds messages to the end of a session, creating it if needed.
 	AppendChat(ctx context.Context, adapter, target, sessionID string, msgs []domain.ChatMessage) error
-	DeleteChat(ctx context.Context, adapter, sessionID string) error
+	// DeleteChat removes the session's history and reports whether there
+	// was any: an unknown session is no error, but found is false.
+	DeleteChat(ctx context.Context, adapter, sessionID string) (found bool, err error)
 	// ListChats returns the page q asks for of the chat sessions of adapter
 	// ("" means every adapter), in listing order (domain.SessionQuery).
 	// Target is the one given with the most recent append; Turns counts the
@@ -122,7 +124,9 @@ type AgentSessionStore interface {
 	// the agent's running totals as of its end; an unknown session is not
 	// an error (it was terminated meanwhile).
 	EndAgentTurn(ctx context.Context, adapter, sessionID string, totals domain.AgentTotals) error
-	DeleteAgentSession(ctx context.Context, adapter, sessionID string) error
+	// DeleteAgentSession removes the mapping and reports whether there was
+	// one: an unknown session is no error, but found is false.
+	DeleteAgentSession(ctx context.Context, adapter, sessionID string) (found bool, err error)
 	// ListAgentSessions returns the page q asks for of the mappings of
 	// adapter ("" means every adapter), in listing order
 	// (domain.SessionQuery). LastUsed is the last Put or EndAgentTurn.

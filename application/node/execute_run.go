@@ -479,7 +479,9 @@ const sessionEnding = "\x00ending"
 // session meanwhile, and a run of the same session arriving then is
 // refused (session_busy) instead of using — and writing back — a session
 // the adapter is deleting. A run that follows release starts fresh.
-func (m *RunManager) endSession(ctx context.Context, adapter, sessionID string) (release func(), err error) {
+// stopped reports whether a run was in flight in the session: the session
+// existed then, whatever the adapter has stored of it.
+func (m *RunManager) endSession(ctx context.Context, adapter, sessionID string) (release func(), stopped bool, err error) {
 	k := sessionKey{adapter, sessionID}
 	for {
 		m.mu.Lock()
@@ -493,18 +495,19 @@ func (m *RunManager) endSession(ctx context.Context, adapter, sessionID string) 
 					delete(m.sessions, k)
 				}
 				m.mu.Unlock()
-			}, nil
+			}, stopped, nil
 		}
 		ar := m.active[runID]
 		m.mu.Unlock()
 		if runID == sessionEnding || ar == nil {
-			return nil, domain.Errorf(domain.CodeSessionBusy, "session %q is being ended", sessionID)
+			return nil, false, domain.Errorf(domain.CodeSessionBusy, "session %q is being ended", sessionID)
 		}
 		m.cancel(ar, errSessionEnded)
+		stopped = true
 		select {
 		case <-ar.done:
 		case <-ctx.Done():
-			return nil, domain.Errorf(domain.CodeTimeout, "run %s in session %q did not stop: %v", runID, sessionID, ctx.Err())
+			return nil, false, domain.Errorf(domain.CodeTimeout, "run %s in session %q did not stop: %v", runID, sessionID, ctx.Err())
 		}
 	}
 }

@@ -196,12 +196,21 @@ type ucSessionAdapter struct {
 
 	smu        sync.Mutex
 	terminated []string // "target/session"
+	// stored, if set, are the sessions the adapter keeps, as a store
+	// would: terminating one forgets it, any other is session_not_found.
+	stored map[string]bool
 }
 
 func (a *ucSessionAdapter) TerminateSession(_ context.Context, target, sessionID string) error {
 	a.smu.Lock()
 	defer a.smu.Unlock()
 	a.terminated = append(a.terminated, target+"/"+sessionID)
+	if a.stored != nil {
+		if !a.stored[sessionID] {
+			return domain.Errorf(domain.CodeSessionNotFound, "no session %q", sessionID)
+		}
+		delete(a.stored, sessionID)
+	}
 	return a.termErr
 }
 

@@ -24,7 +24,10 @@ func NewSessionHandler(rt *Runtime, runs *RunManager) *SessionHandler {
 // TerminateSession cancels any run in flight in the session and waits for it
 // to stop, then asks the adapter to forget the session; runs of the session
 // that arrive meanwhile are refused (session_busy). Adapters without
-// sessions answer session_unsupported rather than pretending to succeed.
+// sessions answer session_unsupported rather than pretending to succeed. A
+// session neither the adapter keeps nor a run in flight uses is
+// session_not_found; one whose only run was stopped (its first turn, not
+// yet stored) is ended.
 func (h *SessionHandler) TerminateSession(ctx context.Context, adapter, target, sessionID string) error {
 	in, ok := h.rt.lookup(adapter)
 	if !ok {
@@ -34,12 +37,19 @@ func (h *SessionHandler) TerminateSession(ctx context.Context, adapter, target, 
 	if !ok || !in.caps.Sessions {
 		return domain.Errorf(domain.CodeSessionUnsupported, "adapter %q (%s) does not keep sessions", adapter, in.cfg.Type)
 	}
-	release, err := h.runs.endSession(ctx, adapter, sessionID)
+	release, stopped, err := h.runs.endSession(ctx, adapter, sessionID)
 	if err != nil {
 		return err
 	}
 	defer release()
-	return st.TerminateSession(ctx, target, sessionID)
+	err = st.TerminateSession(ctx, target, sessionID)
+	if domain.CodeOf(err) == domain.CodeSessionNotFound {
+		if stopped {
+			return nil
+		}
+		return domain.Errorf(domain.CodeSessionNotFound, "adapter %q on this node has no session %q", adapter, sessionID)
+	}
+	return err
 }
 
 // ListSessions returns the page q asks for of the sessions of adapter

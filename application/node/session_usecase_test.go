@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -87,6 +88,46 @@ func TestTerminateSession(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTerminateUnknownSession: a session the adapter does not keep is
+// session_not_found (a typo must not read as ended), unless a run in
+// flight uses it (its first turn, not stored yet): that run is stopped
+// and the session ended.
+func TestTerminateUnknownSession(t *testing.T) {
+	ucNoLeaks(t)
+	chat := &ucSessionAdapter{
+		ucAdapter: newUCAdapter("chat", domain.Capabilities{MaxConcurrency: 4, Sessions: true}, map[string]ucExecFunc{"": ucBlock(ucDelta("thinking"))}),
+		stored:    map[string]bool{"kept": true},
+	}
+	n := newUCNode(t, map[string]ports.RuntimeAdapter{"chat": chat})
+	sessions := node.NewSessionHandler(n.rt, n.runs)
+	ctx := context.Background()
+
+	err := sessions.TerminateSession(ctx, "chat", "t", "typo")
+	if !errors.Is(err, domain.ErrSessionNotFound) || !strings.Contains(err.Error(), `"typo"`) {
+		t.Fatalf("ending an unknown session = %v, want session_not_found naming it", err)
+	}
+	if err := sessions.TerminateSession(ctx, "chat", "t", "kept"); err != nil {
+		t.Fatalf("ending a stored session = %v", err)
+	}
+	if err := sessions.TerminateSession(ctx, "chat", "t", "kept"); !errors.Is(err, domain.ErrSessionNotFound) {
+		t.Fatalf("ending it again = %v, want session_not_found", err)
+	}
+
+	req := ucReq("r1", "chat", "t")
+	req.SessionID = "fresh"
+	out := n.start(req)
+	out.wait(t, "the run to start", func(evs []domain.RunEvent) bool { return len(evs) == 2 })
+	if err := sessions.TerminateSession(ctx, "chat", "t", "fresh"); err != nil {
+		t.Fatalf("ending a session whose first run is in flight = %v", err)
+	}
+	if term := ucCheckStream(t, "r1", out.waitClosed(t)); term.Type != domain.EventCancelled {
+		t.Fatalf("run ended %s, want cancelled", term.Type)
+	}
+	if err := sessions.TerminateSession(ctx, "chat", "t", "fresh"); !errors.Is(err, domain.ErrSessionNotFound) {
+		t.Fatalf("ending it again = %v, want session_not_found", err)
 	}
 }
 

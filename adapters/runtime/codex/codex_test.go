@@ -418,6 +418,12 @@ echo '{"type":"turn.completed","usage":{"input_tokens":'$((120*n))',"cached_inpu
 	if err := a.TerminateSession(context.Background(), "", "s1"); err != nil {
 		t.Fatal(err)
 	}
+	// Forgotten, or never started, a session is not found.
+	for _, s := range []string{"s1", "typo"} {
+		if err := a.TerminateSession(context.Background(), "", s); !errors.Is(err, domain.ErrSessionNotFound) {
+			t.Fatalf("terminating %s again: %v, want session_not_found", s, err)
+		}
+	}
 	if u := turn("go"); u.PromptTokens != 600 {
 		t.Fatalf("new session usage = %+v", u)
 	}

@@ -136,7 +136,8 @@ func (a *Adapter) Close() error {
 	return nil
 }
 
-// TerminateSession forgets a session's history.
+// TerminateSession forgets a session's history; a session without one is
+// session_not_found.
 func (a *Adapter) TerminateSession(ctx context.Context, _ string, sessionID string) error {
 	return a.sessions.Terminate(ctx, sessionID)
 }

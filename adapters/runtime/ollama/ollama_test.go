@@ -495,8 +495,15 @@ func TestSessions(t *testing.T) {
 	if got := messages(t, srv.Request(t, 5).Body); got != "user:solo" {
 		t.Errorf("sessionless run sent %q", got)
 	}
-	if err := a.TerminateSession(context.Background(), "m", "unknown"); err != nil {
-		t.Errorf("terminating an unknown session: %v", err)
+	if err := a.TerminateSession(context.Background(), "m", "unknown"); !errors.Is(err, domain.ErrSessionNotFound) {
+		t.Errorf("terminating an unknown session: %v, want session_not_found", err)
+	}
+	// Ended once, the session is unknown until a run uses it again.
+	if err := a.TerminateSession(context.Background(), "m", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.TerminateSession(context.Background(), "m", "s1"); !errors.Is(err, domain.ErrSessionNotFound) {
+		t.Errorf("terminating an ended session: %v, want session_not_found", err)
 	}
 }
 

@@ -75,12 +75,15 @@ func (s *AgentSessionStore) EndAgentTurn(_ context.Context, adapter, sessionID s
 	return nil
 }
 
-// DeleteAgentSession removes the mapping; deleting an unknown one is not an error.
-func (s *AgentSessionStore) DeleteAgentSession(_ context.Context, adapter, sessionID string) error {
+// DeleteAgentSession removes the mapping and reports whether there was
+// one; deleting an unknown one is not an error.
+func (s *AgentSessionStore) DeleteAgentSession(_ context.Context, adapter, sessionID string) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.sessions, sessionKey{adapter, sessionID})
-	return nil
+	k := sessionKey{adapter, sessionID}
+	_, found := s.sessions[k]
+	delete(s.sessions, k)
+	return found, nil
 }
 
 // ListAgentSessions returns the page q asks for of the stored mappings of

@@ -89,12 +89,15 @@ func (s *ChatStore) AppendChat(_ context.Context, adapter, target, sessionID str
 	return nil
 }
 
-// DeleteChat removes the session's history; deleting an unknown session is not an error.
-func (s *ChatStore) DeleteChat(_ context.Context, adapter, sessionID string) error {
+// DeleteChat removes the session's history and reports whether there was
+// any; deleting an unknown session is not an error.
+func (s *ChatStore) DeleteChat(_ context.Context, adapter, sessionID string) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.sessions, sessionKey{adapter, sessionID})
-	return nil
+	k := sessionKey{adapter, sessionID}
+	_, found := s.sessions[k]
+	delete(s.sessions, k)
+	return found, nil
 }
 
 // ListChats returns the page q asks for of the chat sessions of adapter

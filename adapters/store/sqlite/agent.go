@@ -160,15 +160,20 @@ func (s *AgentSessionStore) EndAgentTurn(ctx context.Context, adapter, sessionID
 	return nil
 }
 
-// DeleteAgentSession removes the mapping; deleting an unknown one is not an error.
-func (s *AgentSessionStore) DeleteAgentSession(ctx context.Context, adapter, sessionID string) error {
-	_, err := s.db.NewDelete().Model((*agentSessionRow)(nil)).
+// DeleteAgentSession removes the mapping and reports whether there was
+// one; deleting an unknown one is not an error.
+func (s *AgentSessionStore) DeleteAgentSession(ctx context.Context, adapter, sessionID string) (bool, error) {
+	res, err := s.db.NewDelete().Model((*agentSessionRow)(nil)).
 		Where("adapter = ? AND session_id = ?", adapter, sessionID).
 		Exec(ctx)
 	if err != nil {
-		return fmt.Errorf("delete agent session %s/%s: %w", adapter, sessionID, err)
+		return false, fmt.Errorf("delete agent session %s/%s: %w", adapter, sessionID, err)
 	}
-	return nil
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("delete agent session %s/%s: %w", adapter, sessionID, err)
+	}
+	return n > 0, nil
 }
 
 // ListAgentSessions returns the page q asks for of the stored mappings of

@@ -206,17 +206,25 @@ func (s *ChatStore) AppendChat(ctx context.Context, adapter, target, sessionID s
 	})
 }
 
-// DeleteChat removes the session's history; deleting an unknown session is not an error.
-func (s *ChatStore) DeleteChat(ctx context.Context, adapter, sessionID string) error {
-	return s.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+// DeleteChat removes the session's history and reports whether there was
+// any; deleting an unknown session is not an error.
+func (s *ChatStore) DeleteChat(ctx context.Context, adapter, sessionID string) (found bool, err error) {
+	err = s.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		found = false
 		for _, model := range []any{(*chatMessageRow)(nil), (*chatSessionRow)(nil)} {
-			_, err := tx.NewDelete().Model(model).Where("adapter = ? AND session_id = ?", adapter, sessionID).Exec(ctx)
+			res, err := tx.NewDelete().Model(model).Where("adapter = ? AND session_id = ?", adapter, sessionID).Exec(ctx)
 			if err != nil {
 				return fmt.Errorf("delete chat %s/%s: %w", adapter, sessionID, err)
 			}
+			n, err := res.RowsAffected()
+			if err != nil {
+				return fmt.Errorf("delete chat %s/%s: %w", adapter, sessionID, err)
+			}
+			found = found || n > 0
 		}
 		return nil
 	})
+	return found && err == nil, err
 }
 
 // ListChats returns the page q asks for of the chat sessions of adapter

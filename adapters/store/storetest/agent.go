@@ -36,11 +36,14 @@ func AgentSessionStoreContract(t *testing.T, newStore func(t *testing.T) ports.A
 			t.Fatalf("ListAgentSessions after overwrite = %+v, %v; want one with target t2, thread-2", list, err)
 		}
 
-		if err := s.DeleteAgentSession(ctx, "codex", "s1"); err != nil {
-			t.Fatalf("DeleteAgentSession: %v", err)
+		if found, err := s.DeleteAgentSession(ctx, "codex", "s1"); err != nil || !found {
+			t.Fatalf("DeleteAgentSession = %v, %v; want found", found, err)
 		}
-		if err := s.DeleteAgentSession(ctx, "codex", "unknown"); err != nil {
-			t.Fatalf("DeleteAgentSession(unknown): %v", err)
+		// Unknown, already deleted, or another adapter's: no error, not found.
+		for _, k := range [][2]string{{"codex", "unknown"}, {"codex", "s1"}, {"gemini", "s1"}} {
+			if found, err := s.DeleteAgentSession(ctx, k[0], k[1]); err != nil || found {
+				t.Fatalf("DeleteAgentSession(%s/%s) = %v, %v; want not found, no error", k[0], k[1], found, err)
+			}
 		}
 		checkAgent(t, s, "codex", "s1", "", false)
 		checkAgent(t, s, "claude-code", "s1", "other-adapter", true)

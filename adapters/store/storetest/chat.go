@@ -84,11 +84,14 @@ func ChatStoreContract(t *testing.T, newStore func(t *testing.T) ports.ChatSessi
 		s, ctx := newStore(t), context.Background()
 		mustAppend(t, s, "ollama", "m", "s1", []domain.ChatMessage{user("a"), asst("b")})
 		mustAppend(t, s, "ollama", "m", "s2", []domain.ChatMessage{user("c")})
-		if err := s.DeleteChat(ctx, "ollama", "s1"); err != nil {
-			t.Fatalf("DeleteChat: %v", err)
+		if found, err := s.DeleteChat(ctx, "ollama", "s1"); err != nil || !found {
+			t.Fatalf("DeleteChat = %v, %v; want found", found, err)
 		}
-		if err := s.DeleteChat(ctx, "ollama", "unknown"); err != nil {
-			t.Fatalf("DeleteChat(unknown): %v", err)
+		// Unknown, already deleted, or another adapter's: no error, not found.
+		for _, k := range [][2]string{{"ollama", "unknown"}, {"ollama", "s1"}, {"openai", "s2"}} {
+			if found, err := s.DeleteChat(ctx, k[0], k[1]); err != nil || found {
+				t.Fatalf("DeleteChat(%s/%s) = %v, %v; want not found, no error", k[0], k[1], found, err)
+			}
 		}
 		if msgs, err := s.LoadChat(ctx, "ollama", "s1", 0); err != nil || len(msgs) != 0 {
 			t.Fatalf("LoadChat(deleted) = %v, %v; want none", msgs, err)

@@ -305,12 +305,20 @@ type Sessions struct {
 	Name  string
 }
 
-// Terminate forgets the mapping of sessionID; an unknown one is not an error.
+// Terminate forgets the mapping of sessionID; a session with no mapping
+// is session_not_found.
 func (s Sessions) Terminate(ctx context.Context, sessionID string) error {
 	if s.Store == nil {
-		return nil
+		return domain.Errorf(domain.CodeSessionUnsupported, "adapter %q keeps no sessions", s.Name)
 	}
-	return s.Store.DeleteAgentSession(ctx, s.Name, sessionID)
+	found, err := s.Store.DeleteAgentSession(ctx, s.Name, sessionID)
+	if err != nil {
+		return err
+	}
+	if !found {
+		return domain.Errorf(domain.CodeSessionNotFound, "adapter %q has no session %q", s.Name, sessionID)
+	}
+	return nil
 }
 
 // List returns the page q asks for of the stored mappings.

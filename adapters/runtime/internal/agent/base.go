@@ -63,7 +63,7 @@ func (b *Base) Capabilities() domain.Capabilities {
 }
 
 // TerminateSession forgets which agent session a session resumes; an
-// unknown one is not an error.
+// unknown one is session_not_found.
 func (b *Base) TerminateSession(ctx context.Context, _ string, sessionID string) error {
 	return b.sessions().Terminate(ctx, sessionID)
 }

@@ -308,12 +308,20 @@ func (s *Sessions) Commit(ctx context.Context, sink ports.EventSink, target, ses
 	return nil
 }
 
-// Terminate forgets sessionID; an unknown session is not an error.
+// Terminate forgets sessionID; a session with no history is
+// session_not_found.
 func (s *Sessions) Terminate(ctx context.Context, sessionID string) error {
 	if s.store == nil {
-		return nil
+		return domain.Errorf(domain.CodeSessionUnsupported, "adapter %q keeps no sessions", s.adapter)
 	}
-	return s.store.DeleteChat(ctx, s.adapter, sessionID)
+	found, err := s.store.DeleteChat(ctx, s.adapter, sessionID)
+	if err != nil {
+		return err
+	}
+	if !found {
+		return domain.Errorf(domain.CodeSessionNotFound, "adapter %q has no session %q", s.adapter, sessionID)
+	}
+	return nil
 }
 
 // List returns the page q asks for of the adapter's sessions.
