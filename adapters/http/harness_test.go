@@ -33,7 +33,10 @@ type fakeLink struct {
 	endErr       error
 	startErr     error
 	terminateErr error
-	command      func(ctx context.Context, name string, args []byte) (ports.CommandStream, error)
+	// kept, if set, are the "adapter/session"s the node keeps: ending one
+	// forgets it, ending any other is session_not_found.
+	kept    map[string]bool
+	command func(ctx context.Context, name string, args []byte) (ports.CommandStream, error)
 
 	mu         sync.Mutex
 	runs       map[string]*fakeRunStream
@@ -143,6 +146,12 @@ func (l *fakeLink) TerminateSession(_ context.Context, adapter, target, sessionI
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.terminated = append(l.terminated, adapter+"/"+target+"/"+sessionID)
+	if l.kept != nil {
+		if !l.kept[adapter+"/"+sessionID] {
+			return domain.Errorf(domain.CodeSessionNotFound, "adapter %q has no session %q", adapter, sessionID)
+		}
+		delete(l.kept, adapter+"/"+sessionID)
+	}
 	return l.terminateErr
 }
 

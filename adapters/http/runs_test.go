@@ -373,6 +373,45 @@ func TestEndSession(t *testing.T) {
 	wantError(t, e.do("DELETE", "/v1/sessions/s1?adapter=exec", ""), 400, "invalid_request") // two nodes: name one
 }
 
+// TestEndUnknownSession: a session the named node does not keep (a typo,
+// one ended already, or one on another node) is 404 session_not_found,
+// not "terminated"; when the edge knows the node the session runs on, the
+// message names it.
+func TestEndUnknownSession(t *testing.T) {
+	a := newFakeLink(domain.RunEvent{Type: domain.EventStart}, domain.RunEvent{Type: domain.EventComplete})
+	a.kept = map[string]bool{"llm/s1": true}
+	b := newFakeLink()
+	b.kept = map[string]bool{}
+	e := newEnv(t, testNode{"a", a}, testNode{"b", b})
+	// A run of s1 on a binds the session to a.
+	resp := e.do("POST", "/v1/runs", `{"node":"a","adapter":"llm","input":"hi","session_id":"s1"}`)
+	newSSE(resp.Body).readAll(t)
+	resp.Body.Close()
+
+	notFound := func(path string, want ...string) {
+		t.Helper()
+		m := readJSON(t, e.do("DELETE", path, ""), 404)
+		er, _ := m["error"].(map[string]any)
+		msg, _ := er["message"].(string)
+		if er["code"] != "session_not_found" {
+			t.Fatalf("DELETE %s = %v, want session_not_found", path, m)
+		}
+		for _, w := range want {
+			if !strings.Contains(msg, w) {
+				t.Fatalf("DELETE %s message %q, want it to mention %s", path, msg, w)
+			}
+		}
+	}
+	notFound("/v1/sessions/typo?node=a&adapter=llm", `node "a"`, `"typo"`)
+	notFound("/v1/sessions/s1?node=b&adapter=llm", `node "b"`, `"s1"`, `runs on node "a"`)
+	notFound("/v1/sessions/s1?node=a&adapter=other", `node "a"`)
+	m := readJSON(t, e.do("DELETE", "/v1/sessions/s1?node=a&adapter=llm", ""), 200)
+	if m["terminated"] != true || m["node"] != "a" {
+		t.Fatalf("answer %v", m)
+	}
+	notFound("/v1/sessions/s1?node=a&adapter=llm", `node "a"`, `"s1"`)
+}
+
 func TestEndSessionSingleNodeNamesIt(t *testing.T) {
 	e := newEnv(t, testNode{"only", newFakeLink()})
 	m := readJSON(t, e.do("DELETE", "/v1/sessions/s9?adapter=llm", ""), 200)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,6 +172,45 @@ func TestTerminateSessionUseCase(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTerminateSessionNotFound: a node that does not keep the session
+// answers session_not_found, which names the node the edge knows the
+// session runs on; the edge unbinds the session only from the node that
+// said so, and remembers nothing of a session it did not know (so that
+// its next run still recalls its node from the history).
+func TestTerminateSessionNotFound(t *testing.T) {
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	for _, l := range e.links {
+		l.termErr = domain.Errorf(domain.CodeSessionNotFound, "no such session")
+	}
+	e.reg.RememberSession("chat", "s1", "a")
+	h := edge.NewTerminateSessionHandler(e.reg)
+	ctx := context.Background()
+
+	err := h.Handle(ctx, edge.TerminateSession{Node: "b", Adapter: "chat", SessionID: "s1"})
+	if !errors.Is(err, domain.ErrSessionNotFound) || !strings.Contains(err.Error(), `node "b"`) || !strings.Contains(err.Error(), `runs on node "a"`) {
+		t.Fatalf("ending s1 on b = %v, want session_not_found naming b and a", err)
+	}
+	if n, ok := e.reg.SessionNode("chat", "s1"); !ok || n != "a" {
+		t.Fatalf("s1 bound to %q, %v after b's not found; want a", n, ok)
+	}
+
+	err = h.Handle(ctx, edge.TerminateSession{Node: "b", Adapter: "chat", SessionID: "typo"})
+	if !errors.Is(err, domain.ErrSessionNotFound) || strings.Contains(err.Error(), "runs on") {
+		t.Fatalf("ending typo = %v, want session_not_found naming no other node", err)
+	}
+	if edge.SessionKnown(e.reg, "chat", "typo") {
+		t.Fatal("the edge remembers a session no node keeps")
+	}
+
+	err = h.Handle(ctx, edge.TerminateSession{Node: "a", Adapter: "chat", SessionID: "s1"})
+	if !errors.Is(err, domain.ErrSessionNotFound) || strings.Contains(err.Error(), "runs on") {
+		t.Fatalf("ending s1 on a that lost it = %v, want session_not_found", err)
+	}
+	if n, ok := e.reg.SessionNode("chat", "s1"); ok {
+		t.Fatalf("s1 still bound to %q after its node said it keeps no such session", n)
 	}
 }
 

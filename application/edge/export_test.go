@@ -43,3 +43,10 @@ func SessionOwner(r *Registry, adapter, session string) string {
 	owner, _ := r.sessionOwner(adapter, session)
 	return owner
 }
+
+// SessionKnown reports whether r remembers session of adapter at all
+// (bound to a node, or ended).
+func SessionKnown(r *Registry, adapter, session string) bool {
+	_, known := r.sessionOwner(adapter, session)
+	return known
+}

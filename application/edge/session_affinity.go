@@ -1,6 +1,10 @@
 package edge
 
-import "container/list"
+import (
+	"container/list"
+
+	"iop/domain"
+)
 
 // DefaultSessionAffinity bounds how many sessions the edge remembers the
 // node of (least recently used forgotten first).
@@ -140,6 +144,17 @@ func (r *Registry) ForgetSession(adapter, session, node string) {
 	r.sessions.drop(sessionKey{adapter, session}, node)
 }
 
+// unbindSession unbinds session of adapter if it is bound to node (which
+// does not keep it), and remembers nothing of a session it does not know:
+// an end refused as session_not_found says nothing of where it runs.
+func (r *Registry) unbindSession(adapter, session, node string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.sessions.index[sessionKey{adapter, session}]; ok && e.Value.(*sessionEntry).node == node {
+		e.Value.(*sessionEntry).node = ""
+	}
+}
+
 // ForgetNodeSessions drops every session affinity to node (it left the
 // config).
 func (r *Registry) ForgetNodeSessions(node string) {
@@ -157,6 +172,20 @@ func (r *Registry) SessionNode(adapter, session string) (string, bool) {
 		return "", false
 	}
 	return e.Value.(*sessionEntry).node, true
+}
+
+// visibleSessionNode is SessionNode for a node caller p may see.
+func (r *Registry) visibleSessionNode(p domain.Principal, adapter, session string) (string, bool) {
+	node, ok := r.SessionNode(adapter, session)
+	if !ok {
+		return "", false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, seen := r.visible(p)[node]; !seen {
+		return "", false
+	}
+	return node, true
 }
 
 // sessionOwner reports the key session of adapter belongs to ("" if no

@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -39,7 +40,9 @@ func NewTerminateSessionHandler(reg *Registry) *TerminateSessionHandler {
 }
 
 // Handle ends the session. An adapter without sessions answers
-// session_unsupported; the node is optional when exactly one is connected.
+// session_unsupported, a session the node does not keep session_not_found
+// (naming the node the session is bound to, when the edge knows one the
+// caller may see); the node is optional when exactly one is connected.
 // A session another API key owns is refused (forbidden) unless the caller
 // is an admin.
 func (h *TerminateSessionHandler) Handle(ctx context.Context, cmd TerminateSession) error {
@@ -70,9 +73,19 @@ func (h *TerminateSessionHandler) Handle(ctx context.Context, cmd TerminateSessi
 	ctx, cancel := context.WithTimeout(ctx, h.timeout)
 	defer cancel()
 	err = n.Link.TerminateSession(ctx, cmd.Adapter, cmd.Target, cmd.SessionID)
-	if err == nil || domain.CodeOf(err) == domain.CodeSessionNotFound {
+	if err == nil {
 		// The session is gone from that node: its next run may go anywhere.
 		h.reg.ForgetSession(cmd.Adapter, cmd.SessionID, n.ID)
+	}
+	if domain.CodeOf(err) == domain.CodeSessionNotFound {
+		// Not on that node: no run of it goes there for it, but where it
+		// runs, if elsewhere, is still to be remembered or recalled.
+		h.reg.unbindSession(cmd.Adapter, cmd.SessionID, n.ID)
+		msg := fmt.Sprintf("node %q keeps no session %q of adapter %q", n.ID, cmd.SessionID, cmd.Adapter)
+		if at, ok := h.reg.visibleSessionNode(domain.PrincipalFrom(ctx), cmd.Adapter, cmd.SessionID); ok && at != n.ID {
+			msg += fmt.Sprintf("; it runs on node %q: name that node", at)
+		}
+		return domain.Errorf(domain.CodeSessionNotFound, "%s", msg)
 	}
 	return err
 }

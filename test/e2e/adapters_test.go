@@ -208,6 +208,20 @@ func TestRuntimeAdaptersWithStandIns(t *testing.T) {
 	if got := strings.Join(messages(si.last()), "|"); got != "user:fresh" {
 		t.Fatalf("after termination sent %q", got)
 	}
+	// A session the node does not keep (a typo, another adapter's) is not
+	// reported ended: 404 session_not_found, and iop session end fails.
+	for _, q := range []string{"/v1/sessions/typo?node=n1&adapter=llm", "/v1/sessions/s1?node=n1&adapter=gpt"} {
+		status, _, b := request(t, ctx, http.MethodDelete, e.url+q, "", nil)
+		if status != http.StatusNotFound || !strings.Contains(string(b), `"session_not_found"`) || !strings.Contains(string(b), `node \"n1\"`) {
+			t.Fatalf("DELETE %s: %d %s, want 404 session_not_found naming the node", q, status, b)
+		}
+	}
+	if out, errOut, code := cli(t, e, "", "session", "end", "typo", "--adapter", "llm", "--node", "n1"); code == 0 || !strings.Contains(errOut, `"typo"`) || !strings.Contains(errOut, "session_not_found") {
+		t.Fatalf("iop session end typo: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	if out, errOut, code := cli(t, e, "", "session", "end", "s1", "--adapter", "llm", "--node", "n1"); code != 0 || !strings.Contains(out, "session s1 of adapter llm ended on node n1") {
+		t.Fatalf("iop session end s1: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
 
 	// Claude Code: documented stream-json; the second run resumes the session.
 	evs = run("claude", "", "c1", "do it")
@@ -220,6 +234,14 @@ func TestRuntimeAdaptersWithStandIns(t *testing.T) {
 	if len(lines) != 2 || strings.Contains(lines[0], "--resume") || !strings.Contains(lines[1], "--resume=sess-abc") ||
 		!strings.Contains(lines[0], "--output-format stream-json") || !strings.Contains(lines[0], "--verbose") {
 		t.Fatalf("claude argv:\n%s", argv)
+	}
+
+	// An agent session ends once; then it is unknown.
+	if out, errOut, code := cli(t, e, "", "session", "end", "c1", "--adapter", "claude", "--node", "n1"); code != 0 {
+		t.Fatalf("iop session end c1: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	if out, errOut, code := cli(t, e, "", "session", "end", "c1", "--adapter", "claude", "--node", "n1"); code == 0 || !strings.Contains(errOut, "session_not_found") {
+		t.Fatalf("iop session end c1 again: exit %d\nstdout %s\nstderr %s", code, out, errOut)
 	}
 
 	// usage_status sums tokens from the complete events of all adapters.
