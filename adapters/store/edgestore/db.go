@@ -229,8 +229,8 @@ func (db *DB) migrate(ctx context.Context) error {
 		if db.postgres {
 			// Two edges starting at once: the second waits here, then
 			// sees the first one's versions and applies nothing.
-			if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(?)", int64(migrationLock)); err != nil {
-				return fmt.Errorf("migration lock: %w", err)
+			if err := lockMigrations(ctx, tx); err != nil {
+				return err
 			}
 		}
 		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS edge_schema_migrations (
@@ -266,6 +266,37 @@ func (db *DB) migrate(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// migrationLockPoll is how often an edge waiting for another's migration
+// tries the lock again.
+const migrationLockPoll = 100 * time.Millisecond
+
+// lockMigrations takes the migration lock for tx, waiting while another
+// edge holds it until ctx ends. It polls pg_try_advisory_xact_lock rather
+// than blocking in pg_advisory_xact_lock: a blocked statement's answer is
+// one read, cut off by the connection's read timeout (5 s by default,
+// read_timeout), and another edge's migration on a loaded machine may take
+// longer than that.
+func lockMigrations(ctx context.Context, tx bun.Tx) error {
+	start := time.Now()
+	for {
+		var got bool
+		if err := tx.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock(?)", int64(migrationLock)).Scan(&got); err != nil {
+			return fmt.Errorf("migration lock: %w", err)
+		}
+		if got {
+			return nil
+		}
+		t := time.NewTimer(migrationLockPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("migration lock: another edge sharing the database held it (migrating the schema) for %s, longer than this edge waits: %w",
+				time.Since(start).Round(time.Millisecond), ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // Reclaim gives the pages a prune freed back to the file system, so the

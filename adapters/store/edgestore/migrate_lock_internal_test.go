@@ -1,0 +1,107 @@
+package edgestore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/uptrace/bun/driver/pgdriver"
+
+	"iop/adapters/store/pgtest"
+)
+
+// holdMigrationLock takes the migration lock on a connection of its own,
+// as another edge migrating the database does; release gives it back.
+func holdMigrationLock(t *testing.T, dsn string) (conn *sql.Conn, release func()) {
+	t.Helper()
+	ctx := context.Background()
+	sqldb := sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(dsn), pgdriver.WithTimeout(30*time.Second)))
+	t.Cleanup(func() { _ = sqldb.Close() })
+	conn, err := sqldb.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	if _, err := conn.ExecContext(ctx, fmt.Sprintf("SELECT pg_advisory_lock(%d)", int64(migrationLock))); err != nil {
+		t.Fatal(err)
+	}
+	return conn, func() {
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf("SELECT pg_advisory_unlock(%d)", int64(migrationLock))); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// An edge whose migration waits for another edge's (two edges starting
+// together on one fresh database, the first one slow) waits past its
+// connection's read timeout, and migrates once the lock is free. The wait
+// used to be one blocked statement, cut off by the read timeout:
+// "migration lock: read tcp …: i/o timeout".
+func TestPostgresMigrationWaitsForTheLockPastTheReadTimeout(t *testing.T) {
+	const readTimeout = 250 * time.Millisecond
+	dsn := pgtest.DSN(t)
+	conn, release := holdMigrationLock(t, dsn)
+
+	type opened struct {
+		db  *DB
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		db, err := Open(context.Background(), dsn+"&read_timeout="+readTimeout.String())
+		done <- opened{db, err}
+	}()
+	// Open is at the lock once its session has asked for it.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := conn.QueryRowContext(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE pid <> pg_backend_pid() AND query LIKE '%advisory_xact_lock%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Open never asked for the migration lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The other edge's migration goes on for several read timeouts.
+	time.Sleep(4 * readTimeout)
+	select {
+	case o := <-done:
+		t.Fatalf("Open returned while another edge held the migration lock: %v", o.err)
+	default:
+	}
+	release()
+	o := <-done
+	if o.err != nil {
+		t.Fatalf("Open after the lock was released: %v", o.err)
+	}
+	defer o.db.Close()
+	var version int
+	if err := o.db.bun.NewSelect().Table("edge_schema_migrations").ColumnExpr("max(version)").Scan(context.Background(), &version); err != nil || version != Version() {
+		t.Fatalf("schema version %d, %v; want %d", version, err, Version())
+	}
+}
+
+// An edge gives up waiting for the migration lock when its context ends,
+// saying what it waited for.
+func TestPostgresMigrationLockWaitEnds(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	holdMigrationLock(t, dsn)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	db, err := Open(ctx, dsn)
+	if err == nil {
+		_ = db.Close()
+		t.Fatal("Open succeeded while another edge held the migration lock")
+	}
+	if !strings.Contains(err.Error(), "migration lock: another edge sharing the database held it") {
+		t.Fatalf("Open = %v, want the wait for another edge's migration named", err)
+	}
+}
