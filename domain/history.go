@@ -63,6 +63,11 @@ type RunQuery struct {
 	Took bool
 	// ExcludeKeys, when not empty, leaves out the runs of these key names.
 	ExcludeKeys []string
+	// Own limits the runs to those this edge wrote: where edges may share
+	// the history (PostgreSQL), the rows carrying the store's edge id; a
+	// history only one edge uses (an SQLite file) holds its rows alone, all
+	// of them, whatever edge id (host name) wrote them.
+	Own bool
 }
 
 // refusedBeforeStart are the error codes of a failed run that no node

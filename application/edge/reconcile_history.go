@@ -25,7 +25,8 @@ const (
 )
 
 // HistoryReconciler repairs, when a node registers, that node's history
-// rows left running by an edge that stopped before their ends were
+// rows (this edge's: RunQuery.Own) left running by an edge that stopped
+// before their ends were
 // written, or by a background run whose link broke (the edge then stops
 // following it and the node goes on with it): each run whose end this edge
 // process does not record itself (not in flight here, its end not seen
@@ -171,9 +172,10 @@ func (r *HistoryReconciler) forgetRemoved(node string) {
 	r.removed = slices.DeleteFunc(r.removed, func(id string) bool { return id == node })
 }
 
-// NodeRemoved ends the history rows left running on node, which a reload
-// has just removed from the directory and disconnected: its registration
-// is refused from now on, so no repair would ever settle them, and the
+// NodeRemoved ends this edge's history rows (RunQuery.Own) left running
+// on node, which a reload has just removed from the directory and
+// disconnected: its registration is refused from now on, so no repair
+// would ever settle them, and the
 // node stops its runs when refused. Each is written failed with code
 // node_removed, but for a run this edge process records the end of itself
 // (still followed here: one let go of when its link closed is ended by
@@ -191,7 +193,9 @@ func (r *HistoryReconciler) NodeRemoved(ctx context.Context, node string) {
 		}
 	}
 	r.removedMu.Unlock()
-	q := domain.RunQuery{Node: node, Status: domain.RunRunning, Limit: reconcileMaxRuns}
+	// This edge's rows only: another edge sharing the history may have a
+	// node of this id that it still holds, whose runs go on there.
+	q := domain.RunQuery{Node: node, Status: domain.RunRunning, Limit: reconcileMaxRuns, Own: true}
 	for ctx.Err() == nil {
 		page, err := r.store.ListRuns(ctx, q)
 		if err != nil {
@@ -275,7 +279,8 @@ func (r *HistoryReconciler) nextDue() (time.Time, bool) {
 	return first, !first.IsZero()
 }
 
-// repair looks at node's running rows one by one (settle asks the node
+// repair looks at node's running rows this edge wrote (RunQuery.Own) one
+// by one (settle asks the node
 // only for runs whose end this edge does not record itself) and watches
 // those not settled. It replaces the node's watch: what the history says
 // now is the fresher list.
@@ -288,7 +293,10 @@ func (r *HistoryReconciler) repair(node string) {
 	if !ok {
 		return // it left already; its next registration repairs
 	}
-	page, err := r.store.ListRuns(r.ctx, domain.RunQuery{Node: node, Status: domain.RunRunning, Limit: reconcileMaxRuns})
+	// This edge's rows only: another edge sharing the history follows its
+	// own runs, which may be of another node under the same id (this one
+	// would answer run_not_found, and a live run there be written lost).
+	page, err := r.store.ListRuns(r.ctx, domain.RunQuery{Node: node, Status: domain.RunRunning, Limit: reconcileMaxRuns, Own: true})
 	if err != nil {
 		return // the history is unreachable; a later read or registration repairs
 	}

@@ -14,11 +14,14 @@ import (
 )
 
 // rmHistory is a history that stores what is recorded and pages its
-// lists (Limit, Cursor), in insertion order.
+// lists (Limit, Cursor), in insertion order. Rows whose ids are in foreign
+// were written by another edge sharing the history: a query of this edge's
+// own rows (RunQuery.Own) leaves them out.
 type rmHistory struct {
 	mu       sync.Mutex
 	ids      []string
 	rows     map[string]domain.RunRecord
+	foreign  map[string]bool
 	recorded int
 }
 
@@ -54,7 +57,7 @@ func (h *rmHistory) ListRuns(_ context.Context, q domain.RunQuery) (domain.RunPa
 	var page domain.RunPage
 	for i := start; i < len(h.ids); i++ {
 		r := h.rows[h.ids[i]]
-		if (q.Node != "" && r.Node != q.Node) || (q.Status != "" && r.Status != q.Status) {
+		if (q.Node != "" && r.Node != q.Node) || (q.Status != "" && r.Status != q.Status) || (q.Own && h.foreign[r.ID]) {
 			continue
 		}
 		if q.Limit > 0 && len(page.Runs) == q.Limit {
@@ -164,6 +167,38 @@ func TestReloadEndsTheRunningRowsOfARemovedNode(t *testing.T) {
 	admin := domain.WithPrincipal(context.Background(), domain.Principal{Name: "admin", Scopes: []string{domain.ScopeAdmin}})
 	if _, err := cancel.Handle(admin, "ra-000"); domain.CodeOf(err) != domain.CodeRunFinished {
 		t.Fatalf("cancel of a removed node's run = %v, want run_finished", err)
+	}
+}
+
+// A reload that removes a node ends this edge's running rows of it only.
+// Another edge sharing the history may list a node of the same id (the
+// same node, with the same token) that is connected to it and runs its
+// runs: they were written failed node_removed while going on there, and
+// stayed so once they ended (a repair lists running rows only).
+func TestReloadLeavesAnotherEdgesRowsOfTheRemovedNode(t *testing.T) {
+	ucNoLeaks(t)
+	recs := ucReloadRecords()
+	dir, reg, bus, versions := &ucDir{recs: recs}, edge.NewRegistry(), newUCBus(), &edge.ConfigVersions{}
+	created := time.Now().Add(-time.Hour)
+	hist := newRMHistory(
+		domain.RunRecord{ID: "ra-mine", Node: "a", Adapter: "exec", Background: true, Status: domain.RunRunning, CreatedAt: created},
+		domain.RunRecord{ID: "ra-other", Node: "a", Adapter: "exec", Background: true, Status: domain.RunRunning, CreatedAt: created})
+	hist.foreign = map[string]bool{"ra-other": true}
+	h := edge.NewRunHistoryHandler(hist)
+	h.Nodes, h.Record = edge.NewGetRunHandler(reg, edge.NewRunTracker(0), edge.NewNodeCommandHandler(reg)), hist
+	rc := edge.NewHistoryReconciler(h)
+	t.Cleanup(rc.Close)
+
+	rl := edge.NewReloadHandler(&ucSource{recs: ucReloadRecords()[1:]}, dir, reg, bus, versions, nil)
+	rl.Reconcile = rc
+	if _, err := rl.Handle(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r := hist.get("ra-mine"); r.Status != domain.RunFailed || r.ErrorCode != domain.CodeNodeRemoved {
+		t.Fatalf("this edge's row = %+v, want failed node_removed", r)
+	}
+	if r := hist.get("ra-other"); r.Status != domain.RunRunning || r.ErrorCode != "" || !r.FinishedAt.IsZero() {
+		t.Fatalf("another edge's row = %+v, want still running", r)
 	}
 }
 

@@ -138,9 +138,12 @@ func TestHistoryGetSettlesARunItsNodeNeverHad(t *testing.T) {
 }
 
 // rcHistory is a history whose ListRuns answers the running rows of a node
-// and whose RecordRun reports each write on a channel.
+// and whose RecordRun reports each write on a channel. Rows whose ids are
+// in foreign were written by another edge sharing the history: a query of
+// this edge's own rows (RunQuery.Own) leaves them out.
 type rcHistory struct {
 	rows     []domain.RunRecord
+	foreign  map[string]bool
 	recorded chan domain.RunRecord
 }
 
@@ -155,7 +158,7 @@ func (h *rcHistory) GetRun(_ context.Context, id string) (domain.RunRecord, erro
 func (h *rcHistory) ListRuns(_ context.Context, q domain.RunQuery) (domain.RunPage, error) {
 	var out []domain.RunRecord
 	for _, r := range h.rows {
-		if (q.Node == "" || r.Node == q.Node) && (q.Status == "" || r.Status == q.Status) {
+		if (q.Node == "" || r.Node == q.Node) && (q.Status == "" || r.Status == q.Status) && !(q.Own && h.foreign[r.ID]) {
 			out = append(out, r)
 		}
 	}
@@ -199,6 +202,43 @@ func TestReconcilerRepairsRowsOfRegisteringNode(t *testing.T) {
 	case r := <-hist.recorded:
 		t.Fatalf("recorded %+v, want only r1", r)
 	default:
+	}
+}
+
+// A registering node's repair looks at this edge's rows only. Another edge
+// sharing the history follows its own runs, here on another node under the
+// same id: asked of this edge's node, which has no record of it, the live
+// run there was written failed run_lost (its row a minute old).
+func TestReconcilerRepairsOnlyThisEdgesRows(t *testing.T) {
+	ucNoLeaks(t)
+	old := time.Now().Add(-time.Hour)
+	hist := &rcHistory{recorded: make(chan domain.RunRecord, 4), foreign: map[string]bool{"r-other": true}, rows: []domain.RunRecord{
+		{ID: "r-other", Node: "n1", Adapter: "exec", Background: true, Status: domain.RunRunning, CreatedAt: old},
+		{ID: "r1", Node: "n1", Adapter: "exec", Status: domain.RunRunning, CreatedAt: old},
+	}}
+	link := &qrLink{id: "n1", runs: map[string]string{"r1": reconcileCancelled}}
+	reg := qrRegistry(t, link)
+	h := edge.NewRunHistoryHandler(hist)
+	h.Nodes, h.Record = edge.NewGetRunHandler(reg, edge.NewRunTracker(0), edge.NewNodeCommandHandler(reg)), hist
+	rc := edge.NewHistoryReconciler(h)
+	defer rc.Close()
+	rc.NodeRegistered("n1")
+	select {
+	case r := <-hist.recorded:
+		if r.ID != "r1" || r.Status != domain.RunCancelled {
+			t.Fatalf("recorded %+v, want r1 cancelled", r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the registering node's cancelled run was not recorded")
+	}
+	rc.Close()
+	select {
+	case r := <-hist.recorded:
+		t.Fatalf("recorded %+v, want only r1 (r-other is another edge's)", r)
+	default:
+	}
+	if calls := link.commands(); len(calls) != 1 {
+		t.Fatalf("node commands = %q, want one run_get (r1's)", calls)
 	}
 }
 

@@ -579,3 +579,46 @@ func TestOpenBadPostgresDSNFailsWithoutThePassword(t *testing.T) {
 		t.Log(err)
 	}
 }
+
+// RunQuery.Own lists the rows this edge wrote. On PostgreSQL, which edges
+// may share, those are the rows of the store's edge id (as written: an id
+// past the column's 255 characters is cut there); an SQLite file is one
+// edge's, so all of its rows are, also those of an earlier host name.
+func TestListOwnRuns(t *testing.T) {
+	mine := strings.Repeat("e", 300)
+	for _, tc := range []struct {
+		name            string
+		newDSN          opener
+		ownRuns, second string // second: the second page of one run
+	}{
+		{"sqlite", sqliteDSN, "[run_mine2 run_other run_mine]", "[run_other]"},
+		{"postgres", func(t *testing.T) string { return pgtest.DSN(t) }, "[run_mine2 run_mine]", "[run_mine]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dsn := tc.newDSN(t)
+			s := open(t, dsn, edgestore.Options{EdgeID: mine})
+			other := open(t, dsn, edgestore.Options{EdgeID: "edge-b"})
+			s.RecordRun(run("run_mine", "n1", "exec", "k", domain.RunRunning, t0, nil))
+			other.RecordRun(run("run_other", "n1", "exec", "k", domain.RunRunning, t0.Add(time.Minute), nil))
+			s.RecordRun(run("run_mine2", "n1", "exec", "k", domain.RunRunning, t0.Add(2*time.Minute), nil))
+			s.RecordRun(run("run_mine_n2", "n2", "exec", "k", domain.RunRunning, t0.Add(3*time.Minute), nil))
+			eventually(t, "the rows of both edges", func() bool {
+				p, err := s.ListRuns(context.Background(), domain.RunQuery{})
+				return err == nil && len(p.Runs) == 4
+			})
+			running := domain.RunQuery{Node: "n1", Status: domain.RunRunning}
+			wantRunIDs(t, s, running, "[run_mine2 run_other run_mine]")
+			own := running
+			own.Own = true
+			wantRunIDs(t, s, own, tc.ownRuns)
+			// Paged, the cursor goes on within the edge's rows.
+			own.Limit = 1
+			p, err := s.ListRuns(context.Background(), own)
+			if err != nil || p.Next == "" {
+				t.Fatalf("first page %+v, %v; want a next", p, err)
+			}
+			own.Cursor = p.Next
+			wantRunIDs(t, s, own, tc.second)
+		})
+	}
+}

@@ -577,6 +577,11 @@ func (s *Store) ListRuns(ctx context.Context, q domain.RunQuery) (domain.RunPage
 	if len(q.ExcludeKeys) > 0 {
 		sel = sel.Where("key_name NOT IN (?)", bun.List(q.ExcludeKeys))
 	}
+	if q.Own && s.db.postgres {
+		// As toRunRow wrote it. An SQLite file is one edge's: its rows
+		// are all its own, also those written under an earlier host name.
+		sel = sel.Where("edge_id = ?", text(s.opts.EdgeID, 255))
+	}
 	if !q.Since.IsZero() {
 		sel = sel.Where("created_us >= ?", ceilMicros(q.Since))
 	}
