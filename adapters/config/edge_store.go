@@ -22,7 +22,8 @@ type StoreConfig struct {
 	// a negative value keeps everything).
 	Retention Duration `yaml:"retention"`
 	// EdgeID is written on every row, so edges sharing a database can be
-	// told apart; default the host name.
+	// told apart; default the host name. On PostgreSQL an edge repairs and
+	// ends only the running rows of its own id (domain.RunQuery.Own).
 	EdgeID string `yaml:"edge_id"`
 }
 
