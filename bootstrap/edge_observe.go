@@ -39,6 +39,9 @@ func newEdgeStore(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, m *prom.Met
 	edgeID := c.Store.EdgeID
 	if edgeID == "" {
 		edgeID, _ = os.Hostname()
+		if edgestore.IsPostgres(dsn) {
+			log.Warn(defaultEdgeIDWarning, "edge_id", edgeID)
+		}
 	}
 	st := edgestore.New(db, edgestore.Options{EdgeID: edgeID, Retention: c.Store.Retention.Std(), Dropped: m.HistoryDropped, Logger: log})
 	log.Info("edge store open", "dsn", c.StoreDSNForLog(), "schema", edgestore.Version(), "retention", c.Store.Retention)
@@ -46,6 +49,14 @@ func newEdgeStore(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, m *prom.Met
 	lc.Append(fx.Hook{OnStop: func(context.Context) error { return st.Close() }})
 	return st, nil
 }
+
+// defaultEdgeIDWarning is logged by an edge whose PostgreSQL history has
+// no store.edge_id: it writes and repairs its rows under its host name, and
+// on PostgreSQL (which edges may share) it settles only the running rows
+// written under its own id, so a new host name (a container made again)
+// leaves the earlier rows to be settled one by one as they are read.
+const defaultEdgeIDWarning = "store.edge_id is not set: this edge's history rows carry its host name, and on PostgreSQL it settles only the running rows written under its own id; " +
+	"set a stable store.edge_id (a container's host name changes when it is made again)"
 
 // metricsServer serves GET /metrics alone on metrics.listen, if set.
 type metricsServer struct{ srv *httpapi.MetricsServer }
