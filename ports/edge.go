@@ -58,7 +58,8 @@ type CommandStream interface {
 
 // TunnelStream yields a provider response's frames in order, ending with a
 // TunnelEnd or TunnelError frame. Close abandons it (the node aborts the
-// upstream request).
+// upstream request) and returns once its request body is no longer read
+// (NodeLink.OpenTunnel); it is called once the stream ended too.
 type TunnelStream interface {
 	// Recv returns the next frame. A body frame's bytes are valid only until
 	// the next Recv or Close: the link may reuse their buffer.
@@ -72,7 +73,13 @@ type NodeLink interface {
 	CancelRun(ctx context.Context, runID string) error
 	TerminateSession(ctx context.Context, adapter, target, sessionID string) error
 	Command(ctx context.Context, name string, args []byte) (CommandStream, error)
-	// OpenTunnel sends req; if body is non-nil it is streamed after req.Body.
+	// OpenTunnel sends req; if body is non-nil it is streamed after req.Body,
+	// read on a goroutine of the stream's own. The stream's Close waits for
+	// that goroutine: when body is also an io.Closer, Close closes it first
+	// if a read may still be under way, and its Close must make a Read in
+	// progress return soon and later ones fail (a body that can block
+	// should be one). A body read that fails, other than with io.EOF,
+	// fails the tunnel.
 	OpenTunnel(ctx context.Context, req domain.TunnelRequest, body io.Reader) (TunnelStream, error)
 	PushConfig(ctx context.Context, cfg domain.NodeConfig) error
 	// Close drops the connection; reason goes into the disconnect event.

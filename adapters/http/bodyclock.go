@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 )
 
@@ -35,17 +36,24 @@ var ErrBodyTooSlow = errors.New("request body arrived too slowly")
 // deadline firing then would cancel a long SSE stream. Time the handler
 // spends between reads (a relay waiting for its node) is not charged to
 // the client's idle bound.
-func clockBody(w http.ResponseWriter, r *http.Request, timeout time.Duration, rate int, idle time.Duration) {
+//
+// A handler that sets a read deadline itself (through the statusWriter,
+// e.g. to cut off a body read still in progress on another goroutine as it
+// returns) takes the deadline over: the clock never moves it again
+// (clockedBody.own). It returns the clocked body, nil when there is none.
+func clockBody(w http.ResponseWriter, r *http.Request, timeout time.Duration, rate int, idle time.Duration) *clockedBody {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 || timeout <= 0 {
-		return
+		return nil
 	}
 	rc := http.NewResponseController(w)
 	deadline := time.Now().Add(timeout)
 	if rc.SetReadDeadline(deadline) != nil {
-		return // not supported by this connection: nothing to bound
+		return nil // not supported by this connection: nothing to bound
 	}
-	r.Body = &clockedBody{ReadCloser: r.Body, rc: rc, deadline: deadline, armed: deadline, timeout: timeout, idle: idle,
+	b := &clockedBody{ReadCloser: r.Body, rc: rc, deadline: deadline, armed: deadline, timeout: timeout, idle: idle,
 		perByte: time.Second / time.Duration(max(rate, 1))}
+	r.Body = b
+	return b
 }
 
 type clockedBody struct {
@@ -58,6 +66,25 @@ type clockedBody struct {
 	perByte  time.Duration
 	credit   time.Duration // earned but not yet applied (below a millisecond)
 	done     bool
+	// mu orders the clock's moves of the deadline against own: a
+	// handler's deadline set while a Read is about to arm the clock's is
+	// never overwritten by it.
+	mu sync.Mutex
+	// owned: the handler set the read deadline itself, or returned; the
+	// clock leaves the connection alone from then on.
+	owned bool
+}
+
+// own gives the read deadline to the handler: it is set to t (unless the
+// handler has returned, ended) and the clock no longer moves it.
+func (b *clockedBody) own(t time.Time, ended bool) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.owned = true
+	if ended {
+		return nil
+	}
+	return b.rc.SetReadDeadline(t)
 }
 
 func (b *clockedBody) Read(p []byte) (int, error) {
@@ -70,11 +97,16 @@ func (b *clockedBody) Read(p []byte) (int, error) {
 			want = t
 		}
 	}
-	if !want.Equal(b.armed) {
+	b.mu.Lock()
+	if !b.owned && !want.Equal(b.armed) {
 		b.armed = want
 		_ = b.rc.SetReadDeadline(want)
 	}
+	b.mu.Unlock()
 	n, err := b.ReadCloser.Read(p)
+	b.mu.Lock()
+	owned := b.owned // the handler's deadline may have cut this read off
+	b.mu.Unlock()
 	if n > 0 {
 		if b.credit += time.Duration(n) * b.perByte; b.credit >= time.Millisecond {
 			b.deadline = b.deadline.Add(b.credit)
@@ -84,7 +116,13 @@ func (b *clockedBody) Read(p []byte) (int, error) {
 	switch {
 	case errors.Is(err, io.EOF):
 		b.done = true
-		_ = b.rc.SetReadDeadline(time.Time{})
+		b.mu.Lock()
+		if !b.owned {
+			_ = b.rc.SetReadDeadline(time.Time{})
+		}
+		b.mu.Unlock()
+	case owned:
+		// The handler's deadline, not the clock's: its error as it is.
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		if b.armed.Before(b.deadline) {
 			err = fmt.Errorf("%w (no bytes for %v)", ErrBodyTooSlow, b.idle)

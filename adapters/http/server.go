@@ -275,14 +275,20 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	s.handlers.Add(1)
 	defer s.handlers.Add(-1)
 	start := time.Now()
-	clockBody(w, r, s.BodyTimeout, s.BodyMinRate, s.BodyIdleTimeout)
+	body := clockBody(w, r, s.BodyTimeout, s.BodyMinRate, s.BodyIdleTimeout)
+	if body != nil {
+		// A read of the body after the handler returned (a handler's bug:
+		// net/http forbids it) must at least not move the connection's
+		// deadline through a ResponseController that is no longer valid.
+		defer func() { _ = body.own(time.Time{}, true) }()
+	}
 	// No answer of this API is a page: what a provider, a node or a caller
 	// put in one (a passthrough's HTML, a run's output) must never run as
 	// this origin, where the console and every write route live. API
 	// clients ignore both; the console sets its own policy.
 	hdr := w.Header()
 	hdr["Content-Security-Policy"], hdr["X-Content-Type-Options"] = apiCSPValue, nosniffValue
-	sw := &statusWriter{ResponseWriter: w, wd: deadline.Quarter(s.WriteIdleTimeout)}
+	sw := &statusWriter{ResponseWriter: w, wd: deadline.Quarter(s.WriteIdleTimeout), body: body}
 	keepDotID(r)
 	h, pattern := s.mux.Handler(r)
 	// An unknown route needs a key too, so that a caller without one
@@ -560,6 +566,17 @@ type statusWriter struct {
 	// wd moves the write deadline; own: the handler set its own.
 	wd  deadline.Lazy
 	own bool
+	// body is the request's clocked body, nil when it has none.
+	body *clockedBody
+}
+
+// SetReadDeadline is the handler's own read deadline (through
+// http.ResponseController): the body clock no longer moves it.
+func (w *statusWriter) SetReadDeadline(t time.Time) error {
+	if w.body != nil {
+		return w.body.own(t, false)
+	}
+	return http.NewResponseController(w.ResponseWriter).SetReadDeadline(t)
 }
 
 // writeChunk is the most one bounded write hands to the connection at once,

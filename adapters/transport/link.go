@@ -7,7 +7,6 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"iop/domain"
 	"iop/ports"
@@ -330,6 +329,9 @@ func (l *edgeLink) OpenTunnel(ctx context.Context, req domain.TunnelRequest, bod
 	t := &tunnelStream{s: s}
 	if rest != nil {
 		t.upload = make(chan struct{})
+		if c, ok := body.(io.Closer); ok {
+			t.body = c
+		}
 		go t.sendBody(rest)
 	}
 	return t, nil
@@ -339,6 +341,9 @@ type tunnelStream struct {
 	s      *Stream
 	done   bool
 	upload chan struct{} // closed when the body uploader has returned
+	// body, when the caller's body is an io.Closer, is closed by Close to
+	// end a read of it in progress (ports.NodeLink.OpenTunnel).
+	body io.Closer
 	// bodyErr is why the uploader reset the stream: the request body failed.
 	bodyErr atomic.Pointer[error]
 	// sendErr is why the uploader reset the stream: a piece of the body
@@ -445,12 +450,19 @@ func (t *tunnelStream) Close() {
 		t.s.Close()
 	}
 	// The uploader stops once the stream is gone, unless it is blocked
-	// reading the caller's body; that read ends when the HTTP server closes
-	// the body after the handler returns, so Close must not wait for it long.
+	// reading the caller's body: closing the body ends that read (the
+	// HTTP handler's body cuts it off with a read deadline), and Close
+	// returns only once the uploader has, so nothing reads the body after
+	// its owner is done with the tunnel (an HTTP server forbids reading a
+	// request's body once its handler returned).
 	if t.upload != nil {
 		select {
 		case <-t.upload:
-		case <-time.After(time.Second):
+		default:
+			if t.body != nil {
+				_ = t.body.Close()
+			}
+			<-t.upload
 		}
 	}
 }

@@ -1163,3 +1163,58 @@ func TestCommandResultLimitDefault(t *testing.T) {
 		t.Errorf("limit with 64 MiB frames %d, want four frames", got)
 	}
 }
+
+// stallingBody is a caller's body that sends nothing: a Read waits until
+// Close. reading counts the Reads in progress.
+type stallingBody struct {
+	reading atomic.Int32
+	closed  chan struct{}
+	once    sync.Once
+}
+
+func (b *stallingBody) Read([]byte) (int, error) {
+	b.reading.Add(1)
+	defer b.reading.Add(-1)
+	<-b.closed
+	return 0, errors.New("body closed")
+}
+
+func (b *stallingBody) Close() error {
+	b.once.Do(func() { close(b.closed) })
+	return nil
+}
+
+// A tunnel that ends while its uploader waits for the caller's body (the
+// node answered without reading it) does not leave the uploader reading:
+// Close closes the body, which ends the read, and returns only once the
+// uploader has. It used to give the uploader up after a second, still
+// reading a body its owner (an HTTP handler) was done with.
+func TestTunnelCloseEndsAStalledBodyRead(t *testing.T) {
+	p := newPair(t, pairOptions{}, func(_ *fakeEdge, n *fakeNode) {
+		n.onTunnel = func(_ context.Context, _ domain.TunnelRequest, _ io.Reader, out ports.TunnelSink) {
+			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelStatus, Status: 413})
+			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelEnd})
+		}
+	})
+	body := &stallingBody{closed: make(chan struct{})}
+	defer body.Close() // the old Close left it read
+	ts, err := p.link.OpenTunnel(p.ctx, domain.TunnelRequest{Provider: "oa", Method: "POST"}, body)
+	mustf(t, err, "OpenTunnel")
+	for {
+		f, err := ts.Recv(p.ctx)
+		mustf(t, err, "Recv")
+		if f.Kind == domain.TunnelEnd {
+			break
+		}
+	}
+	eventually(t, p.ctx, "the uploader waiting for the body", func() bool { return body.reading.Load() == 1 })
+	ts.Close()
+	if n := body.reading.Load(); n != 0 {
+		t.Fatalf("Close returned with %d read(s) of the body in progress", n)
+	}
+	select {
+	case <-ts.(*tunnelStream).upload:
+	default:
+		t.Fatal("Close returned before the uploader did")
+	}
+}

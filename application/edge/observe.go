@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"io"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -148,6 +149,15 @@ func (ob *runObservation) settled(r domain.RunRecord) {
 type countingReader struct {
 	r interface{ Read([]byte) (int, error) }
 	n atomic.Int64
+}
+
+// Close closes the body it counts, if it has a Close
+// (ports.NodeLink.OpenTunnel).
+func (c *countingReader) Close() error {
+	if cl, ok := c.r.(io.Closer); ok {
+		return cl.Close()
+	}
+	return nil
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {

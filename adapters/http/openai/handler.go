@@ -368,6 +368,13 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 		rec = newRecordingReader(body)
 		rest = rec
 	}
+	if rest != nil && rest != io.Reader(rec) {
+		// What the tunnel reads reads rec: closing the tunnel closes rec.
+		rest = struct {
+			io.Reader
+			io.Closer
+		}{rest, rec}
+	}
 	h.pass(w, r, t, edge.SubmitProviderTunnel{
 		Node: node, Provider: provider, Model: model, ProviderType: t.family, OrOnlyNode: t.orOnlyNode,
 		Body: head, BodyReader: rest,
@@ -389,6 +396,14 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 		// already start (a provider can answer early): without full duplex
 		// the server would consume the unread body when headers go out.
 		_ = rc.EnableFullDuplex()
+	}
+	if rec != nil {
+		// The tunnel's uploader reads the body on a goroutine of its own.
+		// When the tunnel ends (here, on this goroutine: in Next or Close)
+		// while that goroutine still waits for the caller's next bytes, the
+		// wait is cut off with a read deadline: nothing may read the body
+		// once this handler returns.
+		rec.cut = func() { _ = rc.SetReadDeadline(time.Now()) }
 	}
 	if in.Node == "" {
 		in.Node = r.Header.Get(NodeHeader)
@@ -470,11 +485,13 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 					// caller left.
 					bodyErr = rec.settledFailure(bodySettle)
 				}
-				if bodyErr != nil {
+				if bodyErr != nil || rec.wasCut() {
 					// Reading the caller's body failed (too slow, malformed
 					// chunks, too large): that, not the tunnel it broke, is
 					// the answer — even though net/http may have cancelled
-					// the request's context over it.
+					// the request's context over it. Or the tunnel failed
+					// and ending it cut the body's read off, which cancels
+					// the context too: the tunnel's error is the answer.
 					h.fail(w, r, err, rec, in.Model)
 					return
 				}
@@ -670,15 +687,28 @@ func copyResponseHeader(dst, src http.Header) {
 // body that broke the size limit while streaming to the node is reported as
 // 413 rather than as a tunnel failure. Reads happen on the transport's
 // uploader goroutine, hence the lock.
+//
+// Close stops it: a Read in progress is cut off (cut) and waited for, and
+// later Reads fail at once, so the handler can end the tunnel that reads
+// it and return with nothing left reading its request's body.
 type recordingReader struct {
 	r io.Reader
 	// reading holds a token while a Read is in progress (reads are never
 	// concurrent: the handler's, then the uploader's), so settledFailure
-	// can wait for one to return.
+	// and Close can wait for one to return.
 	reading chan struct{}
+	// cut, when set, makes a Read in progress return soon (a read
+	// deadline in the past on the connection). Set before any Read on
+	// another goroutine.
+	cut     func()
 	mu      sync.Mutex
 	err     error
+	stopped bool // Close was called: reads fail, their errors are not the body's
+	didCut  bool // Close cut a read in progress off
 }
+
+// errBodyStopped is a Read's error once the handler stopped the body.
+var errBodyStopped = errors.New("the request body is no longer read: the tunnel ended")
 
 // bodySettle bounds settledFailure's wait: the read it waits for has
 // already failed on the connection and returns at once.
@@ -691,15 +721,55 @@ func newRecordingReader(r io.Reader) *recordingReader {
 func (rr *recordingReader) Read(p []byte) (int, error) {
 	rr.reading <- struct{}{}
 	defer func() { <-rr.reading }()
+	rr.mu.Lock()
+	stopped := rr.stopped
+	rr.mu.Unlock()
+	if stopped {
+		return 0, errBodyStopped
+	}
 	n, err := rr.r.Read(p)
 	if err != nil && !errors.Is(err, io.EOF) {
 		rr.mu.Lock()
-		if rr.err == nil {
+		if rr.err == nil && !rr.stopped { // not the cut's own error
 			rr.err = err
 		}
 		rr.mu.Unlock()
 	}
 	return n, err
+}
+
+// Close stops the body and returns once no Read is in progress; it is
+// idempotent. It runs on the handler's goroutine (the tunnel's Next or
+// Close), while the handler still owns the request.
+func (rr *recordingReader) Close() error {
+	rr.mu.Lock()
+	if rr.stopped {
+		rr.mu.Unlock()
+		return nil
+	}
+	rr.stopped = true
+	rr.mu.Unlock()
+	select {
+	case rr.reading <- struct{}{}: // none in progress, and none will read
+	default:
+		if rr.cut != nil {
+			rr.mu.Lock()
+			rr.didCut = true
+			rr.mu.Unlock()
+			rr.cut()
+		}
+		rr.reading <- struct{}{}
+	}
+	<-rr.reading
+	return nil
+}
+
+// wasCut tells whether Close cut a read in progress off (which cancels
+// the request's context: net/http does on any failed read).
+func (rr *recordingReader) wasCut() bool {
+	rr.mu.Lock()
+	defer rr.mu.Unlock()
+	return rr.didCut
 }
 
 func (rr *recordingReader) failure() error {
