@@ -7,6 +7,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"iop/domain"
 	"iop/ports"
@@ -462,7 +463,14 @@ func (t *tunnelStream) Close() {
 			if t.body != nil {
 				_ = t.body.Close()
 			}
-			<-t.upload
+			// A body that cannot cut its read off (no io.Closer, or a
+			// connection without read deadlines) must not hold its
+			// owner for ever: past a second the read is left to end
+			// with the request.
+			select {
+			case <-t.upload:
+			case <-time.After(time.Second):
+			}
 		}
 	}
 }

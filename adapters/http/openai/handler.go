@@ -758,11 +758,22 @@ func (rr *recordingReader) Close() error {
 			rr.mu.Unlock()
 			rr.cut()
 		}
-		rr.reading <- struct{}{}
+		// A cut that did not take (no cut, or a connection without read
+		// deadlines) must not hold the handler for ever: past
+		// bodyCutWait the read is left to end with the request.
+		select {
+		case rr.reading <- struct{}{}:
+		case <-time.After(bodyCutWait):
+			return nil
+		}
 	}
 	<-rr.reading
 	return nil
 }
+
+// bodyCutWait bounds Close's wait for a read it cut off, which returns at
+// once when the cut took.
+const bodyCutWait = time.Second
 
 // wasCut tells whether Close cut a read in progress off (which cancels
 // the request's context: net/http does on any failed read).
