@@ -206,8 +206,12 @@ func TestEventsAgainstTheRealAPI(t *testing.T) {
 	url, bus := newRealEdge(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan result, 1)
-	go func() { done <- cli(t, ctx, url, nil, "events", "--type", "node.*") }()
-	// Publish for a while: the subscriber attaches at some point.
+	printed := make(chan struct{})
+	go func() {
+		done <- cli(t, ctx, url, []cliOpt{withStdoutSeen("node.registered", printed)}, "events", "--type", "node.*")
+	}()
+	// Publish until the CLI has printed one: the subscriber attaches at
+	// some point.
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	go func() {
@@ -221,7 +225,7 @@ func TestEventsAgainstTheRealAPI(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(300 * time.Millisecond)
+	interruptWhen(printed)
 	cancel()
 	r := <-done
 	if r.code != 130 || !strings.HasPrefix(r.stdout, "12:00:00.000 node.registered node=n7 remote=1.1.1.1:1\n") || strings.Contains(r.stdout, "run.event") {

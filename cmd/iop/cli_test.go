@@ -98,6 +98,42 @@ func withTTY(in, out, err bool) cliOpt {
 	return func(a *app) { a.stdinTTY, a.stdoutTTY, a.stderrTTY = in, out, err }
 }
 
+// withStdoutSeen closes seen once the CLI has printed want, so a test can
+// interrupt it after the output it expects rather than after a guess at
+// how long getting there takes.
+func withStdoutSeen(want string, seen chan<- struct{}) cliOpt {
+	return func(a *app) { a.stdout = &seenWriter{w: a.stdout, want: want, seen: seen} }
+}
+
+// interruptWhen waits for seen; a CLI that never prints what it should is
+// interrupted anyway after a while, and the test then fails on its output.
+func interruptWhen(seen <-chan struct{}) {
+	select {
+	case <-seen:
+	case <-time.After(10 * time.Second):
+	}
+}
+
+// seenWriter passes writes on to w and closes seen once they hold want.
+type seenWriter struct {
+	w    io.Writer
+	want string
+	got  []byte
+	seen chan<- struct{}
+}
+
+func (s *seenWriter) Write(p []byte) (int, error) {
+	n, err := s.w.Write(p)
+	if s.seen != nil {
+		s.got = append(s.got, p[:n]...)
+		if bytes.Contains(s.got, []byte(s.want)) {
+			close(s.seen)
+			s.seen = nil
+		}
+	}
+	return n, err
+}
+
 // cli runs iop against edge (through IOP_EDGE) and returns what it printed.
 func cli(t *testing.T, ctx context.Context, edge string, opts []cliOpt, args ...string) result {
 	t.Helper()
@@ -302,25 +338,23 @@ func TestRunEdgeErrors(t *testing.T) {
 
 func TestInterruptCancelsTheRun(t *testing.T) {
 	e := newFakeEdge(t)
-	sent := make(chan struct{})
 	gone := make(chan struct{})
 	e.mux.HandleFunc("POST /v1/runs", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.Header().Set("X-IOP-Run-ID", "run_long")
 		_, _ = io.WriteString(w, "event: delta\ndata: {\"type\":\"delta\",\"text\":\"working\"}\n\n")
 		w.(http.Flusher).Flush()
-		close(sent)
 		<-r.Context().Done()
 		close(gone)
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	printed := make(chan struct{})
 	go func() {
-		<-sent
-		time.Sleep(20 * time.Millisecond)
+		interruptWhen(printed)
 		cancel() // Ctrl-C
 	}()
-	r := cli(t, ctx, e.URL, nil, "run", "--adapter", "exec", "x")
+	r := cli(t, ctx, e.URL, []cliOpt{withStdoutSeen("working", printed)}, "run", "--adapter", "exec", "x")
 	r.want(t, 130, "working")
 	if !strings.Contains(r.stderr, "interrupted; run run_long is cancelled") {
 		t.Fatalf("stderr %q", r.stderr)
@@ -908,21 +942,20 @@ func TestEventsOneLineEach(t *testing.T) {
 
 func TestEventsInterrupted(t *testing.T) {
 	e := newFakeEdge(t)
-	sent := make(chan struct{})
 	e.mux.HandleFunc("GET /v1/events", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, "event: config.reloaded\ndata: {\"type\":\"config.reloaded\",\"time\":\"2026-03-01T12:00:00Z\"}\n\n")
 		w.(http.Flusher).Flush()
-		close(sent)
 		<-r.Context().Done()
 	})
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	printed := make(chan struct{})
 	go func() {
-		<-sent
-		time.Sleep(20 * time.Millisecond)
+		interruptWhen(printed)
 		cancel()
 	}()
-	cli(t, ctx, e.URL, nil, "events").want(t, 130, "12:00:00.000 config.reloaded\n")
+	cli(t, ctx, e.URL, []cliOpt{withStdoutSeen("config.reloaded\n", printed)}, "events").want(t, 130, "12:00:00.000 config.reloaded\n")
 }
 
 func TestNodeReports(t *testing.T) {
