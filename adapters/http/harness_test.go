@@ -426,6 +426,30 @@ func (s *sseReader) next() (sseEvent, error) {
 	}
 }
 
+// awaitComment reads the stream until the comment want arrives (a
+// keep-alive, say), so a test acts once the server has sent it rather
+// than after a guess at how long that takes. An event first is an error.
+func (s *sseReader) awaitComment(want string) error {
+	for {
+		line, err := s.r.ReadString('\n')
+		if err != nil {
+			return err
+		}
+		line = strings.TrimRight(line, "\r\n")
+		switch {
+		case line == "":
+		case strings.HasPrefix(line, ":"):
+			c := strings.TrimSpace(line[1:])
+			s.comments = append(s.comments, c)
+			if c == want {
+				return nil
+			}
+		default:
+			return errors.New("unexpected SSE line before the comment: " + line)
+		}
+	}
+}
+
 // readAll reads events until the stream ends.
 func (s *sseReader) readAll(t *testing.T) []sseEvent {
 	t.Helper()

@@ -260,9 +260,11 @@ func TestRunStreamKeepAlive(t *testing.T) {
 	if _, err := sse.next(); err != nil {
 		t.Fatal(err)
 	}
-	// Cancel through the API while the stream idles: keep-alives came
+	// Cancel through the API while the stream idles: a keep-alive comes
 	// first, then the cancelled terminal event ends the stream.
-	time.Sleep(150 * time.Millisecond)
+	if err := sse.awaitComment("keep-alive"); err != nil {
+		t.Fatal(err)
+	}
 	readJSON(t, e.do("POST", "/v1/runs/"+runID+"/cancel", ""), 200)
 	events := sse.readAll(t)
 	resp.Body.Close()
