@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -125,15 +126,28 @@ func TestNodeWithoutTokenFailsStart(t *testing.T) {
 	}
 }
 
+// freeAddr is a loopback address free a moment ago, for a listener the
+// test starts later.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		_ = ln.Close()
+		// The kernel hands a port just closed out again (about one pair of
+		// calls in 6,000): an edge given the same address for its link and
+		// its HTTP API failed to start. One returned before is not used twice.
+		if _, taken := handedOut.LoadOrStore(addr, true); !taken {
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
+
+// handedOut holds every address freeAddr returned in this process.
+var handedOut sync.Map
 
 // http.max_connections_per_address reaches the HTTP listener: past it a
 // connection is answered 503 too_many_connections.
