@@ -81,15 +81,20 @@ func (s *slowBody) Close() error { s.closed.Store(true); return nil }
 // between reads too, and cut a healthy stream whose reader was busy.
 func TestIdleTimerCountsOnlyTimeInRead(t *testing.T) {
 	src := &slowBody{chunks: []string{"event: delta\ndata: {}\n\n", "event: complete\ndata: {}\n\n"}}
-	body := newIdleBody(src, 10*time.Millisecond)
+	// A limit no Read comes near, however loaded the machine (with 10 ms,
+	// a Read descheduled that long was taken for silence).
+	body := newIdleBody(src, time.Hour)
 	defer body.Close()
 	sse := NewSSEReader(body)
 	if _, err := sse.Next(); err != nil {
 		t.Fatal(err)
 	}
-	// The caller is busy elsewhere far longer than the idle limit: no Read
-	// is waiting, so nothing is presumed dead.
-	time.Sleep(100 * time.Millisecond)
+	// The caller is now busy elsewhere, for as long as it takes: no Read
+	// is waiting, so no idle timer may be running. (Stop reports whether
+	// it stopped one.)
+	if body.t.Stop() {
+		t.Fatal("the idle timer runs between reads: a busy caller would be taken for a silent edge")
+	}
 	ev, err := sse.Next()
 	if err != nil || ev.Type != "complete" {
 		t.Fatalf("after a busy caller: %+v, %v", ev, err)
