@@ -552,13 +552,17 @@ func TestStreamsEndWhenTheEdgeNeverAnswers(t *testing.T) {
 // headers is the idle timer's business, not cut at client.HeaderTimeout.
 func TestHeaderWaitEndsWithTheHeaders(t *testing.T) {
 	defer func(d time.Duration) { client.HeaderTimeout = d }(client.HeaderTimeout)
-	client.HeaderTimeout = 100 * time.Millisecond
+	// Long enough for the headers on a loaded machine (with 100 ms they
+	// could miss it there); the body comes after it has run out, which it
+	// has by then: the wait started before the request reached the edge.
+	const wait = time.Second
+	client.HeaderTimeout = wait
 	e := newFakeEdge(t)
 	e.mux.HandleFunc("POST /v1/runs", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.Header().Set("X-IOP-Run-ID", "run_slow")
 		w.(http.Flusher).Flush()
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(wait + 100*time.Millisecond)
 		_, _ = io.WriteString(w, "event: delta\ndata: {\"type\":\"delta\",\"text\":\"late\"}\n\n"+
 			"event: complete\ndata: {\"type\":\"complete\"}\n\n")
 	})
