@@ -605,7 +605,9 @@ func TestModelCatalogHungProviderDoesNotFailTheNext(t *testing.T) {
 	reg := edge.NewRegistry()
 	var logs lockedbuf.Buffer
 	cat := edge.NewModelCatalog(reg, models.Lists{}, slog.New(slog.NewTextHandler(&logs, nil)))
-	cat.DiscoveryTimeout = 100 * time.Millisecond
+	// The fresh provider answers at once, but within this on a loaded
+	// machine too (100 ms was near what a descheduled goroutine can lose).
+	cat.DiscoveryTimeout = 500 * time.Millisecond
 	cat.MinRefreshGap = 0
 	link := ptAdmit(t, reg, "a", ptProvider("hung", domain.ProviderOpenAI), ptProvider("fresh", domain.ProviderOllama))
 	link.open = func(req domain.TunnelRequest) (ports.TunnelStream, error) {
