@@ -233,7 +233,7 @@ func newHTTPServer(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, bus *event
 // reloads on SIGHUP, and on stop closes HTTP first, then the node links.
 func runEdge(lc fx.Lifecycle, _ *metricsServer, s EdgeSettings, log *slog.Logger, ts *transport.Server, hs *httpapi.Server,
 	submit *edgeapp.SubmitRunHandler, reload *edgeapp.ReloadHandler, bus *eventbus.Bus, catalog *edgeapp.ModelCatalog,
-	reg *edgeapp.RegisterHandler) {
+	reg *edgeapp.RegisterHandler, rc *edgeapp.HistoryReconciler, dir ports.NodeDirectory) {
 	hup := make(chan os.Signal, 1)
 	hupDone := make(chan struct{})
 	// A SIGHUP reload waits on nodes (config pushes, up to the reload's
@@ -255,6 +255,11 @@ func runEdge(lc fx.Lifecycle, _ *metricsServer, s EdgeSettings, log *slog.Logger
 				_ = ts.Stop(context.Background())
 				return err
 			}
+			// Nodes removed from edge.yaml while the edge was stopped are
+			// refused from now on: the rows they left running are ended
+			// node_removed, on the reconciler's goroutine (reg.Close
+			// stops it), so a slow history does not hold up the start.
+			rc.SettleUnconfigured(dir)
 			catWG.Add(2)
 			go func() { defer catWG.Done(); catalog.Follow(catCtx, sub.C()) }()
 			go func() { defer catWG.Done(); catalog.Run(catCtx, time.Minute) }()

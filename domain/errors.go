@@ -117,8 +117,9 @@ const CodeTooManySubscriptions = "too_many_subscriptions"
 const CodeRunLost = "run_lost"
 
 // CodeNodeRemoved ends a history record left running on a node a reload
-// removed from the edge's config: the edge disconnected the node, whose
-// registration is then refused, and the node stops its runs.
+// removed from the edge's config (the edge disconnected the node), or that
+// the config lacked when the edge started (removed while it was stopped):
+// the node's registration is refused, and the node stops its runs.
 const CodeNodeRemoved = "node_removed"
 
 // Sentinels for errors.Is. Wrap them with context; never compare strings.

@@ -50,3 +50,7 @@ func SessionKnown(r *Registry, adapter, session string) bool {
 	_, known := r.sessionOwner(adapter, session)
 	return known
 }
+
+// ReconcilerSettled is closed once r's SettleUnconfigured pass has ended
+// (tests).
+func ReconcilerSettled(r *HistoryReconciler) <-chan struct{} { return r.settled }

@@ -41,7 +41,8 @@ const (
 // run dispatched here does, so `iop nodes` and the choice of node count it.
 //
 // It owns one goroutine, stopped by Close; the watches are that
-// goroutine's own.
+// goroutine's own. At start, SettleUnconfigured adds a second for one
+// pass over the history, also stopped by Close.
 type HistoryReconciler struct {
 	history *RunHistoryHandler
 	store   ports.HistoryReader
@@ -58,8 +59,13 @@ type HistoryReconciler struct {
 	queue  chan reconcileJob
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	once   sync.Once
+	goMu   sync.Mutex // no goroutine joins wg once Close has begun
+	// settling is set once SettleUnconfigured has started its pass.
+	settling bool
+	wg       sync.WaitGroup
+	once     sync.Once
+	// settled is closed when SettleUnconfigured's pass has ended (tests).
+	settled chan struct{}
 
 	watches  map[string]*nodeWatch // by node id; the worker's own
 	watching atomic.Int64          // runs in watches, for tests
@@ -91,7 +97,8 @@ func newHistoryReconciler(history *RunHistoryHandler, first, most time.Duration)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &HistoryReconciler{history: history, store: history.store, first: first, most: most,
-		queue: make(chan reconcileJob, reconcileQueue), ctx: ctx, cancel: cancel, watches: map[string]*nodeWatch{}}
+		queue: make(chan reconcileJob, reconcileQueue), ctx: ctx, cancel: cancel, watches: map[string]*nodeWatch{},
+		settled: make(chan struct{})}
 	if history.Nodes != nil && history.Record != nil {
 		r.reg = history.Nodes.reg
 	}
@@ -148,7 +155,7 @@ func (r *HistoryReconciler) RunLost(rec domain.RunRecord, link ports.NodeLink) {
 		return
 	}
 	if r.wasRemoved(rec.Node) {
-		r.endRemoved(rec)
+		r.endRemoved(rec, removedByReload)
 		return
 	}
 	if n, ok := r.reg.Get(rec.Node); ok && n.Link != link {
@@ -195,15 +202,63 @@ func (r *HistoryReconciler) NodeRemoved(ctx context.Context, node string) {
 	r.removedMu.Unlock()
 	// This edge's rows only: another edge sharing the history may have a
 	// node of this id that it still holds, whose runs go on there.
-	q := domain.RunQuery{Node: node, Status: domain.RunRunning, Limit: reconcileMaxRuns, Own: true}
+	r.endRunning(ctx, domain.RunQuery{Node: node}, nil, removedByReload)
+}
+
+// SettleUnconfigured ends, as NodeRemoved does, this edge's history rows
+// (RunQuery.Own) left running on nodes dir does not hold: nodes removed
+// from the config while the edge was stopped. Their registration is
+// refused, so no repair would ever settle those rows, and such a node
+// stops its runs when refused. Called once at start, with the history
+// and the config's directory there; the rows are read a page at a time on
+// a goroutine r owns (Close stops it), so a slow history does not hold up
+// the start. Each page is checked against dir as it is then: a node a
+// reload has added back meanwhile keeps its rows for its repair. The nodes
+// are not remembered as removed (RunLost): none has a run this process
+// follows, and one a reload adds back is a node like any other.
+func (r *HistoryReconciler) SettleUnconfigured(dir ports.NodeDirectory) {
+	if r == nil || r.reg == nil || dir == nil {
+		return
+	}
+	r.goMu.Lock()
+	defer r.goMu.Unlock()
+	if r.ctx.Err() != nil || r.settling {
+		return // stopped, or called already
+	}
+	r.settling = true
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer close(r.settled)
+		r.endRunning(r.ctx, domain.RunQuery{}, func(page []domain.RunRecord) []domain.RunRecord {
+			known := map[string]bool{}
+			for _, rec := range dir.Records() {
+				known[rec.ID] = true
+			}
+			return slices.DeleteFunc(page, func(rec domain.RunRecord) bool { return rec.Node == "" || known[rec.Node] })
+		}, notConfigured)
+	}()
+}
+
+// endRunning ends failed, node_removed (endRemoved, with the message why),
+// this edge's running rows (RunQuery.Own) that q selects, those pick keeps
+// of each page (all with pick nil), but for a run this edge process
+// records the end of itself. It reads the rows a page (reconcileMaxRuns)
+// at a time, until ctx ends.
+func (r *HistoryReconciler) endRunning(ctx context.Context, q domain.RunQuery, pick func([]domain.RunRecord) []domain.RunRecord, why string) {
+	q.Status, q.Limit, q.Own = domain.RunRunning, reconcileMaxRuns, true
 	for ctx.Err() == nil {
 		page, err := r.store.ListRuns(ctx, q)
 		if err != nil {
 			return // the history is unreachable; the rows stay running
 		}
-		for _, rec := range page.Runs {
+		runs := page.Runs
+		if pick != nil {
+			runs = pick(slices.Clone(runs))
+		}
+		for _, rec := range runs {
 			if !r.history.Nodes.runs.recordsEnd(rec.ID) {
-				r.endRemoved(rec)
+				r.endRemoved(rec, why)
 			}
 		}
 		if page.Next == "" || len(page.Runs) == 0 {
@@ -213,23 +268,32 @@ func (r *HistoryReconciler) NodeRemoved(ctx context.Context, node string) {
 	}
 }
 
-// endRemoved records rec failed, its node removed from the config, and
-// counts it if this edge process let go of it (as settle does).
-func (r *HistoryReconciler) endRemoved(rec domain.RunRecord) {
+// The messages of endRemoved, given the node's id.
+const (
+	removedByReload = "node %s was removed from the edge's config while the run was going; the node stops its runs"
+	notConfigured   = "node %s is not in the edge's config since the edge started (removed while the edge was stopped); the node stops its runs"
+)
+
+// endRemoved records rec failed, its node removed from the config (why,
+// given the node's id, says how), and counts it if this edge process let
+// go of it (as settle does).
+func (r *HistoryReconciler) endRemoved(rec domain.RunRecord, why string) {
 	rec.Status, rec.FinishedAt = domain.RunFailed, time.Now()
 	rec.ErrorCode = domain.CodeNodeRemoved
-	rec.ErrorMsg = fmt.Sprintf("node %s was removed from the edge's config while the run was going; the node stops its runs", rec.Node)
+	rec.ErrorMsg = fmt.Sprintf(why, rec.Node)
 	r.history.recordEnd(rec)
 }
 
-// Close stops the worker and waits for it; the slots its watches held are
-// released.
+// Close stops the worker, and SettleUnconfigured's pass, and waits for
+// them; the slots its watches held are released.
 func (r *HistoryReconciler) Close() {
 	if r == nil {
 		return
 	}
 	r.once.Do(func() {
+		r.goMu.Lock()
 		r.cancel()
+		r.goMu.Unlock()
 		r.wg.Wait()
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -232,5 +233,133 @@ func TestRunLostByARemovedNodeIsEnded(t *testing.T) {
 	defer obs.mu.Unlock()
 	if len(obs.done) != 1 || obs.done[0].Status != domain.RunFailed {
 		t.Fatalf("RunFinished %+v, want the run counted failed once", obs.done)
+	}
+}
+
+// A node removed from the config while the edge was stopped is refused
+// when it registers, so no repair would ever settle the rows it left
+// running. At start the edge ends them failed node_removed — every one,
+// past a page of the history — and leaves alone the rows of a configured
+// node, the finished rows, and another edge's running row of that same
+// node (RunQuery.Own).
+func TestStartEndsTheRunningRowsOfAnUnconfiguredNode(t *testing.T) {
+	ucNoLeaks(t)
+	dir, reg := &ucDir{recs: ucReloadRecords()[1:]}, edge.NewRegistry() // b and c; a is gone
+	created := time.Now().Add(-time.Hour)
+	// The rows the pass must leave come first, so once it has ended the
+	// last one it has decided on them all.
+	rows := []domain.RunRecord{
+		{ID: "rb", Node: "b", Adapter: "exec", Background: true, Status: domain.RunRunning, CreatedAt: created},
+		{ID: "ra-other", Node: "a", Adapter: "exec", Background: true, Status: domain.RunRunning, CreatedAt: created},
+		{ID: "ra-done", Node: "a", Adapter: "exec", Status: domain.RunSucceeded, CreatedAt: created, FinishedAt: created},
+	}
+	const removedRuns = 205 // more than a page (200)
+	for i := range removedRuns {
+		rows = append(rows, domain.RunRecord{ID: fmt.Sprintf("ra-%03d", i), Node: "a", Adapter: "exec", Background: true, Status: domain.RunRunning, CreatedAt: created})
+	}
+	hist := newRMHistory(rows...)
+	hist.foreign = map[string]bool{"ra-other": true}
+	tracker := edge.NewRunTracker(0)
+	h := edge.NewRunHistoryHandler(hist)
+	h.Nodes, h.Record = edge.NewGetRunHandler(reg, tracker, edge.NewNodeCommandHandler(reg)), hist
+	rc := edge.NewHistoryReconciler(h)
+	t.Cleanup(rc.Close)
+
+	rc.SettleUnconfigured(dir)
+	select {
+	case <-edge.ReconcilerSettled(rc):
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pass over the history did not end")
+	}
+	for i := range removedRuns {
+		r := hist.get(fmt.Sprintf("ra-%03d", i))
+		if r.Status != domain.RunFailed || r.ErrorCode != domain.CodeNodeRemoved || r.FinishedAt.IsZero() ||
+			!strings.Contains(r.ErrorMsg, "not in the edge's config") || !r.CreatedAt.Equal(created) || !r.Background {
+			t.Fatalf("row %s = %+v, want failed node_removed, the rest kept", r.ID, r)
+		}
+	}
+	if r := hist.get("ra-done"); r.Status != domain.RunSucceeded || r.ErrorCode != "" {
+		t.Fatalf("finished row = %+v, want it untouched", r)
+	}
+	for _, id := range []string{"rb", "ra-other"} {
+		if r := hist.get(id); r.Status != domain.RunRunning || r.ErrorCode != "" || !r.FinishedAt.IsZero() {
+			t.Fatalf("row %s = %+v, want still running (a configured node's, or another edge's)", id, r)
+		}
+	}
+	hist.mu.Lock()
+	recorded := hist.recorded
+	hist.mu.Unlock()
+	if recorded != removedRuns {
+		t.Fatalf("recorded %d rows, want %d", recorded, removedRuns)
+	}
+
+	cancel := edge.NewCancelRunHandler(reg, tracker)
+	cancel.History, cancel.Record = hist, hist
+	admin := domain.WithPrincipal(context.Background(), domain.Principal{Name: "admin", Scopes: []string{domain.ScopeAdmin}})
+	if _, err := cancel.Handle(admin, "ra-000"); domain.CodeOf(err) != domain.CodeRunFinished {
+		t.Fatalf("cancel of an unconfigured node's run = %v, want run_finished", err)
+	}
+}
+
+// gatedHistory is an rmHistory whose first list waits until the test
+// releases it or its context ends: a slow history.
+type gatedHistory struct {
+	*rmHistory
+	listing chan struct{} // closed when the first list has begun
+	release chan struct{}
+	once    sync.Once
+}
+
+func (h *gatedHistory) ListRuns(ctx context.Context, q domain.RunQuery) (domain.RunPage, error) {
+	first := false
+	h.once.Do(func() { first = true; close(h.listing) })
+	if first {
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return domain.RunPage{}, ctx.Err()
+		}
+	}
+	return h.rmHistory.ListRuns(ctx, q)
+}
+
+// The pass at start does not hold up the start on a slow history, and
+// looks at the directory as it is when a page comes: a node a reload added
+// back meanwhile keeps its running rows for its repair. Close stops a pass
+// still waiting on the history.
+func TestStartPassLeavesANodeAddedBackAndStopsOnClose(t *testing.T) {
+	ucNoLeaks(t)
+	created := time.Now().Add(-time.Hour)
+	newEdge := func() (*edge.HistoryReconciler, *gatedHistory, *ucDir) {
+		reg := edge.NewRegistry()
+		hist := &gatedHistory{rmHistory: newRMHistory(
+			domain.RunRecord{ID: "ra", Node: "a", Adapter: "exec", Background: true, Status: domain.RunRunning, CreatedAt: created}),
+			listing: make(chan struct{}), release: make(chan struct{})}
+		h := edge.NewRunHistoryHandler(hist)
+		h.Nodes, h.Record = edge.NewGetRunHandler(reg, edge.NewRunTracker(0), edge.NewNodeCommandHandler(reg)), hist
+		return edge.NewHistoryReconciler(h), hist, &ucDir{recs: ucReloadRecords()[1:]}
+	}
+
+	rc, hist, dir := newEdge()
+	rc.SettleUnconfigured(dir) // returns with the history still answering
+	<-hist.listing
+	dir.Replace(ucReloadRecords()) // a reload adds a back
+	close(hist.release)
+	select {
+	case <-edge.ReconcilerSettled(rc):
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pass over the history did not end")
+	}
+	rc.Close()
+	if r := hist.get("ra"); r.Status != domain.RunRunning || r.ErrorCode != "" {
+		t.Fatalf("row of a node added back = %+v, want still running", r)
+	}
+
+	rc, hist, dir = newEdge()
+	rc.SettleUnconfigured(dir)
+	<-hist.listing
+	rc.Close() // the pass ends with it; ucNoLeaks checks
+	if r := hist.get("ra"); r.Status != domain.RunRunning {
+		t.Fatalf("row = %+v after Close, want untouched", r)
 	}
 }
