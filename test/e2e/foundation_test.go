@@ -2,6 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -264,5 +268,69 @@ func TestSessionFindsItsNodeAfterEdgeRestart(t *testing.T) {
 	}
 	if len(page.Runs) != 2 || page.Runs[0].Node != "n2" || page.Runs[1].Node != "n2" || page.Runs[0].SessionID != "chat-9" {
 		t.Fatalf("GET /v1/runs?session=chat-9: %+v", page.Runs)
+	}
+}
+
+// A node removed from edge.yaml while the edge was stopped is refused when
+// the edge starts again (unknown_token) and stops its runs, so nothing
+// would ever settle the history row of its background run: the edge ends
+// it at start, failed node_removed, and a cancel of it answers
+// run_finished. It used to stay running for good (a cancel answered
+// node_not_found, /v1/usage counted it running).
+func TestEdgeStartEndsTheRunsOfANodeRemovedWhileStopped(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(4))
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	resp, body := postJSON(t, e.url+"/v1/runs", map[string]any{"node": "n1", "adapter": "exec", "target": "sleep", "background": true})
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("background run: %d %s", resp.StatusCode, body)
+	}
+	var started struct {
+		RunID string `json:"run_id"`
+	}
+	if err := json.Unmarshal(body, &started); err != nil || started.RunID == "" {
+		t.Fatalf("background run: %s (%v)", body, err)
+	}
+	run := func() (map[string]any, error) {
+		var r map[string]any
+		err := getJSON(e.url+"/v1/runs/"+started.RunID, &r)
+		return r, err
+	}
+	waitFor(t, "the row running in the history", func() error {
+		if r, err := run(); err != nil || r["status"] != "running" {
+			return fmt.Errorf("%v %v", r, err)
+		}
+		return nil
+	})
+
+	e.stop(syscall.SIGTERM, 10*time.Second)
+	cfg, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	without := strings.Replace(string(cfg), defaultNodes(4), "\n"+defaultNodes(4)[strings.Index(defaultNodes(4), "  - id: n2"):], 1)
+	if without == string(cfg) {
+		t.Fatal("n1 not found in the config")
+	}
+	if err := os.WriteFile(e.config, []byte(without), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.proc = startEdgeProc(t, e.config)
+	waitHealthy(t, e.url, e.proc)
+
+	waitFor(t, "the row ended node_removed", func() error {
+		r, err := run()
+		if err != nil {
+			return err
+		}
+		er, _ := r["error"].(map[string]any)
+		if r["status"] != "failed" || er["code"] != "node_removed" {
+			return fmt.Errorf("row %v", r)
+		}
+		return nil
+	})
+	if _, stderr, code := cli(t, e, "", "cancel", started.RunID); code == 0 || !strings.Contains(stderr, "run_finished") {
+		t.Fatalf("iop cancel of the removed node's run: exit %d, %s; want run_finished", code, stderr)
 	}
 }
