@@ -70,7 +70,11 @@ type TunnelStream interface {
 // NodeLink is a live connection to one registered node.
 type NodeLink interface {
 	StartRun(ctx context.Context, req domain.RunRequest) (RunStream, error)
-	CancelRun(ctx context.Context, runID string) error
+	// CancelRun cancels a run on the node. reason says why the edge
+	// cancels it (the caller left, the edge is shutting down, ...), and is
+	// the cancelled run's message; empty, the node records "cancelled by
+	// request" (a user's cancel).
+	CancelRun(ctx context.Context, runID, reason string) error
 	TerminateSession(ctx context.Context, adapter, target, sessionID string) error
 	Command(ctx context.Context, name string, args []byte) (CommandStream, error)
 	// OpenTunnel sends req; if body is non-nil it is streamed after req.Body,

@@ -20,8 +20,8 @@ import (
 // run_not_found, and the node cancels the run when it arrives.
 type racingLink struct{ *fakeLink }
 
-func (l racingLink) CancelRun(ctx context.Context, runID string) error {
-	_ = l.fakeLink.CancelRun(ctx, runID)
+func (l racingLink) CancelRun(ctx context.Context, runID, reason string) error {
+	_ = l.fakeLink.CancelRun(ctx, runID, reason)
 	return domain.Errorf(domain.CodeRunNotFound, "run %s is not known on this node (should it arrive, it is cancelled)", runID)
 }
 

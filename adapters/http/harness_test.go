@@ -42,6 +42,7 @@ type fakeLink struct {
 	runs       map[string]*fakeRunStream
 	reqs       []domain.RunRequest
 	cancels    []string
+	reasons    []string // each cancel's reason, as cancels
 	terminated []string
 	cancelled  chan string
 }
@@ -112,10 +113,11 @@ func (l *fakeLink) StartRun(_ context.Context, req domain.RunRequest) (ports.Run
 	return s, nil
 }
 
-func (l *fakeLink) CancelRun(_ context.Context, runID string) error {
+func (l *fakeLink) CancelRun(_ context.Context, runID, reason string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.cancels = append(l.cancels, runID)
+	l.reasons = append(l.reasons, reason)
 	s, ok := l.runs[runID]
 	switch {
 	case !ok:
@@ -178,6 +180,12 @@ func (l *fakeLink) cancelCalls() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.cancels)
+}
+
+func (l *fakeLink) cancelReasons() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.reasons)
 }
 
 func (l *fakeLink) terminateCalls() []string {

@@ -477,6 +477,9 @@ func TestStartBindsAndStopEndsStreams(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("the run cut off by stop was not cancelled on its node")
 	}
+	if got := link.cancelReasons(); len(got) != 1 || got[0] != edge.CancelEdgeStopping {
+		t.Fatalf("cancel reasons %q, want [%q]", got, edge.CancelEdgeStopping)
+	}
 	if err := api.Stop(ctx); err != nil {
 		t.Fatalf("second stop: %v", err)
 	}

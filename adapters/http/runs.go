@@ -140,7 +140,16 @@ func (s *Server) handleCreateRun(w http.ResponseWriter, r *http.Request) {
 func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, rh *edge.RunHandle) {
 	ctx, cancel := s.streamContext(r)
 	defer cancel()
-	defer rh.Close()
+	defer func() {
+		// A run not over yet is cancelled for what cut its stream: the
+		// edge's stop (its caller is told shutting_down), or else its
+		// caller going away.
+		if s.shuttingDown(r) {
+			rh.CloseFor(edge.CancelEdgeStopping)
+			return
+		}
+		rh.Close()
+	}()
 
 	// The headers go out with the first event (the run's start, at hand),
 	// or alone before the first wait.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/application/edge"
 	"iop/domain"
 	"iop/ports"
 )
@@ -200,6 +201,12 @@ func TestClientDisconnectCancelsRun(t *testing.T) {
 		}
 	case <-time.After(2 * time.Second):
 		t.Fatalf("the run was not cancelled after the client left (cancel calls %v)", link.cancelCalls())
+	}
+	// The node is told why: its record (and the edge's history, which
+	// takes the node's cancelled event) says the caller left, not that
+	// someone asked for the cancel.
+	if got := link.cancelReasons(); len(got) != 1 || got[0] != edge.CancelCallerLeft {
+		t.Fatalf("cancel reasons %q, want [%q]", got, edge.CancelCallerLeft)
 	}
 	// The run's slot is freed once its cancelled event has been drained.
 	waitFor(t, "the run slot to be released", func() bool {

@@ -27,7 +27,9 @@ type NodeHandler interface {
 	ApplyConfig(ctx context.Context, cfg domain.NodeConfig) error
 	// ExecuteRun runs req to its end, sending events to out. It blocks.
 	ExecuteRun(req domain.RunRequest, out ports.RunOutput)
-	CancelRun(ctx context.Context, runID string) error
+	// CancelRun cancels a run; reason is the edge's, empty for a cancel by
+	// request (CancelRequest.reason).
+	CancelRun(ctx context.Context, runID, reason string) error
 	TerminateSession(ctx context.Context, adapter, target, sessionID string) error
 	RunCommand(ctx context.Context, name string, args []byte, progress func([]byte) error) ([]byte, error)
 	// OpenTunnel relays one provider request. It blocks until the response
@@ -605,7 +607,7 @@ func (d *nodeDispatch) cancel(s *Stream, r *ioppb.CancelRequest) {
 	var err error
 	switch r.GetKind() {
 	case ioppb.CancelKind_CANCEL_RUN:
-		err = d.c.h.CancelRun(ctx, r.GetRunId())
+		err = d.c.h.CancelRun(ctx, r.GetRunId(), r.GetReason())
 	case ioppb.CancelKind_TERMINATE_SESSION:
 		err = d.c.h.TerminateSession(ctx, r.GetAdapter(), r.GetTarget(), r.GetSessionId())
 	default:

@@ -245,6 +245,7 @@ type fakeNode struct {
 	onCommand   func(ctx context.Context, name string, args []byte, progress func([]byte) error) ([]byte, error)
 	onTunnel    func(ctx context.Context, req domain.TunnelRequest, body io.Reader, out ports.TunnelSink)
 	cancelErr   func(runID string) error
+	reasons     []string // each cancel's reason, in order (under mu)
 	terminateFn func(c terminateCall) error
 
 	applied    chan domain.NodeConfig
@@ -321,7 +322,10 @@ func (n *fakeNode) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 	n.runEnded <- runOutcome{RunID: req.RunID, Outcome: "completed"}
 }
 
-func (n *fakeNode) CancelRun(ctx context.Context, runID string) error {
+func (n *fakeNode) CancelRun(ctx context.Context, runID, reason string) error {
+	n.mu.Lock()
+	n.reasons = append(n.reasons, reason)
+	n.mu.Unlock()
 	n.cancels <- runID
 	if n.cancelErr != nil {
 		return n.cancelErr(runID)

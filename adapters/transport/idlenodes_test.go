@@ -75,7 +75,7 @@ type idleNode struct{ connected atomic.Int64 }
 
 func (*idleNode) ApplyConfig(context.Context, domain.NodeConfig) error           { return nil }
 func (*idleNode) ExecuteRun(domain.RunRequest, ports.RunOutput)                  {}
-func (*idleNode) CancelRun(context.Context, string) error                        { return nil }
+func (*idleNode) CancelRun(context.Context, string, string) error                { return nil }
 func (*idleNode) TerminateSession(context.Context, string, string, string) error { return nil }
 func (*idleNode) RunCommand(context.Context, string, []byte, func([]byte) error) ([]byte, error) {
 	return nil, nil

@@ -229,8 +229,8 @@ func (l *edgeLink) cancelExchange(ctx context.Context, req *ioppb.CancelRequest)
 	}
 }
 
-func (l *edgeLink) CancelRun(ctx context.Context, runID string) error {
-	return l.cancelExchange(ctx, &ioppb.CancelRequest{Kind: ioppb.CancelKind_CANCEL_RUN, RunId: runID})
+func (l *edgeLink) CancelRun(ctx context.Context, runID, reason string) error {
+	return l.cancelExchange(ctx, &ioppb.CancelRequest{Kind: ioppb.CancelKind_CANCEL_RUN, RunId: runID, Reason: reason})
 }
 
 func (l *edgeLink) TerminateSession(ctx context.Context, adapter, target, sessionID string) error {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -322,15 +323,27 @@ func TestCancelAndTerminate(t *testing.T) {
 			return nil
 		}
 	})
-	mustf(t, p.link.CancelRun(p.ctx, "known"), "CancelRun known")
+	mustf(t, p.link.CancelRun(p.ctx, "known", ""), "CancelRun known")
 	if id := recv(t, p.ctx, p.node.cancels, "CancelRun"); id != "known" {
 		t.Errorf("node cancelled %q", id)
 	}
-	err := p.link.CancelRun(p.ctx, "ghost")
+	err := p.link.CancelRun(p.ctx, "ghost", "")
 	if !errors.Is(err, domain.ErrRunNotFound) || !strings.Contains(err.Error(), "run ghost") {
 		t.Errorf("CancelRun ghost: %v", err)
 	}
 	recv(t, p.ctx, p.node.cancels, "CancelRun")
+
+	// The edge's reason (why it cancels: the caller left, ...) reaches the
+	// node, which records it as the run's message; none is a cancel by
+	// request.
+	mustf(t, p.link.CancelRun(p.ctx, "known", "caller left before the run ended"), "CancelRun known with a reason")
+	recv(t, p.ctx, p.node.cancels, "CancelRun")
+	p.node.mu.Lock()
+	reasons := slices.Clone(p.node.reasons)
+	p.node.mu.Unlock()
+	if want := []string{"", "", "caller left before the run ended"}; !slices.Equal(reasons, want) {
+		t.Errorf("the node got reasons %q, want %q", reasons, want)
+	}
 
 	mustf(t, p.link.TerminateSession(p.ctx, "sh", "echo", "s1"), "TerminateSession")
 	if c := recv(t, p.ctx, p.node.terminates, "TerminateSession"); c != (terminateCall{"sh", "echo", "s1"}) {
@@ -352,7 +365,7 @@ func TestCancelTimesOut(t *testing.T) {
 	defer close(release)
 	ctx, cancel := context.WithTimeout(p.ctx, 100*time.Millisecond)
 	defer cancel()
-	if err := p.link.CancelRun(ctx, "slow"); !errors.Is(err, domain.ErrTimeout) {
+	if err := p.link.CancelRun(ctx, "slow", ""); !errors.Is(err, domain.ErrTimeout) {
 		t.Errorf("got %v, want ErrTimeout", err)
 	}
 }

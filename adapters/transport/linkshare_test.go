@@ -76,7 +76,7 @@ func TestLinkSharesKeepStreamsForRunsAndCancels(t *testing.T) {
 	}
 
 	// Cancels and commands take the control reserve.
-	mustf(t, p.link.CancelRun(p.ctx, "r0"), "CancelRun with the link full of runs and tunnels")
+	mustf(t, p.link.CancelRun(p.ctx, "r0", ""), "CancelRun with the link full of runs and tunnels")
 	cs, err := p.link.Command(p.ctx, "ping", nil)
 	mustf(t, err, "Command with the link full of runs and tunnels")
 	reply, err := cs.Recv(p.ctx)

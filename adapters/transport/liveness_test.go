@@ -207,7 +207,7 @@ func openEverything(t *testing.T, p *pair) func() {
 		rs.Close()
 		ts.Close()
 		cs.Close()
-		if err := p.link.CancelRun(p.ctx, "held"); !errors.Is(err, domain.ErrNodeDisconnected) {
+		if err := p.link.CancelRun(p.ctx, "held", ""); !errors.Is(err, domain.ErrNodeDisconnected) {
 			t.Errorf("CancelRun on a lost link: %v", err)
 		}
 		if err := p.link.PushConfig(p.ctx, testNodeConfig()); !errors.Is(err, domain.ErrNodeDisconnected) {

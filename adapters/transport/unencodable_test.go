@@ -133,7 +133,7 @@ func TestErrorMessagesThatAreNotUTF8ArriveAsErrors(t *testing.T) {
 		t.Fatalf("tunnel: %+v %v; want its error frame with message %q", f, err, valid)
 	}
 
-	err = p.link.CancelRun(p.ctx, "r1")
+	err = p.link.CancelRun(p.ctx, "r1", "")
 	if !errors.Is(err, domain.ErrRunFinished) || !strings.Contains(err.Error(), valid) {
 		t.Fatalf("cancel: %v; want run_finished: %s", err, valid)
 	}

@@ -78,7 +78,7 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 		if !ok {
 			return nodeID, domain.Errorf(domain.CodeNodeNotFound, "node %q running %s is not connected", nodeID, runID)
 		}
-		return nodeID, n.Link.CancelRun(ctx, runID)
+		return nodeID, n.Link.CancelRun(ctx, runID, "")
 	}
 	return h.askAll(parent, h.reg.ListAs(caller), runID)
 }
@@ -106,7 +106,7 @@ func (h *CancelRunHandler) askAll(ctx context.Context, nodes []NodeView, runID s
 			defer wg.Done()
 			nctx, cancel := context.WithTimeout(ctx, h.timeout)
 			defer cancel()
-			answers <- answer{i, n.Link.CancelRun(nctx, runID)}
+			answers <- answer{i, n.Link.CancelRun(nctx, runID, "")}
 		}()
 	}
 	errs := make([]error, len(nodes))
@@ -148,7 +148,7 @@ func (h *CancelRunHandler) cancelRecorded(ctx context.Context, rec domain.RunRec
 	if !ok {
 		return domain.Errorf(domain.CodeNodeNotFound, "node %q running %s is not connected", rec.Node, rec.ID)
 	}
-	if err := n.Link.CancelRun(ctx, rec.ID); err != nil {
+	if err := n.Link.CancelRun(ctx, rec.ID, ""); err != nil {
 		return err
 	}
 	if h.Record != nil {

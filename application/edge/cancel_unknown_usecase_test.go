@@ -15,7 +15,7 @@ import (
 // ctx ends (a node that is slow or gone quiet).
 type ucSlowCancelLink struct{ *ucLink }
 
-func (l ucSlowCancelLink) CancelRun(ctx context.Context, runID string) error {
+func (l ucSlowCancelLink) CancelRun(ctx context.Context, runID, _ string) error {
 	<-ctx.Done()
 	return ctx.Err()
 }

@@ -129,6 +129,7 @@ type ucLink struct {
 	started    []domain.RunRequest
 	streams    map[string]*ucRunStream
 	cancels    []string
+	reasons    []string // each cancel's reason, as cancels
 	terminates []string
 	cmdCalls   []string
 	cmdStreams []*ucCmdStream
@@ -161,15 +162,20 @@ func (l *ucLink) StartRun(_ context.Context, req domain.RunRequest) (ports.RunSt
 	return s, nil
 }
 
-func (l *ucLink) CancelRun(_ context.Context, runID string) error {
+func (l *ucLink) CancelRun(_ context.Context, runID, reason string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.cancels = append(l.cancels, runID)
+	l.reasons = append(l.reasons, reason)
 	if l.cancelErr != nil {
 		return l.cancelErr
 	}
 	if s := l.streams[runID]; s != nil && l.cancelEnds {
-		s.push(domain.RunEvent{RunID: runID, Seq: 99, Type: domain.EventCancelled, Error: &domain.ErrorInfo{Code: domain.CodeCancelled, Message: "cancelled by request"}})
+		msg := reason // as the node records it
+		if msg == "" {
+			msg = "cancelled by request"
+		}
+		s.push(domain.RunEvent{RunID: runID, Seq: 99, Type: domain.EventCancelled, Error: &domain.ErrorInfo{Code: domain.CodeCancelled, Message: msg}})
 	}
 	return nil
 }
@@ -237,6 +243,12 @@ func (l *ucLink) snapshot() (started []domain.RunRequest, cancels, terminates, c
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.started), slices.Clone(l.cancels), slices.Clone(l.terminates), slices.Clone(l.cmdCalls), slices.Clone(l.pushed), slices.Clone(l.closes)
+}
+
+func (l *ucLink) cancelReasons() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.reasons)
 }
 
 func (l *ucLink) cancelCalls() []string {

@@ -127,7 +127,7 @@ func (o *OrphanCancels) send(node, run string) {
 	}
 	ctx, cancel := context.WithTimeout(o.ctx, orphanTimeout)
 	defer cancel()
-	switch err := n.Link.CancelRun(ctx, run); domain.CodeOf(err) {
+	switch err := n.Link.CancelRun(ctx, run, CancelLinkBroke); domain.CodeOf(err) {
 	case "":
 		o.log.Info("cancelled a background run its node got while the link broke; its caller was told node_disconnected", "run", run, "node", node)
 	case domain.CodeRunNotFound, domain.CodeRunFinished:

@@ -105,7 +105,7 @@ func (l *ptLink) calls() []ptOpened {
 func (l *ptLink) StartRun(context.Context, domain.RunRequest) (ports.RunStream, error) {
 	return nil, errors.New("no runs")
 }
-func (l *ptLink) CancelRun(context.Context, string) error                        { return nil }
+func (l *ptLink) CancelRun(context.Context, string, string) error                { return nil }
 func (l *ptLink) TerminateSession(context.Context, string, string, string) error { return nil }
 func (l *ptLink) Command(context.Context, string, []byte) (ports.CommandStream, error) {
 	return nil, errors.New("no commands")

@@ -69,7 +69,7 @@ func (l *qrLink) Command(_ context.Context, name string, args []byte) (ports.Com
 func (l *qrLink) StartRun(context.Context, domain.RunRequest) (ports.RunStream, error) {
 	return &qrRunStream{}, nil
 }
-func (l *qrLink) CancelRun(context.Context, string) error { return nil }
+func (l *qrLink) CancelRun(context.Context, string, string) error { return nil }
 func (l *qrLink) TerminateSession(context.Context, string, string, string) error {
 	return nil
 }

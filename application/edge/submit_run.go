@@ -284,12 +284,13 @@ func (h *SubmitRunHandler) admit(ctx context.Context, rh *RunHandle) error {
 		// learn of it, nor ask its node about it).
 		rh.obs.mayRetry = false
 		rh.obs.record()
-		rh.withdraw()
 		if ctx.Err() != nil {
+			rh.withdraw(CancelCallerLeftUnadmitted)
 			// The caller left: nobody reads the answer, and it is no
 			// failure of the edge's (a 499 in the access log, not a 500).
 			return fmt.Errorf("%w: %w", domain.Errorf(domain.CodeCancelled, "the caller left before run %s was admitted; it is cancelled", rh.RunID), ctx.Err())
 		}
+		rh.withdraw(fmt.Sprintf("node did not admit the run within %v", h.AdmitTimeout))
 		return domain.Errorf(domain.CodeTimeout, "node %q did not admit run %s within %v", rh.Node, rh.RunID, h.AdmitTimeout)
 	}
 	if ev.Type.Terminal() {
@@ -408,18 +409,23 @@ func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
 }
 
 // Close is called when the caller stops reading. A foreground run that has
-// not ended is cancelled on its node and followed to its end in the
-// background, so the bus still sees its terminal event.
-func (r *RunHandle) Close() {
+// not ended is cancelled on its node, as one whose caller left
+// (CancelCallerLeft), and followed to its end in the background, so the
+// bus still sees its terminal event.
+func (r *RunHandle) Close() { r.CloseFor(CancelCallerLeft) }
+
+// CloseFor is Close with the reason the run is cancelled for, which the
+// node records as the run's message (CancelEdgeStopping, say).
+func (r *RunHandle) CloseFor(reason string) {
 	if r.done || r.Background {
 		return
 	}
-	r.withdraw()
+	r.withdraw(reason)
 }
 
-// withdraw cancels the run on its node and follows it to its end on a
-// goroutine owned by the handler, foreground or background alike.
-func (r *RunHandle) withdraw() {
+// withdraw cancels the run on its node for reason and follows it to its
+// end on a goroutine owned by the handler, foreground or background alike.
+func (r *RunHandle) withdraw(reason string) {
 	if r.done {
 		return
 	}
@@ -429,7 +435,7 @@ func (r *RunHandle) withdraw() {
 		node, ok := h.reg.Get(r.Node)
 		if ok {
 			ctx, cancel := context.WithTimeout(h.base, 5*time.Second)
-			switch err := node.Link.CancelRun(ctx, r.RunID); {
+			switch err := node.Link.CancelRun(ctx, r.RunID, reason); {
 			case err == nil, errors.Is(err, domain.ErrRunFinished):
 			case errors.Is(err, domain.ErrRunNotFound):
 				// The cancel overtook the run on its way to the node,
@@ -437,7 +443,7 @@ func (r *RunHandle) withdraw() {
 				// the drain below follows it to its end either way.
 				h.log.Debug("cancel reached the node before its run; the node cancels the run when it arrives", "run", r.RunID, "err", err)
 			default:
-				h.log.Warn("cancel after caller left failed", "run", r.RunID, "err", err)
+				h.log.Warn("cancel of a run the edge let go failed", "run", r.RunID, "reason", reason, "err", err)
 			}
 			cancel()
 		}
@@ -454,6 +460,24 @@ func (r *RunHandle) withdraw() {
 		r.abandon()
 	}
 }
+
+// Why the edge cancels a run it was not asked to cancel: the node records
+// the reason as the run's message (and the edge's history takes it from the
+// run's terminal event). A user's cancel sends none: "cancelled by request".
+const (
+	// CancelCallerLeft: a foreground run's caller went away (RunHandle.Close).
+	CancelCallerLeft = "caller left before the run ended"
+	// CancelEdgeStopping: a foreground run's stream was cut by the edge's
+	// graceful stop.
+	CancelEdgeStopping = "edge shutting down"
+	// CancelCallerLeftUnadmitted: the caller went away while the node had
+	// not admitted the run yet (admit).
+	CancelCallerLeftUnadmitted = "caller left before the run was admitted"
+	// CancelLinkBroke: a background run whose node link broke before the
+	// node answered its dispatch; its caller was told node_disconnected
+	// (OrphanCancels).
+	CancelLinkBroke = "node link broke before the run was admitted; its caller was told node_disconnected"
+)
 
 // errRunLost ends the following of a background run whose node link broke.
 var errRunLost = errors.New("the node's link broke; the node goes on with the run")

@@ -92,7 +92,7 @@ func TestCancelRun(t *testing.T) {
 			default:
 				out = nil
 			}
-			err := n.runs.CancelRun(context.Background(), "r1")
+			err := n.runs.CancelRun(context.Background(), "r1", "")
 			if (err == nil) != (tc.wantErr == nil) || (tc.wantErr != nil && !errors.Is(err, tc.wantErr)) {
 				t.Fatalf("CancelRun = %v, want %v", err, tc.wantErr)
 			}
@@ -120,7 +120,7 @@ func TestCancelRun(t *testing.T) {
 			if s := n.stored(t, "r1"); s.Status != domain.StatusFor(tc.wantTerm) {
 				t.Fatalf("stored status = %s, want %s", s.Status, domain.StatusFor(tc.wantTerm))
 			}
-			if err := n.runs.CancelRun(context.Background(), "r1"); !errors.Is(err, domain.ErrRunFinished) {
+			if err := n.runs.CancelRun(context.Background(), "r1", ""); !errors.Is(err, domain.ErrRunFinished) {
 				t.Fatalf("cancel after the end = %v, want run_finished", err)
 			}
 		})
@@ -184,7 +184,7 @@ func TestCancelRaceWithCompletion(t *testing.T) {
 				var wg sync.WaitGroup
 				wg.Add(2)
 				go func() { defer wg.Done(); <-ready; close(gate) }()
-				go func() { defer wg.Done(); <-ready; cancelErr = n.runs.CancelRun(context.Background(), id) }()
+				go func() { defer wg.Done(); <-ready; cancelErr = n.runs.CancelRun(context.Background(), id, "") }()
 				close(ready)
 				wg.Wait()
 
@@ -278,7 +278,7 @@ func TestCancelRightBehindItsRunIsNotLost(t *testing.T) {
 		// Found (nil), not yet (run_not_found), or already ended by this
 		// very cancel (run_finished): every answer is honest, and the run
 		// must end cancelled whichever it was.
-		err := n.runs.CancelRun(context.Background(), req.RunID)
+		err := n.runs.CancelRun(context.Background(), req.RunID, "")
 		if err != nil && !errors.Is(err, domain.ErrRunNotFound) && !errors.Is(err, domain.ErrRunFinished) {
 			t.Fatalf("CancelRun %s = %v", req.RunID, err)
 		}

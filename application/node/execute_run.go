@@ -90,8 +90,14 @@ const (
 // missedCancels is the remembered ids, with an insertion-ordered queue for
 // expiry. Guarded by RunManager.mu.
 type missedCancels struct {
-	at    map[string]time.Time
+	at    map[string]missedAt
 	queue []missedCancel
+}
+
+// missedAt is when a missed cancel came and why (CancelRun's reason).
+type missedAt struct {
+	at     time.Time
+	reason string
 }
 
 type missedCancel struct {
@@ -99,35 +105,47 @@ type missedCancel struct {
 	at time.Time
 }
 
-// add remembers id at now, forgetting what expired or overflows.
-func (c *missedCancels) add(id string, now time.Time) {
+// add remembers id at now with the cancel's reason, forgetting what
+// expired or overflows.
+func (c *missedCancels) add(id, reason string, now time.Time) {
 	if c.at == nil {
-		c.at = map[string]time.Time{}
+		c.at = map[string]missedAt{}
 	}
-	c.at[id] = now
+	c.at[id] = missedAt{now, reason}
 	c.queue = append(c.queue, missedCancel{id, now})
 	for len(c.queue) > 0 && (len(c.queue) > maxMissedCancels || now.Sub(c.queue[0].at) >= missedCancelTTL) {
 		old := c.queue[0]
 		c.queue[0] = missedCancel{}
 		c.queue = c.queue[1:]
-		if at, ok := c.at[old.id]; ok && at.Equal(old.at) {
+		if m, ok := c.at[old.id]; ok && m.at.Equal(old.at) {
 			delete(c.at, old.id)
 		}
 	}
 }
 
-// take reports whether id was remembered within the TTL, and forgets it.
-func (c *missedCancels) take(id string, now time.Time) bool {
-	at, ok := c.at[id]
+// take reports whether id was remembered within the TTL, and forgets it:
+// it returns then the error that ends the run (cancelledBeforeStart).
+func (c *missedCancels) take(id string, now time.Time) error {
+	m, ok := c.at[id]
 	if !ok {
-		return false
+		return nil
 	}
 	delete(c.at, id)
-	return now.Sub(at) < missedCancelTTL
+	if now.Sub(m.at) >= missedCancelTTL {
+		return nil
+	}
+	msg := errCancelRequested.Error() + " before it started"
+	if m.reason != "" {
+		msg = m.reason + " (before it started)"
+	}
+	return cancelledBeforeStart(msg)
 }
 
-// errCancelledBeforeStart ends a run whose cancel arrived before it did.
-var errCancelledBeforeStart = errors.New("cancelled by request before it started")
+// cancelledBeforeStart ends a run whose cancel arrived before it did; it
+// is the run's message.
+type cancelledBeforeStart string
+
+func (e cancelledBeforeStart) Error() string { return string(e) }
 
 // NewRunManager refuses nil dependencies.
 func NewRunManager(rt *Runtime, store ports.RunStore, log *slog.Logger) *RunManager {
@@ -287,8 +305,8 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 	ar := &activeRun{req: req, cancel: cancel, guard: g, done: make(chan struct{}), record: run.Snapshot()}
 	if err := m.register(ar); err != nil {
 		release()
-		if errors.Is(err, errCancelledBeforeStart) {
-			m.refuse(req, g, domain.RunEvent{Type: domain.EventCancelled, Error: &domain.ErrorInfo{Code: domain.CodeCancelled, Message: err.Error()}})
+		if msg, ok := err.(cancelledBeforeStart); ok {
+			m.refuse(req, g, domain.RunEvent{Type: domain.EventCancelled, Error: &domain.ErrorInfo{Code: domain.CodeCancelled, Message: string(msg)}})
 			return
 		}
 		m.reject(req, g, err)
@@ -388,8 +406,8 @@ func (m *RunManager) register(ar *activeRun) error {
 	if _, dup := m.active[ar.req.RunID]; dup {
 		return domain.Errorf(domain.CodeInvalidRequest, "run %s is already running", ar.req.RunID)
 	}
-	if m.missed.take(ar.req.RunID, m.now()) {
-		return errCancelledBeforeStart
+	if err := m.missed.take(ar.req.RunID, m.now()); err != nil {
+		return err
 	}
 	if ar.req.SessionID != "" {
 		k := sessionKey{ar.req.Adapter, ar.req.SessionID}
@@ -439,18 +457,27 @@ func (m *RunManager) Running(runID string) (domain.RunSnapshot, bool) {
 }
 
 // CancelRun cancels an in-flight run. Errors: run_not_found, run_finished.
-// A run not known yet may be on its way (see missedCancels): it is
-// cancelled should it arrive within missedCancelTTL, but the answer is
-// run_not_found, since it may as well be on another node or none.
-func (m *RunManager) CancelRun(ctx context.Context, runID string) error {
+// reason, the edge's (the caller left, the edge is shutting down, ...), is
+// the cancelled run's message, on its terminal event and in the store;
+// empty, it is "cancelled by request" (a user's cancel, or an edge that
+// sends no reason). A run not known yet may be on its way (see
+// missedCancels): it is cancelled should it arrive within missedCancelTTL,
+// but the answer is run_not_found, since it may as well be on another node
+// or none.
+func (m *RunManager) CancelRun(ctx context.Context, runID, reason string) error {
+	reason = clipTo(strings.ToValidUTF8(reason, "\uFFFD"), maxCancelReason)
 	m.mu.Lock()
 	ar := m.active[runID]
 	if ar == nil {
-		m.missed.add(runID, m.now())
+		m.missed.add(runID, reason, m.now())
 	}
 	m.mu.Unlock()
 	if ar != nil {
-		if m.cancel(ar, errCancelRequested) {
+		cause := errCancelRequested
+		if reason != "" {
+			cause = errors.New(reason)
+		}
+		if m.cancel(ar, cause) {
 			return nil
 		}
 		return domain.Errorf(domain.CodeRunFinished, "run %s has already finished", runID)
@@ -713,12 +740,20 @@ func sendable(ev domain.RunEvent) domain.RunEvent {
 // clipMessage returns msg (valid UTF-8) if it is at most MaxErrorMessage
 // bytes, else its head, cut at a character boundary, and a marker saying
 // how long it was, within MaxErrorMessage in all.
-func clipMessage(msg string) string {
-	if len(msg) <= MaxErrorMessage {
+func clipMessage(msg string) string { return clipTo(msg, MaxErrorMessage) }
+
+// maxCancelReason is the most of a cancel's reason a run keeps, in bytes:
+// the edge's reasons are a line, and a missed cancel holds its reason for
+// missedCancelTTL.
+const maxCancelReason = 1 << 10
+
+// clipTo is clipMessage with max bytes in all.
+func clipTo(msg string, max int) string {
+	if len(msg) <= max {
 		return msg
 	}
 	mark := fmt.Sprintf("… (%d bytes in all)", len(msg))
-	cut := MaxErrorMessage - len(mark)
+	cut := max - len(mark)
 	for cut > 0 && !utf8.RuneStart(msg[cut]) {
 		cut--
 	}

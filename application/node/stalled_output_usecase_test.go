@@ -43,7 +43,7 @@ func (o *ucStalledOutput) Close()                { o.once.Do(func() { close(o.cl
 func TestCancelStopsRunBlockedOnStalledReader(t *testing.T) {
 	ucNoLeaks(t)
 	n, out := ucStartStalledRun(t)
-	if err := n.runs.CancelRun(context.Background(), "r1"); err != nil {
+	if err := n.runs.CancelRun(context.Background(), "r1", ""); err != nil {
 		t.Fatalf("cancel: %v", err)
 	}
 	// The adapter returns and the slot frees while the reader is still stalled.
@@ -183,7 +183,7 @@ func TestSendsFailOnceTheRunIsCancelled(t *testing.T) {
 	case <-time.After(ucWait):
 		t.Fatal("adapter never started")
 	}
-	if err := n.runs.CancelRun(context.Background(), "r1"); err != nil {
+	if err := n.runs.CancelRun(context.Background(), "r1", ""); err != nil {
 		t.Fatalf("cancel: %v", err)
 	}
 	evs := out.waitClosed(t)

@@ -46,7 +46,7 @@ func (l *echoLink) StartRun(_ context.Context, req domain.RunRequest) (ports.Run
 	return &echoStream{ch: ch}, nil
 }
 
-func (l *echoLink) CancelRun(_ context.Context, runID string) error {
+func (l *echoLink) CancelRun(_ context.Context, runID, _ string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ch, ok := l.runs[runID]

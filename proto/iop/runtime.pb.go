@@ -1942,12 +1942,15 @@ func (x *Error) GetMessage() string {
 }
 
 type CancelRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          CancelKind             `protobuf:"varint,1,opt,name=kind,proto3,enum=iop.runtime.v1.CancelKind" json:"kind,omitempty"`
-	RunId         string                 `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	Adapter       string                 `protobuf:"bytes,3,opt,name=adapter,proto3" json:"adapter,omitempty"`
-	Target        string                 `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
-	SessionId     string                 `protobuf:"bytes,5,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Kind      CancelKind             `protobuf:"varint,1,opt,name=kind,proto3,enum=iop.runtime.v1.CancelKind" json:"kind,omitempty"`
+	RunId     string                 `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Adapter   string                 `protobuf:"bytes,3,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	Target    string                 `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
+	SessionId string                 `protobuf:"bytes,5,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Why the edge cancels a run (CANCEL_RUN), recorded as the run's message;
+	// empty = cancelled by request. Old edges send none, old nodes ignore it.
+	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2013,6 +2016,13 @@ func (x *CancelRequest) GetTarget() string {
 func (x *CancelRequest) GetSessionId() string {
 	if x != nil {
 		return x.SessionId
+	}
+	return ""
+}
+
+func (x *CancelRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
 	}
 	return ""
 }
@@ -2803,14 +2813,15 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x05model\x18\a \x01(\tR\x05model\"5\n" +
 	"\x05Error\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xa7\x01\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xbf\x01\n" +
 	"\rCancelRequest\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.iop.runtime.v1.CancelKindR\x04kind\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x18\n" +
 	"\aadapter\x18\x03 \x01(\tR\aadapter\x12\x16\n" +
 	"\x06target\x18\x04 \x01(\tR\x06target\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x05 \x01(\tR\tsessionId\"=\n" +
+	"session_id\x18\x05 \x01(\tR\tsessionId\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"=\n" +
 	"\x0eCancelResponse\x12+\n" +
 	"\x05error\x18\x01 \x01(\v2\x15.iop.runtime.v1.ErrorR\x05error\"K\n" +
 	"\x12NodeCommandRequest\x12\x18\n" +

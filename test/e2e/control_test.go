@@ -83,7 +83,8 @@ type runInfo struct {
 	Node   string `json:"node"`
 	Status string `json:"status"`
 	Error  *struct {
-		Code string `json:"code"`
+		Code    string `json:"code"`
+		Message string `json:"message"`
 	} `json:"error"`
 }
 
@@ -137,7 +138,9 @@ func TestCancelStopsProcessWithinOneSecond(t *testing.T) {
 		t.Fatalf("cancelled arrived after %v", d)
 	}
 	waitGone(t, pid, time.Second)
-	waitRunStatus(t, e, runID, "cancelled", 5*time.Second)
+	if ri := waitRunStatus(t, e, runID, "cancelled", 5*time.Second); ri.Error == nil || ri.Error.Message != "cancelled by request" {
+		t.Fatalf("history of a run cancelled by request: %+v", ri.Error)
+	}
 
 	// Cancelling again: 409 run_finished; an unknown run: 404.
 	resp2, body := postJSON(t, e.url+"/v1/runs/"+runID+"/cancel", nil)
@@ -165,7 +168,12 @@ func TestCallerDisconnectCancelsRun(t *testing.T) {
 		run, _ := m["run"].(map[string]any)
 		return run != nil && run["run_id"] == runID && run["type"] == "cancelled"
 	})
-	waitRunStatus(t, e, runID, "cancelled", 5*time.Second)
+	// The history says the caller left, not that someone asked for the
+	// cancel (the node records the reason the edge sent; the history takes
+	// the node's cancelled event).
+	if ri := waitRunStatus(t, e, runID, "cancelled", 5*time.Second); ri.Error == nil || ri.Error.Message != "caller left before the run ended" {
+		t.Fatalf("history of a run whose caller left: %+v", ri.Error)
+	}
 }
 
 func TestBackgroundRunSurvivesCaller(t *testing.T) {

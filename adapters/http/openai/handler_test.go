@@ -140,7 +140,7 @@ func (l *fakeLink) last(t *testing.T) opened {
 func (l *fakeLink) StartRun(context.Context, domain.RunRequest) (ports.RunStream, error) {
 	return nil, errors.New("no runs")
 }
-func (l *fakeLink) CancelRun(context.Context, string) error                        { return nil }
+func (l *fakeLink) CancelRun(context.Context, string, string) error                { return nil }
 func (l *fakeLink) TerminateSession(context.Context, string, string, string) error { return nil }
 func (l *fakeLink) Command(context.Context, string, []byte) (ports.CommandStream, error) {
 	return nil, errors.New("no commands")
