@@ -496,11 +496,13 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 					return
 				}
 			}
-			if r.Context().Err() != nil {
-				// The caller left. Clients often hang up as soon as the body
-				// is complete, while its usage and end frames are still on
-				// the way: read them for a moment so the usage is recorded;
-				// then Close aborts whatever is left upstream.
+			if r.Context().Err() != nil && (rec == nil || !rec.wasCut()) {
+				// The caller left (a context this handler's own cut of the
+				// body read cancelled is no such thing: the tunnel broke).
+				// Clients often hang up as soon as the body is complete,
+				// while its usage and end frames are still on the way:
+				// read them for a moment so the usage is recorded; then
+				// Close aborts whatever is left upstream.
 				drainEnd(tun, sidebandGrace)
 				return
 			}

@@ -125,3 +125,68 @@ func TestStalledBlobUploadIsA400(t *testing.T) {
 		}
 	}
 }
+
+// midBreakLink answers a streamed upload at once (status, headers, a first
+// body chunk) while its uploader waits for the rest of the caller's body,
+// then breaks; its stream's Close closes the body, as the transport's does
+// (which cuts the uploader's read off, and net/http cancels the request's
+// context over that).
+type midBreakLink struct{ *fakeLink }
+
+type closingStream struct {
+	*fakeStream
+	body io.Reader
+}
+
+func (s closingStream) Close() {
+	s.fakeStream.Close()
+	if c, ok := s.body.(io.Closer); ok {
+		_ = c.Close()
+	}
+}
+
+func (l midBreakLink) OpenTunnel(_ context.Context, _ domain.TunnelRequest, rest io.Reader) (ports.TunnelStream, error) {
+	st := newFakeStream(status(200), header("Content-Type", "application/octet-stream"), body("hello"))
+	reading := make(chan struct{})
+	go func() {
+		buf := make([]byte, 64)
+		_, _ = rest.Read(buf) // what the caller sent before it stalled
+		close(reading)
+		_, _ = io.Copy(io.Discard, rest) // waits for the rest, which never comes
+	}()
+	go func() {
+		<-reading
+		time.Sleep(20 * time.Millisecond) // the uploader waits in its next read by then
+		st.push(step{err: errors.New("upstream body failed")})
+	}()
+	return closingStream{st, rest}, nil
+}
+
+// A provider answer that breaks after it started, while the caller's body
+// is still streaming, reaches the caller as a broken stream — not as a
+// complete 200 — although ending the tunnel cut the body's read off and
+// net/http cancelled the request's context over that.
+func TestAnswerBrokenWhileTheBodyStreamsIsNoEnd(t *testing.T) {
+	e := newEnv(t)
+	if err := e.reg.Admit(&edge.LiveNode{ID: "ol", Link: midBreakLink{&fakeLink{}}, ConnectedAt: time.Unix(1700000000, 0),
+		Config: domain.NodeConfig{NodeID: "ol", Providers: []domain.ProviderConfig{provider("ol", domain.ProviderOllama, "tiny")}}}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(e.h)
+	t.Cleanup(srv.Close)
+	nc, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	fmt.Fprint(nc, "POST /api/blobs/sha256:abc HTTP/1.1\r\nHost: edge\r\nContent-Length: 100000\r\n\r\n0123456789")
+	_ = nc.SetReadDeadline(time.Now().Add(wait))
+	resp, err := http.ReadResponse(bufio.NewReader(nc), nil)
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || string(got) != "hello" || err == nil {
+		t.Fatalf("got %d %q, read error %v; want 200 \"hello\" cut off with a read error", resp.StatusCode, got, err)
+	}
+}
