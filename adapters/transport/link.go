@@ -465,8 +465,9 @@ func (t *tunnelStream) Close() {
 			}
 			// A body that cannot cut its read off (no io.Closer, or a
 			// connection without read deadlines) must not hold its
-			// owner for ever: past a second the read is left to end
-			// with the request.
+			// owner for ever: a second after the body's Close returned
+			// (which may itself have waited its own bound) the read is
+			// left to end with the request.
 			select {
 			case <-t.upload:
 			case <-time.After(time.Second):
