@@ -57,8 +57,9 @@ func BenchmarkRecordStartRelease(b *testing.B) {
 		pgid := fakePGID + others
 		runtimetest.ReportCPU(b, func() {
 			for b.Loop() {
-				r.add(&Group{pgid: pgid, start: 1234567, startMax: 1234568})
-				r.remove(pgid)
+				g := &Group{pgid: pgid, start: 1234567, startMax: 1234568}
+				r.add(g)
+				r.remove(g)
 			}
 		})
 	})

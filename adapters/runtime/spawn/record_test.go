@@ -47,24 +47,27 @@ func newRecorded(t testing.TB) (*registry, string) {
 
 func TestRecordReplaysStartsAndReleases(t *testing.T) {
 	r, file := newRecorded(t)
-	for i := range 3 {
-		r.add(&Group{pgid: fakePGID + i, start: uint64(10 + i), startMax: uint64(10 + i)})
+	var gs [3]*Group
+	for i := range gs {
+		gs[i] = &Group{pgid: fakePGID + i, start: uint64(10 + i), startMax: uint64(10 + i)}
+		r.add(gs[i])
 	}
-	if removed, idle := r.remove(fakePGID + 1); !removed || idle {
+	if removed, idle := r.remove(gs[1]); !removed || idle {
 		t.Fatalf("remove = %v, %v; want removed, not idle", removed, idle)
 	}
-	if removed, _ := r.remove(fakePGID + 1); removed {
+	if removed, _ := r.remove(gs[1]); removed {
 		t.Fatal("a second remove of the same group removed it again")
 	}
 	// The same pgid again, as a new process: the later start wins.
-	r.add(&Group{pgid: fakePGID + 1, start: 99, startMax: 101})
-	r.remove(fakePGID)
+	again := &Group{pgid: fakePGID + 1, start: 99, startMax: 101}
+	r.add(again)
+	r.remove(gs[0])
 	want := fmt.Sprintf("%d@99-101 %d@12", fakePGID+1, fakePGID+2)
 	if got := recorded(t, file); got != want {
 		t.Fatalf("recorded %q; want %q", got, want)
 	}
-	r.remove(fakePGID + 1)
-	if removed, idle := r.remove(fakePGID + 2); !removed || !idle {
+	r.remove(again)
+	if removed, idle := r.remove(gs[2]); !removed || !idle {
 		t.Fatalf("last remove = %v, %v; want removed and idle", removed, idle)
 	}
 	if got := recorded(t, file); got != "" {
@@ -83,8 +86,9 @@ func TestRecordCompacts(t *testing.T) {
 	maxLines := 0
 	for i := range 5000 {
 		pgid := fakePGID + live + i
-		r.add(&Group{pgid: pgid, start: 2, startMax: 3})
-		r.remove(pgid)
+		g := &Group{pgid: pgid, start: 2, startMax: 3}
+		r.add(g)
+		r.remove(g)
 		b, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
@@ -104,6 +108,30 @@ func TestRecordCompacts(t *testing.T) {
 	}
 	if want := slices.Sorted(maps.Keys(r.live)); !slices.Equal(got, want) {
 		t.Fatalf("replayed %v; want %v", got, want)
+	}
+}
+
+// A group whose leader was reaped but that was not yet released, and whose
+// pid the kernel gave to a later child: the later child's group replaces it,
+// and its release then leaves that group live and recorded (and the
+// registry not idle).
+func TestRemoveOfAReplacedGroupIsANoOp(t *testing.T) {
+	r, file := newRecorded(t)
+	old := &Group{pgid: fakePGID, start: 10, startMax: 10}
+	r.add(old)
+	cur := &Group{pgid: fakePGID, start: 50, startMax: 50}
+	r.add(cur)
+	if removed, idle := r.remove(old); removed || idle {
+		t.Fatalf("remove of the replaced group = %v, %v; want neither removed nor idle", removed, idle)
+	}
+	if r.live[fakePGID] != cur {
+		t.Fatal("the replaced group's release removed the live one")
+	}
+	if got, want := recorded(t, file), fmt.Sprintf("%d@50", fakePGID); got != want {
+		t.Fatalf("recorded %q; want %q", got, want)
+	}
+	if removed, idle := r.remove(cur); !removed || !idle {
+		t.Fatalf("remove of the live group = %v, %v; want removed and idle", removed, idle)
 	}
 }
 

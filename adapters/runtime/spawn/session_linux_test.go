@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	osexec "os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -216,5 +218,73 @@ func TestKillAllSparesAReapedGroupsPID(t *testing.T) {
 	err = other.Wait()
 	if ws, ok := other.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
 		t.Fatalf("an unrelated process with a reaped group's pid %d ended with %v; want it left alone (ended by our SIGTERM)", g.PGID(), err)
+	}
+}
+
+// startGroupWithPID starts name through Start with pid pid, as
+// startWithPID does.
+func startGroupWithPID(t *testing.T, pid int, name string, args ...string) *Group {
+	t.Helper()
+	const lastPID = "/proc/sys/kernel/ns_last_pid"
+	for range 20 {
+		if err := os.WriteFile(lastPID, []byte(strconv.Itoa(pid-1)), 0); err != nil {
+			t.Skipf("cannot choose the next pid (%v)", err)
+		}
+		g, err := Start(osexec.Command(name, args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.PGID() == pid {
+			return g
+		}
+		g.Signal(syscall.SIGKILL)
+		_ = g.Wait()
+		g.Release()
+	}
+	t.Skipf("pid %d kept going to other processes", pid)
+	return nil
+}
+
+// The exec adapter releases a run's group only once the run's output is
+// read and its end sent, after Wait reaped the leader; meanwhile the
+// kernel may give the leader's pid to the node's next child. The late
+// release must leave that child's group alone: live, recorded for after a
+// crash, and its death signal's thread (the spawner) running.
+func TestReleaseOfAReapedGroupSparesTheNextChildWithItsPID(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "node.db.children")
+	if _, err := Record(file); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = Record("") })
+	old, err := Start(osexec.Command("true"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Release()
+	if err := old.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	next := startGroupWithPID(t, old.PGID(), "sleep", "30")
+	defer next.Release()
+	old.Release()
+
+	spawner.mu.Lock()
+	stopped := spawner.reqs == nil
+	spawner.mu.Unlock()
+	reg.mu.Lock()
+	live := reg.live[next.PGID()] == next
+	reg.mu.Unlock()
+	groups, err := load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := slices.ContainsFunc(groups, func(g *Group) bool { return g.pgid == next.PGID() })
+	// What ends it tells whether the spawner's end killed it.
+	next.Signal(syscall.SIGTERM)
+	err = next.Wait()
+	ws, ok := next.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if stopped || !live || !recorded || !ok || !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+		t.Fatalf("after the release of a reaped group with the same pid %d: spawner stopped %v, the new group live %v, recorded %v; the new run ended with %v (want it ended by our SIGTERM)",
+			old.PGID(), stopped, live, recorded, err)
 	}
 }

@@ -66,11 +66,13 @@ var tags atomic.Uint64
 func (g *Group) PGID() int { return g.pgid }
 
 // Release forgets the group: the node no longer kills it at shutdown or
-// after a crash. Idempotent.
+// after a crash. Idempotent, and a no-op once a later child has the
+// group's id (Wait reaped the leader, and the kernel gave its pid to the
+// next child): that child's group is not this one.
 func (g *Group) Release() {
 	// Only the release that empties the registry can let the spawner stop,
 	// so the others do not queue behind a fork for its lock.
-	if removed, idle := reg.remove(g.pgid); removed && idle {
+	if removed, idle := reg.remove(g); removed && idle {
 		stopIfIdle()
 	}
 }
@@ -241,7 +243,9 @@ func (r *registry) record(path string) (int, error) {
 	return killed, nil
 }
 
-// add makes g live and records it.
+// add makes g live and records it. A group live with the same id is one
+// whose leader Wait has reaped (a pid is not reused before), not yet
+// released: g replaces it, and its release is then a no-op (see remove).
 func (r *registry) add(g *Group) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -249,14 +253,16 @@ func (r *registry) add(g *Group) {
 	r.startedLocked(g)
 }
 
-// remove forgets pgid and records that; it reports whether pgid was live and
-// whether the registry is now empty.
-func (r *registry) remove(pgid int) (removed, idle bool) {
+// remove forgets g and records that, if g is the live group with its id
+// (not one a later child with the same pid replaced, whose group must stay
+// recorded and killable); it reports whether it removed g and whether the
+// registry is now empty.
+func (r *registry) remove(g *Group) (removed, idle bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.live[pgid]; ok {
-		delete(r.live, pgid)
-		r.releasedLocked(pgid)
+	if r.live[g.pgid] == g {
+		delete(r.live, g.pgid)
+		r.releasedLocked(g.pgid)
 		removed = true
 	}
 	return removed, len(r.live) == 0
