@@ -503,10 +503,10 @@ func awaitGone(killed []pinfo, deadline time.Time) bool {
 }
 
 // killAll kills what groups started and every orphan that may be a run's
-// (see runsOrphan); KillAll has killed the groups themselves, and holds
-// their locks: none has had its leader reaped, so each leader's pid is its
-// own.
-func killAll(groups []*Group) {
+// (see runsOrphan), and returns what it killed for awaitKilled; KillAll has
+// killed the groups themselves, and holds their locks: none has had its
+// leader reaped, so each leader's pid is its own.
+func killAll(groups []*Group) []pinfo {
 	leaders := make(map[int]bool, len(groups))
 	var roots []pinfo
 	for _, g := range groups {
@@ -523,7 +523,7 @@ func killAll(groups []*Group) {
 		}
 	}
 	if len(roots) == 0 {
-		return
+		return nil
 	}
 	found := subtree(roots)
 	signalAll(found, leaders, syscall.SIGKILL)
@@ -535,6 +535,15 @@ func killAll(groups []*Group) {
 			n++
 		}
 	}
-	awaitGone(found[:n], time.Now().Add(reapWait))
-	adoptedOrphans(nil) // reaps those that died as the others were waited for
+	return found[:n]
+}
+
+// awaitKilled waits for the processes killAll killed to die (reapWait at
+// most), reaping those that are this process's children, and then for the
+// orphans that died meanwhile.
+func awaitKilled(killed []pinfo) {
+	if len(killed) > 0 {
+		awaitGone(killed, time.Now().Add(reapWait))
+	}
+	adoptedOrphans(nil)
 }

@@ -33,4 +33,8 @@ func (g *Group) wait() error {
 	return err
 }
 
-func killAll([]*Group) {}
+type pinfo struct{}
+
+func killAll([]*Group) []pinfo { return nil }
+
+func awaitKilled([]pinfo) {}

@@ -182,32 +182,49 @@ func (g *Group) Exited() <-chan struct{} { return g.exited }
 // skipped, although it is live until Released: Wait has killed what the
 // leader left, and the leader's pid, so the group's id, may now name an
 // unrelated process.
+//
+// The groups it can lock at once are killed first, together, so that a
+// group another call holds (a Wait still killing a slow-to-die leftover,
+// for up to reapWait) delays no other: the node's forced stop gives
+// KillAll a second at most.
 func KillAll() {
 	reg.mu.Lock()
 	all := slices.SortedFunc(maps.Values(reg.live), func(a, b *Group) int { return cmp.Compare(a.pgid, b.pgid) })
 	reg.mu.Unlock()
-	// Each group kept is locked (in pgid order, so that two KillAll calls
-	// cannot deadlock) until the end: Wait reaps the leader only after
-	// reap has set reaped under the lock, so meanwhile the leader's pid is
-	// the leader's (alive, or a zombie) and the group's id is this group's.
-	groups := all[:0]
+	// A group is killed only under its lock, with reaped not set: Wait
+	// reaps the leader only after reap has set reaped under the lock, so
+	// meanwhile the leader's pid is the leader's (alive, or a zombie) and
+	// the group's id is this group's. Locks are only tried while others
+	// are held (so two KillAll calls cannot deadlock), and none is held
+	// while the killed are awaited.
+	var held, busy []*Group
 	for _, g := range all {
-		g.mu.Lock()
+		if !g.mu.TryLock() {
+			busy = append(busy, g)
+			continue
+		}
 		if g.reaped {
 			g.mu.Unlock()
 			continue
 		}
-		groups = append(groups, g)
-	}
-	defer func() {
-		for _, g := range groups {
-			g.mu.Unlock()
-		}
-	}()
-	for _, g := range groups {
+		held = append(held, g)
 		_ = syscall.Kill(-g.pgid, syscall.SIGKILL)
 	}
-	killAll(groups)
+	killed := killAll(held)
+	for _, g := range held {
+		g.mu.Unlock()
+	}
+	// The rest one at a time, once their holder lets go: a Wait's reap
+	// has killed the group by then (and set reaped), a Signal has not.
+	for _, g := range busy {
+		g.mu.Lock()
+		if !g.reaped {
+			_ = syscall.Kill(-g.pgid, syscall.SIGKILL)
+			killed = append(killed, killAll([]*Group{g})...)
+		}
+		g.mu.Unlock()
+	}
+	awaitKilled(killed)
 }
 
 // Record makes path the file the live groups are recorded in, after killing

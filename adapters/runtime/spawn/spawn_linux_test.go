@@ -241,3 +241,52 @@ func TestSubtreeWithoutChildrenFiles(t *testing.T) {
 		t.Fatalf("scanned tree %s, listed %s", scanned, lists)
 	}
 }
+
+// A group another call holds (a Wait killing a leftover slow to die, for up
+// to reapWait) does not keep KillAll from killing the others: the node's
+// forced stop gives KillAll a second at most before it exits.
+func TestKillAllKillsTheOthersWhileAGroupIsHeld(t *testing.T) {
+	a := osexec.Command("sleep", "30")
+	ga, err := Start(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ga.Release()
+	b := osexec.Command("sh", "-c", "sleep 30 & echo $!; wait")
+	out, err := b.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gb, err := Start(b)
+	if err != nil {
+		ga.Signal(syscall.SIGKILL)
+		_ = ga.Wait()
+		t.Fatal(err)
+	}
+	defer gb.Release()
+	var member int
+	if _, err := fmt.Fscan(out, &member); err != nil {
+		t.Fatal(err)
+	}
+	// A's lock held, as reap holds it while it awaits a killed process.
+	ga.mu.Lock()
+	done := make(chan struct{})
+	go func() { KillAll(); close(done) }()
+	for deadline := time.Now().Add(5 * time.Second); alive(member) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	bAlive := alive(member)
+	ga.mu.Unlock()
+	<-done
+	// A, unreaped, is killed once its holder lets go.
+	errA := ga.Wait()
+	errB := gb.Wait()
+	if bAlive {
+		t.Fatal("KillAll did not kill group B while group A's lock was held")
+	}
+	for name, err := range map[string]error{"A": errA, "B": errB} {
+		if err == nil || !strings.Contains(err.Error(), "killed") {
+			t.Errorf("group %s's leader ended with %v; want it killed", name, err)
+		}
+	}
+}
