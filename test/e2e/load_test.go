@@ -573,13 +573,14 @@ func echoRun(url string) error {
 // spawnCat is the baseline a run is held against: the same child (`cat`),
 // its input on a stdin pipe and its output read from a stdout pipe, started
 // with the process attributes the node's exec adapter uses
-// (adapters/runtime/spawn: its own process group, killed with its parent).
+// (adapters/runtime/spawn: a session of its own, so its own process group,
+// killed with its parent).
 func spawnCat() error {
 	cmd := exec.Command("cat")
 	cmd.Stdin = strings.NewReader("hello load\n")
 	var out bytes.Buffer
 	cmd.Stdout = &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Run(); err != nil {
 		return err
 	}
