@@ -30,10 +30,20 @@ func sysProcAttr() *syscall.SysProcAttr {
 // alive: the signal then fires exactly when the node dies. Start holds
 // spawner.mu from the fork until the child is in the registry, and the
 // spawner is stopped only under that lock with the registry empty.
+//
+// That thread is never the process's main thread: the main thread's
+// children are where the kernel puts the orphans after Adopt, which
+// adoptedOrphans tells from the children Start started by the thread alone
+// (a child just forked is not in the registry yet); and Go never ends the
+// main thread (a goroutine that returns locked to it leaves it parked for
+// good).
 var spawner struct {
 	mu   sync.Mutex
 	reqs chan spawnReq // nil when not running
 }
+
+// goSpawner runs the spawner goroutine; a test runs it on the main thread.
+var goSpawner = func(loop func()) { go loop() }
 
 type spawnReq struct {
 	cmd  *exec.Cmd
@@ -47,6 +57,26 @@ type spawned struct {
 
 func forkLoop(reqs <-chan spawnReq) {
 	runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+	if syscall.Gettid() == syscall.Getpid() {
+		// The main thread (see spawner): hand over to a goroutine locked
+		// to another thread, which it cannot help being while this one
+		// holds the main thread, and leave the main thread to the
+		// scheduler once it has.
+		locked := make(chan struct{})
+		go func() {
+			runtime.LockOSThread() // never unlocked, as above
+			close(locked)
+			serveForks(reqs)
+		}()
+		<-locked
+		runtime.UnlockOSThread()
+		return
+	}
+	serveForks(reqs)
+}
+
+// serveForks forks each request's child, on the calling thread.
+func serveForks(reqs <-chan spawnReq) {
 	for r := range reqs {
 		lo := bootTicks()
 		err := r.cmd.Start()
@@ -62,7 +92,8 @@ func forkLoop(reqs <-chan spawnReq) {
 func startLocked(cmd *exec.Cmd) (lo, hi uint64, err error) {
 	if spawner.reqs == nil {
 		spawner.reqs = make(chan spawnReq)
-		go forkLoop(spawner.reqs)
+		reqs := spawner.reqs
+		goSpawner(func() { forkLoop(reqs) })
 	}
 	done := make(chan spawned, 1)
 	spawner.reqs <- spawnReq{cmd: cmd, done: done}
