@@ -1,8 +1,6 @@
 package bootstrap_test
 
 import (
-	"context"
-	"errors"
 	"strings"
 	"testing"
 
@@ -16,18 +14,7 @@ const warnDefaultEdgeID = "store.edge_id is not set: this edge's history rows ca
 // its host name makes unstable. With an id, or on SQLite (one edge per
 // file), it does not.
 func TestEdgeWarnsOfADefaultEdgeIDOnPostgres(t *testing.T) {
-	srv, err := pgtest.Start()
-	if errors.Is(err, pgtest.ErrUnavailable) {
-		t.Skipf("skipping the PostgreSQL run: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	dsn, err := srv.NewDatabase(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, dsn := pgtest.Own(t)
 	doc := func(store string) string {
 		return `
 transport: {listen: "127.0.0.1:0"}

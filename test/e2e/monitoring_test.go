@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -357,18 +356,7 @@ func TestMonitoringSQLite(t *testing.T) {
 
 func TestMonitoringPostgres(t *testing.T) {
 	t.Parallel()
-	srv, err := pgtest.Start()
-	if errors.Is(err, pgtest.ErrUnavailable) {
-		t.Skipf("skipping the PostgreSQL run: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	dsn, err := srv.NewDatabase(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, dsn := pgtest.Own(t)
 	monitoringScenario(t, dsn)
 }
 
@@ -376,18 +364,7 @@ func TestMonitoringPostgres(t *testing.T) {
 // history rows are counted.
 func TestHistoryOutageCostsRowsNotRuns(t *testing.T) {
 	t.Parallel()
-	srv, err := pgtest.Start()
-	if errors.Is(err, pgtest.ErrUnavailable) {
-		t.Skipf("skipping the PostgreSQL run: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	dsn, err := srv.NewDatabase(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, dsn := pgtest.Own(t)
 	e := startEdge(t, defaultNodes(4)+fmt.Sprintf("\nstore:\n  dsn: %q\n", dsn))
 	startNode(t, e, testToken)
 	waitNode(t, e, "n1")

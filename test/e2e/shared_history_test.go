@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -22,18 +20,7 @@ import (
 // on b (and stayed so once it ended).
 func TestSharedHistoryReloadLeavesTheOtherEdgesRuns(t *testing.T) {
 	t.Parallel()
-	srv, err := pgtest.Start()
-	if errors.Is(err, pgtest.ErrUnavailable) {
-		t.Skipf("skipping the PostgreSQL run: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	dsn, err := srv.NewDatabase(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, dsn := pgtest.Own(t)
 	store := func(id string) string { return fmt.Sprintf("\nstore:\n  dsn: %q\n  edge_id: %s\n", dsn, id) }
 	a := startEdge(t, defaultNodes(4)+store("a"))
 	b := startEdge(t, defaultNodes(4)+store("b"))

@@ -304,3 +304,23 @@ func DSN(t testing.TB) string {
 	}
 	return dsn
 }
+
+// Own starts a server of t's own (one the test may pause, resume or stop),
+// stopped when t ends, and returns it with the DSN of a fresh database on
+// it; it skips t, saying why, when PostgreSQL is not installed.
+func Own(t testing.TB) (*Server, string) {
+	t.Helper()
+	s, err := Start()
+	if errors.Is(err, ErrUnavailable) {
+		t.Skipf("skipping the PostgreSQL run: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("start PostgreSQL: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	dsn, err := s.NewDatabase(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, dsn
+}
