@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
@@ -25,7 +26,15 @@ import (
 
 // DB is an open, migrated edge store.
 type DB struct {
-	bun      *bun.DB
+	// bun writes: the history batches, migrations, pruning. On SQLite it is
+	// the one connection SQLite's one writer needs.
+	bun *bun.DB
+	// read answers the history reads from a pool of its own (see
+	// openReaders), so no read, however long, holds up a batch write,
+	// which has WriteTimeout to commit before its rows are dropped. It is
+	// bun itself only for an SQLite database readers cannot share (in
+	// memory, or one whose journal is not WAL).
+	read     *bun.DB
 	postgres bool
 
 	stmts    sqlprep.Cache // the history writes, prepared once (SQLite only)
@@ -70,13 +79,23 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		if err != nil {
 			return nil, err
 		}
-		sqldb := sql.OpenDB(conn)
-		sqldb.SetMaxOpenConns(4)
-		// An idle connection is closed after a minute: one a firewall or
-		// NAT forgot without a word (no FIN to see, see peerClosed) would
-		// otherwise hold its next statement until the read timeout.
-		sqldb.SetConnMaxIdleTime(time.Minute)
+		// Two pools on the one connector: the writes' (the writer's batch,
+		// and the pruner's chunk beside it) and the reads'. In one pool a
+		// few slow reads (a usage sum over a month) held every connection
+		// while the writer's batch waited for one, and lost its rows when
+		// that took its WriteTimeout.
+		pool := func(n int) *sql.DB {
+			p := sql.OpenDB(conn)
+			p.SetMaxOpenConns(n)
+			// An idle connection is closed after a minute: one a firewall or
+			// NAT forgot without a word (no FIN to see, see peerClosed) would
+			// otherwise hold its next statement until the read timeout.
+			p.SetConnMaxIdleTime(time.Minute)
+			return p
+		}
+		sqldb := pool(pgWriteConns)
 		db = &DB{bun: bun.NewDB(sqldb, pgdialect.New()), postgres: true, stmts: sqlprep.Cache{DB: sqldb}}
+		db.read = bun.NewDB(pool(readConns), pgdialect.New())
 	} else {
 		// The history names nodes, targets, callers' keys and errors: it
 		// is the owner's alone, like the node's store.
@@ -107,6 +126,9 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		// rows are small (a few hundred bytes) and fit such pages well: in a
 		// steady stream of 64-row batches a row costs ≈ 0.65× the CPU
 		// (tunnel rows) and ≈ 0.5× (finished runs).
+		//
+		// The reads have a pool of their own (see openReaders): WAL lets
+		// them run beside the one writer.
 		sqldb.SetMaxOpenConns(1)
 		sqldb.SetConnMaxLifetime(0)
 		sqldb.SetConnMaxIdleTime(0)
@@ -133,10 +155,89 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		}
 	}
 	if err := db.migrate(ctx); err != nil {
-		_ = db.bun.Close()
+		_ = db.Close()
 		return nil, fmt.Errorf("open edge store: %w", err)
 	}
+	if db.read == nil {
+		if err := db.openReaders(ctx, dsn); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("open edge store %s: %w", dsn, err)
+		}
+	}
 	return db, nil
+}
+
+// Connections of the pools: PostgreSQL's writes take one for the writer's
+// batch and one for the pruner's chunk; the reads have readConns, on
+// SQLite too.
+const (
+	pgWriteConns = 2
+	readConns    = 4
+)
+
+// openReaders opens the SQLite history's read pool: readConns read-only
+// connections to the file the writer has open. In WAL mode (which Open
+// sets) a reader reads the last commit before it began while the one
+// writer goes on, and the writer never waits for a reader; a checkpoint
+// copies back only what no reader still needs (see reclaim's checkpoint,
+// which does not wait for them either). With the writer's one connection
+// for both, a usage sum over a large history (seconds) held every batch
+// behind it, and a batch that waited WriteTimeout was dropped. The readers
+// are opened after the migrations, so the file exists with its schema and
+// with the page size and auto-vacuum the writer gave it; read-only, they
+// cannot change either. Without WAL (the file's journal mode could not be
+// changed: a read-only DSN of a file in another mode) a reader would block
+// the writer's commit, and in memory a second pool would open another
+// database: the reads then share the writer's connection, as before.
+func (db *DB) openReaders(ctx context.Context, dsn string) error {
+	db.read = db.bun
+	var mode string
+	if err := db.bun.DB.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+		return fmt.Errorf("PRAGMA journal_mode: %w", err)
+	}
+	rdsn := readerDSN(sqliteDSN(dsn))
+	if !strings.EqualFold(mode, "wal") || rdsn == "" {
+		return nil
+	}
+	sqldb, err := sql.Open(sqliteshim.ShimName, rdsn)
+	if err != nil {
+		return err
+	}
+	sqldb.SetMaxOpenConns(readConns)
+	sqldb.SetMaxIdleConns(readConns)
+	sqldb.SetConnMaxLifetime(0)
+	sqldb.SetConnMaxIdleTime(0)
+	if err := sqldb.PingContext(ctx); err != nil {
+		_ = sqldb.Close()
+		return fmt.Errorf("open the history's readers: %w", err)
+	}
+	db.read = bun.NewDB(sqldb, sqlitedialect.New())
+	return nil
+}
+
+// readerDSN is the file URI dsn (as sqliteDSN makes it) opened read-only,
+// with a page cache of its own (a shared cache would lock tables between
+// the readers and the writer) and each connection waiting out a lock as
+// the writer does (busy_timeout: a reader may meet one while the last
+// connection of an edge stopping checkpoints, or a truncating checkpoint
+// resets the WAL). The DSN's own pragmas are left out: they are the
+// writer's to run. "" for an in-memory database, or a DSN it cannot read.
+func readerDSN(dsn string) string {
+	rest, ok := strings.CutPrefix(dsn, "file:")
+	if !ok || dbfile.Path(dsn) == "" {
+		return ""
+	}
+	path, query, _ := strings.Cut(rest, "?")
+	query, _, _ = strings.Cut(query, "#")
+	v, err := url.ParseQuery(query)
+	if err != nil {
+		return ""
+	}
+	v.Del("_pragma")
+	v.Set("mode", "ro")
+	v.Set("cache", "private")
+	v.Add("_pragma", "busy_timeout(5000)")
+	return "file:" + path + "?" + v.Encode()
 }
 
 // sqliteDSN turns a plain path into a file DSN that creates the file.
@@ -151,10 +252,15 @@ func sqliteDSN(dsn string) string {
 // others could read and Open made the owner's alone.
 func (db *DB) Narrowed() []string { return db.narrowed }
 
-// Close closes the database.
+// Close closes the database: the readers first, so that on SQLite the
+// writer's connection is the file's last and checkpoints the WAL away.
 func (db *DB) Close() error {
+	var rerr error
+	if db.read != nil && db.read != db.bun {
+		rerr = db.read.Close()
+	}
 	db.stmts.Close()
-	return db.bun.Close()
+	return errors.Join(db.bun.Close(), rerr)
 }
 
 // migrationLock is the PostgreSQL advisory lock key that serialises
@@ -216,6 +322,22 @@ var migrations = []struct {
 	// many runs without a session cost no index write.
 	{2, []string{
 		`CREATE INDEX edge_runs_session_idx ON edge_runs (session_id, adapter, created_us) WHERE session_id <> ''`,
+	}},
+	// The runs in flight, newest first (GET /v1/runs?status=running, which
+	// the console asks on every load, and the reconciler's): through the
+	// created index alone, with few runs in flight, that read the whole
+	// history (seconds at millions of rows). Partial, so a row costs an
+	// index entry only while it runs: a full index of status (or one of
+	// key_name or adapter) cost a finished run's write ≈ 1.3-2× the CPU
+	// (BenchmarkWriteBatch). A filter on those that few rows match still
+	// walks the created index, within the read timeout and on the readers'
+	// connections (see openReaders), never the writer's. The edge never
+	// records a run queued (see RunHistoryHandler.List in application/edge);
+	// the predicate names it all the same. Spelled with OR, not IN: SQLite
+	// uses a partial index only for a query whose terms match a term of
+	// its predicate.
+	{3, []string{
+		`CREATE INDEX edge_runs_live_idx ON edge_runs (status, created_us, id) WHERE status = 'queued' OR status = 'running'`,
 	}},
 }
 

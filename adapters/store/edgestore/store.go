@@ -45,6 +45,10 @@ type Options struct {
 	Retention time.Duration
 	// PruneInterval is how often pruning runs (default 1 h).
 	PruneInterval time.Duration
+	// ReadTimeout bounds one history read (GetRun, ListRuns, Usage;
+	// default 30 s): one that takes longer is given up and answered
+	// domain.CodeTimeout, so no read holds a connection for ever.
+	ReadTimeout time.Duration
 	// Dropped is told how many rows were lost (for a metric); may be nil.
 	Dropped func(n int)
 	Logger  *slog.Logger
@@ -94,6 +98,9 @@ func New(db *DB, o Options) *Store {
 	}
 	if o.PruneInterval <= 0 {
 		o.PruneInterval = time.Hour
+	}
+	if o.ReadTimeout <= 0 {
+		o.ReadTimeout = DefaultReadTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -466,16 +473,16 @@ func (s *Store) prune(ctx context.Context) {
 }
 
 // pruneChunk is the most rows one pruning statement deletes: on SQLite
-// (one connection) a statement holds every reader and writer of the store
-// until it ends, and 1,000 rows with their index entries take
-// milliseconds, where all of a month's expired rows in one statement could
-// take longer than a batch's WriteTimeout.
+// (one writer connection) a statement holds every write of the store until
+// it ends (reads go on beside it, see openReaders), and 1,000 rows with
+// their index entries take milliseconds, where all of a month's expired
+// rows in one statement could take longer than a batch's WriteTimeout.
 const pruneChunk = 1000
 
 // Prune deletes finished runs created, and tunnels started, before cutoff.
 // Runs still in flight are kept. It deletes in chunks of pruneChunk rows,
-// each its own statement and transaction, so history writes and reads
-// take turns with it however much has expired; it returns the rows deleted
+// each its own statement and transaction, so history writes take turns
+// with it however much has expired; it returns the rows deleted
 // so far, with the error that stopped it.
 func (s *Store) Prune(ctx context.Context, cutoff time.Time) (int64, error) {
 	return s.pruneChunks(ctx, cutoff, pruneChunk)
@@ -523,12 +530,14 @@ func (s *Store) pruneChunks(ctx context.Context, cutoff time.Time, chunk int) (i
 
 // GetRun returns one run; domain.ErrRunNotFound if the store has none.
 func (s *Store) GetRun(ctx context.Context, id string) (domain.RunRecord, error) {
+	ctx, cancel := s.readContext(ctx)
+	defer cancel()
 	var rows []runRow
 	if err := s.retry(ctx, func() error {
 		rows = nil
-		return s.db.bun.NewSelect().Model(&rows).Where("id = ?", id).Limit(int64(1)).Scan(ctx)
+		return s.db.read.NewSelect().Model(&rows).Where("id = ?", id).Limit(int64(1)).Scan(ctx)
 	}); err != nil {
-		return domain.RunRecord{}, fmt.Errorf("read run: %w", err)
+		return domain.RunRecord{}, s.readError(ctx, fmt.Errorf("read run: %w", err))
 	}
 	if len(rows) == 0 {
 		return domain.RunRecord{}, domain.Errorf(domain.CodeRunNotFound, "run %s is not in the edge's history", id)
@@ -550,7 +559,31 @@ func (s *Store) ListRuns(ctx context.Context, q domain.RunQuery) (domain.RunPage
 	}
 	limit = min(limit, MaxLimit)
 	var rows []runRow
-	sel := s.db.bun.NewSelect().Model(&rows)
+	sel, err := s.listQuery(q, &rows, limit)
+	if err != nil {
+		return domain.RunPage{}, err
+	}
+	ctx, cancel := s.readContext(ctx)
+	defer cancel()
+	if err := s.retry(ctx, func() error { rows = nil; return sel.Scan(ctx) }); err != nil {
+		return domain.RunPage{}, s.readError(ctx, fmt.Errorf("list runs: %w", err))
+	}
+	page := domain.RunPage{Runs: make([]domain.RunRecord, 0, min(len(rows), limit))}
+	for i, r := range rows {
+		if i == limit {
+			last := rows[limit-1]
+			page.Next = encodeCursor(last.CreatedUS, last.ID)
+			break
+		}
+		page.Runs = append(page.Runs, r.record())
+	}
+	return page, nil
+}
+
+// listQuery is the statement of ListRuns' page of limit rows (one more,
+// to know there is a next page), scanned into rows.
+func (s *Store) listQuery(q domain.RunQuery, rows *[]runRow, limit int) (*bun.SelectQuery, error) {
+	sel := s.db.read.NewSelect().Model(rows)
 	if q.Node != "" {
 		sel = sel.Where("node = ?", q.Node)
 	}
@@ -591,26 +624,13 @@ func (s *Store) ListRuns(ctx context.Context, q domain.RunQuery) (domain.RunPage
 	if q.Cursor != "" {
 		us, id, err := decodeCursor(q.Cursor)
 		if err != nil {
-			return domain.RunPage{}, err
+			return nil, err
 		}
 		sel = sel.WhereGroup(" AND ", func(w *bun.SelectQuery) *bun.SelectQuery {
 			return w.Where("created_us < ?", us).WhereOr("created_us = ? AND id < ?", us, id)
 		})
 	}
-	sel = sel.OrderExpr("created_us DESC, id DESC").Limit(int64(limit + 1))
-	if err := s.retry(ctx, func() error { rows = nil; return sel.Scan(ctx) }); err != nil {
-		return domain.RunPage{}, fmt.Errorf("list runs: %w", err)
-	}
-	page := domain.RunPage{Runs: make([]domain.RunRecord, 0, min(len(rows), limit))}
-	for i, r := range rows {
-		if i == limit {
-			last := rows[limit-1]
-			page.Next = encodeCursor(last.CreatedUS, last.ID)
-			break
-		}
-		page.Runs = append(page.Runs, r.record())
-	}
-	return page, nil
+	return sel.OrderExpr("created_us DESC, id DESC").Limit(int64(limit + 1)), nil
 }
 
 func encodeCursor(us int64, id string) string {
@@ -675,13 +695,13 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 		}
 		return q.ColumnExpr("SUM(" + usagesql.Cost("cost_usd", s.db.postgres) + ") AS cost_usd")
 	}
-	rq := usage(s.db.bun.NewSelect().Model((*runRow)(nil)).
+	rq := usage(s.db.read.NewSelect().Model((*runRow)(nil)).
 		ColumnExpr("CAST("+runGroup+" AS VARCHAR(255)) AS grp").
 		ColumnExpr("COUNT(*) AS n").
 		ColumnExpr("SUM(CASE WHEN status = ? THEN 1 ELSE 0 END) AS errors", string(domain.RunFailed))).
 		ColumnExpr("0 AS body_bytes").
 		GroupExpr(runGroup)
-	tq := usage(s.db.bun.NewSelect().Model((*tunnelRow)(nil)).
+	tq := usage(s.db.read.NewSelect().Model((*tunnelRow)(nil)).
 		ColumnExpr("CAST(" + tunGroup + " AS VARCHAR(255)) AS grp").
 		ColumnExpr("COUNT(*) AS n").
 		ColumnExpr("SUM(CASE WHEN error_code <> '' THEN 1 ELSE 0 END) AS errors")).
@@ -699,17 +719,26 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 		rq = rq.Where("node IN (?)", bun.List(q.Nodes))
 		tq = tq.Where("node IN (?)", bun.List(q.Nodes))
 	}
+	ctx, cancel := s.readContext(ctx)
+	defer cancel()
 	if err := s.retry(ctx, func() error { runRows = nil; return rq.Scan(ctx, &runRows) }); err != nil {
-		return nil, usageError("sum runs", err)
+		return nil, s.readError(ctx, usageError("sum runs", err))
 	}
 	if err := s.retry(ctx, func() error { tunRows = nil; return tq.Scan(ctx, &tunRows) }); err != nil {
-		return nil, usageError("sum tunnels", err)
+		return nil, s.readError(ctx, usageError("sum tunnels", err))
 	}
+	return addTotals(q.GroupBy, runRows, tunRows)
+}
+
+// addTotals is the usage of each group: its runs' sums and its tunnels'
+// added.
+func addTotals(groupBy string, runRows, tunRows []usageRow) ([]domain.UsageTotal, error) {
 	groups := map[string]*domain.UsageTotal{}
 	var order []string
+	plus := func(a *int64, b int64) { *a += b }
 	add := func(r usageRow, tunnel bool) {
 		name := r.Group
-		if q.GroupBy == domain.GroupByDay {
+		if groupBy == domain.GroupByDay {
 			if d, err := strconv.ParseInt(name, 10, 64); err == nil {
 				name = time.UnixMicro(d * dayMicros).UTC().Format(time.DateOnly)
 			}
@@ -721,17 +750,17 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 			order = append(order, name)
 		}
 		if tunnel {
-			g.Tunnels += r.N
+			plus(&g.Tunnels, r.N)
 		} else {
-			g.Runs += r.N
+			plus(&g.Runs, r.N)
 		}
-		g.Requests += r.N
-		g.Errors += r.Errors
-		g.PromptTokens += r.PromptTokens
-		g.CompletionTokens += r.CompletionTokens
-		g.TotalTokens += r.TotalTokens
+		plus(&g.Requests, r.N)
+		plus(&g.Errors, r.Errors)
+		plus(&g.PromptTokens, r.PromptTokens)
+		plus(&g.CompletionTokens, r.CompletionTokens)
+		plus(&g.TotalTokens, r.TotalTokens)
 		g.CostUSD += r.CostUSD
-		g.BodyBytes += r.BodyBytes
+		plus(&g.BodyBytes, r.BodyBytes)
 	}
 	for _, r := range runRows {
 		add(r, false)
@@ -760,6 +789,34 @@ func usageError(what string, err error) error {
 			"the usage totals of this range are too large to add up (some runs or tunnels report implausible token counts); narrow since and until")
 	}
 	return fmt.Errorf("%s: %w", what, err)
+}
+
+// DefaultReadTimeout is Options.ReadTimeout's default.
+const DefaultReadTimeout = 30 * time.Second
+
+// errReadTimeout is the cause of a read's context that ran out of the
+// read timeout.
+var errReadTimeout = errors.New("history read timeout")
+
+// readContext is ctx bounded by the read timeout (none on a Store made
+// without New, as in tests).
+func (s *Store) readContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.opts.ReadTimeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeoutCause(ctx, s.opts.ReadTimeout, errReadTimeout)
+}
+
+// readError is err, the error of a history read under ctx (from
+// readContext). A read that ran out of the read timeout, not of its
+// caller's time, is a timeout the caller is told about (504 timeout, not
+// 503 history_unavailable: the database is there, the read is too large).
+func (s *Store) readError(ctx context.Context, err error) error {
+	if domain.CodeOf(err) == domain.CodeInternal && errors.Is(context.Cause(ctx), errReadTimeout) {
+		return domain.Errorf(domain.CodeTimeout,
+			"reading the edge's history took longer than %s and was given up; narrow the query (since and until, filters)", s.opts.ReadTimeout)
+	}
+	return err
 }
 
 // sumOverflowed reports whether err says a sum went past what its type

@@ -463,15 +463,15 @@ func TestLaterRecordWithoutModelKeepsStoredModel(t *testing.T) {
 }
 
 // storedIDs lists the run ids and the tunnel ids in db, each sorted:
-// "[run_a run_b] [tun_c]".
+// "[run_a run_b] [tun_c]". It reads as the store's reads do.
 func storedIDs(t *testing.T, db *DB) string {
 	t.Helper()
 	ctx := context.Background()
 	var ids, tuns []string
-	if err := db.bun.NewSelect().Table("edge_runs").Column("id").Order("id").Scan(ctx, &ids); err != nil {
+	if err := db.read.NewSelect().Table("edge_runs").Column("id").Order("id").Scan(ctx, &ids); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.bun.NewSelect().Table("edge_tunnels").Column("id").Order("id").Scan(ctx, &tuns); err != nil {
+	if err := db.read.NewSelect().Table("edge_tunnels").Column("id").Order("id").Scan(ctx, &tuns); err != nil {
 		t.Fatal(err)
 	}
 	return fmt.Sprint(ids, tuns)

@@ -89,17 +89,36 @@ func freePages(ctx context.Context, db *sql.DB) (int64, error) {
 }
 
 // checkpoint copies the WAL into the file, which cuts the file to the
-// database's size, and empties the WAL. A reader elsewhere (the sqlite3
-// shell) can keep it from finishing; the next automatic checkpoint does it.
+// database's size, and empties the WAL. A reader (another connection of
+// the process, the sqlite3 shell) can keep it from finishing; the next
+// automatic checkpoint does it. It does not wait for such a reader: a
+// truncating checkpoint waits for every reader by the busy handler, and
+// on the one connection a store writes on it held every write behind it
+// for the whole busy_timeout.
 func checkpoint(ctx context.Context, db *sql.DB) error {
-	rows, err := db.QueryContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)")
+	conn, err := db.Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("wal_checkpoint: %w", err)
 	}
-	for rows.Next() {
+	defer func() { _ = conn.Close() }()
+	var busy int64
+	if err := conn.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&busy); err != nil {
+		return fmt.Errorf("busy_timeout: %w", err)
 	}
-	err = rows.Err()
-	_ = rows.Close()
+	if _, err := conn.ExecContext(ctx, "PRAGMA busy_timeout = 0"); err != nil {
+		return fmt.Errorf("busy_timeout: %w", err)
+	}
+	rows, err := conn.QueryContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)")
+	if err == nil {
+		for rows.Next() {
+		}
+		err = rows.Err()
+		_ = rows.Close()
+	}
+	// The connection's own setting back, whatever the checkpoint did.
+	if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), fmt.Sprintf("PRAGMA busy_timeout = %d", busy)); rerr != nil {
+		return fmt.Errorf("busy_timeout: %w", rerr)
+	}
 	if err != nil {
 		return fmt.Errorf("wal_checkpoint: %w", err)
 	}
