@@ -731,11 +731,21 @@ func (s *Store) Usage(ctx context.Context, q domain.UsageQuery) ([]domain.UsageT
 }
 
 // addTotals is the usage of each group: its runs' sums and its tunnels'
-// added.
+// added. Each sum fits (the database checks it); the two of a group added
+// here may not (each near the int64 bound, which clamped rows reach only
+// in their millions), and a total that would wrap is refused as a sum
+// the database refused is.
 func addTotals(groupBy string, runRows, tunRows []usageRow) ([]domain.UsageTotal, error) {
 	groups := map[string]*domain.UsageTotal{}
 	var order []string
-	plus := func(a *int64, b int64) { *a += b }
+	overflowed := false
+	plus := func(a *int64, b int64) {
+		if (b > 0 && *a > math.MaxInt64-b) || (b < 0 && *a < math.MinInt64-b) {
+			overflowed = true
+			return
+		}
+		*a += b
+	}
 	add := func(r usageRow, tunnel bool) {
 		name := r.Group
 		if groupBy == domain.GroupByDay {
@@ -768,6 +778,9 @@ func addTotals(groupBy string, runRows, tunRows []usageRow) ([]domain.UsageTotal
 	for _, r := range tunRows {
 		add(r, true)
 	}
+	if overflowed {
+		return nil, errUsageTooLarge()
+	}
 	out := make([]domain.UsageTotal, 0, len(order))
 	for _, name := range order {
 		g := *groups[name]
@@ -785,10 +798,14 @@ func addTotals(groupBy string, runRows, tunRows []usageRow) ([]domain.UsageTotal
 // caller's to narrow (it was answered as the database being unreachable).
 func usageError(what string, err error) error {
 	if sumOverflowed(err) {
-		return domain.Errorf(domain.CodeInvalidRequest,
-			"the usage totals of this range are too large to add up (some runs or tunnels report implausible token counts); narrow since and until")
+		return errUsageTooLarge()
 	}
 	return fmt.Errorf("%s: %w", what, err)
+}
+
+func errUsageTooLarge() error {
+	return domain.Errorf(domain.CodeInvalidRequest,
+		"the usage totals of this range are too large to add up (some runs or tunnels report implausible token counts); narrow since and until")
 }
 
 // DefaultReadTimeout is Options.ReadTimeout's default.
