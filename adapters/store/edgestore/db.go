@@ -17,6 +17,7 @@ import (
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect/pgdialect"
 	"github.com/uptrace/bun/dialect/sqlitedialect"
+	"github.com/uptrace/bun/driver/pgdriver"
 	"github.com/uptrace/bun/driver/sqliteshim"
 
 	"iop/adapters/store/internal/dbfile"
@@ -154,7 +155,24 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 			}
 		}
 	}
-	if err := db.migrate(ctx); err != nil {
+	on := db.bun
+	if db.postgres {
+		// The migrations on a connection of their own with no read
+		// timeout (the migration's minute bounds them): an index built
+		// over a large history is one statement whose answer comes only
+		// at its end, which the DSN's read_timeout (5 s by default) would
+		// cut off, and the edge could then never start on that database.
+		conn, err := newPGConnector(dsn, pgdriver.WithReadTimeout(0))
+		if err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+		m := sql.OpenDB(conn)
+		m.SetMaxOpenConns(1)
+		defer m.Close()
+		on = bun.NewDB(m, pgdialect.New())
+	}
+	if err := db.migrate(ctx, on); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open edge store: %w", err)
 	}
@@ -344,10 +362,12 @@ var migrations = []struct {
 // Version is the schema version this build migrates to.
 func Version() int { return migrations[len(migrations)-1].version }
 
-func (db *DB) migrate(ctx context.Context) error {
+// migrate applies the migrations the database lacks, in one transaction
+// on on, within a minute.
+func (db *DB) migrate(ctx context.Context, on *bun.DB) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return db.bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+	return on.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
 		if db.postgres {
 			// Two edges starting at once: the second waits here, then
 			// sees the first one's versions and applies nothing.

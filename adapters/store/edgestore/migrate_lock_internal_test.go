@@ -105,3 +105,80 @@ func TestPostgresMigrationLockWaitEnds(t *testing.T) {
 		t.Fatalf("Open = %v, want the wait for another edge's migration named", err)
 	}
 }
+
+// A migration statement that takes longer than the connection's read
+// timeout (an index built over a large history: its answer comes only at
+// its end) completes: the migrations run on a connection without one,
+// bounded by the migration's minute. Here the index build waits for a lock
+// that another session holds for several read timeouts; it used to fail
+// with "migration 3: read tcp …: i/o timeout", and the edge could not start.
+func TestPostgresSlowMigrationOutlastsTheReadTimeout(t *testing.T) {
+	const readTimeout = 250 * time.Millisecond
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	db, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = db.Close()
+	// Back to version 2, and a session whose open transaction keeps
+	// edge_runs from being indexed until it ends.
+	other := sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(dsn), pgdriver.WithTimeout(30*time.Second)))
+	t.Cleanup(func() { _ = other.Close() })
+	for _, s := range []string{"DROP INDEX edge_runs_live_idx", "DELETE FROM edge_schema_migrations WHERE version = 3"} {
+		if _, err := other.ExecContext(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := other.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, "LOCK TABLE edge_runs IN ROW EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+
+	type opened struct {
+		db  *DB
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		db, err := Open(ctx, dsn+"&read_timeout="+readTimeout.String())
+		done <- opened{db, err}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := other.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE query LIKE 'CREATE INDEX edge_runs_live_idx%' AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		select {
+		case o := <-done:
+			t.Fatalf("Open returned before its index build waited: %v", o.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the index build never waited for the lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(4 * readTimeout)
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	o := <-done
+	if o.err != nil {
+		t.Fatalf("Open with a migration slower than the read timeout: %v", o.err)
+	}
+	defer o.db.Close()
+	var version int
+	if err := o.db.bun.NewSelect().Table("edge_schema_migrations").ColumnExpr("max(version)").Scan(ctx, &version); err != nil || version != Version() {
+		t.Fatalf("schema version %d, %v; want %d", version, err, Version())
+	}
+}

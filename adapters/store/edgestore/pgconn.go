@@ -43,13 +43,13 @@ var checkIdle = func(nc net.Conn) bool { return !peerClosed(nc) }
 // sslrootcert, an empty user name) and the panic value can quote the DSN,
 // password included; this returns an error instead that holds neither.
 // The config refuses most such DSNs first (config.checkPostgresDSN).
-func newPGConnector(dsn string) (*pgConnector, error) {
+func newPGConnector(dsn string, opts ...pgdriver.Option) (*pgConnector, error) {
 	u, perr := url.Parse(dsn)
 	if perr != nil {
 		// url.Error quotes the whole URL.
 		return nil, errors.New("open edge store: the PostgreSQL DSN is not a valid URL: percent-encode special characters in the password")
 	}
-	base, err := parsePGDSN(dsn, u)
+	base, err := parsePGDSN(dsn, u, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -97,9 +97,9 @@ func newPGConnector(dsn string) (*pgConnector, error) {
 	return c, nil
 }
 
-// parsePGDSN is pgdriver's connector for dsn, its panic turned into an
-// error that quotes neither the DSN nor its password.
-func parsePGDSN(dsn string, u *url.URL) (conn *pgdriver.Connector, err error) {
+// parsePGDSN is pgdriver's connector for dsn (then opts), its panic turned
+// into an error that quotes neither the DSN nor its password.
+func parsePGDSN(dsn string, u *url.URL, opts ...pgdriver.Option) (conn *pgdriver.Connector, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			msg := fmt.Sprint(r)
@@ -118,7 +118,7 @@ func parsePGDSN(dsn string, u *url.URL) (conn *pgdriver.Connector, err error) {
 	}()
 	// The defaults first: the DSN's own timeouts (connect_timeout, …),
 	// which the config checks, override them.
-	return pgdriver.NewConnector(pgdriver.WithTimeout(5*time.Second), pgdriver.WithDSN(dsn)), nil
+	return pgdriver.NewConnector(append([]pgdriver.Option{pgdriver.WithTimeout(5 * time.Second), pgdriver.WithDSN(dsn)}, opts...)...), nil
 }
 
 // Connect opens a connection: with sslmode=allow, over TLS when the server
