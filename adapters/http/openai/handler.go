@@ -396,6 +396,13 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 		// already start (a provider can answer early): without full duplex
 		// the server would consume the unread body when headers go out.
 		_ = rc.EnableFullDuplex()
+		// With full duplex on, a body left unread as the handler returns
+		// (a refusal before the tunnel opened, a provider's early answer)
+		// made net/http panic reading the connection's next request
+		// ("invalid concurrent Body.Read call", golang/go#68560): closed
+		// here, last (after the tunnel's Close has stopped its uploader),
+		// the server ends or drains it as it does for any unread body.
+		defer r.Body.Close()
 	}
 	if rec != nil {
 		// The tunnel's uploader reads the body on a goroutine of its own.

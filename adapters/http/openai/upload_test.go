@@ -6,15 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"iop/application/edge"
 	"iop/domain"
+	"iop/internal/lockedbuf"
 	"iop/ports"
 )
 
@@ -188,5 +191,42 @@ func TestAnswerBrokenWhileTheBodyStreamsIsNoEnd(t *testing.T) {
 	got, err := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK || string(got) != "hello" || err == nil {
 		t.Fatalf("got %d %q, read error %v; want 200 \"hello\" cut off with a read error", resp.StatusCode, got, err)
+	}
+}
+
+// A streamed upload refused before its tunnel opens (no node to take it)
+// gets its answer, and the connection serves the next request: with full
+// duplex on and the body left unread, net/http panicked reading the next
+// request ("invalid concurrent Body.Read call", golang/go#68560), logged a
+// stack per request and dropped the connection.
+func TestRefusedUploadLeavesTheConnectionWhole(t *testing.T) {
+	e := newEnv(t)
+	var logs lockedbuf.Buffer
+	srv := httptest.NewUnstartedServer(e.h)
+	srv.Config.ErrorLog = log.New(&logs, "", 0)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	var conns atomic.Int32
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conns.Add(1)
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}}}
+	for i := range 3 {
+		resp, err := c.Post(srv.URL+"/api/blobs/sha256:abc", "application/octet-stream", strings.NewReader(strings.Repeat("x", 100000)))
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode < 400 {
+			t.Fatalf("request %d: %d, want a refusal (no node)", i, resp.StatusCode)
+		}
+	}
+	srv.Close()
+	if strings.Contains(logs.String(), "panic") {
+		t.Fatalf("the server panicked:\n%s", logs.String())
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("3 requests took %d connections, want 1 (kept alive)", n)
 	}
 }
