@@ -760,6 +760,14 @@ func TestNodeRuns(t *testing.T) {
 	if r = run(t, e.URL, "node", "runs", "--cursor", "c-n1"); r.code != 2 || !strings.Contains(r.stderr, "name the NODE") {
 		t.Fatalf("--cursor without NODE: %+v", r)
 	}
+	// A node that predates the filters answers runs that do not match
+	// them (this fake ignores them too): they are not printed.
+	if r = run(t, e.URL, "node", "runs", "n1", "--status", "succeeded"); r.code != 0 || strings.Contains(r.stdout, "r-n1") || !strings.Contains(r.stderr, "no runs") {
+		t.Fatalf("another status's run printed: %+v", r)
+	}
+	if r = run(t, e.URL, "node", "runs", "n1", "--adapter", "llm"); r.code != 0 || strings.Contains(r.stdout, "r-n1") {
+		t.Fatalf("another adapter's run printed: %+v", r)
+	}
 	if r = run(t, e.URL, "node", "runs", "n1", "--limit", "-1"); r.code != 2 || !strings.Contains(r.stderr, "--limit must not be negative") {
 		t.Fatalf("--limit -1: %+v", r)
 	}
@@ -770,7 +778,8 @@ func TestNodeRuns(t *testing.T) {
 	defer mu.Unlock()
 	if want := []string{
 		`n1 {"status":"failed","adapter":"exec","limit":1}`, `n1 {"limit":0,"cursor":"c-n1"}`,
-		`n1 {"limit":0}`, `n2 {"limit":0}`, `n1 {"limit":0,"cursor":"bad"}`,
+		`n1 {"limit":0}`, `n2 {"limit":0}`, `n1 {"status":"succeeded","limit":0}`, `n1 {"adapter":"llm","limit":0}`,
+		`n1 {"limit":0,"cursor":"bad"}`,
 	}; !slices.Equal(runsArgs, want) {
 		t.Errorf("runs args %q, want %q", runsArgs, want)
 	}
@@ -1031,11 +1040,16 @@ func TestNodeReports(t *testing.T) {
 	if r.code != 0 || r.stderr != "" {
 		t.Fatalf("%+v", r)
 	}
+	// A node that predates the adapter filter lists every adapter's
+	// sessions (this fake ignores it too): only the asked one's print.
+	if r = run(t, e.URL, "node", "sessions", "n1", "--adapter", "exec"); r.code != 0 || strings.Contains(r.stdout, "s1") || !strings.Contains(r.stderr, "no sessions") {
+		t.Fatalf("another adapter's session printed: %+v", r)
+	}
 	if r = run(t, e.URL, "node", "sessions", "--cursor", "c-n1"); r.code != 2 || !strings.Contains(r.stderr, "name the NODE") {
 		t.Fatalf("--cursor without NODE: %+v", r)
 	}
 	mu.Lock()
-	if want := []string{`n1 {"adapter":"llm","limit":1}`, `n1 {"cursor":"c-n1"}`}; !slices.Equal(sessionArgs, want) {
+	if want := []string{`n1 {"adapter":"llm","limit":1}`, `n1 {"cursor":"c-n1"}`, `n1 {"adapter":"exec"}`}; !slices.Equal(sessionArgs, want) {
 		t.Errorf("session_list args %q, want %q", sessionArgs, want)
 	}
 	mu.Unlock()

@@ -349,17 +349,20 @@ func renderSessions(a *app, results []nodeResult, args any) error {
 	// The next page is asked with the same filter and page size (the
 	// cursor holds only the position).
 	var filters string
-	if q, ok := args.(nodecmd.SessionListArgs); ok {
-		if q.Adapter != "" {
-			filters += " --adapter " + printable(q.Adapter)
-		}
-		if q.Limit > 0 {
-			filters += " --limit " + strconv.Itoa(q.Limit)
-		}
+	q, _ := args.(nodecmd.SessionListArgs)
+	if q.Adapter != "" {
+		filters += " --adapter " + printable(q.Adapter)
+	}
+	if q.Limit > 0 {
+		filters += " --limit " + strconv.Itoa(q.Limit)
 	}
 	err := decodeEach(results, func(node string, l nodecmd.SessionList) {
-		// A node lists its sessions newest first.
+		// A node lists its sessions newest first. One that predates the
+		// adapter filter ignores it: it is applied here too.
 		for _, s := range l.Sessions {
+			if q.Adapter != "" && s.Adapter != q.Adapter {
+				continue
+			}
 			rows = append(rows, []string{node, s.Adapter, s.Target, s.SessionID, strconv.Itoa(s.Turns), ago(now, s.LastUsed)})
 		}
 		if l.NextCursor != "" {
@@ -390,20 +393,23 @@ func renderNodeRuns(a *app, results []nodeResult, args any) error {
 	// The next page is asked with the same filters and page size (the
 	// cursor holds only the position).
 	var filters string
-	if q, ok := args.(nodecmd.RunsArgs); ok {
-		if q.Adapter != "" {
-			filters += " --adapter " + printable(q.Adapter)
-		}
-		if q.Status != "" {
-			filters += " --status " + printable(q.Status)
-		}
-		if q.Limit > 0 {
-			filters += " --limit " + strconv.Itoa(q.Limit)
-		}
+	q, _ := args.(nodecmd.RunsArgs)
+	if q.Adapter != "" {
+		filters += " --adapter " + printable(q.Adapter)
+	}
+	if q.Status != "" {
+		filters += " --status " + printable(q.Status)
+	}
+	if q.Limit > 0 {
+		filters += " --limit " + strconv.Itoa(q.Limit)
 	}
 	err := decodeEach(results, func(node string, l nodecmd.RunList) {
-		// A node lists its runs newest first.
+		// A node lists its runs newest first. One that predates the
+		// filters ignores them: they are applied here too.
 		for _, r := range l.Runs {
+			if (q.Adapter != "" && r.Adapter != q.Adapter) || (q.Status != "" && r.Status != q.Status) {
+				continue
+			}
 			ri := runInfo(r)
 			rows = append(rows, []string{node, r.RunID, r.Adapter, r.Target, r.Status, a.clock(r.CreatedAt), ri.duration(now), truncate(ri.errorText(), 60)})
 		}
