@@ -391,6 +391,7 @@ func (h *Handler) tooLarge(w http.ResponseWriter, r *http.Request) {
 // failures.
 func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge.SubmitProviderTunnel, rec *recordingReader) {
 	rc := http.NewResponseController(w)
+	aborted := false
 	if in.BodyReader != nil {
 		// The body keeps streaming to the node while the response may
 		// already start (a provider can answer early): without full duplex
@@ -399,10 +400,19 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 		// With full duplex on, a body left unread as the handler returns
 		// (a refusal before the tunnel opened, a provider's early answer)
 		// made net/http panic reading the connection's next request
-		// ("invalid concurrent Body.Read call", golang/go#68560): closed
-		// here, last (after the tunnel's Close has stopped its uploader),
-		// the server ends or drains it as it does for any unread body.
-		defer r.Body.Close()
+		// ("invalid concurrent Body.Read call", golang/go#68560). It is
+		// closed here, last (after the tunnel's Close has stopped its
+		// uploader), once the answer is flushed, as net/http does for any
+		// unread body: closing drains what is left of it (up to 256 KiB,
+		// within the body's deadlines), which a caller still streaming
+		// its body must not wait for to get the answer. A stream aborted
+		// mid-response (aborted) ends its connection anyway.
+		defer func() {
+			if !aborted {
+				_ = rc.Flush()
+				_ = r.Body.Close()
+			}
+		}()
 	}
 	if rec != nil {
 		// The tunnel's uploader reads the body on a goroutine of its own.
@@ -522,6 +532,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 			if unflushed {
 				_ = rc.Flush() // every byte relayed before the break reaches the caller
 			}
+			aborted = true
 			panic(http.ErrAbortHandler) // the caller must see a broken stream, not an end
 		}
 		switch f.Kind {

@@ -230,3 +230,16 @@ func TestRefusedUploadLeavesTheConnectionWhole(t *testing.T) {
 		t.Errorf("3 requests took %d connections, want 1 (kept alive)", n)
 	}
 }
+
+// A caller still streaming its body gets a refusal before the tunnel
+// opened at once, not once it has sent more (or its body's deadline ran
+// out): the handler's close of the unread body waited for it before the
+// answer went out.
+func TestRefusedUploadIsAnsweredWhileTheBodyStreams(t *testing.T) {
+	e := newEnv(t) // no node
+	resp, got := rawBlob(t, strings.TrimPrefix(e.srv.URL, "http://"),
+		"POST /api/blobs/sha256:abc HTTP/1.1\r\nHost: edge\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n0123456789abcdef\r\n", "")
+	if resp.StatusCode < 400 {
+		t.Fatalf("got %d %s, want a refusal (no node)", resp.StatusCode, got)
+	}
+}
