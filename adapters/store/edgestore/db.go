@@ -8,6 +8,7 @@ package edgestore
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net/url"
@@ -80,12 +81,20 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		if err != nil {
 			return nil, err
 		}
-		// Two pools on the one connector: the writes' (the writer's batch,
-		// and the pruner's chunk beside it) and the reads'. In one pool a
-		// few slow reads (a usage sum over a month) held every connection
-		// while the writer's batch waited for one, and lost its rows when
-		// that took its WriteTimeout.
-		pool := func(n int) *sql.DB {
+		// Two pools: the writes' (the writer's batch, and the pruner's
+		// chunk beside it) and the reads'. In one pool a few slow reads (a
+		// usage sum over a month) held every connection while the writer's
+		// batch waited for one, and lost its rows when that took its
+		// WriteTimeout. The reads' connections have no read timeout of
+		// their own: a read's answer comes only once the database has
+		// summed it, and the store's ReadTimeout (30 s) bounds it instead
+		// of the DSN's read_timeout (5 s by default), which cut it off as a
+		// database that is down.
+		rconn, err := newPGConnector(dsn, pgdriver.WithReadTimeout(0))
+		if err != nil {
+			return nil, err
+		}
+		pool := func(conn driver.Connector, n int) *sql.DB {
 			p := sql.OpenDB(conn)
 			p.SetMaxOpenConns(n)
 			// An idle connection is closed after a minute: one a firewall or
@@ -94,9 +103,9 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 			p.SetConnMaxIdleTime(time.Minute)
 			return p
 		}
-		sqldb := pool(pgWriteConns)
+		sqldb := pool(conn, pgWriteConns)
 		db = &DB{bun: bun.NewDB(sqldb, pgdialect.New()), postgres: true, stmts: sqlprep.Cache{DB: sqldb}}
-		db.read = bun.NewDB(pool(readConns), pgdialect.New())
+		db.read = bun.NewDB(pool(rconn, readConns), pgdialect.New())
 	} else {
 		// The history names nodes, targets, callers' keys and errors: it
 		// is the owner's alone, like the node's store.

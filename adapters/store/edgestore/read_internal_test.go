@@ -283,3 +283,45 @@ func sqlitePlan(ctx context.Context, db *DB, query string) ([]string, error) {
 	}
 	return plan, rows.Err()
 }
+
+// On PostgreSQL a read slower than the DSN's read_timeout (a usage sum
+// over a month) is not cut off as a database that is down: the store's
+// ReadTimeout bounds it. Here a lock holds the read for several read
+// timeouts; it used to fail with "read tcp …: i/o timeout", code internal
+// (503 history_unavailable).
+func TestPostgresReadOutlastsTheReadTimeout(t *testing.T) {
+	const readTimeout = 250 * time.Millisecond
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	db, err := Open(ctx, dsn+"&read_timeout="+readTimeout.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	s := &Store{db: db, opts: Options{ReadTimeout: time.Minute}}
+	tx, err := db.bun.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, "LOCK TABLE edge_runs IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.GetRun(ctx, "run_x")
+		done <- err
+	}()
+	time.Sleep(4 * readTimeout)
+	select {
+	case err := <-done:
+		t.Fatalf("GetRun returned while the table was locked: %v (code %s)", err, domain.CodeOf(err))
+	default:
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; domain.CodeOf(err) != domain.CodeRunNotFound {
+		t.Fatalf("GetRun once the lock was gone: %v, want run_not_found", err)
+	}
+}
