@@ -185,8 +185,7 @@ func TestReloadLeavesAnotherEdgesRowsOfTheRemovedNode(t *testing.T) {
 		domain.RunRecord{ID: "ra-mine", Node: "a", Adapter: "exec", Background: true, Status: domain.RunRunning, CreatedAt: created},
 		domain.RunRecord{ID: "ra-other", Node: "a", Adapter: "exec", Background: true, Status: domain.RunRunning, CreatedAt: created})
 	hist.foreign = map[string]bool{"ra-other": true}
-	h := edge.NewRunHistoryHandler(hist)
-	h.Nodes, h.Record = edge.NewGetRunHandler(reg, edge.NewRunTracker(0), edge.NewNodeCommandHandler(reg)), hist
+	h := repairingHistory(reg, hist)
 	rc := edge.NewHistoryReconciler(h)
 	t.Cleanup(rc.Close)
 
@@ -335,9 +334,7 @@ func TestStartPassLeavesANodeAddedBackAndStopsOnClose(t *testing.T) {
 		hist := &gatedHistory{rmHistory: newRMHistory(
 			domain.RunRecord{ID: "ra", Node: "a", Adapter: "exec", Background: true, Status: domain.RunRunning, CreatedAt: created}),
 			listing: make(chan struct{}), release: make(chan struct{})}
-		h := edge.NewRunHistoryHandler(hist)
-		h.Nodes, h.Record = edge.NewGetRunHandler(reg, edge.NewRunTracker(0), edge.NewNodeCommandHandler(reg)), hist
-		return edge.NewHistoryReconciler(h), hist, &ucDir{recs: ucReloadRecords()[1:]}
+		return edge.NewHistoryReconciler(repairingHistory(reg, hist)), hist, &ucDir{recs: ucReloadRecords()[1:]}
 	}
 
 	rc, hist, dir := newEdge()

@@ -183,8 +183,7 @@ func TestReconcilerRepairsRowsOfRegisteringNode(t *testing.T) {
 		"r2": qrRun("r2", "running", "2026-01-02T03:04:05Z"),
 	}}
 	reg := qrRegistry(t, link)
-	h := edge.NewRunHistoryHandler(hist)
-	h.Nodes, h.Record = edge.NewGetRunHandler(reg, edge.NewRunTracker(0), edge.NewNodeCommandHandler(reg)), hist
+	h := repairingHistory(reg, hist)
 	rc := edge.NewHistoryReconciler(h)
 	defer rc.Close()
 	rc.NodeRegistered("n1")
@@ -218,8 +217,7 @@ func TestReconcilerRepairsOnlyThisEdgesRows(t *testing.T) {
 	}}
 	link := &qrLink{id: "n1", runs: map[string]string{"r1": reconcileCancelled}}
 	reg := qrRegistry(t, link)
-	h := edge.NewRunHistoryHandler(hist)
-	h.Nodes, h.Record = edge.NewGetRunHandler(reg, edge.NewRunTracker(0), edge.NewNodeCommandHandler(reg)), hist
+	h := repairingHistory(reg, hist)
 	rc := edge.NewHistoryReconciler(h)
 	defer rc.Close()
 	rc.NodeRegistered("n1")
@@ -408,8 +406,7 @@ func rcSetup(t *testing.T, link *rcLink) (*edge.HistoryReconciler, *rcHistory, *
 	}}
 	reg := edge.NewRegistry()
 	rcAdmit(t, reg, link)
-	h := edge.NewRunHistoryHandler(hist)
-	h.Nodes, h.Record = edge.NewGetRunHandler(reg, edge.NewRunTracker(0), edge.NewNodeCommandHandler(reg)), hist
+	h := repairingHistory(reg, hist)
 	rc := edge.NewHistoryReconcilerEvery(h, time.Millisecond, 5*time.Millisecond)
 	t.Cleanup(rc.Close)
 	return rc, hist, reg
@@ -643,4 +640,15 @@ func bgRunWithHistory(t *testing.T, e *ucEdge, fast bool) (*edge.RunHandle, *rcH
 	t.Cleanup(rc.Close)
 	e.submit.Reconcile = rc
 	return rh, hist, h, rc
+}
+
+// repairingHistory is a history handler over hist that repairs records
+// through reg's nodes and writes the repairs to hist, as the edge wires it.
+func repairingHistory(reg *edge.Registry, hist interface {
+	ports.HistoryReader
+	ports.RunHistory
+}) *edge.RunHistoryHandler {
+	h := edge.NewRunHistoryHandler(hist)
+	h.Nodes, h.Record = edge.NewGetRunHandler(reg, edge.NewRunTracker(0), edge.NewNodeCommandHandler(reg)), hist
+	return h
 }
