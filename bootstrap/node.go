@@ -263,10 +263,18 @@ func nodeRefused(log *slog.Logger, edge string, inFlight func() int, sd fx.Shutd
 // plus its pipe grace), short of fx's stop timeout.
 const shutdownDrain = 5 * time.Second
 
+// shutdownTunnelDrain bounds, counted from the stop's start, how long a
+// stopping node waits for the provider requests it relays to end before it
+// closes the link, which cuts them: the edge sends it no new one once it
+// drains, so a completion streaming at the stop can finish. It leaves the
+// link's last writes (2 s) and the store's close their time within fx's
+// 15 s.
+const shutdownTunnelDrain = 10 * time.Second
+
 // runNode owns the link goroutine: it starts after the store is open and
 // unfinished runs are recovered, and stops before the store closes. A
 // refused token shuts the process down with exit code 1.
-func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger, c *transport.Client, rm *nodeapp.RunManager, rt *nodeapp.Runtime) {
+func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger, c *transport.Client, rm *nodeapp.RunManager, rt *nodeapp.Runtime, th *nodeapp.TunnelHandler) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	lc.Append(fx.Hook{
@@ -318,6 +326,7 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 			// drain (preferring it even, as its cancelled runs freed
 			// slots), and each was refused with shutting_down.
 			c.Drain()
+			began := time.Now()
 			rm.BeginStop()
 			runsDone := make(chan struct{})
 			go func() {
@@ -333,6 +342,7 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 				log.Warn("runs still stopping; closing the link to the edge anyway", "after", shutdownDrain)
 			}
 			cancelDrain()
+			waitTunnels(stop, th, began.Add(shutdownTunnelDrain), log)
 			cancel() // closes the link once what is queued is written
 			select {
 			case <-runsDone:
@@ -350,6 +360,25 @@ func runNode(lc fx.Lifecycle, sd fx.Shutdowner, s NodeSettings, log *slog.Logger
 			return nil
 		},
 	})
+}
+
+// waitTunnels waits until the provider requests th relays have ended, or
+// until by (or the stop's end), and says how many it then cuts.
+func waitTunnels(stop context.Context, th *nodeapp.TunnelHandler, by time.Time, log *slog.Logger) {
+	open, idle := th.Idle()
+	if open == 0 {
+		return
+	}
+	log.Info("waiting for the provider requests this node relays to end", "open", open, "at_most", time.Until(by).Round(time.Second))
+	wait, cancel := context.WithDeadline(stop, by)
+	defer cancel()
+	select {
+	case <-idle:
+	case <-wait.Done():
+		if open, _ = th.Idle(); open > 0 {
+			log.Warn("provider requests still streaming; closing the link to the edge cuts them", "open", open, "after", shutdownTunnelDrain)
+		}
+	}
 }
 
 // hasPrefixFold is strings.HasPrefix ignoring case.

@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -96,5 +98,103 @@ nodes:
 	var n int
 	if err := db.QueryRow("SELECT count(*) FROM edge_tunnels").Scan(&n); err != nil || n != 1 {
 		t.Fatalf("edge_tunnels rows after the stop: %d, %v; want the cut tunnel's", n, err)
+	}
+}
+
+// A node stopping while a provider tunnel streams lets it end before its
+// link closes: the edge sends it no new request once it drains, and the
+// caller gets the whole answer. The node used to close its link at once
+// (it waited for its runs only), cutting the answer short.
+func TestNodeStopLetsAStreamingTunnelEnd(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	releaseNow := func() { once.Do(func() { close(release) }) }
+	defer releaseNow()
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = w.Write([]byte("data: {\"x\":1}\n\n"))
+		w.(http.Flusher).Flush()
+		select { // a generation still going when the node is told to stop
+		case <-release:
+			_, _ = w.Write([]byte("data: {\"x\":2}\n\ndata: [DONE]\n\n"))
+		case <-r.Context().Done():
+		}
+	}))
+	defer upstream.Close()
+
+	dir := t.TempDir()
+	tAddr, hAddr := freeAddr(t), freeAddr(t)
+	cfg, err := config.ParseEdge(filepath.Join(dir, "edge.yaml"), []byte(`
+transport: {listen: "`+tAddr+`"}
+http: {listen: "`+hAddr+`"}
+nodes:
+  - id: n1
+    token: graph-test-token
+    providers: [{name: vllm, type: openai, base_url: "`+upstream.URL+`", models: [m]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := bootstrap.EdgeSettings{Config: cfg, Logger: quiet()}
+	edge := fxtest.New(t, bootstrap.Edge(es), fx.NopLogger)
+	edge.RequireStart()
+	defer edge.RequireStop()
+	node := fxtest.New(t, bootstrap.Node(bootstrap.NodeSettings{
+		Edge: tAddr, Token: "graph-test-token", Logger: quiet(), Transport: nodeLink(t, es),
+		DB: "file:" + filepath.Join(t.TempDir(), "n.db") + "?cache=shared&mode=rwc",
+	}), fx.NopLogger)
+	node.RequireStart()
+
+	var resp *http.Response
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err = http.Post("http://"+hAddr+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
+		if err == nil && resp.StatusCode == 200 {
+			break
+		}
+		if resp != nil {
+			resp.Body.Close()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the tunnel never opened: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	defer resp.Body.Close()
+	body := bufio.NewReader(resp.Body)
+	if line, err := body.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		stopped <- node.Stop(ctx)
+	}()
+	// The generation goes on once the edge knows the node is stopping (or
+	// has lost it: the cut this test guards against).
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		r, err := http.Get("http://" + hAddr + "/v1/nodes")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		if strings.Contains(string(b), `"draining":true`) || strings.Contains(string(b), `"connected":false`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the node never drained: %s", b)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	releaseNow()
+	rest, err := io.ReadAll(body)
+	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Fatalf("the rest of the answer: %q, %v; want it whole", rest, err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("node stop: %v", err)
 	}
 }

@@ -31,6 +31,10 @@ type TunnelHandler struct {
 
 	// Latencies, if set, sums each provider's time to response headers.
 	Latencies *ProviderLatencies
+
+	mu     sync.Mutex
+	active int
+	idle   chan struct{} // closed, and replaced, each time active falls to 0
 }
 
 // NewTunnelHandler refuses nil dependencies.
@@ -44,9 +48,43 @@ func NewTunnelHandler(rt *Runtime, client ports.ProviderClient, log *slog.Logger
 	return &TunnelHandler{rt: rt, client: client, log: log}
 }
 
+// Idle reports the tunnels open now (relaying or still waiting for their
+// provider) and a channel closed once none is: a stopping node waits on
+// it so that the requests it relays end before its link closes.
+func (h *TunnelHandler) Idle() (open int, idle <-chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.active == 0 {
+		c := make(chan struct{})
+		close(c)
+		return 0, c
+	}
+	if h.idle == nil {
+		h.idle = make(chan struct{})
+	}
+	return h.active, h.idle
+}
+
+func (h *TunnelHandler) begin() {
+	h.mu.Lock()
+	h.active++
+	h.mu.Unlock()
+}
+
+func (h *TunnelHandler) end() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.active--; h.active == 0 && h.idle != nil {
+		close(h.idle)
+		h.idle = nil
+	}
+}
+
 // OpenTunnel makes req to its provider and relays the response to out. When
 // ctx ends (the caller left), the upstream request is aborted.
 func (h *TunnelHandler) OpenTunnel(ctx context.Context, req domain.TunnelRequest, body io.Reader, out ports.TunnelSink) {
+	h.begin()
+	defer h.end()
 	fail := func(code, format string, args ...any) {
 		e := domain.Errorf(code, format, args...)
 		_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelError, Error: &domain.ErrorInfo{Code: e.Code, Message: e.Message}})

@@ -347,3 +347,55 @@ func TestTunnelHeadersTooManyToRelay(t *testing.T) {
 		t.Fatalf("log %q, body closed=%v reads=%d", logs.String(), body.closed, body.reads)
 	}
 }
+
+// tnBlockingClient answers once release is closed (or ctx ends), telling
+// asked when a request reaches it.
+type tnBlockingClient struct {
+	asked   chan struct{}
+	release chan struct{}
+}
+
+func (c *tnBlockingClient) Do(ctx context.Context, p domain.ProviderConfig, req domain.TunnelRequest, body io.Reader) (*ports.ProviderResponse, error) {
+	c.asked <- struct{}{}
+	select {
+	case <-c.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return &ports.ProviderResponse{Status: 200, Header: domain.Header{}, Body: &tnBody{}, Usage: func() *domain.Usage { return nil }}, nil
+}
+
+// Idle counts the tunnels open, waiting for their provider included, and
+// its channel closes when the last one ends (a stopping node waits on it).
+func TestTunnelIdleWaitsForOpenTunnels(t *testing.T) {
+	c := &tnBlockingClient{asked: make(chan struct{}, 2), release: make(chan struct{})}
+	h := newTunnelHandler(t, c)
+	if open, idle := h.Idle(); open != 0 {
+		t.Fatalf("open = %d before any tunnel", open)
+	} else {
+		<-idle // closed: nothing to wait for
+	}
+	var done sync.WaitGroup
+	for range 2 {
+		done.Go(func() {
+			h.OpenTunnel(context.Background(), domain.TunnelRequest{Provider: "local", Path: "/api/chat"}, nil, &tnSink{})
+		})
+	}
+	<-c.asked
+	<-c.asked
+	open, idle := h.Idle()
+	if open != 2 {
+		t.Fatalf("open = %d with two tunnels waiting for their provider, want 2", open)
+	}
+	select {
+	case <-idle:
+		t.Fatal("idle closed while two tunnels are open")
+	default:
+	}
+	close(c.release)
+	<-idle
+	done.Wait()
+	if open, _ := h.Idle(); open != 0 {
+		t.Fatalf("open = %d after both ended", open)
+	}
+}
