@@ -54,3 +54,14 @@ func SessionKnown(r *Registry, adapter, session string) bool {
 // ReconcilerSettled is closed once r's SettleUnconfigured pass has ended
 // (tests).
 func ReconcilerSettled(r *HistoryReconciler) <-chan struct{} { return r.settled }
+
+// SessionWaiters reports how many runs of session wait for an earlier
+// run's placement (placeSession).
+func SessionWaiters(r *Registry, adapter, session string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if pl := r.placing[sessionKey{adapter, session}]; pl != nil {
+		return pl.waiting
+	}
+	return 0
+}

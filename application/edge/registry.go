@@ -62,6 +62,9 @@ type Registry struct {
 	// sessions binds each session to the node that last admitted a run of
 	// it; bounded (DefaultSessionAffinity, least recently used evicted).
 	sessions *sessionNodes
+	// placing holds, for each session whose node a run is being placed
+	// on with none bound yet, that placement (placeSession).
+	placing map[sessionKey]*placement
 	// draining counts the nodes in nodes marked draining, so that picking
 	// a node looks for them only while there are any.
 	draining int
@@ -79,7 +82,7 @@ type Registry struct {
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{nodes: map[string]*LiveNode{}, gone: map[string]departure{}, sessions: newSessionNodes(DefaultSessionAffinity)}
+	return &Registry{nodes: map[string]*LiveNode{}, gone: map[string]departure{}, sessions: newSessionNodes(DefaultSessionAffinity), placing: map[sessionKey]*placement{}}
 }
 
 // Admit adds n unless a node with its id is already connected.

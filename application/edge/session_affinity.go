@@ -2,6 +2,9 @@ package edge
 
 import (
 	"container/list"
+	"context"
+	"fmt"
+	"sync"
 
 	"iop/domain"
 )
@@ -247,6 +250,59 @@ func (r *Registry) unclaimSession(adapter, session, key string) {
 		return
 	}
 	e.owner, e.created, e.claims = "", false, 0
+}
+
+// placement is a run of a session being placed while the session is
+// bound to no node: done is closed once the run is admitted or refused;
+// waiting counts the session's runs waiting for that.
+type placement struct {
+	done    chan struct{}
+	waiting int
+}
+
+// placeSession orders the placing of session's runs with no node named
+// while the session is bound to no node that can take them: one run at a
+// time is placed, and the next waits until it is admitted (which binds the
+// session to its node: the next goes there) or refused. Two first runs of
+// a new session sent at once used to land on two nodes, each then holding
+// half its history. done ends this run's turn; it is called once its
+// placement is settled. Waiting ends with ctx (the caller left).
+func (r *Registry) placeSession(ctx context.Context, p domain.Principal, adapter, session string) (done func(), err error) {
+	if session == "" {
+		return func() {}, nil
+	}
+	k := sessionKey{adapter, session}
+	for {
+		r.mu.Lock()
+		if r.sessionNode(r.taking(r.visible(p)), adapter, session) != nil {
+			r.mu.Unlock()
+			return func() {}, nil
+		}
+		turn := r.placing[k]
+		if turn == nil {
+			pl := &placement{done: make(chan struct{})}
+			r.placing[k] = pl
+			r.mu.Unlock()
+			return sync.OnceFunc(func() {
+				r.mu.Lock()
+				delete(r.placing, k)
+				r.mu.Unlock()
+				close(pl.done)
+			}), nil
+		}
+		turn.waiting++
+		r.mu.Unlock()
+		select {
+		case <-turn.done:
+		case <-ctx.Done():
+		}
+		r.mu.Lock()
+		turn.waiting--
+		r.mu.Unlock()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: %w", domain.Errorf(domain.CodeCancelled, "the caller left while an earlier run of session %q was being placed", session), ctx.Err())
+		}
+	}
 }
 
 // recallSession binds session of adapter to node unless it is bound

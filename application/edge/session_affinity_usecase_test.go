@@ -155,3 +155,107 @@ func TestReloadForgetsSessionsOfARemovedNode(t *testing.T) {
 		}
 	}
 }
+
+// Two first runs of a new session sent at once go to one node: the second
+// waits until the first is admitted (which binds the session) and then
+// follows it. The second used to be placed at once on the other node (the
+// first's node being busier by it), splitting the session's history.
+func TestSessionFirstRunsAtOnceLandOnOneNode(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	e.links["a"].silent, e.links["b"].silent = true, true // admissions are this test's to give
+	ctx := context.Background()
+	type result struct {
+		rh  *edge.RunHandle
+		err error
+	}
+	submit := func() chan result {
+		c := make(chan result, 1)
+		go func() {
+			rh, err := e.submit.Handle(ctx, edge.SubmitRun{Adapter: "chat", SessionID: "s1", Input: []byte("hi")})
+			c <- result{rh, err}
+		}()
+		return c
+	}
+	startedOn := func() (a, b []domain.RunRequest) {
+		a, _, _, _, _, _ = e.links["a"].snapshot()
+		b, _, _, _, _, _ = e.links["b"].snapshot()
+		return a, b
+	}
+
+	first := submit()
+	ucEventually(t, "the first run sent to a node", func() bool { a, b := startedOn(); return len(a)+len(b) == 1 })
+	second := submit()
+	ucEventually(t, "the second run waiting, or sent to a node", func() bool {
+		a, b := startedOn()
+		return len(a)+len(b) == 2 || edge.SessionWaiters(e.reg, "chat", "s1") == 1
+	})
+	a, b := startedOn()
+	if len(b) != 0 || len(a) != 1 {
+		t.Fatalf("while the first run of s1 awaits admission on a, runs were sent to a: %d, b: %d; want the second held back", len(a), len(b))
+	}
+	e.links["a"].stream(t, a[0].RunID).push(ucEv(1, domain.EventStart, ""))
+	r1 := <-first
+	if r1.err != nil || r1.rh.Node != "a" {
+		t.Fatalf("first run: %+v, %v", r1.rh, r1.err)
+	}
+	ucEventually(t, "the second run sent once the first was admitted", func() bool { a, b := startedOn(); return len(a)+len(b) == 2 })
+	a, b = startedOn()
+	if len(a) != 2 || len(b) != 0 {
+		t.Fatalf("the second run of s1 went to b; want a, the node of its session")
+	}
+	e.links["a"].stream(t, a[1].RunID).push(ucEv(1, domain.EventStart, ""))
+	r2 := <-second
+	if r2.err != nil || r2.rh.Node != "a" {
+		t.Fatalf("second run: %+v, %v", r2.rh, r2.err)
+	}
+	ucFinish(t, e, r1.rh)
+	ucFinish(t, e, r2.rh)
+}
+
+// A first run that is refused hands the placing on: the session's next
+// run waiting is placed afresh, and a caller that leaves while it waits
+// gets cancelled without holding anything.
+func TestSessionFirstRunRefusedLetsTheNextBePlaced(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	e.links["a"].silent, e.links["b"].silent = true, true
+	type result struct {
+		rh  *edge.RunHandle
+		err error
+	}
+	submit := func(ctx context.Context) chan result {
+		c := make(chan result, 1)
+		go func() {
+			rh, err := e.submit.Handle(ctx, edge.SubmitRun{Adapter: "chat", SessionID: "s1", Input: []byte("hi")})
+			c <- result{rh, err}
+		}()
+		return c
+	}
+	first := submit(context.Background())
+	ucEventually(t, "the first run sent to a", func() bool { a, _, _, _, _, _ := e.links["a"].snapshot(); return len(a) == 1 })
+	leaving, leave := context.WithCancel(context.Background())
+	gone := submit(leaving)
+	ucEventually(t, "a second run waiting", func() bool { return edge.SessionWaiters(e.reg, "chat", "s1") == 1 })
+	leave()
+	if r := <-gone; ucCode(r.err) != domain.CodeCancelled {
+		t.Fatalf("a caller leaving while it waited: %+v, %v; want cancelled", r.rh, r.err)
+	}
+	third := submit(context.Background())
+	ucEventually(t, "a third run waiting", func() bool { return edge.SessionWaiters(e.reg, "chat", "s1") == 1 })
+	a, _, _, _, _, _ := e.links["a"].snapshot()
+	e.links["a"].stream(t, a[0].RunID).push(domain.RunEvent{RunID: a[0].RunID, Seq: 1, Type: domain.EventError, Error: &domain.ErrorInfo{Code: domain.CodeInvalidRequest, Message: "no"}})
+	if r := <-first; ucCode(r.err) != domain.CodeInvalidRequest {
+		t.Fatalf("first run: %+v, %v; want its refusal", r.rh, r.err)
+	}
+	// Refused, the first bound nothing: the third is placed afresh (a tie:
+	// the lower id).
+	ucEventually(t, "the third run sent", func() bool { a, _, _, _, _, _ := e.links["a"].snapshot(); return len(a) == 2 })
+	a, _, _, _, _, _ = e.links["a"].snapshot()
+	e.links["a"].stream(t, a[1].RunID).push(ucEv(1, domain.EventStart, ""))
+	r3 := <-third
+	if r3.err != nil || r3.rh.Node != "a" {
+		t.Fatalf("third run: %+v, %v", r3.rh, r3.err)
+	}
+	ucFinish(t, e, r3.rh)
+}

@@ -159,6 +159,13 @@ func (h *SubmitRunHandler) Handle(ctx context.Context, cmd SubmitRun) (*RunHandl
 // Handle).
 func (h *SubmitRunHandler) place(ctx context.Context, cmd SubmitRun) (*RunHandle, error) {
 	p := domain.PrincipalFrom(ctx)
+	if cmd.Node == "" && cmd.SessionID != "" {
+		done, err := h.reg.placeSession(ctx, p, cmd.Adapter, cmd.SessionID)
+		if err != nil {
+			return nil, err
+		}
+		defer done()
+	}
 	node, release, err := h.reg.PickForRunAs(p, cmd.Node, cmd.Adapter, cmd.SessionID)
 	if err != nil {
 		return nil, err
