@@ -30,7 +30,9 @@
 // and answers with one JSON completion is read the same way.
 //
 // Errors carry the provider's own message: a data chunk with an "error"
-// object (sent mid-stream with status 200) or a non-2xx response become an
+// object (sent mid-stream with status 200), an "error: {…}" line (how
+// llama.cpp's server reports a failure mid-stream, before its [DONE]) or a
+// non-2xx response become an
 // error event with code model_not_found (HTTP 404 or error code
 // "model_not_found"), else provider_error (including 429); a failure to
 // connect is provider_unreachable; a configured timeout that expires is an
@@ -374,6 +376,11 @@ func (s *stream) readSSE(body io.Reader) error {
 				data, pending = data[:0], false
 			}
 		case line[0] == ':':
+		case bytes.HasPrefix(line, []byte("error:")):
+			// llama.cpp's server sends a failure after the stream started
+			// as a field of its own, "error: {code, message, type}", and
+			// then data: [DONE] as after any stream: the run failed.
+			return &upstreamErr{errorFieldLine(line[len("error:"):])}
 		case bytes.HasPrefix(line, []byte("data:")):
 			v := bytes.TrimPrefix(line[len("data:"):], []byte(" "))
 			if len(data)+1+len(v) > lines.DefaultMax {
@@ -396,6 +403,20 @@ func (s *stream) readSSE(body io.Reader) error {
 		return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server's stream ended before [DONE]")}
 	}
 	return nil
+}
+
+// errorFieldLine is the failure an SSE "error:" line (llama.cpp) reports:
+// its JSON error object's message (or the text itself, if it is no JSON).
+func errorFieldLine(v []byte) error {
+	v = bytes.TrimSpace(v)
+	if len(v) == 0 {
+		return domain.Errorf(domain.CodeProviderError, "the server reported an error mid-stream without a message")
+	}
+	if !json.Valid(v) {
+		return upstream.ProviderError(upstream.Snippet(v, 1024), "")
+	}
+	msg, code := upstream.ErrorField(v)
+	return upstream.ProviderError(msg, code)
 }
 
 // readWhole reads a non-streamed JSON completion.

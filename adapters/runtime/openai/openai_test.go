@@ -786,3 +786,30 @@ func TestBadBaseURLErrorHidesThePassword(t *testing.T) {
 		}
 	}
 }
+
+// llama.cpp's server (llama-server) reports a failure after the stream
+// started, such as a prompt longer than the context, as an "error:" field
+// of its own, then ends the stream with data: [DONE] as usual. The run
+// failed with the server's message; it did not complete with no answer.
+func TestLlamaCppErrorFieldFailsTheRun(t *testing.T) {
+	const errLine = `error: {"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error"}`
+	cases := map[string]string{
+		"before any chunk": errLine + "\n\n" + "data: [DONE]\n\n",
+		"after a delta":    events("\n", chunk(`{"content":"par"}`, "")) + errLine + "\n\n" + "data: [DONE]\n\n",
+		"CRLF, no blank":   events("\r\n", chunk(`{"content":"par"}`, "")) + errLine + "\r\n",
+	}
+	for name, body := range cases {
+		t.Run(name, func(t *testing.T) {
+			srv := standin.NewServer(t, sse(body))
+			a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, nil)
+			sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := requireTerminal(t, sink, domain.EventError, domain.CodeProviderError)
+			if want := "the request exceeds the available context size, try increasing it"; ev.Error.Message != want {
+				t.Errorf("message = %q, want %q", ev.Error.Message, want)
+			}
+		})
+	}
+}
