@@ -813,3 +813,32 @@ func TestLlamaCppErrorFieldFailsTheRun(t *testing.T) {
 		})
 	}
 }
+
+// SGLang, and vLLM before its errors moved under "error", answer a failed
+// request with the error object itself at the top level. Its message is
+// the run's error, not the body's JSON; its 404 is an unknown model.
+func TestTopLevelErrorObject(t *testing.T) {
+	cases := []struct {
+		name, body, code, message string
+		status                    int
+	}{
+		{"400", `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens.","type":"BadRequestError","param":null,"code":400}`,
+			domain.CodeProviderError, "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens.", 400},
+		{"404", "{\"object\":\"error\",\"message\":\"The model `nope` does not exist.\",\"type\":\"NotFoundError\",\"param\":null,\"code\":404}",
+			domain.CodeModelNotFound, "The model `nope` does not exist.", 404},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := standin.NewServer(t, status(tc.status, tc.body))
+			a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, nil)
+			sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := requireTerminal(t, sink, domain.EventError, tc.code)
+			if ev.Error.Message != tc.message {
+				t.Errorf("message = %q, want %q", ev.Error.Message, tc.message)
+			}
+		})
+	}
+}

@@ -121,7 +121,8 @@ func TransportError(ctx context.Context, err error) error {
 }
 
 // StatusError builds the error for a non-2xx response: the provider's own
-// message (from {"error":"…"} or {"error":{"message":"…"}}, else the body
+// message (from {"error":"…"}, {"error":{"message":"…"}} or
+// {"object":"error","message":"…"}, else the body
 // text, else the status line), with code model_not_found for 404 or a
 // message saying a model was not found, and provider_error otherwise.
 func StatusError(status int, body []byte) error {
@@ -169,13 +170,23 @@ func ModelNotFound(msg string) bool {
 }
 
 // ErrorMessage extracts the message and code of a provider error body:
-// {"error":"msg"} (Ollama) or {"error":{"message":"msg","code":"c"}}
-// (OpenAI-compatible). Both are empty when body is not such an object.
+// {"error":"msg"} (Ollama), {"error":{"message":"msg","code":"c"}}
+// (OpenAI-compatible) or the error object itself,
+// {"object":"error","message":"msg","code":400} (SGLang, vLLM before
+// 0.10). Both are empty when body is not such an object.
 func ErrorMessage(body []byte) (msg, code string) {
 	var v struct {
-		Error json.RawMessage `json:"error"`
+		Error   json.RawMessage `json:"error"`
+		Object  string          `json:"object"`
+		Message json.RawMessage `json:"message"`
 	}
-	if json.Unmarshal(bytes.TrimSpace(body), &v) != nil || len(v.Error) == 0 || string(v.Error) == "null" {
+	if json.Unmarshal(bytes.TrimSpace(body), &v) != nil {
+		return "", ""
+	}
+	if len(v.Error) == 0 || string(v.Error) == "null" {
+		if v.Object == "error" && json.Unmarshal(v.Message, new(string)) == nil {
+			return ErrorField(bytes.TrimSpace(body))
+		}
 		return "", ""
 	}
 	return ErrorField(v.Error)
