@@ -17,7 +17,9 @@
 // skipped. An {"error":"…"} line (Ollama reports failures after streaming
 // started that way, with status 200) or a non-2xx response becomes an error
 // event carrying Ollama's own message, with code model_not_found (HTTP 404,
-// or a message saying "not found"), else provider_error; a failure to
+// or a message saying "not found"), else provider_error (a 404 without
+// Ollama's error, or any model named in it, is no unknown model but an
+// endpoint base_url does not reach: provider_error); a failure to
 // connect is provider_unreachable; a stream that ends without its done line
 // is provider_error. A configured timeout that expires is an error event
 // with code timeout.

@@ -691,3 +691,22 @@ func TestBadBaseURLErrorHidesThePassword(t *testing.T) {
 		}
 	}
 }
+
+// A 404 without Ollama's {"error":…} is no unknown model: nothing at that
+// URL speaks Ollama's API (base_url points elsewhere).
+func TestNotFoundEndpointIsNoUnknownModel(t *testing.T) {
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, "404 page not found\n")
+	})
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL + "/v1"}, nil)
+	sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := requireTerminal(t, sink, domain.EventError, domain.CodeProviderError)
+	if !strings.Contains(ev.Error.Message, "404 page not found") || !strings.Contains(ev.Error.Message, "base_url") {
+		t.Errorf("message = %q", ev.Error.Message)
+	}
+}

@@ -33,8 +33,10 @@
 // object (sent mid-stream with status 200), an "error: {…}" line (how
 // llama.cpp's server reports a failure mid-stream, before its [DONE]) or a
 // non-2xx response become an
-// error event with code model_not_found (HTTP 404 or error code
-// "model_not_found"), else provider_error (including 429); a failure to
+// error event with code model_not_found (HTTP 404, error code
+// "model_not_found" or a message saying "not found"), else provider_error
+// (including 429, and a 404 with no error object that names no model:
+// base_url or path_prefix reaches no such endpoint); a failure to
 // connect is provider_unreachable; a configured timeout that expires is an
 // error event with code timeout. Cancelling ctx aborts the request, which
 // closes the connection; Execute then returns ctx.Err().

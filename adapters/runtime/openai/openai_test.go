@@ -842,3 +842,45 @@ func TestTopLevelErrorObject(t *testing.T) {
 		})
 	}
 }
+
+// A 404 that carries no API error is the server saying it has no such
+// endpoint (a base_url that already ends in /v1, a wrong path_prefix): the
+// run fails with provider_error and a hint at the config, not with
+// model_not_found, which sends the user looking at the model name.
+func TestNotFoundEndpointIsNoUnknownModel(t *testing.T) {
+	cases := []struct {
+		name, ctype, body, code string
+	}{
+		{"FastAPI (vLLM)", "application/json", `{"detail":"Not Found"}`, domain.CodeProviderError},
+		{"Go mux", "text/plain; charset=utf-8", "404 page not found\n", domain.CodeProviderError},
+		{"nginx HTML", "text/html", "<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n", domain.CodeProviderError},
+		{"empty", "", "", domain.CodeProviderError},
+		// A 404 that names the model is still an unknown model.
+		{"detail naming the model", "application/json", `{"detail":"Model 'nope' not found"}`, domain.CodeModelNotFound},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var path string
+			srv := standin.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
+				path = r.URL.Path
+				if tc.ctype != "" {
+					w.Header().Set("Content-Type", tc.ctype)
+				}
+				w.WriteHeader(http.StatusNotFound)
+				_, _ = io.WriteString(w, tc.body)
+			})
+			a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL + "/v1"}, nil)
+			sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if path != "/v1/v1/chat/completions" {
+				t.Fatalf("path = %q", path)
+			}
+			ev := requireTerminal(t, sink, domain.EventError, tc.code)
+			if tc.code == domain.CodeProviderError && !strings.Contains(ev.Error.Message, "base_url") {
+				t.Errorf("message = %q, want a hint at base_url", ev.Error.Message)
+			}
+		})
+	}
+}

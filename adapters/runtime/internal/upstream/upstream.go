@@ -125,14 +125,26 @@ func TransportError(ctx context.Context, err error) error {
 // {"object":"error","message":"…"}, else the body
 // text, else the status line), with code model_not_found for 404 or a
 // message saying a model was not found, and provider_error otherwise.
+//
+// A 404 whose body is no error of the API and does not mention a model
+// (an HTML page, Go's "404 page not found", FastAPI's {"detail":"Not
+// Found"}, nothing) is provider_error with a hint at base_url: nothing at
+// that URL serves the API (a base_url that already ends in /v1, a wrong
+// path_prefix), whereas Ollama and OpenAI-compatible servers answer an
+// unknown model with their JSON error.
 func StatusError(status int, body []byte) error {
 	msg, code := ErrorMessage(body)
 	if msg == "" {
 		// Not an error object (a proxy's HTML page, plain text): the status
 		// says what happened, the start of the body adds what it can.
 		msg = fmt.Sprintf("HTTP %d %s", status, http.StatusText(status))
-		if text := Snippet(body, maxErrorText); text != "" && text != http.StatusText(status) {
+		text := Snippet(body, maxErrorText)
+		if text != "" && text != http.StatusText(status) {
 			msg += ": " + text
+		}
+		if status == http.StatusNotFound && !strings.Contains(strings.ToLower(text), "model") {
+			return &domain.Error{Code: domain.CodeProviderError, Message: msg +
+				" (no such endpoint on the server: base_url must be its root, without /v1; for an openai adapter, check path_prefix)"}
 		}
 	}
 	if status == http.StatusNotFound {
