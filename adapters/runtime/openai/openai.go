@@ -19,14 +19,18 @@
 // are ignored, as are "event:", "id:" and "retry:" lines; the "data:" lines of
 // an event are joined and decoded as a chunk. delta.reasoning, else
 // delta.reasoning_content (some servers send the same text in both),
-// becomes a reasoning_delta event, delta.content a delta event,
+// becomes a reasoning_delta event, delta.content a delta event (as an
+// array of parts, as Mistral's reasoning models send it, its "text" parts
+// are the delta and its "thinking" parts reasoning),
 // delta.tool_calls a metadata event {"tool_calls":[…]} (the fragments as
 // the server sent them). "data: [DONE]" ends the stream with
 // the complete event, whose usage comes from the last chunk carrying
 // "usage" (prompt, completion and total tokens), the last finish_reason, the
 // model the server reported, and the wall-clock duration of the request. A
 // stream that ends without [DONE] still completes if a finish_reason was
-// seen, and is a provider_error otherwise. A server that ignores "stream"
+// seen, and is a provider_error otherwise. Each field of a chunk is read on
+// its own, so one of an unexpected type loses nothing else; token counts
+// may be floats or strings. A server that ignores "stream"
 // and answers with one JSON completion is read the same way.
 //
 // Errors carry the provider's own message: a data chunk with an "error"
@@ -58,6 +62,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"mime"
 	"net/http"
 	"net/url"
@@ -317,26 +322,105 @@ type upstreamErr struct{ err error }
 func (e *upstreamErr) Error() string { return e.err.Error() }
 
 // chunk is one streamed chat.completion.chunk, or a whole chat.completion.
+// Its fields are decoded one by one (see field, message and tokens): servers
+// differ in the types they send, and one field the adapter cannot read as it
+// expects must not lose the chunk's other content.
 type chunk struct {
-	Model   string `json:"model"`
-	Choices []struct {
-		Delta   *message `json:"delta"`
-		Message *message `json:"message"`
-		Finish  *string  `json:"finish_reason"`
-	} `json:"choices"`
-	Usage *struct {
-		PromptTokens     int64 `json:"prompt_tokens"`
-		CompletionTokens int64 `json:"completion_tokens"`
-		TotalTokens      int64 `json:"total_tokens"`
-	} `json:"usage"`
-	Error json.RawMessage `json:"error"`
+	Model   json.RawMessage `json:"model"`
+	Choices json.RawMessage `json:"choices"`
+	Usage   json.RawMessage `json:"usage"`
+	Error   json.RawMessage `json:"error"`
+}
+
+type choice struct {
+	Delta   json.RawMessage `json:"delta"`
+	Message json.RawMessage `json:"message"`
+	Finish  json.RawMessage `json:"finish_reason"`
 }
 
 type message struct {
-	Content          string          `json:"content"`
-	Reasoning        string          `json:"reasoning"`
-	ReasoningContent string          `json:"reasoning_content"`
+	Content          json.RawMessage `json:"content"`
+	Reasoning        json.RawMessage `json:"reasoning"`
+	ReasoningContent json.RawMessage `json:"reasoning_content"`
 	ToolCalls        json.RawMessage `json:"tool_calls"`
+}
+
+// present reports whether raw holds a value other than null.
+func present(raw json.RawMessage) bool {
+	return len(raw) > 0 && string(raw) != "null"
+}
+
+// text returns raw as a string, or "" when it holds no string.
+func text(raw json.RawMessage) string {
+	var s string
+	if present(raw) && json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	return ""
+}
+
+// contentParts reads a message content: a string is answer text; an array
+// of parts (as Mistral's reasoning models stream it) gives the text of its
+// "text" parts as answer and of its "thinking" parts (a string, or text
+// parts of their own) as reasoning. Other parts carry no text.
+func contentParts(raw json.RawMessage) (answer, thinking string) {
+	if !present(raw) {
+		return "", ""
+	}
+	if s := text(raw); s != "" || raw[0] == '"' {
+		return s, ""
+	}
+	var parts []struct {
+		Type     string          `json:"type"`
+		Text     json.RawMessage `json:"text"`
+		Thinking json.RawMessage `json:"thinking"`
+	}
+	if json.Unmarshal(raw, &parts) != nil {
+		return "", ""
+	}
+	var a, t strings.Builder
+	for _, p := range parts {
+		switch p.Type {
+		case "text":
+			a.WriteString(text(p.Text))
+		case "thinking":
+			if s := text(p.Thinking); s != "" {
+				t.WriteString(s)
+				continue
+			}
+			in, _ := contentParts(p.Thinking)
+			t.WriteString(in)
+		}
+	}
+	return a.String(), t.String()
+}
+
+// tokens reads a token count: an integer, or a number written otherwise
+// (3.0, 3e2, "3") as some servers do; anything else, or a negative count,
+// is 0.
+func tokens(raw json.RawMessage) int64 {
+	if !present(raw) {
+		return 0
+	}
+	var n int64
+	if json.Unmarshal(raw, &n) == nil {
+		return max(n, 0)
+	}
+	var f float64
+	if json.Unmarshal(raw, &f) != nil {
+		s := text(raw)
+		var err error
+		if f, err = strconv.ParseFloat(strings.TrimSpace(s), 64); err != nil {
+			return 0
+		}
+	}
+	switch {
+	case !(f > 0): // negative, zero or NaN
+		return 0
+	case f >= math.MaxInt64:
+		return math.MaxInt64
+	}
+	return int64(f)
 }
 
 // stream turns chunks into events and remembers what the complete event needs.
@@ -467,48 +551,61 @@ func (s *stream) dispatch(data []byte) error {
 
 // handle turns one parsed chunk into events.
 func (s *stream) handle(c *chunk) error {
-	if len(c.Error) > 0 && string(c.Error) != "null" {
+	if present(c.Error) {
 		msg, code := upstream.ErrorField(c.Error)
 		return &upstreamErr{upstream.ProviderError(msg, code)}
 	}
-	if c.Model != "" {
-		s.model = c.Model
+	if m := text(c.Model); m != "" {
+		s.model = m
 	}
-	for _, ch := range c.Choices {
-		m := ch.Delta
-		if m == nil {
-			m = ch.Message
+	var choices []choice
+	if present(c.Choices) {
+		_ = json.Unmarshal(c.Choices, &choices) // no array of choices: none
+	}
+	for _, ch := range choices {
+		raw := ch.Delta
+		if !present(raw) {
+			raw = ch.Message
 		}
-		if m != nil {
-			if err := s.emitMessage(m); err != nil {
+		var m message
+		if present(raw) && json.Unmarshal(raw, &m) == nil {
+			if err := s.emitMessage(&m); err != nil {
 				return err
 			}
 		}
-		if ch.Finish != nil && *ch.Finish != "" {
-			s.finish = *ch.Finish
+		if f := text(ch.Finish); f != "" {
+			s.finish = f
 		}
 	}
-	if u := c.Usage; u != nil {
-		s.usage.PromptTokens, s.usage.CompletionTokens, s.usage.TotalTokens = u.PromptTokens, u.CompletionTokens, u.TotalTokens
+	if present(c.Usage) {
+		var u struct {
+			PromptTokens     json.RawMessage `json:"prompt_tokens"`
+			CompletionTokens json.RawMessage `json:"completion_tokens"`
+			TotalTokens      json.RawMessage `json:"total_tokens"`
+		}
+		if json.Unmarshal(c.Usage, &u) == nil {
+			s.usage.PromptTokens, s.usage.CompletionTokens, s.usage.TotalTokens = tokens(u.PromptTokens), tokens(u.CompletionTokens), tokens(u.TotalTokens)
+		}
 	}
 	return nil
 }
 
 func (s *stream) emitMessage(m *message) error {
+	content, thinking := contentParts(m.Content)
 	// One field or the other: vLLM about 0.11 to 0.15 copies the reasoning
 	// into both, and joining them would double the text.
-	if r := cmp.Or(m.Reasoning, m.ReasoningContent); r != "" {
+	if r := cmp.Or(text(m.Reasoning), text(m.ReasoningContent)) + thinking; r != "" {
 		if err := s.sink.Emit(domain.RunEvent{Type: domain.EventReasoningDelta, Text: r}); err != nil {
 			return err
 		}
 	}
-	if m.Content != "" {
-		s.reply.WriteString(m.Content)
-		if err := s.sink.Emit(domain.RunEvent{Type: domain.EventDelta, Text: m.Content}); err != nil {
+	if content != "" {
+		s.reply.WriteString(content)
+		if err := s.sink.Emit(domain.RunEvent{Type: domain.EventDelta, Text: content}); err != nil {
 			return err
 		}
 	}
-	if len(m.ToolCalls) > 0 && string(m.ToolCalls) != "null" {
+	if present(m.ToolCalls) {
 		if s.keepCalls {
 			if err := s.calls.add(m.ToolCalls); err != nil {
 				return err
