@@ -16,8 +16,9 @@
 // "Authorization: Bearer …"; it appears nowhere else.
 //
 // The answer is server-sent events. Lines starting with ":" are comments and
-// are ignored, as are "event:", "id:" and "retry:" lines; the "data:" lines of
-// an event are joined and decoded as a chunk. delta.reasoning, else
+// are ignored, as are "id:" and "retry:" lines, and "event:" lines but for
+// an event named "error", which fails the run with the message its data
+// carries; the "data:" lines of an event are joined and decoded as a chunk. delta.reasoning, else
 // delta.reasoning_content (some servers send the same text in both),
 // becomes a reasoning_delta event, delta.content a delta event (as an
 // array of parts, as Mistral's reasoning models send it, its "text" parts
@@ -445,6 +446,7 @@ func (s *stream) readSSE(body io.Reader) error {
 	r := lines.NewReader(body, 0)
 	var data []byte
 	pending := false
+	event := "" // the current event's name
 	for !s.done {
 		line, err := r.Next()
 		if errors.Is(err, io.EOF) {
@@ -456,12 +458,15 @@ func (s *stream) readSSE(body io.Reader) error {
 		switch {
 		case len(line) == 0:
 			if pending {
-				if err := s.dispatch(data); err != nil {
+				if err := s.dispatch(event, data); err != nil {
 					return err
 				}
 				data, pending = data[:0], false
 			}
+			event = ""
 		case line[0] == ':':
+		case bytes.HasPrefix(line, []byte("event:")):
+			event = string(bytes.TrimSpace(line[len("event:"):]))
 		case bytes.HasPrefix(line, []byte("error:")):
 			// llama.cpp's server sends a failure after the stream started
 			// as a field of its own, "error: {code, message, type}", and
@@ -481,7 +486,7 @@ func (s *stream) readSSE(body io.Reader) error {
 		}
 	}
 	if pending && !s.done {
-		if err := s.dispatch(data); err != nil {
+		if err := s.dispatch(event, data); err != nil {
 			return err
 		}
 	}
@@ -489,6 +494,23 @@ func (s *stream) readSSE(body io.Reader) error {
 		return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server's stream ended before [DONE]")}
 	}
 	return nil
+}
+
+// eventError is the failure an SSE event named "error" reports: the
+// message of the error object its data holds (under "error", or the data
+// itself), or its text.
+func eventError(data []byte) error {
+	if len(data) == 0 {
+		return domain.Errorf(domain.CodeProviderError, "the server reported an error mid-stream without a message")
+	}
+	if !json.Valid(data) {
+		return upstream.ProviderError(upstream.Snippet(data, 1024), "")
+	}
+	var c chunk
+	if json.Unmarshal(data, &c) == nil && present(c.Error) {
+		return upstream.ProviderError(upstream.ErrorField(c.Error))
+	}
+	return upstream.ProviderError(upstream.ErrorField(data))
 }
 
 // errorFieldLine is the failure an SSE "error:" line (llama.cpp) reports:
@@ -536,8 +558,11 @@ func (s *stream) readWhole(body io.Reader) error {
 // maxWholeResponse bounds a non-streamed completion.
 const maxWholeResponse = 64 << 20
 
-func (s *stream) dispatch(data []byte) error {
+func (s *stream) dispatch(event string, data []byte) error {
 	data = bytes.TrimSpace(data)
+	if event == "error" {
+		return &upstreamErr{eventError(data)}
+	}
 	if string(data) == "[DONE]" {
 		s.done = true
 		return nil
