@@ -29,7 +29,9 @@
 // "usage" (prompt, completion and total tokens), the last finish_reason, the
 // model the server reported, and the wall-clock duration of the request. A
 // stream that ends without [DONE] still completes if a finish_reason was
-// seen, and is a provider_error otherwise. Each field of a chunk is read on
+// seen, and is a provider_error otherwise (an answer that holds no event
+// stream at all, such as a proxy's HTML login page, names its content type
+// and begins with its first bytes). Each field of a chunk is read on
 // its own, so one of an unexpected type loses nothing else; token counts
 // may be floats or strings. A server that ignores "stream"
 // and answers with one JSON completion is read the same way.
@@ -258,8 +260,8 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	}
 	defer resp.Body.Close()
 
-	s := &stream{sink: sink, model: model, keepCalls: req.SessionID != ""}
-	if ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); ct == "application/json" {
+	s := &stream{sink: sink, model: model, keepCalls: req.SessionID != "", ctype: resp.Header.Get("Content-Type")}
+	if ct, _, _ := mime.ParseMediaType(s.ctype); ct == "application/json" {
 		err = s.readWhole(resp.Body)
 	} else {
 		err = s.readSSE(resp.Body)
@@ -437,16 +439,19 @@ type stream struct {
 	usage     domain.Usage
 	finish    string
 	done      bool
+	ctype     string // the response's content type
 }
 
 // readSSE reads server-sent events until [DONE]. It returns nil when the
 // stream completed, an *upstreamErr for a reported or premature end, an
 // error wrapping errReading when the body failed, or the sink's error.
 func (s *stream) readSSE(body io.Reader) error {
-	r := lines.NewReader(body, 0)
+	head := &prefix{max: 512}
+	r := lines.NewReader(io.TeeReader(body, head), 0)
 	var data []byte
 	pending := false
-	event := "" // the current event's name
+	event := ""  // the current event's name
+	sse := false // whether any line was one of an event stream
 	for !s.done {
 		line, err := r.Next()
 		if errors.Is(err, io.EOF) {
@@ -465,8 +470,9 @@ func (s *stream) readSSE(body io.Reader) error {
 			}
 			event = ""
 		case line[0] == ':':
+			sse = true
 		case bytes.HasPrefix(line, []byte("event:")):
-			event = string(bytes.TrimSpace(line[len("event:"):]))
+			sse, event = true, string(bytes.TrimSpace(line[len("event:"):]))
 		case bytes.HasPrefix(line, []byte("error:")):
 			// llama.cpp's server sends a failure after the stream started
 			// as a field of its own, "error: {code, message, type}", and
@@ -482,7 +488,7 @@ func (s *stream) readSSE(body io.Reader) error {
 			if pending {
 				data = append(data, '\n')
 			}
-			data, pending = append(data, v...), true
+			data, pending, sse = append(data, v...), true, true
 		}
 	}
 	if pending && !s.done {
@@ -491,9 +497,30 @@ func (s *stream) readSSE(body io.Reader) error {
 		}
 	}
 	if !s.done && s.finish == "" {
+		if !sse {
+			// No event stream at all (a proxy's login page, a captive
+			// portal, an HTML error page sent with 200): say what came.
+			if len(head.b) == 0 {
+				return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server answered with an empty body (content type %q), not an event stream", s.ctype)}
+			}
+			return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server answered with %q, not an event stream: %s", s.ctype, upstream.Snippet(head.b, 200))}
+		}
 		return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server's stream ended before [DONE]")}
 	}
 	return nil
+}
+
+// prefix keeps the first max bytes written to it.
+type prefix struct {
+	b   []byte
+	max int
+}
+
+func (p *prefix) Write(b []byte) (int, error) {
+	if n := p.max - len(p.b); n > 0 {
+		p.b = append(p.b, b[:min(n, len(b))]...)
+	}
+	return len(b), nil
 }
 
 // eventError is the failure an SSE event named "error" reports: the
