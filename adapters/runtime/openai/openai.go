@@ -52,7 +52,8 @@
 // run's messages, and a completed run appends them (as given) and the reply:
 // the concatenated content with the tool calls of the stream, whose
 // delta.tool_calls fragments are merged by index (id, type and function
-// name from the first fragment, the arguments concatenated; at most 128
+// name from the first fragment, the arguments concatenated; a fragment with
+// the index of a call that has another id starts a new call; at most 128
 // calls and 1 MiB in all, else provider_error; a run without a session
 // keeps no calls and has no such bound).
 package openai
@@ -681,16 +682,18 @@ const (
 
 // toolCalls merges the streamed fragments of the reply's tool calls: the
 // first fragment of a call (by index) brings its id, type and function
-// name, the following ones pieces of its arguments.
+// name, the following ones pieces of its arguments. A fragment whose index
+// is that of a call with another id starts a new call: Ollama's /v1 gives
+// every parallel call of a turn index 0, each with an id of its own.
 type toolCalls struct {
-	calls []*toolCall // by index
-	size  int
+	calls   []*toolCall // in the order they started
+	byIndex map[int]int // the server's index → the latest call given it
+	size    int
 }
 
 type toolCall struct {
 	id, typ, name string
 	args          strings.Builder
-	seen          bool
 }
 
 type toolCallFragment struct {
@@ -714,14 +717,19 @@ func (tc *toolCalls) add(raw json.RawMessage) error {
 	for _, f := range frags {
 		i := tc.slot(f)
 		tc.size += len(f.ID) + len(f.Type) + len(f.Function.Name) + len(f.Function.Arguments)
-		if i < 0 || i >= maxToolCalls || tc.size > maxToolCallBytes {
+		if i >= maxToolCalls || tc.size > maxToolCallBytes {
 			return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server's tool calls exceed %d calls or %d bytes", maxToolCalls, maxToolCallBytes)}
 		}
-		for len(tc.calls) <= i {
+		if i == len(tc.calls) {
 			tc.calls = append(tc.calls, &toolCall{})
+			if f.Index != nil {
+				if tc.byIndex == nil {
+					tc.byIndex = map[int]int{}
+				}
+				tc.byIndex[*f.Index] = i
+			}
 		}
 		c := tc.calls[i]
-		c.seen = true
 		c.id = cmp.Or(c.id, f.ID)
 		c.typ = cmp.Or(c.typ, f.Type)
 		c.name = cmp.Or(c.name, f.Function.Name)
@@ -730,9 +738,14 @@ func (tc *toolCalls) add(raw json.RawMessage) error {
 	return nil
 }
 
+// slot returns the call f belongs to; len(tc.calls) for a new one.
 func (tc *toolCalls) slot(f toolCallFragment) int {
 	if f.Index != nil {
-		return *f.Index
+		i, ok := tc.byIndex[*f.Index]
+		if !ok || (f.ID != "" && tc.calls[i].id != "" && tc.calls[i].id != f.ID) {
+			return len(tc.calls)
+		}
+		return i
 	}
 	if f.ID == "" && len(tc.calls) > 0 {
 		return len(tc.calls) - 1
@@ -750,9 +763,6 @@ func (tc *toolCalls) slot(f toolCallFragment) int {
 func (tc *toolCalls) merged() []json.RawMessage {
 	var out []json.RawMessage
 	for _, c := range tc.calls {
-		if !c.seen {
-			continue
-		}
 		type function struct {
 			Name      string `json:"name"`
 			Arguments string `json:"arguments"`
