@@ -74,7 +74,8 @@ func openaiType(status int) string {
 }
 
 // anthropicType is the Anthropic API's error "type" for a status, as its
-// documentation lists them.
+// documentation lists them (504 is timeout_error, the SDKs'
+// GatewayTimeoutError; other 5xx but 503 and 529 are api_error).
 func anthropicType(status int) string {
 	switch status {
 	case http.StatusBadRequest, http.StatusMethodNotAllowed:
@@ -91,6 +92,8 @@ func anthropicType(status int) string {
 		return "rate_limit_error"
 	case http.StatusServiceUnavailable, 529:
 		return "overloaded_error"
+	case http.StatusGatewayTimeout:
+		return "timeout_error"
 	}
 	if status >= 500 {
 		return "api_error"

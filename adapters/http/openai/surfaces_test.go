@@ -794,3 +794,39 @@ func TestResponsesCompactAndInputTokensPassThrough(t *testing.T) {
 		}
 	}
 }
+
+// Errors the edge raises on /v1/messages carry the error type Anthropic's
+// API gives their status (its errors documentation and SDK types): a
+// provider that sends no headers in time is 504 timeout_error, not the
+// api_error of other 5xx.
+func TestAnthropicErrorTypeFollowsTheStatus(t *testing.T) {
+	e := newEnv(t)
+	e.node(t, "gpu", func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+		code := domain.CodeTimeout
+		if req.Provider == "down" {
+			code = domain.CodeProviderUnreachable
+		}
+		return newFakeStream(step{f: domain.TunnelFrame{Kind: domain.TunnelError, Error: &domain.ErrorInfo{Code: code, Message: "upstream"}}}), nil
+	}, provider("slow", domain.ProviderAnthropic, "claude-slow"), provider("down", domain.ProviderAnthropic, "claude-down"))
+	for _, c := range []struct {
+		model  string
+		status int
+		typ    string
+	}{
+		{"claude-slow", 504, "timeout_error"},
+		{"claude-down", 502, "api_error"},
+		{"claude-none", 404, "not_found_error"},
+	} {
+		resp := do(t, http.MethodPost, e.srv.URL+"/v1/messages", `{"model":"`+c.model+`","max_tokens":5,"messages":[]}`, "Anthropic-Version", "2023-06-01")
+		got := readAll(t, resp)
+		var ae struct {
+			Type  string `json:"type"`
+			Error struct {
+				Type string `json:"type"`
+			} `json:"error"`
+		}
+		if resp.StatusCode != c.status || json.Unmarshal([]byte(got), &ae) != nil || ae.Type != "error" || ae.Error.Type != c.typ {
+			t.Errorf("%s: %d %s, want %d with type %s", c.model, resp.StatusCode, got, c.status, c.typ)
+		}
+	}
+}
