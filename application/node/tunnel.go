@@ -23,7 +23,8 @@ var chunkPool = sync.Pool{New: func() any { b := make([]byte, tunnelChunk); retu
 
 // TunnelHandler relays provider HTTP responses to the edge byte for byte:
 // status, headers, body chunks as they arrive, then usage (sideband) and end,
-// or error instead of end.
+// or, when the provider's body breaks, the usage it reported so far and an
+// error instead of end.
 type TunnelHandler struct {
 	rt     *Runtime
 	client ports.ProviderClient
@@ -158,15 +159,25 @@ func (h *TunnelHandler) OpenTunnel(ctx context.Context, req domain.TunnelRequest
 			if ctx.Err() != nil {
 				return
 			}
+			// What the provider reported before the break is still owed:
+			// an Anthropic stream states (and bills) its prompt in
+			// message_start, long before its end.
+			sendUsage(resp, out)
 			fail(domain.CodeProviderError, "upstream body failed: %v", rerr)
 			return
 		}
 		break
 	}
+	sendUsage(resp, out)
+	_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelEnd})
+}
+
+// sendUsage sends the usage the provider reported in the body read so far,
+// if any, as the tunnel's usage sideband.
+func sendUsage(resp *ports.ProviderResponse, out ports.TunnelSink) {
 	if resp.Usage != nil {
 		if u := resp.Usage(); u != nil {
 			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelUsage, Usage: u})
 		}
 	}
-	_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelEnd})
 }

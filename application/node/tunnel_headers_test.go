@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"testing"
@@ -88,5 +89,38 @@ func TestTunnelRelaysHeaderBytesThatAreNotUTF8(t *testing.T) {
 				t.Fatal("provider got no request")
 			}
 		})
+	}
+}
+
+// An Anthropic stream states its prompt's tokens in message_start, which
+// the provider bills whether or not the stream then ends well. When the
+// provider's connection breaks mid-stream, the tunnel still reports the
+// usage read so far before its error, so the edge records what was spent.
+func TestTunnelBrokenStreamReportsUsageReadSoFar(t *testing.T) {
+	event := "event: message_start\ndata: " +
+		`{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-x","content":[],"usage":{"input_tokens":1200,"cache_read_input_tokens":300,"output_tokens":1}}}` + "\n\n"
+	// A chunked body whose connection closes before its last chunk.
+	resp := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(event), event)
+	for _, opt := range []provider.Options{{TransportOnly: false}, {TransportOnly: true}} {
+		url, _ := rawProvider(t, resp)
+		prov := domain.ProviderConfig{Name: "claude", Type: domain.ProviderAnthropic, BaseURL: url}
+		rt := node.NewRuntime(tnFactory{}, nil)
+		if err := rt.Apply(domain.NodeConfig{NodeID: "n1", Version: 1, Providers: []domain.ProviderConfig{prov}}); err != nil {
+			t.Fatal(err)
+		}
+		c := provider.New(opt)
+		sink := &tnSink{}
+		req := domain.TunnelRequest{Provider: "claude", Method: http.MethodPost, Path: "/v1/messages", Body: []byte(`{"model":"claude-x","stream":true}`)}
+		node.NewTunnelHandler(rt, c, nil).OpenTunnel(context.Background(), req, nil, sink)
+		c.Close()
+		if got, want := sink.kinds(), "status,header,body,usage,error"; got != want {
+			t.Fatalf("transport only %v: frames = %s, want %s", opt.TransportOnly, got, want)
+		}
+		if u := sink.frames[3].Usage; u.PromptTokens != 1500 || u.Model != "claude-x" {
+			t.Errorf("transport only %v: usage %+v, want 1500 prompt tokens of claude-x", opt.TransportOnly, u)
+		}
+		if e := sink.last().Error; e.Code != domain.CodeProviderError {
+			t.Errorf("transport only %v: error %+v, want provider_error", opt.TransportOnly, e)
+		}
 	}
 }

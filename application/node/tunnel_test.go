@@ -247,8 +247,11 @@ func TestTunnelBodyErrorMidStream(t *testing.T) {
 	}}
 	sink := &tnSink{}
 	newTunnelHandler(t, c).OpenTunnel(context.Background(), domain.TunnelRequest{Provider: "local", Path: "/v1/chat/completions"}, nil, sink)
-	if got, want := sink.kinds(), "status,header,body,error"; got != want {
-		t.Fatalf("frames = %s, want %s (an error, never end)", got, want)
+	if got, want := sink.kinds(), "status,header,body,usage,error"; got != want {
+		t.Fatalf("frames = %s, want %s (the usage read so far, then an error, never end)", got, want)
+	}
+	if u := sink.frames[3].Usage; u == nil || u.TotalTokens != 1 {
+		t.Fatalf("usage frame = %+v", sink.frames[3].Usage)
 	}
 	if e := sink.last().Error; e.Code != domain.CodeProviderError || !strings.Contains(e.Message, "reset") {
 		t.Fatalf("error frame = %+v", e)
