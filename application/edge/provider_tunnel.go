@@ -318,6 +318,14 @@ type Tunnel struct {
 	// response reports the usage its creation counted already. It runs
 	// on the goroutine that calls Next.
 	CountUsage func(*domain.Usage) bool
+	// ReadUsage, if set before the tunnel is read, is the usage its relay
+	// read from the body itself so far (nil for none). It is recorded when
+	// the node reported no usage because the tunnel did not end well: the
+	// caller left, or the link broke, after the provider had already
+	// stated counts (an Anthropic stream's prompt, in message_start). It
+	// runs once, on the goroutine that ends the tunnel, and CountUsage
+	// judges its answer as it does the node's.
+	ReadUsage func() *domain.Usage
 
 	h       *SubmitProviderTunnelHandler
 	stream  ports.TunnelStream
@@ -396,6 +404,12 @@ func (t *Tunnel) finish(err error) {
 		t.done = true
 		t.stream.Close()
 		t.release()
+		if t.usage == nil && err != nil && t.ReadUsage != nil {
+			if u := t.ReadUsage(); u != nil && (t.CountUsage == nil || t.CountUsage(u)) {
+				c := *u
+				t.usage = &c
+			}
+		}
 		h := t.h
 		s := domain.TunnelSummary{
 			ID: t.ID, Key: t.Key, Provider: t.Provider, Model: t.Model, Path: t.path, Status: t.status,

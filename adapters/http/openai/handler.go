@@ -35,7 +35,9 @@
 // Passthrough is faithful: the provider's status code, headers (minus
 // hop-by-hop ones; Content-Length kept) and body bytes reach the caller
 // unchanged, upstream 4xx/5xx included, and every body frame is flushed as
-// it arrives. Usage and metadata frames are sideband and never written. If
+// it arrives. Usage and metadata frames are sideband and never written (the
+// start of an Anthropic event stream is also read for the prompt tokens
+// its message_start states, recorded if the stream is cut short). If
 // the tunnel fails after the response has started (node lost, provider
 // reset), the handler aborts the response with http.ErrAbortHandler, so the
 // caller sees a broken stream — never a clean end or a synthesized
@@ -79,6 +81,7 @@ import (
 
 	"iop/adapters/internal/deadline"
 	"iop/adapters/internal/hopheader"
+	"iop/adapters/provider"
 	"iop/application/edge"
 	"iop/domain"
 	"iop/ports"
@@ -453,6 +456,15 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 			return true
 		}
 	}
+	// An Anthropic stream states its prompt's tokens in its first event,
+	// message_start; the node reports usage only once the stream has ended
+	// well. The first bytes are read here too, so a stream the caller
+	// leaves (or whose link breaks) still records the prompt it cost.
+	var early *earlyUsage
+	if t.family == domain.ProviderAnthropic {
+		early = &earlyUsage{}
+		tun.ReadUsage = early.usage
+	}
 	status, started := 0, false
 	wd := deadline.Quarter(h.WriteIdleTimeout)
 	// unflushed: written to the caller's buffer but not sent. The flush
@@ -474,6 +486,9 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 		}
 		if t.remember && status >= 200 && status < 300 {
 			sniff = &idSniffer{}
+		}
+		if early != nil {
+			early.start(status, w.Header().Get("Content-Type"))
 		}
 		armWrite(&wd, rc)
 		w.WriteHeader(status)
@@ -554,6 +569,9 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 					sniff = nil
 				}
 			}
+			if early != nil {
+				early.feed(f.Body)
+			}
 			armWrite(&wd, rc)
 			if _, err := w.Write(f.Body); err != nil {
 				return // the caller is gone
@@ -567,6 +585,42 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 		}
 		// Usage and metadata are sideband: never part of the body.
 	}
+}
+
+// earlyUsageBytes bounds how much of a stream's start earlyUsage reads:
+// message_start is an Anthropic stream's first event.
+const earlyUsageBytes = 64 << 10
+
+// earlyUsage reads the usage a successful event stream states in its
+// first earlyUsageBytes (see pass).
+type earlyUsage struct {
+	scan *provider.UsageScanner // nil: not reading
+	read int
+}
+
+// start begins reading a response of status and content type ct, if it
+// is a successful event stream.
+func (e *earlyUsage) start(status int, ct string) {
+	if status >= 200 && status < 300 && strings.Contains(strings.ToLower(ct), "text/event-stream") {
+		e.scan = provider.NewUsageScanner(ct)
+	}
+}
+
+func (e *earlyUsage) feed(b []byte) {
+	if e.scan == nil || e.read >= earlyUsageBytes {
+		return
+	}
+	b = b[:min(len(b), earlyUsageBytes-e.read)]
+	e.read += len(b)
+	e.scan.Write(b)
+}
+
+// usage is what was read; nil if nothing.
+func (e *earlyUsage) usage() *domain.Usage {
+	if e.scan == nil {
+		return nil
+	}
+	return e.scan.Usage()
 }
 
 // sidebandGrace bounds how long a tunnel whose caller left is still read

@@ -830,3 +830,56 @@ func TestAnthropicErrorTypeFollowsTheStatus(t *testing.T) {
 		}
 	}
 }
+
+// An Anthropic stream states its prompt's tokens in message_start, and the
+// provider bills them however the stream then ends. The node reports usage
+// only at a stream's end; when the caller leaves first (Claude Code's Esc)
+// or the node's link breaks, the edge records the prompt it read at the
+// start of the stream it relayed.
+func TestAnthropicStreamCutShortRecordsItsPrompt(t *testing.T) {
+	const start = "event: message_start\ndata: " +
+		`{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-x","content":[],"usage":{"input_tokens":20,"cache_creation_input_tokens":1000,"cache_read_input_tokens":30000,"output_tokens":1}}}` + "\n\n"
+	const delta = "event: content_block_delta\ndata: " + `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hel"}}` + "\n\n"
+	for _, tc := range []struct {
+		name string
+		last []step // after the caller read the first bytes
+		left bool   // the caller leaves
+	}{
+		{"caller left", nil, true},
+		{"link lost", []step{{err: domain.Errorf(domain.CodeNodeDisconnected, "connection closed")}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			st := newFakeStream(status(200), header("Content-Type", "text/event-stream; charset=utf-8"), body(start), body(delta))
+			e.node(t, "gpu", serveStream(st), provider("ant", domain.ProviderAnthropic, "claude-x"))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+"/v1/messages", strings.NewReader(`{"model":"claude-x","max_tokens":64,"stream":true,"messages":[]}`))
+			req.Header.Set("Anthropic-Version", "2023-06-01")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(start)+len(delta))
+			if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != start+delta {
+				t.Fatalf("caller read %q, %v", got, err)
+			}
+			st.push(tc.last...)
+			if tc.left {
+				cancel()
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			waitFor(t, "tunnel.completed", func() bool { return e.bus.count() == 1 })
+			e.bus.mu.Lock()
+			ev := e.bus.evs[0]
+			e.bus.mu.Unlock()
+			if ev.Tunnel == nil || ev.Tunnel.Error == "" || ev.Tunnel.Usage == nil || ev.Tunnel.Usage.PromptTokens != 31020 {
+				t.Fatalf("tunnel.completed = %+v (usage %+v), want the prompt's 31020 tokens recorded with the tunnel's error", ev.Tunnel, ev.Tunnel.Usage)
+			}
+			if lines := e.ledger.Snapshot(); len(lines) != 1 || lines[0].PromptTokens != 31020 || lines[0].Errors != 1 {
+				t.Fatalf("ledger = %+v", lines)
+			}
+		})
+	}
+}
