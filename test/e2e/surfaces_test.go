@@ -314,8 +314,9 @@ func TestResponsesAndMessagesPassThrough(t *testing.T) {
 func TestResponsesAndMessagesStreamsEndWithTheirCaller(t *testing.T) {
 	t.Parallel()
 	a := startAgentEdge(t, ", models: [claude-standin]", ", models: [gpt-standin]")
-	a.antS.Reply(standin.Reply{Text: "one two three four five six", Hang: true})
+	a.antS.Reply(standin.Reply{Text: "one two three four five six", Hang: true, Usage: standin.Usage{Input: 40, Output: 9}})
 	a.oaiS.Reply(standin.Reply{Text: "one two three four five six", Hang: true})
+	bus := watchBus(t, a.e)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	routes := []struct{ path, body string }{
@@ -340,6 +341,13 @@ func TestResponsesAndMessagesStreamsEndWithTheirCaller(t *testing.T) {
 			t.Fatalf("%s: the provider saw the caller leave after %v", r.path, d)
 		}
 	}
+	// The Messages stream stated its prompt in message_start before the
+	// caller left: that much is recorded.
+	bus.waitFor(t, 5*time.Second, "tunnel.completed with the prompt of the /v1/messages stream its caller left", func(m map[string]any) bool {
+		tn, _ := m["tunnel"].(map[string]any)
+		u, _ := tn["usage"].(map[string]any)
+		return m["type"] == "tunnel.completed" && tn["path"] == "/v1/messages" && u != nil && u["prompt_tokens"] == float64(40)
+	})
 	// The node dies mid-stream: each stream breaks, without its clean end.
 	var resps []*http.Response
 	for _, r := range routes {
