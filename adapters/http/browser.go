@@ -27,7 +27,8 @@ import (
 //     CLI, OpenAI and Ollama SDKs, the ollama CLI, curl) send neither header
 //     and pass; the console under /ui/ is same-origin. A cross-origin GET
 //     still reaches its route, but without CORS headers the page cannot read
-//     the answer, and no GET route changes state.
+//     the answer (the passthrough drops a provider's), and no GET route
+//     changes state.
 //   - an edge without API keys that listens on a loopback address answers
 //     only requests whose Host is a loopback address or localhost (any
 //     port), and refuses others 421 host_not_allowed: a rebound page's

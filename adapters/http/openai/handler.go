@@ -33,7 +33,7 @@
 // pulled or copied on a provider is seen at once.
 //
 // Passthrough is faithful: the provider's status code, headers (minus
-// hop-by-hop ones; Content-Length kept) and body bytes reach the caller
+// hop-by-hop, X-IOP-* and CORS ones; Content-Length kept) and body bytes reach the caller
 // unchanged, upstream 4xx/5xx included, and every body frame is flushed as
 // it arrives. Usage and metadata frames are sideband and never written (the
 // start of an Anthropic event stream is also read for the prompt tokens
@@ -723,8 +723,16 @@ func forwardHeader(r *http.Request) http.Header {
 }
 
 // copyResponseHeader copies the provider's header to dst without hop-by-hop
-// headers. Content-Length stays: the body is relayed byte for byte, and a
-// relay that ends short is aborted, so the length is never a lie.
+// headers, the edge's own (X-IOP-*) and CORS headers. Content-Length stays:
+// the body is relayed byte for byte, and a relay that ends short is
+// aborted, so the length is never a lie.
+//
+// A provider's CORS policy is not the edge's: many allow every origin
+// (vLLM, LiteLLM and OpenAI send "Access-Control-Allow-Origin: *",
+// llama.cpp's server echoes the Origin), and relayed it would let any page
+// open in the operator's browser read a keyless edge's passthrough GETs (a
+// stored response on /v1/responses/{id}). The edge refuses cross-origin
+// writes (browserGuard), and so allows no cross-origin reads either.
 func copyResponseHeader(dst, src http.Header) {
 	listed := hopheader.Listed(src)
 	canonical := true
@@ -736,7 +744,7 @@ func copyResponseHeader(dst, src http.Header) {
 	}
 	if canonical { // the usual case: no two keys meet, so order is moot
 		for k, vs := range src {
-			if !hopheader.Hop(k, listed) && !hopheader.IOP(k) {
+			if !hopheader.Hop(k, listed) && !hopheader.IOP(k) && !isCORS(k) {
 				dst[k] = append(dst[k], vs...)
 			}
 		}
@@ -750,12 +758,16 @@ func copyResponseHeader(dst, src http.Header) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		ck := http.CanonicalHeaderKey(k)
-		if hopheader.Hop(ck, listed) || hopheader.IOP(ck) {
+		if hopheader.Hop(ck, listed) || hopheader.IOP(ck) || isCORS(ck) {
 			continue
 		}
 		dst[ck] = append(dst[ck], src[k]...)
 	}
 }
+
+// isCORS reports whether the canonical header name ck is one of a CORS
+// answer's (Access-Control-Allow-Origin, -Allow-Credentials, …).
+func isCORS(ck string) bool { return strings.HasPrefix(ck, "Access-Control-") }
 
 // recordingReader remembers the first read error other than io.EOF, so a
 // body that broke the size limit while streaming to the node is reported as

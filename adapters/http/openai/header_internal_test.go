@@ -56,6 +56,9 @@ func TestCopyResponseHeader(t *testing.T) {
 		{"the edge's own headers are not the provider's", http.Header{"X-Iop-Node": {"spoofed"}, "X-Iop-Run-Id": {"run_x"}, "X-Request-Id": {"r1"}},
 			"X-Request-Id=[r1];"},
 		{"nor when spelled otherwise", http.Header{"x-iop-node": {"spoofed"}, "X-A": {"1"}}, "X-A=[1];"},
+		{"a provider's CORS policy is not the edge's", http.Header{"Access-Control-Allow-Origin": {"*"},
+			"Access-Control-Allow-Credentials": {"true"}, "Content-Type": {"application/json"}}, "Content-Type=[application/json];"},
+		{"nor when spelled otherwise", http.Header{"access-control-allow-origin": {"https://evil.example"}, "X-A": {"1"}}, "X-A=[1];"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dst := http.Header{}
