@@ -82,13 +82,40 @@ func NewClientTLS(o ClientTLS, addr string) (*tls.Config, error) {
 		return nil, errors.New("no ca_pin or ca_file to trust the edge with")
 	}
 	if o.CertFile != "" || o.KeyFile != "" {
-		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
-		if err != nil {
+		// Read now, so a wrong file stops the node at start, and again at
+		// every handshake: client certificates are often short-lived and
+		// renewed in place, and one read only at start would, once
+		// expired, fail every reconnect until the node was restarted.
+		if _, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile); err != nil {
 			return nil, fmt.Errorf("client certificate: %w", err)
 		}
-		c.Certificates = []tls.Certificate{cert}
+		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return loadClientCert(o.CertFile, o.KeyFile, time.Now())
+		}
 	}
 	return c, nil
+}
+
+// loadClientCert reads the node's client certificate for one handshake. One
+// that has expired by the node's clock is not sent: the edge would refuse
+// it with no more than "expired certificate", and this error names the
+// file and the date.
+func loadClientCert(certFile, keyFile string, now time.Time) (*tls.Certificate, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("client certificate: %w", err)
+	}
+	leaf := cert.Leaf
+	if leaf == nil { // GODEBUG x509keypairleaf=0
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return nil, fmt.Errorf("client certificate %s: %w", certFile, err)
+		}
+	}
+	if end := leaf.NotAfter; !now.Before(end) {
+		return nil, fmt.Errorf("client certificate %s expired on %s: renew it (the node reads --cert and --key again at every connection attempt)",
+			certFile, end.UTC().Format(time.RFC3339))
+	}
+	return &cert, nil
 }
 
 // PinMismatchError: the edge presented no certificate with the pinned key.

@@ -222,10 +222,20 @@ func newClientCA(t testing.TB) *clientCA {
 // issue writes a client certificate for cn (plus dns SANs) and returns its files.
 func (ca *clientCA) issue(t testing.TB, cn string, dns ...string) (certFile, keyFile string) {
 	t.Helper()
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "node.pem"), filepath.Join(dir, "node.key")
+	ca.write(t, certFile, keyFile, time.Now().Add(time.Hour), cn, dns...)
+	return certFile, keyFile
+}
+
+// write issues a client certificate for cn (plus dns SANs) ending at
+// notAfter into certFile and keyFile, replacing each by a rename.
+func (ca *clientCA) write(t testing.TB, certFile, keyFile string, notAfter time.Time, cn string, dns ...string) {
+	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn}, DNSNames: dns,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		NotBefore: notAfter.Add(-2 * time.Hour), NotAfter: notAfter,
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
@@ -233,11 +243,17 @@ func (ca *clientCA) issue(t testing.TB, cn string, dns ...string) (certFile, key
 		t.Fatal(err)
 	}
 	kb, _ := x509.MarshalPKCS8PrivateKey(key)
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "node.pem"), filepath.Join(dir, "node.key")
-	_ = os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
-	_ = os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), 0o600)
-	return certFile, keyFile
+	for file, data := range map[string][]byte{
+		keyFile:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}),
+		certFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+	} {
+		if err := os.WriteFile(file+".tmp", data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(file+".tmp", file); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func TestTLSClientCertificates(t *testing.T) {
@@ -273,6 +289,48 @@ func TestTLSClientCertificates(t *testing.T) {
 				t.Fatal("a node without an acceptable certificate reached Register")
 			}
 		})
+	}
+}
+
+// A node reads its client certificate at every connection attempt: one
+// that has expired is reported by file and date, not sent, and retried;
+// renewed in place (as short-lived certificates are), it is used at the next
+// attempt without a restart. Read only at start, the expired one was offered
+// for ever and the node never got back in.
+func TestTLSClientCertificateRenewedInPlace(t *testing.T) {
+	m, ca := edgeCA(t), newClientCA(t)
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "node.pem"), filepath.Join(dir, "node.key")
+	ca.write(t, certFile, keyFile, time.Now().Add(-time.Minute), "node-a")
+
+	e := newFakeEdge()
+	e.addNode(testToken, testNodeConfig())
+	srv := startServer(t, "", tlsServerConfig(m, ca.pool), e)
+	var mu sync.Mutex
+	var logs strings.Builder
+	cc := ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}
+	cc.Transport.Logger = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	cc.Transport.TLS = clientTLS(t, ClientTLS{CAPin: m.Pin(), CertFile: certFile, KeyFile: keyFile}, cc.Addr)
+	c := startClient(t, cc, newFakeNode())
+	eventually(t, testCtx(t), "the node naming its expired certificate", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(logs.String(), "client certificate "+certFile+" expired on")
+	})
+
+	ca.write(t, certFile, keyFile, time.Now().Add(time.Hour), "node-a")
+	reg := recv(t, testCtx(t), e.registered, "registration with the renewed certificate")
+	if got := reg.Info.Peer.CertNames; len(got) != 1 || got[0] != "node-a" {
+		t.Fatalf("verified names = %v, want [node-a]", got)
+	}
+	select {
+	case <-c.done:
+		t.Fatalf("client stopped: %v", c.err)
+	default:
 	}
 }
 
