@@ -79,7 +79,7 @@ func TestEdgeWarnsOfItsCANearItsEnd(t *testing.T) {
 }
 
 // An edge whose auto-mode CA has expired does not start: no node could
-// verify it (a node stops for good on a certificate it cannot trust). The
+// verify it (a node refuses such a certificate until it is replaced). The
 // error names the file, the date and how to rotate the CA.
 func TestEdgeRefusesAnExpiredCA(t *testing.T) {
 	dir := t.TempDir()

@@ -160,16 +160,35 @@ func verifyPinned(pin, host string, certs []*x509.Certificate) error {
 
 // TrustError is a TLS failure that retrying cannot fix: the edge's
 // certificate did not match the node's pin or CA. The node stops instead of
-// retrying into a possible man in the middle.
+// retrying into a possible man in the middle. One certificate of the chain
+// outside its validity period by the node's clock is the exception: see
+// Fatal.
 type TrustError struct{ Err error }
 
 func (e *TrustError) Error() string {
-	return "cannot trust the edge: " + e.Err.Error() + hostHint(e.Err)
+	return "cannot trust the edge: " + e.Err.Error() + hostHint(e.Err) + timeHint(e.Err)
 }
 func (e *TrustError) Unwrap() error { return e.Err }
 
-// Fatal is always true: see Client.Run.
-func (e *TrustError) Fatal() bool { return true }
+// Fatal is true (see Client.Run) unless the edge's chain failed only
+// because a certificate is not valid at the node's time: a clock that is
+// off (a machine without a battery-backed clock, before it syncs, is hours
+// or years behind) or a certificate the edge has let expire. Retrying
+// fixes both once the clock is set or the certificate replaced, and sends
+// nothing meanwhile: the token goes only over a verified connection.
+func (e *TrustError) Fatal() bool { return !outsideValidity(e.Err) }
+
+func outsideValidity(err error) bool {
+	var ie x509.CertificateInvalidError
+	return errors.As(err, &ie) && ie.Reason == x509.Expired
+}
+
+func timeHint(err error) string {
+	if !outsideValidity(err) {
+		return ""
+	}
+	return " (check that this node's clock and the edge's are right, e.g. with date -u on both; if they are, the edge's certificate has expired and must be replaced there; retrying)"
+}
 
 func hostHint(err error) string {
 	var he x509.HostnameError

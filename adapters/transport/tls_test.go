@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -128,6 +129,61 @@ func TestTLSWrongPinIsFatalAndNamesBothPins(t *testing.T) {
 	if e.registerCount() != 0 {
 		t.Fatal("the token was sent to an edge that failed the pin")
 	}
+}
+
+// An edge certificate that is not valid yet by the node's clock (the
+// edge's clock was ahead when it issued it, or the node's is behind: a
+// machine without a battery-backed clock before it syncs) is no man in the
+// middle: the node says to check the clocks and retries, and gets in once
+// the certificate is valid, instead of stopping for good.
+func TestTLSCertificateOutsideItsValidityIsRetried(t *testing.T) {
+	// The CA is made with the right time; its server certificate is then
+	// issued (for a new host) while the edge's clock is 3 hours ahead.
+	dir := t.TempDir()
+	if _, err := tlsca.Open(tlsca.Options{Dir: dir, Hosts: []string{"127.0.0.1"}, Logger: quietLogger()}); err != nil {
+		t.Fatal(err)
+	}
+	var skew atomic.Int64
+	skew.Store(int64(3 * time.Hour))
+	m, err := tlsca.Open(tlsca.Options{Dir: dir, Hosts: []string{"127.0.0.1", "localhost"}, Logger: quietLogger(),
+		Now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newFakeEdge()
+	e.addNode(testToken, testNodeConfig())
+	srv := startServer(t, "", tlsServerConfig(m, nil), e)
+	var mu sync.Mutex
+	var logs strings.Builder
+	cc := ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}
+	cc.Transport.Logger = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	cc.Transport.TLS = clientTLS(t, ClientTLS{CAPin: m.Pin()}, cc.Addr)
+	c := startClient(t, cc, newFakeNode())
+	eventually(t, testCtx(t), "a retry naming the clocks", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		l := logs.String()
+		return strings.Contains(l, "cannot connect to the edge; retrying") && strings.Contains(l, "is before") && strings.Contains(l, "clock")
+	})
+	select {
+	case <-c.done:
+		t.Fatalf("the node stopped for good: %v", c.err)
+	default:
+	}
+	if e.registerCount() != 0 {
+		t.Fatal("the token was sent over a connection that failed verification")
+	}
+
+	// The edge's clock is set right: its next check re-issues the certificate.
+	skew.Store(0)
+	if renewed, err := m.Renew(); err != nil || !renewed {
+		t.Fatalf("Renew = %v, %v; want a new certificate", renewed, err)
+	}
+	recv(t, testCtx(t), e.registered, "registration once the certificate is valid")
 }
 
 func TestTLSCAFileVerifiesHostName(t *testing.T) {
