@@ -44,6 +44,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -428,7 +429,7 @@ func (s *Server) Start() error {
 		MaxHeaderBytes:    MaxHeaderBytes,
 		IdleTimeout:       2 * time.Minute,
 		BaseContext:       func(net.Listener) context.Context { return s.base },
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		ErrorLog:          log.New(&serverErrorLog{log: s.log}, "", 0),
 	}
 	lim.hook(s.srv)
 	s.serveDone = make(chan struct{})
