@@ -141,6 +141,11 @@ func (d *Decoder) next(f *ioppb.Frame, df *dataFrame) (size int, isData bool, er
 			return 0, false, unexpectedEOF(err)
 		}
 	}
+	if n == tlsHandshakeRecord && first == tlsMajorVersion {
+		// No protobuf message starts with 0x03 (field number 0): these
+		// are the first bytes of a TLS record, read as a frame.
+		return 0, false, fmt.Errorf("%w: %w", ErrMalformedFrame, errTLSClient)
+	}
 	d.counted = 0
 	if d.elements > 0 {
 		if d.counted, err = checkElements(b, d.elements); err != nil {

@@ -238,6 +238,21 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 	dec.elements = handshakeElements // the peer has shown no token yet
 	f := new(ioppb.Frame)
 	if _, err := dec.Decode(f); err != nil {
+		if errors.Is(err, errTLSClient) && !s.adm.evicted(t) {
+			// A node speaking TLS to a plaintext link: answered in
+			// plaintext, which its TLS client reports as an answer that is
+			// not TLS, with the hint to match the edge's mode, rather
+			// than as a reset connection. Charged like other garbage.
+			if s.adm.failed(key) {
+				reason := domain.CodeInvalidRequest + ": " + tlsOnPlaintextReason
+				if b, err := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterResponse{RegisterResponse: &ioppb.RegisterResponse{Reason: reason}}}, s.cfg.MaxFrameSize); err == nil {
+					_, _ = nc.Write(b)
+				}
+			}
+			_ = nc.Close()
+			s.h.HandshakeFailed(remote, "handshake: "+tlsOnPlaintextReason)
+			return nil, "", false
+		}
 		_ = nc.Close()
 		if s.adm.evicted(t) {
 			return nil, "", false // reported when it was closed to make room

@@ -236,6 +236,22 @@ func plaintextHint(cfg *tls.Config, err error) error {
 	return fmt.Errorf("%w (the edge answered nothing: if its transport.tls.mode is not off, start this node with --ca-pin or --ca-file instead of --insecure)", err)
 }
 
+// A TLS record starts with its type (0x16 for a handshake, a ClientHello)
+// and the major version 3. On a plaintext link the first read as a frame
+// length (a one-byte varint, 22) and the second as its first byte.
+const (
+	tlsHandshakeRecord = 0x16
+	tlsMajorVersion    = 0x03
+)
+
+// errTLSClient is a TLS ClientHello read as a frame: a node that dials with
+// --ca-pin or --ca-file an edge whose link is plaintext.
+var errTLSClient = errors.New("the peer started a TLS handshake")
+
+// tlsOnPlaintextReason is the edge's report of such a node.
+const tlsOnPlaintextReason = "a TLS client on a plaintext node link (transport.tls.mode is off): start the node with --insecure, " +
+	"or set transport.tls.mode auto and give the node --ca-pin"
+
 // secure runs secureServer; on failure it closes nc and reports why. A
 // failed handshake that was not a slow or vanished peer (plaintext, garbage,
 // a refused certificate) is charged to key's budget of failed

@@ -246,6 +246,39 @@ func TestTLSEdgeRefusesPlaintextClientWithTLSReason(t *testing.T) {
 	})
 }
 
+// The other way round: a node given --ca-pin dials an edge whose link is
+// plaintext (mode off). The edge reports a TLS client, naming --insecure,
+// and answers in plaintext, so the node's TLS client says that what
+// answered does not speak TLS, with the hint to match the edge's mode,
+// instead of a bare "connection reset by peer".
+func TestTLSNodeOnPlaintextEdgeIsToldToMatchItsMode(t *testing.T) {
+	e := newFakeEdge()
+	e.addNode(testToken, testNodeConfig())
+	srv := startServer(t, "", testConfig(), e)
+	var mu sync.Mutex
+	var logs strings.Builder
+	cc := ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}
+	cc.Transport.Logger = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	cc.Transport.TLS = clientTLS(t, ClientTLS{CAPin: edgeCA(t).Pin()}, cc.Addr)
+	startClient(t, cc, newFakeNode())
+	f := recv(t, testCtx(t), e.failed, "handshake failure")
+	if !strings.Contains(f.Reason, "a TLS client on a plaintext node link") || !strings.Contains(f.Reason, "--insecure") {
+		t.Fatalf("edge's reason %q, want it to name a TLS client and --insecure", f.Reason)
+	}
+	eventually(t, testCtx(t), "the node's hint to match the edge's mode", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(logs.String(), "does its transport.tls.mode match --insecure or --ca-pin/--ca-file?")
+	})
+	if e.registerCount() != 0 {
+		t.Fatal("a TLS ClientHello reached Register")
+	}
+}
+
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
