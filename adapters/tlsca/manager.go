@@ -40,6 +40,14 @@ const (
 	DefaultRenewBefore  = 30 * 24 * time.Hour
 )
 
+// Backdate is how long before it is made a certificate (the CA, a server
+// certificate) starts to be valid: a node whose clock is behind the edge's
+// by less (a machine without a battery-backed clock before it syncs, a
+// clock kept in local time east of UTC) still accepts it. Go's
+// verification, the nodes', refuses a certificate whose start is after
+// the verifier's time.
+const Backdate = 24 * time.Hour
+
 // Options configures a Manager.
 type Options struct {
 	// Dir holds the CA and the server certificate; created 0700 if missing.
@@ -227,7 +235,7 @@ func (m *Manager) createCA(path string) ([]byte, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		Subject:               pkix.Name{CommonName: "iop edge CA " + hex.EncodeToString(serial.Bytes()[:4]), Organization: []string{"iop"}},
-		NotBefore:             now.Add(-time.Hour),
+		NotBefore:             now.Add(-Backdate),
 		NotAfter:              now.Add(m.o.CAValidity),
 		IsCA:                  true,
 		BasicConstraintsValid: true,
@@ -289,7 +297,7 @@ func (m *Manager) issue() (*tls.Certificate, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
 		Subject:      pkix.Name{CommonName: "iop edge", Organization: []string{"iop"}},
-		NotBefore:    now.Add(-time.Hour),
+		NotBefore:    now.Add(-Backdate),
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},

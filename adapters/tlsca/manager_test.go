@@ -215,3 +215,21 @@ func TestLoadKeyPairPinsTheTopOfTheChain(t *testing.T) {
 		t.Fatalf("pin %s (chain of %d), want the CA's %s", pin, len(c.Certificate), m.Pin())
 	}
 }
+
+// A node whose clock is hours behind the edge's (a machine without a
+// battery-backed clock before it syncs, or one keeping its clock in local
+// time east of UTC) accepts the CA and the certificate the edge has just
+// made: started an hour before they were made, they were "not yet valid"
+// to such a node until its clock caught up.
+func TestFreshCertificatesAllowANodeClockHoursBehind(t *testing.T) {
+	now := time.Now()
+	m := open(t, t.TempDir(), now)
+	roots := x509.NewCertPool()
+	roots.AddCert(m.CA())
+	for _, behind := range []time.Duration{2 * time.Hour, 9 * time.Hour, 14 * time.Hour} {
+		at := now.Add(-behind)
+		if _, err := m.Certificate().Leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: "localhost", CurrentTime: at}); err != nil {
+			t.Errorf("a node %v behind: %v", behind, err)
+		}
+	}
+}

@@ -138,13 +138,14 @@ func TestTLSWrongPinIsFatalAndNamesBothPins(t *testing.T) {
 // the certificate is valid, instead of stopping for good.
 func TestTLSCertificateOutsideItsValidityIsRetried(t *testing.T) {
 	// The CA is made with the right time; its server certificate is then
-	// issued (for a new host) while the edge's clock is 3 hours ahead.
+	// issued (for a new host) while the edge's clock is ahead by more than
+	// the certificates' backdating.
 	dir := t.TempDir()
 	if _, err := tlsca.Open(tlsca.Options{Dir: dir, Hosts: []string{"127.0.0.1"}, Logger: quietLogger()}); err != nil {
 		t.Fatal(err)
 	}
 	var skew atomic.Int64
-	skew.Store(int64(3 * time.Hour))
+	skew.Store(int64(tlsca.Backdate + 3*time.Hour))
 	m, err := tlsca.Open(tlsca.Options{Dir: dir, Hosts: []string{"127.0.0.1", "localhost"}, Logger: quietLogger(),
 		Now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }})
 	if err != nil {
