@@ -46,6 +46,25 @@ func (l *LinkTLS) CertExpiry() map[string]time.Time {
 	return nil
 }
 
+// Leaf is the certificate the node link serves now (nil in mode off).
+func (l *LinkTLS) Leaf() *x509.Certificate {
+	if l.Config == nil {
+		return nil
+	}
+	c, err := l.Config.GetCertificate(&tls.ClientHelloInfo{})
+	if err != nil || c == nil || len(c.Certificate) == 0 {
+		return nil
+	}
+	if c.Leaf != nil {
+		return c.Leaf
+	}
+	leaf, err := x509.ParseCertificate(c.Certificate[0])
+	if err != nil {
+		return nil
+	}
+	return leaf
+}
+
 // OpenLinkTLS loads (in auto mode, first creates) the edge's certificate
 // and returns the link's TLS settings. iop-edge --print-ca-pin uses it too,
 // so the pin can be printed before the edge first starts.

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"iop/adapters/config"
+	"iop/adapters/tlsca"
 	"iop/bootstrap"
 )
 
@@ -65,6 +66,7 @@ func join(cfgPath string, out, errOut io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	warnUncoveredHost(lt, edgeAddr, cfg.Transport.TLS.Mode, errOut)
 	cmd := []string{"iop-node", "--edge", shellQuote(edgeAddr)}
 	if lt.Pin == "" {
 		cmd = append(cmd, "--insecure")
@@ -95,6 +97,31 @@ func join(cfgPath string, out, errOut io.Writer, args []string) error {
 	fmt.Fprintln(out, tokenPrompt(id))
 	fmt.Fprintln(out, strings.Join(cmd, " "))
 	return nil
+}
+
+// warnUncoveredHost warns when the certificate the node link serves does
+// not name the host in addr, which the node is told to dial: the node
+// checks it (unless its pin is the certificate's own) and would stop at
+// once, refusing the edge.
+func warnUncoveredHost(lt *bootstrap.LinkTLS, addr, mode string, errOut io.Writer) {
+	leaf := lt.Leaf()
+	if leaf == nil || tlsca.Pin(leaf) == lt.Pin {
+		return
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || leaf.VerifyHostname(host) == nil {
+		return
+	}
+	fix := "add it to transport.tls.hosts in the config and restart the edge"
+	if mode == config.TLSFiles {
+		fix = "transport.tls.cert_file must name it"
+	}
+	names := append([]string(nil), leaf.DNSNames...)
+	for _, ip := range leaf.IPAddresses {
+		names = append(names, ip.String())
+	}
+	fmt.Fprintf(errOut, "iop-edge: warning: the node-link certificate does not name %s, so a node dialing it refuses the edge: %s, or pass --address with a name it has (%s)\n",
+		host, fix, strings.Join(names, ", "))
 }
 
 // tokenPrompt is the line that reads the node's token into IOP_NODE_TOKEN

@@ -142,3 +142,31 @@ func TestJoinTokenLineRunsInEveryShell(t *testing.T) {
 		t.Skip("no shell found")
 	}
 }
+
+// join warns when the address it prints is one the node-link certificate
+// does not name: the node it prints the command for would stop at once on
+// the host name. An address the certificate names gets no warning.
+func TestJoinWarnsOfAnAddressTheCertificateLacks(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "edge.yaml")
+	doc := "transport: {listen: \"127.0.0.1:7700\"}\nnodes:\n  - {id: gpu-box, token: aaaaaaaa}\n"
+	if err := os.WriteFile(cfg, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for addr, warn := range map[string]bool{"edge.example.com:7700": true, "203.0.113.7:7700": true, "127.0.0.1:7700": false, "localhost:7700": false} {
+		var out, errOut bytes.Buffer
+		if err := join(cfg, &out, &errOut, []string{"--address", addr, "gpu-box"}); err != nil {
+			t.Fatalf("join --address %s: %v", addr, err)
+		}
+		got := errOut.String()
+		if warn != strings.Contains(got, "does not name") {
+			t.Errorf("join --address %s: stderr %q, want a warning: %v", addr, got, warn)
+		}
+		if warn && !strings.Contains(got, "transport.tls.hosts") {
+			t.Errorf("join --address %s: warning %q does not say to add it to transport.tls.hosts", addr, got)
+		}
+		if !strings.Contains(out.String(), "iop-node --edge "+addr+" --ca-pin sha256:") {
+			t.Errorf("join --address %s printed:\n%s", addr, out.String())
+		}
+	}
+}
