@@ -153,16 +153,54 @@ func verifyPinned(pin, host string, certs []*x509.Certificate) error {
 		opts.DNSName = host
 	}
 	if _, err := certs[0].Verify(opts); err != nil {
-		return fmt.Errorf("the edge's certificate does not verify up to the pinned key %s: %w", pin, err)
+		err = fmt.Errorf("the edge's certificate does not verify up to the pinned key %s: %w", pin, err)
+		if onlyTime(err, certs, opts) {
+			return &ValidityError{Err: err}
+		}
+		return err
 	}
 	return nil
 }
 
+// ValidityError is an edge chain that verifies but for the time: a
+// certificate of it is not valid yet, or no longer, at the node's time. The
+// signatures, the pin or CA and the host name all hold, so it is a clock
+// (the node's or the edge's) or an expiry at fault, not a man in the middle.
+type ValidityError struct{ Err error }
+
+func (e *ValidityError) Error() string { return e.Err.Error() }
+func (e *ValidityError) Unwrap() error { return e.Err }
+
+// onlyTime reports whether err, from verifying certs[0] (the chain the edge
+// presented) with opts, is a certificate outside its validity period, and
+// the chain verifies with opts at a time inside the validity of every
+// certificate presented.
+func onlyTime(err error, certs []*x509.Certificate, opts x509.VerifyOptions) bool {
+	var ie x509.CertificateInvalidError
+	if !errors.As(err, &ie) || ie.Reason != x509.Expired || len(certs) == 0 {
+		return false
+	}
+	from, to := certs[0].NotBefore, certs[0].NotAfter
+	for _, c := range certs[1:] {
+		if c.NotBefore.After(from) {
+			from = c.NotBefore
+		}
+		if c.NotAfter.Before(to) {
+			to = c.NotAfter
+		}
+	}
+	if !from.Before(to) {
+		return false
+	}
+	opts.CurrentTime = from.Add(to.Sub(from) / 2)
+	_, err = certs[0].Verify(opts)
+	return err == nil
+}
+
 // TrustError is a TLS failure that retrying cannot fix: the edge's
 // certificate did not match the node's pin or CA. The node stops instead of
-// retrying into a possible man in the middle. One certificate of the chain
-// outside its validity period by the node's clock is the exception: see
-// Fatal.
+// retrying into a possible man in the middle. A chain that fails only on
+// the time (a ValidityError) is the exception: see Fatal.
 type TrustError struct{ Err error }
 
 func (e *TrustError) Error() string {
@@ -171,20 +209,16 @@ func (e *TrustError) Error() string {
 func (e *TrustError) Unwrap() error { return e.Err }
 
 // Fatal is true (see Client.Run) unless the edge's chain failed only
-// because a certificate is not valid at the node's time: a clock that is
-// off (a machine without a battery-backed clock, before it syncs, is hours
-// or years behind) or a certificate the edge has let expire. Retrying
-// fixes both once the clock is set or the certificate replaced, and sends
-// nothing meanwhile: the token goes only over a verified connection.
-func (e *TrustError) Fatal() bool { return !outsideValidity(e.Err) }
-
-func outsideValidity(err error) bool {
-	var ie x509.CertificateInvalidError
-	return errors.As(err, &ie) && ie.Reason == x509.Expired
-}
+// because a certificate is not valid at the node's time (a ValidityError):
+// a clock that is off (a machine without a battery-backed clock, before it
+// syncs, is hours or years behind) or a certificate the edge has let
+// expire. Retrying fixes both once the clock is set or the certificate
+// replaced, and sends nothing meanwhile: the token goes only over a
+// verified connection.
+func (e *TrustError) Fatal() bool { return !errors.As(e.Err, new(*ValidityError)) }
 
 func timeHint(err error) string {
-	if !outsideValidity(err) {
+	if !errors.As(err, new(*ValidityError)) {
 		return ""
 	}
 	return " (check that this node's clock and the edge's are right, e.g. with date -u on both; if they are, the edge's certificate has expired and must be replaced there; retrying)"
@@ -213,6 +247,15 @@ func secureClient(nc net.Conn, cfg *tls.Config) (net.Conn, error) {
 		}
 		var cv *tls.CertificateVerificationError
 		if errors.As(err, &cv) {
+			if certs := cv.UnverifiedCertificates; len(certs) > 0 {
+				inter := x509.NewCertPool()
+				for _, c := range certs[1:] {
+					inter.AddCert(c)
+				}
+				if onlyTime(cv.Err, certs, x509.VerifyOptions{Roots: cfg.RootCAs, Intermediates: inter, DNSName: cfg.ServerName}) {
+					return nil, &TrustError{Err: &ValidityError{Err: err}}
+				}
+			}
 			return nil, &TrustError{Err: err}
 		}
 		return nil, plaintextHint(cfg, fmt.Errorf("tls handshake: %w", err))

@@ -137,54 +137,102 @@ func TestTLSWrongPinIsFatalAndNamesBothPins(t *testing.T) {
 // middle: the node says to check the clocks and retries, and gets in once
 // the certificate is valid, instead of stopping for good.
 func TestTLSCertificateOutsideItsValidityIsRetried(t *testing.T) {
-	// The CA is made with the right time; its server certificate is then
-	// issued (for a new host) while the edge's clock is ahead by more than
-	// the certificates' backdating.
-	dir := t.TempDir()
-	if _, err := tlsca.Open(tlsca.Options{Dir: dir, Hosts: []string{"127.0.0.1"}, Logger: quietLogger()}); err != nil {
-		t.Fatal(err)
+	for _, trust := range []string{"ca_pin", "ca_file"} {
+		t.Run(trust, func(t *testing.T) {
+			// The CA is made with the right time; its server certificate
+			// is then issued (for a new host) while the edge's clock is
+			// ahead by more than the certificates' backdating.
+			dir := t.TempDir()
+			if _, err := tlsca.Open(tlsca.Options{Dir: dir, Hosts: []string{"127.0.0.1"}, Logger: quietLogger()}); err != nil {
+				t.Fatal(err)
+			}
+			var skew atomic.Int64
+			skew.Store(int64(tlsca.Backdate + 3*time.Hour))
+			m, err := tlsca.Open(tlsca.Options{Dir: dir, Hosts: []string{"127.0.0.1", "localhost"}, Logger: quietLogger(),
+				Now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := newFakeEdge()
+			e.addNode(testToken, testNodeConfig())
+			srv := startServer(t, "", tlsServerConfig(m, nil), e)
+			var mu sync.Mutex
+			var logs strings.Builder
+			cc := ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}
+			cc.Transport.Logger = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				return logs.Write(p)
+			}), nil))
+			o := ClientTLS{CAPin: m.Pin()}
+			if trust == "ca_file" {
+				o = ClientTLS{CAFile: filepath.Join(dir, tlsca.CACertFile)}
+			}
+			cc.Transport.TLS = clientTLS(t, o, cc.Addr)
+			c := startClient(t, cc, newFakeNode())
+			eventually(t, testCtx(t), "a retry naming the clocks", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				l := logs.String()
+				return strings.Contains(l, "cannot connect to the edge; retrying") && strings.Contains(l, "not yet valid") && strings.Contains(l, "clock")
+			})
+			select {
+			case <-c.done:
+				t.Fatalf("the node stopped for good: %v", c.err)
+			default:
+			}
+			if e.registerCount() != 0 {
+				t.Fatal("the token was sent over a connection that failed verification")
+			}
+
+			// The edge's clock is set right: its next check re-issues the
+			// certificate.
+			skew.Store(0)
+			if renewed, err := m.Renew(); err != nil || !renewed {
+				t.Fatalf("Renew = %v, %v; want a new certificate", renewed, err)
+			}
+			recv(t, testCtx(t), e.registered, "registration once the certificate is valid")
+		})
 	}
-	var skew atomic.Int64
-	skew.Store(int64(tlsca.Backdate + 3*time.Hour))
-	m, err := tlsca.Open(tlsca.Options{Dir: dir, Hosts: []string{"127.0.0.1", "localhost"}, Logger: quietLogger(),
-		Now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }})
+}
+
+// Only a chain that holds but for the time is retried: an expired
+// certificate that the pinned key did not sign, presented with the edge's
+// (public) CA certificate, is still fatal.
+func TestTLSExpiredForgeryIsFatal(t *testing.T) {
+	m := edgeCA(t)
+	other := newClientCA(t) // any key but the edge CA's
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "iop edge"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore: time.Now().Add(-48 * time.Hour), NotAfter: time.Now().Add(-24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, other.cert, &key.PublicKey, other.key)
 	if err != nil {
 		t.Fatal(err)
 	}
+	forged := &tls.Certificate{Certificate: [][]byte{der, m.CA().Raw}, PrivateKey: key}
+	srvCfg := testConfig()
+	srvCfg.TLS = NewServerTLS(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return forged, nil }, nil)
 	e := newFakeEdge()
 	e.addNode(testToken, testNodeConfig())
-	srv := startServer(t, "", tlsServerConfig(m, nil), e)
-	var mu sync.Mutex
-	var logs strings.Builder
+	srv := startServer(t, "", srvCfg, e)
 	cc := ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}
-	cc.Transport.Logger = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		return logs.Write(p)
-	}), nil))
 	cc.Transport.TLS = clientTLS(t, ClientTLS{CAPin: m.Pin()}, cc.Addr)
 	c := startClient(t, cc, newFakeNode())
-	eventually(t, testCtx(t), "a retry naming the clocks", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		l := logs.String()
-		return strings.Contains(l, "cannot connect to the edge; retrying") && strings.Contains(l, "is before") && strings.Contains(l, "clock")
-	})
 	select {
 	case <-c.done:
-		t.Fatalf("the node stopped for good: %v", c.err)
-	default:
+	case <-testCtx(t).Done():
+		t.Fatal("the node kept retrying a forged certificate")
+	}
+	var te *TrustError
+	if !errors.As(c.err, &te) || !te.Fatal() || errors.As(c.err, new(*ValidityError)) {
+		t.Fatalf("Run = %v, want a fatal TrustError that is no ValidityError", c.err)
 	}
 	if e.registerCount() != 0 {
-		t.Fatal("the token was sent over a connection that failed verification")
+		t.Fatal("the token was sent to a forged certificate")
 	}
-
-	// The edge's clock is set right: its next check re-issues the certificate.
-	skew.Store(0)
-	if renewed, err := m.Renew(); err != nil || !renewed {
-		t.Fatalf("Renew = %v, %v; want a new certificate", renewed, err)
-	}
-	recv(t, testCtx(t), e.registered, "registration once the certificate is valid")
 }
 
 func TestTLSCAFileVerifiesHostName(t *testing.T) {
