@@ -227,7 +227,8 @@ func timeHint(err error) string {
 func hostHint(err error) string {
 	var he x509.HostnameError
 	if errors.As(err, &he) {
-		return fmt.Sprintf(" (if the node reaches the edge as %s, add it to transport.tls.hosts in edge.yaml)", he.Host)
+		return fmt.Sprintf(" (if the node reaches the edge as %s: with transport.tls.mode auto, add it to transport.tls.hosts in edge.yaml and restart the edge; "+
+			"with mode files, the certificate in cert_file must name it)", he.Host)
 	}
 	return ""
 }

@@ -253,8 +253,8 @@ func TestTLSCAFileVerifiesHostName(t *testing.T) {
 		t.Fatal("client kept retrying against a certificate for another host")
 	}
 	var te *TrustError
-	if !errors.As(c.err, &te) || !strings.Contains(c.err.Error(), "transport.tls.hosts") {
-		t.Fatalf("Run = %v, want a TrustError with the transport.tls.hosts hint", c.err)
+	if !errors.As(c.err, &te) || !strings.Contains(c.err.Error(), "transport.tls.hosts") || !strings.Contains(c.err.Error(), "mode files, the certificate in cert_file must name it") {
+		t.Fatalf("Run = %v, want a TrustError with the transport.tls.hosts hint (auto mode) and the cert_file one (files mode, where hosts is refused)", c.err)
 	}
 
 	// With the right name in the certificate the same CA file works.
