@@ -66,6 +66,11 @@ func join(cfgPath string, out, errOut io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	if config.IsLoopbackListen(cfg.Transport.Listen) {
+		// The default: README step 1 is to change it.
+		fmt.Fprintf(errOut, "iop-edge: warning: transport.listen %s is a loopback address: only a node on this machine (or one a tunnel brings to it) can connect; "+
+			"for a node on another machine, set transport.listen to an address it reaches (e.g. \"0.0.0.0:7700\") and restart the edge\n", cfg.Transport.Listen)
+	}
 	warnUncoveredHost(lt, edgeAddr, cfg.Transport.TLS.Mode, errOut)
 	cmd := []string{"iop-node", "--edge", shellQuote(edgeAddr)}
 	if lt.Pin == "" {

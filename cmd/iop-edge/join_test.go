@@ -170,3 +170,31 @@ func TestJoinWarnsOfAnAddressTheCertificateLacks(t *testing.T) {
 		}
 	}
 }
+
+// join on an edge whose node link listens on loopback (the default) warns
+// that a node on another machine cannot connect: the command it prints
+// would dial the node's own machine and retry for ever.
+func TestJoinWarnsOfALoopbackListen(t *testing.T) {
+	dir := t.TempDir()
+	for listen, warn := range map[string]bool{"127.0.0.1:7700": true, "localhost:7700": true, "0.0.0.0:7700": false, "192.0.2.10:7700": false} {
+		cfg := filepath.Join(dir, "edge.yaml")
+		doc := "transport: {listen: \"" + listen + "\", tls: {mode: \"off\"}}\nnodes:\n  - {id: gpu-box, token: aaaaaaaa}\n"
+		if !warn {
+			doc = "transport: {listen: \"" + listen + "\"}\nnodes:\n  - {id: gpu-box, token: aaaaaaaa}\n"
+		}
+		if err := os.WriteFile(cfg, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var out, errOut bytes.Buffer
+		if err := join(cfg, &out, &errOut, []string{"--address", "edge.example.com:7700", "gpu-box"}); err != nil {
+			t.Fatalf("listen %s: join: %v (%s)", listen, err, errOut.String())
+		}
+		got := strings.Contains(errOut.String(), "is a loopback address")
+		if got != warn {
+			t.Errorf("listen %s: stderr %q, want the loopback warning: %v", listen, errOut.String(), warn)
+		}
+		if warn && !strings.Contains(errOut.String(), "0.0.0.0:7700") {
+			t.Errorf("listen %s: the warning %q does not say what to set", listen, errOut.String())
+		}
+	}
+}
