@@ -84,6 +84,11 @@ func OpenLinkTLS(c *config.EdgeConfig, log *slog.Logger) (*LinkTLS, error) {
 		if err != nil {
 			return nil, fmt.Errorf("transport.tls: %w", err)
 		}
+		// A chain no node could verify (a certificate not for servers,
+		// one out of order) is refused, as an expired one is below.
+		if err := tlsca.CheckServerChain(cert, t.CertFile); err != nil {
+			return nil, fmt.Errorf("transport.tls: %w", err)
+		}
 		// An expired chain is refused, as auto mode refuses an expired
 		// CA: no node could verify the edge. One near its end is warned
 		// about.

@@ -4,17 +4,21 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"iop/adapters/config"
 	"iop/adapters/tlsca"
+	"iop/adapters/transport"
 	"iop/bootstrap"
 )
 
@@ -64,5 +68,105 @@ func TestLinkTLSModes(t *testing.T) {
 	// files with a missing file fails with the file named.
 	if _, err := bootstrap.OpenLinkTLS(parse("transport: {tls: {mode: files, cert_file: nope.pem, key_file: leaf.key}}\n"), quiet()); err == nil {
 		t.Fatal("files mode with a missing cert_file opened")
+	}
+}
+
+// Files mode refuses, at start, a certificate file whose chain no node
+// could verify, as it refuses an expired one: here a certificate made for
+// clients, and a leaf sent with a CA that did not sign it. A node given the
+// pin bootstrap prints refuses the edge on a real handshake, so such an
+// edge would start and take no node.
+func TestLinkTLSFilesRefusesAChainNoNodeVerifies(t *testing.T) {
+	dir := t.TempDir()
+	newKey := func() *ecdsa.PrivateKey { k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader); return k }
+	caTmpl := func(cn string) *x509.Certificate {
+		return &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn}, IsCA: true, BasicConstraintsValid: true,
+			KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(48 * time.Hour)}
+	}
+	leafTmpl := func(eku x509.ExtKeyUsage) *x509.Certificate {
+		return &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "edge"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{eku},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
+	}
+	write := func(name string, key *ecdsa.PrivateKey, ders ...[]byte) {
+		t.Helper()
+		var certs []byte
+		for _, d := range ders {
+			certs = append(certs, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: d})...)
+		}
+		kb, _ := x509.MarshalPKCS8PrivateKey(key)
+		if err := os.WriteFile(filepath.Join(dir, name+".pem"), certs, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name+".key"), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	caKey, otherKey := newKey(), newKey()
+	caDER, _ := x509.CreateCertificate(rand.Reader, caTmpl("ca"), caTmpl("ca"), &caKey.PublicKey, caKey)
+	otherDER, _ := x509.CreateCertificate(rand.Reader, caTmpl("other"), caTmpl("other"), &otherKey.PublicKey, otherKey)
+	ca, _ := x509.ParseCertificate(caDER)
+
+	clientKey := newKey()
+	clientDER, _ := x509.CreateCertificate(rand.Reader, leafTmpl(x509.ExtKeyUsageClientAuth), ca, &clientKey.PublicKey, caKey)
+	write("client", clientKey, clientDER, caDER)
+	strayKey := newKey()
+	strayDER, _ := x509.CreateCertificate(rand.Reader, leafTmpl(x509.ExtKeyUsageServerAuth), ca, &strayKey.PublicKey, caKey)
+	write("stray", strayKey, strayDER, otherDER)
+	goodKey := newKey()
+	goodDER, _ := x509.CreateCertificate(rand.Reader, leafTmpl(x509.ExtKeyUsageServerAuth), ca, &goodKey.PublicKey, caKey)
+	write("good", goodKey, goodDER, caDER)
+
+	parse := func(name string) *config.EdgeConfig {
+		t.Helper()
+		c, err := config.ParseEdge(filepath.Join(dir, "edge.yaml"), []byte("transport: {listen: \"127.0.0.1:7700\", tls: {mode: files, cert_file: "+name+".pem, key_file: "+name+".key}}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	// What a node given each file's pin meets on a real handshake.
+	nodeHandshake := func(name string) error {
+		t.Helper()
+		cert, pin, err := tlsca.LoadKeyPair(filepath.Join(dir, name+".pem"), filepath.Join(dir, name+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{*cert}, MinVersion: tls.VersionTLS13})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				_ = c.(*tls.Conn).Handshake()
+				c.Close()
+			}
+		}()
+		cfg, err := transport.NewClientTLS(transport.ClientTLS{CAPin: pin}, ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := tls.Dial("tcp", ln.Addr().String(), cfg)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+
+	if err := nodeHandshake("good"); err != nil {
+		t.Fatalf("a node refuses the good chain: %v", err)
+	}
+	if _, err := bootstrap.OpenLinkTLS(parse("good"), quiet()); err != nil {
+		t.Fatalf("files mode with a good chain: %v", err)
+	}
+	for name, want := range map[string]string{"client": "key usage", "stray": "unknown authority"} {
+		if err := nodeHandshake(name); err == nil {
+			t.Fatalf("%s: a node accepted the chain", name)
+		}
+		_, err := bootstrap.OpenLinkTLS(parse(name), quiet())
+		if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, name+".pem")) || !strings.Contains(err.Error(), "no node can verify") || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: OpenLinkTLS = %v, want a refusal naming the file, that no node can verify it, and %q", name, err, want)
+		}
 	}
 }
