@@ -154,7 +154,7 @@ func verifyPinned(pin, host string, certs []*x509.Certificate) error {
 	}
 	if _, err := certs[0].Verify(opts); err != nil {
 		err = fmt.Errorf("the edge's certificate does not verify up to the pinned key %s: %w", pin, err)
-		if onlyTime(err, certs, opts) {
+		if onlyTime(err, certs[:at+1], opts) { // what is past the pinned one is not verified
 			return &ValidityError{Err: err}
 		}
 		return err
@@ -172,9 +172,9 @@ func (e *ValidityError) Error() string { return e.Err.Error() }
 func (e *ValidityError) Unwrap() error { return e.Err }
 
 // onlyTime reports whether err, from verifying certs[0] (the chain the edge
-// presented) with opts, is a certificate outside its validity period, and
-// the chain verifies with opts at a time inside the validity of every
-// certificate presented.
+// presented, up to the root it is verified to) with opts, is a certificate
+// outside its validity period, and the chain verifies with opts at a time
+// inside the validity of every one of certs.
 func onlyTime(err error, certs []*x509.Certificate, opts x509.VerifyOptions) bool {
 	var ie x509.CertificateInvalidError
 	if !errors.As(err, &ie) || ie.Reason != x509.Expired || len(certs) == 0 {
