@@ -8,8 +8,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"regexp"
 	"strings"
+	"syscall"
 
 	"iop/adapters/config"
 	"iop/adapters/tlsca"
@@ -181,10 +183,36 @@ func shellQuote(s string) string {
 }
 
 // hashToken reads one token from in and prints the hex SHA-256 that
-// edge.yaml's token_sha256 takes.
-func hashToken(in io.Reader, out io.Writer, args []string) error {
+// edge.yaml's token_sha256 takes. From a terminal it asks on errOut and
+// reads with echo off, so the token does not stay on the screen or in the
+// terminal's scrollback.
+func hashToken(in io.Reader, out, errOut io.Writer, args []string) error {
 	if len(args) > 0 {
 		return errors.New("hash-token reads the token on stdin, never as an argument (arguments show in ps and shell history)")
+	}
+	if f, ok := in.(*os.File); ok {
+		if restore, ok := withoutEcho(f.Fd()); ok {
+			// Echo comes back however the read ends, an interrupt included.
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+			done := make(chan struct{})
+			defer func() {
+				signal.Stop(sig)
+				close(done)
+				restore()
+				fmt.Fprintln(errOut)
+			}()
+			go func() {
+				select {
+				case <-sig:
+					restore()
+					fmt.Fprintln(errOut)
+					os.Exit(130)
+				case <-done:
+				}
+			}()
+			fmt.Fprint(errOut, "token (not shown): ")
+		}
 	}
 	line, err := bufio.NewReader(io.LimitReader(in, 64<<10)).ReadString('\n')
 	if err != nil && !errors.Is(err, io.EOF) {

@@ -46,7 +46,7 @@ func main() {
 	if args := flag.Args(); len(args) > 0 {
 		switch args[0] {
 		case "hash-token":
-			exit(hashToken(os.Stdin, os.Stdout, args[1:]))
+			exit(hashToken(os.Stdin, os.Stdout, os.Stderr, args[1:]))
 		case "join":
 			exit(join(*cfgPath, os.Stdout, os.Stderr, args[1:]))
 		default:
