@@ -216,8 +216,42 @@ func (m *Manager) loadOrCreateCA() error {
 		return fmt.Errorf("%s: the key does not match the certificate", path)
 	}
 	m.ca, m.caKey = certs[0], key
+	if now := m.o.Now(); now.Before(m.ca.NotBefore) {
+		if err := m.resignCA(path, now); err != nil {
+			return err
+		}
+	}
 	// ca.pem is derived; rewriting it keeps it in step with ca-key.pem.
 	return writeFileAtomic(filepath.Join(m.o.Dir, CACertFile), pemCert(m.ca.Raw), 0o644, true)
+}
+
+// resignCA replaces a CA certificate that is not valid yet (made while this
+// machine's clock was ahead by more than Backdate) by one for the same key,
+// valid from now-Backdate to the same end: no node would accept the old one
+// until its start, and a CA for the same key keeps the pin.
+func (m *Manager) resignCA(path string, now time.Time) error {
+	serial, err := randomSerial()
+	if err != nil {
+		return err
+	}
+	tmpl := *m.ca
+	tmpl.SerialNumber = serial
+	tmpl.NotBefore = now.Add(-Backdate)
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, &tmpl, &m.caKey.PublicKey, m.caKey)
+	if err != nil {
+		return fmt.Errorf("re-sign the CA certificate: %w", err)
+	}
+	data, err := pemKeyAndCerts(m.caKey, der)
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(path, data, 0o600, true); err != nil {
+		return err
+	}
+	m.o.Logger.Warn("tls: the edge CA was not valid yet (made while this machine's clock was ahead); re-signed it for the same key, so the pin is unchanged "+
+		"(nodes using --ca-file need the new ca.pem)", "dir", m.o.Dir, "was_valid_from", m.ca.NotBefore.UTC().Format(time.RFC3339))
+	m.ca = mustParse(der)
+	return nil
 }
 
 // createCA writes a new CA to path unless another process got there first,
@@ -276,7 +310,9 @@ func (m *Manager) loadServer() error {
 		m.o.Logger.Warn("tls: server certificate file unusable; issuing a new one", "path", path, "err", err)
 		return nil
 	}
-	m.cur.Store(tlsCert(key, certs))
+	// Served with the CA as it is now (re-signed, perhaps), not as the
+	// file has it; a leaf the CA did not sign is re-issued (due).
+	m.cur.Store(tlsCert(key, []*x509.Certificate{certs[0], m.ca}))
 	return nil
 }
 

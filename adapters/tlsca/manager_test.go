@@ -233,3 +233,38 @@ func TestFreshCertificatesAllowANodeClockHoursBehind(t *testing.T) {
 		}
 	}
 }
+
+// A CA made while the machine's clock was days ahead starts days from now:
+// no node would accept it until then. Opened with the clock set right, it is
+// re-signed for the same key (the pin nodes hold stays), and the chain the
+// edge serves and ca.pem verify now.
+func TestCAMadeWithTheClockAheadIsResigned(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	ahead := open(t, dir, now.Add(3*24*time.Hour))
+	if !now.Before(ahead.CA().NotBefore) {
+		t.Fatalf("setup: the CA made 3 days ahead starts %v, before now", ahead.CA().NotBefore)
+	}
+	m := open(t, dir, now)
+	if m.Pin() != ahead.Pin() {
+		t.Fatalf("pin changed from %s to %s", ahead.Pin(), m.Pin())
+	}
+	pool, err := tlsca.LoadPool(filepath.Join(dir, tlsca.CACertFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain := m.Certificate().Certificate
+	served, err := x509.ParseCertificate(chain[len(chain)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, roots := range map[string]*x509.CertPool{"ca.pem": pool, "the served CA": func() *x509.CertPool { p := x509.NewCertPool(); p.AddCert(served); return p }()} {
+		if _, err := m.Certificate().Leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: "localhost", CurrentTime: now}); err != nil {
+			t.Errorf("the server certificate does not verify now up to %s: %v", name, err)
+		}
+	}
+	// And it stays so: the next start keeps the re-signed CA.
+	if again := open(t, dir, now); !again.CA().Equal(m.CA()) {
+		t.Fatal("the re-signed CA was not kept")
+	}
+}
