@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,36 +22,45 @@ import (
 	"iop/bootstrap"
 )
 
-// accessSeen is a slog handler that watches for the access line of route,
-// which the server logs once the route's handler has returned, and sends
-// on done, right then, the stack of each goroutine still in the tunnel's
-// body uploader.
+// accessSeen is a slog handler that watches for the access line of route
+// from the caller at remote, which the server logs once the route's
+// handler has returned, and sends on done, right then, the stack of each
+// goroutine still in the tunnel's body uploader. Lines of other callers
+// are ignored: an earlier request's line, logged late, would list the
+// uploader of a request still going.
 type accessSeen struct {
-	route string
-	done  chan []string
+	route  string
+	remote atomic.Pointer[string]
+	done   chan []string
 }
 
 func (h *accessSeen) Enabled(context.Context, slog.Level) bool { return true }
 func (h *accessSeen) WithAttrs([]slog.Attr) slog.Handler       { return h }
 func (h *accessSeen) WithGroup(string) slog.Handler            { return h }
 func (h *accessSeen) Handle(_ context.Context, r slog.Record) error {
+	want := h.remote.Load()
+	if want == nil {
+		return nil
+	}
+	route, remote := false, false
 	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == "route" && a.Value.String() == h.route {
-			buf := make([]byte, 1<<20)
-			var uploaders []string
-			for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
-				if strings.Contains(g, "(*tunnelStream).sendBody") {
-					uploaders = append(uploaders, g)
-				}
-			}
-			select {
-			case h.done <- uploaders:
-			default:
-			}
-			return false
-		}
+		route = route || (a.Key == "route" && a.Value.String() == h.route)
+		remote = remote || (a.Key == "remote" && a.Value.String() == *want)
 		return true
 	})
+	if route && remote {
+		buf := make([]byte, 1<<20)
+		var uploaders []string
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, "(*tunnelStream).sendBody") {
+				uploaders = append(uploaders, g)
+			}
+		}
+		select {
+		case h.done <- uploaders:
+		default:
+		}
+	}
 	return nil
 }
 
@@ -105,9 +115,6 @@ nodes:
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	for len(seen.done) > 0 {
-		<-seen.done
-	}
 
 	// The headers of a body declared at 2 MiB, then nothing: the uploader
 	// waits in a read of the body when the node's answer comes (with part
@@ -118,6 +125,8 @@ nodes:
 		t.Fatal(err)
 	}
 	defer conn.Close()
+	local := conn.LocalAddr().String()
+	seen.remote.Store(&local)
 	if _, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n", blob, hAddr, 2<<20); err != nil {
 		t.Fatal(err)
 	}
