@@ -4,6 +4,7 @@ import (
 	"maps"
 	"net/textproto"
 	"slices"
+	"strings"
 )
 
 // Header is an HTTP header block as the tunnel carries it: canonical names
@@ -70,7 +71,54 @@ type TunnelFrame struct {
 	Body     []byte
 	Usage    *Usage
 	Metadata []byte
-	Error    *ErrorInfo
+	// StreamError, on a TunnelMetadata frame, is an error the provider
+	// reported inside its successful response body (wire: the metadata
+	// JSON's "stream_error").
+	StreamError *ProviderStreamError
+	Error       *ErrorInfo
+}
+
+// ProviderStreamError is an error a provider reported inside a successful
+// (2xx) response body: an Anthropic `event: error`, an OpenAI-compatible
+// `data: {"error":…}` chunk, an Ollama `{"error":"…"}` line. The body is
+// relayed unchanged; the edge records the tunnel as failed (provider_error)
+// with its HTTP status as it was.
+type ProviderStreamError struct {
+	// Type is the provider's own error type or code ("overloaded_error"),
+	// "" when it gave none (Ollama).
+	Type    string
+	Message string
+}
+
+// Bounds on a ProviderStreamError's text: the type is a short name, the
+// message a sentence; a provider's longer text is cut.
+const (
+	MaxStreamErrorType    = 64
+	MaxStreamErrorMessage = 1024
+)
+
+// Bounded is e with its type and message cut to their bounds and made
+// valid UTF-8.
+func (e ProviderStreamError) Bounded() ProviderStreamError {
+	return ProviderStreamError{Type: cutText(e.Type, MaxStreamErrorType), Message: cutText(e.Message, MaxStreamErrorMessage)}
+}
+
+// String is the type and message as one line of text.
+func (e ProviderStreamError) String() string {
+	switch {
+	case e.Type == "":
+		return e.Message
+	case e.Message == "":
+		return e.Type
+	}
+	return e.Type + ": " + e.Message
+}
+
+func cutText(s string, n int) string {
+	if len(s) > n {
+		s = s[:n]
+	}
+	return strings.ToValidUTF8(s, "")
 }
 
 // ListedModel is one model as a provider's own model list names it.

@@ -160,6 +160,11 @@ type ProviderResponse struct {
 	// Usage, if set, reports the token usage seen in the body once it has
 	// been read to the end; nil when the provider reported none.
 	Usage func() *domain.Usage
+	// StreamError, if set, reports the first error the provider stated
+	// inside a streamed body (an Anthropic `event: error`, an OpenAI
+	// `data: {"error":…}` chunk, an Ollama `{"error":…}` line) once it has
+	// been read; nil when it stated none.
+	StreamError func() *domain.ProviderStreamError
 }
 
 // ProviderClient makes HTTP requests to a node's providers for the raw tunnel.

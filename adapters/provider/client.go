@@ -206,10 +206,11 @@ func (c *Client) Do(ctx context.Context, p domain.ProviderConfig, req domain.Tun
 	}
 	scan := NewUsageScanner(resp.Header.Get("Content-Type"))
 	return &ports.ProviderResponse{
-		Status: resp.StatusCode,
-		Header: domain.Header(stripResponseHeader(resp.Header)),
-		Body:   &scanningBody{rc: resp.Body, scan: scan},
-		Usage:  scan.Usage,
+		Status:      resp.StatusCode,
+		Header:      domain.Header(stripResponseHeader(resp.Header)),
+		Body:        &scanningBody{rc: resp.Body, scan: scan},
+		Usage:       scan.Usage,
+		StreamError: scan.StreamError,
 	}, nil
 }
 

@@ -20,6 +20,12 @@ import (
 // tokens too (input_tokens plus cache_creation_ and cache_read_input_tokens).
 // It never changes the bytes; lines split across writes are reassembled.
 //
+// In a stream (SSE or NDJSON) it also notices the first error the provider
+// reports inside the body (StreamError): Anthropic's `event: error`
+// (`{"type":"error","error":{"type","message"}}`), an OpenAI-compatible
+// `data: {"error":{…}}` chunk, the Responses API's `error` event and
+// `response.failed`, an Ollama `{"error":"…"}` line.
+//
 // Memory is bounded: of a line longer than 1 MiB (an Ollama done line whose
 // "context" holds a long conversation's tokens, a Responses API
 // response.completed with a large output) only the first 4 KiB and the last
@@ -40,6 +46,8 @@ type UsageScanner struct {
 	finished bool
 	usage    *domain.Usage
 	model    string
+	// streamErr is the first error the stream reported; nil if none.
+	streamErr *domain.ProviderStreamError
 	// anthropic: the parts of an Anthropic prompt count, from message_start
 	// and then any message_delta that restates them.
 	anthropic anthropicInput
@@ -260,6 +268,11 @@ type usageDoc struct {
 	// Responses API events nest the usage; Ollama's /api/generate uses
 	// "response" for text, so it is decoded only when it is an object.
 	Response json.RawMessage `json:"response"`
+	// An error stated in a stream: an object (Anthropic, OpenAI) or a
+	// string (Ollama); the Responses API's error event has its code at the
+	// top level (and its message in "message", see Message).
+	Error json.RawMessage `json:"error"`
+	Code  json.RawMessage `json:"code"`
 	// Ollama native: counts on the final done line (and on /api/embed).
 	Done            bool   `json:"done"`
 	DoneReason      string `json:"done_reason"`
@@ -276,20 +289,26 @@ func (s *UsageScanner) parse(b []byte) {
 	// one was a visible share of the node's CPU per tunnel. A line is decoded
 	// when it names a field that counts, or names the model while the model
 	// is still unknown (the model does not change within one response).
-	if !mayCount(b) && (s.model != "" || !bytes.Contains(b, modelKey)) {
+	// A stream's error is looked for until one is seen; "error" appears
+	// unescaped only as a key or a whole value, never inside text.
+	if !mayCount(b) && (s.model != "" || !bytes.Contains(b, modelKey)) && !s.mayFail(b) {
 		return
 	}
 	var d usageDoc
 	if json.Unmarshal(b, &d) != nil {
 		return
 	}
+	if s.streamErr == nil && s.kind != kindJSON {
+		s.streamErr = streamError(d.Error, d.Type, d.Code, d.Message)
+	}
 	if d.Model != "" {
 		s.model = d.Model
 	}
 	if len(d.Response) > 0 && d.Response[0] == '{' {
 		var r struct {
-			Model string       `json:"model"`
-			Usage *usageCounts `json:"usage"`
+			Model string          `json:"model"`
+			Usage *usageCounts    `json:"usage"`
+			Error json.RawMessage `json:"error"`
 		}
 		if json.Unmarshal(d.Response, &r) == nil {
 			if r.Model != "" {
@@ -297,6 +316,9 @@ func (s *UsageScanner) parse(b []byte) {
 			}
 			if r.Usage != nil {
 				d.Usage = r.Usage
+			}
+			if d.Type == "response.failed" && s.streamErr == nil && s.kind != kindJSON {
+				s.streamErr = errorValue(r.Error)
 			}
 		}
 	}
@@ -360,6 +382,86 @@ func (s *UsageScanner) parse(b []byte) {
 // countKeys are the fields parse takes counts from.
 var modelKey = []byte(`"model"`)
 
+var errorKey = []byte(`"error"`)
+
+// mayFail reports whether a stream line may state an error not seen yet.
+func (s *UsageScanner) mayFail(b []byte) bool {
+	return s.streamErr == nil && s.kind != kindJSON && bytes.Contains(b, errorKey)
+}
+
+// streamError is the error a line states, if any: a top-level "error" (an
+// object with type or code and message, or Ollama's string), or the
+// Responses API's error event ({"type":"error","code","message"}).
+// (Its parts are passed rather than the doc, which would then escape.)
+func streamError(errValue json.RawMessage, typ string, code, message json.RawMessage) *domain.ProviderStreamError {
+	if e := errorValue(errValue); e != nil {
+		return e
+	}
+	if typ != "error" {
+		return nil
+	}
+	e := domain.ProviderStreamError{Type: jsonString(code), Message: jsonString(message)}
+	if e.Type == "" {
+		e.Type = "error"
+	}
+	e = e.Bounded()
+	return &e
+}
+
+// errorValue reads an "error" value: a string (Ollama) or an object with
+// "type" or "code" and "message" (Anthropic, OpenAI). null, absent or
+// anything else is no error. (Nothing is allocated for no error: most
+// lines that reach it have none.)
+func errorValue(raw json.RawMessage) *domain.ProviderStreamError {
+	if len(raw) == 0 || (raw[0] != '"' && raw[0] != '{') {
+		return nil
+	}
+	var typ, msg string
+	if raw[0] == '"' {
+		if json.Unmarshal(raw, &msg) != nil {
+			return nil
+		}
+	} else {
+		var o struct {
+			Type    string          `json:"type"`
+			Code    json.RawMessage `json:"code"`
+			Message json.RawMessage `json:"message"`
+		}
+		if json.Unmarshal(raw, &o) != nil {
+			return nil
+		}
+		typ, msg = o.Type, jsonString(o.Message)
+		if typ == "" {
+			typ = jsonString(o.Code)
+		}
+	}
+	e := domain.ProviderStreamError{Type: typ, Message: msg}.Bounded()
+	if e.Type == "" && e.Message == "" {
+		e.Message = "the provider reported an error"
+	}
+	return &e
+}
+
+// jsonString is raw as text: a string's value, a number's digits; "" for
+// anything else.
+func jsonString(raw json.RawMessage) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return ""
+	}
+	if raw[0] == '"' {
+		var v string
+		if json.Unmarshal(raw, &v) == nil {
+			return v
+		}
+		return ""
+	}
+	if raw[0] == '-' || (raw[0] >= '0' && raw[0] <= '9') {
+		return string(raw)
+	}
+	return ""
+}
+
 var countKeys = [][]byte{[]byte(`"usage"`), []byte(`"prompt_eval_count"`), []byte(`"eval_count"`), []byte(`"response"`)}
 
 func mayCount(b []byte) bool {
@@ -376,6 +478,32 @@ func mayCount(b []byte) bool {
 func (s *UsageScanner) Usage() *domain.Usage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.finish()
+	if s.usage == nil {
+		return nil
+	}
+	u := *s.usage
+	u.Model = s.model
+	return &u
+}
+
+// StreamError returns the first error the provider reported inside a
+// stream (SSE or NDJSON), nil if none. Call it once the body has been read
+// to the end (or as far as it went).
+func (s *UsageScanner) StreamError() *domain.ProviderStreamError {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.finish()
+	if s.streamErr == nil {
+		return nil
+	}
+	e := *s.streamErr
+	return &e
+}
+
+// finish reads what is left of the body (a final line without a newline, a
+// JSON body) once; then the buffers are let go.
+func (s *UsageScanner) finish() {
 	if !s.finished {
 		s.finished = true
 		switch {
@@ -390,12 +518,6 @@ func (s *UsageScanner) Usage() *domain.Usage {
 		}
 		s.whole, s.tail, s.line, s.head = nil, nil, nil, nil
 	}
-	if s.usage == nil {
-		return nil
-	}
-	u := *s.usage
-	u.Model = s.model
-	return &u
 }
 
 // parseTail reads the usage of a JSON body too large to keep whole: the

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -267,7 +268,7 @@ func tunnelFrameToProto(f domain.TunnelFrame, raw bool, d *headerDrops) *ioppb.P
 	case domain.TunnelUsage:
 		p.Kind = &ioppb.ProviderTunnelFrame_Usage{Usage: usageToProto(f.Usage)}
 	case domain.TunnelMetadata:
-		p.Kind = &ioppb.ProviderTunnelFrame_MetadataJson{MetadataJson: f.Metadata}
+		p.Kind = &ioppb.ProviderTunnelFrame_MetadataJson{MetadataJson: tunnelMetaToJSON(f)}
 	case domain.TunnelEnd:
 		p.Kind = &ioppb.ProviderTunnelFrame_End{End: &ioppb.End{}}
 	case domain.TunnelError:
@@ -278,6 +279,43 @@ func tunnelFrameToProto(f domain.TunnelFrame, raw bool, d *headerDrops) *ioppb.P
 		p.Kind = &ioppb.ProviderTunnelFrame_Error{Error: &ioppb.Error{Code: validText(e.Code), Message: validText(e.Message)}}
 	}
 	return p
+}
+
+// tunnelMeta is a tunnel metadata frame's JSON object (docs/wire.md).
+// Fields a reader does not know are ignored: an edge of an earlier
+// version ignores the frame altogether.
+type tunnelMeta struct {
+	StreamError *streamErrorJSON `json:"stream_error,omitempty"`
+}
+
+type streamErrorJSON struct {
+	Type    string `json:"type,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// tunnelMetaToJSON is the metadata JSON of f: its stream error, if it has
+// one, else its raw metadata.
+func tunnelMetaToJSON(f domain.TunnelFrame) []byte {
+	if f.StreamError == nil {
+		return f.Metadata
+	}
+	e := f.StreamError.Bounded()
+	b, _ := json.Marshal(tunnelMeta{StreamError: &streamErrorJSON{Type: e.Type, Message: e.Message}}) // strings only: never fails
+	return b
+}
+
+// streamErrorFromJSON is the stream error a node's metadata JSON states,
+// cut to its bounds; nil if it states none (or is not JSON).
+func streamErrorFromJSON(b []byte) *domain.ProviderStreamError {
+	var m tunnelMeta
+	if json.Unmarshal(b, &m) != nil || m.StreamError == nil {
+		return nil
+	}
+	e := domain.ProviderStreamError{Type: m.StreamError.Type, Message: m.StreamError.Message}.Bounded()
+	if e.Type == "" && e.Message == "" {
+		e.Message = "the provider reported an error"
+	}
+	return &e
 }
 
 func tunnelFrameToDomain(p *ioppb.ProviderTunnelFrame) (domain.TunnelFrame, bool) {
@@ -296,7 +334,7 @@ func tunnelFrameToDomain(p *ioppb.ProviderTunnelFrame) (domain.TunnelFrame, bool
 	case *ioppb.ProviderTunnelFrame_Usage:
 		return domain.TunnelFrame{Kind: domain.TunnelUsage, Usage: usageToDomain(k.Usage)}, true
 	case *ioppb.ProviderTunnelFrame_MetadataJson:
-		return domain.TunnelFrame{Kind: domain.TunnelMetadata, Metadata: k.MetadataJson}, true
+		return domain.TunnelFrame{Kind: domain.TunnelMetadata, Metadata: k.MetadataJson, StreamError: streamErrorFromJSON(k.MetadataJson)}, true
 	case *ioppb.ProviderTunnelFrame_End:
 		return domain.TunnelFrame{Kind: domain.TunnelEnd}, true
 	case *ioppb.ProviderTunnelFrame_Error:

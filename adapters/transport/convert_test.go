@@ -83,6 +83,32 @@ func TestTunnelFrameRoundTrip(t *testing.T) {
 	}
 }
 
+// A stream error crosses the wire as the metadata JSON docs/wire.md gives;
+// what the edge reads back is cut to its bounds, and a metadata frame that
+// is not such JSON carries none.
+func TestTunnelStreamErrorRoundTrip(t *testing.T) {
+	f := domain.TunnelFrame{Kind: domain.TunnelMetadata, StreamError: &domain.ProviderStreamError{Type: "overloaded_error", Message: "Overloaded"}}
+	p := tunnelFrameToProto(f, true, new(headerDrops))
+	if got, want := string(p.GetMetadataJson()), `{"stream_error":{"type":"overloaded_error","message":"Overloaded"}}`; got != want {
+		t.Fatalf("metadata_json = %s, want %s", got, want)
+	}
+	got, ok := tunnelFrameToDomain(p)
+	if !ok || got.Kind != domain.TunnelMetadata || got.StreamError == nil || *got.StreamError != *f.StreamError {
+		t.Fatalf("got %+v, want the stream error back", got)
+	}
+	long := []byte(`{"stream_error":{"type":"` + strings.Repeat("t", 300) + `","message":"` + strings.Repeat("m", 3000) + `"},"later":1}`)
+	got, _ = tunnelFrameToDomain(&ioppb.ProviderTunnelFrame{Kind: &ioppb.ProviderTunnelFrame_MetadataJson{MetadataJson: long}})
+	if e := got.StreamError; e == nil || len(e.Type) != domain.MaxStreamErrorType || len(e.Message) != domain.MaxStreamErrorMessage {
+		t.Fatalf("a long stream error came back as %+v", got.StreamError)
+	}
+	for _, b := range []string{`{"m":1}`, `not json`, `{"stream_error":null}`, `{"stream_error":"x"}`} {
+		got, _ := tunnelFrameToDomain(&ioppb.ProviderTunnelFrame{Kind: &ioppb.ProviderTunnelFrame_MetadataJson{MetadataJson: []byte(b)}})
+		if got.StreamError != nil {
+			t.Errorf("%s: stream error %+v", b, got.StreamError)
+		}
+	}
+}
+
 func TestHeadersCanonicalised(t *testing.T) {
 	h := headersToDomain([]*ioppb.Header{{Name: "content-type", Values: [][]byte{[]byte("a")}}, {Name: "Content-Type", Values: [][]byte{[]byte("b")}}})
 	if got := h["Content-Type"]; !reflect.DeepEqual(got, []string{"a", "b"}) {

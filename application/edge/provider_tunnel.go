@@ -336,6 +336,10 @@ type Tunnel struct {
 	status    int
 	bodyBytes int64
 	usage     *domain.Usage
+	// streamErr is the error the provider stated inside its successful
+	// body (the node's metadata sideband): the tunnel ends as relayed, and
+	// is recorded as failed with it.
+	streamErr *domain.Error
 	obs       tunnelObservation
 	done      bool
 	once      sync.Once
@@ -376,6 +380,10 @@ func (t *Tunnel) Next(ctx context.Context) (domain.TunnelFrame, error) {
 			u := *f.Usage
 			t.usage = &u
 		}
+	case domain.TunnelMetadata:
+		if e := f.StreamError; e != nil && t.streamErr == nil && t.status >= 200 && t.status < 300 {
+			t.streamErr = &domain.Error{Code: domain.CodeProviderError, Message: "the provider reported an error in its stream: " + e.String()}
+		}
 	case domain.TunnelEnd:
 		t.finish(nil)
 	case domain.TunnelError:
@@ -398,7 +406,9 @@ func (t *Tunnel) Close() {
 }
 
 // finish ends the tunnel once: frees the stream and the node slot, records
-// the usage and publishes tunnel.completed.
+// the usage and publishes tunnel.completed. A tunnel that ended well but
+// whose provider stated an error in its stream is recorded with that error
+// (provider_error); one that failed keeps its own.
 func (t *Tunnel) finish(err error) {
 	t.once.Do(func() {
 		t.done = true
@@ -409,6 +419,9 @@ func (t *Tunnel) finish(err error) {
 				c := *u
 				t.usage = &c
 			}
+		}
+		if err == nil && t.streamErr != nil {
+			err = t.streamErr
 		}
 		h := t.h
 		s := domain.TunnelSummary{

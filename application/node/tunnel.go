@@ -22,9 +22,10 @@ const tunnelChunk = 32 << 10
 var chunkPool = sync.Pool{New: func() any { b := make([]byte, tunnelChunk); return &b }}
 
 // TunnelHandler relays provider HTTP responses to the edge byte for byte:
-// status, headers, body chunks as they arrive, then usage (sideband) and end,
-// or, when the provider's body breaks, the usage it reported so far and an
-// error instead of end.
+// status, headers, body chunks as they arrive, then usage and an error the
+// provider stated in a successful stream (sideband) and end, or, when the
+// provider's body breaks, what it reported so far and an error instead of
+// end.
 type TunnelHandler struct {
 	rt     *Runtime
 	client ports.ProviderClient
@@ -162,22 +163,30 @@ func (h *TunnelHandler) OpenTunnel(ctx context.Context, req domain.TunnelRequest
 			// What the provider reported before the break is still owed:
 			// an Anthropic stream states (and bills) its prompt in
 			// message_start, long before its end.
-			sendUsage(resp, out)
+			sendSideband(resp, out)
 			fail(domain.CodeProviderError, "upstream body failed: %v", rerr)
 			return
 		}
 		break
 	}
-	sendUsage(resp, out)
+	sendSideband(resp, out)
 	_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelEnd})
 }
 
-// sendUsage sends the usage the provider reported in the body read so far,
-// if any, as the tunnel's usage sideband.
-func sendUsage(resp *ports.ProviderResponse, out ports.TunnelSink) {
+// sendSideband sends what the provider reported in the body read so far:
+// its usage, if any, as the tunnel's usage frame, and an error it stated
+// inside a successful (2xx) body, if any, as a metadata frame, so that the
+// edge records the tunnel as failed although its status and bytes are
+// those of a success.
+func sendSideband(resp *ports.ProviderResponse, out ports.TunnelSink) {
 	if resp.Usage != nil {
 		if u := resp.Usage(); u != nil {
 			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelUsage, Usage: u})
+		}
+	}
+	if resp.StreamError != nil && resp.Status >= 200 && resp.Status < 300 {
+		if e := resp.StreamError(); e != nil {
+			_ = out.Send(domain.TunnelFrame{Kind: domain.TunnelMetadata, StreamError: e})
 		}
 	}
 }

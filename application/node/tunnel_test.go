@@ -402,3 +402,38 @@ func TestTunnelIdleWaitsForOpenTunnels(t *testing.T) {
 		t.Fatalf("open = %d after both ended", open)
 	}
 }
+
+// An error the provider stated inside a successful stream goes to the edge
+// as a metadata sideband after the usage, before the end; the body frames
+// are the provider's bytes. The same scan of a failed (non-2xx) answer is
+// not sent: that answer's status says it already.
+func TestTunnelSendsAStreamErrorAsSideband(t *testing.T) {
+	for _, status := range []int{200, 500} {
+		data := "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+		c := &tnClient{resp: &ports.ProviderResponse{
+			Status: status, Header: domain.Header{"Content-Type": {"text/event-stream"}},
+			Body:  &tnBody{script: []tnRead{{data: data, err: io.EOF}}},
+			Usage: func() *domain.Usage { return &domain.Usage{PromptTokens: 12} },
+			StreamError: func() *domain.ProviderStreamError {
+				return &domain.ProviderStreamError{Type: "overloaded_error", Message: "Overloaded"}
+			},
+		}}
+		sink := &tnSink{}
+		newTunnelHandler(t, c).OpenTunnel(context.Background(), domain.TunnelRequest{Provider: "local", Path: "/v1/messages"}, nil, sink)
+		want := "status,header,body,usage,metadata,end"
+		if status != 200 {
+			want = "status,header,body,usage,end"
+		}
+		if got := sink.kinds(); got != want {
+			t.Fatalf("%d: frames = %s, want %s", status, got, want)
+		}
+		if sink.body() != data {
+			t.Fatalf("%d: body %q", status, sink.body())
+		}
+		if status == 200 {
+			if e := sink.frames[4].StreamError; e == nil || e.Type != "overloaded_error" || e.Message != "Overloaded" {
+				t.Fatalf("metadata frame = %+v", sink.frames[4])
+			}
+		}
+	}
+}

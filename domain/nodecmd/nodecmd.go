@@ -104,7 +104,8 @@ type TunnelUsage struct {
 	Provider string `json:"provider"`
 	Model    string `json:"model"`
 	// Requests counts finished tunnels; Errors those that ended with an
-	// error (link lost, provider failure, caller gone) rather than an end.
+	// error (link lost, provider failure, caller gone) rather than an end,
+	// or whose provider reported an error inside a 2xx stream.
 	Requests         int64 `json:"requests"`
 	Errors           int64 `json:"errors"`
 	PromptTokens     int64 `json:"prompt_tokens"`
