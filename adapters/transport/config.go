@@ -48,8 +48,9 @@ type Config struct {
 	MaxPending        int
 	MaxPendingPerAddr int
 	// RegisterFailBurst and RegisterFailRate (per second) are the token
-	// bucket of failed registrations (unknown token, garbage first frame)
-	// allowed per network prefix; past it the edge closes without answering.
+	// bucket of failed registrations (unknown token, garbage first frame;
+	// not an HTTP request: foreign.go) allowed per network prefix; past it
+	// the edge closes without answering.
 	RegisterFailBurst int
 	RegisterFailRate  float64
 	Logger            *slog.Logger

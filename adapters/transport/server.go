@@ -234,7 +234,10 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 	if !ok {
 		return nil, "", false
 	}
-	dec := NewDecoder(nc, min(s.cfg.MaxFrameSize, maxRegisterFrame))
+	// The first bytes are kept until the register request has arrived: an
+	// HTTP request (a browser, driven by any web page) is not charged.
+	head := &headReader{rd: nc}
+	dec := NewDecoder(head, min(s.cfg.MaxFrameSize, maxRegisterFrame))
 	dec.elements = handshakeElements // the peer has shown no token yet
 	f := new(ioppb.Frame)
 	if _, err := dec.Decode(f); err != nil {
@@ -258,12 +261,18 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 			return nil, "", false // reported when it was closed to make room
 		}
 		err = classifyReadErr(err, s.cfg.HandshakeTimeout)
-		if !errors.Is(err, ErrHeartbeatTimeout) && !errors.Is(err, io.EOF) {
-			s.adm.failed(key) // garbage, not a slow or vanished peer
+		switch {
+		case errors.Is(err, ErrHeartbeatTimeout), errors.Is(err, io.EOF):
+			// A slow or vanished peer.
+		case httpRequestStart(head.bytes()):
+			err = fmt.Errorf("an HTTP request, not a node (not charged to the address; HTTP clients belong on the edge's http.listen): %w", err)
+		default:
+			s.adm.failed(key) // garbage
 		}
 		s.h.HandshakeFailed(remote, "handshake: "+reasonOf(err))
 		return nil, "", false
 	}
+	dec.r.rd = nc // the link reads without the recorder
 	// From here the connection is no longer closed to make room (see
 	// admission); if it already was, its frame came too late.
 	if !s.adm.authenticating(t) {
@@ -273,7 +282,9 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 	req := f.GetRegisterRequest()
 	if req == nil {
 		_ = nc.Close()
-		s.adm.failed(key)
+		if !httpRequestStart(head.bytes()) {
+			s.adm.failed(key)
+		}
 		s.h.HandshakeFailed(remote, fmt.Sprintf("handshake: expected register_request, got %T", f.Body))
 		return nil, "", false
 	}

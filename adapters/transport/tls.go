@@ -298,8 +298,11 @@ const tlsOnPlaintextReason = "a TLS client on a plaintext node link (transport.t
 
 // secure runs secureServer; on failure it closes nc and reports why. A
 // failed handshake that was not a slow or vanished peer (plaintext, garbage,
-// a refused certificate) is charged to key's budget of failed
+// a refused client certificate) is charged to key's budget of failed
 // registrations like a wrong token: a TLS-garbage flood is the same attack.
+// What a web page can make a browser do is not charged (browserTLSFailure):
+// plain HTTP, or an https:// request whose browser refused the edge's
+// certificate.
 // One closed to make room for another connection (t evicted) is neither
 // charged nor reported again.
 func (s *Server) secure(nc net.Conn, remote, key string, t *ticket) (net.Conn, domain.PeerIdentity, bool) {
@@ -309,7 +312,7 @@ func (s *Server) secure(nc net.Conn, remote, key string, t *ticket) (net.Conn, d
 		if s.adm.evicted(t) {
 			return nil, peer, false
 		}
-		if !slowOrGone(err) {
+		if !slowOrGone(err) && !browserTLSFailure(err) {
 			s.adm.failed(key)
 		}
 		s.tlsFailed(remote, err)
@@ -373,6 +376,8 @@ func tlsReason(err error) string {
 	var rh tls.RecordHeaderError
 	var ne net.Error
 	switch {
+	case errors.As(err, &rh) && httpRequestStart(rh.RecordHeader[:]):
+		return "an HTTP request, not a node (not charged to the address; HTTP clients belong on the edge's http.listen)"
 	case errors.As(err, &rh):
 		return "not a TLS client (plaintext? a node needs --ca-pin or --ca-file for this edge)"
 	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, os.ErrDeadlineExceeded):
