@@ -723,9 +723,10 @@ func forwardHeader(r *http.Request) http.Header {
 }
 
 // copyResponseHeader copies the provider's header to dst without hop-by-hop
-// headers, the edge's own (X-IOP-*) and CORS headers. Content-Length stays:
-// the body is relayed byte for byte, and a relay that ends short is
-// aborted, so the length is never a lie.
+// headers, the edge's own (X-IOP-*), CORS headers and those that set state
+// for the whole origin (originWide). Content-Length stays: the body is
+// relayed byte for byte, and a relay that ends short is aborted, so the
+// length is never a lie.
 //
 // A provider's CORS policy is not the edge's: many allow every origin
 // (vLLM, LiteLLM and OpenAI send "Access-Control-Allow-Origin: *",
@@ -744,7 +745,7 @@ func copyResponseHeader(dst, src http.Header) {
 	}
 	if canonical { // the usual case: no two keys meet, so order is moot
 		for k, vs := range src {
-			if !hopheader.Hop(k, listed) && !hopheader.IOP(k) && !isCORS(k) {
+			if !hopheader.Hop(k, listed) && !hopheader.IOP(k) && !isCORS(k) && !originWide(k) {
 				dst[k] = append(dst[k], vs...)
 			}
 		}
@@ -758,7 +759,7 @@ func copyResponseHeader(dst, src http.Header) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		ck := http.CanonicalHeaderKey(k)
-		if hopheader.Hop(ck, listed) || hopheader.IOP(ck) || isCORS(ck) {
+		if hopheader.Hop(ck, listed) || hopheader.IOP(ck) || isCORS(ck) || originWide(ck) {
 			continue
 		}
 		dst[ck] = append(dst[ck], src[k]...)
@@ -768,6 +769,31 @@ func copyResponseHeader(dst, src http.Header) {
 // isCORS reports whether the canonical header name ck is one of a CORS
 // answer's (Access-Control-Allow-Origin, -Allow-Credentials, …).
 func isCORS(ck string) bool { return strings.HasPrefix(ck, "Access-Control-") }
+
+// originWide reports whether the canonical header name ck sets state a
+// browser keeps for the whole origin that answered rather than for this
+// response. The browser takes the edge for that origin, so the provider's
+// would apply to the edge's name (and the web console on it):
+//   - Set-Cookie (and the obsolete Set-Cookie2): a provider's cookie
+//     (Cloudflare's __cf_bm from api.openai.com) would be stored for the
+//     edge's host and sent back with every request to it, console
+//     included; the edge never forwards a caller's Cookie, so the
+//     provider could not get it back anyway;
+//   - Strict-Transport-Security: OpenAI's carries includeSubDomains, which
+//     would pin HTTPS on the edge's name and every name under it;
+//   - Alt-Svc: advertises another protocol and port as the edge's origin;
+//   - Clear-Site-Data: would clear the console's storage and cookies;
+//   - NEL, Report-To, Reporting-Endpoints: would have the browser send
+//     reports about the edge's origin (network errors, policy violations)
+//     to the provider's collector.
+func originWide(ck string) bool {
+	switch ck {
+	case "Set-Cookie", "Set-Cookie2", "Strict-Transport-Security", "Alt-Svc", "Clear-Site-Data",
+		"Nel", "Report-To", "Reporting-Endpoints":
+		return true
+	}
+	return false
+}
 
 // recordingReader remembers the first read error other than io.EOF, so a
 // body that broke the size limit while streaming to the node is reported as

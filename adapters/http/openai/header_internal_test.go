@@ -59,6 +59,22 @@ func TestCopyResponseHeader(t *testing.T) {
 		{"a provider's CORS policy is not the edge's", http.Header{"Access-Control-Allow-Origin": {"*"},
 			"Access-Control-Allow-Credentials": {"true"}, "Content-Type": {"application/json"}}, "Content-Type=[application/json];"},
 		{"nor when spelled otherwise", http.Header{"access-control-allow-origin": {"https://evil.example"}, "X-A": {"1"}}, "X-A=[1];"},
+		// Headers that set state for the whole origin describe the
+		// provider's, not the edge's (the origin the browser sees).
+		{"a provider's cookie is not the edge's", http.Header{"Set-Cookie": {"__cf_bm=abc; path=/; expires=Wed, 02-Dec-26 10:30:00 GMT; domain=.api.openai.com; HttpOnly; Secure; SameSite=None",
+			"_cfuvid=x; path=/; domain=.api.openai.com; HttpOnly; Secure; SameSite=None"}, "X-A": {"1"}}, "X-A=[1];"},
+		{"nor when spelled otherwise", http.Header{"set-cookie": {"a=b"}, "X-A": {"1"}}, "X-A=[1];"},
+		{"nor an obsolete cookie", http.Header{"Set-Cookie2": {"a=b; Version=1"}, "X-A": {"1"}}, "X-A=[1];"},
+		{"a provider's HSTS is not the edge's", http.Header{"Strict-Transport-Security": {"max-age=31536000; includeSubDomains; preload"}, "X-A": {"1"}}, "X-A=[1];"},
+		{"a provider's alternative services are not the edge's", http.Header{"Alt-Svc": {`h3=":443"; ma=86400`}, "X-A": {"1"}}, "X-A=[1];"},
+		{"a provider cannot clear the edge's site data", http.Header{"Clear-Site-Data": {`"cache", "cookies", "storage"`}, "X-A": {"1"}}, "X-A=[1];"},
+		{"a provider's network error logging is not the edge's", http.Header{"Nel": {`{"success_fraction":0.01,"report_to":"cf-nel","max_age":604800}`}, "X-A": {"1"}}, "X-A=[1];"},
+		{"nor when spelled otherwise", http.Header{"NEL": {`{"report_to":"cf-nel","max_age":604800}`}, "X-A": {"1"}}, "X-A=[1];"},
+		{"a provider's report groups are not the edge's", http.Header{"Report-To": {`{"endpoints":[{"url":"https://a.nel.cloudflare.com/report/v4"}],"group":"cf-nel","max_age":604800}`}, "X-A": {"1"}}, "X-A=[1];"},
+		{"a provider's reporting endpoints are not the edge's", http.Header{"Reporting-Endpoints": {`default="https://collector.example/r"`}, "X-A": {"1"}}, "X-A=[1];"},
+		{"the rest of the provider's header passes", http.Header{"Content-Security-Policy": {"default-src 'none'"}, "Cache-Control": {"no-store"},
+			"Openai-Processing-Ms": {"12"}, "X-Ratelimit-Remaining-Requests": {"99"}, "Cf-Ray": {"8e1"}, "Vary": {"Origin"}},
+			"Cache-Control=[no-store];Cf-Ray=[8e1];Content-Security-Policy=[default-src 'none'];Openai-Processing-Ms=[12];Vary=[Origin];X-Ratelimit-Remaining-Requests=[99];"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dst := http.Header{}
