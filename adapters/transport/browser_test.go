@@ -25,6 +25,11 @@ func browserRequest(method string) string {
 		"Content-Type: text/plain;charset=UTF-8\r\nContent-Length: 1\r\n\r\nx"
 }
 
+// stunAllocate is what a WebRTC client sends first to a TURN server over
+// TCP (turn:host:port?transport=tcp), which a web page can name: a STUN
+// Allocate request with REQUESTED-TRANSPORT (UDP).
+var stunAllocate = "\x00\x03\x00\x08\x21\x12\xa4\x42" + "0123456789ab" + "\x00\x19\x00\x04\x11\x00\x00\x00"
+
 var browserMethods = []string{"POST", "GET", "OPTIONS", "HEAD", "PUT", "DELETE", "PATCH", "POST"}
 
 // sendAndWaitClosed writes b on nc and waits until the edge closes it.
@@ -57,14 +62,18 @@ func TestHTTPRequestsDoNotChargeTheAddressBudget(t *testing.T) {
 		sendAndWaitClosed(t, ctx, dialFrom(t, "127.0.0.7", addr), browserRequest(m))
 		reasons = append(reasons, recv(t, ctx, edge.failed, "handshake failure").Reason)
 	}
+	for range 4 {
+		sendAndWaitClosed(t, ctx, dialFrom(t, "127.0.0.7", addr), stunAllocate)
+		reasons = append(reasons, recv(t, ctx, edge.failed, "handshake failure").Reason)
+	}
 	p := dialFrom(t, "127.0.0.7", addr)
 	p.write(&ioppb.Frame{Body: &ioppb.Frame_RegisterRequest{RegisterRequest: &ioppb.RegisterRequest{Token: testToken}}})
 	if f, err := p.read(ctx); err != nil || !f.GetRegisterResponse().GetAccepted() {
-		t.Fatalf("node after %d HTTP requests from its address: frame %v, err %v (reasons %q)", len(browserMethods), f, err, reasons)
+		t.Fatalf("node after %d HTTP and STUN requests from its address: frame %v, err %v (reasons %q)", len(reasons), f, err, reasons)
 	}
-	for _, r := range reasons {
-		if !strings.Contains(r, "an HTTP request") {
-			t.Fatalf("reason %q", r)
+	for i, r := range reasons {
+		if want := map[bool]string{true: "an HTTP request", false: "a STUN request"}[i < len(browserMethods)]; !strings.Contains(r, want) || !strings.Contains(r, "not charged") {
+			t.Fatalf("reason %q, want %q", r, want)
 		}
 	}
 
@@ -94,10 +103,10 @@ func TestBrowserRequestsDoNotChargeATLSAddressBudget(t *testing.T) {
 	srv := startServer(t, "", cfg, edge)
 	addr := srv.Addr().String()
 
-	for _, method := range []string{"POST", "GET", "OPTIONS", "DELETE"} {
-		sendAndWaitClosed(t, ctx, dialFrom(t, "127.0.0.8", addr), browserRequest(method))
-		if r := recv(t, ctx, edge.failed, "handshake failure").Reason; !strings.HasPrefix(r, "tls: ") {
-			t.Fatalf("plain %s to the TLS port: reason %q", method, r)
+	for _, first := range []string{browserRequest("POST"), browserRequest("GET"), browserRequest("OPTIONS"), browserRequest("DELETE"), stunAllocate} {
+		sendAndWaitClosed(t, ctx, dialFrom(t, "127.0.0.8", addr), first)
+		if r := recv(t, ctx, edge.failed, "handshake failure").Reason; !strings.HasPrefix(r, "tls: ") || !strings.Contains(r, "not charged") {
+			t.Fatalf("%.8q to the TLS port: reason %q", first, r)
 		}
 	}
 	dialTLS := func(c *tls.Config) (*tls.Conn, error) {
@@ -143,7 +152,7 @@ func TestBrowserRequestsDoNotChargeATLSAddressBudget(t *testing.T) {
 	}
 }
 
-func TestHTTPRequestStart(t *testing.T) {
+func TestBrowserStart(t *testing.T) {
 	for _, c := range []struct {
 		in   string
 		want bool
@@ -160,9 +169,16 @@ func TestHTTPRequestStart(t *testing.T) {
 		{"GE", false},
 		{"get / HTTP/1.1", false},
 		{"", false},
+		{stunAllocate, true},
+		{stunAllocate[:5], true},                   // a TLS record header
+		{"\x00\x01\x00\x00\x21\x12\xa4\x42", true}, // a Binding request
+		{"\x00\x03\x00\x08\x21\x12\xa4\x43", false},
+		{"\x00\x03\x00\x07\x21", false},
+		{"\x80\x03\x00\x08\x21\x12\xa4\x42", false},
+		{"\x00\x03\x00\x08", false},
 	} {
-		if got := httpRequestStart([]byte(c.in)); got != c.want {
-			t.Errorf("httpRequestStart(%q) = %v, want %v", c.in, got, c.want)
+		if got := browserStart([]byte(c.in)) != ""; got != c.want {
+			t.Errorf("browserStart(%q) = %v, want %v", c.in, got, c.want)
 		}
 	}
 }

@@ -49,7 +49,7 @@ type Config struct {
 	MaxPendingPerAddr int
 	// RegisterFailBurst and RegisterFailRate (per second) are the token
 	// bucket of failed registrations (unknown token, garbage first frame;
-	// not an HTTP request: foreign.go) allowed per network prefix; past it
+	// not what a browser sends: foreign.go) allowed per network prefix; past it
 	// the edge closes without answering.
 	RegisterFailBurst int
 	RegisterFailRate  float64

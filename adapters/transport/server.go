@@ -234,8 +234,8 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 	if !ok {
 		return nil, "", false
 	}
-	// The first bytes are kept until the register request has arrived: an
-	// HTTP request (a browser, driven by any web page) is not charged.
+	// The first bytes are kept until the register request has arrived:
+	// what a browser sends (driven by any web page) is not charged.
 	head := &headReader{rd: nc}
 	dec := NewDecoder(head, min(s.cfg.MaxFrameSize, maxRegisterFrame))
 	dec.elements = handshakeElements // the peer has shown no token yet
@@ -264,8 +264,8 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 		switch {
 		case errors.Is(err, ErrHeartbeatTimeout), errors.Is(err, io.EOF):
 			// A slow or vanished peer.
-		case httpRequestStart(head.bytes()):
-			err = fmt.Errorf("an HTTP request, not a node (not charged to the address; HTTP clients belong on the edge's http.listen): %w", err)
+		case browserStart(head.bytes()) != "":
+			err = fmt.Errorf("%s, not a node; not charged to the address: %w", browserStart(head.bytes()), err)
 		default:
 			s.adm.failed(key) // garbage
 		}
@@ -282,7 +282,7 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 	req := f.GetRegisterRequest()
 	if req == nil {
 		_ = nc.Close()
-		if !httpRequestStart(head.bytes()) {
+		if browserStart(head.bytes()) == "" {
 			s.adm.failed(key)
 		}
 		s.h.HandshakeFailed(remote, fmt.Sprintf("handshake: expected register_request, got %T", f.Body))

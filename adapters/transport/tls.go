@@ -301,8 +301,8 @@ const tlsOnPlaintextReason = "a TLS client on a plaintext node link (transport.t
 // a refused client certificate) is charged to key's budget of failed
 // registrations like a wrong token: a TLS-garbage flood is the same attack.
 // What a web page can make a browser do is not charged (browserTLSFailure):
-// plain HTTP, or an https:// request whose browser refused the edge's
-// certificate.
+// plain HTTP or STUN, or an https:// request whose browser refused the
+// edge's certificate.
 // One closed to make room for another connection (t evicted) is neither
 // charged nor reported again.
 func (s *Server) secure(nc net.Conn, remote, key string, t *ticket) (net.Conn, domain.PeerIdentity, bool) {
@@ -376,8 +376,8 @@ func tlsReason(err error) string {
 	var rh tls.RecordHeaderError
 	var ne net.Error
 	switch {
-	case errors.As(err, &rh) && httpRequestStart(rh.RecordHeader[:]):
-		return "an HTTP request, not a node (not charged to the address; HTTP clients belong on the edge's http.listen)"
+	case errors.As(err, &rh) && browserStart(rh.RecordHeader[:]) != "":
+		return browserStart(rh.RecordHeader[:]) + ", not a node; not charged to the address"
 	case errors.As(err, &rh):
 		return "not a TLS client (plaintext? a node needs --ca-pin or --ca-file for this edge)"
 	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, os.ErrDeadlineExceeded):

@@ -21,9 +21,12 @@ import (
 // same machine (make run) or of every node behind the same NAT. A real
 // Chromium on a page of another origin fetches the transport port twenty
 // times a second, over http:// (plain HTTP to the TLS port) and https://
-// (a TLS handshake whose certificate the browser refuses). The node, from
-// the same address, still registers: those requests guess no token and are
-// not charged to the address's budget of failed registrations.
+// (a TLS handshake whose certificate the browser refuses), and names it as
+// the TURN server of WebRTC connections five times a second, over turn:
+// (STUN over TCP) and turns: (TLS). A node's handshake from the same
+// address still goes through every time, and the node registers: those
+// requests guess no token and are not charged to the address's budget of
+// failed registrations.
 func TestWebPageCannotKeepNodesFromRegistering(t *testing.T) {
 	t.Parallel()
 	b := newBrowser(t)
@@ -37,12 +40,21 @@ function hit(url) {
   fetch(url, {method: 'POST', mode: 'no-cors', body: 'x'}).catch(() => {}).finally(() => window.settled++);
 }
 setInterval(() => { hit('http://%[1]s/'); hit('https://%[1]s/'); }, 50);
+window.turns = 0;
+async function turn(url) {
+  const pc = new RTCPeerConnection({iceServers: [{urls: url, username: 'u', credential: 'p'}], iceTransportPolicy: 'relay'});
+  pc.createDataChannel('x');
+  await pc.setLocalDescription(await pc.createOffer());
+  window.turns++;
+  setTimeout(() => pc.close(), 3000);
+}
+setInterval(() => { turn('turn:%[1]s?transport=tcp'); turn('turns:%[1]s?transport=tcp'); }, 200);
 </script>`, e.transport)
 	}))
 	t.Cleanup(page.Close)
 	b.do(15*time.Second, "open the page", chromedp.Navigate(page.URL))
 	// The budget (10) is spent several times over before the node starts.
-	b.waitJS(15*time.Second, "the page's requests settle", "window.settled >= 60")
+	b.waitJS(15*time.Second, "the page's requests settle", "window.settled >= 60 && window.turns >= 10")
 	if !strings.Contains(e.out.String(), "node handshake failed") {
 		t.Fatalf("the page's requests did not reach the transport port; edge output:\n%s", e.out.String())
 	}
