@@ -24,6 +24,9 @@
 //     reports the error. Otherwise message.content blocks: text → delta, thinking →
 //     reasoning_delta, tool_use → metadata {"tool_use":{"id","name","input"}}
 //     (input kept as JSON, with any string longer than 2 KiB cut).
+//   - system/api_retry (an API call failed: rate limited, overloaded, …,
+//     and the CLI waits to try again) → metadata
+//     {"api_retry":{"attempt","max_retries","retry_delay_ms","error_status","error"}}.
 //   - user: each tool_result block → metadata
 //     {"tool_result":{"tool_use_id","is_error","content","truncated"}}, the
 //     content as text cut to 2 KiB.
@@ -212,6 +215,17 @@ type line struct {
 	Tasks           []json.RawMessage `json:"tasks"` // system/background_tasks_changed
 }
 
+// apiRetry is a system/api_retry line: the API call that failed, and when
+// the CLI tries again.
+type apiRetry struct {
+	Attempt      int64  `json:"attempt"`
+	MaxRetries   int64  `json:"max_retries"`
+	RetryDelayMS int64  `json:"retry_delay_ms"`
+	ErrorStatus  *int64 `json:"error_status"` // null: no HTTP status (a connection error)
+	Error        string `json:"error"`
+	Parent       string `json:"parent_tool_use_id,omitempty"`
+}
+
 type block struct {
 	Type      string          `json:"type"`
 	Text      string          `json:"text"`
@@ -299,6 +313,19 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 			if p.tasks > 0 {
 				p.done = false
 			}
+		case "api_retry":
+			// The API refused a call (429 rate limit, 529 overloaded,
+			// 401, …) and the CLI waits to try again: with its backoff
+			// that can be minutes of silence, which the caller should
+			// see the reason for.
+			var r apiRetry
+			if json.Unmarshal(raw, &r) != nil {
+				return nil
+			}
+			if sub {
+				r.Parent = *l.ParentToolUseID
+			}
+			return t.Meta(map[string]apiRetry{"api_retry": r})
 		}
 	case "assistant":
 		p.done = false

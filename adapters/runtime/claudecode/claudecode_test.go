@@ -831,3 +831,35 @@ func TestResultWithBackgroundTaskIsNotTheEnd(t *testing.T) {
 		t.Errorf("text = %q: the CLI was stopped at its first result", got)
 	}
 }
+
+// A rate-limited (or overloaded, or refused) API call makes the CLI wait and
+// try again, for minutes with its backoff: each wait is reported, so the
+// caller sees why the run is silent. The lines are Claude Code 2.1.328's.
+func TestAPIRetriesAreReported(t *testing.T) {
+	stream := standin.Lines(
+		initLine,
+		`{"type":"system","subtype":"api_retry","attempt":1,"max_retries":10,"retry_delay_ms":505,"error_status":429,"error":"rate_limit","session_id":"6f1","uuid":"bb672d08-9a4c-4c12-b45b-0260431eb4af"}`,
+		`{"type":"system","subtype":"api_retry","attempt":2,"max_retries":10,"retry_delay_ms":1035,"error_status":null,"error":"unknown","session_id":"6f1","uuid":"2223f54f-384d-4908-8a18-4560db34c4c7"}`,
+		`{"type":"assistant","message":{"id":"m1","model":"claude-opus-5-5","role":"assistant","content":[{"type":"text","text":"after retry"}]},"parent_tool_use_id":null,"session_id":"6f1"}`,
+		`{"type":"result","subtype":"success","is_error":false,"result":"after retry","session_id":"6f1","num_turns":1,"usage":{"input_tokens":1,"output_tokens":2}}`,
+	)
+	cli := standin.WriteCLI(t, standin.Printf(stream))
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	sink, err := run(t, a, domain.RunRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+	want := []string{
+		"m:pid",
+		`m:{"agent_session_id":"6f1"}`,
+		`m:{"api_retry":{"attempt":1,"max_retries":10,"retry_delay_ms":505,"error_status":429,"error":"rate_limit"}}`,
+		`m:{"api_retry":{"attempt":2,"max_retries":10,"retry_delay_ms":1035,"error_status":null,"error":"unknown"}}`,
+		"d:after retry",
+		`m:{"num_turns":1,"usage":{"input_tokens":1,"output_tokens":2}}`,
+		"complete",
+	}
+	if got := summary(sink.Events()); !slices.Equal(got, want) {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
