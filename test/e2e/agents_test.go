@@ -471,15 +471,17 @@ func directClaudeCost(t *testing.T, bin string) float64 {
 func TestAgentCodexCLI(t *testing.T) {
 	t.Parallel()
 	bin := agentcli.Find(t, "codex")
-	main, failing, slow := responses.Start(t), responses.Start(t), responses.Start(t)
+	main, failing, slow, tool := responses.Start(t), responses.Start(t), responses.Start(t), responses.Start(t)
 	failing.Reply(apiError)
 	slow.Reply(hanging)
+	shell, fg, bg := toolCommand(2)
+	tool.Queue(standin.Reply{Tool: &standin.ToolCall{Name: "exec_command", Input: mustJSON(t, map[string]string{"cmd": shell})}})
 	const model = "gpt-5.5" // one codex knows, or it warns that it has no metadata for it
 	adapter := func(name string, s *responses.Server) agentAdapter {
 		return agentAdapter{name: name, typ: "codex", command: bin, workDir: workDir(t), models: []string{model},
 			args: []string{"--skip-git-repo-check"}, env: agentcli.Codex(t, s.URL, model)}
 	}
-	e := agentEdge(t, adapter("codex", main), adapter("codex-err", failing), adapter("codex-slow", slow))
+	e := agentEdge(t, adapter("codex", main), adapter("codex-err", failing), adapter("codex-slow", slow), adapter("codex-tool", tool))
 
 	t.Run("three resumed turns", func(t *testing.T) {
 		t.Parallel()
@@ -556,6 +558,12 @@ func TestAgentCodexCLI(t *testing.T) {
 	t.Run("caller disconnect", func(t *testing.T) {
 		t.Parallel()
 		stopMidAnswer(t, e, slow.Server, "codex-slow", true)
+	})
+	// The CLI runs each command in a session of its own, which its
+	// process group does not reach.
+	t.Run("cancel during a shell command", func(t *testing.T) {
+		t.Parallel()
+		stopDuringTool(t, e, "codex-tool", fg, bg)
 	})
 }
 
