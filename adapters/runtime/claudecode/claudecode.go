@@ -43,7 +43,10 @@
 //     Task tool): text and thinking are skipped, being the subagent's work
 //     and not the run's answer; tool_use and tool_result blocks are
 //     metadata as above with "parent_tool_use_id" added.
-//   - result: metadata {"num_turns","usage"} (the CLI's usage object as is).
+//   - result: metadata {"permission_denials":[{"tool_name","tool_use_id"}]}
+//     when the CLI refused tool calls for want of a permission (their
+//     tool_result is an error too), then metadata {"num_turns","usage"}
+//     (the CLI's usage object as is).
 //     With background subagents the CLI prints a result per turn of the
 //     main agent; the last one decides. Once the process has exited, the
 //     terminal event: complete with usage (prompt tokens = input +
@@ -256,6 +259,17 @@ type resultLine struct {
 	// SinceLast is what the calls since the previous result line (or the
 	// start of the process) used, per model.
 	SinceLast map[string]modelUsage `json:"model_usage_since_last_result"`
+	// PermissionDenials are the tool calls the CLI refused to run for
+	// want of a permission (a Write outside work_dir, a Bash command not
+	// allowed by --allowedTools or --permission-mode).
+	PermissionDenials []denial `json:"permission_denials"`
+}
+
+// denial is one of a result's permission_denials, without its tool_input
+// (the tool_use metadata with that id already carried it).
+type denial struct {
+	ToolName  string `json:"tool_name"`
+	ToolUseID string `json:"tool_use_id"`
 }
 
 type usage struct {
@@ -372,6 +386,13 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 		}
 		if err := t.AgentSession(r.SessionID); err != nil {
 			return err
+		}
+		if len(r.PermissionDenials) > 0 {
+			// Apart from the usage: a long list must not take it
+			// along when the node cuts an oversized event.
+			if err := t.Meta(map[string][]denial{"permission_denials": r.PermissionDenials}); err != nil {
+				return err
+			}
 		}
 		meta := map[string]any{"num_turns": r.NumTurns}
 		if len(r.Usage) > 0 {

@@ -863,3 +863,37 @@ func TestAPIRetriesAreReported(t *testing.T) {
 		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// A tool call the CLI refuses for want of a permission is an error
+// tool_result, which a failing tool also is: the result's
+// permission_denials tell the two apart, so a caller can see that the
+// adapter's args (--allowedTools, --permission-mode) need changing. The
+// lines are Claude Code 2.1.328's, cut short.
+func TestPermissionDenialsAreReported(t *testing.T) {
+	stream := standin.Lines(
+		initLine,
+		`{"type":"assistant","message":{"content":[{"id":"toolu_2","input":{"file_path":"/etc/x","content":"x"},"name":"Write","type":"tool_use"}],"id":"m1","model":"claude-opus-5-5","role":"assistant"},"parent_tool_use_id":null,"session_id":"6f1"}`,
+		`{"type":"system","subtype":"permission_denied","tool_name":"Write","tool_use_id":"toolu_2","decision_reason_type":"workingDir","decision_reason":"Path is outside allowed working directories","message":"Claude requested permissions to write to /etc/x, but you haven't granted it yet.","session_id":"6f1"}`,
+		`{"type":"user","message":{"role":"user","content":[{"type":"tool_result","content":"Claude requested permissions to write to /etc/x, but you haven't granted it yet.","is_error":true,"tool_use_id":"toolu_2"}]},"parent_tool_use_id":null,"session_id":"6f1"}`,
+		`{"type":"assistant","message":{"content":[{"text":"could not write","type":"text"}],"id":"m2","model":"claude-opus-5-5","role":"assistant"},"parent_tool_use_id":null,"session_id":"6f1"}`,
+		`{"stop_reason":"end_turn","session_id":"6f1","total_cost_usd":0,"usage":{"input_tokens":3,"output_tokens":4},"permission_denials":[{"tool_name":"Write","tool_use_id":"toolu_2","tool_input":{"file_path":"/etc/x","content":"x"}}],"terminal_reason":"completed","is_error":false,"num_turns":2,"subtype":"success","result":"could not write","type":"result"}`,
+	)
+	cli := standin.WriteCLI(t, standin.Printf(stream))
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	sink, err := run(t, a, domain.RunRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+	got := summary(sink.Events())
+	want := []string{
+		`m:{"tool_result":{"content":"Claude requested permissions to write to /etc/x, but you haven't granted it yet.","is_error":true,"tool_use_id":"toolu_2","truncated":false}}`,
+		"d:could not write",
+		`m:{"permission_denials":[{"tool_name":"Write","tool_use_id":"toolu_2"}]}`,
+		`m:{"num_turns":2,"usage":{"input_tokens":3,"output_tokens":4}}`,
+		"complete",
+	}
+	if len(got) < len(want) || !slices.Equal(got[len(got)-len(want):], want) {
+		t.Errorf("events:\n%s\nwant them to end with:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
