@@ -303,7 +303,7 @@ func TestAgentClaudeCodeCLI(t *testing.T) {
 	t.Parallel()
 	bin := agentcli.Find(t, "claude")
 	main, failing, slow, tool := anthropic.Start(t), anthropic.Start(t), anthropic.Start(t), anthropic.Start(t)
-	breaking, delegating := anthropic.Start(t), anthropic.Start(t)
+	breaking, delegating, limited := anthropic.Start(t), anthropic.Start(t), anthropic.Start(t)
 	failing.Reply(apiError)
 	slow.Reply(hanging)
 	shell, fg, bg := toolCommand(1)
@@ -315,7 +315,7 @@ func TestAgentClaudeCodeCLI(t *testing.T) {
 	withTool := adapter("claude-tool", tool)
 	withTool.args = []string{"--allowedTools=Bash"}
 	e := agentEdge(t, adapter("claude", main), adapter("claude-err", failing), adapter("claude-slow", slow),
-		adapter("claude-break", breaking), adapter("claude-sub", delegating), withTool)
+		adapter("claude-break", breaking), adapter("claude-sub", delegating), adapter("claude-limited", limited), withTool)
 
 	t.Run("turns", func(t *testing.T) {
 		t.Parallel()
@@ -385,6 +385,18 @@ func TestAgentClaudeCodeCLI(t *testing.T) {
 		run.complete(t)
 		if got := run.text("delta"); got != "Hello world" {
 			t.Errorf("streamed text = %q, want the whole answer: %s", got, run)
+		}
+	})
+	t.Run("rate limited", func(t *testing.T) {
+		t.Parallel()
+		// The API answers 429 first: the CLI waits and asks again, and
+		// the caller sees why the run was silent meanwhile.
+		limited.Queue(standin.Reply{Status: 429, Error: "stand-in: slow down"}, standin.Reply{Text: "After the wait."})
+		run := agentTurn(t, e, "claude-limited", "", "say something")
+		run.complete(t)
+		retries := run.meta("api_retry")
+		if len(retries) != 1 || !strings.Contains(string(retries[0]), `"error_status":429`) || run.text("delta") != "After the wait." {
+			t.Errorf("api_retry metadata %s, run: %s", retries, run)
 		}
 	})
 	t.Run("subagent", func(t *testing.T) {
