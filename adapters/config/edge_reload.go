@@ -1,20 +1,45 @@
 package config
 
 import (
+	"encoding/hex"
 	"reflect"
 	"strings"
 )
 
 // RestartKeys names the settings outside nodes[] whose value in next differs
-// from c's, as dotted edge.yaml keys in the file's order ("http.api_keys",
-// "transport.max_frame_size"). The edge reads them once, at start: a reload
+// from c's, as dotted edge.yaml keys in EdgeConfig's order
+// ("transport.max_frame_size", "http.api_keys"). The edge reads them once, at start: a reload
 // applies nodes[] only, so these take effect after a restart. Only the names
 // are returned, never the values (http.api_keys holds key hashes and the
-// names of the variables holding keys).
+// names of the variables holding keys). A setting written another way to
+// the same effect is no change (see settings).
 func (c *EdgeConfig) RestartKeys(next *EdgeConfig) []string {
 	var keys []string
-	diffKeys("", reflect.ValueOf(*c), reflect.ValueOf(*next), &keys)
+	diffKeys("", reflect.ValueOf(c.settings()), reflect.ValueOf(next.settings()), &keys)
 	return keys
+}
+
+// settings is c as the edge runs on it, for RestartKeys: what is written
+// differently but acts the same compares equal, so a reload does not ask
+// for a restart (which drops every node link) that would change nothing.
+// log.access left out is access: true; an API key given by key_env, or by
+// its key_sha256 in upper case or with the "sha256:" prefix, is its digest
+// in lower-case hex (as a node's token and its token_sha256 are one token
+// to a reload).
+func (c *EdgeConfig) settings() EdgeConfig {
+	s := *c
+	access := c.Log.AccessLog()
+	s.Log.Access = &access
+	if len(c.HTTP.APIKeys) > 0 {
+		s.HTTP.APIKeys = make([]APIKeyEntry, len(c.HTTP.APIKeys))
+		for i, k := range c.HTTP.APIKeys {
+			if sum, err := k.ResolveKeyHash(); err == nil {
+				k.KeySHA256, k.KeyEnv = hex.EncodeToString(sum[:]), ""
+			}
+			s.HTTP.APIKeys[i] = k
+		}
+	}
+	return s
 }
 
 // diffKeys appends to keys the yaml key of every field of the structs a and

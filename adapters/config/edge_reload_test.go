@@ -1,6 +1,8 @@
 package config_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"slices"
 	"strings"
 	"testing"
@@ -65,5 +67,37 @@ func TestRestartKeysNamesChangesOutsideNodes(t *testing.T) {
 		if strings.Contains(k, "9f86d0") || strings.Contains(k, "ops") {
 			t.Fatalf("RestartKeys leaks a value: %q", k)
 		}
+	}
+}
+
+// A setting written another way to the same effect is no change: a reload
+// answered "needs_restart": ["http.api_keys"] for an API key's key_env
+// replaced by its key_sha256 (as docs/security.md recommends), and
+// ["log.access"] for the default written out, sending the operator to a
+// restart, which drops every node link, that changed nothing.
+func TestRestartKeysIgnoresASettingWrittenAnotherWay(t *testing.T) {
+	const key = "reload-test-api-key-0123456789"
+	sum := sha256.Sum256([]byte(key))
+	digest := hex.EncodeToString(sum[:])
+	t.Setenv("IOP_RELOAD_TEST_KEY", key)
+	doc := func(keyField, log string) string {
+		return "http:\n  listen: \"127.0.0.1:7701\"\n  api_keys:\n    - {name: ops, " + keyField + ", scopes: [admin]}\n" +
+			log + "nodes:\n  - {id: a, token: aaaaaaaa}\n"
+	}
+	running := parseReload(t, doc("key_env: IOP_RELOAD_TEST_KEY", ""))
+	for _, same := range []string{
+		doc(`key_sha256: "`+digest+`"`, ""),
+		doc(`key_sha256: "`+strings.ToUpper(digest)+`"`, ""),
+		doc(`key_sha256: "sha256:`+digest+`"`, ""),
+		doc("key_env: IOP_RELOAD_TEST_KEY", "log: {access: true}\n"),
+	} {
+		if got := running.RestartKeys(parseReload(t, same)); len(got) != 0 {
+			t.Errorf("RestartKeys = %v for the same settings written another way:\n%s", got, same)
+		}
+	}
+	other := sha256.Sum256([]byte("another-api-key-0123456789"))
+	changed := doc(`key_sha256: "`+hex.EncodeToString(other[:])+`"`, "log: {access: false}\n")
+	if got, want := running.RestartKeys(parseReload(t, changed)), []string{"http.api_keys", "log.access"}; !slices.Equal(got, want) {
+		t.Errorf("RestartKeys = %v for another key and the access log off; want %v", got, want)
 	}
 }
