@@ -3,6 +3,7 @@ package config
 import (
 	"encoding/hex"
 	"reflect"
+	"slices"
 	"strings"
 )
 
@@ -25,7 +26,9 @@ func (c *EdgeConfig) RestartKeys(next *EdgeConfig) []string {
 // log.access left out is access: true; an API key given by key_env, or by
 // its key_sha256 in upper case or with the "sha256:" prefix, is its digest
 // in lower-case hex (as a node's token and its token_sha256 are one token
-// to a reload).
+// to a reload); the order of http.api_keys, and of a key's scopes and
+// nodes, is no setting (a key is found by its digest, a scope or node by
+// being listed).
 func (c *EdgeConfig) settings() EdgeConfig {
 	s := *c
 	access := c.Log.AccessLog()
@@ -36,10 +39,19 @@ func (c *EdgeConfig) settings() EdgeConfig {
 			if sum, err := k.ResolveKeyHash(); err == nil {
 				k.KeySHA256, k.KeyEnv = hex.EncodeToString(sum[:]), ""
 			}
+			k.Scopes, k.Nodes = sortedSet(k.Scopes), sortedSet(k.Nodes)
 			s.HTTP.APIKeys[i] = k
 		}
+		slices.SortStableFunc(s.HTTP.APIKeys, func(a, b APIKeyEntry) int { return strings.Compare(a.Name, b.Name) })
 	}
 	return s
+}
+
+// sortedSet is a sorted copy of list without repeats.
+func sortedSet(list []string) []string {
+	out := slices.Clone(list)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // diffKeys appends to keys the yaml key of every field of the structs a and

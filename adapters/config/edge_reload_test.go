@@ -72,17 +72,23 @@ func TestRestartKeysNamesChangesOutsideNodes(t *testing.T) {
 
 // A setting written another way to the same effect is no change: a reload
 // answered "needs_restart": ["http.api_keys"] for an API key's key_env
-// replaced by its key_sha256 (as docs/security.md recommends), and
-// ["log.access"] for the default written out, sending the operator to a
-// restart, which drops every node link, that changed nothing.
+// replaced by its key_sha256 (as docs/security.md recommends) or for keys
+// listed in another order, and ["log.access"] for the default written out,
+// sending the operator to a restart, which drops every node link, that
+// changed nothing.
 func TestRestartKeysIgnoresASettingWrittenAnotherWay(t *testing.T) {
 	const key = "reload-test-api-key-0123456789"
 	sum := sha256.Sum256([]byte(key))
 	digest := hex.EncodeToString(sum[:])
 	t.Setenv("IOP_RELOAD_TEST_KEY", key)
-	doc := func(keyField, log string) string {
-		return "http:\n  listen: \"127.0.0.1:7701\"\n  api_keys:\n    - {name: ops, " + keyField + ", scopes: [admin]}\n" +
-			log + "nodes:\n  - {id: a, token: aaaaaaaa}\n"
+	const ci = "    - {name: ci, key_sha256: \"60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752\", scopes: [runs, read], nodes: [b, a]}\n"
+	doc := func(keyField, log string, ciFirst ...bool) string {
+		keys := "    - {name: ops, " + keyField + ", scopes: [admin]}\n" + ci
+		if len(ciFirst) > 0 {
+			keys = strings.ReplaceAll(ci, "[runs, read], nodes: [b, a]", "[read, runs, read], nodes: [a, b]") + "    - {name: ops, " + keyField + ", scopes: [admin]}\n"
+		}
+		return "http:\n  listen: \"127.0.0.1:7701\"\n  api_keys:\n" + keys +
+			log + "nodes:\n  - {id: a, token: aaaaaaaa}\n  - {id: b, token: bbbbbbbb}\n"
 	}
 	running := parseReload(t, doc("key_env: IOP_RELOAD_TEST_KEY", ""))
 	for _, same := range []string{
@@ -90,6 +96,7 @@ func TestRestartKeysIgnoresASettingWrittenAnotherWay(t *testing.T) {
 		doc(`key_sha256: "`+strings.ToUpper(digest)+`"`, ""),
 		doc(`key_sha256: "sha256:`+digest+`"`, ""),
 		doc("key_env: IOP_RELOAD_TEST_KEY", "log: {access: true}\n"),
+		doc("key_env: IOP_RELOAD_TEST_KEY", "", true), // keys, scopes and nodes in another order
 	} {
 		if got := running.RestartKeys(parseReload(t, same)); len(got) != 0 {
 			t.Errorf("RestartKeys = %v for the same settings written another way:\n%s", got, same)
