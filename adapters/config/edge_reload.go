@@ -9,10 +9,10 @@ import (
 
 // RestartKeys names the settings outside nodes[] whose value in next differs
 // from c's, as dotted edge.yaml keys in EdgeConfig's order
-// ("transport.max_frame_size", "http.api_keys"). The edge reads them once, at start: a reload
-// applies nodes[] only, so these take effect after a restart. Only the names
-// are returned, never the values (http.api_keys holds key hashes and the
-// names of the variables holding keys). A setting written another way to
+// ("transport.max_frame_size", "http.api_keys"). The edge reads them once,
+// at start: a reload applies nodes[] only, so these take effect after a
+// restart. Only the names are returned, never the values (http.api_keys
+// holds key hashes and the names of the variables holding keys). A setting written another way to
 // the same effect is no change (see settings).
 func (c *EdgeConfig) RestartKeys(next *EdgeConfig) []string {
 	var keys []string
@@ -47,8 +47,12 @@ func (c *EdgeConfig) settings() EdgeConfig {
 	return s
 }
 
-// sortedSet is a sorted copy of list without repeats.
+// sortedSet is a sorted copy of list without repeats; nil when it is empty
+// (nodes: [] is no nodes limit, as leaving it out is).
 func sortedSet(list []string) []string {
+	if len(list) == 0 {
+		return nil
+	}
 	out := slices.Clone(list)
 	slices.Sort(out)
 	return slices.Compact(out)
