@@ -136,6 +136,13 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 			changed = append(changed, change{n, rec})
 		}
 	}
+	// From here on no run or tunnel goes to a node being disconnected, as
+	// to one that is stopping: the links close one after another below,
+	// and a run sent to one still open meanwhile would be cut, or in the
+	// background ended node_removed, while the file keeps other nodes.
+	for _, c := range closing {
+		h.reg.MarkDraining(c.n.ID, c.n.Link)
+	}
 	h.reg.admission.Unlock()
 	// Closing a link waits on it (a TLS close alert, its loops ending):
 	// done unlocked, so registrations do not queue behind it.
