@@ -153,11 +153,14 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 		if _, ok := next[id]; ok {
 			continue
 		}
+		if to, ok := renamedTo(rec, recs); ok {
+			// Its sessions' histories are in its store, under its new id.
+			h.reg.MoveNodeSessions(id, to)
+			continue
+		}
 		// Its sessions' histories left with it.
 		h.reg.ForgetNodeSessions(id)
-		if !renamed(rec, recs) {
-			h.Reconcile.NodeRemoved(ctx, id)
-		}
+		h.Reconcile.NodeRemoved(ctx, id)
 	}
 	// Pushes go out side by side: each waits up to h.timeout on its node,
 	// so one after another a reload would take that long per unresponsive
@@ -192,16 +195,17 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 	return res, nil
 }
 
-// renamed reports whether rec's node stays in recs under another id (the
-// same token): it registers again under that id and goes on with its runs,
-// which its rows under the old id can no longer follow (README, Status).
-func renamed(rec domain.NodeRecord, recs []domain.NodeRecord) bool {
+// renamedTo reports the id under which rec's node stays in recs when it
+// is another (the same token): it registers again under that id and goes
+// on with its runs, which its rows under the old id can no longer follow
+// (README, Status), and its sessions.
+func renamedTo(rec domain.NodeRecord, recs []domain.NodeRecord) (string, bool) {
 	for _, r := range recs {
 		if r.SameToken(rec) {
-			return true
+			return r.ID, true
 		}
 	}
-	return false
+	return "", false
 }
 
 // runsAlready reports whether node n already runs what rec configures. It

@@ -105,6 +105,15 @@ func (s *sessionNodes) dropNode(node string) {
 	}
 }
 
+// moveNode binds every session of node from to node to.
+func (s *sessionNodes) moveNode(from, to string) {
+	for e := s.order.Front(); e != nil; e = e.Next() {
+		if se := e.Value.(*sessionEntry); se.node == from {
+			se.node = to
+		}
+	}
+}
+
 func (s *sessionNodes) len() int { return s.order.Len() }
 
 // RememberSession records that node admitted a run of session on adapter:
@@ -156,6 +165,15 @@ func (r *Registry) unbindSession(adapter, session, node string) {
 	if e, ok := r.sessions.index[sessionKey{adapter, session}]; ok && e.Value.(*sessionEntry).node == node {
 		e.Value.(*sessionEntry).node = ""
 	}
+}
+
+// MoveNodeSessions binds the sessions bound to node from to node to: a
+// reload renamed the node (its entry keeps its token under the new id), so
+// it registers again as to, with the sessions' histories in its store.
+func (r *Registry) MoveNodeSessions(from, to string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sessions.moveNode(from, to)
 }
 
 // ForgetNodeSessions drops every session affinity to node (it left the
