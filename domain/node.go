@@ -192,6 +192,11 @@ func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
 		if a.Timeout < 0 {
 			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q: timeout must not be negative", a.Name)
 		}
+		if a.Timeout > 0 && a.Timeout < time.Millisecond {
+			// Timeouts travel in whole milliseconds: this one would reach
+			// the node as 0, no timeout at all.
+			return NodeConfig{}, Errorf(CodeConfigError, "adapter %q: timeout %s is under the 1ms timeouts are counted in", a.Name, a.Timeout)
+		}
 		if err := checkAdapter(a); err != nil {
 			return NodeConfig{}, err
 		}
@@ -253,6 +258,9 @@ func checkAdapter(a AdapterConfig) error {
 			}
 			if t.Timeout < 0 {
 				return Errorf(CodeConfigError, "adapter %q target %q: timeout must not be negative", a.Name, name)
+			}
+			if t.Timeout > 0 && t.Timeout < time.Millisecond {
+				return Errorf(CodeConfigError, "adapter %q target %q: timeout %s is under the 1ms timeouts are counted in", a.Name, name, t.Timeout)
 			}
 			if err := checkEnv(t.Env, t.InheritEnv); err != nil {
 				return Errorf(CodeConfigError, "adapter %q target %q: %s", a.Name, name, err.Message)

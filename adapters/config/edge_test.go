@@ -345,6 +345,11 @@ func TestEdgeValidate(t *testing.T) {
 		{"tls half", "http: {tls: {cert_file: /x}}\n", "http.tls needs both cert_file and key_file"},
 		{"http max connections", "http: {max_connections: -1}\n", "http.max_connections must be positive, got -1"},
 		{"http per address over total", "http: {max_connections: 10, max_connections_per_address: 11}\n", "http.max_connections_per_address 11 is outside [1, http.max_connections (10)]"},
+		// Sent to nodes in whole milliseconds: 500µs would arrive as 0, no timeout.
+		{"adapter timeout below a millisecond", node("  - id: n\n    token: aaaaaaaa\n    adapters:\n      - {name: l, type: ollama, base_url: \"http://127.0.0.1:1\", timeout: 500us}\n"),
+			`adapter "l": timeout 500µs is under the 1ms timeouts are counted in`},
+		{"target timeout below a millisecond", node("  - id: n\n    token: aaaaaaaa\n    adapters:\n      - {name: sh, type: exec, targets: {t: {command: [x], timeout: 999us}}}\n"),
+			`adapter "sh" target "t": timeout 999µs is under the 1ms timeouts are counted in`},
 		{"http per address negative", "http: {max_connections_per_address: -1}\n", "http.max_connections_per_address -1 is outside [1, http.max_connections (8192)]"},
 	}
 	for _, tt := range tests {
