@@ -1307,3 +1307,27 @@ func TestConsoleEventsPageSharesFeed(t *testing.T) {
 	}
 	b.checkClean()
 }
+
+// A reload that adds a node to the file (offline until it connects) shows
+// on the Nodes page as soon as config.reloaded comes: no node.* event says
+// so, and the page used to wait for its next poll.
+func TestConsoleNodesFollowAReload(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	b.open(f.URL + "/ui/#/nodes")
+	// The poll is lengthened past the test, then the page loaded again to
+	// read it: only the feed can make the page look again.
+	evalJS[bool](b, `sessionStorage.setItem('iop.console.nodesPollMs', '600000'), true`)
+	b.do(15*time.Second, "reload", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`#main [data-page]`)))
+	b.waitJS(10*time.Second, "bus connected", `document.getElementById('bus-state').classList.contains('live')`)
+	b.waitJS(10*time.Second, "n1 listed", `!!document.querySelector('[data-node="n1"]')`)
+
+	added := fakeNode("n2")
+	added["connected"] = false
+	f.setNodes(fakeNode("n1"), added)
+	ev, _ := json.Marshal(map[string]any{"type": "config.reloaded", "time": time.Now().UTC().Format(time.RFC3339Nano)})
+	f.send("event: config.reloaded\ndata: " + string(ev) + "\n\n")
+	b.waitJS(10*time.Second, "n2 listed after the reload", `!!document.querySelector('[data-node="n2"].disconnected')`)
+	evalJS[bool](b, `sessionStorage.removeItem('iop.console.nodesPollMs'), true`)
+	b.checkClean()
+}

@@ -308,6 +308,11 @@ async function apiJSON(path, opts) {
 // it through session storage, read once when the page loads.
 const SSE_IDLE_MS = Number(sessionStorage.getItem('iop.console.sseIdleMs')) || 60000;
 
+// NODES_POLL_MS is how often the Nodes page reads the nodes again (their
+// RTT, "connected since … ago"); tests lengthen it to see what the feed
+// alone makes it do.
+const NODES_POLL_MS = Number(sessionStorage.getItem('iop.console.nodesPollMs')) || 5000;
+
 // IdleError is thrown by readSSE when no byte came for SSE_IDLE_MS.
 class IdleError extends Error {
   constructor(ms) {
@@ -837,10 +842,12 @@ async function pageNodes(root) {
 
   const refresh = coalesce(250, 2000, () => load(false));
   listenBus((type, ev) => {
-    if (type === 'bus.resync' || type.startsWith('node.') || (type === 'run.event' && ev.run && (ev.run.type === 'start' || TERMINAL.has(ev.run.type)))) refresh();
+    // A reload adds or removes nodes that are offline: no node.* event
+    // says so.
+    if (type === 'bus.resync' || type.startsWith('node.') || type === 'config.reloaded' || (type === 'run.event' && ev.run && (ev.run.type === 'start' || TERMINAL.has(ev.run.type)))) refresh();
   });
   await load(true);
-  every(5000, () => load(true)); // RTT and "connected since … ago"
+  every(NODES_POLL_MS, () => load(true)); // RTT and "connected since … ago"
 }
 
 function nodeCard(n, connected, rtt, disconnectedAt) {
