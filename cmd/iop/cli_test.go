@@ -1405,3 +1405,47 @@ func TestEdgeURLWithTrailingSlashes(t *testing.T) {
 		}
 	}
 }
+
+// A success whose body is not JSON at all (a proxy's "200 OK" login page)
+// is not the edge's answer. A node command's result was printed as it
+// came, escapes and all, with exit 0 ("iop ollama delete" said "deleted");
+// the other calls failed with "decode answer from …: invalid character".
+func TestSuccessThatIsNotJSON(t *testing.T) {
+	e := newFakeEdge(t)
+	page := "<html>\x1b]0;owned\x07Sign in</html>"
+	for _, p := range []string{"GET /v1/runs", "GET /v1/usage", "POST /v1/admin/reload", "DELETE /v1/sessions/s1", "POST /v1/nodes/n1/commands"} {
+		e.mux.HandleFunc(p, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/html")
+			_, _ = io.WriteString(w, page)
+		})
+	}
+	e.json("GET /v1/nodes", 200, `{"nodes":[{"id":"n1","adapters":[]}]}`)
+	quoted := `: "<html>\x1b]0;owned\aSign in</html>"`
+	for _, c := range []struct {
+		path string
+		args []string
+	}{
+		{"/v1/runs", []string{"runs", "--json"}},
+		{"/v1/usage?group_by=key", []string{"usage"}},
+		{"/v1/admin/reload", []string{"reload", "--json"}},
+		{"/v1/sessions/s1?adapter=a", []string{"session", "end", "s1", "--adapter", "a"}},
+		{"/v1/nodes/n1/commands", []string{"node", "exec", "n1", "x"}},
+		{"/v1/nodes/n1/commands", []string{"node", "caps", "n1", "--json"}},
+		{"/v1/nodes/n1/commands", []string{"ollama", "list", "--json"}},
+		{"/v1/nodes/n1/commands", []string{"ollama", "delete", "m"}},
+	} {
+		r := run(t, e.URL, c.args...)
+		want := fmt.Sprintf("iop: HTTP 200 from %s%s: not an iop edge answer (text/html)%s\n", e.URL, c.path, quoted)
+		if r.code != 1 || r.stdout != "" || r.stderr != want {
+			t.Errorf("iop %q: exit %d, stdout %q, stderr %q; want exit 1, %q", c.args, r.code, r.stdout, r.stderr, want)
+		}
+	}
+	// A streamed command whose result event is not JSON.
+	e2 := newFakeEdge(t)
+	e2.sse("POST /v1/nodes/n1/commands", nil, "result", "<b>\x1b[2Jdone</b>")
+	r := run(t, e2.URL, "node", "exec", "n1", "x")
+	want := "iop: the command's result is not JSON (not an iop edge's answer): \"<b>\\x1b[2Jdone</b>\"\n"
+	if r.code != 1 || r.stdout != "" || r.stderr != want {
+		t.Errorf("streamed result: exit %d, stdout %q, stderr %q; want exit 1, %q", r.code, r.stdout, r.stderr, want)
+	}
+}

@@ -375,10 +375,18 @@ func foreignAnswer(resp *http.Response, body []byte) string {
 		ct = q[1 : len(q)-1]
 	}
 	msg := fmt.Sprintf("HTTP %d from %s: not an iop edge answer (%s)", resp.StatusCode, where, ct)
-	text := strings.Join(strings.Fields(strings.ToValidUTF8(string(body), "\uFFFD")), " ")
+	text := truncateText(string(body))
 	if text == "" {
 		return msg
 	}
+	return msg + ": " + strconv.Quote(text)
+}
+
+// truncateText is a body that is not the API's as it is shown: valid
+// UTF-8, runs of whitespace as one space, at most foreignSnippet bytes
+// (then "…"). Callers quote it.
+func truncateText(s string) string {
+	text := strings.Join(strings.Fields(strings.ToValidUTF8(s, "\uFFFD")), " ")
 	if len(text) > foreignSnippet {
 		cut := foreignSnippet
 		for cut > 0 && !utf8.RuneStart(text[cut]) {
@@ -386,7 +394,7 @@ func foreignAnswer(resp *http.Response, body []byte) string {
 		}
 		text = text[:cut] + "…"
 	}
-	return msg + ": " + strconv.Quote(text)
+	return text
 }
 
 // Call sends a JSON request and decodes the JSON answer into out (nil
@@ -400,6 +408,8 @@ func (c *Client) Call(ctx context.Context, method, path string, query url.Values
 // not (a proxy's or another server's "{}"), is not the edge's: an
 // *APIError with Foreign set, as for an error answer that is not the API's.
 // Taken as the edge's, "200 {}" printed a cancel of run "" on node "".
+// An answer that is not JSON at all (a proxy's "200 OK" login page) is not
+// the edge's either, whatever fields are asked for.
 func (c *Client) CallFor(ctx context.Context, method, path string, query url.Values, body, out any, fields ...string) error {
 	ctx, cancel := c.callContext(ctx)
 	defer cancel()
@@ -415,7 +425,7 @@ func (c *Client) CallFor(ctx context.Context, method, path string, query url.Val
 		}
 		return fmt.Errorf("read answer from %s: %w", path, err)
 	}
-	if !holdsFields(b, fields) {
+	if !json.Valid(b) || !holdsFields(b, fields) {
 		return foreignError(resp, b)
 	}
 	if out == nil {
@@ -609,6 +619,12 @@ func (c *Client) Command(ctx context.Context, node, name string, args any, progr
 			}
 			return nil, err
 		}
+		// The edge answers a command's result as JSON. Anything else (a
+		// proxy's "200 OK" login page) was printed as it came, escapes
+		// and all, and exited 0: "iop ollama delete" said "deleted".
+		if !json.Valid(b) {
+			return nil, foreignError(resp, b)
+		}
 		return b, nil
 	}
 	sse := NewSSEReader(newIdleBody(resp.Body, StreamIdleTimeout))
@@ -633,6 +649,9 @@ func (c *Client) Command(ctx context.Context, node, name string, args any, progr
 				}
 			}
 		case "result":
+			if !json.Valid([]byte(ev.Data)) {
+				return nil, fmt.Errorf("the command's result is not JSON (not an iop edge's answer): %s", strconv.Quote(truncateText(ev.Data)))
+			}
 			return json.RawMessage(ev.Data), nil
 		case "error":
 			return nil, eventError(ev.Data)
