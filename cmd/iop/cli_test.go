@@ -1449,3 +1449,33 @@ func TestSuccessThatIsNotJSON(t *testing.T) {
 		t.Errorf("streamed result: exit %d, stdout %q, stderr %q; want exit 1, %q", r.code, r.stdout, r.stderr, want)
 	}
 }
+
+// Of several nodes, one whose result does not decode (a node of another
+// version) is a warning, as a node that does not answer is: it failed the
+// whole report and the other nodes' rows were lost.
+func TestNodeReportWithOneUnreadableResult(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 200, `{"nodes":[{"id":"n1","adapters":[]},{"id":"n2","adapters":[]}]}`)
+	e.json("POST /v1/nodes/n1/commands", 200, `{"version":"v1","os":"linux","arch":"amd64","hostname":"box-n1","config_version":3}`)
+	e.json("POST /v1/nodes/n2/commands", 200, `{"version":2,"hostname":"box-n2"}`)
+	r := run(t, e.URL, "node", "caps")
+	r.want(t, 0, ""+
+		"NODE  VERSION  PLATFORM     HOSTNAME  CONFIG\n"+
+		"n1    v1       linux/amd64  box-n1    v3\n")
+	if !strings.HasPrefix(r.stderr, "iop: warning: node n2: decode result: ") {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+	// Named alone, that node's result is the error.
+	r = run(t, e.URL, "node", "caps", "n2")
+	if r.code != 1 || r.stdout != "" || !strings.HasPrefix(r.stderr, "iop: node n2: decode result: ") {
+		t.Fatalf("one node: %+v", r)
+	}
+	// Every node's unreadable: an error, not an empty table.
+	e2 := newFakeEdge(t)
+	e2.json("GET /v1/nodes", 200, `{"nodes":[{"id":"n1","adapters":[]},{"id":"n2","adapters":[]}]}`)
+	e2.json("POST /v1/nodes/{id}/commands", 200, `{"adapters":"none"}`)
+	r = run(t, e2.URL, "node", "usage")
+	if r.code != 1 || r.stdout != "" || !strings.HasSuffix(r.stderr, "iop: no node's result could be read (2 answered)\n") {
+		t.Fatalf("all unreadable: %+v", r)
+	}
+}

@@ -256,21 +256,39 @@ func (a *app) nodeCmd() *cobra.Command {
 	return cmd
 }
 
-func decodeEach[T any](results []nodeResult, fn func(node string, v T)) error {
+// decodeEach decodes each node's result and hands it to fn. Of several
+// nodes, one whose result does not decode (a node of another version, a
+// broken one) is a warning on stderr, as a node that did not answer is:
+// it failed the whole report, and the other nodes' rows were lost. One
+// node's result, or every node's, that does not decode is the error.
+func decodeEach[T any](a *app, results []nodeResult, fn func(node string, v T)) error {
+	var lastErr error
+	decoded := 0
 	for _, r := range results {
 		var v T
 		if err := json.Unmarshal(r.raw, &v); err != nil {
-			return fmt.Errorf("node %s: decode result: %w", r.node, err)
+			lastErr = fmt.Errorf("node %s: decode result: %w", r.node, err)
+			if len(results) > 1 {
+				fmt.Fprintf(a.stderr, "iop: warning: %s\n", printable(lastErr.Error()))
+			}
+			continue
 		}
+		decoded++
 		fn(r.node, v)
 	}
-	return nil
+	switch {
+	case decoded > 0:
+		return nil
+	case len(results) > 1:
+		return fmt.Errorf("no node's result could be read (%d answered)", len(results))
+	}
+	return lastErr
 }
 
 func renderCaps(a *app, results []nodeResult, _ any) error {
 	nt := newTable(a.stdout, "NODE", "VERSION", "PLATFORM", "HOSTNAME", "CONFIG")
 	at := [][]string{{"NODE", "ADAPTER", "TYPE", "RUNS", "SESSIONS", "COMMANDS"}}
-	err := decodeEach(results, func(node string, c nodecmd.Capabilities) {
+	err := decodeEach(a, results, func(node string, c nodecmd.Capabilities) {
 		nt.row(node, c.Version, c.OS+"/"+c.Arch, c.Hostname, "v"+strconv.FormatUint(c.ConfigVersion, 10))
 		for _, ad := range c.Adapters {
 			sess := "no"
@@ -298,7 +316,7 @@ func renderCaps(a *app, results []nodeResult, _ any) error {
 func renderTransport(a *app, results []nodeResult, _ any) error {
 	now := a.now()
 	t := newTable(a.stdout, "NODE", "CONNECTED", "RECONNECTS", "RTT", "FRAMES IN/OUT", "BYTES IN/OUT", "RUNS")
-	err := decodeEach(results, func(node string, s nodecmd.TransportStatus) {
+	err := decodeEach(a, results, func(node string, s nodecmd.TransportStatus) {
 		since := "no"
 		if s.Connected {
 			since = "yes"
@@ -319,7 +337,7 @@ func renderTransport(a *app, results []nodeResult, _ any) error {
 func renderUsage(a *app, results []nodeResult, _ any) error {
 	t := newTable(a.stdout, "NODE", "ADAPTER", "RUNS", "OK", "FAILED", "CANCELLED", "RUNNING", "PROMPT", "COMPLETION", "TOTAL", "COST")
 	itoa := func(n int64) string { return strconv.FormatInt(n, 10) }
-	err := decodeEach(results, func(node string, u nodecmd.UsageStatus) {
+	err := decodeEach(a, results, func(node string, u nodecmd.UsageStatus) {
 		for _, x := range u.Adapters {
 			t.row(node, x.Adapter, itoa(x.RunsTotal), itoa(x.Succeeded), itoa(x.Failed), itoa(x.Cancelled), itoa(x.Running),
 				itoa(x.PromptTokens), itoa(x.CompletionTokens), itoa(x.TotalTokens), fmt.Sprintf("$%.4f", x.CostUSD))
@@ -356,7 +374,7 @@ func renderSessions(a *app, results []nodeResult, args any) error {
 	if q.Limit > 0 {
 		filters += " --limit " + strconv.Itoa(q.Limit)
 	}
-	err := decodeEach(results, func(node string, l nodecmd.SessionList) {
+	err := decodeEach(a, results, func(node string, l nodecmd.SessionList) {
 		// A node lists its sessions newest first. One that predates the
 		// adapter filter ignores it: it is applied here too.
 		for _, s := range l.Sessions {
@@ -403,7 +421,7 @@ func renderNodeRuns(a *app, results []nodeResult, args any) error {
 	if q.Limit > 0 {
 		filters += " --limit " + strconv.Itoa(q.Limit)
 	}
-	err := decodeEach(results, func(node string, l nodecmd.RunList) {
+	err := decodeEach(a, results, func(node string, l nodecmd.RunList) {
 		// A node lists its runs newest first. One that predates the
 		// filters ignores them: they are applied here too.
 		for _, r := range l.Runs {
