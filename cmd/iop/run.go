@@ -37,8 +37,8 @@ command; iop prints its id and node. Ctrl-C during a foreground run cancels it.
 
 Exit codes: 0 complete, 1 error (a run the edge refused included), 2 usage
 error (no --adapter, --target missing for an adapter that needs one, a bad
---option or --options, input that is not UTF-8 text), 130 cancelled or
-interrupted.`,
+--option or --options, input that is not UTF-8 text, input on stdin over
+8 MiB), 130 cancelled or interrupted.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
 			if req.Adapter == "" {
@@ -115,7 +115,10 @@ func (a *app) readInput(ctx context.Context, args []string) (string, error) {
 	}
 	done := make(chan read, 1)
 	go func() {
-		b, err := io.ReadAll(a.stdin)
+		// The edge takes at most MaxRequest bytes: reading on past it
+		// only grew memory (a file of gigabytes, or /dev/zero, without
+		// end) for a run the edge then refused.
+		b, err := io.ReadAll(io.LimitReader(a.stdin, client.MaxRequest+1))
 		done <- read{b, err}
 	}()
 	var b []byte
@@ -127,6 +130,9 @@ func (a *app) readInput(ctx context.Context, args []string) (string, error) {
 		b = r.b
 	case <-ctx.Done():
 		return "", ctx.Err()
+	}
+	if len(b) > client.MaxRequest {
+		return "", usageError("the input on stdin is over %d MiB, the most the edge takes in a request", client.MaxRequest>>20)
 	}
 	if !utf8.Valid(b) {
 		return "", usageError("the input on stdin is not UTF-8 text; a run's input must be")

@@ -47,6 +47,11 @@ var HeaderTimeout = 45 * time.Second
 // server grew the CLI's memory without limit.
 var MaxAnswer = 64 << 20
 
+// MaxRequest is the most the edge takes in a request body, in bytes: 8 MiB
+// (maxBody in adapters/http). A run's input is at least as long in the
+// request, so input over it can never be sent.
+const MaxRequest = 8 << 20
+
 // readAnswer reads a success body, at most MaxAnswer bytes of it.
 func readAnswer(r io.Reader) ([]byte, error) {
 	b, err := io.ReadAll(io.LimitReader(r, int64(MaxAnswer)+1))
