@@ -9,20 +9,28 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 	"unicode/utf8"
+
+	"github.com/rivo/uniseg"
 
 	"iop/cmd/iop/internal/client"
 )
 
 // table writes aligned columns; call flush when done. A write that fails
 // is the command's failure through app.run's stdout, which keeps the
-// first error.
-type table struct{ tw *tabwriter.Writer }
+// first error. Columns are as wide as their widest cell on a terminal
+// (uniseg.StringWidth: a CJK character takes two columns, a combining mark
+// none), two spaces apart; the last column is not padded. text/tabwriter
+// counted runes, so every column after an id with a wide character was
+// shifted.
+type table struct {
+	w    io.Writer
+	rows [][]string
+}
 
 func newTable(w io.Writer, header ...string) *table {
-	t := &table{tw: tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)}
+	t := &table{w: w}
 	if len(header) > 0 {
 		t.row(header...)
 	}
@@ -30,18 +38,44 @@ func newTable(w io.Writer, header ...string) *table {
 }
 
 func (t *table) row(cols ...string) {
+	cells := make([]string, len(cols))
 	for i, c := range cols {
 		// Whitespace that would break the row becomes a space; what is
 		// left that a terminal would act on is escaped.
-		cols[i] = printable(strings.NewReplacer("\t", " ", "\n", " ", "\r", " ").Replace(c))
-		if cols[i] == "" {
-			cols[i] = "-"
+		cells[i] = printable(strings.NewReplacer("\t", " ", "\n", " ", "\r", " ").Replace(c))
+		if cells[i] == "" {
+			cells[i] = "-"
 		}
 	}
-	fmt.Fprintln(t.tw, strings.Join(cols, "\t"))
+	t.rows = append(t.rows, cells)
 }
 
-func (t *table) flush() { _ = t.tw.Flush() }
+func (t *table) flush() {
+	var widths []int
+	for _, r := range t.rows {
+		for i, c := range r {
+			if i == len(r)-1 {
+				break // the last column is not padded
+			}
+			if i == len(widths) {
+				widths = append(widths, 0)
+			}
+			widths[i] = max(widths[i], uniseg.StringWidth(c))
+		}
+	}
+	var b strings.Builder
+	for _, r := range t.rows {
+		for i, c := range r {
+			b.WriteString(c)
+			if i < len(r)-1 {
+				b.WriteString(strings.Repeat(" ", widths[i]-uniseg.StringWidth(c)+2))
+			}
+		}
+		b.WriteByte('\n')
+	}
+	t.rows = nil
+	_, _ = io.WriteString(t.w, b.String())
+}
 
 // printable returns text that came from the edge, a node or a provider
 // (names, reasons, error messages) fit to be shown on a terminal: every rune

@@ -95,3 +95,19 @@ func TestVerboseUsageIsEscaped(t *testing.T) {
 	}
 	noRawControls(t, "stderr", r.stderr)
 }
+
+// Columns line up on a terminal whatever the ids hold: a wide (CJK)
+// character takes two columns, a combining mark none. tabwriter counted
+// runes, so every column after such an id was shifted.
+func TestTableColumnsWithWideCharacters(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 200, `{"nodes":[
+		{"id":"東京-1","connected":true,"remote":"10.0.0.1:1","connected_at":"2026-03-01T11:55:00Z","version":"v1","adapters":[]},
+		{"id":"cafe\u0301","connected":true,"remote":"10.0.0.2:1","connected_at":"2026-03-01T11:55:00Z","version":"v1","adapters":[]},
+		{"id":"n1","connected":true,"remote":"10.0.0.3:1","connected_at":"2026-03-01T11:55:00Z","version":"v1","adapters":[]}]}`)
+	run(t, e.URL, "nodes").want(t, 0, ""+
+		"ID      STATUS  REMOTE      CONNECTED  ADAPTERS  VERSION\n"+
+		"東京-1  online  10.0.0.1:1  5m ago     -         v1\n"+
+		"cafe\u0301    online  10.0.0.2:1  5m ago     -         v1\n"+
+		"n1      online  10.0.0.3:1  5m ago     -         v1\n")
+}
