@@ -107,6 +107,10 @@ const CodeHistoryUnavailable = "history_unavailable"
 // less (a smaller limit, a page at a time).
 const CodeResultTooLarge = "result_too_large"
 
+// CodeBadResult fails a node command whose result (or a progress report)
+// is not JSON: the node is broken or hostile, and the edge's answer is JSON.
+const CodeBadResult = "bad_result"
+
 // CodeTooManySubscriptions refuses an event feed (GET /v1/events) over
 // the edge's caps on live subscriptions, per key or in total: each costs
 // the edge a buffer and the encoding of every event it is sent.
@@ -172,7 +176,7 @@ var knownCodes = func() map[string]struct{} {
 		CodeProviderError, CodeProviderUnreachable, CodeStreamReset, CodeShuttingDown,
 		CodeUnauthorized, CodeForbidden, CodeRateLimited, CodeCrossOrigin, CodeHostNotAllowed,
 		CodeTooManyConnections, CodeHistoryUnavailable, CodeRunLost, CodeNodeRemoved, CodeIdentityMismatch,
-		CodeResultTooLarge, CodeTooManySubscriptions,
+		CodeResultTooLarge, CodeBadResult, CodeTooManySubscriptions,
 	} {
 		m[c] = struct{}{}
 	}

@@ -31,7 +31,7 @@ func statusFor(err error) int {
 		return http.StatusTooManyRequests
 	case domain.CodeSessionUnsupported, domain.CodeCommandUnsupported:
 		return http.StatusNotImplemented
-	case domain.CodeProviderError, domain.CodeProviderUnreachable, domain.CodeStreamReset, domain.CodeResultTooLarge:
+	case domain.CodeProviderError, domain.CodeProviderUnreachable, domain.CodeStreamReset, domain.CodeResultTooLarge, domain.CodeBadResult:
 		return http.StatusBadGateway
 	case domain.CodeNoNodeAvailable, domain.CodeNodeDisconnected, domain.CodeShuttingDown, domain.CodeHistoryUnavailable:
 		return http.StatusServiceUnavailable

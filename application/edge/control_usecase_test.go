@@ -310,3 +310,44 @@ func TestNodeCommandHandleStreamsProgress(t *testing.T) {
 		t.Fatalf("progress = %v", progress)
 	}
 }
+
+// A node's command result or progress report that is not JSON is never
+// passed on as the edge's JSON: the result fails the command with
+// bad_result, the progress report is dropped.
+func TestNodeCommandResultThatIsNotJSON(t *testing.T) {
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+	e.links["a"].commands = map[string][]ports.CommandReply{
+		"capabilities": {{Final: true, Result: []byte("<html>\x1b[2J</html>")}},
+		"ollama.pull":  {{Progress: []byte("\x1b]0;x\x07")}, {Progress: []byte(`{"pct":1}`)}, {Final: true, Result: []byte(`{"status":"success"}`)}},
+		"empty":        {{Final: true}},
+	}
+	h := edge.NewNodeCommandHandler(e.reg)
+	res, err := h.Call(context.Background(), "a", "capabilities", nil)
+	if domain.CodeOf(err) != domain.CodeBadResult || res != nil || !strings.Contains(err.Error(), "not JSON") {
+		t.Fatalf("Call = %q, %v; want bad_result", res, err)
+	}
+	if res, err := h.Call(context.Background(), "a", "empty", nil); err != nil || len(res) != 0 {
+		t.Fatalf("an empty result = %q, %v; want it passed on (the HTTP API answers {})", res, err)
+	}
+	cs, ctx, cancel, err := h.Handle(context.Background(), "a", "ollama.pull", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cancel()
+	defer cs.Close()
+	var got []string
+	for {
+		r, err := cs.Recv(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Final {
+			got = append(got, "final "+string(r.Result))
+			break
+		}
+		got = append(got, string(r.Progress))
+	}
+	if want := []string{`{"pct":1}`, `final {"status":"success"}`}; !slices.Equal(got, want) {
+		t.Fatalf("replies %q, want %q", got, want)
+	}
+}

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
@@ -75,7 +76,7 @@ func (h *NodeCommandHandler) Handle(ctx context.Context, node, name string, args
 		cancel()
 		return nil, nil, nil, err
 	}
-	cs = &progressExtends{CommandStream: cs, short: short}
+	cs = &progressExtends{CommandStream: &jsonReplies{CommandStream: cs, node: n.ID, name: name}, short: short}
 	if name == nodecmd.CmdUsageStatus && h.Ledger != nil {
 		cs = &withTunnelUsage{CommandStream: cs, lines: func() []UsageLine { return h.Ledger.ForNode(n.ID) }}
 	}
@@ -104,6 +105,38 @@ func (w *withTunnelUsage) Recv(ctx context.Context) (ports.CommandReply, error) 
 		r.Result = out
 	}
 	return r, nil
+}
+
+// jsonReplies holds a node to the contract that its command results and
+// progress reports are JSON. The edge passed them on as they came: a
+// broken or hostile node's text went out as a "200 application/json"
+// answer, or a progress event, that was not JSON (terminal escapes and
+// all). A progress report that is not JSON is dropped (and does not lift
+// the short timeout); a result that is not JSON fails the command with
+// bad_result. An empty result is the edge's "{}", as before.
+type jsonReplies struct {
+	ports.CommandStream
+	node, name string
+}
+
+func (j *jsonReplies) Recv(ctx context.Context) (ports.CommandReply, error) {
+	for {
+		r, err := j.CommandStream.Recv(ctx)
+		if err != nil {
+			return r, err
+		}
+		if !r.Final {
+			if len(r.Progress) > 0 && !json.Valid(r.Progress) {
+				continue
+			}
+			return r, nil
+		}
+		if r.Err == nil && len(bytes.TrimSpace(r.Result)) > 0 && !json.Valid(r.Result) {
+			return ports.CommandReply{Final: true, Err: domain.Errorf(domain.CodeBadResult,
+				"node %q answered command %q with a result that is not JSON (%d bytes)", j.node, j.name, len(r.Result))}, nil
+		}
+		return r, nil
+	}
 }
 
 // progressExtends lifts the ordinary timeout once the command reports
