@@ -1479,3 +1479,39 @@ func TestNodeReportWithOneUnreadableResult(t *testing.T) {
 		t.Fatalf("all unreadable: %+v", r)
 	}
 }
+
+// A CA file that cannot be used is named as it was given: $IOP_CA_FILE's
+// was reported as a --ca-file the command line did not hold.
+func TestCAFileNamedAsGiven(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing.pem")
+	notPEM := filepath.Join(t.TempDir(), "ca.txt")
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := func(v string) cliOpt {
+		return func(a *app) {
+			get := a.getenv
+			a.getenv = func(k string) string {
+				if k == "IOP_CA_FILE" {
+					return v
+				}
+				return get(k)
+			}
+		}
+	}
+	for _, c := range []struct {
+		opts []cliOpt
+		args []string
+		want string
+	}{
+		{[]cliOpt{env(missing)}, []string{"nodes"}, "iop: IOP_CA_FILE: open " + missing + ": no such file or directory\n"},
+		{[]cliOpt{env(notPEM)}, []string{"nodes"}, "iop: IOP_CA_FILE " + notPEM + " holds no PEM certificate\n"},
+		{nil, []string{"--ca-file", missing, "nodes"}, "iop: --ca-file: open " + missing + ": no such file or directory\n"},
+		{[]cliOpt{env(missing)}, []string{"--ca-file", notPEM, "nodes"}, "iop: --ca-file " + notPEM + " holds no PEM certificate\n"},
+	} {
+		r := cli(t, context.Background(), "http://127.0.0.1:1", c.opts, c.args...)
+		if r.code != 2 || !strings.HasPrefix(r.stderr, c.want) {
+			t.Errorf("iop %q: exit %d, stderr %q; want exit 2, %q", c.args, r.code, r.stderr, c.want)
+		}
+	}
+}

@@ -321,18 +321,20 @@ func (a *app) client() (*client.Client, error) {
 		edge = a.getenv("IOP_EDGE")
 	}
 	hc := a.httpClient
-	caFile := a.caFile
+	caFile, from := a.caFile, "--ca-file"
 	if caFile == "" {
-		caFile = a.getenv("IOP_CA_FILE")
+		// Named as it was given: a bad $IOP_CA_FILE was reported as a
+		// --ca-file the command line did not hold.
+		caFile, from = a.getenv("IOP_CA_FILE"), "IOP_CA_FILE"
 	}
 	if caFile != "" {
 		pem, err := os.ReadFile(caFile)
 		if err != nil {
-			return nil, usageError("--ca-file: %v", err)
+			return nil, usageError("%s: %v", from, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, usageError("--ca-file %s holds no PEM certificate", caFile)
+			return nil, usageError("%s %s holds no PEM certificate", from, caFile)
 		}
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
