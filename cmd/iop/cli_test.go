@@ -1515,3 +1515,17 @@ func TestCAFileNamedAsGiven(t *testing.T) {
 		}
 	}
 }
+
+// An error object without a code is not the edge's (it always sends one):
+// an OpenAI-shaped proxy's 401 read "the edge refused the API key: Invalid
+// API key ()".
+func TestErrorObjectWithoutACodeIsNotTheEdges(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 401, `{"error":{"message":"Invalid API key","type":"invalid_request_error","code":null}}`)
+	r := run(t, e.URL, "nodes")
+	want := fmt.Sprintf("iop: HTTP 401 from %s/v1/nodes: not an iop edge answer (application/json): %q\n", e.URL,
+		`{"error":{"message":"Invalid API key","type":"invalid_request_error","code":null}}`)
+	if r.code != 1 || r.stdout != "" || r.stderr != want {
+		t.Fatalf("exit %d, stderr %q; want exit 1, %q", r.code, r.stderr, want)
+	}
+}

@@ -340,9 +340,11 @@ func decodeError(resp *http.Response) error {
 			Message string `json:"message"`
 		} `json:"error"`
 	}
-	// An error object with neither a code nor a message says nothing: it
-	// printed "iop:  ()". It is some other server's JSON.
-	if json.Unmarshal(b, &body) == nil && body.Error != nil && (body.Error.Code != "" || body.Error.Message != "") {
+	// The edge's error object always has a code. One without (an
+	// OpenAI-shaped proxy's {"error":{"message","type","code":null}}) is
+	// some other server's JSON: taken as the edge's, it printed "msg ()",
+	// and a proxy's 401 read "the edge refused the API key".
+	if json.Unmarshal(b, &body) == nil && body.Error != nil && body.Error.Code != "" {
 		return &APIError{Status: resp.StatusCode, Code: body.Error.Code, Message: body.Error.Message}
 	}
 	// Ollama's shape, {"error":"…"}, on /api routes.
