@@ -1520,12 +1520,17 @@ func TestCAFileNamedAsGiven(t *testing.T) {
 // an OpenAI-shaped proxy's 401 read "the edge refused the API key: Invalid
 // API key ()".
 func TestErrorObjectWithoutACodeIsNotTheEdges(t *testing.T) {
-	e := newFakeEdge(t)
-	e.json("GET /v1/nodes", 401, `{"error":{"message":"Invalid API key","type":"invalid_request_error","code":null}}`)
-	r := run(t, e.URL, "nodes")
-	want := fmt.Sprintf("iop: HTTP 401 from %s/v1/nodes: not an iop edge answer (application/json): %q\n", e.URL,
-		`{"error":{"message":"Invalid API key","type":"invalid_request_error","code":null}}`)
-	if r.code != 1 || r.stdout != "" || r.stderr != want {
-		t.Fatalf("exit %d, stderr %q; want exit 1, %q", r.code, r.stderr, want)
+	for _, body := range []string{
+		`{"error":{"message":"Invalid API key","type":"invalid_request_error","code":null}}`,
+		// Ollama's shape, which the edge writes only on its /api routes.
+		`{"error":"Unauthorized"}`,
+	} {
+		e := newFakeEdge(t)
+		e.json("GET /v1/nodes", 401, body)
+		r := run(t, e.URL, "nodes")
+		want := fmt.Sprintf("iop: HTTP 401 from %s/v1/nodes: not an iop edge answer (application/json): %q\n", e.URL, body)
+		if r.code != 1 || r.stdout != "" || r.stderr != want {
+			t.Errorf("%s: exit %d, stderr %q; want exit 1, %q", body, r.code, r.stderr, want)
+		}
 	}
 }

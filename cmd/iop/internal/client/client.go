@@ -347,13 +347,10 @@ func decodeError(resp *http.Response) error {
 	if json.Unmarshal(b, &body) == nil && body.Error != nil && body.Error.Code != "" {
 		return &APIError{Status: resp.StatusCode, Code: body.Error.Code, Message: body.Error.Message}
 	}
-	// Ollama's shape, {"error":"…"}, on /api routes.
-	var flat struct {
-		Error string `json:"error"`
-	}
-	if json.Unmarshal(b, &flat) == nil && flat.Error != "" {
-		return &APIError{Status: resp.StatusCode, Code: fmt.Sprintf("http_%d", resp.StatusCode), Message: flat.Error}
-	}
+	// Anything else is not the edge's, {"error":"…"} included: the edge
+	// answers in that (Ollama's) shape only on its /api routes, which the
+	// CLI never calls. Taken as the edge's, another server's 401
+	// {"error":"Unauthorized"} read "the edge refused the API key".
 	return foreignError(resp, b)
 }
 
