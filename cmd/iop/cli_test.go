@@ -204,7 +204,7 @@ func TestRunStreamsOutput(t *testing.T) {
 
 func TestRunInputFromStdin(t *testing.T) {
 	e := newFakeEdge(t)
-	e.sse("POST /v1/runs", nil, "complete", `{"type":"complete"}`)
+	e.sse("POST /v1/runs", map[string]string{"X-IOP-Run-ID": "run_1"}, "complete", `{"type":"complete"}`)
 	cli(t, context.Background(), e.URL, []cliOpt{withStdin("from stdin\n")}, "run", "--adapter", "exec", "-").want(t, 0, "")
 	if !strings.Contains(e.last().body, `"input":"from stdin\n"`) {
 		t.Fatalf("body %s", e.last().body)
@@ -1447,6 +1447,19 @@ func TestSuccessThatIsNotJSON(t *testing.T) {
 	want := "iop: the command's result is not JSON (not an iop edge's answer): \"<b>\\x1b[2Jdone</b>\"\n"
 	if r.code != 1 || r.stdout != "" || r.stderr != want {
 		t.Errorf("streamed result: exit %d, stdout %q, stderr %q; want exit 1, %q", r.code, r.stdout, r.stderr, want)
+	}
+}
+
+// Another server's event stream (no X-IOP-Run-ID, which the edge sends
+// with every run stream) is not taken for a run: it printed "run : decode
+// message event: …".
+func TestRunStreamThatIsNotTheEdges(t *testing.T) {
+	e := newFakeEdge(t)
+	e.sse("POST /v1/runs", nil, "message", `data: {"choices":[{"delta":{"content":"hi"}}]}`)
+	r := run(t, e.URL, "run", "--adapter", "exec", "x")
+	want := fmt.Sprintf("iop: HTTP 200 from %s/v1/runs: not an iop edge answer (text/event-stream): an event stream without the X-IOP-Run-ID header every run stream carries\n", e.URL)
+	if r.code != 1 || r.stdout != "" || r.stderr != want {
+		t.Errorf("exit %d, stdout %q, stderr %q; want exit 1, %q", r.code, r.stdout, r.stderr, want)
 	}
 }
 

@@ -63,7 +63,7 @@ func (r *endlessInput) Read(p []byte) (int, error) {
 // edge to refuse ("request body exceeds 8388608 bytes").
 func TestStdinOverTheEdgesBound(t *testing.T) {
 	e := newFakeEdge(t)
-	e.sse("POST /v1/runs", nil, "complete", `{"type":"complete"}`)
+	e.sse("POST /v1/runs", map[string]string{"X-IOP-Run-ID": "run_1"}, "complete", `{"type":"complete"}`)
 	in := &endlessInput{}
 	r := cli(t, context.Background(), e.URL, []cliOpt{func(a *app) { a.stdin = in }}, "run", "--adapter", "exec", "--target", "x")
 	if r.code != 2 || r.stdout != "" || !strings.HasPrefix(r.stderr, "iop: the input on stdin is over 8 MiB, the most the edge takes in a request\n") {

@@ -554,6 +554,15 @@ func (c *Client) StartRun(ctx context.Context, req RunRequest) (*RunStream, erro
 		}
 		return &RunStream{RunID: ack.RunID, Node: ack.Node, Background: true}, nil
 	}
+	if resp.Header.Get("X-IOP-Run-ID") == "" {
+		// The edge names every run it streams: another server's event
+		// stream (an OpenAI-style one) read as a run printed
+		// "run : decode message event: …".
+		resp.Body.Close()
+		e := foreignError(resp, nil)
+		e.Message += ": an event stream without the X-IOP-Run-ID header every run stream carries"
+		return nil, e
+	}
 	body := newIdleBody(resp.Body, StreamIdleTimeout)
 	return &RunStream{
 		RunID: resp.Header.Get("X-IOP-Run-ID"), Node: resp.Header.Get("X-IOP-Node"),
