@@ -683,8 +683,11 @@ const (
 // toolCalls merges the streamed fragments of the reply's tool calls: the
 // first fragment of a call (by index) brings its id, type and function
 // name, the following ones pieces of its arguments. A fragment whose index
-// is that of a call with another id starts a new call: Ollama's /v1 gives
-// every parallel call of a turn index 0, each with an id of its own.
+// is that of a call with another id starts a new call only when it is a
+// call's first fragment, bringing a function name too: Ollama's /v1 gives
+// every parallel call of a turn index 0, each whole with an id of its own,
+// while other servers (Poolside, vLLM's early harmony streaming,
+// mlx-openai-server) give each fragment of one call an id of its own.
 type toolCalls struct {
 	calls   []*toolCall // in the order they started
 	byIndex map[int]int // the server's index → the latest call given it
@@ -742,7 +745,7 @@ func (tc *toolCalls) add(raw json.RawMessage) error {
 func (tc *toolCalls) slot(f toolCallFragment) int {
 	if f.Index != nil {
 		i, ok := tc.byIndex[*f.Index]
-		if !ok || (f.ID != "" && tc.calls[i].id != "" && tc.calls[i].id != f.ID) {
+		if !ok || (f.ID != "" && f.Function.Name != "" && tc.calls[i].id != "" && tc.calls[i].id != f.ID) {
 			return len(tc.calls)
 		}
 		return i
