@@ -855,8 +855,14 @@ func TestNotFoundEndpointIsNoUnknownModel(t *testing.T) {
 		{"Go mux", "text/plain; charset=utf-8", "404 page not found\n", domain.CodeProviderError},
 		{"nginx HTML", "text/html", "<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n", domain.CodeProviderError},
 		{"empty", "", "", domain.CodeProviderError},
+		// An API error that names no model is no unknown model either.
+		{"OpenAI invalid URL", "application/json", `{"error":{"message":"Invalid URL (POST /v1/v1/chat/completions)","type":"invalid_request_error","param":null,"code":null}}`, domain.CodeProviderError},
+		{"llama.cpp", "application/json; charset=utf-8", `{"error":{"code":404,"message":"File Not Found","type":"not_found_error"}}`, domain.CodeProviderError},
 		// A 404 that names the model is still an unknown model.
 		{"detail naming the model", "application/json", `{"detail":"Model 'nope' not found"}`, domain.CodeModelNotFound},
+		{"OpenAI unknown model", "application/json", `{"error":{"message":"The model 'nope' does not exist","type":"invalid_request_error","param":"model","code":"model_not_found"}}`, domain.CodeModelNotFound},
+		{"vLLM unknown model", "application/json", "{\"object\":\"error\",\"message\":\"The model `nope` does not exist.\",\"type\":\"NotFoundError\",\"param\":null,\"code\":404}", domain.CodeModelNotFound},
+		{"Ollama unknown model", "application/json", `{"error":"model \"nope\" not found, try pulling it first"}`, domain.CodeModelNotFound},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

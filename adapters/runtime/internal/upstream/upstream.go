@@ -123,15 +123,19 @@ func TransportError(ctx context.Context, err error) error {
 // StatusError builds the error for a non-2xx response: the provider's own
 // message (from {"error":"…"}, {"error":{"message":"…"}} or
 // {"object":"error","message":"…"}, else the body
-// text, else the status line), with code model_not_found for 404 or a
-// message saying a model was not found, and provider_error otherwise.
+// text, else the status line), with code model_not_found for a 404 that
+// names a model or a message saying a model was not found, and
+// provider_error otherwise.
 //
-// A 404 whose body is no error of the API and does not mention a model
-// (an HTML page, Go's "404 page not found", FastAPI's {"detail":"Not
-// Found"}, nothing) is provider_error with a hint at base_url: nothing at
+// A 404 whose message does not mention a model and whose error code is not
+// model_not_found is provider_error with a hint at base_url: nothing at
 // that URL serves the API (a base_url that already ends in /v1, a wrong
-// path_prefix), whereas Ollama and OpenAI-compatible servers answer an
-// unknown model with their JSON error.
+// path_prefix). That holds for bodies that are no error of the API (an
+// HTML page, Go's "404 page not found", FastAPI's {"detail":"Not Found"},
+// nothing) and for API errors alike (OpenAI's "Invalid URL (POST
+// /v1/v1/chat/completions)", llama.cpp's "File Not Found"), whereas an
+// unknown model is named in the message (Ollama's `model "x" not found`,
+// OpenAI's and vLLM's "The model 'x' does not exist").
 func StatusError(status int, body []byte) error {
 	msg, code := ErrorMessage(body)
 	if msg == "" {
@@ -142,12 +146,12 @@ func StatusError(status int, body []byte) error {
 		if text != "" && text != http.StatusText(status) {
 			msg += ": " + text
 		}
-		if status == http.StatusNotFound && !strings.Contains(strings.ToLower(text), "model") {
+	}
+	if status == http.StatusNotFound {
+		if code != domain.CodeModelNotFound && !strings.Contains(strings.ToLower(msg), "model") {
 			return &domain.Error{Code: domain.CodeProviderError, Message: msg +
 				" (no such endpoint on the server: base_url must be its root, without /v1; for an openai adapter, check path_prefix)"}
 		}
-	}
-	if status == http.StatusNotFound {
 		return &domain.Error{Code: domain.CodeModelNotFound, Message: msg}
 	}
 	return ProviderError(msg, code)
