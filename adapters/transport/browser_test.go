@@ -152,6 +152,50 @@ func TestBrowserRequestsDoNotChargeATLSAddressBudget(t *testing.T) {
 	}
 }
 
+// On a plaintext edge (mode off) an https:// fetch of the transport port,
+// or a turns: TURN server a web page names, makes the browser send a TLS
+// ClientHello. It guesses no token and costs a plaintext edge no crypto: it
+// must not use up the address's budget either. It is still answered, so a
+// node given --ca-pin is told to match the edge's mode.
+func TestBrowserTLSRequestsDoNotChargeAPlaintextAddressBudget(t *testing.T) {
+	ctx := testCtx(t)
+	cfg := testConfig()
+	cfg.RegisterFailBurst = 3
+	cfg.RegisterFailRate = 0.001
+	edge := newFakeEdge()
+	edge.addNode(testToken, testNodeConfig())
+	srv := startServer(t, "", cfg, edge)
+	addr := srv.Addr().String()
+
+	var reasons []string
+	for range 4 {
+		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.9")}}
+		nc, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc := tls.Client(nc, &tls.Config{ServerName: "127.0.0.1", RootCAs: x509.NewCertPool(), NextProtos: []string{"h2", "http/1.1"}})
+		_ = tc.SetDeadline(time.Now().Add(5 * time.Second))
+		err = tc.Handshake()
+		_ = nc.Close()
+		// The plaintext answer is no TLS record: the client says so.
+		if err == nil || !strings.Contains(err.Error(), "does not look like a TLS handshake") {
+			t.Fatalf("TLS client on a plaintext edge: %v", err)
+		}
+		reasons = append(reasons, recv(t, ctx, edge.failed, "handshake failure").Reason)
+	}
+	p := dialFrom(t, "127.0.0.9", addr)
+	p.write(&ioppb.Frame{Body: &ioppb.Frame_RegisterRequest{RegisterRequest: &ioppb.RegisterRequest{Token: testToken}}})
+	if f, err := p.read(ctx); err != nil || !f.GetRegisterResponse().GetAccepted() {
+		t.Fatalf("node after %d TLS ClientHellos from its address: frame %v, err %v (reasons %q)", len(reasons), f, err, reasons)
+	}
+	for _, r := range reasons {
+		if !strings.Contains(r, "a TLS client on a plaintext node link") || !strings.Contains(r, "not charged") {
+			t.Fatalf("reason %q", r)
+		}
+	}
+}
+
 func TestBrowserStart(t *testing.T) {
 	for _, c := range []struct {
 		in   string

@@ -241,19 +241,32 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 	dec.elements = handshakeElements // the peer has shown no token yet
 	f := new(ioppb.Frame)
 	if _, err := dec.Decode(f); err != nil {
-		if errors.Is(err, errTLSClient) && !s.adm.evicted(t) {
-			// A node speaking TLS to a plaintext link: answered in
-			// plaintext, which its TLS client reports as an answer that is
-			// not TLS, with the hint to match the edge's mode, rather
-			// than as a reset connection. Charged like other garbage.
-			if s.adm.failed(key) {
-				reason := domain.CodeInvalidRequest + ": " + tlsOnPlaintextReason
-				if b, err := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterResponse{RegisterResponse: &ioppb.RegisterResponse{Reason: reason}}}, s.cfg.MaxFrameSize); err == nil {
-					_, _ = nc.Write(b)
-				}
+		if errors.Is(err, errTLSClient) && s.cfg.TLS == nil && !s.adm.evicted(t) {
+			// A TLS client on a plaintext link: a node given --ca-pin or
+			// --ca-file, or a browser that a web page sends to
+			// https://127.0.0.1:7700 or to a turns: TURN server. It guesses
+			// no token and costs a plaintext link no crypto, so it is not
+			// charged to the address (a web page must not throttle the
+			// nodes on its machine); its reports are rate-limited like
+			// failed TLS handshakes. It is answered in plaintext, which its
+			// TLS client reports as an answer that is not TLS, with the
+			// hint to match the edge's mode, rather than as a reset
+			// connection.
+			reason := domain.CodeInvalidRequest + ": " + tlsOnPlaintextReason
+			if b, err := AppendFrame(nil, &ioppb.Frame{Body: &ioppb.Frame_RegisterResponse{RegisterResponse: &ioppb.RegisterResponse{Reason: reason}}}, s.cfg.MaxFrameSize); err == nil {
+				_, _ = nc.Write(b)
 			}
 			_ = nc.Close()
-			s.h.HandshakeFailed(remote, "handshake: "+tlsOnPlaintextReason)
+			n, ok := s.tlsReports.allow(time.Now())
+			if !ok {
+				s.h.HandshakeFailedUnreported()
+				return nil, "", false
+			}
+			why := "handshake: " + tlsOnPlaintextReason + " (not charged to the address)"
+			if n > 0 {
+				why += fmt.Sprintf(" (%d more TLS handshake failures not reported)", n)
+			}
+			s.h.HandshakeFailed(remote, why)
 			return nil, "", false
 		}
 		_ = nc.Close()

@@ -581,3 +581,38 @@ func TestTLSGarbageChargesTheAddressBudget(t *testing.T) {
 		t.Fatalf("good node from another address: %+v", resp)
 	}
 }
+
+// A ClientHello inside an established TLS connection (a proxy that
+// re-encrypts, a client that wraps twice) on a TLS edge is not the
+// plaintext-edge case: the edge must not say its mode is off, nor answer
+// with the hint to start the node with --insecure.
+func TestTLSInsideTLSIsNotReportedAsAPlaintextEdge(t *testing.T) {
+	ctx := testCtx(t)
+	m := edgeCA(t)
+	e := newFakeEdge()
+	e.addNode(testToken, testNodeConfig())
+	srv := startServer(t, "", tlsServerConfig(m, nil), e)
+	addr := srv.Addr().String()
+	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nc.Close() })
+	outer := tls.Client(nc, clientTLS(t, ClientTLS{CAPin: m.Pin()}, addr))
+	_ = outer.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := outer.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	inner := tls.Client(outer, clientTLS(t, ClientTLS{CAPin: m.Pin()}, addr))
+	_ = inner.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := inner.Handshake(); err == nil {
+		t.Fatal("a TLS handshake inside TLS succeeded")
+	}
+	r := recv(t, ctx, e.failed, "handshake failure").Reason
+	if strings.Contains(r, "mode is off") || strings.Contains(r, "--insecure") {
+		t.Fatalf("TLS inside TLS on a TLS edge reported as %q", r)
+	}
+	if e.registerCount() != 0 {
+		t.Fatal("a ClientHello reached Register")
+	}
+}
