@@ -86,8 +86,9 @@ func rotateCA(dir string) string {
 // certificate is renewed ahead of its own end, so only while its renewal
 // fails), the server certificate's.
 func (m *Manager) Expiries() []Expiry {
-	out := []Expiry{{Cert: "ca", What: "the edge CA", File: filepath.Join(m.o.Dir, CAKeyFile), NotAfter: m.ca.NotAfter, Rotate: rotateCA(m.o.Dir)}}
-	if c := m.cur.Load(); c != nil && c.Leaf.NotAfter.Before(m.ca.NotAfter) {
+	ca := m.ca.Load()
+	out := []Expiry{{Cert: "ca", What: "the edge CA", File: filepath.Join(m.o.Dir, CAKeyFile), NotAfter: ca.NotAfter, Rotate: rotateCA(m.o.Dir)}}
+	if c := m.cur.Load(); c != nil && c.Leaf.NotAfter.Before(ca.NotAfter) {
 		out = append(out, Expiry{Cert: "server", What: "the node-link server certificate", File: filepath.Join(m.o.Dir, ServerKeyFile),
 			NotAfter: c.Leaf.NotAfter, Rotate: "the edge renews it ahead of its end, and that is failing (see the errors logged): " +
 				"check that " + m.o.Dir + " is writable, or restart the edge, which issues a new one"})

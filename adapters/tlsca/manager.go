@@ -66,8 +66,10 @@ type Options struct {
 // Manager owns the edge's CA and its current server certificate. It is safe
 // for concurrent use; GetCertificate always returns the newest certificate.
 type Manager struct {
-	o     Options
-	ca    *x509.Certificate
+	o Options
+	// ca is replaced (same key, see resignCA) only under mu; it is read
+	// without it (CA, Pin, Expiries).
+	ca    atomic.Pointer[x509.Certificate]
 	caKey *ecdsa.PrivateKey
 	mu    sync.Mutex // serializes renewals
 	cur   atomic.Pointer[tls.Certificate]
@@ -102,7 +104,7 @@ func Open(o Options) (*Manager, error) {
 	if err := m.loadOrCreateCA(); err != nil {
 		return nil, err
 	}
-	if !o.Now().Before(m.ca.NotAfter) {
+	if !o.Now().Before(m.ca.Load().NotAfter) {
 		// Refused rather than served: every node would refuse the edge's
 		// certificate, and only the operator can give the nodes a new
 		// CA's pin.
@@ -119,10 +121,10 @@ func Open(o Options) (*Manager, error) {
 }
 
 // CA returns the CA certificate.
-func (m *Manager) CA() *x509.Certificate { return m.ca }
+func (m *Manager) CA() *x509.Certificate { return m.ca.Load() }
 
 // Pin returns the pin of the CA's public key, what nodes pass as --ca-pin.
-func (m *Manager) Pin() string { return Pin(m.ca) }
+func (m *Manager) Pin() string { return Pin(m.ca.Load()) }
 
 // Certificate returns the current server certificate (leaf first, then the CA).
 func (m *Manager) Certificate() *tls.Certificate { return m.cur.Load() }
@@ -134,10 +136,24 @@ func (m *Manager) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error)
 
 // Renew issues a new server certificate if the current one is missing, due,
 // for other hosts or from another CA, and reports whether it did.
+//
+// It also re-signs a CA that is not valid yet (resignCA), which start does
+// too: one made while the clock was ahead, on an edge that has run since
+// the clock was set right. The served chain then carries the re-signed CA.
 func (m *Manager) Renew() (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if c := m.cur.Load(); c != nil && !m.due(c.Leaf) {
+	resigned := false
+	if now := m.o.Now(); now.Before(m.ca.Load().NotBefore) {
+		if err := m.resignCA(filepath.Join(m.o.Dir, CAKeyFile), now); err != nil {
+			return false, err
+		}
+		if err := writeFileAtomic(filepath.Join(m.o.Dir, CACertFile), pemCert(m.ca.Load().Raw), 0o644, true); err != nil {
+			return false, err
+		}
+		resigned = true
+	}
+	if c := m.cur.Load(); c != nil && !resigned && !m.due(c.Leaf) {
 		return false, nil
 	}
 	cert, err := m.issue()
@@ -178,14 +194,15 @@ func (m *Manager) check() {
 }
 
 func (m *Manager) due(leaf *x509.Certificate) bool {
-	if leaf == nil || leaf.CheckSignatureFrom(m.ca) != nil {
+	ca := m.ca.Load()
+	if leaf == nil || leaf.CheckSignatureFrom(ca) != nil {
 		return true
 	}
 	now := m.o.Now()
 	// One that already lasts as long as the CA is kept: a new one could
 	// not last longer (issue ends none after the CA), and near the CA's
 	// end every check would issue another.
-	if now.Before(leaf.NotBefore) || leaf.NotAfter.Sub(now) < m.o.RenewBefore && leaf.NotAfter.Before(m.ca.NotAfter) {
+	if now.Before(leaf.NotBefore) || leaf.NotAfter.Sub(now) < m.o.RenewBefore && leaf.NotAfter.Before(ca.NotAfter) {
 		return true
 	}
 	for _, h := range m.o.Hosts {
@@ -215,15 +232,21 @@ func (m *Manager) loadOrCreateCA() error {
 	if !key.PublicKey.Equal(certs[0].PublicKey) {
 		return fmt.Errorf("%s: the key does not match the certificate", path)
 	}
-	m.ca, m.caKey = certs[0], key
-	if now := m.o.Now(); now.Before(m.ca.NotBefore) {
+	m.ca.Store(certs[0])
+	m.caKey = key
+	if now := m.o.Now(); now.Before(certs[0].NotBefore) {
 		if err := m.resignCA(path, now); err != nil {
 			return err
 		}
 	}
 	// ca.pem is derived; rewriting it keeps it in step with ca-key.pem.
-	return writeFileAtomic(filepath.Join(m.o.Dir, CACertFile), pemCert(m.ca.Raw), 0o644, true)
+	return writeFileAtomic(filepath.Join(m.o.Dir, CACertFile), pemCert(m.ca.Load().Raw), 0o644, true)
 }
+
+// ResignedWarning is what the edge logs when it re-signs its CA
+// (resignCA): the pin stays, ca.pem changes.
+const ResignedWarning = "tls: the edge CA was not valid yet (made while this machine's clock was ahead); re-signed it for the same key, so the pin is unchanged " +
+	"(nodes using --ca-file need the new ca.pem)"
 
 // resignCA replaces a CA certificate that is not valid yet (made while this
 // machine's clock was ahead by more than Backdate) by one for the same key,
@@ -234,7 +257,8 @@ func (m *Manager) resignCA(path string, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	tmpl := *m.ca
+	old := m.ca.Load()
+	tmpl := *old
 	tmpl.SerialNumber = serial
 	tmpl.NotBefore = now.Add(-Backdate)
 	der, err := x509.CreateCertificate(rand.Reader, &tmpl, &tmpl, &m.caKey.PublicKey, m.caKey)
@@ -248,9 +272,8 @@ func (m *Manager) resignCA(path string, now time.Time) error {
 	if err := writeFileAtomic(path, data, 0o600, true); err != nil {
 		return err
 	}
-	m.o.Logger.Warn("tls: the edge CA was not valid yet (made while this machine's clock was ahead); re-signed it for the same key, so the pin is unchanged "+
-		"(nodes using --ca-file need the new ca.pem)", "dir", m.o.Dir, "was_valid_from", m.ca.NotBefore.UTC().Format(time.RFC3339))
-	m.ca = mustParse(der)
+	m.ca.Store(mustParse(der))
+	m.o.Logger.Warn(ResignedWarning, "dir", m.o.Dir, "ca_file", filepath.Join(m.o.Dir, CACertFile), "was_valid_from", old.NotBefore.UTC().Format(time.RFC3339))
 	return nil
 }
 
@@ -312,7 +335,7 @@ func (m *Manager) loadServer() error {
 	}
 	// Served with the CA as it is now (re-signed, perhaps), not as the
 	// file has it; a leaf the CA did not sign is re-issued (due).
-	m.cur.Store(tlsCert(key, []*x509.Certificate{certs[0], m.ca}))
+	m.cur.Store(tlsCert(key, []*x509.Certificate{certs[0], m.ca.Load()}))
 	return nil
 }
 
@@ -326,9 +349,10 @@ func (m *Manager) issue() (*tls.Certificate, error) {
 		return nil, err
 	}
 	now := m.o.Now()
+	ca := m.ca.Load()
 	notAfter := now.Add(m.o.CertValidity)
-	if notAfter.After(m.ca.NotAfter) {
-		notAfter = m.ca.NotAfter
+	if notAfter.After(ca.NotAfter) {
+		notAfter = ca.NotAfter
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
@@ -345,18 +369,18 @@ func (m *Manager) issue() (*tls.Certificate, error) {
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, m.ca, &key.PublicKey, m.caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, m.caKey)
 	if err != nil {
 		return nil, fmt.Errorf("create server certificate: %w", err)
 	}
-	data, err := pemKeyAndCerts(key, der, m.ca.Raw)
+	data, err := pemKeyAndCerts(key, der, ca.Raw)
 	if err != nil {
 		return nil, err
 	}
 	if err := writeFileAtomic(filepath.Join(m.o.Dir, ServerKeyFile), data, 0o600, true); err != nil {
 		return nil, err
 	}
-	return tlsCert(key, []*x509.Certificate{mustParse(der), m.ca}), nil
+	return tlsCert(key, []*x509.Certificate{mustParse(der), ca}), nil
 }
 
 func tlsCert(key *ecdsa.PrivateKey, certs []*x509.Certificate) *tls.Certificate {

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -266,5 +267,52 @@ func TestCAMadeWithTheClockAheadIsResigned(t *testing.T) {
 	// And it stays so: the next start keeps the re-signed CA.
 	if again := open(t, dir, now); !again.CA().Equal(m.CA()) {
 		t.Fatal("the re-signed CA was not kept")
+	}
+}
+
+// The same CA, made while the clock was ahead, on an edge that keeps
+// running after NTP sets its clock right: the next renewal check re-signs
+// it, serves it, rewrites ca.pem, and says so, without a restart.
+func TestRunningEdgeResignsACANotValidYet(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	var mu sync.Mutex
+	clock := now.Add(3 * 24 * time.Hour)
+	var logs strings.Builder
+	m, err := tlsca.Open(tlsca.Options{Dir: dir, Hosts: testHosts,
+		Now:    func() time.Time { mu.Lock(); defer mu.Unlock(); return clock },
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin := m.Pin()
+	if !now.Before(m.CA().NotBefore) {
+		t.Fatalf("setup: the CA made 3 days ahead starts %v, before now", m.CA().NotBefore)
+	}
+	mu.Lock()
+	clock = now // NTP
+	mu.Unlock()
+	if _, err := m.Renew(); err != nil {
+		t.Fatal(err)
+	}
+	if m.Pin() != pin {
+		t.Fatalf("pin changed from %s to %s", pin, m.Pin())
+	}
+	pool, err := tlsca.LoadPool(filepath.Join(dir, tlsca.CACertFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain := m.Certificate().Certificate
+	served, err := x509.ParseCertificate(chain[len(chain)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, roots := range map[string]*x509.CertPool{"ca.pem": pool, "the served CA": func() *x509.CertPool { p := x509.NewCertPool(); p.AddCert(served); return p }()} {
+		if _, err := m.Certificate().Leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: "localhost", CurrentTime: now}); err != nil {
+			t.Errorf("the server certificate does not verify now up to %s: %v", name, err)
+		}
+	}
+	if !strings.Contains(logs.String(), "re-signed it for the same key") || !strings.Contains(logs.String(), "need the new ca.pem") {
+		t.Errorf("the re-signing was not logged: %s", logs.String())
 	}
 }

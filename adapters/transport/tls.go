@@ -221,6 +221,16 @@ func timeHint(err error) string {
 	if !errors.As(err, new(*ValidityError)) {
 		return ""
 	}
+	var ie x509.CertificateInvalidError
+	if errors.As(err, &ie) {
+		// Go says "current time T is before NotBefore" for a certificate
+		// not valid yet, "... is after NotAfter" for an expired one.
+		if _, from, ok := strings.Cut(ie.Detail, " is before "); ok {
+			return " (a certificate of the edge's is not valid until " + from + ": the edge's clock was ahead when it made it, or this node's clock is behind; " +
+				"check both with date -u; with transport.tls.mode auto the edge replaces it within 12 h of its clock being set right, or at once when restarted " +
+				"(if that re-signs its CA, a node using --ca-file needs the new ca.pem); retrying)"
+		}
+	}
 	return " (check that this node's clock and the edge's are right, e.g. with date -u on both; if they are, the edge's certificate has expired and must be replaced there; retrying)"
 }
 

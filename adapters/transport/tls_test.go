@@ -137,14 +137,17 @@ func TestTLSWrongPinIsFatalAndNamesBothPins(t *testing.T) {
 // middle: the node says to check the clocks and retries, and gets in once
 // the certificate is valid, instead of stopping for good.
 func TestTLSCertificateOutsideItsValidityIsRetried(t *testing.T) {
-	for _, trust := range []string{"ca_pin", "ca_file"} {
+	for _, trust := range []string{"ca_pin", "ca_file", "ca_pin_ca_ahead"} {
 		t.Run(trust, func(t *testing.T) {
 			// The CA is made with the right time; its server certificate
 			// is then issued (for a new host) while the edge's clock is
-			// ahead by more than the certificates' backdating.
+			// ahead by more than the certificates' backdating. Or (ca_ahead)
+			// the CA too is made then: the running edge must re-sign it.
 			dir := t.TempDir()
-			if _, err := tlsca.Open(tlsca.Options{Dir: dir, Hosts: []string{"127.0.0.1"}, Logger: quietLogger()}); err != nil {
-				t.Fatal(err)
+			if trust != "ca_pin_ca_ahead" {
+				if _, err := tlsca.Open(tlsca.Options{Dir: dir, Hosts: []string{"127.0.0.1"}, Logger: quietLogger()}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			var skew atomic.Int64
 			skew.Store(int64(tlsca.Backdate + 3*time.Hour))
@@ -176,6 +179,11 @@ func TestTLSCertificateOutsideItsValidityIsRetried(t *testing.T) {
 				l := logs.String()
 				return strings.Contains(l, "cannot connect to the edge; retrying") && strings.Contains(l, "not yet valid") && strings.Contains(l, "clock")
 			})
+			mu.Lock()
+			if l := logs.String(); !strings.Contains(l, "is not valid until") || !strings.Contains(l, "the edge's clock was ahead when it made it") || strings.Contains(l, "has expired and must be replaced") {
+				t.Errorf("the node's hint for a certificate not valid yet: %s", l)
+			}
+			mu.Unlock()
 			select {
 			case <-c.done:
 				t.Fatalf("the node stopped for good: %v", c.err)
@@ -186,7 +194,7 @@ func TestTLSCertificateOutsideItsValidityIsRetried(t *testing.T) {
 			}
 
 			// The edge's clock is set right: its next check re-issues the
-			// certificate.
+			// certificate (and re-signs the CA, for the same key).
 			skew.Store(0)
 			if renewed, err := m.Renew(); err != nil || !renewed {
 				t.Fatalf("Renew = %v, %v; want a new certificate", renewed, err)
@@ -614,5 +622,34 @@ func TestTLSInsideTLSIsNotReportedAsAPlaintextEdge(t *testing.T) {
 	}
 	if e.registerCount() != 0 {
 		t.Fatal("a ClientHello reached Register")
+	}
+}
+
+// The node's hint tells an expired certificate from one not valid yet.
+func TestTimeHintTellsExpiredFromNotValidYet(t *testing.T) {
+	now := time.Now()
+	ca := newClientCA(t)
+	for _, c := range []struct {
+		name       string
+		from, to   time.Time
+		want, lack string
+	}{
+		{"expired", now.Add(-48 * time.Hour), now.Add(-24 * time.Hour), "has expired and must be replaced", "not valid until"},
+		{"not yet valid", now.Add(24 * time.Hour), now.Add(48 * time.Hour), "not valid until " + now.Add(24*time.Hour).UTC().Format(time.RFC3339), "has expired and must be replaced"},
+	} {
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(3), NotBefore: c.from, NotAfter: c.to}, ca.cert, &key.PublicKey, ca.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, _ := x509.ParseCertificate(der)
+		_, err = leaf.Verify(x509.VerifyOptions{Roots: ca.pool})
+		if err == nil {
+			t.Fatalf("%s: verified", c.name)
+		}
+		msg := (&TrustError{Err: &ValidityError{Err: err}}).Error()
+		if !strings.Contains(msg, c.want) || strings.Contains(msg, c.lack) {
+			t.Errorf("%s: %q, want %q and not %q", c.name, msg, c.want, c.lack)
+		}
 	}
 }

@@ -64,7 +64,7 @@ func join(cfgPath string, out, errOut io.Writer, args []string) error {
 			return err
 		}
 	}
-	lt, err := bootstrap.OpenLinkTLS(cfg, quietLogger())
+	lt, err := bootstrap.OpenLinkTLS(cfg, warnLogger(errOut))
 	if err != nil {
 		return err
 	}

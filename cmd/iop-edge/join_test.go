@@ -3,11 +3,17 @@ package main
 import (
 	"bytes"
 	"errors"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"iop/adapters/config"
+	"iop/adapters/tlsca"
 )
 
 // --address is taken before or after the node id; a second id is refused.
@@ -195,6 +201,43 @@ func TestJoinWarnsOfALoopbackListen(t *testing.T) {
 		}
 		if warn && !strings.Contains(errOut.String(), "0.0.0.0:7700") {
 			t.Errorf("listen %s: the warning %q does not say what to set", listen, errOut.String())
+		}
+	}
+}
+
+// join and --print-ca-pin open the edge CA as the edge does, so they too
+// re-sign one made while the clock was ahead. That changes ca.pem, which
+// --ca-file nodes need: the operator is told, on stderr.
+func TestJoinAndPrintCAPinTellOfAResignedCA(t *testing.T) {
+	for _, cmd := range []string{"join", "--print-ca-pin"} {
+		dir := t.TempDir()
+		cfg := filepath.Join(dir, "edge.yaml")
+		doc := "state_dir: " + filepath.Join(dir, "state") + "\ntransport: {listen: \"0.0.0.0:7700\"}\nnodes:\n  - {id: gpu-box, token: aaaaaaaa}\n"
+		if err := os.WriteFile(cfg, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ahead, err := tlsca.Open(tlsca.Options{Dir: filepath.Join(dir, "state", "tls"), Hosts: []string{"localhost"},
+			Now: func() time.Time { return time.Now().Add(3 * 24 * time.Hour) }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out, errOut bytes.Buffer
+		if cmd == "join" {
+			err = join(cfg, &out, &errOut, []string{"--address", "edge.example.com:7700", "gpu-box"})
+		} else {
+			var c *config.EdgeConfig
+			if c, err = config.LoadEdgeShape(cfg); err == nil {
+				err = printCAPin(c, &out, &errOut)
+			}
+		}
+		if err != nil {
+			t.Fatalf("%s: %v (%s)", cmd, err, errOut.String())
+		}
+		if !strings.Contains(out.String(), ahead.Pin()) {
+			t.Errorf("%s printed %q, want the unchanged pin %s", cmd, out.String(), ahead.Pin())
+		}
+		if e := errOut.String(); !strings.Contains(e, "re-signed it for the same key") || !strings.Contains(e, "need the new ca.pem") {
+			t.Errorf("%s: stderr %q, want the re-signing and ca.pem warning", cmd, e)
 		}
 	}
 }

@@ -68,7 +68,7 @@ func main() {
 		os.Exit(2)
 	}
 	if *printPin {
-		exit(printCAPin(cfg, os.Stdout))
+		exit(printCAPin(cfg, os.Stdout, os.Stderr))
 	}
 	log := bootstrap.NewLogger(cfg.Log, nil)
 	if len(cfg.Nodes) == 0 {
@@ -128,8 +128,8 @@ func printErr(err error) {
 	}
 }
 
-func printCAPin(cfg *config.EdgeConfig, out io.Writer) error {
-	lt, err := bootstrap.OpenLinkTLS(cfg, quietLogger())
+func printCAPin(cfg *config.EdgeConfig, out, errOut io.Writer) error {
+	lt, err := bootstrap.OpenLinkTLS(cfg, warnLogger(errOut))
 	if err != nil {
 		return err
 	}
@@ -140,5 +140,16 @@ func printCAPin(cfg *config.EdgeConfig, out io.Writer) error {
 	return err
 }
 
-// quietLogger drops the "created the edge CA" lines when only printing.
-func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+// warnLogger drops the "created the edge CA" lines when only printing, and
+// passes warnings on to errOut: one that changed a file the operator hands
+// out (a CA re-signed, so --ca-file nodes need the new ca.pem) or that a
+// certificate nears its end.
+func warnLogger(errOut io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(errOut, &slog.HandlerOptions{Level: slog.LevelWarn,
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if len(groups) == 0 && a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		}}))
+}
