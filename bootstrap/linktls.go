@@ -85,9 +85,15 @@ func OpenLinkTLS(c *config.EdgeConfig, log *slog.Logger) (*LinkTLS, error) {
 			return nil, fmt.Errorf("transport.tls: %w", err)
 		}
 		// A chain no node could verify (a certificate not for servers,
-		// one out of order) is refused, as an expired one is below.
-		if err := tlsca.CheckServerChain(cert, t.CertFile); err != nil {
+		// one out of order) is refused, as an expired one is below; one
+		// whose top certificate signs none of it is served, with a
+		// warning that the pin printed for it will not work.
+		warning, err := tlsca.CheckServerChain(cert, t.CertFile)
+		if err != nil {
 			return nil, fmt.Errorf("transport.tls: %w", err)
+		}
+		if warning != "" {
+			log.Warn("transport.tls: " + warning)
 		}
 		// An expired chain is refused, as auto mode refuses an expired
 		// CA: no node could verify the edge. One near its end is warned

@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"log/slog"
 	"math/big"
 	"net"
 	"os"
@@ -72,10 +73,10 @@ func TestLinkTLSModes(t *testing.T) {
 }
 
 // Files mode refuses, at start, a certificate file whose chain no node
-// could verify, as it refuses an expired one: here a certificate made for
-// clients, and a leaf sent with a CA that did not sign it. A node given the
-// pin bootstrap prints refuses the edge on a real handshake, so such an
-// edge would start and take no node.
+// given a pin of one of its certificates could verify, as it refuses an
+// expired one: here a certificate made for clients, and a leaf sent with a
+// CA that did not sign it. A node given the pin bootstrap prints refuses the
+// edge on a real handshake, so such an edge would start and take no node.
 func TestLinkTLSFilesRefusesAChainNoNodeVerifies(t *testing.T) {
 	dir := t.TempDir()
 	newKey := func() *ecdsa.PrivateKey { k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader); return k }
@@ -126,11 +127,14 @@ func TestLinkTLSFilesRefusesAChainNoNodeVerifies(t *testing.T) {
 		return c
 	}
 	// What a node given each file's pin meets on a real handshake.
-	nodeHandshake := func(name string) error {
+	nodeHandshake := func(name string, pinned ...string) error {
 		t.Helper()
 		cert, pin, err := tlsca.LoadKeyPair(filepath.Join(dir, name+".pem"), filepath.Join(dir, name+".key"))
 		if err != nil {
 			t.Fatal(err)
+		}
+		if len(pinned) > 0 {
+			pin = pinned[0]
 		}
 		ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{*cert}, MinVersion: tls.VersionTLS13})
 		if err != nil {
@@ -160,13 +164,43 @@ func TestLinkTLSFilesRefusesAChainNoNodeVerifies(t *testing.T) {
 	if _, err := bootstrap.OpenLinkTLS(parse("good"), quiet()); err != nil {
 		t.Fatalf("files mode with a good chain: %v", err)
 	}
-	for name, want := range map[string]string{"client": "key usage", "stray": "unknown authority"} {
+	for name, want := range map[string][]string{"client": {"no node can verify", "not made for TLS servers", "key usage"},
+		"stray": {"verifies up to none of the others", "no node given a pin of a certificate in the file", "unknown authority"}} {
 		if err := nodeHandshake(name); err == nil {
 			t.Fatalf("%s: a node accepted the chain", name)
 		}
 		_, err := bootstrap.OpenLinkTLS(parse(name), quiet())
-		if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, name+".pem")) || !strings.Contains(err.Error(), "no node can verify") || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s: OpenLinkTLS = %v, want a refusal naming the file, that no node can verify it, and %q", name, err, want)
+		if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, name+".pem")) {
+			t.Fatalf("%s: OpenLinkTLS = %v, want a refusal naming the file", name, err)
+		}
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: OpenLinkTLS = %v, want it to say %q", name, err, w)
+			}
+		}
+	}
+
+	// A chain that verifies, but not up to its last certificate (an
+	// unrelated CA appended, a leftover intermediate that signs nothing):
+	// nodes pinned to the CA that signed it verify it, so it is served,
+	// with a warning that the printed pin will not work and which will.
+	interDER, _ := x509.CreateCertificate(rand.Reader, caTmpl("leftover"), ca, &newKey().PublicKey, caKey)
+	write("appended", goodKey, goodDER, caDER, otherDER)
+	write("leftover", goodKey, goodDER, caDER, interDER)
+	for _, name := range []string{"appended", "leftover"} {
+		var logs strings.Builder
+		l, err := bootstrap.OpenLinkTLS(parse(name), slog.New(slog.NewTextHandler(&logs, nil)))
+		if err != nil {
+			t.Fatalf("%s: OpenLinkTLS = %v, want it served", name, err)
+		}
+		if w := logs.String(); !strings.Contains(w, "level=WARN") || !strings.Contains(w, "signs none of the chain") || !strings.Contains(w, "--ca-pin "+tlsca.Pin(ca)) {
+			t.Errorf("%s: logged %q, want a warning naming the pin that works, %s", name, w, tlsca.Pin(ca))
+		}
+		if err := nodeHandshake(name, tlsca.Pin(ca)); err != nil {
+			t.Errorf("%s: a node pinned to the CA refuses the edge: %v", name, err)
+		}
+		if err := nodeHandshake(name, l.Pin); err == nil {
+			t.Errorf("%s: a node given the last certificate's pin accepted the edge, which the warning says it does not", name)
 		}
 	}
 }
