@@ -69,9 +69,14 @@ func join(cfgPath string, out, errOut io.Writer, args []string) error {
 		return err
 	}
 	if config.IsLoopbackListen(cfg.Transport.Listen) {
-		// The default: README step 1 is to change it.
+		// The default: README step 1 is to change it. Mode off is
+		// loopback-only: the edge refuses to start on any other address.
+		also := ""
+		if cfg.Transport.TLS.Mode == config.TLSOff {
+			also = " and set transport.tls.mode: auto (nodes then need --ca-pin: run join again after the restart)"
+		}
 		fmt.Fprintf(errOut, "iop-edge: warning: transport.listen %s is a loopback address: only a node on this machine (or one a tunnel brings to it) can connect; "+
-			"for a node on another machine, set transport.listen to an address it reaches (e.g. \"0.0.0.0:7700\") and restart the edge\n", cfg.Transport.Listen)
+			"for a node on another machine, set transport.listen to an address it reaches (e.g. \"0.0.0.0:7700\")%s and restart the edge\n", cfg.Transport.Listen, also)
 	}
 	warnUncoveredHost(lt, edgeAddr, cfg.Transport.TLS.Mode, errOut)
 	cmd := []string{"iop-node", "--edge", shellQuote(edgeAddr)}

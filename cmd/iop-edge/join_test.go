@@ -202,6 +202,23 @@ func TestJoinWarnsOfALoopbackListen(t *testing.T) {
 		if warn && !strings.Contains(errOut.String(), "0.0.0.0:7700") {
 			t.Errorf("listen %s: the warning %q does not say what to set", listen, errOut.String())
 		}
+		// These loopback configs have mode off, which the edge allows only
+		// on loopback: the warning must also say to turn TLS on, or the
+		// edge refuses the address it suggests.
+		if warn && !strings.Contains(errOut.String(), "set transport.tls.mode: auto") {
+			t.Errorf("listen %s (mode off): the warning %q does not say to set transport.tls.mode: auto", listen, errOut.String())
+		}
+		if !warn {
+			continue
+		}
+		// With the address the warning suggests (and mode off) the edge
+		// refuses to start; with mode auto too, it accepts it.
+		for mode, ok := range map[string]bool{"off": false, "auto": true} {
+			_, err := config.LoadEdgeShape(writeConfig(t, dir, "transport: {listen: \"0.0.0.0:7700\", tls: {mode: \""+mode+"\"}}\nnodes:\n  - {id: gpu-box, token: aaaaaaaa}\n"))
+			if (err == nil) != ok {
+				t.Errorf("listen 0.0.0.0:7700, mode %s: config %v, want accepted: %v", mode, err, ok)
+			}
+		}
 	}
 }
 
@@ -240,4 +257,13 @@ func TestJoinAndPrintCAPinTellOfAResignedCA(t *testing.T) {
 			t.Errorf("%s: stderr %q, want the re-signing and ca.pem warning", cmd, e)
 		}
 	}
+}
+
+func writeConfig(t *testing.T, dir, doc string) string {
+	t.Helper()
+	p := filepath.Join(dir, "suggested.yaml")
+	if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
