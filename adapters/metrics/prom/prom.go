@@ -293,11 +293,28 @@ type nodeStats interface {
 }
 
 func (c *liveCollector) Collect(ch chan<- prometheus.Metric) {
+	// Each series at most once: a second one with the same label values
+	// fails the whole scrape, every node's series lost. Label values are
+	// label()'s, which may make two names one (control characters a node
+	// reported, the bytes of a long name past 128): the first one wins.
+	emitted := map[string]bool{}
+	first := func(d *prometheus.Desc, l []string) bool {
+		k := d.String() + "\xff" + strings.Join(l, "\xff") // label values are valid UTF-8: no 0xff
+		if emitted[k] {
+			return false
+		}
+		emitted[k] = true
+		return true
+	}
 	gauge := func(d *prometheus.Desc, v float64, l ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+		if first(d, l) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+		}
 	}
 	counter := func(d *prometheus.Desc, v float64, l ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
+		if first(d, l) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
+		}
 	}
 	if c.src.BusDropped != nil {
 		counter(descBusDrops, float64(c.src.BusDropped()))
@@ -317,19 +334,10 @@ func (c *liveCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, a := range n.Adapters {
 			gauge(descInFlight, float64(a.InFlight), id, label(a.Name))
 		}
-		if len(n.RemovedAdapters) > 0 {
-			// A reload removed these adapters; their runs go on, and count.
-			// (Never a series twice, which would fail the whole scrape.)
-			have := make(map[string]bool, len(n.Adapters)+len(n.RemovedAdapters))
-			for _, a := range n.Adapters {
-				have[label(a.Name)] = true
-			}
-			for _, a := range n.RemovedAdapters {
-				if l := label(a.Name); !have[l] {
-					have[l] = true
-					gauge(descInFlight, float64(a.InFlight), id, l)
-				}
-			}
+		// A reload removed these adapters; their runs go on, and count
+		// (under a name still configured, the configured one's series).
+		for _, a := range n.RemovedAdapters {
+			gauge(descInFlight, float64(a.InFlight), id, label(a.Name))
 		}
 		gauge(descTunnelsIn, float64(n.TunnelsInFlight), id)
 		if ls, ok := n.Link.(linkStats); ok {
@@ -348,24 +356,16 @@ func (c *liveCollector) Collect(ch chan<- prometheus.Metric) {
 		if !ok {
 			continue
 		}
-		seen := map[string]bool{}
 		for _, a := range st.Adapters {
-			if seen[a.Name] {
-				continue // a node's duplicate would fail the whole scrape
-			}
-			seen[a.Name] = true
 			gauge(descSlotsMax, float64(a.Max), id, label(a.Name))
 			gauge(descSlotsUsed, float64(a.InFlight), id, label(a.Name))
 		}
 		gauge(descChildren, float64(st.ChildProcesses), id)
 		gauge(descStoreBytes, float64(st.StoreBytes), id)
-		clear(seen)
 		for _, p := range st.Providers {
-			if seen[p.Name] {
-				continue
+			if l := []string{id, label(p.Name)}; first(descProvLat, l) {
+				ch <- prometheus.MustNewConstSummary(descProvLat, uint64(max(p.Count, 0)), p.Seconds, nil, l...)
 			}
-			seen[p.Name] = true
-			ch <- prometheus.MustNewConstSummary(descProvLat, uint64(max(p.Count, 0)), p.Seconds, nil, id, label(p.Name))
 		}
 	}
 }

@@ -229,3 +229,48 @@ func TestLabelValuesAreSafeToPrint(t *testing.T) {
 		}
 	}
 }
+
+// statsLink is a node link that reports stats, as the transport's does.
+type statsLink struct {
+	ports.NodeLink
+	stats domain.NodeStats
+}
+
+func (l statsLink) NodeStats() (domain.NodeStats, bool) { return l.stats, true }
+
+// Two names that differ only where label() cuts or replaces (control
+// characters from what a node reports, the bytes past 128 of a long
+// config name) are one series: exposing it twice failed the whole scrape,
+// every node's metrics lost to one node's names.
+func TestSeriesWhoseLabelsCollideDoNotFailTheScrape(t *testing.T) {
+	reg := edgeapp.NewRegistry()
+	long := strings.Repeat("a", 128)
+	stats := domain.NodeStats{
+		Adapters:  []domain.AdapterSlots{{Name: "x\x01", Max: 2, InFlight: 1}, {Name: "x\x02", Max: 3}},
+		Providers: []domain.ProviderLatency{{Name: "p\x01", Count: 1, Seconds: 1}, {Name: "p\x02", Count: 2, Seconds: 2}},
+	}
+	cfg := domain.NodeConfig{Adapters: []domain.AdapterConfig{{Name: long + "1", Type: "exec"}, {Name: long + "2", Type: "exec"}}}
+	if err := reg.Admit(&edgeapp.LiveNode{ID: "bad", Link: statsLink{stats: stats}, Config: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Admit(&edgeapp.LiveNode{ID: "good", Link: statsLink{stats: domain.NodeStats{ChildProcesses: 4}}}); err != nil {
+		t.Fatal(err)
+	}
+	m := prom.New(prom.Sources{Registry: reg})
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != 200 {
+		t.Fatalf("scrape: %d %.500s", rec.Code, rec.Body)
+	}
+	f := scrape(t, m)
+	if v := value(t, f, "iop_node_child_processes", map[string]string{"node": "good"}); v != 4 {
+		t.Errorf("good node's child processes = %v, want 4", v)
+	}
+	if v := value(t, f, "iop_node_adapter_slots", map[string]string{"node": "bad", "adapter": "x\uFFFD"}); v != 2 {
+		t.Errorf("slots of the first x\\uFFFD = %v, want 2 (the first reported)", v)
+	}
+	value(t, f, "iop_runs_in_flight", map[string]string{"node": "bad", "adapter": long})
+	if fam := f["iop_node_provider_first_byte_seconds"]; fam == nil || len(fam.Metric) != 1 || fam.Metric[0].GetSummary().GetSampleCount() != 1 {
+		t.Errorf("provider latency: %v, want one series, the first reported", fam)
+	}
+}
