@@ -14,6 +14,10 @@ const (
 	BusConfigReloaded      = "config.reloaded"
 )
 
+// BusTypes are every type the bus carries, in the order README lists them.
+var BusTypes = []string{BusNodeRegistered, BusNodeRejected, BusNodeDraining, BusNodeDisconnected,
+	BusNodeConfigRefreshed, BusConfigReloaded, BusRunEvent, BusTunnelCompleted}
+
 // BusEvent is one message on the edge's in-process event bus. Exactly one of
 // Run and Tunnel is set for run and tunnel events; lifecycle events carry
 // Node and Reason. Provider body bytes never travel on the bus.

@@ -153,13 +153,16 @@ func visibleTo(caller domain.Principal, filter func(domain.BusEvent) bool) func(
 // subscription. Its filter runs inside Publish with the bus locked, once per
 // subscriber for every event of the edge: an unbounded list from the query
 // (a megabyte of "zz*" is 240,000 prefixes) made each run event of every
-// caller wait on it. The bus has seven types; 32 leaves room for new ones.
+// caller wait on it. The bus has eight types; 32 leaves room for new ones.
 const maxTypeFilters = 32
 
 // typeFilter builds a bus filter from type parameters; nil keeps everything.
 // More than maxTypeFilters distinct entries are invalid_request, and so is an
-// entry with a control character or invalid UTF-8 (domain.CheckID), which no
-// event type holds: such a filter matched nothing, silently.
+// entry with a control character or invalid UTF-8 (domain.CheckID), and an
+// entry that names no type the bus carries (domain.BusTypes): a misspelt
+// type ("node.registerd"), a family without its "*" ("node"), a "*" that is
+// not last ("*.completed") each subscribed to nothing, silently, and the
+// caller waited for events that never came.
 func typeFilter(params []string) (func(domain.BusEvent) bool, error) {
 	exact := map[string]bool{}
 	prefix := map[string]bool{}
@@ -172,8 +175,15 @@ func typeFilter(params []string) (func(domain.BusEvent) bool, error) {
 			switch {
 			case t == "":
 			case strings.HasSuffix(t, "*"):
-				prefix[strings.TrimSuffix(t, "*")] = true
+				pre := strings.TrimSuffix(t, "*")
+				if !slices.ContainsFunc(domain.BusTypes, func(bt string) bool { return strings.HasPrefix(bt, pre) }) {
+					return nil, unknownType(t)
+				}
+				prefix[pre] = true
 			default:
+				if !slices.Contains(domain.BusTypes, t) {
+					return nil, unknownType(t)
+				}
 				exact[t] = true
 			}
 			if len(exact)+len(prefix) > maxTypeFilters {
@@ -196,6 +206,13 @@ func typeFilter(params []string) (func(domain.BusEvent) bool, error) {
 		}
 		return false
 	}, nil
+}
+
+// unknownType is the error for a type entry that matches no bus event.
+func unknownType(t string) error {
+	return domain.Errorf(domain.CodeInvalidRequest,
+		"type %q matches no event type; the types are %s, and a trailing \"*\" matches a prefix (\"node.*\")",
+		t, strings.Join(domain.BusTypes, ", "))
 }
 
 func orDefault(v, def int) int {

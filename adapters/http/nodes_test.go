@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -280,14 +281,47 @@ func TestEventsTypeEntriesAreChecked(t *testing.T) {
 	}
 }
 
+// A type entry that names no event the bus carries — misspelt, a family
+// without its "*", a "*" not at the end — is 400 naming the types, where
+// it used to subscribe to nothing and the caller waited for good; every
+// documented type and prefix is accepted.
+func TestEventsTypeEntriesMustNameAnEventType(t *testing.T) {
+	e := newEnv(t)
+	for _, q := range []string{"node.registerd", "node", "*.completed", "run.event,tunnels.*", "Node.registered", "config.reloaded*x"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp := e.doCtx(ctx, "GET", "/v1/events?type="+url.QueryEscape(q), "")
+		m := readJSON(t, resp, 400)
+		cancel()
+		e := m["error"].(map[string]any)
+		if msg, _ := e["message"].(string); e["code"] != "invalid_request" || !strings.Contains(msg, "matches no event type") || !strings.Contains(msg, "tunnel.completed") {
+			t.Errorf("%s: %v", q, m)
+		}
+	}
+	for _, q := range []string{"node.registered,node.rejected,node.draining,node.disconnected,node.config_refreshed,config.reloaded,run.event,tunnel.completed",
+		"node.*", "*", "config.*,tunnel.*", "run.event*", " node.* , "} {
+		ctx, cancel := context.WithCancel(context.Background())
+		resp := e.doCtx(ctx, "GET", "/v1/events?type="+url.QueryEscape(q), "")
+		resp.Body.Close()
+		cancel()
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: status %d, want 200", q, resp.StatusCode)
+		}
+	}
+}
+
 // The type filter runs in the bus's Publish, for every event of the edge:
 // a subscription may name at most 32 distinct types and prefixes (repeats
 // count once); more is 400 before anything streams.
 func TestEventsTypeFilterIsBounded(t *testing.T) {
 	e := newEnv(t)
+	// 33 distinct prefixes, each of some event type.
 	var many []string
-	for i := range 33 {
-		many = append(many, fmt.Sprintf("zz%d*", i))
+	for _, typ := range []string{"tunnel.completed", "node.config_refreshed"} {
+		for i := range len(typ) {
+			if len(many) < 33 {
+				many = append(many, typ[:i+1]+"*")
+			}
+		}
 	}
 	refused := func(query string) {
 		t.Helper()
@@ -305,7 +339,7 @@ func TestEventsTypeFilterIsBounded(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	repeated := strings.Repeat("node.*,", 1000) + strings.Join(many[:31], ",")
+	repeated := strings.Repeat("node.*,", 1000) + strings.Join(many[:31], ",") // 32 with node.*
 	resp := e.doCtx(ctx, "GET", "/v1/events?type="+repeated, "")
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
