@@ -405,13 +405,16 @@ func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
 	// node must not publish events (a terminal one) under another run's id.
 	ev.RunID = r.RunID
 	r.lastSeq = ev.Seq
-	r.h.bus.Publish(domain.BusEvent{Type: domain.BusRunEvent, Time: r.h.now(), Node: r.Node, Key: r.Key, Run: &ev})
 	r.obs.event(ev)
 	if ev.Type.Terminal() {
 		r.done = true
 		r.release()
 		r.h.runs.finish(r.RunID, true)
 	}
+	// Published once the state it describes is so: a subscriber acting on
+	// a terminal event (starting the next run on the node's freed slot,
+	// reading GET /v1/nodes) must not meet the run still in flight.
+	r.h.bus.Publish(domain.BusEvent{Type: domain.BusRunEvent, Time: r.h.now(), Node: r.Node, Key: r.Key, Run: &ev})
 	return ev, nil
 }
 
