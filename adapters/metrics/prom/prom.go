@@ -295,8 +295,8 @@ type nodeStats interface {
 func (c *liveCollector) Collect(ch chan<- prometheus.Metric) {
 	// Each series at most once: a second one with the same label values
 	// fails the whole scrape, every node's series lost. Label values are
-	// label()'s, which may make two names one (control characters a node
-	// reported, the bytes of a long name past 128): the first one wins.
+	// label()'s, which may make two names one (control characters in what
+	// a node reported, say): the first one wins.
 	emitted := map[string]bool{}
 	first := func(d *prometheus.Desc, l []string) bool {
 		k := d.String() + "\xff" + strings.Join(l, "\xff") // label values are valid UTF-8: no 0xff

@@ -238,10 +238,12 @@ type statsLink struct {
 
 func (l statsLink) NodeStats() (domain.NodeStats, bool) { return l.stats, true }
 
-// Two names that differ only where label() cuts or replaces (control
-// characters from what a node reports, the bytes past 128 of a long
-// config name) are one series: exposing it twice failed the whole scrape,
-// every node's metrics lost to one node's names.
+// Two names that differ only where label() cuts or replaces are one
+// series: exposing it twice failed the whole scrape, every node's metrics
+// lost to one node's names. A node's stats may name anything (here control
+// characters, which label() writes as U+FFFD); the configs' names are at
+// most 128 bytes, but the collector must not rely on that (the long names
+// here).
 func TestSeriesWhoseLabelsCollideDoNotFailTheScrape(t *testing.T) {
 	reg := edgeapp.NewRegistry()
 	long := strings.Repeat("a", 128)
