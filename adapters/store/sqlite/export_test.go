@@ -40,3 +40,25 @@ func (c *deleteCounter) AfterQuery(_ context.Context, e *bun.QueryEvent) {
 		c.n.Add(1)
 	}
 }
+
+// BeforeFirst makes db call fn once, right before the first statement it
+// runs from now on whose text starts with prefix (before the statement
+// takes the connection, so fn may use the stores).
+func (db *DB) BeforeFirst(prefix string, fn func()) {
+	db.bun = db.bun.WithQueryHook(&beforeFirst{prefix: prefix, fn: fn})
+}
+
+type beforeFirst struct {
+	prefix string
+	fn     func()
+	done   atomic.Bool
+}
+
+func (h *beforeFirst) BeforeQuery(ctx context.Context, e *bun.QueryEvent) context.Context {
+	if strings.HasPrefix(e.Query, h.prefix) && h.done.CompareAndSwap(false, true) {
+		h.fn()
+	}
+	return ctx
+}
+
+func (h *beforeFirst) AfterQuery(context.Context, *bun.QueryEvent) {}

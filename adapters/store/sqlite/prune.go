@@ -205,10 +205,13 @@ func (db *DB) chatPage(ctx context.Context, cut any, after *chatSessionPage, n i
 }
 
 // deleteChat deletes the session's messages older than cut, oldest first,
-// at most chunk per statement.
+// at most chunk per statement. Each statement checks again that no run of
+// the session is queued or running: one that started after chatPage found
+// the session idle (the pass deleting other sessions meanwhile) replays
+// the history, which stays.
 func (db *DB) deleteChat(ctx context.Context, adapter, sessionID string, cut any, chunk int) (int64, error) {
-	query := "DELETE FROM chat_messages WHERE adapter = ? AND session_id = ? AND seq IN (SELECT seq FROM chat_messages" +
-		" WHERE adapter = ? AND session_id = ? AND created_at < ? ORDER BY seq LIMIT ?)"
+	query := "DELETE FROM chat_messages WHERE adapter = ? AND session_id = ? AND seq IN (SELECT x.seq FROM chat_messages AS x" +
+		" WHERE x.adapter = ? AND x.session_id = ? AND x.created_at < ? AND NOT " + inFlightSQL + " ORDER BY x.seq LIMIT ?)"
 	return db.deleteChunks(ctx, chunk, query, adapter, sessionID, adapter, sessionID, cut)
 }
 

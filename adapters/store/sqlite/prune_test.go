@@ -337,3 +337,43 @@ func fileSize(t *testing.T, path string) int64 {
 	}
 	return st.Size()
 }
+
+// A run of an idle session that starts while a prune pass is under way,
+// after the pass found the session idle but before it deleted its
+// history, keeps the session: the history it replays is not deleted
+// under it (the deletion was decided on a look taken before the run).
+func TestPruneKeepsASessionWhoseRunStartedDuringThePass(t *testing.T) {
+	for name, openDB := range stores {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			db := openDB(t)
+			runs, chats := sqlite.NewRunStore(db), sqlite.NewChatStore(db)
+			old := time.Now().UTC().Add(-48 * time.Hour)
+			cutoff := old.Add(time.Hour)
+			turn := []domain.ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}, {Role: "assistant", Content: "hello", Reply: true}}
+			if err := chats.AppendChat(ctx, "ollama", "m", "s1", turn); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Backdate(ctx, "chat_messages", "created_at", "ollama", "s1", old); err != nil {
+				t.Fatal(err)
+			}
+			db.BeforeFirst("DELETE FROM chat_messages", func() {
+				addRun(t, runs, "turn2", "ollama", "s1", time.Now(), time.Time{}, domain.EventStart)
+			})
+			res, err := db.Prune(ctx, cutoff)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.ChatMessages != 0 {
+				t.Errorf("Prune deleted %d messages of a session with a run in flight", res.ChatMessages)
+			}
+			if msgs, err := chats.LoadChat(ctx, "ollama", "s1", 0); err != nil || len(msgs) != len(turn) {
+				t.Errorf("LoadChat = %d messages, %v; want the %d of its history", len(msgs), err, len(turn))
+			}
+			list, err := chats.ListChats(ctx, "ollama", domain.SessionQuery{})
+			if err != nil || len(list) != 1 || list[0].Turns != 1 {
+				t.Errorf("ListChats = %+v, %v; want s1 with its turn", list, err)
+			}
+		})
+	}
+}
