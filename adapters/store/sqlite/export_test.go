@@ -41,24 +41,25 @@ func (c *deleteCounter) AfterQuery(_ context.Context, e *bun.QueryEvent) {
 	}
 }
 
-// BeforeFirst makes db call fn once, right before the first statement it
-// runs from now on whose text starts with prefix (before the statement
-// takes the connection, so fn may use the stores).
-func (db *DB) BeforeFirst(prefix string, fn func()) {
-	db.bun = db.bun.WithQueryHook(&beforeFirst{prefix: prefix, fn: fn})
+// BeforeNth makes db call fn once, right before the nth statement it runs
+// from now on whose text starts with prefix (before the statement takes
+// the connection, so fn may use the stores).
+func (db *DB) BeforeNth(prefix string, n int64, fn func()) {
+	db.bun = db.bun.WithQueryHook(&beforeNth{prefix: prefix, n: n, fn: fn})
 }
 
-type beforeFirst struct {
+type beforeNth struct {
 	prefix string
+	n      int64
 	fn     func()
-	done   atomic.Bool
+	seen   atomic.Int64
 }
 
-func (h *beforeFirst) BeforeQuery(ctx context.Context, e *bun.QueryEvent) context.Context {
-	if strings.HasPrefix(e.Query, h.prefix) && h.done.CompareAndSwap(false, true) {
+func (h *beforeNth) BeforeQuery(ctx context.Context, e *bun.QueryEvent) context.Context {
+	if strings.HasPrefix(e.Query, h.prefix) && h.seen.Add(1) == h.n {
 		h.fn()
 	}
 	return ctx
 }
 
-func (h *beforeFirst) AfterQuery(context.Context, *bun.QueryEvent) {}
+func (h *beforeNth) AfterQuery(context.Context, *bun.QueryEvent) {}

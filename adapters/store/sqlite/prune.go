@@ -20,8 +20,9 @@ const DefaultRetention = 30 * 24 * time.Hour
 // pass, at start.
 const DefaultPruneInterval = time.Hour
 
-// pruneChunk is the most rows one pruning statement deletes, and the most
-// chat sessions one look-up reads: on SQLite (one connection) a statement
+// pruneChunk is the most rows one pruning statement deletes (of a chat
+// session's messages, up to the end of the turn it ends in: deleteChat),
+// and the most chat sessions one look-up reads: on SQLite (one connection) a statement
 // holds every reader and writer of the store until it ends, and 1,000 rows
 // with their index entries take milliseconds, where all of a month's
 // expired rows in one statement could hold up runs for seconds.
@@ -205,14 +206,28 @@ func (db *DB) chatPage(ctx context.Context, cut any, after *chatSessionPage, n i
 }
 
 // deleteChat deletes the session's messages older than cut, oldest first,
-// at most chunk per statement. Each statement checks again that no run of
-// the session is queued or running: one that started after chatPage found
-// the session idle (the pass deleting other sessions meanwhile) replays
-// the history, which stays.
+// a chunk of at least chunk messages per statement, up to the start of a
+// turn (a user message; the whole rest when no turn starts after the
+// chunk), so what is left between statements is whole turns: a turn that
+// loads the history then replays no tool result without its call. Each
+// statement checks again that no run of the session is queued or
+// running: one that started after chatPage found the session idle (the
+// pass deleting other sessions meanwhile) replays the history, which
+// stays, all of it or the whole turns not yet deleted.
 func (db *DB) deleteChat(ctx context.Context, adapter, sessionID string, cut any, chunk int) (int64, error) {
-	query := "DELETE FROM chat_messages WHERE adapter = ? AND session_id = ? AND seq IN (SELECT x.seq FROM chat_messages AS x" +
-		" WHERE x.adapter = ? AND x.session_id = ? AND x.created_at < ? AND NOT " + inFlightSQL + " ORDER BY x.seq LIMIT ?)"
-	return db.deleteChunks(ctx, chunk, query, adapter, sessionID, adapter, sessionID, cut)
+	const query = "DELETE FROM chat_messages WHERE adapter = ? AND session_id = ? AND created_at < ?" +
+		" AND seq < COALESCE((SELECT MIN(u.seq) FROM chat_messages AS u WHERE u.adapter = ? AND u.session_id = ? AND u.role = 'user'" +
+		" AND u.seq > (SELECT c.seq FROM chat_messages AS c WHERE c.adapter = ? AND c.session_id = ? ORDER BY c.seq LIMIT 1 OFFSET ?)), ?)" +
+		" AND NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.adapter = ? AND r.session_id = ? AND r.status IN (?, ?))"
+	var total int64
+	for {
+		n, err := db.pruneExec(ctx, query, adapter, sessionID, cut, adapter, sessionID, adapter, sessionID, chunk-1, int64(1)<<62,
+			adapter, sessionID, string(domain.RunQueued), string(domain.RunRunning))
+		total += n
+		if err != nil || n < int64(chunk) {
+			return total, err
+		}
+	}
 }
 
 // syncChatSession brings the summary of a session whose old messages

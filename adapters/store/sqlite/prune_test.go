@@ -357,7 +357,7 @@ func TestPruneKeepsASessionWhoseRunStartedDuringThePass(t *testing.T) {
 			if err := db.Backdate(ctx, "chat_messages", "created_at", "ollama", "s1", old); err != nil {
 				t.Fatal(err)
 			}
-			db.BeforeFirst("DELETE FROM chat_messages", func() {
+			db.BeforeNth("DELETE FROM chat_messages", 1, func() {
 				addRun(t, runs, "turn2", "ollama", "s1", time.Now(), time.Time{}, domain.EventStart)
 			})
 			res, err := db.Prune(ctx, cutoff)
@@ -373,6 +373,55 @@ func TestPruneKeepsASessionWhoseRunStartedDuringThePass(t *testing.T) {
 			list, err := chats.ListChats(ctx, "ollama", domain.SessionQuery{})
 			if err != nil || len(list) != 1 || list[0].Turns != 1 {
 				t.Errorf("ListChats = %+v, %v; want s1 with its turn", list, err)
+			}
+		})
+	}
+}
+
+// A session's history is deleted a chunk at a time, each chunk up to the
+// start of a turn: a run of the session that starts between two chunks
+// (and stops the rest) replays whole turns, never a tool result whose
+// call was deleted, which a provider refuses.
+func TestPruneChunksEndAtATurn(t *testing.T) {
+	for name, openDB := range stores {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			db := openDB(t)
+			runs, chats := sqlite.NewRunStore(db), sqlite.NewChatStore(db)
+			old := time.Now().UTC().Add(-48 * time.Hour)
+			cutoff := old.Add(time.Hour)
+			history := []domain.ChatMessage{
+				{Role: "system", Content: "use tools"},
+				{Role: "user", Content: "weather?"},
+				{Role: "assistant", Raw: `{"role":"assistant","content":"","tool_calls":[{"id":"c1"}]}`},
+				{Role: "tool", Raw: `{"role":"tool","tool_call_id":"c1","content":"sunny"}`},
+				{Role: "assistant", Content: "sunny", Reply: true},
+				{Role: "user", Content: "thanks"},
+				{Role: "assistant", Content: "welcome", Reply: true},
+			}
+			if err := chats.AppendChat(ctx, "ollama", "m", "s1", history); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Backdate(ctx, "chat_messages", "created_at", "ollama", "s1", old); err != nil {
+				t.Fatal(err)
+			}
+			// The second chat_messages statement finds a run in flight.
+			db.BeforeNth("DELETE FROM chat_messages", 2, func() {
+				addRun(t, runs, "turn3", "ollama", "s1", time.Now(), time.Time{}, domain.EventStart)
+			})
+			if _, err := db.PruneChunks(ctx, cutoff, 3); err != nil {
+				t.Fatal(err)
+			}
+			msgs, err := chats.LoadChat(ctx, "ollama", "s1", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(msgs, history[5:]) {
+				t.Errorf("history left: %+v, want the last turn whole", msgs)
+			}
+			list, err := chats.ListChats(ctx, "ollama", domain.SessionQuery{})
+			if err != nil || len(list) != 1 || list[0].Turns != 1 {
+				t.Errorf("ListChats = %+v, %v; want s1 with one turn", list, err)
 			}
 		})
 	}
