@@ -438,3 +438,37 @@ func TestSessionPagesWithTies(t *testing.T) {
 		})
 	}
 }
+
+// A turn whose text holds a NUL byte (input "a\u0000b", or a model's
+// reply with one) is stored: the insert failed ("unrecognized token"),
+// so the run failed after the model had answered and the session could
+// not go on. Its JSON, which a turn replays, is kept exactly; its text
+// (for reading) has the NUL as U+FFFD, as the edge's history stores text.
+func TestChatTurnWithNULIsStored(t *testing.T) {
+	ctx := context.Background()
+	chats := sqlite.NewChatStore(open(t, fileDSN(t)))
+	turn := []domain.ChatMessage{
+		{Role: "user", Content: "a\x00b", Raw: `{"role":"user","content":"a\u0000b"}`},
+		{Role: "assistant", Content: "c\x00", Raw: `{"role":"assistant","content":"c\u0000"}`, Reply: true},
+	}
+	if err := chats.AppendChat(ctx, "ollama", "m", "s1", turn); err != nil {
+		t.Fatalf("AppendChat: %v", err)
+	}
+	for _, bound := range []int{0, 1 << 20} {
+		msgs, err := chats.LoadChat(ctx, "ollama", "s1", bound)
+		if err != nil || len(msgs) != 2 {
+			t.Fatalf("LoadChat(%d) = %+v, %v", bound, msgs, err)
+		}
+		for i, m := range msgs {
+			if m.Raw != turn[i].Raw || m.Role != turn[i].Role || m.Reply != turn[i].Reply {
+				t.Errorf("message %d = %+v, want %+v", i, m, turn[i])
+			}
+			if want := strings.ReplaceAll(turn[i].Content, "\x00", "\uFFFD"); m.Content != want {
+				t.Errorf("message %d text = %q, want %q", i, m.Content, want)
+			}
+		}
+	}
+	if list, err := chats.ListChats(ctx, "ollama", domain.SessionQuery{}); err != nil || len(list) != 1 || list[0].Turns != 1 {
+		t.Errorf("ListChats = %+v, %v", list, err)
+	}
+}
