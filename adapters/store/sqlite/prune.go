@@ -216,8 +216,9 @@ func (db *DB) chatPage(ctx context.Context, cut any, after *chatSessionPage, n i
 // stays, all of it or the whole turns not yet deleted.
 func (db *DB) deleteChat(ctx context.Context, adapter, sessionID string, cut any, chunk int) (int64, error) {
 	const query = "DELETE FROM chat_messages WHERE adapter = ? AND session_id = ? AND created_at < ?" +
-		" AND seq < COALESCE((SELECT MIN(u.seq) FROM chat_messages AS u WHERE u.adapter = ? AND u.session_id = ? AND u.role = 'user'" +
-		" AND u.seq > (SELECT c.seq FROM chat_messages AS c WHERE c.adapter = ? AND c.session_id = ? ORDER BY c.seq LIMIT 1 OFFSET ?)), ?)" +
+		" AND seq < COALESCE((SELECT u.seq FROM chat_messages AS u WHERE u.adapter = ? AND u.session_id = ? AND u.role = 'user'" +
+		" AND u.seq > (SELECT c.seq FROM chat_messages AS c WHERE c.adapter = ? AND c.session_id = ? ORDER BY c.seq LIMIT 1 OFFSET ?)" +
+		" ORDER BY u.seq LIMIT 1), ?)" +
 		" AND NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.adapter = ? AND r.session_id = ? AND r.status IN (?, ?))"
 	var total int64
 	for {
