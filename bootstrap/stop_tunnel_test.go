@@ -42,47 +42,10 @@ func TestStopCutsAStreamingTunnelAndKeepsTheHistory(t *testing.T) {
 	defer upstream.Close()
 
 	dir := t.TempDir()
-	tAddr, hAddr := freeAddr(t), freeAddr(t)
-	cfg, err := config.ParseEdge(filepath.Join(dir, "edge.yaml"), []byte(`
-transport: {listen: "`+tAddr+`"}
-http: {listen: "`+hAddr+`"}
-nodes:
-  - id: n1
-    token: graph-test-token
-    providers: [{name: vllm, type: openai, base_url: "`+upstream.URL+`", models: [m]}]
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	es := bootstrap.EdgeSettings{Config: cfg, Logger: quiet()}
-	edge := fxtest.New(t, bootstrap.Edge(es), fx.NopLogger)
-	edge.RequireStart()
-	node := fxtest.New(t, bootstrap.Node(bootstrap.NodeSettings{
-		Edge: tAddr, Token: "graph-test-token", Logger: quiet(), Transport: nodeLink(t, es),
-		DB: "file:" + filepath.Join(t.TempDir(), "n.db") + "?cache=shared&mode=rwc",
-	}), fx.NopLogger)
-	node.RequireStart()
+	edge, node, hAddr := tunnelPair(t, dir, upstream.URL)
 	defer node.RequireStop()
-
-	var resp *http.Response
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err = http.Post("http://"+hAddr+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
-		if err == nil && resp.StatusCode == 200 {
-			break
-		}
-		if resp != nil {
-			resp.Body.Close()
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the tunnel never opened: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	resp, _ := openStream(t, hAddr)
 	defer resp.Body.Close()
-	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
-		t.Fatalf("first line %q, %v", line, err)
-	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
 	defer cancel()
@@ -122,49 +85,10 @@ func TestNodeStopLetsAStreamingTunnelEnd(t *testing.T) {
 	}))
 	defer upstream.Close()
 
-	dir := t.TempDir()
-	tAddr, hAddr := freeAddr(t), freeAddr(t)
-	cfg, err := config.ParseEdge(filepath.Join(dir, "edge.yaml"), []byte(`
-transport: {listen: "`+tAddr+`"}
-http: {listen: "`+hAddr+`"}
-nodes:
-  - id: n1
-    token: graph-test-token
-    providers: [{name: vllm, type: openai, base_url: "`+upstream.URL+`", models: [m]}]
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	es := bootstrap.EdgeSettings{Config: cfg, Logger: quiet()}
-	edge := fxtest.New(t, bootstrap.Edge(es), fx.NopLogger)
-	edge.RequireStart()
+	edge, node, hAddr := tunnelPair(t, t.TempDir(), upstream.URL)
 	defer edge.RequireStop()
-	node := fxtest.New(t, bootstrap.Node(bootstrap.NodeSettings{
-		Edge: tAddr, Token: "graph-test-token", Logger: quiet(), Transport: nodeLink(t, es),
-		DB: "file:" + filepath.Join(t.TempDir(), "n.db") + "?cache=shared&mode=rwc",
-	}), fx.NopLogger)
-	node.RequireStart()
-
-	var resp *http.Response
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err = http.Post("http://"+hAddr+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
-		if err == nil && resp.StatusCode == 200 {
-			break
-		}
-		if resp != nil {
-			resp.Body.Close()
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the tunnel never opened: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	resp, body := openStream(t, hAddr)
 	defer resp.Body.Close()
-	body := bufio.NewReader(resp.Body)
-	if line, err := body.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
-		t.Fatalf("first line %q, %v", line, err)
-	}
 
 	stopped := make(chan error, 1)
 	go func() {
@@ -196,5 +120,57 @@ nodes:
 	}
 	if err := <-stopped; err != nil {
 		t.Fatalf("node stop: %v", err)
+	}
+}
+
+// tunnelPair starts an edge (its state in dir) and a node with one
+// OpenAI-type provider at upstream, serving model m; the caller stops them.
+func tunnelPair(t *testing.T, dir, upstream string) (edge, node *fxtest.App, hAddr string) {
+	t.Helper()
+	tAddr, hAddr := freeAddr(t), freeAddr(t)
+	cfg, err := config.ParseEdge(filepath.Join(dir, "edge.yaml"), []byte(`
+transport: {listen: "`+tAddr+`"}
+http: {listen: "`+hAddr+`"}
+nodes:
+  - id: n1
+    token: graph-test-token
+    providers: [{name: vllm, type: openai, base_url: "`+upstream+`", models: [m]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := bootstrap.EdgeSettings{Config: cfg, Logger: quiet()}
+	edge = fxtest.New(t, bootstrap.Edge(es), fx.NopLogger)
+	edge.RequireStart()
+	node = fxtest.New(t, bootstrap.Node(bootstrap.NodeSettings{
+		Edge: tAddr, Token: "graph-test-token", Logger: quiet(), Transport: nodeLink(t, es),
+		DB: "file:" + filepath.Join(t.TempDir(), "n.db") + "?cache=shared&mode=rwc",
+	}), fx.NopLogger)
+	node.RequireStart()
+	return edge, node, hAddr
+}
+
+// openStream posts a streamed chat completion for m to the edge at hAddr,
+// once its node serves it, and returns the answer with its first line read.
+func openStream(t *testing.T, hAddr string) (*http.Response, *bufio.Reader) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Post("http://"+hAddr+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
+		if err == nil && resp.StatusCode == 200 {
+			body := bufio.NewReader(resp.Body)
+			if line, err := body.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+				resp.Body.Close()
+				t.Fatalf("first line %q, %v", line, err)
+			}
+			return resp, body
+		}
+		if resp != nil {
+			resp.Body.Close()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the tunnel never opened: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
