@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 
 	"iop/adapters/config"
@@ -195,18 +196,23 @@ func hashToken(in io.Reader, out, errOut io.Writer, args []string) error {
 	if len(args) > 0 {
 		return errors.New("hash-token reads the token on stdin, never as an argument (arguments show in ps and shell history)")
 	}
+	// read ends the prompt's line once the token is read (the Enter typed
+	// is not echoed), before the hash is printed: ended as the command
+	// returned, the hash stood on the prompt's line.
+	endPrompt := func() {}
 	if f, ok := in.(*os.File); ok {
 		if restore, ok := withoutEcho(f.Fd()); ok {
 			// Echo comes back however the read ends, an interrupt included.
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 			done := make(chan struct{})
-			defer func() {
+			endPrompt = sync.OnceFunc(func() {
 				signal.Stop(sig)
 				close(done)
 				restore()
 				fmt.Fprintln(errOut)
-			}()
+			})
+			defer endPrompt()
 			go func() {
 				select {
 				case <-sig:
@@ -220,6 +226,7 @@ func hashToken(in io.Reader, out, errOut io.Writer, args []string) error {
 		}
 	}
 	line, err := bufio.NewReader(io.LimitReader(in, 64<<10)).ReadString('\n')
+	endPrompt()
 	if err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("read token: %w", err)
 	}

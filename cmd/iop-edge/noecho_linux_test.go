@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -63,7 +64,8 @@ func TestHashTokenFromATerminalIsNotEchoed(t *testing.T) {
 	shown := func() string { mu.Lock(); defer mu.Unlock(); return screen.String() }
 	var out bytes.Buffer
 	done := make(chan error, 1)
-	go func() { done <- hashToken(tty, &out, tty, nil) }()
+	// The hash goes to the terminal too, as when stdout is not redirected.
+	go func() { done <- hashToken(tty, io.MultiWriter(&out, tty), tty, nil) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(shown(), "token (not shown): ") {
 		if time.Now().After(deadline) {
@@ -96,5 +98,10 @@ func TestHashTokenFromATerminalIsNotEchoed(t *testing.T) {
 	}
 	if strings.Contains(shown(), token) {
 		t.Fatalf("the token was echoed: the terminal shows %q", shown())
+	}
+	// The Enter typed is not echoed either: the prompt's line is ended
+	// before the hash, which used to stand on it.
+	if want := "token (not shown): \r\n" + config.TokenHash(token) + "\r\n"; !strings.Contains(shown(), want) {
+		t.Fatalf("the terminal shows %q; want the hash on a line of its own (%q)", shown(), want)
 	}
 }
