@@ -90,7 +90,10 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		// summed it, and the store's ReadTimeout (30 s) bounds it instead
 		// of the DSN's read_timeout (5 s by default), which cut it off as a
 		// database that is down.
-		rconn, err := newPGConnector(dsn, pgdriver.WithReadTimeout(0))
+		// The server gives a read up a second after the store does (see
+		// withStatementTimeout): the store's bound ends it first, and the
+		// caller is told 504 timeout, not that the database is down.
+		rconn, err := newPGConnector(dsn, pgdriver.WithReadTimeout(0), withStatementTimeout(DefaultReadTimeout+time.Second))
 		if err != nil {
 			return nil, err
 		}
@@ -378,6 +381,13 @@ func (db *DB) migrate(ctx context.Context, on *bun.DB) error {
 	defer cancel()
 	return on.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
 		if db.postgres {
+			// The server gives up the migration when this edge does: one
+			// left waiting on a table lock would hold the migration lock,
+			// and every edge starting after it would wait for that lock in
+			// vain.
+			if err := boundStatements(ctx, tx); err != nil {
+				return err
+			}
 			// Two edges starting at once: the second waits here, then
 			// sees the first one's versions and applies nothing.
 			if err := lockMigrations(ctx, tx); err != nil {

@@ -121,6 +121,27 @@ func parsePGDSN(dsn string, u *url.URL, opts ...pgdriver.Option) (conn *pgdriver
 	return pgdriver.NewConnector(append([]pgdriver.Option{pgdriver.WithTimeout(5 * time.Second), pgdriver.WithDSN(dsn)}, opts...)...), nil
 }
 
+// withStatementTimeout makes the server give up a connection's statements
+// after d (its statement_timeout, set when it connects) unless the DSN
+// sets one. pgdriver cannot cancel a statement: when the store stops
+// waiting for one it closes the socket, and the server goes on with it.
+// A read waiting on a lock another session holds (a LOCK TABLE, an ALTER)
+// then left a backend waiting behind each request given up, until the
+// server's max_connections were taken and it refused every client.
+func withStatementTimeout(d time.Duration) pgdriver.Option {
+	return func(conf *pgdriver.Config) {
+		if _, ok := conf.ConnParams["statement_timeout"]; ok {
+			return
+		}
+		params := make(map[string]any, len(conf.ConnParams)+1)
+		for k, v := range conf.ConnParams {
+			params[k] = v
+		}
+		params["statement_timeout"] = d.Milliseconds()
+		conf.ConnParams = params
+	}
+}
+
 // Connect opens a connection: with sslmode=allow, over TLS when the server
 // refused the plaintext one.
 func (c *pgConnector) Connect(ctx context.Context) (driver.Conn, error) {

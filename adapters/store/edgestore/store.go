@@ -382,6 +382,9 @@ func runUpdateSet(table string) []string {
 // statement's parse on the server.
 func (db *DB) writeMultiRow(ctx context.Context, runs []runRow, tunnels []tunnelRow) error {
 	return db.bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		if err := boundStatements(ctx, tx); err != nil {
+			return err
+		}
 		if len(runs) > 0 {
 			q := tx.NewInsert().Model(&runs).On("CONFLICT (id) DO UPDATE")
 			for _, set := range runUpdateSet("?TableAlias") {
@@ -398,6 +401,29 @@ func (db *DB) writeMultiRow(ctx context.Context, runs []runRow, tunnels []tunnel
 		}
 		return nil
 	})
+}
+
+// boundStatements makes the server give up tx's statements when ctx
+// does (SET LOCAL statement_timeout: this transaction only, so a pooler
+// sharing the connection keeps its settings). pgdriver cannot cancel a
+// statement: at the batch's timeout it closes its socket and the server
+// goes on. A batch waiting on a lock another session holds (a LOCK TABLE,
+// an ALTER, a VACUUM FULL) then left a backend waiting behind it, one
+// more per batch while the lock was held, until the server's
+// max_connections were taken and it refused every client.
+func boundStatements(ctx context.Context, tx bun.Tx) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return nil
+	}
+	ms := time.Until(deadline).Milliseconds()
+	if ms < 1 {
+		ms = 1 // 0 would turn the bound off
+	}
+	if _, err := tx.ExecContext(ctx, "SET LOCAL statement_timeout = "+strconv.FormatInt(ms, 10)); err != nil {
+		return fmt.Errorf("statement timeout: %w", err)
+	}
+	return nil
 }
 
 // writePrepared writes the batch row by row through two statements
