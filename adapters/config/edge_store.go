@@ -86,6 +86,10 @@ func checkPostgresDSN(dsn string) error {
 	if u.User != nil && u.User.Username() == "" {
 		return errors.New("store.dsn has no user name before the '@'")
 	}
+	if strayAt(u, dsn) {
+		return errors.New("store.dsn has an '@' that is not after a user part: a password holding '/', '?' or '#' ends the host there, " +
+			"so percent-encode them (/ as %2F, ? as %3F, # as %23; an '@' in a parameter as %40)")
+	}
 	q := u.Query()
 	// libpq's connection parameters pgdriver does not take: it sends each
 	// as a setting (SET password TO '…', which the server refuses and may
@@ -123,6 +127,15 @@ func checkPostgresDSN(dsn string) error {
 	return nil
 }
 
+// strayAt reports whether dsn, parsed as u, has no user part yet holds an
+// '@': a password with an unescaped '/', '?' or '#' that ends the URL's
+// host early ("postgres://iop:/s3cret@db/iop" is the host "iop:" and the
+// path "/s3cret@db/iop"), so the password would be read, and shown, as the
+// DSN's path, query or fragment.
+func strayAt(u *url.URL, dsn string) bool {
+	return u.User == nil && strings.Contains(dsn, "@")
+}
+
 // StoreDSNForLog is store.dsn without a password, for logs and errors:
 // the password of its user part, the value of every query parameter but
 // those known to hold none (logDSNParams) and any fragment are ***. A DSN
@@ -133,7 +146,7 @@ func (c *EdgeConfig) StoreDSNForLog() string {
 		return d
 	}
 	u, err := url.Parse(d)
-	if err != nil {
+	if err != nil || strayAt(u, d) {
 		return "postgres://*** (not a valid URL)"
 	}
 	var b strings.Builder

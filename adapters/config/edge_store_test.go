@@ -81,6 +81,13 @@ func TestStorePostgresDSNRefusedWithoutThePassword(t *testing.T) {
 		{"user parameter", "postgres://db/iop?user=iop", "user parameter is not supported"},
 		{"dbname parameter", "postgres://iop@db?dbname=iop", "dbname parameter is not supported"},
 		{"port parameter", "postgres://iop@db/iop?port=5433", "port parameter is not supported"},
+		// A password whose '/', '?' or '#' is not percent-encoded ends
+		// the host early (here "iop:" or "iop:2024"): the rest of it was
+		// read as the path, query or fragment, and the start error showed
+		// it whole.
+		{"unescaped slash", "postgres://iop:/s3cretPW@127.0.0.1:1/iop", "percent-encode"},
+		{"unescaped question mark", "postgres://iop:2024?s3cretPW@127.0.0.1:1/iop", "percent-encode"},
+		{"unescaped hash", "postgres://iop:2024#s3cretPW@127.0.0.1:1/iop", "percent-encode"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := config.ParseEdge(filepath.Join(dir, "edge.yaml"), []byte("store: {dsn: \""+c.dsn+"\"}"+storeNodes))
@@ -119,6 +126,9 @@ func TestStoreDSNForLog(t *testing.T) {
 		{"postgres://iop@db/iop?search_path=s3cret&options=-c%20x%3Ds3cret", "postgres://iop@db/iop?search_path=***&options=***"},
 		{"postgres://iop@db/iop?sslmode=disable#s3cret", "postgres://iop@db/iop?sslmode=disable#***"},
 		{"postgres://iop:s3cr%zz@db/iop", "postgres://*** (not a valid URL)"},
+		{"postgres://iop:/s3cret@db/iop", "postgres://*** (not a valid URL)"},
+		{"postgres://iop:2024?s3cret@db/iop", "postgres://*** (not a valid URL)"},
+		{"postgres://iop:2024/s3cret@db/iop", "postgres://*** (not a valid URL)"},
 		{"/var/lib/iop/edge.db", "/var/lib/iop/edge.db"},
 	} {
 		c0 := config.EdgeConfig{Store: config.StoreConfig{DSN: c.dsn}}
