@@ -394,9 +394,22 @@ func (db *DB) migrate(ctx context.Context, on *bun.DB) error {
 				return err
 			}
 		}
-		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS edge_schema_migrations (
+		// On PostgreSQL the table is made only when it is missing: CREATE
+		// TABLE IF NOT EXISTS needs the CREATE privilege on the schema even
+		// when the table is there, and an edge whose role may only read
+		// and write its tables (a database its owner migrated) could not
+		// start at all.
+		exists := false
+		if db.postgres {
+			if err := tx.QueryRowContext(ctx, "SELECT to_regclass('edge_schema_migrations') IS NOT NULL").Scan(&exists); err != nil {
+				return fmt.Errorf("read migrations: %w", err)
+			}
+		}
+		if !exists {
+			if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS edge_schema_migrations (
 			version INTEGER PRIMARY KEY, applied_us BIGINT NOT NULL)`); err != nil {
-			return fmt.Errorf("create migrations table: %w", err)
+				return fmt.Errorf("create migrations table: %w", err)
+			}
 		}
 		var applied []int
 		if err := tx.NewSelect().Table("edge_schema_migrations").Column("version").Scan(ctx, &applied); err != nil {
