@@ -80,7 +80,7 @@ func feedKey(r *http.Request) string {
 // events (the bus never waits for it): the stream then carries a comment
 // ": dropped N events" and simply continues. The stream ends when the
 // client leaves or the server stops. Over the feed caps (feedCaps) it is
-// 429 too_many_subscriptions.
+// 429 too_many_subscriptions. HEAD gets the stream's headers and ends.
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	filter, err := typeFilter(r.URL.Query()["type"])
 	if err != nil {
@@ -94,6 +94,18 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer s.feeds.release(key)
+	if r.Method == http.MethodHead {
+		// A HEAD answer has no body: the stream's headers, then the
+		// answer ends. Streamed, it never ended (net/http discards what a
+		// HEAD handler writes, write deadline included), holding a feed
+		// and a bus subscription, and the client's next request on the
+		// connection waited forever behind it.
+		h := w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		w.WriteHeader(http.StatusOK)
+		return
+	}
 	sub := s.deps.Events.Subscribe(eventBuffer, visibleTo(domain.PrincipalFrom(r.Context()), filter))
 	defer sub.Close()
 	ctx, cancel := s.streamContext(r)

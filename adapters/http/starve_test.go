@@ -260,3 +260,62 @@ func TestEventFeedsCapped(t *testing.T) {
 		return resp.StatusCode == 200
 	})
 }
+
+// HEAD /v1/events was served as a stream: net/http discards a HEAD
+// handler's writes, so the feed never ended and never hit its write
+// deadline. It held a feed place and a bus subscription as long as the
+// connection stayed open, and the client's next request on that
+// keep-alive connection (the HEAD answer looked complete to it) got no
+// answer; net/http stops watching a connection for its client leaving once
+// the next request's first byte is in, so the feed then outlived the
+// client too, until the edge stopped. HEAD now gets the stream's headers
+// and ends.
+func TestEventFeedHeadEnds(t *testing.T) {
+	deps := minimalDeps(edge.NewRegistry())
+	deps.APIKeys = []httpapi.APIKey{apiKey("read-key-a-0123456789abcdef", "a", nil, domain.ScopeRead)}
+	api := httpapi.New(deps, "127.0.0.1:0", slog.New(slog.DiscardHandler))
+	api.MaxSubscriptionsPerKey = 1
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(func() {
+		srv.Close()
+		deps.Submit.Stop()
+		deps.Events.(*eventbus.Bus).Close()
+	})
+	// Before srv.Close: a HEAD feed left running noticed neither its
+	// client leaving nor srv.Close, only the server stopping.
+	t.Cleanup(func() { _ = api.Stop(context.Background()) })
+	// One keep-alive connection for everything: the HEAD's and the next
+	// request's.
+	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1, MaxIdleConnsPerHost: 1}}
+	t.Cleanup(client.CloseIdleConnections)
+	do := func(method, path string) *http.Response {
+		t.Helper()
+		// The bound only turns a hang into a failure; nothing is timed.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		t.Cleanup(cancel)
+		req, _ := http.NewRequestWithContext(ctx, method, srv.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer read-key-a-0123456789abcdef")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s after HEAD /v1/events on the same connection: %v", method, path, err)
+		}
+		return resp
+	}
+	head := do("HEAD", "/v1/events")
+	head.Body.Close()
+	if head.StatusCode != 200 || head.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("HEAD /v1/events: %d %q", head.StatusCode, head.Header.Get("Content-Type"))
+	}
+	next := do("GET", "/healthz")
+	next.Body.Close()
+	if next.StatusCode != 200 {
+		t.Fatalf("GET /healthz after HEAD /v1/events: %d", next.StatusCode)
+	}
+	// The HEAD holds no feed: the key's only place is free for a real one.
+	feed := do("GET", "/v1/events")
+	defer feed.Body.Close()
+	if feed.StatusCode != 200 {
+		body, _ := io.ReadAll(feed.Body)
+		t.Fatalf("a feed after HEAD /v1/events: %d %s", feed.StatusCode, body)
+	}
+}
