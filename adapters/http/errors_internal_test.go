@@ -122,8 +122,12 @@ func TestSSEFraming(t *testing.T) {
 	_ = s.keepAlive()
 	_ = s.event("bad\ntype", []byte(`{}`))
 	_ = s.eventJSON("delta", map[string]string{"text": "<b>\n"}) // json.Marshal's bytes
+	// A lone CR ends a line for an SSE reader: sent raw, the reader
+	// would cut the JSON there.
+	_ = s.event("progress", []byte("{\"status\":\"pulling\",\r\"pct\":1,\r\r\n\"x\":2}"))
 	want := "event: progress\ndata: {\"a\":1,\ndata: \"b\":2}\n\n: keep-alive\n\nevent: bad type\ndata: {}\n\n" +
-		"event: delta\ndata: {\"text\":\"\\u003cb\\u003e\\n\"}\n\n"
+		"event: delta\ndata: {\"text\":\"\\u003cb\\u003e\\n\"}\n\n" +
+		"event: progress\ndata: {\"status\":\"pulling\",\ndata: \"pct\":1,\ndata: \ndata: \"x\":2}\n\n"
 	if w.Body.String() != want {
 		t.Fatalf("body %q, want %q", w.Body.String(), want)
 	}

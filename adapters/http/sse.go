@@ -66,7 +66,8 @@ func (s *sseWriter) deadline() {
 	}
 }
 
-// event writes one event and flushes it. data may hold newlines; each line
+// event writes one event and flushes it. data may hold line ends (LF, CRLF
+// or a lone CR, all three ends of a line to an SSE reader); each line
 // becomes its own "data:" field, which SSE readers join back with "\n".
 func (s *sseWriter) event(typ string, data []byte) error {
 	if err := s.write(typ, data); err != nil {
@@ -80,10 +81,29 @@ func (s *sseWriter) write(typ string, data []byte) error {
 	b := append(s.buf[:0], "event: "...)
 	b = append(b, oneLine(typ)...)
 	b = append(b, '\n')
-	for line := range bytes.SplitSeq(bytes.TrimRight(data, "\r\n"), []byte("\n")) {
-		b = append(b, "data: "...)
-		b = append(b, bytes.TrimSuffix(line, []byte("\r"))...)
-		b = append(b, '\n')
+	data = bytes.TrimRight(data, "\r\n")
+	if bytes.IndexByte(data, '\r') < 0 {
+		for line := range bytes.SplitSeq(data, []byte("\n")) {
+			b = append(b, "data: "...)
+			b = append(b, line...)
+			b = append(b, '\n')
+		}
+	} else {
+		// A CR within the data (JSON allows it as whitespace, a node's
+		// command result may hold one) sent as it is would end the field
+		// there for the reader, which would then read half of it.
+		for {
+			i := bytes.IndexAny(data, "\r\n")
+			if i < 0 {
+				b = append(append(append(b, "data: "...), data...), '\n')
+				break
+			}
+			b = append(append(append(b, "data: "...), data[:i]...), '\n')
+			if data[i] == '\r' && i+1 < len(data) && data[i+1] == '\n' {
+				i++
+			}
+			data = data[i+1:]
+		}
 	}
 	b = append(b, '\n')
 	s.buf = b // the ResponseWriter copied it: reused for the next event
