@@ -142,8 +142,9 @@ type chatSessionPage struct {
 // index, without reading message bodies), each page's newest messages
 // looked up by key, then deletes the expired sessions' messages, oldest
 // first, at most chunk per statement. A message appended after the page
-// was read (a turn that began meanwhile) is newer than cutoff and stays;
-// such a turn may find its session's older history gone, as an idle
+// was read (a turn that began meanwhile) is newer than cutoff and stays,
+// and so does what is left of its session (deleteChat); such a turn may
+// find its session's older history gone, whole turns of it, as an idle
 // session's next turn does.
 func (db *DB) pruneChats(ctx context.Context, cutoff time.Time, chunk int) (sessions, messages int64, err error) {
 	cut := db.timeArg(cutoff)
@@ -213,17 +214,22 @@ func (db *DB) chatPage(ctx context.Context, cut any, after *chatSessionPage, n i
 // statement checks again that no run of the session is queued or
 // running: one that started after chatPage found the session idle (the
 // pass deleting other sessions meanwhile) replays the history, which
-// stays, all of it or the whole turns not yet deleted.
+// stays, all of it or the whole turns not yet deleted. Each statement
+// checks too that the session is still idle (its newest message older
+// than cut, as chatPage found it): a turn that started and ended in
+// between (its run finished, so the first check passes) appended to the
+// history it replayed, which stays with what it appended.
 func (db *DB) deleteChat(ctx context.Context, adapter, sessionID string, cut any, chunk int) (int64, error) {
 	const query = "DELETE FROM chat_messages WHERE adapter = ? AND session_id = ? AND created_at < ?" +
 		" AND seq < COALESCE((SELECT u.seq FROM chat_messages AS u WHERE u.adapter = ? AND u.session_id = ? AND u.role = 'user'" +
 		" AND u.seq > (SELECT c.seq FROM chat_messages AS c WHERE c.adapter = ? AND c.session_id = ? ORDER BY c.seq LIMIT 1 OFFSET ?)" +
 		" ORDER BY u.seq LIMIT 1), ?)" +
-		" AND NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.adapter = ? AND r.session_id = ? AND r.status IN (?, ?))"
+		" AND NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.adapter = ? AND r.session_id = ? AND r.status IN (?, ?))" +
+		" AND (SELECT l.created_at FROM chat_messages AS l WHERE l.adapter = ? AND l.session_id = ? ORDER BY l.seq DESC LIMIT 1) < ?"
 	var total int64
 	for {
 		n, err := db.pruneExec(ctx, query, adapter, sessionID, cut, adapter, sessionID, adapter, sessionID, chunk-1, int64(1)<<62,
-			adapter, sessionID, string(domain.RunQueued), string(domain.RunRunning))
+			adapter, sessionID, string(domain.RunQueued), string(domain.RunRunning), adapter, sessionID, cut)
 		total += n
 		if err != nil || n < int64(chunk) {
 			return total, err

@@ -426,3 +426,61 @@ func TestPruneChunksEndAtATurn(t *testing.T) {
 		})
 	}
 }
+
+// A turn of an idle session that starts and ends while a prune pass is
+// under way, after the pass found the session idle but before it deleted
+// its history, keeps the session: the history it replayed and answered is
+// not deleted under it, which would leave its tool result without the
+// call it answers (a history every provider refuses from then on).
+func TestPruneKeepsASessionThatWasUsedDuringThePass(t *testing.T) {
+	for name, openDB := range stores {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			db := openDB(t)
+			runs, chats := sqlite.NewRunStore(db), sqlite.NewChatStore(db)
+			old := time.Now().UTC().Add(-48 * time.Hour)
+			cutoff := old.Add(time.Hour)
+			history := []domain.ChatMessage{
+				{Role: "system", Content: "use tools"},
+				{Role: "user", Content: "weather?"},
+				{Role: "assistant", Raw: `{"role":"assistant","content":"","tool_calls":[{"id":"c1"}]}`},
+			}
+			if err := chats.AppendChat(ctx, "ollama", "m", "s1", history); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Backdate(ctx, "chat_messages", "created_at", "ollama", "s1", old); err != nil {
+				t.Fatal(err)
+			}
+			answer := []domain.ChatMessage{
+				{Role: "tool", Raw: `{"role":"tool","tool_call_id":"c1","content":"sunny"}`},
+				{Role: "assistant", Content: "sunny", Reply: true},
+			}
+			// A whole turn runs between the look-up and the first delete.
+			db.BeforeNth("DELETE FROM chat_messages", 1, func() {
+				now := time.Now()
+				addRun(t, runs, "turn2", "ollama", "s1", now, now, domain.EventComplete)
+				if err := chats.AppendChat(ctx, "ollama", "m", "s1", answer); err != nil {
+					t.Fatal(err)
+				}
+			})
+			res, err := db.Prune(ctx, cutoff)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.ChatMessages != 0 || res.ChatSessions != 0 {
+				t.Errorf("Prune deleted %d messages (%d sessions) of a session used during the pass", res.ChatMessages, res.ChatSessions)
+			}
+			msgs, err := chats.LoadChat(ctx, "ollama", "s1", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := append(slices.Clone(history), answer...); !slices.Equal(msgs, want) {
+				t.Errorf("history left: %+v, want all of it: %+v", msgs, want)
+			}
+			list, err := chats.ListChats(ctx, "ollama", domain.SessionQuery{})
+			if err != nil || len(list) != 1 || list[0].Turns != 1 {
+				t.Errorf("ListChats = %+v, %v; want s1 with its turn", list, err)
+			}
+		})
+	}
+}
