@@ -123,3 +123,31 @@ func TestPostgresReadsAreBoundOnTheServer(t *testing.T) {
 		}
 	}
 }
+
+// A history prune given up on a lock ends on the server too: it runs
+// hourly, so under a lock held for long each pass left one more backend
+// waiting.
+func TestPostgresTimedOutPruneEndsOnTheServer(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	db, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	holder, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lockTable(t, holder, "edge_runs")
+	s := &Store{db: db}
+	for i := range 3 {
+		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		_, err := s.Prune(pctx, time.Now())
+		cancel()
+		if err == nil {
+			t.Fatalf("prune %d under the lock succeeded", i)
+		}
+	}
+	noneWaitOnLocks(t, holder)
+}

@@ -535,10 +535,23 @@ func (s *Store) pruneChunks(ctx context.Context, cutoff time.Time, chunk int) (i
 			// Each statement gets the bound the single statement had.
 			sctx, cancel := context.WithTimeout(ctx, time.Minute)
 			var res sql.Result
-			err := s.retry(sctx, func() (err error) {
-				res, err = s.db.bun.NewDelete().Model(models[i]).
-					Where(key+" IN (?)", sel.Limit(int64(chunk))).Exec(sctx)
+			del := func(ctx context.Context, on bun.IDB) (err error) {
+				res, err = on.NewDelete().Model(models[i]).Where(key+" IN (?)", sel.Limit(int64(chunk))).Exec(ctx)
 				return err
+			}
+			err := s.retry(sctx, func() error {
+				if !s.db.postgres {
+					return del(sctx, s.db.bun)
+				}
+				// The server gives the statement up when the edge does
+				// (boundStatements): one waiting on a lock another
+				// session holds would leave a backend behind each pass.
+				return s.db.bun.RunInTx(sctx, nil, func(ctx context.Context, tx bun.Tx) error {
+					if err := boundStatements(ctx, tx); err != nil {
+						return err
+					}
+					return del(ctx, tx)
+				})
 			})
 			cancel()
 			if err != nil {
