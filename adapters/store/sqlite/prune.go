@@ -21,7 +21,7 @@ const DefaultRetention = 30 * 24 * time.Hour
 const DefaultPruneInterval = time.Hour
 
 // pruneChunk is the most rows one pruning statement deletes (of a chat
-// session's messages, up to the end of the turn it ends in: deleteChat),
+// session's messages, up to the next turn or model message: deleteChat),
 // and the most chat sessions one look-up reads: on SQLite (one connection) a statement
 // holds every reader and writer of the store until it ends, and 1,000 rows
 // with their index entries take milliseconds, where all of a month's
@@ -206,29 +206,100 @@ func (db *DB) chatPage(ctx context.Context, cut any, after *chatSessionPage, n i
 	return page, nil
 }
 
+// longTurn is how many chunks' worth of a session's messages (by seq)
+// deleteChat looks through for the start of a turn before it cuts a chunk
+// inside one (one long agent turn: a user message, then thousands of tool
+// calls and results).
+const longTurn = 10
+
+// chatCut returns where deleteChat's next statement cuts a session: it
+// deletes the messages before seq before but the one at keep (0: none).
+// Looked up in two statements, each walking the session's index once or
+// over a few messages: PostgreSQL inlined one statement's derived tables
+// and walked the session from its start for each bound it tested.
+func (db *DB) chatCut(ctx context.Context, adapter, sessionID string, chunk int) (before, keep int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, statementTimeout)
+	defer cancel()
+	var seqs []int64
+	if err := db.bun.NewRaw(chatChunkQuery, adapter, sessionID, chunk-1).Scan(ctx, &seqs); err != nil {
+		return 0, 0, err
+	}
+	all := int64(1) << 62
+	if len(seqs) < 2 {
+		return all, 0, nil // at most a chunk left
+	}
+	c, n := seqs[0], seqs[1] // the chunk's last message and the one after it
+	var cut struct {
+		Turn  *int64 `bun:"u"`
+		Model *int64 `bun:"m"`
+		Open  *int64 `bun:"o"`
+	}
+	if err := db.bun.NewRaw(chatCutQuery, adapter, sessionID, c, c+(longTurn-1)*int64(chunk), adapter, sessionID, n,
+		adapter, sessionID, adapter, sessionID, n).Scan(ctx, &cut); err != nil {
+		return 0, 0, err
+	}
+	switch {
+	case cut.Turn != nil:
+		return *cut.Turn, 0, nil
+	case cut.Model != nil && cut.Open != nil:
+		return *cut.Model, *cut.Open, nil
+	case cut.Model != nil:
+		return *cut.Model, 0, nil
+	}
+	return all, 0, nil
+}
+
+// chatChunkQuery looks up the seq of a session's message at an offset
+// and of the one after it.
+const chatChunkQuery = "SELECT seq FROM chat_messages WHERE adapter = ? AND session_id = ? ORDER BY seq LIMIT 2 OFFSET ?"
+
+// chatCutQuery looks up where a turn starts after a chunk, within a bound,
+// where the model's first message after the one after the chunk is, and
+// the user message before that.
+const chatCutQuery = "SELECT (SELECT u.seq FROM chat_messages AS u WHERE u.adapter = ? AND u.session_id = ? AND u.role = 'user'" +
+	" AND u.seq > ? AND u.seq <= ? ORDER BY u.seq LIMIT 1) AS u, " + chatModelQuery + " AS m," +
+	" (SELECT o.seq FROM chat_messages AS o WHERE o.adapter = ? AND o.session_id = ? AND o.role = 'user' AND o.seq < " + chatModelQuery +
+	" ORDER BY o.seq DESC LIMIT 1) AS o"
+
+const chatModelQuery = "(SELECT a.seq FROM chat_messages AS a WHERE a.adapter = ? AND a.session_id = ? AND a.role = 'assistant'" +
+	" AND a.seq > ? ORDER BY a.seq LIMIT 1)"
+
 // deleteChat deletes the session's messages older than cut, oldest first,
 // a chunk of at least chunk messages per statement, up to the start of a
-// turn (a user message; the whole rest when no turn starts after the
-// chunk), so what is left between statements is whole turns: a turn that
-// loads the history then replays no tool result without its call. Each
-// statement checks again that no run of the session is queued or
+// turn (a user message) within longTurn chunks. Past that, inside one long
+// turn, it deletes up to the model's next message (an assistant message:
+// its tool calls' results follow it, so none is left without its call)
+// but keeps the turn's user message, so what is left is the turn's opening
+// and its newest tool-call groups, as a replay trims a turn too long to
+// send (adapters/runtime/internal/chat). The statement that finds neither
+// after the chunk (or a turn beyond longTurn chunks and no assistant
+// message before it, which a provider's tool loop never stores) deletes
+// the rest. What is left between statements is
+// thus whole turns, or such a turn: a turn that loads the history then
+// replays no tool result without its call.
+//
+// Each statement checks again that no run of the session is queued or
 // running: one that started after chatPage found the session idle (the
 // pass deleting other sessions meanwhile) replays the history, which
-// stays, all of it or the whole turns not yet deleted. Each statement
-// checks too that the session is still idle (its newest message older
-// than cut, as chatPage found it): a turn that started and ended in
-// between (its run finished, so the first check passes) appended to the
-// history it replayed, which stays with what it appended.
+// stays, all of it or what is not yet deleted. Each checks too that the
+// session is still idle (its newest message older than cut, as chatPage
+// found it): a turn that started and ended in between (its run finished,
+// so the first check passes) appended to the history it replayed, which
+// stays with what it appended. The cut is looked up before each statement
+// (chatCut); what happens in between only appends to the session, after
+// the cut, or deletes all of it, and the delete's checks then find it
+// used again.
 func (db *DB) deleteChat(ctx context.Context, adapter, sessionID string, cut any, chunk int) (int64, error) {
-	const query = "DELETE FROM chat_messages WHERE adapter = ? AND session_id = ? AND created_at < ?" +
-		" AND seq < COALESCE((SELECT u.seq FROM chat_messages AS u WHERE u.adapter = ? AND u.session_id = ? AND u.role = 'user'" +
-		" AND u.seq > (SELECT c.seq FROM chat_messages AS c WHERE c.adapter = ? AND c.session_id = ? ORDER BY c.seq LIMIT 1 OFFSET ?)" +
-		" ORDER BY u.seq LIMIT 1), ?)" +
+	const query = "DELETE FROM chat_messages WHERE adapter = ? AND session_id = ? AND created_at < ? AND seq < ? AND seq <> ?" +
 		" AND NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.adapter = ? AND r.session_id = ? AND r.status IN (?, ?))" +
 		" AND (SELECT l.created_at FROM chat_messages AS l WHERE l.adapter = ? AND l.session_id = ? ORDER BY l.seq DESC LIMIT 1) < ?"
 	var total int64
 	for {
-		n, err := db.pruneExec(ctx, query, adapter, sessionID, cut, adapter, sessionID, adapter, sessionID, chunk-1, int64(1)<<62,
+		before, keep, err := db.chatCut(ctx, adapter, sessionID, chunk)
+		if err != nil {
+			return total, err
+		}
+		n, err := db.pruneExec(ctx, query, adapter, sessionID, cut, before, keep,
 			adapter, sessionID, string(domain.RunQueued), string(domain.RunRunning), adapter, sessionID, cut)
 		total += n
 		if err != nil || n < int64(chunk) {

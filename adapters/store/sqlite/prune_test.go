@@ -484,3 +484,69 @@ func TestPruneKeepsASessionThatWasUsedDuringThePass(t *testing.T) {
 		})
 	}
 }
+
+// One long agent turn (a user message, then a long run of tool calls and
+// their results) is deleted a chunk at a time too, each chunk up to a
+// message of the model's, the turn's user message kept: not in one
+// statement, which on SQLite would hold every run and turn of the node
+// until it ended, and never leaving a tool result without its call.
+func TestPruneChunksALongTurn(t *testing.T) {
+	for name, openDB := range stores {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			db := openDB(t)
+			runs, chats := sqlite.NewRunStore(db), sqlite.NewChatStore(db)
+			old := time.Now().UTC().Add(-48 * time.Hour)
+			cutoff := old.Add(time.Hour)
+			history := []domain.ChatMessage{{Role: "system", Content: "use tools"}, {Role: "user", Content: "build it"}}
+			for i := range 40 {
+				history = append(history,
+					domain.ChatMessage{Role: "assistant", Raw: fmt.Sprintf(`{"role":"assistant","content":"","tool_calls":[{"id":"c%d"}]}`, i)},
+					domain.ChatMessage{Role: "tool", Raw: fmt.Sprintf(`{"role":"tool","tool_call_id":"c%d","content":"ok"}`, i)})
+			}
+			history = append(history, domain.ChatMessage{Role: "assistant", Content: "built", Reply: true})
+			if err := chats.AppendChat(ctx, "ollama", "m", "s1", history); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Backdate(ctx, "chat_messages", "created_at", "ollama", "s1", old); err != nil {
+				t.Fatal(err)
+			}
+			// The second chat_messages statement finds a run in flight.
+			db.BeforeNth("DELETE FROM chat_messages", 2, func() {
+				addRun(t, runs, "turn2", "ollama", "s1", time.Now(), time.Time{}, domain.EventStart)
+			})
+			res, err := db.PruneChunks(ctx, cutoff, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgs, err := chats.LoadChat(ctx, "ollama", "s1", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Chunk one: the system message and the first tool-call group;
+			// the turn's user message stays, then the rest from the
+			// model's call c1 on.
+			if want := append(slices.Clone(history[1:2]), history[4:]...); res.ChatMessages != 3 || !slices.Equal(msgs, want) {
+				t.Errorf("Prune deleted %d messages, left %d: %+v; want 3 deleted, the user message and the rest from the model's call c1 kept",
+					res.ChatMessages, len(msgs), msgs)
+			}
+			// Once the run ends, the next pass deletes the rest, still a
+			// chunk (and a group) at a time.
+			if err := runs.UpdateRun(ctx, "turn2", func(r *domain.Run) error {
+				return r.Finish(domain.RunEvent{Type: domain.EventComplete}, time.Now())
+			}); err != nil {
+				t.Fatal(err)
+			}
+			deletes := db.CountDeletes()
+			if res, err = db.PruneChunks(ctx, cutoff, 3); err != nil || res.ChatMessages != int64(len(history)-3) || res.ChatSessions != 1 {
+				t.Fatalf("second PruneChunks = %+v, %v; want the other %d messages of s1", res, err, len(history)-3)
+			}
+			if n := deletes.Load(); n < 20 {
+				t.Errorf("%d DELETE statements deleted the %d messages of a turn, want one per chunk of 3 (or a little more)", n, len(history)-3)
+			}
+			if msgs, err := chats.LoadChat(ctx, "ollama", "s1", 0); err != nil || len(msgs) != 0 {
+				t.Errorf("LoadChat after the second pass = %d messages, %v; want none", len(msgs), err)
+			}
+		})
+	}
+}
