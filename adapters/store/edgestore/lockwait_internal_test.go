@@ -32,6 +32,25 @@ func lockTable(t *testing.T, holder *DB, table string) {
 	}
 }
 
+// lockedStore opens a store on a fresh PostgreSQL database whose table
+// another session (holder) locks for the rest of the test.
+func lockedStore(t *testing.T, table string) (*Store, *DB) {
+	t.Helper()
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	db, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	holder, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lockTable(t, holder, table)
+	return &Store{db: db}, holder
+}
+
 // noneWaitOnLocks fails t unless, soon, no backend of the database waits
 // on a lock. Without a server-side bound they wait as long as the lock is
 // held: the test's end.
@@ -53,18 +72,7 @@ func noneWaitOnLocks(t *testing.T, on *DB) {
 
 func TestPostgresTimedOutWriteEndsOnTheServer(t *testing.T) {
 	ctx := context.Background()
-	dsn := pgtest.DSN(t)
-	db, err := Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	holder, err := Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lockTable(t, holder, "edge_tunnels")
-	s := &Store{db: db}
+	s, holder := lockedStore(t, "edge_tunnels")
 	for i := range 3 {
 		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		lost, err := s.writeBatch(wctx, []any{tunnelRow{ID: fmt.Sprintf("tun_%d", i), Path: "/x"}})
@@ -129,18 +137,7 @@ func TestPostgresReadsAreBoundOnTheServer(t *testing.T) {
 // waiting.
 func TestPostgresTimedOutPruneEndsOnTheServer(t *testing.T) {
 	ctx := context.Background()
-	dsn := pgtest.DSN(t)
-	db, err := Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	holder, err := Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lockTable(t, holder, "edge_runs")
-	s := &Store{db: db}
+	s, holder := lockedStore(t, "edge_runs")
 	for i := range 3 {
 		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		_, err := s.Prune(pctx, time.Now())

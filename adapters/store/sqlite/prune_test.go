@@ -351,12 +351,7 @@ func TestPruneKeepsASessionWhoseRunStartedDuringThePass(t *testing.T) {
 			old := time.Now().UTC().Add(-48 * time.Hour)
 			cutoff := old.Add(time.Hour)
 			turn := []domain.ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}, {Role: "assistant", Content: "hello", Reply: true}}
-			if err := chats.AppendChat(ctx, "ollama", "m", "s1", turn); err != nil {
-				t.Fatal(err)
-			}
-			if err := db.Backdate(ctx, "chat_messages", "created_at", "ollama", "s1", old); err != nil {
-				t.Fatal(err)
-			}
+			staleSession(t, db, chats, old, turn)
 			db.BeforeNth("DELETE FROM chat_messages", 1, func() {
 				addRun(t, runs, "turn2", "ollama", "s1", time.Now(), time.Time{}, domain.EventStart)
 			})
@@ -399,12 +394,7 @@ func TestPruneChunksEndAtATurn(t *testing.T) {
 				{Role: "user", Content: "thanks"},
 				{Role: "assistant", Content: "welcome", Reply: true},
 			}
-			if err := chats.AppendChat(ctx, "ollama", "m", "s1", history); err != nil {
-				t.Fatal(err)
-			}
-			if err := db.Backdate(ctx, "chat_messages", "created_at", "ollama", "s1", old); err != nil {
-				t.Fatal(err)
-			}
+			staleSession(t, db, chats, old, history)
 			// The second chat_messages statement finds a run in flight.
 			db.BeforeNth("DELETE FROM chat_messages", 2, func() {
 				addRun(t, runs, "turn3", "ollama", "s1", time.Now(), time.Time{}, domain.EventStart)
@@ -445,12 +435,7 @@ func TestPruneKeepsASessionThatWasUsedDuringThePass(t *testing.T) {
 				{Role: "user", Content: "weather?"},
 				{Role: "assistant", Raw: `{"role":"assistant","content":"","tool_calls":[{"id":"c1"}]}`},
 			}
-			if err := chats.AppendChat(ctx, "ollama", "m", "s1", history); err != nil {
-				t.Fatal(err)
-			}
-			if err := db.Backdate(ctx, "chat_messages", "created_at", "ollama", "s1", old); err != nil {
-				t.Fatal(err)
-			}
+			staleSession(t, db, chats, old, history)
 			answer := []domain.ChatMessage{
 				{Role: "tool", Raw: `{"role":"tool","tool_call_id":"c1","content":"sunny"}`},
 				{Role: "assistant", Content: "sunny", Reply: true},
@@ -505,12 +490,7 @@ func TestPruneChunksALongTurn(t *testing.T) {
 					domain.ChatMessage{Role: "tool", Raw: fmt.Sprintf(`{"role":"tool","tool_call_id":"c%d","content":"ok"}`, i)})
 			}
 			history = append(history, domain.ChatMessage{Role: "assistant", Content: "built", Reply: true})
-			if err := chats.AppendChat(ctx, "ollama", "m", "s1", history); err != nil {
-				t.Fatal(err)
-			}
-			if err := db.Backdate(ctx, "chat_messages", "created_at", "ollama", "s1", old); err != nil {
-				t.Fatal(err)
-			}
+			staleSession(t, db, chats, old, history)
 			// The second chat_messages statement finds a run in flight.
 			db.BeforeNth("DELETE FROM chat_messages", 2, func() {
 				addRun(t, runs, "turn2", "ollama", "s1", time.Now(), time.Time{}, domain.EventStart)
@@ -548,5 +528,18 @@ func TestPruneChunksALongTurn(t *testing.T) {
 				t.Errorf("LoadChat after the second pass = %d messages, %v; want none", len(msgs), err)
 			}
 		})
+	}
+}
+
+// staleSession stores history as session s1 of adapter ollama, its
+// messages made at old.
+func staleSession(t *testing.T, db *sqlite.DB, chats *sqlite.ChatStore, old time.Time, history []domain.ChatMessage) {
+	t.Helper()
+	ctx := context.Background()
+	if err := chats.AppendChat(ctx, "ollama", "m", "s1", history); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Backdate(ctx, "chat_messages", "created_at", "ollama", "s1", old); err != nil {
+		t.Fatal(err)
 	}
 }
