@@ -5,32 +5,19 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"iop/adapters/eventbus"
 	httpapi "iop/adapters/http"
 	"iop/application/edge"
+	"iop/internal/lockedbuf"
 )
 
-// lineLog collects what a slog handler writes, one entry per line.
-type lineLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lineLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lineLog) lines(substr string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// linesWith is the lines of what buf holds that contain substr.
+func linesWith(buf *lockedbuf.Buffer, substr string) []string {
 	var out []string
-	for _, line := range strings.Split(l.b.String(), "\n") {
+	for _, line := range strings.Split(buf.String(), "\n") {
 		if strings.Contains(line, substr) {
 			out = append(out, line)
 		}
@@ -46,7 +33,7 @@ func TestHTTPSFailedHandshakesAreLoggedAsACount(t *testing.T) {
 	cert := selfSigned(t)
 	deps := minimalDeps(edge.NewRegistry())
 	deps.TLSCert = &cert
-	var logs lineLog
+	var logs lockedbuf.Buffer
 	api := httpapi.New(deps, "127.0.0.1:0", slog.New(slog.NewTextHandler(&logs, nil)))
 	if err := api.Start(); err != nil {
 		t.Fatal(err)
@@ -70,7 +57,7 @@ func TestHTTPSFailedHandshakesAreLoggedAsACount(t *testing.T) {
 	}
 	// The server logs a failed handshake before it releases the connection.
 	waitFor(t, "every connection released", func() bool { total, _, _ := api.ConnCounts("127.0.0.1"); return total == 0 })
-	got := logs.lines("TLS handshake")
+	got := linesWith(&logs, "TLS handshake")
 	if len(got) == 0 {
 		t.Fatal("no failed TLS handshake was logged")
 	}
