@@ -75,6 +75,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"iop/adapters/runtime/internal/chat"
 	"iop/adapters/runtime/internal/lines"
@@ -342,6 +343,24 @@ type choice struct {
 	Finish  json.RawMessage `json:"finish_reason"`
 }
 
+// typedChunk is a chunk decoded in one pass, its choices and their
+// messages with it, as nearly every chunk can be. A chunk of another shape
+// anywhere (choices that are no array, a delta that is no object) fails
+// that pass and is read a level at a time (chunk, handle), which keeps the
+// rest of it: read so, each chunk cost three decodes of the same bytes.
+type typedChunk struct {
+	Model   json.RawMessage `json:"model"`
+	Choices []typedChoice   `json:"choices"`
+	Usage   json.RawMessage `json:"usage"`
+	Error   json.RawMessage `json:"error"`
+}
+
+type typedChoice struct {
+	Delta   *message        `json:"delta"` // nil when null or absent
+	Message *message        `json:"message"`
+	Finish  json.RawMessage `json:"finish_reason"`
+}
+
 type message struct {
 	Content          json.RawMessage `json:"content"`
 	Reasoning        json.RawMessage `json:"reasoning"`
@@ -356,6 +375,12 @@ func present(raw json.RawMessage) bool {
 
 // text returns raw as a string, or "" when it holds no string.
 func text(raw json.RawMessage) string {
+	// raw comes from a decoded document, so it is valid JSON: a string
+	// without escapes whose bytes are valid UTF-8 is its bytes between the
+	// quotes, which Unmarshal would only copy (most of a stream's fields).
+	if n := len(raw); n >= 2 && raw[0] == '"' && bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw[1:n-1]) {
+		return string(raw[1 : n-1])
+	}
 	var s string
 	if present(raw) && json.Unmarshal(raw, &s) == nil {
 		return s
@@ -595,18 +620,50 @@ func (s *stream) dispatch(event string, data []byte) error {
 		s.done = true
 		return nil
 	}
+	if len(data) == 0 {
+		return nil
+	}
+	var tc typedChunk
+	if json.Unmarshal(data, &tc) == nil {
+		return s.handleTyped(&tc)
+	}
 	var c chunk
-	if len(data) == 0 || json.Unmarshal(data, &c) != nil {
+	if json.Unmarshal(data, &c) != nil {
 		return nil // not a chunk: skipped
 	}
 	return s.handle(&c)
 }
 
+// handleTyped is handle for a chunk decoded in one pass.
+func (s *stream) handleTyped(c *typedChunk) error {
+	if present(c.Error) {
+		return chunkError(c.Error)
+	}
+	if m := text(c.Model); m != "" {
+		s.model = m
+	}
+	for _, ch := range c.Choices {
+		m := ch.Delta
+		if m == nil {
+			m = ch.Message
+		}
+		if m != nil {
+			if err := s.emitMessage(m); err != nil {
+				return err
+			}
+		}
+		if f := text(ch.Finish); f != "" {
+			s.finish = f
+		}
+	}
+	s.readUsage(c.Usage)
+	return nil
+}
+
 // handle turns one parsed chunk into events.
 func (s *stream) handle(c *chunk) error {
 	if present(c.Error) {
-		msg, code := upstream.ErrorField(c.Error)
-		return &upstreamErr{upstream.ProviderError(msg, code)}
+		return chunkError(c.Error)
 	}
 	if m := text(c.Model); m != "" {
 		s.model = m
@@ -630,17 +687,29 @@ func (s *stream) handle(c *chunk) error {
 			s.finish = f
 		}
 	}
-	if present(c.Usage) {
-		var u struct {
-			PromptTokens     json.RawMessage `json:"prompt_tokens"`
-			CompletionTokens json.RawMessage `json:"completion_tokens"`
-			TotalTokens      json.RawMessage `json:"total_tokens"`
-		}
-		if json.Unmarshal(c.Usage, &u) == nil {
-			s.usage.PromptTokens, s.usage.CompletionTokens, s.usage.TotalTokens = tokens(u.PromptTokens), tokens(u.CompletionTokens), tokens(u.TotalTokens)
-		}
-	}
+	s.readUsage(c.Usage)
 	return nil
+}
+
+// chunkError is the failure a chunk's "error" object reports.
+func chunkError(raw json.RawMessage) error {
+	msg, code := upstream.ErrorField(raw)
+	return &upstreamErr{upstream.ProviderError(msg, code)}
+}
+
+// readUsage keeps the counts of a chunk's "usage", if it has one.
+func (s *stream) readUsage(raw json.RawMessage) {
+	if !present(raw) {
+		return
+	}
+	var u struct {
+		PromptTokens     json.RawMessage `json:"prompt_tokens"`
+		CompletionTokens json.RawMessage `json:"completion_tokens"`
+		TotalTokens      json.RawMessage `json:"total_tokens"`
+	}
+	if json.Unmarshal(raw, &u) == nil {
+		s.usage.PromptTokens, s.usage.CompletionTokens, s.usage.TotalTokens = tokens(u.PromptTokens), tokens(u.CompletionTokens), tokens(u.TotalTokens)
+	}
 }
 
 func (s *stream) emitMessage(m *message) error {
