@@ -503,7 +503,7 @@ func (s *stream) readSSE(body io.Reader) error {
 			// llama.cpp's server sends a failure after the stream started
 			// as a field of its own, "error: {code, message, type}", and
 			// then data: [DONE] as after any stream: the run failed.
-			return &upstreamErr{errorFieldLine(line[len("error:"):])}
+			return &upstreamErr{eventError(bytes.TrimSpace(line[len("error:"):]))}
 		case bytes.HasPrefix(line, []byte("data:")):
 			v := bytes.TrimPrefix(line[len("data:"):], []byte(" "))
 			if len(data)+1+len(v) > lines.DefaultMax {
@@ -549,9 +549,9 @@ func (p *prefix) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// eventError is the failure an SSE event named "error" reports: the
-// message of the error object its data holds (under "error", or the data
-// itself), or its text.
+// eventError is the failure an SSE event named "error", or an "error:"
+// line (llama.cpp), reports: the message of the error object its data
+// holds (under "error", or the data itself), or its text.
 func eventError(data []byte) error {
 	if len(data) == 0 {
 		return domain.Errorf(domain.CodeProviderError, "the server reported an error mid-stream without a message")
@@ -564,20 +564,6 @@ func eventError(data []byte) error {
 		return upstream.ProviderError(upstream.ErrorField(c.Error))
 	}
 	return upstream.ProviderError(upstream.ErrorField(data))
-}
-
-// errorFieldLine is the failure an SSE "error:" line (llama.cpp) reports:
-// its JSON error object's message (or the text itself, if it is no JSON).
-func errorFieldLine(v []byte) error {
-	v = bytes.TrimSpace(v)
-	if len(v) == 0 {
-		return domain.Errorf(domain.CodeProviderError, "the server reported an error mid-stream without a message")
-	}
-	if !json.Valid(v) {
-		return upstream.ProviderError(upstream.Snippet(v, 1024), "")
-	}
-	msg, code := upstream.ErrorField(v)
-	return upstream.ProviderError(msg, code)
 }
 
 // readWhole reads a non-streamed JSON completion.
