@@ -297,9 +297,13 @@ func (c *liveCollector) Collect(ch chan<- prometheus.Metric) {
 	// fails the whole scrape, every node's series lost. Label values are
 	// label()'s, which may make two names one (control characters in what
 	// a node reported, say): the first one wins.
-	emitted := map[string]bool{}
+	type series struct {
+		d *prometheus.Desc // one per metric, made once (the desc* variables)
+		l string
+	}
+	emitted := map[series]bool{}
 	first := func(d *prometheus.Desc, l []string) bool {
-		k := d.String() + "\xff" + strings.Join(l, "\xff") // label values are valid UTF-8: no 0xff
+		k := series{d, strings.Join(l, "\xff")} // label values are valid UTF-8: no 0xff
 		if emitted[k] {
 			return false
 		}
