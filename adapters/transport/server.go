@@ -257,16 +257,7 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 				_, _ = nc.Write(b)
 			}
 			_ = nc.Close()
-			n, ok := s.tlsReports.allow(time.Now())
-			if !ok {
-				s.h.HandshakeFailedUnreported()
-				return nil, "", false
-			}
-			why := "handshake: " + tlsOnPlaintextReason + " (not charged to the address)"
-			if n > 0 {
-				why += fmt.Sprintf(" (%d more TLS handshake failures not reported)", n)
-			}
-			s.h.HandshakeFailed(remote, why)
+			s.handshakeFailed(remote, "handshake: "+tlsOnPlaintextReason+" (not charged to the address)")
 			return nil, "", false
 		}
 		_ = nc.Close()

@@ -363,12 +363,18 @@ func (s *Server) secureServer(nc net.Conn) (net.Conn, domain.PeerIdentity, error
 // tlsReportEvery, so a flood of plaintext or port-scanning clients cannot
 // flood the event bus and the log; the next report counts what was skipped.
 func (s *Server) tlsFailed(remote string, err error) {
+	s.handshakeFailed(remote, "tls: "+tlsReason(err))
+}
+
+// handshakeFailed reports a failed handshake from remote for reason, as
+// many as tlsReports allows: the others are counted, and the next report
+// says how many were not.
+func (s *Server) handshakeFailed(remote, reason string) {
 	n, ok := s.tlsReports.allow(time.Now())
 	if !ok {
 		s.h.HandshakeFailedUnreported()
 		return
 	}
-	reason := "tls: " + tlsReason(err)
 	if n > 0 {
 		reason += fmt.Sprintf(" (%d more TLS handshake failures not reported)", n)
 	}
