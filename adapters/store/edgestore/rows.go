@@ -1,11 +1,11 @@
 package edgestore
 
 import (
-	"strings"
 	"time"
 
 	"github.com/uptrace/bun"
 
+	"iop/adapters/store/internal/sqltext"
 	"iop/domain"
 )
 
@@ -92,10 +92,7 @@ func clip(s string, n int) string {
 // (a decoded URL path, an exec run's stderr tail); every text column goes
 // through here so none is missed, SQLite alike so both stores hold the same.
 func text(s string, n int) string {
-	if strings.IndexByte(s, 0) >= 0 {
-		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
-	}
-	return clip(s, n)
+	return clip(sqltext.NoNUL(s), n)
 }
 
 func toRunRow(edgeID string, r domain.RunRecord) runRow {

@@ -3,12 +3,12 @@ package sqlite
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/uptrace/bun"
 
 	"iop/adapters/store/internal/chattail"
+	"iop/adapters/store/internal/sqltext"
 	"iop/domain"
 	"iop/ports"
 )
@@ -180,9 +180,12 @@ func (s *ChatStore) AppendChat(ctx context.Context, adapter, target, sessionID s
 		}
 		rows := make([]chatMessageRow, len(msgs))
 		for i, m := range msgs {
+			// A NUL in a message's text failed its turn's insert after the
+			// model had answered; the JSON a turn replays (Raw) escapes it
+			// and is kept as it is.
 			rows[i] = chatMessageRow{
 				Adapter: adapter, SessionID: sessionID, Seq: last + int64(i) + 1,
-				Target: target, Role: noNUL(m.Role), Content: noNUL(m.Content), Raw: m.Raw, Reply: m.Reply, CreatedAt: now,
+				Target: target, Role: sqltext.NoNUL(m.Role), Content: sqltext.NoNUL(m.Content), Raw: m.Raw, Reply: m.Reply, CreatedAt: now,
 			}
 		}
 		if _, err := tx.NewInsert().Model(&rows).Exec(ctx); err != nil {
@@ -205,19 +208,6 @@ func (s *ChatStore) AppendChat(ctx context.Context, adapter, target, sessionID s
 		}
 		return nil
 	})
-}
-
-// noNUL returns s with any NUL byte replaced by U+FFFD. bun writes a
-// value into the statement's text, which SQLite's parser cannot take a NUL
-// in ("unrecognized token"): a message's text holding one (input
-// "a\u0000b", a model's reply) failed its turn's insert, so its run failed
-// after the model had answered. The JSON a turn replays (Raw) escapes it
-// and is kept as it is.
-func noNUL(s string) string {
-	if !strings.Contains(s, "\x00") {
-		return s
-	}
-	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }
 
 // DeleteChat removes the session's history and reports whether there was
