@@ -15,7 +15,8 @@
 // Every error body is {"error":{"code","message"}}, with the status chosen by
 // statusFor from the domain error code (command_unsupported and
 // session_unsupported are 501; unknown_command is 400). Unknown routes
-// answer 404 and wrong methods 405, in the same shape.
+// answer 404 and wrong methods 405, in the same shape; a path the mux would
+// clean (//v1/nodes) is redirected 308 with such a body (movedTo).
 //
 // On every route, before any key is looked at, a state-changing request a
 // browser sent from another origin is refused 403 cross_origin, and an edge
@@ -48,6 +49,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -337,7 +339,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			s.log.Error("internal error answered as 500", "method", r.Method, "path", r.URL.Path, "err", sw.internal)
 		}
 	}()
-	if pattern == "" {
+	if target, ok := movedTo(r, pattern); ok {
+		moved(sw, r, target, acc.dialect())
+	} else if pattern == "" {
 		unrouted(sw, r, h, acc.dialect())
 	} else {
 		s.mux.ServeHTTP(sw, r)
@@ -384,6 +388,57 @@ func anthropicClient(r *http.Request, pattern string, acc Access) bool {
 		return false
 	}
 	return pattern == "" || acc.AnthropicByHeader
+}
+
+// movedTo reports where the mux would redirect r, with an HTML body (307,
+// or 301 for a missing slash, after which clients resend a POST as a GET):
+// to its cleaned path (//v1/nodes, a base URL ending in "/" joined with
+// "/v1/nodes"; /v1/./runs), or to a subtree's root when the slash is
+// missing (/api for /api/). Like the
+// mux it looks at the escaped path, so an id keepDotID kept is not moved.
+// pattern is what the mux matched for r; CONNECT requests are never cleaned.
+func movedTo(r *http.Request, pattern string) (string, bool) {
+	if r.Method == http.MethodConnect {
+		return "", false
+	}
+	p := r.URL.EscapedPath()
+	if c := cleanPath(p); c != p {
+		return c, true
+	}
+	// A subtree's pattern carries no method ("/api/"), so this is the mux's
+	// trailing-slash redirect and never a route the path matched.
+	if pattern != "" && pattern == p+"/" {
+		return pattern, true
+	}
+	return "", false
+}
+
+// cleanPath is net/http's rule for the path the mux serves: rooted,
+// path.Clean'd, its trailing slash kept.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if p[len(p)-1] == '/' && np != "/" {
+		np += "/"
+	}
+	return np
+}
+
+// moved redirects r to target (an escaped path) with 308, which keeps the
+// method and body (a POST stays a POST), and says so in d's JSON shape.
+func moved(w http.ResponseWriter, r *http.Request, target string, d Dialect) {
+	loc := target
+	if r.URL.RawQuery != "" {
+		loc += "?" + r.URL.RawQuery
+	}
+	w.Header().Set("Location", loc)
+	d(w, http.StatusPermanentRedirect, "moved",
+		fmt.Sprintf("%s is served at %s (a base URL ending in \"/\" doubles the slash)", r.URL.EscapedPath(), target))
 }
 
 // unrouted answers requests no route takes (404, or 405 with Allow) in JSON,
