@@ -177,24 +177,7 @@ func (e *ValidityError) Unwrap() error { return e.Err }
 // inside the validity of every one of certs.
 func onlyTime(err error, certs []*x509.Certificate, opts x509.VerifyOptions) bool {
 	var ie x509.CertificateInvalidError
-	if !errors.As(err, &ie) || ie.Reason != x509.Expired || len(certs) == 0 {
-		return false
-	}
-	from, to := certs[0].NotBefore, certs[0].NotAfter
-	for _, c := range certs[1:] {
-		if c.NotBefore.After(from) {
-			from = c.NotBefore
-		}
-		if c.NotAfter.Before(to) {
-			to = c.NotAfter
-		}
-	}
-	if !from.Before(to) {
-		return false
-	}
-	opts.CurrentTime = from.Add(to.Sub(from) / 2)
-	_, err = certs[0].Verify(opts)
-	return err == nil
+	return errors.As(err, &ie) && ie.Reason == x509.Expired && tlsca.VerifyWhileAllValid(certs, opts) == nil
 }
 
 // TrustError is a TLS failure that retrying cannot fix: the edge's
