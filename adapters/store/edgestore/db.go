@@ -169,20 +169,15 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 	}
 	on := db.bun
 	if db.postgres {
-		// The migrations on a connection of their own with no read
-		// timeout (the migration's minute bounds them): an index built
-		// over a large history is one statement whose answer comes only
-		// at its end, which the DSN's read_timeout (5 s by default) would
-		// cut off, and the edge could then never start on that database.
-		conn, err := newPGConnector(dsn, pgdriver.WithReadTimeout(0))
-		if err != nil {
-			_ = db.Close()
-			return nil, err
-		}
-		m := sql.OpenDB(conn)
-		m.SetMaxOpenConns(1)
-		defer m.Close()
-		on = bun.NewDB(m, pgdialect.New())
+		// The migrations on a connection of the reads' pool, which has no
+		// read timeout (the migration's minute bounds them): an index
+		// built over a large history is one statement whose answer comes
+		// only at its end, which the DSN's read_timeout (5 s by default)
+		// would cut off, and the edge could then never start on that
+		// database. The pool's statement_timeout (a read's) does not cut
+		// it either: migrate sets the transaction's own, its minute's
+		// (boundStatements' SET LOCAL).
+		on = db.read
 	}
 	if err := db.migrate(ctx, on); err != nil {
 		_ = db.Close()
