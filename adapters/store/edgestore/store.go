@@ -99,9 +99,6 @@ func New(db *DB, o Options) *Store {
 	if o.PruneInterval <= 0 {
 		o.PruneInterval = time.Hour
 	}
-	if o.ReadTimeout <= 0 {
-		o.ReadTimeout = DefaultReadTimeout
-	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -847,20 +844,26 @@ func errUsageTooLarge() error {
 		"the usage totals of this range are too large to add up (some runs or tunnels report implausible token counts); narrow since and until")
 }
 
-// DefaultReadTimeout is Options.ReadTimeout's default.
+// DefaultReadTimeout is Options.ReadTimeout's default, which the
+// statement_timeout of PostgreSQL's read connections follows (see Open).
 const DefaultReadTimeout = 30 * time.Second
 
 // errReadTimeout is the cause of a read's context that ran out of the
 // read timeout.
 var errReadTimeout = errors.New("history read timeout")
 
-// readContext is ctx bounded by the read timeout (none on a Store made
-// without New, as in tests).
-func (s *Store) readContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if s.opts.ReadTimeout <= 0 {
-		return context.WithCancel(ctx)
+// readTimeout is the bound of one history read: Options.ReadTimeout, or
+// its default when unset.
+func (s *Store) readTimeout() time.Duration {
+	if s.opts.ReadTimeout > 0 {
+		return s.opts.ReadTimeout
 	}
-	return context.WithTimeoutCause(ctx, s.opts.ReadTimeout, errReadTimeout)
+	return DefaultReadTimeout
+}
+
+// readContext is ctx bounded by the read timeout.
+func (s *Store) readContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, s.readTimeout(), errReadTimeout)
 }
 
 // readError is err, the error of a history read under ctx (from
@@ -870,7 +873,7 @@ func (s *Store) readContext(ctx context.Context) (context.Context, context.Cance
 func (s *Store) readError(ctx context.Context, err error) error {
 	if domain.CodeOf(err) == domain.CodeInternal && errors.Is(context.Cause(ctx), errReadTimeout) {
 		return domain.Errorf(domain.CodeTimeout,
-			"reading the edge's history took longer than %s and was given up; narrow the query (since and until, filters)", s.opts.ReadTimeout)
+			"reading the edge's history took longer than %s and was given up; narrow the query (since and until, filters)", s.readTimeout())
 	}
 	return err
 }
