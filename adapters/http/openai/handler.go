@@ -21,7 +21,7 @@
 //	POST /api/copy                                                → the ollama provider serving "source"
 //	POST /api/pull, /api/create                                   → the provider serving the model, else the only node with an ollama provider
 //	HEAD|POST /api/blobs/{digest}                                 → the pinned node, else the only node with an ollama provider
-//	GET  /api/tags, /api/ps                                       → every node's answer merged (passed through when pinned)
+//	GET  /api/tags, /api/ps                                       → every node's answer merged (pinned: the node's, its providers' merged if several)
 //	GET  /api/version                                             → passed through to an ollama provider
 //
 // The optional request header X-IOP-Node pins the node. The model is read

@@ -1,6 +1,7 @@
 package openaiapi
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -240,13 +241,13 @@ type ollamaTag struct {
 	Details    struct{} `json:"details"`
 }
 
-// tags answers GET /api/tags: pinned to a node, the node's own answer;
-// otherwise the ollama providers' models of every node (the catalog,
-// refreshed if it was not just now) merged in Ollama's shape, one entry per
-// model name.
+// tags answers GET /api/tags: pinned to a node, the node's own answer (see
+// pinnedList); otherwise the ollama providers' models of every node (the
+// catalog, refreshed if it was not just now) merged in Ollama's shape, one
+// entry per model name.
 func (h *Handler) tags(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get(NodeHeader) != "" {
-		h.proxy(w, r, target{family: domain.ProviderOllama}, "", "")
+	if node := r.Header.Get(NodeHeader); node != "" {
+		h.pinnedList(w, r, node, true)
 		return
 	}
 	h.refreshCatalog(r)
@@ -283,16 +284,45 @@ func placeholderDigest(e edge.ModelEntry) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// ps answers GET /api/ps: pinned to a node, the node's own answer;
-// otherwise every ollama provider of every node is asked and their
-// "models" lists are concatenated. A node that fails to answer is left out
-// (and logged); if every one fails, the first failure is the answer.
+// ps answers GET /api/ps: pinned to a node, the node's own answer (see
+// pinnedList); otherwise every ollama provider of every node is asked and
+// their "models" lists are concatenated (mergeLists).
 func (h *Handler) ps(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get(NodeHeader) != "" {
+	if node := r.Header.Get(NodeHeader); node != "" {
+		h.pinnedList(w, r, node, false)
+		return
+	}
+	h.mergeLists(w, r, h.deps.Tunnels.Targets(domain.PrincipalFrom(r.Context()), domain.ProviderOllama), false)
+}
+
+// pinnedList answers GET /api/tags or /api/ps pinned to node with the
+// node's own answer: that of its Ollama provider, byte for byte, or, when
+// the node has several, each of them asked and their lists merged as
+// mergeLists does (oneByName: one entry per model name, as the unpinned
+// tags) — one provider's answer alone would leave the others' models out,
+// which the unpinned lists show. A node the caller cannot reach (not
+// connected, not visible to its key, stopping, without an Ollama provider)
+// gets the refusal a pinned request gets.
+func (h *Handler) pinnedList(w http.ResponseWriter, r *http.Request, node string, oneByName bool) {
+	var mine []edge.ProviderTarget
+	for _, t := range h.deps.Tunnels.Targets(domain.PrincipalFrom(r.Context()), domain.ProviderOllama) {
+		if t.Node == node {
+			mine = append(mine, t)
+		}
+	}
+	if len(mine) <= 1 {
 		h.proxy(w, r, target{family: domain.ProviderOllama}, "", "")
 		return
 	}
-	targets := h.deps.Tunnels.Targets(domain.PrincipalFrom(r.Context()), domain.ProviderOllama)
+	h.mergeLists(w, r, mine, oneByName)
+}
+
+// mergeLists asks each of targets for r's list (GET /api/tags or /api/ps)
+// and answers with their "models" lists concatenated, in targets' order;
+// with oneByName, an entry whose name (else model) an earlier one had is
+// left out. A provider that fails to answer is left out (and logged); if
+// every one fails, the first failure is the answer.
+func (h *Handler) mergeLists(w http.ResponseWriter, r *http.Request, targets []edge.ProviderTarget, oneByName bool) {
 	parts := make([][]json.RawMessage, len(targets))
 	errs := make([]error, len(targets))
 	var wg sync.WaitGroup
@@ -311,16 +341,32 @@ func (h *Handler) ps(w http.ResponseWriter, r *http.Request) {
 	}{Models: []json.RawMessage{}}
 	var firstErr error
 	answered := 0
+	seen := map[string]bool{}
 	for i, p := range parts {
 		if errs[i] != nil {
-			h.log.Warn("node left out of merged /api/ps", "node", targets[i].Node, "provider", targets[i].Provider, "err", errs[i])
+			h.log.Warn("provider left out of merged "+r.URL.Path, "node", targets[i].Node, "provider", targets[i].Provider, "err", errs[i])
 			if firstErr == nil {
 				firstErr = errs[i]
 			}
 			continue
 		}
 		answered++
-		out.Models = append(out.Models, p...)
+		for _, m := range p {
+			if oneByName {
+				var id struct {
+					Name  string `json:"name"`
+					Model string `json:"model"`
+				}
+				_ = json.Unmarshal(m, &id)
+				if name := cmp.Or(id.Name, id.Model); name != "" {
+					if seen[name] {
+						continue
+					}
+					seen[name] = true
+				}
+			}
+			out.Models = append(out.Models, m)
+		}
 	}
 	if answered == 0 && firstErr != nil {
 		h.fail(w, r, firstErr, nil, "")

@@ -883,3 +883,54 @@ func TestAnthropicStreamCutShortRecordsItsPrompt(t *testing.T) {
 		})
 	}
 }
+
+// A node with two Ollamas (one per GPU, say): `ollama list` and `ollama ps`
+// pinned to it with X-IOP-Node list what both have, as the unpinned lists
+// do, rather than whatever one of them happened to answer; a model both
+// have is listed once in the tags. A node with one Ollama still answers
+// itself, byte for byte.
+func TestPinnedOllamaListsMergeTheNodesProviders(t *testing.T) {
+	e := newEnv(t)
+	answer := func(tags, ps string) func(domain.TunnelRequest) (ports.TunnelStream, error) {
+		return func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+			b := tags
+			if req.Path == "/api/ps" {
+				b = ps
+			}
+			return newFakeStream(response(200, "application/json; charset=utf-8", b)...), nil
+		}
+	}
+	gpu0 := `{"models":[{"name":"tiny:latest","model":"tiny:latest","digest":"aaa"},{"name":"both:latest","model":"both:latest","digest":"bbb"}]}`
+	gpu1 := `{"models":[{"name":"big:latest","model":"big:latest","digest":"ccc"},{"name":"both:latest","model":"both:latest","digest":"ddd"}]}`
+	e.node(t, "two", func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+		if req.Provider == "gpu1" {
+			return answer(gpu1, `{"models":[{"name":"big:latest","size_vram":2}]}`)(req)
+		}
+		return answer(gpu0, `{"models":[{"name":"tiny:latest","size_vram":1}]}`)(req)
+	}, provider("gpu0", domain.ProviderOllama), provider("gpu1", domain.ProviderOllama))
+	one := `{"models":[{"name":"solo:latest"}]}`
+	e.node(t, "one", answer(one, `{"models":[]}`), provider("ol", domain.ProviderOllama))
+	e.node(t, "vllm", serve(), provider("vllm", domain.ProviderOpenAI, "qwen"))
+
+	get := func(path, node string) (int, string) {
+		t.Helper()
+		resp := do(t, http.MethodGet, e.srv.URL+path, "", "X-IOP-Node", node)
+		return resp.StatusCode, readAll(t, resp)
+	}
+	if code, got := get("/api/tags", "two"); code != 200 || got != `{"models":[{"name":"tiny:latest","model":"tiny:latest","digest":"aaa"},{"name":"both:latest","model":"both:latest","digest":"bbb"},{"name":"big:latest","model":"big:latest","digest":"ccc"}]}`+"\n" {
+		t.Fatalf("pinned tags of a node with two Ollamas: %d %s", code, got)
+	}
+	if code, got := get("/api/ps", "two"); code != 200 || got != `{"models":[{"name":"tiny:latest","size_vram":1},{"name":"big:latest","size_vram":2}]}`+"\n" {
+		t.Fatalf("pinned ps of a node with two Ollamas: %d %s", code, got)
+	}
+	if code, got := get("/api/tags", "one"); code != 200 || got != one {
+		t.Fatalf("pinned tags of a node with one Ollama: %d %q", code, got)
+	}
+	// Refusals stay those of a pinned request.
+	if code, got := get("/api/tags", "vllm"); code != 404 || !strings.Contains(got, "no provider for the ollama API") {
+		t.Fatalf("pinned to a node without Ollama: %d %s", code, got)
+	}
+	if code, got := get("/api/ps", "gone"); code != 404 || !strings.Contains(got, `node \"gone\" is not connected`) {
+		t.Fatalf("pinned to a node not connected: %d %s", code, got)
+	}
+}
