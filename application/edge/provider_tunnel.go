@@ -213,8 +213,12 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 			if in.Model != "" {
 				what = fmt.Sprintf("model %q is on no node, and", in.Model)
 			}
-			return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeInvalidRequest,
+			err := domain.Errorf(domain.CodeInvalidRequest,
 				"%s several nodes have a provider for the %s API (%s): choose one with the X-IOP-Node header", what, family, strings.Join(ids, ", "))
+			if in.Model != "" {
+				return providerModels{}, nil, nil, "", &noNodeHasModel{err}
+			}
+			return providerModels{}, nil, nil, "", err
 		}
 		in.Model = "" // the only node takes it
 	}
@@ -262,6 +266,21 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 	}
 	return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeNoNodeAvailable, "every node serving %q disconnected", in.Model)
 }
+
+// ErrNoNodeHasModel is in the chain of the refusal (invalid_request) of a
+// request that brings a model to a node (OrOnlyNode) when no node is known
+// to have the model and several could take it. The catalog may just not
+// know yet: a model pulled on a node since its last refresh (iop ollama
+// pull, or Ollama's own CLI on the node) is on that node, where such a
+// request goes. A caller that refreshes the catalog and asks again finds
+// it, as after a model_not_found.
+var ErrNoNodeHasModel = errors.New("no node is known to have the model")
+
+// noNodeHasModel is that refusal: its *domain.Error and ErrNoNodeHasModel.
+type noNodeHasModel struct{ err *domain.Error }
+
+func (e *noNodeHasModel) Error() string   { return e.err.Error() }
+func (e *noNodeHasModel) Unwrap() []error { return []error{e.err, ErrNoNodeHasModel} }
 
 // shuttingDown is the error for a request pinned to a draining node, as a
 // run's (Registry.PickForRunAs).

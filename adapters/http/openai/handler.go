@@ -432,9 +432,11 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 	// one, so an escaped "?", "#", "/" or "%" stays part of its segment.
 	in.Method, in.Path, in.Query, in.Header = r.Method, r.URL.EscapedPath(), r.URL.RawQuery, domain.Header(forwardHeader(r))
 	tun, err := h.deps.Tunnels.Handle(r.Context(), in)
-	if err != nil && in.Model != "" && domain.CodeOf(err) == domain.CodeModelNotFound {
+	if err != nil && in.Model != "" && (domain.CodeOf(err) == domain.CodeModelNotFound || errors.Is(err, edge.ErrNoNodeHasModel)) {
 		// The catalog may be stale (a model just pulled or copied on the
-		// provider): look again, once, before saying not found.
+		// provider): look again, once, before saying not found — or, for
+		// a pull or create, before asking which of several nodes takes a
+		// model one of them may have already.
 		h.refreshCatalog(r)
 		tun, err = h.deps.Tunnels.Handle(r.Context(), in)
 	}

@@ -934,3 +934,58 @@ func TestPinnedOllamaListsMergeTheNodesProviders(t *testing.T) {
 		t.Fatalf("pinned to a node not connected: %d %s", code, got)
 	}
 }
+
+// `ollama pull` of a model a node has goes to that node even when the
+// catalog does not know it yet (the model was pulled there with iop ollama
+// pull, or with Ollama's own CLI on the node, since the last refresh): with
+// several Ollama nodes the edge looks again before asking for X-IOP-Node,
+// as it does before answering model not found.
+func TestOllamaPullFindsAModelTheCatalogHasNotSeenYet(t *testing.T) {
+	e := newEnv(t)
+	var mu sync.Mutex
+	aHas := `{"models":[{"name":"tiny:latest"}]}`
+	node := func(tags *string) func(domain.TunnelRequest) (ports.TunnelStream, error) {
+		return func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+			if req.Path == "/api/tags" {
+				mu.Lock()
+				defer mu.Unlock()
+				return newFakeStream(response(200, "application/json; charset=utf-8", *tags)...), nil
+			}
+			return newFakeStream(response(200, "application/x-ndjson", `{"status":"success"}`+"\n")...), nil
+		}
+	}
+	bHas := `{"models":[{"name":"other:latest"}]}`
+	a := e.node(t, "a", node(&aHas), provider("ol", domain.ProviderOllama))
+	b := e.node(t, "b", node(&bHas), provider("ol", domain.ProviderOllama))
+	for _, n := range []string{"a", "b"} {
+		if err := e.catalog.Refresh(context.Background(), n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Pulled on node a behind the edge's back.
+	mu.Lock()
+	aHas = `{"models":[{"name":"tiny:latest"},{"name":"new:1b"}]}`
+	mu.Unlock()
+	before := len(b.calls)
+	resp := do(t, http.MethodPost, e.srv.URL+"/api/pull", `{"model":"new:1b"}`)
+	if got := readAll(t, resp); resp.StatusCode != 200 || got != `{"status":"success"}`+"\n" {
+		t.Fatalf("pull of a model node a has: %d %s", resp.StatusCode, got)
+	}
+	if o := a.last(t); o.req.Path != "/api/pull" || string(o.body) != `{"model":"new:1b"}` {
+		t.Fatalf("the pull went to %+v", o.req)
+	}
+	b.mu.Lock()
+	pulledOnB := false
+	for _, c := range b.calls[before:] {
+		pulledOnB = pulledOnB || c.req.Path == "/api/pull"
+	}
+	b.mu.Unlock()
+	if pulledOnB {
+		t.Fatal("node b got the pull too")
+	}
+	// A model no node has still needs a pin, after the same look.
+	resp = do(t, http.MethodPost, e.srv.URL+"/api/pull", `{"model":"nowhere"}`)
+	if got := readAll(t, resp); resp.StatusCode != 400 || !strings.Contains(got, "X-IOP-Node") {
+		t.Fatalf("pull of a model no node has: %d %s", resp.StatusCode, got)
+	}
+}
