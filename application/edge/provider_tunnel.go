@@ -209,7 +209,9 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 			}
 		}
 		if len(ids) > 1 {
-			what := "this request"
+			// "this request needs a node: several nodes …" (a blob upload
+			// names no model), or "model "x" is on no node, and several …".
+			what := "this request needs a node:"
 			if in.Model != "" {
 				what = fmt.Sprintf("model %q is on no node, and", in.Model)
 			}

@@ -280,6 +280,12 @@ func TestOllamaModelManagementRouting(t *testing.T) {
 	if got := readAll(t, resp); resp.StatusCode != 200 {
 		t.Fatalf("pinned pull: %d %s", resp.StatusCode, got)
 	}
+	// A blob upload names no model: the refusal says what it needs.
+	resp = do(t, http.MethodPost, e.srv.URL+"/api/blobs/sha256:abc", "blobdata")
+	if got := readAll(t, resp); resp.StatusCode != 400 ||
+		got != `{"error":"this request needs a node: several nodes have a provider for the ollama API (a, b): choose one with the X-IOP-Node header"}`+"\n" {
+		t.Fatalf("blob upload with two nodes: %d %s", resp.StatusCode, got)
+	}
 }
 
 // The edge routes on the decoded path but forwards the caller's escaped
