@@ -254,22 +254,36 @@ func (h *Handler) tags(w http.ResponseWriter, r *http.Request) {
 	out := struct {
 		Models []json.RawMessage `json:"models"`
 	}{Models: []json.RawMessage{}}
-	seen := map[string]bool{}
+	// at is where each name's entry is in out.Models; madeUp, whether that
+	// entry is one the edge made up. A model some node's Ollama listed is
+	// shown as listed (size, digest, details) even where another node only
+	// declares it, whichever node sorts first.
+	at := map[string]int{}
+	madeUp := map[string]bool{}
 	for _, e := range visibleModels(domain.PrincipalFrom(r.Context()), h.deps.Models.Models()) {
+		if e.Type != domain.ProviderOllama {
+			continue
+		}
 		name := e.ID
 		if len(e.Raw) == 0 && !strings.Contains(name[strings.LastIndexByte(name, '/')+1:], ":") {
 			// Ollama lists every model with its tag: a declared "llama3.2"
 			// is "llama3.2:latest", the name clients look for here.
 			name += ":latest"
 		}
-		if e.Type != domain.ProviderOllama || seen[name] {
+		i, seen := at[name]
+		if seen && (!madeUp[name] || len(e.Raw) == 0) {
 			continue
 		}
-		seen[name] = true
 		raw := json.RawMessage(e.Raw)
 		if len(raw) == 0 {
 			raw, _ = json.Marshal(ollamaTag{Name: name, Model: name, ModifiedAt: time.Unix(e.Created, 0).UTC().Format(time.RFC3339), Digest: placeholderDigest(e), Details: struct{}{}})
 		}
+		madeUp[name] = len(e.Raw) == 0
+		if seen {
+			out.Models[i] = raw // a listed entry in place of a made-up one
+			continue
+		}
+		at[name] = len(out.Models)
 		out.Models = append(out.Models, raw)
 	}
 	writeJSON(w, http.StatusOK, out)

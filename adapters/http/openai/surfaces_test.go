@@ -995,3 +995,20 @@ func TestOllamaPullFindsAModelTheCatalogHasNotSeenYet(t *testing.T) {
 		t.Fatalf("pull of a model no node has: %d %s", resp.StatusCode, got)
 	}
 }
+
+// A model one node's Ollama lists and another node only declares is shown
+// in the merged /api/tags as the Ollama listed it (size, digest, details),
+// not as the edge's made-up entry, whichever node id sorts first.
+func TestOllamaTagsPreferAListedEntryToAMadeUpOne(t *testing.T) {
+	e := newEnv(t)
+	listed := `{"name":"llama3.2:latest","model":"llama3.2:latest","modified_at":"2025-01-01T00:00:00Z","size":2019393189,"digest":"a80c4f17acd55265feec403c7aef86be0c25983ab279d83f3bcd3abbcb5b8b72","details":{"family":"llama"}}`
+	e.node(t, "a-declares", serve(), provider("ol", domain.ProviderOllama, "llama3.2"))
+	e.node(t, "b-lists", serve(response(200, "application/json; charset=utf-8", `{"models":[`+listed+`]}`)...), provider("ol", domain.ProviderOllama))
+	if err := e.catalog.Refresh(context.Background(), "b-lists"); err != nil {
+		t.Fatal(err)
+	}
+	resp := do(t, http.MethodGet, e.srv.URL+"/api/tags", "")
+	if got := readAll(t, resp); resp.StatusCode != 200 || got != `{"models":[`+listed+`]}`+"\n" {
+		t.Fatalf("merged tags: %d %s", resp.StatusCode, got)
+	}
+}
