@@ -86,7 +86,10 @@ func commandBody(name string, args []byte, required ...string) ([]byte, error) {
 			return nil, domain.Errorf(domain.CodeInvalidRequest, "%s: arguments must be a JSON object", name)
 		}
 	}
+	// The node's selectors ({"adapter"} or {"provider"}: which Ollama
+	// answers) are not Ollama's fields.
 	delete(fields, "adapter")
+	delete(fields, "provider")
 	for _, k := range required {
 		var s string
 		if json.Unmarshal(fields[k], &s) != nil || s == "" {

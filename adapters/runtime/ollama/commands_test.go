@@ -61,7 +61,7 @@ func TestQueryCommandsPassThrough(t *testing.T) {
 		{ollama.CmdList, `{"adapter":"llm"}`, `{"models":[{"name":"qwen3:latest","model":"qwen3:latest","size":5225388164,"digest":"e4b5","details":{"family":"qwen3","parameter_size":"8.2B","quantization_level":"Q4_K_M"}}]}`, "GET /api/tags"},
 		{ollama.CmdPS, "null", `{"models":[{"name":"qwen3:latest","size_vram":5000,"expires_at":"2025-01-01T00:05:00Z"}]}`, "GET /api/ps"},
 		{ollama.CmdShow, `{"model":"qwen3","adapter":"llm","verbose":true}`, `{"modelfile":"FROM x","capabilities":["completion","thinking"]}`, "POST /api/show"},
-		{ollama.CmdCopy, `{"source":"qwen3","destination":"mine"}`, `{"status":"success"}`, "POST /api/copy"},
+		{ollama.CmdCopy, `{"source":"qwen3","destination":"mine","provider":"ol"}`, `{"status":"success"}`, "POST /api/copy"},
 	} {
 		before := srv.Count()
 		got, err := command(t, a, tc.name, tc.args)
@@ -82,6 +82,9 @@ func TestQueryCommandsPassThrough(t *testing.T) {
 	}
 	if _, ok := show["adapter"]; ok {
 		t.Error(`"adapter" reached Ollama`)
+	}
+	if cp := srv.Request(t, 4).Body; string(cp["destination"]) != `"mine"` || cp["provider"] != nil {
+		t.Errorf(`copy body = %v: "provider" reached Ollama`, cp)
 	}
 }
 
