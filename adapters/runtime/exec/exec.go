@@ -26,10 +26,13 @@
 // Events: right after the process starts, one metadata event carrying
 // {"pid":N} (N is also the process group id); then the deltas; then exactly
 // one terminal event — complete on exit status 0, error with code run_failed
-// and message "exit status N: <stderr tail>" otherwise, or error with code
-// timeout when the target's timeout (else the adapter's; zero means none)
-// expires, in which case the process group is killed. The adapter never
-// emits start: the run manager does.
+// and message "exit status N: <stderr tail>" otherwise ("signal: killed"
+// and the like for a command a signal ended), or error with code timeout
+// when the target's timeout (else the adapter's; zero means none) expires
+// before the command has exited, in which case the process group is killed
+// (a command that exited in time is judged by its exit status, however long
+// what it left then takes to go). The adapter never emits start: the run
+// manager does.
 //
 // Cancelling ctx sends SIGTERM to the whole process group (and to what the
 // command started in groups or sessions of their own: spawn.Group.Signal)
@@ -259,8 +262,17 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		p.kill()
 		return stdout.err
 	case <-expired:
-		p.kill()
-		timedOut = true
+		select {
+		case <-p.group.Exited():
+			// The command exited in time on its own; the run's end waits
+			// only for what it left (killed now, spawn.Group.Wait, or a
+			// descendant still holding stderr: pipeGrace), which is no
+			// timeout of the command's.
+			<-p.done
+		default:
+			p.kill()
+			timedOut = true
+		}
 	}
 	// The command is gone. What it wrote is read to its end at the sink's
 	// pace; only a descendant outside the group still holding stdout is not

@@ -653,3 +653,75 @@ func TestExitWithTricklingDetachedDescendant(t *testing.T) {
 	}
 	requireTerminal(t, sink, domain.EventComplete, "")
 }
+
+// exitedSink holds the run's metadata event back until the command it names
+// has exited (a link slow to take the first event), so that the command's
+// timeout starts only after that.
+type exitedSink struct {
+	runtimetest.Sink
+	t *testing.T
+}
+
+func (s *exitedSink) Emit(ev domain.RunEvent) error {
+	if ev.Type == domain.EventMetadata {
+		var m struct{ PID int }
+		if err := json.Unmarshal(ev.Metadata, &m); err != nil || m.PID <= 0 {
+			s.t.Errorf("metadata %s: want {\"pid\":N} (%v)", ev.Metadata, err)
+		} else if p, ok := runtimetest.ProcOf(m.PID); ok {
+			for end := time.Now().Add(deadline); p.Alive() && time.Now().Before(end); {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	}
+	return s.Sink.Emit(ev)
+}
+
+// A command that exits before its timeout expires is not reported as timed
+// out while what it left behind is dealt with. Here it leaves a process that
+// emptied its environment in a session of its own, holding stderr: with
+// another run going on, the run's end cannot tell that process from the other
+// run's (spawn.Group.Wait) and waits up to a second (pipeGrace) for stderr,
+// and the timeout expired meanwhile. The run ended in "timed out after
+// 100ms" for a command that had exited 0 in a few milliseconds.
+func TestExitBeforeTimeoutIsNoTimeout(t *testing.T) {
+	setsid, err1 := osexec.LookPath("setsid")
+	sleep, err2 := osexec.LookPath("sleep")
+	if err1 != nil || err2 != nil {
+		t.Skip("no setsid or sleep")
+	}
+	dir := t.TempDir()
+	pidfile := filepath.Join(dir, "pid")
+	t.Cleanup(func() {
+		b, _ := os.ReadFile(pidfile)
+		if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	quick := shell("env -i " + setsid + " /bin/sh -c 'echo $$ > " + pidfile + ".tmp; mv " + pidfile + ".tmp " + pidfile + "; exec " + sleep + " 30' >/dev/null & " +
+		"while [ ! -s " + pidfile + " ]; do sleep 0.01; done; echo exited")
+	quick.Timeout = 100 * time.Millisecond
+	a := newAdapter(t, map[string]domain.ExecTarget{"quick": quick, "other": {Command: []string{"sleep", "30"}}})
+
+	ctx, cancel := context.WithCancel(testContext(t))
+	other := &runtimetest.Sink{}
+	otherDone := make(chan error, 1)
+	go func() {
+		otherDone <- a.Execute(ctx, domain.RunRequest{RunID: "r0", Adapter: "local", Target: "other"}, other)
+	}()
+	defer func() {
+		cancel()
+		<-otherDone
+	}()
+	if err := other.WaitFor(ctx, func(evs []domain.RunEvent) bool { return len(evs) > 0 }); err != nil {
+		t.Fatal(err)
+	}
+
+	sink := &exitedSink{t: t}
+	if err := a.Execute(testContext(t), domain.RunRequest{RunID: "r1", Adapter: "local", Target: "quick"}, sink); err != nil {
+		t.Fatal(err)
+	}
+	requireTerminal(t, &sink.Sink, domain.EventComplete, "")
+	if got := sink.Text(); got != "exited\n" {
+		t.Errorf("text = %q", got)
+	}
+}
