@@ -248,6 +248,11 @@ func checkAdapter(a AdapterConfig) error {
 	switch a.Type {
 	case AdapterExec:
 		for name, t := range a.Targets {
+			// A run names its target in the request, which refuses what
+			// CheckID refuses: such a target could never be run.
+			if err := CheckID("its name", name); err != nil {
+				return Errorf(CodeConfigError, "adapter %q target %q: %s, so no run could name it", a.Name, name, MessageOf(err))
+			}
 			if len(t.Command) == 0 || t.Command[0] == "" {
 				return Errorf(CodeConfigError, "adapter %q target %q has an empty command", a.Name, name)
 			}
