@@ -65,3 +65,7 @@ func SessionWaiters(r *Registry, adapter, session string) int {
 	}
 	return 0
 }
+
+// LostAfter is how old a running record must be before its node's
+// run_not_found settles it as lost (tests).
+const LostAfter = lostAfter

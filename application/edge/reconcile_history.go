@@ -459,7 +459,17 @@ func (r *HistoryReconciler) check(node string, w *nodeWatch) {
 		case unsettledNoAnswer:
 			answering = false
 			kept = append(kept, run)
-		default: // ended, recorded here, or unknown to the node
+		case unsettledUnknownYet:
+			// Not known to the node, too young to be written lost: asked
+			// again until it is (a node back within a minute of losing its
+			// store, a crashed container's, say), else its row would stay
+			// running for good. It holds no slot: the node runs nothing.
+			if run.release != nil {
+				run.release()
+				run.release = nil
+			}
+			kept = append(kept, run)
+		default: // ended, recorded here, written lost, or answered for another run
 			if run.release != nil {
 				run.release()
 			}

@@ -78,9 +78,13 @@ const (
 	settledHere settlement = iota
 	// settledFromNode: the node reported the run finished; recorded.
 	settledFromNode
-	// settledUnknown: the node does not know the run (or answered for
-	// another): there is nothing to learn from it.
+	// settledUnknown: the node answered for another run: there is
+	// nothing to learn from it.
 	settledUnknown
+	// unsettledUnknownYet: the node does not know the run, whose record
+	// is younger than lostAfter: its dispatch may still be on the way, so
+	// it is not written lost yet — asked again once old enough, it is.
+	unsettledUnknownYet
 	// unsettledGoing: the node reports the run still queued or running.
 	unsettledGoing
 	// unsettledNoAnswer: the node was not asked (not connected, or h
@@ -119,7 +123,7 @@ func (h *RunHistoryHandler) settle(ctx context.Context, rec domain.RunRecord) (d
 		h.recordEnd(lost)
 		return lost, settledFromNode
 	case domain.CodeOf(err) == domain.CodeRunNotFound:
-		return rec, settledUnknown
+		return rec, unsettledUnknownYet
 	case err != nil:
 		return rec, unsettledNoAnswer
 	case run.RunID != rec.ID:

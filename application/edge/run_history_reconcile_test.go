@@ -652,3 +652,35 @@ func repairingHistory(reg *edge.Registry, hist interface {
 	h.Nodes, h.Record = edge.NewGetRunHandler(reg, edge.NewRunTracker(0), edge.NewNodeCommandHandler(reg)), hist
 	return h
 }
+
+// A node back within a minute of losing its store (a crashed container's
+// disk, say) no longer knows the background run its history row says is
+// running. Too young then to be written lost, the run was dropped from the
+// repair's watch, and its row stayed running for good while the node
+// stayed connected (listed and counted as running by /v1/runs and
+// /v1/usage). It is asked about again until it is old enough, and then
+// written failed run_lost, holding no slot meanwhile.
+func TestReconcilerWritesLostARunItsNodeForgotWithinAMinute(t *testing.T) {
+	ucNoLeaks(t)
+	created := time.Now().Add(-edge.LostAfter + 2*time.Second)
+	hist := &rcHistory{recorded: make(chan domain.RunRecord, 4), rows: []domain.RunRecord{
+		{ID: "r1", Node: "n1", Adapter: "exec", Status: domain.RunRunning, Background: true, CreatedAt: created},
+	}}
+	link := newRCLink("n1", map[string]string{})
+	reg := edge.NewRegistry()
+	rcAdmit(t, reg, link)
+	rc := edge.NewHistoryReconcilerEvery(repairingHistory(reg, hist), 10*time.Millisecond, 100*time.Millisecond)
+	t.Cleanup(rc.Close)
+	rc.NodeRegistered("n1")
+	r := rcWaitRecorded(t, hist, "the run its node forgot")
+	if r.ID != "r1" || r.Status != domain.RunFailed || r.ErrorCode != domain.CodeRunLost || r.FinishedAt.IsZero() {
+		t.Fatalf("recorded %+v, want r1 failed run_lost", r)
+	}
+	if n := link.askedCount(); n < 2 {
+		t.Fatalf("node asked %d times, want the young run asked again", n)
+	}
+	ucEventually(t, "r1 no longer watched", func() bool { return edge.ReconcilerWatching(rc) == 0 })
+	if n := rcInFlight(reg, "n1"); n != 0 {
+		t.Fatalf("runs in flight on n1 = %d, want 0 (the node runs nothing)", n)
+	}
+}
