@@ -15,7 +15,7 @@ import (
 // Bounds of the repair run when a node registers, and of the re-checks
 // that follow it.
 const (
-	reconcileQueue   = 64  // repairs waiting; more are dropped (GET /v1/runs/{id} still repairs)
+	reconcileQueue   = 64  // follows waiting (Follow); more are dropped
 	reconcileMaxRuns = 200 // running rows looked at per repair, and watched per node
 	// A node's watched runs are asked about again after recheckFirst, then
 	// at doubling intervals up to recheckMost: a short run's end is seen
@@ -56,10 +56,18 @@ type HistoryReconciler struct {
 	first     time.Duration
 	most      time.Duration
 
-	queue  chan reconcileJob
-	ctx    context.Context
-	cancel context.CancelFunc
-	goMu   sync.Mutex // no goroutine joins wg once Close has begun
+	queue chan reconcileJob // Follow's jobs
+	// pending are the nodes whose repair is due (NodeRegistered), in
+	// order, each once however often it registered meanwhile: bounded by
+	// the nodes the registry admitted, so a registration storm (an edge
+	// restarted under a fleet) loses none. wake tells the worker.
+	pendMu  sync.Mutex
+	pending []string
+	queued  map[string]bool
+	wake    chan struct{}
+	ctx     context.Context
+	cancel  context.CancelFunc
+	goMu    sync.Mutex // no goroutine joins wg once Close has begun
 	// settling is set once SettleUnconfigured has started its pass.
 	settling bool
 	wg       sync.WaitGroup
@@ -97,7 +105,8 @@ func newHistoryReconciler(history *RunHistoryHandler, first, most time.Duration)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &HistoryReconciler{history: history, store: history.store, first: first, most: most,
-		queue: make(chan reconcileJob, reconcileQueue), ctx: ctx, cancel: cancel, watches: map[string]*nodeWatch{},
+		queue: make(chan reconcileJob, reconcileQueue), queued: map[string]bool{}, wake: make(chan struct{}, 1),
+		ctx: ctx, cancel: cancel, watches: map[string]*nodeWatch{},
 		settled: make(chan struct{})}
 	if history.Nodes != nil && history.Record != nil {
 		r.reg = history.Nodes.reg
@@ -107,19 +116,41 @@ func newHistoryReconciler(history *RunHistoryHandler, first, most time.Duration)
 	return r
 }
 
-// reconcileJob is a repair of node's running rows, or with run set, a
-// watch on that one run of node.
+// reconcileJob is a watch on one run of node (Follow).
 type reconcileJob struct {
 	node string
-	run  *domain.RunRecord
+	run  domain.RunRecord
 }
 
-// NodeRegistered queues node for a repair without blocking.
+// NodeRegistered queues node for a repair without blocking. A node whose
+// repair is queued already is not queued twice: the one repair lists its
+// rows as they are when it runs.
 func (r *HistoryReconciler) NodeRegistered(node string) {
-	if r != nil {
-		r.forgetRemoved(node)
+	if r == nil || r.ctx.Err() != nil {
+		return
 	}
-	r.enqueue(reconcileJob{node: node})
+	r.forgetRemoved(node)
+	r.pendMu.Lock()
+	if !r.queued[node] {
+		r.queued[node] = true
+		r.pending = append(r.pending, node)
+	}
+	r.pendMu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default: // the worker has been told already
+	}
+}
+
+// takePending returns the nodes whose repair is due, oldest first, and
+// forgets them: a node registering from now on is queued again.
+func (r *HistoryReconciler) takePending() []string {
+	r.pendMu.Lock()
+	defer r.pendMu.Unlock()
+	nodes := r.pending
+	r.pending = nil
+	clear(r.queued)
+	return nodes
 }
 
 // Follow watches rec, a run of a connected node this edge process does not
@@ -130,15 +161,11 @@ func (r *HistoryReconciler) NodeRegistered(node string) {
 // does not block; with the queue full the run is not followed (the record
 // stands without the node's usage).
 func (r *HistoryReconciler) Follow(rec domain.RunRecord) {
-	r.enqueue(reconcileJob{node: rec.Node, run: &rec})
-}
-
-func (r *HistoryReconciler) enqueue(j reconcileJob) {
 	if r == nil || r.ctx.Err() != nil {
 		return
 	}
 	select {
-	case r.queue <- j:
+	case r.queue <- reconcileJob{node: rec.Node, run: rec}:
 	default:
 	}
 }
@@ -315,10 +342,13 @@ func (r *HistoryReconciler) work() {
 		select {
 		case <-r.ctx.Done():
 		case j := <-r.queue:
-			if j.run != nil {
-				r.follow(j.node, *j.run)
-			} else {
-				r.repair(j.node)
+			r.follow(j.node, j.run)
+		case <-r.wake:
+			for _, node := range r.takePending() {
+				if r.ctx.Err() != nil {
+					break
+				}
+				r.repair(node)
 			}
 		case <-tick:
 			r.recheckDue()
@@ -425,7 +455,7 @@ func (r *HistoryReconciler) recheckDue() {
 		if n, ok := r.reg.Get(node); !ok || n.Link != w.link {
 			// The node left, so its runs' slots went with that link. One
 			// back on a new link is looked at afresh (its registration
-			// may have been dropped from a full queue).
+			// may not have reached the reconciler yet).
 			r.unwatch(node)
 			if ok {
 				r.repair(node)

@@ -3,6 +3,7 @@ package edge_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -682,5 +683,64 @@ func TestReconcilerWritesLostARunItsNodeForgotWithinAMinute(t *testing.T) {
 	ucEventually(t, "r1 no longer watched", func() bool { return edge.ReconcilerWatching(rc) == 0 })
 	if n := rcInFlight(reg, "n1"); n != 0 {
 		t.Fatalf("runs in flight on n1 = %d, want 0 (the node runs nothing)", n)
+	}
+}
+
+// heldHistory is rcHistory whose first ListRuns waits until gate is
+// closed: a history busy (or slow) while many nodes register at once.
+type heldHistory struct {
+	*rcHistory
+	gate    chan struct{}
+	entered chan struct{}
+	once    sync.Once
+}
+
+func (h *heldHistory) ListRuns(ctx context.Context, q domain.RunQuery) (domain.RunPage, error) {
+	first := false
+	h.once.Do(func() { first = true })
+	if first {
+		close(h.entered)
+		<-h.gate
+	}
+	return h.rcHistory.ListRuns(ctx, q)
+}
+
+// An edge restarted under a fleet gets its nodes' registrations all at
+// once. Each registration's repair was queued on a channel of 64 and
+// dropped when it was full, so beyond 64 nodes registering while a repair
+// was under way, a node's running rows were never asked about while it
+// stayed connected: its background runs that ended while the edge was
+// away stayed running in the history for good. Every registering node is
+// repaired, however many come at once.
+func TestReconcilerRepairsEveryNodeOfARegistrationStorm(t *testing.T) {
+	ucNoLeaks(t)
+	const nodes = 150
+	hist := &heldHistory{rcHistory: &rcHistory{recorded: make(chan domain.RunRecord, nodes)},
+		gate: make(chan struct{}), entered: make(chan struct{})}
+	reg := edge.NewRegistry()
+	for i := range nodes {
+		id, run := fmt.Sprintf("n%d", i), fmt.Sprintf("r%d", i)
+		hist.rows = append(hist.rows, domain.RunRecord{ID: run, Node: id, Adapter: "exec", Status: domain.RunRunning, Background: true})
+		rcAdmit(t, reg, newRCLink(id, map[string]string{run: strings.ReplaceAll(rcSucceeded, `"r1"`, `"`+run+`"`)}))
+	}
+	rc := edge.NewHistoryReconciler(repairingHistory(reg, hist))
+	t.Cleanup(rc.Close)
+	rc.NodeRegistered("n0")
+	<-hist.entered // the first repair is under way, held by the history
+	for i := 1; i < nodes; i++ {
+		rc.NodeRegistered(fmt.Sprintf("n%d", i))
+	}
+	close(hist.gate)
+	seen := map[string]bool{}
+	for len(seen) < nodes {
+		select {
+		case r := <-hist.recorded:
+			if r.Status != domain.RunSucceeded {
+				t.Fatalf("recorded %+v, want succeeded", r)
+			}
+			seen[r.ID] = true
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of %d registering nodes' runs repaired", len(seen), nodes)
+		}
 	}
 }
