@@ -422,8 +422,11 @@ func cleanPath(p string) string {
 	if p[0] != '/' {
 		p = "/" + p
 	}
-	np := path.Clean(p)
+	np := path.Clean(p) // no allocation when p is clean
 	if p[len(p)-1] == '/' && np != "/" {
+		if len(p) == len(np)+1 && strings.HasPrefix(p, np) {
+			return p // clean with its slash: no copy
+		}
 		np += "/"
 	}
 	return np
