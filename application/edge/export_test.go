@@ -8,7 +8,7 @@ import (
 
 // OrphanAdd remembers run on node as a lost background run that went out
 // on link would (tests).
-func OrphanAdd(o *OrphanCancels, node, run string, link ports.NodeLink) { o.add(node, run, link) }
+func OrphanAdd(o *OrphanCancels, node, run string, link ports.NodeLink) { o.add(node, run, link, "") }
 
 // NewHistoryReconcilerEvery is NewHistoryReconciler asking about watched
 // runs again first after first, then at doubling intervals up to most

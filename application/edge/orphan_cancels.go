@@ -21,6 +21,10 @@ const (
 // told such a run's caller node_disconnected (no run id) and recorded it
 // failed, yet the node may have got it and, a background run outliving
 // its link, be running it: a caller retrying would then have it run twice.
+// So too the background runs the edge withdrew before their admission (the
+// caller left, or the node did not answer in time) whose cancel did not
+// reach the node: on a half-open link the cancel fails, and the link may
+// be declared dead only after the edge stopped following the run.
 // A cancel for a run the node never got costs it a short-lived tombstone.
 //
 // It owns the goroutines that send the cancels; Close stops them.
@@ -29,7 +33,7 @@ type OrphanCancels struct {
 	log *slog.Logger
 
 	mu     sync.Mutex
-	byNode map[string][]string // run ids, oldest first
+	byNode map[string][]orphan // oldest first
 	total  int
 	closed bool
 
@@ -47,13 +51,20 @@ func NewOrphanCancels(reg *Registry, log *slog.Logger) *OrphanCancels {
 		log = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &OrphanCancels{reg: reg, log: log, byNode: map[string][]string{}, ctx: ctx, cancel: cancel}
+	return &OrphanCancels{reg: reg, log: log, byNode: map[string][]orphan{}, ctx: ctx, cancel: cancel}
 }
 
-// add remembers run on node, which went out on link, dropping the oldest
-// remembered run when full. A node already back on another link (it
-// registered before the lost run got here) gets the cancel at once.
-func (o *OrphanCancels) add(node, run string, link ports.NodeLink) {
+// orphan is a remembered run and the reason its cancel gives (the run's
+// message in the node's store and the edge's history).
+type orphan struct {
+	run, reason string
+}
+
+// add remembers run on node, which went out on link, to be cancelled for
+// reason (CancelLinkBroke if empty), dropping the oldest remembered run
+// when full. A node already back on another link (it registered before the
+// lost run got here) gets the cancel at once.
+func (o *OrphanCancels) add(node, run string, link ports.NodeLink, reason string) {
 	if o == nil {
 		return
 	}
@@ -62,18 +73,22 @@ func (o *OrphanCancels) add(node, run string, link ports.NodeLink) {
 	if o.closed {
 		return
 	}
+	if reason == "" {
+		reason = CancelLinkBroke
+	}
+	r := orphan{run, reason}
 	if n, ok := o.reg.Get(node); ok && n.Link != link {
 		o.wg.Add(1)
 		go func() {
 			defer o.wg.Done()
-			o.send(node, run)
+			o.send(node, r)
 		}()
 		return
 	}
 	if o.total >= orphanMax {
 		o.dropOldestLocked()
 	}
-	o.byNode[node] = append(o.byNode[node], run)
+	o.byNode[node] = append(o.byNode[node], r)
 	o.total++
 }
 
@@ -114,25 +129,25 @@ func (o *OrphanCancels) NodeRegistered(node string) {
 	o.mu.Unlock()
 	go func() {
 		defer o.wg.Done()
-		for _, run := range runs {
-			o.send(node, run)
+		for _, r := range runs {
+			o.send(node, r)
 		}
 	}()
 }
 
-func (o *OrphanCancels) send(node, run string) {
+func (o *OrphanCancels) send(node string, r orphan) {
 	n, ok := o.reg.Get(node)
 	if !ok || o.ctx.Err() != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(o.ctx, orphanTimeout)
 	defer cancel()
-	switch err := n.Link.CancelRun(ctx, run, CancelLinkBroke); domain.CodeOf(err) {
+	switch err := n.Link.CancelRun(ctx, r.run, r.reason); domain.CodeOf(err) {
 	case "":
-		o.log.Info("cancelled a background run its node got while the link broke; its caller was told node_disconnected", "run", run, "node", node)
+		o.log.Info("cancelled a background run its node got though the edge had let go of it before its admission", "run", r.run, "node", node, "reason", r.reason)
 	case domain.CodeRunNotFound, domain.CodeRunFinished:
 	default:
-		o.log.Warn("could not cancel a background run dispatched as the link broke", "run", run, "node", node, "err", err)
+		o.log.Warn("could not cancel a background run the edge let go of before its admission", "run", r.run, "node", node, "reason", r.reason, "err", err)
 	}
 }
 

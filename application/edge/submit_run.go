@@ -355,6 +355,8 @@ type RunHandle struct {
 	// pending is the admission event (start), already published, that the
 	// caller's first Next returns.
 	pending *domain.RunEvent
+	// withdrawn is the reason the edge cancelled the run for (withdraw).
+	withdrawn string
 }
 
 // Next returns the run's next event; io.EOF after the terminal one. If the
@@ -389,7 +391,7 @@ func (r *RunHandle) next(ctx context.Context) (domain.RunEvent, error) {
 			return domain.RunEvent{}, errRunLost
 		}
 		if r.Background && !r.admitted && linkLost(err) {
-			r.h.Orphans.add(r.Node, r.RunID, r.link)
+			r.h.Orphans.add(r.Node, r.RunID, r.link, r.withdrawn)
 		}
 		if errors.Is(err, io.EOF) {
 			err = domain.Errorf(domain.CodeNodeDisconnected, "run stream ended without a terminal event")
@@ -435,22 +437,34 @@ func (r *RunHandle) CloseFor(reason string) {
 
 // withdraw cancels the run on its node for reason and follows it to its
 // end on a goroutine owned by the handler, foreground or background alike.
+//
+// A background run not admitted yet whose cancel did not reach the node
+// (its link half-open: the cancel times out, and the heartbeat may declare
+// the link dead only after the drain gave up) is handed to the orphan
+// cancels, sent again when the node registers: the node may have got the
+// run, and a background run outlives its link, while its caller was told
+// it timed out or was cancelled. A foreground run needs none: its node
+// cancels it when its stream or link goes.
 func (r *RunHandle) withdraw(reason string) {
 	if r.done {
 		return
 	}
 	r.pending = nil
+	r.withdrawn = reason
 	h := r.h
 	started := h.spawn(func() {
+		reached := false // the node answered the cancel
 		node, ok := h.reg.Get(r.Node)
 		if ok {
 			ctx, cancel := context.WithTimeout(h.base, 5*time.Second)
 			switch err := node.Link.CancelRun(ctx, r.RunID, reason); {
 			case err == nil, errors.Is(err, domain.ErrRunFinished):
+				reached = true
 			case errors.Is(err, domain.ErrRunNotFound):
 				// The cancel overtook the run on its way to the node,
 				// which remembers it and cancels the run on arrival;
 				// the drain below follows it to its end either way.
+				reached = true
 				h.log.Debug("cancel reached the node before its run; the node cancels the run when it arrives", "run", r.RunID, "err", err)
 			default:
 				h.log.Warn("cancel of a run the edge let go failed", "run", r.RunID, "reason", reason, "err", err)
@@ -461,6 +475,12 @@ func (r *RunHandle) withdraw(reason string) {
 		defer cancel()
 		for {
 			if _, err := r.next(ctx); err != nil {
+				if !r.done && !reached && r.Background && !r.admitted && h.base.Err() == nil {
+					// Neither its end seen nor the cancel answered. (A
+					// link declared lost during the drain ends the run,
+					// done, and next remembered it then.)
+					h.Orphans.add(r.Node, r.RunID, r.link, reason)
+				}
 				r.abandon()
 				return
 			}
