@@ -994,7 +994,9 @@ func TestNodeReports(t *testing.T) {
 				"adapters":[{"name":"exec","type":"exec","max_concurrency":4,"in_flight":1,"sessions":false},
 				{"name":"llm","type":"ollama","max_concurrency":2,"in_flight":0,"sessions":true,"commands":["ollama.list","ollama.pull"]}]}`, id, id)
 		case "usage_status":
-			_, _ = io.WriteString(w, `{"adapters":[{"adapter":"exec","runs_total":5,"succeeded":3,"failed":1,"cancelled":1,"running":0,"prompt_tokens":10,"completion_tokens":20,"total_tokens":30,"cost_usd":0.5}]}`)
+			// The edge adds the provider tunnels it relayed for the node.
+			_, _ = io.WriteString(w, `{"adapters":[{"adapter":"exec","runs_total":5,"succeeded":3,"failed":1,"cancelled":1,"running":0,"prompt_tokens":10,"completion_tokens":20,"total_tokens":30,"cost_usd":0.5}],
+				"tunnels":[{"node":"`+id+`","key":"app","provider":"vllm","model":"qwen3","requests":4,"errors":1,"prompt_tokens":1200,"completion_tokens":300,"total_tokens":1500,"body_bytes":9000}]}`)
 		case "transport_status":
 			_, _ = io.WriteString(w, `{"connected":true,"connected_since":"2026-03-01T11:00:00Z","reconnects":2,"last_rtt_ms":1.25,"frames_in":10,"frames_out":12,"bytes_in":2048,"bytes_out":999,"runs_in_flight":1}`)
 		case "session_list":
@@ -1025,7 +1027,10 @@ func TestNodeReports(t *testing.T) {
 	}
 	run(t, e.URL, "node", "usage", "n1").want(t, 0, ""+
 		"NODE  ADAPTER  RUNS  OK  FAILED  CANCELLED  RUNNING  PROMPT  COMPLETION  TOTAL  COST\n"+
-		"n1    exec     5     3   1       1          0        10      20          30     $0.5000\n")
+		"n1    exec     5     3   1       1          0        10      20          30     $0.5000\n"+
+		"\n"+
+		"NODE  PROVIDER  MODEL  KEY  TUNNELS  ERRORS  PROMPT  COMPLETION  TOTAL  BYTES\n"+
+		"n1    vllm      qwen3  app  4        1       1200    300         1500   9000\n")
 	run(t, e.URL, "node", "transport", "n1").want(t, 0, ""+
 		"NODE  CONNECTED  RECONNECTS  RTT    FRAMES IN/OUT  BYTES IN/OUT  RUNS\n"+
 		"n1    1h ago     2           1.2ms  10/12          2.0 kB/999 B  1\n")

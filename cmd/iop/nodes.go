@@ -161,7 +161,7 @@ func (a *app) nodeCmd() *cobra.Command {
 	reports := []nodeReport{
 		{"caps", "capabilities", "Runtime adapters, version and platform of nodes", renderCaps, nil, ""},
 		{"transport", "transport_status", "Link status of nodes: connected since, reconnects, RTT, traffic", renderTransport, nil, ""},
-		{"usage", "usage_status", "Runs and token usage per adapter, from the nodes' stores", renderUsage, nil, ""},
+		{"usage", "usage_status", "Runs and token usage per adapter, from the nodes' stores, and the provider tunnels the edge relayed for them", renderUsage, nil, ""},
 		{"sessions", "session_list", "Logical sessions kept by the nodes' adapters, newest first, a page per node", renderSessions, sessionFlags, "[--adapter A] [--limit N] [--cursor C]"},
 		{"runs", "runs", "Runs recorded in the nodes' own stores, newest first, a page per node", renderNodeRuns, nodeRunsFlags, "[--adapter A] [--status S] [--limit N] [--cursor C]"},
 	}
@@ -334,19 +334,36 @@ func renderTransport(a *app, results []nodeResult, _ any) error {
 	return nil
 }
 
+// renderUsage prints the runs of each node's adapters and, below them, the
+// provider tunnels the edge relayed for each node (usage_status's
+// "tunnels", which the edge adds): a node that only relays providers has
+// all its usage there.
 func renderUsage(a *app, results []nodeResult, _ any) error {
 	t := newTable(a.stdout, "NODE", "ADAPTER", "RUNS", "OK", "FAILED", "CANCELLED", "RUNNING", "PROMPT", "COMPLETION", "TOTAL", "COST")
+	tun := [][]string{{"NODE", "PROVIDER", "MODEL", "KEY", "TUNNELS", "ERRORS", "PROMPT", "COMPLETION", "TOTAL", "BYTES"}}
 	itoa := func(n int64) string { return strconv.FormatInt(n, 10) }
 	err := decodeEach(a, results, func(node string, u nodecmd.UsageStatus) {
 		for _, x := range u.Adapters {
 			t.row(node, x.Adapter, itoa(x.RunsTotal), itoa(x.Succeeded), itoa(x.Failed), itoa(x.Cancelled), itoa(x.Running),
 				itoa(x.PromptTokens), itoa(x.CompletionTokens), itoa(x.TotalTokens), fmt.Sprintf("$%.4f", x.CostUSD))
 		}
+		for _, x := range u.Tunnels {
+			tun = append(tun, []string{node, x.Provider, x.Model, x.Key, itoa(x.Requests), itoa(x.Errors),
+				itoa(x.PromptTokens), itoa(x.CompletionTokens), itoa(x.TotalTokens), itoa(x.BodyBytes)})
+		}
 	})
 	if err != nil {
 		return err
 	}
 	t.flush()
+	if len(tun) > 1 {
+		fmt.Fprintln(a.stdout)
+		tt := newTable(a.stdout)
+		for _, row := range tun {
+			tt.row(row...)
+		}
+		tt.flush()
+	}
 	return nil
 }
 
