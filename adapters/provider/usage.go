@@ -3,6 +3,8 @@ package provider
 import (
 	"bytes"
 	"encoding/json"
+	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"unicode"
@@ -58,9 +60,9 @@ type UsageScanner struct {
 // written to or read from the prompt cache. Every prompt token the model
 // read is their sum (as adapters/runtime/claudecode counts them).
 type anthropicInput struct {
-	Input       *int64 `json:"input_tokens"`
-	CacheCreate *int64 `json:"cache_creation_input_tokens"`
-	CacheRead   *int64 `json:"cache_read_input_tokens"`
+	Input       *count `json:"input_tokens"`
+	CacheCreate *count `json:"cache_creation_input_tokens"`
+	CacheRead   *count `json:"cache_read_input_tokens"`
 }
 
 // update takes the parts a message_delta states and reports whether it
@@ -69,7 +71,7 @@ type anthropicInput struct {
 // "input_tokens":0 there), as a cumulative count never goes down.
 func (a *anthropicInput) update(u anthropicInput) bool {
 	stated := false
-	for _, p := range []struct{ to, from **int64 }{{&a.Input, &u.Input}, {&a.CacheCreate, &u.CacheCreate}, {&a.CacheRead, &u.CacheRead}} {
+	for _, p := range []struct{ to, from **count }{{&a.Input, &u.Input}, {&a.CacheCreate, &u.CacheCreate}, {&a.CacheRead, &u.CacheRead}} {
 		if *p.from != nil && **p.from > 0 {
 			*p.to, stated = *p.from, true
 		}
@@ -79,9 +81,9 @@ func (a *anthropicInput) update(u anthropicInput) bool {
 
 func (a anthropicInput) sum() int64 {
 	var n int64
-	for _, p := range []*int64{a.Input, a.CacheCreate, a.CacheRead} {
+	for _, p := range []*count{a.Input, a.CacheCreate, a.CacheRead} {
 		if p != nil {
-			n = domain.AddTokens(n, *p)
+			n = domain.AddTokens(n, int64(*p))
 		}
 	}
 	return n
@@ -229,25 +231,59 @@ func (s *UsageScanner) handleLine(line []byte) {
 	s.parse(line)
 }
 
+// count is a number a provider reports (a token count, Ollama's duration
+// in nanoseconds): an integer, or one written otherwise — 3.0, 3e2, "3" —
+// as some OpenAI-compatible servers do (the openai runtime adapter reads
+// them so too). Anything else is 0, never an error: one odd field made
+// the whole line fail to decode, and with it every count it carried.
+type count int64
+
+func (c *count) UnmarshalJSON(b []byte) error {
+	*c = 0
+	var n int64
+	if json.Unmarshal(b, &n) == nil {
+		*c = count(n)
+		return nil
+	}
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if json.Unmarshal(b, &s) != nil {
+			return nil
+		}
+		b = []byte(strings.TrimSpace(s))
+	}
+	f, err := strconv.ParseFloat(string(b), 64)
+	switch {
+	case err != nil || math.IsNaN(f):
+	case f >= math.MaxInt64:
+		*c = math.MaxInt64
+	case f <= math.MinInt64:
+		*c = math.MinInt64
+	default:
+		*c = count(f)
+	}
+	return nil
+}
+
 // usageCounts accepts the Chat Completions names, the Responses API ones
 // and Anthropic's (whose prompt count is split in parts, see
 // anthropicInput; the Responses API's input_tokens already includes its
 // cached tokens and it has no cache_* fields).
 type usageCounts struct {
-	PromptTokens     int64 `json:"prompt_tokens"`
-	CompletionTokens int64 `json:"completion_tokens"`
-	TotalTokens      int64 `json:"total_tokens"`
-	OutputTokens     int64 `json:"output_tokens"`
+	PromptTokens     count `json:"prompt_tokens"`
+	CompletionTokens count `json:"completion_tokens"`
+	TotalTokens      count `json:"total_tokens"`
+	OutputTokens     count `json:"output_tokens"`
 	anthropicInput
 }
 
 func (c usageCounts) toDomain() *domain.Usage {
-	u := &domain.Usage{PromptTokens: c.PromptTokens, CompletionTokens: c.CompletionTokens, TotalTokens: c.TotalTokens}
+	u := &domain.Usage{PromptTokens: int64(c.PromptTokens), CompletionTokens: int64(c.CompletionTokens), TotalTokens: int64(c.TotalTokens)}
 	if u.PromptTokens == 0 {
 		u.PromptTokens = c.sum()
 	}
 	if u.CompletionTokens == 0 {
-		u.CompletionTokens = c.OutputTokens
+		u.CompletionTokens = int64(c.OutputTokens)
 	}
 	if u.TotalTokens == 0 {
 		u.TotalTokens = domain.AddTokens(u.PromptTokens, u.CompletionTokens)
@@ -276,9 +312,9 @@ type usageDoc struct {
 	// Ollama native: counts on the final done line (and on /api/embed).
 	Done            bool   `json:"done"`
 	DoneReason      string `json:"done_reason"`
-	PromptEvalCount *int64 `json:"prompt_eval_count"`
-	EvalCount       *int64 `json:"eval_count"`
-	TotalDuration   int64  `json:"total_duration"`
+	PromptEvalCount *count `json:"prompt_eval_count"`
+	EvalCount       *count `json:"eval_count"`
+	TotalDuration   count  `json:"total_duration"`
 }
 
 func (s *UsageScanner) parse(b []byte) {
@@ -349,7 +385,7 @@ func (s *UsageScanner) parse(b []byte) {
 		if s.anthropic.update(d.Usage.anthropicInput) {
 			u.PromptTokens = s.anthropic.sum()
 		}
-		u.CompletionTokens = d.Usage.OutputTokens
+		u.CompletionTokens = int64(d.Usage.OutputTokens)
 		u.TotalTokens = domain.AddTokens(u.PromptTokens, u.CompletionTokens)
 		var delta struct {
 			StopReason string `json:"stop_reason"`
@@ -369,13 +405,13 @@ func (s *UsageScanner) parse(b []byte) {
 	case d.PromptEvalCount != nil || d.EvalCount != nil:
 		var p, c int64
 		if d.PromptEvalCount != nil {
-			p = *d.PromptEvalCount
+			p = int64(*d.PromptEvalCount)
 		}
 		if d.EvalCount != nil {
-			c = *d.EvalCount
+			c = int64(*d.EvalCount)
 		}
-		s.usage = &domain.Usage{PromptTokens: p, CompletionTokens: c, TotalTokens: p + c,
-			DurationMS: d.TotalDuration / 1e6, StopReason: d.DoneReason}
+		s.usage = &domain.Usage{PromptTokens: p, CompletionTokens: c, TotalTokens: domain.AddTokens(p, c),
+			DurationMS: int64(d.TotalDuration) / 1e6, StopReason: d.DoneReason}
 	}
 }
 
@@ -548,12 +584,12 @@ func (s *UsageScanner) parseLong() {
 		return
 	}
 	var reason string
-	var took int64
+	var took count
 	if valueAfter(s.head, "done_reason", &reason) {
 		u.StopReason = reason
 	}
 	if valueAfter(tail, "total_duration", &took) {
-		u.DurationMS = took / 1e6
+		u.DurationMS = int64(took) / 1e6
 	}
 	s.usage = u
 }
@@ -565,11 +601,11 @@ func usageFromTail(tail []byte) *domain.Usage {
 	if valueAfter(tail, "usage", &c) {
 		return c.toDomain()
 	}
-	var p, e int64
+	var p, e count
 	okP := valueAfter(tail, "prompt_eval_count", &p)
 	okE := valueAfter(tail, "eval_count", &e)
 	if okP || okE {
-		return &domain.Usage{PromptTokens: p, CompletionTokens: e, TotalTokens: p + e}
+		return &domain.Usage{PromptTokens: int64(p), CompletionTokens: int64(e), TotalTokens: domain.AddTokens(int64(p), int64(e))}
 	}
 	return nil
 }

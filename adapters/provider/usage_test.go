@@ -81,6 +81,22 @@ func TestUsageScannerFormats(t *testing.T) {
 		{"anthropic message json, prompt cache", "application/json",
 			`{"id":"msg_4","type":"message","role":"assistant","model":"claude-y","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":4,"cache_creation_input_tokens":1200,"cache_read_input_tokens":25000,"output_tokens":3}}`,
 			&domain.Usage{PromptTokens: 26204, CompletionTokens: 3, TotalTokens: 26207, StopReason: "end_turn", Model: "claude-y"}},
+		// Counts written as floats or strings (some OpenAI-compatible
+		// servers; the openai runtime adapter reads them so too), and an
+		// Ollama-compatible server's float duration: the line's other
+		// counts are read all the same.
+		{"openai sse, float counts", "text/event-stream",
+			"data: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":11.0,\"completion_tokens\":2.0,\"total_tokens\":13.0}}\n\ndata: [DONE]\n\n",
+			&domain.Usage{PromptTokens: 11, CompletionTokens: 2, TotalTokens: 13, Model: "m"}},
+		{"openai json, a string and an exponent", "application/json",
+			`{"model":"m","choices":[],"usage":{"prompt_tokens":"11","completion_tokens":2,"total_tokens":1.3e1}}`,
+			&domain.Usage{PromptTokens: 11, CompletionTokens: 2, TotalTokens: 13, Model: "m"}},
+		{"responses api event, float counts", "text/event-stream",
+			"data: {\"type\":\"response.completed\",\"response\":{\"model\":\"o4\",\"usage\":{\"input_tokens\":10.0,\"output_tokens\":4.0,\"total_tokens\":14.0}}}\n\n",
+			&domain.Usage{PromptTokens: 10, CompletionTokens: 4, TotalTokens: 14, Model: "o4"}},
+		{"ollama ndjson, float duration", "application/x-ndjson",
+			`{"model":"q","done":true,"done_reason":"stop","total_duration":2.5e6,"prompt_eval_count":3,"eval_count":4}`,
+			&domain.Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7, DurationMS: 2, StopReason: "stop", Model: "q"}},
 		{"error body", "application/json", `{"error":{"message":"rate limited","type":"rate_limit_error"}}`, nil},
 		{"unknown content type", "text/plain", `{"usage":{"prompt_tokens":1}}`, nil},
 	}
