@@ -597,8 +597,11 @@ func (s *UsageScanner) parseLong() {
 // usageFromTail is the last "usage" object of tail, or Ollama's counts in
 // it; nil if it has neither.
 func usageFromTail(tail []byte) *domain.Usage {
-	var c usageCounts
+	var c *usageCounts
 	if valueAfter(tail, "usage", &c) {
+		if c == nil {
+			return nil // "usage": null (a queued response, a chunk before the last): none reported
+		}
 		return c.toDomain()
 	}
 	var p, e count

@@ -249,3 +249,32 @@ func TestUsageScannerModelFromLaterLine(t *testing.T) {
 		t.Fatalf("usage = %+v", u)
 	}
 }
+
+// A body or line too large to keep whole that states "usage": null — a
+// background response still queued, polled with instructions of several
+// MiB, or its stream's response.created — reports no usage, not a usage
+// of zeros: the edge counts a stored response's usage once, at the first
+// tunnel that reports one, so zeros there lost the real counts of the
+// retrieval that found it completed.
+func TestUsageScannerLargeNullUsage(t *testing.T) {
+	big := strings.Repeat("Answer briefly. ", 400_000) // 6.4 MB
+	queued := `{"id":"resp_1","object":"response","status":"queued","background":true,"instructions":"` + big +
+		`","model":"gpt-5","output":[],"usage":null,"user":null,"metadata":{}}`
+	s := provider.NewUsageScanner("application/json")
+	for b := queued; len(b) > 0; {
+		n := min(len(b), 32<<10)
+		s.Write([]byte(b[:n]))
+		b = b[n:]
+	}
+	if u := s.Usage(); u != nil {
+		t.Fatalf("usage of a queued response = %+v, want none", u)
+	}
+
+	created := "event: response.created\ndata: " + `{"type":"response.created","response":{"id":"resp_2","status":"in_progress","instructions":"` + big[:2<<20] +
+		`","model":"gpt-5","output":[],"usage":null}}` + "\n\n"
+	r := provider.NewUsageScanner("text/event-stream")
+	r.Write([]byte(created))
+	if u := r.Usage(); u != nil {
+		t.Fatalf("usage of a stream cut after response.created = %+v, want none", u)
+	}
+}
