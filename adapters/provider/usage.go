@@ -240,9 +240,11 @@ type count int64
 
 func (c *count) UnmarshalJSON(b []byte) error {
 	*c = 0
-	var n int64
-	if json.Unmarshal(b, &n) == nil {
-		*c = count(n)
+	if n, ok := smallInt(b); ok {
+		*c = count(n) // nearly every count: no allocation
+		return nil
+	}
+	if string(b) == "null" {
 		return nil
 	}
 	if len(b) > 0 && b[0] == '"' {
@@ -263,6 +265,28 @@ func (c *count) UnmarshalJSON(b []byte) error {
 		*c = count(f)
 	}
 	return nil
+}
+
+// smallInt is b as a JSON integer of at most 18 digits (no overflow).
+func smallInt(b []byte) (int64, bool) {
+	neg := len(b) > 0 && b[0] == '-'
+	if neg {
+		b = b[1:]
+	}
+	if len(b) == 0 || len(b) > 18 {
+		return 0, false
+	}
+	var n int64
+	for _, d := range b {
+		if d < '0' || d > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(d-'0')
+	}
+	if neg {
+		n = -n
+	}
+	return n, true
 }
 
 // usageCounts accepts the Chat Completions names, the Responses API ones
