@@ -404,10 +404,29 @@ function showError(where, err) {
 // run of many small deltas is not copied whole at each one.
 const MAX_RUNS = 300, MAX_EVENTS_PER_RUN = 4000, MAX_OUTPUT = 1 << 20;
 
+// EVENT_SHOWN is how much of an event's data (as JSON) its row in a run's
+// events list shows.
+const EVENT_SHOWN = 300;
+
+// eventRow is what a run's events list keeps of an event: its seq, type and
+// the start of its data, as its row shows them. Not the event itself: a
+// delta's text (up to 32 KiB for an exec target's read) kept in each of the
+// last MAX_EVENTS_PER_RUN events held up to 160 MiB of a run whose output is
+// cut to MAX_OUTPUT.
+function eventRow(ev) {
+  const rest = { ...ev };
+  for (const k of ['run_id', 'node', 'seq', 'type']) delete rest[k];
+  // The JSON of a longer text is past EVENT_SHOWN anyway: not copied whole.
+  if (typeof rest.text === 'string' && rest.text.length > EVENT_SHOWN) rest.text = rest.text.slice(0, EVENT_SHOWN);
+  let d = JSON.stringify(rest);
+  if (d.length > EVENT_SHOWN) d = d.slice(0, EVENT_SHOWN) + '…';
+  return { seq: ev.seq, type: ev.type, data: d === '{}' ? '' : d };
+}
+
 // foldEvent adds one event to a run's view state (events, output,
 // reasoning, usage, error), keeping each within its bound.
 function foldEvent(st, ev) {
-  st.events.push(ev);
+  st.events.push(eventRow(ev));
   st.eventsTotal = (st.eventsTotal || 0) + 1;
   if (st.events.length > MAX_EVENTS_PER_RUN + (MAX_EVENTS_PER_RUN >> 2)) {
     const n = st.events.length - MAX_EVENTS_PER_RUN;
@@ -1111,11 +1130,7 @@ function runView(r) {
     const total = state.eventsTotal || state.events.length;
     for (shown = Math.max(shown, total - state.events.length); shown < total; shown++) {
       const ev = state.events[state.events.length - (total - shown)];
-      const rest = { ...ev };
-      for (const k of ['run_id', 'node', 'seq', 'type']) delete rest[k];
-      let d = JSON.stringify(rest);
-      if (d.length > 300) d = d.slice(0, 300) + '…';
-      events.append(h('tr', {}, h('td', {}, ev.seq ?? ''), h('td', {}, ev.type), h('td', { class: 'sum' }, d === '{}' ? '' : d)));
+      events.append(h('tr', {}, h('td', {}, ev.seq ?? ''), h('td', {}, ev.type), h('td', { class: 'sum' }, ev.data)));
     }
     while (events.childElementCount > MAX_EVENTS_PER_RUN) events.firstElementChild.remove();
     // Usage and error are drawn again only when they change: the pages
