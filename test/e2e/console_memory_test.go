@@ -47,3 +47,45 @@ func TestConsoleRunEventsKeepNoFullText(t *testing.T) {
 	}
 	b.checkClean()
 }
+
+// The page keeps the last 300 runs it saw on the feed; the run whose page is
+// open, and a run still going, are not the ones it lets go. A long run
+// watched on its page while more than 300 short ones came and went lost its
+// output there: the page showed only what came after, and no more event rows
+// until the run's count passed what it had shown.
+func TestConsoleWatchedRunOutlivesManyRuns(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	f.setRun("long", "running")
+	f.setRun("other", "running")
+	openFake(b, f, "run/long")
+	f.publish(map[string]any{"run_id": "long", "node": "n1", "seq": 1, "type": "start"})
+	f.publish(map[string]any{"run_id": "long", "node": "n1", "seq": 2, "type": "delta", "text": "first part\n"})
+	// A second long run, not watched, still going.
+	f.publish(map[string]any{"run_id": "other", "node": "n1", "seq": 1, "type": "start"})
+	f.publish(map[string]any{"run_id": "other", "node": "n1", "seq": 2, "type": "delta", "text": "other's first part\n"})
+	b.waitJS(10*time.Second, "the first part", `document.getElementById('run-output').textContent === 'first part\n'`)
+	const short = 400
+	for i := range short {
+		id := fmt.Sprintf("short%03d", i)
+		f.publish(map[string]any{"run_id": id, "node": "n1", "seq": 1, "type": "start"})
+		f.publish(map[string]any{"run_id": id, "node": "n1", "seq": 2, "type": "complete"})
+	}
+	f.publish(map[string]any{"run_id": "long", "node": "n1", "seq": 3, "type": "delta", "text": "second part\n"})
+	f.publish(map[string]any{"run_id": "other", "node": "n1", "seq": 3, "type": "delta", "text": "other's second part\n"})
+	b.waitJS(20*time.Second, "the short runs and the second parts folded",
+		`runs.has('short399') && document.getElementById('run-output').textContent.includes('second part') && runs.get('other') && runs.get('other').lastSeq === 3`)
+	if out := evalJS[string](b, `document.getElementById('run-output').textContent`); out != "first part\nsecond part\n" {
+		t.Errorf("the watched run's page shows %q after %d other runs, want both parts", out, short)
+	}
+	if rows := evalJS[[]string](b, `[...document.querySelectorAll('.events-table tbody tr')].map((tr) => tr.firstElementChild.textContent)`); strings.Join(rows, ",") != "1,2,3" {
+		t.Errorf("the watched run's event rows: seqs %q, want 1,2,3", rows)
+	}
+	if out := evalJS[string](b, `runs.get('other').output`); out != "other's first part\nother's second part\n" {
+		t.Errorf("a run still going, after %d short runs that ended: output kept %q, want both parts", short, out)
+	}
+	if n := evalJS[int](b, `runs.size`); n > 300 {
+		t.Errorf("the tab keeps %d runs, want at most 300", n)
+	}
+	b.checkClean()
+}

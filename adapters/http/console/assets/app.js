@@ -462,10 +462,43 @@ function runState(id, node) {
   if (!r) {
     r = { run_id: id, node, status: 'running', events: [], lastSeq: 0, output: '', reasoning: '', usage: null, error: null, seenAt: new Date().toISOString() };
     runs.set(id, r);
-    if (runs.size > MAX_RUNS) runs.delete(runs.keys().next().value);
+    if (runs.size > MAX_RUNS) dropRun();
   }
   if (node && !r.node) r.node = node;
   return r;
+}
+
+// pinned counts, per run id, what shows a run from its state: its page, a
+// run followed on Start a run after its stream died. dropRun lets none of
+// them go.
+const pinned = new Map();
+function pinRun(id) {
+  pinned.set(id, (pinned.get(id) || 0) + 1);
+  let done = false;
+  return () => {
+    if (done) return;
+    done = true;
+    const n = pinned.get(id) - 1;
+    if (n > 0) pinned.set(id, n);
+    else pinned.delete(id);
+  };
+}
+
+// dropRun makes room in runs for one more: the oldest run that ended goes,
+// or with none ended the oldest still going; never one pinned or one this
+// tab streams itself. Dropped, a run still going started over empty with
+// its next event, and a page open on it showed only what came after.
+function dropRun() {
+  let victim;
+  for (const [id, r] of runs) {
+    if (pinned.has(id) || r.ownStream) continue;
+    if (FINISHED.has(r.status)) {
+      victim = id;
+      break;
+    }
+    if (victim === undefined) victim = id;
+  }
+  if (victim !== undefined) runs.delete(victim);
 }
 
 // applyRunEvent folds one run event into its run's state. A run started
@@ -1178,6 +1211,7 @@ async function pageRun(root, id) {
   const view = runView(runs.get(id) || local);
   const cancel = cancelButton(() => id, (err) => showError(note, err));
   root.append(h('h1', {}, 'Run ', h('span', { class: 'mono' }, id)), head, note, h('div', { class: 'panel' }, rec), view.el);
+  onCleanup(pinRun(id));
 
   let record = null, drawnRecord = null;
   async function loadRecord() {
@@ -1459,6 +1493,7 @@ async function pageStart(root) {
       }
     };
     busListeners.add(listener);
+    const unpin = pinRun(own.run_id);
     const end = (badgeText, text) => {
       if (!shown()) return;
       view.update(own);
@@ -1493,6 +1528,7 @@ async function pageStart(root) {
       }
     } finally {
       busListeners.delete(listener);
+      unpin();
     }
   }
 }
