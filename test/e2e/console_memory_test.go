@@ -7,7 +7,9 @@ package e2e
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -88,4 +90,75 @@ func TestConsoleWatchedRunOutlivesManyRuns(t *testing.T) {
 		t.Errorf("the tab keeps %d runs, want at most 300", n)
 	}
 	b.checkClean()
+}
+
+// intercept puts fn in front of the fake edge's routes (before the page
+// makes any request): a request fn answers (returning true) goes no further.
+func intercept(f *fakeConsoleEdge, fn func(w http.ResponseWriter, r *http.Request) bool) {
+	next := f.Config.Handler
+	f.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !fn(w, r) {
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+// checkCleanBut is checkClean, but for the browser's report of the failed
+// requests a test made the edge answer with status.
+func (b *browser) checkCleanBut(status int) {
+	b.t.Helper()
+	b.mu.Lock()
+	var rest []string
+	for _, p := range b.problems {
+		if !strings.Contains(p, fmt.Sprintf("status of %d", status)) {
+			rest = append(rest, p)
+		}
+	}
+	b.problems = rest
+	b.mu.Unlock()
+	b.checkClean()
+}
+
+// historyDown answers as an edge whose history database is unreachable.
+func historyDown(w http.ResponseWriter) {
+	writeFakeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": map[string]string{"code": "history_unavailable",
+		"message": "the run history cannot be read right now (its database is unreachable); the edge's log has the details"}})
+}
+
+// errorShown is a page expression: an error box that says code is on the
+// page.
+func errorShown(code string) string {
+	return fmt.Sprintf(`[...document.querySelectorAll('#main .error-box')].some((e) => e.textContent.includes(%q))`, code)
+}
+
+// A run's page whose first read of the run's record failed (the history's
+// database down a moment) says so, and says it no more once the record is
+// read: the error stayed for good above a run that streamed, ended and
+// showed its record.
+func TestConsoleRunPageRecordErrorClears(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	var down atomic.Bool
+	down.Store(true)
+	intercept(f, func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Method == http.MethodGet && r.URL.Path == "/v1/runs/w1" && down.Load() {
+			historyDown(w)
+			return true
+		}
+		return false
+	})
+	f.setRun("w1", "running")
+	openFake(b, f, "run/w1")
+	b.waitJS(10*time.Second, "the record's error", errorShown("history_unavailable"))
+	f.publish(map[string]any{"run_id": "w1", "node": "n1", "seq": 1, "type": "start"})
+	f.publish(map[string]any{"run_id": "w1", "node": "n1", "seq": 2, "type": "delta", "text": "hello\n"})
+	b.waitJS(10*time.Second, "the output", `document.getElementById('run-output').textContent === 'hello\n'`)
+	down.Store(false)
+	f.setRun("w1", "succeeded")
+	f.publish(map[string]any{"run_id": "w1", "node": "n1", "seq": 3, "type": "complete"})
+	b.waitJS(10*time.Second, "the record read", `[...document.querySelectorAll('#run-record dt')].some((dt) => dt.textContent === 'finished at')`)
+	if evalJS[bool](b, errorShown("history_unavailable")) {
+		t.Errorf("the run's page still shows the failed read of its record once the record was read: %q", b.text(`#main`))
+	}
+	b.checkCleanBut(http.StatusServiceUnavailable)
 }

@@ -1203,13 +1203,18 @@ function cancelButton(getID, onDone) {
 async function pageRun(root, id) {
   const head = h('div', { class: 'row' });
   const rec = h('dl', { class: 'kv', id: 'run-record' });
-  const note = h('div');
+  // The note says why the record could not be read (until it is), why
+  // Cancel failed, or, while the page has seen none of the run's events,
+  // where its output will appear: each part on its own, so that a record
+  // read at last clears its error, and a run that streams, the hint.
+  const recNote = h('div'), cancelNote = h('div'), hint = h('div');
+  const note = h('div', {}, recNote, cancelNote, hint);
   // A page's own placeholder until the bus shows the run: opening a run's
   // page must not add it to the tab's runs (the Runs page lists those in
   // flight) nor guess its status.
   const local = { run_id: id, status: '', events: [], output: '', reasoning: '', usage: null, error: null };
   const view = runView(runs.get(id) || local);
-  const cancel = cancelButton(() => id, (err) => showError(note, err));
+  const cancel = cancelButton(() => id, (err) => showError(cancelNote, err));
   root.append(h('h1', {}, 'Run ', h('span', { class: 'mono' }, id)), head, note, h('div', { class: 'panel' }, rec), view.el);
   onCleanup(pinRun(id));
 
@@ -1218,9 +1223,13 @@ async function pageRun(root, id) {
     try {
       record = await apiJSON('/v1/runs/' + encodeURIComponent(id), { action: 'runs.read' });
     } catch (err) {
-      if (!record) showError(note, err);
+      if (!record) {
+        showError(recNote, err);
+        render();
+      }
       return;
     }
+    recNote.replaceChildren();
     render();
   }
   function render() {
@@ -1249,10 +1258,11 @@ async function pageRun(root, id) {
     if (record && record.usage && !state.usage) state.usage = record.usage;
     if (record && record.error && !state.error) state.error = record.error;
     view.update(state);
-    if (!state.events.length) {
-      note.replaceChildren(h('p', { class: 'muted small' }, 'Output appears here as it streams. The node keeps the run\'s record, not its output: output of a run that streamed before this console was open is not shown.'));
-    } else if (note.querySelector('p.muted')) {
-      note.replaceChildren();
+    // The record's error, while there is one, says more than the hint.
+    if (!state.events.length && !recNote.firstChild) {
+      if (!hint.firstChild) hint.replaceChildren(h('p', { class: 'muted small' }, 'Output appears here as it streams. The node keeps the run\'s record, not its output: output of a run that streamed before this console was open is not shown.'));
+    } else if (hint.firstChild) {
+      hint.replaceChildren();
     }
   }
   render();
