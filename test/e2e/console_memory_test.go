@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/chromedp/chromedp"
 )
 
 // A run of large deltas (an exec target's 32 KiB reads) is kept within the
@@ -159,6 +161,36 @@ func TestConsoleRunPageRecordErrorClears(t *testing.T) {
 	b.waitJS(10*time.Second, "the record read", `[...document.querySelectorAll('#run-record dt')].some((dt) => dt.textContent === 'finished at')`)
 	if evalJS[bool](b, errorShown("history_unavailable")) {
 		t.Errorf("the run's page still shows the failed read of its record once the record was read: %q", b.text(`#main`))
+	}
+	b.checkCleanBut(http.StatusServiceUnavailable)
+}
+
+// The Runs page's Older that failed says so, and says it no more once it
+// worked: the error stayed above the rows it then added.
+func TestConsoleOlderErrorClears(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	for i := range 150 {
+		f.setRun(fmt.Sprintf("done-%03d", i), "succeeded")
+	}
+	var down atomic.Bool
+	intercept(f, func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Method == http.MethodGet && r.URL.Path == "/v1/runs" && r.URL.Query().Get("cursor") != "" && down.Load() {
+			historyDown(w)
+			return true
+		}
+		return false
+	})
+	openFake(b, f, "runs")
+	b.waitJS(10*time.Second, "history drawn", `document.querySelectorAll('#runs-history tbody tr').length === 100`)
+	down.Store(true)
+	b.click(`#runs-older`)
+	b.waitJS(10*time.Second, "Older's error", errorShown("history_unavailable"))
+	down.Store(false)
+	b.do(10*time.Second, "click Older again", chromedp.Click(chromedp.CSS(`#runs-older`), chromedp.NodeVisible))
+	b.waitJS(10*time.Second, "the older runs", `document.querySelectorAll('#runs-history tbody tr').length === 150`)
+	if evalJS[bool](b, errorShown("history_unavailable")) {
+		t.Errorf("the Runs page still shows Older's failure once Older worked")
 	}
 	b.checkCleanBut(http.StatusServiceUnavailable)
 }

@@ -1040,7 +1040,10 @@ async function pageRuns(root) {
     }
     if (mine !== loads) return;
     paged = false;
-    histStatus.replaceChildren(...(data.errors || []).map((e) => h('div', { class: 'notice' }, `node ${e.node}: ${e.code}: ${e.message}`)));
+    // The nodes that did not answer (an edge without a history asks them),
+    // said again after an Older that failed and worked on another try.
+    const notices = () => histStatus.replaceChildren(...(data.errors || []).map((e) => h('div', { class: 'notice' }, `node ${e.node}: ${e.code}: ${e.message}`)));
+    notices();
     const keep = (r) =>
       (!f.adapter.value || r.adapter === f.adapter.value) &&
       (!f.key.value || (r.key || r.api_key || r.key_id || '') === f.key.value) &&
@@ -1058,10 +1061,11 @@ async function pageRuns(root) {
         next = await apiJSON('/v1/runs?' + p.toString(), { action: 'runs.read' });
       } catch (err) {
         older.disabled = false;
-        showError(histStatus, err);
+        if (mine === loads) showError(histStatus, err);
         return;
       }
       if (mine !== loads) return; // a newer load replaced this table
+      notices(); // not a failed try's error any more
       paged = true;
       shown.push(...(next.runs || []).filter(keep));
       cursor = next.next_cursor || '';
