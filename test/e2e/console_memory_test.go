@@ -194,3 +194,50 @@ func TestConsoleOlderErrorClears(t *testing.T) {
 	}
 	b.checkCleanBut(http.StatusServiceUnavailable)
 }
+
+// A run's cost reads as what it was, however small: the run's page showed
+// $0.000123 as "0" (a plain number rounded to three decimals), and the Runs
+// table a cost under a thousandth of a cent as "$0.00000".
+func TestConsoleSmallCosts(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	f.setRun("cheap", "succeeded")
+	f.setRun("cheaper", "succeeded")
+	f.mu.Lock()
+	for _, r := range f.runs {
+		switch r["run_id"] {
+		case "cheap":
+			r["usage"] = map[string]any{"prompt_tokens": 1000, "completion_tokens": 234, "total_tokens": 1234, "cost_usd": 0.000123}
+		case "cheaper":
+			r["usage"] = map[string]any{"total_tokens": 12, "cost_usd": 0.0000012}
+		}
+	}
+	f.mu.Unlock()
+	openFake(b, f, "runs")
+	b.waitJS(10*time.Second, "history drawn", `document.querySelectorAll('#runs-history tbody tr').length === 2`)
+	costCell := func(id string) string {
+		return evalJS[string](b, fmt.Sprintf(`document.querySelector('#runs-history tr[data-run=%q]').children[8].textContent`, id))
+	}
+	if got := costCell("cheap"); got != "$0.000123" {
+		t.Errorf("the Runs table's cost of $0.000123: %q", got)
+	}
+	if got := costCell("cheaper"); got != "$0.00000120" {
+		t.Errorf("the Runs table's cost of $0.0000012: %q", got)
+	}
+	evalJS[string](b, `location.hash = '#/run/cheap'`)
+	b.waitJS(10*time.Second, "the run's usage", `[...document.querySelectorAll('#run-usage dt')].some((dt) => dt.textContent === 'cost usd')`)
+	usage := evalJS[map[string]string](b, `Object.fromEntries([...document.querySelectorAll('#run-usage dt')].map((dt) => [dt.textContent, dt.nextElementSibling.textContent]))`)
+	if usage["cost usd"] != "$0.000123" || usage["total tokens"] != "1,234" {
+		t.Errorf("the run's page shows usage %q, want cost usd $0.000123 and total tokens 1,234", usage)
+	}
+	// The usage chart's gridlines of a range that cost $0.0004 in all.
+	labels := evalJS[[]string](b, `(() => {
+		const pts = Array.from({ length: 4 }, () => ({ t: new Date(), group: 'n1', v: 0.0001 }));
+		const el = barChart(pts, new Date(Date.now() - 3600e3), 'cost_usd');
+		return [...el.querySelectorAll('svg > text[x="50"]')].map((t) => t.textContent);
+	})()`)
+	if strings.Join(labels, " ") != "$0 $0.000100 $0.000200 $0.000300 $0.000400" {
+		t.Errorf("the cost chart's gridlines for $0.0004: %q", labels)
+	}
+	b.checkClean()
+}

@@ -64,8 +64,18 @@ function num(n) {
   return Number(n).toLocaleString();
 }
 
+// cost formats a cost in USD: three decimals from a cent up, three
+// significant digits below (a cheap run's $0.0000012 is not "$0.00000").
 function cost(c) {
-  return c ? '$' + Number(c).toFixed(c < 0.01 ? 5 : 3) : '';
+  c = Number(c);
+  if (!(c > 0)) return '';
+  return '$' + c.toFixed(c >= 0.01 ? 3 : Math.min(20, 2 - Math.floor(Math.log10(c))));
+}
+
+// chartCost is a chart's cost label: cents from a dollar up, cost() below
+// (a range's $0.0004 drew every gridline "$0.000").
+function chartCost(v) {
+  return v >= 1 ? '$' + v.toFixed(2) : cost(v) || '$0';
 }
 
 function badge(text) {
@@ -1176,7 +1186,10 @@ function runView(r) {
     const u = state.usage;
     if (u !== shownUsage) {
       shownUsage = u;
-      usage.replaceChildren(...(u ? Object.entries(u).flatMap(([k, v]) => [h('dt', {}, k.replaceAll('_', ' ')), h('dd', {}, typeof v === 'number' ? num(v) : String(v))]) : [h('dd', { class: 'muted' }, 'none reported')]));
+      // A cost is not a count: num() rounds to three decimals ($0.000123
+      // read "0").
+      const shownValue = (k, v) => k === 'cost_usd' ? cost(v) || '$0' : typeof v === 'number' ? num(v) : String(v);
+      usage.replaceChildren(...(u ? Object.entries(u).flatMap(([k, v]) => [h('dt', {}, k.replaceAll('_', ' ')), h('dd', {}, shownValue(k, v))]) : [h('dd', { class: 'muted' }, 'none reported')]));
     }
     if (state.error !== shownError) {
       shownError = state.error;
@@ -1681,7 +1694,7 @@ function hbarChart(items, metricName) {
   if (!items.length) return h('p', { class: 'muted' }, 'Nothing recorded in this time range.');
   const W = 900, row = 24, L = 180, R = 90, H = items.length * row + 8;
   const max = Math.max(...items.map((i) => i.v));
-  const fmt = (v) => metricName === 'cost_usd' ? '$' + v.toFixed(v < 1 ? 4 : 2) : v.toLocaleString();
+  const fmt = (v) => metricName === 'cost_usd' ? chartCost(v) : v.toLocaleString();
   const svg = s('svg', { class: 'chart', viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': `${metricName} by group` });
   items.forEach((it, i) => {
     const w = Math.max(2, (W - L - R) * it.v / max);
@@ -1710,7 +1723,7 @@ function barChart(points, since, metricName) {
   const max = niceMax(Math.max(...buckets.map((b) => [...b.values()].reduce((a, c) => a + c, 0)), 0), metricName);
   const bw = (W - L - R) / N;
   const y = (v) => T + (H - T - B) * (1 - v / max);
-  const fmt = (v) => metricName === 'cost_usd' ? '$' + v.toFixed(v < 1 ? 3 : 2) : (Number.isInteger(v) ? v.toLocaleString() : v.toFixed(1));
+  const fmt = (v) => metricName === 'cost_usd' ? chartCost(v) : (Number.isInteger(v) ? v.toLocaleString() : v.toFixed(1));
   const svg = s('svg', { class: 'chart', viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': `${metricName} over time by group` });
   for (let k = 0; k <= 4; k++) {
     const v = (max * k) / 4;
