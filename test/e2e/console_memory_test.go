@@ -241,3 +241,33 @@ func TestConsoleSmallCosts(t *testing.T) {
 	}
 	b.checkClean()
 }
+
+// The tunnel ledger's lines are per node, key, provider and model: the
+// Usage page's table left out the key, so two keys' lines of one model read
+// as the same line twice.
+func TestConsoleTunnelLinesByKey(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	line := func(key string, requests int) map[string]any {
+		return map[string]any{"node": "n1", "key": key, "provider": "openai", "model": "gpt-4o", "requests": requests, "errors": 0,
+			"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "body_bytes": 900}
+	}
+	intercept(f, func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != "/v1/usage" {
+			return false
+		}
+		writeFakeJSON(w, 200, map[string]any{"usage": []any{}, "tunnels": []any{line("ci", 5), line("alice", 3)}})
+		return true
+	})
+	openFake(b, f, "usage")
+	b.waitJS(10*time.Second, "the tunnel lines", `document.querySelectorAll('#usage-tunnels tbody tr').length === 2`)
+	rows := evalJS[[]string](b, `[...document.querySelectorAll('#usage-tunnels tr')].map((tr) => [...tr.children].map((c) => c.textContent).join('|'))`)
+	if want := []string{
+		"node|key|provider|model|requests|errors|prompt|completion|total tokens|bytes",
+		"n1|ci|openai|gpt-4o|5|0|10|5|15|900",
+		"n1|alice|openai|gpt-4o|3|0|10|5|15|900",
+	}; strings.Join(rows, "\n") != strings.Join(want, "\n") {
+		t.Errorf("the tunnel table:\n%s\nwant:\n%s", strings.Join(rows, "\n"), strings.Join(want, "\n"))
+	}
+	b.checkClean()
+}

@@ -1657,10 +1657,12 @@ async function pageUsage(root) {
       apiTotals.hidden = true;
     }
     if (u) {
+      // The ledger keeps a line per node, key, provider and model: without
+      // the key, two keys' lines of a model read as one line twice.
       const lines = u.tunnels || [];
       tunnels.replaceChildren(lines.length ? h('table', {},
-        h('thead', {}, h('tr', {}, ['node', 'provider', 'model', 'requests', 'errors', 'prompt', 'completion', 'total tokens', 'bytes'].map((c) => h('th', {}, c)))),
-        h('tbody', {}, lines.map((l) => h('tr', {}, h('td', {}, l.node), h('td', {}, l.provider), h('td', { class: 'mono' }, l.model),
+        h('thead', {}, h('tr', {}, ['node', 'key', 'provider', 'model', 'requests', 'errors', 'prompt', 'completion', 'total tokens', 'bytes'].map((c) => h('th', {}, c)))),
+        h('tbody', {}, lines.map((l) => h('tr', {}, h('td', {}, l.node), h('td', {}, l.key || ''), h('td', {}, l.provider), h('td', { class: 'mono' }, l.model),
           h('td', {}, num(l.requests)), h('td', {}, num(l.errors)), h('td', {}, num(l.prompt_tokens)), h('td', {}, num(l.completion_tokens)),
           h('td', {}, num(l.total_tokens)), h('td', {}, num(l.body_bytes))))))
         : h('p', { class: 'muted' }, 'No provider tunnel traffic since the edge started.'));
