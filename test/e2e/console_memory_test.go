@@ -271,3 +271,51 @@ func TestConsoleTunnelLinesByKey(t *testing.T) {
 	}
 	b.checkClean()
 }
+
+// The Nodes page left while its first read of the nodes was on its way
+// stops reading them: its poll, started once that read was answered, went
+// on reading GET /v1/nodes every 5 s for a page no longer shown, until the
+// page after it was left too.
+func TestConsoleNodesPollStopsWhenLeft(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	var held atomic.Bool
+	var asked atomic.Int64
+	release := make(chan struct{})
+	intercept(f, func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != "/v1/nodes" {
+			return false
+		}
+		asked.Add(1)
+		if held.Load() {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return true
+			}
+		}
+		return false
+	})
+	openFake(b, f, "events")
+	evalJS[any](b, `sessionStorage.setItem('iop.console.nodesPollMs', '100'), location.hash = '#/nodes'`)
+	held.Store(true)
+	b.do(15*time.Second, "reload", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`#main [data-page="nodes"]`)))
+	waitFor(t, "the held read of the nodes", func() error {
+		if asked.Load() == 0 {
+			return fmt.Errorf("GET /v1/nodes not asked yet")
+		}
+		return nil
+	})
+	evalJS[string](b, `location.hash = '#/events'`)
+	b.waitJS(10*time.Second, "the Events page", `document.querySelector('#main [data-page="events"]')`)
+	before := asked.Load()
+	held.Store(false)
+	close(release)
+	// Ten of the page's polls' time on the Events page, which reads no
+	// nodes.
+	time.Sleep(time.Second)
+	if n := asked.Load() - before; n > 0 {
+		t.Errorf("GET /v1/nodes asked %d times in 1 s after the Nodes page (polling every 100 ms) was left", n)
+	}
+	b.checkClean()
+}

@@ -909,7 +909,10 @@ async function pageNodes(root) {
     if (type === 'bus.resync' || type.startsWith('node.') || type === 'config.reloaded' || (type === 'run.event' && ev.run && (ev.run.type === 'start' || TERMINAL.has(ev.run.type)))) refresh();
   });
   await load(true);
-  every(NODES_POLL_MS, () => load(true)); // RTT and "connected since … ago"
+  // RTT and "connected since … ago". Not for a page left while its first
+  // load was on its way: the poll would go on reading the nodes for a page
+  // no longer shown, under the next page's cleanup.
+  if (!left) every(NODES_POLL_MS, () => load(true));
 }
 
 function nodeCard(n, connected, rtt, disconnectedAt) {
