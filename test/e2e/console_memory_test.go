@@ -319,3 +319,29 @@ func TestConsoleNodesPollStopsWhenLeft(t *testing.T) {
 	}
 	b.checkClean()
 }
+
+// A tab opened while the edge was away (restarting) reads what its page
+// shows again once the live feed comes up: the feed's first connection
+// reloaded nothing, so the Runs page kept its failed reads' errors under a
+// header that said "● live" until a run started or ended.
+func TestConsolePageOpenedWhileEdgeAwayRecovers(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	f.setRun("r1", "succeeded")
+	var down atomic.Bool
+	down.Store(true)
+	intercept(f, func(w http.ResponseWriter, r *http.Request) bool {
+		if !down.Load() || !strings.HasPrefix(r.URL.Path, "/v1/") {
+			return false
+		}
+		writeFakeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": map[string]string{"code": "unavailable", "message": "the edge is restarting"}})
+		return true
+	})
+	b.open(f.URL + "/ui/#/runs")
+	b.waitJS(10*time.Second, "the Runs page's errors", errorShown("the edge is restarting"))
+	b.waitJS(10*time.Second, "the feed retrying", `document.getElementById('bus-state').textContent.includes('reconnecting')`)
+	down.Store(false)
+	b.waitJS(15*time.Second, "the feed live", `document.getElementById('bus-state').classList.contains('live')`)
+	b.waitJS(10*time.Second, "the history read again", `document.querySelector('#runs-history tr[data-run="r1"]') && !`+errorShown("the edge is restarting"))
+	b.checkCleanBut(http.StatusServiceUnavailable)
+}

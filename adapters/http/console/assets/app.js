@@ -650,7 +650,10 @@ function setBusState(st) {
 async function startBus(force) {
   if (busRunning || (!force && !allowed('events'))) return;
   busRunning = true;
-  let connected = false;
+  // retried: a try failed before this connection. The pages' first reads
+  // were made meanwhile, and may have failed as it did (an edge away,
+  // restarting): they are made again once it connects.
+  let connected = false, retried = false;
   try {
     for (;;) {
       const ctl = new AbortController();
@@ -662,7 +665,7 @@ async function startBus(force) {
         opened = performance.now();
         setBusState({ phase: 'live' });
         // What happened while the bus was away is unknown.
-        if (connected) resyncBus();
+        if (connected || retried) resyncBus();
         connected = true;
         await readSSE(resp, (type, data) => {
           let ev;
@@ -705,6 +708,7 @@ async function startBus(force) {
       }
       ctl.abort(); // an idle connection's, or one whose read failed
       if (busCtl !== ctl) continue; // restarted: at once, without a wait
+      retried = true;
       if (opened && performance.now() - opened >= 10000) busBackoff = 1000;
       const delay = Math.round(busBackoff / 2 + Math.random() * busBackoff / 2);
       busBackoff = Math.min(busBackoff * 2, 30000);
