@@ -345,3 +345,27 @@ func TestConsolePageOpenedWhileEdgeAwayRecovers(t *testing.T) {
 	b.waitJS(10*time.Second, "the history read again", `document.querySelector('#runs-history tr[data-run="r1"]') && !`+errorShown("the edge is restarting"))
 	b.checkCleanBut(http.StatusServiceUnavailable)
 }
+
+// The Nodes page says what GET /v1/nodes says of a node beyond connected or
+// not: that a connected one is draining (stopping: Start a run no longer
+// offers it), and why an offline one left.
+func TestConsoleNodesDrainingAndWhyLeft(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	draining := fakeNode("n1")
+	draining["draining"] = true
+	left := fakeNode("n2")
+	left["connected"] = false
+	left["disconnected_at"] = time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
+	left["disconnect_reason"] = "heartbeat timeout: no heartbeat for 30s"
+	f.setNodes(draining, left)
+	openFake(b, f, "nodes")
+	b.waitJS(10*time.Second, "both nodes", `document.querySelector('[data-node="n1"]') && document.querySelector('[data-node="n2"]')`)
+	if !evalJS[bool](b, `!!document.querySelector('[data-node="n1"] h3 .badge.draining')`) {
+		t.Errorf("the draining node's card: %q, want a draining badge", b.text(`[data-node="n1"] h3`))
+	}
+	if got := b.text(`[data-node="n2"] [data-disconnected]`); !strings.Contains(got, "heartbeat timeout: no heartbeat for 30s") {
+		t.Errorf("the offline node's card says it left %q, without why", got)
+	}
+	b.checkClean()
+}

@@ -305,10 +305,11 @@ func TestConsole(t *testing.T) {
 	n2.stop(syscall.SIGTERM, 5*time.Second)
 	b.waitJS(10*time.Second, "n2 greyed out after it disconnected", `document.querySelector('[data-node="n2"].disconnected')`)
 	b.waitJS(5*time.Second, "n1 still connected", `document.querySelector('[data-node="n1"]:not(.disconnected)')`)
-	// A fresh page knows n2 left, and when, from the edge alone.
+	// A fresh page knows n2 left, when and why, from the edge alone.
 	b.open(e.url + "/ui/#/nodes")
-	b.waitJS(10*time.Second, "n2 greyed on a fresh load with when it left",
-		`document.querySelector('[data-node="n2"].disconnected [data-disconnected]') && /ago\)$/.test(document.querySelector('[data-node="n2"] [data-disconnected]').innerText)`)
+	b.waitJS(10*time.Second, "n2 greyed on a fresh load with when and why it left",
+		`document.querySelector('[data-node="n2"].disconnected [data-disconnected]') && /ago\): \S/.test(document.querySelector('[data-node="n2"] [data-disconnected]').innerText)`)
+	t.Logf("n2 on a fresh load: disconnected %s", b.text(`[data-node="n2"] [data-disconnected]`))
 	b.waitJS(5*time.Second, "n1 connected and n3 greyed on a fresh load",
 		`document.querySelector('[data-node="n1"]:not(.disconnected)') && document.querySelector('[data-node="n3"].disconnected')`)
 	b.screenshot("nodes-offline")

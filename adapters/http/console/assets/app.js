@@ -680,7 +680,10 @@ async function startBus(force) {
           }
           if (ev.node && type.startsWith('node.')) {
             const n = seenNodes.get(ev.node) || {};
-            if (type === 'node.disconnected') n.disconnectedAt = ev.time;
+            if (type === 'node.disconnected') {
+              n.disconnectedAt = ev.time;
+              n.reason = ev.reason || '';
+            }
             if (type === 'node.registered') n.disconnectedAt = null;
             seenNodes.set(ev.node, n);
           }
@@ -896,11 +899,14 @@ async function pageNodes(root) {
   function render() {
     const listed = new Set(lastNodes.map((n) => n.id));
     const gone = [...seenNodes.entries()].filter(([id, v]) => !listed.has(id) && v.view);
-    const offline = (n) => nodeCard(n, false, null, n.disconnected_at || (seenNodes.get(n.id) || {}).disconnectedAt);
+    const offline = (n) => {
+      const seen = seenNodes.get(n.id) || {};
+      return n.disconnected_at ? nodeCard(n, false, null, n.disconnected_at, n.disconnect_reason) : nodeCard(n, false, null, seen.disconnectedAt, seen.reason);
+    };
     const cards = [
       ...lastNodes.filter(online).map((n) => nodeCard(n, true, rtts.get(n.id))),
       ...lastNodes.filter((n) => !online(n)).map(offline),
-      ...gone.map(([, v]) => nodeCard(v.view, false, null, v.disconnectedAt)),
+      ...gone.map(([, v]) => nodeCard(v.view, false, null, v.disconnectedAt, v.reason)),
     ];
     if (!cards.length) cards.push(h('p', { class: 'muted' }, 'No node is configured or connected.'));
     list.replaceChildren(...cards);
@@ -919,7 +925,10 @@ async function pageNodes(root) {
   if (!left) every(NODES_POLL_MS, () => load(true));
 }
 
-function nodeCard(n, connected, rtt, disconnectedAt) {
+// nodeCard draws a node: connected (draining, if it is stopping), or
+// offline since disconnectedAt, for reason (the edge's disconnect_reason, or
+// the node.disconnected event's).
+function nodeCard(n, connected, rtt, disconnectedAt, reason) {
   const adapters = (n.adapters || []).map((a) => {
     const max = a.max_concurrency || 0;
     const pct = max ? Math.min(100, (a.in_flight / max) * 100) : (a.in_flight ? 100 : 0);
@@ -932,11 +941,11 @@ function nodeCard(n, connected, rtt, disconnectedAt) {
     h('span', { class: 'mono' }, p.name), ' ', h('span', { class: 'muted small' }, p.type), ' ',
     h('span', { class: 'models' }, (p.models || []).join(', ') || 'models discovered at run time')));
   return h('section', { class: 'panel node' + (connected ? '' : ' disconnected'), 'data-node': n.id },
-    h('h3', {}, n.id, badge(connected ? 'connected' : 'disconnected')),
+    h('h3', {}, n.id, badge(connected ? 'connected' : 'disconnected'), connected && n.draining ? h('span', { class: 'badge draining', title: 'stopping: it takes no new run while those in flight end' }, 'draining') : null),
     h('dl', { class: 'kv' },
       connected
         ? [h('dt', {}, 'connected since'), h('dd', {}, fmtTime(n.connected_at), ' ', h('span', { class: 'muted small' }, '(' + ago(n.connected_at) + ')'))]
-        : [h('dt', {}, 'disconnected'), h('dd', { 'data-disconnected': '' }, disconnectedAt ? fmtTime(disconnectedAt) + ' (' + ago(disconnectedAt) + ')' : 'not connected since the edge started')],
+        : [h('dt', {}, 'disconnected'), h('dd', { 'data-disconnected': '' }, disconnectedAt ? fmtTime(disconnectedAt) + ' (' + ago(disconnectedAt) + ')' + (reason ? ': ' + reason : '') : 'not connected since the edge started')],
       h('dt', {}, 'heartbeat RTT'), h('dd', { 'data-rtt': '' }, connected && typeof rtt === 'number' ? rtt.toFixed(rtt < 1 ? 3 : 1) + ' ms' : '—'),
       h('dt', {}, 'version'), h('dd', {}, n.version || '—'),
       h('dt', {}, 'host'), h('dd', {}, [n.hostname, n.os && n.arch ? `${n.os}/${n.arch}` : n.os].filter(Boolean).join(' · ') || '—'),
