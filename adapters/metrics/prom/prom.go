@@ -225,11 +225,14 @@ func (m *Metrics) addTokens(node string, u *domain.Usage, model string) {
 	if model == "" {
 		model = u.Model
 	}
-	if u.PromptTokens > 0 {
-		m.tokens.WithLabelValues(label(node), label(model), "prompt").Add(float64(u.PromptTokens))
+	// Bounded as the history and the ledger bound them: a counter never
+	// forgets one absurd report (a node's 9e18), and every rate over it
+	// would show it.
+	if n := domain.BoundTokens(u.PromptTokens); n > 0 {
+		m.tokens.WithLabelValues(label(node), label(model), "prompt").Add(float64(n))
 	}
-	if u.CompletionTokens > 0 {
-		m.tokens.WithLabelValues(label(node), label(model), "completion").Add(float64(u.CompletionTokens))
+	if n := domain.BoundTokens(u.CompletionTokens); n > 0 {
+		m.tokens.WithLabelValues(label(node), label(model), "completion").Add(float64(n))
 	}
 }
 

@@ -3,6 +3,7 @@ package prom_test
 import (
 	"fmt"
 	"io"
+	"math"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -72,6 +73,9 @@ func TestPortToCollectors(t *testing.T) {
 	m.TunnelFinished(ports.TunnelOutcome{Node: "n1", Provider: "p", Model: "m1", Code: "200", FirstByte: time.Millisecond, BytesIn: 10, BytesOut: 20,
 		Usage: &domain.Usage{PromptTokens: 1, CompletionTokens: 2}})
 	m.HistoryDropped(4)
+	// An absurd count is bounded as the history bounds it.
+	m.TunnelFinished(ports.TunnelOutcome{Node: "n1", Provider: "p", Model: "m2", Code: "200",
+		Usage: &domain.Usage{PromptTokens: math.MaxInt64, CompletionTokens: -5}})
 
 	f := scrape(t, m)
 	checks := []struct {
@@ -91,6 +95,7 @@ func TestPortToCollectors(t *testing.T) {
 		{"iop_tunnel_body_bytes_total", map[string]string{"direction": "out"}, 20},
 		{"iop_tokens_total", map[string]string{"model": "m1", "kind": "prompt"}, 6},
 		{"iop_tokens_total", map[string]string{"model": "m1", "kind": "completion"}, 9},
+		{"iop_tokens_total", map[string]string{"model": "m2", "kind": "prompt"}, float64(domain.MaxUsageTokens)},
 		{"iop_history_dropped_rows_total", nil, 4},
 		{"iop_eventbus_dropped_total", nil, 3},
 		{"iop_nodes_connected", nil, 0},
