@@ -253,25 +253,31 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	}
 
 	timedOut := false
-	select {
-	case <-p.done:
-	case <-ctx.Done():
-		p.terminate(a.KillGrace)
-		return ctx.Err()
-	case <-stdout.failed:
-		p.kill()
-		return stdout.err
-	case <-expired:
+wait:
+	for {
 		select {
-		case <-p.group.Exited():
-			// The command exited in time on its own; the run's end waits
-			// only for what it left (killed now, spawn.Group.Wait, or a
-			// descendant still holding stderr: pipeGrace), which is no
-			// timeout of the command's.
-			<-p.done
-		default:
+		case <-p.done:
+			break wait
+		case <-ctx.Done():
+			p.terminate(a.KillGrace)
+			return ctx.Err()
+		case <-stdout.failed:
 			p.kill()
-			timedOut = true
+			return stdout.err
+		case <-expired:
+			select {
+			case <-p.group.Exited():
+				// The command exited in time on its own; the run's end
+				// waits only for what it left (killed now,
+				// spawn.Group.Wait, or a descendant still holding stderr:
+				// pipeGrace), which is no timeout of the command's — and
+				// a cancel meanwhile still ends the run at once.
+				expired = nil
+			default:
+				p.kill()
+				timedOut = true
+				break wait
+			}
 		}
 	}
 	// The command is gone. What it wrote is read to its end at the sink's
