@@ -546,6 +546,8 @@ func (nopBus) Publish(domain.BusEvent) {}
 // comes after the key: a caller without one learns nothing about routes.
 func TestUncleanPathsMoveInJSON(t *testing.T) {
 	e := newEnv(t, testNode{"n1", newFakeLink(domain.RunEvent{Type: domain.EventStart}, domain.RunEvent{Type: domain.EventComplete})})
+	// A subtree, as the passthrough's /api/ and the console's /ui/ are.
+	e.api.Handle("/sub/", httpapi.Access{Public: true}, http.NotFoundHandler())
 	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	for _, tc := range []struct{ method, path, body, loc string }{
 		{"GET", "//v1/nodes", "", "/v1/nodes"},
@@ -553,6 +555,9 @@ func TestUncleanPathsMoveInJSON(t *testing.T) {
 		{"GET", "/v1//runs/r1/", "", "/v1/runs/r1/"},
 		{"POST", "//v1/runs", `{"adapter":"exec"}`, "/v1/runs"},
 		{"DELETE", "/v1/sessions/s1/../s2?adapter=exec", "", "/v1/sessions/s2?adapter=exec"},
+		{"GET", "/sub", "", "/sub/"},
+		{"GET", "/s%75b?q=1", "", "/sub/?q=1"},
+		{"POST", "/sub", "x", "/sub/"},
 	} {
 		req, err := http.NewRequest(tc.method, e.srv.URL+tc.path, strings.NewReader(tc.body))
 		if err != nil {

@@ -390,24 +390,23 @@ func anthropicClient(r *http.Request, pattern string, acc Access) bool {
 	return pattern == "" || acc.AnthropicByHeader
 }
 
-// movedTo reports where the mux would redirect r, with an HTML body (307,
-// or 301 for a missing slash, after which clients resend a POST as a GET):
+// movedTo reports where the mux would redirect r with an HTML body (307):
 // to its cleaned path (//v1/nodes, a base URL ending in "/" joined with
 // "/v1/nodes"; /v1/./runs), or to a subtree's root when the slash is
-// missing (/api for /api/). Like the
-// mux it looks at the escaped path, so an id keepDotID kept is not moved.
-// pattern is what the mux matched for r; CONNECT requests are never cleaned.
+// missing (/api for /api/). Like the mux it cleans the escaped path, so an
+// id keepDotID kept is not moved, and it cleans no CONNECT request's path.
+// pattern is what the mux matched for r.
 func movedTo(r *http.Request, pattern string) (string, bool) {
-	if r.Method == http.MethodConnect {
-		return "", false
-	}
 	p := r.URL.EscapedPath()
-	if c := cleanPath(p); c != p {
-		return c, true
+	if r.Method != http.MethodConnect {
+		if c := cleanPath(p); c != p {
+			return c, true
+		}
 	}
 	// A subtree's pattern carries no method ("/api/"), so this is the mux's
-	// trailing-slash redirect and never a route the path matched.
-	if pattern != "" && pattern == p+"/" {
+	// trailing-slash redirect and never a route the path matched; the mux
+	// builds it from the decoded path (/ap%69 is moved to /api/).
+	if pattern != "" && (pattern == p+"/" || pattern == r.URL.Path+"/") {
 		return pattern, true
 	}
 	return "", false
