@@ -142,15 +142,23 @@ func (r *HistoryReconciler) NodeRegistered(node string) {
 	}
 }
 
-// takePending returns the nodes whose repair is due, oldest first, and
-// forgets them: a node registering from now on is queued again.
-func (r *HistoryReconciler) takePending() []string {
+// takePending returns the node whose repair has waited longest ("" if none)
+// and whether others wait, and forgets it: registering from now on, it is
+// queued again.
+func (r *HistoryReconciler) takePending() (string, bool) {
 	r.pendMu.Lock()
 	defer r.pendMu.Unlock()
-	nodes := r.pending
-	r.pending = nil
-	clear(r.queued)
-	return nodes
+	if len(r.pending) == 0 {
+		return "", false
+	}
+	node := r.pending[0]
+	r.pending[0] = ""
+	r.pending = r.pending[1:]
+	if len(r.pending) == 0 {
+		r.pending = nil // the array goes with the storm
+	}
+	delete(r.queued, node)
+	return node, len(r.pending) > 0
 }
 
 // Follow watches rec, a run of a connected node this edge process does not
@@ -344,11 +352,17 @@ func (r *HistoryReconciler) work() {
 		case j := <-r.queue:
 			r.follow(j.node, j.run)
 		case <-r.wake:
-			for _, node := range r.takePending() {
-				if r.ctx.Err() != nil {
-					break
-				}
+			// One node per pass, so that follow-ups (Follow, whose queue
+			// drops when full) are taken between the repairs of a
+			// registration storm, each of which may wait on its node.
+			if node, more := r.takePending(); node != "" {
 				r.repair(node)
+				if more {
+					select {
+					case r.wake <- struct{}{}:
+					default:
+					}
+				}
 			}
 		case <-tick:
 			r.recheckDue()
