@@ -165,17 +165,24 @@ func New(base string, hc *http.Client) (*Client, error) {
 	if !strings.Contains(base, "://") {
 		base = "http://" + base
 	}
-	u, err := url.Parse(base)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("edge URL %q: want http://host:port", redactRaw(base))
-	}
 	// A "#" or "?" or "/" in a password ends the authority for the parser:
 	// "http://admin:9999#tail@host" is host "admin", port 9999, and the
 	// rest a fragment, so the API key went to another host and the URL
 	// was shown with the password in it. An edge URL has no fragment, and
-	// an "@" after the host is such a password, never a path.
+	// an "@" after the host is such a password, never a path. It is said
+	// so also when the parser refused the URL ("http://admin:s3cr3t/x@host"
+	// is host "admin" with port "s3cr3t"): "want http://host:port" next
+	// to the redacted URL, which looks right, left the user guessing.
+	passwordHint := fmt.Errorf("edge URL %q: a fragment (#…) or an \"@\" after the host is refused; percent-encode a \"#\", \"?\" or \"/\" in a password (%%23, %%3F, %%2F)", redactRaw(base))
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		if atAfterAuthority(base) {
+			return nil, passwordHint
+		}
+		return nil, fmt.Errorf("edge URL %q: want http://host:port", redactRaw(base))
+	}
 	if strings.Contains(base, "#") || strings.Contains(u.Path, "@") || strings.Contains(u.RawPath, "@") || strings.Contains(u.RawQuery, "@") {
-		return nil, fmt.Errorf("edge URL %q: a fragment (#…) or an \"@\" after the host is refused; percent-encode a \"#\", \"?\" or \"/\" in a password (%%23, %%3F, %%2F)", redactRaw(base))
+		return nil, passwordHint
 	}
 	// Every slash at the end goes: request paths start with one, and a
 	// path with "//" is cleaned and redirected by the edge's mux.
@@ -191,6 +198,18 @@ func New(base string, hc *http.Client) (*Client, error) {
 	own := *hc
 	own.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return &Client{base: u, http: &own}, nil
+}
+
+// atAfterAuthority reports whether raw ("scheme://…") holds an "@" after
+// the first "/", "?" or "#" that ends its authority for a URL parser: a
+// password holding one of those, not percent-encoded.
+func atAfterAuthority(raw string) bool {
+	_, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return false
+	}
+	i := strings.IndexAny(rest, "/?#")
+	return i >= 0 && strings.Contains(rest[i:], "@")
 }
 
 // Edge is the edge's base URL as it may be shown: a password in it (an

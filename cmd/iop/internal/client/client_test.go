@@ -242,6 +242,27 @@ func TestEdgeURLWithAPasswordThatLooksLikeTheRest(t *testing.T) {
 			}
 		}
 	}
+	// Whether or not the parser took it, such a URL is refused naming the
+	// cause: "want http://host:port" beside "http://admin:xxxxx@127.0.0.1:1",
+	// which looks right, gave the user nothing to fix.
+	for _, bad := range []string{
+		"http://admin:s3cr3t?x@127.0.0.1:1",
+		"http://admin:9999#tail@127.0.0.1:1",
+		"http://admin:12/s3cr3t@127.0.0.1:1",
+		"http://admin:s3cr3t/x@127.0.0.1:1",
+		"https://admin:pa/ss@edge.example.com",
+	} {
+		_, err := New(bad, nil)
+		if err == nil || !strings.Contains(err.Error(), "percent-encode") {
+			t.Errorf("New(%q): %v, want the advice to percent-encode the password", bad, err)
+		}
+	}
+	for _, bad := range []string{"ftp://127.0.0.1:1", "http://host:port", "http://"} {
+		_, err := New(bad, nil)
+		if err == nil || !strings.Contains(err.Error(), "want http://host:port") {
+			t.Errorf("New(%q): %v, want http://host:port", bad, err)
+		}
+	}
 	if got := redactRaw("http://a/b?c#d:e@host:1/p"); got != "http://xxxxx@host:1/p" {
 		t.Errorf("redactRaw = %q", got)
 	}
