@@ -539,8 +539,8 @@ type nopBus struct{}
 
 func (nopBus) Publish(domain.BusEvent) {}
 
-// A path the mux would clean (a base URL ending in "/" doubles the slash)
-// or a subtree's root without its slash is redirected with 308, which keeps
+// A path the mux would clean (a base URL ending in "/" doubles the slash,
+// "." or ".." segments) or a subtree's root without its slash is redirected with 308, which keeps
 // a POST a POST, and a JSON body saying where; before, net/http answered
 // with an HTML body (and 301 for a missing slash). The redirect
 // comes after the key: a caller without one learns nothing about routes.
@@ -571,6 +571,26 @@ func TestUncleanPathsMoveInJSON(t *testing.T) {
 			t.Errorf("%s %s: Location %q, want %q", tc.method, tc.path, loc, tc.loc)
 		}
 		wantError(t, resp, http.StatusPermanentRedirect, "moved")
+	}
+
+	// The message gives the cause the caller can fix: a doubled slash is a
+	// base URL ending in "/", which /api (no slash) and /v1/./nodes are not.
+	for _, tc := range []struct{ path, why string }{
+		{"//v1/nodes", `a base URL ending in "/" doubles the slash`},
+		{"/v1/./nodes", `"." and ".." segments are resolved first`},
+		{"/v1/sessions/s1/../s2", `"." and ".." segments are resolved first`},
+		{"/sub", `a subtree's path ends in "/"`},
+		{"/s%75b", `a subtree's path ends in "/"`},
+	} {
+		resp, err := noFollow.Get(e.srv.URL + tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := readJSON(t, resp, http.StatusPermanentRedirect)
+		msg, _ := m["error"].(map[string]any)["message"].(string)
+		if !strings.HasSuffix(msg, "("+tc.why+")") {
+			t.Errorf("GET %s: message %q, want it to end (%s)", tc.path, msg, tc.why)
+		}
 	}
 
 	// A client that follows it keeps the method and the body.

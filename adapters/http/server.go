@@ -439,8 +439,23 @@ func moved(w http.ResponseWriter, r *http.Request, target string, d Dialect) {
 		loc += "?" + r.URL.RawQuery
 	}
 	w.Header().Set("Location", loc)
-	d(w, http.StatusPermanentRedirect, "moved",
-		fmt.Sprintf("%s is served at %s (a base URL ending in \"/\" doubles the slash)", r.URL.EscapedPath(), target))
+	p := r.URL.EscapedPath()
+	d(w, http.StatusPermanentRedirect, "moved", fmt.Sprintf("%s is served at %s (%s)", p, target, movedWhy(p, target)))
+}
+
+// movedWhy is why path p is moved to target, as a caller can act on it:
+// only a doubled slash is a base URL ending in "/"; /api lacks its slash,
+// and /v1/x/../runs has segments the edge does not take.
+func movedWhy(p, target string) string {
+	switch {
+	case strings.Contains(p, "//"):
+		return `a base URL ending in "/" doubles the slash`
+	case cleanPath(p) != p:
+		return `"." and ".." segments are resolved first`
+	case strings.HasSuffix(target, "/") && !strings.HasSuffix(p, "/"):
+		return `a subtree's path ends in "/"`
+	}
+	return "its clean form"
 }
 
 // unrouted answers requests no route takes (404, or 405 with Allow) in JSON,
