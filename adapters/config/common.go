@@ -65,6 +65,41 @@ func (s Secret) mask() string {
 	return redacted
 }
 
+// unsetEnvError is the error for a *_env key (key, token_env, key_env) whose
+// variable is unset or empty. It names the variable only when name has the
+// shape of one, upper-case letters, digits and '_' (IOP_NODE_TOKEN), and is
+// not a run of 16 or more hex digits: pasting the secret itself into the
+// *_env key (token_env: 9f86d0…, key_env: sk-…) is an easy slip, and the
+// message reaches stderr, the log and POST /v1/admin/reload's answer. what
+// names the secret ("token", "key").
+func unsetEnvError(key, name, what string) error {
+	if conventionalEnvName(name) {
+		return fmt.Errorf("%s: environment variable %s is unset or empty", key, name)
+	}
+	return fmt.Errorf("%s: the environment variable it names is unset or empty (the name is not shown: "+
+		"it is not an upper-case variable name such as IOP_NODE_TOKEN, and may be the %s itself; %s takes the name of a variable that holds it)",
+		key, what, key)
+}
+
+// conventionalEnvName reports whether name is an upper-case environment
+// variable name ([A-Z_][A-Z0-9_]*) that is not a long run of hex digits.
+func conventionalEnvName(name string) bool {
+	if name == "" || (name[0] >= '0' && name[0] <= '9') {
+		return false
+	}
+	hex := true
+	for _, c := range []byte(name) {
+		switch {
+		case c >= 'A' && c <= 'F', c >= '0' && c <= '9':
+		case c >= 'G' && c <= 'Z', c == '_':
+			hex = false
+		default:
+			return false
+		}
+	}
+	return !hex || len(name) < 16
+}
+
 // Log levels and formats accepted in log.level and log.format.
 const (
 	LogDebug = "debug"

@@ -134,7 +134,7 @@ func (k APIKeyEntry) ResolveKeyHash() ([sha256.Size]byte, error) {
 	case k.KeyEnv != "":
 		v := os.Getenv(k.KeyEnv)
 		if v == "" {
-			return sum, fmt.Errorf("key_env: environment variable %s is unset or empty", k.KeyEnv)
+			return sum, unsetEnvError("key_env", k.KeyEnv, "key")
 		}
 		if len(v) < MinAPIKeyLength {
 			return sum, fmt.Errorf("key_env: the key in %s must be at least %d characters", k.KeyEnv, MinAPIKeyLength)
@@ -630,7 +630,7 @@ func (n NodeEntry) ResolveToken() (string, error) {
 	case n.TokenEnv != "":
 		v := os.Getenv(n.TokenEnv)
 		if v == "" {
-			return "", fmt.Errorf("token_env: environment variable %s is unset or empty", n.TokenEnv)
+			return "", unsetEnvError("token_env", n.TokenEnv, "token")
 		}
 		return v, nil
 	default:

@@ -770,3 +770,41 @@ func TestLoadEdgeShapeReadsNoSecret(t *testing.T) {
 		t.Errorf("LoadEdgeShape with key_env and key_sha256 = %v", err)
 	}
 }
+
+// A token or key pasted into token_env or key_env itself (the slip of
+// writing the secret where its variable's name goes) is never quoted back:
+// the message reaches stderr, the edge's log and the reload API's answer.
+// A name of the usual shape is still named.
+func TestEnvKeyHoldingTheSecretIsNotEchoed(t *testing.T) {
+	secrets := []string{
+		"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", // openssl rand -hex 32
+		"sk-proj-Abc123_secretKEYvalue",
+		"Zm9vYmFyYmF6cXV4cXV1eA==",
+		"9F86D081884C7D659A2FEAA0C55AD015",     // upper-case hex
+		"kJ8_3nXqLr2w9VtYhP0sBc4dEf6gHi7jKl1m", // mixed case, letters, digits, _
+	}
+	for _, s := range secrets {
+		docs := map[string]string{
+			"token_env": "nodes:\n  - {id: a, token_env: \"" + s + "\"}\n",
+			"key_env":   "http:\n  api_keys:\n    - {name: a, key_env: \"" + s + "\", scopes: [read]}\nnodes:\n  - {id: a, token: aaaaaaaa}\n",
+		}
+		for key, doc := range docs {
+			_, err := config.ParseEdge("edge.yaml", []byte(doc))
+			if err == nil {
+				t.Fatalf("%s %q: ParseEdge succeeded", key, s)
+			}
+			if strings.Contains(err.Error(), s) {
+				t.Errorf("%s: the error quotes the value, which may be the secret: %v", key, err)
+			}
+			if !strings.Contains(err.Error(), key+": the environment variable it names is unset or empty") {
+				t.Errorf("%s %q: error %v does not say the variable is unset", key, s, err)
+			}
+		}
+	}
+	for _, name := range []string{"IOP_TEST_SURELY_UNSET", "ABC", "X1"} {
+		_, err := config.ParseEdge("edge.yaml", []byte("nodes:\n  - {id: a, token_env: "+name+"}\n"))
+		if err == nil || !strings.Contains(err.Error(), "token_env: environment variable "+name+" is unset or empty") {
+			t.Errorf("token_env %s: %v", name, err)
+		}
+	}
+}

@@ -173,7 +173,7 @@ func (c *NodeConfig) ResolveToken() (string, error) {
 	case c.TokenEnv != "":
 		v := os.Getenv(c.TokenEnv)
 		if v == "" {
-			return "", fmt.Errorf("token_env: environment variable %s is unset or empty", c.TokenEnv)
+			return "", unsetEnvError("token_env", c.TokenEnv, "token")
 		}
 		return v, nil
 	default:

@@ -238,3 +238,17 @@ func TestNodeStoreRetention(t *testing.T) {
 		}
 	}
 }
+
+// The node's token pasted into node.yaml's token_env is not quoted back.
+func TestNodeTokenEnvHoldingTheTokenIsNotEchoed(t *testing.T) {
+	const tok = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+	c := &config.NodeConfig{TokenEnv: tok, TLS: config.NodeTLS{CAPin: testPin}}
+	c.SetDefaults()
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("Validate succeeded with an unset token_env")
+	}
+	if strings.Contains(err.Error(), tok) || !strings.Contains(err.Error(), "token_env: the environment variable it names is unset or empty") {
+		t.Fatalf("Validate = %v", err)
+	}
+}
