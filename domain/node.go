@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -315,7 +316,7 @@ func CheckMaxHistoryBytes(name string, n int) error {
 func checkEnv(env map[string]string, inherit []string) *Error {
 	for k, v := range env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return Errorf(CodeConfigError, "env has an invalid variable name %q", k)
+			return Errorf(CodeConfigError, "env has an invalid variable name %s", quoteEnvName(k))
 		}
 		if strings.ContainsRune(v, 0) {
 			// No process can be given it: every run would fail.
@@ -324,10 +325,22 @@ func checkEnv(env map[string]string, inherit []string) *Error {
 	}
 	for _, k := range inherit {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return Errorf(CodeConfigError, "inherit_env has an invalid variable name %q", k)
+			return Errorf(CodeConfigError, "inherit_env has an invalid variable name %s", quoteEnvName(k))
 		}
 	}
 	return nil
+}
+
+// quoteEnvName quotes a refused variable name for an error only up to its
+// first '=' or NUL: "KEY=VALUE" written where a name goes (inherit_env:
+// ["OPENAI_API_KEY=sk-…"]) holds a value, maybe a secret, and the message
+// reaches stderr, the edge's log and the reload API's answer.
+func quoteEnvName(k string) string {
+	i := strings.IndexAny(k, "=\x00")
+	if i < 0 {
+		return strconv.Quote(k)
+	}
+	return strconv.Quote(k[:i]+"…") + " (a name holds no '=' or NUL; what follows is not shown)"
 }
 
 // Capabilities is what a runtime adapter instance offers.

@@ -808,3 +808,30 @@ func TestEnvKeyHoldingTheSecretIsNotEchoed(t *testing.T) {
 		}
 	}
 }
+
+// "KEY=VALUE" written where a variable name goes (inherit_env, or env's
+// keys) is refused without quoting the value, which may be a secret.
+func TestEnvNameHoldingAValueIsNotEchoed(t *testing.T) {
+	const secret = "sk-proj-not-for-the-log"
+	docs := map[string]string{
+		"adapter inherit_env": "      - {name: c, type: claude-code, inherit_env: [\"ANTHROPIC_API_KEY=" + secret + "\"]}\n",
+		"adapter env":         "      - {name: c, type: claude-code, env: {\"ANTHROPIC_API_KEY=" + secret + "\": x}}\n",
+		"target inherit_env":  "      - {name: e, type: exec, targets: {t: {command: [env], inherit_env: [\"OPENAI_API_KEY=" + secret + "\"]}}}\n",
+		"target env NUL":      "      - {name: e, type: exec, targets: {t: {command: [env], env: {\"OPENAI_API_KEY\\0" + secret + "\": x}}}}\n",
+	}
+	for name, adapter := range docs {
+		doc := "nodes:\n  - id: n\n    token: aaaaaaaa\n    adapters:\n" + adapter
+		_, err := config.ParseEdge("edge.yaml", []byte(doc))
+		if err == nil {
+			t.Fatalf("%s: ParseEdge succeeded", name)
+		}
+		if strings.Contains(err.Error(), secret) || !strings.Contains(err.Error(), "invalid variable name") ||
+			!strings.Contains(err.Error(), "_API_KEY…") {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	_, err := config.ParseEdge("edge.yaml", []byte("nodes:\n  - id: n\n    token: aaaaaaaa\n    adapters:\n      - {name: c, type: claude-code, inherit_env: [\"\"]}\n"))
+	if err == nil || !strings.Contains(err.Error(), `inherit_env has an invalid variable name ""`) {
+		t.Errorf("empty name: %v", err)
+	}
+}
