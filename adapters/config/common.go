@@ -73,7 +73,7 @@ func (s Secret) mask() string {
 // message reaches stderr, the log and POST /v1/admin/reload's answer. what
 // names the secret ("token", "key").
 func unsetEnvError(key, name, what string) error {
-	if conventionalEnvName(name) {
+	if ConventionalEnvName(name) {
 		return fmt.Errorf("%s: environment variable %s is unset or empty", key, name)
 	}
 	return fmt.Errorf("%s: the environment variable it names is unset or empty (the name is not shown: "+
@@ -81,9 +81,11 @@ func unsetEnvError(key, name, what string) error {
 		key, what, key)
 }
 
-// conventionalEnvName reports whether name is an upper-case environment
-// variable name ([A-Z_][A-Z0-9_]*) that is not a long run of hex digits.
-func conventionalEnvName(name string) bool {
+// ConventionalEnvName reports whether name is an upper-case environment
+// variable name ([A-Z_][A-Z0-9_]*) that is not a run of 16 or more hex
+// digits: one fit to show. Any other value of a *_env key may be the
+// secret itself, written there by mistake.
+func ConventionalEnvName(name string) bool {
 	if name == "" || (name[0] >= '0' && name[0] <= '9') {
 		return false
 	}

@@ -267,3 +267,31 @@ func writeConfig(t *testing.T, dir, doc string) string {
 	}
 	return p
 }
+
+// join's output is made to be copied to the node's machine: a token
+// pasted into token_env (where its variable's name goes) is not printed,
+// while a variable name is.
+func TestJoinDoesNotPrintATokenWrittenAsTokenEnv(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "edge.yaml")
+	const tok = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+	doc := "transport: {listen: \"127.0.0.1:7700\", tls: {mode: \"off\"}}\nnodes:\n  - {id: a, token_env: " + tok + "}\n  - {id: b, token_env: IOP_B_TOKEN}\n"
+	if err := os.WriteFile(cfg, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if err := join(cfg, &out, &errOut, []string{"a"}); err != nil {
+		t.Fatalf("join a: %v (%s)", err, errOut.String())
+	}
+	if all := out.String() + errOut.String(); strings.Contains(all, tok) || !strings.Contains(all, "the variable its token_env names") {
+		t.Errorf("join a printed:\n%s", all)
+	}
+	out.Reset()
+	errOut.Reset()
+	if err := join(cfg, &out, &errOut, []string{"b"}); err != nil {
+		t.Fatalf("join b: %v (%s)", err, errOut.String())
+	}
+	if !strings.Contains(out.String(), "Paste the value of IOP_B_TOKEN in the edge's environment") {
+		t.Errorf("join b printed:\n%s", out.String())
+	}
+}
