@@ -2,6 +2,7 @@ package openai_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -888,5 +889,47 @@ func TestNotFoundEndpointIsNoUnknownModel(t *testing.T) {
 				t.Errorf("message = %q, want a hint at base_url", ev.Error.Message)
 			}
 		})
+	}
+}
+
+// A server that quotes the credentials it was sent in its 401 (a gateway
+// dumping the request's headers, "invalid API key sk-…") does not carry
+// the node's key, or base_url's password, to the run's caller: the error
+// event names neither, in any form it was sent in.
+func TestProviderErrorQuotingTheKeyIsRedacted(t *testing.T) {
+	echo := func(w http.ResponseWriter, r *http.Request) {
+		msg := "invalid credentials: Authorization=" + r.Header.Get("Authorization")
+		if u, p, ok := r.BasicAuth(); ok {
+			msg += " user=" + u + " password=" + p
+		}
+		body, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "code": "invalid_api_key"}})
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = w.Write(body)
+	}
+	srv := standin.NewServer(t, echo)
+
+	t.Setenv("IOP_TEST_OPENAI_KEY", "sk-node-secret-key")
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL, APIKeyEnv: "IOP_TEST_OPENAI_KEY"}, nil)
+	sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := requireTerminal(t, sink, domain.EventError, domain.CodeProviderError)
+	if strings.Contains(ev.Error.Message, "sk-node-secret-key") || !strings.Contains(ev.Error.Message, "Authorization=Bearer [redacted]") {
+		t.Errorf("message = %q", ev.Error.Message)
+	}
+
+	withPassword := strings.Replace(srv.URL, "://", "://proxyuser:pw-in-base-url@", 1)
+	a = newAdapter(t, domain.AdapterConfig{BaseURL: withPassword}, nil)
+	sink, err = run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev = requireTerminal(t, sink, domain.EventError, domain.CodeProviderError)
+	basic := base64.StdEncoding.EncodeToString([]byte("proxyuser:pw-in-base-url"))
+	if m := ev.Error.Message; strings.Contains(m, "pw-in-base-url") || strings.Contains(m, basic) ||
+		!strings.Contains(m, "Authorization=Basic [redacted] user=proxyuser password=[redacted]") {
+		t.Errorf("message = %q", m)
 	}
 }

@@ -6,6 +6,7 @@ package upstream
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -80,9 +81,62 @@ func Do(ctx context.Context, hc *http.Client, method, url string, body []byte, h
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-		return nil, StatusError(resp.StatusCode, b)
+		return nil, withoutCredentials(StatusError(resp.StatusCode, b), req)
 	}
 	return resp, nil
+}
+
+// minRedacted is the length under which a credential is not looked for in
+// a provider's message: a short one would blank ordinary words.
+const minRedacted = 6
+
+// withoutCredentials blanks in err's message the credentials req carried:
+// the API key (Authorization: Bearer, X-Api-Key) and base_url's password,
+// as sent (in Basic form too). Some servers quote what they were sent in
+// their 401 ("invalid API key sk-…", a proxy dumping the request's
+// headers), and the message reaches the run's caller, the event feed and
+// the history: the key is the node's, and stays there.
+func withoutCredentials(err error, req *http.Request) error {
+	var de *domain.Error
+	if !errors.As(err, &de) {
+		return err
+	}
+	var secrets []string
+	add := func(s string) {
+		if len(s) >= minRedacted {
+			secrets = append(secrets, s)
+		}
+	}
+	for _, v := range req.Header.Values("Authorization") {
+		scheme, cred, _ := strings.Cut(strings.TrimSpace(v), " ")
+		cred = strings.TrimSpace(cred)
+		add(cred)
+		if strings.EqualFold(scheme, "Basic") {
+			if raw, err := base64.StdEncoding.DecodeString(cred); err == nil {
+				_, pw, _ := strings.Cut(string(raw), ":")
+				add(pw)
+			}
+		}
+	}
+	for _, v := range req.Header.Values("X-Api-Key") {
+		add(strings.TrimSpace(v))
+	}
+	if u := req.URL.User; u != nil {
+		if pw, ok := u.Password(); ok {
+			add(pw)
+			add(base64.StdEncoding.EncodeToString([]byte(u.Username() + ":" + pw)))
+		}
+	}
+	msg := de.Message
+	for _, s := range secrets {
+		msg = strings.ReplaceAll(msg, s, "[redacted]")
+	}
+	if msg == de.Message {
+		return err
+	}
+	out := *de
+	out.Message = msg
+	return &out
 }
 
 // RedirectError is the provider_error for a 3xx answer, which the client
