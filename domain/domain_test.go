@@ -396,6 +396,20 @@ func TestRedactURL(t *testing.T) {
 	}
 }
 
+func TestRedactBaseURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://host/v1?key=a":               "http://host/v1?…",
+		"https://u:p4ssw0rd@host/v1#k":       "https://u:xxxxx@host/v1?…",
+		"http://a/b?c:hunter2@host/v1?key=z": "http://xxxxx@host/v1?…",
+		"host:11434/api?key=z":               "host:11434/api?…",
+		"http://127.0.0.1:11434":             "http://127.0.0.1:11434",
+	} {
+		if got := domain.RedactBaseURL(in); got != want {
+			t.Errorf("RedactBaseURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
 // A refused base_url is quoted without its password: the message reaches
 // a start's error, a reload's config_error answer and the edge's log.
 func TestBuildConfigRedactsBaseURL(t *testing.T) {

@@ -3,6 +3,7 @@ package domain
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"slices"
 	"strconv"
@@ -223,8 +224,8 @@ func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
 		}
 		// The node's provider client can use nothing else: caught here, a
 		// start or reload says so, instead of every request failing later.
-		if u, err := url.Parse(p.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return NodeConfig{}, Errorf(CodeConfigError, "provider %q (%s): base_url %q must be an http(s) URL such as http://127.0.0.1:11434", p.Name, p.Type, RedactURL(p.BaseURL))
+		if msg := checkBaseURL(p.BaseURL); msg != "" {
+			return NodeConfig{}, Errorf(CodeConfigError, "provider %q (%s): %s", p.Name, p.Type, msg)
 		}
 		cfg.Providers = append(cfg.Providers, p)
 	}
@@ -279,11 +280,27 @@ func checkAdapter(a AdapterConfig) error {
 		// The node's adapter refuses anything else; caught here, a reload
 		// is refused whole and a registration refused with the reason,
 		// instead of a node that cannot apply what the edge pushed.
-		if u, err := url.Parse(a.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return Errorf(CodeConfigError, "adapter %q (%s): base_url %q must be an http(s) URL such as http://127.0.0.1:11434", a.Name, a.Type, RedactURL(a.BaseURL))
+		if msg := checkBaseURL(a.BaseURL); msg != "" {
+			return Errorf(CodeConfigError, "adapter %q (%s): %s", a.Name, a.Type, msg)
 		}
 	}
 	return nil
+}
+
+// checkBaseURL says what is wrong with a base_url ("" if nothing), quoting
+// it without a password or query. Requests append their path to it, so a
+// query or fragment would end up before the path (.../v1?key=k/chat/...):
+// a key goes in api_key_env.
+func checkBaseURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Sprintf("base_url %q must be an http(s) URL such as http://127.0.0.1:11434", RedactBaseURL(s))
+	}
+	if u.RawQuery != "" || u.ForceQuery || strings.Contains(s, "#") {
+		return fmt.Sprintf("base_url %q has a query or fragment, which requests to it would not carry (their path is appended): "+
+			"drop it (an API key goes in api_key_env)", RedactBaseURL(s))
+	}
+	return ""
 }
 
 // checkHistoryBytes refuses a max_history_bytes out of range, or set on an

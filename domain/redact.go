@@ -27,3 +27,18 @@ func RedactURL(s string) string {
 	}
 	return prefix + user + rest[at:]
 }
+
+// RedactBaseURL is RedactURL without a query or fragment, shown as "?…": a
+// base_url's query may hold a key (?key=…). RedactURL has already replaced
+// a password or user holding "?" or "#".
+func RedactBaseURL(s string) string {
+	r := RedactURL(s)
+	start := 0
+	if i := strings.Index(r, "://"); i >= 0 {
+		start = i + len("://")
+	}
+	if i := strings.IndexAny(r[start:], "?#"); i >= 0 {
+		return r[:start+i] + "?…"
+	}
+	return r
+}

@@ -625,6 +625,14 @@ func TestBadAdapterEntryRefusedAtLoad(t *testing.T) {
 			`line 6: nodes[1] (id "gpu"): provider "p" has unknown type "grpc"`},
 		{node("    providers:\n      - {name: p, type: ollama, base_url: \"127.0.0.1:11434\"}\n"),
 			`line 6: nodes[1] (id "gpu"): provider "p" (ollama): base_url "127.0.0.1:11434" must be an http(s) URL`},
+		// A query (a key in it, often) is never quoted, and is refused:
+		// requests append their path after it.
+		{node("    providers:\n      - {name: p, type: openai, base_url: \"https://g.example/v1beta/openai?key=AIzaSECRET\"}\n"),
+			`line 6: nodes[1] (id "gpu"): provider "p" (openai): base_url "https://g.example/v1beta/openai?…" has a query or fragment`},
+		{node("    providers:\n      - {name: p, type: openai, base_url: \"g.example/v1beta/openai?key=AIzaSECRET\"}\n"),
+			`line 6: nodes[1] (id "gpu"): provider "p" (openai): base_url "g.example/v1beta/openai?…" must be an http(s) URL`},
+		{node("    adapters:\n      - {name: llm, type: openai, base_url: \"http://127.0.0.1:8000/v1#AIzaSECRET\"}\n"),
+			`line 6: nodes[1] (id "gpu"): adapter "llm" (openai): base_url "http://127.0.0.1:8000/v1?…" has a query or fragment`},
 		{node("    providers:\n      - {name: p, type: openai, base_url: \"ftp://x\"}\n"),
 			`line 6: nodes[1] (id "gpu"): provider "p" (openai): base_url "ftp://x" must be an http(s) URL`},
 		{node("    providers:\n      - {name: \"p q/r\", type: openai, base_url: \"http://x\"}\n"),
@@ -642,8 +650,8 @@ func TestBadAdapterEntryRefusedAtLoad(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), path+": "+tc.want) {
 			t.Errorf("LoadEdge(%q) = %v, want an error containing %q", tc.doc, err, path+": "+tc.want)
 		}
-		if err != nil && (strings.Contains(err.Error(), "config_error") || strings.Contains(err.Error(), "nodes[0]")) {
-			t.Errorf("LoadEdge(%q) = %v: names the code or the good node", tc.doc, err)
+		if err != nil && (strings.Contains(err.Error(), "config_error") || strings.Contains(err.Error(), "nodes[0]") || strings.Contains(err.Error(), "SECRET")) {
+			t.Errorf("LoadEdge(%q) = %v: names the code or the good node, or quotes a secret", tc.doc, err)
 		}
 	}
 }
