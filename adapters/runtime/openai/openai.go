@@ -52,7 +52,8 @@
 // run's messages, and a completed run appends them (as given) and the reply:
 // the concatenated content with the tool calls of the stream, whose
 // delta.tool_calls fragments are merged by index (id, type and function
-// name from the first fragment, the arguments concatenated; a fragment with
+// name from the first fragment, the arguments concatenated, those a server
+// sends as JSON rather than as a string of it taken as their text; a fragment with
 // the index of a call that has another id starts a new call; at most 128
 // calls and 1 MiB in all, else provider_error; a run without a session
 // keeps no calls and has no such bound).
@@ -759,9 +760,31 @@ type toolCallFragment struct {
 	ID       string `json:"id"`
 	Type     string `json:"type"`
 	Function struct {
-		Name      string `json:"name"`
-		Arguments string `json:"arguments"`
+		Name string `json:"name"`
+		// Arguments is a string of JSON in OpenAI's API; some servers
+		// send the JSON itself (see arguments).
+		Arguments json.RawMessage `json:"arguments"`
 	} `json:"function"`
+}
+
+// arguments returns the fragment's piece of its call's arguments: the
+// string, or, from a server that sends them as JSON rather than as a
+// string of it (llama.cpp's server for a while, ggml-org/llama.cpp#20198;
+// TGI's whole answers), that JSON as its text, which is what the API
+// expects back in the history.
+func (f toolCallFragment) arguments() string {
+	raw := f.Function.Arguments
+	if !present(raw) {
+		return ""
+	}
+	if raw[0] == '"' {
+		return text(raw)
+	}
+	var b bytes.Buffer
+	if json.Compact(&b, raw) != nil {
+		return string(raw)
+	}
+	return b.String()
 }
 
 // add merges one delta's tool_calls. Calls without an index (a
@@ -774,7 +797,8 @@ func (tc *toolCalls) add(raw json.RawMessage) error {
 	}
 	for _, f := range frags {
 		i := tc.slot(f)
-		tc.size += len(f.ID) + len(f.Type) + len(f.Function.Name) + len(f.Function.Arguments)
+		args := f.arguments()
+		tc.size += len(f.ID) + len(f.Type) + len(f.Function.Name) + len(args)
 		if i >= maxToolCalls || tc.size > maxToolCallBytes {
 			return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server's tool calls exceed %d calls or %d bytes", maxToolCalls, maxToolCallBytes)}
 		}
@@ -791,7 +815,7 @@ func (tc *toolCalls) add(raw json.RawMessage) error {
 		c.id = cmp.Or(c.id, f.ID)
 		c.typ = cmp.Or(c.typ, f.Type)
 		c.name = cmp.Or(c.name, f.Function.Name)
-		c.args.WriteString(f.Function.Arguments)
+		c.args.WriteString(args)
 	}
 	return nil
 }
