@@ -53,7 +53,9 @@
 // the concatenated content with the tool calls of the stream, whose
 // delta.tool_calls fragments are merged by index (id, type and function
 // name from the first fragment, the arguments concatenated, those a server
-// sends as JSON rather than as a string of it taken as their text; a fragment with
+// sends as JSON rather than as a string of it taken as their text; a
+// call's other fields, such as Gemini's "extra_content" with its thought
+// signature, kept as the server first sent each; a fragment with
 // the index of a call that has another id starts a new call; at most 128
 // calls and 1 MiB in all, else provider_error; a run without a session
 // keeps no calls and has no such bound).
@@ -753,7 +755,15 @@ type toolCalls struct {
 type toolCall struct {
 	id, typ, name string
 	args          strings.Builder
+	// extra holds the call's other fields, as the server first sent each
+	// (Gemini's "extra_content", its thought signature, which must come
+	// back with the call), to be stored with it.
+	extra map[string]json.RawMessage
 }
+
+// callFields are the fields of a streamed tool call the merge reads; any
+// other is kept as sent (toolCall.extra).
+var callFields = map[string]bool{"index": true, "id": true, "type": true, "function": true}
 
 type toolCallFragment struct {
 	Index    *int   `json:"index"`
@@ -792,13 +802,19 @@ func (f toolCallFragment) arguments() string {
 // id is a new call, no id continues the last one.
 func (tc *toolCalls) add(raw json.RawMessage) error {
 	var frags []toolCallFragment
-	if json.Unmarshal(raw, &frags) != nil {
+	var fields []map[string]json.RawMessage
+	if json.Unmarshal(raw, &frags) != nil || json.Unmarshal(raw, &fields) != nil {
 		return nil // not tool calls we can read: passed on in metadata only
 	}
-	for _, f := range frags {
+	for k, f := range frags {
 		i := tc.slot(f)
 		args := f.arguments()
 		tc.size += len(f.ID) + len(f.Type) + len(f.Function.Name) + len(args)
+		for name, v := range fields[k] {
+			if !callFields[name] && present(v) {
+				tc.size += len(name) + len(v)
+			}
+		}
 		if i >= maxToolCalls || tc.size > maxToolCallBytes {
 			return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server's tool calls exceed %d calls or %d bytes", maxToolCalls, maxToolCallBytes)}
 		}
@@ -816,6 +832,15 @@ func (tc *toolCalls) add(raw json.RawMessage) error {
 		c.typ = cmp.Or(c.typ, f.Type)
 		c.name = cmp.Or(c.name, f.Function.Name)
 		c.args.WriteString(args)
+		for name, v := range fields[k] {
+			if callFields[name] || !present(v) || c.extra[name] != nil {
+				continue
+			}
+			if c.extra == nil {
+				c.extra = map[string]json.RawMessage{}
+			}
+			c.extra[name] = v
+		}
 	}
 	return nil
 }
@@ -854,6 +879,11 @@ func (tc *toolCalls) merged() []json.RawMessage {
 			Type     string   `json:"type"`
 			Function function `json:"function"`
 		}{c.id, cmp.Or(c.typ, "function"), function{c.name, c.args.String()}})
+		if len(c.extra) > 0 {
+			// Both are JSON objects: the other fields follow the merged ones.
+			extra, _ := json.Marshal(c.extra) // raw values decoded before: cannot fail
+			b = append(append(b[:len(b)-1], ','), extra[1:]...)
+		}
 		out = append(out, b)
 	}
 	return out
