@@ -58,7 +58,11 @@
 // signature, kept as the server first sent each; a fragment with
 // the index of a call that has another id starts a new call; at most 128
 // calls and 1 MiB in all, else provider_error; a run without a session
-// keeps no calls and has no such bound).
+// keeps no calls and has no such bound). A reply with tool calls is stored
+// with its reasoning as well (up to 1 MiB of it), in reasoning_content if
+// the server streamed that field, else in reasoning: DeepSeek's and Kimi's
+// thinking models refuse a later request whose tool-calling assistant
+// message lacks it. A reply without tool calls is stored without.
 package openai
 
 import (
@@ -280,7 +284,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	case err != nil:
 		return err // the sink's
 	}
-	if err := a.sessions.Commit(ctx, sink, model, req.SessionID, turn, chat.Reply{Content: s.reply.String(), ToolCalls: s.calls.merged()}); err != nil {
+	if err := a.sessions.Commit(ctx, sink, model, req.SessionID, turn, s.sessionReply()); err != nil {
 		return err
 	}
 	u := s.usage
@@ -465,10 +469,15 @@ type stream struct {
 	// bound on them can fail it.
 	calls     toolCalls
 	keepCalls bool
-	usage     domain.Usage
-	finish    string
-	done      bool
-	ctype     string // the response's content type
+	// reasoning is the reply's reasoning, kept for a session's history
+	// (keepCalls) up to maxKeptReasoning, which a reply with tool calls is
+	// stored with, in the field the server sent it in (reasoningField).
+	reasoning      strings.Builder
+	reasoningField string
+	usage          domain.Usage
+	finish         string
+	done           bool
+	ctype          string // the response's content type
 }
 
 // readSSE reads server-sent events until [DONE]. It returns nil when the
@@ -705,6 +714,9 @@ func (s *stream) emitMessage(m *message) error {
 	content, thinking := contentParts(m.Content)
 	// One field or the other: vLLM about 0.11 to 0.15 copies the reasoning
 	// into both, and joining them would double the text.
+	if s.keepCalls {
+		s.keepReasoning(m)
+	}
 	if r := cmp.Or(text(m.Reasoning), text(m.ReasoningContent)) + thinking; r != "" {
 		if err := s.sink.Emit(domain.RunEvent{Type: domain.EventReasoningDelta, Text: r}); err != nil {
 			return err
@@ -728,6 +740,44 @@ func (s *stream) emitMessage(m *message) error {
 		}
 	}
 	return nil
+}
+
+// maxKeptReasoning bounds the reasoning a session run keeps for its reply
+// (stream.reasoning): what comes past it is not kept.
+const maxKeptReasoning = chat.MaxToolCallBytes
+
+// keepReasoning adds m's reasoning to what the reply is stored with:
+// reasoning_content once a delta carried it (DeepSeek and Kimi refuse a
+// tool-calling assistant message without it; vLLM sends the same text in
+// both fields), else reasoning (OpenRouter's, Ollama's /v1).
+func (s *stream) keepReasoning(m *message) {
+	r := text(m.ReasoningContent)
+	switch {
+	case r != "":
+		s.reasoningField = "reasoning_content"
+	case s.reasoningField == "reasoning_content":
+		return
+	default:
+		if r = text(m.Reasoning); r != "" {
+			s.reasoningField = "reasoning"
+		}
+	}
+	if n := maxKeptReasoning - s.reasoning.Len(); n > 0 && r != "" {
+		if len(r) > n {
+			r = strings.ToValidUTF8(r[:n], "")
+		}
+		s.reasoning.WriteString(r)
+	}
+}
+
+// sessionReply is what a session stores of the reply: its content, its
+// tool calls and, for a reply with tool calls, its reasoning.
+func (s *stream) sessionReply() chat.Reply {
+	reply := chat.Reply{Content: s.reply.String(), ToolCalls: s.calls.merged()}
+	if len(reply.ToolCalls) > 0 {
+		reply.Reasoning, reply.ReasoningField = s.reasoning.String(), s.reasoningField
+	}
+	return reply
 }
 
 // maxToolCalls and maxToolCallBytes bound what a stream's tool-call

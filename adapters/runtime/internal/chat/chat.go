@@ -8,7 +8,9 @@
 // new messages follow the stored history. A session stores each message's
 // JSON as given and replays it exactly in later turns (tool_call_id,
 // tool_name, images and all), and stores the reply with the tool calls the
-// model made, so a tool-using conversation stays valid turn after turn. It
+// model made (and, if the adapter gives it, the reasoning that led to them:
+// Reply.Reasoning), so a tool-using conversation stays valid turn after
+// turn. It
 // also keeps each message's text (for a content array, the text parts
 // joined) for reading the history. At most the adapter's max_history_bytes
 // (DefaultMaxHistoryBytes unless configured) of history is replayed (see
@@ -279,6 +281,11 @@ type Reply struct {
 	// ToolCalls are the complete tool calls the model made, each a JSON
 	// object as the upstream API expects them back in the history.
 	ToolCalls []json.RawMessage
+	// Reasoning, when ReasoningField names a field, is stored in it with
+	// the reply: some servers refuse an assistant message with tool calls
+	// that lacks the reasoning which led to them (DeepSeek's and Kimi's
+	// reasoning_content).
+	Reasoning, ReasoningField string
 }
 
 // Commit appends a completed turn to sessionID: the turn's messages, then
@@ -300,6 +307,10 @@ func (s *Sessions) Commit(ctx context.Context, sink ports.EventSink, target, ses
 	raw, err := json.Marshal(wireMessage{Role: "assistant", Content: reply.Content, ToolCalls: reply.ToolCalls})
 	if err != nil {
 		return fmt.Errorf("encode session %q reply: %w", sessionID, err)
+	}
+	if reply.ReasoningField != "" && reply.Reasoning != "" {
+		field, _ := json.Marshal(map[string]string{reply.ReasoningField: reply.Reasoning}) // strings only: cannot fail
+		raw = append(append(raw[:len(raw)-1], ','), field[1:]...)
 	}
 	msgs := append(append([]domain.ChatMessage(nil), t.Record...), domain.ChatMessage{Role: "assistant", Content: reply.Content, Raw: string(raw), Reply: true})
 	if err := s.store.AppendChat(ctx, s.adapter, target, sessionID, msgs); err != nil {

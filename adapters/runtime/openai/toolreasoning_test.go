@@ -1,0 +1,68 @@
+package openai_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"sync"
+	"testing"
+
+	"iop/adapters/runtime/internal/standin"
+	"iop/adapters/store/memory"
+	"iop/domain"
+)
+
+// DeepSeek's thinking mode and Kimi's thinking models refuse a request
+// whose assistant message with tool calls lacks its reasoning_content (400
+// "Missing `reasoning_content` field in the assistant message", "thinking
+// is enabled but reasoning_content is missing in assistant tool call
+// message"). A session stores the reasoning of a reply that made tool
+// calls, under the field the server streamed it in, so the turn that
+// answers the calls — and every later one — is accepted; a reply without
+// tool calls is stored without its reasoning, as before.
+func TestToolCallingReplyKeepsItsReasoning(t *testing.T) {
+	cases := []struct{ name, field string }{
+		{"DeepSeek", "reasoning_content"},
+		{"OpenRouter", "reasoning"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			n := 0
+			srv := standin.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				n++
+				i := n
+				mu.Unlock()
+				switch i {
+				case 1:
+					sse(events("\n",
+						chunk(`{"role":"assistant","content":null,"`+tc.field+`":"The user wants "}`, ""),
+						chunk(`{"`+tc.field+`":"the time."}`, ""),
+						chunk(`{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_time","arguments":"{}"}}]}`, "tool_calls"),
+						"[DONE]"))(w, r)
+				default:
+					sse(events("\n", chunk(`{"`+tc.field+`":"Answer now."}`, ""), chunk(`{"content":"It is noon."}`, "stop"), "[DONE]"))(w, r)
+				}
+			})
+			a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, memory.NewChatStore())
+			for _, input := range []string{"what time is it?", `{"messages":[{"role":"tool","tool_call_id":"call_1","content":"12:00"}]}`, "thanks"} {
+				sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte(input), SessionID: "s1"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				requireTerminal(t, sink, domain.EventComplete, "")
+			}
+			raw := srv.Request(t, 2).Body["messages"]
+			var msgs []map[string]json.RawMessage
+			if err := json.Unmarshal(raw, &msgs); err != nil || len(msgs) != 5 {
+				t.Fatalf("third request sent %s (%v)", raw, err)
+			}
+			if got := string(msgs[1][tc.field]); got != `"The user wants the time."` || msgs[1]["tool_calls"] == nil {
+				t.Errorf("the tool-calling reply was replayed as %s, want its %s", msgs[1], tc.field)
+			}
+			if _, ok := msgs[3][tc.field]; ok {
+				t.Errorf("the final answer was replayed with its reasoning: %s", msgs[3])
+			}
+		})
+	}
+}
