@@ -192,11 +192,12 @@ const DefaultMaxHistoryBytes = domain.DefaultMaxHistoryBytes
 const MaxToolCallBytes = 1 << 20
 
 // trim drops whole turns, oldest first, from a session's history (msgs, as
-// wire holds them) until it fits in max bytes. A turn starts at a user
-// message, so an assistant message's tool calls and the tool messages that
-// answer them go together; the leading system or developer messages are
-// always kept, and so is the latest turn, which the new messages may answer
-// (tool results).
+// wire holds them) until what follows its leading system or developer
+// messages fits in max bytes: those are always kept, besides the bound (as
+// the stores' bounded load counts). A turn starts at a user message, so an
+// assistant message's tool calls and the tool messages that answer them go
+// together; the latest turn is always kept, which the new messages may
+// answer (tool results).
 //
 // A latest turn that alone is past the bound — an agent's tool loop driven
 // through runs: one user message, then turn after turn of tool results and
@@ -211,16 +212,16 @@ const MaxToolCallBytes = 1 << 20
 // A bounded load (chattail) returns at least what trim keeps of the whole
 // history, so trim of it keeps the same.
 func trim(history []domain.ChatMessage, msgs []json.RawMessage, max int) []json.RawMessage {
-	total := 0
-	for _, m := range msgs {
+	head := 0 // the leading instructions: system (or, for newer OpenAI models, developer) messages
+	for head < len(history) && (history[head].Role == "system" || history[head].Role == "developer") {
+		head++
+	}
+	total := 0 // of the history after them: they are sent besides the bound
+	for _, m := range msgs[head:] {
 		total += len(m)
 	}
 	if total <= max {
 		return msgs
-	}
-	head := 0 // the leading instructions: system (or, for newer OpenAI models, developer) messages
-	for head < len(history) && (history[head].Role == "system" || history[head].Role == "developer") {
-		head++
 	}
 	last := head // where the latest turn starts
 	for i := head + 1; i < len(history); i++ {
