@@ -649,6 +649,16 @@ func TestAgentGeminiCLI(t *testing.T) {
 		if len(calls) == 0 || gemini.Text(calls[0]) != dashPrompt {
 			t.Errorf("the prompt did not reach the model as a prompt: %d calls", len(calls))
 		}
+		// A slash command the CLI cannot run headless fails in the CLI,
+		// which words it "[API Error: …]" all the same: no provider's.
+		quit := agentTurn(t, e, "gemini-err", "", "/quit")
+		quit.oneError(t, "run_failed")
+		if msg := quit.last().Error.Message; !strings.Contains(msg, "not supported in non-interactive mode") {
+			t.Errorf("/quit: error %q", msg)
+		}
+		if after, _ := failing.Calls(); len(after) != len(calls) {
+			t.Errorf("/quit reached the model")
+		}
 	})
 	t.Run("cancel", func(t *testing.T) {
 		t.Parallel()

@@ -39,7 +39,9 @@
 //     duration_ms; the model that answered last in stats.models, else the
 //     init model unless it is "auto", else the requested one; stop reason
 //     = status); otherwise error with the result's error message (code
-//     provider_error for an API error, run_failed else), still with usage.
+//     provider_error for an error of the model API, run_failed else: the
+//     CLI's own errors, worded as API errors too, have a Fatal… type),
+//     still with usage.
 //     The stats count every model call of the prompt, including the
 //     routing call the CLI makes when no model is given.
 //
@@ -282,11 +284,20 @@ func (p *parser) End(t *agent.Turn, exit *os.ProcessState, stderr string) domain
 	}
 	if r.Error != nil && r.Error.Message != "" {
 		msg = r.Error.Message
-		if strings.Contains(msg, "API Error") {
+		if apiError(r.Error.Type, msg) {
 			code = domain.CodeProviderError
 		}
 	}
 	ev := agent.Failed(code, msg)
 	ev.Usage = usage
 	return ev
+}
+
+// apiError reports whether a result's error is the model API's. The CLI
+// words every error it ends on as "[API Error: …]", its own too (a slash
+// command it cannot run headless, "/quit", say); those carry the name of
+// its error class as their type (FatalInputError, FatalConfigError, …),
+// the API's do not.
+func apiError(typ, msg string) bool {
+	return strings.Contains(msg, "API Error") && !strings.HasPrefix(typ, "Fatal")
 }

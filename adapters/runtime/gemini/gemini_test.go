@@ -181,6 +181,10 @@ func TestFailures(t *testing.T) {
 	}{
 		{"API error result", standin.Printf(init+`{"type":"result","status":"error","error":{"type":"unknown","message":"[API Error: {\"error\":{\"code\":400,\"message\":\"API key not valid.\"}}]"},"stats":{"total_tokens":0,"input_tokens":0,"output_tokens":0,"duration_ms":0,"models":{}}}`+"\n") + "exit 1",
 			domain.CodeProviderError, `[API Error: {"error":{"code":400,"message":"API key not valid."}}]`},
+		// The CLI words its own errors as API errors too; their type is
+		// the CLI's error class (gemini-cli 0.61.0, prompt "/quit").
+		{"CLI error worded as an API error", standin.Printf(init+`{"type":"result","timestamp":"2026-12-02T12:40:44.032Z","status":"error","error":{"type":"FatalInputError","message":"[API Error: Exiting due to command result that is not supported in non-interactive mode.]"},"stats":{"total_tokens":0,"input_tokens":0,"output_tokens":0,"cached":0,"input":0,"duration_ms":0,"tool_calls":0,"models":{}}}`+"\n") + "exit 42",
+			domain.CodeRunFailed, "[API Error: Exiting due to command result that is not supported in non-interactive mode.]"},
 		{"fatal error line then exit", standin.Printf(init+`{"type":"error","severity":"error","message":"Maximum session turns exceeded"}`+"\n") + "exit 53",
 			domain.CodeRunFailed, "Maximum session turns exceeded"},
 		{"non-zero exit", "echo 'Unknown argument: bogus' >&2\nexit 42", domain.CodeRunFailed, "gemini: exit status 42: Unknown argument: bogus"},
