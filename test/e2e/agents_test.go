@@ -659,6 +659,17 @@ func TestAgentGeminiCLI(t *testing.T) {
 		if after, _ := failing.Calls(); len(after) != len(calls) {
 			t.Errorf("/quit reached the model")
 		}
+		// The CLI drops a turn the API failed from its session, and will
+		// not resume a session left without turns: the session's next run
+		// starts a new one, and reaches the model again.
+		for i := range 2 {
+			before, _ := failing.Calls()
+			run := agentTurn(t, e, "gemini-err", "lost", fmt.Sprintf("turn %d", i+1))
+			run.oneError(t, "provider_error")
+			if after, _ := failing.Calls(); len(after) == len(before) {
+				t.Errorf("turn %d of a session whose first turn failed did not reach the model: %s", i+1, run)
+			}
+		}
 	})
 	t.Run("cancel", func(t *testing.T) {
 		t.Parallel()

@@ -52,8 +52,12 @@
 // stopped, and the run ends with that result (also when the timeout
 // expires meanwhile).
 //
-// Sessions: for a run with a session id, the CLI's session id is stored as
-// soon as it is seen; the next run in that session passes --resume=<id>.
+// Sessions: for a run with a session id, the CLI's session id is stored
+// once the session can be resumed: at the model's first text or tool call,
+// or a successful result (the CLI drops a turn that failed before the model
+// answered, an API error say, from the session, and refuses to resume a
+// session left without turns). The next run in that session passes
+// --resume=<id>.
 // The CLI keeps its sessions per project directory, so work_dir should not
 // change between the runs of a session. TerminateSession forgets the
 // mapping. Cancelling ctx sends SIGTERM to the process group, SIGKILL after
@@ -125,9 +129,10 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 
 // parser reads one run's stream-json.
 type parser struct {
-	model  string // from init, unless "auto"
-	result *resultLine
-	fatal  *string
+	model   string // from init, unless "auto"
+	session string // from init
+	result  *resultLine
+	fatal   *string
 }
 
 type line struct {
@@ -176,12 +181,23 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 		if l.Model != "auto" {
 			p.model = l.Model
 		}
-		return t.AgentSession(l.SessionID)
+		// Reported now, stored once the session can be resumed: the
+		// CLI takes a turn that fails before the model answered out of
+		// the session's history, and a session with no turn left it
+		// refuses to resume ("No previous sessions found").
+		p.session = l.SessionID
+		return t.ReportAgentSession(l.SessionID)
 	case "message":
-		if l.Role == "assistant" {
+		if l.Role == "assistant" && l.Content != "" {
+			if err := t.KeepAgentSession(p.session); err != nil {
+				return err
+			}
 			return t.Text(domain.EventDelta, l.Content)
 		}
 	case "tool_use":
+		if err := t.KeepAgentSession(p.session); err != nil {
+			return err
+		}
 		input := l.Parameters
 		if len(input) == 0 {
 			input = json.RawMessage("{}")
@@ -208,6 +224,11 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 			return nil
 		}
 		p.result = &r
+		if r.Status == "success" {
+			if err := t.KeepAgentSession(p.session); err != nil {
+				return err
+			}
+		}
 		if len(r.Stats) > 0 {
 			return t.Meta(map[string]json.RawMessage{"stats": r.Stats})
 		}

@@ -323,3 +323,42 @@ func TestAdmitRefusesABlankPrompt(t *testing.T) {
 	}
 	runtimetest.AdmitRefusesABlankPrompt(t, a)
 }
+
+// A turn the API fails before the model answered anything leaves the CLI's
+// session without a turn (gemini-cli 0.61.0 drops it from the history) and
+// the CLI refuses to resume it: the session's next run starts a new one.
+// Once the model has answered (text, a tool call), the session is kept
+// even if the turn then fails.
+func TestSessionKeptOnlyOnceResumable(t *testing.T) {
+	init := `{"type":"init","timestamp":"2026-12-02T12:45:09.120Z","session_id":"` + sessionID + `","model":"gemini-2.5-pro"}` + "\n" +
+		`{"type":"message","timestamp":"2026-12-02T12:45:09.196Z","role":"user","content":"turn 0"}` + "\n"
+	failed := `{"type":"result","timestamp":"2026-12-02T12:45:09.260Z","status":"error","error":{"type":"unknown","message":"[API Error: {\"error\":{\"code\":401,\"message\":\"stand-in: bad key\",\"status\":\"UNAUTHENTICATED\"}}]"},"stats":{"total_tokens":0,"input_tokens":0,"output_tokens":0,"cached":0,"input":0,"duration_ms":0,"tool_calls":0,"models":{}}}` + "\n"
+	tool := `{"type":"tool_use","timestamp":"2026-12-02T12:45:30.183Z","tool_name":"list_directory","tool_id":"list_directory_1","parameters":{"dir_path":"."}}` + "\n"
+	for _, tc := range []struct {
+		name, out string
+		kept      bool
+	}{
+		{"API error before any answer", init + failed, false},
+		{"API error after a tool call", init + tool + failed, true},
+		{"answer", init + `{"type":"message","role":"assistant","content":"ok","delta":true}` + "\n" + `{"type":"result","status":"success","stats":{"total_tokens":2,"input_tokens":1,"output_tokens":1}}` + "\n", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cli := standin.WriteCLI(t, standin.Printf(tc.out)+"exit 1")
+			a := newAdapter(t, cli, domain.AdapterConfig{}, memory.NewAgentSessionStore())
+			for range 2 {
+				sink := run(t, a, domain.RunRequest{SessionID: "s1"})
+				if !slices.Contains(summary(sink.Events()), `m:{"agent_session_id":"`+sessionID+`"}`) {
+					t.Errorf("the agent session id was not reported: %v", summary(sink.Events()))
+				}
+			}
+			runs := cli.Runs(t)
+			if resumed := slices.Contains(runs[1], "--resume="+sessionID); resumed != tc.kept {
+				t.Errorf("second run argv = %q, want a resume: %v", runs[1], tc.kept)
+			}
+			list, err := a.ListSessions(context.Background(), domain.SessionQuery{})
+			if err != nil || (len(list) == 1) != tc.kept {
+				t.Errorf("ListSessions = %+v, %v; want the session kept: %v", list, err, tc.kept)
+			}
+		})
+	}
+}

@@ -260,16 +260,37 @@ func (t *Turn) AgentSession(id string) error {
 	if id == "" || id == t.sent {
 		return nil
 	}
+	if err := t.KeepAgentSession(id); err != nil {
+		return err
+	}
+	return t.ReportAgentSession(id)
+}
+
+// ReportAgentSession sends the metadata event {"agent_session_id":id} the
+// first time a run sees id, without storing it: for a CLI whose session
+// cannot be resumed yet (see KeepAgentSession).
+func (t *Turn) ReportAgentSession(id string) error {
+	if id == "" || id == t.sent {
+		return nil
+	}
 	t.sent = id
-	if id != t.agentID {
-		t.agentID = id
-		if t.req.SessionID != "" {
-			if err := t.r.Store.PutAgentSession(t.ctx, t.r.Name, t.model, t.req.SessionID, id); err != nil {
-				return fmt.Errorf("save session %q: %w", t.req.SessionID, err)
-			}
+	return t.Meta(map[string]string{"agent_session_id": id})
+}
+
+// KeepAgentSession stores id, for a run in a session, as the agent session
+// the session's next run resumes, unless it is stored already. It sends no
+// event: AgentSession does both.
+func (t *Turn) KeepAgentSession(id string) error {
+	if id == "" || id == t.agentID {
+		return nil
+	}
+	t.agentID = id
+	if t.req.SessionID != "" {
+		if err := t.r.Store.PutAgentSession(t.ctx, t.r.Name, t.model, t.req.SessionID, id); err != nil {
+			return fmt.Errorf("save session %q: %w", t.req.SessionID, err)
 		}
 	}
-	return t.Meta(map[string]string{"agent_session_id": id})
+	return nil
 }
 
 // Failed builds an error event.
