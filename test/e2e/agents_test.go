@@ -599,13 +599,14 @@ func TestAgentGeminiCLI(t *testing.T) {
 		// No model configured: the CLI routes the prompt first (a JSON
 		// generateContent call, 7+3 tokens), then streams the answer.
 		main.Queue(
-			standin.Reply{Tool: &standin.ToolCall{Name: "list_directory", Input: json.RawMessage(`{"dir_path":"."}`)}, Usage: standin.Usage{Input: 200, Output: 10}},
+			standin.Reply{Text: "Let me look.", Tool: &standin.ToolCall{Name: "list_directory", Input: json.RawMessage(`{"dir_path":"."}`)}, Usage: standin.Usage{Input: 200, Output: 10}},
 			standin.Reply{Text: "There is hello.txt ✓", Usage: standin.Usage{Input: 300, CacheRead: 50, Output: 20}},
 			standin.Reply{Thinking: "Recall the first turn.", Text: "Second turn, same session.", Usage: standin.Usage{Input: 400, Output: 25, Reasoning: 20}},
 		)
 		run := agentTurn(t, e, "gemini", "s1", "what is here?")
 		done := run.complete(t)
-		if run.text("delta") != "There is hello.txt ✓" {
+		// The answer after the tool call is a block of its own.
+		if run.text("delta") != "Let me look.\n\nThere is hello.txt ✓" {
 			t.Errorf("streamed text = %q", run.text("delta"))
 		}
 		uses, results := run.meta("tool_use"), run.meta("tool_result")

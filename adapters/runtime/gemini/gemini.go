@@ -22,7 +22,9 @@
 //   - init: session_id is the agent session id; a metadata event
 //     {"agent_session_id":…} is sent once per id.
 //   - message with role assistant → delta with its content (the CLI sends
-//     deltas); user messages (the prompt echoed) are skipped.
+//     deltas); the first text after a tool call, which starts a new answer
+//     of the model, is preceded by a blank line when text came before it.
+//     User messages (the prompt echoed) are skipped.
 //   - tool_use → metadata {"tool_use":{"id","name","input"}} (tool_id,
 //     tool_name, parameters; strings longer than 2 KiB cut); tool_result →
 //     metadata {"tool_result":{"tool_use_id","is_error","content","truncated"}}
@@ -133,6 +135,8 @@ type parser struct {
 	session string // from init
 	result  *resultLine
 	fatal   *string
+	sawText bool // an assistant message had text
+	split   bool // a tool was used since the last text: the next is a new answer
 }
 
 type line struct {
@@ -192,9 +196,17 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 			if err := t.KeepAgentSession(p.session); err != nil {
 				return err
 			}
-			return t.Text(domain.EventDelta, l.Content)
+			text := l.Content
+			if p.split && p.sawText {
+				// The model's answer after a tool call is a new block,
+				// separated as the other CLI agents' are.
+				text = "\n\n" + text
+			}
+			p.sawText, p.split = true, false
+			return t.Text(domain.EventDelta, text)
 		}
 	case "tool_use":
+		p.split = true
 		if err := t.KeepAgentSession(p.session); err != nil {
 			return err
 		}

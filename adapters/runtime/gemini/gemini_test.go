@@ -362,3 +362,28 @@ func TestSessionKeptOnlyOnceResumable(t *testing.T) {
 		})
 	}
 }
+
+// The model's text before a tool call and its answer after it are two
+// blocks, separated by a blank line (gemini-cli 0.61.0 streams them as one
+// run of deltas).
+func TestTextAroundAToolIsSeparated(t *testing.T) {
+	cli := standin.WriteCLI(t, standin.Printf(standin.Lines(
+		`{"type":"init","timestamp":"2026-12-02T12:49:35.487Z","session_id":"`+sessionID+`","model":"gemini-2.5-pro"}`,
+		`{"type":"message","timestamp":"2026-12-02T12:49:35.489Z","role":"user","content":"look"}`,
+		`{"type":"message","timestamp":"2026-12-02T12:49:35.521Z","role":"assistant","content":"Let ","delta":true}`,
+		`{"type":"message","timestamp":"2026-12-02T12:49:35.523Z","role":"assistant","content":"me look.","delta":true}`,
+		`{"type":"tool_use","timestamp":"2026-12-02T12:49:35.558Z","tool_name":"list_directory","tool_id":"list_directory_1","parameters":{"dir_path":"."}}`,
+		`{"type":"tool_result","timestamp":"2026-12-02T12:49:35.599Z","tool_id":"list_directory_1","status":"success","output":"Directory is empty."}`,
+		`{"type":"message","timestamp":"2026-12-02T12:49:35.616Z","role":"assistant","content":"Ther","delta":true}`,
+		`{"type":"message","timestamp":"2026-12-02T12:49:35.617Z","role":"assistant","content":"e is nothing here.","delta":true}`,
+		`{"type":"tool_use","timestamp":"2026-12-02T12:49:35.620Z","tool_name":"list_directory","tool_id":"list_directory_2","parameters":{"dir_path":"."}}`,
+		`{"type":"tool_result","timestamp":"2026-12-02T12:49:35.630Z","tool_id":"list_directory_2","status":"success","output":"Directory is empty."}`,
+		`{"type":"message","timestamp":"2026-12-02T12:49:35.640Z","role":"assistant","content":"Still nothing.","delta":true}`,
+		`{"type":"result","timestamp":"2026-12-02T12:49:35.650Z","status":"success","stats":{"total_tokens":121,"input_tokens":110,"output_tokens":11,"duration_ms":134,"models":{"gemini-2.5-pro":{}}}}`,
+	)))
+	sink := run(t, newAdapter(t, cli, domain.AdapterConfig{}, nil), domain.RunRequest{})
+	requireTerminal(t, sink, domain.EventComplete, "")
+	if got, want := sink.Text(), "Let me look.\n\nThere is nothing here.\n\nStill nothing."; got != want {
+		t.Errorf("text = %q, want %q", got, want)
+	}
+}
