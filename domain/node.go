@@ -222,6 +222,9 @@ func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
 		if p.BaseURL == "" {
 			return NodeConfig{}, Errorf(CodeConfigError, "provider %q has no base_url", p.Name)
 		}
+		if p.APIKeyEnv != "" && !ConventionalEnvName(p.APIKeyEnv) {
+			return NodeConfig{}, Errorf(CodeConfigError, "provider %q: %s", p.Name, apiKeyEnvMessage)
+		}
 		// The node's provider client can use nothing else: caught here, a
 		// start or reload says so, instead of every request failing later.
 		if msg := checkBaseURL(p.BaseURL); msg != "" {
@@ -243,6 +246,9 @@ func checkAdapter(a AdapterConfig) error {
 		// The ollama adapter calls /api/chat with no key; accepting them
 		// would leave a user behind an auth proxy with 401s and no hint.
 		return Errorf(CodeConfigError, "adapter %q (ollama): path_prefix and api_key_env apply to openai adapters only (an openai adapter can call Ollama's /v1 with a key)", a.Name)
+	}
+	if a.APIKeyEnv != "" && !ConventionalEnvName(a.APIKeyEnv) {
+		return Errorf(CodeConfigError, "adapter %q: %s", a.Name, apiKeyEnvMessage)
 	}
 	if err := checkHistoryBytes(a); err != nil {
 		return err
@@ -285,6 +291,36 @@ func checkAdapter(a AdapterConfig) error {
 		}
 	}
 	return nil
+}
+
+// apiKeyEnvMessage refuses an api_key_env that is not ConventionalEnvName.
+// It never quotes the value: the key itself written where the variable's
+// name goes (api_key_env: sk-…) is an easy slip, the node would look up no
+// such variable and send every request without a key, and the message
+// reaches stderr, the edge's log and POST /v1/admin/reload's answer.
+const apiKeyEnvMessage = "api_key_env takes the name of an environment variable of the node that holds the key, " +
+	"in upper-case letters, digits and '_' such as OPENAI_API_KEY; this one is not such a name " +
+	"and may be the key itself (the value is not shown)"
+
+// ConventionalEnvName reports whether name is an upper-case environment
+// variable name ([A-Z_][A-Z0-9_]*) that is not a run of 16 or more hex
+// digits: one fit to show. Any other value of a *_env key (token_env,
+// key_env, api_key_env) may be the secret itself, written there by mistake.
+func ConventionalEnvName(name string) bool {
+	if name == "" || (name[0] >= '0' && name[0] <= '9') {
+		return false
+	}
+	hex := true
+	for _, c := range []byte(name) {
+		switch {
+		case c >= 'A' && c <= 'F', c >= '0' && c <= '9':
+		case c >= 'G' && c <= 'Z', c == '_':
+			hex = false
+		default:
+			return false
+		}
+	}
+	return !hex || len(name) < 16
 }
 
 // checkBaseURL says what is wrong with a base_url ("" if nothing), quoting

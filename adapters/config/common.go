@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"iop/domain"
 )
 
 // Duration is a time.Duration written in YAML as a Go duration string
@@ -84,23 +86,9 @@ func unsetEnvError(key, name, what string) error {
 // ConventionalEnvName reports whether name is an upper-case environment
 // variable name ([A-Z_][A-Z0-9_]*) that is not a run of 16 or more hex
 // digits: one fit to show. Any other value of a *_env key may be the
-// secret itself, written there by mistake.
-func ConventionalEnvName(name string) bool {
-	if name == "" || (name[0] >= '0' && name[0] <= '9') {
-		return false
-	}
-	hex := true
-	for _, c := range []byte(name) {
-		switch {
-		case c >= 'A' && c <= 'F', c >= '0' && c <= '9':
-		case c >= 'G' && c <= 'Z', c == '_':
-			hex = false
-		default:
-			return false
-		}
-	}
-	return !hex || len(name) < 16
-}
+// secret itself, written there by mistake. It is domain.ConventionalEnvName,
+// the rule api_key_env is held to as well.
+func ConventionalEnvName(name string) bool { return domain.ConventionalEnvName(name) }
 
 // Log levels and formats accepted in log.level and log.format.
 const (

@@ -843,3 +843,41 @@ func TestEnvNameHoldingAValueIsNotEchoed(t *testing.T) {
 		t.Errorf("empty name: %v", err)
 	}
 }
+
+// The key itself written where api_key_env's variable name goes crossed to
+// the node, which found no such variable and sent every request without a
+// key (401 upstream, no hint). It is refused at load, on the line of the
+// key, without quoting the value; a variable name loads, set or not (it is
+// the node's environment that holds it).
+func TestAPIKeyEnvHoldingTheKeyIsRefused(t *testing.T) {
+	for _, s := range []string{
+		"sk-proj-Abc123_secretKEYvalue",
+		"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+		"9F86D081884C7D659A2FEAA0C55AD015",
+		"openai_api_key",
+	} {
+		for kind, entry := range map[string]string{
+			"adapter":  "    adapters:\n      - name: llm\n        type: openai\n        base_url: \"http://127.0.0.1:8000\"\n        api_key_env: \"" + s + "\"\n",
+			"provider": "    providers:\n      - name: llm\n        type: anthropic\n        base_url: \"https://api.anthropic.com\"\n        api_key_env: \"" + s + "\"\n",
+		} {
+			doc := "nodes:\n  - id: n\n    token: aaaaaaaa\n" + entry
+			_, err := config.ParseEdge("edge.yaml", []byte(doc))
+			if err == nil {
+				t.Fatalf("%s api_key_env %q: ParseEdge succeeded", kind, s)
+			}
+			if strings.Contains(err.Error(), s) {
+				t.Errorf("%s: the error quotes the value, which may be the key: %v", kind, err)
+			}
+			want := `edge.yaml: line 8: nodes[0] (id "n"): ` + kind + ` "llm": api_key_env takes the name of an environment variable`
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s api_key_env %q: error %v does not contain %q", kind, s, err, want)
+			}
+		}
+	}
+	unsetEnv(t, "IOP_TEST_SURELY_UNSET_KEY")
+	doc := "nodes:\n  - id: n\n    token: aaaaaaaa\n    adapters:\n      - {name: llm, type: openai, base_url: \"http://x\", api_key_env: IOP_TEST_SURELY_UNSET_KEY}\n" +
+		"    providers:\n      - {name: p, type: openai, base_url: \"http://x\", api_key_env: OPENAI_API_KEY}\n"
+	if _, err := config.ParseEdge("edge.yaml", []byte(doc)); err != nil {
+		t.Errorf("api_key_env naming a variable: %v", err)
+	}
+}
