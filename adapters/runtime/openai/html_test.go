@@ -1,12 +1,14 @@
 package openai_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 
 	"iop/adapters/runtime/internal/standin"
+	"iop/adapters/store/memory"
 	"iop/domain"
 )
 
@@ -27,5 +29,39 @@ func TestNonStreamAnswerIsNamed(t *testing.T) {
 	ev := requireTerminal(t, sink, domain.EventError, domain.CodeProviderError)
 	if !strings.Contains(ev.Error.Message, "text/html") || !strings.Contains(ev.Error.Message, "Sign in to Corp Proxy") {
 		t.Errorf("message = %q, want the content type and the start of the body", ev.Error.Message)
+	}
+}
+
+// A 200 application/json answer that is JSON but no chat completion (a
+// gateway's {"detail": …}, [], an object without "choices") used to
+// complete the run with an empty reply, and a session stored an empty
+// assistant turn; the streamed path fails the same answer. It fails with
+// provider_error quoting what came, and the session keeps nothing. A
+// completion whose content is empty still completes.
+func TestJSONThatIsNoCompletionFailsTheRun(t *testing.T) {
+	for _, body := range []string{`{"detail":"Upstream gateway says no"}`, `[]`, `{}`, `{"id":"x","object":"chat.completion"}`, `{"choices":null}`, `"ok"`} {
+		srv := standin.NewServer(t, status(200, body))
+		chats := memory.NewChatStore()
+		a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, chats)
+		sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi"), SessionID: "s1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := requireTerminal(t, sink, domain.EventError, domain.CodeProviderError)
+		if !strings.Contains(ev.Error.Message, "not a chat completion") || !strings.Contains(ev.Error.Message, body) {
+			t.Errorf("%s: message = %q, want it to say it is no completion and quote it", body, ev.Error.Message)
+		}
+		if msgs, _ := chats.LoadChat(context.Background(), "llm", "s1", 0); len(msgs) != 0 {
+			t.Errorf("%s: the session stored %+v", body, msgs)
+		}
+	}
+	srv := standin.NewServer(t, status(200, `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}]}`))
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, nil)
+	sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := requireTerminal(t, sink, domain.EventComplete, ""); ev.Usage == nil || ev.Usage.StopReason != "stop" {
+		t.Errorf("empty completion: %+v", ev)
 	}
 }

@@ -34,7 +34,9 @@
 // and begins with its first bytes). Each field of a chunk is read on
 // its own, so one of an unexpected type loses nothing else; token counts
 // may be floats or strings. A server that ignores "stream"
-// and answers with one JSON completion is read the same way.
+// and answers with one JSON completion is read the same way; JSON of
+// another shape (no "choices" array and no "error") is a provider_error
+// quoting its start.
 //
 // Errors carry the provider's own message: a data chunk with an "error"
 // object (sent mid-stream with status 200), an "error: {…}" line (how
@@ -588,22 +590,34 @@ func (s *stream) readWhole(body io.Reader) error {
 		return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server's response is larger than %d bytes", maxWholeResponse)}
 	}
 	// A body that is no completion (an HTML page with a JSON content
-	// type) is the server failing, not a run that completed with nothing.
-	// One pass: Unmarshal reports every input that is not JSON (an empty
-	// one too) as a syntax error; JSON that is no chunk is skipped.
+	// type, or JSON of another shape: a gateway's {"detail": …}, [], {})
+	// is the server failing, not a run that completed with nothing, as in
+	// the streamed path. One pass: Unmarshal reports every input that is
+	// not JSON (an empty one too) as a syntax error, JSON that is no
+	// object as a type error.
 	var c chunk
 	if err := json.Unmarshal(bytes.TrimSpace(b), &c); err != nil {
 		if errors.As(err, new(*json.SyntaxError)) {
 			return &upstreamErr{domain.Errorf(domain.CodeProviderError, "the server's response is not JSON: %s", upstream.Snippet(b, 200))}
 		}
-		s.done = true
-		return nil
+		return notCompletion(b)
+	}
+	if !present(c.Error) && !bytes.HasPrefix(c.Choices, []byte("[")) {
+		return notCompletion(b)
 	}
 	if err := s.handle(&c); err != nil {
 		return err
 	}
 	s.done = true
 	return nil
+}
+
+// notCompletion is the failure of a non-streamed answer that is JSON but
+// no chat completion: an object without a "choices" array (and without an
+// "error"), or no object at all. It quotes the start of what came.
+func notCompletion(b []byte) error {
+	return &upstreamErr{domain.Errorf(domain.CodeProviderError,
+		"the server's response is not a chat completion (no \"choices\" array): %s", upstream.Snippet(b, 200))}
 }
 
 // maxWholeResponse bounds a non-streamed completion.
