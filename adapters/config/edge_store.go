@@ -13,6 +13,12 @@ import (
 // DefaultStoreRetention is how long the edge keeps run and tunnel history.
 const DefaultStoreRetention = 30 * 24 * time.Hour
 
+// MinStoreRetention is the shortest positive store.retention the edge
+// takes (validateStore's error says "1h"): it prunes hourly, so a shorter
+// one would not be kept to (30m would keep rows up to 1h30m), as the
+// node's MinNodeStoreRetention.
+const MinStoreRetention = time.Hour
+
 // StoreConfig is edge.yaml's store: the edge's durable run and usage history.
 type StoreConfig struct {
 	// DSN is a postgres:// URL, or an SQLite file path (relative to the
@@ -62,6 +68,9 @@ func (c *EdgeConfig) validateStore() error {
 		if err := checkPostgresDSN(c.Store.DSN); err != nil {
 			errs = append(errs, at(err, "store.dsn"))
 		}
+	}
+	if r := c.Store.Retention; r > 0 && r.Std() < MinStoreRetention {
+		errs = append(errs, atf("store.retention", "store.retention must be at least 1h (the history is pruned hourly), or negative to keep everything; got %s", r))
 	}
 	if c.Metrics.Listen != "" {
 		if err := checkHostPort("metrics.listen", c.Metrics.Listen, true); err != nil {

@@ -137,3 +137,21 @@ func TestStoreDSNForLog(t *testing.T) {
 		}
 	}
 }
+
+// The edge prunes its history hourly, so a store.retention under an hour
+// was accepted and not kept to (30m kept rows up to 1h30m). It is refused
+// as the node refuses its own, on its line; 1h, and a negative retention
+// (keep everything), load.
+func TestStoreRetentionUnderAnHourRefused(t *testing.T) {
+	for _, r := range []string{"30m", "1s", "59m59s"} {
+		_, err := config.ParseEdge("edge.yaml", []byte("store:\n  retention: "+r+storeNodes))
+		if err == nil || !strings.Contains(err.Error(), "edge.yaml: line 2: store.retention must be at least 1h (the history is pruned hourly), or negative to keep everything") {
+			t.Errorf("retention %s: %v", r, err)
+		}
+	}
+	for _, r := range []string{"1h", "-1s", "0s"} {
+		if _, err := config.ParseEdge("edge.yaml", []byte("store:\n  retention: "+r+storeNodes)); err != nil {
+			t.Errorf("retention %s: %v", r, err)
+		}
+	}
+}
