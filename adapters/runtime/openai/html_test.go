@@ -65,3 +65,36 @@ func TestJSONThatIsNoCompletionFailsTheRun(t *testing.T) {
 		t.Errorf("empty completion: %+v", ev)
 	}
 }
+
+// A 200 answer that echoes the request's credentials — a gateway's page
+// dumping the headers it got, a mid-stream error or a JSON body quoting the
+// key — is quoted in the run's error without them, as a 401 is: the key
+// is the node's.
+func TestAnswerEchoingTheKeyIsRedacted(t *testing.T) {
+	t.Setenv("IOP_TEST_OPENAI_KEY", "sk-node-secret-key")
+	for name, answer := range map[string]func(w http.ResponseWriter, auth string){
+		"text page": func(w http.ResponseWriter, auth string) {
+			w.Header().Set("Content-Type", "text/plain")
+			_, _ = io.WriteString(w, "debug echo\nAuthorization: "+auth+"\n")
+		},
+		"json": func(w http.ResponseWriter, auth string) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"detail":"got Authorization: `+auth+`"}`)
+		},
+		"mid-stream error": func(w http.ResponseWriter, auth string) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, events("\n", `{"error":{"message":"key `+auth+` is revoked"}}`, "[DONE]"))
+		},
+	} {
+		srv := standin.NewServer(t, func(w http.ResponseWriter, r *http.Request) { answer(w, r.Header.Get("Authorization")) })
+		a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL, APIKeyEnv: "IOP_TEST_OPENAI_KEY"}, nil)
+		sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := requireTerminal(t, sink, domain.EventError, domain.CodeProviderError)
+		if strings.Contains(ev.Error.Message, "sk-node-secret-key") || !strings.Contains(ev.Error.Message, "Bearer [redacted]") {
+			t.Errorf("%s: message = %q", name, ev.Error.Message)
+		}
+	}
+}

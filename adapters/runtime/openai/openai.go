@@ -280,7 +280,9 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	var ue *upstreamErr
 	switch {
 	case errors.As(err, &ue):
-		return limit.Fail(sink, "chat completion", ue.err)
+		// What a 200 answer said is quoted in the message, and a server
+		// may echo the key it was sent there as in a 401.
+		return limit.Fail(sink, "chat completion", upstream.WithoutCredentials(ue.err, resp.Request))
 	case err != nil && errors.Is(err, errReading):
 		return limit.Fail(sink, "chat completion", upstream.TransportError(limit.Context(), err))
 	case err != nil:

@@ -90,6 +90,17 @@ func Do(ctx context.Context, hc *http.Client, method, url string, body []byte, h
 // a provider's message: a short one would blank ordinary words.
 const minRedacted = 6
 
+// WithoutCredentials is withoutCredentials for an error made of a 2xx
+// answer's body (an event stream's error event, an answer that is no
+// event stream or no completion, quoted): such a body may echo the request
+// as well. req is the request sent (resp.Request).
+func WithoutCredentials(err error, req *http.Request) error {
+	if req == nil {
+		return err
+	}
+	return withoutCredentials(err, req)
+}
+
 // withoutCredentials blanks in err's message the credentials req carried:
 // the API key (Authorization: Bearer, X-Api-Key) and base_url's password,
 // as sent (in Basic form too). Some servers quote what they were sent in
