@@ -222,7 +222,7 @@ func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
 		if p.BaseURL == "" {
 			return NodeConfig{}, Errorf(CodeConfigError, "provider %q has no base_url", p.Name)
 		}
-		if p.APIKeyEnv != "" && !ConventionalEnvName(p.APIKeyEnv) {
+		if p.APIKeyEnv != "" && !envVarName(p.APIKeyEnv) {
 			return NodeConfig{}, Errorf(CodeConfigError, "provider %q: %s", p.Name, apiKeyEnvMessage)
 		}
 		// The node's provider client can use nothing else: caught here, a
@@ -247,7 +247,7 @@ func checkAdapter(a AdapterConfig) error {
 		// would leave a user behind an auth proxy with 401s and no hint.
 		return Errorf(CodeConfigError, "adapter %q (ollama): path_prefix and api_key_env apply to openai adapters only (an openai adapter can call Ollama's /v1 with a key)", a.Name)
 	}
-	if a.APIKeyEnv != "" && !ConventionalEnvName(a.APIKeyEnv) {
+	if a.APIKeyEnv != "" && !envVarName(a.APIKeyEnv) {
 		return Errorf(CodeConfigError, "adapter %q: %s", a.Name, apiKeyEnvMessage)
 	}
 	if err := checkHistoryBytes(a); err != nil {
@@ -293,14 +293,35 @@ func checkAdapter(a AdapterConfig) error {
 	return nil
 }
 
-// apiKeyEnvMessage refuses an api_key_env that is not ConventionalEnvName.
-// It never quotes the value: the key itself written where the variable's
-// name goes (api_key_env: sk-…) is an easy slip, the node would look up no
-// such variable and send every request without a key, and the message
-// reaches stderr, the edge's log and POST /v1/admin/reload's answer.
+// apiKeyEnvMessage refuses an api_key_env that is not envVarName. It never
+// quotes the value: the key itself written where the variable's name goes
+// (api_key_env: sk-…) is an easy slip, the node would look up no such
+// variable and send every request without a key, and the message reaches
+// stderr, the edge's log and POST /v1/admin/reload's answer.
 const apiKeyEnvMessage = "api_key_env takes the name of an environment variable of the node that holds the key, " +
-	"in upper-case letters, digits and '_' such as OPENAI_API_KEY; this one is not such a name " +
+	"in letters, digits and '_' such as OPENAI_API_KEY; this one is not such a name " +
 	"and may be the key itself (the value is not shown)"
+
+// envVarName reports whether name can be an environment variable's name
+// ([A-Za-z_][A-Za-z0-9_]*) and is not a run of 16 or more hex digits (a
+// token). A key that passes (letters and digits only) is caught by the
+// node, which warns of an api_key_env it lacks.
+func envVarName(name string) bool {
+	return ConventionalEnvName(strings.ToUpper(name)) && !longHex(name)
+}
+
+// longHex reports whether s is 16 or more hex digits, nothing else.
+func longHex(s string) bool {
+	if len(s) < 16 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
 
 // ConventionalEnvName reports whether name is an upper-case environment
 // variable name ([A-Z_][A-Z0-9_]*) that is not a run of 16 or more hex

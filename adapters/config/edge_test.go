@@ -854,7 +854,8 @@ func TestAPIKeyEnvHoldingTheKeyIsRefused(t *testing.T) {
 		"sk-proj-Abc123_secretKEYvalue",
 		"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
 		"9F86D081884C7D659A2FEAA0C55AD015",
-		"openai_api_key",
+		"9f86d081884c7d659a2feaa0c55ad015",
+		"OPENAI API KEY",
 	} {
 		for kind, entry := range map[string]string{
 			"adapter":  "    adapters:\n      - name: llm\n        type: openai\n        base_url: \"http://127.0.0.1:8000\"\n        api_key_env: \"" + s + "\"\n",
@@ -876,7 +877,8 @@ func TestAPIKeyEnvHoldingTheKeyIsRefused(t *testing.T) {
 	}
 	unsetEnv(t, "IOP_TEST_SURELY_UNSET_KEY")
 	doc := "nodes:\n  - id: n\n    token: aaaaaaaa\n    adapters:\n      - {name: llm, type: openai, base_url: \"http://x\", api_key_env: IOP_TEST_SURELY_UNSET_KEY}\n" +
-		"    providers:\n      - {name: p, type: openai, base_url: \"http://x\", api_key_env: OPENAI_API_KEY}\n"
+		"    providers:\n      - {name: p, type: openai, base_url: \"http://x\", api_key_env: OPENAI_API_KEY}\n" +
+		"      - {name: q, type: openai, base_url: \"http://y\", api_key_env: openai_api_key}\n"
 	if _, err := config.ParseEdge("edge.yaml", []byte(doc)); err != nil {
 		t.Errorf("api_key_env naming a variable: %v", err)
 	}
