@@ -225,21 +225,37 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	var calls []json.RawMessage // the reply's tool calls, kept for the session
 	callBytes := 0
 	r := lines.NewReader(resp.Body, 0)
+	// Whether a line was Ollama's, and else the first line that came: a
+	// 200 answer that is no stream (a proxy's login page) is named.
+	var ollamaLine bool
+	var first []byte
 	for {
 		line, err := r.Next()
 		if errors.Is(err, io.EOF) {
+			if !ollamaLine {
+				return limit.Fail(sink, "ollama chat", upstream.WithoutCredentials(notAStream(resp.Header.Get("Content-Type"), first), resp.Request))
+			}
 			return limit.Fail(sink, "ollama chat", domain.Errorf(domain.CodeProviderError, "Ollama's stream ended before its final \"done\" line"))
 		}
 		if err != nil {
 			return limit.Fail(sink, "ollama chat", upstream.TransportError(limit.Context(), err))
 		}
 		var l chatLine
-		if len(strings.TrimSpace(string(line))) == 0 || json.Unmarshal(line, &l) != nil {
+		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
+		if json.Unmarshal(line, &l) != nil {
+			if first == nil {
+				first = bytes.Clone(line[:min(len(line), 256)])
+			}
+			continue
+		}
+		ollamaLine = true
 		if len(l.Error) > 0 && string(l.Error) != "null" {
 			msg, code := upstream.ErrorField(l.Error)
-			return limit.Fail(sink, "ollama chat", upstream.ProviderError(msg, code))
+			// Quoted to the caller: a server echoing what it was sent
+			// must not show base_url's password.
+			return limit.Fail(sink, "ollama chat", upstream.WithoutCredentials(upstream.ProviderError(msg, code), resp.Request))
 		}
 		if m := l.Message; m != nil {
 			if m.Thinking != "" {
@@ -286,4 +302,14 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 			Model:            cmp.Or(l.Model, model),
 		}})
 	}
+}
+
+// notAStream is the provider_error for a 200 answer without one line of
+// Ollama's stream: what came (its content type and first line), or that it
+// was empty.
+func notAStream(ctype string, first []byte) error {
+	if first == nil {
+		return domain.Errorf(domain.CodeProviderError, "the server answered with an empty body (content type %q), not Ollama's stream", ctype)
+	}
+	return domain.Errorf(domain.CodeProviderError, "the server answered with %q, not Ollama's stream: %s", ctype, upstream.Snippet(first, 200))
 }

@@ -285,7 +285,13 @@ func TestErrors(t *testing.T) {
 		{"error line mid-stream", ndjson(partial + `{"error":"an error was encountered while running the model: unexpected EOF"}` + "\n"),
 			domain.CodeProviderError, "an error was encountered while running the model: unexpected EOF", "Hi"},
 		{"not found line", ndjson(`{"error":"model 'x' not found"}` + "\n"), domain.CodeModelNotFound, "model 'x' not found", ""},
-		{"stream ends early", ndjson(partial), domain.CodeProviderError, "", "Hi"},
+		{"stream ends early", ndjson(partial), domain.CodeProviderError, "Ollama's stream ended before its final \"done\" line", "Hi"},
+		// A 200 that is no stream at all (a proxy's login page) is named.
+		{"200 HTML page", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			_, _ = io.WriteString(w, "<html><body>Sign in</body></html>\n")
+		}, domain.CodeProviderError, `the server answered with "text/html; charset=utf-8", not Ollama's stream: <html><body>Sign in</body></html>`, ""},
+		{"200 empty", ndjson(""), domain.CodeProviderError, `the server answered with an empty body (content type "application/x-ndjson"), not Ollama's stream`, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -708,5 +714,21 @@ func TestNotFoundEndpointIsNoUnknownModel(t *testing.T) {
 	ev := requireTerminal(t, sink, domain.EventError, domain.CodeProviderError)
 	if !strings.Contains(ev.Error.Message, "404 page not found") || !strings.Contains(ev.Error.Message, "base_url") {
 		t.Errorf("message = %q", ev.Error.Message)
+	}
+}
+
+// A mid-stream error line that quotes base_url's password (a server or
+// proxy echoing what it was sent) reaches the caller without it.
+func TestErrorLineQuotingThePasswordIsRedacted(t *testing.T) {
+	srv := newServer(t, ndjson(`{"error":"auth failed for Basic dTpwNHNzdzByZA== (password p4ssw0rd)"}`+"\n"))
+	base := strings.Replace(srv.URL, "http://", "http://u:p4ssw0rd@", 1)
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: base}, nil)
+	sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := requireTerminal(t, sink, domain.EventError, domain.CodeProviderError)
+	if want := "auth failed for Basic [redacted] (password [redacted])"; ev.Error.Message != want {
+		t.Errorf("message = %q, want %q", ev.Error.Message, want)
 	}
 }
