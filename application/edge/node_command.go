@@ -154,8 +154,15 @@ func (p *progressExtends) Recv(ctx context.Context) (ports.CommandReply, error) 
 	return r, err
 }
 
-// Call runs a command to completion and returns its final result.
+// Call runs a command to completion and returns its final result, all of
+// it within Timeout. It is how the edge asks nodes its own questions
+// (run_get, runs), which answer at once and report no progress: a progress
+// report, which lifts a streaming command's bound to LongTimeout (Handle),
+// lifts nothing here, so a node that sends one and then nothing (broken or
+// hostile) holds a lookup asked of every node for Timeout, not for hours.
 func (h *NodeCommandHandler) Call(ctx context.Context, node, name string, args []byte) ([]byte, error) {
+	ctx, cancelCall := context.WithTimeout(ctx, h.Timeout)
+	defer cancelCall()
 	cs, cctx, cancel, err := h.Handle(ctx, node, name, args)
 	if err != nil {
 		return nil, err
