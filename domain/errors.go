@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // Error is a failure with a stable machine-readable code. Two *Error values
@@ -213,10 +214,32 @@ func PeerCode(code string) string {
 	return code
 }
 
+// MaxPeerMessage is the most of an error message the edge keeps from a
+// node, in bytes: what a node cuts its own to before it sends them.
+const MaxPeerMessage = 8 << 10
+
+// ClipMessage returns msg if it is at most max bytes, else its head, cut
+// at a character boundary, and a marker saying how long it was, within
+// limit bytes in all.
+func ClipMessage(msg string, limit int) string {
+	if len(msg) <= limit {
+		return msg
+	}
+	mark := fmt.Sprintf("… (%d bytes in all)", len(msg))
+	cut := limit - len(mark)
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:max(cut, 0)] + mark
+}
+
 // PeerError is the code and message the edge keeps for an error a node
-// reported: the code as PeerCode keeps it, and a message that quotes (cut)
-// a code PeerCode replaced.
+// reported: the code as PeerCode keeps it, and the message cut to
+// MaxPeerMessage (a node cuts its own so; a broken or hostile one that
+// does not must not have the edge log, publish and keep megabytes),
+// quoting (cut) a code PeerCode replaced.
 func PeerError(code, msg string) (string, string) {
+	msg = ClipMessage(msg, MaxPeerMessage)
 	if c := PeerCode(code); c != code {
 		return c, fmt.Sprintf("the node reported an error with an invalid code (%.*q): %s", MaxPeerCode, code, msg)
 	}

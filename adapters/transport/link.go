@@ -106,16 +106,19 @@ func (l *edgeLink) HandleControl(f *ioppb.Frame) {
 	delete(l.acks, ack.GetVersion())
 	regVersion := l.regVersion
 	l.mu.Unlock()
+	// Cut as every error message a node reports (domain.PeerError): it
+	// becomes a log line, a bus event, the node list's reason.
+	ackErr := domain.ClipMessage(ack.GetError(), domain.MaxPeerMessage)
 	if ch == nil {
-		if ack.GetError() != "" && ack.GetVersion() == regVersion {
+		if ackErr != "" && ack.GetVersion() == regVersion {
 			// The node leaves after this; its reason becomes the link's, so
 			// the edge's log, bus event and node list say why.
-			l.conn.shutdown(fmt.Errorf("node refused its config v%d: %s", ack.GetVersion(), ack.GetError()))
+			l.conn.shutdown(fmt.Errorf("node refused its config v%d: %s", ack.GetVersion(), ackErr))
 		}
 		return
 	}
-	if ack.GetError() != "" {
-		ch <- domain.Errorf(domain.CodeConfigError, "node rejected config v%d: %s", ack.GetVersion(), ack.GetError())
+	if ackErr != "" {
+		ch <- domain.Errorf(domain.CodeConfigError, "node rejected config v%d: %s", ack.GetVersion(), ackErr)
 	} else {
 		ch <- nil
 	}
@@ -134,7 +137,7 @@ func linkErr(err error) error {
 		// may try again shortly, as with a full link on this side.
 		return domain.Errorf(domain.CodeAtCapacity, "the node has too many open streams on its link")
 	case errors.As(err, &re):
-		return domain.Errorf(domain.CodeStreamReset, "node reset the stream: %s", re.Code)
+		return domain.Errorf(domain.CodeStreamReset, "node reset the stream: %s", domain.ClipMessage(re.Code, domain.MaxPeerCode))
 	case errors.Is(err, ErrFrameEncode):
 		return domain.Errorf(domain.CodeInvalidRequest, "request cannot be sent to the node: %v", err)
 	case errors.Is(err, ErrFrameTooLarge):

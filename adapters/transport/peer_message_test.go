@@ -1,0 +1,49 @@
+package transport
+
+import (
+	"strings"
+	"testing"
+
+	ioppb "iop/proto/iop"
+)
+
+// A node cuts the error messages it sends to 8 KiB; one that does not
+// (broken or hostile) had the edge take megabytes as they came: a run's
+// or a tunnel's error, relayed, published and logged, and the reason of a
+// config it refused, which became the link's (a log line, a bus event and
+// the node list's reason, again at every registration). The edge cuts
+// them alike.
+func TestEdgeCutsANodesLongErrorMessages(t *testing.T) {
+	ctx := testCtx(t)
+	edge := newFakeEdge()
+	edge.addNode(testToken, testNodeConfig())
+	srv := startServer(t, "", testConfig(), edge)
+	raw := dialRaw(t, srv.Addr().String())
+	if resp := raw.register(ctx, testToken, 1<<20); !resp.GetAccepted() {
+		t.Fatalf("register: %+v", resp)
+	}
+	link := recv(t, ctx, edge.registered, "node").Link.(*edgeLink)
+	const limit = 8<<10 + 256 // the message, cut to 8 KiB, and what the edge says around it
+
+	rs, err := link.StartRun(ctx, runReq("r"))
+	mustf(t, err, "StartRun")
+	defer rs.Close()
+	id := raw.readUntil(ctx, "run request", func(f *ioppb.Frame) bool { return f.GetRunRequest() != nil }).StreamId
+	raw.write(&ioppb.Frame{StreamId: id, Body: &ioppb.Frame_RunEvent{RunEvent: &ioppb.RunEvent{RunId: "r", Seq: 1, Type: ioppb.EventType_EVENT_TYPE_ERROR,
+		Error: &ioppb.Error{Code: "boom", Message: strings.Repeat("é", 100<<10)}}}})
+	ev, err := rs.Recv(ctx)
+	mustf(t, err, "run event")
+	if ev.Error == nil {
+		t.Fatalf("run event %+v without its error", ev)
+	}
+	if msg := ev.Error.Message; len(msg) > limit || !strings.HasSuffix(msg, "… (204800 bytes in all)") || ev.Error.Code != "boom" {
+		t.Fatalf("run error %s with a message of %d bytes, want boom with at most %d ending with the length it had", ev.Error.Code, len(msg), limit)
+	}
+
+	raw.write(&ioppb.Frame{Body: &ioppb.Frame_ConfigRefreshAck{ConfigRefreshAck: &ioppb.ConfigRefreshAck{
+		Version: testNodeConfig().Version, Error: strings.Repeat("x", 1<<20)}}})
+	d := recv(t, ctx, edge.disconnected, "disconnect")
+	if len(d.Reason) > limit || !strings.Contains(d.Reason, "node refused its config") {
+		t.Fatalf("disconnect reason of %d bytes (%.80q…), want at most %d", len(d.Reason), d.Reason, limit)
+	}
+}
