@@ -36,12 +36,15 @@ type Metrics struct {
 	tokens        *prometheus.CounterVec
 	historyDrops  prometheus.Counter
 
-	// runModels are the model label values runs' tokens were counted
-	// under, at most maxRunModels: a run's model is what its adapter
-	// reports, which for a chat adapter is often the caller's target
-	// echoed by the upstream, so callers could otherwise mint series.
+	// runModels are the model label values each node's runs' tokens were
+	// counted under (node → models), at most maxRunModels each: a run's
+	// model is what its adapter reports, which for a chat adapter is often
+	// the caller's target echoed by the upstream, so callers could
+	// otherwise mint series. Per node, as a tunnel's per provider: one
+	// node reporting models without end (broken or hostile) used up a
+	// bound shared by all, and every other node's models were (other).
 	mu        sync.Mutex
-	runModels map[string]struct{}
+	runModels map[string]map[string]struct{}
 	// tunnelModels are the model label values of each node's provider's
 	// tunnels ("node\x00provider" → models), at most maxRunModels each: a
 	// tunnel's model is one its provider lists, but a caller may grow an
@@ -49,8 +52,9 @@ type Metrics struct {
 	tunnelModels map[string]map[string]struct{}
 }
 
-// maxRunModels bounds the distinct model labels of runs' tokens, and of
-// each provider's tunnels; further models are counted under otherModels.
+// maxRunModels bounds the distinct model labels of each node's runs'
+// tokens, and of each provider's tunnels; further models are counted
+// under otherModels.
 const (
 	maxRunModels = 256
 	otherModels  = "(other)"
@@ -132,19 +136,25 @@ func (m *Metrics) RunFinished(r ports.RunOutcome) {
 		m.runFirst.WithLabelValues(label(r.Adapter)).Observe(r.FirstEvent.Seconds())
 	}
 	if r.Usage != nil {
-		m.addTokens(r.Node, r.Usage, m.runModel(r.Usage.Model))
+		m.addTokens(r.Node, r.Usage, m.runModel(r.Node, r.Usage.Model))
 	}
 }
 
 // runModel is the label a run's model is counted under: itself while
-// fewer than maxRunModels have been seen, otherModels after that.
-func (m *Metrics) runModel(model string) string {
+// fewer than maxRunModels have been seen on its node, otherModels after
+// that.
+func (m *Metrics) runModel(node, model string) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.runModels == nil {
-		m.runModels = map[string]struct{}{}
+		m.runModels = map[string]map[string]struct{}{}
 	}
-	return bounded(m.runModels, label(model))
+	set := m.runModels[node]
+	if set == nil {
+		set = map[string]struct{}{}
+		m.runModels[node] = set
+	}
+	return bounded(set, label(model))
 }
 
 // tunnelModel is the label a tunnel's model is counted under: itself

@@ -135,6 +135,26 @@ func TestRunTokenModelsAreBounded(t *testing.T) {
 	}
 }
 
+// The bound on runs' models is each node's: one node whose runs report
+// models without end (broken or hostile: the model is whatever it says)
+// used up a bound all nodes shared, and from then on every other node's
+// runs were counted under (other).
+func TestRunTokenModelsAreBoundedPerNode(t *testing.T) {
+	m := prom.New(prom.Sources{})
+	for i := range 300 {
+		m.RunFinished(ports.RunOutcome{Node: "bad", Adapter: "llm", Status: domain.RunSucceeded,
+			Usage: &domain.Usage{PromptTokens: 1, Model: fmt.Sprintf("invented-%d", i)}})
+	}
+	m.RunFinished(ports.RunOutcome{Node: "good", Adapter: "llm", Status: domain.RunSucceeded, Usage: &domain.Usage{PromptTokens: 5, Model: "llama3.2"}})
+	f := scrape(t, m)
+	if v := value(t, f, "iop_tokens_total", map[string]string{"node": "good", "model": "llama3.2"}); v != 5 {
+		t.Fatalf("the good node's model counted %v prompt tokens, want 5", v)
+	}
+	if v := value(t, f, "iop_tokens_total", map[string]string{"node": "bad", "model": "(other)"}); v != 44 {
+		t.Fatalf("the bad node's (other) counted %v prompt tokens, want 44", v)
+	}
+}
+
 // A tunnel's model is one its provider lists, but a caller may grow an
 // Ollama provider's list without end (POST /api/copy, then a refresh): past
 // 256 models of one provider the rest share "(other)", in the tunnel
