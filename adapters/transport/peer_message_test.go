@@ -47,3 +47,34 @@ func TestEdgeCutsANodesLongErrorMessages(t *testing.T) {
 		t.Fatalf("disconnect reason of %d bytes (%.80q…), want at most %d", len(d.Reason), d.Reason, limit)
 	}
 }
+
+// What a node says about itself is cut too: the edge logs its version at
+// every registration and lists all of it in /v1/nodes.
+func TestEdgeCutsWhatANodeSaysAboutItself(t *testing.T) {
+	ctx := testCtx(t)
+	edge := newFakeEdge()
+	edge.addNode(testToken, testNodeConfig())
+	srv := startServer(t, "", testConfig(), edge)
+	raw := dialRaw(t, srv.Addr().String())
+	types := make([]string, 200) // the handshake holds at most 256 elements
+	for i := range types {
+		types[i] = "exec"
+	}
+	types[0] = strings.Repeat("t", 4<<10)
+	long := strings.Repeat("h", 12<<10) // all within the 64 KiB handshake frame
+	raw.write(&ioppb.Frame{Body: &ioppb.Frame_RegisterRequest{RegisterRequest: &ioppb.RegisterRequest{
+		Token: testToken, NodeVersion: long, Hostname: long, Os: long, Arch: long, InitialWindow: 1 << 20, AdapterTypes: types,
+	}}})
+	if f := raw.readUntil(ctx, "register response", func(f *ioppb.Frame) bool { return f.GetRegisterResponse() != nil }); !f.GetRegisterResponse().GetAccepted() {
+		t.Fatalf("register: %+v", f.GetRegisterResponse())
+	}
+	info := recv(t, ctx, edge.registered, "node").Info
+	for name, v := range map[string]string{"version": info.Version, "hostname": info.Hostname, "os": info.OS, "arch": info.Arch, "adapter type": info.AdapterTypes[0]} {
+		if len(v) > 256 || !strings.HasSuffix(v, " bytes in all)") {
+			t.Errorf("%s of %d bytes kept as %d: %.40q…", name, len(v), len(v), v)
+		}
+	}
+	if n := len(info.AdapterTypes); n != 64 {
+		t.Errorf("%d adapter types kept, want 64", n)
+	}
+}

@@ -329,7 +329,7 @@ func (s *Server) handshake(nc net.Conn, remote, key string, t *ticket) (*edgeLin
 	// on it at once, and its frames are encoded by these.
 	link.conn.dataFrames = req.GetDataFrames() && !s.cfg.NoDataFrames
 	link.conn.rawHeaders = req.GetRawHeaderValues() && !s.cfg.noRawHeaders
-	info := domain.NodeInfo{Version: req.GetNodeVersion(), Hostname: req.GetHostname(), OS: req.GetOs(), Arch: req.GetArch(), Peer: peer, AdapterTypes: req.GetAdapterTypes()}
+	info := reportedInfo(req, peer)
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
 	cfg, err := s.h.Register(ctx, req.GetToken(), info, remote, link)
 	cancel()
@@ -405,4 +405,31 @@ func reasonOf(err error) string {
 		return "closed"
 	}
 	return err.Error()
+}
+
+// Bounds of what a node says about itself at registration, which the edge
+// logs at every registration and lists in /v1/nodes: only the handshake
+// frame's 64 KiB bounded them, so a node reconnecting in a loop wrote tens
+// of KiB of log each time.
+const (
+	maxInfoField    = 256 // version, hostname, OS, architecture, one adapter type
+	maxAdapterTypes = 64
+)
+
+// reportedInfo is the NodeInfo of req, its fields cut to the bounds above.
+func reportedInfo(req *ioppb.RegisterRequest, peer domain.PeerIdentity) domain.NodeInfo {
+	clip := func(s string) string { return domain.ClipMessage(s, maxInfoField) }
+	types := req.GetAdapterTypes()
+	if len(types) > maxAdapterTypes {
+		types = types[:maxAdapterTypes]
+	}
+	clipped := make([]string, 0, len(types))
+	for _, t := range types {
+		clipped = append(clipped, clip(t))
+	}
+	if len(clipped) == 0 {
+		clipped = nil // "did not say", as before
+	}
+	return domain.NodeInfo{Version: clip(req.GetNodeVersion()), Hostname: clip(req.GetHostname()), OS: clip(req.GetOs()),
+		Arch: clip(req.GetArch()), Peer: peer, AdapterTypes: clipped}
 }
