@@ -17,6 +17,10 @@ func NewHistoryReconcilerEvery(h *RunHistoryHandler, first, most time.Duration) 
 	return newHistoryReconciler(h, first, most)
 }
 
+// SetReconcilerBudget sets how long one check of a node may ask (tests);
+// call it before any node is registered with r.
+func SetReconcilerBudget(r *HistoryReconciler, d time.Duration) { r.budget = d }
+
 // ReconcilerWatching is how many runs r watches (tests).
 func ReconcilerWatching(r *HistoryReconciler) int { return int(r.watching.Load()) }
 

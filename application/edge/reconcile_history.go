@@ -17,6 +17,8 @@ import (
 const (
 	reconcileQueue   = 64  // follows waiting (Follow); more are dropped
 	reconcileMaxRuns = 200 // running rows looked at per repair, and watched per node
+	// reconcileCheckBudget bounds the questions of one check of a node.
+	reconcileCheckBudget = 30 * time.Second
 	// A node's watched runs are asked about again after recheckFirst, then
 	// at doubling intervals up to recheckMost: a short run's end is seen
 	// soon, a run of hours costs its node one run_get a minute.
@@ -55,6 +57,10 @@ type HistoryReconciler struct {
 	removed   []string
 	first     time.Duration
 	most      time.Duration
+	// budget bounds one check of a node (check): the worker is shared by
+	// every node, and one answering each question just inside its
+	// reconcileTimeout would hold it 200 × 5 s.
+	budget time.Duration
 
 	queue chan reconcileJob // Follow's jobs
 	// pending are the nodes whose repair is due (NodeRegistered), in
@@ -104,7 +110,7 @@ func newHistoryReconciler(history *RunHistoryHandler, first, most time.Duration)
 		panic("edge.NewHistoryReconciler: nil history")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &HistoryReconciler{history: history, store: history.store, first: first, most: most,
+	r := &HistoryReconciler{history: history, store: history.store, first: first, most: most, budget: reconcileCheckBudget,
 		queue: make(chan reconcileJob, reconcileQueue), queued: map[string]bool{}, wake: make(chan struct{}, 1),
 		ctx: ctx, cancel: cancel, watches: map[string]*nodeWatch{},
 		settled: make(chan struct{})}
@@ -484,13 +490,17 @@ func (r *HistoryReconciler) recheckDue() {
 
 // check asks node about each run of w, in order, and watches those still
 // unsettled. A node that does not answer is not asked about the rest this
-// time, so an unresponsive node costs one reconcileTimeout per check.
+// time, so an unresponsive node costs one reconcileTimeout per check; nor
+// is one whose questions have taken the check's budget, a slow node
+// holding up every other's repairs, and the runs not asked go first next
+// time.
 func (r *HistoryReconciler) check(node string, w *nodeWatch) {
-	kept := w.runs[:0]
+	var kept, unasked []*watchedRun
 	answering := true
+	end := time.Now().Add(r.budget)
 	for _, run := range w.runs {
-		if !answering || r.ctx.Err() != nil {
-			kept = append(kept, run)
+		if !answering || r.ctx.Err() != nil || !time.Now().Before(end) {
+			unasked = append(unasked, run)
 			continue
 		}
 		_, s := r.history.settle(r.ctx, run.rec)
@@ -519,8 +529,7 @@ func (r *HistoryReconciler) check(node string, w *nodeWatch) {
 			}
 		}
 	}
-	clear(w.runs[len(kept):])
-	w.runs = kept
+	w.runs = append(unasked, kept...)
 	if len(w.runs) == 0 {
 		return
 	}

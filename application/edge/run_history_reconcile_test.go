@@ -744,3 +744,66 @@ func TestReconcilerRepairsEveryNodeOfARegistrationStorm(t *testing.T) {
 		}
 	}
 }
+
+// slowRCLink answers each question after delay, telling order who was asked.
+type slowRCLink struct {
+	*rcLink
+	delay time.Duration
+	order chan<- string
+}
+
+func (l *slowRCLink) Command(ctx context.Context, name string, args []byte) (ports.CommandStream, error) {
+	l.order <- l.id
+	time.Sleep(l.delay)
+	return l.rcLink.Command(ctx, name, args)
+}
+
+// The repair worker is shared by every node: one answering each question
+// just inside its timeout held it for as many questions as it has running
+// rows (200 × 5 s), and every other node's repair waited. A check now stops
+// asking once it has spent its budget, and the runs it did not ask about
+// go first the next time.
+func TestReconcilerCheckOfASlowNodeHasABudget(t *testing.T) {
+	ucNoLeaks(t)
+	order := make(chan string, 64)
+	hist := &rcHistory{recorded: make(chan domain.RunRecord, 8)}
+	runs := map[string]string{}
+	for i := range 5 {
+		id := fmt.Sprintf("s%d", i)
+		hist.rows = append(hist.rows, domain.RunRecord{ID: id, Node: "slow", Adapter: "exec", Status: domain.RunRunning, Background: true})
+		runs[id] = `{"run_id":"` + id + `","adapter":"exec","status":"running","created_at":"2026-01-02T03:04:05Z","background":true}`
+	}
+	hist.rows = append(hist.rows, domain.RunRecord{ID: "g1", Node: "good", Adapter: "exec", Status: domain.RunRunning, Background: true})
+	reg := edge.NewRegistry()
+	slow := &slowRCLink{rcLink: newRCLink("slow", runs), delay: 40 * time.Millisecond, order: order}
+	cfg := domain.NodeConfig{NodeID: "slow", Adapters: []domain.AdapterConfig{{Name: "exec", Type: "exec", MaxConcurrency: 8}}}
+	if err := reg.Admit(&edge.LiveNode{ID: "slow", Link: slow, Config: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	good := &slowRCLink{rcLink: newRCLink("good", map[string]string{"g1": strings.ReplaceAll(rcSucceeded, `"r1"`, `"g1"`)}), order: order}
+	cfg.NodeID = "good"
+	if err := reg.Admit(&edge.LiveNode{ID: "good", Link: good, Config: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	rc := edge.NewHistoryReconcilerEvery(repairingHistory(reg, hist), time.Hour, time.Hour)
+	t.Cleanup(rc.Close)
+	edge.SetReconcilerBudget(rc, 50*time.Millisecond) // at most two of the slow node's 40 ms answers
+	rc.NodeRegistered("slow")
+	if got := <-order; got != "slow" {
+		t.Fatalf("first question to %s", got)
+	}
+	rc.NodeRegistered("good")
+	slowAsked := 1
+	for got := range order {
+		if got == "good" {
+			break
+		}
+		slowAsked++
+	}
+	if slowAsked > 2 {
+		t.Fatalf("the slow node was asked %d questions before the other node's repair, want at most 2 (its budget)", slowAsked)
+	}
+	if r := <-hist.recorded; r.ID != "g1" || r.Status != domain.RunSucceeded {
+		t.Fatalf("recorded %+v, want g1 succeeded", r)
+	}
+}
