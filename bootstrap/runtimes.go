@@ -37,14 +37,15 @@ func RuntimeBuilders(chats ports.ChatSessionStore, agents ports.AgentSessionStor
 }
 
 // providerCommands lets an Ollama declared only as a tunnel provider answer
-// the ollama.* node commands, through a command-only ollama adapter.
+// the ollama.* node commands, through a command-only ollama adapter that
+// sends the provider's key (api_key_env) as the provider's tunnels do.
 type providerCommands struct{}
 
 func (providerCommands) CommandsFor(p domain.ProviderConfig) (ports.CommandRunner, []string, bool) {
 	if p.Type != domain.ProviderOllama {
 		return nil, nil, false
 	}
-	a, err := ollama.New(domain.AdapterConfig{Name: p.Name, Type: domain.AdapterOllama, BaseURL: p.BaseURL, MaxConcurrency: 1}, nil)
+	a, err := ollama.New(domain.AdapterConfig{Name: p.Name, Type: domain.AdapterOllama, BaseURL: p.BaseURL, MaxConcurrency: 1}, nil, ollama.WithAPIKeyEnv(p.APIKeyEnv))
 	if err != nil {
 		return nil, nil, false
 	}

@@ -46,6 +46,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -70,6 +71,9 @@ type Adapter struct {
 	timeout        time.Duration
 	hc             *http.Client
 	sessions       *chat.Sessions
+	// apiKeyEnv names the variable of the node's environment whose value
+	// goes as "Authorization: Bearer" on every request (WithAPIKeyEnv).
+	apiKeyEnv string
 }
 
 var (
@@ -87,6 +91,29 @@ type Option func(*Adapter)
 // WithHTTPClient makes the adapter use hc instead of a client of its own.
 func WithHTTPClient(hc *http.Client) Option {
 	return func(a *Adapter) { a.hc = hc }
+}
+
+// WithAPIKeyEnv makes the adapter send the value of the node's environment
+// variable env, read at each request, as "Authorization: Bearer <value>"
+// (nothing while it is unset or empty). Ollama adapters are configured
+// without a key (the edge refuses api_key_env on them); the command-only
+// adapter serving an ollama provider's ollama.* commands is given the
+// provider's, so the commands reach an Ollama behind an authenticating
+// proxy (or ollama.com) as its tunnels do.
+func WithAPIKeyEnv(env string) Option {
+	return func(a *Adapter) { a.apiKeyEnv = env }
+}
+
+// header is the header of a request to the server: the key, if any.
+func (a *Adapter) header() http.Header {
+	if a.apiKeyEnv == "" {
+		return nil
+	}
+	key := os.Getenv(a.apiKeyEnv)
+	if key == "" {
+		return nil
+	}
+	return http.Header{"Authorization": {"Bearer " + key}}
 }
 
 // New builds an ollama adapter. cfg.BaseURL must be an http(s) URL; chats
@@ -215,7 +242,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 
 	limit := runlimit.New(ctx, a.timeout)
 	defer limit.Stop()
-	resp, err := upstream.Do(limit.Context(), a.hc, http.MethodPost, a.base+"/api/chat", payload, nil)
+	resp, err := upstream.Do(limit.Context(), a.hc, http.MethodPost, a.base+"/api/chat", payload, a.header())
 	if err != nil {
 		return limit.Fail(sink, "ollama chat", err)
 	}
