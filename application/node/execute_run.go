@@ -42,6 +42,7 @@ type sessionKey struct{ adapter, session string }
 
 type activeRun struct {
 	req    domain.RunRequest
+	in     *instance // the adapter instance it runs on (one a refresh may have retired since)
 	cancel context.CancelCauseFunc
 	guard  *guard
 	done   chan struct{} // closed once Execute has returned and the run's slot and session are free
@@ -302,7 +303,7 @@ func (m *RunManager) ExecuteRun(req domain.RunRequest, out ports.RunOutput) {
 	now := m.now()
 	run, _ := domain.NewRun(req, now)
 	_ = run.Start(now)
-	ar := &activeRun{req: req, cancel: cancel, guard: g, done: make(chan struct{}), record: run.Snapshot()}
+	ar := &activeRun{req: req, in: in, cancel: cancel, guard: g, done: make(chan struct{}), record: run.Snapshot()}
 	if err := m.register(ar); err != nil {
 		release()
 		if msg, ok := err.(cancelledBeforeStart); ok {
@@ -494,6 +495,17 @@ func (m *RunManager) CancelRun(ctx context.Context, runID, reason string) error 
 	delete(m.missed.at, runID)
 	m.mu.Unlock()
 	return domain.Errorf(domain.CodeRunFinished, "run %s has already finished (%s)", runID, run.Status())
+}
+
+// sessionRun returns the instance the run in flight in session sessionID
+// of adapter runs on, or nil when no run of it is in flight.
+func (m *RunManager) sessionRun(adapter, sessionID string) *instance {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ar := m.active[m.sessions[sessionKey{adapter, sessionID}]]; ar != nil {
+		return ar.in
+	}
+	return nil
 }
 
 // sessionEnding holds a session's place in RunManager.sessions while its

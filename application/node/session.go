@@ -27,16 +27,24 @@ func NewSessionHandler(rt *Runtime, runs *RunManager) *SessionHandler {
 // sessions answer session_unsupported rather than pretending to succeed. A
 // session neither the adapter keeps nor a run in flight uses is
 // session_not_found; one whose only run was stopped (its first turn, not
-// yet stored) is ended.
+// yet stored) is ended. A session whose run in flight started on an
+// adapter a refresh has since removed, renamed or given a type without
+// sessions is ended on that run's instance: the run is stopped and what
+// the session stored forgotten, as before the refresh.
 func (h *SessionHandler) TerminateSession(ctx context.Context, adapter, target, sessionID string) error {
 	in, ok := h.rt.lookup(adapter)
+	if !ok || !keepsSessions(in) {
+		if r := h.runs.sessionRun(adapter, sessionID); r != nil && keepsSessions(r) {
+			in, ok = r, true
+		}
+	}
 	if !ok {
 		return domain.Errorf(domain.CodeAdapterNotFound, "adapter %q is not configured on this node", adapter)
 	}
-	st, ok := in.adapter.(ports.SessionTerminator)
-	if !ok || !in.caps.Sessions {
+	if !keepsSessions(in) {
 		return domain.Errorf(domain.CodeSessionUnsupported, "adapter %q (%s) does not keep sessions", adapter, in.cfg.Type)
 	}
+	st := in.adapter.(ports.SessionTerminator)
 	release, stopped, err := h.runs.endSession(ctx, adapter, sessionID)
 	if err != nil {
 		return err
@@ -50,6 +58,13 @@ func (h *SessionHandler) TerminateSession(ctx context.Context, adapter, target, 
 		return domain.Errorf(domain.CodeSessionNotFound, "adapter %q on this node has no session %q", adapter, sessionID)
 	}
 	return err
+}
+
+// keepsSessions reports whether in's adapter keeps sessions and can end
+// them.
+func keepsSessions(in *instance) bool {
+	_, ok := in.adapter.(ports.SessionTerminator)
+	return ok && in.caps.Sessions
 }
 
 // ListSessions returns the page q asks for of the sessions of adapter
