@@ -582,7 +582,7 @@ func TestAgentCodexCLI(t *testing.T) {
 func TestAgentGeminiCLI(t *testing.T) {
 	t.Parallel()
 	bin := agentcli.Find(t, "gemini")
-	main, failing, slow, tool := gemini.Start(t), gemini.Start(t), gemini.Start(t), gemini.Start(t)
+	main, failing, slow, tool, limited := gemini.Start(t), gemini.Start(t), gemini.Start(t), gemini.Start(t), gemini.Start(t)
 	failing.Reply(apiError)
 	slow.Reply(hanging)
 	shell, fg, bg := toolCommand(3)
@@ -592,7 +592,8 @@ func TestAgentGeminiCLI(t *testing.T) {
 	}
 	withTool := adapter("gemini-tool", tool, "gemini-2.5-pro")
 	withTool.args = []string{"--approval-mode=yolo"}
-	e := agentEdge(t, adapter("gemini", main), adapter("gemini-err", failing, "gemini-2.5-pro"), adapter("gemini-slow", slow, "gemini-2.5-pro"), withTool)
+	e := agentEdge(t, adapter("gemini", main), adapter("gemini-err", failing, "gemini-2.5-pro"), adapter("gemini-slow", slow, "gemini-2.5-pro"), withTool,
+		adapter("gemini-limited", limited, "gemini-2.5-pro"))
 
 	t.Run("turns", func(t *testing.T) {
 		t.Parallel()
@@ -669,6 +670,27 @@ func TestAgentGeminiCLI(t *testing.T) {
 			run.oneError(t, "provider_error")
 			if after, _ := failing.Calls(); len(after) == len(before) {
 				t.Errorf("turn %d of a session whose first turn failed did not reach the model: %s", i+1, run)
+			}
+		}
+	})
+	t.Run("rate limited", func(t *testing.T) {
+		t.Parallel()
+		// The API answers 429 first: the CLI waits and asks again, telling
+		// it only on stderr, and the caller sees why the run was silent
+		// meanwhile, before the answer.
+		limited.Queue(standin.Reply{Status: 429, Error: "stand-in: slow down"}, standin.Reply{Text: "After the wait."})
+		run := agentTurn(t, e, "gemini-limited", "", "say something")
+		run.complete(t)
+		retries := run.meta("api_retry")
+		if len(retries) != 1 || !strings.Contains(string(retries[0]), `"attempt":1,`) || !strings.Contains(string(retries[0]), `"error_status":429,"error":"stand-in: slow down"`) || run.text("delta") != "After the wait." {
+			t.Fatalf("api_retry metadata %s, run: %s", retries, run)
+		}
+		for _, ev := range run {
+			if ev.Type == "delta" {
+				t.Fatalf("an answer came before the retry notice: %s", run)
+			}
+			if ev.Type == "metadata" && strings.HasPrefix(string(ev.Metadata), `{"api_retry":`) {
+				break
 			}
 		}
 	})

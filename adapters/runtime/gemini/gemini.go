@@ -47,6 +47,21 @@
 //     The stats count every model call of the prompt, including the
 //     routing call the CLI makes when no model is given.
 //
+// The CLI tells of a model API call that failed and that it retries (429
+// rate limited, 5xx, a connection error; with its backoff that can be
+// minutes without a line on stdout) only on stderr, as
+//
+//	Attempt <n> failed with status <code>. Retrying with backoff... <error>
+//	Attempt <n> failed: <message>. Retrying after <ms>ms...
+//
+// (and the variants "failed with 429 error (no Retry-After header)",
+// "failed with 5xx error", "failed."). Each such line, read as it comes, is
+// sent as metadata {"api_retry":{"attempt","max_retries","retry_delay_ms",
+// "error_status","error"}}, as the claude-code adapter sends Claude Code's
+// retries: max_retries is null (the CLI does not say), retry_delay_ms null
+// unless the line gives it, error_status null without a status, error the
+// API's message (cut to 2 KiB). The other stderr lines are not sent.
+//
 // A process that exits without a result is an error (run_failed) with its
 // exit status and the tail of its stderr. A configured timeout that expires
 // kills the process group and is an error with code timeout. A CLI still
@@ -72,6 +87,8 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 
 	"iop/adapters/runtime/internal/agent"
@@ -124,7 +141,7 @@ func (a *Adapter) Argv(model, resume string) []string {
 // both returned without events.
 func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports.EventSink) error {
 	build := func(model, resume, prompt string) agent.Invocation {
-		return agent.Invocation{Args: a.Argv(model, resume), Stdin: []byte(prompt)}
+		return agent.Invocation{Args: a.Argv(model, resume), Stdin: []byte(prompt), Notice: retryNotice}
 	}
 	return a.Run(ctx, req, sink, build, &parser{})
 }
@@ -333,4 +350,75 @@ func (p *parser) End(t *agent.Turn, exit *os.ProcessState, stderr string) domain
 // the API's do not.
 func apiError(typ, msg string) bool {
 	return strings.Contains(msg, "API Error") && !strings.HasPrefix(typ, "Fatal")
+}
+
+// retryLine matches the CLI's notice of an API call it retries (its
+// logRetryAttempt and retryWithBackoff, gemini-cli 0.61).
+var retryLine = regexp.MustCompile(`^Attempt (\d+) failed(.*?)\. Retrying (?:with backoff|after (\d+)ms)\.\.\.(?: (.*))?$`)
+
+// apiRetry is the api_retry metadata: claude-code's shape.
+type apiRetry struct {
+	Attempt      int64  `json:"attempt"`
+	MaxRetries   *int64 `json:"max_retries"`    // null: the CLI does not say
+	RetryDelayMS *int64 `json:"retry_delay_ms"` // null: not told (a jittered backoff)
+	ErrorStatus  *int64 `json:"error_status"`   // null: no HTTP status told
+	Error        string `json:"error"`
+}
+
+// retryNotice returns the api_retry metadata for a stderr line telling of
+// a retried API call, nil for any other line. It is Invocation.Notice: it
+// only reads line.
+func retryNotice(line []byte) any {
+	m := retryLine.FindSubmatch(line)
+	if m == nil {
+		return nil
+	}
+	r := apiRetry{}
+	var err error
+	if r.Attempt, err = strconv.ParseInt(string(m[1]), 10, 64); err != nil {
+		return nil
+	}
+	how, msg := string(m[2]), ""
+	switch {
+	case strings.HasPrefix(how, " with status "):
+		if code, err := strconv.ParseInt(strings.TrimPrefix(how, " with status "), 10, 64); err == nil {
+			r.ErrorStatus = &code
+		}
+	case strings.HasPrefix(how, " with 429 error"):
+		code := int64(429)
+		r.ErrorStatus = &code
+	case how == " with 5xx error":
+		msg = "5xx error"
+	case strings.HasPrefix(how, ": "):
+		msg = strings.TrimPrefix(how, ": ")
+	}
+	if len(m[3]) > 0 {
+		if ms, err := strconv.ParseInt(string(m[3]), 10, 64); err == nil {
+			r.RetryDelayMS = &ms
+		}
+	}
+	if len(m[4]) > 0 {
+		msg = errorText(string(m[4]))
+	}
+	r.Error, _ = agent.Truncate(strings.ToValidUTF8(msg, "\uFFFD"), agent.MaxSummary)
+	return map[string]apiRetry{"api_retry": r}
+}
+
+// errorText is the error printed after a retry notice: for the API's
+// ("_ApiError: {"error":{"code","message","status"}}") its message, else
+// the text as printed.
+func errorText(s string) string {
+	_, body, ok := strings.Cut(s, ": ")
+	if !ok || !strings.HasPrefix(body, "{") {
+		return s
+	}
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal([]byte(body), &e) != nil || e.Error.Message == "" {
+		return s
+	}
+	return e.Error.Message
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -385,5 +387,86 @@ func TestTextAroundAToolIsSeparated(t *testing.T) {
 	requireTerminal(t, sink, domain.EventComplete, "")
 	if got, want := sink.Text(), "Let me look.\n\nThere is nothing here.\n\nStill nothing."; got != want {
 		t.Errorf("text = %q, want %q", got, want)
+	}
+}
+
+// recordedRetries is what gemini-cli 0.61.0 wrote on stderr when the model
+// API answered 429, then 503 (captured against the stand-in), then the
+// CLI's other wordings of a retried call (its retryWithBackoff and
+// logRetryAttempt).
+var recordedRetries = standin.Lines(
+	`Warning: 256-color support not detected. Using a terminal with at least 256-color support is recommended for a better visual experience.`,
+	`Ripgrep is not available. Falling back to GrepTool.`,
+	`Attempt 1 failed with status 429. Retrying with backoff... _ApiError: {"error":{"code":429,"message":"stand-in: slow down","status":"RESOURCE_EXHAUSTED"}}`,
+	`    at throwErrorIfNotOK (file:///root/.cache/iop/agent-clis/gemini-cli-0.61.0/node_modules/@google/gemini-cli/bundle/chunk-JDPZ4CE3.js:267833:24)`,
+	`    at process.processTicksAndRejections (node:internal/process/task_queues:95:5)`,
+	`    at async retryWithBackoff (file:///root/.cache/iop/agent-clis/gemini-cli-0.61.0/node_modules/@google/gemini-cli/bundle/chunk-JDPZ4CE3.js:308039:23)`,
+	`    at async Turn.run (file:///root/.cache/iop/agent-clis/gemini-cli-0.61.0/node_modules/@google/gemini-cli/bundle/chunk-JDPZ4CE3.js:333001:24) {`,
+	`  status: 429`,
+	`}`,
+	`Attempt 2 failed with status 503. Retrying with backoff... _ApiError: {"error":{"code":503,"message":"stand-in: busy","status":"UNAVAILABLE"}}`,
+	`    at throwErrorIfNotOK (file:///root/.cache/iop/agent-clis/gemini-cli-0.61.0/node_modules/@google/gemini-cli/bundle/chunk-JDPZ4CE3.js:267833:24)`,
+	`  status: 503`,
+	`}`,
+	`Attempt 3 failed: Quota exceeded for metric generate_content_requests. Retrying after 1532ms...`,
+	`Attempt 4 failed with 429 error (no Retry-After header). Retrying with backoff... Error: got 429`,
+	`Attempt 5 failed with 5xx error. Retrying with backoff...`,
+	`Attempt 6 failed. Retrying with backoff... TypeError: fetch failed`,
+	`Attempt 7 failed with status 429. Max attempts reached`,
+)
+
+// The CLI's retries, told only on stderr, are sent as they come, while its
+// stdout is silent: the CLI here goes on only once the run has sent them.
+func TestRetriesOnStderrAreMetadata(t *testing.T) {
+	init := `{"type":"init","session_id":"` + sessionID + `","model":"gemini-2.5-pro"}` + "\n"
+	answer := `{"type":"message","role":"assistant","content":"After the wait.","delta":true}` + "\n" +
+		`{"type":"result","status":"success","stats":{"total_tokens":5,"input_tokens":3,"output_tokens":2,"duration_ms":3,"models":{"gemini-2.5-pro":{}}}}` + "\n"
+	goOn := filepath.Join(t.TempDir(), "go")
+	cli := standin.WriteCLI(t, standin.Printf(init)+
+		"printf '%s' "+standin.Quote(recordedRetries)+" >&2\n"+
+		"while [ ! -e "+standin.Quote(goOn)+" ]; do sleep 0.02; done\n"+
+		standin.Printf(answer))
+	a := newAdapter(t, cli, domain.AdapterConfig{}, nil)
+	sink := &runtimetest.Sink{}
+	ctx := testContext(t)
+	done := make(chan error, 1)
+	go func() {
+		done <- a.Execute(ctx, domain.RunRequest{RunID: "r1", Adapter: "gemini", Input: []byte("say something")}, sink)
+	}()
+	retries := func(events []domain.RunEvent) []string {
+		var out []string
+		for _, ev := range events {
+			if ev.Type == domain.EventMetadata && strings.HasPrefix(string(ev.Metadata), `{"api_retry":`) {
+				out = append(out, string(ev.Metadata))
+			}
+		}
+		return out
+	}
+	waitErr := sink.WaitFor(ctx, func(events []domain.RunEvent) bool { return len(retries(events)) >= 6 })
+	if err := os.WriteFile(goOn, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if waitErr != nil {
+		t.Fatalf("the retries were not sent while the CLI waited: %v", summary(sink.Events()))
+	}
+	requireTerminal(t, sink, domain.EventComplete, "")
+	want := []string{
+		`{"api_retry":{"attempt":1,"max_retries":null,"retry_delay_ms":null,"error_status":429,"error":"stand-in: slow down"}}`,
+		`{"api_retry":{"attempt":2,"max_retries":null,"retry_delay_ms":null,"error_status":503,"error":"stand-in: busy"}}`,
+		`{"api_retry":{"attempt":3,"max_retries":null,"retry_delay_ms":1532,"error_status":null,"error":"Quota exceeded for metric generate_content_requests"}}`,
+		`{"api_retry":{"attempt":4,"max_retries":null,"retry_delay_ms":null,"error_status":429,"error":"Error: got 429"}}`,
+		`{"api_retry":{"attempt":5,"max_retries":null,"retry_delay_ms":null,"error_status":null,"error":"5xx error"}}`,
+		`{"api_retry":{"attempt":6,"max_retries":null,"retry_delay_ms":null,"error_status":null,"error":"TypeError: fetch failed"}}`,
+	}
+	if got := retries(sink.Events()); !slices.Equal(got, want) {
+		t.Errorf("api_retry metadata:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// All of them before the answer that came after.
+	s := summary(sink.Events())
+	if i := slices.Index(s, "d:After the wait."); i < 0 || slices.IndexFunc(s[i:], func(e string) bool { return strings.Contains(e, "api_retry") }) >= 0 {
+		t.Errorf("events: %v", s)
 	}
 }

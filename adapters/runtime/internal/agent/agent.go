@@ -41,7 +41,24 @@ const DefaultExitGrace = 5 * time.Second
 type Invocation struct {
 	Args  []string // argv after the program name
 	Stdin []byte   // nil: /dev/null
+	// Notice, if set, reads one line of the CLI's stderr (at most
+	// proc.MaxStderrLine bytes) as it comes and returns what it reports,
+	// sent as a metadata event holding it as JSON, or nil for a line that
+	// reports nothing: for a CLI that tells some things only there (the
+	// Gemini CLI's API retries). It runs on the goroutine copying stderr,
+	// so it must not block, keep line, or touch the parser: the events go
+	// out from Execute's own goroutine, between the parser's. At most
+	// MaxNotices are sent per run; one that comes while the last is still
+	// waiting to be sent is dropped (maxQueuedNotices).
+	Notice func(line []byte) any
 }
+
+// MaxNotices is the most Invocation.Notice events one run sends.
+const MaxNotices = 256
+
+// maxQueuedNotices is how many notices may wait to be sent: the events of
+// a CLI's stderr never hold it up.
+const maxQueuedNotices = 16
 
 // Parser turns one run's output into events. A new Parser serves each run.
 type Parser interface {
@@ -125,9 +142,10 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 	// lingers after reporting its end.
 	procCtx, stopProc := context.WithCancel(limit.Context())
 	defer stopProc()
+	notices := startNotices(inv.Notice)
 	p0, err := proc.Start(procCtx, proc.Spec{
 		Path: r.Command, Args: inv.Args, Dir: r.WorkDir, Stdin: inv.Stdin, KillGrace: r.KillGrace,
-		Env: proc.Environ(r.Env, r.InheritEnv),
+		Env: proc.Environ(r.Env, r.InheritEnv), StderrLine: notices.stderrLine(),
 	})
 	if err != nil {
 		return domain.Errorf(domain.CodeRunFailed, "start %s: %v", r.Label, err)
@@ -143,31 +161,50 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 	linger := time.AfterFunc(grace, stopProc)
 	linger.Stop()
 	defer linger.Stop()
-	lr := lines.NewReader(p0.Stdout, 0)
-	for {
-		line, err := lr.Next()
-		if err != nil {
-			if !errors.Is(err, io.EOF) {
+	// The stdout lines come from a goroutine of their own, one at a time
+	// (the next is read once the last is handled: the reader keeps the
+	// CLI's pace), so that the notices of stderr are sent while stdout is
+	// silent; all events still go out from this goroutine.
+	out := readLines(p0.Stdout)
+	defer out.stop()
+	for ended := false; !ended; {
+		select {
+		case v := <-notices.c:
+			if err := notices.send(t, v); err != nil {
 				p0.Kill()
+				return err
 			}
-			break
-		}
-		if err := p.Line(t, line); err != nil {
-			p0.Kill()
-			return err
-		}
-		// The grace counts from the CLI's last line: one still talking
-		// is not stuck.
-		if p.Done() {
-			linger.Reset(grace)
-		} else {
-			linger.Stop()
+		case l := <-out.c:
+			if l.err != nil {
+				if !errors.Is(l.err, io.EOF) {
+					p0.Kill()
+				}
+				ended = true
+				break
+			}
+			err := p.Line(t, l.b)
+			out.next()
+			if err != nil {
+				p0.Kill()
+				return err
+			}
+			// The grace counts from the CLI's last line: one still
+			// talking is not stuck.
+			if p.Done() {
+				linger.Reset(grace)
+			} else {
+				linger.Stop()
+			}
 		}
 	}
 	state := p0.Wait()
 	linger.Stop()
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	// What stderr told before the CLI exited goes out before its end.
+	if err := notices.drain(t); err != nil {
+		return err
 	}
 	// A CLI that reported its end and was then stopped (it lingered, or
 	// the limit expired while it did) finished its work: its result
@@ -380,4 +417,117 @@ func Separate(saw *bool, text string) string {
 // its tests.
 func NewTurn(ctx context.Context, sink ports.EventSink, model string) *Turn {
 	return &Turn{ctx: ctx, sink: sink, model: model, r: &Runner{}}
+}
+
+// notices carries what Invocation.Notice made of the CLI's stderr lines to
+// Execute's goroutine.
+type notices struct {
+	c    chan any // nil (never ready) without a Notice
+	sent int
+	fn   func([]byte) any
+}
+
+func startNotices(fn func([]byte) any) *notices {
+	n := &notices{fn: fn}
+	if fn != nil {
+		n.c = make(chan any, maxQueuedNotices)
+	}
+	return n
+}
+
+// line is proc.Spec.StderrLine: it never blocks.
+func (n *notices) line(b []byte) {
+	v := n.fn(b)
+	if v == nil {
+		return
+	}
+	select {
+	case n.c <- v:
+	default: // the queue is full: this one is dropped
+	}
+}
+
+// stderrLine returns the proc.Spec.StderrLine that feeds n, nil without a
+// Notice.
+func (n *notices) stderrLine() func([]byte) {
+	if n.fn == nil {
+		return nil
+	}
+	return n.line
+}
+
+func (n *notices) send(t *Turn, v any) error {
+	if n.sent >= MaxNotices {
+		return nil
+	}
+	n.sent++
+	return t.Meta(v)
+}
+
+// drain sends the notices still queued.
+func (n *notices) drain(t *Turn) error {
+	for {
+		select {
+		case v := <-n.c:
+			if err := n.send(t, v); err != nil {
+				return err
+			}
+		default:
+			return nil
+		}
+	}
+}
+
+// lineReader reads a CLI's stdout lines on a goroutine of its own, handing
+// over one at a time.
+type lineReader struct {
+	c    chan stdoutLine
+	more chan struct{}
+	quit chan struct{}
+	done chan struct{}
+}
+
+type stdoutLine struct {
+	b   []byte // valid until next
+	err error  // the reader's last word: io.EOF at the end
+}
+
+func readLines(r io.Reader) *lineReader {
+	lr := &lineReader{c: make(chan stdoutLine), more: make(chan struct{}), quit: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(lr.done)
+		in := lines.NewReader(r, 0)
+		for {
+			b, err := in.Next()
+			select {
+			case lr.c <- stdoutLine{b, err}:
+			case <-lr.quit:
+				return
+			}
+			if err != nil {
+				return
+			}
+			select {
+			case <-lr.more:
+			case <-lr.quit:
+				return
+			}
+		}
+	}()
+	return lr
+}
+
+// next lets the reader read the next line: the last one is no longer used.
+func (lr *lineReader) next() {
+	select {
+	case lr.more <- struct{}{}:
+	case <-lr.done:
+	}
+}
+
+// stop ends the reader once its stdout has ended or been closed (Kill),
+// and waits for it.
+func (lr *lineReader) stop() {
+	close(lr.quit)
+	<-lr.done
 }

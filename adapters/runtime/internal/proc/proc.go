@@ -1,7 +1,8 @@
 // Package proc runs a CLI agent as a child process in a session and process
 // group of its own (no controlling terminal), for the CLI agent runtime
 // adapters: its stdout is read line by line
-// by the caller, the last bytes of its stderr are kept for error messages,
+// by the caller, the last bytes of its stderr are kept for error messages
+// (and its lines handed, as they come, to a callback that asks for them),
 // and stopping it signals the whole group and the groups and sessions its
 // tools run in (spawn.Group.Signal), and once it has exited whatever it left
 // running is killed (spawn.Group.Wait), so that the tools the agent spawned
@@ -27,6 +28,10 @@ import (
 // StderrTail is how many bytes of stderr a Process keeps.
 const StderrTail = 4 << 10
 
+// MaxStderrLine is the most of one stderr line Spec.StderrLine is given:
+// the rest of a longer line is dropped.
+const MaxStderrLine = 4 << 10
+
 // pipeGrace bounds how long the output is waited for once the program has
 // exited, in case a descendant outside its group still holds stdout or
 // stderr open: for stderr, Cmd.WaitDelay; for stdout (Output), the longest
@@ -43,6 +48,13 @@ type Spec struct {
 	// KillGrace is the delay between SIGTERM and SIGKILL when ctx is
 	// cancelled; zero or negative kills at once.
 	KillGrace time.Duration
+	// StderrLine, if set, is called with each line of stderr as it comes,
+	// in order, without its line ending and cut to MaxStderrLine bytes (a
+	// last line without one once stderr ends). It runs on the goroutine
+	// that copies stderr, so it must not block, and it must not keep line.
+	// It may still be called after Wait has returned, when a descendant
+	// outside the group holds stderr open.
+	StderrLine func(line []byte)
 }
 
 // Process is a started program.
@@ -76,7 +88,7 @@ func Start(ctx context.Context, spec Spec) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Process{Stdout: out, cmd: cmd, out: out, stderr: &tail{}, done: make(chan struct{}), stop: make(chan struct{})}
+	p := &Process{Stdout: out, cmd: cmd, out: out, stderr: &tail{line: spec.StderrLine}, done: make(chan struct{}), stop: make(chan struct{})}
 	// The child writes stdout straight into the pipe (os/exec copies
 	// nothing for an *os.File), so its output waits there for the reader
 	// however slow; WaitDelay bounds only the stderr copy, which never
@@ -94,6 +106,7 @@ func Start(ctx context.Context, spec Spec) (*Process, error) {
 	go func() {
 		// Whatever the program left running goes with it.
 		_ = group.Wait()
+		p.stderr.flush()
 		group.Release()
 		out.Exited()
 		close(p.done)
@@ -167,10 +180,14 @@ func (p *Process) Wait() *os.ProcessState {
 // Stderr returns the last StderrTail bytes of stderr, trimmed. Call it after Wait.
 func (p *Process) Stderr() string { return p.stderr.String() }
 
-// tail keeps the last StderrTail bytes written to it.
+// tail keeps the last StderrTail bytes written to it, and hands each line
+// to line, if set.
 type tail struct {
-	mu  sync.Mutex
-	buf []byte
+	mu   sync.Mutex
+	buf  []byte
+	line func([]byte)
+	cur  []byte // the line being written, at most MaxStderrLine bytes
+	open bool   // a line has begun since the last one ended
 }
 
 func (t *tail) Write(b []byte) (int, error) {
@@ -180,7 +197,44 @@ func (t *tail) Write(b []byte) (int, error) {
 	if over := len(t.buf) - StderrTail; over > 0 {
 		t.buf = append(t.buf[:0], t.buf[over:]...)
 	}
+	if t.line != nil {
+		t.split(b)
+	}
 	return len(b), nil
+}
+
+// split hands the complete lines in b, after what came before, to t.line.
+func (t *tail) split(b []byte) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		piece := b
+		if i >= 0 {
+			piece = b[:i]
+		}
+		if room := MaxStderrLine - len(t.cur); len(piece) > room {
+			piece = piece[:room] // the rest of the line is dropped
+		}
+		t.cur, t.open = append(t.cur, piece...), true
+		if i < 0 {
+			return
+		}
+		t.emit()
+		b = b[i+1:]
+	}
+}
+
+func (t *tail) emit() {
+	t.line(bytes.TrimSuffix(t.cur, []byte("\r")))
+	t.cur, t.open = t.cur[:0], false
+}
+
+// flush hands a last line without a line ending to t.line.
+func (t *tail) flush() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.line != nil && t.open {
+		t.emit()
+	}
 }
 
 // String is the tail with surrounding space trimmed: a rune the tail

@@ -6,8 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -110,4 +112,37 @@ func TestOutputEndsDespiteATricklingDetachedDescendant(t *testing.T) {
 		t.Fatal("stdout still open 10 s after the program exited: a trickling detached descendant holds it")
 	}
 	p.Wait()
+}
+
+// StderrLine gets stderr's lines as they are written, each cut to
+// MaxStderrLine, the last one without a line ending too; the tail is kept
+// as before.
+func TestStderrLines(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	p, err := proc.Start(context.Background(), proc.Spec{
+		Path: "/bin/sh",
+		Args: []string{"-c", `printf 'one\r\ntw' >&2; printf 'o\n\n' >&2; head -c 10000 /dev/zero | tr '\0' y >&2; printf 'z\nlast' >&2`},
+		StderrLine: func(line []byte) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, string(line))
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(p.Stdout); err != nil {
+		t.Fatal(err)
+	}
+	p.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"one", "two", "", strings.Repeat("y", proc.MaxStderrLine), "last"}
+	if !slices.Equal(got, want) {
+		t.Errorf("lines = %d %.40q, want %d %.40q", len(got), got, len(want), want)
+	}
+	if tail := p.Stderr(); !strings.HasSuffix(tail, "yyyz\nlast") || len(tail) != proc.StderrTail {
+		t.Errorf("tail = %d bytes ending %q", len(tail), tail[max(0, len(tail)-10):])
+	}
 }
