@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"iop/adapters/runtime/gemini"
+	"iop/adapters/runtime/internal/agent"
 	"iop/adapters/runtime/internal/standin"
 	"iop/adapters/runtime/runtimetest"
 	"iop/adapters/store/memory"
@@ -468,5 +470,27 @@ func TestRetriesOnStderrAreMetadata(t *testing.T) {
 	s := summary(sink.Events())
 	if i := slices.Index(s, "d:After the wait."); i < 0 || slices.IndexFunc(s[i:], func(e string) bool { return strings.Contains(e, "api_retry") }) >= 0 {
 		t.Errorf("events: %v", s)
+	}
+}
+
+// A CLI that retries without end sends agent.MaxNotices api_retry events at
+// most.
+func TestRetryNoticesAreBounded(t *testing.T) {
+	init := `{"type":"init","session_id":"` + sessionID + `","model":"gemini-2.5-pro"}` + "\n"
+	result := `{"type":"result","status":"success","stats":{"total_tokens":5,"input_tokens":3,"output_tokens":2,"duration_ms":3,"models":{}}}` + "\n"
+	n := agent.MaxNotices + 50
+	cli := standin.WriteCLI(t, standin.Printf(init)+
+		fmt.Sprintf("i=1; while [ $i -le %d ]; do echo \"Attempt $i failed with status 429. Retrying with backoff...\" >&2; i=$((i+1)); sleep 0.005; done\n", n)+
+		standin.Printf(result))
+	sink := run(t, newAdapter(t, cli, domain.AdapterConfig{}, nil), domain.RunRequest{})
+	requireTerminal(t, sink, domain.EventComplete, "")
+	count := 0
+	for _, ev := range sink.Events() {
+		if strings.HasPrefix(string(ev.Metadata), `{"api_retry":`) {
+			count++
+		}
+	}
+	if count == 0 || count > agent.MaxNotices {
+		t.Errorf("%d api_retry events for %d notices, want 1 to %d", count, n, agent.MaxNotices)
 	}
 }
