@@ -48,8 +48,9 @@ type Invocation struct {
 	// Gemini CLI's API retries). It runs on the goroutine copying stderr,
 	// so it must not block, keep line, or touch the parser: the events go
 	// out from Execute's own goroutine, between the parser's. At most
-	// MaxNotices are sent per run; one that comes while the last is still
-	// waiting to be sent is dropped (maxQueuedNotices).
+	// MaxNotices are sent per run; one that comes while maxQueuedNotices
+	// are still waiting to be sent (the sink holding the run back) is
+	// dropped.
 	Notice func(line []byte) any
 }
 
