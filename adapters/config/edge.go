@@ -107,7 +107,8 @@ type APIKeyEntry struct {
 	KeySHA256 string   `yaml:"key_sha256"`
 	KeyEnv    string   `yaml:"key_env"`
 	Scopes    []string `yaml:"scopes"`
-	// Nodes limits the key to these node ids; empty means every node.
+	// Nodes limits the key to these node ids; left out, every node. An
+	// empty list is refused: it would mean every node too.
 	Nodes []string `yaml:"nodes"`
 }
 
@@ -196,6 +197,11 @@ func (c HTTPConfig) validate(resolveEnv bool) []error {
 			if !slices.Contains(domain.KnownScopes, s) {
 				add([]string{fmt.Sprintf("%s.scopes[%d]", p, j)}, "%s: unknown scope %q (known: %s)", where, s, strings.Join(domain.KnownScopes, ", "))
 			}
+		}
+		if k.Nodes != nil && len(k.Nodes) == 0 {
+			// An empty limit is no limit (Principal.Limited): "nodes: []",
+			// meant as "no node yet", gave the key every node.
+			add([]string{p + ".nodes"}, "%s: nodes is empty, which would give the key every node; list the node ids it may use, or leave nodes out to mean every node", where)
 		}
 		for j, n := range k.Nodes {
 			if !nodeIDPattern.MatchString(n) {

@@ -48,7 +48,7 @@ func (c *EdgeConfig) settings() EdgeConfig {
 }
 
 // sortedSet is a sorted copy of list without repeats; nil when it is empty
-// (nodes: [] is no nodes limit, as leaving it out is).
+// (nodes: ~ is no nodes limit, as leaving it out is; nodes: [] is refused).
 func sortedSet(list []string) []string {
 	if len(list) == 0 {
 		return nil

@@ -85,7 +85,7 @@ func TestRestartKeysIgnoresASettingWrittenAnotherWay(t *testing.T) {
 	doc := func(keyField, log string, ciFirst ...bool) string {
 		keys := "    - {name: ops, " + keyField + ", scopes: [admin]}\n" + ci
 		if len(ciFirst) > 0 {
-			keys = strings.ReplaceAll(ci, "[runs, read], nodes: [b, a]", "[read, runs, read], nodes: [a, b]") + "    - {name: ops, " + keyField + ", scopes: [admin], nodes: []}\n"
+			keys = strings.ReplaceAll(ci, "[runs, read], nodes: [b, a]", "[read, runs, read], nodes: [a, b]") + "    - {name: ops, " + keyField + ", scopes: [admin], nodes: ~}\n"
 		}
 		return "http:\n  listen: \"127.0.0.1:7701\"\n  api_keys:\n" + keys +
 			log + "nodes:\n  - {id: a, token: aaaaaaaa}\n  - {id: b, token: bbbbbbbb}\n"

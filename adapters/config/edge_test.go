@@ -341,6 +341,7 @@ func TestEdgeValidate(t *testing.T) {
 		{"key_env short", keys("    - {name: a, key_env: IOP_TEST_SHORT, scopes: [read]}\n"), "must be at least 16 characters"},
 		{"duplicate key name", keys("    - {name: a, key_sha256: " + h + ", scopes: [read]}\n    - {name: a, key_env: IOP_TEST_KEY, scopes: [read]}\n"), `http.api_keys[1] (name "a"): name is already used by http.api_keys[0]`},
 		{"duplicate key", keys("    - {name: a, key_env: IOP_TEST_KEY, scopes: [read]}\n    - {name: b, key_env: IOP_TEST_KEY, scopes: [read]}\n"), "the key is the same as the key of http.api_keys[0]"},
+		{"empty node limit", keys("    - {name: a, key_sha256: " + h + ", scopes: [read], nodes: []}\n"), `http.api_keys[0] (name "a"): nodes is empty, which would give the key every node`},
 		{"bad node limit", keys("    - {name: a, key_sha256: " + h + ", scopes: [read], nodes: [\"a/b\"]}\n"), `nodes: "a/b" is not a node id`},
 		{"tls half", "http: {tls: {cert_file: /x}}\n", "http.tls needs both cert_file and key_file"},
 		{"http max connections", "http: {max_connections: -1}\n", "http.max_connections must be positive, got -1"},
