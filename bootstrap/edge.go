@@ -191,6 +191,7 @@ func newHTTPServer(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, bus *event
 	for _, k := range hc.ResolvedKeys() {
 		deps.APIKeys = append(deps.APIKeys, httpapi.APIKey{SHA256: k.SHA256, Principal: k.Principal})
 	}
+	warnUnknownKeyNodes(log, s.Config)
 	if len(deps.APIKeys) == 0 && hc.AllowUnauthenticated {
 		log.Warn("http api has no api_keys and http.allow_unauthenticated is set: anyone who reaches it may run work on every node, read every run and reload the config",
 			"listen", hc.Listen)
@@ -346,4 +347,24 @@ func adminKeys(hc config.HTTPConfig) func(string) bool {
 		}
 	}
 	return func(name string) bool { return admins[name] }
+}
+
+// warnUnknownKeyNodes warns of each node an API key is limited to that
+// nodes[] does not list: a misspelt id ("gpu1" for "gpu-1") left the key
+// without its node, every request of it answered as if the node were not
+// connected, and nothing said why. It is a warning, not a refusal: a
+// reload may add the node later (api_keys are read at start only).
+func warnUnknownKeyNodes(log *slog.Logger, c *config.EdgeConfig) {
+	known := make(map[string]bool, len(c.Nodes))
+	for _, n := range c.Nodes {
+		known[n.ID] = true
+	}
+	for _, k := range c.HTTP.APIKeys {
+		for _, id := range k.Nodes {
+			if !known[id] {
+				log.Warn("an API key is limited to a node that nodes[] does not list: the key cannot use that node until a reload adds it (a misspelt node id?)",
+					"key", k.Name, "node", id)
+			}
+		}
+	}
 }
