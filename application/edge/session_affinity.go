@@ -123,7 +123,7 @@ func (r *Registry) RememberSession(adapter, session, node string) {
 	if session == "" {
 		return
 	}
-	r.admitSession(adapter, session, node, "", false)
+	r.admitSession(adapter, session, node, domain.Principal{})
 }
 
 // admitSession is RememberSession for a run of key, and confirms key's
@@ -131,14 +131,22 @@ func (r *Registry) RememberSession(adapter, session, node string) {
 // key, made while key's run waited (the edge forgot key's claim among more
 // recent sessions), gives way to the run that was admitted. An admin key's
 // run (admin) takes no session this way: an admin owns only a session it
-// claimed (sessionGuard.use), not one it merely used.
-func (r *Registry) admitSession(adapter, session, node, key string, admin bool) {
+// claimed (sessionGuard.use), not one it merely used. Nor does an admin
+// limited to some nodes move another key's session bound to a node it may
+// not see: its turn went elsewhere only because that node does not exist
+// for it, and the owner's next turn still belongs where the session's
+// history is.
+func (r *Registry) admitSession(adapter, session, node string, p domain.Principal) {
 	if session == "" {
 		return
 	}
+	key, admin := p.Name, p.Allows(domain.ScopeAdmin)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e := r.sessions.add(sessionKey{adapter, session})
+	if e.node != "" && e.owner != "" && e.owner != key && !p.SeesNode(e.node) {
+		return
+	}
 	e.node = node
 	if key != "" && !admin && (e.owner == "" || e.claims > 0) {
 		e.owner = key

@@ -1,6 +1,10 @@
 package edge
 
-import "testing"
+import (
+	"testing"
+
+	"iop/domain"
+)
 
 func TestSessionNodesIsBoundedLRU(t *testing.T) {
 	s := newSessionNodes(2)
@@ -86,7 +90,7 @@ func TestClaimsOfOneKeyAreCounted(t *testing.T) {
 	if owner, _ := r.sessionOwner("chat", "s"); owner != "x" {
 		t.Fatalf("owner after one give-back = %q, want x (turn 1 still waits)", owner)
 	}
-	r.admitSession("chat", "s", "nodeA", "x", false) // turn 1 admitted
+	r.admitSession("chat", "s", "nodeA", domain.Principal{Name: "x"}) // turn 1 admitted
 	if owner, _ := r.sessionOwner("chat", "s"); owner != "x" || r.claimSession("chat", "s", "y") {
 		t.Fatalf("owner = %q, and y could claim it; want x's", owner)
 	}
@@ -109,7 +113,7 @@ func TestAdmittedRunWinsOverATentativeClaim(t *testing.T) {
 	r.claimSession("chat", "s", "x")
 	r.claimSession("chat", "other", "z") // x's claim is forgotten
 	r.claimSession("chat", "s", "y")
-	r.admitSession("chat", "s", "nodeA", "x", false)
+	r.admitSession("chat", "s", "nodeA", domain.Principal{Name: "x"})
 	r.unclaimSession("chat", "s", "y")
 	if owner, _ := r.sessionOwner("chat", "s"); owner != "x" {
 		t.Fatalf("owner = %q, want x, whose run was admitted", owner)

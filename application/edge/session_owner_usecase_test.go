@@ -529,3 +529,37 @@ func (h ucIgnoringHistory) ListRuns(context.Context, domain.RunQuery) (domain.Ru
 func (h ucIgnoringHistory) Usage(context.Context, domain.UsageQuery) ([]domain.UsageTotal, error) {
 	return nil, nil
 }
+
+// An admin key limited to some nodes may use another key's session, but
+// the session's node is one it may not see: its turn is placed on a node
+// it sees, as a new session's would be. That turn used to bind the
+// session to that node, so the owner's next turn went there too, away
+// from the node holding its conversation (and into the admin's turn).
+func TestANodeLimitedAdminDoesNotMoveAnotherKeysSession(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdge(t, ucNodeSpec{"a", []string{"chat"}}, ucNodeSpec{"b", []string{"chat"}})
+	ctx := context.Background()
+	x := ucAs(ctx, "x", domain.ScopeRuns)
+	limAdmin := domain.WithPrincipal(ctx, domain.Principal{Name: "opa", Scopes: []string{domain.ScopeAdmin}, Nodes: []string{"a"}})
+
+	rh, err := e.submit.Handle(x, edge.SubmitRun{Node: "b", Adapter: "chat", SessionID: "s1"})
+	if err != nil {
+		t.Fatalf("x's first turn: %v", err)
+	}
+	ucFinish(t, e, rh)
+
+	rh, err = e.submit.Handle(limAdmin, edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil || rh.Node != "a" {
+		t.Fatalf("the limited admin's turn: %+v %v, want node a (b is not its)", rh, err)
+	}
+	ucFinish(t, e, rh)
+
+	if n, ok := e.reg.SessionNode("chat", "s1"); !ok || n != "b" {
+		t.Fatalf("after the limited admin's turn x's session is bound to %q %v, want b", n, ok)
+	}
+	rh, err = e.submit.Handle(x, edge.SubmitRun{Adapter: "chat", SessionID: "s1"})
+	if err != nil || rh.Node != "b" {
+		t.Fatalf("x's next turn: %+v %v, want node b, where its conversation is", rh, err)
+	}
+	ucFinish(t, e, rh)
+}

@@ -256,8 +256,7 @@ func (h *SubmitRunHandler) dispatch(ctx context.Context, cmd SubmitRun, node Nod
 	// The node admitted it, so it holds the session's history from now on:
 	// the session's next run goes there (Registry.PickForRunAs).
 	if req.SessionID != "" {
-		p := domain.PrincipalFrom(ctx)
-		h.reg.admitSession(req.Adapter, req.SessionID, node.ID, p.Name, p.Allows(domain.ScopeAdmin))
+		h.reg.admitSession(req.Adapter, req.SessionID, node.ID, domain.PrincipalFrom(ctx))
 	}
 	if h.log.Enabled(ctx, slog.LevelInfo) {
 		// As h.log.Info, without the caller's program counter (runtime.Callers
