@@ -227,7 +227,9 @@ func (r NodeRecord) BuildConfig(version uint64) (NodeConfig, error) {
 		}
 		// The node's provider client can use nothing else: caught here, a
 		// start or reload says so, instead of every request failing later.
-		if msg := checkBaseURL(p.BaseURL); msg != "" {
+		// The provider client keeps base_url's query (Azure's api-version)
+		// before the caller's; a fragment it would not send.
+		if msg := checkBaseURL(p.BaseURL, true); msg != "" {
 			return NodeConfig{}, Errorf(CodeConfigError, "provider %q (%s): %s", p.Name, p.Type, msg)
 		}
 		cfg.Providers = append(cfg.Providers, p)
@@ -286,7 +288,7 @@ func checkAdapter(a AdapterConfig) error {
 		// The node's adapter refuses anything else; caught here, a reload
 		// is refused whole and a registration refused with the reason,
 		// instead of a node that cannot apply what the edge pushed.
-		if msg := checkBaseURL(a.BaseURL); msg != "" {
+		if msg := checkBaseURL(a.BaseURL, false); msg != "" {
 			return Errorf(CodeConfigError, "adapter %q (%s): %s", a.Name, a.Type, msg)
 		}
 	}
@@ -345,17 +347,21 @@ func ConventionalEnvName(name string) bool {
 }
 
 // checkBaseURL says what is wrong with a base_url ("" if nothing), quoting
-// it without a password or query. Requests append their path to it, so a
-// query or fragment would end up before the path (.../v1?key=k/chat/...):
-// a key goes in api_key_env.
-func checkBaseURL(s string) string {
+// it without a password or query. A runtime adapter appends its request
+// path to base_url, so a query or fragment would end up before the path
+// (.../v1?key=k/chat/...): a key goes in api_key_env. A provider's client
+// keeps a query (withQuery) but no fragment.
+func checkBaseURL(s string, withQuery bool) string {
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Sprintf("base_url %q must be an http(s) URL such as http://127.0.0.1:11434", RedactBaseURL(s))
 	}
-	if u.RawQuery != "" || u.ForceQuery || strings.Contains(s, "#") {
-		return fmt.Sprintf("base_url %q has a query or fragment, which requests to it would not carry (their path is appended): "+
-			"drop it (an API key goes in api_key_env)", RedactBaseURL(s))
+	if strings.Contains(s, "#") {
+		return fmt.Sprintf("base_url %q has a fragment, which requests to it would not carry: drop it", RedactBaseURL(s))
+	}
+	if !withQuery && (u.RawQuery != "" || u.ForceQuery) {
+		return fmt.Sprintf("base_url %q has a query, which requests to it would not carry (their path is appended): "+
+			"drop it (an API key goes in api_key_env; a provider keeps a query such as Azure's api-version)", RedactBaseURL(s))
 	}
 	return ""
 }

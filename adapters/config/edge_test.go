@@ -626,14 +626,17 @@ func TestBadAdapterEntryRefusedAtLoad(t *testing.T) {
 			`line 6: nodes[1] (id "gpu"): provider "p" has unknown type "grpc"`},
 		{node("    providers:\n      - {name: p, type: ollama, base_url: \"127.0.0.1:11434\"}\n"),
 			`line 6: nodes[1] (id "gpu"): provider "p" (ollama): base_url "127.0.0.1:11434" must be an http(s) URL`},
-		// A query (a key in it, often) is never quoted, and is refused:
-		// requests append their path after it.
-		{node("    providers:\n      - {name: p, type: openai, base_url: \"https://g.example/v1beta/openai?key=AIzaSECRET\"}\n"),
-			`line 6: nodes[1] (id "gpu"): provider "p" (openai): base_url "https://g.example/v1beta/openai?…" has a query or fragment`},
+		// A query (a key in it, often) is never quoted; an adapter's is
+		// refused (requests append their path after it), a provider's
+		// kept (Azure's api-version), a fragment refused alike.
+		{node("    adapters:\n      - {name: llm, type: openai, base_url: \"https://g.example/v1beta/openai?key=AIzaSECRET\"}\n"),
+			`line 6: nodes[1] (id "gpu"): adapter "llm" (openai): base_url "https://g.example/v1beta/openai?…" has a query`},
+		{node("    providers:\n      - {name: p, type: openai, base_url: \"https://g.example/v1#AIzaSECRET\"}\n"),
+			`line 6: nodes[1] (id "gpu"): provider "p" (openai): base_url "https://g.example/v1?…" has a fragment`},
 		{node("    providers:\n      - {name: p, type: openai, base_url: \"g.example/v1beta/openai?key=AIzaSECRET\"}\n"),
 			`line 6: nodes[1] (id "gpu"): provider "p" (openai): base_url "g.example/v1beta/openai?…" must be an http(s) URL`},
 		{node("    adapters:\n      - {name: llm, type: openai, base_url: \"http://127.0.0.1:8000/v1#AIzaSECRET\"}\n"),
-			`line 6: nodes[1] (id "gpu"): adapter "llm" (openai): base_url "http://127.0.0.1:8000/v1?…" has a query or fragment`},
+			`line 6: nodes[1] (id "gpu"): adapter "llm" (openai): base_url "http://127.0.0.1:8000/v1?…" has a fragment`},
 		{node("    providers:\n      - {name: p, type: openai, base_url: \"ftp://x\"}\n"),
 			`line 6: nodes[1] (id "gpu"): provider "p" (openai): base_url "ftp://x" must be an http(s) URL`},
 		{node("    providers:\n      - {name: \"p q/r\", type: openai, base_url: \"http://x\"}\n"),
@@ -882,5 +885,15 @@ func TestAPIKeyEnvHoldingTheKeyIsRefused(t *testing.T) {
 		"      - {name: q, type: openai, base_url: \"http://y\", api_key_env: openai_api_key}\n"
 	if _, err := config.ParseEdge("edge.yaml", []byte(doc)); err != nil {
 		t.Errorf("api_key_env naming a variable: %v", err)
+	}
+}
+
+// A provider's base_url keeps its query (Azure's api-version): the
+// provider client sends it before the caller's.
+func TestProviderBaseURLWithAQueryLoads(t *testing.T) {
+	doc := "nodes:\n  - id: n\n    token: aaaaaaaa\n    providers:\n" +
+		"      - {name: az, type: openai, base_url: \"https://r.openai.azure.com/openai/deployments/d?api-version=2024-10-21\", api_key_env: AZURE_KEY}\n"
+	if _, err := config.ParseEdge("edge.yaml", []byte(doc)); err != nil {
+		t.Fatalf("ParseEdge: %v", err)
 	}
 }
