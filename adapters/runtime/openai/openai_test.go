@@ -920,6 +920,25 @@ func TestProviderErrorQuotingTheKeyIsRedacted(t *testing.T) {
 		t.Errorf("message = %q", ev.Error.Message)
 	}
 
+	// A key the quote cuts short loses what is left of it too: a plain
+	// text answer is quoted to its first 1,024 bytes.
+	key := "sk-proj-" + strings.Repeat("K", 100)
+	cut := standin.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = io.WriteString(w, strings.Repeat("x", 980)+" got "+r.Header.Get("Authorization"))
+	})
+	t.Setenv("IOP_TEST_OPENAI_KEY", key)
+	a = newAdapter(t, domain.AdapterConfig{BaseURL: cut.URL, APIKeyEnv: "IOP_TEST_OPENAI_KEY"}, nil)
+	sink, err = run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev = requireTerminal(t, sink, domain.EventError, domain.CodeProviderError)
+	if m := ev.Error.Message; strings.Contains(m, "sk-proj-") || !strings.HasSuffix(m, "got Bearer [redacted]…") {
+		t.Errorf("message = …%q", m[max(0, len(m)-80):])
+	}
+
 	withPassword := strings.Replace(srv.URL, "://", "://proxyuser:pw-in-base-url@", 1)
 	a = newAdapter(t, domain.AdapterConfig{BaseURL: withPassword}, nil)
 	sink, err = run(t, a, domain.RunRequest{Target: "m", Input: []byte("hi")})

@@ -140,7 +140,7 @@ func withoutCredentials(err error, req *http.Request) error {
 	}
 	msg := de.Message
 	for _, s := range secrets {
-		msg = strings.ReplaceAll(msg, s, "[redacted]")
+		msg = redactCut(strings.ReplaceAll(msg, s, "[redacted]"), s)
 	}
 	if msg == de.Message {
 		return err
@@ -148,6 +148,31 @@ func withoutCredentials(err error, req *http.Request) error {
 	out := *de
 	out.Message = msg
 	return &out
+}
+
+// redactCut blanks in msg what is left of secret s where quoting cut it
+// short (Snippet, Truncate): its first minRedacted or more bytes running to
+// the end of msg or to the cut's "…". The whole of s is replaced already.
+func redactCut(msg, s string) string {
+	head := s[:minRedacted]
+	for i := 0; i < len(msg); {
+		j := strings.Index(msg[i:], head)
+		if j < 0 {
+			break
+		}
+		j += i
+		k := j + minRedacted
+		for k < len(msg) && k-j < len(s) && msg[k] == s[k-j] {
+			k++
+		}
+		if rest := msg[k:]; rest == "" || strings.HasPrefix(rest, "…") {
+			msg = msg[:j] + "[redacted]" + rest
+			i = j + len("[redacted]")
+			continue
+		}
+		i = j + 1
+	}
+	return msg
 }
 
 // RedirectError is the provider_error for a 3xx answer, which the client
