@@ -61,10 +61,11 @@
 // the index of a call that has another id starts a new call; at most 128
 // calls and 1 MiB in all, else provider_error; a run without a session
 // keeps no calls and has no such bound). A reply with tool calls is stored
-// with its reasoning as well (up to 1 MiB of it), in reasoning_content if
-// the server streamed that field, else in reasoning: DeepSeek's and Kimi's
-// thinking models refuse a later request whose tool-calling assistant
-// message lacks it. A reply without tool calls is stored without.
+// with the reasoning the server streamed as reasoning_content (up to 1 MiB
+// of it): DeepSeek's and Kimi's thinking models refuse a later request
+// whose tool-calling assistant message lacks it. Reasoning streamed as
+// reasoning (which Groq refuses back) and a reply without tool calls are
+// stored without.
 package openai
 
 import (
@@ -762,23 +763,19 @@ func (s *stream) emitMessage(m *message) error {
 // (stream.reasoning): what comes past it is not kept.
 const maxKeptReasoning = chat.MaxToolCallBytes
 
-// keepReasoning adds m's reasoning to what the reply is stored with:
-// reasoning_content once a delta carried it (DeepSeek and Kimi refuse a
-// tool-calling assistant message without it; vLLM sends the same text in
-// both fields), else reasoning (OpenRouter's, Ollama's /v1).
+// keepReasoning adds m's reasoning_content to what the reply is stored
+// with: DeepSeek and Kimi refuse a tool-calling assistant message without
+// it (vLLM sends the same text in reasoning too). A reasoning field alone
+// (OpenRouter's, Ollama's /v1, Groq's) is not kept: no server is known to
+// need it back, and some refuse it in a request ("property 'reasoning' is
+// unsupported").
 func (s *stream) keepReasoning(m *message) {
 	r := text(m.ReasoningContent)
-	switch {
-	case r != "":
-		s.reasoningField = "reasoning_content"
-	case s.reasoningField == "reasoning_content":
+	if r == "" {
 		return
-	default:
-		if r = text(m.Reasoning); r != "" {
-			s.reasoningField = "reasoning"
-		}
 	}
-	if n := maxKeptReasoning - s.reasoning.Len(); n > 0 && r != "" {
+	s.reasoningField = "reasoning_content"
+	if n := maxKeptReasoning - s.reasoning.Len(); n > 0 {
 		if len(r) > n {
 			r = strings.ToValidUTF8(r[:n], "")
 		}

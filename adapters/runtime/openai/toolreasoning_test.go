@@ -16,13 +16,18 @@ import (
 // "Missing `reasoning_content` field in the assistant message", "thinking
 // is enabled but reasoning_content is missing in assistant tool call
 // message"). A session stores the reasoning of a reply that made tool
-// calls, under the field the server streamed it in, so the turn that
+// calls when the server streamed it as reasoning_content, so the turn that
 // answers the calls — and every later one — is accepted; a reply without
-// tool calls is stored without its reasoning, as before.
+// tool calls is stored without its reasoning, as before, and so is one
+// whose reasoning came as reasoning (OpenRouter, Ollama's /v1, Groq: none
+// needs it back, and Groq refuses it in a request).
 func TestToolCallingReplyKeepsItsReasoning(t *testing.T) {
-	cases := []struct{ name, field string }{
-		{"DeepSeek", "reasoning_content"},
-		{"OpenRouter", "reasoning"},
+	cases := []struct {
+		name, field string
+		kept        bool
+	}{
+		{"DeepSeek", "reasoning_content", true},
+		{"OpenRouter", "reasoning", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -57,8 +62,8 @@ func TestToolCallingReplyKeepsItsReasoning(t *testing.T) {
 			if err := json.Unmarshal(raw, &msgs); err != nil || len(msgs) != 5 {
 				t.Fatalf("third request sent %s (%v)", raw, err)
 			}
-			if got := string(msgs[1][tc.field]); got != `"The user wants the time."` || msgs[1]["tool_calls"] == nil {
-				t.Errorf("the tool-calling reply was replayed as %s, want its %s", msgs[1], tc.field)
+			if got := string(msgs[1][tc.field]); (got == `"The user wants the time."`) != tc.kept || msgs[1]["tool_calls"] == nil {
+				t.Errorf("the tool-calling reply was replayed as %s, want its %s kept: %v", msgs[1], tc.field, tc.kept)
 			}
 			if _, ok := msgs[3][tc.field]; ok {
 				t.Errorf("the final answer was replayed with its reasoning: %s", msgs[3])
