@@ -92,7 +92,8 @@ const (
 	DefaultMaxBody          = 32 << 20
 	DefaultWriteIdleTimeout = 5 * time.Minute
 	// smallBody is the largest declared body read whole before routing
-	// (it then travels in the tunnel's opening frame).
+	// (its first piece then travels in the tunnel's opening frame, the
+	// rest in pieces behind it: transport's OpenTunnel).
 	smallBody = 1 << 20
 	// maxListBody bounds one node's answer to a merged list (/api/ps).
 	maxListBody = 8 << 20
