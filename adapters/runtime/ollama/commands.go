@@ -112,7 +112,7 @@ func quoteAll(keys []string) string {
 
 // call makes one request and returns Ollama's JSON result.
 func (a *Adapter) call(ctx context.Context, method, path string, body []byte) ([]byte, error) {
-	resp, err := upstream.Do(ctx, a.hc, method, a.base+path, body, a.header())
+	resp, err := upstream.Do(ctx, a.hc, method, a.url(path), body, a.header())
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +140,7 @@ func (a *Adapter) call(ctx context.Context, method, path string, body []byte) ([
 func (a *Adapter) pull(ctx context.Context, body []byte, progress func([]byte) error) ([]byte, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	resp, err := upstream.Do(ctx, a.hc, http.MethodPost, a.base+"/api/pull", body, a.header())
+	resp, err := upstream.Do(ctx, a.hc, http.MethodPost, a.url("/api/pull"), body, a.header())
 	if err != nil {
 		return nil, err
 	}

@@ -212,3 +212,22 @@ func TestCommandConnectRefused(t *testing.T) {
 }
 
 func pathOf(r standin.Request) string { return r.Method + " " + r.Path }
+
+// An Ollama declared as a provider may have a base_url with a query (a
+// proxy's token), which its tunnels keep after the path; its commands and
+// chats keep it too, instead of sending the path inside the query.
+func TestBaseURLQueryFollowsThePath(t *testing.T) {
+	seen := make(chan string, 4)
+	srv := standin.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Method + " " + r.URL.Path + "?" + r.URL.RawQuery
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"models":[]}`)
+	})
+	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL + "/?token=abc"}, nil)
+	if got, err := command(t, a, ollama.CmdList, ""); err != nil || got != `{"models":[]}` {
+		t.Fatalf("ollama.list = %s, %v", got, err)
+	}
+	if got := <-seen; got != "GET /api/tags?token=abc" {
+		t.Fatalf("request %q, want GET /api/tags?token=abc", got)
+	}
+}

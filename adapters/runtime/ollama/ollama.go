@@ -65,7 +65,8 @@ var passThrough = []string{"tools", "think", "options", "format", "keep_alive"}
 // Adapter runs chats against one Ollama server. It is safe for concurrent use.
 type Adapter struct {
 	name           string
-	base           string
+	base           string // base_url without its query or a trailing "/"
+	query          string // "?" and base_url's query, or ""
 	models         []string
 	maxConcurrency int
 	timeout        time.Duration
@@ -128,9 +129,17 @@ func New(cfg domain.AdapterConfig, chats ports.ChatSessionStore, opts ...Option)
 	if err := domain.CheckMaxHistoryBytes(cfg.Name, cfg.MaxHistoryBytes); err != nil {
 		return nil, err
 	}
+	// A provider's base_url may carry a query (a proxy's token), which
+	// every request keeps after its path, as the provider client does; an
+	// adapter's has none (the edge refuses it).
+	base, query, _ := strings.Cut(cfg.BaseURL, "?")
+	if query != "" {
+		query = "?" + query
+	}
 	a := &Adapter{
 		name:           cfg.Name,
-		base:           strings.TrimSuffix(cfg.BaseURL, "/"),
+		base:           strings.TrimSuffix(base, "/"),
+		query:          query,
 		models:         append([]string(nil), cfg.Models...),
 		maxConcurrency: cmp.Or(cfg.MaxConcurrency, domain.DefaultMaxConcurrency),
 		timeout:        cfg.Timeout,
@@ -144,6 +153,9 @@ func New(cfg domain.AdapterConfig, chats ports.ChatSessionStore, opts ...Option)
 	}
 	return a, nil
 }
+
+// url is the address of path on the server, base_url's query kept.
+func (a *Adapter) url(path string) string { return a.base + path + a.query }
 
 func checkBaseURL(cfg domain.AdapterConfig) error {
 	u, err := url.Parse(cfg.BaseURL)
@@ -242,7 +254,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 
 	limit := runlimit.New(ctx, a.timeout)
 	defer limit.Stop()
-	resp, err := upstream.Do(limit.Context(), a.hc, http.MethodPost, a.base+"/api/chat", payload, a.header())
+	resp, err := upstream.Do(limit.Context(), a.hc, http.MethodPost, a.url("/api/chat"), payload, a.header())
 	if err != nil {
 		return limit.Fail(sink, "ollama chat", err)
 	}
