@@ -494,3 +494,25 @@ func TestRetryNoticesAreBounded(t *testing.T) {
 		t.Errorf("%d api_retry events for %d notices, want 1 to %d", count, n, agent.MaxNotices)
 	}
 }
+
+// A CLI that ends its stdout before it exits still has every retry notice
+// it writes afterwards sent as it comes: the runner reads notices until the
+// CLI exits, not only the queue's last ones once it has.
+func TestRetryNoticesAfterStdoutEnds(t *testing.T) {
+	init := `{"type":"init","session_id":"` + sessionID + `","model":"gemini-2.5-pro"}` + "\n"
+	result := `{"type":"result","status":"success","stats":{"total_tokens":5,"input_tokens":3,"output_tokens":2,"duration_ms":3,"models":{}}}` + "\n"
+	const n = 40
+	cli := standin.WriteCLI(t, standin.Printf(init)+standin.Printf(result)+"exec 1>&-\n"+
+		fmt.Sprintf("i=1; while [ $i -le %d ]; do echo \"Attempt $i failed with status 429. Retrying with backoff...\" >&2; i=$((i+1)); sleep 0.005; done\n", n))
+	sink := run(t, newAdapter(t, cli, domain.AdapterConfig{}, nil), domain.RunRequest{})
+	requireTerminal(t, sink, domain.EventComplete, "")
+	count := 0
+	for _, ev := range sink.Events() {
+		if strings.HasPrefix(string(ev.Metadata), `{"api_retry":`) {
+			count++
+		}
+	}
+	if count != n {
+		t.Errorf("%d api_retry events for %d notices written after stdout ended", count, n)
+	}
+}

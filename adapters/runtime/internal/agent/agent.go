@@ -198,6 +198,19 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 			}
 		}
 	}
+	// A CLI may end its stdout before it exits: its notices still go out
+	// as they come, not only the last maxQueuedNotices of them.
+	for exited := false; !exited; {
+		select {
+		case v := <-notices.c:
+			if err := notices.send(t, v); err != nil {
+				p0.Kill()
+				return err
+			}
+		case <-p0.Done():
+			exited = true
+		}
+	}
 	state := p0.Wait()
 	linger.Stop()
 	if ctx.Err() != nil {

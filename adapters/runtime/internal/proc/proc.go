@@ -177,6 +177,10 @@ func (p *Process) Wait() *os.ProcessState {
 	return p.cmd.ProcessState
 }
 
+// Done is closed once the program has exited and its stderr has been read
+// to its end (every StderrLine delivered); Wait then returns at once.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
 // Stderr returns the last StderrTail bytes of stderr, trimmed. Call it after Wait.
 func (p *Process) Stderr() string { return p.stderr.String() }
 
