@@ -38,6 +38,10 @@ type TunnelRecord struct {
 	Usage      *Usage
 	StartedAt  time.Time
 	FinishedAt time.Time
+	// Response is the id of the stored response the tunnel created (a
+	// Responses API create), "" for none: whose it is, and where its
+	// follow-ups go, for an edge that no longer remembers it.
+	Response string
 }
 
 // Duration is how long the tunnel was open.

@@ -52,6 +52,14 @@ type RunHistory interface {
 	RecordTunnel(t domain.TunnelRecord)
 }
 
+// ResponseHistory finds, in the history, the tunnel that created a stored
+// response (domain.TunnelRecord.Response).
+type ResponseHistory interface {
+	// ResponseOrigin returns the oldest tunnel recorded as creating
+	// response id; found is false when the history holds none.
+	ResponseOrigin(ctx context.Context, id string) (t domain.TunnelRecord, found bool, err error)
+}
+
 // HistoryReader answers from the history.
 type HistoryReader interface {
 	// GetRun returns domain.ErrRunNotFound for an unknown id.

@@ -84,6 +84,9 @@ type SubmitProviderTunnelHandler struct {
 
 	// Observe receives every finished tunnel.
 	Observe Observers
+	// Responses, if set, is the history RecallResponse reads: where a
+	// stored response this edge process does not remember was created.
+	Responses ports.ResponseHistory
 }
 
 // NewSubmitProviderTunnelHandler refuses nil dependencies (log may be nil).
@@ -299,6 +302,40 @@ func anyServes(ps []providerModels, model string) bool {
 	return false
 }
 
+// responseRecallTimeout bounds a stored response's recall from the
+// history, as a session's is.
+const responseRecallTimeout = sessionRecallTimeout
+
+// ResponseOrigin is where a stored response was created, and by which API
+// key.
+type ResponseOrigin struct {
+	Node, Provider, Key string
+}
+
+// RecallResponse looks up in the history where stored response id was
+// created, for a follow-up of a response this edge process does not
+// remember (it restarted, or forgot the id among newer ones). found is
+// false when there is no history or it holds no such response; err, when
+// the history cannot answer within responseRecallTimeout, is
+// history_unavailable.
+func (h *SubmitProviderTunnelHandler) RecallResponse(ctx context.Context, id string) (o ResponseOrigin, found bool, err error) {
+	if h.Responses == nil || id == "" {
+		return ResponseOrigin{}, false, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, responseRecallTimeout)
+	defer cancel()
+	t, found, err := h.Responses.ResponseOrigin(ctx, id)
+	if err != nil {
+		h.log.Warn("stored response's owner not recalled from the history", "response", id, "key", domain.PrincipalFrom(ctx).Name, "err", err)
+		return ResponseOrigin{}, false, domain.Errorf(domain.CodeHistoryUnavailable,
+			"response %q: the edge's history, which says whose it is, cannot be read now; retry later", id)
+	}
+	if !found {
+		return ResponseOrigin{}, false, nil
+	}
+	return ResponseOrigin{Node: t.Node, Provider: t.Provider, Key: t.Key}, true, nil
+}
+
 // ProviderTarget is one connected node's provider of some API family.
 type ProviderTarget struct {
 	Node     string
@@ -347,6 +384,11 @@ type Tunnel struct {
 	// runs once, on the goroutine that ends the tunnel, and CountUsage
 	// judges its answer as it does the node's.
 	ReadUsage func() *domain.Usage
+	// Response, if set before the tunnel ends, is the id of the stored
+	// response it created (a Responses API create): the history records
+	// it, so that an edge that no longer remembers the response still
+	// knows its key, node and provider (RecallResponse).
+	Response string
 
 	h       *SubmitProviderTunnelHandler
 	stream  ports.TunnelStream

@@ -331,14 +331,21 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 			WriteError(w, r, http.StatusBadRequest, domain.CodeInvalidRequest, err.Error())
 			return
 		}
-		// An id this edge did not see created (or one on a node the caller
-		// may not see, as for the follow-ups) is routed by model alone.
-		// Another key's response is not continued: the provider would
-		// replay its conversation to this caller.
+		// An id neither this edge nor its history saw created (or one on a
+		// node the caller may not see, as for the follow-ups) is routed by
+		// model alone. Another key's response is not continued: the
+		// provider would replay its conversation to this caller. A history
+		// that cannot tell whose it is refuses all but an admin key.
 		pinned := false
-		if at, ok := h.responses.get(follows); follows != "" && ok {
+		if follows != "" {
 			p := domain.PrincipalFrom(r.Context())
+			at, ok, err := h.responseOf(r.Context(), follows)
+			if err != nil && !p.Allows(domain.ScopeAdmin) {
+				WriteError(w, r, statusFor(err), domain.CodeOf(err), domain.MessageOf(err))
+				return
+			}
 			switch {
+			case !ok:
 			case at.usableBy(p):
 				node, provider, pinned = at.node, at.provider, true
 			case p.SeesNode(at.node) && model != "":
@@ -568,6 +575,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 				if id, done := sniff.feed(f.Body); done {
 					if id != "" && h.responses.put(id, responseAt{node: tun.Node, provider: tun.Provider, key: domain.PrincipalFrom(r.Context()).Name}) {
 						created = id
+						tun.Response = id // the history keeps whose it is
 					}
 					sniff = nil
 				}
@@ -693,7 +701,7 @@ func statusFor(err error) int {
 		return http.StatusTooManyRequests
 	case domain.CodeForbidden:
 		return http.StatusForbidden
-	case domain.CodeNoNodeAvailable, domain.CodeShuttingDown:
+	case domain.CodeNoNodeAvailable, domain.CodeShuttingDown, domain.CodeHistoryUnavailable:
 		return http.StatusServiceUnavailable
 	case domain.CodeProviderUnreachable, domain.CodeProviderError, domain.CodeNodeDisconnected, domain.CodeStreamReset:
 		return http.StatusBadGateway

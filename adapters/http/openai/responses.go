@@ -2,6 +2,7 @@ package openaiapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -19,9 +20,12 @@ const (
 
 // responseFollowUp serves the Responses API's follow-ups (retrieve, delete,
 // cancel, input items) at the node and provider that created the response:
-// that provider holds its state. An id this edge did not see created goes
-// to the only node with a provider of the OpenAI API, if there is just one;
-// otherwise it is not found. A response created on a node the caller may
+// that provider holds its state. An id this edge does not remember is
+// looked up in its history (responseOf); one neither knows goes to the
+// pinned node (X-IOP-Node) or the only node with a provider of the OpenAI
+// API, if there is just one; otherwise it is not found. A history that
+// cannot be read refuses all but an admin key (503 history_unavailable),
+// as whose the response is cannot be told. A response created on a node the caller may
 // not see is answered as one this edge never saw: proxying there would
 // fail naming the node, and a node outside a key's limit does not exist
 // for that key. So is another key's response (an admin key may follow up
@@ -30,8 +34,15 @@ const (
 // edge's provider key.
 func (h *Handler) responseFollowUp(w http.ResponseWriter, r *http.Request, id string) {
 	t := target{family: domain.ProviderOpenAI, followUp: id}
-	if at, ok := h.responses.get(id); ok {
-		if !at.usableBy(domain.PrincipalFrom(r.Context())) {
+	p := domain.PrincipalFrom(r.Context())
+	at, ok, err := h.responseOf(r.Context(), id)
+	if err != nil && !p.Allows(domain.ScopeAdmin) {
+		// Whose it is cannot be told: not another key's to risk.
+		WriteError(w, r, statusFor(err), domain.CodeOf(err), domain.MessageOf(err))
+		return
+	}
+	if ok {
+		if !at.usableBy(p) {
 			WriteError(w, r, http.StatusNotFound, "response_not_found", fmt.Sprintf("response %q was not created through this edge", id))
 			return
 		}
@@ -43,7 +54,7 @@ func (h *Handler) responseFollowUp(w http.ResponseWriter, r *http.Request, id st
 		return
 	}
 	nodes := map[string]bool{}
-	for _, p := range h.deps.Tunnels.Targets(domain.PrincipalFrom(r.Context()), domain.ProviderOpenAI) {
+	for _, p := range h.deps.Tunnels.Targets(p, domain.ProviderOpenAI) {
 		nodes[p.Node] = true
 	}
 	if len(nodes) == 1 {
@@ -56,7 +67,33 @@ func (h *Handler) responseFollowUp(w http.ResponseWriter, r *http.Request, id st
 		fmt.Sprintf("response %q was not created through this edge (or is too old to be remembered); pin its node with the X-IOP-Node header", id))
 }
 
-// responseAt is where a response was created, and by which API key.
+// responseOf is where response id was created: as this edge remembers
+// it, or, for one it does not remember (it restarted, or forgot the id
+// among 10,000 newer ones), as its history recalls it — remembered from
+// then on, its usage counted by its creation. ok is false when neither
+// knows it; err, when the history could not be read.
+func (h *Handler) responseOf(ctx context.Context, id string) (at responseAt, ok bool, err error) {
+	if at, ok := h.responses.get(id); ok {
+		return at, true, nil
+	}
+	o, found, err := h.deps.Tunnels.RecallResponse(ctx, id)
+	if err != nil || !found {
+		return responseAt{}, false, err
+	}
+	at = responseAt{node: o.Node, provider: o.Provider, key: o.Key, counted: true}
+	if at.key == domain.AnonymousName {
+		at.key = "" // created on an edge without keys: no key's
+	}
+	if !h.responses.put(id, at) {
+		// Remembered meanwhile (a create, or another recall): as first seen.
+		at, _ = h.responses.get(id)
+	}
+	return at, true, nil
+}
+
+// responseAt is where a response was created, and by which API key: ""
+// for none (one the history recalls as created on an edge without keys,
+// by its anonymous caller).
 type responseAt struct {
 	node, provider, key string
 	// counted: a tunnel of this response counted its usage (the creation,
@@ -65,10 +102,10 @@ type responseAt struct {
 }
 
 // usableBy reports whether p may follow up the response: p sees its node,
-// and it is p's own or p has the admin scope (on an edge without keys every
-// caller is the one anonymous admin).
+// and it is p's own, no key's, or p has the admin scope (on an edge without
+// keys every caller is the one anonymous admin).
 func (a responseAt) usableBy(p domain.Principal) bool {
-	return p.SeesNode(a.node) && (a.key == p.Name || p.Allows(domain.ScopeAdmin))
+	return p.SeesNode(a.node) && (a.key == p.Name || a.key == "" || p.Allows(domain.ScopeAdmin))
 }
 
 // responseNodes remembers which node and provider created a response, and

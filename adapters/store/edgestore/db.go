@@ -51,7 +51,7 @@ var (
 		"completion_tokens", "total_tokens", "cost_usd", "has_usage"}
 	tunnelColumns = []string{"id", "edge_id", "node", "provider", "model", "path", "key_name", "status",
 		"error_code", "body_bytes", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd",
-		"started_us", "finished_us"}
+		"started_us", "finished_us", "response_id"}
 	runWriteSQL    = insertSQL("edge_runs", runColumns, "DO UPDATE SET "+strings.Join(runUpdateSet("edge_runs"), ", "))
 	tunnelWriteSQL = insertSQL("edge_tunnels", tunnelColumns, "DO NOTHING")
 )
@@ -363,6 +363,16 @@ var migrations = []struct {
 	// its predicate.
 	{3, []string{
 		`CREATE INDEX edge_runs_live_idx ON edge_runs (status, created_us, id) WHERE status = 'queued' OR status = 'running'`,
+	}},
+	// The stored response (Responses API) a tunnel created: whose it is
+	// and where its follow-ups go, for an edge that no longer remembers
+	// it (a restart, or 10,000 newer ones). Nullable, and the index
+	// partial, so the many tunnels that create none cost no index entry;
+	// the column is added without a default, which neither database
+	// rewrites the table for.
+	{4, []string{
+		`ALTER TABLE edge_tunnels ADD COLUMN response_id VARCHAR(255)`,
+		`CREATE INDEX edge_tunnels_response_idx ON edge_tunnels (response_id, started_us) WHERE response_id IS NOT NULL`,
 	}},
 }
 

@@ -55,7 +55,13 @@ type tunnelRow struct {
 	CostUSD          float64 `bun:"cost_usd"`
 	StartedUS        int64   `bun:"started_us"`
 	FinishedUS       int64   `bun:"finished_us"`
+	// ResponseID is the stored response the tunnel created; NULL for none
+	// (most tunnels), which its index leaves out.
+	ResponseID string `bun:"response_id,nullzero"`
 }
+
+// maxResponseID bounds a stored response id as kept (and looked up).
+const maxResponseID = 255
 
 func micros(t time.Time) int64 {
 	if t.IsZero() {
@@ -138,6 +144,7 @@ func toTunnelRow(edgeID string, t domain.TunnelRecord) tunnelRow {
 		ID: text(t.ID, 64), EdgeID: text(edgeID, 255), Node: text(t.Node, 255), Provider: text(t.Provider, 255),
 		Model: text(t.Model, 255), Path: text(t.Path, maxText), KeyName: text(keyOr(t.Key), 255), Status: t.Status,
 		ErrorCode: text(t.ErrorCode, 64), BodyBytes: t.BodyBytes, StartedUS: micros(t.StartedAt), FinishedUS: micros(t.FinishedAt),
+		ResponseID: text(t.Response, maxResponseID),
 	}
 	if u := t.Usage; u != nil {
 		row.PromptTokens, row.CompletionTokens, row.TotalTokens, row.CostUSD = storedUsage(*u)
@@ -166,5 +173,22 @@ func (row *runRow) args() []any {
 func (row *tunnelRow) args() []any {
 	return []any{row.ID, row.EdgeID, row.Node, row.Provider, row.Model, row.Path, row.KeyName, int64(row.Status),
 		row.ErrorCode, row.BodyBytes, row.PromptTokens, row.CompletionTokens, row.TotalTokens, row.CostUSD,
-		row.StartedUS, row.FinishedUS}
+		row.StartedUS, row.FinishedUS, nullString(row.ResponseID)}
+}
+
+// nullString is s as a value to bind: NULL for "".
+func nullString(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// record is the tunnel row as read back, without its usage.
+func (row tunnelRow) record() domain.TunnelRecord {
+	return domain.TunnelRecord{
+		ID: row.ID, Node: row.Node, Provider: row.Provider, Model: row.Model, Path: row.Path, Key: row.KeyName,
+		Status: row.Status, ErrorCode: row.ErrorCode, BodyBytes: row.BodyBytes,
+		StartedAt: fromMicros(row.StartedUS), FinishedAt: fromMicros(row.FinishedUS), Response: row.ResponseID,
+	}
 }

@@ -581,6 +581,36 @@ func (s *Store) GetRun(ctx context.Context, id string) (domain.RunRecord, error)
 	return rows[0].record(), nil
 }
 
+// ResponseOrigin returns the oldest tunnel recorded as creating stored
+// response id (ports.ResponseHistory): the first to answer with an id
+// created it, as the edge remembers ids in memory. found is false when the
+// history holds no such tunnel (the id is as long as the column keeps).
+func (s *Store) ResponseOrigin(ctx context.Context, id string) (domain.TunnelRecord, bool, error) {
+	id = text(id, maxResponseID)
+	if id == "" {
+		return domain.TunnelRecord{}, false, nil
+	}
+	ctx, cancel := s.readContext(ctx)
+	defer cancel()
+	var rows []tunnelRow
+	if err := s.retry(ctx, func() error {
+		rows = nil
+		return s.db.responseQuery(&rows, id).Scan(ctx)
+	}); err != nil {
+		return domain.TunnelRecord{}, false, s.readError(ctx, fmt.Errorf("read response: %w", err))
+	}
+	if len(rows) == 0 {
+		return domain.TunnelRecord{}, false, nil
+	}
+	return rows[0].record(), true, nil
+}
+
+// responseQuery is ResponseOrigin's statement: the oldest tunnel of
+// response id (as stored), through edge_tunnels_response_idx.
+func (db *DB) responseQuery(rows *[]tunnelRow, id string) *bun.SelectQuery {
+	return db.read.NewSelect().Model(rows).Where("response_id = ?", id).OrderExpr("started_us ASC, id ASC").Limit(1)
+}
+
 // Limits of a listing.
 const (
 	DefaultLimit = 50
