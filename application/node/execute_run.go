@@ -29,7 +29,7 @@ const MaxEventText = 16 << 10
 // its caller and stored whole, and six such runs made the runs command's
 // answer larger than the edge accepts. A longer message keeps its head, cut
 // at a character boundary and marked (see clipMessage).
-const MaxErrorMessage = 8 << 10
+const MaxErrorMessage = domain.MaxPeerMessage
 
 var (
 	errCancelRequested = errors.New("cancelled by request")
@@ -466,7 +466,7 @@ func (m *RunManager) Running(runID string) (domain.RunSnapshot, bool) {
 // but the answer is run_not_found, since it may as well be on another node
 // or none.
 func (m *RunManager) CancelRun(ctx context.Context, runID, reason string) error {
-	reason = clipTo(strings.ToValidUTF8(reason, "\uFFFD"), maxCancelReason)
+	reason = domain.ClipMessage(strings.ToValidUTF8(reason, "\uFFFD"), maxCancelReason)
 	m.mu.Lock()
 	ar := m.active[runID]
 	if ar == nil {
@@ -750,27 +750,13 @@ func sendable(ev domain.RunEvent) domain.RunEvent {
 }
 
 // clipMessage returns msg (valid UTF-8) if it is at most MaxErrorMessage
-// bytes, else its head, cut at a character boundary, and a marker saying
-// how long it was, within MaxErrorMessage in all.
-func clipMessage(msg string) string { return clipTo(msg, MaxErrorMessage) }
+// bytes, else its head and how long it was (domain.ClipMessage).
+func clipMessage(msg string) string { return domain.ClipMessage(msg, MaxErrorMessage) }
 
 // maxCancelReason is the most of a cancel's reason a run keeps, in bytes:
 // the edge's reasons are a line, and a missed cancel holds its reason for
 // missedCancelTTL.
 const maxCancelReason = 1 << 10
-
-// clipTo is clipMessage with max bytes in all.
-func clipTo(msg string, max int) string {
-	if len(msg) <= max {
-		return msg
-	}
-	mark := fmt.Sprintf("… (%d bytes in all)", len(msg))
-	cut := max - len(mark)
-	for cut > 0 && !utf8.RuneStart(msg[cut]) {
-		cut--
-	}
-	return msg[:cut] + mark
-}
 
 // splitText cuts a text event into pieces of at most MaxEventText bytes,
 // never inside a UTF-8 sequence.
