@@ -306,23 +306,17 @@ const apiKeyEnvMessage = "api_key_env takes the name of an environment variable 
 
 // envVarName reports whether name can be an environment variable's name
 // ([A-Za-z_][A-Za-z0-9_]*) and is not a run of 16 or more hex digits (a
-// token). A key that passes (letters and digits only) is caught by the
-// node, which warns of an api_key_env it lacks.
+// token): ConventionalEnvName of its ASCII upper case. A key that passes
+// (letters and digits only) is caught by the node, which warns of an
+// api_key_env it lacks.
 func envVarName(name string) bool {
-	return ConventionalEnvName(strings.ToUpper(name)) && !longHex(name)
-}
-
-// longHex reports whether s is 16 or more hex digits, nothing else.
-func longHex(s string) bool {
-	if len(s) < 16 {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
-			return false
+	up := []byte(name)
+	for i, c := range up {
+		if c >= 'a' && c <= 'z' {
+			up[i] = c - 'a' + 'A'
 		}
 	}
-	return true
+	return ConventionalEnvName(string(up))
 }
 
 // ConventionalEnvName reports whether name is an upper-case environment
