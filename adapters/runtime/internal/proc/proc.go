@@ -191,7 +191,6 @@ type tail struct {
 	buf  []byte
 	line func([]byte)
 	cur  []byte // the line being written, at most MaxStderrLine bytes
-	open bool   // a line has begun since the last one ended
 }
 
 func (t *tail) Write(b []byte) (int, error) {
@@ -218,7 +217,7 @@ func (t *tail) split(b []byte) {
 		if room := MaxStderrLine - len(t.cur); len(piece) > room {
 			piece = piece[:room] // the rest of the line is dropped
 		}
-		t.cur, t.open = append(t.cur, piece...), true
+		t.cur = append(t.cur, piece...)
 		if i < 0 {
 			return
 		}
@@ -229,14 +228,14 @@ func (t *tail) split(b []byte) {
 
 func (t *tail) emit() {
 	t.line(bytes.TrimSuffix(t.cur, []byte("\r")))
-	t.cur, t.open = t.cur[:0], false
+	t.cur = t.cur[:0]
 }
 
 // flush hands a last line without a line ending to t.line.
 func (t *tail) flush() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.line != nil && t.open {
+	if t.line != nil && len(t.cur) > 0 {
 		t.emit()
 	}
 }
