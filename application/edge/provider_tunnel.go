@@ -312,6 +312,14 @@ type ResponseOrigin struct {
 	Node, Provider, Key string
 }
 
+// Connected reports whether node is connected to this edge process (a
+// stopping node too): a response created on one that is not (it left, or
+// it is another edge's, sharing the history) cannot be followed up there.
+func (h *SubmitProviderTunnelHandler) Connected(node string) bool {
+	_, ok := h.reg.Get(node)
+	return ok
+}
+
 // RecallResponse looks up in the history where stored response id was
 // created, for a follow-up of a response this edge process does not
 // remember (it restarted, or forgot the id among newer ones). found is

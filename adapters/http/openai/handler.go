@@ -331,11 +331,13 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 			WriteError(w, r, http.StatusBadRequest, domain.CodeInvalidRequest, err.Error())
 			return
 		}
-		// An id neither this edge nor its history saw created (or one on a
-		// node the caller may not see, as for the follow-ups) is routed by
-		// model alone. Another key's response is not continued: the
-		// provider would replay its conversation to this caller. A history
-		// that cannot tell whose it is refuses all but an admin key.
+		// An id neither this edge nor its history saw created is routed by
+		// model alone, and so is one of the caller's whose node is not
+		// connected here (another edge's, sharing the history). Another
+		// key's response is not continued, whichever nodes the caller may
+		// see: the provider would replay its conversation to this caller
+		// (the answer names no node). A history that cannot tell whose it
+		// is refuses all but an admin key.
 		pinned := false
 		if follows != "" {
 			p := domain.PrincipalFrom(r.Context())
@@ -346,11 +348,11 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 			}
 			switch {
 			case !ok:
-			case at.usableBy(p):
-				node, provider, pinned = at.node, at.provider, true
-			case p.SeesNode(at.node) && model != "":
+			case !at.ownedBy(p):
 				WriteError(w, r, http.StatusNotFound, "previous_response_not_found", fmt.Sprintf("previous response %q was not created through this edge", follows))
 				return
+			case p.SeesNode(at.node) && h.deps.Tunnels.Connected(at.node):
+				node, provider, pinned = at.node, at.provider, true
 			}
 		}
 		if model == "" && !(t.modelOptional && pinned) {

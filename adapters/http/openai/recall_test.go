@@ -164,3 +164,39 @@ func TestResponseFollowUpWithoutAReadableHistory(t *testing.T) {
 		t.Fatalf("admin: %d %s (%d tunnels)", resp.StatusCode, got, a.count())
 	}
 }
+
+// fixedResponses is a history that recalls one stored response.
+type fixedResponses struct{ rec domain.TunnelRecord }
+
+func (f fixedResponses) ResponseOrigin(_ context.Context, id string) (domain.TunnelRecord, bool, error) {
+	return f.rec, id == f.rec.Response, nil
+}
+
+// A response the history recalls as created on a node not connected here
+// (another edge's, sharing a PostgreSQL history behind one load balancer;
+// a node gone since) is routed for its key as an id the edge does not
+// know — the pin, the only node, the model — instead of a 404 naming the
+// absent node; another key is refused still.
+func TestRecalledResponseOfANodeNotConnectedHere(t *testing.T) {
+	e := historyEnv(t, nil, fixedResponses{domain.TunnelRecord{Response: "resp_x", Node: "other-edges", Provider: "p", Key: "x"}})
+	b := e.node(t, "b", serve(response(200, "application/json", `{"id":"resp_x","object":"response"}`)...), provider("p", domain.ProviderOpenAI, "m"))
+	c := e.node(t, "c", serve(response(200, "application/json", `{"id":"resp_c"}`)...), provider("p", domain.ProviderOpenAI, "m"))
+	x, y := e.as(t, "x", domain.ScopeInference), e.as(t, "y", domain.ScopeInference)
+
+	if resp := do(t, http.MethodGet, x.URL+"/v1/responses/resp_x", "", "X-IOP-Node", "b"); resp.StatusCode != 200 || b.count() != 1 {
+		t.Fatalf("x's pinned follow-up: %d %s (b: %d tunnels)", resp.StatusCode, readAll(t, resp), b.count())
+	}
+	resp := do(t, http.MethodPost, x.URL+"/v1/responses", `{"model":"m","previous_response_id":"resp_x"}`)
+	if got := readAll(t, resp); resp.StatusCode != 200 || b.count()+c.count() != 2 {
+		t.Fatalf("x's continuation: %d %s (b: %d, c: %d tunnels)", resp.StatusCode, got, b.count(), c.count())
+	}
+	for _, req := range [][3]string{
+		{http.MethodGet, "/v1/responses/resp_x", ""},
+		{http.MethodPost, "/v1/responses", `{"model":"m","previous_response_id":"resp_x"}`},
+	} {
+		resp := do(t, req[0], y.URL+req[1], req[2], "X-IOP-Node", "b")
+		if got := readAll(t, resp); resp.StatusCode != 404 || b.count()+c.count() != 2 {
+			t.Fatalf("y: %s %s = %d %s", req[0], req[1], resp.StatusCode, got)
+		}
+	}
+}

@@ -46,8 +46,13 @@ func (h *Handler) responseFollowUp(w http.ResponseWriter, r *http.Request, id st
 			WriteError(w, r, http.StatusNotFound, "response_not_found", fmt.Sprintf("response %q was not created through this edge", id))
 			return
 		}
-		h.proxy(w, r, t, at.node, at.provider)
-		return
+		if h.deps.Tunnels.Connected(at.node) {
+			h.proxy(w, r, t, at.node, at.provider)
+			return
+		}
+		// The caller's, created on a node not connected here (another
+		// edge's, sharing the history; one gone since): routed as an id
+		// the edge does not know.
 	}
 	if pinned := r.Header.Get(NodeHeader); pinned != "" {
 		h.proxy(w, r, t, pinned, "")
@@ -105,7 +110,13 @@ type responseAt struct {
 // and it is p's own, no key's, or p has the admin scope (on an edge without
 // keys every caller is the one anonymous admin).
 func (a responseAt) usableBy(p domain.Principal) bool {
-	return p.SeesNode(a.node) && (a.key == p.Name || a.key == "" || p.Allows(domain.ScopeAdmin))
+	return p.SeesNode(a.node) && a.ownedBy(p)
+}
+
+// ownedBy reports whether p may follow up or continue the response,
+// wherever it was created: its key's, no key's, or an admin's.
+func (a responseAt) ownedBy(p domain.Principal) bool {
+	return a.key == p.Name || a.key == "" || p.Allows(domain.ScopeAdmin)
 }
 
 // responseNodes remembers which node and provider created a response, and
