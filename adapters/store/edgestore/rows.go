@@ -1,6 +1,7 @@
 package edgestore
 
 import (
+	"strings"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -62,6 +63,16 @@ type tunnelRow struct {
 
 // maxResponseID bounds a stored response id as kept (and looked up).
 const maxResponseID = 255
+
+// responseID is id as the history keeps it: whole, or not at all ("") when
+// it is longer than the column or holds a NUL — cut or changed, two ids
+// could match one row, and one key follow up another's response.
+func responseID(id string) string {
+	if len(id) > maxResponseID || strings.ContainsRune(id, 0) {
+		return ""
+	}
+	return id
+}
 
 func micros(t time.Time) int64 {
 	if t.IsZero() {
@@ -144,7 +155,7 @@ func toTunnelRow(edgeID string, t domain.TunnelRecord) tunnelRow {
 		ID: text(t.ID, 64), EdgeID: text(edgeID, 255), Node: text(t.Node, 255), Provider: text(t.Provider, 255),
 		Model: text(t.Model, 255), Path: text(t.Path, maxText), KeyName: text(keyOr(t.Key), 255), Status: t.Status,
 		ErrorCode: text(t.ErrorCode, 64), BodyBytes: t.BodyBytes, StartedUS: micros(t.StartedAt), FinishedUS: micros(t.FinishedAt),
-		ResponseID: text(t.Response, maxResponseID),
+		ResponseID: responseID(t.Response),
 	}
 	if u := t.Usage; u != nil {
 		row.PromptTokens, row.CompletionTokens, row.TotalTokens, row.CostUSD = storedUsage(*u)

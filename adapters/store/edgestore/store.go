@@ -584,9 +584,10 @@ func (s *Store) GetRun(ctx context.Context, id string) (domain.RunRecord, error)
 // ResponseOrigin returns the oldest tunnel recorded as creating stored
 // response id (ports.ResponseHistory): the first to answer with an id
 // created it, as the edge remembers ids in memory. found is false when the
-// history holds no such tunnel (the id is as long as the column keeps).
+// history holds no such tunnel (an id it cannot keep whole, responseID,
+// is never found).
 func (s *Store) ResponseOrigin(ctx context.Context, id string) (domain.TunnelRecord, bool, error) {
-	id = text(id, maxResponseID)
+	id = responseID(id)
 	if id == "" {
 		return domain.TunnelRecord{}, false, nil
 	}
