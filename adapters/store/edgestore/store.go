@@ -607,9 +607,11 @@ func (s *Store) ResponseOrigin(ctx context.Context, id string) (domain.TunnelRec
 }
 
 // responseQuery is ResponseOrigin's statement: the oldest tunnel of
-// response id (as stored), through edge_tunnels_response_idx.
+// response id (as stored), through edge_tunnels_response_idx, read as far
+// as its origin (not its path, up to maxText bytes).
 func (db *DB) responseQuery(rows *[]tunnelRow, id string) *bun.SelectQuery {
-	return db.read.NewSelect().Model(rows).Where("response_id = ?", id).OrderExpr("started_us ASC, id ASC").Limit(1)
+	return db.read.NewSelect().Model(rows).Column("id", "node", "provider", "key_name", "response_id").
+		Where("response_id = ?", id).OrderExpr("started_us ASC, id ASC").Limit(1)
 }
 
 // Limits of a listing.
