@@ -429,12 +429,22 @@ func (db *DB) migrate(ctx context.Context, on *bun.DB) error {
 				return fmt.Errorf("database schema version %d is newer than this edge knows (%d)", v, Version())
 			}
 		}
+		from := 0
+		for _, v := range applied {
+			from = max(from, v)
+		}
 		for _, m := range migrations {
 			if done[m.version] {
 				continue
 			}
 			for _, s := range m.stmts {
 				if _, err := tx.ExecContext(ctx, s); err != nil {
+					if notOwner(err) {
+						return fmt.Errorf("migration %d: %w: this edge's database role may not change the history's schema "+
+							"(from version %d to %d); start this release once as the role that owns the tables "+
+							"edge_runs and edge_tunnels (the one that created them) or a superuser, which migrates it",
+							m.version, err, from, Version())
+					}
 					return fmt.Errorf("migration %d: %w", m.version, err)
 				}
 			}
@@ -445,6 +455,14 @@ func (db *DB) migrate(ctx context.Context, on *bun.DB) error {
 		}
 		return nil
 	})
+}
+
+// notOwner reports whether err is PostgreSQL's refusal of a statement for
+// want of a privilege (SQLSTATE 42501): ALTER TABLE and CREATE INDEX need
+// the table's owner, CREATE TABLE the schema's CREATE.
+func notOwner(err error) bool {
+	var pg pgdriver.Error
+	return errors.As(err, &pg) && pg.Field('C') == "42501"
 }
 
 // migrationLockPoll is how often an edge waiting for another's migration

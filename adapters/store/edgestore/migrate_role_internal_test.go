@@ -3,6 +3,7 @@ package edgestore
 import (
 	"context"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -60,4 +61,68 @@ func TestNewerSchemaIsRefused(t *testing.T) {
 			t.Fatalf("migrate on a newer schema: %v", err)
 		}
 	})
+}
+
+// An edge whose role may only read and write the history, started on a
+// database an older release migrated (schema 3), cannot add what this
+// release's schema has (ALTER TABLE needs the table's owner). It refuses to
+// start saying which role can migrate, and leaves the database as it was.
+// It said only "migration 4: ERROR: must be owner of table edge_tunnels".
+func TestPostgresRoleWithoutOwnershipOnAnOlderSchemaSaysWhoMigrates(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	owner, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := "dml_" + strings.TrimPrefix(u.Path, "/")
+	for _, q := range []string{
+		// Back to schema 3, as the release before migration 4 left it.
+		"DROP INDEX edge_tunnels_response_idx",
+		"ALTER TABLE edge_tunnels DROP COLUMN response_id",
+		"DELETE FROM edge_schema_migrations WHERE version = 4",
+		"INSERT INTO edge_tunnels (id, edge_id, node, provider, model, path, key_name, status, error_code, body_bytes, " +
+			"prompt_tokens, completion_tokens, total_tokens, cost_usd, started_us, finished_us) " +
+			"VALUES ('tun_old', 'e1', 'n1', 'p1', 'm', '/v1/responses', 'alice', 200, '', 10, 1, 2, 3, 0, 1, 2)",
+		"CREATE ROLE " + role + " LOGIN",
+		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON edge_runs, edge_tunnels TO " + role,
+		"GRANT SELECT ON edge_schema_migrations TO " + role,
+	} {
+		if _, err := owner.bun.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	u.User = url.User(role)
+	db, err := Open(ctx, u.String())
+	if err == nil {
+		_ = db.Close()
+		t.Fatal("Open as a role that may not alter the tables migrated a schema 3 database")
+	}
+	for _, want := range []string{"from version 3 to " + strconv.Itoa(Version()), "as the role that owns the tables"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	var version, tunnels int
+	if err := owner.bun.NewSelect().Table("edge_schema_migrations").ColumnExpr("max(version)").Scan(ctx, &version); err != nil || version != 3 {
+		t.Fatalf("schema version after the refused start: %d, %v; want 3", version, err)
+	}
+	if err := owner.bun.NewSelect().Table("edge_tunnels").ColumnExpr("count(*)").Scan(ctx, &tunnels); err != nil || tunnels != 1 {
+		t.Fatalf("tunnels after the refused start: %d, %v; want 1", tunnels, err)
+	}
+	// The owner's start migrates it; the role's starts then.
+	if db, err = Open(ctx, dsn); err != nil {
+		t.Fatalf("Open as the owner: %v", err)
+	}
+	_ = db.Close()
+	if db, err = Open(ctx, u.String()); err != nil {
+		t.Fatalf("Open as the role once the owner migrated: %v", err)
+	}
+	_ = db.Close()
 }
