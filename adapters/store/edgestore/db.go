@@ -41,6 +41,7 @@ type DB struct {
 
 	stmts    sqlprep.Cache // the history writes, prepared once (SQLite only)
 	narrowed []string      // files Open made private, for the caller to log
+	readOnly bool          // an SQLite file opened read-only (mode=ro)
 }
 
 // Column lists of the prepared writes, in the order of runRow.args and
@@ -145,7 +146,8 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		sqldb.SetMaxOpenConns(1)
 		sqldb.SetConnMaxLifetime(0)
 		sqldb.SetConnMaxIdleTime(0)
-		db = &DB{bun: bun.NewDB(sqldb, sqlitedialect.New()), stmts: sqlprep.Cache{DB: sqldb}, narrowed: narrowed}
+		db = &DB{bun: bun.NewDB(sqldb, sqlitedialect.New()), stmts: sqlprep.Cache{DB: sqldb}, narrowed: narrowed,
+			readOnly: dbfile.ReadOnly(dsn)}
 		// page_size and reclaim.Pragma take effect only on a new file, before
 		// anything is written to it; the latter lets the store give the
 		// pages a prune frees back to the file system (Reclaim). It writes,
@@ -384,77 +386,116 @@ func Version() int { return migrations[len(migrations)-1].version }
 func (db *DB) migrate(ctx context.Context, on *bun.DB) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	if !db.postgres {
+		return inSQLiteTx(ctx, on, !db.readOnly, db.applyMigrations)
+	}
 	return on.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
-		if db.postgres {
-			// The server gives up the migration when this edge does: one
-			// left waiting on a table lock would hold the migration lock,
-			// and every edge starting after it would wait for that lock in
-			// vain.
-			if err := boundStatements(ctx, tx); err != nil {
-				return err
-			}
-			// Two edges starting at once: the second waits here, then
-			// sees the first one's versions and applies nothing.
-			if err := lockMigrations(ctx, tx); err != nil {
-				return err
-			}
+		// The server gives up the migration when this edge does: one left
+		// waiting on a table lock would hold the migration lock, and every
+		// edge starting after it would wait for that lock in vain.
+		if err := boundStatements(ctx, tx); err != nil {
+			return err
 		}
-		// On PostgreSQL the table is made only when it is missing: CREATE
-		// TABLE IF NOT EXISTS needs the CREATE privilege on the schema even
-		// when the table is there, and an edge whose role may only read
-		// and write its tables (a database its owner migrated) could not
-		// start at all.
-		exists := false
-		if db.postgres {
-			if err := tx.QueryRowContext(ctx, "SELECT to_regclass('edge_schema_migrations') IS NOT NULL").Scan(&exists); err != nil {
-				return fmt.Errorf("read migrations: %w", err)
-			}
+		// Two edges starting at once: the second waits here, then sees
+		// the first one's versions and applies nothing.
+		if err := lockMigrations(ctx, tx); err != nil {
+			return err
 		}
-		if !exists {
-			if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS edge_schema_migrations (
-			version INTEGER PRIMARY KEY, applied_us BIGINT NOT NULL)`); err != nil {
-				return fmt.Errorf("create migrations table: %w", err)
-			}
-		}
-		var applied []int
-		if err := tx.NewSelect().Table("edge_schema_migrations").Column("version").Scan(ctx, &applied); err != nil {
+		return db.applyMigrations(ctx, tx)
+	})
+}
+
+// inSQLiteTx runs fn in an SQLite transaction that, when write, holds the
+// file's write lock from its start (BEGIN IMMEDIATE), waiting for it as
+// every statement does (busy_timeout); a read-only file's may take none
+// (and can only be at the edge's schema already). A deferred one (BEGIN) read the applied
+// versions first and then asked for the lock to migrate; when another
+// connection to the file (a previous edge still stopping, writing its
+// last history batch) committed in between, SQLite refused the upgrade
+// of its read at once, busy_timeout or not, and the edge did not start:
+// "migration 4: database is locked (5) (SQLITE_BUSY)".
+func inSQLiteTx(ctx context.Context, on *bun.DB, write bool, fn func(context.Context, bun.IDB) error) error {
+	conn, err := on.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	begin := "BEGIN"
+	if write {
+		begin = "BEGIN IMMEDIATE"
+	}
+	if _, err := conn.ExecContext(ctx, begin); err != nil {
+		return fmt.Errorf("begin migration: %w", err)
+	}
+	if err := fn(ctx, conn); err != nil {
+		// Rolled back even when ctx ended: the connection stays open.
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+		return err
+	}
+	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+		return fmt.Errorf("commit migration: %w", err)
+	}
+	return nil
+}
+
+// applyMigrations applies, in tx, the migrations the database lacks.
+func (db *DB) applyMigrations(ctx context.Context, tx bun.IDB) error {
+	// On PostgreSQL the table is made only when it is missing: CREATE
+	// TABLE IF NOT EXISTS needs the CREATE privilege on the schema even
+	// when the table is there, and an edge whose role may only read
+	// and write its tables (a database its owner migrated) could not
+	// start at all.
+	exists := false
+	if db.postgres {
+		if err := tx.QueryRowContext(ctx, "SELECT to_regclass('edge_schema_migrations') IS NOT NULL").Scan(&exists); err != nil {
 			return fmt.Errorf("read migrations: %w", err)
 		}
-		done := map[int]bool{}
-		for _, v := range applied {
-			done[v] = true
+	}
+	if !exists {
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS edge_schema_migrations (
+		version INTEGER PRIMARY KEY, applied_us BIGINT NOT NULL)`); err != nil {
+			return fmt.Errorf("create migrations table: %w", err)
 		}
-		for _, v := range applied {
-			if v > Version() {
-				return fmt.Errorf("database schema version %d is newer than this edge knows (%d)", v, Version())
-			}
+	}
+	var applied []int
+	if err := tx.NewSelect().Table("edge_schema_migrations").Column("version").Scan(ctx, &applied); err != nil {
+		return fmt.Errorf("read migrations: %w", err)
+	}
+	done := map[int]bool{}
+	for _, v := range applied {
+		done[v] = true
+	}
+	for _, v := range applied {
+		if v > Version() {
+			return fmt.Errorf("database schema version %d is newer than this edge knows (%d)", v, Version())
 		}
-		from := 0
-		for _, v := range applied {
-			from = max(from, v)
+	}
+	from := 0
+	for _, v := range applied {
+		from = max(from, v)
+	}
+	for _, m := range migrations {
+		if done[m.version] {
+			continue
 		}
-		for _, m := range migrations {
-			if done[m.version] {
-				continue
-			}
-			for _, s := range m.stmts {
-				if _, err := tx.ExecContext(ctx, s); err != nil {
-					if notOwner(err) {
-						return fmt.Errorf("migration %d: %w: this edge's database role may not change the history's schema "+
-							"(from version %d to %d); start this release once as the role that owns the tables "+
-							"edge_runs and edge_tunnels (the one that created them) or a superuser, which migrates it",
-							m.version, err, from, Version())
-					}
-					return fmt.Errorf("migration %d: %w", m.version, err)
+		for _, s := range m.stmts {
+			if _, err := tx.ExecContext(ctx, s); err != nil {
+				if notOwner(err) {
+					return fmt.Errorf("migration %d: %w: this edge's database role may not change the history's schema "+
+						"(from version %d to %d); start this release once as the role that owns the tables "+
+						"edge_runs and edge_tunnels (the one that created them) or a superuser, which migrates it",
+						m.version, err, from, Version())
 				}
-			}
-			if _, err := tx.ExecContext(ctx, "INSERT INTO edge_schema_migrations (version, applied_us) VALUES (?, ?)",
-				m.version, time.Now().UnixMicro()); err != nil {
 				return fmt.Errorf("migration %d: %w", m.version, err)
 			}
 		}
-		return nil
-	})
+		if _, err := tx.ExecContext(ctx, "INSERT INTO edge_schema_migrations (version, applied_us) VALUES (?, ?)",
+			m.version, time.Now().UnixMicro()); err != nil {
+			return fmt.Errorf("migration %d: %w", m.version, err)
+		}
+	}
+	return nil
 }
 
 // notOwner reports whether err is PostgreSQL's refusal of a statement for
