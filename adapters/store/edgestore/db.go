@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -389,20 +390,56 @@ func (db *DB) migrate(ctx context.Context, on *bun.DB) error {
 	if !db.postgres {
 		return inSQLiteTx(ctx, on, !db.readOnly, db.applyMigrations)
 	}
-	return on.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
-		// The server gives up the migration when this edge does: one left
-		// waiting on a table lock would hold the migration lock, and every
-		// edge starting after it would wait for that lock in vain.
-		if err := boundStatements(ctx, tx); err != nil {
+	start := time.Now()
+	for {
+		err := on.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+			// The server gives up the migration when this edge does: one
+			// left waiting on a table lock would hold the migration lock,
+			// and every edge starting after it would wait for that lock in
+			// vain.
+			if err := boundStatements(ctx, tx); err != nil {
+				return err
+			}
+			// Two edges starting at once: the second waits here, then
+			// sees the first one's versions and applies nothing.
+			if err := lockMigrations(ctx, tx); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(migrationLockWait.Milliseconds(), 10)); err != nil {
+				return fmt.Errorf("lock timeout: %w", err)
+			}
+			return db.applyMigrations(ctx, tx)
+		})
+		if !lockNotAvailable(err) {
 			return err
 		}
-		// Two edges starting at once: the second waits here, then sees
-		// the first one's versions and applies nothing.
-		if err := lockMigrations(ctx, tx); err != nil {
-			return err
+		// Another session holds a lock on a table to migrate (an edge of
+		// the older release reading the history, say): give way to the
+		// writes queued behind this migration's wait, then try again.
+		t := time.NewTimer(migrationLockPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (another session held a lock on the history's tables for %s, longer than this edge waits to migrate them)",
+				err, time.Since(start).Round(time.Millisecond))
+		case <-t.C:
 		}
-		return db.applyMigrations(ctx, tx)
-	})
+	}
+}
+
+// migrationLockWait is how long a migration statement waits for a lock on
+// a table another session holds before the migration gives way and is
+// tried again (until its minute ends). A statement waiting for one holds
+// up every statement on that table after it, and those of the edges that
+// go on writing the history (their batches have 5 s, WriteTimeout) would
+// wait with it as long as another's read: 30 s.
+const migrationLockWait = 2 * time.Second
+
+// lockNotAvailable reports whether err is PostgreSQL's lock_timeout
+// (SQLSTATE 55P03).
+func lockNotAvailable(err error) bool {
+	var pg pgdriver.Error
+	return errors.As(err, &pg) && pg.Field('C') == "55P03"
 }
 
 // inSQLiteTx runs fn in an SQLite transaction that, when write, holds the

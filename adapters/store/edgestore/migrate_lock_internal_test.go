@@ -194,3 +194,90 @@ func slowMigration(t *testing.T, suffix string) {
 		t.Fatalf("schema version %d, %v; want %d", version, err, Version())
 	}
 }
+
+// A migration waiting for a lock another session holds on a table (an
+// edge of the older release reading the history while this one starts)
+// gives way now and then, so the writes queued behind its wait (that
+// edge's history batches) go through meanwhile, and it migrates once the
+// lock is free. Its wait held them up as long as the other session's read
+// (up to 30 s, past a batch's 5 s), and a read that itself waited for one
+// of them held the migration up until its minute ran out.
+func TestPostgresMigrationWaitingForALockLetsWritesThrough(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	db, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Back to schema 3: migration 4 alters edge_tunnels.
+	for _, q := range []string{
+		"DROP INDEX edge_tunnels_response_idx",
+		"ALTER TABLE edge_tunnels DROP COLUMN response_id",
+		"DELETE FROM edge_schema_migrations WHERE version = 4",
+	} {
+		if _, err := db.bun.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	_ = db.Close()
+
+	other := sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(dsn), pgdriver.WithTimeout(120*time.Second)))
+	t.Cleanup(func() { _ = other.Close() })
+	// A session reading edge_tunnels, its transaction open.
+	reader, err := other.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reader.Rollback() }()
+	var n int
+	if err := reader.QueryRowContext(ctx, "SELECT count(*) FROM edge_tunnels").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+
+	type opened struct {
+		db  *DB
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		db, err := Open(ctx, dsn)
+		done <- opened{db, err}
+	}()
+	for {
+		if err := other.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE query LIKE 'ALTER TABLE edge_tunnels%' AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		select {
+		case o := <-done:
+			t.Fatalf("Open returned before its migration waited for the lock: %v", o.err)
+		default:
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Another edge writes a tunnel while the migration waits; the reader
+	// goes on until that write is done.
+	if _, err := other.ExecContext(ctx, "INSERT INTO edge_tunnels (id, edge_id, node, provider, model, path, key_name, status, error_code, body_bytes, "+
+		"prompt_tokens, completion_tokens, total_tokens, cost_usd, started_us, finished_us) "+
+		"VALUES ('tun_other', 'e2', 'n1', 'p1', 'm', '/v1/chat/completions', 'k', 200, '', 10, 1, 2, 3, 0, 1, 2)"); err != nil {
+		t.Fatalf("the other edge's write: %v", err)
+	}
+	if err := reader.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	o := <-done
+	if o.err != nil {
+		t.Fatalf("Open once the lock was free: %v", o.err)
+	}
+	defer o.db.Close()
+	var version, tunnels int
+	if err := o.db.bun.NewSelect().Table("edge_schema_migrations").ColumnExpr("max(version)").Scan(ctx, &version); err != nil || version != Version() {
+		t.Fatalf("schema version %d, %v; want %d", version, err, Version())
+	}
+	if err := o.db.bun.NewSelect().Table("edge_tunnels").ColumnExpr("count(*)").Where("id = 'tun_other'").Scan(ctx, &tunnels); err != nil || tunnels != 1 {
+		t.Fatalf("the other edge's tunnel: %d, %v; want it kept", tunnels, err)
+	}
+}
