@@ -391,6 +391,11 @@ func (db *DB) migrate(ctx context.Context, on *bun.DB) error {
 		return inSQLiteTx(ctx, on, !db.readOnly, db.applyMigrations)
 	}
 	start := time.Now()
+	locked := false // a try gave way to another session's lock
+	held := func(err error) error {
+		return fmt.Errorf("%w (another session held a lock on the history's tables for %s, longer than this edge waits to migrate them)",
+			err, time.Since(start).Round(time.Millisecond))
+	}
 	for {
 		err := on.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
 			// The server gives up the migration when this edge does: one
@@ -411,8 +416,15 @@ func (db *DB) migrate(ctx context.Context, on *bun.DB) error {
 			return db.applyMigrations(ctx, tx)
 		})
 		if !lockNotAvailable(err) {
+			if locked && (ctx.Err() != nil || pgCode(err) == "57014") {
+				// The last try ran out of the minute (its statements'
+				// bound is what was left, under lock_timeout) still
+				// waiting for that lock.
+				return held(err)
+			}
 			return err
 		}
+		locked = true
 		// Another session holds a lock on a table to migrate (an edge of
 		// the older release reading the history, say): give way to the
 		// writes queued behind this migration's wait, then try again.
@@ -420,8 +432,7 @@ func (db *DB) migrate(ctx context.Context, on *bun.DB) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("%w (another session held a lock on the history's tables for %s, longer than this edge waits to migrate them)",
-				err, time.Since(start).Round(time.Millisecond))
+			return held(err)
 		case <-t.C:
 		}
 	}
@@ -437,9 +448,15 @@ const migrationLockWait = 2 * time.Second
 
 // lockNotAvailable reports whether err is PostgreSQL's lock_timeout
 // (SQLSTATE 55P03).
-func lockNotAvailable(err error) bool {
+func lockNotAvailable(err error) bool { return pgCode(err) == "55P03" }
+
+// pgCode is the SQLSTATE of a PostgreSQL error, "" for any other.
+func pgCode(err error) string {
 	var pg pgdriver.Error
-	return errors.As(err, &pg) && pg.Field('C') == "55P03"
+	if !errors.As(err, &pg) {
+		return ""
+	}
+	return pg.Field('C')
 }
 
 // inSQLiteTx runs fn in an SQLite transaction that, when write, holds the

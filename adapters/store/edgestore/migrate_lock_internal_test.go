@@ -281,3 +281,45 @@ func TestPostgresMigrationWaitingForALockLetsWritesThrough(t *testing.T) {
 		t.Fatalf("the other edge's tunnel: %d, %v; want it kept", tunnels, err)
 	}
 }
+
+// A migration that never gets the lock another session holds says so when
+// its time is up, whichever way its last try ended: that try's statements
+// are bounded by what is left of the time, under lock_timeout, so it ends
+// on the statement timeout rather than the lock's.
+func TestPostgresMigrationOutwaitedByALockSaysSo(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	db, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"DROP INDEX edge_tunnels_response_idx",
+		"ALTER TABLE edge_tunnels DROP COLUMN response_id",
+		"DELETE FROM edge_schema_migrations WHERE version = 4",
+	} {
+		if _, err := db.bun.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	_ = db.Close()
+	other := sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(dsn), pgdriver.WithTimeout(120*time.Second)))
+	t.Cleanup(func() { _ = other.Close() })
+	reader, err := other.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reader.Rollback() }()
+	var n int
+	if err := reader.QueryRowContext(ctx, "SELECT count(*) FROM edge_tunnels").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 5*time.Second) // two tries and the start of a third
+	defer cancel()
+	if db, err := Open(short, dsn); err == nil || !strings.Contains(err.Error(), "another session held a lock on the history's tables") {
+		if db != nil {
+			_ = db.Close()
+		}
+		t.Fatalf("Open while a reader holds edge_tunnels: %v, want the held lock named", err)
+	}
+}
