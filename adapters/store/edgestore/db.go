@@ -416,10 +416,10 @@ func (db *DB) migrate(ctx context.Context, on *bun.DB) error {
 			return db.applyMigrations(ctx, tx)
 		})
 		if !lockNotAvailable(err) {
-			if locked && (ctx.Err() != nil || pgCode(err) == "57014") {
-				// The last try ran out of the minute (its statements'
-				// bound is what was left, under lock_timeout) still
-				// waiting for that lock.
+			if dl, _ := ctx.Deadline(); locked && err != nil && time.Until(dl) < migrationLockWait {
+				// The last try ran out of the minute still waiting for
+				// that lock: its statements' bound (what was left, under
+				// lock_timeout) or the connection's deadline ended it.
 				return held(err)
 			}
 			return err

@@ -205,34 +205,9 @@ func slowMigration(t *testing.T, suffix string) {
 func TestPostgresMigrationWaitingForALockLetsWritesThrough(t *testing.T) {
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
-	db, err := Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Back to schema 3: migration 4 alters edge_tunnels.
-	for _, q := range []string{
-		"DROP INDEX edge_tunnels_response_idx",
-		"ALTER TABLE edge_tunnels DROP COLUMN response_id",
-		"DELETE FROM edge_schema_migrations WHERE version = 4",
-	} {
-		if _, err := db.bun.ExecContext(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	_ = db.Close()
-
-	other := sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(dsn), pgdriver.WithTimeout(120*time.Second)))
-	t.Cleanup(func() { _ = other.Close() })
-	// A session reading edge_tunnels, its transaction open.
-	reader, err := other.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = reader.Rollback() }()
+	atSchema3(t, dsn) // migration 4 alters edge_tunnels
+	other, reader := readingTunnels(t, dsn)
 	var n int
-	if err := reader.QueryRowContext(ctx, "SELECT count(*) FROM edge_tunnels").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
 
 	type opened struct {
 		db  *DB
@@ -289,31 +264,8 @@ func TestPostgresMigrationWaitingForALockLetsWritesThrough(t *testing.T) {
 func TestPostgresMigrationOutwaitedByALockSaysSo(t *testing.T) {
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
-	db, err := Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{
-		"DROP INDEX edge_tunnels_response_idx",
-		"ALTER TABLE edge_tunnels DROP COLUMN response_id",
-		"DELETE FROM edge_schema_migrations WHERE version = 4",
-	} {
-		if _, err := db.bun.ExecContext(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	_ = db.Close()
-	other := sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(dsn), pgdriver.WithTimeout(120*time.Second)))
-	t.Cleanup(func() { _ = other.Close() })
-	reader, err := other.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = reader.Rollback() }()
-	var n int
-	if err := reader.QueryRowContext(ctx, "SELECT count(*) FROM edge_tunnels").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
+	atSchema3(t, dsn)
+	readingTunnels(t, dsn)
 	short, cancel := context.WithTimeout(ctx, 5*time.Second) // two tries and the start of a third
 	defer cancel()
 	if db, err := Open(short, dsn); err == nil || !strings.Contains(err.Error(), "another session held a lock on the history's tables") {
@@ -322,4 +274,47 @@ func TestPostgresMigrationOutwaitedByALockSaysSo(t *testing.T) {
 		}
 		t.Fatalf("Open while a reader holds edge_tunnels: %v, want the held lock named", err)
 	}
+}
+
+// atSchema3 opens a new history at dsn and takes it back to schema 3, as an
+// edge before migration 4 (edge_tunnels.response_id) left it.
+func atSchema3(t *testing.T, dsn string) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, q := range schema3 {
+		if _, err := db.bun.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
+// schema3 takes a history back from schema 4 to 3.
+var schema3 = []string{
+	"DROP INDEX edge_tunnels_response_idx",
+	"ALTER TABLE edge_tunnels DROP COLUMN response_id",
+	"DELETE FROM edge_schema_migrations WHERE version = 4",
+}
+
+// readingTunnels is a session of its own holding edge_tunnels read, its
+// transaction open: an edge of the older release reading the history.
+func readingTunnels(t *testing.T, dsn string) (*sql.DB, *sql.Tx) {
+	t.Helper()
+	ctx := context.Background()
+	other := sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(dsn), pgdriver.WithTimeout(120*time.Second)))
+	t.Cleanup(func() { _ = other.Close() })
+	reader, err := other.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reader.Rollback() })
+	var n int
+	if err := reader.QueryRowContext(ctx, "SELECT count(*) FROM edge_tunnels").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return other, reader
 }

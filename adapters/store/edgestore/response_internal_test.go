@@ -30,14 +30,11 @@ func TestMigrationAddsTheResponseOfATunnel(t *testing.T) {
 			}
 			// Back to schema 3, as an edge before migration 4 left it, with
 			// a tunnel written then.
-			for _, q := range []string{
-				"DROP INDEX edge_tunnels_response_idx",
-				"ALTER TABLE edge_tunnels DROP COLUMN response_id",
-				"DELETE FROM edge_schema_migrations WHERE version = 4",
-				"INSERT INTO edge_tunnels (id, edge_id, node, provider, model, path, key_name, status, error_code, body_bytes, " +
-					"prompt_tokens, completion_tokens, total_tokens, cost_usd, started_us, finished_us) " +
+			for _, q := range append(schema3,
+				"INSERT INTO edge_tunnels (id, edge_id, node, provider, model, path, key_name, status, error_code, body_bytes, "+
+					"prompt_tokens, completion_tokens, total_tokens, cost_usd, started_us, finished_us) "+
 					"VALUES ('tun_old', 'e1', 'n1', 'p1', 'm', '/v1/responses', 'alice', 200, '', 10, 1, 2, 3, 0, 1, 2)",
-			} {
+			) {
 				if _, err := db.bun.ExecContext(ctx, q); err != nil {
 					t.Fatalf("%s: %v", q, err)
 				}
