@@ -46,7 +46,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
@@ -107,14 +106,10 @@ func WithAPIKeyEnv(env string) Option {
 
 // header is the header of a request to the server: the key, if any.
 func (a *Adapter) header() http.Header {
-	if a.apiKeyEnv == "" {
-		return nil
+	if auth := upstream.Bearer(a.apiKeyEnv); auth != "" {
+		return http.Header{"Authorization": {auth}}
 	}
-	key := os.Getenv(a.apiKeyEnv)
-	if key == "" {
-		return nil
-	}
-	return http.Header{"Authorization": {"Bearer " + key}}
+	return nil
 }
 
 // New builds an ollama adapter. cfg.BaseURL must be an http(s) URL; chats

@@ -80,7 +80,6 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -253,14 +252,12 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 		if err != nil {
 			return fmt.Errorf("encode chat request: %w", err)
 		}
-		// Both are JSON objects: splice the options in after the fixed keys.
-		payload = append(append(payload[:len(payload)-1], ','), extra[1:]...)
+		// The options follow the fixed keys.
+		payload = chat.AppendFields(payload, extra)
 	}
 	header := http.Header{"Accept": {"text/event-stream"}}
-	if a.apiKeyEnv != "" {
-		if key := os.Getenv(a.apiKeyEnv); key != "" {
-			header.Set("Authorization", "Bearer "+key)
-		}
+	if auth := upstream.Bearer(a.apiKeyEnv); auth != "" {
+		header.Set("Authorization", auth)
 	}
 
 	limit := runlimit.New(ctx, a.timeout)
@@ -943,9 +940,9 @@ func (tc *toolCalls) merged() []json.RawMessage {
 			Function function `json:"function"`
 		}{c.id, cmp.Or(c.typ, "function"), function{c.name, c.args.String()}})
 		if len(c.extra) > 0 {
-			// Both are JSON objects: the other fields follow the merged ones.
+			// The other fields follow the merged ones.
 			extra, _ := json.Marshal(c.extra) // raw values decoded before: cannot fail
-			b = append(append(b[:len(b)-1], ','), extra[1:]...)
+			b = chat.AppendFields(b, extra)
 		}
 		out = append(out, b)
 	}

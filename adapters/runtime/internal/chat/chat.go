@@ -311,7 +311,7 @@ func (s *Sessions) Commit(ctx context.Context, sink ports.EventSink, target, ses
 	}
 	if reply.ReasoningField != "" && reply.Reasoning != "" {
 		field, _ := json.Marshal(map[string]string{reply.ReasoningField: reply.Reasoning}) // strings only: cannot fail
-		raw = append(append(raw[:len(raw)-1], ','), field[1:]...)
+		raw = AppendFields(raw, field)
 	}
 	msgs := append(append([]domain.ChatMessage(nil), t.Record...), domain.ChatMessage{Role: "assistant", Content: reply.Content, Raw: string(raw), Reply: true})
 	if err := s.store.AppendChat(ctx, s.adapter, target, sessionID, msgs); err != nil {
@@ -383,4 +383,17 @@ func (s *Sessions) Prepare(ctx context.Context, req domain.RunRequest, models []
 		return Prepared{}, err
 	}
 	return p, nil
+}
+
+// AppendFields returns JSON object obj with the fields of JSON object more
+// after its own. Both are encoding/json's (nothing after the closing brace);
+// obj's array may be reused.
+func AppendFields(obj, more []byte) []byte {
+	switch {
+	case len(more) <= 2: // {}
+		return obj
+	case len(obj) <= 2:
+		return append(obj[:0:0], more...)
+	}
+	return append(append(obj[:len(obj)-1], ','), more[1:]...)
 }

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	neturl "net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -84,6 +85,19 @@ func Do(ctx context.Context, hc *http.Client, method, url string, body []byte, h
 		return nil, withoutCredentials(StatusError(resp.StatusCode, b), req)
 	}
 	return resp, nil
+}
+
+// Bearer is the Authorization value for the key in the node's environment
+// variable env ("Bearer " and the key), "" when env is "" or the variable
+// unset or empty: the request then goes without a key.
+func Bearer(env string) string {
+	if env == "" {
+		return ""
+	}
+	if key := os.Getenv(env); key != "" {
+		return "Bearer " + key
+	}
+	return ""
 }
 
 // minRedacted is the length under which a credential is not looked for in
