@@ -214,10 +214,10 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 				return err
 			}
 			text := l.Content
-			if p.split && p.sawText {
+			if p.split {
 				// The model's answer after a tool call is a new block,
 				// separated as the other CLI agents' are.
-				text = "\n\n" + text
+				text = agent.Separate(&p.sawText, text)
 			}
 			p.sawText, p.split = true, false
 			return t.Text(domain.EventDelta, text)
