@@ -75,20 +75,18 @@ func (s Secret) mask() string {
 // message reaches stderr, the log and POST /v1/admin/reload's answer. what
 // names the secret ("token", "key").
 func unsetEnvError(key, name, what string) error {
-	if ConventionalEnvName(name) {
+	if domain.ConventionalEnvName(name) {
 		return fmt.Errorf("%s: environment variable %s is unset or empty", key, name)
 	}
-	return fmt.Errorf("%s: the environment variable it names is unset or empty (the name is not shown: "+
-		"it is not an upper-case variable name such as IOP_NODE_TOKEN, and may be the %s itself; %s takes the name of a variable that holds it)",
-		key, what, key)
+	return fmt.Errorf("%s: the environment variable it names is unset or empty %s", key, NameNotShown(key, what))
 }
 
-// ConventionalEnvName reports whether name is an upper-case environment
-// variable name ([A-Z_][A-Z0-9_]*) that is not a run of 16 or more hex
-// digits: one fit to show. Any other value of a *_env key may be the
-// secret itself, written there by mistake. It is domain.ConventionalEnvName,
-// the rule api_key_env is held to as well.
-func ConventionalEnvName(name string) bool { return domain.ConventionalEnvName(name) }
+// NameNotShown says why the value of *_env key key is not quoted: it is no
+// domain.ConventionalEnvName, and may be the secret (what: "token", "key") itself.
+func NameNotShown(key, what string) string {
+	return fmt.Sprintf("(the name is not shown: it is not an upper-case variable name such as IOP_NODE_TOKEN, "+
+		"and may be the %s itself; %s takes the name of a variable that holds it)", what, key)
+}
 
 // Log levels and formats accepted in log.level and log.format.
 const (

@@ -17,6 +17,7 @@ import (
 	"iop/adapters/config"
 	"iop/adapters/tlsca"
 	"iop/bootstrap"
+	"iop/domain"
 )
 
 // join prints what to run on a node's machine to connect it to this edge:
@@ -91,11 +92,10 @@ func join(cfgPath string, out, errOut io.Writer, args []string) error {
 	}
 	var where string
 	switch {
-	case node.TokenEnv != "" && !config.ConventionalEnvName(node.TokenEnv):
+	case node.TokenEnv != "" && !domain.ConventionalEnvName(node.TokenEnv):
 		// Perhaps the token itself, pasted where its variable's name goes:
 		// this output is made to be copied to another machine.
-		where = "the value of the variable its token_env names in the edge's environment (the name is not shown: " +
-			"it is not an upper-case variable name such as IOP_NODE_TOKEN, and may be the token itself; token_env takes the name of a variable that holds it)"
+		where = "the value of the variable its token_env names in the edge's environment " + config.NameNotShown("token_env", "token")
 	case node.TokenEnv != "":
 		where = "the value of " + node.TokenEnv + " in the edge's environment"
 	case node.TokenSHA256 != "":
