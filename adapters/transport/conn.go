@@ -522,7 +522,10 @@ func (c *Conn) dispatch(f *ioppb.Frame, elems int) {
 	case *ioppb.Frame_StreamReset:
 		if s := c.stream(id); s != nil {
 			c.remove(s)
-			s.end(&ResetError{Code: b.StreamReset.GetCode(), Message: b.StreamReset.GetMessage()})
+			// Cut as every text a peer reports is (domain.PeerError):
+			// the reset's code and message end up in logs and answers.
+			s.end(&ResetError{Code: domain.ClipMessage(b.StreamReset.GetCode(), domain.MaxPeerCode),
+				Message: domain.ClipMessage(b.StreamReset.GetMessage(), domain.MaxPeerMessage)})
 		} else {
 			c.unrouted(f)
 		}

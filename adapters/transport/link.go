@@ -137,7 +137,7 @@ func linkErr(err error) error {
 		// may try again shortly, as with a full link on this side.
 		return domain.Errorf(domain.CodeAtCapacity, "the node has too many open streams on its link")
 	case errors.As(err, &re):
-		return domain.Errorf(domain.CodeStreamReset, "node reset the stream: %s", domain.ClipMessage(re.Code, domain.MaxPeerCode))
+		return domain.Errorf(domain.CodeStreamReset, "node reset the stream: %s", re.Code)
 	case errors.Is(err, ErrFrameEncode):
 		return domain.Errorf(domain.CodeInvalidRequest, "request cannot be sent to the node: %v", err)
 	case errors.Is(err, ErrFrameTooLarge):

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -38,6 +39,17 @@ func TestEdgeCutsANodesLongErrorMessages(t *testing.T) {
 	}
 	if msg := ev.Error.Message; len(msg) > limit || !strings.HasSuffix(msg, "… (204800 bytes in all)") || ev.Error.Code != "boom" {
 		t.Fatalf("run error %s with a message of %d bytes, want boom with at most %d ending with the length it had", ev.Error.Code, len(msg), limit)
+	}
+
+	// A reset's code and message are cut as they arrive.
+	rs2, err := link.StartRun(ctx, runReq("r2"))
+	mustf(t, err, "StartRun")
+	defer rs2.Close()
+	id2 := raw.readUntil(ctx, "run request", func(f *ioppb.Frame) bool { return f.GetRunRequest() != nil }).StreamId
+	raw.write(&ioppb.Frame{StreamId: id2, Body: &ioppb.Frame_StreamReset{StreamReset: &ioppb.StreamReset{
+		Code: strings.Repeat("c", 10<<10), Message: strings.Repeat("m", 100<<10)}}})
+	if _, err := rs2.Recv(ctx); err == nil || len(err.Error()) > limit {
+		t.Fatalf("reset: %d bytes of error (%.80q…), want at most %d", len(fmt.Sprint(err)), fmt.Sprint(err), limit)
 	}
 
 	raw.write(&ioppb.Frame{Body: &ioppb.Frame_ConfigRefreshAck{ConfigRefreshAck: &ioppb.ConfigRefreshAck{
