@@ -36,20 +36,24 @@ type Metrics struct {
 	tokens        *prometheus.CounterVec
 	historyDrops  prometheus.Counter
 
-	// runModels are the model label values each node's runs' tokens were
-	// counted under (node → models), at most maxRunModels each: a run's
-	// model is what its adapter reports, which for a chat adapter is often
-	// the caller's target echoed by the upstream, so callers could
-	// otherwise mint series. Per node, as a tunnel's per provider: one
-	// node reporting models without end (broken or hostile) used up a
-	// bound shared by all, and every other node's models were (other).
-	mu        sync.Mutex
-	runModels map[string]map[string]struct{}
-	// tunnelModels are the model label values of each node's provider's
-	// tunnels ("node\x00provider" → models), at most maxRunModels each: a
-	// tunnel's model is one its provider lists, but a caller may grow an
-	// Ollama provider's list without end (POST /api/copy).
-	tunnelModels map[string]map[string]struct{}
+	// models are the model label values counted per scope, at most
+	// maxRunModels each (modelScope). A run's model is what its adapter
+	// reports, which for a chat adapter is often the caller's target
+	// echoed by the upstream, so callers could otherwise mint series; per
+	// node, as a tunnel's per provider: one node reporting models without
+	// end (broken or hostile) used up a bound shared by all, and every
+	// other node's models were (other). A tunnel's model is one its
+	// provider lists, but a caller may grow an Ollama provider's list
+	// without end (POST /api/copy).
+	mu     sync.Mutex
+	models map[modelScope]map[string]struct{}
+}
+
+// modelScope is what one bound of model labels is kept for: a node's
+// runs, or a node's provider's tunnels.
+type modelScope struct {
+	tunnel         bool
+	node, provider string
 }
 
 // maxRunModels bounds the distinct model labels of each node's runs'
@@ -144,17 +148,7 @@ func (m *Metrics) RunFinished(r ports.RunOutcome) {
 // fewer than maxRunModels have been seen on its node, otherModels after
 // that.
 func (m *Metrics) runModel(node, model string) string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.runModels == nil {
-		m.runModels = map[string]map[string]struct{}{}
-	}
-	set := m.runModels[node]
-	if set == nil {
-		set = map[string]struct{}{}
-		m.runModels[node] = set
-	}
-	return bounded(set, label(model))
+	return m.inScope(modelScope{node: node}, label(model))
 }
 
 // tunnelModel is the label a tunnel's model is counted under: itself
@@ -166,16 +160,21 @@ func (m *Metrics) tunnelModel(node, provider, model string) string {
 	if model == "" || model == edgeapp.UnlistedModel {
 		return model
 	}
+	return m.inScope(modelScope{tunnel: true, node: node, provider: provider}, model)
+}
+
+// inScope is model if scope's set holds it or has room for it (it is
+// added), otherModels if the set is full.
+func (m *Metrics) inScope(scope modelScope, model string) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.tunnelModels == nil {
-		m.tunnelModels = map[string]map[string]struct{}{}
+	if m.models == nil {
+		m.models = map[modelScope]map[string]struct{}{}
 	}
-	k := node + "\x00" + provider
-	set := m.tunnelModels[k]
+	set := m.models[scope]
 	if set == nil {
 		set = map[string]struct{}{}
-		m.tunnelModels[k] = set
+		m.models[scope] = set
 	}
 	return bounded(set, model)
 }
