@@ -428,3 +428,14 @@ func TestBuildConfigRedactsBaseURL(t *testing.T) {
 		}
 	}
 }
+
+func TestParseCount(t *testing.T) {
+	for in, want := range map[string]int64{
+		`11`: 11, `-5`: -5, `11.0`: 11, `3e2`: 300, `"11"`: 11, `" 7 "`: 7, `null`: 0, `"x"`: 0, `true`: 0,
+		`"NaN"`: 0, `1234567890123456789`: 1234567890123456789, `1e30`: math.MaxInt64, `-1e30`: math.MinInt64,
+	} {
+		if got := domain.ParseCount([]byte(in)); got != want {
+			t.Errorf("ParseCount(%s) = %d, want %d", in, got, want)
+		}
+	}
+}

@@ -1,6 +1,11 @@
 package domain
 
-import "math"
+import (
+	"encoding/json"
+	"math"
+	"strconv"
+	"strings"
+)
 
 // Bounds of a usage number as the stores keep and sum it, per run or
 // tunnel. Nodes, providers and CLI agents report these numbers, and one
@@ -49,4 +54,58 @@ func AddTokens(a, b int64) int64 {
 		return math.MinInt64
 	}
 	return s
+}
+
+// ParseCount reads a number a provider or a server reports (a token count,
+// a duration in nanoseconds) from its JSON: an integer, or one written
+// otherwise — 3.0, 3e2, "3" — as some OpenAI-compatible servers do,
+// saturating at the int64 limits. Anything else (null, text, NaN) is 0,
+// never an error: one odd field must not lose the others beside it.
+// Negative counts are kept; callers bound them (BoundTokens).
+func ParseCount(b []byte) int64 {
+	if n, ok := smallInt(b); ok {
+		return n // nearly every count: no allocation
+	}
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if json.Unmarshal(b, &s) != nil {
+			return 0
+		}
+		b = []byte(strings.TrimSpace(s))
+	}
+	if n, err := strconv.ParseInt(string(b), 10, 64); err == nil {
+		return n
+	}
+	f, err := strconv.ParseFloat(string(b), 64)
+	switch {
+	case err != nil || math.IsNaN(f):
+		return 0
+	case f >= math.MaxInt64:
+		return math.MaxInt64
+	case f <= math.MinInt64:
+		return math.MinInt64
+	}
+	return int64(f)
+}
+
+// smallInt is b as a JSON integer of at most 18 digits (no overflow).
+func smallInt(b []byte) (int64, bool) {
+	neg := len(b) > 0 && b[0] == '-'
+	if neg {
+		b = b[1:]
+	}
+	if len(b) == 0 || len(b) > 18 {
+		return 0, false
+	}
+	var n int64
+	for _, d := range b {
+		if d < '0' || d > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(d-'0')
+	}
+	if neg {
+		n = -n
+	}
+	return n, true
 }

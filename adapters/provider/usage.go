@@ -3,8 +3,6 @@ package provider
 import (
 	"bytes"
 	"encoding/json"
-	"math"
-	"strconv"
 	"strings"
 	"sync"
 	"unicode"
@@ -232,61 +230,14 @@ func (s *UsageScanner) handleLine(line []byte) {
 }
 
 // count is a number a provider reports (a token count, Ollama's duration
-// in nanoseconds): an integer, or one written otherwise — 3.0, 3e2, "3" —
-// as some OpenAI-compatible servers do (the openai runtime adapter reads
-// them so too). Anything else is 0, never an error: one odd field made
-// the whole line fail to decode, and with it every count it carried.
+// in nanoseconds), read as domain.ParseCount reads it (the openai runtime
+// adapter too): anything odd is 0, never an error, which made the whole
+// line fail to decode, and with it every count it carried.
 type count int64
 
 func (c *count) UnmarshalJSON(b []byte) error {
-	*c = 0
-	if n, ok := smallInt(b); ok {
-		*c = count(n) // nearly every count: no allocation
-		return nil
-	}
-	if string(b) == "null" {
-		return nil
-	}
-	if len(b) > 0 && b[0] == '"' {
-		var s string
-		if json.Unmarshal(b, &s) != nil {
-			return nil
-		}
-		b = []byte(strings.TrimSpace(s))
-	}
-	f, err := strconv.ParseFloat(string(b), 64)
-	switch {
-	case err != nil || math.IsNaN(f):
-	case f >= math.MaxInt64:
-		*c = math.MaxInt64
-	case f <= math.MinInt64:
-		*c = math.MinInt64
-	default:
-		*c = count(f)
-	}
+	*c = count(domain.ParseCount(b))
 	return nil
-}
-
-// smallInt is b as a JSON integer of at most 18 digits (no overflow).
-func smallInt(b []byte) (int64, bool) {
-	neg := len(b) > 0 && b[0] == '-'
-	if neg {
-		b = b[1:]
-	}
-	if len(b) == 0 || len(b) > 18 {
-		return 0, false
-	}
-	var n int64
-	for _, d := range b {
-		if d < '0' || d > '9' {
-			return 0, false
-		}
-		n = n*10 + int64(d-'0')
-	}
-	if neg {
-		n = -n
-	}
-	return n, true
 }
 
 // usageCounts accepts the Chat Completions names, the Responses API ones

@@ -76,7 +76,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"mime"
 	"net/http"
 	"net/url"
@@ -433,32 +432,13 @@ func contentParts(raw json.RawMessage) (answer, thinking string) {
 	return a.String(), t.String()
 }
 
-// tokens reads a token count: an integer, or a number written otherwise
-// (3.0, 3e2, "3") as some servers do; anything else, or a negative count,
-// is 0.
+// tokens reads a token count as domain.ParseCount does (3, 3.0, 3e2, "3");
+// anything else, or a negative count, is 0.
 func tokens(raw json.RawMessage) int64 {
 	if !present(raw) {
 		return 0
 	}
-	var n int64
-	if json.Unmarshal(raw, &n) == nil {
-		return max(n, 0)
-	}
-	var f float64
-	if json.Unmarshal(raw, &f) != nil {
-		s := text(raw)
-		var err error
-		if f, err = strconv.ParseFloat(strings.TrimSpace(s), 64); err != nil {
-			return 0
-		}
-	}
-	switch {
-	case !(f > 0): // negative, zero or NaN
-		return 0
-	case f >= math.MaxInt64:
-		return math.MaxInt64
-	}
-	return int64(f)
+	return max(domain.ParseCount(raw), 0)
 }
 
 // stream turns chunks into events and remembers what the complete event needs.
