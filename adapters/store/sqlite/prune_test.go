@@ -346,12 +346,8 @@ func TestPruneKeepsASessionWhoseRunStartedDuringThePass(t *testing.T) {
 	for name, openDB := range stores {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			db := openDB(t)
-			runs, chats := sqlite.NewRunStore(db), sqlite.NewChatStore(db)
-			old := time.Now().UTC().Add(-48 * time.Hour)
-			cutoff := old.Add(time.Hour)
 			turn := []domain.ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}, {Role: "assistant", Content: "hello", Reply: true}}
-			staleSession(t, db, chats, old, turn)
+			db, runs, chats, cutoff := staleSession(t, openDB, turn)
 			db.BeforeNth("DELETE FROM chat_messages", 1, func() {
 				addRun(t, runs, "turn2", "ollama", "s1", time.Now(), time.Time{}, domain.EventStart)
 			})
@@ -381,10 +377,6 @@ func TestPruneChunksEndAtATurn(t *testing.T) {
 	for name, openDB := range stores {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			db := openDB(t)
-			runs, chats := sqlite.NewRunStore(db), sqlite.NewChatStore(db)
-			old := time.Now().UTC().Add(-48 * time.Hour)
-			cutoff := old.Add(time.Hour)
 			history := []domain.ChatMessage{
 				{Role: "system", Content: "use tools"},
 				{Role: "user", Content: "weather?"},
@@ -394,7 +386,7 @@ func TestPruneChunksEndAtATurn(t *testing.T) {
 				{Role: "user", Content: "thanks"},
 				{Role: "assistant", Content: "welcome", Reply: true},
 			}
-			staleSession(t, db, chats, old, history)
+			db, runs, chats, cutoff := staleSession(t, openDB, history)
 			// The second chat_messages statement finds a run in flight.
 			db.BeforeNth("DELETE FROM chat_messages", 2, func() {
 				addRun(t, runs, "turn3", "ollama", "s1", time.Now(), time.Time{}, domain.EventStart)
@@ -426,16 +418,12 @@ func TestPruneKeepsASessionThatWasUsedDuringThePass(t *testing.T) {
 	for name, openDB := range stores {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			db := openDB(t)
-			runs, chats := sqlite.NewRunStore(db), sqlite.NewChatStore(db)
-			old := time.Now().UTC().Add(-48 * time.Hour)
-			cutoff := old.Add(time.Hour)
 			history := []domain.ChatMessage{
 				{Role: "system", Content: "use tools"},
 				{Role: "user", Content: "weather?"},
 				{Role: "assistant", Raw: `{"role":"assistant","content":"","tool_calls":[{"id":"c1"}]}`},
 			}
-			staleSession(t, db, chats, old, history)
+			db, runs, chats, cutoff := staleSession(t, openDB, history)
 			answer := []domain.ChatMessage{
 				{Role: "tool", Raw: `{"role":"tool","tool_call_id":"c1","content":"sunny"}`},
 				{Role: "assistant", Content: "sunny", Reply: true},
@@ -479,10 +467,6 @@ func TestPruneChunksALongTurn(t *testing.T) {
 	for name, openDB := range stores {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			db := openDB(t)
-			runs, chats := sqlite.NewRunStore(db), sqlite.NewChatStore(db)
-			old := time.Now().UTC().Add(-48 * time.Hour)
-			cutoff := old.Add(time.Hour)
 			history := []domain.ChatMessage{{Role: "system", Content: "use tools"}, {Role: "user", Content: "build it"}}
 			for i := range 40 {
 				history = append(history,
@@ -490,7 +474,7 @@ func TestPruneChunksALongTurn(t *testing.T) {
 					domain.ChatMessage{Role: "tool", Raw: fmt.Sprintf(`{"role":"tool","tool_call_id":"c%d","content":"ok"}`, i)})
 			}
 			history = append(history, domain.ChatMessage{Role: "assistant", Content: "built", Reply: true})
-			staleSession(t, db, chats, old, history)
+			db, runs, chats, cutoff := staleSession(t, openDB, history)
 			// The second chat_messages statement finds a run in flight.
 			db.BeforeNth("DELETE FROM chat_messages", 2, func() {
 				addRun(t, runs, "turn2", "ollama", "s1", time.Now(), time.Time{}, domain.EventStart)
@@ -531,15 +515,21 @@ func TestPruneChunksALongTurn(t *testing.T) {
 	}
 }
 
-// staleSession stores history as session s1 of adapter ollama, its
-// messages made at old.
-func staleSession(t *testing.T, db *sqlite.DB, chats *sqlite.ChatStore, old time.Time, history []domain.ChatMessage) {
+// staleSession opens a node store whose session s1 of adapter ollama holds
+// history, its messages made two days ago, and returns it with its run and
+// chat stores and a prune cutoff an hour after the messages.
+func staleSession(t *testing.T, openDB func(*testing.T) *sqlite.DB, history []domain.ChatMessage) (
+	*sqlite.DB, *sqlite.RunStore, *sqlite.ChatStore, time.Time) {
 	t.Helper()
 	ctx := context.Background()
+	db := openDB(t)
+	runs, chats := sqlite.NewRunStore(db), sqlite.NewChatStore(db)
+	old := time.Now().UTC().Add(-48 * time.Hour)
 	if err := chats.AppendChat(ctx, "ollama", "m", "s1", history); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.Backdate(ctx, "chat_messages", "created_at", "ollama", "s1", old); err != nil {
 		t.Fatal(err)
 	}
+	return db, runs, chats, old.Add(time.Hour)
 }
