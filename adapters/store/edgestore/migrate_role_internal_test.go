@@ -17,17 +17,7 @@ import (
 // privilege even when the table exists.
 func TestPostgresRoleWithoutCreateStartsOnAMigratedDatabase(t *testing.T) {
 	ctx := context.Background()
-	dsn := pgtest.DSN(t)
-	owner, err := Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	role := "dml_" + strings.TrimPrefix(u.Path, "/")
+	_, owner, role, roleDSN := ownerAndRole(t, "dml_")
 	for _, q := range []string{
 		"CREATE ROLE " + role + " LOGIN",
 		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
@@ -38,8 +28,7 @@ func TestPostgresRoleWithoutCreateStartsOnAMigratedDatabase(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	u.User = url.User(role)
-	db, err := Open(ctx, u.String())
+	db, err := Open(ctx, roleDSN)
 	if err != nil {
 		t.Fatalf("Open as a role that may only read and write the tables: %v", err)
 	}
@@ -70,36 +59,22 @@ func TestNewerSchemaIsRefused(t *testing.T) {
 // It said only "migration 4: ERROR: must be owner of table edge_tunnels".
 func TestPostgresRoleWithoutOwnershipOnAnOlderSchemaSaysWhoMigrates(t *testing.T) {
 	ctx := context.Background()
-	dsn := pgtest.DSN(t)
-	owner, err := Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	role := "dml_" + strings.TrimPrefix(u.Path, "/")
-	for _, q := range []string{
-		// Back to schema 3, as the release before migration 4 left it.
-		"DROP INDEX edge_tunnels_response_idx",
-		"ALTER TABLE edge_tunnels DROP COLUMN response_id",
-		"DELETE FROM edge_schema_migrations WHERE version = 4",
-		"INSERT INTO edge_tunnels (id, edge_id, node, provider, model, path, key_name, status, error_code, body_bytes, " +
-			"prompt_tokens, completion_tokens, total_tokens, cost_usd, started_us, finished_us) " +
+	dsn, owner, role, roleDSN := ownerAndRole(t, "dml_")
+	// Back to schema 3, as the release before migration 4 left it.
+	for _, q := range append(schema3,
+		"INSERT INTO edge_tunnels (id, edge_id, node, provider, model, path, key_name, status, error_code, body_bytes, "+
+			"prompt_tokens, completion_tokens, total_tokens, cost_usd, started_us, finished_us) "+
 			"VALUES ('tun_old', 'e1', 'n1', 'p1', 'm', '/v1/responses', 'alice', 200, '', 10, 1, 2, 3, 0, 1, 2)",
-		"CREATE ROLE " + role + " LOGIN",
+		"CREATE ROLE "+role+" LOGIN",
 		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
-		"GRANT SELECT, INSERT, UPDATE, DELETE ON edge_runs, edge_tunnels TO " + role,
-		"GRANT SELECT ON edge_schema_migrations TO " + role,
-	} {
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON edge_runs, edge_tunnels TO "+role,
+		"GRANT SELECT ON edge_schema_migrations TO "+role,
+	) {
 		if _, err := owner.bun.ExecContext(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	u.User = url.User(role)
-	db, err := Open(ctx, u.String())
+	db, err := Open(ctx, roleDSN)
 	if err == nil {
 		_ = db.Close()
 		t.Fatal("Open as a role that may not alter the tables migrated a schema 3 database")
@@ -121,8 +96,29 @@ func TestPostgresRoleWithoutOwnershipOnAnOlderSchemaSaysWhoMigrates(t *testing.T
 		t.Fatalf("Open as the owner: %v", err)
 	}
 	_ = db.Close()
-	if db, err = Open(ctx, u.String()); err != nil {
+	if db, err = Open(ctx, roleDSN); err != nil {
 		t.Fatalf("Open as the role once the owner migrated: %v", err)
 	}
 	_ = db.Close()
+}
+
+// ownerAndRole opens the history on a database of its own as its owner
+// (closed at the test's end) and names a role for it, prefix and the
+// database's name, which the test creates and grants: roleDSN logs in as
+// that role.
+func ownerAndRole(t *testing.T, prefix string) (dsn string, owner *DB, role, roleDSN string) {
+	t.Helper()
+	dsn = pgtest.DSN(t)
+	owner, err := Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = owner.Close() })
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role = prefix + strings.TrimPrefix(u.Path, "/")
+	u.User = url.User(role)
+	return dsn, owner, role, u.String()
 }

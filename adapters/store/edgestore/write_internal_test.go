@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -571,17 +570,7 @@ func (c *insertCounter) AfterQuery(_ context.Context, e *bun.QueryEvent) {
 // way, once per row, up to a batch of 1,024.
 func TestPostgresBatchRefusedForTheDatabaseIsNotRetriedByRow(t *testing.T) {
 	ctx := context.Background()
-	dsn := pgtest.DSN(t)
-	owner, err := Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	role := "reader_" + strings.TrimPrefix(u.Path, "/")
+	dsn, owner, role, roleDSN := ownerAndRole(t, "reader_")
 	for _, q := range []string{
 		"CREATE ROLE " + role + " LOGIN",
 		"GRANT CREATE ON SCHEMA public TO " + role,
@@ -591,13 +580,12 @@ func TestPostgresBatchRefusedForTheDatabaseIsNotRetriedByRow(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	u.User = url.User(role)
 	for _, c := range []struct {
 		name string
 		dsn  string
 		prep string
 	}{
-		{"insufficient privilege", u.String(), ""},
+		{"insufficient privilege", roleDSN, ""},
 		{"undefined table", dsn, "ALTER TABLE edge_tunnels RENAME TO edge_tunnels_gone"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
