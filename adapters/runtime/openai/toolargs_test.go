@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"iop/adapters/runtime/internal/standin"
+	"iop/adapters/runtime/openai"
 	"iop/adapters/store/memory"
 	"iop/domain"
 )
@@ -31,27 +32,9 @@ func TestToolCallArgumentsSentAsAnObject(t *testing.T) {
 	}
 	for name, first := range cases {
 		t.Run(name, func(t *testing.T) {
-			var mu sync.Mutex
-			n := 0
-			srv := standin.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
-				mu.Lock()
-				n++
-				i := n
-				mu.Unlock()
-				if i == 1 {
-					first(w, r)
-					return
-				}
-				sse(events("\n", chunk(`{"content":"It is noon."}`, "stop"), "[DONE]"))(w, r)
-			})
+			srv := standin.NewServer(t, firstThen(first, sse(events("\n", chunk(`{"content":"It is noon."}`, "stop"), "[DONE]"))))
 			a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, memory.NewChatStore())
-			for _, input := range []string{"what time is it?", `{"messages":[{"role":"tool","tool_call_id":"call_1","content":"12:00"}]}`} {
-				sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte(input), SessionID: "s1"})
-				if err != nil {
-					t.Fatal(err)
-				}
-				requireTerminal(t, sink, domain.EventComplete, "")
-			}
+			sessionTurns(t, a, "m", "what time is it?", `{"messages":[{"role":"tool","tool_call_id":"call_1","content":"12:00"}]}`)
 			var msgs []struct {
 				Role      string `json:"role"`
 				ToolCalls []struct {
@@ -73,5 +56,36 @@ func TestToolCallArgumentsSentAsAnObject(t *testing.T) {
 				t.Errorf("the reply's tool call was replayed as %s", raw)
 			}
 		})
+	}
+}
+
+// firstThen answers a server's first request with first and every later
+// one with rest.
+func firstThen(first, rest http.HandlerFunc) http.HandlerFunc {
+	var mu sync.Mutex
+	n := 0
+	return func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n++
+		i := n
+		mu.Unlock()
+		if i == 1 {
+			first(w, r)
+			return
+		}
+		rest(w, r)
+	}
+}
+
+// sessionTurns runs inputs in turn as runs of session s1 on target, each
+// to its completion.
+func sessionTurns(t *testing.T, a *openai.Adapter, target string, inputs ...string) {
+	t.Helper()
+	for _, input := range inputs {
+		sink, err := run(t, a, domain.RunRequest{Target: target, Input: []byte(input), SessionID: "s1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireTerminal(t, sink, domain.EventComplete, "")
 	}
 }

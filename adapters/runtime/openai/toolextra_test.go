@@ -2,8 +2,6 @@ package openai_test
 
 import (
 	"encoding/json"
-	"net/http"
-	"sync"
 	"testing"
 
 	"iop/adapters/runtime/internal/standin"
@@ -19,30 +17,14 @@ import (
 // server sent them, so the turn that answers the call is accepted.
 func TestToolCallExtraFieldsAreKept(t *testing.T) {
 	const extra = `{"google":{"thought_signature":"CiQBjz1rX+sig=="}}`
-	var mu sync.Mutex
-	n := 0
-	srv := standin.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		n++
-		i := n
-		mu.Unlock()
-		if i == 1 {
-			// As Gemini streams it: each call whole, no index.
-			sse(events("\n",
-				`{"choices":[{"delta":{"role":"assistant","tool_calls":[{"extra_content":`+extra+`,"function":{"arguments":"{\"city\":\"Paris\"}","name":"get_weather"},"id":"function-call-1","type":"function"}]},"finish_reason":"tool_calls","index":0}],"created":1,"id":"x","model":"gemini-3-flash-preview","object":"chat.completion.chunk"}`,
-				"[DONE]"))(w, r)
-			return
-		}
-		sse(events("\n", chunk(`{"content":"Sunny."}`, "stop"), "[DONE]"))(w, r)
-	})
+	srv := standin.NewServer(t, firstThen(
+		// As Gemini streams it: each call whole, no index.
+		sse(events("\n",
+			`{"choices":[{"delta":{"role":"assistant","tool_calls":[{"extra_content":`+extra+`,"function":{"arguments":"{\"city\":\"Paris\"}","name":"get_weather"},"id":"function-call-1","type":"function"}]},"finish_reason":"tool_calls","index":0}],"created":1,"id":"x","model":"gemini-3-flash-preview","object":"chat.completion.chunk"}`,
+			"[DONE]")),
+		sse(events("\n", chunk(`{"content":"Sunny."}`, "stop"), "[DONE]"))))
 	a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, memory.NewChatStore())
-	for _, input := range []string{"weather in Paris?", `{"messages":[{"role":"tool","tool_call_id":"function-call-1","content":"sunny"}]}`} {
-		sink, err := run(t, a, domain.RunRequest{Target: "gemini-3-flash-preview", Input: []byte(input), SessionID: "s1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		requireTerminal(t, sink, domain.EventComplete, "")
-	}
+	sessionTurns(t, a, "gemini-3-flash-preview", "weather in Paris?", `{"messages":[{"role":"tool","tool_call_id":"function-call-1","content":"sunny"}]}`)
 	var msgs []struct {
 		ToolCalls []struct {
 			ID           string          `json:"id"`

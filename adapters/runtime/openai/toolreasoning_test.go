@@ -2,8 +2,6 @@ package openai_test
 
 import (
 	"encoding/json"
-	"net/http"
-	"sync"
 	"testing"
 
 	"iop/adapters/runtime/internal/standin"
@@ -31,32 +29,15 @@ func TestToolCallingReplyKeepsItsReasoning(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var mu sync.Mutex
-			n := 0
-			srv := standin.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
-				mu.Lock()
-				n++
-				i := n
-				mu.Unlock()
-				switch i {
-				case 1:
-					sse(events("\n",
-						chunk(`{"role":"assistant","content":null,"`+tc.field+`":"The user wants "}`, ""),
-						chunk(`{"`+tc.field+`":"the time."}`, ""),
-						chunk(`{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_time","arguments":"{}"}}]}`, "tool_calls"),
-						"[DONE]"))(w, r)
-				default:
-					sse(events("\n", chunk(`{"`+tc.field+`":"Answer now."}`, ""), chunk(`{"content":"It is noon."}`, "stop"), "[DONE]"))(w, r)
-				}
-			})
+			srv := standin.NewServer(t, firstThen(
+				sse(events("\n",
+					chunk(`{"role":"assistant","content":null,"`+tc.field+`":"The user wants "}`, ""),
+					chunk(`{"`+tc.field+`":"the time."}`, ""),
+					chunk(`{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_time","arguments":"{}"}}]}`, "tool_calls"),
+					"[DONE]")),
+				sse(events("\n", chunk(`{"`+tc.field+`":"Answer now."}`, ""), chunk(`{"content":"It is noon."}`, "stop"), "[DONE]"))))
 			a := newAdapter(t, domain.AdapterConfig{BaseURL: srv.URL}, memory.NewChatStore())
-			for _, input := range []string{"what time is it?", `{"messages":[{"role":"tool","tool_call_id":"call_1","content":"12:00"}]}`, "thanks"} {
-				sink, err := run(t, a, domain.RunRequest{Target: "m", Input: []byte(input), SessionID: "s1"})
-				if err != nil {
-					t.Fatal(err)
-				}
-				requireTerminal(t, sink, domain.EventComplete, "")
-			}
+			sessionTurns(t, a, "m", "what time is it?", `{"messages":[{"role":"tool","tool_call_id":"call_1","content":"12:00"}]}`, "thanks")
 			raw := srv.Request(t, 2).Body["messages"]
 			var msgs []map[string]json.RawMessage
 			if err := json.Unmarshal(raw, &msgs); err != nil || len(msgs) != 5 {
