@@ -130,18 +130,22 @@ func (ob *runObservation) noRetry() {
 
 // settled counts the end of a run the edge let go of when its link broke
 // (RunHandle.lose), learned later from its node: r is its final record,
-// which the caller records in the history. Its duration runs to the end
-// the node reports.
-func (ob *runObservation) settled(r domain.RunRecord) {
+// which the caller records in the history. Its duration is took, the span
+// the node reports by its own clock (below zero: unknown, and the run is
+// taken to have lasted until now), never more than the time since the edge
+// dispatched it: the node's end is on the node's clock, and measured
+// against the edge's dispatch a node an hour ahead (or one reporting the
+// year 9999) would add that hour to the histogram's sum for good.
+func (ob *runObservation) settled(r domain.RunRecord, took time.Duration) {
 	if ob == nil || ob.o.Metrics == nil {
 		return
 	}
-	end := r.FinishedAt
-	if end.IsZero() {
-		end = ob.now()
+	elapsed := max(ob.now().Sub(ob.started), 0)
+	if took < 0 || took > elapsed {
+		took = elapsed
 	}
 	ob.o.Metrics.RunFinished(ports.RunOutcome{Node: ob.rec.Node, Adapter: ob.rec.Adapter, Status: r.Status,
-		Duration: max(end.Sub(ob.started), 0), FirstEvent: ob.first, Usage: r.Usage})
+		Duration: took, FirstEvent: ob.first, Usage: r.Usage})
 }
 
 // countingReader counts the request body bytes streamed into a tunnel

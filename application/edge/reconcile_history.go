@@ -322,7 +322,7 @@ func (r *HistoryReconciler) endRemoved(rec domain.RunRecord, why string) {
 	rec.Status, rec.FinishedAt = domain.RunFailed, time.Now()
 	rec.ErrorCode = domain.CodeNodeRemoved
 	rec.ErrorMsg = fmt.Sprintf(why, rec.Node)
-	r.history.recordEnd(rec)
+	r.history.recordEnd(rec, -1)
 }
 
 // Close stops the worker, and SettleUnconfigured's pass, and waits for

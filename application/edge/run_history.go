@@ -120,7 +120,7 @@ func (h *RunHistoryHandler) settle(ctx context.Context, rec domain.RunRecord) (d
 		lost.Status, lost.FinishedAt = domain.RunFailed, time.Now()
 		lost.ErrorCode = domain.CodeRunLost
 		lost.ErrorMsg = fmt.Sprintf("node %s has no record of the run: it never reached the node, or the node's store lost it", rec.Node)
-		h.recordEnd(lost)
+		h.recordEnd(lost, -1)
 		return lost, settledFromNode
 	case domain.CodeOf(err) == domain.CodeRunNotFound:
 		return rec, unsettledUnknownYet
@@ -133,7 +133,7 @@ func (h *RunHistoryHandler) settle(ctx context.Context, rec domain.RunRecord) (d
 	if !ok {
 		return rec, unsettledGoing
 	}
-	h.recordEnd(fixed)
+	h.recordEnd(fixed, nodeSpan(run))
 	return fixed, settledFromNode
 }
 
@@ -141,10 +141,22 @@ func (h *RunHistoryHandler) settle(ctx context.Context, rec domain.RunRecord) (d
 // to the history. A run this process dispatched and let go of when its
 // link broke (lose) is counted now that its end is known; only the first
 // of the reads and checks that settle it gets its observation. Counted
-// before it is written: whoever sees the row sees it counted.
-func (h *RunHistoryHandler) recordEnd(r domain.RunRecord) {
-	h.Nodes.runs.claimLost(r.ID).settled(r)
+// before it is written: whoever sees the row sees it counted. took is how
+// long the run lasted by its node's clock, below zero if unknown
+// (runObservation.settled).
+func (h *RunHistoryHandler) recordEnd(r domain.RunRecord, took time.Duration) {
+	h.Nodes.runs.claimLost(r.ID).settled(r, took)
 	h.Record.RecordRun(r)
+}
+
+// nodeSpan is how long run lasted from its admission to its end, both as
+// its node's clock tells them, or -1 if the node did not say: a time the
+// node reports is on its own clock, which may be far from the edge's.
+func nodeSpan(run nodecmd.Run) time.Duration {
+	if run.FinishedAt == nil || run.FinishedAt.IsZero() || run.CreatedAt.IsZero() {
+		return -1
+	}
+	return max(run.FinishedAt.Sub(run.CreatedAt), 0)
 }
 
 // finishedFrom is rec completed with the final state of run as its node

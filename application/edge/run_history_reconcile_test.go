@@ -616,6 +616,51 @@ func TestLostRunIsCountedOnceItsEndIsLearned(t *testing.T) {
 	}
 }
 
+// A lost run's duration, learned from its node, was the node's end (on
+// the node's clock) less the edge's dispatch (on the edge's): a node an
+// hour ahead added an hour to iop_run_duration_seconds_sum for good, one
+// behind counted 0. It is the node's own span (finished_at less
+// created_at, both its clock), and never more than the edge has known of
+// the run.
+func TestLostRunDurationIsTheNodesSpanNotAClockDifference(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		shift time.Duration // the node's clock less the edge's
+	}{{"node ahead", time.Hour}, {"node behind", -time.Hour}, {"node two centuries ahead", 24 * 365 * 200 * time.Hour}} {
+		t.Run(c.name, func(t *testing.T) {
+			ucNoLeaks(t)
+			e := newUCEdge(t, ucNodeSpec{"a", []string{"exec"}})
+			obs := &ucObserver{}
+			e.submit.Observe.Metrics = obs
+			before := time.Now()
+			rh, hist, _, _ := bgRunWithHistory(t, e, true)
+
+			old := e.links["a"]
+			if !e.reg.Remove("a", old) {
+				t.Fatal("a was not on its link")
+			}
+			created := before.Add(c.shift).UTC()
+			ended := fmt.Sprintf(`{"run_id":%q,"adapter":"exec","status":"succeeded","created_at":%q,"finished_at":%q,"background":true}`,
+				rh.RunID, created.Format(time.RFC3339Nano), created.Add(time.Millisecond).Format(time.RFC3339Nano))
+			back := newRCLink("a", map[string]string{rh.RunID: ended})
+			rcAdmit(t, e.reg, back)
+			old.stream(t, rh.RunID).fail(domain.Errorf(domain.CodeNodeDisconnected, "connection lost: heartbeat timeout"))
+			if r := rcWaitRecorded(t, hist, "the lost run's end"); r.ID != rh.RunID || r.Status != domain.RunSucceeded {
+				t.Fatalf("recorded %+v, want %s succeeded", r, rh.RunID)
+			}
+			known := time.Since(before)
+			obs.mu.Lock()
+			defer obs.mu.Unlock()
+			if len(obs.done) != 1 {
+				t.Fatalf("RunFinished %d times (%+v), want once", len(obs.done), obs.done)
+			}
+			if d := obs.done[0].Duration; d <= 0 || d > known || d > time.Millisecond {
+				t.Fatalf("duration %v, want the node's span (1ms) within the %v the edge knew of the run", d, known)
+			}
+		})
+	}
+}
+
 // bgRunWithHistory submits a background exec run on e's node "a" and wires
 // a history holding its running row, a history handler asking e's nodes,
 // and a reconciler (checking every millisecond when fast) that the
