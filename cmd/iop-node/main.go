@@ -99,11 +99,17 @@ func main() {
 			if err != nil || d <= 0 {
 				fail(fmt.Errorf("IOP_NODE_STATS_INTERVAL %q is not a positive duration", v))
 			}
+			if d < minStatsInterval {
+				fail(fmt.Errorf("IOP_NODE_STATS_INTERVAL %s is below %s", d, minStatsInterval))
+			}
 			*statsIvl = d
 		}
 	}
 	if *statsIvl < 0 {
 		fail(fmt.Errorf("--stats-interval must be positive"))
+	}
+	if *statsIvl > 0 && *statsIvl < minStatsInterval {
+		fail(fmt.Errorf("--stats-interval %s is below %s", *statsIvl, minStatsInterval))
 	}
 	log := bootstrap.NewLogger(cfg.Log, nil)
 	// Before any child starts: what a run's processes leave behind when
@@ -139,6 +145,12 @@ func main() {
 	stopPprof()
 	os.Exit(code)
 }
+
+// minStatsInterval is the shortest --stats-interval: each report is a
+// frame on the edge link, and one every microsecond kept the node busy on
+// a core sending tens of thousands a second (a report given less time than
+// it takes to send is cut short and sent again at once).
+const minStatsInterval = 100 * time.Millisecond
 
 func fail(err error) {
 	printErr(err)

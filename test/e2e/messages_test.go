@@ -104,6 +104,25 @@ func TestStartupMessagesAreClear(t *testing.T) {
 	// A value the file sets that is refused names the file and its line,
 	// as a YAML error does, for node.yaml (whose values are checked after
 	// the flags are applied) as for edge.yaml; a value from a flag names none.
+	// A stats interval of a nanosecond was taken: the node spent a core
+	// sending the edge tens of thousands of stats frames a second.
+	t.Run("stats interval below the floor", func(t *testing.T) {
+		for _, c := range []struct {
+			env  []string
+			args []string
+			want string
+		}{
+			{nil, []string{"--stats-interval", "1ns"}, "iop-node: --stats-interval 1ns is below 100ms\n"},
+			{[]string{"IOP_NODE_STATS_INTERVAL=1ms"}, nil, "iop-node: IOP_NODE_STATS_INTERVAL 1ms is below 100ms\n"},
+		} {
+			db := "file:" + filepath.Join(t.TempDir(), "node.db") + "?mode=rwc"
+			args := append([]string{"--edge", freeAddr(t), "--insecure", "--token", "a-node-token", "--db", db}, c.args...)
+			nd := start(t, "iop-node", c.env, args...)
+			if code := nd.waitExit(t, 20*time.Second); code != 2 || nd.out.String() != c.want {
+				t.Fatalf("%v %v: exit %d:\n%s\nwant\n%s", c.env, c.args, code, nd.out.String(), c.want)
+			}
+		}
+	})
 	t.Run("value errors name the line", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "node.yaml")
 		if err := os.WriteFile(path, []byte("token: a-node-token\ninsecure: true\nreconnect:\n  min: -1s\nlog: {level: loud}\n"), 0o600); err != nil {
