@@ -290,6 +290,8 @@ func TestEdgeValidate(t *testing.T) {
 		{"transport listen port too large", "transport: {listen: \"127.0.0.1:70000\"}\n", `port "70000" is not a number from 0 to 65535`},
 		{"http listen", "http: {listen: \"127.0.0.1\"}\n", `http.listen "127.0.0.1" is not host:port`},
 		{"same listen", "transport: {listen: \":9000\"}\nhttp: {listen: \":9000\"}\n", `http.listen and transport.listen are both ":9000"`},
+		{"metrics on the http listen", "http: {listen: \"127.0.0.1:9000\"}\nmetrics: {listen: \"127.0.0.1:9000\"}\n", `metrics.listen and http.listen are both "127.0.0.1:9000"; they need different ports`},
+		{"metrics on the transport listen", "transport: {listen: \"127.0.0.1:9000\"}\nmetrics: {listen: \"127.0.0.1:9000\"}\n", `metrics.listen and transport.listen are both "127.0.0.1:9000"`},
 		{"interval not positive", "transport: {heartbeat_interval: -1s}\n", "transport.heartbeat_interval must be positive"},
 		{"timeout equal to interval", "transport: {heartbeat_interval: 45s}\n", "transport.heartbeat_timeout (45s) must be greater than transport.heartbeat_interval (45s)"},
 		{"timeout below interval", "transport: {heartbeat_interval: 10s, heartbeat_timeout: 5s}\n", "transport.heartbeat_timeout (5s) must be greater"},
