@@ -74,7 +74,7 @@ func (h *RegisterHandler) Register(_ context.Context, token string, info domain.
 	if err != nil {
 		return h.reject(id, remote, err)
 	}
-	h.countRegistration("accepted")
+	h.countRegistration(OutcomeAccepted)
 	h.log.Info("node registered", "node", id, "remote", remote, "version", info.Version, "adapters", len(cfg.Adapters))
 	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRegistered, Time: h.now(), Node: id, Remote: remote})
 	h.Reconcile.NodeRegistered(id)
@@ -159,7 +159,7 @@ func announceDraining(reg *Registry, bus ports.EventPublisher, log *slog.Logger,
 
 // HandshakeFailed reports a connection that never registered.
 func (h *RegisterHandler) HandshakeFailed(remote, reason string) {
-	h.countRegistration("handshake_failed")
+	h.countRegistration(OutcomeHandshakeFailed)
 	// A flood of these is counted, not logged or published one by one.
 	if h.rejects.note("node handshake failed", remote, "", reason) {
 		h.bus.Publish(domain.BusEvent{Type: domain.BusNodeRejected, Time: h.now(), Remote: remote, Reason: reason})
@@ -169,8 +169,20 @@ func (h *RegisterHandler) HandshakeFailed(remote, reason string) {
 // HandshakeFailedUnreported counts a failed handshake the transport did
 // not report (a flood, rate-limited there): the metric counts every one.
 func (h *RegisterHandler) HandshakeFailedUnreported() {
-	h.countRegistration("handshake_failed")
+	h.countRegistration(OutcomeHandshakeFailed)
 }
+
+// Registration outcomes besides the refusal codes.
+const (
+	OutcomeAccepted        = "accepted"
+	OutcomeHandshakeFailed = "handshake_failed"
+)
+
+// RegistrationOutcomes are every outcome the handler counts
+// (ports.EdgeMetrics.NodeRegistration): a metrics adapter starts each at 0,
+// so the first refusals of a kind show in rate() and increase().
+var RegistrationOutcomes = []string{OutcomeAccepted, domain.CodeUnknownToken, domain.CodeDuplicateConn,
+	domain.CodeIdentityMismatch, domain.CodeConfigError, OutcomeHandshakeFailed}
 
 func (h *RegisterHandler) countRegistration(outcome string) {
 	if h.Metrics != nil {

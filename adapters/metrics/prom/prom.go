@@ -112,7 +112,12 @@ func New(src Sources) *Metrics {
 	}
 	m.tunnelBytes.WithLabelValues("in")
 	m.tunnelBytes.WithLabelValues("out")
-	m.registrations.WithLabelValues("accepted")
+	// Every outcome starts at 0: a series born at 100 (a burst of bad
+	// tokens within one scrape) shows no increase() or rate(), and an
+	// alert on them would never fire.
+	for _, o := range edgeapp.RegistrationOutcomes {
+		m.registrations.WithLabelValues(o)
+	}
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	f(&liveCollector{src: src})

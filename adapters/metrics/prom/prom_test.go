@@ -189,6 +189,21 @@ func TestTunnelModelsAreBoundedPerProvider(t *testing.T) {
 // A tunnel's first byte may come minutes in (a completion that does not
 // stream sends its status when it is done): the buckets reach 30 minutes
 // like the runs', and still tell milliseconds apart.
+// Only "accepted" was there from the start: a burst of refusals within
+// one scrape interval made its series appear at its count, which no
+// increase() or rate() sees, so an alert on unknown_token never fired.
+func TestRegistrationOutcomesStartAtZero(t *testing.T) {
+	fams := scrape(t, prom.New(prom.Sources{}))
+	for _, o := range []string{"accepted", "unknown_token", "duplicate_connection", "identity_mismatch", "config_error", "handshake_failed"} {
+		if v := value(t, fams, "iop_node_registrations_total", map[string]string{"outcome": o}); v != 0 {
+			t.Errorf("%s = %v, want 0", o, v)
+		}
+	}
+	if n := len(fams["iop_node_registrations_total"].Metric); n != 6 {
+		t.Fatalf("%d outcomes, want the 6 the README lists", n)
+	}
+}
+
 func TestTunnelFirstByteBucketsReachMinutes(t *testing.T) {
 	m := prom.New(prom.Sources{})
 	m.TunnelFinished(ports.TunnelOutcome{Node: "n1", Provider: "p", Model: "m", Code: "200", FirstByte: 45 * time.Second})
