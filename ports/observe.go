@@ -16,6 +16,11 @@ type EdgeMetrics interface {
 	// NodeRegistration counts a registration attempt: outcome is
 	// "accepted" or a rejection reason code (unknown_token, …).
 	NodeRegistration(outcome string)
+	// RunDispatched tells of a run the edge just sent to node's adapter,
+	// before any outcome: the adapter starts that pair's outcome series at
+	// 0, so the first run to end with an outcome shows in rate() and
+	// increase() (a series born at 1 does not).
+	RunDispatched(node, adapter string)
 	// RunFinished counts a run dispatched by the edge that reached its
 	// terminal event (runs in flight are read from the registry).
 	RunFinished(r RunOutcome)

@@ -54,6 +54,9 @@ func (h *SubmitRunHandler) observeRun(ctx context.Context, req domain.RunRequest
 	if !mayRetry {
 		ob.record()
 	}
+	if h.Observe.Metrics != nil {
+		h.Observe.Metrics.RunDispatched(node, req.Adapter)
+	}
 	return ob
 }
 

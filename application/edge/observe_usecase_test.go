@@ -17,6 +17,7 @@ type ucObserver struct {
 	runs    []domain.RunRecord
 	tunnels []domain.TunnelRecord
 	done    []ports.RunOutcome
+	sent    []string // RunDispatched's node/adapter, in order
 	regs    []string
 	history map[string]domain.RunRecord
 }
@@ -35,6 +36,11 @@ func (o *ucObserver) NodeRegistration(outcome string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.regs = append(o.regs, outcome)
+}
+func (o *ucObserver) RunDispatched(node, adapter string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.sent = append(o.sent, node+"/"+adapter)
 }
 func (o *ucObserver) RunFinished(r ports.RunOutcome) {
 	o.mu.Lock()
@@ -95,6 +101,11 @@ func TestRunIsRecordedAndCounted(t *testing.T) {
 	}
 	if len(obs.done) != 1 || obs.done[0].Status != domain.RunFailed || obs.done[0].Adapter != "a" || obs.done[0].FirstEvent <= 0 {
 		t.Fatalf("metrics %+v", obs.done)
+	}
+	// Told at dispatch, so the outcome series exist (at 0) before the
+	// first run ends: rate() sees that first failure.
+	if len(obs.sent) != 1 || obs.sent[0] != "n1/a" {
+		t.Fatalf("dispatches %v, want [n1/a]", obs.sent)
 	}
 }
 

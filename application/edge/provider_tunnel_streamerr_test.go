@@ -27,6 +27,7 @@ func (o *ptOutcomes) RecordTunnel(r domain.TunnelRecord) {
 }
 func (o *ptOutcomes) NodeRegistration(string)      {}
 func (o *ptOutcomes) RunFinished(ports.RunOutcome) {}
+func (o *ptOutcomes) RunDispatched(string, string) {}
 func (o *ptOutcomes) HistoryDropped(int)           {}
 func (o *ptOutcomes) TunnelFinished(out ports.TunnelOutcome) {
 	o.mu.Lock()

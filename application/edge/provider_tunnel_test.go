@@ -558,6 +558,7 @@ type ptMetrics struct {
 
 func (m *ptMetrics) NodeRegistration(string)      {}
 func (m *ptMetrics) RunFinished(ports.RunOutcome) {}
+func (m *ptMetrics) RunDispatched(string, string) {}
 func (m *ptMetrics) HistoryDropped(int)           {}
 func (m *ptMetrics) TunnelFinished(o ports.TunnelOutcome) {
 	m.mu.Lock()

@@ -137,6 +137,20 @@ func (m *Metrics) NodeRegistration(outcome string) {
 	m.registrations.WithLabelValues(label(outcome)).Inc()
 }
 
+// runStatuses are the statuses iop_runs_total counts.
+var runStatuses = []string{string(domain.RunSucceeded), string(domain.RunFailed), string(domain.RunCancelled)}
+
+// RunDispatched implements ports.EdgeMetrics: the pair's runs_total series
+// and its adapter's histograms start at 0.
+func (m *Metrics) RunDispatched(node, adapter string) {
+	node, adapter = label(node), label(adapter)
+	for _, s := range runStatuses {
+		m.runs.WithLabelValues(node, adapter, s)
+	}
+	m.runDuration.WithLabelValues(adapter)
+	m.runFirst.WithLabelValues(adapter)
+}
+
 // RunFinished implements ports.EdgeMetrics.
 func (m *Metrics) RunFinished(r ports.RunOutcome) {
 	m.runs.WithLabelValues(label(r.Node), label(r.Adapter), string(r.Status)).Inc()

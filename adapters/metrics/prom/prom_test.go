@@ -189,6 +189,30 @@ func TestTunnelModelsAreBoundedPerProvider(t *testing.T) {
 // A tunnel's first byte may come minutes in (a completion that does not
 // stream sends its status when it is done): the buckets reach 30 minutes
 // like the runs', and still tell milliseconds apart.
+// A run's outcome series were born at the first run to end with that
+// outcome, at 1: rate(iop_runs_total{status="failed"}[5m]) (the README's
+// error ratio) never saw a node's first failure. They start at 0 when a
+// run is dispatched to the pair.
+func TestRunOutcomesStartAtZeroAtDispatch(t *testing.T) {
+	m := prom.New(prom.Sources{})
+	m.RunDispatched("n1", "exec")
+	fams := scrape(t, m)
+	for _, s := range []string{"succeeded", "failed", "cancelled"} {
+		if v := value(t, fams, "iop_runs_total", map[string]string{"node": "n1", "adapter": "exec", "status": s}); v != 0 {
+			t.Errorf("%s = %v, want 0", s, v)
+		}
+	}
+	for _, h := range []string{"iop_run_duration_seconds", "iop_run_first_event_seconds"} {
+		if v := value(t, fams, h, map[string]string{"adapter": "exec"}); v != 0 {
+			t.Errorf("%s count = %v, want 0", h, v)
+		}
+	}
+	m.RunFinished(ports.RunOutcome{Node: "n1", Adapter: "exec", Status: domain.RunFailed, Duration: time.Second})
+	if v := value(t, scrape(t, m), "iop_runs_total", map[string]string{"node": "n1", "adapter": "exec", "status": "failed"}); v != 1 {
+		t.Fatalf("failed = %v after one failure", v)
+	}
+}
+
 // Only "accepted" was there from the start: a burst of refusals within
 // one scrape interval made its series appear at its count, which no
 // increase() or rate() sees, so an alert on unknown_token never fired.
