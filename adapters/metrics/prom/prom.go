@@ -377,7 +377,12 @@ func (c *liveCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descTunnelsIn, float64(n.TunnelsInFlight), id)
 		if ls, ok := n.Link.(linkStats); ok {
 			s := ls.Stats()
-			gauge(descRTT, s.RTT.Seconds(), id)
+			// None until the link's first heartbeat comes back (up to
+			// transport.heartbeat_interval, 30 s by default, after each
+			// connect): 0 would read as an instant round trip.
+			if s.RTT > 0 {
+				gauge(descRTT, s.RTT.Seconds(), id)
+			}
 			counter(descFrames, float64(s.FramesIn), id, "in")
 			counter(descFrames, float64(s.FramesOut), id, "out")
 			counter(descLinkBytes, float64(s.BytesIn), id, "in")

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"iop/adapters/metrics/prom"
+	"iop/adapters/transport"
 	edgeapp "iop/application/edge"
 	"iop/domain"
 	"iop/ports"
@@ -301,6 +302,34 @@ type statsLink struct {
 }
 
 func (l statsLink) NodeStats() (domain.NodeStats, bool) { return l.stats, true }
+
+// linkWithRTT is a node link with the transport's link stats.
+type linkWithRTT struct {
+	ports.NodeLink
+	rtt time.Duration
+}
+
+func (l linkWithRTT) Stats() transport.Stats { return transport.Stats{RTT: l.rtt} }
+
+// A link whose first heartbeat has not come back (30 s by default after
+// each connect) exposed a round trip of 0 s; it has no RTT series until
+// one is measured.
+func TestHeartbeatRTTOnlyOnceMeasured(t *testing.T) {
+	reg := edgeapp.NewRegistry()
+	for id, rtt := range map[string]time.Duration{"fresh": 0, "measured": 5 * time.Millisecond} {
+		if err := reg.Admit(&edgeapp.LiveNode{ID: id, Link: linkWithRTT{rtt: rtt}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := scrape(t, prom.New(prom.Sources{Registry: reg}))
+	fam := f["iop_link_heartbeat_rtt_seconds"]
+	if fam == nil || len(fam.Metric) != 1 || fam.Metric[0].GetGauge().GetValue() != 0.005 {
+		t.Fatalf("RTT series %v, want only the measured node's 0.005", fam)
+	}
+	if v := value(t, f, "iop_link_frames_total", map[string]string{"node": "fresh", "direction": "in"}); v != 0 {
+		t.Fatalf("fresh node's frames in = %v", v)
+	}
+}
 
 // Two names that differ only where label() cuts or replaces are one
 // series: exposing it twice failed the whole scrape, every node's metrics
