@@ -58,7 +58,9 @@ func toRunRecordJSON(r domain.RunRecord) runRecordJSON {
 	return out
 }
 
-// parseTime reads an RFC 3339 time or a date (YYYY-MM-DD, UTC midnight).
+// parseTime reads an RFC 3339 time or a date (YYYY-MM-DD, UTC midnight),
+// and returns it in UTC: /v1/usage echoes it, and the API answers every
+// time in UTC.
 // The zero time is refused: the queries take it for "no bound", so
 // until=0001-01-01, which bounds everything away, listed every run.
 func parseTime(name, v string) (time.Time, error) {
@@ -75,7 +77,7 @@ func parseTime(name, v string) (time.Time, error) {
 	case t.IsZero():
 		return time.Time{}, domain.Errorf(domain.CodeInvalidRequest, "%s %q is the zero time, which the history cannot take as a bound; leave %s out for none", name, v, name)
 	}
-	return t, nil
+	return t.UTC(), nil
 }
 
 // handleHistoryRuns answers GET /v1/runs from the edge's history:

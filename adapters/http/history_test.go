@@ -62,3 +62,15 @@ func TestHistoryRefusesTheZeroTime(t *testing.T) {
 		t.Fatalf("queries %+v %+v", h.runs, h.usages)
 	}
 }
+
+// The bounds /v1/usage echoes are in UTC, as every other time the API
+// answers with, whatever offset the caller wrote them in: a caller that
+// compares them with created_at or a day group must not have to convert.
+func TestUsageEchoesItsBoundsInUTC(t *testing.T) {
+	h := &queryHistory{}
+	e := newEnvWithDeps(t, nil, func(_ *env, d *httpapi.Deps) { d.History = edge.NewRunHistoryHandler(h) })
+	got := readJSON(t, e.do("GET", "/v1/usage?since=2026-03-01T02:00:00%2B02:00&until=2026-03-02T00:00:00.5-05:00", ""), 200)
+	if got["since"] != "2026-03-01T00:00:00Z" || got["until"] != "2026-03-02T05:00:00.5Z" {
+		t.Fatalf("since %v, until %v; want 2026-03-01T00:00:00Z and 2026-03-02T05:00:00.5Z", got["since"], got["until"])
+	}
+}
