@@ -77,7 +77,18 @@ func NewClientTLS(o ClientTLS, addr string) (*tls.Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("ca_file: %w", err)
 		}
-		c.RootCAs = pool
+		// Verified by verifyCAFile, which does what crypto/tls would
+		// (crypto/x509, the bundle as roots, the host name) but names the
+		// file when the edge's chain is from another CA: crypto/tls says
+		// no more than "certificate signed by unknown authority".
+		file := o.CAFile
+		c.InsecureSkipVerify = true
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if err := verifyCAFile(pool, file, host, cs.PeerCertificates); err != nil {
+				return &TrustError{Err: err}
+			}
+			return nil
+		}
 	default:
 		return nil, errors.New("no ca_pin or ca_file to trust the edge with")
 	}
@@ -160,6 +171,32 @@ func verifyPinned(pin, host string, certs []*x509.Certificate) error {
 		return err
 	}
 	return nil
+}
+
+// verifyCAFile verifies the edge's chain against the CA bundle of file, for
+// host, as crypto/tls does with RootCAs; a chain that fails only on the time
+// is a ValidityError.
+func verifyCAFile(pool *x509.CertPool, file, host string, certs []*x509.Certificate) error {
+	if len(certs) == 0 {
+		return errors.New("the edge presented no certificate")
+	}
+	inter := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		inter.AddCert(c)
+	}
+	opts := x509.VerifyOptions{Roots: pool, Intermediates: inter, DNSName: host, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	_, err := certs[0].Verify(opts)
+	var ua x509.UnknownAuthorityError
+	switch {
+	case err == nil:
+		return nil
+	case onlyTime(err, certs, opts):
+		return &ValidityError{Err: fmt.Errorf("the edge's certificate does not verify against --ca-file %s: %w", file, err)}
+	case errors.As(err, &ua):
+		return fmt.Errorf("the edge's certificate is not signed by a CA in --ca-file %s (%w): a different edge, a re-created edge CA, or a man in the middle; "+
+			"with transport.tls.mode auto the edge's CA is state_dir/tls/ca.pem, or use --ca-pin (iop-edge --config edge.yaml --print-ca-pin)", file, err)
+	}
+	return fmt.Errorf("the edge's certificate does not verify against --ca-file %s: %w", file, err)
 }
 
 // ValidityError is an edge chain that verifies but for the time: a

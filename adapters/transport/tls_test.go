@@ -653,3 +653,35 @@ func TestTimeHintTellsExpiredFromNotValidYet(t *testing.T) {
 		}
 	}
 }
+
+// A --ca-file from another CA than the edge's stops the node, naming the
+// file and what to do, rather than with crypto/tls's bare "certificate
+// signed by unknown authority"; the token is never sent.
+func TestTLSCAFileOfAnotherCAIsFatalAndNamesTheFile(t *testing.T) {
+	m, other := edgeCA(t), edgeCA(t)
+	caFile := filepath.Join(t.TempDir(), "other-ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: other.CA().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := newFakeEdge()
+	e.addNode(testToken, testNodeConfig())
+	srv := startServer(t, "", tlsServerConfig(m, nil), e)
+	cc := ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}
+	cc.Transport.TLS = clientTLS(t, ClientTLS{CAFile: caFile}, cc.Addr)
+	c := startClient(t, cc, newFakeNode())
+	select {
+	case <-c.done:
+	case <-testCtx(t).Done():
+		t.Fatal("the node kept retrying an edge its CA file does not trust")
+	}
+	var te *TrustError
+	if !errors.As(c.err, &te) || !te.Fatal() {
+		t.Fatalf("Run = %v, want a fatal TrustError", c.err)
+	}
+	if msg := c.err.Error(); !strings.Contains(msg, "not signed by a CA in --ca-file "+caFile) || !strings.Contains(msg, "--print-ca-pin") {
+		t.Fatalf("error %q should name the CA file and the way to the right trust", msg)
+	}
+	if e.registerCount() != 0 {
+		t.Fatal("the token was sent to an edge the CA file does not trust")
+	}
+}
