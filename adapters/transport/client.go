@@ -430,7 +430,7 @@ func (c *Client) register(ctx context.Context, r *retryState) (*Conn, error) {
 			// The handshake's own limit, not the link's heartbeat.
 			return nil, fmt.Errorf("read register response: the edge did not answer within the handshake timeout (%v)", tc.HandshakeTimeout)
 		}
-		return nil, plaintextHint(tc.TLS, fmt.Errorf("read register response: %w", classifyReadErr(err, tc.HandshakeTimeout)))
+		return nil, plaintextHint(tc.TLS, clientCertHint(fmt.Errorf("read register response: %w", classifyReadErr(err, tc.HandshakeTimeout))))
 	}
 	resp := f.GetRegisterResponse()
 	if resp == nil {

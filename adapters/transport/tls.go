@@ -294,6 +294,26 @@ func secureClient(nc net.Conn, cfg *tls.Config) (net.Conn, error) {
 	return tc, nil
 }
 
+// clientCertHint explains the edge refusing the node's client certificate.
+// In TLS 1.3 the edge checks it after the node's side of the handshake is
+// done, so the refusal reaches the node as an alert on its first read, and
+// crypto/tls's "remote error: tls: unknown certificate authority" reads as
+// though the node did not trust the edge.
+func clientCertHint(err error) error {
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "remote error" || oe.Err == nil {
+		return err
+	}
+	switch oe.Err.Error() {
+	case "tls: certificate required":
+		return fmt.Errorf("%w (the edge requires a client certificate, as its transport.tls.client_ca_file is set: start this node with --cert and --key issued from that CA)", err)
+	case "tls: unknown certificate authority", "tls: bad certificate", "tls: certificate expired", "tls: unsupported certificate", "tls: certificate unknown":
+		return fmt.Errorf("%w (the edge refused this node's client certificate, --cert: it must be issued by a CA in the edge's transport.tls.client_ca_file, "+
+			"for TLS clients, and valid by the edge's clock)", err)
+	}
+	return err
+}
+
 // plaintextHint explains the one symptom a plaintext node sees at a TLS
 // edge: the connection closed without a register response.
 func plaintextHint(cfg *tls.Config, err error) error {

@@ -413,24 +413,42 @@ func TestTLSClientCertificates(t *testing.T) {
 			t.Fatalf("verified names = %v, want the CN then the DNS SAN", got)
 		}
 	})
-	for name, o := range map[string]func() ClientTLS{
-		"no certificate": func() ClientTLS { return ClientTLS{CAPin: m.Pin()} },
-		"certificate from another CA": func() ClientTLS {
+	// The node is told it is its own certificate the edge refused, and
+	// what to pass: crypto/tls's "remote error: tls: unknown certificate
+	// authority" reads as though the node did not trust the edge.
+	for name, tc := range map[string]struct {
+		o    func() ClientTLS
+		hint string
+	}{
+		"no certificate": {func() ClientTLS { return ClientTLS{CAPin: m.Pin()} }, "start this node with --cert and --key"},
+		"certificate from another CA": {func() ClientTLS {
 			cert, key := newClientCA(t).issue(t, "node-a")
 			return ClientTLS{CAPin: m.Pin(), CertFile: cert, KeyFile: key}
-		},
+		}, "the edge refused this node's client certificate"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			e := newFakeEdge()
 			e.addNode(testToken, testNodeConfig())
 			srv := startServer(t, "", srvCfg, e)
+			var mu sync.Mutex
+			var logs strings.Builder
 			cc := ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}
-			cc.Transport.TLS = clientTLS(t, o(), cc.Addr)
+			cc.Transport.Logger = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				return logs.Write(p)
+			}), nil))
+			cc.Transport.TLS = clientTLS(t, tc.o(), cc.Addr)
 			startClient(t, cc, newFakeNode())
 			f := recv(t, testCtx(t), e.failed, "handshake failure")
 			if !strings.HasPrefix(f.Reason, "tls: ") {
 				t.Fatalf("reason %q, want a tls reason", f.Reason)
 			}
+			eventually(t, testCtx(t), "the node's hint: "+tc.hint, func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return strings.Contains(logs.String(), tc.hint)
+			})
 			if e.registerCount() != 0 {
 				t.Fatal("a node without an acceptable certificate reached Register")
 			}
