@@ -98,7 +98,7 @@ func NewClientTLS(o ClientTLS, addr string) (*tls.Config, error) {
 		// renewed in place, and one read only at start would, once
 		// expired, fail every reconnect until the node was restarted.
 		if _, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile); err != nil {
-			return nil, fmt.Errorf("client certificate: %w", err)
+			return nil, fmt.Errorf("client certificate %s and key %s: %w", o.CertFile, o.KeyFile, err)
 		}
 		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return loadClientCert(o.CertFile, o.KeyFile, time.Now())
@@ -114,7 +114,7 @@ func NewClientTLS(o ClientTLS, addr string) (*tls.Config, error) {
 func loadClientCert(certFile, keyFile string, now time.Time) (*tls.Certificate, error) {
 	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
-		return nil, fmt.Errorf("client certificate: %w", err)
+		return nil, fmt.Errorf("client certificate %s and key %s: %w", certFile, keyFile, err)
 	}
 	leaf := cert.Leaf
 	if leaf == nil { // GODEBUG x509keypairleaf=0

@@ -703,3 +703,19 @@ func TestTLSCAFileOfAnotherCAIsFatalAndNamesTheFile(t *testing.T) {
 		t.Fatal("the token was sent to an edge the CA file does not trust")
 	}
 }
+
+// A client certificate and key that do not go together stop the node at
+// start naming both files: crypto/tls's "private key does not match public
+// key" names neither.
+func TestTLSMismatchedClientKeyNamesTheFiles(t *testing.T) {
+	ca := newClientCA(t)
+	cert, _ := ca.issue(t, "node-a")
+	_, otherKey := ca.issue(t, "node-b")
+	_, err := NewClientTLS(ClientTLS{CAPin: edgeCA(t).Pin(), CertFile: cert, KeyFile: otherKey}, "127.0.0.1:7700")
+	if err == nil || !strings.Contains(err.Error(), cert) || !strings.Contains(err.Error(), otherKey) || !strings.Contains(err.Error(), "does not match") {
+		t.Fatalf("NewClientTLS = %v, want an error naming %s and %s", err, cert, otherKey)
+	}
+	if _, err := loadClientCert(cert, otherKey, time.Now()); err == nil || !strings.Contains(err.Error(), otherKey) {
+		t.Fatalf("loadClientCert = %v, want an error naming %s", err, otherKey)
+	}
+}
