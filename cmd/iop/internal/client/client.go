@@ -6,6 +6,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -99,8 +100,25 @@ type ConnError struct {
 }
 
 func (e *ConnError) Error() string {
-	return fmt.Sprintf("cannot reach the edge at %s (set --edge or IOP_EDGE): %v", e.Edge, e.Err)
+	return fmt.Sprintf("cannot reach the edge at %s (set --edge or IOP_EDGE): %v%s", e.Edge, e.Err, tlsHint(e.Err))
 }
+
+// tlsHint says what to change when the edge answered but TLS stood in the
+// way: Go's own words name neither the URL's scheme nor --ca-file.
+func tlsHint(err error) string {
+	var ua x509.UnknownAuthorityError
+	switch {
+	case err == nil:
+	case strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
+		return " (the edge serves plain HTTP at this address: use an http:// edge URL)"
+	case errors.As(err, &ua):
+		return " (the edge's certificate, http.tls, is from a CA this machine does not trust: pass --ca-file with that CA's certificate)"
+	}
+	return ""
+}
+
+// httpsOnlyAnswer is what Go's HTTPS server answers a plaintext request.
+const httpsOnlyAnswer = "Client sent an HTTP request to an HTTPS server."
 
 func (e *ConnError) Unwrap() error { return e.Err }
 
@@ -402,7 +420,11 @@ func foreignAnswer(resp *http.Response, body []byte) string {
 	if text == "" {
 		return msg
 	}
-	return msg + ": " + strconv.Quote(text)
+	msg += ": " + strconv.Quote(text)
+	if resp.StatusCode == http.StatusBadRequest && text == httpsOnlyAnswer {
+		msg += " (the edge serves HTTPS at this address, as its http.tls is set: use an https:// edge URL)"
+	}
+	return msg
 }
 
 // truncateText is a body that is not the API's as it is shown: valid

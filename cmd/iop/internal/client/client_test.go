@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -282,5 +283,42 @@ func TestForbiddenSaysTheEdgesReasonOnly(t *testing.T) {
 	scope := (&APIError{Status: http.StatusForbidden, Code: "forbidden", Message: `key "ci" lacks the "runs" scope`}).Error()
 	if !strings.Contains(scope, `lacks the "runs" scope`) {
 		t.Fatalf("a missing scope: %q", scope)
+	}
+}
+
+// The wrong scheme for the edge, either way, and an HTTPS edge whose CA
+// the machine lacks say what to change: Go's own words name neither the
+// URL's scheme nor --ca-file.
+func TestSchemeAndCAMistakesSayWhatToChange(t *testing.T) {
+	secure := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"nodes":[]}`)
+	}))
+	secure.Config.ErrorLog = log.New(io.Discard, "", 0)
+	defer secure.Close()
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer plain.Close()
+	for _, c := range []struct {
+		edge string
+		hc   *http.Client
+		want string
+	}{
+		{"http://" + secure.Listener.Addr().String(), nil, "use an https:// edge URL"},
+		{"https://" + plain.Listener.Addr().String(), nil, "use an http:// edge URL"},
+		{secure.URL, &http.Client{}, "pass --ca-file"},
+	} {
+		cl, err := New(c.edge, c.hc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = cl.Call(context.Background(), "GET", "/v1/nodes", nil, nil, nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err %v, want it to say %q", c.edge, err, c.want)
+		}
+	}
+	// A trusted edge gets no such hint.
+	cl, _ := New(secure.URL, secure.Client())
+	if err := cl.Call(context.Background(), "GET", "/v1/nodes", nil, nil, nil); err != nil {
+		t.Fatalf("trusted edge: %v", err)
 	}
 }
