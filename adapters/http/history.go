@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"iop/application/edge"
@@ -70,6 +71,12 @@ func parseTime(name, v string) (time.Time, error) {
 	t, err := time.Parse(time.RFC3339Nano, v)
 	if err != nil {
 		t, err = time.Parse(time.DateOnly, v)
+	}
+	if i := strings.LastIndexByte(v, ' '); err != nil && i > 0 {
+		// "?since=2026-03-01T09:00:00+02:00" typed into curl or a browser
+		// arrives with its "+" decoded as a space; no time has a space
+		// there, so it can only have been the offset's sign.
+		t, err = time.Parse(time.RFC3339Nano, v[:i]+"+"+v[i+1:])
 	}
 	switch {
 	case err != nil:

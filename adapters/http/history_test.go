@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	httpapi "iop/adapters/http"
 	"iop/application/edge"
@@ -72,5 +73,26 @@ func TestUsageEchoesItsBoundsInUTC(t *testing.T) {
 	got := readJSON(t, e.do("GET", "/v1/usage?since=2026-03-01T02:00:00%2B02:00&until=2026-03-02T00:00:00.5-05:00", ""), 200)
 	if got["since"] != "2026-03-01T00:00:00Z" || got["until"] != "2026-03-02T05:00:00.5Z" {
 		t.Fatalf("since %v, until %v; want 2026-03-01T00:00:00Z and 2026-03-02T05:00:00.5Z", got["since"], got["until"])
+	}
+}
+
+// A "+" in an offset sent unescaped (curl, a browser's address bar) arrives
+// as a space; it is taken as the "+" it was, not refused. Other spaces are
+// still refused.
+func TestHistoryTakesAnUnescapedPlusInAnOffset(t *testing.T) {
+	h := &queryHistory{}
+	e := newEnvWithDeps(t, nil, func(_ *env, d *httpapi.Deps) { d.History = edge.NewRunHistoryHandler(h) })
+	readJSON(t, e.do("GET", "/v1/runs?since=2026-03-01T09:00:00+02:00", ""), 200)
+	got := readJSON(t, e.do("GET", "/v1/usage?until=2026-03-01T09:00:00+02:00", ""), 200)
+	if got["until"] != "2026-03-01T07:00:00Z" {
+		t.Fatalf("until %v, want 2026-03-01T07:00:00Z", got["until"])
+	}
+	h.mu.Lock()
+	if len(h.runs) != 1 || !h.runs[0].Since.Equal(time.Date(2026, 3, 1, 7, 0, 0, 0, time.UTC)) {
+		t.Fatalf("run queries %+v", h.runs)
+	}
+	h.mu.Unlock()
+	for _, q := range []string{"/v1/runs?since=2026-03-01+09:00:00", "/v1/runs?since=2026-03-01T09:00:00+-02:00", "/v1/runs?since=+2026-03-01"} {
+		wantError(t, e.do("GET", q, ""), 400, "invalid_request")
 	}
 }
