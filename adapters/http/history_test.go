@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -94,5 +95,17 @@ func TestHistoryTakesAnUnescapedPlusInAnOffset(t *testing.T) {
 	h.mu.Unlock()
 	for _, q := range []string{"/v1/runs?since=2026-03-01+09:00:00", "/v1/runs?since=2026-03-01T09:00:00+-02:00", "/v1/runs?since=+2026-03-01"} {
 		wantError(t, e.do("GET", q, ""), 400, "invalid_request")
+	}
+}
+
+// since after until within one second is refused naming both as given, to
+// the nanosecond: at whole seconds the message read "since (…:00Z) must be
+// before until (…:00Z)", the same time twice.
+func TestHistoryRangeErrorShowsTheBoundsExactly(t *testing.T) {
+	e := newEnvWithDeps(t, nil, func(_ *env, d *httpapi.Deps) { d.History = edge.NewRunHistoryHandler(&queryHistory{}) })
+	m := readJSON(t, e.do("GET", "/v1/runs?since=2026-03-01T09:00:00.5%2B02:00&until=2026-03-01T07:00:00.25Z", ""), 400)
+	msg, _ := m["error"].(map[string]any)["message"].(string)
+	if !strings.Contains(msg, "since (2026-03-01T07:00:00.5Z) must be before until (2026-03-01T07:00:00.25Z)") {
+		t.Fatalf("message %q", msg)
 	}
 }

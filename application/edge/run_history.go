@@ -262,7 +262,7 @@ func (h *RunHistoryHandler) Usage(ctx context.Context, q domain.UsageQuery) ([]d
 
 func checkRange(since, until time.Time) error {
 	if !since.IsZero() && !until.IsZero() && !since.Before(until) {
-		return domain.Errorf(domain.CodeInvalidRequest, "since (%s) must be before until (%s)", since.Format(time.RFC3339), until.Format(time.RFC3339))
+		return domain.Errorf(domain.CodeInvalidRequest, "since (%s) must be before until (%s)", since.UTC().Format(time.RFC3339Nano), until.UTC().Format(time.RFC3339Nano))
 	}
 	return nil
 }
