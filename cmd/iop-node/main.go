@@ -36,13 +36,18 @@ func main() {
 		logFormat = flag.String("log-format", "", "text|json")
 		version   = flag.Bool("version", false, "print the version and exit")
 		pprofAddr = flag.String("pprof", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6061)")
-		statsIvl  = flag.Duration("stats-interval", 0, "how often to send node stats to the edge (default 15s; env IOP_NODE_STATS_INTERVAL)")
+		statsIvl  = new(time.Duration)
 		caPin     = flag.String("ca-pin", "", "trust the edge whose certificate chain holds this public key: sha256:<hex> from iop-edge --print-ca-pin")
 		caFile    = flag.String("ca-file", "", "trust an edge whose certificate chains to a CA in this PEM bundle")
 		insecure  = flag.Bool("insecure", false, "plaintext link, for an edge with transport.tls.mode off (which the edge allows only on a loopback listen address)")
 		certFile  = flag.String("cert", "", "client certificate (PEM) for an edge that requires one")
 		keyFile   = flag.String("key", "", "key of --cert (PEM)")
 	)
+	flag.Func("stats-interval", "how often to send node stats to the edge, a `duration` of at least 100ms (default 15s; env IOP_NODE_STATS_INTERVAL)", func(v string) error {
+		d, err := parseDuration(v)
+		*statsIvl = d
+		return err
+	})
 	flag.Parse()
 	if *version {
 		fmt.Println("iop-node", bootstrap.Version)
@@ -95,8 +100,11 @@ func main() {
 	}
 	if *statsIvl == 0 {
 		if v := os.Getenv("IOP_NODE_STATS_INTERVAL"); v != "" {
-			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
+			d, err := parseDuration(v)
+			if err != nil {
+				fail(fmt.Errorf("IOP_NODE_STATS_INTERVAL: %w", err))
+			}
+			if d <= 0 {
 				fail(fmt.Errorf("IOP_NODE_STATS_INTERVAL %q is not a positive duration", v))
 			}
 			if d < minStatsInterval {
@@ -151,6 +159,17 @@ func main() {
 // a core sending tens of thousands a second (a report given less time than
 // it takes to send is cut short and sent again at once).
 const minStatsInterval = 100 * time.Millisecond
+
+// parseDuration reads a duration as the config files take it: Go syntax
+// with a unit; a bare number is refused saying so (its unit would be a
+// guess), not with flag's "parse error".
+func parseDuration(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil {
+		return 0, fmt.Errorf("invalid duration %q (use Go syntax with a unit, such as \"500ms\", \"30s\", \"1m\")", v)
+	}
+	return d, nil
+}
 
 func fail(err error) {
 	printErr(err)

@@ -524,3 +524,16 @@ func TestHistoryByKeyName(t *testing.T) {
 		t.Fatalf("/metrics with the n2-only key: %d", st)
 	}
 }
+
+// A bare stats interval is refused saying a unit is needed, as edge.yaml's
+// durations are, not with flag's "parse error" and the whole usage text.
+func TestNodeAsksForAStatsIntervalUnit(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(4))
+	for _, o := range []nodeOptions{{env: []string{"IOP_NODE_STATS_INTERVAL=30"}}, {args: []string{"--stats-interval", "30"}}} {
+		n := startNodeOpts(t, e, testToken, o)
+		if code := n.waitExit(t, 10*time.Second); code != 2 || !strings.Contains(n.out.String(), `invalid duration "30" (use Go syntax with a unit`) {
+			t.Fatalf("%+v: exit %d, want 2 asking for a unit:\n%s", o, code, n.out.String())
+		}
+	}
+}
