@@ -187,7 +187,19 @@ type Conn struct {
 	// read them; the first is logged.
 	headerDrops atomic.Int64
 	rtt         atomic.Int64
-	closeWhy    atomic.Pointer[error]
+	// probe is the last heartbeat this side queued; its reply's echo must
+	// be its stamp, and the round trip is timed from at, on the monotonic
+	// clock: a wall-clock step between the two (NTP setting the clock)
+	// made the RTT that step, or left it stale when negative. A reply to
+	// an earlier probe (overtaken by this one) is no sample.
+	probe    atomic.Pointer[heartbeatProbe]
+	closeWhy atomic.Pointer[error]
+}
+
+// heartbeatProbe is a heartbeat sent: its sent_unix_nano and when.
+type heartbeatProbe struct {
+	stamp int64
+	at    time.Time
 }
 
 // closeSentinel asks the writer to flush and then close the connection.
@@ -328,8 +340,10 @@ func (c *Conn) startWriter() {
 // skipped.
 func (c *Conn) heartbeat() {
 	c.offer()
+	f := heartbeatFrame()
+	c.probe.Store(&heartbeatProbe{stamp: f.GetHeartbeat().GetSentUnixNano(), at: time.Now()})
 	select {
-	case c.ctrl <- heartbeatFrame():
+	case c.ctrl <- f:
 	default:
 		c.withdraw()
 	}
@@ -1197,8 +1211,8 @@ func heartbeatFrame() *ioppb.Frame {
 
 func (c *Conn) onHeartbeat(h *ioppb.Heartbeat) {
 	if h.GetReply() {
-		if rtt := time.Now().UnixNano() - h.GetEchoUnixNano(); rtt >= 0 {
-			c.rtt.Store(rtt)
+		if p := c.probe.Load(); p != nil && h.GetEchoUnixNano() == p.stamp {
+			c.rtt.Store(int64(time.Since(p.at)))
 		}
 		return
 	}

@@ -434,3 +434,20 @@ func TestBackoffNoOverflow(t *testing.T) {
 		}
 	}
 }
+
+// The RTT is timed on the monotonic clock from the probe this side sent: a
+// reply whose echo is not that probe's stamp is no sample. Computed as
+// "wall clock now minus the echo", a wall-clock step between a probe and
+// its reply (NTP setting the clock an hour forward) made the RTT an hour,
+// as this echo an hour old by the wall clock did.
+func TestHeartbeatRTTIsTimedFromTheProbeSent(t *testing.T) {
+	cfg := tinyHeartbeat()
+	cfg.HeartbeatTimeout = 2 * time.Second // liveness is not under test here
+	p := newPair(t, pairOptions{server: cfg}, nil)
+	eventually(t, p.ctx, "an RTT sample", func() bool { return p.link.Stats().RTT > 0 })
+	c := p.link.conn
+	c.onHeartbeat(&ioppb.Heartbeat{Reply: true, EchoUnixNano: time.Now().Add(-time.Hour).UnixNano()})
+	if rtt := p.link.Stats().RTT; rtt >= time.Hour {
+		t.Fatalf("RTT %v from an echo of no probe sent", rtt)
+	}
+}
