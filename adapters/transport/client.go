@@ -92,11 +92,12 @@ type Client struct {
 	applying   chan struct{}  // closed when the last queued config apply has returned
 	wg         sync.WaitGroup // per-stream handler goroutines
 	reconnects atomic.Int64
-	// linkedAt is when the current attempt registered (unix nanoseconds;
-	// 0 before that): a failure is reported as a lost link only when there
-	// was one, and the backoff restarts only after a link that stayed up
-	// HealthyAfter.
-	linkedAt atomic.Int64
+	// linkedAt is when the current attempt registered (nil before that): a
+	// failure is reported as a lost link only when there was one, and the
+	// backoff restarts only after a link that stayed up HealthyAfter. A
+	// time.Time, not unix nanoseconds, so that span is read on the monotonic
+	// clock and a wall-clock step neither makes nor unmakes a healthy link.
+	linkedAt atomic.Pointer[time.Time]
 	// draining is set by Drain: every link tells the edge so (node_draining).
 	draining atomic.Bool
 }
@@ -219,7 +220,7 @@ func (r *retryState) clock() time.Time {
 
 //go:noinline
 func (r *retryState) begin(c *Client) {
-	c.linkedAt.Store(0)
+	c.linkedAt.Store(nil)
 }
 
 // failed logs a failed attempt (or the loss of the link, lost): at warn
@@ -314,13 +315,13 @@ func (c *Client) retry(ctx context.Context, err error, r *retryState) (stop bool
 	// Only a link that registered and stayed up restarts the backoff: an
 	// attempt that merely took long (a handshake timing out against a
 	// saturated edge) is a failure like any other.
-	if at := c.linkedAt.Load(); at != 0 && time.Since(time.Unix(0, at)) >= c.cfg.HealthyAfter {
+	if at := c.linkedAt.Load(); at != nil && time.Since(*at) >= c.cfg.HealthyAfter {
 		r.attempt = 0
 	}
 	delay := backoff(r.attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff)
 	r.attempt++
 	c.reconnects.Add(1)
-	r.failed(c.cfg.Transport.Logger, c.cfg.Addr, err, delay, c.linkedAt.Load() != 0, c.cfg.RepeatWarning)
+	r.failed(c.cfg.Transport.Logger, c.cfg.Addr, err, delay, c.linkedAt.Load() != nil, c.cfg.RepeatWarning)
 	select {
 	case <-time.After(delay):
 		return false, nil
@@ -490,7 +491,8 @@ func (c *Client) register(ctx context.Context, r *retryState) (*Conn, error) {
 	c.mu.Lock()
 	c.conn = conn
 	c.mu.Unlock()
-	c.linkedAt.Store(time.Now().UnixNano())
+	now := time.Now()
+	c.linkedAt.Store(&now)
 	tc.Logger.Info("registered with edge", append([]any{"edge", c.cfg.Addr, "node", cfg.NodeID, "adapters", len(cfg.Adapters)}, r.registered()...)...)
 	if c.cfg.OnRegistered != nil {
 		c.cfg.OnRegistered(cfg.NodeID)

@@ -29,7 +29,8 @@ func TestSlowFailedAttemptsDoNotResetTheBackoff(t *testing.T) {
 	}
 	// A link that registered and lasted restarts it.
 	r.begin(c)
-	c.linkedAt.Store(time.Now().Add(-time.Second).UnixNano())
+	at := time.Now().Add(-time.Second)
+	c.linkedAt.Store(&at)
 	if stop, _ := c.retry(context.Background(), errors.New("link lost"), &r); stop {
 		t.Fatal("stopped")
 	}

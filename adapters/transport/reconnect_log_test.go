@@ -152,7 +152,8 @@ func TestReconnectFailuresWarnRateLimited(t *testing.T) {
 	}
 
 	// A lost link opens the next outage; the loss is no attempt.
-	c.linkedAt.Store(clock.UnixNano())
+	at := clock
+	c.linkedAt.Store(&at)
 	if stop, _ := c.retry(context.Background(), errors.New("heartbeat timeout"), &r); stop {
 		t.Fatal("stopped")
 	}
