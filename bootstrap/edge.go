@@ -312,6 +312,13 @@ func runEdge(lc fx.Lifecycle, _ *metricsServer, s EdgeSettings, log *slog.Logger
 			catCancel()
 			sub.Close()
 			catWG.Wait()
+			// The runs whose streams the HTTP server's stop cut are being
+			// cancelled on their nodes: their ends (cancelled, "edge
+			// shutting down") reach the history while the links are up,
+			// within the time the stop keeps for the rest.
+			sctx, scancel := withReserve(ctx, stopReserve)
+			submit.Settle(sctx)
+			scancel()
 			submit.Stop()
 			if terr := ts.Stop(ctx); err == nil {
 				err = terr

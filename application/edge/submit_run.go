@@ -40,6 +40,11 @@ type SubmitRunHandler struct {
 	wg      sync.WaitGroup
 	mu      sync.Mutex
 	stopped bool
+	// withdrawing counts the runs being withdrawn (withdraw: cancelled on
+	// their nodes and followed to their ends); settled, when set, is
+	// closed once it is 0 again (Settle). Both under mu.
+	withdrawing int
+	settled     chan struct{}
 	// DrainTimeout bounds how long an abandoned run is followed to its end.
 	DrainTimeout time.Duration
 	// AdmitTimeout bounds the wait for a node's admission answer.
@@ -96,6 +101,40 @@ func (h *SubmitRunHandler) Stop() {
 	h.mu.Unlock()
 	h.stop()
 	h.wg.Wait()
+}
+
+// Settle waits, until ctx ends, for the runs being withdrawn (a foreground
+// run whose caller left, or whose stream the edge's stop cut) to end on
+// their nodes, so that their ends reach the history: Stop cuts their
+// following at once, and a run so cut stayed running in the history until
+// its node registered again — for good if it never did. The edge's stop
+// calls it once its HTTP server has closed the runs' streams, before Stop.
+func (h *SubmitRunHandler) Settle(ctx context.Context) {
+	h.mu.Lock()
+	if h.withdrawing == 0 {
+		h.mu.Unlock()
+		return
+	}
+	if h.settled == nil {
+		h.settled = make(chan struct{})
+	}
+	done := h.settled
+	h.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
+// withdrawn counts a run's withdrawal as ended (see Settle).
+func (h *SubmitRunHandler) withdrawn() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.withdrawing--
+	if h.withdrawing == 0 && h.settled != nil {
+		close(h.settled)
+		h.settled = nil
+	}
 }
 
 // spawn runs f on a goroutine that Stop waits for; after Stop it runs
@@ -451,7 +490,11 @@ func (r *RunHandle) withdraw(reason string) {
 	r.pending = nil
 	r.withdrawn = reason
 	h := r.h
+	h.mu.Lock()
+	h.withdrawing++
+	h.mu.Unlock()
 	started := h.spawn(func() {
+		defer h.withdrawn()
 		reached := false // the node answered the cancel
 		node, ok := h.reg.Get(r.Node)
 		if ok {
@@ -486,6 +529,7 @@ func (r *RunHandle) withdraw(reason string) {
 		}
 	})
 	if !started {
+		h.withdrawn()
 		r.abandon()
 	}
 }

@@ -163,3 +163,47 @@ func TestSecondSIGINTStopsTheNodeAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// A foreground run whose stream the edge's graceful stop cuts is recorded
+// cancelled ("edge shutting down") in the edge's history before the edge
+// exits, as the README says: the stop cut the following of the run at once,
+// so the row stayed running until the node registered again — for good
+// when it never did (here it stops too, as on a host's shutdown).
+func TestEdgeStopRecordsTheRunsItCut(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(4))
+	n := startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	runID, pid, resp, r := runUntilStarted(t, ctx, e, map[string]any{"node": "n1", "adapter": "exec", "target": "sleep"})
+	defer resp.Body.Close()
+
+	if err := e.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if last := lastEvent(t, r); last.Event != "error" || !strings.Contains(last.Data, `"code":"shutting_down"`) {
+		t.Fatalf("the run's stream ended with %+v, want error shutting_down", last)
+	}
+	if code := e.waitExit(t, 20*time.Second); code != 0 {
+		t.Fatalf("iop-edge exited %d:\n%s", code, e.out.String())
+	}
+	waitGone(t, pid, 5*time.Second)
+	n.stop(syscall.SIGTERM, 10*time.Second)
+
+	e.proc = startEdgeProc(t, e.config)
+	waitHealthy(t, e.url, e.proc)
+	var ri runInfo
+	if err := getJSON(e.url+"/v1/runs/"+runID, &ri); err != nil {
+		t.Fatal(err)
+	}
+	if ri.Status != "cancelled" || ri.Error == nil || ri.Error.Message != "edge shutting down" {
+		t.Fatalf("the history after the edge's stop holds %+v, want cancelled: edge shutting down", ri)
+	}
+	var page struct {
+		Runs []runInfo `json:"runs"`
+	}
+	if err := getJSON(e.url+"/v1/runs?status=running", &page); err != nil || len(page.Runs) != 0 {
+		t.Fatalf("running rows after the edge's stop: %+v %v", page.Runs, err)
+	}
+}
