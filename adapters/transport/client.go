@@ -407,6 +407,12 @@ func (c *Client) register(ctx context.Context, r *retryState) (*Conn, error) {
 		return nil, fmt.Errorf("dial %s: %w", c.cfg.Addr, err)
 	}
 	_ = nc.SetDeadline(time.Now().Add(tc.HandshakeTimeout))
+	// A stop (ctx) ends the exchange at once: a node stopping while an edge
+	// that took the connection does not answer (a load balancer with no
+	// backend, a frozen edge) waited out the handshake timeout.
+	raw := nc
+	unwatch := context.AfterFunc(ctx, func() { _ = raw.SetDeadline(time.Now()) })
+	defer unwatch()
 	if nc, err = secureClient(nc, tc.TLS); err != nil {
 		return nil, err
 	}
@@ -483,6 +489,11 @@ func (c *Client) register(ctx context.Context, r *retryState) (*Conn, error) {
 		}
 		_ = nc.Close()
 		return nil, fmt.Errorf("config from edge (version %d) cannot be applied, disconnecting: %w", cfg.Version, err)
+	}
+	if !unwatch() {
+		// The stop came as the exchange ended: the deadline it set stands.
+		_ = nc.Close()
+		return nil, ctx.Err()
 	}
 	_ = nc.SetDeadline(time.Time{})
 	conn := newConn(nc, dec, tc, SideNode, resp.GetInitialWindow(), &nodeDispatch{c: c})
