@@ -315,10 +315,12 @@ func runEdge(lc fx.Lifecycle, _ *metricsServer, s EdgeSettings, log *slog.Logger
 			// The runs whose streams the HTTP server's stop cut are being
 			// cancelled on their nodes: their ends (cancelled, "edge
 			// shutting down") reach the history while the links are up,
-			// within the time the stop keeps for the rest.
-			sctx, scancel := withReserve(ctx, stopReserve)
+			// within settleMost and the time the stop keeps for the rest.
+			rctx, rcancel := withReserve(ctx, stopReserve)
+			sctx, scancel := context.WithTimeout(rctx, settleMost)
 			submit.Settle(sctx)
 			scancel()
+			rcancel()
 			submit.Stop()
 			if terr := ts.Stop(ctx); err == nil {
 				err = terr
@@ -329,6 +331,11 @@ func runEdge(lc fx.Lifecycle, _ *metricsServer, s EdgeSettings, log *slog.Logger
 		},
 	})
 }
+
+// settleMost bounds the stop's wait for the runs it cancelled to end on
+// their nodes: an exec run's SIGTERM grace and output fit in it (as in a
+// node's own stop), a node that does not answer holds the stop no longer.
+const settleMost = 5 * time.Second
 
 // stopReserve is the part of the edge's stop time its HTTP server leaves
 // to the rest of the stop (at most half of the time).
