@@ -181,3 +181,19 @@ func CatchHangup() {
 		signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
 	})
 }
+
+var brokenPipeOnce sync.Once
+
+// CatchBrokenPipe makes a log line written to a stdout or stderr whose
+// reader has gone (the ssh session a node was started from dropped, a
+// `| tee` or log shipper that exited) fail with EPIPE, lost, instead of
+// killing the process with SIGPIPE, as Go does for fds 1 and 2: the
+// process died at its next log line, without a drain, its runs not ended.
+// Caught, not ignored, for the reason CatchHangup gives: a run's children
+// keep SIGPIPE's default. Call it first thing in main.
+func CatchBrokenPipe() {
+	brokenPipeOnce.Do(func() {
+		// Never read: signal delivery does not block on a full channel.
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	})
+}

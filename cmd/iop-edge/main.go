@@ -32,7 +32,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "iop-edge:", err)
 		os.Exit(2)
 	}
-	bootstrap.CatchHangup() // a hangup ends neither binary
+	bootstrap.CatchHangup()     // a hangup ends neither binary
+	bootstrap.CatchBrokenPipe() // nor does a log reader that went away
 	cfgPath := flag.String("config", "configs/edge.yaml", "edge config file (YAML)")
 	version := flag.Bool("version", false, "print the version and exit")
 	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060)")

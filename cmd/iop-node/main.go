@@ -26,7 +26,8 @@ func main() {
 	if err := procguard.Protect(); err != nil {
 		fail(err)
 	}
-	bootstrap.CatchHangup() // a hangup ends neither binary
+	bootstrap.CatchHangup()     // a hangup ends neither binary
+	bootstrap.CatchBrokenPipe() // nor does a log reader that went away
 	var (
 		cfgPath   = flag.String("config", "", "optional node config file (YAML)")
 		edge      = flag.String("edge", "", "edge transport address host:port (default 127.0.0.1:7700)")
