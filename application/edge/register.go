@@ -131,14 +131,31 @@ func (h *RegisterHandler) reject(node, remote string, err error) (domain.NodeCon
 	return domain.NodeConfig{}, err
 }
 
-// Disconnected removes a node from the live registry and reports it.
+// Disconnected removes a node from the live registry and reports it. A
+// node that said it was stopping on that link (Registry.MarkStopping; a
+// reload's drain mark is no such word) left as it
+// meant to: its reason says so, and it is logged at info, not as a fault
+// (a routine restart read "peer closed the connection: EOF", at warn, as
+// a crash did).
 func (h *RegisterHandler) Disconnected(nodeID string, link ports.NodeLink, reason string) {
+	stopping := h.reg.Stopping(nodeID, link)
+	if stopping {
+		reason = StoppedReason + ": " + reason
+	}
 	if !h.reg.leave(nodeID, link, reason) {
 		return
 	}
-	h.log.Warn("node disconnected", "node", nodeID, "reason", reason)
+	if stopping {
+		h.log.Info("node disconnected", "node", nodeID, "reason", reason)
+	} else {
+		h.log.Warn("node disconnected", "node", nodeID, "reason", reason)
+	}
 	h.bus.Publish(domain.BusEvent{Type: domain.BusNodeDisconnected, Time: h.now(), Node: nodeID, Reason: reason})
 }
+
+// StoppedReason begins the disconnect reason of a node whose link ended
+// while it was stopping (draining).
+const StoppedReason = "the node was stopping"
 
 // Draining takes a node's word that it is stopping: no new run goes to it
 // while its runs in flight end. Reported once per link.
@@ -150,7 +167,7 @@ func (h *RegisterHandler) Draining(nodeID string, link ports.NodeLink) {
 // (Registry.MarkDraining) and, the first time, logs and publishes it with
 // why.
 func announceDraining(reg *Registry, bus ports.EventPublisher, log *slog.Logger, at time.Time, id string, link ports.NodeLink, why string) {
-	if !reg.MarkDraining(id, link) {
+	if !reg.MarkStopping(id, link) {
 		return
 	}
 	log.Info("node draining: no new runs or provider requests go to it", "node", id, "reason", why)

@@ -316,3 +316,33 @@ func TestRegisterRefusesAConfigTheLinkCannotSend(t *testing.T) {
 		}
 	}
 }
+
+// A node whose link ends after it said it was stopping left as it meant
+// to, and its disconnect reason says so; one that did not say so — a
+// reload's drain mark is not its word — keeps the link's reason alone. A
+// routine restart read as a crash did.
+func TestRegisterDisconnectedAfterDraining(t *testing.T) {
+	reg, bus := edge.NewRegistry(), newUCBus()
+	h := edge.NewRegisterHandler(ucRegisterDir(), reg, bus, &edge.ConfigVersions{}, nil)
+	for i, mark := range []string{"node", "none", "reload"} {
+		link := &ucLink{id: fmt.Sprint(i)}
+		if _, err := h.Register(context.Background(), ucTokAlpha, domain.NodeInfo{}, "r", link); err != nil {
+			t.Fatal(err)
+		}
+		switch mark {
+		case "node":
+			h.Draining("alpha", link)
+		case "reload":
+			reg.MarkDraining("alpha", link)
+		}
+		h.Disconnected("alpha", link, "peer closed the connection: EOF")
+		got := bus.ofType(domain.BusNodeDisconnected)
+		want := "peer closed the connection: EOF"
+		if mark == "node" {
+			want = edge.StoppedReason + ": " + want
+		}
+		if len(got) != i+1 || got[i].Reason != want {
+			t.Fatalf("drain mark %s: node.disconnected events %+v, want the last with reason %q", mark, got, want)
+		}
+	}
+}

@@ -29,6 +29,9 @@ type LiveNode struct {
 	// draining: the node is stopping (it said so, or refused a run with
 	// shutting_down) and takes no new run; its runs in flight go on.
 	draining bool
+	// stopping: the node itself said so (MarkStopping), which a reload's
+	// drain mark is not: its link's end is the stop, not a fault.
+	stopping bool
 }
 
 // NodeView is a read-only snapshot of a live node.
@@ -139,6 +142,26 @@ func (r *Registry) MarkDraining(id string, link ports.NodeLink) bool {
 	n.draining = true
 	r.draining++
 	return true
+}
+
+// MarkStopping is MarkDraining on the node's own word that it stops (its
+// node_draining, or a run it refused with shutting_down): the end of its
+// link is then reported as the stop it is (Stopping).
+func (r *Registry) MarkStopping(id string, link ports.NodeLink) bool {
+	r.mu.Lock()
+	if n, ok := r.nodes[id]; ok && n.Link == link {
+		n.stopping = true
+	}
+	r.mu.Unlock()
+	return r.MarkDraining(id, link)
+}
+
+// Stopping reports whether node id, served by link, said it stops.
+func (r *Registry) Stopping(id string, link ports.NodeLink) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.nodes[id]
+	return ok && n.Link == link && n.stopping
 }
 
 // DisconnectedAt reports when node id last left this edge, and why, if it
