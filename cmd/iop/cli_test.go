@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -336,7 +337,13 @@ func TestRunEdgeErrors(t *testing.T) {
 	}
 }
 
-func TestInterruptCancelsTheRun(t *testing.T) {
+// interruptRun starts a run on a fake edge that streams "working" and then
+// waits for its caller to leave, interrupts iop once it printed "working",
+// and returns what iop printed. The edge answers the run's cancel with
+// status and body; streamOpen reports whether the run's stream was still
+// open when the cancel came.
+func interruptRun(t *testing.T, status int, body string) (result, bool) {
+	t.Helper()
 	e := newFakeEdge(t)
 	gone := make(chan struct{})
 	e.mux.HandleFunc("POST /v1/runs", func(w http.ResponseWriter, r *http.Request) {
@@ -347,6 +354,19 @@ func TestInterruptCancelsTheRun(t *testing.T) {
 		<-r.Context().Done()
 		close(gone)
 	})
+	var cancels atomic.Int32
+	var streamOpen atomic.Bool
+	e.mux.HandleFunc("POST /v1/runs/run_long/cancel", func(w http.ResponseWriter, _ *http.Request) {
+		cancels.Add(1)
+		select {
+		case <-gone:
+		default:
+			streamOpen.Store(true)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, body)
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	printed := make(chan struct{})
@@ -355,14 +375,42 @@ func TestInterruptCancelsTheRun(t *testing.T) {
 		cancel() // Ctrl-C
 	}()
 	r := cli(t, ctx, e.URL, []cliOpt{withStdoutSeen("working", printed)}, "run", "--adapter", "exec", "x")
-	r.want(t, 130, "working")
-	if !strings.Contains(r.stderr, "interrupted; run run_long is cancelled") {
-		t.Fatalf("stderr %q", r.stderr)
-	}
 	select {
 	case <-gone:
 	case <-time.After(2 * time.Second):
 		t.Fatal("the edge never saw the client leave")
+	}
+	if n := cancels.Load(); n != 1 {
+		t.Fatalf("the edge got %d cancels of the run, want 1", n)
+	}
+	return r, streamOpen.Load()
+}
+
+// On Ctrl-C iop cancels the run with a request of its own while the stream
+// is still open, and says "cancelled" only when the edge confirmed it: it
+// used to close the stream and say so whatever became of the run.
+func TestInterruptCancelsTheRun(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		status       int
+		body, stderr string
+	}{
+		{"cancelled", 200, `{"run_id":"run_long","node":"n1"}`, "iop: interrupted; run run_long is cancelled\n"},
+		{"already ended", 409, `{"error":{"code":"run_finished","message":"run run_long has already finished"}}`,
+			"iop: interrupted; run run_long had already ended: see iop run-get run_long\n"},
+		{"cancel failed", 404, `{"error":{"code":"node_not_found","message":"node n1 is not connected"}}`,
+			"iop: interrupted; run run_long may still be running, its cancel failed: node n1 is not connected (node_not_found); see iop run-get run_long, or iop cancel run_long\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, open := interruptRun(t, tc.status, tc.body)
+			r.want(t, 130, "working")
+			if r.stderr != tc.stderr {
+				t.Fatalf("stderr %q, want %q", r.stderr, tc.stderr)
+			}
+			if !open {
+				t.Fatal("the run's stream was closed before its cancel was sent")
+			}
+		})
 	}
 }
 

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
@@ -33,7 +36,8 @@ stderr (dimmed on a terminal). The input is INPUT, or stdin when INPUT is "-"
 or absent and stdin is not a terminal.
 
 With --background the run keeps going on its node whatever happens to this
-command; iop prints its id and node. Ctrl-C during a foreground run cancels it.
+command; iop prints its id and node. Ctrl-C during a foreground run cancels it
+and says whether the edge confirmed the cancel (it waits 5 s for the answer).
 
 Exit codes: 0 complete, 1 error (a run the edge refused included), 2 usage
 error (no --adapter, --target missing for an adapter that needs one, a bad
@@ -149,8 +153,29 @@ type runOutput struct {
 	reasonNLDone bool
 }
 
+// interruptCancelWait bounds the cancel iop run sends on Ctrl-C; a second
+// Ctrl-C ends the process at once meanwhile.
+var interruptCancelWait = 5 * time.Second
+
 func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest) error {
-	rs, err := c.StartRun(ctx, req)
+	// The stream outlives an interrupt: on Ctrl-C iop asks the edge to
+	// cancel the run, and closes the stream only after the answer. Closed
+	// first, as it was, the run was only cancelled if the edge saw the
+	// connection go (not behind a proxy that keeps its upstream open, nor
+	// over a broken network), and iop said "run … is cancelled" without
+	// knowing. Until the edge answers the run's start, Ctrl-C abandons the
+	// request, which the edge takes as the caller leaving.
+	sctx, endStream := context.WithCancel(context.WithoutCancel(ctx))
+	defer endStream()
+	unhook := context.AfterFunc(ctx, endStream)
+	rs, err := c.StartRun(sctx, req)
+	if !unhook() && err == nil {
+		rs.Close()
+		return &exitErr{code: exitInterrupted, err: fmt.Errorf("interrupted as run %s started; the edge cancels a run whose caller leaves: see iop run-get %s", printable(rs.RunID), printable(rs.RunID))}
+	}
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
 	var apiErr *client.APIError
 	if req.Target == "" && errors.As(err, &apiErr) && apiErr.Code == "target_not_found" {
 		// The adapter needs a target and none was given: a usage error.
@@ -170,13 +195,31 @@ func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest
 	if a.verbose {
 		fmt.Fprintf(a.stderr, "run %s on node %s\n", printable(rs.RunID), printable(rs.Node))
 	}
+	cancelled := make(chan error, 1)
+	unwatch := context.AfterFunc(ctx, func() {
+		cctx, done := context.WithTimeout(context.WithoutCancel(ctx), interruptCancelWait)
+		defer done()
+		err := c.CallFor(cctx, http.MethodPost, "/v1/runs/"+url.PathEscape(rs.RunID)+"/cancel", nil, nil, nil, "run_id")
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("no answer within %v", interruptCancelWait)
+		}
+		cancelled <- err
+		rs.Close() // ends the Next below
+	})
+	defer func() {
+		if !unwatch() {
+			<-cancelled // the cancel was sent: wait for its answer, whatever ended the run
+		}
+	}()
 	out := &runOutput{a: a}
 	for {
 		ev, raw, err := rs.Next()
 		if err != nil {
 			out.finishLine()
 			if ctx.Err() != nil {
-				return &exitErr{code: exitInterrupted, err: fmt.Errorf("interrupted; run %s is cancelled", rs.RunID)}
+				cerr := <-cancelled
+				cancelled <- cerr // for the deferred wait
+				return interruptedRun(rs.RunID, cerr)
 			}
 			switch {
 			case errors.Is(err, io.EOF):
@@ -205,6 +248,20 @@ func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest
 			return out.end(rs, ev)
 		}
 	}
+}
+
+// interruptedRun is the end of a run interrupted with Ctrl-C, given the
+// answer to the cancel iop sent.
+func interruptedRun(id string, cerr error) error {
+	id = printable(id)
+	var apiErr *client.APIError
+	switch {
+	case cerr == nil:
+		return &exitErr{code: exitInterrupted, err: fmt.Errorf("interrupted; run %s is cancelled", id)}
+	case errors.As(cerr, &apiErr) && apiErr.Code == "run_finished":
+		return &exitErr{code: exitInterrupted, err: fmt.Errorf("interrupted; run %s had already ended: see iop run-get %s", id, id)}
+	}
+	return &exitErr{code: exitInterrupted, err: fmt.Errorf("interrupted; run %s may still be running, its cancel failed: %v; see iop run-get %s, or iop cancel %s", id, cerr, id, id)}
 }
 
 func (o *runOutput) show(ev client.RunEvent) {
