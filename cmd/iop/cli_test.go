@@ -650,6 +650,43 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// A filter given with an empty value ("--session \"$S\"" with S unset) is
+// a usage error: it was dropped as if never given, and the command listed,
+// summed or followed everything. An empty --cursor is the first page, as a
+// paging loop starts, and goes through.
+func TestEmptyFiltersAreUsageErrors(t *testing.T) {
+	e := newFakeEdge(t)
+	for _, args := range [][]string{
+		{"runs", "--session", ""},
+		{"runs", "--node", " "},
+		{"runs", "--status", ""},
+		{"runs", "--adapter", ""},
+		{"runs", "--key", ""},
+		{"runs", "--since", ""},
+		{"runs", "--until", ""},
+		{"usage", "--since", ""},
+		{"usage", "--until", ""},
+		{"events", "--type", ""},
+		{"events", "--type", "node.*", "--type", ","},
+	} {
+		r := run(t, e.URL, args...)
+		want := "iop: " + args[len(args)-2] + " must not be empty (leave it out for no filter)\n"
+		if r.code != 2 || !strings.HasPrefix(r.stderr, want) {
+			t.Errorf("%q: exit %d, stderr %q; want 2, %q", args, r.code, r.stderr, want)
+		}
+	}
+	e.mu.Lock()
+	n := len(e.reqs)
+	e.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d requests with an empty filter reached the edge", n)
+	}
+	e.json("GET /v1/runs", 200, `{"runs":[]}`)
+	if r := run(t, e.URL, "runs", "--cursor", "", "--limit", "5"); r.code != 0 || e.last().query != "limit=5" {
+		t.Fatalf("runs --cursor '': exit %d, stderr %q, query %q", r.code, r.stderr, e.last().query)
+	}
+}
+
 // A usage error points at the help of the command used; iop alone shows the
 // help on stderr and exits 2; --version prints the version.
 func TestUsageHelpAndVersion(t *testing.T) {

@@ -13,7 +13,8 @@ import (
 
 func (a *app) eventsCmd() *cobra.Command {
 	var types []string
-	cmd := &cobra.Command{
+	var cmd *cobra.Command
+	cmd = &cobra.Command{
 		Use:   "events [--type T]…",
 		Short: "Follow the edge's event feed (node lifecycle, run events, tunnels)",
 		Long: `Follow the edge's event feed, one line per event, until Ctrl-C (exit 130).
@@ -24,6 +25,9 @@ tunnel.completed, config.reloaded); a trailing * matches a prefix, e.g.
 slowly are reported on stderr: "iop: warning: the edge dropped N events".`,
 		Args: cobra.NoArgs,
 		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
+			if err := emptyFilters(cmd, "type"); err != nil {
+				return err
+			}
 			var ts []string
 			for _, t := range types {
 				for p := range strings.SplitSeq(t, ",") {

@@ -131,6 +131,30 @@ func idArgs(names ...string) cobra.PositionalArgs {
 	}
 }
 
+// emptyFilters refuses each of names that was given on the command line
+// with an empty value (spaces and commas only): dropped as if never given,
+// as they were, "iop runs --session \"$S\"" with S unset listed every
+// session's runs, and "iop events --type \"$T\"" every event. A repeated
+// flag is checked in each of its values.
+func emptyFilters(cmd *cobra.Command, names ...string) error {
+	for _, n := range names {
+		f := cmd.Flags().Lookup(n)
+		if f == nil || !f.Changed {
+			continue
+		}
+		vals := []string{f.Value.String()}
+		if sv, ok := f.Value.(interface{ GetSlice() []string }); ok {
+			vals = sv.GetSlice()
+		}
+		for _, v := range vals {
+			if strings.Trim(v, " ,") == "" {
+				return usageError("--%s must not be empty (leave it out for no filter)", n)
+			}
+		}
+	}
+	return nil
+}
+
 // helpCmd replaces cobra's help command, which answered "iop help bogus"
 // with the root help and exit 0: a topic that is no command is a usage
 // error, as "iop bogus" is.

@@ -53,11 +53,15 @@ func (a *app) runsCmd() *cobra.Command {
 		node, status, adapter, key, session, since, until, cursor string
 		limit                                                     int
 	)
-	cmd := &cobra.Command{
+	var cmd *cobra.Command
+	cmd = &cobra.Command{
 		Use:   "runs [--node N] [--status S] [--adapter A] [--key K] [--session S] [--since T] [--until T] [--limit N] [--cursor C]",
 		Short: "List recent runs, newest first, from the edge's history",
 		Args:  cobra.NoArgs,
 		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
+			if err := emptyFilters(cmd, "node", "status", "adapter", "key", "session", "since", "until"); err != nil {
+				return err
+			}
 			if limit < 0 {
 				return usageError("--limit must not be negative")
 			}

@@ -29,13 +29,17 @@ type usageTotal struct {
 
 func (a *app) usageCmd() *cobra.Command {
 	var groupBy, since, until string
-	cmd := &cobra.Command{
+	var cmd *cobra.Command
+	cmd = &cobra.Command{
 		Use:   "usage [--by key|node|model|day] [--since T] [--until T]",
 		Short: "Sum runs and tunnels from the edge's history: requests, errors, tokens, cost, bytes",
 		Long: "Sum runs and provider tunnels recorded by the edge, grouped by caller key, node, model or UTC day.\n" +
 			"--since and --until take an RFC 3339 time or a date (YYYY-MM-DD).",
 		Args: cobra.NoArgs,
 		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
+			if err := emptyFilters(cmd, "since", "until"); err != nil {
+				return err
+			}
 			switch groupBy {
 			case "key", "node", "model", "day":
 			default:
