@@ -51,3 +51,15 @@ func TestEmptyIDIsAUsageError(t *testing.T) {
 		t.Fatalf("requests reached the edge: %+v", e.reqs)
 	}
 }
+
+// A command that takes exactly one id says so: cobra's RangeArgs answered
+// "accepts between 1 and 1 arg(s)".
+func TestExactIDCountReadsPlainly(t *testing.T) {
+	e := newFakeEdge(t)
+	for _, args := range [][]string{{"cancel"}, {"cancel", "a", "b"}, {"run-get"}, {"runs", "get"}} {
+		r := run(t, e.URL, args...)
+		if r.code != 2 || !strings.HasPrefix(r.stderr, "iop: accepts 1 arg(s), received ") {
+			t.Errorf("%q: exit %d, stderr %q", args, r.code, r.stderr)
+		}
+	}
+}

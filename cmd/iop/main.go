@@ -119,7 +119,13 @@ func idArgs(names ...string) cobra.PositionalArgs {
 				need++
 			}
 		}
-		if err := cobra.RangeArgs(need, len(names))(cmd, args); err != nil {
+		// cobra's RangeArgs reads "accepts between 1 and 1 arg(s)" when
+		// none is optional.
+		check := cobra.RangeArgs(need, len(names))
+		if need == len(names) {
+			check = cobra.ExactArgs(need)
+		}
+		if err := check(cmd, args); err != nil {
 			return err
 		}
 		for i, arg := range args {
