@@ -1,13 +1,17 @@
 package e2e
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -546,4 +550,47 @@ func TestBackgroundRunOutlivingALinkLossEndsInTheHistory(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// Ctrl-C (SIGINT) or SIGTERM during "iop run" cancels the run with a cancel
+// request before the CLI leaves, exits 130, and says so only once the edge
+// confirmed it: the history records a cancel asked for, not a caller that
+// left, which is all that happened before (and nothing at all where the
+// edge did not see the connection go).
+func TestCLIInterruptCancelsTheRun(t *testing.T) {
+	e := startEdge(t, controlNodes(4))
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		cmd := exec.CommandContext(ctx, filepath.Join(binDir, "iop"), "run", "--node", "n1", "--adapter", "exec", "--target", "sleep", "x")
+		cmd.Env = append(os.Environ(), "IOP_EDGE="+e.url)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err != nil || line != "started\n" {
+			t.Fatalf("%v: first line %q: %v", sig, line, err)
+		}
+		_ = cmd.Process.Signal(sig)
+		err = cmd.Wait()
+		cancel()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 130 {
+			t.Fatalf("%v: %v, stderr %q; want exit 130", sig, err, stderr.String())
+		}
+		m := regexp.MustCompile(`^iop: interrupted; run (run_\w+) is cancelled\n$`).FindStringSubmatch(stderr.String())
+		if m == nil {
+			t.Fatalf("%v: stderr %q", sig, stderr.String())
+		}
+		if ri := waitRunStatus(t, e, m[1], "cancelled", 5*time.Second); ri.Error == nil || ri.Error.Message != "cancelled by request" {
+			t.Fatalf("%v: history of the interrupted run: %+v", sig, ri.Error)
+		}
+	}
 }
