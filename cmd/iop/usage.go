@@ -34,7 +34,7 @@ func (a *app) usageCmd() *cobra.Command {
 		Use:   "usage [--by key|node|model|day] [--since T] [--until T]",
 		Short: "Sum runs and tunnels from the edge's history: requests, errors, tokens, cost, bytes",
 		Long: "Sum runs and provider tunnels recorded by the edge, grouped by caller key, node, model or UTC day.\n" +
-			"--since and --until take an RFC 3339 time or a date (YYYY-MM-DD).",
+			"--since and --until take an RFC 3339 time or a date (YYYY-MM-DD), which is 00:00 UTC.",
 		Args: cobra.NoArgs,
 		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
 			if err := emptyFilters(cmd, "since", "until"); err != nil {
