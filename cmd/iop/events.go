@@ -22,7 +22,9 @@ func (a *app) eventsCmd() *cobra.Command {
 node.draining, node.disconnected, node.config_refreshed, run.event,
 tunnel.completed, config.reloaded); a trailing * matches a prefix, e.g.
 --type 'node.*'. Events the edge dropped because this command read too
-slowly are reported on stderr: "iop: warning: the edge dropped N events".`,
+slowly are reported on stderr: "iop: warning: the edge dropped N events".
+The feed is not resumed: when the edge stops or the connection breaks, iop
+says so and exits 1 (events meanwhile are not replayed; start it again).`,
 		Args: cobra.NoArgs,
 		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
 			if err := emptyFilters(cmd, "type"); err != nil {
