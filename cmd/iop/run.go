@@ -195,19 +195,25 @@ func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest
 	if a.verbose {
 		fmt.Fprintf(a.stderr, "run %s on node %s\n", printable(rs.RunID), printable(rs.Node))
 	}
-	cancelled := make(chan error, 1)
-	unwatch := context.AfterFunc(ctx, func() {
+	// cancelRun asks the edge to cancel the run, for an interrupt or lost
+	// output, and returns its answer.
+	cancelRun := func() error {
 		cctx, done := context.WithTimeout(context.WithoutCancel(ctx), interruptCancelWait)
 		defer done()
 		err := c.CallFor(cctx, http.MethodPost, "/v1/runs/"+url.PathEscape(rs.RunID)+"/cancel", nil, nil, nil, "run_id")
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("no answer within %v", interruptCancelWait)
 		}
-		cancelled <- err
+		return err
+	}
+	cancelled := make(chan error, 1)
+	unwatch := context.AfterFunc(ctx, func() {
+		cancelled <- cancelRun()
 		rs.Close() // ends the Next below
 	})
+	watching := true
 	defer func() {
-		if !unwatch() {
+		if watching && !unwatch() {
 			<-cancelled // the cancel was sent: wait for its answer, whatever ended the run
 		}
 	}()
@@ -232,17 +238,21 @@ func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest
 			return fmt.Errorf("run %s: %w", rs.RunID, err)
 		}
 		if a.json {
-			if err := writeJSONLine(a.stdout, raw); err != nil {
+			// A failed write is stdoutErr's, below.
+			if err := writeJSONLine(a.stdout, raw); err != nil && a.stdoutErr() == nil {
 				return err
 			}
 		} else {
 			out.show(ev)
 		}
 		if err := a.stdoutErr(); err != nil {
-			// The output is lost: reading on would only lose more. The
-			// stream is closed (deferred above), which the edge takes as
-			// the caller leaving and cancels the run, as on Ctrl-C.
-			return err
+			// The output is lost: reading on would only lose more. The run
+			// is cancelled as on Ctrl-C (unless Ctrl-C came meanwhile and
+			// did that), then the stream closed (deferred above).
+			if watching = !unwatch(); watching {
+				return err
+			}
+			return fmt.Errorf("%w; %s", err, cancelOutcome(rs.RunID, cancelRun()))
 		}
 		if ev.Terminal() {
 			return out.end(rs, ev)
@@ -253,15 +263,20 @@ func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest
 // interruptedRun is the end of a run interrupted with Ctrl-C, given the
 // answer to the cancel iop sent.
 func interruptedRun(id string, cerr error) error {
+	return &exitErr{code: exitInterrupted, err: errors.New("interrupted; " + cancelOutcome(id, cerr))}
+}
+
+// cancelOutcome says what became of run id, given the answer to its cancel.
+func cancelOutcome(id string, cerr error) string {
 	id = printable(id)
 	var apiErr *client.APIError
 	switch {
 	case cerr == nil:
-		return &exitErr{code: exitInterrupted, err: fmt.Errorf("interrupted; run %s is cancelled", id)}
+		return fmt.Sprintf("run %s is cancelled", id)
 	case errors.As(cerr, &apiErr) && apiErr.Code == "run_finished":
-		return &exitErr{code: exitInterrupted, err: fmt.Errorf("interrupted; run %s had already ended: see iop run-get %s", id, id)}
+		return fmt.Sprintf("run %s had already ended: see iop run-get %s", id, id)
 	}
-	return &exitErr{code: exitInterrupted, err: fmt.Errorf("interrupted; run %s may still be running, its cancel failed: %v; see iop run-get %s, or iop cancel %s", id, cerr, id, id)}
+	return fmt.Sprintf("run %s may still be running, its cancel failed: %v; see iop run-get %s, or iop cancel %s", id, cerr, id, id)
 }
 
 func (o *runOutput) show(ev client.RunEvent) {

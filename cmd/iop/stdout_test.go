@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -23,11 +24,18 @@ func withStdout(w io.Writer) cliOpt { return func(a *app) { a.stdout = w } }
 
 const fullErr = "iop: write /dev/stdout: no space left on device\n"
 
-// A run whose output cannot be written stops reading, leaves the stream
-// (the edge cancels the run, as on Ctrl-C) and fails: its output was lost
-// and it exited 0.
+// A run whose output cannot be written stops reading, cancels the run (as
+// on Ctrl-C: it only left the stream, and the run went on where the edge
+// did not see it go), leaves the stream and fails: its output was lost and
+// it exited 0.
 func TestRunOutputThatCannotBeWrittenFails(t *testing.T) {
 	e := newFakeEdge(t)
+	var cancels atomic.Int32
+	e.mux.HandleFunc("POST /v1/runs/run_1/cancel", func(w http.ResponseWriter, _ *http.Request) {
+		cancels.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"run_id":"run_1","node":"n1"}`)
+	})
 	left := make(chan bool, 1)
 	e.mux.HandleFunc("POST /v1/runs", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -49,8 +57,12 @@ func TestRunOutputThatCannotBeWrittenFails(t *testing.T) {
 		}
 		out := &fullStdout{}
 		r := cli(t, context.Background(), e.URL, []cliOpt{withStdout(out)}, args...)
-		if r.code != 1 || r.stderr != fullErr {
-			t.Fatalf("json=%v: exit %d, stderr %q; want 1, %q", json, r.code, r.stderr, fullErr)
+		want := strings.TrimSuffix(fullErr, "\n") + "; run run_1 is cancelled\n"
+		if r.code != 1 || r.stderr != want {
+			t.Fatalf("json=%v: exit %d, stderr %q; want 1, %q", json, r.code, r.stderr, want)
+		}
+		if n := cancels.Swap(0); n != 1 {
+			t.Fatalf("json=%v: %d cancels of the run, want 1", json, n)
 		}
 		if !<-left {
 			t.Fatalf("json=%v: the CLI read on after its output was lost", json)
