@@ -170,8 +170,12 @@ func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest
 	unhook := context.AfterFunc(ctx, endStream)
 	rs, err := c.StartRun(sctx, req)
 	if !unhook() && err == nil {
-		rs.Close()
-		return &exitErr{code: exitInterrupted, err: fmt.Errorf("interrupted as run %s started; the edge cancels a run whose caller leaves: see iop run-get %s", printable(rs.RunID), printable(rs.RunID))}
+		// Interrupted as the run started: its stream is already cut.
+		defer rs.Close()
+		if rs.Background {
+			return &exitErr{code: exitInterrupted, err: fmt.Errorf("interrupted; run %s was started in the background on node %s", printable(rs.RunID), printable(rs.Node))}
+		}
+		return interruptedRun(rs.RunID, cancelRun(ctx, c, rs.RunID))
 	}
 	if err != nil && ctx.Err() != nil {
 		return ctx.Err()
@@ -195,20 +199,9 @@ func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest
 	if a.verbose {
 		fmt.Fprintf(a.stderr, "run %s on node %s\n", printable(rs.RunID), printable(rs.Node))
 	}
-	// cancelRun asks the edge to cancel the run, for an interrupt or lost
-	// output, and returns its answer.
-	cancelRun := func() error {
-		cctx, done := context.WithTimeout(context.WithoutCancel(ctx), interruptCancelWait)
-		defer done()
-		err := c.CallFor(cctx, http.MethodPost, "/v1/runs/"+url.PathEscape(rs.RunID)+"/cancel", nil, nil, nil, "run_id")
-		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("no answer within %v", interruptCancelWait)
-		}
-		return err
-	}
 	cancelled := make(chan error, 1)
 	unwatch := context.AfterFunc(ctx, func() {
-		cancelled <- cancelRun()
+		cancelled <- cancelRun(ctx, c, rs.RunID)
 		rs.Close() // ends the Next below
 	})
 	watching := true
@@ -252,12 +245,25 @@ func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest
 			if watching = !unwatch(); watching {
 				return err
 			}
-			return fmt.Errorf("%w; %s", err, cancelOutcome(rs.RunID, cancelRun()))
+			return fmt.Errorf("%w; %s", err, cancelOutcome(rs.RunID, cancelRun(ctx, c, rs.RunID)))
 		}
 		if ev.Terminal() {
 			return out.end(rs, ev)
 		}
 	}
+}
+
+// cancelRun asks the edge to cancel run id, for an interrupt or lost
+// output, and returns its answer; it waits interruptCancelWait at most,
+// even once ctx has ended.
+func cancelRun(ctx context.Context, c *client.Client, id string) error {
+	cctx, done := context.WithTimeout(context.WithoutCancel(ctx), interruptCancelWait)
+	defer done()
+	err := c.CallFor(cctx, http.MethodPost, "/v1/runs/"+url.PathEscape(id)+"/cancel", nil, nil, nil, "run_id")
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("no answer within %v", interruptCancelWait)
+	}
+	return err
 }
 
 // interruptedRun is the end of a run interrupted with Ctrl-C, given the
