@@ -157,8 +157,9 @@ async function probeScopes() {
   ];
   await Promise.all(probes.map(async (p) => {
     try {
-      const resp = await fetch(p.path, { method: 'POST', headers: { Authorization: 'Bearer ' + key, 'Content-Type': 'application/json' }, body: 'probe', cache: 'no-store' });
-      if (resp.status !== 403) return;
+      const resp = await fetch(p.path, { method: 'POST', headers: { Authorization: 'Bearer ' + key, 'Content-Type': 'application/json' }, body: 'probe', cache: 'no-store', signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS) });
+      // The answer is the old key's if another was entered meanwhile.
+      if (resp.status !== 403 || sessionStorage.getItem(KEY) !== key) return;
       let e = {};
       try { e = (await resp.json()).error || {}; } catch { /* not JSON */ }
       if (scopeRefusal(resp.status, e.code, e.message)) p.actions.forEach(markForbidden);
@@ -260,12 +261,31 @@ function renderKeyState() {
   }, 'forget'));
 }
 
+// REQUEST_TIMEOUT_MS bounds a request to the edge, from sending it to the
+// last byte of its answer: an edge (or a proxy before it) that holds a
+// request without answering otherwise leaves a page waiting for good with
+// nothing said. STREAM_HEADERS_MS bounds a stream's wait for its headers
+// only (the event feed, a run streaming on Start a run): the edge admits a
+// run within 30 s (AdmitTimeout in application/edge/submit_run.go), and
+// once the stream is open, readSSE's idle limit watches it. The tests
+// shorten both through session storage, read once when the page loads.
+const REQUEST_TIMEOUT_MS = Number(sessionStorage.getItem('iop.console.requestTimeoutMs')) || 30000;
+const STREAM_HEADERS_MS = Number(sessionStorage.getItem('iop.console.streamHeadersMs')) || 60000;
+
 // api sends one request to the edge. A 401 asks for a key and retries (or
 // fails, saying a key is needed, once the dialog was closed without one); a
 // 403 that is the edge's scope refusal marks the action forbidden; any
 // other failure throws an ApiError carrying the API's
-// {"error":{"code","message"}}.
+// {"error":{"code","message"}}. An answer to a request sent with a key that
+// is no longer the tab's (another was entered while it was on its way) says
+// nothing about the new key: a refusal (401, a scope's 403) or a read is
+// sent again with the new key, and the refusal neither drops the new key
+// nor hides an action. With opts.stream,
+// the answer's body is left to the caller to read for as long as it lasts;
+// otherwise it is read here, within the deadline, and a Response holding
+// it is returned. A request that times out throws ApiError 'timeout'.
 async function api(path, opts = {}) {
+  const method = opts.method || 'GET';
   for (;;) {
     const key = sessionStorage.getItem(KEY);
     let headers, body;
@@ -284,20 +304,53 @@ async function api(path, opts = {}) {
       await askKey('The key kept in this tab cannot be sent (it holds characters an API key cannot have, such as smart quotes). Enter it again.');
       continue;
     }
-    const resp = await fetch(path, { method: opts.method || 'GET', headers, body, signal: opts.signal, cache: 'no-store' });
+    const ms = opts.stream ? STREAM_HEADERS_MS : REQUEST_TIMEOUT_MS;
+    // The request ends at the deadline or with the caller's signal (by
+    // hand: AbortSignal.any is newer than browsers still in use).
+    const ctl = new AbortController();
+    const onAbort = () => ctl.abort();
+    if (opts.signal) {
+      if (opts.signal.aborted) ctl.abort();
+      else opts.signal.addEventListener('abort', onAbort, { once: true });
+    }
+    let timedOut = false;
+    const timer = setTimeout(() => { timedOut = true; ctl.abort(); }, ms);
+    let resp, buffered;
+    try {
+      resp = await fetch(path, { method, headers, body, signal: ctl.signal, cache: 'no-store' });
+      // A stream's deadline ends with its headers; a refusal's body, as
+      // any other answer's, is read within it.
+      if (!opts.stream || !resp.ok) buffered = await resp.arrayBuffer();
+    } catch (err) {
+      if (timedOut) throw new ApiError(0, 'timeout', `the edge did not answer ${method} ${path.split('?')[0]} within ${Math.round(ms / 1000)} s`);
+      throw err;
+    } finally {
+      clearTimeout(timer);
+      if (opts.signal && buffered !== undefined) opts.signal.removeEventListener('abort', onAbort);
+    }
+    const stale = key !== sessionStorage.getItem(KEY);
     if (resp.status === 401) {
+      if (stale) continue;
       if (key) sessionStorage.removeItem(KEY);
       await askKey(key ? 'The edge refused that key. Enter another one.' : 'This edge asks for an API key.');
       continue;
     }
-    if (resp.ok) return resp;
+    if (resp.ok) {
+      // A read made with the old key shows what that key may see, which
+      // the new one may not (a key limited to some nodes): it is made again.
+      if (stale && method === 'GET' && !opts.stream) continue;
+      if (opts.stream) return resp;
+      // A 204 or 205 may carry no body, not even an empty one.
+      return new Response(resp.status === 204 || resp.status === 205 ? null : buffered, { status: resp.status, statusText: resp.statusText, headers: resp.headers });
+    }
     let code = '', message = '';
     try {
-      const e = (await resp.json()).error || {};
+      const e = JSON.parse(new TextDecoder().decode(buffered)).error || {};
       code = e.code || '';
       message = e.message || '';
     } catch { /* not JSON */ }
     const scope = scopeRefusal(resp.status, code, message);
+    if (scope && stale) continue;
     if (scope) markForbidden(opts.action);
     if (resp.status === 429 && !message) message = 'too many requests; try again in ' + (resp.headers.get('Retry-After') || 'a few') + ' s';
     const err = new ApiError(resp.status, code, message);
@@ -661,7 +714,7 @@ async function startBus(force) {
       let opened = 0, why = '', idle = false;
       setBusState({ phase: 'connecting' });
       try {
-        const resp = await api('/v1/events', { signal: ctl.signal, action: 'events', headers: { Accept: 'text/event-stream' } });
+        const resp = await api('/v1/events', { signal: ctl.signal, stream: true, action: 'events', headers: { Accept: 'text/event-stream' } });
         opened = performance.now();
         setBusState({ phase: 'live' });
         // What happened while the bus was away is unknown.
@@ -1437,7 +1490,7 @@ async function pageStart(root) {
     if (session.value) body.session_id = session.value;
     let last = 'error', own = null, stalled = null;
     try {
-      const resp = await api('/v1/runs', { method: 'POST', json: body, action: 'runs.start', headers: { Accept: 'text/event-stream' } });
+      const resp = await api('/v1/runs', { method: 'POST', json: body, stream: true, action: 'runs.start', headers: { Accept: 'text/event-stream' } });
       runID = resp.headers.get('X-IOP-Run-ID') || '';
       if (runID) {
         // While this stream runs, the run's state follows it alone: it holds
