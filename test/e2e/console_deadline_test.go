@@ -127,3 +127,39 @@ func TestConsoleRequestDeadline(t *testing.T) {
 	}
 	b.checkClean()
 }
+
+// Cancel on a run that ended while the page did not hear of it (the live
+// feed away: an edge restarting) meets the edge's run_finished; the page
+// then reads the run's end from its record, where it went on showing the
+// run running, and offering Cancel, until the feed came back.
+func TestConsoleCancelEndedRun(t *testing.T) {
+	b := newBrowser(t)
+	f := newFakeConsoleEdge(t)
+	f.setRun("run_done", "running")
+	intercept(f, func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/runs/run_done/cancel" {
+			return false
+		}
+		writeFakeJSON(w, http.StatusConflict, map[string]any{"error": map[string]string{"code": "run_finished", "message": "run run_done has already finished"}})
+		return true
+	})
+	openFake(b, f, "run/run_done")
+	b.waitJS(10*time.Second, "run shown running with Cancel", `document.getElementById('run-status').innerText === 'running' && document.querySelector('#cancel:not([hidden])')`)
+
+	// The edge goes away and comes back refusing feeds; the run ends
+	// meanwhile, its terminal event lost with the feed.
+	f.mu.Lock()
+	f.eventsStatus = http.StatusServiceUnavailable
+	f.mu.Unlock()
+	f.closeFeeds()
+	b.waitJS(10*time.Second, "feed down", `!document.getElementById('bus-state').classList.contains('live')`)
+	f.setRun("run_done", "succeeded")
+
+	b.click(`#cancel`)
+	b.waitJS(10*time.Second, "the edge's run_finished shown", errorShown("run_finished"))
+	b.waitJS(5*time.Second, "the run's end read from its record", `document.getElementById('run-status').innerText === 'succeeded'`)
+	if evalJS[bool](b, `!!document.querySelector('#cancel:not([hidden])')`) {
+		t.Error("Cancel still offered on a run the page shows ended")
+	}
+	b.checkCleanBut(http.StatusConflict)
+}

@@ -1300,7 +1300,14 @@ async function pageRun(root, id) {
   // flight) nor guess its status.
   const local = { run_id: id, status: '', events: [], output: '', reasoning: '', usage: null, error: null };
   const view = runView(runs.get(id) || local);
-  const cancel = cancelButton(() => id, (err) => showError(cancelNote, err));
+  // A run that ended before its Cancel reached the edge: its end is read
+  // from the record at once, where the page would otherwise show it
+  // running, and offer Cancel, until the live feed told it (a feed
+  // reconnecting after the edge restarted may take 30 s).
+  const cancel = cancelButton(() => id, (err) => {
+    showError(cancelNote, err);
+    if (err.code === 'run_finished') loadRecord();
+  });
   root.append(h('h1', {}, 'Run ', h('span', { class: 'mono' }, id)), head, note, h('div', { class: 'panel' }, rec), view.el);
   onCleanup(pinRun(id));
 
