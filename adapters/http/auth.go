@@ -37,9 +37,10 @@ func DialectIOP(w http.ResponseWriter, status int, code, message string) {
 
 // DialectOpenAI is OpenAI's {"error":{"message","type","param","code"}}:
 // 401 is code invalid_api_key, 403 insufficient_permissions, 429
-// rate_limit_exceeded — the codes OpenAI SDKs recognise; a browser refusal
-// and a connection over the caps (503, type server_error, which the SDKs
-// retry) keep their iop code.
+// rate_limit_exceeded — the codes OpenAI SDKs recognise; a browser refusal,
+// a request moved to its clean path (308 "moved") and a connection over
+// the caps (503, type server_error, which the SDKs retry) keep their iop
+// code: only a refused key is invalid_api_key.
 func DialectOpenAI(w http.ResponseWriter, status int, code, message string) {
 	typ, oaCode := "invalid_request_error", "invalid_api_key"
 	switch code {
@@ -47,7 +48,7 @@ func DialectOpenAI(w http.ResponseWriter, status int, code, message string) {
 		oaCode = "insufficient_permissions"
 	case domain.CodeRateLimited:
 		typ, oaCode = "requests", "rate_limit_exceeded"
-	case domain.CodeCrossOrigin, domain.CodeHostNotAllowed:
+	case domain.CodeCrossOrigin, domain.CodeHostNotAllowed, "moved":
 		oaCode = code
 	case domain.CodeTooManyConnections:
 		typ, oaCode = "server_error", code

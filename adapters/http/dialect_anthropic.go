@@ -14,7 +14,8 @@ import (
 // refused Host an invalid_request_error, a connection over the listener's
 // caps (503) an overloaded_error, which the SDKs retry; a route the edge
 // does not serve is a not_found_error, a method it does not take an
-// invalid_request_error. Like every answer of Anthropic's API it carries
+// invalid_request_error, and so is a request moved to its clean path (308
+// "moved": it is not the caller's key that is wrong). Like every answer of Anthropic's API it carries
 // a request id (req_…) as its request-id header and as "request_id" in the
 // body; the access log names it.
 func DialectAnthropic(w http.ResponseWriter, status int, code, message string) {
@@ -30,7 +31,7 @@ func DialectAnthropic(w http.ResponseWriter, status int, code, message string) {
 		typ = "overloaded_error"
 	case "not_found":
 		typ = "not_found_error" // a route the edge does not serve
-	case "method_not_allowed":
+	case "method_not_allowed", "moved":
 		typ = "invalid_request_error"
 	}
 	writeJSON(w, status, requestid.AnthropicError(w.Header(), typ, message))

@@ -382,9 +382,11 @@ func keepDotID(r *http.Request) {
 // anthropic-version) on a route of an OpenAI-shaped surface or on none
 // under /v1/ (/v1/models asked by the Anthropic SDK, /v1/complete): the
 // edge's own refusals there are then in Anthropic's shape, as the
-// passthrough's answers are. The iop API's routes keep their own.
+// passthrough's answers are. The iop API's routes keep their own. The
+// path is the one the mux routes on (cleaned: //v1/models is /v1/models,
+// moved there in Anthropic's shape too).
 func anthropicClient(r *http.Request, pattern string, acc Access) bool {
-	if r.Header.Get("Anthropic-Version") == "" || !strings.HasPrefix(r.URL.Path, "/v1/") {
+	if r.Header.Get("Anthropic-Version") == "" || !strings.HasPrefix(cleanPath(r.URL.Path), "/v1/") {
 		return false
 	}
 	return pattern == "" || acc.AnthropicByHeader

@@ -221,3 +221,69 @@ func TestAnthropicShapedAnswersCarryARequestID(t *testing.T) {
 		}
 	}
 }
+
+// A passthrough request on an unclean path (a base URL ending in "/"
+// doubles the slash) is moved with 308 in its surface's shape, typed as
+// what it is: an invalid request, never a refused key (Anthropic's
+// authentication_error, OpenAI's invalid_api_key), which would send the
+// caller to check a key the edge accepted.
+func TestMovedPassthroughRequestsAreNotKeyErrors(t *testing.T) {
+	reg, bus := edge.NewRegistry(), eventbus.New()
+	defer bus.Close()
+	tracker := edge.NewRunTracker(0)
+	cmds := edge.NewNodeCommandHandler(reg)
+	api := httpapi.New(httpapi.Deps{
+		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
+		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
+		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
+		APIKeys: []httpapi.APIKey{apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference)},
+		OpenAI: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			t.Error("a request on an unclean path reached the passthrough")
+		}),
+	}, "127.0.0.1:0", nil)
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, c := range []struct {
+		path, loc string
+		hdr       []string
+	}{
+		{"//v1/messages?beta=true", "/v1/messages?beta=true", []string{"X-Api-Key", "inference-key-0123456789", "Anthropic-Version", "2023-06-01"}},
+		{"/v1/./messages/count_tokens", "/v1/messages/count_tokens", []string{"X-Api-Key", "inference-key-0123456789"}},
+		{"//v1/models", "/v1/models", []string{"Authorization", "Bearer inference-key-0123456789", "Anthropic-Version", "2023-06-01"}},
+		{"//v1/chat/completions", "/v1/chat/completions", []string{"Authorization", "Bearer inference-key-0123456789"}},
+	} {
+		req, _ := http.NewRequest("POST", srv.URL+c.path, strings.NewReader(`{"model":"m"}`))
+		for i := 0; i+1 < len(c.hdr); i += 2 {
+			req.Header.Set(c.hdr[i], c.hdr[i+1])
+		}
+		resp, err := noFollow.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusPermanentRedirect || resp.Header.Get("Location") != c.loc {
+			t.Fatalf("POST %s: %d Location %q, want 308 to %s: %s", c.path, resp.StatusCode, resp.Header.Get("Location"), c.loc, b)
+		}
+		var body struct {
+			Type  string `json:"type"`
+			Error struct {
+				Type, Message string
+				Code          *string
+			}
+		}
+		if err := json.Unmarshal(b, &body); err != nil {
+			t.Fatalf("POST %s: %v: %s", c.path, err, b)
+		}
+		if strings.Contains(c.path, "messages") || len(c.hdr) > 2 { // Anthropic's shape
+			if body.Type != "error" || body.Error.Type != "invalid_request_error" || !strings.Contains(body.Error.Message, c.loc[:strings.IndexAny(c.loc+"?", "?")]) {
+				t.Errorf("POST %s: %s, want an invalid_request_error naming the clean path", c.path, b)
+			}
+			continue
+		}
+		if body.Error.Type != "invalid_request_error" || body.Error.Code == nil || *body.Error.Code != "moved" {
+			t.Errorf("POST %s: %s, want type invalid_request_error, code moved", c.path, b)
+		}
+	}
+}
