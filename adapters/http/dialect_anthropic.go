@@ -15,7 +15,10 @@ import (
 // caps (503) an overloaded_error, which the SDKs retry; a route the edge
 // does not serve is a not_found_error, a method it does not take an
 // invalid_request_error, and so is a request moved to its clean path (308
-// "moved": it is not the caller's key that is wrong). Like every answer of Anthropic's API it carries
+// "moved": it is not the caller's key that is wrong). A refused key (401,
+// 403) says "x-should-retry: false", as Anthropic's API does: Claude Code
+// retries a 401 without it (ten times, backing off, for minutes) before it
+// reports the key, and the SDKs follow the header over their own rules. Like every answer of Anthropic's API it carries
 // a request id (req_…) as its request-id header and as "request_id" in the
 // body; the access log names it.
 func DialectAnthropic(w http.ResponseWriter, status int, code, message string) {
@@ -33,6 +36,9 @@ func DialectAnthropic(w http.ResponseWriter, status int, code, message string) {
 		typ = "not_found_error" // a route the edge does not serve
 	case "method_not_allowed", "moved":
 		typ = "invalid_request_error"
+	}
+	if status == http.StatusUnauthorized || status == http.StatusForbidden {
+		w.Header().Set("X-Should-Retry", "false")
 	}
 	writeJSON(w, status, requestid.AnthropicError(w.Header(), typ, message))
 }

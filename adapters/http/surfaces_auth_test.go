@@ -287,3 +287,71 @@ func TestMovedPassthroughRequestsAreNotKeyErrors(t *testing.T) {
 		}
 	}
 }
+
+// A refused key on the Anthropic surface says "x-should-retry: false", as
+// Anthropic's API does: without it Claude Code retries a 401 ten times,
+// backing off for minutes, before it reports the key. A refusal that may
+// pass (a rate limit) and the OpenAI and iop shapes carry no such header.
+func TestAnthropicKeyRefusalsSayDoNotRetry(t *testing.T) {
+	reg, bus := edge.NewRegistry(), eventbus.New()
+	defer bus.Close()
+	tracker := edge.NewRunTracker(0)
+	cmds := edge.NewNodeCommandHandler(reg)
+	api := httpapi.New(httpapi.Deps{
+		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
+		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
+		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
+		APIKeys: []httpapi.APIKey{
+			apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference),
+			apiKey("read-only-key-0123456789", "viewer", nil, domain.ScopeRead),
+		},
+		OpenAI: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(299) }),
+	}, "127.0.0.1:0", nil)
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+	do := func(path string, hdr ...string) *http.Response {
+		req, _ := http.NewRequest("POST", srv.URL+path, strings.NewReader(`{"model":"m"}`))
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	for _, c := range []struct {
+		name, path string
+		hdr        []string
+		status     int
+		retry      string
+	}{
+		{"no key", "/v1/messages?beta=true", nil, 401, "false"},
+		{"wrong key", "/v1/messages?beta=true", []string{"X-Api-Key", "wrong-key"}, 401, "false"},
+		{"wrong bearer", "/v1/messages/count_tokens", []string{"Authorization", "Bearer wrong-key"}, 401, "false"},
+		{"models, wrong key", "/v1/models", []string{"X-Api-Key", "wrong-key", "Anthropic-Version", "2023-06-01"}, 401, "false"},
+		{"key without the scope", "/v1/messages", []string{"X-Api-Key", "read-only-key-0123456789"}, 403, "false"},
+		{"OpenAI shape", "/v1/responses", []string{"Authorization", "Bearer wrong-key"}, 401, ""},
+		{"the key", "/v1/messages", []string{"X-Api-Key", "inference-key-0123456789"}, 299, ""},
+	} {
+		resp := do(c.path, c.hdr...)
+		if resp.StatusCode != c.status || resp.Header.Get("X-Should-Retry") != c.retry {
+			t.Errorf("%s: %d x-should-retry %q, want %d %q", c.name, resp.StatusCode, resp.Header.Get("X-Should-Retry"), c.status, c.retry)
+		}
+	}
+	// Wrong keys until the address is throttled: that 429 may pass.
+	for i := 0; ; i++ {
+		resp := do("/v1/messages", "X-Api-Key", "wrong-key")
+		if resp.StatusCode == http.StatusTooManyRequests {
+			if v := resp.Header.Get("X-Should-Retry"); v != "" {
+				t.Errorf("throttled: x-should-retry %q", v)
+			}
+			break
+		}
+		if i == 2*httpapi.DefaultFailureBurst {
+			t.Fatalf("never throttled: %d", resp.StatusCode)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os/exec"
 	"strings"
 	"testing"
@@ -102,4 +103,44 @@ func TestRealAgentCLIsThroughTheEdge(t *testing.T) {
 		}
 		sameRequests(t, front, a.oai, "/v1/responses")
 	})
+}
+
+// The real Claude Code with a key the edge refuses reports it after one
+// request: the edge's 401 says "x-should-retry: false", as Anthropic's API
+// does, without which Claude Code retried it (ten times, backing off, for
+// minutes) before saying anything.
+func TestRealClaudeCodeGivesUpOnARefusedKey(t *testing.T) {
+	t.Parallel()
+	bin := agentcli.Find(t, "claude")
+	a := startAgentEdgeKeyed(t, "", ", models: [gpt-standin]", true)
+	front := newTap(t, a.e.url)
+	env := agentcli.Claude(t, front.URL)
+	env["ANTHROPIC_API_KEY"] = "not-the-edge-key"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "-p", "hello through the edge")
+	cmd.Env = env.List()
+	cmd.Dir = t.TempDir()
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if ctx.Err() != nil || !errors.As(err, &exit) || exit.ExitCode() <= 0 {
+		t.Fatalf("claude -p with a refused key: %v (context %v)\nstdout:\n%s\nstderr:\n%s", err, ctx.Err(), out.String(), errb.String())
+	}
+	front.mu.Lock()
+	defer front.mu.Unlock()
+	if n := len(front.seen); n != 1 || front.seen[0].path != "/v1/messages" {
+		t.Fatalf("claude sent %d requests for one refused key (want 1 on /v1/messages)", n)
+	}
+	a.ant.mu.Lock()
+	defer a.ant.mu.Unlock()
+	for _, s := range a.ant.seen {
+		if s.path == "/v1/messages" {
+			t.Fatal("a request with a refused key reached the provider")
+		}
+	}
+	if s := out.String() + errb.String(); !strings.Contains(s, "401") && !strings.Contains(strings.ToLower(s), "api key") {
+		t.Fatalf("claude did not report the refused key: %q", s)
+	}
 }
