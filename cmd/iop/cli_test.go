@@ -1218,6 +1218,31 @@ func TestOllamaPull(t *testing.T) {
 	}
 }
 
+// A node's counts past the layer's total, below zero, or of a total past
+// 2^63/100 bytes are shown as 0–100%, piped as on a terminal: they printed
+// "150%", "-5%" and, of 4.6 EB, "-2%".
+func TestOllamaPullPercentBounds(t *testing.T) {
+	e := newFakeEdge(t)
+	e.sse("POST /v1/nodes/gpu/commands", nil,
+		"progress", `{"status":"pulling neg","digest":"sha256:neg","total":1000,"completed":-50}`,
+		"progress", `{"status":"pulling over","digest":"sha256:over","total":1000,"completed":500}`,
+		"progress", `{"status":"pulling over","digest":"sha256:over","total":1000,"completed":1500}`,
+		"progress", `{"status":"pulling over","digest":"sha256:over","total":1000,"completed":2000}`,
+		"progress", `{"status":"pulling big","digest":"sha256:big","total":4611686018427387904,"completed":2305843009213693952}`,
+		"progress", `{"status":"pulling big","digest":"sha256:big","total":4611686018427387904,"completed":4611686018427387904}`,
+		"progress", `{"status":"success"}`,
+		"result", `{"status":"success"}`)
+	r := run(t, e.URL, "ollama", "pull", "m", "--node", "gpu")
+	r.want(t, 0, ""+
+		"pulling neg: 0% (0 B/1.0 kB)\n"+
+		"pulling over: 50% (500 B/1.0 kB)\n"+
+		"pulling over: 100% (1.0 kB/1.0 kB)\n"+
+		"pulling big: 50% (2.3 EB/4.6 EB)\n"+
+		"pulling big: 100% (4.6 EB/4.6 EB)\n"+
+		"success\n"+
+		"pulled m on node gpu\n")
+}
+
 func TestOllamaPullFails(t *testing.T) {
 	e := newFakeEdge(t)
 	e.sse("POST /v1/nodes/gpu/commands", nil,

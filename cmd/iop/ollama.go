@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/bits"
 	"strings"
 	"time"
 
@@ -231,7 +232,7 @@ func (p *pullView) bar(pr nodecmd.OllamaPullProgress) {
 	if b.GetMax64() != pr.Total {
 		b.ChangeMax64(pr.Total)
 	}
-	_ = b.Set64(min(pr.Completed, pr.Total))
+	_ = b.Set64(min(max(pr.Completed, 0), pr.Total))
 	if pr.Completed >= pr.Total {
 		p.current = nil
 	}
@@ -250,7 +251,10 @@ func (p *pullView) percent(pr nodecmd.OllamaPullProgress) {
 	if p.lastDecile == nil {
 		p.lastDecile = map[string]int64{}
 	}
-	d := pr.Completed * 10 / pr.Total
+	// Held to 0–total as the bar holds it: a count past the total (or
+	// below 0) printed 150% or -5%.
+	done := min(max(pr.Completed, 0), pr.Total)
+	d := scaled(done, pr.Total, 10)
 	if last, ok := p.lastDecile[pr.Digest]; ok && last == d {
 		return
 	}
@@ -259,8 +263,17 @@ func (p *pullView) percent(pr nodecmd.OllamaPullProgress) {
 	if label == "" {
 		label = "pulling " + printable(shortDigest(pr.Digest))
 	}
-	fmt.Fprintf(p.w, "%s: %d%% (%s/%s)\n", label, pr.Completed*100/pr.Total, humanBytes(pr.Completed), humanBytes(pr.Total))
+	fmt.Fprintf(p.w, "%s: %d%% (%s/%s)\n", label, scaled(done, pr.Total, 100), humanBytes(done), humanBytes(pr.Total))
 	p.lastStatus = label
+}
+
+// scaled is done*scale/total, rounded down, for 0 <= done <= total and
+// total > 0, without the overflow of done*scale in int64: a total past
+// 2^63/100 bytes printed negative percentages.
+func scaled(done, total int64, scale uint64) int64 {
+	hi, lo := bits.Mul64(uint64(done), scale)
+	q, _ := bits.Div64(hi, lo, uint64(total))
+	return int64(q)
 }
 
 func shortDigest(d string) string {
