@@ -14,6 +14,7 @@ import (
 	"iop/adapters/runtime/internal/upstream"
 	"iop/domain"
 	"iop/domain/nodecmd"
+	"iop/internal/jsonwords"
 )
 
 // The ollama.* node commands, named by the contract (domain/nodecmd, which
@@ -48,12 +49,21 @@ func successResult() []byte { return []byte(`{"status":"success"}`) }
 // error.
 func (a *Adapter) RunCommand(ctx context.Context, name string, args []byte, progress func(json []byte) error) ([]byte, error) {
 	switch name {
-	case CmdVersion:
-		return a.call(ctx, http.MethodGet, "/api/version", nil)
-	case CmdList:
-		return a.call(ctx, http.MethodGet, "/api/tags", nil)
-	case CmdPS:
-		return a.call(ctx, http.MethodGet, "/api/ps", nil)
+	case CmdVersion, CmdList, CmdPS:
+		// They take no arguments but a selector; arguments that are not
+		// a JSON object ("5", "[1]") were ignored, and the command answered
+		// as if they were right.
+		if _, err := commandBody(name, args); err != nil {
+			return nil, err
+		}
+		switch name {
+		case CmdVersion:
+			return a.call(ctx, http.MethodGet, "/api/version", nil)
+		case CmdList:
+			return a.call(ctx, http.MethodGet, "/api/tags", nil)
+		default:
+			return a.call(ctx, http.MethodGet, "/api/ps", nil)
+		}
 	case CmdShow, CmdDelete, CmdPull:
 		body, err := commandBody(name, args, "model")
 		if err != nil {
@@ -92,7 +102,13 @@ func commandBody(name string, args []byte, required ...string) ([]byte, error) {
 	delete(fields, "provider")
 	for _, k := range required {
 		var s string
-		if json.Unmarshal(fields[k], &s) != nil || s == "" {
+		// A value of another type is named as such: {"model":5} was
+		// refused as if "model" were missing.
+		var te *json.UnmarshalTypeError
+		if err := json.Unmarshal(fields[k], &s); errors.As(err, &te) {
+			return nil, domain.Errorf(domain.CodeInvalidRequest, "%s: %q must be a string, not %s", name, k, jsonwords.WithArticle(te.Value))
+		}
+		if s == "" {
 			return nil, domain.Errorf(domain.CodeInvalidRequest, "%s: %q is required (args: {%s})", name, k, quoteAll(required))
 		}
 	}

@@ -97,10 +97,19 @@ func TestCommandArgumentErrors(t *testing.T) {
 		{ollama.CmdPull, `{"model":7}`},
 		{ollama.CmdDelete, `[]`},
 		{ollama.CmdCopy, `{"source":"a"}`},
+		// No arguments but a selector: one that is not an object was
+		// ignored, and the command answered.
+		{ollama.CmdList, `5`},
+		{ollama.CmdVersion, `[1]`},
+		{ollama.CmdPS, `"x"`},
 	} {
 		if _, err := command(t, a, tc.name, tc.args); !errors.Is(err, domain.ErrInvalidRequest) {
 			t.Errorf("%s %s: err = %v, want invalid_request", tc.name, tc.args, err)
 		}
+	}
+	// A key of the wrong type is named so, not called missing.
+	if _, err := command(t, a, ollama.CmdPull, `{"model":7}`); err == nil || !strings.Contains(err.Error(), `"model" must be a string, not a number`) {
+		t.Errorf("pull {\"model\":7}: err = %v, want it to say model must be a string", err)
 	}
 	if _, err := command(t, a, "ollama.frobnicate", ""); !errors.Is(err, domain.ErrUnknownCommand) {
 		t.Errorf("unknown command: err = %v", err)
