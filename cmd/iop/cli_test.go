@@ -1175,6 +1175,25 @@ func TestNodeExec(t *testing.T) {
 	}
 }
 
+// A key the edge refuses for node commands is refused for every node:
+// iop node caps without NODE says so once and stops, not a warning per
+// node and then "no node answered".
+func TestNodeReportKeyRefused(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 200, `{"nodes":[{"id":"n1","connected":true,"adapters":[]},{"id":"n2","connected":true,"adapters":[]}]}`)
+	forbidden := `{"error":{"code":"forbidden","message":"API key \"rd\" lacks the \"admin\" scope"}}`
+	e.json("POST /v1/nodes/n1/commands", 403, forbidden)
+	e.json("POST /v1/nodes/n2/commands", 403, forbidden)
+	r := run(t, e.URL, "node", "caps")
+	r.want(t, 1, "")
+	if r.stderr != "iop: the API key is not allowed to do this: API key \"rd\" lacks the \"admin\" scope (forbidden)\n" {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+	if p := e.last().path; p != "/v1/nodes/n1/commands" {
+		t.Fatalf("last request %s: asked on after the key was refused", p)
+	}
+}
+
 func TestOllamaPull(t *testing.T) {
 	e := newFakeEdge(t)
 	// gpu2 is offline, so gpu is the only ollama node to ask.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -198,8 +199,8 @@ func (a *app) nodeCmd() *cobra.Command {
 			for _, id := range ids {
 				raw, err := c.Command(ctx, id, r.command, cmdArgs, nil)
 				if err != nil {
-					if len(args) == 1 || ctx.Err() != nil {
-						return err // one node asked for, or interrupted
+					if len(args) == 1 || ctx.Err() != nil || keyRefused(err) {
+						return err // one node asked for, interrupted, or the key may ask none
 					}
 					fmt.Fprintf(a.stderr, "iop: warning: node %s: %s\n", printable(id), printable(err.Error()))
 					lastErr = err
@@ -254,6 +255,14 @@ func (a *app) nodeCmd() *cobra.Command {
 		}),
 	})
 	return cmd
+}
+
+// keyRefused tells an edge's refusal of the key itself (401, or 403
+// without the admin scope node commands need), which every node would
+// answer alike: it was a warning per node, then "no node answered".
+func keyRefused(err error) bool {
+	var ae *client.APIError
+	return errors.As(err, &ae) && !ae.Foreign && (ae.Status == http.StatusUnauthorized || ae.Status == http.StatusForbidden)
 }
 
 // decodeEach decodes each node's result and hands it to fn. Of several
