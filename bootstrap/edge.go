@@ -44,11 +44,11 @@ type fileSource struct {
 }
 
 func (f fileSource) LoadNodes() ([]domain.NodeRecord, []string, error) {
-	cfg, err := config.LoadEdge(f.path)
+	cfg, err := config.LoadEdgeReload(f.path)
 	if err != nil {
 		return nil, nil, err
 	}
-	// LoadEdge checked the file's transport.listen; a changed listen
+	// LoadEdgeReload checked the file's transport.listen; a changed listen
 	// address takes a restart, so the nodes of this file would register on
 	// the one the edge listens on.
 	if err := cfg.CheckSampleTokens(f.running.Transport.Listen); err != nil {

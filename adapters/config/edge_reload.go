@@ -2,10 +2,43 @@ package config
 
 import (
 	"encoding/hex"
+	"fmt"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
+
+	"gopkg.in/yaml.v3"
 )
+
+// LoadEdgeReload is LoadEdge for a reload of the running edge: it also
+// refuses a file with no settings at all (empty, blank or comments only).
+// The edge starts on such a file, with no nodes; at a reload it is most
+// likely a file caught while being written (truncated, then filled: a
+// shell's >, a config tool's copy), and applying it would disconnect every
+// node and end their running history rows as node_removed. Removing every
+// node is written nodes: [].
+func LoadEdgeReload(path string) (*EdgeConfig, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read edge config: %w", err)
+	}
+	if emptyYAML(data) {
+		return nil, fmt.Errorf("%s: the file is empty or holds only comments (is it being written?); "+
+			"the running config stays in force: to remove every node, write nodes: []", path)
+	}
+	return ParseEdge(path, data)
+}
+
+// emptyYAML reports whether data is a YAML document with no content: a
+// file ParseEdge reads as all defaults.
+func emptyYAML(data []byte) bool {
+	var n yaml.Node
+	if err := yaml.Unmarshal(data, &n); err != nil {
+		return false // ParseEdge reports it
+	}
+	return isEmptyDocument(&n)
+}
 
 // RestartKeys names the settings outside nodes[] whose value in next differs
 // from c's, as dotted edge.yaml keys in EdgeConfig's order

@@ -3,6 +3,8 @@ package config_test
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -106,5 +108,35 @@ func TestRestartKeysIgnoresASettingWrittenAnotherWay(t *testing.T) {
 	changed := doc(`key_sha256: "`+hex.EncodeToString(other[:])+`"`, "log: {access: false}\n")
 	if got, want := running.RestartKeys(parseReload(t, changed)), []string{"http.api_keys", "log.access"}; !slices.Equal(got, want) {
 		t.Errorf("RestartKeys = %v for another key and the access log off; want %v", got, want)
+	}
+}
+
+// A reload refuses a file with nothing in it, one caught while being
+// written: read as all defaults, it had no nodes, and the reload
+// disconnected and removed every node. nodes: [] still removes them all.
+func TestLoadEdgeReloadRefusesAnEmptyFile(t *testing.T) {
+	dir := t.TempDir()
+	for _, text := range []string{"", "\n  \n", "# being written\n", "---\n", "~\n"} {
+		path := filepath.Join(dir, "edge.yaml")
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := config.LoadEdge(path); err != nil {
+			t.Fatalf("LoadEdge(%q): %v; the edge starts on it", text, err)
+		}
+		_, err := config.LoadEdgeReload(path)
+		if err == nil || !strings.Contains(err.Error(), path+": the file is empty") || !strings.Contains(err.Error(), "nodes: []") {
+			t.Errorf("LoadEdgeReload(%q) = %v; want an error naming the file as empty and nodes: []", text, err)
+		}
+	}
+	path := filepath.Join(dir, "none.yaml")
+	if err := os.WriteFile(path, []byte("nodes: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := config.LoadEdgeReload(path); err != nil || len(c.Nodes) != 0 {
+		t.Fatalf("LoadEdgeReload(nodes: []) = %v, %v; want a config without nodes", c, err)
+	}
+	if _, err := config.LoadEdgeReload(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "read edge config") {
+		t.Fatalf("LoadEdgeReload(missing file) = %v; want a read error", err)
 	}
 }
