@@ -531,7 +531,7 @@ func TestPublicListenAllowedWithKeysOrExplicitOptOut(t *testing.T) {
 // and the reason.
 func TestYAMLErrorsInTheFilesTerms(t *testing.T) {
 	for in, want := range map[string]string{
-		"nodes: 5\n":                         `edge.yaml: line 1: nodes: expected a list, got a number "5"`,
+		"nodes: 5\n":                         `edge.yaml: line 1: nodes: expected a list, got a number`,
 		"nodes:\n  - id: [1]\n":              `edge.yaml: line 2: nodes[0].id: expected a string, got a list`,
 		"\ttransport:\n\t\tlisten: x\n":      `edge.yaml: line 1: found character that cannot start any token (YAML is indented with spaces, not tabs)`,
 		"transport:\n\tlisten: x\n":          `edge.yaml: line 2: found character that cannot start any token (YAML is indented with spaces, not tabs)`,
@@ -543,6 +543,34 @@ func TestYAMLErrorsInTheFilesTerms(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "config.") || strings.Contains(err.Error(), "Go ") {
 			t.Errorf("%q: error %v, want %q", in, err, want)
 		}
+	}
+}
+
+// A secret written where a list or mapping belongs (the key itself as an
+// api_keys item, a token as a node) is not quoted in the error, which
+// reaches stderr, the log and a reload's answer: yaml.v3 quoted up to 10
+// characters of it, the whole of a short token.
+func TestYAMLTypeErrorsDoNotQuoteASecretInPlaceOfAnEntry(t *testing.T) {
+	for in, want := range map[string]string{
+		"http:\n  api_keys:\n    - sk-live-0123456789abcdef\n": "line 3: http.api_keys[0]: expected a mapping, got a string",
+		"http:\n  api_keys: sk-live-0123456789abcdef\n":        "line 2: http.api_keys: expected a list, got a string",
+		"nodes:\n  - s3cr3t-tok\n":                             "line 2: nodes[0]: expected a mapping, got a string",
+		"nodes:\n  - 1234567890\n":                             "line 2: nodes[0]: expected a mapping, got a number",
+	} {
+		_, err := config.ParseEdge("edge.yaml", []byte(in))
+		if err == nil || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("%q: error %v, want one ending %q", in, err, want)
+		}
+		for _, secret := range []string{"sk-live", "s3cr3t", "1234567"} {
+			if err != nil && strings.Contains(err.Error(), secret) {
+				t.Errorf("%q: error %v shows the secret", in, err)
+			}
+		}
+	}
+	// A scalar setting keeps its value in the message: no secret goes there.
+	_, err := config.ParseEdge("edge.yaml", []byte("transport: {max_frame_size: big}\n"))
+	if err == nil || !strings.Contains(err.Error(), `got a string "big"`) {
+		t.Errorf("max_frame_size: big: error %v, want the value quoted", err)
 	}
 }
 

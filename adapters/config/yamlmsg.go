@@ -34,12 +34,21 @@ func userMessage(data []byte, msg string) string {
 	}
 	if m := reWrongType.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
-		got := yamlKind(m[2], m[3])
+		want := expectedKind(m[4])
+		value := m[3]
+		if want == "a list" || want == "a mapping" {
+			// A scalar where entries belong is most often a secret
+			// written in place of its entry (api_keys: [sk-…], a
+			// token as a list item): yaml.v3 quotes up to 10
+			// characters of it, the whole of a short token, and the
+			// message reaches stderr, the log and a reload's answer.
+			value = ""
+		}
 		where := ""
 		if p := valuePathAt(&root, line, m[2]); p != "" {
 			where = p + ": "
 		}
-		return fmt.Sprintf("line %d: %sexpected %s, got %s", line, where, expectedKind(m[4]), got)
+		return fmt.Sprintf("line %d: %sexpected %s, got %s", line, where, want, yamlKind(m[2], value))
 	}
 	if m := reDuration.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
