@@ -1337,6 +1337,15 @@ func TestReload(t *testing.T) {
 	if r.code != 1 || r.stderr != "iop: edge.yaml: line 4: field bogus not found (config_error)\n" {
 		t.Fatalf("%+v", r)
 	}
+	// A file with several problems: one line each, as iop-edge prints
+	// them, not one line with "\n" in it; each line still escaped.
+	e4 := newFakeEdge(t)
+	e4.json("POST /v1/admin/reload", 422, `{"error":{"code":"config_error","message":"edge.yaml: line 2: nodes[0] (id \"a\"): token must be at least 8 characters\nedge.yaml: line 3: nodes[1] (id \"b\u001b[2J\"): adapter \"x\" has no type"}}`)
+	r = run(t, e4.URL, "reload")
+	if want := "iop: edge.yaml: line 2: nodes[0] (id \"a\"): token must be at least 8 characters\n" +
+		"iop: edge.yaml: line 3: nodes[1] (id \"b\\x1b[2J\"): adapter \"x\" has no type (config_error)\n"; r.code != 1 || r.stderr != want || r.stdout != "" {
+		t.Fatalf("reload of a file with two problems: %+v\nwant stderr:\n%s", r, want)
+	}
 }
 
 func TestBuildOptions(t *testing.T) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -255,6 +256,21 @@ func (a *app) reloadCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: a.action(func(ctx context.Context, c *client.Client, _ []string) error {
 			raw, printed, err := a.call(ctx, c, http.MethodPost, "/v1/admin/reload", nil)
+			var ae *client.APIError
+			if errors.As(err, &ae) && ae.Code == "config_error" && strings.Contains(ae.Message, "\n") {
+				// A refused file's problems come one a line, each naming
+				// its line of edge.yaml: printed so, as iop-edge prints
+				// them at start, each line escaped on its own, rather than
+				// run together on one line with the newlines escaped.
+				lines := strings.Split(ae.Message, "\n")
+				for i, l := range lines {
+					if i == len(lines)-1 {
+						l += " (" + ae.Code + ")"
+					}
+					fmt.Fprintf(a.stderr, "iop: %s\n", printable(l))
+				}
+				return &exitErr{code: exitError}
+			}
 			if err != nil || printed {
 				return err
 			}
