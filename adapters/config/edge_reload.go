@@ -15,16 +15,17 @@ import (
 // refuses a file with no settings at all (empty, blank or comments only).
 // The edge starts on such a file, with no nodes; at a reload it is most
 // likely a file caught while being written (truncated, then filled: a
-// shell's >, a config tool's copy), and applying it would disconnect every
-// node and end their running history rows as node_removed. Removing every
-// node is written nodes: [].
+// shell's >, a config tool's copy), or a pipe the edge read at start
+// (--config <(envsubst < edge.yaml)), which reads empty from then on; and
+// applying it would disconnect every node and end their running history
+// rows as node_removed. Removing every node is written nodes: [].
 func LoadEdgeReload(path string) (*EdgeConfig, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read edge config: %w", err)
 	}
 	if emptyYAML(data) {
-		return nil, fmt.Errorf("%s: the file is empty or holds only comments (is it being written?); "+
+		return nil, fmt.Errorf("%s: the file is empty or holds only comments (one being written, or a pipe such as --config <(…) that was read at start); "+
 			"the running config stays in force: to remove every node, write nodes: []", path)
 	}
 	return ParseEdge(path, data)

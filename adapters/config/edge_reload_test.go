@@ -3,6 +3,7 @@ package config_test
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -138,5 +139,29 @@ func TestLoadEdgeReloadRefusesAnEmptyFile(t *testing.T) {
 	}
 	if _, err := config.LoadEdgeReload(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "read edge config") {
 		t.Fatalf("LoadEdgeReload(missing file) = %v; want a read error", err)
+	}
+}
+
+// An edge started on a pipe (--config <(envsubst < edge.yaml)) reads it
+// empty at a reload: refused too, rather than taken as "no nodes".
+func TestLoadEdgeReloadRefusesAPipeReadAtStart(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	path := fmt.Sprintf("/dev/fd/%d", r.Fd())
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("no %s: %v", path, err)
+	}
+	if _, err := w.WriteString("nodes:\n  - {id: a, token: aaaaaaaa}\n"); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if c, err := config.LoadEdge(path); err != nil || len(c.Nodes) != 1 {
+		t.Fatalf("LoadEdge(pipe) at start = %v, %v; want node a", c, err)
+	}
+	if _, err := config.LoadEdgeReload(path); err == nil || !strings.Contains(err.Error(), "the file is empty") {
+		t.Fatalf("LoadEdgeReload(pipe read at start) = %v; want it refused as empty", err)
 	}
 }
