@@ -41,6 +41,7 @@ type EdgeSettings struct {
 type fileSource struct {
 	path    string
 	running *config.EdgeConfig
+	log     *slog.Logger
 }
 
 func (f fileSource) LoadNodes() ([]domain.NodeRecord, []string, error) {
@@ -54,6 +55,9 @@ func (f fileSource) LoadNodes() ([]domain.NodeRecord, []string, error) {
 	if err := cfg.CheckSampleTokens(f.running.Transport.Listen); err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", f.path, err)
 	}
+	// The running keys stay (api_keys take a restart): one limited to a
+	// node this file renames or removes reaches that node no more.
+	warnUnknownKeyNodes(f.log, f.running.HTTP.APIKeys, cfg.Nodes)
 	return cfg.Records(), f.running.RestartKeys(cfg), nil
 }
 
@@ -69,7 +73,9 @@ func Edge(s EdgeSettings) fx.Option {
 			func(s EdgeSettings) *config.Directory { return config.NewDirectory(s.Config.Records()) },
 			fx.Annotate(func(d *config.Directory) *config.Directory { return d }, fx.As(new(ports.NodeDirectory))),
 			fx.Annotate(func(d *config.Directory) *config.Directory { return d }, fx.As(new(edgeapp.Directory))),
-			fx.Annotate(func(s EdgeSettings) fileSource { return fileSource{path: s.ConfigPath, running: s.Config} }, fx.As(new(ports.NodeSource))),
+			fx.Annotate(func(s EdgeSettings, log *slog.Logger) fileSource {
+				return fileSource{path: s.ConfigPath, running: s.Config, log: log}
+			}, fx.As(new(ports.NodeSource))),
 			func() *eventbus.Bus { return eventbus.New() },
 			fx.Annotate(func(b *eventbus.Bus) *eventbus.Bus { return b }, fx.As(new(ports.EventPublisher))),
 			edgeapp.NewRegistry,
@@ -192,7 +198,7 @@ func newHTTPServer(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, bus *event
 	for _, k := range hc.ResolvedKeys() {
 		deps.APIKeys = append(deps.APIKeys, httpapi.APIKey{SHA256: k.SHA256, Principal: k.Principal})
 	}
-	warnUnknownKeyNodes(log, s.Config)
+	warnUnknownKeyNodes(log, s.Config.HTTP.APIKeys, s.Config.Nodes)
 	if len(deps.APIKeys) == 0 && hc.AllowUnauthenticated {
 		log.Warn("http api has no api_keys and http.allow_unauthenticated is set: anyone who reaches it may run work on every node, read every run and reload the config",
 			"listen", hc.Listen)
@@ -368,13 +374,14 @@ func adminKeys(hc config.HTTPConfig) func(string) bool {
 // nodes[] does not list: a misspelt id ("gpu1" for "gpu-1") left the key
 // without its node, every request of it answered as if the node were not
 // connected, and nothing said why. It is a warning, not a refusal: a
-// reload may add the node later (api_keys are read at start only).
-func warnUnknownKeyNodes(log *slog.Logger, c *config.EdgeConfig) {
-	known := make(map[string]bool, len(c.Nodes))
-	for _, n := range c.Nodes {
+// reload may add the node later (api_keys are read at start only). A
+// reload warns too, of the nodes its file no longer lists.
+func warnUnknownKeyNodes(log *slog.Logger, keys []config.APIKeyEntry, nodes []config.NodeEntry) {
+	known := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
 		known[n.ID] = true
 	}
-	for _, k := range c.HTTP.APIKeys {
+	for _, k := range keys {
 		for _, id := range k.Nodes {
 			if !known[id] {
 				log.Warn("an API key is limited to a node that nodes[] does not list: the key cannot use that node until a reload adds it (a misspelt node id?)",

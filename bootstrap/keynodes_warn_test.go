@@ -1,7 +1,9 @@
 package bootstrap_test
 
 import (
+	"io"
 	"log/slog"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -49,5 +51,46 @@ nodes:
 	}
 	if logs := start("[gpu-1]"); strings.Contains(logs, warnKeyNode) {
 		t.Errorf("a key limited to listed nodes was warned about:\n%s", logs)
+	}
+}
+
+// A reload that renames or removes a node an API key is limited to warns
+// as the start does: the key, read at start, keeps its limit and reaches
+// that node no more. It used to say nothing, the key's requests answered
+// as if the node were not connected.
+func TestReloadWarnsOfAKeyLimitedToANodeItRemoves(t *testing.T) {
+	file := `
+transport: {listen: "{{link}}"}
+http:
+  listen: "{{http}}"
+  api_keys:
+    - {name: app, key_sha256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", scopes: [inference], nodes: [gpu-1]}
+    - {name: ops, key_sha256: "b3f35f84350d38edde79de6e254fdaac13a540b46c29f6d7dd2ffe9e7065cfd6", scopes: [admin]}
+nodes:
+  - {id: gpu-1, token: aaaaaaaa}
+`
+	e := startFileEdge(t, file)
+	reload := func() {
+		t.Helper()
+		req, _ := http.NewRequest("POST", "http://"+e.http+"/v1/admin/reload", nil)
+		req.Header.Set("Authorization", "Bearer ops-key-for-the-reload")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("reload: %d %s", resp.StatusCode, body)
+		}
+	}
+	reload()
+	if strings.Contains(e.logs.String(), warnKeyNode) {
+		t.Fatalf("warned of a key whose node is listed:\n%s", e.logs.String())
+	}
+	e.write(t, strings.Replace(file, "{id: gpu-1,", "{id: gpu-2,", 1))
+	reload()
+	if logs := e.logs.String(); strings.Count(logs, warnKeyNode) != 1 || !strings.Contains(logs, "key=app node=gpu-1") {
+		t.Fatalf("a reload renaming gpu-1 to gpu-2 did not warn once of key app, limited to gpu-1:\n%s", logs)
 	}
 }
