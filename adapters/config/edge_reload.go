@@ -62,7 +62,8 @@ func (c *EdgeConfig) RestartKeys(next *EdgeConfig) []string {
 // in lower-case hex (as a node's token and its token_sha256 are one token
 // to a reload); the order of http.api_keys, and of a key's scopes and
 // nodes, is no setting (a key is found by its digest, a scope or node by
-// being listed).
+// being listed), nor the order, case or final dot of transport.tls.hosts
+// (the certificate covers a set of names).
 func (c *EdgeConfig) settings() EdgeConfig {
 	s := *c
 	access := c.Log.AccessLog()
@@ -77,6 +78,14 @@ func (c *EdgeConfig) settings() EdgeConfig {
 			s.HTTP.APIKeys[i] = k
 		}
 		slices.SortStableFunc(s.HTTP.APIKeys, func(a, b APIKeyEntry) int { return strings.Compare(a.Name, b.Name) })
+	}
+	if len(c.Transport.TLS.Hosts) > 0 {
+		// The certificate covers a set of names, as CertHosts reads them.
+		hosts := make([]string, len(c.Transport.TLS.Hosts))
+		for i, h := range c.Transport.TLS.Hosts {
+			hosts[i] = strings.TrimSuffix(strings.ToLower(h), ".")
+		}
+		s.Transport.TLS.Hosts = sortedSet(hosts)
 	}
 	return s
 }

@@ -165,3 +165,18 @@ func TestLoadEdgeReloadRefusesAPipeReadAtStart(t *testing.T) {
 		t.Fatalf("LoadEdgeReload(pipe read at start) = %v; want it refused as empty", err)
 	}
 }
+
+// transport.tls.hosts is a set of names for the certificate: listed in
+// another order, in another case or with a final dot, it is no change.
+func TestRestartKeysTakesTLSHostsAsASet(t *testing.T) {
+	doc := func(hosts string) string {
+		return "transport: {tls: {hosts: " + hosts + "}}\nnodes:\n  - {id: a, token: aaaaaaaa}\n"
+	}
+	running := parseReload(t, doc("[edge.example.com, 10.0.0.5]"))
+	if got := running.RestartKeys(parseReload(t, doc("[10.0.0.5, Edge.Example.com., edge.example.com]"))); len(got) != 0 {
+		t.Errorf("RestartKeys = %v for the same hosts in another order and case", got)
+	}
+	if got, want := running.RestartKeys(parseReload(t, doc("[edge.example.com, 10.0.0.6]"))), []string{"transport.tls.hosts"}; !slices.Equal(got, want) {
+		t.Errorf("RestartKeys = %v for another host, want %v", got, want)
+	}
+}
