@@ -210,7 +210,8 @@ func TestDirectoryTokenSHA256(t *testing.T) {
 }
 
 // A node's token read from token_env, given literally, or given as its
-// token_sha256 makes records that accept the same token, so a reload that
+// token_sha256 (either case, with or without key_sha256's "sha256:"
+// prefix) makes records that accept the same token, so a reload that
 // switches between these forms keeps the node (NodeRecord.SameToken).
 func TestRecordsOfOneTokenGivenThreeWaysMatch(t *testing.T) {
 	const tok = "env-token-0123456789"
@@ -220,6 +221,8 @@ func TestRecordsOfOneTokenGivenThreeWaysMatch(t *testing.T) {
 		"{id: a, token: " + tok + "}",
 		"{id: a, token_env: IOP_TEST_NODE_TOKEN}",
 		"{id: a, token_sha256: " + strings.ToUpper(config.TokenHash(tok)) + "}",
+		"{id: a, token_sha256: sha256:" + config.TokenHash(tok) + "}",
+		"{id: a, token_sha256: SHA256:" + strings.ToUpper(config.TokenHash(tok)) + "}",
 	} {
 		c, err := config.ParseEdge("edge.yaml", []byte("nodes:\n  - "+entry+"\n"))
 		if err != nil {

@@ -337,6 +337,13 @@ func parseEdge(name string, data []byte, resolveEnv bool) (*EdgeConfig, error) {
 	c.resolvePaths(name)
 	c.SetDefaults()
 	c.resolveStore(name)
+	// token_sha256 takes the "sha256:" prefix key_sha256 takes (written
+	// one way in one place and refused in the other was a trap).
+	for i := range c.Nodes {
+		if h := c.Nodes[i].TokenSHA256; len(h) > 7 && strings.EqualFold(h[:7], "sha256:") {
+			c.Nodes[i].TokenSHA256 = h[7:]
+		}
+	}
 	if err := c.validate(resolveEnv); err != nil {
 		return nil, locate(name, indexLines(data), err, nil, true)
 	}
