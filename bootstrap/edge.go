@@ -143,10 +143,11 @@ func Edge(s EdgeSettings) fx.Option {
 			func() ports.ModelLister { return models.Lists{} },
 			edgeapp.NewModelCatalog,
 			edgeapp.NewUsageLedger,
-			func(reg *edgeapp.Registry, bus ports.EventPublisher, c *edgeapp.ModelCatalog, l *edgeapp.UsageLedger, log *slog.Logger, obs edgeapp.Observers, st *edgestore.Store) *edgeapp.SubmitProviderTunnelHandler {
+			func(reg *edgeapp.Registry, bus ports.EventPublisher, c *edgeapp.ModelCatalog, l *edgeapp.UsageLedger, log *slog.Logger, obs edgeapp.Observers, st *edgestore.Store, dir edgeapp.Directory) *edgeapp.SubmitProviderTunnelHandler {
 				h := edgeapp.NewSubmitProviderTunnelHandler(reg, bus, c, l, log)
 				h.Observe = obs
 				h.Responses = st
+				h.Nodes = dir
 				return h
 			},
 			func(s EdgeSettings, t *edgeapp.SubmitProviderTunnelHandler, c *edgeapp.ModelCatalog, log *slog.Logger) *openaiapi.Handler {

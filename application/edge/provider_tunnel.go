@@ -63,7 +63,11 @@ type SubmitProviderTunnel struct {
 // once their runs end, which would cut a tunnel short. No provider speaking
 // the family anywhere is no_node_available; nobody serving the model is
 // model_not_found, unless a draining node serves it: then, as for a run
-// when every node drains, no_node_available saying they are shutting down.
+// when every node drains, no_node_available saying they are shutting down;
+// or unless the model is declared (edge.yaml models) for a configured node
+// that is not connected (Nodes): then no_node_available naming that node,
+// which callers retry, as they do when no node of the family is connected
+// at all — a node's restart is not a model that does not exist.
 // A provider whose model list is not known yet (discovery failed or
 // pending) is used only when no provider with a known list serves the
 // model: the provider then answers for itself (for example its own 404).
@@ -87,6 +91,10 @@ type SubmitProviderTunnelHandler struct {
 	// Responses, if set, is the history RecallResponse reads: where a
 	// stored response this edge process does not remember was created.
 	Responses ports.ResponseHistory
+	// Nodes, if set, is the config's node directory: a model declared for
+	// one of its nodes that is not connected is no_node_available, not
+	// model_not_found (see the type's doc).
+	Nodes ports.NodeDirectory
 }
 
 // NewSubmitProviderTunnelHandler refuses nil dependencies (log may be nil).
@@ -251,6 +259,12 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 			if slices.ContainsFunc(draining, func(p providerModels) bool { return !p.known || p.serves(in.Model) }) {
 				return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeNoNodeAvailable, "every connected node serving model %q is shutting down", in.Model)
 			}
+			if node, ok := h.offlineServing(caller, family, in.Provider, in.Model); ok {
+				// In ErrNoNodeHasModel's chain, as model_not_found would be:
+				// a caller refreshes the catalog once and asks again.
+				return providerModels{}, nil, nil, "", &noNodeHasModel{domain.Errorf(domain.CodeNoNodeAvailable,
+					"model %q is served by node %q, which is not connected", in.Model, node)}
+			}
 			return providerModels{}, nil, nil, "", domain.Errorf(domain.CodeModelNotFound, "model %q is not served by any connected node", in.Model)
 		}
 	}
@@ -278,7 +292,9 @@ func (h *SubmitProviderTunnelHandler) route(caller domain.Principal, in SubmitPr
 // know yet: a model pulled on a node since its last refresh (iop ollama
 // pull, or Ollama's own CLI on the node) is on that node, where such a
 // request goes. A caller that refreshes the catalog and asks again finds
-// it, as after a model_not_found.
+// it, as after a model_not_found. It is also in the chain of the
+// no_node_available of a model that only nodes not connected declare: a
+// connected node may have it by now too.
 var ErrNoNodeHasModel = errors.New("no node is known to have the model")
 
 // noNodeHasModel is that refusal: its *domain.Error and ErrNoNodeHasModel.
@@ -291,6 +307,30 @@ func (e *noNodeHasModel) Unwrap() []error { return []error{e.err, ErrNoNodeHasMo
 // run's (Registry.PickForRunAs).
 func shuttingDown(node string) error {
 	return domain.Errorf(domain.CodeShuttingDown, "node %q is shutting down: it takes no new requests", node)
+}
+
+// offlineServing reports a node of the config's directory that caller may
+// see, is not connected, and declares a provider of family (named
+// provider, if set) serving model.
+func (h *SubmitProviderTunnelHandler) offlineServing(caller domain.Principal, family, provider, model string) (string, bool) {
+	if h.Nodes == nil {
+		return "", false
+	}
+	for _, rec := range h.Nodes.Records() {
+		if !caller.SeesNode(rec.ID) {
+			continue
+		}
+		if _, connected := h.reg.Get(rec.ID); connected {
+			continue // its providers were looked at, as they are now
+		}
+		for _, p := range rec.Providers {
+			pm := providerModels{cfg: p, known: true}
+			if len(p.Models) > 0 && Speaks(p.Type, family) && (provider == "" || p.Name == provider) && pm.serves(model) {
+				return rec.ID, true
+			}
+		}
+	}
+	return "", false
 }
 
 func anyServes(ps []providerModels, model string) bool {

@@ -171,6 +171,7 @@ type env struct {
 	ledger  *edge.UsageLedger
 	catalog *edge.ModelCatalog
 	bus     *fakeBus
+	tunnels *edge.SubmitProviderTunnelHandler
 	h       *openaiapi.Handler
 	srv     *httptest.Server
 }
@@ -179,8 +180,8 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	e := &env{reg: edge.NewRegistry(), ledger: edge.NewUsageLedger(), bus: &fakeBus{}}
 	e.catalog = edge.NewModelCatalog(e.reg, models.Lists{}, nil)
-	tunnels := edge.NewSubmitProviderTunnelHandler(e.reg, e.bus, e.catalog, e.ledger, nil)
-	e.h = openaiapi.New(openaiapi.Deps{Tunnels: tunnels, Models: e.catalog}, nil)
+	e.tunnels = edge.NewSubmitProviderTunnelHandler(e.reg, e.bus, e.catalog, e.ledger, nil)
+	e.h = openaiapi.New(openaiapi.Deps{Tunnels: e.tunnels, Models: e.catalog}, nil)
 	e.srv = httptest.NewServer(e.h)
 	t.Cleanup(e.srv.Close)
 	return e

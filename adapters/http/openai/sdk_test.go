@@ -3,6 +3,8 @@ package openaiapi_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 
+	"iop/adapters/config"
 	"iop/domain"
 	"iop/ports"
 )
@@ -135,5 +138,61 @@ func TestOfficialOpenAIClientCompactsAndCountsThroughTheEdge(t *testing.T) {
 	}
 	if o := link.last(t); o.req.Path != "/v1/responses/input_tokens" || !strings.Contains(string(o.body), `"model":"gpt-4o-mini"`) {
 		t.Fatalf("Count forwarded as %s %q", o.req.Path, o.body)
+	}
+}
+
+// A model declared for a configured node that is not connected (it is
+// restarting) is 503 no_node_available with Retry-After, which the official
+// client retries, as it is when no node of the API is connected at all:
+// with another node connected it was 404 model_not_found, which the SDKs
+// take for a model that does not exist and never retry. A model no node
+// declares stays 404.
+func TestOfficialOpenAIClientRetriesAModelOfANodeThatIsNotConnected(t *testing.T) {
+	e := newEnv(t)
+	e.tunnels.Nodes = config.NewDirectory([]domain.NodeRecord{
+		{ID: "gpu-box", Token: "t1", Providers: []domain.ProviderConfig{provider("openai", domain.ProviderOpenAI, "gpt-4o-mini")}},
+		{ID: "big-box", Token: "t2", Providers: []domain.ProviderConfig{provider("vllm", domain.ProviderOpenAI, "llama-70b")}},
+	})
+	link := e.node(t, "gpu-box", serve(response(200, "application/json", `{"id":"resp_1","object":"response","created_at":1700000000,"status":"completed","model":"gpt-4o-mini","output":[]}`)...),
+		provider("openai", domain.ProviderOpenAI, "gpt-4o-mini"))
+
+	tries := 0
+	client := openai.NewClient(option.WithBaseURL(e.srv.URL+"/v1"), option.WithAPIKey("edge-key"), option.WithMaxRetries(1),
+		option.WithMiddleware(func(r *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+			tries++
+			return next(r)
+		}))
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	ask := func(model string) error {
+		tries = 0
+		_, err := client.Responses.New(ctx, responses.ResponseNewParams{
+			Model: model,
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")},
+		})
+		return err
+	}
+
+	var apiErr *openai.Error
+	if err := ask("llama-70b"); !errors.As(err, &apiErr) {
+		t.Fatalf("llama-70b on a node that is not connected: %v", err)
+	}
+	if apiErr.StatusCode != http.StatusServiceUnavailable || apiErr.Code != domain.CodeNoNodeAvailable || apiErr.Type != "server_error" ||
+		!strings.Contains(apiErr.Message, `"big-box"`) || apiErr.Response.Header.Get("Retry-After") != "1" || tries != 2 {
+		t.Fatalf("llama-70b: %d tries, %d %s/%s %q Retry-After %q", tries, apiErr.StatusCode, apiErr.Type, apiErr.Code, apiErr.Message, apiErr.Response.Header.Get("Retry-After"))
+	}
+
+	apiErr = nil
+	if err := ask("no-such-model"); !errors.As(err, &apiErr) {
+		t.Fatalf("a model no node declares: %v", err)
+	}
+	if apiErr.StatusCode != http.StatusNotFound || apiErr.Code != domain.CodeModelNotFound || tries != 1 {
+		t.Fatalf("no-such-model: %d tries, %d %s %q", tries, apiErr.StatusCode, apiErr.Code, apiErr.Message)
+	}
+	if err := ask("gpt-4o-mini"); err != nil || tries != 1 {
+		t.Fatalf("gpt-4o-mini on the connected node: %d tries, %v", tries, err)
+	}
+	if o := link.last(t); o.req.Path != "/v1/responses" {
+		t.Fatalf("forwarded %s", o.req.Path)
 	}
 }
