@@ -80,7 +80,11 @@ func (s *Server) logAccessN(sw *statusWriter, r *http.Request, start time.Time, 
 	} else if strings.HasPrefix(route, "/v1/nodes/{id}") {
 		a = append(a, slog.String("node", r.PathValue("id")))
 	}
-	if id := h.Get(requestid.Header); id != "" {
+	id := h.Get(requestid.Header)
+	if id == "" {
+		id = h.Get(requestid.OpenAIHeader)
+	}
+	if id != "" {
 		if len(id) > maxLoggedRequestID {
 			id = id[:maxLoggedRequestID] // a provider's header: bounded in the log
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"iop/adapters/internal/connquota"
+	"iop/adapters/internal/requestid"
 	"iop/domain"
 )
 
@@ -40,7 +41,9 @@ func DialectIOP(w http.ResponseWriter, status int, code, message string) {
 // rate_limit_exceeded — the codes OpenAI SDKs recognise; a browser refusal,
 // a request moved to its clean path (308 "moved") and a connection over
 // the caps (503, type server_error, which the SDKs retry) keep their iop
-// code: only a refused key is invalid_api_key.
+// code: only a refused key is invalid_api_key. Like every answer of
+// OpenAI's API it carries a request id (req_…) as its x-request-id header,
+// which the SDKs and Codex show with the error and the access log names.
 func DialectOpenAI(w http.ResponseWriter, status int, code, message string) {
 	typ, oaCode := "invalid_request_error", "invalid_api_key"
 	switch code {
@@ -59,6 +62,7 @@ func DialectOpenAI(w http.ResponseWriter, status int, code, message string) {
 		Param   *string `json:"param"`
 		Code    string  `json:"code"`
 	}
+	requestid.StampOpenAI(w.Header())
 	writeJSON(w, status, struct {
 		Error body `json:"error"`
 	}{body{Message: message, Type: typ, Code: oaCode}})

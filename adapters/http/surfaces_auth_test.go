@@ -355,3 +355,101 @@ func TestAnthropicKeyRefusalsSayDoNotRetry(t *testing.T) {
 		}
 	}
 }
+
+// Every answer the edge makes itself in OpenAI's shape — a refused key, a
+// key without the scope, a request moved to its clean path, a refusal of
+// the passthrough surface — has a request id in its x-request-id header,
+// as OpenAI's API answers (the SDKs keep it as the error's request id,
+// Codex prints it), new for each answer and named by its access-log line;
+// a provider's own x-request-id on a relayed answer is kept and logged
+// alike.
+func TestOpenAIShapedAnswersCarryARequestID(t *testing.T) {
+	reg, bus := edge.NewRegistry(), eventbus.New()
+	defer bus.Close()
+	tracker := edge.NewRunTracker(0)
+	cmds := edge.NewNodeCommandHandler(reg)
+	buf := &lockedBuf{}
+	log := slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	api := httpapi.New(httpapi.Deps{
+		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
+		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
+		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
+		APIKeys: []httpapi.APIKey{
+			apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference),
+			apiKey("read-only-key-0123456789", "viewer", nil, domain.ScopeRead),
+		},
+		OpenAI: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Query().Get("relay") != "" {
+				w.Header().Set("X-Request-Id", "req_fromTheProvider")
+				w.WriteHeader(200)
+				return
+			}
+			openaiapi.WriteError(w, r, http.StatusServiceUnavailable, domain.CodeNoNodeAvailable, "no node")
+		}),
+	}, "127.0.0.1:0", log)
+	api.AccessLog = true
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+	shape := regexp.MustCompile(`^req_[0-9A-Za-z]{24}$`)
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	seen, logs := map[string]bool{}, map[string]bool{}
+	for _, c := range []struct {
+		method, path string
+		status       int
+		code         string
+		hdr          []string
+	}{
+		{"POST", "/v1/chat/completions", 401, "invalid_api_key", []string{"Authorization", "Bearer wrong-key"}},
+		{"POST", "/v1/responses", 403, "insufficient_permissions", []string{"Authorization", "Bearer read-only-key-0123456789"}},
+		{"POST", "//v1/responses", 308, "moved", []string{"Authorization", "Bearer inference-key-0123456789"}},
+		{"POST", "/v1/responses", 503, "no_node_available", []string{"Authorization", "Bearer inference-key-0123456789"}},
+		{"POST", "/v1/embeddings", 503, "no_node_available", []string{"Authorization", "Bearer inference-key-0123456789"}},
+	} {
+		req, _ := http.NewRequest(c.method, srv.URL+c.path, strings.NewReader(`{"model":"m"}`))
+		for i := 0; i+1 < len(c.hdr); i += 2 {
+			req.Header.Set(c.hdr[i], c.hdr[i+1])
+		}
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var body struct {
+			Error struct{ Type, Message, Code string }
+		}
+		id := resp.Header.Get("x-request-id")
+		if resp.StatusCode != c.status || json.Unmarshal(b, &body) != nil || body.Error.Code != c.code || body.Error.Type == "" {
+			t.Fatalf("%s %s: %d %s", c.method, c.path, resp.StatusCode, b)
+		}
+		if !shape.MatchString(id) || seen[id] {
+			t.Fatalf("%s %s: x-request-id %q (want a new req_ id)", c.method, c.path, id)
+		}
+		seen[id] = true
+		// Refusals before the route are logged once per address per 10 s
+		// (Server.logRefused): of the 401 and the 403, only the first.
+		logs[id] = c.status != 403
+	}
+	req, _ := http.NewRequest("POST", srv.URL+"/v1/responses?relay=1", strings.NewReader(`{}`))
+	req.Header.Set("Authorization", "Bearer inference-key-0123456789")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("x-request-id"); got != "req_fromTheProvider" {
+		t.Fatalf("a relayed answer's x-request-id = %q, want the provider's", got)
+	}
+	logs["req_fromTheProvider"] = true
+	logged := map[string]bool{}
+	for _, l := range buf.lines() {
+		if id, ok := l["request_id"].(string); ok {
+			logged[id] = true
+		}
+	}
+	for id, must := range logs {
+		if must && !logged[id] {
+			t.Errorf("no access-log line names request id %s (logged: %v)", id, logged)
+		}
+	}
+}

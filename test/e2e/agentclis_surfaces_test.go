@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -142,5 +143,40 @@ func TestRealClaudeCodeGivesUpOnARefusedKey(t *testing.T) {
 	}
 	if s := out.String() + errb.String(); !strings.Contains(s, "401") && !strings.Contains(strings.ToLower(s), "api key") {
 		t.Fatalf("claude did not report the refused key: %q", s)
+	}
+}
+
+// The real Codex with a key the edge refuses prints the edge's message and
+// the answer's request id ("request id: req_…", from x-request-id, as
+// OpenAI's API sends it), which the edge's access log names, so the
+// refusal a user reports can be found in the log.
+func TestRealCodexShowsTheEdgesRequestID(t *testing.T) {
+	t.Parallel()
+	bin := agentcli.Find(t, "codex")
+	a := startAgentEdgeKeyed(t, ", models: [claude-standin]", ", models: [gpt-standin]", true)
+	env := agentcli.Codex(t, a.e.url, "gpt-standin")
+	env["STANDIN_API_KEY"] = "not-the-edge-key"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "exec", "--skip-git-repo-check", "hello through the edge")
+	cmd.Env = env.List()
+	cmd.Dir = t.TempDir()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if ctx.Err() != nil || !errors.As(err, &exit) || exit.ExitCode() <= 0 {
+		t.Fatalf("codex exec with a refused key: %v (context %v)\n%s", err, ctx.Err(), out.String())
+	}
+	m := regexp.MustCompile(`401 Unauthorized: invalid API key, url: \S+, request id: (req_[0-9A-Za-z]{24})`).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("codex did not report the refusal with the edge's request id:\n%s", out.String())
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(a.e.out.String(), "request_id="+m[1]) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the edge's access log does not name request id %s", m[1])
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

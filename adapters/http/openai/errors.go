@@ -46,6 +46,8 @@ func WriteError(w http.ResponseWriter, r *http.Request, status int, code, messag
 		// With a request id, as Anthropic's API answers: see package requestid.
 		writeJSON(w, status, requestid.AnthropicError(w.Header(), anthropicType(status), message))
 	default:
+		// With a request id, as OpenAI's API answers: see package requestid.
+		requestid.StampOpenAI(w.Header())
 		type body struct {
 			Message string  `json:"message"`
 			Type    string  `json:"type"`

@@ -43,15 +43,28 @@ func New() string {
 	return string(out)
 }
 
+// OpenAIHeader is the header OpenAI's API names each answer's id in
+// ("x-request-id"): the OpenAI SDKs keep it as an error's request id, and
+// Codex prints it with an error ("request id: req_…"). The edge's own
+// answers in OpenAI's shape carry one there (StampOpenAI); a provider's
+// relayed answer keeps the provider's.
+const OpenAIHeader = "X-Request-Id"
+
 // Stamp returns the id of the answer h belongs to: the one already set as
 // its Header, else a new one, set there. An error body that names the id
 // takes it from here, so header and body agree.
-func Stamp(h http.Header) string {
-	if id := h.Get(Header); id != "" {
+func Stamp(h http.Header) string { return stamp(h, Header) }
+
+// StampOpenAI is Stamp for an answer in OpenAI's shape: its id is in
+// OpenAIHeader.
+func StampOpenAI(h http.Header) string { return stamp(h, OpenAIHeader) }
+
+func stamp(h http.Header, name string) string {
+	if id := h.Get(name); id != "" {
 		return id
 	}
 	id := New()
-	h.Set(Header, id)
+	h.Set(name, id)
 	return id
 }
 
