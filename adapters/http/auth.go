@@ -39,22 +39,23 @@ func DialectIOP(w http.ResponseWriter, status int, code, message string) {
 // DialectOpenAI is OpenAI's {"error":{"message","type","param","code"}}:
 // 401 is code invalid_api_key, 403 insufficient_permissions, 429
 // rate_limit_exceeded — the codes OpenAI SDKs recognise; a browser refusal,
-// a request moved to its clean path (308 "moved") and a connection over
-// the caps (503, type server_error, which the SDKs retry) keep their iop
-// code: only a refused key is invalid_api_key. Like every answer of
-// OpenAI's API it carries a request id (req_…) as its x-request-id header,
-// which the SDKs and Codex show with the error and the access log names.
+// a request moved to its clean path (308 "moved"), a route the edge does
+// not serve (404 "not_found") and a connection over the caps (503, type
+// server_error, which the SDKs retry) keep their iop code: only a refused
+// key is invalid_api_key. Like every answer of OpenAI's API it carries a
+// request id (req_…) as its x-request-id header, which the SDKs and Codex
+// show with the error and the access log names.
 func DialectOpenAI(w http.ResponseWriter, status int, code, message string) {
-	typ, oaCode := "invalid_request_error", "invalid_api_key"
+	typ, oaCode := "invalid_request_error", code
 	switch code {
+	case domain.CodeUnauthorized:
+		oaCode = "invalid_api_key"
 	case domain.CodeForbidden:
 		oaCode = "insufficient_permissions"
 	case domain.CodeRateLimited:
 		typ, oaCode = "requests", "rate_limit_exceeded"
-	case domain.CodeCrossOrigin, domain.CodeHostNotAllowed, "moved":
-		oaCode = code
 	case domain.CodeTooManyConnections:
-		typ, oaCode = "server_error", code
+		typ = "server_error"
 	}
 	type body struct {
 		Message string  `json:"message"`

@@ -342,7 +342,16 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if target, ok := movedTo(r, pattern); ok {
 		moved(sw, r, target, acc.dialect())
 	} else if pattern == "" {
-		unrouted(sw, r, h, acc.dialect())
+		d, hint := acc.dialect(), ""
+		if v1, vacc, ok := s.underV1(r); ok {
+			// An SDK whose base URL lacks its /v1 (or has it twice): say
+			// where the route is, in that route's shape.
+			hint = v1
+			if !anthropicClient(r, "", acc) {
+				d = vacc.dialect()
+			}
+		}
+		unroutedHint(sw, r, h, d, hint)
 	} else {
 		s.mux.ServeHTTP(sw, r)
 	}
@@ -463,6 +472,12 @@ func movedWhy(p, target string) string {
 // unrouted answers requests no route takes (404, or 405 with Allow) in JSON,
 // in d's shape.
 func unrouted(w http.ResponseWriter, r *http.Request, h http.Handler, d Dialect) {
+	unroutedHint(w, r, h, d, "")
+}
+
+// unroutedHint is unrouted whose 404 names v1, when set, as the path the
+// caller meant (underV1).
+func unroutedHint(w http.ResponseWriter, r *http.Request, h http.Handler, d Dialect, v1 string) {
 	probe := &probeWriter{header: http.Header{}}
 	h.ServeHTTP(probe, r)
 	if probe.code == http.StatusMethodNotAllowed {
@@ -471,7 +486,45 @@ func unrouted(w http.ResponseWriter, r *http.Request, h http.Handler, d Dialect)
 			fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, probe.header.Get("Allow")))
 		return
 	}
-	d(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+	msg := fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)
+	switch {
+	case v1 == "":
+	case v1 == "/v1/messages" || strings.HasPrefix(v1, "/v1/messages/"):
+		msg += fmt.Sprintf(": this edge serves %s; Anthropic SDKs and Claude Code take its URL without /v1 (http://host:port)", v1)
+	default:
+		msg += fmt.Sprintf(": this edge serves %s; OpenAI SDKs and Codex take its URL with /v1 (http://host:port/v1)", v1)
+	}
+	d(w, http.StatusNotFound, "not_found", msg)
+}
+
+// underV1 reports the route of a compatible surface an unrouted request
+// meant when its base URL lacks "/v1" (an OpenAI SDK given
+// http://host:port asks POST /chat/completions) or has it once too many
+// (Claude Code given http://host:port/v1 asks /v1/v1/messages): the path
+// with "/v1" added or one taken away, if such a route takes that path and
+// method, and that route's access.
+func (s *Server) underV1(r *http.Request) (string, Access, bool) {
+	p := r.URL.Path
+	var alt string
+	switch {
+	case strings.HasPrefix(p, "/v1/v1/"):
+		alt = strings.TrimPrefix(p, "/v1")
+	case p != "/" && !strings.HasPrefix(p, "/v1/") && !strings.HasPrefix(p, "/api/"):
+		alt = "/v1" + p
+	default:
+		return "", Access{}, false
+	}
+	probe := r.Clone(r.Context())
+	probe.URL.Path, probe.URL.RawPath = alt, ""
+	_, pattern := s.mux.Handler(probe)
+	acc := s.access[pattern]
+	if pattern == "" || acc.Dialect == nil {
+		return "", Access{}, false // no route, or the iop API's own
+	}
+	if _, moved := movedTo(probe, pattern); moved {
+		return "", Access{}, false
+	}
+	return alt, acc, true
 }
 
 // Start binds the listener synchronously, so a busy port fails here, and

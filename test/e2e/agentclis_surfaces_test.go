@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -178,5 +180,43 @@ func TestRealCodexShowsTheEdgesRequestID(t *testing.T) {
 			t.Fatalf("the edge's access log does not name request id %s", m[1])
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The real Codex given the edge's address without /v1 as its provider's
+// base_url (it then asks POST /responses) is told where the route is and
+// that its base URL takes /v1, instead of a bare "no route".
+func TestRealCodexToldItsBaseURLLacksV1(t *testing.T) {
+	t.Parallel()
+	bin := agentcli.Find(t, "codex")
+	a := startAgentEdgeKeyed(t, ", models: [claude-standin]", ", models: [gpt-standin]", true)
+	env := agentcli.Codex(t, a.e.url, "gpt-standin")
+	env["STANDIN_API_KEY"] = agentKey
+	config := filepath.Join(env["CODEX_HOME"], "config.toml")
+	b, err := os.ReadFile(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = bytes.Replace(b, []byte(a.e.url+"/v1\""), []byte(a.e.url+"\""), 1)
+	if !bytes.Contains(b, []byte("base_url = \""+a.e.url+"\"")) {
+		t.Fatalf("config.toml: %s", b)
+	}
+	if err := os.WriteFile(config, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "exec", "--skip-git-repo-check", "hello through the edge")
+	cmd.Env = env.List()
+	cmd.Dir = t.TempDir()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	var exit *exec.ExitError
+	if ctx.Err() != nil || !errors.As(err, &exit) || exit.ExitCode() <= 0 {
+		t.Fatalf("codex exec at a base URL without /v1: %v (context %v)\n%s", err, ctx.Err(), out.String())
+	}
+	if !strings.Contains(out.String(), "404 Not Found: no route for POST /responses: this edge serves /v1/responses; OpenAI SDKs and Codex take its URL with /v1") {
+		t.Fatalf("codex was not told where the route is:\n%s", out.String())
 	}
 }

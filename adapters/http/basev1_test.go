@@ -1,0 +1,98 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"iop/adapters/eventbus"
+	httpapi "iop/adapters/http"
+	"iop/application/edge"
+	"iop/domain"
+)
+
+// A client whose base URL lacks its /v1 (an OpenAI SDK given
+// http://host:port asks POST /chat/completions) or has one too many
+// (Claude Code given http://host:port/v1 asks /v1/v1/messages) is told
+// where the route is and which base URL its kind of client takes, in the
+// route's own shape; it used to get a bare "no route for POST
+// /chat/completions" in the iop API's shape. The iop API's own routes and
+// paths no route takes keep the plain 404.
+func TestABaseURLWithoutV1IsNamed(t *testing.T) {
+	reg, bus := edge.NewRegistry(), eventbus.New()
+	defer bus.Close()
+	tracker := edge.NewRunTracker(0)
+	cmds := edge.NewNodeCommandHandler(reg)
+	api := httpapi.New(httpapi.Deps{
+		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
+		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
+		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
+		APIKeys: []httpapi.APIKey{apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference, domain.ScopeRead)},
+		OpenAI:  http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(299) }),
+	}, "127.0.0.1:0", nil)
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+
+	// The official OpenAI client, its base URL without /v1.
+	client := openai.NewClient(option.WithBaseURL(srv.URL), option.WithAPIKey("inference-key-0123456789"), option.WithMaxRetries(0))
+	_, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+		Model:    "m",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")},
+	})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Type != "invalid_request_error" || apiErr.Code != "not_found" ||
+		!strings.Contains(apiErr.Message, "this edge serves /v1/chat/completions") || !strings.Contains(apiErr.Message, "with /v1 (http://host:port/v1)") {
+		t.Fatalf("chat completion at a base URL without /v1: %v", err)
+	}
+
+	do := func(method, path string, hdr ...string) (int, string) {
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(`{"model":"m"}`))
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	bearer := []string{"Authorization", "Bearer inference-key-0123456789"}
+	for _, c := range []struct {
+		method, path string
+		hdr          []string
+		want         []string // in the body
+	}{
+		{"POST", "/responses", bearer, []string{`"type":"invalid_request_error"`, "this edge serves /v1/responses;", "with /v1"}},
+		{"GET", "/models", bearer, []string{`"type":"invalid_request_error"`, "this edge serves /v1/models;"}},
+		{"POST", "/v1/v1/chat/completions", bearer, []string{`"type":"invalid_request_error"`, "this edge serves /v1/chat/completions;"}},
+		{"POST", "/v1/v1/messages?beta=true", []string{"X-Api-Key", "inference-key-0123456789", "Anthropic-Version", "2023-06-01"},
+			[]string{`{"type":"error"`, `"type":"not_found_error"`, "this edge serves /v1/messages; Anthropic SDKs and Claude Code take its URL without /v1 (http://host:port)"}},
+		{"GET", "/runs", bearer, []string{`{"error":{"code":"not_found","message":"no route for GET /runs"}}`}},
+		{"GET", "/nothing", bearer, []string{`{"error":{"code":"not_found","message":"no route for GET /nothing"}}`}},
+	} {
+		code, b := do(c.method, c.path, c.hdr...)
+		if code != 404 || !json.Valid([]byte(b)) {
+			t.Errorf("%s %s: %d %s", c.method, c.path, code, b)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(b, w) {
+				t.Errorf("%s %s: %s, want %s in it", c.method, c.path, b, w)
+			}
+		}
+	}
+	// Without a key nothing is said of the routes.
+	if code, b := do("POST", "/chat/completions"); code != 401 || strings.Contains(b, "/v1") {
+		t.Errorf("without a key: %d %s", code, b)
+	}
+}
