@@ -129,6 +129,35 @@ func contract(t *testing.T, newDSN opener) {
 		}
 	})
 
+	t.Run("a long error message is kept as its event has it", func(t *testing.T) {
+		s := open(t, newDSN(t), edgestore.Options{})
+		// An exec run's stderr tail (4 KiB) is longer than the other text
+		// columns' bound; a message past what a node sends is cut with the
+		// marker a node's own cut carries.
+		whole := "exit status 1: " + strings.Repeat("é", 2100)
+		over := strings.Repeat("x", 3*domain.MaxPeerMessage)
+		for id, msg := range map[string]string{"run_whole": whole, "run_over": over} {
+			r := run(id, "n1", "exec", "", domain.RunFailed, t0, nil)
+			r.ErrorMsg = msg
+			s.RecordRun(r)
+		}
+		for id, want := range map[string]string{"run_whole": whole, "run_over": domain.ClipMessage(over, domain.MaxPeerMessage)} {
+			var got domain.RunRecord
+			eventually(t, id, func() bool {
+				r, err := s.GetRun(ctx, id)
+				got = r
+				return err == nil
+			})
+			if got.ErrorMsg != want {
+				t.Fatalf("%s: error message of %d bytes (…%q), want %d bytes (…%q)", id, len(got.ErrorMsg),
+					got.ErrorMsg[max(len(got.ErrorMsg)-30, 0):], len(want), want[len(want)-30:])
+			}
+		}
+		if !strings.HasSuffix(domain.ClipMessage(over, domain.MaxPeerMessage), fmt.Sprintf("(%d bytes in all)", len(over))) {
+			t.Fatal("ClipMessage left out its marker")
+		}
+	})
+
 	t.Run("list filters and cursor pages", func(t *testing.T) {
 		s := open(t, newDSN(t), edgestore.Options{})
 		for i := range 7 {

@@ -10,7 +10,11 @@ import (
 	"iop/domain"
 )
 
-// maxText bounds free-text columns (error messages, targets, paths).
+// maxText bounds free-text columns (targets, session ids, paths). An error
+// message is kept as its run event has it (domain.MaxPeerMessage, cut with
+// domain.ClipMessage's marker beyond): cut here to 2 KiB, without a marker,
+// GET /v1/runs/{id} showed a shorter message than the run's error event, as
+// if it were the whole of it.
 const maxText = 2048
 
 type runRow struct {
@@ -117,7 +121,7 @@ func toRunRow(edgeID string, r domain.RunRecord) runRow {
 		ID: text(r.ID, 64), EdgeID: text(edgeID, 255), Node: text(r.Node, 255), Adapter: text(r.Adapter, 255),
 		Target: text(r.Target, maxText), SessionID: text(r.SessionID, maxText), KeyName: text(keyOr(r.Key), 255),
 		Background: r.Background, Status: text(string(r.Status), 16), CreatedUS: micros(r.CreatedAt), FinishedUS: micros(r.FinishedAt),
-		ErrorCode: text(r.ErrorCode, 64), ErrorMessage: text(r.ErrorMsg, maxText),
+		ErrorCode: text(r.ErrorCode, 64), ErrorMessage: domain.ClipMessage(sqltext.NoNUL(r.ErrorMsg), domain.MaxPeerMessage),
 	}
 	if u := r.Usage; u != nil {
 		row.HasUsage = true
