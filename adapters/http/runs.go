@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -28,17 +30,23 @@ type createRunRequest struct {
 	Options    json.RawMessage `json:"options"`
 }
 
-// decodeBody decodes a JSON body strictly: unknown fields, trailing data and
-// bodies over maxBody are invalid requests.
+// decodeBody decodes a JSON body strictly into v, a pointer to a struct:
+// unknown fields, fields not spelt exactly as documented or named twice
+// (exactKeys), a body that is not an object, trailing data and bodies over
+// maxBody are invalid requests.
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return domain.Errorf(domain.CodeInvalidRequest, "request body exceeds %d bytes", tooBig.Limit)
+		}
+		return domain.Errorf(domain.CodeInvalidRequest, "request body: %v", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		var tooBig *http.MaxBytesError
-		switch {
-		case errors.As(err, &tooBig):
-			return domain.Errorf(domain.CodeInvalidRequest, "request body exceeds %d bytes", tooBig.Limit)
-		case errors.Is(err, io.EOF):
+		if errors.Is(err, io.EOF) {
 			return domain.Errorf(domain.CodeInvalidRequest, "request body is empty")
 		}
 		return domain.Errorf(domain.CodeInvalidRequest, "request body: %s", jsonProblem(err))
@@ -48,7 +56,60 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return domain.Errorf(domain.CodeInvalidRequest, "request body: unexpected data after the JSON object")
 	}
+	return exactKeys(body, v)
+}
+
+// exactKeys checks the top-level keys of body, a JSON value v decoded
+// without error: body must be an object, and each key spelt as one of v's
+// fields is (after JSON's escapes) and named once. encoding/json matches
+// keys case-insensitively and keeps the last of a key named twice, so
+// {"node":"a","NODE":"b"} and {"node":"a","node":"b"} ran on node b while
+// whatever read the body as JSON before the edge (a proxy's rule, an audit
+// log) saw node a.
+func exactKeys(body []byte, v any) error {
+	fields := jsonFields(reflect.TypeOf(v).Elem())
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		// Decoded without error: null, which leaves v as it was.
+		return domain.Errorf(domain.CodeInvalidRequest, "request body: expected a JSON object, got null")
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return domain.Errorf(domain.CodeInvalidRequest, "request body: %s", jsonProblem(err))
+		}
+		key, _ := t.(string)
+		switch {
+		case !slices.Contains(fields, key):
+			i := slices.IndexFunc(fields, func(f string) bool { return strings.EqualFold(f, key) })
+			return domain.Errorf(domain.CodeInvalidRequest, "request body: unknown field %q (did you mean %q? field names are case-sensitive)", key, fields[max(i, 0)])
+		case seen[key]:
+			return domain.Errorf(domain.CodeInvalidRequest, "request body: field %q is given twice", key)
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return domain.Errorf(domain.CodeInvalidRequest, "request body: %s", jsonProblem(err))
+		}
+	}
 	return nil
+}
+
+// jsonFields are the JSON names of struct type t's fields.
+func jsonFields(t reflect.Type) []string {
+	var names []string
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case name == "-" || !f.IsExported():
+		case name == "":
+			names = append(names, f.Name)
+		default:
+			names = append(names, name)
+		}
+	}
+	return names
 }
 
 // runInput is a run's input as the node gets it: a JSON string is its text;

@@ -519,3 +519,41 @@ func TestBodyErrorsInTheCallersTerms(t *testing.T) {
 		}
 	}
 }
+
+// A body's keys are read as spelt: encoding/json alone matched them
+// case-insensitively and kept the last of a key named twice, so
+// {"node":"n1","NODE":"n2"} ran on n2 while a proxy rule or audit log
+// reading the JSON saw n1. Such bodies, and null, are refused before any
+// node sees them; keys spelt with JSON escapes are the same keys.
+func TestBodyKeysAreExact(t *testing.T) {
+	link1 := newFakeLink(domain.RunEvent{Type: domain.EventStart}, domain.RunEvent{Type: domain.EventComplete})
+	link2 := newFakeLink(domain.RunEvent{Type: domain.EventStart}, domain.RunEvent{Type: domain.EventComplete})
+	e := newEnv(t, testNode{"n1", link1}, testNode{"n2", link2})
+	for body, want := range map[string]string{
+		`{"adapter":"exec","node":"n1","NODE":"n2"}`:                  `request body: unknown field "NODE" (did you mean "node"? field names are case-sensitive)`,
+		`{"Adapter":"exec","node":"n1"}`:                              `request body: unknown field "Adapter" (did you mean "adapter"?`,
+		`{"adapter":"exec","node":"n1","node":"n2"}`:                  `request body: field "node" is given twice`,
+		`{"adapter":"exec","node":"n1","input":"a","inp\u0075t":"b"}`: `request body: field "input" is given twice`,
+		`null`: "request body: expected a JSON object, got null",
+	} {
+		m := readJSON(t, e.do("POST", "/v1/runs", body), 400)
+		if msg, _ := m["error"].(map[string]any)["message"].(string); !strings.HasPrefix(msg, want) {
+			t.Errorf("%s: message %q, want %q", body, msg, want)
+		}
+	}
+	m := readJSON(t, e.do("POST", "/v1/nodes/n1/commands", `{"command":"capabilities","COMMAND":"runs"}`), 400)
+	if msg, _ := m["error"].(map[string]any)["message"].(string); !strings.Contains(msg, `unknown field "COMMAND"`) {
+		t.Errorf("node command: message %q", msg)
+	}
+	if n1, n2 := len(link1.requests()), len(link2.requests()); n1+n2 != 0 {
+		t.Fatalf("nodes were sent %d and %d runs", n1, n2)
+	}
+
+	// An escaped spelling of a field is that field.
+	resp := e.do("POST", "/v1/runs", `{"adapter":"exec","n\u006fde":"n2","input":"x"}`)
+	newSSE(resp.Body).readAll(t)
+	resp.Body.Close()
+	if reqs := link2.requests(); len(reqs) != 1 || string(reqs[0].Input) != "x" {
+		t.Fatalf("n2 was sent %+v", reqs)
+	}
+}
