@@ -69,3 +69,25 @@ func TestPickWithEveryNodeFullLetsTheNodeAnswer(t *testing.T) {
 		t.Fatalf("b started %d runs, want 2 (the preload and the refused one)", len(started))
 	}
 }
+
+// TestPickPrefersANodeServingTheExecTarget: exec targets are each node's
+// own, so a run of a target only one node declares goes to that node, not
+// to a freer node that would answer target_not_found. A target no node
+// declares still goes to the freest node, whose refusal names its targets.
+func TestPickPrefersANodeServingTheExecTarget(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdgeCfg(t, map[string][]domain.AdapterConfig{
+		"a": {ucExecAdapter("exec", 2, "cat")},
+		"b": {ucExecAdapter("exec", 8, "upper")},
+	})
+	ucBusy(t, e, "a", "exec", 1) // b is the freer
+	for target, want := range map[string]string{"cat": "a", "upper": "b", "nope": "b"} {
+		rh, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Target: target})
+		if err != nil {
+			t.Fatalf("run of %s: %v", target, err)
+		}
+		if rh.Node != want {
+			t.Errorf("run of %s went to %s, want %s", target, rh.Node, want)
+		}
+	}
+}

@@ -245,6 +245,22 @@ func (n *LiveNode) hasAdapter(name string) bool {
 	return slices.ContainsFunc(n.Config.Adapters, func(a domain.AdapterConfig) bool { return a.Name == name })
 }
 
+// offersTarget reports whether n's adapter serves target: any target
+// (a model) for adapters other than exec, and for an exec adapter one of
+// its targets ("" names none: every exec node refuses it alike).
+func (n *LiveNode) offersTarget(adapter, target string) bool {
+	for _, a := range n.Config.Adapters {
+		if a.Name == adapter {
+			if a.Type != domain.AdapterExec || target == "" {
+				return true
+			}
+			_, ok := a.Targets[target]
+			return ok
+		}
+	}
+	return false
+}
+
 // freeSlots is how many more runs of adapter n admits by its config's
 // max_concurrency (runs through this edge); unlimited (0) counts as plenty.
 func (n *LiveNode) freeSlots(adapter string) int {
@@ -311,10 +327,19 @@ func (r *Registry) PickForRun(node, adapter, session string) (NodeView, func(), 
 	return r.PickForRunAs(domain.Anonymous(), node, adapter, session)
 }
 
+// PickForTarget is PickForRunAs for a run of target: without a node named
+// or a session's node, a node whose adapter serves target (offersTarget)
+// is picked before one whose adapter does not, which would answer
+// target_not_found. Only when no node serves it is the run sent as
+// PickForRunAs sends it, so its node's answer names the targets it has.
+func (r *Registry) PickForTarget(p domain.Principal, node, adapter, target, session string) (NodeView, func(), error) {
+	return r.pickForRun(p, node, adapter, target, session, nil)
+}
+
 // PickForRunAs is PickForRun among the nodes caller p may see; a node it
 // may not see is not found.
 func (r *Registry) PickForRunAs(p domain.Principal, node, adapter, session string) (NodeView, func(), error) {
-	return r.pickForRun(p, node, adapter, session, nil)
+	return r.pickForRun(p, node, adapter, "", session, nil)
 }
 
 // errNoOtherNode: no node is left to try a refused run on (pickElsewhere).
@@ -326,8 +351,8 @@ var errNoOtherNode = errors.New("no other node to try the run on")
 // at_capacity refusal (needFree) only a node with a free slot of adapter,
 // as the edge counts them — a node as full as the one that refused would
 // refuse alike. errNoOtherNode if there is none.
-func (r *Registry) pickElsewhere(p domain.Principal, adapter, session string, tried map[string]bool, needFree bool) (NodeView, func(), error) {
-	return r.pickForRun(p, "", adapter, session, func(n *LiveNode) bool {
+func (r *Registry) pickElsewhere(p domain.Principal, adapter, target, session string, tried map[string]bool, needFree bool) (NodeView, func(), error) {
+	return r.pickForRun(p, "", adapter, target, session, func(n *LiveNode) bool {
 		return !tried[n.ID] && (!needFree || n.freeSlots(adapter) > 0)
 	})
 }
@@ -335,7 +360,7 @@ func (r *Registry) pickElsewhere(p domain.Principal, adapter, session string, tr
 // pickForRun is PickForRunAs; with eligible set (a retry, no node named)
 // it picks only a node eligible says may take the run, or answers
 // errNoOtherNode.
-func (r *Registry) pickForRun(p domain.Principal, node, adapter, session string, eligible func(*LiveNode) bool) (NodeView, func(), error) {
+func (r *Registry) pickForRun(p domain.Principal, node, adapter, target, session string, eligible func(*LiveNode) bool) (NodeView, func(), error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	visible := r.visible(p)
@@ -362,12 +387,16 @@ func (r *Registry) pickForRun(p domain.Principal, node, adapter, session string,
 			chosen = n
 		}
 	default:
+		var serves bool // chosen's adapter serves target
 		for _, n := range open {
-			if eligible != nil && !eligible(n) {
+			if eligible != nil && !eligible(n) || !n.hasAdapter(adapter) {
 				continue
 			}
-			if n.hasAdapter(adapter) && (chosen == nil || n.betterFor(adapter, chosen)) {
-				chosen = n
+			// An exec adapter's targets are each node's own: one without
+			// target would refuse the run however free it is.
+			s := n.offersTarget(adapter, target)
+			if chosen == nil || s && !serves || s == serves && n.betterFor(adapter, chosen) {
+				chosen, serves = n, s
 			}
 		}
 		if chosen == nil && eligible != nil {

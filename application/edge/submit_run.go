@@ -205,7 +205,7 @@ func (h *SubmitRunHandler) place(ctx context.Context, cmd SubmitRun) (*RunHandle
 		}
 		defer done()
 	}
-	node, release, err := h.reg.PickForRunAs(p, cmd.Node, cmd.Adapter, cmd.SessionID)
+	node, release, err := h.reg.PickForTarget(p, cmd.Node, cmd.Adapter, cmd.Target, cmd.SessionID)
 	if err != nil {
 		return nil, err
 	}
@@ -253,7 +253,7 @@ func (h *SubmitRunHandler) place(ctx context.Context, cmd SubmitRun) (*RunHandle
 		}
 		tried[node.ID] = true
 		var perr error
-		node, release, perr = h.reg.pickElsewhere(p, cmd.Adapter, cmd.SessionID, tried, code == domain.CodeAtCapacity)
+		node, release, perr = h.reg.pickElsewhere(p, cmd.Adapter, cmd.Target, cmd.SessionID, tried, code == domain.CodeAtCapacity)
 		if perr != nil {
 			held.noRetry()
 			return nil, err
