@@ -91,3 +91,26 @@ func TestPickPrefersANodeServingTheExecTarget(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryAfterAtCapacityKeepsToNodesServingTheTarget: a run its target's
+// node refuses at_capacity (full by the node's own count) is tried again
+// only on another node declaring the target: one without it answered
+// target_not_found, which told the caller the target did not exist when
+// it was only busy.
+func TestRetryAfterAtCapacityKeepsToNodesServingTheTarget(t *testing.T) {
+	ucNoLeaks(t)
+	e := newUCEdgeCfg(t, map[string][]domain.AdapterConfig{
+		"a": {ucExecAdapter("exec", 2, "cat")},
+		"b": {ucExecAdapter("exec", 8, "upper")},
+	})
+	e.links["a"].mu.Lock()
+	e.links["a"].refuse = &domain.ErrorInfo{Code: domain.CodeAtCapacity, Message: `adapter "exec" is running 2 of 2 runs`}
+	e.links["a"].mu.Unlock()
+	_, err := e.submit.Handle(context.Background(), edge.SubmitRun{Adapter: "exec", Target: "cat"})
+	if ucCode(err) != domain.CodeAtCapacity {
+		t.Fatalf("run of cat with a full: %v, want a's at_capacity", err)
+	}
+	if started, _, _, _, _, _ := e.links["b"].snapshot(); len(started) != 0 {
+		t.Fatalf("b, which has no target cat, was sent %d runs", len(started))
+	}
+}

@@ -350,10 +350,12 @@ var errNoOtherNode = errors.New("no other node to try the run on")
 // session's run, whose node is its session's, then has none), and after an
 // at_capacity refusal (needFree) only a node with a free slot of adapter,
 // as the edge counts them — a node as full as the one that refused would
-// refuse alike. errNoOtherNode if there is none.
+// refuse alike — and only one whose adapter serves target (offersTarget):
+// one that does not would turn the caller's at_capacity into
+// target_not_found. errNoOtherNode if there is none.
 func (r *Registry) pickElsewhere(p domain.Principal, adapter, target, session string, tried map[string]bool, needFree bool) (NodeView, func(), error) {
 	return r.pickForRun(p, "", adapter, target, session, func(n *LiveNode) bool {
-		return !tried[n.ID] && (!needFree || n.freeSlots(adapter) > 0)
+		return !tried[n.ID] && (!needFree || n.freeSlots(adapter) > 0) && n.offersTarget(adapter, target)
 	})
 }
 
