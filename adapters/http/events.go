@@ -16,8 +16,10 @@ import (
 const eventBuffer = 1024
 
 // Caps on live event feeds (Server.MaxSubscriptions,
-// MaxSubscriptionsPerKey): each holds an eventBuffer-deep buffer (~120 KiB)
-// and costs the edge the filtering and JSON encoding of every event it is
+// MaxSubscriptionsPerKey): each holds an eventBuffer-deep buffer (~120 KiB
+// of events, plus what their Run payloads point to: shared among feeds, but
+// a stalled feed keeps up to eventBuffer output chunks alive, megabytes of
+// exec output, until its write deadline ends it) and costs the edge the filtering and JSON encoding of every event it is
 // sent, so 2,048 feeds of one read key made every run cost the edge 72
 // times its CPU. 16 per key leaves room for a console open in many tabs
 // and a few tools; a keyless edge counts per client address instead.
