@@ -276,17 +276,12 @@ func secureClient(nc net.Conn, cfg *tls.Config) (net.Conn, error) {
 		if errors.As(err, &te) {
 			return nil, te
 		}
+		// A node's configs (NewClientTLS) verify the edge themselves and
+		// fail with a TrustError above; crypto/tls's own verification is
+		// reached only by a config built elsewhere, and is a trust failure
+		// all the same.
 		var cv *tls.CertificateVerificationError
 		if errors.As(err, &cv) {
-			if certs := cv.UnverifiedCertificates; len(certs) > 0 {
-				inter := x509.NewCertPool()
-				for _, c := range certs[1:] {
-					inter.AddCert(c)
-				}
-				if onlyTime(cv.Err, certs, x509.VerifyOptions{Roots: cfg.RootCAs, Intermediates: inter, DNSName: cfg.ServerName}) {
-					return nil, &TrustError{Err: &ValidityError{Err: err}}
-				}
-			}
 			return nil, &TrustError{Err: err}
 		}
 		return nil, plaintextHint(cfg, fmt.Errorf("tls handshake: %w", err))
