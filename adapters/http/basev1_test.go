@@ -74,7 +74,9 @@ func TestABaseURLWithoutV1IsNamed(t *testing.T) {
 	}{
 		{"POST", "/responses", bearer, []string{`"type":"invalid_request_error"`, "this edge serves /v1/responses;", "with /v1"}},
 		{"GET", "/models", bearer, []string{`"type":"invalid_request_error"`, "this edge serves /v1/models;"}},
-		{"POST", "/v1/v1/chat/completions", bearer, []string{`"type":"invalid_request_error"`, "this edge serves /v1/chat/completions;"}},
+		{"POST", "/v1/v1/chat/completions", bearer, []string{`"type":"invalid_request_error"`, "this edge serves /v1/chat/completions;", "with /v1 once"}},
+		{"POST", "/messages", []string{"X-Api-Key", "inference-key-0123456789", "Anthropic-Version", "2023-06-01"},
+			[]string{`{"type":"error"`, `"type":"not_found_error"`, "this edge serves /v1/messages (the path lacks /v1)"}},
 		{"POST", "/v1/v1/messages?beta=true", []string{"X-Api-Key", "inference-key-0123456789", "Anthropic-Version", "2023-06-01"},
 			[]string{`{"type":"error"`, `"type":"not_found_error"`, "this edge serves /v1/messages; Anthropic SDKs and Claude Code take its URL without /v1 (http://host:port)"}},
 		{"GET", "/runs", bearer, []string{`{"error":{"code":"not_found","message":"no route for GET /runs"}}`}},

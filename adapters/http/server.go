@@ -487,10 +487,16 @@ func unroutedHint(w http.ResponseWriter, r *http.Request, h http.Handler, d Dial
 		return
 	}
 	msg := fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)
+	anthropic := v1 == "/v1/messages" || strings.HasPrefix(v1, "/v1/messages/")
+	twice := strings.HasPrefix(r.URL.Path, "/v1/v1/")
 	switch {
 	case v1 == "":
-	case v1 == "/v1/messages" || strings.HasPrefix(v1, "/v1/messages/"):
+	case anthropic && twice:
 		msg += fmt.Sprintf(": this edge serves %s; Anthropic SDKs and Claude Code take its URL without /v1 (http://host:port)", v1)
+	case anthropic:
+		msg += fmt.Sprintf(": this edge serves %s (the path lacks /v1)", v1)
+	case twice:
+		msg += fmt.Sprintf(": this edge serves %s; OpenAI SDKs and Codex take its URL with /v1 once (http://host:port/v1)", v1)
 	default:
 		msg += fmt.Sprintf(": this edge serves %s; OpenAI SDKs and Codex take its URL with /v1 (http://host:port/v1)", v1)
 	}
