@@ -126,7 +126,7 @@ func (k APIKeyEntry) ResolveKeyHash() ([sha256.Size]byte, error) {
 	case k.KeySHA256 != "" && k.KeyEnv != "":
 		return sum, errors.New("set only one of key_sha256 and key_env")
 	case k.KeySHA256 != "":
-		b, err := hex.DecodeString(strings.TrimPrefix(strings.ToLower(k.KeySHA256), "sha256:"))
+		b, err := hex.DecodeString(trimSHA256Prefix(k.KeySHA256))
 		if err != nil || len(b) != sha256.Size {
 			return sum, errors.New("key_sha256 must be 64 hex digits (the SHA-256 of the key, e.g. printf %s KEY | sha256sum)")
 		}
@@ -337,12 +337,8 @@ func parseEdge(name string, data []byte, resolveEnv bool) (*EdgeConfig, error) {
 	c.resolvePaths(name)
 	c.SetDefaults()
 	c.resolveStore(name)
-	// token_sha256 takes the "sha256:" prefix key_sha256 takes (written
-	// one way in one place and refused in the other was a trap).
 	for i := range c.Nodes {
-		if h := c.Nodes[i].TokenSHA256; len(h) > 7 && strings.EqualFold(h[:7], "sha256:") {
-			c.Nodes[i].TokenSHA256 = h[7:]
-		}
+		c.Nodes[i].TokenSHA256 = trimSHA256Prefix(c.Nodes[i].TokenSHA256)
 	}
 	if err := c.validate(resolveEnv); err != nil {
 		return nil, locate(name, indexLines(data), err, nil, true)
@@ -619,6 +615,15 @@ func parseTokenSHA256(s string) ([32]byte, error) {
 	}
 	copy(d[:], b)
 	return d, nil
+}
+
+// trimSHA256Prefix drops a "sha256:" prefix (either case) from a digest:
+// key_sha256 and token_sha256 both take one.
+func trimSHA256Prefix(h string) string {
+	if len(h) > 7 && strings.EqualFold(h[:7], "sha256:") {
+		return h[7:]
+	}
+	return h
 }
 
 // TokenHash is what iop-edge hash-token prints: the hex SHA-256 of token,
