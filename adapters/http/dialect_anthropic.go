@@ -18,8 +18,8 @@ import (
 // "moved": it is not the caller's key that is wrong). A refused key (401,
 // 403) says "x-should-retry: false", as Anthropic's API does: Claude Code
 // retries a 401 without it (ten times, backing off, for minutes) before it
-// reports the key, and the SDKs follow the header over their own rules. Like every answer of Anthropic's API it carries
-// a request id (req_…) as its request-id header and as "request_id" in the
+// reports the key, and the SDKs follow the header over their own rules.
+// Like every answer of Anthropic's API it carries a request id (req_…) as its request-id header and as "request_id" in the
 // body; the access log names it.
 func DialectAnthropic(w http.ResponseWriter, status int, code, message string) {
 	typ := "authentication_error"

@@ -133,7 +133,7 @@ func (ob *runObservation) noRetry() {
 
 // settled counts the end of a run the edge let go of when its link broke
 // (RunHandle.lose), learned later from its node: r is its final record,
-// which the caller records in the history. Its duration is took, the span
+// which the caller records in the history. Its duration is `took`, the span
 // the node reports by its own clock (below zero: unknown, and the run is
 // taken to have lasted until now), never more than the time since the edge
 // dispatched it: the node's end is on the node's clock, and measured

@@ -133,8 +133,8 @@ func (h *RegisterHandler) reject(node, remote string, err error) (domain.NodeCon
 
 // Disconnected removes a node from the live registry and reports it. A
 // node that said it was stopping on that link (Registry.MarkStopping; a
-// reload's drain mark is no such word) left as it
-// meant to: its reason says so, and it is logged at info, not as a fault
+// reload's drain mark is no such word) left as it meant to: its reason
+// says so, and it is logged at info, not as a fault
 // (a routine restart read "peer closed the connection: EOF", at warn, as
 // a crash did).
 func (h *RegisterHandler) Disconnected(nodeID string, link ports.NodeLink, reason string) {

@@ -47,6 +47,9 @@ func successResult() []byte { return []byte(`{"status":"success"}`) }
 // provider_error, or provider_unreachable. A cancelled ctx returns
 // ctx.Err(); a failing progress callback aborts the pull and returns its
 // error.
+// queryPaths are the Ollama endpoints of the commands that only read.
+var queryPaths = map[string]string{CmdVersion: "/api/version", CmdList: "/api/tags", CmdPS: "/api/ps"}
+
 func (a *Adapter) RunCommand(ctx context.Context, name string, args []byte, progress func(json []byte) error) ([]byte, error) {
 	switch name {
 	case CmdVersion, CmdList, CmdPS:
@@ -56,14 +59,7 @@ func (a *Adapter) RunCommand(ctx context.Context, name string, args []byte, prog
 		if _, err := commandBody(name, args); err != nil {
 			return nil, err
 		}
-		switch name {
-		case CmdVersion:
-			return a.call(ctx, http.MethodGet, "/api/version", nil)
-		case CmdList:
-			return a.call(ctx, http.MethodGet, "/api/tags", nil)
-		default:
-			return a.call(ctx, http.MethodGet, "/api/ps", nil)
-		}
+		return a.call(ctx, http.MethodGet, queryPaths[name], nil)
 	case CmdShow, CmdDelete, CmdPull:
 		body, err := commandBody(name, args, "model")
 		if err != nil {

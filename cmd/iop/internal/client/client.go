@@ -117,9 +117,6 @@ func tlsHint(err error) string {
 	return ""
 }
 
-// httpsOnlyAnswer is what Go's HTTPS server answers a plaintext request.
-const httpsOnlyAnswer = "Client sent an HTTP request to an HTTPS server."
-
 func (e *ConnError) Unwrap() error { return e.Err }
 
 // TimeoutError means the edge took the request but did not answer within
@@ -399,6 +396,9 @@ func foreignError(resp *http.Response, body []byte) *APIError {
 
 // foreignSnippet bounds how much of a body that is not the API's is shown.
 const foreignSnippet = 200
+
+// httpsOnlyAnswer is what Go's HTTPS server answers a plaintext request.
+const httpsOnlyAnswer = "Client sent an HTTP request to an HTTPS server."
 
 // foreignAnswer describes an error answer that is not the API's JSON: its
 // status, the URL (without a password) and content type, and the start of
