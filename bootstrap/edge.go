@@ -41,7 +41,6 @@ type EdgeSettings struct {
 type fileSource struct {
 	path    string
 	running *config.EdgeConfig
-	log     *slog.Logger
 }
 
 func (f fileSource) LoadNodes() ([]domain.NodeRecord, []string, error) {
@@ -55,9 +54,6 @@ func (f fileSource) LoadNodes() ([]domain.NodeRecord, []string, error) {
 	if err := cfg.CheckSampleTokens(f.running.Transport.Listen); err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", f.path, err)
 	}
-	// The running keys stay (api_keys take a restart): one limited to a
-	// node this file renames or removes reaches that node no more.
-	warnUnknownKeyNodes(f.log, f.running.HTTP.APIKeys, cfg.Nodes)
 	return cfg.Records(), f.running.RestartKeys(cfg), nil
 }
 
@@ -73,8 +69,8 @@ func Edge(s EdgeSettings) fx.Option {
 			func(s EdgeSettings) *config.Directory { return config.NewDirectory(s.Config.Records()) },
 			fx.Annotate(func(d *config.Directory) *config.Directory { return d }, fx.As(new(ports.NodeDirectory))),
 			fx.Annotate(func(d *config.Directory) *config.Directory { return d }, fx.As(new(edgeapp.Directory))),
-			fx.Annotate(func(s EdgeSettings, log *slog.Logger) fileSource {
-				return fileSource{path: s.ConfigPath, running: s.Config, log: log}
+			fx.Annotate(func(s EdgeSettings) fileSource {
+				return fileSource{path: s.ConfigPath, running: s.Config}
 			}, fx.As(new(ports.NodeSource))),
 			func() *eventbus.Bus { return eventbus.New() },
 			fx.Annotate(func(b *eventbus.Bus) *eventbus.Bus { return b }, fx.As(new(ports.EventPublisher))),
@@ -135,9 +131,21 @@ func Edge(s EdgeSettings) fx.Option {
 			edgeapp.NewGetRunHandler,
 			edgeapp.NewListRunsHandler,
 			edgeapp.NewListNodesHandler,
-			func(src ports.NodeSource, dir edgeapp.Directory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, rc *edgeapp.HistoryReconciler) *edgeapp.ReloadHandler {
+			func(s EdgeSettings, src ports.NodeSource, dir edgeapp.Directory, reg *edgeapp.Registry, bus ports.EventPublisher, v *edgeapp.ConfigVersions, log *slog.Logger, rc *edgeapp.HistoryReconciler) *edgeapp.ReloadHandler {
 				h := edgeapp.NewReloadHandler(src, dir, reg, bus, v, log)
 				h.Reconcile = rc
+				// The running keys stay (api_keys take a restart): one
+				// limited to a node the reload renames or removes reaches
+				// that node no more. Said once the reload is accepted, for
+				// SIGHUP and POST /v1/admin/reload alike: a refused one
+				// leaves the nodes listed as they were.
+				h.Accepted = func(recs []domain.NodeRecord) {
+					ids := make([]string, len(recs))
+					for i, r := range recs {
+						ids[i] = r.ID
+					}
+					warnUnknownKeyNodes(log, s.Config.HTTP.APIKeys, ids)
+				}
 				return h
 			},
 			func() ports.ModelLister { return models.Lists{} },
@@ -199,7 +207,7 @@ func newHTTPServer(lc fx.Lifecycle, s EdgeSettings, log *slog.Logger, bus *event
 	for _, k := range hc.ResolvedKeys() {
 		deps.APIKeys = append(deps.APIKeys, httpapi.APIKey{SHA256: k.SHA256, Principal: k.Principal})
 	}
-	warnUnknownKeyNodes(log, s.Config.HTTP.APIKeys, s.Config.Nodes)
+	warnUnknownKeyNodes(log, s.Config.HTTP.APIKeys, nodeIDs(s.Config.Nodes))
 	if len(deps.APIKeys) == 0 && hc.AllowUnauthenticated {
 		log.Warn("http api has no api_keys and http.allow_unauthenticated is set: anyone who reaches it may run work on every node, read every run and reload the config",
 			"listen", hc.Listen)
@@ -376,11 +384,11 @@ func adminKeys(hc config.HTTPConfig) func(string) bool {
 // without its node, every request of it answered as if the node were not
 // connected, and nothing said why. It is a warning, not a refusal: a
 // reload may add the node later (api_keys are read at start only). A
-// reload warns too, of the nodes its file no longer lists.
-func warnUnknownKeyNodes(log *slog.Logger, keys []config.APIKeyEntry, nodes []config.NodeEntry) {
+// reload, once accepted, warns too, of the nodes its file no longer lists.
+func warnUnknownKeyNodes(log *slog.Logger, keys []config.APIKeyEntry, nodes []string) {
 	known := make(map[string]bool, len(nodes))
-	for _, n := range nodes {
-		known[n.ID] = true
+	for _, id := range nodes {
+		known[id] = true
 	}
 	for _, k := range keys {
 		for _, id := range k.Nodes {
@@ -390,4 +398,12 @@ func warnUnknownKeyNodes(log *slog.Logger, keys []config.APIKeyEntry, nodes []co
 			}
 		}
 	}
+}
+
+func nodeIDs(nodes []config.NodeEntry) []string {
+	ids := make([]string, len(nodes))
+	for i, n := range nodes {
+		ids[i] = n.ID
+	}
+	return ids
 }

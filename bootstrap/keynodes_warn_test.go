@@ -13,7 +13,9 @@ import (
 
 	"iop/adapters/config"
 	"iop/bootstrap"
+	"iop/domain"
 	"iop/internal/lockedbuf"
+	"iop/ports"
 )
 
 const warnKeyNode = "an API key is limited to a node that nodes[] does not list"
@@ -92,5 +94,64 @@ nodes:
 	reload()
 	if logs := e.logs.String(); strings.Count(logs, warnKeyNode) != 1 || !strings.Contains(logs, "key=app node=gpu-1") {
 		t.Fatalf("a reload renaming gpu-1 to gpu-2 did not warn once of key app, limited to gpu-1:\n%s", logs)
+	}
+}
+
+// refusingSource reads the file as the edge does (its checks, and what
+// it used to warn of), then adds a node whose config does not build: the
+// reload is refused after the source was read (a config error of a node,
+// checked for any source), and the old nodes stay in force.
+type refusingSource struct{ ports.NodeSource }
+
+func (s refusingSource) LoadNodes() ([]domain.NodeRecord, []string, error) {
+	recs, restart, err := s.NodeSource.LoadNodes()
+	return append(recs, domain.NodeRecord{ID: "bad", Adapters: []domain.AdapterConfig{{Name: "a"}}}), restart, err
+}
+
+// A refused reload does not warn of a key limited to a node its file no
+// longer lists: the old config, which lists it, stays in force, and the
+// key still reaches it. It used to warn as the file was read, before the
+// reload was refused.
+func TestRefusedReloadDoesNotWarnOfAKeyLimitedToANodeItWouldRemove(t *testing.T) {
+	e := &fileEdge{link: freeAddr(t), http: freeAddr(t), logs: &lockedbuf.Buffer{}}
+	e.path = filepath.Join(t.TempDir(), "edge.yaml")
+	file := `
+transport: {listen: "{{link}}"}
+http:
+  listen: "{{http}}"
+  api_keys:
+    - {name: app, key_sha256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", scopes: [inference], nodes: [gpu-1]}
+    - {name: ops, key_sha256: "b3f35f84350d38edde79de6e254fdaac13a540b46c29f6d7dd2ffe9e7065cfd6", scopes: [admin]}
+nodes:
+  - {id: gpu-1, token: aaaaaaaa}
+`
+	e.write(t, file)
+	cfg, err := config.LoadEdge(e.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fxtest.New(t, bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, ConfigPath: e.path, Logger: slog.New(slog.NewTextHandler(e.logs, nil))}),
+		fx.Decorate(func(src ports.NodeSource) ports.NodeSource { return refusingSource{src} }), fx.NopLogger)
+	app.RequireStart()
+	t.Cleanup(app.RequireStop)
+
+	e.write(t, strings.Replace(file, "{id: gpu-1,", "{id: gpu-2,", 1))
+	req, _ := http.NewRequest("POST", "http://"+e.http+"/v1/admin/reload", nil)
+	req.Header.Set("Authorization", "Bearer ops-key-for-the-reload")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK || !strings.Contains(string(body), "config_error") {
+		t.Fatalf("the reload was not refused as a config error: %d %s", resp.StatusCode, body)
+	}
+	logs := e.logs.String()
+	if !strings.Contains(logs, "reload rejected; old config stays in force") {
+		t.Fatalf("the reload was not refused for its node's config:\n%s", logs)
+	}
+	if strings.Contains(logs, warnKeyNode) {
+		t.Errorf("a refused reload warned of a key limited to a node the config in force still lists:\n%s", logs)
 	}
 }

@@ -42,6 +42,12 @@ type ReloadHandler struct {
 	// reload removes (NodeRemoved): refused from then on, they never
 	// register again to settle them.
 	Reconcile *HistoryReconciler
+	// Accepted, if set, is called with the records of each reload once the
+	// directory holds them, one reload at a time. A refused reload (the
+	// source unreadable, a node's config not building) does not call it:
+	// the old records stay in force, so what is said of the new ones
+	// (a key limited to a node they no longer list) would not be true.
+	Accepted func([]domain.NodeRecord)
 }
 
 // reloadPushes bounds the config pushes one reload has in flight at once.
@@ -191,6 +197,9 @@ func (h *ReloadHandler) Handle(ctx context.Context) (ReloadResult, error) {
 	if len(res.NeedsRestart) > 0 {
 		h.log.Warn("config changes outside nodes[] take effect only after a restart; until then the edge keeps the settings it started with",
 			"needs_restart", res.NeedsRestart)
+	}
+	if h.Accepted != nil {
+		h.Accepted(recs)
 	}
 	return res, nil
 }
