@@ -56,12 +56,8 @@ nodes:
 	}
 }
 
-// A reload that renames or removes a node an API key is limited to warns
-// as the start does: the key, read at start, keeps its limit and reaches
-// that node no more. It used to say nothing, the key's requests answered
-// as if the node were not connected.
-func TestReloadWarnsOfAKeyLimitedToANodeItRemoves(t *testing.T) {
-	file := `
+// keyOnGPU1File lists gpu-1 and an API key (app) limited to it.
+const keyOnGPU1File = `
 transport: {listen: "{{link}}"}
 http:
   listen: "{{http}}"
@@ -71,19 +67,18 @@ http:
 nodes:
   - {id: gpu-1, token: aaaaaaaa}
 `
+
+// A reload that renames or removes a node an API key is limited to warns
+// as the start does: the key, read at start, keeps its limit and reaches
+// that node no more. It used to say nothing, the key's requests answered
+// as if the node were not connected.
+func TestReloadWarnsOfAKeyLimitedToANodeItRemoves(t *testing.T) {
+	file := keyOnGPU1File
 	e := startFileEdge(t, file)
 	reload := func() {
 		t.Helper()
-		req, _ := http.NewRequest("POST", "http://"+e.http+"/v1/admin/reload", nil)
-		req.Header.Set("Authorization", "Bearer ops-key-for-the-reload")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("reload: %d %s", resp.StatusCode, body)
+		if code, body := adminReload(t, e); code != http.StatusOK {
+			t.Fatalf("reload: %d %s", code, body)
 		}
 	}
 	reload()
@@ -113,39 +108,12 @@ func (s refusingSource) LoadNodes() ([]domain.NodeRecord, []string, error) {
 // key still reaches it. It used to warn as the file was read, before the
 // reload was refused.
 func TestRefusedReloadDoesNotWarnOfAKeyLimitedToANodeItWouldRemove(t *testing.T) {
-	e := &fileEdge{link: freeAddr(t), http: freeAddr(t), logs: &lockedbuf.Buffer{}}
-	e.path = filepath.Join(t.TempDir(), "edge.yaml")
-	file := `
-transport: {listen: "{{link}}"}
-http:
-  listen: "{{http}}"
-  api_keys:
-    - {name: app, key_sha256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", scopes: [inference], nodes: [gpu-1]}
-    - {name: ops, key_sha256: "b3f35f84350d38edde79de6e254fdaac13a540b46c29f6d7dd2ffe9e7065cfd6", scopes: [admin]}
-nodes:
-  - {id: gpu-1, token: aaaaaaaa}
-`
-	e.write(t, file)
-	cfg, err := config.LoadEdge(e.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := fxtest.New(t, bootstrap.Edge(bootstrap.EdgeSettings{Config: cfg, ConfigPath: e.path, Logger: slog.New(slog.NewTextHandler(e.logs, nil))}),
-		fx.Decorate(func(src ports.NodeSource) ports.NodeSource { return refusingSource{src} }), fx.NopLogger)
-	app.RequireStart()
-	t.Cleanup(app.RequireStop)
-
+	file := keyOnGPU1File
+	e := startFileEdge(t, file, fx.Decorate(func(src ports.NodeSource) ports.NodeSource { return refusingSource{src} }))
 	e.write(t, strings.Replace(file, "{id: gpu-1,", "{id: gpu-2,", 1))
-	req, _ := http.NewRequest("POST", "http://"+e.http+"/v1/admin/reload", nil)
-	req.Header.Set("Authorization", "Bearer ops-key-for-the-reload")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode == http.StatusOK || !strings.Contains(string(body), "config_error") {
-		t.Fatalf("the reload was not refused as a config error: %d %s", resp.StatusCode, body)
+	code, body := adminReload(t, e)
+	if code == http.StatusOK || !strings.Contains(string(body), "config_error") {
+		t.Fatalf("the reload was not refused as a config error: %d %s", code, body)
 	}
 	logs := e.logs.String()
 	if !strings.Contains(logs, "reload rejected; old config stays in force") {
@@ -154,4 +122,19 @@ nodes:
 	if strings.Contains(logs, warnKeyNode) {
 		t.Errorf("a refused reload warned of a key limited to a node the config in force still lists:\n%s", logs)
 	}
+}
+
+// adminReload asks e to reload its file, with the admin key of the files
+// above, and returns the answer's status and body.
+func adminReload(t *testing.T, e *fileEdge) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", "http://"+e.http+"/v1/admin/reload", nil)
+	req.Header.Set("Authorization", "Bearer ops-key-for-the-reload")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, body
 }

@@ -31,7 +31,7 @@ type fileEdge struct {
 
 // startFileEdge writes file to an edge.yaml, with {{link}} and {{http}} replaced
 // by free addresses, and starts an edge on it.
-func startFileEdge(t *testing.T, file string) *fileEdge {
+func startFileEdge(t *testing.T, file string, opts ...fx.Option) *fileEdge {
 	t.Helper()
 	e := &fileEdge{link: freeAddr(t), http: freeAddr(t), logs: &lockedbuf.Buffer{}}
 	e.path = filepath.Join(t.TempDir(), "edge.yaml")
@@ -41,7 +41,7 @@ func startFileEdge(t *testing.T, file string) *fileEdge {
 		t.Fatal(err)
 	}
 	e.settings = bootstrap.EdgeSettings{Config: cfg, ConfigPath: e.path, Logger: slog.New(slog.NewTextHandler(e.logs, nil))}
-	app := fxtest.New(t, bootstrap.Edge(e.settings), fx.NopLogger)
+	app := fxtest.New(t, append([]fx.Option{bootstrap.Edge(e.settings), fx.NopLogger}, opts...)...)
 	app.RequireStart()
 	t.Cleanup(app.RequireStop)
 	return e
