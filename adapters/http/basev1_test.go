@@ -4,18 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"iop/adapters/eventbus"
 	httpapi "iop/adapters/http"
-	"iop/application/edge"
 	"iop/domain"
 )
 
@@ -27,19 +23,10 @@ import (
 // /chat/completions" in the iop API's shape. The iop API's own routes and
 // paths no route takes keep the plain 404.
 func TestABaseURLWithoutV1IsNamed(t *testing.T) {
-	reg, bus := edge.NewRegistry(), eventbus.New()
-	defer bus.Close()
-	tracker := edge.NewRunTracker(0)
-	cmds := edge.NewNodeCommandHandler(reg)
-	api := httpapi.New(httpapi.Deps{
-		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
-		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
-		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
-		APIKeys: []httpapi.APIKey{apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference, domain.ScopeRead)},
-		OpenAI:  http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(299) }),
-	}, "127.0.0.1:0", nil)
-	srv := httptest.NewServer(api.Handler())
-	defer srv.Close()
+	e := newEnvWithDeps(t, []httpapi.APIKey{apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference, domain.ScopeRead)}, func(_ *env, d *httpapi.Deps) {
+		d.OpenAI = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(299) })
+	})
+	srv := e.srv
 
 	// The official OpenAI client, its base URL without /v1.
 	client := openai.NewClient(option.WithBaseURL(srv.URL), option.WithAPIKey("inference-key-0123456789"), option.WithMaxRetries(0))
@@ -54,17 +41,7 @@ func TestABaseURLWithoutV1IsNamed(t *testing.T) {
 	}
 
 	do := func(method, path string, hdr ...string) (int, string) {
-		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(`{"model":"m"}`))
-		for i := 0; i+1 < len(hdr); i += 2 {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return e.call(method, path, `{"model":"m"}`, hdr...)
 	}
 	bearer := []string{"Authorization", "Bearer inference-key-0123456789"}
 	for _, c := range []struct {

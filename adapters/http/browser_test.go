@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"iop/adapters/eventbus"
 	httpapi "iop/adapters/http"
 	"iop/application/edge"
 	"iop/domain"
@@ -151,19 +150,8 @@ func TestForeignHostServedWithKeys(t *testing.T) {
 // serves whatever name its network calls it by; only the cross-origin
 // check stands there.
 func TestForeignHostServedOnUnauthenticatedNetworkEdge(t *testing.T) {
-	reg, bus := edge.NewRegistry(), eventbus.New()
-	defer bus.Close()
-	tracker := edge.NewRunTracker(0)
-	cmds := edge.NewNodeCommandHandler(reg)
-	submit := edge.NewSubmitRunHandler(reg, tracker, bus, nil)
-	defer submit.Stop()
-	api := httpapi.New(httpapi.Deps{
-		Registry: reg, Submit: submit, Cancel: edge.NewCancelRunHandler(reg, tracker),
-		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
-		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
-	}, "0.0.0.0:7701", nil)
-	srv := httptest.NewServer(api.Handler())
-	defer srv.Close()
+	e := newEnvWithDeps(t, nil, func(e *env, _ *httpapi.Deps) { e.listen = "0.0.0.0:7701" })
+	srv := e.srv
 	req, _ := http.NewRequest("GET", srv.URL+"/v1/nodes", nil)
 	req.Host = "gpu-edge.lan:7701"
 	resp, err := srv.Client().Do(req)
@@ -176,22 +164,14 @@ func TestForeignHostServedOnUnauthenticatedNetworkEdge(t *testing.T) {
 // The passthrough surfaces refuse a cross-site POST before it reaches a
 // provider (spending its key), in their clients' dialect.
 func TestCrossSitePostRefusedOnPassthroughSurfaces(t *testing.T) {
-	reg, bus := edge.NewRegistry(), eventbus.New()
-	defer bus.Close()
-	tracker := edge.NewRunTracker(0)
-	cmds := edge.NewNodeCommandHandler(reg)
 	var reached atomic.Int32
-	api := httpapi.New(httpapi.Deps{
-		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
-		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
-		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
-		OpenAI: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	e := newEnvWithDeps(t, nil, func(_ *env, d *httpapi.Deps) {
+		d.OpenAI = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			reached.Add(1)
 			w.WriteHeader(299)
-		}),
-	}, "127.0.0.1:0", nil)
-	srv := httptest.NewServer(api.Handler())
-	defer srv.Close()
+		})
+	})
+	srv := e.srv
 	for path, want := range map[string]string{
 		"/v1/chat/completions": `"code":"cross_origin"`,
 		"/v1/messages":         `"type":"permission_error"`,
@@ -262,23 +242,16 @@ func TestMetricsOnlyListenerChecksHostOnLoopback(t *testing.T) {
 // cannot use the edge's write routes as same-origin. The iop routes' own
 // answers carry the same policy; the console keeps its own.
 func TestAnswersAreNotPagesOfTheEdgesOrigin(t *testing.T) {
-	reg, bus := edge.NewRegistry(), eventbus.New()
-	defer bus.Close()
-	tracker := edge.NewRunTracker(0)
-	cmds := edge.NewNodeCommandHandler(reg)
-	api := httpapi.New(httpapi.Deps{
-		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
-		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
-		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
-		OpenAI: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	e := newEnvWithDeps(t, nil, func(e *env, d *httpapi.Deps) {
+		e.listen = "127.0.0.1:7701"
+		d.OpenAI = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			// As a passthrough copies a provider's headers: appended.
 			w.Header().Add("Content-Type", "text/html; charset=utf-8")
 			w.Header().Add("Content-Security-Policy", "script-src 'unsafe-inline'")
 			io.WriteString(w, "<html><script>fetch('/v1/admin/reload',{method:'POST'})</script></html>")
-		}),
-	}, "127.0.0.1:7701", nil)
-	srv := httptest.NewServer(api.Handler())
-	defer srv.Close()
+		})
+	})
+	srv := e.srv
 	for _, path := range []string{"/api/version", "/v1/responses/resp_x", "/v1/nodes", "/no/such/route"} {
 		req, _ := http.NewRequest("GET", srv.URL+path, nil)
 		req.Host = "127.0.0.1:7701"

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -229,6 +230,13 @@ type env struct {
 	// dir is the edge's node directory (edge.yaml nodes[]); empty unless a
 	// test configures nodes.
 	dir *staticDir
+	// Set by newEnvWithDeps' extra, before the server is built: listen is
+	// the address the server takes itself to listen on (its Host checks
+	// follow it; "127.0.0.1:0" if unset), log its logger, accessLog whether
+	// it logs a line per request.
+	listen    string
+	log       *slog.Logger
+	accessLog bool
 }
 
 // staticDir is a node directory holding records a test sets.
@@ -301,7 +309,11 @@ func newEnvWithDeps(t *testing.T, keys []httpapi.APIKey, extra func(*env, *httpa
 	if extra != nil {
 		extra(e, &deps)
 	}
-	e.api = httpapi.New(deps, "127.0.0.1:0", nil)
+	if e.listen == "" {
+		e.listen = "127.0.0.1:0"
+	}
+	e.api = httpapi.New(deps, e.listen, e.log)
+	e.api.AccessLog = e.accessLog
 	e.api.KeepAlive = 50 * time.Millisecond
 	e.srv = httptest.NewServer(e.api.Handler())
 	t.Cleanup(func() {
@@ -350,6 +362,18 @@ func (e *env) doCtx(ctx context.Context, method, path, body string, header ...st
 		e.t.Fatal(err)
 	}
 	return resp
+}
+
+// call sends a request and returns the answer's status and body.
+func (e *env) call(method, path, body string, header ...string) (int, string) {
+	e.t.Helper()
+	resp := e.do(method, path, body, header...)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
 }
 
 // readJSON decodes the body and checks the status.

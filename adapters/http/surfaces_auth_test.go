@@ -5,15 +5,12 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
 
-	"iop/adapters/eventbus"
 	httpapi "iop/adapters/http"
 	openaiapi "iop/adapters/http/openai"
-	"iop/application/edge"
 	"iop/domain"
 )
 
@@ -21,35 +18,15 @@ import (
 // clients' dialect; Claude Code's x-api-key is a key like Bearer, and the
 // probe at / needs none.
 func TestPassthroughSurfacesBehindKeys(t *testing.T) {
-	reg, bus := edge.NewRegistry(), eventbus.New()
-	defer bus.Close()
-	tracker := edge.NewRunTracker(0)
-	cmds := edge.NewNodeCommandHandler(reg)
 	reached := 0
-	api := httpapi.New(httpapi.Deps{
-		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
-		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
-		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
-		APIKeys: []httpapi.APIKey{apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference)},
-		OpenAI: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	e := newEnvWithDeps(t, []httpapi.APIKey{apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference)}, func(_ *env, d *httpapi.Deps) {
+		d.OpenAI = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			reached++
 			w.WriteHeader(299)
-		}),
-	}, "127.0.0.1:0", nil)
-	srv := httptest.NewServer(api.Handler())
-	defer srv.Close()
+		})
+	})
 	do := func(method, path string, hdr ...string) (int, string) {
-		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(`{"model":"m"}`))
-		for i := 0; i+1 < len(hdr); i += 2 {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return e.call(method, path, `{"model":"m"}`, hdr...)
 	}
 
 	// Without a key: each surface's own error shape.
@@ -124,29 +101,19 @@ func TestPassthroughSurfacesBehindKeys(t *testing.T) {
 // line; a provider's own request-id on a relayed answer is kept and
 // logged alike.
 func TestAnthropicShapedAnswersCarryARequestID(t *testing.T) {
-	reg, bus := edge.NewRegistry(), eventbus.New()
-	defer bus.Close()
-	tracker := edge.NewRunTracker(0)
-	cmds := edge.NewNodeCommandHandler(reg)
 	buf := &lockedBuf{}
-	log := slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	api := httpapi.New(httpapi.Deps{
-		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
-		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
-		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
-		APIKeys: []httpapi.APIKey{apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference)},
-		OpenAI: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	e := newEnvWithDeps(t, []httpapi.APIKey{apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference)}, func(e *env, d *httpapi.Deps) {
+		e.log, e.accessLog = slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo})), true
+		d.OpenAI = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Query().Get("relay") != "" {
 				w.Header().Set("Request-Id", "req_fromTheProvider")
 				w.WriteHeader(200)
 				return
 			}
 			openaiapi.WriteError(w, r, http.StatusTooManyRequests, domain.CodeAtCapacity, "every slot is busy")
-		}),
-	}, "127.0.0.1:0", log)
-	api.AccessLog = true
-	srv := httptest.NewServer(api.Handler())
-	defer srv.Close()
+		})
+	})
+	srv := e.srv
 	shape := regexp.MustCompile(`^req_[0-9A-Za-z]{24}$`)
 	seen := map[string]bool{}
 	refusals := 0
@@ -228,21 +195,12 @@ func TestAnthropicShapedAnswersCarryARequestID(t *testing.T) {
 // authentication_error, OpenAI's invalid_api_key), which would send the
 // caller to check a key the edge accepted.
 func TestMovedPassthroughRequestsAreNotKeyErrors(t *testing.T) {
-	reg, bus := edge.NewRegistry(), eventbus.New()
-	defer bus.Close()
-	tracker := edge.NewRunTracker(0)
-	cmds := edge.NewNodeCommandHandler(reg)
-	api := httpapi.New(httpapi.Deps{
-		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
-		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
-		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
-		APIKeys: []httpapi.APIKey{apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference)},
-		OpenAI: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	e := newEnvWithDeps(t, []httpapi.APIKey{apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference)}, func(_ *env, d *httpapi.Deps) {
+		d.OpenAI = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			t.Error("a request on an unclean path reached the passthrough")
-		}),
-	}, "127.0.0.1:0", nil)
-	srv := httptest.NewServer(api.Handler())
-	defer srv.Close()
+		})
+	})
+	srv := e.srv
 	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	for _, c := range []struct {
 		path, loc string
@@ -293,31 +251,14 @@ func TestMovedPassthroughRequestsAreNotKeyErrors(t *testing.T) {
 // backing off for minutes, before it reports the key. A refusal that may
 // pass (a rate limit) and the OpenAI and iop shapes carry no such header.
 func TestAnthropicKeyRefusalsSayDoNotRetry(t *testing.T) {
-	reg, bus := edge.NewRegistry(), eventbus.New()
-	defer bus.Close()
-	tracker := edge.NewRunTracker(0)
-	cmds := edge.NewNodeCommandHandler(reg)
-	api := httpapi.New(httpapi.Deps{
-		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
-		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
-		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
-		APIKeys: []httpapi.APIKey{
-			apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference),
-			apiKey("read-only-key-0123456789", "viewer", nil, domain.ScopeRead),
-		},
-		OpenAI: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(299) }),
-	}, "127.0.0.1:0", nil)
-	srv := httptest.NewServer(api.Handler())
-	defer srv.Close()
+	e := newEnvWithDeps(t, []httpapi.APIKey{
+		apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference),
+		apiKey("read-only-key-0123456789", "viewer", nil, domain.ScopeRead),
+	}, func(_ *env, d *httpapi.Deps) {
+		d.OpenAI = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(299) })
+	})
 	do := func(path string, hdr ...string) *http.Response {
-		req, _ := http.NewRequest("POST", srv.URL+path, strings.NewReader(`{"model":"m"}`))
-		for i := 0; i+1 < len(hdr); i += 2 {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		resp := e.do("POST", path, `{"model":"m"}`, hdr...)
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		return resp
@@ -364,32 +305,22 @@ func TestAnthropicKeyRefusalsSayDoNotRetry(t *testing.T) {
 // a provider's own x-request-id on a relayed answer is kept and logged
 // alike.
 func TestOpenAIShapedAnswersCarryARequestID(t *testing.T) {
-	reg, bus := edge.NewRegistry(), eventbus.New()
-	defer bus.Close()
-	tracker := edge.NewRunTracker(0)
-	cmds := edge.NewNodeCommandHandler(reg)
 	buf := &lockedBuf{}
-	log := slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	api := httpapi.New(httpapi.Deps{
-		Registry: reg, Submit: edge.NewSubmitRunHandler(reg, tracker, bus, nil), Cancel: edge.NewCancelRunHandler(reg, tracker),
-		Terminate: edge.NewTerminateSessionHandler(reg), Commands: cmds, GetRun: edge.NewGetRunHandler(reg, tracker, cmds),
-		ListRuns: edge.NewListRunsHandler(reg, cmds), Events: bus,
-		APIKeys: []httpapi.APIKey{
-			apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference),
-			apiKey("read-only-key-0123456789", "viewer", nil, domain.ScopeRead),
-		},
-		OpenAI: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	e := newEnvWithDeps(t, []httpapi.APIKey{
+		apiKey("inference-key-0123456789", "agent", nil, domain.ScopeInference),
+		apiKey("read-only-key-0123456789", "viewer", nil, domain.ScopeRead),
+	}, func(e *env, d *httpapi.Deps) {
+		e.log, e.accessLog = slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo})), true
+		d.OpenAI = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Query().Get("relay") != "" {
 				w.Header().Set("X-Request-Id", "req_fromTheProvider")
 				w.WriteHeader(200)
 				return
 			}
 			openaiapi.WriteError(w, r, http.StatusServiceUnavailable, domain.CodeNoNodeAvailable, "no node")
-		}),
-	}, "127.0.0.1:0", log)
-	api.AccessLog = true
-	srv := httptest.NewServer(api.Handler())
-	defer srv.Close()
+		})
+	})
+	srv := e.srv
 	shape := regexp.MustCompile(`^req_[0-9A-Za-z]{24}$`)
 	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	seen, logs := map[string]bool{}, map[string]bool{}
