@@ -398,3 +398,40 @@ func TestReloadNamesSettingsThatNeedARestart(t *testing.T) {
 		t.Fatalf("Handle = %+v, %v; logs:\n%s", res, err, later)
 	}
 }
+
+// Accepted hears of a reload once its records are in force, and of no
+// reload refused: a source that cannot be read, or a node whose config
+// does not build, leaves the old records, and what is said of the new
+// ones (the edge warns of an API key limited to a node they no longer
+// list) would not be true.
+func TestReloadCallsAcceptedOnlyForAnAcceptedReload(t *testing.T) {
+	dir, reg, bus := &ucDir{recs: ucReloadRecords()}, edge.NewRegistry(), newUCBus()
+	src := &ucSource{}
+	h := edge.NewReloadHandler(src, dir, reg, bus, &edge.ConfigVersions{}, slog.New(slog.DiscardHandler))
+	var got [][]string
+	h.Accepted = func(recs []domain.NodeRecord) {
+		var ids []string
+		for _, r := range recs {
+			ids = append(ids, r.ID)
+		}
+		got = append(got, ids)
+	}
+	src.err = errors.New("edge.yaml: bad")
+	if _, err := h.Handle(context.Background()); err == nil {
+		t.Fatal("an unreadable source was accepted")
+	}
+	src.err, src.recs = nil, []domain.NodeRecord{{ID: "a", Token: ucTokA}, {ID: "bad", Token: ucTokB, Adapters: []domain.AdapterConfig{{Name: "x"}}}}
+	if _, err := h.Handle(context.Background()); domain.CodeOf(err) != domain.CodeConfigError {
+		t.Fatalf("a node whose config does not build: %v, want config_error", err)
+	}
+	if len(got) != 0 || dir.replacements() != 0 {
+		t.Fatalf("refused reloads: Accepted called with %v, directory replaced %d times", got, dir.replacements())
+	}
+	src.recs = ucReloadRecords()[:2]
+	if _, err := h.Handle(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || !slices.Equal(got[0], []string{"a", "b"}) || dir.replacements() != 1 {
+		t.Fatalf("an accepted reload: Accepted called with %v (want once, with a and b), directory replaced %d times", got, dir.replacements())
+	}
+}
