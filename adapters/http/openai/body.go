@@ -488,9 +488,11 @@ func (r *prefixReader) Read(b []byte) (int, error) {
 type keyGuard struct {
 	r    io.Reader
 	keys []string
-	seen []bool
+	// state holds, by index in keys, what the body said of each key.
+	state []keyState
 	// also, when set, is a key that may appear once; alsoSeen says it did.
 	also     []string
+	alsoOne  [1]string // also's backing array
 	alsoSeen bool
 
 	depth     int
@@ -506,11 +508,6 @@ type keyGuard struct {
 	inVal   bool // the string being read is that value
 	val     []byte
 	valLong bool
-	// What each routing key named: named (non-empty), its decoded value,
-	// odd when it could not be read (too long, bad escape).
-	named  []bool
-	odd    []bool
-	values []string
 
 	// err is the refusal, returned by every later Read: the prefix hands
 	// the rest of the body on to the relay, which must not read past it
@@ -519,12 +516,26 @@ type keyGuard struct {
 	err error
 }
 
+// keyState is what a body said of one routing key: seen (named as a key),
+// named (a non-empty value), its decoded value, odd when it could not be
+// read (too long, bad escape).
+type keyState struct {
+	seen, named, odd bool
+	value            string
+}
+
+// keyGuardBuf is the room a guard's key and value buffers start with, for
+// the keys and model names of most bodies: the guard runs on every request,
+// and buffers grown byte by byte would allocate several times each.
+const keyGuardBuf = 64
+
 func newKeyGuard(r io.Reader, keys []string, also string) *keyGuard {
-	n := len(keys)
-	g := &keyGuard{r: r, keys: keys, seen: make([]bool, n), valueOf: -1,
-		named: make([]bool, n), odd: make([]bool, n), values: make([]string, n)}
+	buf := make([]byte, 0, 2*keyGuardBuf)
+	g := &keyGuard{r: r, keys: keys, state: make([]keyState, len(keys)), valueOf: -1,
+		key: buf[:0:keyGuardBuf], val: buf[keyGuardBuf:keyGuardBuf]}
 	if also != "" {
-		g.also = []string{also}
+		g.alsoOne[0] = also
+		g.also = g.alsoOne[:]
 	}
 	return g
 }
@@ -618,10 +629,10 @@ func (g *keyGuard) keyDone() string {
 		}
 		return ""
 	}
-	if g.seen[i] {
+	if g.state[i].seen {
 		return g.keys[i]
 	}
-	g.seen[i], g.valueOf = true, i
+	g.state[i].seen, g.valueOf = true, i
 	return ""
 }
 
@@ -630,17 +641,39 @@ func (g *keyGuard) valueDone() error {
 	i := g.valueOf
 	g.valueOf = -1
 	var v string
-	ok := !g.valLong && json.Unmarshal(g.val, &v) == nil
+	ok := false
+	if !g.valLong {
+		if v, ok = plainJSONString(g.val); !ok {
+			ok = json.Unmarshal(g.val, &v) == nil
+		}
+	}
 	if ok && v == "" {
 		return nil // names nothing: the provider, like the scan, falls back to the other key
 	}
-	for j := range g.keys {
-		if j != i && g.named[j] && (!ok || g.odd[j] || g.values[j] != v) {
+	for j, st := range g.state {
+		if j != i && st.named && (!ok || st.odd || st.value != v) {
 			return fmt.Errorf("request body names different models in %q and %q", g.keys[j], g.keys[i])
 		}
 	}
-	g.named[i], g.odd[i], g.values[i] = true, !ok, v
+	g.state[i] = keyState{seen: true, named: true, odd: !ok, value: v}
 	return nil
+}
+
+// plainJSONString decodes the JSON string q (quotes included) when it is
+// printable ASCII without escapes, as most model names are, which needs no
+// decoder: its value is the bytes between the quotes. ok is false for any
+// other q, which json.Unmarshal decodes (or refuses).
+func plainJSONString(q []byte) (s string, ok bool) {
+	if len(q) < 2 || q[0] != '"' || q[len(q)-1] != '"' {
+		return "", false
+	}
+	in := q[1 : len(q)-1]
+	for _, c := range in {
+		if c < 0x20 || c >= 0x80 || c == '"' || c == '\\' {
+			return "", false
+		}
+	}
+	return string(in), true
 }
 
 // routingKey is the index in keys of the JSON object key raw (its bytes
@@ -649,13 +682,23 @@ func (g *keyGuard) valueDone() error {
 // field (Ollama's request binding, many servers): "MODEL", "Model" and
 // "mod\u0065l" all set the model there, and strings.EqualFold folds as
 // its foldName does (the Kelvin sign K is k, the long ſ is s).
+//
+// It runs for every top-level key of every request body, so a key with no
+// escape is matched as it is: its name does not escape, and the compiler
+// keeps the conversion off the heap (a key of up to 32 bytes).
 func routingKey(raw []byte, keys []string) int {
-	name := string(raw)
 	if bytes.IndexByte(raw, '\\') >= 0 {
+		var name string
 		if json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &name) != nil {
 			return -1 // not a valid key: the provider refuses the body
 		}
+		return foldIndex(name, keys)
 	}
+	return foldIndex(string(raw), keys)
+}
+
+// foldIndex is the index in keys of name, case folded, or -1.
+func foldIndex(name string, keys []string) int {
 	for i, k := range keys {
 		if strings.EqualFold(name, k) {
 			return i

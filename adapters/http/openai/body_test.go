@@ -2,6 +2,7 @@ package openaiapi
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -281,6 +282,22 @@ func BenchmarkScanJSONModel(b *testing.B) {
 	}
 }
 
+// BenchmarkKeyGuard passes a chat request body through the guard every
+// /v1/chat/completions and /v1/responses body goes through: it matches each
+// top-level key against the routing keys and the route's other key.
+func BenchmarkKeyGuard(b *testing.B) {
+	body := []byte(`{"model":"chat","stream":true,"stream_options":{"include_usage":true},"temperature":0.2,` +
+		`"messages":[{"role":"user","content":"hi"}],"max_tokens":64}`)
+	b.ReportAllocs()
+	r := bytes.NewReader(body)
+	for b.Loop() {
+		r.Reset(body)
+		if n, err := io.Copy(io.Discard, newKeyGuard(r, modelKeys, "previous_response_id")); err != nil || n != int64(len(body)) {
+			b.Fatal(n, err)
+		}
+	}
+}
+
 // relayed is what a prefix relays: the bytes read so far, then the rest.
 func relayed(p *prefix) []byte {
 	head, rest := p.body()
@@ -429,6 +446,24 @@ func TestFormGuard(t *testing.T) {
 			case c.err != "" && len(got) >= len(c.body):
 				t.Fatalf("%s (reads of %d): the whole body passed", c.name, chunk)
 			}
+		}
+	}
+}
+
+// TestPlainJSONString: the guard's shortcut for a model value decodes what
+// json.Unmarshal decodes, and leaves every string that needs the decoder
+// (escapes, non-ASCII, control bytes, a missing quote) to it.
+func TestPlainJSONString(t *testing.T) {
+	for _, q := range []string{`""`, `"chat"`, `"llama3.1:8b-instruct"`, `"a b/c~"`, "\"\x7f\""} {
+		got, ok := plainJSONString([]byte(q))
+		var want string
+		if err := json.Unmarshal([]byte(q), &want); err != nil || !ok || got != want {
+			t.Errorf("%s: plain %q %v, json %q %v", q, got, ok, want, err)
+		}
+	}
+	for _, q := range []string{`"mod\u0065l"`, `"a\"b"`, "\"caf\xc3\xa9\"", "\"\xff\"", "\"a\tb\"", `"open`, `x`, `"`, `chat"`} {
+		if got, ok := plainJSONString([]byte(q)); ok {
+			t.Errorf("%s: plain took it as %q", q, got)
 		}
 	}
 }
