@@ -174,23 +174,43 @@ type headerDrops struct {
 // would reject the whole frame) and is otherwise left out and counted in
 // d. A header whose name is not UTF-8 is left out whole (the name is a
 // string on the wire); no HTTP parser lets such a name through.
+//
+// Every tunnel request and response carries a header block, so the block
+// is built in four allocations whatever its size (the headers, their
+// pointers, the value slices and one buffer all values' bytes share)
+// rather than three per header and one per value; the block is only
+// marshaled, never changed.
 func headersToProto(h domain.Header, raw bool, d *headerDrops) []*ioppb.Header {
+	nv, nb := 0, 0
+	for _, vs := range h {
+		nv += len(vs)
+		for _, v := range vs {
+			nb += len(v)
+		}
+	}
 	out := make([]*ioppb.Header, 0, len(h))
+	hs := make([]ioppb.Header, len(h))
+	all := make([][]byte, 0, nv)
+	buf := make([]byte, 0, nb)
 	for k, vs := range h {
 		if !utf8.ValidString(k) {
 			d.note(strings.ToValidUTF8(k, "?"), max(len(vs), 1))
 			continue
 		}
-		values := make([][]byte, 0, len(vs))
+		first := len(all)
 		for _, v := range vs {
 			if !raw && !utf8.ValidString(v) {
 				d.note(k, 1)
 				continue
 			}
-			values = append(values, []byte(v))
+			start := len(buf)
+			buf = append(buf, v...)
+			all = append(all, buf[start:len(buf):len(buf)])
 		}
-		if len(values) > 0 || len(vs) == 0 {
-			out = append(out, &ioppb.Header{Name: k, Values: values})
+		if values := all[first:len(all):len(all)]; len(values) > 0 || len(vs) == 0 {
+			x := &hs[len(out)]
+			x.Name, x.Values = k, values
+			out = append(out, x)
 		}
 	}
 	return out
@@ -203,16 +223,40 @@ func (d *headerDrops) note(name string, n int) {
 	}
 }
 
+// headersToDomain reads a header block from the wire, names canonical.
+// Like headersToProto it allocates per block, not per header: the values
+// are slices of one string holding all their bytes, and the headers'
+// value lists share one backing array (each capped at its own length, so
+// appending to one copies it instead of overwriting the next).
 func headersToDomain(hs []*ioppb.Header) domain.Header {
+	nv, nb := 0, 0
+	for _, x := range hs {
+		nv += len(x.GetValues())
+		for _, v := range x.GetValues() {
+			nb += len(v)
+		}
+	}
+	var sb strings.Builder
+	sb.Grow(nb)
+	for _, x := range hs {
+		for _, v := range x.GetValues() {
+			sb.Write(v)
+		}
+	}
+	joined := sb.String()
+	all := make([]string, 0, nv)
 	h := make(domain.Header, len(hs))
+	off := 0
 	for _, x := range hs {
 		k := http.CanonicalHeaderKey(x.GetName())
-		vs := h[k]
-		if vs == nil {
-			vs = make([]string, 0, len(x.GetValues()))
-		}
+		first := len(all)
 		for _, v := range x.GetValues() {
-			vs = append(vs, string(v))
+			all = append(all, joined[off:off+len(v)])
+			off += len(v)
+		}
+		vs := all[first:len(all):len(all)]
+		if prev, ok := h[k]; ok {
+			vs = append(prev, vs...) // the same name twice (unlike case): prev is capped, so this copies
 		}
 		h[k] = vs
 	}

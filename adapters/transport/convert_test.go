@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
 	"reflect"
 	"strings"
 	"testing"
@@ -113,6 +114,57 @@ func TestHeadersCanonicalised(t *testing.T) {
 	h := headersToDomain([]*ioppb.Header{{Name: "content-type", Values: [][]byte{[]byte("a")}}, {Name: "Content-Type", Values: [][]byte{[]byte("b")}}})
 	if got := h["Content-Type"]; !reflect.DeepEqual(got, []string{"a", "b"}) {
 		t.Errorf("got %v", got)
+	}
+}
+
+// TestHeaderBlockRoundTrip: a header block goes to the wire and back whole
+// (empty values, several values, a header with none), and the values of
+// one header, which share their backing with the others', can be appended
+// to without changing another header.
+func TestHeaderBlockRoundTrip(t *testing.T) {
+	in := benchHeaders()
+	in["X-Empty"] = []string{""}
+	in["X-None"] = []string{}
+	var d headerDrops
+	out := headersToDomain(headersToProto(in, false, &d))
+	if d.values != 0 || !reflect.DeepEqual(out, in) {
+		t.Fatalf("got %v (dropped %+v), want %v", out, d, in)
+	}
+	want := append([]string(nil), out["Date"]...)
+	for k := range out {
+		out[k] = append(out[k], "appended")
+	}
+	if got := out["Date"]; !reflect.DeepEqual(got, append(want, "appended")) {
+		t.Errorf("Date after appending to every header: %q", got)
+	}
+	ps := headersToProto(in, false, &d)
+	ps[0].Values = append(ps[0].Values, []byte("appended"))
+	for _, x := range ps[1:] {
+		if !reflect.DeepEqual(headersToDomain([]*ioppb.Header{x})[http.CanonicalHeaderKey(x.Name)], in[x.Name]) {
+			t.Errorf("%s changed by appending to %s", x.Name, ps[0].Name)
+		}
+	}
+}
+
+// benchHeaders is a provider's response header block.
+func benchHeaders() domain.Header {
+	return domain.Header{
+		"Content-Type": {"text/event-stream; charset=utf-8"}, "Cache-Control": {"no-cache"},
+		"Date": {"Wed, 02 Dec 2026 16:40:52 GMT"}, "X-Request-Id": {"req_0123456789abcdef"},
+		"Openai-Processing-Ms": {"412"}, "Set-Cookie": {"a=1; Path=/", "b=2; Path=/"},
+		"Vary": {"Origin", "Accept-Encoding"},
+	}
+}
+
+// BenchmarkHeaderBlock is one tunnel header block, to the wire and back.
+func BenchmarkHeaderBlock(b *testing.B) {
+	h := benchHeaders()
+	b.ReportAllocs()
+	for b.Loop() {
+		var d headerDrops
+		if out := headersToDomain(headersToProto(h, false, &d)); len(out) != len(h) {
+			b.Fatal(out)
+		}
 	}
 }
 
