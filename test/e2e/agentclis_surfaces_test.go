@@ -158,21 +158,10 @@ func TestRealCodexShowsTheEdgesRequestID(t *testing.T) {
 	a := startAgentEdgeKeyed(t, ", models: [claude-standin]", ", models: [gpt-standin]", true)
 	env := agentcli.Codex(t, a.e.url, "gpt-standin")
 	env["STANDIN_API_KEY"] = "not-the-edge-key"
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "exec", "--skip-git-repo-check", "hello through the edge")
-	cmd.Env = env.List()
-	cmd.Dir = t.TempDir()
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	var exit *exec.ExitError
-	if ctx.Err() != nil || !errors.As(err, &exit) || exit.ExitCode() <= 0 {
-		t.Fatalf("codex exec with a refused key: %v (context %v)\n%s", err, ctx.Err(), out.String())
-	}
-	m := regexp.MustCompile(`401 Unauthorized: invalid API key, url: \S+, request id: (req_[0-9A-Za-z]{24})`).FindStringSubmatch(out.String())
+	out := codexExecFails(t, bin, env, "with a refused key")
+	m := regexp.MustCompile(`401 Unauthorized: invalid API key, url: \S+, request id: (req_[0-9A-Za-z]{24})`).FindStringSubmatch(out)
 	if m == nil {
-		t.Fatalf("codex did not report the refusal with the edge's request id:\n%s", out.String())
+		t.Fatalf("codex did not report the refusal with the edge's request id:\n%s", out)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(a.e.out.String(), "request_id="+m[1]) {
@@ -204,6 +193,15 @@ func TestRealCodexToldItsBaseURLLacksV1(t *testing.T) {
 	if err := os.WriteFile(config, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if out := codexExecFails(t, bin, env, "at a base URL without /v1"); !strings.Contains(out, "404 Not Found: no route for POST /responses: this edge serves /v1/responses; OpenAI SDKs and Codex take its URL with /v1") {
+		t.Fatalf("codex was not told where the route is:\n%s", out)
+	}
+}
+
+// codexExecFails runs the real Codex on one prompt with env, which must
+// make it exit non-zero on its own within a minute, and returns its output.
+func codexExecFails(t *testing.T, bin string, env agentcli.Env, what string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "exec", "--skip-git-repo-check", "hello through the edge")
@@ -211,12 +209,10 @@ func TestRealCodexToldItsBaseURLLacksV1(t *testing.T) {
 	cmd.Dir = t.TempDir()
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
+	err := cmd.Run()
 	var exit *exec.ExitError
 	if ctx.Err() != nil || !errors.As(err, &exit) || exit.ExitCode() <= 0 {
-		t.Fatalf("codex exec at a base URL without /v1: %v (context %v)\n%s", err, ctx.Err(), out.String())
+		t.Fatalf("codex exec %s: %v (context %v)\n%s", what, err, ctx.Err(), out.String())
 	}
-	if !strings.Contains(out.String(), "404 Not Found: no route for POST /responses: this edge serves /v1/responses; OpenAI SDKs and Codex take its URL with /v1") {
-		t.Fatalf("codex was not told where the route is:\n%s", out.String())
-	}
+	return out.String()
 }
