@@ -243,23 +243,33 @@ func TestTLSExpiredForgeryIsFatal(t *testing.T) {
 	}
 }
 
-func TestTLSCAFileVerifiesHostName(t *testing.T) {
-	m := edgeCA(t, "edge.example.test") // 127.0.0.1 is not in the certificate
-	caFile := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: m.CA().Raw}), 0o600); err != nil {
+// caFileNodeStops starts a TLS edge serving edge's certificate and a node
+// whose --ca-file (written to caFile) holds trusted's CA, and returns the
+// node once its Run has returned; it fails with hung if the node keeps
+// retrying instead.
+func caFileNodeStops(t *testing.T, edge, trusted *tlsca.Manager, caFile, hung string) (*runningClient, *fakeEdge) {
+	t.Helper()
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: trusted.CA().Raw}), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	e := newFakeEdge()
 	e.addNode(testToken, testNodeConfig())
-	srv := startServer(t, "", tlsServerConfig(m, nil), e)
+	srv := startServer(t, "", tlsServerConfig(edge, nil), e)
 	cc := ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}
 	cc.Transport.TLS = clientTLS(t, ClientTLS{CAFile: caFile}, cc.Addr)
 	c := startClient(t, cc, newFakeNode())
 	select {
 	case <-c.done:
 	case <-testCtx(t).Done():
-		t.Fatal("client kept retrying against a certificate for another host")
+		t.Fatal(hung)
 	}
+	return c, e
+}
+
+func TestTLSCAFileVerifiesHostName(t *testing.T) {
+	m := edgeCA(t, "edge.example.test") // 127.0.0.1 is not in the certificate
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	c, _ := caFileNodeStops(t, m, m, caFile, "client kept retrying against a certificate for another host")
 	var te *TrustError
 	if !errors.As(c.err, &te) || !strings.Contains(c.err.Error(), "transport.tls.hosts") || !strings.Contains(c.err.Error(), "mode files, the certificate in cert_file must name it") {
 		t.Fatalf("Run = %v, want a TrustError with the transport.tls.hosts hint (auto mode) and the cert_file one (files mode, where hosts is refused)", c.err)
@@ -678,20 +688,7 @@ func TestTimeHintTellsExpiredFromNotValidYet(t *testing.T) {
 func TestTLSCAFileOfAnotherCAIsFatalAndNamesTheFile(t *testing.T) {
 	m, other := edgeCA(t), edgeCA(t)
 	caFile := filepath.Join(t.TempDir(), "other-ca.pem")
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: other.CA().Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	e := newFakeEdge()
-	e.addNode(testToken, testNodeConfig())
-	srv := startServer(t, "", tlsServerConfig(m, nil), e)
-	cc := ClientConfig{Addr: srv.Addr().String(), Token: testToken, Transport: testConfig()}
-	cc.Transport.TLS = clientTLS(t, ClientTLS{CAFile: caFile}, cc.Addr)
-	c := startClient(t, cc, newFakeNode())
-	select {
-	case <-c.done:
-	case <-testCtx(t).Done():
-		t.Fatal("the node kept retrying an edge its CA file does not trust")
-	}
+	c, e := caFileNodeStops(t, m, other, caFile, "the node kept retrying an edge its CA file does not trust")
 	var te *TrustError
 	if !errors.As(c.err, &te) || !te.Fatal() {
 		t.Fatalf("Run = %v, want a fatal TrustError", c.err)
