@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"iop/application/edge"
 	"iop/domain"
@@ -67,33 +68,47 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 // whatever read the body as JSON before the edge (a proxy's rule, an audit
 // log) saw node a.
 func exactKeys(body []byte, v any) error {
-	fields := jsonFields(reflect.TypeOf(v).Elem())
+	fields := jsonFieldsOf(reflect.TypeOf(v).Elem())
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		// Decoded without error: null, which leaves v as it was.
 		return domain.Errorf(domain.CodeInvalidRequest, "request body: expected a JSON object, got null")
 	}
-	seen := map[string]bool{}
+	seen := make([]bool, len(fields))
+	var skip json.RawMessage // reused: a value's bytes are only skipped
 	for dec.More() {
 		t, err := dec.Token()
 		if err != nil {
 			return domain.Errorf(domain.CodeInvalidRequest, "request body: %s", jsonProblem(err))
 		}
 		key, _ := t.(string)
+		at := slices.Index(fields, key)
 		switch {
-		case !slices.Contains(fields, key):
+		case at < 0:
 			i := slices.IndexFunc(fields, func(f string) bool { return strings.EqualFold(f, key) })
 			return domain.Errorf(domain.CodeInvalidRequest, "request body: unknown field %q (did you mean %q? field names are case-sensitive)", key, fields[max(i, 0)])
-		case seen[key]:
+		case seen[at]:
 			return domain.Errorf(domain.CodeInvalidRequest, "request body: field %q is given twice", key)
 		}
-		seen[key] = true
-		var skip json.RawMessage
+		seen[at] = true
 		if err := dec.Decode(&skip); err != nil {
 			return domain.Errorf(domain.CodeInvalidRequest, "request body: %s", jsonProblem(err))
 		}
 	}
 	return nil
+}
+
+// fieldNames caches jsonFields by type: the few request types are read
+// on every request.
+var fieldNames sync.Map // reflect.Type -> []string
+
+// jsonFieldsOf is jsonFields(t), computed once per type.
+func jsonFieldsOf(t reflect.Type) []string {
+	if f, ok := fieldNames.Load(t); ok {
+		return f.([]string)
+	}
+	f, _ := fieldNames.LoadOrStore(t, jsonFields(t))
+	return f.([]string)
 }
 
 // jsonFields are the JSON names of struct type t's fields.
