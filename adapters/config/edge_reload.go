@@ -83,7 +83,7 @@ func (c *EdgeConfig) settings() EdgeConfig {
 		// The certificate covers a set of names, as CertHosts reads them.
 		hosts := make([]string, len(c.Transport.TLS.Hosts))
 		for i, h := range c.Transport.TLS.Hosts {
-			hosts[i] = strings.TrimSuffix(strings.ToLower(h), ".")
+			hosts[i] = certHostName(h)
 		}
 		s.Transport.TLS.Hosts = sortedSet(hosts)
 	}

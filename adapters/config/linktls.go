@@ -128,6 +128,9 @@ func DefaultStateDir(configPath string) string {
 // TLSDir is where auto mode keeps the node-link CA and certificate.
 func (c *EdgeConfig) TLSDir() string { return filepath.Join(c.StateDir, "tls") }
 
+// certHostName is h as a certificate name: lower case, without a final dot.
+func certHostName(h string) string { return strings.TrimSuffix(strings.ToLower(h), ".") }
+
 // CertHosts lists the names the auto-mode server certificate covers: the
 // listen host (or, listening on all interfaces, this machine's hostname and
 // interface addresses), loopback, and transport.tls.hosts.
@@ -135,7 +138,7 @@ func (c *EdgeConfig) CertHosts() []string {
 	seen := map[string]bool{}
 	var out []string
 	add := func(h string) {
-		h = strings.TrimSuffix(strings.ToLower(h), ".")
+		h = certHostName(h)
 		if h != "" && !seen[h] {
 			seen[h] = true
 			out = append(out, h)
