@@ -57,16 +57,7 @@ func DialectOpenAI(w http.ResponseWriter, status int, code, message string) {
 	case domain.CodeTooManyConnections:
 		typ = "server_error"
 	}
-	type body struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Param   *string `json:"param"`
-		Code    string  `json:"code"`
-	}
-	requestid.StampOpenAI(w.Header())
-	writeJSON(w, status, struct {
-		Error body `json:"error"`
-	}{body{Message: message, Type: typ, Code: oaCode}})
+	writeJSON(w, status, requestid.OpenAIError(w.Header(), typ, oaCode, message))
 }
 
 // DialectOllama is Ollama's {"error":"…"}.

@@ -47,16 +47,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, status int, code, messag
 		writeJSON(w, status, requestid.AnthropicError(w.Header(), anthropicType(status), message))
 	default:
 		// With a request id, as OpenAI's API answers: see package requestid.
-		requestid.StampOpenAI(w.Header())
-		type body struct {
-			Message string  `json:"message"`
-			Type    string  `json:"type"`
-			Param   *string `json:"param"`
-			Code    string  `json:"code"`
-		}
-		writeJSON(w, status, struct {
-			Error body `json:"error"`
-		}{body{Message: message, Type: openaiType(status), Code: code}})
+		writeJSON(w, status, requestid.OpenAIError(w.Header(), openaiType(status), code, message))
 	}
 }
 

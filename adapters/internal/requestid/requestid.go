@@ -86,3 +86,24 @@ func AnthropicError(h http.Header, typ, message string) any {
 	b.Error.Type, b.Error.Message = typ, message
 	return b
 }
+
+// openAIError is the body of an error in OpenAI's shape.
+type openAIError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    string  `json:"code"`
+	} `json:"error"`
+}
+
+// OpenAIError is the JSON body of an error in OpenAI's shape, of the given
+// type ("invalid_request_error", …), code and message; the answer's id is
+// set as h's OpenAIHeader if it has none (StampOpenAI), as OpenAI's API
+// names every answer.
+func OpenAIError(h http.Header, typ, code, message string) any {
+	StampOpenAI(h)
+	var b openAIError
+	b.Error.Message, b.Error.Type, b.Error.Code = message, typ, code
+	return b
+}
