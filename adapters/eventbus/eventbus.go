@@ -7,7 +7,11 @@
 // Bus.Dropped. Publish therefore never blocks, and a slow or stalled
 // subscriber never delays Publish or any other subscriber. Subscribers that
 // must not miss events need a buffer sized for their worst burst; a gap can be
-// detected by watching Dropped.
+// detected by watching Dropped. A subscription made with SubscribeBytes is
+// also bounded in bytes (see Weight): an event that would take its buffered
+// total past the bound is dropped the same way, so a stalled subscriber holds
+// at most that much run output alive, not its buffer's depth of 32 KiB
+// output chunks.
 //
 // Ordering: Publish calls are serialized, so every subscriber sees the events
 // it receives in one global order, and events published by one goroutine
@@ -83,13 +87,45 @@ func (b *Bus) Publish(ev domain.BusEvent) {
 		if s.filter != nil && !s.filter(ev) {
 			continue
 		}
+		var w int64
+		if s.maxBytes > 0 {
+			// Counted before the send, so that Taken never runs first.
+			if w = Weight(ev); s.queued.Add(w) > s.maxBytes {
+				s.queued.Add(-w)
+				s.dropped.Add(1)
+				b.dropped.Add(1)
+				continue
+			}
+		}
 		select {
 		case s.ch <- ev:
 		default:
+			s.queued.Add(-w)
 			s.dropped.Add(1)
 			b.dropped.Add(1)
 		}
 	}
+}
+
+// eventOverhead is what Weight counts for an event besides its text: the
+// event, its RunEvent and their strings, roughly.
+const eventOverhead = 256
+
+// Weight is what a buffered event counts against a SubscribeBytes bound:
+// the bytes its payload holds alive (run output, metadata, error message)
+// plus a fixed overhead, so a flood of empty events is bounded too.
+func Weight(ev domain.BusEvent) int64 {
+	n := eventOverhead
+	if r := ev.Run; r != nil {
+		n += len(r.Text) + len(r.Metadata)
+		if r.Error != nil {
+			n += len(r.Error.Message)
+		}
+	}
+	if t := ev.Tunnel; t != nil {
+		n += len(t.Error)
+	}
+	return int64(n)
 }
 
 // Subscribe registers a subscriber with its own buffer of the given size
@@ -99,13 +135,20 @@ func (b *Bus) Publish(ev domain.BusEvent) {
 // must not call the Bus or a Subscription. On a closed bus the subscription
 // is returned already closed.
 func (b *Bus) Subscribe(buffer int, filter func(domain.BusEvent) bool) *Subscription {
+	return b.SubscribeBytes(buffer, 0, filter)
+}
+
+// SubscribeBytes is Subscribe with a bound of maxBytes (none if <= 0) on the
+// Weight of the events buffered at once. The subscriber must pass every
+// event it takes from C to Taken, which gives its weight back to the bound.
+func (b *Bus) SubscribeBytes(buffer int, maxBytes int64, filter func(domain.BusEvent) bool) *Subscription {
 	switch {
 	case buffer <= 0:
 		buffer = DefaultBuffer
 	case buffer > MaxBuffer:
 		buffer = MaxBuffer
 	}
-	s := &Subscription{bus: b, ch: make(chan domain.BusEvent, buffer), filter: filter}
+	s := &Subscription{bus: b, ch: make(chan domain.BusEvent, buffer), filter: filter, maxBytes: maxBytes}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -141,12 +184,23 @@ type Subscription struct {
 	filter  func(domain.BusEvent) bool
 	dropped atomic.Uint64
 	closed  bool // guarded by bus.mu
+
+	maxBytes int64        // SubscribeBytes's bound; 0: none
+	queued   atomic.Int64 // Weight of the events in ch (added by Publish, taken back by Taken)
 }
 
 // C returns the channel the subscriber reads. It is closed after Close (of
 // the subscription or the bus), once the events already buffered have been
 // read.
 func (s *Subscription) C() <-chan domain.BusEvent { return s.ch }
+
+// Taken gives back to a SubscribeBytes bound the weight of ev, an event the
+// subscriber has received from C. It is a no-op on a Subscribe subscription.
+func (s *Subscription) Taken(ev domain.BusEvent) {
+	if s.maxBytes > 0 {
+		s.queued.Add(-Weight(ev))
+	}
+}
 
 // Dropped returns how many events this subscriber lost to a full buffer.
 func (s *Subscription) Dropped() uint64 { return s.dropped.Load() }

@@ -1,6 +1,7 @@
 package eventbus_test
 
 import (
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -320,5 +321,41 @@ func TestSameOrderForEverySubscriber(t *testing.T) {
 		if ga[i].Run != gc[i].Run {
 			t.Fatalf("event %d differs between subscribers", i)
 		}
+	}
+}
+
+// A SubscribeBytes subscription holds at most its bound of run output, however
+// deep its buffer: a stalled subscriber kept 1,024 output chunks (32 MiB)
+// alive before. What it takes and gives back (Taken) makes room again.
+func TestSubscribeBytesBoundsBufferedOutput(t *testing.T) {
+	b := eventbus.New()
+	chunk := domain.BusEvent{Type: domain.BusRunEvent, Run: &domain.RunEvent{Type: domain.EventDelta, Text: strings.Repeat("x", 32<<10)}}
+	w := eventbus.Weight(chunk)
+	bounded := b.SubscribeBytes(1024, 4*w, nil)
+	plain := b.Subscribe(1024, nil)
+	for range 10 {
+		b.Publish(chunk)
+	}
+	if got := len(bounded.C()); got != 4 {
+		t.Fatalf("bounded subscription buffered %d chunks of %d bytes, want 4 (bound %d bytes)", got, w, 4*w)
+	}
+	if bounded.Dropped() != 6 || plain.Dropped() != 0 || len(plain.C()) != 10 {
+		t.Fatalf("dropped: bounded %d (want 6), plain %d (want 0, buffered %d of 10)", bounded.Dropped(), plain.Dropped(), len(plain.C()))
+	}
+	// One Taken makes room for one chunk, not two.
+	bounded.Taken(<-bounded.C())
+	b.Publish(chunk)
+	b.Publish(chunk)
+	if got := len(bounded.C()); got != 4 || bounded.Dropped() != 7 {
+		t.Fatalf("after one Taken: buffered %d (want 4), dropped %d (want 7)", got, bounded.Dropped())
+	}
+	for len(bounded.C()) > 0 {
+		bounded.Taken(<-bounded.C())
+	}
+	for range 4 {
+		b.Publish(chunk)
+	}
+	if got := len(bounded.C()); got != 4 || bounded.Dropped() != 7 {
+		t.Fatalf("after draining: buffered %d (want 4), dropped %d (want 7)", got, bounded.Dropped())
 	}
 }

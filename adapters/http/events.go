@@ -12,16 +12,22 @@ import (
 	"iop/domain"
 )
 
-// eventBuffer is each event feed subscriber's buffer on the bus.
-const eventBuffer = 1024
+// eventBuffer is each event feed subscriber's buffer on the bus, and
+// eventBufferBytes its bound in bytes (eventbus.Weight): output chunks are
+// up to 32 KiB, so 1,024 of them buffered for a stalled feed held 32 MiB
+// alive until its write deadline ended it, half a GiB for one key's 16
+// feeds. A feed over the bound loses events as over eventBuffer (": dropped
+// N events").
+const (
+	eventBuffer      = 1024
+	eventBufferBytes = 2 << 20
+)
 
 // Caps on live event feeds (Server.MaxSubscriptions,
-// MaxSubscriptionsPerKey): each holds an eventBuffer-deep buffer (~120 KiB
-// of events, plus what their Run payloads point to: shared among feeds, but
-// a stalled feed keeps up to eventBuffer output chunks alive, megabytes of
-// exec output, until its write deadline ends it) and costs the edge the filtering and JSON encoding of every event it is
-// sent, so 2,048 feeds of one read key made every run cost the edge 72
-// times its CPU. 16 per key leaves room for a console open in many tabs
+// MaxSubscriptionsPerKey): each holds a buffer of up to eventBuffer events
+// and eventBufferBytes, and costs the edge the filtering and JSON encoding
+// of every event it is sent, so 2,048 feeds of one read key made every run
+// cost the edge 72 times its CPU. 16 per key leaves room for a console open in many tabs
 // and a few tools; a keyless edge counts per client address instead.
 const (
 	DefaultMaxSubscriptions       = 1024
@@ -78,8 +84,8 @@ func feedKey(r *http.Request) string {
 // (": subscribed") sent as soon as the subscription exists. ?type=a,b (or repeated type
 // parameters) keeps only those types; a trailing "*" matches a prefix
 // ("node.*"); more than maxTypeFilters distinct entries are 400
-// invalid_request. A client that falls more than eventBuffer events behind loses
-// events (the bus never waits for it): the stream then carries a comment
+// invalid_request. A client that falls more than eventBuffer events (or
+// eventBufferBytes) behind loses events (the bus never waits for it): the stream then carries a comment
 // ": dropped N events" and simply continues. The stream ends when the
 // client leaves or the server stops. Over the feed caps (feedCaps) it is
 // 429 too_many_subscriptions. HEAD gets the stream's headers and ends.
@@ -108,7 +114,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	sub := s.deps.Events.Subscribe(eventBuffer, visibleTo(domain.PrincipalFrom(r.Context()), filter))
+	sub := s.deps.Events.SubscribeBytes(eventBuffer, eventBufferBytes, visibleTo(domain.PrincipalFrom(r.Context()), filter))
 	defer sub.Close()
 	ctx, cancel := s.streamContext(r)
 	defer cancel()
@@ -139,7 +145,12 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 			if !ok {
 				return
 			}
-			if reportDrops() != nil || sse.eventJSON(ev.Type, toBusEventJSON(ev)) != nil {
+			err := reportDrops()
+			if err == nil {
+				err = sse.eventJSON(ev.Type, toBusEventJSON(ev))
+			}
+			sub.Taken(ev)
+			if err != nil {
 				return
 			}
 		case <-tick.C:

@@ -72,7 +72,7 @@ const maxBody = 8 << 20
 
 // EventSubscriber is what the event feed needs of the edge's bus.
 type EventSubscriber interface {
-	Subscribe(buffer int, filter func(domain.BusEvent) bool) *eventbus.Subscription
+	SubscribeBytes(buffer int, maxBytes int64, filter func(domain.BusEvent) bool) *eventbus.Subscription
 }
 
 // Deps are the use cases the API serves. Reload may be nil (the reload

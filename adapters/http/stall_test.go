@@ -93,3 +93,24 @@ func TestEventFeedStalledReaderIsCut(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// A stalled feed holds a bounded amount of run output until it is cut, not
+// its buffer's 1,024 events: of 400 output chunks of 64 KiB (25 MiB)
+// published past a feed that stopped reading, all were buffered for it
+// (1,024 deep), and 16 such feeds of one key held 400 MiB alive for the
+// minute of their write deadline.
+func TestEventFeedStalledReaderHoldsBoundedOutput(t *testing.T) {
+	e := newEnv(t)
+	e.api.WriteIdleTimeout = time.Minute
+	stalledRequest(t, e.srv.URL, "GET", "/v1/events", "")
+	chunk := domain.BusEvent{Type: domain.BusRunEvent, Node: "n1", Run: &domain.RunEvent{Type: domain.EventDelta, Text: strings.Repeat("z", 64<<10)}}
+	const n = 400
+	for range n {
+		e.bus.Publish(chunk)
+	}
+	// What was not dropped is buffered, in the handler's hands, or in the
+	// two sockets' buffers (a few MiB on loopback at most).
+	if kept := n - int(e.bus.Dropped()); kept > 100 {
+		t.Fatalf("a stalled feed kept %d of %d output chunks of 64 KiB (%d MiB); want at most 100", kept, n, kept/16)
+	}
+}
