@@ -216,9 +216,8 @@ func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest
 		if err != nil {
 			out.finishLine()
 			if ctx.Err() != nil {
-				cerr := <-cancelled
-				cancelled <- cerr // for the deferred wait
-				return interruptedRun(rs.RunID, cerr)
+				watching = false // the deferred wait has nothing left to wait for
+				return interruptedRun(rs.RunID, <-cancelled)
 			}
 			switch {
 			case errors.Is(err, io.EOF):
