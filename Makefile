@@ -108,7 +108,8 @@ frp:
 	FRP_VERSION=$(FRP_VERSION) GO=$(GO) ./scripts/frp.sh
 
 ## bench-compare: load tool — direct vs frp vs a real edge + node, side by side (issue 10; docs/benchmarks.md)
-## (IOP_LOAD_MODES=auto|off, IOP_LOAD_ROUNDS=N, IOP_LOAD_PARTS=tunnel|runs, IOP_LOAD_PPROF=DIR, IOP_LOAD_PPROF_SECONDS=N)
+## (IOP_LOAD_MODES=auto|off, IOP_LOAD_ROUNDS=N, IOP_LOAD_PARTS=tunnel|runs, IOP_LOAD_PPROF=DIR, IOP_LOAD_PPROF_SECONDS=N,
+##  IOP_LOAD_SYSCALLS=1 (perf stat), IOP_LOAD_RELAY_GOMAXPROCS=N)
 bench-compare:
 	@$(MAKE) --no-print-directory frp || echo "warning: building frp failed (no network?); the load tool will skip its frp column"
 	$(GO) test -tags load -run TestLoadCompare -count=1 -timeout 10m -v ./test/e2e/

@@ -102,6 +102,12 @@ func loadRequest(url, model string) (ttfb time.Duration, n int64, err error) {
 // procCPU is a process's own user+system CPU (children excluded) from
 // /proc/PID/stat fields 14 and 15.
 func procCPU(t *testing.T, pid int) time.Duration {
+	user, sys := procTimes(t, pid)
+	return user + sys
+}
+
+// procTimes is a process's own user and system CPU (fields 14 and 15).
+func procTimes(t *testing.T, pid int) (user, sys time.Duration) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +118,14 @@ func procCPU(t *testing.T, pid int) time.Duration {
 	ut, _ := strconv.ParseInt(fields[11], 10, 64)
 	st, _ := strconv.ParseInt(fields[12], 10, 64)
 	const userHZ = 100 // USER_HZ on Linux
-	return time.Duration(ut+st) * time.Second / userHZ
+	return time.Duration(ut) * time.Second / userHZ, time.Duration(st) * time.Second / userHZ
+}
+
+// procSys is a process's own system CPU: the kernel's work for it (its
+// system calls, mostly).
+func procSys(t *testing.T, pid int) time.Duration {
+	_, sys := procTimes(t, pid)
+	return sys
 }
 
 func pct(d []time.Duration, p float64) time.Duration {
@@ -168,8 +181,9 @@ const (
 type relayPath struct {
 	name string
 	url  string
-	// cpu is the relay processes' own CPU so far; nil for direct.
-	cpu func() time.Duration
+	// cpu is the relay processes' own CPU so far, and sys the part of it
+	// in the kernel; nil for direct.
+	cpu, sys func() time.Duration
 }
 
 // metric is one measure: per column, one value per round.
@@ -351,9 +365,9 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 		edgeArgs = append(edgeArgs, "--pprof", edgeProf)
 		nodeArgs = append(nodeArgs, "--pprof", nodeProf)
 	}
-	e.proc = start(t, "iop-edge", nil, edgeArgs...)
+	e.proc = start(t, "iop-edge", relayEnv(t), edgeArgs...)
 	waitHealthy(t, e.url, e.proc)
-	n := startNodeOpts(t, e, testToken, nodeOptions{args: nodeArgs})
+	n := startNodeOpts(t, e, testToken, nodeOptions{args: nodeArgs, env: relayEnv(t)})
 	waitNode(t, e, "n1")
 	edgeCPU := func() time.Duration { return procCPU(t, e.cmd.Process.Pid) }
 	nodeCPU := func() time.Duration { return procCPU(t, n.cmd.Process.Pid) }
@@ -365,9 +379,12 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 	if frpSkip == "" {
 		paths = append(paths, relayPath{name: "frp", url: frpURL, cpu: func() time.Duration {
 			return procCPU(t, frpProcs[0].cmd.Process.Pid) + procCPU(t, frpProcs[1].cmd.Process.Pid)
+		}, sys: func() time.Duration {
+			return procSys(t, frpProcs[0].cmd.Process.Pid) + procSys(t, frpProcs[1].cmd.Process.Pid)
 		}})
 	}
-	paths = append(paths, relayPath{name: "iop", url: e.url, cpu: func() time.Duration { return edgeCPU() + nodeCPU() }})
+	paths = append(paths, relayPath{name: "iop", url: e.url, cpu: func() time.Duration { return edgeCPU() + nodeCPU() },
+		sys: func() time.Duration { return procSys(t, e.cmd.Process.Pid) + procSys(t, n.cmd.Process.Pid) }})
 
 	// Warm every path: connections, pools, and, at 32 concurrent, the 32
 	// keep-alive connections each relay carries from then on.
@@ -395,6 +412,17 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 		}
 	}
 	elapsed := time.Since(began)
+	// IOP_LOAD_SYSCALLS=1: after the rounds, each relay's system calls per
+	// request (perf stat), frp's processes and then iop's.
+	var syscalls string
+	if os.Getenv("IOP_LOAD_SYSCALLS") != "" && parts != "runs" {
+		var relays []countedRelay
+		if frpSkip == "" {
+			relays = append(relays, countedRelay{"frp", frpURL, []relayProc{{"frps", frpProcs[0].cmd.Process.Pid}, {"frpc", frpProcs[1].cmd.Process.Pid}}})
+		}
+		relays = append(relays, countedRelay{"iop", e.url, []relayProc{{"iop-edge", e.cmd.Process.Pid}, {"iop-node", n.cmd.Process.Pid}}})
+		syscalls = syscallTable(t, relays)
+	}
 
 	if profDir != "" && parts != "runs" {
 		if frpSkip == "" {
@@ -429,6 +457,9 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 	fmt.Fprintf(&b, "\niop load compare, link tls.mode %s, %s; rounds: %d (%s), each measure on every path in one round, the starting path rotating\n",
 		mode, time.Now().UTC().Format(time.RFC3339), rounds, elapsed.Round(time.Second))
 	b.WriteString("values: median over the rounds (min–max); comparisons: median of the per-round ratios, or for latency the per-round added µs\n")
+	if env := relayEnv(t); env != nil {
+		fmt.Fprintf(&b, "both relays' processes (iop-edge, iop-node, frps, frpc) run with %s\n", env[0])
+	}
 	if frpSkip != "" {
 		fmt.Fprintf(&b, "frp column SKIPPED: %s\n", frpSkip)
 	} else {
@@ -440,6 +471,9 @@ func loadCompare(t *testing.T, mode string, rounds int) {
 		b.WriteString(tunnel.table([]string{"direct", "frp", "iop"},
 			[]string{"direct", "frp", "iop (edge + node)", "frp vs direct", "iop vs direct", "iop vs frp"},
 			[][2]string{{"direct", "frp"}, {"direct", "iop"}, {"frp", "iop"}}))
+		if syscalls != "" {
+			b.WriteString("\n" + syscalls)
+		}
 	}
 	if parts != "tunnel" {
 		b.WriteString("\nruns (POST /v1/runs, exec target `cat`) against spawning the same child with stdin/stdout pipes from a Go process (this test), same round\n\n")
@@ -483,15 +517,16 @@ func measureTunnel(t *testing.T, r *loadResults, order []relayPath) {
 
 	for _, conc := range []int{1, 8, 32} {
 		for _, pa := range order {
-			var c0 time.Duration
+			var c0, s0 time.Duration
 			if pa.cpu != nil {
-				c0 = pa.cpu()
+				c0, s0 = pa.cpu(), pa.sys()
 			}
 			rate, cnt := hammer(t, conc, rateCell, func() error { _, _, err := loadRequest(pa.url, "chat"); return err })
 			r.add(fmt.Sprintf("requests/s at %d concurrent (%d-chunk SSE)", conc, loadChunks), rateU, false, pa.name, rate)
 			if pa.cpu != nil && conc == 32 {
 				r.add("relay CPU per request at 32 concurrent (relay processes' user+sys)", usU, false, pa.name,
 					usOf(pa.cpu()-c0)/float64(cnt))
+				r.add("of which system (kernel) CPU", usU, false, pa.name, usOf(pa.sys()-s0)/float64(cnt))
 			}
 		}
 	}
@@ -784,6 +819,7 @@ func waitListening(t *testing.T, addr string, p *proc) {
 func startBinary(t *testing.T, path string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(path, args...)
+	cmd.Env = append(os.Environ(), relayEnv(t)...)
 	out := &lockedbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
