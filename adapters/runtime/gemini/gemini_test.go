@@ -516,3 +516,38 @@ func TestRetryNoticesAfterStdoutEnds(t *testing.T) {
 		t.Errorf("%d api_retry events for %d notices written after stdout ended", count, n)
 	}
 }
+
+// A CLI that no longer has the conversation a session resumes (its HOME or
+// work_dir changed) fails every later run of the session in its own words:
+// the run's error says what was resumed and how to start afresh. A run that
+// failed after the model answered gets no such hint.
+func TestLostConversationSaysHowToStartAfresh(t *testing.T) {
+	answer := `{"type":"init","session_id":"` + sessionID + `","model":"gemini-2.5-pro"}` + "\n" +
+		`{"type":"message","role":"assistant","content":"ok","delta":true}` + "\n" +
+		`{"type":"result","status":"success","stats":{"total_tokens":2,"input_tokens":1,"output_tokens":1}}` + "\n"
+	cli := standin.WriteCLI(t, `case "$*" in *--resume=*) echo 'Error resuming session: No previous sessions found for this project.' >&2; exit 42;; esac
+`+standin.Printf(answer))
+	a := newAdapter(t, cli, domain.AdapterConfig{}, memory.NewAgentSessionStore())
+	requireTerminal(t, run(t, a, domain.RunRequest{SessionID: "s1"}), domain.EventComplete, "")
+	for range 2 {
+		ev := requireTerminal(t, run(t, a, domain.RunRequest{SessionID: "s1"}), domain.EventError, domain.CodeRunFailed)
+		msg := ev.Error.Message
+		for _, want := range []string{"No previous sessions found", "resumed gemini's conversation " + sessionID + ` for session "s1"`,
+			"DELETE /v1/sessions/s1?adapter=gemini", "iop session end s1 --adapter gemini"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("error %q does not say %q", msg, want)
+			}
+		}
+	}
+
+	spoke := standin.WriteCLI(t, standin.Printf(`{"type":"init","session_id":"`+sessionID+`"}`+"\n"+`{"type":"message","role":"assistant","content":"half","delta":true}`+"\n")+"exit 1")
+	b := newAdapter(t, spoke, domain.AdapterConfig{}, memory.NewAgentSessionStore())
+	run(t, b, domain.RunRequest{SessionID: "s1"})
+	ev := requireTerminal(t, run(t, b, domain.RunRequest{SessionID: "s1"}), domain.EventError, domain.CodeRunFailed)
+	if runs := spoke.Runs(t); !slices.Contains(runs[1], "--resume="+sessionID) {
+		t.Fatalf("second run argv = %q, want a resume", runs[1])
+	}
+	if strings.Contains(ev.Error.Message, "end the session") {
+		t.Errorf("a resumed run that answered before failing got the lost-conversation hint: %q", ev.Error.Message)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -238,6 +239,15 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 		failed.Usage = ev.Usage
 		ev = failed
 	}
+	if ev.Type == domain.EventError && ev.Error != nil && t.resumed != "" && !t.spoke {
+		// A CLI asked to resume a conversation it no longer has (its HOME
+		// or work_dir changed, its store was wiped) fails every run of the
+		// session in its own words ("No conversation found", "no rollout
+		// found", "No previous sessions found"), and the session stays
+		// stuck on it: say what was resumed and how to start afresh.
+		ev.Error.Message += fmt.Sprintf(" (this run resumed %s's conversation %s for session %q; if %s no longer has it, end the session — DELETE /v1/sessions/%s?adapter=%s, or iop session end %s --adapter %s — and run again)",
+			r.Label, t.resumed, req.SessionID, r.Label, url.PathEscape(req.SessionID), url.QueryEscape(r.Name), req.SessionID, r.Name)
+	}
 	if ev.Type == domain.EventComplete && req.SessionID != "" && t.agentID != "" {
 		if err := r.Store.EndAgentTurn(ctx, r.Name, req.SessionID, t.totals); err != nil {
 			return fmt.Errorf("save session %q: %w", req.SessionID, err)
@@ -254,6 +264,7 @@ type Turn struct {
 	model   string
 	r       *Runner
 	resumed string // the agent session id passed to the CLI, if any
+	spoke   bool   // the CLI emitted text: it had the conversation
 	agentID string // the latest agent session id known
 	sent    string // the agent session id this run last reported
 	prev    domain.AgentTotals
@@ -282,14 +293,19 @@ func (t *Turn) SetTotals(tot domain.AgentTotals) { t.totals = tot }
 func (t *Turn) Model() string { return t.model }
 
 // Emit sends an event.
-func (t *Turn) Emit(ev domain.RunEvent) error { return t.sink.Emit(ev) }
+func (t *Turn) Emit(ev domain.RunEvent) error {
+	if ev.Type == domain.EventDelta || ev.Type == domain.EventReasoningDelta {
+		t.spoke = true
+	}
+	return t.sink.Emit(ev)
+}
 
 // Text sends a delta or reasoning_delta event; empty text sends nothing.
 func (t *Turn) Text(typ domain.EventType, text string) error {
 	if text == "" {
 		return nil
 	}
-	return t.sink.Emit(domain.RunEvent{Type: typ, Text: text})
+	return t.Emit(domain.RunEvent{Type: typ, Text: text})
 }
 
 // Meta sends a metadata event holding v as JSON.
