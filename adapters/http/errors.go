@@ -85,7 +85,7 @@ func noteInternal(w http.ResponseWriter, err error) {
 		}
 		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
 		if !ok {
-			slog.Error("internal error answered as 500", "err", err)
+			slog.Error("internal error answered", "err", err)
 			return
 		}
 		w = u.Unwrap()

@@ -2,6 +2,10 @@ package httpapi_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -107,5 +111,42 @@ func TestHistoryRangeErrorShowsTheBoundsExactly(t *testing.T) {
 	msg, _ := m["error"].(map[string]any)["message"].(string)
 	if !strings.Contains(msg, "since (2026-03-01T07:00:00.5Z) must be before until (2026-03-01T07:00:00.25Z)") {
 		t.Fatalf("message %q", msg)
+	}
+}
+
+// downHistory is an edge history whose database is unreachable.
+type downHistory struct{ queryHistory }
+
+func (h *downHistory) ListRuns(context.Context, domain.RunQuery) (domain.RunPage, error) {
+	return domain.RunPage{}, errors.New("list runs: dial tcp 127.0.0.1:5432: connect: connection refused")
+}
+
+// A history read the database fails is answered 503 history_unavailable,
+// and its log line says so: it read "internal error answered as 500"
+// beside an access line of 503, sending the operator after a 500 that
+// never went out.
+func TestHistoryUnavailableIsLoggedWithTheStatusAnswered(t *testing.T) {
+	buf := &lockedBuf{}
+	e := newEnvWithDeps(t, nil, func(e *env, d *httpapi.Deps) {
+		e.log = slog.New(slog.NewJSONHandler(buf, nil))
+		d.History = edge.NewRunHistoryHandler(&downHistory{})
+	})
+	wantError(t, e.do("GET", "/v1/runs", ""), 503, "history_unavailable")
+	var line map[string]any
+	buf.mu.Lock()
+	logged := buf.b.String()
+	buf.mu.Unlock()
+	for _, l := range strings.Split(logged, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["level"] == "ERROR" {
+			line = m
+		}
+	}
+	if line == nil {
+		t.Fatalf("no error line for the failed read in %s", logged)
+	}
+	if msg, _ := line["msg"].(string); strings.Contains(msg, "500") || line["status"] != float64(503) ||
+		!strings.Contains(fmt.Sprint(line["err"]), "connection refused") {
+		t.Fatalf("error line %v: want the status answered (503) and the detail", line)
 	}
 }

@@ -336,7 +336,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		s.logAccess(sw, r, start, p.Name)
 		if sw.internal != nil {
-			s.log.Error("internal error answered as 500", "method", r.Method, "path", r.URL.Path, "err", sw.internal)
+			// Not always a 500: a history read the database fails is
+			// answered 503 history_unavailable; the line names what went out.
+			s.log.Error("internal error answered", "method", r.Method, "path", r.URL.Path, "status", sw.status(), "err", sw.internal)
 		}
 	}()
 	if target, ok := movedTo(r, pattern); ok {
