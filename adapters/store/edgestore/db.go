@@ -571,10 +571,27 @@ const migrationLockPoll = 100 * time.Millisecond
 // read_timeout), and another edge's migration on a loaded machine may take
 // longer than that.
 func lockMigrations(ctx context.Context, tx bun.Tx) error {
+	return waitMigrationLock(ctx, func(ctx context.Context) (got bool, err error) {
+		err = tx.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock(?)", int64(migrationLock)).Scan(&got)
+		return got, err
+	})
+}
+
+// waitMigrationLock is lockMigrations's wait, with try the lock's one try.
+func waitMigrationLock(ctx context.Context, try func(context.Context) (bool, error)) error {
 	start := time.Now()
-	for {
-		var got bool
-		if err := tx.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock(?)", int64(migrationLock)).Scan(&got); err != nil {
+	waitEnded := func() error {
+		return fmt.Errorf("migration lock: another edge sharing the database held it (migrating the schema) for %s, longer than this edge waits: %w",
+			time.Since(start).Round(time.Millisecond), ctx.Err())
+	}
+	for tried := false; ; tried = true {
+		got, err := try(ctx)
+		if err != nil {
+			if tried && ctx.Err() != nil {
+				// The wait ended while a try was on its way: the driver
+				// says only "bad connection", which names no cause.
+				return waitEnded()
+			}
 			return fmt.Errorf("migration lock: %w", err)
 		}
 		if got {
@@ -584,8 +601,7 @@ func lockMigrations(ctx context.Context, tx bun.Tx) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("migration lock: another edge sharing the database held it (migrating the schema) for %s, longer than this edge waits: %w",
-				time.Since(start).Round(time.Millisecond), ctx.Err())
+			return waitEnded()
 		case <-t.C:
 		}
 	}

@@ -3,6 +3,8 @@ package edgestore
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -317,4 +319,30 @@ func readingTunnels(t *testing.T, dsn string) (*sql.DB, *sql.Tx) {
 		t.Fatal(err)
 	}
 	return other, reader
+}
+
+// The wait's end that falls while a try of the lock is on its way (the
+// driver cuts the try off: "driver: bad connection") is the wait for the
+// other edge ended, and says so; it read "migration lock: driver: bad
+// connection", naming neither. A try that fails before any found the lock
+// held says what the driver said.
+func TestMigrationLockWaitEndingMidTryIsNamed(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tries := 0
+	err := waitMigrationLock(ctx, func(context.Context) (bool, error) {
+		if tries++; tries < 3 {
+			return false, nil // held by another edge
+		}
+		cancel() // the edge's minute ends with this try on its way
+		return false, driver.ErrBadConn
+	})
+	if err == nil || !strings.Contains(err.Error(), "another edge sharing the database held it") || !errors.Is(err, context.Canceled) {
+		t.Fatalf("wait = %v, want the wait for another edge's migration named, with the context's end", err)
+	}
+
+	err = waitMigrationLock(context.Background(), func(context.Context) (bool, error) { return false, driver.ErrBadConn })
+	if err == nil || strings.Contains(err.Error(), "another edge") || !errors.Is(err, driver.ErrBadConn) {
+		t.Fatalf("first try failing = %v, want the driver's error as it is", err)
+	}
 }
