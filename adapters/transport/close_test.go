@@ -30,12 +30,12 @@ func stalledConn(t *testing.T, queueFull bool) *Conn {
 	t.Cleanup(func() { c.Close(nil) })
 	if queueFull {
 		c.offer()
-		c.ctrl <- heartbeatFrame()
+		c.ctrl <- heartbeatFrame(time.Now())
 		return c
 	}
 	c.start()
 	// net.Pipe has no buffer: the writer blocks in this frame's write.
-	if err := c.sendControl(testCtx(t), heartbeatFrame()); err != nil {
+	if err := c.sendControl(testCtx(t), heartbeatFrame(time.Now())); err != nil {
 		t.Fatal(err)
 	}
 	return c
@@ -167,5 +167,26 @@ func TestClientStopIsBoundedWhenEdgeStopsReading(t *testing.T) {
 	// still far below the ten-minute write deadline.
 	if err := cli.stop(t); err != nil {
 		t.Fatalf("Run: %v", err)
+	}
+}
+
+// A heartbeat skipped because the control queue is full leaves the probe
+// whose reply may be on its way: it replaced it, so that reply no longer
+// matched and the RTT stopped updating exactly while the link was busy.
+func TestSkippedHeartbeatKeepsTheProbeInFlight(t *testing.T) {
+	c := stalledConn(t, true)
+	c.wmu.Lock()
+	c.hb = time.AfterFunc(time.Hour, func() {}) // what launch arms; heartbeat re-arms it
+	c.wmu.Unlock()
+	t.Cleanup(func() { c.hb.Stop() })
+	inFlight := &heartbeatProbe{stamp: 42, at: time.Now()}
+	c.probe.Store(inFlight)
+	c.heartbeat()
+	if got := c.probe.Load(); got != inFlight {
+		t.Fatalf("after a skipped heartbeat the probe is %+v, want the one in flight %+v", got, inFlight)
+	}
+	c.onHeartbeat(&ioppb.Heartbeat{Reply: true, EchoUnixNano: 42})
+	if c.rtt.Load() == 0 {
+		t.Fatal("the reply to the probe in flight gave no RTT sample")
 	}
 }

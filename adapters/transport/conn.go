@@ -340,11 +340,16 @@ func (c *Conn) startWriter() {
 // skipped.
 func (c *Conn) heartbeat() {
 	c.offer()
-	f := heartbeatFrame()
-	c.probe.Store(&heartbeatProbe{stamp: f.GetHeartbeat().GetSentUnixNano(), at: time.Now()})
+	now := time.Now()
+	p := &heartbeatProbe{stamp: now.UnixNano(), at: now}
+	// Stored before the send, so that no reply can come before it; a beat
+	// skipped puts the previous probe back, whose reply may be on its way
+	// (else the RTT stopped updating exactly while the link was busy).
+	prev := c.probe.Swap(p)
 	select {
-	case c.ctrl <- f:
+	case c.ctrl <- heartbeatFrame(now):
 	default:
+		c.probe.CompareAndSwap(p, prev)
 		c.withdraw()
 	}
 	c.wmu.Lock()
@@ -1205,8 +1210,8 @@ func opensStream(f *ioppb.Frame) bool {
 
 // heartbeatFrame is the periodic probe (Conn.heartbeat). It goes ahead of
 // data frames; a writer stuck on the socket is caught by its write deadline.
-func heartbeatFrame() *ioppb.Frame {
-	return &ioppb.Frame{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{SentUnixNano: time.Now().UnixNano()}}}
+func heartbeatFrame(now time.Time) *ioppb.Frame {
+	return &ioppb.Frame{Body: &ioppb.Frame_Heartbeat{Heartbeat: &ioppb.Heartbeat{SentUnixNano: now.UnixNano()}}}
 }
 
 func (c *Conn) onHeartbeat(h *ioppb.Heartbeat) {

@@ -166,7 +166,7 @@ func TestCloseWaitsForRunningWriter(t *testing.T) {
 	g := &gatedConn{Conn: a, writing: make(chan struct{}, 1), gate: make(chan struct{})}
 	c := newConn(g, NewDecoder(a, DefaultMaxFrameSize), testConfig(), SideNode, 0, nopHandler{})
 	c.start()
-	if err := c.sendControl(testCtx(t), heartbeatFrame()); err != nil {
+	if err := c.sendControl(testCtx(t), heartbeatFrame(time.Now())); err != nil {
 		t.Fatal(err)
 	}
 	recv(t, testCtx(t), g.writing, "the writer in a write")

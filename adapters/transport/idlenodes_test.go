@@ -516,7 +516,7 @@ func heartbeatRound(b *testing.B, edge *idleEdge) {
 	links := edge.links
 	edge.mu.Unlock()
 	for _, c := range links {
-		for !c.trySendCtrl(heartbeatFrame()) {
+		for !c.trySendCtrl(heartbeatFrame(time.Now())) {
 			time.Sleep(time.Millisecond)
 		}
 	}

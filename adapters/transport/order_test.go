@@ -18,7 +18,7 @@ import (
 // right after it), which stay behind it; nothing else is taken in between.
 func TestDataTakenAheadOfControlWaits(t *testing.T) {
 	open1 := &ioppb.Frame{StreamId: 1, Body: &ioppb.Frame_RunRequest{RunRequest: &ioppb.RunRequest{RunId: "r"}}}
-	beat := heartbeatFrame()
+	beat := heartbeatFrame(time.Now())
 	reset1 := resetFrame(1, "cancelled", "")
 	open5 := &ioppb.Frame{StreamId: 5, Body: &ioppb.Frame_ProviderTunnelRequest{ProviderTunnelRequest: &ioppb.ProviderTunnelRequest{Provider: "p"}}}
 	names := map[*ioppb.Frame]string{open1: "open 1", beat: "heartbeat", reset1: "reset 1", open5: "open 5", closeSentinel: "close"}
