@@ -52,7 +52,8 @@
 // text Ollama's CLI matches). See WriteError.
 //
 // Request bodies: at most MaxBody bytes (DefaultMaxBody, 32 MiB; more is
-// 413). The body is read only as far as the model: a byte scan of the
+// 413), uncompressed (a Content-Encoding but identity is 415). The body
+// is read only as far as the model: a byte scan of the
 // top-level JSON object that keeps what it read and a depth counter, never
 // a parse tree, refuses nesting deeper than MaxDepth (400) and stops at
 // "model" (on POST /v1/responses and its /compact and /input_tokens, once
@@ -294,6 +295,13 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 	)
 	switch {
 	case t.keys != nil || t.form:
+		if ce := contentEncoding(r); ce != "" {
+			// The model is read from the body's bytes: a compressed body
+			// would fail that scan with a misleading "not a JSON object".
+			WriteError(w, r, http.StatusUnsupportedMediaType, "unsupported_content_encoding",
+				fmt.Sprintf("request bodies with Content-Encoding %q are not supported here: send the body uncompressed", ce))
+			return
+		}
 		if r.ContentLength > h.MaxBody {
 			h.tooLarge(w, r)
 			return
@@ -392,6 +400,16 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 		Node: node, Provider: provider, Model: model, ProviderType: t.family, OrOnlyNode: t.orOnlyNode,
 		Body: head, BodyReader: rest,
 	}, rec)
+}
+
+// contentEncoding is the request's Content-Encoding other than identity
+// ("" when the body is not encoded).
+func contentEncoding(r *http.Request) string {
+	ce := strings.TrimSpace(strings.Join(r.Header.Values("Content-Encoding"), ","))
+	if ce == "" || strings.EqualFold(ce, "identity") {
+		return ""
+	}
+	return ce
 }
 
 func (h *Handler) tooLarge(w http.ResponseWriter, r *http.Request) {

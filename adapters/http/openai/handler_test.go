@@ -2,7 +2,9 @@ package openaiapi_test
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -878,5 +880,57 @@ func TestNonFinalStatusFromANodeIs502(t *testing.T) {
 		if resp.StatusCode != http.StatusBadGateway {
 			t.Errorf("node status %d: caller got %d, want 502", code, resp.StatusCode)
 		}
+	}
+}
+
+// A compressed body cannot be routed (the model is read from its bytes):
+// it is refused with 415 naming the encoding, in the route's dialect, not
+// with a scan error about a body that "is not a JSON object". Identity is
+// no encoding.
+func TestCompressedBodyIsRefusedClearly(t *testing.T) {
+	e := newEnv(t)
+	link := e.node(t, "gpu", serve(response(200, "application/json", `{}`)...), provider("vllm", domain.ProviderOpenAI, "qwen"), provider("ol", domain.ProviderOllama, "llama3.2:latest"))
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write([]byte(`{"model":"qwen","input":"hi"}`))
+	_ = zw.Close()
+	send := func(path, encoding string, body []byte) (*http.Response, string) {
+		req, _ := http.NewRequest(http.MethodPost, e.srv.URL+path, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Encoding", encoding)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, readAll(t, resp)
+	}
+
+	resp, got := send("/v1/responses", "gzip", gz.Bytes())
+	var doc struct {
+		Error struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Code    string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(got), &doc); err != nil || resp.StatusCode != http.StatusUnsupportedMediaType ||
+		doc.Error.Code != "unsupported_content_encoding" || !strings.Contains(doc.Error.Message, `"gzip"`) {
+		t.Fatalf("gzip on /v1/responses: %d %s", resp.StatusCode, got)
+	}
+
+	resp, got = send("/api/chat", "zstd", []byte{0x28, 0xb5, 0x2f, 0xfd})
+	var odoc struct {
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(got), &odoc); err != nil || resp.StatusCode != http.StatusUnsupportedMediaType || !strings.Contains(odoc.Error, `"zstd"`) {
+		t.Fatalf("zstd on /api/chat: %d %s", resp.StatusCode, got)
+	}
+
+	resp, got = send("/v1/chat/completions", "identity", []byte(`{"model":"qwen"}`))
+	if resp.StatusCode != 200 || got != "{}" {
+		t.Fatalf("identity: %d %s", resp.StatusCode, got)
+	}
+	if o := link.last(t); string(o.body) != `{"model":"qwen"}` {
+		t.Fatalf("forwarded %q", o.body)
 	}
 }
