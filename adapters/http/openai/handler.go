@@ -347,6 +347,7 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 		// (the answer names no node). A history that cannot tell whose it
 		// is refuses all but an admin key.
 		pinned := false
+		offline := "" // the node, not connected here, of the caller's response it continues
 		if follows != "" {
 			p := domain.PrincipalFrom(r.Context())
 			at, ok, err := h.responseOf(r.Context(), follows)
@@ -361,13 +362,19 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, t target, node, 
 				return
 			case p.SeesNode(at.node) && h.deps.Tunnels.Connected(at.node):
 				node, provider, pinned = at.node, at.provider, true
+			case p.SeesNode(at.node):
+				offline = at.node
 			}
 		}
 		if model == "" && !(t.modelOptional && pinned) {
 			what := ""
 			if len(t.keys) > 0 {
 				what = fmt.Sprintf("%q is required", t.keys[0])
-				if t.modelOptional {
+				switch {
+				case t.modelOptional && offline != "":
+					// Known, but its node is away: routed by model alone.
+					what += fmt.Sprintf(": previous response %q was created on node %q, which is not connected", follows, offline)
+				case t.modelOptional:
 					what += fmt.Sprintf(" (or a %s of a response created through this edge)", t.follows)
 				}
 			}

@@ -200,3 +200,21 @@ func TestRecalledResponseOfANodeNotConnectedHere(t *testing.T) {
 		}
 	}
 }
+
+// Counting a continuation's input tokens needs no model when the previous
+// response's node is connected; when the caller's response was created on
+// a node not connected here, the refusal says so, rather than suggesting
+// the response was not created through this edge.
+func TestInputTokensOfAResponseWhoseNodeIsAway(t *testing.T) {
+	e := historyEnv(t, nil, fixedResponses{domain.TunnelRecord{Response: "resp_x", Node: "gone", Provider: "p", Key: "x"}})
+	b := e.node(t, "b", serve(response(200, "application/json", `{"object":"response.input_tokens","input_tokens":3}`)...), provider("p", domain.ProviderOpenAI, "m"))
+	x := e.as(t, "x", domain.ScopeInference)
+	resp := do(t, http.MethodPost, x.URL+"/v1/responses/input_tokens", `{"previous_response_id":"resp_x","input":"hi"}`)
+	if got := readAll(t, resp); resp.StatusCode != 400 || !strings.Contains(got, `created on node \"gone\", which is not connected`) || b.count() != 0 {
+		t.Fatalf("no model, node away: %d %s (b: %d tunnels)", resp.StatusCode, got, b.count())
+	}
+	resp = do(t, http.MethodPost, x.URL+"/v1/responses/input_tokens", `{"previous_response_id":"resp_x","input":"hi","model":"m"}`)
+	if got := readAll(t, resp); resp.StatusCode != 200 || b.count() != 1 {
+		t.Fatalf("with a model: %d %s", resp.StatusCode, got)
+	}
+}
