@@ -246,6 +246,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		for m := range methods {
 			allow = append(allow, m)
 		}
+		if _, ok := methods[http.MethodGet]; ok {
+			if _, ok := methods[http.MethodHead]; !ok {
+				allow = append(allow, http.MethodHead) // served wherever GET is
+			}
+		}
 		sort.Strings(allow)
 		w.Header().Set("Allow", strings.Join(allow, ", "))
 		WriteError(w, r, http.StatusMethodNotAllowed, "method_not_allowed",

@@ -934,3 +934,28 @@ func TestCompressedBodyIsRefusedClearly(t *testing.T) {
 		t.Fatalf("forwarded %q", o.body)
 	}
 }
+
+// A 405's Allow lists every method the route serves: HEAD too wherever GET
+// is served (as the rest of the edge's API lists it), in the route's
+// error dialect.
+func TestMethodNotAllowedListsHead(t *testing.T) {
+	e := newEnv(t)
+	for _, c := range []struct{ method, path, allow string }{
+		{http.MethodPost, "/api/tags", "GET, HEAD"},
+		{http.MethodOptions, "/api/version", "GET, HEAD"},
+		{http.MethodPut, "/v1/responses/resp_1", "DELETE, GET, HEAD"},
+		{http.MethodPost, "/v1/models", "GET, HEAD"},
+		{http.MethodGet, "/api/blobs/sha256:00", "HEAD, POST"},
+		{http.MethodGet, "/v1/responses", "POST"},
+	} {
+		req, _ := http.NewRequest(c.method, e.srv.URL+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := readAll(t, resp)
+		if resp.StatusCode != 405 || resp.Header.Get("Allow") != c.allow || !strings.Contains(got, "(allowed: "+c.allow+")") {
+			t.Errorf("%s %s: %d Allow %q %s, want Allow %q", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), got, c.allow)
+		}
+	}
+}
