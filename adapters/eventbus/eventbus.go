@@ -112,10 +112,11 @@ func (b *Bus) Publish(ev domain.BusEvent) {
 const eventOverhead = 256
 
 // Weight is what a buffered event counts against a SubscribeBytes bound:
-// the bytes its payload holds alive (run output, metadata, error message)
-// plus a fixed overhead, so a flood of empty events is bounded too.
+// the bytes its payload holds alive (run output, metadata, error messages,
+// a rejection's or disconnection's reason) plus a fixed overhead, so a
+// flood of empty events is bounded too.
 func Weight(ev domain.BusEvent) int64 {
-	n := eventOverhead
+	n := eventOverhead + len(ev.Reason)
 	if r := ev.Run; r != nil {
 		n += len(r.Text) + len(r.Metadata)
 		if r.Error != nil {

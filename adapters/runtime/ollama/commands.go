@@ -41,15 +41,15 @@ const maxResult = 32 << 20
 
 func successResult() []byte { return []byte(`{"status":"success"}`) }
 
+// queryPaths are the Ollama endpoints of the commands that only read.
+var queryPaths = map[string]string{CmdVersion: "/api/version", CmdList: "/api/tags", CmdPS: "/api/ps"}
+
 // RunCommand serves the ollama.* family. Errors: invalid_request for bad or
 // missing arguments, unknown_command for other names, and for Ollama's own
 // failures its message with code model_not_found (404 or "not found"),
 // provider_error, or provider_unreachable. A cancelled ctx returns
 // ctx.Err(); a failing progress callback aborts the pull and returns its
 // error.
-// queryPaths are the Ollama endpoints of the commands that only read.
-var queryPaths = map[string]string{CmdVersion: "/api/version", CmdList: "/api/tags", CmdPS: "/api/ps"}
-
 func (a *Adapter) RunCommand(ctx context.Context, name string, args []byte, progress func(json []byte) error) ([]byte, error) {
 	switch name {
 	case CmdVersion, CmdList, CmdPS:
