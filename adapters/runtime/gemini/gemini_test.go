@@ -540,10 +540,21 @@ func TestLostConversationSaysHowToStartAfresh(t *testing.T) {
 		}
 	}
 
+	// However long the CLI's own message, the node's cut of it keeps the
+	// way out.
+	long := standin.WriteCLI(t, `case "$*" in *--resume=*) echo '{"type":"result","status":"error","error":{"type":"unknown","message":"`+strings.Repeat("x", 20<<10)+`"}}'; exit 1;; esac
+`+standin.Printf(answer))
+	c := newAdapter(t, long, domain.AdapterConfig{}, memory.NewAgentSessionStore())
+	run(t, c, domain.RunRequest{SessionID: "s1"})
+	ev := requireTerminal(t, run(t, c, domain.RunRequest{SessionID: "s1"}), domain.EventError, "")
+	if msg := domain.ClipMessage(ev.Error.Message, domain.MaxPeerMessage); !strings.Contains(msg, "xxx") || !strings.HasSuffix(msg, "and run again)") {
+		t.Errorf("a 20 KiB message cut as the node cuts it lost its head or the way out: …%s", msg[max(0, len(msg)-300):])
+	}
+
 	spoke := standin.WriteCLI(t, standin.Printf(`{"type":"init","session_id":"`+sessionID+`"}`+"\n"+`{"type":"message","role":"assistant","content":"half","delta":true}`+"\n")+"exit 1")
 	b := newAdapter(t, spoke, domain.AdapterConfig{}, memory.NewAgentSessionStore())
 	run(t, b, domain.RunRequest{SessionID: "s1"})
-	ev := requireTerminal(t, run(t, b, domain.RunRequest{SessionID: "s1"}), domain.EventError, domain.CodeRunFailed)
+	ev = requireTerminal(t, run(t, b, domain.RunRequest{SessionID: "s1"}), domain.EventError, domain.CodeRunFailed)
 	if runs := spoke.Runs(t); !slices.Contains(runs[1], "--resume="+sessionID) {
 		t.Fatalf("second run argv = %q, want a resume", runs[1])
 	}

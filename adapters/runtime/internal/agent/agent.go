@@ -245,8 +245,11 @@ func (r *Runner) Execute(ctx context.Context, req domain.RunRequest, sink ports.
 		// session in its own words ("No conversation found", "no rollout
 		// found", "No previous sessions found"), and the session stays
 		// stuck on it: say what was resumed and how to start afresh.
-		ev.Error.Message += fmt.Sprintf(" (this run resumed %s's conversation %s for session %q; if %s no longer has it, end the session — DELETE /v1/sessions/%s?adapter=%s, or iop session end %s --adapter %s — and run again)",
+		// The CLI's own message is cut first, so that the node's cut of
+		// the whole (domain.MaxPeerMessage) leaves the way out whole.
+		hint := fmt.Sprintf(" (this run resumed %s's conversation %s for session %q; if %s no longer has it, end the session — DELETE /v1/sessions/%s?adapter=%s, or iop session end %s --adapter %s — and run again)",
 			r.Label, t.resumed, req.SessionID, r.Label, url.PathEscape(req.SessionID), url.QueryEscape(r.Name), req.SessionID, r.Name)
+		ev.Error.Message = domain.ClipMessage(ev.Error.Message, max(domain.MaxPeerMessage/2, domain.MaxPeerMessage-len(hint))) + hint
 	}
 	if ev.Type == domain.EventComplete && req.SessionID != "" && t.agentID != "" {
 		if err := r.Store.EndAgentTurn(ctx, r.Name, req.SessionID, t.totals); err != nil {
