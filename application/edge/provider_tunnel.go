@@ -59,7 +59,7 @@ type SubmitProviderTunnel struct {
 // the candidates are the providers of connected nodes that speak the family
 // and serve the model, and the node with the fewest tunnels in flight wins
 // (ties: node id, then provider config order). Draining nodes are left out
-// as runs leave them out (Registry.PickForRunAs): they close their link
+// as runs leave them out (Registry.PickForTarget): they close their link
 // once their runs end, which would cut a tunnel short. No provider speaking
 // the family anywhere is no_node_available; nobody serving the model is
 // model_not_found, unless a draining node serves it: then, as for a run
@@ -304,7 +304,7 @@ func (e *noNodeHasModel) Error() string   { return e.err.Error() }
 func (e *noNodeHasModel) Unwrap() []error { return []error{e.err, ErrNoNodeHasModel} }
 
 // shuttingDown is the error for a request pinned to a draining node, as a
-// run's (Registry.PickForRunAs).
+// run's (Registry.PickForTarget).
 func shuttingDown(node string) error {
 	return domain.Errorf(domain.CodeShuttingDown, "node %q is shutting down: it takes no new requests", node)
 }

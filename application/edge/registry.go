@@ -129,7 +129,7 @@ func (r *Registry) leave(id string, link ports.NodeLink, reason string) bool {
 }
 
 // MarkDraining records that node id, while still served by link, is
-// stopping: it admits no new run, so none is sent to it (PickForRunAs),
+// stopping: it admits no new run, so none is sent to it (PickForTarget),
 // while its runs in flight go on and their events still arrive. It
 // reports whether the mark is new.
 func (r *Registry) MarkDraining(id string, link ports.NodeLink) bool {
@@ -302,8 +302,9 @@ func (n *LiveNode) inFlight() int {
 	return t
 }
 
-// PickForRun chooses the node for a run and counts the run against it until
-// release is called (release is idempotent).
+// PickForTarget chooses the node, among those p may see (a node it may not
+// see is not found), for a run of adapter's target and counts the run
+// against it until release is called (release is idempotent).
 //
 // An explicit node must be connected and not draining (a draining one is
 // shutting_down). Without one, draining nodes are left out as if they had
@@ -323,29 +324,18 @@ func (n *LiveNode) inFlight() int {
 // either way whose config lacks adapter is adapter_not_found here, before
 // dispatch, as the node itself would answer: a run's adapter labels
 // metrics (iop_runs_total), so a caller's string must never reach them.
-func (r *Registry) PickForRun(node, adapter, session string) (NodeView, func(), error) {
-	return r.PickForRunAs(domain.Anonymous(), node, adapter, session)
-}
-
-// PickForTarget is PickForRunAs for a run of target: without a node named
-// or a session's node, a node whose adapter serves target (offersTarget)
-// is picked before one whose adapter does not, which would answer
-// target_not_found. Only when no node serves it is the run sent as
-// PickForRunAs sends it, so its node's answer names the targets it has.
+// Without a node named or a session's node, a node whose adapter serves
+// target (offersTarget) is picked before one whose adapter does not, which
+// would answer target_not_found; when no node serves it, the run goes as
+// it would with no target, so its node's answer names the targets it has.
 func (r *Registry) PickForTarget(p domain.Principal, node, adapter, target, session string) (NodeView, func(), error) {
 	return r.pickForRun(p, node, adapter, target, session, nil)
-}
-
-// PickForRunAs is PickForRun among the nodes caller p may see; a node it
-// may not see is not found.
-func (r *Registry) PickForRunAs(p domain.Principal, node, adapter, session string) (NodeView, func(), error) {
-	return r.pickForRun(p, node, adapter, "", session, nil)
 }
 
 // errNoOtherNode: no node is left to try a refused run on (pickElsewhere).
 var errNoOtherNode = errors.New("no other node to try the run on")
 
-// pickElsewhere picks, as PickForRunAs without a node named, the next node
+// pickElsewhere picks, as PickForTarget without a node named, the next node
 // to try a run on that the nodes in tried refused: never one of them (a
 // session's run, whose node is its session's, then has none), and after an
 // at_capacity refusal (needFree) only a node with a free slot of adapter,
@@ -359,7 +349,7 @@ func (r *Registry) pickElsewhere(p domain.Principal, adapter, target, session st
 	})
 }
 
-// pickForRun is PickForRunAs; with eligible set (a retry, no node named)
+// pickForRun is PickForTarget; with eligible set (a retry, no node named)
 // it picks only a node eligible says may take the run, or answers
 // errNoOtherNode.
 func (r *Registry) pickForRun(p domain.Principal, node, adapter, target, session string, eligible func(*LiveNode) bool) (NodeView, func(), error) {

@@ -48,7 +48,7 @@ func TestReloadSendsNoRunToANodeItIsDisconnecting(t *testing.T) {
 	}()
 	<-closing
 	for range 4 {
-		v, release, err := reg.PickForRun("", "exec", "")
+		v, release, err := reg.PickForTarget(domain.Anonymous(), "", "exec", "", "")
 		if err != nil {
 			t.Errorf("a run placed while the reload closes a's link: %v; want node c", err)
 			continue
@@ -58,7 +58,7 @@ func TestReloadSendsNoRunToANodeItIsDisconnecting(t *testing.T) {
 			t.Errorf("a run placed while the reload closes a's link went to node %s, which the reload disconnects; want c", v.ID)
 		}
 	}
-	if _, _, err := reg.PickForRun("b", "exec", ""); err == nil {
+	if _, _, err := reg.PickForTarget(domain.Anonymous(), "b", "exec", "", ""); err == nil {
 		t.Error("a run pinned to node b, whose token the reload changed, was placed on it while the reload closes the links")
 	}
 	close(release)

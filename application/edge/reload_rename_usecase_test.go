@@ -46,7 +46,7 @@ func TestReloadRenamedNodeKeepsItsSessions(t *testing.T) {
 	if node, ok := reg.SessionNode("exec", "s1"); !ok || node != "a2" {
 		t.Errorf("session s1 is bound to %q (%v) after its node was renamed; want a2", node, ok)
 	}
-	v, release, err := reg.PickForRun("", "exec", "s1")
+	v, release, err := reg.PickForTarget(domain.Anonymous(), "", "exec", "", "s1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -118,7 +118,7 @@ func (s *sessionNodes) len() int { return s.order.Len() }
 
 // RememberSession records that node admitted a run of session on adapter:
 // the session's next run with no node named goes there while it is
-// connected and offers adapter (see PickForRunAs).
+// connected and offers adapter (see PickForTarget).
 func (r *Registry) RememberSession(adapter, session, node string) {
 	if session == "" {
 		return

@@ -293,7 +293,7 @@ func (h *SubmitRunHandler) dispatch(ctx context.Context, cmd SubmitRun, node Nod
 	}
 	rh.obs.mayRetry = false
 	// The node admitted it, so it holds the session's history from now on:
-	// the session's next run goes there (Registry.PickForRunAs).
+	// the session's next run goes there (Registry.PickForTarget).
 	if req.SessionID != "" {
 		h.reg.admitSession(req.Adapter, req.SessionID, node.ID, domain.PrincipalFrom(ctx))
 	}
