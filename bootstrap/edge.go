@@ -383,8 +383,9 @@ func adminKeys(hc config.HTTPConfig) func(string) bool {
 // nodes[] does not list: a misspelt id ("gpu1" for "gpu-1") left the key
 // without its node, every request of it answered as if the node were not
 // connected, and nothing said why. It is a warning, not a refusal: a
-// reload may add the node later (api_keys are read at start only). A
-// reload, once accepted, warns too, of the nodes its file no longer lists.
+// reload may add the node later (api_keys are read at start only). Each
+// reload, once accepted, checks again against its nodes[]: it warns of a
+// key's node the file dropped, and again of one it still does not list.
 func warnUnknownKeyNodes(log *slog.Logger, keys []config.APIKeyEntry, nodes []string) {
 	known := make(map[string]bool, len(nodes))
 	for _, id := range nodes {
