@@ -239,11 +239,52 @@ func ipv6Hint(addr string) string {
 	return " (an IPv6 address goes in brackets before the port, and in YAML in quotes, as in \"[::1]:7700\")"
 }
 
-// hasPortZero reports whether addr asks for an ephemeral port, which two
-// listeners may share in their config.
-func hasPortZero(addr string) bool {
-	_, port, err := net.SplitHostPort(addr)
-	return err == nil && port == "0"
+// listenAddr is a listen setting: its key and its host:port ("" unset).
+type listenAddr struct{ key, addr string }
+
+// listenClashes refuses two listen settings that would bind the same port
+// on a host both cover: the second listener to bind failed the start as
+// "in use by another process (is another instance running?)". A host left
+// empty or unspecified (":9000", "0.0.0.0:9000", "[::]:9000") covers every
+// host, and localhost is 127.0.0.1; port 0 (the kernel's choice) never
+// clashes. Unset and malformed settings are left to their own checks.
+func listenClashes(addrs ...listenAddr) []error {
+	var errs []error
+	for i, a := range addrs {
+		for _, b := range addrs[i+1:] {
+			if !listenOverlap(a.addr, b.addr) {
+				continue
+			}
+			if a.addr == b.addr {
+				errs = append(errs, at(fmt.Errorf("%s and %s are both %q; they need different ports", b.key, a.key, a.addr), b.key, a.key))
+			} else {
+				errs = append(errs, at(fmt.Errorf("%s %q and %s %q bind the same port on the same host; they need different ports", b.key, b.addr, a.key, a.addr), b.key, a.key))
+			}
+		}
+	}
+	return errs
+}
+
+func listenOverlap(a, b string) bool {
+	ha, pa, err := net.SplitHostPort(a)
+	if err != nil {
+		return false
+	}
+	hb, pb, err := net.SplitHostPort(b)
+	if err != nil || pa != pb || pa == "0" {
+		return false
+	}
+	wild := func(h string) bool { ip := net.ParseIP(h); return h == "" || ip != nil && ip.IsUnspecified() }
+	norm := func(h string) string {
+		if strings.EqualFold(h, "localhost") {
+			return "127.0.0.1"
+		}
+		if ip := net.ParseIP(h); ip != nil {
+			return ip.String()
+		}
+		return strings.ToLower(h)
+	}
+	return wild(ha) || wild(hb) || norm(ha) == norm(hb)
 }
 
 // unwrapAddrErr drops net.AddrError's repetition of the address.

@@ -408,9 +408,8 @@ func (c *EdgeConfig) validate(resolveEnv bool) error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, c.HTTP.validate(resolveEnv)...)
-	if t.Listen == c.HTTP.Listen && !hasPortZero(t.Listen) {
-		add([]string{"http.listen", "transport.listen"}, "http.listen and transport.listen are both %q; they need different ports", t.Listen)
-	}
+	errs = append(errs, listenClashes(
+		listenAddr{"transport.listen", t.Listen}, listenAddr{"http.listen", c.HTTP.Listen}, listenAddr{"metrics.listen", c.Metrics.Listen})...)
 	if t.HeartbeatInterval <= 0 {
 		add([]string{"transport.heartbeat_interval"}, "transport.heartbeat_interval must be positive, got %s", t.HeartbeatInterval)
 	}

@@ -76,13 +76,6 @@ func (c *EdgeConfig) validateStore() error {
 		if err := checkHostPort("metrics.listen", c.Metrics.Listen, true); err != nil {
 			errs = append(errs, err)
 		}
-		// Else the second listener to bind fails the start as "in use by
-		// another process (is another instance running?)".
-		for _, o := range []struct{ key, addr string }{{"http.listen", c.HTTP.Listen}, {"transport.listen", c.Transport.Listen}} {
-			if c.Metrics.Listen == o.addr && !hasPortZero(o.addr) {
-				errs = append(errs, at(fmt.Errorf("metrics.listen and %s are both %q; they need different ports", o.key, o.addr), "metrics.listen", o.key))
-			}
-		}
 	}
 	return errors.Join(errs...)
 }

@@ -292,6 +292,11 @@ func TestEdgeValidate(t *testing.T) {
 		{"same listen", "transport: {listen: \":9000\"}\nhttp: {listen: \":9000\"}\n", `http.listen and transport.listen are both ":9000"`},
 		{"metrics on the http listen", "http: {listen: \"127.0.0.1:9000\"}\nmetrics: {listen: \"127.0.0.1:9000\"}\n", `metrics.listen and http.listen are both "127.0.0.1:9000"; they need different ports`},
 		{"metrics on the transport listen", "transport: {listen: \"127.0.0.1:9000\"}\nmetrics: {listen: \"127.0.0.1:9000\"}\n", `metrics.listen and transport.listen are both "127.0.0.1:9000"`},
+		// Spelt differently, the same port on a host both bind: the second
+		// listener failed the start as "in use by another process".
+		{"metrics on all hosts, http on loopback", "http: {listen: \"127.0.0.1:9000\"}\nmetrics: {listen: \":9000\"}\n", `metrics.listen ":9000" and http.listen "127.0.0.1:9000" bind the same port on the same host`},
+		{"localhost and 127.0.0.1", "transport: {listen: \"localhost:9000\"}\nhttp: {listen: \"127.0.0.1:9000\"}\n", `http.listen "127.0.0.1:9000" and transport.listen "localhost:9000" bind the same port`},
+		{"IPv6 any and IPv4 any", "transport: {listen: \"[::]:9000\"}\nmetrics: {listen: \"0.0.0.0:9000\"}\n", `metrics.listen "0.0.0.0:9000" and transport.listen "[::]:9000" bind the same port`},
 		{"interval not positive", "transport: {heartbeat_interval: -1s}\n", "transport.heartbeat_interval must be positive"},
 		{"timeout equal to interval", "transport: {heartbeat_interval: 45s}\n", "transport.heartbeat_timeout (45s) must be greater than transport.heartbeat_interval (45s)"},
 		{"timeout below interval", "transport: {heartbeat_interval: 10s, heartbeat_timeout: 5s}\n", "transport.heartbeat_timeout (5s) must be greater"},
