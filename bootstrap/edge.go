@@ -114,6 +114,7 @@ func Edge(s EdgeSettings) fx.Option {
 			func(reg *edgeapp.Registry, runs *edgeapp.RunTracker, st *edgestore.Store, rc *edgeapp.HistoryReconciler) *edgeapp.CancelRunHandler {
 				h := edgeapp.NewCancelRunHandler(reg, runs)
 				h.History, h.Record, h.Reconcile = st, st, rc
+				h.Edge = st.EdgeID()
 				return h
 			},
 			func(s EdgeSettings, reg *edgeapp.Registry, st *edgestore.Store, log *slog.Logger) *edgeapp.TerminateSessionHandler {

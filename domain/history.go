@@ -21,6 +21,11 @@ type RunRecord struct {
 	ErrorCode  string
 	ErrorMsg   string
 	Usage      *Usage
+	// Edge is the store.edge_id of the edge that last wrote the record, as
+	// read from the history ("" in a record not read from it): edges
+	// sharing one PostgreSQL history each reach only their own nodes.
+	// Writing a record always stores the writer's own id.
+	Edge string
 }
 
 // TunnelRecord is one provider tunnel in the edge's history, without any

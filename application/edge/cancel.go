@@ -25,6 +25,11 @@ type CancelRunHandler struct {
 	// Reconcile, if set, follows such a run after its cancel so that the
 	// record gets the end, error and usage its node stored.
 	Reconcile *HistoryReconciler
+	// Edge is this edge's store.edge_id, if its history has one: a run
+	// recorded under another id whose node is not connected here was
+	// dispatched by another edge sharing the history (or this edge under
+	// an earlier id), and the cancel's error says which.
+	Edge string
 }
 
 // NewCancelRunHandler refuses nil dependencies.
@@ -145,6 +150,14 @@ func (h *CancelRunHandler) fromHistory(ctx context.Context, runID string) (domai
 // as it was (its final state is in the node's own store).
 func (h *CancelRunHandler) cancelRecorded(ctx context.Context, rec domain.RunRecord) error {
 	n, ok := h.reg.Get(rec.Node)
+	if !ok && rec.Edge != "" && h.Edge != "" && rec.Edge != h.Edge {
+		// Its node is another edge's: "cancel again once it is back"
+		// would never come true through this one.
+		return domain.Errorf(domain.CodeNodeNotFound,
+			"run %s was dispatched by edge %q (store.edge_id) to node %q, which is not connected to this edge (%q): cancel it through edge %q "+
+				"(edges sharing a history reach only their own nodes; %q may also be this edge under an earlier id)",
+			rec.ID, rec.Edge, rec.Node, h.Edge, rec.Edge, rec.Edge)
+	}
 	if !ok {
 		return domain.Errorf(domain.CodeNodeNotFound, "node %q running %s is not connected", rec.Node, rec.ID)
 	}

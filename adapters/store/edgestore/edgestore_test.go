@@ -684,6 +684,16 @@ func TestListOwnRuns(t *testing.T) {
 			}
 			own.Cursor = p.Next
 			wantRunIDs(t, s, own, tc.second)
+			// A row read back names the edge that wrote it (a cancel
+			// through another edge says which one to ask).
+			for id, want := range map[string]string{"run_mine": s.EdgeID(), "run_other": "edge-b"} {
+				if r, err := s.GetRun(context.Background(), id); err != nil || r.Edge != want {
+					t.Errorf("GetRun(%s).Edge = %q, %v; want %q", id, r.Edge, err, want)
+				}
+			}
+			if len(s.EdgeID()) != 255 {
+				t.Errorf("EdgeID() is %d bytes, want the 255 stored", len(s.EdgeID()))
+			}
 		})
 	}
 }

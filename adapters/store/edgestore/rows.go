@@ -145,7 +145,7 @@ func (row runRow) record() domain.RunRecord {
 	r := domain.RunRecord{
 		ID: row.ID, Node: row.Node, Adapter: row.Adapter, Target: row.Target, SessionID: row.SessionID, Key: row.KeyName,
 		Background: row.Background, Status: domain.RunStatus(row.Status), CreatedAt: fromMicros(row.CreatedUS),
-		FinishedAt: fromMicros(row.FinishedUS), ErrorCode: row.ErrorCode, ErrorMsg: row.ErrorMessage,
+		FinishedAt: fromMicros(row.FinishedUS), ErrorCode: row.ErrorCode, ErrorMsg: row.ErrorMessage, Edge: row.EdgeID,
 	}
 	if row.HasUsage {
 		r.Usage = &domain.Usage{PromptTokens: row.PromptTokens, CompletionTokens: row.CompletionTokens,

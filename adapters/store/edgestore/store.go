@@ -160,6 +160,10 @@ func (s *Store) dropped(n int, err error) {
 
 // Close flushes what is queued (bounded by the write timeout), stops the
 // goroutines and closes the database.
+// EdgeID is the edge id the store writes on every row, as stored (the
+// Edge of the records it reads back that this edge wrote).
+func (s *Store) EdgeID() string { return text(s.opts.EdgeID, 255) }
+
 func (s *Store) Close() error {
 	s.mu.Lock()
 	if s.done {

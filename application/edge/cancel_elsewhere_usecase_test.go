@@ -1,0 +1,46 @@
+package edge_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"iop/application/edge"
+	"iop/domain"
+)
+
+// Two edges share one PostgreSQL history, each with nodes of its own: a
+// cancel asked of edge b for a run edge a dispatched to a's node n1 finds
+// the row, but n1 is not connected to b. It used to answer only "node n1
+// is not connected", which README follows with "cancel again once it is
+// back" — never, through b. The error now names the edge to ask; a run
+// this edge recorded itself keeps the old message.
+func TestCancelOfAnotherEdgesRunNamesThatEdge(t *testing.T) {
+	hist := &rcHistory{recorded: make(chan domain.RunRecord, 4), rows: []domain.RunRecord{
+		{ID: "ra", Node: "n1", Adapter: "exec", Status: domain.RunRunning, Background: true, Edge: "edge-a"},
+		{ID: "rb", Node: "n1", Adapter: "exec", Status: domain.RunRunning, Background: true, Edge: "edge-b"},
+	}}
+	h := edge.NewCancelRunHandler(edge.NewRegistry(), edge.NewRunTracker(0))
+	h.History, h.Record, h.Edge = hist, hist, "edge-b"
+	ctx := domain.WithPrincipal(context.Background(), domain.Principal{Name: "admin", Scopes: []string{domain.ScopeAdmin}})
+
+	node, err := h.Handle(ctx, "ra")
+	if domain.CodeOf(err) != domain.CodeNodeNotFound || node != "n1" {
+		t.Fatalf("cancel of edge-a's run through edge-b = %q, %v; want n1, node_not_found", node, err)
+	}
+	for _, want := range []string{`dispatched by edge "edge-a"`, `cancel it through edge "edge-a"`, `not connected to this edge ("edge-b")`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("cancel of edge-a's run through edge-b: %q lacks %q", err, want)
+		}
+	}
+
+	_, err = h.Handle(ctx, "rb")
+	if domain.CodeOf(err) != domain.CodeNodeNotFound || strings.Contains(err.Error(), "edge") {
+		t.Fatalf("cancel of this edge's own run, its node away: %v; want node_not_found naming no edge", err)
+	}
+	select {
+	case r := <-hist.recorded:
+		t.Fatalf("a cancel that reached no node recorded %+v", r)
+	default:
+	}
+}
