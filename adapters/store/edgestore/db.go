@@ -501,14 +501,28 @@ func (db *DB) applyMigrations(ctx context.Context, tx bun.IDB) error {
 	// and write its tables (a database its owner migrated) could not
 	// start at all.
 	exists := false
+	var role, schema string // whom a refused CREATE names (read first: a refusal aborts tx)
 	if db.postgres {
-		if err := tx.QueryRowContext(ctx, "SELECT to_regclass('edge_schema_migrations') IS NOT NULL").Scan(&exists); err != nil {
+		if err := tx.QueryRowContext(ctx, "SELECT to_regclass('edge_schema_migrations') IS NOT NULL, current_user, coalesce(current_schema(), '')").
+			Scan(&exists, &role, &schema); err != nil {
 			return fmt.Errorf("read migrations: %w", err)
 		}
+	}
+	// cannotCreate says what an edge refused the tables of an empty
+	// database lacks; "permission denied for schema public" alone named
+	// neither the privilege nor how to grant it.
+	cannotCreate := func(err error) error {
+		return fmt.Errorf("%w: this edge's database role %q may not create the history's tables: it needs the CREATE privilege "+
+			"on schema %q (GRANT CREATE ON SCHEMA %s TO %s, as the schema's owner or a superuser), or start this release "+
+			"once as a role that has it (the database's owner), which creates them",
+			err, role, schema, pgIdent(schema), pgIdent(role))
 	}
 	if !exists {
 		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS edge_schema_migrations (
 		version INTEGER PRIMARY KEY, applied_us BIGINT NOT NULL)`); err != nil {
+			if db.postgres && notOwner(err) {
+				return fmt.Errorf("create migrations table: %w", cannotCreate(err))
+			}
 			return fmt.Errorf("create migrations table: %w", err)
 		}
 	}
@@ -535,6 +549,10 @@ func (db *DB) applyMigrations(ctx context.Context, tx bun.IDB) error {
 		}
 		for _, s := range m.stmts {
 			if _, err := tx.ExecContext(ctx, s); err != nil {
+				if notOwner(err) && from == 0 {
+					// No table of the history is there yet to own.
+					return fmt.Errorf("migration %d: %w", m.version, cannotCreate(err))
+				}
 				if notOwner(err) {
 					return fmt.Errorf("migration %d: %w: this edge's database role may not change the history's schema "+
 						"(from version %d to %d); start this release once as the role that owns the tables "+
@@ -551,6 +569,10 @@ func (db *DB) applyMigrations(ctx context.Context, tx bun.IDB) error {
 	}
 	return nil
 }
+
+// pgIdent is name quoted as a PostgreSQL identifier, for a statement an
+// error message suggests.
+func pgIdent(name string) string { return `"` + strings.ReplaceAll(name, `"`, `""`) + `"` }
 
 // notOwner reports whether err is PostgreSQL's refusal of a statement for
 // want of a privilege (SQLSTATE 42501): ALTER TABLE and CREATE INDEX need

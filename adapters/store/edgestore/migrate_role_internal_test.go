@@ -2,12 +2,15 @@ package edgestore
 
 import (
 	"context"
+	"database/sql"
 	"net/url"
 	"strconv"
 	"strings"
 	"testing"
 
 	"iop/adapters/store/pgtest"
+
+	"github.com/uptrace/bun/driver/pgdriver"
 )
 
 // An edge whose role may only read and write the history's tables (its
@@ -121,4 +124,45 @@ func ownerAndRole(t *testing.T, prefix string) (dsn string, owner *DB, role, rol
 	role = prefix + strings.TrimPrefix(u.Path, "/")
 	u.User = url.User(role)
 	return dsn, owner, role, u.String()
+}
+
+// An edge whose role may not create tables in the schema (PostgreSQL 15
+// gives no role but the database's owner CREATE on public), started on an
+// empty database, refuses to start naming the privilege it lacks and the
+// GRANT that gives it. It said only "create migrations table: ERROR:
+// permission denied for schema public".
+func TestPostgresRoleWithoutCreateOnAnEmptyDatabaseSaysWhichPrivilege(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	owner := sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(dsn)))
+	defer owner.Close()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := "nocreate_" + strings.TrimPrefix(u.Path, "/")
+	u.User = url.User(role)
+	for _, q := range []string{"CREATE ROLE " + role + " LOGIN", "REVOKE CREATE ON SCHEMA public FROM PUBLIC"} {
+		if _, err := owner.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	db, err := Open(ctx, u.String())
+	if err == nil {
+		_ = db.Close()
+		t.Fatal("Open as a role without CREATE on the schema created the history")
+	}
+	for _, want := range []string{`role "` + role + `"`, `CREATE privilege on schema "public"`, `GRANT CREATE ON SCHEMA "public" TO "` + role + `"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	// Granted it, the role's edge creates the history.
+	if _, err := owner.ExecContext(ctx, "GRANT CREATE ON SCHEMA public TO "+role); err != nil {
+		t.Fatal(err)
+	}
+	if db, err = Open(ctx, u.String()); err != nil {
+		t.Fatalf("Open once granted CREATE: %v", err)
+	}
+	_ = db.Close()
 }
