@@ -65,9 +65,10 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 	if known && !active {
 		return nodeID, domain.Errorf(domain.CodeRunFinished, "run %s has already finished", runID)
 	}
+	var unread error // the history's failure to say where runID runs
 	if !known {
 		var rec domain.RunRecord
-		rec, known = h.fromHistory(ctx, runID)
+		rec, known, unread = h.fromHistory(ctx, runID)
 		if known && !caller.SeesNode(rec.Node) {
 			return "", domain.Errorf(domain.CodeRunNotFound, "no connected node knows run %s", runID)
 		}
@@ -85,7 +86,15 @@ func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node strin
 		}
 		return nodeID, n.Link.CancelRun(ctx, runID, "")
 	}
-	return h.askAll(parent, h.reg.ListAs(caller), runID)
+	node, err = h.askAll(parent, h.reg.ListAs(caller), runID)
+	if unread != nil && errors.Is(err, domain.ErrRunNotFound) {
+		// No node here knows it, but the history that would say where it
+		// runs (another edge's node, or one away) could not: "not found"
+		// would tell the caller there is nothing to cancel.
+		return "", domain.Errorf(domain.CodeHistoryUnavailable,
+			"no connected node knows run %s, and the edge's history, which says where it runs, cannot be read now; retry later", runID)
+	}
+	return node, err
 }
 
 // askAll asks every node in nodes to cancel runID at once, each within its
@@ -130,17 +139,20 @@ func (h *CancelRunHandler) askAll(ctx context.Context, nodes []NodeView, runID s
 	return "", domain.Errorf(domain.CodeRunNotFound, "no connected node knows run %s", runID)
 }
 
-// fromHistory looks runID up in the history; a history that cannot answer
-// is as good as none (the connected nodes are asked instead).
-func (h *CancelRunHandler) fromHistory(ctx context.Context, runID string) (domain.RunRecord, bool) {
+// fromHistory looks runID up in the history. A history that cannot answer
+// says why in unread; the connected nodes are asked all the same.
+func (h *CancelRunHandler) fromHistory(ctx context.Context, runID string) (rec domain.RunRecord, found bool, unread error) {
 	if h.History == nil {
-		return domain.RunRecord{}, false
+		return domain.RunRecord{}, false, nil
 	}
 	r, err := h.History.GetRun(ctx, runID)
-	if err != nil {
-		return domain.RunRecord{}, false
+	if errors.Is(err, domain.ErrRunNotFound) {
+		return domain.RunRecord{}, false, nil
 	}
-	return r, true
+	if err != nil {
+		return domain.RunRecord{}, false, err
+	}
+	return r, true, nil
 }
 
 // cancelRecorded cancels a run known only from the history on its node

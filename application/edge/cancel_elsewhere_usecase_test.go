@@ -2,6 +2,7 @@ package edge_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -42,5 +43,30 @@ func TestCancelOfAnotherEdgesRunNamesThatEdge(t *testing.T) {
 	case r := <-hist.recorded:
 		t.Fatalf("a cancel that reached no node recorded %+v", r)
 	default:
+	}
+}
+
+// brokenHistory is a history whose database is down.
+type brokenHistory struct{ *rcHistory }
+
+func (brokenHistory) GetRun(context.Context, string) (domain.RunRecord, error) {
+	return domain.RunRecord{}, errors.New("read run: dial tcp 127.0.0.1:5432: connect: connection refused")
+}
+
+// A cancel while the history's database is down, of a run no connected
+// node knows (another edge's, or one whose node is away), answers 503
+// history_unavailable: it answered 404 run_not_found, telling the caller
+// there was nothing to cancel. A history that says it has no such run
+// still makes it run_not_found.
+func TestCancelWithTheHistoryDownIsNotRunNotFound(t *testing.T) {
+	ctx := domain.WithPrincipal(context.Background(), domain.Principal{Name: "admin", Scopes: []string{domain.ScopeAdmin}})
+	h := edge.NewCancelRunHandler(edge.NewRegistry(), edge.NewRunTracker(0))
+	h.History = brokenHistory{&rcHistory{}}
+	if _, err := h.Handle(ctx, "run_elsewhere"); domain.CodeOf(err) != domain.CodeHistoryUnavailable || !strings.Contains(err.Error(), "retry") {
+		t.Fatalf("cancel with the history down = %v, want history_unavailable saying to retry", err)
+	}
+	h.History = &rcHistory{}
+	if _, err := h.Handle(ctx, "run_elsewhere"); domain.CodeOf(err) != domain.CodeRunNotFound {
+		t.Fatalf("cancel of a run the history has not = %v, want run_not_found", err)
 	}
 }
