@@ -162,7 +162,8 @@ func (h *CancelRunHandler) fromHistory(ctx context.Context, runID string) (rec d
 // as it was (its final state is in the node's own store).
 func (h *CancelRunHandler) cancelRecorded(ctx context.Context, rec domain.RunRecord) error {
 	n, ok := h.reg.Get(rec.Node)
-	if !ok && rec.Edge != "" && h.Edge != "" && rec.Edge != h.Edge {
+	elsewhere := rec.Edge != "" && h.Edge != "" && rec.Edge != h.Edge
+	if !ok && elsewhere {
 		// Its node is another edge's: "cancel again once it is back"
 		// would never come true through this one.
 		return domain.Errorf(domain.CodeNodeNotFound,
@@ -174,6 +175,12 @@ func (h *CancelRunHandler) cancelRecorded(ctx context.Context, rec domain.RunRec
 		return domain.Errorf(domain.CodeNodeNotFound, "node %q running %s is not connected", rec.Node, rec.ID)
 	}
 	if err := n.Link.CancelRun(ctx, rec.ID, ""); err != nil {
+		if elsewhere && errors.Is(err, domain.ErrRunNotFound) {
+			// This edge's node of that id is not the other edge's.
+			return domain.Errorf(domain.CodeRunNotFound,
+				"node %q connected to this edge (%q) does not know run %s, which edge %q (store.edge_id) dispatched to its own node %q: cancel it through edge %q",
+				rec.Node, h.Edge, rec.ID, rec.Edge, rec.Node, rec.Edge)
+		}
 		return err
 	}
 	if h.Record != nil {

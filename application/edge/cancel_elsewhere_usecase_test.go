@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"iop/application/edge"
 	"iop/domain"
@@ -68,5 +69,30 @@ func TestCancelWithTheHistoryDownIsNotRunNotFound(t *testing.T) {
 	h.History = &rcHistory{}
 	if _, err := h.Handle(ctx, "run_elsewhere"); domain.CodeOf(err) != domain.CodeRunNotFound {
 		t.Fatalf("cancel of a run the history has not = %v, want run_not_found", err)
+	}
+}
+
+// Edges sharing a history may each have a node of the same id (README
+// warns of it): a cancel through edge b of a run edge a dispatched to a's
+// n1 reaches b's n1, which does not know it. The run_not_found it answers
+// now names the edge to ask; it said only the node's "no such run".
+func TestCancelOfAnotherEdgesRunOnANodeOfTheSameIDNamesThatEdge(t *testing.T) {
+	hist := &rcHistory{recorded: make(chan domain.RunRecord, 4), rows: []domain.RunRecord{
+		{ID: "ra", Node: "n1", Adapter: "exec", Status: domain.RunRunning, Background: true, Edge: "edge-a"},
+	}}
+	reg := edge.NewRegistry()
+	link := &ucLink{id: "n1", cancelErr: domain.Errorf(domain.CodeRunNotFound, "no such run")}
+	if err := reg.Admit(&edge.LiveNode{ID: "n1", Link: link, Config: domain.NodeConfig{NodeID: "n1"}, ConnectedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	h := edge.NewCancelRunHandler(reg, edge.NewRunTracker(0))
+	h.History, h.Record, h.Edge = hist, hist, "edge-b"
+	ctx := domain.WithPrincipal(context.Background(), domain.Principal{Name: "admin", Scopes: []string{domain.ScopeAdmin}})
+	_, err := h.Handle(ctx, "ra")
+	if domain.CodeOf(err) != domain.CodeRunNotFound || !strings.Contains(err.Error(), `cancel it through edge "edge-a"`) {
+		t.Fatalf("cancel through edge-b of edge-a's run on an n1 of each = %v; want run_not_found naming edge-a", err)
+	}
+	if len(hist.recorded) != 0 {
+		t.Fatalf("a cancel the node refused recorded %+v", <-hist.recorded)
 	}
 }
