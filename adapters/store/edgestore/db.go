@@ -186,6 +186,12 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("open edge store: %w", err)
 	}
+	if db.postgres {
+		if err := checkPrivileges(ctx, on); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("open edge store: %w", err)
+		}
+	}
 	if db.read == nil {
 		if err := db.openReaders(ctx, dsn); err != nil {
 			_ = db.Close()
@@ -573,6 +579,52 @@ func (db *DB) applyMigrations(ctx context.Context, tx bun.IDB) error {
 // pgIdent is name quoted as a PostgreSQL identifier, for a statement an
 // error message suggests.
 func pgIdent(name string) string { return `"` + strings.ReplaceAll(name, `"`, `""`) + `"` }
+
+// checkPrivileges refuses a PostgreSQL role that may not read and write
+// the history (README's minimum: SELECT, INSERT, UPDATE, DELETE on
+// edge_runs and edge_tunnels, SELECT on edge_schema_migrations), naming
+// what it lacks and the GRANT that gives it. Such an edge started, and
+// every row it wrote was refused and dropped ("history rows dropped ...
+// permission denied for table edge_runs"): the runs went unrecorded, with
+// a warning in the log at most.
+func checkPrivileges(ctx context.Context, on *bun.DB) error {
+	rows, err := on.QueryContext(ctx, `SELECT current_user, t, p FROM (VALUES
+		('edge_runs', 'SELECT'), ('edge_runs', 'INSERT'), ('edge_runs', 'UPDATE'), ('edge_runs', 'DELETE'),
+		('edge_tunnels', 'SELECT'), ('edge_tunnels', 'INSERT'), ('edge_tunnels', 'UPDATE'), ('edge_tunnels', 'DELETE'),
+		('edge_schema_migrations', 'SELECT')) AS need(t, p)
+		WHERE NOT has_table_privilege(t, p)`)
+	if err != nil {
+		return fmt.Errorf("check privileges: %w", err)
+	}
+	defer rows.Close()
+	var role string
+	missing := map[string][]string{} // table → privileges it lacks
+	var tables []string
+	for rows.Next() {
+		var t, p string
+		if err := rows.Scan(&role, &t, &p); err != nil {
+			return fmt.Errorf("check privileges: %w", err)
+		}
+		if missing[t] == nil {
+			tables = append(tables, t)
+		}
+		missing[t] = append(missing[t], p)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("check privileges: %w", err)
+	}
+	if len(tables) == 0 {
+		return nil
+	}
+	var lacks, grants []string
+	for _, t := range tables {
+		ps := strings.Join(missing[t], ", ")
+		lacks = append(lacks, ps+" on "+t)
+		grants = append(grants, "GRANT "+ps+" ON "+pgIdent(t)+" TO "+pgIdent(role))
+	}
+	return fmt.Errorf("this edge's database role %q may not read and write the history: it lacks %s (%s; as the tables' owner or a superuser)",
+		role, strings.Join(lacks, "; "), strings.Join(grants, "; "))
+}
 
 // notOwner reports whether err is PostgreSQL's refusal of a statement for
 // want of a privilege (SQLSTATE 42501): ALTER TABLE and CREATE INDEX need

@@ -166,3 +166,37 @@ func TestPostgresRoleWithoutCreateOnAnEmptyDatabaseSaysWhichPrivilege(t *testing
 	}
 	_ = db.Close()
 }
+
+// An edge whose role may read the history but not write it refuses to
+// start, naming what it lacks and the GRANT that gives it. It started, and
+// every history row it wrote was refused and dropped (a warning in the log
+// at most): its runs went unrecorded.
+func TestPostgresRoleThatMayNotWriteTheHistoryIsRefused(t *testing.T) {
+	ctx := context.Background()
+	_, owner, role, roleDSN := ownerAndRole(t, "sel_")
+	for _, q := range []string{
+		"CREATE ROLE " + role + " LOGIN",
+		"GRANT SELECT ON edge_runs, edge_tunnels, edge_schema_migrations TO " + role,
+		"GRANT INSERT, UPDATE, DELETE ON edge_tunnels TO " + role,
+	} {
+		if _, err := owner.bun.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	db, err := Open(ctx, roleDSN)
+	if err == nil {
+		_ = db.Close()
+		t.Fatal("Open as a role that may only read edge_runs started")
+	}
+	want := `GRANT INSERT, UPDATE, DELETE ON "edge_runs" TO "` + role + `"`
+	if !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), `role "`+role+`"`) || strings.Contains(err.Error(), "edge_tunnels") {
+		t.Fatalf("error %q does not say %q (and only that)", err, want)
+	}
+	if _, err := owner.bun.ExecContext(ctx, want); err != nil {
+		t.Fatal(err)
+	}
+	if db, err = Open(ctx, roleDSN); err != nil {
+		t.Fatalf("Open once granted: %v", err)
+	}
+	_ = db.Close()
+}
