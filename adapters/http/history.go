@@ -145,6 +145,17 @@ func (s *Server) handleHistoryRun(w http.ResponseWriter, r *http.Request) {
 		s.handleNodeRun(w, r)
 		return
 	}
+	if err != nil && domain.CodeOf(err) != domain.CodeInvalidRequest {
+		// The history cannot be read (its database is down, or the read
+		// timed out): a run a connected node knows is answered as for one
+		// the history lacks, so iop run-get still follows the runs in
+		// flight; otherwise the history's error. It answered 503 even for
+		// a run this edge was streaming.
+		if raw, nerr := s.deps.GetRun.Handle(r.Context(), id); nerr == nil {
+			writeRawJSON(w, http.StatusOK, raw)
+			return
+		}
+	}
 	if err != nil {
 		writeHistoryError(w, err)
 		return

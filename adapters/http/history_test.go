@@ -14,6 +14,7 @@ import (
 	httpapi "iop/adapters/http"
 	"iop/application/edge"
 	"iop/domain"
+	"iop/ports"
 )
 
 // queryHistory is an edge history that records the queries it is asked.
@@ -149,4 +150,34 @@ func TestHistoryUnavailableIsLoggedWithTheStatusAnswered(t *testing.T) {
 		!strings.Contains(fmt.Sprint(line["err"]), "connection refused") {
 		t.Fatalf("error line %v: want the status answered (503) and the detail", line)
 	}
+}
+
+// downGetHistory is downHistory whose GetRun fails too.
+type downGetHistory struct{ downHistory }
+
+func (h *downGetHistory) GetRun(context.Context, string) (domain.RunRecord, error) {
+	return domain.RunRecord{}, errors.New("read run: dial tcp 127.0.0.1:5432: connect: connection refused")
+}
+
+// GET /v1/runs/{id} while the history's database is down answers a run a
+// connected node knows from that node's store, as for a run the history
+// lacks; one no node knows is still 503 history_unavailable (not 404: the
+// history may have it). It answered 503 for every run.
+func TestHistoryRunFallsBackToTheNodeWhileTheHistoryIsDown(t *testing.T) {
+	link := newFakeLink()
+	link.command = func(_ context.Context, name string, args []byte) (ports.CommandStream, error) {
+		if name == "run_get" && strings.Contains(string(args), `"run_live"`) {
+			return &fakeCmdStream{replies: []ports.CommandReply{{Final: true, Result: []byte(
+				`{"run_id":"run_live","adapter":"exec","status":"running","background":true,"created_at":"2026-01-01T00:00:01Z"}`)}}}, nil
+		}
+		return &fakeCmdStream{replies: []ports.CommandReply{{Final: true, Err: domain.Errorf(domain.CodeRunNotFound, "nope")}}}, nil
+	}
+	e := newEnvWithDeps(t, nil, func(_ *env, d *httpapi.Deps) {
+		d.History = edge.NewRunHistoryHandler(&downGetHistory{})
+	}, testNode{"n1", link})
+	m := readJSON(t, e.do("GET", "/v1/runs/run_live", ""), 200)
+	if m["run_id"] != "run_live" || m["node"] != "n1" || m["status"] != "running" {
+		t.Fatalf("run with the history down: %v", m)
+	}
+	wantError(t, e.do("GET", "/v1/runs/run_gone", ""), 503, "history_unavailable")
 }
