@@ -21,10 +21,11 @@ type RunRecord struct {
 	ErrorCode  string
 	ErrorMsg   string
 	Usage      *Usage
-	// Edge is the store.edge_id of the edge that last wrote the record, as
-	// read from the history ("" in a record not read from it): edges
-	// sharing one PostgreSQL history each reach only their own nodes.
-	// Writing a record always stores the writer's own id.
+	// Edge is the store.edge_id of the edge that first recorded the run
+	// (its dispatch; a later write of the row keeps it), as read from the
+	// history ("" in a record not read from it): edges sharing one
+	// PostgreSQL history each reach only their own nodes. A record written
+	// carries the writer's own id whatever Edge says.
 	Edge string
 }
 

@@ -112,6 +112,7 @@ func TestWritesUpsertAlike(t *testing.T) {
 			want := fin
 			want.Node, want.Target = start.Node, start.Target
 			want.CreatedAt, want.FinishedAt, want.Key = time.UnixMicro(100).UTC(), time.UnixMicro(200).UTC(), domain.AnonymousName
+			want.Edge = "e1"
 			want.Usage = &domain.Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: 3, CostUSD: 0.25, Model: "m"}
 			gu, wu := *got.Usage, *want.Usage
 			got.Usage, want.Usage = nil, nil
