@@ -48,6 +48,18 @@ type TunnelRecord struct {
 	// Responses API create), "" for none: whose it is, and where its
 	// follow-ups go, for an edge that no longer remembers it.
 	Response string
+	// UsageOf is the id of the stored response whose usage the tunnel
+	// counted without creating it ("" for none): the first retrieval of a
+	// background response that reported its usage. The history keeps it
+	// so that an edge that no longer remembers the response does not
+	// count that usage again.
+	UsageOf string
+	// UsageCounted, in the record of a response's creation as the history
+	// recalls it (ports.ResponseHistory), says that its usage is not for
+	// this edge to count (any more): the creating tunnel or a later one
+	// (UsageOf) counted it, or it was created through another edge
+	// sharing the history, whose to count it is. Not written.
+	UsageCounted bool
 }
 
 // Duration is how long the tunnel was open.

@@ -61,7 +61,8 @@ type RunHistory interface {
 // response (domain.TunnelRecord.Response).
 type ResponseHistory interface {
 	// ResponseOrigin returns the oldest tunnel recorded as creating
-	// response id; found is false when the history holds none.
+	// response id, with UsageCounted set as the history tells it; found
+	// is false when the history holds none.
 	ResponseOrigin(ctx context.Context, id string) (t domain.TunnelRecord, found bool, err error)
 }
 

@@ -196,6 +196,9 @@ func (h *SubmitProviderTunnelHandler) observeTunnel(t *Tunnel, s domain.TunnelSu
 	if h.Observe.History != nil {
 		rec := domain.TunnelRecord{ID: t.ID, Node: t.Node, Provider: t.Provider, Model: t.Model, Path: t.path, Key: ob.key,
 			Status: t.status, BodyBytes: t.bodyBytes, Usage: t.usage, StartedAt: t.start, FinishedAt: t.start.Add(s.Duration), Response: t.Response}
+		if t.usage != nil {
+			rec.UsageOf = t.UsageOf
+		}
 		if err != nil {
 			rec.ErrorCode = domain.CodeOf(err)
 		}

@@ -350,6 +350,9 @@ const responseRecallTimeout = sessionRecallTimeout
 // key.
 type ResponseOrigin struct {
 	Node, Provider, Key string
+	// Counted: its usage is not for this edge to count (any more), as
+	// domain.TunnelRecord.UsageCounted says.
+	Counted bool
 }
 
 // Connected reports whether node is connected to this edge process (a
@@ -381,7 +384,7 @@ func (h *SubmitProviderTunnelHandler) RecallResponse(ctx context.Context, id str
 	if !found {
 		return ResponseOrigin{}, false, nil
 	}
-	return ResponseOrigin{Node: t.Node, Provider: t.Provider, Key: t.Key}, true, nil
+	return ResponseOrigin{Node: t.Node, Provider: t.Provider, Key: t.Key, Counted: t.UsageCounted}, true, nil
 }
 
 // ProviderTarget is one connected node's provider of some API family.
@@ -437,6 +440,12 @@ type Tunnel struct {
 	// it, so that an edge that no longer remembers the response still
 	// knows its key, node and provider (RecallResponse).
 	Response string
+	// UsageOf, if set before the tunnel ends, is the id of the stored
+	// response a follow-up is about: the history records it with the
+	// usage the tunnel counts (CountUsage), if it counts any, so that an
+	// edge that no longer remembers the response knows it was counted
+	// (RecallResponse).
+	UsageOf string
 
 	h       *SubmitProviderTunnelHandler
 	stream  ports.TunnelStream

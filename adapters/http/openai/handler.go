@@ -490,6 +490,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 	switch {
 	case t.followUp != "":
 		tun.CountUsage = func(*domain.Usage) bool { return h.responses.countUsage(t.followUp) }
+		tun.UsageOf = t.followUp // the history keeps that it counted it, if it does
 	case t.remember:
 		tun.CountUsage = func(*domain.Usage) bool {
 			if created != "" {

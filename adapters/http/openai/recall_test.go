@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -216,5 +217,93 @@ func TestInputTokensOfAResponseWhoseNodeIsAway(t *testing.T) {
 	resp = do(t, http.MethodPost, x.URL+"/v1/responses/input_tokens", `{"previous_response_id":"resp_x","input":"hi","model":"m"}`)
 	if got := readAll(t, resp); resp.StatusCode != 200 || b.count() != 1 {
 		t.Fatalf("with a model: %d %s", resp.StatusCode, got)
+	}
+}
+
+// A background response is queued, with no usage, when created; the first
+// retrieval that reports its usage counts it. So it is after the edge
+// restarts (or forgets the id among 10,000 newer ones): the history says
+// that no tunnel of it counted its usage yet, and then that one did — a
+// retrieval after another restart counts nothing more. A response whose
+// creation counted its usage is not counted again by its retrievals.
+func TestRecalledBackgroundResponseUsageIsCountedOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "edge.db")
+	var polls atomic.Int32
+	withUsage := func(js string, total int64) []step {
+		return []step{status(200), header("Content-Type", "application/json"), body(js),
+			{f: domain.TunnelFrame{Kind: domain.TunnelUsage, Usage: &domain.Usage{PromptTokens: total - 2, CompletionTokens: 2, TotalTokens: total}}},
+			frame(domain.TunnelEnd)}
+	}
+	open := func(req domain.TunnelRequest) (ports.TunnelStream, error) {
+		switch {
+		case req.Method == http.MethodPost && strings.Contains(string(req.Body), "background"):
+			return newFakeStream(response(200, "application/json", `{"id":"resp_bg","status":"queued"}`)...), nil
+		case req.Method == http.MethodPost:
+			return newFakeStream(withUsage(`{"id":"resp_now","status":"completed"}`, 10)...), nil
+		case strings.HasSuffix(req.Path, "resp_bg") && polls.Add(1) == 1:
+			return newFakeStream(response(200, "application/json", `{"id":"resp_bg","status":"in_progress"}`)...), nil
+		case strings.HasSuffix(req.Path, "resp_bg"):
+			return newFakeStream(withUsage(`{"id":"resp_bg","status":"completed"}`, 100)...), nil
+		}
+		return newFakeStream(withUsage(`{"id":"resp_now","status":"completed"}`, 10)...), nil
+	}
+	tokens := func(e *env) (n int64) {
+		for _, l := range e.ledger.Snapshot() {
+			n += l.TotalTokens
+		}
+		return n
+	}
+	// restart starts the edge afresh on the history, once the tunnels
+	// before have all reached it.
+	var st *edgestore.Store
+	restart := func(tunnels int64) *env {
+		t.Helper()
+		if st != nil {
+			waitFor(t, "the tunnels in the history", func() bool {
+				totals, err := st.Usage(context.Background(), domain.UsageQuery{GroupBy: domain.GroupByKey})
+				return err == nil && len(totals) == 1 && totals[0].Tunnels == tunnels
+			})
+			if err := st.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		st = openHistory(t, path)
+		e := historyEnv(t, st, st)
+		e.node(t, "a", open, provider("p", domain.ProviderOpenAI, "m"))
+		return e
+	}
+
+	e := restart(0)
+	x := e.as(t, "x", domain.ScopeInference)
+	readAll(t, do(t, http.MethodPost, x.URL+"/v1/responses", `{"model":"m"}`))
+	readAll(t, do(t, http.MethodPost, x.URL+"/v1/responses", `{"model":"m","background":true}`))
+	if got := tokens(e); got != 10 {
+		t.Fatalf("tokens counted by the creations: %d, want 10 (resp_now's)", got)
+	}
+
+	e = restart(2)
+	x = e.as(t, "x", domain.ScopeInference)
+	for range 3 { // in progress, then completed twice
+		readAll(t, do(t, http.MethodGet, x.URL+"/v1/responses/resp_bg", ""))
+		readAll(t, do(t, http.MethodGet, x.URL+"/v1/responses/resp_now", ""))
+	}
+	if got := tokens(e); got != 100 {
+		t.Fatalf("tokens counted by the retrievals after a restart: %d, want 100 (resp_bg's, once)", got)
+	}
+
+	e = restart(8)
+	x = e.as(t, "x", domain.ScopeInference)
+	readAll(t, do(t, http.MethodGet, x.URL+"/v1/responses/resp_bg", ""))
+	readAll(t, do(t, http.MethodGet, x.URL+"/v1/responses/resp_now", ""))
+	if got := tokens(e); got != 0 {
+		t.Fatalf("tokens counted by the retrievals after a second restart: %d, want none", got)
+	}
+	waitFor(t, "the last tunnels in the history", func() bool {
+		totals, err := st.Usage(context.Background(), domain.UsageQuery{GroupBy: domain.GroupByKey})
+		return err == nil && len(totals) == 1 && totals[0].Tunnels == 10
+	})
+	totals, err := st.Usage(context.Background(), domain.UsageQuery{GroupBy: domain.GroupByKey})
+	if err != nil || totals[0].TotalTokens != 110 {
+		t.Fatalf("the history's usage: %+v, %v; want 110 tokens (10 for resp_now, 100 for resp_bg)", totals, err)
 	}
 }

@@ -75,7 +75,10 @@ func (h *Handler) responseFollowUp(w http.ResponseWriter, r *http.Request, id st
 // responseOf is where response id was created: as this edge remembers
 // it, or, for one it does not remember (it restarted, or forgot the id
 // among 10,000 newer ones), as its history recalls it — remembered from
-// then on, its usage counted by its creation. ok is false when neither
+// then on, its usage counted if the history says a tunnel of it counted
+// it or it is another edge's to count; else (a background response,
+// queued when created) the first retrieval that reports its usage counts
+// it, as for a response this edge remembers. ok is false when neither
 // knows it; err, when the history could not be read.
 func (h *Handler) responseOf(ctx context.Context, id string) (at responseAt, ok bool, err error) {
 	if at, ok := h.responses.get(id); ok {
@@ -85,7 +88,7 @@ func (h *Handler) responseOf(ctx context.Context, id string) (at responseAt, ok 
 	if err != nil || !found {
 		return responseAt{}, false, err
 	}
-	at = responseAt{node: o.Node, provider: o.Provider, key: o.Key, counted: true}
+	at = responseAt{node: o.Node, provider: o.Provider, key: o.Key, counted: o.Counted}
 	if at.key == domain.AnonymousName {
 		at.key = "" // created on an edge without keys: no key's
 	}

@@ -53,7 +53,7 @@ var (
 		"completion_tokens", "total_tokens", "cost_usd", "has_usage"}
 	tunnelColumns = []string{"id", "edge_id", "node", "provider", "model", "path", "key_name", "status",
 		"error_code", "body_bytes", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd",
-		"started_us", "finished_us", "response_id"}
+		"started_us", "finished_us", "response_id", "usage_of"}
 	runWriteSQL    = insertSQL("edge_runs", runColumns, "DO UPDATE SET "+strings.Join(runUpdateSet("edge_runs"), ", "))
 	tunnelWriteSQL = insertSQL("edge_tunnels", tunnelColumns, "DO NOTHING")
 )
@@ -382,6 +382,14 @@ var migrations = []struct {
 	{4, []string{
 		`ALTER TABLE edge_tunnels ADD COLUMN response_id VARCHAR(255)`,
 		`CREATE INDEX edge_tunnels_response_idx ON edge_tunnels (response_id, started_us) WHERE response_id IS NOT NULL`,
+	}},
+	// The stored response whose usage a tunnel counted without creating
+	// it (the first retrieval of a background response that reported its
+	// usage): an edge that recalls the response from the history knows
+	// its usage was counted. Nullable and partial, as response_id.
+	{5, []string{
+		`ALTER TABLE edge_tunnels ADD COLUMN usage_of VARCHAR(255)`,
+		`CREATE INDEX edge_tunnels_usage_of_idx ON edge_tunnels (usage_of) WHERE usage_of IS NOT NULL`,
 	}},
 }
 

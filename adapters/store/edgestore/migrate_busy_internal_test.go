@@ -26,11 +26,7 @@ func TestSQLiteMigrationWaitsForAnotherConnectionsWrite(t *testing.T) {
 	}
 	defer db.Close()
 	// Back to schema 3, as the release before migration 4 left it.
-	for _, q := range []string{
-		"DROP INDEX edge_tunnels_response_idx",
-		"ALTER TABLE edge_tunnels DROP COLUMN response_id",
-		"DELETE FROM edge_schema_migrations WHERE version = 4",
-	} {
+	for _, q := range schema3 {
 		if _, err := db.bun.ExecContext(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}

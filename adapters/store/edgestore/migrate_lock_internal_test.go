@@ -295,8 +295,11 @@ func atSchema3(t *testing.T, dsn string) {
 	}
 }
 
-// schema3 takes a history back from schema 4 to 3.
+// schema3 takes a history back from the latest schema to 3.
 var schema3 = []string{
+	"DROP INDEX edge_tunnels_usage_of_idx",
+	"ALTER TABLE edge_tunnels DROP COLUMN usage_of",
+	"DELETE FROM edge_schema_migrations WHERE version = 5",
 	"DROP INDEX edge_tunnels_response_idx",
 	"ALTER TABLE edge_tunnels DROP COLUMN response_id",
 	"DELETE FROM edge_schema_migrations WHERE version = 4",

@@ -119,3 +119,71 @@ func TestMigrationAddsTheResponseOfATunnel(t *testing.T) {
 		})
 	}
 }
+
+// A recalled response's usage is for the recalling edge to count only when
+// no tunnel counted it: not its creation (a background response's was
+// queued, with no usage), nor a retrieval recorded as counting it
+// (usage_of), and it is not another edge's — in a PostgreSQL history
+// shared by edges; an SQLite file's responses are all its edge's, under
+// whatever id it wrote them. The look-up of the retrieval goes through
+// its index.
+func TestResponseOriginSaysWhetherItsUsageWasCounted(t *testing.T) {
+	for name, newDSN := range map[string]func() string{
+		"sqlite":   func() string { return filepath.Join(t.TempDir(), "edge.db") },
+		"postgres": func() string { return pgtest.DSN(t) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			db, err := Open(ctx, newDSN())
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := New(db, Options{EdgeID: "e1", Retention: -1, FlushInterval: 10 * time.Millisecond})
+			defer s.Close()
+			other := New(db, Options{EdgeID: "e2", Retention: -1, FlushInterval: 10 * time.Millisecond})
+			defer other.Close()
+			usage := &domain.Usage{PromptTokens: 8, CompletionTokens: 2, TotalTokens: 10}
+			at := func(us int64) (time.Time, time.Time) { return time.UnixMicro(us), time.UnixMicro(us + 1) }
+			tunnel := func(st *Store, id string, us int64, u *domain.Usage, created, usageOf string) {
+				start, end := at(us)
+				st.RecordTunnel(domain.TunnelRecord{ID: id, Node: "n1", Provider: "p1", Key: "alice", Path: "/v1/responses", Status: 200,
+					Usage: u, StartedAt: start, FinishedAt: end, Response: created, UsageOf: usageOf})
+			}
+			tunnel(s, "tun_now", 1, usage, "resp_now", "")  // created with its usage
+			tunnel(s, "tun_bg", 2, nil, "resp_bg", "")      // background: queued
+			tunnel(s, "tun_bg2", 3, nil, "resp_bg2", "")    // background, then retrieved:
+			tunnel(s, "tun_poll", 4, nil, "", "")           // still queued
+			tunnel(s, "tun_done", 5, usage, "", "resp_bg2") // completed, counted
+			tunnel(other, "tun_e2", 6, nil, "resp_e2", "")  // another edge's background response
+			tunnel(s, "tun_last", 7, nil, "resp_last", "")  // written last: all are there once it is
+			waitFor(t, func() bool { _, found, err := s.ResponseOrigin(ctx, "resp_last"); return err == nil && found })
+			waitFor(t, func() bool { _, found, err := s.ResponseOrigin(ctx, "resp_e2"); return err == nil && found })
+			want := map[string]bool{"resp_now": true, "resp_bg": false, "resp_bg2": true, "resp_e2": db.postgres}
+			for id, counted := range want {
+				r, found, err := s.ResponseOrigin(ctx, id)
+				if err != nil || !found || r.UsageCounted != counted || r.Node != "n1" || r.Key != "alice" {
+					t.Errorf("%s: %+v, %v, %v; want found, UsageCounted %v", id, r, found, err, counted)
+				}
+			}
+			if !db.postgres {
+				plan, err := sqlitePlan(ctx, db, db.usageOfQuery("resp_x").String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p := strings.Join(plan, "\n"); !strings.Contains(p, "edge_tunnels_usage_of_idx") {
+					t.Fatalf("plan does not use edge_tunnels_usage_of_idx:\n%s", p)
+				}
+			}
+		})
+	}
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+	}
+}

@@ -63,6 +63,16 @@ type tunnelRow struct {
 	// ResponseID is the stored response the tunnel created; NULL for none
 	// (most tunnels), which its index leaves out.
 	ResponseID string `bun:"response_id,nullzero"`
+	// UsageOf is the stored response whose usage the tunnel counted
+	// without creating it; NULL for none (nearly all tunnels), which its
+	// index leaves out.
+	UsageOf string `bun:"usage_of,nullzero"`
+}
+
+// hasUsage reports whether the row records usage: a tunnel that counted
+// none records zeros.
+func (row tunnelRow) hasUsage() bool {
+	return row.PromptTokens != 0 || row.CompletionTokens != 0 || row.TotalTokens != 0 || row.CostUSD != 0
 }
 
 // maxResponseID bounds a stored response id as kept (and looked up).
@@ -159,7 +169,7 @@ func toTunnelRow(edgeID string, t domain.TunnelRecord) tunnelRow {
 		ID: text(t.ID, 64), EdgeID: text(edgeID, 255), Node: text(t.Node, 255), Provider: text(t.Provider, 255),
 		Model: text(t.Model, 255), Path: text(t.Path, maxText), KeyName: text(keyOr(t.Key), 255), Status: t.Status,
 		ErrorCode: text(t.ErrorCode, 64), BodyBytes: t.BodyBytes, StartedUS: micros(t.StartedAt), FinishedUS: micros(t.FinishedAt),
-		ResponseID: responseID(t.Response),
+		ResponseID: responseID(t.Response), UsageOf: responseID(t.UsageOf),
 	}
 	if u := t.Usage; u != nil {
 		row.PromptTokens, row.CompletionTokens, row.TotalTokens, row.CostUSD = storedUsage(*u)
@@ -188,7 +198,7 @@ func (row *runRow) args() []any {
 func (row *tunnelRow) args() []any {
 	return []any{row.ID, row.EdgeID, row.Node, row.Provider, row.Model, row.Path, row.KeyName, int64(row.Status),
 		row.ErrorCode, row.BodyBytes, row.PromptTokens, row.CompletionTokens, row.TotalTokens, row.CostUSD,
-		row.StartedUS, row.FinishedUS, nullString(row.ResponseID)}
+		row.StartedUS, row.FinishedUS, nullString(row.ResponseID), nullString(row.UsageOf)}
 }
 
 // nullString is s as a value to bind: NULL for "".

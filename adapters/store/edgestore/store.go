@@ -589,7 +589,12 @@ func (s *Store) GetRun(ctx context.Context, id string) (domain.RunRecord, error)
 // response id (ports.ResponseHistory): the first to answer with an id
 // created it, as the edge remembers ids in memory. found is false when the
 // history holds no such tunnel (an id it cannot keep whole, responseID,
-// is never found).
+// is never found). Its usage counts as counted (UsageCounted) when that
+// tunnel recorded usage, when a later tunnel recorded it as the
+// response's (usage_of), or when another edge sharing the PostgreSQL
+// history created it: that edge counts it on a retrieval through it, and
+// two edges counting it would count it twice. An SQLite file is one
+// edge's: its responses are all its own.
 func (s *Store) ResponseOrigin(ctx context.Context, id string) (domain.TunnelRecord, bool, error) {
 	id = responseID(id)
 	if id == "" {
@@ -598,24 +603,44 @@ func (s *Store) ResponseOrigin(ctx context.Context, id string) (domain.TunnelRec
 	ctx, cancel := s.readContext(ctx)
 	defer cancel()
 	var rows []tunnelRow
+	counted := false
 	if err := s.retry(ctx, func() error {
-		rows = nil
-		return s.db.responseQuery(&rows, id).Scan(ctx)
+		rows, counted = nil, false
+		if err := s.db.responseQuery(&rows, id).Scan(ctx); err != nil || len(rows) == 0 {
+			return err
+		}
+		row := rows[0]
+		counted = row.hasUsage() || (s.db.postgres && row.EdgeID != text(s.opts.EdgeID, 255))
+		if counted {
+			return nil
+		}
+		var err error
+		counted, err = s.db.usageOfQuery(id).Exists(ctx)
+		return err
 	}); err != nil {
 		return domain.TunnelRecord{}, false, s.readError(ctx, fmt.Errorf("read response: %w", err))
 	}
 	if len(rows) == 0 {
 		return domain.TunnelRecord{}, false, nil
 	}
-	return rows[0].record(), true, nil
+	rec := rows[0].record()
+	rec.UsageCounted = counted
+	return rec, true, nil
 }
 
 // responseQuery is ResponseOrigin's statement: the oldest tunnel of
 // response id (as stored), through edge_tunnels_response_idx, read as far
-// as its origin (not its path, up to maxText bytes).
+// as its origin and usage (not its path, up to maxText bytes).
 func (db *DB) responseQuery(rows *[]tunnelRow, id string) *bun.SelectQuery {
-	return db.read.NewSelect().Model(rows).Column("id", "node", "provider", "key_name", "response_id").
+	return db.read.NewSelect().Model(rows).
+		Column("id", "edge_id", "node", "provider", "key_name", "response_id", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd").
 		Where("response_id = ?", id).OrderExpr("started_us ASC, id ASC").Limit(1)
+}
+
+// usageOfQuery selects the tunnels that counted the usage of response id
+// (as stored) without creating it, through edge_tunnels_usage_of_idx.
+func (db *DB) usageOfQuery(id string) *bun.SelectQuery {
+	return db.read.NewSelect().Table("edge_tunnels").Column("id").Where("usage_of = ?", id).Limit(1)
 }
 
 // Limits of a listing.

@@ -56,7 +56,7 @@ func TestPreparedColumnsMatchRows(t *testing.T) {
 	check(r, runColumns, r.args())
 	tu := toTunnelRow("e1", domain.TunnelRecord{ID: "tun_1", Node: "n", Provider: "p", Model: "mo", Path: "/x", Key: "k",
 		Status: 200, ErrorCode: "c", BodyBytes: 9, StartedAt: time.UnixMicro(1), FinishedAt: time.UnixMicro(2),
-		Usage: &domain.Usage{PromptTokens: 3, CompletionTokens: 4, CostUSD: 0.5}, Response: "resp_1"})
+		Usage: &domain.Usage{PromptTokens: 3, CompletionTokens: 4, CostUSD: 0.5}, Response: "resp_1", UsageOf: "resp_0"})
 	args := tu.args()
 	args[7] = int(args[7].(int64)) // the status column is bound as int64
 	check(tu, tunnelColumns, args)
