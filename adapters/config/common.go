@@ -27,12 +27,24 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.ScalarNode {
 		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: a duration must be a string such as \"30s\"", n.Line)}}
 	}
-	v, err := time.ParseDuration(strings.TrimSpace(n.Value))
+	v, err := ParseDuration(n.Value)
 	if err != nil {
-		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: invalid duration %q (use Go syntax such as \"500ms\", \"30s\", \"1m\")", n.Line, n.Value)}}
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %v", n.Line, err)}}
 	}
 	*d = Duration(v)
 	return nil
+}
+
+// ParseDuration reads v as a config file's duration is read: Go syntax
+// with a unit. Its error is the one message for a malformed duration,
+// whether it came from a file, a flag or an environment variable; a bare
+// number is refused saying a unit is needed (its unit would be a guess).
+func ParseDuration(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil {
+		return 0, fmt.Errorf("invalid duration %q (use Go syntax with a unit, such as \"500ms\", \"30s\", \"1m\")", v)
+	}
+	return d, nil
 }
 
 // MarshalYAML writes the duration in the same syntax UnmarshalYAML reads.

@@ -1231,3 +1231,29 @@ func TestTunnelCloseEndsAStalledBodyRead(t *testing.T) {
 		t.Fatal("Close returned before the uploader did")
 	}
 }
+
+// reportStats does not trust its caller for the floor: a ClientConfig
+// built in code with a nanosecond interval gets MinStatsInterval, not a
+// report per nanosecond.
+func TestStatsIntervalBelowTheFloorIsRaised(t *testing.T) {
+	for d, want := range map[time.Duration]time.Duration{
+		0:                    DefaultStatsInterval,
+		-time.Second:         DefaultStatsInterval,
+		time.Nanosecond:      MinStatsInterval,
+		MinStatsInterval - 1: MinStatsInterval,
+		MinStatsInterval:     MinStatsInterval,
+		time.Minute:          time.Minute,
+	} {
+		if got := statsInterval(d); got != want {
+			t.Errorf("statsInterval(%s) = %s, want %s", d, got, want)
+		}
+	}
+	var calls atomic.Int64
+	p := newPair(t, pairOptions{}, nil)
+	r := reportStats(p.ctx, p.cli.currentConn(), func() domain.NodeStats { calls.Add(1); return domain.NodeStats{} }, time.Nanosecond)
+	time.Sleep(350 * time.Millisecond)
+	r.stop()
+	if n := calls.Load(); n < 1 || n > 5 {
+		t.Fatalf("%d reports in 350ms with a 1ns interval, want at most one per %s", n, MinStatsInterval)
+	}
+}

@@ -13,6 +13,13 @@ import (
 // DefaultStatsInterval is how often a node sends its NodeStats.
 const DefaultStatsInterval = 15 * time.Second
 
+// MinStatsInterval is the shortest interval between two stats reports:
+// each report is a frame on the edge link, and one every microsecond kept
+// the node busy on a core sending tens of thousands a second (a report
+// given less time than it takes to send is cut short and sent again at
+// once). A shorter ClientConfig.StatsInterval is raised to it.
+const MinStatsInterval = 100 * time.Millisecond
+
 // Bounds of a NodeStats message as the edge keeps it: a node cannot grow
 // the edge's metrics beyond them.
 const (
@@ -71,17 +78,27 @@ func statsToDomain(p *ioppb.NodeStats) domain.NodeStats {
 // config applied changes them). Each report runs from a timer, so
 // between reports no goroutine waits for the next one (an idle link keeps
 // one goroutine per side, its read loop). stop ends the reports and waits for one in
-// progress; call it once the connection has ended.
+// progress; call it once the connection has ended. An interval of zero or
+// less means DefaultStatsInterval; a positive one below MinStatsInterval is
+// raised to it, whoever the caller is.
 func reportStats(ctx context.Context, conn *Conn, stats func() domain.NodeStats, interval time.Duration) *statsReporter {
-	if interval <= 0 {
-		interval = DefaultStatsInterval
-	}
-	r := &statsReporter{ctx: ctx, conn: conn, stats: stats, interval: interval}
+	r := &statsReporter{ctx: ctx, conn: conn, stats: stats, interval: statsInterval(interval)}
 	r.mu.Lock()
 	r.running.Add(1)
 	r.timer = time.AfterFunc(0, r.send)
 	r.mu.Unlock()
 	return r
+}
+
+// statsInterval is the interval reportStats uses when asked for d.
+func statsInterval(d time.Duration) time.Duration {
+	switch {
+	case d <= 0:
+		return DefaultStatsInterval
+	case d < MinStatsInterval:
+		return MinStatsInterval
+	}
+	return d
 }
 
 type statsReporter struct {

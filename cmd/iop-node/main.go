@@ -45,7 +45,7 @@ func main() {
 		keyFile   = flag.String("key", "", "key of --cert (PEM)")
 	)
 	flag.Func("stats-interval", "how often to send node stats to the edge, a `duration` of at least 100ms (default 15s; env IOP_NODE_STATS_INTERVAL)", func(v string) error {
-		d, err := parseDuration(v)
+		d, err := config.ParseDuration(v)
 		*statsIvl = d
 		return err
 	})
@@ -99,26 +99,9 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	if *statsIvl == 0 {
-		if v := os.Getenv("IOP_NODE_STATS_INTERVAL"); v != "" {
-			d, err := parseDuration(v)
-			if err != nil {
-				fail(fmt.Errorf("IOP_NODE_STATS_INTERVAL: %w", err))
-			}
-			if d <= 0 {
-				fail(fmt.Errorf("IOP_NODE_STATS_INTERVAL %q is not a positive duration", v))
-			}
-			if d < minStatsInterval {
-				fail(fmt.Errorf("IOP_NODE_STATS_INTERVAL %s is below %s", d, minStatsInterval))
-			}
-			*statsIvl = d
-		}
-	}
-	if *statsIvl < 0 {
-		fail(fmt.Errorf("--stats-interval must be positive"))
-	}
-	if *statsIvl > 0 && *statsIvl < minStatsInterval {
-		fail(fmt.Errorf("--stats-interval %s is below %s", *statsIvl, minStatsInterval))
+	ivl, err := statsInterval(*statsIvl, os.Getenv("IOP_NODE_STATS_INTERVAL"))
+	if err != nil {
+		fail(err)
 	}
 	log := bootstrap.NewLogger(cfg.Log, nil)
 	// Before any child starts: what a run's processes leave behind when
@@ -145,7 +128,7 @@ func main() {
 		bootstrap.Node(bootstrap.NodeSettings{
 			Edge: cfg.Edge, Token: tok, DB: cfg.DB, Logger: log,
 			MinBackoff: cfg.Reconnect.Min.Std(), MaxBackoff: cfg.Reconnect.Max.Std(),
-			StatsInterval:  *statsIvl,
+			StatsInterval:  ivl,
 			StoreRetention: cfg.Store.Retention.Std(),
 			Transport:      transport.Config{TLS: linkTLS},
 		}),
@@ -155,19 +138,22 @@ func main() {
 	os.Exit(code)
 }
 
-// minStatsInterval is the shortest --stats-interval: each report is a
-// frame on the edge link, and one every microsecond kept the node busy on
-// a core sending tens of thousands a second (a report given less time than
-// it takes to send is cut short and sent again at once).
-const minStatsInterval = 100 * time.Millisecond
-
-// parseDuration reads a duration as the config files take it: Go syntax
-// with a unit; a bare number is refused saying so (its unit would be a
-// guess), not with flag's "parse error".
-func parseDuration(v string) (time.Duration, error) {
-	d, err := time.ParseDuration(strings.TrimSpace(v))
-	if err != nil {
-		return 0, fmt.Errorf("invalid duration %q (use Go syntax with a unit, such as \"500ms\", \"30s\", \"1m\")", v)
+// statsInterval merges --stats-interval (flag, zero when not given) with
+// IOP_NODE_STATS_INTERVAL (env, used only when the flag is not given) and
+// checks the result once: zero means the transport's default, anything
+// else must be at least transport.MinStatsInterval. The error names where
+// the value came from.
+func statsInterval(flag time.Duration, env string) (time.Duration, error) {
+	d, src, given := flag, "--stats-interval", flag != 0
+	if !given && env != "" {
+		v, err := config.ParseDuration(env)
+		if err != nil {
+			return 0, fmt.Errorf("IOP_NODE_STATS_INTERVAL: %w", err)
+		}
+		d, src, given = v, "IOP_NODE_STATS_INTERVAL", true
+	}
+	if given && d < transport.MinStatsInterval {
+		return 0, fmt.Errorf("%s %s is below %s", src, d, transport.MinStatsInterval)
 	}
 	return d, nil
 }
