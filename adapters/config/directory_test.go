@@ -241,3 +241,22 @@ func TestRecordsOfOneTokenGivenThreeWaysMatch(t *testing.T) {
 		}
 	}
 }
+
+// A NodeEntry built in code, not parsed from YAML, takes token_sha256 with
+// the "sha256:" prefix too: the prefix is dropped where the digest is read,
+// not by a rewrite only ParseEdge did.
+func TestNodeEntryBuiltInCodeTakesSHA256Prefix(t *testing.T) {
+	const tok = "code-built-token-0123"
+	c := &config.EdgeConfig{Nodes: []config.NodeEntry{{ID: "a", TokenSHA256: "SHA256:" + strings.ToUpper(config.TokenHash(tok))}}}
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	recs := c.Records()
+	if recs[0].TokenSHA256 != config.TokenHash(tok) {
+		t.Fatalf("record digest = %q, want the bare lower-case %q", recs[0].TokenSHA256, config.TokenHash(tok))
+	}
+	if r, err := config.NewDirectory(recs).Authenticate(tok); err != nil || r.ID != "a" {
+		t.Fatalf("Authenticate = %q, %v; want node a", r.ID, err)
+	}
+}

@@ -337,9 +337,6 @@ func parseEdge(name string, data []byte, resolveEnv bool) (*EdgeConfig, error) {
 	c.resolvePaths(name)
 	c.SetDefaults()
 	c.resolveStore(name)
-	for i := range c.Nodes {
-		c.Nodes[i].TokenSHA256 = trimSHA256Prefix(c.Nodes[i].TokenSHA256)
-	}
 	if err := c.validate(resolveEnv); err != nil {
 		return nil, locate(name, indexLines(data), err, nil, true)
 	}
@@ -605,10 +602,11 @@ func (n NodeEntry) envTokenOnly() bool {
 	return n.TokenEnv != "" && n.Token == "" && n.TokenSHA256 == ""
 }
 
-// parseTokenSHA256 decodes token_sha256: 64 hex digits.
+// parseTokenSHA256 decodes token_sha256: 64 hex digits, optionally after
+// "sha256:".
 func parseTokenSHA256(s string) ([32]byte, error) {
 	var d [32]byte
-	b, err := hex.DecodeString(s)
+	b, err := hex.DecodeString(trimSHA256Prefix(s))
 	if err != nil || len(b) != len(d) {
 		return d, errors.New("token_sha256 must be 64 hex digits (the output of iop-edge hash-token)")
 	}
@@ -617,7 +615,9 @@ func parseTokenSHA256(s string) ([32]byte, error) {
 }
 
 // trimSHA256Prefix drops a "sha256:" prefix (either case) from a digest:
-// key_sha256 and token_sha256 both take one.
+// key_sha256 and token_sha256 both take one. It is applied where a digest
+// is read (ResolveKeyHash, parseTokenSHA256, Records), never by rewriting
+// the parsed config, so an entry built in code takes the prefix too.
 func trimSHA256Prefix(h string) string {
 	if len(h) > 7 && strings.EqualFold(h[:7], "sha256:") {
 		return h[7:]
@@ -664,7 +664,7 @@ func (c *EdgeConfig) Records() []domain.NodeRecord {
 		tok, _ := n.ResolveToken()
 		r := domain.NodeRecord{ID: n.ID, Token: tok}
 		if tok == "" {
-			r.TokenSHA256 = strings.ToLower(n.TokenSHA256)
+			r.TokenSHA256 = strings.ToLower(trimSHA256Prefix(n.TokenSHA256))
 		}
 		for _, a := range n.Adapters {
 			r.Adapters = append(r.Adapters, a.toDomain())
