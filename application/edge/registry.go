@@ -133,27 +133,38 @@ func (r *Registry) leave(id string, link ports.NodeLink, reason string) bool {
 // while its runs in flight go on and their events still arrive. It
 // reports whether the mark is new.
 func (r *Registry) MarkDraining(id string, link ports.NodeLink) bool {
+	return r.markDraining(id, link, false)
+}
+
+// MarkStopping is MarkDraining on the node's own word that it stops (its
+// node_draining, or a run it refused with shutting_down): the end of its
+// link is then reported as the stop it is (Stopping). A node already
+// draining (a reload's mark) is marked stopping all the same, and false is
+// returned as the drain mark is not new.
+func (r *Registry) MarkStopping(id string, link ports.NodeLink) bool {
+	return r.markDraining(id, link, true)
+}
+
+// markDraining marks node id, while served by link, draining and, with
+// stopping, stopping, under one lock: stopping always implies draining, so
+// no reader sees a node stopping that still takes runs. It reports whether
+// the drain mark is new.
+func (r *Registry) markDraining(id string, link ports.NodeLink, stopping bool) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n, ok := r.nodes[id]
-	if !ok || n.Link != link || n.draining {
+	if !ok || n.Link != link {
+		return false
+	}
+	if stopping {
+		n.stopping = true
+	}
+	if n.draining {
 		return false
 	}
 	n.draining = true
 	r.draining++
 	return true
-}
-
-// MarkStopping is MarkDraining on the node's own word that it stops (its
-// node_draining, or a run it refused with shutting_down): the end of its
-// link is then reported as the stop it is (Stopping).
-func (r *Registry) MarkStopping(id string, link ports.NodeLink) bool {
-	r.mu.Lock()
-	if n, ok := r.nodes[id]; ok && n.Link == link {
-		n.stopping = true
-	}
-	r.mu.Unlock()
-	return r.MarkDraining(id, link)
 }
 
 // Stopping reports whether node id, served by link, said it stops.
