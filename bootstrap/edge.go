@@ -114,7 +114,11 @@ func Edge(s EdgeSettings) fx.Option {
 			func(reg *edgeapp.Registry, runs *edgeapp.RunTracker, st *edgestore.Store, rc *edgeapp.HistoryReconciler) *edgeapp.CancelRunHandler {
 				h := edgeapp.NewCancelRunHandler(reg, runs)
 				h.History, h.Record, h.Reconcile = st, st, rc
-				h.Edge = st.EdgeID()
+				if st.Shared() {
+					// An SQLite history is this edge's alone: a row under
+					// another id is this edge's under an earlier host name.
+					h.Edge = st.EdgeID()
+				}
 				return h
 			},
 			func(s EdgeSettings, reg *edgeapp.Registry, st *edgestore.Store, log *slog.Logger) *edgeapp.TerminateSessionHandler {

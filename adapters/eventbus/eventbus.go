@@ -10,8 +10,8 @@
 // detected by watching Dropped. A subscription made with SubscribeBytes is
 // also bounded in bytes (see Weight): an event that would take its buffered
 // total past the bound is dropped the same way, so a stalled subscriber holds
-// at most that much run output alive, not its buffer's depth of 32 KiB
-// output chunks.
+// at most that much run output alive, not its buffer's depth of events of
+// up to 32 KiB (a run event's metadata; its text up to 16 KiB).
 //
 // Ordering: Publish calls are serialized, so every subscriber sees the events
 // it receives in one global order, and events published by one goroutine

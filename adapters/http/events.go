@@ -13,10 +13,10 @@ import (
 )
 
 // eventBuffer is each event feed subscriber's buffer on the bus, and
-// eventBufferBytes its bound in bytes (eventbus.Weight): output chunks are
-// up to 32 KiB, so 1,024 of them buffered for a stalled feed held 32 MiB
-// alive until its write deadline ended it, half a GiB for one key's 16
-// feeds. A feed over the bound loses events as over eventBuffer (": dropped
+// eventBufferBytes its bound in bytes (eventbus.Weight): a run event holds
+// up to 16 KiB of text or 32 KiB of metadata, so 1,024 of them buffered
+// for a stalled feed held up to 32 MiB alive until its write deadline
+// ended it, half a GiB for one key's 16 feeds. A feed over the bound loses events as over eventBuffer (": dropped
 // N events").
 const (
 	eventBuffer      = 1024

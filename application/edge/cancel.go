@@ -40,7 +40,9 @@ func NewCancelRunHandler(reg *Registry, runs *RunTracker) *CancelRunHandler {
 	return &CancelRunHandler{reg: reg, runs: runs, timeout: 10 * time.Second}
 }
 
-// Handle cancels runID. Errors: run_not_found, run_finished, node_not_found.
+// Handle cancels runID. Errors: run_not_found, run_finished, node_not_found,
+// and history_unavailable for a run no connected node knows while the
+// history cannot be read.
 // A run this edge did not dispatch (for example a background run from before
 // an edge restart) is looked for on every connected node.
 func (h *CancelRunHandler) Handle(ctx context.Context, runID string) (node string, err error) {

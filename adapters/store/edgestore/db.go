@@ -11,6 +11,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"strconv"
 	"strings"
@@ -43,6 +44,13 @@ type DB struct {
 	stmts    sqlprep.Cache // the history writes, prepared once (SQLite only)
 	narrowed []string      // files Open made private, for the caller to log
 	readOnly bool          // an SQLite file opened read-only (mode=ro)
+
+	// usageOfSince is when migration 5 (usage_of) was applied, in µs:
+	// before it no tunnel recorded the stored response whose usage it
+	// counted, so a response created earlier is taken as counted, as
+	// every recalled response was then (ResponseOrigin). MaxInt64 when the
+	// schema has no usage_of (a read-only file of an older release).
+	usageOfSince int64
 }
 
 // Column lists of the prepared writes, in the order of runRow.args and
@@ -191,6 +199,12 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 			_ = db.Close()
 			return nil, fmt.Errorf("open edge store: %w", err)
 		}
+	}
+	if err := on.QueryRowContext(ctx, "SELECT applied_us FROM edge_schema_migrations WHERE version = 5").Scan(&db.usageOfSince); errors.Is(err, sql.ErrNoRows) {
+		db.usageOfSince = math.MaxInt64
+	} else if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open edge store: read the schema's migrations: %w", err)
 	}
 	if db.read == nil {
 		if err := db.openReaders(ctx, dsn); err != nil {

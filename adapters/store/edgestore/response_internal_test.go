@@ -143,22 +143,26 @@ func TestResponseOriginSaysWhetherItsUsageWasCounted(t *testing.T) {
 			other := New(db, Options{EdgeID: "e2", Retention: -1, FlushInterval: 10 * time.Millisecond})
 			defer other.Close()
 			usage := &domain.Usage{PromptTokens: 8, CompletionTokens: 2, TotalTokens: 10}
-			at := func(us int64) (time.Time, time.Time) { return time.UnixMicro(us), time.UnixMicro(us + 1) }
+			// After migration 5 was applied (Open): a response created
+			// before it counts as counted, as every recalled one did then.
+			base := time.Now().UnixMicro() + 1000
+			at := func(us int64) (time.Time, time.Time) { return time.UnixMicro(base + us), time.UnixMicro(base + us + 1) }
 			tunnel := func(st *Store, id string, us int64, u *domain.Usage, created, usageOf string) {
 				start, end := at(us)
 				st.RecordTunnel(domain.TunnelRecord{ID: id, Node: "n1", Provider: "p1", Key: "alice", Path: "/v1/responses", Status: 200,
 					Usage: u, StartedAt: start, FinishedAt: end, Response: created, UsageOf: usageOf})
 			}
-			tunnel(s, "tun_now", 1, usage, "resp_now", "")  // created with its usage
-			tunnel(s, "tun_bg", 2, nil, "resp_bg", "")      // background: queued
-			tunnel(s, "tun_bg2", 3, nil, "resp_bg2", "")    // background, then retrieved:
-			tunnel(s, "tun_poll", 4, nil, "", "")           // still queued
-			tunnel(s, "tun_done", 5, usage, "", "resp_bg2") // completed, counted
-			tunnel(other, "tun_e2", 6, nil, "resp_e2", "")  // another edge's background response
-			tunnel(s, "tun_last", 7, nil, "resp_last", "")  // written last: all are there once it is
+			tunnel(s, "tun_now", 1, usage, "resp_now", "")                       // created with its usage
+			tunnel(s, "tun_bg", 2, nil, "resp_bg", "")                           // background: queued
+			tunnel(s, "tun_bg2", 3, nil, "resp_bg2", "")                         // background, then retrieved:
+			tunnel(s, "tun_poll", 4, nil, "", "")                                // still queued
+			tunnel(s, "tun_done", 5, usage, "", "resp_bg2")                      // completed, counted
+			tunnel(other, "tun_e2", 6, nil, "resp_e2", "")                       // another edge's background response
+			tunnel(s, "tun_old", -time.Hour.Microseconds(), nil, "resp_old", "") // before the upgrade: maybe counted
+			tunnel(s, "tun_last", 7, nil, "resp_last", "")                       // written last: all are there once it is
 			waitFor(t, func() bool { _, found, err := s.ResponseOrigin(ctx, "resp_last"); return err == nil && found })
 			waitFor(t, func() bool { _, found, err := s.ResponseOrigin(ctx, "resp_e2"); return err == nil && found })
-			want := map[string]bool{"resp_now": true, "resp_bg": false, "resp_bg2": true, "resp_e2": db.postgres}
+			want := map[string]bool{"resp_now": true, "resp_bg": false, "resp_bg2": true, "resp_e2": db.postgres, "resp_old": true}
 			for id, counted := range want {
 				r, found, err := s.ResponseOrigin(ctx, id)
 				if err != nil || !found || r.UsageCounted != counted || r.Node != "n1" || r.Key != "alice" {

@@ -158,12 +158,17 @@ func (s *Store) dropped(n int, err error) {
 	s.lost.Lost(n, err)
 }
 
-// Close flushes what is queued (bounded by the write timeout), stops the
-// goroutines and closes the database.
 // EdgeID is the edge id the store writes on every row, as stored (the
 // Edge of the records it reads back that this edge wrote).
 func (s *Store) EdgeID() string { return text(s.opts.EdgeID, 255) }
 
+// Shared reports whether other edges may write this history too: a
+// PostgreSQL one may be shared, an SQLite file is one edge's (whose
+// earlier edge ids, a host name that changed, are its own).
+func (s *Store) Shared() bool { return s.db.postgres }
+
+// Close flushes what is queued (bounded by the write timeout), stops the
+// goroutines and closes the database.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	if s.done {
@@ -594,7 +599,9 @@ func (s *Store) GetRun(ctx context.Context, id string) (domain.RunRecord, error)
 // response's (usage_of), or when another edge sharing the PostgreSQL
 // history created it: that edge counts it on a retrieval through it, and
 // two edges counting it would count it twice. An SQLite file is one
-// edge's: its responses are all its own.
+// edge's: its responses are all its own. A response created before the
+// schema recorded usage_of (migration 5) counts as counted, as every
+// recalled response did before: a retrieval then may have counted it.
 func (s *Store) ResponseOrigin(ctx context.Context, id string) (domain.TunnelRecord, bool, error) {
 	id = responseID(id)
 	if id == "" {
@@ -610,7 +617,7 @@ func (s *Store) ResponseOrigin(ctx context.Context, id string) (domain.TunnelRec
 			return err
 		}
 		row := rows[0]
-		counted = row.hasUsage() || (s.db.postgres && row.EdgeID != text(s.opts.EdgeID, 255))
+		counted = row.hasUsage() || row.StartedUS < s.db.usageOfSince || (s.Shared() && row.EdgeID != s.EdgeID())
 		if counted {
 			return nil
 		}
@@ -633,7 +640,7 @@ func (s *Store) ResponseOrigin(ctx context.Context, id string) (domain.TunnelRec
 // as its origin and usage (not its path, up to maxText bytes).
 func (db *DB) responseQuery(rows *[]tunnelRow, id string) *bun.SelectQuery {
 	return db.read.NewSelect().Model(rows).
-		Column("id", "edge_id", "node", "provider", "key_name", "response_id", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd").
+		Column("id", "edge_id", "node", "provider", "key_name", "response_id", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd", "started_us").
 		Where("response_id = ?", id).OrderExpr("started_us ASC, id ASC").Limit(1)
 }
 
@@ -711,7 +718,7 @@ func (s *Store) listQuery(q domain.RunQuery, rows *[]runRow, limit int) (*bun.Se
 	if q.Own && s.db.postgres {
 		// As toRunRow wrote it. An SQLite file is one edge's: its rows
 		// are all its own, also those written under an earlier host name.
-		sel = sel.Where("edge_id = ?", text(s.opts.EdgeID, 255))
+		sel = sel.Where("edge_id = ?", s.EdgeID())
 	}
 	if !q.Since.IsZero() {
 		sel = sel.Where("created_us >= ?", ceilMicros(q.Since))
