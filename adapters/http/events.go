@@ -16,8 +16,8 @@ import (
 // eventBufferBytes its bound in bytes (eventbus.Weight): a run event holds
 // up to 16 KiB of text or 32 KiB of metadata, so 1,024 of them buffered
 // for a stalled feed held up to 32 MiB alive until its write deadline
-// ended it, half a GiB for one key's 16 feeds. A feed over the bound loses events as over eventBuffer (": dropped
-// N events").
+// ended it, half a GiB for one key's 16 feeds. A feed over the bound loses
+// events as over eventBuffer (": dropped N events").
 const (
 	eventBuffer      = 1024
 	eventBufferBytes = 2 << 20
@@ -27,8 +27,9 @@ const (
 // MaxSubscriptionsPerKey): each holds a buffer of up to eventBuffer events
 // and eventBufferBytes, and costs the edge the filtering and JSON encoding
 // of every event it is sent, so 2,048 feeds of one read key made every run
-// cost the edge 72 times its CPU. 16 per key leaves room for a console open in many tabs
-// and a few tools; a keyless edge counts per client address instead.
+// cost the edge 72 times its CPU. 16 per key leaves room for a console
+// open in many tabs and a few tools; a keyless edge counts per client
+// address instead.
 const (
 	DefaultMaxSubscriptions       = 1024
 	DefaultMaxSubscriptionsPerKey = 16
@@ -85,8 +86,9 @@ func feedKey(r *http.Request) string {
 // parameters) keeps only those types; a trailing "*" matches a prefix
 // ("node.*"); more than maxTypeFilters distinct entries are 400
 // invalid_request. A client that falls more than eventBuffer events (or
-// eventBufferBytes) behind loses events (the bus never waits for it): the stream then carries a comment
-// ": dropped N events" and simply continues. The stream ends when the
+// eventBufferBytes) behind loses events (the bus never waits for it): the
+// stream then carries a comment ": dropped N events" and simply
+// continues. The stream ends when the
 // client leaves or the server stops. Over the feed caps (feedCaps) it is
 // 429 too_many_subscriptions. HEAD gets the stream's headers and ends.
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
