@@ -125,6 +125,9 @@ func Edge(s EdgeSettings) fx.Option {
 				h := edgeapp.NewTerminateSessionHandler(reg)
 				h.Sessions, h.Log = st, log
 				h.AdminKey = adminKeys(s.Config.HTTP)
+				if st.Shared() {
+					h.Edge = st.EdgeID()
+				}
 				return h
 			},
 			func(s EdgeSettings, reg *edgeapp.Registry, ledger *edgeapp.UsageLedger) *edgeapp.NodeCommandHandler {

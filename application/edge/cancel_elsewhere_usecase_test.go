@@ -96,3 +96,37 @@ func TestCancelOfAnotherEdgesRunOnANodeOfTheSameIDNamesThatEdge(t *testing.T) {
 		t.Fatalf("a cancel the node refused recorded %+v", <-hist.recorded)
 	}
 }
+
+// Ending a session through an edge sharing the history with the edge whose
+// node keeps it: the node is not connected here, and the refusal names the
+// edge to end it through (it said only that the node was not connected).
+// Another key's session names nothing; nor does one whose newest run was
+// this edge's, or on another node.
+func TestEndOfAnotherEdgesSessionNamesThatEdge(t *testing.T) {
+	hist := &ucSessionHistory{runs: []domain.RunRecord{
+		{ID: "r2", Node: "n1", Adapter: "claude", SessionID: "s1", Key: "alice", Status: domain.RunSucceeded, Edge: "edge-a"},
+		{ID: "r3", Node: "n1", Adapter: "claude", SessionID: "mine", Key: "alice", Status: domain.RunSucceeded, Edge: "edge-b"},
+		{ID: "r4", Node: "n2", Adapter: "claude", SessionID: "s2", Key: "alice", Status: domain.RunSucceeded, Edge: "edge-a"},
+	}}
+	h := edge.NewTerminateSessionHandler(edge.NewRegistry())
+	h.Sessions, h.Edge = hist, "edge-b"
+	alice := domain.WithPrincipal(context.Background(), domain.Principal{Name: "alice", Scopes: []string{domain.ScopeRuns}})
+	err := h.Handle(alice, edge.TerminateSession{Node: "n1", Adapter: "claude", SessionID: "s1"})
+	if domain.CodeOf(err) != domain.CodeNodeNotFound || !strings.Contains(err.Error(), `end it through edge "edge-a"`) {
+		t.Fatalf("end of edge-a's session through edge-b = %v; want node_not_found naming edge-a", err)
+	}
+	bob := domain.WithPrincipal(context.Background(), domain.Principal{Name: "bob", Scopes: []string{domain.ScopeRuns}})
+	for _, tc := range []struct {
+		ctx  context.Context
+		cmd  edge.TerminateSession
+		name string
+	}{
+		{bob, edge.TerminateSession{Node: "n1", Adapter: "claude", SessionID: "s1"}, "another key's session"},
+		{alice, edge.TerminateSession{Node: "n1", Adapter: "claude", SessionID: "mine"}, "this edge's own session"},
+		{alice, edge.TerminateSession{Node: "n1", Adapter: "claude", SessionID: "s2"}, "a session last run on another node"},
+	} {
+		if err := h.Handle(tc.ctx, tc.cmd); domain.CodeOf(err) != domain.CodeNodeNotFound || strings.Contains(err.Error(), "edge") {
+			t.Errorf("%s: %v; want node_not_found naming no edge", tc.name, err)
+		}
+	}
+}

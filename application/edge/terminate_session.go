@@ -29,6 +29,10 @@ type TerminateSessionHandler struct {
 	Log *slog.Logger
 	// AdminKey: as SubmitRunHandler's.
 	AdminKey func(name string) bool
+	// Edge: as CancelRunHandler's (set only for a history other edges may
+	// share): a session whose node is not connected here, last run by
+	// another edge, is refused naming that edge.
+	Edge string
 }
 
 // NewTerminateSessionHandler refuses nil dependencies.
@@ -58,16 +62,27 @@ func (h *TerminateSessionHandler) Handle(ctx context.Context, cmd TerminateSessi
 	if cmd.Adapter == "" || cmd.SessionID == "" {
 		return domain.Errorf(domain.CodeInvalidRequest, "adapter and session id are required")
 	}
-	n, err := h.reg.resolve(domain.PrincipalFrom(ctx), cmd.Node)
-	if err != nil {
-		return err
-	}
 	// Only the session's key (or an admin) may end it.
 	log := h.Log
 	if log == nil {
 		log = slog.Default()
 	}
-	if _, err := (sessionGuard{h.reg, h.Sessions, log, h.AdminKey}).use(ctx, cmd.Adapter, cmd.SessionID, false, false); err != nil {
+	guard := func() error {
+		_, err := (sessionGuard{h.reg, h.Sessions, log, h.AdminKey}).use(ctx, cmd.Adapter, cmd.SessionID, false, false)
+		return err
+	}
+	n, err := h.reg.resolve(domain.PrincipalFrom(ctx), cmd.Node)
+	if err != nil {
+		if domain.CodeOf(err) == domain.CodeNodeNotFound && h.Edge != "" && h.Sessions != nil && guard() == nil {
+			if other := h.otherEdge(ctx, cmd); other != "" {
+				return domain.Errorf(domain.CodeNodeNotFound,
+					"node %q is not connected to this edge (%q); session %q of adapter %q last ran through edge %q (store.edge_id) on it: end it through edge %q",
+					cmd.Node, h.Edge, cmd.SessionID, cmd.Adapter, other, other)
+			}
+		}
+		return err
+	}
+	if err := guard(); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, h.timeout)
@@ -88,4 +103,21 @@ func (h *TerminateSessionHandler) Handle(ctx context.Context, cmd TerminateSessi
 		return domain.Errorf(domain.CodeSessionNotFound, "%s", msg)
 	}
 	return err
+}
+
+// otherEdge names the edge, other than this one, that recorded the newest
+// run a node took of cmd's session, when that run was on cmd.Node: edges
+// sharing a history reach only their own nodes. "" when there is none, or
+// the history cannot say.
+func (h *TerminateSessionHandler) otherEdge(ctx context.Context, cmd TerminateSession) string {
+	ctx, cancel := context.WithTimeout(ctx, sessionRecallTimeout)
+	defer cancel()
+	page, err := h.Sessions.ListRuns(ctx, domain.RunQuery{Adapter: cmd.Adapter, Session: cmd.SessionID, Took: true, Limit: 1})
+	if err != nil || len(page.Runs) == 0 {
+		return ""
+	}
+	if r := page.Runs[0]; r.Node == cmd.Node && r.Edge != "" && r.Edge != h.Edge {
+		return r.Edge
+	}
+	return ""
 }
