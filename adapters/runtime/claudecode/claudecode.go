@@ -489,7 +489,7 @@ func toolUse(t *agent.Turn, b block, parent string) error {
 	if parent != "" {
 		use["parent_tool_use_id"] = parent
 	}
-	return t.Meta(map[string]any{"tool_use": use})
+	return t.Work(map[string]any{"tool_use": use})
 }
 
 func (p *parser) user(t *agent.Turn, msg json.RawMessage, parent string) error {
@@ -502,7 +502,7 @@ func (p *parser) user(t *agent.Turn, msg json.RawMessage, parent string) error {
 		if parent != "" {
 			res["parent_tool_use_id"] = parent
 		}
-		if err := t.Meta(map[string]any{"tool_result": res}); err != nil {
+		if err := t.Work(map[string]any{"tool_result": res}); err != nil {
 			return err
 		}
 	}

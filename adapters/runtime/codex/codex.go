@@ -204,7 +204,11 @@ func (p *parser) item(t *agent.Turn, raw json.RawMessage) error {
 	case "reasoning":
 		return t.Text(domain.EventReasoningDelta, agent.Separate(&p.sawReasoning, it.Text))
 	}
-	return t.Meta(map[string]json.RawMessage{"item": agent.ShrinkJSON(raw)})
+	item := map[string]json.RawMessage{"item": agent.ShrinkJSON(raw)}
+	if it.Type == "error" {
+		return t.Meta(item) // a notice, not the agent's work
+	}
+	return t.Work(item)
 }
 
 func (p *parser) End(t *agent.Turn, exit *os.ProcessState, stderr string) domain.RunEvent {

@@ -231,14 +231,14 @@ func (p *parser) Line(t *agent.Turn, raw []byte) error {
 		if len(input) == 0 {
 			input = json.RawMessage("{}")
 		}
-		return t.Meta(map[string]any{"tool_use": map[string]any{"id": l.ToolID, "name": l.ToolName, "input": agent.ShrinkJSON(input)}})
+		return t.Work(map[string]any{"tool_use": map[string]any{"id": l.ToolID, "name": l.ToolName, "input": agent.ShrinkJSON(input)}})
 	case "tool_result":
 		out := outputText(l.Output)
 		if out == "" && l.Error != nil {
 			out = l.Error.Message
 		}
 		text, cut := agent.Truncate(out, agent.MaxSummary)
-		return t.Meta(map[string]any{"tool_result": map[string]any{
+		return t.Work(map[string]any{"tool_result": map[string]any{
 			"tool_use_id": l.ToolID, "is_error": l.Status != "success", "content": text, "truncated": cut,
 		}})
 	case "error":

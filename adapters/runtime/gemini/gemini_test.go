@@ -551,6 +551,19 @@ func TestLostConversationSaysHowToStartAfresh(t *testing.T) {
 		t.Errorf("a 20 KiB message cut as the node cuts it lost its head or the way out: …%s", msg[max(0, len(msg)-300):])
 	}
 
+	// A resumed run that used a tool had its conversation: a failure after
+	// it gets no hint either.
+	tooled := standin.WriteCLI(t, standin.Printf(`{"type":"init","session_id":"`+sessionID+`"}`+"\n"+
+		`{"type":"tool_use","tool_name":"list_directory","tool_id":"t1","parameters":{"dir_path":"."}}`+"\n")+"exit 1")
+	d := newAdapter(t, tooled, domain.AdapterConfig{}, memory.NewAgentSessionStore())
+	run(t, d, domain.RunRequest{SessionID: "s1"})
+	if ev := requireTerminal(t, run(t, d, domain.RunRequest{SessionID: "s1"}), domain.EventError, ""); strings.Contains(ev.Error.Message, "end the session") {
+		t.Errorf("a resumed run that used a tool before failing got the lost-conversation hint: %q", ev.Error.Message)
+	}
+	if runs := tooled.Runs(t); !slices.Contains(runs[1], "--resume="+sessionID) {
+		t.Fatalf("second run argv = %q, want a resume", runs[1])
+	}
+
 	spoke := standin.WriteCLI(t, standin.Printf(`{"type":"init","session_id":"`+sessionID+`"}`+"\n"+`{"type":"message","role":"assistant","content":"half","delta":true}`+"\n")+"exit 1")
 	b := newAdapter(t, spoke, domain.AdapterConfig{}, memory.NewAgentSessionStore())
 	run(t, b, domain.RunRequest{SessionID: "s1"})

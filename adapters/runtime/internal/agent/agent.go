@@ -267,7 +267,7 @@ type Turn struct {
 	model   string
 	r       *Runner
 	resumed string // the agent session id passed to the CLI, if any
-	spoke   bool   // the CLI emitted text: it had the conversation
+	spoke   bool   // the CLI emitted text or work (Work): it had the conversation
 	agentID string // the latest agent session id known
 	sent    string // the agent session id this run last reported
 	prev    domain.AgentTotals
@@ -309,6 +309,14 @@ func (t *Turn) Text(typ domain.EventType, text string) error {
 		return nil
 	}
 	return t.Emit(domain.RunEvent{Type: typ, Text: text})
+}
+
+// Work sends a metadata event holding v as JSON for the agent's work in the
+// conversation (a tool call, its result, an item it did): like text, it
+// shows the CLI had the conversation it was asked to resume.
+func (t *Turn) Work(v any) error {
+	t.spoke = true
+	return t.Meta(v)
 }
 
 // Meta sends a metadata event holding v as JSON.
