@@ -114,20 +114,14 @@ func Edge(s EdgeSettings) fx.Option {
 			func(reg *edgeapp.Registry, runs *edgeapp.RunTracker, st *edgestore.Store, rc *edgeapp.HistoryReconciler) *edgeapp.CancelRunHandler {
 				h := edgeapp.NewCancelRunHandler(reg, runs)
 				h.History, h.Record, h.Reconcile = st, st, rc
-				if st.Shared() {
-					// An SQLite history is this edge's alone: a row under
-					// another id is this edge's under an earlier host name.
-					h.Edge = st.EdgeID()
-				}
+				h.Edge = sharedEdgeID(st)
 				return h
 			},
 			func(s EdgeSettings, reg *edgeapp.Registry, st *edgestore.Store, log *slog.Logger) *edgeapp.TerminateSessionHandler {
 				h := edgeapp.NewTerminateSessionHandler(reg)
 				h.Sessions, h.Log = st, log
 				h.AdminKey = adminKeys(s.Config.HTTP)
-				if st.Shared() {
-					h.Edge = st.EdgeID()
-				}
+				h.Edge = sharedEdgeID(st)
 				return h
 			},
 			func(s EdgeSettings, reg *edgeapp.Registry, ledger *edgeapp.UsageLedger) *edgeapp.NodeCommandHandler {
@@ -385,6 +379,16 @@ func adminKeys(hc config.HTTPConfig) func(string) bool {
 		}
 	}
 	return func(name string) bool { return admins[name] }
+}
+
+// sharedEdgeID is this edge's id on a history other edges may share (the
+// handlers' Edge), "" on an SQLite one: that is this edge's alone, and a
+// row under another id is this edge's under an earlier host name.
+func sharedEdgeID(st *edgestore.Store) string {
+	if !st.Shared() {
+		return ""
+	}
+	return st.EdgeID()
 }
 
 // warnUnknownKeyNodes warns of each node an API key is limited to that

@@ -164,7 +164,7 @@ func (h *CancelRunHandler) fromHistory(ctx context.Context, runID string) (rec d
 // as it was (its final state is in the node's own store).
 func (h *CancelRunHandler) cancelRecorded(ctx context.Context, rec domain.RunRecord) error {
 	n, ok := h.reg.Get(rec.Node)
-	elsewhere := rec.Edge != "" && h.Edge != "" && rec.Edge != h.Edge
+	elsewhere := byOtherEdge(rec.Edge, h.Edge)
 	if !ok && elsewhere {
 		// Its node is another edge's: "cancel again once it is back"
 		// would never come true through this one.
@@ -192,4 +192,11 @@ func (h *CancelRunHandler) cancelRecorded(ctx context.Context, rec domain.RunRec
 		h.Reconcile.Follow(rec)
 	}
 	return nil
+}
+
+// byOtherEdge reports whether a history record's edge (its Edge) is another
+// edge than self, this edge's id on a history others may share ("" on one
+// that is this edge's alone, where no record is another's).
+func byOtherEdge(recorded, self string) bool {
+	return recorded != "" && self != "" && recorded != self
 }

@@ -116,7 +116,7 @@ func (h *TerminateSessionHandler) otherEdge(ctx context.Context, cmd TerminateSe
 	if err != nil || len(page.Runs) == 0 {
 		return ""
 	}
-	if r := page.Runs[0]; r.Node == cmd.Node && r.Edge != "" && r.Edge != h.Edge {
+	if r := page.Runs[0]; r.Node == cmd.Node && byOtherEdge(r.Edge, h.Edge) {
 		return r.Edge
 	}
 	return ""
