@@ -21,16 +21,12 @@ import (
 func TestPostgresRoleWithoutCreateStartsOnAMigratedDatabase(t *testing.T) {
 	ctx := context.Background()
 	_, owner, role, roleDSN := ownerAndRole(t, "dml_")
-	for _, q := range []string{
-		"CREATE ROLE " + role + " LOGIN",
+	execAll(t, owner,
+		"CREATE ROLE "+role+" LOGIN",
 		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
-		"GRANT SELECT, INSERT, UPDATE, DELETE ON edge_runs, edge_tunnels TO " + role,
-		"GRANT SELECT ON edge_schema_migrations TO " + role,
-	} {
-		if _, err := owner.bun.ExecContext(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON edge_runs, edge_tunnels TO "+role,
+		"GRANT SELECT ON edge_schema_migrations TO "+role,
+	)
 	db, err := Open(ctx, roleDSN)
 	if err != nil {
 		t.Fatalf("Open as a role that may only read and write the tables: %v", err)
@@ -64,7 +60,7 @@ func TestPostgresRoleWithoutOwnershipOnAnOlderSchemaSaysWhoMigrates(t *testing.T
 	ctx := context.Background()
 	dsn, owner, role, roleDSN := ownerAndRole(t, "dml_")
 	// Back to schema 3, as the release before migration 4 left it.
-	for _, q := range append(schema3,
+	execAll(t, owner, append(schema3,
 		"INSERT INTO edge_tunnels (id, edge_id, node, provider, model, path, key_name, status, error_code, body_bytes, "+
 			"prompt_tokens, completion_tokens, total_tokens, cost_usd, started_us, finished_us) "+
 			"VALUES ('tun_old', 'e1', 'n1', 'p1', 'm', '/v1/responses', 'alice', 200, '', 10, 1, 2, 3, 0, 1, 2)",
@@ -72,11 +68,7 @@ func TestPostgresRoleWithoutOwnershipOnAnOlderSchemaSaysWhoMigrates(t *testing.T
 		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON edge_runs, edge_tunnels TO "+role,
 		"GRANT SELECT ON edge_schema_migrations TO "+role,
-	) {
-		if _, err := owner.bun.ExecContext(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	)...)
 	db, err := Open(ctx, roleDSN)
 	if err == nil {
 		_ = db.Close()
@@ -103,6 +95,17 @@ func TestPostgresRoleWithoutOwnershipOnAnOlderSchemaSaysWhoMigrates(t *testing.T
 		t.Fatalf("Open as the role once the owner migrated: %v", err)
 	}
 	_ = db.Close()
+}
+
+// execAll runs stmts on db in order, failing the test at the first that
+// fails.
+func execAll(t *testing.T, db *DB, stmts ...string) {
+	t.Helper()
+	for _, q := range stmts {
+		if _, err := db.bun.ExecContext(context.Background(), q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
 }
 
 // ownerAndRole opens the history on a database of its own as its owner
@@ -174,15 +177,11 @@ func TestPostgresRoleWithoutCreateOnAnEmptyDatabaseSaysWhichPrivilege(t *testing
 func TestPostgresRoleThatMayNotWriteTheHistoryIsRefused(t *testing.T) {
 	ctx := context.Background()
 	_, owner, role, roleDSN := ownerAndRole(t, "sel_")
-	for _, q := range []string{
-		"CREATE ROLE " + role + " LOGIN",
-		"GRANT SELECT ON edge_runs, edge_tunnels, edge_schema_migrations TO " + role,
-		"GRANT INSERT, UPDATE, DELETE ON edge_tunnels TO " + role,
-	} {
-		if _, err := owner.bun.ExecContext(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	execAll(t, owner,
+		"CREATE ROLE "+role+" LOGIN",
+		"GRANT SELECT ON edge_runs, edge_tunnels, edge_schema_migrations TO "+role,
+		"GRANT INSERT, UPDATE, DELETE ON edge_tunnels TO "+role,
+	)
 	db, err := Open(ctx, roleDSN)
 	if err == nil {
 		_ = db.Close()

@@ -572,16 +572,12 @@ func (c *insertCounter) AfterQuery(_ context.Context, e *bun.QueryEvent) {
 func TestPostgresBatchRefusedForTheDatabaseIsNotRetriedByRow(t *testing.T) {
 	ctx := context.Background()
 	dsn, owner, role, roleDSN := ownerAndRole(t, "reader_")
-	for _, q := range []string{
-		"CREATE ROLE " + role + " LOGIN",
-		"GRANT CREATE ON SCHEMA public TO " + role,
-		"GRANT SELECT, INSERT, UPDATE, DELETE ON edge_runs, edge_tunnels TO " + role,
-		"GRANT SELECT ON edge_schema_migrations TO " + role,
-	} {
-		if _, err := owner.bun.ExecContext(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	execAll(t, owner,
+		"CREATE ROLE "+role+" LOGIN",
+		"GRANT CREATE ON SCHEMA public TO "+role,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON edge_runs, edge_tunnels TO "+role,
+		"GRANT SELECT ON edge_schema_migrations TO "+role,
+	)
 	for _, c := range []struct {
 		name string
 		dsn  string
