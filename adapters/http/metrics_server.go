@@ -21,7 +21,8 @@ const (
 )
 
 // MaxHeaderBytes bounds a request's line and headers on the API and
-// metrics listeners; past it net/http answers 431 and closes. Go's default
+// metrics listeners; past it (plus the 4 KiB net/http allows on top: 68 KiB
+// in all) net/http answers 431 and closes. Go's default
 // (1 MiB) let ~130,000 tiny distinct headers cost ~15 MiB of edge memory per
 // connection before any key was checked. The largest legitimate headers (an
 // API key, the Claude Code, Codex and OpenAI SDK headers, a browser's
