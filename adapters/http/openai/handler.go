@@ -516,6 +516,9 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, t target, in edge
 	unflushed := false
 	start := func(hdr http.Header) {
 		copyResponseHeader(w.Header(), hdr)
+		// The node that served it, as a run's answer names its node: the
+		// caller can pin its follow-ups there, and the access log names it.
+		w.Header().Set(NodeHeader, tun.Node)
 		if _, ok := w.Header()["Content-Type"]; !ok {
 			// Headers arrive as the provider sent them: without one of its
 			// own, net/http would guess a Content-Type from the body.

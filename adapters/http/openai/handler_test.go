@@ -959,3 +959,20 @@ func TestMethodNotAllowedListsHead(t *testing.T) {
 		}
 	}
 }
+
+// The edge's answer names the node that served it (X-IOP-Node, as a run's
+// does), so a caller, and the access log, can tell which node a request
+// went to; a provider's own X-IOP-Node never stands in for it.
+func TestRelayedAnswerNamesItsNode(t *testing.T) {
+	e := newEnv(t)
+	steps := []step{status(200), header("Content-Type", "application/json", "X-Iop-Node", "spoofed"), body(`{}`), frame(domain.TunnelEnd)}
+	e.node(t, "gpu", serve(steps...), provider("vllm", domain.ProviderOpenAI, "qwen"))
+
+	resp := post(t, e.srv.URL+"/v1/chat/completions", `{"model":"qwen"}`)
+	if got := readAll(t, resp); got != `{}` {
+		t.Fatalf("body %q", got)
+	}
+	if got := resp.Header.Values("X-IOP-Node"); len(got) != 1 || got[0] != "gpu" {
+		t.Fatalf("X-IOP-Node = %q, want the serving node [gpu]", got)
+	}
+}
