@@ -43,41 +43,46 @@ type feedCaps struct {
 }
 
 // acquire takes a place for a feed of key, or says why there is none.
-func (c *feedCaps) acquire(key string, total, perKey int) error {
+func (c *feedCaps) acquire(key feedOwner, total, perKey int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
 	case c.total >= total:
 		return domain.Errorf(domain.CodeTooManySubscriptions,
 			"the edge already serves %d event feeds, its limit; retry once one has ended", total)
-	case c.per[key] >= perKey:
+	case c.per[key.id] >= perKey:
 		return domain.Errorf(domain.CodeTooManySubscriptions,
-			"%s already holds %d event feeds, the limit per key; close one (a console tab, a tool) first", key, perKey)
+			"%s already holds %d event feeds, the limit per %s; close one (a console tab, a tool) first", key.id, perKey, key.kind)
 	}
 	if c.per == nil {
 		c.per = map[string]int{}
 	}
 	c.total++
-	c.per[key]++
+	c.per[key.id]++
 	return nil
 }
 
-func (c *feedCaps) release(key string) {
+func (c *feedCaps) release(key feedOwner) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.total--
-	if c.per[key]--; c.per[key] <= 0 {
-		delete(c.per, key)
+	if c.per[key.id]--; c.per[key.id] <= 0 {
+		delete(c.per, key.id)
 	}
 }
 
+// feedOwner is whom a feed is counted against: id names it (`API key "ci"`,
+// `address 10.0.0.7`) and kind says which of the two caps applies, so the
+// refusal names the cap the caller hit.
+type feedOwner struct{ id, kind string }
+
 // feedKey is whom a feed is counted against: its key, or on a keyless edge
 // its client's network (remoteHost).
-func feedKey(r *http.Request) string {
+func feedKey(r *http.Request) feedOwner {
 	if p := domain.PrincipalFrom(r.Context()); p.Name != "" && p.Name != domain.AnonymousName {
-		return fmt.Sprintf("API key %q", p.Name)
+		return feedOwner{fmt.Sprintf("API key %q", p.Name), "key"}
 	}
-	return "address " + remoteHost(r)
+	return feedOwner{"address " + remoteHost(r), "client address"}
 }
 
 // handleEvents streams the event bus as SSE: one event per bus event, named

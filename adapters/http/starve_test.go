@@ -319,3 +319,36 @@ func TestEventFeedHeadEnds(t *testing.T) {
 		t.Fatalf("a feed after HEAD /v1/events: %d %s", feed.StatusCode, body)
 	}
 }
+
+// On a keyless edge feeds are counted per client address, and the refusal
+// said "the limit per key" all the same, a key the caller never had.
+func TestKeylessEventFeedCapNamesTheAddress(t *testing.T) {
+	deps := minimalDeps(edge.NewRegistry())
+	api := httpapi.New(deps, "127.0.0.1:0", slog.New(slog.DiscardHandler))
+	api.MaxSubscriptionsPerKey = 1
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(func() {
+		srv.Close()
+		deps.Submit.Stop()
+		deps.Events.(*eventbus.Bus).Close()
+	})
+	open := func() *http.Response {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/v1/events", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cancel(); resp.Body.Close() })
+		return resp
+	}
+	if resp := open(); resp.StatusCode != 200 {
+		t.Fatalf("first feed: %d", resp.StatusCode)
+	}
+	resp := open()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 429 || !strings.Contains(string(body), "address 127.0.0.1 already holds 1 event feeds, the limit per client address") {
+		t.Fatalf("feed over the cap: %d %s", resp.StatusCode, body)
+	}
+}
