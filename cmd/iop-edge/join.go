@@ -236,6 +236,9 @@ func hashToken(in io.Reader, out, errOut io.Writer, args []string) error {
 		return fmt.Errorf("read token: %w", err)
 	}
 	tok := strings.TrimRight(line, "\r\n")
+	if tok == "" {
+		return errors.New("no token on stdin: pipe one in (iop-edge hash-token < token-file), or run it from a terminal to type it")
+	}
 	if len(tok) < config.MinTokenLength {
 		return fmt.Errorf("the token on stdin is shorter than %d characters", config.MinTokenLength)
 	}

@@ -295,3 +295,22 @@ func TestJoinDoesNotPrintATokenWrittenAsTokenEnv(t *testing.T) {
 		t.Errorf("join b printed:\n%s", out.String())
 	}
 }
+
+// Nothing on stdin is named as such: "shorter than 8 characters" sent a
+// user whose pipe was empty (an unset variable, a missing file) looking
+// for a short token.
+func TestHashTokenNamesAnEmptyStdin(t *testing.T) {
+	var out bytes.Buffer
+	for _, in := range []string{"", "\n"} {
+		err := hashToken(strings.NewReader(in), &out, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), "no token on stdin") {
+			t.Errorf("stdin %q: %v, want it to say there was no token", in, err)
+		}
+	}
+	if err := hashToken(strings.NewReader("short\n"), &out, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "shorter than") {
+		t.Errorf("a short token: %v", err)
+	}
+	if out.Len() != 0 {
+		t.Errorf("printed %q for refused tokens", out.String())
+	}
+}
