@@ -112,7 +112,7 @@ func dropReserved(opts map[string]json.RawMessage) {
 func checkChoices(opts map[string]json.RawMessage) error {
 	for k, v := range opts {
 		if strings.EqualFold(k, "n") {
-			if err := oneChoice(v); err != nil {
+			if err := oneChoice(k, v); err != nil {
 				return err
 			}
 		}
@@ -297,12 +297,12 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 	return sink.Emit(domain.RunEvent{Type: domain.EventComplete, Usage: &u})
 }
 
-// oneChoice refuses an "n" option asking for more (or fewer) than one
+// oneChoice refuses an "n" option (named key, as the caller spelt it) asking for more (or fewer) than one
 // choice: a run's events and a session's stored reply carry one answer, and
 // the choices' deltas and tool-call fragments would be joined into one
 // (their choice index is not in the events). A value that is not a number
 // is the server's to judge.
-func oneChoice(raw json.RawMessage) error {
+func oneChoice(key string, raw json.RawMessage) error {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil
 	}
@@ -323,7 +323,7 @@ func oneChoice(raw json.RawMessage) error {
 	if n == 1 {
 		return nil
 	}
-	return domain.Errorf(domain.CodeInvalidRequest, "option \"n\" is %v: a run carries one answer (its events have no choice index), so n must be 1; send one run per answer", n)
+	return domain.Errorf(domain.CodeInvalidRequest, "option %q is %v: a run carries one answer (its events have no choice index), so %s must be 1; send one run per answer", key, n, key)
 }
 
 // errReading marks a failure to read the response body.

@@ -716,8 +716,10 @@ func TestReservedOptionsInAnyCase(t *testing.T) {
 
 	for _, opts := range []string{`{"N":3}`, `{"n":1,"N":2}`, `{"N":"2"}`} {
 		req := domain.RunRequest{Target: "m", Input: []byte("hi"), Options: []byte(opts)}
-		if err := a.Admit(req); domain.CodeOf(err) != domain.CodeInvalidRequest || !strings.Contains(err.Error(), `"n"`) {
-			t.Errorf("admitting %s: %v, want invalid_request naming n", opts, err)
+		// Named as the caller spelt it: "option \"n\"" for {"N":3} sent
+		// the caller looking for a key it had not sent.
+		if err := a.Admit(req); domain.CodeOf(err) != domain.CodeInvalidRequest || !strings.Contains(err.Error(), `option "N" is`) {
+			t.Errorf("admitting %s: %v, want invalid_request naming N", opts, err)
 		}
 		if _, err := run(t, a, req); domain.CodeOf(err) != domain.CodeInvalidRequest {
 			t.Errorf("running %s: %v, want invalid_request", opts, err)
