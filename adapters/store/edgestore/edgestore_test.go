@@ -2,6 +2,7 @@ package edgestore_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/uptrace/bun/driver/sqliteshim"
 	"go.uber.org/goleak"
 
 	"iop/adapters/store/edgestore"
@@ -587,13 +589,21 @@ func TestPostgresConcurrentMigrations(t *testing.T) {
 // it early, and Close writes what is still queued.
 func TestFullBatchIsWrittenBeforeTheInterval(t *testing.T) {
 	ctx := context.Background()
-	s := open(t, sqliteDSN(t), edgestore.Options{BatchSize: 4, FlushInterval: time.Hour})
+	path := sqliteDSN(t)
+	s := open(t, path, edgestore.Options{BatchSize: 4, FlushInterval: time.Hour})
 	for i := range 4 {
 		s.RecordRun(run(fmt.Sprintf("run_full%d", i), "n1", "exec", "k", domain.RunRunning, t0, nil))
 	}
+	// Read beside the store: its own reads would have the rows written
+	// (settle), whether a full batch wakes the writer or not.
+	beside, err := sql.Open(sqliteshim.ShimName, "file:"+path+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer beside.Close()
 	eventually(t, "a full batch written", func() bool {
-		_, err := s.GetRun(ctx, "run_full3")
-		return err == nil
+		var n int
+		return beside.QueryRowContext(ctx, "SELECT COUNT(*) FROM edge_runs").Scan(&n) == nil && n == 4
 	})
 
 	dsn := sqliteDSN(t)
@@ -695,5 +705,41 @@ func TestListOwnRuns(t *testing.T) {
 				t.Errorf("EdgeID() is %d bytes, want the 255 stored", len(s.EdgeID()))
 			}
 		})
+	}
+}
+
+// A read through the store sees every row recorded before it, without
+// waiting for the writer's interval: "iop runs" right after a run was
+// started or cancelled listed it as it was up to 200 ms before, or not at
+// all.
+func TestReadsSeeWhatWasRecordedBeforeThem(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, sqliteDSN(t), edgestore.Options{FlushInterval: time.Hour})
+	s.RecordRun(run("run_rw", "n1", "exec", "k", domain.RunRunning, t0, nil))
+	if got, err := s.GetRun(ctx, "run_rw"); err != nil || got.Status != domain.RunRunning {
+		t.Fatalf("GetRun right after it was recorded: %+v, %v", got, err)
+	}
+	s.RecordRun(run("run_rw", "n1", "exec", "k", domain.RunCancelled, t0, nil))
+	p, err := s.ListRuns(ctx, domain.RunQuery{})
+	if err != nil || len(p.Runs) != 1 || p.Runs[0].Status != domain.RunCancelled {
+		t.Fatalf("ListRuns right after the run was cancelled: %+v, %v", p.Runs, err)
+	}
+	s.RecordTunnel(domain.TunnelRecord{ID: "tun_rw", Node: "n1", Provider: "p", Model: "m", Key: "k", Status: 200,
+		StartedAt: t0, FinishedAt: t0, Usage: &domain.Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7}})
+	u, err := s.Usage(ctx, domain.UsageQuery{GroupBy: domain.GroupByNode})
+	if err != nil || len(u) != 1 || u[0].TotalTokens != 7 {
+		t.Fatalf("Usage right after a tunnel was recorded: %+v, %v", u, err)
+	}
+
+	// A closed store's read does not wait for a writer that is gone.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _, _ = s.GetRun(ctx, "run_rw") }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a read on a closed store hung")
 	}
 }

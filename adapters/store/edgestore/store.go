@@ -61,7 +61,7 @@ type Store struct {
 	opts Options
 	log  *slog.Logger
 
-	queue chan any // runRow | tunnelRow
+	queue chan any // runRow | tunnelRow | syncMark
 	// kick wakes the writer before its next interval: a batch's worth of
 	// rows is waiting, or the queue was closed.
 	kick chan struct{}
@@ -138,6 +138,46 @@ func (s *Store) enqueue(row any) {
 		}
 	default:
 		s.dropped(1, errors.New("the write queue is full"))
+	}
+}
+
+// syncMark, queued behind the rows recorded before it, is closed once the
+// writer has written (or dropped) them.
+type syncMark chan struct{}
+
+// settleWait bounds how long a read waits for the rows recorded before it.
+const settleWait = time.Second
+
+// settle waits until the rows recorded before it are written, so that a
+// read right after a change through this edge sees it: a run just started
+// or cancelled is listed as it is, not as it was up to a FlushInterval
+// ago. The wait ends early, the read then seeing what is written, at
+// settleWait (a slow or unreachable database: the read would wait for it
+// anyway), with ctx, or at once when the queue is full (the writer is
+// behind and the read cannot be made to wait for all of it) or the store
+// is closed. A mark takes a queue slot only until the writer reaches it.
+func (s *Store) settle(ctx context.Context) {
+	mark := make(syncMark)
+	s.mu.RLock()
+	queued := false
+	if !s.done {
+		select {
+		case s.queue <- mark:
+			queued = true
+		default:
+		}
+	}
+	s.mu.RUnlock()
+	if !queued {
+		return
+	}
+	s.wake()
+	t := time.NewTimer(settleWait)
+	defer t.Stop()
+	select {
+	case <-mark:
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }
 
@@ -219,6 +259,11 @@ func (s *Store) write(ctx context.Context) {
 				if !ok {
 					flush()
 					return
+				}
+				if mark, ok := row.(syncMark); ok {
+					flush()
+					close(mark)
+					continue
 				}
 				batch = append(batch, row)
 				if len(batch) >= s.opts.BatchSize {
@@ -930,9 +975,12 @@ func (s *Store) readTimeout() time.Duration {
 	return DefaultReadTimeout
 }
 
-// readContext is ctx bounded by the read timeout.
+// readContext is ctx bounded by the read timeout, once the rows recorded
+// before the read are written (settle).
 func (s *Store) readContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeoutCause(ctx, s.readTimeout(), errReadTimeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, s.readTimeout(), errReadTimeout)
+	s.settle(ctx)
+	return ctx, cancel
 }
 
 // readError is err, the error of a history read under ctx (from
