@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	"go.uber.org/goleak"
 
 	"iop/cmd/iop/internal/client"
@@ -1688,5 +1689,38 @@ func TestErrorObjectWithoutACodeIsNotTheEdges(t *testing.T) {
 		if r.code != 1 || r.stdout != "" || r.stderr != want {
 			t.Errorf("%s: exit %d, stderr %q; want exit 1, %q", body, r.code, r.stderr, want)
 		}
+	}
+}
+
+// A command group's one-line help names its subcommands, as they are
+// spelt: "iop node" offered "capabilities" and "raw", which were "caps"
+// and "exec", and typing them was an unknown command.
+func TestGroupHelpNamesItsSubcommands(t *testing.T) {
+	a := &app{getenv: func(string) string { return "" }}
+	var groups int
+	var walk func(*cobra.Command)
+	walk = func(c *cobra.Command) {
+		lp, rp := strings.LastIndex(c.Short, "("), strings.LastIndex(c.Short, ")")
+		if c.HasAvailableSubCommands() && c.HasParent() && lp >= 0 && rp > lp {
+			groups++
+			listed := strings.Split(c.Short[lp+1:rp], ", ")
+			var subs []string
+			for _, sub := range c.Commands() {
+				if sub.IsAvailableCommand() {
+					subs = append(subs, sub.Name())
+				}
+			}
+			slices.Sort(listed)
+			if !slices.Equal(listed, subs) {
+				t.Errorf("iop %s: its help lists %v, its subcommands are %v", c.Name(), listed, subs)
+			}
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(a.rootCmd())
+	if groups < 2 {
+		t.Fatalf("found %d command groups listing their subcommands, want node and ollama at least", groups)
 	}
 }

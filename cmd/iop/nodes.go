@@ -155,7 +155,7 @@ type nodeResult struct {
 func (a *app) nodeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "node",
-		Short: "Run node commands (capabilities, transport, usage, sessions, runs, raw)",
+		Short: "Run node commands (caps, transport, usage, sessions, runs, exec)",
 		Args:  cobra.ArbitraryArgs,
 		RunE:  groupRunE(a),
 	}
