@@ -144,13 +144,8 @@ func TestRefusedRequestsLogAggregated(t *testing.T) {
 	buf := &lockedBuf{}
 	deps := minimalDeps(edge.NewRegistry())
 	deps.APIKeys = []httpapi.APIKey{apiKey("read-key-0123456789abcdef", "reader", nil, domain.ScopeRead)}
-	api := httpapi.New(deps, "127.0.0.1:0", slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo})))
-	api.AccessLog = true
-	srv := httptest.NewServer(api.Handler())
-	t.Cleanup(func() {
-		srv.Close()
-		deps.Submit.Stop()
-		deps.Events.(*eventbus.Bus).Close()
+	_, srv := serveDeps(t, deps, slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo})), func(api *httpapi.Server) {
+		api.AccessLog = true
 	})
 	nc, err := net.Dial("tcp", srv.Listener.Addr().String())
 	if err != nil {
@@ -208,13 +203,8 @@ func TestEventFeedsCapped(t *testing.T) {
 		apiKey("read-key-a-0123456789abcdef", "a", nil, domain.ScopeRead),
 		apiKey("read-key-b-0123456789abcdef", "b", nil, domain.ScopeRead),
 	}
-	api := httpapi.New(deps, "127.0.0.1:0", slog.New(slog.DiscardHandler))
-	api.MaxSubscriptions, api.MaxSubscriptionsPerKey = 3, 2
-	srv := httptest.NewServer(api.Handler())
-	t.Cleanup(func() {
-		srv.Close()
-		deps.Submit.Stop()
-		deps.Events.(*eventbus.Bus).Close()
+	_, srv := serveDeps(t, deps, slog.New(slog.DiscardHandler), func(api *httpapi.Server) {
+		api.MaxSubscriptions, api.MaxSubscriptionsPerKey = 3, 2
 	})
 	open := func(key string) (*http.Response, context.CancelFunc) {
 		t.Helper()
@@ -273,14 +263,7 @@ func TestEventFeedsCapped(t *testing.T) {
 func TestEventFeedHeadEnds(t *testing.T) {
 	deps := minimalDeps(edge.NewRegistry())
 	deps.APIKeys = []httpapi.APIKey{apiKey("read-key-a-0123456789abcdef", "a", nil, domain.ScopeRead)}
-	api := httpapi.New(deps, "127.0.0.1:0", slog.New(slog.DiscardHandler))
-	api.MaxSubscriptionsPerKey = 1
-	srv := httptest.NewServer(api.Handler())
-	t.Cleanup(func() {
-		srv.Close()
-		deps.Submit.Stop()
-		deps.Events.(*eventbus.Bus).Close()
-	})
+	api, srv := serveDeps(t, deps, slog.New(slog.DiscardHandler), func(api *httpapi.Server) { api.MaxSubscriptionsPerKey = 1 })
 	// Before srv.Close: a HEAD feed left running noticed neither its
 	// client leaving nor srv.Close, only the server stopping.
 	t.Cleanup(func() { _ = api.Stop(context.Background()) })
@@ -324,14 +307,7 @@ func TestEventFeedHeadEnds(t *testing.T) {
 // said "the limit per key" all the same, a key the caller never had.
 func TestKeylessEventFeedCapNamesTheAddress(t *testing.T) {
 	deps := minimalDeps(edge.NewRegistry())
-	api := httpapi.New(deps, "127.0.0.1:0", slog.New(slog.DiscardHandler))
-	api.MaxSubscriptionsPerKey = 1
-	srv := httptest.NewServer(api.Handler())
-	t.Cleanup(func() {
-		srv.Close()
-		deps.Submit.Stop()
-		deps.Events.(*eventbus.Bus).Close()
-	})
+	_, srv := serveDeps(t, deps, slog.New(slog.DiscardHandler), func(api *httpapi.Server) { api.MaxSubscriptionsPerKey = 1 })
 	open := func() *http.Response {
 		t.Helper()
 		ctx, cancel := context.WithCancel(context.Background())
@@ -351,4 +327,19 @@ func TestKeylessEventFeedCapNamesTheAddress(t *testing.T) {
 	if resp.StatusCode != 429 || !strings.Contains(string(body), "address 127.0.0.1 already holds 1 event feeds, the limit per client address") {
 		t.Fatalf("feed over the cap: %d %s", resp.StatusCode, body)
 	}
+}
+
+// serveDeps serves deps through an API that setup configures, on a test
+// server stopped, with the deps' submitter and bus, when the test ends.
+func serveDeps(t *testing.T, deps httpapi.Deps, log *slog.Logger, setup func(*httpapi.Server)) (*httpapi.Server, *httptest.Server) {
+	t.Helper()
+	api := httpapi.New(deps, "127.0.0.1:0", log)
+	setup(api)
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(func() {
+		srv.Close()
+		deps.Submit.Stop()
+		deps.Events.(*eventbus.Bus).Close()
+	})
+	return api, srv
 }
