@@ -40,6 +40,19 @@ func TestEmptyIDIsAUsageError(t *testing.T) {
 		{[]string{"session", "end", "", "--adapter", "A"}, "SESSION_ID"},
 		{[]string{"node", "exec", "", "caps"}, "NODE"},
 		{[]string{"node", "exec", "n1", ""}, "COMMAND"},
+		// An optional NODE given empty ("$NODE" unset) is not "every
+		// node": it asked the edge for node "", whose answer was a
+		// redirect iop reported as an edge to point --edge elsewhere.
+		{[]string{"node", "caps", ""}, "NODE"},
+		{[]string{"node", "transport", ""}, "NODE"},
+		{[]string{"node", "usage", ""}, "NODE"},
+		{[]string{"node", "sessions", ""}, "NODE"},
+		{[]string{"node", "runs", ""}, "NODE"},
+		{[]string{"node", "exec", "n1", "runs", ""}, "ARGS_JSON"},
+		// A model named "" went to the node's Ollama.
+		{[]string{"ollama", "pull", ""}, "MODEL"},
+		{[]string{"ollama", "show", ""}, "MODEL"},
+		{[]string{"ollama", "delete", ""}, "MODEL"},
 	} {
 		r := run(t, e.URL, c.args...)
 		r.want(t, 2, "")

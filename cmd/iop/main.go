@@ -109,8 +109,10 @@ func groupRunE(a *app) func(*cobra.Command, []string) error {
 }
 
 // idArgs checks a command's arguments: one per name, a name in brackets
-// optional (at the end), and none of the others empty. An empty id made a
-// request for "/v1/runs//cancel", which the edge answered not_found.
+// optional (at the end), and none of those given empty. An empty id made a
+// request for "/v1/runs//cancel", which the edge answered not_found; an
+// optional NODE given empty ("iop node caps \"$NODE\"" with NODE unset)
+// is a mistake too, not "every node", which is NODE left out.
 func idArgs(names ...string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		need := 0
@@ -122,15 +124,18 @@ func idArgs(names ...string) cobra.PositionalArgs {
 		// cobra's RangeArgs reads "accepts between 1 and 1 arg(s)" when
 		// none is optional.
 		check := cobra.RangeArgs(need, len(names))
-		if need == len(names) {
+		switch need {
+		case len(names):
 			check = cobra.ExactArgs(need)
+		case 0:
+			check = cobra.MaximumNArgs(len(names))
 		}
 		if err := check(cmd, args); err != nil {
 			return err
 		}
 		for i, arg := range args {
-			if arg == "" && !strings.HasPrefix(names[i], "[") {
-				return usageError("%s must not be empty", names[i])
+			if arg == "" {
+				return usageError("%s must not be empty", strings.Trim(names[i], "[]"))
 			}
 		}
 		return nil

@@ -170,7 +170,7 @@ func (a *app) nodeCmd() *cobra.Command {
 		sub := &cobra.Command{
 			Use:   r.use + " [NODE]",
 			Short: r.short + " (every node when NODE is omitted)",
-			Args:  cobra.MaximumNArgs(1),
+			Args:  idArgs("[NODE]"),
 		}
 		cargs := func(bool) (any, error) { return nil, nil }
 		if r.flags != nil {

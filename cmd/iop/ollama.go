@@ -52,7 +52,7 @@ func (a *app) ollamaCmd() *cobra.Command {
 	cmd.AddCommand(&cobra.Command{
 		Use:   "pull MODEL",
 		Short: "Pull a model, showing download progress",
-		Args:  cobra.ExactArgs(1),
+		Args:  idArgs("MODEL"),
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
 			n, err := resolveNode(ctx, c, node, "ollama")
 			if err != nil {
@@ -114,7 +114,7 @@ func (a *app) ollamaCmd() *cobra.Command {
 	cmd.AddCommand(&cobra.Command{
 		Use:   "show MODEL",
 		Short: "Show a model's details",
-		Args:  cobra.ExactArgs(1),
+		Args:  idArgs("MODEL"),
 		RunE: call(nodecmd.CmdOllamaShow, 1, func(_ string, args []string, raw json.RawMessage) error {
 			var s nodecmd.OllamaShow
 			if err := json.Unmarshal(raw, &s); err != nil {
@@ -134,7 +134,7 @@ func (a *app) ollamaCmd() *cobra.Command {
 	cmd.AddCommand(&cobra.Command{
 		Use:   "delete MODEL",
 		Short: "Delete a model from a node's Ollama",
-		Args:  cobra.ExactArgs(1),
+		Args:  idArgs("MODEL"),
 		RunE: call(nodecmd.CmdOllamaDelete, 1, func(n string, args []string, _ json.RawMessage) error {
 			fmt.Fprintf(a.stdout, "deleted %s on node %s\n", printable(args[0]), printable(n))
 			return nil
