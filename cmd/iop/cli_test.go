@@ -415,6 +415,71 @@ func TestInterruptCancelsTheRun(t *testing.T) {
 	}
 }
 
+// The edge answers a cancel by ending the run's stream with the run's last
+// event, most often before iop has the cancel's own answer: iop then said
+// "run … was cancelled: cancelled by request" (or, with the run ended
+// meanwhile, exited 0 as if Ctrl-C had not been pressed), never the
+// "interrupted; …" it documents. The stream's last event now tells what
+// became of the run, as the cancel's answer does.
+func TestInterruptEndedByTheStreamsLastEvent(t *testing.T) {
+	for _, tc := range []struct {
+		name, event, data string
+		status            int
+		body, stderr      string
+	}{
+		{"cancelled", "cancelled", `{"type":"cancelled","error":{"code":"cancelled","message":"cancelled by request"}}`,
+			200, `{"run_id":"run_long","node":"n1"}`, "iop: interrupted; run run_long is cancelled\n"},
+		{"completed meanwhile", "complete", `{"type":"complete"}`,
+			409, `{"error":{"code":"run_finished","message":"run run_long has already finished"}}`,
+			"iop: interrupted; run run_long had already ended: see iop run-get run_long\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFakeEdge(t)
+			last := make(chan struct{})
+			sent := make(chan struct{})
+			e.mux.HandleFunc("POST /v1/runs", func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.Header().Set("X-IOP-Run-ID", "run_long")
+				_, _ = io.WriteString(w, "event: delta\ndata: {\"type\":\"delta\",\"text\":\"working\"}\n\n")
+				w.(http.Flusher).Flush()
+				select {
+				case <-last:
+				case <-r.Context().Done():
+					return
+				}
+				_, _ = io.WriteString(w, "event: "+tc.event+"\ndata: "+tc.data+"\n\n")
+				w.(http.Flusher).Flush()
+				close(sent)
+			})
+			e.mux.HandleFunc("POST /v1/runs/run_long/cancel", func(w http.ResponseWriter, _ *http.Request) {
+				// As the real edge: the run's stream ends before the
+				// cancel is answered.
+				close(last)
+				select {
+				case <-sent:
+				case <-time.After(5 * time.Second):
+				}
+				time.Sleep(50 * time.Millisecond) // for iop to read it
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(tc.status)
+				_, _ = io.WriteString(w, tc.body)
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			printed := make(chan struct{})
+			go func() {
+				interruptWhen(printed)
+				cancel() // Ctrl-C
+			}()
+			r := cli(t, ctx, e.URL, []cliOpt{withStdoutSeen("working", printed)}, "run", "--adapter", "exec", "x")
+			r.want(t, 130, "working")
+			if r.stderr != tc.stderr {
+				t.Fatalf("stderr %q, want %q", r.stderr, tc.stderr)
+			}
+		})
+	}
+}
+
 func TestUnreachableEdge(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -247,6 +247,20 @@ func (a *app) doRun(ctx context.Context, c *client.Client, req client.RunRequest
 			return fmt.Errorf("%w; %s", err, cancelOutcome(rs.RunID, cancelRun(ctx, c, rs.RunID)))
 		}
 		if ev.Terminal() {
+			if ctx.Err() != nil {
+				// Interrupted, and the run ended meanwhile: most often by
+				// the cancel iop sent, whose answer the edge gives after
+				// the stream's last event. Said as for a stream cut short,
+				// from the cancel's answer, unless the event itself says
+				// the run is cancelled.
+				out.finishLine()
+				watching = false
+				cerr := <-cancelled
+				if ev.Type == "cancelled" {
+					cerr = nil
+				}
+				return interruptedRun(rs.RunID, cerr)
+			}
 			return out.end(rs, ev)
 		}
 	}
