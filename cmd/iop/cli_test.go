@@ -734,6 +734,11 @@ func TestEmptyFiltersAreUsageErrors(t *testing.T) {
 		{"usage", "--until", ""},
 		{"events", "--type", ""},
 		{"events", "--type", "node.*", "--type", ","},
+		// The nodes' own listings alike: they asked every node for every
+		// adapter's, or every status's, runs and sessions.
+		{"node", "runs", "--adapter", ""},
+		{"node", "runs", "n1", "--status", ""},
+		{"node", "sessions", "--adapter", " "},
 	} {
 		r := run(t, e.URL, args...)
 		want := "iop: " + args[len(args)-2] + " must not be empty (leave it out for no filter)\n"

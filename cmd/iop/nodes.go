@@ -383,7 +383,12 @@ func sessionFlags(cmd *cobra.Command) func(one bool) (any, error) {
 	cmd.Flags().StringVar(&a.Adapter, "adapter", "", "only this adapter's sessions")
 	cmd.Flags().IntVar(&a.Limit, "limit", 0, "at most this many sessions per node (node default 100, at most 1000)")
 	cmd.Flags().StringVar(&a.Cursor, "cursor", "", "continue a node's listing (the cursor a previous page printed; name the NODE)")
-	return func(one bool) (any, error) { return a, checkPage(a.Limit, a.Cursor, one) }
+	return func(one bool) (any, error) {
+		if err := emptyFilters(cmd, "adapter"); err != nil {
+			return nil, err
+		}
+		return a, checkPage(a.Limit, a.Cursor, one)
+	}
 }
 
 func renderSessions(a *app, results []nodeResult, args any) error {
@@ -427,7 +432,12 @@ func nodeRunsFlags(cmd *cobra.Command) func(one bool) (any, error) {
 	cmd.Flags().StringVar(&a.Status, "status", "", "only runs with this status (queued, running, succeeded, failed, cancelled)")
 	cmd.Flags().IntVar(&a.Limit, "limit", 0, "at most this many runs per node (node default 50, at most 1000)")
 	cmd.Flags().StringVar(&a.Cursor, "cursor", "", "continue a node's listing (the cursor a previous page printed; name the NODE)")
-	return func(one bool) (any, error) { return a, checkPage(a.Limit, a.Cursor, one) }
+	return func(one bool) (any, error) {
+		if err := emptyFilters(cmd, "adapter", "status"); err != nil {
+			return nil, err
+		}
+		return a, checkPage(a.Limit, a.Cursor, one)
+	}
 }
 
 func renderNodeRuns(a *app, results []nodeResult, args any) error {
