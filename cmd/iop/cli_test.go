@@ -1794,3 +1794,23 @@ func TestGroupHelpNamesItsSubcommands(t *testing.T) {
 		t.Fatalf("found %d command groups listing their subcommands, want node and ollama at least", groups)
 	}
 }
+
+// With no node connected, a report over every node has nothing to ask: it
+// said "no nodes answered", as if nodes had been asked and failed, where
+// "iop run" says no node is connected. The empty report is no error.
+func TestNodeReportWithoutConnectedNodes(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 200, `{"nodes":[{"id":"n1","connected":false,"adapters":[],"providers":[]}]}`)
+	for _, report := range []string{"caps", "transport", "usage", "sessions", "runs"} {
+		r := run(t, e.URL, "node", report)
+		r.want(t, 0, "")
+		if r.stderr != "no node is connected\n" {
+			t.Errorf("node %s: stderr %q", report, r.stderr)
+		}
+	}
+	for _, rq := range e.reqs {
+		if rq.path != "/v1/nodes" {
+			t.Fatalf("a node command was sent: %+v", rq)
+		}
+	}
+}

@@ -226,7 +226,9 @@ func (a *app) nodeCmd() *cobra.Command {
 				return printJSON(a.stdout, b)
 			}
 			if len(results) == 0 {
-				fmt.Fprintln(a.stderr, "no nodes answered")
+				// No node was asked (every one that was and failed is the
+				// error above): none is connected.
+				fmt.Fprintln(a.stderr, "no node is connected")
 				return nil
 			}
 			return r.render(a, results, cmdArgs)
