@@ -209,9 +209,12 @@ func (a *app) run(ctx context.Context, args []string) int {
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
 	cmd, err := root.ExecuteContextC(ctx)
-	if werr := out.Err(); werr != nil && err == nil {
+	var we writeError
+	if werr := out.Err(); werr != nil && (err == nil || errors.As(err, &we)) {
 		// The command went through but its output did not: not a success.
 		// (A command that failed says so itself, with its own exit code.)
+		// cobra, printing --version itself, returns the write's error as
+		// it came, which read as one of its usage errors (exit 2).
 		err = &exitErr{code: exitError, err: werr}
 	}
 	if err == nil {
