@@ -958,8 +958,15 @@ func TestRunsFromTheEdgeHistory(t *testing.T) {
 		"RUN    NODE  ADAPTER  TARGET  STATUS   CREATED              DURATION  ERROR\n"+
 		"run_2  n1    llm      -       running  2026-03-01 11:59:50  10s+      -\n"+
 		"run_1  n1    exec     upper   failed   2026-03-01 11:00:00  3.5s      run_failed: exit status 1\n")
-	if r.stderr != "more runs: --cursor c2\n" {
+	if r.stderr != "more runs: iop runs --cursor c2\n" {
 		t.Fatalf("stderr %q", r.stderr)
+	}
+	// The next page's command keeps the filters and page size: the cursor
+	// holds only the position, and "--cursor c2" alone listed every run
+	// after it.
+	r = run(t, e.URL, "runs", "--status", "failed", "--node", "n1", "--since", "2026-03-01", "--limit", "2")
+	if r.code != 0 || r.stderr != "more runs: iop runs --node n1 --status failed --since 2026-03-01 --limit 2 --cursor c2\n" {
+		t.Fatalf("a filtered page: %+v", r)
 	}
 	e.json("GET /v1/runs/run_1", 200, `{"run_id":"run_1","node":"n1","adapter":"exec","target":"upper","session_id":"s1","key":"anonymous",
 		"background":false,"status":"succeeded","created_at":"2026-03-01T11:00:00Z","finished_at":"2026-03-01T11:00:01Z"}`)

@@ -111,7 +111,19 @@ func (a *app) runsCmd() *cobra.Command {
 			}
 			t.flush()
 			if list.NextCursor != "" {
-				fmt.Fprintf(a.stderr, "more runs: --cursor %s\n", printable(list.NextCursor))
+				// The cursor holds only the position: the next page is
+				// asked with the same filters and page size, or it lists
+				// every run after the position.
+				next := "iop runs"
+				for _, f := range [][2]string{{"node", node}, {"status", status}, {"adapter", adapter}, {"key", key}, {"session", session}, {"since", since}, {"until", until}} {
+					if f[1] != "" {
+						next += " --" + f[0] + " " + printable(f[1])
+					}
+				}
+				if limit > 0 {
+					next += " --limit " + strconv.Itoa(limit)
+				}
+				fmt.Fprintf(a.stderr, "more runs: %s --cursor %s\n", next, printable(list.NextCursor))
 			}
 			return nil
 		}),
