@@ -752,6 +752,34 @@ func TestEmptyFiltersAreUsageErrors(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("%d requests with an empty filter reached the edge", n)
 	}
+	// Flags that choose alike: "iop run --session \"$S\"" with S unset
+	// ran without a session (the conversation silently lost), and
+	// --node "$N" let the edge pick any node.
+	for _, c := range []struct {
+		args  []string
+		unset string
+	}{
+		{[]string{"run", "--adapter", "exec", "--node", "", "x"}, "the default"},
+		{[]string{"run", "--adapter", "exec", "--target", " ", "x"}, "the default"},
+		{[]string{"run", "--adapter", "llm", "--session", "", "x"}, "a run without a session"},
+		{[]string{"session", "end", "s1", "--adapter", "llm", "--node", ""}, "the default"},
+		{[]string{"session", "end", "s1", "--adapter", "llm", "--target", ""}, "the default"},
+		{[]string{"ollama", "list", "--node", ""}, "the default"},
+		{[]string{"ollama", "--adapter", "", "pull", "m"}, "the default"},
+	} {
+		r := run(t, e.URL, c.args...)
+		flag := c.args[slices.IndexFunc(c.args, func(a string) bool { return strings.TrimSpace(a) == "" })-1]
+		want := "iop: " + flag + " must not be empty (leave it out for " + c.unset + ")\n"
+		if r.code != 2 || !strings.HasPrefix(r.stderr, want) {
+			t.Errorf("%q: exit %d, stderr %q; want 2, %q", c.args, r.code, r.stderr, want)
+		}
+	}
+	e.mu.Lock()
+	n = len(e.reqs)
+	e.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d requests with an empty --node, --target, --session or --adapter reached the edge", n)
+	}
 	e.json("GET /v1/runs", 200, `{"runs":[]}`)
 	if r := run(t, e.URL, "runs", "--cursor", "", "--limit", "5"); r.code != 0 || e.last().query != "limit=5" {
 		t.Fatalf("runs --cursor '': exit %d, stderr %q, query %q", r.code, r.stderr, e.last().query)

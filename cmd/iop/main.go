@@ -148,6 +148,14 @@ func idArgs(names ...string) cobra.PositionalArgs {
 // session's runs, and "iop events --type \"$T\"" every event. A repeated
 // flag is checked in each of its values.
 func emptyFilters(cmd *cobra.Command, names ...string) error {
+	return emptyFlags(cmd, "no filter", names...)
+}
+
+// emptyFlags is emptyFilters for flags that choose rather than filter,
+// whose absence means unset (the default): "iop run --session \"$S\""
+// with S unset ran without a session, the conversation silently lost, and
+// "--node \"$N\"" let the edge choose any node.
+func emptyFlags(cmd *cobra.Command, unset string, names ...string) error {
 	for _, n := range names {
 		f := cmd.Flags().Lookup(n)
 		if f == nil || !f.Changed {
@@ -159,7 +167,7 @@ func emptyFilters(cmd *cobra.Command, names ...string) error {
 		}
 		for _, v := range vals {
 			if strings.Trim(v, " ,") == "" {
-				return usageError("--%s must not be empty (leave it out for no filter)", n)
+				return usageError("--%s must not be empty (leave it out for %s)", n, unset)
 			}
 		}
 	}

@@ -26,6 +26,9 @@ func (a *app) ollamaCmd() *cobra.Command {
 	}
 	cmd.PersistentFlags().StringVar(&node, "node", "", "node (default: the only node, or the only one with an ollama adapter)")
 	cmd.PersistentFlags().StringVar(&adapter, "adapter", "", "ollama adapter on the node, when it has several")
+	cmd.PersistentPreRunE = func(sub *cobra.Command, _ []string) error {
+		return emptyFlags(sub, "the default", "node", "adapter")
+	}
 
 	// call runs the ollama.* command name and hands the JSON result to render.
 	call := func(name string, nargs int, render func(node string, args []string, raw json.RawMessage) error) func(*cobra.Command, []string) error {

@@ -28,7 +28,8 @@ func (a *app) runCmd() *cobra.Command {
 		kv      []string
 		options string
 	)
-	cmd := &cobra.Command{
+	var cmd *cobra.Command // its flags are read in its RunE
+	cmd = &cobra.Command{
 		Use:   "run --adapter A [--node N] [--target T] [INPUT|-]",
 		Short: "Start a run and stream its output",
 		Long: `Start a run and stream its output as it arrives: text to stdout, reasoning to
@@ -47,6 +48,12 @@ error (no --adapter, --target missing for an adapter that needs one, a bad
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
 			if req.Adapter == "" {
 				return usageError("--adapter is required")
+			}
+			if err := emptyFlags(cmd, "the default", "node", "target"); err != nil {
+				return err
+			}
+			if err := emptyFlags(cmd, "a run without a session", "session"); err != nil {
+				return err
 			}
 			opts, err := buildOptions(options, kv)
 			if err != nil {

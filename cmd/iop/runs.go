@@ -223,13 +223,17 @@ func (a *app) sessionCmd() *cobra.Command {
 		RunE:  groupRunE(a),
 	}
 	var node, adapter, target string
-	end := &cobra.Command{
+	var end *cobra.Command // its flags are read in its RunE
+	end = &cobra.Command{
 		Use:   "end SESSION_ID --adapter A [--node N] [--target T]",
 		Short: "End a logical session; a run in flight in it is cancelled",
 		Args:  idArgs("SESSION_ID"),
 		RunE: a.action(func(ctx context.Context, c *client.Client, args []string) error {
 			if adapter == "" {
 				return usageError("--adapter is required")
+			}
+			if err := emptyFlags(end, "the default", "node", "target"); err != nil {
+				return err
 			}
 			q := url.Values{"adapter": {adapter}}
 			if node != "" {
