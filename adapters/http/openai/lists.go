@@ -83,7 +83,7 @@ func (h *Handler) listModels(w http.ResponseWriter, r *http.Request) {
 
 // anthropicPage is one page of list as the Anthropic Models API pages it:
 // limit (default 20, 1 to 1000) entries after after_id, or before
-// before_id, with has_more, first_id and last_id.
+// before_id (not both), with has_more, first_id and last_id.
 func anthropicPage(list modelList, q url.Values) (anthropicModelList, error) {
 	limit := 20
 	if v := q.Get("limit"); v != "" {
@@ -92,6 +92,11 @@ func anthropicPage(list modelList, q url.Values) (anthropicModelList, error) {
 			return anthropicModelList{}, domain.Errorf(domain.CodeInvalidRequest, "limit: must be a whole number from 1 to 1000")
 		}
 		limit = n
+	}
+	if q.Get("after_id") != "" && q.Get("before_id") != "" {
+		// Two cursors name no one page: answered with after_id's, the page
+		// ran past limit (has_more was read as before_id's).
+		return anthropicModelList{}, domain.Errorf(domain.CodeInvalidRequest, "after_id and before_id cannot both be set")
 	}
 	data := list.Data
 	index := func(id string) int {

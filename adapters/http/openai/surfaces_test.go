@@ -598,10 +598,18 @@ func TestAnthropicModelsListPages(t *testing.T) {
 	if ids, more, _, _ := get("?limit=1&before_id=claude-c"); strings.Join(ids, " ") != "claude-b" || !more {
 		t.Fatalf("before_id: %v more=%v", ids, more)
 	}
-	req, _ := http.NewRequest(http.MethodGet, e.srv.URL+"/v1/models?limit=0", nil)
-	req.Header.Set("Anthropic-Version", "2023-06-01")
-	if resp, _ := http.DefaultClient.Do(req); resp.StatusCode != 400 {
-		t.Fatalf("limit=0: %d", resp.StatusCode)
+	// Bad paging is a 400 in Anthropic's shape: a limit out of range, or
+	// both cursors (which once answered a page past limit).
+	for _, q := range []string{"?limit=0", "?limit=1&after_id=claude-a&before_id=claude-c"} {
+		req, _ := http.NewRequest(http.MethodGet, e.srv.URL+"/v1/models"+q, nil)
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := readAll(t, resp); resp.StatusCode != 400 || !strings.Contains(body, `"type":"invalid_request_error"`) {
+			t.Fatalf("%s: %d %s", q, resp.StatusCode, body)
+		}
 	}
 }
 
