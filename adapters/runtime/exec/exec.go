@@ -3,10 +3,11 @@
 // Each configured target is an argv, run directly with no shell in between:
 // arguments reach the program exactly as configured, and nothing in a run's
 // input is ever interpreted as shell syntax. A command named without a
-// slash is looked up in the node's PATH on its first run; later runs reuse
-// that file while it is still an executable, and search PATH again once it
-// is not (a program installed later earlier in PATH is not picked up until
-// then, or until the node restarts). The command runs in the
+// slash is looked up in the PATH the command gets — the one the target's
+// or adapter's env declares, else the node's — on its first run; later
+// runs reuse that file while it is still an executable, and search PATH
+// again once it is not (a program installed later earlier in PATH is not
+// picked up until then, or until the node restarts). The command runs in the
 // target's directory (else the adapter's work_dir, else the node's), with a
 // clean environment (proc.Environ: PATH, HOME, USER, LANG, LC_*, TZ, TMPDIR,
 // the adapter's and target's env, and the variables their inherit_env name —
@@ -180,7 +181,7 @@ func (a *Adapter) Execute(ctx context.Context, req domain.RunRequest, sink ports
 
 	stdout := newDeltaWriter(sink)
 	stderr := newTailBuffer(stderrTailSize)
-	cmd := a.command(t.Command)
+	cmd := a.command(t.Command, t.Env)
 	cmd.Dir = cmp.Or(t.Dir, a.workDir)
 	cmd.Env = proc.Environ(t.Env, t.InheritEnv)
 	stdin, err := prefilledStdin(req.Input)
@@ -324,24 +325,60 @@ wait:
 	}
 }
 
-// command is osexec.Command(argv[0], argv[1:]...), reusing where an earlier
-// run found argv[0] in PATH as long as that file is still an executable;
-// otherwise PATH is searched again.
-func (a *Adapter) command(argv []string) *osexec.Cmd {
+// command is osexec.Command(argv[0], argv[1:]...), except that a name
+// without a slash is searched for in the PATH the child gets: env's when it
+// declares one (a target's own toolchain directory), else the node's. It
+// reuses what an earlier run found for the same name and PATH as long as
+// that file is still an executable; otherwise PATH is searched again.
+func (a *Adapter) command(argv []string, env map[string]string) *osexec.Cmd {
 	name := argv[0]
-	if p, ok := a.found.Load(name); ok {
-		if fi, err := os.Stat(p.(string)); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+	path, declared := env["PATH"]
+	key := name
+	if declared {
+		key = name + "\x00" + path
+	}
+	if p, ok := a.found.Load(key); ok {
+		if executable(p.(string)) {
 			cmd := osexec.Command(p.(string), argv[1:]...)
 			cmd.Args[0] = name // argv[0] as configured, as a PATH lookup leaves it
 			return cmd
 		}
-		a.found.Delete(name)
+		a.found.Delete(key)
 	}
 	cmd := osexec.Command(name, argv[1:]...)
+	if declared && !strings.ContainsRune(name, filepath.Separator) {
+		cmd.Path, cmd.Err = lookPathIn(name, path)
+	}
 	if cmd.Err == nil && !strings.ContainsRune(name, filepath.Separator) && filepath.IsAbs(cmd.Path) {
-		a.found.Store(name, cmd.Path)
+		a.found.Store(key, cmd.Path)
 	}
 	return cmd
+}
+
+// lookPathIn is osexec.LookPath over the given PATH value instead of the
+// node's, with its errors: not found, or found only through a relative
+// entry (osexec.ErrDot, which is never run).
+func lookPathIn(name, path string) (string, error) {
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "." // POSIX: an empty entry is the working directory
+		}
+		p := filepath.Join(dir, name)
+		if !executable(p) {
+			continue
+		}
+		if !filepath.IsAbs(p) {
+			return p, &osexec.Error{Name: name, Err: osexec.ErrDot}
+		}
+		return p, nil
+	}
+	return name, &osexec.Error{Name: name, Err: osexec.ErrNotFound}
+}
+
+// executable reports whether p is a regular file with an execute bit.
+func executable(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
 }
 
 // process is a started command in its own process group, with a goroutine
