@@ -17,6 +17,8 @@ const helperEnv = "IOP_PROCGUARD_HELPER"
 const (
 	nodeToken = "tok-5f0c2a9e-never-in-a-child"
 	apiKey    = "sk-0b7e41d3-never-in-a-child"
+	// inheritedMarker names a file the node inherits open.
+	inheritedMarker = "inherited-fd-never-in-a-child"
 )
 
 func TestMain(m *testing.M) {
@@ -53,7 +55,8 @@ func runNode() int {
 	// ( … ) keeps a failed redirection from ending sh itself.
 	script := `cat /proc/$PPID/environ; echo
 ( : < /proc/$PPID/mem ) && echo mem=opened || echo mem=refused
-tr '\0' '\n' < /proc/self/environ`
+tr '\0' '\n' < /proc/self/environ
+ls -l /proc/$$/fd`
 	cmd := exec.Command("/bin/sh", "-c", script)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "CHILD_MARK=child-reads-its-own-env"}
 	out, err := cmd.CombinedOutput()
@@ -82,6 +85,14 @@ func TestChildCannotReadNodeSecrets(t *testing.T) {
 	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = []string{helperEnv + "=1", "PATH=/usr/bin:/bin", "IOP_NODE_TOKEN=" + nodeToken, "OPENAI_API_KEY=" + apiKey}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	// A descriptor the node inherits from whoever started it (fd 3 in the
+	// node) must not reach the node's children.
+	marker, err := os.Create(filepath.Join(t.TempDir(), inheritedMarker))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer marker.Close()
+	cmd.ExtraFiles = []*os.File{marker}
 	out, err := cmd.CombinedOutput()
 	t.Logf("node output:\n%s", out)
 	if err != nil {
@@ -98,6 +109,9 @@ func TestChildCannotReadNodeSecrets(t *testing.T) {
 	}
 	if !strings.Contains(s, "mem=refused") {
 		t.Errorf("the child could open /proc/$PPID/mem")
+	}
+	if strings.Contains(s, inheritedMarker) {
+		t.Errorf("the child holds a descriptor the node inherited")
 	}
 	if !strings.Contains(s, "CHILD_MARK=child-reads-its-own-env") {
 		t.Errorf("the child could not read its own /proc/self/environ")
