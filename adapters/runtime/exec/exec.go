@@ -54,7 +54,6 @@ import (
 	"fmt"
 	"iop/adapters/runtime/internal/proc"
 	"maps"
-	"os"
 	osexec "os/exec"
 	"path/filepath"
 	"slices"
@@ -338,7 +337,7 @@ func (a *Adapter) command(argv []string, env map[string]string) *osexec.Cmd {
 		key = name + "\x00" + path
 	}
 	if p, ok := a.found.Load(key); ok {
-		if executable(p.(string)) {
+		if proc.Executable(p.(string)) {
 			cmd := osexec.Command(p.(string), argv[1:]...)
 			cmd.Args[0] = name // argv[0] as configured, as a PATH lookup leaves it
 			return cmd
@@ -347,38 +346,12 @@ func (a *Adapter) command(argv []string, env map[string]string) *osexec.Cmd {
 	}
 	cmd := osexec.Command(name, argv[1:]...)
 	if declared && !strings.ContainsRune(name, filepath.Separator) {
-		cmd.Path, cmd.Err = lookPathIn(name, path)
+		cmd.Path, cmd.Err = proc.LookPathIn(name, path)
 	}
 	if cmd.Err == nil && !strings.ContainsRune(name, filepath.Separator) && filepath.IsAbs(cmd.Path) {
 		a.found.Store(key, cmd.Path)
 	}
 	return cmd
-}
-
-// lookPathIn is osexec.LookPath over the given PATH value instead of the
-// node's, with its errors: not found, or found only through a relative
-// entry (osexec.ErrDot, which is never run).
-func lookPathIn(name, path string) (string, error) {
-	for _, dir := range filepath.SplitList(path) {
-		if dir == "" {
-			dir = "." // POSIX: an empty entry is the working directory
-		}
-		p := filepath.Join(dir, name)
-		if !executable(p) {
-			continue
-		}
-		if !filepath.IsAbs(p) {
-			return p, &osexec.Error{Name: name, Err: osexec.ErrDot}
-		}
-		return p, nil
-	}
-	return name, &osexec.Error{Name: name, Err: osexec.ErrNotFound}
-}
-
-// executable reports whether p is a regular file with an execute bit.
-func executable(p string) bool {
-	fi, err := os.Stat(p)
-	return err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
 }
 
 // process is a started command in its own process group, with a goroutine

@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	osexec "os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,6 +80,12 @@ type Process struct {
 // to its end (or call Kill) and then call Wait.
 func Start(ctx context.Context, spec Spec) (*Process, error) {
 	cmd := osexec.Command(spec.Path, spec.Args...)
+	if path, ok := envPATH(spec.Env); ok && !strings.ContainsRune(spec.Path, filepath.Separator) {
+		// Found where the child would look: osexec.Command searched the
+		// node's PATH, and an agent whose env declares its own ran the
+		// node's copy of the command, or none.
+		cmd.Path, cmd.Err = LookPathIn(spec.Path, path)
+	}
 	cmd.Dir = spec.Dir
 	cmd.Env = spec.Env
 	if spec.Stdin != nil {

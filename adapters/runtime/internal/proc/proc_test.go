@@ -146,3 +146,29 @@ func TestStderrLines(t *testing.T) {
 		t.Errorf("tail = %d bytes ending %q", len(tail), tail[max(0, len(tail)-10):])
 	}
 }
+
+// A program named without a slash is found in the PATH its environment
+// declares (an agent's env: its own toolchain), not in the node's: the
+// node's PATH ran the node's copy of the command, or found none.
+func TestStartSearchesTheChildsPATH(t *testing.T) {
+	dir := t.TempDir()
+	tool := filepath.Join(dir, "iop-proc-test-tool")
+	if err := os.WriteFile(tool, []byte("#!/bin/sh\necho from-the-declared-path\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p, err := proc.Start(context.Background(), proc.Spec{Path: "iop-proc-test-tool", Env: []string{"PATH=" + dir + ":/usr/bin:/bin"}})
+	if err != nil {
+		t.Fatalf("a command in the child's PATH: %v", err)
+	}
+	out, _ := io.ReadAll(p.Stdout)
+	if st := p.Wait(); st == nil || !st.Success() {
+		t.Fatalf("exit %v", st)
+	}
+	if string(out) != "from-the-declared-path\n" {
+		t.Fatalf("output %q", out)
+	}
+	// Not in the child's PATH: not run, whatever the node's has.
+	if _, err := proc.Start(context.Background(), proc.Spec{Path: "sh", Env: []string{"PATH=" + dir}}); err == nil || !strings.Contains(err.Error(), "not found") {
+		t.Fatalf("sh outside the child's PATH: %v, want not found", err)
+	}
+}
