@@ -40,14 +40,17 @@ func TestLargeFrameToSlowReadingNodeKeepsTheLink(t *testing.T) {
 	edge := newFakeEdge()
 	edge.addNode(testToken, testNodeConfig())
 	cfg := testConfig()
-	cfg.HeartbeatTimeout = time.Second // and so the write timeout
+	// And so the write timeout. Two seconds, not one: on a loaded CI
+	// machine (-race, two cores) a one-second stall of the slow reader or
+	// its heartbeats dropped the link, and the test with it.
+	cfg.HeartbeatTimeout = 2 * time.Second
 	cfg.MaxFrameSize = 32 << 20
 	srv := startServer(t, "", cfg, edge)
 
 	nc, err := net.DialTimeout("tcp", srv.Addr().String(), 5*time.Second)
 	mustf(t, err, "dial")
 	// A small receive buffer, read 16 KiB every 4 ms (about 4 MiB/s): the
-	// 16 MiB frame takes about four times the write timeout to cross.
+	// 24 MiB frame takes about three times the write timeout to cross.
 	_ = nc.(*net.TCPConn).SetReadBuffer(64 << 10)
 	raw := newRawPeer(t, nc)
 	raw.dec = NewDecoder(&slowReader{r: nc, chunk: 16 << 10, every: 4 * time.Millisecond}, cfg.MaxFrameSize)
@@ -57,7 +60,7 @@ func TestLargeFrameToSlowReadingNodeKeepsTheLink(t *testing.T) {
 	defer stop()
 
 	req := runReq("big")
-	req.Input = bytes.Repeat([]byte("x"), 16<<20)
+	req.Input = bytes.Repeat([]byte("x"), 24<<20)
 	started := time.Now()
 	rs, err := link.StartRun(ctx, req)
 	mustf(t, err, "StartRun")
