@@ -112,6 +112,20 @@ func printable(s string) string {
 	return b.String()
 }
 
+// shellWord is s (through printable) as one word of a POSIX shell command
+// line, for the next-page commands iop prints to be pasted as they are: a
+// value with a space or a shell character ("--session chat 1") is single
+// quoted, or the pasted command read other words than the ones asked.
+func shellWord(s string) string {
+	s = printable(s)
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r < utf8.RuneSelf && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_-.,:/@%+=", r)))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
 // ago renders how long before now t was ("5m ago"); "-" for a zero time.
 func ago(now, t time.Time) string {
 	if t.IsZero() {

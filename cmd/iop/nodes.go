@@ -402,7 +402,7 @@ func renderSessions(a *app, results []nodeResult, args any) error {
 	var filters string
 	q, _ := args.(nodecmd.SessionListArgs)
 	if q.Adapter != "" {
-		filters += " --adapter " + printable(q.Adapter)
+		filters += " --adapter " + shellWord(q.Adapter)
 	}
 	if q.Limit > 0 {
 		filters += " --limit " + strconv.Itoa(q.Limit)
@@ -417,7 +417,7 @@ func renderSessions(a *app, results []nodeResult, args any) error {
 			rows = append(rows, []string{node, s.Adapter, s.Target, s.SessionID, strconv.Itoa(s.Turns), ago(now, s.LastUsed)})
 		}
 		if l.NextCursor != "" {
-			more = append(more, fmt.Sprintf("more sessions on node %s: iop node sessions %s%s --cursor %s", printable(node), printable(node), filters, printable(l.NextCursor)))
+			more = append(more, fmt.Sprintf("more sessions on node %s: iop node sessions %s%s --cursor %s", printable(node), shellWord(node), filters, shellWord(l.NextCursor)))
 		}
 	})
 	if err != nil {
@@ -451,10 +451,10 @@ func renderNodeRuns(a *app, results []nodeResult, args any) error {
 	var filters string
 	q, _ := args.(nodecmd.RunsArgs)
 	if q.Adapter != "" {
-		filters += " --adapter " + printable(q.Adapter)
+		filters += " --adapter " + shellWord(q.Adapter)
 	}
 	if q.Status != "" {
-		filters += " --status " + printable(q.Status)
+		filters += " --status " + shellWord(q.Status)
 	}
 	if q.Limit > 0 {
 		filters += " --limit " + strconv.Itoa(q.Limit)
@@ -470,7 +470,7 @@ func renderNodeRuns(a *app, results []nodeResult, args any) error {
 			rows = append(rows, []string{node, r.RunID, r.Adapter, r.Target, r.Status, a.clock(r.CreatedAt), ri.duration(now), truncate(ri.errorText(), 60)})
 		}
 		if l.NextCursor != "" {
-			more = append(more, fmt.Sprintf("more runs on node %s: iop node runs %s%s --cursor %s", printable(node), printable(node), filters, printable(l.NextCursor)))
+			more = append(more, fmt.Sprintf("more runs on node %s: iop node runs %s%s --cursor %s", printable(node), shellWord(node), filters, shellWord(l.NextCursor)))
 		}
 	})
 	if err != nil {

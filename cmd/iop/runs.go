@@ -117,13 +117,13 @@ func (a *app) runsCmd() *cobra.Command {
 				next := "iop runs"
 				for _, f := range [][2]string{{"node", node}, {"status", status}, {"adapter", adapter}, {"key", key}, {"session", session}, {"since", since}, {"until", until}} {
 					if f[1] != "" {
-						next += " --" + f[0] + " " + printable(f[1])
+						next += " --" + f[0] + " " + shellWord(f[1])
 					}
 				}
 				if limit > 0 {
 					next += " --limit " + strconv.Itoa(limit)
 				}
-				fmt.Fprintf(a.stderr, "more runs: %s --cursor %s\n", next, printable(list.NextCursor))
+				fmt.Fprintf(a.stderr, "more runs: %s --cursor %s\n", next, shellWord(list.NextCursor))
 			}
 			return nil
 		}),
