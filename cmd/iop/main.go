@@ -35,6 +35,14 @@ const (
 )
 
 func main() {
+	// A write to a stdout whose reader has gone ("iop run … | head -1")
+	// fails with EPIPE instead of killing the process with SIGPIPE, as Go
+	// does for fds 1 and 2: killed, iop run left its run to the edge
+	// noticing the connection go (never, behind a proxy that keeps its
+	// upstream open) and exited 141. Now it is output that cannot be
+	// written: the run is cancelled by request and iop exits 1, saying so.
+	// The channel is never read; delivery does not block on it.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	// After the first Ctrl-C, a second one kills the process the usual way.
 	context.AfterFunc(ctx, stop)
@@ -206,8 +214,7 @@ func (a *app) run(ctx context.Context, args []string) int {
 	}
 	// Every write to stdout goes through out, which keeps the first error:
 	// a command whose output was lost (a full disk, a closed file) must
-	// not exit 0. A broken pipe on the real stdout still ends the process
-	// with SIGPIPE, as Go does for fd 1.
+	// not exit 0. A broken pipe (main catches SIGPIPE) is such an error.
 	out := &stickyWriter{w: a.stdout}
 	a.stdout = out
 	defer func() { a.stdout = out.w }()

@@ -594,3 +594,56 @@ func TestCLIInterruptCancelsTheRun(t *testing.T) {
 		}
 	}
 }
+
+// "iop run … | head -1": the reader of iop's stdout goes while the run goes
+// on. The next write fails, iop cancels the run with a cancel request (as
+// on Ctrl-C: the edge records a cancel asked for, not only a caller that
+// left) and exits 1 saying what became of the run. It died of SIGPIPE
+// (exit 141), without a cancel, leaving the run to the edge noticing the
+// connection go, which it never does behind a proxy that keeps its
+// upstream open.
+func TestCLIBrokenPipeCancelsTheRun(t *testing.T) {
+	e := startEdge(t, `
+  - id: n1
+    token: `+testToken+`
+    adapters:
+      - name: exec
+        type: exec
+        targets:
+          ticks: {command: ["sh", "-c", "echo started; while :; do sleep 0.1; echo tick; done"]}
+`)
+	startNode(t, e, testToken)
+	waitNode(t, e, "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "iop"), "run", "--node", "n1", "--adapter", "exec", "--target", "ticks", "x")
+	cmd.Env = append(os.Environ(), "IOP_EDGE="+e.url)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Close()
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if err != nil || line != "started\n" {
+		t.Fatalf("first line %q: %v", line, err)
+	}
+	_ = r.Close() // head -1 exits
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("%v, stderr %q; want exit 1", err, stderr.String())
+	}
+	m := regexp.MustCompile(`^iop: write /dev/stdout: broken pipe; run (run_\w+) is cancelled\n$`).FindStringSubmatch(stderr.String())
+	if m == nil {
+		t.Fatalf("stderr %q", stderr.String())
+	}
+	if ri := waitRunStatus(t, e, m[1], "cancelled", 5*time.Second); ri.Error == nil || ri.Error.Message != "cancelled by request" {
+		t.Fatalf("history of the run: %+v", ri.Error)
+	}
+}
