@@ -1849,3 +1849,43 @@ func TestNodeReportWithoutConnectedNodes(t *testing.T) {
 		}
 	}
 }
+
+// A global flag given empty ("--api-key \"$APP_KEY\"" with APP_KEY unset)
+// is a usage error, as an empty filter is: it fell back to $IOP_API_KEY
+// (another key, an admin's), $IOP_EDGE or the local default edge, and the
+// command went there without a word.
+func TestEmptyGlobalFlagsAreUsageErrors(t *testing.T) {
+	e := newFakeEdge(t)
+	e.json("GET /v1/nodes", 200, `{"nodes":[]}`)
+	for _, c := range []struct {
+		args  []string
+		unset string
+	}{
+		{[]string{"--edge", "", "nodes"}, "$IOP_EDGE, else http://127.0.0.1:7701"},
+		{[]string{"nodes", "--api-key", ""}, "$IOP_API_KEY"},
+		{[]string{"--api-key", " ", "run", "--adapter", "exec", "x"}, "$IOP_API_KEY"},
+		{[]string{"node", "caps", "--ca-file", ""}, "$IOP_CA_FILE, else the system's CAs"},
+	} {
+		adminKey := func(a *app) {
+			a.getenv = func(k string) string {
+				return map[string]string{"IOP_EDGE": e.URL, "IOP_API_KEY": "admin-key"}[k]
+			}
+		}
+		r := cli(t, context.Background(), e.URL, []cliOpt{adminKey}, c.args...)
+		flag := c.args[slices.IndexFunc(c.args, func(a string) bool { return strings.TrimSpace(a) == "" })-1]
+		want := "iop: " + flag + " must not be empty (leave it out for " + c.unset + ")\n"
+		if r.code != 2 || !strings.HasPrefix(r.stderr, want) {
+			t.Errorf("%q: exit %d, stderr %q; want 2, %q", c.args, r.code, r.stderr, want)
+		}
+	}
+	e.mu.Lock()
+	n := len(e.reqs)
+	e.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d requests with an empty global flag reached the edge", n)
+	}
+	// Left out, each is its variable or default, as before.
+	if r := run(t, e.URL, "nodes"); r.code != 0 {
+		t.Fatalf("nodes: %+v", r)
+	}
+}

@@ -414,6 +414,19 @@ func (a *app) client() (*client.Client, error) {
 // errors into exit codes.
 func (a *app) action(fn func(ctx context.Context, c *client.Client, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
+		// Given empty ("--api-key \"$APP_KEY\"" with APP_KEY unset), a
+		// global flag fell back to its variable or default as if left
+		// out: the command went with $IOP_API_KEY's key (an admin's,
+		// say) or to the local edge, without a word.
+		for _, f := range [][2]string{
+			{"edge", "$IOP_EDGE, else " + client.DefaultEdge},
+			{"api-key", "$IOP_API_KEY"},
+			{"ca-file", "$IOP_CA_FILE, else the system's CAs"},
+		} {
+			if err := emptyFlags(cmd, f[1], f[0]); err != nil {
+				return err
+			}
+		}
 		c, err := a.client()
 		if err != nil {
 			return err
