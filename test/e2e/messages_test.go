@@ -245,3 +245,20 @@ func TestCLIUsageAndMessages(t *testing.T) {
 		}
 	}
 }
+
+// iop pointed at the edge's node link (transport.listen, which nodes dial)
+// instead of its HTTP API says which address it wants: the link closes a
+// connection that does not start TLS with the edge's framing, and iop said
+// only "cannot reach the edge at …: EOF".
+func TestCLIAtTheNodeLinkNamesTheHTTPAddress(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, defaultNodes(1))
+	link := &edge{url: "http://" + e.transport}
+	for _, args := range [][]string{{"nodes"}, {"run", "--adapter", "exec", "--target", "upper", "x"}} {
+		_, errOut, code := cli(t, link, "", args...)
+		want := "iop: cannot reach the edge at " + link.url + " (set --edge or IOP_EDGE): EOF (what answered closed the connection without an HTTP answer: is the address the edge's http.listen, not its transport.listen, which nodes dial?)\n"
+		if code != 1 || errOut != want {
+			t.Fatalf("%v: exit %d, stderr %q; want 1, %q", args, code, errOut, want)
+		}
+	}
+}

@@ -103,8 +103,9 @@ func (e *ConnError) Error() string {
 	return fmt.Sprintf("cannot reach the edge at %s (set --edge or IOP_EDGE): %v%s", e.Edge, e.Err, tlsHint(e.Err))
 }
 
-// tlsHint says what to change when the edge answered but TLS stood in the
-// way: Go's own words name neither the URL's scheme nor --ca-file.
+// tlsHint says what to change when something answered but was not the
+// edge's HTTP API as the URL says (TLS in the way, or another protocol):
+// Go's own words name neither the URL's scheme, --ca-file nor the port.
 func tlsHint(err error) string {
 	var ua x509.UnknownAuthorityError
 	switch {
@@ -113,6 +114,12 @@ func tlsHint(err error) string {
 		return " (the edge serves plain HTTP at this address: use an http:// edge URL)"
 	case errors.As(err, &ua):
 		return " (the edge's certificate, http.tls, is from a CA this machine does not trust: pass --ca-file with that CA's certificate)"
+	case errors.Is(err, io.EOF):
+		// What took the connection closed it without an HTTP answer:
+		// most often the edge's node link (transport.listen, the address
+		// nodes dial, one port below the HTTP API by default), which
+		// wants TLS and framed protobuf; "EOF" alone said nothing.
+		return " (what answered closed the connection without an HTTP answer: is the address the edge's http.listen, not its transport.listen, which nodes dial?)"
 	}
 	return ""
 }
